@@ -1,0 +1,224 @@
+"""Record what chosen layers return (or receive) during a forward pass.
+
+:class:`FeatureCapture` is a context manager: hooks go on when it is entered
+and come off when it exits, also when the forward raises, and every module's
+train/eval mode is put back as it was.
+
+What a hook sees is copied at once, before the next layer runs, so a later
+in-place operation (vgg16_bn's ``ReLU(inplace=True)`` after a BatchNorm)
+cannot change it. Inputs are read by a forward *pre*-hook, before the module
+itself can modify them in place.
+
+Keys (the file format's contract, see the README):
+
+- ``<key>`` a layer's output, ``<key>@input`` its input;
+- ``<key>#<i>`` / ``<key>#<name>`` an element of a tuple/list/dict output
+  (nested: ``<key>#0#1``); a multi-input module's inputs are ``<key>@input#<i>``;
+- ``<key>:<call>`` when a module runs several times in one forward, for every
+  call, counted from 0 (``layer1.0.relu:2``, ``layer1.0.relu:2@input``).
+
+Elements that are not tensors (``None``) are not stored; they are listed in
+:attr:`FeatureCapture.omitted`.
+
+>>> import torch, torch.nn as nn
+>>> model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(inplace=True))
+>>> with FeatureCapture(model, ["0"]) as capture:
+...     features = capture.run(torch.ones(2, 4))
+>>> features["0"].shape
+torch.Size([2, 3])
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator, Mapping, Sequence
+
+from hookcli.errors import CaptureError, LayerNotRunError, UsageProblem
+
+__all__ = ["CAPTURE_KINDS", "FeatureCapture", "preserved_mode"]
+
+CAPTURE_KINDS = ("output", "input", "both")
+
+
+@contextlib.contextmanager
+def preserved_mode(model) -> Iterator[None]:
+    """Put ``model`` in eval mode for the block, then restore every module's own mode."""
+    modes = [(module, module.training) for module in model.modules()]
+    model.eval()
+    try:
+        yield
+    finally:
+        for module, training in modes:
+            module.training = training
+
+
+class _ForwardDone(Exception):
+    """Raised from a hook to end the forward once every selected layer has fired."""
+
+
+class FeatureCapture:
+    """Hooks on selected layers of ``model``; :meth:`run` returns what they caught.
+
+    ``layers`` is a mapping ``{module path: key}`` (see
+    :func:`hookcli.layers.resolve_layers`) or a list of paths used as keys.
+    ``capture`` is ``"output"``, ``"input"`` or ``"both"``. With
+    ``stop_early`` the forward ends as soon as every layer has fired as often
+    as it did in the first forward, so layers nobody asked for are not paid for.
+    """
+
+    def __init__(
+        self,
+        model,
+        layers: Mapping[str, str] | Sequence[str],
+        *,
+        capture: str = "output",
+        stop_early: bool = True,
+    ) -> None:
+        if capture not in CAPTURE_KINDS:
+            raise UsageProblem(f"capture must be one of {', '.join(CAPTURE_KINDS)}, not '{capture}'")
+        self.model = model
+        self.layers = dict(layers) if isinstance(layers, Mapping) else {path: path for path in layers}
+        self.capture = capture
+        self.stop_early = stop_early
+        #: How many times each layer ran per forward, learnt from the first forward.
+        self.calls: dict[str, int] | None = None
+        #: Keys of container elements that were not tensors and so were not stored.
+        self.omitted: set[str] = set()
+        self._stack: contextlib.ExitStack | None = None
+        self._outputs: dict[str, list] = {}
+        self._inputs: dict[str, list] = {}
+        self._counts: dict[str, int] = {}
+
+    def __enter__(self) -> FeatureCapture:
+        modules = dict(self.model.named_modules())
+        missing = [path for path in self.layers if path not in modules or not path]
+        if missing:
+            raise UsageProblem(f"no layer '{missing[0]}' in the model", hint="resolve selectors with resolve_layers")
+        stack = contextlib.ExitStack()
+        try:
+            stack.enter_context(preserved_mode(self.model))
+            for path in self.layers:
+                module = modules[path]
+                if self.capture in ("input", "both"):
+                    stack.enter_context(module.register_forward_pre_hook(functools.partial(self._on_input, path)))
+                if self.capture in ("output", "both"):
+                    stack.enter_context(module.register_forward_hook(functools.partial(self._on_output, path)))
+        except BaseException:
+            stack.close()
+            raise
+        self._stack = stack
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        stack, self._stack = self._stack, None
+        self._clear()
+        if stack is not None:
+            stack.close()
+
+    def run(self, batch) -> dict:
+        """Run ``model(batch)`` and return ``{key: tensor}`` for this batch, batch-first.
+
+        Gradient mode is the caller's: wrap in ``torch.inference_mode()`` to
+        extract. Raises :class:`LayerNotRunError` if a layer never ran and
+        :class:`CaptureError` if a layer's call count or batch dimension changes.
+        """
+        if self._stack is None:
+            raise RuntimeError("FeatureCapture.run() needs the capture to be entered (use 'with')")
+        self._clear()
+        try:
+            self.model(batch)
+        except _ForwardDone:
+            pass
+        finally:
+            counts, outputs, inputs = self._counts, self._outputs, self._inputs
+            self._clear()
+        self._check_calls(counts)
+        return self._flatten(outputs, inputs, batch_size=len(batch))
+
+    def _clear(self) -> None:
+        self._outputs, self._inputs, self._counts = {}, {}, {}
+
+    def _on_input(self, path, module, inputs):
+        self._inputs.setdefault(path, []).append(_detached_copy(inputs))
+        if self.capture == "input":
+            self._count(path)
+
+    def _on_output(self, path, module, inputs, output):
+        self._outputs.setdefault(path, []).append(_detached_copy(output))
+        self._count(path)
+
+    def _count(self, path: str) -> None:
+        self._counts[path] = self._counts.get(path, 0) + 1
+        expected = self.calls
+        if (
+            self.stop_early
+            and expected is not None
+            and len(self._counts) == len(expected)
+            and all(self._counts[p] >= n for p, n in expected.items())
+        ):
+            raise _ForwardDone
+
+    def _check_calls(self, counts: dict[str, int]) -> None:
+        never = [path for path in self.layers if counts.get(path, 0) == 0]
+        if never:
+            raise LayerNotRunError(
+                f"layer{'s' if len(never) > 1 else ''} {', '.join(never)} never ran during the forward pass",
+                hint="the model defines it but does not call it (in eval mode); pick another with 'hookcli layers'",
+            )
+        if self.calls is None:
+            self.calls = {path: counts[path] for path in self.layers}
+        elif counts != self.calls:
+            changed = next(p for p in self.layers if counts.get(p) != self.calls[p])
+            raise CaptureError(
+                f"layer {changed} ran {counts.get(changed)} times in this forward but {self.calls[changed]} "
+                "times in the first one",
+                hint="keys must be the same for every batch; select a layer that runs a fixed number of times",
+            )
+
+    def _flatten(self, outputs: dict, inputs: dict, batch_size: int) -> dict:
+        flat: dict = {}
+        for path, key in self.layers.items():
+            calls = max(len(outputs.get(path, ())), len(inputs.get(path, ())))
+            for call in range(calls):
+                base = f"{key}:{call}" if calls > 1 else key
+                if path in inputs:
+                    args = inputs[path][call]
+                    _add(flat, f"{base}@input", args[0] if len(args) == 1 else args, self.omitted)
+                if path in outputs:
+                    _add(flat, base, outputs[path][call], self.omitted)
+        for key, tensor in flat.items():
+            if tensor.dim() == 0 or tensor.shape[0] != batch_size:
+                raise CaptureError(
+                    f"'{key}' has shape {list(tensor.shape)}, not batch-first for a batch of {batch_size}",
+                    hint="hookcli stores one row per image; select a layer whose output starts with the batch",
+                )
+        return flat
+
+
+def _detached_copy(value):
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        # contiguous_format: stored tensors are plain row-major whatever layout the model runs in.
+        return value.detach().clone(memory_format=torch.contiguous_format)
+    if isinstance(value, tuple | list):
+        return [_detached_copy(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _detached_copy(v) for k, v in value.items()}
+    return value
+
+
+def _add(flat: dict, key: str, value, omitted: set) -> None:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        flat[key] = value
+    elif isinstance(value, tuple | list):
+        for i, element in enumerate(value):
+            _add(flat, f"{key}#{i}", element, omitted)
+    elif isinstance(value, dict):
+        for name, element in value.items():
+            _add(flat, f"{key}#{name}", element, omitted)
+    else:
+        omitted.add(key)

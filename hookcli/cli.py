@@ -1,0 +1,333 @@
+"""The ``hookcli`` command line: parses options, calls the library, formats results.
+
+Only this module imports Click. Heavy libraries (torch, torchvision) are imported
+inside the commands that need them, so ``hookcli --help`` starts at once.
+Errors become one ``Error: …`` line: exit 2 for bad usage, 1 for failures at
+run time; ``--debug`` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import click
+
+from hookcli import __version__
+from hookcli.errors import HookcliError
+
+CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+class _HookcliGroup(click.Group):
+    """A group whose errors are single lines, and tracebacks only with ``--debug``."""
+
+    debug = False
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        self.debug = bool(os.environ.get("HOOKCLI_DEBUG"))
+        try:
+            result = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.UsageError as err:
+            where = f"'{err.ctx.command_path} --help'" if err.ctx else "'hookcli --help'"
+            _exit_with_error(f"{err.format_message().rstrip('.')}. Hint: see {where}", err.exit_code)
+        except click.ClickException as err:
+            _exit_with_error(err.format_message(), err.exit_code)
+        except HookcliError as err:
+            if self.debug:
+                raise
+            _exit_with_error(str(err), err.exit_code)
+        except (KeyboardInterrupt, click.Abort):
+            click.echo("Aborted.", err=True)
+            sys.exit(130)
+        except BrokenPipeError:
+            # The reader went away (e.g. `| head`); stop quietly like other Unix tools.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(1)
+        except Exception as err:
+            if self.debug:
+                raise
+            text = (str(err).strip() or "no message").splitlines()[0]
+            _exit_with_error(f"{type(err).__name__}: {text.rstrip('.')}. Hint: rerun with --debug for the traceback", 1)
+        sys.exit(result if isinstance(result, int) else 0)
+
+
+def _exit_with_error(message: str, code: int) -> None:
+    click.echo(f"Error: {message}", err=True)
+    sys.exit(code)
+
+
+def _set_debug(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if value:
+        ctx.find_root().command.debug = True
+
+
+@click.group(name="hookcli", cls=_HookcliGroup, context_settings=CONTEXT_SETTINGS)
+@click.version_option(__version__, prog_name="hookcli")
+@click.option(
+    "--debug", is_flag=True, expose_value=False, callback=_set_debug, is_eager=True,
+    help="Show full tracebacks (also HOOKCLI_DEBUG=1).",
+)
+def main() -> None:
+    """See inside PyTorch vision models: hook any layer, save what it returns.
+
+    \b
+      hookcli models                                     # what can be loaded
+      hookcli layers --model vgg16_bn                    # what can be hooked
+      hookcli extract --model vgg16_bn --layer features.18 img.jpg
+    """
+
+
+# -- shared option types and groups -----------------------------------------------------------
+
+
+class _FloatTriple(click.ParamType):
+    """Three floats as ``R,G,B`` (or one value for all three); accepts a list from a config."""
+
+    name = "R,G,B"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        parts = value if isinstance(value, list) else str(value).replace(" ", "").split(",")
+        try:
+            numbers = tuple(float(p) for p in parts)
+        except (TypeError, ValueError):
+            self.fail(f"'{value}' is not a number or three comma-separated numbers", param, ctx)
+        if len(numbers) == 1:
+            numbers = numbers * 3
+        if len(numbers) != 3:
+            self.fail(f"'{value}' has {len(numbers)} values; give one or three (R,G,B)", param, ctx)
+        return numbers
+
+
+class _Device(click.ParamType):
+    name = "DEVICE"
+
+    def convert(self, value, param, ctx):
+        from hookcli.device import DEVICE_PATTERN
+
+        if not DEVICE_PATTERN.fullmatch(str(value).strip().lower()):
+            self.fail(f"'{value}' is not a device; use auto, cpu, cuda, cuda:N or mps", param, ctx)
+        return str(value).strip().lower()
+
+
+def _model_options(function):
+    """--model, --weights and --seed, shared by every command that builds a model."""
+    function = click.option(
+        "--seed", type=int, default=0, show_default=True, help="Random seed for --weights none."
+    )(function)
+    function = click.option(
+        "--weights", "-w", default="DEFAULT", show_default=True, metavar="WEIGHTS",
+        help="DEFAULT, a torchvision weights name (IMAGENET1K_V1), none (random init) or a "
+        ".pth/.pt/.safetensors state dict.",
+    )(function)
+    function = click.option(
+        "--model", "-m", required=True, metavar="NAME", help="torchvision model name ('hookcli models')."
+    )(function)
+    return function
+
+
+def _load_config(ctx: click.Context, param: click.Parameter, value) -> None:
+    """Eager: a preset's options become this command's defaults, so flags given still win."""
+    if value is None:
+        return
+    from hookcli.config import read_config
+
+    allowed = {p.name for p in ctx.command.params if p.name not in ("config", "images", "help")}
+    ctx.default_map = {**(ctx.default_map or {}), **read_config(value, allowed=allowed)}
+    ctx.meta["hookcli.config"] = value
+
+
+def _given(ctx: click.Context, name: str) -> bool:
+    """Whether the user set option ``name`` (flag, environment or config), not just its default."""
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name != "DEFAULT"
+
+
+# -- hookcli models -----------------------------------------------------------------------------
+
+
+@main.command(context_settings=CONTEXT_SETTINGS)
+@click.option("--json", "as_json", is_flag=True, help="One JSON array.")
+def models(as_json: bool) -> None:
+    """List the models hookcli can load and their weights.
+
+    \b
+      hookcli models
+      hookcli models --json | python -c 'import json,sys; print(len(json.load(sys.stdin)))'
+    """
+    import torchvision.models
+
+    from hookcli.models import list_models, weights_names
+
+    rows = []
+    for name in list_models():
+        default = torchvision.models.get_model_weights(name).DEFAULT.name
+        rows.append({"model": name, "default": default, "weights": weights_names(name)})
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    width = max(len(r["model"]) for r in rows)
+    for r in rows:
+        click.echo(f"{r['model']:<{width}}  {' '.join(r['weights'])} (default {r['default']})")
+
+
+# -- hookcli layers -----------------------------------------------------------------------------
+
+
+@main.command(context_settings=CONTEXT_SETTINGS)
+@_model_options
+@click.option("--input-size", type=click.IntRange(min=1), help="Side of the square dummy input [weights' crop size].")
+@click.option("--depth", type=click.IntRange(min=1), help="Only paths with at most this many components.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON array.")
+@click.option("--nl", "as_nl", is_flag=True, help="Newline-delimited JSON, one layer per line.")
+def layers(model, weights, seed, input_size, depth, as_json, as_nl) -> None:
+    """List every layer --layer accepts, in forward order, with output shapes.
+
+    Shapes come from one forward of a zero image (batch 1). Layers the model
+    never calls in eval mode come last, with calls 0. Weights do not change the
+    layout, so any --weights works; pretrained ones must be cached.
+
+    \b
+      hookcli layers --model resnet50 --depth 2
+      hookcli layers --model vgg16_bn --weights none --nl | grep BatchNorm
+    """
+    if as_json and as_nl:
+        raise click.UsageError("--json and --nl cannot be used together")
+    import torch
+
+    from hookcli.layers import describe_layers
+    from hookcli.models import load_model
+
+    loaded = load_model(model, weights, seed=seed)
+    size = input_size or loaded.preprocess.crop
+    rows = [r for r in describe_layers(loaded.module, torch.zeros(1, 3, size, size))
+            if depth is None or r.path.count(".") < depth]
+    if as_json:
+        click.echo(json.dumps([r.to_dict() for r in rows], indent=2))
+    elif as_nl:
+        for r in rows:
+            click.echo(json.dumps(r.to_dict()))
+    else:
+        _print_layer_table(rows)
+
+
+def _print_layer_table(rows) -> None:
+    table = [("path", "type", "output", "params", "calls")]
+    for r in rows:
+        shape = json.dumps(r.output).replace(" ", "") if r.output is not None else "-"
+        table.append((r.path, r.type, shape, f"{r.params:,}", str(r.calls)))
+    widths = [max(len(row[i]) for row in table) for i in range(5)]
+    for row in table:
+        cells = [row[0].ljust(widths[0]), row[1].ljust(widths[1]), row[2].ljust(widths[2]),
+                 row[3].rjust(widths[3]), row[4].rjust(widths[4])]
+        click.echo("  ".join(cells).rstrip())
+
+
+# -- hookcli extract ----------------------------------------------------------------------------
+
+
+@main.command(context_settings=CONTEXT_SETTINGS)
+@click.option(
+    "--config", "-c", type=click.Path(dir_okay=False), is_eager=True, expose_value=False, callback=_load_config,
+    help="TOML preset of any options below; flags given here win.",
+)
+@_model_options
+@click.option(
+    "--layer", "-l", multiple=True, required=True, metavar="SELECTOR",
+    help="Layer path (features.18), glob (layer3.*.conv2, features.**), type:Conv2d; PATH=NAME renames. Repeat.",
+)
+@click.option("--capture", type=click.Choice(["output", "input", "both"]), default="output", show_default=True,
+              help="What to save of each layer.")
+@click.option("--resize", type=click.IntRange(min=1), help="Resize the shorter side to this [weights' value].")
+@click.option("--crop", type=click.IntRange(min=1), help="Centre-crop to this square [weights' value].")
+@click.option("--mean", type=_FloatTriple(), help="Normalisation mean [weights' value].")
+@click.option("--std", type=_FloatTriple(), help="Normalisation std [weights' value].")
+@click.option("--interpolation", type=click.Choice(["bilinear", "bicubic", "nearest"]),
+              help="Resize interpolation [weights' value].")
+@click.option("--device", "-d", type=_Device(), default="auto", show_default=True, help="auto, cpu, cuda, cuda:N, mps.")
+@click.option("--batch-size", "-b", type=click.IntRange(min=1), default=16, show_default=True)
+@click.option("--recursive", "-r", is_flag=True, help="Look for images in sub-folders of folder inputs.")
+@click.option("--output", "-o", metavar="PATH",
+              help="Output .safetensors file, or - for stdout [<model>-<layer>.safetensors].")
+@click.option("--force", "-f", is_flag=True, help="Overwrite an existing output file.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@click.argument("images", nargs=-1)
+@click.pass_context
+def extract(ctx, model, weights, seed, layer, capture, resize, crop, mean, std, interpolation, device,
+            batch_size, recursive, output, force, quiet, images) -> None:
+    """Capture layers of a model on images and save them to a safetensors file.
+
+    IMAGES are files, folders (--recursive for sub-folders) or - to read image
+    paths from stdin, one per line. Rows follow input order. The written path is
+    printed on stdout (with -o - the file's bytes are).
+
+    \b
+      hookcli extract --model vgg16_bn --layer features.18 img.jpg
+      hookcli extract -m resnet50 -l 'layer3.*.conv2' -l avgpool=pooled photos/ -o feats.safetensors
+      find photos -name '*.jpg' | hookcli extract -m resnet50 -l layer3 - -o -  > feats.safetensors
+      hookcli extract --config configs/vgg16_bn-features18.toml img.jpg
+    """
+    if _given(ctx, "seed") and weights.strip().lower() != "none":
+        raise click.UsageError("--seed only applies to --weights none (pretrained and file weights are fixed)")
+    from hookcli.images import gather_inputs
+    from hookcli.store import check_writable
+
+    paths = gather_inputs(images, recursive=recursive, stdin=click.get_text_stream("stdin"))
+    to_stdout = output == "-"
+    if to_stdout and sys.stdout.isatty():
+        raise click.UsageError("refusing to write binary safetensors data to a terminal; pipe or redirect -o -")
+    if output and not to_stdout:
+        check_writable(output, force=force)
+
+    from hookcli.device import resolve_device
+    from hookcli.extract import build_metadata, default_output_name, extract_features
+    from hookcli.layers import resolve_layers
+    from hookcli.models import load_model
+    from hookcli.store import write_safetensors
+
+    torch_device = resolve_device(device)
+    loaded = load_model(model, weights, seed=seed)
+    selected = resolve_layers(loaded.module, layer, model_name=model)
+    if not output:
+        output = str(default_output_name(model, selected))
+        check_writable(output, force=force)
+    preprocess = loaded.preprocess.replace(
+        resize=resize, crop=crop, mean=mean, std=std, interpolation=interpolation
+    )
+    with _progress(len(paths), quiet) as advance:
+        run = extract_features(
+            loaded, selected, paths, preprocess=preprocess, capture=capture, device=torch_device,
+            batch_size=batch_size, on_batch=advance,
+        )
+    metadata = build_metadata(
+        loaded, selected, run, paths, preprocess=preprocess, capture=capture, device=torch_device
+    )
+    if to_stdout:
+        write_safetensors(run.tensors, metadata, click.get_binary_stream("stdout"))
+    else:
+        write_safetensors(run.tensors, metadata, output, force=force)
+        click.echo(output)
+
+
+class _progress:
+    """A tqdm bar on stderr, only when stderr is a terminal and not --quiet; yields an advance(n) callable."""
+
+    def __init__(self, total: int, quiet: bool) -> None:
+        self.total, self.quiet, self.bar = total, quiet, None
+
+    def __enter__(self):
+        if self.quiet or not sys.stderr.isatty():
+            return lambda n: None
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=self.total, unit="img", file=sys.stderr, dynamic_ncols=True)
+        return self.bar.update
+
+    def __exit__(self, *exc_info) -> None:
+        if self.bar is not None:
+            self.bar.close()

@@ -1,0 +1,52 @@
+"""Read option presets from TOML files.
+
+A preset holds any option of a command, spelt like the long flag with or
+without dashes (``batch-size`` or ``batch_size``); ``layers`` is accepted for
+``layer``. Options given on the command line win over the preset. A relative
+``weights`` path is taken relative to the preset's folder.
+
+>>> read_config("configs/vgg16_bn-features18.toml", allowed={"model", "layer"})  # doctest: +SKIP
+{'model': 'vgg16_bn', 'layer': ['features.18']}
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import tomllib
+from collections.abc import Collection
+from pathlib import Path
+
+from hookcli.errors import ConfigError
+
+__all__ = ["read_config"]
+
+_ALIASES = {"layers": "layer"}
+
+
+def read_config(path: str | os.PathLike, *, allowed: Collection[str]) -> dict:
+    """Return the preset's options keyed by parameter name; unknown keys are an error."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as handle:
+            raw = tomllib.load(handle)
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: '{path}'", hint="presets ship in the configs/ folder") from None
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+        raise ConfigError(f"cannot read config '{path}': {err}", hint="check the TOML syntax") from None
+    options = {}
+    for key, value in raw.items():
+        name = key.replace("-", "_")
+        name = _ALIASES.get(name, name)
+        if name not in allowed:
+            closest = difflib.get_close_matches(name, sorted(allowed), n=1)
+            suggestion = f"did you mean '{closest[0]}'? " if closest else ""
+            raise ConfigError(
+                f"config '{path}' has an unknown option '{key}'",
+                hint=f"{suggestion}valid options: {', '.join(sorted(allowed))}",
+            )
+        options[name] = value
+    weights = options.get("weights")
+    if isinstance(weights, str) and not Path(weights).is_absolute() and (path.parent / weights).is_file():
+        options["weights"] = str(path.parent / weights)
+    return options

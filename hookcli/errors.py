@@ -1,0 +1,78 @@
+"""Errors a user can act on.
+
+Every error hookcli raises on purpose is a :class:`HookcliError`: a one-line
+message plus an optional hint saying what to do about it. The command line turns
+them into a single ``Error: …`` line; library users can catch them by type.
+
+>>> err = UnknownModelError("unknown model 'resnet5'", hint="run 'hookcli models'")
+>>> str(err)
+"unknown model 'resnet5'. Hint: run 'hookcli models'"
+>>> err.exit_code
+2
+"""
+
+from __future__ import annotations
+
+
+class HookcliError(Exception):
+    """Base class: a message, an optional hint, and the exit code the CLI uses.
+
+    ``exit_code`` is 2 for bad usage (refused before any work starts) and 1 for
+    failures found while running.
+    """
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return f"{self.message}. Hint: {self.hint}" if self.hint else self.message
+
+
+class UsageProblem(HookcliError):
+    """The request itself is wrong; nothing was run."""
+
+    exit_code = 2
+
+
+class UnknownModelError(UsageProblem):
+    """The model name is not one hookcli can build."""
+
+
+class WeightsError(HookcliError):
+    """Weights could not be found, downloaded or loaded."""
+
+
+class UnknownLayerError(UsageProblem):
+    """A layer selector matches no module of the model."""
+
+
+class LayerNotRunError(HookcliError):
+    """A selected layer exists but never ran during the forward pass."""
+
+
+class CaptureError(HookcliError):
+    """What a layer produced cannot be stored as batch-first tensors."""
+
+
+class InputError(UsageProblem):
+    """Input paths are missing or hold no images."""
+
+
+class ImageError(HookcliError):
+    """An image file exists but cannot be decoded."""
+
+
+class OutputExistsError(UsageProblem):
+    """The output path exists and overwriting was not allowed."""
+
+
+class ConfigError(UsageProblem):
+    """A config preset cannot be read or holds an unknown option."""
+
+
+class DeviceError(UsageProblem):
+    """The requested device is not available."""

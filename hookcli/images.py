@@ -1,0 +1,154 @@
+"""Find input images and decode them to RGB.
+
+Inputs are files, folders (``recursive=True`` walks sub-folders) and ``-``,
+which reads one path per line from a text stream (stdin on the command line), so
+``find photos -name '*.jpg' | hookcli extract … -`` works. Order is kept: files
+in the order given, folder contents sorted by name.
+
+>>> paths = gather_inputs(["photos/"], recursive=True)   # doctest: +SKIP
+>>> load_rgb(paths[0]).mode                              # doctest: +SKIP
+'RGB'
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import TextIO
+
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from hookcli.errors import ImageError, InputError
+
+__all__ = ["IMAGE_SUFFIXES", "gather_inputs", "load_rgb"]
+
+#: Suffixes picked up when a folder is given; files named explicitly are always tried.
+IMAGE_SUFFIXES = frozenset(
+    {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm", ".pbm", ".jfif"}
+)
+
+#: Background that transparent pixels are composited onto.
+_BACKGROUND = (255, 255, 255)
+
+
+def gather_inputs(
+    arguments: Sequence[str], *, recursive: bool = False, stdin: TextIO | None = None
+) -> list[Path]:
+    """Turn command-line inputs into an ordered list of image paths.
+
+    ``-`` reads paths, one per line, from ``stdin`` (default ``sys.stdin``);
+    blank lines are ignored. Each path read there may itself be a folder.
+
+    Raises :class:`InputError` for a missing path, a folder with no images or
+    when nothing at all is given.
+    """
+    paths: list[Path] = []
+    for argument in arguments:
+        if argument == "-":
+            stream = stdin if stdin is not None else sys.stdin
+            for line in _read_lines(stream):
+                paths.extend(_expand(line, recursive))
+        else:
+            paths.extend(_expand(argument, recursive))
+    if not paths:
+        raise InputError(
+            "no input images were given",
+            hint="pass image files or folders, or '-' to read paths from stdin",
+        )
+    return paths
+
+
+def _read_lines(stream: Iterable[str]) -> Iterable[str]:
+    for line in stream:
+        line = line.rstrip("\r\n")
+        if line.strip():
+            yield line
+
+
+def _expand(argument: str, recursive: bool) -> list[Path]:
+    path = Path(argument)
+    if path.is_dir():
+        found = _images_in(path, recursive)
+        if not found:
+            has_subfolders = any(child.is_dir() for child in path.iterdir())
+            hint = (
+                "add --recursive to look in its sub-folders"
+                if has_subfolders and not recursive
+                else f"image files end in one of {', '.join(sorted(IMAGE_SUFFIXES))}"
+            )
+            raise InputError(f"no images found in folder '{argument}'", hint=hint)
+        return found
+    if not path.exists():
+        raise InputError(f"no such file or folder: '{argument}'", hint="check the path")
+    return [path]
+
+
+def _images_in(folder: Path, recursive: bool) -> list[Path]:
+    if recursive:
+        found = []
+        for root, dirs, files in os.walk(folder):
+            dirs.sort()
+            found.extend(Path(root, name) for name in sorted(files) if _is_image_name(name))
+        return found
+    return sorted(p for p in folder.iterdir() if p.is_file() and _is_image_name(p.name))
+
+
+def _is_image_name(name: str) -> bool:
+    return not name.startswith(".") and Path(name).suffix.lower() in IMAGE_SUFFIXES
+
+
+def load_rgb(path: str | os.PathLike) -> Image.Image:
+    """Decode an image fully and return it as 8-bit RGB, upright.
+
+    EXIF orientation is applied; grayscale, palette, CMYK and 1-bit images are
+    converted; transparency is composited onto white; 16-bit and 32-bit
+    grayscale are scaled down to 8 bits rather than clipped. A truncated or
+    undecodable file raises :class:`ImageError` naming the file.
+    """
+    try:
+        with Image.open(path) as image:
+            image.load()
+            image = ImageOps.exif_transpose(image)
+            return _to_rgb(image)
+    except FileNotFoundError:
+        raise ImageError(f"image not found: '{path}'", hint="check the path") from None
+    except UnidentifiedImageError:
+        raise ImageError(
+            f"'{path}' is not an image Pillow can read",
+            hint="check the file type; text or corrupt files cannot be used",
+        ) from None
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:
+        raise ImageError(f"cannot decode image '{path}': {err}", hint="the file may be truncated or corrupt") from None
+
+
+def _to_rgb(image: Image.Image) -> Image.Image:
+    mode = image.mode
+    if mode == "RGB":
+        return image
+    if mode.startswith("I") or mode == "F":
+        return _wide_gray_to_rgb(image)
+    if mode == "P" and "transparency" in image.info:
+        image = image.convert("RGBA")
+        mode = "RGBA"
+    if mode in ("RGBA", "LA", "PA", "RGBa", "La"):
+        rgba = image.convert("RGBA")
+        background = Image.new("RGBA", rgba.size, _BACKGROUND + (255,))
+        return Image.alpha_composite(background, rgba).convert("RGB")
+    return image.convert("RGB")
+
+
+def _wide_gray_to_rgb(image: Image.Image) -> Image.Image:
+    # Pillow's own convert() clips 16-bit values at 255, turning most of a photo white.
+    import numpy as np
+
+    values = np.asarray(image, dtype=np.float64)
+    if image.mode == "F":
+        top = 1.0 if values.size and np.nanmax(values) <= 1.0 else 255.0
+    elif image.mode.startswith("I;16") or (values.size and values.max() <= 65535):
+        top = 65535.0
+    else:
+        top = float(2**32 - 1)
+    scaled = np.clip(np.nan_to_num(values) / top * 255.0 + 0.5, 0, 255).astype(np.uint8)
+    return Image.fromarray(scaled, mode="L").convert("RGB")

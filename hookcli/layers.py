@@ -1,0 +1,209 @@
+"""Name the layers of a model and turn a user's selection into an ordered mapping.
+
+A selector is one of:
+
+- an exact module path: ``features.18``, ``layer3.1.conv2``;
+- a glob: ``*`` matches within one path component, ``**`` across components,
+  ``?`` one character, ``[...]`` a character set (``layer3.*.conv2``, ``features.**``);
+- a type: ``type:Conv2d`` (class name, globs allowed; a dotted pattern matches
+  the qualified name ``torch.nn.modules.conv.Conv2d``);
+- any of the above followed by ``=NAME`` to store the layer under another key
+  (``layer4=final``); the selector must then match exactly one layer.
+
+>>> import torch.nn as nn
+>>> model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 8, 3))
+>>> resolve_layers(model, ["type:Conv2d", "1=act"])
+{'0': '0', '1': 'act', '2': '2'}
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import fnmatch
+import functools
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from hookcli.errors import UnknownLayerError, UsageProblem
+
+__all__ = ["LayerInfo", "KEY_RESERVED", "describe_layers", "hookable_layers", "resolve_layers"]
+
+#: Characters that separate a layer's key from call index, input marker and container element.
+KEY_RESERVED = ":@#"
+
+
+def hookable_layers(model) -> dict:
+    """Every sub-module a hook can be put on, by dotted path, in definition order."""
+    return {path: module for path, module in model.named_modules() if path}
+
+
+def resolve_layers(model, selectors: Iterable[str], *, model_name: str | None = None) -> dict[str, str]:
+    """Resolve selectors into ``{module path: output key}``, in the model's definition order.
+
+    Raises :class:`UnknownLayerError` naming the closest paths when a selector
+    matches nothing.
+    """
+    layers = hookable_layers(model)
+    chosen: dict[str, str] = {}
+    for selector in selectors:
+        pattern, _, rename = selector.partition("=")
+        pattern = pattern.strip()
+        if not pattern:
+            raise UsageProblem(f"empty layer selector '{selector}'", hint="give a path such as features.18")
+        matches = _match(pattern, layers, model_name)
+        if rename:
+            _check_key(rename, selector)
+            if len(matches) != 1:
+                raise UsageProblem(
+                    f"'{selector}' renames {len(matches)} layers",
+                    hint="a =NAME rename needs a selector that matches exactly one layer",
+                )
+        for path in matches:
+            key = rename or path
+            if chosen.get(path, key) != key:
+                raise UsageProblem(
+                    f"layer '{path}' is selected under two names, '{chosen[path]}' and '{key}'",
+                    hint="select it once",
+                )
+            chosen[path] = key
+    if not chosen:
+        raise UsageProblem("no layers selected", hint="pass --layer PATH (see 'hookcli layers')")
+    keys = list(chosen.values())
+    clash = next((k for k in keys if keys.count(k) > 1), None)
+    if clash is not None:
+        raise UsageProblem(f"two layers would be stored under the key '{clash}'", hint="rename one with PATH=NAME")
+    order = {path: i for i, path in enumerate(layers)}
+    return dict(sorted(chosen.items(), key=lambda item: order[item[0]]))
+
+
+def _match(pattern: str, layers: Mapping, model_name: str | None) -> list[str]:
+    where = f" in {model_name}" if model_name else ""
+    hint = f"run 'hookcli layers --model {model_name}' to list them" if model_name else "list them with describe_layers"
+    if pattern.startswith("type:"):
+        type_pattern = pattern[len("type:"):]
+        found = [p for p, m in layers.items() if _type_matches(type_pattern, type(m))]
+        if not found:
+            types = sorted({type(m).__name__ for m in layers.values()})
+            closest = difflib.get_close_matches(type_pattern, types, n=3, cutoff=0.0)
+            raise UnknownLayerError(
+                f"no layer of type '{type_pattern}'{where} (closest types: {', '.join(closest)})", hint=hint
+            )
+        return found
+    if any(ch in pattern for ch in "*?["):
+        regex = _glob_to_regex(pattern)
+        found = [p for p in layers if regex.fullmatch(p)]
+        if not found:
+            raise UnknownLayerError(
+                f"no layer matches '{pattern}'{where}",
+                hint=f"'*' stays within one path component, '**' crosses them; {hint}",
+            )
+        return found
+    if pattern in layers:
+        return [pattern]
+    closest = difflib.get_close_matches(pattern, list(layers), n=3, cutoff=0.0)
+    raise UnknownLayerError(f"no layer '{pattern}'{where} (closest: {', '.join(closest)})", hint=hint)
+
+
+def _type_matches(pattern: str, cls: type) -> bool:
+    name = f"{cls.__module__}.{cls.__qualname__}" if "." in pattern else cls.__name__
+    return fnmatch.fnmatchcase(name, pattern)
+
+
+def _glob_to_regex(pattern: str) -> re.Pattern:
+    parts, i = [], 0
+    while i < len(pattern):
+        if pattern.startswith("**", i):
+            parts.append(".*")
+            i += 2
+        elif pattern[i] == "*":
+            parts.append("[^.]*")
+            i += 1
+        elif pattern[i] == "?":
+            parts.append("[^.]")
+            i += 1
+        elif pattern[i] == "[" and "]" in pattern[i + 1:]:
+            end = pattern.index("]", i + 1)
+            body = pattern[i + 1:end]
+            parts.append("[" + ("^" + body[1:] if body.startswith("!") else body) + "]")
+            i = end + 1
+        else:
+            parts.append(re.escape(pattern[i]))
+            i += 1
+    return re.compile("".join(parts))
+
+
+def _check_key(name: str, selector: str) -> None:
+    bad = [ch for ch in KEY_RESERVED if ch in name]
+    if bad or not name.strip():
+        raise UsageProblem(
+            f"invalid key name in '{selector}'",
+            hint=f"names may not be empty or contain {' '.join(KEY_RESERVED)}",
+        )
+
+
+@dataclass
+class LayerInfo:
+    """One row of the layer table: path, type, output shape(s), parameters, calls per forward."""
+
+    path: str
+    type: str
+    params: int
+    calls: int = 0
+    output: object = None  # a shape list, or a nested list/dict of shapes for container outputs
+    order: int = field(default=-1, repr=False)
+
+    def to_dict(self) -> dict:
+        return {"path": self.path, "type": self.type, "output": self.output, "params": self.params, "calls": self.calls}
+
+
+def describe_layers(model, example) -> list[LayerInfo]:
+    """Run ``model(example)`` once with hooks and describe every hookable layer.
+
+    Rows come in forward order (the order layers start running); layers that
+    never run come last with ``calls == 0`` and no output shape. Hooks are
+    removed and the model's mode restored before returning.
+    """
+    import torch
+
+    from hookcli.capture import preserved_mode
+
+    layers = hookable_layers(model)
+    rows = {
+        path: LayerInfo(path, type(m).__name__, sum(p.numel() for p in m.parameters()))
+        for path, m in layers.items()
+    }
+    started: list[str] = []
+
+    def on_start(path, module, inputs):
+        if path not in started:
+            started.append(path)
+
+    def on_finish(path, module, inputs, output):
+        row = rows[path]
+        row.calls += 1
+        if row.output is None:
+            row.output = _shapes(output)
+
+    with contextlib.ExitStack() as stack, preserved_mode(model), torch.inference_mode():
+        for path, module in layers.items():
+            stack.enter_context(module.register_forward_pre_hook(functools.partial(on_start, path)))
+            stack.enter_context(module.register_forward_hook(functools.partial(on_finish, path)))
+        model(example)
+    ordered = [rows[p] for p in started] + [row for p, row in rows.items() if p not in started]
+    for i, row in enumerate(ordered):
+        row.order = i
+    return ordered
+
+
+def _shapes(value):
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return list(value.shape)
+    if isinstance(value, list | tuple):
+        return [_shapes(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _shapes(v) for k, v in value.items()}
+    return None

@@ -1,0 +1,72 @@
+"""What happens to an image before it reaches the model.
+
+A :class:`Preprocess` is read off the weights' own transforms (resize, centre
+crop, normalisation), may be overridden field by field, is recorded in the
+output's metadata, and builds torchvision's ``ImageClassification`` transform so
+the numbers are exactly those torchvision uses.
+
+>>> spec = Preprocess(resize=256, crop=224)
+>>> spec.replace(crop=112).crop
+112
+>>> spec.to_json()
+'{"resize": 256, "crop": 224, "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225], "interpolation": "bilinear", "antialias": true}'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+
+__all__ = ["INTERPOLATIONS", "Preprocess"]
+
+INTERPOLATIONS = ("bilinear", "bicubic", "nearest")
+
+
+@dataclass(frozen=True)
+class Preprocess:
+    """Resize the shorter side to ``resize``, centre-crop ``crop``², scale to [0, 1], normalise."""
+
+    resize: int
+    crop: int
+    mean: tuple[float, float, float] = (0.485, 0.456, 0.406)
+    std: tuple[float, float, float] = (0.229, 0.224, 0.225)
+    interpolation: str = "bilinear"
+    antialias: bool = True
+
+    def __post_init__(self) -> None:
+        if self.interpolation not in INTERPOLATIONS:
+            raise ValueError(f"interpolation must be one of {INTERPOLATIONS}, not {self.interpolation!r}")
+
+    @classmethod
+    def from_transforms(cls, transforms) -> Preprocess:
+        """Read a torchvision ``ImageClassification`` transform (what ``weights.transforms()`` returns)."""
+        return cls(
+            resize=int(transforms.resize_size[0]),
+            crop=int(transforms.crop_size[0]),
+            mean=tuple(float(v) for v in transforms.mean),
+            std=tuple(float(v) for v in transforms.std),
+            interpolation=transforms.interpolation.value,
+            antialias=bool(transforms.antialias),
+        )
+
+    def replace(self, **overrides) -> Preprocess:
+        """A copy with the given fields changed; ``None`` values are ignored."""
+        return dataclasses.replace(self, **{k: v for k, v in overrides.items() if v is not None})
+
+    def to_transform(self):
+        """The torchvision transform: PIL image → normalised float tensor ``[3, crop, crop]``."""
+        from torchvision.transforms import InterpolationMode
+        from torchvision.transforms._presets import ImageClassification
+
+        return ImageClassification(
+            crop_size=self.crop,
+            resize_size=self.resize,
+            mean=self.mean,
+            std=self.std,
+            interpolation=InterpolationMode(self.interpolation),
+            antialias=self.antialias,
+        )
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))

@@ -1,0 +1,50 @@
+"""Shared fixtures. Tests never touch the network: torch's cache is a temp folder and downloads are off."""
+
+import os
+import tempfile
+
+os.environ["TORCH_HOME"] = tempfile.mkdtemp(prefix="hookcli-torch-home-")
+os.environ["HOOKCLI_OFFLINE"] = "1"
+os.environ.pop("HOOKCLI_DEBUG", None)
+
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from click.testing import CliRunner  # noqa: E402
+from PIL import Image  # noqa: E402
+
+
+@pytest.fixture
+def runner():
+    return CliRunner()
+
+
+@pytest.fixture(scope="session")
+def photo() -> Path:
+    """A real photo that ships with matplotlib (Grace Hopper, 512×600 JPEG)."""
+    import matplotlib.cbook
+
+    return Path(matplotlib.cbook.get_sample_data("grace_hopper.jpg", asfileobj=False))
+
+
+def _write_noise(path: Path, size=(48, 40), seed=0, mode="RGB") -> Path:
+    """Write a random-noise image of the given mode to ``path``."""
+    rng = np.random.default_rng(seed)
+    pixels = rng.integers(0, 256, size=(size[1], size[0], 3), dtype=np.uint8)
+    Image.fromarray(pixels, "RGB").convert(mode).save(path)
+    return path
+
+
+@pytest.fixture
+def make_image():
+    """``make_image(path, size=(w, h), seed=0, mode="RGB")`` writes a noise image and returns its path."""
+    return _write_noise
+
+
+@pytest.fixture
+def images(tmp_path) -> list[Path]:
+    """Three small distinct PNGs (lossless, so exact comparisons hold) in tmp_path/imgs: a, b, c."""
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    return [_write_noise(folder / f"{name}.png", seed=i) for i, name in enumerate("abc")]

@@ -1,0 +1,77 @@
+"""hookcli layers, hookcli models, start-up cost and the package entry points."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from hookcli.cli import main
+
+
+def test_layers_json_lists_forward_order_shapes_params_and_calls(runner):
+    result = runner.invoke(main, ["layers", "--model", "resnet18", "--weights", "none", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)
+    assert rows[0] == {"path": "conv1", "type": "Conv2d", "output": [1, 64, 112, 112], "params": 9408, "calls": 1}
+    assert rows[-1] == {"path": "fc", "type": "Linear", "output": [1, 1000], "params": 513000, "calls": 1}
+    assert next(r for r in rows if r["path"] == "layer1.0.relu")["calls"] == 2
+    assert len(rows) == 67
+
+
+def test_layers_table_depth_and_input_size(runner):
+    result = runner.invoke(main, ["layers", "-m", "vgg11", "-w", "none", "--depth", "1", "--input-size", "64"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines() == [
+        "path        type               output            params  calls",
+        "features    Sequential         [1,512,2,2]    9,220,480      1",
+        "avgpool     AdaptiveAvgPool2d  [1,512,7,7]            0      1",
+        "classifier  Sequential         [1,1000]     123,642,856      1",
+    ]
+
+
+def test_layers_nl_is_one_object_per_line(runner):
+    result = runner.invoke(main, ["layers", "-m", "resnet18", "-w", "none", "--nl", "--depth", "1"])
+    assert result.exit_code == 0, result.output
+    paths = [json.loads(line)["path"] for line in result.stdout.splitlines()]
+    assert paths == ["conv1", "bn1", "relu", "maxpool", "layer1", "layer2", "layer3", "layer4", "avgpool", "fc"]
+
+
+def test_layers_refuses_json_and_nl_together(runner):
+    result = runner.invoke(main, ["layers", "-m", "resnet18", "--json", "--nl"])
+    assert result.exit_code == 2
+    assert result.stderr == (
+        "Error: --json and --nl cannot be used together. Hint: see 'hookcli layers --help'\n"
+    )
+
+
+def test_models_lists_every_classification_model(runner):
+    result = runner.invoke(main, ["models", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = {r["model"]: r for r in json.loads(result.stdout)}
+    assert rows["vgg16_bn"] == {"model": "vgg16_bn", "default": "IMAGENET1K_V1", "weights": ["IMAGENET1K_V1"]}
+    assert rows["resnet50"]["default"] == "IMAGENET1K_V2"
+    assert "fasterrcnn_resnet50_fpn" not in rows and len(rows) >= 80
+
+
+def test_help_does_not_import_torch():
+    code = "import sys, hookcli.cli; sys.argv = ['hookcli', '--help']\ntry:\n    hookcli.cli.main()\n" \
+           "except SystemExit:\n    pass\nprint('torch' in sys.modules, 'torchvision' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.splitlines()[-1] == "False False"
+    assert "extract" in result.stdout and "layers" in result.stdout
+
+
+def test_python_dash_m_and_version():
+    result = subprocess.run([sys.executable, "-m", "hookcli", "--version"], capture_output=True, text=True)
+    assert result.returncode == 0
+    assert result.stdout.startswith("hookcli, version ")
+
+
+def test_readme_setup_lines_are_what_ci_runs():
+    root = Path(__file__).parent.parent
+    readme = (root / "README.md").read_text().splitlines()
+    fence = readme.index("```bash")
+    install, test = readme[fence + 1], readme[fence + 2]
+    ci = (root / ".ci" / "run").read_text().splitlines()
+    assert (install, test) == ('pip install -e ".[test]"', "pytest")
+    assert install in ci and test in ci

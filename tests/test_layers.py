@@ -1,0 +1,84 @@
+"""Layer selectors and the layer table."""
+
+import pytest
+import torch
+import torch.nn as nn
+import torchvision
+
+from hookcli.errors import UnknownLayerError, UsageProblem
+from hookcli.layers import describe_layers, resolve_layers
+
+
+@pytest.fixture(scope="module")
+def resnet():
+    torch.manual_seed(0)
+    return torchvision.models.resnet18().eval()
+
+
+def test_exact_paths_come_back_in_model_order(resnet):
+    assert resolve_layers(resnet, ["layer3.1.conv2", "conv1"]) == {"conv1": "conv1", "layer3.1.conv2": "layer3.1.conv2"}
+
+
+def test_star_stays_in_one_component_and_double_star_crosses(resnet):
+    assert list(resolve_layers(resnet, ["layer3.*.conv2"])) == ["layer3.0.conv2", "layer3.1.conv2"]
+    assert list(resolve_layers(resnet, ["layer4.*"])) == ["layer4.0", "layer4.1"]
+    deep = resolve_layers(resnet, ["layer4.**"])
+    assert "layer4.0.downsample.0" in deep and "layer4.1.bn2" in deep and len(deep) == 15
+    assert list(resolve_layers(resnet, ["layer[12].0.conv?"])) == [
+        "layer1.0.conv1", "layer1.0.conv2", "layer2.0.conv1", "layer2.0.conv2"
+    ]
+
+
+def test_type_selectors(resnet):
+    assert list(resolve_layers(resnet, ["type:AdaptiveAvgPool2d", "type:Linear"])) == ["avgpool", "fc"]
+    assert len(resolve_layers(resnet, ["type:Conv2d"])) == 20
+    assert len(resolve_layers(resnet, ["type:torch.nn.modules.conv.*"])) == 20
+
+
+def test_rename_and_duplicates(resnet):
+    assert resolve_layers(resnet, ["layer4=final", "fc", "fc"]) == {"layer4": "final", "fc": "fc"}
+    with pytest.raises(UsageProblem, match="'layer4.\\*=x' renames 2 layers"):
+        resolve_layers(resnet, ["layer4.*=x"])
+    with pytest.raises(UsageProblem, match="layer 'fc' is selected under two names, 'fc' and 'logits'"):
+        resolve_layers(resnet, ["fc", "fc=logits"])
+    with pytest.raises(UsageProblem, match="two layers would be stored under the key 'fc'"):
+        resolve_layers(resnet, ["fc", "avgpool=fc"])
+    with pytest.raises(UsageProblem, match="invalid key name in 'fc=a@b'"):
+        resolve_layers(resnet, ["fc=a@b"])
+
+
+def test_unknown_path_names_the_three_closest(resnet):
+    with pytest.raises(UnknownLayerError) as caught:
+        resolve_layers(resnet, ["layer3.1.conv3"], model_name="resnet18")
+    assert str(caught.value) == (
+        "no layer 'layer3.1.conv3' in resnet18 (closest: layer3.1.conv2, layer3.1.conv1, layer4.1.conv2). "
+        "Hint: run 'hookcli layers --model resnet18' to list them"
+    )
+
+
+def test_unknown_type_and_empty_glob(resnet):
+    with pytest.raises(UnknownLayerError, match=r"no layer of type 'Conv1d' in resnet18 \(closest types: Conv2d"):
+        resolve_layers(resnet, ["type:Conv1d"], model_name="resnet18")
+    with pytest.raises(UnknownLayerError, match="no layer matches 'layer9.*' in resnet18"):
+        resolve_layers(resnet, ["layer9.*"], model_name="resnet18")
+
+
+def test_describe_layers_in_forward_order_with_shapes_params_and_calls(resnet):
+    rows = describe_layers(resnet, torch.zeros(1, 3, 224, 224))
+    by_path = {r.path: r for r in rows}
+    assert [r.path for r in rows[:6]] == ["conv1", "bn1", "relu", "maxpool", "layer1", "layer1.0"]
+    assert rows[-1].path == "fc" and by_path["fc"].output == [1, 1000]
+    assert by_path["fc"].params == 512 * 1000 + 1000
+    assert by_path["layer3"].output == [1, 256, 14, 14]
+    assert by_path["layer1.0.relu"].calls == 2
+    assert len(rows) == len(list(resnet.named_modules())) - 1
+    assert resnet._forward_hooks == {} and not any(m._forward_pre_hooks for m in resnet.modules())
+
+
+def test_layers_that_never_run_come_last():
+    model = nn.Sequential()
+    model.add_module("unused", nn.Linear(2, 2))
+    model.add_module("used", nn.Identity())
+    model.forward = lambda x: model.used(x)
+    rows = describe_layers(model, torch.zeros(1, 2))
+    assert [(r.path, r.calls, r.output) for r in rows] == [("used", 1, [1, 2]), ("unused", 0, None)]

@@ -1,0 +1,147 @@
+"""Model names, weights sources and default preprocessing."""
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torchvision
+from PIL import Image
+from safetensors.torch import save_file
+
+from hookcli.errors import UnknownModelError, WeightsError
+from hookcli.models import load_model, weights_cache_path
+
+
+def _same_weights(a, b):
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def test_unknown_model_lists_the_closest_names():
+    with pytest.raises(UnknownModelError) as caught:
+        load_model("resnet5", "none")
+    assert str(caught.value) == "unknown model 'resnet5' (closest: resnet50, resnet152, resnet34). Hint: 'hookcli models' lists every model"
+
+
+def test_random_weights_follow_the_seed_and_leave_the_global_rng_alone():
+    torch.manual_seed(123)
+    before = torch.random.get_rng_state()
+    a = load_model("resnet18", "none", seed=7)
+    assert torch.equal(torch.random.get_rng_state(), before)
+    b = load_model("resnet18", "NONE", seed=7)
+    c = load_model("resnet18", "none", seed=8)
+    assert _same_weights(a.module, b.module)
+    assert not _same_weights(a.module, c.module)
+    assert a.weights == {"source": "none", "seed": 7}
+    assert not a.module.training
+    assert (a.preprocess.resize, a.preprocess.crop) == (256, 224)
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return load_model("resnet18", "none", seed=3).module
+
+
+@pytest.mark.parametrize("layout", ["plain", "wrapped", "dataparallel", "compiled"])
+def test_state_dict_files_load_with_common_wrappers(tmp_path, reference, layout):
+    state = reference.state_dict()
+    if layout == "wrapped":
+        state = {"epoch": 4, "state_dict": state}
+    elif layout == "dataparallel":
+        state = {"model": {f"module.{k}": v for k, v in state.items()}}
+    elif layout == "compiled":
+        state = {f"_orig_mod.{k}": v for k, v in state.items()}
+    path = tmp_path / "ckpt.pth"
+    torch.save(state, path)
+    loaded = load_model("resnet18", str(path))
+    assert _same_weights(loaded.module, reference)
+    assert loaded.weights["source"] == "file" and loaded.weights["path"] == str(path.resolve())
+    assert len(loaded.weights["sha256"]) == 64
+
+
+def test_safetensors_weights_and_a_fine_tuned_class_count(tmp_path):
+    torch.manual_seed(0)
+    tuned = torchvision.models.resnet18(num_classes=10)
+    path = tmp_path / "tuned.safetensors"
+    save_file(tuned.state_dict(), str(path))
+    loaded = load_model("resnet18", str(path))
+    assert loaded.module.fc.out_features == 10
+    assert loaded.weights["num_classes"] == 10
+    assert _same_weights(loaded.module, tuned)
+
+
+def test_a_checkpoint_of_another_architecture_is_refused(tmp_path, reference):
+    path = tmp_path / "r18.pt"
+    torch.save(reference.state_dict(), path)
+    with pytest.raises(WeightsError, match=r"weights file '.*r18.pt' does not fit model 'resnet34': missing layer1.2"):
+        load_model("resnet34", str(path))
+
+
+class _Payload:
+    pass
+
+
+def test_pickled_code_is_never_unpickled(tmp_path):
+    path = tmp_path / "evil.pth"
+    torch.save({"state_dict": _Payload()}, path)
+    with pytest.raises(WeightsError) as caught:
+        load_model("resnet18", str(path))
+    assert str(caught.value) == (
+        f"cannot read weights file '{path}': it holds pickled objects other than tensors, which hookcli refuses "
+        "to unpickle. Hint: save a plain state_dict (torch.save(model.state_dict(), path))"
+    )
+
+
+def test_missing_weights_file():
+    with pytest.raises(WeightsError, match="weights file not found: 'nowhere/w.pth'"):
+        load_model("resnet18", "nowhere/w.pth")
+
+
+def test_unknown_weights_name_lists_the_available_ones():
+    with pytest.raises(WeightsError) as caught:
+        load_model("resnet18", "IMAGENET1K_V9")
+    assert str(caught.value) == (
+        "model 'resnet18' has no weights 'IMAGENET1K_V9' (available: DEFAULT, IMAGENET1K_V1, none). "
+        "Hint: or pass a path to a .pth/.safetensors state dict"
+    )
+
+
+def test_pretrained_weights_are_read_from_the_torch_home_cache(reference):
+    weights = torchvision.models.ResNet18_Weights.IMAGENET1K_V1
+    cached = weights_cache_path(weights)
+    assert cached == Path(os.environ["TORCH_HOME"]) / "hub" / "checkpoints" / "resnet18-f37072fd.pth"
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(reference.state_dict(), cached)
+    try:
+        for spec in ("DEFAULT", "IMAGENET1K_V1", "ResNet18_Weights.IMAGENET1K_V1"):
+            loaded = load_model("resnet18", spec)
+            assert _same_weights(loaded.module, reference)
+            assert loaded.weights == {"source": "torchvision", "name": "ResNet18_Weights.IMAGENET1K_V1"}
+            assert loaded.categories[:2] == ["tench", "goldfish"] and len(loaded.categories) == 1000
+        cached.write_bytes(b"not a checkpoint")
+        with pytest.raises(WeightsError, match=f"cached weights file {cached} cannot be loaded"):
+            load_model("resnet18", "DEFAULT")
+    finally:
+        cached.unlink()
+
+
+def test_uncached_pretrained_weights_say_where_to_put_the_file():
+    with pytest.raises(WeightsError) as caught:
+        load_model("alexnet", "DEFAULT")
+    cached = Path(os.environ["TORCH_HOME"]) / "hub" / "checkpoints" / "alexnet-owt-7be5be79.pth"
+    assert str(caught.value) == (
+        "pretrained weights AlexNet_Weights.IMAGENET1K_V1 are not cached and downloads are off (HOOKCLI_OFFLINE); "
+        f"place https://download.pytorch.org/models/alexnet-owt-7be5be79.pth at {cached}. "
+        "Hint: or use --weights none for random weights"
+    )
+
+
+@pytest.mark.parametrize("name, spec", [("resnet50", "IMAGENET1K_V2"), ("vit_b_16", "IMAGENET1K_SWAG_E2E_V1")])
+def test_default_preprocessing_equals_the_weights_transforms(photo, name, spec):
+    from hookcli.preprocess import Preprocess
+
+    weights = torchvision.models.get_model_weights(name)[spec]
+    ours = Preprocess.from_transforms(weights.transforms()).to_transform()
+    image = Image.open(photo).convert("RGB")
+    assert torch.equal(ours(image), weights.transforms()(image))
