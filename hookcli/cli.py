@@ -277,7 +277,7 @@ def extract(ctx, model, weights, seed, layer, capture, resize, crop, mean, std, 
     from hookcli.images import gather_inputs
     from hookcli.store import check_writable
 
-    paths = gather_inputs(images, recursive=recursive, stdin=click.get_text_stream("stdin"))
+    paths = gather_inputs(images, recursive=recursive)
     to_stdout = output == "-"
     if to_stdout and sys.stdout.isatty():
         raise click.UsageError("refusing to write binary safetensors data to a terminal; pipe or redirect -o -")
@@ -308,7 +308,7 @@ def extract(ctx, model, weights, seed, layer, capture, resize, crop, mean, std, 
         loaded, selected, run, paths, preprocess=preprocess, capture=capture, device=torch_device
     )
     if to_stdout:
-        write_safetensors(run.tensors, metadata, click.get_binary_stream("stdout"))
+        write_safetensors(run.tensors, metadata, sys.stdout.buffer)
     else:
         write_safetensors(run.tensors, metadata, output, force=force)
         click.echo(output)

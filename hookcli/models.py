@@ -25,6 +25,7 @@ import hashlib
 import json
 import os
 import pickle
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -144,7 +145,9 @@ def _build_seeded(name: str, seed: int, **kwargs):
     import torch
     import torchvision.models
 
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        # googlenet and inception_v3 warn that their default init may change; the init used is unchanged.
+        warnings.filterwarnings("ignore", message="The default weight initialization", category=FutureWarning)
         torch.manual_seed(seed)
         return torchvision.models.get_model(name, weights=None, **kwargs)
 

@@ -225,6 +225,15 @@ def test_errors_are_one_line_with_a_hint(runner, images, tmp_path):
         ([*base, "-l", "layer1", "--device", "tpu", str(images[0])], 2,
          "Error: Invalid value for '--device' / '-d': 'tpu' is not a device; use auto, cpu, cuda, cuda:N or mps. "
          "Hint: see 'hookcli extract --help'"),
+        ([*base, "-l", "layer1", "--device", "cuda:1", str(images[0])], 2,
+         "Error: CUDA is not available on this machine. Hint: use --device cpu (or auto)")
+        if not torch.cuda.is_available() else
+        ([*base, "-l", "layer1", "--device", f"cuda:{torch.cuda.device_count()}", str(images[0])], 2,
+         f"Error: there is no GPU cuda:{torch.cuda.device_count()} (this machine has {torch.cuda.device_count()}). "
+         f"Hint: use cuda:0 … cuda:{torch.cuda.device_count() - 1}"),
+        (["extract", "-m", "googlenet", "-w", "none", "-l", "aux1", "-l", "inception3a", *SMALL, str(images[0])], 1,
+         "Error: layer aux1 never ran during the forward pass. Hint: the model defines it but does not call it "
+         "(in eval mode); pick another with 'hookcli layers'"),
         (["extract", "-m", "resnet18", "-l", "layer1", str(images[0])], 1,
          "Error: pretrained weights ResNet18_Weights.IMAGENET1K_V1 are not cached and downloads are off "
          f"(HOOKCLI_OFFLINE); place https://download.pytorch.org/models/resnet18-f37072fd.pth at "

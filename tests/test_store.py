@@ -1,0 +1,53 @@
+"""Atomic, no-clobber writes."""
+
+import os
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from hookcli.errors import OutputExistsError, UsageProblem
+from hookcli.store import atomic_path, write_safetensors
+
+
+def test_written_file_has_tensors_metadata_and_normal_permissions(tmp_path):
+    out = tmp_path / "o.safetensors"
+    write_safetensors({"a": torch.arange(6.0).reshape(2, 3).t()}, {"format": "1"}, out)
+    with safe_open(str(out), "pt") as handle:
+        assert torch.equal(handle.get_tensor("a"), torch.arange(6.0).reshape(2, 3).t())
+        assert handle.metadata() == {"format": "1"}
+    umask = os.umask(0)
+    os.umask(umask)
+    assert out.stat().st_mode & 0o777 == 0o666 & ~umask
+    assert os.listdir(tmp_path) == ["o.safetensors"]
+
+
+@pytest.mark.parametrize("error", [RuntimeError("disk"), KeyboardInterrupt()])
+def test_an_interrupted_write_leaves_nothing(tmp_path, error):
+    with pytest.raises(type(error)):
+        with atomic_path(tmp_path / "o.bin") as temporary:
+            temporary.write_bytes(b"half")
+            raise error
+    assert os.listdir(tmp_path) == []
+
+
+def test_no_clobber_even_if_the_target_appears_during_the_run(tmp_path):
+    target = tmp_path / "o.bin"
+    with pytest.raises(OutputExistsError, match="already exists"):
+        with atomic_path(target) as temporary:
+            temporary.write_bytes(b"new")
+            target.write_bytes(b"someone else's")
+    assert target.read_bytes() == b"someone else's"
+    assert os.listdir(tmp_path) == ["o.bin"]
+    with atomic_path(target, force=True) as temporary:
+        temporary.write_bytes(b"new")
+    assert target.read_bytes() == b"new"
+
+
+def test_refuses_a_folder_or_a_missing_parent(tmp_path):
+    with pytest.raises(OutputExistsError, match="is a folder"):
+        with atomic_path(tmp_path):
+            pass
+    with pytest.raises(UsageProblem, match="does not exist. Hint: create it first"):
+        with atomic_path(tmp_path / "nope" / "o.bin"):
+            pass
