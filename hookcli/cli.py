@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 
 import click
 
@@ -137,7 +138,11 @@ def _load_config(ctx: click.Context, param: click.Parameter, value) -> None:
         return
     from hookcli.config import read_config
 
-    allowed = {p.name for p in ctx.command.params if p.name not in ("config", "images", "help")}
+    allowed = {
+        max(p.opts, key=len).lstrip("-").replace("-", "_"): p.name
+        for p in ctx.command.params
+        if isinstance(p, click.Option) and p.name not in ("config", "help")
+    }
     ctx.default_map = {**(ctx.default_map or {}), **read_config(value, allowed=allowed)}
     ctx.meta["hookcli.config"] = value
 
@@ -254,12 +259,13 @@ def _print_layer_table(rows) -> None:
 @click.option("--recursive", "-r", is_flag=True, help="Look for images in sub-folders of folder inputs.")
 @click.option("--output", "-o", metavar="PATH",
               help="Output .safetensors file, or - for stdout [<model>-<layer>.safetensors].")
-@click.option("--force", "-f", is_flag=True, help="Overwrite an existing output file.")
+@click.option("--grid", "grid_dir", metavar="DIR", help="Also render feature-map PNGs into DIR (as hookcli grid).")
+@click.option("--force", "-f", is_flag=True, help="Overwrite an existing output file (and PNGs).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.argument("images", nargs=-1)
 @click.pass_context
 def extract(ctx, model, weights, seed, layer, capture, resize, crop, mean, std, interpolation, device,
-            batch_size, recursive, output, force, quiet, images) -> None:
+            batch_size, recursive, output, grid_dir, force, quiet, images) -> None:
     """Capture layers of a model on images and save them to a safetensors file.
 
     IMAGES are files, folders (--recursive for sub-folders) or - to read image
@@ -270,7 +276,7 @@ def extract(ctx, model, weights, seed, layer, capture, resize, crop, mean, std, 
       hookcli extract --model vgg16_bn --layer features.18 img.jpg
       hookcli extract -m resnet50 -l 'layer3.*.conv2' -l avgpool=pooled photos/ -o feats.safetensors
       find photos -name '*.jpg' | hookcli extract -m resnet50 -l layer3 - -o -  > feats.safetensors
-      hookcli extract --config configs/vgg16_bn-features18.toml img.jpg
+      hookcli extract --config configs/vgg16_bn-features18.toml img.jpg --grid grids/
     """
     if _given(ctx, "seed") and weights.strip().lower() != "none":
         raise click.UsageError("--seed only applies to --weights none (pretrained and file weights are fixed)")
@@ -312,6 +318,175 @@ def extract(ctx, model, weights, seed, layer, capture, resize, crop, mean, std, 
     else:
         write_safetensors(run.tensors, metadata, output, force=force)
         click.echo(output)
+    if grid_dir:
+        from hookcli.grids import GridOptions
+        from hookcli.store import ArrayFeatures
+
+        features = ArrayFeatures({k: v.numpy() for k, v in run.tensors.items()}, metadata, name=output)
+        _render_grids(features, GridOptions(), grid_dir, force=force, quiet=quiet, echo=not to_stdout)
+
+
+# -- hookcli info -------------------------------------------------------------------------------
+
+
+@main.command(context_settings=CONTEXT_SETTINGS)
+@click.argument("file", metavar="FILE|-")
+@click.option("--json", "as_json", is_flag=True, help="Everything as one JSON object.")
+@click.option("--no-stats", is_flag=True, help="Skip min/mean/max/zeros (reads no tensor data).")
+def info(file, as_json, no_stats) -> None:
+    """Show the tensors, metadata and value statistics of a safetensors file.
+
+    Statistics (min, mean and max over finite values, share of zeros, count of
+    NaN/inf) are read a row at a time. FILE - reads the file from stdin.
+
+    \b
+      hookcli info vgg16_bn-features.18.safetensors
+      hookcli extract -m resnet18 -l layer4 img.jpg -o - | hookcli info - --json
+    """
+    from hookcli.store import FeatureFile
+    from hookcli.summary import describe_file
+
+    with FeatureFile(file) as features:
+        described = describe_file(features, stats=not no_stats)
+    if as_json:
+        click.echo(json.dumps(described, indent=2))
+        return
+    count = len(described["tensors"])
+    click.echo(f"{described['file']}  {_size(described['bytes'])}  {count} tensor{'s' if count != 1 else ''}")
+    header = ("key", "dtype", "shape", "size") + (() if no_stats else ("min", "mean", "max", "zeros", "nan/inf"))
+    table = [header]
+    for t in described["tensors"]:
+        row = (t["key"], t["dtype"], json.dumps(t["shape"]).replace(" ", ""), _size(t["bytes"]))
+        if not no_stats:
+            st = t["stats"]
+            row += (*(_number(st[k]) for k in ("min", "mean", "max")),
+                    "-" if st["zeros"] is None else f"{st['zeros']:.1%}", str(st["nonfinite"]))
+        table.append(row)
+    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
+    for r in table:
+        click.echo("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip())
+    if described["metadata"]:
+        click.echo("metadata:")
+        for line in _pretty_metadata(described["metadata"]):
+            click.echo(line)
+
+
+def _size(count: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if count < 1024 or unit == "GiB":
+            return f"{count} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    return str(count)
+
+
+def _number(value) -> str:
+    return "-" if value is None else f"{value:.4g}"
+
+
+_METADATA_ORDER = ("format", "producer", "model", "weights", "layers", "capture", "preprocess", "device", "versions")
+
+
+def _pretty_metadata(metadata: dict) -> list[str]:
+    """hookcli's keys first in a fixed order; objects one entry per line; long lists shortened (--json has all)."""
+    ordered = sorted(metadata, key=lambda k: (_METADATA_ORDER.index(k) if k in _METADATA_ORDER else 99, k))
+    lines = []
+    for key in ordered:
+        value = metadata[key]
+        if isinstance(value, dict) and any(isinstance(v, dict | list) for v in value.values()):
+            lines.append(f"  {key}:")
+            lines.extend(f"    {k}: {json.dumps(v)}" for k, v in value.items())
+        elif isinstance(value, list):
+            shown = [*value[:5], f"... {len(value) - 7} more", *value[-2:]] if len(value) > 10 else value
+            lines.append(f"  {key}: ({len(value)})")
+            lines.extend(f"    {item if isinstance(item, str) else json.dumps(item)}" for item in shown)
+        else:
+            lines.append(f"  {key}: {value if isinstance(value, str) else json.dumps(value)}")
+    return lines
+
+
+# -- hookcli grid -------------------------------------------------------------------------------
+
+
+class _ChannelRange(click.ParamType):
+    """``A:B`` (either end may be left out) or one channel ``K``, as a slice."""
+
+    name = "A:B|K"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, slice):
+            return value
+        text = str(value).strip()
+        try:
+            if ":" not in text:
+                index = int(text)
+                return slice(index, index + 1 if index != -1 else None)
+            start, stop = text.split(":")
+            return slice(int(start) if start else None, int(stop) if stop else None)
+        except ValueError:
+            self.fail(f"'{value}' is not a channel range; use A:B, A:, :B or one index K", param, ctx)
+
+
+@main.command(context_settings=CONTEXT_SETTINGS)
+@click.argument("file", metavar="FILE|-")
+@click.option("--output", "-o", "out_dir", metavar="DIR", help="Folder for the PNGs [<file stem>_grids].")
+@click.option("--key", "-k", "keys", multiple=True, metavar="GLOB", help="Tensors to draw (globs as for --layer). Repeat.")
+@click.option("--image", "-i", "images", multiple=True, metavar="INDEX|NAME",
+              help="Images (rows) to draw: row index or input file name. Repeat. [all]")
+@click.option("--channels", type=_ChannelRange(), help="Channel range, e.g. 0:64, or one channel K.")
+@click.option("--top", type=click.IntRange(min=1), help="Only the K channels with the highest mean activation.")
+@click.option("--columns", type=click.IntRange(min=1), help="Tiles per row [about square].")
+@click.option("--padding", type=click.IntRange(min=0), default=2, show_default=True, help="Pixels between tiles.")
+@click.option("--cmap", default="viridis", show_default=True, help="Any matplotlib colormap (gray, viridis, magma…).")
+@click.option("--scale", type=click.Choice(["channel", "grid"]), default="channel", show_default=True,
+              help="Normalise each channel alone, or the whole grid with one range.")
+@click.option("--min-tile", type=click.IntRange(min=1), default=32, show_default=True,
+              help="Enlarge small maps (nearest neighbour) to at least this many pixels.")
+@click.option("--title/--no-title", default=True, show_default=True, help="Caption strip with key, input and shape.")
+@click.option("--overlay", is_flag=True,
+              help="Blend the mean activation (or --channels K) over the input image instead of tiling.")
+@click.option("--alpha", type=click.FloatRange(0, 1), default=0.5, show_default=True, help="Overlay opacity.")
+@click.option("--overlay-cmap", default="inferno", show_default=True,
+              help="Colormap of the overlay heat map (lightness should rise with value).")
+@click.option("--force", "-f", is_flag=True, help="Overwrite existing PNGs.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+def grid(file, out_dir, keys, images, channels, top, columns, padding, cmap, scale, min_tile, title, overlay,
+         alpha, overlay_cmap, force, quiet) -> None:
+    """Render feature-map grids (PNG) from a safetensors file, one per tensor and image.
+
+    [N, C, H, W] tensors become tiled channel maps, [N, T, D] ViT tokens are
+    folded back to a square grid (class token dropped), [N, D] vectors become
+    a strip. Written paths are printed, one per line. FILE - reads stdin.
+
+    \b
+      hookcli grid vgg16_bn-features.18.safetensors --channels 0:64 --cmap gray
+      hookcli grid feats.safetensors -k 'layer3*' -i 0 --top 16 --overlay
+      hookcli extract -m resnet18 -l layer2 img.jpg -o - | hookcli grid - -o grids/
+    """
+    from hookcli.grids import GridOptions
+    from hookcli.store import FeatureFile
+
+    options = GridOptions(keys=keys, images=images, channels=channels, top=top, columns=columns, padding=padding,
+                          cmap=cmap, scale=scale, min_tile=min_tile, title=title, overlay=overlay, alpha=alpha,
+                          overlay_cmap=overlay_cmap)
+    if out_dir is None:
+        out_dir = "grids" if file == "-" else f"{Path(file).name.removesuffix('.safetensors')}_grids"
+    with FeatureFile(file) as features:
+        _render_grids(features, options, out_dir, force=force, quiet=quiet, echo=True)
+
+
+def _render_grids(features, options, out_dir, *, force: bool, quiet: bool, echo: bool) -> None:
+    from hookcli.grids import plan_grids, write_grids
+
+    jobs = plan_grids(features, options, out_dir, force=force)
+    with _progress(len(jobs), quiet) as advance:
+
+        def written(path: Path) -> None:
+            if echo:
+                click.echo(str(path))
+            advance(1)
+
+        write_grids(features, jobs, options, force=force, on_written=written,
+                    on_skip=lambda note: click.echo(f"Note: {note}", err=True))
 
 
 class _progress:

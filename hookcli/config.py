@@ -5,7 +5,7 @@ without dashes (``batch-size`` or ``batch_size``); ``layers`` is accepted for
 ``layer``. Options given on the command line win over the preset. A relative
 ``weights`` path is taken relative to the preset's folder.
 
->>> read_config("configs/vgg16_bn-features18.toml", allowed={"model", "layer"})  # doctest: +SKIP
+>>> read_config("configs/vgg16_bn-features18.toml", allowed={"model": "model", "layer": "layer"})  # doctest: +SKIP
 {'model': 'vgg16_bn', 'layer': ['features.18']}
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 import difflib
 import os
 import tomllib
-from collections.abc import Collection
+from collections.abc import Mapping
 from pathlib import Path
 
 from hookcli.errors import ConfigError
@@ -24,8 +24,12 @@ __all__ = ["read_config"]
 _ALIASES = {"layers": "layer"}
 
 
-def read_config(path: str | os.PathLike, *, allowed: Collection[str]) -> dict:
-    """Return the preset's options keyed by parameter name; unknown keys are an error."""
+def read_config(path: str | os.PathLike, *, allowed: Mapping[str, str]) -> dict:
+    """Return the preset's options keyed by parameter name; unknown keys are an error.
+
+    ``allowed`` maps option names as written in presets (long flags with
+    underscores: ``batch_size``) to the parameter names they set.
+    """
     path = Path(path)
     try:
         with open(path, "rb") as handle:
@@ -45,7 +49,7 @@ def read_config(path: str | os.PathLike, *, allowed: Collection[str]) -> dict:
                 f"config '{path}' has an unknown option '{key}'",
                 hint=f"{suggestion}valid options: {', '.join(sorted(allowed))}",
             )
-        options[name] = value
+        options[allowed[name]] = value
     weights = options.get("weights")
     if isinstance(weights, str) and not Path(weights).is_absolute() and (path.parent / weights).is_file():
         options["weights"] = str(path.parent / weights)

@@ -66,6 +66,10 @@ class ImageError(HookcliError):
     """An image file exists but cannot be decoded."""
 
 
+class FeatureFileError(UsageProblem):
+    """A file given to read is not a readable safetensors file."""
+
+
 class OutputExistsError(UsageProblem):
     """The output path exists and overwriting was not allowed."""
 

@@ -22,7 +22,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 
 from hookcli.errors import ImageError, InputError
 
-__all__ = ["IMAGE_SUFFIXES", "gather_inputs", "load_rgb"]
+__all__ = ["IMAGE_SUFFIXES", "gather_inputs", "load_rgb", "model_view"]
 
 #: Suffixes picked up when a folder is given; files named explicitly are always tried.
 IMAGE_SUFFIXES = frozenset(
@@ -152,3 +152,21 @@ def _wide_gray_to_rgb(image: Image.Image) -> Image.Image:
         top = float(2**32 - 1)
     scaled = np.clip(np.nan_to_num(values) / top * 255.0 + 0.5, 0, 255).astype(np.uint8)
     return Image.fromarray(scaled, mode="L").convert("RGB")
+
+
+def model_view(image: Image.Image, *, resize: int, crop: int, interpolation: str = "bilinear") -> Image.Image:
+    """The part of ``image`` the model saw: shorter side resized to ``resize``, then a centred ``crop``² square.
+
+    Sizes and offsets follow torchvision's ``resize``/``center_crop`` on PIL
+    images, so a feature map laid over this view lines up with the pixels it
+    came from.
+    """
+    width, height = image.size
+    short, long = (width, height) if width <= height else (height, width)
+    new_short, new_long = resize, int(resize * long / short)
+    size = (new_short, new_long) if width <= height else (new_long, new_short)
+    resample = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC, "nearest": Image.NEAREST}[interpolation]
+    resized = image.resize(size, resample)
+    left = int(round((size[0] - crop) / 2.0))
+    top = int(round((size[1] - crop) / 2.0))
+    return resized.crop((left, top, left + crop, top + crop))  # areas outside the image come out black, as in torchvision

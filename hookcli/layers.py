@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from hookcli.errors import UnknownLayerError, UsageProblem
 
-__all__ = ["LayerInfo", "KEY_RESERVED", "describe_layers", "hookable_layers", "resolve_layers"]
+__all__ = ["LayerInfo", "KEY_RESERVED", "describe_layers", "glob_to_regex", "hookable_layers", "resolve_layers"]
 
 #: Characters that separate a layer's key from call index, input marker and container element.
 KEY_RESERVED = ":@#"
@@ -92,7 +92,7 @@ def _match(pattern: str, layers: Mapping, model_name: str | None) -> list[str]:
             )
         return found
     if any(ch in pattern for ch in "*?["):
-        regex = _glob_to_regex(pattern)
+        regex = glob_to_regex(pattern)
         found = [p for p in layers if regex.fullmatch(p)]
         if not found:
             raise UnknownLayerError(
@@ -111,7 +111,8 @@ def _type_matches(pattern: str, cls: type) -> bool:
     return fnmatch.fnmatchcase(name, pattern)
 
 
-def _glob_to_regex(pattern: str) -> re.Pattern:
+def glob_to_regex(pattern: str) -> re.Pattern:
+    """Compile a path glob: ``*`` and ``?`` stay within a dot-separated component, ``**`` crosses them."""
     parts, i = [], 0
     while i < len(pattern):
         if pattern.startswith("**", i):

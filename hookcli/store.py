@@ -1,4 +1,4 @@
-"""Write captured tensors to safetensors files, atomically.
+"""Write captured tensors to safetensors files, atomically, and read them back piece by piece.
 
 The file format is a contract documented in the README: one tensor per key,
 batch-first, plus string metadata (JSON for structured values) whose
@@ -8,23 +8,35 @@ Files appear complete or not at all: bytes go to a temporary file in the same
 folder that is renamed into place, and an existing file is only replaced when
 ``force`` is set.
 
+:class:`FeatureFile` reads any safetensors file with numpy alone (no torch, so
+``hookcli info`` and ``grid`` start fast): the header is checked against the
+file's size up front, and data is read as exact byte ranges, one row (or a
+few channels of one row) at a time, so memory stays near what is drawn.
+
 >>> import torch
 >>> write_safetensors({"x": torch.zeros(2, 3)}, {"format": FORMAT_VERSION}, "out.safetensors")  # doctest: +SKIP
+>>> with FeatureFile("out.safetensors") as features:                                          # doctest: +SKIP
+...     features.shape("x"), features.read("x", 1).tolist()
+([2, 3], [0.0, 0.0, 0.0])
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+import math
 import os
+import shutil
+import struct
 import sys
 import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import BinaryIO
 
-from hookcli.errors import OutputExistsError, UsageProblem
+from hookcli.errors import FeatureFileError, OutputExistsError, UsageProblem
 
-__all__ = ["FORMAT_VERSION", "atomic_path", "check_writable", "write_safetensors"]
+__all__ = ["FORMAT_VERSION", "ArrayFeatures", "FeatureFile", "atomic_path", "check_writable", "write_safetensors"]
 
 FORMAT_VERSION = "1"
 
@@ -98,8 +110,177 @@ def write_safetensors(
         save_file(tensors, str(temporary), metadata=metadata)
 
 
-def stdout_binary() -> BinaryIO:
-    """stdout as a byte stream, refusing a terminal (binary output would garble it)."""
-    if sys.stdout.isatty():
-        raise UsageProblem("refusing to write binary safetensors data to a terminal", hint="redirect or pipe '-o -'")
-    return sys.stdout.buffer
+#: safetensors dtype name → numpy dtype string; BF16 is read as raw uint16 and widened to float32.
+_NUMPY_DTYPES = {
+    "F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2",
+    "I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "i1",
+    "U64": "<u8", "U32": "<u4", "U16": "<u2", "U8": "u1", "BOOL": "?",
+}
+_MAX_HEADER = 100 * 1024 * 1024
+
+
+class FeatureFile:
+    """A safetensors file (or ``-``: stdin, spooled to a temporary file) opened for reading.
+
+    Raises :class:`FeatureFileError` for an empty, truncated or non-safetensors
+    file. Use as a context manager, or call :meth:`close`.
+    """
+
+    def __init__(self, source: str | os.PathLike) -> None:
+        self.name = "stdin" if str(source) == "-" else str(source)
+        if str(source) == "-":
+            self._handle = tempfile.TemporaryFile()
+            shutil.copyfileobj(sys.stdin.buffer, self._handle, 1 << 20)
+            self._handle.flush()
+        else:
+            try:
+                self._handle = open(source, "rb")
+            except FileNotFoundError:
+                raise FeatureFileError(f"no such file: '{source}'", hint="check the path") from None
+            except IsADirectoryError:
+                raise FeatureFileError(f"'{source}' is a folder", hint="give a .safetensors file") from None
+        try:
+            self.size = os.fstat(self._handle.fileno()).st_size
+            self._data_start, self.metadata, self._entries = self._read_header()
+        except BaseException:
+            self._handle.close()
+            raise
+
+    def _read_header(self):
+        what = f"'{self.name}'"
+        if self.size == 0:
+            raise FeatureFileError(f"{what} is empty", hint="it holds no safetensors data")
+        not_ours = f"{what} is not a safetensors file"
+        if self.size < 8:
+            raise FeatureFileError(not_ours, hint="it is too short to hold a header")
+        (length,) = struct.unpack("<Q", os.pread(self._handle.fileno(), 8, 0))
+        if length > _MAX_HEADER or 8 + length > self.size:
+            raise FeatureFileError(not_ours, hint="its first 8 bytes do not give a header length that fits the file")
+        try:
+            header = json.loads(os.pread(self._handle.fileno(), length, 8))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise FeatureFileError(not_ours, hint="its header is not JSON") from None
+        if not isinstance(header, dict):
+            raise FeatureFileError(not_ours, hint="its header is not a JSON object")
+        metadata = header.pop("__metadata__", None) or {}
+        data_start = 8 + length
+        available = self.size - data_start
+        entries = {}
+        for key, info in header.items():
+            try:
+                dtype, shape, (begin, end) = info["dtype"], [int(n) for n in info["shape"]], info["data_offsets"]
+            except (KeyError, TypeError, ValueError):
+                raise FeatureFileError(not_ours, hint=f"the header entry for '{key}' is malformed") from None
+            if dtype not in _NUMPY_DTYPES:
+                raise FeatureFileError(f"tensor '{key}' in {what} has unsupported dtype {dtype}")
+            if end > available:
+                raise FeatureFileError(
+                    f"{what} is truncated: tensor '{key}' ends at byte {data_start + end} but the file has {self.size}",
+                    hint="the file was cut short; write it again",
+                )
+            entries[key] = (dtype, shape, begin)
+        return data_start, metadata, {key: entries[key] for key in _key_order(entries, metadata)}
+
+    def __enter__(self) -> FeatureFile:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._handle.close()
+
+    def keys(self) -> list[str]:
+        return list(self._entries)
+
+    def dtype(self, key: str) -> str:
+        return self._entries[key][0]
+
+    def shape(self, key: str) -> list[int]:
+        return list(self._entries[key][1])
+
+    def nbytes(self, key: str) -> int:
+        dtype, shape, _ = self._entries[key]
+        return math.prod(shape) * _itemsize(dtype)
+
+    def read(self, key: str, index: int | None = None, part: slice | None = None):
+        """Tensor ``key`` as a numpy array: all of it, row ``index``, or a slice ``part`` of that row's first axis.
+
+        Only the bytes asked for are read. Floating types come back as float32
+        (BF16 and F16 widened), integers and booleans as stored.
+        """
+        import numpy as np
+
+        dtype, shape, begin = self._entries[key]
+        itemsize = _itemsize(dtype)
+        start, shape = begin, list(shape)
+        if index is not None:
+            rows = shape[0] if shape else 0
+            if not -rows <= index < rows:
+                raise IndexError(f"row {index} out of range for '{key}' with {rows} rows")
+            shape = shape[1:]
+            start += (index % rows) * math.prod(shape) * itemsize
+            if part is not None and shape:
+                first, stop, step = part.indices(shape[0])
+                stop = max(stop, first)
+                start += first * math.prod(shape[1:]) * itemsize
+                shape = [stop - first, *shape[1:]]
+                part = slice(None, None, step) if step != 1 else None
+        count = math.prod(shape)
+        raw = os.pread(self._handle.fileno(), count * itemsize, self._data_start + start)
+        array = np.frombuffer(raw, dtype=_NUMPY_DTYPES[dtype], count=count).reshape(shape)
+        if part is not None:
+            array = array[part]
+        if dtype == "BF16":
+            return (array.astype(np.uint32) << 16).view(np.float32)
+        if dtype in ("F16", "F64"):
+            return array.astype(np.float32)
+        return array
+
+
+class ArrayFeatures:
+    """Arrays in memory behind :class:`FeatureFile`'s reading interface (to draw right after an extraction)."""
+
+    _NAMES = {"float32": "F32", "float16": "F16", "float64": "F64", "int64": "I64", "int32": "I32",
+              "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL"}
+
+    def __init__(self, arrays: Mapping, metadata: Mapping[str, str], *, name: str = "memory") -> None:
+        self.name, self.metadata = name, dict(metadata)
+        self._arrays = {key: arrays[key] for key in _key_order(arrays, self.metadata)}
+        self.size = sum(a.nbytes for a in self._arrays.values())
+
+    def keys(self) -> list[str]:
+        return list(self._arrays)
+
+    def dtype(self, key: str) -> str:
+        return self._NAMES.get(str(self._arrays[key].dtype), str(self._arrays[key].dtype))
+
+    def shape(self, key: str) -> list[int]:
+        return list(self._arrays[key].shape)
+
+    def nbytes(self, key: str) -> int:
+        return self._arrays[key].nbytes
+
+    def read(self, key: str, index: int | None = None, part: slice | None = None):
+        import numpy as np
+
+        array = self._arrays[key]
+        if index is not None:
+            array = array[index]
+            if part is not None:
+                array = array[part]
+        return array.astype(np.float32) if array.dtype.kind == "f" else array
+
+
+def _key_order(keys, metadata: Mapping[str, str]) -> list[str]:
+    """hookcli's layer order when the metadata gives it, then any other keys by name."""
+    try:
+        listed = [k for layer in json.loads(metadata.get("layers", "{}")).values() for k in layer["keys"]]
+    except (ValueError, TypeError, KeyError, AttributeError):
+        listed = []
+    first = [k for k in listed if k in keys]
+    return first + sorted(set(keys) - set(first))
+
+
+def _itemsize(dtype: str) -> int:
+    return 1 if dtype in ("I8", "U8", "BOOL") else int(_NUMPY_DTYPES[dtype][-1])

@@ -146,7 +146,7 @@ def test_the_shipped_presets_exist_and_load():
 
     names = {p.name for p in CONFIGS}
     assert {"vgg16_bn-features18.toml", "resnet50-stages.toml", "vit_b_16-block.toml"} <= names
-    allowed = {p.name for p in main.commands["extract"].params}
+    allowed = {p.name: p.name for p in main.commands["extract"].params}
     presets = {p.name: read_config(p, allowed=allowed) for p in CONFIGS}
     assert presets["vgg16_bn-features18.toml"]["model"] == "vgg16_bn"
     assert presets["vgg16_bn-features18.toml"]["layer"] == ["features.18"]
@@ -217,8 +217,8 @@ def test_errors_are_one_line_with_a_hint(runner, images, tmp_path):
          "Hint: see 'hookcli extract --help'"),
         (["extract", "-c", str(bad_preset), str(images[0])], 2,
          f"Error: config '{bad_preset}' has an unknown option 'layer_s'. Hint: did you mean 'layer'? valid options: "
-         "batch_size, capture, crop, device, force, interpolation, layer, mean, model, output, quiet, recursive, "
-         "resize, seed, std, weights"),
+         "batch_size, capture, crop, device, force, grid, interpolation, layer, mean, model, output, quiet, "
+         "recursive, resize, seed, std, weights"),
         ([*base, "-l", "layer1", "--mean", "1,2", str(images[0])], 2,
          "Error: Invalid value for '--mean': '1,2' has 2 values; give one or three (R,G,B). "
          "Hint: see 'hookcli extract --help'"),
