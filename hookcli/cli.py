@@ -8,6 +8,7 @@ run time; ``--debug`` shows the traceback instead.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -19,6 +20,9 @@ from hookcli import __version__
 from hookcli.errors import HookcliError
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+#: Above this many images, extract without -o writes a shard folder instead of one file.
+LARGE_INPUT = 10_000
 
 
 class _HookcliGroup(click.Group):
@@ -256,97 +260,167 @@ def _print_layer_table(rows) -> None:
               help="Resize interpolation [weights' value].")
 @click.option("--device", "-d", type=_Device(), default="auto", show_default=True, help="auto, cpu, cuda, cuda:N, mps.")
 @click.option("--batch-size", "-b", type=click.IntRange(min=1), default=16, show_default=True)
+@click.option("--workers", "-j", type=click.IntRange(min=0),
+              help="Processes decoding images while the model runs; 0 decodes in the main process. "
+              "[about one per spare core, 0 for a single batch]")
+@click.option("--pool", type=click.Choice(["avg", "max"]),
+              help="Store global pooling: [N,C,H,W] -> [N,C] over H,W; tokens [N,T,D] -> [N,D] over T.")
+@click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default="float32",
+              show_default=True, help="Stored dtype.")
 @click.option("--recursive", "-r", is_flag=True, help="Look for images in sub-folders of folder inputs.")
 @click.option("--output", "-o", metavar="PATH",
-              help="Output .safetensors file, or - for stdout [<model>-<layer>.safetensors].")
+              help="Output .safetensors file; DIR/ (or an existing folder) for shards + index; - for stdout "
+              f"[<model>-<layer>.safetensors, or a folder <model>-<layer>/ above {LARGE_INPUT} images].")
+@click.option("--shard-size", type=click.IntRange(min=1),
+              help="Images (rows) per shard in a folder output [about 128 MiB of features per shard].")
+@click.option("--on-error", type=click.Choice(["fail", "skip"]), default="fail", show_default=True,
+              help="For unreadable images: stop, or skip them (listed on stderr and in the metadata).")
 @click.option("--grid", "grid_dir", metavar="DIR", help="Also render feature-map PNGs into DIR (as hookcli grid).")
-@click.option("--force", "-f", is_flag=True, help="Overwrite an existing output file (and PNGs).")
+@click.option("--force", "-f", is_flag=True,
+              help="Overwrite an existing output (a folder output: replace a different run).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.argument("images", nargs=-1)
 @click.pass_context
 def extract(ctx, model, weights, seed, layer, capture, resize, crop, mean, std, interpolation, device,
-            batch_size, recursive, output, grid_dir, force, quiet, images) -> None:
-    """Capture layers of a model on images and save them to a safetensors file.
+            batch_size, workers, pool, dtype, recursive, output, shard_size, on_error, grid_dir, force, quiet,
+            images) -> None:
+    """Capture layers of a model on images and save them to safetensors.
 
     IMAGES are files, folders (--recursive for sub-folders) or - to read image
     paths from stdin, one per line. Rows follow input order. The written path is
     printed on stdout (with -o - the file's bytes are).
 
+    With -o DIR/ rows stream into shards of --shard-size images plus an index,
+    DIR/index.jsonl, and memory stays flat however many images there are.
+    Running the same command again after an interruption continues where it
+    stopped.
+
     \b
       hookcli extract --model vgg16_bn --layer features.18 img.jpg
       hookcli extract -m resnet50 -l 'layer3.*.conv2' -l avgpool=pooled photos/ -o feats.safetensors
-      find photos -name '*.jpg' | hookcli extract -m resnet50 -l layer3 - -o -  > feats.safetensors
+      find photos -name '*.jpg' | hookcli extract -m resnet50 -l layer3 --pool avg - -o feats/
       hookcli extract --config configs/vgg16_bn-features18.toml img.jpg --grid grids/
     """
     if _given(ctx, "seed") and weights.strip().lower() != "none":
         raise click.UsageError("--seed only applies to --weights none (pretrained and file weights are fixed)")
+    to_stdout = output == "-"
+    folder = bool(output) and not to_stdout and (output.endswith(("/", os.sep)) or Path(output).is_dir())
+    if shard_size and not folder and output:
+        raise click.UsageError("--shard-size applies to a folder output (-o DIR/)")
+    if to_stdout and grid_dir is None and sys.stdout.isatty():
+        raise click.UsageError("refusing to write binary safetensors data to a terminal; pipe or redirect -o -")
     from hookcli.images import gather_inputs
+    from hookcli.shards import check_folder_target
     from hookcli.store import check_writable
 
     paths = gather_inputs(images, recursive=recursive)
-    to_stdout = output == "-"
-    if to_stdout and sys.stdout.isatty():
-        raise click.UsageError("refusing to write binary safetensors data to a terminal; pipe or redirect -o -")
-    if output and not to_stdout:
+    if not output and len(paths) > LARGE_INPUT:
+        folder = True
+    if output and folder:
+        check_folder_target(output)
+    elif output and not to_stdout:
         check_writable(output, force=force)
 
     from hookcli.device import resolve_device
-    from hookcli.extract import build_metadata, default_output_name, extract_features
+    from hookcli.extract import RunSettings, default_output_name
     from hookcli.layers import resolve_layers
     from hookcli.models import load_model
-    from hookcli.store import write_safetensors
 
     torch_device = resolve_device(device)
     loaded = load_model(model, weights, seed=seed)
     selected = resolve_layers(loaded.module, layer, model_name=model)
     if not output:
-        output = str(default_output_name(model, selected))
-        check_writable(output, force=force)
-    preprocess = loaded.preprocess.replace(
-        resize=resize, crop=crop, mean=mean, std=std, interpolation=interpolation
+        output = str(default_output_name(model, selected, folder=folder))
+        (check_folder_target if folder else functools.partial(check_writable, force=force))(output)
+    if workers is None:
+        workers = 0 if len(paths) <= batch_size else max(1, min(8, (os.cpu_count() or 2) - 1))
+    settings = RunSettings(
+        preprocess=loaded.preprocess.replace(resize=resize, crop=crop, mean=mean, std=std,
+                                             interpolation=interpolation),
+        capture=capture, device=torch_device, batch_size=batch_size, workers=workers, pool=pool, dtype=dtype,
+        on_error=on_error,
     )
+    if folder:
+        written = _extract_to_folder(loaded, selected, paths, settings, output, shard_size, force, quiet)
+    else:
+        written = _extract_to_file(loaded, selected, paths, settings, output, force, quiet)
+    if grid_dir:
+        from hookcli.grids import GridOptions
+
+        _render_grids(written, GridOptions(), grid_dir, force=force, quiet=quiet, echo=not to_stdout)
+
+
+def _extract_to_file(loaded, selected, paths, settings, output, force, quiet):
+    """One safetensors file (or stdout); returns the features, for --grid."""
+    from hookcli.errors import ImageError
+    from hookcli.extract import build_metadata, extract_features
+    from hookcli.store import ArrayFeatures, write_safetensors
+
     with _progress(len(paths), quiet) as advance:
-        run = extract_features(
-            loaded, selected, paths, preprocess=preprocess, capture=capture, device=torch_device,
-            batch_size=batch_size, on_batch=advance,
-        )
-    metadata = build_metadata(
-        loaded, selected, run, paths, preprocess=preprocess, capture=capture, device=torch_device
-    )
-    if to_stdout:
+        run = extract_features(loaded, selected, paths, settings, on_batch=_batch_reporter(advance))
+    if not run.inputs:
+        raise ImageError("none of the input images could be read", hint="see the skipped inputs above")
+    metadata = build_metadata(loaded, selected, settings, keys=list(run.tensors), calls=run.calls,
+                              omitted=run.omitted, inputs=run.inputs, skipped=run.skipped)
+    if output == "-":
         write_safetensors(run.tensors, metadata, sys.stdout.buffer)
     else:
         write_safetensors(run.tensors, metadata, output, force=force)
         click.echo(output)
-    if grid_dir:
-        from hookcli.grids import GridOptions
-        from hookcli.store import ArrayFeatures
+    return ArrayFeatures({k: v.float().numpy() if v.dtype.is_floating_point else v.numpy()
+                          for k, v in run.tensors.items()}, metadata, name=output)
 
-        features = ArrayFeatures({k: v.numpy() for k, v in run.tensors.items()}, metadata, name=output)
-        _render_grids(features, GridOptions(), grid_dir, force=force, quiet=quiet, echo=not to_stdout)
+
+def _extract_to_folder(loaded, selected, paths, settings, output, shard_size, force, quiet):
+    """Shards and an index in a folder, continuing an earlier identical run; returns the folder's features."""
+    from hookcli.shards import ShardedFeatures, extract_to_folder
+
+    with _progress(len(paths), quiet) as advance:
+
+        def resumed(done: int) -> None:
+            if done:
+                click.echo(f"Continuing: {done} of {len(paths)} inputs are already in {output}", err=True)
+                advance(done)
+
+        writer = extract_to_folder(loaded, selected, paths, settings, output, shard_size=shard_size, force=force,
+                                   on_batch=_batch_reporter(advance), on_start=resumed)
+    click.echo(str(writer.index_path))
+    return ShardedFeatures(writer.folder)
+
+
+def _batch_reporter(advance):
+    """on_batch callback: advance the progress bar, note each skipped input on stderr."""
+
+    def report(batch) -> None:
+        for _, error in batch.failures:
+            click.echo(f"Skipped: {error}", err=True)
+        advance(len(batch.indices) + len(batch.failures))
+
+    return report
 
 
 # -- hookcli info -------------------------------------------------------------------------------
 
 
 @main.command(context_settings=CONTEXT_SETTINGS)
-@click.argument("file", metavar="FILE|-")
+@click.argument("file", metavar="FILE|DIR|-")
 @click.option("--json", "as_json", is_flag=True, help="Everything as one JSON object.")
 @click.option("--no-stats", is_flag=True, help="Skip min/mean/max/zeros (reads no tensor data).")
 def info(file, as_json, no_stats) -> None:
     """Show the tensors, metadata and value statistics of a safetensors file.
 
     Statistics (min, mean and max over finite values, share of zeros, count of
-    NaN/inf) are read a row at a time. FILE - reads the file from stdin.
+    NaN/inf) are read a row at a time. DIR is a shard folder written with
+    extract -o DIR/ (or its index.jsonl); - reads a file from stdin.
 
     \b
       hookcli info vgg16_bn-features.18.safetensors
       hookcli extract -m resnet18 -l layer4 img.jpg -o - | hookcli info - --json
     """
-    from hookcli.store import FeatureFile
+    from hookcli.shards import open_features
     from hookcli.summary import describe_file
 
-    with FeatureFile(file) as features:
+    with open_features(file) as features:
         described = describe_file(features, stats=not no_stats)
     if as_json:
         click.echo(json.dumps(described, indent=2))
@@ -427,7 +501,7 @@ class _ChannelRange(click.ParamType):
 
 
 @main.command(context_settings=CONTEXT_SETTINGS)
-@click.argument("file", metavar="FILE|-")
+@click.argument("file", metavar="FILE|DIR|-")
 @click.option("--output", "-o", "out_dir", metavar="DIR", help="Folder for the PNGs [<file stem>_grids].")
 @click.option("--key", "-k", "keys", multiple=True, metavar="GLOB", help="Tensors to draw (globs as for --layer). Repeat.")
 @click.option("--image", "-i", "images", multiple=True, metavar="INDEX|NAME",
@@ -455,7 +529,8 @@ def grid(file, out_dir, keys, images, channels, top, columns, padding, cmap, sca
 
     [N, C, H, W] tensors become tiled channel maps, [N, T, D] ViT tokens are
     folded back to a square grid (class token dropped), [N, D] vectors become
-    a strip. Written paths are printed, one per line. FILE - reads stdin.
+    a strip. Written paths are printed, one per line. DIR is a shard folder
+    written with extract -o DIR/ (or its index.jsonl); - reads a file from stdin.
 
     \b
       hookcli grid vgg16_bn-features.18.safetensors --channels 0:64 --cmap gray
@@ -463,14 +538,14 @@ def grid(file, out_dir, keys, images, channels, top, columns, padding, cmap, sca
       hookcli extract -m resnet18 -l layer2 img.jpg -o - | hookcli grid - -o grids/
     """
     from hookcli.grids import GridOptions
-    from hookcli.store import FeatureFile
+    from hookcli.shards import open_features
 
     options = GridOptions(keys=keys, images=images, channels=channels, top=top, columns=columns, padding=padding,
                           cmap=cmap, scale=scale, min_tile=min_tile, title=title, overlay=overlay, alpha=alpha,
                           overlay_cmap=overlay_cmap)
     if out_dir is None:
-        out_dir = "grids" if file == "-" else f"{Path(file).name.removesuffix('.safetensors')}_grids"
-    with FeatureFile(file) as features:
+        out_dir = "grids" if file == "-" else f"{Path(file).name.removesuffix('.safetensors') or 'features'}_grids"
+    with open_features(file) as features:
         _render_grids(features, options, out_dir, force=force, quiet=quiet, echo=True)
 
 

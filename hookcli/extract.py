@@ -1,9 +1,13 @@
 """Run images through a model and collect what the selected layers produce.
 
-:func:`iter_features` is the pipeline (decode → preprocess → batch → forward
-with a :class:`~hookcli.capture.FeatureCapture`) and yields one batch at a
-time, so a caller can stream; :func:`extract_features` gathers all rows into
-preallocated tensors; :func:`build_metadata` describes the run for the file.
+:func:`iter_batches` is the pipeline: images are decoded and preprocessed in
+worker processes (``workers``) while the model runs on earlier batches;
+batches go to the device (pinned memory and non-blocking copies on CUDA); a
+:class:`~hookcli.capture.FeatureCapture` records the layers, stopping the
+forward once they have all run; features are optionally pooled and cast
+(``pool``, ``dtype``) on the device, then moved to the CPU.
+:func:`extract_features` gathers every row in memory (one output file);
+:mod:`hookcli.shards` streams them into shards instead.
 
 >>> loaded = load_model("resnet18", "none")                            # doctest: +SKIP
 >>> layers = resolve_layers(loaded.module, ["layer3"])                 # doctest: +SKIP
@@ -17,106 +21,209 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from hookcli.capture import FeatureCapture
+from hookcli.errors import ImageError, UsageProblem
 from hookcli.images import load_rgb
 from hookcli.models import LoadedModel
 from hookcli.preprocess import Preprocess
 from hookcli.store import FORMAT_VERSION
 
-__all__ = ["Extraction", "build_metadata", "extract_features", "iter_features"]
+__all__ = ["Batch", "Extraction", "RunSettings", "build_metadata", "extract_features", "iter_batches"]
+
+POOLS = ("avg", "max")
+DTYPES = ("float32", "float16", "bfloat16")
 
 
-def iter_features(
+@dataclass
+class RunSettings:
+    """How to run: everything but the model, the layers and the inputs."""
+
+    preprocess: Preprocess | None = None
+    capture: str = "output"
+    device: object = None
+    batch_size: int = 16
+    workers: int = 0
+    pool: str | None = None
+    dtype: str = "float32"
+    on_error: str = "fail"
+
+    def __post_init__(self) -> None:
+        if self.pool not in (None, *POOLS):
+            raise UsageProblem(f"pool must be one of {', '.join(POOLS)}, not '{self.pool}'")
+        if self.dtype not in DTYPES:
+            raise UsageProblem(f"dtype must be one of {', '.join(DTYPES)}, not '{self.dtype}'")
+        if self.on_error not in ("fail", "skip"):
+            raise UsageProblem(f"on_error must be 'fail' or 'skip', not '{self.on_error}'")
+
+
+@dataclass
+class Batch:
+    """Rows of one batch: input ``indices`` (in order) and their features; inputs that could not be read."""
+
+    indices: list[int]
+    features: dict
+    failures: list[tuple[int, str]] = field(default_factory=list)
+
+
+class _Images:
+    """A dataset of decoded, preprocessed images; a failure comes back as a value, never raised in a worker."""
+
+    def __init__(self, paths: Sequence, transform, first: int) -> None:
+        self.paths, self.transform, self.first = paths, transform, first
+
+    def __len__(self) -> int:
+        return len(self.paths) - self.first
+
+    def __getitem__(self, position: int):
+        index = self.first + position
+        try:
+            return index, self.transform(load_rgb(self.paths[index])), None
+        except ImageError as err:
+            return index, None, (err.message, err.hint)
+
+
+def _collate(items):
+    import torch
+
+    good = [(i, t) for i, t, e in items if e is None]
+    failures = [(i, e) for i, t, e in items if e is not None]
+    batch = torch.stack([t for _, t in good]) if good else None
+    return [i for i, _ in good], batch, failures
+
+
+def _worker_init(worker_id: int) -> None:
+    import torch
+
+    torch.set_num_threads(1)  # a decode worker gets one core; the model's threads keep the rest
+
+
+def iter_batches(
     loaded: LoadedModel,
     layers: Mapping[str, str],
     paths: Sequence[str | os.PathLike],
+    settings: RunSettings | None = None,
     *,
-    preprocess: Preprocess | None = None,
-    capture: str = "output",
-    device=None,
-    batch_size: int = 16,
+    start: int = 0,
     capture_hooks: list | None = None,
-) -> Iterator[tuple[list, dict]]:
-    """Yield ``(paths of the batch, {key: CPU tensor})`` batch by batch, in input order.
+) -> Iterator[Batch]:
+    """Yield :class:`Batch` es for ``paths[start:]`` in input order.
 
+    With ``on_error="fail"`` an unreadable image raises :class:`ImageError`;
+    with ``"skip"`` it is reported in ``Batch.failures`` and left out.
     ``capture_hooks``, when given a list, receives the :class:`FeatureCapture`
-    so a caller can read its ``calls`` and ``omitted`` after the run.
+    (to read its ``calls`` and ``omitted`` afterwards).
     """
     import torch
+    from torch.utils.data import DataLoader
 
-    device = torch.device(device or "cpu")
-    transform = (preprocess or loaded.preprocess).to_transform()
+    settings = settings or RunSettings()
+    device = torch.device(settings.device or "cpu")
+    transform = (settings.preprocess or loaded.preprocess).to_transform()
+    loader = DataLoader(
+        _Images(paths, transform, start),
+        batch_size=settings.batch_size,
+        num_workers=settings.workers,
+        collate_fn=_collate,
+        pin_memory=device.type == "cuda",
+        worker_init_fn=_worker_init if settings.workers else None,
+        prefetch_factor=4 if settings.workers else None,
+    )
     model = loaded.module.to(device)
-    with FeatureCapture(model, layers, capture=capture) as hooks, torch.inference_mode():
+    cast = getattr(torch, settings.dtype)
+    with FeatureCapture(model, layers, capture=settings.capture) as hooks, torch.inference_mode():
         if capture_hooks is not None:
             capture_hooks.append(hooks)
-        for start in range(0, len(paths), batch_size):
-            chunk = list(paths[start:start + batch_size])
-            batch = torch.stack([transform(load_rgb(path)) for path in chunk]).to(device)
-            features = hooks.run(batch)
-            yield chunk, {key: value.to("cpu") for key, value in features.items()}
+        for indices, batch, failures in loader:
+            if failures and settings.on_error == "fail":
+                message, hint = failures[0][1]
+                raise ImageError(message, hint=hint)
+            features = {}
+            if batch is not None:
+                captured = hooks.run(batch.to(device, non_blocking=True))
+                features = {key: _pooled(value, settings.pool).to(cast).to("cpu") for key, value in captured.items()}
+            yield Batch(indices, features, [(i, f"{m}. Hint: {h}" if h else m) for i, (m, h) in failures])
+
+
+def _pooled(tensor, pool: str | None):
+    """Global pooling over the spatial axes: ``[N, C, H, W]`` → ``[N, C]``; tokens ``[N, T, D]`` → ``[N, D]``."""
+    if pool is None or tensor.dim() < 3:
+        return tensor
+    axes = tuple(range(2, tensor.dim())) if tensor.dim() == 4 else (1,)
+    if pool == "avg":
+        return tensor.float().mean(dim=axes).to(tensor.dtype)
+    return tensor.amax(dim=axes)
 
 
 @dataclass
 class Extraction:
-    """All rows of a run: ``tensors`` by key, what ran (``calls``) and what was not a tensor (``omitted``)."""
+    """All rows of a run: ``tensors`` by key, ``inputs`` in row order, what ran, what was left out."""
 
     tensors: dict
+    inputs: list
     calls: dict[str, int]
     omitted: list[str]
+    skipped: list[dict] = field(default_factory=list)
 
 
 def extract_features(
     loaded: LoadedModel,
     layers: Mapping[str, str],
     paths: Sequence[str | os.PathLike],
+    settings: RunSettings | None = None,
     *,
-    on_batch: Callable[[int], None] | None = None,
-    **options,
+    on_batch: Callable[[Batch], None] | None = None,
 ) -> Extraction:
-    """Run :func:`iter_features` to the end, writing rows into tensors allocated once.
+    """Run :func:`iter_batches` to the end, writing rows into tensors allocated once.
 
-    ``on_batch(n)`` is called after each batch of ``n`` images (for progress bars).
+    ``on_batch(batch)`` is called after each :class:`Batch` (for progress bars and skipped inputs).
     """
     import torch
 
     tensors: dict = {}
     hooks: list = []
-    row = 0
-    for chunk, features in iter_features(loaded, layers, paths, capture_hooks=hooks, **options):
-        for key, value in features.items():
+    kept, skipped = [], []
+    for batch in iter_batches(loaded, layers, paths, settings, capture_hooks=hooks):
+        row = len(kept)
+        for key, value in batch.features.items():
             if key not in tensors:
                 tensors[key] = torch.empty((len(paths), *value.shape[1:]), dtype=value.dtype)
-            tensors[key][row:row + len(chunk)] = value
-        row += len(chunk)
+            tensors[key][row:row + len(value)] = value
+        kept.extend(paths[i] for i in batch.indices)
+        skipped.extend({"input": os.path.abspath(paths[i]), "error": e} for i, e in batch.failures)
         if on_batch is not None:
-            on_batch(len(chunk))
-    return Extraction(tensors=tensors, calls=dict(hooks[0].calls or {}), omitted=sorted(hooks[0].omitted))
+            on_batch(batch)
+    tensors = {key: value[: len(kept)] for key, value in tensors.items()}
+    hook = hooks[0]
+    return Extraction(tensors, kept, dict(hook.calls or {}), sorted(hook.omitted), skipped)
 
 
 def build_metadata(
     loaded: LoadedModel,
     layers: Mapping[str, str],
-    run: Extraction,
-    paths: Sequence[str | os.PathLike],
+    settings: RunSettings,
     *,
-    preprocess: Preprocess,
-    capture: str,
-    device,
+    keys: Sequence[str],
+    calls: Mapping[str, int],
+    omitted: Sequence[str] = (),
+    inputs: Sequence[str | os.PathLike] | None = None,
+    skipped: Sequence[dict] = (),
 ) -> dict[str, str]:
-    """The file's ``__metadata__``: strings, JSON for structured values (see the README)."""
+    """The file's ``__metadata__``: strings, JSON for structured values (see the README).
+
+    Without ``inputs`` the result describes the run only (the shards' index
+    keeps it once; each shard adds its own inputs).
+    """
     modules = dict(loaded.module.named_modules())
     described = {}
     for path, key in layers.items():
-        stored = [k for k in run.tensors if k == key or (k.startswith(key) and k[len(key)] in ":@#")]
         described[path] = {
             "key": key,
             "type": type(modules[path]).__name__,
-            "calls": run.calls.get(path, 0),
-            "keys": stored,
+            "calls": calls.get(path, 0),
+            "keys": [k for k in keys if k == key or (k.startswith(key) and k[len(key)] in ":@#")],
         }
     metadata = {
         "format": FORMAT_VERSION,
@@ -124,14 +231,19 @@ def build_metadata(
         "model": loaded.name,
         "weights": loaded.weights_json(),
         "layers": json.dumps(described),
-        "capture": capture,
-        "preprocess": preprocess.to_json(),
-        "inputs": json.dumps([os.path.abspath(p) for p in paths]),
-        "device": str(device),
+        "capture": settings.capture,
+        "preprocess": (settings.preprocess or loaded.preprocess).to_json(),
+        "pool": settings.pool or "none",
+        "dtype": settings.dtype,
+        "device": str(settings.device or "cpu"),
         "versions": json.dumps(_versions()),
     }
-    if run.omitted:
-        metadata["omitted"] = json.dumps(run.omitted)
+    if omitted:
+        metadata["omitted"] = json.dumps(list(omitted))
+    if inputs is not None:
+        metadata["inputs"] = json.dumps([os.path.abspath(p) for p in inputs])
+    if skipped:
+        metadata["skipped"] = json.dumps(list(skipped))
     return metadata
 
 
@@ -147,8 +259,9 @@ def _versions() -> dict[str, str]:
     return found
 
 
-def default_output_name(model_name: str, layers: Mapping[str, str]) -> Path:
-    """``<model>-<key>.safetensors`` for one layer, ``<model>-<n>layers.safetensors`` for more."""
+def default_output_name(model_name: str, layers: Mapping[str, str], *, folder: bool = False) -> Path:
+    """``<model>-<key>`` for one layer, ``<model>-<n>layers`` for more; ``.safetensors`` unless a folder."""
     keys = list(layers.values())
     label = keys[0] if len(keys) == 1 else f"{len(keys)}layers"
-    return Path(f"{model_name}-{label.replace(os.sep, '_')}.safetensors")
+    name = f"{model_name}-{label.replace(os.sep, '_')}"
+    return Path(name) if folder else Path(f"{name}.safetensors")

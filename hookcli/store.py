@@ -30,7 +30,7 @@ import shutil
 import struct
 import sys
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
@@ -201,6 +201,11 @@ class FeatureFile:
 
     def nbytes(self, key: str) -> int:
         dtype, shape, _ = self._entries[key]
+        return self.row_bytes(dtype, shape)
+
+    @staticmethod
+    def row_bytes(dtype: str, shape: Sequence[int]) -> int:
+        """Bytes of a tensor of safetensors ``dtype`` and ``shape`` (pass a row's shape for a row)."""
         return math.prod(shape) * _itemsize(dtype)
 
     def read(self, key: str, index: int | None = None, part: slice | None = None):

@@ -217,8 +217,8 @@ def test_errors_are_one_line_with_a_hint(runner, images, tmp_path):
          "Hint: see 'hookcli extract --help'"),
         (["extract", "-c", str(bad_preset), str(images[0])], 2,
          f"Error: config '{bad_preset}' has an unknown option 'layer_s'. Hint: did you mean 'layer'? valid options: "
-         "batch_size, capture, crop, device, force, grid, interpolation, layer, mean, model, output, quiet, "
-         "recursive, resize, seed, std, weights"),
+         "batch_size, capture, crop, device, dtype, force, grid, interpolation, layer, mean, model, on_error, "
+         "output, pool, quiet, recursive, resize, seed, shard_size, std, weights, workers"),
         ([*base, "-l", "layer1", "--mean", "1,2", str(images[0])], 2,
          "Error: Invalid value for '--mean': '1,2' has 2 values; give one or three (R,G,B). "
          "Hint: see 'hookcli extract --help'"),

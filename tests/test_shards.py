@@ -1,0 +1,223 @@
+"""Folder output: shards and index, resume after a crash, skipping unreadable images, pooling and dtypes."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from hookcli.cli import main
+from hookcli.shards import INDEX_NAME, ShardedFeatures, read_index
+
+ARGS = ["extract", "-m", "resnet18", "-w", "none", "-l", "layer2", "-l", "fc", "--resize", "32", "--crop", "32",
+        "-b", "2", "-q"]
+
+
+@pytest.fixture
+def many(tmp_path, make_image):
+    folder = tmp_path / "many"
+    folder.mkdir()
+    return [make_image(folder / f"{i:02d}.png", size=(40, 36), seed=i) for i in range(7)]
+
+
+def _single_file(runner, tmp_path, paths, *extra):
+    out = tmp_path / "single.safetensors"
+    result = runner.invoke(main, [*ARGS, *extra, "-o", str(out), *map(str, paths)])
+    assert result.exit_code == 0, result.output
+    with safe_open(str(out), "pt") as handle:
+        return {k: handle.get_tensor(k) for k in handle.keys()}, json.loads(handle.metadata()["inputs"])
+
+
+def test_shards_and_index_round_trip(runner, tmp_path, many):
+    folder = tmp_path / "feats"
+    result = runner.invoke(main, [*ARGS, "--shard-size", "3", "-o", f"{folder}/", *map(str, many)])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == f"{folder / INDEX_NAME}\n"
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "features-00000.safetensors", "features-00001.safetensors", "features-00002.safetensors", INDEX_NAME]
+    header, shards = read_index(folder)
+    assert (header["shard_size"], header["inputs"]) == (3, 7)
+    assert header["metadata"]["model"] == "resnet18" and "inputs" not in header["metadata"]
+    assert [(s["shard"], s["first"], s["count"], len(s["inputs"])) for s in shards] == [
+        (0, 0, 3, 3), (1, 3, 3, 3), (2, 6, 1, 1)]
+    assert [p for s in shards for p in s["inputs"]] == [str(p) for p in many]
+    with safe_open(str(folder / "features-00001.safetensors"), "pt") as handle:  # each shard is a whole file
+        metadata = handle.metadata()
+        assert json.loads(metadata["inputs"]) == [str(p) for p in many[3:6]]
+        assert metadata["shard"] == "1" and metadata["format"] == "1"
+        assert handle.get_tensor("layer2").shape == (3, 128, 4, 4)
+
+    expected, inputs = _single_file(runner, tmp_path, many)
+    for source in (folder, folder / INDEX_NAME):
+        with ShardedFeatures(source) as features:
+            assert features.keys() == ["layer2", "fc"]
+            assert features.shape("layer2") == [7, 128, 4, 4]
+            for row in range(7):
+                assert torch.equal(torch.from_numpy(features.read("layer2", row).copy()), expected["layer2"][row])
+            assert json.loads(features.metadata["inputs"]) == inputs
+
+
+def test_grid_and_info_read_a_folder(runner, tmp_path, many):
+    folder = tmp_path / "feats"
+    assert runner.invoke(main, [*ARGS, "--shard-size", "2", "-o", f"{folder}/", *map(str, many)]).exit_code == 0
+    result = runner.invoke(main, ["info", str(folder), "--json"])
+    assert result.exit_code == 0, result.output
+    described = json.loads(result.stdout)
+    assert [(t["key"], t["shape"]) for t in described["tensors"]] == [("layer2", [7, 128, 4, 4]), ("fc", [7, 1000])]
+    assert described["metadata"]["shards"] == {"count": 4, "inputs_done": 7, "inputs": 7, "complete": True}
+    result = runner.invoke(main, ["grid", str(folder / INDEX_NAME), "-k", "layer2", "-i", "4", "-i", "06.png",
+                                  "-o", str(tmp_path / "g")])
+    assert result.exit_code == 0, result.output
+    assert [Path(p).name for p in result.stdout.split()] == ["layer2__00004_04.png", "layer2__00006_06.png"]
+
+
+class _Crash(Exception):
+    pass
+
+
+def test_resume_after_an_interruption_computes_nothing_twice(runner, tmp_path, many, monkeypatch):
+    import hookcli.extract
+
+    folder = tmp_path / "feats"
+    args = [*ARGS, "--shard-size", "2", "-o", f"{folder}/", *map(str, many)]
+    real = hookcli.extract.FeatureCapture.run
+    seen = []
+
+    def crash_on_fourth_batch(self, batch):
+        seen.append(len(batch))
+        if len(seen) == 4:
+            raise KeyboardInterrupt
+        return real(self, batch)
+
+    monkeypatch.setattr(hookcli.extract.FeatureCapture, "run", crash_on_fourth_batch)
+    result = runner.invoke(main, args)
+    assert result.exit_code == 130 and result.stderr.strip() == "Aborted."
+    assert [s["shard"] for s in read_index(folder)[1]] == [0, 1, 2]  # batches 1-3 = inputs 0-5, all written
+
+    seen.clear()
+    monkeypatch.setattr(hookcli.extract.FeatureCapture, "run", real)
+    counted = []
+    monkeypatch.setattr(hookcli.extract.FeatureCapture, "run",
+                        lambda self, batch: (counted.append(len(batch)), real(self, batch))[1])
+    result = runner.invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert result.stderr == f"Continuing: 6 of 7 inputs are already in {folder}/\n"
+    assert counted == [1]  # only the last input was computed again
+    expected, _ = _single_file(runner, tmp_path, many)
+    with ShardedFeatures(folder) as features:
+        assert json.loads(features.metadata["inputs"]) == [str(p) for p in many]
+        for row in range(7):
+            assert torch.equal(torch.from_numpy(features.read("fc", row).copy()), expected["fc"][row])
+
+    before = len(counted)
+    result = runner.invoke(main, args)  # a third time: all done, nothing to compute
+    assert result.exit_code == 0 and len(counted) == before
+    assert result.stderr == f"Continuing: 7 of 7 inputs are already in {folder}/\n"
+
+
+def test_resume_after_kill_9_in_a_subprocess(tmp_path, make_image):
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    paths = [make_image(folder / f"{i:03d}.png", size=(64, 64), seed=i) for i in range(40)]
+    out = tmp_path / "feats"
+    common = [sys.executable, "-m", "hookcli", "extract", "-m", "vgg11", "-w", "none", "-l", "features.15",
+              "--resize", "64", "--crop", "64", "-b", "1", "-j", "0", "-q", str(folder)]
+    command = [*common, "--shard-size", "4", "-o", f"{out}/"]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    index = out / INDEX_NAME
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (index.exists() and index.read_text().count("\n") >= 3):
+        time.sleep(0.01)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    _, before = read_index(out)
+    assert 2 <= len(before) < 10, "the run was not interrupted part-way"
+    assert subprocess.run(command, capture_output=True).returncode == 0
+    _, after = read_index(out)
+    assert [s["shard"] for s in after] == list(range(10))
+    assert after[: len(before)] == before  # finished shards were kept, not rewritten
+    assert [p for s in after for p in s["inputs"]] == [str(p) for p in paths]
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporary files left
+    clean = tmp_path / "clean.safetensors"
+    subprocess.run([*common, "-o", str(clean)], check=True, capture_output=True)
+    with safe_open(str(clean), "pt") as handle, ShardedFeatures(out) as features:
+        whole = handle.get_tensor("features.15")
+        for row in range(40):
+            assert torch.equal(torch.from_numpy(features.read("features.15", row).copy()), whole[row])
+
+
+def test_a_different_run_in_the_same_folder_is_refused_unless_forced(runner, tmp_path, many):
+    folder = tmp_path / "feats"
+    assert runner.invoke(main, [*ARGS, "-o", f"{folder}/", *map(str, many)]).exit_code == 0
+    result = runner.invoke(main, [*ARGS, "--pool", "avg", "-o", f"{folder}/", *map(str, many[:3])])
+    assert result.exit_code == 2
+    assert result.stderr == (
+        f"Error: '{folder}/' holds a different run (it differs in: inputs, inputs_sha256, pool). Hint: run the same "
+        "command to continue it, add --force to replace it, or use another folder\n")
+    result = runner.invoke(main, [*ARGS, "--pool", "avg", "--force", "-o", f"{folder}/", *map(str, many[:3])])
+    assert result.exit_code == 0, result.output
+    with ShardedFeatures(folder) as features:
+        assert features.shape("layer2") == [3, 128]
+
+
+def test_torn_last_index_line_is_ignored(tmp_path):
+    (tmp_path / INDEX_NAME).write_text('{"hookcli_index": 1, "identity": {}}\n{"shard": 0, "fi')
+    header, shards = read_index(tmp_path)
+    assert header == {"hookcli_index": 1, "identity": {}} and shards == []
+
+
+def _broken(tmp_path, paths):
+    broken = paths[0].parent / "02b.jpg"
+    broken.write_text("not an image")
+    return sorted([*paths, broken])
+
+
+def test_skip_mode_lists_unreadable_images_and_extracts_the_rest(runner, tmp_path, many):
+    inputs = _broken(tmp_path, many)
+    folder = tmp_path / "feats"
+    result = runner.invoke(main, [*ARGS, "--on-error", "skip", "--shard-size", "3", "-o", f"{folder}/",
+                                  *map(str, inputs)])
+    assert result.exit_code == 0, result.output
+    broken = inputs[3]
+    assert result.stderr == (f"Skipped: '{broken}' is not an image Pillow can read. Hint: check the file type; text "
+                             "or corrupt files cannot be used\n")
+    _, shards = read_index(folder)
+    assert shards[1]["skipped"] == [{"input": str(broken), "error": result.stderr[len("Skipped: "):-1]}]
+    assert [p for s in shards for p in s["inputs"]] == [str(p) for p in many]
+    with ShardedFeatures(folder) as features:
+        assert features.shape("fc") == [7, 1000]
+
+    out = tmp_path / "one.safetensors"
+    result = runner.invoke(main, [*ARGS, "--on-error", "skip", "-o", str(out), *map(str, inputs)])
+    assert result.exit_code == 0, result.output
+    with safe_open(str(out), "pt") as handle:
+        assert handle.get_tensor("fc").shape == (7, 1000)
+        assert json.loads(handle.metadata()["skipped"])[0]["input"] == str(broken)
+    result = runner.invoke(main, [*ARGS, "-o", str(tmp_path / "fail.safetensors"), *map(str, inputs)])
+    assert result.exit_code == 1 and not (tmp_path / "fail.safetensors").exists()
+
+
+def test_pool_and_dtype(runner, tmp_path, many):
+    full, _ = _single_file(runner, tmp_path, many[:2])
+    os.remove(tmp_path / "single.safetensors")
+    pooled, _ = _single_file(runner, tmp_path, many[:2], "--pool", "avg", "--dtype", "bfloat16")
+    assert pooled["layer2"].shape == (2, 128) and pooled["layer2"].dtype == torch.bfloat16
+    assert torch.equal(pooled["layer2"], full["layer2"].mean(dim=(2, 3)).bfloat16())
+    assert pooled["fc"].shape == (2, 1000)  # already flat: stored as is
+    os.remove(tmp_path / "single.safetensors")
+    maxed, _ = _single_file(runner, tmp_path, many[:2], "--pool", "max", "--dtype", "float16")
+    assert torch.equal(maxed["layer2"], full["layer2"].amax(dim=(2, 3)).half())
+
+
+def test_worker_processes_give_the_same_rows(runner, tmp_path, many):
+    serial, _ = _single_file(runner, tmp_path, many, "-j", "0")
+    os.remove(tmp_path / "single.safetensors")
+    parallel, inputs = _single_file(runner, tmp_path, many, "-j", "2")
+    assert inputs == [str(p) for p in many]
+    assert all(torch.equal(serial[k], parallel[k]) for k in serial)
