@@ -64,7 +64,8 @@ class FeatureCapture:
     :func:`hookcli.layers.resolve_layers`) or a list of paths used as keys.
     ``capture`` is ``"output"``, ``"input"`` or ``"both"``. With
     ``stop_early`` the forward ends as soon as every layer has fired as often
-    as it did in the first forward, so layers nobody asked for are not paid for.
+    as it did in the first forward, so layers nobody asked for are not paid
+    for; that first, full forward runs on one image only.
     """
 
     def __init__(
@@ -125,6 +126,14 @@ class FeatureCapture:
         """
         if self._stack is None:
             raise RuntimeError("FeatureCapture.run() needs the capture to be entered (use 'with')")
+        if self.calls is None and self.stop_early and len(batch) > 1:
+            # Learn how often each layer fires from one image, so this batch can already stop early.
+            self._check_calls(self._forward(batch[:1])[0])
+        counts, outputs, inputs = self._forward(batch)
+        self._check_calls(counts)
+        return self._flatten(outputs, inputs, batch_size=len(batch))
+
+    def _forward(self, batch) -> tuple[dict, dict, dict]:
         self._clear()
         try:
             self.model(batch)
@@ -133,8 +142,7 @@ class FeatureCapture:
         finally:
             counts, outputs, inputs = self._counts, self._outputs, self._inputs
             self._clear()
-        self._check_calls(counts)
-        return self._flatten(outputs, inputs, batch_size=len(batch))
+        return counts, outputs, inputs
 
     def _clear(self) -> None:
         self._outputs, self._inputs, self._counts = {}, {}, {}

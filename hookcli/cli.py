@@ -8,7 +8,6 @@ run time; ``--debug`` shows the traceback instead.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import sys
@@ -262,7 +261,7 @@ def _print_layer_table(rows) -> None:
 @click.option("--batch-size", "-b", type=click.IntRange(min=1), default=16, show_default=True)
 @click.option("--workers", "-j", type=click.IntRange(min=0),
               help="Processes decoding images while the model runs; 0 decodes in the main process. "
-              "[about one per spare core, 0 for a single batch]")
+              "[GPU: one per spare core up to 8; CPU: 0 up to 4 cores, then a quarter of them]")
 @click.option("--pool", type=click.Choice(["avg", "max"]),
               help="Store global pooling: [N,C,H,W] -> [N,C] over H,W; tokens [N,T,D] -> [N,D] over T.")
 @click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default="float32",
@@ -307,7 +306,7 @@ def extract(ctx, model, weights, seed, layer, capture, resize, crop, mean, std, 
     folder = bool(output) and not to_stdout and (output.endswith(("/", os.sep)) or Path(output).is_dir())
     if shard_size and not folder and output:
         raise click.UsageError("--shard-size applies to a folder output (-o DIR/)")
-    if to_stdout and grid_dir is None and sys.stdout.isatty():
+    if to_stdout and sys.stdout.isatty():
         raise click.UsageError("refusing to write binary safetensors data to a terminal; pipe or redirect -o -")
     from hookcli.images import gather_inputs
     from hookcli.shards import check_folder_target
@@ -322,7 +321,7 @@ def extract(ctx, model, weights, seed, layer, capture, resize, crop, mean, std, 
         check_writable(output, force=force)
 
     from hookcli.device import resolve_device
-    from hookcli.extract import RunSettings, default_output_name
+    from hookcli.extract import RunSettings, default_output_name, default_workers
     from hookcli.layers import resolve_layers
     from hookcli.models import load_model
 
@@ -331,9 +330,12 @@ def extract(ctx, model, weights, seed, layer, capture, resize, crop, mean, std, 
     selected = resolve_layers(loaded.module, layer, model_name=model)
     if not output:
         output = str(default_output_name(model, selected, folder=folder))
-        (check_folder_target if folder else functools.partial(check_writable, force=force))(output)
+        if folder:
+            check_folder_target(output)
+        else:
+            check_writable(output, force=force)
     if workers is None:
-        workers = 0 if len(paths) <= batch_size else max(1, min(8, (os.cpu_count() or 2) - 1))
+        workers = default_workers(torch_device, len(paths), batch_size)
     settings = RunSettings(
         preprocess=loaded.preprocess.replace(resize=resize, crop=crop, mean=mean, std=std,
                                              interpolation=interpolation),
@@ -341,17 +343,19 @@ def extract(ctx, model, weights, seed, layer, capture, resize, crop, mean, std, 
         on_error=on_error,
     )
     if folder:
-        written = _extract_to_folder(loaded, selected, paths, settings, output, shard_size, force, quiet)
+        features = _extract_to_folder(loaded, selected, paths, settings, output, shard_size, force, quiet)
     else:
-        written = _extract_to_file(loaded, selected, paths, settings, output, force, quiet)
+        features = _extract_to_file(loaded, selected, paths, settings, output, force, quiet, keep=bool(grid_dir))
     if grid_dir:
         from hookcli.grids import GridOptions
+        from hookcli.shards import open_features
 
-        _render_grids(written, GridOptions(), grid_dir, force=force, quiet=quiet, echo=not to_stdout)
+        with features if to_stdout else open_features(output) as written:
+            _render_grids(written, GridOptions(), grid_dir, force=force, quiet=quiet, echo=not to_stdout)
 
 
-def _extract_to_file(loaded, selected, paths, settings, output, force, quiet):
-    """One safetensors file (or stdout); returns the features, for --grid."""
+def _extract_to_file(loaded, selected, paths, settings, output, force, quiet, keep):
+    """One safetensors file (or stdout); with ``keep``, returns the features in memory (for --grid after -o -)."""
     from hookcli.errors import ImageError
     from hookcli.extract import build_metadata, extract_features
     from hookcli.store import ArrayFeatures, write_safetensors
@@ -367,13 +371,15 @@ def _extract_to_file(loaded, selected, paths, settings, output, force, quiet):
     else:
         write_safetensors(run.tensors, metadata, output, force=force)
         click.echo(output)
-    return ArrayFeatures({k: v.float().numpy() if v.dtype.is_floating_point else v.numpy()
-                          for k, v in run.tensors.items()}, metadata, name=output)
+    if keep and output == "-":
+        return ArrayFeatures({k: v.float().numpy() if v.dtype.is_floating_point else v.numpy()
+                              for k, v in run.tensors.items()}, metadata, name="stdout")
+    return None
 
 
 def _extract_to_folder(loaded, selected, paths, settings, output, shard_size, force, quiet):
-    """Shards and an index in a folder, continuing an earlier identical run; returns the folder's features."""
-    from hookcli.shards import ShardedFeatures, extract_to_folder
+    """Shards and an index in a folder, continuing an earlier identical run."""
+    from hookcli.shards import extract_to_folder
 
     with _progress(len(paths), quiet) as advance:
 
@@ -385,7 +391,6 @@ def _extract_to_folder(loaded, selected, paths, settings, output, shard_size, fo
         writer = extract_to_folder(loaded, selected, paths, settings, output, shard_size=shard_size, force=force,
                                    on_batch=_batch_reporter(advance), on_start=resumed)
     click.echo(str(writer.index_path))
-    return ShardedFeatures(writer.folder)
 
 
 def _batch_reporter(advance):

@@ -31,7 +31,9 @@ from hookcli.models import LoadedModel
 from hookcli.preprocess import Preprocess
 from hookcli.store import FORMAT_VERSION
 
-__all__ = ["Batch", "Extraction", "RunSettings", "build_metadata", "extract_features", "iter_batches"]
+__all__ = [
+    "Batch", "Extraction", "RunSettings", "build_metadata", "default_workers", "extract_features", "iter_batches",
+]
 
 POOLS = ("avg", "max")
 DTYPES = ("float32", "float16", "bfloat16")
@@ -85,6 +87,21 @@ class _Images:
             return index, None, (err.message, err.hint)
 
 
+def default_workers(device, images: int, batch_size: int) -> int:
+    """Decode processes to start when the user names none.
+
+    None for a single batch. On a GPU, one per spare core (up to 8): decoding
+    is what keeps it fed. On the CPU the model's own threads already use every
+    core, so decoding in other processes only helps on larger machines.
+    """
+    cores = os.cpu_count() or 1
+    if images <= batch_size:
+        return 0
+    if getattr(device, "type", str(device)) in ("cuda", "mps"):
+        return max(1, min(8, cores - 1))
+    return 0 if cores <= 4 else min(4, cores // 4)
+
+
 def _collate(items):
     import torch
 
@@ -97,7 +114,9 @@ def _collate(items):
 def _worker_init(worker_id: int) -> None:
     import torch
 
-    torch.set_num_threads(1)  # a decode worker gets one core; the model's threads keep the rest
+    torch.set_num_threads(1)
+    # Decoding should use the cycles the model leaves idle, not preempt its threads.
+    os.nice(5)
 
 
 def iter_batches(

@@ -110,7 +110,7 @@ def load_rgb(path: str | os.PathLike) -> Image.Image:
     try:
         with Image.open(path) as image:
             image.load()
-            image = ImageOps.exif_transpose(image)
+            ImageOps.exif_transpose(image, in_place=True)
             return _to_rgb(image)
     except FileNotFoundError:
         raise ImageError(f"image not found: '{path}'", hint="check the path") from None

@@ -254,6 +254,15 @@ class ArrayFeatures:
         self._arrays = {key: arrays[key] for key in _key_order(arrays, self.metadata)}
         self.size = sum(a.nbytes for a in self._arrays.values())
 
+    def __enter__(self) -> ArrayFeatures:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._arrays = {}
+
     def keys(self) -> list[str]:
         return list(self._arrays)
 

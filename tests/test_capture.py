@@ -98,7 +98,7 @@ def test_module_run_twice_yields_every_call(resnet):
 def test_stop_early_gives_the_same_tensors_without_running_later_layers(resnet):
     x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(5))
     ran = []
-    handle = resnet.fc.register_forward_pre_hook(lambda module, inputs: ran.append(1))
+    handle = resnet.fc.register_forward_pre_hook(lambda module, inputs: ran.append(len(inputs[0])))
     try:
         with FeatureCapture(resnet, ["layer2", "layer1.0.relu"]) as capture, torch.inference_mode():
             first = capture.run(x)  # learns the call counts: full forward
@@ -108,7 +108,8 @@ def test_stop_early_gives_the_same_tensors_without_running_later_layers(resnet):
             full = capture.run(x)
     finally:
         handle.remove()
-    assert ran == [1, 1, 1]  # first forward and both full ones reached fc; the early-stopped one did not
+    # Only a one-image forward (learning the call counts) and the two full ones reached fc.
+    assert ran == [1, 2, 2]
     assert sorted(first) == sorted(second) == sorted(full) == ["layer1.0.relu:0", "layer1.0.relu:1", "layer2"]
     for key in full:
         assert torch.equal(second[key], full[key])
