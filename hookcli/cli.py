@@ -423,6 +423,7 @@ def info(file, as_json, no_stats) -> None:
       hookcli extract -m resnet18 -l layer4 img.jpg -o - | hookcli info - --json
     """
     from hookcli.shards import open_features
+    from hookcli.store import format_bytes
     from hookcli.summary import describe_file
 
     with open_features(file) as features:
@@ -431,11 +432,11 @@ def info(file, as_json, no_stats) -> None:
         click.echo(json.dumps(described, indent=2))
         return
     count = len(described["tensors"])
-    click.echo(f"{described['file']}  {_size(described['bytes'])}  {count} tensor{'s' if count != 1 else ''}")
+    click.echo(f"{described['file']}  {format_bytes(described['bytes'])}  {count} tensor{'s' if count != 1 else ''}")
     header = ("key", "dtype", "shape", "size") + (() if no_stats else ("min", "mean", "max", "zeros", "nan/inf"))
     table = [header]
     for t in described["tensors"]:
-        row = (t["key"], t["dtype"], json.dumps(t["shape"]).replace(" ", ""), _size(t["bytes"]))
+        row = (t["key"], t["dtype"], json.dumps(t["shape"]).replace(" ", ""), format_bytes(t["bytes"]))
         if not no_stats:
             st = t["stats"]
             row += (*(_number(st[k]) for k in ("min", "mean", "max")),
@@ -448,14 +449,6 @@ def info(file, as_json, no_stats) -> None:
         click.echo("metadata:")
         for line in _pretty_metadata(described["metadata"]):
             click.echo(line)
-
-
-def _size(count: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if count < 1024 or unit == "GiB":
-            return f"{count} {unit}" if unit == "B" else f"{count:.1f} {unit}"
-        count /= 1024
-    return str(count)
 
 
 def _number(value) -> str:

@@ -58,6 +58,10 @@ class CaptureError(HookcliError):
     """What a layer produced cannot be stored as batch-first tensors."""
 
 
+class MemoryLimitError(HookcliError):
+    """The result would not fit in memory the way it was asked for."""
+
+
 class InputError(UsageProblem):
     """Input paths are missing or hold no images."""
 

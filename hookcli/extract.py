@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hookcli.capture import FeatureCapture
-from hookcli.errors import ImageError, UsageProblem
+from hookcli.errors import ImageError, MemoryLimitError, UsageProblem
 from hookcli.images import load_rgb
 from hookcli.models import LoadedModel
 from hookcli.preprocess import Preprocess
-from hookcli.store import FORMAT_VERSION
+from hookcli.store import FORMAT_VERSION, format_bytes
 
 __all__ = [
     "Batch", "Extraction", "RunSettings", "build_metadata", "default_workers", "extract_features", "iter_batches",
@@ -206,6 +206,8 @@ def extract_features(
     kept, skipped = [], []
     for batch in iter_batches(loaded, layers, paths, settings, capture_hooks=hooks):
         row = len(kept)
+        if not tensors and batch.features:
+            _check_fits_in_memory(batch.features, len(paths))
         for key, value in batch.features.items():
             if key not in tensors:
                 tensors[key] = torch.empty((len(paths), *value.shape[1:]), dtype=value.dtype)
@@ -217,6 +219,21 @@ def extract_features(
     tensors = {key: value[: len(kept)] for key, value in tensors.items()}
     hook = hooks[0]
     return Extraction(tensors, kept, dict(hook.calls or {}), sorted(hook.omitted), skipped)
+
+
+def _check_fits_in_memory(features: Mapping, rows: int) -> None:
+    """Refuse, before allocating, a single-file result larger than half of this machine's memory."""
+    row_bytes = sum(value[0].numel() * value.element_size() for value in features.values())
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return
+    if row_bytes * rows > memory // 2:
+        raise MemoryLimitError(
+            f"{rows} images x {format_bytes(row_bytes)} of features = {format_bytes(row_bytes * rows)}, more than "
+            f"half of this machine's {format_bytes(memory)}, and one output file is built in memory",
+            hint="write shards with -o DIR/ (memory stays flat), or use --pool / --dtype to store less",
+        )
 
 
 def build_metadata(

@@ -36,7 +36,10 @@ from typing import BinaryIO
 
 from hookcli.errors import FeatureFileError, OutputExistsError, UsageProblem
 
-__all__ = ["FORMAT_VERSION", "ArrayFeatures", "FeatureFile", "atomic_path", "check_writable", "write_safetensors"]
+__all__ = [
+    "FORMAT_VERSION", "ArrayFeatures", "FeatureFile", "atomic_path", "check_writable", "format_bytes",
+    "write_safetensors",
+]
 
 FORMAT_VERSION = "1"
 
@@ -284,6 +287,17 @@ class ArrayFeatures:
             if part is not None:
                 array = array[part]
         return array.astype(np.float32) if array.dtype.kind == "f" else array
+
+
+def format_bytes(count: float) -> str:
+    """``512 B``, ``3.1 MiB``, ``2.0 GiB``: sizes for people."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if count < 1024 or unit == "TiB":
+            break
+        count /= 1024
+    else:
+        unit = "TiB"
+    return f"{int(count)} B" if unit == "B" else f"{count:.1f} {unit}"
 
 
 def _key_order(keys, metadata: Mapping[str, str]) -> list[str]:

@@ -221,3 +221,18 @@ def test_worker_processes_give_the_same_rows(runner, tmp_path, many):
     parallel, inputs = _single_file(runner, tmp_path, many, "-j", "2")
     assert inputs == [str(p) for p in many]
     assert all(torch.equal(serial[k], parallel[k]) for k in serial)
+
+
+def test_a_single_file_too_big_for_memory_is_refused_before_allocating(runner, tmp_path, many, monkeypatch):
+    real = os.sysconf
+    page = real("SC_PAGE_SIZE")
+    monkeypatch.setattr(os, "sysconf", lambda name: 2**16 // page if name == "SC_PHYS_PAGES" else real(name))
+    out = tmp_path / "big.safetensors"
+    result = runner.invoke(main, [*ARGS, "-o", str(out), *map(str, many)])
+    assert result.exit_code == 1
+    assert result.stderr == (
+        "Error: 7 images x 11.9 KiB of features = 83.3 KiB, more than half of this machine's 64.0 KiB, and one "
+        "output file is built in memory. Hint: write shards with -o DIR/ (memory stays flat), or use --pool / "
+        "--dtype to store less\n")
+    assert not out.exists()
+    assert runner.invoke(main, [*ARGS, "-o", f"{tmp_path / 'shards'}/", *map(str, many)]).exit_code == 0
