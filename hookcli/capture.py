@@ -20,6 +20,13 @@ Keys (the file format's contract, see the README):
 Elements that are not tensors (``None``) are not stored; they are listed in
 :attr:`FeatureCapture.omitted`.
 
+With ``gradients=True``, :meth:`FeatureCapture.run_gradients` also returns
+``<key>@grad``: the gradient of a chosen logit with respect to each layer's
+output. The hook keeps the module's own output tensor to itself and passes
+a copy on, so in-place operations after the layer (``ReLU(inplace=True)``,
+``out += identity``) change the copy, and ``torch.autograd.grad`` on the kept
+tensor gives exactly d(logit)/d(output). No module backward hooks are used.
+
 >>> import torch, torch.nn as nn
 >>> model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(inplace=True))
 >>> with FeatureCapture(model, ["0"]) as capture:
@@ -75,13 +82,17 @@ class FeatureCapture:
         *,
         capture: str = "output",
         stop_early: bool = True,
+        gradients: bool = False,
     ) -> None:
         if capture not in CAPTURE_KINDS:
             raise UsageProblem(f"capture must be one of {', '.join(CAPTURE_KINDS)}, not '{capture}'")
+        if gradients and capture != "output":
+            raise UsageProblem("gradients are taken with respect to layer outputs", hint="use capture='output'")
         self.model = model
         self.layers = dict(layers) if isinstance(layers, Mapping) else {path: path for path in layers}
         self.capture = capture
-        self.stop_early = stop_early
+        self.stop_early = stop_early and not gradients  # the target logit is at the very end
+        self.gradients = gradients
         #: How many times each layer ran per forward, learnt from the first forward.
         self.calls: dict[str, int] | None = None
         #: Keys of container elements that were not tensors and so were not stored.
@@ -90,6 +101,7 @@ class FeatureCapture:
         self._outputs: dict[str, list] = {}
         self._inputs: dict[str, list] = {}
         self._counts: dict[str, int] = {}
+        self._sources: dict[str, list] = {}
 
     def __enter__(self) -> FeatureCapture:
         modules = dict(self.model.named_modules())
@@ -144,8 +156,52 @@ class FeatureCapture:
             self._clear()
         return counts, outputs, inputs
 
+    def run_gradients(self, batch, pick_targets) -> tuple[dict, object, object]:
+        """Forward ``batch``, choose target logits, and return activations and their gradients.
+
+        ``pick_targets(logits)`` returns the classes ``[N, K]`` (long) to take
+        gradients of: one backward per column. Returns ``({key: tensor},
+        classes, logits)``, with ``<key>@grad`` (K = 1) or ``<key>@grad#<k>``
+        next to each ``<key>``, and the model's (detached) logits.
+        Raises :class:`CaptureError` for a layer the target does not depend on.
+        """
+        import torch
+
+        if not self.gradients:
+            raise RuntimeError("run_gradients() needs FeatureCapture(..., gradients=True)")
+        self._clear()
+        try:
+            with torch.enable_grad():
+                logits = self.model(batch)
+                if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
+                    raise CaptureError("the model's output is not a [batch, classes] tensor of logits",
+                                       hint="gradients need a classification model")
+                classes = pick_targets(logits.detach())
+                scores = logits.gather(1, classes)
+                sources = [(path, call, tensor) for path, tensors in self._sources.items()
+                           for call, tensor in enumerate(tensors)]
+                gradients = []
+                for k in range(classes.shape[1]):
+                    found = torch.autograd.grad(scores[:, k].sum(), [t for _, _, t in sources],
+                                                retain_graph=k + 1 < classes.shape[1], allow_unused=True)
+                    gradients.append(found)
+            counts, outputs = self._counts, self._outputs
+        finally:
+            self._clear()
+        self._check_calls(counts)
+        flat = self._flatten(outputs, {}, batch_size=len(batch))
+        for index, (path, call, _) in enumerate(sources):
+            key = self.layers[path]
+            base = f"{key}:{call}" if counts[path] > 1 else key
+            for k, found in enumerate(gradients):
+                if found[index] is None:
+                    raise CaptureError(f"layer {path} has no gradient path to the target logit",
+                                       hint="choose a layer the model's output depends on")
+                flat[f"{base}@grad" if len(gradients) == 1 else f"{base}@grad#{k}"] = found[index]
+        return flat, classes, logits.detach()
+
     def _clear(self) -> None:
-        self._outputs, self._inputs, self._counts = {}, {}, {}
+        self._outputs, self._inputs, self._counts, self._sources = {}, {}, {}, {}
 
     def _on_input(self, path, module, inputs):
         self._inputs.setdefault(path, []).append(_detached_copy(inputs))
@@ -153,8 +209,25 @@ class FeatureCapture:
             self._count(path)
 
     def _on_output(self, path, module, inputs, output):
+        if self.gradients:
+            return self._keep_for_gradients(path, output)
         self._outputs.setdefault(path, []).append(_detached_copy(output))
         self._count(path)
+
+    def _keep_for_gradients(self, path, output):
+        import torch
+
+        if not isinstance(output, torch.Tensor):
+            raise CaptureError(f"layer {path} returns a {type(output).__name__}, not a tensor",
+                               hint="gradients are taken for layers whose output is one tensor")
+        if not output.is_floating_point():
+            raise CaptureError(f"layer {path} returns {output.dtype} values, which have no gradient")
+        # Before this layer nothing needs a gradient (parameters are frozen), so its output becomes a leaf.
+        source = output if output.requires_grad else output.detach().requires_grad_()
+        self._sources.setdefault(path, []).append(source)
+        self._outputs.setdefault(path, []).append(_detached_copy(source))
+        self._count(path)
+        return source.clone()  # what later layers see, and may change in place
 
     def _count(self, path: str) -> None:
         self._counts[path] = self._counts.get(path, 0) + 1

@@ -236,53 +236,202 @@ def _print_layer_table(rows) -> None:
         click.echo("  ".join(cells).rstrip())
 
 
+# -- option groups shared by the commands that run a model on images ------------------------------
+
+
+def _config_option(function):
+    return click.option(
+        "--config", "-c", type=click.Path(dir_okay=False), is_eager=True, expose_value=False,
+        callback=_load_config, help="TOML preset of any options below; flags given here win.",
+    )(function)
+
+
+def _preprocess_options(function):
+    """--resize, --crop, --mean, --std, --interpolation: override the weights' preprocessing."""
+    for decorator in reversed([
+        click.option("--resize", type=click.IntRange(min=1), help="Resize the shorter side to this [weights' value]."),
+        click.option("--crop", type=click.IntRange(min=1), help="Centre-crop to this square [weights' value]."),
+        click.option("--mean", type=_FloatTriple(), help="Normalisation mean [weights' value]."),
+        click.option("--std", type=_FloatTriple(), help="Normalisation std [weights' value]."),
+        click.option("--interpolation", type=click.Choice(["bilinear", "bicubic", "nearest"]),
+                     help="Resize interpolation [weights' value]."),
+    ]):
+        function = decorator(function)
+    return function
+
+
+def _run_options(function):
+    """Device, batching, decode workers, inputs and their errors, overwriting, progress."""
+    for decorator in reversed([
+        click.option("--device", "-d", type=_Device(), default="auto", show_default=True,
+                     help="auto, cpu, cuda, cuda:N, mps."),
+        click.option("--batch-size", "-b", type=click.IntRange(min=1), default=16, show_default=True),
+        click.option("--workers", "-j", type=click.IntRange(min=0),
+                     help="Processes decoding images while the model runs; 0 decodes in the main process. "
+                     "[GPU: one per spare core up to 8; CPU: 0 up to 4 cores, then a quarter of them]"),
+        click.option("--recursive", "-r", is_flag=True, help="Look for images in sub-folders of folder inputs."),
+        click.option("--on-error", type=click.Choice(["fail", "skip"]), default="fail", show_default=True,
+                     help="For unreadable images: stop, or skip them (listed on stderr and in the metadata)."),
+        click.option("--force", "-f", is_flag=True,
+                     help="Overwrite existing outputs (a folder output: replace a different run)."),
+        click.option("--quiet", "-q", is_flag=True, help="No progress bar."),
+        click.argument("images", nargs=-1),
+    ]):
+        function = decorator(function)
+    return function
+
+
+def _rows_output_options(function):
+    """-o FILE|DIR/|-, --shard-size, --dtype: where the rows of extract and grad go."""
+    for decorator in reversed([
+        click.option("--output", "-o", metavar="PATH",
+                     help="Output .safetensors file; DIR/ (or an existing folder) for shards + index; - for stdout "
+                     f"[<model>-<layer>.safetensors, or a folder <model>-<layer>/ above {LARGE_INPUT} images]."),
+        click.option("--shard-size", type=click.IntRange(min=1),
+                     help="Images (rows) per shard in a folder output [about 128 MiB of features per shard]."),
+        click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default="float32",
+                     show_default=True, help="Stored dtype."),
+    ]):
+        function = decorator(function)
+    return function
+
+
+class _Job:
+    """What every model-running command prepares: inputs, model, settings; output checks done before the model loads."""
+
+    def __init__(self, ctx: click.Context, options: dict, *, default_suffix: str = "") -> None:
+        if _given(ctx, "seed") and options["weights"].strip().lower() != "none":
+            raise click.UsageError("--seed only applies to --weights none (pretrained and file weights are fixed)")
+        output = options.get("output")
+        self.to_stdout = output == "-"
+        self.folder = bool(output) and not self.to_stdout and (output.endswith(("/", os.sep)) or Path(output).is_dir())
+        if options.get("shard_size") and output and not self.folder:
+            raise click.UsageError("--shard-size applies to a folder output (-o DIR/)")
+        if self.to_stdout and sys.stdout.isatty():
+            raise click.UsageError("refusing to write binary safetensors data to a terminal; pipe or redirect -o -")
+        from hookcli.images import gather_inputs
+
+        self.paths = gather_inputs(options["images"], recursive=options["recursive"])
+        self.folder = self.folder or (not output and len(self.paths) > LARGE_INPUT)
+        self.options, self.output, self.default_suffix = options, output, default_suffix
+        if output and not self.to_stdout:
+            self._check(output)
+
+        from hookcli.device import resolve_device
+        from hookcli.extract import RunSettings, default_workers
+        from hookcli.models import load_model
+
+        self.device = resolve_device(options["device"])
+        self.loaded = load_model(options["model"], options["weights"], seed=options["seed"])
+        workers = options["workers"]
+        if workers is None:
+            workers = default_workers(self.device, len(self.paths), options["batch_size"])
+        self.settings = RunSettings(
+            preprocess=self.loaded.preprocess.replace(
+                resize=options["resize"], crop=options["crop"], mean=options["mean"], std=options["std"],
+                interpolation=options["interpolation"]),
+            capture=options.get("capture", "output"), device=self.device, batch_size=options["batch_size"],
+            workers=workers, pool=options.get("pool"), dtype=options.get("dtype", "float32"),
+            on_error=options["on_error"],
+        )
+
+    def _check(self, output: str) -> None:
+        from hookcli.shards import check_folder_target
+        from hookcli.store import check_writable
+
+        if self.folder:
+            check_folder_target(output)
+        else:
+            check_writable(output, force=self.options["force"])
+
+    def resolve_layers(self, selectors):
+        from hookcli.extract import default_output_name
+        from hookcli.layers import resolve_layers
+
+        selected = resolve_layers(self.loaded.module, selectors, model_name=self.loaded.name)
+        if not self.output:
+            name = default_output_name(self.loaded.name, selected, folder=self.folder)
+            self.output = str(name) if self.folder else str(name.with_suffix(self.default_suffix + ".safetensors"))
+            self._check(self.output)
+        return selected
+
+    def write_rows(self, selected, batches, *, identity_extra=None, extra_metadata=None, keep=False):
+        """Run ``batches(start, hooks)`` into the output; with ``keep``, return in-memory features of a -o - run."""
+        options = self.options
+        with _progress(len(self.paths), options["quiet"]) as advance:
+            if self.folder:
+                from hookcli.shards import extract_to_folder
+
+                def resumed(done: int) -> None:
+                    if done:
+                        click.echo(f"Continuing: {done} of {len(self.paths)} inputs are already in {self.output}",
+                                   err=True)
+                        advance(done)
+
+                writer = extract_to_folder(
+                    self.loaded, selected, self.paths, self.settings, self.output,
+                    shard_size=options["shard_size"], force=options["force"], on_batch=_batch_reporter(advance),
+                    on_start=resumed, batches=batches, identity_extra=identity_extra, extra_metadata=extra_metadata)
+                click.echo(str(writer.index_path))
+                return None
+            from hookcli.extract import build_metadata, collect_rows
+
+            hooks: list = []
+            run = collect_rows(batches(0, hooks), self.paths, hooks, _batch_reporter(advance))
+        return self._write_file(selected, run, extra_metadata, keep)
+
+    def _write_file(self, selected, run, extra_metadata, keep):
+        from hookcli.errors import ImageError
+        from hookcli.extract import build_metadata
+        from hookcli.store import ArrayFeatures, write_safetensors
+
+        if not run.inputs:
+            raise ImageError("none of the input images could be read", hint="see the skipped inputs above")
+        metadata = build_metadata(self.loaded, selected, self.settings, keys=list(run.tensors), calls=run.calls,
+                                  omitted=run.omitted, inputs=run.inputs, skipped=run.skipped, targets=run.targets,
+                                  extra=extra_metadata)
+        if self.to_stdout:
+            write_safetensors(run.tensors, metadata, sys.stdout.buffer)
+            if keep:
+                return ArrayFeatures({k: v.float().numpy() if v.dtype.is_floating_point else v.numpy()
+                                      for k, v in run.tensors.items()}, metadata, name="stdout")
+            return None
+        write_safetensors(run.tensors, metadata, self.output, force=self.options["force"])
+        click.echo(self.output)
+        return None
+
+
+def _batch_reporter(advance):
+    """on_batch callback: advance the progress bar, note each skipped input on stderr."""
+
+    def report(batch) -> None:
+        for _, error in batch.failures:
+            click.echo(f"Skipped: {error}", err=True)
+        advance(len(batch.indices) + len(batch.failures))
+
+    return report
+
+
+_LAYER_HELP = "Layer path (features.18), glob (layer3.*.conv2, features.**), type:Conv2d; PATH=NAME renames. Repeat."
+
+
 # -- hookcli extract ----------------------------------------------------------------------------
 
 
 @main.command(context_settings=CONTEXT_SETTINGS)
-@click.option(
-    "--config", "-c", type=click.Path(dir_okay=False), is_eager=True, expose_value=False, callback=_load_config,
-    help="TOML preset of any options below; flags given here win.",
-)
+@_config_option
 @_model_options
-@click.option(
-    "--layer", "-l", multiple=True, required=True, metavar="SELECTOR",
-    help="Layer path (features.18), glob (layer3.*.conv2, features.**), type:Conv2d; PATH=NAME renames. Repeat.",
-)
+@click.option("--layer", "-l", multiple=True, required=True, metavar="SELECTOR", help=_LAYER_HELP)
 @click.option("--capture", type=click.Choice(["output", "input", "both"]), default="output", show_default=True,
               help="What to save of each layer.")
-@click.option("--resize", type=click.IntRange(min=1), help="Resize the shorter side to this [weights' value].")
-@click.option("--crop", type=click.IntRange(min=1), help="Centre-crop to this square [weights' value].")
-@click.option("--mean", type=_FloatTriple(), help="Normalisation mean [weights' value].")
-@click.option("--std", type=_FloatTriple(), help="Normalisation std [weights' value].")
-@click.option("--interpolation", type=click.Choice(["bilinear", "bicubic", "nearest"]),
-              help="Resize interpolation [weights' value].")
-@click.option("--device", "-d", type=_Device(), default="auto", show_default=True, help="auto, cpu, cuda, cuda:N, mps.")
-@click.option("--batch-size", "-b", type=click.IntRange(min=1), default=16, show_default=True)
-@click.option("--workers", "-j", type=click.IntRange(min=0),
-              help="Processes decoding images while the model runs; 0 decodes in the main process. "
-              "[GPU: one per spare core up to 8; CPU: 0 up to 4 cores, then a quarter of them]")
+@_preprocess_options
+@_rows_output_options
 @click.option("--pool", type=click.Choice(["avg", "max"]),
               help="Store global pooling: [N,C,H,W] -> [N,C] over H,W; tokens [N,T,D] -> [N,D] over T.")
-@click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default="float32",
-              show_default=True, help="Stored dtype.")
-@click.option("--recursive", "-r", is_flag=True, help="Look for images in sub-folders of folder inputs.")
-@click.option("--output", "-o", metavar="PATH",
-              help="Output .safetensors file; DIR/ (or an existing folder) for shards + index; - for stdout "
-              f"[<model>-<layer>.safetensors, or a folder <model>-<layer>/ above {LARGE_INPUT} images].")
-@click.option("--shard-size", type=click.IntRange(min=1),
-              help="Images (rows) per shard in a folder output [about 128 MiB of features per shard].")
-@click.option("--on-error", type=click.Choice(["fail", "skip"]), default="fail", show_default=True,
-              help="For unreadable images: stop, or skip them (listed on stderr and in the metadata).")
 @click.option("--grid", "grid_dir", metavar="DIR", help="Also render feature-map PNGs into DIR (as hookcli grid).")
-@click.option("--force", "-f", is_flag=True,
-              help="Overwrite an existing output (a folder output: replace a different run).")
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-@click.argument("images", nargs=-1)
+@_run_options
 @click.pass_context
-def extract(ctx, model, weights, seed, layer, capture, resize, crop, mean, std, interpolation, device,
-            batch_size, workers, pool, dtype, recursive, output, shard_size, on_error, grid_dir, force, quiet,
-            images) -> None:
+def extract(ctx, **options) -> None:
     """Capture layers of a model on images and save them to safetensors.
 
     IMAGES are files, folders (--recursive for sub-folders) or - to read image
@@ -300,108 +449,185 @@ def extract(ctx, model, weights, seed, layer, capture, resize, crop, mean, std, 
       find photos -name '*.jpg' | hookcli extract -m resnet50 -l layer3 --pool avg - -o feats/
       hookcli extract --config configs/vgg16_bn-features18.toml img.jpg --grid grids/
     """
-    if _given(ctx, "seed") and weights.strip().lower() != "none":
-        raise click.UsageError("--seed only applies to --weights none (pretrained and file weights are fixed)")
-    to_stdout = output == "-"
-    folder = bool(output) and not to_stdout and (output.endswith(("/", os.sep)) or Path(output).is_dir())
-    if shard_size and not folder and output:
-        raise click.UsageError("--shard-size applies to a folder output (-o DIR/)")
-    if to_stdout and sys.stdout.isatty():
-        raise click.UsageError("refusing to write binary safetensors data to a terminal; pipe or redirect -o -")
-    from hookcli.images import gather_inputs
-    from hookcli.shards import check_folder_target
-    from hookcli.store import check_writable
+    from hookcli.extract import iter_batches
 
-    paths = gather_inputs(images, recursive=recursive)
-    if not output and len(paths) > LARGE_INPUT:
-        folder = True
-    if output and folder:
-        check_folder_target(output)
-    elif output and not to_stdout:
-        check_writable(output, force=force)
+    job = _Job(ctx, options)
+    selected = job.resolve_layers(options["layer"])
 
-    from hookcli.device import resolve_device
-    from hookcli.extract import RunSettings, default_output_name, default_workers
-    from hookcli.layers import resolve_layers
-    from hookcli.models import load_model
+    def batches(start, hooks):
+        return iter_batches(job.loaded, selected, job.paths, job.settings, start=start, capture_hooks=hooks)
 
-    torch_device = resolve_device(device)
-    loaded = load_model(model, weights, seed=seed)
-    selected = resolve_layers(loaded.module, layer, model_name=model)
-    if not output:
-        output = str(default_output_name(model, selected, folder=folder))
-        if folder:
-            check_folder_target(output)
-        else:
-            check_writable(output, force=force)
-    if workers is None:
-        workers = default_workers(torch_device, len(paths), batch_size)
-    settings = RunSettings(
-        preprocess=loaded.preprocess.replace(resize=resize, crop=crop, mean=mean, std=std,
-                                             interpolation=interpolation),
-        capture=capture, device=torch_device, batch_size=batch_size, workers=workers, pool=pool, dtype=dtype,
-        on_error=on_error,
-    )
-    if folder:
-        features = _extract_to_folder(loaded, selected, paths, settings, output, shard_size, force, quiet)
-    else:
-        features = _extract_to_file(loaded, selected, paths, settings, output, force, quiet, keep=bool(grid_dir))
+    grid_dir = options["grid_dir"]
+    features = job.write_rows(selected, batches, keep=bool(grid_dir))
     if grid_dir:
         from hookcli.grids import GridOptions
         from hookcli.shards import open_features
 
-        with features if to_stdout else open_features(output) as written:
-            _render_grids(written, GridOptions(), grid_dir, force=force, quiet=quiet, echo=not to_stdout)
+        with features if job.to_stdout else open_features(job.output) as written:
+            _render_grids(written, GridOptions(), grid_dir, force=options["force"], quiet=options["quiet"],
+                          echo=not job.to_stdout)
 
 
-def _extract_to_file(loaded, selected, paths, settings, output, force, quiet, keep):
-    """One safetensors file (or stdout); with ``keep``, returns the features in memory (for --grid after -o -)."""
-    from hookcli.errors import ImageError
-    from hookcli.extract import build_metadata, extract_features
-    from hookcli.store import ArrayFeatures, write_safetensors
+# -- hookcli grad -------------------------------------------------------------------------------
 
-    with _progress(len(paths), quiet) as advance:
-        run = extract_features(loaded, selected, paths, settings, on_batch=_batch_reporter(advance))
-    if not run.inputs:
-        raise ImageError("none of the input images could be read", hint="see the skipped inputs above")
-    metadata = build_metadata(loaded, selected, settings, keys=list(run.tensors), calls=run.calls,
-                              omitted=run.omitted, inputs=run.inputs, skipped=run.skipped)
-    if output == "-":
-        write_safetensors(run.tensors, metadata, sys.stdout.buffer)
+
+def _parse_target(job: _Job, spec: str):
+    from hookcli.gradients import parse_target
+    from hookcli.models import num_classes
+
+    return parse_target(spec, job.loaded.categories, num_classes(job.loaded.module))
+
+
+@main.command(context_settings=CONTEXT_SETTINGS)
+@_config_option
+@_model_options
+@click.option("--layer", "-l", multiple=True, required=True, metavar="SELECTOR", help=_LAYER_HELP)
+@click.option("--target", "-t", default="top1", show_default=True, metavar="CLASS|topK",
+              help="Logit to take gradients of: a class index, a class name of the weights, or each image's "
+              "top prediction (topK: the K highest, one gradient each).")
+@_preprocess_options
+@_rows_output_options
+@_run_options
+@click.pass_context
+def grad(ctx, **options) -> None:
+    """Save layer activations and the gradient of a target logit with respect to them.
+
+    Keys are <layer> (the activation) and <layer>@grad (d logit / d activation;
+    <layer>@grad#k for each of topK); the metadata lists each image's targets
+    with logit and probability. The gradient is exact also when in-place
+    operations follow the layer. Inputs, outputs and options as for extract.
+
+    \b
+      hookcli grad -m resnet50 -l layer4 --target top1 img.jpg
+      hookcli grad -m vgg16_bn -l features.40 --target 'golden retriever' photos/ -o grads/
+    """
+    from hookcli.gradients import iter_gradient_batches
+
+    job = _Job(ctx, options, default_suffix=".grad")
+    target = _parse_target(job, options["target"])
+    selected = job.resolve_layers(options["layer"])
+
+    def batches(start, hooks):
+        return iter_gradient_batches(job.loaded, selected, job.paths, job.settings, target, start=start,
+                                     capture_hooks=hooks)
+
+    job.write_rows(selected, batches, identity_extra={"target": target.describe()},
+                   extra_metadata={"target": target.describe()})
+
+
+# -- hookcli cam --------------------------------------------------------------------------------
+
+
+@main.command(context_settings=CONTEXT_SETTINGS)
+@_config_option
+@_model_options
+@click.option("--layer", "-l", metavar="PATH", help="Layer to take the map at [the last convolutional stage; "
+              "ViT: the last block's ln_1].")
+@click.option("--method", type=click.Choice(["gradcam", "gradcam++", "xgradcam", "layercam"]), default="gradcam",
+              show_default=True)
+@click.option("--target", "-t", default="top1", show_default=True, metavar="CLASS|topK",
+              help="Class the map explains: an index, a class name of the weights, or topK.")
+@click.option("--output", "-o", metavar="DIR", help="Folder for cams.safetensors and the overlay PNGs [<model>-cam].")
+@click.option("--alpha", type=click.FloatRange(0, 1), default=0.5, show_default=True, help="Overlay opacity.")
+@click.option("--cmap", default="inferno", show_default=True, help="Heat-map colormap (any matplotlib name).")
+@_preprocess_options
+@_run_options
+@click.pass_context
+def cam(ctx, **options) -> None:
+    """Class-activation maps (Grad-CAM and friends) with an overlay PNG per image.
+
+    Writes DIR/cams.safetensors (key cam: [N, h, w] maps at the layer's
+    resolution, ReLU'd, not normalised; cam#k for each of topK; targets with
+    logits and probabilities in the metadata) and DIR/<index>_<name>.png: the
+    map upsampled over the image the model saw, captioned with the class and
+    its score. Written paths are printed.
+
+    \b
+      hookcli cam -m resnet50 img.jpg -o cams/
+      hookcli cam -m vit_b_16 --method gradcam++ --target 'tabby cat' photos/ -o cams/
+    """
+    import torch
+
+    from hookcli.gradients import default_cam_layer, iter_cam_batches
+    from hookcli.render import check_cmap
+
+    check_cmap(options["cmap"])
+    folder = Path(options["output"] or f"{options['model']}-cam")
+    options["output"] = None  # rows go to folder/cams.safetensors, written below
+    job = _Job(ctx, options)
+    target = _parse_target(job, options["target"])
+    if options["layer"]:
+        layer, channels_last = _single_layer(job, options["layer"]), job.loaded.name.startswith("swin")
     else:
-        write_safetensors(run.tensors, metadata, output, force=force)
-        click.echo(output)
-    if keep and output == "-":
-        return ArrayFeatures({k: v.float().numpy() if v.dtype.is_floating_point else v.numpy()
-                              for k, v in run.tensors.items()}, metadata, name="stdout")
-    return None
+        crop = job.settings.preprocess.crop
+        layer, channels_last = default_cam_layer(job.loaded, torch.zeros(1, 3, crop, crop))
+    names = [_cam_png_name(i, p, k, target.count) for i, p in enumerate(job.paths) for k in range(target.count)]
+    from hookcli.store import refuse_existing
+
+    refuse_existing([folder / "cams.safetensors", *(folder / n for n in names)], force=options["force"])
+    folder.mkdir(parents=True, exist_ok=True)
+    job.to_stdout, job.folder, job.output = False, False, str(folder / "cams.safetensors")
+    method = options["method"]
+    overlays = _CamOverlays(job, folder, target, method, layer, options)
+
+    def batches(start, hooks):
+        for batch in iter_cam_batches(job.loaded, layer, job.paths, job.settings, target, method,
+                                      channels_last=channels_last, start=start, capture_hooks=hooks):
+            overlays.draw(batch)
+            yield batch
+
+    job.write_rows({layer: "cam"}, batches, extra_metadata={
+        "target": target.describe(), "method": method, "cam_layer": layer, "cam_layout": "channels_last"
+        if channels_last else "channels_first"})
+    for path in overlays.written:
+        click.echo(str(path))
 
 
-def _extract_to_folder(loaded, selected, paths, settings, output, shard_size, force, quiet):
-    """Shards and an index in a folder, continuing an earlier identical run."""
-    from hookcli.shards import extract_to_folder
+def _single_layer(job: _Job, selector: str) -> str:
+    from hookcli.layers import resolve_layers
 
-    with _progress(len(paths), quiet) as advance:
-
-        def resumed(done: int) -> None:
-            if done:
-                click.echo(f"Continuing: {done} of {len(paths)} inputs are already in {output}", err=True)
-                advance(done)
-
-        writer = extract_to_folder(loaded, selected, paths, settings, output, shard_size=shard_size, force=force,
-                                   on_batch=_batch_reporter(advance), on_start=resumed)
-    click.echo(str(writer.index_path))
+    chosen = resolve_layers(job.loaded.module, [selector], model_name=job.loaded.name)
+    if len(chosen) != 1:
+        raise click.UsageError(f"cam takes one layer, and '{selector}' matches {len(chosen)}")
+    return next(iter(chosen))
 
 
-def _batch_reporter(advance):
-    """on_batch callback: advance the progress bar, note each skipped input on stderr."""
+def _cam_png_name(index: int, path, k: int, count: int) -> str:
+    from hookcli.grids import safe_name
 
-    def report(batch) -> None:
-        for _, error in batch.failures:
-            click.echo(f"Skipped: {error}", err=True)
-        advance(len(batch.indices) + len(batch.failures))
+    return f"{index:05d}_{safe_name(Path(path).stem)}" + (f".top{k + 1}" if count > 1 else "") + ".png"
 
-    return report
+
+class _CamOverlays:
+    """Draws each batch's maps over the images the model saw, as the batches go by."""
+
+    def __init__(self, job: _Job, folder: Path, target, method: str, layer: str, options: dict) -> None:
+        self.job, self.folder, self.target, self.method, self.layer = job, folder, target, method, layer
+        self.alpha, self.cmap, self.force = options["alpha"], options["cmap"], options["force"]
+        self.written: list[Path] = []
+
+    def draw(self, batch) -> None:
+        import numpy as np
+        from PIL import Image
+
+        from hookcli.images import load_rgb, model_view
+        from hookcli.render import add_title, overlay
+        from hookcli.store import atomic_path
+
+        spec = self.job.settings.preprocess
+        for row, index in enumerate(batch.indices):
+            photo = np.asarray(model_view(load_rgb(self.job.paths[index]), resize=spec.resize, crop=spec.crop,
+                                          interpolation=spec.interpolation))
+            for k, chosen in enumerate(batch.targets[row]):
+                heat = batch.features["cam" if self.target.count == 1 else f"cam#{k}"][row].numpy()
+                label = f"{chosen['name']} ({chosen['class']})" if chosen["name"] else f"class {chosen['class']}"
+                caption = [label, f"logit {chosen['logit']:.2f}",
+                           f"p {chosen['probability']:.1%}", f"{self.method} at {self.layer}"]
+                pixels = add_title(overlay(photo, heat, cmap=self.cmap, alpha=self.alpha), caption)
+                path = self.folder / _cam_png_name(index, self.job.paths[index], k, self.target.count)
+                with atomic_path(path, force=self.force) as temporary:
+                    Image.fromarray(pixels).save(temporary, format="PNG", compress_level=1)
+                self.written.append(path)
 
 
 # -- hookcli info -------------------------------------------------------------------------------

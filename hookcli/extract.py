@@ -32,7 +32,8 @@ from hookcli.preprocess import Preprocess
 from hookcli.store import FORMAT_VERSION, format_bytes
 
 __all__ = [
-    "Batch", "Extraction", "RunSettings", "build_metadata", "default_workers", "extract_features", "iter_batches",
+    "Batch", "Extraction", "RunSettings", "build_metadata", "collect_rows", "default_workers", "extract_features",
+    "image_loader", "iter_batches", "reported_failures",
 ]
 
 POOLS = ("avg", "max")
@@ -63,11 +64,15 @@ class RunSettings:
 
 @dataclass
 class Batch:
-    """Rows of one batch: input ``indices`` (in order) and their features; inputs that could not be read."""
+    """Rows of one batch: input ``indices`` (in order) and their features; inputs that could not be read.
+
+    ``targets`` (gradient runs only) describes, per row, the logits the gradients are of.
+    """
 
     indices: list[int]
     features: dict
     failures: list[tuple[int, str]] = field(default_factory=list)
+    targets: list | None = None
 
 
 class _Images:
@@ -119,6 +124,30 @@ def _worker_init(worker_id: int) -> None:
     os.nice(5)
 
 
+def image_loader(paths: Sequence, settings: RunSettings, transform, *, start: int = 0):
+    """Batches ``(indices, stacked images or None, failures)`` of ``paths[start:]``, decoded by ``settings.workers``."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    return DataLoader(
+        _Images(paths, transform, start),
+        batch_size=settings.batch_size,
+        num_workers=settings.workers,
+        collate_fn=_collate,
+        pin_memory=torch.device(settings.device or "cpu").type == "cuda",
+        worker_init_fn=_worker_init if settings.workers else None,
+        prefetch_factor=4 if settings.workers else None,
+    )
+
+
+def reported_failures(failures: list, settings: RunSettings) -> list[tuple[int, str]]:
+    """Raise the first unreadable image in ``fail`` mode; in ``skip`` mode, ``(index, message)`` pairs."""
+    if failures and settings.on_error == "fail":
+        message, hint = failures[0][1]
+        raise ImageError(message, hint=hint)
+    return [(index, f"{message}. Hint: {hint}" if hint else message) for index, (message, hint) in failures]
+
+
 def iter_batches(
     loaded: LoadedModel,
     layers: Mapping[str, str],
@@ -136,34 +165,22 @@ def iter_batches(
     (to read its ``calls`` and ``omitted`` afterwards).
     """
     import torch
-    from torch.utils.data import DataLoader
 
     settings = settings or RunSettings()
     device = torch.device(settings.device or "cpu")
-    transform = (settings.preprocess or loaded.preprocess).to_transform()
-    loader = DataLoader(
-        _Images(paths, transform, start),
-        batch_size=settings.batch_size,
-        num_workers=settings.workers,
-        collate_fn=_collate,
-        pin_memory=device.type == "cuda",
-        worker_init_fn=_worker_init if settings.workers else None,
-        prefetch_factor=4 if settings.workers else None,
-    )
+    loader = image_loader(paths, settings, (settings.preprocess or loaded.preprocess).to_transform(), start=start)
     model = loaded.module.to(device)
     cast = getattr(torch, settings.dtype)
     with FeatureCapture(model, layers, capture=settings.capture) as hooks, torch.inference_mode():
         if capture_hooks is not None:
             capture_hooks.append(hooks)
         for indices, batch, failures in loader:
-            if failures and settings.on_error == "fail":
-                message, hint = failures[0][1]
-                raise ImageError(message, hint=hint)
+            failures = reported_failures(failures, settings)
             features = {}
             if batch is not None:
                 captured = hooks.run(batch.to(device, non_blocking=True))
                 features = {key: _pooled(value, settings.pool).to(cast).to("cpu") for key, value in captured.items()}
-            yield Batch(indices, features, [(i, f"{m}. Hint: {h}" if h else m) for i, (m, h) in failures])
+            yield Batch(indices, features, failures)
 
 
 def _pooled(tensor, pool: str | None):
@@ -178,13 +195,17 @@ def _pooled(tensor, pool: str | None):
 
 @dataclass
 class Extraction:
-    """All rows of a run: ``tensors`` by key, ``inputs`` in row order, what ran, what was left out."""
+    """All rows of a run: ``tensors`` by key, ``inputs`` in row order, what ran, what was left out.
+
+    ``targets`` (gradient runs) holds each row's target logits.
+    """
 
     tensors: dict
     inputs: list
     calls: dict[str, int]
     omitted: list[str]
     skipped: list[dict] = field(default_factory=list)
+    targets: list = field(default_factory=list)
 
 
 def extract_features(
@@ -195,16 +216,22 @@ def extract_features(
     *,
     on_batch: Callable[[Batch], None] | None = None,
 ) -> Extraction:
-    """Run :func:`iter_batches` to the end, writing rows into tensors allocated once.
+    """Run :func:`iter_batches` to the end and gather every row in memory (see :func:`collect_rows`)."""
+    hooks: list = []
+    return collect_rows(iter_batches(loaded, layers, paths, settings, capture_hooks=hooks), paths, hooks, on_batch)
 
-    ``on_batch(batch)`` is called after each :class:`Batch` (for progress bars and skipped inputs).
+
+def collect_rows(batches, paths: Sequence, hooks: list, on_batch: Callable[[Batch], None] | None = None) -> Extraction:
+    """Write the rows of ``batches`` into tensors allocated once, for all ``paths``.
+
+    ``hooks`` is the list the batch source put its capture in. ``on_batch(batch)``
+    is called after each batch (for progress bars and skipped inputs).
     """
     import torch
 
     tensors: dict = {}
-    hooks: list = []
-    kept, skipped = [], []
-    for batch in iter_batches(loaded, layers, paths, settings, capture_hooks=hooks):
+    kept, skipped, targets = [], [], []
+    for batch in batches:
         row = len(kept)
         if not tensors and batch.features:
             _check_fits_in_memory(batch.features, len(paths))
@@ -213,12 +240,13 @@ def extract_features(
                 tensors[key] = torch.empty((len(paths), *value.shape[1:]), dtype=value.dtype)
             tensors[key][row:row + len(value)] = value
         kept.extend(paths[i] for i in batch.indices)
+        targets.extend(batch.targets or [])
         skipped.extend({"input": os.path.abspath(paths[i]), "error": e} for i, e in batch.failures)
         if on_batch is not None:
             on_batch(batch)
     tensors = {key: value[: len(kept)] for key, value in tensors.items()}
     hook = hooks[0]
-    return Extraction(tensors, kept, dict(hook.calls or {}), sorted(hook.omitted), skipped)
+    return Extraction(tensors, kept, dict(hook.calls or {}), sorted(hook.omitted), skipped, targets)
 
 
 def _check_fits_in_memory(features: Mapping, rows: int) -> None:
@@ -246,11 +274,14 @@ def build_metadata(
     omitted: Sequence[str] = (),
     inputs: Sequence[str | os.PathLike] | None = None,
     skipped: Sequence[dict] = (),
+    targets: Sequence | None = None,
+    extra: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """The file's ``__metadata__``: strings, JSON for structured values (see the README).
 
     Without ``inputs`` the result describes the run only (the shards' index
-    keeps it once; each shard adds its own inputs).
+    keeps it once; each shard adds its own inputs). ``targets`` lists each
+    row's target logits (gradient runs); ``extra`` adds entries as they are.
     """
     modules = dict(loaded.module.named_modules())
     described = {}
@@ -280,6 +311,9 @@ def build_metadata(
         metadata["inputs"] = json.dumps([os.path.abspath(p) for p in inputs])
     if skipped:
         metadata["skipped"] = json.dumps(list(skipped))
+    if targets:
+        metadata["targets"] = json.dumps(list(targets))
+    metadata.update(extra or {})
     return metadata
 
 

@@ -23,11 +23,12 @@ from pathlib import Path
 
 import numpy as np
 
-from hookcli.errors import FeatureFileError, OutputExistsError, UsageProblem
+from hookcli.errors import FeatureFileError, UsageProblem
 from hookcli.layers import glob_to_regex
 from hookcli.render import NotDrawable, add_title, as_maps, check_cmap, overlay, scale_maps, tile_maps
+from hookcli.store import refuse_existing
 
-__all__ = ["GridJob", "GridOptions", "plan_grids", "render_job", "write_grids"]
+__all__ = ["GridJob", "GridOptions", "plan_grids", "render_job", "safe_name", "write_grids"]
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._@#+=-]+")
 _LAYOUTS = {"tokens": "tokens as a square", "tokens+cls": "tokens as a square, class token left out",
@@ -80,7 +81,7 @@ def plan_grids(features, options: GridOptions, out_dir: str | Path, *, force: bo
             if not features.shape(key) or row >= features.shape(key)[0]:
                 continue
             stem = Path(names[row]).stem if names[row] else f"row{row:05d}"
-            path = out_dir / f"{_UNSAFE.sub('_', key)}__{row:05d}_{_UNSAFE.sub('_', stem)}{suffix}"
+            path = out_dir / f"{safe_name(key)}__{row:05d}_{safe_name(stem)}{suffix}"
             source = inputs[row] if len(inputs) == rows else None
             jobs.append(GridJob(key, row, Path(names[row]).name, path, source))
     if options.overlay and jobs and any(job.source_image is None for job in jobs):
@@ -88,12 +89,13 @@ def plan_grids(features, options: GridOptions, out_dir: str | Path, *, force: bo
             f"--overlay needs the input images, and '{features.name}' does not list them",
             hint="overlays work on files written by hookcli extract, whose 'inputs' metadata names the images",
         )
-    existing = [job.path for job in jobs if job.path.exists()]
-    if existing and not force:
-        more = f" and {len(existing) - 1} more" if len(existing) > 1 else ""
-        raise OutputExistsError(f"'{existing[0]}'{more} already exist{'s' if not more else ''}",
-                                hint="add --force to overwrite, or choose another folder with -o")
+    refuse_existing([job.path for job in jobs], force=force)
     return jobs
+
+
+def safe_name(text: str) -> str:
+    """``text`` for a file name: runs of characters other than letters, digits and ``._@#+=-`` become ``_``."""
+    return _UNSAFE.sub("_", text)
 
 
 def _select_keys(available: list[str], patterns: Sequence[str], name: str) -> list[str]:

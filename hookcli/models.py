@@ -34,7 +34,7 @@ from urllib.parse import urlparse
 from hookcli.errors import UnknownModelError, WeightsError
 from hookcli.preprocess import Preprocess
 
-__all__ = ["LoadedModel", "list_models", "load_model", "weights_cache_path", "weights_names"]
+__all__ = ["LoadedModel", "list_models", "load_model", "num_classes", "weights_cache_path", "weights_names"]
 
 _WEIGHT_FILE_SUFFIXES = (".pth", ".pt", ".safetensors", ".bin", ".ckpt")
 _WRAPPER_KEYS = ("state_dict", "model_state_dict", "model", "module", "net", "ema")
@@ -240,6 +240,14 @@ def _unwrap(state: Any, path: Path) -> dict:
                 state = {k[len(prefix):]: v for k, v in state.items()}
                 stripped = True
     return state
+
+
+def num_classes(module) -> int:
+    """How many logits a torchvision classifier gives: the size of its last Linear (or 1×1 Conv2d) layer."""
+    import torch.nn as nn
+
+    last = [layer for layer in module.modules() if isinstance(layer, nn.Linear | nn.Conv2d)]
+    return _out_size(last[-1])
 
 
 def _checkpoint_num_classes(module, state: dict) -> int | None:

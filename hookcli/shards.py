@@ -304,10 +304,14 @@ MAX_AUTO_SHARD_ROWS = 10_000
 def extract_to_folder(
     loaded, layers: Mapping[str, str], paths: Sequence, settings, folder: str | os.PathLike, *,
     shard_size: int | None = None, force: bool = False, on_batch: Callable | None = None,
-    on_start: Callable[[int], None] | None = None,
+    on_start: Callable[[int], None] | None = None, batches: Callable | None = None,
+    identity_extra: Mapping | None = None, extra_metadata: Mapping[str, str] | None = None,
 ) -> ShardWriter:
     """Extract ``paths`` into shards in ``folder``, continuing an earlier run of the same command there.
 
+    ``batches(start, capture_hooks)`` gives the batch source (default: plain
+    extraction, :func:`~hookcli.extract.iter_batches`); ``identity_extra`` is
+    added to what must match to continue, ``extra_metadata`` to the metadata.
     ``on_start(n)`` is told how many inputs an earlier run already finished;
     ``on_batch(batch)`` sees every :class:`~hookcli.extract.Batch` (for
     progress and skipped inputs). Returns the writer (``index_path`` is where
@@ -320,8 +324,12 @@ def extract_to_folder(
         "model": loaded.name, "weights": loaded.weights, "layers": dict(layers), "capture": settings.capture,
         "preprocess": json.loads(preprocess.to_json()), "pool": settings.pool or "none", "dtype": settings.dtype,
         "on_error": settings.on_error, "shard_size": shard_size or "auto",
-        "inputs": len(paths), "inputs_sha256": inputs_digest(paths),
+        "inputs": len(paths), "inputs_sha256": inputs_digest(paths), **(identity_extra or {}),
     }
+    if batches is None:
+        def batches(start, capture_hooks):
+            return iter_batches(loaded, layers, paths, settings, start=start, capture_hooks=capture_hooks)
+
     writer = ShardWriter(folder, identity, len(paths), force=force)
     if on_start is not None:
         on_start(writer.start)
@@ -332,10 +340,11 @@ def extract_to_folder(
     shard: _ShardBuffer | None = None
     held: list = []  # failures seen before the first readable image fixes the shard size
     try:
-        for batch in iter_batches(loaded, layers, paths, settings, start=writer.start, capture_hooks=hooks):
+        for batch in batches(writer.start, hooks):
             if run_metadata is None and batch.features:
                 run_metadata = build_metadata(loaded, layers, settings, keys=list(batch.features),
-                                              calls=hooks[0].calls, omitted=sorted(hooks[0].omitted))
+                                              calls=hooks[0].calls, omitted=sorted(hooks[0].omitted),
+                                              extra=extra_metadata)
                 row_bytes = sum(v[0].numel() * v.element_size() for v in batch.features.values())
                 size = shard_size or max(1, min(MAX_AUTO_SHARD_ROWS, AUTO_SHARD_BYTES // max(1, row_bytes)))
                 writer.begin(run_metadata, size)
@@ -344,7 +353,7 @@ def extract_to_folder(
             if writer.shard_size is None:
                 held.extend(events)
             else:
-                shard = _feed(writer, shard, sorted(held + events), batch.features, paths, run_metadata)
+                shard = _feed(writer, shard, sorted(held + events), batch, paths, run_metadata)
                 held = []
             if on_batch is not None:
                 on_batch(batch)
@@ -365,25 +374,30 @@ class _ShardBuffer:
         self.tensors: dict = {}
         self.inputs: list[str] = []
         self.skipped: list[dict] = []
+        self.targets: list = []
 
-    def add_row(self, features: Mapping, row: int, path: str) -> None:
+    def add_row(self, batch, row: int, path: str) -> None:
         import torch
 
-        for key, value in features.items():
+        for key, value in batch.features.items():
             if key not in self.tensors:
                 self.tensors[key] = torch.empty((self.end - self.first, *value.shape[1:]), dtype=value.dtype)
             self.tensors[key][len(self.inputs)] = value[row]
         self.inputs.append(path)
+        if batch.targets:
+            self.targets.append(batch.targets[row])
 
     def submit(self, writer: ShardWriter, run_metadata: dict) -> None:
         tensors = {key: value[: len(self.inputs)] for key, value in self.tensors.items()}
         metadata = {**run_metadata, "inputs": json.dumps(self.inputs), "shard": str(self.number)}
         if self.skipped:
             metadata["skipped"] = json.dumps(self.skipped)
+        if self.targets:
+            metadata["targets"] = json.dumps(self.targets)
         writer.submit(self.number, tensors, metadata, self.inputs, self.skipped)
 
 
-def _feed(writer: ShardWriter, shard, events, features, paths, run_metadata):
+def _feed(writer: ShardWriter, shard, events, batch, paths, run_metadata):
     """Place rows and failures, in input order, into shards; submit each shard once its last input is placed."""
     for index, kind, item in events:
         if shard is None:
@@ -391,7 +405,7 @@ def _feed(writer: ShardWriter, shard, events, features, paths, run_metadata):
             shard = _ShardBuffer(number, *writer.shard_range(number))
         path = os.path.abspath(paths[index])
         if kind == "row":
-            shard.add_row(features, item, path)
+            shard.add_row(batch, item, path)
         else:
             shard.skipped.append({"input": path, "error": item})
         if index + 1 >= shard.end:

@@ -38,7 +38,7 @@ from hookcli.errors import FeatureFileError, OutputExistsError, UsageProblem
 
 __all__ = [
     "FORMAT_VERSION", "ArrayFeatures", "FeatureFile", "atomic_path", "check_writable", "format_bytes",
-    "write_safetensors",
+    "refuse_existing", "write_safetensors",
 ]
 
 FORMAT_VERSION = "1"
@@ -76,6 +76,15 @@ def atomic_path(target: str | os.PathLike, *, force: bool = False) -> Iterator[P
             _link_without_clobbering(temporary, path)
     finally:
         temporary.unlink(missing_ok=True)
+
+
+def refuse_existing(paths, *, force: bool) -> None:
+    """Raise naming the first of ``paths`` that exists (and how many more), unless ``force``."""
+    existing = [Path(p) for p in paths if Path(p).exists()]
+    if existing and not force:
+        more = f" and {len(existing) - 1} more" if len(existing) > 1 else ""
+        raise OutputExistsError(f"'{existing[0]}'{more} already exist{'s' if not more else ''}",
+                                hint="add --force to overwrite, or choose another folder with -o")
 
 
 def _make_durable(path: Path) -> None:
