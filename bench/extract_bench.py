@@ -11,7 +11,8 @@ start-up costs (imports, building the model) are left out of the ratios.
    torchvision's create_feature_extractor in that same loop.   goal >= 1.0x the loop
 2. early exit: vgg16_bn features.18 / last layer (goal <= 0.6) and
    resnet50 layer2 / last layer (goal <= 0.2), both through hookcli.
-3. peak RSS of whole `hookcli extract -o DIR/` processes on N and 4N images.   goal <= 1.2x
+3. peak RSS of whole `hookcli extract -o DIR/`, `grad -o DIR/` and `cam` processes on N and 4N images.
+   goal <= 1.2x
 """
 
 from __future__ import annotations
@@ -135,24 +136,38 @@ def early_exit(paths, batch_size, workers, rounds, folder: Path) -> None:
               f"   (goal <= {goal})")
 
 
-def memory(paths, folder: Path) -> None:
+def _peak_rss_mib(command: list[str], stdin_path: Path) -> float:
     probe = ("import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL); "
              "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
-    sizes = {}
+    with open(stdin_path) as stdin:
+        out = subprocess.run([sys.executable, "-c", probe, *command], stdin=stdin, capture_output=True, text=True,
+                             check=True)
+    return int(out.stdout) / 1024
+
+
+def memory(paths, folder: Path) -> None:
+    """Whole processes on N and 4N images: extract and grad into shard folders, cam into its folder."""
     count = len(paths) // 4
-    for n in (count, 4 * count):
-        listing = folder / f"list{n}.txt"
-        listing.write_text("".join(f"{p}\n" for p in paths[:n]))
-        command = [sys.executable, "-m", "hookcli", "extract", "-m", "resnet18", "-w", "none", "-l", "layer3",
-                   "--shard-size", "8", "-q", "-o", f"{folder / f'shards{n}'}/", "-"]
-        with open(listing) as stdin:
-            out = subprocess.run([sys.executable, "-c", probe, *command], stdin=stdin, capture_output=True,
-                                 text=True, check=True)
-        sizes[n] = int(out.stdout) / 1024
-    small, large = sizes.values()
-    print(f"3. peak RSS of hookcli extract -o DIR/ (resnet18 layer3, shards of 8 images):")
-    print(f"   {count:5d} images {small:7.1f} MiB, {4 * count:5d} images {large:7.1f} MiB: {large / small:4.2f}x"
-          "   (goal <= 1.2x)")
+    hookcli = [sys.executable, "-m", "hookcli"]
+    jobs = {
+        "extract -o DIR/ (resnet18 layer3, shards of 8)": lambda n: [
+            *hookcli, "extract", "-m", "resnet18", "-w", "none", "-l", "layer3", "--shard-size", "8", "-q",
+            "-o", f"{folder / f'extract{n}'}/", "-"],
+        "grad -o DIR/ (resnet18 layer4, shards of 8)": lambda n: [
+            *hookcli, "grad", "-m", "resnet18", "-w", "none", "-l", "layer4", "--shard-size", "8", "-q",
+            "-o", f"{folder / f'grad{n}'}/", "-"],
+        "cam (resnet18, Grad-CAM, a PNG per image)": lambda n: [
+            *hookcli, "cam", "-m", "resnet18", "-w", "none", "-q", "-o", str(folder / f"cam{n}"), "-"],
+    }
+    print("3. peak RSS of whole processes, N and 4N images (goal <= 1.2x):")
+    for name, command in jobs.items():
+        sizes = []
+        for n in (count, 4 * count):
+            listing = folder / f"list{n}.txt"
+            listing.write_text("".join(f"{p}\n" for p in paths[:n]))
+            sizes.append(_peak_rss_mib(command(n), listing))
+        print(f"   {name:48s} {count:4d} images {sizes[0]:6.0f} MiB, {4 * count:4d} images {sizes[1]:6.0f} MiB: "
+              f"{sizes[1] / sizes[0]:4.2f}x")
 
 
 def main() -> None:
