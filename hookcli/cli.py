@@ -16,7 +16,7 @@ from pathlib import Path
 import click
 
 from hookcli import __version__
-from hookcli.errors import HookcliError
+from hookcli.errors import HookcliError, first_line
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -54,7 +54,7 @@ class _HookcliGroup(click.Group):
         except Exception as err:
             if self.debug:
                 raise
-            text = (str(err).strip() or "no message").splitlines()[0]
+            text = first_line(err)
             _exit_with_error(f"{type(err).__name__}: {text.rstrip('.')}. Hint: rerun with --debug for the traceback", 1)
         sys.exit(result if isinstance(result, int) else 0)
 
@@ -266,6 +266,15 @@ def _run_options(function):
         click.option("--device", "-d", type=_Device(), default="auto", show_default=True,
                      help="auto, cpu, cuda, cuda:N, mps."),
         click.option("--batch-size", "-b", type=click.IntRange(min=1), default=16, show_default=True),
+        click.option("--precision", type=click.Choice(["fp32", "bf16", "fp16"]), default="fp32", show_default=True,
+                     help="Compute precision: bf16 (CPU or GPU) and fp16 (GPU) autocast trade accuracy for speed; "
+                     "what is stored is --dtype."),
+        click.option("--memory-format", type=click.Choice(["auto", "channels_last", "contiguous"]), default="auto",
+                     show_default=True, help="auto: channels-last for convolutional models on CPU and CUDA "
+                     "(faster, exact to fp32 rounding)."),
+        click.option("--compile", "compile_", is_flag=True,
+                     help="torch.compile the forward, cut after the last requested layer (falls back to eager, "
+                     "with a note, where hooks are needed)."),
         click.option("--workers", "-j", type=click.IntRange(min=0),
                      help="Processes decoding images while the model runs; 0 decodes in the main process. "
                      "[GPU: one per spare core up to 8; CPU: 0 up to 4 cores, then a quarter of them]"),
@@ -332,8 +341,12 @@ class _Job:
                 interpolation=options["interpolation"]),
             capture=options.get("capture", "output"), device=self.device, batch_size=options["batch_size"],
             workers=workers, pool=options.get("pool"), dtype=options.get("dtype", "float32"),
-            on_error=options["on_error"],
+            on_error=options["on_error"], precision=options["precision"], memory_format=options["memory_format"],
+            compile=options["compile_"],
         )
+        from hookcli.speed import check_precision
+
+        check_precision(self.settings.precision, self.device)
 
     def _check(self, output: str) -> None:
         from hookcli.shards import check_folder_target
@@ -401,6 +414,15 @@ class _Job:
         return None
 
 
+def _note(text: str) -> None:
+    click.echo(f"Note: {text}", err=True)
+
+
+def _no_compile_for_gradients(job: _Job) -> None:
+    if job.settings.compile:
+        _note("--compile: gradients need the eager graph with hooks; running eagerly")
+
+
 def _batch_reporter(advance):
     """on_batch callback: advance the progress bar, note each skipped input on stderr."""
 
@@ -455,7 +477,8 @@ def extract(ctx, **options) -> None:
     selected = job.resolve_layers(options["layer"])
 
     def batches(start, hooks):
-        return iter_batches(job.loaded, selected, job.paths, job.settings, start=start, capture_hooks=hooks)
+        return iter_batches(job.loaded, selected, job.paths, job.settings, start=start, capture_hooks=hooks,
+                            on_note=_note)
 
     grid_dir = options["grid_dir"]
     features = job.write_rows(selected, batches, keep=bool(grid_dir))
@@ -504,6 +527,7 @@ def grad(ctx, **options) -> None:
     from hookcli.gradients import iter_gradient_batches
 
     job = _Job(ctx, options, default_suffix=".grad")
+    _no_compile_for_gradients(job)
     target = _parse_target(job, options["target"])
     selected = job.resolve_layers(options["layer"])
 
@@ -555,6 +579,7 @@ def cam(ctx, **options) -> None:
     folder = Path(options["output"] or f"{options['model']}-cam")
     options["output"] = None  # rows go to folder/cams.safetensors, written below
     job = _Job(ctx, options)
+    _no_compile_for_gradients(job)
     target = _parse_target(job, options["target"])
     if options["layer"]:
         layer, channels_last = _single_layer(job, options["layer"]), job.loaded.name.startswith("swin")
@@ -785,7 +810,7 @@ def _render_grids(features, options, out_dir, *, force: bool, quiet: bool, echo:
             advance(1)
 
         write_grids(features, jobs, options, force=force, on_written=written,
-                    on_skip=lambda note: click.echo(f"Note: {note}", err=True))
+                    on_skip=_note)
 
 
 class _progress:

@@ -14,6 +14,12 @@ them into a single ``Error: …`` line; library users can catch them by type.
 from __future__ import annotations
 
 
+def first_line(err: BaseException) -> str:
+    """The first line of an exception's message, or its type name when it has none."""
+    lines = str(err).strip().splitlines()
+    return lines[0] if lines else type(err).__name__
+
+
 class HookcliError(Exception):
     """Base class: a message, an optional hint, and the exit code the CLI uses.
 

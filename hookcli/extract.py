@@ -18,14 +18,16 @@ torch.Size([1, 256, 14, 14])
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hookcli import speed
 from hookcli.capture import FeatureCapture
-from hookcli.errors import ImageError, MemoryLimitError, UsageProblem
+from hookcli.errors import ImageError, MemoryLimitError, UsageProblem, first_line
 from hookcli.images import load_rgb
 from hookcli.models import LoadedModel
 from hookcli.preprocess import Preprocess
@@ -33,7 +35,7 @@ from hookcli.store import FORMAT_VERSION, format_bytes
 
 __all__ = [
     "Batch", "Extraction", "RunSettings", "build_metadata", "collect_rows", "default_workers", "extract_features",
-    "image_loader", "iter_batches", "reported_failures",
+    "image_loader", "iter_batches", "prepared_model", "reported_failures", "resolved_memory_format",
 ]
 
 POOLS = ("avg", "max")
@@ -52,6 +54,9 @@ class RunSettings:
     pool: str | None = None
     dtype: str = "float32"
     on_error: str = "fail"
+    precision: str = "fp32"
+    memory_format: str = "auto"
+    compile: bool = False
 
     def __post_init__(self) -> None:
         if self.pool not in (None, *POOLS):
@@ -156,31 +161,107 @@ def iter_batches(
     *,
     start: int = 0,
     capture_hooks: list | None = None,
+    on_note: Callable[[str], None] | None = None,
 ) -> Iterator[Batch]:
     """Yield :class:`Batch` es for ``paths[start:]`` in input order.
 
     With ``on_error="fail"`` an unreadable image raises :class:`ImageError`;
     with ``"skip"`` it is reported in ``Batch.failures`` and left out.
     ``capture_hooks``, when given a list, receives the :class:`FeatureCapture`
-    (to read its ``calls`` and ``omitted`` afterwards).
+    (to read its ``calls`` and ``omitted`` afterwards). ``on_note(text)``
+    hears why ``compile`` fell back to the eager path, if it did.
     """
     import torch
 
     settings = settings or RunSettings()
-    device = torch.device(settings.device or "cpu")
-    loader = image_loader(paths, settings, (settings.preprocess or loaded.preprocess).to_transform(), start=start)
-    model = loaded.module.to(device)
     cast = getattr(torch, settings.dtype)
-    with FeatureCapture(model, layers, capture=settings.capture) as hooks, torch.inference_mode():
+    loader = image_loader(paths, settings, (settings.preprocess or loaded.preprocess).to_transform(), start=start)
+    compiled = None  # not tried yet; then the compiled function, or False for the eager path
+    with prepared_model(loaded, settings) as (model, to_device), contextlib.ExitStack() as hooked, \
+            torch.inference_mode():
+        hooks = FeatureCapture(model, layers, capture=settings.capture)
+        hooks_on = False
         if capture_hooks is not None:
             capture_hooks.append(hooks)
         for indices, batch, failures in loader:
             failures = reported_failures(failures, settings)
             features = {}
             if batch is not None:
-                captured = hooks.run(batch.to(device, non_blocking=True))
+                batch = to_device(batch)
+                with speed.compute_precision(settings.precision, batch.device):
+                    if settings.compile and compiled is None:
+                        compiled = _compile_or_explain(model, layers, hooks, batch, settings, on_note)
+                    captured = _run_compiled(compiled, batch, on_note) if compiled else None
+                    if captured is None:
+                        compiled = False  # eager from now on, with the hooks on
+                        if not hooks_on:
+                            hooked.enter_context(hooks)
+                            hooks_on = True
+                        captured = hooks.run(batch)
                 features = {key: _pooled(value, settings.pool).to(cast).to("cpu") for key, value in captured.items()}
             yield Batch(indices, features, failures)
+
+
+@contextlib.contextmanager
+def prepared_model(loaded: LoadedModel, settings: RunSettings):
+    """The model on its device in the chosen memory format, with threads budgeted; yields ``(model, to_device)``.
+
+    ``to_device(batch)`` moves a batch of images the same way (non-blocking,
+    channels-last when the model is). The model goes back to the default
+    memory format afterwards.
+    """
+    import torch
+
+    device = torch.device(settings.device or "cpu")
+    speed.check_precision(settings.precision, device)
+    memory_format = resolved_memory_format(loaded, settings)
+    model = speed.to_memory_format(loaded.module.to(device), memory_format)
+
+    def to_device(batch):
+        return speed.to_memory_format(batch.to(device, non_blocking=True), memory_format)
+
+    try:
+        with speed.thread_budget(device, settings.workers):
+            yield model, to_device
+    finally:
+        if memory_format == "channels_last":
+            model.to(memory_format=torch.contiguous_format)
+
+
+def resolved_memory_format(loaded: LoadedModel, settings: RunSettings) -> str:
+    """``channels_last`` or ``contiguous``, as the run uses it (``auto`` decided from the model and device)."""
+    import torch
+
+    return speed.choose_memory_format(loaded.module, torch.device(settings.device or "cpu"), settings.memory_format)
+
+
+def _compile_or_explain(model, layers, hooks, batch, settings, on_note):
+    """The compiled extractor, or False after a note saying why the eager path is used.
+
+    The hooks are on only for a one-image forward that learns how often each
+    layer runs; the compiled graph must not contain them.
+    """
+    with hooks:
+        hooks.run(batch[:1])
+    function, reason = speed.compiled_extractor(model, layers, hooks.calls, settings.capture)
+    if function is None:
+        _note(on_note, f"--compile: {reason}; running eagerly")
+        return False
+    return function
+
+
+def _run_compiled(compiled, batch, on_note):
+    """The compiled extractor's features, or None (after a note) when it fails and the eager path must take over."""
+    try:
+        return compiled(batch)
+    except Exception as err:  # compilation happens on first call; a missing compiler shows up here
+        _note(on_note, f"--compile failed ({type(err).__name__}: {first_line(err)[:120]}); running eagerly")
+        return None
+
+
+def _note(on_note, text: str) -> None:
+    if on_note is not None:
+        on_note(text)
 
 
 def _pooled(tensor, pool: str | None):
@@ -302,6 +383,8 @@ def build_metadata(
         "preprocess": (settings.preprocess or loaded.preprocess).to_json(),
         "pool": settings.pool or "none",
         "dtype": settings.dtype,
+        "precision": settings.precision,
+        "memory_format": resolved_memory_format(loaded, settings),
         "device": str(settings.device or "cpu"),
         "versions": json.dumps(_versions()),
     }

@@ -37,8 +37,9 @@ from dataclasses import dataclass
 
 from hookcli.capture import FeatureCapture, preserved_mode
 from hookcli.errors import CaptureError, UsageProblem
-from hookcli.extract import Batch, RunSettings, image_loader, reported_failures
+from hookcli.extract import Batch, RunSettings, image_loader, prepared_model, reported_failures
 from hookcli.models import LoadedModel
+from hookcli.speed import compute_precision
 
 __all__ = [
     "CAM_METHODS", "Target", "class_activation_maps", "default_cam_layer", "frozen_parameters", "iter_cam_batches",
@@ -132,18 +133,19 @@ def iter_gradient_batches(
     """
     import torch
 
-    device = torch.device(settings.device or "cpu")
     loader = image_loader(paths, settings, (settings.preprocess or loaded.preprocess).to_transform(), start=start)
-    model = loaded.module.to(device)
     cast = getattr(torch, settings.dtype)
-    with frozen_parameters(model), FeatureCapture(model, layers, gradients=True) as hooks:
+    with prepared_model(loaded, settings) as (model, to_device), frozen_parameters(model), \
+            FeatureCapture(model, layers, gradients=True) as hooks:
         if capture_hooks is not None:
             capture_hooks.append(hooks)
         for indices, batch, failures in loader:
             failures = reported_failures(failures, settings)
             features, targets = {}, None
             if batch is not None:
-                captured, classes, logits = hooks.run_gradients(batch.to(device, non_blocking=True), target.pick)
+                batch = to_device(batch)
+                with compute_precision(settings.precision, batch.device):
+                    captured, classes, logits = hooks.run_gradients(batch, target.pick)
                 features = {key: value.to(cast).to("cpu") for key, value in captured.items()}
                 targets = _describe_targets(classes, logits, loaded.categories)
             yield Batch(indices, features, failures, targets)

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from hookcli.errors import UnknownModelError, WeightsError
+from hookcli.errors import UnknownModelError, WeightsError, first_line
 from hookcli.preprocess import Preprocess
 
 __all__ = ["LoadedModel", "list_models", "load_model", "num_classes", "weights_cache_path", "weights_names"]
@@ -167,12 +167,12 @@ def _build_pretrained(name: str, weights):
     except Exception as err:  # download and unpickling failures come in many types
         if cached.exists():
             raise WeightsError(
-                f"cached weights file {cached} cannot be loaded ({_first_line(err)})",
+                f"cached weights file {cached} cannot be loaded ({first_line(err)})",
                 hint="delete it so it is downloaded again, or replace it with a good copy",
             ) from None
         raise WeightsError(
             f"cannot download pretrained weights {type(weights).__name__}.{weights.name} "
-            f"({_first_line(err)}); place {weights.url} at {cached}",
+            f"({first_line(err)}); place {weights.url} at {cached}",
             hint="or use --weights none for random weights",
         ) from None
 
@@ -211,7 +211,7 @@ def read_state_dict(path: Path) -> dict:
         else:
             state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:
-        message = _first_line(err)
+        message = first_line(err)
         hint = "save a plain state_dict (torch.save(model.state_dict(), path))"
         if isinstance(err, pickle.UnpicklingError) and "Weights only" in str(err):
             message = "it holds pickled objects other than tensors, which hookcli refuses to unpickle"
@@ -274,8 +274,3 @@ def _sha256(path: Path) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip() or type(err).__name__
-    return text.splitlines()[0]

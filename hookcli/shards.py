@@ -317,12 +317,13 @@ def extract_to_folder(
     progress and skipped inputs). Returns the writer (``index_path`` is where
     the index is).
     """
-    from hookcli.extract import build_metadata, iter_batches
+    from hookcli.extract import build_metadata, iter_batches, resolved_memory_format
 
     preprocess = settings.preprocess or loaded.preprocess
     identity = {
         "model": loaded.name, "weights": loaded.weights, "layers": dict(layers), "capture": settings.capture,
         "preprocess": json.loads(preprocess.to_json()), "pool": settings.pool or "none", "dtype": settings.dtype,
+        "precision": settings.precision, "memory_format": resolved_memory_format(loaded, settings),
         "on_error": settings.on_error, "shard_size": shard_size or "auto",
         "inputs": len(paths), "inputs_sha256": inputs_digest(paths), **(identity_extra or {}),
     }

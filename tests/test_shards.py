@@ -220,7 +220,8 @@ def test_worker_processes_give_the_same_rows(runner, tmp_path, many):
     os.remove(tmp_path / "single.safetensors")
     parallel, inputs = _single_file(runner, tmp_path, many, "-j", "2")
     assert inputs == [str(p) for p in many]
-    assert all(torch.equal(serial[k], parallel[k]) for k in serial)
+    for key in serial:  # the model gets one thread fewer next to a worker: other rounding, same values
+        torch.testing.assert_close(serial[key], parallel[key], rtol=1e-5, atol=1e-5)
 
 
 def test_a_single_file_too_big_for_memory_is_refused_before_allocating(runner, tmp_path, many, monkeypatch):

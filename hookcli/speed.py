@@ -1,0 +1,157 @@
+"""How a forward runs fast: memory format, compute precision, threads, compilation.
+
+- Channels-last memory format for convolutional models on the CPU and CUDA
+  (``memory_format="auto"``): exact to fp32 rounding, and faster there. The
+  stored tensors are still plain row-major (captures are copied contiguous).
+- ``precision="bf16"`` (CPU or GPU) or ``"fp16"`` (GPU): autocast compute,
+  a trade of precision for speed; what is stored is chosen separately.
+- Threads: when images decode in worker processes on the CPU, the model gets
+  the cores they leave.
+- ``compile``: the network is cut after the last requested layer (an FX graph,
+  torchvision's feature extractor), a copy is taken of each returned value
+  right where it is computed (so later in-place ops cannot change it), and
+  the graph goes through ``torch.compile``. Layers that run more than once,
+  container outputs and input captures need hooks, so they run eagerly.
+
+>>> choose_memory_format(torchvision.models.resnet18(), torch.device("cpu"), "auto")   # doctest: +SKIP
+'channels_last'
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator, Mapping
+
+from hookcli.errors import UsageProblem
+
+__all__ = [
+    "MEMORY_FORMATS", "PRECISIONS", "check_precision", "choose_memory_format", "compiled_extractor",
+    "compute_precision", "thread_budget",
+]
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+MEMORY_FORMATS = ("auto", "channels_last", "contiguous")
+_MIN_CONVOLUTIONS = 5  # a ViT's single patch-embedding convolution does not make it a convolutional model
+
+
+def check_precision(precision: str, device) -> None:
+    """Refuse compute precisions the device cannot run."""
+    import torch
+
+    if precision not in PRECISIONS:
+        raise UsageProblem(f"precision must be one of {', '.join(PRECISIONS)}, not '{precision}'")
+    if precision == "fp16" and device.type == "cpu":
+        raise UsageProblem("fp16 compute needs a GPU", hint="use --precision bf16 on the CPU (or fp32)")
+    if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise UsageProblem("this GPU cannot compute in bf16", hint="use --precision fp16 (or fp32)")
+
+
+@contextlib.contextmanager
+def compute_precision(precision: str, device) -> Iterator[None]:
+    """Autocast for ``bf16``/``fp16``; nothing for ``fp32``."""
+    import torch
+
+    if precision == "fp32":
+        yield
+        return
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    with torch.autocast(device_type=device.type, dtype=dtype):
+        yield
+
+
+def choose_memory_format(model, device, choice: str = "auto") -> str:
+    """``channels_last`` or ``contiguous``: ``auto`` picks channels-last for convolutional models on CPU and CUDA."""
+    import torch.nn as nn
+
+    if choice not in MEMORY_FORMATS:
+        raise UsageProblem(f"memory format must be one of {', '.join(MEMORY_FORMATS)}, not '{choice}'")
+    if choice != "auto":
+        return choice
+    convolutions = sum(isinstance(m, nn.Conv2d) for m in model.modules())
+    return "channels_last" if device.type in ("cpu", "cuda") and convolutions >= _MIN_CONVOLUTIONS else "contiguous"
+
+
+def to_memory_format(tensor_or_model, memory_format: str):
+    import torch
+
+    if memory_format == "channels_last":
+        return tensor_or_model.to(memory_format=torch.channels_last)
+    return tensor_or_model
+
+
+@contextlib.contextmanager
+def thread_budget(device, workers: int) -> Iterator[None]:
+    """On the CPU, leave the cores the decode workers use out of the model's threads."""
+    import torch
+
+    if device.type != "cpu" or not workers:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(1, min(before, (os.cpu_count() or 1) - workers)))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def compiled_extractor(model, layers: Mapping[str, str], calls: Mapping[str, int], capture: str):
+    """``(function, None)``: batch → ``{key: tensor}`` through a truncated, compiled graph; or ``(None, reason)``."""
+    import torch
+    from torchvision.models.feature_extraction import create_feature_extractor
+
+    if capture != "output":
+        return None, "input captures need hooks"
+    repeated = [path for path, count in calls.items() if count != 1]
+    if repeated:
+        return None, f"{repeated[0]} runs {calls[repeated[0]]} times per forward, which needs hooks"
+    try:
+        graph_module = create_feature_extractor(model, return_nodes=dict(layers))
+    except Exception as err:  # tracing fails on some models' Python control flow
+        return None, f"the model cannot be traced ({type(err).__name__})"
+    _copy_outputs_where_computed(graph_module)
+    compiled = torch.compile(graph_module, dynamic=False)
+
+    def run(batch):
+        with _quiet_compiler_logs():
+            outputs = compiled(batch)
+        if not all(isinstance(value, torch.Tensor) for value in outputs.values()):
+            raise _NotTensors("a requested layer returns a container")
+        return dict(outputs)
+
+    return run, None
+
+
+@contextlib.contextmanager
+def _quiet_compiler_logs() -> Iterator[None]:
+    """torch's C++ build step warns about a missing CUDA runtime on CPU-only machines; that is no news here."""
+    import logging
+
+    logger = logging.getLogger("torch.utils.cpp_extension")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+class _NotTensors(Exception):
+    """A returned node is a container: the compiled path does not flatten those."""
+
+
+def _copy_outputs_where_computed(graph_module) -> None:
+    """Insert ``clone`` right after each returned node, so in-place ops later in the graph leave the result alone."""
+    import torch
+
+    graph = graph_module.graph
+    output = next(node for node in graph.nodes if node.op == "output")
+    returned = output.args[0]
+    copies = {}
+    for key, node in returned.items():
+        with graph.inserting_after(node):
+            copies[key] = graph.call_method("clone", (node,), {"memory_format": torch.contiguous_format})
+    output.args = (copies,)
+    graph.lint()
+    graph_module.recompile()
