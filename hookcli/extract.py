@@ -177,8 +177,8 @@ def iter_batches(
     cast = getattr(torch, settings.dtype)
     loader = image_loader(paths, settings, (settings.preprocess or loaded.preprocess).to_transform(), start=start)
     compiled = None  # not tried yet; then the compiled function, or False for the eager path
-    with prepared_model(loaded, settings) as (model, to_device), contextlib.ExitStack() as hooked, \
-            torch.inference_mode():
+    # Grad mode is per thread: it must not stay switched while this generator is suspended at a yield.
+    with prepared_model(loaded, settings) as (model, to_device), contextlib.ExitStack() as hooked:
         hooks = FeatureCapture(model, layers, capture=settings.capture)
         hooks_on = False
         if capture_hooks is not None:
@@ -188,7 +188,7 @@ def iter_batches(
             features = {}
             if batch is not None:
                 batch = to_device(batch)
-                with speed.compute_precision(settings.precision, batch.device):
+                with torch.inference_mode(), speed.compute_precision(settings.precision, batch.device):
                     if settings.compile and compiled is None:
                         compiled = _compile_or_explain(model, layers, hooks, batch, settings, on_note)
                     captured = _run_compiled(compiled, batch, on_note) if compiled else None

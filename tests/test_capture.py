@@ -198,3 +198,15 @@ def test_a_non_batch_first_output_is_an_error():
     with pytest.raises(CaptureError, match=r"'1' has shape \[\], not batch-first for a batch of 2"):
         with FeatureCapture(model, ["1"]) as capture:
             capture.run(torch.ones(2, 3))
+
+
+def test_the_batch_pipeline_leaves_grad_mode_alone_between_batches(images):
+    from hookcli.extract import RunSettings, iter_batches
+    from hookcli.models import load_model
+
+    loaded = load_model("resnet18", "none")
+    batches = iter_batches(loaded, {"layer1": "layer1"}, images, RunSettings(batch_size=1))
+    next(batches)
+    assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
+    del batches  # an abandoned run must not leave anything switched either
+    assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
