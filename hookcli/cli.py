@@ -308,10 +308,11 @@ def _rows_output_options(function):
 class _Job:
     """What every model-running command prepares: inputs, model, settings; output checks done before the model loads."""
 
-    def __init__(self, ctx: click.Context, options: dict, *, default_suffix: str = "") -> None:
+    def __init__(self, ctx: click.Context, options: dict, *, kind: str = "", output: str | None = None,
+                 check_output: bool = True) -> None:
         if _given(ctx, "seed") and options["weights"].strip().lower() != "none":
             raise click.UsageError("--seed only applies to --weights none (pretrained and file weights are fixed)")
-        output = options.get("output")
+        output = output or options.get("output")
         self.to_stdout = output == "-"
         self.folder = bool(output) and not self.to_stdout and (output.endswith(("/", os.sep)) or Path(output).is_dir())
         if options.get("shard_size") and output and not self.folder:
@@ -322,8 +323,8 @@ class _Job:
 
         self.paths = gather_inputs(options["images"], recursive=options["recursive"])
         self.folder = self.folder or (not output and len(self.paths) > LARGE_INPUT)
-        self.options, self.output, self.default_suffix = options, output, default_suffix
-        if output and not self.to_stdout:
+        self.options, self.output, self.kind = options, output, kind
+        if output and not self.to_stdout and check_output:
             self._check(output)
 
         from hookcli.device import resolve_device
@@ -363,8 +364,7 @@ class _Job:
 
         selected = resolve_layers(self.loaded.module, selectors, model_name=self.loaded.name)
         if not self.output:
-            name = default_output_name(self.loaded.name, selected, folder=self.folder)
-            self.output = str(name) if self.folder else str(name.with_suffix(self.default_suffix + ".safetensors"))
+            self.output = str(default_output_name(self.loaded.name, selected, folder=self.folder, kind=self.kind))
             self._check(self.output)
         return selected
 
@@ -387,7 +387,7 @@ class _Job:
                     on_start=resumed, batches=batches, identity_extra=identity_extra, extra_metadata=extra_metadata)
                 click.echo(str(writer.index_path))
                 return None
-            from hookcli.extract import build_metadata, collect_rows
+            from hookcli.extract import collect_rows
 
             hooks: list = []
             run = collect_rows(batches(0, hooks), self.paths, hooks, _batch_reporter(advance))
@@ -526,7 +526,7 @@ def grad(ctx, **options) -> None:
     """
     from hookcli.gradients import iter_gradient_batches
 
-    job = _Job(ctx, options, default_suffix=".grad")
+    job = _Job(ctx, options, kind=".grad")
     _no_compile_for_gradients(job)
     target = _parse_target(job, options["target"])
     selected = job.resolve_layers(options["layer"])
@@ -577,8 +577,8 @@ def cam(ctx, **options) -> None:
 
     check_cmap(options["cmap"])
     folder = Path(options["output"] or f"{options['model']}-cam")
-    options["output"] = None  # rows go to folder/cams.safetensors, written below
-    job = _Job(ctx, options)
+    # The folder is created once everything is checked; existing files in it are refused below.
+    job = _Job(ctx, options, output=str(folder / "cams.safetensors"), check_output=False)
     _no_compile_for_gradients(job)
     target = _parse_target(job, options["target"])
     if options["layer"]:
@@ -586,12 +586,11 @@ def cam(ctx, **options) -> None:
     else:
         crop = job.settings.preprocess.crop
         layer, channels_last = default_cam_layer(job.loaded, torch.zeros(1, 3, crop, crop))
-    names = [_cam_png_name(i, p, k, target.count) for i, p in enumerate(job.paths) for k in range(target.count)]
     from hookcli.store import refuse_existing
 
+    names = [_cam_png_name(i, p, k, target.count) for i, p in enumerate(job.paths) for k in range(target.count)]
     refuse_existing([folder / "cams.safetensors", *(folder / n for n in names)], force=options["force"])
     folder.mkdir(parents=True, exist_ok=True)
-    job.to_stdout, job.folder, job.output = False, False, str(folder / "cams.safetensors")
     method = options["method"]
     overlays = _CamOverlays(job, folder, target, method, layer, options)
 

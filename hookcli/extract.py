@@ -412,9 +412,9 @@ def _versions() -> dict[str, str]:
     return found
 
 
-def default_output_name(model_name: str, layers: Mapping[str, str], *, folder: bool = False) -> Path:
-    """``<model>-<key>`` for one layer, ``<model>-<n>layers`` for more; ``.safetensors`` unless a folder."""
+def default_output_name(model_name: str, layers: Mapping[str, str], *, folder: bool = False, kind: str = "") -> Path:
+    """``<model>-<key>`` for one layer, ``<model>-<n>layers`` for more; then ``<kind>.safetensors`` unless a folder."""
     keys = list(layers.values())
     label = keys[0] if len(keys) == 1 else f"{len(keys)}layers"
     name = f"{model_name}-{label.replace(os.sep, '_')}"
-    return Path(name) if folder else Path(f"{name}.safetensors")
+    return Path(name) if folder else Path(f"{name}{kind}.safetensors")
