@@ -119,13 +119,15 @@ class _Device(click.ParamType):
         return str(value).strip().lower()
 
 
-def _model_options(function):
-    """--model, --weights and --seed, shared by every command that builds a model."""
+def _model_options(function=None, *, weights: str = "DEFAULT"):
+    """--model, --weights (default ``weights``) and --seed, shared by every command that builds a model."""
+    if function is None:
+        return lambda f: _model_options(f, weights=weights)
     function = click.option(
         "--seed", type=int, default=0, show_default=True, help="Random seed for --weights none."
     )(function)
     function = click.option(
-        "--weights", "-w", default="DEFAULT", show_default=True, metavar="WEIGHTS",
+        "--weights", "-w", default=weights, show_default=True, metavar="WEIGHTS",
         help="DEFAULT, a torchvision weights name (IMAGENET1K_V1), none (random init) or a "
         ".pth/.pt/.safetensors state dict.",
     )(function)
@@ -188,7 +190,7 @@ def models(as_json: bool) -> None:
 
 
 @main.command(context_settings=CONTEXT_SETTINGS)
-@_model_options
+@_model_options(weights="none")
 @click.option("--input-size", type=click.IntRange(min=1), help="Side of the square dummy input [weights' crop size].")
 @click.option("--depth", type=click.IntRange(min=1), help="Only paths with at most this many components.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON array.")
@@ -198,7 +200,7 @@ def layers(model, weights, seed, input_size, depth, as_json, as_nl) -> None:
 
     Shapes come from one forward of a zero image (batch 1). Layers the model
     never calls in eval mode come last, with calls 0. Weights do not change the
-    layout, so any --weights works; pretrained ones must be cached.
+    layout, so random ones (the default here) describe it without a download.
 
     \b
       hookcli layers --model resnet50 --depth 2
