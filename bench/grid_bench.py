@@ -13,7 +13,6 @@ Run from the repository root:  python bench/grid_bench.py  [--gigabytes 2] [--re
 from __future__ import annotations
 
 import argparse
-import resource
 import subprocess
 import sys
 import tempfile

@@ -25,6 +25,7 @@ _PUBLIC = {
     "gather_inputs": "hookcli.images",
     "load_model": "hookcli.models",
     "load_rgb": "hookcli.images",
+    "open_features": "hookcli.shards",
     "resolve_layers": "hookcli.layers",
     "write_safetensors": "hookcli.store",
 }

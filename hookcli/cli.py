@@ -696,7 +696,7 @@ def info(file, as_json, no_stats) -> None:
         table.append(row)
     widths = [max(len(r[i]) for r in table) for i in range(len(header))]
     for r in table:
-        click.echo("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip())
+        click.echo("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))).rstrip())
     if described["metadata"]:
         click.echo("metadata:")
         for line in _pretty_metadata(described["metadata"]):

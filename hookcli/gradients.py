@@ -154,7 +154,7 @@ def iter_gradient_batches(
 def _describe_targets(classes, logits, categories) -> list[list[dict]]:
     probabilities = logits.float().softmax(dim=1)
     rows = []
-    for row_classes, row_logits, row_probabilities in zip(classes.tolist(), logits.float(), probabilities):
+    for row_classes, row_logits, row_probabilities in zip(classes.tolist(), logits.float(), probabilities, strict=True):
         rows.append([{"class": c, "name": categories[c] if categories and c < len(categories) else None,
                       "logit": float(row_logits[c]), "probability": float(row_probabilities[c])}
                      for c in row_classes])

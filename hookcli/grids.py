@@ -137,7 +137,8 @@ def _select_rows(wanted: Sequence[str], names: list[str], rows: int) -> list[int
             if not -rows <= index < rows:
                 raise UsageProblem(
                     f"image index {index} is out of range: the file has {rows} image{'s' if rows != 1 else ''}",
-                    hint=f"use 0 to {rows - 1}, or an input file name" if rows else "the file has no rows",
+                    hint=("the file has no rows" if not rows else "use 0, or the input's file name" if rows == 1
+                          else f"use 0 to {rows - 1}, or an input file name"),
                 )
             found = [index % rows]
         else:

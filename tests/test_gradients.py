@@ -28,7 +28,8 @@ def _seeded(name):
     return model
 
 
-def _ours(model, layers, x, target=Target(top=1)):
+def _ours(model, layers, x, target=None):
+    target = target or Target(top=1)
     with frozen_parameters(model), FeatureCapture(model, layers, gradients=True) as capture:
         return capture.run_gradients(x, target.pick)
 
