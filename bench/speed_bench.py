@@ -8,6 +8,11 @@ of each is kept. The hand-written loop is what a user would write: Pillow
 decode -> the weights' transforms -> model(x) under inference_mode -> save.
 Goals: hookcli default >= 1.2x the loop's throughput; --precision bf16 >= 3x,
 with the relative error of its stored features (against the loop's fp32) shown.
+
+Then, in-process after a warm-up: hookcli's pipeline (decode, transfer, forward,
+copy back) in images/s divided by the pure forward on batches decoded
+beforehand and already on the device, per precision. Goal on a GPU: >= 0.9.
+With --device cuda the loop and hookcli run on the GPU too.
 """
 
 from __future__ import annotations
@@ -29,16 +34,16 @@ LOOP = '''
 import sys, torch, torchvision
 from PIL import Image
 from safetensors.torch import save_file
-name, layer, out, batch_size, *paths = sys.argv[1:]
+name, layer, out, batch_size, device, *paths = sys.argv[1:]
 batch_size = int(batch_size)
 torch.manual_seed(0)
-model = torchvision.models.get_model(name, weights=None).eval()
+model = torchvision.models.get_model(name, weights=None).eval().to(device)
 transform = torchvision.models.get_model_weights(name).DEFAULT.transforms()
 outputs = []
 with torch.inference_mode():
     for start in range(0, len(paths), batch_size):
         batch = torch.stack([transform(Image.open(p).convert("RGB")) for p in paths[start:start + batch_size]])
-        outputs.append(model(batch))
+        outputs.append(model(batch.to(device)).cpu())
 save_file({layer: torch.cat(outputs)}, out)
 '''
 
@@ -56,6 +61,7 @@ def main() -> None:
     parser.add_argument("--layer", default="fc", help="the last layer, so both compute the whole network")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
     args = parser.parse_args()
     import torch
     from safetensors.torch import load_file
@@ -68,10 +74,10 @@ def main() -> None:
         script = folder / "loop.py"
         script.write_text(LOOP)
         hookcli = [sys.executable, "-m", "hookcli", "extract", "-m", args.model, "-w", "none", "-l", args.layer,
-                   "-b", str(args.batch_size), "-q", "-f"]
+                   "-b", str(args.batch_size), "-q", "-f", "--device", args.device]
         contenders = {
             "hand-written loop": [sys.executable, str(script), args.model, args.layer, str(folder / "loop.safetensors"),
-                                  str(args.batch_size), *paths],
+                                  str(args.batch_size), args.device, *paths],
             "hookcli (default: channels-last)": [*hookcli, "-o", str(folder / "default.safetensors"), str(folder)],
             "hookcli --precision bf16": [*hookcli, "--precision", "bf16", "-o", str(folder / "bf16.safetensors"),
                                          str(folder)],
@@ -90,13 +96,61 @@ def main() -> None:
         errors = {"hookcli (default: channels-last)": error("default.safetensors"),
                   "hookcli --precision bf16": error("bf16.safetensors")}
         goals = {"hookcli (default: channels-last)": ">= 1.2x", "hookcli --precision bf16": ">= 3x"}
+        efficiency = pipeline_efficiency(paths, args)
     loop = best["hand-written loop"]
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, CPU only")
+    device = torch.cuda.get_device_name() if args.device.startswith("cuda") else "CPU only"
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, {device}")
     print(f"{args.model} {args.layer}, {args.images} JPEGs 500x375, batch {args.batch_size}, whole processes, "
           f"best of {args.rounds} shuffled rounds:")
     for label, seconds in best.items():
         extra = f"  rel. error {errors[label]}  (goal {goals[label]})" if label in errors else ""
         print(f"  {label:34s} {seconds:6.1f} s  {args.images / seconds:6.1f} img/s  {loop / seconds:5.2f}x{extra}")
+    print("in-process, after a warm-up: hookcli pipeline / pure forward on pre-decoded batches on the device:")
+    for precision, (ours, pure) in efficiency.items():
+        print(f"  {precision:5s} hookcli {ours:6.1f} img/s, pure forward {pure:6.1f} img/s: {ours / pure:4.2f}"
+              "   (goal on a GPU >= 0.9)")
+
+
+def pipeline_efficiency(paths: list[str], args) -> dict[str, tuple[float, float]]:
+    """Per precision: (hookcli pipeline img/s, model forward alone img/s), both after a warm-up."""
+    import torch
+
+    from hookcli.extract import RunSettings, default_workers, extract_features
+    from hookcli.images import load_rgb
+    from hookcli.models import load_model
+    from hookcli.speed import choose_memory_format, compute_precision, to_memory_format
+
+    device = torch.device(args.device)
+    loaded = load_model(args.model, "none")
+    transform = loaded.preprocess.to_transform()
+    batches = [torch.stack([transform(load_rgb(p)) for p in paths[i:i + args.batch_size]])
+               for i in range(0, len(paths), args.batch_size)]
+    memory_format = choose_memory_format(loaded.module, device)
+    results = {}
+    for precision in ("fp32", "bf16"):
+        settings = RunSettings(batch_size=args.batch_size, device=device, precision=precision,
+                               workers=default_workers(device, len(paths), args.batch_size))
+        layers = {args.layer: args.layer}
+        extract_features(loaded, layers, paths[: args.batch_size * 2], settings)  # warm-up
+        start = time.perf_counter()
+        extract_features(loaded, layers, paths, settings)
+        ours = len(paths) / (time.perf_counter() - start)
+        model = to_memory_format(loaded.module.to(device), memory_format)
+        on_device = [to_memory_format(b.to(device), memory_format) for b in batches]
+
+        def forward_all():
+            with torch.inference_mode(), compute_precision(precision, device):
+                for batch in on_device:
+                    model(batch)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+
+        forward_all()
+        start = time.perf_counter()
+        forward_all()
+        results[precision] = (ours, len(paths) / (time.perf_counter() - start))
+        model.to(memory_format=torch.contiguous_format)
+    return results
 
 
 if __name__ == "__main__":
