@@ -111,6 +111,18 @@ def main() -> None:
               "   (goal on a GPU >= 0.9)")
 
 
+def _forward_all(model, batches, precision: str, device) -> None:
+    import torch
+
+    from hookcli.speed import compute_precision
+
+    with torch.inference_mode(), compute_precision(precision, device):
+        for batch in batches:
+            model(batch)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
 def pipeline_efficiency(paths: list[str], args) -> dict[str, tuple[float, float]]:
     """Per precision: (hookcli pipeline img/s, model forward alone img/s), both after a warm-up."""
     import torch
@@ -118,7 +130,7 @@ def pipeline_efficiency(paths: list[str], args) -> dict[str, tuple[float, float]
     from hookcli.extract import RunSettings, default_workers, extract_features
     from hookcli.images import load_rgb
     from hookcli.models import load_model
-    from hookcli.speed import choose_memory_format, compute_precision, to_memory_format
+    from hookcli.speed import choose_memory_format, to_memory_format
 
     device = torch.device(args.device)
     loaded = load_model(args.model, "none")
@@ -137,17 +149,9 @@ def pipeline_efficiency(paths: list[str], args) -> dict[str, tuple[float, float]
         ours = len(paths) / (time.perf_counter() - start)
         model = to_memory_format(loaded.module.to(device), memory_format)
         on_device = [to_memory_format(b.to(device), memory_format) for b in batches]
-
-        def forward_all():
-            with torch.inference_mode(), compute_precision(precision, device):
-                for batch in on_device:
-                    model(batch)
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-
-        forward_all()
+        _forward_all(model, on_device, precision, device)  # warm-up
         start = time.perf_counter()
-        forward_all()
+        _forward_all(model, on_device, precision, device)
         results[precision] = (ours, len(paths) / (time.perf_counter() - start))
         model.to(memory_format=torch.contiguous_format)
     return results
