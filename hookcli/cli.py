@@ -267,7 +267,8 @@ def _run_options(function):
     for decorator in reversed([
         click.option("--device", "-d", type=_Device(), default="auto", show_default=True,
                      help="auto, cpu, cuda, cuda:N, mps."),
-        click.option("--batch-size", "-b", type=click.IntRange(min=1), default=16, show_default=True),
+        click.option("--batch-size", "-b", type=click.IntRange(min=1), default=16, show_default=True,
+                     help="Images per forward."),
         click.option("--precision", type=click.Choice(["fp32", "bf16", "fp16"]), default="fp32", show_default=True,
                      help="Compute precision: bf16 (CPU or GPU) and fp16 (GPU) autocast trade accuracy for speed; "
                      "what is stored is --dtype."),
