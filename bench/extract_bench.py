@@ -45,18 +45,22 @@ def make_images(folder: Path, count: int) -> list[Path]:
     return paths
 
 
+DEVICE = "cpu"  # set from --device
+
+
 def hand_loop(model, transform, paths, batch_size, out: Path, layer=None) -> None:
     """What a user writes by hand: decode, transform, forward, keep, save."""
     import torch
     from PIL import Image
     from safetensors.torch import save_file
 
+    model = model.to(DEVICE)
     outputs = []
     with torch.inference_mode():
         for start in range(0, len(paths), batch_size):
             batch = torch.stack([transform(Image.open(p).convert("RGB")) for p in paths[start:start + batch_size]])
-            result = model(batch)
-            outputs.append(result[layer] if layer else result)
+            result = model(batch.to(DEVICE))
+            outputs.append((result[layer] if layer else result).cpu())
     save_file({"out": torch.cat(outputs).contiguous()}, str(out))
 
 
@@ -64,7 +68,7 @@ def hookcli_run(loaded, layer, paths, batch_size, workers, out: Path) -> None:
     from hookcli.extract import RunSettings, build_metadata, extract_features
     from hookcli.store import write_safetensors
 
-    settings = RunSettings(batch_size=batch_size, workers=workers)
+    settings = RunSettings(batch_size=batch_size, workers=workers, device=DEVICE)
     run = extract_features(loaded, {layer: layer}, paths, settings)
     metadata = build_metadata(loaded, {layer: layer}, settings, keys=list(run.tensors), calls=run.calls,
                               inputs=run.inputs)
@@ -177,11 +181,16 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=max(1, min(8, (os.cpu_count() or 2) - 1)))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--only", choices=["throughput", "early-exit", "memory"])
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (the memory part always runs on the CPU)")
     args = parser.parse_args()
     import torch
 
+    global DEVICE
+    DEVICE = args.device
+
+    where = torch.cuda.get_device_name() if DEVICE.startswith("cuda") else "CPU only"
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} intra-op threads, CPU only")
+          f"{torch.get_num_threads()} intra-op threads, {where}")
     with tempfile.TemporaryDirectory(prefix="hookcli-bench-") as name:
         folder = Path(name)
         paths = make_images(folder, args.images)
