@@ -37,8 +37,8 @@ from hookcli.errors import FeatureFileError, OutputExistsError, UsageProblem
 from hookcli.store import FeatureFile, write_safetensors
 
 __all__ = [
-    "INDEX_NAME", "ShardWriter", "ShardedFeatures", "check_folder_target", "extract_to_folder", "inputs_digest",
-    "open_features", "read_index",
+    "INDEX_NAME", "ShardWriter", "ShardedFeatures", "check_folder_target", "extract_to_folder", "finished_shards",
+    "inputs_digest", "open_features", "read_index",
 ]
 
 INDEX_NAME = "index.jsonl"
@@ -77,6 +77,20 @@ def read_index(folder: str | os.PathLike) -> tuple[dict | None, list[dict]]:
     return entries[0], entries[1:]
 
 
+def finished_shards(folder: str | os.PathLike, shards: list[dict]) -> list[dict]:
+    """The index lines that count: shards 0, 1, 2, … in order with their files on disk, up to the first gap.
+
+    Lines after a gap (a shard file deleted by hand, say) describe work that
+    will be done again, so readers ignore them and a resumed run drops them.
+    """
+    finished = []
+    for expected, entry in enumerate(shards):
+        if entry.get("shard") != expected or not (Path(folder) / entry["file"]).exists():
+            break
+        finished.append(entry)
+    return finished
+
+
 class ShardWriter:
     """Writes shards of a run into ``folder`` on a background thread and keeps the index.
 
@@ -108,7 +122,9 @@ class ShardWriter:
         self._clear_partial_files()
         self.header = header
         self.shard_size: int | None = header["shard_size"] if header else None
-        self.finished = self._contiguous(shards)
+        self.finished = finished_shards(self.folder, shards)
+        if header is not None and len(self.finished) < len(shards):
+            self._rewrite_index()
         self.start = min(total, len(self.finished) * self.shard_size) if self.shard_size else 0
         self._queue: queue.Queue = queue.Queue(maxsize=1)
         self._failure: BaseException | None = None
@@ -118,13 +134,12 @@ class ShardWriter:
     def index_path(self) -> Path:
         return self.folder / INDEX_NAME
 
-    def _contiguous(self, shards: list[dict]) -> list[dict]:
-        finished = []
-        for expected, entry in enumerate(shards):
-            if entry.get("shard") != expected or not (self.folder / entry["file"]).exists():
-                break
-            finished.append(entry)
-        return finished
+    def _rewrite_index(self) -> None:
+        """Keep only the header and the finished shards' lines, so new lines never follow stale ones."""
+        from hookcli.store import atomic_path
+
+        with atomic_path(self.index_path, force=True) as temporary:
+            temporary.write_text("".join(json.dumps(line) + "\n" for line in [self.header, *self.finished]))
 
     def _remove_old_run(self) -> None:
         for child in self.folder.iterdir():
@@ -144,10 +159,7 @@ class ShardWriter:
                 "hookcli_index": INDEX_VERSION, "identity": self.identity, "shard_size": shard_size,
                 "inputs": self.total, "shard_name": SHARD_NAME, "metadata": dict(metadata),
             }
-            from hookcli.store import atomic_path
-
-            with atomic_path(self.index_path, force=True) as temporary:
-                temporary.write_text(json.dumps(self.header) + "\n")
+            self._rewrite_index()
         self._thread = threading.Thread(target=self._write_loop, name="hookcli-shard-writer", daemon=True)
         self._thread.start()
 
@@ -215,6 +227,7 @@ class ShardedFeatures:
         if header is None:
             raise FeatureFileError(f"no {INDEX_NAME} in folder '{source}'",
                                    hint="give a folder written by hookcli extract -o DIR/")
+        shards = finished_shards(self.folder, shards)
         if not shards:
             raise FeatureFileError(f"'{source}' holds no finished shard yet",
                                    hint="run the extraction (again) to write some")

@@ -237,3 +237,21 @@ def test_a_single_file_too_big_for_memory_is_refused_before_allocating(runner, t
         "--dtype to store less\n")
     assert not out.exists()
     assert runner.invoke(main, [*ARGS, "-o", f"{tmp_path / 'shards'}/", *map(str, many)]).exit_code == 0
+
+
+def test_a_gap_in_the_shards_is_recomputed_and_stale_index_lines_dropped(runner, tmp_path, many):
+    folder = tmp_path / "feats"
+    args = [*ARGS, "--shard-size", "2", "-o", f"{folder}/", *map(str, many)]
+    assert runner.invoke(main, args).exit_code == 0
+    before = read_index(folder)[1]
+    (folder / "features-00001.safetensors").unlink()  # shards 2 and 3 are still listed after the gap
+    with ShardedFeatures(folder) as features:
+        assert features.shape("fc")[0] == 2  # only shard 0 counts
+    result = runner.invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert result.stderr == f"Continuing: 2 of 7 inputs are already in {folder}/\n"
+    header, after = read_index(folder)
+    assert [s["shard"] for s in after] == [0, 1, 2, 3]  # no line twice
+    assert after[0] == before[0] and [s["inputs"] for s in after] == [s["inputs"] for s in before]
+    with ShardedFeatures(folder) as features:
+        assert json.loads(features.metadata["inputs"]) == [str(p) for p in many]
