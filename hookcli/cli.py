@@ -578,19 +578,20 @@ def cam(ctx, **options) -> None:
     from hookcli.gradients import default_cam_layer, iter_cam_batches
     from hookcli.render import check_cmap
 
+    from hookcli.store import refuse_existing
+
     check_cmap(options["cmap"])
     folder = Path(options["output"] or f"{options['model']}-cam")
-    # The folder is created once everything is checked; existing files in it are refused below.
+    refuse_existing([folder / "cams.safetensors"], force=options["force"])  # before the model loads
+    # The folder is created once everything is checked; PNGs already in it are refused below.
     job = _Job(ctx, options, output=str(folder / "cams.safetensors"), check_output=False)
     _no_compile_for_gradients(job)
     target = _parse_target(job, options["target"])
     if options["layer"]:
-        layer, channels_last = _single_layer(job, options["layer"]), job.loaded.name.startswith("swin")
+        layer = _single_layer(job, options["layer"])
     else:
         crop = job.settings.preprocess.crop
-        layer, channels_last = default_cam_layer(job.loaded, torch.zeros(1, 3, crop, crop))
-    from hookcli.store import refuse_existing
-
+        layer = default_cam_layer(job.loaded, torch.zeros(1, 3, crop, crop))
     names = [_cam_png_name(i, p, k, target.count) for i, p in enumerate(job.paths) for k in range(target.count)]
     refuse_existing([folder / "cams.safetensors", *(folder / n for n in names)], force=options["force"])
     folder.mkdir(parents=True, exist_ok=True)
@@ -598,14 +599,13 @@ def cam(ctx, **options) -> None:
     overlays = _CamOverlays(job, folder, target, method, layer, options)
 
     def batches(start, hooks):
-        for batch in iter_cam_batches(job.loaded, layer, job.paths, job.settings, target, method,
-                                      channels_last=channels_last, start=start, capture_hooks=hooks):
+        for batch in iter_cam_batches(job.loaded, layer, job.paths, job.settings, target, method, start=start,
+                                      capture_hooks=hooks):
             overlays.draw(batch)
             yield batch
 
-    job.write_rows({layer: "cam"}, batches, extra_metadata={
-        "target": target.describe(), "method": method, "cam_layer": layer, "cam_layout": "channels_last"
-        if channels_last else "channels_first"})
+    job.write_rows({layer: "cam"}, batches,
+                   extra_metadata={"target": target.describe(), "method": method, "cam_layer": layer})
     for path in overlays.written:
         click.echo(str(path))
 

@@ -161,11 +161,16 @@ def _describe_targets(classes, logits, categories) -> list[list[dict]]:
     return rows
 
 
-def spatial_maps(tensor, *, channels_last: bool = False):
-    """A batch of layer outputs as ``[N, C, H, W]``: tokens ``[N, T, D]`` fold into a square (a leading class
-    token dropped when T-1 is square), ``channels_last`` ``[N, H, W, C]`` is permuted."""
+def spatial_maps(tensor):
+    """A batch of layer outputs as ``[N, C, H, W]``.
+
+    Crops are square, so a 4-D output is channels-first when its last two
+    axes are equal and channels-last ([N, H, W, C], as inside Swin) when its
+    middle two are; tokens ``[N, T, D]`` fold into a square (a leading class
+    token dropped when T-1 is square).
+    """
     if tensor.dim() == 4:
-        return tensor.permute(0, 3, 1, 2) if channels_last else tensor
+        return tensor.permute(0, 3, 1, 2) if _channels_last(tensor.shape) else tensor
     if tensor.dim() == 3:
         tokens = tensor.shape[1]
         for skip in (0, 1):
@@ -175,6 +180,10 @@ def spatial_maps(tensor, *, channels_last: bool = False):
                 return grid.transpose(1, 2).reshape(len(tensor), tensor.shape[2], side, side)
     raise CaptureError(f"a layer output of shape {list(tensor.shape)} has no spatial layout for a map",
                        hint="pick a convolutional layer ([N, C, H, W]) or a ViT block (square token grid)")
+
+
+def _channels_last(shape) -> bool:
+    return shape[2] != shape[3] and shape[1] == shape[2]
 
 
 def class_activation_maps(activations, gradients, method: str = "gradcam"):
@@ -200,30 +209,29 @@ def class_activation_maps(activations, gradients, method: str = "gradcam"):
     raise UsageProblem(f"unknown CAM method '{method}'", hint=f"use one of {', '.join(CAM_METHODS)}")
 
 
-def default_cam_layer(loaded: LoadedModel, example) -> tuple[str, bool]:
-    """The layer a CAM is usually taken at, and whether its output is channels-last.
+def default_cam_layer(loaded: LoadedModel, example) -> str:
+    """The layer a CAM is usually taken at.
 
     ViTs: the last encoder block's first LayerNorm (the class token has not yet
-    mixed every patch away); Swin: ``features`` ([N, H, W, C]); otherwise the
-    last layer to finish whose output is still a spatial map [N, C, H, W]
-    with H·W > 1, global pooling heads aside: the last convolutional stage
-    (``layer4``, ``features``, …).
+    mixed every patch away); otherwise the last layer to finish whose output
+    is still a spatial map with more than one position, global pooling heads
+    aside: the last convolutional stage (``layer4``, ``features``, Swin's
+    ``permute`` after its final norm, …).
     """
     import torch
 
     name, model = loaded.name, loaded.module
     if name.startswith("vit_"):
         blocks = [path for path, _ in model.named_modules() if re.fullmatch(r"encoder\.layers\.encoder_layer_\d+", path)]
-        return f"{blocks[-1]}.ln_1", False
-    if name.startswith("swin"):
-        return "features", True
+        return f"{blocks[-1]}.ln_1"
     finished: list[str] = []
 
     def note(path, module, inputs, output):
         pooling_head = isinstance(module, torch.nn.AdaptiveAvgPool2d | torch.nn.AdaptiveMaxPool2d)
-        if isinstance(output, torch.Tensor) and output.dim() == 4 and output.shape[2] * output.shape[3] > 1 \
-                and not pooling_head:
-            finished.append(path)
+        if isinstance(output, torch.Tensor) and output.dim() == 4 and not pooling_head:
+            height, width = spatial_maps(output).shape[2:]
+            if height * width > 1:
+                finished.append(path)
 
     with contextlib.ExitStack() as stack, preserved_mode(model), torch.inference_mode():
         for path, module in model.named_modules():
@@ -233,7 +241,7 @@ def default_cam_layer(loaded: LoadedModel, example) -> tuple[str, bool]:
     if not finished:
         raise UsageProblem(f"{name} has no layer with a spatial output to take a CAM at",
                            hint="pass --layer (see 'hookcli layers')")
-    return finished[-1], False
+    return finished[-1]
 
 
 def iter_cam_batches(
@@ -244,7 +252,6 @@ def iter_cam_batches(
     target: Target,
     method: str = "gradcam",
     *,
-    channels_last: bool = False,
     start: int = 0,
     capture_hooks: list | None = None,
 ) -> Iterator[Batch]:
@@ -256,9 +263,9 @@ def iter_cam_batches(
                                        capture_hooks=capture_hooks):
         maps = {}
         if batch.features:
-            activations = spatial_maps(batch.features["act"], channels_last=channels_last)
+            activations = spatial_maps(batch.features["act"])
             for k in range(target.count):
                 gradient = batch.features["act@grad" if target.count == 1 else f"act@grad#{k}"]
-                cam = class_activation_maps(activations, spatial_maps(gradient, channels_last=channels_last), method)
+                cam = class_activation_maps(activations, spatial_maps(gradient), method)
                 maps["cam" if target.count == 1 else f"cam#{k}"] = cam
         yield Batch(batch.indices, maps, batch.failures, batch.targets)

@@ -276,3 +276,26 @@ def test_gradient_command_errors(runner, images, tmp_path):
         result = runner.invoke(main, args)
         assert (result.exit_code, result.stderr) == (code, message + "\n")
     assert not any(tmp_path.iterdir()) or sorted(p.name for p in tmp_path.iterdir()) == ["imgs"]
+
+
+def test_spatial_maps_reads_the_layout_from_the_shape():
+    from hookcli.gradients import spatial_maps
+
+    first = torch.arange(2 * 5 * 3 * 3.0).reshape(2, 5, 3, 3)
+    assert spatial_maps(first) is first
+    assert torch.equal(spatial_maps(first.permute(0, 2, 3, 1)), first)  # [N, H, W, C] back to [N, C, H, W]
+    tokens = torch.arange(2 * 10 * 4.0).reshape(2, 10, 4)  # class token + 3x3 patches
+    assert torch.equal(spatial_maps(tokens)[1, 2], tokens[1, 1:, 2].reshape(3, 3))
+
+
+def test_cam_on_swin_takes_channels_last_layers_as_they_come(runner, images, tmp_path):
+    result = runner.invoke(main, ["cam", "-m", "swin_t", "-w", "none", "-o", str(tmp_path / "default"),
+                                  str(images[0])])
+    assert result.exit_code == 0, result.output
+    cams, metadata = _read(tmp_path / "default" / "cams.safetensors")
+    assert metadata["cam_layer"] == "permute" and cams["cam"].shape == (1, 7, 7)
+    for layer, side in (("features.0.0", 56), ("features.0", 56), ("norm", 7)):  # NCHW, then NHWC, NHWC
+        result = runner.invoke(main, ["cam", "-m", "swin_t", "-w", "none", "-l", layer, "-o",
+                                      str(tmp_path / layer), str(images[0])])
+        assert result.exit_code == 0, result.output
+        assert _read(tmp_path / layer / "cams.safetensors")[0]["cam"].shape == (1, side, side)
