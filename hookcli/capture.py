@@ -191,8 +191,7 @@ class FeatureCapture:
         self._check_calls(counts)
         flat = self._flatten(outputs, {}, batch_size=len(batch))
         for index, (path, call, _) in enumerate(sources):
-            key = self.layers[path]
-            base = f"{key}:{call}" if counts[path] > 1 else key
+            base = _call_key(self.layers[path], call, counts[path])
             for k, found in enumerate(gradients):
                 if found[index] is None:
                     raise CaptureError(f"layer {path} has no gradient path to the target logit",
@@ -262,7 +261,7 @@ class FeatureCapture:
         for path, key in self.layers.items():
             calls = max(len(outputs.get(path, ())), len(inputs.get(path, ())))
             for call in range(calls):
-                base = f"{key}:{call}" if calls > 1 else key
+                base = _call_key(key, call, calls)
                 if path in inputs:
                     args = inputs[path][call]
                     _add(flat, f"{base}@input", args[0] if len(args) == 1 else args, self.omitted)
@@ -275,6 +274,11 @@ class FeatureCapture:
                     hint="hookcli stores one row per image; select a layer whose output starts with the batch",
                 )
         return flat
+
+
+def _call_key(key: str, call: int, calls: int) -> str:
+    """``key`` for a layer that runs once per forward, ``key:<call>`` for each call of one that runs more often."""
+    return f"{key}:{call}" if calls > 1 else key
 
 
 def _detached_copy(value):
