@@ -153,15 +153,15 @@ def _select_rows(wanted: Sequence[str], names: list[str], rows: int) -> list[int
 def render_job(features, job: GridJob, options: GridOptions) -> np.ndarray:
     """Pixels for one job; raises :class:`~hookcli.render.NotDrawable` for shapes without a picture."""
     shape = features.shape(job.key)[1:]
+    # Channel maps of [C, H, W] rows are read a range at a time; other layouts are sliced after reading.
     direct = options.channels is not None and options.top is None and len(shape) == 3
     values = features.read(job.key, job.row, options.channels if direct else None)
     maps, layout = as_maps(values)
     first = 0
-    if options.channels is not None and not direct:
-        first = options.channels.indices(len(maps))[0]
-        maps = maps[options.channels]
-    elif direct:
-        first = options.channels.indices(shape[0])[0]
+    if options.channels is not None:
+        first = options.channels.indices(shape[0] if direct else len(maps))[0]
+        if not direct:
+            maps = maps[options.channels]
     if len(maps) == 0:
         raise NotDrawable("no channels in the selected range")
     picked = f"channels {first}-{first + len(maps) - 1}" if len(maps) > 1 else f"channel {first}"
