@@ -20,11 +20,13 @@ says where to put the file).
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import hashlib
 import json
 import os
 import pickle
+import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -163,7 +165,9 @@ def _build_pretrained(name: str, weights):
             hint="or use --weights none for random weights",
         )
     try:
-        return torchvision.models.get_model(name, weights=weights)
+        # torch.hub announces a download on stdout, which carries only data here (-o - writes the file there).
+        with contextlib.redirect_stdout(sys.stderr):
+            return torchvision.models.get_model(name, weights=weights)
     except Exception as err:  # download and unpickling failures come in many types
         if cached.exists():
             raise WeightsError(

@@ -145,3 +145,28 @@ def test_default_preprocessing_equals_the_weights_transforms(photo, name, spec):
     ours = Preprocess.from_transforms(weights.transforms()).to_transform()
     image = Image.open(photo).convert("RGB")
     assert torch.equal(ours(image), weights.transforms()(image))
+
+
+def test_a_download_message_never_reaches_stdout(runner, images, monkeypatch):
+    """torch.hub announces downloads on stdout; with -o - that would corrupt the safetensors bytes."""
+    import sys
+
+    import torchvision.models._api as api
+    from safetensors.torch import load as load_bytes
+
+    from hookcli.cli import main
+
+    torch.manual_seed(0)
+    state = torchvision.models.resnet18().state_dict()
+
+    def fake_download(url, *args, **kwargs):
+        sys.stdout.write(f'Downloading: "{url}" to somewhere\n')
+        return state
+
+    monkeypatch.delenv("HOOKCLI_OFFLINE")
+    monkeypatch.setattr(api, "load_state_dict_from_url", fake_download)
+    result = runner.invoke(main, ["extract", "-m", "resnet18", "-l", "avgpool", "--resize", "32", "--crop", "32",
+                                  "-o", "-", str(images[0])])
+    assert result.exit_code == 0, result.stderr
+    assert load_bytes(result.stdout_bytes)["avgpool"].shape == (1, 512, 1, 1)
+    assert result.stderr.startswith('Downloading: "https://download.pytorch.org/models/resnet18-f37072fd.pth"')
