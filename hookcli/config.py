@@ -5,6 +5,10 @@ without dashes (``batch-size`` or ``batch_size``); ``layers`` is accepted for
 ``layer``. Options given on the command line win over the preset. A relative
 ``weights`` path is taken relative to the preset's folder.
 
+A path that does not exist, given as a bare name (``resnet50-stages``) or as
+``configs/<name>.toml``, is looked up among the presets shipped in the
+repository's ``configs/`` folder, so they work from any folder.
+
 >>> read_config("configs/vgg16_bn-features18.toml", allowed={"model": "model", "layer": "layer"})  # doctest: +SKIP
 {'model': 'vgg16_bn', 'layer': ['features.18']}
 """
@@ -19,9 +23,26 @@ from pathlib import Path
 
 from hookcli.errors import ConfigError
 
-__all__ = ["read_config"]
+__all__ = ["PRESETS", "locate_config", "read_config"]
 
 _ALIASES = {"layers": "layer"}
+
+#: The shipped presets (present in a source checkout and an editable install).
+PRESETS = Path(__file__).resolve().parent.parent / "configs"
+
+
+def locate_config(path: str | os.PathLike) -> Path:
+    """``path`` if it exists, else the shipped preset it names; raises :class:`ConfigError` listing the presets."""
+    path = Path(path)
+    if path.exists() or path.is_absolute():
+        return path
+    if path.parent in (Path("."), Path("configs")):
+        name = path.name if path.suffix == ".toml" else f"{path.name}.toml"
+        if (PRESETS / name).is_file():
+            return PRESETS / name
+    shipped = sorted(p.stem for p in PRESETS.glob("*.toml")) if PRESETS.is_dir() else []
+    hint = f"shipped presets: {', '.join(shipped)} (a name is enough)" if shipped else "give the path of a .toml file"
+    raise ConfigError(f"config file not found: '{path}'", hint=hint)
 
 
 def read_config(path: str | os.PathLike, *, allowed: Mapping[str, str]) -> dict:
@@ -30,12 +51,10 @@ def read_config(path: str | os.PathLike, *, allowed: Mapping[str, str]) -> dict:
     ``allowed`` maps option names as written in presets (long flags with
     underscores: ``batch_size``) to the parameter names they set.
     """
-    path = Path(path)
+    path = locate_config(path)
     try:
         with open(path, "rb") as handle:
             raw = tomllib.load(handle)
-    except FileNotFoundError:
-        raise ConfigError(f"config file not found: '{path}'", hint="presets ship in the configs/ folder") from None
     except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
         raise ConfigError(f"cannot read config '{path}': {err}", hint="check the TOML syntax") from None
     options = {}

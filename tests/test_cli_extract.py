@@ -289,3 +289,20 @@ def test_refuses_to_write_binary_to_a_terminal(images):
         "Error: refusing to write binary safetensors data to a terminal; pipe or redirect -o -. "
         "Hint: see 'hookcli extract --help'\n"
     )
+
+
+def test_shipped_presets_work_from_any_folder(runner, images, tmp_path):
+    from hookcli.config import PRESETS, locate_config
+
+    os.chdir(tmp_path)
+    assert locate_config("resnet50-stages") == PRESETS / "resnet50-stages.toml"
+    assert locate_config("configs/vit_b_16-block.toml") == PRESETS / "vit_b_16-block.toml"
+    out = tmp_path / "o.safetensors"
+    result = runner.invoke(main, ["extract", "-c", "resnet50-stages", "-w", "none", "--resize", "64", "--crop", "64",
+                                  "-o", str(out), str(images[0])])
+    assert result.exit_code == 0, result.output
+    assert sorted(_read(out)[0]) == ["layer1", "layer2", "layer3", "layer4"]
+    result = runner.invoke(main, ["extract", "-c", "resnet-stages", str(images[0])])
+    assert (result.exit_code, result.stderr) == (2, "Error: config file not found: 'resnet-stages'. Hint: shipped "
+                                                    "presets: resnet50-stages, vgg16_bn-features18, vit_b_16-block "
+                                                    "(a name is enough)\n")
