@@ -346,7 +346,7 @@ class _Job:
             capture=options.get("capture", "output"), device=self.device, batch_size=options["batch_size"],
             workers=workers, pool=options.get("pool"), dtype=options.get("dtype", "float32"),
             on_error=options["on_error"], precision=options["precision"], memory_format=options["memory_format"],
-            compile=options["compile_"],
+            compile=options["compile_"], fuse=options.get("fuse", False),
         )
         from hookcli.speed import check_precision
 
@@ -454,6 +454,10 @@ _LAYER_HELP = "Layer path (features.18), glob (layer3.*.conv2, features.**), typ
 @click.option("--pool", type=click.Choice(["avg", "max"]),
               help="Store global pooling: [N,C,H,W] -> [N,C] over H,W; tokens [N,T,D] -> [N,D] over T.")
 @click.option("--grid", "grid_dir", metavar="DIR", help="Also render feature-map PNGs into DIR (as hookcli grid).")
+@click.option("--fuse/--no-fuse", default=True, show_default=True,
+              help="On the CPU, run each convolution outside the hooked layers together with its BatchNorm, "
+              "activation and residual add, as one kernel (equal to fp32 rounding); --no-fuse runs every module "
+              "as written.")
 @_run_options
 @click.pass_context
 def extract(ctx, **options) -> None:

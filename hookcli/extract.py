@@ -44,7 +44,11 @@ DTYPES = ("float32", "float16", "bfloat16")
 
 @dataclass
 class RunSettings:
-    """How to run: everything but the model, the layers and the inputs."""
+    """How to run: everything but the model, the layers and the inputs.
+
+    ``fuse`` (extraction on the CPU, see :mod:`hookcli.fusion`) is ignored by
+    gradient runs and by ``compile``, which fuses in its own way.
+    """
 
     preprocess: Preprocess | None = None
     capture: str = "output"
@@ -57,6 +61,7 @@ class RunSettings:
     precision: str = "fp32"
     memory_format: str = "auto"
     compile: bool = False
+    fuse: bool = True
 
     def __post_init__(self) -> None:
         if self.pool not in (None, *POOLS):
@@ -179,6 +184,8 @@ def iter_batches(
     compiled = None  # not tried yet; then the compiled function, or False for the eager path
     # Grad mode is per thread: it must not stay switched while this generator is suspended at a yield.
     with prepared_model(loaded, settings) as (model, to_device), contextlib.ExitStack() as hooked:
+        if settings.fuse and not settings.compile:
+            model = _fused(model, loaded, layers, settings)
         hooks = FeatureCapture(model, layers, capture=settings.capture)
         hooks_on = False
         if capture_hooks is not None:
@@ -226,6 +233,19 @@ def prepared_model(loaded: LoadedModel, settings: RunSettings):
     finally:
         if memory_format == "channels_last":
             model.to(memory_format=torch.contiguous_format)
+
+
+def _fused(model, loaded: LoadedModel, layers: Mapping[str, str], settings: RunSettings):
+    """The model with conv/BatchNorm/activation chains outside the hooked layers fused (CPU inference only)."""
+    import torch
+
+    from hookcli.fusion import fused_for_inference
+
+    if settings.precision not in ("fp32", "bf16"):
+        return model
+    dtype = torch.bfloat16 if settings.precision == "bf16" else torch.float32
+    channels_last = resolved_memory_format(loaded, settings) == "channels_last"
+    return fused_for_inference(model, layers, dtype=dtype, channels_last=channels_last)[0]
 
 
 def resolved_memory_format(loaded: LoadedModel, settings: RunSettings) -> str:
@@ -385,6 +405,7 @@ def build_metadata(
         "dtype": settings.dtype,
         "precision": settings.precision,
         "memory_format": resolved_memory_format(loaded, settings),
+        "fuse": "true" if settings.fuse and not settings.compile else "false",
         "device": str(settings.device or "cpu"),
         "versions": json.dumps(_versions()),
     }

@@ -33,7 +33,7 @@ def _fx_reference(model_name, node, paths, preprocess):
 def test_vgg16_bn_features_18_matches_the_fx_extractor(runner, photo, tmp_path):
     os.chdir(tmp_path)
     result = runner.invoke(main, ["extract", "--model", "vgg16_bn", "--layer", "features.18", "--weights", "none",
-                                  "--memory-format", "contiguous", *SMALL, str(photo)])
+                                  "--memory-format", "contiguous", "--no-fuse", *SMALL, str(photo)])
     assert result.exit_code == 0, result.output
     assert result.stdout == "vgg16_bn-features.18.safetensors\n"
     tensors, metadata = _read(tmp_path / "vgg16_bn-features.18.safetensors")
@@ -42,14 +42,15 @@ def test_vgg16_bn_features_18_matches_the_fx_extractor(runner, photo, tmp_path):
     assert tensors["features.18"].shape == (1, 256, 16, 16)
     assert torch.equal(tensors["features.18"], expected)
     assert (tensors["features.18"] < 0).any()  # BatchNorm output, before the in-place ReLU
-    assert (metadata["precision"], metadata["memory_format"]) == ("fp32", "contiguous")
+    assert (metadata["precision"], metadata["memory_format"], metadata["fuse"]) == ("fp32", "contiguous", "false")
 
-    # The default runs convolutional models channels-last: other kernels, the same values to fp32 rounding.
+    # The default runs convolutional models channels-last, with convolution chains outside the hooked layer fused:
+    # other kernels, the same values to fp32 rounding.
     result = runner.invoke(main, ["extract", "-m", "vgg16_bn", "-l", "features.18", "-w", "none", *SMALL,
                                   "-o", "cl.safetensors", str(photo)])
     assert result.exit_code == 0, result.output
     channels_last, metadata = _read(tmp_path / "cl.safetensors")
-    assert metadata["memory_format"] == "channels_last"
+    assert (metadata["memory_format"], metadata["fuse"]) == ("channels_last", "true")
     assert channels_last["features.18"].is_contiguous()
     torch.testing.assert_close(channels_last["features.18"], expected, rtol=1e-5, atol=1e-5)
 
@@ -227,8 +228,8 @@ def test_errors_are_one_line_with_a_hint(runner, images, tmp_path):
          "Hint: see 'hookcli extract --help'"),
         (["extract", "-c", str(bad_preset), str(images[0])], 2,
          f"Error: config '{bad_preset}' has an unknown option 'layer_s'. Hint: did you mean 'layer'? valid options: "
-         "batch_size, capture, compile, crop, device, dtype, force, grid, interpolation, layer, mean, memory_format, "
-         "model, on_error, output, pool, precision, quiet, recursive, resize, seed, shard_size, std, weights, "
+         "batch_size, capture, compile, crop, device, dtype, force, fuse, grid, interpolation, layer, mean, "
+         "memory_format, model, on_error, output, pool, precision, quiet, recursive, resize, seed, shard_size, std, weights, "
          "workers"),
         ([*base, "-l", "layer1", "--mean", "1,2", str(images[0])], 2,
          "Error: Invalid value for '--mean': '1,2' has 2 values; give one or three (R,G,B). "
