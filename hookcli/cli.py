@@ -405,7 +405,7 @@ class _Job:
             raise ImageError("none of the input images could be read", hint="see the skipped inputs above")
         metadata = build_metadata(self.loaded, selected, self.settings, keys=list(run.tensors), calls=run.calls,
                                   omitted=run.omitted, inputs=run.inputs, skipped=run.skipped, targets=run.targets,
-                                  extra=extra_metadata)
+                                  fused=run.fused, extra=extra_metadata)
         if self.to_stdout:
             write_safetensors(run.tensors, metadata, sys.stdout.buffer)
             if keep:

@@ -307,6 +307,7 @@ class Extraction:
     omitted: list[str]
     skipped: list[dict] = field(default_factory=list)
     targets: list = field(default_factory=list)
+    fused: int = 0  #: convolutions that ran fused (see :mod:`hookcli.fusion`)
 
 
 def extract_features(
@@ -330,6 +331,8 @@ def collect_rows(batches, paths: Sequence, hooks: list, on_batch: Callable[[Batc
     """
     import torch
 
+    from hookcli.fusion import fused_convolutions
+
     tensors: dict = {}
     kept, skipped, targets = [], [], []
     for batch in batches:
@@ -347,7 +350,8 @@ def collect_rows(batches, paths: Sequence, hooks: list, on_batch: Callable[[Batc
             on_batch(batch)
     tensors = {key: value[: len(kept)] for key, value in tensors.items()}
     hook = hooks[0]
-    return Extraction(tensors, kept, dict(hook.calls or {}), sorted(hook.omitted), skipped, targets)
+    return Extraction(tensors, kept, dict(hook.calls or {}), sorted(hook.omitted), skipped, targets,
+                      fused_convolutions(hook.model))
 
 
 def _check_fits_in_memory(features: Mapping, rows: int) -> None:
@@ -376,13 +380,15 @@ def build_metadata(
     inputs: Sequence[str | os.PathLike] | None = None,
     skipped: Sequence[dict] = (),
     targets: Sequence | None = None,
+    fused: int = 0,
     extra: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """The file's ``__metadata__``: strings, JSON for structured values (see the README).
 
     Without ``inputs`` the result describes the run only (the shards' index
     keeps it once; each shard adds its own inputs). ``targets`` lists each
-    row's target logits (gradient runs); ``extra`` adds entries as they are.
+    row's target logits (gradient runs); ``fused`` is how many convolutions ran
+    fused; ``extra`` adds entries as they are.
     """
     modules = dict(loaded.module.named_modules())
     described = {}
@@ -405,7 +411,7 @@ def build_metadata(
         "dtype": settings.dtype,
         "precision": settings.precision,
         "memory_format": resolved_memory_format(loaded, settings),
-        "fuse": "true" if settings.fuse and not settings.compile else "false",
+        "fused": str(fused),
         "device": str(settings.device or "cpu"),
         "versions": json.dumps(_versions()),
     }

@@ -41,13 +41,14 @@ import torch.fx
 import torch.nn as nn
 import torch.nn.functional as F
 
-__all__ = ["fused_for_inference"]
+__all__ = ["FusedConvolution", "fused_convolutions", "fused_for_inference"]
 
 
 def fused_for_inference(model, keep: Iterable[str], *, dtype, channels_last: bool = False):
     """``(module, number of fused convolutions)``: a traced, fused copy of ``model``, or ``(model, 0)``.
 
-    ``keep`` names the modules that must stay as they are (the hooked ones).
+    ``keep`` names the modules that must stay as they are (the hooked ones);
+    nothing after the last of them is fused, as extraction stops there.
     ``dtype`` is the compute dtype of the fused convolutions (``torch.float32``
     or ``torch.bfloat16``); ``channels_last`` stores their weights that way.
     Only for CPU inference: the fused kernels have no backward.
@@ -63,6 +64,11 @@ def fused_for_inference(model, keep: Iterable[str], *, dtype, channels_last: boo
     if not count:
         return model, 0
     return graph_module, count
+
+
+def fused_convolutions(module) -> int:
+    """How many fused convolutions ``module`` runs (0 for a model as written)."""
+    return sum(isinstance(m, FusedConvolution) for m in module.modules())
 
 
 def _available(dtype) -> bool:
@@ -139,8 +145,11 @@ class _Rewriter:
         self.memory_format = memory_format
 
     def run(self) -> int:
+        nodes = list(self.graph.nodes)
+        # Extraction stops once the last kept module has run: what comes after it is not worth fusing.
+        kept = [index for index, node in enumerate(nodes) if not self._is_free(node)]
         count = 0
-        for node in list(self.graph.nodes):
+        for node in nodes[: kept[-1] if kept else len(nodes)]:
             if self._is_free(node) and self._convolution(node) is not None and self._fuse_from(node, count):
                 count += 1
         if count:

@@ -331,6 +331,7 @@ def extract_to_folder(
     the index is).
     """
     from hookcli.extract import build_metadata, iter_batches, resolved_memory_format
+    from hookcli.fusion import fused_convolutions
 
     preprocess = settings.preprocess or loaded.preprocess
     identity = {
@@ -358,7 +359,7 @@ def extract_to_folder(
             if run_metadata is None and batch.features:
                 run_metadata = build_metadata(loaded, layers, settings, keys=list(batch.features),
                                               calls=hooks[0].calls, omitted=sorted(hooks[0].omitted),
-                                              extra=extra_metadata)
+                                              fused=fused_convolutions(hooks[0].model), extra=extra_metadata)
                 row_bytes = sum(v[0].numel() * v.element_size() for v in batch.features.values())
                 size = shard_size or max(1, min(MAX_AUTO_SHARD_ROWS, AUTO_SHARD_BYTES // max(1, row_bytes)))
                 writer.begin(run_metadata, size)

@@ -42,7 +42,7 @@ def test_vgg16_bn_features_18_matches_the_fx_extractor(runner, photo, tmp_path):
     assert tensors["features.18"].shape == (1, 256, 16, 16)
     assert torch.equal(tensors["features.18"], expected)
     assert (tensors["features.18"] < 0).any()  # BatchNorm output, before the in-place ReLU
-    assert (metadata["precision"], metadata["memory_format"], metadata["fuse"]) == ("fp32", "contiguous", "false")
+    assert (metadata["precision"], metadata["memory_format"], metadata["fused"]) == ("fp32", "contiguous", "0")
 
     # The default runs convolutional models channels-last, with convolution chains outside the hooked layer fused:
     # other kernels, the same values to fp32 rounding.
@@ -50,7 +50,7 @@ def test_vgg16_bn_features_18_matches_the_fx_extractor(runner, photo, tmp_path):
                                   "-o", "cl.safetensors", str(photo)])
     assert result.exit_code == 0, result.output
     channels_last, metadata = _read(tmp_path / "cl.safetensors")
-    assert (metadata["memory_format"], metadata["fuse"]) == ("channels_last", "true")
+    assert (metadata["memory_format"], metadata["fused"]) == ("channels_last", "5")  # convolutions before 17
     assert channels_last["features.18"].is_contiguous()
     torch.testing.assert_close(channels_last["features.18"], expected, rtol=1e-5, atol=1e-5)
 

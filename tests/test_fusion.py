@@ -80,7 +80,8 @@ def test_a_hooked_batchnorm_stays_whole_and_sees_its_own_output():
     model = _seeded("vgg16_bn")
     x = torch.randn(1, 3, 32, 32)
     fused, count = fused_for_inference(model, ["features.18"], dtype=torch.float32)
-    assert count == 12  # 13 conv/BatchNorm pairs; features.17 feeds the hooked features.18 and stays as it is
+    # The 5 conv/BatchNorm pairs before features.17, which feeds the hooked features.18 and stays as it is.
+    assert count == 5
     assert fused.get_submodule("features.18") is model.features[18]
     with FeatureCapture(fused, ["features.18"]) as capture, torch.inference_mode():
         got = capture.run(x)["features.18"]
@@ -96,8 +97,9 @@ def test_a_shared_hooked_relu_keeps_every_call():
     x = torch.randn(2, 3, 64, 64)
     layers = {"layer1.0.relu": "relu", "layer2": "layer2"}
     fused, count = fused_for_inference(model, layers, dtype=torch.float32)
-    # layer2, a leaf, keeps its 5 convolutions; layer1.0's convolutions keep the hooked ReLU out of their kernels.
-    assert count == 15
+    # layer2, a leaf, keeps its 5 convolutions, and nothing after it is fused (extraction stops there);
+    # layer1.0's convolutions keep the hooked ReLU out of their kernels.
+    assert count == 5
     assert [(m.add, m.unary) for m in _fused_modules(fused)][1:3] == [(False, "none"), (True, "none")]
     with FeatureCapture(fused, layers) as capture, torch.inference_mode():
         got = capture.run(x)
@@ -196,6 +198,7 @@ def test_extraction_fuses_by_default_stops_early_and_leaves_no_hooks(images):
     finally:
         handle.remove()
     assert fused.tensors["layer2"].shape == (len(images), 128, 28, 28)
+    assert (fused.fused, plain.fused) == (5, 0)  # conv1 and layer1's four; layer2 is hooked, whole
     difference = (fused.tensors["layer2"] - plain.tensors["layer2"]).norm() / plain.tensors["layer2"].norm()
     assert 0 < difference < 1e-6  # other kernels, the same values to fp32 rounding
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in loaded.module.modules())
