@@ -6,8 +6,9 @@ without dashes (``batch-size`` or ``batch_size``); ``layers`` is accepted for
 ``weights`` path is taken relative to the preset's folder.
 
 A path that does not exist, given as a bare name (``resnet50-stages``) or as
-``configs/<name>.toml``, is looked up among the presets shipped in the
-repository's ``configs/`` folder, so they work from any folder.
+``configs/<name>.toml``, is looked up among the shipped presets (the
+repository's ``configs/`` folder, installed as ``hookcli/presets``), so they
+work from any folder.
 
 >>> read_config("configs/vgg16_bn-features18.toml", allowed={"model": "model", "layer": "layer"})  # doctest: +SKIP
 {'model': 'vgg16_bn', 'layer': ['features.18']}
@@ -27,8 +28,9 @@ __all__ = ["PRESETS", "locate_config", "read_config"]
 
 _ALIASES = {"layers": "layer"}
 
-#: The shipped presets (present in a source checkout and an editable install).
-PRESETS = Path(__file__).resolve().parent.parent / "configs"
+_PACKAGE = Path(__file__).resolve().parent
+#: The shipped presets: ``hookcli/presets`` in an installed wheel, ``configs/`` in a source checkout.
+PRESETS = next((p for p in (_PACKAGE / "presets", _PACKAGE.parent / "configs") if p.is_dir()), _PACKAGE / "presets")
 
 
 def locate_config(path: str | os.PathLike) -> Path:

@@ -1,0 +1,29 @@
+"""What an installed copy carries: the shipped presets travel inside the wheel."""
+
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_wheel_carries_the_presets(tmp_path):
+    pytest.importorskip("setuptools")
+    source = tmp_path / "source"  # a copy, so that the build leaves nothing in the checkout
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    for folder in ("hookcli", "configs"):
+        shutil.copytree(ROOT / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                    str(tmp_path), str(source)], check=True, capture_output=True, cwd=tmp_path)
+    (wheel,) = tmp_path.glob("hookcli-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        carried = {name: archive.read(name) for name in archive.namelist() if name.startswith("hookcli/presets/")}
+    shipped = {f"hookcli/presets/{p.name}": p.read_bytes() for p in (ROOT / "configs").glob("*.toml")}
+    assert len(shipped) == 3
+    assert carried == shipped
