@@ -27,7 +27,7 @@ from pathlib import Path
 
 from hookcli import speed
 from hookcli.capture import FeatureCapture
-from hookcli.errors import ImageError, MemoryLimitError, UsageProblem, first_line
+from hookcli.errors import HookcliError, ImageError, MemoryLimitError, UsageProblem, first_line
 from hookcli.images import load_rgb
 from hookcli.models import LoadedModel
 from hookcli.preprocess import Preprocess
@@ -174,7 +174,8 @@ def iter_batches(
     with ``"skip"`` it is reported in ``Batch.failures`` and left out.
     ``capture_hooks``, when given a list, receives the :class:`FeatureCapture`
     (to read its ``calls`` and ``omitted`` afterwards). ``on_note(text)``
-    hears why ``compile`` fell back to the eager path, if it did.
+    hears why ``compile`` fell back to the eager path, or fusion to the
+    unfused model, if either did.
     """
     import torch
 
@@ -184,12 +185,8 @@ def iter_batches(
     compiled = None  # not tried yet; then the compiled function, or False for the eager path
     # Grad mode is per thread: it must not stay switched while this generator is suspended at a yield.
     with prepared_model(loaded, settings) as (model, to_device), contextlib.ExitStack() as hooked:
-        if settings.fuse and not settings.compile:
-            model = _fused(model, loaded, layers, settings)
-        hooks = FeatureCapture(model, layers, capture=settings.capture)
-        hooks_on = False
-        if capture_hooks is not None:
-            capture_hooks.append(hooks)
+        fused = _fused(model, loaded, layers, settings) if settings.fuse and not settings.compile else model
+        eager = _EagerForward(fused, model, layers, settings.capture, hooked, capture_hooks, on_note)
         for indices, batch, failures in loader:
             failures = reported_failures(failures, settings)
             features = {}
@@ -197,16 +194,52 @@ def iter_batches(
                 batch = to_device(batch)
                 with torch.inference_mode(), speed.compute_precision(settings.precision, batch.device):
                     if settings.compile and compiled is None:
-                        compiled = _compile_or_explain(model, layers, hooks, batch, settings, on_note)
+                        compiled = _compile_or_explain(model, layers, eager.hooks, batch, settings, on_note)
                     captured = _run_compiled(compiled, batch, on_note) if compiled else None
                     if captured is None:
                         compiled = False  # eager from now on, with the hooks on
-                        if not hooks_on:
-                            hooked.enter_context(hooks)
-                            hooks_on = True
-                        captured = hooks.run(batch)
+                        captured = eager.run(batch)
                 features = {key: _pooled(value, settings.pool).to(cast).to("cpu") for key, value in captured.items()}
             yield Batch(indices, features, failures)
+
+
+class _EagerForward:
+    """Forwards with the hooks on: through the fused model, or the model as written should that fail at first.
+
+    The hooks go on ``stack`` at the first forward. ``capture_hooks`` (see
+    :func:`iter_batches`) always holds the capture in use.
+    """
+
+    def __init__(self, fused, plain, layers, capture: str, stack, capture_hooks: list | None, on_note) -> None:
+        self.plain, self.layers, self.capture = plain, layers, capture
+        self.stack, self.capture_hooks, self.on_note = stack, capture_hooks, on_note
+        self.hooks = FeatureCapture(fused, layers, capture=capture)
+        if capture_hooks is not None:
+            capture_hooks.append(self.hooks)
+        self.entered = False
+        self.proven = fused is plain  # nothing to fall back to
+
+    def run(self, batch) -> dict:
+        if not self.entered:
+            self.stack.enter_context(self.hooks)
+            self.entered = True
+        try:
+            captured = self.hooks.run(batch)
+        except HookcliError:
+            raise
+        except Exception as err:  # an unforeseen kernel or graph problem must not cost the user the run
+            if self.proven:
+                raise
+            self.stack.close()
+            failed, self.hooks = self.hooks, FeatureCapture(self.plain, self.layers, capture=self.capture)
+            if self.capture_hooks is not None:
+                self.capture_hooks[self.capture_hooks.index(failed)] = self.hooks
+            self.stack.enter_context(self.hooks)
+            captured = self.hooks.run(batch)  # where the model itself fails, that is the error to report
+            _note(self.on_note, f"the fused forward failed ({type(err).__name__}: {first_line(err)[:120]}); "
+                                "running the model unfused")
+        self.proven = True
+        return captured
 
 
 @contextlib.contextmanager

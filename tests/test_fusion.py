@@ -10,7 +10,7 @@ import torchvision
 from torchvision.models.feature_extraction import create_feature_extractor
 
 from hookcli.capture import FeatureCapture
-from hookcli.extract import RunSettings, extract_features
+from hookcli.extract import RunSettings, collect_rows, extract_features, iter_batches
 from hookcli.fusion import FusedConvolution, fused_for_inference
 from hookcli.models import load_model
 
@@ -203,3 +203,22 @@ def test_extraction_fuses_by_default_stops_early_and_leaves_no_hooks(images):
     assert 0 < difference < 1e-6  # other kernels, the same values to fp32 rounding
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in loaded.module.modules())
     assert all(type(m) is not FusedConvolution for m in loaded.module.modules())
+
+
+def test_a_failing_fused_forward_falls_back_to_the_model_as_written(images, monkeypatch):
+    loaded = load_model("resnet18", "none", seed=0)
+    layers = {"layer1": "layer1"}
+    expected = extract_features(loaded, layers, images, RunSettings(batch_size=2, fuse=False))
+
+    def broken(self, x, other=None):
+        raise RuntimeError("could not create a primitive\nsecond line")
+
+    monkeypatch.setattr(FusedConvolution, "forward", broken)
+    notes, hooks = [], []
+    run = collect_rows(iter_batches(loaded, layers, images, RunSettings(batch_size=2), capture_hooks=hooks,
+                                    on_note=notes.append), images, hooks)
+    assert notes == ["the fused forward failed (RuntimeError: could not create a primitive); running the model unfused"]
+    assert run.fused == 0 and len(hooks) == 1 and hooks[0].model is loaded.module
+    assert torch.equal(run.tensors["layer1"], expected.tensors["layer1"])
+    assert run.calls == {"layer1": 1}
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in loaded.module.modules())
