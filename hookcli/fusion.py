@@ -49,17 +49,21 @@ def fused_for_inference(model, keep: Iterable[str], *, dtype, channels_last: boo
 
     ``keep`` names the modules that must stay as they are (the hooked ones);
     nothing after the last of them is fused, as extraction stops there.
+    Modules that already carry hooks of their own stay as they are too, and
+    with global module hooks registered nothing is fused.
     ``dtype`` is the compute dtype of the fused convolutions (``torch.float32``
     or ``torch.bfloat16``); ``channels_last`` stores their weights that way.
     Only for CPU inference: the fused kernels have no backward.
     """
-    if not _available(dtype) or any(p.device.type != "cpu" for p in model.parameters()):
+    if not _available(dtype) or any(p.device.type != "cpu" for p in model.parameters()) or _global_hooks():
         return model, 0
     keep = set(keep)
-    graph_module = _traced(model, keep)
+    whole = keep | {name for name, module in model.named_modules() if name and _hooked(module)}
+    graph_module = _traced(model, whole)
     if graph_module is None:
         return model, 0
-    rewriter = _Rewriter(graph_module, keep, dtype, torch.channels_last if channels_last else torch.contiguous_format)
+    memory_format = torch.channels_last if channels_last else torch.contiguous_format
+    rewriter = _Rewriter(graph_module, whole, keep, dtype, memory_format)
     count = rewriter.run()
     if not count:
         return model, 0
@@ -69,6 +73,17 @@ def fused_for_inference(model, keep: Iterable[str], *, dtype, channels_last: boo
 def fused_convolutions(module) -> int:
     """How many fused convolutions ``module`` runs (0 for a model as written)."""
     return sum(isinstance(m, FusedConvolution) for m in module.modules())
+
+
+def _hooked(module) -> bool:
+    return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
+                or module._backward_pre_hooks)
+
+
+def _global_hooks() -> bool:
+    from torch.nn.modules import module
+
+    return bool(module._global_forward_hooks or module._global_forward_pre_hooks)
 
 
 def _available(dtype) -> bool:
@@ -136,18 +151,19 @@ def _activation(node, modules: dict):
 class _Rewriter:
     """Finds conv [-> BatchNorm] [-> activation | + other [-> ReLU]] chains in a graph and fuses each."""
 
-    def __init__(self, graph_module, keep: set[str], dtype, memory_format) -> None:
+    def __init__(self, graph_module, whole: set[str], last: set[str], dtype, memory_format) -> None:
         self.graph_module = graph_module
         self.graph = graph_module.graph
         self.modules = dict(graph_module.named_modules())
-        self.keep = keep
+        self.whole = whole  # modules that run as they are
+        self.last = last  # modules after whose last call nothing runs
         self.dtype = dtype
         self.memory_format = memory_format
 
     def run(self) -> int:
         nodes = list(self.graph.nodes)
         # Extraction stops once the last kept module has run: what comes after it is not worth fusing.
-        kept = [index for index, node in enumerate(nodes) if not self._is_free(node)]
+        kept = [index for index, node in enumerate(nodes) if node.op == "call_module" and node.target in self.last]
         count = 0
         for node in nodes[: kept[-1] if kept else len(nodes)]:
             if self._is_free(node) and self._convolution(node) is not None and self._fuse_from(node, count):
@@ -158,8 +174,8 @@ class _Rewriter:
         return count
 
     def _is_free(self, node) -> bool:
-        """A node that calls no kept module (hooks must see every kept module's real input and output)."""
-        return not (node.op == "call_module" and node.target in self.keep)
+        """A node that calls no module kept whole (hooks must see its real input and output)."""
+        return not (node.op == "call_module" and node.target in self.whole)
 
     def _sole_user(self, node):
         return next(iter(node.users)) if len(node.users) == 1 else None

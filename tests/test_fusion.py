@@ -222,3 +222,25 @@ def test_a_failing_fused_forward_falls_back_to_the_model_as_written(images, monk
     assert torch.equal(run.tensors["layer1"], expected.tensors["layer1"])
     assert run.calls == {"layer1": 1}
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in loaded.module.modules())
+
+
+def test_modules_with_hooks_of_their_own_are_left_whole():
+    model = _seeded("resnet18")
+    x = torch.randn(2, 3, 64, 64)
+    seen = []
+    handle = model.layer1[0].conv1.register_forward_hook(lambda module, args, output: seen.append(output.clone()))
+    try:
+        fused, count = fused_for_inference(model, [], dtype=torch.float32)
+        assert count == 19  # every convolution but the hooked one
+        with torch.inference_mode():
+            fused(x)
+            expected = model.layer1[0].conv1(model.maxpool(model.relu(model.bn1(model.conv1(x)))))
+        assert len(seen) == 2 and torch.equal(seen[1], expected)  # the convolution's own output, BatchNorm apart
+        assert torch.allclose(seen[0], expected, rtol=1e-5, atol=1e-5)  # through the fused stem
+        global_hook = nn.modules.module.register_module_forward_hook(lambda *args: None)
+        try:
+            assert fused_for_inference(model, [], dtype=torch.float32) == (model, 0)
+        finally:
+            global_hook.remove()
+    finally:
+        handle.remove()
