@@ -249,7 +249,7 @@ def _config_option(function):
 
 
 def _preprocess_options(function):
-    """--resize, --crop, --mean, --std, --interpolation: override the weights' preprocessing."""
+    """--resize, --crop, --mean, --std, --interpolation: override the weights' preprocessing; --fast-decode."""
     for decorator in reversed([
         click.option("--resize", type=click.IntRange(min=1), help="Resize the shorter side to this [weights' value]."),
         click.option("--crop", type=click.IntRange(min=1), help="Centre-crop to this square [weights' value]."),
@@ -257,6 +257,10 @@ def _preprocess_options(function):
         click.option("--std", type=_FloatTriple(), help="Normalisation std [weights' value]."),
         click.option("--interpolation", type=click.Choice(["bilinear", "bicubic", "nearest"]),
                      help="Resize interpolation [weights' value]."),
+        click.option("--fast-decode", is_flag=True,
+                     help="Decode JPEGs at a reduced scale (1/2, 1/4, 1/8) that keeps the shorter side at least "
+                     "twice --resize, then resize as usual: several times faster for large photos; pixel values "
+                     "differ slightly."),
     ]):
         function = decorator(function)
     return function
@@ -342,7 +346,7 @@ class _Job:
         self.settings = RunSettings(
             preprocess=self.loaded.preprocess.replace(
                 resize=options["resize"], crop=options["crop"], mean=options["mean"], std=options["std"],
-                interpolation=options["interpolation"]),
+                interpolation=options["interpolation"], fast_decode=options["fast_decode"] or None),
             capture=options.get("capture", "output"), device=self.device, batch_size=options["batch_size"],
             workers=workers, pool=options.get("pool"), dtype=options.get("dtype", "float32"),
             on_error=options["on_error"], precision=options["precision"], memory_format=options["memory_format"],

@@ -88,8 +88,9 @@ class Batch:
 class _Images:
     """A dataset of decoded, preprocessed images; a failure comes back as a value, never raised in a worker."""
 
-    def __init__(self, paths: Sequence, transform, first: int) -> None:
-        self.paths, self.transform, self.first = paths, transform, first
+    def __init__(self, paths: Sequence, preprocess: Preprocess, first: int) -> None:
+        self.paths, self.first = paths, first
+        self.transform, self.decode_size = preprocess.to_transform(), preprocess.decode_size
 
     def __len__(self) -> int:
         return len(self.paths) - self.first
@@ -97,7 +98,7 @@ class _Images:
     def __getitem__(self, position: int):
         index = self.first + position
         try:
-            return index, self.transform(load_rgb(self.paths[index])), None
+            return index, self.transform(load_rgb(self.paths[index], min_size=self.decode_size)), None
         except ImageError as err:
             return index, None, (err.message, err.hint)
 
@@ -134,13 +135,13 @@ def _worker_init(worker_id: int) -> None:
     os.nice(5)
 
 
-def image_loader(paths: Sequence, settings: RunSettings, transform, *, start: int = 0):
+def image_loader(paths: Sequence, settings: RunSettings, preprocess: Preprocess, *, start: int = 0):
     """Batches ``(indices, stacked images or None, failures)`` of ``paths[start:]``, decoded by ``settings.workers``."""
     import torch
     from torch.utils.data import DataLoader
 
     return DataLoader(
-        _Images(paths, transform, start),
+        _Images(paths, preprocess, start),
         batch_size=settings.batch_size,
         num_workers=settings.workers,
         collate_fn=_collate,
@@ -181,7 +182,7 @@ def iter_batches(
 
     settings = settings or RunSettings()
     cast = getattr(torch, settings.dtype)
-    loader = image_loader(paths, settings, (settings.preprocess or loaded.preprocess).to_transform(), start=start)
+    loader = image_loader(paths, settings, settings.preprocess or loaded.preprocess, start=start)
     compiled = None  # not tried yet; then the compiled function, or False for the eager path
     # Grad mode is per thread: it must not stay switched while this generator is suspended at a yield.
     with prepared_model(loaded, settings) as (model, to_device), contextlib.ExitStack() as hooked:

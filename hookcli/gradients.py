@@ -133,7 +133,7 @@ def iter_gradient_batches(
     """
     import torch
 
-    loader = image_loader(paths, settings, (settings.preprocess or loaded.preprocess).to_transform(), start=start)
+    loader = image_loader(paths, settings, settings.preprocess or loaded.preprocess, start=start)
     cast = getattr(torch, settings.dtype)
     with prepared_model(loaded, settings) as (model, to_device), frozen_parameters(model), \
             FeatureCapture(model, layers, gradients=True) as hooks:

@@ -63,7 +63,7 @@ def test_vgg16_bn_features_18_matches_the_fx_extractor(runner, photo, tmp_path):
     }
     assert json.loads(metadata["preprocess"]) == {
         "resize": 64, "crop": 64, "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225],
-        "interpolation": "bilinear", "antialias": True,
+        "interpolation": "bilinear", "antialias": True, "fast_decode": False,
     }
     assert set(json.loads(metadata["versions"])) == {"hookcli", "torch", "torchvision", "safetensors", "pillow"}
 
@@ -228,9 +228,9 @@ def test_errors_are_one_line_with_a_hint(runner, images, tmp_path):
          "Hint: see 'hookcli extract --help'"),
         (["extract", "-c", str(bad_preset), str(images[0])], 2,
          f"Error: config '{bad_preset}' has an unknown option 'layer_s'. Hint: did you mean 'layer'? valid options: "
-         "batch_size, capture, compile, crop, device, dtype, force, fuse, grid, interpolation, layer, mean, "
-         "memory_format, model, on_error, output, pool, precision, quiet, recursive, resize, seed, shard_size, std, weights, "
-         "workers"),
+         "batch_size, capture, compile, crop, device, dtype, fast_decode, force, fuse, grid, interpolation, layer, "
+         "mean, memory_format, model, on_error, output, pool, precision, quiet, recursive, resize, seed, shard_size, "
+         "std, weights, workers"),
         ([*base, "-l", "layer1", "--mean", "1,2", str(images[0])], 2,
          "Error: Invalid value for '--mean': '1,2' has 2 values; give one or three (R,G,B). "
          "Hint: see 'hookcli extract --help'"),
@@ -307,3 +307,20 @@ def test_shipped_presets_work_from_any_folder(runner, images, tmp_path):
     assert (result.exit_code, result.stderr) == (2, "Error: config file not found: 'resnet-stages'. Hint: shipped "
                                                     "presets: resnet50-stages, vgg16_bn-features18, vit_b_16-block "
                                                     "(a name is enough)\n")
+
+
+def test_fast_decode_reads_large_jpegs_at_a_scale_and_says_so(runner, photo, tmp_path):
+    from PIL import Image
+
+    big = tmp_path / "big.jpg"
+    Image.open(photo).convert("RGB").resize((2000, 2344)).save(big, quality=92)
+    base = ["extract", "-m", "resnet18", "-w", "none", "-l", "layer1", *SMALL, "-q"]
+    whole = runner.invoke(main, [*base, "-o", str(tmp_path / "whole.safetensors"), str(big)])
+    fast = runner.invoke(main, [*base, "--fast-decode", "-o", str(tmp_path / "fast.safetensors"), str(big)])
+    assert (whole.exit_code, fast.exit_code) == (0, 0), whole.output + fast.output
+    reference, whole_meta = _read(tmp_path / "whole.safetensors")
+    tensors, metadata = _read(tmp_path / "fast.safetensors")
+    assert json.loads(metadata["preprocess"])["fast_decode"] is True
+    assert json.loads(whole_meta["preprocess"])["fast_decode"] is False
+    difference = ((tensors["layer1"] - reference["layer1"]).norm() / reference["layer1"].norm()).item()
+    assert 0 < difference < 0.05  # decoded at 1/8 (250x293, still twice the resize of 64): the same picture

@@ -112,3 +112,23 @@ def test_input_errors(tree):
         gather_inputs([str(tree / "sub")])
     with pytest.raises(InputError, match="no input images were given"):
         gather_inputs(["-"], stdin=io.StringIO("\n"))
+
+
+def test_a_reduced_decode_keeps_both_sides_at_least_the_size_asked(tmp_path, photo):
+    big = Image.open(photo).convert("RGB").resize((2000, 1500))
+    big.save(tmp_path / "big.jpg", quality=92)
+    big.save(tmp_path / "big.png")
+    assert load_rgb(tmp_path / "big.jpg").size == (2000, 1500)
+    assert load_rgb(tmp_path / "big.jpg", min_size=512).size == (1000, 750)  # 1/4 would leave 375 < 512
+    assert load_rgb(tmp_path / "big.jpg", min_size=180).size == (250, 188)  # 1/8, the smallest scale
+    assert load_rgb(tmp_path / "big.jpg", min_size=1600).size == (2000, 1500)  # no scale keeps 1,600
+    assert load_rgb(tmp_path / "big.png", min_size=512).size == (2000, 1500)  # only JPEGs decode at a scale
+    halved = np.asarray(load_rgb(tmp_path / "big.jpg", min_size=512), dtype=float)
+    resized = np.asarray(load_rgb(tmp_path / "big.jpg").resize((1000, 750), Image.BILINEAR, reducing_gap=None),
+                         dtype=float)
+    assert np.abs(halved - resized).mean() < 2.0  # the same picture, at the scale asked
+
+    exif = Image.Exif()
+    exif[0x0112] = 6  # stored on its side: shown rotated 90° clockwise
+    big.save(tmp_path / "turned.jpg", exif=exif)
+    assert load_rgb(tmp_path / "turned.jpg", min_size=512).size == (750, 1000)
