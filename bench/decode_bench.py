@@ -14,13 +14,12 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import random
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from speed_bench import LOOP, run  # noqa: E402
+from speed_bench import LOOP, best_times  # noqa: E402
 
 
 def make_photos(folder: Path, count: int, size: tuple[int, int]) -> list[str]:
@@ -71,11 +70,7 @@ def main() -> None:
                 out = folder / f"{precision}{'-fast' if fast else ''}.safetensors"
                 contenders[label] = [*hookcli, "--precision", precision, *(["--fast-decode"] if fast else []),
                                      "-o", str(out), *paths]
-        best = {label: float("inf") for label in contenders}
-        shuffler = random.Random(0)
-        for _ in range(args.rounds):
-            for label in shuffler.sample(list(contenders), len(contenders)):
-                best[label] = min(best[label], run(contenders[label]))
+        best = best_times(contenders, args.rounds)
         reference = load_file(str(folder / "loop.safetensors"))[args.layer]
         errors = {}
         for label, command in contenders.items():

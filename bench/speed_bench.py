@@ -57,6 +57,16 @@ def run(command: list[str]) -> float:
     return time.perf_counter() - start
 
 
+def best_times(contenders: dict[str, list[str]], rounds: int) -> dict[str, float]:
+    """Each command's best wall time over ``rounds`` rounds, the order shuffled in each round."""
+    best = {label: float("inf") for label in contenders}
+    shuffler = random.Random(0)
+    for _ in range(rounds):
+        for label in shuffler.sample(list(contenders), len(contenders)):
+            best[label] = min(best[label], run(contenders[label]))
+    return best
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--images", type=int, default=384)
@@ -89,11 +99,7 @@ def main() -> None:
         }
         if args.device.startswith("cuda"):  # fusion is for the CPU: on a GPU the --no-fuse runs would repeat the others
             del contenders["hookcli --no-fuse"], contenders["hookcli --precision bf16 --no-fuse"]
-        best = {label: float("inf") for label in contenders}
-        shuffler = random.Random(0)
-        for _ in range(args.rounds):
-            for label in shuffler.sample(list(contenders), len(contenders)):
-                best[label] = min(best[label], run(contenders[label]))
+        best = best_times(contenders, args.rounds)
         reference = load_file(str(folder / "loop.safetensors"))[args.layer]
 
         def error(file: str) -> str:
