@@ -199,12 +199,10 @@ class _Rewriter:
     def _fuse_from(self, node, index: int) -> bool:
         """Fuse the chain that starts at the convolution ``node``; False when nothing follows it that could be."""
         conv = self._convolution(node)
-        weight, bias = _folded(conv, None)
         chain = [node]
         norm = self._batch_norm(self._sole_user(node), node)
         if norm is not None:
             chain.append(self._sole_user(node))
-            weight, bias = _folded(conv, norm)
         unary, add_to = ("none", [], ""), None
         after = self._sole_user(chain[-1])
         if after is not None and self._is_free(after):
@@ -213,7 +211,7 @@ class _Rewriter:
             if activation is not None and after.args[0] is chain[-1]:
                 unary = activation
                 chain.append(after)
-            elif other is not None:
+            elif other is not None and not self._changed_between(node.args[0], node, after):
                 add_to = other
                 chain.append(after)
                 relu = self._sole_user(after)
@@ -223,18 +221,40 @@ class _Rewriter:
                         chain.append(relu)
         if len(chain) == 1:
             return False
+        weight, bias = _folded(conv, norm)
         fused = FusedConvolution(conv, weight, bias, unary, add=add_to is not None, dtype=self.dtype,
                                  memory_format=self.memory_format)
         name = f"hookcli_fused_{index}"
         self.graph_module.add_submodule(name, fused)
         last = chain[-1]
-        with self.graph.inserting_before(last):
+        # Without an add the kernel runs where the convolution did; with one, where the add did, once both
+        # operands exist (_changed_between made sure the convolution's input is still what it was there).
+        with self.graph.inserting_before(node if add_to is None else last):
             args = (node.args[0],) if add_to is None else (node.args[0], add_to)
             replacement = self.graph.call_module(name, args)
         last.replace_all_uses_with(replacement)
         for old in reversed(chain):
             self.graph.erase_node(old)
         return True
+
+    def _changed_between(self, value, first, last) -> bool:
+        """Whether a node after ``first`` and before ``last`` may change ``value`` in place."""
+        node = first.next
+        while node is not last:
+            if value in node.args and self._may_write_to_arguments(node):
+                return True
+            node = node.next
+        return False
+
+    def _may_write_to_arguments(self, node) -> bool:
+        if node.op == "call_method":
+            return node.target.endswith("_")
+        if node.op == "call_function":
+            return bool(node.kwargs.get("inplace")) or getattr(node.target, "__name__", "").endswith("_")
+        if node.op == "call_module":
+            module = self.modules.get(node.target)
+            return bool(getattr(module, "inplace", False)) or any(True for _ in module.children())
+        return False
 
     def _added(self, node, source):
         """The other operand when ``node`` is ``source + other`` or ``other + source``.
@@ -254,10 +274,10 @@ class _Rewriter:
 def _folded(conv, norm):
     """The convolution's weight and bias with ``norm`` (eval-mode BatchNorm, or None) folded in."""
     with torch.no_grad():
+        if norm is None:
+            return conv.weight.detach(), None if conv.bias is None else conv.bias.detach()
         weight = conv.weight.detach().double()
         bias = conv.bias.detach().double() if conv.bias is not None else None
-        if norm is None:
-            return weight, bias
         scale = torch.rsqrt(norm.running_var.double() + norm.eps)
         if norm.weight is not None:
             scale = scale * norm.weight.detach().double()

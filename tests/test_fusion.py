@@ -244,3 +244,24 @@ def test_modules_with_hooks_of_their_own_are_left_whole():
             global_hook.remove()
     finally:
         handle.remove()
+
+
+def test_an_add_is_not_fused_when_the_convolution_input_changes_in_place_before_it():
+    class Mutating(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.norm = nn.Conv2d(4, 4, 1), nn.BatchNorm2d(4)
+
+        def forward(self, x):
+            x = x * 1  # the graph's own tensor, changed in place below
+            y = self.norm(self.conv(x))
+            x.relu_()  # the convolution has read x already: running it at the add would read this
+            return y + x
+
+    model = _with_running_stats(Mutating())
+    x = torch.randn(2, 4, 5, 5)
+    fused, count = fused_for_inference(model, [], dtype=torch.float32)
+    assert count == 1
+    assert [(m.add, m.unary) for m in _fused_modules(fused)] == [(False, "none")]
+    with torch.inference_mode():
+        torch.testing.assert_close(fused(x), model(x), rtol=1e-5, atol=1e-5)
