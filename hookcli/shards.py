@@ -238,8 +238,8 @@ class ShardedFeatures:
             rows += len(entry["inputs"])
         self.rows = rows
         self._open: tuple[int, FeatureFile] | None = None
-        with_rows = next((n for n, entry in enumerate(shards) if entry["inputs"]), 0)
-        first = self._shard(with_rows)  # a shard whose inputs all failed may hold no tensors
+        self._with_rows = next((n for n, entry in enumerate(shards) if entry["inputs"]), 0)
+        first = self._shard(self._with_rows)  # a shard whose inputs all failed may hold no tensors
         self._keys = first.keys()
         self._info = {k: (first.dtype(k), first.shape(k)[1:]) for k in self._keys}
         self.size = sum((self.folder / entry["file"]).stat().st_size for entry in shards)
@@ -285,14 +285,27 @@ class ShardedFeatures:
 
     def read(self, key: str, index: int | None = None, part: slice | None = None):
         if index is None:
-            import numpy as np
-
-            return np.stack([self.read(key, row) for row in range(self.rows)])
+            return self.read_rows(key, 0, self.rows)
         if not -self.rows <= index < self.rows:
             raise IndexError(f"row {index} out of range for '{key}' with {self.rows} rows")
         index %= self.rows
         number = bisect.bisect_right(self._starts, index) - 1
         return self._shard(number).read(key, index - self._starts[number], part)
+
+    def read_rows(self, key: str, start: int, stop: int):
+        """Rows ``start:stop`` across shards (clipped as a slice is): one read per shard they fall in."""
+        import numpy as np
+
+        start, stop, _ = slice(start, stop).indices(self.rows)
+        pieces = []
+        for number, entry in enumerate(self.shards):
+            first = self._starts[number]
+            low, high = max(start, first), min(stop, first + len(entry["inputs"]))
+            if low < high:
+                pieces.append(self._shard(number).read_rows(key, low - first, high - first))
+        if not pieces:
+            return self._shard(self._with_rows).read_rows(key, 0, 0)
+        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
 
 
 def open_features(source: str | os.PathLike):

@@ -226,8 +226,6 @@ class FeatureFile:
         Only the bytes asked for are read. Floating types come back as float32
         (BF16 and F16 widened), integers and booleans as stored.
         """
-        import numpy as np
-
         dtype, shape, begin = self._entries[key]
         itemsize = _itemsize(dtype)
         start, shape = begin, list(shape)
@@ -243,16 +241,23 @@ class FeatureFile:
                 start += first * math.prod(shape[1:]) * itemsize
                 shape = [stop - first, *shape[1:]]
                 part = slice(None, None, step) if step != 1 else None
+        array = self._read_at(dtype, start, shape)
+        return _widened(array[part] if part is not None else array, dtype)
+
+    def read_rows(self, key: str, start: int, stop: int):
+        """Rows ``start:stop`` of tensor ``key`` (clipped as a slice is), in one read, converted as :meth:`read`."""
+        dtype, shape, begin = self._entries[key]
+        first, last, _ = slice(start, stop).indices(shape[0])
+        row = [*shape[1:]]
+        offset = begin + first * math.prod(row) * _itemsize(dtype)
+        return _widened(self._read_at(dtype, offset, [max(last - first, 0), *row]), dtype)
+
+    def _read_at(self, dtype: str, offset: int, shape: list[int]):
+        import numpy as np
+
         count = math.prod(shape)
-        raw = os.pread(self._handle.fileno(), count * itemsize, self._data_start + start)
-        array = np.frombuffer(raw, dtype=_NUMPY_DTYPES[dtype], count=count).reshape(shape)
-        if part is not None:
-            array = array[part]
-        if dtype == "BF16":
-            return (array.astype(np.uint32) << 16).view(np.float32)
-        if dtype in ("F16", "F64"):
-            return array.astype(np.float32)
-        return array
+        raw = os.pread(self._handle.fileno(), count * _itemsize(dtype), self._data_start + offset)
+        return np.frombuffer(raw, dtype=_NUMPY_DTYPES[dtype], count=count).reshape(shape)
 
 
 class ArrayFeatures:
@@ -288,14 +293,30 @@ class ArrayFeatures:
         return self._arrays[key].nbytes
 
     def read(self, key: str, index: int | None = None, part: slice | None = None):
-        import numpy as np
-
         array = self._arrays[key]
         if index is not None:
             array = array[index]
             if part is not None:
                 array = array[part]
-        return array.astype(np.float32) if array.dtype.kind == "f" else array
+        return self._as_read(array)
+
+    def read_rows(self, key: str, start: int, stop: int):
+        return self._as_read(self._arrays[key][start:stop])
+
+    @staticmethod
+    def _as_read(array):
+        return array.astype("float32") if array.dtype.kind == "f" else array
+
+
+def _widened(array, dtype: str):
+    """Floating types as float32 (BF16 and F16 widened); integers and booleans as stored."""
+    import numpy as np
+
+    if dtype == "BF16":
+        return (array.astype(np.uint32) << 16).view(np.float32)
+    if dtype in ("F16", "F64"):
+        return array.astype(np.float32)
+    return array
 
 
 def format_bytes(count: float) -> str:

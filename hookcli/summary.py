@@ -24,8 +24,9 @@ def tensor_stats(features, key: str) -> dict:
     shape = features.shape(key)
     if not shape or features.nbytes(key) <= _WHOLE_TENSOR_BYTES:
         pieces = [features.read(key)]
-    else:
-        pieces = (features.read(key, row) for row in range(shape[0]))
+    else:  # rows in pieces of about _WHOLE_TENSOR_BYTES, one read each
+        step = max(1, _WHOLE_TENSOR_BYTES * shape[0] // features.nbytes(key))
+        pieces = (features.read_rows(key, start, start + step) for start in range(0, shape[0], step))
     low, high, total, finite_count, zeros, count = np.inf, -np.inf, 0.0, 0, 0, 0
     for piece in pieces:
         values = np.asarray(piece, dtype=np.float64).ravel()

@@ -255,3 +255,19 @@ def test_a_gap_in_the_shards_is_recomputed_and_stale_index_lines_dropped(runner,
     assert after[0] == before[0] and [s["inputs"] for s in after] == [s["inputs"] for s in before]
     with ShardedFeatures(folder) as features:
         assert json.loads(features.metadata["inputs"]) == [str(p) for p in many]
+
+
+def test_rows_read_in_ranges_across_shards(runner, tmp_path, many):
+    expected, _ = _single_file(runner, tmp_path, many, "--dtype", "bfloat16")
+    folder = tmp_path / "feats"
+    result = runner.invoke(main, [*ARGS, "--dtype", "bfloat16", "--shard-size", "2", "-o", f"{folder}/",
+                                  *map(str, many)])
+    assert result.exit_code == 0, result.output
+    reference = expected["layer2"].float().numpy()
+    with ShardedFeatures(folder) as features:
+        assert len(features.shards) == 4
+        for start, stop in [(0, 7), (1, 2), (1, 6), (3, 4), (5, 99), (-3, -1), (4, 4), (6, 2)]:
+            rows = features.read_rows("layer2", start, stop)
+            assert rows.dtype == "float32" and rows.shape == reference[start:stop].shape
+            assert (rows == reference[start:stop]).all(), (start, stop)
+        assert (features.read("layer2") == reference).all()

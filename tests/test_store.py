@@ -51,3 +51,25 @@ def test_refuses_a_folder_or_a_missing_parent(tmp_path):
     with pytest.raises(UsageProblem, match="does not exist. Hint: create it first"):
         with atomic_path(tmp_path / "nope" / "o.bin"):
             pass
+
+
+def test_rows_read_in_one_go_match_row_by_row_reads(tmp_path, monkeypatch):
+    from hookcli import summary
+    from hookcli.store import ArrayFeatures, FeatureFile
+
+    generator = torch.Generator().manual_seed(0)
+    tensors = {"half": torch.randn(9, 4, 3, generator=generator).bfloat16(),
+               "ints": torch.arange(27, dtype=torch.int16).reshape(9, 3)}
+    write_safetensors(tensors, {"format": "1"}, tmp_path / "f.safetensors")
+    arrays = {k: v.float().numpy() if v.is_floating_point() else v.numpy() for k, v in tensors.items()}
+    with FeatureFile(tmp_path / "f.safetensors") as stored, ArrayFeatures(arrays, {}) as memory:
+        for features in (stored, memory):
+            for key in tensors:
+                whole = features.read(key)
+                for start, stop in [(0, 9), (2, 5), (8, 20), (-4, -1), (3, 3)]:
+                    rows = features.read_rows(key, start, stop)
+                    assert rows.dtype == whole.dtype and (rows == whole[start:stop]).all(), (key, start, stop)
+        assert stored.read_rows("half", 2, 5).dtype == "float32"
+        whole_stats = summary.tensor_stats(stored, "half")
+        monkeypatch.setattr(summary, "_WHOLE_TENSOR_BYTES", 50)  # 2 rows (24 bf16 values each) per read
+        assert summary.tensor_stats(stored, "half") == pytest.approx(whole_stats)
