@@ -34,7 +34,7 @@ def main() -> None:
     import torchvision
 
     from hookcli.fusion import fused_for_inference
-    from hookcli.speed import compute_precision
+    from hookcli.speed import compute_dtype, compute_precision
 
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads, CPU; batch {args.batch_size}, 224x224, best of {args.rounds}")
@@ -49,8 +49,8 @@ def main() -> None:
                 module.running_var.uniform_(0.5, 2.0)
         model = model.to(memory_format=torch.channels_last)
         batch = torch.randn(args.batch_size, 3, 224, 224).contiguous(memory_format=torch.channels_last)
-        for precision, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-            fused, count = fused_for_inference(model, [], dtype=dtype, channels_last=True)
+        for precision in ("fp32", "bf16"):
+            fused, count = fused_for_inference(model, [], dtype=compute_dtype(precision), channels_last=True)
             best = {"eager": float("inf"), "fused": float("inf")}
             outputs = {}
             with torch.inference_mode(), compute_precision(precision, cpu):

@@ -146,7 +146,7 @@ def pipeline_efficiency(paths: list[str], args) -> dict[str, tuple[float, float]
     from hookcli.images import load_rgb
     from hookcli.models import load_model
     from hookcli.fusion import fused_for_inference
-    from hookcli.speed import choose_memory_format, to_memory_format
+    from hookcli.speed import choose_memory_format, compute_dtype, to_memory_format
 
     device = torch.device(args.device)
     loaded = load_model(args.model, "none")
@@ -165,8 +165,7 @@ def pipeline_efficiency(paths: list[str], args) -> dict[str, tuple[float, float]
         ours = len(paths) / (time.perf_counter() - start)
         model = to_memory_format(loaded.module.to(device), memory_format)
         # The same network hookcli runs: fused on the CPU (a no-op on a GPU).
-        dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-        forward = fused_for_inference(model, [args.layer], dtype=dtype,
+        forward = fused_for_inference(model, [args.layer], dtype=compute_dtype(precision),
                                       channels_last=memory_format == "channels_last")[0]
         on_device = [to_memory_format(b.to(device), memory_format) for b in batches]
         _forward_all(forward, on_device, precision, device)  # warm-up

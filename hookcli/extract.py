@@ -71,6 +71,11 @@ class RunSettings:
         if self.on_error not in ("fail", "skip"):
             raise UsageProblem(f"on_error must be 'fail' or 'skip', not '{self.on_error}'")
 
+    @property
+    def fusing(self) -> bool:
+        """Whether extraction may fuse: ``fuse`` asked for and no ``compile`` (which fuses in its own way)."""
+        return self.fuse and not self.compile
+
 
 @dataclass
 class Batch:
@@ -186,7 +191,7 @@ def iter_batches(
     compiled = None  # not tried yet; then the compiled function, or False for the eager path
     # Grad mode is per thread: it must not stay switched while this generator is suspended at a yield.
     with prepared_model(loaded, settings) as (model, to_device), contextlib.ExitStack() as hooked:
-        fused = _fused(model, loaded, layers, settings) if settings.fuse and not settings.compile else model
+        fused = _fused(model, loaded, layers, settings) if settings.fusing else model
         eager = _EagerForward(fused, model, layers, settings.capture, hooked, capture_hooks, on_note)
         for indices, batch, failures in loader:
             failures = reported_failures(failures, settings)
@@ -271,15 +276,11 @@ def prepared_model(loaded: LoadedModel, settings: RunSettings):
 
 def _fused(model, loaded: LoadedModel, layers: Mapping[str, str], settings: RunSettings):
     """The model with conv/BatchNorm/activation chains outside the hooked layers fused (CPU inference only)."""
-    import torch
-
     from hookcli.fusion import fused_for_inference
 
-    if settings.precision not in ("fp32", "bf16"):
-        return model
-    dtype = torch.bfloat16 if settings.precision == "bf16" else torch.float32
     channels_last = resolved_memory_format(loaded, settings) == "channels_last"
-    return fused_for_inference(model, layers, dtype=dtype, channels_last=channels_last)[0]
+    return fused_for_inference(model, layers, dtype=speed.compute_dtype(settings.precision),
+                               channels_last=channels_last)[0]
 
 
 def resolved_memory_format(loaded: LoadedModel, settings: RunSettings) -> str:

@@ -351,7 +351,7 @@ def extract_to_folder(
         "model": loaded.name, "weights": loaded.weights, "layers": dict(layers), "capture": settings.capture,
         "preprocess": json.loads(preprocess.to_json()), "pool": settings.pool or "none", "dtype": settings.dtype,
         "precision": settings.precision, "memory_format": resolved_memory_format(loaded, settings),
-        "fuse": settings.fuse, "on_error": settings.on_error, "shard_size": shard_size or "auto",
+        "fuse": settings.fusing, "on_error": settings.on_error, "shard_size": shard_size or "auto",
         "inputs": len(paths), "inputs_sha256": inputs_digest(paths), **(identity_extra or {}),
     }
     if batches is None:

@@ -27,7 +27,7 @@ from hookcli.errors import UsageProblem
 
 __all__ = [
     "MEMORY_FORMATS", "PRECISIONS", "check_precision", "choose_memory_format", "compiled_extractor",
-    "compute_precision", "thread_budget",
+    "compute_dtype", "compute_precision", "thread_budget",
 ]
 
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -47,6 +47,13 @@ def check_precision(precision: str, device) -> None:
         raise UsageProblem("this GPU cannot compute in bf16", hint="use --precision fp16 (or fp32)")
 
 
+def compute_dtype(precision: str):
+    """The torch dtype a compute precision computes in: ``fp32`` → ``torch.float32``, and so on."""
+    import torch
+
+    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+
+
 @contextlib.contextmanager
 def compute_precision(precision: str, device) -> Iterator[None]:
     """Autocast for ``bf16``/``fp16``; nothing for ``fp32``."""
@@ -55,8 +62,7 @@ def compute_precision(precision: str, device) -> Iterator[None]:
     if precision == "fp32":
         yield
         return
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    with torch.autocast(device_type=device.type, dtype=dtype):
+    with torch.autocast(device_type=device.type, dtype=compute_dtype(precision)):
         yield
 
 

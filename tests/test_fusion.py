@@ -199,6 +199,8 @@ def test_extraction_fuses_by_default_stops_early_and_leaves_no_hooks(images):
         handle.remove()
     assert fused.tensors["layer2"].shape == (len(images), 128, 28, 28)
     assert (fused.fused, plain.fused) == (5, 0)  # conv1 and layer1's four; layer2 is hooked, whole
+    assert (RunSettings().fusing, RunSettings(fuse=False).fusing, RunSettings(compile=True).fusing) == (
+        True, False, False)  # --compile fuses in its own way
     difference = (fused.tensors["layer2"] - plain.tensors["layer2"]).norm() / plain.tensors["layer2"].norm()
     assert 0 < difference < 1e-6  # other kernels, the same values to fp32 rounding
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in loaded.module.modules())
