@@ -65,14 +65,10 @@ def hand_loop(model, transform, paths, batch_size, out: Path, layer=None) -> Non
 
 
 def hookcli_run(loaded, layer, paths, batch_size, workers, out: Path) -> None:
-    from hookcli.extract import RunSettings, build_metadata, extract_features
-    from hookcli.store import write_safetensors
+    import hookcli
 
-    settings = RunSettings(batch_size=batch_size, workers=workers, device=DEVICE)
-    run = extract_features(loaded, {layer: layer}, paths, settings)
-    metadata = build_metadata(loaded, {layer: layer}, settings, keys=list(run.tensors), calls=run.calls,
-                              inputs=run.inputs)
-    write_safetensors(run.tensors, metadata, out, force=True)
+    hookcli.extract(loaded, layer, paths, output=out, batch_size=batch_size, workers=workers, device=DEVICE,
+                    force=True)
 
 
 def best_times(variants: dict, rounds: int) -> dict:

@@ -142,10 +142,11 @@ def pipeline_efficiency(paths: list[str], args) -> dict[str, tuple[float, float]
     """Per precision: (hookcli pipeline img/s, model forward alone img/s), both after a warm-up."""
     import torch
 
-    from hookcli.extract import RunSettings, default_workers, extract_features
+    import hookcli
+    from hookcli.fusion import fused_for_inference
     from hookcli.images import load_rgb
     from hookcli.models import load_model
-    from hookcli.fusion import fused_for_inference
+    from hookcli.pipeline import default_workers
     from hookcli.speed import choose_memory_format, compute_dtype, to_memory_format
 
     device = torch.device(args.device)
@@ -156,12 +157,11 @@ def pipeline_efficiency(paths: list[str], args) -> dict[str, tuple[float, float]
     memory_format = choose_memory_format(loaded.module, device)
     results = {}
     for precision in ("fp32", "bf16"):
-        settings = RunSettings(batch_size=args.batch_size, device=device, precision=precision,
-                               workers=default_workers(device, len(paths), args.batch_size))
-        layers = {args.layer: args.layer}
-        extract_features(loaded, layers, paths[: args.batch_size * 2], settings)  # warm-up
+        options = {"batch_size": args.batch_size, "device": args.device, "precision": precision,
+                   "workers": default_workers(device, len(paths), args.batch_size)}
+        hookcli.extract(loaded, args.layer, paths[: args.batch_size * 2], **options)  # warm-up
         start = time.perf_counter()
-        extract_features(loaded, layers, paths, settings)
+        hookcli.extract(loaded, args.layer, paths, **options)
         ours = len(paths) / (time.perf_counter() - start)
         model = to_memory_format(loaded.module.to(device), memory_format)
         # The same network hookcli runs: fused on the CPU (a no-op on a GPU).

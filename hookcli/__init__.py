@@ -1,13 +1,15 @@
 """hookcli: hook any layer of a torchvision model and save what it returns.
 
-The command line lives in :mod:`hookcli.cli`; everything else is a library that
-works without it. Importing :mod:`hookcli` is cheap: the engine (and torch) load
-on first use of one of the names below.
+One function per command, keywords named like the command line's options
+(see :mod:`hookcli.api`); the command line itself lives in :mod:`hookcli.cli`.
+Importing :mod:`hookcli` is cheap: the engine (and torch) load on first use
+of one of the names below.
 
->>> from hookcli import FeatureCapture, load_model, resolve_layers   # doctest: +SKIP
->>> loaded = load_model("vgg16_bn", "none")                          # doctest: +SKIP
->>> with FeatureCapture(loaded.module, resolve_layers(loaded.module, ["features.18"])) as capture:  # doctest: +SKIP
-...     features = capture.run(batch)
+>>> import hookcli
+>>> photo = __import__("matplotlib.cbook").cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)
+>>> features = hookcli.extract("vgg16_bn", "features.18", photo, weights="none", resize=64, crop=64)
+>>> features["features.18"].shape, features.inputs == [photo]
+(torch.Size([1, 256, 16, 16]), True)
 """
 
 from importlib import import_module
@@ -19,15 +21,23 @@ except PackageNotFoundError:  # running from a source tree that was never instal
     __version__ = "0+unknown"
 
 _PUBLIC = {
+    "DEFAULT_OUTPUT": "hookcli.run",
     "FeatureCapture": "hookcli.capture",
-    "describe_layers": "hookcli.layers",
-    "extract_features": "hookcli.extract",
-    "gather_inputs": "hookcli.images",
+    "Features": "hookcli.store",
+    "GradientCapture": "hookcli.capture",
+    "HookcliError": "hookcli.errors",
+    "RunPlan": "hookcli.run",
+    "cam": "hookcli.api",
+    "describe_layers": "hookcli.selectors",
+    "execute": "hookcli.run",
+    "extract": "hookcli.api",
+    "grad": "hookcli.api",
+    "grid": "hookcli.api",
+    "layers": "hookcli.api",
     "load_model": "hookcli.models",
-    "load_rgb": "hookcli.images",
     "open_features": "hookcli.shards",
-    "resolve_layers": "hookcli.layers",
-    "write_safetensors": "hookcli.store",
+    "plan": "hookcli.run",
+    "resolve_layers": "hookcli.selectors",
 }
 
 __all__ = ["__version__", *_PUBLIC]

@@ -20,12 +20,12 @@ Keys (the file format's contract, see the README):
 Elements that are not tensors (``None``) are not stored; they are listed in
 :attr:`FeatureCapture.omitted`.
 
-With ``gradients=True``, :meth:`FeatureCapture.run_gradients` also returns
-``<key>@grad``: the gradient of a chosen logit with respect to each layer's
-output. The hook keeps the module's own output tensor to itself and passes
-a copy on, so in-place operations after the layer (``ReLU(inplace=True)``,
-``out += identity``) change the copy, and ``torch.autograd.grad`` on the kept
-tensor gives exactly d(logit)/d(output). No module backward hooks are used.
+:class:`GradientCapture` also returns ``<key>@grad``: the gradient of a
+chosen logit with respect to each layer's output. Its hook keeps the
+module's own output tensor to itself and passes a copy on, so in-place
+operations after the layer (``ReLU(inplace=True)``, ``out += identity``)
+change the copy, and ``torch.autograd.grad`` on the kept tensor gives exactly
+d(logit)/d(output). No module backward hooks are used.
 
 >>> import torch, torch.nn as nn
 >>> model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(inplace=True))
@@ -43,7 +43,7 @@ from collections.abc import Iterator, Mapping, Sequence
 
 from hookcli.errors import CaptureError, LayerNotRunError, UsageProblem
 
-__all__ = ["CAPTURE_KINDS", "FeatureCapture", "preserved_mode"]
+__all__ = ["CAPTURE_KINDS", "FeatureCapture", "GradientCapture", "preserved_mode"]
 
 CAPTURE_KINDS = ("output", "input", "both")
 
@@ -68,7 +68,7 @@ class FeatureCapture:
     """Hooks on selected layers of ``model``; :meth:`run` returns what they caught.
 
     ``layers`` is a mapping ``{module path: key}`` (see
-    :func:`hookcli.layers.resolve_layers`) or a list of paths used as keys.
+    :func:`hookcli.selectors.resolve_layers`) or a list of paths used as keys.
     ``capture`` is ``"output"``, ``"input"`` or ``"both"``. With
     ``stop_early`` the forward ends as soon as every layer has fired as often
     as it did in the first forward, so layers nobody asked for are not paid
@@ -82,17 +82,13 @@ class FeatureCapture:
         *,
         capture: str = "output",
         stop_early: bool = True,
-        gradients: bool = False,
     ) -> None:
         if capture not in CAPTURE_KINDS:
             raise UsageProblem(f"capture must be one of {', '.join(CAPTURE_KINDS)}, not '{capture}'")
-        if gradients and capture != "output":
-            raise UsageProblem("gradients are taken with respect to layer outputs", hint="use capture='output'")
         self.model = model
         self.layers = dict(layers) if isinstance(layers, Mapping) else {path: path for path in layers}
         self.capture = capture
-        self.stop_early = stop_early and not gradients  # the target logit is at the very end
-        self.gradients = gradients
+        self.stop_early = stop_early
         #: How many times each layer ran per forward, learnt from the first forward.
         self.calls: dict[str, int] | None = None
         #: Keys of container elements that were not tensors and so were not stored.
@@ -101,7 +97,6 @@ class FeatureCapture:
         self._outputs: dict[str, list] = {}
         self._inputs: dict[str, list] = {}
         self._counts: dict[str, int] = {}
-        self._sources: dict[str, list] = {}
 
     def __enter__(self) -> FeatureCapture:
         modules = dict(self.model.named_modules())
@@ -156,51 +151,8 @@ class FeatureCapture:
             self._clear()
         return counts, outputs, inputs
 
-    def run_gradients(self, batch, pick_targets) -> tuple[dict, object, object]:
-        """Forward ``batch``, choose target logits, and return activations and their gradients.
-
-        ``pick_targets(logits)`` returns the classes ``[N, K]`` (long) to take
-        gradients of: one backward per column. Returns ``({key: tensor},
-        classes, logits)``, with ``<key>@grad`` (K = 1) or ``<key>@grad#<k>``
-        next to each ``<key>``, and the model's (detached) logits.
-        Raises :class:`CaptureError` for a layer the target does not depend on.
-        """
-        import torch
-
-        if not self.gradients:
-            raise RuntimeError("run_gradients() needs FeatureCapture(..., gradients=True)")
-        self._clear()
-        try:
-            with torch.enable_grad():
-                logits = self.model(batch)
-                if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
-                    raise CaptureError("the model's output is not a [batch, classes] tensor of logits",
-                                       hint="gradients need a classification model")
-                classes = pick_targets(logits.detach())
-                scores = logits.gather(1, classes)
-                sources = [(path, call, tensor) for path, tensors in self._sources.items()
-                           for call, tensor in enumerate(tensors)]
-                gradients = []
-                for k in range(classes.shape[1]):
-                    found = torch.autograd.grad(scores[:, k].sum(), [t for _, _, t in sources],
-                                                retain_graph=k + 1 < classes.shape[1], allow_unused=True)
-                    gradients.append(found)
-            counts, outputs = self._counts, self._outputs
-        finally:
-            self._clear()
-        self._check_calls(counts)
-        flat = self._flatten(outputs, {}, batch_size=len(batch))
-        for index, (path, call, _) in enumerate(sources):
-            base = _call_key(self.layers[path], call, counts[path])
-            for k, found in enumerate(gradients):
-                if found[index] is None:
-                    raise CaptureError(f"layer {path} has no gradient path to the target logit",
-                                       hint="choose a layer the model's output depends on")
-                flat[f"{base}@grad" if len(gradients) == 1 else f"{base}@grad#{k}"] = found[index]
-        return flat, classes, logits.detach()
-
     def _clear(self) -> None:
-        self._outputs, self._inputs, self._counts, self._sources = {}, {}, {}, {}
+        self._outputs, self._inputs, self._counts = {}, {}, {}
 
     def _on_input(self, path, module, inputs):
         self._inputs.setdefault(path, []).append(_detached_copy(inputs))
@@ -208,25 +160,8 @@ class FeatureCapture:
             self._count(path)
 
     def _on_output(self, path, module, inputs, output):
-        if self.gradients:
-            return self._keep_for_gradients(path, output)
         self._outputs.setdefault(path, []).append(_detached_copy(output))
         self._count(path)
-
-    def _keep_for_gradients(self, path, output):
-        import torch
-
-        if not isinstance(output, torch.Tensor):
-            raise CaptureError(f"layer {path} returns a {type(output).__name__}, not a tensor",
-                               hint="gradients are taken for layers whose output is one tensor")
-        if not output.is_floating_point():
-            raise CaptureError(f"layer {path} returns {output.dtype} values, which have no gradient")
-        # Before this layer nothing needs a gradient (parameters are frozen), so its output becomes a leaf.
-        source = output if output.requires_grad else output.detach().requires_grad_()
-        self._sources.setdefault(path, []).append(source)
-        self._outputs.setdefault(path, []).append(_detached_copy(source))
-        self._count(path)
-        return source.clone()  # what later layers see, and may change in place
 
     def _count(self, path: str) -> None:
         self._counts[path] = self._counts.get(path, 0) + 1
@@ -274,6 +209,85 @@ class FeatureCapture:
                     hint="hookcli stores one row per image; select a layer whose output starts with the batch",
                 )
         return flat
+
+
+class GradientCapture(FeatureCapture):
+    """A :class:`FeatureCapture` of layer outputs that also takes gradients of chosen logits with respect to them.
+
+    Use :meth:`run_gradients`, with parameters frozen (see
+    :func:`hookcli.gradients.frozen_parameters`) so autograd records the graph
+    from the first hooked layer on only. The whole forward runs: the logits
+    are at its end.
+    """
+
+    def __init__(self, model, layers: Mapping[str, str] | Sequence[str]) -> None:
+        super().__init__(model, layers, capture="output", stop_early=False)
+        self._sources: dict[str, list] = {}
+
+    def run(self, batch) -> dict:
+        raise RuntimeError("GradientCapture takes gradients: call run_gradients(batch, pick_targets)")
+
+    def run_gradients(self, batch, pick_targets) -> tuple[dict, object, object]:
+        """Forward ``batch``, choose target logits, and return activations and their gradients.
+
+        ``pick_targets(logits)`` returns the classes ``[N, K]`` (long) to take
+        gradients of: one backward per column. Returns ``({key: tensor},
+        classes, logits)``, with ``<key>@grad`` (K = 1) or ``<key>@grad#<k>``
+        next to each ``<key>``, and the model's (detached) logits.
+        Raises :class:`CaptureError` for a layer the target does not depend on.
+        """
+        import torch
+
+        if self._stack is None:
+            raise RuntimeError("GradientCapture.run_gradients() needs the capture to be entered (use 'with')")
+        self._clear()
+        try:
+            with torch.enable_grad():
+                logits = self.model(batch)
+                if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
+                    raise CaptureError("the model's output is not a [batch, classes] tensor of logits",
+                                       hint="gradients need a classification model")
+                classes = pick_targets(logits.detach())
+                scores = logits.gather(1, classes)
+                sources = [(path, call, tensor) for path, tensors in self._sources.items()
+                           for call, tensor in enumerate(tensors)]
+                gradients = []
+                for k in range(classes.shape[1]):
+                    found = torch.autograd.grad(scores[:, k].sum(), [t for _, _, t in sources],
+                                                retain_graph=k + 1 < classes.shape[1], allow_unused=True)
+                    gradients.append(found)
+            counts, outputs = self._counts, self._outputs
+        finally:
+            self._clear()
+        self._check_calls(counts)
+        flat = self._flatten(outputs, {}, batch_size=len(batch))
+        for index, (path, call, _) in enumerate(sources):
+            base = _call_key(self.layers[path], call, counts[path])
+            for k, found in enumerate(gradients):
+                if found[index] is None:
+                    raise CaptureError(f"layer {path} has no gradient path to the target logit",
+                                       hint="choose a layer the model's output depends on")
+                flat[f"{base}@grad" if len(gradients) == 1 else f"{base}@grad#{k}"] = found[index]
+        return flat, classes, logits.detach()
+
+    def _clear(self) -> None:
+        super()._clear()
+        self._sources = {}
+
+    def _on_output(self, path, module, inputs, output):
+        import torch
+
+        if not isinstance(output, torch.Tensor):
+            raise CaptureError(f"layer {path} returns a {type(output).__name__}, not a tensor",
+                               hint="gradients are taken for layers whose output is one tensor")
+        if not output.is_floating_point():
+            raise CaptureError(f"layer {path} returns {output.dtype} values, which have no gradient")
+        # Before this layer nothing needs a gradient (parameters are frozen), so its output becomes a leaf.
+        source = output if output.requires_grad else output.detach().requires_grad_()
+        self._sources.setdefault(path, []).append(source)
+        self._outputs.setdefault(path, []).append(_detached_copy(source))
+        self._count(path)
+        return source.clone()  # what later layers see, and may change in place
 
 
 def _call_key(key: str, call: int, calls: int) -> str:

@@ -2,7 +2,9 @@
 
 ``auto`` means the first CUDA GPU when there is one, else the CPU.
 
->>> resolve_device("cpu")   # doctest: +SKIP
+>>> parse_device(" CUDA:1 ")
+'cuda:1'
+>>> resolve_device("cpu")
 device(type='cpu')
 """
 
@@ -12,10 +14,18 @@ import re
 
 from hookcli.errors import DeviceError
 
-__all__ = ["DEVICE_PATTERN", "resolve_device"]
+__all__ = ["DEVICE_PATTERN", "parse_device", "resolve_device"]
 
 #: What ``--device`` accepts.
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?|mps")
+
+
+def parse_device(value) -> str:
+    """``value`` (a string or a ``torch.device``) as a device name; ValueError saying what is accepted."""
+    text = str(value).strip().lower()
+    if not DEVICE_PATTERN.fullmatch(text):
+        raise ValueError(f"'{value}' is not a device; use auto, cpu, cuda, cuda:N or mps")
+    return text
 
 
 def resolve_device(spec: str):

@@ -1,11 +1,12 @@
 """Gradients of a chosen logit with respect to layer outputs, and class-activation maps made from them.
 
 A target is a class index, a class name from the weights' categories, or
-``top1`` … ``topK`` (each image's K highest logits). :func:`iter_gradient_batches`
-runs the same input pipeline as extraction, but with gradients enabled only
-where needed: parameters are frozen for the run, so autograd records the graph
-from the first hooked layer on, and each batch's graph is freed after its
-backward pass.
+``top1`` … ``topK`` (each image's K highest logits). :class:`GradientForward`
+is the forward strategy of :func:`hookcli.pipeline.iter_batches` for grad:
+gradients are enabled only where needed, parameters are frozen for the run,
+so autograd records the graph from the first hooked layer on, and each
+batch's graph is freed after its backward pass. :class:`CamForward` turns
+each batch's activations and gradients into maps.
 
 :func:`class_activation_maps` turns activations and gradients into maps:
 
@@ -27,7 +28,6 @@ backward pass.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import difflib
 import functools
 import math
@@ -35,15 +35,15 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from hookcli.capture import FeatureCapture, preserved_mode
+from hookcli.capture import GradientCapture, preserved_mode
 from hookcli.errors import CaptureError, UsageProblem
-from hookcli.extract import Batch, RunSettings, image_loader, prepared_model, reported_failures
+from hookcli.fileformat import RunFacts
 from hookcli.models import LoadedModel
 from hookcli.speed import compute_precision
 
 __all__ = [
-    "CAM_METHODS", "Target", "class_activation_maps", "default_cam_layer", "frozen_parameters", "iter_cam_batches",
-    "iter_gradient_batches", "parse_target", "spatial_maps",
+    "CAM_METHODS", "CamForward", "GradientForward", "Target", "class_activation_maps", "default_cam_layer",
+    "frozen_parameters", "parse_target", "spatial_maps",
 ]
 
 CAM_METHODS = ("gradcam", "gradcam++", "xgradcam", "layercam")
@@ -116,39 +116,58 @@ def frozen_parameters(model) -> Iterator[None]:
             parameter.requires_grad_(flag)
 
 
-def iter_gradient_batches(
-    loaded: LoadedModel,
-    layers: Mapping[str, str],
-    paths: Sequence,
-    settings: RunSettings,
-    target: Target,
-    *,
-    start: int = 0,
-    capture_hooks: list | None = None,
-) -> Iterator[Batch]:
-    """Like :func:`hookcli.extract.iter_batches`, with ``<key>@grad`` next to each ``<key>`` and per-row targets.
+class GradientForward:
+    """The forward strategy of grad: activations, ``<key>@grad`` next to each ``<key>``, and per-row targets.
 
-    Each row's ``targets`` entry lists K dicts: ``class``, ``name`` (or None),
-    ``logit`` and ``probability`` (softmax over all classes).
+    Parameters stay frozen while it is entered. Called with a batch, returns
+    ``(features, targets)``: each row's ``targets`` entry lists K dicts:
+    ``class``, ``name`` (or None), ``logit`` and ``probability`` (softmax over
+    all classes).
     """
-    import torch
 
-    loader = image_loader(paths, settings, settings.preprocess or loaded.preprocess, start=start)
-    cast = getattr(torch, settings.dtype)
-    with prepared_model(loaded, settings) as (model, to_device), frozen_parameters(model), \
-            FeatureCapture(model, layers, gradients=True) as hooks:
-        if capture_hooks is not None:
-            capture_hooks.append(hooks)
-        for indices, batch, failures in loader:
-            failures = reported_failures(failures, settings)
-            features, targets = {}, None
-            if batch is not None:
-                batch = to_device(batch)
-                with compute_precision(settings.precision, batch.device):
-                    captured, classes, logits = hooks.run_gradients(batch, target.pick)
-                features = {key: value.to(cast).to("cpu") for key, value in captured.items()}
-                targets = _describe_targets(classes, logits, loaded.categories)
-            yield Batch(indices, features, failures, targets)
+    def __init__(self, model, layers: Mapping[str, str], settings, on_note=None, *, target: Target,
+                 categories: Sequence[str] | None = None) -> None:
+        self.model, self.settings, self.target, self.categories = model, settings, target, categories
+        self.capture = GradientCapture(model, layers)
+        self._stack = contextlib.ExitStack()
+
+    def __enter__(self) -> GradientForward:
+        self._stack.enter_context(frozen_parameters(self.model))
+        self._stack.enter_context(self.capture)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._stack.close()
+
+    def __call__(self, batch) -> tuple[dict, list]:
+        with compute_precision(self.settings.precision, batch.device):
+            captured, classes, logits = self.capture.run_gradients(batch, self.target.pick)
+        return captured, _describe_targets(classes, logits, self.categories)
+
+    def facts(self) -> RunFacts:
+        return RunFacts(calls=dict(self.capture.calls or {}), omitted=tuple(sorted(self.capture.omitted)))
+
+
+class CamForward(GradientForward):
+    """The forward strategy of cam: maps ``cam`` ``[n, h, w]`` (``cam#<k>`` for each of top K) from one layer."""
+
+    def __init__(self, model, layers: Mapping[str, str], settings, on_note=None, *, target: Target,
+                 categories: Sequence[str] | None = None, method: str = "gradcam") -> None:
+        if method not in CAM_METHODS:
+            raise UsageProblem(f"unknown CAM method '{method}'", hint=f"use one of {', '.join(CAM_METHODS)}")
+        (self.layer,) = layers
+        super().__init__(model, {self.layer: "act"}, settings, on_note, target=target, categories=categories)
+        self.method = method
+
+    def __call__(self, batch) -> tuple[dict, list]:
+        captured, targets = super().__call__(batch)
+        activations = spatial_maps(captured["act"])
+        maps = {}
+        for k in range(self.target.count):
+            gradient = captured["act@grad" if self.target.count == 1 else f"act@grad#{k}"]
+            maps["cam" if self.target.count == 1 else f"cam#{k}"] = class_activation_maps(
+                activations, spatial_maps(gradient), self.method)
+        return maps, targets
 
 
 def _describe_targets(classes, logits, categories) -> list[list[dict]]:
@@ -242,30 +261,3 @@ def default_cam_layer(loaded: LoadedModel, example) -> str:
         raise UsageProblem(f"{name} has no layer with a spatial output to take a CAM at",
                            hint="pass --layer (see 'hookcli layers')")
     return finished[-1]
-
-
-def iter_cam_batches(
-    loaded: LoadedModel,
-    layer: str,
-    paths: Sequence,
-    settings: RunSettings,
-    target: Target,
-    method: str = "gradcam",
-    *,
-    start: int = 0,
-    capture_hooks: list | None = None,
-) -> Iterator[Batch]:
-    """Batches whose features are class-activation maps ``cam`` ``[n, h, w]`` (``cam#<k>`` for each of top K)."""
-    if method not in CAM_METHODS:
-        raise UsageProblem(f"unknown CAM method '{method}'", hint=f"use one of {', '.join(CAM_METHODS)}")
-    float_settings = dataclasses.replace(settings, dtype="float32")
-    for batch in iter_gradient_batches(loaded, {layer: "act"}, paths, float_settings, target, start=start,
-                                       capture_hooks=capture_hooks):
-        maps = {}
-        if batch.features:
-            activations = spatial_maps(batch.features["act"])
-            for k in range(target.count):
-                gradient = batch.features["act@grad" if target.count == 1 else f"act@grad#{k}"]
-                cam = class_activation_maps(activations, spatial_maps(gradient), method)
-                maps["cam" if target.count == 1 else f"cam#{k}"] = cam
-        yield Batch(batch.indices, maps, batch.failures, batch.targets)

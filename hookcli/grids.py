@@ -7,15 +7,20 @@ sorts by tensor, then row. Every planned path is checked before anything is
 drawn; :func:`write_grids` then reads one row at a time (only the channels it
 draws) and writes each PNG atomically.
 
->>> with FeatureFile("feats.safetensors") as features:                   # doctest: +SKIP
-...     options = GridOptions(channels=slice(0, 64), cmap="gray")
-...     jobs = plan_grids(features, options, "grids")
-...     written = write_grids(features, jobs, options)
+>>> from hookcli.store import Features
+>>> features = Features({"x": np.ones((1, 4, 3, 3), dtype="float32")}, {"inputs": '["/photos/cat.jpg"]'})
+>>> options = GridOptions(channels="0:2", title=False)
+>>> jobs = plan_grids(features, options, "grids")
+>>> [str(job.path) for job in jobs]
+['grids/x__00000_cat.png']
+>>> render_job(features, jobs[0], options).shape
+(37, 72, 3)
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -24,20 +29,51 @@ from pathlib import Path
 import numpy as np
 
 from hookcli.errors import FeatureFileError, UsageProblem
-from hookcli.layers import glob_to_regex
+from hookcli.selectors import glob_to_regex
 from hookcli.render import NotDrawable, add_title, as_maps, check_cmap, overlay, scale_maps, tile_maps
 from hookcli.store import refuse_existing
 
-__all__ = ["GridJob", "GridOptions", "plan_grids", "render_job", "safe_name", "write_grids"]
+__all__ = [
+    "SCALES", "GridJob", "GridOptions", "default_grid_folder", "parse_channels", "plan_grids", "render_job",
+    "safe_name", "write_grids",
+]
+
+SCALES = ("channel", "grid")
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._@#+=-]+")
 _LAYOUTS = {"tokens": "tokens as a square", "tokens+cls": "tokens as a square, class token left out",
             "matrix": "tokens x dims", "vector": "vector"}
 
 
-@dataclass
+def parse_channels(value) -> slice | None:
+    """A channel selection as a slice: ``"A:B"`` (either end may be left out), one channel ``K``, or a slice."""
+    if value is None or isinstance(value, slice):
+        return value
+    text = str(value).strip()
+    try:
+        if ":" not in text:
+            index = int(text)
+            return slice(index, index + 1 if index != -1 else None)
+        start, stop = text.split(":")
+        return slice(int(start) if start else None, int(stop) if stop else None)
+    except ValueError:
+        raise ValueError(f"'{value}' is not a channel range; use A:B, A:, :B or one index K") from None
+
+
+def default_grid_folder(source) -> str:
+    """Where grid writes when no folder is given: ``<file stem>_grids``, or ``grids`` for stdin and memory."""
+    if not isinstance(source, str | os.PathLike) or os.fspath(source) == "-":
+        return "grids"
+    return f"{Path(source).name.removesuffix('.safetensors') or 'features'}_grids"
+
+
+@dataclass(frozen=True)
 class GridOptions:
-    """How to draw: which tensors and images, which channels, and the look of the grid."""
+    """How to draw: which tensors and images, which channels, and the look of the grid.
+
+    ``keys`` and ``images`` take one value or a list; ``channels`` a slice,
+    ``"A:B"`` or one channel. Values are checked here, with the library's errors.
+    """
 
     keys: Sequence[str] = ()
     images: Sequence[str] = ()
@@ -52,6 +88,24 @@ class GridOptions:
     overlay: bool = False
     alpha: float = 0.5
     overlay_cmap: str = "inferno"
+
+    def __post_init__(self) -> None:
+        for name in ("keys", "images"):
+            value = getattr(self, name)
+            object.__setattr__(self, name, (value,) if isinstance(value, str | int) else tuple(value))
+        object.__setattr__(self, "images", tuple(str(i) for i in self.images))
+        try:
+            object.__setattr__(self, "channels", parse_channels(self.channels))
+        except ValueError as err:
+            raise UsageProblem(f"invalid channels: {err}") from None
+        for name, low in (("top", 1), ("columns", 1), ("padding", 0), ("min_tile", 1)):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < low):
+                raise UsageProblem(f"{name} must be a whole number of at least {low}, not {value!r}")
+        if self.scale not in SCALES:
+            raise UsageProblem(f"scale must be one of {', '.join(SCALES)}, not '{self.scale}'")
+        if not 0 <= self.alpha <= 1:
+            raise UsageProblem(f"alpha must be between 0 and 1, not {self.alpha!r}")
 
 
 @dataclass

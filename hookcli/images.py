@@ -5,9 +5,11 @@ which reads one path per line from a text stream (stdin on the command line), so
 ``find photos -name '*.jpg' | hookcli extract … -`` works. Order is kept: files
 in the order given, folder contents sorted by name.
 
->>> paths = gather_inputs(["photos/"], recursive=True)   # doctest: +SKIP
->>> load_rgb(paths[0]).mode                              # doctest: +SKIP
-'RGB'
+>>> photo = __import__("matplotlib.cbook").cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)
+>>> paths = gather_inputs([photo])
+>>> image = load_rgb(paths[0])
+>>> image.mode, image.size
+('RGB', (512, 600))
 """
 
 from __future__ import annotations

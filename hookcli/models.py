@@ -13,9 +13,9 @@ Weights are given as one string:
 Set ``HOOKCLI_OFFLINE=1`` to refuse downloads (the missing-weights error then
 says where to put the file).
 
->>> loaded = load_model("resnet18", "none", seed=0)   # doctest: +SKIP
->>> loaded.preprocess.crop                            # doctest: +SKIP
-224
+>>> loaded = load_model("resnet18", "none", seed=0)
+>>> loaded.preprocess.crop, loaded.weights
+(224, {'source': 'none', 'seed': 0})
 """
 
 from __future__ import annotations
@@ -36,7 +36,9 @@ from urllib.parse import urlparse
 from hookcli.errors import UnknownModelError, WeightsError, first_line
 from hookcli.preprocess import Preprocess
 
-__all__ = ["LoadedModel", "list_models", "load_model", "num_classes", "weights_cache_path", "weights_names"]
+__all__ = [
+    "LoadedModel", "describe_models", "list_models", "load_model", "num_classes", "weights_cache_path", "weights_names",
+]
 
 _WEIGHT_FILE_SUFFIXES = (".pth", ".pt", ".safetensors", ".bin", ".ckpt")
 _WRAPPER_KEYS = ("state_dict", "model_state_dict", "model", "module", "net", "ema")
@@ -67,6 +69,14 @@ def list_models() -> list[str]:
     import torchvision.models
 
     return sorted(torchvision.models.list_models(module=torchvision.models))
+
+
+def describe_models() -> list[dict]:
+    """Every model hookcli can load: ``{"model", "default", "weights"}`` (the default and every weights name)."""
+    import torchvision.models
+
+    return [{"model": name, "default": torchvision.models.get_model_weights(name).DEFAULT.name,
+             "weights": weights_names(name)} for name in list_models()]
 
 
 def weights_names(name: str) -> list[str]:

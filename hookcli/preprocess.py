@@ -16,6 +16,8 @@ leaves the shorter side at least twice ``resize``, then resized as usual.
 512
 >>> sorted(json.loads(spec.to_json()))
 ['antialias', 'crop', 'fast_decode', 'interpolation', 'mean', 'resize', 'std']
+>>> parse_triple("0.5"), parse_triple([0.4, 0.5, 0.6])
+((0.5, 0.5, 0.5), (0.4, 0.5, 0.6))
 """
 
 from __future__ import annotations
@@ -24,9 +26,28 @@ import dataclasses
 import json
 from dataclasses import dataclass
 
-__all__ = ["INTERPOLATIONS", "Preprocess"]
+__all__ = ["INTERPOLATIONS", "Preprocess", "parse_triple"]
 
 INTERPOLATIONS = ("bilinear", "bicubic", "nearest")
+
+
+def parse_triple(value) -> tuple[float, float, float]:
+    """Three floats (a mean or std) from ``R,G,B``, one number for all three, or a sequence; ValueError if not."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        parts = [value]
+    elif isinstance(value, list | tuple):
+        parts = list(value)
+    else:
+        parts = str(value).replace(" ", "").split(",")
+    try:
+        numbers = tuple(float(p) for p in parts)
+    except (TypeError, ValueError):
+        raise ValueError(f"'{value}' is not a number or three comma-separated numbers") from None
+    if len(numbers) == 1:
+        numbers = numbers * 3
+    if len(numbers) != 3:
+        raise ValueError(f"'{value}' has {len(numbers)} values; give one or three (R,G,B)")
+    return numbers
 
 
 @dataclass(frozen=True)

@@ -16,43 +16,35 @@ appended to the index (and flushed to disk). After a crash, even ``kill -9``,
 the index lists exactly the shards that are complete; running the same
 command again continues with the next shard. A torn last line is ignored.
 
->>> with open_features("feats/") as features:            # doctest: +SKIP
-...     features.shape("layer3"), features.read("layer3", 12345).shape
-([1000000, 1024, 14, 14], (1024, 14, 14))
+>>> import tempfile, hookcli
+>>> photo = __import__("matplotlib.cbook").cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)
+>>> folder = tempfile.mkdtemp() + "/feats/"
+>>> _ = hookcli.extract("resnet18", "layer3", [photo] * 3, output=folder, shard_size=2, weights="none",
+...                     resize=64, crop=64)
+>>> with open_features(folder) as features:
+...     features.shape("layer3"), features.read("layer3", 2).shape, len(features.shards)
+([3, 256, 4, 4], (256, 4, 4), 2)
 """
 
 from __future__ import annotations
 
 import bisect
-import hashlib
 import json
 import os
 import queue
-import re
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from hookcli import fileformat
 from hookcli.errors import FeatureFileError, OutputExistsError, UsageProblem
+from hookcli.fileformat import INDEX_NAME, INDEX_VERSION, SHARD_FILE
 from hookcli.store import FeatureFile, write_safetensors
 
 __all__ = [
-    "INDEX_NAME", "ShardWriter", "ShardedFeatures", "check_folder_target", "extract_to_folder", "finished_shards",
-    "inputs_digest", "open_features", "read_index",
+    "INDEX_NAME", "ShardWriter", "ShardedFeatures", "check_folder_target", "finished_shards", "open_features",
+    "read_index",
 ]
-
-INDEX_NAME = "index.jsonl"
-SHARD_NAME = "features-{:05d}.safetensors"
-_SHARD_FILE = re.compile(r"^\.?features-\d{5}\.safetensors(\..*\.part)?$")
-INDEX_VERSION = 1
-
-
-def inputs_digest(paths: Sequence) -> str:
-    """A fingerprint of the input list (absolute paths, in order)."""
-    digest = hashlib.sha256()
-    for path in paths:
-        digest.update(os.path.abspath(path).encode("utf-8", "surrogateescape") + b"\n")
-    return digest.hexdigest()
 
 
 def read_index(folder: str | os.PathLike) -> tuple[dict | None, list[dict]]:
@@ -143,22 +135,20 @@ class ShardWriter:
 
     def _remove_old_run(self) -> None:
         for child in self.folder.iterdir():
-            if child.name == INDEX_NAME or _SHARD_FILE.match(child.name):
+            if child.name == INDEX_NAME or SHARD_FILE.match(child.name):
                 child.unlink()
 
     def _clear_partial_files(self) -> None:
         for child in self.folder.iterdir():
-            if child.name.startswith(".") and _SHARD_FILE.match(child.name):
+            if child.name.startswith(".") and SHARD_FILE.match(child.name):
                 child.unlink()  # a temporary file left by a killed run
 
-    def begin(self, metadata: Mapping[str, str], shard_size: int) -> None:
-        """Record the run in a new index (no-op when continuing) and start the writer thread."""
+    def start_writing(self, header: Mapping | None = None) -> None:
+        """Record the run in a new index (``header``, see :func:`~hookcli.fileformat.index_header`; none when
+        continuing) and start the writer thread."""
         if self.header is None:
-            self.shard_size = shard_size
-            self.header = {
-                "hookcli_index": INDEX_VERSION, "identity": self.identity, "shard_size": shard_size,
-                "inputs": self.total, "shard_name": SHARD_NAME, "metadata": dict(metadata),
-            }
+            self.header = dict(header)
+            self.shard_size = self.header["shard_size"]
             self._rewrite_index()
         self._thread = threading.Thread(target=self._write_loop, name="hookcli-shard-writer", daemon=True)
         self._thread.start()
@@ -200,11 +190,8 @@ class ShardWriter:
                 self._failure = err
 
     def _write(self, number, tensors, metadata, inputs, skipped) -> None:
-        name = SHARD_NAME.format(number)
-        write_safetensors(tensors, metadata, self.folder / name, force=True)
-        first, end = self.shard_range(number)
-        line = {"shard": number, "file": name, "first": first, "count": end - first,
-                "inputs": inputs, "skipped": skipped}
+        line = fileformat.index_line(number, self.shard_size, self.total, inputs, skipped)
+        write_safetensors(tensors, metadata, self.folder / line["file"], force=True)
         with open(self.index_path, "a", encoding="utf-8") as index:
             index.write(json.dumps(line) + "\n")
             index.flush()
@@ -243,14 +230,7 @@ class ShardedFeatures:
         self._keys = first.keys()
         self._info = {k: (first.dtype(k), first.shape(k)[1:]) for k in self._keys}
         self.size = sum((self.folder / entry["file"]).stat().st_size for entry in shards)
-        self.metadata = dict(header["metadata"])
-        self.metadata["inputs"] = json.dumps([p for entry in shards for p in entry["inputs"]])
-        skipped = [s for entry in shards for s in entry["skipped"]]
-        if skipped:
-            self.metadata["skipped"] = json.dumps(skipped)
-        done = sum(entry["count"] for entry in shards)
-        self.metadata["shards"] = json.dumps({"count": len(shards), "inputs_done": done, "inputs": header["inputs"],
-                                              "complete": done == header["inputs"]})
+        self.metadata = fileformat.folder_metadata(header, shards)
 
     def _shard(self, number: int) -> FeatureFile:
         if self._open is None or self._open[0] != number:
@@ -320,123 +300,3 @@ def check_folder_target(folder: str | os.PathLike) -> None:
     """Refuse a folder output whose path is an existing file (called before any work, and again on open)."""
     if Path(folder).exists() and not Path(folder).is_dir():
         raise UsageProblem(f"output '{folder}' is a file, not a folder", hint="drop the trailing / to write one file")
-
-
-#: Shard size chosen when none is given: about this many bytes of features per shard.
-AUTO_SHARD_BYTES = 128 * 1024 * 1024
-MAX_AUTO_SHARD_ROWS = 10_000
-
-
-def extract_to_folder(
-    loaded, layers: Mapping[str, str], paths: Sequence, settings, folder: str | os.PathLike, *,
-    shard_size: int | None = None, force: bool = False, on_batch: Callable | None = None,
-    on_start: Callable[[int], None] | None = None, batches: Callable | None = None,
-    identity_extra: Mapping | None = None, extra_metadata: Mapping[str, str] | None = None,
-) -> ShardWriter:
-    """Extract ``paths`` into shards in ``folder``, continuing an earlier run of the same command there.
-
-    ``batches(start, capture_hooks)`` gives the batch source (default: plain
-    extraction, :func:`~hookcli.extract.iter_batches`); ``identity_extra`` is
-    added to what must match to continue, ``extra_metadata`` to the metadata.
-    ``on_start(n)`` is told how many inputs an earlier run already finished;
-    ``on_batch(batch)`` sees every :class:`~hookcli.extract.Batch` (for
-    progress and skipped inputs). Returns the writer (``index_path`` is where
-    the index is).
-    """
-    from hookcli.extract import build_metadata, iter_batches, resolved_memory_format
-    from hookcli.fusion import fused_convolutions
-
-    preprocess = settings.preprocess or loaded.preprocess
-    identity = {
-        "model": loaded.name, "weights": loaded.weights, "layers": dict(layers), "capture": settings.capture,
-        "preprocess": json.loads(preprocess.to_json()), "pool": settings.pool or "none", "dtype": settings.dtype,
-        "precision": settings.precision, "memory_format": resolved_memory_format(loaded, settings),
-        "fuse": settings.fusing, "on_error": settings.on_error, "shard_size": shard_size or "auto",
-        "inputs": len(paths), "inputs_sha256": inputs_digest(paths), **(identity_extra or {}),
-    }
-    if batches is None:
-        def batches(start, capture_hooks):
-            return iter_batches(loaded, layers, paths, settings, start=start, capture_hooks=capture_hooks)
-
-    writer = ShardWriter(folder, identity, len(paths), force=force)
-    if on_start is not None:
-        on_start(writer.start)
-    if writer.header is not None and writer.start >= len(paths):
-        return writer
-    hooks: list = []
-    run_metadata: dict | None = None
-    shard: _ShardBuffer | None = None
-    held: list = []  # failures seen before the first readable image fixes the shard size
-    try:
-        for batch in batches(writer.start, hooks):
-            if run_metadata is None and batch.features:
-                run_metadata = build_metadata(loaded, layers, settings, keys=list(batch.features),
-                                              calls=hooks[0].calls, omitted=sorted(hooks[0].omitted),
-                                              fused=fused_convolutions(hooks[0].model), extra=extra_metadata)
-                row_bytes = sum(v[0].numel() * v.element_size() for v in batch.features.values())
-                size = shard_size or max(1, min(MAX_AUTO_SHARD_ROWS, AUTO_SHARD_BYTES // max(1, row_bytes)))
-                writer.begin(run_metadata, size)
-            events = [(index, "row", row) for row, index in enumerate(batch.indices)]
-            events += [(index, "error", error) for index, error in batch.failures]
-            if writer.shard_size is None:
-                held.extend(events)
-            else:
-                shard = _feed(writer, shard, sorted(held + events), batch, paths, run_metadata)
-                held = []
-            if on_batch is not None:
-                on_batch(batch)
-        if writer.shard_size is None:
-            from hookcli.errors import ImageError
-
-            raise ImageError("none of the input images could be read", hint="see the skipped inputs above")
-    finally:
-        writer.close()
-    return writer
-
-
-class _ShardBuffer:
-    """Rows of one shard being filled, allocated once at the shard's size."""
-
-    def __init__(self, number: int, first: int, end: int) -> None:
-        self.number, self.first, self.end = number, first, end
-        self.tensors: dict = {}
-        self.inputs: list[str] = []
-        self.skipped: list[dict] = []
-        self.targets: list = []
-
-    def add_row(self, batch, row: int, path: str) -> None:
-        import torch
-
-        for key, value in batch.features.items():
-            if key not in self.tensors:
-                self.tensors[key] = torch.empty((self.end - self.first, *value.shape[1:]), dtype=value.dtype)
-            self.tensors[key][len(self.inputs)] = value[row]
-        self.inputs.append(path)
-        if batch.targets:
-            self.targets.append(batch.targets[row])
-
-    def submit(self, writer: ShardWriter, run_metadata: dict) -> None:
-        tensors = {key: value[: len(self.inputs)] for key, value in self.tensors.items()}
-        metadata = {**run_metadata, "inputs": json.dumps(self.inputs), "shard": str(self.number)}
-        if self.skipped:
-            metadata["skipped"] = json.dumps(self.skipped)
-        if self.targets:
-            metadata["targets"] = json.dumps(self.targets)
-        writer.submit(self.number, tensors, metadata, self.inputs, self.skipped)
-
-
-def _feed(writer: ShardWriter, shard, events, batch, paths, run_metadata):
-    """Place rows and failures, in input order, into shards; submit each shard once its last input is placed."""
-    for index, kind, item in events:
-        if shard is None:
-            number = index // writer.shard_size
-            shard = _ShardBuffer(number, *writer.shard_range(number))
-        path = os.path.abspath(paths[index])
-        if kind == "row":
-            shard.add_row(batch, item, path)
-        else:
-            shard.skipped.append({"input": path, "error": item})
-        if index + 1 >= shard.end:
-            shard.submit(writer, run_metadata)
-            shard = None
-    return shard

@@ -13,8 +13,11 @@
   the graph goes through ``torch.compile``. Layers that run more than once,
   container outputs and input captures need hooks, so they run eagerly.
 
->>> choose_memory_format(torchvision.models.resnet18(), torch.device("cpu"), "auto")   # doctest: +SKIP
+>>> import torch, torchvision
+>>> choose_memory_format(torchvision.models.resnet18(), torch.device("cpu"), "auto")
 'channels_last'
+>>> choose_memory_format(torchvision.models.vit_b_16(), torch.device("cpu"), "auto")
+'contiguous'
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """Write captured tensors to safetensors files, atomically, and read them back piece by piece.
 
-The file format is a contract documented in the README: one tensor per key,
-batch-first, plus string metadata (JSON for structured values) whose
-``format`` field carries the version, :data:`FORMAT_VERSION`.
+What goes into a file (keys, metadata, the version) is the contract of
+:mod:`hookcli.fileformat`; this module moves bytes.
 
 Files appear complete or not at all: bytes go to a temporary file in the same
 folder that is renamed into place, and an existing file is only replaced when
@@ -13,11 +12,16 @@ folder that is renamed into place, and an existing file is only replaced when
 file's size up front, and data is read as exact byte ranges, one row (or a
 few channels of one row) at a time, so memory stays near what is drawn.
 
->>> import torch
->>> write_safetensors({"x": torch.zeros(2, 3)}, {"format": FORMAT_VERSION}, "out.safetensors")  # doctest: +SKIP
->>> with FeatureFile("out.safetensors") as features:                                          # doctest: +SKIP
+:class:`Features` holds tensors in memory behind the same reading
+interface, and as a read-only mapping: what :func:`hookcli.extract` returns
+when asked for no output file.
+
+>>> import os, tempfile, torch
+>>> path = os.path.join(tempfile.mkdtemp(), "out.safetensors")
+>>> write_safetensors({"x": torch.arange(6.0).reshape(2, 3)}, {"format": "1"}, path)
+>>> with FeatureFile(path) as features:
 ...     features.shape("x"), features.read("x", 1).tolist()
-([2, 3], [0.0, 0.0, 0.0])
+([2, 3], [3.0, 4.0, 5.0])
 """
 
 from __future__ import annotations
@@ -37,11 +41,9 @@ from typing import BinaryIO
 from hookcli.errors import FeatureFileError, OutputExistsError, UsageProblem
 
 __all__ = [
-    "FORMAT_VERSION", "ArrayFeatures", "FeatureFile", "atomic_path", "check_writable", "format_bytes",
-    "refuse_existing", "write_safetensors",
+    "FeatureFile", "Features", "atomic_path", "check_writable", "format_bytes", "refuse_existing",
+    "write_safetensors",
 ]
-
-FORMAT_VERSION = "1"
 
 
 def check_writable(target: str | os.PathLike, *, force: bool) -> Path:
@@ -260,52 +262,88 @@ class FeatureFile:
         return np.frombuffer(raw, dtype=_NUMPY_DTYPES[dtype], count=count).reshape(shape)
 
 
-class ArrayFeatures:
-    """Arrays in memory behind :class:`FeatureFile`'s reading interface (to draw right after an extraction)."""
+class Features(Mapping):
+    """Tensors in memory: a read-only mapping key → tensor, and :class:`FeatureFile`'s reading interface.
 
-    _NAMES = {"float32": "F32", "float16": "F16", "float64": "F64", "int64": "I64", "int32": "I32",
-              "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL"}
+    Values may be torch tensors or numpy arrays. ``metadata`` is the file's
+    metadata (strings); :attr:`inputs` and :attr:`skipped` read it. ``facts``
+    (:class:`~hookcli.fileformat.RunFacts`) and ``notes`` say what the run
+    that made them learnt, when a run did.
+    """
 
-    def __init__(self, arrays: Mapping, metadata: Mapping[str, str], *, name: str = "memory") -> None:
-        self.name, self.metadata = name, dict(metadata)
-        self._arrays = {key: arrays[key] for key in _key_order(arrays, self.metadata)}
-        self.size = sum(a.nbytes for a in self._arrays.values())
+    _NAMES = {"float32": "F32", "float16": "F16", "float64": "F64", "bfloat16": "BF16", "int64": "I64",
+              "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL"}
 
-    def __enter__(self) -> ArrayFeatures:
+    def __init__(self, tensors: Mapping, metadata: Mapping[str, str], *, name: str = "memory", facts=None,
+                 notes: Sequence[str] = ()) -> None:
+        self.name, self.metadata, self.facts, self.notes = name, dict(metadata), facts, tuple(notes)
+        self._tensors = {key: tensors[key] for key in _key_order(tensors, self.metadata)}
+        self.size = sum(self.nbytes(key) for key in self._tensors)
+
+    def __getitem__(self, key: str):
+        return self._tensors[key]
+
+    def __iter__(self):
+        return iter(self._tensors)
+
+    def __len__(self) -> int:
+        return len(self._tensors)
+
+    def __repr__(self) -> str:
+        shapes = ", ".join(f"{key}: {self.shape(key)}" for key in self._tensors)
+        return f"<Features {self.name}: {shapes}>"
+
+    @property
+    def inputs(self) -> list[str]:
+        """The input each row came from, in row order (from the ``inputs`` metadata)."""
+        return json.loads(self.metadata.get("inputs", "[]"))
+
+    @property
+    def skipped(self) -> list[dict]:
+        """Inputs left out by ``on_error="skip"``: ``{"input", "error"}`` each."""
+        return json.loads(self.metadata.get("skipped", "[]"))
+
+    def __enter__(self) -> Features:
         return self
 
     def __exit__(self, *exc_info) -> None:
         self.close()
 
     def close(self) -> None:
-        self._arrays = {}
-
-    def keys(self) -> list[str]:
-        return list(self._arrays)
+        """Nothing to release: the tensors stay readable."""
 
     def dtype(self, key: str) -> str:
-        return self._NAMES.get(str(self._arrays[key].dtype), str(self._arrays[key].dtype))
+        name = str(self._tensors[key].dtype).removeprefix("torch.")
+        return self._NAMES.get(name, name)
 
     def shape(self, key: str) -> list[int]:
-        return list(self._arrays[key].shape)
+        return list(self._tensors[key].shape)
 
     def nbytes(self, key: str) -> int:
-        return self._arrays[key].nbytes
+        value = self._tensors[key]
+        return value.nbytes if hasattr(value, "nbytes") else value.numel() * value.element_size()
 
     def read(self, key: str, index: int | None = None, part: slice | None = None):
-        array = self._arrays[key]
+        value = self._tensors[key]
         if index is not None:
-            array = array[index]
+            value = value[index]
             if part is not None:
-                array = array[part]
-        return self._as_read(array)
+                value = value[part]
+        return _as_numpy(value)
 
     def read_rows(self, key: str, start: int, stop: int):
-        return self._as_read(self._arrays[key][start:stop])
+        return _as_numpy(self._tensors[key][start:stop])
 
-    @staticmethod
-    def _as_read(array):
-        return array.astype("float32") if array.dtype.kind == "f" else array
+
+def _as_numpy(value):
+    """A tensor or array as :meth:`FeatureFile.read` returns it: floating types as float32, others as stored."""
+    import numpy as np
+
+    if hasattr(value, "detach"):  # a torch tensor
+        value = value.detach().cpu()
+        value = (value.float() if value.is_floating_point() else value).numpy()
+    array = np.asarray(value)
+    return array.astype("float32") if array.dtype.kind == "f" else array
 
 
 def _widened(array, dtype: str):

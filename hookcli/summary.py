@@ -3,9 +3,10 @@
 Statistics are computed a row at a time, so a file of any size is summarised
 in the memory of one row.
 
->>> with FeatureFile("feats.safetensors") as features:   # doctest: +SKIP
-...     describe_file(features)["tensors"][0]["stats"]
-{'min': -4.2, 'mean': 0.01, 'max': 5.3, 'zeros': 0.0, 'nonfinite': 0}
+>>> from hookcli.store import Features
+>>> features = Features({"x": np.array([[0.0, 1.0, 2.0, np.nan]], dtype="float32")}, {})
+>>> describe_file(features)["tensors"][0]["stats"]
+{'min': 0.0, 'mean': 1.0, 'max': 2.0, 'zeros': 0.25, 'nonfinite': 1}
 """
 
 from __future__ import annotations

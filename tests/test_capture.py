@@ -201,7 +201,7 @@ def test_a_non_batch_first_output_is_an_error():
 
 
 def test_the_batch_pipeline_leaves_grad_mode_alone_between_batches(images):
-    from hookcli.extract import RunSettings, iter_batches
+    from hookcli.pipeline import RunSettings, iter_batches
     from hookcli.models import load_model
 
     loaded = load_model("resnet18", "none")

@@ -30,8 +30,8 @@ def _fx_reference(model_name, node, paths, preprocess):
         return create_feature_extractor(model, return_nodes=[node])(batch)[node]
 
 
-def test_vgg16_bn_features_18_matches_the_fx_extractor(runner, photo, tmp_path):
-    os.chdir(tmp_path)
+def test_vgg16_bn_features_18_matches_the_fx_extractor(runner, photo, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     result = runner.invoke(main, ["extract", "--model", "vgg16_bn", "--layer", "features.18", "--weights", "none",
                                   "--memory-format", "contiguous", "--no-fuse", *SMALL, str(photo)])
     assert result.exit_code == 0, result.output
@@ -138,8 +138,8 @@ def test_a_failure_mid_run_leaves_no_file(runner, images, tmp_path, make_image):
     assert list(out.parent.iterdir()) == []
 
 
-def test_default_name_for_several_layers_and_a_folder_input(runner, images, tmp_path):
-    os.chdir(tmp_path)
+def test_default_name_for_several_layers_and_a_folder_input(runner, images, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     result = runner.invoke(main, ["extract", "-m", "resnet18", "-w", "none", "-l", "layer3.*.conv2", *SMALL,
                                   str(images[0].parent)])
     assert result.exit_code == 0, result.output
@@ -198,8 +198,8 @@ def _error(result):
     return lines[0]
 
 
-def test_errors_are_one_line_with_a_hint(runner, images, tmp_path):
-    os.chdir(tmp_path)
+def test_errors_are_one_line_with_a_hint(runner, images, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     text = tmp_path / "notes.jpg"
     text.write_text("not an image")
     (tmp_path / "empty").mkdir()
@@ -292,10 +292,10 @@ def test_refuses_to_write_binary_to_a_terminal(images):
     )
 
 
-def test_shipped_presets_work_from_any_folder(runner, images, tmp_path):
+def test_shipped_presets_work_from_any_folder(runner, images, tmp_path, monkeypatch):
     from hookcli.config import PRESETS, locate_config
 
-    os.chdir(tmp_path)
+    monkeypatch.chdir(tmp_path)
     assert locate_config("resnet50-stages") == PRESETS / "resnet50-stages.toml"
     assert locate_config("configs/vit_b_16-block.toml") == PRESETS / "vit_b_16-block.toml"
     out = tmp_path / "o.safetensors"

@@ -9,9 +9,11 @@ import torch.nn.functional as F
 import torchvision
 from torchvision.models.feature_extraction import create_feature_extractor
 
+import hookcli
 from hookcli.capture import FeatureCapture
-from hookcli.extract import RunSettings, collect_rows, extract_features, iter_batches
 from hookcli.fusion import FusedConvolution, fused_for_inference
+from hookcli.pipeline import RunSettings
+from hookcli.run import Note
 from hookcli.models import load_model
 
 
@@ -191,17 +193,17 @@ def test_extraction_fuses_by_default_stops_early_and_leaves_no_hooks(images):
     fc_calls = []
     handle = loaded.module.fc.register_forward_hook(lambda *_: fc_calls.append(1))
     try:
-        layers = {"layer2": "layer2"}
-        fused = extract_features(loaded, layers, images, RunSettings(batch_size=2))
+        fused = hookcli.extract(loaded, "layer2", images, batch_size=2)
         assert fc_calls == [1]  # the one-image forward that learns the call counts; the batches stop at layer2
-        plain = extract_features(loaded, layers, images, RunSettings(batch_size=2, fuse=False))
+        plain = hookcli.extract(loaded, "layer2", images, batch_size=2, fuse=False)
     finally:
         handle.remove()
-    assert fused.tensors["layer2"].shape == (len(images), 128, 28, 28)
-    assert (fused.fused, plain.fused) == (5, 0)  # conv1 and layer1's four; layer2 is hooked, whole
+    assert fused["layer2"].shape == (len(images), 128, 28, 28)
+    assert (fused.facts.fused, plain.facts.fused) == (5, 0)  # conv1 and layer1's four; layer2 is hooked, whole
+    assert (fused.metadata["fused"], plain.metadata["fused"]) == ("5", "0")
     assert (RunSettings().fusing, RunSettings(fuse=False).fusing, RunSettings(compile=True).fusing) == (
         True, False, False)  # --compile fuses in its own way
-    difference = (fused.tensors["layer2"] - plain.tensors["layer2"]).norm() / plain.tensors["layer2"].norm()
+    difference = (fused["layer2"] - plain["layer2"]).norm() / plain["layer2"].norm()
     assert 0 < difference < 1e-6  # other kernels, the same values to fp32 rounding
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in loaded.module.modules())
     assert all(type(m) is not FusedConvolution for m in loaded.module.modules())
@@ -209,20 +211,19 @@ def test_extraction_fuses_by_default_stops_early_and_leaves_no_hooks(images):
 
 def test_a_failing_fused_forward_falls_back_to_the_model_as_written(images, monkeypatch):
     loaded = load_model("resnet18", "none", seed=0)
-    layers = {"layer1": "layer1"}
-    expected = extract_features(loaded, layers, images, RunSettings(batch_size=2, fuse=False))
+    expected = hookcli.extract(loaded, "layer1", images, batch_size=2, fuse=False)
 
     def broken(self, x, other=None):
         raise RuntimeError("could not create a primitive\nsecond line")
 
     monkeypatch.setattr(FusedConvolution, "forward", broken)
-    notes, hooks = [], []
-    run = collect_rows(iter_batches(loaded, layers, images, RunSettings(batch_size=2), capture_hooks=hooks,
-                                    on_note=notes.append), images, hooks)
-    assert notes == ["the fused forward failed (RuntimeError: could not create a primitive); running the model unfused"]
-    assert run.fused == 0 and len(hooks) == 1 and hooks[0].model is loaded.module
-    assert torch.equal(run.tensors["layer1"], expected.tensors["layer1"])
-    assert run.calls == {"layer1": 1}
+    events = []
+    run = hookcli.extract(loaded, "layer1", images, batch_size=2, progress=events.append)
+    note = "the fused forward failed (RuntimeError: could not create a primitive); running the model unfused"
+    assert run.notes == (note,) and [e for e in events if isinstance(e, Note)] == [Note(note)]
+    assert run.facts.fused == 0 and run.metadata["fused"] == "0"  # the model as written ran
+    assert torch.equal(run["layer1"], expected["layer1"])
+    assert run.facts.calls == {"layer1": 1}
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in loaded.module.modules())
 
 

@@ -12,7 +12,7 @@ import torchvision
 from PIL import Image
 from safetensors import safe_open
 
-from hookcli.capture import FeatureCapture
+from hookcli.capture import GradientCapture
 from hookcli.cli import main
 from hookcli.errors import CaptureError, UsageProblem
 from hookcli.gradients import Target, class_activation_maps, frozen_parameters, parse_target
@@ -30,7 +30,7 @@ def _seeded(name):
 
 def _ours(model, layers, x, target=None):
     target = target or Target(top=1)
-    with frozen_parameters(model), FeatureCapture(model, layers, gradients=True) as capture:
+    with frozen_parameters(model), GradientCapture(model, layers) as capture:
         return capture.run_gradients(x, target.pick)
 
 

@@ -82,11 +82,11 @@ class _Crash(Exception):
 
 
 def test_resume_after_an_interruption_computes_nothing_twice(runner, tmp_path, many, monkeypatch):
-    import hookcli.extract
+    import hookcli.capture
 
     folder = tmp_path / "feats"
     args = [*ARGS, "--shard-size", "2", "-o", f"{folder}/", *map(str, many)]
-    real = hookcli.extract.FeatureCapture.run
+    real = hookcli.capture.FeatureCapture.run
     seen = []
 
     def crash_on_fourth_batch(self, batch):
@@ -95,15 +95,15 @@ def test_resume_after_an_interruption_computes_nothing_twice(runner, tmp_path, m
             raise KeyboardInterrupt
         return real(self, batch)
 
-    monkeypatch.setattr(hookcli.extract.FeatureCapture, "run", crash_on_fourth_batch)
+    monkeypatch.setattr(hookcli.capture.FeatureCapture, "run", crash_on_fourth_batch)
     result = runner.invoke(main, args)
     assert result.exit_code == 130 and result.stderr.strip() == "Aborted."
     assert [s["shard"] for s in read_index(folder)[1]] == [0, 1, 2]  # batches 1-3 = inputs 0-5, all written
 
     seen.clear()
-    monkeypatch.setattr(hookcli.extract.FeatureCapture, "run", real)
+    monkeypatch.setattr(hookcli.capture.FeatureCapture, "run", real)
     counted = []
-    monkeypatch.setattr(hookcli.extract.FeatureCapture, "run",
+    monkeypatch.setattr(hookcli.capture.FeatureCapture, "run",
                         lambda self, batch: (counted.append(len(batch)), real(self, batch))[1])
     result = runner.invoke(main, args)
     assert result.exit_code == 0, result.output

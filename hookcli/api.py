@@ -1,0 +1,161 @@
+"""hookcli from Python: one function per command, with the command's options as keywords.
+
+Keywords are the command line's long options with underscores
+(``batch_size``, ``memory_format``, ``on_error``, ``shard_size``…), with the
+same defaults, the same checks and the same error texts; errors are
+:class:`~hookcli.errors.HookcliError` s (``exit_code`` is what the command
+line would exit with). Nothing is printed: pass ``progress=callback`` to hear
+:class:`~hookcli.run.Started`, :class:`~hookcli.run.Advanced`,
+:class:`~hookcli.run.Skipped`, :class:`~hookcli.run.Note` and
+:class:`~hookcli.run.Wrote` events as the run goes.
+
+``output=None`` (the default) keeps the result in memory: a read-only
+mapping key → ``torch.Tensor`` (:class:`~hookcli.store.Features`) with
+``.metadata`` (exactly what a file would hold), ``.inputs``, ``.facts`` and
+``.notes``. ``output="x.safetensors"``, ``"DIR/"`` (shards, resumable) or
+``"-"`` writes what the command line writes for the same options and returns
+the path (None for ``-``); ``output=DEFAULT_OUTPUT`` picks the command line's
+default name.
+
+>>> import hookcli
+>>> photo = __import__("matplotlib.cbook").cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)
+>>> features = hookcli.extract("resnet18", ["layer1", "fc=logits"], photo, weights="none", resize=64, crop=64)
+>>> {key: tuple(t.shape) for key, t in features.items()}, features.metadata["model"]
+({'layer1': (1, 64, 16, 16), 'logits': (1, 1000)}, 'resnet18')
+>>> pictures = hookcli.grid(features, keys="layer1", channels="0:4", columns=2)
+>>> list(pictures), pictures["layer1__00000_grace_hopper.png"].shape[2]
+(['layer1__00000_grace_hopper.png'], 3)
+>>> [row.path for row in hookcli.layers("resnet18", depth=1)][:3]
+['conv1', 'bn1', 'relu']
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+from hookcli.run import DEFAULT_OUTPUT, execute, plan
+
+__all__ = ["DEFAULT_OUTPUT", "cam", "extract", "grad", "grid", "layers"]
+
+
+def extract(model, layers, inputs, *, output=None, progress: Callable | None = None, **options):
+    """Capture ``layers`` of ``model`` on ``inputs``: ``hookcli extract`` as a function.
+
+    ``model``: a torchvision model name (or a :class:`~hookcli.models.LoadedModel`);
+    ``layers``: one selector or a list (paths, globs, ``type:Conv2d``,
+    ``PATH=NAME``); ``inputs``: an image, a folder or a list of them.
+    Options: ``weights`` (``"DEFAULT"``), ``seed``, ``capture``
+    (``"output"``, ``"input"``, ``"both"``), ``resize``, ``crop``, ``mean``,
+    ``std``, ``interpolation``, ``fast_decode``, ``device`` (``"auto"``),
+    ``batch_size`` (16), ``precision`` (``"fp32"``), ``memory_format``
+    (``"auto"``), ``compile``, ``workers``, ``recursive``, ``on_error``
+    (``"fail"``), ``force``, ``pool``, ``dtype`` (``"float32"``),
+    ``shard_size``, ``fuse`` (True), ``grid`` (a folder for PNGs).
+
+    >>> import tempfile
+    >>> photo = __import__("matplotlib.cbook").cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)
+    >>> folder = tempfile.mkdtemp() + "/feats/"
+    >>> extract("resnet18", "layer3", [photo, photo], output=folder, pool="avg", weights="none").name
+    'index.jsonl'
+    """
+    return execute(plan("extract", model, layers, inputs, output=output, **options), progress)
+
+
+def grad(model, layers, inputs, *, output=None, progress: Callable | None = None, **options):
+    """Activations of ``layers`` and the gradient of a target logit with respect to them: ``hookcli grad``.
+
+    Keys ``<layer>`` and ``<layer>@grad`` (``@grad#k`` for each of ``topK``);
+    each row's targets are in ``.metadata["targets"]``. Options as for
+    :func:`extract` (no ``capture``, ``pool``, ``fuse``, ``grid``), and
+    ``target``: a class index, a class name of the weights, or ``"topK"``
+    (default ``"top1"``).
+
+    >>> photo = __import__("matplotlib.cbook").cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)
+    >>> grads = grad("resnet18", "layer4", photo, target="top2", weights="none", resize=64, crop=64)
+    >>> sorted(grads), len(grads.metadata["targets"]) > 0
+    (['layer4', 'layer4@grad#0', 'layer4@grad#1'], True)
+    """
+    return execute(plan("grad", model, layers, inputs, output=output, **options), progress)
+
+
+def cam(model, inputs, *, layer: str | None = None, output=None, progress: Callable | None = None, **options):
+    """Class-activation maps: ``hookcli cam``.
+
+    ``layer`` defaults to the model's last convolutional stage (ViT: the last
+    block's ``ln_1``). In memory, the maps ``cam`` ``[N, h, w]`` (``cam#k``
+    for each of ``topK``); with ``output=DIR`` (or ``DEFAULT_OUTPUT``:
+    ``<model>-cam``), ``DIR/cams.safetensors`` and an overlay PNG per image
+    and target, and the path of ``cams.safetensors`` is returned. Options:
+    ``method`` (``"gradcam"``, ``"gradcam++"``, ``"xgradcam"``,
+    ``"layercam"``), ``target``, ``alpha``, ``cmap``, and the preprocessing
+    and run options of :func:`extract`.
+
+    >>> import tempfile
+    >>> photo = __import__("matplotlib.cbook").cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)
+    >>> cam("resnet18", photo, weights="none", method="gradcam++", resize=64, crop=64)["cam"].shape
+    torch.Size([1, 2, 2])
+    >>> cam("resnet18", photo, output=tempfile.mkdtemp() + "/cams", weights="none").name
+    'cams.safetensors'
+    """
+    return execute(plan("cam", model, layer, inputs, output=output, **options), progress)
+
+
+def grid(source, *, output=None, progress: Callable | None = None, force: bool = False, **options):
+    """Feature-map pictures of saved features: ``hookcli grid``.
+
+    ``source``: a file, a shard folder, ``-`` (stdin), or features in memory
+    (what :func:`extract` returns). Options: ``keys``, ``images``,
+    ``channels`` (``"0:64"``), ``top``, ``columns``, ``padding``, ``cmap``,
+    ``scale``, ``min_tile``, ``title``, ``overlay``, ``alpha``,
+    ``overlay_cmap`` (see :class:`~hookcli.grids.GridOptions`). In memory
+    (``output=None``): a dict of file name → ``uint8 [H, W, 3]`` pixels;
+    with ``output=DIR``: the PNGs, and their paths are returned.
+
+    >>> import tempfile
+    >>> photo = __import__("matplotlib.cbook").cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)
+    >>> features = extract("resnet18", "layer1", photo, weights="none", resize=64, crop=64)
+    >>> [p.name for p in grid(features, output=tempfile.mkdtemp(), channels="0:16", cmap="gray")]
+    ['layer1__00000_grace_hopper.png']
+    """
+    import dataclasses
+
+    from hookcli.grids import GridOptions, default_grid_folder
+    from hookcli.run import draw_grids, refuse_unknown
+    from hookcli.shards import open_features
+
+    refuse_unknown("grid", options, [f.name for f in dataclasses.fields(GridOptions)])
+    drawing = GridOptions(**options)
+    if output is DEFAULT_OUTPUT:
+        output = default_grid_folder(source)
+    if isinstance(source, str | os.PathLike):
+        with open_features(source) as features:
+            return draw_grids(features, drawing, output, force=force, progress=progress)
+    return draw_grids(source, drawing, output, force=force, progress=progress)
+
+
+def layers(model, *, weights: str = "none", seed: int | None = None, input_size: int | None = None,
+           depth: int | None = None) -> list:
+    """Every layer a selector can name, in forward order, with output shapes: ``hookcli layers``.
+
+    Shapes come from one forward of a zero image of ``input_size`` (default:
+    the weights' crop size); ``depth`` keeps paths with at most that many
+    components. Returns :class:`~hookcli.selectors.LayerInfo` rows.
+
+    >>> [(row.path, row.output) for row in layers("resnet18", depth=1)][-1]
+    ('fc', [1, 1000])
+    """
+    import torch
+
+    from hookcli.models import load_model
+    from hookcli.selectors import describe_layers
+
+    for name, value in (("input_size", input_size), ("depth", depth)):
+        if value is not None and (not isinstance(value, int) or value < 1):
+            from hookcli.errors import UsageProblem
+
+            raise UsageProblem(f"{name} must be a whole number of at least 1, not {value!r}")
+    loaded = load_model(model, weights, seed=seed or 0)
+    size = input_size or loaded.preprocess.crop
+    rows = describe_layers(loaded.module, torch.zeros(1, 3, size, size))
+    return [row for row in rows if depth is None or row.path.count(".") < depth]

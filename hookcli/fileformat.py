@@ -1,0 +1,214 @@
+"""The file contract: what hookcli writes, described once.
+
+Everything a reader of hookcli's files relies on is built here and nowhere
+else (the README's "File format" section documents it):
+
+- :data:`FORMAT_VERSION`, the ``format`` entry of every file;
+- :class:`RunRecord`, the description of a run, and where each of its fields
+  goes: into every file's metadata, into the *identity* that a shard folder
+  is resumed by, or both. :func:`run_metadata` and :func:`identity` read the
+  same fields, so an option added to the record reaches both or is left out
+  of one on purpose, never by accident;
+- the metadata of a single file (:func:`file_metadata`) and of a shard
+  (:func:`shard_metadata`), the shard index's header and lines
+  (:func:`index_header`, :func:`index_line`), and how a folder's index reads
+  back as one file's metadata (:func:`folder_metadata`).
+
+Nothing here imports torch.
+
+>>> record = RunRecord(model="resnet18", weights={"source": "none", "seed": 0}, layers={"layer1": "layer1"},
+...                    layer_types={"layer1": "Sequential"}, capture="output", preprocess={"resize": 64},
+...                    pool="none", dtype="float32", precision="fp32", memory_format="channels_last", fuse=True,
+...                    device="cpu", on_error="fail", shard_size=None, inputs=("/data/a.jpg",), command={})
+>>> sorted(identity(record))[:4]
+['capture', 'dtype', 'fuse', 'inputs']
+>>> identity(record)["shard_size"], identity(record)["inputs"]
+('auto', 1)
+>>> meta = run_metadata(record, RunFacts(calls={"layer1": 1}, omitted=(), fused=5), keys=["layer1"])
+>>> meta["format"], meta["fused"], json.loads(meta["layers"])["layer1"]["keys"]
+('1', '5', ['layer1'])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+__all__ = [
+    "FORMAT_VERSION", "INDEX_NAME", "INDEX_VERSION", "PRODUCER", "SHARD_NAME", "RunFacts", "RunRecord",
+    "file_metadata", "folder_metadata", "identity", "index_header", "index_line", "inputs_digest", "keys_of_layer",
+    "run_metadata", "shard_metadata",
+]
+
+FORMAT_VERSION = "1"
+PRODUCER = "hookcli"
+INDEX_NAME = "index.jsonl"
+INDEX_VERSION = 1
+SHARD_NAME = "features-{:05d}.safetensors"
+#: Shard files, and the temporary files they are written through.
+SHARD_FILE = re.compile(r"^\.?features-\d{5}\.safetensors(\..*\.part)?$")
+
+_METADATA, _IDENTITY = "metadata", "identity"
+
+
+def _goes(*where: str):
+    return field(metadata={"goes": where})
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """What a run is, as its files record it. Each field says where it goes (metadata, identity or both).
+
+    ``layers`` maps module paths to keys; ``layer_types`` gives each module's
+    class name (for the metadata's layer table). ``inputs`` are the absolute
+    input paths of the whole run (the identity keeps their count and a
+    fingerprint). ``command`` holds the command's own entries, e.g.
+    ``{"target": "top1"}`` for grad; they go where the run's options go.
+    """
+
+    model: str = _goes(_METADATA, _IDENTITY)
+    weights: dict = _goes(_METADATA, _IDENTITY)
+    layers: dict = _goes(_METADATA, _IDENTITY)
+    layer_types: dict = _goes()
+    capture: str = _goes(_METADATA, _IDENTITY)
+    preprocess: dict = _goes(_METADATA, _IDENTITY)
+    pool: str = _goes(_METADATA, _IDENTITY)
+    dtype: str = _goes(_METADATA, _IDENTITY)
+    precision: str = _goes(_METADATA, _IDENTITY)
+    memory_format: str = _goes(_METADATA, _IDENTITY)
+    fuse: bool = _goes(_IDENTITY)  # the metadata has the fact instead: how many convolutions ran fused
+    device: str = _goes(_METADATA)
+    on_error: str = _goes(_IDENTITY)
+    shard_size: int | None = _goes(_IDENTITY)
+    inputs: tuple = _goes(_IDENTITY)
+    command: dict = _goes(_METADATA, _IDENTITY)
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What a forward learnt: how often each layer ran, container elements that held no tensor, fused convolutions."""
+
+    calls: Mapping[str, int]
+    omitted: tuple[str, ...] = ()
+    fused: int = 0
+
+
+def _fields(where: str):
+    return [f for f in dataclasses.fields(RunRecord) if where in f.metadata["goes"]]
+
+
+def identity(record: RunRecord) -> dict:
+    """What must be equal for a run to continue a shard folder (the index header keeps it)."""
+    found: dict = {}
+    for f in _fields(_IDENTITY):
+        value = getattr(record, f.name)
+        if f.name == "inputs":
+            found.update(inputs=len(value), inputs_sha256=inputs_digest(value))
+        elif f.name == "command":
+            found.update(value)
+        elif f.name == "shard_size":
+            found[f.name] = value or "auto"
+        else:
+            found[f.name] = dict(value) if isinstance(value, Mapping) else value
+    return found
+
+
+def inputs_digest(paths: Sequence) -> str:
+    """A fingerprint of the input list (absolute paths, in order)."""
+    digest = hashlib.sha256()
+    for path in paths:
+        digest.update(os.path.abspath(path).encode("utf-8", "surrogateescape") + b"\n")
+    return digest.hexdigest()
+
+
+def keys_of_layer(key: str, keys: Sequence[str]) -> list[str]:
+    """The stored keys that belong to the layer stored under ``key`` (its calls, inputs, elements, gradients)."""
+    return [k for k in keys if k == key or (k.startswith(key) and k[len(key)] in ":@#")]
+
+
+def run_metadata(record: RunRecord, facts: RunFacts, *, keys: Sequence[str]) -> dict[str, str]:
+    """The metadata every file of the run shares (a shard folder's index keeps it once): strings, JSON for structure."""
+    metadata = {"format": FORMAT_VERSION, "producer": PRODUCER}
+    for f in _fields(_METADATA):
+        value = getattr(record, f.name)
+        if f.name == "layers":
+            metadata["layers"] = json.dumps({
+                path: {"key": key, "type": record.layer_types[path], "calls": facts.calls.get(path, 0),
+                       "keys": keys_of_layer(key, keys)}
+                for path, key in value.items()
+            })
+        elif f.name == "command":
+            continue  # the command's own entries come last
+        else:
+            metadata[f.name] = value if isinstance(value, str) else json.dumps(value)
+        if f.name == "memory_format":
+            metadata["fused"] = str(facts.fused)
+    metadata["versions"] = json.dumps(_versions())
+    if facts.omitted:
+        metadata["omitted"] = json.dumps(list(facts.omitted))
+    metadata.update(record.command)
+    return metadata
+
+
+def _rows_metadata(inputs: Sequence[str], skipped: Sequence[dict], targets: Sequence) -> dict[str, str]:
+    metadata = {"inputs": json.dumps([os.path.abspath(p) for p in inputs])}
+    if skipped:
+        metadata["skipped"] = json.dumps(list(skipped))
+    if targets:
+        metadata["targets"] = json.dumps(list(targets))
+    return metadata
+
+
+def file_metadata(run: Mapping[str, str], *, inputs: Sequence, skipped: Sequence[dict] = (),
+                  targets: Sequence = ()) -> dict[str, str]:
+    """A single file's metadata: the run's, plus its rows' inputs, the skipped inputs and (grad, cam) the targets."""
+    return {**run, **_rows_metadata(inputs, skipped, targets)}
+
+
+def shard_metadata(run: Mapping[str, str], number: int, *, inputs: Sequence, skipped: Sequence[dict] = (),
+                   targets: Sequence = ()) -> dict[str, str]:
+    """Shard ``number``'s metadata: a complete file's, plus its ``shard`` number."""
+    return {**file_metadata(run, inputs=inputs, skipped=skipped, targets=targets), "shard": str(number)}
+
+
+def index_header(record: RunRecord, run: Mapping[str, str], shard_size: int) -> dict:
+    """Line 1 of ``index.jsonl``: the run's identity, its shard size and input count, and its metadata."""
+    return {"hookcli_index": INDEX_VERSION, "identity": identity(record), "shard_size": shard_size,
+            "inputs": len(record.inputs), "shard_name": SHARD_NAME, "metadata": dict(run)}
+
+
+def index_line(number: int, shard_size: int, total: int, inputs: Sequence[str], skipped: Sequence[dict]) -> dict:
+    """The index line of finished shard ``number``: its file, the inputs it covers, its rows' inputs, what was skipped."""
+    first = number * shard_size
+    return {"shard": number, "file": SHARD_NAME.format(number), "first": first,
+            "count": min(first + shard_size, total) - first, "inputs": list(inputs), "skipped": list(skipped)}
+
+
+def folder_metadata(header: Mapping, shards: Sequence[Mapping]) -> dict[str, str]:
+    """A shard folder read as one file: the run's metadata with every shard's inputs (and skipped) in row order."""
+    metadata = dict(header["metadata"])
+    metadata["inputs"] = json.dumps([p for entry in shards for p in entry["inputs"]])
+    skipped = [s for entry in shards for s in entry["skipped"]]
+    if skipped:
+        metadata["skipped"] = json.dumps(skipped)
+    done = sum(entry["count"] for entry in shards)
+    metadata["shards"] = json.dumps({"count": len(shards), "inputs_done": done, "inputs": header["inputs"],
+                                     "complete": done == header["inputs"]})
+    return metadata
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {}
+    for package in ("hookcli", "torch", "torchvision", "safetensors", "pillow"):
+        try:
+            found[package] = version(package)
+        except PackageNotFoundError:
+            found[package] = "unknown"
+    return found

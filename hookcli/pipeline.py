@@ -1,0 +1,409 @@
+"""The batch pipeline every model-running command shares: inputs → decode → device → forward → rows.
+
+:func:`iter_batches` is the one loop: images are decoded and preprocessed in
+worker processes (``workers``) while the model runs on earlier batches;
+batches go to the device (pinned memory and non-blocking copies on CUDA); a
+forward strategy, chosen once per run, runs the model with the layers
+captured; features are pooled and cast (``pool``, ``dtype``) on the device,
+then moved to the CPU. Each :class:`Batch` carries its rows, the inputs that
+could not be read, and the run's facts so far (:class:`~hookcli.fileformat.RunFacts`).
+
+Forward strategies (each a context manager called with a batch):
+
+- :class:`EagerForward`: hooks on the model as written;
+- :class:`FusedForward`: the same hooks on a fused copy of the model (CPU
+  extraction, :mod:`hookcli.fusion`), falling back to the model as written
+  should the fused forward fail on the first batch;
+- :class:`CompiledForward`: a compiled graph cut after the last layer
+  (:func:`hookcli.speed.compiled_extractor`), falling back to the eager path
+  where hooks are needed;
+- gradient and CAM strategies live in :mod:`hookcli.gradients`.
+
+>>> from hookcli.models import load_model
+>>> photo = __import__("matplotlib.cbook").cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)
+>>> loaded = load_model("resnet18", "none")
+>>> settings = RunSettings(preprocess=loaded.preprocess.replace(resize=64, crop=64))
+>>> batch = next(iter_batches(loaded, {"layer3": "layer3"}, [photo], settings))
+>>> batch.features["layer3"].shape, batch.facts.calls
+(torch.Size([1, 256, 4, 4]), {'layer3': 1})
+
+The library's front door is :func:`hookcli.extract`; this loop is what it
+(and grad, cam, the benchmarks) runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from hookcli import speed
+from hookcli.capture import CAPTURE_KINDS, FeatureCapture
+from hookcli.errors import HookcliError, ImageError, UsageProblem, first_line
+from hookcli.fileformat import RunFacts
+from hookcli.images import load_rgb
+from hookcli.models import LoadedModel
+from hookcli.preprocess import Preprocess
+
+__all__ = [
+    "DTYPES", "ON_ERROR", "POOLS", "Batch", "CompiledForward", "EagerForward", "FusedForward", "RunSettings",
+    "default_workers", "extraction_forward", "image_loader", "iter_batches", "prepared_model", "reported_failures",
+]
+
+POOLS = ("avg", "max")
+DTYPES = ("float32", "float16", "bfloat16")
+ON_ERROR = ("fail", "skip")
+
+
+def _check_choice(name: str, value, choices: Sequence) -> None:
+    if value not in choices:
+        raise UsageProblem(f"{name} must be one of {', '.join(map(str, choices))}, not '{value}'")
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """How to run: everything but the model, the layers and the inputs.
+
+    Fields left to be decided (``preprocess=None``: the weights' own;
+    ``device="auto"``; ``workers=None``; ``memory_format="auto"``) are decided
+    once by :meth:`resolved`. ``fuse`` (extraction on the CPU, see
+    :mod:`hookcli.fusion`) is ignored by gradient runs and by ``compile``,
+    which fuses in its own way.
+    """
+
+    preprocess: Preprocess | None = None
+    capture: str = "output"
+    device: object = "auto"
+    batch_size: int = 16
+    workers: int | None = None
+    pool: str | None = None
+    dtype: str = "float32"
+    on_error: str = "fail"
+    precision: str = "fp32"
+    memory_format: str = "auto"
+    compile: bool = False
+    fuse: bool = True
+
+    def __post_init__(self) -> None:
+        _check_choice("capture", self.capture, CAPTURE_KINDS)
+        if self.pool is not None:
+            _check_choice("pool", self.pool, POOLS)
+        _check_choice("dtype", self.dtype, DTYPES)
+        _check_choice("on_error", self.on_error, ON_ERROR)
+        _check_choice("precision", self.precision, speed.PRECISIONS)
+        _check_choice("memory_format", self.memory_format, speed.MEMORY_FORMATS)
+        if not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise UsageProblem(f"batch_size must be a whole number of at least 1, not {self.batch_size!r}")
+        if self.workers is not None and (not isinstance(self.workers, int) or self.workers < 0):
+            raise UsageProblem(f"workers must be a whole number of at least 0, not {self.workers!r}")
+
+    @property
+    def fusing(self) -> bool:
+        """Whether extraction may fuse: ``fuse`` asked for and no ``compile`` (which fuses in its own way)."""
+        return self.fuse and not self.compile
+
+    def resolved(self, loaded: LoadedModel, inputs: int) -> RunSettings:
+        """These settings with nothing left to decide, for ``loaded`` on ``inputs`` images.
+
+        The device becomes a ``torch.device`` that exists here (and can run
+        the precision), preprocessing the weights' own where none is given,
+        workers and memory format as ``auto`` picks them. Resolved settings
+        resolve to themselves.
+        """
+        from hookcli.device import resolve_device
+
+        device = self.device if not isinstance(self.device, str) else resolve_device(self.device)
+        speed.check_precision(self.precision, device)
+        workers = self.workers if self.workers is not None else default_workers(device, inputs, self.batch_size)
+        return dataclasses.replace(
+            self, device=device, preprocess=self.preprocess or loaded.preprocess, workers=workers,
+            memory_format=speed.choose_memory_format(loaded.module, device, self.memory_format))
+
+
+@dataclass
+class Batch:
+    """Rows of one batch: input ``indices`` (in order), their features, and inputs that could not be read.
+
+    ``targets`` (gradient runs only) describes, per row, the logits the
+    gradients are of; ``facts`` is what the forward has learnt so far (None
+    when no image of the batch could be read).
+    """
+
+    indices: list[int]
+    features: dict
+    failures: list[tuple[int, str]] = field(default_factory=list)
+    targets: list | None = None
+    facts: RunFacts | None = None
+
+
+class _Images:
+    """A dataset of decoded, preprocessed images; a failure comes back as a value, never raised in a worker."""
+
+    def __init__(self, paths: Sequence, preprocess: Preprocess, first: int) -> None:
+        self.paths, self.first = paths, first
+        self.transform, self.decode_size = preprocess.to_transform(), preprocess.decode_size
+
+    def __len__(self) -> int:
+        return len(self.paths) - self.first
+
+    def __getitem__(self, position: int):
+        index = self.first + position
+        try:
+            return index, self.transform(load_rgb(self.paths[index], min_size=self.decode_size)), None
+        except ImageError as err:
+            return index, None, (err.message, err.hint)
+
+
+def default_workers(device, images: int, batch_size: int) -> int:
+    """Decode processes to start when the user names none.
+
+    None for a single batch. On a GPU, one per spare core (up to 8): decoding
+    is what keeps it fed. On the CPU the model's own threads already use every
+    core, so decoding in other processes only helps on larger machines.
+    """
+    cores = os.cpu_count() or 1
+    if images <= batch_size:
+        return 0
+    if getattr(device, "type", str(device)) in ("cuda", "mps"):
+        return max(1, min(8, cores - 1))
+    return 0 if cores <= 4 else min(4, cores // 4)
+
+
+def _collate(items):
+    import torch
+
+    good = [(i, t) for i, t, e in items if e is None]
+    failures = [(i, e) for i, t, e in items if e is not None]
+    batch = torch.stack([t for _, t in good]) if good else None
+    return [i for i, _ in good], batch, failures
+
+
+def _worker_init(worker_id: int) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    # Decoding should use the cycles the model leaves idle, not preempt its threads.
+    os.nice(5)
+
+
+def image_loader(paths: Sequence, settings: RunSettings, *, start: int = 0):
+    """Batches ``(indices, stacked images or None, failures)`` of ``paths[start:]``, decoded by ``settings.workers``.
+
+    ``settings`` must be resolved (:meth:`RunSettings.resolved`).
+    """
+    import torch
+    from torch.utils.data import DataLoader
+
+    return DataLoader(
+        _Images(paths, settings.preprocess, start),
+        batch_size=settings.batch_size,
+        num_workers=settings.workers,
+        collate_fn=_collate,
+        pin_memory=torch.device(settings.device).type == "cuda",
+        worker_init_fn=_worker_init if settings.workers else None,
+        prefetch_factor=4 if settings.workers else None,
+    )
+
+
+def reported_failures(failures: list, on_error: str) -> list[tuple[int, str]]:
+    """Raise the first unreadable image in ``fail`` mode; in ``skip`` mode, ``(index, message)`` pairs."""
+    if failures and on_error == "fail":
+        message, hint = failures[0][1]
+        raise ImageError(message, hint=hint)
+    return [(index, f"{message}. Hint: {hint}" if hint else message) for index, (message, hint) in failures]
+
+
+#: ``forward(model, layers, settings, on_note)``: what makes a run's forward strategy.
+ForwardFactory = Callable[..., "EagerForward"]
+
+
+def iter_batches(
+    loaded: LoadedModel,
+    layers: Mapping[str, str],
+    paths: Sequence[str | os.PathLike],
+    settings: RunSettings | None = None,
+    *,
+    forward: ForwardFactory | None = None,
+    start: int = 0,
+    on_note: Callable[[str], None] | None = None,
+) -> Iterator[Batch]:
+    """Yield :class:`Batch` es for ``paths[start:]`` in input order.
+
+    ``forward`` builds the run's forward strategy (default:
+    :func:`extraction_forward` of the settings). With ``on_error="fail"`` an
+    unreadable image raises :class:`ImageError`; with ``"skip"`` it is
+    reported in ``Batch.failures`` and left out. ``on_note(text)`` hears why
+    a strategy fell back to another (compile to eager, fused to unfused).
+    """
+    import torch
+
+    settings = (settings or RunSettings()).resolved(loaded, len(paths))
+    make_forward = forward or extraction_forward(settings)
+    cast = getattr(torch, settings.dtype)
+    loader = image_loader(paths, settings, start=start)
+    with prepared_model(loaded, settings) as (model, to_device), \
+            make_forward(model, layers, settings, on_note) as run:
+        for indices, batch, failures in loader:
+            failures = reported_failures(failures, settings.on_error)
+            features, targets, facts = {}, None, None
+            if batch is not None:
+                captured, targets = run(to_device(batch))
+                features = {key: _pooled(value, settings.pool).to(cast).to("cpu") for key, value in captured.items()}
+                facts = run.facts()
+            yield Batch(indices, features, failures, targets, facts)
+
+
+def extraction_forward(settings: RunSettings) -> ForwardFactory:
+    """The forward strategy extraction uses with these settings: compiled, fused or as written."""
+    if settings.compile:
+        return CompiledForward
+    return FusedForward if settings.fusing else EagerForward
+
+
+@contextlib.contextmanager
+def prepared_model(loaded: LoadedModel, settings: RunSettings):
+    """The model on its device in the chosen memory format, with threads budgeted; yields ``(model, to_device)``.
+
+    ``settings`` must be resolved. ``to_device(batch)`` moves a batch of
+    images the same way (non-blocking, channels-last when the model is). The
+    model goes back to the default memory format afterwards.
+    """
+    import torch
+
+    device = torch.device(settings.device)
+    memory_format = settings.memory_format
+    model = speed.to_memory_format(loaded.module.to(device), memory_format)
+
+    def to_device(batch):
+        return speed.to_memory_format(batch.to(device, non_blocking=True), memory_format)
+
+    try:
+        with speed.thread_budget(device, settings.workers):
+            yield model, to_device
+    finally:
+        if memory_format == "channels_last":
+            model.to(memory_format=torch.contiguous_format)
+
+
+class EagerForward:
+    """Forwards with hooks on the selected layers of the model as written; the hooks go on at the first batch.
+
+    Called with a batch on the device, returns ``(features, None)``: the
+    captured tensors (not yet pooled, cast or moved) and no targets.
+    :meth:`facts` says what the forward has learnt.
+    """
+
+    def __init__(self, model, layers: Mapping[str, str], settings: RunSettings, on_note=None) -> None:
+        self.layers, self.settings, self.on_note = layers, settings, on_note
+        self._stack = contextlib.ExitStack()
+        self._use(model)
+
+    def _use(self, model) -> None:
+        from hookcli.fusion import fused_convolutions
+
+        self._stack.close()  # hooks of a model no longer used come off
+        self.capture = FeatureCapture(model, self.layers, capture=self.settings.capture)
+        self._fused = fused_convolutions(model)
+        self._entered = False
+
+    def __enter__(self) -> EagerForward:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._stack.close()
+
+    def __call__(self, batch) -> tuple[dict, None]:
+        import torch
+
+        if not self._entered:
+            self._stack.enter_context(self.capture)
+            self._entered = True
+        with torch.inference_mode(), speed.compute_precision(self.settings.precision, batch.device):
+            return self.capture.run(batch), None
+
+    def facts(self) -> RunFacts:
+        return RunFacts(calls=dict(self.capture.calls or {}), omitted=tuple(sorted(self.capture.omitted)),
+                        fused=self._fused)
+
+    def _note(self, text: str) -> None:
+        if self.on_note is not None:
+            self.on_note(text)
+
+
+class FusedForward(EagerForward):
+    """:class:`EagerForward` on a fused copy of the model, or on the model as written should that fail at first."""
+
+    def __init__(self, model, layers: Mapping[str, str], settings: RunSettings, on_note=None) -> None:
+        from hookcli.fusion import fused_for_inference
+
+        fused = fused_for_inference(model, layers, dtype=speed.compute_dtype(settings.precision),
+                                    channels_last=settings.memory_format == "channels_last")[0]
+        super().__init__(fused, layers, settings, on_note)
+        self.plain = model
+        self.proven = fused is model  # nothing to fall back to
+
+    def __call__(self, batch) -> tuple[dict, None]:
+        try:
+            result = super().__call__(batch)
+        except HookcliError:
+            raise
+        except Exception as err:  # an unforeseen kernel or graph problem must not cost the user the run
+            if self.proven:
+                raise
+            self._use(self.plain)
+            result = super().__call__(batch)  # where the model itself fails, that is the error to report
+            self._note(f"the fused forward failed ({type(err).__name__}: {first_line(err)[:120]}); "
+                       "running the model unfused")
+        self.proven = True
+        return result
+
+
+class CompiledForward(EagerForward):
+    """A compiled graph of the model cut after the last layer; the eager path where that cannot be had.
+
+    The hooks are on only for a one-image forward that learns how often each
+    layer runs; the compiled graph must not contain them.
+    """
+
+    def __init__(self, model, layers: Mapping[str, str], settings: RunSettings, on_note=None) -> None:
+        super().__init__(model, layers, settings, on_note)
+        self.model = model
+        self.compiled = None  # not tried yet; then the compiled function, or False for the eager path
+
+    def __call__(self, batch) -> tuple[dict, None]:
+        import torch
+
+        if self.compiled is None:
+            self.compiled = self._compile(batch)
+        if self.compiled:
+            try:
+                with torch.inference_mode(), speed.compute_precision(self.settings.precision, batch.device):
+                    return self.compiled(batch), None
+            except Exception as err:  # compilation happens on first call; a missing compiler shows up here
+                self._note(f"--compile failed ({type(err).__name__}: {first_line(err)[:120]}); running eagerly")
+                self.compiled = False
+        return super().__call__(batch)
+
+    def _compile(self, batch):
+        import torch
+
+        with self.capture, torch.inference_mode(), speed.compute_precision(self.settings.precision, batch.device):
+            self.capture.run(batch[:1])
+        function, reason = speed.compiled_extractor(self.model, self.layers, self.capture.calls,
+                                                    self.settings.capture)
+        if function is None:
+            self._note(f"--compile: {reason}; running eagerly")
+            return False
+        return function
+
+
+def _pooled(tensor, pool: str | None):
+    """Global pooling over the spatial axes: ``[N, C, H, W]`` → ``[N, C]``; tokens ``[N, T, D]`` → ``[N, D]``."""
+    if pool is None or tensor.dim() < 3:
+        return tensor
+    axes = tuple(range(2, tensor.dim())) if tensor.dim() == 4 else (1,)
+    if pool == "avg":
+        return tensor.float().mean(dim=axes).to(tensor.dtype)
+    return tensor.amax(dim=axes)

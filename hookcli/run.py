@@ -1,0 +1,547 @@
+"""The run layer: a command's options → one frozen :class:`RunPlan` → :func:`execute`.
+
+:func:`plan` resolves everything once: it validates the options (choices,
+ranges, flags that conflict) and checks the output before anything heavy
+happens: no model loads, and torch is not imported, until those checks have
+passed. Then it finds the inputs, resolves the device, loads the model,
+resolves the layers, the target and the default output name, and picks the
+forward strategy and the writer. :func:`execute` runs the one batch pipeline
+(:func:`hookcli.pipeline.iter_batches`) into that writer
+(:mod:`hookcli.writers`) and returns what the command's Python function
+returns. The command line, the Python API (:mod:`hookcli.api`), the
+benchmarks and any launcher of many processes all go through these two.
+
+What happens along the way is reported to an optional ``progress``
+callback as values: :class:`Started`, :class:`Advanced`, :class:`Skipped`,
+:class:`Note` and :class:`Wrote`.
+
+>>> import tempfile
+>>> from hookcli.models import load_model
+>>> photo = __import__("matplotlib.cbook").cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)
+>>> run = plan("extract", load_model("resnet18", "none"), "layer2", photo, resize=64, crop=64)
+>>> run.output, run.settings.memory_format, run.layers
+(Output(kind='memory', path=None), 'channels_last', {'layer2': 'layer2'})
+>>> events = []
+>>> features = execute(run, progress=events.append)
+>>> features["layer2"].shape, events[0]
+(torch.Size([1, 128, 8, 8]), Started(total=1, done=0, output=None))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import json
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from hookcli.errors import ImageError, UsageProblem
+from hookcli.fileformat import RunRecord
+
+__all__ = [
+    "COMMAND_OPTIONS", "DEFAULT_OUTPUT", "LARGE_INPUT", "Advanced", "Note", "Output", "RunOptions", "RunPlan",
+    "Skipped", "Started", "Wrote", "default_output_name", "draw_grids", "execute", "plan", "refuse_unknown",
+]
+
+#: Above this many images, a run whose output is left to its default writes a shard folder instead of one file.
+LARGE_INPUT = 10_000
+
+
+class _DefaultOutput:
+    def __repr__(self) -> str:
+        return "DEFAULT_OUTPUT"
+
+
+#: ``output=DEFAULT_OUTPUT``: write where the command line writes when no ``-o`` is given.
+DEFAULT_OUTPUT = _DefaultOutput()
+
+
+# -- events --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Started:
+    """A run (or a set of pictures) begins: ``total`` items, ``done`` of them by an earlier run; ``output`` as given."""
+
+    total: int
+    done: int = 0
+    output: str | None = None
+
+
+@dataclass(frozen=True)
+class Advanced:
+    """``count`` more items are done (rows stored or inputs skipped; pictures drawn)."""
+
+    count: int
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """``on_error="skip"`` left ``input`` out because of ``error``."""
+
+    input: str
+    error: str
+
+
+@dataclass(frozen=True)
+class Note:
+    """Something the user should know that is not an error (a fallback, a layer left undrawn)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Wrote:
+    """A file of the output is complete at ``path``."""
+
+    path: str | os.PathLike
+
+
+Event = Started | Advanced | Skipped | Note | Wrote
+
+
+def _ignore(event: Event) -> None:
+    pass
+
+
+# -- options ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Every option of extract, grad and cam, named like the command line's long options, with their defaults."""
+
+    weights: str = "DEFAULT"
+    seed: int | None = None
+    capture: str = "output"
+    resize: int | None = None
+    crop: int | None = None
+    mean: tuple[float, float, float] | None = None
+    std: tuple[float, float, float] | None = None
+    interpolation: str | None = None
+    fast_decode: bool = False
+    device: str = "auto"
+    batch_size: int = 16
+    precision: str = "fp32"
+    memory_format: str = "auto"
+    compile: bool = False
+    workers: int | None = None
+    recursive: bool = False
+    on_error: str = "fail"
+    force: bool = False
+    pool: str | None = None
+    dtype: str = "float32"
+    shard_size: int | None = None
+    fuse: bool = True
+    grid: str | None = None
+    target: str = "top1"
+    method: str = "gradcam"
+    alpha: float = 0.5
+    cmap: str = "inferno"
+
+    def __post_init__(self) -> None:
+        from hookcli.device import parse_device
+        from hookcli.gradients import CAM_METHODS
+        from hookcli.preprocess import INTERPOLATIONS, parse_triple
+
+        for name in ("resize", "crop", "shard_size"):
+            _check_whole(name, getattr(self, name), 1, optional=True)
+        if self.interpolation is not None and self.interpolation not in INTERPOLATIONS:
+            raise UsageProblem(f"interpolation must be one of {', '.join(INTERPOLATIONS)}, not '{self.interpolation}'")
+        for name in ("mean", "std"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, _parsed(name, parse_triple, getattr(self, name)))
+        object.__setattr__(self, "device", _parsed("device", parse_device, self.device))
+        if self.method not in CAM_METHODS:
+            raise UsageProblem(f"method must be one of {', '.join(CAM_METHODS)}, not '{self.method}'")
+        if not 0 <= self.alpha <= 1:
+            raise UsageProblem(f"alpha must be between 0 and 1, not {self.alpha!r}")
+        if self.seed is not None and not isinstance(self.seed, int):
+            raise UsageProblem(f"seed must be a whole number, not {self.seed!r}")
+
+
+def _check_whole(name: str, value, low: int, *, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise UsageProblem(f"{name} must be a whole number of at least {low}, not {value!r}")
+
+
+def _parsed(name: str, parse: Callable, value):
+    try:
+        return parse(value)
+    except ValueError as err:
+        raise UsageProblem(f"invalid {name}: {err}") from None
+
+
+_COMMON = ("weights", "seed", "resize", "crop", "mean", "std", "interpolation", "fast_decode", "device", "batch_size",
+           "precision", "memory_format", "compile", "workers", "recursive", "on_error", "force")
+#: The options each command takes (the Python function's keywords, the command line's long options).
+COMMAND_OPTIONS = {
+    "extract": (*_COMMON, "capture", "pool", "dtype", "shard_size", "fuse", "grid"),
+    "grad": (*_COMMON, "target", "dtype", "shard_size"),
+    "cam": (*_COMMON, "target", "method", "alpha", "cmap"),
+}
+
+
+def refuse_unknown(command: str, given: Mapping, allowed: Sequence[str]) -> None:
+    """A keyword a command does not take is a TypeError, as Python's own, naming the closest one."""
+    unknown = [name for name in given if name not in allowed]
+    if unknown:
+        closest = difflib.get_close_matches(unknown[0], allowed, n=1)
+        suggestion = f"; did you mean '{closest[0]}'?" if closest else ""
+        raise TypeError(f"{command}() got an unexpected keyword argument '{unknown[0]}'{suggestion} "
+                        f"(it takes {', '.join(allowed)})")
+
+
+def _options(command: str, given: Mapping) -> RunOptions:
+    refuse_unknown(command, given, COMMAND_OPTIONS[command])
+    return RunOptions(**given)
+
+
+# -- the plan --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Output:
+    """Where rows go: ``memory`` (returned), ``file``, ``stdout``, ``folder`` (shards) or ``cam`` (a CAM folder)."""
+
+    kind: str
+    path: str | None = None
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """A run with nothing left to decide. Build one with :func:`plan`, run it with :func:`execute`.
+
+    ``record`` is the run as its files describe it; ``forward`` builds the
+    forward strategy; ``notes`` are said when the run starts.
+    """
+
+    command: str
+    loaded: object
+    layers: Mapping[str, str]
+    inputs: tuple[Path, ...]
+    settings: object
+    output: Output
+    record: RunRecord
+    forward: Callable
+    shard_size: int | None = None
+    force: bool = False
+    grid: str | None = None
+    target: object = None
+    cam_look: Mapping | None = None
+    notes: tuple[str, ...] = ()
+
+
+def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunPlan:
+    """Resolve a run of ``command`` (``extract``, ``grad`` or ``cam``) with the options of :mod:`hookcli.api`.
+
+    ``model`` is a model name or a :class:`~hookcli.models.LoadedModel`;
+    ``layers`` one selector or a list (cam: one selector or None for the
+    default layer); ``inputs`` a path, a folder, ``-`` or a list of them;
+    ``output`` None (in memory), :data:`DEFAULT_OUTPUT`, a file, ``-``, or a
+    folder (``DIR/`` or an existing one). Raises the library's errors; usage
+    errors before any model loads.
+    """
+    from hookcli.models import LoadedModel
+
+    if command not in COMMAND_OPTIONS:
+        raise UsageProblem(f"unknown command '{command}'", hint=f"use one of {', '.join(COMMAND_OPTIONS)}")
+    opts = _options(command, options)
+    settings = _settings(command, opts)
+    help_hint = f"see 'hookcli {command} --help'"
+    if opts.seed is not None and opts.weights.strip().lower() != "none":
+        raise UsageProblem("--seed only applies to --weights none (pretrained and file weights are fixed)",
+                           hint=help_hint)
+    model_name = model.name if isinstance(model, LoadedModel) else str(model)
+    kind, path = _output_kind(command, output, model_name)
+    if opts.shard_size and kind not in ("folder", "default"):
+        raise UsageProblem("--shard-size applies to a folder output (-o DIR/)", hint=help_hint)
+    if kind == "stdout" and sys.stdout.isatty():
+        raise UsageProblem("refusing to write binary safetensors data to a terminal; pipe or redirect -o -",
+                           hint=help_hint)
+    if command == "cam":
+        from hookcli.render import check_cmap
+        from hookcli.store import refuse_existing
+
+        check_cmap(opts.cmap)
+        if kind == "cam":
+            refuse_existing([Path(path) / "cams.safetensors"], force=opts.force)
+    paths = _gather(inputs, opts.recursive)
+    if kind == "default":
+        kind = "folder" if len(paths) > LARGE_INPUT else "file"
+    elif kind in ("file", "folder"):
+        _check_output(kind, path, opts.force)
+
+    from hookcli.device import resolve_device
+    from hookcli.speed import check_precision
+
+    device = resolve_device(opts.device)
+    check_precision(opts.precision, device)
+    loaded = model if isinstance(model, LoadedModel) else _load(model_name, opts)
+    settings = dataclasses.replace(settings, device=device, preprocess=_preprocess(loaded, opts))
+    settings = settings.resolved(loaded, len(paths))
+    notes = ()
+    if command != "extract" and opts.compile:
+        notes = ("--compile: gradients need the eager graph with hooks; running eagerly",)
+    target = None
+    if command != "extract":
+        from hookcli.gradients import parse_target
+        from hookcli.models import num_classes
+
+        target = parse_target(opts.target, loaded.categories, num_classes(loaded.module))
+    selected, forward, entries = _command_parts(command, loaded, layers, settings, opts, target)
+    if path is None and kind in ("file", "folder"):
+        path = str(default_output_name(loaded.name, selected, folder=kind == "folder",
+                                       kind=".grad" if command == "grad" else ""))
+        _check_output(kind, path, opts.force)
+    if kind == "cam":
+        from hookcli.store import refuse_existing
+        from hookcli.writers import cam_png_name
+
+        names = [cam_png_name(i, p, k, target.count) for i, p in enumerate(paths) for k in range(target.count)]
+        refuse_existing([Path(path) / "cams.safetensors", *(Path(path) / n for n in names)], force=opts.force)
+    modules = dict(loaded.module.named_modules())
+    record = RunRecord(
+        model=loaded.name, weights=loaded.weights, layers=dict(selected),
+        layer_types={p: type(modules[p]).__name__ for p in selected}, capture=settings.capture,
+        preprocess=json.loads(settings.preprocess.to_json()), pool=settings.pool or "none", dtype=settings.dtype,
+        precision=settings.precision, memory_format=settings.memory_format, fuse=settings.fusing,
+        device=str(settings.device), on_error=settings.on_error, shard_size=opts.shard_size,
+        inputs=tuple(os.path.abspath(p) for p in paths), command=entries,
+    )
+    cam_look = {"method": opts.method, "alpha": opts.alpha, "cmap": opts.cmap} if command == "cam" else None
+    return RunPlan(command=command, loaded=loaded, layers=selected, inputs=tuple(paths), settings=settings,
+                   output=Output(kind, path), record=record, forward=forward, shard_size=opts.shard_size,
+                   force=opts.force, grid=opts.grid, target=target, cam_look=cam_look, notes=notes)
+
+
+def _settings(command: str, opts: RunOptions):
+    """The run settings the options ask for, validated; preprocessing is the model's, filled in once it loads."""
+    from hookcli.pipeline import RunSettings
+
+    extracting = command == "extract"
+    return RunSettings(
+        capture=opts.capture if extracting else "output", device=opts.device, batch_size=opts.batch_size,
+        workers=opts.workers, pool=opts.pool if extracting else None,
+        dtype=opts.dtype if command != "cam" else "float32", on_error=opts.on_error, precision=opts.precision,
+        memory_format=opts.memory_format, compile=opts.compile, fuse=opts.fuse if extracting else False,
+    )
+
+
+def _preprocess(loaded, opts: RunOptions):
+    """The weights' preprocessing with the options' overrides."""
+    return loaded.preprocess.replace(resize=opts.resize, crop=opts.crop, mean=opts.mean, std=opts.std,
+                                     interpolation=opts.interpolation, fast_decode=opts.fast_decode or None)
+
+
+def _output_kind(command: str, output, model_name: str) -> tuple[str, str | None]:
+    if command == "cam":
+        if output is None:
+            return "memory", None
+        return "cam", str(f"{model_name}-cam" if output is DEFAULT_OUTPUT else output)
+    if output is None:
+        return "memory", None
+    if output is DEFAULT_OUTPUT:
+        return "default", None
+    text = os.fspath(output)
+    if text == "-":
+        return "stdout", text
+    if text.endswith(("/", os.sep)) or Path(text).is_dir():
+        return "folder", text
+    return "file", text
+
+
+def default_output_name(model_name: str, layers: Mapping[str, str], *, folder: bool = False, kind: str = "") -> Path:
+    """``<model>-<key>`` for one layer, ``<model>-<n>layers`` for more; then ``<kind>.safetensors`` unless a folder."""
+    keys = list(layers.values())
+    label = keys[0] if len(keys) == 1 else f"{len(keys)}layers"
+    name = f"{model_name}-{label.replace(os.sep, '_')}"
+    return Path(name) if folder else Path(f"{name}{kind}.safetensors")
+
+
+def _check_output(kind: str, path: str, force: bool) -> None:
+    from hookcli.shards import check_folder_target
+    from hookcli.store import check_writable
+
+    if kind == "folder":
+        check_folder_target(path)
+    else:
+        check_writable(path, force=force)
+
+
+def _gather(inputs, recursive: bool) -> list[Path]:
+    from hookcli.images import gather_inputs
+
+    if isinstance(inputs, str | os.PathLike):
+        inputs = [inputs]
+    return gather_inputs([os.fspath(p) for p in inputs], recursive=recursive)
+
+
+def _load(name: str, opts: RunOptions):
+    from hookcli.models import load_model
+
+    return load_model(name, opts.weights, seed=opts.seed or 0)
+
+
+def _command_parts(command, loaded, layers, settings, opts, target):
+    """``(layers, forward factory, the command's own metadata entries)`` for ``command``."""
+    from hookcli.selectors import resolve_layers
+
+    if command == "extract":
+        from hookcli.pipeline import extraction_forward
+
+        return resolve_layers(loaded.module, _selectors(layers), model_name=loaded.name), \
+            extraction_forward(settings), {}
+    from hookcli.gradients import CamForward, GradientForward
+
+    if command == "grad":
+        return (resolve_layers(loaded.module, _selectors(layers), model_name=loaded.name),
+                functools.partial(GradientForward, target=target, categories=loaded.categories),
+                {"target": target.describe()})
+    layer = _cam_layer(loaded, layers, settings)
+    return ({layer: "cam"}, functools.partial(CamForward, target=target, categories=loaded.categories,
+                                              method=opts.method),
+            {"target": target.describe(), "method": opts.method, "cam_layer": layer})
+
+
+def _selectors(layers) -> list[str]:
+    return [layers] if isinstance(layers, str) else list(layers)
+
+
+def _cam_layer(loaded, selector, settings) -> str:
+    from hookcli.selectors import resolve_layers
+
+    if selector:
+        if not isinstance(selector, str):
+            (selector,) = selector
+        chosen = resolve_layers(loaded.module, [selector], model_name=loaded.name)
+        if len(chosen) != 1:
+            raise UsageProblem(f"cam takes one layer, and '{selector}' matches {len(chosen)}",
+                               hint="see 'hookcli cam --help'")
+        return next(iter(chosen))
+    import torch
+
+    from hookcli.gradients import default_cam_layer
+
+    crop = settings.preprocess.crop
+    return default_cam_layer(loaded, torch.zeros(1, 3, crop, crop))
+
+
+# -- execution -------------------------------------------------------------------------------------
+
+
+def execute(run: RunPlan, progress: Callable[[Event], None] | None = None):
+    """Run ``run`` into its output and return what its command's function returns.
+
+    In memory: the rows as :class:`~hookcli.store.Features` (with ``facts``
+    and ``notes``); written: the path written (a shard folder's
+    ``index.jsonl``; a CAM folder's ``cams.safetensors``); to stdout: None.
+    Raises :class:`~hookcli.errors.ImageError` when no input could be read.
+    """
+    from hookcli.pipeline import iter_batches
+    from hookcli.store import Features
+
+    emit = progress or _ignore
+    notes: list[str] = []
+
+    def note(text: str) -> None:
+        notes.append(text)
+        emit(Note(text))
+
+    for text in run.notes:
+        note(text)
+    writer = _writer(run)
+    start = writer.begin()
+    emit(Started(total=len(run.inputs), done=start, output=run.output.path))
+    try:
+        if start < len(run.inputs):
+            for batch in iter_batches(run.loaded, run.layers, run.inputs, run.settings, forward=run.forward,
+                                      start=start, on_note=note):
+                writer.add(batch)
+                for index, error in batch.failures:
+                    emit(Skipped(str(run.inputs[index]), error))
+                emit(Advanced(len(batch.indices) + len(batch.failures)))
+        if not writer.has_rows:
+            raise ImageError("none of the input images could be read", hint="see the skipped inputs above")
+        result = writer.finish()
+    except BaseException:
+        writer.abort()
+        raise
+    for path in writer.written:
+        emit(Wrote(path))
+    if isinstance(result, Features):
+        result.notes = tuple(notes)
+    if run.grid:
+        from hookcli.grids import GridOptions
+        from hookcli.shards import open_features
+
+        with result if isinstance(result, Features) else open_features(run.output.path) as written:
+            draw_grids(written, GridOptions(), run.grid, force=run.force, progress=emit)
+    if run.output.kind == "stdout":
+        return None
+    return result
+
+
+def _writer(run: RunPlan):
+    from hookcli import writers
+
+    kind, path = run.output.kind, run.output.path
+    if kind == "memory":
+        return writers.MemoryWriter(run.record, run.inputs)
+    if kind == "stdout":
+        return writers.StdoutWriter(run.record, run.inputs)
+    if kind == "folder":
+        return writers.FolderWriter(run.record, run.inputs, path, shard_size=run.shard_size, force=run.force)
+    if kind == "file":
+        return writers.FileWriter(run.record, run.inputs, path, force=run.force)
+    (layer,) = run.layers
+    inner = writers.FileWriter(run.record, run.inputs, str(Path(path) / "cams.safetensors"), force=run.force)
+    return writers.CamOverlays(inner, run.inputs, path, preprocess=run.settings.preprocess, count=run.target.count,
+                               layer=layer, force=run.force, **run.cam_look)
+
+
+# -- pictures --------------------------------------------------------------------------------------
+
+
+def draw_grids(features, options, output, *, force: bool = False,
+               progress: Callable[[Event], None] | None = None):
+    """Draw the grids ``options`` ask for; write them under ``output`` (a folder), or return them by file name.
+
+    Written: the PNG paths in order. In memory (``output=None``): a dict of
+    file name → ``uint8 [H, W, 3]`` pixels. Undrawable tensors are reported
+    as :class:`Note` s.
+    """
+    from hookcli.grids import plan_grids, render_job, write_grids
+    from hookcli.render import NotDrawable
+
+    emit = progress or _ignore
+    if output is None:
+        pictures, undrawable = {}, set()
+        jobs = plan_grids(features, options, "", force=True)
+        emit(Started(total=len(jobs)))
+        for job in jobs:
+            if job.key in undrawable:
+                continue
+            try:
+                pictures[job.path.name] = render_job(features, job, options)
+            except NotDrawable as reason:
+                undrawable.add(job.key)
+                emit(Note(f"skipped '{job.key}' (shape {features.shape(job.key)}): {reason}"))
+                continue
+            emit(Advanced(1))
+        return pictures
+    jobs = plan_grids(features, options, output, force=force)
+    emit(Started(total=len(jobs)))
+
+    def written(path: Path) -> None:
+        emit(Wrote(path))
+        emit(Advanced(1))
+
+    return write_grids(features, jobs, options, force=force, on_written=written,
+                       on_skip=lambda text: emit(Note(text)))

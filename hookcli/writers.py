@@ -1,0 +1,309 @@
+"""Where a run's rows go: one interface, one implementation per kind of output.
+
+A writer is told the run (its :class:`~hookcli.fileformat.RunRecord` and
+inputs), then:
+
+- ``begin()`` returns the first input still to compute (0, or where an
+  earlier run of the same command stopped, for a shard folder);
+- ``add(batch)`` takes each :class:`~hookcli.pipeline.Batch` in input order;
+- ``finish()`` completes the output and returns what the run returns (the
+  features in memory, or the path written); ``written`` then lists the paths
+  to report, in order;
+- ``abort()`` gives up after a failure, leaving nothing half-written.
+
+Implementations: :class:`MemoryWriter` (``output=None``), :class:`FileWriter`
+(one ``.safetensors`` file, written atomically), :class:`StdoutWriter` (``-``),
+:class:`FolderWriter` (shards and an index, resumable, see
+:mod:`hookcli.shards`) and :class:`CamOverlays`, which draws each CAM over
+the image the model saw and hands the rows on to another writer.
+
+Rows are gathered by one :class:`RowBuffer`: tensors allocated once, for a
+whole file or for one shard.
+
+>>> buffer = RowBuffer(capacity=3)
+>>> buffer.add({"x": __import__("torch").ones(2, 4)}, slice(0, 2), ["/photos/a.jpg", "/photos/b.jpg"])
+>>> buffer.tensors()["x"].shape, buffer.inputs
+(torch.Size([2, 4]), ['/photos/a.jpg', '/photos/b.jpg'])
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import BinaryIO
+
+from hookcli import fileformat
+from hookcli.errors import MemoryLimitError
+from hookcli.fileformat import RunFacts, RunRecord
+from hookcli.store import Features, format_bytes, write_safetensors
+
+__all__ = [
+    "CamOverlays", "FileWriter", "FolderWriter", "MemoryWriter", "RowBuffer", "StdoutWriter", "cam_png_name",
+    "row_bytes",
+]
+
+#: Shard size chosen when none is given: about this many bytes of features per shard.
+AUTO_SHARD_BYTES = 128 * 1024 * 1024
+MAX_AUTO_SHARD_ROWS = 10_000
+
+
+def row_bytes(features: Mapping) -> int:
+    """Bytes one row of these batch-first tensors takes."""
+    return sum(value[0].numel() * value.element_size() for value in features.values())
+
+
+class RowBuffer:
+    """Rows of a file (or of one shard) in tensors allocated once for ``capacity`` rows, with their inputs."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._tensors: dict = {}
+        self.inputs: list[str] = []
+        self.skipped: list[dict] = []
+        self.targets: list = []
+
+    def add(self, features: Mapping, rows: slice, inputs: Sequence, targets: Sequence | None = None) -> None:
+        """Append ``rows`` of batch-first ``features``, the inputs they came from and (gradient runs) their targets."""
+        import torch
+
+        start = len(self.inputs)
+        for key, value in features.items():
+            if key not in self._tensors:
+                self._tensors[key] = torch.empty((self.capacity, *value.shape[1:]), dtype=value.dtype)
+            part = value[rows]
+            self._tensors[key][start:start + len(part)] = part
+        self.inputs.extend(os.path.abspath(p) for p in inputs)
+        self.targets.extend(targets or ())
+
+    def skip(self, path, error: str) -> None:
+        self.skipped.append({"input": os.path.abspath(path), "error": error})
+
+    def tensors(self) -> dict:
+        """The rows added so far, by key."""
+        return {key: value[: len(self.inputs)] for key, value in self._tensors.items()}
+
+
+class _WholeWriter:
+    """Every row in memory, then one delivery: the base of the single-output writers."""
+
+    def __init__(self, record: RunRecord, paths: Sequence) -> None:
+        self.record, self.paths = record, paths
+        self.rows: RowBuffer | None = None
+        self.facts: RunFacts | None = None
+        self.skipped: list[dict] = []
+        self.written: list[Path] = []
+
+    def begin(self) -> int:
+        return 0
+
+    @property
+    def has_rows(self) -> bool:
+        return self.rows is not None and bool(self.rows.inputs)
+
+    def add(self, batch) -> None:
+        if batch.features:
+            if self.rows is None:
+                _check_fits_in_memory(batch.features, len(self.paths))
+                self.rows = RowBuffer(len(self.paths))
+            self.rows.add(batch.features, slice(None), [self.paths[i] for i in batch.indices], batch.targets)
+            self.facts = batch.facts
+        self.skipped.extend({"input": os.path.abspath(self.paths[i]), "error": e} for i, e in batch.failures)
+
+    def finish(self):
+        tensors = self.rows.tensors()
+        run = fileformat.run_metadata(self.record, self.facts, keys=list(tensors))
+        metadata = fileformat.file_metadata(run, inputs=self.rows.inputs, skipped=self.skipped,
+                                            targets=self.rows.targets)
+        return self._deliver(tensors, metadata)
+
+    def _deliver(self, tensors: dict, metadata: dict):
+        raise NotImplementedError
+
+    def abort(self) -> None:
+        self.rows = None
+
+
+class MemoryWriter(_WholeWriter):
+    """Returns the rows as :class:`~hookcli.store.Features`: nothing is written."""
+
+    def _deliver(self, tensors, metadata) -> Features:
+        return Features(tensors, metadata, facts=self.facts)
+
+
+class FileWriter(_WholeWriter):
+    """One safetensors file, written atomically; an existing file is replaced only with ``force``."""
+
+    def __init__(self, record: RunRecord, paths: Sequence, path: str | os.PathLike, *, force: bool = False) -> None:
+        super().__init__(record, paths)
+        self.path, self.force = Path(path), force
+
+    def _deliver(self, tensors, metadata) -> Path:
+        write_safetensors(tensors, metadata, self.path, force=self.force)
+        self.written = [self.path]
+        return self.path
+
+
+class StdoutWriter(_WholeWriter):
+    """The file's bytes on a binary stream (stdout by default); returns the features too, to draw them."""
+
+    def __init__(self, record: RunRecord, paths: Sequence, stream: BinaryIO | None = None) -> None:
+        super().__init__(record, paths)
+        self.stream = stream
+
+    def _deliver(self, tensors, metadata) -> Features:
+        write_safetensors(tensors, metadata, self.stream or sys.stdout.buffer)
+        return Features(tensors, metadata, name="stdout", facts=self.facts)
+
+
+def _check_fits_in_memory(features: Mapping, rows: int) -> None:
+    """Refuse, before allocating, a single-file result larger than half of this machine's memory."""
+    size = row_bytes(features)
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return
+    if size * rows > memory // 2:
+        raise MemoryLimitError(
+            f"{rows} images x {format_bytes(size)} of features = {format_bytes(size * rows)}, more than "
+            f"half of this machine's {format_bytes(memory)}, and one output file is built in memory",
+            hint="write shards with -o DIR/ (memory stays flat), or use --pool / --dtype to store less",
+        )
+
+
+class FolderWriter:
+    """Shards of ``shard_size`` rows and an index in ``folder``, continuing an earlier run of the same command.
+
+    Shard *k* holds inputs ``[k·S, (k+1)·S)``; a shard is handed to a
+    background thread once its last input is placed (see
+    :class:`~hookcli.shards.ShardWriter`). Returns (and lists in
+    ``written``) the index's path.
+    """
+
+    def __init__(self, record: RunRecord, paths: Sequence, folder: str | os.PathLike, *,
+                 shard_size: int | None = None, force: bool = False) -> None:
+        self.record, self.paths, self.folder = record, paths, folder
+        self.shard_size, self.force = shard_size, force
+        self.writer = None
+        self.run_metadata: dict | None = None
+        self.shard: tuple[int, RowBuffer] | None = None
+        self.held: list = []  # failures seen before the first readable image fixes the shard size
+        self.written: list[Path] = []
+
+    def begin(self) -> int:
+        from hookcli.shards import ShardWriter
+
+        self.writer = ShardWriter(self.folder, fileformat.identity(self.record), len(self.paths), force=self.force)
+        if self.writer.header is not None:  # continuing: the shard size is known, shards may be finished at once
+            self.run_metadata = dict(self.writer.header["metadata"])
+            self.writer.start_writing()
+        return self.writer.start
+
+    @property
+    def has_rows(self) -> bool:
+        return self.writer.shard_size is not None
+
+    def add(self, batch) -> None:
+        if self.writer.header is None and batch.features:
+            self.run_metadata = fileformat.run_metadata(self.record, batch.facts, keys=list(batch.features))
+            size = self.shard_size or max(1, min(MAX_AUTO_SHARD_ROWS,
+                                                 AUTO_SHARD_BYTES // max(1, row_bytes(batch.features))))
+            self.writer.start_writing(fileformat.index_header(self.record, self.run_metadata, size))
+        events = [(index, row) for row, index in enumerate(batch.indices)]
+        events += [(index, error) for index, error in batch.failures]
+        if self.writer.shard_size is None:
+            self.held.extend((index, item, batch) for index, item in events)
+            return
+        for index, item, source in sorted(self.held + [(i, e, batch) for i, e in events], key=lambda e: e[0]):
+            self._place(index, item, source)
+        self.held = []
+
+    def _place(self, index: int, item, batch) -> None:
+        """Put one row (``item``: its row in ``batch``) or failure (``item``: the error) into its shard."""
+        if self.shard is None:
+            number = index // self.writer.shard_size
+            first, end = self.writer.shard_range(number)
+            self.shard = (number, RowBuffer(end - first))
+        number, rows = self.shard
+        if isinstance(item, int):
+            rows.add(batch.features, slice(item, item + 1), [self.paths[index]],
+                     batch.targets[item:item + 1] if batch.targets else None)
+        else:
+            rows.skip(self.paths[index], item)
+        if index + 1 >= self.writer.shard_range(number)[1]:
+            metadata = fileformat.shard_metadata(self.run_metadata, number, inputs=rows.inputs, skipped=rows.skipped,
+                                                 targets=rows.targets)
+            self.writer.submit(number, rows.tensors(), metadata, rows.inputs, rows.skipped)
+            self.shard = None
+
+    def finish(self) -> Path:
+        self.writer.close()
+        self.written = [self.writer.index_path]
+        return self.writer.index_path
+
+    def abort(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def cam_png_name(index: int, path, k: int, count: int) -> str:
+    """``<index>_<input stem>.png`` (``….top<k>.png`` for each of top K): a CAM overlay's file name."""
+    from hookcli.grids import safe_name
+
+    return f"{index:05d}_{safe_name(Path(path).stem)}" + (f".top{k + 1}" if count > 1 else "") + ".png"
+
+
+class CamOverlays:
+    """Draws each batch's maps over the images the model saw as the batches go by; the rows go on to ``inner``.
+
+    ``written`` lists the inner writer's paths, then the PNGs.
+    """
+
+    def __init__(self, inner, paths: Sequence, folder: str | os.PathLike, *, preprocess, count: int, method: str,
+                 layer: str, alpha: float = 0.5, cmap: str = "inferno", force: bool = False) -> None:
+        self.inner, self.paths, self.folder = inner, paths, Path(folder)
+        self.preprocess, self.count, self.method, self.layer = preprocess, count, method, layer
+        self.alpha, self.cmap, self.force = alpha, cmap, force
+        self.pngs: list[Path] = []
+        self.written: list[Path] = []
+
+    def begin(self) -> int:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        return self.inner.begin()
+
+    @property
+    def has_rows(self) -> bool:
+        return self.inner.has_rows
+
+    def add(self, batch) -> None:
+        import numpy as np
+        from PIL import Image
+
+        from hookcli.images import load_rgb, model_view
+        from hookcli.render import add_title, overlay
+        from hookcli.store import atomic_path
+
+        spec = self.preprocess
+        for row, index in enumerate(batch.indices):
+            photo = np.asarray(model_view(load_rgb(self.paths[index]), resize=spec.resize, crop=spec.crop,
+                                          interpolation=spec.interpolation))
+            for k, chosen in enumerate(batch.targets[row]):
+                heat = batch.features["cam" if self.count == 1 else f"cam#{k}"][row].numpy()
+                label = f"{chosen['name']} ({chosen['class']})" if chosen["name"] else f"class {chosen['class']}"
+                caption = [label, f"logit {chosen['logit']:.2f}",
+                           f"p {chosen['probability']:.1%}", f"{self.method} at {self.layer}"]
+                pixels = add_title(overlay(photo, heat, cmap=self.cmap, alpha=self.alpha), caption)
+                path = self.folder / cam_png_name(index, self.paths[index], k, self.count)
+                with atomic_path(path, force=self.force) as temporary:
+                    Image.fromarray(pixels).save(temporary, format="PNG", compress_level=1)
+                self.pngs.append(path)
+        self.inner.add(batch)
+
+    def finish(self):
+        result = self.inner.finish()
+        self.written = [*self.inner.written, *self.pngs]
+        return result
+
+    def abort(self) -> None:
+        self.inner.abort()
