@@ -9,6 +9,7 @@ run time; ``--debug`` shows the traceback instead.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -88,8 +89,6 @@ def main() -> None:
     """
 
 
-# -- shared option types and groups -----------------------------------------------------------
-
 
 class _Parsed(click.ParamType):
     """A value read by the library's parser ``module.function`` (imported on use); its ValueError is a usage error."""
@@ -106,22 +105,20 @@ class _Parsed(click.ParamType):
             self.fail(str(err), param, ctx)
 
 
-def _model_options(function=None, *, weights: str = "DEFAULT"):
+_TRIPLE = _Parsed("R,G,B", "hookcli.preprocess", "parse_triple")
+
+
+def _model_options(function=None, *, weights: str = DEFAULTS.weights):
     """--model, --weights (default ``weights``) and --seed, shared by every command that builds a model."""
     if function is None:
         return lambda f: _model_options(f, weights=weights)
-    function = click.option(
-        "--seed", type=int, default=0, show_default=True, help="Random seed for --weights none."
-    )(function)
-    function = click.option(
-        "--weights", "-w", default=weights, show_default=True, metavar="WEIGHTS",
-        help="DEFAULT, a torchvision weights name (IMAGENET1K_V1), none (random init) or a "
-        ".pth/.pt/.safetensors state dict.",
-    )(function)
-    function = click.option(
-        "--model", "-m", required=True, metavar="NAME", help="torchvision model name ('hookcli models')."
-    )(function)
-    return function
+    return _options(function, [
+        click.option("--model", "-m", required=True, metavar="NAME", help="torchvision model name ('hookcli models')."),
+        click.option("--weights", "-w", default=weights, show_default=True, metavar="WEIGHTS",
+                     help="DEFAULT, a torchvision weights name (IMAGENET1K_V1), none (random init) or a "
+                     ".pth/.pt/.safetensors state dict."),
+        click.option("--seed", type=int, default=0, show_default=True, help="Random seed for --weights none."),
+    ])
 
 
 def _load_config(ctx: click.Context, param: click.Parameter, value) -> None:
@@ -158,9 +155,10 @@ def _preprocess_options(function):
     return _options(function, [
         click.option("--resize", type=click.IntRange(min=1), help="Resize the shorter side to this [weights' value]."),
         click.option("--crop", type=click.IntRange(min=1), help="Centre-crop to this square [weights' value]."),
-        click.option("--mean", type=_Parsed("R,G,B", "hookcli.preprocess", "parse_triple"), help="Normalisation mean [weights' value]."),
-        click.option("--std", type=_Parsed("R,G,B", "hookcli.preprocess", "parse_triple"), help="Normalisation std [weights' value]."),
-        click.option("--interpolation", type=click.Choice(INTERPOLATIONS), help="Resize interpolation [weights' value]."),
+        click.option("--mean", type=_TRIPLE, help="Normalisation mean [weights' value]."),
+        click.option("--std", type=_TRIPLE, help="Normalisation std [weights' value]."),
+        click.option("--interpolation", type=click.Choice(INTERPOLATIONS),
+                     help="Resize interpolation [weights' value]."),
         click.option("--fast-decode", is_flag=True,
                      help="Decode JPEGs at a reduced scale (1/2, 1/4, 1/8) that keeps the shorter side at least "
                      "twice --resize, then resize as usual: several times faster for large photos; pixel values "
@@ -174,8 +172,8 @@ def _run_options(function):
     from hookcli.speed import MEMORY_FORMATS, PRECISIONS
 
     return _options(function, [
-        click.option("--device", "-d", type=_Parsed("DEVICE", "hookcli.device", "parse_device"), default=DEFAULTS.device,
-                     show_default=True, help="auto, cpu, cuda, cuda:N, mps."),
+        click.option("--device", "-d", type=_Parsed("DEVICE", "hookcli.device", "parse_device"),
+                     default=DEFAULTS.device, show_default=True, help="auto, cpu, cuda, cuda:N, mps."),
         click.option("--batch-size", "-b", type=click.IntRange(min=1), default=DEFAULTS.batch_size, show_default=True,
                      help="Images per forward."),
         click.option("--precision", type=click.Choice(PRECISIONS), default=DEFAULTS.precision, show_default=True,
@@ -225,12 +223,6 @@ class _Reporter:
     def __init__(self, quiet: bool = False, *, echo_paths: bool = True) -> None:
         self.quiet, self.echo_paths, self.bar = quiet, echo_paths, None
 
-    def __enter__(self) -> _Reporter:
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.close()
-
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
@@ -263,21 +255,13 @@ def _run(ctx: click.Context, command: str, options: dict, *args) -> None:
     import hookcli.api
     from hookcli.run import DEFAULT_OUTPUT
 
-    quiet = options.pop("quiet")
-    options["seed"] = options["seed"] if _given(ctx, "seed") else None
+    quiet, model = options.pop("quiet"), options.pop("model")
+    if ctx.get_parameter_source("seed").name == "DEFAULT":  # a seed given (flag or preset) is checked; 0 is not
+        options["seed"] = None
     options["output"] = options["output"] or DEFAULT_OUTPUT
-    options.pop("model")
-    with _Reporter(quiet, echo_paths=options["output"] != "-") as reporter:
-        getattr(hookcli.api, command)(ctx.params["model"], *args, progress=reporter, **options)
+    with contextlib.closing(_Reporter(quiet, echo_paths=options["output"] != "-")) as reporter:
+        getattr(hookcli.api, command)(model, *args, progress=reporter, **options)
 
-
-def _given(ctx: click.Context, name: str) -> bool:
-    """Whether the user set option ``name`` (flag, environment or config), not just its default."""
-    source = ctx.get_parameter_source(name)
-    return source is not None and source.name != "DEFAULT"
-
-
-# -- hookcli models, layers ---------------------------------------------------------------------
 
 
 @main.command(context_settings=CONTEXT_SETTINGS)
@@ -328,21 +312,15 @@ def layers(model, weights, seed, input_size, depth, as_json, as_nl) -> None:
         for r in rows:
             click.echo(json.dumps(r.to_dict()))
     else:
+        from hookcli.summary import table_lines
+
         table = [("path", "type", "output", "params", "calls")]
         for r in rows:
             shape = json.dumps(r.output).replace(" ", "") if r.output is not None else "-"
             table.append((r.path, r.type, shape, f"{r.params:,}", str(r.calls)))
-        _print_table(table, right=(3, 4))
+        for line in table_lines(table, right=(3, 4)):
+            click.echo(line)
 
-
-def _print_table(table, *, right=()) -> None:
-    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
-    for row in table:
-        cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))]
-        click.echo("  ".join(cells).rstrip())
-
-
-# -- hookcli extract, grad, cam -----------------------------------------------------------------
 
 
 @main.command(context_settings=CONTEXT_SETTINGS)
@@ -440,8 +418,6 @@ def cam(ctx, **options) -> None:
     _run(ctx, "cam", options, options.pop("images"))
 
 
-# -- hookcli info -------------------------------------------------------------------------------
-
 
 @main.command(context_settings=CONTEXT_SETTINGS)
 @click.argument("file", metavar="FILE|DIR|-")
@@ -459,58 +435,16 @@ def info(file, as_json, no_stats) -> None:
       hookcli extract -m resnet18 -l layer4 img.jpg -o - | hookcli info - --json
     """
     from hookcli.shards import open_features
-    from hookcli.store import format_bytes
-    from hookcli.summary import describe_file
+    from hookcli.summary import describe_file, info_lines
 
     with open_features(file) as features:
         described = describe_file(features, stats=not no_stats)
     if as_json:
         click.echo(json.dumps(described, indent=2))
         return
-    count = len(described["tensors"])
-    click.echo(f"{described['file']}  {format_bytes(described['bytes'])}  {count} tensor{'s' if count != 1 else ''}")
-    header = ("key", "dtype", "shape", "size") + (() if no_stats else ("min", "mean", "max", "zeros", "nan/inf"))
-    table = [header]
-    for t in described["tensors"]:
-        row = (t["key"], t["dtype"], json.dumps(t["shape"]).replace(" ", ""), format_bytes(t["bytes"]))
-        if not no_stats:
-            st = t["stats"]
-            row += (*(_number(st[k]) for k in ("min", "mean", "max")),
-                    "-" if st["zeros"] is None else f"{st['zeros']:.1%}", str(st["nonfinite"]))
-        table.append(row)
-    _print_table(table, right=range(2, len(header)))
-    if described["metadata"]:
-        click.echo("metadata:")
-        for line in _pretty_metadata(described["metadata"]):
-            click.echo(line)
+    for line in info_lines(described, stats=not no_stats):
+        click.echo(line)
 
-
-def _number(value) -> str:
-    return "-" if value is None else f"{value:.4g}"
-
-
-_METADATA_ORDER = ("format", "producer", "model", "weights", "layers", "capture", "preprocess", "device", "versions")
-
-
-def _pretty_metadata(metadata: dict) -> list[str]:
-    """hookcli's keys first in a fixed order; objects one entry per line; long lists shortened (--json has all)."""
-    ordered = sorted(metadata, key=lambda k: (_METADATA_ORDER.index(k) if k in _METADATA_ORDER else 99, k))
-    lines = []
-    for key in ordered:
-        value = metadata[key]
-        if isinstance(value, dict) and any(isinstance(v, dict | list) for v in value.values()):
-            lines.append(f"  {key}:")
-            lines.extend(f"    {k}: {json.dumps(v)}" for k, v in value.items())
-        elif isinstance(value, list):
-            shown = [*value[:5], f"... {len(value) - 7} more", *value[-2:]] if len(value) > 10 else value
-            lines.append(f"  {key}: ({len(value)})")
-            lines.extend(f"    {item if isinstance(item, str) else json.dumps(item)}" for item in shown)
-        else:
-            lines.append(f"  {key}: {value if isinstance(value, str) else json.dumps(value)}")
-    return lines
-
-
-# -- hookcli grid -------------------------------------------------------------------------------
 
 
 @main.command(context_settings=CONTEXT_SETTINGS)
@@ -553,5 +487,5 @@ def grid(file, output, quiet, **options) -> None:
     import hookcli.api
     from hookcli.run import DEFAULT_OUTPUT
 
-    with _Reporter(quiet) as reporter:
+    with contextlib.closing(_Reporter(quiet)) as reporter:
         hookcli.api.grid(file, output=output or DEFAULT_OUTPUT, progress=reporter, **options)

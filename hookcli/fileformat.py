@@ -183,7 +183,7 @@ def index_header(record: RunRecord, run: Mapping[str, str], shard_size: int) -> 
 
 
 def index_line(number: int, shard_size: int, total: int, inputs: Sequence[str], skipped: Sequence[dict]) -> dict:
-    """The index line of finished shard ``number``: its file, the inputs it covers, its rows' inputs, what was skipped."""
+    """The index line of finished shard ``number``: its file, the inputs it covers, its rows, what was skipped."""
     first = number * shard_size
     return {"shard": number, "file": SHARD_NAME.format(number), "first": first,
             "count": min(first + shard_size, total) - first, "inputs": list(inputs), "skipped": list(skipped)}

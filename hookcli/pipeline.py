@@ -43,7 +43,6 @@ from hookcli import speed
 from hookcli.capture import CAPTURE_KINDS, FeatureCapture
 from hookcli.errors import HookcliError, ImageError, UsageProblem, first_line
 from hookcli.fileformat import RunFacts
-from hookcli.images import load_rgb
 from hookcli.models import LoadedModel
 from hookcli.preprocess import Preprocess
 
@@ -142,7 +141,9 @@ class _Images:
     """A dataset of decoded, preprocessed images; a failure comes back as a value, never raised in a worker."""
 
     def __init__(self, paths: Sequence, preprocess: Preprocess, first: int) -> None:
-        self.paths, self.first = paths, first
+        from hookcli.images import load_rgb
+
+        self.paths, self.first, self.load = paths, first, load_rgb
         self.transform, self.decode_size = preprocess.to_transform(), preprocess.decode_size
 
     def __len__(self) -> int:
@@ -151,7 +152,7 @@ class _Images:
     def __getitem__(self, position: int):
         index = self.first + position
         try:
-            return index, self.transform(load_rgb(self.paths[index], min_size=self.decode_size)), None
+            return index, self.transform(self.load(self.paths[index], min_size=self.decode_size)), None
         except ImageError as err:
             return index, None, (err.message, err.hint)
 

@@ -15,7 +15,7 @@ import json
 
 import numpy as np
 
-__all__ = ["describe_file", "tensor_stats"]
+__all__ = ["describe_file", "info_lines", "table_lines", "tensor_stats"]
 
 _WHOLE_TENSOR_BYTES = 64 * 1024 * 1024
 
@@ -65,3 +65,58 @@ def _parsed(metadata) -> dict:
             decoded = value
         parsed[key] = decoded if isinstance(decoded, dict | list) else value
     return parsed
+
+
+_METADATA_ORDER = ("format", "producer", "model", "weights", "layers", "capture", "preprocess", "device", "versions")
+
+
+def info_lines(described: dict, *, stats: bool = True) -> list[str]:
+    """:func:`describe_file`'s result as ``hookcli info`` prints it: a title, a table of tensors, the metadata."""
+    from hookcli.store import format_bytes
+
+    count = len(described["tensors"])
+    lines = [f"{described['file']}  {format_bytes(described['bytes'])}  {count} tensor{'s' if count != 1 else ''}"]
+    header = ("key", "dtype", "shape", "size") + (("min", "mean", "max", "zeros", "nan/inf") if stats else ())
+    table = [header]
+    for t in described["tensors"]:
+        row = (t["key"], t["dtype"], json.dumps(t["shape"]).replace(" ", ""), format_bytes(t["bytes"]))
+        if stats:
+            st = t["stats"]
+            row += (*(_number(st[k]) for k in ("min", "mean", "max")),
+                    "-" if st["zeros"] is None else f"{st['zeros']:.1%}", str(st["nonfinite"]))
+        table.append(row)
+    lines += table_lines(table, right=range(2, len(header)))
+    if described["metadata"]:
+        lines += ["metadata:", *_metadata_lines(described["metadata"])]
+    return lines
+
+
+def table_lines(table: list[tuple[str, ...]], *, right=()) -> list[str]:
+    """Rows of cells as aligned text; columns whose index is in ``right`` are right-aligned."""
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    def cell(i: int, text: str) -> str:
+        return text.rjust(widths[i]) if i in right else text.ljust(widths[i])
+
+    return ["  ".join(cell(i, text) for i, text in enumerate(row)).rstrip() for row in table]
+
+
+def _number(value) -> str:
+    return "-" if value is None else f"{value:.4g}"
+
+
+def _metadata_lines(metadata: dict) -> list[str]:
+    """hookcli's keys first in a fixed order; objects one entry per line; long lists shortened (--json has all)."""
+    ordered = sorted(metadata, key=lambda k: (_METADATA_ORDER.index(k) if k in _METADATA_ORDER else 99, k))
+    lines = []
+    for key in ordered:
+        value = metadata[key]
+        if isinstance(value, dict) and any(isinstance(v, dict | list) for v in value.values()):
+            lines.append(f"  {key}:")
+            lines.extend(f"    {k}: {json.dumps(v)}" for k, v in value.items())
+        elif isinstance(value, list):
+            shown = [*value[:5], f"... {len(value) - 7} more", *value[-2:]] if len(value) > 10 else value
+            lines.append(f"  {key}: ({len(value)})")
+            lines.extend(f"    {item if isinstance(item, str) else json.dumps(item)}" for item in shown)
+        else:
+            lines.append(f"  {key}: {value if isinstance(value, str) else json.dumps(value)}")
+    return lines
