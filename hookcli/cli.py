@@ -259,7 +259,8 @@ def _run(ctx: click.Context, command: str, options: dict, *args) -> None:
     if ctx.get_parameter_source("seed").name == "DEFAULT":  # a seed given (flag or preset) is checked; 0 is not
         options["seed"] = None
     options["output"] = options["output"] or DEFAULT_OUTPUT
-    with contextlib.closing(_Reporter(quiet, echo_paths=options["output"] != "-")) as reporter:
+    to_stdout = options["output"] == "-" and command != "cam"  # stdout carries the file's bytes
+    with contextlib.closing(_Reporter(quiet, echo_paths=not to_stdout)) as reporter:
         getattr(hookcli.api, command)(model, *args, progress=reporter, **options)
 
 

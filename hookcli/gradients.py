@@ -132,8 +132,10 @@ class GradientForward:
         self._stack = contextlib.ExitStack()
 
     def __enter__(self) -> GradientForward:
-        self._stack.enter_context(frozen_parameters(self.model))
-        self._stack.enter_context(self.capture)
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(frozen_parameters(self.model))
+            stack.enter_context(self.capture)
+            self._stack = stack.pop_all()
         return self
 
     def __exit__(self, *exc_info) -> None:

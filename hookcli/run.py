@@ -245,7 +245,8 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
     ``layers`` one selector or a list (cam: one selector or None for the
     default layer); ``inputs`` a path, a folder, ``-`` or a list of them;
     ``output`` None (in memory), :data:`DEFAULT_OUTPUT`, a file, ``-``, or a
-    folder (``DIR/`` or an existing one). Raises the library's errors; usage
+    folder (a string ending in ``/``, or an existing folder: a ``pathlib.Path``
+    drops the trailing slash). Raises the library's errors; usage
     errors before any model loads.
     """
     from hookcli.models import LoadedModel
@@ -430,7 +431,8 @@ def _cam_layer(loaded, selector, settings) -> str:
     from hookcli.gradients import default_cam_layer
 
     crop = settings.preprocess.crop
-    return default_cam_layer(loaded, torch.zeros(1, 3, crop, crop))
+    device = next(loaded.module.parameters()).device  # a model reused from an earlier run may be on a GPU
+    return default_cam_layer(loaded, torch.zeros(1, 3, crop, crop, device=device))
 
 
 # -- execution -------------------------------------------------------------------------------------
@@ -457,9 +459,9 @@ def execute(run: RunPlan, progress: Callable[[Event], None] | None = None):
     for text in run.notes:
         note(text)
     writer = _writer(run)
-    start = writer.begin()
-    emit(Started(total=len(run.inputs), done=start, output=run.output.path))
     try:
+        start = writer.begin()
+        emit(Started(total=len(run.inputs), done=start, output=run.output.path))
         if start < len(run.inputs):
             for batch in iter_batches(run.loaded, run.layers, run.inputs, run.settings, forward=run.forward,
                                       start=start, on_note=note):
@@ -468,7 +470,8 @@ def execute(run: RunPlan, progress: Callable[[Event], None] | None = None):
                     emit(Skipped(str(run.inputs[index]), error))
                 emit(Advanced(len(batch.indices) + len(batch.failures)))
         if not writer.has_rows:
-            raise ImageError("none of the input images could be read", hint="see the skipped inputs above")
+            raise ImageError("none of the input images could be read", hint="every input was skipped, each with its "
+                             "reason (on stderr; in Python, the Skipped events)")
         result = writer.finish()
     except BaseException:
         writer.abort()

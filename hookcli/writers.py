@@ -28,6 +28,7 @@ whole file or for one shard.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -50,7 +51,7 @@ MAX_AUTO_SHARD_ROWS = 10_000
 
 
 def row_bytes(features: Mapping) -> int:
-    """Bytes one row of these batch-first tensors takes."""
+    """Bytes one row of these batch-first tensors takes (0 for none)."""
     return sum(value[0].numel() * value.element_size() for value in features.values())
 
 
@@ -103,7 +104,7 @@ class _WholeWriter:
         return self.rows is not None and bool(self.rows.inputs)
 
     def add(self, batch) -> None:
-        if batch.features:
+        if batch.indices:
             if self.rows is None:
                 _check_fits_in_memory(batch.features, len(self.paths))
                 self.rows = RowBuffer(len(self.paths))
@@ -137,12 +138,12 @@ class FileWriter(_WholeWriter):
 
     def __init__(self, record: RunRecord, paths: Sequence, path: str | os.PathLike, *, force: bool = False) -> None:
         super().__init__(record, paths)
-        self.path, self.force = Path(path), force
+        self.path, self.force = os.fspath(path), force
 
     def _deliver(self, tensors, metadata) -> Path:
         write_safetensors(tensors, metadata, self.path, force=self.force)
-        self.written = [self.path]
-        return self.path
+        self.written = [self.path]  # reported as given: ./out.safetensors stays so
+        return Path(self.path)
 
 
 class StdoutWriter(_WholeWriter):
@@ -196,7 +197,6 @@ class FolderWriter:
 
         self.writer = ShardWriter(self.folder, fileformat.identity(self.record), len(self.paths), force=self.force)
         if self.writer.header is not None:  # continuing: the shard size is known, shards may be finished at once
-            self.run_metadata = dict(self.writer.header["metadata"])
             self.writer.start_writing()
         return self.writer.start
 
@@ -205,11 +205,12 @@ class FolderWriter:
         return self.writer.shard_size is not None
 
     def add(self, batch) -> None:
-        if self.writer.header is None and batch.features:
+        if self.run_metadata is None and batch.indices:
             self.run_metadata = fileformat.run_metadata(self.record, batch.facts, keys=list(batch.features))
-            size = self.shard_size or max(1, min(MAX_AUTO_SHARD_ROWS,
-                                                 AUTO_SHARD_BYTES // max(1, row_bytes(batch.features))))
-            self.writer.start_writing(fileformat.index_header(self.record, self.run_metadata, size))
+            if self.writer.header is None:
+                size = self.shard_size or max(1, min(MAX_AUTO_SHARD_ROWS,
+                                                     AUTO_SHARD_BYTES // max(1, row_bytes(batch.features))))
+                self.writer.start_writing(fileformat.index_header(self.record, self.run_metadata, size))
         events = [(index, row) for row, index in enumerate(batch.indices)]
         events += [(index, error) for index, error in batch.failures]
         if self.writer.shard_size is None:
@@ -232,7 +233,9 @@ class FolderWriter:
         else:
             rows.skip(self.paths[index], item)
         if index + 1 >= self.writer.shard_range(number)[1]:
-            metadata = fileformat.shard_metadata(self.run_metadata, number, inputs=rows.inputs, skipped=rows.skipped,
+            # A continued run whose first inputs are all unreadable has learnt nothing yet: the first run's metadata.
+            run = self.run_metadata or self.writer.header["metadata"]
+            metadata = fileformat.shard_metadata(run, number, inputs=rows.inputs, skipped=rows.skipped,
                                                  targets=rows.targets)
             self.writer.submit(number, rows.tensors(), metadata, rows.inputs, rows.skipped)
             self.shard = None
@@ -244,7 +247,8 @@ class FolderWriter:
 
     def abort(self) -> None:
         if self.writer is not None:
-            self.writer.close()
+            with contextlib.suppress(Exception):  # the failure that stopped the run is the one to report
+                self.writer.close()
 
 
 def cam_png_name(index: int, path, k: int, count: int) -> str:

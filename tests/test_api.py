@@ -182,7 +182,8 @@ def test_grad_and_cam_write_what_the_cli_writes(runner, images, tmp_path):
     assert written == tmp_path / "api-cams" / "cams.safetensors"
     _same_files(tmp_path / "cli-cams" / "cams.safetensors", written)
     names = [f"{i:05d}_{n}.png" for i, n in enumerate("ab")]
-    assert [e.path for e in events if isinstance(e, Wrote)] == [written, *(tmp_path / "api-cams" / n for n in names)]
+    pngs = [tmp_path / "api-cams" / n for n in names]
+    assert [Path(e.path) for e in events if isinstance(e, Wrote)] == [written, *pngs]
     for name in names:
         cli_png = np.asarray(Image.open(tmp_path / "cli-cams" / name))
         assert np.array_equal(cli_png, np.asarray(Image.open(tmp_path / "api-cams" / name)))
@@ -236,3 +237,14 @@ def test_no_readable_image_is_an_error_and_writes_nothing(tmp_path):
         hookcli.extract("resnet18", "layer1", broken, output=tmp_path / "o.safetensors", on_error="skip",
                         weights="none")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["broken.png"]
+
+
+def test_the_written_path_is_reported_as_given(runner, images, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(main, ["extract", "-m", "resnet18", "-w", "none", "-l", "layer1", *SMALL_FLAGS,
+                                  "-o", "./out.safetensors", str(images[0])])
+    assert (result.exit_code, result.stdout) == (0, "./out.safetensors\n")
+    events = []
+    returned = hookcli.extract("resnet18", "layer1", images[0], output="./api.safetensors", weights="none",
+                               progress=events.append, **SMALL)
+    assert returned == Path("api.safetensors") and events[-1] == Wrote("./api.safetensors")
