@@ -150,11 +150,10 @@ def layers(model, *, weights: str = "none", seed: int | None = None, input_size:
     from hookcli.models import load_model
     from hookcli.selectors import describe_layers
 
-    for name, value in (("input_size", input_size), ("depth", depth)):
-        if value is not None and (not isinstance(value, int) or value < 1):
-            from hookcli.errors import UsageProblem
+    from hookcli.errors import check_whole
 
-            raise UsageProblem(f"{name} must be a whole number of at least 1, not {value!r}")
+    check_whole("input_size", input_size, 1, optional=True)
+    check_whole("depth", depth, 1, optional=True)
     loaded = load_model(model, weights, seed=seed or 0)
     size = input_size or loaded.preprocess.crop
     rows = describe_layers(loaded.module, torch.zeros(1, 3, size, size))

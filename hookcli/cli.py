@@ -13,7 +13,6 @@ import contextlib
 import json
 import os
 import sys
-from pathlib import Path
 
 import click
 

@@ -90,3 +90,17 @@ class ConfigError(UsageProblem):
 
 class DeviceError(UsageProblem):
     """The requested device is not available."""
+
+
+def check_choice(name: str, value, choices) -> None:
+    """Refuse ``value`` for option ``name`` unless it is one of ``choices``."""
+    if value not in choices:
+        raise UsageProblem(f"{name} must be one of {', '.join(map(str, choices))}, not '{value}'")
+
+
+def check_whole(name: str, value, low: int, *, optional: bool = False) -> None:
+    """Refuse ``value`` for option ``name`` unless it is a whole number of at least ``low`` (or None if ``optional``)."""
+    if value is None and optional:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise UsageProblem(f"{name} must be a whole number of at least {low}, not {value!r}")

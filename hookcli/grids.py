@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hookcli.errors import FeatureFileError, UsageProblem
+from hookcli.errors import FeatureFileError, UsageProblem, check_choice, check_whole
 from hookcli.selectors import glob_to_regex
 from hookcli.render import NotDrawable, add_title, as_maps, check_cmap, overlay, scale_maps, tile_maps
 from hookcli.store import refuse_existing
@@ -99,11 +99,8 @@ class GridOptions:
         except ValueError as err:
             raise UsageProblem(f"invalid channels: {err}") from None
         for name, low in (("top", 1), ("columns", 1), ("padding", 0), ("min_tile", 1)):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < low):
-                raise UsageProblem(f"{name} must be a whole number of at least {low}, not {value!r}")
-        if self.scale not in SCALES:
-            raise UsageProblem(f"scale must be one of {', '.join(SCALES)}, not '{self.scale}'")
+            check_whole(name, getattr(self, name), low, optional=True)
+        check_choice("scale", self.scale, SCALES)
         if not 0 <= self.alpha <= 1:
             raise UsageProblem(f"alpha must be between 0 and 1, not {self.alpha!r}")
 

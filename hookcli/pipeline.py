@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 
 from hookcli import speed
 from hookcli.capture import CAPTURE_KINDS, FeatureCapture
-from hookcli.errors import HookcliError, ImageError, UsageProblem, first_line
+from hookcli.errors import HookcliError, ImageError, check_choice, check_whole, first_line
 from hookcli.fileformat import RunFacts
 from hookcli.models import LoadedModel
 from hookcli.preprocess import Preprocess
@@ -54,11 +54,6 @@ __all__ = [
 POOLS = ("avg", "max")
 DTYPES = ("float32", "float16", "bfloat16")
 ON_ERROR = ("fail", "skip")
-
-
-def _check_choice(name: str, value, choices: Sequence) -> None:
-    if value not in choices:
-        raise UsageProblem(f"{name} must be one of {', '.join(map(str, choices))}, not '{value}'")
 
 
 @dataclass(frozen=True)
@@ -86,17 +81,15 @@ class RunSettings:
     fuse: bool = True
 
     def __post_init__(self) -> None:
-        _check_choice("capture", self.capture, CAPTURE_KINDS)
+        check_choice("capture", self.capture, CAPTURE_KINDS)
         if self.pool is not None:
-            _check_choice("pool", self.pool, POOLS)
-        _check_choice("dtype", self.dtype, DTYPES)
-        _check_choice("on_error", self.on_error, ON_ERROR)
-        _check_choice("precision", self.precision, speed.PRECISIONS)
-        _check_choice("memory_format", self.memory_format, speed.MEMORY_FORMATS)
-        if not isinstance(self.batch_size, int) or self.batch_size < 1:
-            raise UsageProblem(f"batch_size must be a whole number of at least 1, not {self.batch_size!r}")
-        if self.workers is not None and (not isinstance(self.workers, int) or self.workers < 0):
-            raise UsageProblem(f"workers must be a whole number of at least 0, not {self.workers!r}")
+            check_choice("pool", self.pool, POOLS)
+        check_choice("dtype", self.dtype, DTYPES)
+        check_choice("on_error", self.on_error, ON_ERROR)
+        check_choice("precision", self.precision, speed.PRECISIONS)
+        check_choice("memory_format", self.memory_format, speed.MEMORY_FORMATS)
+        check_whole("batch_size", self.batch_size, 1)
+        check_whole("workers", self.workers, 0, optional=True)
 
     @property
     def fusing(self) -> bool:

@@ -39,7 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from hookcli.errors import ImageError, UsageProblem
+from hookcli.errors import ImageError, UsageProblem, check_choice, check_whole
 from hookcli.fileformat import RunRecord
 
 __all__ = [
@@ -149,26 +149,18 @@ class RunOptions:
         from hookcli.preprocess import INTERPOLATIONS, parse_triple
 
         for name in ("resize", "crop", "shard_size"):
-            _check_whole(name, getattr(self, name), 1, optional=True)
-        if self.interpolation is not None and self.interpolation not in INTERPOLATIONS:
-            raise UsageProblem(f"interpolation must be one of {', '.join(INTERPOLATIONS)}, not '{self.interpolation}'")
+            check_whole(name, getattr(self, name), 1, optional=True)
+        if self.interpolation is not None:
+            check_choice("interpolation", self.interpolation, INTERPOLATIONS)
         for name in ("mean", "std"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, _parsed(name, parse_triple, getattr(self, name)))
         object.__setattr__(self, "device", _parsed("device", parse_device, self.device))
-        if self.method not in CAM_METHODS:
-            raise UsageProblem(f"method must be one of {', '.join(CAM_METHODS)}, not '{self.method}'")
+        check_choice("method", self.method, CAM_METHODS)
         if not 0 <= self.alpha <= 1:
             raise UsageProblem(f"alpha must be between 0 and 1, not {self.alpha!r}")
         if self.seed is not None and not isinstance(self.seed, int):
             raise UsageProblem(f"seed must be a whole number, not {self.seed!r}")
-
-
-def _check_whole(name: str, value, low: int, *, optional: bool = False) -> None:
-    if value is None and optional:
-        return
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise UsageProblem(f"{name} must be a whole number of at least {low}, not {value!r}")
 
 
 def _parsed(name: str, parse: Callable, value):
