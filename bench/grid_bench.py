@@ -27,9 +27,9 @@ CHANNELS, SIDE = 512, 28
 def _hookcli_png(maps: np.ndarray, folder: Path) -> None:
     """What `hookcli grid` does for one tensor of one image, through the same functions."""
     from hookcli.grids import GridOptions, plan_grids, write_grids
-    from hookcli.store import ArrayFeatures
+    from hookcli.store import Features
 
-    features = ArrayFeatures({"features": maps[None]}, {"inputs": '["image.jpg"]'})
+    features = Features({"features": maps[None]}, {"inputs": '["image.jpg"]'})
     options = GridOptions()
     write_grids(features, plan_grids(features, options, folder, force=True), options, force=True)
 
