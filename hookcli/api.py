@@ -151,8 +151,9 @@ def layers(model, *, weights: str = "none", seed: int | None = None, input_size:
     from hookcli.selectors import describe_layers
 
     from hookcli.errors import check_whole
+    from hookcli.preprocess import MAX_SIDE
 
-    check_whole("input_size", input_size, 1, optional=True)
+    check_whole("input_size", input_size, 1, MAX_SIDE, optional=True)
     check_whole("depth", depth, 1, optional=True)
     loaded = load_model(model, weights, seed=seed or 0)
     size = input_size or loaded.preprocess.crop

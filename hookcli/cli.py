@@ -4,7 +4,9 @@ Only this module imports Click; no run logic lives here. Heavy libraries
 (torch, torchvision) load inside the commands that need them, so
 ``hookcli --help`` starts at once.
 Errors become one ``Error: …`` line: exit 2 for bad usage, 1 for failures at
-run time; ``--debug`` shows the traceback instead.
+run time; ``--debug`` shows the traceback instead. Python warnings become one
+``Note: …`` line each. SIGTERM unwinds like Ctrl-C (temporary files go) and
+exits 143. Text from files and errors is printed with control characters escaped.
 """
 
 from __future__ import annotations
@@ -12,12 +14,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import sys
 
 import click
 
 from hookcli import __version__
 from hookcli.capture import CAPTURE_KINDS
+from hookcli.console import Terminated, notes_and_sigterm, printable
 from hookcli.errors import HookcliError, first_line
 from hookcli.gradients import CAM_METHODS
 from hookcli.pipeline import POOLS
@@ -35,35 +39,39 @@ class _HookcliGroup(click.Group):
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
-        self.debug = bool(os.environ.get("HOOKCLI_DEBUG"))
-        try:
-            result = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
-        except click.UsageError as err:
-            where = f"'{err.ctx.command_path} --help'" if err.ctx else "'hookcli --help'"
-            _exit_with_error(f"{err.format_message().rstrip('.')}. Hint: see {where}", err.exit_code)
-        except click.ClickException as err:
-            _exit_with_error(err.format_message(), err.exit_code)
-        except HookcliError as err:
-            if self.debug:
-                raise
-            _exit_with_error(str(err), err.exit_code)
-        except (KeyboardInterrupt, click.Abort):
-            click.echo("Aborted.", err=True)
-            sys.exit(130)
-        except BrokenPipeError:
-            # The reader went away (e.g. `| head`); stop quietly like other Unix tools.
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            sys.exit(1)
-        except Exception as err:
-            if self.debug:
-                raise
-            text = first_line(err)
-            _exit_with_error(f"{type(err).__name__}: {text.rstrip('.')}. Hint: rerun with --debug for the traceback", 1)
+        self.debug = os.environ.get("HOOKCLI_DEBUG", "").strip().lower() in ("1", "true", "yes", "on")
+        with notes_and_sigterm(lambda text: click.echo(text, err=True), debug=lambda: self.debug):
+            try:
+                result = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            except click.UsageError as err:
+                where = f"'{err.ctx.command_path} --help'" if err.ctx else "'hookcli --help'"
+                _exit_with_error(f"{err.format_message().rstrip('.')}. Hint: see {where}", err.exit_code)
+            except click.ClickException as err:
+                _exit_with_error(err.format_message(), err.exit_code)
+            except HookcliError as err:
+                if self.debug:
+                    raise
+                _exit_with_error(str(err), err.exit_code)
+            except (KeyboardInterrupt, click.Abort):
+                click.echo("Aborted.", err=True)
+                sys.exit(130)
+            except Terminated:
+                click.echo("Terminated.", err=True)
+                sys.exit(128 + signal.SIGTERM)
+            except BrokenPipeError:
+                # The reader went away (e.g. `| head`); stop quietly like other Unix tools.
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+                sys.exit(1)
+            except Exception as err:
+                if self.debug:
+                    raise
+                hint = "Hint: rerun with --debug for the traceback"
+                _exit_with_error(f"{type(err).__name__}: {first_line(err).rstrip('.')}. {hint}", 1)
         sys.exit(result if isinstance(result, int) else 0)
 
 
 def _exit_with_error(message: str, code: int) -> None:
-    click.echo(f"Error: {message}", err=True)
+    click.echo(f"Error: {printable(message)}", err=True)
     sys.exit(code)
 
 
@@ -76,7 +84,7 @@ def _set_debug(ctx: click.Context, param: click.Parameter, value: bool) -> None:
 @click.version_option(__version__, prog_name="hookcli")
 @click.option(
     "--debug", is_flag=True, expose_value=False, callback=_set_debug, is_eager=True,
-    help="Show full tracebacks (also HOOKCLI_DEBUG=1).",
+    help="Show full tracebacks and warnings (also HOOKCLI_DEBUG=1).",
 )
 def main() -> None:
     """See inside PyTorch vision models: hook any layer, save what it returns.
@@ -242,9 +250,9 @@ class _Reporter:
         elif isinstance(event, Advanced) and self.bar is not None:
             self.bar.update(event.count)
         elif isinstance(event, Skipped):
-            click.echo(f"Skipped: {event.error}", err=True)
+            click.echo(f"Skipped: {printable(event.error)}", err=True)
         elif isinstance(event, Note):
-            click.echo(f"Note: {event.text}", err=True)
+            click.echo(f"Note: {printable(event.text)}", err=True)
         elif isinstance(event, Wrote) and self.echo_paths:
             click.echo(str(event.path))
 
@@ -428,19 +436,22 @@ def info(file, as_json, no_stats) -> None:
 
     Statistics (min, mean and max over finite values, share of zeros, count of
     NaN/inf) are read a row at a time. DIR is a shard folder written with
-    extract -o DIR/ (or its index.jsonl); - reads a file from stdin.
+    extract -o DIR/ (or its index.jsonl); - reads a file from stdin. Control
+    characters in names and metadata are shown escaped (\\x1b, \\n). --json is
+    strict JSON: NaN and ±inf (in metadata) are the strings "NaN", "Infinity"
+    and "-Infinity".
 
     \b
       hookcli info vgg16_bn-features.18.safetensors
       hookcli extract -m resnet18 -l layer4 img.jpg -o - | hookcli info - --json
     """
     from hookcli.shards import open_features
-    from hookcli.summary import describe_file, info_lines
+    from hookcli.summary import describe_file, info_json, info_lines
 
     with open_features(file) as features:
         described = describe_file(features, stats=not no_stats)
     if as_json:
-        click.echo(json.dumps(described, indent=2))
+        click.echo(info_json(described))
         return
     for line in info_lines(described, stats=not no_stats):
         click.echo(line)

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from hookcli.errors import ConfigError
+from hookcli.store import open_regular
 
 __all__ = ["PRESETS", "locate_config", "read_config"]
 
@@ -56,7 +57,7 @@ def read_config(path: str | os.PathLike, *, allowed: Mapping[str, str]) -> dict:
     """
     path = locate_config(path)
     try:
-        with open(path, "rb") as handle:
+        with open_regular(path) as handle:
             raw = tomllib.load(handle)
     except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
         raise ConfigError(f"cannot read config '{path}': {err}", hint="check the TOML syntax") from None
@@ -73,6 +74,13 @@ def read_config(path: str | os.PathLike, *, allowed: Mapping[str, str]) -> dict:
             )
         options[allowed[name]] = value
     weights = options.get("weights")
-    if isinstance(weights, str) and not Path(weights).is_absolute() and (path.parent / weights).is_file():
+    # A relative weights path is relative to the preset; a weights name (DEFAULT, IMAGENET1K_V1) stays a name.
+    if isinstance(weights, str) and _is_relative_path(weights) and (path.parent / weights).is_file():
         options["weights"] = str(path.parent / weights)
     return options
+
+
+def _is_relative_path(weights: str) -> bool:
+    from hookcli.models import looks_like_weights_path
+
+    return looks_like_weights_path(weights) and not Path(weights).is_absolute()

@@ -84,6 +84,10 @@ class OutputExistsError(UsageProblem):
     """The output path exists and overwriting was not allowed."""
 
 
+class OutputLockedError(UsageProblem):
+    """Another process is writing the same output."""
+
+
 class ConfigError(UsageProblem):
     """A config preset cannot be read or holds an unknown option."""
 
@@ -98,9 +102,12 @@ def check_choice(name: str, value, choices) -> None:
         raise UsageProblem(f"{name} must be one of {', '.join(map(str, choices))}, not '{value}'")
 
 
-def check_whole(name: str, value, low: int, *, optional: bool = False) -> None:
-    """Refuse ``value`` for option ``name`` unless it is a whole number of at least ``low`` (or None if ``optional``)."""
+def check_whole(name: str, value, low: int, high: int | None = None, *, optional: bool = False) -> None:
+    """Refuse ``value`` for option ``name`` unless it is a whole number from ``low`` (to ``high``), or None if
+    ``optional``."""
     if value is None and optional:
         return
     if not isinstance(value, int) or isinstance(value, bool) or value < low:
         raise UsageProblem(f"{name} must be a whole number of at least {low}, not {value!r}")
+    if high is not None and value > high:
+        raise UsageProblem(f"{name} must be at most {high}, not {value!r}")

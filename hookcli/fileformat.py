@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 
 __all__ = [
     "FORMAT_VERSION", "INDEX_NAME", "INDEX_VERSION", "PRODUCER", "SHARD_NAME", "RunFacts", "RunRecord",
+    "check_index_header", "check_index_line",
     "file_metadata", "folder_metadata", "identity", "index_header", "index_line", "inputs_digest", "keys_of_layer",
     "run_metadata", "shard_metadata",
 ]
@@ -51,7 +52,7 @@ INDEX_NAME = "index.jsonl"
 INDEX_VERSION = 1
 SHARD_NAME = "features-{:05d}.safetensors"
 #: Shard files, and the temporary files they are written through.
-SHARD_FILE = re.compile(r"^\.?features-\d{5}\.safetensors(\..*\.part)?$")
+SHARD_FILE = re.compile(r"^\.?features-\d{5,}\.safetensors(\..*\.part)?$")
 
 _METADATA, _IDENTITY = "metadata", "identity"
 
@@ -187,6 +188,46 @@ def index_line(number: int, shard_size: int, total: int, inputs: Sequence[str], 
     first = number * shard_size
     return {"shard": number, "file": SHARD_NAME.format(number), "first": first,
             "count": min(first + shard_size, total) - first, "inputs": list(inputs), "skipped": list(skipped)}
+
+
+def check_index_header(header) -> None:
+    """Raise ValueError saying what is wrong with an index's first line, read from disk (so untrusted)."""
+    if not isinstance(header, dict) or header.get("hookcli_index") != INDEX_VERSION:
+        raise ValueError("it is not a hookcli index")
+    if not isinstance(header.get("identity"), dict):
+        raise ValueError("its run identity is missing")
+    if not _whole(header.get("shard_size"), 1) or not _whole(header.get("inputs"), 0):
+        raise ValueError("its shard size or input count is not a whole number")
+    metadata = header.get("metadata")
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise ValueError("its metadata is not a map of strings")
+
+
+def check_index_line(entry, number: int, header: Mapping) -> None:
+    """Raise ValueError unless ``entry`` is the line :func:`index_line` writes for shard ``number`` of ``header``'s run.
+
+    In particular its ``file`` must be shard ``number``'s own plain name, so
+    a reader never follows a path out of the folder.
+    """
+    if not isinstance(entry, dict):
+        raise ValueError("it is not a JSON object")
+    if entry.get("shard") != number or entry.get("file") != SHARD_NAME.format(number):
+        raise ValueError(f"it does not describe shard {number} ({SHARD_NAME.format(number)})")
+    first = number * header["shard_size"]
+    count = min(first + header["shard_size"], header["inputs"]) - first
+    if entry.get("first") != first or entry.get("count") != count or count <= 0:
+        raise ValueError(f"its rows are not inputs {first} to {first + count - 1}")
+    inputs, skipped = entry.get("inputs"), entry.get("skipped")
+    if not isinstance(inputs, list) or not all(isinstance(p, str) for p in inputs):
+        raise ValueError("its inputs are not a list of paths")
+    if not isinstance(skipped, list) or not all(isinstance(s, dict) for s in skipped):
+        raise ValueError("its skipped inputs are not a list of objects")
+    if len(inputs) + len(skipped) != count:
+        raise ValueError(f"it accounts for {len(inputs) + len(skipped)} inputs, not {count}")
+
+
+def _whole(value, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
 
 
 def folder_metadata(header: Mapping, shards: Sequence[Mapping]) -> dict[str, str]:

@@ -19,6 +19,10 @@ draws) and writes each PNG atomically.
 
 from __future__ import annotations
 
+import bisect
+import collections
+import hashlib
+import itertools
 import json
 import os
 import re
@@ -29,13 +33,24 @@ from pathlib import Path
 import numpy as np
 
 from hookcli.errors import FeatureFileError, UsageProblem, check_choice, check_whole
+from hookcli.render import (
+    MAX_PIXELS,
+    NotDrawable,
+    add_title,
+    as_maps,
+    check_cmap,
+    map_layout,
+    overlay,
+    scale_maps,
+    tile_maps,
+    tiles_that_fit,
+)
 from hookcli.selectors import glob_to_regex
-from hookcli.render import NotDrawable, add_title, as_maps, check_cmap, overlay, scale_maps, tile_maps
-from hookcli.store import refuse_existing
+from hookcli.store import check_folder_output, refuse_existing
 
 __all__ = [
-    "SCALES", "GridJob", "GridOptions", "default_grid_folder", "parse_channels", "plan_grids", "render_job",
-    "safe_name", "write_grids",
+    "SCALES", "GridJob", "GridOptions", "GridPlan", "default_grid_folder", "parse_channels", "plan_grids",
+    "render_all", "render_job", "safe_name", "write_grids",
 ]
 
 SCALES = ("channel", "grid")
@@ -98,14 +113,14 @@ class GridOptions:
             object.__setattr__(self, "channels", parse_channels(self.channels))
         except ValueError as err:
             raise UsageProblem(f"invalid channels: {err}") from None
-        for name, low in (("top", 1), ("columns", 1), ("padding", 0), ("min_tile", 1)):
-            check_whole(name, getattr(self, name), low, optional=True)
+        for name, low, high in (("top", 1, None), ("columns", 1, None), ("padding", 0, 64), ("min_tile", 1, 1024)):
+            check_whole(name, getattr(self, name), low, high, optional=True)
         check_choice("scale", self.scale, SCALES)
         if not 0 <= self.alpha <= 1:
             raise UsageProblem(f"alpha must be between 0 and 1, not {self.alpha!r}")
 
 
-@dataclass
+@dataclass(frozen=True)
 class GridJob:
     """One PNG to draw: tensor ``key``, row ``row`` (input ``name``), written to ``path``."""
 
@@ -116,32 +131,158 @@ class GridJob:
     source_image: str | None = field(default=None, repr=False)
 
 
-def plan_grids(features, options: GridOptions, out_dir: str | Path, *, force: bool = False) -> list[GridJob]:
-    """List the PNGs to write; refuses unknown keys, bad image indices and existing files (unless ``force``)."""
+@dataclass(frozen=True)
+class _KeyPlan:
+    """What is drawn of one tensor: its file-name stem, the rows, and at most ``limit`` of its selected maps."""
+
+    key: str
+    stem: str
+    rows: Sequence[int]
+    limit: int | None
+
+
+class GridPlan(Sequence):
+    """The PNGs to write, as a sequence of :class:`GridJob` made on demand (a file may have millions of rows).
+
+    ``notes`` say what will not be drawn, or not all of it: undrawable
+    tensors, channel ranges that miss a tensor, pictures cut to their limits.
+    """
+
+    def __init__(self, keys: Sequence[_KeyPlan], names: Callable[[int], str], inputs: Sequence[str] | None,
+                 out_dir: Path, suffix: str, notes: Sequence[str]) -> None:
+        self._keys, self._names, self._inputs = list(keys), names, inputs
+        self._out_dir, self._suffix, self.notes = out_dir, suffix, tuple(notes)
+        self._starts = list(itertools.accumulate((len(k.rows) for k in self._keys), initial=0))
+
+    def __len__(self) -> int:
+        return self._starts[-1]
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if not -len(self) <= index < len(self):
+            raise IndexError(f"job {index} out of range")
+        index %= len(self)
+        number = bisect.bisect_right(self._starts, index) - 1
+        plan = self._keys[number]
+        row = plan.rows[index - self._starts[number]]
+        name = self._names(row)
+        stem = _capped(safe_name(Path(name).stem or f"row{row:05d}"), _INPUT_STEM)
+        path = self._out_dir / f"{plan.stem}__{row:05d}_{stem}{self._suffix}"
+        return GridJob(plan.key, row, Path(name).name, path, self._inputs[row] if self._inputs is not None else None)
+
+    def limit(self, key: str) -> int | None:
+        """How many of the selected maps of ``key`` one picture holds (None: all)."""
+        return next(plan.limit for plan in self._keys if plan.key == key)
+
+
+#: Longest parts of a PNG's name: with the row number, suffix and a temporary name's extras, well under 255 bytes.
+_KEY_STEM, _INPUT_STEM = 100, 60
+
+
+def plan_grids(features, options: GridOptions, out_dir: str | os.PathLike | None, *,
+               force: bool = False) -> GridPlan:
+    """List the PNGs to write under ``out_dir`` (None: drawn in memory, named but not written).
+
+    Refuses unknown keys, bad image indices, selections with nothing to draw
+    and existing files (unless ``force``).
+
+    Nothing is read but the header: what each picture will cost is known from
+    the shapes, and :data:`~hookcli.render.MAX_TILES` and
+    :data:`~hookcli.render.MAX_PIXELS` bound it.
+    """
     check_cmap(options.overlay_cmap if options.overlay else options.cmap)
+    if out_dir is not None:
+        check_folder_output(out_dir)
     keys = _select_keys(features.keys(), options.keys, features.name)
-    inputs = _inputs(features.metadata)
-    rows = max((features.shape(k)[0] for k in keys if features.shape(k)), default=0)
-    names = inputs if len(inputs) == rows else [f"row{i:05d}" for i in range(rows)]
-    chosen_rows = _select_rows(options.images, names, rows)
-    out_dir = Path(out_dir)
-    suffix = ".overlay.png" if options.overlay else ".png"
-    jobs = []
+    drawable, notes, refusals = {}, [], []
     for key in keys:
-        for row in chosen_rows:
-            if not features.shape(key) or row >= features.shape(key)[0]:
-                continue
-            stem = Path(names[row]).stem if names[row] else f"row{row:05d}"
-            path = out_dir / f"{safe_name(key)}__{row:05d}_{safe_name(stem)}{suffix}"
-            source = inputs[row] if len(inputs) == rows else None
-            jobs.append(GridJob(key, row, Path(names[row]).name, path, source))
-    if options.overlay and jobs and any(job.source_image is None for job in jobs):
+        try:
+            drawable[key] = _maps_limit(features.shape(key), options)
+        except NotDrawable as reason:
+            refusals.append(f"'{key}' (shape {features.shape(key)}): {reason}")
+            notes.append(f"skipped '{key}' (shape {features.shape(key)}): {reason}")
+            continue
+        if drawable[key][1]:
+            notes.append(f"'{key}': {drawable[key][1]}")
+    if not drawable:
+        raise UsageProblem(f"nothing to draw in '{features.name}': {'; '.join(refusals)}",
+                           hint="'hookcli info' shows the shapes; choose other tensors (-k) or channels")
+    inputs = _inputs(features.metadata)
+    rows = max(features.shape(k)[0] for k in drawable)
+    listed = len(inputs) == rows
+    chosen_rows = _select_rows(options.images, inputs if listed else None, rows)
+    if options.overlay and not listed:
         raise UsageProblem(
             f"--overlay needs the input images, and '{features.name}' does not list them",
             hint="overlays work on files written by hookcli extract, whose 'inputs' metadata names the images",
         )
-    refuse_existing([job.path for job in jobs], force=force)
-    return jobs
+    plans = []
+    for key, stem in zip(drawable, _file_stems(drawable)):
+        count = features.shape(key)[0]
+        key_rows = range(min(count, len(chosen_rows))) if isinstance(chosen_rows, range) else \
+            [r for r in chosen_rows if r < count]
+        plans.append(_KeyPlan(key, stem, key_rows, drawable[key][0]))
+    names = (lambda row: inputs[row]) if listed else (lambda row: f"row{row:05d}")
+    plan = GridPlan(plans, names, inputs if listed else None, Path(out_dir or ""),
+                    ".overlay.png" if options.overlay else ".png", notes)
+    if out_dir is not None:
+        refuse_existing((job.path for job in plan), force=force)
+    return plan
+
+
+def _maps_limit(shape: Sequence[int], options: GridOptions) -> tuple[int | None, str | None]:
+    """``(how many selected maps one picture holds or None for all, a note when not all)``; NotDrawable if none."""
+    if not shape:
+        raise NotDrawable("a 0-dimensional tensor has no rows")
+    if shape[0] == 0:
+        raise NotDrawable("it has no rows")
+    count, height, width, _ = map_layout(shape[1:])
+    selected = range(count)[options.channels] if options.channels is not None else range(count)
+    if not selected:
+        described = f"{count} channel{'s' if count != 1 else ''} (0-{count - 1})" if count > 1 else "one channel (0)"
+        raise NotDrawable(f"--channels {_text(options.channels)} selects none of its {described}")
+    if options.overlay:
+        return None, None
+    wanted = min(len(selected), options.top) if options.top is not None else len(selected)
+    fits = tiles_that_fit(height, width, padding=options.padding)
+    if fits == 0:
+        raise NotDrawable(f"one {height}x{width} map is larger than a picture may be ({MAX_PIXELS:,} pixels)")
+    if wanted <= fits:
+        return None, None
+    if options.top is not None:
+        return fits, (f"drew the top {fits} of the {wanted} asked for: a picture holds at most {fits} tiles of "
+                      f"{height}x{width}")
+    first, last = selected[0], selected[fits - 1]
+    following = f"{selected[fits]}:{selected[fits] + fits * selected.step}" if selected.step == 1 else \
+        f"{selected[fits]}:"
+    return fits, (f"drew channels {first}-{last} of {count}: a picture holds at most {fits} tiles of "
+                  f"{height}x{width}; --channels {following} draws the next")
+
+
+def _text(channels: slice) -> str:
+    start = "" if channels.start is None else channels.start
+    stop = "" if channels.stop is None else channels.stop
+    return f"{start}:{stop}"
+
+
+def _file_stems(keys: Sequence[str]) -> list[str]:
+    """Each key's part of the PNG names: safe characters, capped length, and never two alike.
+
+    Keys that would give the same name (``a/b`` and ``a:b``; ``A`` and ``a`` on
+    a file system that ignores case) get a short hash of the key appended.
+    """
+    stems = [_capped(safe_name(key), _KEY_STEM) for key in keys]
+    seen = collections.Counter(stem.casefold() for stem in stems)
+    return [f"{stem}~{_digest(key)}" if seen[stem.casefold()] > 1 else stem for key, stem in zip(keys, stems)]
+
+
+def _capped(text: str, limit: int) -> str:
+    return text if len(text) <= limit else f"{text[:limit - 9]}~{_digest(text)}"
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()[:8]
 
 
 def safe_name(text: str) -> str:
@@ -156,7 +297,11 @@ def _select_keys(available: list[str], patterns: Sequence[str], name: str) -> li
         return list(available)
     chosen = []
     for pattern in patterns:
-        regex = glob_to_regex(pattern)
+        try:
+            regex = glob_to_regex(pattern)
+        except re.error as err:
+            raise UsageProblem(f"invalid key pattern '{pattern}': {err}",
+                               hint="patterns take * ? and [abc] or [a-z] ranges written low to high") from None
         found = [k for k in available if regex.fullmatch(k)]
         if not found:
             import difflib
@@ -173,14 +318,14 @@ def _select_keys(available: list[str], patterns: Sequence[str], name: str) -> li
 def _inputs(metadata) -> list[str]:
     try:
         inputs = json.loads(metadata.get("inputs", "[]"))
-    except ValueError:
+    except (ValueError, RecursionError):
         return []
-    return [str(p) for p in inputs] if isinstance(inputs, list) else []
+    return inputs if isinstance(inputs, list) and all(isinstance(p, str) for p in inputs) else []
 
 
-def _select_rows(wanted: Sequence[str], names: list[str], rows: int) -> list[int]:
+def _select_rows(wanted: Sequence[str], names: Sequence[str] | None, rows: int) -> Sequence[int]:
     if not wanted:
-        return list(range(rows))
+        return range(rows)
     chosen = []
     for item in wanted:
         if re.fullmatch(r"-?\d+", item):
@@ -193,7 +338,7 @@ def _select_rows(wanted: Sequence[str], names: list[str], rows: int) -> list[int
                 )
             found = [index % rows]
         else:
-            found = [i for i, n in enumerate(names) if item in (n, Path(n).name, Path(n).stem)]
+            found = [i for i, n in enumerate(names or ()) if item in (n, Path(n).name, Path(n).stem)]
             if not found:
                 raise UsageProblem(f"no image named '{item}' in the file",
                                    hint="give a row index or an input's file name ('hookcli info' lists them)")
@@ -201,24 +346,33 @@ def _select_rows(wanted: Sequence[str], names: list[str], rows: int) -> list[int
     return chosen
 
 
-def render_job(features, job: GridJob, options: GridOptions) -> np.ndarray:
-    """Pixels for one job; raises :class:`~hookcli.render.NotDrawable` for shapes without a picture."""
+def render_job(features, job: GridJob, options: GridOptions, *, limit: int | None = None) -> np.ndarray:
+    """Pixels for one job, drawing at most ``limit`` of the selected maps (see :meth:`GridPlan.limit`).
+
+    Raises :class:`~hookcli.render.NotDrawable` for shapes without a picture.
+    """
     shape = features.shape(job.key)[1:]
+    count = map_layout(shape)[0]
+    selected = range(count)[options.channels] if options.channels is not None else range(count)
+    if limit is not None and options.top is None:
+        selected = selected[:limit]
     # Channel maps of [C, H, W] rows are read a range at a time; other layouts are sliced after reading.
-    direct = options.channels is not None and options.top is None and len(shape) == 3
-    values = features.read(job.key, job.row, options.channels if direct else None)
+    direct = len(shape) == 3 and options.top is None and selected != range(count)
+    part = slice(selected.start, selected.stop, selected.step) if direct else None
+    values = features.read(job.key, job.row, part)
     maps, layout = as_maps(values)
-    first = 0
-    if options.channels is not None:
-        first = options.channels.indices(shape[0] if direct else len(maps))[0]
-        if not direct:
-            maps = maps[options.channels]
+    if not direct and selected != range(count):
+        maps = maps[selected.start:selected.stop:selected.step]
     if len(maps) == 0:
         raise NotDrawable("no channels in the selected range")
-    picked = f"channels {first}-{first + len(maps) - 1}" if len(maps) > 1 else f"channel {first}"
+    first = selected[0]
+    picked = f"channels {first}-{selected[-1]}" if len(maps) > 1 else f"channel {first}"
+    if selected.step != 1 and len(maps) > 1:
+        picked += f" every {selected.step}"
     if options.top is not None:
         means = np.nanmean(np.where(np.isfinite(maps), maps, np.nan).reshape(len(maps), -1), axis=1)
-        order = np.argsort(-np.nan_to_num(means, nan=-np.inf), kind="stable")[: options.top]
+        top = min(options.top, limit) if limit is not None else options.top
+        order = np.argsort(-np.nan_to_num(means, nan=-np.inf), kind="stable")[:top]
         maps = maps[order]
         picked = f"top {len(maps)} by mean"
     if options.overlay:
@@ -230,46 +384,46 @@ def render_job(features, job: GridJob, options: GridOptions) -> np.ndarray:
             min_tile=options.min_tile, stretch_rows_only=(layout == "vector"),
         )
     if options.title:
-        parts = [job.key, job.name, str(list(shape)), picked]
+        parts = [_capped(job.key, 200), _capped(job.name, 120), str(list(shape)), picked]
         pixels = add_title(pixels, parts + ([_LAYOUTS[layout]] if layout in _LAYOUTS else []))
     return pixels
 
 
 def _overlay_pixels(features, job: GridJob, maps: np.ndarray, options: GridOptions) -> np.ndarray:
     from hookcli.images import load_rgb, model_view
+    from hookcli.preprocess import Preprocess
 
-    try:
-        preprocess = json.loads(features.metadata.get("preprocess", "{}"))
-    except ValueError:
-        preprocess = {}
     photo = load_rgb(job.source_image)
-    if {"resize", "crop"} <= preprocess.keys():
-        photo = model_view(photo, resize=preprocess["resize"], crop=preprocess["crop"],
-                           interpolation=preprocess.get("interpolation", "bilinear"))
+    try:
+        preprocess = Preprocess.from_metadata(features.metadata.get("preprocess"))
+    except ValueError as err:
+        raise FeatureFileError(f"'{features.name}' has unusable preprocess metadata: {err}",
+                               hint="draw without --overlay, or write the file again with hookcli extract") from None
+    if preprocess is not None:
+        shrink = min(1.0, _OVERLAY_SIDE / preprocess.crop)  # the same view, drawn smaller
+        photo = model_view(photo, resize=max(1, round(preprocess.resize * shrink)),
+                           crop=max(1, round(preprocess.crop * shrink)), interpolation=preprocess.interpolation)
+    else:
+        photo.thumbnail((_OVERLAY_SIDE, _OVERLAY_SIDE))
     heat = np.nanmean(np.where(np.isfinite(maps), maps, np.nan), axis=0) if len(maps) > 1 else maps[0]
     return overlay(np.asarray(photo), heat, cmap=options.overlay_cmap, alpha=options.alpha)
 
 
+#: Overlays are drawn at most this many pixels wide and high.
+_OVERLAY_SIDE = 2048
+
+
 def write_grids(
-    features, jobs: Sequence[GridJob], options: GridOptions, *, force: bool = False,
+    features, jobs: GridPlan, options: GridOptions, *, force: bool = False,
     on_skip: Callable[[str], None] | None = None, on_written: Callable[[Path], None] | None = None,
 ) -> list[Path]:
-    """Render and write every job's PNG (atomically); undrawable tensors are reported through ``on_skip``."""
+    """Render and write every job's PNG (atomically); tensors found undrawable are reported through ``on_skip``."""
     from PIL import Image
 
     from hookcli.store import atomic_path
 
-    written, skipped = [], set()
-    for job in jobs:
-        if job.key in skipped:
-            continue
-        try:
-            pixels = render_job(features, job, options)
-        except NotDrawable as reason:
-            skipped.add(job.key)
-            if on_skip is not None:
-                on_skip(f"skipped '{job.key}' (shape {features.shape(job.key)}): {reason}")
-            continue
+    written = []
+    for job, pixels in _rendered(features, jobs, options, on_skip):
         job.path.parent.mkdir(parents=True, exist_ok=True)
         with atomic_path(job.path, force=force) as temporary:
             # zlib level 1: a third of the default's time for files about a tenth larger.
@@ -278,3 +432,29 @@ def write_grids(
         if on_written is not None:
             on_written(job.path)
     return written
+
+
+def render_all(features, jobs: GridPlan, options: GridOptions, *, on_skip: Callable[[str], None] | None = None,
+               on_drawn: Callable[[str], None] | None = None) -> dict[str, np.ndarray]:
+    """Every job's pixels by file name, in memory."""
+    pictures = {}
+    for job, pixels in _rendered(features, jobs, options, on_skip):
+        pictures[job.path.name] = pixels
+        if on_drawn is not None:
+            on_drawn(job.path.name)
+    return pictures
+
+
+def _rendered(features, jobs: GridPlan, options: GridOptions, on_skip):
+    undrawable = set()
+    for job in jobs:
+        if job.key in undrawable:
+            continue
+        try:
+            pixels = render_job(features, job, options, limit=jobs.limit(job.key))
+        except NotDrawable as reason:
+            undrawable.add(job.key)
+            if on_skip is not None:
+                on_skip(f"skipped '{job.key}' (shape {features.shape(job.key)}): {reason}")
+            continue
+        yield job, pixels

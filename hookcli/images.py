@@ -23,6 +23,7 @@ from typing import TextIO
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from hookcli.errors import ImageError, InputError
+from hookcli.store import NotRegularFile, open_regular
 
 __all__ = ["IMAGE_SUFFIXES", "gather_inputs", "load_rgb", "model_view"]
 
@@ -84,6 +85,11 @@ def _expand(argument: str, recursive: bool) -> list[Path]:
         return found
     if not path.exists():
         raise InputError(f"no such file or folder: '{argument}'", hint="check the path")
+    if not path.is_file():
+        kind = "a FIFO (named pipe)" if path.is_fifo() else "a device" if path.is_char_device() or \
+            path.is_block_device() else "a socket" if path.is_socket() else "not a regular file"
+        raise InputError(f"input '{argument}' is {kind}, not an image file",
+                         hint="images are read from regular files; '-' reads a list of paths from stdin")
     return [path]
 
 
@@ -94,7 +100,8 @@ def _images_in(folder: Path, recursive: bool) -> list[Path]:
             dirs.sort()
             found.extend(Path(root, name) for name in sorted(files) if _is_image_name(name))
         return found
-    return sorted(p for p in folder.iterdir() if p.is_file() and _is_image_name(p.name))
+    # Anything but a folder is listed; a FIFO or device among them is refused when read, under --on-error.
+    return sorted(p for p in folder.iterdir() if not p.is_dir() and _is_image_name(p.name))
 
 
 def _is_image_name(name: str) -> bool:
@@ -115,7 +122,7 @@ def load_rgb(path: str | os.PathLike, *, min_size: int | None = None) -> Image.I
     undecodable file raises :class:`ImageError` naming the file.
     """
     try:
-        with Image.open(path) as image:
+        with open_regular(path) as handle, Image.open(handle) as image:
             if min_size is not None and image.format == "JPEG":
                 image.draft(image.mode, (min_size, min_size))
             image.load()
@@ -123,6 +130,8 @@ def load_rgb(path: str | os.PathLike, *, min_size: int | None = None) -> Image.I
             return _to_rgb(image)
     except FileNotFoundError:
         raise ImageError(f"image not found: '{path}'", hint="check the path") from None
+    except NotRegularFile as err:
+        raise ImageError(str(err), hint="inputs must be image files") from None
     except UnidentifiedImageError:
         raise ImageError(
             f"'{path}' is not an image Pillow can read",
@@ -168,14 +177,23 @@ def model_view(image: Image.Image, *, resize: int, crop: int, interpolation: str
 
     Sizes and offsets follow torchvision's ``resize``/``center_crop`` on PIL
     images, so a feature map laid over this view lines up with the pixels it
-    came from.
+    came from. Only the cropped region is resampled, so the cost is that of
+    a ``crop``² picture however long the photo's other side.
     """
     width, height = image.size
     short, long = (width, height) if width <= height else (height, width)
     new_short, new_long = resize, int(resize * long / short)
     size = (new_short, new_long) if width <= height else (new_long, new_short)
     resample = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC, "nearest": Image.NEAREST}[interpolation]
-    resized = image.resize(size, resample)
     left = int(round((size[0] - crop) / 2.0))
     top = int(round((size[1] - crop) / 2.0))
-    return resized.crop((left, top, left + crop, top + crop))  # areas outside the image come out black, as in torchvision
+    # The visible part of the crop window, in the resized picture's pixels; areas outside come out black,
+    # as in torchvision.
+    x0, y0, x1, y1 = max(left, 0), max(top, 0), min(left + crop, size[0]), min(top + crop, size[1])
+    sx, sy = width / size[0], height / size[1]
+    visible = image.resize((x1 - x0, y1 - y0), resample, box=(x0 * sx, y0 * sy, x1 * sx, y1 * sy))
+    if (x0, y0, x1, y1) == (left, top, left + crop, top + crop):
+        return visible
+    view = Image.new("RGB", (crop, crop))
+    view.paste(visible, (x0 - left, y0 - top))
+    return view

@@ -2,13 +2,21 @@
 
 Weights are given as one string:
 
-- ``DEFAULT`` or an enum name such as ``IMAGENET1K_V1`` (also the qualified
-  ``VGG16_BN_Weights.IMAGENET1K_V1``): torchvision's pretrained weights, read
-  from its cache under ``$TORCH_HOME/hub/checkpoints`` or downloaded there;
-- ``none``: random initialisation from ``seed``;
-- a path to a ``.pth``/``.pt``/``.safetensors`` state dict. Wrappers such as
-  ``{"state_dict": …}`` and ``module.``/``_orig_mod.`` prefixes are unwrapped;
-  pickles are read with ``weights_only=True`` so no code is ever run.
+- ``none`` (any case): random initialisation from ``seed``;
+- ``DEFAULT`` (any case) or an enum name such as ``IMAGENET1K_V1`` (also the
+  qualified ``VGG16_BN_Weights.IMAGENET1K_V1``): torchvision's pretrained
+  weights, read from its cache under ``$TORCH_HOME/hub/checkpoints`` or
+  downloaded there. These are always names, even when a file or folder of that
+  name is in the current folder: write ``./DEFAULT`` to mean the file;
+- a path, that is a string with a path separator or ending in ``.pth``, ``.pt``,
+  ``.safetensors``, ``.bin`` or ``.ckpt`` (whether or not it exists), to a state
+  dict. Wrappers such as ``{"state_dict": …}`` and ``module.``/``_orig_mod.``
+  prefixes are unwrapped; pickles are read with ``weights_only=True`` so no code
+  is ever run. Only a regular file is opened; an empty file, a file that holds
+  no weights (text, an image, another zip) and tensors whose shapes do not fit
+  the model are refused with an error that says which.
+
+Anything else is an unknown weights name, and the error lists the known ones.
 
 Set ``HOOKCLI_OFFLINE=1`` to refuse downloads (the missing-weights error then
 says where to put the file).
@@ -20,14 +28,17 @@ says where to put the file).
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import difflib
 import hashlib
 import json
 import os
 import pickle
+import stat
 import sys
 import warnings
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,12 +48,18 @@ from hookcli.errors import UnknownModelError, WeightsError, first_line
 from hookcli.preprocess import Preprocess
 
 __all__ = [
-    "LoadedModel", "describe_models", "list_models", "load_model", "num_classes", "weights_cache_path", "weights_names",
+    "LoadedModel", "describe_models", "list_models", "load_model", "looks_like_weights_path", "num_classes",
+    "weights_cache_path", "weights_names",
 ]
 
 _WEIGHT_FILE_SUFFIXES = (".pth", ".pt", ".safetensors", ".bin", ".ckpt")
 _WRAPPER_KEYS = ("state_dict", "model_state_dict", "model", "module", "net", "ema")
 _PREFIXES = ("module.", "_orig_mod.", "model.")
+_WEIGHTS_FILE_HINT = (
+    "give a complete file written by torch.save(model.state_dict(), path) or safetensors.torch.save_file"
+)
+_NOT_REGULAR_FILES = {stat.S_IFDIR: "a folder", stat.S_IFIFO: "a named pipe", stat.S_IFCHR: "a device",
+                      stat.S_IFBLK: "a device", stat.S_IFSOCK: "a socket"}
 
 
 @dataclass
@@ -114,43 +131,49 @@ def load_model(name: str, weights: str = "DEFAULT", *, seed: int = 0) -> LoadedM
     check_model_name(name)
     weights_enum = torchvision.models.get_model_weights(name)
     spec = weights.strip()
+    named = _named_weights(weights_enum, spec)
     if spec.lower() == "none":
         module = _build_seeded(name, seed)
         described = {"source": "none", "seed": seed}
-        chosen = weights_enum.DEFAULT
-    elif _looks_like_path(spec):
+    elif named is not None:
+        module = _build_pretrained(name, named)
+        described = {"source": "torchvision", "name": f"{type(named).__name__}.{named.name}"}
+    elif looks_like_weights_path(spec):
         module, described = _build_from_file(name, Path(spec), seed)
-        chosen = weights_enum.DEFAULT
     else:
-        chosen = _pick_enum(name, weights_enum, spec)
-        module = _build_pretrained(name, chosen)
-        described = {"source": "torchvision", "name": f"{type(chosen).__name__}.{chosen.name}"}
+        raise _unknown_weights(name, spec)
     module.eval()
-    categories = chosen.meta.get("categories") if described["source"] == "torchvision" else None
     return LoadedModel(
         name=name,
         module=module,
         weights=described,
-        preprocess=Preprocess.from_transforms(chosen.transforms()),
-        categories=categories,
+        preprocess=Preprocess.from_transforms((weights_enum.DEFAULT if named is None else named).transforms()),
+        categories=None if named is None else named.meta.get("categories"),
     )
 
 
-def _looks_like_path(spec: str) -> bool:
-    return spec.lower().endswith(_WEIGHT_FILE_SUFFIXES) or os.sep in spec or Path(spec).exists()
-
-
-def _pick_enum(name: str, weights_enum, spec: str):
+def _named_weights(weights_enum, spec: str):
+    """The pretrained weights ``spec`` names (``DEFAULT`` in any case, ``MEMBER`` or ``Enum.MEMBER``), else None."""
     if spec.upper() == "DEFAULT":
         return weights_enum.DEFAULT
-    member = spec.split(".")[-1] if spec.startswith(weights_enum.__name__ + ".") else spec
-    if member in weights_enum.__members__:
-        return weights_enum[member]
+    member = spec.removeprefix(weights_enum.__name__ + ".")
+    return weights_enum[member] if member in weights_enum.__members__ else None
+
+
+def looks_like_weights_path(spec: str) -> bool:
+    """Whether a ``--weights`` value that is not a weights name is a path: it has a separator or a weights suffix.
+
+    Decided by the spelling alone, so that a file named like weights in the
+    current folder cannot shadow them.
+    """
+    return "/" in spec or os.sep in spec or spec.lower().endswith(_WEIGHT_FILE_SUFFIXES)
+
+
+def _unknown_weights(name: str, spec: str) -> WeightsError:
     available = ", ".join(["DEFAULT", *weights_names(name), "none"])
-    raise WeightsError(
-        f"model '{name}' has no weights '{spec}' (available: {available})",
-        hint="or pass a path to a .pth/.safetensors state dict",
-    )
+    hint = (f"to load the file '{spec}' in the current folder, write it as ./{spec}" if Path(spec).is_file()
+            else "or pass a path to a .pth/.safetensors state dict")
+    return WeightsError(f"model '{name}' has no weights '{spec}' (available: {available})", hint=hint)
 
 
 def _build_seeded(name: str, seed: int, **kwargs):
@@ -192,29 +215,41 @@ def _build_pretrained(name: str, weights):
 
 
 def _build_from_file(name: str, path: Path, seed: int):
-    if not path.is_file():
-        raise WeightsError(f"weights file not found: '{path}'", hint="check the path, or use --weights DEFAULT|none")
     state = read_state_dict(path)
     module = _build_seeded(name, seed)
     num_classes = _checkpoint_num_classes(module, state)
     if num_classes is not None:
         module = _build_seeded(name, seed, num_classes=num_classes)
+    # load_state_dict reports wrong shapes as one RuntimeError whose first line names nothing; check them first.
+    expected = module.state_dict()
+    misfits = [key for key, tensor in expected.items() if key in state and state[key].shape != tensor.shape]
+    if misfits:
+        key, more = misfits[0], (f" (and {len(misfits) - 1} more)" if len(misfits) > 1 else "")
+        raise _does_not_fit(path, name, f"{key} is {list(state[key].shape)} in the file but "
+                                        f"{list(expected[key].shape)} in the model{more}")
     result = module.load_state_dict(state, strict=False)
     problems = [*(f"missing {k}" for k in result.missing_keys), *(f"unexpected {k}" for k in result.unexpected_keys)]
     if problems:
-        shown = ", ".join(problems[:4]) + (f" and {len(problems) - 4} more" if len(problems) > 4 else "")
-        raise WeightsError(
-            f"weights file '{path}' does not fit model '{name}': {shown}",
-            hint="check that it was saved from the same architecture",
-        )
+        raise _does_not_fit(path, name, ", ".join(problems[:4]) + (
+            f" and {len(problems) - 4} more" if len(problems) > 4 else ""))
     described = {"source": "file", "path": str(path.resolve()), "sha256": _sha256(path)}
     if num_classes is not None:
         described["num_classes"] = num_classes
     return module, described
 
 
+def _does_not_fit(path: Path, name: str, detail: str) -> WeightsError:
+    return WeightsError(f"weights file '{path}' does not fit model '{name}': {detail}",
+                        hint="check that it was saved from the same architecture")
+
+
 def read_state_dict(path: Path) -> dict:
-    """Read a state dict from a file, unwrapping common checkpoint layouts."""
+    """Read a state dict from a file, unwrapping common checkpoint layouts.
+
+    Only a regular file is opened (opening a named pipe would wait for a writer forever). When the file does not
+    load, its first bytes tell a file of another kind (text, an image, a zip) from a damaged weights file.
+    """
+    _check_weights_file(path)
     import torch
 
     try:
@@ -225,12 +260,64 @@ def read_state_dict(path: Path) -> dict:
         else:
             state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:
-        message = first_line(err)
-        hint = "save a plain state_dict (torch.save(model.state_dict(), path))"
-        if isinstance(err, pickle.UnpicklingError) and "Weights only" in str(err):
-            message = "it holds pickled objects other than tensors, which hookcli refuses to unpickle"
-        raise WeightsError(f"cannot read weights file '{path}': {message}", hint=hint) from None
+        raise _unreadable(path, err) from None
     return _unwrap(state, path)
+
+
+def _check_weights_file(path: Path) -> None:
+    try:
+        status = path.stat()
+    except OSError:
+        raise WeightsError(
+            f"weights file not found: '{path}'", hint="check the path, or use --weights DEFAULT|none"
+        ) from None
+    if not stat.S_ISREG(status.st_mode):
+        kind = _NOT_REGULAR_FILES.get(stat.S_IFMT(status.st_mode), "a special file")
+        raise WeightsError(f"weights path '{path}' is not a regular file but {kind}",
+                           hint="give the path of the .pth/.pt/.safetensors file itself")
+    if status.st_size == 0:
+        raise WeightsError(f"weights file '{path}' is empty", hint=_WEIGHTS_FILE_HINT)
+
+
+def _unreadable(path: Path, err: Exception) -> WeightsError:
+    # Told from the first bytes before reading torch's error: its weights-only unpickler fails on any non-pickle.
+    with open(path, "rb") as handle:
+        kind = _kind_of_non_weights(path, handle.read(512))
+    if kind is not None:
+        return WeightsError(f"weights file '{path}' is {kind}", hint=_WEIGHTS_FILE_HINT)
+    if isinstance(err, pickle.UnpicklingError) and "Weights only" in str(err):
+        return WeightsError(
+            f"cannot read weights file '{path}': it holds pickled objects other than tensors, which hookcli refuses "
+            "to unpickle", hint="save a plain state_dict (torch.save(model.state_dict(), path))")
+    return WeightsError(f"cannot read weights file '{path}': {first_line(err)}", hint=_WEIGHTS_FILE_HINT)
+
+
+def _kind_of_non_weights(path: Path, head: bytes) -> str | None:
+    """What a file that failed to load is, from its first bytes; None when it looks like weights (damaged inside)."""
+    if head.startswith(b"\x89PNG\r\n\x1a\n"):
+        return "a PNG image"
+    if head.startswith(b"\xff\xd8\xff"):
+        return "a JPEG image"
+    if head[:4] in (b"PK\x03\x04", b"PK\x05\x06"):
+        # torch.save writes a zip whose first entry is <name>/data.pkl; its name starts at byte 30 of the zip.
+        first_entry = head[30:30 + int.from_bytes(head[26:28], "little")]
+        if not first_entry.endswith(b"/data.pkl"):
+            return "a zip archive but not a PyTorch checkpoint"
+        return None if zipfile.is_zipfile(path) else "a truncated PyTorch checkpoint (its end is missing)"
+    if _is_text(head):
+        return "text"
+    if head.startswith(b"\x80") or head[8:9] == b"{":  # a pickle (torch's legacy format) or a safetensors header
+        return None
+    return "not a PyTorch (.pth/.pt) or safetensors weights file"
+
+
+def _is_text(head: bytes) -> bool:
+    try:
+        # The incremental decoder accepts a character cut in two at the end of head.
+        text = codecs.getincrementaldecoder("utf-8")().decode(head)
+    except UnicodeDecodeError:
+        return False
+    return all(char.isprintable() or char in "\t\n\r\f" for char in text)
 
 
 def _unwrap(state: Any, path: Path) -> dict:

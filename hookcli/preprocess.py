@@ -24,11 +24,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 
-__all__ = ["INTERPOLATIONS", "Preprocess", "parse_triple"]
+__all__ = ["INTERPOLATIONS", "MAX_SIDE", "Preprocess", "check_normalisation", "parse_triple"]
 
 INTERPOLATIONS = ("bilinear", "bicubic", "nearest")
+#: The largest resize and crop accepted, from options or from a file's metadata.
+MAX_SIDE = 8192
 
 
 def parse_triple(value) -> tuple[float, float, float]:
@@ -50,6 +53,14 @@ def parse_triple(value) -> tuple[float, float, float]:
     return numbers
 
 
+def check_normalisation(mean, std) -> None:
+    """Refuse a mean or std that would turn every pixel into NaN or infinity: non-finite values, a std of 0."""
+    if mean is not None and not all(math.isfinite(v) for v in mean):
+        raise ValueError(f"mean must be finite numbers, not {', '.join(map(str, mean))}")
+    if std is not None and not all(math.isfinite(v) and v > 0 for v in std):
+        raise ValueError(f"std must be finite numbers above 0, not {', '.join(map(str, std))}")
+
+
 @dataclass(frozen=True)
 class Preprocess:
     """Resize the shorter side to ``resize``, centre-crop ``crop``², scale to [0, 1], normalise."""
@@ -64,7 +75,42 @@ class Preprocess:
 
     def __post_init__(self) -> None:
         if self.interpolation not in INTERPOLATIONS:
-            raise ValueError(f"interpolation must be one of {INTERPOLATIONS}, not {self.interpolation!r}")
+            raise ValueError(f"interpolation must be one of {', '.join(INTERPOLATIONS)}, not {self.interpolation!r}")
+        for name in ("resize", "crop"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_SIDE:
+                raise ValueError(f"{name} must be a whole number from 1 to {MAX_SIDE}, not {value!r}")
+        check_normalisation(self.mean, self.std)
+        for name in ("antialias", "fast_decode"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, not {getattr(self, name)!r}")
+
+    @classmethod
+    def from_metadata(cls, text: str | None) -> Preprocess | None:
+        """The preprocessing a file's ``preprocess`` metadata records (None if it records none).
+
+        The text is untrusted: anything but the fields :meth:`to_json` writes,
+        with values in range, raises ValueError saying what is wrong.
+        """
+        if not text:
+            return None
+        try:
+            fields = json.loads(text)
+        except (ValueError, RecursionError):
+            raise ValueError("it is not JSON") from None
+        if not isinstance(fields, dict):
+            raise ValueError("it is not a JSON object")
+        known = {f.name for f in dataclasses.fields(cls)}
+        given = {k: v for k, v in fields.items() if k in known}
+        if not {"resize", "crop"} <= given.keys():
+            raise ValueError("it lacks resize or crop")
+        for name in ("mean", "std"):
+            if name in given:
+                if not isinstance(given[name], list) or len(given[name]) != 3 or not all(
+                        isinstance(v, int | float) and not isinstance(v, bool) for v in given[name]):
+                    raise ValueError(f"its {name} is not three numbers")
+                given[name] = tuple(float(v) for v in given[name])
+        return cls(**given)
 
     @classmethod
     def from_transforms(cls, transforms) -> Preprocess:

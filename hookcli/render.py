@@ -32,40 +32,69 @@ import numpy as np
 
 from hookcli.errors import UsageProblem
 
-__all__ = ["NAN_COLOR", "NotDrawable", "add_title", "as_maps", "check_cmap", "overlay", "scale_maps", "tile_maps"]
+__all__ = [
+    "MAX_PIXELS", "MAX_TILES", "NAN_COLOR", "NotDrawable", "add_title", "as_maps", "check_cmap", "map_layout",
+    "overlay", "scale_maps", "tile_maps", "tiles_that_fit",
+]
 
 NAN_COLOR = (255, 0, 255)
 PAD_COLOR = 255
+#: What one picture may cost: tiles, and pixels (25 megapixels is 75 MB of RGB).
+MAX_TILES = 4096
+MAX_PIXELS = 25_000_000
 
 
 class NotDrawable(ValueError):
     """The tensor's per-image shape has no picture hookcli knows how to draw."""
 
 
-def as_maps(array: np.ndarray) -> tuple[np.ndarray, str]:
-    """One image's tensor as ``(maps [K, H, W] float32, layout)``; raises :class:`NotDrawable`."""
-    array = np.asarray(array, dtype=np.float32)
-    if array.ndim == 3:
-        return array, "channels"
-    if array.ndim == 2:
-        tokens, dim = array.shape
+def map_layout(row_shape: Sequence[int]) -> tuple[int, int, int, str]:
+    """How a per-image tensor of ``row_shape`` is drawn, without its values: ``(maps, height, width, layout)``.
+
+    Raises :class:`NotDrawable` for shapes without a picture (no axes, more
+    than three, or no values at all).
+    """
+    shape = [int(n) for n in row_shape]
+    if math.prod(shape) == 0 and shape:
+        raise NotDrawable("it holds no values")
+    if len(shape) == 3:
+        return shape[0], shape[1], shape[2], "channels"
+    if len(shape) == 2:
+        tokens, dim = shape
         side = math.isqrt(tokens)
         if side * side == tokens:
-            return np.ascontiguousarray(array.T).reshape(dim, side, side), "tokens"
+            return dim, side, side, "tokens"
         side = math.isqrt(tokens - 1) if tokens > 1 else 0
         if side and side * side == tokens - 1:
-            return np.ascontiguousarray(array[1:].T).reshape(dim, side, side), "tokens+cls"
-        return array[None], "matrix"
-    if array.ndim == 1:
-        return array[None, None], "vector"
-    raise NotDrawable(f"{array.ndim} dimensions per image")
+            return dim, side, side, "tokens+cls"
+        return 1, tokens, dim, "matrix"
+    if len(shape) == 1:
+        return 1, 1, shape[0], "vector"
+    raise NotDrawable(f"{len(shape)} dimensions per image")
+
+
+def as_maps(array: np.ndarray) -> tuple[np.ndarray, str]:
+    """One image's tensor as ``(maps [K, H, W], layout)``, float32 (float64 kept); raises :class:`NotDrawable`."""
+    array = np.asarray(array)
+    array = array.astype(np.float64 if array.dtype == np.float64 else np.float32, copy=False)
+    count, height, width, layout = map_layout(array.shape)
+    if layout == "tokens":
+        return np.ascontiguousarray(array.T).reshape(count, height, width), layout
+    if layout == "tokens+cls":
+        return np.ascontiguousarray(array[1:].T).reshape(count, height, width), layout
+    return array.reshape(count, height, width), layout
+
+
+def tiles_that_fit(height: int, width: int, *, padding: int) -> int:
+    """How many ``height × width`` maps one picture may hold: at most :data:`MAX_TILES`, within :data:`MAX_PIXELS`."""
+    return min(MAX_TILES, MAX_PIXELS // ((height + padding) * (width + padding)))
 
 
 def scale_maps(maps: np.ndarray, scale: str = "channel") -> np.ndarray:
     """Values to [0, 1]: ``"channel"`` scales each map alone, ``"grid"`` uses one range for all maps."""
     if scale not in ("channel", "grid"):
         raise UsageProblem(f"scale must be 'channel' or 'grid', not '{scale}'")
-    maps = maps.astype(np.float32, copy=True)
+    maps = maps.astype(np.float64 if maps.dtype == np.float64 else np.float32, copy=True)
     finite = np.isfinite(maps)
     filled_low = np.where(finite, maps, np.inf)
     filled_high = np.where(finite, maps, -np.inf)
@@ -120,7 +149,8 @@ def tile_maps(
 
     Tiles smaller than ``min_tile`` are enlarged by a whole factor, nearest
     neighbour, keeping their aspect ratio; ``stretch_rows_only`` enlarges only
-    the height (for one-row vector strips).
+    the height (for one-row vector strips). The enlargement stops short of
+    :data:`MAX_PIXELS`; more tiles than fit unenlarged raise :class:`NotDrawable`.
     """
     count, height, width = scaled.shape
     columns = max(1, min(columns or math.ceil(math.sqrt(count)), count))
@@ -129,6 +159,14 @@ def tile_maps(
         fy, fx = max(1, math.ceil(min_tile / height)), 1
     else:
         fy = fx = max(1, math.ceil(min_tile / max(height, width)))
+
+    def pixels(fy: int, fx: int) -> int:
+        return (rows * (height * fy + padding) + padding) * (columns * (width * fx + padding) + padding)
+
+    if pixels(1, 1) > MAX_PIXELS:
+        raise NotDrawable(f"{count} maps of {height}x{width} need more than {MAX_PIXELS:,} pixels")
+    while pixels(fy, fx) > MAX_PIXELS:
+        fy, fx = max(1, fy - 1), max(1, fx - 1)
     rgb = colorize(scaled, cmap)
     if fy > 1 or fx > 1:
         rgb = rgb.repeat(fy, axis=1).repeat(fx, axis=2)
@@ -147,7 +185,7 @@ def overlay(photo: np.ndarray, heat: np.ndarray, *, cmap: str = "inferno", alpha
 
     scaled = scale_maps(np.asarray(heat, dtype=np.float32)[None], "channel")[0]
     height, width = photo.shape[:2]
-    upsampled = np.asarray(Image.fromarray(np.nan_to_num(scaled), mode="F").resize((width, height), Image.BILINEAR))
+    upsampled = np.asarray(Image.fromarray(np.nan_to_num(scaled).astype(np.float32), mode="F").resize((width, height), Image.BILINEAR))
     colours = colorize(np.clip(upsampled, 0.0, 1.0), cmap).astype(np.float32)
     return np.round((1.0 - alpha) * photo.astype(np.float32) + alpha * colours).astype(np.uint8)
 

@@ -146,15 +146,19 @@ class RunOptions:
     def __post_init__(self) -> None:
         from hookcli.device import parse_device
         from hookcli.gradients import CAM_METHODS
-        from hookcli.preprocess import INTERPOLATIONS, parse_triple
+        from hookcli.preprocess import INTERPOLATIONS, MAX_SIDE, check_normalisation, parse_triple
 
-        for name in ("resize", "crop", "shard_size"):
-            check_whole(name, getattr(self, name), 1, optional=True)
+        for name, high in (("resize", MAX_SIDE), ("crop", MAX_SIDE), ("shard_size", None)):
+            check_whole(name, getattr(self, name), 1, high, optional=True)
         if self.interpolation is not None:
             check_choice("interpolation", self.interpolation, INTERPOLATIONS)
         for name in ("mean", "std"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, _parsed(name, parse_triple, getattr(self, name)))
+        try:
+            check_normalisation(self.mean, self.std)
+        except ValueError as err:
+            raise UsageProblem(str(err), hint="see --help for --mean and --std") from None
         object.__setattr__(self, "device", _parsed("device", parse_device, self.device))
         check_choice("method", self.method, CAM_METHODS)
         if not 0 <= self.alpha <= 1:
@@ -270,6 +274,12 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
         kind = "folder" if len(paths) > LARGE_INPUT else "file"
     elif kind in ("file", "folder"):
         _check_output(kind, path, opts.force)
+    if kind == "file" and path is not None:
+        _refuse_overwriting_inputs([path], paths)
+    if kind == "cam" or opts.grid:
+        from hookcli.store import check_folder_output
+
+        check_folder_output(path if kind == "cam" else opts.grid)
 
     from hookcli.device import resolve_device
     from hookcli.speed import check_precision
@@ -293,12 +303,16 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
         path = str(default_output_name(loaded.name, selected, folder=kind == "folder",
                                        kind=".grad" if command == "grad" else ""))
         _check_output(kind, path, opts.force)
+        if kind == "file":
+            _refuse_overwriting_inputs([path], paths)
     if kind == "cam":
         from hookcli.store import refuse_existing
         from hookcli.writers import cam_png_name
 
         names = [cam_png_name(i, p, k, target.count) for i, p in enumerate(paths) for k in range(target.count)]
-        refuse_existing([Path(path) / "cams.safetensors", *(Path(path) / n for n in names)], force=opts.force)
+        planned = [Path(path) / "cams.safetensors", *(Path(path) / n for n in names)]
+        refuse_existing(planned, force=opts.force)
+        _refuse_overwriting_inputs(planned, paths)
     modules = dict(loaded.module.named_modules())
     record = RunRecord(
         model=loaded.name, weights=loaded.weights, layers=dict(selected),
@@ -366,6 +380,24 @@ def _check_output(kind: str, path: str, force: bool) -> None:
         check_folder_target(path)
     else:
         check_writable(path, force=force)
+
+
+def _refuse_overwriting_inputs(outputs: Sequence, inputs: Sequence[Path]) -> None:
+    """An output that is one of the inputs would destroy it, --force or not."""
+    def identity(path) -> tuple[int, int] | None:
+        try:
+            found = os.stat(path)
+        except OSError:
+            return None
+        return found.st_dev, found.st_ino
+
+    existing = {identity(p) for p in outputs} - {None}
+    if not existing:
+        return
+    for source in inputs:
+        if identity(source) in existing:
+            raise UsageProblem(f"output '{next(p for p in outputs if identity(p) == identity(source))}' is the "
+                               f"input '{source}'", hint="write the output somewhere else with -o")
 
 
 def _gather(inputs, recursive: bool) -> list[Path]:
@@ -512,27 +544,16 @@ def draw_grids(features, options, output, *, force: bool = False,
     file name → ``uint8 [H, W, 3]`` pixels. Undrawable tensors are reported
     as :class:`Note` s.
     """
-    from hookcli.grids import plan_grids, render_job, write_grids
-    from hookcli.render import NotDrawable
+    from hookcli.grids import plan_grids, render_all, write_grids
 
     emit = progress or _ignore
-    if output is None:
-        pictures, undrawable = {}, set()
-        jobs = plan_grids(features, options, "", force=True)
-        emit(Started(total=len(jobs)))
-        for job in jobs:
-            if job.key in undrawable:
-                continue
-            try:
-                pictures[job.path.name] = render_job(features, job, options)
-            except NotDrawable as reason:
-                undrawable.add(job.key)
-                emit(Note(f"skipped '{job.key}' (shape {features.shape(job.key)}): {reason}"))
-                continue
-            emit(Advanced(1))
-        return pictures
     jobs = plan_grids(features, options, output, force=force)
+    for text in jobs.notes:
+        emit(Note(text))
     emit(Started(total=len(jobs)))
+    if output is None:
+        return render_all(features, jobs, options, on_skip=lambda text: emit(Note(text)),
+                          on_drawn=lambda name: emit(Advanced(1)))
 
     def written(path: Path) -> None:
         emit(Wrote(path))

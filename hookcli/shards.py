@@ -14,7 +14,9 @@ A folder output holds:
 A shard is written to a temporary name and renamed, and only then is its line
 appended to the index (and flushed to disk). After a crash, even ``kill -9``,
 the index lists exactly the shards that are complete; running the same
-command again continues with the next shard. A torn last line is ignored.
+command again continues with the next shard. A torn last line is ignored by
+readers and cut off before a resumed run appends; a shard file found cut short
+on resume is written again. One process writes a folder at a time.
 
 >>> import tempfile, hookcli
 >>> photo = __import__("matplotlib.cbook").cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)
@@ -29,6 +31,8 @@ command again continues with the next shard. A torn last line is ignored.
 from __future__ import annotations
 
 import bisect
+import contextlib
+import fcntl
 import json
 import os
 import queue
@@ -37,50 +41,116 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from hookcli import fileformat
-from hookcli.errors import FeatureFileError, OutputExistsError, UsageProblem
-from hookcli.fileformat import INDEX_NAME, INDEX_VERSION, SHARD_FILE
-from hookcli.store import FeatureFile, write_safetensors
+from hookcli.errors import (
+    FeatureFileError,
+    OutputExistsError,
+    OutputLockedError,
+    UsageProblem,
+)
+from hookcli.fileformat import INDEX_NAME, SHARD_FILE
+from hookcli.store import (
+    FeatureFile,
+    NotRegularFile,
+    check_folder_output,
+    open_regular,
+    write_safetensors,
+)
 
 __all__ = [
-    "INDEX_NAME", "ShardWriter", "ShardedFeatures", "check_folder_target", "finished_shards", "open_features",
-    "read_index",
+    "INDEX_NAME", "LOCK_NAME", "ShardWriter", "ShardedFeatures", "check_folder_target", "finished_shards",
+    "check_shard", "open_features", "read_index",
 ]
 
 
 def read_index(folder: str | os.PathLike) -> tuple[dict | None, list[dict]]:
-    """The run header and the finished shards' lines (ignoring a torn last line), or ``(None, [])``."""
-    path = Path(folder) / INDEX_NAME
-    if not path.exists():
-        return None, []
-    lines = path.read_bytes().split(b"\n")
-    entries = []
+    """The run header and the finished shards' lines (ignoring a torn last line), or ``(None, [])``.
+
+    The index is untrusted: a line that is not what hookcli writes raises
+    :class:`FeatureFileError` naming it, unless it is the last line (cut short
+    by a crash or a full disk), which is left out.
+    """
+    header, lines, _ = _parse_index(Path(folder) / INDEX_NAME)
+    return header, lines
+
+
+def _parse_index(path: Path) -> tuple[dict | None, list[dict], bool]:
+    """``(header, shard lines, whole)``: ``whole`` is False when a torn or garbled last line was left out."""
+    try:
+        with open_regular(path) as handle:
+            raw = handle.read()
+    except FileNotFoundError:
+        return None, [], True
+    except NotRegularFile as err:
+        raise FeatureFileError(str(err), hint="an index is a file written by hookcli extract -o DIR/") from None
+    lines = raw.split(b"\n")
+    entries, whole = [], True
+    last = max((n for n, line in enumerate(lines) if line.strip()), default=-1)
     for number, line in enumerate(lines):
         if not line.strip():
             continue
         try:
-            entries.append(json.loads(line))
-        except ValueError:
-            if number >= len(lines) - 2:  # the last line, cut short by a crash
+            entry = json.loads(line)
+            if not entries:
+                fileformat.check_index_header(entry)
+            else:
+                fileformat.check_index_line(entry, len(entries) - 1, entries[0])
+        except (ValueError, RecursionError) as err:
+            if not entries:
+                raise FeatureFileError(f"'{path}' is not a hookcli index",
+                                       hint="give a folder written by hookcli extract -o DIR/") from None
+            if number == last:
+                whole = False  # the last line, cut short or garbled by a crash: its shard is done again
                 break
-            raise FeatureFileError(f"index '{path}' is damaged at line {number + 1}",
-                                   hint="run the extraction again with --force") from None
-    if not entries or entries[0].get("hookcli_index") != INDEX_VERSION:
+            problem = "is not JSON" if isinstance(err, json.JSONDecodeError) else f"is wrong: {err}"
+            raise FeatureFileError(f"index '{path}' is damaged: line {number + 1} {problem}",
+                                   hint="run the same extraction again with --force to start over") from None
+        entries.append(entry)
+    if not entries:
         raise FeatureFileError(f"'{path}' is not a hookcli index", hint="give a folder written by hookcli extract")
-    return entries[0], entries[1:]
+    return entries[0], entries[1:], whole
 
 
-def finished_shards(folder: str | os.PathLike, shards: list[dict]) -> list[dict]:
+def finished_shards(folder: str | os.PathLike, shards: list[dict], *, verify: bool = False) -> list[dict]:
     """The index lines that count: shards 0, 1, 2, … in order with their files on disk, up to the first gap.
 
     Lines after a gap (a shard file deleted by hand, say) describe work that
     will be done again, so readers ignore them and a resumed run drops them.
+    With ``verify`` (a run about to continue), a shard whose file is cut
+    short or does not hold the rows its line lists is a gap too.
     """
     finished = []
-    for expected, entry in enumerate(shards):
-        if entry.get("shard") != expected or not (Path(folder) / entry["file"]).exists():
+    for entry in shards:
+        path = Path(folder) / entry["file"]
+        if not path.exists() or (verify and not _shard_is_sound(path, entry)):
             break
         finished.append(entry)
     return finished
+
+
+def check_shard(shard: FeatureFile, entry: Mapping, like: FeatureFile | None = None) -> None:
+    """Raise :class:`FeatureFileError` unless ``shard`` holds the rows its index line lists, shaped as ``like``'s."""
+    rows = len(entry["inputs"])
+    problem = None
+    for key in shard.keys():
+        if not shard.shape(key) or shard.shape(key)[0] != rows:
+            problem = f"its tensor '{key}' has shape {shard.shape(key)} but the index lists {rows} rows"
+            break
+    if problem is None and like is not None and rows:
+        mine = {k: (shard.dtype(k), shard.shape(k)[1:]) for k in shard.keys()}
+        if mine != {k: (like.dtype(k), like.shape(k)[1:]) for k in like.keys()}:
+            problem = "its tensors differ in keys, dtypes or shapes from the other shards'"
+    if problem is not None:
+        raise FeatureFileError(f"shard '{shard.name}' does not match its index line: {problem}",
+                               hint="run the same extract command again to write it again")
+
+
+def _shard_is_sound(path: Path, entry: Mapping) -> bool:
+    try:
+        with FeatureFile(path) as shard:
+            check_shard(shard, entry)
+    except FeatureFileError:
+        return False
+    return True
 
 
 class ShardWriter:
@@ -89,38 +159,49 @@ class ShardWriter:
     ``identity`` holds what must be equal to continue an earlier run there
     (model, weights, layers, preprocessing, inputs…). Opening a folder whose
     index describes another run raises :class:`OutputExistsError` naming what
-    differs, unless ``force`` (which deletes that run's shards and index).
-    :attr:`start` is the first input still to extract (0 for a new run).
+    differs, unless ``force`` (which deletes that run's shards and index);
+    so does a folder holding shard files but no index. One writer at a time:
+    the folder is locked (``.hookcli.lock``) until :meth:`close`, and a second
+    writer is refused with :class:`OutputLockedError`. :attr:`start` is the
+    first input still to extract (0 for a new run).
     """
 
     def __init__(self, folder: str | os.PathLike, identity: Mapping, total: int, *, force: bool = False) -> None:
         check_folder_target(folder)
-        self.folder = Path(folder)
+        self.folder, self._given = Path(folder), str(folder)
         self.identity = dict(identity)
         self.total = total
         self.folder.mkdir(parents=True, exist_ok=True)
-        header, shards = read_index(self.folder)
+        self._lock = _lock_folder(self.folder)
+        try:
+            self._open(force)
+        except BaseException:
+            _unlock_folder(self.folder, self._lock)
+            raise
+        self._queue: queue.Queue = queue.Queue(maxsize=1)
+        self._failure: BaseException | None = None
+        self._thread: threading.Thread | None = None
+
+    def _open(self, force: bool) -> None:
+        header, shards, whole = _parse_index(self.index_path)
         if header is not None and header["identity"] != self.identity:
             if not force:
                 differ = sorted(k for k in {*header["identity"], *self.identity}
                                 if header["identity"].get(k) != self.identity.get(k))
                 raise OutputExistsError(
-                    f"'{folder}' holds a different run (it differs in: {', '.join(differ)})",
+                    f"'{self._given}' holds a different run (it differs in: {', '.join(differ)})",
                     hint="run the same command to continue it, add --force to replace it, or use another folder",
                 )
             header, shards = None, []
         if header is None:
-            self._remove_old_run()
+            self._remove_old_run(force)
         self._clear_partial_files()
         self.header = header
         self.shard_size: int | None = header["shard_size"] if header else None
-        self.finished = finished_shards(self.folder, shards)
-        if header is not None and len(self.finished) < len(shards):
-            self._rewrite_index()
-        self.start = min(total, len(self.finished) * self.shard_size) if self.shard_size else 0
-        self._queue: queue.Queue = queue.Queue(maxsize=1)
-        self._failure: BaseException | None = None
-        self._thread: threading.Thread | None = None
+        self.finished = finished_shards(self.folder, shards, verify=True)
+        if header is not None and (len(self.finished) < len(shards) or not whole):
+            self._rewrite_index()  # new lines must follow the last good one, never a torn or stale one
+        self.start = min(self.total, len(self.finished) * self.shard_size) if self.shard_size else 0
 
     @property
     def index_path(self) -> Path:
@@ -133,10 +214,18 @@ class ShardWriter:
         with atomic_path(self.index_path, force=True) as temporary:
             temporary.write_text("".join(json.dumps(line) + "\n" for line in [self.header, *self.finished]))
 
-    def _remove_old_run(self) -> None:
-        for child in self.folder.iterdir():
-            if child.name == INDEX_NAME or SHARD_FILE.match(child.name):
-                child.unlink()
+    def _remove_old_run(self, force: bool) -> None:
+        """Delete an earlier run's index and shards (``force``); without it, refuse shard files no index lists."""
+        found = sorted(child.name for child in self.folder.iterdir()
+                       if child.name == INDEX_NAME or (SHARD_FILE.match(child.name) and not child.name.startswith(".")))
+        if found and not force:
+            more = f" and {len(found) - 1} more" if len(found) > 1 else ""
+            raise OutputExistsError(
+                f"'{self._given}' holds {found[0]}{more} but no index of a run",
+                hint="move those files away, choose another folder, or add --force to delete them",
+            )
+        for name in found:
+            (self.folder / name).unlink()
 
     def _clear_partial_files(self) -> None:
         for child in self.folder.iterdir():
@@ -165,11 +254,16 @@ class ShardWriter:
         self._queue.put((number, tensors, metadata, list(inputs), list(skipped)))
 
     def close(self) -> None:
-        """Wait for queued shards to be on disk; re-raise a writer failure."""
-        if self._thread is not None:
-            self._queue.put(None)
-            self._thread.join()
-            self._thread = None
+        """Wait for queued shards to be on disk, unlock the folder; re-raise a writer failure."""
+        try:
+            if self._thread is not None:
+                self._queue.put(None)
+                self._thread.join()
+                self._thread = None
+        finally:
+            if self._lock is not None:
+                _unlock_folder(self.folder, self._lock)
+                self._lock = None
         self._raise_failure()
 
     def _raise_failure(self) -> None:
@@ -225,18 +319,28 @@ class ShardedFeatures:
             rows += len(entry["inputs"])
         self.rows = rows
         self._open: tuple[int, FeatureFile] | None = None
+        self._like: FeatureFile | None = None
         self._with_rows = next((n for n, entry in enumerate(shards) if entry["inputs"]), 0)
         first = self._shard(self._with_rows)  # a shard whose inputs all failed may hold no tensors
+        self._like = _Shape(first)
         self._keys = first.keys()
         self._info = {k: (first.dtype(k), first.shape(k)[1:]) for k in self._keys}
         self.size = sum((self.folder / entry["file"]).stat().st_size for entry in shards)
         self.metadata = fileformat.folder_metadata(header, shards)
 
     def _shard(self, number: int) -> FeatureFile:
+        """Shard ``number``, opened (and checked against its index line and the first shard) on first use."""
         if self._open is None or self._open[0] != number:
             if self._open is not None:
                 self._open[1].close()
-            self._open = (number, FeatureFile(self.folder / self.shards[number]["file"]))
+                self._open = None
+            shard = FeatureFile(self.folder / self.shards[number]["file"])
+            try:
+                check_shard(shard, self.shards[number], self._like)
+            except BaseException:
+                shard.close()
+                raise
+            self._open = (number, shard)
         return self._open[1]
 
     def __enter__(self) -> ShardedFeatures:
@@ -288,6 +392,22 @@ class ShardedFeatures:
         return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
 
 
+class _Shape:
+    """The keys, dtypes and shapes of a shard, kept after it is closed (what the others must match)."""
+
+    def __init__(self, shard: FeatureFile) -> None:
+        self._info = {k: (shard.dtype(k), shard.shape(k)) for k in shard.keys()}
+
+    def keys(self) -> list[str]:
+        return list(self._info)
+
+    def dtype(self, key: str) -> str:
+        return self._info[key][0]
+
+    def shape(self, key: str) -> list[int]:
+        return self._info[key][1]
+
+
 def open_features(source: str | os.PathLike):
     """A :class:`~hookcli.store.FeatureFile` for a file or ``-``, a :class:`ShardedFeatures` for a shard folder."""
     path = Path(source)
@@ -297,6 +417,42 @@ def open_features(source: str | os.PathLike):
 
 
 def check_folder_target(folder: str | os.PathLike) -> None:
-    """Refuse a folder output whose path is an existing file (called before any work, and again on open)."""
+    """Refuse a shard folder output that could not be written (called before any work, and again on open)."""
     if Path(folder).exists() and not Path(folder).is_dir():
         raise UsageProblem(f"output '{folder}' is a file, not a folder", hint="drop the trailing / to write one file")
+    check_folder_output(folder)
+
+
+#: The lock file that keeps a second writer out of a shard folder.
+LOCK_NAME = ".hookcli.lock"
+
+
+def _lock_folder(folder: Path) -> int:
+    """Hold an exclusive lock on ``folder``'s lock file (released when the descriptor closes, or the process ends).
+
+    The holder deletes the file when done (:func:`_unlock_folder`), so a lock
+    taken on a file that was meanwhile deleted is taken again on the new one.
+    """
+    path = folder / LOCK_NAME
+    while True:
+        descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(descriptor)
+            raise OutputLockedError(f"another hookcli process is writing to '{folder}'",
+                                    hint="wait for it to finish (then run the same command to continue), "
+                                         "or write to another folder") from None
+        try:
+            current = os.stat(path).st_ino
+        except FileNotFoundError:
+            current = None
+        if current == os.fstat(descriptor).st_ino:
+            return descriptor
+        os.close(descriptor)
+
+
+def _unlock_folder(folder: Path, descriptor: int) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(folder / LOCK_NAME)
+    os.close(descriptor)

@@ -27,10 +27,13 @@ when asked for no output file.
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import glob
 import json
 import math
 import os
 import shutil
+import stat
 import struct
 import sys
 import tempfile
@@ -41,35 +44,111 @@ from typing import BinaryIO
 from hookcli.errors import FeatureFileError, OutputExistsError, UsageProblem
 
 __all__ = [
-    "FeatureFile", "Features", "atomic_path", "check_writable", "format_bytes", "refuse_existing",
-    "write_safetensors",
+    "FeatureFile", "Features", "NotRegularFile", "atomic_path", "check_folder_output", "check_writable", "format_bytes", "open_regular",
+    "refuse_existing", "write_safetensors",
 ]
 
 
+class NotRegularFile(OSError):
+    """A path names a FIFO, a device, a socket or a folder where a file's bytes were expected."""
+
+
+def open_regular(path: str | os.PathLike) -> BinaryIO:
+    """Open ``path`` for reading in binary, refusing anything but a regular file.
+
+    The file is opened without blocking and checked before any byte is read,
+    so a FIFO (whose ``open`` would wait for a writer forever) or a device is
+    refused at once with :class:`NotRegularFile`; a missing path raises
+    ``FileNotFoundError`` as ``open`` does.
+    """
+    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(descriptor).st_mode
+        if not stat.S_ISREG(mode):
+            kind = ("a folder" if stat.S_ISDIR(mode) else "a FIFO (named pipe)" if stat.S_ISFIFO(mode)
+                    else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+                    else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+            raise NotRegularFile(f"'{path}' is {kind}, not a regular file")
+        os.set_blocking(descriptor, True)
+        return os.fdopen(descriptor, "rb")
+    except BaseException:
+        os.close(descriptor)
+        raise
+
+
 def check_writable(target: str | os.PathLike, *, force: bool) -> Path:
-    """Refuse early, before any work, if ``target`` exists (without ``force``) or its folder is missing."""
+    """Refuse early, before any work, an output file that could not be written in the end.
+
+    Refused: an existing file (without ``force``) or folder, a broken symbolic
+    link, a missing or unwritable folder, and a name too long to carry the
+    temporary suffix :func:`atomic_path` adds.
+    """
     path = Path(target)
     if path.is_dir():
         raise OutputExistsError(f"output '{path}' is a folder", hint="give a file name ending in .safetensors")
+    if path.is_symlink() and not path.exists() and not force:
+        raise OutputExistsError(f"output '{path}' is a broken symbolic link",
+                                hint="remove it, add --force to replace the link with the file, or choose another name")
     if path.exists() and not force:
         raise OutputExistsError(f"output '{path}' already exists", hint="add --force to overwrite it")
     if not path.parent.is_dir():
         raise UsageProblem(f"folder '{path.parent}' does not exist", hint="create it first")
+    _check_name_length(path, extra=len(_TEMPORARY_EXTRA))
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        raise UsageProblem(f"cannot write to folder '{path.parent}'",
+                           hint="check its permissions, or choose another place with -o")
     return path
+
+
+def check_folder_output(folder: str | os.PathLike) -> Path:
+    """Refuse early a folder output that is a file, has too long a name, or cannot be created or written."""
+    path = Path(folder)
+    if path.exists() and not path.is_dir():
+        raise UsageProblem(f"output '{folder}' is a file, not a folder", hint="give a folder name, or remove the file")
+    for part in path.parts:
+        _check_name_length(Path(part))
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if existing.is_symlink() and not existing.exists():
+        raise UsageProblem(f"output folder '{existing}' is a broken symbolic link", hint="remove it or fix its target")
+    if not existing.is_dir():
+        raise UsageProblem(f"cannot make folder '{folder}': '{existing}' is not a folder", hint="choose another place")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageProblem(f"cannot write to folder '{existing}'",
+                           hint="check its permissions, or choose another place with -o")
+    return path
+
+
+#: What a temporary name adds to its target's: ``.`` + name + ``.`` + 8 random characters + ``.part``.
+_TEMPORARY_EXTRA = "." + "." + "xxxxxxxx" + ".part"
+
+
+def _check_name_length(path: Path, *, extra: int = 0) -> None:
+    try:
+        limit = os.pathconf(path.parent if path.parent.is_dir() else ".", "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255
+    if len(os.fsencode(path.name)) + extra > limit:
+        raise UsageProblem(f"the name '{path.name[:40]}...' is too long ({len(os.fsencode(path.name))} bytes)",
+                           hint=f"file names here hold at most {limit - extra} bytes; choose a shorter one")
 
 
 @contextlib.contextmanager
 def atomic_path(target: str | os.PathLike, *, force: bool = False) -> Iterator[Path]:
     """Yield a temporary path next to ``target``; on success it becomes ``target``.
 
-    On any exception (including Ctrl-C) the temporary file is removed and
-    ``target`` is untouched.
+    On any exception (including Ctrl-C, and SIGTERM on the command line) the
+    temporary file is removed and ``target`` is untouched. A temporary file of
+    the same target left by a run that was killed outright is removed first:
+    each one is locked while in use, so only abandoned ones are.
     """
     path = check_writable(target, force=force)
+    _remove_abandoned(path)
     handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
-    os.close(handle)
     temporary = Path(temporary)
     try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)  # marks it in use; released when closed
         yield temporary
         _make_durable(temporary)
         if force:
@@ -78,14 +157,37 @@ def atomic_path(target: str | os.PathLike, *, force: bool = False) -> Iterator[P
             _link_without_clobbering(temporary, path)
     finally:
         temporary.unlink(missing_ok=True)
+        os.close(handle)
+
+
+def _remove_abandoned(path: Path) -> None:
+    """Remove ``.<name>.*.part`` files of ``path`` that no running process holds."""
+    for candidate in path.parent.glob(f".{glob.escape(path.name)}.*.part"):
+        try:
+            descriptor = os.open(candidate, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            if stat.S_ISREG(os.fstat(descriptor).st_mode):
+                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                candidate.unlink(missing_ok=True)
+        except OSError:
+            pass  # in use by another process, or gone already
+        finally:
+            os.close(descriptor)
 
 
 def refuse_existing(paths, *, force: bool) -> None:
     """Raise naming the first of ``paths`` that exists (and how many more), unless ``force``."""
-    existing = [Path(p) for p in paths if Path(p).exists()]
-    if existing and not force:
-        more = f" and {len(existing) - 1} more" if len(existing) > 1 else ""
-        raise OutputExistsError(f"'{existing[0]}'{more} already exist{'s' if not more else ''}",
+    if force:
+        return
+    first, count = None, 0
+    for p in paths:
+        if Path(p).exists():
+            first, count = first or Path(p), count + 1
+    if count:
+        more = f" and {count - 1} more" if count > 1 else ""
+        raise OutputExistsError(f"'{first}'{more} already exist{'s' if not more else ''}",
                                 hint="add --force to overwrite, or choose another folder with -o")
 
 
@@ -131,6 +233,46 @@ _NUMPY_DTYPES = {
     "U64": "<u8", "U32": "<u4", "U16": "<u2", "U8": "u1", "BOOL": "?",
 }
 _MAX_HEADER = 100 * 1024 * 1024
+#: Dimensions beyond these cannot be real (numpy's own limits are 64 axes and 2^63 elements).
+_MAX_DIMS, _MAX_DIM = 32, 2**62
+_DAMAGED = "it was not written whole by a safetensors writer; write it again"
+
+
+def _checked_entry(key: str, info, what: str, data_start: int, size: int) -> tuple[str, list[int], int]:
+    """``(dtype, shape, begin)`` of one header entry, once its claims agree with each other and with the file."""
+    def whole(value) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _MAX_DIM
+
+    if not isinstance(info, dict):
+        raise FeatureFileError(f"{what} is not a safetensors file", hint=f"the header entry for '{key}' is malformed")
+    dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+    if not isinstance(dtype, str) or not isinstance(shape, list) or not isinstance(offsets, list):
+        raise FeatureFileError(f"{what} is not a safetensors file",
+                               hint=f"the header entry for '{key}' lacks a dtype, shape or data_offsets")
+    if dtype not in _NUMPY_DTYPES:
+        raise FeatureFileError(f"tensor '{key}' in {what} has unsupported dtype {dtype[:20]}",
+                               hint=f"hookcli reads {', '.join(_NUMPY_DTYPES)}")
+    if len(shape) > _MAX_DIMS or not all(whole(n) for n in shape):
+        raise FeatureFileError(f"{what} is damaged: tensor '{key}' has an impossible shape {_short(shape)}",
+                               hint=f"dimensions are whole numbers from 0 to 2^62, at most {_MAX_DIMS} of them")
+    if len(offsets) != 2 or not all(whole(n) for n in offsets) or offsets[0] > offsets[1]:
+        raise FeatureFileError(f"{what} is damaged: tensor '{key}' has impossible data_offsets {_short(offsets)}",
+                               hint=_DAMAGED)
+    begin, end = offsets
+    claimed = math.prod(shape) * _itemsize(dtype)
+    if end - begin != claimed:
+        raise FeatureFileError(
+            f"{what} is damaged: tensor '{key}' of shape {_short(shape)} {dtype} needs {claimed} bytes "
+            f"but its data_offsets span {end - begin}", hint=_DAMAGED)
+    if data_start + end > size:
+        raise FeatureFileError(f"{what} is truncated: tensor '{key}' ends at byte {data_start + end} but the file has "
+                               f"{size}", hint="the file was cut short; write it again")
+    return dtype, shape, begin
+
+
+def _short(value) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 class FeatureFile:
@@ -148,11 +290,11 @@ class FeatureFile:
             self._handle.flush()
         else:
             try:
-                self._handle = open(source, "rb")
+                self._handle = open_regular(source)
             except FileNotFoundError:
                 raise FeatureFileError(f"no such file: '{source}'", hint="check the path") from None
-            except IsADirectoryError:
-                raise FeatureFileError(f"'{source}' is a folder", hint="give a .safetensors file") from None
+            except NotRegularFile as err:
+                raise FeatureFileError(str(err), hint="give a .safetensors file") from None
         try:
             self.size = os.fstat(self._handle.fileno()).st_size
             self._data_start, self.metadata, self._entries = self._read_header()
@@ -172,27 +314,21 @@ class FeatureFile:
             raise FeatureFileError(not_ours, hint="its first 8 bytes do not give a header length that fits the file")
         try:
             header = json.loads(os.pread(self._handle.fileno(), length, 8))
-        except (UnicodeDecodeError, json.JSONDecodeError):
+        except (UnicodeDecodeError, ValueError, RecursionError):
             raise FeatureFileError(not_ours, hint="its header is not JSON") from None
         if not isinstance(header, dict):
             raise FeatureFileError(not_ours, hint="its header is not a JSON object")
         metadata = header.pop("__metadata__", None) or {}
+        if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+            raise FeatureFileError(not_ours, hint="its __metadata__ is not a map of strings")
         data_start = 8 + length
-        available = self.size - data_start
-        entries = {}
-        for key, info in header.items():
-            try:
-                dtype, shape, (begin, end) = info["dtype"], [int(n) for n in info["shape"]], info["data_offsets"]
-            except (KeyError, TypeError, ValueError):
-                raise FeatureFileError(not_ours, hint=f"the header entry for '{key}' is malformed") from None
-            if dtype not in _NUMPY_DTYPES:
-                raise FeatureFileError(f"tensor '{key}' in {what} has unsupported dtype {dtype}")
-            if end > available:
-                raise FeatureFileError(
-                    f"{what} is truncated: tensor '{key}' ends at byte {data_start + end} but the file has {self.size}",
-                    hint="the file was cut short; write it again",
-                )
-            entries[key] = (dtype, shape, begin)
+        entries = {key: _checked_entry(key, info, what, data_start, self.size) for key, info in header.items()}
+        spans = sorted((begin, begin + self.row_bytes(dtype, shape), key)
+                       for key, (dtype, shape, begin) in entries.items())
+        for (_, end, first), (begin, _, second) in zip(spans, spans[1:]):
+            if begin < end:
+                raise FeatureFileError(f"{what} is damaged: the data of tensors '{first}' and '{second}' overlap",
+                                       hint=_DAMAGED)
         return data_start, metadata, {key: entries[key] for key in _key_order(entries, metadata)}
 
     def __enter__(self) -> FeatureFile:
@@ -225,8 +361,9 @@ class FeatureFile:
     def read(self, key: str, index: int | None = None, part: slice | None = None):
         """Tensor ``key`` as a numpy array: all of it, row ``index``, or a slice ``part`` of that row's first axis.
 
-        Only the bytes asked for are read. Floating types come back as float32
-        (BF16 and F16 widened), integers and booleans as stored.
+        Only the bytes asked for are read. F64 comes back as float64, other
+        floating types as float32 (BF16 and F16 widened), integers and
+        booleans as stored.
         """
         dtype, shape, begin = self._entries[key]
         itemsize = _itemsize(dtype)
@@ -336,23 +473,26 @@ class Features(Mapping):
 
 
 def _as_numpy(value):
-    """A tensor or array as :meth:`FeatureFile.read` returns it: floating types as float32, others as stored."""
+    """A tensor or array as :meth:`FeatureFile.read` returns it: float64 kept, other floating types as float32."""
     import numpy as np
 
     if hasattr(value, "detach"):  # a torch tensor
+        import torch
+
         value = value.detach().cpu()
-        value = (value.float() if value.is_floating_point() else value).numpy()
+        wide = value.is_floating_point() and value.dtype != torch.float64
+        value = (value.float() if wide else value).numpy()
     array = np.asarray(value)
-    return array.astype("float32") if array.dtype.kind == "f" else array
+    return array.astype("float32") if array.dtype.kind == "f" and array.dtype != np.float64 else array
 
 
 def _widened(array, dtype: str):
-    """Floating types as float32 (BF16 and F16 widened); integers and booleans as stored."""
+    """BF16 and F16 widened to float32; F64 (whose range float32 lacks), F32, integers and booleans as stored."""
     import numpy as np
 
     if dtype == "BF16":
         return (array.astype(np.uint32) << 16).view(np.float32)
-    if dtype in ("F16", "F64"):
+    if dtype == "F16":
         return array.astype(np.float32)
     return array
 

@@ -3,46 +3,66 @@
 Statistics are computed a row at a time, so a file of any size is summarised
 in the memory of one row.
 
+>>> import numpy as np
 >>> from hookcli.store import Features
 >>> features = Features({"x": np.array([[0.0, 1.0, 2.0, np.nan]], dtype="float32")}, {})
 >>> describe_file(features)["tensors"][0]["stats"]
 {'min': 0.0, 'mean': 1.0, 'max': 2.0, 'zeros': 0.25, 'nonfinite': 1}
+
+Text is printed through :func:`hookcli.console.printable`, so names and
+metadata from a file cannot move the cursor, colour the terminal or break a
+line. numpy loads only when statistics are computed.
 """
 
 from __future__ import annotations
 
 import json
+import math
 
-import numpy as np
+from hookcli.console import printable
 
-__all__ = ["describe_file", "info_lines", "table_lines", "tensor_stats"]
+__all__ = ["describe_file", "info_json", "info_lines", "table_lines", "tensor_stats"]
 
 _WHOLE_TENSOR_BYTES = 64 * 1024 * 1024
 
 
 def tensor_stats(features, key: str) -> dict:
-    """min / mean / max over finite values, the share of exact zeros and the count of NaN and ±inf."""
+    """min / mean / max over finite values, the share of exact zeros and the count of NaN and ±inf.
+
+    Computed in float64, so values beyond float32's range (F64 tensors) stay finite, and so does their mean.
+    """
+    import numpy as np
+
     shape = features.shape(key)
     if not shape or features.nbytes(key) <= _WHOLE_TENSOR_BYTES:
         pieces = [features.read(key)]
     else:  # rows in pieces of about _WHOLE_TENSOR_BYTES, one read each
         step = max(1, _WHOLE_TENSOR_BYTES * shape[0] // features.nbytes(key))
         pieces = (features.read_rows(key, start, start + step) for start in range(0, shape[0], step))
-    low, high, total, finite_count, zeros, count = np.inf, -np.inf, 0.0, 0, 0, 0
+    low, high, mean, finite_count, zeros, count = np.inf, -np.inf, 0.0, 0, 0, 0
     for piece in pieces:
         values = np.asarray(piece, dtype=np.float64).ravel()
         finite = values[np.isfinite(values)]
         count += values.size
         zeros += int(np.count_nonzero(values == 0))
-        finite_count += finite.size
         if finite.size:
+            finite_count += finite.size
             low, high = min(low, float(finite.min())), max(high, float(finite.max()))
-            total += float(finite.sum())
+            share = finite.size / finite_count  # pieces' means weighted, never a running sum that could overflow
+            mean = mean * (1 - share) + _mean(finite) * share
     if not finite_count:
         return {"min": None, "mean": None, "max": None, "zeros": zeros / count if count else None,
                 "nonfinite": count}
-    return {"min": low, "mean": total / finite_count, "max": high, "zeros": zeros / count,
-            "nonfinite": count - finite_count}
+    return {"min": low, "mean": mean, "max": high, "zeros": zeros / count, "nonfinite": count - finite_count}
+
+
+def _mean(values) -> float:
+    """The mean of finite float64 ``values``, also where their sum overflows (values near float64's limit)."""
+    import numpy as np
+
+    with np.errstate(over="ignore"):
+        total = float(values.sum())
+    return total / values.size if math.isfinite(total) else float((values / values.size).sum())
 
 
 def describe_file(features, *, stats: bool = True) -> dict:
@@ -75,7 +95,8 @@ def info_lines(described: dict, *, stats: bool = True) -> list[str]:
     from hookcli.store import format_bytes
 
     count = len(described["tensors"])
-    lines = [f"{described['file']}  {format_bytes(described['bytes'])}  {count} tensor{'s' if count != 1 else ''}"]
+    size = format_bytes(described["bytes"])
+    lines = [f"{printable(described['file'])}  {size}  {count} tensor{'s' if count != 1 else ''}"]
     header = ("key", "dtype", "shape", "size") + (("min", "mean", "max", "zeros", "nan/inf") if stats else ())
     table = [header]
     for t in described["tensors"]:
@@ -87,12 +108,43 @@ def info_lines(described: dict, *, stats: bool = True) -> list[str]:
         table.append(row)
     lines += table_lines(table, right=range(2, len(header)))
     if described["metadata"]:
-        lines += ["metadata:", *_metadata_lines(described["metadata"])]
+        lines += ["metadata:", *map(printable, _metadata_lines(described["metadata"]))]
     return lines
 
 
+def info_json(described: dict) -> str:
+    """:func:`describe_file`'s result as ``hookcli info --json`` prints it: strict JSON.
+
+    JSON has no NaN or infinity (metadata may hold them): they become the strings ``"NaN"``, ``"Infinity"``
+    and ``"-Infinity"``.
+
+    >>> print(info_json({"metadata": {"scores": [1.5, float("nan"), float("-inf")]}}))
+    {
+      "metadata": {
+        "scores": [
+          1.5,
+          "NaN",
+          "-Infinity"
+        ]
+      }
+    }
+    """
+    return json.dumps(_strict(described), indent=2, allow_nan=False)
+
+
+def _strict(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
+    if isinstance(value, dict):
+        return {key: _strict(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_strict(item) for item in value]
+    return value
+
+
 def table_lines(table: list[tuple[str, ...]], *, right=()) -> list[str]:
-    """Rows of cells as aligned text; columns whose index is in ``right`` are right-aligned."""
+    """Rows of cells as aligned text, control characters escaped; columns whose index is in ``right`` align right."""
+    table = [tuple(map(printable, row)) for row in table]
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     def cell(i: int, text: str) -> str:
         return text.rjust(widths[i]) if i in right else text.ljust(widths[i])

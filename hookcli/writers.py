@@ -255,7 +255,8 @@ def cam_png_name(index: int, path, k: int, count: int) -> str:
     """``<index>_<input stem>.png`` (``….top<k>.png`` for each of top K): a CAM overlay's file name."""
     from hookcli.grids import safe_name
 
-    return f"{index:05d}_{safe_name(Path(path).stem)}" + (f".top{k + 1}" if count > 1 else "") + ".png"
+    stem = safe_name(Path(path).stem)[:100]  # the index keeps names apart; the cap keeps them short enough to write
+    return f"{index:05d}_{stem}" + (f".top{k + 1}" if count > 1 else "") + ".png"
 
 
 class CamOverlays:

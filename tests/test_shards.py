@@ -167,9 +167,9 @@ def test_a_different_run_in_the_same_folder_is_refused_unless_forced(runner, tmp
 
 
 def test_torn_last_index_line_is_ignored(tmp_path):
-    (tmp_path / INDEX_NAME).write_text('{"hookcli_index": 1, "identity": {}}\n{"shard": 0, "fi')
-    header, shards = read_index(tmp_path)
-    assert header == {"hookcli_index": 1, "identity": {}} and shards == []
+    header = {"hookcli_index": 1, "identity": {}, "shard_size": 2, "inputs": 4, "metadata": {}}
+    (tmp_path / INDEX_NAME).write_text(json.dumps(header) + '\n{"shard": 0, "fi')
+    assert read_index(tmp_path) == (header, [])
 
 
 def _broken(tmp_path, paths):

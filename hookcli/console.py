@@ -1,0 +1,63 @@
+r"""What the command line does for a terminal: escape text, turn warnings into notes, stop cleanly on SIGTERM.
+
+Library code never prints; these helpers sit between it and the terminal
+(``hookcli.cli`` uses them, and they import no Click).
+
+>>> print(printable("key\x1b[31m\tred\nnext"))
+key\x1b[31m\tred\nnext
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import threading
+import warnings
+from collections.abc import Callable, Iterator
+
+from hookcli.errors import first_line
+
+__all__ = ["Terminated", "notes_and_sigterm", "printable"]
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def printable(text: str) -> str:
+    """``text`` with its control characters (C0, DEL, C1) escaped: one line that cannot drive the terminal."""
+    return _CONTROL.sub(lambda match: _NAMED_ESCAPES.get(match[0], f"\\x{ord(match[0]):02x}"), text)
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised in the main thread: it unwinds like Ctrl-C (no ``except Exception`` stops it)."""
+
+
+@contextlib.contextmanager
+def notes_and_sigterm(echo: Callable[[str], None], *, debug: Callable[[], bool] = bool) -> Iterator[None]:
+    """While inside: each Python warning is one ``Note:`` line through ``echo``, once (Python's own text while
+    ``debug()`` is true), and SIGTERM raises :class:`Terminated` so that every cleanup runs (temporary files go)."""
+    shown, show_warning, pid = set(), warnings.showwarning, os.getpid()
+
+    def note(message, category, filename, lineno, file=None, line=None):
+        text = f"Note: {printable(first_line(message))}"
+        if debug():
+            show_warning(message, category, filename, lineno, file, line)
+        elif text not in shown:
+            shown.add(text)
+            echo(text)
+
+    def terminate(signum, frame):
+        # A forked worker (decoding images) stops as on Ctrl-C: quietly, leaving the message to this process.
+        raise Terminated if os.getpid() == pid else KeyboardInterrupt
+
+    in_main_thread = threading.current_thread() is threading.main_thread()  # only it may set handlers
+    on_sigterm = signal.signal(signal.SIGTERM, terminate) if in_main_thread else None
+    warnings.showwarning = note
+    try:
+        yield
+    finally:
+        warnings.showwarning = show_warning
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if on_sigterm is None else on_sigterm)
