@@ -172,7 +172,7 @@ class ShardWriter:
         self.identity = dict(identity)
         self.total = total
         self.folder.mkdir(parents=True, exist_ok=True)
-        self._lock = _lock_folder(self.folder)
+        self._lock = _lock_folder(self.folder, self._given)
         try:
             self._open(force)
         except BaseException:
@@ -427,7 +427,7 @@ def check_folder_target(folder: str | os.PathLike) -> None:
 LOCK_NAME = ".hookcli.lock"
 
 
-def _lock_folder(folder: Path) -> int:
+def _lock_folder(folder: Path, name: str) -> int:
     """Hold an exclusive lock on ``folder``'s lock file (released when the descriptor closes, or the process ends).
 
     The holder deletes the file when done (:func:`_unlock_folder`), so a lock
@@ -440,7 +440,7 @@ def _lock_folder(folder: Path) -> int:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(descriptor)
-            raise OutputLockedError(f"another hookcli process is writing to '{folder}'",
+            raise OutputLockedError(f"another hookcli process is writing to '{name}'",
                                     hint="wait for it to finish (then run the same command to continue), "
                                          "or write to another folder") from None
         try:

@@ -1,0 +1,197 @@
+"""Damaged shard folders: torn index lines, foreign and cut-short shards, a second writer, paths out of the folder."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from hookcli.cli import main
+from hookcli.shards import INDEX_NAME, LOCK_NAME, ShardedFeatures, read_index
+
+ARGS = ["extract", "-m", "resnet18", "-w", "none", "-l", "fc", "--resize", "32", "--crop", "32", "-b", "2", "-q",
+        "--shard-size", "2"]
+
+
+@pytest.fixture
+def inputs(tmp_path, make_image):
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    return [str(make_image(folder / f"{i}.png", size=(36, 36), seed=i)) for i in range(5)]
+
+
+def _extract(runner, folder, inputs, *extra):
+    return runner.invoke(main, [*ARGS, *extra, "-o", f"{folder}/", *inputs])
+
+
+def _rows(folder):
+    with ShardedFeatures(folder) as features:
+        return features.read("fc"), json.loads(features.metadata["inputs"])
+
+
+def _one_error(result, code=2):
+    assert result.exit_code == code, result.output
+    assert "Traceback" not in result.output and result.stderr.count("\n") == 1, result.stderr
+    return result.stderr.strip()
+
+
+@pytest.mark.parametrize("tail", [b'{"shard": 2, "fi', b'{"shard": 2, "file": "features-00002.safetensors"}\n',
+                                  b"\x00\x00\x00\x00\n"])
+def test_a_torn_or_garbled_last_index_line_is_cut_off_before_the_next_run_appends(runner, tmp_path, inputs, tail):
+    folder = tmp_path / "feats"
+    assert _extract(runner, folder, inputs).exit_code == 0
+    expected, names = _rows(folder)
+    index = folder / INDEX_NAME
+    lines = index.read_bytes().splitlines(keepends=True)
+    index.write_bytes(b"".join(lines[:3]) + tail)  # shards 0 and 1 listed, then a crash while appending shard 2
+    (folder / "features-00002.safetensors").unlink()
+    assert read_index(folder)[1][-1]["shard"] == 1  # readers leave the torn line out
+    result = _extract(runner, folder, inputs)
+    assert result.exit_code == 0, result.output
+    assert index.read_bytes() == b"".join(lines)  # cut back, then shard 2 appended: as if nothing had happened
+    rows, again = _rows(folder)
+    assert again == names and torch.equal(torch.from_numpy(rows), torch.from_numpy(expected))
+    assert _extract(runner, folder, inputs).exit_code == 0  # and the run after that finds nothing damaged
+
+
+def test_a_damaged_line_before_the_last_is_an_error_naming_it(runner, tmp_path, inputs):
+    folder = tmp_path / "feats"
+    assert _extract(runner, folder, inputs).exit_code == 0
+    lines = (folder / INDEX_NAME).read_text().splitlines(keepends=True)
+    (folder / INDEX_NAME).write_text(lines[0] + "garbage\n" + "".join(lines[2:]))
+    message = (f"Error: index '{folder / INDEX_NAME}' is damaged: line 2 is not JSON. Hint: run the same extraction "
+               "again with --force to start over")
+    assert _one_error(runner.invoke(main, ["info", str(folder)])) == message
+    assert _one_error(_extract(runner, folder, inputs)) == message
+
+
+@pytest.mark.parametrize("file", ["/etc/passwd", "../outside.safetensors", "features-00001.safetensors"])
+def test_an_index_line_must_name_its_own_shard_file_inside_the_folder(runner, tmp_path, inputs, file):
+    folder = tmp_path / "feats"
+    assert _extract(runner, folder, inputs).exit_code == 0
+    (tmp_path / "outside.safetensors").write_bytes((folder / "features-00000.safetensors").read_bytes())
+    lines = (folder / INDEX_NAME).read_text().splitlines(keepends=True)
+    first = json.loads(lines[1])
+    first["file"] = file
+    (folder / INDEX_NAME).write_text(lines[0] + json.dumps(first) + "\n" + "".join(lines[2:]))
+    for command in (["info", str(folder)], ["grid", str(folder), "-o", str(tmp_path / "g")]):
+        assert _one_error(runner.invoke(main, command)) == (
+            f"Error: index '{folder / INDEX_NAME}' is damaged: line 2 is wrong: it does not describe shard 0 "
+            "(features-00000.safetensors). Hint: run the same extraction again with --force to start over")
+
+
+def test_shard_files_no_index_lists_are_kept_unless_forced(runner, tmp_path, inputs):
+    folder = tmp_path / "feats"
+    folder.mkdir()
+    (folder / "features-00000.safetensors").write_bytes(b"someone else's shard")
+    (folder / "features-00007.safetensors").write_bytes(b"and another")
+    assert _one_error(_extract(runner, folder, inputs)) == (
+        f"Error: '{folder}/' holds features-00000.safetensors and 1 more but no index of a run. Hint: move those "
+        "files away, choose another folder, or add --force to delete them")
+    assert (folder / "features-00000.safetensors").read_bytes() == b"someone else's shard"
+    assert sorted(p.name for p in folder.iterdir()) == ["features-00000.safetensors", "features-00007.safetensors"]
+    assert _extract(runner, folder, inputs, "--force").exit_code == 0
+    assert sorted(p.name for p in folder.iterdir()) == [f"features-{i:05d}.safetensors" for i in range(3)] + [
+        INDEX_NAME]
+
+
+@pytest.mark.parametrize("damage", ["truncate", "empty", "rows"])
+def test_a_damaged_shard_is_redone_on_resume_and_reported_by_readers(runner, tmp_path, inputs, damage):
+    folder = tmp_path / "feats"
+    assert _extract(runner, folder, inputs).exit_code == 0
+    expected, _ = _rows(folder)
+    shard = folder / "features-00001.safetensors"
+    data, before = shard.read_bytes(), _contents(shard)
+    if damage == "truncate":
+        shard.write_bytes(data[:-100])
+        problem = f"is truncated: tensor 'fc' ends at byte {len(data)} but the file has {len(data) - 100}"
+    elif damage == "empty":
+        shard.write_bytes(b"")
+        problem = "is empty"
+    else:  # a complete file, but with other rows than its index line lists
+        shard.write_bytes((folder / "features-00002.safetensors").read_bytes())
+        problem = None
+    result = runner.invoke(main, ["info", str(folder)])
+    if problem is None:
+        assert _one_error(result) == (
+            f"Error: shard '{shard}' does not match its index line: its tensor 'fc' has shape [1, 1000] but the index "
+            "lists 2 rows. Hint: run the same extract command again to write it again")
+    else:
+        assert _one_error(result) == (f"Error: '{shard}' {problem}. Hint: "
+                                      + ("it holds no safetensors data" if damage == "empty"
+                                         else "the file was cut short; write it again"))
+    result = _extract(runner, folder, inputs)
+    assert result.exit_code == 0, result.output
+    rows, _ = _rows(folder)
+    assert torch.equal(torch.from_numpy(rows), torch.from_numpy(expected))
+    assert _contents(shard) == before  # the same file again (safetensors orders metadata keys as it likes)
+
+
+def _contents(path):
+    with safe_open(str(path), "np") as handle:
+        return handle.metadata(), handle.get_tensor("fc").tobytes()
+
+
+def test_a_second_writer_is_refused_while_the_first_holds_the_folder(runner, tmp_path, inputs):
+    folder = tmp_path / "feats"
+    folder.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, os, sys, time\n"
+        f"fd = os.open({str(folder / LOCK_NAME)!r}, os.O_RDWR | os.O_CREAT)\n"
+        "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+        "print('locked', flush=True)\n"
+        "sys.stdin.read()\n")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "locked\n"
+        assert _one_error(_extract(runner, folder, inputs)) == (
+            f"Error: another hookcli process is writing to '{folder}/'. Hint: wait for it to finish (then run the same "
+            "command to continue), or write to another folder")
+        assert sorted(p.name for p in folder.iterdir()) == [LOCK_NAME]
+    finally:
+        holder.communicate("", timeout=30)
+    assert _extract(runner, folder, inputs).exit_code == 0
+    assert LOCK_NAME not in os.listdir(folder)  # the lock file goes with the writer
+
+
+def test_two_writers_started_together_leave_one_complete_index(tmp_path, inputs):
+    folder = tmp_path / "feats"
+    command = [sys.executable, "-m", "hookcli", *ARGS, "-o", f"{folder}/", *inputs]
+    runs = [subprocess.Popen(command, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    results = [(run.wait(timeout=240), run.stderr.read()) for run in runs]
+    codes = sorted(code for code, _ in results)
+    assert codes in ([0, 0], [0, 2]), results  # the second either found the work done, or was refused
+    for code, stderr in results:
+        if code == 2:
+            assert stderr.startswith(f"Error: another hookcli process is writing to '{folder}/'"), stderr
+    header, shards = read_index(folder)
+    assert [s["shard"] for s in shards] == [0, 1, 2]
+    assert [p for s in shards for p in s["inputs"]] == inputs
+    with safe_open(str(folder / "features-00002.safetensors"), "np") as handle:
+        assert handle.get_slice("fc").get_shape() == [1, 1000]
+
+
+def test_a_lock_held_by_a_dead_process_is_free(runner, tmp_path, inputs):
+    folder = tmp_path / "feats"
+    folder.mkdir()
+    subprocess.run([sys.executable, "-c", (
+        "import fcntl, os, signal\n"
+        f"fd = os.open({str(folder / LOCK_NAME)!r}, os.O_RDWR | os.O_CREAT)\n"
+        "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n")], timeout=60)
+    assert (folder / LOCK_NAME).exists()
+    assert _extract(runner, folder, inputs).exit_code == 0
+
+
+def test_a_fifo_among_the_shards_is_refused_without_blocking(tmp_path, inputs):
+    folder = tmp_path / "feats"
+    subprocess.run([sys.executable, "-m", "hookcli", *ARGS, "-o", f"{folder}/", *inputs], check=True, timeout=240)
+    shard = folder / "features-00001.safetensors"
+    shard.unlink()
+    os.mkfifo(shard)
+    done = subprocess.run([sys.executable, "-m", "hookcli", "info", str(folder)], capture_output=True, text=True,
+                          timeout=60)
+    assert (done.returncode, done.stderr) == (2, f"Error: '{shard}' is a FIFO (named pipe), not a regular file. "
+                                                 "Hint: give a .safetensors file\n")
