@@ -512,7 +512,7 @@ def _key_order(keys, metadata: Mapping[str, str]) -> list[str]:
     """hookcli's layer order when the metadata gives it, then any other keys by name."""
     try:
         listed = [k for layer in json.loads(metadata.get("layers", "{}")).values() for k in layer["keys"]]
-    except (ValueError, TypeError, KeyError, AttributeError):
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
         listed = []
     first = [k for k in listed if k in keys]
     return first + sorted(set(keys) - set(first))

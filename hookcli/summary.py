@@ -81,10 +81,22 @@ def _parsed(metadata) -> dict:
     for key, value in metadata.items():
         try:
             decoded = json.loads(value)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, RecursionError):
             decoded = value
-        parsed[key] = decoded if isinstance(decoded, dict | list) else value
+        structured = isinstance(decoded, dict | list) and _shallow(decoded)
+        parsed[key] = decoded if structured else value
     return parsed
+
+
+def _shallow(value, limit: int = 64) -> bool:
+    """Whether ``value`` nests at most ``limit`` deep (deeper JSON from a file is shown as the text it is)."""
+    level = [value]
+    for _ in range(limit + 1):
+        level = [item for outer in level if isinstance(outer, dict | list)
+                 for item in (outer.values() if isinstance(outer, dict) else outer)]
+        if not level:
+            return True
+    return False
 
 
 _METADATA_ORDER = ("format", "producer", "model", "weights", "layers", "capture", "preprocess", "device", "versions")

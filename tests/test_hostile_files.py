@@ -269,3 +269,15 @@ def test_an_overlay_input_that_is_a_fifo_is_refused_without_blocking(tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert (done.returncode, done.stderr) == (1, f"Error: '{fifo}' is a FIFO (named pipe), not a regular file. Hint: "
                                                  "inputs must be image files\n")
+
+
+def test_deeply_nested_metadata_is_shown_as_the_text_it_is(runner, tmp_path):
+    path = tmp_path / "f.safetensors"
+    deep = "[" * 900 + "]" * 900
+    save_file({"x": np.ones((1, 2), dtype=np.float32)}, str(path),
+              metadata={"deep": deep, "layers": '{"a": ' * 900 + "1" + "}" * 900, "shallow": "[[1]]"})
+    result = runner.invoke(main, ["info", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["metadata"]["deep"] == deep
+    assert json.loads(result.stdout)["metadata"]["shallow"] == [[1]]
+    assert runner.invoke(main, ["grid", str(path), "-o", str(tmp_path / "g")]).exit_code == 0
