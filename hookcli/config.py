@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from hookcli.errors import ConfigError
-from hookcli.store import open_regular
+from hookcli.store import NotRegularFile, open_regular
 
 __all__ = ["PRESETS", "locate_config", "read_config"]
 
@@ -59,6 +59,8 @@ def read_config(path: str | os.PathLike, *, allowed: Mapping[str, str]) -> dict:
     try:
         with open_regular(path) as handle:
             raw = tomllib.load(handle)
+    except NotRegularFile as err:
+        raise ConfigError(f"cannot read config '{path}': {err}", hint="give a .toml file") from None
     except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
         raise ConfigError(f"cannot read config '{path}': {err}", hint="check the TOML syntax") from None
     options = {}

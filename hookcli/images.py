@@ -72,6 +72,12 @@ def _read_lines(stream: Iterable[str]) -> Iterable[str]:
 
 def _expand(argument: str, recursive: bool) -> list[Path]:
     path = Path(argument)
+    try:
+        path.stat()
+    except FileNotFoundError:
+        pass
+    except OSError as err:
+        raise InputError(f"cannot read input '{argument}': {err.strerror}", hint="check the path") from None
     if path.is_dir():
         found = _images_in(path, recursive)
         if not found:

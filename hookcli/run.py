@@ -41,6 +41,7 @@ from pathlib import Path
 
 from hookcli.errors import ImageError, UsageProblem, check_choice, check_whole
 from hookcli.fileformat import RunRecord
+from hookcli.store import check_folder_output, refuse_existing
 
 __all__ = [
     "COMMAND_OPTIONS", "DEFAULT_OUTPUT", "LARGE_INPUT", "Advanced", "Note", "Output", "RunOptions", "RunPlan",
@@ -264,10 +265,10 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
                            hint=help_hint)
     if command == "cam":
         from hookcli.render import check_cmap
-        from hookcli.store import refuse_existing
 
         check_cmap(opts.cmap)
         if kind == "cam":
+            check_folder_output(path)
             refuse_existing([Path(path) / "cams.safetensors"], force=opts.force)
     paths = _gather(inputs, opts.recursive)
     if kind == "default":
@@ -276,10 +277,8 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
         _check_output(kind, path, opts.force)
     if kind == "file" and path is not None:
         _refuse_overwriting_inputs([path], paths)
-    if kind == "cam" or opts.grid:
-        from hookcli.store import check_folder_output
-
-        check_folder_output(path if kind == "cam" else opts.grid)
+    if opts.grid:
+        check_folder_output(opts.grid)
 
     from hookcli.device import resolve_device
     from hookcli.speed import check_precision
@@ -306,7 +305,6 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
         if kind == "file":
             _refuse_overwriting_inputs([path], paths)
     if kind == "cam":
-        from hookcli.store import refuse_existing
         from hookcli.writers import cam_png_name
 
         names = [cam_png_name(i, p, k, target.count) for i, p in enumerate(paths) for k in range(target.count)]
@@ -359,9 +357,16 @@ def _output_kind(command: str, output, model_name: str) -> tuple[str, str | None
     text = os.fspath(output)
     if text == "-":
         return "stdout", text
-    if text.endswith(("/", os.sep)) or Path(text).is_dir():
+    if text.endswith(("/", os.sep)) or _is_dir(text):
         return "folder", text
     return "file", text
+
+
+def _is_dir(path: str) -> bool:
+    try:
+        return Path(path).is_dir()
+    except OSError:  # a name too long, say: the output checks say so in their words
+        return False
 
 
 def default_output_name(model_name: str, layers: Mapping[str, str], *, folder: bool = False, kind: str = "") -> Path:

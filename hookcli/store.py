@@ -84,6 +84,7 @@ def check_writable(target: str | os.PathLike, *, force: bool) -> Path:
     temporary suffix :func:`atomic_path` adds.
     """
     path = Path(target)
+    _check_name_length(path, extra=len(_TEMPORARY_EXTRA))  # first: stat() itself fails on a name too long
     if path.is_dir():
         raise OutputExistsError(f"output '{path}' is a folder", hint="give a file name ending in .safetensors")
     if path.is_symlink() and not path.exists() and not force:
@@ -93,7 +94,6 @@ def check_writable(target: str | os.PathLike, *, force: bool) -> Path:
         raise OutputExistsError(f"output '{path}' already exists", hint="add --force to overwrite it")
     if not path.parent.is_dir():
         raise UsageProblem(f"folder '{path.parent}' does not exist", hint="create it first")
-    _check_name_length(path, extra=len(_TEMPORARY_EXTRA))
     if not os.access(path.parent, os.W_OK | os.X_OK):
         raise UsageProblem(f"cannot write to folder '{path.parent}'",
                            hint="check its permissions, or choose another place with -o")
@@ -103,10 +103,10 @@ def check_writable(target: str | os.PathLike, *, force: bool) -> Path:
 def check_folder_output(folder: str | os.PathLike) -> Path:
     """Refuse early a folder output that is a file, has too long a name, or cannot be created or written."""
     path = Path(folder)
-    if path.exists() and not path.is_dir():
-        raise UsageProblem(f"output '{folder}' is a file, not a folder", hint="give a folder name, or remove the file")
     for part in path.parts:
         _check_name_length(Path(part))
+    if path.exists() and not path.is_dir():
+        raise UsageProblem(f"output '{folder}' is a file, not a folder", hint="give a folder name, or remove the file")
     existing = path
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent

@@ -1,0 +1,242 @@
+"""Runs against hostile paths and values: each is refused before the model loads, with one exact Error line, or
+survives it (FIFOs among the inputs, abandoned temporary files, broken links). Where a FIFO could block a run
+forever, the run is a subprocess with a timeout, so that a hang fails the test instead of the suite."""
+
+import fcntl
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import hookcli
+from hookcli.cli import main
+
+EXTRACT = ["extract", "-m", "resnet18", "-w", "none", "--resize", "32", "--crop", "32", "-l", "layer1"]
+CAM = ["cam", "-m", "resnet18", "-w", "none", "--resize", "32", "--crop", "32", "-l", "layer1"]
+NORMALISATION_HINT = "Hint: see --help for --mean and --std"
+LOADED = "Error: AssertionError: the model was loaded. Hint: rerun with --debug for the traceback\n"
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """Make loading a model fail loudly: a refusal that should come before it then shows up as ``LOADED``."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr("hookcli.models.load_model", refuse)
+
+
+def _files(folder) -> list[str]:
+    return sorted(os.listdir(folder))
+
+
+def _hookcli(*args, cwd, seconds=60) -> subprocess.CompletedProcess:
+    """``python -m hookcli ARGS`` in a subprocess (TORCH_HOME and HOOKCLI_OFFLINE come from os.environ)."""
+    try:
+        return subprocess.run([sys.executable, "-m", "hookcli", *args], cwd=cwd, env=dict(os.environ),
+                              capture_output=True, text=True, timeout=seconds, check=False)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"hookcli {' '.join(args)} still ran after {seconds} s (blocked on a FIFO?)")
+
+
+# -- 1, 9: option values ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("option", "value", "message"), [
+    ("--std", "0", f"std must be finite numbers above 0, not 0.0, 0.0, 0.0. {NORMALISATION_HINT}"),
+    ("--std", "1,0,1", f"std must be finite numbers above 0, not 1.0, 0.0, 1.0. {NORMALISATION_HINT}"),
+    ("--std", "inf", f"std must be finite numbers above 0, not inf, inf, inf. {NORMALISATION_HINT}"),
+    ("--mean", "nan", f"mean must be finite numbers, not nan, nan, nan. {NORMALISATION_HINT}"),
+    ("--resize", "9000", "resize must be at most 8192, not 9000"),
+    ("--crop", "8193", "crop must be at most 8192, not 8193"),
+])
+def test_normalisation_and_sizes_out_of_bounds_are_refused_before_the_model_loads(
+        runner, images, tmp_path, monkeypatch, no_model, option, value, message):
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(main, [*EXTRACT, option, value, "-o", "out.safetensors", "imgs/a.png"])
+    assert (result.exit_code, result.stderr, result.stdout) == (2, f"Error: {message}\n", "")
+    assert _files(tmp_path) == ["imgs"]
+
+
+@pytest.mark.parametrize(("crop", "message"), [
+    (0, "crop must be a whole number of at least 1, not 0"),  # neighbouring: the lower bound held before too
+    (9000, "crop must be at most 8192, not 9000"),
+])
+def test_python_api_refuses_a_crop_out_of_bounds_as_a_usage_error(images, no_model, crop, message):
+    with pytest.raises(hookcli.HookcliError) as raised:
+        hookcli.extract("resnet18", "layer1", images[0], weights="none", resize=32, crop=crop)
+    assert (str(raised.value), raised.value.exit_code) == (message, 2)
+
+
+# -- 2-6: outputs ----------------------------------------------------------------------------------
+
+
+def test_forced_output_that_is_an_input_is_refused_and_the_image_kept(runner, images, tmp_path, monkeypatch,
+                                                                       no_model):
+    monkeypatch.chdir(tmp_path)
+    before = images[0].read_bytes()
+    result = runner.invoke(main, [*EXTRACT, "-o", "imgs/a.png", "--force", "imgs/a.png", "imgs/b.png"])
+    assert (result.exit_code, result.stderr) == (
+        2, "Error: output 'imgs/a.png' is the input 'imgs/a.png'. Hint: write the output somewhere else with -o\n")
+    assert images[0].read_bytes() == before
+    assert _files(tmp_path / "imgs") == ["a.png", "b.png", "c.png"]
+
+
+@pytest.mark.parametrize("link", [os.link, os.symlink], ids=["hard-link", "symlink"])
+def test_forced_output_that_is_a_link_to_an_input_is_refused(runner, images, tmp_path, monkeypatch, no_model, link):
+    monkeypatch.chdir(tmp_path)
+    link("imgs/b.png", "alias.png")
+    before = images[1].read_bytes()
+    result = runner.invoke(main, [*EXTRACT, "-o", "alias.png", "--force", "imgs/b.png"])
+    assert (result.exit_code, result.stderr) == (
+        2, "Error: output 'alias.png' is the input 'imgs/b.png'. Hint: write the output somewhere else with -o\n")
+    assert images[1].read_bytes() == before
+    assert (tmp_path / "alias.png").read_bytes() == before
+
+
+def test_broken_symbolic_link_as_output_is_refused_before_the_run(runner, images, tmp_path, monkeypatch, no_model):
+    monkeypatch.chdir(tmp_path)
+    os.symlink("nowhere.safetensors", "out.safetensors")
+    result = runner.invoke(main, [*EXTRACT, "-o", "out.safetensors", "imgs/a.png"])
+    assert (result.exit_code, result.stderr) == (
+        2, ("Error: output 'out.safetensors' is a broken symbolic link. Hint: remove it, add --force to replace the "
+            "link with the file, or choose another name\n"))
+    assert os.readlink("out.safetensors") == "nowhere.safetensors"
+    assert _files(tmp_path) == ["imgs", "out.safetensors"]
+
+
+def test_forced_broken_symbolic_link_is_replaced_by_the_file(runner, images, tmp_path, monkeypatch):
+    """Neighbouring behaviour (held before too): --force replaces the link itself and creates no link target."""
+    monkeypatch.chdir(tmp_path)
+    os.symlink("nowhere.safetensors", "out.safetensors")
+    result = runner.invoke(main, [*EXTRACT, "-o", "out.safetensors", "--force", "imgs/a.png"])
+    assert (result.exit_code, result.stdout, result.stderr) == (0, "out.safetensors\n", "")
+    assert not (tmp_path / "out.safetensors").is_symlink()
+    with hookcli.open_features("out.safetensors") as written:
+        assert (json.loads(written.metadata["inputs"]), written.shape("layer1")) == ([str(images[0])], [1, 64, 8, 8])
+    assert _files(tmp_path) == ["imgs", "out.safetensors"]
+
+
+def test_name_too_long_for_the_temporary_suffix_is_refused_before_the_run(runner, images, tmp_path, monkeypatch,
+                                                                          no_model):
+    monkeypatch.chdir(tmp_path)
+    limit = os.pathconf(tmp_path, "PC_NAME_MAX")  # 255 on common file systems
+    name = "a" * (limit - 25) + ".safetensors"  # fits a name, not with the 15 bytes a temporary name adds
+    result = runner.invoke(main, [*EXTRACT, "-o", name, "imgs/a.png"])
+    assert (result.exit_code, result.stderr) == (
+        2, (f"Error: the name '{'a' * 40}...' is too long ({limit - 13} bytes). Hint: file names here hold at most "
+            f"{limit - 15} bytes; choose a shorter one\n"))
+    assert _files(tmp_path) == ["imgs"]
+
+
+def test_unwritable_output_folder_is_refused_before_the_run(runner, images, tmp_path, monkeypatch, no_model):
+    # Tests run as root, where permissions do not stop writes: the folder is unwritable as os.access reports it.
+    folder = tmp_path / "locked"
+    folder.mkdir()
+    access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: str(path) != str(folder) and access(path, mode, **kw))
+    result = runner.invoke(main, [*EXTRACT, "-o", str(folder / "out.safetensors"), str(images[0])])
+    assert (result.exit_code, result.stderr) == (
+        2, f"Error: cannot write to folder '{folder}'. Hint: check its permissions, or choose another place with -o\n")
+    assert _files(folder) == []
+
+
+def test_grid_folder_that_is_a_file_is_refused_before_the_run(runner, images, tmp_path, monkeypatch, no_model):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "grids").write_bytes(b"not a folder")
+    result = runner.invoke(main, [*EXTRACT, "-o", "out.safetensors", "--grid", "grids", "imgs/a.png"])
+    assert (result.exit_code, result.stderr) == (
+        2, "Error: output 'grids' is a file, not a folder. Hint: give a folder name, or remove the file\n")
+    assert _files(tmp_path) == ["grids", "imgs"]
+    assert (tmp_path / "grids").read_bytes() == b"not a folder"
+
+
+def test_cam_folder_that_is_a_file_is_refused_before_the_run(runner, images, tmp_path, monkeypatch, no_model):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "cams").write_bytes(b"not a folder")
+    result = runner.invoke(main, [*CAM, "-o", "cams", "imgs/a.png"])
+    assert (result.exit_code, result.stderr) == (
+        2, "Error: output 'cams' is a file, not a folder. Hint: give a folder name, or remove the file\n")
+    assert (tmp_path / "cams").read_bytes() == b"not a folder"
+
+
+# -- 7: FIFOs --------------------------------------------------------------------------------------
+
+
+def test_fifo_named_as_an_input_is_refused_at_once(images, tmp_path):
+    os.mkfifo(tmp_path / "pipe.jpg")
+    done = _hookcli(*EXTRACT, "-o", "out.safetensors", "pipe.jpg", cwd=tmp_path)
+    assert (done.returncode, done.stderr, done.stdout) == (
+        2, ("Error: input 'pipe.jpg' is a FIFO (named pipe), not an image file. Hint: images are read from regular "
+            "files; '-' reads a list of paths from stdin\n"), "")
+    assert _files(tmp_path) == ["imgs", "pipe.jpg"]
+
+
+def test_fifo_in_a_folder_is_skipped_with_on_error_skip(images, tmp_path):
+    os.mkfifo(tmp_path / "imgs" / "x.jpg")
+    done = _hookcli(*EXTRACT, "-r", "--on-error", "skip", "-o", "out.safetensors", "imgs", cwd=tmp_path)
+    assert (done.returncode, done.stdout, done.stderr) == (
+        0, "out.safetensors\n",
+        "Skipped: 'imgs/x.jpg' is a FIFO (named pipe), not a regular file. Hint: inputs must be image files\n")
+    with hookcli.open_features(tmp_path / "out.safetensors") as written:
+        assert json.loads(written.metadata["inputs"]) == [str(p) for p in images]
+        assert [entry["input"] for entry in json.loads(written.metadata["skipped"])] == [str(tmp_path / "imgs/x.jpg")]
+        assert written.shape("layer1") == [3, 64, 8, 8]
+
+
+def test_fifo_in_a_folder_fails_the_run_by_default(runner, images, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    os.mkfifo(tmp_path / "imgs" / "x.jpg")
+    result = runner.invoke(main, [*EXTRACT, "-o", "out.safetensors", "imgs"])
+    assert (result.exit_code, result.stdout, result.stderr) == (
+        1, "", "Error: 'imgs/x.jpg' is a FIFO (named pipe), not a regular file. Hint: inputs must be image files\n")
+    assert _files(tmp_path) == ["imgs"]
+
+
+def test_fifo_config_preset_is_refused_without_blocking(images, tmp_path):
+    os.mkfifo(tmp_path / "preset.toml")
+    done = _hookcli(*EXTRACT, "--config", "preset.toml", "-o", "out.safetensors", "imgs/a.png", cwd=tmp_path)
+    assert (done.returncode, done.stdout, done.stderr) == (
+        2, "", ("Error: cannot read config 'preset.toml': 'preset.toml' is a FIFO (named pipe), not a regular "
+                "file. Hint: give a .toml file\n"))
+    assert _files(tmp_path) == ["imgs", "preset.toml"]
+
+
+# -- 8: temporary files left by a killed run -------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["out.safetensors", "run[1]*.safetensors"])
+def test_abandoned_temporary_files_go_and_locked_ones_stay(runner, images, tmp_path, monkeypatch, name):
+    monkeypatch.chdir(tmp_path)
+    abandoned, locked = tmp_path / f".{name}.abcd1234.part", tmp_path / f".{name}.wxyz5678.part"
+    other = tmp_path / ".other.safetensors.abcd1234.part"  # another output's: not this run's to remove
+    for path in (abandoned, locked, other):
+        path.write_bytes(b"half written")
+    with open(locked, "rb") as held:
+        # flock belongs to the open file description: the run's own open() of the file conflicts with it.
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+        result = runner.invoke(main, [*EXTRACT, "-o", name, "imgs/a.png"])
+    assert (result.exit_code, result.stdout, result.stderr) == (0, f"{name}\n", "")
+    assert _files(tmp_path) == sorted([".other.safetensors.abcd1234.part", locked.name, "imgs", name])
+    assert locked.read_bytes() == b"half written"
+
+
+@pytest.mark.parametrize("where", ["output", "grid", "cam", "input"])
+def test_names_beyond_the_file_systems_limit_are_usage_errors(runner, images, tmp_path, monkeypatch, no_model, where):
+    monkeypatch.chdir(tmp_path)
+    limit = os.pathconf(tmp_path, "PC_NAME_MAX")
+    long = "b" * (limit + 5)
+    args = {"output": [*EXTRACT, "-o", f"{long}.safetensors", "imgs/a.png"],
+            "grid": [*EXTRACT, "-o", "out.safetensors", "--grid", long, "imgs/a.png"],
+            "cam": [*CAM, "-o", long, "imgs/a.png"],
+            "input": [*EXTRACT, "-o", "out.safetensors", f"imgs/{long}.png"]}[where]
+    result = runner.invoke(main, args)
+    shown = f"{long}.safetensors" if where == "output" else long
+    expected = (f"Error: cannot read input 'imgs/{long}.png': File name too long. Hint: check the path\n"
+                if where == "input" else
+                f"Error: the name '{shown[:40]}...' is too long ({len(shown)} bytes). Hint: file names here hold at "
+                f"most {limit - (15 if where == 'output' else 0)} bytes; choose a shorter one\n")
+    assert (result.exit_code, result.stderr) == (2, expected)
+    assert _files(tmp_path) == ["imgs"]
