@@ -134,12 +134,31 @@ def _load_config(ctx: click.Context, param: click.Parameter, value) -> None:
         return
     from hookcli.config import read_config
 
-    allowed = {
-        max(p.opts, key=len).lstrip("-").replace("-", "_"): p.name
-        for p in ctx.command.params
-        if isinstance(p, click.Option) and p.name not in ("config", "help")
-    }
-    ctx.default_map = {**(ctx.default_map or {}), **read_config(value, allowed=allowed)}
+    params = {p.name: p for p in ctx.command.params if isinstance(p, click.Option) and p.name not in ("config", "help")}
+    allowed = {max(p.opts, key=len).lstrip("-").replace("-", "_"): name for name, p in params.items()}
+    options = read_config(value, allowed=allowed)
+    for name, given in options.items():
+        options[name] = _config_value(params[name], [given] if params[name].multiple and isinstance(given, str)
+                                      else given, ctx, value)
+    ctx.default_map = {**(ctx.default_map or {}), **options}
+
+
+def _config_value(param: click.Option, given, ctx: click.Context, config: str):
+    """A preset's value as the option would take it from the command line; anything else is the preset's error."""
+    from hookcli.errors import ConfigError
+
+    takes_list = param.multiple or isinstance(param.type, _Parsed)  # _Parsed: --mean [0.5, 0.5, 0.5]
+    wrong = ((isinstance(given, list) and not takes_list) or isinstance(given, dict)
+             or (isinstance(param.type, click.types.IntParamType) and isinstance(given, float)))
+    try:
+        if not wrong:
+            return param.type_cast_value(ctx, given)
+    except Exception as err:  # click's own BadParameter, or what a converter raises on an odd TOML type
+        reason = err.format_message() if isinstance(err, click.ClickException) else repr(given)
+        raise ConfigError(f"config '{config}' has a bad value for '{param.name}': {reason}",
+                          hint=f"give what --{param.name.replace('_', '-')} takes (see --help)") from None
+    raise ConfigError(f"config '{config}' has a bad value for '{param.name}': {given!r}",
+                      hint=f"give what --{param.name.replace('_', '-')} takes (see --help)")
 
 
 def _config_option(function):
@@ -254,7 +273,7 @@ class _Reporter:
         elif isinstance(event, Note):
             click.echo(f"Note: {printable(event.text)}", err=True)
         elif isinstance(event, Wrote) and self.echo_paths:
-            click.echo(str(event.path))
+            click.echo(printable(str(event.path)))
 
 
 def _run(ctx: click.Context, command: str, options: dict, *args) -> None:
@@ -450,6 +469,8 @@ def info(file, as_json, no_stats) -> None:
 
     with open_features(file) as features:
         described = describe_file(features, stats=not no_stats)
+        for text in getattr(features, "reading_notes", ()):
+            click.echo(f"Note: {printable(text)}", err=True)
     if as_json:
         click.echo(info_json(described))
         return

@@ -21,13 +21,18 @@ from hookcli.errors import first_line
 
 __all__ = ["Terminated", "notes_and_sigterm", "printable"]
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")  # and lone surrogates, which no terminal can print
 _NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
 def printable(text: str) -> str:
-    """``text`` with its control characters (C0, DEL, C1) escaped: one line that cannot drive the terminal."""
-    return _CONTROL.sub(lambda match: _NAMED_ESCAPES.get(match[0], f"\\x{ord(match[0]):02x}"), text)
+    """``text`` with its control characters (C0, DEL, C1) and lone surrogates escaped: one line that cannot drive
+    the terminal (or fail to encode)."""
+    return _CONTROL.sub(lambda match: _NAMED_ESCAPES.get(match[0], _escaped(ord(match[0]))), text)
+
+
+def _escaped(code: int) -> str:
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
 class Terminated(BaseException):

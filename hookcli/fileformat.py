@@ -211,6 +211,8 @@ def check_index_line(entry, number: int, header: Mapping) -> None:
     """
     if not isinstance(entry, dict):
         raise ValueError("it is not a JSON object")
+    if not all(_whole(entry.get(name), 0) for name in ("shard", "first", "count")):
+        raise ValueError("its shard, first and count are not whole numbers")
     if entry.get("shard") != number or entry.get("file") != SHARD_NAME.format(number):
         raise ValueError(f"it does not describe shard {number} ({SHARD_NAME.format(number)})")
     first = number * header["shard_size"]

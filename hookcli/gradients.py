@@ -163,6 +163,11 @@ class CamForward(GradientForward):
 
     def __call__(self, batch) -> tuple[dict, list]:
         captured, targets = super().__call__(batch)
+        if "act" not in captured:  # stored as act:0, act:1, …: the module ran more than once
+            calls = sum(1 for key in captured if key.startswith("act:") and "@" not in key)
+            raise UsageProblem(f"cam needs a layer that runs once per forward, and '{self.layer}' runs {calls} times",
+                               hint="choose the block around it (such as layer4.0) or another layer; 'hookcli layers' "
+                                    "shows each module's calls")
         activations = spatial_maps(captured["act"])
         maps = {}
         for k in range(self.target.count):

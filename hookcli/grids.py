@@ -206,7 +206,8 @@ def plan_grids(features, options: GridOptions, out_dir: str | os.PathLike | None
         if drawable[key][1]:
             notes.append(f"'{key}': {drawable[key][1]}")
     if not drawable:
-        raise UsageProblem(f"nothing to draw in '{features.name}': {'; '.join(refusals)}",
+        shown = "; ".join(refusals[:3]) + (f"; and {len(refusals) - 3} more tensors" if len(refusals) > 3 else "")
+        raise UsageProblem(f"nothing to draw in '{features.name}': {shown}",
                            hint="'hookcli info' shows the shapes; choose other tensors (-k) or channels")
     inputs = _inputs(features.metadata)
     rows = max(features.shape(k)[0] for k in drawable)
@@ -393,7 +394,7 @@ def _overlay_pixels(features, job: GridJob, maps: np.ndarray, options: GridOptio
     from hookcli.images import load_rgb, model_view
     from hookcli.preprocess import Preprocess
 
-    photo = load_rgb(job.source_image)
+    photo = load_rgb(job.source_image, max_side=2 * _OVERLAY_SIDE)
     try:
         preprocess = Preprocess.from_metadata(features.metadata.get("preprocess"))
     except ValueError as err:

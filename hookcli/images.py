@@ -14,6 +14,7 @@ in the order given, folder contents sorted by name.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from collections.abc import Iterable, Sequence
@@ -114,7 +115,7 @@ def _is_image_name(name: str) -> bool:
     return not name.startswith(".") and Path(name).suffix.lower() in IMAGE_SUFFIXES
 
 
-def load_rgb(path: str | os.PathLike, *, min_size: int | None = None) -> Image.Image:
+def load_rgb(path: str | os.PathLike, *, min_size: int | None = None, max_side: int | None = None) -> Image.Image:
     """Decode an image and return it as 8-bit RGB, upright.
 
     With ``min_size`` a JPEG is decoded at the smallest of libjpeg's scales
@@ -126,12 +127,26 @@ def load_rgb(path: str | os.PathLike, *, min_size: int | None = None) -> Image.I
     converted; transparency is composited onto white; 16-bit and 32-bit
     grayscale are scaled down to 8 bits rather than clipped. A truncated or
     undecodable file raises :class:`ImageError` naming the file.
+
+    With ``max_side`` (pictures drawn over a photo) a larger image is reduced
+    by a whole factor before it is converted, so a huge photo costs about its
+    decoded size once, not several full-size copies; one beyond Pillow's
+    decompression-bomb size (89 megapixels, after a JPEG's reduced decoding)
+    is refused rather than decoded.
     """
     try:
         with open_regular(path) as handle, Image.open(handle) as image:
             if min_size is not None and image.format == "JPEG":
                 image.draft(image.mode, (min_size, min_size))
+            elif max_side is not None and image.format == "JPEG":
+                image.draft(image.mode, (max_side, max_side))
+            if max_side is not None and image.width * image.height > Image.MAX_IMAGE_PIXELS:
+                raise ImageError(f"image '{path}' is too large to draw over ({image.width}x{image.height}, more than "
+                                 f"{Image.MAX_IMAGE_PIXELS // 1_000_000} megapixels)",
+                                 hint="draw without --overlay, or over a smaller copy of the image")
             image.load()
+            if max_side is not None and max(image.size) > max_side:
+                image = _reduced(image, math.ceil(max(image.size) / max_side))
             ImageOps.exif_transpose(image, in_place=True)
             return _to_rgb(image)
     except FileNotFoundError:
@@ -145,6 +160,22 @@ def load_rgb(path: str | os.PathLike, *, min_size: int | None = None) -> Image.I
         ) from None
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:
         raise ImageError(f"cannot decode image '{path}': {err}", hint="the file may be truncated or corrupt") from None
+
+
+def _reduced(image: Image.Image, factor: int) -> Image.Image:
+    """``image`` made ``factor`` times smaller (box filter), in whichever mode Pillow can reduce it."""
+    if image.mode.startswith("I;16"):  # Pillow cannot reduce it: average blocks of the raw values instead
+        import numpy as np
+
+        values = np.asarray(image)
+        height, width = (values.shape[0] // factor) * factor, (values.shape[1] // factor) * factor
+        if not height or not width:
+            return image
+        blocks = values[:height, :width].reshape(height // factor, factor, width // factor, factor)
+        return Image.fromarray(blocks.mean(axis=(1, 3), dtype=np.float32).astype(np.uint16))
+    if image.mode not in ("RGB", "RGBA", "L", "LA", "I", "F", "CMYK"):
+        image = image.convert("RGBA" if "transparency" in image.info else "RGB")
+    return image.reduce(factor)
 
 
 def _to_rgb(image: Image.Image) -> Image.Image:

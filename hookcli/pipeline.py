@@ -89,7 +89,7 @@ class RunSettings:
         check_choice("precision", self.precision, speed.PRECISIONS)
         check_choice("memory_format", self.memory_format, speed.MEMORY_FORMATS)
         check_whole("batch_size", self.batch_size, 1)
-        check_whole("workers", self.workers, 0, optional=True)
+        check_whole("workers", self.workers, 0, MAX_WORKERS, optional=True)
 
     @property
     def fusing(self) -> bool:
@@ -148,6 +148,10 @@ class _Images:
             return index, self.transform(self.load(self.paths[index], min_size=self.decode_size)), None
         except ImageError as err:
             return index, None, (err.message, err.hint)
+
+
+#: More decoding processes than this would only crowd the machine (each one holds a copy of the decoder's state).
+MAX_WORKERS = 128
 
 
 def default_workers(device, images: int, batch_size: int) -> int:

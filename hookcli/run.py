@@ -553,7 +553,7 @@ def draw_grids(features, options, output, *, force: bool = False,
 
     emit = progress or _ignore
     jobs = plan_grids(features, options, output, force=force)
-    for text in jobs.notes:
+    for text in (*getattr(features, "reading_notes", ()), *jobs.notes):
         emit(Note(text))
     emit(Started(total=len(jobs)))
     if output is None:

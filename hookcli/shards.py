@@ -131,7 +131,13 @@ def check_shard(shard: FeatureFile, entry: Mapping, like: FeatureFile | None = N
     """Raise :class:`FeatureFileError` unless ``shard`` holds the rows its index line lists, shaped as ``like``'s."""
     rows = len(entry["inputs"])
     problem = None
-    for key in shard.keys():
+    try:
+        listed = json.loads(shard.metadata.get("inputs", "[]"))
+    except (ValueError, RecursionError):
+        listed = None
+    if shard.metadata.get("shard") != str(entry["shard"]) or listed != entry["inputs"]:
+        problem = f"it is not shard {entry['shard']} of the inputs its index line lists (its own metadata disagrees)"
+    for key in shard.keys() if problem is None else ():
         if not shard.shape(key) or shard.shape(key)[0] != rows:
             problem = f"its tensor '{key}' has shape {shard.shape(key)} but the index lists {rows} rows"
             break
@@ -146,7 +152,7 @@ def check_shard(shard: FeatureFile, entry: Mapping, like: FeatureFile | None = N
 
 def _shard_is_sound(path: Path, entry: Mapping) -> bool:
     try:
-        with FeatureFile(path) as shard:
+        with FeatureFile(path, follow_links=False) as shard:
             check_shard(shard, entry)
     except FeatureFileError:
         return False
@@ -308,7 +314,14 @@ class ShardedFeatures:
         if header is None:
             raise FeatureFileError(f"no {INDEX_NAME} in folder '{source}'",
                                    hint="give a folder written by hookcli extract -o DIR/")
-        shards = finished_shards(self.folder, shards)
+        listed, shards = len(shards), finished_shards(self.folder, shards)
+        done = sum(entry["count"] for entry in shards)
+        #: What a reader should be told: a folder still (or no longer) missing shards.
+        self.reading_notes: tuple[str, ...] = () if done == header["inputs"] else (
+            f"'{source}' holds {done} of its {header['inputs']} inputs"
+            + (f" (shard {len(shards)} is missing, so the {listed - len(shards) - 1} listed after it are left out)"
+               if listed > len(shards) else "")
+            + "; run the same extract command again to complete it",)
         if not shards:
             raise FeatureFileError(f"'{source}' holds no finished shard yet",
                                    hint="run the extraction (again) to write some")
@@ -334,7 +347,7 @@ class ShardedFeatures:
             if self._open is not None:
                 self._open[1].close()
                 self._open = None
-            shard = FeatureFile(self.folder / self.shards[number]["file"])
+            shard = FeatureFile(self.folder / self.shards[number]["file"], follow_links=False)
             try:
                 check_shard(shard, self.shards[number], self._like)
             except BaseException:
@@ -421,6 +434,10 @@ def check_folder_target(folder: str | os.PathLike) -> None:
     if Path(folder).exists() and not Path(folder).is_dir():
         raise UsageProblem(f"output '{folder}' is a file, not a folder", hint="drop the trailing / to write one file")
     check_folder_output(folder)
+    lock = Path(folder) / LOCK_NAME
+    if lock.is_symlink() or (lock.exists() and not lock.is_file()):
+        raise UsageProblem(f"'{lock}' is not a lock file hookcli made (it is a folder or a link)",
+                           hint="remove it, then run again")
 
 
 #: The lock file that keeps a second writer out of a shard folder.
@@ -435,7 +452,11 @@ def _lock_folder(folder: Path, name: str) -> int:
     """
     path = folder / LOCK_NAME
     while True:
-        descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        try:
+            descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o666)
+        except OSError:
+            raise UsageProblem(f"'{path}' is not a lock file hookcli made (it is a folder or a link)",
+                               hint="remove it, then run again") from None
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -27,6 +27,7 @@ when asked for no output file.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import glob
 import json
@@ -53,15 +54,22 @@ class NotRegularFile(OSError):
     """A path names a FIFO, a device, a socket or a folder where a file's bytes were expected."""
 
 
-def open_regular(path: str | os.PathLike) -> BinaryIO:
+def open_regular(path: str | os.PathLike, *, follow_links: bool = True) -> BinaryIO:
     """Open ``path`` for reading in binary, refusing anything but a regular file.
 
     The file is opened without blocking and checked before any byte is read,
     so a FIFO (whose ``open`` would wait for a writer forever) or a device is
-    refused at once with :class:`NotRegularFile`; a missing path raises
-    ``FileNotFoundError`` as ``open`` does.
+    refused at once with :class:`NotRegularFile` (so is a symbolic link,
+    unless ``follow_links``); a missing path raises ``FileNotFoundError`` as
+    ``open`` does.
     """
-    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_links else os.O_NOFOLLOW)
+    try:
+        descriptor = os.open(path, flags)
+    except OSError as err:
+        if err.errno == errno.ELOOP and not follow_links:
+            raise NotRegularFile(f"'{path}' is a symbolic link, not a regular file") from None
+        raise
     try:
         mode = os.fstat(descriptor).st_mode
         if not stat.S_ISREG(mode):
@@ -252,9 +260,11 @@ def _checked_entry(key: str, info, what: str, data_start: int, size: int) -> tup
     if dtype not in _NUMPY_DTYPES:
         raise FeatureFileError(f"tensor '{key}' in {what} has unsupported dtype {dtype[:20]}",
                                hint=f"hookcli reads {', '.join(_NUMPY_DTYPES)}")
-    if len(shape) > _MAX_DIMS or not all(whole(n) for n in shape):
+    if len(shape) > _MAX_DIMS or not all(whole(n) for n in shape) or \
+            math.prod(n for n in shape if n) * _itemsize(dtype) > _MAX_DIM:  # numpy could not even shape it
         raise FeatureFileError(f"{what} is damaged: tensor '{key}' has an impossible shape {_short(shape)}",
-                               hint=f"dimensions are whole numbers from 0 to 2^62, at most {_MAX_DIMS} of them")
+                               hint=f"dimensions are whole numbers from 0 to 2^62, at most {_MAX_DIMS} of them, "
+                                    "whose non-zero product is under 2^62 bytes")
     if len(offsets) != 2 or not all(whole(n) for n in offsets) or offsets[0] > offsets[1]:
         raise FeatureFileError(f"{what} is damaged: tensor '{key}' has impossible data_offsets {_short(offsets)}",
                                hint=_DAMAGED)
@@ -279,10 +289,12 @@ class FeatureFile:
     """A safetensors file (or ``-``: stdin, spooled to a temporary file) opened for reading.
 
     Raises :class:`FeatureFileError` for an empty, truncated or non-safetensors
-    file. Use as a context manager, or call :meth:`close`.
+    file, or one that is not a regular file (with ``follow_links=False``, a
+    symbolic link too: shards are read so). Use as a context manager, or call
+    :meth:`close`.
     """
 
-    def __init__(self, source: str | os.PathLike) -> None:
+    def __init__(self, source: str | os.PathLike, *, follow_links: bool = True) -> None:
         self.name = "stdin" if str(source) == "-" else str(source)
         if str(source) == "-":
             self._handle = tempfile.TemporaryFile()
@@ -290,7 +302,7 @@ class FeatureFile:
             self._handle.flush()
         else:
             try:
-                self._handle = open_regular(source)
+                self._handle = open_regular(source, follow_links=follow_links)
             except FileNotFoundError:
                 raise FeatureFileError(f"no such file: '{source}'", hint="check the path") from None
             except NotRegularFile as err:

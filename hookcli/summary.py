@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 from hookcli.console import printable
 
@@ -144,11 +145,16 @@ def info_json(described: dict) -> str:
     return json.dumps(_strict(described), indent=2, allow_nan=False)
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def _strict(value):
+    if isinstance(value, str):
+        return _SURROGATE.sub(lambda match: f"\\u{ord(match[0]):04x}", value)  # shown as text, as in the table
     if isinstance(value, float) and not math.isfinite(value):
         return "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
     if isinstance(value, dict):
-        return {key: _strict(item) for key, item in value.items()}
+        return {_strict(key): _strict(item) for key, item in value.items()}
     if isinstance(value, list | tuple):
         return [_strict(item) for item in value]
     return value

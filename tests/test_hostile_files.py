@@ -9,6 +9,7 @@ import struct
 import subprocess
 import sys
 import textwrap
+import zlib
 
 import numpy as np
 import pytest
@@ -49,10 +50,14 @@ DAMAGED = "it was not written whole by a safetensors writer; write it again"
     ({"x": BOMB}, "tensor 'x' of shape [1000000000000000, 1, 1, 1] F32 needs 4000000000000000 bytes but its "
                   f"data_offsets span 12. Hint: {DAMAGED}"),
     ({"x": _entry("F32", [-1, 3], 0, 12)}, "tensor 'x' has an impossible shape [-1, 3]. Hint: dimensions are whole "
-                                           "numbers from 0 to 2^62, at most 32 of them"),
+                                           "numbers from 0 to 2^62, at most 32 of them, whose non-zero product is under 2^62 bytes"),
     ({"x": _entry("F32", [True, 3], 0, 12)}, "tensor 'x' has an impossible shape [true, 3]. Hint: dimensions are "
-                                             "whole numbers from 0 to 2^62, at most 32 of them"),
+                                             "whole numbers from 0 to 2^62, at most 32 of them, whose non-zero product is under 2^62 bytes"),
     ({"x": _entry("F32", [3], 12, 0)}, f"tensor 'x' has impossible data_offsets [12, 0]. Hint: {DAMAGED}"),
+    ({"x": _entry("F32", [0, 2**62, 2**62], 0, 0)}, "tensor 'x' has an impossible shape [0, 4611686018427387904, "
+                                                     "4611686018427387904]. Hint: dimensions are whole numbers from 0 "
+                                                     "to 2^62, at most 32 of them, whose non-zero product is under "
+                                                     "2^62 bytes"),
     ({"a": _entry("F32", [2], 0, 8), "b": _entry("F32", [2], 4, 12)},
      f"the data of tensors 'a' and 'b' overlap. Hint: {DAMAGED}"),
 ])
@@ -228,6 +233,18 @@ _MEASURE = textwrap.dedent("""
 """)
 
 
+def _png_of_zeros(path, width: int, height: int):
+    """A 16-bit grayscale PNG of zeros, compressed row by row: tiny on disk, large once decoded."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    packer, row = zlib.compressobj(9), bytes(1 + 2 * width)
+    pixels = b"".join(packer.compress(row) for _ in range(height)) + packer.flush()
+    header = struct.pack(">IIBBBBB", width, height, 16, 0, 0, 0, 0)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", pixels) + chunk(b"IEND", b""))
+    return path
+
+
 def _peak(*args) -> tuple[int, int, str]:
     done = subprocess.run([sys.executable, "-c", _MEASURE, *map(str, args)], capture_output=True, text=True,
                           timeout=300)
@@ -236,7 +253,9 @@ def _peak(*args) -> tuple[int, int, str]:
 
 
 def test_crafted_files_under_a_megabyte_cost_grid_and_info_under_a_gigabyte(tmp_path, photo):
+    huge = _png_of_zeros(tmp_path / "huge16.png", 9000, 9000)  # 157 KB on disk, 162 MB decoded
     files = {
+        "huge_png": tmp_path / "huge.safetensors",
         "bomb": _crafted(tmp_path / "bomb.safetensors", {"x": BOMB}, bytes(12)),
         "zero_rows": _crafted(tmp_path / "zero.safetensors", {"x": _entry("F32", [10**15, 0], 0, 0)}),
         "wide": tmp_path / "wide.safetensors",
@@ -245,18 +264,22 @@ def test_crafted_files_under_a_megabyte_cost_grid_and_info_under_a_gigabyte(tmp_
     save_file({"x": np.ones((1, 250_000, 1, 1), dtype=np.float32)}, str(files["wide"]))
     save_file({"x": np.ones((1, 1, 2, 2), dtype=np.float32)}, str(files["resize"]),
               metadata={"inputs": json.dumps([str(photo)]), "preprocess": json.dumps({"resize": 8192, "crop": 8192})})
-    assert all(path.stat().st_size < 1 << 20 for path in files.values())
+    save_file({"x": np.ones((1, 1, 2, 2), dtype=np.float32)}, str(files["huge_png"]),
+              metadata={"inputs": json.dumps([str(huge)])})
+    assert all(path.stat().st_size < 1 << 20 for path in [huge, *files.values()])
     results = {}
     for name, path in files.items():
         for command in ("info", "grid"):
-            extra = ["-o", str(tmp_path / f"g-{name}")] + (["--overlay"] if name == "resize" else [])
+            extra = ["-o", str(tmp_path / f"g-{name}")] + (["--overlay"] if name in ("resize", "huge_png") else [])
             results[name, command] = _peak(command, path, *(extra if command == "grid" else []))
     for (name, command), (code, peak, stderr) in results.items():
         assert peak < 1 << 30, (name, command, peak, stderr)
     assert {key: code for key, (code, _, _) in results.items()} == {
         ("bomb", "info"): 2, ("bomb", "grid"): 2, ("zero_rows", "info"): 0, ("zero_rows", "grid"): 2,
         ("wide", "info"): 0, ("wide", "grid"): 0, ("resize", "info"): 0, ("resize", "grid"): 0,
+        ("huge_png", "info"): 0, ("huge_png", "grid"): 0,
     }
+    assert Image.open(tmp_path / "g-huge_png" / "x__00000_huge16.overlay.png").size[0] == 2048
     assert Image.open(tmp_path / "g-resize" / "x__00000_grace_hopper.overlay.png").size[0] == 2048
 
 
@@ -281,3 +304,24 @@ def test_deeply_nested_metadata_is_shown_as_the_text_it_is(runner, tmp_path):
     assert json.loads(result.stdout)["metadata"]["deep"] == deep
     assert json.loads(result.stdout)["metadata"]["shallow"] == [[1]]
     assert runner.invoke(main, ["grid", str(path), "-o", str(tmp_path / "g")]).exit_code == 0
+
+
+def test_lone_surrogates_in_names_are_escaped_in_text_and_json(runner, tmp_path):
+    header = b'{"bad\\ud800key": {"dtype": "F32", "shape": [1, 2], "data_offsets": [0, 8]}}'
+    path = tmp_path / "f.safetensors"
+    path.write_bytes(struct.pack("<Q", len(header)) + header + bytes(8))
+    result = runner.invoke(main, ["info", str(path), "--no-stats"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines()[2] == "bad\\ud800key  F32    [1,2]   8 B"
+    result = runner.invoke(main, ["info", str(path), "--json", "--no-stats"])
+    assert json.loads(result.stdout)["tensors"][0]["key"] == "bad\\ud800key"
+    result.stdout.encode("utf-8")  # no lone surrogate left to fail a strict reader
+
+
+def test_the_nothing_to_draw_error_stays_short_however_many_tensors(runner, tmp_path):
+    path = tmp_path / "f.safetensors"
+    save_file({f"k{i:04d}": np.ones((0, 2), dtype=np.float32) for i in range(1000)}, str(path))
+    message = _one_error(runner.invoke(main, ["grid", str(path), "-o", str(tmp_path / "g")]))
+    assert message == (f"Error: nothing to draw in '{path}': 'k0000' (shape [0, 2]): it has no rows; 'k0001' (shape "
+                       "[0, 2]): it has no rows; 'k0002' (shape [0, 2]): it has no rows; and 997 more tensors. Hint: "
+                       "'hookcli info' shows the shapes; choose other tensors (-k) or channels")

@@ -117,8 +117,8 @@ def test_a_damaged_shard_is_redone_on_resume_and_reported_by_readers(runner, tmp
     result = runner.invoke(main, ["info", str(folder)])
     if problem is None:
         assert _one_error(result) == (
-            f"Error: shard '{shard}' does not match its index line: its tensor 'fc' has shape [1, 1000] but the index "
-            "lists 2 rows. Hint: run the same extract command again to write it again")
+            f"Error: shard '{shard}' does not match its index line: it is not shard 1 of the inputs its index line "
+            "lists (its own metadata disagrees). Hint: run the same extract command again to write it again")
     else:
         assert _one_error(result) == (f"Error: '{shard}' {problem}. Hint: "
                                       + ("it holds no safetensors data" if damage == "empty"
@@ -195,3 +195,55 @@ def test_a_fifo_among_the_shards_is_refused_without_blocking(tmp_path, inputs):
                           timeout=60)
     assert (done.returncode, done.stderr) == (2, f"Error: '{shard}' is a FIFO (named pipe), not a regular file. "
                                                  "Hint: give a .safetensors file\n")
+
+
+def test_a_shard_that_is_a_link_out_of_the_folder_is_refused(runner, tmp_path, inputs):
+    folder = tmp_path / "feats"
+    assert _extract(runner, folder, inputs).exit_code == 0
+    shard = folder / "features-00001.safetensors"
+    shard.rename(tmp_path / "outside.safetensors")
+    shard.symlink_to(tmp_path / "outside.safetensors")
+    assert _one_error(runner.invoke(main, ["info", str(folder)])) == (
+        f"Error: '{shard}' is a symbolic link, not a regular file. Hint: give a .safetensors file")
+    assert _extract(runner, folder, inputs).exit_code == 0  # resume writes the shard again, in the folder
+    assert not shard.is_symlink() and (tmp_path / "outside.safetensors").exists()
+
+
+@pytest.mark.parametrize("kind", ["folder", "link"])
+def test_a_lock_path_hookcli_did_not_make_is_refused_before_the_run(runner, tmp_path, inputs, monkeypatch, kind):
+    folder = tmp_path / "feats"
+    folder.mkdir()
+    if kind == "folder":
+        (folder / LOCK_NAME).mkdir()
+    else:
+        (folder / LOCK_NAME).symlink_to(tmp_path / "elsewhere")
+    monkeypatch.setattr("hookcli.models.load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    assert _one_error(_extract(runner, folder, inputs)) == (
+        f"Error: '{folder / LOCK_NAME}' is not a lock file hookcli made (it is a folder or a link). Hint: remove it, "
+        "then run again")
+    assert not (tmp_path / "elsewhere").exists()
+
+
+def test_readers_say_when_a_folder_is_incomplete(runner, tmp_path, inputs):
+    folder = tmp_path / "feats"
+    assert _extract(runner, folder, inputs).exit_code == 0
+    (folder / "features-00001.safetensors").unlink()
+    result = runner.invoke(main, ["grid", str(folder), "-o", str(tmp_path / "g")])
+    assert result.exit_code == 0, result.output
+    note = (f"Note: '{folder}' holds 2 of its 5 inputs (shard 1 is missing, so the 1 listed after it are left out); "
+            "run the same extract command again to complete it\n")
+    assert result.stderr == note and len(result.stdout.split()) == 2
+    result = runner.invoke(main, ["info", str(folder), "--no-stats"])
+    assert result.exit_code == 0 and result.stderr == note
+
+
+def test_index_numbers_must_be_whole_numbers_not_booleans_or_floats(runner, tmp_path, inputs):
+    folder = tmp_path / "feats"
+    assert _extract(runner, folder, inputs).exit_code == 0
+    lines = (folder / INDEX_NAME).read_text().splitlines(keepends=True)
+    entry = json.loads(lines[1])
+    entry["first"] = False
+    (folder / INDEX_NAME).write_text(lines[0] + json.dumps(entry) + "\n" + "".join(lines[2:]))
+    assert _one_error(runner.invoke(main, ["info", str(folder)])) == (
+        f"Error: index '{folder / INDEX_NAME}' is damaged: line 2 is wrong: its shard, first and count are not whole "
+        "numbers. Hint: run the same extraction again with --force to start over")

@@ -49,8 +49,8 @@ def _hookcli(*args, cwd, seconds=60) -> subprocess.CompletedProcess:
     ("--std", "1,0,1", f"std must be finite numbers above 0, not 1.0, 0.0, 1.0. {NORMALISATION_HINT}"),
     ("--std", "inf", f"std must be finite numbers above 0, not inf, inf, inf. {NORMALISATION_HINT}"),
     ("--mean", "nan", f"mean must be finite numbers, not nan, nan, nan. {NORMALISATION_HINT}"),
-    ("--resize", "9000", "resize must be at most 8192, not 9000"),
-    ("--crop", "8193", "crop must be at most 8192, not 8193"),
+    ("--resize", "9000", "resize must be at most 8192, not 9000. Hint: see --help for the values each option takes"),
+    ("--crop", "8193", "crop must be at most 8192, not 8193. Hint: see --help for the values each option takes"),
 ])
 def test_normalisation_and_sizes_out_of_bounds_are_refused_before_the_model_loads(
         runner, images, tmp_path, monkeypatch, no_model, option, value, message):
@@ -61,8 +61,8 @@ def test_normalisation_and_sizes_out_of_bounds_are_refused_before_the_model_load
 
 
 @pytest.mark.parametrize(("crop", "message"), [
-    (0, "crop must be a whole number of at least 1, not 0"),  # neighbouring: the lower bound held before too
-    (9000, "crop must be at most 8192, not 9000"),
+    (0, "crop must be a whole number of at least 1, not 0. Hint: see --help for the values each option takes"),  # neighbouring: the lower bound held before too
+    (9000, "crop must be at most 8192, not 9000. Hint: see --help for the values each option takes"),
 ])
 def test_python_api_refuses_a_crop_out_of_bounds_as_a_usage_error(images, no_model, crop, message):
     with pytest.raises(hookcli.HookcliError) as raised:
@@ -240,3 +240,47 @@ def test_names_beyond_the_file_systems_limit_are_usage_errors(runner, images, tm
                 f"most {limit - (15 if where == 'output' else 0)} bytes; choose a shorter one\n")
     assert (result.exit_code, result.stderr) == (2, expected)
     assert _files(tmp_path) == ["imgs"]
+
+
+@pytest.mark.parametrize(("line", "shown"), [
+    ("batch_size = {x = 1}", "{'x': 1}"),
+    ("batch_size = 1.5", "1.5"),
+    ("force = 1.5", "1.5"),
+    ("resize = inf", "inf"),
+    ('output = ["a", "b"]', "['a', 'b']"),
+])
+def test_preset_values_of_the_wrong_kind_are_the_presets_usage_error(runner, images, tmp_path, monkeypatch, no_model,
+                                                                      line, shown):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "p.toml").write_text(f'model = "resnet18"\nlayer = ["layer1"]\n{line}\n')
+    name = line.split(" =")[0]
+    result = runner.invoke(main, ["extract", "-w", "none", "-c", "p.toml", "imgs/a.png"])
+    assert (result.exit_code, result.stderr) == (
+        2, f"Error: config 'p.toml' has a bad value for '{name}': {shown}. Hint: give what "
+           f"--{name.replace('_', '-')} takes (see --help)\n")
+    assert _files(tmp_path) == ["imgs", "p.toml"]
+
+
+def test_a_preset_may_give_one_layer_as_a_string(runner, images, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "p.toml").write_text('model = "resnet18"\nlayer = "layer1"\nresize = 32\ncrop = 32\n')
+    result = runner.invoke(main, ["extract", "-w", "none", "-c", "p.toml", "-o", "out.safetensors", "imgs/a.png"])
+    assert result.exit_code == 0, result.output
+    with hookcli.open_features("out.safetensors") as written:
+        assert written.keys() == ["layer1"]
+
+
+def test_more_decoding_workers_than_the_limit_are_refused(runner, images, tmp_path, monkeypatch, no_model):
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(main, [*EXTRACT, "-j", "1000", "-o", "out.safetensors", "imgs/a.png"])
+    assert (result.exit_code, result.stderr) == (
+        2, "Error: workers must be at most 128, not 1000. Hint: see --help for the values each option takes\n")
+
+
+def test_cam_on_a_module_that_runs_twice_per_forward_says_so(runner, images, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(main, [*CAM[:-2], "--layer", "layer4.0.relu", "-o", "cams", "imgs/a.png"])
+    assert (result.exit_code, result.stderr) == (
+        2, "Error: cam needs a layer that runs once per forward, and 'layer4.0.relu' runs 2 times. Hint: choose the "
+           "block around it (such as layer4.0) or another layer; 'hookcli layers' shows each module's calls\n")
+    assert not (tmp_path / "cams").exists() or not any((tmp_path / "cams").iterdir())
