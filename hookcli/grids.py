@@ -122,13 +122,17 @@ class GridOptions:
 
 @dataclass(frozen=True)
 class GridJob:
-    """One PNG to draw: tensor ``key``, row ``row`` (input ``name``), written to ``path``."""
+    """One PNG to draw: tensor ``key``, row ``row`` (input ``name``), written to ``path``.
+
+    ``limit``: how many of the selected maps the picture holds (None: all).
+    """
 
     key: str
     row: int
     name: str
     path: Path
     source_image: str | None = field(default=None, repr=False)
+    limit: int | None = None
 
 
 @dataclass(frozen=True)
@@ -169,11 +173,8 @@ class GridPlan(Sequence):
         name = self._names(row)
         stem = _capped(safe_name(Path(name).stem or f"row{row:05d}"), _INPUT_STEM)
         path = self._out_dir / f"{plan.stem}__{row:05d}_{stem}{self._suffix}"
-        return GridJob(plan.key, row, Path(name).name, path, self._inputs[row] if self._inputs is not None else None)
-
-    def limit(self, key: str) -> int | None:
-        """How many of the selected maps of ``key`` one picture holds (None: all)."""
-        return next(plan.limit for plan in self._keys if plan.key == key)
+        return GridJob(plan.key, row, Path(name).name, path, self._inputs[row] if self._inputs is not None else None,
+                       plan.limit)
 
 
 #: Longest parts of a PNG's name: with the row number, suffix and a temporary name's extras, well under 255 bytes.
@@ -347,16 +348,16 @@ def _select_rows(wanted: Sequence[str], names: Sequence[str] | None, rows: int) 
     return chosen
 
 
-def render_job(features, job: GridJob, options: GridOptions, *, limit: int | None = None) -> np.ndarray:
-    """Pixels for one job, drawing at most ``limit`` of the selected maps (see :meth:`GridPlan.limit`).
+def render_job(features, job: GridJob, options: GridOptions) -> np.ndarray:
+    """Pixels for one job, drawing at most ``job.limit`` of the selected maps.
 
     Raises :class:`~hookcli.render.NotDrawable` for shapes without a picture.
     """
     shape = features.shape(job.key)[1:]
     count = map_layout(shape)[0]
     selected = range(count)[options.channels] if options.channels is not None else range(count)
-    if limit is not None and options.top is None:
-        selected = selected[:limit]
+    if job.limit is not None and options.top is None:
+        selected = selected[:job.limit]
     # Channel maps of [C, H, W] rows are read a range at a time; other layouts are sliced after reading.
     direct = len(shape) == 3 and options.top is None and selected != range(count)
     part = slice(selected.start, selected.stop, selected.step) if direct else None
@@ -372,7 +373,7 @@ def render_job(features, job: GridJob, options: GridOptions, *, limit: int | Non
         picked += f" every {selected.step}"
     if options.top is not None:
         means = np.nanmean(np.where(np.isfinite(maps), maps, np.nan).reshape(len(maps), -1), axis=1)
-        top = min(options.top, limit) if limit is not None else options.top
+        top = min(options.top, job.limit) if job.limit is not None else options.top
         order = np.argsort(-np.nan_to_num(means, nan=-np.inf), kind="stable")[:top]
         maps = maps[order]
         picked = f"top {len(maps)} by mean"
@@ -452,7 +453,7 @@ def _rendered(features, jobs: GridPlan, options: GridOptions, on_skip):
         if job.key in undrawable:
             continue
         try:
-            pixels = render_job(features, job, options, limit=jobs.limit(job.key))
+            pixels = render_job(features, job, options)
         except NotDrawable as reason:
             undrawable.add(job.key)
             if on_skip is not None:

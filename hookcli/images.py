@@ -24,7 +24,7 @@ from typing import TextIO
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from hookcli.errors import ImageError, InputError
-from hookcli.store import NotRegularFile, open_regular
+from hookcli.store import NotRegularFile, file_kind, open_regular
 
 __all__ = ["IMAGE_SUFFIXES", "gather_inputs", "load_rgb", "model_view"]
 
@@ -93,9 +93,7 @@ def _expand(argument: str, recursive: bool) -> list[Path]:
     if not path.exists():
         raise InputError(f"no such file or folder: '{argument}'", hint="check the path")
     if not path.is_file():
-        kind = "a FIFO (named pipe)" if path.is_fifo() else "a device" if path.is_char_device() or \
-            path.is_block_device() else "a socket" if path.is_socket() else "not a regular file"
-        raise InputError(f"input '{argument}' is {kind}, not an image file",
+        raise InputError(f"input '{argument}' is {file_kind(path.stat().st_mode)}, not an image file",
                          hint="images are read from regular files; '-' reads a list of paths from stdin")
     return [path]
 

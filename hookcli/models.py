@@ -46,6 +46,7 @@ from urllib.parse import urlparse
 
 from hookcli.errors import UnknownModelError, WeightsError, first_line
 from hookcli.preprocess import Preprocess
+from hookcli.store import file_kind
 
 __all__ = [
     "LoadedModel", "describe_models", "list_models", "load_model", "looks_like_weights_path", "num_classes",
@@ -58,8 +59,6 @@ _PREFIXES = ("module.", "_orig_mod.", "model.")
 _WEIGHTS_FILE_HINT = (
     "give a complete file written by torch.save(model.state_dict(), path) or safetensors.torch.save_file"
 )
-_NOT_REGULAR_FILES = {stat.S_IFDIR: "a folder", stat.S_IFIFO: "a named pipe", stat.S_IFCHR: "a device",
-                      stat.S_IFBLK: "a device", stat.S_IFSOCK: "a socket"}
 
 
 @dataclass
@@ -272,8 +271,7 @@ def _check_weights_file(path: Path) -> None:
             f"weights file not found: '{path}'", hint="check the path, or use --weights DEFAULT|none"
         ) from None
     if not stat.S_ISREG(status.st_mode):
-        kind = _NOT_REGULAR_FILES.get(stat.S_IFMT(status.st_mode), "a special file")
-        raise WeightsError(f"weights path '{path}' is not a regular file but {kind}",
+        raise WeightsError(f"weights path '{path}' is not a regular file but {file_kind(status.st_mode)}",
                            hint="give the path of the .pth/.pt/.safetensors file itself")
     if status.st_size == 0:
         raise WeightsError(f"weights file '{path}' is empty", hint=_WEIGHTS_FILE_HINT)

@@ -45,13 +45,20 @@ from typing import BinaryIO
 from hookcli.errors import FeatureFileError, OutputExistsError, UsageProblem
 
 __all__ = [
-    "FeatureFile", "Features", "NotRegularFile", "atomic_path", "check_folder_output", "check_writable", "format_bytes", "open_regular",
+    "FeatureFile", "Features", "NotRegularFile", "atomic_path", "check_folder_output", "check_writable", "file_kind", "format_bytes", "open_regular",
     "refuse_existing", "write_safetensors",
 ]
 
 
 class NotRegularFile(OSError):
     """A path names a FIFO, a device, a socket or a folder where a file's bytes were expected."""
+
+
+def file_kind(mode: int) -> str:
+    """What a file of ``st_mode`` ``mode`` is, for messages: ``a FIFO (named pipe)``, ``a folder``, ``a device``…"""
+    kinds = {stat.S_IFREG: "a regular file", stat.S_IFDIR: "a folder", stat.S_IFIFO: "a FIFO (named pipe)",
+             stat.S_IFCHR: "a device", stat.S_IFBLK: "a device", stat.S_IFSOCK: "a socket", stat.S_IFLNK: "a link"}
+    return kinds.get(stat.S_IFMT(mode), "a special file")
 
 
 def open_regular(path: str | os.PathLike, *, follow_links: bool = True) -> BinaryIO:
@@ -73,10 +80,7 @@ def open_regular(path: str | os.PathLike, *, follow_links: bool = True) -> Binar
     try:
         mode = os.fstat(descriptor).st_mode
         if not stat.S_ISREG(mode):
-            kind = ("a folder" if stat.S_ISDIR(mode) else "a FIFO (named pipe)" if stat.S_ISFIFO(mode)
-                    else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
-                    else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
-            raise NotRegularFile(f"'{path}' is {kind}, not a regular file")
+            raise NotRegularFile(f"'{path}' is {file_kind(mode)}, not a regular file")
         os.set_blocking(descriptor, True)
         return os.fdopen(descriptor, "rb")
     except BaseException:

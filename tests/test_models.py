@@ -228,9 +228,9 @@ def _load_in_a_thread(spec: str, seconds: float = 30) -> BaseException | None:
     return raised[0] if raised else None
 
 
-@pytest.mark.parametrize("kind", ["a named pipe", "a folder", "a device"])
+@pytest.mark.parametrize("kind", ["a FIFO (named pipe)", "a folder", "a device"])
 def test_a_path_that_is_no_regular_file_is_refused_without_opening_it(tmp_path, kind):
-    if kind == "a named pipe":
+    if kind == "a FIFO (named pipe)":
         path = tmp_path / "pipe.pth"
         os.mkfifo(path)  # opening it for reading would wait for a writer forever
     elif kind == "a folder":
