@@ -30,7 +30,7 @@ def _hookcli_png(maps: np.ndarray, folder: Path) -> None:
     from hookcli.store import Features
 
     features = Features({"features": maps[None]}, {"inputs": '["image.jpg"]'})
-    options = GridOptions()
+    options = GridOptions(channels=":")  # every channel, numbered, with caption and colour bar
     write_grids(features, plan_grids(features, options, folder, force=True), options, force=True)
 
 

@@ -496,6 +496,8 @@ def info(file, as_json, no_stats) -> None:
 @click.option("--min-tile", type=click.IntRange(min=1), default=32, show_default=True,
               help="Enlarge small maps (nearest neighbour) to at least this many pixels.")
 @click.option("--title/--no-title", default=True, show_default=True, help="Caption strip with key, input and shape.")
+@click.option("--plain", is_flag=True, help="Just the tiles: no caption, channel numbers or colour bar, and no "
+              "enlargement past --min-tile (for pictures to process further).")
 @click.option("--overlay", is_flag=True,
               help="Blend the mean activation (or --channels K) over the input image instead of tiling.")
 @click.option("--alpha", type=click.FloatRange(0, 1), default=0.5, show_default=True, help="Overlay opacity.")

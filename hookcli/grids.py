@@ -9,7 +9,7 @@ draws) and writes each PNG atomically.
 
 >>> from hookcli.store import Features
 >>> features = Features({"x": np.ones((1, 4, 3, 3), dtype="float32")}, {"inputs": '["/photos/cat.jpg"]'})
->>> options = GridOptions(channels="0:2", title=False)
+>>> options = GridOptions(channels="0:2", plain=True)
 >>> jobs = plan_grids(features, options, "grids")
 >>> [str(job.path) for job in jobs]
 ['grids/x__00000_cat.png']
@@ -33,31 +33,43 @@ from pathlib import Path
 import numpy as np
 
 from hookcli.errors import FeatureFileError, UsageProblem, check_choice, check_whole
+from hookcli.preprocess import Preprocess
 from hookcli.render import (
     MAX_PIXELS,
+    STRIPS,
     NotDrawable,
+    add_colorbar,
     add_title,
     as_maps,
     check_cmap,
     map_layout,
+    number,
     overlay,
     scale_maps,
+    strip,
+    tile_layout,
     tile_maps,
     tiles_that_fit,
+    value_range,
 )
 from hookcli.selectors import glob_to_regex
 from hookcli.store import check_folder_output, refuse_existing
 
 __all__ = [
     "SCALES", "GridJob", "GridOptions", "GridPlan", "default_grid_folder", "parse_channels", "plan_grids",
-    "render_all", "render_job", "safe_name", "write_grids",
+    "DEFAULT_MAPS", "Picture", "heat_picture", "model_photo", "render_all", "render_job", "render_picture",
+    "safe_name", "write_grids",
 ]
 
 SCALES = ("channel", "grid")
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._@#+=-]+")
 _LAYOUTS = {"tokens": "tokens as a square", "tokens+cls": "tokens as a square, class token left out",
-            "matrix": "tokens x dims", "vector": "vector"}
+            "matrix": "tokens x dims"}
+#: Channels drawn when neither --channels nor --top is given: a wide layer's first 64, with a note on the rest.
+DEFAULT_MAPS = 64
+#: Tiled pictures are enlarged to at least this width, so one channel or a few are not a thumbnail.
+_MIN_WIDTH = 384
 
 
 def parse_channels(value) -> slice | None:
@@ -87,7 +99,9 @@ class GridOptions:
     """How to draw: which tensors and images, which channels, and the look of the grid.
 
     ``keys`` and ``images`` take one value or a list; ``channels`` a slice,
-    ``"A:B"`` or one channel. Values are checked here, with the library's errors.
+    ``"A:B"`` or one channel. ``plain`` draws just the tiles: no caption,
+    channel numbers or colour bar, and no enlargement past ``min_tile``.
+    Values are checked here, with the library's errors.
     """
 
     keys: Sequence[str] = ()
@@ -100,6 +114,7 @@ class GridOptions:
     scale: str = "channel"
     min_tile: int = 32
     title: bool = True
+    plain: bool = False
     overlay: bool = False
     alpha: float = 0.5
     overlay_cmap: str = "inferno"
@@ -234,32 +249,42 @@ def plan_grids(features, options: GridOptions, out_dir: str | os.PathLike | None
 
 
 def _maps_limit(shape: Sequence[int], options: GridOptions) -> tuple[int | None, str | None]:
-    """``(how many selected maps one picture holds or None for all, a note when not all)``; NotDrawable if none."""
+    """``(how many selected maps one picture holds or None for all, a note when not all)``; NotDrawable if none.
+
+    Without ``--channels`` or ``--top``, a layer of more than
+    :data:`DEFAULT_MAPS` channels is drawn by its first :data:`DEFAULT_MAPS`,
+    and the note says how to draw the others.
+    """
     if not shape:
         raise NotDrawable("a 0-dimensional tensor has no rows")
     if shape[0] == 0:
         raise NotDrawable("it has no rows")
-    count, height, width, _ = map_layout(shape[1:])
+    count, height, width, layout = map_layout(shape[1:])
     selected = range(count)[options.channels] if options.channels is not None else range(count)
+    kind = "value" if layout in STRIPS else "channel"
     if not selected:
-        described = f"{count} channel{'s' if count != 1 else ''} (0-{count - 1})" if count > 1 else "one channel (0)"
+        described = f"{count} {kind}s (0-{count - 1})" if count > 1 else f"one {kind} (0)"
         raise NotDrawable(f"--channels {_text(options.channels)} selects none of its {described}")
     if options.overlay:
         return None, None
     wanted = min(len(selected), options.top) if options.top is not None else len(selected)
-    fits = tiles_that_fit(height, width, padding=options.padding)
+    fits = tiles_that_fit(height, width, padding=options.padding, layout=layout)
     if fits == 0:
         raise NotDrawable(f"one {height}x{width} map is larger than a picture may be ({MAX_PIXELS:,} pixels)")
+    if options.channels is None and options.top is None and layout not in STRIPS and count > DEFAULT_MAPS:
+        return DEFAULT_MAPS, (f"drew channels 0-{DEFAULT_MAPS - 1} of {count}; --channels {DEFAULT_MAPS}:"
+                              f"{2 * DEFAULT_MAPS} draws the next {DEFAULT_MAPS}, --top {DEFAULT_MAPS} the most "
+                              f"active, --channels : all of them" + (f" ({fits} a picture)" if fits < count else ""))
     if wanted <= fits:
         return None, None
+    what = "values" if layout in STRIPS else f"tiles of {height}x{width}"
     if options.top is not None:
-        return fits, (f"drew the top {fits} of the {wanted} asked for: a picture holds at most {fits} tiles of "
-                      f"{height}x{width}")
+        return fits, f"drew the top {fits} of the {wanted} asked for: a picture holds at most {fits} {what}"
     first, last = selected[0], selected[fits - 1]
     following = f"{selected[fits]}:{selected[fits] + fits * selected.step}" if selected.step == 1 else \
         f"{selected[fits]}:"
-    return fits, (f"drew channels {first}-{last} of {count}: a picture holds at most {fits} tiles of "
-                  f"{height}x{width}; --channels {following} draws the next")
+    return fits, (f"drew {kind}s {first}-{last} of {count}: a picture holds at most {fits} {what}; "
+                  f"--channels {following} draws the next")
 
 
 def _text(channels: slice) -> str:
@@ -348,84 +373,164 @@ def _select_rows(wanted: Sequence[str], names: Sequence[str] | None, rows: int) 
     return chosen
 
 
-def render_job(features, job: GridJob, options: GridOptions) -> np.ndarray:
-    """Pixels for one job, drawing at most ``job.limit`` of the selected maps.
+@dataclass(frozen=True)
+class Picture:
+    """A drawn picture: ``pixels`` (``uint8 [H, W, 3]``) and ``notes`` on what it shows (an all-zero map, say)."""
 
-    Raises :class:`~hookcli.render.NotDrawable` for shapes without a picture.
+    pixels: np.ndarray
+    notes: tuple[str, ...] = ()
+
+
+def render_job(features, job: GridJob, options: GridOptions, values: np.ndarray | None = None) -> np.ndarray:
+    """Pixels for one job (:func:`render_picture` without its notes)."""
+    return render_picture(features, job, options, values).pixels
+
+
+def render_picture(features, job: GridJob, options: GridOptions, values: np.ndarray | None = None) -> Picture:
+    """Draw one job, at most ``job.limit`` of the selected maps, with labels, a colour bar and a caption.
+
+    ``values``: the job's whole row when the caller has already read it
+    (otherwise only the channels drawn are read). Raises
+    :class:`~hookcli.render.NotDrawable` for shapes without a picture.
     """
     shape = features.shape(job.key)[1:]
-    count = map_layout(shape)[0]
+    count, _, _, layout = map_layout(shape)
     selected = range(count)[options.channels] if options.channels is not None else range(count)
     if job.limit is not None and options.top is None:
         selected = selected[:job.limit]
     # Channel maps of [C, H, W] rows are read a range at a time; other layouts are sliced after reading.
-    direct = len(shape) == 3 and options.top is None and selected != range(count)
+    direct = values is None and len(shape) == 3 and options.top is None and selected != range(count)
     part = slice(selected.start, selected.stop, selected.step) if direct else None
-    values = features.read(job.key, job.row, part)
-    maps, layout = as_maps(values)
+    if values is None:
+        values = features.read(job.key, job.row, part)
+    maps, layout = as_maps(values.reshape(len(selected), *shape[1:]) if direct else values)
     if not direct and selected != range(count):
         maps = maps[selected.start:selected.stop:selected.step]
     if len(maps) == 0:
         raise NotDrawable("no channels in the selected range")
-    first = selected[0]
-    picked = f"channels {first}-{selected[-1]}" if len(maps) > 1 else f"channel {first}"
+    kind = "value" if layout in STRIPS else "channel"
+    labels = list(selected)
+    picked = f"{kind}s {selected[0]}-{selected[-1]}" if len(maps) > 1 else f"{kind} {selected[0]}"
     if selected.step != 1 and len(maps) > 1:
         picked += f" every {selected.step}"
     if options.top is not None:
         means = np.nanmean(np.where(np.isfinite(maps), maps, np.nan).reshape(len(maps), -1), axis=1)
         top = min(options.top, job.limit) if job.limit is not None else options.top
         order = np.argsort(-np.nan_to_num(means, nan=-np.inf), kind="stable")[:top]
-        maps = maps[order]
-        picked = f"top {len(maps)} by mean"
+        maps, labels = maps[order], [labels[i] for i in order]
+        picked = f"top {len(maps)} by {'value' if layout in STRIPS else 'mean'}"
+    notes, labelled = [], True
     if options.overlay:
-        pixels = _overlay_pixels(features, job, maps, options)
+        pixels, note = _overlay_picture(features, job, maps, options)
         picked = f"mean of {picked}" if len(maps) > 1 else picked
+        if note:
+            notes.append(f"{job.key}, {job.name}: {note}")
+    elif layout in STRIPS:
+        scaled = scale_maps(maps.reshape(1, 1, -1), "grid").reshape(-1)
+        pixels = strip(scaled, None if options.plain else labels, cmap=options.cmap)
+        if not options.plain:
+            pixels = add_colorbar(pixels, options.cmap, *_ends(value_range(maps)), "one scale for the strip")
     else:
-        pixels = tile_maps(
-            scale_maps(maps, options.scale), columns=options.columns, padding=options.padding, cmap=options.cmap,
-            min_tile=options.min_tile, stretch_rows_only=(layout == "vector"),
-        )
-    if options.title:
+        look = {"columns": options.columns, "padding": options.padding, "min_tile": options.min_tile,
+                "labels": None if options.plain else labels, "min_width": 0 if options.plain else _MIN_WIDTH}
+        labelled = options.plain or tile_layout(len(maps), *maps.shape[1:], **look).band > 0
+        pixels = tile_maps(scale_maps(maps, options.scale), cmap=options.cmap, **look)
+        if not options.plain:
+            ends, said = ((_ends(value_range(maps)), "one scale for all tiles") if options.scale == "grid" else
+                          (("low", "high"), "each tile scaled to its own range"))
+            pixels = add_colorbar(pixels, options.cmap, *ends, said)
+    if options.title and not options.plain:
         parts = [_capped(job.key, 200), _capped(job.name, 120), str(list(shape)), picked]
-        pixels = add_title(pixels, parts + ([_LAYOUTS[layout]] if layout in _LAYOUTS else []))
-    return pixels
+        if layout in _LAYOUTS:
+            parts.append(_LAYOUTS[layout])
+        if not labelled:
+            parts.append("tiles too small for channel numbers (raise --min-tile)")
+        pixels = add_title(pixels, parts)
+    return Picture(pixels, tuple(notes))
 
 
-def _overlay_pixels(features, job: GridJob, maps: np.ndarray, options: GridOptions) -> np.ndarray:
-    from hookcli.images import load_rgb, model_view
-    from hookcli.preprocess import Preprocess
+def _ends(span: tuple[float, float] | None) -> tuple[str, str]:
+    return (number(span[0]), number(span[1])) if span is not None else ("nan", "nan")
 
-    photo = load_rgb(job.source_image, max_side=2 * _OVERLAY_SIDE)
+
+def _overlay_picture(features, job: GridJob, maps: np.ndarray, options: GridOptions) -> tuple[np.ndarray, str | None]:
+    """The mean of ``maps`` over the photo the model saw, with a colour bar; a note when the map is flat."""
     try:
         preprocess = Preprocess.from_metadata(features.metadata.get("preprocess"))
     except ValueError as err:
         raise FeatureFileError(f"'{features.name}' has unusable preprocess metadata: {err}",
                                hint="draw without --overlay, or write the file again with hookcli extract") from None
-    if preprocess is not None:
-        shrink = min(1.0, _OVERLAY_SIDE / preprocess.crop)  # the same view, drawn smaller
-        photo = model_view(photo, resize=max(1, round(preprocess.resize * shrink)),
-                           crop=max(1, round(preprocess.crop * shrink)), interpolation=preprocess.interpolation)
-    else:
-        photo.thumbnail((_OVERLAY_SIDE, _OVERLAY_SIDE))
+    photo = model_photo(job.source_image, preprocess, enlarge=not options.plain)
     heat = np.nanmean(np.where(np.isfinite(maps), maps, np.nan), axis=0) if len(maps) > 1 else maps[0]
-    return overlay(np.asarray(photo), heat, cmap=options.overlay_cmap, alpha=options.alpha)
+    if options.plain:
+        return overlay(photo, heat, cmap=options.overlay_cmap, alpha=options.alpha), _flat_note(heat, "activation")
+    return heat_picture(photo, heat, cmap=options.overlay_cmap, alpha=options.alpha, what="activation")
 
 
-#: Overlays are drawn at most this many pixels wide and high.
-_OVERLAY_SIDE = 2048
+def model_photo(path, preprocess, *, enlarge: bool = True) -> np.ndarray:
+    """The part of the photo at ``path`` the model saw (its resize and centre crop), drawn larger.
+
+    The view is at least :data:`_OVERLAY_MIN` pixels a side (twice a
+    224-pixel crop, more for small ones) and at most :data:`_OVERLAY_SIDE`,
+    resampled from the original photo, so the heat map sits over a picture
+    large enough to see (``enlarge=False``: the crop's own size, at most
+    :data:`_OVERLAY_SIDE`). Without preprocessing facts the whole photo is used.
+    """
+    from hookcli.images import load_rgb, model_view
+
+    photo = load_rgb(path, max_side=2 * _OVERLAY_SIDE)
+    if preprocess is None:
+        photo.thumbnail((_OVERLAY_SIDE, _OVERLAY_SIDE))
+        return np.asarray(photo)
+    side = min(_OVERLAY_SIDE, max(_OVERLAY_MIN, 2 * preprocess.crop) if enlarge else preprocess.crop)
+    scale = side / preprocess.crop
+    return np.asarray(model_view(photo, resize=max(1, round(preprocess.resize * scale)), crop=max(1, side),
+                                 interpolation=preprocess.interpolation))
+
+
+def heat_picture(photo: np.ndarray, heat: np.ndarray, *, cmap: str, alpha: float,
+                 what: str) -> tuple[np.ndarray, str | None]:
+    """``heat`` over ``photo`` with a colour bar giving the map's range; ``(pixels, note)``, a note when it is flat.
+
+    A map with no spread (all zero, as a CAM is when no position raises the
+    class's score) is not drawn: the photo is shown as it is, and the bar and
+    the note say why.
+    """
+    pixels = overlay(photo, heat, cmap=cmap, alpha=alpha)
+    note = _flat_note(heat, what)
+    if note:
+        return add_colorbar(pixels, cmap, "low", "high", f"the map {_flatness(heat)}: nothing to overlay"), note
+    span = value_range(np.asarray(heat))
+    return add_colorbar(pixels, cmap, number(span[0]), number(span[1]), f"{what}, this image's range"), None
+
+
+def _flatness(heat) -> str | None:
+    span = value_range(np.asarray(heat))
+    if span is None:
+        return "has no finite values"
+    return f"is {number(span[0])} everywhere" if span[0] == span[1] else None
+
+
+def _flat_note(heat, what: str) -> str | None:
+    flat = _flatness(heat)
+    return f"the {what} map {flat}: the photo is drawn without it" if flat else None
+
+
+#: Overlays are drawn at least _OVERLAY_MIN and at most _OVERLAY_SIDE pixels a side.
+_OVERLAY_MIN, _OVERLAY_SIDE = 512, 2048
 
 
 def write_grids(
     features, jobs: GridPlan, options: GridOptions, *, force: bool = False,
-    on_skip: Callable[[str], None] | None = None, on_written: Callable[[Path], None] | None = None,
+    on_note: Callable[[str], None] | None = None, on_written: Callable[[Path], None] | None = None,
 ) -> list[Path]:
-    """Render and write every job's PNG (atomically); tensors found undrawable are reported through ``on_skip``."""
+    """Render and write every job's PNG (atomically); undrawable tensors and pictures' notes go to ``on_note``."""
     from PIL import Image
 
     from hookcli.store import atomic_path
 
     written = []
-    for job, pixels in _rendered(features, jobs, options, on_skip):
+    for job, pixels in _rendered(features, jobs, options, on_note):
         job.path.parent.mkdir(parents=True, exist_ok=True)
         with atomic_path(job.path, force=force) as temporary:
             # zlib level 1: a third of the default's time for files about a tenth larger.
@@ -436,27 +541,30 @@ def write_grids(
     return written
 
 
-def render_all(features, jobs: GridPlan, options: GridOptions, *, on_skip: Callable[[str], None] | None = None,
+def render_all(features, jobs: GridPlan, options: GridOptions, *, on_note: Callable[[str], None] | None = None,
                on_drawn: Callable[[str], None] | None = None) -> dict[str, np.ndarray]:
     """Every job's pixels by file name, in memory."""
     pictures = {}
-    for job, pixels in _rendered(features, jobs, options, on_skip):
+    for job, pixels in _rendered(features, jobs, options, on_note):
         pictures[job.path.name] = pixels
         if on_drawn is not None:
             on_drawn(job.path.name)
     return pictures
 
 
-def _rendered(features, jobs: GridPlan, options: GridOptions, on_skip):
+def _rendered(features, jobs: GridPlan, options: GridOptions, on_note):
     undrawable = set()
     for job in jobs:
         if job.key in undrawable:
             continue
         try:
-            pixels = render_job(features, job, options)
+            picture = render_picture(features, job, options)
         except NotDrawable as reason:
             undrawable.add(job.key)
-            if on_skip is not None:
-                on_skip(f"skipped '{job.key}' (shape {features.shape(job.key)}): {reason}")
+            if on_note is not None:
+                on_note(f"skipped '{job.key}' (shape {features.shape(job.key)}): {reason}")
             continue
-        yield job, pixels
+        if on_note is not None:
+            for text in picture.notes:
+                on_note(text)
+        yield job, picture.pixels

@@ -6,13 +6,16 @@ colours come from matplotlib's colormaps, sampled once into a 256-entry table.
 - :func:`as_maps` reads a per-image tensor as a stack of 2-D maps: ``[C, H, W]``
   channels; ``[T, D]`` ViT tokens folded back to a square (with or without a
   leading class token) or, when T is not square, shown as one ``T×D`` matrix;
-  ``[D]`` a vector, drawn as one strip.
+  ``[D]`` vectors and ``[C, 1, 1]`` pooled channels as one strip of values (:func:`strip`).
 - :func:`scale_maps` maps values to [0, 1] per map or over the whole grid,
   using finite values only: NaN stays NaN (drawn in :data:`NAN_COLOR`), ±inf
   clips to the ends, a constant map is 0 rather than a division by zero.
 - :func:`tile_maps` colours and tiles the maps, upscaling small ones
-  (nearest neighbour) so every tile is at least ``min_tile`` pixels.
-- :func:`overlay` blends a heat map over a photo; :func:`add_title` adds a caption strip.
+  (nearest neighbour) so every tile is at least ``min_tile`` pixels, with
+  each tile's channel number above it; :func:`grid_columns` picks a shape
+  without ragged rows where one exists.
+- :func:`overlay` blends a heat map over a photo; :func:`add_title` adds a
+  caption sized to the picture, :func:`add_colorbar` a colour scale.
 
 >>> import numpy as np
 >>> maps, layout = as_maps(np.zeros((197, 768), dtype=np.float32))
@@ -27,14 +30,16 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from hookcli.errors import UsageProblem
 
 __all__ = [
-    "MAX_PIXELS", "MAX_TILES", "NAN_COLOR", "NotDrawable", "add_title", "as_maps", "check_cmap", "map_layout",
-    "overlay", "scale_maps", "tile_maps", "tiles_that_fit",
+    "MAX_PIXELS", "MAX_STRIP_VALUES", "MAX_TILES", "NAN_COLOR", "STRIPS", "NotDrawable", "add_colorbar", "add_title",
+    "as_maps", "check_cmap", "grid_columns", "map_layout", "number", "overlay", "scale_maps", "strip",
+    "TileLayout", "tile_layout", "tile_maps", "tiles_that_fit", "value_range",
 ]
 
 NAN_COLOR = (255, 0, 255)
@@ -51,6 +56,9 @@ class NotDrawable(ValueError):
 def map_layout(row_shape: Sequence[int]) -> tuple[int, int, int, str]:
     """How a per-image tensor of ``row_shape`` is drawn, without its values: ``(maps, height, width, layout)``.
 
+    Layouts: ``channels`` ([C, H, W]), ``tokens`` and ``tokens+cls`` ([T, D]
+    folded to a square), ``matrix`` ([T, D] drawn as it is), and the strips
+    ``vector`` ([D]) and ``pooled`` ([C, 1, 1]), whose maps are single values.
     Raises :class:`NotDrawable` for shapes without a picture (no axes, more
     than three, or no values at all).
     """
@@ -58,19 +66,27 @@ def map_layout(row_shape: Sequence[int]) -> tuple[int, int, int, str]:
     if math.prod(shape) == 0 and shape:
         raise NotDrawable("it holds no values")
     if len(shape) == 3:
+        if shape[1] == shape[2] == 1:
+            return shape[0], 1, 1, "pooled"
         return shape[0], shape[1], shape[2], "channels"
     if len(shape) == 2:
         tokens, dim = shape
         side = math.isqrt(tokens)
-        if side * side == tokens:
+        if side * side == tokens and tokens > 1:
             return dim, side, side, "tokens"
-        side = math.isqrt(tokens - 1) if tokens > 1 else 0
+        side = math.isqrt(tokens - 1) if tokens > 2 else 0
         if side and side * side == tokens - 1:
             return dim, side, side, "tokens+cls"
+        if tokens == 1:
+            return dim, 1, 1, "vector"
         return 1, tokens, dim, "matrix"
     if len(shape) == 1:
-        return 1, 1, shape[0], "vector"
+        return shape[0], 1, 1, "vector"
     raise NotDrawable(f"{len(shape)} dimensions per image")
+
+
+#: Layouts drawn as one strip of single values rather than tiles.
+STRIPS = ("vector", "pooled")
 
 
 def as_maps(array: np.ndarray) -> tuple[np.ndarray, str]:
@@ -85,9 +101,18 @@ def as_maps(array: np.ndarray) -> tuple[np.ndarray, str]:
     return array.reshape(count, height, width), layout
 
 
-def tiles_that_fit(height: int, width: int, *, padding: int) -> int:
-    """How many ``height × width`` maps one picture may hold: at most :data:`MAX_TILES`, within :data:`MAX_PIXELS`."""
+def tiles_that_fit(height: int, width: int, *, padding: int, layout: str = "channels") -> int:
+    """How many ``height × width`` maps one picture may hold: at most :data:`MAX_TILES` within
+    :data:`MAX_PIXELS`, or :data:`MAX_STRIP_VALUES` values for a strip layout."""
+    if layout in STRIPS:
+        return MAX_STRIP_VALUES
     return min(MAX_TILES, MAX_PIXELS // ((height + padding) * (width + padding)))
+
+
+def value_range(maps: np.ndarray) -> tuple[float, float] | None:
+    """The lowest and highest finite values, or None when there is none."""
+    finite = maps[np.isfinite(maps)]
+    return (float(finite.min()), float(finite.max())) if finite.size else None
 
 
 def scale_maps(maps: np.ndarray, scale: str = "channel") -> np.ndarray:
@@ -141,36 +166,84 @@ def colorize(values: np.ndarray, cmap: str) -> np.ndarray:
     return rgb
 
 
+def grid_columns(count: int, tile_height: int, tile_width: int) -> int:
+    """Tiles per row for ``count`` tiles: the fewest blank places whose picture is about as wide as tall or wider.
+
+    Shapes from a little taller than wide (3:4) to three times as wide as tall
+    are considered; among them the fewest blanks win, then the one closest to
+    3:2. 128 tiles give 16 × 8 rather than 12 × 11 with four blanks.
+    """
+    best = None
+    for columns in range(1, count + 1):
+        rows = math.ceil(count / columns)
+        if columns > 1 and math.ceil(count / (columns - 1)) == rows:
+            continue  # the same rows with fewer columns leave fewer blanks
+        aspect = (columns * tile_width) / (rows * tile_height)
+        key = (not 0.75 <= aspect <= 3.0, rows * columns - count, abs(math.log(aspect / 1.5)))
+        if best is None or key < best[0]:
+            best = (key, columns)
+    return best[1]
+
+
+@dataclass(frozen=True)
+class TileLayout:
+    """How :func:`tile_maps` lays tiles out: ``columns`` × ``rows``, each map enlarged ``factor`` times, with a
+    label band ``band`` pixels high (0: no labels, or they do not fit)."""
+
+    columns: int
+    rows: int
+    factor: int
+    band: int
+
+
+def tile_layout(count: int, height: int, width: int, *, columns: int | None = None, padding: int = 2,
+                min_tile: int = 32, labels: Sequence[int] | None = None, min_width: int = 0) -> TileLayout:
+    """Pick the layout of :func:`tile_maps` (same arguments); raises :class:`NotDrawable` past :data:`MAX_PIXELS`."""
+    factor = max(1, math.ceil(min_tile / max(height, width)))
+    columns = max(1, min(columns or grid_columns(count, height * factor, width * factor), count))
+    rows = math.ceil(count / columns)
+    if min_width:
+        factor = max(factor, math.ceil((min_width / columns - padding) / width))
+
+    def band(f: int) -> int:
+        return _label_band(labels, width * f) if labels is not None else 0
+
+    def pixels(f: int) -> int:
+        return (rows * (height * f + band(f) + padding) + padding) * (columns * (width * f + padding) + padding)
+
+    if pixels(1) > MAX_PIXELS:
+        raise NotDrawable(f"{count} maps of {height}x{width} need more than {MAX_PIXELS:,} pixels")
+    while factor > 1 and pixels(factor) > MAX_PIXELS:
+        factor -= 1
+    return TileLayout(columns, rows, factor, band(factor))
+
+
 def tile_maps(
     scaled: np.ndarray, *, columns: int | None = None, padding: int = 2, cmap: str = "viridis", min_tile: int = 32,
-    stretch_rows_only: bool = False,
+    labels: Sequence[int] | None = None, min_width: int = 0,
 ) -> np.ndarray:
-    """Colour ``[K, H, W]`` maps scaled to [0, 1] and tile them ``columns`` wide (default: about square).
+    """Colour ``[K, H, W]`` maps scaled to [0, 1] and tile them ``columns`` wide (default: :func:`grid_columns`).
 
     Tiles smaller than ``min_tile`` are enlarged by a whole factor, nearest
-    neighbour, keeping their aspect ratio; ``stretch_rows_only`` enlarges only
-    the height (for one-row vector strips). The enlargement stops short of
-    :data:`MAX_PIXELS`; more tiles than fit unenlarged raise :class:`NotDrawable`.
+    neighbour, keeping their aspect ratio, and further while the picture is
+    narrower than ``min_width``. ``labels`` (one number per map) are written
+    in a band above each tile when they fit its width. The enlargement stops
+    short of :data:`MAX_PIXELS`; more tiles than fit unenlarged raise :class:`NotDrawable`.
     """
     count, height, width = scaled.shape
-    columns = max(1, min(columns or math.ceil(math.sqrt(count)), count))
-    rows = math.ceil(count / columns)
-    if stretch_rows_only:
-        fy, fx = max(1, math.ceil(min_tile / height)), 1
-    else:
-        fy = fx = max(1, math.ceil(min_tile / max(height, width)))
-
-    def pixels(fy: int, fx: int) -> int:
-        return (rows * (height * fy + padding) + padding) * (columns * (width * fx + padding) + padding)
-
-    if pixels(1, 1) > MAX_PIXELS:
-        raise NotDrawable(f"{count} maps of {height}x{width} need more than {MAX_PIXELS:,} pixels")
-    while pixels(fy, fx) > MAX_PIXELS:
-        fy, fx = max(1, fy - 1), max(1, fx - 1)
+    layout = tile_layout(count, height, width, columns=columns, padding=padding, min_tile=min_tile, labels=labels,
+                         min_width=min_width)
+    columns, rows, factor, band = layout.columns, layout.rows, layout.factor, layout.band
     rgb = colorize(scaled, cmap)
-    if fy > 1 or fx > 1:
-        rgb = rgb.repeat(fy, axis=1).repeat(fx, axis=2)
-    tile_h, tile_w = height * fy, width * fx
+    if factor > 1:
+        rgb = rgb.repeat(factor, axis=1).repeat(factor, axis=2)
+    tile_h, tile_w = height * factor + band, width * factor
+    if band:
+        size = _label_size(tile_w)
+        heads = np.full((count, band, tile_w, 3), PAD_COLOR, dtype=np.uint8)
+        for head, label in zip(heads, labels):
+            _stamp(head, str(label), size, 1, 1)
+        rgb = np.concatenate([heads, rgb], axis=1)
     blank = np.full((rows * columns - count, tile_h, tile_w, 3), PAD_COLOR, dtype=np.uint8)
     tiles = np.concatenate([rgb, blank]) if len(blank) else rgb
     tiles = np.pad(tiles, ((0, 0), (0, padding), (0, padding), (0, 0)), constant_values=PAD_COLOR)
@@ -179,23 +252,139 @@ def tile_maps(
     return np.pad(grid, ((padding, 0), (padding, 0), (0, 0)), constant_values=PAD_COLOR)
 
 
+def strip(scaled: np.ndarray, labels: Sequence[int] | None, *, cmap: str = "viridis",
+          width: int = 768) -> np.ndarray:
+    """Colour single values scaled to [0, 1] as one strip of cells (lines of at most 1,024 cells for long vectors).
+
+    Each cell is at least one pixel wide and the strip about ``width``
+    pixels; ``labels`` (each cell's index) are written under every cell when
+    they fit, else under evenly spaced cells, with a tick at each (None: no labels).
+    """
+    values = np.asarray(scaled).reshape(-1)
+    count = len(values)
+    per_line = min(count, _STRIP_LINE)
+    lines = math.ceil(count / per_line)
+    cell = max(1, width // per_line)
+    size = 11
+    label_w = _text_width(max((str(n) for n in labels), key=len), size) if labels else 0
+    every = 1 if cell >= label_w + 4 else _tick_step(math.ceil((label_w + 8) / cell))
+    line_h = 28 if lines == 1 else 14
+    row_h = line_h + (4 + _glyphs(size)[1] + 4 if labels else 2)
+    canvas = np.full((lines * row_h + 2, per_line * cell + 2 + (label_w + 2 if labels else 0), 3), PAD_COLOR,
+                     dtype=np.uint8)
+    rgb = colorize(values, cmap)
+    for line in range(lines):
+        part = rgb[line * per_line:(line + 1) * per_line]
+        top = line * row_h + 1
+        canvas[top:top + line_h, 1:1 + len(part) * cell] = part.repeat(cell, axis=0)[None]
+        for i in range(0, len(part) if labels else 0, every):
+            x = 1 + i * cell
+            canvas[top + line_h:top + line_h + 3, x] = 0
+            _stamp(canvas, str(labels[line * per_line + i]), size, top + line_h + 3, x)
+    return canvas
+
+
+_STRIP_LINE = 1024
+#: A strip holds at most this many values (256 lines of 1,024).
+MAX_STRIP_VALUES = 256 * _STRIP_LINE
+
+
+def _tick_step(cells: int) -> int:
+    """The smallest of 1, 2, 5, 10, 20, 50, … that is at least ``cells``."""
+    step = 1
+    while True:
+        for m in (1, 2, 5):
+            if m * step >= cells:
+                return m * step
+        step *= 10
+
+
+def _label_size(tile_width: int) -> int:
+    return max(9, min(16, tile_width // 5))
+
+
+def _label_band(labels: Sequence[int] | None, tile_width: int) -> int:
+    """Height of the label band over tiles ``tile_width`` wide: 0 when the longest label would not fit."""
+    if not labels:
+        return 0
+    size = _label_size(tile_width)
+    longest = max((str(n) for n in labels), key=len)
+    return _glyphs(size)[1] + 2 if _text_width(longest, size) + 2 <= tile_width else 0
+
+
+@functools.lru_cache(maxsize=8)
+def _glyphs(size: int) -> tuple[dict[str, np.ndarray], int]:
+    """Coverage bitmaps (0-255) of the characters used in labels, each one advance wide, and their height."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    font = ImageFont.load_default(size=size)
+    top, bottom = font.getbbox("0123456789-.e+")[1], font.getbbox("0123456789-.e+")[3]
+    height = bottom - top
+    glyphs = {}
+    for char in "0123456789-.e+":
+        advance = max(1, round(font.getlength(char)))
+        image = Image.new("L", (advance, height), 0)
+        ImageDraw.Draw(image).text((0, -top), char, fill=255, font=font)
+        glyphs[char] = np.asarray(image)
+    return glyphs, height
+
+
+def _text_width(text: str, size: int) -> int:
+    glyphs = _glyphs(size)[0]
+    return sum(glyphs[c].shape[1] for c in text)
+
+
+def _stamp(canvas: np.ndarray, text: str, size: int, top: int, left: int) -> None:
+    """Write ``text`` (digits, sign, point) in black on ``canvas`` at (top, left), clipped to its edges."""
+    label = _label_bitmap(text, size)
+    h, w = min(label.shape[0], canvas.shape[0] - top), min(label.shape[1], canvas.shape[1] - left)
+    if h > 0 and w > 0:
+        region = canvas[top:top + h, left:left + w]
+        np.minimum(region, label[:h, :w, None], out=region)
+
+
+@functools.lru_cache(maxsize=8192)
+def _label_bitmap(text: str, size: int) -> np.ndarray:
+    """``text`` as dark-on-white pixels (255 where there is no ink)."""
+    glyphs = _glyphs(size)[0]
+    return 255 - np.concatenate([glyphs[c] for c in text], axis=1)
+
+
 def overlay(photo: np.ndarray, heat: np.ndarray, *, cmap: str = "inferno", alpha: float = 0.5) -> np.ndarray:
-    """Blend a 2-D ``heat`` map, scaled to [0, 1] and upsampled bilinearly, over a ``uint8 [H, W, 3]`` photo."""
+    """Blend a 2-D ``heat`` map, scaled to [0, 1] and upsampled bilinearly, over a ``uint8 [H, W, 3]`` photo.
+
+    A map without any spread (all zero, say) has nothing to show: the photo
+    comes back as it is.
+    """
     from PIL import Image
 
-    scaled = scale_maps(np.asarray(heat, dtype=np.float32)[None], "channel")[0]
+    heat = np.asarray(heat, dtype=np.float32)
+    span = value_range(heat)
+    if span is None or span[0] == span[1]:
+        return np.array(photo, dtype=np.uint8)
+    scaled = scale_maps(heat[None], "channel")[0]
     height, width = photo.shape[:2]
     upsampled = np.asarray(Image.fromarray(np.nan_to_num(scaled).astype(np.float32), mode="F").resize((width, height), Image.BILINEAR))
     colours = colorize(np.clip(upsampled, 0.0, 1.0), cmap).astype(np.float32)
     return np.round((1.0 - alpha) * photo.astype(np.float32) + alpha * colours).astype(np.uint8)
 
 
-def add_title(pixels: np.ndarray, parts: Sequence[str]) -> np.ndarray:
-    """Put a white caption strip above the picture: ``parts`` joined by `` · ``, wrapped to its width."""
-    from PIL import Image, ImageDraw, ImageFont
+def _caption_font(width: int):
+    from PIL import ImageFont
 
-    font = ImageFont.load_default(size=13)
+    return ImageFont.load_default(size=max(12, min(28, round(width / 45))))
+
+
+def add_title(pixels: np.ndarray, parts: Sequence[str]) -> np.ndarray:
+    """Put a white caption strip above the picture: ``parts`` joined by `` · ``, wrapped to its width.
+
+    The type grows with the picture (12 to 28 pixels), so it reads the same
+    when the picture is shown to fit a screen.
+    """
+    from PIL import Image, ImageDraw
+
     width = pixels.shape[1]
+    font = _caption_font(width)
     lines: list[str] = []
     for part in parts:
         joined = f"{lines[-1]} · {part}" if lines else part
@@ -205,10 +394,47 @@ def add_title(pixels: np.ndarray, parts: Sequence[str]) -> np.ndarray:
             lines.append(part)
     line_h = font.getbbox("Ag")[3] + 4
     width = max(width, *(int(font.getlength(line)) + 8 for line in lines))
-    strip_h = line_h * len(lines) + 6
-    canvas = Image.new("RGB", (width, pixels.shape[0] + strip_h), (255, 255, 255))
-    canvas.paste(Image.fromarray(pixels), (0, strip_h))
-    draw = ImageDraw.Draw(canvas)
+    strip = Image.new("RGB", (width, line_h * len(lines) + 6), (255, 255, 255))
+    draw = ImageDraw.Draw(strip)
     for i, line in enumerate(lines):
         draw.text((4, 4 + i * line_h), line, fill=(0, 0, 0), font=font)
-    return np.asarray(canvas)
+    return _stacked(np.asarray(strip), pixels)
+
+
+def add_colorbar(pixels: np.ndarray, cmap: str, low: str, high: str, text: str = "") -> np.ndarray:
+    """Put a colour bar under the picture: ``low`` at its left end, ``high`` at its right, ``text`` after it."""
+    from PIL import Image, ImageDraw
+
+    width = pixels.shape[1]
+    font = _caption_font(width)
+    line_h = font.getbbox("Ag")[3]
+    bar_w = max(64, min(256, width // 3))
+    left = 6 + round(font.getlength(low)) + 6
+    right = left + bar_w + 6 + round(font.getlength(high))
+    strip = Image.new("RGB", (max(width, right + 6), line_h + 12), (255, 255, 255))
+    bar = colorize(np.linspace(0.0, 1.0, bar_w)[None].repeat(line_h, axis=0), cmap)
+    strip.paste(Image.fromarray(bar), (left, 6))
+    draw = ImageDraw.Draw(strip)
+    draw.text((6, 6), low, fill=(0, 0, 0), font=font)
+    draw.text((left + bar_w + 6, 6), high, fill=(0, 0, 0), font=font)
+    words, room = text, strip.width - (right + 12) - 4
+    # Text that does not fit beside the bar is cut with an ellipsis; the caption carries the whole story.
+    while words and font.getlength(words) > room:
+        words = words[:-2] + "…" if len(words) > 1 else ""
+    if words:
+        draw.text((right + 12, 6), words, fill=(60, 60, 60), font=font)
+    return _stacked(pixels, np.asarray(strip))
+
+
+def _stacked(upper: np.ndarray, lower: np.ndarray) -> np.ndarray:
+    """Two pictures one above the other, the narrower padded white on its right."""
+    width = max(upper.shape[1], lower.shape[1])
+    out = np.full((upper.shape[0] + lower.shape[0], width, 3), 255, dtype=np.uint8)
+    out[:upper.shape[0], :upper.shape[1]] = upper
+    out[upper.shape[0]:, :lower.shape[1]] = lower
+    return out
+
+
+def number(value: float) -> str:
+    """A value short enough for a colour bar's end: three significant digits."""
+    return f"{value:.3g}"

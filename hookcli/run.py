@@ -487,7 +487,7 @@ def execute(run: RunPlan, progress: Callable[[Event], None] | None = None):
 
     for text in run.notes:
         note(text)
-    writer = _writer(run)
+    writer = _writer(run, note)
     try:
         start = writer.begin()
         emit(Started(total=len(run.inputs), done=start, output=run.output.path))
@@ -520,7 +520,7 @@ def execute(run: RunPlan, progress: Callable[[Event], None] | None = None):
     return result
 
 
-def _writer(run: RunPlan):
+def _writer(run: RunPlan, note: Callable[[str], None]):
     from hookcli import writers
 
     kind, path = run.output.kind, run.output.path
@@ -535,7 +535,7 @@ def _writer(run: RunPlan):
     (layer,) = run.layers
     inner = writers.FileWriter(run.record, run.inputs, str(Path(path) / "cams.safetensors"), force=run.force)
     return writers.CamOverlays(inner, run.inputs, path, preprocess=run.settings.preprocess, count=run.target.count,
-                               layer=layer, force=run.force, **run.cam_look)
+                               layer=layer, force=run.force, on_note=note, **run.cam_look)
 
 
 # -- pictures --------------------------------------------------------------------------------------
@@ -557,7 +557,7 @@ def draw_grids(features, options, output, *, force: bool = False,
         emit(Note(text))
     emit(Started(total=len(jobs)))
     if output is None:
-        return render_all(features, jobs, options, on_skip=lambda text: emit(Note(text)),
+        return render_all(features, jobs, options, on_note=lambda text: emit(Note(text)),
                           on_drawn=lambda name: emit(Advanced(1)))
 
     def written(path: Path) -> None:
@@ -565,4 +565,4 @@ def draw_grids(features, options, output, *, force: bool = False,
         emit(Advanced(1))
 
     return write_grids(features, jobs, options, force=force, on_written=written,
-                       on_skip=lambda text: emit(Note(text)))
+                       on_note=lambda text: emit(Note(text)))

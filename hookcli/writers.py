@@ -31,7 +31,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
@@ -262,14 +262,17 @@ def cam_png_name(index: int, path, k: int, count: int) -> str:
 class CamOverlays:
     """Draws each batch's maps over the images the model saw as the batches go by; the rows go on to ``inner``.
 
-    ``written`` lists the inner writer's paths, then the PNGs.
+    ``written`` lists the inner writer's paths, then the PNGs. A map that is
+    zero everywhere (no position raises the class's score) is reported
+    through ``on_note`` and drawn as the photo alone, saying so.
     """
 
     def __init__(self, inner, paths: Sequence, folder: str | os.PathLike, *, preprocess, count: int, method: str,
-                 layer: str, alpha: float = 0.5, cmap: str = "inferno", force: bool = False) -> None:
+                 layer: str, alpha: float = 0.5, cmap: str = "inferno", force: bool = False,
+                 on_note: Callable[[str], None] | None = None) -> None:
         self.inner, self.paths, self.folder = inner, paths, Path(folder)
         self.preprocess, self.count, self.method, self.layer = preprocess, count, method, layer
-        self.alpha, self.cmap, self.force = alpha, cmap, force
+        self.alpha, self.cmap, self.force, self.on_note = alpha, cmap, force, on_note
         self.pngs: list[Path] = []
         self.written: list[Path] = []
 
@@ -282,23 +285,23 @@ class CamOverlays:
         return self.inner.has_rows
 
     def add(self, batch) -> None:
-        import numpy as np
         from PIL import Image
 
-        from hookcli.images import load_rgb, model_view
-        from hookcli.render import add_title, overlay
+        from hookcli.grids import heat_picture, model_photo
+        from hookcli.render import add_title
         from hookcli.store import atomic_path
 
-        spec = self.preprocess
         for row, index in enumerate(batch.indices):
-            photo = np.asarray(model_view(load_rgb(self.paths[index]), resize=spec.resize, crop=spec.crop,
-                                          interpolation=spec.interpolation))
+            photo = model_photo(self.paths[index], self.preprocess)
             for k, chosen in enumerate(batch.targets[row]):
                 heat = batch.features["cam" if self.count == 1 else f"cam#{k}"][row].numpy()
                 label = f"{chosen['name']} ({chosen['class']})" if chosen["name"] else f"class {chosen['class']}"
                 caption = [label, f"logit {chosen['logit']:.2f}",
                            f"p {chosen['probability']:.1%}", f"{self.method} at {self.layer}"]
-                pixels = add_title(overlay(photo, heat, cmap=self.cmap, alpha=self.alpha), caption)
+                pixels, flat = heat_picture(photo, heat, cmap=self.cmap, alpha=self.alpha, what=self.method)
+                if flat and self.on_note is not None:
+                    self.on_note(f"{Path(self.paths[index]).name}, {label}: {flat}")
+                pixels = add_title(pixels, caption)
                 path = self.folder / cam_png_name(index, self.paths[index], k, self.count)
                 with atomic_path(path, force=self.force) as temporary:
                     Image.fromarray(pixels).save(temporary, format="PNG", compress_level=1)

@@ -222,12 +222,14 @@ def test_cam_overlay_is_brighter_where_the_map_is_high(runner, photo, tmp_path):
     cams, _ = _read(tmp_path / "cams" / "cams.safetensors")
     heat = cams["cam"][0].numpy()  # [16, 16]
     png = np.asarray(Image.open(tmp_path / "cams" / "00000_grace_hopper.png").convert("RGB")).astype(float)
-    picture = png[-128:]  # below the caption strip
     from hookcli.images import load_rgb, model_view
+    from hookcli.render import _caption_font
 
-    view = np.asarray(model_view(load_rgb(photo), resize=128, crop=128)).astype(float)
+    bar = _caption_font(512).getbbox("Ag")[3] + 12
+    picture = png[-512 - bar:-bar]  # the view drawn 512 px, between the caption and the colour bar
+    view = np.asarray(model_view(load_rgb(photo), resize=512, crop=512)).astype(float)
     added = (picture - 0.4 * view).mean(axis=2)  # what the heat map contributed
-    cell = 128 // 16
+    cell = 512 // 16
     hot, cold = np.unravel_index(heat.argmax(), heat.shape), np.unravel_index(heat.argmin(), heat.shape)
 
     def at(index):

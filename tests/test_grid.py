@@ -12,7 +12,7 @@ from safetensors.torch import save, save_file
 from hookcli.cli import main
 from hookcli.render import NAN_COLOR, as_maps, overlay, scale_maps, tile_maps
 
-PLAIN = ["--no-title", "--padding", "1", "--cmap", "gray"]
+PLAIN = ["--plain", "--padding", "1", "--cmap", "gray"]
 
 
 def _png(path):
@@ -52,7 +52,7 @@ def test_constant_channels_come_out_in_channel_order_at_their_tiles(runner, tmp_
 def test_viridis_tiles_are_matplotlibs_colours_in_order(runner, tmp_path):
     source = _save(tmp_path / "f.safetensors", {"feat": _channel_k_is_k()})
     [written] = _grid(runner, source, "-o", tmp_path / "g", "--scale", "grid", "--columns", "4", "--min-tile", "7",
-                      "--no-title", "--padding", "0")
+                      "--plain", "--padding", "0")
     pixels = _png(written)
     expected = np.round(colormaps["viridis"](np.linspace(0, 1, 256))[[0, 85, 170, 255], :3] * 255)
     assert [pixels[3, 7 * k + 3].tolist() for k in range(4)] == expected.astype(int).tolist()
@@ -72,7 +72,7 @@ def test_a_constant_channel_is_drawn_not_nan_and_nan_is_marked():
 def test_upscaling_keeps_the_map_shape(runner, tmp_path):
     checker = (np.indices((7, 7)).sum(axis=0) % 2).astype(np.float32)
     source = _save(tmp_path / "f.safetensors", {"feat": torch.from_numpy(checker)[None, None]})
-    [written] = _grid(runner, source, "-o", tmp_path / "g", "--min-tile", "32", "--padding", "0", "--no-title",
+    [written] = _grid(runner, source, "-o", tmp_path / "g", "--min-tile", "32", "--padding", "0", "--plain",
                       "--cmap", "gray")
     pixels = _png(written)[..., 0]
     assert pixels.shape == (35, 35)  # 7 × 5: the smallest whole factor reaching 32
@@ -101,12 +101,13 @@ def test_vectors_are_strips_and_half_floats_read_fine(runner, tmp_path):
     source = _save(tmp_path / "f.safetensors", {"half": vector.half(), "brain": vector.bfloat16(),
                                                  "full": vector})
     written = _grid(runner, source, "-o", tmp_path / "g", "-i", "0", "--min-tile", "20", "--padding", "0",
-                    "--no-title", "--cmap", "gray")
+                    "--plain", "--cmap", "gray")
     assert sorted(p.split("/")[-1] for p in written) == [
         "brain__00000_row00000.png", "full__00000_row00000.png", "half__00000_row00000.png"]
     full = _png(tmp_path / "g" / "full__00000_row00000.png")
-    assert full.shape == (20, 100, 3)
-    assert (full[:, :, 0] == np.round(np.linspace(0, 1, 100) * 255)).all()
+    assert full.shape == (1 + 28 + 2 + 1, 1 + 100 * 7 + 1, 3)  # one line of 100 cells, 7 px each, under 768 px
+    assert (full[1:29, 1:701:7, 0] == np.round(np.linspace(0, 1, 100) * 255)).all()
+    assert (full[1:29, 1:701, 0] == full[1:29, 1:701:7, 0].repeat(7, axis=1)).all()
     for name in ("half", "brain"):
         assert np.abs(_png(tmp_path / "g" / f"{name}__00000_row00000.png").astype(int) - full).max() <= 1
 
@@ -158,7 +159,7 @@ def test_overlay_from_a_hookcli_file_uses_the_models_view_of_the_input(runner, t
     result = runner.invoke(main, ["extract", "-m", "resnet18", "-w", "none", "-l", "layer1", "--resize", "64",
                                   "--crop", "48", "-o", str(out), str(photo)])
     assert result.exit_code == 0, result.output
-    [written] = _grid(runner, out, "-o", tmp_path / "g", "--overlay", "--no-title")
+    [written] = _grid(runner, out, "-o", tmp_path / "g", "--overlay", "--plain")
     assert written.endswith("layer1__00000_grace_hopper.overlay.png")
     assert _png(written).shape == (48, 48, 3)
 

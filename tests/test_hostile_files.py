@@ -130,32 +130,39 @@ def test_an_overlay_without_preprocess_metadata_is_drawn_at_most_2048_pixels(run
     Image.new("RGB", (3000, 1000), (40, 80, 120)).save(big)
     path = tmp_path / "f.safetensors"
     save_file({"x": np.ones((1, 1, 4, 4), dtype=np.float32)}, str(path), metadata={"inputs": json.dumps([str(big)])})
-    result = runner.invoke(main, ["grid", str(path), "--overlay", "--no-title", "-o", str(tmp_path / "g")])
+    result = runner.invoke(main, ["grid", str(path), "--overlay", "--plain", "-o", str(tmp_path / "g")])
     assert result.exit_code == 0, result.output
     assert Image.open(result.stdout.strip()).size == (2048, 683)
 
 
 def test_a_wide_tensor_draws_what_fits_and_says_how_to_get_the_rest(runner, tmp_path):
     path = tmp_path / "f.safetensors"
-    save_file({"x": np.arange(250_000, dtype=np.float32).reshape(1, 250_000, 1, 1)}, str(path))
-    result = runner.invoke(main, ["grid", str(path), "--no-title", "--padding", "0", "-o", str(tmp_path / "g")])
+    save_file({"x": np.arange(20_000, dtype=np.float32).reshape(1, 5000, 2, 2),
+               "pooled": np.arange(300_000, dtype=np.float32).reshape(1, 300_000, 1, 1)}, str(path))
+    result = runner.invoke(main, ["grid", str(path), "--plain", "--padding", "0", "--channels", ":",
+                                  "-o", str(tmp_path / "g")])
     assert result.exit_code == 0, result.output
-    assert result.stderr == ("Note: 'x': drew channels 0-4095 of 250000: a picture holds at most 4096 tiles of 1x1; "
-                             "--channels 4096:8192 draws the next\n")
-    assert Image.open(result.stdout.strip()).size == (64 * 32, 64 * 32)  # 4096 tiles, 64 x 64, 1 px → 32 px each
+    assert result.stderr == (
+        "Note: 'pooled': drew values 0-262143 of 300000: a picture holds at most 262144 values; "
+        "--channels 262144:524288 draws the next\n"
+        "Note: 'x': drew channels 0-4095 of 5000: a picture holds at most 4096 tiles of 2x2; "
+        "--channels 4096:8192 draws the next\n")
+    values, tiles = result.stdout.split()
+    assert Image.open(tiles).size == (64 * 32, 64 * 32)  # 4096 tiles, 64 x 64, 2 px → 32 px each
+    assert Image.open(values).size == (1024 + 2, 256 * (14 + 2) + 2)  # 256 lines of 1,024 one-pixel cells
 
 
 def test_the_enlargement_stops_at_the_pixel_limit(runner, tmp_path):
     path = tmp_path / "f.safetensors"
     save_file({"small": np.zeros((1, 100, 8, 8), dtype=np.uint8), "many": np.zeros((1, 2000, 60, 60), dtype=np.uint8)},
               str(path))
-    result = runner.invoke(main, ["grid", str(path), "--no-title", "--padding", "0", "--min-tile", "1024",
-                                  "-o", str(tmp_path / "g")])
+    result = runner.invoke(main, ["grid", str(path), "--plain", "--padding", "0", "--min-tile", "1024",
+                                  "--channels", ":", "-o", str(tmp_path / "g")])
     assert result.exit_code == 0, result.output
     sizes = {os.path.basename(p): Image.open(p).size for p in result.stdout.split()}
     assert sizes == {
         "small__00000_row00000.png": (10 * 8 * 62, 10 * 8 * 62),  # enlarged 62 times, not 128: 63 would pass 25 Mpx
-        "many__00000_row00000.png": (45 * 60, 45 * 60),  # 2,000 tiles of 60 px: not enlarged at all
+        "many__00000_row00000.png": (50 * 60, 40 * 60),  # 2,000 tiles of 60 px, 50 x 40: not enlarged at all
     }
 
 
@@ -195,7 +202,7 @@ def test_keys_that_would_share_a_png_name_get_names_of_their_own(runner, tmp_pat
     path = tmp_path / "f.safetensors"
     keys = ["a/b", "a:b", "a b", "A_B", "c" * 300]
     save_file({key: np.full((1, 2), float(n), dtype=np.float32) for n, key in enumerate(keys)}, str(path))
-    result = runner.invoke(main, ["grid", str(path), "--no-title", "-o", str(tmp_path / "g")])
+    result = runner.invoke(main, ["grid", str(path), "--plain", "-o", str(tmp_path / "g")])
     assert result.exit_code == 0, result.output
     names = [os.path.basename(p) for p in result.stdout.split()]
     assert len(set(n.casefold() for n in names)) == 5 and all(len(n) < 200 for n in names)
