@@ -37,6 +37,7 @@ _PUBLIC = {
     "load_model": "hookcli.models",
     "open_features": "hookcli.shards",
     "plan": "hookcli.run",
+    "report": "hookcli.api",
     "resolve_layers": "hookcli.selectors",
 }
 

@@ -31,12 +31,13 @@ default name.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 
 from hookcli.run import DEFAULT_OUTPUT, execute, plan
 
-__all__ = ["DEFAULT_OUTPUT", "cam", "extract", "grad", "grid", "layers"]
+__all__ = ["DEFAULT_OUTPUT", "cam", "extract", "grad", "grid", "layers", "report"]
 
 
 def extract(model, layers, inputs, *, output=None, progress: Callable | None = None, **options):
@@ -118,20 +119,62 @@ def grid(source, *, output=None, progress: Callable | None = None, force: bool =
     >>> [p.name for p in grid(features, output=tempfile.mkdtemp(), channels="0:16", cmap="gray")]
     ['layer1__00000_grace_hopper.png']
     """
-    import dataclasses
+    from hookcli.grids import default_grid_folder
+    from hookcli.run import draw_grids
 
-    from hookcli.grids import GridOptions, default_grid_folder
-    from hookcli.run import draw_grids, refuse_unknown
-    from hookcli.shards import open_features
-
-    refuse_unknown("grid", options, [f.name for f in dataclasses.fields(GridOptions)])
-    drawing = GridOptions(**options)
+    drawing = _grid_options("grid", options)
     if output is DEFAULT_OUTPUT:
         output = default_grid_folder(source)
-    if isinstance(source, str | os.PathLike):
-        with open_features(source) as features:
-            return draw_grids(features, drawing, output, force=force, progress=progress)
-    return draw_grids(source, drawing, output, force=force, progress=progress)
+    with _opened(source) as features:
+        return draw_grids(features, drawing, output, force=force, progress=progress)
+
+
+def report(source, *, output=DEFAULT_OUTPUT, page_size: int | None = None, progress: Callable | None = None,
+           force: bool = False, **options):
+    """A static HTML report of saved features, in pages of ``page_size`` images (default 20): ``hookcli report``.
+
+    ``source`` as for :func:`grid`; ``output``: the folder (default
+    ``<file stem>_report``); the options of :func:`grid` choose tensors,
+    images (also a range ``"A:B"`` of row indices) and the look of the
+    pictures. Returns the path of the report's ``index.html``.
+
+    >>> import tempfile
+    >>> photo = __import__("matplotlib.cbook").cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)
+    >>> features = extract("resnet18", ["layer1", "fc=logits"], [photo] * 3, weights="none", resize=64, crop=64)
+    >>> index = report(features, output=tempfile.mkdtemp() + "/report", page_size=2, channels="0:8")
+    >>> index.name, sorted(path.name for path in index.parent.iterdir())
+    ('index.html', ['index.html', 'page-00002.html'])
+    """
+    from hookcli.errors import UsageProblem
+    from hookcli.reports import DEFAULT_PAGE_SIZE, default_report_folder, write_report
+
+    drawing = _grid_options("report", options)
+    if output is None:
+        raise UsageProblem("a report is a folder of pages and has no in-memory form",
+                           hint="give output a folder, or leave it out for <file stem>_report")
+    if output is DEFAULT_OUTPUT:
+        output = default_report_folder(source)
+    page_size = DEFAULT_PAGE_SIZE if page_size is None else page_size
+    with _opened(source) as features:
+        return write_report(features, output, drawing, page_size=page_size, force=force, progress=progress)
+
+
+def _grid_options(command: str, options: dict):
+    """:class:`~hookcli.grids.GridOptions` from a command's keywords; an unknown keyword is a TypeError."""
+    import dataclasses
+
+    from hookcli.grids import GridOptions
+    from hookcli.run import refuse_unknown
+
+    refuse_unknown(command, options, [f.name for f in dataclasses.fields(GridOptions)])
+    return GridOptions(**options)
+
+
+def _opened(source):
+    """Features to read: a path (or ``-``) opened, and closed after; features in memory as they are."""
+    from hookcli.shards import open_features
+
+    return open_features(source) if isinstance(source, str | os.PathLike) else contextlib.nullcontext(source)
 
 
 def layers(model, *, weights: str = "none", seed: int | None = None, input_size: int | None = None,
@@ -145,17 +188,16 @@ def layers(model, *, weights: str = "none", seed: int | None = None, input_size:
     >>> [(row.path, row.output) for row in layers("resnet18", depth=1)][-1]
     ('fc', [1, 1000])
     """
-    import torch
-
-    from hookcli.models import load_model
-    from hookcli.selectors import describe_layers
-
     from hookcli.errors import check_whole
+    from hookcli.models import load_model
     from hookcli.preprocess import MAX_SIDE
+    from hookcli.selectors import describe_layers
 
     check_whole("input_size", input_size, 1, MAX_SIDE, optional=True)
     check_whole("depth", depth, 1, optional=True)
-    loaded = load_model(model, weights, seed=seed or 0)
+    loaded = load_model(model, weights, seed=seed or 0)  # an unknown name is refused before torch loads
+    import torch
+
     size = input_size or loaded.preprocess.crop
     rows = describe_layers(loaded.module, torch.zeros(1, 3, size, size))
     return [row for row in rows if depth is None or row.path.count(".") < depth]

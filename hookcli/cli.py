@@ -16,6 +16,7 @@ import json
 import os
 import signal
 import sys
+import traceback
 
 import click
 
@@ -29,6 +30,8 @@ from hookcli.run import RunOptions
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 DEFAULTS = RunOptions()
+#: What click (8.2 and later) raises for a group called with no arguments.
+_NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
 
 
 class _HookcliGroup(click.Group):
@@ -43,14 +46,18 @@ class _HookcliGroup(click.Group):
         with notes_and_sigterm(lambda text: click.echo(text, err=True), debug=lambda: self.debug):
             try:
                 result = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            except _NO_ARGS_IS_HELP as err:  # bare `hookcli`: the help is what was asked for
+                click.echo(err.ctx.get_help())
+                sys.exit(0)
             except click.UsageError as err:
                 where = f"'{err.ctx.command_path} --help'" if err.ctx else "'hookcli --help'"
-                _exit_with_error(f"{err.format_message().rstrip('.')}. Hint: see {where}", err.exit_code)
+                _exit_with_error(f"{self._usage_message(err).rstrip('.')}. Hint: see {where}", err.exit_code)
             except click.ClickException as err:
                 _exit_with_error(err.format_message(), err.exit_code)
             except HookcliError as err:
                 if self.debug:
-                    raise
+                    traceback.print_exc()
+                    sys.exit(err.exit_code)
                 _exit_with_error(str(err), err.exit_code)
             except (KeyboardInterrupt, click.Abort):
                 click.echo("Aborted.", err=True)
@@ -68,6 +75,19 @@ class _HookcliGroup(click.Group):
                 hint = "Hint: rerun with --debug for the traceback"
                 _exit_with_error(f"{type(err).__name__}: {first_line(err).rstrip('.')}. {hint}", 1)
         sys.exit(result if isinstance(result, int) else 0)
+
+    def _usage_message(self, err: click.UsageError) -> str:
+        """Click's message; for an option of another command, which commands take it."""
+        if not isinstance(err, click.NoSuchOption):
+            return err.format_message()
+        root = err.ctx.find_root().command_path if err.ctx else "hookcli"
+        owners = [f"'{root} {name}'" for name, command in self.commands.items()
+                  if any(err.option_name in (*p.opts, *p.secondary_opts)
+                         for p in command.params if isinstance(p, click.Option) and not p.hidden)]
+        if not owners:
+            return err.format_message()
+        listed = owners[0] if len(owners) == 1 else f"{', '.join(owners[:-1])} and {owners[-1]}"
+        return f"No such option: {err.option_name} (it belongs to {listed})"
 
 
 def _exit_with_error(message: str, code: int) -> None:
@@ -192,8 +212,13 @@ def _preprocess_options(function):
     ])
 
 
-def _run_options(function):
-    """Device, batching, decode workers, inputs and their errors, overwriting, progress."""
+def _run_options(function=None, *, stored: str = "what is stored is --dtype"):
+    """Device, batching, decode workers, inputs and their errors, overwriting, progress.
+
+    ``stored`` ends the help of --precision: what the command stores, whatever the compute precision.
+    """
+    if function is None:
+        return lambda f: _run_options(f, stored=stored)
     from hookcli.pipeline import ON_ERROR
     from hookcli.speed import MEMORY_FORMATS, PRECISIONS
 
@@ -204,7 +229,7 @@ def _run_options(function):
                      help="Images per forward."),
         click.option("--precision", type=click.Choice(PRECISIONS), default=DEFAULTS.precision, show_default=True,
                      help="Compute precision: bf16 (CPU or GPU) and fp16 (GPU) autocast trade accuracy for speed; "
-                     "what is stored is --dtype."),
+                     f"{stored}."),
         click.option("--memory-format", type=click.Choice(MEMORY_FORMATS), default=DEFAULTS.memory_format,
                      show_default=True, help="auto: channels-last for convolutional models on CPU and CUDA "
                      "(faster, exact to fp32 rounding)."),
@@ -231,7 +256,8 @@ def _rows_output_options(function):
 
     return _options(function, [
         click.option("--output", "-o", metavar="PATH",
-                     help="Output .safetensors file; DIR/ (or an existing folder) for shards + index; - for stdout "
+                     help="Output safetensors file: any name but one ending in another format's suffix (.pt, "
+                     ".npy, .json…), which is refused; DIR/ (or an existing folder) for shards + index; - for stdout "
                      f"[<model>-<layer>.safetensors, or a folder <model>-<layer>/ above {LARGE_INPUT} images]."),
         click.option("--shard-size", type=click.IntRange(min=1),
                      help="Images (rows) per shard in a folder output [about 128 MiB of features per shard]."),
@@ -295,6 +321,10 @@ def _run(ctx: click.Context, command: str, options: dict, *args) -> None:
 @click.option("--json", "as_json", is_flag=True, help="One JSON array.")
 def models(as_json: bool) -> None:
     """List the models hookcli can load and their weights.
+
+    Read from a cache of torchvision's model registry, models.json in
+    $HOOKCLI_CACHE_DIR (default $XDG_CACHE_HOME/hookcli or ~/.cache/hookcli),
+    without importing torch; it is rebuilt when torchvision changes.
 
     \b
       hookcli models
@@ -427,7 +457,7 @@ def grad(ctx, **options) -> None:
               help="Overlay opacity.")
 @click.option("--cmap", default=DEFAULTS.cmap, show_default=True, help="Heat-map colormap (any matplotlib name).")
 @_preprocess_options
-@_run_options
+@_run_options(stored="the maps are stored as float32")
 @click.pass_context
 def cam(ctx, **options) -> None:
     """Class-activation maps (Grad-CAM and friends) with an overlay PNG per image.
@@ -523,3 +553,48 @@ def grid(file, output, quiet, **options) -> None:
 
     with contextlib.closing(_Reporter(quiet)) as reporter:
         hookcli.api.grid(file, output=output or DEFAULT_OUTPUT, progress=reporter, **options)
+
+
+@main.command(context_settings=CONTEXT_SETTINGS)
+@click.argument("file", metavar="FILE|DIR|-")
+@click.option("--output", "-o", metavar="DIR", help="Folder for the pages [<file stem>_report].")
+@click.option("--page-size", type=click.IntRange(min=1), help="Images (rows) per page. [20]")
+@click.option("--force", "-f", is_flag=True, help="Overwrite an existing report.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+def report(file, output, page_size, quiet, **options) -> None:
+    """Write a static HTML report: each image's pictures, statistics and targets, and the file's metadata.
+
+    One page per --page-size images: DIR/index.html (with a summary of the
+    file), then DIR/page-00002.html, … linked to each other. Pages stand
+    alone (pictures embedded, nothing fetched) and open from file://. The
+    path of index.html is printed. The options below are grid's; --image
+    also takes a range A:B of row indices.
+
+    \b
+      hookcli report feats.safetensors -o report/
+      hookcli report feats/ -k layer3 -i 0:100 --top 16 --page-size 10
+      hookcli cam -m resnet50 img.jpg -o cams/ && hookcli report cams/cams.safetensors
+    """
+    import hookcli.api
+    from hookcli.run import DEFAULT_OUTPUT
+
+    with contextlib.closing(_Reporter(quiet)) as reporter:
+        hookcli.api.report(file, output=output or DEFAULT_OUTPUT, page_size=page_size, progress=reporter, **options)
+
+
+def _report_drawing_options() -> list[click.Parameter]:
+    """grid's options that choose and draw tensors and images; --image also takes a range A:B."""
+    import copy
+
+    shared = []
+    for param in grid.params:
+        if param.name == "images":
+            param = copy.copy(param)
+            param.metavar = "INDEX|NAME|A:B"
+            param.help = "Images (rows) to show: row index, range A:B of indices, or input file name. Repeat. [all]"
+        if param.name not in ("file", "output", "force", "quiet"):
+            shared.append(param)
+    return shared
+
+
+report.params[3:3] = _report_drawing_options()  # after --page-size, in grid's order

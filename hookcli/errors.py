@@ -52,6 +52,10 @@ class WeightsError(HookcliError):
     """Weights could not be found, downloaded or loaded."""
 
 
+class UnknownWeightsError(WeightsError, UsageProblem):
+    """The weights name is not one of the model's (refused before any work, so a usage error)."""
+
+
 class UnknownLayerError(UsageProblem):
     """A layer selector matches no module of the model."""
 

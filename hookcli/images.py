@@ -14,10 +14,12 @@ in the order given, folder contents sorted by name.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
@@ -26,7 +28,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from hookcli.errors import ImageError, InputError
 from hookcli.store import NotRegularFile, file_kind, open_regular
 
-__all__ = ["IMAGE_SUFFIXES", "gather_inputs", "load_rgb", "model_view"]
+__all__ = ["IMAGE_SUFFIXES", "FoundInputs", "find_inputs", "gather_inputs", "load_rgb", "model_view"]
 
 #: Suffixes picked up when a folder is given; files named explicitly are always tried.
 IMAGE_SUFFIXES = frozenset(
@@ -36,32 +38,86 @@ IMAGE_SUFFIXES = frozenset(
 #: Background that transparent pixels are composited onto.
 _BACKGROUND = (255, 255, 255)
 
+#: Counting the images a search without ``recursive`` left out stops after this many images or sub-folders.
+LEFT_OUT_BOUND = 1000
 
-def gather_inputs(
+
+@dataclass(frozen=True)
+class FoundInputs:
+    """The image paths, in input order, and the images in sub-folders of folder inputs that were left out.
+
+    ``left_out`` images in ``left_out_folders`` sub-folders are what a
+    recursive search would add; ``counted_all`` is False when counting them
+    stopped at :data:`LEFT_OUT_BOUND` (there are at least that many).
+    """
+
+    paths: list[Path]
+    left_out: int = 0
+    left_out_folders: int = 0
+    counted_all: bool = True
+
+    @property
+    def note(self) -> str | None:
+        """What to tell the user about the images left out; None when there are none."""
+        if not self.left_out:
+            return None
+        at_least = "" if self.counted_all else "at least "
+        verb = "was" if self.left_out == 1 and self.counted_all else "were"
+        return (f"{at_least}{_counted(self.left_out, 'image')} in {at_least}"
+                f"{_counted(self.left_out_folders, 'sub-folder')} {verb} left out; -r (--recursive) includes them")
+
+
+def _counted(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def find_inputs(
     arguments: Sequence[str], *, recursive: bool = False, stdin: TextIO | None = None
-) -> list[Path]:
-    """Turn command-line inputs into an ordered list of image paths.
+) -> FoundInputs:
+    """Turn command-line inputs into an ordered list of image paths, and count what sub-folders hold.
 
     ``-`` reads paths, one per line, from ``stdin`` (default ``sys.stdin``);
     blank lines are ignored. Each path read there may itself be a folder.
+    Without ``recursive``, images in sub-folders of folder inputs are left
+    out, and counted (up to :data:`LEFT_OUT_BOUND`).
 
     Raises :class:`InputError` for a missing path, a folder with no images or
     when nothing at all is given.
     """
     paths: list[Path] = []
+    folders: list[Path] = []
     for argument in arguments:
-        if argument == "-":
-            stream = stdin if stdin is not None else sys.stdin
-            for line in _read_lines(stream):
-                paths.extend(_expand(line, recursive))
-        else:
-            paths.extend(_expand(argument, recursive))
+        names = _read_lines(stdin if stdin is not None else sys.stdin) if argument == "-" else [argument]
+        for name in names:
+            found, folder = _expand(name, recursive)
+            paths.extend(found)
+            if folder is not None and not recursive:
+                folders.append(folder)
     if not paths:
         raise InputError(
             "no input images were given",
             hint="pass image files or folders, or '-' to read paths from stdin",
         )
-    return paths
+    return FoundInputs(paths, *_left_out(folders))
+
+
+def gather_inputs(
+    arguments: Sequence[str], *, recursive: bool = False, stdin: TextIO | None = None
+) -> list[Path]:
+    """The image paths of :func:`find_inputs`, in input order."""
+    return find_inputs(arguments, recursive=recursive, stdin=stdin).paths
+
+
+def _left_out(folders: Sequence[Path]) -> tuple[int, int, bool]:
+    """Images below ``folders`` that a recursive search would add, the sub-folders holding them, and whether the
+    count is complete (it stops at :data:`LEFT_OUT_BOUND` images or sub-folders looked into)."""
+    images = holding = looked = 0
+    for folder in folders:
+        for _, names in itertools.islice(_walk(folder), 1, None):  # the folder itself was read
+            images, holding, looked = images + len(names), holding + bool(names), looked + 1
+            if images >= LEFT_OUT_BOUND or looked >= LEFT_OUT_BOUND:
+                return images, holding, False
+    return images, holding, True
 
 
 def _read_lines(stream: Iterable[str]) -> Iterable[str]:
@@ -71,7 +127,8 @@ def _read_lines(stream: Iterable[str]) -> Iterable[str]:
             yield line
 
 
-def _expand(argument: str, recursive: bool) -> list[Path]:
+def _expand(argument: str, recursive: bool) -> tuple[list[Path], Path | None]:
+    """The images ``argument`` names, and the folder it is (None for a file)."""
     path = Path(argument)
     try:
         path.stat()
@@ -89,24 +146,28 @@ def _expand(argument: str, recursive: bool) -> list[Path]:
                 else f"image files end in one of {', '.join(sorted(IMAGE_SUFFIXES))}"
             )
             raise InputError(f"no images found in folder '{argument}'", hint=hint)
-        return found
+        return found, path
     if not path.exists():
         raise InputError(f"no such file or folder: '{argument}'", hint="check the path")
     if not path.is_file():
         raise InputError(f"input '{argument}' is {file_kind(path.stat().st_mode)}, not an image file",
                          hint="images are read from regular files; '-' reads a list of paths from stdin")
-    return [path]
+    return [path], None
 
 
 def _images_in(folder: Path, recursive: bool) -> list[Path]:
     if recursive:
-        found = []
-        for root, dirs, files in os.walk(folder):
-            dirs.sort()
-            found.extend(Path(root, name) for name in sorted(files) if _is_image_name(name))
-        return found
+        return [root / name for root, names in _walk(folder) for name in names]
     # Anything but a folder is listed; a FIFO or device among them is refused when read, under --on-error.
     return sorted(p for p in folder.iterdir() if not p.is_dir() and _is_image_name(p.name))
+
+
+def _walk(folder: Path) -> Iterator[tuple[Path, list[str]]]:
+    """``(folder, its image names)`` for ``folder`` and every folder below it, in the order a recursive search
+    reads them."""
+    for root, dirs, files in os.walk(folder):
+        dirs.sort()
+        yield Path(root), sorted(name for name in files if _is_image_name(name))
 
 
 def _is_image_name(name: str) -> bool:

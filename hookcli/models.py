@@ -44,13 +44,19 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from hookcli.errors import UnknownModelError, WeightsError, first_line
+from hookcli.errors import (
+    UnknownModelError,
+    UnknownWeightsError,
+    WeightsError,
+    first_line,
+)
 from hookcli.preprocess import Preprocess
+from hookcli.registry import ModelEntry, model_registry
 from hookcli.store import file_kind
 
 __all__ = [
     "LoadedModel", "describe_models", "list_models", "load_model", "looks_like_weights_path", "num_classes",
-    "weights_cache_path", "weights_names",
+    "resolve_weights", "weights_cache_path", "weights_names",
 ]
 
 _WEIGHT_FILE_SUFFIXES = (".pth", ".pt", ".safetensors", ".bin", ".ckpt")
@@ -81,34 +87,51 @@ class LoadedModel:
 
 
 def list_models() -> list[str]:
-    """Names of every classification model torchvision can build, sorted."""
-    import torchvision.models
-
-    return sorted(torchvision.models.list_models(module=torchvision.models))
+    """Names of every classification model torchvision can build, sorted (from :mod:`hookcli.registry`)."""
+    return list(model_registry())
 
 
 def describe_models() -> list[dict]:
     """Every model hookcli can load: ``{"model", "default", "weights"}`` (the default and every weights name)."""
-    import torchvision.models
-
-    return [{"model": name, "default": torchvision.models.get_model_weights(name).DEFAULT.name,
-             "weights": weights_names(name)} for name in list_models()]
+    return [{"model": name, "default": entry.default, "weights": list(entry.weights)}
+            for name, entry in model_registry().items()]
 
 
 def weights_names(name: str) -> list[str]:
     """The pretrained weights of model ``name`` by enum member name (without the ``DEFAULT`` alias)."""
-    import torchvision.models
-
-    members = torchvision.models.get_model_weights(name).__members__
-    return [member for member in members if member != "DEFAULT"]
+    return list(_entry(name).weights)
 
 
-def check_model_name(name: str) -> str:
-    """Return ``name`` if hookcli can build it, else raise with the closest names."""
-    names = list_models()
-    if name in names:
-        return name
-    closest = difflib.get_close_matches(name, names, n=3, cutoff=0.0)
+def resolve_weights(name: str, weights: str) -> str | None:
+    """The member of model ``name``'s weights enum that ``weights`` names, None for ``none`` or a path.
+
+    A name is ``DEFAULT`` in any case, a member (``IMAGENET1K_V1``) or a qualified one
+    (``ResNet18_Weights.IMAGENET1K_V1``). An unknown model or weights name is refused from the
+    registry cache, before torch is imported (see :mod:`hookcli.registry`).
+
+    >>> resolve_weights("resnet18", "default"), resolve_weights("resnet18", "ResNet18_Weights.IMAGENET1K_V1")
+    ('DEFAULT', 'IMAGENET1K_V1')
+    """
+    entry = _entry(name)
+    spec = weights.strip()
+    if spec.lower() == "none":
+        return None
+    if spec.upper() == "DEFAULT":
+        return "DEFAULT"
+    member = spec.removeprefix(entry.enum + ".")
+    if member in entry.weights or member == "DEFAULT":
+        return member
+    if looks_like_weights_path(spec):
+        return None
+    raise _unknown_weights(name, spec, entry.weights)
+
+
+def _entry(name: str) -> ModelEntry:
+    """Model ``name``'s registry entry; an unknown name is refused with the closest ones."""
+    registry = model_registry()
+    if name in registry:
+        return registry[name]
+    closest = difflib.get_close_matches(name, list(registry), n=3, cutoff=0.0)
     raise UnknownModelError(
         f"unknown model '{name}' (closest: {', '.join(closest)})",
         hint="'hookcli models' lists every model",
@@ -125,22 +148,20 @@ def weights_cache_path(weights) -> Path:
 
 def load_model(name: str, weights: str = "DEFAULT", *, seed: int = 0) -> LoadedModel:
     """Build model ``name`` in eval mode on the CPU with ``weights`` (see the module docs)."""
+    member = resolve_weights(name, weights)  # before torch: a name that cannot be built is refused at once
     import torchvision.models
 
-    check_model_name(name)
     weights_enum = torchvision.models.get_model_weights(name)
     spec = weights.strip()
-    named = _named_weights(weights_enum, spec)
+    named = None if member is None else weights_enum[member]
     if spec.lower() == "none":
         module = _build_seeded(name, seed)
         described = {"source": "none", "seed": seed}
     elif named is not None:
         module = _build_pretrained(name, named)
         described = {"source": "torchvision", "name": f"{type(named).__name__}.{named.name}"}
-    elif looks_like_weights_path(spec):
-        module, described = _build_from_file(name, Path(spec), seed)
     else:
-        raise _unknown_weights(name, spec)
+        module, described = _build_from_file(name, Path(spec), seed)
     module.eval()
     return LoadedModel(
         name=name,
@@ -149,14 +170,6 @@ def load_model(name: str, weights: str = "DEFAULT", *, seed: int = 0) -> LoadedM
         preprocess=Preprocess.from_transforms((weights_enum.DEFAULT if named is None else named).transforms()),
         categories=None if named is None else named.meta.get("categories"),
     )
-
-
-def _named_weights(weights_enum, spec: str):
-    """The pretrained weights ``spec`` names (``DEFAULT`` in any case, ``MEMBER`` or ``Enum.MEMBER``), else None."""
-    if spec.upper() == "DEFAULT":
-        return weights_enum.DEFAULT
-    member = spec.removeprefix(weights_enum.__name__ + ".")
-    return weights_enum[member] if member in weights_enum.__members__ else None
 
 
 def looks_like_weights_path(spec: str) -> bool:
@@ -168,11 +181,11 @@ def looks_like_weights_path(spec: str) -> bool:
     return "/" in spec or os.sep in spec or spec.lower().endswith(_WEIGHT_FILE_SUFFIXES)
 
 
-def _unknown_weights(name: str, spec: str) -> WeightsError:
-    available = ", ".join(["DEFAULT", *weights_names(name), "none"])
-    hint = (f"to load the file '{spec}' in the current folder, write it as ./{spec}" if Path(spec).is_file()
+def _unknown_weights(name: str, spec: str, known: tuple[str, ...]) -> UnknownWeightsError:
+    available = ", ".join(["DEFAULT", *known, "none"])
+    hint = (f"to load the file '{spec}' in the current folder, write it as ./{spec}" if os.path.isfile(spec)
             else "or pass a path to a .pth/.safetensors state dict")
-    return WeightsError(f"model '{name}' has no weights '{spec}' (available: {available})", hint=hint)
+    return UnknownWeightsError(f"model '{name}' has no weights '{spec}' (available: {available})", hint=hint)
 
 
 def _build_seeded(name: str, seed: int, **kwargs):

@@ -209,7 +209,8 @@ def reported_failures(failures: list, on_error: str) -> list[tuple[int, str]]:
     """Raise the first unreadable image in ``fail`` mode; in ``skip`` mode, ``(index, message)`` pairs."""
     if failures and on_error == "fail":
         message, hint = failures[0][1]
-        raise ImageError(message, hint=hint)
+        skip = "add --on-error skip to leave unreadable images out"
+        raise ImageError(message, hint=f"{hint}; or {skip}" if hint else skip)
     return [(index, f"{message}. Hint: {hint}" if hint else message) for index, (message, hint) in failures]
 
 

@@ -1,10 +1,12 @@
 """The run layer: a command's options → one frozen :class:`RunPlan` → :func:`execute`.
 
-:func:`plan` resolves everything once: it validates the options (choices,
-ranges, flags that conflict) and checks the output before anything heavy
-happens: no model loads, and torch is not imported, until those checks have
-passed. Then it finds the inputs, resolves the device, loads the model,
-resolves the layers, the target and the default output name, and picks the
+:func:`plan` resolves everything once, and first what needs no model (and
+no torch): it validates the options (choices, ranges, flags that conflict)
+and the layer selectors, finds the inputs, checks the output (the default
+output name too when the selectors name their layers' keys), then the model
+and weights names (from :mod:`hookcli.registry`'s cache). Then it resolves
+the device, loads the model, resolves the layers and the target (and the
+default output name when globs or types leave it to the model), and picks the
 forward strategy and the writer. :func:`execute` runs the one batch pipeline
 (:func:`hookcli.pipeline.iter_batches`) into that writer
 (:mod:`hookcli.writers`) and returns what the command's Python function
@@ -246,7 +248,8 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
     drops the trailing slash). Raises the library's errors; usage
     errors before any model loads.
     """
-    from hookcli.models import LoadedModel
+    from hookcli.models import LoadedModel, resolve_weights
+    from hookcli.selectors import selector_keys
 
     if command not in COMMAND_OPTIONS:
         raise UsageProblem(f"unknown command '{command}'", hint=f"use one of {', '.join(COMMAND_OPTIONS)}")
@@ -257,6 +260,7 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
         raise UsageProblem("--seed only applies to --weights none (pretrained and file weights are fixed)",
                            hint=help_hint)
     model_name = model.name if isinstance(model, LoadedModel) else str(model)
+    keys = selector_keys(_selectors(layers)) if command != "cam" else None
     kind, path = _output_kind(command, output, model_name)
     if opts.shard_size and kind not in ("folder", "default"):
         raise UsageProblem("--shard-size applies to a folder output (-o DIR/)", hint=help_hint)
@@ -270,15 +274,19 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
         if kind == "cam":
             check_folder_output(path)
             refuse_existing([Path(path) / "cams.safetensors"], force=opts.force)
-    paths = _gather(inputs, opts.recursive)
+    found = _gather(inputs, opts.recursive)
+    paths = found.paths
     if kind == "default":
         kind = "folder" if len(paths) > LARGE_INPUT else "file"
-    elif kind in ("file", "folder"):
-        _check_output(kind, path, opts.force)
-    if kind == "file" and path is not None:
-        _refuse_overwriting_inputs([path], paths)
+        # Named after the layers' keys: known now unless a glob or a type selector leaves them to the model.
+        path = None if keys is None else _default_output(command, model_name, keys, kind)
+    if path is not None and kind in ("file", "folder"):
+        _check_target(kind, path, paths, opts.force)
     if opts.grid:
         check_folder_output(opts.grid)
+    if not isinstance(model, LoadedModel):
+        # The last check before torch: the registry cache answers it, and only a cold cache imports torchvision.
+        resolve_weights(model_name, opts.weights)
 
     from hookcli.device import resolve_device
     from hookcli.speed import check_precision
@@ -288,9 +296,9 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
     loaded = model if isinstance(model, LoadedModel) else _load(model_name, opts)
     settings = dataclasses.replace(settings, device=device, preprocess=_preprocess(loaded, opts))
     settings = settings.resolved(loaded, len(paths))
-    notes = ()
+    notes = (found.note,) if found.note else ()
     if command != "extract" and opts.compile:
-        notes = ("--compile: gradients need the eager graph with hooks; running eagerly",)
+        notes += ("--compile: gradients need the eager graph with hooks; running eagerly",)
     target = None
     if command != "extract":
         from hookcli.gradients import parse_target
@@ -299,11 +307,8 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
         target = parse_target(opts.target, loaded.categories, num_classes(loaded.module))
     selected, forward, entries = _command_parts(command, loaded, layers, settings, opts, target)
     if path is None and kind in ("file", "folder"):
-        path = str(default_output_name(loaded.name, selected, folder=kind == "folder",
-                                       kind=".grad" if command == "grad" else ""))
-        _check_output(kind, path, opts.force)
-        if kind == "file":
-            _refuse_overwriting_inputs([path], paths)
+        path = _default_output(command, loaded.name, list(selected.values()), kind)
+        _check_target(kind, path, paths, opts.force)
     if kind == "cam":
         from hookcli.writers import cam_png_name
 
@@ -369,12 +374,26 @@ def _is_dir(path: str) -> bool:
         return False
 
 
-def default_output_name(model_name: str, layers: Mapping[str, str], *, folder: bool = False, kind: str = "") -> Path:
-    """``<model>-<key>`` for one layer, ``<model>-<n>layers`` for more; then ``<kind>.safetensors`` unless a folder."""
-    keys = list(layers.values())
+def default_output_name(model_name: str, keys: Sequence[str], *, folder: bool = False, kind: str = "") -> Path:
+    """``<model>-<key>`` for one layer's key, ``<model>-<n>layers`` for more; then ``<kind>.safetensors`` unless a
+    folder."""
     label = keys[0] if len(keys) == 1 else f"{len(keys)}layers"
     name = f"{model_name}-{label.replace(os.sep, '_')}"
     return Path(name) if folder else Path(f"{name}{kind}.safetensors")
+
+
+def _default_output(command: str, model_name: str, keys: Sequence[str], kind: str) -> str:
+    return str(default_output_name(model_name, keys, folder=kind == "folder",
+                                   kind=".grad" if command == "grad" else ""))
+
+
+def _check_target(kind: str, path: str, inputs: Sequence[Path], force: bool) -> None:
+    """Refuse a file or folder output that could not be written, and a file output that is one of the inputs or is
+    named like another format."""
+    _check_output(kind, path, force)
+    if kind == "file":
+        _refuse_overwriting_inputs([path], inputs)
+        _refuse_other_format(path)
 
 
 def _check_output(kind: str, path: str, force: bool) -> None:
@@ -385,6 +404,28 @@ def _check_output(kind: str, path: str, force: bool) -> None:
         check_folder_target(path)
     else:
         check_writable(path, force=force)
+
+
+#: Suffixes of formats other than safetensors (besides images'): an output file is refused under such a name.
+_OTHER_FORMATS = frozenset({
+    ".pt", ".pth", ".bin", ".ckpt", ".npy", ".npz", ".h5", ".hdf5", ".pkl", ".pickle", ".joblib", ".json",
+    ".jsonl", ".csv", ".tsv", ".txt", ".parquet", ".arrow", ".feather", ".onnx", ".gguf", ".mat", ".zip", ".tar",
+    ".gz", ".svg", ".pdf",
+})
+
+
+def _refuse_other_format(path: str) -> None:
+    """What a file output holds is safetensors; a name that promises another format would mislead its reader.
+
+    Any other name is written as given, one without a suffix too.
+    """
+    from hookcli.images import IMAGE_SUFFIXES
+
+    suffix = Path(path).suffix
+    if suffix.lower() in _OTHER_FORMATS | IMAGE_SUFFIXES:
+        raise UsageProblem(f"output '{path}' ends in {suffix}, the suffix of another format",
+                           hint=f"hookcli writes safetensors: name it '{Path(path).with_suffix('.safetensors')}', "
+                           "or end the path with / for a shard folder")
 
 
 def _refuse_overwriting_inputs(outputs: Sequence, inputs: Sequence[Path]) -> None:
@@ -405,12 +446,12 @@ def _refuse_overwriting_inputs(outputs: Sequence, inputs: Sequence[Path]) -> Non
                                f"input '{source}'", hint="write the output somewhere else with -o")
 
 
-def _gather(inputs, recursive: bool) -> list[Path]:
-    from hookcli.images import gather_inputs
+def _gather(inputs, recursive: bool):
+    from hookcli.images import find_inputs
 
     if isinstance(inputs, str | os.PathLike):
         inputs = [inputs]
-    return gather_inputs([os.fspath(p) for p in inputs], recursive=recursive)
+    return find_inputs([os.fspath(p) for p in inputs], recursive=recursive)
 
 
 def _load(name: str, opts: RunOptions):

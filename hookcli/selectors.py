@@ -28,7 +28,10 @@ from dataclasses import dataclass, field
 
 from hookcli.errors import UnknownLayerError, UsageProblem
 
-__all__ = ["LayerInfo", "KEY_RESERVED", "describe_layers", "glob_to_regex", "hookable_layers", "resolve_layers"]
+__all__ = [
+    "LayerInfo", "KEY_RESERVED", "describe_layers", "glob_to_regex", "hookable_layers", "resolve_layers",
+    "selector_keys",
+]
 
 #: Characters that separate a layer's key from call index, input marker and container element.
 KEY_RESERVED = ":@#"
@@ -48,13 +51,9 @@ def resolve_layers(model, selectors: Iterable[str], *, model_name: str | None = 
     layers = hookable_layers(model)
     chosen: dict[str, str] = {}
     for selector in selectors:
-        pattern, _, rename = selector.partition("=")
-        pattern = pattern.strip()
-        if not pattern:
-            raise UsageProblem(f"empty layer selector '{selector}'", hint="give a path such as features.18")
+        pattern, rename = _parse_selector(selector)
         matches = _match(pattern, layers, model_name)
         if rename:
-            _check_key(rename, selector)
             if len(matches) != 1:
                 raise UsageProblem(
                     f"'{selector}' renames {len(matches)} layers",
@@ -78,6 +77,40 @@ def resolve_layers(model, selectors: Iterable[str], *, model_name: str | None = 
     return dict(sorted(chosen.items(), key=lambda item: order[item[0]]))
 
 
+def selector_keys(selectors: Iterable[str]) -> list[str] | None:
+    """The keys :func:`resolve_layers` will store ``selectors`` under, known without the model when each names one
+    module path (``PATH`` or ``PATH=NAME``); None when a glob or a type leaves them to the model.
+
+    Malformed selectors (empty, a bad key) are refused here as there.
+
+    >>> selector_keys(["layer4=final", "fc"]), selector_keys(["layer3.*"])
+    (['final', 'fc'], None)
+    """
+    keys: dict[str, str] = {}
+    for selector in selectors:
+        pattern, rename = _parse_selector(selector)
+        key = rename or pattern
+        if pattern.startswith("type:") or _is_glob(pattern) or keys.setdefault(pattern, key) != key:
+            return None  # a pattern, or one path under two names: resolve_layers decides (or refuses)
+    found = list(keys.values())
+    return found if found and len(set(found)) == len(found) else None
+
+
+def _parse_selector(selector: str) -> tuple[str, str]:
+    """``(pattern, rename)`` of ``PATTERN[=NAME]``; an empty pattern or a key hookcli cannot store is refused."""
+    pattern, _, rename = selector.partition("=")
+    pattern = pattern.strip()
+    if not pattern:
+        raise UsageProblem(f"empty layer selector '{selector}'", hint="give a path such as features.18")
+    if rename:
+        _check_key(rename, selector)
+    return pattern, rename
+
+
+def _is_glob(pattern: str) -> bool:
+    return any(ch in pattern for ch in "*?[")
+
+
 def _match(pattern: str, layers: Mapping, model_name: str | None) -> list[str]:
     where = f" in {model_name}" if model_name else ""
     hint = f"run 'hookcli layers --model {model_name}' to list them" if model_name else "list them with describe_layers"
@@ -91,7 +124,7 @@ def _match(pattern: str, layers: Mapping, model_name: str | None) -> list[str]:
                 f"no layer of type '{type_pattern}'{where} (closest types: {', '.join(closest)})", hint=hint
             )
         return found
-    if any(ch in pattern for ch in "*?["):
+    if _is_glob(pattern):
         regex = glob_to_regex(pattern)
         found = [p for p in layers if regex.fullmatch(p)]
         if not found:

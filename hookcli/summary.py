@@ -22,7 +22,8 @@ import re
 
 from hookcli.console import printable
 
-__all__ = ["describe_file", "info_json", "info_lines", "table_lines", "tensor_stats"]
+__all__ = ["describe_file", "info_json", "info_lines", "table_lines", "metadata_order", "tensor_stats",
+           "values_stats"]
 
 _WHOLE_TENSOR_BYTES = 64 * 1024 * 1024
 
@@ -32,14 +33,24 @@ def tensor_stats(features, key: str) -> dict:
 
     Computed in float64, so values beyond float32's range (F64 tensors) stay finite, and so does their mean.
     """
-    import numpy as np
-
     shape = features.shape(key)
     if not shape or features.nbytes(key) <= _WHOLE_TENSOR_BYTES:
         pieces = [features.read(key)]
     else:  # rows in pieces of about _WHOLE_TENSOR_BYTES, one read each
         step = max(1, _WHOLE_TENSOR_BYTES * shape[0] // features.nbytes(key))
         pieces = (features.read_rows(key, start, start + step) for start in range(0, shape[0], step))
+    return values_stats(pieces)
+
+
+def values_stats(pieces) -> dict:
+    """:func:`tensor_stats` of the values of ``pieces`` (arrays of any shape), taken together.
+
+    >>> import numpy as np
+    >>> values_stats([np.array([[0.0, 3.0]]), np.array([np.inf])])
+    {'min': 0.0, 'mean': 1.5, 'max': 3.0, 'zeros': 0.3333333333333333, 'nonfinite': 1}
+    """
+    import numpy as np
+
     low, high, mean, finite_count, zeros, count = np.inf, -np.inf, 0.0, 0, 0, 0
     for piece in pieces:
         values = np.asarray(piece, dtype=np.float64).ravel()
@@ -101,6 +112,11 @@ def _shallow(value, limit: int = 64) -> bool:
 
 
 _METADATA_ORDER = ("format", "producer", "model", "weights", "layers", "capture", "preprocess", "device", "versions")
+
+
+def metadata_order(metadata) -> list[str]:
+    """The metadata's keys as info shows them: hookcli's main entries in a fixed order, then the others by name."""
+    return sorted(metadata, key=lambda k: (_METADATA_ORDER.index(k) if k in _METADATA_ORDER else 99, k))
 
 
 def info_lines(described: dict, *, stats: bool = True) -> list[str]:
@@ -176,9 +192,8 @@ def _number(value) -> str:
 
 def _metadata_lines(metadata: dict) -> list[str]:
     """hookcli's keys first in a fixed order; objects one entry per line; long lists shortened (--json has all)."""
-    ordered = sorted(metadata, key=lambda k: (_METADATA_ORDER.index(k) if k in _METADATA_ORDER else 99, k))
     lines = []
-    for key in ordered:
+    for key in metadata_order(metadata):
         value = metadata[key]
         if isinstance(value, dict) and any(isinstance(v, dict | list) for v in value.values()):
             lines.append(f"  {key}:")

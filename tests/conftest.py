@@ -1,9 +1,11 @@
-"""Shared fixtures. Tests never touch the network: torch's cache is a temp folder and downloads are off."""
+"""Shared fixtures. Tests never touch the network or the home folder: torch's cache and hookcli's model registry
+cache are temp folders and downloads are off."""
 
 import os
 import tempfile
 
 os.environ["TORCH_HOME"] = tempfile.mkdtemp(prefix="hookcli-torch-home-")
+os.environ["HOOKCLI_CACHE_DIR"] = tempfile.mkdtemp(prefix="hookcli-cache-")
 os.environ["HOOKCLI_OFFLINE"] = "1"
 os.environ.pop("HOOKCLI_DEBUG", None)
 
@@ -48,3 +50,13 @@ def images(tmp_path) -> list[Path]:
     folder = tmp_path / "imgs"
     folder.mkdir()
     return [_write_noise(folder / f"{name}.png", seed=i) for i, name in enumerate("abc")]
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """Loading a model fails loudly (AssertionError "the model was loaded"): a refusal that should come before it
+    shows up as that error."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr("hookcli.models.load_model", refuse)

@@ -211,7 +211,7 @@ def test_errors_are_one_line_with_a_hint(runner, images, tmp_path, monkeypatch):
          "Error: no such file or folder: 'missing.png'. Hint: check the path"),
         ([*base, "-l", "layer1", str(text)], 1,
          f"Error: '{text}' is not an image Pillow can read. Hint: check the file type; text or corrupt files "
-         "cannot be used"),
+         "cannot be used; or add --on-error skip to leave unreadable images out"),
         (["extract", "-m", "resnet5", "-l", "layer1", str(images[0])], 2,
          "Error: unknown model 'resnet5' (closest: resnet50, resnet152, resnet34). "
          "Hint: 'hookcli models' lists every model"),

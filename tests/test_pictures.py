@@ -11,7 +11,14 @@ from safetensors.numpy import save_file
 
 from hookcli.cli import main
 from hookcli.grids import GridOptions, heat_picture, plan_grids, render_picture
-from hookcli.render import _glyphs, _label_bitmap, _label_size, grid_columns, tile_layout, tile_maps
+from hookcli.render import (
+    _glyphs,
+    _label_bitmap,
+    _label_size,
+    grid_columns,
+    tile_layout,
+    tile_maps,
+)
 from hookcli.store import Features
 
 

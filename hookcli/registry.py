@@ -1,0 +1,140 @@
+"""What torchvision can build, cached on disk so that naming a model needs no torch.
+
+Importing torchvision takes seconds; listing its models, or refusing a name
+it does not know, should not. :func:`model_registry` reads every model's
+weights enum (its class name, its members, its default) from a JSON file,
+``models.json`` in ``$HOOKCLI_CACHE_DIR`` (default
+``$XDG_CACHE_HOME/hookcli``, else ``~/.cache/hookcli``), written for one
+torchvision version and one hookcli version. The file is untrusted: when it is
+missing, unreadable, not exactly what this module writes, or for other
+versions, the registry is read from torchvision again and the file rewritten
+atomically. A folder that cannot be written only means no cache.
+
+>>> registry = model_registry()
+>>> registry["resnet18"]
+ModelEntry(enum='ResNet18_Weights', default='IMAGENET1K_V1', weights=('IMAGENET1K_V1',))
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+from hookcli import __version__
+from hookcli.errors import HookcliError
+from hookcli.store import atomic_path, open_regular
+
+__all__ = ["CACHE_FILE", "ModelEntry", "cache_path", "model_registry"]
+
+CACHE_FILE = "models.json"
+#: A real cache is about 10 KB; anything much larger is not one.
+_MAX_BYTES = 1 << 20
+_TOP_KEYS = {"hookcli", "torchvision", "models"}
+_ENTRY_KEYS = {"enum", "default", "weights"}
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """A model's pretrained weights: the enum's class name, its default member, every member but ``DEFAULT``."""
+
+    enum: str
+    default: str
+    weights: tuple[str, ...]
+
+
+def cache_path() -> Path | None:
+    """Where the registry is cached: ``$HOOKCLI_CACHE_DIR``, ``$XDG_CACHE_HOME/hookcli`` or ``~/.cache/hookcli``.
+
+    None when no home folder can be found (and neither variable is set).
+    """
+    override = os.environ.get("HOOKCLI_CACHE_DIR", "")
+    if override:
+        return Path(override) / CACHE_FILE
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    if os.path.isabs(xdg):  # the XDG spec says to ignore a relative path
+        return Path(xdg) / "hookcli" / CACHE_FILE
+    try:
+        home = Path.home()
+    except RuntimeError:  # Python 3.12 and later, when there is no home to find
+        return None
+    return home / ".cache" / "hookcli" / CACHE_FILE if home.is_absolute() else None  # 3.11 leaves "~" as it is
+
+
+def model_registry() -> dict[str, ModelEntry]:
+    """Every model name torchvision can build, sorted, with its weights; from the cache when it is valid."""
+    versions = {"hookcli": __version__, "torchvision": _torchvision_version()}
+    path = cache_path() if versions["torchvision"] is not None else None  # no version, nothing to key it by
+    cached = _read(path, versions) if path is not None else None
+    if cached is not None:
+        return cached
+    registry = _scan()
+    if path is not None:
+        _write(path, {**versions, "models": {name: asdict(entry) for name, entry in registry.items()}})
+    return registry
+
+
+def _torchvision_version() -> str | None:
+    try:
+        return version("torchvision")
+    except PackageNotFoundError:
+        return None
+
+
+def _scan() -> dict[str, ModelEntry]:
+    import torchvision.models
+
+    registry = {}
+    for name in sorted(torchvision.models.list_models(module=torchvision.models)):
+        weights = torchvision.models.get_model_weights(name)
+        registry[name] = ModelEntry(enum=weights.__name__, default=weights.DEFAULT.name,
+                                    weights=tuple(member for member in weights.__members__ if member != "DEFAULT"))
+    return registry
+
+
+def _read(path: Path, versions: dict) -> dict[str, ModelEntry] | None:
+    """The cached registry, or None unless the file is exactly one this module writes for ``versions``."""
+    try:
+        with open_regular(path) as handle:
+            raw = handle.read(_MAX_BYTES + 1)
+        data = json.loads(raw) if len(raw) <= _MAX_BYTES else None
+    except (OSError, ValueError, RecursionError):  # ValueError: not JSON or not text; RecursionError: nested deep
+        return None
+    if not isinstance(data, dict) or set(data) != _TOP_KEYS or any(data[key] != versions[key] for key in versions):
+        return None
+    models = data["models"]
+    if not isinstance(models, dict) or not models:
+        return None
+    registry = {}
+    for name in sorted(models):
+        entry = _parsed_entry(name, models[name])
+        if entry is None:
+            return None
+        registry[name] = entry
+    return registry
+
+
+def _parsed_entry(name: str, fields) -> ModelEntry | None:
+    if not name.isidentifier() or not isinstance(fields, dict) or set(fields) != _ENTRY_KEYS:
+        return None
+    enum, default, weights = fields["enum"], fields["default"], fields["weights"]
+    if not (_is_name(enum) and isinstance(weights, list) and weights and all(map(_is_name, weights))
+            and len(set(weights)) == len(weights) and "DEFAULT" not in weights and default in weights):
+        return None
+    return ModelEntry(enum=enum, default=default, weights=tuple(weights))
+
+
+def _is_name(value) -> bool:
+    return isinstance(value, str) and value.isidentifier()
+
+
+def _write(path: Path, data: dict) -> None:
+    """Write the cache atomically; a folder that cannot be made or written means no cache, not an error."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(path, force=True) as temporary:
+            temporary.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    except (OSError, HookcliError):
+        pass

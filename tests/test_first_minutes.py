@@ -1,0 +1,235 @@
+"""What a new user meets in their first minutes: bare `hookcli`, --debug, help texts, folders with sub-folders,
+output names, unreadable images in a folder, options given to the wrong command, the README's setup."""
+
+from pathlib import Path
+
+import click
+import pytest
+from safetensors import safe_open
+
+import hookcli
+from hookcli.cli import main
+from hookcli.errors import UsageProblem
+from hookcli.images import find_inputs
+from hookcli.run import Note
+
+EXTRACT = ["extract", "-m", "resnet18", "-w", "none", "--resize", "32", "--crop", "32", "-l", "layer1"]
+SMALL = {"weights": "none", "resize": 32, "crop": 32}
+LEFT_OUT = "Note: 3 images in 2 sub-folders were left out; -r (--recursive) includes them\n"
+
+
+@pytest.fixture
+def nested(images, make_image):
+    """tmp_path/imgs holds a, b, c and, below it, three more images in two sub-folders and one without images."""
+    folder = images[0].parent
+    (folder / "sub" / "deeper").mkdir(parents=True)
+    (folder / "notes").mkdir()
+    (folder / "notes" / "readme.txt").write_text("no images here")
+    for index, path in enumerate(["sub/d.png", "sub/e.png", "sub/deeper/f.png"]):
+        make_image(folder / path, seed=10 + index)
+    return folder
+
+
+def _words(text: str) -> str:
+    return " ".join(text.split())
+
+
+# -- bare hookcli, --debug -------------------------------------------------------------------------
+
+
+def test_bare_hookcli_prints_the_help_and_exits_0(runner):
+    result = runner.invoke(main, [])
+    assert (result.exit_code, result.stderr) == (0, "")
+    assert result.stdout == runner.invoke(main, ["--help"]).stdout
+    assert result.stdout.startswith("Usage: hookcli [OPTIONS] COMMAND [ARGS]...\n")
+
+
+@pytest.mark.parametrize("debug", [["--debug"], "env"])
+def test_debug_shows_the_traceback_and_keeps_the_exit_code_of_the_error(runner, tmp_path, monkeypatch, debug):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "text.jpg").write_text("not an image")
+    flag, env = (debug, {}) if debug != "env" else ([], {"HOOKCLI_DEBUG": "1"})
+    usage = runner.invoke(main, [*flag, *EXTRACT, "-o", "out.safetensors", "missing.png"], env=env)
+    failure = runner.invoke(main, [*flag, *EXTRACT, "-o", "out.safetensors", "text.jpg"], env=env)
+    assert usage.exit_code == 2
+    assert usage.stderr.startswith("Traceback (most recent call last):\n")
+    assert usage.stderr.endswith("hookcli.errors.InputError: no such file or folder: 'missing.png'. "
+                                 "Hint: check the path\n")
+    assert failure.exit_code == 1
+    assert failure.stderr.startswith("Traceback (most recent call last):\n")
+    assert failure.stderr.endswith("hookcli.errors.ImageError: 'text.jpg' is not an image Pillow can read. Hint: "
+                                   "check the file type; text or corrupt files cannot be used; or add --on-error "
+                                   "skip to leave unreadable images out\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["text.jpg"]
+
+
+# -- help texts ------------------------------------------------------------------------------------
+
+
+def test_cam_help_says_what_precision_means_for_cam(runner):
+    cam = _words(runner.invoke(main, ["cam", "--help"]).stdout)
+    assert ("--precision [fp32|bf16|fp16] Compute precision: bf16 (CPU or GPU) and fp16 (GPU) autocast trade "
+            "accuracy for speed; the maps are stored as float32.") in cam
+    assert "--dtype" not in cam
+    for command in ("extract", "grad"):
+        text = _words(runner.invoke(main, [command, "--help"]).stdout)
+        assert "autocast trade accuracy for speed; what is stored is --dtype." in text
+
+
+def test_output_help_states_the_naming_rule(runner):
+    for command in ("extract", "grad"):
+        text = _words(runner.invoke(main, [command, "--help"]).stdout)
+        assert ("-o, --output PATH Output safetensors file: any name but one ending in another format's suffix "
+                "(.pt, .npy, .json…), which is refused;") in text
+
+
+# -- folders with sub-folders ----------------------------------------------------------------------
+
+
+def test_a_folder_without_recursive_notes_the_images_its_sub_folders_hold(runner, nested, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(main, [*EXTRACT, "-o", "out.safetensors", "imgs"])
+    assert (result.exit_code, result.stdout, result.stderr) == (0, "out.safetensors\n", LEFT_OUT)
+    with safe_open("out.safetensors", "pt") as written:
+        assert written.get_slice("layer1").get_shape()[0] == 3
+    result = runner.invoke(main, [*EXTRACT, "-o", "all.safetensors", "-r", "imgs"])
+    assert (result.exit_code, result.stdout, result.stderr) == (0, "all.safetensors\n", "")
+    with safe_open("all.safetensors", "pt") as written:
+        assert written.get_slice("layer1").get_shape()[0] == 6
+
+
+def test_the_python_api_reports_the_left_out_images_as_a_note_event(nested):
+    events = []
+    features = hookcli.extract("resnet18", "layer1", nested, progress=events.append, **SMALL)
+    assert [e for e in events if isinstance(e, Note)] == [Note(LEFT_OUT[len("Note: "):-1])]
+    assert features.notes == (LEFT_OUT[len("Note: "):-1],)
+    assert features["layer1"].shape[0] == 3
+
+
+def test_no_note_without_images_in_sub_folders(runner, images, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "imgs" / "empty").mkdir()
+    (tmp_path / "imgs" / "texts").mkdir()
+    (tmp_path / "imgs" / "texts" / "a.txt").write_text("text")
+    (tmp_path / "imgs" / "texts" / ".hidden.png").write_bytes(b"")
+    result = runner.invoke(main, [*EXTRACT, "-o", "out.safetensors", "imgs"])
+    assert (result.exit_code, result.stdout, result.stderr) == (0, "out.safetensors\n", "")
+
+
+def test_counting_left_out_images_stops_at_a_bound_and_says_at_least(nested, monkeypatch):
+    found = find_inputs([str(nested)])
+    assert (len(found.paths), found.left_out, found.left_out_folders, found.counted_all) == (3, 3, 2, True)
+    assert find_inputs([str(nested)], recursive=True).note is None
+    monkeypatch.setattr("hookcli.images.LEFT_OUT_BOUND", 2)
+    assert find_inputs([str(nested)]).note == ("at least 2 images in at least 1 sub-folder were left out; "
+                                               "-r (--recursive) includes them")
+    (nested / "sub" / "e.png").unlink()
+    (nested / "sub" / "deeper" / "f.png").unlink()
+    monkeypatch.setattr("hookcli.images.LEFT_OUT_BOUND", 1000)
+    assert find_inputs([str(nested)]).note == "1 image in 1 sub-folder was left out; -r (--recursive) includes them"
+
+
+# -- output names ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["out.pt", "OUT.NPY", "feats.json", "sub/grid.png", "x.h5"])
+def test_an_output_named_like_another_format_is_refused_before_the_model_loads(
+        runner, images, tmp_path, monkeypatch, no_model, name):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sub").mkdir()
+    stem, suffix = name.rsplit(".", 1)
+    for command in (EXTRACT, ["grad", *EXTRACT[1:]]):
+        result = runner.invoke(main, [*command, "-o", name, "imgs/a.png"])
+        assert (result.exit_code, result.stdout, result.stderr) == (
+            2, "", f"Error: output '{name}' ends in .{suffix}, the suffix of another format. Hint: hookcli writes "
+                   f"safetensors: name it '{stem}.safetensors', or end the path with / for a shard folder\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["imgs", "sub"]
+
+
+def test_the_python_api_refuses_an_output_named_like_another_format(images, tmp_path, no_model):
+    for function in (hookcli.extract, hookcli.grad):
+        with pytest.raises(UsageProblem) as refused:
+            function("resnet18", "layer1", images[0], output=tmp_path / "feats.pth", **SMALL)
+        assert str(refused.value) == (f"output '{tmp_path / 'feats.pth'}' ends in .pth, the suffix of another format. "
+                                      f"Hint: hookcli writes safetensors: name it '{tmp_path / 'feats.safetensors'}', "
+                                      "or end the path with / for a shard folder")
+        assert refused.value.exit_code == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["imgs"]
+
+
+def test_an_output_without_a_suffix_or_with_an_unknown_one_is_written_as_safetensors(
+        runner, images, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for name in ("feats", "resnet18.layer1"):
+        result = runner.invoke(main, [*EXTRACT, "-o", name, "imgs/a.png"])
+        assert (result.exit_code, result.stdout, result.stderr) == (0, f"{name}\n", "")
+        with safe_open(name, "pt") as written:
+            assert written.keys() == ["layer1"]
+
+
+# -- an unreadable image in a folder ---------------------------------------------------------------
+
+
+def test_an_unreadable_image_in_a_folder_names_on_error_skip(runner, images, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "imgs" / "b2.jpg").write_bytes(b"\xff\xd8 not really a jpeg")
+    result = runner.invoke(main, [*EXTRACT, "-o", "out.safetensors", "imgs"])
+    assert (result.exit_code, result.stdout, result.stderr) == (
+        1, "", "Error: 'imgs/b2.jpg' is not an image Pillow can read. Hint: check the file type; text or corrupt "
+               "files cannot be used; or add --on-error skip to leave unreadable images out\n")
+    result = runner.invoke(main, [*EXTRACT, "-o", "out.safetensors", "--on-error", "skip", "imgs"])
+    assert (result.exit_code, result.stdout) == (0, "out.safetensors\n")
+
+
+# -- options given to the wrong command ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["cam", "--dtype", "float16", "img.png"],
+     "No such option: --dtype (it belongs to 'hookcli extract' and 'hookcli grad'). Hint: see 'hookcli cam --help'"),
+    (["grid", "f.safetensors", "--layer", "layer1"],
+     "No such option: --layer (it belongs to 'hookcli extract', 'hookcli grad' and 'hookcli cam'). "
+     "Hint: see 'hookcli grid --help'"),
+    (["grad", "--no-fuse", "img.png"],
+     "No such option: --no-fuse (it belongs to 'hookcli extract'). Hint: see 'hookcli grad --help'"),
+    (["info", "--input-size=64", "f.safetensors"],
+     "No such option: --input-size (it belongs to 'hookcli layers'). Hint: see 'hookcli info --help'"),
+    (["--pool", "avg"], "No such option: --pool (it belongs to 'hookcli extract'). Hint: see 'hookcli --help'"),
+])
+def test_an_option_of_another_command_says_whose_it_is(runner, args, message):
+    result = runner.invoke(main, args)
+    assert (result.exit_code, result.stdout, result.stderr) == (2, "", f"Error: {message}\n")
+
+
+def test_grids_channels_given_to_extract_names_grid(runner):
+    result = runner.invoke(main, ["extract", "--channels", "0:4", "img.png"])
+    assert (result.exit_code, result.stdout) == (2, "")
+    # Other commands that draw pictures may take it too; they are listed after grid.
+    assert result.stderr.startswith("Error: No such option: --channels (it belongs to 'hookcli grid'")
+    assert result.stderr.endswith("). Hint: see 'hookcli extract --help'\n") and result.stderr.count("\n") == 1
+
+
+def test_an_option_no_command_has_keeps_clicks_message(runner):
+    result = runner.invoke(main, ["extract", "--chanels", "0:4"])
+    assert result.exit_code == 2
+    assert result.stderr.startswith("Error: No such option") and "belongs" not in result.stderr
+
+
+def test_options_of_a_newly_registered_command_are_found_too(runner, monkeypatch):
+    monkeypatch.setitem(main.commands, "stats", click.Command("stats", params=[click.Option(["--bins"])]))
+    result = runner.invoke(main, ["extract", "--bins", "8"])
+    assert (result.exit_code, result.stderr) == (
+        2, "Error: No such option: --bins (it belongs to 'hookcli stats'). Hint: see 'hookcli extract --help'\n")
+
+
+# -- README ----------------------------------------------------------------------------------------
+
+
+def test_readme_setup_says_how_to_install_cpu_only_torch_and_how_long_the_tests_take():
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    setup = readme[:readme.index("\n## ")]
+    cpu_only = "pip install torch torchvision --index-url https://download.pytorch.org/whl/cpu\n"
+    assert cpu_only in setup
+    assert setup.index(cpu_only) < setup.rindex('pip install -e ".[test]"')
+    assert "5.5 GB" in setup
+    assert "1.5 to 2 minutes" in setup
