@@ -57,7 +57,7 @@ from hookcli.store import check_folder_output, refuse_existing
 
 __all__ = [
     "SCALES", "GridJob", "GridOptions", "GridPlan", "default_grid_folder", "parse_channels", "plan_grids",
-    "DEFAULT_MAPS", "Picture", "heat_picture", "model_photo", "render_all", "render_job", "render_picture",
+    "DEFAULT_MAPS", "Picture", "drawn_shape", "heat_picture", "model_photo", "render_all", "render_job", "render_picture",
     "safe_name", "write_grids",
 ]
 
@@ -214,7 +214,7 @@ def plan_grids(features, options: GridOptions, out_dir: str | os.PathLike | None
     drawable, notes, refusals = {}, [], []
     for key in keys:
         try:
-            drawable[key] = _maps_limit(features.shape(key), options)
+            drawable[key] = _maps_limit(drawn_shape(features, key), options)
         except NotDrawable as reason:
             refusals.append(f"'{key}' (shape {features.shape(key)}): {reason}")
             notes.append(f"skipped '{key}' (shape {features.shape(key)}): {reason}")
@@ -373,6 +373,18 @@ def _select_rows(wanted: Sequence[str], names: Sequence[str] | None, rows: int) 
     return chosen
 
 
+_CAM_KEY = re.compile(r"cam(#\d+)?")
+
+
+def drawn_shape(features, key: str) -> list[int]:
+    """The shape ``key`` is drawn as: its own, except a CAM file's maps (``cam``, ``cam#k``: ``[N, h, w]``, one map a
+    row), drawn as ``[N, 1, h, w]`` so that an ``h × w`` map is never read as ViT tokens."""
+    shape = list(features.shape(key))
+    if "cam_layer" in features.metadata and _CAM_KEY.fullmatch(key) and len(shape) == 3:
+        return [shape[0], 1, *shape[1:]]
+    return shape
+
+
 @dataclass(frozen=True)
 class Picture:
     """A drawn picture: ``pixels`` (``uint8 [H, W, 3]``) and ``notes`` on what it shows (an all-zero map, say)."""
@@ -393,17 +405,18 @@ def render_picture(features, job: GridJob, options: GridOptions, values: np.ndar
     (otherwise only the channels drawn are read). Raises
     :class:`~hookcli.render.NotDrawable` for shapes without a picture.
     """
-    shape = features.shape(job.key)[1:]
+    shape = drawn_shape(features, job.key)[1:]
     count, _, _, layout = map_layout(shape)
     selected = range(count)[options.channels] if options.channels is not None else range(count)
     if job.limit is not None and options.top is None:
         selected = selected[:job.limit]
     # Channel maps of [C, H, W] rows are read a range at a time; other layouts are sliced after reading.
-    direct = values is None and len(shape) == 3 and options.top is None and selected != range(count)
+    direct = (values is None and len(shape) == 3 and options.top is None and selected != range(count)
+              and list(shape) == features.shape(job.key)[1:])
     part = slice(selected.start, selected.stop, selected.step) if direct else None
     if values is None:
         values = features.read(job.key, job.row, part)
-    maps, layout = as_maps(values.reshape(len(selected), *shape[1:]) if direct else values)
+    maps, layout = as_maps(values.reshape(len(selected), *shape[1:]) if direct else values.reshape(shape))
     if not direct and selected != range(count):
         maps = maps[selected.start:selected.stop:selected.step]
     if len(maps) == 0:

@@ -7,7 +7,7 @@ inline, and a Content-Security-Policy lets the page fetch nothing (no script,
 font or network), so the report opens from ``file://`` anywhere.
 
 For each selected row (input image) and tensor a page holds the tensor's
-picture, drawn as :func:`hookcli.grids.render_job` draws it for ``grid``, and
+picture, drawn as :func:`hookcli.grids.render_picture` draws it for ``grid``, and
 that row's statistics: min, mean and max over finite values, the share of
 zeros, the count of NaN and ±inf, and the five channels with the highest mean
 (channels: axis 0 of a ``[C, H, W]`` row, the last axis of a ``[T, D]`` row,
@@ -52,7 +52,14 @@ import numpy as np
 from hookcli.console import printable
 from hookcli.errors import HookcliError, UsageProblem, check_whole
 from hookcli.fileformat import INDEX_NAME
-from hookcli.grids import GridJob, GridOptions, plan_grids, render_job
+from hookcli.grids import (
+    GridJob,
+    GridOptions,
+    Picture,
+    drawn_shape,
+    plan_grids,
+    render_picture,
+)
 from hookcli.render import NotDrawable
 from hookcli.run import Advanced, Note, Started, Wrote
 from hookcli.store import (
@@ -117,10 +124,9 @@ def write_report(features, output: str | os.PathLike, options: GridOptions, *, p
     emit = progress or (lambda event: None)
     check_whole("page_size", page_size, 1)
     folder = check_folder_output(output)
-    view = _OneMapCams(features)
-    plan = plan_grids(view, dataclasses.replace(options, images=()), None)
-    tensors = _tensors(view, plan)
-    rows = _selected_rows(view, options, max(t.rows for t in tensors))
+    plan = plan_grids(features, dataclasses.replace(options, images=()), None)
+    tensors = _tensors(features, plan)
+    rows = _selected_rows(features, options, max(t.rows for t in tensors))
     total = sum(len(r) for r in rows)
     pages = math.ceil(total / page_size)
     index = folder / page_name(1)
@@ -131,7 +137,7 @@ def write_report(features, output: str | os.PathLike, options: GridOptions, *, p
     emit(Started(total=total))
     folder.mkdir(parents=True, exist_ok=True)
     pages_of_rows = _batches(itertools.chain.from_iterable(rows), page_size)
-    report = _Report(features, view, plan, tensors, options, pages, emit)
+    report = _Report(features, plan, tensors, options, pages, emit)
     first = next(pages_of_rows)
     for number, page_rows in enumerate(pages_of_rows, start=2):
         report.write_page(folder / page_name(number), number, page_rows, force=force)
@@ -142,38 +148,6 @@ def write_report(features, output: str | os.PathLike, options: GridOptions, *, p
 
 
 # -- what is drawn ---------------------------------------------------------------------------------
-
-
-class _OneMapCams:
-    """``features`` with each CAM (``cam``, ``cam#k``: ``[N, h, w]``, one map a row) read as ``[N, 1, h, w]``.
-
-    A ``[h, w]`` row would otherwise be drawn as ViT tokens when ``h`` (or
-    ``h - 1``) is square; as one channel it is one map, as the file means it.
-    """
-
-    def __init__(self, features) -> None:
-        self._features = features
-        cam_file = "cam_layer" in features.metadata
-        self.maps = {k for k in features.keys() if cam_file and _CAM.fullmatch(k) and len(features.shape(k)) == 3}
-
-    def __getattr__(self, name: str):
-        return getattr(self._features, name)
-
-    def shape(self, key: str) -> list[int]:
-        shape = self._features.shape(key)
-        return [shape[0], 1, *shape[1:]] if key in self.maps else shape
-
-    def read(self, key: str, index: int | None = None, part: slice | None = None):
-        if key not in self.maps:
-            return self._features.read(key, index, part)
-        if index is None:
-            return self._features.read(key)[:, None]
-        values = self._features.read(key, index)[None]
-        return values if part is None else values[part]
-
-    def read_rows(self, key: str, start: int, stop: int):
-        values = self._features.read_rows(key, start, stop)
-        return values[:, None] if key in self.maps else values
 
 
 @dataclasses.dataclass(frozen=True)
@@ -311,9 +285,11 @@ class _Targets:
 class _Report:
     """Writes pages: for each row its targets, then each tensor's picture and statistics."""
 
-    def __init__(self, features, view, plan, tensors: Sequence[_Tensor], options: GridOptions, pages: int,
+    def __init__(self, features, plan, tensors: Sequence[_Tensor], options: GridOptions, pages: int,
                  emit: Callable) -> None:
-        self.features, self.view, self.plan, self.tensors = features, view, plan, tensors
+        self.features, self.plan, self.tensors = features, plan, tensors
+        # CAMs: one map a row, drawn over the photo, with no channels to rank.
+        self.cams = {t.key for t in tensors if drawn_shape(features, t.key) != features.shape(t.key)}
         self.options, self.pages, self.emit = options, pages, emit
         self.longest = max(tensors, key=lambda t: t.rows)  # it has every row, and each row's name
         self.targets = _Targets(features, self.longest.rows, lambda text: emit(Note(text)))
@@ -371,14 +347,14 @@ class _Report:
                  f'<p class="shape">{_text(_shape_text(self.features, tensor.key))}'
                  f'{" · " + _text(role) if role else ""}</p>\n',
                  '<div class="body">', self._picture(tensor, row, values), _stats_table(values),
-                 _channels_table(most_active(values)) if tensor.key not in self.view.maps else "",
+                 _channels_table(most_active(values)) if tensor.key not in self.cams else "",
                  "</div>\n</article>\n"]
         return "".join(parts)
 
     def _role(self, key: str, targets: list) -> str:
         """What a gradient or CAM tensor is, and which of the row's targets it is for."""
         gradient = "target" in self.metadata and _GRADIENT.fullmatch(key)
-        cam = key in self.view.maps and _CAM.fullmatch(key)
+        cam = key in self.cams and _CAM.fullmatch(key)
         if not gradient and not cam:
             return ""
         k = int((gradient or cam)["target"] or 0)
@@ -393,29 +369,30 @@ class _Report:
         if tensor.key in self.undrawable:
             return '<p class="missing">No picture (see the notes).</p>'
         job, options = self._job(tensor, row), self.options
-        shown = values[None] if tensor.key in self.view.maps else values
         try:
-            if tensor.key in self.view.maps:
+            picture = None
+            if tensor.key in self.cams:
                 options = dataclasses.replace(options, channels=None, top=None)
-                pixels = self._cam_over_photo(job, options, shown)
-                if pixels is None:
-                    pixels = render_job(self.view, job, options, values=shown)
-            else:
-                pixels = render_job(self.view, job, options, values=shown)
+                picture = self._cam_over_photo(job, options, values)
+            if picture is None:
+                picture = render_picture(self.features, job, options, values=values)
         except NotDrawable as reason:
             self.undrawable.add(tensor.key)
             self.emit(Note(f"skipped '{tensor.key}' (shape {self.features.shape(tensor.key)}): {reason}"))
             return f'<p class="missing">No picture: {_text(str(reason))}.</p>'
+        for text in picture.notes:
+            self.emit(Note(text))
+        pixels = picture.pixels
         height, width = pixels.shape[:2]
         return (f'<img src="data:image/png;base64,{_png(pixels)}" width="{width}" height="{height}" '
                 f'alt="{_text(tensor.key)}, image {row}">')
 
-    def _cam_over_photo(self, job: GridJob, options: GridOptions, values: np.ndarray) -> np.ndarray | None:
+    def _cam_over_photo(self, job: GridJob, options: GridOptions, values: np.ndarray) -> Picture | None:
         """The map over the photo the model saw, or None when the photo cannot be read (said once)."""
         if job.source_image is None:
             return None
         try:
-            return render_job(self.view, job, dataclasses.replace(options, overlay=True), values=values)
+            return render_picture(self.features, job, dataclasses.replace(options, overlay=True), values=values)
         except HookcliError as err:
             if not self.photo_problem:
                 self.photo_problem = True

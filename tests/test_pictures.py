@@ -177,3 +177,15 @@ def test_cam_notes_a_map_that_is_zero_everywhere(runner, tmp_path, photo, monkey
     assert result.stderr == ("Note: grace_hopper.jpg, class 3: the gradcam map is 0 everywhere: "
                              "the photo is drawn without it\n")
     assert _png(tmp_path / "cams" / "00000_grace_hopper.png").shape[1] == 512
+
+
+def test_a_cam_files_maps_are_one_map_a_row_whatever_their_size():
+    cams = np.arange(2 * 4 * 4, dtype=np.float32).reshape(2, 4, 4)
+    features = Features({"cam": cams}, {"cam_layer": "layer4"})
+    options = GridOptions(plain=True, padding=0, cmap="gray")
+    jobs = plan_grids(features, options, None)
+    assert len(jobs) == 2 and jobs.notes == ()
+    pixels = render_picture(features, jobs[1], options).pixels
+    assert pixels.shape == (32, 32, 3)  # one 4 x 4 map enlarged 8 times, not 16 tokens folded to a square
+    assert (pixels[::8, ::8, 0] == np.round(np.arange(16).reshape(4, 4) / 15 * 255)).all()
+    assert len(plan_grids(Features({"cam": cams}, {}), options, None)) == 2  # elsewhere [4, 4] rows are tokens
