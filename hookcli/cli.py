@@ -394,7 +394,8 @@ def layers(model, weights, seed, input_size, depth, as_json, as_nl) -> None:
 @click.option("--fuse/--no-fuse", default=DEFAULTS.fuse, show_default=True,
               help="On the CPU, run each convolution outside the hooked layers together with its BatchNorm, "
               "activation and residual add, as one kernel (equal to fp32 rounding); --no-fuse runs every module "
-              "as written.")
+              "as written. Default: fuse runs of 16 images or more, where the one-off cost of tracing the model "
+              "pays back.")
 @_run_options
 @click.pass_context
 def extract(ctx, **options) -> None:
@@ -516,9 +517,9 @@ def info(file, as_json, no_stats) -> None:
 @click.option("--image", "-i", "images", multiple=True, metavar="INDEX|NAME",
               help="Images (rows) to draw: row index or input file name. Repeat. [all]")
 @click.option("--channels", type=_Parsed("A:B|K", "hookcli.grids", "parse_channels"),
-              help="Channel range, e.g. 0:64, or one channel K.")
+              help="Channel range, e.g. 0:64 (':' for all), or one channel K. [all; the first 64 of wider layers]")
 @click.option("--top", type=click.IntRange(min=1), help="Only the K channels with the highest mean activation.")
-@click.option("--columns", type=click.IntRange(min=1), help="Tiles per row [about square].")
+@click.option("--columns", type=click.IntRange(min=1), help="Tiles per row [fewest blank places, about 3:2].")
 @click.option("--padding", type=click.IntRange(min=0), default=2, show_default=True, help="Pixels between tiles.")
 @click.option("--cmap", default="viridis", show_default=True, help="Any matplotlib colormap (gray, viridis, magma…).")
 @click.option("--scale", type=click.Choice(["channel", "grid"]), default="channel", show_default=True,
@@ -538,9 +539,12 @@ def info(file, as_json, no_stats) -> None:
 def grid(file, output, quiet, **options) -> None:
     """Render feature-map grids (PNG) from a safetensors file, one per tensor and image.
 
-    [N, C, H, W] tensors become tiled channel maps, [N, T, D] ViT tokens are
-    folded back to a square grid (class token dropped), [N, D] vectors become
-    a strip. Written paths are printed, one per line. DIR is a shard folder
+    [N, C, H, W] tensors become tiled channel maps, each numbered with its
+    channel, [N, T, D] ViT tokens are folded back to a square grid (class
+    token dropped), [N, D] vectors and [N, C, 1, 1] pooled channels become a
+    strip of values. A colour bar states the scale. Layers wider than 64
+    channels draw their first 64 unless --channels or --top says otherwise.
+    Written paths are printed, one per line. DIR is a shard folder
     written with extract -o DIR/ (or its index.jsonl); - reads a file from stdin.
 
     \b
