@@ -163,6 +163,10 @@ class _KeyPlan:
 class GridPlan(Sequence):
     """The PNGs to write, as a sequence of :class:`GridJob` made on demand (a file may have millions of rows).
 
+    Jobs come tensor by tensor, in the order the tensors were chosen, and
+    each tensor's rows in the order of the image selection (ascending when
+    none is given), so a tensor's job for a row can be found by position.
+
     ``notes`` say what will not be drawn, or not all of it: undrawable
     tensors, channel ranges that miss a tensor, pictures cut to their limits.
     """
