@@ -57,14 +57,19 @@ def run(command: list[str]) -> float:
     return time.perf_counter() - start
 
 
-def best_times(contenders: dict[str, list[str]], rounds: int) -> dict[str, float]:
-    """Each command's best wall time over ``rounds`` rounds, the order shuffled in each round."""
-    best = {label: float("inf") for label in contenders}
+def round_times(contenders: dict[str, list[str]], rounds: int) -> dict[str, list[float]]:
+    """Each command's wall times over ``rounds`` rounds, the order shuffled in each round."""
+    times: dict[str, list[float]] = {label: [] for label in contenders}
     shuffler = random.Random(0)
     for _ in range(rounds):
         for label in shuffler.sample(list(contenders), len(contenders)):
-            best[label] = min(best[label], run(contenders[label]))
-    return best
+            times[label].append(run(contenders[label]))
+    return times
+
+
+def best_times(contenders: dict[str, list[str]], rounds: int) -> dict[str, float]:
+    """Each command's best wall time over ``rounds`` rounds, the order shuffled in each round."""
+    return {label: min(times) for label, times in round_times(contenders, rounds).items()}
 
 
 def main() -> None:

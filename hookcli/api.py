@@ -52,7 +52,7 @@ def extract(model, layers, inputs, *, output=None, progress: Callable | None = N
     ``batch_size`` (16), ``precision`` (``"fp32"``), ``memory_format``
     (``"auto"``), ``compile``, ``workers``, ``recursive``, ``on_error``
     (``"fail"``), ``force``, ``pool``, ``dtype`` (``"float32"``),
-    ``shard_size``, ``fuse`` (True), ``grid`` (a folder for PNGs).
+    ``shard_size``, ``fuse`` (None: from 16 inputs on), ``grid`` (a folder for PNGs).
 
     >>> import tempfile
     >>> photo = __import__("matplotlib.cbook").cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)

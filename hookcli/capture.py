@@ -43,9 +43,14 @@ from collections.abc import Iterator, Mapping, Sequence
 
 from hookcli.errors import CaptureError, LayerNotRunError, UsageProblem
 
-__all__ = ["CAPTURE_KINDS", "FeatureCapture", "GradientCapture", "preserved_mode"]
+__all__ = ["CAPTURE_KINDS", "COUNTING_FORWARD_FROM", "FeatureCapture", "GradientCapture", "preserved_mode"]
 
 CAPTURE_KINDS = ("output", "input", "both")
+#: A first batch of this many images or more learns the call counts from a one-image forward of its own, so that it
+#: can stop early too. That forward costs about one image and a set of kernels for a second shape, and saves only
+#: the layers after the last chosen one on this batch (nothing when that is the model's last layer): a smaller
+#: first batch runs whole and the call counts come from it.
+COUNTING_FORWARD_FROM = 8
 
 
 @contextlib.contextmanager
@@ -72,7 +77,8 @@ class FeatureCapture:
     ``capture`` is ``"output"``, ``"input"`` or ``"both"``. With
     ``stop_early`` the forward ends as soon as every layer has fired as often
     as it did in the first forward, so layers nobody asked for are not paid
-    for; that first, full forward runs on one image only.
+    for; that first, full forward runs on one image only when the first batch
+    has :data:`COUNTING_FORWARD_FROM` images or more (a smaller one runs whole).
     """
 
     def __init__(
@@ -133,7 +139,7 @@ class FeatureCapture:
         """
         if self._stack is None:
             raise RuntimeError("FeatureCapture.run() needs the capture to be entered (use 'with')")
-        if self.calls is None and self.stop_early and len(batch) > 1:
+        if self.calls is None and self.stop_early and len(batch) >= COUNTING_FORWARD_FROM:
             # Learn how often each layer fires from one image, so this batch can already stop early.
             self._check_calls(self._forward(batch[:1])[0])
         counts, outputs, inputs = self._forward(batch)

@@ -13,7 +13,9 @@ Forward strategies (each a context manager called with a batch):
 - :class:`EagerForward`: hooks on the model as written;
 - :class:`FusedForward`: the same hooks on a fused copy of the model (CPU
   extraction, :mod:`hookcli.fusion`), falling back to the model as written
-  should the fused forward fail on the first batch;
+  should the fused forward fail on the first batch; by default only for runs
+  of :data:`~hookcli.speed.FUSE_FROM` images or more, where tracing and
+  folding pay back (:func:`hookcli.speed.choose_fuse`);
 - :class:`CompiledForward`: a compiled graph cut after the last layer
   (:func:`hookcli.speed.compiled_extractor`), falling back to the eager path
   where hooks are needed;
@@ -61,8 +63,9 @@ class RunSettings:
     """How to run: everything but the model, the layers and the inputs.
 
     Fields left to be decided (``preprocess=None``: the weights' own;
-    ``device="auto"``; ``workers=None``; ``memory_format="auto"``) are decided
-    once by :meth:`resolved`. ``fuse`` (extraction on the CPU, see
+    ``device="auto"``; ``workers=None``; ``memory_format="auto"``;
+    ``fuse=None``: by the number of inputs) are decided once by
+    :meth:`resolved`. ``fuse`` (extraction on the CPU, see
     :mod:`hookcli.fusion`) is ignored by gradient runs and by ``compile``,
     which fuses in its own way.
     """
@@ -78,7 +81,7 @@ class RunSettings:
     precision: str = "fp32"
     memory_format: str = "auto"
     compile: bool = False
-    fuse: bool = True
+    fuse: bool | None = None
 
     def __post_init__(self) -> None:
         check_choice("capture", self.capture, CAPTURE_KINDS)
@@ -93,16 +96,22 @@ class RunSettings:
 
     @property
     def fusing(self) -> bool:
-        """Whether extraction may fuse: ``fuse`` asked for and no ``compile`` (which fuses in its own way)."""
-        return self.fuse and not self.compile
+        """Whether extraction may fuse: ``fuse`` asked for or chosen, and no ``compile`` (which fuses in its own way).
+
+        False while ``fuse`` is still None: :meth:`resolved` decides it.
+        """
+        return bool(self.fuse) and not self.compile
 
     def resolved(self, loaded: LoadedModel, inputs: int) -> RunSettings:
         """These settings with nothing left to decide, for ``loaded`` on ``inputs`` images.
 
         The device becomes a ``torch.device`` that exists here (and can run
         the precision), preprocessing the weights' own where none is given,
-        workers and memory format as ``auto`` picks them. Resolved settings
-        resolve to themselves.
+        workers and memory format as ``auto`` picks them, and ``fuse=None``
+        true from :data:`~hookcli.speed.FUSE_FROM` inputs on
+        (:func:`~hookcli.speed.choose_fuse`). ``inputs`` counts the whole run,
+        also when it resumes part-way, so a resumed run decides as the first
+        one did. Resolved settings resolve to themselves.
         """
         from hookcli.device import resolve_device
 
@@ -111,7 +120,8 @@ class RunSettings:
         workers = self.workers if self.workers is not None else default_workers(device, inputs, self.batch_size)
         return dataclasses.replace(
             self, device=device, preprocess=self.preprocess or loaded.preprocess, workers=workers,
-            memory_format=speed.choose_memory_format(loaded.module, device, self.memory_format))
+            memory_format=speed.choose_memory_format(loaded.module, device, self.memory_format),
+            fuse=speed.choose_fuse(self.fuse, inputs))
 
 
 @dataclass

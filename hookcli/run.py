@@ -139,7 +139,7 @@ class RunOptions:
     pool: str | None = None
     dtype: str = "float32"
     shard_size: int | None = None
-    fuse: bool = True
+    fuse: bool | None = None  # None: by the number of inputs (hookcli.speed.choose_fuse)
     grid: str | None = None
     target: str = "top1"
     method: str = "gradcam"

@@ -36,12 +36,12 @@ def _same_files(first, second):
 
 def test_extract_to_a_file_writes_what_the_cli_writes(runner, images, tmp_path):
     flags = ["-m", "resnet18", "-w", "none", "-l", "layer2", "-l", "fc=logits", "--pool", "avg", "--dtype",
-             "float16", "-b", "2", *SMALL_FLAGS]
+             "float16", "-b", "2", "--fuse", *SMALL_FLAGS]
     result = runner.invoke(main, ["extract", *flags, "-o", str(tmp_path / "cli.safetensors"), *map(str, images)])
     assert result.exit_code == 0, result.output
     written = hookcli.extract("resnet18", ["layer2", "fc=logits"], [str(p) for p in images],
                               output=tmp_path / "api.safetensors", weights="none", pool="avg", dtype="float16",
-                              batch_size=2, **SMALL)
+                              batch_size=2, fuse=True, **SMALL)
     assert written == tmp_path / "api.safetensors"
     tensors, metadata = _same_files(tmp_path / "cli.safetensors", written)
     assert {k: (tuple(v.shape), v.dtype) for k, v in tensors.items()} == {
@@ -61,7 +61,7 @@ def test_in_memory_features_are_a_read_only_mapping_with_the_metadata_a_file_wou
     assert all(torch.equal(features[k], stored[k]) for k in stored)
     assert features.metadata == metadata
     assert features.inputs == [str(p) for p in images] and features.skipped == []
-    assert features.facts.calls == {"layer1.0.relu": 2} and features.facts.fused == 3 and features.notes == ()
+    assert features.facts.calls == {"layer1.0.relu": 2} and features.facts.fused == 0 and features.notes == ()
     with pytest.raises(TypeError):
         features["layer1.0.relu:0"] = torch.zeros(1)
     assert features.shape("layer1.0.relu:1") == [3, 64, 16, 16] and features.dtype("layer1.0.relu:1") == "F32"

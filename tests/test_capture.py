@@ -6,7 +6,7 @@ import torch.nn as nn
 import torchvision
 from torchvision.models.feature_extraction import create_feature_extractor
 
-from hookcli.capture import FeatureCapture
+from hookcli.capture import COUNTING_FORWARD_FROM, FeatureCapture
 from hookcli.errors import CaptureError, LayerNotRunError
 
 
@@ -96,12 +96,12 @@ def test_module_run_twice_yields_every_call(resnet):
 
 
 def test_stop_early_gives_the_same_tensors_without_running_later_layers(resnet):
-    x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(5))
+    x = torch.randn(COUNTING_FORWARD_FROM, 3, 64, 64, generator=torch.Generator().manual_seed(5))
     ran = []
     handle = resnet.fc.register_forward_pre_hook(lambda module, inputs: ran.append(len(inputs[0])))
     try:
         with FeatureCapture(resnet, ["layer2", "layer1.0.relu"]) as capture, torch.inference_mode():
-            first = capture.run(x)  # learns the call counts: full forward
+            first = capture.run(x)  # a one-image forward learns the call counts; the batch stops after layer2
             second = capture.run(x)  # stops after layer2
         with FeatureCapture(resnet, ["layer2", "layer1.0.relu"], stop_early=False) as capture, torch.inference_mode():
             capture.run(x)
@@ -109,10 +109,30 @@ def test_stop_early_gives_the_same_tensors_without_running_later_layers(resnet):
     finally:
         handle.remove()
     # Only a one-image forward (learning the call counts) and the two full ones reached fc.
-    assert ran == [1, 2, 2]
+    assert ran == [1, COUNTING_FORWARD_FROM, COUNTING_FORWARD_FROM]
     assert sorted(first) == sorted(second) == sorted(full) == ["layer1.0.relu:0", "layer1.0.relu:1", "layer2"]
     for key in full:
         assert torch.equal(second[key], full[key])
+
+
+def test_a_first_batch_too_small_for_a_counting_forward_runs_whole_and_learns_the_counts(resnet):
+    x = torch.randn(COUNTING_FORWARD_FROM - 1, 3, 64, 64, generator=torch.Generator().manual_seed(6))
+    ran = []
+    handle = resnet.fc.register_forward_pre_hook(lambda module, inputs: ran.append(len(inputs[0])))
+    try:
+        with FeatureCapture(resnet, ["layer1.0.relu", "layer2"]) as capture, torch.inference_mode():
+            first = capture.run(x)
+            calls = dict(capture.calls)
+            second = capture.run(x)
+    finally:
+        handle.remove()
+    assert ran == [COUNTING_FORWARD_FROM - 1]  # the first batch ran whole, the second stopped after layer2
+    assert calls == {"layer1.0.relu": 2, "layer2": 1}
+    assert list(first) == list(second) == ["layer1.0.relu:0", "layer1.0.relu:1", "layer2"]
+    assert torch.equal(first["layer2"], _fx(resnet, "layer2", x))
+    assert torch.equal(first["layer1.0.relu:1"], _fx(resnet, "layer1.0.relu_1", x))
+    for key in first:
+        assert torch.equal(second[key], first[key])
 
 
 def _hook_count(model):
@@ -201,8 +221,8 @@ def test_a_non_batch_first_output_is_an_error():
 
 
 def test_the_batch_pipeline_leaves_grad_mode_alone_between_batches(images):
-    from hookcli.pipeline import RunSettings, iter_batches
     from hookcli.models import load_model
+    from hookcli.pipeline import RunSettings, iter_batches
 
     loaded = load_model("resnet18", "none")
     batches = iter_batches(loaded, {"layer1": "layer1"}, images, RunSettings(batch_size=1))

@@ -44,9 +44,10 @@ def test_vgg16_bn_features_18_matches_the_fx_extractor(runner, photo, tmp_path, 
     assert (tensors["features.18"] < 0).any()  # BatchNorm output, before the in-place ReLU
     assert (metadata["precision"], metadata["memory_format"], metadata["fused"]) == ("fp32", "contiguous", "0")
 
-    # The default runs convolutional models channels-last, with convolution chains outside the hooked layer fused:
-    # other kernels, the same values to fp32 rounding.
-    result = runner.invoke(main, ["extract", "-m", "vgg16_bn", "-l", "features.18", "-w", "none", *SMALL,
+    # The default runs convolutional models channels-last; --fuse fuses convolution chains outside the hooked layer
+    # even for one image (by default only runs of 16 images or more are fused): other kernels, the same values to
+    # fp32 rounding.
+    result = runner.invoke(main, ["extract", "-m", "vgg16_bn", "-l", "features.18", "-w", "none", "--fuse", *SMALL,
                                   "-o", "cl.safetensors", str(photo)])
     assert result.exit_code == 0, result.output
     channels_last, metadata = _read(tmp_path / "cl.safetensors")

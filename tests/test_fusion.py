@@ -12,9 +12,9 @@ from torchvision.models.feature_extraction import create_feature_extractor
 import hookcli
 from hookcli.capture import FeatureCapture
 from hookcli.fusion import FusedConvolution, fused_for_inference
+from hookcli.models import load_model
 from hookcli.pipeline import RunSettings
 from hookcli.run import Note
-from hookcli.models import load_model
 
 
 def _with_running_stats(model, seed=0):
@@ -187,22 +187,22 @@ def test_models_with_nothing_to_fuse_or_that_cannot_be_traced_are_returned_as_th
     assert fused_for_inference(_Chain(nn.ReLU()).eval(), [], dtype=torch.float16)[1] == 0  # not a CPU dtype
 
 
-def test_extraction_fuses_by_default_stops_early_and_leaves_no_hooks(images):
+def test_extraction_fuses_when_asked_stops_early_and_leaves_no_hooks(images):
     loaded = load_model("resnet18", "none", seed=0)
     _with_running_stats(loaded.module)
     fc_calls = []
     handle = loaded.module.fc.register_forward_hook(lambda *_: fc_calls.append(1))
     try:
-        fused = hookcli.extract(loaded, "layer2", images, batch_size=2)
-        assert fc_calls == [1]  # the one-image forward that learns the call counts; the batches stop at layer2
+        fused = hookcli.extract(loaded, "layer2", images, batch_size=2, fuse=True)  # 3 images fuse only when asked
+        assert fc_calls == [1]  # the first batch of 2 runs whole and learns the call counts; the next stops at layer2
         plain = hookcli.extract(loaded, "layer2", images, batch_size=2, fuse=False)
     finally:
         handle.remove()
     assert fused["layer2"].shape == (len(images), 128, 28, 28)
     assert (fused.facts.fused, plain.facts.fused) == (5, 0)  # conv1 and layer1's four; layer2 is hooked, whole
     assert (fused.metadata["fused"], plain.metadata["fused"]) == ("5", "0")
-    assert (RunSettings().fusing, RunSettings(fuse=False).fusing, RunSettings(compile=True).fusing) == (
-        True, False, False)  # --compile fuses in its own way
+    assert (RunSettings(fuse=True).fusing, RunSettings(fuse=False).fusing,
+            RunSettings(fuse=True, compile=True).fusing) == (True, False, False)  # --compile fuses in its own way
     difference = (fused["layer2"] - plain["layer2"]).norm() / plain["layer2"].norm()
     assert 0 < difference < 1e-6  # other kernels, the same values to fp32 rounding
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in loaded.module.modules())
@@ -218,7 +218,7 @@ def test_a_failing_fused_forward_falls_back_to_the_model_as_written(images, monk
 
     monkeypatch.setattr(FusedConvolution, "forward", broken)
     events = []
-    run = hookcli.extract(loaded, "layer1", images, batch_size=2, progress=events.append)
+    run = hookcli.extract(loaded, "layer1", images, batch_size=2, fuse=True, progress=events.append)
     note = "the fused forward failed (RuntimeError: could not create a primitive); running the model unfused"
     assert run.notes == (note,) and [e for e in events if isinstance(e, Note)] == [Note(note)]
     assert run.facts.fused == 0 and run.metadata["fused"] == "0"  # the model as written ran
