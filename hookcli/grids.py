@@ -450,8 +450,9 @@ def render_picture(features, job: GridJob, options: GridOptions, values: np.ndar
     else:
         look = {"columns": options.columns, "padding": options.padding, "min_tile": options.min_tile,
                 "labels": None if options.plain else labels, "min_width": 0 if options.plain else _MIN_WIDTH}
-        labelled = options.plain or tile_layout(len(maps), *maps.shape[1:], **look).band > 0
-        pixels = tile_maps(scale_maps(maps, options.scale), cmap=options.cmap, **look)
+        layout = tile_layout(len(maps), *maps.shape[1:], **look)
+        labelled = options.plain or layout.band > 0
+        pixels = tile_maps(scale_maps(maps, options.scale), cmap=options.cmap, layout=layout, **look)
         if not options.plain:
             ends, said = ((_ends(value_range(maps)), "one scale for all tiles") if options.scale == "grid" else
                           (("low", "high"), "each tile scaled to its own range"))
@@ -479,9 +480,8 @@ def _overlay_picture(features, job: GridJob, maps: np.ndarray, options: GridOpti
                                hint="draw without --overlay, or write the file again with hookcli extract") from None
     photo = model_photo(job.source_image, preprocess, enlarge=not options.plain)
     heat = np.nanmean(np.where(np.isfinite(maps), maps, np.nan), axis=0) if len(maps) > 1 else maps[0]
-    if options.plain:
-        return overlay(photo, heat, cmap=options.overlay_cmap, alpha=options.alpha), _flat_note(heat, "activation")
-    return heat_picture(photo, heat, cmap=options.overlay_cmap, alpha=options.alpha, what="activation")
+    return heat_picture(photo, heat, cmap=options.overlay_cmap, alpha=options.alpha, what="activation",
+                        legend=not options.plain)
 
 
 def model_photo(path, preprocess, *, enlarge: bool = True) -> np.ndarray:
@@ -505,32 +505,23 @@ def model_photo(path, preprocess, *, enlarge: bool = True) -> np.ndarray:
                                  interpolation=preprocess.interpolation))
 
 
-def heat_picture(photo: np.ndarray, heat: np.ndarray, *, cmap: str, alpha: float,
-                 what: str) -> tuple[np.ndarray, str | None]:
+def heat_picture(photo: np.ndarray, heat: np.ndarray, *, cmap: str, alpha: float, what: str,
+                 legend: bool = True) -> tuple[np.ndarray, str | None]:
     """``heat`` over ``photo`` with a colour bar giving the map's range; ``(pixels, note)``, a note when it is flat.
 
     A map with no spread (all zero, as a CAM is when no position raises the
     class's score) is not drawn: the photo is shown as it is, and the bar and
-    the note say why.
+    the note say why. ``legend=False`` leaves the bar out.
     """
-    pixels = overlay(photo, heat, cmap=cmap, alpha=alpha)
-    note = _flat_note(heat, what)
-    if note:
-        return add_colorbar(pixels, cmap, "low", "high", f"the map {_flatness(heat)}: nothing to overlay"), note
     span = value_range(np.asarray(heat))
-    return add_colorbar(pixels, cmap, number(span[0]), number(span[1]), f"{what}, this image's range"), None
-
-
-def _flatness(heat) -> str | None:
-    span = value_range(np.asarray(heat))
-    if span is None:
-        return "has no finite values"
-    return f"is {number(span[0])} everywhere" if span[0] == span[1] else None
-
-
-def _flat_note(heat, what: str) -> str | None:
-    flat = _flatness(heat)
-    return f"the {what} map {flat}: the photo is drawn without it" if flat else None
+    flat = "has no finite values" if span is None else f"is {number(span[0])} everywhere" \
+        if span[0] == span[1] else None
+    pixels = overlay(photo, heat, cmap=cmap, alpha=alpha)  # a flat map leaves the photo as it is
+    if legend:
+        ends, said = (("low", "high"), f"the map {flat}: nothing to overlay") if flat else \
+            ((number(span[0]), number(span[1])), f"{what}, this image's range")
+        pixels = add_colorbar(pixels, cmap, *ends, said)
+    return pixels, (f"the {what} map {flat}: the photo is drawn without it" if flat else None)
 
 
 #: Overlays are drawn at least _OVERLAY_MIN and at most _OVERLAY_SIDE pixels a side.

@@ -32,7 +32,6 @@ import codecs
 import contextlib
 import difflib
 import hashlib
-import json
 import os
 import pickle
 import stat
@@ -44,12 +43,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from hookcli.errors import (
-    UnknownModelError,
-    UnknownWeightsError,
-    WeightsError,
-    first_line,
-)
+from hookcli.errors import UnknownModelError, UnknownWeightsError, WeightsError, first_line
 from hookcli.preprocess import Preprocess
 from hookcli.registry import ModelEntry, model_registry
 from hookcli.store import file_kind
@@ -81,9 +75,6 @@ class LoadedModel:
     weights: dict
     preprocess: Preprocess
     categories: list[str] | None
-
-    def weights_json(self) -> str:
-        return json.dumps(self.weights)
 
 
 def list_models() -> list[str]:

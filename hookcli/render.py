@@ -166,6 +166,7 @@ def colorize(values: np.ndarray, cmap: str) -> np.ndarray:
     return rgb
 
 
+@functools.lru_cache(maxsize=256)
 def grid_columns(count: int, tile_height: int, tile_width: int) -> int:
     """Tiles per row for ``count`` tiles: the fewest blank places whose picture is about as wide as tall or wider.
 
@@ -220,7 +221,7 @@ def tile_layout(count: int, height: int, width: int, *, columns: int | None = No
 
 def tile_maps(
     scaled: np.ndarray, *, columns: int | None = None, padding: int = 2, cmap: str = "viridis", min_tile: int = 32,
-    labels: Sequence[int] | None = None, min_width: int = 0,
+    labels: Sequence[int] | None = None, min_width: int = 0, layout: TileLayout | None = None,
 ) -> np.ndarray:
     """Colour ``[K, H, W]`` maps scaled to [0, 1] and tile them ``columns`` wide (default: :func:`grid_columns`).
 
@@ -228,11 +229,12 @@ def tile_maps(
     neighbour, keeping their aspect ratio, and further while the picture is
     narrower than ``min_width``. ``labels`` (one number per map) are written
     in a band above each tile when they fit its width. The enlargement stops
-    short of :data:`MAX_PIXELS`; more tiles than fit unenlarged raise :class:`NotDrawable`.
+    short of :data:`MAX_PIXELS`; more tiles than fit unenlarged raise :class:`NotDrawable`. ``layout``: what
+    :func:`tile_layout` gave for the same arguments, when the caller has it already.
     """
     count, height, width = scaled.shape
-    layout = tile_layout(count, height, width, columns=columns, padding=padding, min_tile=min_tile, labels=labels,
-                         min_width=min_width)
+    layout = layout or tile_layout(count, height, width, columns=columns, padding=padding, min_tile=min_tile,
+                                   labels=labels, min_width=min_width)
     columns, rows, factor, band = layout.columns, layout.rows, layout.factor, layout.band
     rgb = colorize(scaled, cmap)
     if factor > 1:
@@ -315,10 +317,10 @@ def _label_band(labels: Sequence[int] | None, tile_width: int) -> int:
 @functools.lru_cache(maxsize=8)
 def _glyphs(size: int) -> tuple[dict[str, np.ndarray], int]:
     """Coverage bitmaps (0-255) of the characters used in labels, each one advance wide, and their height."""
-    from PIL import Image, ImageDraw, ImageFont
+    from PIL import Image, ImageDraw
 
-    font = ImageFont.load_default(size=size)
-    top, bottom = font.getbbox("0123456789-.e+")[1], font.getbbox("0123456789-.e+")[3]
+    font = _font(size)
+    _, top, _, bottom = font.getbbox("0123456789-.e+")
     height = bottom - top
     glyphs = {}
     for char in "0123456789-.e+":
@@ -370,9 +372,14 @@ def overlay(photo: np.ndarray, heat: np.ndarray, *, cmap: str = "inferno", alpha
 
 
 def _caption_font(width: int):
+    return _font(max(12, min(28, round(width / 45))))
+
+
+@functools.lru_cache(maxsize=32)
+def _font(size: int):
     from PIL import ImageFont
 
-    return ImageFont.load_default(size=max(12, min(28, round(width / 45))))
+    return ImageFont.load_default(size=size)
 
 
 def add_title(pixels: np.ndarray, parts: Sequence[str]) -> np.ndarray:

@@ -55,7 +55,7 @@ def test_refuses_a_folder_or_a_missing_parent(tmp_path):
 
 def test_rows_read_in_one_go_match_row_by_row_reads(tmp_path, monkeypatch):
     from hookcli import summary
-    from hookcli.store import Features, FeatureFile
+    from hookcli.store import FeatureFile, Features
 
     generator = torch.Generator().manual_seed(0)
     tensors = {"half": torch.randn(9, 4, 3, generator=generator).bfloat16(),
