@@ -514,8 +514,8 @@ def info(file, as_json, no_stats) -> None:
 @click.argument("file", metavar="FILE|DIR|-")
 @click.option("--output", "-o", metavar="DIR", help="Folder for the PNGs [<file stem>_grids].")
 @click.option("--key", "-k", "keys", multiple=True, metavar="GLOB", help="Tensors to draw (globs as for --layer). Repeat.")
-@click.option("--image", "-i", "images", multiple=True, metavar="INDEX|NAME",
-              help="Images (rows) to draw: row index or input file name. Repeat. [all]")
+@click.option("--image", "-i", "images", multiple=True, metavar="INDEX|NAME|A:B",
+              help="Images (rows) to draw: row index, range A:B of indices, or input file name. Repeat. [all]")
 @click.option("--channels", type=_Parsed("A:B|K", "hookcli.grids", "parse_channels"),
               help="Channel range, e.g. 0:64 (':' for all), or one channel K. [all; the first 64 of wider layers]")
 @click.option("--top", type=click.IntRange(min=1), help="Only the K channels with the highest mean activation.")
@@ -587,18 +587,8 @@ def report(file, output, page_size, quiet, **options) -> None:
 
 
 def _report_drawing_options() -> list[click.Parameter]:
-    """grid's options that choose and draw tensors and images; --image also takes a range A:B."""
-    import copy
-
-    shared = []
-    for param in grid.params:
-        if param.name == "images":
-            param = copy.copy(param)
-            param.metavar = "INDEX|NAME|A:B"
-            param.help = "Images (rows) to show: row index, range A:B of indices, or input file name. Repeat. [all]"
-        if param.name not in ("file", "output", "force", "quiet"):
-            shared.append(param)
-    return shared
+    """grid's options that choose and draw tensors and images."""
+    return [param for param in grid.params if param.name not in ("file", "output", "force", "quiet")]
 
 
 report.params[3:3] = _report_drawing_options()  # after --page-size, in grid's order

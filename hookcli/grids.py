@@ -58,7 +58,7 @@ from hookcli.store import check_folder_output, refuse_existing
 __all__ = [
     "SCALES", "GridJob", "GridOptions", "GridPlan", "default_grid_folder", "parse_channels", "plan_grids",
     "DEFAULT_MAPS", "Picture", "drawn_shape", "heat_picture", "model_photo", "render_all", "render_job", "render_picture",
-    "safe_name", "write_grids",
+    "input_names", "safe_name", "select_rows", "write_grids",
 ]
 
 SCALES = ("channel", "grid")
@@ -229,10 +229,10 @@ def plan_grids(features, options: GridOptions, out_dir: str | os.PathLike | None
         shown = "; ".join(refusals[:3]) + (f"; and {len(refusals) - 3} more tensors" if len(refusals) > 3 else "")
         raise UsageProblem(f"nothing to draw in '{features.name}': {shown}",
                            hint="'hookcli info' shows the shapes; choose other tensors (-k) or channels")
-    inputs = _inputs(features.metadata)
     rows = max(features.shape(k)[0] for k in drawable)
-    listed = len(inputs) == rows
-    chosen_rows = _select_rows(options.images, inputs if listed else None, rows)
+    inputs = input_names(features.metadata, rows)
+    listed = inputs is not None
+    chosen_rows = select_rows(options.images, inputs, rows)
     if options.overlay and not listed:
         raise UsageProblem(
             f"--overlay needs the input images, and '{features.name}' does not list them",
@@ -241,7 +241,7 @@ def plan_grids(features, options: GridOptions, out_dir: str | os.PathLike | None
     plans = []
     for key, stem in zip(drawable, _file_stems(drawable)):
         count = features.shape(key)[0]
-        key_rows = range(min(count, len(chosen_rows))) if isinstance(chosen_rows, range) else \
+        key_rows = chosen_rows[:bisect.bisect_left(chosen_rows, count)] if isinstance(chosen_rows, range) else \
             [r for r in chosen_rows if r < count]
         plans.append(_KeyPlan(key, stem, key_rows, drawable[key][0]))
     names = (lambda row: inputs[row]) if listed else (lambda row: f"row{row:05d}")
@@ -346,20 +346,34 @@ def _select_keys(available: list[str], patterns: Sequence[str], name: str) -> li
     return chosen
 
 
-def _inputs(metadata) -> list[str]:
+def input_names(metadata, rows: int) -> list[str] | None:
+    """The metadata's ``inputs``, one name a row, or None when it does not list ``rows`` names."""
     try:
         inputs = json.loads(metadata.get("inputs", "[]"))
     except (ValueError, RecursionError):
-        return []
-    return inputs if isinstance(inputs, list) and all(isinstance(p, str) for p in inputs) else []
+        return None
+    listed = isinstance(inputs, list) and len(inputs) == rows and all(isinstance(p, str) for p in inputs)
+    return inputs if listed else None
 
 
-def _select_rows(wanted: Sequence[str], names: Sequence[str] | None, rows: int) -> Sequence[int]:
+_ROW_RANGE = re.compile(r"(-?\d*):(-?\d*)")
+
+
+def select_rows(wanted: Sequence[str], names: Sequence[str] | None, rows: int) -> Sequence[int]:
+    """The rows ``wanted`` picks, in the order given and each once: row indices, input names, ranges ``A:B``.
+
+    All rows when nothing is wanted. One range alone stays a ``range``, so a
+    selection of a million rows costs nothing to hold.
+    """
     if not wanted:
         return range(rows)
-    chosen = []
+    if len(wanted) == 1 and _ROW_RANGE.fullmatch(wanted[0]):
+        return _row_range(wanted[0], rows)
+    chosen = {}
     for item in wanted:
-        if re.fullmatch(r"-?\d+", item):
+        if _ROW_RANGE.fullmatch(item):
+            found = _row_range(item, rows)
+        elif re.fullmatch(r"-?\d+", item):
             index = int(item)
             if not -rows <= index < rows:
                 raise UsageProblem(
@@ -372,8 +386,23 @@ def _select_rows(wanted: Sequence[str], names: Sequence[str] | None, rows: int) 
             found = [i for i, n in enumerate(names or ()) if item in (n, Path(n).name, Path(n).stem)]
             if not found:
                 raise UsageProblem(f"no image named '{item}' in the file",
-                                   hint="give a row index or an input's file name ('hookcli info' lists them)")
-        chosen.extend(i for i in found if i not in chosen)
+                                   hint="give a row index, a range A:B or an input's file name ('hookcli info' "
+                                   "lists them)")
+        chosen.update(dict.fromkeys(found))
+    return list(chosen)
+
+
+def _row_range(text: str, rows: int) -> range:
+    """Rows A to B - 1 of ``A:B``, either end counted from the end when negative, or left out."""
+    images = f"{rows} image{'s' if rows != 1 else ''}"
+    start, stop = (int(end) if end else None for end in text.split(":"))
+    if any(end is not None and not -rows <= end <= rows for end in (start, stop)):
+        raise UsageProblem(f"image range '{text}' is out of range: the file has {images}",
+                           hint=f"A:B takes rows A to B-1, with A and B from -{rows} to {rows} (or left out)")
+    chosen = range(rows)[start:stop]
+    if not chosen:
+        raise UsageProblem(f"image range '{text}' selects no images: the file has {images}",
+                           hint="A:B takes rows A to B-1; A must come before B")
     return chosen
 
 

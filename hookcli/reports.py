@@ -50,15 +50,17 @@ from pathlib import Path
 import numpy as np
 
 from hookcli.console import printable
-from hookcli.errors import HookcliError, UsageProblem, check_whole
+from hookcli.errors import HookcliError, check_whole
 from hookcli.fileformat import INDEX_NAME
 from hookcli.grids import (
     GridJob,
     GridOptions,
     Picture,
     drawn_shape,
+    input_names,
     plan_grids,
     render_picture,
+    select_rows,
 )
 from hookcli.render import NotDrawable
 from hookcli.run import Advanced, Note, Started, Wrote
@@ -85,7 +87,6 @@ TOP_CHANNELS = 5
 #: What the pages may load: nothing but their own inline style and embedded pictures.
 CONTENT_SECURITY_POLICY = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
 
-_RANGE = re.compile(r"(-?\d*):(-?\d*)")
 _GRADIENT = re.compile(r"(?P<layer>.+)@grad(?:#(?P<target>\d+))?")
 _CAM = re.compile(r"cam(?:#(?P<target>\d+))?")
 #: Lists in the metadata table longer than this show their first and last items.
@@ -170,39 +171,18 @@ def _tensors(features, plan) -> list[_Tensor]:
 
 
 def _selected_rows(features, options: GridOptions, rows: int) -> list[range]:
-    """The rows ``options.images`` selects as sorted, disjoint ranges (all rows when it selects none).
-
-    Indices and names are grid's (checked, with its messages, by planning
-    them); a range ``A:B`` takes rows A to B - 1, either end counted from the
-    end when negative, or left out.
-    """
-    if not options.images:
-        return [range(rows)]
-    ranges = [_row_range(item, rows) for item in options.images if _RANGE.fullmatch(item)]
-    singles = [item for item in options.images if not _RANGE.fullmatch(item)]
-    if singles:
-        chosen = {job.row for job in plan_grids(features, dataclasses.replace(options, images=singles), None)}
-        ranges += [range(row, row + 1) for row in chosen]
+    """The rows ``options.images`` selects (grid's selection: indices, names, ranges ``A:B``) as sorted, disjoint
+    ranges, so that pages follow the file's order."""
+    selected = select_rows(options.images, input_names(features.metadata, rows), rows)
+    if isinstance(selected, range):
+        return [selected]
     merged: list[range] = []
-    for part in sorted(ranges, key=lambda r: r.start):
-        if merged and part.start <= merged[-1].stop:
-            merged[-1] = range(merged[-1].start, max(merged[-1].stop, part.stop))
+    for row in sorted(selected):
+        if merged and row == merged[-1].stop:
+            merged[-1] = range(merged[-1].start, row + 1)
         else:
-            merged.append(part)
+            merged.append(range(row, row + 1))
     return merged
-
-
-def _row_range(text: str, rows: int) -> range:
-    images = f"{rows} image{'s' if rows != 1 else ''}"
-    start, stop = (int(end) if end else None for end in text.split(":"))
-    if any(end is not None and not -rows <= end <= rows for end in (start, stop)):
-        raise UsageProblem(f"image range '{text}' is out of range: the file has {images}",
-                           hint=f"A:B takes rows A to B-1, with A and B from -{rows} to {rows} (or left out)")
-    chosen = range(rows)[start:stop]
-    if not chosen:
-        raise UsageProblem(f"image range '{text}' selects no images: the file has {images}",
-                           hint="A:B takes rows A to B-1; A must come before B")
-    return chosen
 
 
 def _batches(items: Iterable[int], size: int) -> Iterator[list[int]]:

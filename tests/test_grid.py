@@ -260,3 +260,16 @@ def test_info_text(runner, tmp_path):
         "  inputs: (1)",
         "    x.jpg",
     ]
+
+
+def test_images_are_chosen_by_range_too_in_the_order_given(runner, tmp_path):
+    source = _save(tmp_path / "f.safetensors", {"feat": torch.zeros(6, 2, 3, 3)},
+                   inputs=[f"/p/{n}.jpg" for n in "abcdef"])
+    written = _grid(runner, source, "-o", tmp_path / "g", "-i", "e", "-i", "1:3", "-i", "2", *PLAIN)
+    assert [p.split("/")[-1] for p in written] == ["feat__00004_e.png", "feat__00001_b.png", "feat__00002_c.png"]
+    written = _grid(runner, source, "-o", tmp_path / "h", "-i", "-2:", *PLAIN)
+    assert [p.split("/")[-1] for p in written] == ["feat__00004_e.png", "feat__00005_f.png"]
+    result = runner.invoke(main, ["grid", str(source), "-i", "4:2", "-o", str(tmp_path / "k")])
+    assert result.exit_code == 2
+    assert result.stderr == ("Error: image range '4:2' selects no images: the file has 6 images. "
+                             "Hint: A:B takes rows A to B-1; A must come before B\n")

@@ -285,8 +285,8 @@ def test_images_by_index_name_and_range_are_shown_in_file_order(folder, tmp_path
     ({"keys": "nope"}, "no tensor 'nope' in '{folder}' (closest: logits, layer1). Hint: 'hookcli info' lists the keys"),
     ({"images": "9"}, "image index 9 is out of range: the file has 7 images. Hint: use 0 to 6, or an input file "
                       "name"),
-    ({"images": "cat.jpg"}, "no image named 'cat.jpg' in the file. Hint: give a row index or an input's file name "
-                            "('hookcli info' lists them)"),
+    ({"images": "cat.jpg"}, "no image named 'cat.jpg' in the file. Hint: give a row index, a range A:B or an input's "
+                            "file name ('hookcli info' lists them)"),
     ({"images": "3:9"}, "image range '3:9' is out of range: the file has 7 images. Hint: A:B takes rows A to B-1, "
                         "with A and B from -7 to 7 (or left out)"),
     ({"images": "5:2"}, "image range '5:2' selects no images: the file has 7 images. Hint: A:B takes rows A to B-1; "
