@@ -64,16 +64,36 @@ def cache_path() -> Path | None:
 
 
 def model_registry() -> dict[str, ModelEntry]:
-    """Every model name torchvision can build, sorted, with its weights; from the cache when it is valid."""
+    """Every model name torchvision can build, sorted, with its weights; from the cache when it is valid.
+
+    A command asks several times (the plan, then the loader): the answer is
+    kept in memory as long as the versions and the cache file (its size,
+    time and inode) stay the same, so the file is read and checked once.
+    """
     versions = {"hookcli": __version__, "torchvision": _torchvision_version()}
     path = cache_path() if versions["torchvision"] is not None else None  # no version, nothing to key it by
-    cached = _read(path, versions) if path is not None else None
-    if cached is not None:
-        return cached
-    registry = _scan()
-    if path is not None:
-        _write(path, {**versions, "models": {name: asdict(entry) for name, entry in registry.items()}})
+    key = (path, *versions.values(), _signature(path))
+    if key in _KNOWN:
+        return _KNOWN[key]
+    registry = _read(path, versions) if path is not None else None
+    if registry is None:
+        registry = _scan()
+        if path is not None:
+            _write(path, {**versions, "models": {name: asdict(entry) for name, entry in registry.items()}})
+    _KNOWN.clear()
+    _KNOWN[(path, *versions.values(), _signature(path))] = registry
     return registry
+
+
+_KNOWN: dict[tuple, dict[str, ModelEntry]] = {}
+
+
+def _signature(path: Path | None) -> tuple | None:
+    try:
+        stat = path.stat() if path is not None else None
+    except OSError:
+        return None
+    return (stat.st_size, stat.st_mtime_ns, stat.st_ino, stat.st_mode) if stat is not None else None
 
 
 def _torchvision_version() -> str | None:

@@ -256,3 +256,20 @@ def test_names_are_refused_before_the_model_loads(runner, tmp_path, make_image, 
     result = runner.invoke(main, ["extract", "-m", "resnet18", *args, str(tmp_path / "img.png"), "-o",
                                   str(tmp_path / "out.safetensors")])
     assert (result.exit_code, result.stderr) == (2, message + "\n")
+
+
+def test_one_command_reads_and_checks_the_cache_once(monkeypatch):
+    from hookcli import registry
+
+    registry.model_registry()  # warm
+    reads = []
+    real = registry._read
+    monkeypatch.setattr(registry, "_read", lambda *args: reads.append(1) or real(*args))
+    registry._KNOWN.clear()
+    first = registry.model_registry()
+    assert registry.model_registry() is first and registry.model_registry()["resnet18"].enum == "ResNet18_Weights"
+    assert len(reads) == 1
+    path = registry.cache_path()
+    path.write_text(path.read_text(encoding="utf-8") + " ", encoding="utf-8")  # the file changed: read it again
+    assert registry.model_registry() == first
+    assert len(reads) == 2
