@@ -393,16 +393,14 @@ def select_rows(wanted: Sequence[str], names: Sequence[str] | None, rows: int) -
 
 
 def _row_range(text: str, rows: int) -> range:
-    """Rows A to B - 1 of ``A:B``, either end counted from the end when negative, or left out."""
-    images = f"{rows} image{'s' if rows != 1 else ''}"
+    """Rows A to B - 1 of ``A:B`` as a Python slice takes them: ends may be negative, left out or past the file."""
     start, stop = (int(end) if end else None for end in text.split(":"))
-    if any(end is not None and not -rows <= end <= rows for end in (start, stop)):
-        raise UsageProblem(f"image range '{text}' is out of range: the file has {images}",
-                           hint=f"A:B takes rows A to B-1, with A and B from -{rows} to {rows} (or left out)")
     chosen = range(rows)[start:stop]
     if not chosen:
+        images = f"{rows} image{'s' if rows != 1 else ''}"
         raise UsageProblem(f"image range '{text}' selects no images: the file has {images}",
-                           hint="A:B takes rows A to B-1; A must come before B")
+                           hint=f"A:B takes rows A to B-1, as a Python slice does; the rows are 0 to {rows - 1}"
+                           if rows else "the file has no rows")
     return chosen
 
 

@@ -272,4 +272,4 @@ def test_images_are_chosen_by_range_too_in_the_order_given(runner, tmp_path):
     result = runner.invoke(main, ["grid", str(source), "-i", "4:2", "-o", str(tmp_path / "k")])
     assert result.exit_code == 2
     assert result.stderr == ("Error: image range '4:2' selects no images: the file has 6 images. "
-                             "Hint: A:B takes rows A to B-1; A must come before B\n")
+                             "Hint: A:B takes rows A to B-1, as a Python slice does; the rows are 0 to 5\n")

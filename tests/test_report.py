@@ -279,6 +279,8 @@ def test_images_by_index_name_and_range_are_shown_in_file_order(folder, tmp_path
     assert "<tr><th>images (rows)</th><td>7, 4 of them shown</td></tr>" in index.read_text()
     index = hookcli.report(folder, output=tmp_path / "n", images=["noise1.png", "4:"])
     assert list(_sections(index, "section", "image")) == ["image-2", "image-4", "image-5", "image-6"]
+    index = hookcli.report(folder, output=tmp_path / "past", images="5:100")  # a range past the end is cut to it
+    assert list(_sections(index, "section", "image")) == ["image-5", "image-6"]
 
 
 @pytest.mark.parametrize("options, message", [
@@ -287,10 +289,10 @@ def test_images_by_index_name_and_range_are_shown_in_file_order(folder, tmp_path
                       "name"),
     ({"images": "cat.jpg"}, "no image named 'cat.jpg' in the file. Hint: give a row index, a range A:B or an input's "
                             "file name ('hookcli info' lists them)"),
-    ({"images": "3:9"}, "image range '3:9' is out of range: the file has 7 images. Hint: A:B takes rows A to B-1, "
-                        "with A and B from -7 to 7 (or left out)"),
-    ({"images": "5:2"}, "image range '5:2' selects no images: the file has 7 images. Hint: A:B takes rows A to B-1; "
-                        "A must come before B"),
+    ({"images": "9:12"}, "image range '9:12' selects no images: the file has 7 images. Hint: A:B takes rows A to "
+                         "B-1, as a Python slice does; the rows are 0 to 6"),
+    ({"images": "5:2"}, "image range '5:2' selects no images: the file has 7 images. Hint: A:B takes rows A to B-1, "
+                        "as a Python slice does; the rows are 0 to 6"),
     ({"page_size": 0}, "page_size must be a whole number of at least 1, not 0. Hint: see --help for the values each "
                        "option takes"),
 ])
