@@ -56,9 +56,9 @@ from hookcli.selectors import glob_to_regex
 from hookcli.store import check_folder_output, refuse_existing
 
 __all__ = [
-    "SCALES", "GridJob", "GridOptions", "GridPlan", "default_grid_folder", "parse_channels", "plan_grids",
-    "DEFAULT_MAPS", "Picture", "drawn_shape", "heat_picture", "model_photo", "render_all", "render_job", "render_picture",
-    "input_names", "safe_name", "select_rows", "write_grids",
+    "DEFAULT_MAPS", "SCALES", "GridJob", "GridOptions", "GridPlan", "Picture", "default_grid_folder", "drawn_shape",
+    "heat_picture", "input_names", "model_photo", "parse_channels", "plan_grids", "render_all", "render_job",
+    "render_picture", "safe_name", "select_rows", "write_grids",
 ]
 
 SCALES = ("channel", "grid")
@@ -270,6 +270,8 @@ def _maps_limit(shape: Sequence[int], options: GridOptions) -> tuple[int | None,
         described = f"{count} {kind}s (0-{count - 1})" if count > 1 else f"one {kind} (0)"
         raise NotDrawable(f"--channels {_text(options.channels)} selects none of its {described}")
     if options.overlay:
+        if layout in STRIPS or layout == "matrix":
+            raise NotDrawable("--overlay needs maps laid out like the image, and these values are not")
         return None, None
     wanted = min(len(selected), options.top) if options.top is not None else len(selected)
     fits = tiles_that_fit(height, width, padding=options.padding, layout=layout)
@@ -453,15 +455,18 @@ def render_picture(features, job: GridJob, options: GridOptions, values: np.ndar
     if len(maps) == 0:
         raise NotDrawable("no channels in the selected range")
     kind = "value" if layout in STRIPS else "channel"
-    labels = list(selected)
+    one_map_a_row = list(shape) != features.shape(job.key)[1:]  # a CAM file's maps (drawn_shape)
+    labels = None if one_map_a_row else list(selected)
     picked = f"{kind}s {selected[0]}-{selected[-1]}" if len(maps) > 1 else f"{kind} {selected[0]}"
+    if one_map_a_row:
+        picked = "class-activation map"
     if selected.step != 1 and len(maps) > 1:
         picked += f" every {selected.step}"
     if options.top is not None:
         means = np.nanmean(np.where(np.isfinite(maps), maps, np.nan).reshape(len(maps), -1), axis=1)
         top = min(options.top, job.limit) if job.limit is not None else options.top
         order = np.argsort(-np.nan_to_num(means, nan=-np.inf), kind="stable")[:top]
-        maps, labels = maps[order], [labels[i] for i in order]
+        maps, labels = maps[order], labels and [labels[i] for i in order]
         picked = f"top {len(maps)} by {'value' if layout in STRIPS else 'mean'}"
     notes, labelled = [], True
     if options.overlay:
@@ -478,11 +483,15 @@ def render_picture(features, job: GridJob, options: GridOptions, values: np.ndar
         look = {"columns": options.columns, "padding": options.padding, "min_tile": options.min_tile,
                 "labels": None if options.plain else labels, "min_width": 0 if options.plain else _MIN_WIDTH}
         layout = tile_layout(len(maps), *maps.shape[1:], **look)
-        labelled = options.plain or layout.band > 0
+        labelled = options.plain or labels is None or layout.band > 0
         pixels = tile_maps(scale_maps(maps, options.scale), cmap=options.cmap, layout=layout, **look)
         if not options.plain:
-            ends, said = ((_ends(value_range(maps)), "one scale for all tiles") if options.scale == "grid" else
-                          (("low", "high"), "each tile scaled to its own range"))
+            if len(maps) == 1:
+                ends, said = _ends(value_range(maps)), "the map's range"
+            elif options.scale == "grid":
+                ends, said = _ends(value_range(maps)), "one scale for all tiles"
+            else:
+                ends, said = ("low", "high"), "each tile scaled to its own range"
             pixels = add_colorbar(pixels, options.cmap, *ends, said)
     if options.title and not options.plain:
         parts = [_capped(job.key, 200), _capped(job.name, 120), str(list(shape)), picked]
@@ -507,7 +516,9 @@ def _overlay_picture(features, job: GridJob, maps: np.ndarray, options: GridOpti
                                hint="draw without --overlay, or write the file again with hookcli extract") from None
     photo = model_photo(job.source_image, preprocess, enlarge=not options.plain)
     heat = np.nanmean(np.where(np.isfinite(maps), maps, np.nan), axis=0) if len(maps) > 1 else maps[0]
-    return heat_picture(photo, heat, cmap=options.overlay_cmap, alpha=options.alpha, what="activation",
+    what = features.metadata.get("method", "cam") if list(drawn_shape(features, job.key)) != features.shape(job.key) \
+        else "activation"
+    return heat_picture(photo, heat, cmap=options.overlay_cmap, alpha=options.alpha, what=what,
                         legend=not options.plain)
 
 

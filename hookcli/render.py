@@ -366,7 +366,8 @@ def overlay(photo: np.ndarray, heat: np.ndarray, *, cmap: str = "inferno", alpha
         return np.array(photo, dtype=np.uint8)
     scaled = scale_maps(heat[None], "channel")[0]
     height, width = photo.shape[:2]
-    upsampled = np.asarray(Image.fromarray(np.nan_to_num(scaled).astype(np.float32), mode="F").resize((width, height), Image.BILINEAR))
+    heat_image = Image.fromarray(np.nan_to_num(scaled).astype(np.float32), mode="F")
+    upsampled = np.asarray(heat_image.resize((width, height), Image.BILINEAR))
     colours = colorize(np.clip(upsampled, 0.0, 1.0), cmap).astype(np.float32)
     return np.round((1.0 - alpha) * photo.astype(np.float32) + alpha * colours).astype(np.uint8)
 

@@ -189,3 +189,25 @@ def test_a_cam_files_maps_are_one_map_a_row_whatever_their_size():
     assert pixels.shape == (32, 32, 3)  # one 4 x 4 map enlarged 8 times, not 16 tokens folded to a square
     assert (pixels[::8, ::8, 0] == np.round(np.arange(16).reshape(4, 4) / 15 * 255)).all()
     assert len(plan_grids(Features({"cam": cams}, {}), options, None)) == 2  # elsewhere [4, 4] rows are tokens
+
+
+def test_overlay_skips_values_that_have_no_place_on_the_photo(runner, tmp_path, photo):
+    path = tmp_path / "f.safetensors"
+    save_file({"x": np.random.default_rng(0).random((1, 4, 6, 6), dtype=np.float32),
+               "v": np.ones((1, 10), dtype=np.float32)}, str(path), metadata={"inputs": json.dumps([str(photo)])})
+    result = runner.invoke(main, ["grid", str(path), "--overlay", "-o", str(tmp_path / "g")])
+    assert result.exit_code == 0, result.output
+    assert result.stderr == ("Note: skipped 'v' (shape [1, 10]): --overlay needs maps laid out like the image, "
+                             "and these values are not\n")
+    assert [p.split("/")[-1] for p in result.stdout.split()] == ["x__00000_grace_hopper.overlay.png"]
+
+
+def test_a_cam_map_has_no_channel_number_and_its_bar_gives_its_range():
+    maps = np.arange(16, dtype=np.float32).reshape(1, 4, 4)
+    options = GridOptions()
+    as_cam = Features({"cam": maps}, {"cam_layer": "layer4"})
+    as_channel = Features({"cam": maps[:, None]}, {})
+    cam = render_picture(as_cam, plan_grids(as_cam, options, None)[0], options).pixels
+    channel = render_picture(as_channel, plan_grids(as_channel, options, None)[0], options).pixels
+    band = _glyphs(_label_size(cam.shape[1] - 4))[1] + 2
+    assert channel.shape[0] - cam.shape[0] == band  # the same picture but for the number above the tile
