@@ -98,7 +98,8 @@ def resolve_weights(name: str, weights: str) -> str | None:
 
     A name is ``DEFAULT`` in any case, a member (``IMAGENET1K_V1``) or a qualified one
     (``ResNet18_Weights.IMAGENET1K_V1``). An unknown model or weights name is refused from the
-    registry cache, before torch is imported (see :mod:`hookcli.registry`).
+    registry cache, before torch is imported (see :mod:`hookcli.registry`), and so is a weights
+    path that is missing, empty or not a regular file.
 
     >>> resolve_weights("resnet18", "default"), resolve_weights("resnet18", "ResNet18_Weights.IMAGENET1K_V1")
     ('DEFAULT', 'IMAGENET1K_V1')
@@ -113,6 +114,7 @@ def resolve_weights(name: str, weights: str) -> str | None:
     if member in entry.weights or member == "DEFAULT":
         return member
     if looks_like_weights_path(spec):
+        _check_weights_file(Path(spec))  # missing, empty or not a file: said before torch loads, too
         return None
     raise _unknown_weights(name, spec, entry.weights)
 

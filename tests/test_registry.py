@@ -60,8 +60,11 @@ def test_a_warm_cache_is_what_is_listed(cache, runner):
     assert json.loads(result.stdout) == [{"model": "tinynet", "default": "V2", "weights": ["V1", "V2"]}]
 
 
-def test_weights_names_are_checked_against_the_cache(cache):
+def test_weights_names_are_checked_against_the_cache(cache, tmp_path, monkeypatch):
     _write(cache, {**_versions(), "models": TINY})
+    monkeypatch.chdir(tmp_path)
+    for path in ("w.pth", "V1"):  # paths are files that exist
+        (tmp_path / path).write_bytes(b"weights")
     assert [resolve_weights("tinynet", spec) for spec in ("default", " V1 ", "TinyNet_Weights.V2",
                                                            "TinyNet_Weights.DEFAULT", "None", "w.pth", "./V1")] \
         == ["DEFAULT", "V1", "V2", "DEFAULT", None, None, None]
@@ -273,3 +276,21 @@ def test_one_command_reads_and_checks_the_cache_once(monkeypatch):
     path.write_text(path.read_text(encoding="utf-8") + " ", encoding="utf-8")  # the file changed: read it again
     assert registry.model_registry() == first
     assert len(reads) == 2
+
+
+def test_a_weights_path_that_is_missing_or_empty_is_refused_before_torch(tmp_path, photo):
+    import subprocess
+    import sys
+
+    (tmp_path / "empty.pth").write_bytes(b"")
+    script = ("import sys\nfrom hookcli.cli import main\n"
+              "try:\n    main(sys.argv[1:])\nexcept SystemExit as end:\n"
+              "    print('torch' in sys.modules, end.code)\n")
+    for weights, message in [("./nowhere.pth", "Error: weights file not found: 'nowhere.pth'. "
+                                                "Hint: check the path, or use --weights DEFAULT|none"),
+                             ("./empty.pth", "Error: weights file 'empty.pth' is empty.")]:
+        done = subprocess.run([sys.executable, "-c", script, "extract", "-m", "resnet18", "-w", weights, "-l",
+                               "layer1", str(photo), "-o", "x.safetensors"], capture_output=True, text=True,
+                              cwd=tmp_path)
+        assert done.stdout == "False 1\n"
+        assert done.stderr.startswith(message)
