@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import base64
 import bisect
+import contextlib
 import dataclasses
 import html
 import io
@@ -136,14 +137,30 @@ def write_report(features, output: str | os.PathLike, options: GridOptions, *, p
     for text in notes:
         emit(Note(text))
     emit(Started(total=total))
+    made_folder = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
-    pages_of_rows = _batches(itertools.chain.from_iterable(rows), page_size)
-    report = _Report(features, plan, tensors, options, pages, emit)
-    first = next(pages_of_rows)
-    for number, page_rows in enumerate(pages_of_rows, start=2):
-        report.write_page(folder / page_name(number), number, page_rows, force=force)
-    summary = _summary(features, tensors, total, page_size, pages, notes)
-    report.write_page(index, 1, first, force=force, summary=summary)
+    new_pages = []  # removed again should the report fail part-way (a damaged shard, Ctrl-C)
+    try:
+        pages_of_rows = _batches(itertools.chain.from_iterable(rows), page_size)
+        report = _Report(features, plan, tensors, options, pages, emit)
+
+        def write(number: int, page_rows: list[int], summary: str = "") -> None:
+            path = folder / page_name(number)
+            if not path.exists():
+                new_pages.append(path)
+            report.write_page(path, number, page_rows, force=force, summary=summary)
+
+        first = next(pages_of_rows)
+        for number, page_rows in enumerate(pages_of_rows, start=2):
+            write(number, page_rows)
+        write(1, first, _summary(features, tensors, total, page_size, pages, notes))  # last: its being there says done
+    except BaseException:
+        for path in new_pages:
+            path.unlink(missing_ok=True)
+        if made_folder:
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        raise
     emit(Wrote(index))
     return index
 

@@ -457,3 +457,15 @@ def test_the_pages_render_in_a_browser(folder, tmp_path):
         assert severe == []
     finally:
         driver.quit()
+
+
+def test_a_report_that_fails_part_way_leaves_no_pages_and_no_folder(folder, tmp_path):
+    damaged = tmp_path / "damaged"
+    shutil.copytree(folder, damaged)
+    shard = sorted(damaged.glob("features-*.safetensors"))[-1]
+    shard.write_bytes(shard.read_bytes()[:1000])
+    with pytest.raises(hookcli.HookcliError) as caught:
+        hookcli.report(damaged, output=tmp_path / "r", page_size=2)
+    assert str(caught.value) == (f"'{shard}' is not a safetensors file. Hint: its first 8 bytes do not give a header "
+                                 "length that fits the file")
+    assert not (tmp_path / "r").exists()
