@@ -12,12 +12,13 @@ of one of the names below.
 (torch.Size([1, 256, 16, 16]), True)
 """
 
-from importlib import import_module
-from importlib.metadata import PackageNotFoundError, version
+from importlib import import_module as _import_module
+from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
+from importlib.metadata import version as _version
 
 try:
-    __version__ = version("hookcli")
-except PackageNotFoundError:  # running from a source tree that was never installed
+    __version__ = _version("hookcli")
+except _PackageNotFoundError:  # running from a source tree that was never installed
     __version__ = "0+unknown"
 
 _PUBLIC = {
@@ -46,5 +47,10 @@ __all__ = ["__version__", *_PUBLIC]
 
 def __getattr__(name: str):
     if name in _PUBLIC:
-        return getattr(import_module(_PUBLIC[name]), name)
+        return getattr(_import_module(_PUBLIC[name]), name)
     raise AttributeError(f"module 'hookcli' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The public names (loaded on use), so that ``dir(hookcli)`` and completion show them."""
+    return sorted(__all__)

@@ -27,3 +27,10 @@ def test_the_wheel_carries_the_presets(tmp_path):
     shipped = {f"hookcli/presets/{p.name}": p.read_bytes() for p in (ROOT / "configs").glob("*.toml")}
     assert len(shipped) == 3
     assert carried == shipped
+
+
+def test_dir_lists_the_public_names_and_nothing_of_the_imports():
+    import hookcli
+
+    assert dir(hookcli) == sorted(hookcli.__all__)
+    assert "report" in dir(hookcli) and "version" not in dir(hookcli) and "import_module" not in dir(hookcli)
