@@ -284,6 +284,21 @@ def _checked_entry(key: str, info, what: str, data_start: int, size: int) -> tup
     return dtype, shape, begin
 
 
+class _RepeatedKey(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _without_repeats(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object as a dict, refusing a key given twice (which would leave one of two claims unread)."""
+    found = dict(pairs)
+    if len(found) != len(pairs):
+        seen = set()
+        raise _RepeatedKey(next(key for key, _ in pairs if key in seen or seen.add(key)))
+    return found
+
+
 def _short(value) -> str:
     text = json.dumps(value)
     return text if len(text) <= 80 else text[:77] + "..."
@@ -329,7 +344,9 @@ class FeatureFile:
         if length > _MAX_HEADER or 8 + length > self.size:
             raise FeatureFileError(not_ours, hint="its first 8 bytes do not give a header length that fits the file")
         try:
-            header = json.loads(os.pread(self._handle.fileno(), length, 8))
+            header = json.loads(os.pread(self._handle.fileno(), length, 8), object_pairs_hook=_without_repeats)
+        except _RepeatedKey as repeated:
+            raise FeatureFileError(not_ours, hint=f"its header names '{repeated.key}' twice") from None
         except (UnicodeDecodeError, ValueError, RecursionError):
             raise FeatureFileError(not_ours, hint="its header is not JSON") from None
         if not isinstance(header, dict):

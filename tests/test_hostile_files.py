@@ -88,6 +88,15 @@ def test_a_header_nested_past_pythons_recursion_limit_is_not_json_to_us(runner, 
         f"Error: '{path}' is not a safetensors file. Hint: its header is not JSON")
 
 
+def test_a_key_given_twice_in_a_header_is_refused(runner, tmp_path):
+    path = tmp_path / "twice.safetensors"
+    text = (b'{"x": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, '
+            b'"x": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}')
+    path.write_bytes(struct.pack("<Q", len(text)) + text + bytes(8))
+    assert _one_error(runner.invoke(main, ["info", str(path)])) == (
+        f"Error: '{path}' is not a safetensors file. Hint: its header names 'x' twice")
+
+
 def test_unknown_dtypes_are_named(tmp_path):
     path = _crafted(tmp_path / "f.safetensors", {"x": _entry("F8_E4M3", [4], 0, 4)}, bytes(4))
     with pytest.raises(FeatureFileError) as caught:
