@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hookcli.console import printable
 from hookcli.errors import FeatureFileError, UsageProblem, check_choice, check_whole
 from hookcli.preprocess import Preprocess
 from hookcli.render import (
@@ -494,7 +495,7 @@ def render_picture(features, job: GridJob, options: GridOptions, values: np.ndar
                 ends, said = ("low", "high"), "each tile scaled to its own range"
             pixels = add_colorbar(pixels, options.cmap, *ends, said)
     if options.title and not options.plain:
-        parts = [_capped(job.key, 200), _capped(job.name, 120), str(list(shape)), picked]
+        parts = [printable(_capped(job.key, 200)), printable(_capped(job.name, 120)), str(list(shape)), picked]
         if layout in _LAYOUTS:
             parts.append(_LAYOUTS[layout])
         if not labelled:

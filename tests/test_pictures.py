@@ -211,3 +211,14 @@ def test_a_cam_map_has_no_channel_number_and_its_bar_gives_its_range():
     channel = render_picture(as_channel, plan_grids(as_channel, options, None)[0], options).pixels
     band = _glyphs(_label_size(cam.shape[1] - 4))[1] + 2
     assert channel.shape[0] - cam.shape[0] == band  # the same picture but for the number above the tile
+
+
+def test_control_characters_in_a_key_are_captioned_escaped_as_info_prints_them(monkeypatch):
+    import hookcli.grids
+
+    captions = []
+    monkeypatch.setattr(hookcli.grids, "add_title", lambda pixels, parts: captions.append(parts) or pixels)
+    features = Features({"a\x1b[31mred": np.ones((1, 2, 3, 3), dtype=np.float32)}, {})
+    options = GridOptions()
+    render_picture(features, plan_grids(features, options, None)[0], options)
+    assert captions[0][:2] == ["a\\x1b[31mred", "row00000"]
