@@ -178,26 +178,30 @@ def _opened(source):
 
 
 def layers(model, *, weights: str = "none", seed: int | None = None, input_size: int | None = None,
-           depth: int | None = None) -> list:
+           depth: int | None = None, frames: int | None = None) -> list:
     """Every layer a selector can name, in forward order, with output shapes: ``hookcli layers``.
 
-    Shapes come from one forward of a zero image of ``input_size`` (default:
-    the weights' crop size); ``depth`` keeps paths with at most that many
-    components. Returns :class:`~hookcli.selectors.LayerInfo` rows.
+    Shapes come from one forward of the model family's natural input, all
+    zeros (:func:`hookcli.families.natural_input`): a square image of
+    ``input_size`` (default: the weights' crop size, else their resize size),
+    a list of one such image for detection, a clip of ``frames`` frames
+    (default 16) for video, a pair of frames for optical flow. ``depth``
+    keeps paths with at most that many components. Returns
+    :class:`~hookcli.selectors.LayerInfo` rows.
 
     >>> [(row.path, row.output) for row in layers("resnet18", depth=1)][-1]
     ('fc', [1, 1000])
     """
     from hookcli.errors import check_whole
+    from hookcli.families import natural_input
     from hookcli.models import load_model
     from hookcli.preprocess import MAX_SIDE
     from hookcli.selectors import describe_layers
 
     check_whole("input_size", input_size, 1, MAX_SIDE, optional=True)
     check_whole("depth", depth, 1, optional=True)
+    check_whole("frames", frames, 1, 1024, optional=True)
     loaded = load_model(model, weights, seed=seed or 0)  # an unknown name is refused before torch loads
-    import torch
-
-    size = input_size or loaded.preprocess.crop
-    rows = describe_layers(loaded.module, torch.zeros(1, 3, size, size))
+    example = natural_input(loaded.family, size=input_size, preprocess=loaded.preprocess, frames=frames)
+    rows = describe_layers(loaded.module, example)
     return [row for row in rows if depth is None or row.path.count(".") < depth]

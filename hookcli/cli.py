@@ -24,6 +24,7 @@ from hookcli import __version__
 from hookcli.capture import CAPTURE_KINDS
 from hookcli.console import Terminated, notes_and_sigterm, printable
 from hookcli.errors import HookcliError, first_line
+from hookcli.families import FAMILIES
 from hookcli.gradients import CAM_METHODS
 from hookcli.pipeline import POOLS
 from hookcli.run import RunOptions
@@ -318,39 +319,49 @@ def _run(ctx: click.Context, command: str, options: dict, *args) -> None:
 
 
 @main.command(context_settings=CONTEXT_SETTINGS)
+@click.option("--family", type=click.Choice(FAMILIES), help="Only the models of this family.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON array.")
-def models(as_json: bool) -> None:
-    """List the models hookcli can load and their weights.
+def models(family: str | None, as_json: bool) -> None:
+    """List the models hookcli can load, their family and their weights.
 
-    Read from a cache of torchvision's model registry, models.json in
-    $HOOKCLI_CACHE_DIR (default $XDG_CACHE_HOME/hookcli or ~/.cache/hookcli),
-    without importing torch; it is rebuilt when torchvision changes.
+    Every torchvision family: classification, detection (and instance
+    segmentation, keypoints), segmentation, video, optical_flow and quantized
+    (CPU only). Read from a cache of torchvision's model registry, models.json
+    in $HOOKCLI_CACHE_DIR (default $XDG_CACHE_HOME/hookcli or
+    ~/.cache/hookcli), without importing torch; it is rebuilt when
+    torchvision changes.
 
     \b
-      hookcli models
+      hookcli models --family video
       hookcli models --json | python -c 'import json,sys; print(len(json.load(sys.stdin)))'
     """
     from hookcli.models import describe_models
 
-    rows = describe_models()
+    rows = describe_models(family)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
-    width = max(len(r["model"]) for r in rows)
-    for r in rows:
-        click.echo(f"{r['model']:<{width}}  {' '.join(r['weights'])} (default {r['default']})")
+    from hookcli.summary import table_lines
+
+    table = [("model", "family", "weights")]
+    table += [(r["model"], r["family"], f"{' '.join(r['weights'])} (default {r['default']})") for r in rows]
+    for line in table_lines(table):
+        click.echo(line)
 
 
 @main.command(context_settings=CONTEXT_SETTINGS)
 @_model_options(weights="none")
 @click.option("--input-size", type=click.IntRange(min=1), help="Side of the square dummy input [weights' crop size].")
+@click.option("--frames", type=click.IntRange(1, 1024), help="Frames of the dummy clip of a video model [16].")
 @click.option("--depth", type=click.IntRange(min=1), help="Only paths with at most this many components.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON array.")
 @click.option("--nl", "as_nl", is_flag=True, help="Newline-delimited JSON, one layer per line.")
-def layers(model, weights, seed, input_size, depth, as_json, as_nl) -> None:
+def layers(model, weights, seed, input_size, frames, depth, as_json, as_nl) -> None:
     """List every layer --layer accepts, in forward order, with output shapes.
 
-    Shapes come from one forward of a zero image (batch 1). Layers the model
+    Shapes come from one forward of the family's input, all zeros, batch 1: an
+    image; for detection a list of one image; for video a clip; for optical
+    flow a pair of frames. Layers the model
     never calls in eval mode come last, with calls 0. Weights do not change the
     layout, so random ones (the default here) describe it without a download.
 
@@ -362,7 +373,7 @@ def layers(model, weights, seed, input_size, depth, as_json, as_nl) -> None:
         raise click.UsageError("--json and --nl cannot be used together")
     import hookcli.api
 
-    rows = hookcli.api.layers(model, weights=weights, seed=seed, input_size=input_size, depth=depth)
+    rows = hookcli.api.layers(model, weights=weights, seed=seed, input_size=input_size, depth=depth, frames=frames)
     if as_json:
         click.echo(json.dumps([r.to_dict() for r in rows], indent=2))
     elif as_nl:

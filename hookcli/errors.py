@@ -80,6 +80,10 @@ class ImageError(HookcliError):
     """An image file exists but cannot be decoded."""
 
 
+class VideoError(HookcliError):
+    """A video file or folder of frames cannot be read, or the video reader is not installed."""
+
+
 class FeatureFileError(UsageProblem):
     """A file given to read is not a readable safetensors file."""
 

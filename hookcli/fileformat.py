@@ -40,13 +40,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 __all__ = [
-    "FORMAT_VERSION", "INDEX_NAME", "INDEX_VERSION", "PRODUCER", "SHARD_NAME", "RunFacts", "RunRecord",
+    "FORMAT_VERSION", "INDEX_NAME", "INDEX_VERSION", "PRODUCER", "RAGGED_FORMAT_VERSION", "ROW_SHAPE", "SHARD_NAME",
+    "RunFacts", "RunRecord",
     "check_index_header", "check_index_line",
     "file_metadata", "folder_metadata", "identity", "index_header", "index_line", "inputs_digest", "keys_of_layer",
     "run_metadata", "shard_metadata",
 ]
 
 FORMAT_VERSION = "1"
+#: The ``format`` of a file holding ragged keys (rows with shapes of their own): version 1 readers would take their
+#: padding for data.
+RAGGED_FORMAT_VERSION = "2"
+#: A ragged key's companion: ``<key>@shape``, int64 ``[N, ndim]``, each row's own shape within the padded tensor.
+ROW_SHAPE = "@shape"
 PRODUCER = "hookcli"
 INDEX_NAME = "index.jsonl"
 INDEX_VERSION = 1
@@ -88,6 +94,8 @@ class RunRecord:
     shard_size: int | None = _goes(_IDENTITY)
     inputs: tuple = _goes(_IDENTITY)
     command: dict = _goes(_METADATA, _IDENTITY)
+    #: The model's family (:data:`hookcli.families.FAMILIES`); the model's name already fixes it for the identity.
+    family: str = field(default="classification", metadata={"goes": (_METADATA,)})
 
 
 @dataclass(frozen=True)
@@ -134,13 +142,14 @@ def keys_of_layer(key: str, keys: Sequence[str]) -> list[str]:
 
 def run_metadata(record: RunRecord, facts: RunFacts, *, keys: Sequence[str]) -> dict[str, str]:
     """The metadata every file of the run shares (a shard folder's index keeps it once): strings, JSON for structure."""
-    metadata = {"format": FORMAT_VERSION, "producer": PRODUCER}
+    ragged = any(key.endswith(ROW_SHAPE) for key in keys)
+    metadata = {"format": RAGGED_FORMAT_VERSION if ragged else FORMAT_VERSION, "producer": PRODUCER}
     for f in _fields(_METADATA):
         value = getattr(record, f.name)
         if f.name == "layers":
             metadata["layers"] = json.dumps({
                 path: {"key": key, "type": record.layer_types[path], "calls": facts.calls.get(path, 0),
-                       "keys": keys_of_layer(key, keys)}
+                       "keys": [k for k in keys_of_layer(key, keys) if not k.endswith(ROW_SHAPE)]}
                 for path, key in value.items()
             })
         elif f.name == "command":

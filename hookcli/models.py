@@ -1,4 +1,4 @@
-"""Build torchvision classification models with the weights a user asks for.
+"""Build torchvision models of every family (:mod:`hookcli.families`) with the weights a user asks for.
 
 Weights are given as one string:
 
@@ -22,8 +22,8 @@ Set ``HOOKCLI_OFFLINE=1`` to refuse downloads (the missing-weights error then
 says where to put the file).
 
 >>> loaded = load_model("resnet18", "none", seed=0)
->>> loaded.preprocess.crop, loaded.weights
-(224, {'source': 'none', 'seed': 0})
+>>> loaded.preprocess.crop, loaded.weights, loaded.family
+(224, {'source': 'none', 'seed': 0}, 'classification')
 """
 
 from __future__ import annotations
@@ -43,13 +43,15 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from hookcli.errors import UnknownModelError, UnknownWeightsError, WeightsError, first_line
+from hookcli.errors import UnknownModelError, UnknownWeightsError, WeightsError, check_choice, first_line
+from hookcli.families import FAMILIES, build_options
 from hookcli.preprocess import Preprocess
 from hookcli.registry import ModelEntry, model_registry
 from hookcli.store import file_kind
 
 __all__ = [
-    "LoadedModel", "describe_models", "list_models", "load_model", "looks_like_weights_path", "num_classes",
+    "LoadedModel", "describe_models", "list_models", "load_model", "looks_like_weights_path", "model_family",
+    "num_classes",
     "resolve_weights", "weights_cache_path", "weights_names",
 ]
 
@@ -67,7 +69,8 @@ class LoadedModel:
 
     ``weights`` is a JSON-able description (source and name, seed or file);
     ``preprocess`` is the default preprocessing for these weights (for random
-    or local weights, that of the architecture's default weights).
+    or local weights, that of the architecture's default weights); ``family``
+    one of :data:`hookcli.families.FAMILIES`.
     """
 
     name: str
@@ -75,17 +78,29 @@ class LoadedModel:
     weights: dict
     preprocess: Preprocess
     categories: list[str] | None
+    family: str = "classification"
 
 
-def list_models() -> list[str]:
-    """Names of every classification model torchvision can build, sorted (from :mod:`hookcli.registry`)."""
-    return list(model_registry())
+def list_models(family: str | None = None) -> list[str]:
+    """Names of every model torchvision can build (of one ``family``), sorted (from :mod:`hookcli.registry`)."""
+    return [name for name, entry in model_registry().items() if family in (None, entry.family)]
 
 
-def describe_models() -> list[dict]:
-    """Every model hookcli can load: ``{"model", "default", "weights"}`` (the default and every weights name)."""
-    return [{"model": name, "default": entry.default, "weights": list(entry.weights)}
-            for name, entry in model_registry().items()]
+def describe_models(family: str | None = None) -> list[dict]:
+    """Every model hookcli can load (of one ``family``): ``{"model", "family", "default", "weights"}``.
+
+    >>> [row for row in describe_models("optical_flow")][0]["model"]
+    'raft_large'
+    """
+    if family is not None:
+        check_choice("family", family, FAMILIES)
+    return [{"model": name, "family": entry.family, "default": entry.default, "weights": list(entry.weights)}
+            for name, entry in model_registry().items() if family in (None, entry.family)]
+
+
+def model_family(name: str) -> str:
+    """The family of model ``name`` (an unknown name is refused), from the registry cache: no torch needed."""
+    return _entry(name).family
 
 
 def weights_names(name: str) -> list[str]:
@@ -145,16 +160,17 @@ def load_model(name: str, weights: str = "DEFAULT", *, seed: int = 0) -> LoadedM
     import torchvision.models
 
     weights_enum = torchvision.models.get_model_weights(name)
+    family = model_family(name)
     spec = weights.strip()
     named = None if member is None else weights_enum[member]
     if spec.lower() == "none":
-        module = _build_seeded(name, seed)
+        module = _build_seeded(name, seed, **build_options(family, pretrained=False))
         described = {"source": "none", "seed": seed}
     elif named is not None:
-        module = _build_pretrained(name, named)
+        module = _build_pretrained(name, named, build_options(family, pretrained=True))
         described = {"source": "torchvision", "name": f"{type(named).__name__}.{named.name}"}
     else:
-        module, described = _build_from_file(name, Path(spec), seed)
+        module, described = _build_from_file(name, Path(spec), seed, build_options(family, pretrained=False))
     module.eval()
     return LoadedModel(
         name=name,
@@ -162,6 +178,7 @@ def load_model(name: str, weights: str = "DEFAULT", *, seed: int = 0) -> LoadedM
         weights=described,
         preprocess=Preprocess.from_transforms((weights_enum.DEFAULT if named is None else named).transforms()),
         categories=None if named is None else named.meta.get("categories"),
+        family=family,
     )
 
 
@@ -188,11 +205,13 @@ def _build_seeded(name: str, seed: int, **kwargs):
     with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
         # googlenet and inception_v3 warn that their default init may change; the init used is unchanged.
         warnings.filterwarnings("ignore", message="The default weight initialization", category=FutureWarning)
+        # Quantizing a model makes quantized weights through functions torch has marked as deprecated.
+        warnings.filterwarnings("ignore", message="torch.quantize_per_", category=UserWarning)
         torch.manual_seed(seed)
         return torchvision.models.get_model(name, weights=None, **kwargs)
 
 
-def _build_pretrained(name: str, weights):
+def _build_pretrained(name: str, weights, options: dict):
     import torchvision.models
 
     cached = weights_cache_path(weights)
@@ -205,7 +224,7 @@ def _build_pretrained(name: str, weights):
     try:
         # torch.hub announces a download on stdout, which carries only data here (-o - writes the file there).
         with contextlib.redirect_stdout(sys.stderr):
-            return torchvision.models.get_model(name, weights=weights)
+            return torchvision.models.get_model(name, weights=weights, **options)
     except Exception as err:  # download and unpickling failures come in many types
         if cached.exists():
             raise WeightsError(
@@ -219,12 +238,12 @@ def _build_pretrained(name: str, weights):
         ) from None
 
 
-def _build_from_file(name: str, path: Path, seed: int):
+def _build_from_file(name: str, path: Path, seed: int, options: dict):
     state = read_state_dict(path)
-    module = _build_seeded(name, seed)
+    module = _build_seeded(name, seed, **options)
     num_classes = _checkpoint_num_classes(module, state)
     if num_classes is not None:
-        module = _build_seeded(name, seed, num_classes=num_classes)
+        module = _build_seeded(name, seed, num_classes=num_classes, **options)
     # load_state_dict reports wrong shapes as one RuntimeError whose first line names nothing; check them first.
     expected = module.state_dict()
     misfits = [key for key, tensor in expected.items() if key in state and state[key].shape != tensor.shape]

@@ -1,9 +1,10 @@
 """What happens to an image before it reaches the model.
 
 A :class:`Preprocess` is read off the weights' own transforms (resize, centre
-crop, normalisation), may be overridden field by field, is recorded in the
-output's metadata, and builds torchvision's ``ImageClassification`` transform so
-the numbers are exactly those torchvision uses.
+crop, normalisation) for each model family (its ``kind``), may be overridden
+field by field, is recorded in the output's metadata, and builds the transform
+of torchvision's preset (``ImageClassification``, ``VideoClassification``) or
+steps equal to it, so the numbers are exactly those torchvision uses.
 
 ``fast_decode`` trades a little of that exactness for speed on large photos:
 JPEGs are decoded at a reduced scale (libjpeg's 1/2, 1/4 or 1/8) that still
@@ -15,7 +16,7 @@ leaves the shorter side at least twice ``resize``, then resized as usual.
 >>> spec.replace(fast_decode=True).decode_size
 512
 >>> sorted(json.loads(spec.to_json()))
-['antialias', 'crop', 'fast_decode', 'interpolation', 'mean', 'resize', 'std']
+['antialias', 'crop', 'fast_decode', 'interpolation', 'kind', 'mean', 'resize', 'std']
 >>> parse_triple("0.5"), parse_triple([0.4, 0.5, 0.6])
 ((0.5, 0.5, 0.5), (0.4, 0.5, 0.6))
 """
@@ -61,25 +62,56 @@ def check_normalisation(mean, std) -> None:
         raise ValueError(f"std must be finite numbers above 0, not {', '.join(map(str, std))}")
 
 
+#: The input kinds a preprocessing is for, named after the torchvision preset it reproduces.
+KINDS = ("classification", "segmentation", "detection", "video", "optical_flow")
+_IMAGENET_MEAN = (0.485, 0.456, 0.406)
+_IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
 @dataclass(frozen=True)
 class Preprocess:
-    """Resize the shorter side to ``resize``, centre-crop ``crop``², scale to [0, 1], normalise."""
+    """Resize, centre-crop, scale to [0, 1] and normalise, as the ``kind`` of model takes its input.
 
-    resize: int
-    crop: int
-    mean: tuple[float, float, float] = (0.485, 0.456, 0.406)
-    std: tuple[float, float, float] = (0.229, 0.224, 0.225)
+    - ``classification`` (also quantized classifiers): shorter side to
+      ``resize``, centre crop ``crop``² (torchvision's ``ImageClassification``);
+    - ``segmentation``: shorter side to ``resize`` (``SemanticSegmentation``),
+      then a centre crop only when ``crop`` is given;
+    - ``detection``: the image as it is, in [0, 1] (``ObjectDetection``; the
+      model resizes and normalises inside); ``resize``/``crop`` apply when given;
+    - ``video``: each frame resized (``resize`` one side, or ``[height, width]``)
+      and centre-cropped as ``VideoClassification`` does, clips ``[C, T, H, W]``;
+    - ``optical_flow``: frames scaled to [-1, 1] (``OpticalFlow``), resized or
+      cropped only when asked.
+
+    ``mean``/``std`` None means no normalisation.
+    """
+
+    resize: int | tuple[int, int] | None
+    crop: int | None
+    mean: tuple[float, float, float] | None = _IMAGENET_MEAN
+    std: tuple[float, float, float] | None = _IMAGENET_STD
     interpolation: str = "bilinear"
     antialias: bool = True
     fast_decode: bool = False
+    kind: str = "classification"
 
     def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"kind must be one of {', '.join(KINDS)}, not {self.kind!r}")
         if self.interpolation not in INTERPOLATIONS:
             raise ValueError(f"interpolation must be one of {', '.join(INTERPOLATIONS)}, not {self.interpolation!r}")
+        if isinstance(self.resize, list):
+            object.__setattr__(self, "resize", tuple(self.resize))
+        needed = {"classification": ("resize", "crop"), "segmentation": ("resize",), "video": ("resize", "crop")}
         for name in ("resize", "crop"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_SIDE:
+            if value is None and name not in needed.get(self.kind, ()):
+                continue
+            sides = value if name == "resize" and isinstance(value, tuple) and self.kind == "video" else (value,)
+            if len(sides) not in (1, 2) or not all(_is_side(v) for v in sides):
                 raise ValueError(f"{name} must be a whole number from 1 to {MAX_SIDE}, not {value!r}")
+        if (self.mean is None) != (self.std is None):
+            raise ValueError("mean and std must both be given or both be left out")
         check_normalisation(self.mean, self.std)
         for name in ("antialias", "fast_decode"):
             if not isinstance(getattr(self, name), bool):
@@ -105,24 +137,42 @@ class Preprocess:
         if not {"resize", "crop"} <= given.keys():
             raise ValueError("it lacks resize or crop")
         for name in ("mean", "std"):
-            if name in given:
+            if given.get(name) is not None:
                 if not isinstance(given[name], list) or len(given[name]) != 3 or not all(
                         isinstance(v, int | float) and not isinstance(v, bool) for v in given[name]):
                     raise ValueError(f"its {name} is not three numbers")
                 given[name] = tuple(float(v) for v in given[name])
+        if not isinstance(given.get("kind", ""), str):
+            raise ValueError("its kind is not a name")
         return cls(**given)
 
     @classmethod
     def from_transforms(cls, transforms) -> Preprocess:
-        """Read a torchvision ``ImageClassification`` transform (what ``weights.transforms()`` returns)."""
-        return cls(
-            resize=int(transforms.resize_size[0]),
-            crop=int(transforms.crop_size[0]),
-            mean=tuple(float(v) for v in transforms.mean),
-            std=tuple(float(v) for v in transforms.std),
-            interpolation=transforms.interpolation.value,
-            antialias=bool(transforms.antialias),
-        )
+        """Read the torchvision preset a weights' ``transforms()`` returns, for any model family.
+
+        >>> import torchvision.models as tv
+        >>> Preprocess.from_transforms(tv.ResNet18_Weights.DEFAULT.transforms()).crop
+        224
+        >>> spec = Preprocess.from_transforms(tv.video.R3D_18_Weights.DEFAULT.transforms())
+        >>> spec.kind, spec.resize, spec.crop
+        ('video', (128, 171), 112)
+        """
+        preset = type(transforms).__name__
+        if preset == "ObjectDetection":
+            return cls(resize=None, crop=None, mean=None, std=None, kind="detection")
+        if preset == "OpticalFlow":
+            return cls(resize=None, crop=None, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), kind="optical_flow")
+        sizes = [int(v) for v in transforms.resize_size]
+        common = {"mean": tuple(float(v) for v in transforms.mean), "std": tuple(float(v) for v in transforms.std),
+                  "interpolation": transforms.interpolation.value}
+        if preset == "SemanticSegmentation":
+            return cls(resize=sizes[0], crop=None, antialias=bool(transforms.antialias), kind="segmentation",
+                       **common)
+        if preset == "VideoClassification":
+            return cls(resize=sizes[0] if len(sizes) == 1 else tuple(sizes), crop=int(transforms.crop_size[0]),
+                       antialias=False, kind="video", **common)
+        return cls(resize=sizes[0], crop=int(transforms.crop_size[0]), antialias=bool(transforms.antialias),
+                   **common)
 
     def replace(self, **overrides) -> Preprocess:
         """A copy with the given fields changed; ``None`` values are ignored."""
@@ -131,21 +181,73 @@ class Preprocess:
     @property
     def decode_size(self) -> int | None:
         """The smallest shorter side a JPEG may be decoded to (``fast_decode``), or None to decode it whole."""
-        return 2 * self.resize if self.fast_decode else None
+        return 2 * self.resize if self.fast_decode and isinstance(self.resize, int) else None
 
     def to_transform(self):
-        """The torchvision transform: PIL image → normalised float tensor ``[3, crop, crop]``."""
-        from torchvision.transforms import InterpolationMode
-        from torchvision.transforms._presets import ImageClassification
+        """The transform of one decoded input: a PIL image (a ``[T, H, W, 3]`` uint8 array for video) → tensor.
 
-        return ImageClassification(
-            crop_size=self.crop,
-            resize_size=self.resize,
-            mean=self.mean,
-            std=self.std,
-            interpolation=InterpolationMode(self.interpolation),
-            antialias=self.antialias,
-        )
+        Classification uses torchvision's ``ImageClassification`` itself, video
+        its ``VideoClassification``, so the numbers are exactly torchvision's.
+        """
+        from torchvision.transforms import InterpolationMode
+
+        interpolation = InterpolationMode(self.interpolation)
+        if self.kind == "classification":
+            from torchvision.transforms._presets import ImageClassification
+
+            return ImageClassification(crop_size=self.crop, resize_size=self.resize, mean=self.mean, std=self.std,
+                                       interpolation=interpolation, antialias=self.antialias)
+        if self.kind == "video":
+            return _VideoSteps(self)
+        return _ImageSteps(self)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
+
+
+def _is_side(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_SIDE
+
+
+class _ImageSteps:
+    """PIL image → float tensor ``[3, H, W]``: resize and crop when set, scale to [0, 1], normalise when set.
+
+    With only ``resize`` and normalisation this is torchvision's ``SemanticSegmentation``; with neither,
+    ``ObjectDetection``; with mean = std = 0.5, ``OpticalFlow`` on one frame.
+    """
+
+    def __init__(self, spec: Preprocess) -> None:
+        self.spec = spec
+
+    def __call__(self, image):
+        import torch
+        from torchvision.transforms import InterpolationMode
+        from torchvision.transforms import functional as F
+
+        spec = self.spec
+        if spec.resize is not None:
+            image = F.resize(image, [spec.resize], interpolation=InterpolationMode(spec.interpolation),
+                             antialias=spec.antialias)
+        if spec.crop is not None:
+            image = F.center_crop(image, [spec.crop])
+        tensor = F.convert_image_dtype(F.pil_to_tensor(image), torch.float)
+        if spec.mean is not None:
+            tensor = F.normalize(tensor, mean=list(spec.mean), std=list(spec.std))
+        return tensor
+
+
+class _VideoSteps:
+    """Frames ``[T, H, W, 3]`` uint8 → a clip ``[3, T, crop, crop]``, through torchvision's ``VideoClassification``."""
+
+    def __init__(self, spec: Preprocess) -> None:
+        from torchvision.transforms import InterpolationMode
+        from torchvision.transforms._presets import VideoClassification
+
+        size = list(spec.resize) if isinstance(spec.resize, tuple) else [spec.resize]
+        self.preset = VideoClassification(crop_size=[spec.crop, spec.crop], resize_size=size, mean=spec.mean,
+                                          std=spec.std, interpolation=InterpolationMode(spec.interpolation))
+
+    def __call__(self, frames):
+        import torch
+
+        return self.preset(torch.from_numpy(frames).permute(0, 3, 1, 2).contiguous())

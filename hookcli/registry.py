@@ -1,4 +1,4 @@
-"""What torchvision can build, cached on disk so that naming a model needs no torch.
+"""What torchvision can build (every family: :mod:`hookcli.families`), cached so naming a model needs no torch.
 
 Importing torchvision takes seconds; listing its models, or refusing a name
 it does not know, should not. :func:`model_registry` reads every model's
@@ -12,7 +12,9 @@ atomically. A folder that cannot be written only means no cache.
 
 >>> registry = model_registry()
 >>> registry["resnet18"]
-ModelEntry(enum='ResNet18_Weights', default='IMAGENET1K_V1', weights=('IMAGENET1K_V1',))
+ModelEntry(enum='ResNet18_Weights', default='IMAGENET1K_V1', weights=('IMAGENET1K_V1',), family='classification')
+>>> registry["raft_small"].family, registry["quantized_resnet18"].family
+('optical_flow', 'quantized')
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pathlib import Path
 
 from hookcli import __version__
 from hookcli.errors import HookcliError
+from hookcli.families import FAMILIES, MODULES
 from hookcli.store import atomic_path, open_regular
 
 __all__ = ["CACHE_FILE", "ModelEntry", "cache_path", "model_registry"]
@@ -33,16 +36,18 @@ CACHE_FILE = "models.json"
 #: A real cache is about 10 KB; anything much larger is not one.
 _MAX_BYTES = 1 << 20
 _TOP_KEYS = {"hookcli", "torchvision", "models"}
-_ENTRY_KEYS = {"enum", "default", "weights"}
+_ENTRY_KEYS = {"enum", "default", "weights", "family"}
 
 
 @dataclass(frozen=True)
 class ModelEntry:
-    """A model's pretrained weights: the enum's class name, its default member, every member but ``DEFAULT``."""
+    """A model's pretrained weights (the enum's class name, its default member, every member but ``DEFAULT``) and
+    its family (:data:`hookcli.families.FAMILIES`)."""
 
     enum: str
     default: str
     weights: tuple[str, ...]
+    family: str = "classification"
 
 
 def cache_path() -> Path | None:
@@ -104,14 +109,18 @@ def _torchvision_version() -> str | None:
 
 
 def _scan() -> dict[str, ModelEntry]:
+    import importlib
+
     import torchvision.models
 
-    registry = {}
-    for name in sorted(torchvision.models.list_models(module=torchvision.models)):
-        weights = torchvision.models.get_model_weights(name)
-        registry[name] = ModelEntry(enum=weights.__name__, default=weights.DEFAULT.name,
-                                    weights=tuple(member for member in weights.__members__ if member != "DEFAULT"))
-    return registry
+    found = {}
+    for family, module in MODULES.items():
+        for name in torchvision.models.list_models(module=importlib.import_module(module)):
+            weights = torchvision.models.get_model_weights(name)
+            found[name] = ModelEntry(enum=weights.__name__, default=weights.DEFAULT.name,
+                                     weights=tuple(member for member in weights.__members__ if member != "DEFAULT"),
+                                     family=family)
+    return {name: found[name] for name in sorted(found)}
 
 
 def _read(path: Path, versions: dict) -> dict[str, ModelEntry] | None:
@@ -140,10 +149,12 @@ def _parsed_entry(name: str, fields) -> ModelEntry | None:
     if not name.isidentifier() or not isinstance(fields, dict) or set(fields) != _ENTRY_KEYS:
         return None
     enum, default, weights = fields["enum"], fields["default"], fields["weights"]
+    if fields["family"] not in FAMILIES:
+        return None
     if not (_is_name(enum) and isinstance(weights, list) and weights and all(map(_is_name, weights))
             and len(set(weights)) == len(weights) and "DEFAULT" not in weights and default in weights):
         return None
-    return ModelEntry(enum=enum, default=default, weights=tuple(weights))
+    return ModelEntry(enum=enum, default=default, weights=tuple(weights), family=fields["family"])
 
 
 def _is_name(value) -> bool:

@@ -323,7 +323,7 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
         preprocess=json.loads(settings.preprocess.to_json()), pool=settings.pool or "none", dtype=settings.dtype,
         precision=settings.precision, memory_format=settings.memory_format, fuse=settings.fusing,
         device=str(settings.device), on_error=settings.on_error, shard_size=opts.shard_size,
-        inputs=tuple(os.path.abspath(p) for p in paths), command=entries,
+        inputs=tuple(os.path.abspath(p) for p in paths), command=entries, family=loaded.family,
     )
     cam_look = {"method": opts.method, "alpha": opts.alpha, "cmap": opts.cmap} if command == "cam" else None
     return RunPlan(command=command, loaded=loaded, layers=selected, inputs=tuple(paths), settings=settings,

@@ -195,6 +195,9 @@ class LayerInfo:
 def describe_layers(model, example) -> list[LayerInfo]:
     """Run ``model(example)`` once with hooks and describe every hookable layer.
 
+    ``example`` is a batch as :func:`hookcli.families.call_model` takes it (a
+    tuple is the model's arguments).
+
     Rows come in forward order (the order layers start running); layers that
     never run come last with ``calls == 0`` and no output shape. Hooks are
     removed and the model's mode restored before returning.
@@ -202,6 +205,7 @@ def describe_layers(model, example) -> list[LayerInfo]:
     import torch
 
     from hookcli.capture import preserved_mode
+    from hookcli.families import call_model
 
     layers = hookable_layers(model)
     rows = {
@@ -224,7 +228,7 @@ def describe_layers(model, example) -> list[LayerInfo]:
         for path, module in layers.items():
             stack.enter_context(module.register_forward_pre_hook(functools.partial(on_start, path)))
             stack.enter_context(module.register_forward_hook(functools.partial(on_finish, path)))
-        model(example)
+        call_model(model, example)
     ordered = [rows[p] for p in started] + [row for p, row in rows.items() if p not in started]
     for i, row in enumerate(ordered):
         row.order = i

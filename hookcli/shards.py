@@ -142,12 +142,17 @@ def check_shard(shard: FeatureFile, entry: Mapping, like: FeatureFile | None = N
             problem = f"its tensor '{key}' has shape {shard.shape(key)} but the index lists {rows} rows"
             break
     if problem is None and like is not None and rows:
-        mine = {k: (shard.dtype(k), shard.shape(k)[1:]) for k in shard.keys()}
-        if mine != {k: (like.dtype(k), like.shape(k)[1:]) for k in like.keys()}:
+        if _layout(shard) != _layout(like):
             problem = "its tensors differ in keys, dtypes or shapes from the other shards'"
     if problem is not None:
         raise FeatureFileError(f"shard '{shard.name}' does not match its index line: {problem}",
                                hint="run the same extract command again to write it again")
+
+
+def _layout(features) -> dict:
+    """What every shard of a folder shares: each key's dtype and row shape (a ragged key's only its dimensions)."""
+    return {k: (features.dtype(k), features.ragged(k),
+                len(features.shape(k)) if features.ragged(k) else features.shape(k)[1:]) for k in features.keys()}
 
 
 def _shard_is_sound(path: Path, entry: Mapping) -> bool:
@@ -338,6 +343,8 @@ class ShardedFeatures:
         self._like = _Shape(first)
         self._keys = first.keys()
         self._info = {k: (first.dtype(k), first.shape(k)[1:]) for k in self._keys}
+        self._ragged = {k for k in self._keys if first.ragged(k)}
+        self._largest: dict[str, list[int]] = {}
         self.size = sum((self.folder / entry["file"]).stat().st_size for entry in shards)
         self.metadata = fileformat.folder_metadata(header, shards)
 
@@ -374,20 +381,38 @@ class ShardedFeatures:
         return self._info[key][0]
 
     def shape(self, key: str) -> list[int]:
-        return [self.rows, *self._info[key][1]]
+        """``[rows, …]``; for a ragged key, the largest row over every shard (their headers are read once)."""
+        if key in self._ragged and key not in self._largest:
+            sizes = [self._info[key][1]]
+            for number, entry in enumerate(self.shards):
+                if entry["inputs"]:
+                    sizes.append(self._shard(number).shape(key)[1:])
+            self._largest[key] = [max(column) for column in zip(*sizes)]
+        return [self.rows, *self._largest.get(key, self._info[key][1])]
+
+    def ragged(self, key: str) -> bool:
+        return key in self._ragged
+
+    def row_shape(self, key: str, index: int) -> list[int]:
+        number, row = self._locate(key, index)
+        return self._shard(number).row_shape(key, row)
 
     def nbytes(self, key: str) -> int:
-        per_row = FeatureFile.row_bytes(*self._info[key])
+        per_row = FeatureFile.row_bytes(self.dtype(key), self.shape(key)[1:])
         return per_row * self.rows
 
     def read(self, key: str, index: int | None = None, part: slice | None = None):
         if index is None:
             return self.read_rows(key, 0, self.rows)
+        number, row = self._locate(key, index)
+        return self._shard(number).read(key, row, part)
+
+    def _locate(self, key: str, index: int) -> tuple[int, int]:
         if not -self.rows <= index < self.rows:
             raise IndexError(f"row {index} out of range for '{key}' with {self.rows} rows")
         index %= self.rows
         number = bisect.bisect_right(self._starts, index) - 1
-        return self._shard(number).read(key, index - self._starts[number], part)
+        return number, index - self._starts[number]
 
     def read_rows(self, key: str, start: int, stop: int):
         """Rows ``start:stop`` across shards (clipped as a slice is): one read per shard they fall in."""
@@ -402,6 +427,9 @@ class ShardedFeatures:
                 pieces.append(self._shard(number).read_rows(key, low - first, high - first))
         if not pieces:
             return self._shard(self._with_rows).read_rows(key, 0, 0)
+        if key in self._ragged:  # shards pad to their own largest row: pad them all to the folder's
+            largest = self.shape(key)[1:]
+            pieces = [np.pad(p, [(0, 0), *((0, n - m) for n, m in zip(largest, p.shape[1:]))]) for p in pieces]
         return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
 
 
@@ -409,10 +437,13 @@ class _Shape:
     """The keys, dtypes and shapes of a shard, kept after it is closed (what the others must match)."""
 
     def __init__(self, shard: FeatureFile) -> None:
-        self._info = {k: (shard.dtype(k), shard.shape(k)) for k in shard.keys()}
+        self._info = {k: (shard.dtype(k), shard.shape(k), shard.ragged(k)) for k in shard.keys()}
 
     def keys(self) -> list[str]:
         return list(self._info)
+
+    def ragged(self, key: str) -> bool:
+        return self._info[key][2]
 
     def dtype(self, key: str) -> str:
         return self._info[key][0]

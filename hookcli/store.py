@@ -43,9 +43,11 @@ from pathlib import Path
 from typing import BinaryIO
 
 from hookcli.errors import FeatureFileError, OutputExistsError, UsageProblem
+from hookcli.fileformat import ROW_SHAPE
 
 __all__ = [
-    "FeatureFile", "Features", "NotRegularFile", "atomic_path", "check_folder_output", "check_writable", "file_kind", "format_bytes", "open_regular",
+    "FeatureFile", "Features", "NotRegularFile", "atomic_path", "check_folder_output", "check_writable", "file_kind",
+    "format_bytes", "open_regular",
     "refuse_existing", "write_safetensors",
 ]
 
@@ -329,6 +331,8 @@ class FeatureFile:
         try:
             self.size = os.fstat(self._handle.fileno()).st_size
             self._data_start, self.metadata, self._entries = self._read_header()
+            self._row_shapes = _companions(self._entries, lambda key: self._entries[key][:2],
+                                           f"'{self.name}' is damaged")
         except BaseException:
             self._handle.close()
             raise
@@ -374,7 +378,18 @@ class FeatureFile:
         self._handle.close()
 
     def keys(self) -> list[str]:
-        return list(self._entries)
+        """The stored tensors' keys, without the ``@shape`` companions of ragged ones (see :meth:`row_shape`)."""
+        return [key for key in self._entries if key not in self._row_shapes.values()]
+
+    def ragged(self, key: str) -> bool:
+        """Whether the rows of ``key`` have shapes of their own (stored padded, with a ``@shape`` companion)."""
+        return key in self._row_shapes
+
+    def row_shape(self, key: str, index: int) -> list[int]:
+        """Row ``index``'s own shape: from the ``@shape`` companion when ``key`` is ragged, else the stored one."""
+        if key not in self._row_shapes:
+            return self.shape(key)[1:]
+        return _checked_row_shape(self, key, index, self._raw_read(self._row_shapes[key], index))
 
     def dtype(self, key: str) -> str:
         return self._entries[key][0]
@@ -396,8 +411,15 @@ class FeatureFile:
 
         Only the bytes asked for are read. F64 comes back as float64, other
         floating types as float32 (BF16 and F16 widened), integers and
-        booleans as stored.
+        booleans as stored. A row of a ragged key comes back in its own shape
+        (the whole tensor, and :meth:`read_rows`, padded with zeros).
         """
+        if index is not None and key in self._row_shapes:
+            return _own_part(self._raw_read(key, index),
+                             self.row_shape(key, index), part)
+        return self._raw_read(key, index, part)
+
+    def _raw_read(self, key: str, index: int | None = None, part: slice | None = None):
         dtype, shape, begin = self._entries[key]
         itemsize = _itemsize(dtype)
         start, shape = begin, list(shape)
@@ -432,6 +454,36 @@ class FeatureFile:
         return np.frombuffer(raw, dtype=_NUMPY_DTYPES[dtype], count=count).reshape(shape)
 
 
+def _companions(entries, dtype_and_shape, damaged: str) -> dict[str, str]:
+    """``{key: its @shape companion}`` for the ragged keys among ``entries``, each checked to fit its key."""
+    found = {}
+    for companion in entries:
+        key = companion.removesuffix(ROW_SHAPE)
+        if companion == key or key not in entries:
+            continue
+        dtype, shape = dtype_and_shape(companion)
+        rows = list(dtype_and_shape(key)[1])
+        if dtype not in ("I64", "I32") or list(shape) != rows[:1] + [len(rows) - 1] or len(rows) < 2:
+            raise FeatureFileError(f"{damaged}: '{companion}' is not the row shapes of '{key}' {rows}",
+                                   hint=_DAMAGED)
+        found[key] = companion
+    return found
+
+
+def _checked_row_shape(features, key: str, index: int, raw) -> list[int]:
+    own, padded = [int(n) for n in raw], features.shape(key)[1:]
+    if not all(0 <= n <= limit for n, limit in zip(own, padded)):
+        raise FeatureFileError(f"'{features.name}' is damaged: row {index} of '{key}' claims shape {own}, outside "
+                               f"the stored {padded}", hint=_DAMAGED)
+    return own
+
+
+def _own_part(row, shape: Sequence[int], part: slice | None):
+    """A padded row cut to its own ``shape``, then to ``part`` of its first axis."""
+    row = row[tuple(slice(0, n) for n in shape)]
+    return row[part] if part is not None else row
+
+
 class Features(Mapping):
     """Tensors in memory: a read-only mapping key → tensor, and :class:`FeatureFile`'s reading interface.
 
@@ -449,15 +501,37 @@ class Features(Mapping):
         self.name, self.metadata, self.facts, self.notes = name, dict(metadata), facts, tuple(notes)
         self._tensors = {key: tensors[key] for key in _key_order(tensors, self.metadata)}
         self.size = sum(self.nbytes(key) for key in self._tensors)
+        self._row_shapes = _companions(self._tensors, lambda key: (self.dtype(key), self.shape(key)),
+                                       f"'{name}' is damaged")
+        self._keys = [key for key in self._tensors if key not in self._row_shapes.values()]
 
     def __getitem__(self, key: str):
         return self._tensors[key]
 
     def __iter__(self):
-        return iter(self._tensors)
+        return iter(self._keys)
 
     def __len__(self) -> int:
-        return len(self._tensors)
+        return len(self._keys)
+
+    def keys(self):
+        """The tensors' keys, without the ``@shape`` companions of ragged ones (``features[key + "@shape"]`` works)."""
+        return list(self._keys)
+
+    def ragged(self, key: str) -> bool:
+        """Whether the rows of ``key`` have shapes of their own (held padded, with a ``@shape`` companion)."""
+        return key in self._row_shapes
+
+    def row_shape(self, key: str, index: int) -> list[int]:
+        """Row ``index``'s own shape (see :meth:`FeatureFile.row_shape`)."""
+        if key not in self._row_shapes:
+            return self.shape(key)[1:]
+        return _checked_row_shape(self, key, index, _as_numpy(self._tensors[self._row_shapes[key]][index]))
+
+    def row(self, key: str, index: int):
+        """Row ``index`` of ``key`` as the tensor it is, cut to its own shape when ``key`` is ragged."""
+        value = self._tensors[key][index]
+        return value[tuple(slice(0, n) for n in self.row_shape(key, index))] if key in self._row_shapes else value
 
     def __repr__(self) -> str:
         shapes = ", ".join(f"{key}: {self.shape(key)}" for key in self._tensors)
@@ -496,6 +570,8 @@ class Features(Mapping):
     def read(self, key: str, index: int | None = None, part: slice | None = None):
         value = self._tensors[key]
         if index is not None:
+            if key in self._row_shapes:
+                return _own_part(_as_numpy(value[index]), self.row_shape(key, index), part)
             value = value[index]
             if part is not None:
                 value = value[part]

@@ -37,7 +37,7 @@ from typing import BinaryIO
 
 from hookcli import fileformat
 from hookcli.errors import MemoryLimitError
-from hookcli.fileformat import RunFacts, RunRecord
+from hookcli.fileformat import ROW_SHAPE, RunFacts, RunRecord
 from hookcli.store import Features, format_bytes, write_safetensors
 
 __all__ = [
@@ -51,16 +51,23 @@ MAX_AUTO_SHARD_ROWS = 10_000
 
 
 def row_bytes(features: Mapping) -> int:
-    """Bytes one row of these batch-first tensors takes (0 for none)."""
-    return sum(value[0].numel() * value.element_size() for value in features.values())
+    """Bytes one row of these batch-first tensors (or lists of ragged rows) takes (0 for none)."""
+    return sum(value[0].numel() * value[0].element_size() for value in features.values())
 
 
 class RowBuffer:
-    """Rows of a file (or of one shard) in tensors allocated once for ``capacity`` rows, with their inputs."""
+    """Rows of a file (or of one shard) in tensors allocated once for ``capacity`` rows, with their inputs.
+
+    A feature given as a list of row tensors (ragged rows, each of its own
+    shape) is held padded with zeros to the largest row so far (the buffer
+    grows when a larger row comes), and :meth:`tensors` adds its
+    ``<key>@shape`` companion (:data:`~hookcli.fileformat.ROW_SHAPE`).
+    """
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self._tensors: dict = {}
+        self._shapes: dict = {}
         self.inputs: list[str] = []
         self.skipped: list[dict] = []
         self.targets: list = []
@@ -71,6 +78,9 @@ class RowBuffer:
 
         start = len(self.inputs)
         for key, value in features.items():
+            if isinstance(value, list):
+                self._add_ragged(key, value[rows], start)
+                continue
             if key not in self._tensors:
                 self._tensors[key] = torch.empty((self.capacity, *value.shape[1:]), dtype=value.dtype)
             part = value[rows]
@@ -78,12 +88,33 @@ class RowBuffer:
         self.inputs.extend(os.path.abspath(p) for p in inputs)
         self.targets.extend(targets or ())
 
+    def _add_ragged(self, key: str, rows: list, start: int) -> None:
+        import torch
+
+        held = self._tensors.get(key)
+        largest = [max(sizes) for sizes in zip(*(row.shape for row in rows), *([held.shape[1:]] if held is not None
+                                                                                  else []))]
+        if held is None or list(held.shape[1:]) != largest:
+            grown = torch.zeros((self.capacity, *largest), dtype=rows[0].dtype)
+            if held is not None:
+                grown[(slice(None), *(slice(0, n) for n in held.shape[1:]))] = held
+            self._tensors[key] = held = grown
+            self._shapes.setdefault(key, torch.zeros((self.capacity, len(largest)), dtype=torch.int64))
+        for offset, row in enumerate(rows):
+            held[(start + offset, *(slice(0, n) for n in row.shape))] = row
+            self._shapes[key][start + offset] = torch.tensor(row.shape, dtype=torch.int64)
+
     def skip(self, path, error: str) -> None:
         self.skipped.append({"input": os.path.abspath(path), "error": error})
 
     def tensors(self) -> dict:
-        """The rows added so far, by key."""
-        return {key: value[: len(self.inputs)] for key, value in self._tensors.items()}
+        """The rows added so far, by key; a ragged key's ``@shape`` companion right after it."""
+        found = {}
+        for key, value in self._tensors.items():
+            found[key] = value[: len(self.inputs)]
+            if key in self._shapes:
+                found[key + ROW_SHAPE] = self._shapes[key][: len(self.inputs)]
+        return found
 
 
 class _WholeWriter:

@@ -64,8 +64,9 @@ def test_vgg16_bn_features_18_matches_the_fx_extractor(runner, photo, tmp_path, 
     }
     assert json.loads(metadata["preprocess"]) == {
         "resize": 64, "crop": 64, "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225],
-        "interpolation": "bilinear", "antialias": True, "fast_decode": False,
+        "interpolation": "bilinear", "antialias": True, "fast_decode": False, "kind": "classification",
     }
+    assert metadata["family"] == "classification"
     assert set(json.loads(metadata["versions"])) == {"hookcli", "torch", "torchvision", "safetensors", "pillow"}
 
 

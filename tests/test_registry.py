@@ -17,7 +17,7 @@ from hookcli.errors import UnknownModelError, UnknownWeightsError
 from hookcli.models import describe_models, resolve_weights
 from hookcli.registry import ModelEntry, cache_path, model_registry
 
-TINY = {"tinynet": {"enum": "TinyNet_Weights", "default": "V2", "weights": ["V1", "V2"]}}
+TINY = {"tinynet": {"enum": "TinyNet_Weights", "default": "V2", "weights": ["V1", "V2"], "family": "video"}}
 
 
 @pytest.fixture
@@ -38,26 +38,43 @@ def _versions() -> dict:
 
 def test_a_cold_cache_is_filled_with_what_torchvision_lists(cache):
     rows = describe_models()
-    names = sorted(torchvision.models.list_models(module=torchvision.models))
-    assert [row["model"] for row in rows] == names
+    modules = {"classification": torchvision.models, "detection": torchvision.models.detection,
+               "segmentation": torchvision.models.segmentation, "video": torchvision.models.video,
+               "optical_flow": torchvision.models.optical_flow, "quantized": torchvision.models.quantization}
+    families = {name: family for family, module in modules.items()
+                for name in torchvision.models.list_models(module=module)}
+    names = sorted(families)
+    assert [row["model"] for row in rows] == names and len(names) == 121
+    assert {row["model"]: row["family"] for row in rows} == families
+    assert [row["model"] for row in describe_models("detection")] == sorted(
+        torchvision.models.list_models(module=torchvision.models.detection))
     assert all(row["default"] == torchvision.models.get_model_weights(row["model"]).DEFAULT.name for row in rows)
     written = json.loads(cache.read_text())
     assert {key: written[key] for key in ("hookcli", "torchvision")} == _versions()
     assert list(written["models"]) == names
     assert written["models"]["resnet18"] == {"enum": "ResNet18_Weights", "default": "IMAGENET1K_V1",
-                                             "weights": ["IMAGENET1K_V1"]}
+                                             "weights": ["IMAGENET1K_V1"], "family": "classification"}
     assert written["models"]["resnet50"] == {"enum": "ResNet50_Weights", "default": "IMAGENET1K_V2",
-                                             "weights": ["IMAGENET1K_V1", "IMAGENET1K_V2"]}
+                                             "weights": ["IMAGENET1K_V1", "IMAGENET1K_V2"],
+                                             "family": "classification"}
+    assert written["models"]["quantized_resnet18"] == {
+        "enum": "ResNet18_QuantizedWeights", "default": "IMAGENET1K_FBGEMM_V1", "weights": ["IMAGENET1K_FBGEMM_V1"],
+        "family": "quantized"}
     assert not list(cache.parent.glob("*.part"))
 
 
 def test_a_warm_cache_is_what_is_listed(cache, runner):
     _write(cache, {**_versions(), "models": TINY})
-    assert model_registry() == {"tinynet": ModelEntry(enum="TinyNet_Weights", default="V2", weights=("V1", "V2"))}
+    assert model_registry() == {"tinynet": ModelEntry(enum="TinyNet_Weights", default="V2", weights=("V1", "V2"),
+                                                      family="video")}
     result = runner.invoke(main, ["models"])
-    assert (result.exit_code, result.stdout) == (0, "tinynet  V1 V2 (default V2)\n")
+    assert (result.exit_code, result.stdout) == (0, "model    family  weights\ntinynet  video   V1 V2 (default V2)\n")
     result = runner.invoke(main, ["models", "--json"])
-    assert json.loads(result.stdout) == [{"model": "tinynet", "default": "V2", "weights": ["V1", "V2"]}]
+    assert json.loads(result.stdout) == [{"model": "tinynet", "family": "video", "default": "V2",
+                                          "weights": ["V1", "V2"]}]
+    assert runner.invoke(main, ["models", "--family", "detection"]).stdout == "model  family  weights\n"
+    result = runner.invoke(main, ["models", "--family", "audio"])
+    assert result.exit_code == 2 and "'audio' is not one of 'classification', 'detection'" in result.output
 
 
 def test_weights_names_are_checked_against_the_cache(cache, tmp_path, monkeypatch):
@@ -86,7 +103,7 @@ def test_a_cache_for_other_versions_is_rebuilt(cache, stale):
     written = json.loads(cache.read_text())
     assert {key: written[key] for key in ("hookcli", "torchvision")} == _versions()
     assert written["models"]["vgg16_bn"] == {"enum": "VGG16_BN_Weights", "default": "IMAGENET1K_V1",
-                                             "weights": ["IMAGENET1K_V1"]}
+                                             "weights": ["IMAGENET1K_V1"], "family": "classification"}
 
 
 def _tiny(**fields) -> dict:
@@ -113,6 +130,8 @@ _MALFORMED = {
     "DEFAULT among weights": {"models": _tiny(weights=["V2", "DEFAULT"])},
     "default not among weights": {"models": _tiny(default="V3")},
     "a weights name with a newline": {"models": _tiny(weights=["V2", "V1\nV3"])},
+    "an unknown family": {"models": _tiny(family="audio")},
+    "no family (an older cache)": {"models": {"tinynet": {k: v for k, v in TINY["tinynet"].items() if k != "family"}}},
 }
 
 
@@ -126,7 +145,7 @@ def test_a_malformed_cache_is_rebuilt(cache, content):
     assert "tinynet" not in model_registry()
     written = json.loads(cache.read_text())
     assert {key: written[key] for key in ("hookcli", "torchvision")} == _versions()
-    assert list(written["models"]) == sorted(torchvision.models.list_models(module=torchvision.models))
+    assert list(written["models"]) == [row["model"] for row in describe_models()] and len(written["models"]) == 121
 
 
 def test_a_cache_too_large_is_rebuilt(cache):
@@ -199,7 +218,7 @@ def test_with_a_warm_cache_models_and_refusals_import_no_torch(cache, tmp_path, 
                             capture_output=True, text=True, check=True, cwd=tmp_path)
     lines = result.stdout.splitlines()
     rows = describe_models()
-    assert len(lines) == len(rows) + len(json.dumps(rows, indent=2).splitlines()) + 1
+    assert len(lines) == 1 + len(rows) + len(json.dumps(rows, indent=2).splitlines()) + 1
     assert lines[-1] == ""  # none of torch, torchvision, numpy
     assert result.stderr.splitlines() == [
         "exit 0",

@@ -1,0 +1,94 @@
+"""The families of torchvision models, and what sets each apart: how it is built and what input it takes.
+
+=================  ====================================  ===============================================
+family             torchvision module                    a row is
+=================  ====================================  ===============================================
+``classification``  ``torchvision.models``               an image, ``[3, H, W]`` in a stacked batch
+``quantized``       ``torchvision.models.quantization``  an image, as classification; CPU only
+``segmentation``    ``torchvision.models.segmentation``  an image, in a stacked batch
+``detection``       ``torchvision.models.detection``     an image of its own size, in a list
+``video``           ``torchvision.models.video``         a clip ``[3, T, H, W]`` of a video
+``optical_flow``    ``torchvision.models.optical_flow``  a pair of frames, the model's two arguments
+=================  ====================================  ===============================================
+
+Nothing here imports torch at import time.
+
+>>> FAMILIES[:3]
+('classification', 'detection', 'segmentation')
+>>> [list(t.shape) for t in natural_input("optical_flow", size=64)]
+[[1, 3, 64, 64], [1, 3, 64, 64]]
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CPU_ONLY", "DEFAULT_CLIP_LENGTH", "FAMILIES", "MODULES", "batch_length", "build_options", "call_model",
+    "natural_input",
+]
+
+FAMILIES = ("classification", "detection", "segmentation", "video", "optical_flow", "quantized")
+#: The torchvision module whose ``list_models`` names each family's models.
+MODULES = {
+    "classification": "torchvision.models", "detection": "torchvision.models.detection",
+    "segmentation": "torchvision.models.segmentation", "video": "torchvision.models.video",
+    "optical_flow": "torchvision.models.optical_flow", "quantized": "torchvision.models.quantization",
+}
+#: Families whose models run on the CPU only (quantized kernels exist for the CPU alone).
+CPU_ONLY = ("quantized",)
+#: Frames a clip has when no clip length is given: what torchvision's video weights were evaluated on.
+DEFAULT_CLIP_LENGTH = 16
+#: Side of the square input :func:`natural_input` uses when the weights' preprocessing names no size.
+_FREE_SIZE = 320
+
+
+def build_options(family: str, *, pretrained: bool) -> dict:
+    """Keyword arguments ``torchvision.models.get_model`` needs for a model of ``family``.
+
+    Random detection and segmentation models get random backbones too (their
+    default would download ImageNet weights); quantized models are built
+    quantized.
+    """
+    options = {}
+    if family in ("detection", "segmentation") and not pretrained:
+        options["weights_backbone"] = None
+    if family == "quantized":
+        options["quantize"] = True
+    return options
+
+
+def natural_input(family: str, *, size: int | None = None, preprocess=None, frames: int | None = None):
+    """One input of batch 1, all zeros, as a model of ``family`` takes it: the argument tuple of a forward.
+
+    ``size`` is the side of the square image (default: the preprocessing's
+    crop, else its resize, else 320); ``frames`` a clip's length (video).
+    """
+    import torch
+
+    if size is None:
+        size = _natural_size(preprocess)
+    if family == "detection":
+        return ([torch.zeros(3, size, size)],)
+    if family == "video":
+        return (torch.zeros(1, 3, frames or DEFAULT_CLIP_LENGTH, size, size),)
+    if family == "optical_flow":
+        return torch.zeros(1, 3, size, size), torch.zeros(1, 3, size, size)
+    return (torch.zeros(1, 3, size, size),)
+
+
+def _natural_size(preprocess) -> int:
+    if preprocess is not None and preprocess.crop is not None:
+        return preprocess.crop
+    if preprocess is not None and isinstance(preprocess.resize, int):
+        return preprocess.resize
+    return _FREE_SIZE
+
+
+def call_model(model, batch):
+    """``model`` called with a batch: a tensor, a list of images (detection), or a tuple of arguments (flow)."""
+    return model(*batch) if isinstance(batch, tuple) else model(batch)
+
+
+def batch_length(batch) -> int:
+    """How many rows a batch holds, whatever form it takes (see :func:`call_model`)."""
+    return len(batch[0]) if isinstance(batch, tuple) else len(batch)
+
