@@ -545,6 +545,10 @@ def info(file, as_json, no_stats) -> None:
 @click.option("--alpha", type=click.FloatRange(0, 1), default=0.5, show_default=True, help="Overlay opacity.")
 @click.option("--overlay-cmap", default="inferno", show_default=True,
               help="Colormap of the overlay heat map (lightness should rise with value).")
+@click.option("--frame", type=click.IntRange(min=0), metavar="T",
+              help="Only frame T (from 0) of video clips, drawn as channel maps. [all: a column per frame]")
+@click.option("--flow-as-channels", is_flag=True,
+              help="Draw optical-flow fields as their dx and dy maps, not in colour.")
 @click.option("--force", "-f", is_flag=True, help="Overwrite existing PNGs.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 def grid(file, output, quiet, **options) -> None:
@@ -553,7 +557,11 @@ def grid(file, output, quiet, **options) -> None:
     [N, C, H, W] tensors become tiled channel maps, each numbered with its
     channel, [N, T, D] ViT tokens are folded back to a square grid (class
     token dropped), [N, D] vectors and [N, C, 1, 1] pooled channels become a
-    strip of values. A colour bar states the scale. Layers wider than 64
+    strip of values. [N, C, T, H, W] video clips become a table, a row per
+    channel and a column per frame (--frame T: that frame's channel maps).
+    In a file of the optical_flow family, [N, 2, H, W] flow fields are drawn
+    in colour: the hue is the direction, white to full colour the length,
+    with a colour wheel. A colour bar states the scale. Layers wider than 64
     channels draw their first 64 unless --channels or --top says otherwise.
     Written paths are printed, one per line. DIR is a shard folder
     written with extract -o DIR/ (or its index.jsonl); - reads a file from stdin.
@@ -561,6 +569,7 @@ def grid(file, output, quiet, **options) -> None:
     \b
       hookcli grid vgg16_bn-features.18.safetensors --channels 0:64 --cmap gray
       hookcli grid feats.safetensors -k 'layer3*' -i 0 --top 16 --overlay
+      hookcli grid clips.safetensors -k layer2 --frame 3 --channels 0:16
       hookcli extract -m resnet18 -l layer2 img.jpg -o - | hookcli grid - -o grids/
     """
     import hookcli.api

@@ -7,6 +7,12 @@ sorts by tensor, then row. Every planned path is checked before anything is
 drawn; :func:`write_grids` then reads one row at a time (only the channels it
 draws) and writes each PNG atomically.
 
+What each tensor becomes is chosen here (:mod:`hookcli.render` draws it): a
+video clip's ``[C, T, H, W]`` row is a table of channels by frames, or with
+``frame`` the ``[C, H, W]`` of one frame; the ``[2, H, W]`` rows of a file
+whose metadata says ``"family": "optical_flow"`` are colour-coded flow
+fields (``flow_as_channels``: two channel maps, dx and dy).
+
 >>> from hookcli.store import Features
 >>> features = Features({"x": np.ones((1, 4, 3, 3), dtype="float32")}, {"inputs": '["/photos/cat.jpg"]'})
 >>> options = GridOptions(channels="0:2", plain=True)
@@ -36,18 +42,24 @@ from hookcli.console import printable
 from hookcli.errors import FeatureFileError, UsageProblem, check_choice, check_whole
 from hookcli.preprocess import Preprocess
 from hookcli.render import (
+    CLIPS,
     MAX_PIXELS,
     STRIPS,
     NotDrawable,
     add_colorbar,
+    add_flow_legend,
     add_title,
     as_maps,
     check_cmap,
+    flow_colours,
+    frame_layout,
+    longest_flow,
     map_layout,
     number,
     overlay,
     scale_maps,
     strip,
+    tile_frames,
     tile_layout,
     tile_maps,
     tiles_that_fit,
@@ -71,6 +83,8 @@ _LAYOUTS = {"tokens": "tokens as a square", "tokens+cls": "tokens as a square, c
 DEFAULT_MAPS = 64
 #: Tiled pictures are enlarged to at least this width, so one channel or a few are not a thumbnail.
 _MIN_WIDTH = 384
+#: The ``family`` metadata of files whose ``[2, H, W]`` rows are optical-flow fields.
+_FLOW_FAMILY = "optical_flow"
 
 
 def parse_channels(value) -> slice | None:
@@ -102,7 +116,10 @@ class GridOptions:
     ``keys`` and ``images`` take one value or a list; ``channels`` a slice,
     ``"A:B"`` or one channel. ``plain`` draws just the tiles: no caption,
     channel numbers or colour bar, and no enlargement past ``min_tile``.
-    Values are checked here, with the library's errors.
+    ``frame``: draw only this frame (from 0) of video clips, as ``[C, H, W]``
+    maps. ``flow_as_channels``: draw optical-flow fields as their two
+    channels rather than in colour. Values are checked here, with the
+    library's errors.
     """
 
     keys: Sequence[str] = ()
@@ -119,6 +136,8 @@ class GridOptions:
     overlay: bool = False
     alpha: float = 0.5
     overlay_cmap: str = "inferno"
+    frame: int | None = None
+    flow_as_channels: bool = False
 
     def __post_init__(self) -> None:
         for name in ("keys", "images"):
@@ -129,7 +148,8 @@ class GridOptions:
             object.__setattr__(self, "channels", parse_channels(self.channels))
         except ValueError as err:
             raise UsageProblem(f"invalid channels: {err}") from None
-        for name, low, high in (("top", 1, None), ("columns", 1, None), ("padding", 0, 64), ("min_tile", 1, 1024)):
+        for name, low, high in (("top", 1, None), ("columns", 1, None), ("padding", 0, 64), ("min_tile", 1, 1024),
+                                ("frame", 0, None)):
             check_whole(name, getattr(self, name), low, high, optional=True)
         check_choice("scale", self.scale, SCALES)
         if not 0 <= self.alpha <= 1:
@@ -219,7 +239,8 @@ def plan_grids(features, options: GridOptions, out_dir: str | os.PathLike | None
     drawable, notes, refusals = {}, [], []
     for key in keys:
         try:
-            drawable[key] = _maps_limit(drawn_shape(features, key), options)
+            drawable[key] = _maps_limit(drawn_shape(features, key), options,
+                                        flow=_draws_flow(features, key, options))
         except NotDrawable as reason:
             refusals.append(f"'{key}' (shape {features.shape(key)}): {reason}")
             notes.append(f"skipped '{key}' (shape {features.shape(key)}): {reason}")
@@ -230,6 +251,9 @@ def plan_grids(features, options: GridOptions, out_dir: str | os.PathLike | None
         shown = "; ".join(refusals[:3]) + (f"; and {len(refusals) - 3} more tensors" if len(refusals) > 3 else "")
         raise UsageProblem(f"nothing to draw in '{features.name}': {shown}",
                            hint="'hookcli info' shows the shapes; choose other tensors (-k) or channels")
+    if options.frame is not None and not any(len(drawn_shape(features, key)) == 5 for key in keys):
+        notes.append(f"--frame {options.frame} chooses a frame of video clips ([C, T, H, W] per row), and none of "
+                     "the tensors has them")
     rows = max(features.shape(k)[0] for k in drawable)
     inputs = input_names(features.metadata, rows)
     listed = inputs is not None
@@ -253,18 +277,29 @@ def plan_grids(features, options: GridOptions, out_dir: str | os.PathLike | None
     return plan
 
 
-def _maps_limit(shape: Sequence[int], options: GridOptions) -> tuple[int | None, str | None]:
+def _maps_limit(shape: Sequence[int], options: GridOptions, *, flow: bool = False) -> tuple[int | None, str | None]:
     """``(how many selected maps one picture holds or None for all, a note when not all)``; NotDrawable if none.
 
     Without ``--channels`` or ``--top``, a layer of more than
     :data:`DEFAULT_MAPS` channels is drawn by its first :data:`DEFAULT_MAPS`,
-    and the note says how to draw the others.
+    and the note says how to draw the others. A video clip's map is a
+    channel's row of frames. ``flow``: the rows are drawn as optical-flow
+    fields, which use both their channels whatever the selection.
     """
     if not shape:
         raise NotDrawable("a 0-dimensional tensor has no rows")
     if shape[0] == 0:
         raise NotDrawable("it has no rows")
-    count, height, width, layout = map_layout(shape[1:])
+    if flow:
+        if options.overlay:
+            raise NotDrawable("--overlay does not draw optical-flow fields (--flow-as-channels draws dx and dy "
+                              "as maps)")
+        if shape[2] * shape[3] > MAX_PIXELS:
+            raise NotDrawable(f"a {shape[2]}x{shape[3]} flow field is larger than a picture may be "
+                              f"({MAX_PIXELS:,} pixels)")
+        return None, None
+    row, _ = _row_drawn(shape[1:], options)
+    count, height, width, layout = map_layout(row)
     selected = range(count)[options.channels] if options.channels is not None else range(count)
     kind = "value" if layout in STRIPS else "channel"
     if not selected:
@@ -273,18 +308,25 @@ def _maps_limit(shape: Sequence[int], options: GridOptions) -> tuple[int | None,
     if options.overlay:
         if layout in STRIPS or layout == "matrix":
             raise NotDrawable("--overlay needs maps laid out like the image, and these values are not")
+        if len(shape) == 5:
+            raise NotDrawable("--overlay needs the photo the model saw, and a video clip's frames are not kept")
         return None, None
     wanted = min(len(selected), options.top) if options.top is not None else len(selected)
     fits = tiles_that_fit(height, width, padding=options.padding, layout=layout)
+    if layout in CLIPS:
+        fits //= row[1]  # a channel is a row of T tiles
     if fits == 0:
-        raise NotDrawable(f"one {height}x{width} map is larger than a picture may be ({MAX_PIXELS:,} pixels)")
+        what = f"one channel's {row[1]} frames of {height}x{width} are" if layout in CLIPS else \
+            f"one {height}x{width} map is"
+        raise NotDrawable(f"{what} larger than a picture may be ({MAX_PIXELS:,} pixels)")
     if options.channels is None and options.top is None and layout not in STRIPS and count > DEFAULT_MAPS:
         return DEFAULT_MAPS, (f"drew channels 0-{DEFAULT_MAPS - 1} of {count}; --channels {DEFAULT_MAPS}:"
                               f"{2 * DEFAULT_MAPS} draws the next {DEFAULT_MAPS}, --top {DEFAULT_MAPS} the most "
                               f"active, --channels : all of them" + (f" ({fits} a picture)" if fits < count else ""))
     if wanted <= fits:
         return None, None
-    what = "values" if layout in STRIPS else f"tiles of {height}x{width}"
+    what = "values" if layout in STRIPS else f"channels of {row[1]} frames of {height}x{width}" \
+        if layout in CLIPS else f"tiles of {height}x{width}"
     if options.top is not None:
         return fits, f"drew the top {fits} of the {wanted} asked for: a picture holds at most {fits} {what}"
     first, last = selected[0], selected[fits - 1]
@@ -419,6 +461,29 @@ def drawn_shape(features, key: str) -> list[int]:
     return shape
 
 
+def _row_drawn(row: Sequence[int], options: GridOptions) -> tuple[list[int], int | None]:
+    """``(the per-row shape drawn, the frame drawn or None)``: a video clip's ``[C, T, H, W]`` is the ``[C, H, W]`` of
+    ``options.frame`` when one is given; NotDrawable when the clip has no such frame."""
+    row = list(row)
+    if options.frame is None or len(row) != 4:
+        return row, None
+    if options.frame >= row[1]:
+        raise NotDrawable(f"--frame {options.frame} is out of range: it has {_frames_text(row[1])}")
+    return [row[0], *row[2:]], options.frame
+
+
+def _frames_text(frames: int) -> str:
+    return "no frames" if frames == 0 else "one frame (0)" if frames == 1 else f"{frames} frames (0-{frames - 1})"
+
+
+def _draws_flow(features, key: str, options: GridOptions) -> bool:
+    """Whether ``key`` is drawn as optical flow: its rows are ``[2, H, W]`` and the file's metadata says
+    ``"family": "optical_flow"``, and ``options.flow_as_channels`` does not ask for the two channels."""
+    shape = features.shape(key)
+    return (not options.flow_as_channels and features.metadata.get("family") == _FLOW_FAMILY and len(shape) == 4
+            and shape[1] == 2)
+
+
 @dataclass(frozen=True)
 class Picture:
     """A drawn picture: ``pixels`` (``uint8 [H, W, 3]``) and ``notes`` on what it shows (an all-zero map, say)."""
@@ -435,28 +500,34 @@ def render_job(features, job: GridJob, options: GridOptions, values: np.ndarray 
 def render_picture(features, job: GridJob, options: GridOptions, values: np.ndarray | None = None) -> Picture:
     """Draw one job, at most ``job.limit`` of the selected maps, with labels, a colour bar and a caption.
 
-    ``values``: the job's whole row when the caller has already read it
-    (otherwise only the channels drawn are read). Raises
-    :class:`~hookcli.render.NotDrawable` for shapes without a picture.
+    A video clip is a table of its channels by its frames (``options.frame``:
+    one frame's channel maps), and an optical-flow field a colour-coded
+    picture with its colour wheel. ``values``: the job's whole row when the
+    caller has already read it (otherwise only the channels drawn are read).
+    Raises :class:`~hookcli.render.NotDrawable` for shapes without a picture.
     """
-    shape = drawn_shape(features, job.key)[1:]
+    if _draws_flow(features, job.key, options):
+        return _flow_picture(features, job, options, values)
+    stored = drawn_shape(features, job.key)[1:]
+    shape, frame = _row_drawn(stored, options)
     count, _, _, layout = map_layout(shape)
     selected = range(count)[options.channels] if options.channels is not None else range(count)
     if job.limit is not None and options.top is None:
         selected = selected[:job.limit]
-    # Channel maps of [C, H, W] rows are read a range at a time; other layouts are sliced after reading.
-    direct = (values is None and len(shape) == 3 and options.top is None and selected != range(count)
-              and list(shape) == features.shape(job.key)[1:])
+    # Channels of [C, H, W] rows and of clips are read a range at a time; other layouts are sliced after reading.
+    direct = (values is None and len(stored) >= 3 and options.top is None and selected != range(count)
+              and stored == features.shape(job.key)[1:])
     part = slice(selected.start, selected.stop, selected.step) if direct else None
     if values is None:
         values = features.read(job.key, job.row, part)
-    maps, layout = as_maps(values.reshape(len(selected), *shape[1:]) if direct else values.reshape(shape))
+    values = values.reshape(len(selected), *stored[1:]) if direct else values.reshape(stored)
+    maps, layout = as_maps(values if frame is None else values[:, frame])
     if not direct and selected != range(count):
         maps = maps[selected.start:selected.stop:selected.step]
     if len(maps) == 0:
         raise NotDrawable("no channels in the selected range")
     kind = "value" if layout in STRIPS else "channel"
-    one_map_a_row = list(shape) != features.shape(job.key)[1:]  # a CAM file's maps (drawn_shape)
+    one_map_a_row = stored != features.shape(job.key)[1:]  # a CAM file's maps (drawn_shape)
     labels = None if one_map_a_row else list(selected)
     picked = f"{kind}s {selected[0]}-{selected[-1]}" if len(maps) > 1 else f"{kind} {selected[0]}"
     if one_map_a_row:
@@ -480,6 +551,16 @@ def render_picture(features, job: GridJob, options: GridOptions, values: np.ndar
         pixels = strip(scaled, None if options.plain else labels, cmap=options.cmap)
         if not options.plain:
             pixels = add_colorbar(pixels, options.cmap, *_ends(value_range(maps)), "one scale for the strip")
+    elif layout in CLIPS:
+        look = {"padding": 0 if layout == "pooled-frames" else options.padding, "min_tile": options.min_tile,
+                "labels": None if options.plain else labels, "min_width": 0 if options.plain else _MIN_WIDTH}
+        framing = frame_layout(*maps.shape, **look)
+        labelled = options.plain or labels is None or framing.margin > 0
+        pixels = tile_frames(scale_maps(maps, options.scale), cmap=options.cmap, layout=framing, **look)
+        if not options.plain:
+            pixels = add_colorbar(pixels, options.cmap, *_scale_legend(
+                maps, options.scale, "the channel's range over its frames",
+                "each channel scaled to its own range over its frames"))
     else:
         look = {"columns": options.columns, "padding": options.padding, "min_tile": options.min_tile,
                 "labels": None if options.plain else labels, "min_width": 0 if options.plain else _MIN_WIDTH}
@@ -487,17 +568,16 @@ def render_picture(features, job: GridJob, options: GridOptions, values: np.ndar
         labelled = options.plain or labels is None or layout.band > 0
         pixels = tile_maps(scale_maps(maps, options.scale), cmap=options.cmap, layout=layout, **look)
         if not options.plain:
-            if len(maps) == 1:
-                ends, said = _ends(value_range(maps)), "the map's range"
-            elif options.scale == "grid":
-                ends, said = _ends(value_range(maps)), "one scale for all tiles"
-            else:
-                ends, said = ("low", "high"), "each tile scaled to its own range"
-            pixels = add_colorbar(pixels, options.cmap, *ends, said)
+            pixels = add_colorbar(pixels, options.cmap, *_scale_legend(maps, options.scale, "the map's range",
+                                                                       "each tile scaled to its own range"))
     if options.title and not options.plain:
-        parts = [printable(_capped(job.key, 200)), printable(_capped(job.name, 120)), str(list(shape)), picked]
+        parts = [printable(_capped(job.key, 200)), printable(_capped(job.name, 120)), str(list(stored)), picked]
         if layout in _LAYOUTS:
             parts.append(_LAYOUTS[layout])
+        if layout in CLIPS:
+            parts.append(f"rows: channels, columns: frames 0-{maps.shape[1] - 1}")
+        if frame is not None:
+            parts.append(f"frame {frame} of {_frames_text(stored[1])}")
         if not labelled:
             parts.append("tiles too small for channel numbers (raise --min-tile)")
         pixels = add_title(pixels, parts)
@@ -506,6 +586,40 @@ def render_picture(features, job: GridJob, options: GridOptions, values: np.ndar
 
 def _ends(span: tuple[float, float] | None) -> tuple[str, str]:
     return (number(span[0]), number(span[1])) if span is not None else ("nan", "nan")
+
+
+def _scale_legend(maps: np.ndarray, scale: str, one: str, each: str) -> tuple[str, str, str]:
+    """A colour bar's ends and words: the range of a single map (``one``) or of all maps with ``--scale grid``, else
+    ``each`` map scaled alone."""
+    if len(maps) == 1:
+        return (*_ends(value_range(maps)), one)
+    if scale == "grid":
+        return (*_ends(value_range(maps)), "one scale for all tiles")
+    return "low", "high", each
+
+
+def _flow_picture(features, job: GridJob, options: GridOptions, values: np.ndarray | None) -> Picture:
+    """An optical-flow field in colour (:func:`~hookcli.render.flow_colours`), enlarged as one tile is, with the
+    colour wheel and the longest vector's length; a note when there is no motion to show."""
+    shape = features.shape(job.key)[1:]
+    flow = (features.read(job.key, job.row) if values is None else values).reshape(shape)
+    longest = longest_flow(flow)
+    factor = tile_layout(1, *shape[1:], padding=0, min_tile=options.min_tile,
+                         min_width=0 if options.plain else _MIN_WIDTH).factor
+    pixels = flow_colours(flow).repeat(factor, axis=0).repeat(factor, axis=1)
+    length = "no finite vectors" if longest is None else f"longest vector {number(longest)} px"
+    if not options.plain:
+        lines = ["hue: direction of motion, as from the wheel's centre",
+                 f"white: still; full colour: {number(longest)} px" if longest else "white: still"]
+        if not np.isfinite(flow).all():
+            lines.append("black: NaN or ±inf")
+        pixels = add_flow_legend(pixels, lines)
+    if options.title and not options.plain:
+        pixels = add_title(pixels, [printable(_capped(job.key, 200)), printable(_capped(job.name, 120)),
+                                    str(shape), "optical flow", length])
+    flat = "has no finite values: drawn black" if longest is None else \
+        "is 0 everywhere (nothing moves): drawn white" if longest == 0 else None
+    return Picture(pixels, (f"{job.key}, {job.name}: the flow field {flat}",) if flat else ())
 
 
 def _overlay_picture(features, job: GridJob, maps: np.ndarray, options: GridOptions) -> tuple[np.ndarray, str | None]:

@@ -6,14 +6,19 @@ colours come from matplotlib's colormaps, sampled once into a 256-entry table.
 - :func:`as_maps` reads a per-image tensor as a stack of 2-D maps: ``[C, H, W]``
   channels; ``[T, D]`` ViT tokens folded back to a square (with or without a
   leading class token) or, when T is not square, shown as one ``T×D`` matrix;
-  ``[D]`` vectors and ``[C, 1, 1]`` pooled channels as one strip of values (:func:`strip`).
+  ``[D]`` vectors and ``[C, 1, 1]`` pooled channels as one strip of values (:func:`strip`);
+  ``[C, T, H, W]`` video clips as ``[K, T, H, W]`` (one frame, ``T = 1``, as ``[C, H, W]``).
 - :func:`scale_maps` maps values to [0, 1] per map or over the whole grid,
   using finite values only: NaN stays NaN (drawn in :data:`NAN_COLOR`), ±inf
   clips to the ends, a constant map is 0 rather than a division by zero.
 - :func:`tile_maps` colours and tiles the maps, upscaling small ones
   (nearest neighbour) so every tile is at least ``min_tile`` pixels, with
   each tile's channel number above it; :func:`grid_columns` picks a shape
-  without ragged rows where one exists.
+  without ragged rows where one exists. :func:`tile_frames` tiles clips as
+  a table: a row per channel, a column per frame.
+- :func:`flow_colours` draws an optical-flow field in the Middlebury colour
+  code (hue: direction; white to full colour: length), and
+  :func:`add_flow_legend` puts its colour wheel (:func:`flow_wheel`) under it.
 - :func:`overlay` blends a heat map over a photo; :func:`add_title` adds a
   caption sized to the picture, :func:`add_colorbar` a colour scale.
 
@@ -23,6 +28,8 @@ colours come from matplotlib's colormaps, sampled once into a 256-entry table.
 ((768, 14, 14), 'tokens+cls')
 >>> tile_maps(scale_maps(maps[:4], "channel"), columns=2, padding=1, cmap="gray", min_tile=14).shape
 (31, 31, 3)
+>>> tile_frames(np.zeros((2, 3, 4, 4)), padding=1, cmap="gray", min_tile=4).shape
+(11, 16, 3)
 """
 
 from __future__ import annotations
@@ -37,9 +44,10 @@ import numpy as np
 from hookcli.errors import UsageProblem
 
 __all__ = [
-    "MAX_PIXELS", "MAX_STRIP_VALUES", "MAX_TILES", "NAN_COLOR", "STRIPS", "NotDrawable", "add_colorbar", "add_title",
-    "as_maps", "check_cmap", "grid_columns", "map_layout", "number", "overlay", "scale_maps", "strip",
-    "TileLayout", "tile_layout", "tile_maps", "tiles_that_fit", "value_range",
+    "CLIPS", "FLOW_NAN_COLOR", "MAX_PIXELS", "MAX_STRIP_VALUES", "MAX_TILES", "NAN_COLOR", "STRIPS", "FrameLayout",
+    "NotDrawable", "add_colorbar", "add_flow_legend", "add_title", "as_maps", "check_cmap", "flow_colours",
+    "flow_wheel", "frame_layout", "grid_columns", "longest_flow", "map_layout", "number", "overlay", "scale_maps",
+    "strip", "TileLayout", "tile_frames", "tile_layout", "tile_maps", "tiles_that_fit", "value_range",
 ]
 
 NAN_COLOR = (255, 0, 255)
@@ -57,10 +65,16 @@ def map_layout(row_shape: Sequence[int]) -> tuple[int, int, int, str]:
     """How a per-image tensor of ``row_shape`` is drawn, without its values: ``(maps, height, width, layout)``.
 
     Layouts: ``channels`` ([C, H, W]), ``tokens`` and ``tokens+cls`` ([T, D]
-    folded to a square), ``matrix`` ([T, D] drawn as it is), and the strips
-    ``vector`` ([D]) and ``pooled`` ([C, 1, 1]), whose maps are single values.
-    Raises :class:`NotDrawable` for shapes without a picture (no axes, more
-    than three, or no values at all).
+    folded to a square), ``matrix`` ([T, D] drawn as it is), the strips
+    ``vector`` ([D]) and ``pooled`` ([C, 1, 1]), whose maps are single values,
+    and the :data:`CLIPS` of a video model, ``[C, T, H, W]``: ``frames``, each
+    map T frames of ``height × width``, and ``pooled-frames`` ([C, T, 1, 1]),
+    a channels × frames table of single values. A clip of one frame is drawn
+    as that frame, ``[C, H, W]``. Raises :class:`NotDrawable` for shapes
+    without a picture (no axes, more than four, or no values at all).
+
+    >>> map_layout([8, 4, 6, 6]), map_layout([8, 4, 1, 1]), map_layout([8, 1, 6, 6])
+    ((8, 6, 6, 'frames'), (8, 1, 1, 'pooled-frames'), (8, 6, 6, 'channels'))
     """
     shape = [int(n) for n in row_shape]
     if math.prod(shape) == 0 and shape:
@@ -82,15 +96,25 @@ def map_layout(row_shape: Sequence[int]) -> tuple[int, int, int, str]:
         return 1, tokens, dim, "matrix"
     if len(shape) == 1:
         return shape[0], 1, 1, "vector"
+    if len(shape) == 4:
+        channels, frames, height, width = shape
+        if frames == 1:
+            return map_layout([channels, height, width])
+        return channels, height, width, "pooled-frames" if height == width == 1 else "frames"
     raise NotDrawable(f"{len(shape)} dimensions per image")
 
 
 #: Layouts drawn as one strip of single values rather than tiles.
 STRIPS = ("vector", "pooled")
+#: Layouts of video clips, drawn by :func:`tile_frames`: their maps are ``[T, H, W]``.
+CLIPS = ("frames", "pooled-frames")
 
 
 def as_maps(array: np.ndarray) -> tuple[np.ndarray, str]:
-    """One image's tensor as ``(maps [K, H, W], layout)``, float32 (float64 kept); raises :class:`NotDrawable`."""
+    """One image's tensor as ``(maps [K, H, W], layout)``, float32 (float64 kept); raises :class:`NotDrawable`.
+
+    The maps of :data:`CLIPS` are clips: ``[K, T, H, W]``.
+    """
     array = np.asarray(array)
     array = array.astype(np.float64 if array.dtype == np.float64 else np.float32, copy=False)
     count, height, width, layout = map_layout(array.shape)
@@ -98,6 +122,8 @@ def as_maps(array: np.ndarray) -> tuple[np.ndarray, str]:
         return np.ascontiguousarray(array.T).reshape(count, height, width), layout
     if layout == "tokens+cls":
         return np.ascontiguousarray(array[1:].T).reshape(count, height, width), layout
+    if layout in CLIPS:
+        return array, layout
     return array.reshape(count, height, width), layout
 
 
@@ -116,14 +142,17 @@ def value_range(maps: np.ndarray) -> tuple[float, float] | None:
 
 
 def scale_maps(maps: np.ndarray, scale: str = "channel") -> np.ndarray:
-    """Values to [0, 1]: ``"channel"`` scales each map alone, ``"grid"`` uses one range for all maps."""
+    """Values to [0, 1]: ``"channel"`` scales each map alone, ``"grid"`` uses one range for all maps.
+
+    ``maps`` are ``[K, H, W]``, or ``[K, T, H, W]`` clips, each scaled over all its frames.
+    """
     if scale not in ("channel", "grid"):
         raise UsageProblem(f"scale must be 'channel' or 'grid', not '{scale}'")
     maps = maps.astype(np.float64 if maps.dtype == np.float64 else np.float32, copy=True)
     finite = np.isfinite(maps)
     filled_low = np.where(finite, maps, np.inf)
     filled_high = np.where(finite, maps, -np.inf)
-    axes = (1, 2) if scale == "channel" else None
+    axes = tuple(range(1, maps.ndim)) if scale == "channel" else None
     low = filled_low.min(axis=axes, keepdims=True)
     high = filled_high.max(axis=axes, keepdims=True)
     empty = ~np.isfinite(low)  # maps with no finite value at all
@@ -254,6 +283,69 @@ def tile_maps(
     return np.pad(grid, ((padding, 0), (padding, 0), (0, 0)), constant_values=PAD_COLOR)
 
 
+@dataclass(frozen=True)
+class FrameLayout:
+    """How :func:`tile_frames` lays clips out: each frame enlarged ``factor`` times, a ``header`` band of frame
+    numbers over the columns and a ``margin`` of channel numbers left of the rows (0: none, or they do not fit)."""
+
+    factor: int
+    header: int
+    margin: int
+
+
+def frame_layout(count: int, frames: int, height: int, width: int, *, padding: int = 2, min_tile: int = 32,
+                 labels: Sequence[int] | None = None, min_width: int = 0) -> FrameLayout:
+    """Pick the layout of :func:`tile_frames` (same arguments); raises :class:`NotDrawable` past :data:`MAX_PIXELS`."""
+    factor = math.ceil(min_tile / max(height, width))
+    if min_width:
+        # Enlarged until min_width wide or twice that tall: a table of many channels is not made taller still.
+        by_width = math.ceil(((min_width - padding) / frames - padding) / width)
+        by_height = math.ceil(((2 * min_width - padding) / count - padding) / height)
+        factor = max(factor, min(by_width, by_height))
+    factor = tile_layout(count * frames, height, width, columns=frames, padding=padding,
+                         min_tile=factor * max(height, width)).factor
+    if not labels:
+        return FrameLayout(factor, 0, 0)
+    size = _label_size(width * factor)
+    glyph_h = _glyphs(size)[1]
+    header = glyph_h + 2 if _text_width(str(frames - 1), size) + 2 <= width * factor else 0
+    longest = max((str(n) for n in labels), key=len)
+    margin = _text_width(longest, size) + 4 if glyph_h + 1 <= height * factor + padding else 0
+    return FrameLayout(factor, header, margin)
+
+
+def tile_frames(
+    scaled: np.ndarray, *, padding: int = 2, cmap: str = "viridis", min_tile: int = 32,
+    labels: Sequence[int] | None = None, min_width: int = 0, layout: FrameLayout | None = None,
+) -> np.ndarray:
+    """Colour ``[K, T, H, W]`` clips scaled to [0, 1] as a table: a row of T tiles per clip, a column per frame.
+
+    Frames are enlarged as :func:`tile_maps` enlarges tiles (to ``min_tile``),
+    and further while the picture is narrower than ``min_width`` and shorter
+    than twice that. ``labels`` (one number per clip, its channel) are written
+    left of each row and the frame numbers 0 to T-1 above the columns, each
+    when it fits (None: neither). ``layout``: what :func:`frame_layout` gave
+    for the same arguments, when the caller has it already. Without labels
+    the picture is :func:`tile_maps` of the ``K·T`` frames, T a row.
+    """
+    count, frames, height, width = scaled.shape
+    layout = layout or frame_layout(count, frames, height, width, padding=padding, min_tile=min_tile, labels=labels,
+                                    min_width=min_width)
+    grid = tile_maps(scaled.reshape(count * frames, height, width), padding=padding, cmap=cmap,
+                     layout=TileLayout(frames, count, layout.factor, 0))
+    if not layout.header and not layout.margin:
+        return grid
+    canvas = np.full((layout.header + grid.shape[0], layout.margin + grid.shape[1], 3), PAD_COLOR, dtype=np.uint8)
+    canvas[layout.header:, layout.margin:] = grid
+    size = _label_size(width * layout.factor)
+    step_y, step_x = height * layout.factor + padding, width * layout.factor + padding
+    for frame in range(frames if layout.header else 0):
+        _stamp(canvas, str(frame), size, 1, layout.margin + padding + frame * step_x + 1)
+    for row, label in enumerate(labels if layout.margin else ()):
+        _stamp(canvas, str(label), size, layout.header + padding + row * step_y + 1, 2)
+    return canvas
+
+
 def strip(scaled: np.ndarray, labels: Sequence[int] | None, *, cmap: str = "viridis",
           width: int = 768) -> np.ndarray:
     """Colour single values scaled to [0, 1] as one strip of cells (lines of at most 1,024 cells for long vectors).
@@ -372,6 +464,67 @@ def overlay(photo: np.ndarray, heat: np.ndarray, *, cmap: str = "inferno", alpha
     return np.round((1.0 - alpha) * photo.astype(np.float32) + alpha * colours).astype(np.uint8)
 
 
+#: Flow vectors with NaN or ±inf are drawn black, a colour the flow code never gives (each of its colours is pale or
+#: has a full channel).
+FLOW_NAN_COLOR = (0, 0, 0)
+
+
+def _wheel_segment(count: int, start: tuple[int, int, int], end: tuple[int, int, int]) -> np.ndarray:
+    """``count`` colours from ``start`` towards ``end`` (channels moving by whole steps of 255 / count, floored)."""
+    steps = np.floor(255 * np.arange(count) / count)[:, None]
+    return np.asarray(start) + np.sign(np.subtract(end, start)) * steps
+
+
+#: The 55 hues of the Middlebury flow colour code (Baker et al., 2011), red through yellow, green, cyan, blue and
+#: magenta, each segment as long as its colours are told apart.
+_FLOW_WHEEL = np.concatenate([
+    _wheel_segment(15, (255, 0, 0), (255, 255, 0)), _wheel_segment(6, (255, 255, 0), (0, 255, 0)),
+    _wheel_segment(4, (0, 255, 0), (0, 255, 255)), _wheel_segment(11, (0, 255, 255), (0, 0, 255)),
+    _wheel_segment(13, (0, 0, 255), (255, 0, 255)), _wheel_segment(6, (255, 0, 255), (255, 0, 0)),
+])
+
+
+def longest_flow(flow: np.ndarray) -> float | None:
+    """The length of the longest finite vector of a ``[2, H, W]`` flow field, or None when there is none."""
+    flow = np.asarray(flow, dtype=np.float64)
+    finite = np.isfinite(flow).all(axis=0)
+    return float(np.hypot(flow[0], flow[1])[finite].max()) if finite.any() else None
+
+
+def flow_colours(flow: np.ndarray) -> np.ndarray:
+    """A ``[2, H, W]`` flow field (dx, dy; y runs down the picture) as ``uint8 [H, W, 3]`` in the Middlebury code.
+
+    The hue is the direction, as on :func:`flow_wheel` (motion to the right
+    is red, down orange-yellow, left blue-cyan, up violet), and the length
+    over the field's longest vector goes from white (still) to full colour
+    (the longest). Vectors with NaN or ±inf are :data:`FLOW_NAN_COLOR`.
+
+    >>> flow_colours(np.array([[[3.0, -3.0, 0.0]], [[0.0, 0.0, 0.0]]]))[0].tolist()
+    [[255, 0, 0], [0, 209, 255], [255, 255, 255]]
+    """
+    flow = np.asarray(flow, dtype=np.float64)
+    finite = np.isfinite(flow).all(axis=0)
+    dx, dy = np.where(finite, flow, 0.0) + 0.0  # + 0.0: a negative zero is zero, so +x is red whatever dy's sign
+    longest = longest_flow(flow)
+    length = np.hypot(dx, dy) / (longest or 1.0)
+    position = (np.arctan2(-dy, -dx) / np.pi + 1) / 2 * (len(_FLOW_WHEEL) - 1)
+    low = np.floor(position).astype(np.intp)
+    share = (position - low)[..., None]
+    hue = (1 - share) * _FLOW_WHEEL[low] + share * _FLOW_WHEEL[(low + 1) % len(_FLOW_WHEEL)]
+    pixels = np.floor(255 - length[..., None] * (255 - hue)).astype(np.uint8)
+    pixels[~finite] = FLOW_NAN_COLOR
+    return pixels
+
+
+def flow_wheel(side: int = 64) -> np.ndarray:
+    """The key to :func:`flow_colours`: a disc ``side`` pixels across, each point coloured as the motion from the
+    centre to it, full colour on the rim; white around it."""
+    centre = (side - 1) / 2
+    y, x = (np.mgrid[0:side, 0:side] - centre) / max(centre, 1.0)
+    inside = x * x + y * y <= 1
+    return flow_colours(np.where(inside, np.stack([x, y]), 0.0))
+
+
 def _caption_font(width: int):
     return _font(max(12, min(28, round(width / 45))))
 
@@ -431,6 +584,26 @@ def add_colorbar(pixels: np.ndarray, cmap: str, low: str, high: str, text: str =
         words = words[:-2] + "…" if len(words) > 1 else ""
     if words:
         draw.text((right + 12, 6), words, fill=(60, 60, 60), font=font)
+    return _stacked(pixels, np.asarray(strip))
+
+
+def add_flow_legend(pixels: np.ndarray, lines: Sequence[str]) -> np.ndarray:
+    """Put the flow colour wheel (:func:`flow_wheel`) under the picture, with ``lines`` of text beside it."""
+    from PIL import Image, ImageDraw
+
+    width = pixels.shape[1]
+    font = _caption_font(width)
+    line_h = font.getbbox("Ag")[3] + 4
+    side = max(32, line_h * len(lines))
+    left = 6 + side + 10
+    strip = Image.new("RGB", (max(width, left + 64), side + 12), (255, 255, 255))
+    strip.paste(Image.fromarray(flow_wheel(side)), (6, 6))
+    draw = ImageDraw.Draw(strip)
+    room = strip.width - left - 4
+    for i, words in enumerate(lines):
+        while words and font.getlength(words) > room:
+            words = words[:-2] + "…" if len(words) > 1 else ""
+        draw.text((left, 6 + i * line_h), words, fill=(0, 0, 0), font=font)
     return _stacked(pixels, np.asarray(strip))
 
 

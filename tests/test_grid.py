@@ -113,11 +113,11 @@ def test_vectors_are_strips_and_half_floats_read_fine(runner, tmp_path):
 
 
 def test_an_undrawable_tensor_is_skipped_with_a_note(runner, tmp_path):
-    source = _save(tmp_path / "f.safetensors", {"ok": torch.ones(1, 2, 3, 3), "odd": torch.ones(1, 2, 2, 2, 2)})
+    source = _save(tmp_path / "f.safetensors", {"ok": torch.ones(1, 2, 3, 3), "odd": torch.ones(1, 2, 2, 2, 2, 2)})
     result = runner.invoke(main, ["grid", str(source), "-o", str(tmp_path / "g")])
     assert result.exit_code == 0
     assert result.stdout == f"{tmp_path / 'g' / 'ok__00000_row00000.png'}\n"
-    assert result.stderr == "Note: skipped 'odd' (shape [1, 2, 2, 2, 2]): 4 dimensions per image\n"
+    assert result.stderr == "Note: skipped 'odd' (shape [1, 2, 2, 2, 2, 2]): 5 dimensions per image\n"
 
 
 def test_top_channels_by_mean_and_channel_ranges(runner, tmp_path):

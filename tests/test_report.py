@@ -375,11 +375,11 @@ def test_the_command_prints_index_html_and_notes(runner, folder, tmp_path):
     assert len(_pictures((tmp_path / "r" / "page-00002.html").read_text())) == 3
 
     odd = tmp_path / "odd.safetensors"
-    write_safetensors({"odd": torch.ones(1, 2, 2, 2, 2), "ok": torch.ones(1, 3)}, {}, odd)
+    write_safetensors({"odd": torch.ones(1, 2, 2, 2, 2, 2), "ok": torch.ones(1, 3)}, {}, odd)
     result = runner.invoke(main, ["report", str(odd), "-o", str(tmp_path / "o")])
     assert (result.exit_code, result.stdout) == (0, f"{tmp_path / 'o' / 'index.html'}\n")
-    assert result.stderr == "Note: skipped 'odd' (shape [1, 2, 2, 2, 2]): 4 dimensions per image\n"
-    assert "<li>skipped &#x27;odd&#x27; (shape [1, 2, 2, 2, 2]): 4 dimensions per image</li>" in \
+    assert result.stderr == "Note: skipped 'odd' (shape [1, 2, 2, 2, 2, 2]): 5 dimensions per image\n"
+    assert "<li>skipped &#x27;odd&#x27; (shape [1, 2, 2, 2, 2, 2]): 5 dimensions per image</li>" in \
         (tmp_path / "o" / "index.html").read_text()
 
 
