@@ -52,7 +52,9 @@ def extract(model, layers, inputs, *, output=None, progress: Callable | None = N
     ``batch_size`` (16), ``precision`` (``"fp32"``), ``memory_format``
     (``"auto"``), ``compile``, ``workers``, ``recursive``, ``on_error``
     (``"fail"``), ``force``, ``pool``, ``dtype`` (``"float32"``),
-    ``shard_size``, ``fuse`` (None: from 16 inputs on), ``grid`` (a folder for PNGs).
+    ``shard_size``, ``fuse`` (None: from 16 inputs on), ``grid`` (a folder for PNGs); video and optical-flow
+    models: ``clip_length`` (16), ``frame_stride`` (1), ``clips_per_video`` (1; 0: every clip); detection
+    models: ``detections`` (store the final detections too).
 
     >>> import tempfile
     >>> photo = __import__("matplotlib.cbook").cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)

@@ -42,6 +42,7 @@ import functools
 from collections.abc import Iterator, Mapping, Sequence
 
 from hookcli.errors import CaptureError, LayerNotRunError, UsageProblem
+from hookcli.families import batch_length, call_model, first_rows
 
 __all__ = ["CAPTURE_KINDS", "COUNTING_FORWARD_FROM", "FeatureCapture", "GradientCapture", "preserved_mode"]
 
@@ -139,17 +140,18 @@ class FeatureCapture:
         """
         if self._stack is None:
             raise RuntimeError("FeatureCapture.run() needs the capture to be entered (use 'with')")
-        if self.calls is None and self.stop_early and len(batch) >= COUNTING_FORWARD_FROM:
+        size = batch_length(batch)
+        if self.calls is None and self.stop_early and size >= COUNTING_FORWARD_FROM:
             # Learn how often each layer fires from one image, so this batch can already stop early.
-            self._check_calls(self._forward(batch[:1])[0])
+            self._check_calls(self._forward(first_rows(batch))[0])
         counts, outputs, inputs = self._forward(batch)
         self._check_calls(counts)
-        return self._flatten(outputs, inputs, batch_size=len(batch))
+        return self._flatten(outputs, inputs, batch_size=size)
 
     def _forward(self, batch) -> tuple[dict, dict, dict]:
         self._clear()
         try:
-            self.model(batch)
+            call_model(self.model, batch)
         except _ForwardDone:
             pass
         finally:
@@ -305,6 +307,8 @@ def _detached_copy(value):
     import torch
 
     if isinstance(value, torch.Tensor):
+        if value.is_quantized:  # a quantized model's activations are stored as the real values they stand for
+            return value.detach().dequantize().contiguous()
         # contiguous_format: stored tensors are plain row-major whatever layout the model runs in.
         return value.detach().clone(memory_format=torch.contiguous_format)
     if isinstance(value, tuple | list):

@@ -213,6 +213,19 @@ def _preprocess_options(function):
     ])
 
 
+def _clip_options(function):
+    """--clip-length, --frame-stride, --clips-per-video: how rows are cut from videos (video and flow models)."""
+    return _options(function, [
+        click.option("--clip-length", type=click.IntRange(1, 4096),
+                     help="Video models: frames in a clip (a row) [16]."),
+        click.option("--frame-stride", type=click.IntRange(1, 4096), default=DEFAULTS.frame_stride,
+                     show_default=True, help="Frames between a clip's frames; optical flow: between a pair's two."),
+        click.option("--clips-per-video", type=click.IntRange(0, 4096), default=DEFAULTS.clips_per_video,
+                     show_default=True, help="Video models: clips spread evenly over each video (1: the middle "
+                     "one); 0: every clip, one after another."),
+    ])
+
+
 def _run_options(function=None, *, stored: str = "what is stored is --dtype"):
     """Device, batching, decode workers, inputs and their errors, overwriting, progress.
 
@@ -407,6 +420,10 @@ def layers(model, weights, seed, input_size, frames, depth, as_json, as_nl) -> N
               "activation and residual add, as one kernel (equal to fp32 rounding); --no-fuse runs every module "
               "as written. Default: fuse runs of 16 images or more, where the one-off cost of tracing the model "
               "pays back.")
+@_clip_options
+@click.option("--detections", is_flag=True, help="Detection models: also store each image's final detections "
+              "(detections#boxes, #labels, #scores, and #masks or #keypoints where the model gives them), rows of "
+              "their own lengths.")
 @_run_options
 @click.pass_context
 def extract(ctx, **options) -> None:
@@ -414,7 +431,9 @@ def extract(ctx, **options) -> None:
 
     IMAGES are files, folders (--recursive for sub-folders) or - to read image
     paths from stdin, one per line. Rows follow input order. The written path is
-    printed on stdout (with -o - the file's bytes are).
+    printed on stdout (with -o - the file's bytes are). For video models they
+    are videos (files, or folders of frames), and a row is a clip; for optical
+    flow a row is a pair of frames of a video.
 
     With -o DIR/ rows stream into shards of --shard-size images plus an index,
     DIR/index.jsonl, and memory stays flat however many images there are.
@@ -426,6 +445,8 @@ def extract(ctx, **options) -> None:
       hookcli extract -m resnet50 -l 'layer3.*.conv2' -l avgpool=pooled photos/ -o feats.safetensors
       find photos -name '*.jpg' | hookcli extract -m resnet50 -l layer3 --pool avg - -o feats/
       hookcli extract --config configs/vgg16_bn-features18.toml img.jpg --grid grids/
+      hookcli extract -m r3d_18 -l layer3 --clip-length 16 --clips-per-video 4 walk.mp4
+      hookcli extract -m fasterrcnn_resnet50_fpn -l backbone.body.layer3 --detections street.jpg
     """
     _run(ctx, "extract", options, options.pop("layer"), options.pop("images"))
 
@@ -439,6 +460,7 @@ def extract(ctx, **options) -> None:
               "top prediction (topK: the K highest, one gradient each).")
 @_preprocess_options
 @_rows_output_options
+@_clip_options
 @_run_options
 @click.pass_context
 def grad(ctx, **options) -> None:

@@ -22,8 +22,8 @@ Nothing here imports torch at import time.
 from __future__ import annotations
 
 __all__ = [
-    "CPU_ONLY", "DEFAULT_CLIP_LENGTH", "FAMILIES", "MODULES", "batch_length", "build_options", "call_model",
-    "natural_input",
+    "CPU_ONLY", "DEFAULT_CLIP_LENGTH", "FAMILIES", "MODULES", "batch_device", "batch_length", "build_options",
+    "call_model", "first_rows", "map_batch", "natural_input", "ragged_rows",
 ]
 
 FAMILIES = ("classification", "detection", "segmentation", "video", "optical_flow", "quantized")
@@ -91,4 +91,31 @@ def call_model(model, batch):
 def batch_length(batch) -> int:
     """How many rows a batch holds, whatever form it takes (see :func:`call_model`)."""
     return len(batch[0]) if isinstance(batch, tuple) else len(batch)
+
+
+def first_rows(batch, count: int = 1):
+    """The first ``count`` rows of a batch, in the batch's own form."""
+    return tuple(part[:count] for part in batch) if isinstance(batch, tuple) else batch[:count]
+
+
+def map_batch(batch, function):
+    """``function`` applied to every tensor of a batch (a tensor, a list of images, a tuple of either)."""
+    if isinstance(batch, tuple):
+        return tuple(map_batch(part, function) for part in batch)
+    if isinstance(batch, list):
+        return [function(image) for image in batch]
+    return function(batch)
+
+
+def batch_device(batch):
+    """The device a batch's tensors are on."""
+    while isinstance(batch, tuple | list):
+        batch = batch[0]
+    return batch.device
+
+
+def ragged_rows(family: str, preprocess) -> bool:
+    """Whether rows of a run may differ in shape: inputs that keep their own sizes (no crop) in a family whose
+    models take any size. Such runs store every captured tensor as rows of their own shapes."""
+    return family in ("segmentation", "detection", "optical_flow") and preprocess.crop is None
 

@@ -165,8 +165,11 @@ def run_metadata(record: RunRecord, facts: RunFacts, *, keys: Sequence[str]) -> 
     return metadata
 
 
-def _rows_metadata(inputs: Sequence[str], skipped: Sequence[dict], targets: Sequence) -> dict[str, str]:
+def _rows_metadata(inputs: Sequence[str], skipped: Sequence[dict], targets: Sequence,
+                   frames: Sequence) -> dict[str, str]:
     metadata = {"inputs": json.dumps([os.path.abspath(p) for p in inputs])}
+    if frames:
+        metadata["frames"] = json.dumps([list(f) for f in frames])
     if skipped:
         metadata["skipped"] = json.dumps(list(skipped))
     if targets:
@@ -175,15 +178,17 @@ def _rows_metadata(inputs: Sequence[str], skipped: Sequence[dict], targets: Sequ
 
 
 def file_metadata(run: Mapping[str, str], *, inputs: Sequence, skipped: Sequence[dict] = (),
-                  targets: Sequence = ()) -> dict[str, str]:
-    """A single file's metadata: the run's, plus its rows' inputs, the skipped inputs and (grad, cam) the targets."""
-    return {**run, **_rows_metadata(inputs, skipped, targets)}
+                  targets: Sequence = (), frames: Sequence = ()) -> dict[str, str]:
+    """A single file's metadata: the run's, plus its rows' inputs (for rows cut from videos, the video, and in
+    ``frames`` each row's frame numbers), the skipped inputs and (grad, cam) the targets."""
+    return {**run, **_rows_metadata(inputs, skipped, targets, frames)}
 
 
 def shard_metadata(run: Mapping[str, str], number: int, *, inputs: Sequence, skipped: Sequence[dict] = (),
-                   targets: Sequence = ()) -> dict[str, str]:
+                   targets: Sequence = (), frames: Sequence = ()) -> dict[str, str]:
     """Shard ``number``'s metadata: a complete file's, plus its ``shard`` number."""
-    return {**file_metadata(run, inputs=inputs, skipped=skipped, targets=targets), "shard": str(number)}
+    return {**file_metadata(run, inputs=inputs, skipped=skipped, targets=targets, frames=frames),
+            "shard": str(number)}
 
 
 def index_header(record: RunRecord, run: Mapping[str, str], shard_size: int) -> dict:
@@ -192,11 +197,16 @@ def index_header(record: RunRecord, run: Mapping[str, str], shard_size: int) -> 
             "inputs": len(record.inputs), "shard_name": SHARD_NAME, "metadata": dict(run)}
 
 
-def index_line(number: int, shard_size: int, total: int, inputs: Sequence[str], skipped: Sequence[dict]) -> dict:
-    """The index line of finished shard ``number``: its file, the inputs it covers, its rows, what was skipped."""
+def index_line(number: int, shard_size: int, total: int, inputs: Sequence[str], skipped: Sequence[dict],
+               frames: Sequence | None = None) -> dict:
+    """The index line of finished shard ``number``: its file, the inputs it covers, its rows, what was skipped, and
+    (rows cut from videos) each row's frames."""
     first = number * shard_size
-    return {"shard": number, "file": SHARD_NAME.format(number), "first": first,
+    line = {"shard": number, "file": SHARD_NAME.format(number), "first": first,
             "count": min(first + shard_size, total) - first, "inputs": list(inputs), "skipped": list(skipped)}
+    if frames:
+        line["frames"] = [list(f) for f in frames]
+    return line
 
 
 def check_index_header(header) -> None:
@@ -235,6 +245,10 @@ def check_index_line(entry, number: int, header: Mapping) -> None:
         raise ValueError("its skipped inputs are not a list of objects")
     if len(inputs) + len(skipped) != count:
         raise ValueError(f"it accounts for {len(inputs) + len(skipped)} inputs, not {count}")
+    frames = entry.get("frames", [])
+    if not isinstance(frames, list) or (frames and len(frames) != len(inputs)) or not all(
+            isinstance(f, list) and all(_whole(n, 0) for n in f) for f in frames):
+        raise ValueError("its frames are not a list of frame numbers for each row")
 
 
 def _whole(value, low: int) -> bool:
@@ -245,6 +259,8 @@ def folder_metadata(header: Mapping, shards: Sequence[Mapping]) -> dict[str, str
     """A shard folder read as one file: the run's metadata with every shard's inputs (and skipped) in row order."""
     metadata = dict(header["metadata"])
     metadata["inputs"] = json.dumps([p for entry in shards for p in entry["inputs"]])
+    if any(entry.get("frames") for entry in shards):
+        metadata["frames"] = json.dumps([f for entry in shards for f in entry.get("frames", [])])
     skipped = [s for entry in shards for s in entry["skipped"]]
     if skipped:
         metadata["skipped"] = json.dumps(skipped)

@@ -43,7 +43,8 @@ from dataclasses import dataclass, field
 
 from hookcli import speed
 from hookcli.capture import CAPTURE_KINDS, FeatureCapture
-from hookcli.errors import HookcliError, ImageError, check_choice, check_whole, first_line
+from hookcli.errors import HookcliError, ImageError, VideoError, check_choice, check_whole, first_line
+from hookcli.families import batch_device, map_batch, ragged_rows
 from hookcli.fileformat import RunFacts
 from hookcli.models import LoadedModel
 from hookcli.preprocess import Preprocess
@@ -82,6 +83,8 @@ class RunSettings:
     memory_format: str = "auto"
     compile: bool = False
     fuse: bool | None = None
+    family: str = "classification"
+    detections: bool = False
 
     def __post_init__(self) -> None:
         check_choice("capture", self.capture, CAPTURE_KINDS)
@@ -118,10 +121,14 @@ class RunSettings:
         device = self.device if not isinstance(self.device, str) else resolve_device(self.device)
         speed.check_precision(self.precision, device)
         workers = self.workers if self.workers is not None else default_workers(device, inputs, self.batch_size)
+        # Fusion and channels-last are for stacks of 2-D convolutions taking one image batch: other families run
+        # as written (the metadata's "fused" says 0) and keep their tensors' own layout.
+        plain = loaded.family not in ("classification", "segmentation")
+        memory_format = "contiguous" if plain and self.memory_format == "auto" else self.memory_format
         return dataclasses.replace(
             self, device=device, preprocess=self.preprocess or loaded.preprocess, workers=workers,
-            memory_format=speed.choose_memory_format(loaded.module, device, self.memory_format),
-            fuse=speed.choose_fuse(self.fuse, inputs))
+            memory_format=speed.choose_memory_format(loaded.module, device, memory_format),
+            fuse=False if plain else speed.choose_fuse(self.fuse, inputs), family=loaded.family)
 
 
 @dataclass
@@ -146,7 +153,7 @@ class _Images:
     def __init__(self, paths: Sequence, preprocess: Preprocess, first: int) -> None:
         from hookcli.images import load_rgb
 
-        self.paths, self.first, self.load = paths, first, load_rgb
+        self.paths, self.first, self.load, self.kind = paths, first, load_rgb, preprocess.kind
         self.transform, self.decode_size = preprocess.to_transform(), preprocess.decode_size
 
     def __len__(self) -> int:
@@ -154,9 +161,23 @@ class _Images:
 
     def __getitem__(self, position: int):
         index = self.first + position
+        item = self.paths[index]
         try:
-            return index, self.transform(self.load(self.paths[index], min_size=self.decode_size)), None
-        except ImageError as err:
+            if not hasattr(item, "frames"):
+                return index, self.transform(self.load(item, min_size=self.decode_size)), None
+            frames = item.read()  # a clip, or a pair of frames: a hookcli.video.Clip
+            if self.kind == "video":
+                return index, self.transform(frames), None
+            from PIL import Image
+
+            pair = tuple(self.transform(Image.fromarray(frame)) for frame in frames)
+            height, width = pair[0].shape[-2:]
+            if height % 8 or width % 8:
+                raise VideoError(f"the frames of '{item.path}' are {width}x{height} as the model would see them, and "
+                                 "optical-flow models take sides divisible by 8",
+                                 hint="give --crop (a multiple of 8), or --resize to a size that keeps both sides so")
+            return index, pair, None
+        except (ImageError, VideoError) as err:
             return index, None, (err.message, err.hint)
 
 
@@ -180,12 +201,24 @@ def default_workers(device, images: int, batch_size: int) -> int:
 
 
 def _collate(items):
-    import torch
-
+    """``(indices, batch, failures)``: rows of one shape stacked, rows of several (or images for detection) a list;
+    pairs of frames a tuple of two such batches."""
     good = [(i, t) for i, t, e in items if e is None]
     failures = [(i, e) for i, t, e in items if e is not None]
-    batch = torch.stack([t for _, t in good]) if good else None
+    rows = [t for _, t in good]
+    if not rows:
+        batch = None
+    elif isinstance(rows[0], tuple):
+        batch = tuple(_stacked(list(parts)) for parts in zip(*rows))
+    else:
+        batch = _stacked(rows)
     return [i for i, _ in good], batch, failures
+
+
+def _stacked(rows: list):
+    import torch
+
+    return torch.stack(rows) if all(row.shape == rows[0].shape for row in rows) else rows
 
 
 def _worker_init(worker_id: int) -> None:
@@ -259,7 +292,7 @@ def iter_batches(
             features, targets, facts = {}, None, None
             if batch is not None:
                 captured, targets = run(to_device(batch))
-                features = {key: _pooled(value, settings.pool).to(cast).to("cpu") for key, value in captured.items()}
+                features = {key: _stored(key, value, settings.pool, cast) for key, value in captured.items()}
                 facts = run.facts()
             yield Batch(indices, features, failures, targets, facts)
 
@@ -286,7 +319,11 @@ def prepared_model(loaded: LoadedModel, settings: RunSettings):
     model = speed.to_memory_format(loaded.module.to(device), memory_format)
 
     def to_device(batch):
-        return speed.to_memory_format(batch.to(device, non_blocking=True), memory_format)
+        def moved(images):
+            images = images.to(device, non_blocking=True)
+            return speed.to_memory_format(images, memory_format) if images.dim() == 4 else images
+
+        return map_batch(batch, moved)
 
     try:
         with speed.thread_budget(device, settings.workers):
@@ -313,7 +350,11 @@ class EagerForward:
         from hookcli.fusion import fused_convolutions
 
         self._stack.close()  # hooks of a model no longer used come off
-        self.capture = FeatureCapture(model, self.layers, capture=self.settings.capture)
+        detecting = self.settings.family == "detection"
+        self.capture = FeatureCapture(model, self.layers, capture=self.settings.capture,
+                                      stop_early=not self.settings.detections)
+        self.rows = _DetectionRows(model, self.settings.detections) if detecting else None
+        self.ragged = ragged_rows(self.settings.family, self.settings.preprocess)
         self._fused = fused_convolutions(model)
         self._entered = False
 
@@ -328,9 +369,15 @@ class EagerForward:
 
         if not self._entered:
             self._stack.enter_context(self.capture)
+            if self.rows is not None:
+                self._stack.enter_context(self.rows)
             self._entered = True
-        with torch.inference_mode(), speed.compute_precision(self.settings.precision, batch.device):
-            return self.capture.run(batch), None
+        with torch.inference_mode(), speed.compute_precision(self.settings.precision, batch_device(batch)):
+            if self.rows is not None:  # a detection model takes a list of images and pads them itself
+                return self.rows.cut(self.capture.run(list(batch))), None
+            if not self.ragged:
+                return self.capture.run(batch), None
+            return _rows_by_shape(self.capture.run, batch), None
 
     def facts(self) -> RunFacts:
         return RunFacts(calls=dict(self.capture.calls or {}), omitted=tuple(sorted(self.capture.omitted)),
@@ -408,11 +455,101 @@ class CompiledForward(EagerForward):
         return function
 
 
+def _stored(key: str, value, pool: str | None, cast):
+    """A captured batch (or list of rows) pooled, cast and on the CPU; detections and integers kept as they are."""
+    if key.startswith(DETECTIONS + "#"):
+        return [row.to("cpu") for row in value]
+
+    def finish(tensor, *, row: bool):
+        pooled = _pooled(tensor[None], pool)[0] if row else _pooled(tensor, pool)
+        return (pooled.to(cast) if pooled.is_floating_point() else pooled).to("cpu")
+
+    if isinstance(value, list):
+        return [finish(row, row=True) for row in value]
+    return finish(value, row=False)
+
+
+def _rows_by_shape(run, batch) -> dict:
+    """``run`` on each group of same-shape rows of ``batch`` (a list, or a tuple of lists of pairs' frames when shapes
+    differ); every captured tensor comes back as a list of its rows, in input order."""
+    if isinstance(batch, tuple):
+        sizes = [tuple(part.shape) for part in batch[0]] if isinstance(batch[0], list) else None
+    else:
+        sizes = [tuple(image.shape) for image in batch] if isinstance(batch, list) else None
+    if sizes is None:
+        return {key: list(value) for key, value in run(batch).items()}
+    import torch
+
+    rows: dict = {}
+    for size in dict.fromkeys(sizes):
+        picked = [i for i, s in enumerate(sizes) if s == size]
+        group = tuple(torch.stack([part[i] for i in picked]) for part in batch) if isinstance(batch, tuple) else \
+            torch.stack([batch[i] for i in picked])
+        for key, value in run(group).items():
+            found = rows.setdefault(key, [None] * len(sizes))
+            for position, i in enumerate(picked):
+                found[i] = value[position]
+    return rows
+
+
+class _DetectionRows:
+    """Cuts a detection model's padded batch back to each image: layer outputs ``[N, C, H, W]`` to the part that
+    covers the image (the model pads a batch to its largest image), and, when asked, its detections.
+
+    The model resizes every image (``min_size``/``max_size``) inside its ``transform``; a hook there learns each
+    image's size after resizing and the padded size, and the part of a map of height ``h`` that covers an image
+    of height ``ih`` in a padding of ``ph`` is its first ``ceil(h * ih / ph)`` rows (columns alike).
+    """
+
+    def __init__(self, model, detections: bool) -> None:
+        self.model, self.detections = model, detections
+        self._stack = contextlib.ExitStack()
+        self.sizes: list = []
+        self.padded = None
+        self.found: list = []
+
+    def __enter__(self):
+        self._stack.enter_context(self.model.transform.register_forward_hook(self._on_transform))
+        if self.detections:
+            self._stack.enter_context(self.model.register_forward_hook(self._on_output))
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._stack.close()
+
+    def _on_transform(self, module, inputs, output) -> None:
+        images = output[0]
+        self.sizes, self.padded = list(images.image_sizes), tuple(images.tensors.shape[-2:])
+
+    def _on_output(self, module, inputs, output) -> None:
+        self.found = output
+
+    def cut(self, features: dict) -> dict:
+        rows = {}
+        for key, value in features.items():
+            if value.dim() == 4 and self.padded is not None:
+                height, width = value.shape[-2:]
+                rows[key] = [value[i, :, :-(-height * h // self.padded[0]), :-(-width * w // self.padded[1])]
+                             for i, (h, w) in enumerate(self.sizes)]
+            else:
+                rows[key] = list(value)
+        if self.detections:
+            for name in ("boxes", "labels", "scores", "masks", "keypoints", "keypoints_scores"):
+                if self.found and name in self.found[0]:
+                    rows[f"{DETECTIONS}#{name}"] = [found[name].detach().clone() for found in self.found]
+            self.found = []
+        return rows
+
+
+#: The key final detections are stored under (``detections#boxes``, ``#labels``, ``#scores``, ``#masks``, ...).
+DETECTIONS = "detections"
+
+
 def _pooled(tensor, pool: str | None):
     """Global pooling over the spatial axes: ``[N, C, H, W]`` → ``[N, C]``; tokens ``[N, T, D]`` → ``[N, D]``."""
     if pool is None or tensor.dim() < 3:
         return tensor
-    axes = tuple(range(2, tensor.dim())) if tensor.dim() == 4 else (1,)
+    axes = tuple(range(2, tensor.dim())) if tensor.dim() >= 4 else (1,)
     if pool == "avg":
         return tensor.float().mean(dim=axes).to(tensor.dtype)
     return tensor.amax(dim=axes)

@@ -145,14 +145,20 @@ class RunOptions:
     method: str = "gradcam"
     alpha: float = 0.5
     cmap: str = "inferno"
+    clip_length: int | None = None  # video models: None is 16 (hookcli.families.DEFAULT_CLIP_LENGTH)
+    frame_stride: int = 1
+    clips_per_video: int = 1  # 0: every clip, one after another
+    detections: bool = False
 
     def __post_init__(self) -> None:
         from hookcli.device import parse_device
         from hookcli.gradients import CAM_METHODS
         from hookcli.preprocess import INTERPOLATIONS, MAX_SIDE, check_normalisation, parse_triple
 
-        for name, high in (("resize", MAX_SIDE), ("crop", MAX_SIDE), ("shard_size", None)):
+        for name, high in (("resize", MAX_SIDE), ("crop", MAX_SIDE), ("shard_size", None), ("clip_length", 4096)):
             check_whole(name, getattr(self, name), 1, high, optional=True)
+        check_whole("frame_stride", self.frame_stride, 1, 4096)
+        check_whole("clips_per_video", self.clips_per_video, 0, 4096)
         if self.interpolation is not None:
             check_choice("interpolation", self.interpolation, INTERPOLATIONS)
         for name in ("mean", "std"):
@@ -180,9 +186,10 @@ def _parsed(name: str, parse: Callable, value):
 _COMMON = ("weights", "seed", "resize", "crop", "mean", "std", "interpolation", "fast_decode", "device", "batch_size",
            "precision", "memory_format", "compile", "workers", "recursive", "on_error", "force")
 #: The options each command takes (the Python function's keywords, the command line's long options).
+_CLIPS = ("clip_length", "frame_stride", "clips_per_video")
 COMMAND_OPTIONS = {
-    "extract": (*_COMMON, "capture", "pool", "dtype", "shard_size", "fuse", "grid"),
-    "grad": (*_COMMON, "target", "dtype", "shard_size"),
+    "extract": (*_COMMON, "capture", "pool", "dtype", "shard_size", "fuse", "grid", *_CLIPS, "detections"),
+    "grad": (*_COMMON, "target", "dtype", "shard_size", *_CLIPS),
     "cam": (*_COMMON, "target", "method", "alpha", "cmap"),
 }
 
@@ -248,7 +255,7 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
     drops the trailing slash). Raises the library's errors; usage
     errors before any model loads.
     """
-    from hookcli.models import LoadedModel, resolve_weights
+    from hookcli.models import LoadedModel, model_family, resolve_weights
     from hookcli.selectors import selector_keys
 
     if command not in COMMAND_OPTIONS:
@@ -260,6 +267,8 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
         raise UsageProblem("--seed only applies to --weights none (pretrained and file weights are fixed)",
                            hint=help_hint)
     model_name = model.name if isinstance(model, LoadedModel) else str(model)
+    family = model.family if isinstance(model, LoadedModel) else model_family(model_name)
+    opts = _fitted_to_family(family, opts, options, help_hint)
     keys = selector_keys(_selectors(layers)) if command != "cam" else None
     kind, path = _output_kind(command, output, model_name)
     if opts.shard_size and kind not in ("folder", "default"):
@@ -274,7 +283,7 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
         if kind == "cam":
             check_folder_output(path)
             refuse_existing([Path(path) / "cams.safetensors"], force=opts.force)
-    found = _gather(inputs, opts.recursive)
+    found = _gather(inputs, opts.recursive, family, opts)
     paths = found.paths
     if kind == "default":
         kind = "folder" if len(paths) > LARGE_INPUT else "file"
@@ -289,6 +298,7 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
         resolve_weights(model_name, opts.weights)
 
     from hookcli.device import resolve_device
+    from hookcli.families import DEFAULT_CLIP_LENGTH
     from hookcli.speed import check_precision
 
     device = resolve_device(opts.device)
@@ -306,6 +316,11 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
 
         target = parse_target(opts.target, loaded.categories, num_classes(loaded.module))
     selected, forward, entries = _command_parts(command, loaded, layers, settings, opts, target)
+    if loaded.family == "video":
+        entries = {**entries, "clip_length": str(opts.clip_length or DEFAULT_CLIP_LENGTH),
+                   "frame_stride": str(opts.frame_stride), "clips_per_video": str(opts.clips_per_video)}
+    elif loaded.family == "optical_flow":
+        entries = {**entries, "frame_stride": str(opts.frame_stride)}
     if path is None and kind in ("file", "folder"):
         path = _default_output(command, loaded.name, list(selected.values()), kind)
         _check_target(kind, path, paths, opts.force)
@@ -341,6 +356,7 @@ def _settings(command: str, opts: RunOptions):
         workers=opts.workers, pool=opts.pool if extracting else None,
         dtype=opts.dtype if command != "cam" else "float32", on_error=opts.on_error, precision=opts.precision,
         memory_format=opts.memory_format, compile=opts.compile, fuse=opts.fuse if extracting else False,
+        detections=opts.detections,
     )
 
 
@@ -446,12 +462,55 @@ def _refuse_overwriting_inputs(outputs: Sequence, inputs: Sequence[Path]) -> Non
                                f"input '{source}'", hint="write the output somewhere else with -o")
 
 
-def _gather(inputs, recursive: bool):
-    from hookcli.images import find_inputs
+def _gather(inputs, recursive: bool, family: str = "classification", opts: RunOptions | None = None):
+    """The run's rows: images (:class:`~hookcli.images.FoundInputs`), or for video and optical-flow models the clips
+    or frame pairs of the videos given (:mod:`hookcli.video`)."""
+    from hookcli.images import FoundInputs, find_inputs
 
     if isinstance(inputs, str | os.PathLike):
         inputs = [inputs]
-    return find_inputs([os.fspath(p) for p in inputs], recursive=recursive)
+    arguments = [os.fspath(p) for p in inputs]
+    if family not in ("video", "optical_flow"):
+        return find_inputs(arguments, recursive=recursive)
+    from hookcli import video
+    from hookcli.families import DEFAULT_CLIP_LENGTH
+
+    rows = []
+    for path in video.find_videos(arguments, recursive=recursive):
+        if family == "video":
+            rows += video.find_clips(path, length=opts.clip_length or DEFAULT_CLIP_LENGTH, stride=opts.frame_stride,
+                                     clips=opts.clips_per_video or None)
+        else:
+            rows += video.find_pairs(path, stride=opts.frame_stride)
+    return FoundInputs(rows, 0, 0, True)
+
+
+def _fitted_to_family(family: str, opts: RunOptions, given: Mapping, help_hint: str) -> RunOptions:
+    """Refuse options that do not apply to the model's family; quantized models run on the CPU (``auto`` picks it).
+
+    Said before any model loads: the family comes from the registry cache.
+    """
+    from hookcli.families import CPU_ONLY
+
+    clip_options = [name for name in _CLIPS if name in given and given[name] != getattr(RunOptions, name)]
+    if family not in ("video", "optical_flow") and clip_options:
+        raise UsageProblem(f"--{clip_options[0].replace('_', '-')} applies to video and optical-flow models, and "
+                           f"this one is {family.replace('_', ' ')}", hint=help_hint)
+    if family == "optical_flow" and {"clip_length", "clips_per_video"} & set(clip_options):
+        raise UsageProblem("optical-flow models take pairs of frames: --clip-length and --clips-per-video do not "
+                           "apply (--frame-stride sets how far apart the two frames are)", hint=help_hint)
+    if opts.detections and family != "detection":
+        raise UsageProblem(f"--detections applies to detection models, and this one is {family.replace('_', ' ')}",
+                           hint=help_hint)
+    if family in CPU_ONLY:
+        if opts.device not in ("auto", "cpu"):
+            raise UsageProblem(f"quantized models run on the CPU only, not on '{opts.device}'",
+                               hint="use --device cpu (or auto), or the model without the quantized_ prefix")
+        if opts.precision != "fp32":
+            raise UsageProblem(f"quantized models compute in int8 and take --precision fp32 only, not "
+                               f"{opts.precision}", hint=help_hint)
+        return dataclasses.replace(opts, device="cpu")
+    return opts
 
 
 def _load(name: str, opts: RunOptions):

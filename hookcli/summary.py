@@ -34,6 +34,8 @@ def tensor_stats(features, key: str) -> dict:
     Computed in float64, so values beyond float32's range (F64 tensors) stay finite, and so does their mean.
     """
     shape = features.shape(key)
+    if _is_ragged(features, key):  # each row's own values, not the padding
+        return values_stats(features.read(key, index) for index in range(shape[0]))
     if not shape or features.nbytes(key) <= _WHOLE_TENSOR_BYTES:
         pieces = [features.read(key)]
     else:  # rows in pieces of about _WHOLE_TENSOR_BYTES, one read each
@@ -82,10 +84,32 @@ def describe_file(features, *, stats: bool = True) -> dict:
     tensors = []
     for key in features.keys():
         row = {"key": key, "dtype": features.dtype(key), "shape": features.shape(key), "bytes": features.nbytes(key)}
+        if _is_ragged(features, key):
+            row["varies"] = _varying_axes(features, key)
         if stats:
             row["stats"] = tensor_stats(features, key)
         tensors.append(row)
     return {"file": features.name, "bytes": features.size, "metadata": _parsed(features.metadata), "tensors": tensors}
+
+
+def _is_ragged(features, key: str) -> bool:
+    return getattr(features, "ragged", None) is not None and features.ragged(key)
+
+
+#: Rows whose shapes :func:`_varying_axes` compares: enough to see which axes vary, bounded for huge files.
+_SHAPES_LOOKED_AT = 10_000
+
+
+def _varying_axes(features, key: str) -> list[int]:
+    """The axes (of the stored tensor) along which the rows of a ragged key differ in length."""
+    shapes = [features.row_shape(key, i) for i in range(min(features.shape(key)[0], _SHAPES_LOOKED_AT))]
+    return [axis + 1 for axis, sizes in enumerate(zip(*shapes)) if len(set(sizes)) > 1]
+
+
+def _shape_text(row: dict) -> str:
+    """``[2,16,≤213,≤224]``: the stored shape, axes whose rows differ marked as the largest of them."""
+    varies = set(row.get("varies", ()))
+    return "[" + ",".join(f"≤{n}" if axis in varies else str(n) for axis, n in enumerate(row["shape"])) + "]"
 
 
 def _parsed(metadata) -> dict:
@@ -129,7 +153,7 @@ def info_lines(described: dict, *, stats: bool = True) -> list[str]:
     header = ("key", "dtype", "shape", "size") + (("min", "mean", "max", "zeros", "nan/inf") if stats else ())
     table = [header]
     for t in described["tensors"]:
-        row = (t["key"], t["dtype"], json.dumps(t["shape"]).replace(" ", ""), format_bytes(t["bytes"]))
+        row = (t["key"], t["dtype"], _shape_text(t), format_bytes(t["bytes"]))
         if stats:
             st = t["stats"]
             row += (*(_number(st[k]) for k in ("min", "mean", "max")),

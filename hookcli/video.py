@@ -41,7 +41,8 @@ from hookcli.images import IMAGE_SUFFIXES, _counted, _is_image_name, load_rgb
 from hookcli.store import NotRegularFile, open_regular
 
 __all__ = [
-    "VIDEO_SUFFIXES", "Clip", "clip_frames", "find_clips", "find_pairs", "frame_count", "pair_frames", "read_frames",
+    "VIDEO_SUFFIXES", "Clip", "clip_frames", "find_clips", "find_pairs", "find_videos", "frame_count", "pair_frames",
+    "read_frames",
 ]
 
 #: Suffixes of the files treated as videos.
@@ -64,6 +65,10 @@ class Clip:
 
     path: str
     frames: tuple[int, ...]
+
+    def __fspath__(self) -> str:
+        """The video's path: where a row's input is named (metadata, file names), the clip names its video."""
+        return self.path
 
     def read(self) -> np.ndarray:
         """The clip's frames, ``uint8`` RGB of shape ``[len(frames), H, W, 3]`` (see :func:`read_frames`)."""
@@ -125,6 +130,39 @@ def pair_frames(count: int, *, stride: int = 1) -> list[tuple[int, int]]:
     check_whole("stride", stride, 1)
     check_whole("count", count, 0)
     return [(i, i + stride) for i in range(count - stride)]
+
+
+def find_videos(arguments: Iterable[str], *, recursive: bool = False, stdin=None) -> list[Path]:
+    """The videos the command-line inputs name: video files, folders of frames, and the videos in folders.
+
+    A file is a video whatever its suffix (PyAV tells what it holds). A folder
+    holding video files (with a suffix of :data:`VIDEO_SUFFIXES`) stands for
+    them, in natural order (in its sub-folders too with ``recursive``);
+    otherwise it is a folder of frames. ``-`` reads paths from ``stdin``, one
+    a line. A missing path, or nothing given, raises :class:`InputError`.
+    """
+    import sys
+
+    from hookcli.errors import InputError
+
+    found: list[Path] = []
+    for argument in arguments:
+        names = ([line.rstrip("\r\n") for line in (stdin or sys.stdin) if line.strip()] if argument == "-"
+                 else [argument])
+        for name in names:
+            path = Path(name)
+            if not path.exists():
+                raise InputError(f"no such file or folder: '{name}'", hint="check the path")
+            if not path.is_dir():
+                found.append(path)
+                continue
+            pattern = path.rglob("*") if recursive else path.iterdir()
+            videos = sorted((p for p in pattern if p.suffix.lower() in VIDEO_SUFFIXES and p.is_file()),
+                            key=_natural_key)
+            found.extend(videos or [path])
+    if not found:
+        raise InputError("no input videos were given", hint="pass video files or folders of frames, or '-'")
+    return found
 
 
 def find_clips(path: str | os.PathLike, *, length: int, stride: int = 1, clips: int | None = 1) -> list[Clip]:

@@ -69,6 +69,7 @@ class RowBuffer:
         self._tensors: dict = {}
         self._shapes: dict = {}
         self.inputs: list[str] = []
+        self.frames: list[list[int]] = []
         self.skipped: list[dict] = []
         self.targets: list = []
 
@@ -86,6 +87,7 @@ class RowBuffer:
             part = value[rows]
             self._tensors[key][start:start + len(part)] = part
         self.inputs.extend(os.path.abspath(p) for p in inputs)
+        self.frames.extend(list(p.frames) for p in inputs if hasattr(p, "frames"))  # rows cut from videos
         self.targets.extend(targets or ())
 
     def _add_ragged(self, key: str, rows: list, start: int) -> None:
@@ -147,7 +149,7 @@ class _WholeWriter:
         tensors = self.rows.tensors()
         run = fileformat.run_metadata(self.record, self.facts, keys=list(tensors))
         metadata = fileformat.file_metadata(run, inputs=self.rows.inputs, skipped=self.skipped,
-                                            targets=self.rows.targets)
+                                            targets=self.rows.targets, frames=self.rows.frames)
         return self._deliver(tensors, metadata)
 
     def _deliver(self, tensors: dict, metadata: dict):
@@ -267,8 +269,8 @@ class FolderWriter:
             # A continued run whose first inputs are all unreadable has learnt nothing yet: the first run's metadata.
             run = self.run_metadata or self.writer.header["metadata"]
             metadata = fileformat.shard_metadata(run, number, inputs=rows.inputs, skipped=rows.skipped,
-                                                 targets=rows.targets)
-            self.writer.submit(number, rows.tensors(), metadata, rows.inputs, rows.skipped)
+                                                 targets=rows.targets, frames=rows.frames)
+            self.writer.submit(number, rows.tensors(), metadata, rows.inputs, rows.skipped, rows.frames)
             self.shard = None
 
     def finish(self) -> Path:
