@@ -235,13 +235,16 @@ class GradientCapture(FeatureCapture):
     def run(self, batch) -> dict:
         raise RuntimeError("GradientCapture takes gradients: call run_gradients(batch, pick_targets)")
 
-    def run_gradients(self, batch, pick_targets) -> tuple[dict, object, object]:
-        """Forward ``batch``, choose target logits, and return activations and their gradients.
+    def run_gradients(self, batch, pick_targets=None, *, score=None) -> tuple[dict, object, object]:
+        """Forward ``batch``, choose targets, and return activations and their gradients.
 
-        ``pick_targets(logits)`` returns the classes ``[N, K]`` (long) to take
-        gradients of: one backward per column. Returns ``({key: tensor},
-        classes, logits)``, with ``<key>@grad`` (K = 1) or ``<key>@grad#<k>``
-        next to each ``<key>``, and the model's (detached) logits.
+        ``pick_targets(logits)`` returns the classes ``[N, K]`` (long) of a
+        classifier's ``[N, classes]`` logits to take gradients of: one
+        backward per column. Returns ``({key: tensor}, classes, logits)``, with
+        ``<key>@grad`` (K = 1) or ``<key>@grad#<k>`` next to each ``<key>``,
+        and the model's (detached) logits. Models whose output is not logits
+        (detection, segmentation) give ``score(output)`` instead, returning
+        ``(scores [N, K], about)``; then ``(features, about, None)`` comes back.
         Raises :class:`CaptureError` for a layer the target does not depend on.
         """
         import torch
@@ -249,34 +252,42 @@ class GradientCapture(FeatureCapture):
         if self._stack is None:
             raise RuntimeError("GradientCapture.run_gradients() needs the capture to be entered (use 'with')")
         self._clear()
+        logits = about = None
         try:
             with torch.enable_grad():
-                logits = self.model(batch)
-                if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
-                    raise CaptureError("the model's output is not a [batch, classes] tensor of logits",
-                                       hint="gradients need a classification model")
-                classes = pick_targets(logits.detach())
-                scores = logits.gather(1, classes)
+                output = call_model(self.model, batch)
+                if score is not None:
+                    scores, about = score(output)
+                else:
+                    logits = output
+                    if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
+                        raise CaptureError("the model's output is not a [batch, classes] tensor of logits",
+                                           hint="gradients need a classification model")
+                    about = pick_targets(logits.detach())
+                    scores = logits.gather(1, about)
                 sources = [(path, call, tensor) for path, tensors in self._sources.items()
                            for call, tensor in enumerate(tensors)]
                 gradients = []
-                for k in range(classes.shape[1]):
-                    found = torch.autograd.grad(scores[:, k].sum(), [t for _, _, t in sources],
-                                                retain_graph=k + 1 < classes.shape[1], allow_unused=True)
-                    gradients.append(found)
+                for k in range(scores.shape[1]):
+                    total = scores[:, k].sum()
+                    found = torch.autograd.grad(total, [t for _, _, t in sources],
+                                                retain_graph=k + 1 < scores.shape[1], allow_unused=True) \
+                        if total.requires_grad else [None] * len(sources)
+                    gradients.append([torch.zeros_like(t) if g is None and not total.requires_grad else g
+                                      for g, (_, _, t) in zip(found, sources, strict=True)])
             counts, outputs = self._counts, self._outputs
         finally:
             self._clear()
         self._check_calls(counts)
-        flat = self._flatten(outputs, {}, batch_size=len(batch))
+        flat = self._flatten(outputs, {}, batch_size=batch_length(batch))
         for index, (path, call, _) in enumerate(sources):
             base = _call_key(self.layers[path], call, counts[path])
             for k, found in enumerate(gradients):
                 if found[index] is None:
                     raise CaptureError(f"layer {path} has no gradient path to the target logit",
                                        hint="choose a layer the model's output depends on")
-                flat[f"{base}@grad" if len(gradients) == 1 else f"{base}@grad#{k}"] = found[index]
-        return flat, classes, logits.detach()
+                flat[f"{base}@grad" if len(gradients) == 1 else f"{base}@grad#{k}"] = found[index].detach()
+        return flat, about, None if logits is None else logits.detach()
 
     def _clear(self) -> None:
         super()._clear()

@@ -457,10 +457,13 @@ def extract(ctx, **options) -> None:
 @click.option("--layer", "-l", multiple=True, required=True, metavar="SELECTOR", help=_LAYER_HELP)
 @click.option("--target", "-t", default=DEFAULTS.target, show_default=True, metavar="CLASS|topK",
               help="Logit to take gradients of: a class index, a class name of the weights, or each image's "
-              "top prediction (topK: the K highest, one gradient each).")
+              "top prediction (topK: the K highest, one gradient each). Segmentation: a class's mask (topK: the K "
+              "classes covering most pixels); detection: a detection's score (topK: the K best; a class: its best).")
 @_preprocess_options
 @_rows_output_options
 @_clip_options
+@click.option("--region", metavar="X0,Y0,X1,Y1", help="Segmentation models: score the target class over this box "
+              "(fractions of the image, 0 to 1) instead of over its predicted mask.")
 @_run_options
 @click.pass_context
 def grad(ctx, **options) -> None:
@@ -490,6 +493,8 @@ def grad(ctx, **options) -> None:
 @click.option("--alpha", type=click.FloatRange(0, 1), default=DEFAULTS.alpha, show_default=True,
               help="Overlay opacity.")
 @click.option("--cmap", default=DEFAULTS.cmap, show_default=True, help="Heat-map colormap (any matplotlib name).")
+@click.option("--region", metavar="X0,Y0,X1,Y1", help="Segmentation models: score the target class over this box "
+              "(fractions of the image, 0 to 1) instead of over its predicted mask.")
 @_preprocess_options
 @_run_options(stored="the maps are stored as float32")
 @click.pass_context
@@ -500,11 +505,15 @@ def cam(ctx, **options) -> None:
     resolution, ReLU'd, not normalised; cam#k for each of topK; targets with
     logits and probabilities in the metadata) and DIR/<index>_<name>.png: the
     map upsampled over the image the model saw, captioned with the class and
-    its score. Written paths are printed.
+    its score. Written paths are printed. Detection models: the map of a
+    detection's score, drawn with its box; segmentation models: of a class's
+    mask (or of the class over --region).
 
     \b
       hookcli cam -m resnet50 img.jpg -o cams/
       hookcli cam -m vit_b_16 --method gradcam++ --target 'tabby cat' photos/ -o cams/
+      hookcli cam -m fasterrcnn_resnet50_fpn --target top3 street.jpg -o cams/
+      hookcli cam -m deeplabv3_resnet50 --target person --region 0,0,0.5,1 group.jpg -o cams/
     """
     _run(ctx, "cam", options, options.pop("images"))
 
@@ -546,7 +555,8 @@ def info(file, as_json, no_stats) -> None:
 @main.command(context_settings=CONTEXT_SETTINGS)
 @click.argument("file", metavar="FILE|DIR|-")
 @click.option("--output", "-o", metavar="DIR", help="Folder for the PNGs [<file stem>_grids].")
-@click.option("--key", "-k", "keys", multiple=True, metavar="GLOB", help="Tensors to draw (globs as for --layer). Repeat.")
+@click.option("--key", "-k", "keys", multiple=True, metavar="GLOB",
+              help="Tensors to draw (globs as for --layer). Repeat.")
 @click.option("--image", "-i", "images", multiple=True, metavar="INDEX|NAME|A:B",
               help="Images (rows) to draw: row index, range A:B of indices, or input file name. Repeat. [all]")
 @click.option("--channels", type=_Parsed("A:B|K", "hookcli.grids", "parse_channels"),
@@ -583,8 +593,12 @@ def grid(file, output, quiet, **options) -> None:
     channel and a column per frame (--frame T: that frame's channel maps).
     In a file of the optical_flow family, [N, 2, H, W] flow fields are drawn
     in colour: the hue is the direction, white to full colour the length,
-    with a colour wheel. A colour bar states the scale. Layers wider than 64
-    channels draw their first 64 unless --channels or --top says otherwise.
+    with a colour wheel. Rows of their own sizes (detection, segmentation)
+    are each drawn at their own size, and a detection file's final
+    detections (extract --detections) as one picture an image: the boxes
+    over the photo, each with its class index and score. A colour bar
+    states the scale. Layers wider than 64 channels draw their first 64
+    unless --channels or --top says otherwise.
     Written paths are printed, one per line. DIR is a shard folder
     written with extract -o DIR/ (or its index.jsonl); - reads a file from stdin.
 
@@ -614,7 +628,9 @@ def report(file, output, page_size, quiet, **options) -> None:
     file), then DIR/page-00002.html, … linked to each other. Pages stand
     alone (pictures embedded, nothing fetched) and open from file://. The
     path of index.html is printed. The options below are grid's; --image
-    also takes a range A:B of row indices.
+    also takes a range A:B of row indices. A detection file's final
+    detections are listed for each image (class index, score, box) beside
+    their picture.
 
     \b
       hookcli report feats.safetensors -o report/

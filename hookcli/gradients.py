@@ -43,7 +43,7 @@ from hookcli.speed import compute_precision
 
 __all__ = [
     "CAM_METHODS", "CamForward", "GradientForward", "Target", "class_activation_maps", "default_cam_layer",
-    "frozen_parameters", "parse_target", "spatial_maps",
+    "frozen_parameters", "parse_region", "parse_target", "spatial_maps",
 ]
 
 CAM_METHODS = ("gradcam", "gradcam++", "xgradcam", "layercam")
@@ -51,17 +51,27 @@ CAM_METHODS = ("gradcam", "gradcam++", "xgradcam", "layercam")
 
 @dataclass(frozen=True)
 class Target:
-    """``top`` K logits of each image, or one ``class_index`` for all."""
+    """``top`` K logits of each image, or one ``class_index`` for all.
+
+    For a segmentation model the score is a class's mask (the sum of the
+    class's logits over the pixels predicted as that class, or over
+    ``region``: ``(x0, y0, x1, y1)`` as fractions of the image); ``top`` K
+    are the K classes covering most pixels. For a detection model it is a
+    detection's score: the K highest-scoring detections, or those of
+    ``class_index``.
+    """
 
     top: int | None = None
     class_index: int | None = None
+    region: tuple[float, float, float, float] | None = None
 
     @property
     def count(self) -> int:
         return self.top or 1
 
     def describe(self) -> str:
-        return f"top{self.top}" if self.top else str(self.class_index)
+        text = f"top{self.top}" if self.top else str(self.class_index)
+        return text + (" in " + ",".join(f"{v:g}" for v in self.region) if self.region else "")
 
     def pick(self, logits):
         """Classes ``[N, K]`` to take gradients of, for a batch of ``logits``."""
@@ -75,8 +85,31 @@ class Target:
         return torch.full((len(logits), 1), self.class_index, dtype=torch.long, device=logits.device)
 
 
-def parse_target(spec: str, categories: Sequence[str] | None, num_classes: int) -> Target:
-    """Read ``--target``: ``top1``/``topK``, a class index, or a class name of the weights."""
+def parse_region(spec: str | None) -> tuple[float, float, float, float] | None:
+    """``--region x0,y0,x1,y1``: a box as fractions of the image (0 to 1, x0 < x1, y0 < y1), or None.
+
+    >>> parse_region("0,0.5,1,1")
+    (0.0, 0.5, 1.0, 1.0)
+    """
+    if spec is None:
+        return None
+    try:
+        values = tuple(float(v) for v in str(spec).split(","))
+    except ValueError:
+        values = ()
+    if len(values) != 4 or not all(0 <= v <= 1 for v in values) or values[0] >= values[2] or values[1] >= values[3]:
+        raise UsageProblem(f"region '{spec}' is not x0,y0,x1,y1 with fractions of the image from 0 to 1, "
+                           "x0 < x1 and y0 < y1", hint="for example --region 0.25,0.25,0.75,0.75 (the middle)")
+    return values
+
+
+def parse_target(spec: str, categories: Sequence[str] | None, num_classes: int, *, region=None) -> Target:
+    """Read ``--target``: ``top1``/``topK``, a class index, or a class name of the weights (and ``--region``)."""
+    found = _parsed_target(spec, categories, num_classes)
+    return Target(top=found.top, class_index=found.class_index, region=parse_region(region))
+
+
+def _parsed_target(spec: str, categories: Sequence[str] | None, num_classes: int) -> Target:
     text = str(spec).strip()
     top = re.fullmatch(r"top(\d+)", text.lower())
     if top:
@@ -127,14 +160,20 @@ class GradientForward:
 
     def __init__(self, model, layers: Mapping[str, str], settings, on_note=None, *, target: Target,
                  categories: Sequence[str] | None = None) -> None:
+        from hookcli.pipeline import _DetectionRows
+
         self.model, self.settings, self.target, self.categories = model, settings, target, categories
         self.capture = GradientCapture(model, layers)
+        self.family = getattr(settings, "family", "classification")
+        self.rows = _DetectionRows(model, detections=False) if self.family == "detection" else None
         self._stack = contextlib.ExitStack()
 
     def __enter__(self) -> GradientForward:
         with contextlib.ExitStack() as stack:
             stack.enter_context(frozen_parameters(self.model))
             stack.enter_context(self.capture)
+            if self.rows is not None:
+                stack.enter_context(self.rows)
             self._stack = stack.pop_all()
         return self
 
@@ -142,9 +181,77 @@ class GradientForward:
         self._stack.close()
 
     def __call__(self, batch) -> tuple[dict, list]:
-        with compute_precision(self.settings.precision, batch.device):
+        from hookcli.families import batch_device
+
+        with compute_precision(self.settings.precision, batch_device(batch)):
+            if self.family == "detection":
+                captured, about, _ = self.capture.run_gradients(list(batch), score=self._detection_scores)
+                return self.rows.cut(captured), about
+            if self.family == "segmentation":
+                return _by_shape(batch, lambda group: self.capture.run_gradients(group, score=self._mask_scores)[:2])
             captured, classes, logits = self.capture.run_gradients(batch, self.target.pick)
         return captured, _describe_targets(classes, logits, self.categories)
+
+    def _name(self, index: int) -> str | None:
+        return self.categories[index] if self.categories and 0 <= index < len(self.categories) else None
+
+    def _mask_scores(self, output):
+        """Each image's score for a segmentation target: its class's logits summed over the class's mask."""
+        import torch
+
+        logits = output["out"] if isinstance(output, Mapping) else output
+        count, classes, height, width = logits.shape
+        predicted = logits.detach().argmax(1)
+        if self.target.top:
+            areas = torch.stack([torch.bincount(p.flatten(), minlength=classes) for p in predicted])
+            chosen = areas.topk(self.target.top, dim=1).indices
+        else:
+            if self.target.class_index >= classes:
+                raise UsageProblem(f"target class {self.target.class_index} is out of range: the model has {classes} "
+                                   "classes", hint=f"use 0 to {classes - 1}")
+            chosen = torch.full((count, 1), self.target.class_index, device=logits.device)
+        if self.target.region is None:
+            masks = predicted[:, None] == chosen[:, :, None, None]
+        else:
+            x0, y0, x1, y1 = self.target.region
+            region = torch.zeros((height, width), dtype=torch.bool, device=logits.device)
+            region[int(y0 * height):max(int(y0 * height) + 1, round(y1 * height)),
+                   int(x0 * width):max(int(x0 * width) + 1, round(x1 * width))] = True
+            masks = region.expand(count, chosen.shape[1], height, width)
+        picked = logits.gather(1, chosen[:, :, None, None].expand(-1, -1, height, width))
+        scores = (picked * masks).sum(dim=(2, 3))
+        about = [[{"class": int(c), "name": self._name(int(c)), "pixels": int(m.sum()), "score": float(v)}
+                  for c, m, v in zip(row_classes, row_masks, row_scores, strict=True)]
+                 for row_classes, row_masks, row_scores in zip(chosen, masks, scores.detach(), strict=True)]
+        return scores, about
+
+    def _detection_scores(self, output):
+        """Each image's score for a detection target: the score of its K best detections (of one class, if asked).
+
+        An image with fewer such detections scores 0 for the rest, and its entry says ``"detection": None``.
+        """
+        import torch
+
+        wanted = self.target.count
+        scores, about = [], []
+        for found in output:
+            order = found["scores"].detach().argsort(descending=True, stable=True).tolist()
+            if self.target.class_index is not None:
+                order = [i for i in order if int(found["labels"][i]) == self.target.class_index]
+            chosen = order[:wanted]
+            row = [found["scores"][i] for i in chosen]
+            row += [found["scores"].new_zeros(())] * (wanted - len(chosen))
+            scores.append(torch.stack(row))
+            described = [{"detection": i, "class": int(found["labels"][i]), "name": self._name(int(found["labels"][i])),
+                          "score": float(found["scores"][i].detach()),
+                          "box": [round(float(v), 2) for v in found["boxes"][i].detach()]}
+                         for i in chosen]
+            missing = self.target.class_index
+            described += [{"detection": None, "class": missing,
+                           "name": None if missing is None else self._name(missing), "score": None,
+                           "box": None}] * (wanted - len(chosen))
+            about.append(described)
+        return torch.stack(scores), about
 
     def facts(self) -> RunFacts:
         return RunFacts(calls=dict(self.capture.calls or {}), omitted=tuple(sorted(self.capture.omitted)))
@@ -168,13 +275,39 @@ class CamForward(GradientForward):
             raise UsageProblem(f"cam needs a layer that runs once per forward, and '{self.layer}' runs {calls} times",
                                hint="choose the block around it (such as layer4.0) or another layer; 'hookcli layers' "
                                     "shows each module's calls")
-        activations = spatial_maps(captured["act"])
+        activations = captured["act"]
         maps = {}
         for k in range(self.target.count):
             gradient = captured["act@grad" if self.target.count == 1 else f"act@grad#{k}"]
-            maps["cam" if self.target.count == 1 else f"cam#{k}"] = class_activation_maps(
-                activations, spatial_maps(gradient), self.method)
+            if isinstance(activations, list):  # rows of their own sizes: a map each
+                found = [class_activation_maps(spatial_maps(a[None]), spatial_maps(g[None]), self.method)[0]
+                         for a, g in zip(activations, gradient, strict=True)]
+            else:
+                found = class_activation_maps(spatial_maps(activations), spatial_maps(gradient), self.method)
+            maps["cam" if self.target.count == 1 else f"cam#{k}"] = found
         return maps, targets
+
+
+def _by_shape(batch, run) -> tuple[dict, list]:
+    """``run`` on ``batch`` (stacked), or on each group of same-size images of a list, rows back in input order:
+    features become lists of rows when groups differ in size."""
+    import torch
+
+    if not isinstance(batch, list):
+        return run(batch)
+    sizes = [tuple(image.shape) for image in batch]
+    features: dict = {}
+    targets: list = [None] * len(batch)
+    for size in dict.fromkeys(sizes):
+        picked = [i for i, s in enumerate(sizes) if s == size]
+        captured, about = run(torch.stack([batch[i] for i in picked]))
+        for key, value in captured.items():
+            rows = features.setdefault(key, [None] * len(batch))
+            for position, i in enumerate(picked):
+                rows[i] = value[position]
+        for position, i in enumerate(picked):
+            targets[i] = about[position]
+    return features, targets
 
 
 def _describe_targets(classes, logits, categories) -> list[list[dict]]:
@@ -242,11 +375,16 @@ def default_cam_layer(loaded: LoadedModel, example) -> str:
     mixed every patch away); otherwise the last layer to finish whose output
     is still a spatial map with more than one position, global pooling heads
     aside: the last convolutional stage (``layer4``, ``features``, Swin's
-    ``permute`` after its final norm, …).
+    ``permute`` after its final norm, …). Detection and segmentation models:
+    the last such layer of the backbone. ``example`` is a batch of the
+    family's natural input (:func:`hookcli.families.natural_input`).
     """
     import torch
 
+    from hookcli.families import call_model
+
     name, model = loaded.name, loaded.module
+    prefix = {"detection": "backbone.body.", "segmentation": "backbone."}.get(loaded.family, "")
     if name.startswith("vit_"):
         blocks = [path for path, _ in model.named_modules() if re.fullmatch(r"encoder\.layers\.encoder_layer_\d+", path)]
         return f"{blocks[-1]}.ln_1"
@@ -254,6 +392,8 @@ def default_cam_layer(loaded: LoadedModel, example) -> str:
 
     def note(path, module, inputs, output):
         pooling_head = isinstance(module, torch.nn.AdaptiveAvgPool2d | torch.nn.AdaptiveMaxPool2d)
+        if prefix and not path.startswith(prefix):
+            return
         if isinstance(output, torch.Tensor) and output.dim() == 4 and not pooling_head:
             height, width = spatial_maps(output).shape[2:]
             if height * width > 1:
@@ -263,7 +403,7 @@ def default_cam_layer(loaded: LoadedModel, example) -> str:
         for path, module in model.named_modules():
             if path:
                 stack.enter_context(module.register_forward_hook(functools.partial(note, path)))
-        model(example)
+        call_model(model, example)
     if not finished:
         raise UsageProblem(f"{name} has no layer with a spatial output to take a CAM at",
                            hint="pass --layer (see 'hookcli layers')")

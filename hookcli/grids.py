@@ -13,6 +13,13 @@ video clip's ``[C, T, H, W]`` row is a table of channels by frames, or with
 whose metadata says ``"family": "optical_flow"`` are colour-coded flow
 fields (``flow_as_channels``: two channel maps, dx and dy).
 
+Rows of their own shapes (a *ragged* key: a detection model's maps, a
+segmentation model's images of their own sizes) are each drawn at their own
+shape from their own values; the plan is made from the largest row. A
+detection file's final detections (``detections#boxes``, ``#labels``,
+``#scores``, …) are not maps: each image gets one picture of them, its boxes
+with label and score over the photo (:func:`read_detections` reads them).
+
 >>> from hookcli.store import Features
 >>> features = Features({"x": np.ones((1, 4, 3, 3), dtype="float32")}, {"inputs": '["/photos/cat.jpg"]'})
 >>> options = GridOptions(channels="0:2", plain=True)
@@ -39,18 +46,22 @@ from pathlib import Path
 import numpy as np
 
 from hookcli.console import printable
-from hookcli.errors import FeatureFileError, UsageProblem, check_choice, check_whole
+from hookcli.errors import FeatureFileError, HookcliError, UsageProblem, check_choice, check_whole
+from hookcli.pipeline import DETECTIONS
 from hookcli.preprocess import Preprocess
 from hookcli.render import (
+    BOX_COLOURS,
     CLIPS,
     MAX_PIXELS,
     STRIPS,
     NotDrawable,
+    RowNotDrawable,
     add_colorbar,
     add_flow_legend,
     add_title,
     as_maps,
     check_cmap,
+    draw_boxes,
     flow_colours,
     frame_layout,
     longest_flow,
@@ -69,9 +80,9 @@ from hookcli.selectors import glob_to_regex
 from hookcli.store import check_folder_output, refuse_existing
 
 __all__ = [
-    "DEFAULT_MAPS", "SCALES", "GridJob", "GridOptions", "GridPlan", "Picture", "default_grid_folder", "drawn_shape",
-    "heat_picture", "input_names", "model_photo", "parse_channels", "plan_grids", "render_all", "render_job",
-    "render_picture", "safe_name", "select_rows", "write_grids",
+    "DEFAULT_MAPS", "SCALES", "Detections", "GridJob", "GridOptions", "GridPlan", "Picture", "default_grid_folder",
+    "detection_keys", "drawn_shape", "heat_picture", "input_names", "model_photo", "parse_channels", "plan_grids",
+    "read_detections", "render_all", "render_job", "render_picture", "safe_name", "select_rows", "write_grids",
 ]
 
 SCALES = ("channel", "grid")
@@ -85,6 +96,12 @@ DEFAULT_MAPS = 64
 _MIN_WIDTH = 384
 #: The ``family`` metadata of files whose ``[2, H, W]`` rows are optical-flow fields.
 _FLOW_FAMILY = "optical_flow"
+#: The ``family`` metadata of files whose ``detections#…`` keys are a detection model's final detections.
+_DETECTION_FAMILY = "detection"
+#: The key the detections picture is planned under; the other ``detections#…`` keys are drawn with it.
+_BOXES = f"{DETECTIONS}#boxes"
+#: What the detections picture shows of them.
+_DRAWN_DETECTIONS = (_BOXES, f"{DETECTIONS}#labels", f"{DETECTIONS}#scores")
 
 
 def parse_channels(value) -> slice | None:
@@ -190,12 +207,16 @@ class GridPlan(Sequence):
 
     ``notes`` say what will not be drawn, or not all of it: undrawable
     tensors, channel ranges that miss a tensor, pictures cut to their limits.
+    ``detections``: the chosen keys of a detection file's final detections
+    (:func:`detection_keys`), drawn together as one picture a row, planned
+    under ``detections#boxes`` (when the photos can be found).
     """
 
     def __init__(self, keys: Sequence[_KeyPlan], names: Callable[[int], str], inputs: Sequence[str] | None,
-                 out_dir: Path, suffix: str, notes: Sequence[str]) -> None:
+                 out_dir: Path, suffix: str, notes: Sequence[str], detections: Sequence[str] = ()) -> None:
         self._keys, self._names, self._inputs = list(keys), names, inputs
         self._out_dir, self._suffix, self.notes = out_dir, suffix, tuple(notes)
+        self.detections = tuple(detections)
         self._starts = list(itertools.accumulate((len(k.rows) for k in self._keys), initial=0))
 
     def __len__(self) -> int:
@@ -229,15 +250,21 @@ def plan_grids(features, options: GridOptions, out_dir: str | os.PathLike | None
     and existing files (unless ``force``).
 
     Nothing is read but the header: what each picture will cost is known from
-    the shapes, and :data:`~hookcli.render.MAX_TILES` and
-    :data:`~hookcli.render.MAX_PIXELS` bound it.
+    the shapes (a ragged key's largest row), and :data:`~hookcli.render.MAX_TILES`
+    and :data:`~hookcli.render.MAX_PIXELS` bound it. The keys of final
+    detections chosen make one picture a row, in the place of the first.
     """
     check_cmap(options.overlay_cmap if options.overlay else options.cmap)
     if out_dir is not None:
         check_folder_output(out_dir)
     keys = _select_keys(features.keys(), options.keys, features.name)
+    detections = detection_keys(features, keys)
     drawable, notes, refusals = {}, [], []
     for key in keys:
+        if key in detections:
+            if key == detections[0]:
+                _plan_detections(features, detections, drawable, notes, refusals)
+            continue
         try:
             drawable[key] = _maps_limit(drawn_shape(features, key), options,
                                         flow=_draws_flow(features, key, options))
@@ -264,17 +291,35 @@ def plan_grids(features, options: GridOptions, out_dir: str | os.PathLike | None
             hint="overlays work on files written by hookcli extract, whose 'inputs' metadata names the images",
         )
     plans = []
-    for key, stem in zip(drawable, _file_stems(drawable)):
+    for key, stem in zip(drawable, _file_stems([DETECTIONS if key == _BOXES else key for key in drawable])):
         count = features.shape(key)[0]
         key_rows = chosen_rows[:bisect.bisect_left(chosen_rows, count)] if isinstance(chosen_rows, range) else \
             [r for r in chosen_rows if r < count]
         plans.append(_KeyPlan(key, stem, key_rows, drawable[key][0]))
     names = (lambda row: inputs[row]) if listed else (lambda row: f"row{row:05d}")
     plan = GridPlan(plans, names, inputs if listed else None, Path(out_dir or ""),
-                    ".overlay.png" if options.overlay else ".png", notes)
+                    ".overlay.png" if options.overlay else ".png", notes, detections)
     if out_dir is not None:
         refuse_existing((job.path for job in plan), force=force)
     return plan
+
+
+def _plan_detections(features, chosen: Sequence[str], drawable: dict, notes: list, refusals: list) -> None:
+    """Plan the detections picture (under :data:`_BOXES`), or say why there is none; note what it leaves out."""
+    if _BOXES not in features.keys():
+        reason = f"there is no '{_BOXES}' to draw them from"
+    elif input_names(features.metadata, features.shape(_BOXES)[0]) is None:
+        reason = f"they are drawn over the input images, and '{features.name}' does not list them"
+    else:
+        drawable[_BOXES] = (None, None)
+        left_out = ", ".join(f"'{key}'" for key in chosen if key not in _DRAWN_DETECTIONS)
+        if left_out:
+            notes.append(f"not drawn: {left_out} (the detections picture shows each image's boxes, labels and "
+                         "scores)")
+        return
+    named = ", ".join(f"'{key}'" for key in chosen)
+    refusals.append(f"the detections ({named}): {reason}")
+    notes.append(f"skipped the detections ({named}): {reason}")
 
 
 def _maps_limit(shape: Sequence[int], options: GridOptions, *, flow: bool = False) -> tuple[int | None, str | None]:
@@ -454,11 +499,75 @@ _CAM_KEY = re.compile(r"cam(#\d+)?")
 
 def drawn_shape(features, key: str) -> list[int]:
     """The shape ``key`` is drawn as: its own, except a CAM file's maps (``cam``, ``cam#k``: ``[N, h, w]``, one map a
-    row), drawn as ``[N, 1, h, w]`` so that an ``h × w`` map is never read as ViT tokens."""
+    row), drawn as ``[N, 1, h, w]`` so that an ``h × w`` map is never read as ViT tokens. A ragged key's is
+    ``[N, *largest row]``; :func:`_drawn_row_shape` gives each row's."""
     shape = list(features.shape(key))
-    if "cam_layer" in features.metadata and _CAM_KEY.fullmatch(key) and len(shape) == 3:
-        return [shape[0], 1, *shape[1:]]
-    return shape
+    return [shape[0], 1, *shape[1:]] if _one_map_a_row(features, key) else shape
+
+
+def _one_map_a_row(features, key: str) -> bool:
+    """Whether ``key`` is a CAM file's maps (``cam``, ``cam#k``: ``[N, h, w]``): one map a row, with no channels."""
+    return "cam_layer" in features.metadata and _CAM_KEY.fullmatch(key) is not None and len(features.shape(key)) == 3
+
+
+def _drawn_row_shape(features, key: str, row: int) -> list[int]:
+    """The shape row ``row`` of ``key`` is drawn as (:func:`drawn_shape`): its own when ``key`` is ragged."""
+    own = features.row_shape(key, row)
+    return [1, *own] if _one_map_a_row(features, key) else own
+
+
+def detection_keys(features, keys: Sequence[str]) -> list[str]:
+    """The keys among ``keys`` that hold a detection model's final detections, in the order given.
+
+    They are ``detections#boxes``, ``#labels``, ``#scores`` (and ``#masks``,
+    ``#keypoints``, … for some models): one entry per detected object, a
+    different number each image. None unless the file's ``family`` is
+    ``detection``, so a layer named ``detections`` elsewhere stays a layer.
+    """
+    if features.metadata.get("family") != _DETECTION_FAMILY:
+        return []
+    return [key for key in keys if key.startswith(DETECTIONS + "#")]
+
+
+@dataclass(frozen=True)
+class Detections:
+    """One image's final detections: ``boxes`` (float64 ``[K, 4]``: x1, y1, x2, y2 in the pixels of the image the
+    model was given), and ``labels`` (class indices) and ``scores`` (``[K]`` each), None where the file has none."""
+
+    boxes: np.ndarray
+    labels: np.ndarray | None
+    scores: np.ndarray | None
+
+
+def read_detections(features, row: int) -> Detections:
+    """Row ``row``'s final detections, from a detection file's ``detections#…`` keys.
+
+    Raises :class:`~hookcli.render.NotDrawable` when the file's rows are not
+    ``[K, 4]`` boxes with K labels and K scores.
+
+    >>> from hookcli.store import Features
+    >>> features = Features({"detections#boxes": np.array([[[1, 2, 30, 40]]], dtype="float32"),
+    ...                      "detections#labels": np.array([[7]])}, {"family": "detection"})
+    >>> found = read_detections(features, 0)
+    >>> found.boxes.tolist(), found.labels.tolist(), found.scores
+    ([[1.0, 2.0, 30.0, 40.0]], [7], None)
+    """
+    keys = set(features.keys())
+    if _BOXES not in keys:
+        raise NotDrawable(f"there is no '{_BOXES}'")
+    boxes = np.asarray(features.read(_BOXES, row), dtype=np.float64)
+    if boxes.ndim != 2 or boxes.shape[1] != 4:
+        raise NotDrawable(f"row {row} of '{_BOXES}' is {list(boxes.shape)}, not [K, 4] boxes")
+    found = {}
+    for name in ("labels", "scores"):
+        key = f"{DETECTIONS}#{name}"
+        found[name] = np.asarray(features.read(key, row)) if key in keys else None
+        if found[name] is not None and found[name].shape != boxes.shape[:1]:
+            raise NotDrawable(f"row {row} of '{key}' is {list(found[name].shape)}, not one value for each of its "
+                              f"{len(boxes)} boxes")
+    if found["labels"] is not None and found["labels"].dtype.kind not in "iu":
+        raise NotDrawable(f"'{DETECTIONS}#labels' holds {found['labels'].dtype} values, not class indices")
+    return Detections(boxes, found["labels"], found["scores"])
 
 
 def _row_drawn(row: Sequence[int], options: GridOptions) -> tuple[list[int], int | None]:
@@ -502,13 +611,28 @@ def render_picture(features, job: GridJob, options: GridOptions, values: np.ndar
 
     A video clip is a table of its channels by its frames (``options.frame``:
     one frame's channel maps), and an optical-flow field a colour-coded
-    picture with its colour wheel. ``values``: the job's whole row when the
-    caller has already read it (otherwise only the channels drawn are read).
-    Raises :class:`~hookcli.render.NotDrawable` for shapes without a picture.
+    picture with its colour wheel. A row of a ragged key is drawn at its own
+    shape, and a detection file's final detections as boxes over the photo.
+    ``values``: the job's whole row (in its own shape) when the caller has
+    already read it (otherwise only the channels drawn are read). Raises
+    :class:`~hookcli.render.NotDrawable` for shapes without a picture, and
+    :class:`~hookcli.render.RowNotDrawable` for a row without one.
     """
+    if job.key in detection_keys(features, [job.key]):
+        return _detections_picture(features, job, options)
+    if not features.ragged(job.key):
+        return _row_picture(features, job, options, values)
+    try:
+        return _row_picture(features, job, options, values)
+    except NotDrawable as reason:  # what one row's shape rules out says nothing of the others
+        raise RowNotDrawable(str(reason)) from None
+
+
+def _row_picture(features, job: GridJob, options: GridOptions, values: np.ndarray | None) -> Picture:
     if _draws_flow(features, job.key, options):
         return _flow_picture(features, job, options, values)
-    stored = drawn_shape(features, job.key)[1:]
+    one_map_a_row = _one_map_a_row(features, job.key)
+    stored = _drawn_row_shape(features, job.key, job.row)
     shape, frame = _row_drawn(stored, options)
     count, _, _, layout = map_layout(shape)
     selected = range(count)[options.channels] if options.channels is not None else range(count)
@@ -516,7 +640,7 @@ def render_picture(features, job: GridJob, options: GridOptions, values: np.ndar
         selected = selected[:job.limit]
     # Channels of [C, H, W] rows and of clips are read a range at a time; other layouts are sliced after reading.
     direct = (values is None and len(stored) >= 3 and options.top is None and selected != range(count)
-              and stored == features.shape(job.key)[1:])
+              and not one_map_a_row)
     part = slice(selected.start, selected.stop, selected.step) if direct else None
     if values is None:
         values = features.read(job.key, job.row, part)
@@ -527,7 +651,6 @@ def render_picture(features, job: GridJob, options: GridOptions, values: np.ndar
     if len(maps) == 0:
         raise NotDrawable("no channels in the selected range")
     kind = "value" if layout in STRIPS else "channel"
-    one_map_a_row = stored != features.shape(job.key)[1:]  # a CAM file's maps (drawn_shape)
     labels = None if one_map_a_row else list(selected)
     picked = f"{kind}s {selected[0]}-{selected[-1]}" if len(maps) > 1 else f"{kind} {selected[0]}"
     if one_map_a_row:
@@ -601,7 +724,7 @@ def _scale_legend(maps: np.ndarray, scale: str, one: str, each: str) -> tuple[st
 def _flow_picture(features, job: GridJob, options: GridOptions, values: np.ndarray | None) -> Picture:
     """An optical-flow field in colour (:func:`~hookcli.render.flow_colours`), enlarged as one tile is, with the
     colour wheel and the longest vector's length; a note when there is no motion to show."""
-    shape = features.shape(job.key)[1:]
+    shape = features.row_shape(job.key, job.row)
     flow = (features.read(job.key, job.row) if values is None else values).reshape(shape)
     longest = longest_flow(flow)
     factor = tile_layout(1, *shape[1:], padding=0, min_tile=options.min_tile,
@@ -631,8 +754,7 @@ def _overlay_picture(features, job: GridJob, maps: np.ndarray, options: GridOpti
                                hint="draw without --overlay, or write the file again with hookcli extract") from None
     photo = model_photo(job.source_image, preprocess, enlarge=not options.plain)
     heat = np.nanmean(np.where(np.isfinite(maps), maps, np.nan), axis=0) if len(maps) > 1 else maps[0]
-    what = features.metadata.get("method", "cam") if list(drawn_shape(features, job.key)) != features.shape(job.key) \
-        else "activation"
+    what = features.metadata.get("method", "cam") if _one_map_a_row(features, job.key) else "activation"
     return heat_picture(photo, heat, cmap=options.overlay_cmap, alpha=options.alpha, what=what,
                         legend=not options.plain)
 
@@ -644,18 +766,96 @@ def model_photo(path, preprocess, *, enlarge: bool = True) -> np.ndarray:
     224-pixel crop, more for small ones) and at most :data:`_OVERLAY_SIDE`,
     resampled from the original photo, so the heat map sits over a picture
     large enough to see (``enlarge=False``: the crop's own size, at most
-    :data:`_OVERLAY_SIDE`). Without preprocessing facts the whole photo is used.
+    :data:`_OVERLAY_SIDE`). Without a crop (segmentation and detection
+    models) the view is the whole photo, its shorter side at the resize when
+    there is one: a detection model resizes inside, by rules the metadata
+    does not record, and its maps and boxes cover the whole photo all the
+    same. Without preprocessing facts the whole photo is used.
     """
+    return _model_view(path, preprocess, enlarge=enlarge)[0]
+
+
+def _model_view(path, preprocess, *, enlarge: bool) -> tuple[np.ndarray, float]:
+    """:func:`model_photo`, and its pixels to one pixel of the image the model was given (the unit of boxes)."""
+    from PIL import Image
+
     from hookcli.images import load_rgb, model_view
 
     photo = load_rgb(path, max_side=2 * _OVERLAY_SIDE)
     if preprocess is None:
+        width = _upright_size(path)[0]
         photo.thumbnail((_OVERLAY_SIDE, _OVERLAY_SIDE))
-        return np.asarray(photo)
-    side = min(_OVERLAY_SIDE, max(_OVERLAY_MIN, 2 * preprocess.crop) if enlarge else preprocess.crop)
-    scale = side / preprocess.crop
-    return np.asarray(model_view(photo, resize=max(1, round(preprocess.resize * scale)), crop=max(1, side),
-                                 interpolation=preprocess.interpolation))
+        return np.asarray(photo), photo.width / width
+    resize = preprocess.resize if isinstance(preprocess.resize, int) else None
+    # Without a resize the model was given the photo at its own size, which the reduced loading of a large one hides.
+    size = _upright_size(path) if resize is None or preprocess.crop is None else None
+    short = resize or min(size)
+    if preprocess.crop is not None:
+        side = min(_OVERLAY_SIDE, max(_OVERLAY_MIN, 2 * preprocess.crop) if enlarge else preprocess.crop)
+        scale = side / preprocess.crop
+        return np.asarray(model_view(photo, resize=max(1, round(short * scale)), crop=max(1, side),
+                                     interpolation=preprocess.interpolation)), scale
+    # The resized photo as torchvision makes it: shorter side `short`, the longer one in proportion, rounded down.
+    given_size = [short if n == min(size) else int(short * n / min(size)) for n in size]
+    scale = min(max(_OVERLAY_MIN, 2 * short) / short if enlarge else 1.0, _OVERLAY_SIDE / max(given_size))
+    drawn = tuple(max(1, round(n * scale)) for n in given_size)
+    resample = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC, "nearest": Image.NEAREST}
+    return np.asarray(photo.resize(drawn, resample[preprocess.interpolation])), scale
+
+
+def _upright_size(path) -> tuple[int, int]:
+    """The width and height of the image at ``path`` as it is decoded upright (its EXIF orientation applied), read
+    from its header: the size of what the model was given when nothing resized it."""
+    from PIL import Image
+
+    from hookcli.store import open_regular
+
+    with open_regular(path) as handle, Image.open(handle) as image:
+        width, height = image.size
+        turned = image.getexif().get(0x0112) in (5, 6, 7, 8)  # a quarter turn, as ImageOps.exif_transpose makes
+    return (height, width) if turned else (width, height)
+
+
+def _detections_picture(features, job: GridJob, options: GridOptions) -> Picture:
+    """The photo the model was given with each detection's box, coloured by its label, and on it its label and
+    score (``plain``: the boxes alone, over the photo at the size the model was given it)."""
+    found = read_detections(features, job.row)
+    try:
+        preprocess = Preprocess.from_metadata(features.metadata.get("preprocess"))
+    except ValueError as err:
+        raise NotDrawable(f"'{features.name}' has unusable preprocess metadata: {err}") from None
+    try:
+        photo, scale = _model_view(job.source_image, preprocess, enlarge=not options.plain)
+    except HookcliError as err:
+        raise RowNotDrawable(f"its photo cannot be read: {err.message}") from None
+    finite = np.isfinite(found.boxes).all(axis=1)
+    ranked = np.argsort(found.scores, kind="stable") if found.scores is not None else range(len(found.boxes))
+    drawn = [i for i in ranked if finite[i]]  # lowest score first, so the best are drawn over the rest
+    labels = found.labels if found.labels is not None else np.zeros(len(found.boxes), dtype=np.int64)
+    colours = [BOX_COLOURS[int(labels[i]) % len(BOX_COLOURS)] for i in drawn]
+    texts = None if options.plain else [_detection_text(found, i) for i in drawn]
+    pixels = draw_boxes(photo, found.boxes[drawn] * scale, colours, texts)
+    count = len(found.boxes)
+    if options.title and not options.plain:
+        parts = [DETECTIONS, printable(_capped(job.name, 120)),
+                 "no detections" if count == 0 else f"{count} detection{'s' if count != 1 else ''}"]
+        shown = [what for what, there in (("label (class index)", found.labels), ("score", found.scores))
+                 if there is not None]
+        if drawn and shown:
+            parts.append(f"{' and '.join(shown)} on each box")
+        pixels = add_title(pixels, parts)
+    missing = count - len(drawn)
+    return Picture(pixels, (f"{DETECTIONS}, {job.name}: {missing} of its {count} boxes have NaN or ±inf and are not "
+                            "drawn",) if missing else ())
+
+
+def _detection_text(found: Detections, index: int) -> str:
+    """A box's tab: ``label (score)``, or whichever of the two the file has."""
+    score = None if found.scores is None else f"{float(found.scores[index]):.2f}"
+    if found.labels is None:
+        return score or ""
+    label = str(int(found.labels[index]))
+    return label if score is None else f"{label} ({score})"
 
 
 def heat_picture(photo: np.ndarray, heat: np.ndarray, *, cmap: str, alpha: float, what: str,
@@ -720,6 +920,10 @@ def _rendered(features, jobs: GridPlan, options: GridOptions, on_note):
             continue
         try:
             picture = render_picture(features, job, options)
+        except RowNotDrawable as reason:
+            if on_note is not None:
+                on_note(f"skipped '{job.key}' of image {job.row} ({job.name}): {reason}")
+            continue
         except NotDrawable as reason:
             undrawable.add(job.key)
             if on_note is not None:

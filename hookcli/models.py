@@ -205,8 +205,9 @@ def _build_seeded(name: str, seed: int, **kwargs):
     with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
         # googlenet and inception_v3 warn that their default init may change; the init used is unchanged.
         warnings.filterwarnings("ignore", message="The default weight initialization", category=FutureWarning)
-        # Quantizing a model makes quantized weights through functions torch has marked as deprecated.
+        # Quantizing a model goes through torch.ao.quantization functions torch has marked as deprecated.
         warnings.filterwarnings("ignore", message="torch.quantize_per_", category=UserWarning)
+        warnings.filterwarnings("ignore", message="torch.ao.quantization is deprecated", category=DeprecationWarning)
         torch.manual_seed(seed)
         return torchvision.models.get_model(name, weights=None, **kwargs)
 
@@ -367,9 +368,17 @@ def _unwrap(state: Any, path: Path) -> dict:
 
 
 def num_classes(module) -> int:
-    """How many logits a torchvision classifier gives: the size of its last Linear (or 1×1 Conv2d) layer."""
+    """How many classes a model tells apart: a classifier's logits (its last Linear or 1×1 Conv2d layer), a
+    segmentation model's output channels, a detection model's classes (background included)."""
     import torch.nn as nn
 
+    head = getattr(module, "head", None)
+    classification_head = getattr(head, "classification_head", None)
+    for found in (getattr(classification_head, "num_classes", None), getattr(classification_head, "num_columns", None),
+                  getattr(getattr(getattr(getattr(module, "roi_heads", None), "box_predictor", None), "cls_score",
+                                  None), "out_features", None)):
+        if isinstance(found, int):
+            return found
     last = [layer for layer in module.modules() if isinstance(layer, nn.Linear | nn.Conv2d)]
     return _out_size(last[-1])
 

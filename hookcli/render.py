@@ -19,8 +19,9 @@ colours come from matplotlib's colormaps, sampled once into a 256-entry table.
 - :func:`flow_colours` draws an optical-flow field in the Middlebury colour
   code (hue: direction; white to full colour: length), and
   :func:`add_flow_legend` puts its colour wheel (:func:`flow_wheel`) under it.
-- :func:`overlay` blends a heat map over a photo; :func:`add_title` adds a
-  caption sized to the picture, :func:`add_colorbar` a colour scale.
+- :func:`overlay` blends a heat map over a photo; :func:`draw_boxes` outlines
+  a detection model's boxes on one; :func:`add_title` adds a caption sized to
+  the picture, :func:`add_colorbar` a colour scale.
 
 >>> import numpy as np
 >>> maps, layout = as_maps(np.zeros((197, 768), dtype=np.float32))
@@ -44,10 +45,11 @@ import numpy as np
 from hookcli.errors import UsageProblem
 
 __all__ = [
-    "CLIPS", "FLOW_NAN_COLOR", "MAX_PIXELS", "MAX_STRIP_VALUES", "MAX_TILES", "NAN_COLOR", "STRIPS", "FrameLayout",
-    "NotDrawable", "add_colorbar", "add_flow_legend", "add_title", "as_maps", "check_cmap", "flow_colours",
-    "flow_wheel", "frame_layout", "grid_columns", "longest_flow", "map_layout", "number", "overlay", "scale_maps",
-    "strip", "TileLayout", "tile_frames", "tile_layout", "tile_maps", "tiles_that_fit", "value_range",
+    "BOX_COLOURS", "CLIPS", "FLOW_NAN_COLOR", "MAX_PIXELS", "MAX_STRIP_VALUES", "MAX_TILES", "NAN_COLOR", "STRIPS",
+    "FrameLayout", "NotDrawable", "RowNotDrawable", "add_colorbar", "add_flow_legend", "add_title", "as_maps",
+    "check_cmap", "draw_boxes", "flow_colours", "flow_wheel", "frame_layout", "grid_columns", "longest_flow",
+    "map_layout", "number", "overlay", "scale_maps", "strip", "TileLayout", "tile_frames", "tile_layout", "tile_maps",
+    "tiles_that_fit", "value_range",
 ]
 
 NAN_COLOR = (255, 0, 255)
@@ -59,6 +61,11 @@ MAX_PIXELS = 25_000_000
 
 class NotDrawable(ValueError):
     """The tensor's per-image shape has no picture hookcli knows how to draw."""
+
+
+class RowNotDrawable(NotDrawable):
+    """One row has no picture (a row of its own shape that holds no values, a photo that cannot be read), though
+    the tensor's other rows may have one."""
 
 
 def map_layout(row_shape: Sequence[int]) -> tuple[int, int, int, str]:
@@ -462,6 +469,48 @@ def overlay(photo: np.ndarray, heat: np.ndarray, *, cmap: str = "inferno", alpha
     upsampled = np.asarray(heat_image.resize((width, height), Image.BILINEAR))
     colours = colorize(np.clip(upsampled, 0.0, 1.0), cmap).astype(np.float32)
     return np.round((1.0 - alpha) * photo.astype(np.float32) + alpha * colours).astype(np.uint8)
+
+
+#: Colours of detection boxes, one a class label (its index modulo ten): matplotlib's tab10, which stand out on photos.
+BOX_COLOURS = ((31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189), (140, 86, 75),
+               (227, 119, 194), (127, 127, 127), (188, 189, 34), (23, 190, 207))
+
+
+def draw_boxes(photo: np.ndarray, boxes: np.ndarray, colours: Sequence[tuple[int, int, int]],
+               texts: Sequence[str] | None = None) -> np.ndarray:
+    """``boxes`` (``[K, 4]``: x1, y1, x2, y2 in ``photo``'s pixels, finite) outlined on a copy of a ``uint8 [H, W, 3]``
+    photo, each in its colour, later boxes over earlier ones; each box's text (None: none) on a tab of its colour
+    at its top-left corner, above the box where there is room.
+
+    Lines are about a 300th of the picture's longer side thick, and the type grows with the picture as a
+    caption's does.
+
+    >>> photo = np.zeros((40, 60, 3), dtype=np.uint8)
+    >>> pixels = draw_boxes(photo, np.array([[10.0, 5.0, 30.0, 20.0]]), [(255, 0, 0)])
+    >>> pixels[5, 10].tolist(), pixels[12, 20].tolist()
+    ([255, 0, 0], [0, 0, 0])
+    """
+    from PIL import Image, ImageDraw
+
+    image = Image.fromarray(np.asarray(photo, dtype=np.uint8))
+    draw = ImageDraw.Draw(image)
+    line = max(2, round(max(image.size) / 300))
+    font = _caption_font(image.width)
+    # Far-off corners clipped near the picture: PIL draws with C integers, and a box's visible part is all that shows.
+    limits = np.array([image.width, image.height, image.width, image.height]) + line
+    boxes = np.clip(np.asarray(boxes, dtype=np.float64).reshape(-1, 4), -line, limits)
+    for number, ((x1, y1, x2, y2), colour) in enumerate(zip(boxes.tolist(), colours)):
+        draw.rectangle((x1, y1, max(x1, x2), max(y1, y2)), outline=tuple(colour), width=line)
+        if not texts:
+            continue
+        left, top, right, bottom = draw.textbbox((0, 0), texts[number], font=font)
+        tab_w, tab_h = right - left + 6, bottom - top + 6
+        x = min(max(x1, 0), max(image.width - tab_w, 0))
+        y = y1 - tab_h if y1 - tab_h >= 0 else max(y1, 0)
+        draw.rectangle((x, y, x + tab_w - 1, y + tab_h - 1), fill=tuple(colour))
+        light = 0.299 * colour[0] + 0.587 * colour[1] + 0.114 * colour[2] > 150
+        draw.text((x + 3 - left, y + 3 - top), texts[number], fill=(0, 0, 0) if light else (255, 255, 255), font=font)
+    return np.asarray(image)
 
 
 #: Flow vectors with NaN or ±inf are drawn black, a colour the flow code never gives (each of its colours is pale or

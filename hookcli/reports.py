@@ -11,9 +11,12 @@ picture, drawn as :func:`hookcli.grids.render_picture` draws it for ``grid``, an
 that row's statistics: min, mean and max over finite values, the share of
 zeros, the count of NaN and ±inf, and the five channels with the highest mean
 (channels: axis 0 of a ``[C, H, W]`` row, the last axis of a ``[T, D]`` row,
-each value of a ``[D]`` row). Gradient runs show each row's targets (class,
-logit, probability); CAM files draw each map over the photo the model saw
-when the photo can be read.
+each value of a ``[D]`` row). A row of its own shape (a ragged key) is drawn
+and measured in that shape, which its line of facts gives. Gradient runs show
+each row's targets (class, logit, probability); CAM files draw each map over
+the photo the model saw when the photo can be read. A detection file's final
+detections are a picture of each image's boxes over its photo and a table of
+them (label, score, box).
 
 Rows are read one at a time, one read per tensor, and each page is streamed
 to a temporary file that is renamed into place; ``index.html`` is written
@@ -54,16 +57,19 @@ from hookcli.console import printable
 from hookcli.errors import HookcliError, check_whole
 from hookcli.fileformat import INDEX_NAME
 from hookcli.grids import (
+    Detections,
     GridJob,
     GridOptions,
     Picture,
+    detection_keys,
     drawn_shape,
     input_names,
     plan_grids,
+    read_detections,
     render_picture,
     select_rows,
 )
-from hookcli.render import NotDrawable
+from hookcli.render import NotDrawable, RowNotDrawable
 from hookcli.run import Advanced, Note, Started, Wrote
 from hookcli.store import (
     FeatureFile,
@@ -153,7 +159,7 @@ def write_report(features, output: str | os.PathLike, options: GridOptions, *, p
         first = next(pages_of_rows)
         for number, page_rows in enumerate(pages_of_rows, start=2):
             write(number, page_rows)
-        write(1, first, _summary(features, tensors, total, page_size, pages, notes))  # last: its being there says done
+        write(1, first, _summary(features, tensors, plan.detections, total, page_size, pages, notes))  # last: done
     except BaseException:
         for path in new_pages:
             path.unlink(missing_ok=True)
@@ -219,7 +225,7 @@ def most_active(values: np.ndarray, count: int = TOP_CHANNELS) -> list[tuple[int
     """
     values = np.asarray(values, dtype=np.float64)
     per_channel = {3: lambda v: v.reshape(len(v), -1), 2: lambda v: v.T, 1: lambda v: v[:, None]}
-    if values.ndim not in per_channel:
+    if values.ndim not in per_channel or values.size == 0:
         return []
     channels = per_channel[values.ndim](values)
     finite = np.isfinite(channels)
@@ -280,11 +286,15 @@ class _Targets:
 
 
 class _Report:
-    """Writes pages: for each row its targets, then each tensor's picture and statistics."""
+    """Writes pages: for each row its targets, its detections, then each tensor's picture and statistics."""
 
     def __init__(self, features, plan, tensors: Sequence[_Tensor], options: GridOptions, pages: int,
                  emit: Callable) -> None:
-        self.features, self.plan, self.tensors = features, plan, tensors
+        self.features, self.plan = features, plan
+        # A detection file's final detections: one picture a row (planned under detections#boxes) and a table.
+        self.boxes = next((t for t in tensors if detection_keys(features, [t.key])), None)
+        self.tensors = [t for t in tensors if t is not self.boxes]
+        self.detections_problem = False
         # CAMs: one map a row, drawn over the photo, with no channels to rank.
         self.cams = {t.key for t in tensors if drawn_shape(features, t.key) != features.shape(t.key)}
         self.options, self.pages, self.emit = options, pages, emit
@@ -318,6 +328,8 @@ class _Report:
             job = self._job(self.longest, row)
             tensors = "".join(f'<li><a href="#{_anchor(row, n)}">{_text(t.key)}</a></li>'
                               for n, t in enumerate(self.tensors) if row < t.rows)
+            if self.plan.detections:
+                tensors = f'<li><a href="#{_anchor(row, "detections")}">detections</a></li>{tensors}'
             items.append(f'<li><a href="#{_anchor(row)}">Image {row}: {_text(job.name)}</a><ul>{tensors}</ul></li>')
         back = "" if number == 1 else '<p><a href="index.html#summary">Summary of the file</a></p>'
         return (f'<nav id="contents" aria-label="contents"><h2>On this page</h2>{back}<ol>{"".join(items)}</ol>'
@@ -331,6 +343,8 @@ class _Report:
         targets = self.targets(row)
         if targets:
             parts.append(_targets_table(targets))
+        if self.plan.detections:
+            parts.append(self._detections(row))
         for number, tensor in enumerate(self.tensors):
             if row < tensor.rows:
                 parts.append(self._tensor(number, tensor, row, targets))
@@ -341,7 +355,7 @@ class _Report:
         values = self.features.read(tensor.key, row)
         role = self._role(tensor.key, targets)
         parts = [f'<article class="tensor" id="{_anchor(row, number)}">\n<h3>{_text(tensor.key)}</h3>\n',
-                 f'<p class="shape">{_text(_shape_text(self.features, tensor.key))}'
+                 f'<p class="shape">{_text(_shape_text(self.features, tensor.key, row))}'
                  f'{" · " + _text(role) if role else ""}</p>\n',
                  '<div class="body">', self._picture(tensor, row, values), _stats_table(values),
                  _channels_table(most_active(values)) if tensor.key not in self.cams else "",
@@ -362,7 +376,25 @@ class _Report:
                     f"'{self.metadata.get('cam_layer', '?')}')")
         return what + (f", for target {k + 1}: {_target_name(targets[k])}" if k < len(targets) else "")
 
-    def _picture(self, tensor: _Tensor, row: int, values: np.ndarray) -> str:
+    def _detections(self, row: int) -> str:
+        """The row's detections: their picture (when planned) and their table."""
+        parts = [f'<article class="detections" id="{_anchor(row, "detections")}">\n<h3>Detections</h3>\n'
+                 '<div class="body">']
+        if self.boxes is None:
+            parts.append('<p class="missing">No picture (see the notes).</p>')
+        elif row < self.boxes.rows:
+            parts.append(self._picture(self.boxes, row, None))
+        try:
+            parts.append(_detections_table(read_detections(self.features, row)))
+        except NotDrawable as reason:
+            if not self.detections_problem:
+                self.detections_problem = True
+                self.emit(Note(f"the detections of '{self.features.name}' cannot be read: {reason}"))
+            parts.append(f'<p class="missing">No table: {_text(str(reason))}.</p>')
+        parts.append("</div>\n</article>\n")
+        return "".join(parts)
+
+    def _picture(self, tensor: _Tensor, row: int, values: np.ndarray | None) -> str:
         if tensor.key in self.undrawable:
             return '<p class="missing">No picture (see the notes).</p>'
         job, options = self._job(tensor, row), self.options
@@ -373,6 +405,9 @@ class _Report:
                 picture = self._cam_over_photo(job, options, values)
             if picture is None:
                 picture = render_picture(self.features, job, options, values=values)
+        except RowNotDrawable as reason:
+            self.emit(Note(f"skipped '{tensor.key}' of image {row} ({job.name}): {reason}"))
+            return f'<p class="missing">No picture: {_text(str(reason))}.</p>'
         except NotDrawable as reason:
             self.undrawable.add(tensor.key)
             self.emit(Note(f"skipped '{tensor.key}' (shape {self.features.shape(tensor.key)}): {reason}"))
@@ -398,10 +433,10 @@ class _Report:
             return None
 
 
-def _summary(features, tensors: Sequence[_Tensor], shown: int, page_size: int, pages: int,
+def _summary(features, tensors: Sequence[_Tensor], detections: Sequence[str], shown: int, page_size: int, pages: int,
              notes: Sequence[str]) -> str:
     described = describe_file(features, stats=False)
-    drawn = {t.key for t in tensors}
+    drawn = {t.key for t in tensors} | set(detections)
     rows = max(t.rows for t in tensors)
     selection = f"{rows:,}" if shown == rows else f"{rows:,}, {shown:,} of them shown"
     facts = [("source", features.name), ("images (rows)", selection),
@@ -482,6 +517,27 @@ def _stats_table(values: np.ndarray) -> str:
     return f'<table class="stats"><tr>{header}</tr><tr>{body}</tr></table>'
 
 
+def _detections_table(found: Detections) -> str:
+    """One row a detection: its label (a class index), score and box, in the file's order (by score, from
+    torchvision's models); a line saying there are none when there are none."""
+    count = len(found.boxes)
+    if count == 0:
+        return '<p class="none">No detections.</p>'
+    columns = [("label", found.labels, ""), ("score", found.scores, ".3f")]
+    columns = [(name, values, spec) for name, values, spec in columns if values is not None]
+    header = "".join(f"<th>{name}</th>" for name, _, _ in columns)
+    rows = []
+    for k, box in enumerate(found.boxes.tolist()):
+        cells = "".join(f"<td{_data(values[k].item())}>{_number(values[k].item(), spec)}</td>"
+                        for _, values, spec in columns)
+        corners = "".join(f"<td{_data(value)}>{_number(value, '.1f')}</td>" for value in box)
+        rows.append(f"<tr><td>{k + 1}</td>{cells}{corners}</tr>")
+    plural = "s" if count != 1 else ""
+    return (f'<table class="detections"><caption>{count} detection{plural}: label (class index), score, and box '
+            f"corners in pixels of the image the model was given</caption><tr><th>detection</th>{header}<th>x1</th>"
+            f"<th>y1</th><th>x2</th><th>y2</th></tr>{''.join(rows)}</table>")
+
+
 def _channels_table(channels: list[tuple[int, float]]) -> str:
     if len(channels) < 2:
         return ""
@@ -525,8 +581,11 @@ def _pager(number: int, pages: int) -> str:
             f'{link(pages, "Last »", "last")} <span class="count">page {number:,} of {pages:,}</span></nav>\n')
 
 
-def _anchor(row: int, tensor: int | None = None) -> str:
-    return f"image-{row}" if tensor is None else f"image-{row}-tensor-{tensor}"
+def _anchor(row: int, tensor: int | str | None = None) -> str:
+    """An image's anchor, one of its tensors' (by number) or its ``detections``'."""
+    if tensor is None:
+        return f"image-{row}"
+    return f"image-{row}-{tensor}" if isinstance(tensor, str) else f"image-{row}-tensor-{tensor}"
 
 
 def _text(text: str) -> str:
@@ -538,8 +597,13 @@ def _shape(shape) -> str:
     return json.dumps(shape).replace(" ", "")
 
 
-def _shape_text(features, key: str) -> str:
-    return f"{features.dtype(key)}, {_shape(features.shape(key)[1:])} per image"
+def _shape_text(features, key: str, row: int) -> str:
+    """A tensor's dtype and shape per image; a ragged key's shape for this row, and the largest."""
+    largest = _shape(features.shape(key)[1:])
+    if not features.ragged(key):
+        return f"{features.dtype(key)}, {largest} per image"
+    own = _shape(features.row_shape(key, row))
+    return f"{features.dtype(key)}, {own} for this image (images differ in shape; the largest is {largest})"
 
 
 def _png(pixels: np.ndarray) -> str:
@@ -591,7 +655,7 @@ th, td { border: 1px solid #ddd; padding: .15em .5em; text-align: left; vertical
          overflow-wrap: anywhere; }
 th { background: #f4f4f6; }
 caption { text-align: left; font-weight: bold; padding: .2em 0; }
-.stats td, .channels td, .targets td { font-variant-numeric: tabular-nums; }
+.stats td, .channels td, .targets td, .detections td { font-variant-numeric: tabular-nums; }
 .inner { margin: 0; }
 ol.inner { padding-left: 2.5em; }
 .more { list-style: none; color: #555; }

@@ -149,6 +149,7 @@ class RunOptions:
     frame_stride: int = 1
     clips_per_video: int = 1  # 0: every clip, one after another
     detections: bool = False
+    region: str | None = None  # segmentation targets: x0,y0,x1,y1 as fractions of the image
 
     def __post_init__(self) -> None:
         from hookcli.device import parse_device
@@ -189,8 +190,8 @@ _COMMON = ("weights", "seed", "resize", "crop", "mean", "std", "interpolation", 
 _CLIPS = ("clip_length", "frame_stride", "clips_per_video")
 COMMAND_OPTIONS = {
     "extract": (*_COMMON, "capture", "pool", "dtype", "shard_size", "fuse", "grid", *_CLIPS, "detections"),
-    "grad": (*_COMMON, "target", "dtype", "shard_size", *_CLIPS),
-    "cam": (*_COMMON, "target", "method", "alpha", "cmap"),
+    "grad": (*_COMMON, "target", "dtype", "shard_size", *_CLIPS, "region"),
+    "cam": (*_COMMON, "target", "method", "alpha", "cmap", "region"),
 }
 
 
@@ -268,7 +269,7 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
                            hint=help_hint)
     model_name = model.name if isinstance(model, LoadedModel) else str(model)
     family = model.family if isinstance(model, LoadedModel) else model_family(model_name)
-    opts = _fitted_to_family(family, opts, options, help_hint)
+    opts = _fitted_to_family(command, family, opts, options, help_hint)
     keys = selector_keys(_selectors(layers)) if command != "cam" else None
     kind, path = _output_kind(command, output, model_name)
     if opts.shard_size and kind not in ("folder", "default"):
@@ -314,7 +315,7 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
         from hookcli.gradients import parse_target
         from hookcli.models import num_classes
 
-        target = parse_target(opts.target, loaded.categories, num_classes(loaded.module))
+        target = parse_target(opts.target, loaded.categories, num_classes(loaded.module), region=opts.region)
     selected, forward, entries = _command_parts(command, loaded, layers, settings, opts, target)
     if loaded.family == "video":
         entries = {**entries, "clip_length": str(opts.clip_length or DEFAULT_CLIP_LENGTH),
@@ -344,6 +345,14 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
     return RunPlan(command=command, loaded=loaded, layers=selected, inputs=tuple(paths), settings=settings,
                    output=Output(kind, path), record=record, forward=forward, shard_size=opts.shard_size,
                    force=opts.force, grid=opts.grid, target=target, cam_look=cam_look, notes=notes)
+
+
+#: Why a family has no gradients (or no CAM pictures), said as the hint.
+_NO_GRADIENTS = {
+    "video": "a clip has no one photo to draw a map over; 'hookcli grad' gives the gradients of a video model",
+    "optical_flow": "a flow field is not a class score; extract the layers instead",
+    "quantized": "quantized kernels have no backward; use the float model (the name without quantized_)",
+}
 
 
 def _settings(command: str, opts: RunOptions):
@@ -485,12 +494,24 @@ def _gather(inputs, recursive: bool, family: str = "classification", opts: RunOp
     return FoundInputs(rows, 0, 0, True)
 
 
-def _fitted_to_family(family: str, opts: RunOptions, given: Mapping, help_hint: str) -> RunOptions:
-    """Refuse options that do not apply to the model's family; quantized models run on the CPU (``auto`` picks it).
+def _fitted_to_family(command: str, family: str, opts: RunOptions, given: Mapping, help_hint: str) -> RunOptions:
+    """Refuse a command or options that do not apply to the model's family; quantized models run on the CPU
+    (``auto`` picks it).
 
     Said before any model loads: the family comes from the registry cache.
     """
     from hookcli.families import CPU_ONLY
+
+    if family in ("video", "optical_flow", "quantized") and command == "cam" or \
+            family in ("optical_flow", "quantized") and command == "grad":
+        raise UsageProblem(f"{command} does not apply to {family.replace('_', ' ')} models",
+                           hint=_NO_GRADIENTS[family])
+    if opts.region is not None and family != "segmentation":
+        raise UsageProblem("--region applies to segmentation models", hint=help_hint)
+    if opts.region is not None:
+        from hookcli.gradients import parse_region
+
+        parse_region(opts.region)
 
     clip_options = [name for name in _CLIPS if name in given and given[name] != getattr(RunOptions, name)]
     if family not in ("video", "optical_flow") and clip_options:
@@ -555,13 +576,12 @@ def _cam_layer(loaded, selector, settings) -> str:
             raise UsageProblem(f"cam takes one layer, and '{selector}' matches {len(chosen)}",
                                hint="see 'hookcli cam --help'")
         return next(iter(chosen))
-    import torch
-
+    from hookcli.families import map_batch, natural_input
     from hookcli.gradients import default_cam_layer
 
-    crop = settings.preprocess.crop
     device = next(loaded.module.parameters()).device  # a model reused from an earlier run may be on a GPU
-    return default_cam_layer(loaded, torch.zeros(1, 3, crop, crop, device=device))
+    example = natural_input(loaded.family, preprocess=settings.preprocess)
+    return default_cam_layer(loaded, map_batch(example, lambda tensor: tensor.to(device)))
 
 
 # -- execution -------------------------------------------------------------------------------------

@@ -328,13 +328,13 @@ class CamOverlays:
             photo = model_photo(self.paths[index], self.preprocess)
             for k, chosen in enumerate(batch.targets[row]):
                 heat = batch.features["cam" if self.count == 1 else f"cam#{k}"][row].numpy()
-                label = f"{chosen['name']} ({chosen['class']})" if chosen["name"] else f"class {chosen['class']}"
-                caption = [label, f"logit {chosen['logit']:.2f}",
-                           f"p {chosen['probability']:.1%}", f"{self.method} at {self.layer}"]
+                label, caption = _cam_caption(chosen)
                 pixels, flat = heat_picture(photo, heat, cmap=self.cmap, alpha=self.alpha, what=self.method)
                 if flat and self.on_note is not None:
                     self.on_note(f"{Path(self.paths[index]).name}, {label}: {flat}")
-                pixels = add_title(pixels, caption)
+                if chosen.get("box"):
+                    pixels = _with_box(pixels, chosen["box"], self.paths[index])
+                pixels = add_title(pixels, [*caption, f"{self.method} at {self.layer}"])
                 path = self.folder / cam_png_name(index, self.paths[index], k, self.count)
                 with atomic_path(path, force=self.force) as temporary:
                     Image.fromarray(pixels).save(temporary, format="PNG", compress_level=1)
@@ -348,3 +348,33 @@ class CamOverlays:
 
     def abort(self) -> None:
         self.inner.abort()
+
+
+def _cam_caption(chosen: Mapping) -> tuple[str, list[str]]:
+    """``(label, caption lines)`` for a CAM target: a class's logit, a segmentation mask or a detection."""
+    name = chosen.get("name")
+    label = f"{name} ({chosen['class']})" if name else (f"class {chosen['class']}" if chosen.get("class") is not None
+                                                        else "any class")
+    if "logit" in chosen:
+        return label, [label, f"logit {chosen['logit']:.2f}", f"p {chosen['probability']:.1%}"]
+    if "pixels" in chosen:
+        return label, [label, f"mask of {chosen['pixels']} px", f"score {chosen['score']:.2f}"]
+    if chosen.get("detection") is None:
+        return label, [label, "no such detection: nothing to explain"]
+    return label, [label, f"detection {chosen['detection']}", f"score {chosen['score']:.2f}"]
+
+
+def _with_box(pixels, box: Sequence[float], source):
+    """The picture with a detection's box (in the original image's pixels) drawn on it."""
+    import numpy as np
+    from PIL import Image, ImageDraw
+
+    from hookcli.images import load_rgb
+
+    width, height = load_rgb(source).size
+    scale_x, scale_y = pixels.shape[1] / width, pixels.shape[0] / height
+    picture = Image.fromarray(pixels)
+    line = max(2, round(min(pixels.shape[:2]) / 200))
+    ImageDraw.Draw(picture).rectangle([box[0] * scale_x, box[1] * scale_y, box[2] * scale_x, box[3] * scale_y],
+                                      outline=(0, 255, 255), width=line)
+    return np.asarray(picture)
