@@ -203,6 +203,12 @@ def layers(model, *, weights: str = "none", seed: int | None = None, input_size:
     check_whole("input_size", input_size, 1, MAX_SIDE, optional=True)
     check_whole("depth", depth, 1, optional=True)
     check_whole("frames", frames, 1, 1024, optional=True)
+    from hookcli.errors import UsageProblem
+    from hookcli.models import model_family
+
+    if frames is not None and model_family(model) != "video":
+        raise UsageProblem(f"--frames applies to video models, and {model} is {model_family(model).replace('_', ' ')}",
+                           hint="leave it out")
     loaded = load_model(model, weights, seed=seed or 0)  # an unknown name is refused before torch loads
     example = natural_input(loaded.family, size=input_size, preprocess=loaded.preprocess, frames=frames)
     rows = describe_layers(loaded.module, example)

@@ -520,6 +520,9 @@ def _fitted_to_family(command: str, family: str, opts: RunOptions, given: Mappin
     if family == "optical_flow" and {"clip_length", "clips_per_video"} & set(clip_options):
         raise UsageProblem("optical-flow models take pairs of frames: --clip-length and --clips-per-video do not "
                            "apply (--frame-stride sets how far apart the two frames are)", hint=help_hint)
+    if family == "video" and opts.memory_format == "channels_last":
+        raise UsageProblem("video models take 5-D clips, which have no channels-last layout",
+                           hint="leave --memory-format at auto or contiguous")
     if opts.detections and family != "detection":
         raise UsageProblem(f"--detections applies to detection models, and this one is {family.replace('_', ' ')}",
                            hint=help_hint)

@@ -239,7 +239,9 @@ class FolderWriter:
 
     def add(self, batch) -> None:
         if self.run_metadata is None and batch.indices:
-            self.run_metadata = fileformat.run_metadata(self.record, batch.facts, keys=list(batch.features))
+            keys = [name for key, value in batch.features.items()
+                    for name in ((key, key + ROW_SHAPE) if isinstance(value, list) else (key,))]
+            self.run_metadata = fileformat.run_metadata(self.record, batch.facts, keys=keys)
             if self.writer.header is None:
                 size = self.shard_size or max(1, min(MAX_AUTO_SHARD_ROWS,
                                                      AUTO_SHARD_BYTES // max(1, row_bytes(batch.features))))

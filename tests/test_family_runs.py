@@ -69,6 +69,20 @@ def test_segmentation_rows_of_their_own_sizes_equal_hooks_by_hand(tmp_path):
                                        atol=1e-5)
 
 
+def test_a_shard_folder_of_ragged_rows_says_format_2_everywhere(tmp_path):
+    images = [_noise(tmp_path / "wide.png", (60, 40), 0), _noise(tmp_path / "tall.png", (40, 56), 1)]
+    index = hookcli.extract("lraspp_mobilenet_v3_large", "classifier", images, weights="none", resize=32,
+                            output=str(tmp_path / "feats") + "/", shard_size=1)
+    header = json.loads(index.read_text().splitlines()[0])
+    assert header["metadata"]["format"] == "2"
+    with open_features(tmp_path / "feats") as features:
+        assert features.metadata["format"] == "2" and features.shape("classifier") == [2, 21, 6, 6]
+        assert [features.row_shape("classifier", i) for i in range(2)] == [[21, 4, 6], [21, 6, 4]]
+    for shard in sorted((tmp_path / "feats").glob("features-*.safetensors")):
+        with open_features(shard) as one:
+            assert one.metadata["format"] == "2"
+
+
 def test_detection_rows_are_each_images_part_of_the_padded_batch(tmp_path, runner):
     images = [_noise(tmp_path / "a.png", (64, 48), 0), _noise(tmp_path / "b.png", (40, 72), 1)]
     result = runner.invoke(main, ["extract", "-m", "fasterrcnn_mobilenet_v3_large_320_fpn", "-w", "none",
@@ -144,6 +158,7 @@ def test_a_folder_of_frames_is_a_video_and_a_shard_folder_keeps_the_frames(tmp_p
     assert result.exit_code == 0, result.output
     with open_features(tmp_path / "out") as features:
         assert json.loads(features.metadata["frames"]) == [[0, 1], [2, 3]]
+        assert features.metadata["format"] == "1"
         assert features.shape("layer1") == [2, 64, 2, 8, 8]
 
 
@@ -201,9 +216,17 @@ def test_quantized_model_extraction_equals_hooks_by_hand(tmp_path):
 @pytest.mark.parametrize("options, message", [
     (["--clip-length", "8"], "Error: --clip-length applies to video and optical-flow models, and this one is "
                              "classification"),
+    (["-m", "r3d_18", "--memory-format", "channels_last"], "Error: video models take 5-D clips, which have no "
+                                                           "channels-last layout"),
     (["--detections"], "Error: --detections applies to detection models, and this one is classification"),
 ])
 def test_family_options_are_refused_for_other_families(tmp_path, runner, no_model, options, message):
     image = _noise(tmp_path / "a.png", (40, 40), 0)
     result = runner.invoke(main, ["extract", "-m", "resnet18", "-w", "none", "-l", "layer1", str(image), *options])
     assert result.exit_code == 2 and result.output.startswith(message)
+
+
+def test_layers_refuses_frames_for_other_families(runner, no_model):
+    result = runner.invoke(main, ["layers", "-m", "resnet18", "--frames", "4"])
+    assert (result.exit_code, result.output) == (2, "Error: --frames applies to video models, and resnet18 is "
+                                                    "classification. Hint: leave it out\n")
