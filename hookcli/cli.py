@@ -421,6 +421,9 @@ def layers(model, weights, seed, input_size, frames, depth, as_json, as_nl) -> N
               "as written. Default: fuse runs of 16 images or more, where the one-off cost of tracing the model "
               "pays back.")
 @_clip_options
+@click.option("--pair-with", multiple=True, metavar="IMAGES", help="Optical-flow models: the second images of "
+              "pairs given as two image lists (files, folders or -, in order), the inputs being the first ones. "
+              "Repeat.")
 @click.option("--detections", is_flag=True, help="Detection models: also store each image's final detections "
               "(detections#boxes, #labels, #scores, and #masks or #keypoints where the model gives them), rows of "
               "their own lengths.")

@@ -40,7 +40,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 __all__ = [
-    "FORMAT_VERSION", "INDEX_NAME", "INDEX_VERSION", "PRODUCER", "RAGGED_FORMAT_VERSION", "ROW_SHAPE", "SHARD_NAME",
+    "FORMAT_VERSION", "INDEX_NAME", "INDEX_VERSION", "PRODUCER", "RAGGED_FORMAT_VERSION", "ROW_DETAILS", "ROW_SHAPE",
+    "SHARD_NAME",
     "RunFacts", "RunRecord",
     "check_index_header", "check_index_line",
     "file_metadata", "folder_metadata", "identity", "index_header", "index_line", "inputs_digest", "keys_of_layer",
@@ -165,11 +166,18 @@ def run_metadata(record: RunRecord, facts: RunFacts, *, keys: Sequence[str]) -> 
     return metadata
 
 
+#: What a row says about its input besides its path, in file metadata and index lines (one entry a row):
+#: ``frames``, the frame numbers of a clip or pair cut from a video; ``second_inputs``, the second image of a pair
+#: given as two image lists (optical flow).
+ROW_DETAILS = ("frames", "second_inputs")
+
+
 def _rows_metadata(inputs: Sequence[str], skipped: Sequence[dict], targets: Sequence,
-                   frames: Sequence) -> dict[str, str]:
+                   details: Mapping[str, Sequence]) -> dict[str, str]:
     metadata = {"inputs": json.dumps([os.path.abspath(p) for p in inputs])}
-    if frames:
-        metadata["frames"] = json.dumps([list(f) for f in frames])
+    for name in ROW_DETAILS:
+        if details.get(name):
+            metadata[name] = json.dumps(list(details[name]))
     if skipped:
         metadata["skipped"] = json.dumps(list(skipped))
     if targets:
@@ -178,16 +186,16 @@ def _rows_metadata(inputs: Sequence[str], skipped: Sequence[dict], targets: Sequ
 
 
 def file_metadata(run: Mapping[str, str], *, inputs: Sequence, skipped: Sequence[dict] = (),
-                  targets: Sequence = (), frames: Sequence = ()) -> dict[str, str]:
-    """A single file's metadata: the run's, plus its rows' inputs (for rows cut from videos, the video, and in
-    ``frames`` each row's frame numbers), the skipped inputs and (grad, cam) the targets."""
-    return {**run, **_rows_metadata(inputs, skipped, targets, frames)}
+                  targets: Sequence = (), details: Mapping[str, Sequence] | None = None) -> dict[str, str]:
+    """A single file's metadata: the run's, plus its rows' inputs (for rows cut from videos, the video) and
+    :data:`ROW_DETAILS`, the skipped inputs and (grad, cam) the targets."""
+    return {**run, **_rows_metadata(inputs, skipped, targets, details or {})}
 
 
 def shard_metadata(run: Mapping[str, str], number: int, *, inputs: Sequence, skipped: Sequence[dict] = (),
-                   targets: Sequence = (), frames: Sequence = ()) -> dict[str, str]:
+                   targets: Sequence = (), details: Mapping[str, Sequence] | None = None) -> dict[str, str]:
     """Shard ``number``'s metadata: a complete file's, plus its ``shard`` number."""
-    return {**file_metadata(run, inputs=inputs, skipped=skipped, targets=targets, frames=frames),
+    return {**file_metadata(run, inputs=inputs, skipped=skipped, targets=targets, details=details),
             "shard": str(number)}
 
 
@@ -198,14 +206,13 @@ def index_header(record: RunRecord, run: Mapping[str, str], shard_size: int) -> 
 
 
 def index_line(number: int, shard_size: int, total: int, inputs: Sequence[str], skipped: Sequence[dict],
-               frames: Sequence | None = None) -> dict:
+               details: Mapping[str, Sequence] | None = None) -> dict:
     """The index line of finished shard ``number``: its file, the inputs it covers, its rows, what was skipped, and
-    (rows cut from videos) each row's frames."""
+    the rows' :data:`ROW_DETAILS`."""
     first = number * shard_size
     line = {"shard": number, "file": SHARD_NAME.format(number), "first": first,
             "count": min(first + shard_size, total) - first, "inputs": list(inputs), "skipped": list(skipped)}
-    if frames:
-        line["frames"] = [list(f) for f in frames]
+    line.update({name: list(values) for name, values in (details or {}).items() if values and name in ROW_DETAILS})
     return line
 
 
@@ -249,6 +256,10 @@ def check_index_line(entry, number: int, header: Mapping) -> None:
     if not isinstance(frames, list) or (frames and len(frames) != len(inputs)) or not all(
             isinstance(f, list) and all(_whole(n, 0) for n in f) for f in frames):
         raise ValueError("its frames are not a list of frame numbers for each row")
+    seconds = entry.get("second_inputs", [])
+    if not isinstance(seconds, list) or (seconds and len(seconds) != len(inputs)) or not all(
+            isinstance(p, str) for p in seconds):
+        raise ValueError("its second_inputs are not a list of paths for each row")
 
 
 def _whole(value, low: int) -> bool:
@@ -259,8 +270,9 @@ def folder_metadata(header: Mapping, shards: Sequence[Mapping]) -> dict[str, str
     """A shard folder read as one file: the run's metadata with every shard's inputs (and skipped) in row order."""
     metadata = dict(header["metadata"])
     metadata["inputs"] = json.dumps([p for entry in shards for p in entry["inputs"]])
-    if any(entry.get("frames") for entry in shards):
-        metadata["frames"] = json.dumps([f for entry in shards for f in entry.get("frames", [])])
+    for name in ROW_DETAILS:
+        if any(entry.get(name) for entry in shards):
+            metadata[name] = json.dumps([value for entry in shards for value in entry.get(name, [])])
     skipped = [s for entry in shards for s in entry["skipped"]]
     if skipped:
         metadata["skipped"] = json.dumps(skipped)

@@ -163,9 +163,9 @@ class _Images:
         index = self.first + position
         item = self.paths[index]
         try:
-            if not hasattr(item, "frames"):
+            if not hasattr(item, "read"):
                 return index, self.transform(self.load(item, min_size=self.decode_size)), None
-            frames = item.read()  # a clip, or a pair of frames: a hookcli.video.Clip
+            frames = item.read()  # a clip or a pair of frames: hookcli.video's Clip or ImagePair
             if self.kind == "video":
                 return index, self.transform(frames), None
             from PIL import Image

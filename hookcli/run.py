@@ -150,6 +150,7 @@ class RunOptions:
     clips_per_video: int = 1  # 0: every clip, one after another
     detections: bool = False
     region: str | None = None  # segmentation targets: x0,y0,x1,y1 as fractions of the image
+    pair_with: tuple | None = None  # optical flow from two image lists: the second images, as inputs are given
 
     def __post_init__(self) -> None:
         from hookcli.device import parse_device
@@ -189,7 +190,8 @@ _COMMON = ("weights", "seed", "resize", "crop", "mean", "std", "interpolation", 
 #: The options each command takes (the Python function's keywords, the command line's long options).
 _CLIPS = ("clip_length", "frame_stride", "clips_per_video")
 COMMAND_OPTIONS = {
-    "extract": (*_COMMON, "capture", "pool", "dtype", "shard_size", "fuse", "grid", *_CLIPS, "detections"),
+    "extract": (*_COMMON, "capture", "pool", "dtype", "shard_size", "fuse", "grid", *_CLIPS, "detections",
+                "pair_with"),
     "grad": (*_COMMON, "target", "dtype", "shard_size", *_CLIPS, "region"),
     "cam": (*_COMMON, "target", "method", "alpha", "cmap", "region"),
 }
@@ -320,6 +322,10 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
     if loaded.family == "video":
         entries = {**entries, "clip_length": str(opts.clip_length or DEFAULT_CLIP_LENGTH),
                    "frame_stride": str(opts.frame_stride), "clips_per_video": str(opts.clips_per_video)}
+    elif loaded.family == "optical_flow" and opts.pair_with:  # a resumed run must pair the same second images
+        from hookcli.fileformat import inputs_digest
+
+        entries = {**entries, "second_inputs_sha256": inputs_digest([p.second for p in paths])}
     elif loaded.family == "optical_flow":
         entries = {**entries, "frame_stride": str(opts.frame_stride)}
     if path is None and kind in ("file", "folder"):
@@ -482,6 +488,9 @@ def _gather(inputs, recursive: bool, family: str = "classification", opts: RunOp
     if family not in ("video", "optical_flow"):
         return find_inputs(arguments, recursive=recursive)
     from hookcli import video
+
+    if opts.pair_with:
+        return _image_pairs(arguments, opts, recursive)
     from hookcli.families import DEFAULT_CLIP_LENGTH
 
     rows = []
@@ -492,6 +501,25 @@ def _gather(inputs, recursive: bool, family: str = "classification", opts: RunOp
         else:
             rows += video.find_pairs(path, stride=opts.frame_stride)
     return FoundInputs(rows, 0, 0, True)
+
+
+def _image_pairs(arguments: list[str], opts: RunOptions, recursive: bool):
+    """Optical flow from two image lists: the inputs are each pair's first images, ``pair_with`` its second ones."""
+    from hookcli.images import FoundInputs, find_inputs
+    from hookcli.video import ImagePair
+
+    if opts.frame_stride != 1:
+        raise UsageProblem("--frame-stride applies to pairs cut from videos, not to pairs given as two image lists",
+                           hint="see 'hookcli extract --help'")
+    if "-" in arguments and "-" in opts.pair_with:
+        raise UsageProblem("stdin (-) can give one of the two image lists, not both",
+                           hint="name the other list's files or folder")
+    firsts = find_inputs(arguments, recursive=recursive).paths
+    seconds = find_inputs([os.fspath(p) for p in opts.pair_with], recursive=recursive).paths
+    if len(firsts) != len(seconds):
+        raise UsageProblem(f"the two image lists differ in length: {len(firsts)} first images and {len(seconds)} "
+                           "given with --pair-with", hint="give one second image for each input image, in order")
+    return FoundInputs([ImagePair(os.fspath(a), os.fspath(b)) for a, b in zip(firsts, seconds, strict=True)])
 
 
 def _fitted_to_family(command: str, family: str, opts: RunOptions, given: Mapping, help_hint: str) -> RunOptions:
@@ -523,6 +551,9 @@ def _fitted_to_family(command: str, family: str, opts: RunOptions, given: Mappin
     if family == "video" and opts.memory_format == "channels_last":
         raise UsageProblem("video models take 5-D clips, which have no channels-last layout",
                            hint="leave --memory-format at auto or contiguous")
+    if opts.pair_with and family != "optical_flow":
+        raise UsageProblem(f"--pair-with applies to optical-flow models, and this one is {family.replace('_', ' ')}",
+                           hint=help_hint)
     if opts.detections and family != "detection":
         raise UsageProblem(f"--detections applies to detection models, and this one is {family.replace('_', ' ')}",
                            hint=help_hint)

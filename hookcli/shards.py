@@ -259,11 +259,11 @@ class ShardWriter:
         return first, min(first + self.shard_size, self.total)
 
     def submit(self, number: int, tensors: Mapping, metadata: Mapping[str, str], inputs: Sequence[str],
-               skipped: Sequence[dict], frames: Sequence | None = None) -> None:
-        """Queue a finished shard (``frames``: each row's frames, for rows cut from videos); blocks while the
-        previous one is still being written."""
+               skipped: Sequence[dict], details: Mapping[str, Sequence] | None = None) -> None:
+        """Queue a finished shard (``details``: its rows' :data:`~hookcli.fileformat.ROW_DETAILS`); blocks while
+        the previous one is still being written."""
         self._raise_failure()
-        self._queue.put((number, tensors, metadata, list(inputs), list(skipped), frames))
+        self._queue.put((number, tensors, metadata, list(inputs), list(skipped), details))
 
     def close(self) -> None:
         """Wait for queued shards to be on disk, unlock the folder; re-raise a writer failure."""
@@ -295,8 +295,8 @@ class ShardWriter:
             except BaseException as err:  # handed to the main thread
                 self._failure = err
 
-    def _write(self, number, tensors, metadata, inputs, skipped, frames) -> None:
-        line = fileformat.index_line(number, self.shard_size, self.total, inputs, skipped, frames)
+    def _write(self, number, tensors, metadata, inputs, skipped, details) -> None:
+        line = fileformat.index_line(number, self.shard_size, self.total, inputs, skipped, details)
         write_safetensors(tensors, metadata, self.folder / line["file"], force=True)
         with open(self.index_path, "a", encoding="utf-8") as index:
             index.write(json.dumps(line) + "\n")

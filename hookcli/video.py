@@ -41,8 +41,8 @@ from hookcli.images import IMAGE_SUFFIXES, _counted, _is_image_name, load_rgb
 from hookcli.store import NotRegularFile, open_regular
 
 __all__ = [
-    "VIDEO_SUFFIXES", "Clip", "clip_frames", "find_clips", "find_pairs", "find_videos", "frame_count", "pair_frames",
-    "read_frames",
+    "VIDEO_SUFFIXES", "Clip", "ImagePair", "clip_frames", "find_clips", "find_pairs", "find_videos", "frame_count",
+    "pair_frames", "read_frames",
 ]
 
 #: Suffixes of the files treated as videos.
@@ -130,6 +130,26 @@ def pair_frames(count: int, *, stride: int = 1) -> list[tuple[int, int]]:
     check_whole("stride", stride, 1)
     check_whole("count", count, 0)
     return [(i, i + stride) for i in range(count - stride)]
+
+
+@dataclass(frozen=True)
+class ImagePair:
+    """Two images given as a pair of frames (optical flow from two image lists): ``path`` first, ``second`` after."""
+
+    path: str
+    second: str
+
+    def __fspath__(self) -> str:
+        return self.path
+
+    def read(self) -> np.ndarray:
+        """Both images, ``uint8`` RGB ``[2, H, W, 3]``; images of different sizes raise :class:`VideoError`."""
+        first, second = (np.asarray(load_rgb(p)) for p in (self.path, self.second))
+        if first.shape != second.shape:
+            raise VideoError(f"the images of the pair '{self.path}' and '{self.second}' differ in size "
+                             f"({_size(first.shape[1::-1])} and {_size(second.shape[1::-1])})",
+                             hint="a pair of frames must be of one size")
+        return np.stack([first, second])
 
 
 def find_videos(arguments: Iterable[str], *, recursive: bool = False, stdin=None) -> list[Path]:

@@ -69,7 +69,7 @@ class RowBuffer:
         self._tensors: dict = {}
         self._shapes: dict = {}
         self.inputs: list[str] = []
-        self.frames: list[list[int]] = []
+        self.details: dict[str, list] = {}  # hookcli.fileformat.ROW_DETAILS of rows cut from videos, or pairs
         self.skipped: list[dict] = []
         self.targets: list = []
 
@@ -87,7 +87,11 @@ class RowBuffer:
             part = value[rows]
             self._tensors[key][start:start + len(part)] = part
         self.inputs.extend(os.path.abspath(p) for p in inputs)
-        self.frames.extend(list(p.frames) for p in inputs if hasattr(p, "frames"))  # rows cut from videos
+        for item in inputs:
+            if hasattr(item, "frames"):
+                self.details.setdefault("frames", []).append(list(item.frames))
+            if hasattr(item, "second"):
+                self.details.setdefault("second_inputs", []).append(os.path.abspath(item.second))
         self.targets.extend(targets or ())
 
     def _add_ragged(self, key: str, rows: list, start: int) -> None:
@@ -149,7 +153,7 @@ class _WholeWriter:
         tensors = self.rows.tensors()
         run = fileformat.run_metadata(self.record, self.facts, keys=list(tensors))
         metadata = fileformat.file_metadata(run, inputs=self.rows.inputs, skipped=self.skipped,
-                                            targets=self.rows.targets, frames=self.rows.frames)
+                                            targets=self.rows.targets, details=self.rows.details)
         return self._deliver(tensors, metadata)
 
     def _deliver(self, tensors: dict, metadata: dict):
@@ -271,8 +275,8 @@ class FolderWriter:
             # A continued run whose first inputs are all unreadable has learnt nothing yet: the first run's metadata.
             run = self.run_metadata or self.writer.header["metadata"]
             metadata = fileformat.shard_metadata(run, number, inputs=rows.inputs, skipped=rows.skipped,
-                                                 targets=rows.targets, frames=rows.frames)
-            self.writer.submit(number, rows.tensors(), metadata, rows.inputs, rows.skipped, rows.frames)
+                                                 targets=rows.targets, details=rows.details)
+            self.writer.submit(number, rows.tensors(), metadata, rows.inputs, rows.skipped, rows.details)
             self.shard = None
 
     def finish(self) -> Path:

@@ -180,6 +180,36 @@ def test_optical_flow_pairs_equal_hooks_by_hand(tmp_path):
                                        caught[call][0], rtol=1e-4, atol=1e-5)
 
 
+def test_optical_flow_from_two_image_lists_pairs_them_in_order(tmp_path, runner):
+    firsts, seconds = tmp_path / "before", tmp_path / "after"
+    firsts.mkdir(), seconds.mkdir()
+    for i in range(2):
+        _noise(firsts / f"{i}.png", (128, 128), i)
+        _noise(seconds / f"{i}.png", (128, 128), 10 + i)
+    features = hookcli.extract("raft_small", "update_block.flow_head", firsts, weights="none", pair_with=[seconds])
+    assert json.loads(features.metadata["inputs"]) == [str(firsts / "0.png"), str(firsts / "1.png")]
+    assert json.loads(features.metadata["second_inputs"]) == [str(seconds / "0.png"), str(seconds / "1.png")]
+    assert len(features.metadata["second_inputs_sha256"]) == 64
+    loaded = load_model("raft_small", "none")
+    preset = torchvision.models.optical_flow.Raft_Small_Weights.DEFAULT.transforms()
+    pair = preset(*(F.pil_to_tensor(Image.open(folder / "1.png"))[None] for folder in (firsts, seconds)))
+    caught = _by_hand(loaded.module, "update_block.flow_head", lambda: loaded.module(*pair))
+    torch.testing.assert_close(torch.from_numpy(features.read("update_block.flow_head:11", 1)), caught[11][0],
+                               rtol=1e-4, atol=1e-5)
+    _noise(seconds / "2.png", (128, 128), 3)
+    result = runner.invoke(main, ["extract", "-m", "raft_small", "-w", "none", "-l", "update_block", str(firsts),
+                                  "--pair-with", str(seconds)])
+    assert (result.exit_code, result.output) == (2, "Error: the two image lists differ in length: 2 first images and "
+                                                    "3 given with --pair-with. Hint: give one second image for each "
+                                                    "input image, in order\n")
+    _noise(seconds / "2.png", (64, 128), 3)
+    result = runner.invoke(main, ["extract", "-m", "raft_small", "-w", "none", "-l", "update_block",
+                                  str(firsts / "0.png"), "--pair-with", str(seconds / "2.png")])
+    assert result.exit_code == 1 and result.output.startswith(
+        f"Error: the images of the pair '{firsts / '0.png'}' and '{seconds / '2.png'}' differ in size (128x128 and "
+        "64x128). Hint: a pair of frames must be of one size")
+
+
 def test_flow_frames_not_divisible_by_8_are_refused_with_a_hint(tmp_path, runner):
     video = _video(tmp_path / "odd.mp4", _frames(2, size=(132, 128)))
     result = runner.invoke(main, ["extract", "-m", "raft_small", "-w", "none", "-l", "update_block", str(video)])
@@ -219,6 +249,7 @@ def test_quantized_model_extraction_equals_hooks_by_hand(tmp_path):
     (["-m", "r3d_18", "--memory-format", "channels_last"], "Error: video models take 5-D clips, which have no "
                                                            "channels-last layout"),
     (["--detections"], "Error: --detections applies to detection models, and this one is classification"),
+    (["--pair-with", "b.png"], "Error: --pair-with applies to optical-flow models, and this one is classification"),
 ])
 def test_family_options_are_refused_for_other_families(tmp_path, runner, no_model, options, message):
     image = _noise(tmp_path / "a.png", (40, 40), 0)
