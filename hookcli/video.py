@@ -236,9 +236,12 @@ def read_frames(path: str | os.PathLike, indices: Iterable[int]) -> np.ndarray:
     """Frames ``indices`` of the video at ``path``, as ``uint8`` RGB of shape ``[len(indices), H, W, 3]``.
 
     Indices may repeat and come in any order; the frames come back in the
-    order asked. A file is decoded once from its start, up to the last frame
-    asked for, and only the frames asked for are kept; every frame comes out
-    at the size of the earliest one asked for. From a folder only the frames
+    order asked. A file is decoded from its start up to the last frame asked
+    for, and only the frames asked for are converted; every frame comes out
+    at the size of the earliest one asked for. The file stays open for the
+    next read, which continues where this one stopped: clips asked for in
+    order cost one pass through the video (the latest frames are kept, so
+    overlapping clips do too). From a folder only the frames
     asked for are opened, and they must all be the same size.
 
     >>> import tempfile
@@ -285,26 +288,96 @@ def _positions(indices: Iterable[int]) -> dict[int, list[int]]:
 
 def _read_file(path, positions: dict[int, list[int]]) -> np.ndarray:
     av = _import_av()
-    last = max(positions)
     size = sum(map(len, positions.values()))
-    frames = None
-    decoded = 0
-    with _opened(path) as (container, stream):
-        try:
-            for index, frame in enumerate(container.decode(stream)):
-                decoded = index + 1
-                if index not in positions:
-                    continue
-                if frames is None:
-                    height, width = frame.height, frame.width
-                    frames = np.empty((size, height, width, 3), np.uint8)
-                frames[positions[index]] = frame.to_ndarray(format="rgb24", width=width, height=height)
-                if index == last:
-                    return frames
-        except av.FFmpegError as err:
-            raise VideoError(f"cannot decode video '{path}': {_reason(err)}", hint=_DAMAGED) from None
-    raise VideoError(f"video '{path}' ended after {_counted(decoded, 'frame')}; frame {last} was asked for",
-                     hint=_DAMAGED)
+    frames, shape = None, None
+    decoding = _decoding(path, min(positions))
+    try:
+        for index in sorted(positions):
+            frame = decoding.frame(index)
+            if frames is None:
+                shape = frame.height, frame.width
+                frames = np.empty((size, *shape, 3), np.uint8)
+            frames[positions[index]] = frame.to_ndarray(format="rgb24", width=shape[1], height=shape[0])
+    except av.FFmpegError as err:
+        _forget()
+        raise VideoError(f"cannot decode video '{path}': {_reason(err)}", hint=_DAMAGED) from None
+    except _Ended as ended:
+        _forget()
+        raise VideoError(f"video '{path}' ended after {_counted(ended.decoded, 'frame')}; frame {max(positions)} was "
+                         "asked for", hint=_DAMAGED) from None
+    return frames
+
+
+class _Ended(Exception):
+    def __init__(self, decoded: int) -> None:
+        self.decoded = decoded
+
+
+#: Decoded frames kept for clips that overlap the one before (pairs of frames, clips spread over a short video).
+_RECENT_BYTES = 64 * 1024 * 1024
+
+
+class _Decoding:
+    """A video file kept open between reads, so that clips asked for in order cost one pass through it.
+
+    The frames decoded last are kept (up to :data:`_RECENT_BYTES`), so a clip
+    that starts before the decoder's position but within them needs no new
+    pass either. One is kept per process (decoding workers have their own).
+    """
+
+    def __init__(self, path, identity) -> None:
+        self.identity = identity
+        self._opened = _opened(path)
+        container, stream = self._opened.__enter__()
+        self._frames = container.decode(stream)
+        self.next = 0  # the index of the frame the decoder gives next
+        self.recent: dict[int, object] = {}
+        self._keep = None
+
+    def reaches(self, index: int) -> bool:
+        return index >= self.next or index in self.recent
+
+    def frame(self, index: int):
+        if index in self.recent:
+            return self.recent[index]
+        while self.next <= index:
+            frame = next(self._frames, None)
+            if frame is None:
+                raise _Ended(self.next)
+            if self._keep is None:
+                self._keep = max(1, _RECENT_BYTES // max(1, frame.width * frame.height * 3))
+            self.recent[self.next] = frame
+            if len(self.recent) > self._keep:
+                del self.recent[next(iter(self.recent))]
+            self.next += 1
+        return self.recent[index]
+
+    def close(self) -> None:
+        self.recent = {}
+        with contextlib.suppress(Exception):
+            self._opened.__exit__(None, None, None)
+
+
+_OPEN: list[_Decoding] = []
+
+
+def _decoding(path, first: int) -> _Decoding:
+    """The open decoding of ``path`` if it can give frame ``first`` on (the same file, unchanged), else a new one."""
+    try:
+        status = os.stat(path)
+        identity = (os.path.abspath(path), status.st_ino, status.st_size, status.st_mtime_ns)
+    except OSError:  # opening says what is wrong
+        identity = None
+    if identity is not None and _OPEN and _OPEN[0].identity == identity and _OPEN[0].reaches(first):
+        return _OPEN[0]
+    _forget()
+    _OPEN.append(_Decoding(path, identity))
+    return _OPEN[0]
+
+
+def _forget() -> None:
+    while _OPEN:
+        _OPEN.pop().close()
 
 
 def _read_folder(folder, positions: dict[int, list[int]]) -> np.ndarray:

@@ -331,3 +331,29 @@ def test_without_pyav(videos, monkeypatch):
 def test_video_suffixes():
     assert {".mp4", ".avi", ".mov", ".mkv", ".webm", ".m4v", ".mpg", ".mpeg"} <= VIDEO_SUFFIXES
     assert all(suffix.startswith(".") and suffix == suffix.lower() for suffix in VIDEO_SUFFIXES)
+
+
+def test_clips_asked_in_order_continue_one_pass_through_the_file(tmp_path, monkeypatch):
+    import hookcli.video
+
+    path = write_mp4(tmp_path / "long.mp4")
+    opened = []
+    real = hookcli.video._Decoding
+
+    def counted(*args):
+        opened.append(args[0])
+        return real(*args)
+
+    monkeypatch.setattr(hookcli.video, "_Decoding", counted)
+    monkeypatch.setattr(hookcli.video, "_RECENT_BYTES", 4 * WIDTH * HEIGHT * 3)  # the last 4 frames are kept
+    expected = written_frames()
+    for frames in ([0, 1, 2], [2, 3, 4], [10, 11], [11, 12], [20, 23]):  # each starts at or after the last one's end
+        assert np.array_equal(read_frames(path, frames), expected[frames])
+    assert len(opened) == 1
+    assert np.array_equal(read_frames(path, [0]), expected[[0]])  # before the kept frames: a new pass
+    assert len(opened) == 2
+    write_mp4(path, count=6)  # the file changes: it is opened again, not read from the old decoder
+    assert np.array_equal(read_frames(path, [1, 5]), written_frames(6)[[1, 5]])
+    assert len(opened) == 3
+    with pytest.raises(VideoError, match="ended after 6 frames; frame 7 was asked for"):
+        read_frames(path, [7])
