@@ -57,20 +57,23 @@ class Target:
     class's logits over the pixels predicted as that class, or over
     ``region``: ``(x0, y0, x1, y1)`` as fractions of the image); ``top`` K
     are the K classes covering most pixels. For a detection model it is a
-    detection's score: the K highest-scoring detections, or those of
-    ``class_index``.
+    detection's score: the K highest-scoring detections, those of
+    ``class_index``, or the one at place ``detection`` of the model's output
+    (``--target '#2'``).
     """
 
     top: int | None = None
     class_index: int | None = None
     region: tuple[float, float, float, float] | None = None
+    detection: int | None = None  # detection models: the detection at this place in the model's output
 
     @property
     def count(self) -> int:
         return self.top or 1
 
     def describe(self) -> str:
-        text = f"top{self.top}" if self.top else str(self.class_index)
+        text = f"top{self.top}" if self.top else f"#{self.detection}" if self.detection is not None else \
+            str(self.class_index)
         return text + (" in " + ",".join(f"{v:g}" for v in self.region) if self.region else "")
 
     def pick(self, logits):
@@ -103,8 +106,16 @@ def parse_region(spec: str | None) -> tuple[float, float, float, float] | None:
     return values
 
 
-def parse_target(spec: str, categories: Sequence[str] | None, num_classes: int, *, region=None) -> Target:
-    """Read ``--target``: ``top1``/``topK``, a class index, or a class name of the weights (and ``--region``)."""
+def parse_target(spec: str, categories: Sequence[str] | None, num_classes: int, *, region=None,
+                 family: str = "classification") -> Target:
+    """Read ``--target``: ``top1``/``topK``, a class index, or a class name of the weights (and ``--region``);
+    for detection models also ``#N``, the detection at place N of the model's output."""
+    place = re.fullmatch(r"#(\d+)", str(spec).strip())
+    if place and family == "detection":
+        return Target(detection=int(place.group(1)))
+    if place:
+        raise UsageProblem(f"target '{spec}' names a detection, and only detection models give detections",
+                           hint="give a class index, a class name or topK")
     found = _parsed_target(spec, categories, num_classes)
     return Target(top=found.top, class_index=found.class_index, region=parse_region(region))
 
@@ -236,7 +247,9 @@ class GradientForward:
         scores, about = [], []
         for found in output:
             order = found["scores"].detach().argsort(descending=True, stable=True).tolist()
-            if self.target.class_index is not None:
+            if self.target.detection is not None:
+                order = [self.target.detection] if self.target.detection < len(order) else []
+            elif self.target.class_index is not None:
                 order = [i for i in order if int(found["labels"][i]) == self.target.class_index]
             chosen = order[:wanted]
             row = [found["scores"][i] for i in chosen]

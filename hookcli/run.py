@@ -317,7 +317,8 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
         from hookcli.gradients import parse_target
         from hookcli.models import num_classes
 
-        target = parse_target(opts.target, loaded.categories, num_classes(loaded.module), region=opts.region)
+        target = parse_target(opts.target, loaded.categories, num_classes(loaded.module), region=opts.region,
+                              family=loaded.family)
     selected, forward, entries = _command_parts(command, loaded, layers, settings, opts, target)
     if loaded.family == "video":
         entries = {**entries, "clip_length": str(opts.clip_length or DEFAULT_CLIP_LENGTH),

@@ -10,6 +10,7 @@ from torchvision.transforms import functional as F
 
 import hookcli
 from hookcli.cli import main
+from hookcli.errors import UsageProblem
 from hookcli.models import load_model
 
 
@@ -104,6 +105,19 @@ def test_detection_gradients_are_of_the_best_detections_score(tmp_path):
         columns = -(-activation.shape[3] * width // padded[1])
         torch.testing.assert_close(features.row("backbone.body.12@grad", index),
                                    gradient[index, :, :rows, :columns], rtol=1e-4, atol=1e-9)
+
+
+def test_a_detection_is_named_by_its_place_in_the_output(tmp_path):
+    image = _noise(tmp_path / "a.png", (48, 48), 0)
+    features = hookcli.grad(_detector(), "backbone.body.12", [image, image], target="#3")
+    rows = json.loads(features.metadata["targets"])
+    assert [row[0]["detection"] for row in rows] == [3, 3] and features.metadata["target"] == "#3"
+    assert rows[0][0]["box"] == rows[1][0]["box"] and rows[0][0]["score"] > 0
+    missing = hookcli.grad(_detector(), "backbone.body.12", image, target="#99")
+    assert json.loads(missing.metadata["targets"])[0][0]["detection"] is None
+    with pytest.raises(UsageProblem, match="target '#3' names a detection, and only detection models give "
+                                                   "detections"):
+        hookcli.grad("resnet18", "layer4", image, weights="none", target="#3")
 
 
 def test_an_image_without_the_asked_detection_says_so_and_has_no_gradient(tmp_path):
