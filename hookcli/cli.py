@@ -461,7 +461,8 @@ def extract(ctx, **options) -> None:
 @click.option("--target", "-t", default=DEFAULTS.target, show_default=True, metavar="CLASS|topK",
               help="Logit to take gradients of: a class index, a class name of the weights, or each image's "
               "top prediction (topK: the K highest, one gradient each). Segmentation: a class's mask (topK: the K "
-              "classes covering most pixels); detection: a detection's score (topK: the K best; a class: its best; #N: the Nth of the model's output).")
+              "classes covering most pixels); detection: a detection's score (topK: the K best; a class: its best; "
+              "#N: the Nth of the model's output).")
 @_preprocess_options
 @_rows_output_options
 @_clip_options
