@@ -211,5 +211,13 @@ def layers(model, *, weights: str = "none", seed: int | None = None, input_size:
                            hint="leave it out")
     loaded = load_model(model, weights, seed=seed or 0)  # an unknown name is refused before torch loads
     example = natural_input(loaded.family, size=input_size, preprocess=loaded.preprocess, frames=frames)
-    rows = describe_layers(loaded.module, example)
+    try:
+        rows = describe_layers(loaded.module, example)
+    except (RuntimeError, ValueError, AssertionError) as err:  # the model refuses the input's size in its own words
+        from hookcli.errors import CaptureError, first_line
+
+        what = "clip" if loaded.family == "video" else "pair of frames" if loaded.family == "optical_flow" else "input"
+        raise CaptureError(f"{model} cannot run on the dummy {what}: {first_line(err).rstrip('.')}",
+                           hint="give another --input-size" + (" or --frames" if loaded.family == "video" else ""))
+
     return [row for row in rows if depth is None or row.path.count(".") < depth]

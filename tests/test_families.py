@@ -159,3 +159,11 @@ def test_a_shard_folder_reads_ragged_rows_across_shards(tmp_path):
         assert features.read("maps", 2).tolist() == [[[7.0] * 5]]
         whole = features.read("maps")
         assert whole.shape == (3, 1, 4, 5) and whole[2, 0, 0].tolist() == [7.0] * 5 and whole[0].sum() == 6
+
+
+def test_layers_says_when_the_dummy_input_is_too_small_for_the_model(runner):
+    result = runner.invoke(main, ["layers", "--model", "s3d", "--input-size", "64", "--frames", "4"])
+    assert result.exit_code == 1
+    assert result.output == ("Error: s3d cannot run on the dummy clip: Given input size: (832x1x4x4). Calculated "
+                             "output size: (832x0x2x2). Output size is too small. Hint: give another --input-size "
+                             "or --frames\n")
