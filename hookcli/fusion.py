@@ -44,11 +44,13 @@ import torch.nn.functional as F
 __all__ = ["FusedConvolution", "fused_convolutions", "fused_for_inference"]
 
 
-def fused_for_inference(model, keep: Iterable[str], *, dtype, channels_last: bool = False):
+def fused_for_inference(model, keep: Iterable[str], *, dtype, channels_last: bool = False, whole_run: bool = False):
     """``(module, number of fused convolutions)``: a traced, fused copy of ``model``, or ``(model, 0)``.
 
     ``keep`` names the modules that must stay as they are (the hooked ones);
-    nothing after the last of them is fused, as extraction stops there.
+    nothing after the last of them is fused, as extraction stops there
+    (unless ``whole_run``: ``model`` is part of a larger one whose forward
+    goes on after it).
     Modules that already carry hooks of their own stay as they are too, and
     with global module hooks registered nothing is fused.
     ``dtype`` is the compute dtype of the fused convolutions (``torch.float32``
@@ -63,7 +65,7 @@ def fused_for_inference(model, keep: Iterable[str], *, dtype, channels_last: boo
     if graph_module is None:
         return model, 0
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
-    rewriter = _Rewriter(graph_module, whole, keep, dtype, memory_format)
+    rewriter = _Rewriter(graph_module, whole, set() if whole_run else keep, dtype, memory_format)
     count = rewriter.run()
     if not count:
         return model, 0

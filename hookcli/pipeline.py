@@ -36,7 +36,9 @@ The library's front door is :func:`hookcli.extract`; this loop is what it
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
+import functools
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -122,13 +124,15 @@ class RunSettings:
         speed.check_precision(self.precision, device)
         workers = self.workers if self.workers is not None else default_workers(device, inputs, self.batch_size)
         # Fusion and channels-last are for stacks of 2-D convolutions taking one image batch: other families run
-        # as written (the metadata's "fused" says 0) and keep their tensors' own layout.
+        # as written (the metadata's "fused" says 0) and keep their tensors' own layout; a detection model's
+        # backbone is such a stack, and fuses.
         plain = loaded.family not in ("classification", "segmentation")
         memory_format = "contiguous" if plain and self.memory_format == "auto" else self.memory_format
+        fusable = loaded.family in ("classification", "segmentation", "detection")  # detection: its backbone
         return dataclasses.replace(
             self, device=device, preprocess=self.preprocess or loaded.preprocess, workers=workers,
             memory_format=speed.choose_memory_format(loaded.module, device, memory_format),
-            fuse=False if plain else speed.choose_fuse(self.fuse, inputs), family=loaded.family)
+            fuse=speed.choose_fuse(self.fuse, inputs) if fusable else False, family=loaded.family)
 
 
 @dataclass
@@ -389,13 +393,20 @@ class EagerForward:
 
 
 class FusedForward(EagerForward):
-    """:class:`EagerForward` on a fused copy of the model, or on the model as written should that fail at first."""
+    """:class:`EagerForward` on a fused copy of the model, or on the model as written should that fail at first.
+
+    A detection model as a whole cannot be traced (its transform and heads
+    hold control flow), but its backbone's convolution stack can: there the
+    copy differs from the model only in its fused backbone.
+    """
 
     def __init__(self, model, layers: Mapping[str, str], settings: RunSettings, on_note=None) -> None:
         from hookcli.fusion import fused_for_inference
 
-        fused = fused_for_inference(model, layers, dtype=speed.compute_dtype(settings.precision),
-                                    channels_last=settings.memory_format == "channels_last")[0]
+        fuse = functools.partial(fused_for_inference, dtype=speed.compute_dtype(settings.precision),
+                                 channels_last=settings.memory_format == "channels_last")
+        fused = _with_fused_backbone(model, layers, fuse, settings.detections) if settings.family == "detection" \
+            else fuse(model, layers)[0]
         super().__init__(fused, layers, settings, on_note)
         self.plain = model
         self.proven = fused is model  # nothing to fall back to
@@ -414,6 +425,32 @@ class FusedForward(EagerForward):
                        "running the model unfused")
         self.proven = True
         return result
+
+
+def _with_fused_backbone(model, layers: Mapping[str, str], fuse, detections: bool):
+    """A copy of detection ``model`` whose backbone's convolution stack (``backbone.body``, or SSD's ``backbone``) is
+    fused by ``fuse``; ``model`` itself where nothing fuses. The copy shares every other module.
+
+    The stack is fused up to its last hooked layer when the forward ends there, whole when it goes on (a layer
+    hooked after the stack, or the final detections asked for).
+    """
+    path = "backbone.body" if hasattr(model.backbone, "body") else "backbone"
+    keep = [layer[len(path) + 1:] for layer in layers if layer.startswith(path + ".")]
+    goes_on = detections or len(keep) < len(layers)
+    fused, count = fuse(model.get_submodule(path), keep, whole_run=goes_on)
+    if not count:
+        return model
+    clone = copy.copy(model)
+    clone._modules = dict(model._modules)
+    backbone = clone.backbone
+    if path == "backbone.body":
+        backbone = copy.copy(backbone)
+        backbone._modules = dict(backbone._modules)
+        backbone.body = fused
+        clone.backbone = backbone
+    else:
+        clone.backbone = fused
+    return clone
 
 
 class CompiledForward(EagerForward):

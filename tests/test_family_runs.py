@@ -261,3 +261,19 @@ def test_layers_refuses_frames_for_other_families(runner, no_model):
     result = runner.invoke(main, ["layers", "-m", "resnet18", "--frames", "4"])
     assert (result.exit_code, result.output) == (2, "Error: --frames applies to video models, and resnet18 is "
                                                     "classification. Hint: leave it out\n")
+
+
+def test_a_detection_backbone_fuses_and_gives_what_the_model_as_written_does(tmp_path):
+    images = [_noise(tmp_path / "a.png", (64, 48), 0), _noise(tmp_path / "b.png", (40, 72), 1)]
+    layers = ["backbone.body.3", "backbone.fpn"]
+    fused = hookcli.extract("fasterrcnn_mobilenet_v3_large_320_fpn", layers, images, weights="none", fuse=True,
+                            detections=True)
+    plain = hookcli.extract("fasterrcnn_mobilenet_v3_large_320_fpn", layers, images, weights="none", fuse=False,
+                            detections=True)
+    assert (fused.metadata["fused"], plain.metadata["fused"]) == ("59", "0")  # the whole stack: the forward goes on
+    for key in plain.keys():
+        for row in range(2):
+            torch.testing.assert_close(fused.row(key, row), plain.row(key, row), rtol=1e-4, atol=1e-5)
+    early = hookcli.extract("fasterrcnn_mobilenet_v3_large_320_fpn", "backbone.body.3", images, weights="none",
+                            fuse=True)
+    assert early.metadata["fused"] == "6"  # up to the last hooked layer, where the forward stops
