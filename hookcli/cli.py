@@ -424,6 +424,8 @@ def layers(model, weights, seed, input_size, frames, depth, as_json, as_nl) -> N
 @click.option("--pair-with", multiple=True, metavar="IMAGES", help="Optical-flow models: the second images of "
               "pairs given as two image lists (files, folders or -, in order), the inputs being the first ones. "
               "Repeat.")
+@click.option("--flow", is_flag=True, help="Optical-flow models: also store the final flow field the model returns, "
+              "key flow, [N, 2, H, W] in pixels (x, then y).")
 @click.option("--detections", is_flag=True, help="Detection models: also store each image's final detections "
               "(detections#boxes, #labels, #scores, and #masks or #keypoints where the model gives them), rows of "
               "their own lengths.")

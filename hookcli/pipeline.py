@@ -86,7 +86,8 @@ class RunSettings:
     compile: bool = False
     fuse: bool | None = None
     family: str = "classification"
-    detections: bool = False
+    #: Store the model's final output too: the detections of a detection model, the flow of an optical-flow one.
+    final_output: bool = False
 
     def __post_init__(self) -> None:
         check_choice("capture", self.capture, CAPTURE_KINDS)
@@ -356,8 +357,10 @@ class EagerForward:
         self._stack.close()  # hooks of a model no longer used come off
         detecting = self.settings.family == "detection"
         self.capture = FeatureCapture(model, self.layers, capture=self.settings.capture,
-                                      stop_early=not self.settings.detections)
-        self.rows = _DetectionRows(model, self.settings.detections) if detecting else None
+                                      stop_early=not self.settings.final_output)
+        self.rows = _DetectionRows(model, self.settings.final_output) if detecting else None
+        self.flow = _FinalFlow(model) if self.settings.family == "optical_flow" and self.settings.final_output \
+            else None
         self.ragged = ragged_rows(self.settings.family, self.settings.preprocess)
         self._fused = fused_convolutions(model)
         self._entered = False
@@ -373,15 +376,22 @@ class EagerForward:
 
         if not self._entered:
             self._stack.enter_context(self.capture)
-            if self.rows is not None:
-                self._stack.enter_context(self.rows)
+            for extra in (self.rows, self.flow):
+                if extra is not None:
+                    self._stack.enter_context(extra)
             self._entered = True
         with torch.inference_mode(), speed.compute_precision(self.settings.precision, batch_device(batch)):
             if self.rows is not None:  # a detection model takes a list of images and pads them itself
                 return self.rows.cut(self.capture.run(list(batch))), None
             if not self.ragged:
-                return self.capture.run(batch), None
-            return _rows_by_shape(self.capture.run, batch), None
+                return self._run(batch), None
+            return _rows_by_shape(self._run, batch), None
+
+    def _run(self, batch) -> dict:
+        found = self.capture.run(batch)
+        if self.flow is not None:
+            found[FLOW] = self.flow.found
+        return found
 
     def facts(self) -> RunFacts:
         return RunFacts(calls=dict(self.capture.calls or {}), omitted=tuple(sorted(self.capture.omitted)),
@@ -405,7 +415,7 @@ class FusedForward(EagerForward):
 
         fuse = functools.partial(fused_for_inference, dtype=speed.compute_dtype(settings.precision),
                                  channels_last=settings.memory_format == "channels_last")
-        fused = _with_fused_backbone(model, layers, fuse, settings.detections) if settings.family == "detection" \
+        fused = _with_fused_backbone(model, layers, fuse, settings.final_output) if settings.family == "detection" \
             else fuse(model, layers)[0]
         super().__init__(fused, layers, settings, on_note)
         self.plain = model
@@ -580,6 +590,28 @@ class _DetectionRows:
 
 #: The key final detections are stored under (``detections#boxes``, ``#labels``, ``#scores``, ``#masks``, ...).
 DETECTIONS = "detections"
+#: The key an optical-flow model's final flow field is stored under, ``[N, 2, H, W]`` in pixels.
+FLOW = "flow"
+
+
+class _FinalFlow:
+    """Keeps the last of the flow fields an optical-flow model returns (RAFT refines its estimate, one field a
+    pass, and returns every pass's)."""
+
+    def __init__(self, model) -> None:
+        self.model = model
+        self.found = None
+        self._handle = None
+
+    def __enter__(self):
+        self._handle = self.model.register_forward_hook(self._on_output)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._handle.remove()
+
+    def _on_output(self, module, inputs, output) -> None:
+        self.found = output[-1].detach().clone()
 
 
 def _pooled(tensor, pool: str | None):

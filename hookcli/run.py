@@ -149,6 +149,7 @@ class RunOptions:
     frame_stride: int = 1
     clips_per_video: int = 1  # 0: every clip, one after another
     detections: bool = False
+    flow: bool = False
     region: str | None = None  # segmentation targets: x0,y0,x1,y1 as fractions of the image
     pair_with: tuple | None = None  # optical flow from two image lists: the second images, as inputs are given
 
@@ -190,7 +191,7 @@ _COMMON = ("weights", "seed", "resize", "crop", "mean", "std", "interpolation", 
 #: The options each command takes (the Python function's keywords, the command line's long options).
 _CLIPS = ("clip_length", "frame_stride", "clips_per_video")
 COMMAND_OPTIONS = {
-    "extract": (*_COMMON, "capture", "pool", "dtype", "shard_size", "fuse", "grid", *_CLIPS, "detections",
+    "extract": (*_COMMON, "capture", "pool", "dtype", "shard_size", "fuse", "grid", *_CLIPS, "detections", "flow",
                 "pair_with"),
     "grad": (*_COMMON, "target", "dtype", "shard_size", *_CLIPS, "region"),
     "cam": (*_COMMON, "target", "method", "alpha", "cmap", "region"),
@@ -372,7 +373,7 @@ def _settings(command: str, opts: RunOptions):
         workers=opts.workers, pool=opts.pool if extracting else None,
         dtype=opts.dtype if command != "cam" else "float32", on_error=opts.on_error, precision=opts.precision,
         memory_format=opts.memory_format, compile=opts.compile, fuse=opts.fuse if extracting else False,
-        detections=opts.detections,
+        final_output=opts.detections or opts.flow,
     )
 
 
@@ -554,6 +555,9 @@ def _fitted_to_family(command: str, family: str, opts: RunOptions, given: Mappin
                            hint="leave --memory-format at auto or contiguous")
     if opts.pair_with and family != "optical_flow":
         raise UsageProblem(f"--pair-with applies to optical-flow models, and this one is {family.replace('_', ' ')}",
+                           hint=help_hint)
+    if opts.flow and family != "optical_flow":
+        raise UsageProblem(f"--flow applies to optical-flow models, and this one is {family.replace('_', ' ')}",
                            hint=help_hint)
     if opts.detections and family != "detection":
         raise UsageProblem(f"--detections applies to detection models, and this one is {family.replace('_', ' ')}",

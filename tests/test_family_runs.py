@@ -277,3 +277,19 @@ def test_a_detection_backbone_fuses_and_gives_what_the_model_as_written_does(tmp
     early = hookcli.extract("fasterrcnn_mobilenet_v3_large_320_fpn", "backbone.body.3", images, weights="none",
                             fuse=True)
     assert early.metadata["fused"] == "6"  # up to the last hooked layer, where the forward stops
+
+
+def test_the_final_flow_field_is_stored_when_asked(tmp_path, runner):
+    frames = _frames(2, size=(128, 128))
+    video = _video(tmp_path / "pan.mp4", frames)
+    features = hookcli.extract("raft_small", "context_encoder", video, weights="none", flow=True)
+    loaded = load_model("raft_small", "none")
+    preset = torchvision.models.optical_flow.Raft_Small_Weights.DEFAULT.transforms()
+    pair = preset(*(torch.from_numpy(frames[[i]]).permute(0, 3, 1, 2) for i in (0, 1)))
+    with torch.no_grad():
+        expected = loaded.module(*pair)[-1]
+    assert features.shape("flow") == [1, 2, 128, 128]
+    torch.testing.assert_close(features["flow"], expected, rtol=1e-4, atol=1e-4)
+    result = runner.invoke(main, ["extract", "-m", "r3d_18", "-w", "none", "-l", "layer1", str(video), "--flow"])
+    assert result.exit_code == 2 and result.output.startswith(
+        "Error: --flow applies to optical-flow models, and this one is video")
