@@ -270,11 +270,11 @@ class GradientCapture(FeatureCapture):
                 gradients = []
                 for k in range(scores.shape[1]):
                     total = scores[:, k].sum()
-                    found = torch.autograd.grad(total, [t for _, _, t in sources],
-                                                retain_graph=k + 1 < scores.shape[1], allow_unused=True) \
-                        if total.requires_grad else [None] * len(sources)
-                    gradients.append([torch.zeros_like(t) if g is None and not total.requires_grad else g
-                                      for g, (_, _, t) in zip(found, sources, strict=True)])
+                    if not total.requires_grad:  # no image has this target (a detection that is not there): 0
+                        gradients.append([torch.zeros_like(t) for _, _, t in sources])
+                        continue
+                    gradients.append(torch.autograd.grad(total, [t for _, _, t in sources],
+                                                         retain_graph=k + 1 < scores.shape[1], allow_unused=True))
             counts, outputs = self._counts, self._outputs
         finally:
             self._clear()

@@ -24,6 +24,7 @@ from __future__ import annotations
 __all__ = [
     "CPU_ONLY", "DEFAULT_CLIP_LENGTH", "FAMILIES", "MODULES", "batch_device", "batch_length", "build_options",
     "call_model", "first_rows", "map_batch", "natural_input", "ragged_rows",
+    "rows_by_shape",
 ]
 
 FAMILIES = ("classification", "detection", "segmentation", "video", "optical_flow", "quantized")
@@ -112,6 +113,36 @@ def batch_device(batch):
     while isinstance(batch, tuple | list):
         batch = batch[0]
     return batch.device
+
+
+def rows_by_shape(run, batch) -> tuple[dict, list | None]:
+    """``run`` on each group of same-shape rows of ``batch``, every result back in input order.
+
+    ``batch`` is stacked, or (images of several shapes) a list, or a tuple of
+    either for pairs of frames. ``run(group)`` returns ``(features, about)``:
+    batch-first tensors and a list with an entry a row (or None). Every
+    feature comes back as a list of its rows, ``about`` as one list.
+    """
+    import torch
+
+    first = batch[0] if isinstance(batch, tuple) else batch
+    if not isinstance(first, list):
+        features, about = run(batch)
+        return {key: list(value) for key, value in features.items()}, about
+    sizes = [tuple(image.shape) for image in first]
+    features, about = {}, [None] * len(sizes)
+    for size in dict.fromkeys(sizes):
+        picked = [i for i, s in enumerate(sizes) if s == size]
+        group = tuple(torch.stack([part[i] for i in picked]) for part in batch) if isinstance(batch, tuple) else \
+            torch.stack([batch[i] for i in picked])
+        found, told = run(group)
+        for key, value in found.items():
+            rows = features.setdefault(key, [None] * len(sizes))
+            for position, i in enumerate(picked):
+                rows[i] = value[position]
+        for position, i in enumerate(picked):
+            about[i] = told[position] if told is not None else None
+    return features, about
 
 
 def ragged_rows(family: str, preprocess) -> bool:

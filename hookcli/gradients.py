@@ -171,12 +171,14 @@ class GradientForward:
 
     def __init__(self, model, layers: Mapping[str, str], settings, on_note=None, *, target: Target,
                  categories: Sequence[str] | None = None) -> None:
+        from hookcli.families import ragged_rows
         from hookcli.pipeline import _DetectionRows
 
         self.model, self.settings, self.target, self.categories = model, settings, target, categories
         self.capture = GradientCapture(model, layers)
         self.family = getattr(settings, "family", "classification")
         self.rows = _DetectionRows(model, detections=False) if self.family == "detection" else None
+        self.ragged = ragged_rows(self.family, settings.preprocess) if settings.preprocess is not None else False
         self._stack = contextlib.ExitStack()
 
     def __enter__(self) -> GradientForward:
@@ -192,14 +194,17 @@ class GradientForward:
         self._stack.close()
 
     def __call__(self, batch) -> tuple[dict, list]:
-        from hookcli.families import batch_device
+        from hookcli.families import batch_device, rows_by_shape
 
         with compute_precision(self.settings.precision, batch_device(batch)):
             if self.family == "detection":
                 captured, about, _ = self.capture.run_gradients(list(batch), score=self._detection_scores)
                 return self.rows.cut(captured), about
             if self.family == "segmentation":
-                return _by_shape(batch, lambda group: self.capture.run_gradients(group, score=self._mask_scores)[:2])
+                def run(group):
+                    return self.capture.run_gradients(group, score=self._mask_scores)[:2]
+
+                return rows_by_shape(run, batch) if self.ragged else run(batch)
             captured, classes, logits = self.capture.run_gradients(batch, self.target.pick)
         return captured, _describe_targets(classes, logits, self.categories)
 
@@ -299,28 +304,6 @@ class CamForward(GradientForward):
                 found = class_activation_maps(spatial_maps(activations), spatial_maps(gradient), self.method)
             maps["cam" if self.target.count == 1 else f"cam#{k}"] = found
         return maps, targets
-
-
-def _by_shape(batch, run) -> tuple[dict, list]:
-    """``run`` on ``batch`` (stacked), or on each group of same-size images of a list, rows back in input order:
-    features become lists of rows when groups differ in size."""
-    import torch
-
-    if not isinstance(batch, list):
-        return run(batch)
-    sizes = [tuple(image.shape) for image in batch]
-    features: dict = {}
-    targets: list = [None] * len(batch)
-    for size in dict.fromkeys(sizes):
-        picked = [i for i, s in enumerate(sizes) if s == size]
-        captured, about = run(torch.stack([batch[i] for i in picked]))
-        for key, value in captured.items():
-            rows = features.setdefault(key, [None] * len(batch))
-            for position, i in enumerate(picked):
-                rows[i] = value[position]
-        for position, i in enumerate(picked):
-            targets[i] = about[position]
-    return features, targets
 
 
 def _describe_targets(classes, logits, categories) -> list[list[dict]]:

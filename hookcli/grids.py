@@ -772,10 +772,10 @@ def model_photo(path, preprocess, *, enlarge: bool = True) -> np.ndarray:
     does not record, and its maps and boxes cover the whole photo all the
     same. Without preprocessing facts the whole photo is used.
     """
-    return _model_view(path, preprocess, enlarge=enlarge)[0]
+    return model_photo_scaled(path, preprocess, enlarge=enlarge)[0]
 
 
-def _model_view(path, preprocess, *, enlarge: bool) -> tuple[np.ndarray, float]:
+def model_photo_scaled(path, preprocess, *, enlarge: bool = True) -> tuple[np.ndarray, float]:
     """:func:`model_photo`, and its pixels to one pixel of the image the model was given (the unit of boxes)."""
     from PIL import Image
 
@@ -825,7 +825,7 @@ def _detections_picture(features, job: GridJob, options: GridOptions) -> Picture
     except ValueError as err:
         raise NotDrawable(f"'{features.name}' has unusable preprocess metadata: {err}") from None
     try:
-        photo, scale = _model_view(job.source_image, preprocess, enlarge=not options.plain)
+        photo, scale = model_photo_scaled(job.source_image, preprocess, enlarge=not options.plain)
     except HookcliError as err:
         raise RowNotDrawable(f"its photo cannot be read: {err.message}") from None
     finite = np.isfinite(found.boxes).all(axis=1)

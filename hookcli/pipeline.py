@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from hookcli import speed
 from hookcli.capture import CAPTURE_KINDS, FeatureCapture
 from hookcli.errors import HookcliError, ImageError, VideoError, check_choice, check_whole, first_line
-from hookcli.families import batch_device, map_batch, ragged_rows
+from hookcli.families import batch_device, map_batch, ragged_rows, rows_by_shape
 from hookcli.fileformat import RunFacts
 from hookcli.models import LoadedModel
 from hookcli.preprocess import Preprocess
@@ -385,7 +385,7 @@ class EagerForward:
                 return self.rows.cut(self.capture.run(list(batch))), None
             if not self.ragged:
                 return self._run(batch), None
-            return _rows_by_shape(self._run, batch), None
+            return rows_by_shape(lambda group: (self._run(group), None), batch)[0], None
 
     def _run(self, batch) -> dict:
         found = self.capture.run(batch)
@@ -514,29 +514,6 @@ def _stored(key: str, value, pool: str | None, cast):
     if isinstance(value, list):
         return [finish(row, row=True) for row in value]
     return finish(value, row=False)
-
-
-def _rows_by_shape(run, batch) -> dict:
-    """``run`` on each group of same-shape rows of ``batch`` (a list, or a tuple of lists of pairs' frames when shapes
-    differ); every captured tensor comes back as a list of its rows, in input order."""
-    if isinstance(batch, tuple):
-        sizes = [tuple(part.shape) for part in batch[0]] if isinstance(batch[0], list) else None
-    else:
-        sizes = [tuple(image.shape) for image in batch] if isinstance(batch, list) else None
-    if sizes is None:
-        return {key: list(value) for key, value in run(batch).items()}
-    import torch
-
-    rows: dict = {}
-    for size in dict.fromkeys(sizes):
-        picked = [i for i, s in enumerate(sizes) if s == size]
-        group = tuple(torch.stack([part[i] for i in picked]) for part in batch) if isinstance(batch, tuple) else \
-            torch.stack([batch[i] for i in picked])
-        for key, value in run(group).items():
-            found = rows.setdefault(key, [None] * len(sizes))
-            for position, i in enumerate(picked):
-                found[i] = value[position]
-    return rows
 
 
 class _DetectionRows:

@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from hookcli.errors import ImageError, UsageProblem, VideoError, check_whole
-from hookcli.images import IMAGE_SUFFIXES, _counted, _is_image_name, load_rgb
+from hookcli.images import IMAGE_SUFFIXES, _counted, _is_image_name, _read_lines, load_rgb
 from hookcli.store import NotRegularFile, open_regular
 
 __all__ = [
@@ -167,8 +167,7 @@ def find_videos(arguments: Iterable[str], *, recursive: bool = False, stdin=None
 
     found: list[Path] = []
     for argument in arguments:
-        names = ([line.rstrip("\r\n") for line in (stdin or sys.stdin) if line.strip()] if argument == "-"
-                 else [argument])
+        names = _read_lines(stdin or sys.stdin) if argument == "-" else [argument]
         for name in names:
             path = Path(name)
             if not path.exists():

@@ -324,22 +324,23 @@ class CamOverlays:
         return self.inner.has_rows
 
     def add(self, batch) -> None:
+        import numpy as np
         from PIL import Image
 
-        from hookcli.grids import heat_picture, model_photo
-        from hookcli.render import add_title
+        from hookcli.grids import heat_picture, model_photo_scaled
+        from hookcli.render import add_title, draw_boxes
         from hookcli.store import atomic_path
 
         for row, index in enumerate(batch.indices):
-            photo = model_photo(self.paths[index], self.preprocess)
+            photo, scale = model_photo_scaled(self.paths[index], self.preprocess)
             for k, chosen in enumerate(batch.targets[row]):
                 heat = batch.features["cam" if self.count == 1 else f"cam#{k}"][row].numpy()
                 label, caption = _cam_caption(chosen)
                 pixels, flat = heat_picture(photo, heat, cmap=self.cmap, alpha=self.alpha, what=self.method)
                 if flat and self.on_note is not None:
                     self.on_note(f"{Path(self.paths[index]).name}, {label}: {flat}")
-                if chosen.get("box"):
-                    pixels = _with_box(pixels, chosen["box"], self.paths[index])
+                if chosen.get("box"):  # in pixels of the image the model was given
+                    pixels = draw_boxes(pixels, np.array([chosen["box"]]) * scale, [_BOX_COLOUR])
                 pixels = add_title(pixels, [*caption, f"{self.method} at {self.layer}"])
                 path = self.folder / cam_png_name(index, self.paths[index], k, self.count)
                 with atomic_path(path, force=self.force) as temporary:
@@ -356,6 +357,10 @@ class CamOverlays:
         self.inner.abort()
 
 
+#: The box of the detection a CAM explains: cyan, which the heat maps' colormaps seldom use.
+_BOX_COLOUR = (0, 255, 255)
+
+
 def _cam_caption(chosen: Mapping) -> tuple[str, list[str]]:
     """``(label, caption lines)`` for a CAM target: a class's logit, a segmentation mask or a detection."""
     name = chosen.get("name")
@@ -368,19 +373,3 @@ def _cam_caption(chosen: Mapping) -> tuple[str, list[str]]:
     if chosen.get("detection") is None:
         return label, [label, "no such detection: nothing to explain"]
     return label, [label, f"detection {chosen['detection']}", f"score {chosen['score']:.2f}"]
-
-
-def _with_box(pixels, box: Sequence[float], source):
-    """The picture with a detection's box (in the original image's pixels) drawn on it."""
-    import numpy as np
-    from PIL import Image, ImageDraw
-
-    from hookcli.images import load_rgb
-
-    width, height = load_rgb(source).size
-    scale_x, scale_y = pixels.shape[1] / width, pixels.shape[0] / height
-    picture = Image.fromarray(pixels)
-    line = max(2, round(min(pixels.shape[:2]) / 200))
-    ImageDraw.Draw(picture).rectangle([box[0] * scale_x, box[1] * scale_y, box[2] * scale_x, box[3] * scale_y],
-                                      outline=(0, 255, 255), width=line)
-    return np.asarray(picture)

@@ -65,6 +65,17 @@ def test_segmentation_gradients_are_of_the_class_mask(tmp_path):
         torch.testing.assert_close(features.row("backbone.12@grad", index), gradient[0], rtol=1e-4, atol=1e-7)
 
 
+def test_segmentation_gradients_of_batches_of_one_shape_then_another_keep_each_rows_shape(tmp_path):
+    images = [_noise(tmp_path / "a.png", (48, 40), 0), _noise(tmp_path / "b.png", (40, 56), 1)]
+    features = hookcli.grad("lraspp_mobilenet_v3_large", "backbone.12", images, weights="none", resize=32,
+                            batch_size=1)
+    whole = hookcli.grad("lraspp_mobilenet_v3_large", "backbone.12", images, weights="none", resize=32)
+    assert [features.row_shape("backbone.12@grad", i) for i in range(2)] == [[112, 2, 3], [112, 3, 2]]
+    for key in ("backbone.12", "backbone.12@grad"):
+        for row in range(2):
+            torch.testing.assert_close(features.row(key, row), whole.row(key, row), rtol=1e-5, atol=1e-7)
+
+
 def test_a_region_scores_the_class_over_the_box(tmp_path):
     image = _noise(tmp_path / "a.png", (48, 48), 0)
     features = hookcli.grad("lraspp_mobilenet_v3_large", "backbone.12", image, weights="none", resize=32,
@@ -143,6 +154,15 @@ def test_detection_cam_rows_are_each_images_own_map(tmp_path):
     scale = picture.shape[1] / 64  # the picture is the photo enlarged, under a caption band
     x0, _, x1, _ = target["box"]
     assert abs(cyan[:, 1].min() - x0 * scale) <= 2 and abs(cyan[:, 1].max() - x1 * scale) <= 2
+    # With --resize the model is given the photo resized (shorter side 32: 42x32), and boxes are in its pixels.
+    written = hookcli.cam(_detector(), images[:1], target="top1", output=tmp_path / "resized", resize=32)
+    with hookcli.open_features(written) as stored:
+        (target,) = json.loads(stored.metadata["targets"])[0]
+    picture = np.asarray(Image.open(written.parent / "00000_a.png").convert("RGB"))
+    cyan = np.argwhere((picture == (0, 255, 255)).all(axis=2))
+    scale = picture.shape[1] / 42
+    x0, _, x1, _ = target["box"]
+    assert abs(cyan[:, 1].min() - x0 * scale) <= 3 and abs(cyan[:, 1].max() - x1 * scale) <= 3
 
 
 @pytest.mark.parametrize("arguments, message", [
