@@ -21,9 +21,11 @@ Nothing here imports torch at import time.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 __all__ = [
-    "CPU_ONLY", "DEFAULT_CLIP_LENGTH", "FAMILIES", "MODULES", "batch_device", "batch_length", "build_options",
-    "call_model", "first_rows", "map_batch", "natural_input", "ragged_rows",
+    "CPU_ONLY", "DEFAULT_CLIP_LENGTH", "FAMILIES", "MODULES", "FamilyTraits", "batch_device", "batch_length",
+    "build_options", "call_model", "family_traits", "first_rows", "map_batch", "natural_input", "ragged_rows",
     "rows_by_shape",
 ]
 
@@ -36,6 +38,40 @@ MODULES = {
 }
 #: Families whose models run on the CPU only (quantized kernels exist for the CPU alone).
 CPU_ONLY = ("quantized",)
+
+
+@dataclass(frozen=True)
+class FamilyTraits:
+    """What a family's models take, decided here once for every module that asks.
+
+    ``fuses``: CPU fusion (:mod:`hookcli.fusion`; for detection, of the
+    backbone's convolution stack); ``channels_last``: what ``auto`` memory
+    format may pick; ``compiles``: ``--compile`` (one stacked image batch in,
+    hooked tensors out); ``gradients`` and ``cams``: ``grad`` and ``cam``;
+    ``videos``: inputs are videos, cut into clips or pairs of frames.
+    """
+
+    fuses: bool = False
+    channels_last: bool = False
+    compiles: bool = False
+    gradients: bool = True
+    cams: bool = True
+    videos: bool = False
+
+
+_TRAITS = {
+    "classification": FamilyTraits(fuses=True, channels_last=True, compiles=True),
+    "segmentation": FamilyTraits(fuses=True, channels_last=True),
+    "detection": FamilyTraits(fuses=True),
+    "video": FamilyTraits(cams=False, videos=True),
+    "optical_flow": FamilyTraits(gradients=False, cams=False, videos=True),
+    "quantized": FamilyTraits(gradients=False, cams=False),
+}
+
+
+def family_traits(family: str) -> FamilyTraits:
+    """The :class:`FamilyTraits` of ``family`` (one of :data:`FAMILIES`)."""
+    return _TRAITS[family]
 #: Frames a clip has when no clip length is given: what torchvision's video weights were evaluated on.
 DEFAULT_CLIP_LENGTH = 16
 #: Side of the square input :func:`natural_input` uses when the weights' preprocessing names no size.
@@ -146,7 +182,8 @@ def rows_by_shape(run, batch) -> tuple[dict, list | None]:
 
 
 def ragged_rows(family: str, preprocess) -> bool:
-    """Whether rows of a run may differ in shape: inputs that keep their own sizes (no crop) in a family whose
-    models take any size. Such runs store every captured tensor as rows of their own shapes."""
-    return family in ("segmentation", "detection", "optical_flow") and preprocess.crop is None
+    """Whether rows of a run may differ in shape: every detection run (the model resizes each image by its own
+    rules), and inputs that keep their own sizes (no crop) for segmentation and optical flow. Such runs store every
+    captured tensor as rows of their own shapes."""
+    return family == "detection" or family in ("segmentation", "optical_flow") and preprocess.crop is None
 

@@ -52,7 +52,7 @@ from hookcli.store import file_kind
 __all__ = [
     "LoadedModel", "describe_models", "list_models", "load_model", "looks_like_weights_path", "model_family",
     "num_classes",
-    "resolve_weights", "weights_cache_path", "weights_names",
+    "resolve_weights", "weights_cache_path",
 ]
 
 _WEIGHT_FILE_SUFFIXES = (".pth", ".pt", ".safetensors", ".bin", ".ckpt")
@@ -101,11 +101,6 @@ def describe_models(family: str | None = None) -> list[dict]:
 def model_family(name: str) -> str:
     """The family of model ``name`` (an unknown name is refused), from the registry cache: no torch needed."""
     return _entry(name).family
-
-
-def weights_names(name: str) -> list[str]:
-    """The pretrained weights of model ``name`` by enum member name (without the ``DEFAULT`` alias)."""
-    return list(_entry(name).weights)
 
 
 def resolve_weights(name: str, weights: str) -> str | None:

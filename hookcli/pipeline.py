@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from hookcli import speed
 from hookcli.capture import CAPTURE_KINDS, FeatureCapture
 from hookcli.errors import HookcliError, ImageError, VideoError, check_choice, check_whole, first_line
-from hookcli.families import batch_device, map_batch, ragged_rows, rows_by_shape
+from hookcli.families import batch_device, family_traits, first_rows, map_batch, ragged_rows, rows_by_shape
 from hookcli.fileformat import RunFacts
 from hookcli.models import LoadedModel
 from hookcli.preprocess import Preprocess
@@ -124,16 +124,16 @@ class RunSettings:
         device = self.device if not isinstance(self.device, str) else resolve_device(self.device)
         speed.check_precision(self.precision, device)
         workers = self.workers if self.workers is not None else default_workers(device, inputs, self.batch_size)
-        # Fusion and channels-last are for stacks of 2-D convolutions taking one image batch: other families run
-        # as written (the metadata's "fused" says 0) and keep their tensors' own layout; a detection model's
-        # backbone is such a stack, and fuses.
-        plain = loaded.family not in ("classification", "segmentation")
-        memory_format = "contiguous" if plain and self.memory_format == "auto" else self.memory_format
-        fusable = loaded.family in ("classification", "segmentation", "detection")  # detection: its backbone
+        # Fusion, channels-last and compilation go where hookcli.families says a family takes them; the others run
+        # as written (the metadata's "fused" says 0) in their tensors' own layout.
+        traits = family_traits(loaded.family)
+        memory_format = "contiguous" if not traits.channels_last and self.memory_format == "auto" \
+            else self.memory_format
         return dataclasses.replace(
             self, device=device, preprocess=self.preprocess or loaded.preprocess, workers=workers,
             memory_format=speed.choose_memory_format(loaded.module, device, memory_format),
-            fuse=speed.choose_fuse(self.fuse, inputs) if fusable else False, family=loaded.family)
+            fuse=speed.choose_fuse(self.fuse, inputs) if traits.fuses else False,
+            compile=self.compile and traits.compiles, family=loaded.family)
 
 
 @dataclass
@@ -288,18 +288,30 @@ def iter_batches(
 
     settings = (settings or RunSettings()).resolved(loaded, len(paths))
     make_forward = forward or extraction_forward(settings)
+    ragged = ragged_rows(settings.family, settings.preprocess)  # every key a list of rows, whatever the strategy
     cast = getattr(torch, settings.dtype)
     loader = image_loader(paths, settings, start=start)
     with prepared_model(loaded, settings) as (model, to_device), \
-            make_forward(model, layers, settings, on_note) as run:
+            make_forward(model, layers, settings, on_note) as run, _videos_closed():
         for indices, batch, failures in loader:
             failures = reported_failures(failures, settings.on_error)
             features, targets, facts = {}, None, None
             if batch is not None:
                 captured, targets = run(to_device(batch))
-                features = {key: _stored(key, value, settings.pool, cast) for key, value in captured.items()}
+                features = {key: _stored(key, value, settings.pool, cast, ragged) for key, value in captured.items()}
                 facts = run.facts()
             yield Batch(indices, features, failures, targets, facts)
+
+
+@contextlib.contextmanager
+def _videos_closed():
+    """Closes the video file this process keeps open between clips once the run ends (workers exit anyway)."""
+    try:
+        yield
+    finally:
+        from hookcli.video import close_decoders
+
+        close_decoders()
 
 
 def extraction_forward(settings: RunSettings) -> ForwardFactory:
@@ -359,7 +371,7 @@ class EagerForward:
         self.capture = FeatureCapture(model, self.layers, capture=self.settings.capture,
                                       stop_early=not self.settings.final_output)
         self.rows = _DetectionRows(model, self.settings.final_output) if detecting else None
-        self.flow = _FinalFlow(model) if self.settings.family == "optical_flow" and self.settings.final_output \
+        self.flow = _FinalOutput(model) if self.settings.family == "optical_flow" and self.settings.final_output \
             else None
         self.ragged = ragged_rows(self.settings.family, self.settings.preprocess)
         self._fused = fused_convolutions(model)
@@ -390,7 +402,7 @@ class EagerForward:
     def _run(self, batch) -> dict:
         found = self.capture.run(batch)
         if self.flow is not None:
-            found[FLOW] = self.flow.found
+            found[FLOW] = self.flow.take()[-1]  # RAFT returns each pass's field: the last is the finest
         return found
 
     def facts(self) -> RunFacts:
@@ -482,7 +494,7 @@ class CompiledForward(EagerForward):
             self.compiled = self._compile(batch)
         if self.compiled:
             try:
-                with torch.inference_mode(), speed.compute_precision(self.settings.precision, batch.device):
+                with torch.inference_mode(), speed.compute_precision(self.settings.precision, batch_device(batch)):
                     return self.compiled(batch), None
             except Exception as err:  # compilation happens on first call; a missing compiler shows up here
                 self._note(f"--compile failed ({type(err).__name__}: {first_line(err)[:120]}); running eagerly")
@@ -492,8 +504,9 @@ class CompiledForward(EagerForward):
     def _compile(self, batch):
         import torch
 
-        with self.capture, torch.inference_mode(), speed.compute_precision(self.settings.precision, batch.device):
-            self.capture.run(batch[:1])
+        with self.capture, torch.inference_mode(), \
+                speed.compute_precision(self.settings.precision, batch_device(batch)):
+            self.capture.run(first_rows(batch))
         function, reason = speed.compiled_extractor(self.model, self.layers, self.capture.calls,
                                                     self.settings.capture)
         if function is None:
@@ -502,8 +515,11 @@ class CompiledForward(EagerForward):
         return function
 
 
-def _stored(key: str, value, pool: str | None, cast):
-    """A captured batch (or list of rows) pooled, cast and on the CPU; detections and integers kept as they are."""
+def _stored(key: str, value, pool: str | None, cast, ragged: bool):
+    """A captured batch (or list of rows) pooled, cast and on the CPU; detections and integers kept as they are.
+
+    In a run whose rows may differ in shape (``ragged``) it is always a list of rows, so a key keeps one form.
+    """
     if key.startswith(DETECTIONS + "#"):
         return [row.to("cpu") for row in value]
 
@@ -513,7 +529,7 @@ def _stored(key: str, value, pool: str | None, cast):
 
     if isinstance(value, list):
         return [finish(row, row=True) for row in value]
-    return finish(value, row=False)
+    return list(finish(value, row=False)) if ragged else finish(value, row=False)
 
 
 class _DetectionRows:
@@ -526,16 +542,16 @@ class _DetectionRows:
     """
 
     def __init__(self, model, detections: bool) -> None:
-        self.model, self.detections = model, detections
+        self.model = model
+        self.output = _FinalOutput(model) if detections else None
         self._stack = contextlib.ExitStack()
         self.sizes: list = []
         self.padded = None
-        self.found: list = []
 
     def __enter__(self):
         self._stack.enter_context(self.model.transform.register_forward_hook(self._on_transform))
-        if self.detections:
-            self._stack.enter_context(self.model.register_forward_hook(self._on_output))
+        if self.output is not None:
+            self._stack.enter_context(self.output)
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -544,9 +560,6 @@ class _DetectionRows:
     def _on_transform(self, module, inputs, output) -> None:
         images = output[0]
         self.sizes, self.padded = list(images.image_sizes), tuple(images.tensors.shape[-2:])
-
-    def _on_output(self, module, inputs, output) -> None:
-        self.found = output
 
     def cut(self, features: dict) -> dict:
         rows = {}
@@ -557,11 +570,11 @@ class _DetectionRows:
                              for i, (h, w) in enumerate(self.sizes)]
             else:
                 rows[key] = list(value)
-        if self.detections:
+        if self.output is not None:
+            found = self.output.take()
             for name in ("boxes", "labels", "scores", "masks", "keypoints", "keypoints_scores"):
-                if self.found and name in self.found[0]:
-                    rows[f"{DETECTIONS}#{name}"] = [found[name].detach().clone() for found in self.found]
-            self.found = []
+                if found and name in found[0]:
+                    rows[f"{DETECTIONS}#{name}"] = [image[name].detach() for image in found]
         return rows
 
 
@@ -571,13 +584,12 @@ DETECTIONS = "detections"
 FLOW = "flow"
 
 
-class _FinalFlow:
-    """Keeps the last of the flow fields an optical-flow model returns (RAFT refines its estimate, one field a
-    pass, and returns every pass's)."""
+class _FinalOutput:
+    """Keeps what the model returns (the final detections; the flow fields of RAFT's passes), for the block."""
 
     def __init__(self, model) -> None:
         self.model = model
-        self.found = None
+        self._found = None
         self._handle = None
 
     def __enter__(self):
@@ -588,7 +600,12 @@ class _FinalFlow:
         self._handle.remove()
 
     def _on_output(self, module, inputs, output) -> None:
-        self.found = output[-1].detach().clone()
+        self._found = output
+
+    def take(self):
+        """The last forward's output, handed over once."""
+        found, self._found = self._found, None
+        return found
 
 
 def _pooled(tensor, pool: str | None):

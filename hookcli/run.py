@@ -287,7 +287,7 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
         if kind == "cam":
             check_folder_output(path)
             refuse_existing([Path(path) / "cams.safetensors"], force=opts.force)
-    found = _gather(inputs, opts.recursive, family, opts)
+    found = _gather(inputs, family, opts)
     paths = found.paths
     if kind == "default":
         kind = "folder" if len(paths) > LARGE_INPUT else "file"
@@ -311,6 +311,9 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
     settings = dataclasses.replace(settings, device=device, preprocess=_preprocess(loaded, opts))
     settings = settings.resolved(loaded, len(paths))
     notes = (found.note,) if found.note else ()
+    if command == "extract" and opts.compile and not settings.compile:
+        notes += (f"--compile applies to classification models; this {loaded.family.replace('_', ' ')} model runs "
+                  "eagerly",)
     if command != "extract" and opts.compile:
         notes += ("--compile: gradients need the eager graph with hooks; running eagerly",)
     target = None
@@ -479,21 +482,22 @@ def _refuse_overwriting_inputs(outputs: Sequence, inputs: Sequence[Path]) -> Non
                                f"input '{source}'", hint="write the output somewhere else with -o")
 
 
-def _gather(inputs, recursive: bool, family: str = "classification", opts: RunOptions | None = None):
+def _gather(inputs, family: str, opts: RunOptions):
     """The run's rows: images (:class:`~hookcli.images.FoundInputs`), or for video and optical-flow models the clips
     or frame pairs of the videos given (:mod:`hookcli.video`)."""
+    from hookcli.families import DEFAULT_CLIP_LENGTH, family_traits
     from hookcli.images import FoundInputs, find_inputs
 
+    recursive = opts.recursive
     if isinstance(inputs, str | os.PathLike):
         inputs = [inputs]
     arguments = [os.fspath(p) for p in inputs]
-    if family not in ("video", "optical_flow"):
+    if not family_traits(family).videos:
         return find_inputs(arguments, recursive=recursive)
     from hookcli import video
 
     if opts.pair_with:
         return _image_pairs(arguments, opts, recursive)
-    from hookcli.families import DEFAULT_CLIP_LENGTH
 
     rows = []
     for path in video.find_videos(arguments, recursive=recursive):
@@ -530,10 +534,10 @@ def _fitted_to_family(command: str, family: str, opts: RunOptions, given: Mappin
 
     Said before any model loads: the family comes from the registry cache.
     """
-    from hookcli.families import CPU_ONLY
+    from hookcli.families import CPU_ONLY, family_traits
 
-    if family in ("video", "optical_flow", "quantized") and command == "cam" or \
-            family in ("optical_flow", "quantized") and command == "grad":
+    traits = family_traits(family)
+    if command == "cam" and not traits.cams or command == "grad" and not traits.gradients:
         raise UsageProblem(f"{command} does not apply to {family.replace('_', ' ')} models",
                            hint=_NO_GRADIENTS[family])
     if opts.region is not None and family != "segmentation":
@@ -544,7 +548,7 @@ def _fitted_to_family(command: str, family: str, opts: RunOptions, given: Mappin
         parse_region(opts.region)
 
     clip_options = [name for name in _CLIPS if name in given and given[name] != getattr(RunOptions, name)]
-    if family not in ("video", "optical_flow") and clip_options:
+    if not traits.videos and clip_options:
         raise UsageProblem(f"--{clip_options[0].replace('_', '-')} applies to video and optical-flow models, and "
                            f"this one is {family.replace('_', ' ')}", hint=help_hint)
     if family == "optical_flow" and {"clip_length", "clips_per_video"} & set(clip_options):

@@ -333,6 +333,7 @@ class FeatureFile:
             self._data_start, self.metadata, self._entries = self._read_header()
             self._row_shapes = _companions(self._entries, lambda key: self._entries[key][:2],
                                            f"'{self.name}' is damaged")
+            self._shape_tables: dict = {}
         except BaseException:
             self._handle.close()
             raise
@@ -389,7 +390,9 @@ class FeatureFile:
         """Row ``index``'s own shape: from the ``@shape`` companion when ``key`` is ragged, else the stored one."""
         if key not in self._row_shapes:
             return self.shape(key)[1:]
-        return _checked_row_shape(self, key, index, self._raw_read(self._row_shapes[key], index))
+        if key not in self._shape_tables:  # read and checked once: readers ask for every row's, some many times
+            self._shape_tables[key] = _checked_row_shapes(self, key, self._raw_read(self._row_shapes[key]))
+        return self._shape_tables[key][index].tolist()
 
     def dtype(self, key: str) -> str:
         return self._entries[key][0]
@@ -470,12 +473,17 @@ def _companions(entries, dtype_and_shape, damaged: str) -> dict[str, str]:
     return found
 
 
-def _checked_row_shape(features, key: str, index: int, raw) -> list[int]:
-    own, padded = [int(n) for n in raw], features.shape(key)[1:]
-    if not all(0 <= n <= limit for n, limit in zip(own, padded)):
-        raise FeatureFileError(f"'{features.name}' is damaged: row {index} of '{key}' claims shape {own}, outside "
-                               f"the stored {padded}", hint=_DAMAGED)
-    return own
+def _checked_row_shapes(features, key: str, table):
+    """Every row's own shape of ragged ``key`` (its ``@shape`` companion, ``[N, ndim]``), each within the padding."""
+    import numpy as np
+
+    table, padded = np.asarray(table, dtype=np.int64), features.shape(key)[1:]
+    outside = np.flatnonzero(((table < 0) | (table > np.array(padded, dtype=np.int64))).any(axis=1))
+    if outside.size:
+        index = int(outside[0])
+        raise FeatureFileError(f"'{features.name}' is damaged: row {index} of '{key}' claims shape "
+                               f"{table[index].tolist()}, outside the stored {padded}", hint=_DAMAGED)
+    return table
 
 
 def _own_part(row, shape: Sequence[int], part: slice | None):
@@ -504,6 +512,7 @@ class Features(Mapping):
         self._row_shapes = _companions(self._tensors, lambda key: (self.dtype(key), self.shape(key)),
                                        f"'{name}' is damaged")
         self._keys = [key for key in self._tensors if key not in self._row_shapes.values()]
+        self._shape_tables: dict = {}
 
     def __getitem__(self, key: str):
         return self._tensors[key]
@@ -526,7 +535,9 @@ class Features(Mapping):
         """Row ``index``'s own shape (see :meth:`FeatureFile.row_shape`)."""
         if key not in self._row_shapes:
             return self.shape(key)[1:]
-        return _checked_row_shape(self, key, index, _as_numpy(self._tensors[self._row_shapes[key]][index]))
+        if key not in self._shape_tables:
+            self._shape_tables[key] = _checked_row_shapes(self, key, _as_numpy(self._tensors[self._row_shapes[key]]))
+        return self._shape_tables[key][index].tolist()
 
     def row(self, key: str, index: int):
         """Row ``index`` of ``key`` as the tensor it is, cut to its own shape when ``key`` is ragged."""

@@ -26,6 +26,7 @@ the frames asked for, going once through the file.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import operator
 import os
@@ -41,8 +42,8 @@ from hookcli.images import IMAGE_SUFFIXES, _counted, _is_image_name, _read_lines
 from hookcli.store import NotRegularFile, open_regular
 
 __all__ = [
-    "VIDEO_SUFFIXES", "Clip", "ImagePair", "clip_frames", "find_clips", "find_pairs", "find_videos", "frame_count",
-    "pair_frames", "read_frames",
+    "VIDEO_SUFFIXES", "Clip", "ImagePair", "clip_frames", "close_decoders", "find_clips", "find_pairs", "find_videos",
+    "frame_count", "pair_frames", "read_frames",
 ]
 
 #: Suffixes of the files treated as videos.
@@ -298,10 +299,10 @@ def _read_file(path, positions: dict[int, list[int]]) -> np.ndarray:
                 frames = np.empty((size, *shape, 3), np.uint8)
             frames[positions[index]] = frame.to_ndarray(format="rgb24", width=shape[1], height=shape[0])
     except av.FFmpegError as err:
-        _forget()
+        close_decoders()
         raise VideoError(f"cannot decode video '{path}': {_reason(err)}", hint=_DAMAGED) from None
     except _Ended as ended:
-        _forget()
+        close_decoders()
         raise VideoError(f"video '{path}' ended after {_counted(ended.decoded, 'frame')}; frame {max(positions)} was "
                          "asked for", hint=_DAMAGED) from None
     return frames
@@ -369,12 +370,13 @@ def _decoding(path, first: int) -> _Decoding:
         identity = None
     if identity is not None and _OPEN and _OPEN[0].identity == identity and _OPEN[0].reaches(first):
         return _OPEN[0]
-    _forget()
+    close_decoders()
     _OPEN.append(_Decoding(path, identity))
     return _OPEN[0]
 
 
-def _forget() -> None:
+def close_decoders() -> None:
+    """Close the video file kept open for the next read (a run does at its end)."""
     while _OPEN:
         _OPEN.pop().close()
 
@@ -406,7 +408,24 @@ def _read_folder(folder, positions: dict[int, list[int]]) -> np.ndarray:
 
 
 def _frame_paths(folder) -> list[Path]:
-    """The frame images directly in ``folder``, in natural order (``frame2`` before ``frame10``)."""
+    """The frame images directly in ``folder``, in natural order (``frame2`` before ``frame10``).
+
+    Every clip of a folder asks: the list is made once for as long as the folder stays unchanged.
+    """
+    try:
+        changed = os.stat(folder).st_mtime_ns
+    except OSError:
+        changed = None  # listing says what is wrong
+    return list(_listed_frames(os.fspath(folder), os.path.abspath(folder), changed))
+
+
+@functools.lru_cache(maxsize=8)
+def _listed_frames(folder: str, where: str, changed: int | None) -> tuple[Path, ...]:
+    """``where`` (the folder's absolute path) and ``changed`` (its time) key the cache; errors name ``folder``."""
+    return tuple(_frame_listing(folder))
+
+
+def _frame_listing(folder) -> list[Path]:
     try:
         paths = [p for p in Path(folder).iterdir() if not p.is_dir() and _is_image_name(p.name)]
     except OSError as err:

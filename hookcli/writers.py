@@ -79,6 +79,9 @@ class RowBuffer:
 
         start = len(self.inputs)
         for key, value in features.items():
+            if isinstance(value, list) != (key in self._shapes) and key in self._tensors:
+                form = "rows of their own shapes" if isinstance(value, list) else "one tensor"
+                raise ValueError(f"'{key}' came as {form} after coming the other way: a run gives each key one form")
             if isinstance(value, list):
                 self._add_ragged(key, value[rows], start)
                 continue

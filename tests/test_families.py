@@ -167,3 +167,10 @@ def test_layers_says_when_the_dummy_input_is_too_small_for_the_model(runner):
     assert result.output == ("Error: s3d cannot run on the dummy clip: Given input size: (832x1x4x4). Calculated "
                              "output size: (832x0x2x2). Output size is too small. Hint: give another --input-size "
                              "or --frames\n")
+
+
+def test_a_key_that_changes_form_between_batches_is_refused():
+    rows = RowBuffer(2)
+    rows.add({"maps": torch.ones(1, 2, 3)}, slice(None), ["a.jpg"])
+    with pytest.raises(ValueError, match="'maps' came as rows of their own shapes after coming the other way"):
+        rows.add({"maps": [torch.ones(2, 4)]}, slice(None), ["b.jpg"])

@@ -293,3 +293,11 @@ def test_the_final_flow_field_is_stored_when_asked(tmp_path, runner):
     result = runner.invoke(main, ["extract", "-m", "r3d_18", "-w", "none", "-l", "layer1", str(video), "--flow"])
     assert result.exit_code == 2 and result.output.startswith(
         "Error: --flow applies to optical-flow models, and this one is video")
+
+
+def test_compile_is_for_classification_and_other_families_say_they_run_eagerly(tmp_path):
+    images = [_noise(tmp_path / "wide.png", (60, 40), 0), _noise(tmp_path / "tall.png", (40, 56), 1)]
+    features = hookcli.extract("lraspp_mobilenet_v3_large", "classifier", images, weights="none", resize=32,
+                               compile=True, batch_size=1)
+    assert "--compile applies to classification models; this segmentation model runs eagerly" in features.notes
+    assert [features.row_shape("classifier", i) for i in range(2)] == [[21, 4, 6], [21, 6, 4]]
