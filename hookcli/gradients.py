@@ -236,7 +236,8 @@ class GradientForward:
             masks = region.expand(count, chosen.shape[1], height, width)
         picked = logits.gather(1, chosen[:, :, None, None].expand(-1, -1, height, width))
         scores = (picked * masks).sum(dim=(2, 3))
-        about = [[{"class": int(c), "name": self._name(int(c)), "pixels": int(m.sum()), "score": float(v)}
+        where = {} if self.target.region is None else {"region": list(self.target.region)}
+        about = [[{"class": int(c), "name": self._name(int(c)), "pixels": int(m.sum()), "score": float(v), **where}
                   for c, m, v in zip(row_classes, row_masks, row_scores, strict=True)]
                  for row_classes, row_masks, row_scores in zip(chosen, masks, scores.detach(), strict=True)]
         return scores, about

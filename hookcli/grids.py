@@ -2,7 +2,8 @@
 
 :func:`plan_grids` picks tensors (``keys``, globs), images (``images``: row
 index or input file name) and names each PNG
-``<key>__<row>_<input name>.png`` (``….overlay.png`` for overlays) so a folder
+``<key>__<row>_<input name>.png`` (``….overlay.png`` for overlays;
+``<key>.frame<T>__…`` for one frame of a clip) so a folder
 sorts by tensor, then row. Every planned path is checked before anything is
 drawn; :func:`write_grids` then reads one row at a time (only the channels it
 draws) and writes each PNG atomically.
@@ -292,6 +293,8 @@ def plan_grids(features, options: GridOptions, out_dir: str | os.PathLike | None
         )
     plans = []
     for key, stem in zip(drawable, _file_stems([DETECTIONS if key == _BOXES else key for key in drawable])):
+        if options.frame is not None and key != _BOXES and len(drawn_shape(features, key)) == 5:
+            stem += f".frame{options.frame}"  # one frame of a clip: named apart from the whole clip's picture
         count = features.shape(key)[0]
         key_rows = chosen_rows[:bisect.bisect_left(chosen_rows, count)] if isinstance(chosen_rows, range) else \
             [r for r in chosen_rows if r < count]

@@ -152,6 +152,10 @@ class Batch:
     facts: RunFacts | None = None
 
 
+#: RAFT's correlation pyramid needs feature maps of 16 or more a side, at an eighth of the frame's.
+_FLOW_MIN_SIDE = 128
+
+
 class _Images:
     """A dataset of decoded, preprocessed images; a failure comes back as a value, never raised in a worker."""
 
@@ -177,6 +181,10 @@ class _Images:
 
             pair = tuple(self.transform(Image.fromarray(frame)) for frame in frames)
             height, width = pair[0].shape[-2:]
+            if min(height, width) < _FLOW_MIN_SIDE:
+                raise VideoError(f"the frames of '{item.path}' are {width}x{height} as the model would see them, and "
+                                 f"optical-flow models take sides of {_FLOW_MIN_SIDE} pixels or more",
+                                 hint="give a larger --resize or --crop (a multiple of 8)")
             if height % 8 or width % 8:
                 raise VideoError(f"the frames of '{item.path}' are {width}x{height} as the model would see them, and "
                                  "optical-flow models take sides divisible by 8",

@@ -531,7 +531,7 @@ def _detections_table(found: Detections) -> str:
         cells = "".join(f"<td{_data(values[k].item())}>{_number(values[k].item(), spec)}</td>"
                         for _, values, spec in columns)
         corners = "".join(f"<td{_data(value)}>{_number(value, '.1f')}</td>" for value in box)
-        rows.append(f"<tr><td>{k + 1}</td>{cells}{corners}</tr>")
+        rows.append(f"<tr><td>#{k}</td>{cells}{corners}</tr>")  # numbered as --target '#N' names them
     plural = "s" if count != 1 else ""
     return (f'<table class="detections"><caption>{count} detection{plural}: label (class index), score, and box '
             f"corners in pixels of the image the model was given</caption><tr><th>detection</th>{header}<th>x1</th>"
@@ -603,6 +603,8 @@ def _shape_text(features, key: str, row: int) -> str:
     if not features.ragged(key):
         return f"{features.dtype(key)}, {largest} per image"
     own = _shape(features.row_shape(key, row))
+    if own == largest:
+        return f"{features.dtype(key)}, {own} for this image (the largest of the file's, whose images may differ)"
     return f"{features.dtype(key)}, {own} for this image (images differ in shape; the largest is {largest})"
 
 

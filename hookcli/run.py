@@ -175,6 +175,8 @@ class RunOptions:
         check_choice("method", self.method, CAM_METHODS)
         if not 0 <= self.alpha <= 1:
             raise UsageProblem(f"alpha must be between 0 and 1, not {self.alpha!r}")
+        if isinstance(self.pair_with, str | os.PathLike):  # one folder or file, as inputs may be given
+            object.__setattr__(self, "pair_with", (self.pair_with,))
         if self.seed is not None and not isinstance(self.seed, int):
             raise UsageProblem(f"seed must be a whole number, not {self.seed!r}")
 
@@ -287,7 +289,7 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
         if kind == "cam":
             check_folder_output(path)
             refuse_existing([Path(path) / "cams.safetensors"], force=opts.force)
-    found = _gather(inputs, family, opts)
+    found, gathered = _gather(inputs, family, opts)
     paths = found.paths
     if kind == "default":
         kind = "folder" if len(paths) > LARGE_INPUT else "file"
@@ -310,7 +312,7 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
     loaded = model if isinstance(model, LoadedModel) else _load(model_name, opts)
     settings = dataclasses.replace(settings, device=device, preprocess=_preprocess(loaded, opts))
     settings = settings.resolved(loaded, len(paths))
-    notes = (found.note,) if found.note else ()
+    notes = gathered
     if command == "extract" and opts.compile and not settings.compile:
         notes += (f"--compile applies to classification models; this {loaded.family.replace('_', ' ')} model runs "
                   "eagerly",)
@@ -482,9 +484,9 @@ def _refuse_overwriting_inputs(outputs: Sequence, inputs: Sequence[Path]) -> Non
                                f"input '{source}'", hint="write the output somewhere else with -o")
 
 
-def _gather(inputs, family: str, opts: RunOptions):
-    """The run's rows: images (:class:`~hookcli.images.FoundInputs`), or for video and optical-flow models the clips
-    or frame pairs of the videos given (:mod:`hookcli.video`)."""
+def _gather(inputs, family: str, opts: RunOptions) -> tuple:
+    """``(rows, notes)``: the run's rows, images (:class:`~hookcli.images.FoundInputs`) or for video and
+    optical-flow models the clips or frame pairs of the videos given (:mod:`hookcli.video`), and what to tell."""
     from hookcli.families import DEFAULT_CLIP_LENGTH, family_traits
     from hookcli.images import FoundInputs, find_inputs
 
@@ -493,25 +495,37 @@ def _gather(inputs, family: str, opts: RunOptions):
         inputs = [inputs]
     arguments = [os.fspath(p) for p in inputs]
     if not family_traits(family).videos:
-        return find_inputs(arguments, recursive=recursive)
+        found = find_inputs(arguments, recursive=recursive)
+        return found, (found.note,) if found.note else ()
     from hookcli import video
+    from hookcli.errors import VideoError
 
     if opts.pair_with:
-        return _image_pairs(arguments, opts, recursive)
-
-    rows = []
+        return _image_pairs(arguments, opts, recursive), ()
+    rows, notes = [], []
     for path in video.find_videos(arguments, recursive=recursive):
-        if family == "video":
-            rows += video.find_clips(path, length=opts.clip_length or DEFAULT_CLIP_LENGTH, stride=opts.frame_stride,
-                                     clips=opts.clips_per_video or None)
-        else:
-            rows += video.find_pairs(path, stride=opts.frame_stride)
-    return FoundInputs(rows, 0, 0, True)
+        try:
+            if family == "video":
+                clips = video.find_clips(path, length=opts.clip_length or DEFAULT_CLIP_LENGTH,
+                                         stride=opts.frame_stride, clips=opts.clips_per_video or None)
+            else:
+                clips = video.find_pairs(path, stride=opts.frame_stride)
+        except VideoError as err:  # its clips cannot be counted, so it has no rows to skip one by one
+            if opts.on_error != "skip":
+                raise
+            notes.append(f"skipped video '{path}': {err}")
+            continue
+        if any(len(set(clip.frames)) < len(clip.frames) for clip in clips):
+            notes.append(f"'{path}' is shorter than a clip: its last frame is repeated to fill one")
+        rows += clips
+    if not rows:
+        raise VideoError("none of the input videos could be read", hint="every one was skipped, each with its reason")
+    return FoundInputs(rows, 0, 0, True), tuple(notes)
 
 
 def _image_pairs(arguments: list[str], opts: RunOptions, recursive: bool):
     """Optical flow from two image lists: the inputs are each pair's first images, ``pair_with`` its second ones."""
-    from hookcli.images import FoundInputs, find_inputs
+    from hookcli.images import FoundInputs, _counted, find_inputs
     from hookcli.video import ImagePair
 
     if opts.frame_stride != 1:
@@ -523,8 +537,9 @@ def _image_pairs(arguments: list[str], opts: RunOptions, recursive: bool):
     firsts = find_inputs(arguments, recursive=recursive).paths
     seconds = find_inputs([os.fspath(p) for p in opts.pair_with], recursive=recursive).paths
     if len(firsts) != len(seconds):
-        raise UsageProblem(f"the two image lists differ in length: {len(firsts)} first images and {len(seconds)} "
-                           "given with --pair-with", hint="give one second image for each input image, in order")
+        raise UsageProblem(f"the two image lists differ in length: {_counted(len(firsts), 'first image')} and "
+                           f"{len(seconds)} given with --pair-with",
+                           hint="give one second image for each input image, in order")
     return FoundInputs([ImagePair(os.fspath(a), os.fspath(b)) for a, b in zip(firsts, seconds, strict=True)])
 
 
@@ -549,8 +564,9 @@ def _fitted_to_family(command: str, family: str, opts: RunOptions, given: Mappin
 
     clip_options = [name for name in _CLIPS if name in given and given[name] != getattr(RunOptions, name)]
     if not traits.videos and clip_options:
-        raise UsageProblem(f"--{clip_options[0].replace('_', '-')} applies to video and optical-flow models, and "
-                           f"this one is {family.replace('_', ' ')}", hint=help_hint)
+        users = "video and optical-flow models" if clip_options[0] == "frame_stride" else "video models"
+        raise UsageProblem(f"--{clip_options[0].replace('_', '-')} applies to {users}, and this one is "
+                           f"{family.replace('_', ' ')}", hint=help_hint)
     if family == "optical_flow" and {"clip_length", "clips_per_video"} & set(clip_options):
         raise UsageProblem("optical-flow models take pairs of frames: --clip-length and --clips-per-video do not "
                            "apply (--frame-stride sets how far apart the two frames are)", hint=help_hint)

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hookcli.errors import ImageError, UsageProblem, VideoError, check_whole
+from hookcli.errors import ImageError, InputError, UsageProblem, VideoError, check_whole
 from hookcli.images import IMAGE_SUFFIXES, _counted, _is_image_name, _read_lines, load_rgb
 from hookcli.store import NotRegularFile, open_regular
 
@@ -164,8 +164,6 @@ def find_videos(arguments: Iterable[str], *, recursive: bool = False, stdin=None
     """
     import sys
 
-    from hookcli.errors import InputError
-
     found: list[Path] = []
     for argument in arguments:
         names = _read_lines(stdin or sys.stdin) if argument == "-" else [argument]
@@ -177,7 +175,8 @@ def find_videos(arguments: Iterable[str], *, recursive: bool = False, stdin=None
                 found.append(path)
                 continue
             pattern = path.rglob("*") if recursive else path.iterdir()
-            videos = sorted((p for p in pattern if p.suffix.lower() in VIDEO_SUFFIXES and p.is_file()),
+            # Every entry named like a video, FIFOs too: opening one says why it cannot be read, none is dropped.
+            videos = sorted((p for p in pattern if p.suffix.lower() in VIDEO_SUFFIXES and not p.is_dir()),
                             key=_natural_key)
             found.extend(videos or [path])
     if not found:
@@ -450,8 +449,8 @@ def _opened(path) -> Iterator[tuple]:
         handle = open_regular(path)
     except FileNotFoundError:
         raise VideoError(f"video not found: '{path}'", hint="check the path") from None
-    except NotRegularFile as err:
-        raise VideoError(str(err), hint="videos are read from regular files or folders of frames") from None
+    except NotRegularFile as err:  # a usage problem, as a FIFO given as an image is
+        raise InputError(str(err), hint="videos are read from regular files or folders of frames") from None
     except OSError as err:
         raise VideoError(f"cannot open video '{path}': {err.strerror}", hint="check the path") from None
     with handle:

@@ -372,7 +372,8 @@ def _cam_caption(chosen: Mapping) -> tuple[str, list[str]]:
     if "logit" in chosen:
         return label, [label, f"logit {chosen['logit']:.2f}", f"p {chosen['probability']:.1%}"]
     if "pixels" in chosen:
-        return label, [label, f"mask of {chosen['pixels']} px", f"score {chosen['score']:.2f}"]
+        over = "region" if chosen.get("region") else "mask"
+        return label, [label, f"{over} of {chosen['pixels']} px", f"score {chosen['score']:.2f}"]
     if chosen.get("detection") is None:
         return label, [label, "no such detection: nothing to explain"]
     return label, [label, f"detection {chosen['detection']}", f"score {chosen['score']:.2f}"]

@@ -82,6 +82,7 @@ def test_a_region_scores_the_class_over_the_box(tmp_path):
                             target="5", region="0,0,0.5,0.25")
     (row,) = json.loads(features.metadata["targets"])
     assert row[0]["pixels"] == 16 * 8 and row[0]["class"] == 5 and features.metadata["target"] == "5 in 0,0,0.5,0.25"
+    assert row[0]["region"] == [0.0, 0.0, 0.5, 0.25]
     loaded = load_model("lraspp_mobilenet_v3_large", "none")
     _, gradient = _gradient_by_hand(loaded.module, "backbone.12", lambda: loaded.module(_segmentation_input(image, 32)),
                                     lambda output: output["out"][0, 5, :8, :16].sum())

@@ -210,6 +210,14 @@ def test_optical_flow_from_two_image_lists_pairs_them_in_order(tmp_path, runner)
         "64x128). Hint: a pair of frames must be of one size")
 
 
+def test_flow_frames_smaller_than_raft_takes_are_refused_with_a_hint(tmp_path, runner):
+    video = _video(tmp_path / "small.mp4", _frames(2, size=(96, 96)))
+    result = runner.invoke(main, ["extract", "-m", "raft_small", "-w", "none", "-l", "update_block", str(video)])
+    assert result.exit_code == 1
+    assert result.output.startswith(f"Error: the frames of '{video}' are 96x96 as the model would see them, and "
+                                    "optical-flow models take sides of 128 pixels or more. Hint: give a larger")
+
+
 def test_flow_frames_not_divisible_by_8_are_refused_with_a_hint(tmp_path, runner):
     video = _video(tmp_path / "odd.mp4", _frames(2, size=(132, 128)))
     result = runner.invoke(main, ["extract", "-m", "raft_small", "-w", "none", "-l", "update_block", str(video)])
@@ -244,8 +252,9 @@ def test_quantized_model_extraction_equals_hooks_by_hand(tmp_path):
 
 
 @pytest.mark.parametrize("options, message", [
-    (["--clip-length", "8"], "Error: --clip-length applies to video and optical-flow models, and this one is "
-                             "classification"),
+    (["--clip-length", "8"], "Error: --clip-length applies to video models, and this one is classification"),
+    (["--frame-stride", "2"], "Error: --frame-stride applies to video and optical-flow models, and this one is "
+                              "classification"),
     (["-m", "r3d_18", "--memory-format", "channels_last"], "Error: video models take 5-D clips, which have no "
                                                            "channels-last layout"),
     (["--detections"], "Error: --detections applies to detection models, and this one is classification"),
@@ -301,3 +310,32 @@ def test_compile_is_for_classification_and_other_families_say_they_run_eagerly(t
                                compile=True, batch_size=1)
     assert "--compile applies to classification models; this segmentation model runs eagerly" in features.notes
     assert [features.row_shape("classifier", i) for i in range(2)] == [[21, 4, 6], [21, 6, 4]]
+
+
+def test_unreadable_and_short_videos_are_said(tmp_path, runner):
+    short = _video(tmp_path / "short.mp4", _frames(3))
+    text = tmp_path / "notes.mp4"
+    text.write_text("not a video\n")
+    base = ["extract", "-m", "r3d_18", "-w", "none", "-l", "layer1", "--clip-length", "4", "--resize", "16",
+            "--crop", "16", "-o", str(tmp_path / "out.safetensors")]
+    result = runner.invoke(main, [*base, str(text), str(short)])
+    assert result.exit_code == 1 and result.output.startswith(f"Error: cannot read video '{text}'")
+    result = runner.invoke(main, [*base, str(text), str(short), "--on-error", "skip"])
+    assert result.exit_code == 0, result.output
+    notes = [line for line in result.stderr.splitlines() if line.startswith("Note:")]
+    assert notes[0].startswith(f"Note: skipped video '{text}': cannot read video '{text}'")
+    assert notes[1] == f"Note: '{short}' is shorter than a clip: its last frame is repeated to fill one"
+    with open_features(tmp_path / "out.safetensors") as features:
+        assert json.loads(features.metadata["frames"]) == [[0, 1, 2, 2]]
+    result = runner.invoke(main, [*base, str(text), "--on-error", "skip", "--force"])
+    assert result.exit_code == 1 and "Error: none of the input videos could be read" in result.output
+
+
+def test_pair_with_takes_one_folder_as_inputs_do(tmp_path):
+    firsts, seconds = tmp_path / "before", tmp_path / "after"
+    firsts.mkdir(), seconds.mkdir()
+    _noise(firsts / "0.png", (128, 128), 0)
+    _noise(seconds / "0.png", (128, 128), 1)
+    features = hookcli.extract("raft_small", "update_block.flow_head", str(firsts), weights="none",
+                               pair_with=str(seconds))
+    assert json.loads(features.metadata["second_inputs"]) == [str(seconds / "0.png")]

@@ -251,8 +251,8 @@ def test_report_lists_each_images_detections(tmp_path, detections):
     assert first[0] == "image-0-detections" and second[0] == "image-1-detections"
     cells = [re.sub(r"<[^>]+>", " ", row).split() for row in re.findall(r"<tr>(.*?)</tr>", first[1])]
     assert cells == [["detection", "label", "score", "x1", "y1", "x2", "y2"],
-                     ["1", "3", "0.875", "4.0", "2.0", "40.0", "30.0"],
-                     ["2", "12", "0.250", "50.0", "10.0", "90.0", "38.0"]]
+                     ["#0", "3", "0.875", "4.0", "2.0", "40.0", "30.0"],
+                     ["#1", "12", "0.250", "50.0", "10.0", "90.0", "38.0"]]
     assert "<caption>2 detections: label (class index), score, and box corners in pixels" in first[1]
     assert '<p class="none">No detections.</p>' in second[1] and "<table" not in second[1]
     assert first[1].count("<img ") == second[1].count("<img ") == 1

@@ -18,6 +18,7 @@ from hookcli.video import (
     clip_frames,
     find_clips,
     find_pairs,
+    find_videos,
     frame_count,
     pair_frames,
     read_frames,
@@ -264,11 +265,20 @@ def test_a_missing_file(tmp_path):
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
-def test_a_fifo_is_refused_without_waiting(tmp_path):
+def test_a_fifo_is_refused_without_waiting_as_a_usage_problem(tmp_path):
     path = tmp_path / "pipe.mp4"
     os.mkfifo(path)
-    expect_error(lambda: frame_count(path), f"'{path}' is a FIFO (named pipe), not a regular file. "
-                                            "Hint: videos are read from regular files or folders of frames")
+    with pytest.raises(UsageProblem) as caught:
+        frame_count(path)
+    assert str(caught.value) == (f"'{path}' is a FIFO (named pipe), not a regular file. "
+                                 "Hint: videos are read from regular files or folders of frames")
+    assert caught.value.exit_code == 2
+
+
+def test_a_fifo_among_the_videos_of_a_folder_is_not_left_out(tmp_path):
+    os.mkfifo(tmp_path / "a.mp4")
+    write_mp4(tmp_path / "b.mp4")
+    assert find_videos([str(tmp_path)]) == [tmp_path / "a.mp4", tmp_path / "b.mp4"]
 
 
 def test_an_empty_folder(tmp_path):

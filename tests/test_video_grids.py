@@ -125,7 +125,7 @@ def test_a_frame_past_the_clip_names_the_frames_there_are(runner, tmp_path):
     result = _grid(runner, source, "--frame", "3", "-o", tmp_path / "g")
     assert result.stderr == "Note: skipped 'short' (shape [1, 3, 2, 6, 6]): --frame 3 is out of range: it has " \
                             "2 frames (0-1)\n"
-    assert result.stdout == f"{tmp_path / 'g' / 'clip__00000_row00000.png'}\n"
+    assert result.stdout == f"{tmp_path / 'g' / 'clip.frame3__00000_row00000.png'}\n"
     result = runner.invoke(main, ["grid", str(source), "--frame", "4", "-o", str(tmp_path / "h")])
     assert result.exit_code == 2
     assert result.output == (
@@ -286,3 +286,15 @@ def test_report_draws_clips_and_flows_with_grids_options(runner, tmp_path):
         result = runner.invoke(main, ["report", str(path), "-o", str(tmp_path / "r"), "-f", *options])
         assert (result.exit_code, result.stderr) == (0, ""), result.output
         assert (tmp_path / "r" / "index.html").read_text().count('<img src="data:image/png;base64,') == rows
+
+
+def test_one_frame_of_a_clip_is_named_apart_from_the_whole_clip(runner, tmp_path):
+    source = tmp_path / "f.safetensors"
+    write_safetensors({"clip": _clip(), "flat": torch.ones(1, 4)}, {}, source)
+    whole = _grid(runner, source, "-o", tmp_path / "g")
+    assert whole.stdout.splitlines() == [f"{tmp_path / 'g' / 'clip__00000_row00000.png'}",
+                                         f"{tmp_path / 'g' / 'flat__00000_row00000.png'}"]
+    one = runner.invoke(main, ["grid", str(source), "--frame", "1", "-o", str(tmp_path / "g")])
+    assert one.exit_code == 2 and "flat__00000_row00000.png' already exists" in one.output  # only clips change name
+    one = _grid(runner, source, "--frame", "1", "-k", "clip", "-o", tmp_path / "g")
+    assert one.stdout == f"{tmp_path / 'g' / 'clip.frame1__00000_row00000.png'}\n"
