@@ -303,12 +303,17 @@ def main() -> None:
     table = [header] + [(r["family"], r["model"], f"`{r['layer']}`", str(r["rows"]), f"{r['hookcli']:.1f}",
                          f"{r['hand']:.1f}", f"{r['hookcli'] / r['hand']:.2f}x", f"{r['diff']:.1e}", r["fused"])
                         for r in results]
-    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    print_table(table)
+    print(f"({time.perf_counter() - started:.0f} s in all)")
+
+
+def print_table(table: list) -> None:
+    """Rows of cells as a Markdown table, the first row its header."""
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     for number, row in enumerate(table):
         print("| " + " | ".join(cell.ljust(width) for cell, width in zip(row, widths)) + " |")
         if number == 0:
             print("|" + "|".join("-" * (width + 2) for width in widths) + "|")
-    print(f"({time.perf_counter() - started:.0f} s in all)")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ Keys (the file format's contract, see the README):
 
 - ``<key>`` a layer's output, ``<key>@input`` its input;
 - ``<key>#<i>`` / ``<key>#<name>`` an element of a tuple/list/dict output
-  (nested: ``<key>#0#1``); a multi-input module's inputs are ``<key>@input#<i>``;
+  (nested: ``<key>#0#1``); a multi-input module's inputs are ``<key>@input#<i>``,
+  and those given by keyword ``<key>@input#<name>``;
 - ``<key>:<call>`` when a module runs several times in one forward, for every
   call, counted from 0 (``layer1.0.relu:2``, ``layer1.0.relu:2@input``).
 
@@ -107,7 +108,7 @@ class FeatureCapture:
 
     def __enter__(self) -> FeatureCapture:
         modules = dict(self.model.named_modules())
-        missing = [path for path in self.layers if path not in modules or not path]
+        missing = [path for path in self.layers if path not in modules]  # "": the model itself
         if missing:
             raise UsageProblem(f"no layer '{missing[0]}' in the model", hint="resolve selectors with resolve_layers")
         stack = contextlib.ExitStack()
@@ -116,7 +117,8 @@ class FeatureCapture:
             for path in self.layers:
                 module = modules[path]
                 if self.capture in ("input", "both"):
-                    stack.enter_context(module.register_forward_pre_hook(functools.partial(self._on_input, path)))
+                    stack.enter_context(module.register_forward_pre_hook(functools.partial(self._on_input, path),
+                                                                         with_kwargs=True))
                 if self.capture in ("output", "both"):
                     stack.enter_context(module.register_forward_hook(functools.partial(self._on_output, path)))
         except BaseException:
@@ -162,7 +164,9 @@ class FeatureCapture:
     def _clear(self) -> None:
         self._outputs, self._inputs, self._counts = {}, {}, {}
 
-    def _on_input(self, path, module, inputs):
+    def _on_input(self, path, module, args, kwargs):
+        # One positional input is the layer's input; more, or keyword ones, are its elements: #0, #1, #name.
+        inputs = args[0] if len(args) == 1 and not kwargs else {**{str(i): a for i, a in enumerate(args)}, **kwargs}
         self._inputs.setdefault(path, []).append(_detached_copy(inputs))
         if self.capture == "input":
             self._count(path)
@@ -206,8 +210,7 @@ class FeatureCapture:
             for call in range(calls):
                 base = _call_key(key, call, calls)
                 if path in inputs:
-                    args = inputs[path][call]
-                    _add(flat, f"{base}@input", args[0] if len(args) == 1 else args, self.omitted)
+                    _add(flat, f"{base}@input", inputs[path][call], self.omitted)
                 if path in outputs:
                     _add(flat, base, outputs[path][call], self.omitted)
         for key, tensor in flat.items():
@@ -235,14 +238,17 @@ class GradientCapture(FeatureCapture):
     def run(self, batch) -> dict:
         raise RuntimeError("GradientCapture takes gradients: call run_gradients(batch, pick_targets)")
 
-    def run_gradients(self, batch, pick_targets=None, *, score=None) -> tuple[dict, object, object]:
+    def run_gradients(self, batch, pick_targets=None, *, score=None, field: str | None = None
+                      ) -> tuple[dict, object, object]:
         """Forward ``batch``, choose targets, and return activations and their gradients.
 
         ``pick_targets(logits)`` returns the classes ``[N, K]`` (long) of a
         classifier's ``[N, classes]`` logits to take gradients of: one
         backward per column. Returns ``({key: tensor}, classes, logits)``, with
         ``<key>@grad`` (K = 1) or ``<key>@grad#<k>`` next to each ``<key>``,
-        and the model's (detached) logits. Models whose output is not logits
+        and the model's (detached) logits; ``field`` names the logits within an
+        output that is a mapping (a transformers ``ModelOutput``: ``logits``,
+        ``pooler_output``). Models whose output is not logits
         (detection, segmentation) give ``score(output)`` instead, returning
         ``(scores [N, K], about)``; then ``(features, about, None)`` comes back.
         Raises :class:`CaptureError` for a layer the target does not depend on.
@@ -259,7 +265,7 @@ class GradientCapture(FeatureCapture):
                 if score is not None:
                     scores, about = score(output)
                 else:
-                    logits = output
+                    logits = output[field] if field and isinstance(output, Mapping) and field in output else output
                     if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
                         raise CaptureError("the model's output is not a [batch, classes] tensor of logits",
                                            hint="gradients need a classification model")

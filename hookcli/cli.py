@@ -28,6 +28,7 @@ from hookcli.families import FAMILIES
 from hookcli.gradients import CAM_METHODS
 from hookcli.pipeline import POOLS
 from hookcli.run import RunOptions
+from hookcli.sources import PREFIXES
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 DEFAULTS = RunOptions()
@@ -141,10 +142,12 @@ def _model_options(function=None, *, weights: str = DEFAULTS.weights):
     if function is None:
         return lambda f: _model_options(f, weights=weights)
     return _options(function, [
-        click.option("--model", "-m", required=True, metavar="NAME", help="torchvision model name ('hookcli models')."),
+        click.option("--model", "-m", required=True, metavar="NAME",
+                     help="A torchvision name ('hookcli models'), timm:NAME, hf:ORG/NAME or hf:/folder, "
+                     "open_clip:ARCH, or FILE.py:FUNCTION / package.module:FUNCTION (runs that code)."),
         click.option("--weights", "-w", default=weights, show_default=True, metavar="WEIGHTS",
-                     help="DEFAULT, a torchvision weights name (IMAGENET1K_V1), none (random init) or a "
-                     ".pth/.pt/.safetensors state dict."),
+                     help="DEFAULT (the model's own), a weights name (IMAGENET1K_V1; a timm or OpenCLIP "
+                     "pretrained tag), none (random init) or a .pth/.pt/.safetensors state dict."),
         click.option("--seed", type=int, default=0, show_default=True, help="Random seed for --weights none."),
     ])
 
@@ -280,7 +283,8 @@ def _rows_output_options(function):
     ])
 
 
-_LAYER_HELP = "Layer path (features.18), glob (layer3.*.conv2, features.**), type:Conv2d; PATH=NAME renames. Repeat."
+_LAYER_HELP = ("Layer path (features.18), glob (layer3.*.conv2, features.**), type:Conv2d, or . for the model's "
+               "own output; PATH=NAME renames. Repeat.")
 
 
 class _Reporter:
@@ -332,9 +336,12 @@ def _run(ctx: click.Context, command: str, options: dict, *args) -> None:
 
 
 @main.command(context_settings=CONTEXT_SETTINGS)
+@click.argument("pattern", required=False)
+@click.option("--source", type=click.Choice(("torchvision", *PREFIXES)), default="torchvision", show_default=True,
+              help="Where the models come from.")
 @click.option("--family", type=click.Choice(FAMILIES), help="Only the models of this family.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON array.")
-def models(family: str | None, as_json: bool) -> None:
+def models(pattern: str | None, source: str, family: str | None, as_json: bool) -> None:
     """List the models hookcli can load, their family and their weights.
 
     Every torchvision family: classification, detection (and instance
@@ -344,22 +351,50 @@ def models(family: str | None, as_json: bool) -> None:
     ~/.cache/hookcli), without importing torch; it is rebuilt when
     torchvision changes.
 
+    --source timm lists timm's architectures and their pretrained tags,
+    --source open_clip OpenCLIP's; --source hf the models in the local
+    Hugging Face cache. PATTERN is a glob on the name (timm's own syntax for
+    timm: 'vit_*', '*dino*').
+
     \b
       hookcli models --family video
+      hookcli models --source timm 'convnext_*'
       hookcli models --json | python -c 'import json,sys; print(len(json.load(sys.stdin)))'
     """
     from hookcli.models import describe_models
 
-    rows = describe_models(family)
+    if source == "torchvision":
+        rows = describe_models(family)
+        if pattern:
+            import fnmatch
+
+            rows = [row for row in rows if fnmatch.fnmatchcase(row["model"], pattern)]
+    else:
+        from hookcli.sources import list_source_models
+
+        rows = [row for row in list_source_models(source, pattern) if family in (None, row["family"])]
+        if not rows and source == "hf":
+            from huggingface_hub import constants
+
+            click.echo(f"Note: no model{' matching ' + pattern if pattern else ''} in the Hugging Face cache "
+                       f"({constants.HF_HUB_CACHE})", err=True)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
     from hookcli.summary import table_lines
 
     table = [("model", "family", "weights")]
-    table += [(r["model"], r["family"], f"{' '.join(r['weights'])} (default {r['default']})") for r in rows]
+    table += [(r["model"], r["family"], _weights_cell(r)) for r in rows]
     for line in table_lines(table):
         click.echo(line)
+
+
+def _weights_cell(row: dict) -> str:
+    if not row["weights"]:
+        return "none (random only)"
+    shown = row["weights"][:6]
+    more = f" +{len(row['weights']) - len(shown)} more" if len(row["weights"]) > len(shown) else ""
+    return f"{' '.join(shown)}{more} (default {row['default']})"
 
 
 @main.command(context_settings=CONTEXT_SETTINGS)

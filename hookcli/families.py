@@ -101,23 +101,26 @@ def natural_input(family: str, *, size: int | None = None, preprocess=None, fram
     """
     import torch
 
-    if size is None:
-        size = _natural_size(preprocess)
+    height, width = (size, size) if size is not None else _natural_size(preprocess)
     if family == "detection":
-        return ([torch.zeros(3, size, size)],)
+        return ([torch.zeros(3, height, width)],)
     if family == "video":
-        return (torch.zeros(1, 3, frames or DEFAULT_CLIP_LENGTH, size, size),)
+        return (torch.zeros(1, 3, frames or DEFAULT_CLIP_LENGTH, height, width),)
     if family == "optical_flow":
-        return torch.zeros(1, 3, size, size), torch.zeros(1, 3, size, size)
-    return (torch.zeros(1, 3, size, size),)
+        return torch.zeros(1, 3, height, width), torch.zeros(1, 3, height, width)
+    return (torch.zeros(1, 3, height, width),)
 
 
-def _natural_size(preprocess) -> int:
+def _natural_size(preprocess) -> tuple[int, int]:
+    """The height and width of what the preprocessing makes: its crop, else its resize (an image squashed to
+    ``[height, width]``, say), else :data:`_FREE_SIZE`."""
     if preprocess is not None and preprocess.crop is not None:
-        return preprocess.crop
+        return preprocess.crop, preprocess.crop
     if preprocess is not None and isinstance(preprocess.resize, int):
+        return preprocess.resize, preprocess.resize
+    if preprocess is not None and isinstance(preprocess.resize, tuple) and preprocess.kind == "classification":
         return preprocess.resize
-    return _FREE_SIZE
+    return _FREE_SIZE, _FREE_SIZE
 
 
 def call_model(model, batch):

@@ -97,6 +97,9 @@ class RunRecord:
     command: dict = _goes(_METADATA, _IDENTITY)
     #: The model's family (:data:`hookcli.families.FAMILIES`); the model's name already fixes it for the identity.
     family: str = field(default="classification", metadata={"goes": (_METADATA,)})
+    #: Tokens a vision transformer puts before its patch tokens (class, registers): pictures fold the rest into a
+    #: square. None (left out of the metadata) for other models; the model's name fixes it for the identity.
+    prefix_tokens: int | None = field(default=None, metadata={"goes": (_METADATA,)})
 
 
 @dataclass(frozen=True)
@@ -153,13 +156,13 @@ def run_metadata(record: RunRecord, facts: RunFacts, *, keys: Sequence[str]) -> 
                        "keys": [k for k in keys_of_layer(key, keys) if not k.endswith(ROW_SHAPE)]}
                 for path, key in value.items()
             })
-        elif f.name == "command":
-            continue  # the command's own entries come last
+        elif f.name == "command" or value is None and f.name == "prefix_tokens":
+            continue  # the command's own entries come last; a model without tokens says nothing of them
         else:
             metadata[f.name] = value if isinstance(value, str) else json.dumps(value)
         if f.name == "memory_format":
             metadata["fused"] = str(facts.fused)
-    metadata["versions"] = json.dumps(_versions())
+    metadata["versions"] = json.dumps(_versions(record.model))
     if facts.omitted:
         metadata["omitted"] = json.dumps(list(facts.omitted))
     metadata.update(record.command)
@@ -282,11 +285,16 @@ def folder_metadata(header: Mapping, shards: Sequence[Mapping]) -> dict[str, str
     return metadata
 
 
-def _versions() -> dict[str, str]:
+#: The package that builds a model of each source named by a prefix (its version goes into the metadata).
+_SOURCE_PACKAGES = {"timm": "timm", "hf": "transformers", "open_clip": "open_clip_torch"}
+
+
+def _versions(model: str = "") -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
     found = {}
-    for package in ("hookcli", "torch", "torchvision", "safetensors", "pillow"):
+    source = _SOURCE_PACKAGES.get(model.partition(":")[0])
+    for package in ("hookcli", "torch", "torchvision", "safetensors", "pillow", *([source] if source else [])):
         try:
             found[package] = version(package)
         except PackageNotFoundError:

@@ -41,7 +41,7 @@ import torch.fx
 import torch.nn as nn
 import torch.nn.functional as F
 
-__all__ = ["FusedConvolution", "fused_convolutions", "fused_for_inference"]
+__all__ = ["FusedConvolution", "fused_convolutions", "fused_for_inference", "traceable", "worth_fusing"]
 
 
 def fused_for_inference(model, keep: Iterable[str], *, dtype, channels_last: bool = False, whole_run: bool = False):
@@ -59,6 +59,8 @@ def fused_for_inference(model, keep: Iterable[str], *, dtype, channels_last: boo
     """
     if not _available(dtype) or any(p.device.type != "cpu" for p in model.parameters()) or _global_hooks():
         return model, 0
+    if not worth_fusing(model):
+        return model, 0
     keep = set(keep)
     whole = keep | {name for name, module in model.named_modules() if name and _hooked(module)}
     graph_module = _traced(model, whole)
@@ -70,6 +72,18 @@ def fused_for_inference(model, keep: Iterable[str], *, dtype, channels_last: boo
     if not count:
         return model, 0
     return graph_module, count
+
+
+def worth_fusing(model) -> bool:
+    """Whether ``model`` has convolutions to fuse: a transformer's lone patch embedding is not worth a trace (tracing
+    a large model costs a good part of a second)."""
+    convolutions = sum(type(m) is nn.Conv2d for m in model.modules())
+    return convolutions > 1 or convolutions == 1 and any(type(m) is nn.BatchNorm2d for m in model.modules())
+
+
+def traceable(model, keep: Iterable[str]) -> bool:
+    """Whether torch.fx can trace ``model`` with the ``keep`` modules as leaves (what fusion needs first)."""
+    return _traced(model, set(keep)) is not None
 
 
 def fused_convolutions(module) -> int:

@@ -170,11 +170,12 @@ class GradientForward:
     """
 
     def __init__(self, model, layers: Mapping[str, str], settings, on_note=None, *, target: Target,
-                 categories: Sequence[str] | None = None) -> None:
+                 categories: Sequence[str] | None = None, scores: str | None = None) -> None:
         from hookcli.families import ragged_rows
         from hookcli.pipeline import _DetectionRows
 
         self.model, self.settings, self.target, self.categories = model, settings, target, categories
+        self.scores = scores  # the output field holding the scores (a transformers model's logits), if not a tensor
         self.capture = GradientCapture(model, layers)
         self.family = getattr(settings, "family", "classification")
         self.rows = _DetectionRows(model, detections=False) if self.family == "detection" else None
@@ -205,7 +206,7 @@ class GradientForward:
                     return self.capture.run_gradients(group, score=self._mask_scores)[:2]
 
                 return rows_by_shape(run, batch) if self.ragged else run(batch)
-            captured, classes, logits = self.capture.run_gradients(batch, self.target.pick)
+            captured, classes, logits = self.capture.run_gradients(batch, self.target.pick, field=self.scores)
         return captured, _describe_targets(classes, logits, self.categories)
 
     def _name(self, index: int) -> str | None:
@@ -280,12 +281,14 @@ class CamForward(GradientForward):
     """The forward strategy of cam: maps ``cam`` ``[n, h, w]`` (``cam#<k>`` for each of top K) from one layer."""
 
     def __init__(self, model, layers: Mapping[str, str], settings, on_note=None, *, target: Target,
-                 categories: Sequence[str] | None = None, method: str = "gradcam") -> None:
+                 categories: Sequence[str] | None = None, method: str = "gradcam", scores: str | None = None,
+                 prefix_tokens: int | None = None) -> None:
         if method not in CAM_METHODS:
             raise UsageProblem(f"unknown CAM method '{method}'", hint=f"use one of {', '.join(CAM_METHODS)}")
         (self.layer,) = layers
-        super().__init__(model, {self.layer: "act"}, settings, on_note, target=target, categories=categories)
-        self.method = method
+        super().__init__(model, {self.layer: "act"}, settings, on_note, target=target, categories=categories,
+                         scores=scores)
+        self.method, self.prefix_tokens = method, prefix_tokens
 
     def __call__(self, batch) -> tuple[dict, list]:
         captured, targets = super().__call__(batch)
@@ -298,11 +301,12 @@ class CamForward(GradientForward):
         maps = {}
         for k in range(self.target.count):
             gradient = captured["act@grad" if self.target.count == 1 else f"act@grad#{k}"]
+            maps_of = functools.partial(spatial_maps, prefix_tokens=self.prefix_tokens)
             if isinstance(activations, list):  # rows of their own sizes: a map each
-                found = [class_activation_maps(spatial_maps(a[None]), spatial_maps(g[None]), self.method)[0]
+                found = [class_activation_maps(maps_of(a[None]), maps_of(g[None]), self.method)[0]
                          for a, g in zip(activations, gradient, strict=True)]
             else:
-                found = class_activation_maps(spatial_maps(activations), spatial_maps(gradient), self.method)
+                found = class_activation_maps(maps_of(activations), maps_of(gradient), self.method)
             maps["cam" if self.target.count == 1 else f"cam#{k}"] = found
         return maps, targets
 
@@ -317,19 +321,20 @@ def _describe_targets(classes, logits, categories) -> list[list[dict]]:
     return rows
 
 
-def spatial_maps(tensor):
+def spatial_maps(tensor, prefix_tokens: int | None = None):
     """A batch of layer outputs as ``[N, C, H, W]``.
 
     Crops are square, so a 4-D output is channels-first when its last two
     axes are equal and channels-last ([N, H, W, C], as inside Swin) when its
-    middle two are; tokens ``[N, T, D]`` fold into a square (a leading class
-    token dropped when T-1 is square).
+    middle two are; tokens ``[N, T, D]`` fold into a square, the model's
+    ``prefix_tokens`` (class and register tokens) left out first; when the
+    model does not say, a leading class token is dropped when T-1 is square.
     """
     if tensor.dim() == 4:
         return tensor.permute(0, 3, 1, 2) if _channels_last(tensor.shape) else tensor
     if tensor.dim() == 3:
         tokens = tensor.shape[1]
-        for skip in (0, 1):
+        for skip in ((prefix_tokens, 0, 1) if prefix_tokens else (0, 1)):
             side = math.isqrt(tokens - skip)
             if side * side == tokens - skip and side > 0:
                 grid = tensor[:, skip:, :]
@@ -368,8 +373,10 @@ def class_activation_maps(activations, gradients, method: str = "gradcam"):
 def default_cam_layer(loaded: LoadedModel, example) -> str:
     """The layer a CAM is usually taken at.
 
-    ViTs: the last encoder block's first LayerNorm (the class token has not yet
-    mixed every patch away); otherwise the last layer to finish whose output
+    Transformers (their tokens fold to a square): the last block's first
+    LayerNorm (the class token has not yet mixed every patch away), where a
+    block is the module holding two LayerNorms with token outputs; otherwise
+    the last layer to finish whose output
     is still a spatial map with more than one position, global pooling heads
     aside: the last convolutional stage (``layer4``, ``features``, Swin's
     ``permute`` after its final norm, …). Detection and segmentation models:
@@ -382,19 +389,21 @@ def default_cam_layer(loaded: LoadedModel, example) -> str:
 
     name, model = loaded.name, loaded.module
     prefix = {"detection": "backbone.body.", "segmentation": "backbone."}.get(loaded.family, "")
-    if name.startswith("vit_"):
-        blocks = [path for path, _ in model.named_modules() if re.fullmatch(r"encoder\.layers\.encoder_layer_\d+", path)]
-        return f"{blocks[-1]}.ln_1"
+    skip = loaded.prefix_tokens or 0
     finished: list[str] = []
+    token_norms: list[str] = []
 
     def note(path, module, inputs, output):
         pooling_head = isinstance(module, torch.nn.AdaptiveAvgPool2d | torch.nn.AdaptiveMaxPool2d)
-        if prefix and not path.startswith(prefix):
+        if prefix and not path.startswith(prefix) or not isinstance(output, torch.Tensor):
             return
-        if isinstance(output, torch.Tensor) and output.dim() == 4 and not pooling_head:
+        if output.dim() == 4 and not pooling_head:
             height, width = spatial_maps(output).shape[2:]
             if height * width > 1:
                 finished.append(path)
+        elif output.dim() == 3 and isinstance(module, torch.nn.LayerNorm) and _square(output.shape[1] - skip):
+            token_norms.append(path)
+            finished.append(path)
 
     with contextlib.ExitStack() as stack, preserved_mode(model), torch.inference_mode():
         for path, module in model.named_modules():
@@ -404,4 +413,19 @@ def default_cam_layer(loaded: LoadedModel, example) -> str:
     if not finished:
         raise UsageProblem(f"{name} has no layer with a spatial output to take a CAM at",
                            hint="pass --layer (see 'hookcli layers')")
-    return finished[-1]
+    if token_norms and token_norms[-1] == finished[-1]:
+        return _last_block_first_norm(token_norms)
+    return next(path for path in reversed(finished) if path not in token_norms)
+
+
+def _square(count: int) -> bool:
+    return count > 1 and math.isqrt(count) ** 2 == count
+
+
+def _last_block_first_norm(norms: list[str]) -> str:
+    """The first of the LayerNorms of the last module holding two or more (a transformer block), else the last."""
+    blocks: dict[str, list[str]] = {}
+    for path in norms:
+        blocks.setdefault(path.rpartition(".")[0], []).append(path)
+    held = [members for members in blocks.values() if len(members) >= 2]
+    return held[-1][0] if held else norms[-1]

@@ -83,6 +83,7 @@ from hookcli.store import check_folder_output, refuse_existing
 __all__ = [
     "DEFAULT_MAPS", "SCALES", "Detections", "GridJob", "GridOptions", "GridPlan", "Picture", "default_grid_folder",
     "detection_keys", "drawn_shape", "heat_picture", "input_names", "model_photo", "parse_channels", "plan_grids",
+    "prefix_tokens",
     "read_detections", "render_all", "render_job", "render_picture", "safe_name", "select_rows", "write_grids",
 ]
 
@@ -103,6 +104,17 @@ _DETECTION_FAMILY = "detection"
 _BOXES = f"{DETECTIONS}#boxes"
 #: What the detections picture shows of them.
 _DRAWN_DETECTIONS = (_BOXES, f"{DETECTIONS}#labels", f"{DETECTIONS}#scores")
+
+
+def prefix_tokens(metadata) -> int | None:
+    """The ``prefix_tokens`` a file's metadata records (class and register tokens of a vision transformer), or None
+    when it records none or something that is not a small whole number (the metadata is untrusted)."""
+    text = metadata.get("prefix_tokens") if hasattr(metadata, "get") else None
+    try:
+        count = int(text) if isinstance(text, str) and text.strip().isdigit() else None
+    except ValueError:
+        return None
+    return count if count is not None and count <= 4096 else None
 
 
 def parse_channels(value) -> slice | None:
@@ -268,7 +280,8 @@ def plan_grids(features, options: GridOptions, out_dir: str | os.PathLike | None
             continue
         try:
             drawable[key] = _maps_limit(drawn_shape(features, key), options,
-                                        flow=_draws_flow(features, key, options))
+                                        flow=_draws_flow(features, key, options),
+                                        prefix=prefix_tokens(features.metadata))
         except NotDrawable as reason:
             refusals.append(f"'{key}' (shape {features.shape(key)}): {reason}")
             notes.append(f"skipped '{key}' (shape {features.shape(key)}): {reason}")
@@ -325,7 +338,8 @@ def _plan_detections(features, chosen: Sequence[str], drawable: dict, notes: lis
     notes.append(f"skipped the detections ({named}): {reason}")
 
 
-def _maps_limit(shape: Sequence[int], options: GridOptions, *, flow: bool = False) -> tuple[int | None, str | None]:
+def _maps_limit(shape: Sequence[int], options: GridOptions, *, flow: bool = False,
+                prefix: int | None = None) -> tuple[int | None, str | None]:
     """``(how many selected maps one picture holds or None for all, a note when not all)``; NotDrawable if none.
 
     Without ``--channels`` or ``--top``, a layer of more than
@@ -347,7 +361,7 @@ def _maps_limit(shape: Sequence[int], options: GridOptions, *, flow: bool = Fals
                               f"({MAX_PIXELS:,} pixels)")
         return None, None
     row, _ = _row_drawn(shape[1:], options)
-    count, height, width, layout = map_layout(row)
+    count, height, width, layout = map_layout(row, prefix)
     selected = range(count)[options.channels] if options.channels is not None else range(count)
     kind = "value" if layout in STRIPS else "channel"
     if not selected:
@@ -637,7 +651,8 @@ def _row_picture(features, job: GridJob, options: GridOptions, values: np.ndarra
     one_map_a_row = _one_map_a_row(features, job.key)
     stored = _drawn_row_shape(features, job.key, job.row)
     shape, frame = _row_drawn(stored, options)
-    count, _, _, layout = map_layout(shape)
+    prefix = prefix_tokens(features.metadata)
+    count, _, _, layout = map_layout(shape, prefix)
     selected = range(count)[options.channels] if options.channels is not None else range(count)
     if job.limit is not None and options.top is None:
         selected = selected[:job.limit]
@@ -648,7 +663,7 @@ def _row_picture(features, job: GridJob, options: GridOptions, values: np.ndarra
     if values is None:
         values = features.read(job.key, job.row, part)
     values = values.reshape(len(selected), *stored[1:]) if direct else values.reshape(stored)
-    maps, layout = as_maps(values if frame is None else values[:, frame])
+    maps, layout = as_maps(values if frame is None else values[:, frame], prefix)
     if not direct and selected != range(count):
         maps = maps[selected.start:selected.stop:selected.step]
     if len(maps) == 0:
@@ -700,6 +715,8 @@ def _row_picture(features, job: GridJob, options: GridOptions, values: np.ndarra
         parts = [printable(_capped(job.key, 200)), printable(_capped(job.name, 120)), str(list(stored)), picked]
         if layout in _LAYOUTS:
             parts.append(_LAYOUTS[layout])
+        elif layout == "tokens+prefix":
+            parts.append(f"tokens as a square, the {prefix} prefix tokens (class, registers) left out")
         if layout in CLIPS:
             parts.append(f"rows: channels, columns: frames 0-{maps.shape[1] - 1}")
         if frame is not None:
@@ -789,6 +806,8 @@ def model_photo_scaled(path, preprocess, *, enlarge: bool = True) -> tuple[np.nd
         width = _upright_size(path)[0]
         photo.thumbnail((_OVERLAY_SIDE, _OVERLAY_SIDE))
         return np.asarray(photo), photo.width / width
+    if isinstance(preprocess.resize, tuple) and preprocess.kind == "classification":
+        return _squashed_photo(photo, preprocess, enlarge)
     resize = preprocess.resize if isinstance(preprocess.resize, int) else None
     # Without a resize the model was given the photo at its own size, which the reduced loading of a large one hides.
     size = _upright_size(path) if resize is None or preprocess.crop is None else None
@@ -804,6 +823,22 @@ def model_photo_scaled(path, preprocess, *, enlarge: bool = True) -> tuple[np.nd
     drawn = tuple(max(1, round(n * scale)) for n in given_size)
     resample = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC, "nearest": Image.NEAREST}
     return np.asarray(photo.resize(drawn, resample[preprocess.interpolation])), scale
+
+
+def _squashed_photo(photo, preprocess, enlarge: bool) -> tuple[np.ndarray, float]:
+    """The view of a model that squashes the photo to ``[height, width]`` (then centre-crops it, if it crops)."""
+    from PIL import Image
+
+    height, width = preprocess.resize
+    crop_h, crop_w = (preprocess.crop, preprocess.crop) if preprocess.crop else (height, width)
+    longest = max(crop_h, crop_w)
+    scale = min(_OVERLAY_SIDE, max(_OVERLAY_MIN, 2 * longest) if enlarge else longest) / longest
+    resample = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC, "nearest": Image.NEAREST}
+    squashed = photo.resize((max(1, round(width * scale)), max(1, round(height * scale))),
+                            resample[preprocess.interpolation])
+    left, top = round(int(round((width - crop_w) / 2.0)) * scale), round(int(round((height - crop_h) / 2.0)) * scale)
+    box = (left, top, left + max(1, round(crop_w * scale)), top + max(1, round(crop_h * scale)))
+    return np.asarray(squashed.crop(box)), scale
 
 
 def _upright_size(path) -> tuple[int, int]:

@@ -50,8 +50,8 @@ from hookcli.registry import ModelEntry, model_registry
 from hookcli.store import file_kind
 
 __all__ = [
-    "LoadedModel", "describe_models", "list_models", "load_model", "looks_like_weights_path", "model_family",
-    "num_classes",
+    "LoadedModel", "describe_models", "fit_state_dict", "list_models", "load_model", "looks_like_weights_path",
+    "model_family", "num_classes",
     "resolve_weights", "weights_cache_path",
 ]
 
@@ -79,6 +79,19 @@ class LoadedModel:
     preprocess: Preprocess
     categories: list[str] | None
     family: str = "classification"
+    #: Where the model comes from (:data:`hookcli.sources.SOURCES`).
+    source: str = "torchvision"
+    #: Tokens a vision transformer puts before its patch tokens (class, registers); None for other models.
+    prefix_tokens: int | None = None
+    #: How many scores grad and cam choose targets among; None: counted from the model's last layer.
+    classes: int | None = None
+    #: The field of the model's output (a transformers ``ModelOutput``) that holds those scores: ``logits``,
+    #: ``pooler_output``; ``embedding`` for an embedding tower; None when the output is a tensor of logits.
+    scores: str | None = None
+    #: What the user should know about how the model was built (a preprocessing assumed, a mode approximated).
+    notes: tuple[str, ...] = ()
+    #: Whether ``preprocess`` is ImageNet's defaults, assumed for a model that gives none.
+    preprocess_assumed: bool = False
 
 
 def list_models(family: str | None = None) -> list[str]:
@@ -99,8 +112,23 @@ def describe_models(family: str | None = None) -> list[dict]:
 
 
 def model_family(name: str) -> str:
-    """The family of model ``name`` (an unknown name is refused), from the registry cache: no torch needed."""
-    return _entry(name).family
+    """The family of model ``name`` (an unknown name is refused), from the registry cache: no torch needed.
+
+    Models of other sources (:mod:`hookcli.sources`) are classification models: they take stacked images.
+    """
+    spec = _other_source(name)
+    return "classification" if spec is not None else _entry(name).family
+
+
+def _other_source(name: str):
+    """The :class:`~hookcli.sources.ModelSpec` of a model from outside torchvision (checked), else None."""
+    from hookcli.sources import check_model, parse_model
+
+    spec = parse_model(name)
+    if spec.source == "torchvision":
+        return None
+    check_model(spec)
+    return spec
 
 
 def resolve_weights(name: str, weights: str) -> str | None:
@@ -113,7 +141,16 @@ def resolve_weights(name: str, weights: str) -> str | None:
 
     >>> resolve_weights("resnet18", "default"), resolve_weights("resnet18", "ResNet18_Weights.IMAGENET1K_V1")
     ('DEFAULT', 'IMAGENET1K_V1')
+
+    Models of other sources have their weights checked as far as can be
+    without their package (:func:`hookcli.sources.check_weights`), and give None.
     """
+    spec = _other_source(name)
+    if spec is not None:
+        from hookcli.sources import check_weights
+
+        check_weights(spec, weights)
+        return None
     entry = _entry(name)
     spec = weights.strip()
     if spec.lower() == "none":
@@ -150,7 +187,15 @@ def weights_cache_path(weights) -> Path:
 
 
 def load_model(name: str, weights: str = "DEFAULT", *, seed: int = 0) -> LoadedModel:
-    """Build model ``name`` in eval mode on the CPU with ``weights`` (see the module docs)."""
+    """Build model ``name`` in eval mode on the CPU with ``weights`` (see the module docs).
+
+    ``timm:``, ``hf:``, ``open_clip:`` and factory names are built by :mod:`hookcli.sources`.
+    """
+    spec = _other_source(name)
+    if spec is not None:
+        from hookcli import sources
+
+        return sources.load(spec, weights, seed=seed)
     member = resolve_weights(name, weights)  # before torch: a name that cannot be built is refused at once
     import torchvision.models
 
@@ -167,6 +212,8 @@ def load_model(name: str, weights: str = "DEFAULT", *, seed: int = 0) -> LoadedM
     else:
         module, described = _build_from_file(name, Path(spec), seed, build_options(family, pretrained=False))
     module.eval()
+    from hookcli.sources import prefix_tokens
+
     return LoadedModel(
         name=name,
         module=module,
@@ -174,6 +221,7 @@ def load_model(name: str, weights: str = "DEFAULT", *, seed: int = 0) -> LoadedM
         preprocess=Preprocess.from_transforms((weights_enum.DEFAULT if named is None else named).transforms()),
         categories=None if named is None else named.meta.get("categories"),
         family=family,
+        prefix_tokens=prefix_tokens(module),
     )
 
 
@@ -240,6 +288,16 @@ def _build_from_file(name: str, path: Path, seed: int, options: dict):
     num_classes = _checkpoint_num_classes(module, state)
     if num_classes is not None:
         module = _build_seeded(name, seed, num_classes=num_classes, **options)
+    fit_state_dict(module, state, path, name)
+    described = {"source": "file", "path": str(path.resolve()), "sha256": _sha256(path)}
+    if num_classes is not None:
+        described["num_classes"] = num_classes
+    return module, described
+
+
+def fit_state_dict(module, state: dict, path: Path, name: str) -> None:
+    """Load ``state`` (read from ``path``) into ``module``, refusing, with the first misfit named, one that does not
+    fit it exactly."""
     # load_state_dict reports wrong shapes as one RuntimeError whose first line names nothing; check them first.
     expected = module.state_dict()
     misfits = [key for key, tensor in expected.items() if key in state and state[key].shape != tensor.shape]
@@ -252,10 +310,6 @@ def _build_from_file(name: str, path: Path, seed: int, options: dict):
     if problems:
         raise _does_not_fit(path, name, ", ".join(problems[:4]) + (
             f" and {len(problems) - 4} more" if len(problems) > 4 else ""))
-    described = {"source": "file", "path": str(path.resolve()), "sha256": _sha256(path)}
-    if num_classes is not None:
-        described["num_classes"] = num_classes
-    return module, described
 
 
 def _does_not_fit(path: Path, name: str, detail: str) -> WeightsError:

@@ -440,6 +440,9 @@ class FusedForward(EagerForward):
         super().__init__(fused, layers, settings, on_note)
         self.plain = model
         self.proven = fused is model  # nothing to fall back to
+        if fused is model and settings.family != "detection" and not _fusion_traceable(model, layers):
+            self._note(f"--fuse: {type(model).__name__} cannot be traced by torch.fx, so it runs unfused "
+                       "(the values are the same)")
 
     def __call__(self, batch) -> tuple[dict, None]:
         try:
@@ -455,6 +458,13 @@ class FusedForward(EagerForward):
                        "running the model unfused")
         self.proven = True
         return result
+
+
+def _fusion_traceable(model, layers) -> bool:
+    """Whether fusion could trace ``model`` (True for one with nothing worth fusing: there is nothing to say)."""
+    from hookcli.fusion import traceable, worth_fusing
+
+    return not worth_fusing(model) or traceable(model, layers)
 
 
 def _with_fused_backbone(model, layers: Mapping[str, str], fuse, detections: bool):

@@ -74,6 +74,9 @@ class Preprocess:
 
     - ``classification`` (also quantized classifiers): shorter side to
       ``resize``, centre crop ``crop``² (torchvision's ``ImageClassification``);
+      ``resize`` may be ``[height, width]`` (the image squashed to that size,
+      as Hugging Face's ViT processor and timm's ``squash`` mode do) and
+      ``crop`` None (no crop);
     - ``segmentation``: shorter side to ``resize`` (``SemanticSegmentation``),
       then a centre crop only when ``crop`` is given;
     - ``detection``: the image as it is, in [0, 1] (``ObjectDetection``; the
@@ -102,12 +105,13 @@ class Preprocess:
             raise ValueError(f"interpolation must be one of {', '.join(INTERPOLATIONS)}, not {self.interpolation!r}")
         if isinstance(self.resize, list):
             object.__setattr__(self, "resize", tuple(self.resize))
-        needed = {"classification": ("resize", "crop"), "segmentation": ("resize",), "video": ("resize", "crop")}
+        needed = {"classification": ("resize",), "segmentation": ("resize",), "video": ("resize", "crop")}
         for name in ("resize", "crop"):
             value = getattr(self, name)
             if value is None and name not in needed.get(self.kind, ()):
                 continue
-            sides = value if name == "resize" and isinstance(value, tuple) and self.kind == "video" else (value,)
+            pair = name == "resize" and isinstance(value, tuple) and self.kind in ("video", "classification")
+            sides = value if pair else (value,)
             if len(sides) not in (1, 2) or not all(_is_side(v) for v in sides):
                 raise ValueError(f"{name} must be a whole number from 1 to {MAX_SIDE}, not {value!r}")
         if (self.mean is None) != (self.std is None):
@@ -192,7 +196,7 @@ class Preprocess:
         from torchvision.transforms import InterpolationMode
 
         interpolation = InterpolationMode(self.interpolation)
-        if self.kind == "classification":
+        if self.kind == "classification" and isinstance(self.resize, int) and self.crop is not None:
             from torchvision.transforms._presets import ImageClassification
 
             return ImageClassification(crop_size=self.crop, resize_size=self.resize, mean=self.mean, std=self.std,
@@ -210,7 +214,8 @@ def _is_side(value) -> bool:
 
 
 class _ImageSteps:
-    """PIL image → float tensor ``[3, H, W]``: resize and crop when set, scale to [0, 1], normalise when set.
+    """PIL image → float tensor ``[3, H, W]``: resize (shorter side, or to ``[height, width]``) and crop when set,
+    scale to [0, 1], normalise when set.
 
     With only ``resize`` and normalisation this is torchvision's ``SemanticSegmentation``; with neither,
     ``ObjectDetection``; with mean = std = 0.5, ``OpticalFlow`` on one frame.
@@ -226,7 +231,8 @@ class _ImageSteps:
 
         spec = self.spec
         if spec.resize is not None:
-            image = F.resize(image, [spec.resize], interpolation=InterpolationMode(spec.interpolation),
+            size = list(spec.resize) if isinstance(spec.resize, tuple) else [spec.resize]
+            image = F.resize(image, size, interpolation=InterpolationMode(spec.interpolation),
                              antialias=spec.antialias)
         if spec.crop is not None:
             image = F.center_crop(image, [spec.crop])

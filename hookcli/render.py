@@ -68,11 +68,13 @@ class RowNotDrawable(NotDrawable):
     the tensor's other rows may have one."""
 
 
-def map_layout(row_shape: Sequence[int]) -> tuple[int, int, int, str]:
+def map_layout(row_shape: Sequence[int], prefix_tokens: int | None = None) -> tuple[int, int, int, str]:
     """How a per-image tensor of ``row_shape`` is drawn, without its values: ``(maps, height, width, layout)``.
 
     Layouts: ``channels`` ([C, H, W]), ``tokens`` and ``tokens+cls`` ([T, D]
-    folded to a square), ``matrix`` ([T, D] drawn as it is), the strips
+    folded to a square), ``tokens+prefix`` ([T, D] whose first
+    ``prefix_tokens`` tokens, a class token and register tokens as the model
+    says, are left out before the rest folds to a square), ``matrix`` ([T, D] drawn as it is), the strips
     ``vector`` ([D]) and ``pooled`` ([C, 1, 1]), whose maps are single values,
     and the :data:`CLIPS` of a video model, ``[C, T, H, W]``: ``frames``, each
     map T frames of ``height × width``, and ``pooled-frames`` ([C, T, 1, 1]),
@@ -92,6 +94,11 @@ def map_layout(row_shape: Sequence[int]) -> tuple[int, int, int, str]:
         return shape[0], shape[1], shape[2], "channels"
     if len(shape) == 2:
         tokens, dim = shape
+        if prefix_tokens and prefix_tokens > 1 and _square(tokens - prefix_tokens):
+            side = math.isqrt(tokens - prefix_tokens)
+            return dim, side, side, "tokens+prefix"
+        if prefix_tokens == 1 and _square(tokens - 1):
+            return dim, math.isqrt(tokens - 1), math.isqrt(tokens - 1), "tokens+cls"
         side = math.isqrt(tokens)
         if side * side == tokens and tokens > 1:
             return dim, side, side, "tokens"
@@ -111,24 +118,27 @@ def map_layout(row_shape: Sequence[int]) -> tuple[int, int, int, str]:
     raise NotDrawable(f"{len(shape)} dimensions per image")
 
 
+def _square(count: int) -> bool:
+    return count > 1 and math.isqrt(count) ** 2 == count
+
+
 #: Layouts drawn as one strip of single values rather than tiles.
 STRIPS = ("vector", "pooled")
 #: Layouts of video clips, drawn by :func:`tile_frames`: their maps are ``[T, H, W]``.
 CLIPS = ("frames", "pooled-frames")
 
 
-def as_maps(array: np.ndarray) -> tuple[np.ndarray, str]:
+def as_maps(array: np.ndarray, prefix_tokens: int | None = None) -> tuple[np.ndarray, str]:
     """One image's tensor as ``(maps [K, H, W], layout)``, float32 (float64 kept); raises :class:`NotDrawable`.
 
-    The maps of :data:`CLIPS` are clips: ``[K, T, H, W]``.
+    The maps of :data:`CLIPS` are clips: ``[K, T, H, W]``. ``prefix_tokens``: see :func:`map_layout`.
     """
     array = np.asarray(array)
     array = array.astype(np.float64 if array.dtype == np.float64 else np.float32, copy=False)
-    count, height, width, layout = map_layout(array.shape)
-    if layout == "tokens":
-        return np.ascontiguousarray(array.T).reshape(count, height, width), layout
-    if layout == "tokens+cls":
-        return np.ascontiguousarray(array[1:].T).reshape(count, height, width), layout
+    count, height, width, layout = map_layout(array.shape, prefix_tokens)
+    if layout in ("tokens", "tokens+cls", "tokens+prefix"):
+        skipped = array.shape[0] - height * width
+        return np.ascontiguousarray(array[skipped:].T).reshape(count, height, width), layout
     if layout in CLIPS:
         return array, layout
     return array.reshape(count, height, width), layout

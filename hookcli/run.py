@@ -312,7 +312,7 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
     loaded = model if isinstance(model, LoadedModel) else _load(model_name, opts)
     settings = dataclasses.replace(settings, device=device, preprocess=_preprocess(loaded, opts))
     settings = settings.resolved(loaded, len(paths))
-    notes = gathered
+    notes = gathered + _loading_notes(loaded, options)
     if command == "extract" and opts.compile and not settings.compile:
         notes += (f"--compile applies to classification models; this {loaded.family.replace('_', ' ')} model runs "
                   "eagerly",)
@@ -323,8 +323,11 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
         from hookcli.gradients import parse_target
         from hookcli.models import num_classes
 
-        target = parse_target(opts.target, loaded.categories, num_classes(loaded.module), region=opts.region,
-                              family=loaded.family)
+        target = parse_target(opts.target, loaded.categories, loaded.classes or num_classes(loaded.module),
+                              region=opts.region, family=loaded.family)
+        if loaded.scores not in (None, "logits"):
+            notes += (f"{loaded.name} has no classifier: targets are units of its "
+                      f"{'image embedding' if loaded.scores == 'embedding' else loaded.scores}",)
     selected, forward, entries = _command_parts(command, loaded, layers, settings, opts, target)
     if loaded.family == "video":
         entries = {**entries, "clip_length": str(opts.clip_length or DEFAULT_CLIP_LENGTH),
@@ -353,6 +356,7 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
         precision=settings.precision, memory_format=settings.memory_format, fuse=settings.fusing,
         device=str(settings.device), on_error=settings.on_error, shard_size=opts.shard_size,
         inputs=tuple(os.path.abspath(p) for p in paths), command=entries, family=loaded.family,
+        prefix_tokens=loaded.prefix_tokens,
     )
     cam_look = {"method": opts.method, "alpha": opts.alpha, "cmap": opts.cmap} if command == "cam" else None
     return RunPlan(command=command, loaded=loaded, layers=selected, inputs=tuple(paths), settings=settings,
@@ -366,6 +370,14 @@ _NO_GRADIENTS = {
     "optical_flow": "a flow field is not a class score; extract the layers instead",
     "quantized": "quantized kernels have no backward; use the float model (the name without quantized_)",
 }
+
+
+def _loading_notes(loaded, given: Mapping) -> tuple[str, ...]:
+    """What building the model found worth saying; an assumed preprocessing goes unsaid when every part of it is
+    given."""
+    if loaded.preprocess_assumed and all(given.get(name) is not None for name in ("resize", "crop", "mean", "std")):
+        return ()
+    return tuple(loaded.notes)
 
 
 def _settings(command: str, opts: RunOptions):
@@ -392,7 +404,7 @@ def _output_kind(command: str, output, model_name: str) -> tuple[str, str | None
     if command == "cam":
         if output is None:
             return "memory", None
-        return "cam", str(f"{model_name}-cam" if output is DEFAULT_OUTPUT else output)
+        return "cam", str(f"{_label(model_name)}-cam" if output is DEFAULT_OUTPUT else output)
     if output is None:
         return "memory", None
     if output is DEFAULT_OUTPUT:
@@ -416,8 +428,15 @@ def default_output_name(model_name: str, keys: Sequence[str], *, folder: bool = 
     """``<model>-<key>`` for one layer's key, ``<model>-<n>layers`` for more; then ``<kind>.safetensors`` unless a
     folder."""
     label = keys[0] if len(keys) == 1 else f"{len(keys)}layers"
-    name = f"{model_name}-{label.replace(os.sep, '_')}"
+    name = f"{_label(model_name)}-{label.replace(os.sep, '_')}"
     return Path(name) if folder else Path(f"{name}{kind}.safetensors")
+
+
+def _label(model_name: str) -> str:
+    """The model's name as a file name: ``timm-resnet50`` for ``timm:resnet50`` (see :mod:`hookcli.sources`)."""
+    from hookcli.sources import parse_model
+
+    return parse_model(model_name).label
 
 
 def _default_output(command: str, model_name: str, keys: Sequence[str], kind: str) -> str:
@@ -612,11 +631,12 @@ def _command_parts(command, loaded, layers, settings, opts, target):
 
     if command == "grad":
         return (resolve_layers(loaded.module, _selectors(layers), model_name=loaded.name),
-                functools.partial(GradientForward, target=target, categories=loaded.categories),
-                {"target": target.describe()})
+                functools.partial(GradientForward, target=target, categories=loaded.categories,
+                                  scores=loaded.scores), {"target": target.describe()})
     layer = _cam_layer(loaded, layers, settings)
     return ({layer: "cam"}, functools.partial(CamForward, target=target, categories=loaded.categories,
-                                              method=opts.method),
+                                              method=opts.method, scores=loaded.scores,
+                                              prefix_tokens=loaded.prefix_tokens),
             {"target": target.describe(), "method": opts.method, "cam_layer": layer})
 
 

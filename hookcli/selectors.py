@@ -7,6 +7,9 @@ A selector is one of:
   ``?`` one character, ``[...]`` a character set (``layer3.*.conv2``, ``features.**``);
 - a type: ``type:Conv2d`` (class name, globs allowed; a dotted pattern matches
   the qualified name ``torch.nn.modules.conv.Conv2d``);
+- ``.``, the model itself: what its forward returns, stored under the key
+  ``output`` (a transformers model's ``ModelOutput`` fields become
+  ``output#last_hidden_state``, ``output#pooler_output``);
 - any of the above followed by ``=NAME`` to store the layer under another key
   (``layer4=final``); the selector must then match exactly one layer.
 
@@ -29,12 +32,15 @@ from dataclasses import dataclass, field
 from hookcli.errors import UnknownLayerError, UsageProblem
 
 __all__ = [
-    "LayerInfo", "KEY_RESERVED", "describe_layers", "glob_to_regex", "hookable_layers", "resolve_layers",
-    "selector_keys",
+    "LayerInfo", "KEY_RESERVED", "MODEL", "MODEL_KEY", "describe_layers", "glob_to_regex", "hookable_layers",
+    "resolve_layers", "selector_keys",
 ]
 
 #: Characters that separate a layer's key from call index, input marker and container element.
 KEY_RESERVED = ":@#"
+#: The selector of the model itself (module path ``""``), and the key its output is stored under.
+MODEL = "."
+MODEL_KEY = "output"
 
 
 def hookable_layers(model) -> dict:
@@ -60,7 +66,7 @@ def resolve_layers(model, selectors: Iterable[str], *, model_name: str | None = 
                     hint="a =NAME rename needs a selector that matches exactly one layer",
                 )
         for path in matches:
-            key = rename or path
+            key = rename or path or MODEL_KEY
             if chosen.get(path, key) != key:
                 raise UsageProblem(
                     f"layer '{path}' is selected under two names, '{chosen[path]}' and '{key}'",
@@ -73,8 +79,8 @@ def resolve_layers(model, selectors: Iterable[str], *, model_name: str | None = 
     clash = next((k for k in keys if keys.count(k) > 1), None)
     if clash is not None:
         raise UsageProblem(f"two layers would be stored under the key '{clash}'", hint="rename one with PATH=NAME")
-    order = {path: i for i, path in enumerate(layers)}
-    return dict(sorted(chosen.items(), key=lambda item: order[item[0]]))
+    order = {path: i for i, path in enumerate(layers)}  # the model itself finishes last
+    return dict(sorted(chosen.items(), key=lambda item: order.get(item[0], len(order))))
 
 
 def selector_keys(selectors: Iterable[str]) -> list[str] | None:
@@ -89,7 +95,7 @@ def selector_keys(selectors: Iterable[str]) -> list[str] | None:
     keys: dict[str, str] = {}
     for selector in selectors:
         pattern, rename = _parse_selector(selector)
-        key = rename or pattern
+        key = rename or (MODEL_KEY if pattern == MODEL else pattern)
         if pattern.startswith("type:") or _is_glob(pattern) or keys.setdefault(pattern, key) != key:
             return None  # a pattern, or one path under two names: resolve_layers decides (or refuses)
     found = list(keys.values())
@@ -112,6 +118,8 @@ def _is_glob(pattern: str) -> bool:
 
 
 def _match(pattern: str, layers: Mapping, model_name: str | None) -> list[str]:
+    if pattern == MODEL:
+        return [""]
     where = f" in {model_name}" if model_name else ""
     hint = f"run 'hookcli layers --model {model_name}' to list them" if model_name else "list them with describe_layers"
     if pattern.startswith("type:"):

@@ -7,6 +7,10 @@ import tempfile
 os.environ["TORCH_HOME"] = tempfile.mkdtemp(prefix="hookcli-torch-home-")
 os.environ["HOOKCLI_CACHE_DIR"] = tempfile.mkdtemp(prefix="hookcli-cache-")
 os.environ["HOOKCLI_OFFLINE"] = "1"
+# The Hugging Face cache (transformers, timm and OpenCLIP pretrained files) is a temp folder, and offline.
+os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="hookcli-hf-home-")
+os.environ["HF_HUB_CACHE"] = os.path.join(os.environ["HF_HOME"], "hub")
+os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.pop("HOOKCLI_DEBUG", None)
 
 from pathlib import Path  # noqa: E402

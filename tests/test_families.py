@@ -84,7 +84,12 @@ def test_a_preprocessing_record_is_checked_for_its_kind():
                                          "optical_flow, not 'audio'"):
         Preprocess.from_metadata(json.dumps({"resize": 1, "crop": 1, "kind": "audio"}))
     with pytest.raises(ValueError, match="crop must be a whole number from 1 to 8192, not None"):
-        Preprocess(resize=256, crop=None)
+        Preprocess(resize=256, crop=None, kind="video")
+    with pytest.raises(ValueError, match="resize must be a whole number from 1 to 8192, not None"):
+        Preprocess(resize=None, crop=224)
+    with pytest.raises(ValueError, match=r"resize must be a whole number from 1 to 8192, not \(224, 0\)"):
+        Preprocess(resize=(224, 0), crop=None)
+    assert Preprocess(resize=(224, 160), crop=None).resize == (224, 160)  # squashed to that size, as HF's ViT does
     with pytest.raises(ValueError, match="mean and std must both be given or both be left out"):
         Preprocess(resize=None, crop=None, mean=None, kind="detection")
     assert Preprocess(resize=None, crop=None, mean=None, std=None, kind="detection").decode_size is None

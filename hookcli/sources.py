@@ -1,0 +1,875 @@
+"""Models from outside torchvision: timm, Hugging Face transformers, OpenCLIP, and the user's own factories.
+
+A ``--model`` value names its source by its spelling (:func:`parse_model`):
+
+==========================  =========================================================================
+``timm:NAME``               a timm model (``pip install "hookcli[timm]"``)
+``hf:ORG/NAME``             a transformers vision model from the local Hugging Face cache
+``hf:/path/to/folder``      one written by ``save_pretrained`` (a path: ``/``, ``./``, ``../`` or ``~``)
+``open_clip:ARCH``          the image tower of an OpenCLIP model (``open_clip:/path/Config.json`` too)
+``path/to/file.py:make``    ``make()`` from a Python file: it runs the user's code
+``package.module:make``     ``make()`` from an importable module (the current folder is searched too)
+anything else               a torchvision model name (:mod:`hookcli.models`)
+==========================  =========================================================================
+
+Everything that can be said without torch is said by :func:`check_model`
+and :func:`check_weights` (a missing file, a missing package, a weights name
+the source has no use for); :func:`load` builds the model in eval mode on the
+CPU as a :class:`~hookcli.models.LoadedModel` whose ``name`` is the value as
+given (a file factory's path made absolute), ``weights`` says where the
+weights came from, and ``preprocess`` is the source's own preprocessing.
+
+Nothing is downloaded: pretrained files come from the local caches, and a
+missing one is named, with where to place it. A TorchScript or
+``torch.export`` archive given as a model is refused: hooks cannot reach the
+modules inside it.
+
+>>> parse_model("timm:resnet50"), parse_model("hf:facebook/dinov2-small").source
+(ModelSpec(source='timm', name='resnet50'), 'hf')
+>>> parse_model("my_models.nets:small").source, parse_model("resnet18").source
+('factory', 'torchvision')
+>>> parse_model("hf:./export").label, parse_model("open_clip:ViT-B-32").label
+('hf-export', 'open_clip-ViT-B-32')
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import hashlib
+import importlib
+import importlib.util
+import json
+import logging
+import math
+import os
+import re
+import sys
+import warnings
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from hookcli.errors import UnknownModelError, UnknownWeightsError, UsageProblem, WeightsError, first_line
+
+__all__ = ["PREFIXES", "SOURCES", "ModelSpec", "SourceError", "check_model", "check_weights", "list_source_models",
+           "load", "parse_model", "prefix_tokens"]
+
+#: Every source a model can come from; all but torchvision are named by a prefix or a ``:factory`` suffix.
+SOURCES = ("torchvision", "timm", "hf", "open_clip", "factory")
+#: The prefixes that name a source.
+PREFIXES = ("timm", "hf", "open_clip")
+#: The Python package each source needs, and the extra that installs it.
+_PACKAGES = {"timm": ("timm", "timm"), "hf": ("transformers", "hf"), "open_clip": ("open_clip", "open_clip")}
+#: What a factory's preprocessing is when it gives none: torchvision's ImageNet classification defaults.
+_DEFAULT_PREPROCESS = {"resize": 256, "crop": 224, "mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225)}
+_HF_RESAMPLE = {0: "nearest", 2: "bilinear", 3: "bicubic"}
+_IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
+_FACTORY = re.compile(rf"^(?P<module>.+):(?P<function>{_IDENTIFIER})$")
+_DOTTED = re.compile(rf"^{_IDENTIFIER}(\.{_IDENTIFIER})*$")
+_HF_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)?$")
+
+
+class SourceError(WeightsError):
+    """A model of another source cannot be built here (its package is missing, its files are not cached, its
+    factory failed); exit 1."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A ``--model`` value split into its ``source`` (one of :data:`SOURCES`) and the ``name`` within it."""
+
+    source: str
+    name: str
+
+    @property
+    def text(self) -> str:
+        """The value as a user writes it."""
+        if self.source in PREFIXES:
+            return f"{self.source}:{self.name}"
+        return self.name
+
+    @property
+    def label(self) -> str:
+        """A file-name-safe short form, for default output names: ``timm-resnet50``, ``hf-dinov2-small``."""
+        if self.source == "torchvision":
+            return self.name
+        if self.source == "factory":
+            module, function = self.name.rsplit(":", 1)
+            return f"{Path(module).stem if module.endswith('.py') else module.rsplit('.', 1)[-1]}-{function}"
+        tail = self.name.rstrip("/").rsplit("/", 1)[-1] if self.source == "hf" else self.name
+        if self.source == "open_clip" and tail.endswith(".json"):
+            tail = Path(tail).stem
+        return f"{self.source}-{re.sub(r'[^A-Za-z0-9._-]+', '_', tail)}"
+
+    @property
+    def hf_folder(self) -> bool:
+        """Whether an ``hf:`` name is a folder rather than a repository id."""
+        return self.source == "hf" and _is_path(self.name)
+
+
+def parse_model(text: str) -> ModelSpec:
+    """The source and name of a ``--model`` value (see the module docs); nothing is imported or opened.
+
+    A value that names no source is a torchvision model name; one that is a
+    path to a file (a TorchScript, ``torch.export`` or weights file, say) is
+    refused, saying what to give instead.
+    """
+    text = str(text).strip()
+    prefix, colon, rest = text.partition(":")
+    if colon and prefix in PREFIXES:
+        if not rest.strip():
+            raise UsageProblem(f"model '{text}' names no {prefix} model after '{prefix}:'",
+                               hint=f"for example {prefix}:{_EXAMPLES[prefix]}")
+        return ModelSpec(prefix, rest.strip())
+    factory = _FACTORY.match(text)
+    if factory and (factory["module"].endswith(".py") or _DOTTED.match(factory["module"])):
+        return ModelSpec("factory", text)
+    if colon and (prefix.lower() in ("torchvision", "tv", "open-clip", "openclip", "huggingface", "transformers")):
+        raise UsageProblem(f"unknown model source '{prefix}:' in '{text}'",
+                           hint="use timm:, hf:, open_clip:, a factory (file.py:function) or a torchvision name")
+    if _is_path(text) or os.sep in text or "/" in text or text.lower().endswith(_ARCHIVE_SUFFIXES):
+        raise _model_file_refusal(text)
+    return ModelSpec("torchvision", text)
+
+
+_EXAMPLES = {"timm": "resnet50", "hf": "facebook/dinov2-small", "open_clip": "ViT-B-32"}
+_ARCHIVE_SUFFIXES = (".pt", ".pth", ".pt2", ".ts", ".jit", ".torchscript", ".safetensors", ".bin", ".ckpt",
+                     ".onnx", ".zip", ".py")
+
+
+def _is_path(text: str) -> bool:
+    return text.startswith(("/", "./", "../", "~", ".\\", "..\\")) or text in (".", "..")
+
+
+def _model_file_refusal(text: str) -> UsageProblem:
+    """Why a file cannot be a ``--model``, from what it holds: TorchScript, torch.export, weights, or code."""
+    path = Path(text).expanduser()
+    kind = _archive_kind(path)
+    if kind == "torchscript":
+        return UsageProblem(
+            f"'{text}' is a TorchScript archive: its modules are compiled code that forward hooks cannot reach",
+            hint="give the Python model it was scripted from (timm:NAME, a torchvision name, or file.py:factory) and "
+                 "its weights with --weights state_dict.pth")
+    if kind == "export":
+        return UsageProblem(
+            f"'{text}' is a torch.export archive: its graph has no modules for hooks to reach",
+            hint="give the Python model it was exported from (timm:NAME, a torchvision name, or file.py:factory) "
+                 "and its weights with --weights state_dict.pth")
+    if text.endswith(".py"):
+        return UsageProblem(f"'{text}' is a Python file but names no function to call",
+                            hint=f"write {text}:FUNCTION, where FUNCTION() returns the nn.Module")
+    if kind == "weights" or text.lower().endswith((".pth", ".pt", ".safetensors", ".bin", ".ckpt")):
+        return UsageProblem(f"'{text}' is a weights file, not a model",
+                            hint=f"name the architecture with --model and pass the file as --weights {text}")
+    return UsageProblem(f"model '{text}' is a path, and a model is named, not opened",
+                        hint="use a torchvision name, timm:NAME, hf:ORG/NAME or hf:/folder, open_clip:ARCH, or "
+                             "file.py:factory ('hookcli models' lists the torchvision ones)")
+
+
+def _archive_kind(path: Path) -> str | None:
+    """``torchscript``, ``export``, ``weights`` or None (not a zip we know, or not a regular file)."""
+    try:
+        if not path.is_file():
+            return None
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+    except (OSError, zipfile.BadZipFile):
+        return None
+    parts = {name.split("/", 1)[1] if "/" in name else name for name in names}
+    if any(p.startswith("code/") for p in parts) or "constants.pkl" in parts:
+        return "torchscript"
+    if any(p.startswith(("models/", "serialized_exported_program", "archive_format")) for p in parts) or \
+            any("exported_program" in name for name in names):
+        return "export"
+    if "data.pkl" in parts:
+        return "weights"
+    return None
+
+
+# -- checks before torch -------------------------------------------------------------------------------------
+
+
+def check_model(spec: ModelSpec) -> None:
+    """Refuse, without importing torch, a model that cannot be built: its package is not installed, its file or
+    folder is missing, a factory's module cannot be found."""
+    if spec.source in _PACKAGES:
+        package, extra = _PACKAGES[spec.source]
+        if importlib.util.find_spec(package) is None:
+            raise SourceError(f"{spec.source}: models need the {package} package, which is not installed",
+                              hint=f'pip install "hookcli[{extra}]"')
+    if spec.hf_folder:
+        folder = Path(spec.name).expanduser()
+        if not (folder / "config.json").is_file():
+            what = "not a folder" if not folder.is_dir() else "a folder without config.json"
+            raise UsageProblem(f"'{spec.name}' (from {spec.text}) is {what}",
+                               hint="give a folder written by save_pretrained, or hf:ORG/NAME from the cache")
+    elif spec.source == "hf" and not _HF_REPO.match(spec.name):
+        raise UsageProblem(f"'{spec.name}' is not a Hugging Face model id",
+                           hint="write hf:ORG/NAME, or hf:/path/to/folder (hf:./folder for a relative one)")
+    if spec.source == "open_clip" and spec.name.endswith(".json") and not Path(spec.name).expanduser().is_file():
+        raise UsageProblem(f"OpenCLIP model config '{spec.name}' not found", hint="check the path")
+    if spec.source == "factory":
+        module, _ = spec.name.rsplit(":", 1)
+        if module.endswith(".py"):
+            if not Path(module).expanduser().is_file():
+                raise UsageProblem(f"factory file '{module}' not found", hint="check the path of --model FILE.py:FUNC")
+        elif _find_module(module) is None:
+            raise UsageProblem(f"no Python module '{module}' (for the factory {spec.name})",
+                               hint="install it, or run hookcli from the folder that holds it")
+
+
+def _find_module(name: str):
+    _search_current_folder()
+    try:
+        return importlib.util.find_spec(name)
+    except (ImportError, ValueError):  # a parent package that is not one
+        return None
+
+
+def _search_current_folder() -> None:
+    """Modules of the current folder import as they would under ``python -m``: an installed script lacks it."""
+    here = os.getcwd()
+    if here not in sys.path and "" not in sys.path:
+        sys.path.append(here)
+
+
+def check_weights(spec: ModelSpec, weights: str) -> None:
+    """Refuse, without torch, weights a source has no use for (see :func:`load` for what each takes)."""
+    from hookcli.models import _check_weights_file, looks_like_weights_path
+
+    text = weights.strip()
+    if text.lower() in ("none", "default"):
+        return
+    if looks_like_weights_path(text):
+        _check_weights_file(Path(text))
+        return
+    if spec.source in ("timm", "open_clip"):
+        return  # a pretrained tag: known once the package is imported
+    hint = "use DEFAULT (the model's own), none (random) or a path to a state dict"
+    raise UnknownWeightsError(f"{spec.text} takes no weights name '{text}'", hint=hint)
+
+
+# -- loading ------------------------------------------------------------------------------------------------
+
+
+def load(spec: ModelSpec, weights: str, *, seed: int = 0):
+    """Build ``spec``'s model with ``weights``, as a :class:`~hookcli.models.LoadedModel`.
+
+    ``weights`` is ``none`` (random, from ``seed``), ``DEFAULT`` (timm's and
+    OpenCLIP's default pretrained tag, the Hugging Face checkpoint, whatever
+    a factory returns), a pretrained tag (timm: ``in1k`` or
+    ``resnet50.a1_in1k``; OpenCLIP: ``laion2b_s34b_b79k``), or a path to a
+    state dict loaded into the model.
+    """
+    check_model(spec)
+    check_weights(spec, weights)
+    loader = {"timm": _load_timm, "hf": _load_hf, "open_clip": _load_open_clip, "factory": _load_factory}
+    with _quiet():
+        return loader[spec.source](spec, weights.strip(), seed)
+
+
+@contextlib.contextmanager
+def _quiet():
+    """Libraries announce downloads, progress and random init on stdout and through logging; stdout carries data."""
+    logger = logging.getLogger()
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(sys.stderr), warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            yield
+    finally:
+        logger.setLevel(level)
+
+
+@contextlib.contextmanager
+def _seeded(seed: int):
+    import torch
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
+
+
+def _loaded(spec: ModelSpec, module, described: dict, preprocess, **fields):
+    from hookcli.models import LoadedModel
+
+    module.eval()
+    fields.setdefault("categories", None)
+    return LoadedModel(name=spec.text if spec.source != "factory" else _factory_name(spec), module=module,
+                       weights=described, preprocess=preprocess, family="classification", source=spec.source,
+                       prefix_tokens=prefix_tokens(module), **fields)
+
+
+def _from_file(spec: ModelSpec, module, path: Path) -> dict:
+    """Load a state-dict file into ``module`` (shapes checked first); its description for the metadata."""
+    from hookcli.models import fit_state_dict, read_state_dict
+
+    fit_state_dict(module, read_state_dict(path), path, spec.text)
+    return {"source": "file", "path": str(path.resolve()), "sha256": sha256(path)}
+
+
+def sha256(path: Path) -> str:
+    from hookcli.models import _sha256
+
+    return _sha256(path)
+
+
+# timm
+
+
+def _load_timm(spec: ModelSpec, weights: str, seed: int):
+    import timm
+    import timm.data
+
+    name, _, tag = spec.name.partition(".")
+    if not timm.is_model(name):
+        raise _unknown(spec, timm.list_models(), "hookcli models --source timm")
+    from hookcli.models import looks_like_weights_path
+
+    pretrained = weights.lower() not in ("none", "default") and not looks_like_weights_path(weights)
+    pretrained = pretrained or weights.lower() == "default"
+    if pretrained:
+        wanted = weights if weights.lower() != "default" else tag
+        full = _timm_tag(spec, name, wanted)
+        config = timm.models.get_pretrained_cfg(full)
+        _require_timm_files(spec, full, config)
+        try:
+            module = timm.create_model(full, pretrained=True)
+        except Exception as err:
+            raise SourceError(f"cannot load pretrained {spec.text} ({full}): {first_line(err)}",
+                              hint="replace the cached files, or use --weights none") from None
+        described = {"source": "timm", "name": full}
+    else:
+        with _seeded(seed):
+            module = timm.create_model(spec.name, pretrained=False)
+        described = {"source": "none", "seed": seed} if weights.lower() == "none" else _from_file(
+            spec, module, Path(weights))
+    categories = None
+    if pretrained:
+        with contextlib.suppress(Exception):  # label names ship with timm for ImageNet subsets
+            subset = timm.data.infer_imagenet_subset(module)
+            labels = timm.data.ImageNetInfo(subset).label_descriptions() if subset else None
+            categories = [d.split(",")[0] for d in labels] if labels else None
+    preprocess, notes = _timm_preprocess(timm.data.resolve_model_data_config(module))
+    return _loaded(spec, module, described, preprocess, categories=categories, notes=notes,
+                   classes=getattr(module, "num_classes", None) or None)
+
+
+def _timm_tag(spec: ModelSpec, name: str, wanted: str) -> str:
+    """``name.tag`` for a tag given alone or in full; the model's default tag for an empty one."""
+    import timm
+
+    tags = timm.list_pretrained(f"{name}.*") or timm.list_pretrained(name)
+    if not wanted:
+        if not tags:
+            raise UnknownWeightsError(f"{spec.text} has no pretrained weights in timm",
+                                      hint="use --weights none, or a path to a state dict")
+        return f"{name}.{_timm_default_tag(name)}"
+    full = wanted if wanted.startswith(name + ".") else f"{name}.{wanted}"
+    if full not in tags:
+        known = ", ".join(t.split(".", 1)[1] for t in tags[:8] if "." in t) or "none"
+        raise UnknownWeightsError(f"{spec.text} has no pretrained tag '{wanted}' (timm has: {known})",
+                                  hint="use DEFAULT, a listed tag, none, or a path to a state dict")
+    return full
+
+
+def _timm_default_tag(name: str) -> str | None:
+    """The pretrained tag timm loads for ``name`` alone (its first, not the first in sorted order)."""
+    import timm
+
+    config = timm.models.get_pretrained_cfg(name)
+    return getattr(config, "tag", None) if config is not None else None
+
+
+def _require_timm_files(spec: ModelSpec, full: str, config) -> None:
+    """Refuse, naming the file and where to place it, timm weights that are not in the local caches."""
+    hub_id = getattr(config, "hf_hub_id", None)
+    if hub_id:
+        repo, filename = hub_id.rstrip("/"), getattr(config, "hf_hub_filename", None)
+        names = [filename] if filename else ["model.safetensors", "open_clip_pytorch_model.bin", "pytorch_model.bin"]
+        if not any(_hub_cached(repo, n) for n in names):
+            raise _not_cached(spec, repo, names[0])
+        return
+    url = getattr(config, "url", None)
+    if url:
+        cached = _torch_hub_file(url)
+        if not cached.is_file():
+            raise SourceError(f"pretrained weights of {spec.text} ({full}) are not cached, and hookcli does not "
+                              f"download: place {url} at {cached}", hint="or use --weights none")
+        return
+    raise UnknownWeightsError(f"{full} has no pretrained files to load", hint="use --weights none or a file")
+
+
+def _torch_hub_file(url: str) -> Path:
+    from urllib.parse import urlparse
+
+    import torch.hub
+
+    return Path(torch.hub.get_dir()) / "checkpoints" / os.path.basename(urlparse(url).path)
+
+
+def _timm_preprocess(config: dict):
+    """timm's evaluation transform (``transforms_imagenet_eval``) as a :class:`~hookcli.preprocess.Preprocess`."""
+    from hookcli.preprocess import INTERPOLATIONS, Preprocess
+
+    notes = []
+    height, width = config["input_size"][-2:]
+    crop_pct = config.get("crop_pct") or 0.875
+    mode = config.get("crop_mode") or "center"
+    interpolation = config.get("interpolation", "bilinear")
+    if interpolation not in INTERPOLATIONS:
+        notes.append(f"timm's '{interpolation}' interpolation is taken as bicubic")
+        interpolation = "bicubic"
+    if height != width:
+        notes.append(f"the model takes {height}x{width} inputs; hookcli crops squares of {height}")
+    scale = math.floor(height / crop_pct)
+    if mode == "border":
+        notes.append("timm's 'border' crop mode (pad to keep the whole image) is taken as 'center'")
+    resize = (scale, scale) if mode == "squash" else scale
+    return Preprocess(resize=resize, crop=height, mean=tuple(config["mean"]), std=tuple(config["std"]),
+                      interpolation=interpolation), tuple(notes)
+
+
+# Hugging Face
+
+
+def _load_hf(spec: ModelSpec, weights: str, seed: int):
+    import torch
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
+    source = str(Path(spec.name).expanduser()) if spec.hf_folder else spec.name
+    try:
+        config = transformers.AutoConfig.from_pretrained(source, local_files_only=True)
+    except Exception as err:
+        if spec.hf_folder:
+            raise SourceError(f"cannot read the config of {spec.text}: {first_line(err)}",
+                              hint="give a folder written by save_pretrained") from None
+        raise _not_cached(spec, spec.name, "config.json") from None
+    architectures = getattr(config, "architectures", None) or []
+    classifier = any(a.endswith("ForImageClassification") for a in architectures)
+    auto = transformers.AutoModelForImageClassification if classifier else transformers.AutoModel
+    from hookcli.models import looks_like_weights_path
+
+    if weights.lower() == "default":
+        if not spec.hf_folder and not _hub_has_weights(spec.name):
+            raise _not_cached(spec, spec.name, "model.safetensors")
+        try:
+            module = auto.from_pretrained(source, config=config, local_files_only=True, dtype=torch.float32)
+        except Exception as err:
+            raise SourceError(f"cannot load the weights of {spec.text}: {first_line(err)}",
+                              hint="replace the files, or use --weights none") from None
+        described = _hf_described(spec)
+    else:
+        try:
+            with _seeded(seed):
+                module = auto.from_config(config, dtype=torch.float32)
+        except Exception as err:
+            raise SourceError(f"cannot build {spec.text} from its config: {first_line(err)}",
+                              hint="check the folder's config.json") from None
+        described = {"source": "none", "seed": seed} if not looks_like_weights_path(weights) else _from_file(
+            spec, module, Path(weights))
+    module = _vision_part(spec, module)
+    preprocess, notes = _hf_preprocess(spec, source)
+    labels = getattr(config, "id2label", None) or {}
+    named = classifier and labels and not all(re.fullmatch(r"LABEL_\d+", str(v)) for v in labels.values())
+    categories = [str(labels[i]) for i in range(len(labels))] if named and weights.lower() == "default" else None
+    scores, classes = _hf_scores(module, config, classifier)
+    return _loaded(spec, module, described, preprocess, categories=categories, notes=notes, classes=classes,
+                   scores=scores)
+
+
+def _vision_part(spec: ModelSpec, module):
+    """A CLIP-like model's vision tower (its forward takes text first); the model itself otherwise."""
+    import inspect
+
+    parameters = list(inspect.signature(module.forward).parameters)
+    if parameters and parameters[0] == "pixel_values":
+        return module
+    tower = getattr(module, "vision_model", None)
+    if tower is not None:
+        return tower
+    raise UsageProblem(f"{spec.text} does not take images first (its forward takes {parameters[0]})",
+                       hint="give a vision model (ViT, DINOv2, Swin, ConvNeXt, CLIP…)")
+
+
+def _hf_scores(module, config, classifier: bool) -> tuple[str | None, int | None]:
+    """Which output field grad and cam take scores from, and how many there are."""
+    if classifier:
+        return "logits", int(config.num_labels)
+    pooler = getattr(module, "pooler", None)
+    size = getattr(config, "hidden_size", None) or (getattr(config, "hidden_sizes", None) or [None])[-1]
+    if pooler is not None or hasattr(config, "hidden_sizes"):
+        return "pooler_output", size
+    return None, None
+
+
+def _hf_described(spec: ModelSpec) -> dict:
+    if spec.hf_folder:
+        folder = Path(spec.name).expanduser().resolve()
+        files = sorted(p for p in folder.iterdir() if p.suffix in (".safetensors", ".bin") and p.is_file())
+        digest = hashlib.sha256()
+        for path in files:
+            digest.update(f"{path.name}:{sha256(path)}\n".encode())
+        return {"source": "folder", "path": str(folder), "sha256": digest.hexdigest()}
+    found = _hub_file(spec.name, "config.json")  # …/snapshots/<revision>/config.json
+    return {"source": "hf", "repo": spec.name, "revision": found.parent.name if found is not None else None}
+
+
+def _hf_preprocess(spec: ModelSpec, source: str):
+    """The image processor's config as a :class:`~hookcli.preprocess.Preprocess`, with notes on what differs."""
+
+    text = None
+    if spec.hf_folder:
+        path = Path(source) / "preprocessor_config.json"
+        text = path.read_text() if path.is_file() else None
+    else:
+        found = _hub_file(spec.name, "preprocessor_config.json")
+        text = found.read_text() if found is not None else None
+    if text is None:
+        return _assumed(spec, "it has no preprocessor_config.json")
+    try:
+        config = json.loads(text)
+        return _processor_steps(config), ()
+    except (ValueError, TypeError, KeyError) as err:
+        raise SourceError(f"the preprocessor_config.json of {spec.text} cannot be used: {err}",
+                          hint="fix the file, or give --resize, --crop, --mean and --std") from None
+
+
+def _processor_steps(config: dict):
+    """Resize (shortest edge, or to an exact height and width), centre crop, rescale, normalise."""
+    from hookcli.preprocess import Preprocess
+
+    size = config.get("size") or {}
+    if isinstance(size, int):
+        size = {"shortest_edge": size}
+    crop = config.get("crop_size") if config.get("do_center_crop") else None
+    if isinstance(crop, dict):
+        if crop.get("height") != crop.get("width"):
+            raise ValueError(f"its crop {crop} is not square")
+        crop = crop["height"]
+    resize = None
+    if config.get("do_resize", True):
+        if "shortest_edge" in size:
+            resize = int(size["shortest_edge"])
+            if config.get("crop_pct") is not None and resize < 384:  # ConvNeXt: resize larger, then crop
+                crop, resize = resize, int(resize / config["crop_pct"])
+        elif "height" in size and "width" in size:
+            resize = (int(size["height"]), int(size["width"]))
+        else:
+            raise ValueError(f"its size {size} is neither a shortest edge nor a height and width")
+    if resize is None or isinstance(resize, int) and crop is None:
+        raise ValueError("it does not resize to a fixed size")
+    if config.get("do_rescale", True) and abs(float(config.get("rescale_factor", 1 / 255)) - 1 / 255) > 1e-9:
+        raise ValueError(f"its rescale factor {config['rescale_factor']} is not 1/255")
+    normalise = config.get("do_normalize", True)
+    mean = tuple(float(v) for v in config["image_mean"]) if normalise else None
+    std = tuple(float(v) for v in config["image_std"]) if normalise else None
+    interpolation = _HF_RESAMPLE.get(config.get("resample", 2), "bilinear")
+    return Preprocess(resize=resize, crop=int(crop) if crop else None, mean=mean, std=std,
+                      interpolation=interpolation)
+
+
+def _assumed(spec: ModelSpec, why: str):
+    from hookcli.preprocess import Preprocess
+
+    return Preprocess(**_DEFAULT_PREPROCESS), (f"{spec.text}: {why}, so preprocessing is ImageNet's defaults "
+                                               f"({_ASSUMED}); set --resize, --crop, --mean and --std to change it",)
+
+
+_ASSUMED = "resize 256, crop 224, mean 0.485,0.456,0.406, std 0.229,0.224,0.225"
+
+
+def _hub_cached(repo: str, filename: str) -> bool:
+    return _hub_file(repo, filename) is not None
+
+
+def _hub_file(repo: str, filename: str) -> Path | None:
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(repo, filename)
+    return Path(found) if isinstance(found, str) else None
+
+
+def _hub_has_weights(repo: str) -> bool:
+    return any(_hub_cached(repo, n) for n in ("model.safetensors", "model.safetensors.index.json",
+                                               "pytorch_model.bin", "pytorch_model.bin.index.json"))
+
+
+def _not_cached(spec: ModelSpec, repo: str, filename: str) -> SourceError:
+    from huggingface_hub import constants
+
+    folder = Path(constants.HF_HUB_CACHE) / f"models--{repo.replace('/', '--')}"
+    otherwise = "or give hf:/path/to/a/folder written by save_pretrained" if spec.source == "hf" else \
+        "or use --weights none"
+    return SourceError(
+        f"{spec.text} is not in the local Hugging Face cache, and hookcli does not download: {filename} of "
+        f"{repo} belongs under {folder}/snapshots/<revision>/",
+        hint=f"run 'hf download {repo}' where there is network and copy {folder} here (or set HF_HUB_CACHE), "
+             f"{otherwise}")
+
+
+# OpenCLIP
+
+
+def _load_open_clip(spec: ModelSpec, weights: str, seed: int):
+    import open_clip
+
+    arch = spec.name
+    if arch.endswith(".json"):
+        path = Path(arch).expanduser()
+        open_clip.add_model_config(path)
+        arch = path.stem
+    elif arch not in open_clip.list_models() and not arch.startswith("hf-hub:"):
+        raise _unknown(spec, open_clip.list_models(), "hookcli models --source open_clip")
+    from hookcli.models import looks_like_weights_path
+
+    tag = None
+    if weights.lower() not in ("none",) and not looks_like_weights_path(weights):
+        tags = open_clip.list_pretrained_tags_by_model(arch)
+        tag = (tags[0] if tags else None) if weights.lower() == "default" else weights
+        if tag is None:
+            raise UnknownWeightsError(f"{spec.text} has no pretrained weights in OpenCLIP",
+                                      hint="use --weights none, or a path to a state dict")
+        if tag not in tags:
+            raise UnknownWeightsError(f"{spec.text} has no pretrained tag '{tag}' (OpenCLIP has: "
+                                      f"{', '.join(tags[:8]) or 'none'})", hint="use DEFAULT, a listed tag or none")
+        _require_open_clip_files(spec, arch, tag)
+    try:
+        with _seeded(seed):
+            model = open_clip.create_model(arch, pretrained=tag)
+    except Exception as err:
+        raise SourceError(f"cannot build {spec.text}: {first_line(err)}",
+                          hint="replace the cached files, or use --weights none") from None
+    module = model.visual
+    if tag is not None:
+        described = {"source": "open_clip", "name": f"{arch}.{tag}"}
+    elif weights.lower() == "none":
+        described = {"source": "none", "seed": seed}
+    else:
+        described = _from_file(spec, module, Path(weights))
+    preprocess = _open_clip_preprocess(open_clip.get_model_preprocess_cfg(model))
+    return _loaded(spec, module, described, preprocess, classes=getattr(module, "output_dim", None),
+                   scores="embedding")
+
+
+def _require_open_clip_files(spec: ModelSpec, arch: str, tag: str) -> None:
+    import open_clip
+
+    config = open_clip.get_pretrained_cfg(arch, tag)
+    hub = (config.get("hf_hub") or "").rstrip("/")
+    if hub:
+        names = ["open_clip_model.safetensors", "open_clip_pytorch_model.bin"]
+        if not any(_hub_cached(hub, n) for n in names):
+            raise _not_cached(spec, hub, names[0])
+        return
+    url = config.get("url", "")
+    cached = Path(os.path.expanduser("~/.cache/clip")) / os.path.basename(url)
+    if not cached.is_file():
+        raise SourceError(f"pretrained weights of {spec.text} ({tag}) are not cached, and hookcli does not download: "
+                          f"place {url} at {cached}", hint="or use --weights none")
+
+
+def _open_clip_preprocess(config: dict):
+    from hookcli.preprocess import Preprocess
+
+    size = config["size"]
+    side = size if isinstance(size, int) else size[0]
+    if config.get("resize_mode", "shortest") == "squash":
+        resize = (side, side)
+    else:
+        resize = side
+    return Preprocess(resize=resize, crop=side, mean=tuple(config["mean"]), std=tuple(config["std"]),
+                      interpolation=config.get("interpolation", "bicubic"))
+
+
+# factories
+
+
+def _factory_name(spec: ModelSpec) -> str:
+    module, function = spec.name.rsplit(":", 1)
+    if module.endswith(".py"):
+        return f"{Path(module).expanduser().resolve()}:{function}"
+    return spec.name
+
+
+def _load_factory(spec: ModelSpec, weights: str, seed: int):
+    import torch.nn as nn
+
+    module_name, function_name = spec.name.rsplit(":", 1)
+    code = _import_factory_module(spec, module_name)
+    factory = getattr(code, function_name, None)
+    if not callable(factory):
+        raise UsageProblem(f"{module_name} has no function '{function_name}'",
+                           hint=f"define {function_name}() returning the nn.Module")
+    try:
+        with _seeded(seed if weights.lower() == "none" else 0):
+            made = factory()
+    except Exception as err:
+        raise SourceError(f"the factory {spec.name} failed: {type(err).__name__}: {first_line(err)}",
+                          hint="run it in Python to see where") from None
+    module, given = (made if isinstance(made, tuple) and len(made) == 2 else (made, None))
+    if not isinstance(module, nn.Module):
+        raise SourceError(f"the factory {spec.name} returned {type(module).__name__}, not an nn.Module",
+                          hint="return the model, or (model, preprocessing)")
+    if _is_scripted(module):
+        raise UsageProblem(f"the factory {spec.name} returned a TorchScript module, whose inside forward hooks "
+                           "cannot reach", hint="return the Python model it was scripted from")
+    from hookcli.models import looks_like_weights_path
+
+    if looks_like_weights_path(weights):
+        described = _from_file(spec, module, Path(weights))
+    elif weights.lower() == "none":
+        described = {"source": "none", "seed": seed}
+    else:
+        described = {"source": "factory"}
+    if module_name.endswith(".py"):
+        described["code_sha256"] = sha256(Path(module_name).expanduser())
+    if given is None:
+        preprocess, notes = _assumed(spec, "the factory gives no preprocessing")
+    else:
+        preprocess, notes = _given_preprocess(spec, given), ()
+    return _loaded(spec, module, described, preprocess, notes=notes, preprocess_assumed=given is None)
+
+
+def _import_factory_module(spec: ModelSpec, name: str):
+    if not name.endswith(".py"):
+        _search_current_folder()
+        try:
+            return importlib.import_module(name)
+        except Exception as err:
+            raise SourceError(f"importing {name} failed: {type(err).__name__}: {first_line(err)}",
+                              hint="run it in Python to see where") from None
+    path = Path(name).expanduser().resolve()
+    unique = "hookcli_factory_" + hashlib.sha256(str(path).encode()).hexdigest()[:12]
+    if unique in sys.modules:
+        return sys.modules[unique]
+    loader_spec = importlib.util.spec_from_file_location(unique, path)
+    code = importlib.util.module_from_spec(loader_spec)
+    if str(path.parent) not in sys.path:
+        sys.path.insert(0, str(path.parent))  # its sibling modules import as they would under python FILE
+    sys.modules[unique] = code
+    try:
+        loader_spec.loader.exec_module(code)
+    except Exception as err:
+        del sys.modules[unique]
+        raise SourceError(f"running {path.name} failed: {type(err).__name__}: {first_line(err)}",
+                          hint="run it in Python to see where") from None
+    return code
+
+
+def _is_scripted(module) -> bool:
+    import torch
+
+    return isinstance(module, torch.jit.ScriptModule)
+
+
+def _given_preprocess(spec: ModelSpec, given):
+    """A factory's preprocessing: a :class:`~hookcli.preprocess.Preprocess`, a dict of its fields, or a torchvision
+    weights' ``transforms()``."""
+    from hookcli.preprocess import Preprocess
+
+    if isinstance(given, Preprocess):
+        return given
+    try:
+        if isinstance(given, dict):
+            fields = dict(given)
+            for name in ("mean", "std"):
+                if fields.get(name) is not None:
+                    fields[name] = tuple(float(v) for v in fields[name])
+            return Preprocess(**{"crop": None, **fields})
+        if hasattr(given, "resize_size") and hasattr(given, "crop_size"):
+            return Preprocess.from_transforms(given)
+    except (TypeError, ValueError) as err:
+        raise SourceError(f"the preprocessing the factory {spec.name} returned is not usable: {err}",
+                          hint="return a hookcli.Preprocess or a dict of resize, crop, mean, std") from None
+    raise SourceError(f"the factory {spec.name} returned a {type(given).__name__} as preprocessing",
+                      hint="return a hookcli.Preprocess, a dict of resize, crop, mean, std, or a torchvision "
+                           "weights' transforms()")
+
+
+# -- shared --------------------------------------------------------------------------------------------------
+
+
+def _unknown(spec: ModelSpec, known: list[str], command: str) -> UnknownModelError:
+    import difflib
+
+    closest = difflib.get_close_matches(spec.name, known, n=3, cutoff=0.5)
+    shown = f" (closest: {', '.join(closest)})" if closest else ""
+    return UnknownModelError(f"unknown {spec.source} model '{spec.name}'{shown}", hint=f"'{command}' lists them")
+
+
+def prefix_tokens(module) -> int | None:
+    """How many tokens a vision transformer puts before its patch tokens (class, distillation, register tokens);
+    None for a model that is not one.
+
+    Read from the model: timm's ``num_prefix_tokens``, torchvision's
+    ``class_token``, OpenCLIP's ``class_embedding``, and the embeddings'
+    ``cls_token``, ``distillation_token`` and ``register_tokens`` of
+    transformers models.
+    """
+    count = getattr(module, "num_prefix_tokens", None)
+    if isinstance(count, int):
+        return count
+    if getattr(module, "class_token", None) is not None or getattr(module, "class_embedding", None) is not None:
+        return 1
+    for holder in (getattr(module, "embeddings", None), getattr(getattr(module, "vit", None), "embeddings", None)):
+        if holder is None:
+            continue
+        found = 0
+        for name in ("cls_token", "distillation_token", "register_tokens"):
+            tensor = getattr(holder, name, None)
+            if tensor is not None and getattr(tensor, "dim", lambda: 0)() == 3:
+                found += tensor.shape[1]
+        if found:
+            return found
+    return None
+
+
+def list_source_models(source: str, pattern: str | None = None) -> list[dict]:
+    """The models a source offers (matching a glob ``pattern``): ``{"model", "family", "default", "weights"}`` rows.
+
+    timm: every architecture, with its pretrained tags; OpenCLIP: every
+    architecture, with its pretrained tags; Hugging Face: the models in the
+    local cache.
+    """
+    if source == "timm":
+        check_model(ModelSpec("timm", "x"))
+        import timm
+
+        tags: dict[str, list[str]] = {}
+        for full in timm.list_pretrained():
+            name, _, tag = full.partition(".")
+            tags.setdefault(name, []).append(tag)
+        names = timm.list_models(pattern or "")
+        return [{"model": f"timm:{n}", "family": "classification",
+                 "default": _timm_default_tag(n) if n in tags else None, "weights": tags.get(n, [])} for n in names]
+    if source == "open_clip":
+        check_model(ModelSpec("open_clip", "x"))
+        import open_clip
+
+        rows = []
+        for arch in open_clip.list_models():
+            if pattern and not fnmatch.fnmatchcase(arch, pattern):
+                continue
+            tags = open_clip.list_pretrained_tags_by_model(arch)
+            rows.append({"model": f"open_clip:{arch}", "family": "classification", "default": (tags or [None])[0],
+                         "weights": tags})
+        return rows
+    if source == "hf":
+        from huggingface_hub import constants
+
+        cache = Path(constants.HF_HUB_CACHE)
+        rows = []
+        for folder in sorted(cache.glob("models--*")) if cache.is_dir() else []:
+            repo = folder.name[len("models--"):].replace("--", "/")
+            if pattern and not fnmatch.fnmatchcase(repo, pattern):
+                continue
+            if _hub_cached(repo, "config.json"):
+                rows.append({"model": f"hf:{repo}", "family": "classification", "default": "DEFAULT",
+                             "weights": ["DEFAULT"] if _hub_has_weights(repo) else []})
+        return rows
+    raise UsageProblem(f"unknown source '{source}'", hint="use torchvision, timm, hf or open_clip")

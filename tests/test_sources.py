@@ -1,0 +1,570 @@
+"""Models from timm, Hugging Face transformers, OpenCLIP and the user's own factories (hookcli.sources): built
+offline, preprocessed as their own libraries do, and captured exactly as hooks written by hand on the same modules."""
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+import hookcli
+from hookcli.cli import main
+from hookcli.errors import HookcliError, UnknownWeightsError, UsageProblem
+from hookcli.models import load_model
+from hookcli.sources import parse_model, prefix_tokens
+
+timm = pytest.importorskip("timm")
+transformers = pytest.importorskip("transformers")
+open_clip = pytest.importorskip("open_clip")
+
+transformers.utils.logging.disable_progress_bar()
+transformers.utils.logging.set_verbosity_error()
+
+EXACT = {"memory_format": "contiguous", "fuse": False}
+FACTORY = """
+import torch.nn as nn
+
+
+def make():
+    return nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(inplace=True), nn.AdaptiveAvgPool2d(1),
+                         nn.Flatten(), nn.Linear(8, 4))
+
+
+def with_preprocessing():
+    return make(), {"resize": 40, "crop": 32, "mean": [0.5, 0.5, 0.5], "std": [0.25, 0.25, 0.25]}
+
+
+def broken():
+    raise ValueError("no such checkpoint")
+
+
+def not_a_module():
+    return "resnet"
+
+
+class Branchy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 8, 3))
+
+    def forward(self, x):
+        y = self.body(x)
+        return y if y.sum() > 0 else -y  # a branch on a value: torch.fx cannot trace it
+
+
+def branchy():
+    return Branchy()
+"""
+
+
+def _hand(module, path: str, batch, *, kwargs=None):
+    """What ``module.get_submodule(path)`` returns for ``batch``, caught by a hook written here."""
+    caught = []
+    handle = module.get_submodule(path).register_forward_hook(lambda m, i, o: caught.append(o.detach().clone()))
+    try:
+        with torch.inference_mode():
+            output = module(batch, **(kwargs or {}))
+    finally:
+        handle.remove()
+    return caught[0], output
+
+
+def _metadata(path) -> dict:
+    with safe_open(str(path), "pt") as handle:
+        return handle.metadata()
+
+
+@pytest.fixture(scope="module")
+def vit_folder(tmp_path_factory) -> Path:
+    """A tiny transformers ViT written by save_pretrained, with its image processor (squash to 64x64)."""
+    folder = tmp_path_factory.mktemp("hf") / "tiny-vit"
+    config = transformers.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                                    image_size=64, patch_size=16)
+    torch.manual_seed(1)
+    transformers.ViTModel(config).save_pretrained(folder)
+    transformers.ViTImageProcessor(size={"height": 64, "width": 64}).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def classifier_folder(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("hf") / "tiny-vit-classifier"
+    labels = {i: name for i, name in enumerate(["cat", "dog", "fox"])}
+    config = transformers.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                                    image_size=64, patch_size=16, num_labels=3, id2label=labels,
+                                    label2id={v: k for k, v in labels.items()})
+    torch.manual_seed(2)
+    transformers.ViTForImageClassification(config).save_pretrained(folder)
+    transformers.ViTImageProcessor(size={"height": 64, "width": 64}).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def clip_config(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("clip") / "TinyClip.json"
+    path.write_text(json.dumps({
+        "embed_dim": 32, "vision_cfg": {"image_size": 64, "layers": 2, "width": 64, "patch_size": 16, "head_width": 32},
+        "text_cfg": {"context_length": 16, "vocab_size": 100, "width": 32, "heads": 2, "layers": 1}}))
+    return path
+
+
+@pytest.fixture
+def factory_file(tmp_path) -> Path:
+    path = tmp_path / "nets.py"
+    path.write_text(FACTORY)
+    return path
+
+
+# -- naming ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text, source, name, label", [
+    ("timm:vit_small_patch16_224", "timm", "vit_small_patch16_224", "timm-vit_small_patch16_224"),
+    ("hf:facebook/dinov2-small", "hf", "facebook/dinov2-small", "hf-dinov2-small"),
+    ("hf:./exports/tiny/", "hf", "./exports/tiny/", "hf-tiny"),
+    ("open_clip:ViT-B-32", "open_clip", "ViT-B-32", "open_clip-ViT-B-32"),
+    ("open_clip:/configs/Tiny.json", "open_clip", "/configs/Tiny.json", "open_clip-Tiny"),
+    ("models/nets.py:make", "factory", "models/nets.py:make", "nets-make"),
+    ("my_lab.models:resnet_like", "factory", "my_lab.models:resnet_like", "models-resnet_like"),
+    ("resnet18", "torchvision", "resnet18", "resnet18"),
+])
+def test_a_model_value_names_its_source(text, source, name, label):
+    spec = parse_model(text)
+    assert (spec.source, spec.name, spec.label) == (source, name, label)
+
+
+def test_a_torchscript_archive_is_refused_with_what_to_give_instead(runner, tmp_path, photo):
+    scripted = tmp_path / "scripted.pt"
+    torch.jit.script(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3))).save(str(scripted))
+    result = runner.invoke(main, ["extract", "-m", str(scripted), "-l", "0", str(photo)])
+    assert result.exit_code == 2
+    assert result.output == (
+        f"Error: '{scripted}' is a TorchScript archive: its modules are compiled code that forward hooks cannot "
+        "reach. Hint: give the Python model it was scripted from (timm:NAME, a torchvision name, or file.py:factory) "
+        "and its weights with --weights state_dict.pth\n")
+
+
+def test_a_torch_export_archive_is_refused(runner, tmp_path, photo):
+    exported = tmp_path / "model.pt2"
+    module = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3)).eval()
+    torch.export.save(torch.export.export(module, (torch.zeros(1, 3, 8, 8),)), str(exported))
+    result = runner.invoke(main, ["layers", "-m", str(exported)])
+    assert result.exit_code == 2
+    assert result.output.startswith(f"Error: '{exported}' is a torch.export archive: its graph has no modules for "
+                                    "hooks to reach. Hint: give the Python model it was exported from")
+
+
+def test_a_weights_file_or_a_bare_python_file_as_model_says_what_to_write(runner, tmp_path):
+    weights = tmp_path / "w.pth"
+    torch.save({"a": torch.zeros(1)}, weights)
+    result = runner.invoke(main, ["layers", "-m", str(weights)])
+    assert result.output == (f"Error: '{weights}' is a weights file, not a model. Hint: name the architecture with "
+                             f"--model and pass the file as --weights {weights}\n")
+    result = runner.invoke(main, ["layers", "-m", "nets.py"])
+    assert result.output == ("Error: 'nets.py' is a Python file but names no function to call. Hint: write "
+                             "nets.py:FUNCTION, where FUNCTION() returns the nn.Module\n")
+    assert result.exit_code == 2
+
+
+def test_a_missing_package_names_the_extra_to_install(runner, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "timm" else real(name, *a))
+    result = runner.invoke(main, ["layers", "-m", "timm:resnet18"])
+    assert result.exit_code == 1
+    assert result.output == ("Error: timm: models need the timm package, which is not installed. "
+                             "Hint: pip install \"hookcli[timm]\"\n")
+
+
+# -- timm -----------------------------------------------------------------------------------------------------
+
+
+def test_timm_preprocessing_is_timms_own_eval_transform(photo):
+    loaded = load_model("timm:test_vit", "none")
+    theirs = timm.data.create_transform(**timm.data.resolve_model_data_config(loaded.module))
+    image = Image.open(photo).convert("RGB")
+    assert (loaded.preprocess.resize, loaded.preprocess.crop, loaded.preprocess.interpolation) == (168, 160, "bicubic")
+    assert torch.equal(loaded.preprocess.to_transform()(image), theirs(image))
+
+
+def test_timm_captures_equal_hooks_written_by_hand(photo):
+    loaded = load_model("timm:test_vit", "none", seed=3)
+    batch = loaded.preprocess.to_transform()(Image.open(photo).convert("RGB"))[None]
+    expected, logits = _hand(loaded.module, "blocks.1", batch)
+    features = hookcli.extract(loaded, ["blocks.1", "."], photo, **EXACT)
+    assert torch.equal(features["blocks.1"], expected)
+    assert torch.equal(features["output"], logits)
+    assert features.metadata["model"] == "timm:test_vit"
+    assert json.loads(features.metadata["weights"]) == {"source": "none", "seed": 3}
+    assert features.metadata["prefix_tokens"] == "1"
+    assert json.loads(features.metadata["versions"])["timm"] == timm.__version__
+
+
+def test_timm_pretrained_weights_come_from_the_local_hugging_face_cache(photo):
+    from huggingface_hub import constants
+
+    random = timm.create_model("test_vit", pretrained=False)
+    repo = Path(constants.HF_HUB_CACHE) / "models--timm--test_vit.r160_in1k"
+    revision = "0123456789abcdef0123456789abcdef01234567"
+    (repo / "snapshots" / revision).mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(revision)
+    try:
+        save_file({k: v.contiguous() for k, v in random.state_dict().items()},
+                  repo / "snapshots" / revision / "model.safetensors")
+        loaded = load_model("timm:test_vit", "DEFAULT")
+        assert loaded.weights == {"source": "timm", "name": "test_vit.r160_in1k"}
+        assert all(torch.equal(a, b) for a, b in zip(loaded.module.state_dict().values(),
+                                                     random.state_dict().values(), strict=True))
+        assert loaded.categories[:2] == ["tench", "goldfish"]
+        assert load_model("timm:test_vit", "r160_in1k").weights == loaded.weights
+    finally:
+        shutil.rmtree(repo)
+
+
+def test_timm_weights_that_are_not_cached_name_the_file_and_the_folder(runner):
+    from huggingface_hub import constants
+
+    folder = Path(constants.HF_HUB_CACHE) / "models--timm--test_vit2.r160_in1k"
+    result = runner.invoke(main, ["layers", "-m", "timm:test_vit2", "-w", "DEFAULT"])
+    assert result.exit_code == 1
+    assert result.output == (
+        "Error: timm:test_vit2 is not in the local Hugging Face cache, and hookcli does not download: "
+        f"model.safetensors of timm/test_vit2.r160_in1k belongs under {folder}/snapshots/<revision>/. Hint: run "
+        f"'hf download timm/test_vit2.r160_in1k' where there is network and copy {folder} here (or set "
+        "HF_HUB_CACHE), or use --weights none\n")
+    with pytest.raises(UnknownWeightsError, match=r"timm:test_vit has no pretrained tag 'in22k' \(timm has: "
+                                                  r"r160_in1k\)"):
+        load_model("timm:test_vit", "in22k")
+
+
+def test_timm_state_dict_files_load_and_misfits_are_named(tmp_path):
+    source = timm.create_model("test_resnet", pretrained=False)
+    good = tmp_path / "tuned.safetensors"
+    save_file({k: v.contiguous() for k, v in source.state_dict().items()}, good)
+    loaded = load_model("timm:test_resnet", str(good))
+    assert loaded.weights["source"] == "file" and loaded.weights["path"] == str(good)
+    assert torch.equal(loaded.module.conv1[0].weight, source.conv1[0].weight)
+    bad = tmp_path / "other.pth"
+    torch.save(timm.create_model("test_vit", pretrained=False).state_dict(), bad)
+    with pytest.raises(HookcliError, match=r"weights file '.*other.pth' does not fit model 'timm:test_resnet': "):
+        load_model("timm:test_resnet", str(bad))
+
+
+def test_unknown_timm_models_are_refused_with_the_closest(runner):
+    result = runner.invoke(main, ["layers", "-m", "timm:test_vitt"])
+    assert result.exit_code == 2
+    assert result.output.startswith("Error: unknown timm model 'test_vitt' (closest: test_vit")
+    assert result.output.endswith("Hint: 'hookcli models --source timm' lists them\n")
+
+
+def test_models_lists_timm_with_a_pattern_and_its_tags(runner):
+    result = runner.invoke(main, ["models", "--source", "timm", "test_vit*", "--json"])
+    rows = {row["model"]: row for row in json.loads(result.output)}
+    assert rows["timm:test_vit"] == {"model": "timm:test_vit", "family": "classification", "default": "r160_in1k",
+                                     "weights": ["r160_in1k"]}
+    assert rows["timm:test_vit4"]["weights"] == []
+    table = runner.invoke(main, ["models", "--source", "timm", "test_vit4"]).output.splitlines()
+    assert table[1].split() == ["timm:test_vit4", "classification", "none", "(random", "only)"]
+
+
+def test_timm_runs_into_a_shard_folder_and_resumes(runner, images, tmp_path):
+    arguments = ["extract", "-m", "timm:test_resnet", "-w", "none", "-l", "layer2", "--shard-size", "2",
+                 "-o", str(tmp_path / "out") + "/", *map(str, images)]
+    assert runner.invoke(main, arguments).exit_code == 0
+    index = tmp_path / "out" / "index.jsonl"
+    lines = index.read_text().splitlines()
+    (tmp_path / "out" / "features-00001.safetensors").unlink()
+    index.write_text("\n".join(lines[:2]) + "\n")
+    result = runner.invoke(main, arguments)
+    assert result.exit_code == 0, result.output
+    with hookcli.open_features(tmp_path / "out") as features:
+        assert features.shape("layer2")[0] == 3
+        header = json.loads(index.read_text().splitlines()[0])
+        assert header["identity"]["model"] == "timm:test_resnet"
+
+
+def test_timm_bf16_and_channels_last_run_and_stay_close(photo):
+    loaded = load_model("timm:test_resnet", "none")
+    exact = hookcli.extract(loaded, "layer2", photo, **EXACT)
+    fast = hookcli.extract(loaded, "layer2", [photo] * 2, precision="bf16", memory_format="channels_last", fuse=True)
+    assert fast.metadata["memory_format"] == "channels_last" and int(fast.metadata["fused"]) > 0
+    torch.testing.assert_close(fast["layer2"][0].float(), exact["layer2"][0], atol=0.1, rtol=0.05)
+
+
+def test_an_untraceable_model_says_it_runs_unfused(photo, factory_file):
+    features = hookcli.extract(f"{factory_file}:branchy", "body.1", [photo] * 2, fuse=True, resize=40, crop=32,
+                               mean=0.5, std=0.5)
+    assert features.notes == ("--fuse: Branchy cannot be traced by torch.fx, so it runs unfused "
+                              "(the values are the same)",)
+    assert features.metadata["fused"] == "0"
+    plain = hookcli.extract("timm:test_vit", "blocks.0", [photo] * 2, weights="none", fuse=True)
+    assert plain.notes == () and plain.metadata["fused"] == "0"  # one patch convolution: nothing worth a trace
+
+
+# -- Hugging Face ---------------------------------------------------------------------------------------------
+
+
+def test_hf_preprocessing_follows_the_image_processor(vit_folder, photo):
+    loaded = load_model(f"hf:{vit_folder}", "DEFAULT")
+    assert (loaded.preprocess.resize, loaded.preprocess.crop, loaded.preprocess.mean) == ((64, 64), None,
+                                                                                         (0.5, 0.5, 0.5))
+    image = Image.open(photo).convert("RGB")
+    theirs = transformers.AutoImageProcessor.from_pretrained(vit_folder)(images=image, return_tensors="pt")
+    torch.testing.assert_close(loaded.preprocess.to_transform()(image), theirs.pixel_values[0], atol=1e-6, rtol=0)
+
+
+def test_hf_captures_blocks_and_model_output_fields(vit_folder, photo):
+    loaded = load_model(f"hf:{vit_folder}", "DEFAULT")
+    batch = loaded.preprocess.to_transform()(Image.open(photo).convert("RGB"))[None]
+    expected, output = _hand(loaded.module, "layers.1", batch)
+    features = hookcli.extract(loaded, ["layers.1", "."], photo, **EXACT)
+    assert sorted(features.keys()) == ["layers.1", "output#last_hidden_state", "output#pooler_output"]
+    assert torch.equal(features["layers.1"], expected)
+    assert torch.equal(features["output#last_hidden_state"], output.last_hidden_state)
+    assert torch.equal(features["output#pooler_output"], output.pooler_output)
+    weights = json.loads(features.metadata["weights"])
+    assert weights["source"] == "folder" and weights["path"] == str(vit_folder)
+    assert features.metadata["model"] == f"hf:{vit_folder}"
+    assert features.metadata["prefix_tokens"] == "1"
+
+
+def test_hf_weights_none_builds_the_config_with_random_weights(vit_folder):
+    pretrained = load_model(f"hf:{vit_folder}", "DEFAULT").module
+    random = load_model(f"hf:{vit_folder}", "none", seed=5)
+    assert random.weights == {"source": "none", "seed": 5}
+    assert not torch.equal(random.module.layers[0].mlp.fc1.weight, pretrained.layers[0].mlp.fc1.weight)
+
+
+def test_hf_models_load_from_the_local_cache_by_id(vit_folder):
+    from huggingface_hub import constants
+
+    repo = Path(constants.HF_HUB_CACHE) / "models--lab--tiny-vit"
+    revision = "89abcdef0123456789abcdef0123456789abcdef"
+    shutil.copytree(vit_folder, repo / "snapshots" / revision)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(revision)
+    try:
+        loaded = load_model("hf:lab/tiny-vit", "DEFAULT")
+        assert loaded.weights == {"source": "hf", "repo": "lab/tiny-vit", "revision": revision}
+        assert loaded.preprocess.resize == (64, 64)
+        listed = hookcli.sources.list_source_models("hf", "lab/*")
+        assert listed == [{"model": "hf:lab/tiny-vit", "family": "classification", "default": "DEFAULT",
+                           "weights": ["DEFAULT"]}]
+    finally:
+        shutil.rmtree(repo)
+
+
+def test_hf_models_not_cached_name_the_cache_folder(runner):
+    from huggingface_hub import constants
+
+    folder = Path(constants.HF_HUB_CACHE) / "models--facebook--dinov2-small"
+    result = runner.invoke(main, ["layers", "-m", "hf:facebook/dinov2-small"])
+    assert result.exit_code == 1
+    assert result.output == (
+        "Error: hf:facebook/dinov2-small is not in the local Hugging Face cache, and hookcli does not download: "
+        f"config.json of facebook/dinov2-small belongs under {folder}/snapshots/<revision>/. Hint: run 'hf download "
+        f"facebook/dinov2-small' where there is network and copy {folder} here (or set HF_HUB_CACHE), or give "
+        "hf:/path/to/a/folder written by save_pretrained\n")
+    result = runner.invoke(main, ["layers", "-m", "hf:./no-such-folder"])
+    assert result.output == ("Error: './no-such-folder' (from hf:./no-such-folder) is not a folder. Hint: give a "
+                             "folder written by save_pretrained, or hf:ORG/NAME from the cache\n")
+
+
+def test_hf_classifier_grad_and_cam_use_its_logits_and_labels(classifier_folder, photo, tmp_path):
+    name = f"hf:{classifier_folder}"
+    loaded = load_model(name, "DEFAULT")
+    assert (loaded.scores, loaded.classes, loaded.categories) == ("logits", 3, ["cat", "dog", "fox"])
+    batch = loaded.preprocess.to_transform()(Image.open(photo).convert("RGB"))[None]
+    with torch.inference_mode():
+        logits = loaded.module(batch).logits
+    features = hookcli.grad(loaded, "vit.layers.1", photo, target="dog")
+    (row,) = json.loads(features.metadata["targets"])
+    assert row[0]["class"] == 1 and row[0]["name"] == "dog"
+    assert row[0]["logit"] == pytest.approx(float(logits[0, 1]), abs=1e-5)
+    assert features["vit.layers.1@grad"].shape == (1, 17, 32)
+    cams = hookcli.cam(loaded, photo, output=tmp_path / "cams")
+    metadata = _metadata(tmp_path / "cams" / "cams.safetensors")
+    assert metadata["cam_layer"] == "vit.layers.1.layernorm_before"
+    with safe_open(str(tmp_path / "cams" / "cams.safetensors"), "pt") as handle:
+        assert handle.get_tensor("cam").shape == (1, 4, 4)
+    assert cams == tmp_path / "cams" / "cams.safetensors"
+
+
+def test_hf_backbone_grad_says_its_targets_are_pooler_units(vit_folder, photo):
+    features = hookcli.grad(f"hf:{vit_folder}", "layers.0", photo, target="5")
+    assert features.notes == (f"hf:{vit_folder} has no classifier: targets are units of its pooler_output",)
+    (row,) = json.loads(features.metadata["targets"])
+    assert row[0]["class"] == 5
+
+
+def test_register_tokens_are_left_out_of_token_pictures(tmp_path, photo):
+    config = transformers.Dinov2WithRegistersConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                                    intermediate_size=64, image_size=64, patch_size=16,
+                                                    num_register_tokens=4)
+    folder = tmp_path / "dinov2-reg"
+    transformers.Dinov2WithRegistersModel(config).save_pretrained(folder)
+    loaded = load_model(f"hf:{folder}", "DEFAULT")
+    assert loaded.prefix_tokens == 5
+    assert any("no preprocessor_config.json" in note for note in loaded.notes)
+    written = hookcli.extract(loaded, "encoder.layer.1", photo, output=tmp_path / "f.safetensors", crop=64,
+                              resize=64)
+    assert _metadata(written)["prefix_tokens"] == "5"
+    with hookcli.open_features(written) as features:
+        assert features.shape("encoder.layer.1") == [1, 21, 32]
+        pictures = hookcli.api.grid(features, output=None, channels="0:4")
+    (pixels,) = pictures.values()
+    assert pixels.ndim == 3
+    from hookcli.render import as_maps
+
+    maps, layout = as_maps(np.arange(21 * 2, dtype=np.float32).reshape(21, 2), prefix_tokens=5)
+    assert layout == "tokens+prefix" and maps.shape == (2, 4, 4) and maps[0, 0, 0] == 10.0
+
+
+def test_keyword_inputs_are_captured_by_name():
+    class Block(torch.nn.Module):
+        def forward(self, hidden, *, scale):
+            return hidden * scale
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.block = Block()
+
+        def forward(self, x):
+            return self.block(x, scale=torch.full_like(x, 2.0))
+
+    from hookcli.capture import FeatureCapture
+
+    with FeatureCapture(Model(), ["block"], capture="input") as capture:
+        found = capture.run(torch.ones(2, 3))
+    assert sorted(found) == ["block@input#0", "block@input#scale"]
+    assert torch.equal(found["block@input#scale"], torch.full((2, 3), 2.0))
+
+
+# -- OpenCLIP -------------------------------------------------------------------------------------------------
+
+
+def test_open_clip_image_tower_preprocessing_and_captures(clip_config, photo):
+    name = f"open_clip:{clip_config}"
+    loaded = load_model(name, "none", seed=4)
+    open_clip.add_model_config(clip_config)
+    _, _, theirs = open_clip.create_model_and_transforms(clip_config.stem)
+    image = Image.open(photo).convert("RGB")
+    assert torch.equal(loaded.preprocess.to_transform()(image), theirs(image))
+    batch = theirs(image)[None]
+    expected, embedding = _hand(loaded.module, "transformer.resblocks.1", batch)
+    features = hookcli.extract(loaded, ["transformer.resblocks.1", "."], photo, **EXACT)
+    assert torch.equal(features["transformer.resblocks.1"], expected)
+    assert torch.equal(features["output"], embedding)
+    assert features["output"].shape == (1, 32)
+    assert (loaded.prefix_tokens, loaded.scores, loaded.classes) == (1, "embedding", 32)
+
+
+def test_open_clip_pretrained_tags_are_checked_and_not_downloaded(runner):
+    from huggingface_hub import constants
+
+    with pytest.raises(UnknownWeightsError, match="open_clip:ViT-B-32 has no pretrained tag 'laion9b'"):
+        load_model("open_clip:ViT-B-32", "laion9b")
+    result = runner.invoke(main, ["layers", "-m", "open_clip:ViT-B-32", "-w", "openai"])
+    folder = Path(constants.HF_HUB_CACHE) / "models--timm--vit_base_patch32_clip_224.openai"
+    assert result.exit_code == 1
+    assert result.output.startswith("Error: open_clip:ViT-B-32 is not in the local Hugging Face cache, and hookcli "
+                                    "does not download: open_clip_model.safetensors of "
+                                    f"timm/vit_base_patch32_clip_224.openai belongs under {folder}/snapshots/")
+
+
+def test_open_clip_cam_defaults_to_the_last_blocks_first_norm(clip_config, photo):
+    cams = hookcli.cam(f"open_clip:{clip_config}", photo, weights="none")
+    assert cams.metadata["cam_layer"] == "transformer.resblocks.1.ln_1"
+    assert cams["cam"].shape == (1, 4, 4)
+    assert cams.notes[-1] == f"open_clip:{clip_config} has no classifier: targets are units of its image embedding"
+
+
+# -- factories ------------------------------------------------------------------------------------------------
+
+
+def test_a_factory_file_runs_with_imagenet_defaults_and_says_so(runner, factory_file, photo, tmp_path,
+                                                                monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(main, ["extract", "-m", "nets.py:make", "-l", "1", str(photo)])
+    assert result.exit_code == 0, result.output
+    assert "Note: nets.py:make: the factory gives no preprocessing, so preprocessing is ImageNet's defaults (resize " \
+           "256, crop 224, mean 0.485,0.456,0.406, std 0.229,0.224,0.225); set --resize, --crop, --mean and --std " \
+           "to change it" in result.output
+    written = tmp_path / "nets-make-1.safetensors"
+    metadata = _metadata(written)
+    assert metadata["model"] == f"{factory_file}:make"
+    assert json.loads(metadata["weights"])["source"] == "factory"
+    quiet = runner.invoke(main, ["extract", "-m", "nets.py:make", "-l", "1", "--resize", "64", "--crop", "56",
+                                 "--mean", "0.5", "--std", "0.5", "-o", "given.safetensors", str(photo)])
+    assert quiet.exit_code == 0 and "Note" not in quiet.output
+
+
+def test_a_factory_module_with_its_preprocessing_equals_hooks_by_hand(factory_file, photo, monkeypatch):
+    monkeypatch.chdir(factory_file.parent)
+    monkeypatch.delitem(sys.modules, "nets", raising=False)
+    loaded = load_model("nets:with_preprocessing", "none", seed=7)
+    assert (loaded.preprocess.resize, loaded.preprocess.crop, loaded.preprocess.std) == (40, 32, (0.25, 0.25, 0.25))
+    assert loaded.notes == () and loaded.name == "nets:with_preprocessing"
+    batch = loaded.preprocess.to_transform()(Image.open(photo).convert("RGB"))[None]
+    expected, _ = _hand(loaded.module, "1", batch)
+    features = hookcli.extract(loaded, "1", photo, **EXACT)
+    assert torch.equal(features["1"], expected)  # the BatchNorm's output, before the in-place ReLU
+
+
+def test_factory_weights_come_from_a_state_dict(factory_file, tmp_path):
+    module = load_model(f"{factory_file}:make", "none", seed=9).module
+    path = tmp_path / "trained.pth"
+    torch.save(module.state_dict(), path)
+    loaded = load_model(f"{factory_file}:make", str(path))
+    assert loaded.weights["source"] == "file"
+    assert torch.equal(loaded.module[0].weight, module[0].weight)
+
+
+@pytest.mark.parametrize("function, message, code", [
+    ("broken", "Error: the factory {file}:broken failed: ValueError: no such checkpoint. Hint: run it in Python to "
+               "see where\n", 1),
+    ("not_a_module", "Error: the factory {file}:not_a_module returned str, not an nn.Module. Hint: return the model, "
+                     "or (model, preprocessing)\n", 1),
+    ("missing", "Error: {file} has no function 'missing'. Hint: define missing() returning the nn.Module\n", 2),
+])
+def test_factory_failures_are_one_line(runner, factory_file, function, message, code):
+    result = runner.invoke(main, ["layers", "-m", f"{factory_file}:{function}"])
+    assert result.exit_code == code
+    assert result.output == message.format(file=factory_file)
+
+
+def test_a_missing_factory_file_is_refused_before_torch(runner, tmp_path, no_model):
+    result = runner.invoke(main, ["extract", "-m", str(tmp_path / "gone.py") + ":make", "-l", "0",
+                                  str(tmp_path)])
+    assert result.exit_code == 2
+    assert result.output.startswith(f"Error: factory file '{tmp_path / 'gone.py'}' not found")
+
+
+def test_default_output_names_are_file_safe(runner, images, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(main, ["extract", "-m", "timm:test_resnet", "-w", "none", "-l", "layer1",
+                                  str(images[0])])
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines()[-1] == "timm-test_resnet-layer1.safetensors"
+
+
+def test_prefix_tokens_are_read_from_each_kind_of_model():
+    assert prefix_tokens(timm.create_model("test_vit", pretrained=False)) == 1
+    assert prefix_tokens(timm.create_model("test_resnet", pretrained=False)) is None
+    import torchvision
+
+    assert prefix_tokens(torchvision.models.vit_b_32()) == 1
+
+
+def test_an_unknown_source_prefix_is_refused():
+    with pytest.raises(UsageProblem, match="unknown model source 'huggingface:'"):
+        parse_model("huggingface:facebook/dinov2-small")
