@@ -43,8 +43,11 @@ __all__ = ["DEFAULT_OUTPUT", "cam", "extract", "grad", "grid", "layers", "report
 def extract(model, layers, inputs, *, output=None, progress: Callable | None = None, **options):
     """Capture ``layers`` of ``model`` on ``inputs``: ``hookcli extract`` as a function.
 
-    ``model``: a torchvision model name (or a :class:`~hookcli.models.LoadedModel`);
-    ``layers``: one selector or a list (paths, globs, ``type:Conv2d``,
+    ``model``: a torchvision model name, or one of another source
+    (``"timm:resnet50"``, ``"hf:facebook/dinov2-small"``, ``"hf:/folder"``,
+    ``"open_clip:ViT-B-32"``, ``"nets.py:make"``; see :mod:`hookcli.sources`),
+    or a :class:`~hookcli.models.LoadedModel`; ``layers``: one selector or a
+    list (paths, globs, ``type:Conv2d``, ``.`` for the model's own output,
     ``PATH=NAME``); ``inputs``: an image, a folder or a list of them.
     Options: ``weights`` (``"DEFAULT"``), ``seed``, ``capture``
     (``"output"``, ``"input"``, ``"both"``), ``resize``, ``crop``, ``mean``,

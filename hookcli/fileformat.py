@@ -152,7 +152,7 @@ def run_metadata(record: RunRecord, facts: RunFacts, *, keys: Sequence[str]) -> 
         value = getattr(record, f.name)
         if f.name == "layers":
             metadata["layers"] = json.dumps({
-                path: {"key": key, "type": record.layer_types[path], "calls": facts.calls.get(path, 0),
+                path or ".": {"key": key, "type": record.layer_types[path], "calls": facts.calls.get(path, 0),
                        "keys": [k for k in keys_of_layer(key, keys) if not k.endswith(ROW_SHAPE)]}
                 for path, key in value.items()
             })

@@ -297,7 +297,7 @@ def _loaded(spec: ModelSpec, module, described: dict, preprocess, **fields):
 
     module.eval()
     fields.setdefault("categories", None)
-    return LoadedModel(name=spec.text if spec.source != "factory" else _factory_name(spec), module=module,
+    return LoadedModel(name=_recorded_name(spec), module=module,
                        weights=described, preprocess=preprocess, family="classification", source=spec.source,
                        prefix_tokens=prefix_tokens(module), **fields)
 
@@ -689,11 +689,15 @@ def _open_clip_preprocess(config: dict):
 # factories
 
 
-def _factory_name(spec: ModelSpec) -> str:
-    module, function = spec.name.rsplit(":", 1)
-    if module.endswith(".py"):
-        return f"{Path(module).expanduser().resolve()}:{function}"
-    return spec.name
+def _recorded_name(spec: ModelSpec) -> str:
+    """The model's name as files record it: paths (a folder, a config, a factory's file) made absolute, so that the
+    name means the same from any folder."""
+    if spec.source == "factory":
+        module, function = spec.name.rsplit(":", 1)
+        return f"{Path(module).expanduser().resolve()}:{function}" if module.endswith(".py") else spec.name
+    if spec.hf_folder or spec.source == "open_clip" and spec.name.endswith(".json"):
+        return f"{spec.source}:{Path(spec.name).expanduser().resolve()}"
+    return spec.text
 
 
 def _load_factory(spec: ModelSpec, weights: str, seed: int):

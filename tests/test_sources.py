@@ -568,3 +568,21 @@ def test_prefix_tokens_are_read_from_each_kind_of_model():
 def test_an_unknown_source_prefix_is_refused():
     with pytest.raises(UsageProblem, match="unknown model source 'huggingface:'"):
         parse_model("huggingface:facebook/dinov2-small")
+
+
+def test_a_relative_folder_is_recorded_absolute_and_the_model_itself_as_dot(vit_folder, photo, tmp_path,
+                                                                            monkeypatch, runner):
+    monkeypatch.chdir(vit_folder.parent)
+    written = tmp_path / "f.safetensors"
+    result = runner.invoke(main, ["extract", "-m", f"hf:./{vit_folder.name}", "-l", ".", "-l", "layers.0",
+                                  "-o", str(written), str(photo)])
+    assert result.exit_code == 0, result.output
+    metadata = _metadata(written)
+    assert metadata["model"] == f"hf:{vit_folder}"
+    layers = json.loads(metadata["layers"])
+    assert layers["."] == {"key": "output", "type": "ViTModel", "calls": 1,
+                           "keys": ["output#last_hidden_state", "output#pooler_output"]}
+    report = runner.invoke(main, ["report", str(written), "-o", str(tmp_path / "report")])
+    assert report.exit_code == 0, report.output
+    page = (tmp_path / "report" / "index.html").read_text()
+    assert f"hf:{vit_folder}" in page and page.count("output#pooler_output") >= 2
