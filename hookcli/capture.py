@@ -265,7 +265,10 @@ class GradientCapture(FeatureCapture):
                 if score is not None:
                     scores, about = score(output)
                 else:
-                    logits = output[field] if field and isinstance(output, Mapping) and field in output else output
+                    if field and isinstance(output, Mapping) and field not in output:
+                        raise CaptureError(f"the model's output has no {field} to take class scores from",
+                                           hint="gradients need a classifier, or a model that pools its features")
+                    logits = output[field] if field and isinstance(output, Mapping) else output
                     if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
                         raise CaptureError("the model's output is not a [batch, classes] tensor of logits",
                                            hint="gradients need a classification model")
@@ -303,7 +306,7 @@ class GradientCapture(FeatureCapture):
         import torch
 
         if not isinstance(output, torch.Tensor):
-            raise CaptureError(f"layer {path} returns a {type(output).__name__}, not a tensor",
+            raise CaptureError(f"layer {path or '.'} returns {type(output).__name__}, not a tensor",
                                hint="gradients are taken for layers whose output is one tensor")
         if not output.is_floating_point():
             raise CaptureError(f"layer {path} returns {output.dtype} values, which have no gradient")

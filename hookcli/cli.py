@@ -378,6 +378,8 @@ def models(pattern: str | None, source: str, family: str | None, as_json: bool) 
 
             click.echo(f"Note: no model{' matching ' + pattern if pattern else ''} in the Hugging Face cache "
                        f"({constants.HF_HUB_CACHE})", err=True)
+    if not rows and source != "hf":
+        click.echo(f"Note: no {source} model matches '{pattern}'", err=True)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
@@ -392,6 +394,8 @@ def models(pattern: str | None, source: str, family: str | None, as_json: bool) 
 def _weights_cell(row: dict) -> str:
     if not row["weights"]:
         return "none (random only)"
+    if row["weights"] == [row["default"]]:
+        return row["default"]
     shown = row["weights"][:6]
     more = f" +{len(row['weights']) - len(shown)} more" if len(row["weights"]) > len(shown) else ""
     return f"{' '.join(shown)}{more} (default {row['default']})"

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 __all__ = [
     "CPU_ONLY", "DEFAULT_CLIP_LENGTH", "FAMILIES", "MODULES", "FamilyTraits", "batch_device", "batch_length",
-    "build_options", "call_model", "family_traits", "first_rows", "map_batch", "natural_input", "ragged_rows",
-    "rows_by_shape",
+    "build_options", "call_model", "channels_last_output", "family_traits", "first_rows", "map_batch",
+    "natural_input", "ragged_rows", "rows_by_shape", "square_input",
 ]
 
 FAMILIES = ("classification", "detection", "segmentation", "video", "optical_flow", "quantized")
@@ -190,3 +190,19 @@ def ragged_rows(family: str, preprocess) -> bool:
     captured tensor as rows of their own shapes."""
     return family == "detection" or family in ("segmentation", "optical_flow") and preprocess.crop is None
 
+
+
+def square_input(preprocess) -> bool:
+    """Whether every image reaches the model square: a centre crop, or an image squashed to equal sides."""
+    if preprocess is None or preprocess.kind != "classification":
+        return False
+    if preprocess.crop is not None:
+        return True
+    return isinstance(preprocess.resize, tuple) and preprocess.resize[0] == preprocess.resize[1]
+
+
+def channels_last_output(shape) -> bool:
+    """Whether a 4-D layer output of a square input is laid out ``[N, H, W, C]`` (timm's and transformers' Swin,
+    MambaOut, a ViT's patch embedding with a dynamic size): its middle two axes are equal and the last differs. A
+    channels-first ``[N, C, H, W]`` output of a square input has equal last two."""
+    return len(shape) == 4 and shape[1] == shape[2] != shape[3]

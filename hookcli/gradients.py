@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 from hookcli.capture import GradientCapture, preserved_mode
 from hookcli.errors import CaptureError, UsageProblem
+from hookcli.families import channels_last_output
 from hookcli.fileformat import RunFacts
 from hookcli.models import LoadedModel
 from hookcli.speed import compute_precision
@@ -331,7 +332,7 @@ def spatial_maps(tensor, prefix_tokens: int | None = None):
     model does not say, a leading class token is dropped when T-1 is square.
     """
     if tensor.dim() == 4:
-        return tensor.permute(0, 3, 1, 2) if _channels_last(tensor.shape) else tensor
+        return tensor.permute(0, 3, 1, 2) if channels_last_output(tensor.shape) else tensor
     if tensor.dim() == 3:
         tokens = tensor.shape[1]
         for skip in ((prefix_tokens, 0, 1) if prefix_tokens else (0, 1)):
@@ -341,10 +342,6 @@ def spatial_maps(tensor, prefix_tokens: int | None = None):
                 return grid.transpose(1, 2).reshape(len(tensor), tensor.shape[2], side, side)
     raise CaptureError(f"a layer output of shape {list(tensor.shape)} has no spatial layout for a map",
                        hint="pick a convolutional layer ([N, C, H, W]) or a ViT block (square token grid)")
-
-
-def _channels_last(shape) -> bool:
-    return shape[2] != shape[3] and shape[1] == shape[2]
 
 
 def class_activation_maps(activations, gradients, method: str = "gradcam"):

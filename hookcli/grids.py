@@ -279,7 +279,7 @@ def plan_grids(features, options: GridOptions, out_dir: str | os.PathLike | None
                 _plan_detections(features, detections, drawable, notes, refusals)
             continue
         try:
-            drawable[key] = _maps_limit(drawn_shape(features, key), options,
+            drawable[key] = _maps_limit(_channels_first(features, drawn_shape(features, key)), options,
                                         flow=_draws_flow(features, key, options),
                                         prefix=prefix_tokens(features.metadata))
         except NotDrawable as reason:
@@ -598,6 +598,25 @@ def _row_drawn(row: Sequence[int], options: GridOptions) -> tuple[list[int], int
     return [row[0], *row[2:]], options.frame
 
 
+def _channels_last(features, row: Sequence[int]) -> bool:
+    """Whether rows of this shape are ``[H, W, C]`` maps (see :func:`hookcli.families.channels_last_output`): told
+    only for a file whose preprocessing made every image square."""
+    from hookcli.families import channels_last_output, square_input
+
+    if len(row) != 3 or not channels_last_output([0, *row]):
+        return False
+    try:
+        return square_input(Preprocess.from_metadata(features.metadata.get("preprocess")))
+    except ValueError:  # untrusted metadata that does not parse: draw as stored
+        return False
+
+
+def _channels_first(features, shape: Sequence[int]) -> list[int]:
+    """A tensor's shape as it is drawn: ``[N, H, W, C]`` rows (:func:`_channels_last`) as ``[N, C, H, W]``."""
+    shape = list(shape)
+    return [shape[0], shape[3], shape[1], shape[2]] if _channels_last(features, shape[1:]) else shape
+
+
 def _frames_text(frames: int) -> str:
     return "no frames" if frames == 0 else "one frame (0)" if frames == 1 else f"{frames} frames (0-{frames - 1})"
 
@@ -650,7 +669,8 @@ def _row_picture(features, job: GridJob, options: GridOptions, values: np.ndarra
         return _flow_picture(features, job, options, values)
     one_map_a_row = _one_map_a_row(features, job.key)
     stored = _drawn_row_shape(features, job.key, job.row)
-    shape, frame = _row_drawn(stored, options)
+    last = _channels_last(features, stored)  # [H, W, C] rows are drawn as their C maps
+    shape, frame = _row_drawn([stored[2], stored[0], stored[1]] if last else stored, options)
     prefix = prefix_tokens(features.metadata)
     count, _, _, layout = map_layout(shape, prefix)
     selected = range(count)[options.channels] if options.channels is not None else range(count)
@@ -658,11 +678,13 @@ def _row_picture(features, job: GridJob, options: GridOptions, values: np.ndarra
         selected = selected[:job.limit]
     # Channels of [C, H, W] rows and of clips are read a range at a time; other layouts are sliced after reading.
     direct = (values is None and len(stored) >= 3 and options.top is None and selected != range(count)
-              and not one_map_a_row)
+              and not one_map_a_row and not last)
     part = slice(selected.start, selected.stop, selected.step) if direct else None
     if values is None:
         values = features.read(job.key, job.row, part)
     values = values.reshape(len(selected), *stored[1:]) if direct else values.reshape(stored)
+    if last:
+        values = np.moveaxis(values, -1, 0)
     maps, layout = as_maps(values if frame is None else values[:, frame], prefix)
     if not direct and selected != range(count):
         maps = maps[selected.start:selected.stop:selected.step]
@@ -705,9 +727,9 @@ def _row_picture(features, job: GridJob, options: GridOptions, values: np.ndarra
     else:
         look = {"columns": options.columns, "padding": options.padding, "min_tile": options.min_tile,
                 "labels": None if options.plain else labels, "min_width": 0 if options.plain else _MIN_WIDTH}
-        layout = tile_layout(len(maps), *maps.shape[1:], **look)
-        labelled = options.plain or labels is None or layout.band > 0
-        pixels = tile_maps(scale_maps(maps, options.scale), cmap=options.cmap, layout=layout, **look)
+        tiling = tile_layout(len(maps), *maps.shape[1:], **look)
+        labelled = options.plain or labels is None or tiling.band > 0
+        pixels = tile_maps(scale_maps(maps, options.scale), cmap=options.cmap, layout=tiling, **look)
         if not options.plain:
             pixels = add_colorbar(pixels, options.cmap, *_scale_legend(maps, options.scale, "the map's range",
                                                                        "each tile scaled to its own range"))
@@ -717,6 +739,8 @@ def _row_picture(features, job: GridJob, options: GridOptions, values: np.ndarra
             parts.append(_LAYOUTS[layout])
         elif layout == "tokens+prefix":
             parts.append(f"tokens as a square, the {prefix} prefix tokens (class, registers) left out")
+        if last:
+            parts.append("stored channels last [H, W, C]")
         if layout in CLIPS:
             parts.append(f"rows: channels, columns: frames 0-{maps.shape[1] - 1}")
         if frame is not None:

@@ -46,7 +46,16 @@ from dataclasses import dataclass, field
 from hookcli import speed
 from hookcli.capture import CAPTURE_KINDS, FeatureCapture
 from hookcli.errors import HookcliError, ImageError, VideoError, check_choice, check_whole, first_line
-from hookcli.families import batch_device, family_traits, first_rows, map_batch, ragged_rows, rows_by_shape
+from hookcli.families import (
+    batch_device,
+    channels_last_output,
+    family_traits,
+    first_rows,
+    map_batch,
+    ragged_rows,
+    rows_by_shape,
+    square_input,
+)
 from hookcli.fileformat import RunFacts
 from hookcli.models import LoadedModel
 from hookcli.preprocess import Preprocess
@@ -297,6 +306,7 @@ def iter_batches(
     settings = (settings or RunSettings()).resolved(loaded, len(paths))
     make_forward = forward or extraction_forward(settings)
     ragged = ragged_rows(settings.family, settings.preprocess)  # every key a list of rows, whatever the strategy
+    square = square_input(settings.preprocess)
     cast = getattr(torch, settings.dtype)
     loader = image_loader(paths, settings, start=start)
     with prepared_model(loaded, settings) as (model, to_device), \
@@ -306,7 +316,8 @@ def iter_batches(
             features, targets, facts = {}, None, None
             if batch is not None:
                 captured, targets = run(to_device(batch))
-                features = {key: _stored(key, value, settings.pool, cast, ragged) for key, value in captured.items()}
+                features = {key: _stored(key, value, settings.pool, cast, ragged, square)
+                            for key, value in captured.items()}
                 facts = run.facts()
             yield Batch(indices, features, failures, targets, facts)
 
@@ -533,16 +544,17 @@ class CompiledForward(EagerForward):
         return function
 
 
-def _stored(key: str, value, pool: str | None, cast, ragged: bool):
+def _stored(key: str, value, pool: str | None, cast, ragged: bool, square: bool = False):
     """A captured batch (or list of rows) pooled, cast and on the CPU; detections and integers kept as they are.
 
     In a run whose rows may differ in shape (``ragged``) it is always a list of rows, so a key keeps one form.
+    ``square``: the inputs are square, so a ``[N, H, W, C]`` output is told apart (see :func:`_pooled`).
     """
     if key.startswith(DETECTIONS + "#"):
         return [row.to("cpu") for row in value]
 
     def finish(tensor, *, row: bool):
-        pooled = _pooled(tensor[None], pool)[0] if row else _pooled(tensor, pool)
+        pooled = _pooled(tensor[None], pool)[0] if row else _pooled(tensor, pool, square)
         return (pooled.to(cast) if pooled.is_floating_point() else pooled).to("cpu")
 
     if isinstance(value, list):
@@ -626,11 +638,17 @@ class _FinalOutput:
         return found
 
 
-def _pooled(tensor, pool: str | None):
-    """Global pooling over the spatial axes: ``[N, C, H, W]`` → ``[N, C]``; tokens ``[N, T, D]`` → ``[N, D]``."""
+def _pooled(tensor, pool: str | None, square: bool = False):
+    """Global pooling over the spatial axes: ``[N, C, H, W]`` → ``[N, C]``; tokens ``[N, T, D]`` → ``[N, D]``.
+
+    With ``square`` inputs, an output laid out ``[N, H, W, C]`` (:func:`~hookcli.families.channels_last_output`)
+    is pooled over H and W too.
+    """
     if pool is None or tensor.dim() < 3:
         return tensor
     axes = tuple(range(2, tensor.dim())) if tensor.dim() >= 4 else (1,)
+    if square and channels_last_output(tensor.shape):
+        axes = (1, 2)
     if pool == "avg":
         return tensor.float().mean(dim=axes).to(tensor.dtype)
     return tensor.amax(dim=axes)

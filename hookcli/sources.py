@@ -369,8 +369,9 @@ def _timm_tag(spec: ModelSpec, name: str, wanted: str) -> str:
         return f"{name}.{_timm_default_tag(name)}"
     full = wanted if wanted.startswith(name + ".") else f"{name}.{wanted}"
     if full not in tags:
-        known = ", ".join(t.split(".", 1)[1] for t in tags[:8] if "." in t) or "none"
-        raise UnknownWeightsError(f"{spec.text} has no pretrained tag '{wanted}' (timm has: {known})",
+        known = ", ".join(t.split(".", 1)[1] for t in tags[:8] if "." in t) + (
+            f" and {len(tags) - 8} more" if len(tags) > 8 else "")
+        raise UnknownWeightsError(f"{spec.text} has no pretrained tag '{wanted}' (timm has: {known or 'no tags'})",
                                   hint="use DEFAULT, a listed tag, none, or a path to a state dict")
     return full
 
@@ -450,7 +451,7 @@ def _load_hf(spec: ModelSpec, weights: str, seed: int):
                               hint="give a folder written by save_pretrained") from None
         raise _not_cached(spec, spec.name, "config.json") from None
     architectures = getattr(config, "architectures", None) or []
-    classifier = any(a.endswith("ForImageClassification") for a in architectures)
+    classifier = any("ForImageClassification" in a for a in architectures)  # …WithTeacher too
     auto = transformers.AutoModelForImageClassification if classifier else transformers.AutoModel
     from hookcli.models import looks_like_weights_path
 
@@ -477,7 +478,7 @@ def _load_hf(spec: ModelSpec, weights: str, seed: int):
     labels = getattr(config, "id2label", None) or {}
     named = classifier and labels and not all(re.fullmatch(r"LABEL_\d+", str(v)) for v in labels.values())
     categories = [str(labels[i]) for i in range(len(labels))] if named and weights.lower() == "default" else None
-    scores, classes = _hf_scores(module, config, classifier)
+    scores, classes = _hf_scores(config, classifier)
     return _loaded(spec, module, described, preprocess, categories=categories, notes=notes, classes=classes,
                    scores=scores)
 
@@ -496,15 +497,14 @@ def _vision_part(spec: ModelSpec, module):
                        hint="give a vision model (ViT, DINOv2, Swin, ConvNeXt, CLIP…)")
 
 
-def _hf_scores(module, config, classifier: bool) -> tuple[str | None, int | None]:
-    """Which output field grad and cam take scores from, and how many there are."""
+def _hf_scores(config, classifier: bool) -> tuple[str, int | None]:
+    """Which output field grad and cam take scores from, and how many there are: a classifier's logits, else the
+    pooled output backbones return (ViT, DINOv2, CLIP's vision tower, ConvNeXt, Swin)."""
     if classifier:
         return "logits", int(config.num_labels)
-    pooler = getattr(module, "pooler", None)
+    config = getattr(config, "vision_config", None) or config
     size = getattr(config, "hidden_size", None) or (getattr(config, "hidden_sizes", None) or [None])[-1]
-    if pooler is not None or hasattr(config, "hidden_sizes"):
-        return "pooler_output", size
-    return None, None
+    return "pooler_output", size
 
 
 def _hf_described(spec: ModelSpec) -> dict:
@@ -530,7 +530,10 @@ def _hf_preprocess(spec: ModelSpec, source: str):
         found = _hub_file(spec.name, "preprocessor_config.json")
         text = found.read_text() if found is not None else None
     if text is None:
-        return _assumed(spec, "it has no preprocessor_config.json")
+        config = json.loads((Path(source) / "config.json").read_text()) if spec.hf_folder else {}
+        vision = config.get("vision_config") or config
+        side = vision.get("image_size") if isinstance(vision.get("image_size"), int) else None
+        return _assumed(spec, "it has no preprocessor_config.json", side)
     try:
         config = json.loads(text)
         return _processor_steps(config), ()
@@ -573,14 +576,16 @@ def _processor_steps(config: dict):
                       interpolation=interpolation)
 
 
-def _assumed(spec: ModelSpec, why: str):
+def _assumed(spec: ModelSpec, why: str, side: int | None = None):
+    """ImageNet's preprocessing, for a model that gives none: resize 256 and crop 224, or in that proportion for a
+    model made for ``side`` pixels."""
     from hookcli.preprocess import Preprocess
 
-    return Preprocess(**_DEFAULT_PREPROCESS), (f"{spec.text}: {why}, so preprocessing is ImageNet's defaults "
-                                               f"({_ASSUMED}); set --resize, --crop, --mean and --std to change it",)
-
-
-_ASSUMED = "resize 256, crop 224, mean 0.485,0.456,0.406, std 0.229,0.224,0.225"
+    crop = side or _DEFAULT_PREPROCESS["crop"]
+    resize = _DEFAULT_PREPROCESS["resize"] if side is None else int(side * 256 / 224)
+    chosen = Preprocess(**{**_DEFAULT_PREPROCESS, "resize": resize, "crop": crop})
+    return chosen, (f"{spec.text}: {why}, so what --resize, --crop, --mean and --std do not set is ImageNet's "
+                    f"preprocessing (resize {resize}, crop {crop}, mean 0.485,0.456,0.406, std 0.229,0.224,0.225)",)
 
 
 def _hub_cached(repo: str, filename: str) -> bool:
@@ -635,8 +640,10 @@ def _load_open_clip(spec: ModelSpec, weights: str, seed: int):
             raise UnknownWeightsError(f"{spec.text} has no pretrained weights in OpenCLIP",
                                       hint="use --weights none, or a path to a state dict")
         if tag not in tags:
+            more = f" and {len(tags) - 8} more" if len(tags) > 8 else ""
             raise UnknownWeightsError(f"{spec.text} has no pretrained tag '{tag}' (OpenCLIP has: "
-                                      f"{', '.join(tags[:8]) or 'none'})", hint="use DEFAULT, a listed tag or none")
+                                      f"{', '.join(tags[:8]) or 'no tags'}{more})",
+                                      hint="use DEFAULT, a listed tag or none")
         _require_open_clip_files(spec, arch, tag)
     try:
         with _seeded(seed):

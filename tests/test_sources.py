@@ -496,9 +496,9 @@ def test_a_factory_file_runs_with_imagenet_defaults_and_says_so(runner, factory_
     monkeypatch.chdir(tmp_path)
     result = runner.invoke(main, ["extract", "-m", "nets.py:make", "-l", "1", str(photo)])
     assert result.exit_code == 0, result.output
-    assert "Note: nets.py:make: the factory gives no preprocessing, so preprocessing is ImageNet's defaults (resize " \
-           "256, crop 224, mean 0.485,0.456,0.406, std 0.229,0.224,0.225); set --resize, --crop, --mean and --std " \
-           "to change it" in result.output
+    assert "Note: nets.py:make: the factory gives no preprocessing, so what --resize, --crop, --mean and --std do " \
+           "not set is ImageNet's preprocessing (resize 256, crop 224, mean 0.485,0.456,0.406, std " \
+           "0.229,0.224,0.225)\n" in result.output
     written = tmp_path / "nets-make-1.safetensors"
     metadata = _metadata(written)
     assert metadata["model"] == f"{factory_file}:make"
@@ -586,3 +586,32 @@ def test_a_relative_folder_is_recorded_absolute_and_the_model_itself_as_dot(vit_
     assert report.exit_code == 0, report.output
     page = (tmp_path / "report" / "index.html").read_text()
     assert f"hf:{vit_folder}" in page and page.count("output#pooler_output") >= 2
+
+
+def test_channels_last_outputs_pool_and_draw_by_their_channels(photo, tmp_path):
+    loaded = load_model("timm:test_vit", "none")
+    loaded.module.patch_embed.flatten = False  # timm's dynamic-size layout: [N, H, W, C]
+    loaded.module.patch_embed.output_fmt = timm.layers.Format.NHWC
+    loaded.module.dynamic_img_size = True
+    written = hookcli.extract(loaded, "patch_embed", photo, output=tmp_path / "f.safetensors", **EXACT)
+    pooled = hookcli.extract(loaded, "patch_embed", photo, pool="avg", **EXACT)
+    with hookcli.open_features(written) as features:
+        rows = torch.from_numpy(features.read("patch_embed", 0))
+        assert list(rows.shape) == [10, 10, 64]
+        torch.testing.assert_close(pooled["patch_embed"][0], rows.mean(dim=(0, 1)))
+        from hookcli.grids import _channels_first
+
+        assert _channels_first(features, features.shape("patch_embed")) == [1, 64, 10, 10]
+        (pixels,) = hookcli.api.grid(features, output=None, channels="0:64", plain=True, min_tile=10).values()
+    assert pixels.shape == (10 * 8 + 2 * 9, 10 * 8 + 2 * 9, 3)  # 64 tiles of 10x10 in 8 columns, padded by 2
+
+
+def test_dinov2_backbone_takes_gradients_of_its_pooled_output(tmp_path, photo):
+    config = transformers.Dinov2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                       intermediate_size=64, image_size=64, patch_size=16)
+    folder = tmp_path / "dinov2"
+    transformers.Dinov2Model(config).save_pretrained(folder)
+    loaded = load_model(f"hf:{folder}", "DEFAULT")
+    assert (loaded.preprocess.resize, loaded.preprocess.crop) == (73, 64)  # ImageNet's proportions at its 64 px
+    cams = hookcli.cam(loaded, photo)
+    assert cams["cam"].shape == (1, 4, 4) and cams.metadata["cam_layer"] == "encoder.layer.1.norm1"
