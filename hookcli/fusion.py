@@ -7,7 +7,9 @@ the convolution cost about as much as the convolution itself. For inference,
 nothing hooked sits in between:
 
 - ``Conv2d -> BatchNorm2d``: the BatchNorm's running statistics are folded
-  into the convolution's weight and bias (computed in float64);
+  into the convolution's weight and bias (computed in float64); timm's
+  ``BatchNormAct2d`` (a BatchNorm with its activation inside) too, its
+  activation becoming the kernel's;
 - ``conv -> activation``: ReLU, ReLU6/Hardtanh, SiLU, Hardswish, Hardsigmoid,
   Sigmoid, Tanh, GELU, LeakyReLU run inside the convolution (oneDNN post-op);
 - ``conv + other [-> ReLU]``: the residual add (and the ReLU after it) too.
@@ -118,7 +120,8 @@ def _traced(model, keep: set[str]):
 
     class Tracer(torch.fx.Tracer):
         def is_leaf_module(self, module, qualified_name: str) -> bool:
-            return qualified_name in keep or super().is_leaf_module(module, qualified_name)
+            return qualified_name in keep or _norm_with_activation(module) is not None or \
+                super().is_leaf_module(module, qualified_name)
 
     try:
         with preserved_mode(model):  # trace what eval mode runs (dropout, auxiliary heads)
@@ -131,24 +134,40 @@ def _traced(model, keep: set[str]):
     return graph_module if keep <= present else None
 
 
+def _norm_with_activation(module):
+    """For timm's ``BatchNormAct2d`` (a BatchNorm2d subclass that applies ``act`` after normalising, and ``drop``,
+    a no-op in eval mode): the activation's post-op, ``("none", [], "")`` for none; None for other modules and
+    for activations the kernel cannot run."""
+    if not isinstance(module, nn.BatchNorm2d) or type(module).__name__ != "BatchNormAct2d":
+        return None
+    if type(getattr(module, "drop", None)) not in (nn.Identity, nn.Dropout):
+        return None
+    act = getattr(module, "act", None)
+    return ("none", [], "") if type(act) is nn.Identity else _module_activation(act)
+
+
+def _module_activation(module):
+    """``(post-op name, scalars, algorithm)`` for an activation module the kernel runs; None for others."""
+    kind = type(module)
+    if kind is nn.ReLU:
+        return "relu", [], ""
+    if kind is nn.ReLU6:
+        return "hardtanh", [0.0, 6.0], ""
+    if kind is nn.Hardtanh:
+        return "hardtanh", [float(module.min_val), float(module.max_val)], ""
+    if kind is nn.LeakyReLU:
+        return "leaky_relu", [float(module.negative_slope)], ""
+    if kind is nn.GELU:
+        return "gelu", [], module.approximate
+    simple = {nn.SiLU: "swish", nn.Hardswish: "hardswish", nn.Hardsigmoid: "hardsigmoid",
+              nn.Sigmoid: "sigmoid", nn.Tanh: "tanh"}
+    return (simple[kind], [], "") if kind in simple else None
+
+
 def _activation(node, modules: dict):
     """``(post-op name, scalars, algorithm)`` for a node that applies a supported activation to its one input."""
     if node.op == "call_module":
-        module = modules.get(node.target)
-        kind = type(module)
-        if kind is nn.ReLU:
-            return "relu", [], ""
-        if kind is nn.ReLU6:
-            return "hardtanh", [0.0, 6.0], ""
-        if kind is nn.Hardtanh:
-            return "hardtanh", [float(module.min_val), float(module.max_val)], ""
-        if kind is nn.LeakyReLU:
-            return "leaky_relu", [float(module.negative_slope)], ""
-        if kind is nn.GELU:
-            return "gelu", [], module.approximate
-        simple = {nn.SiLU: "swish", nn.Hardswish: "hardswish", nn.Hardsigmoid: "hardsigmoid",
-                  nn.Sigmoid: "sigmoid", nn.Tanh: "tanh"}
-        return (simple[kind], [], "") if kind in simple else None
+        return _module_activation(modules.get(node.target))
     if len(node.args) != 1:
         return None
     if node.op == "call_method" and not node.kwargs:
@@ -208,7 +227,10 @@ class _Rewriter:
         if node is None or not self._is_free(node) or node.op != "call_module" or node.args != (source,):
             return None
         norm = self.modules.get(node.target)
-        if type(norm) is not nn.BatchNorm2d or norm.running_mean is None or node.kwargs:
+        if any(path.startswith(f"{node.target}.") for path in self.whole):  # a hook inside it (its act) must fire
+            return None
+        plain = type(norm) is nn.BatchNorm2d
+        if not plain and _norm_with_activation(norm) is None or norm.running_mean is None or node.kwargs:
             return None
         return norm
 
@@ -220,8 +242,11 @@ class _Rewriter:
         if norm is not None:
             chain.append(self._sole_user(node))
         unary, add_to = ("none", [], ""), None
+        inside = _norm_with_activation(norm) if norm is not None else None
+        if inside is not None and inside[0] != "none":
+            unary = inside  # the norm applies it: the chain ends there
         after = self._sole_user(chain[-1])
-        if after is not None and self._is_free(after):
+        if after is not None and self._is_free(after) and unary[0] == "none":
             activation = _activation(after, self.modules)
             other = self._added(after, chain[-1])
             if activation is not None and after.args[0] is chain[-1]:

@@ -354,6 +354,12 @@ def _check_weights_file(path: Path) -> None:
 
 def _unreadable(path: Path, err: Exception) -> WeightsError:
     # Told from the first bytes before reading torch's error: its weights-only unpickler fails on any non-pickle.
+    from hookcli.sources import _archive_kind
+
+    archive = {"torchscript": "a TorchScript", "export": "a torch.export"}.get(_archive_kind(path))
+    if archive is not None:
+        return WeightsError(f"weights file '{path}' is {archive} archive, not a state dict",
+                            hint="save model.state_dict() of the model it came from")
     with open(path, "rb") as handle:
         kind = _kind_of_non_weights(path, handle.read(512))
     if kind is not None:

@@ -302,11 +302,18 @@ def _loaded(spec: ModelSpec, module, described: dict, preprocess, **fields):
                        prefix_tokens=prefix_tokens(module), **fields)
 
 
-def _from_file(spec: ModelSpec, module, path: Path) -> dict:
-    """Load a state-dict file into ``module`` (shapes checked first); its description for the metadata."""
+def _from_file(spec: ModelSpec, module, path: Path, part: str = "") -> dict:
+    """Load a state-dict file into ``module`` (shapes checked first); its description for the metadata.
+
+    ``part``: a prefix (``visual.``) whose entries are the module's, when the file holds a whole model of which
+    ``module`` is one tower.
+    """
     from hookcli.models import fit_state_dict, read_state_dict
 
-    fit_state_dict(module, read_state_dict(path), path, spec.text)
+    state = read_state_dict(path)
+    if part and any(key.startswith(part) for key in state):
+        state = {key[len(part):]: value for key, value in state.items() if key.startswith(part)}
+    fit_state_dict(module, state, path, spec.text)
     return {"source": "file", "path": str(path.resolve()), "sha256": sha256(path)}
 
 
@@ -477,7 +484,7 @@ def _load_hf(spec: ModelSpec, weights: str, seed: int):
     preprocess, notes = _hf_preprocess(spec, source)
     labels = getattr(config, "id2label", None) or {}
     named = classifier and labels and not all(re.fullmatch(r"LABEL_\d+", str(v)) for v in labels.values())
-    categories = [str(labels[i]) for i in range(len(labels))] if named and weights.lower() == "default" else None
+    categories = [str(labels[i]) for i in range(len(labels))] if named else None  # the config's, whatever weights
     scores, classes = _hf_scores(config, classifier)
     return _loaded(spec, module, described, preprocess, categories=categories, notes=notes, classes=classes,
                    scores=scores)
@@ -610,6 +617,8 @@ def _not_cached(spec: ModelSpec, repo: str, filename: str) -> SourceError:
     folder = Path(constants.HF_HUB_CACHE) / f"models--{repo.replace('/', '--')}"
     otherwise = "or give hf:/path/to/a/folder written by save_pretrained" if spec.source == "hf" else \
         "or use --weights none"
+    if spec.source == "hf" and Path(spec.name).is_dir():
+        otherwise = f"or, for the folder '{spec.name}' here, write hf:./{spec.name}"
     return SourceError(
         f"{spec.text} is not in the local Hugging Face cache, and hookcli does not download: {filename} of "
         f"{repo} belongs under {folder}/snapshots/<revision>/",
@@ -657,7 +666,7 @@ def _load_open_clip(spec: ModelSpec, weights: str, seed: int):
     elif weights.lower() == "none":
         described = {"source": "none", "seed": seed}
     else:
-        described = _from_file(spec, module, Path(weights))
+        described = _from_file(spec, module, Path(weights), part="visual.")  # a whole CLIP's file: its image tower
     preprocess = _open_clip_preprocess(open_clip.get_model_preprocess_cfg(model))
     return _loaded(spec, module, described, preprocess, classes=getattr(module, "output_dim", None),
                    scores="embedding")

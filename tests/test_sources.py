@@ -615,3 +615,31 @@ def test_dinov2_backbone_takes_gradients_of_its_pooled_output(tmp_path, photo):
     assert (loaded.preprocess.resize, loaded.preprocess.crop) == (73, 64)  # ImageNet's proportions at its 64 px
     cams = hookcli.cam(loaded, photo)
     assert cams["cam"].shape == (1, 4, 4) and cams.metadata["cam_layer"] == "encoder.layer.1.norm1"
+
+
+def test_timm_norms_with_their_activation_inside_fuse(photo):
+    loaded = load_model("timm:test_efficientnet", "none")
+    layers = ["blocks.1.0.bn1.act", "blocks.2"]
+    exact = hookcli.extract(loaded, layers, [photo] * 2, **EXACT)
+    fused = hookcli.extract(loaded, layers, [photo] * 2, memory_format="contiguous", fuse=True)
+    assert int(fused.metadata["fused"]) == 3 and exact.metadata["fused"] == "0"  # 0 before BatchNormAct2d fused
+    for key in ("blocks.1.0.bn1.act", "blocks.2"):  # the hooked activation inside a BatchNormAct2d still fires
+        torch.testing.assert_close(fused[key], exact[key], rtol=1e-4, atol=1e-4)
+
+
+def test_a_torchscript_file_as_weights_is_named_as_such(tmp_path):
+    scripted = tmp_path / "net_script.pt"
+    torch.jit.script(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3))).save(str(scripted))
+    with pytest.raises(HookcliError, match=r"weights file '.*net_script.pt' is a TorchScript archive, not a state "
+                                           r"dict\. Hint: save model.state_dict\(\) of the model it came from"):
+        load_model("timm:test_resnet", str(scripted))
+
+
+def test_a_whole_open_clip_checkpoint_loads_its_image_tower(clip_config, tmp_path):
+    open_clip.add_model_config(clip_config)
+    whole = open_clip.create_model(clip_config.stem)
+    path = tmp_path / "clip.pth"
+    torch.save(whole.state_dict(), path)
+    loaded = load_model(f"open_clip:{clip_config}", str(path))
+    assert torch.equal(loaded.module.conv1.weight, whole.visual.conv1.weight)
+    assert loaded.weights["source"] == "file"
