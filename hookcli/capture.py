@@ -165,9 +165,9 @@ class FeatureCapture:
         self._outputs, self._inputs, self._counts = {}, {}, {}
 
     def _on_input(self, path, module, args, kwargs):
-        # One positional input is the layer's input; more, or keyword ones, are its elements: #0, #1, #name.
-        inputs = args[0] if len(args) == 1 and not kwargs else {**{str(i): a for i, a in enumerate(args)}, **kwargs}
-        self._inputs.setdefault(path, []).append(_detached_copy(inputs))
+        # One positional input is the layer's input (@input); more are #0, #1, …; keyword ones #name beside them.
+        inputs = (args[0],) if len(args) == 1 else tuple(args)
+        self._inputs.setdefault(path, []).append((_detached_copy(inputs), _detached_copy(dict(kwargs))))
         if self.capture == "input":
             self._count(path)
 
@@ -210,9 +210,16 @@ class FeatureCapture:
             for call in range(calls):
                 base = _call_key(key, call, calls)
                 if path in inputs:
-                    _add(flat, f"{base}@input", inputs[path][call], self.omitted)
+                    args, kwargs = inputs[path][call]
+                    _add(flat, f"{base}@input", args[0] if len(args) == 1 else list(args), self.omitted)
+                    for name, value in kwargs.items():
+                        _add(flat, f"{base}@input#{name}", value, self.omitted)
                 if path in outputs:
                     _add(flat, base, outputs[path][call], self.omitted)
+        for key in [k for k, t in flat.items() if "@input" in k and (t.dim() == 0 or t.shape[0] != batch_size)]:
+            if key.partition("@input")[2]:  # an element of a layer's inputs that is not per image: left out, said so
+                self.omitted.add(key)
+                del flat[key]
         for key, tensor in flat.items():
             if tensor.dim() == 0 or tensor.shape[0] != batch_size:
                 raise CaptureError(
@@ -269,6 +276,9 @@ class GradientCapture(FeatureCapture):
                         raise CaptureError(f"the model's output has no {field} to take class scores from",
                                            hint="gradients need a classifier, or a model that pools its features")
                     logits = output[field] if field and isinstance(output, Mapping) else output
+                    if isinstance(logits, torch.Tensor) and logits.dim() > 2 and all(
+                            n == 1 for n in logits.shape[2:]):
+                        logits = logits.flatten(1)  # a pooled [N, C, 1, 1] (transformers' ResNet, RegNet, BiT)
                     if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
                         raise CaptureError("the model's output is not a [batch, classes] tensor of logits",
                                            hint="gradients need a classification model")

@@ -379,7 +379,8 @@ def models(pattern: str | None, source: str, family: str | None, as_json: bool) 
             click.echo(f"Note: no model{' matching ' + pattern if pattern else ''} in the Hugging Face cache "
                        f"({constants.HF_HUB_CACHE})", err=True)
     if not rows and source != "hf":
-        click.echo(f"Note: no {source} model matches '{pattern}'", err=True)
+        wanted = " and ".join(part for part in (pattern and f"'{pattern}'", family and f"family {family}") if part)
+        click.echo(f"Note: no {source} model matches {wanted}", err=True)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 __all__ = [
     "CPU_ONLY", "DEFAULT_CLIP_LENGTH", "FAMILIES", "MODULES", "FamilyTraits", "batch_device", "batch_length",
     "build_options", "call_model", "channels_last_output", "family_traits", "first_rows", "map_batch",
-    "natural_input", "ragged_rows", "rows_by_shape", "square_input",
+    "is_square", "natural_input", "ragged_rows", "rows_by_shape", "square_input",
 ]
 
 FAMILIES = ("classification", "detection", "segmentation", "video", "optical_flow", "quantized")
@@ -190,6 +190,12 @@ def ragged_rows(family: str, preprocess) -> bool:
     captured tensor as rows of their own shapes."""
     return family == "detection" or family in ("segmentation", "optical_flow") and preprocess.crop is None
 
+
+def is_square(count: int) -> bool:
+    """Whether ``count`` tokens (more than one) fold into a square."""
+    import math
+
+    return count > 1 and math.isqrt(count) ** 2 == count
 
 
 def square_input(preprocess) -> bool:

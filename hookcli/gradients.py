@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 from hookcli.capture import GradientCapture, preserved_mode
 from hookcli.errors import CaptureError, UsageProblem
-from hookcli.families import channels_last_output
+from hookcli.families import channels_last_output, is_square
 from hookcli.fileformat import RunFacts
 from hookcli.models import LoadedModel
 from hookcli.speed import compute_precision
@@ -398,7 +398,8 @@ def default_cam_layer(loaded: LoadedModel, example) -> str:
             height, width = spatial_maps(output).shape[2:]
             if height * width > 1:
                 finished.append(path)
-        elif output.dim() == 3 and isinstance(module, torch.nn.LayerNorm) and _square(output.shape[1] - skip):
+        elif output.dim() == 3 and isinstance(module, torch.nn.LayerNorm) and (
+                is_square(output.shape[1] - skip) or loaded.prefix_tokens is None and is_square(output.shape[1] - 1)):
             token_norms.append(path)
             finished.append(path)
 
@@ -413,10 +414,6 @@ def default_cam_layer(loaded: LoadedModel, example) -> str:
     if token_norms and token_norms[-1] == finished[-1]:
         return _last_block_first_norm(token_norms)
     return next(path for path in reversed(finished) if path not in token_norms)
-
-
-def _square(count: int) -> bool:
-    return count > 1 and math.isqrt(count) ** 2 == count
 
 
 def _last_block_first_norm(norms: list[str]) -> str:

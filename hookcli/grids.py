@@ -83,7 +83,7 @@ from hookcli.store import check_folder_output, refuse_existing
 __all__ = [
     "DEFAULT_MAPS", "SCALES", "Detections", "GridJob", "GridOptions", "GridPlan", "Picture", "default_grid_folder",
     "detection_keys", "drawn_shape", "heat_picture", "input_names", "model_photo", "parse_channels", "plan_grids",
-    "prefix_tokens",
+    "recorded_prefix_tokens",
     "read_detections", "render_all", "render_job", "render_picture", "safe_name", "select_rows", "write_grids",
 ]
 
@@ -106,7 +106,7 @@ _BOXES = f"{DETECTIONS}#boxes"
 _DRAWN_DETECTIONS = (_BOXES, f"{DETECTIONS}#labels", f"{DETECTIONS}#scores")
 
 
-def prefix_tokens(metadata) -> int | None:
+def recorded_prefix_tokens(metadata) -> int | None:
     """The ``prefix_tokens`` a file's metadata records (class and register tokens of a vision transformer), or None
     when it records none or something that is not a small whole number (the metadata is untrusted)."""
     text = metadata.get("prefix_tokens") if hasattr(metadata, "get") else None
@@ -281,7 +281,7 @@ def plan_grids(features, options: GridOptions, out_dir: str | os.PathLike | None
         try:
             drawable[key] = _maps_limit(_channels_first(features, drawn_shape(features, key)), options,
                                         flow=_draws_flow(features, key, options),
-                                        prefix=prefix_tokens(features.metadata))
+                                        prefix=recorded_prefix_tokens(features.metadata))
         except NotDrawable as reason:
             refusals.append(f"'{key}' (shape {features.shape(key)}): {reason}")
             notes.append(f"skipped '{key}' (shape {features.shape(key)}): {reason}")
@@ -671,7 +671,7 @@ def _row_picture(features, job: GridJob, options: GridOptions, values: np.ndarra
     stored = _drawn_row_shape(features, job.key, job.row)
     last = _channels_last(features, stored)  # [H, W, C] rows are drawn as their C maps
     shape, frame = _row_drawn([stored[2], stored[0], stored[1]] if last else stored, options)
-    prefix = prefix_tokens(features.metadata)
+    prefix = recorded_prefix_tokens(features.metadata)
     count, _, _, layout = map_layout(shape, prefix)
     selected = range(count)[options.channels] if options.channels is not None else range(count)
     if job.limit is not None and options.top is None:

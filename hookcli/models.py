@@ -50,9 +50,8 @@ from hookcli.registry import ModelEntry, model_registry
 from hookcli.store import file_kind
 
 __all__ = [
-    "LoadedModel", "describe_models", "fit_state_dict", "list_models", "load_model", "looks_like_weights_path",
-    "model_family", "num_classes",
-    "resolve_weights", "weights_cache_path",
+    "LoadedModel", "check_weights_file", "describe_models", "file_sha256", "fit_state_dict", "list_models",
+    "load_model", "looks_like_weights_path", "model_family", "num_classes", "resolve_weights", "weights_cache_path",
 ]
 
 _WEIGHT_FILE_SUFFIXES = (".pth", ".pt", ".safetensors", ".bin", ".ckpt")
@@ -161,7 +160,7 @@ def resolve_weights(name: str, weights: str) -> str | None:
     if member in entry.weights or member == "DEFAULT":
         return member
     if looks_like_weights_path(spec):
-        _check_weights_file(Path(spec))  # missing, empty or not a file: said before torch loads, too
+        check_weights_file(Path(spec))  # missing, empty or not a file: said before torch loads, too
         return None
     raise _unknown_weights(name, spec, entry.weights)
 
@@ -289,7 +288,7 @@ def _build_from_file(name: str, path: Path, seed: int, options: dict):
     if num_classes is not None:
         module = _build_seeded(name, seed, num_classes=num_classes, **options)
     fit_state_dict(module, state, path, name)
-    described = {"source": "file", "path": str(path.resolve()), "sha256": _sha256(path)}
+    described = {"source": "file", "path": str(path.resolve()), "sha256": file_sha256(path)}
     if num_classes is not None:
         described["num_classes"] = num_classes
     return module, described
@@ -323,7 +322,7 @@ def read_state_dict(path: Path) -> dict:
     Only a regular file is opened (opening a named pipe would wait for a writer forever). When the file does not
     load, its first bytes tell a file of another kind (text, an image, a zip) from a damaged weights file.
     """
-    _check_weights_file(path)
+    check_weights_file(path)
     import torch
 
     try:
@@ -338,7 +337,8 @@ def read_state_dict(path: Path) -> dict:
     return _unwrap(state, path)
 
 
-def _check_weights_file(path: Path) -> None:
+def check_weights_file(path: Path) -> None:
+    """Refuse a weights path that is missing, not a regular file, or empty, before anything opens it."""
     try:
         status = path.stat()
     except OSError:
@@ -354,9 +354,9 @@ def _check_weights_file(path: Path) -> None:
 
 def _unreadable(path: Path, err: Exception) -> WeightsError:
     # Told from the first bytes before reading torch's error: its weights-only unpickler fails on any non-pickle.
-    from hookcli.sources import _archive_kind
+    from hookcli.sources import archive_kind
 
-    archive = {"torchscript": "a TorchScript", "export": "a torch.export"}.get(_archive_kind(path))
+    archive = {"torchscript": "a TorchScript", "export": "a torch.export"}.get(archive_kind(path))
     if archive is not None:
         return WeightsError(f"weights file '{path}' is {archive} archive, not a state dict",
                             hint="save model.state_dict() of the model it came from")
@@ -456,7 +456,8 @@ def _out_size(layer) -> int:
     return layer.out_features if hasattr(layer, "out_features") else layer.out_channels
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of a file's bytes, read a MiB at a time."""
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):

@@ -114,8 +114,15 @@ class Preprocess:
             sides = value if pair else (value,)
             if len(sides) not in (1, 2) or not all(_is_side(v) for v in sides):
                 raise ValueError(f"{name} must be a whole number from 1 to {MAX_SIDE}, not {value!r}")
+        if self.kind == "classification" and isinstance(self.resize, int) and self.crop is None:
+            raise ValueError("crop must be given when resize is one side: a classifier's images are cropped to one "
+                             "square size (or squashed to resize [height, width])")
         if (self.mean is None) != (self.std is None):
             raise ValueError("mean and std must both be given or both be left out")
+        for name in ("mean", "std"):
+            value = getattr(self, name)
+            if value is not None and len(value) != 3:
+                raise ValueError(f"{name} must be three numbers (R, G, B), not {len(value)}")
         check_normalisation(self.mean, self.std)
         for name in ("antialias", "fast_decode"):
             if not isinstance(getattr(self, name), bool):
@@ -185,7 +192,9 @@ class Preprocess:
     @property
     def decode_size(self) -> int | None:
         """The smallest shorter side a JPEG may be decoded to (``fast_decode``), or None to decode it whole."""
-        return 2 * self.resize if self.fast_decode and isinstance(self.resize, int) else None
+        if not self.fast_decode or self.resize is None:
+            return None
+        return 2 * (self.resize if isinstance(self.resize, int) else min(self.resize))
 
     def to_transform(self):
         """The transform of one decoded input: a PIL image (a ``[T, H, W, 3]`` uint8 array for video) → tensor.

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hookcli.errors import UsageProblem
+from hookcli.families import is_square
 
 __all__ = [
     "BOX_COLOURS", "CLIPS", "FLOW_NAN_COLOR", "MAX_PIXELS", "MAX_STRIP_VALUES", "MAX_TILES", "NAN_COLOR", "STRIPS",
@@ -94,10 +95,10 @@ def map_layout(row_shape: Sequence[int], prefix_tokens: int | None = None) -> tu
         return shape[0], shape[1], shape[2], "channels"
     if len(shape) == 2:
         tokens, dim = shape
-        if prefix_tokens and prefix_tokens > 1 and _square(tokens - prefix_tokens):
+        if prefix_tokens and prefix_tokens > 1 and is_square(tokens - prefix_tokens):
             side = math.isqrt(tokens - prefix_tokens)
             return dim, side, side, "tokens+prefix"
-        if prefix_tokens == 1 and _square(tokens - 1):
+        if prefix_tokens == 1 and is_square(tokens - 1):
             return dim, math.isqrt(tokens - 1), math.isqrt(tokens - 1), "tokens+cls"
         side = math.isqrt(tokens)
         if side * side == tokens and tokens > 1:
@@ -116,10 +117,6 @@ def map_layout(row_shape: Sequence[int], prefix_tokens: int | None = None) -> tu
             return map_layout([channels, height, width])
         return channels, height, width, "pooled-frames" if height == width == 1 else "frames"
     raise NotDrawable(f"{len(shape)} dimensions per image")
-
-
-def _square(count: int) -> bool:
-    return count > 1 and math.isqrt(count) ** 2 == count
 
 
 #: Layouts drawn as one strip of single values rather than tiles.

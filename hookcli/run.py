@@ -395,8 +395,13 @@ def _settings(command: str, opts: RunOptions):
 
 
 def _preprocess(loaded, opts: RunOptions):
-    """The weights' preprocessing with the options' overrides."""
-    return loaded.preprocess.replace(resize=opts.resize, crop=opts.crop, mean=opts.mean, std=opts.std,
+    """The weights' preprocessing with the options' overrides. A model that squashes images to ``[height,
+    width]`` takes ``--resize N`` as ``[N, N]`` unless ``--crop`` is given too."""
+    resize = opts.resize
+    if resize is not None and isinstance(loaded.preprocess.resize, tuple) and loaded.preprocess.kind == \
+            "classification" and loaded.preprocess.crop is None and opts.crop is None:
+        resize = (resize, resize)
+    return loaded.preprocess.replace(resize=resize, crop=opts.crop, mean=opts.mean, std=opts.std,
                                      interpolation=opts.interpolation, fast_decode=opts.fast_decode or None)
 
 

@@ -52,8 +52,8 @@ from pathlib import Path
 
 from hookcli.errors import UnknownModelError, UnknownWeightsError, UsageProblem, WeightsError, first_line
 
-__all__ = ["PREFIXES", "SOURCES", "ModelSpec", "SourceError", "check_model", "check_weights", "list_source_models",
-           "load", "parse_model", "prefix_tokens"]
+__all__ = ["PREFIXES", "SOURCES", "ModelSpec", "SourceError", "archive_kind", "check_model", "check_weights",
+           "list_source_models", "load", "parse_model", "prefix_tokens"]
 
 #: Every source a model can come from; all but torchvision are named by a prefix or a ``:factory`` suffix.
 SOURCES = ("torchvision", "timm", "hf", "open_clip", "factory")
@@ -145,7 +145,7 @@ def _is_path(text: str) -> bool:
 def _model_file_refusal(text: str) -> UsageProblem:
     """Why a file cannot be a ``--model``, from what it holds: TorchScript, torch.export, weights, or code."""
     path = Path(text).expanduser()
-    kind = _archive_kind(path)
+    kind = archive_kind(path)
     if kind == "torchscript":
         return UsageProblem(
             f"'{text}' is a TorchScript archive: its modules are compiled code that forward hooks cannot reach",
@@ -167,8 +167,9 @@ def _model_file_refusal(text: str) -> UsageProblem:
                              "file.py:factory ('hookcli models' lists the torchvision ones)")
 
 
-def _archive_kind(path: Path) -> str | None:
-    """``torchscript``, ``export``, ``weights`` or None (not a zip we know, or not a regular file)."""
+def archive_kind(path: Path) -> str | None:
+    """What a file given as a model or weights is, by the layout of its zip: ``torchscript``, ``export``,
+    ``weights``, or None (not a zip we know, or not a regular file)."""
     try:
         if not path.is_file():
             return None
@@ -207,6 +208,10 @@ def check_model(spec: ModelSpec) -> None:
     elif spec.source == "hf" and not _HF_REPO.match(spec.name):
         raise UsageProblem(f"'{spec.name}' is not a Hugging Face model id",
                            hint="write hf:ORG/NAME, or hf:/path/to/folder (hf:./folder for a relative one)")
+    if spec.source == "open_clip" and spec.name.startswith("hf-hub:"):
+        raise UsageProblem(f"{spec.text}: OpenCLIP fetches hf-hub: models from the Hub itself, and hookcli does "
+                           "not download", hint="give the architecture's name (open_clip:ViT-B-32) and a pretrained "
+                           "tag, or its JSON config (open_clip:/path/Config.json) and --weights FILE")
     if spec.source == "open_clip" and spec.name.endswith(".json") and not Path(spec.name).expanduser().is_file():
         raise UsageProblem(f"OpenCLIP model config '{spec.name}' not found", hint="check the path")
     if spec.source == "factory":
@@ -223,7 +228,7 @@ def _find_module(name: str):
     _search_current_folder()
     try:
         return importlib.util.find_spec(name)
-    except (ImportError, ValueError):  # a parent package that is not one
+    except Exception:  # a parent package that is not one, or whose __init__ fails: said when it is imported
         return None
 
 
@@ -236,13 +241,13 @@ def _search_current_folder() -> None:
 
 def check_weights(spec: ModelSpec, weights: str) -> None:
     """Refuse, without torch, weights a source has no use for (see :func:`load` for what each takes)."""
-    from hookcli.models import _check_weights_file, looks_like_weights_path
+    from hookcli.models import check_weights_file, looks_like_weights_path
 
     text = weights.strip()
     if text.lower() in ("none", "default"):
         return
     if looks_like_weights_path(text):
-        _check_weights_file(Path(text))
+        check_weights_file(Path(text))
         return
     if spec.source in ("timm", "open_clip"):
         return  # a pretrained tag: known once the package is imported
@@ -265,8 +270,32 @@ def load(spec: ModelSpec, weights: str, *, seed: int = 0):
     check_model(spec)
     check_weights(spec, weights)
     loader = {"timm": _load_timm, "hf": _load_hf, "open_clip": _load_open_clip, "factory": _load_factory}
-    with _quiet():
+    if spec.source not in loader:
+        raise UsageProblem(f"{spec.text} is a torchvision model", hint="load it with hookcli.load_model")
+    with _quiet(), _offline():
         return loader[spec.source](spec, weights.strip(), seed)
+
+
+@contextlib.contextmanager
+def _offline():
+    """The Hugging Face hub offline for the block, whatever the environment says: timm and OpenCLIP read pretrained
+    files through it, and would otherwise ask the Hub for a newer revision."""
+    try:
+        from huggingface_hub import constants
+    except ImportError:  # a factory's model needs no hub
+        yield
+        return
+    before, environment = constants.HF_HUB_OFFLINE, os.environ.get("HF_HUB_OFFLINE")
+    constants.HF_HUB_OFFLINE = True
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    try:
+        yield
+    finally:
+        constants.HF_HUB_OFFLINE = before
+        if environment is None:
+            os.environ.pop("HF_HUB_OFFLINE", None)
+        else:
+            os.environ["HF_HUB_OFFLINE"] = environment
 
 
 @contextlib.contextmanager
@@ -302,6 +331,13 @@ def _loaded(spec: ModelSpec, module, described: dict, preprocess, **fields):
                        prefix_tokens=prefix_tokens(module), **fields)
 
 
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of a file (:func:`hookcli.models.file_sha256`)."""
+    from hookcli.models import file_sha256 as digest
+
+    return digest(path)
+
+
 def _from_file(spec: ModelSpec, module, path: Path, part: str = "") -> dict:
     """Load a state-dict file into ``module`` (shapes checked first); its description for the metadata.
 
@@ -314,13 +350,7 @@ def _from_file(spec: ModelSpec, module, path: Path, part: str = "") -> dict:
     if part and any(key.startswith(part) for key in state):
         state = {key[len(part):]: value for key, value in state.items() if key.startswith(part)}
     fit_state_dict(module, state, path, spec.text)
-    return {"source": "file", "path": str(path.resolve()), "sha256": sha256(path)}
-
-
-def sha256(path: Path) -> str:
-    from hookcli.models import _sha256
-
-    return _sha256(path)
+    return {"source": "file", "path": str(path.resolve()), "sha256": file_sha256(path)}
 
 
 # timm
@@ -349,8 +379,11 @@ def _load_timm(spec: ModelSpec, weights: str, seed: int):
                               hint="replace the cached files, or use --weights none") from None
         described = {"source": "timm", "name": full}
     else:
+        if tag and f"{name}.{tag}" not in (timm.list_pretrained(f"{name}.*") or []):
+            raise UnknownWeightsError(f"{spec.text} names the pretrained tag '{tag}', which timm does not have",
+                                      hint=f"write timm:{name}, or a tag 'hookcli models --source timm {name}' lists")
         with _seeded(seed):
-            module = timm.create_model(spec.name, pretrained=False)
+            module = timm.create_model(name, pretrained=False)
         described = {"source": "none", "seed": seed} if weights.lower() == "none" else _from_file(
             spec, module, Path(weights))
     categories = None
@@ -457,7 +490,8 @@ def _load_hf(spec: ModelSpec, weights: str, seed: int):
             raise SourceError(f"cannot read the config of {spec.text}: {first_line(err)}",
                               hint="give a folder written by save_pretrained") from None
         raise _not_cached(spec, spec.name, "config.json") from None
-    architectures = getattr(config, "architectures", None) or []
+    architectures = getattr(config, "architectures", None)
+    architectures = [a for a in architectures if isinstance(a, str)] if isinstance(architectures, list) else []
     classifier = any("ForImageClassification" in a for a in architectures)  # …WithTeacher too
     auto = transformers.AutoModelForImageClassification if classifier else transformers.AutoModel
     from hookcli.models import looks_like_weights_path
@@ -482,8 +516,10 @@ def _load_hf(spec: ModelSpec, weights: str, seed: int):
             spec, module, Path(weights))
     module = _vision_part(spec, module)
     preprocess, notes = _hf_preprocess(spec, source)
-    labels = getattr(config, "id2label", None) or {}
-    named = classifier and labels and not all(re.fullmatch(r"LABEL_\d+", str(v)) for v in labels.values())
+    labels = getattr(config, "id2label", None)
+    labels = labels if isinstance(labels, dict) else {}
+    named = classifier and labels and not all(re.fullmatch(r"LABEL_\d+", str(v)) for v in labels.values()) and \
+        set(labels) == set(range(len(labels)))
     categories = [str(labels[i]) for i in range(len(labels))] if named else None  # the config's, whatever weights
     scores, classes = _hf_scores(config, classifier)
     return _loaded(spec, module, described, preprocess, categories=categories, notes=notes, classes=classes,
@@ -520,7 +556,7 @@ def _hf_described(spec: ModelSpec) -> dict:
         files = sorted(p for p in folder.iterdir() if p.suffix in (".safetensors", ".bin") and p.is_file())
         digest = hashlib.sha256()
         for path in files:
-            digest.update(f"{path.name}:{sha256(path)}\n".encode())
+            digest.update(f"{path.name}:{file_sha256(path)}\n".encode())
         return {"source": "folder", "path": str(folder), "sha256": digest.hexdigest()}
     found = _hub_file(spec.name, "config.json")  # …/snapshots/<revision>/config.json
     return {"source": "hf", "repo": spec.name, "revision": found.parent.name if found is not None else None}
@@ -529,33 +565,60 @@ def _hf_described(spec: ModelSpec) -> dict:
 def _hf_preprocess(spec: ModelSpec, source: str):
     """The image processor's config as a :class:`~hookcli.preprocess.Preprocess`, with notes on what differs."""
 
-    text = None
-    if spec.hf_folder:
-        path = Path(source) / "preprocessor_config.json"
-        text = path.read_text() if path.is_file() else None
+    # transformers writes an image processor's settings alone, or (a processor of several parts) under its key.
+    for name, part in (("preprocessor_config.json", None), ("processor_config.json", "image_processor")):
+        text = _folder_or_hub_text(spec, source, name)
+        if text is None:
+            continue
+        try:
+            config = json.loads(text)
+            if part is not None:
+                config = config.get(part) if isinstance(config, dict) else None
+                if config is None:
+                    continue  # a processor of text alone
+            return _processor_steps(config), ()
+        except Exception as err:  # an untrusted file: any content at all
+            reason = f"its {name} cannot be used ({first_line(err)[:200]})"
+            break
     else:
-        found = _hub_file(spec.name, "preprocessor_config.json")
-        text = found.read_text() if found is not None else None
-    if text is None:
-        config = json.loads((Path(source) / "config.json").read_text()) if spec.hf_folder else {}
-        vision = config.get("vision_config") or config
-        side = vision.get("image_size") if isinstance(vision.get("image_size"), int) else None
-        return _assumed(spec, "it has no preprocessor_config.json", side)
+        reason = "it has no preprocessor_config.json"
+    return _assumed(spec, reason, _config_image_size(spec, source))
+
+
+def _folder_or_hub_text(spec: ModelSpec, source: str, name: str) -> str | None:
+    """The text of file ``name`` of the model's folder or cached repository, None when it has none."""
+    path = Path(source) / name if spec.hf_folder else _hub_file(spec.name, name)
     try:
-        config = json.loads(text)
-        return _processor_steps(config), ()
-    except (ValueError, TypeError, KeyError) as err:
-        raise SourceError(f"the preprocessor_config.json of {spec.text} cannot be used: {err}",
-                          hint="fix the file, or give --resize, --crop, --mean and --std") from None
+        return path.read_text(encoding="utf-8") if path is not None and path.is_file() else None
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _config_image_size(spec: ModelSpec, source: str) -> int | None:
+    """The side of the square images the model's config says it takes, if it says one."""
+    try:
+        config = json.loads(_folder_or_hub_text(spec, source, "config.json") or "{}")
+    except ValueError:
+        return None
+    vision = config.get("vision_config") if isinstance(config, dict) else None
+    vision = vision if isinstance(vision, dict) else config if isinstance(config, dict) else {}
+    size = vision.get("image_size")
+    if isinstance(size, list) and len(size) == 2 and size[0] == size[1]:
+        size = size[0]
+    return size if isinstance(size, int) and not isinstance(size, bool) and 1 <= size <= 8192 else None
 
 
 def _processor_steps(config: dict):
     """Resize (shortest edge, or to an exact height and width), centre crop, rescale, normalise."""
     from hookcli.preprocess import Preprocess
 
+    if not isinstance(config, dict):
+        raise ValueError("it is not a JSON object")
     size = config.get("size") or {}
     if isinstance(size, int):
         size = {"shortest_edge": size}
+    if not isinstance(size, dict):
+        raise ValueError(f"its size {size!r} is not a number or an object")
     crop = config.get("crop_size") if config.get("do_center_crop") else None
     if isinstance(crop, dict):
         if crop.get("height") != crop.get("width"):
@@ -566,7 +629,9 @@ def _processor_steps(config: dict):
         if "shortest_edge" in size:
             resize = int(size["shortest_edge"])
             if config.get("crop_pct") is not None and resize < 384:  # ConvNeXt: resize larger, then crop
-                crop, resize = resize, int(resize / config["crop_pct"])
+                crop, resize = resize, int(resize / float(config["crop_pct"]))
+            elif config.get("crop_pct") is not None:  # ConvNeXt from 384 pixels on: squashed, not cropped
+                crop, resize = None, (resize, resize)
         elif "height" in size and "width" in size:
             resize = (int(size["height"]), int(size["width"]))
         else:
@@ -578,7 +643,10 @@ def _processor_steps(config: dict):
     normalise = config.get("do_normalize", True)
     mean = tuple(float(v) for v in config["image_mean"]) if normalise else None
     std = tuple(float(v) for v in config["image_std"]) if normalise else None
-    interpolation = _HF_RESAMPLE.get(config.get("resample", 2), "bilinear")
+    resample = config.get("resample", 2)
+    if resample not in _HF_RESAMPLE:
+        raise ValueError(f"its resampling {resample!r} is none of nearest (0), bilinear (2) and bicubic (3)")
+    interpolation = _HF_RESAMPLE[resample]
     return Preprocess(resize=resize, crop=int(crop) if crop else None, mean=mean, std=std,
                       interpolation=interpolation)
 
@@ -635,6 +703,14 @@ def _load_open_clip(spec: ModelSpec, weights: str, seed: int):
     arch = spec.name
     if arch.endswith(".json"):
         path = Path(arch).expanduser()
+        try:
+            config = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as err:
+            raise SourceError(f"OpenCLIP model config '{arch}' cannot be read: {first_line(err)}",
+                              hint="give a JSON model config like OpenCLIP's own") from None
+        if not isinstance(config, dict) or not isinstance(config.get("vision_cfg"), dict):
+            raise SourceError(f"OpenCLIP model config '{arch}' has no vision_cfg object",
+                              hint="give a JSON model config like OpenCLIP's own")
         open_clip.add_model_config(path)
         arch = path.stem
     elif arch not in open_clip.list_models() and not arch.startswith("hf-hub:"):
@@ -728,7 +804,7 @@ def _load_factory(spec: ModelSpec, weights: str, seed: int):
     try:
         with _seeded(seed if weights.lower() == "none" else 0):
             made = factory()
-    except Exception as err:
+    except (Exception, SystemExit) as err:  # user code: argparse and sys.exit included
         raise SourceError(f"the factory {spec.name} failed: {type(err).__name__}: {first_line(err)}",
                           hint="run it in Python to see where") from None
     module, given = (made if isinstance(made, tuple) and len(made) == 2 else (made, None))
@@ -747,7 +823,7 @@ def _load_factory(spec: ModelSpec, weights: str, seed: int):
     else:
         described = {"source": "factory"}
     if module_name.endswith(".py"):
-        described["code_sha256"] = sha256(Path(module_name).expanduser())
+        described["code_sha256"] = file_sha256(Path(module_name).expanduser())
     if given is None:
         preprocess, notes = _assumed(spec, "the factory gives no preprocessing")
     else:
@@ -760,7 +836,7 @@ def _import_factory_module(spec: ModelSpec, name: str):
         _search_current_folder()
         try:
             return importlib.import_module(name)
-        except Exception as err:
+        except (Exception, SystemExit) as err:
             raise SourceError(f"importing {name} failed: {type(err).__name__}: {first_line(err)}",
                               hint="run it in Python to see where") from None
     path = Path(name).expanduser().resolve()
@@ -774,7 +850,7 @@ def _import_factory_module(spec: ModelSpec, name: str):
     sys.modules[unique] = code
     try:
         loader_spec.loader.exec_module(code)
-    except Exception as err:
+    except (Exception, SystemExit) as err:
         del sys.modules[unique]
         raise SourceError(f"running {path.name} failed: {type(err).__name__}: {first_line(err)}",
                           hint="run it in Python to see where") from None
@@ -836,17 +912,16 @@ def prefix_tokens(module) -> int | None:
         return count
     if getattr(module, "class_token", None) is not None or getattr(module, "class_embedding", None) is not None:
         return 1
-    for holder in (getattr(module, "embeddings", None), getattr(getattr(module, "vit", None), "embeddings", None)):
-        if holder is None:
-            continue
-        found = 0
-        for name in ("cls_token", "distillation_token", "register_tokens"):
-            tensor = getattr(holder, name, None)
-            if tensor is not None and getattr(tensor, "dim", lambda: 0)() == 3:
-                found += tensor.shape[1]
-        if found:
-            return found
-    return None
+    base = getattr(module, "base_model", module)  # a transformers classifier's backbone (vit, deit, dinov2, …)
+    holder = getattr(base, "embeddings", None)
+    if holder is None:
+        return None
+    found = 0
+    for name in ("cls_token", "distillation_token", "register_tokens", "class_embedding"):
+        tensor = getattr(holder, name, None)
+        if tensor is not None and hasattr(tensor, "dim"):
+            found += 1 if tensor.dim() == 1 else tensor.shape[-2]  # CLIP's class embedding is one vector
+    return found or None
 
 
 def list_source_models(source: str, pattern: str | None = None) -> list[dict]:
@@ -880,6 +955,7 @@ def list_source_models(source: str, pattern: str | None = None) -> list[dict]:
                          "weights": tags})
         return rows
     if source == "hf":
+        check_model(ModelSpec("hf", "x"))
         from huggingface_hub import constants
 
         cache = Path(constants.HF_HUB_CACHE)
@@ -892,4 +968,5 @@ def list_source_models(source: str, pattern: str | None = None) -> list[dict]:
                 rows.append({"model": f"hf:{repo}", "family": "classification", "default": "DEFAULT",
                              "weights": ["DEFAULT"] if _hub_has_weights(repo) else []})
         return rows
-    raise UsageProblem(f"unknown source '{source}'", hint="use torchvision, timm, hf or open_clip")
+    raise UsageProblem(f"unknown source '{source}'", hint=f"use one of {', '.join(PREFIXES)} "
+                       "(hookcli.describe_models lists torchvision's)")

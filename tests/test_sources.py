@@ -445,7 +445,7 @@ def test_keyword_inputs_are_captured_by_name():
 
     with FeatureCapture(Model(), ["block"], capture="input") as capture:
         found = capture.run(torch.ones(2, 3))
-    assert sorted(found) == ["block@input#0", "block@input#scale"]
+    assert sorted(found) == ["block@input", "block@input#scale"]
     assert torch.equal(found["block@input#scale"], torch.full((2, 3), 2.0))
 
 
@@ -643,3 +643,64 @@ def test_a_whole_open_clip_checkpoint_loads_its_image_tower(clip_config, tmp_pat
     loaded = load_model(f"open_clip:{clip_config}", str(path))
     assert torch.equal(loaded.module.conv1.weight, whole.visual.conv1.weight)
     assert loaded.weights["source"] == "file"
+
+
+def test_keyword_inputs_that_are_not_per_image_are_left_out_and_said():
+    class Block(torch.nn.Module):
+        def forward(self, hidden, *, table):
+            return hidden + table.sum()
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.block = Block()
+
+        def forward(self, x):
+            return self.block(x, table=torch.ones(5, 5))
+
+    from hookcli.capture import FeatureCapture
+
+    with FeatureCapture(Model(), ["block"], capture="both") as capture:
+        found = capture.run(torch.ones(2, 3))
+    assert sorted(found) == ["block", "block@input"] and capture.omitted == {"block@input#table"}
+
+
+def test_resize_on_a_squashing_model_squashes_and_untrusted_processor_files_fall_back(vit_folder, tmp_path, photo):
+    run = hookcli.plan("extract", f"hf:{vit_folder}", ".", [photo, photo], resize=48)
+    assert (run.settings.preprocess.resize, run.settings.preprocess.crop) == ((48, 48), None)
+    cropped = hookcli.plan("extract", f"hf:{vit_folder}", ".", [photo, photo], resize=72, crop=64)
+    assert (cropped.settings.preprocess.resize, cropped.settings.preprocess.crop) == (72, 64)
+    broken = tmp_path / "broken"
+    shutil.copytree(vit_folder, broken)
+    for text in ('[1, 2]', '{"size": "big"}', '{"size": {"height": 64, "width": 64}, "image_mean": [0.5, 0.5], '
+                 '"image_std": [0.5, 0.5, 0.5]}', '{"size": {"shortest_edge": 64}, "crop_pct": 0}'):
+        (broken / "preprocessor_config.json").write_text(text)
+        loaded = load_model(f"hf:{broken}", "none")
+        assert (loaded.preprocess.resize, loaded.preprocess.crop) == (73, 64)  # ImageNet's, at its 64 pixels
+        assert loaded.notes[0].startswith(f"hf:{broken}: its preprocessor_config.json cannot be used (")
+    (broken / "preprocessor_config.json").unlink()
+    (broken / "processor_config.json").write_text(json.dumps({"image_processor": {
+        "size": {"shortest_edge": 72}, "do_center_crop": True, "crop_size": {"height": 64, "width": 64},
+        "image_mean": [0.1, 0.2, 0.3], "image_std": [0.5, 0.5, 0.5], "resample": 3}}))
+    loaded = load_model(f"hf:{broken}", "none")
+    assert (loaded.preprocess.resize, loaded.preprocess.crop, loaded.preprocess.mean) == (72, 64, (0.1, 0.2, 0.3))
+    assert loaded.notes == ()
+
+
+def test_transformers_classifiers_and_clip_towers_count_their_prefix_tokens():
+    small = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
+             "image_size": 64, "patch_size": 16}
+    deit = transformers.DeiTForImageClassificationWithTeacher(transformers.DeiTConfig(**small))
+    registers = transformers.Dinov2WithRegistersForImageClassification(
+        transformers.Dinov2WithRegistersConfig(num_register_tokens=4, **small))
+    clip = transformers.CLIPVisionModel(transformers.CLIPVisionConfig(**small))
+    assert [prefix_tokens(m) for m in (deit, registers, clip)] == [2, 5, 1]
+
+
+def test_a_factory_that_exits_is_an_error_not_an_exit(runner, tmp_path):
+    (tmp_path / "train.py").write_text("import argparse\nargparse.ArgumentParser().parse_args()\n"
+                                       "def make():\n    pass\n")
+    result = runner.invoke(main, ["layers", "-m", f"{tmp_path / 'train.py'}:make"])
+    assert result.exit_code == 1
+    assert result.output.splitlines()[-1] == ("Error: running train.py failed: SystemExit: 2. Hint: run it in Python "
+                                              "to see where")
