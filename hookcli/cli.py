@@ -28,7 +28,7 @@ from hookcli.families import FAMILIES
 from hookcli.gradients import CAM_METHODS
 from hookcli.pipeline import POOLS
 from hookcli.run import RunOptions
-from hookcli.sources import PREFIXES
+from hookcli.sources import LISTED_SOURCES
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 DEFAULTS = RunOptions()
@@ -337,7 +337,7 @@ def _run(ctx: click.Context, command: str, options: dict, *args) -> None:
 
 @main.command(context_settings=CONTEXT_SETTINGS)
 @click.argument("pattern", required=False)
-@click.option("--source", type=click.Choice(("torchvision", *PREFIXES)), default="torchvision", show_default=True,
+@click.option("--source", type=click.Choice(LISTED_SOURCES), default="torchvision", show_default=True,
               help="Where the models come from.")
 @click.option("--family", type=click.Choice(FAMILIES), help="Only the models of this family.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON array.")
@@ -361,26 +361,11 @@ def models(pattern: str | None, source: str, family: str | None, as_json: bool) 
       hookcli models --source timm 'convnext_*'
       hookcli models --json | python -c 'import json,sys; print(len(json.load(sys.stdin)))'
     """
-    from hookcli.models import describe_models
+    from hookcli.models import describe_models, no_models_note
 
-    if source == "torchvision":
-        rows = describe_models(family)
-        if pattern:
-            import fnmatch
-
-            rows = [row for row in rows if fnmatch.fnmatchcase(row["model"], pattern)]
-    else:
-        from hookcli.sources import list_source_models
-
-        rows = [row for row in list_source_models(source, pattern) if family in (None, row["family"])]
-        if not rows and source == "hf":
-            from huggingface_hub import constants
-
-            click.echo(f"Note: no model{' matching ' + pattern if pattern else ''} in the Hugging Face cache "
-                       f"({constants.HF_HUB_CACHE})", err=True)
-    if not rows and source != "hf":
-        wanted = " and ".join(part for part in (pattern and f"'{pattern}'", family and f"family {family}") if part)
-        click.echo(f"Note: no {source} model matches {wanted}", err=True)
+    rows = describe_models(family, pattern=pattern, source=source)
+    if not rows:
+        click.echo(f"Note: {no_models_note(source, pattern, family)}", err=True)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return

@@ -51,7 +51,8 @@ from hookcli.store import file_kind
 
 __all__ = [
     "LoadedModel", "check_weights_file", "describe_models", "file_sha256", "fit_state_dict", "list_models",
-    "load_model", "looks_like_weights_path", "model_family", "num_classes", "resolve_weights", "weights_cache_path",
+    "load_model", "looks_like_weights_path", "model_family", "no_models_note", "num_classes", "resolve_weights",
+    "weights_cache_path",
 ]
 
 _WEIGHT_FILE_SUFFIXES = (".pth", ".pt", ".safetensors", ".bin", ".ckpt")
@@ -98,16 +99,38 @@ def list_models(family: str | None = None) -> list[str]:
     return [name for name, entry in model_registry().items() if family in (None, entry.family)]
 
 
-def describe_models(family: str | None = None) -> list[dict]:
-    """Every model hookcli can load (of one ``family``): ``{"model", "family", "default", "weights"}``.
+def describe_models(family: str | None = None, *, pattern: str | None = None, source: str = "torchvision"
+                    ) -> list[dict]:
+    """Every model hookcli can load (of one ``family``, named like the glob ``pattern``) from ``source`` (one of
+    :data:`hookcli.sources.LISTED_SOURCES`): ``{"model", "family", "default", "weights"}`` rows.
 
     >>> [row for row in describe_models("optical_flow")][0]["model"]
     'raft_large'
+    >>> [row["model"] for row in describe_models(pattern="resnet1*")]
+    ['resnet101', 'resnet152', 'resnet18']
     """
+    import fnmatch
+
+    from hookcli.sources import LISTED_SOURCES, list_source_models
+
     if family is not None:
         check_choice("family", family, FAMILIES)
+    check_choice("source", source, LISTED_SOURCES)
+    if source != "torchvision":
+        return [row for row in list_source_models(source, pattern) if family in (None, row["family"])]
     return [{"model": name, "family": entry.family, "default": entry.default, "weights": list(entry.weights)}
-            for name, entry in model_registry().items() if family in (None, entry.family)]
+            for name, entry in model_registry().items() if family in (None, entry.family)
+            and (pattern is None or fnmatch.fnmatchcase(name, pattern))]
+
+
+def no_models_note(source: str, pattern: str | None, family: str | None) -> str:
+    """Why :func:`describe_models` found nothing, in words (for the local Hugging Face cache, where it is)."""
+    wanted = " and ".join(part for part in (pattern and f"'{pattern}'", family and f"family {family}") if part)
+    if source == "hf":
+        from huggingface_hub import constants
+
+        return f"no model{' matching ' + wanted if wanted else ''} in the Hugging Face cache ({constants.HF_HUB_CACHE})"
+    return f"no {source} model matches {wanted}"
 
 
 def model_family(name: str) -> str:

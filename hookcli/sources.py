@@ -52,13 +52,15 @@ from pathlib import Path
 
 from hookcli.errors import UnknownModelError, UnknownWeightsError, UsageProblem, WeightsError, first_line
 
-__all__ = ["PREFIXES", "SOURCES", "ModelSpec", "SourceError", "archive_kind", "check_model", "check_weights",
-           "list_source_models", "load", "parse_model", "prefix_tokens"]
+__all__ = ["LISTED_SOURCES", "PREFIXES", "SOURCES", "ModelSpec", "SourceError", "archive_kind", "check_model",
+           "check_weights", "list_source_models", "load", "parse_model", "prefix_tokens"]
 
 #: Every source a model can come from; all but torchvision are named by a prefix or a ``:factory`` suffix.
 SOURCES = ("torchvision", "timm", "hf", "open_clip", "factory")
 #: The prefixes that name a source.
 PREFIXES = ("timm", "hf", "open_clip")
+#: The sources ``hookcli models --source`` lists (a factory is named by its file or module).
+LISTED_SOURCES = ("torchvision", *PREFIXES)
 #: The Python package each source needs, and the extra that installs it.
 _PACKAGES = {"timm": ("timm", "timm"), "hf": ("transformers", "hf"), "open_clip": ("open_clip", "open_clip")}
 #: What a factory's preprocessing is when it gives none: torchvision's ImageNet classification defaults.
@@ -367,6 +369,9 @@ def _load_timm(spec: ModelSpec, weights: str, seed: int):
 
     pretrained = weights.lower() not in ("none", "default") and not looks_like_weights_path(weights)
     pretrained = pretrained or weights.lower() == "default"
+    if pretrained and tag and weights.lower() != "default" and weights.removeprefix(name + ".") != tag:
+        raise UsageProblem(f"{spec.text} names the tag '{tag}', and --weights names another, '{weights}'",
+                           hint=f"name the tag once: timm:{name} -w {weights}, or timm:{spec.name}")
     if pretrained:
         wanted = weights if weights.lower() != "default" else tag
         full = _timm_tag(spec, name, wanted)
@@ -477,11 +482,24 @@ def _timm_preprocess(config: dict):
 
 
 def _load_hf(spec: ModelSpec, weights: str, seed: int):
+    import transformers
+
+    logs = transformers.utils.logging
+    verbosity, bars = logs.get_verbosity(), logs.is_progress_bar_enabled()
+    logs.disable_progress_bar()  # its bars and warnings go to stderr, where hookcli's notes go
+    logs.set_verbosity_error()
+    try:
+        return _load_hf_quietly(spec, weights, seed)
+    finally:
+        logs.set_verbosity(verbosity)
+        if bars:
+            logs.enable_progress_bar()
+
+
+def _load_hf_quietly(spec: ModelSpec, weights: str, seed: int):
     import torch
     import transformers
 
-    transformers.utils.logging.disable_progress_bar()
-    transformers.utils.logging.set_verbosity_error()
     source = str(Path(spec.name).expanduser()) if spec.hf_folder else spec.name
     try:
         config = transformers.AutoConfig.from_pretrained(source, local_files_only=True)
@@ -840,7 +858,8 @@ def _import_factory_module(spec: ModelSpec, name: str):
             raise SourceError(f"importing {name} failed: {type(err).__name__}: {first_line(err)}",
                               hint="run it in Python to see where") from None
     path = Path(name).expanduser().resolve()
-    unique = "hookcli_factory_" + hashlib.sha256(str(path).encode()).hexdigest()[:12]
+    # Named by path and content: an edited file is run again, as its recorded code_sha256 says it was.
+    unique = "hookcli_factory_" + hashlib.sha256(f"{path}\n{file_sha256(path)}".encode()).hexdigest()[:16]
     if unique in sys.modules:
         return sys.modules[unique]
     loader_spec = importlib.util.spec_from_file_location(unique, path)

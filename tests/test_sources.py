@@ -704,3 +704,23 @@ def test_a_factory_that_exits_is_an_error_not_an_exit(runner, tmp_path):
     assert result.exit_code == 1
     assert result.output.splitlines()[-1] == ("Error: running train.py failed: SystemExit: 2. Hint: run it in Python "
                                               "to see where")
+
+
+def test_a_tag_named_twice_differently_is_refused_and_an_edited_factory_runs_anew(tmp_path):
+    with pytest.raises(UsageProblem, match="timm:test_vit.r160_in1k names the tag 'r160_in1k', and --weights names "
+                                           "another, 'in22k'"):
+        load_model("timm:test_vit.r160_in1k", "in22k")
+    factory = tmp_path / "edited.py"
+    factory.write_text("import torch.nn as nn\ndef make():\n    return nn.Conv2d(3, 2, 1)\n")
+    first = load_model(f"{factory}:make", "none")
+    factory.write_text("import torch.nn as nn\ndef make():\n    return nn.Conv2d(3, 5, 1)\n")
+    second = load_model(f"{factory}:make", "none")
+    assert (first.module.out_channels, second.module.out_channels) == (2, 5)
+    assert first.weights["code_sha256"] != second.weights["code_sha256"]
+
+
+def test_transformers_logging_is_left_as_it_was(vit_folder):
+    transformers.utils.logging.set_verbosity_warning()
+    load_model(f"hf:{vit_folder}", "none")
+    assert transformers.utils.logging.get_verbosity() == transformers.utils.logging.WARNING
+    transformers.utils.logging.set_verbosity_error()
