@@ -131,6 +131,8 @@ def compiled_extractor(model, layers: Mapping[str, str], calls: Mapping[str, int
 
     if capture != "output":
         return None, "input captures need hooks"
+    if "" in layers:
+        return None, "the model's own output ('.') is caught by a hook, which a compiled graph does not keep"
     repeated = [path for path, count in calls.items() if count != 1]
     if repeated:
         return None, f"{repeated[0]} runs {calls[repeated[0]]} times per forward, which needs hooks"

@@ -724,3 +724,10 @@ def test_transformers_logging_is_left_as_it_was(vit_folder):
     load_model(f"hf:{vit_folder}", "none")
     assert transformers.utils.logging.get_verbosity() == transformers.utils.logging.WARNING
     transformers.utils.logging.set_verbosity_error()
+
+
+def test_compile_with_the_model_itself_runs_eagerly_and_says_why(photo):
+    features = hookcli.extract("resnet18", [".", "layer1"], photo, weights="none", compile=True, resize=64, crop=64)
+    assert features.notes == ("--compile: the model's own output ('.') is caught by a hook, which a compiled graph "
+                              "does not keep; running eagerly",)
+    assert features["output"].shape == (1, 1000)
