@@ -698,8 +698,8 @@ def test_transformers_classifiers_and_clip_towers_count_their_prefix_tokens():
 
 
 def test_a_factory_that_exits_is_an_error_not_an_exit(runner, tmp_path):
-    (tmp_path / "train.py").write_text("import argparse\nargparse.ArgumentParser().parse_args()\n"
-                                       "def make():\n    pass\n")
+    (tmp_path / "train.py").write_text("import argparse\nargparse.ArgumentParser().parse_args(['--epochs', '3'])\n"
+                                       "def make():\n    pass\n")  # a training script parsing its own options
     result = runner.invoke(main, ["layers", "-m", f"{tmp_path / 'train.py'}:make"])
     assert result.exit_code == 1
     assert result.output.splitlines()[-1] == ("Error: running train.py failed: SystemExit: 2. Hint: run it in Python "
