@@ -870,9 +870,9 @@ def _upright_size(path) -> tuple[int, int]:
     from its header: the size of what the model was given when nothing resized it."""
     from PIL import Image
 
-    from hookcli.store import open_regular
+    from hookcli.images import open_input
 
-    with open_regular(path) as handle, Image.open(handle) as image:
+    with open_input(path) as handle, Image.open(handle) as image:
         width, height = image.size
         turned = image.getexif().get(0x0112) in (5, 6, 7, 8)  # a quarter turn, as ImageOps.exif_transpose makes
     return (height, width) if turned else (width, height)

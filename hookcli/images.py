@@ -14,6 +14,7 @@ in the order given, folder contents sorted by name.
 
 from __future__ import annotations
 
+import io
 import itertools
 import math
 import os
@@ -21,14 +22,14 @@ import sys
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import BinaryIO, TextIO
 
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from hookcli.errors import ImageError, InputError
 from hookcli.store import NotRegularFile, file_kind, open_regular
 
-__all__ = ["IMAGE_SUFFIXES", "FoundInputs", "find_inputs", "gather_inputs", "load_rgb", "model_view"]
+__all__ = ["IMAGE_SUFFIXES", "FoundInputs", "find_inputs", "gather_inputs", "load_rgb", "model_view", "open_input"]
 
 #: Suffixes picked up when a folder is given; files named explicitly are always tried.
 IMAGE_SUFFIXES = frozenset(
@@ -128,7 +129,13 @@ def _read_lines(stream: Iterable[str]) -> Iterable[str]:
 
 
 def _expand(argument: str, recursive: bool) -> tuple[list[Path], Path | None]:
-    """The images ``argument`` names, and the folder it is (None for a file)."""
+    """The images ``argument`` names, and the folder it is (None for a file): a ``.tar`` names its image members
+    (:mod:`hookcli.archives`), and ``archive.tar::member`` one of them."""
+    from hookcli import archives
+
+    member = archives.find_member(argument)
+    if member is not None:
+        return [member], None
     path = Path(argument)
     try:
         path.stat()
@@ -152,6 +159,12 @@ def _expand(argument: str, recursive: bool) -> tuple[list[Path], Path | None]:
     if not path.is_file():
         raise InputError(f"input '{argument}' is {file_kind(path.stat().st_mode)}, not an image file",
                          hint="images are read from regular files; '-' reads a list of paths from stdin")
+    if archives.is_archive(path):
+        found = archives.tar_images(path)
+        if not found:
+            raise InputError(f"no images found in archive '{argument}'",
+                             hint=f"image members end in one of {', '.join(sorted(IMAGE_SUFFIXES))}")
+        return found, None
     return [path], None
 
 
@@ -194,7 +207,7 @@ def load_rgb(path: str | os.PathLike, *, min_size: int | None = None, max_side: 
     is refused rather than decoded.
     """
     try:
-        with open_regular(path) as handle, Image.open(handle) as image:
+        with open_input(path) as handle, Image.open(handle) as image:
             if min_size is not None and image.format == "JPEG":
                 image.draft(image.mode, (min_size, min_size))
             elif max_side is not None and image.format == "JPEG":
@@ -219,6 +232,20 @@ def load_rgb(path: str | os.PathLike, *, min_size: int | None = None, max_side: 
         ) from None
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:
         raise ImageError(f"cannot decode image '{path}': {err}", hint="the file may be truncated or corrupt") from None
+
+
+def open_input(path) -> BinaryIO:
+    """An input's bytes as a binary file: a regular file (:func:`~hookcli.store.open_regular`), or a member of a
+    tar (``archive.tar::member``, :mod:`hookcli.archives`) read into memory."""
+    from hookcli import archives
+
+    try:
+        member = archives.find_member(path)
+    except InputError as err:
+        raise ImageError(err.message, hint=err.hint) from None
+    if member is not None:
+        return io.BytesIO(member.read_bytes())
+    return open_regular(path)
 
 
 def _reduced(image: Image.Image, factor: int) -> Image.Image:
