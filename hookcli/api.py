@@ -26,7 +26,7 @@ default name.
 >>> list(pictures), pictures["layer1__00000_grace_hopper.png"].shape[2]
 (['layer1__00000_grace_hopper.png'], 3)
 >>> [row.path for row in hookcli.layers("resnet18", depth=1)][:3]
-['conv1', 'bn1', 'relu']
+['.', 'conv1', 'bn1']
 """
 
 from __future__ import annotations
@@ -223,4 +223,4 @@ def layers(model, *, weights: str = "none", seed: int | None = None, input_size:
         raise CaptureError(f"{model} cannot run on the dummy {what}: {first_line(err).rstrip('.')}",
                            hint="give another --input-size" + (" or --frames" if loaded.family == "video" else ""))
 
-    return [row for row in rows if depth is None or row.path.count(".") < depth]
+    return [row for row in rows if depth is None or row.path == "." or row.path.count(".") < depth]

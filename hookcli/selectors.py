@@ -206,9 +206,10 @@ def describe_layers(model, example) -> list[LayerInfo]:
     ``example`` is a batch as :func:`hookcli.families.call_model` takes it (a
     tuple is the model's arguments).
 
-    Rows come in forward order (the order layers start running); layers that
-    never run come last with ``calls == 0`` and no output shape. Hooks are
-    removed and the model's mode restored before returning.
+    Rows come in forward order (the order layers start running), the model
+    itself first as ``.`` (:data:`MODEL`, what its forward returns); layers
+    that never run come last with ``calls == 0`` and no output shape. Hooks
+    are removed and the model's mode restored before returning.
     """
     import torch
 
@@ -236,8 +237,10 @@ def describe_layers(model, example) -> list[LayerInfo]:
         for path, module in layers.items():
             stack.enter_context(module.register_forward_pre_hook(functools.partial(on_start, path)))
             stack.enter_context(module.register_forward_hook(functools.partial(on_finish, path)))
-        call_model(model, example)
-    ordered = [rows[p] for p in started] + [row for p, row in rows.items() if p not in started]
+        output = call_model(model, example)
+    itself = LayerInfo(MODEL, type(model).__name__, sum(p.numel() for p in model.parameters()), calls=1,
+                       output=_shapes(output))
+    ordered = [itself] + [rows[p] for p in started] + [row for p, row in rows.items() if p not in started]
     for i, row in enumerate(ordered):
         row.order = i
     return ordered

@@ -213,7 +213,8 @@ def test_layers_lists_what_the_cli_lists(runner):
     result = runner.invoke(main, ["layers", "-m", "resnet18", "--json", "--depth", "2"])
     rows = hookcli.layers("resnet18", depth=2)
     assert [r.to_dict() for r in rows] == json.loads(result.stdout)
-    assert rows[0].path == "conv1" and rows[0].output == [1, 64, 112, 112]
+    assert rows[1].path == "conv1" and rows[1].output == [1, 64, 112, 112]
+    assert (rows[0].path, rows[0].output) == (".", [1, 1000])  # the model itself, what -l . stores
 
 
 def test_plan_resolves_everything_once_and_is_frozen(images, tmp_path, monkeypatch):

@@ -12,10 +12,11 @@ def test_layers_json_lists_forward_order_shapes_params_and_calls(runner):
     result = runner.invoke(main, ["layers", "--model", "resnet18", "--weights", "none", "--json"])
     assert result.exit_code == 0, result.output
     rows = json.loads(result.stdout)
-    assert rows[0] == {"path": "conv1", "type": "Conv2d", "output": [1, 64, 112, 112], "params": 9408, "calls": 1}
+    assert rows[0] == {"path": ".", "type": "ResNet", "output": [1, 1000], "params": 11689512, "calls": 1}
+    assert rows[1] == {"path": "conv1", "type": "Conv2d", "output": [1, 64, 112, 112], "params": 9408, "calls": 1}
     assert rows[-1] == {"path": "fc", "type": "Linear", "output": [1, 1000], "params": 513000, "calls": 1}
     assert next(r for r in rows if r["path"] == "layer1.0.relu")["calls"] == 2
-    assert len(rows) == 67
+    assert len(rows) == 68
 
 
 def test_layers_table_depth_and_input_size(runner):
@@ -23,6 +24,7 @@ def test_layers_table_depth_and_input_size(runner):
     assert result.exit_code == 0, result.output
     assert result.stdout.splitlines() == [
         "path        type               output            params  calls",
+        ".           VGG                [1,1000]     132,863,336      1",
         "features    Sequential         [1,512,2,2]    9,220,480      1",
         "avgpool     AdaptiveAvgPool2d  [1,512,7,7]            0      1",
         "classifier  Sequential         [1,1000]     123,642,856      1",
@@ -33,7 +35,7 @@ def test_layers_nl_is_one_object_per_line(runner):
     result = runner.invoke(main, ["layers", "-m", "resnet18", "--nl", "--depth", "1"])  # no download needed
     assert result.exit_code == 0, result.output
     paths = [json.loads(line)["path"] for line in result.stdout.splitlines()]
-    assert paths == ["conv1", "bn1", "relu", "maxpool", "layer1", "layer2", "layer3", "layer4", "avgpool", "fc"]
+    assert paths == [".", "conv1", "bn1", "relu", "maxpool", "layer1", "layer2", "layer3", "layer4", "avgpool", "fc"]
 
 
 def test_layers_refuses_json_and_nl_together(runner):

@@ -66,12 +66,13 @@ def test_unknown_type_and_empty_glob(resnet):
 def test_describe_layers_in_forward_order_with_shapes_params_and_calls(resnet):
     rows = describe_layers(resnet, torch.zeros(1, 3, 224, 224))
     by_path = {r.path: r for r in rows}
-    assert [r.path for r in rows[:6]] == ["conv1", "bn1", "relu", "maxpool", "layer1", "layer1.0"]
+    assert [r.path for r in rows[:6]] == [".", "conv1", "bn1", "relu", "maxpool", "layer1"]  # the model first
+    assert (rows[0].type, rows[0].output, rows[0].params) == ("ResNet", [1, 1000], 11_689_512)
     assert rows[-1].path == "fc" and by_path["fc"].output == [1, 1000]
     assert by_path["fc"].params == 512 * 1000 + 1000
     assert by_path["layer3"].output == [1, 256, 14, 14]
     assert by_path["layer1.0.relu"].calls == 2
-    assert len(rows) == len(list(resnet.named_modules())) - 1
+    assert len(rows) == len(list(resnet.named_modules()))
     assert resnet._forward_hooks == {} and not any(m._forward_pre_hooks for m in resnet.modules())
 
 
@@ -81,4 +82,4 @@ def test_layers_that_never_run_come_last():
     model.add_module("used", nn.Identity())
     model.forward = lambda x: model.used(x)
     rows = describe_layers(model, torch.zeros(1, 2))
-    assert [(r.path, r.calls, r.output) for r in rows] == [("used", 1, [1, 2]), ("unused", 0, None)]
+    assert [(r.path, r.calls, r.output) for r in rows] == [(".", 1, [1, 2]), ("used", 1, [1, 2]), ("unused", 0, None)]
