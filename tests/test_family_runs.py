@@ -210,20 +210,17 @@ def test_optical_flow_from_two_image_lists_pairs_them_in_order(tmp_path, runner)
         "64x128). Hint: a pair of frames must be of one size")
 
 
-def test_flow_frames_smaller_than_raft_takes_are_refused_with_a_hint(tmp_path, runner):
-    video = _video(tmp_path / "small.mp4", _frames(2, size=(96, 96)))
+@pytest.mark.parametrize("size, refusal", [
+    ((96, 96), "96x96 as the model would see them, and optical-flow models take sides of 128 pixels or more. Hint: "
+               "give a larger"),
+    ((132, 128), "132x128 as the model would see them, and optical-flow models take sides divisible by 8. Hint: give "
+                 "--crop"),
+])
+def test_flow_frames_raft_cannot_take_are_refused_with_a_hint(tmp_path, runner, size, refusal):
+    video = _video(tmp_path / "frames.mp4", _frames(2, size=size))
     result = runner.invoke(main, ["extract", "-m", "raft_small", "-w", "none", "-l", "update_block", str(video)])
     assert result.exit_code == 1
-    assert result.output.startswith(f"Error: the frames of '{video}' are 96x96 as the model would see them, and "
-                                    "optical-flow models take sides of 128 pixels or more. Hint: give a larger")
-
-
-def test_flow_frames_not_divisible_by_8_are_refused_with_a_hint(tmp_path, runner):
-    video = _video(tmp_path / "odd.mp4", _frames(2, size=(132, 128)))
-    result = runner.invoke(main, ["extract", "-m", "raft_small", "-w", "none", "-l", "update_block", str(video)])
-    assert result.exit_code == 1
-    assert result.output.startswith(f"Error: the frames of '{video}' are 132x128 as the model would see them, and "
-                                    "optical-flow models take sides divisible by 8. Hint: give --crop")
+    assert result.output.startswith(f"Error: the frames of '{video}' are {refusal}")
 
 
 def test_quantized_captures_are_the_real_values_and_run_on_the_cpu(tmp_path, runner, no_model):

@@ -80,29 +80,26 @@ def _metadata(path) -> dict:
         return handle.metadata()
 
 
-@pytest.fixture(scope="module")
-def vit_folder(tmp_path_factory) -> Path:
+def _tiny_vit(folder: Path, model_class, seed: int, **config) -> Path:
     """A tiny transformers ViT written by save_pretrained, with its image processor (squash to 64x64)."""
-    folder = tmp_path_factory.mktemp("hf") / "tiny-vit"
     config = transformers.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-                                    image_size=64, patch_size=16)
-    torch.manual_seed(1)
-    transformers.ViTModel(config).save_pretrained(folder)
+                                    image_size=64, patch_size=16, **config)
+    torch.manual_seed(seed)
+    model_class(config).save_pretrained(folder)
     transformers.ViTImageProcessor(size={"height": 64, "width": 64}).save_pretrained(folder)
     return folder
+
+
+@pytest.fixture(scope="module")
+def vit_folder(tmp_path_factory) -> Path:
+    return _tiny_vit(tmp_path_factory.mktemp("hf") / "tiny-vit", transformers.ViTModel, 1)
 
 
 @pytest.fixture(scope="module")
 def classifier_folder(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("hf") / "tiny-vit-classifier"
-    labels = {i: name for i, name in enumerate(["cat", "dog", "fox"])}
-    config = transformers.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-                                    image_size=64, patch_size=16, num_labels=3, id2label=labels,
-                                    label2id={v: k for k, v in labels.items()})
-    torch.manual_seed(2)
-    transformers.ViTForImageClassification(config).save_pretrained(folder)
-    transformers.ViTImageProcessor(size={"height": 64, "width": 64}).save_pretrained(folder)
-    return folder
+    labels = dict(enumerate(["cat", "dog", "fox"]))
+    return _tiny_vit(tmp_path_factory.mktemp("hf") / "tiny-vit-classifier", transformers.ViTForImageClassification,
+                     2, num_labels=3, id2label=labels, label2id={v: k for k, v in labels.items()})
 
 
 @pytest.fixture(scope="module")
