@@ -81,6 +81,11 @@ def is_archive(path: str | os.PathLike) -> bool:
 
 def tar_images(path: str | os.PathLike) -> list[TarMember]:
     """The image members of the tar at ``path``, in archive order; InputError for what cannot be read."""
+    return list(_images_by_name(path).values())
+
+
+def _images_by_name(path: str | os.PathLike) -> dict[str, TarMember]:
+    """The archive's image members by name, listed once while the file stays the same (one stat a call)."""
     text = os.path.abspath(os.fspath(path))
     if text.lower().endswith(_COMPRESSED):
         raise InputError(f"'{path}' is a compressed tar, whose members cannot be read one at a time",
@@ -89,7 +94,7 @@ def tar_images(path: str | os.PathLike) -> list[TarMember]:
         status = os.stat(text)
     except OSError:
         raise InputError(f"no such file or folder: '{path}'", hint="check the path") from None
-    return list(_images(text, status.st_size, status.st_mtime_ns, status.st_ino).values())
+    return _images(text, status.st_size, status.st_mtime_ns, status.st_ino)
 
 
 @functools.lru_cache(maxsize=64)
@@ -129,9 +134,7 @@ def find_member(text) -> TarMember | None:
     if cut < 0 or cut + len(_SUFFIX + SEPARATOR) == len(text):
         return None
     archive, name = text[:cut + len(_SUFFIX)], text[cut + len(_SUFFIX + SEPARATOR):]
-    tar_images(archive)  # listed (or refused) once; then found by name
-    status = os.stat(os.path.abspath(archive))
-    found = _images(os.path.abspath(archive), status.st_size, status.st_mtime_ns, status.st_ino).get(name)
+    found = _images_by_name(archive).get(name)
     if found is None:
         raise InputError(f"archive '{archive}' holds no image '{name}'", hint="list it with: tar tf ARCHIVE")
     return found

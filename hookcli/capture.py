@@ -216,12 +216,13 @@ class FeatureCapture:
                         _add(flat, f"{base}@input#{name}", value, self.omitted)
                 if path in outputs:
                     _add(flat, base, outputs[path][call], self.omitted)
-        for key in [k for k, t in flat.items() if "@input" in k and (t.dim() == 0 or t.shape[0] != batch_size)]:
+        for key, tensor in list(flat.items()):
+            if tensor.dim() > 0 and tensor.shape[0] == batch_size:
+                continue
             if key.partition("@input")[2]:  # an element of a layer's inputs that is not per image: left out, said so
                 self.omitted.add(key)
                 del flat[key]
-        for key, tensor in flat.items():
-            if tensor.dim() == 0 or tensor.shape[0] != batch_size:
+            else:
                 raise CaptureError(
                     f"'{key}' has shape {list(tensor.shape)}, not batch-first for a batch of {batch_size}",
                     hint="hookcli stores one row per image; select a layer whose output starts with the batch",

@@ -283,6 +283,10 @@ def _rows_output_options(function):
     ])
 
 
+#: --region, of grad and cam.
+_REGION = click.option("--region", metavar="X0,Y0,X1,Y1", help="Segmentation models: score the target class over "
+                       "this box (fractions of the image, 0 to 1) instead of over its predicted mask.")
+
 _LAYER_HELP = ("Layer path (features.18), glob (layer3.*.conv2, features.**), type:Conv2d, or . for the model's "
                "own output; PATH=NAME renames. Repeat.")
 
@@ -493,8 +497,7 @@ def extract(ctx, **options) -> None:
 @_preprocess_options
 @_rows_output_options
 @_clip_options
-@click.option("--region", metavar="X0,Y0,X1,Y1", help="Segmentation models: score the target class over this box "
-              "(fractions of the image, 0 to 1) instead of over its predicted mask.")
+@_REGION
 @_run_options
 @click.pass_context
 def grad(ctx, **options) -> None:
@@ -524,8 +527,7 @@ def grad(ctx, **options) -> None:
 @click.option("--alpha", type=click.FloatRange(0, 1), default=DEFAULTS.alpha, show_default=True,
               help="Overlay opacity.")
 @click.option("--cmap", default=DEFAULTS.cmap, show_default=True, help="Heat-map colormap (any matplotlib name).")
-@click.option("--region", metavar="X0,Y0,X1,Y1", help="Segmentation models: score the target class over this box "
-              "(fractions of the image, 0 to 1) instead of over its predicted mask.")
+@_REGION
 @_preprocess_options
 @_run_options(stored="the maps are stored as float32")
 @click.pass_context

@@ -133,9 +133,9 @@ def batch_length(batch) -> int:
     return len(batch[0]) if isinstance(batch, tuple) else len(batch)
 
 
-def first_rows(batch, count: int = 1):
-    """The first ``count`` rows of a batch, in the batch's own form."""
-    return tuple(part[:count] for part in batch) if isinstance(batch, tuple) else batch[:count]
+def first_rows(batch):
+    """The first row of a batch, as a batch of one in the batch's own form."""
+    return tuple(part[:1] for part in batch) if isinstance(batch, tuple) else batch[:1]
 
 
 def map_batch(batch, function):

@@ -37,13 +37,15 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Iterable
+from typing import NamedTuple
 
 import torch
 import torch.fx
 import torch.nn as nn
 import torch.nn.functional as F
 
-__all__ = ["FusedConvolution", "fused_convolutions", "fused_for_inference", "traceable", "worth_fusing"]
+__all__ = ["FusedConvolution", "FusionAttempt", "fused_convolutions", "fused_for_inference", "fusion_attempt",
+           "worth_fusing"]
 
 
 def fused_for_inference(model, keep: Iterable[str], *, dtype, channels_last: bool = False, whole_run: bool = False):
@@ -58,22 +60,37 @@ def fused_for_inference(model, keep: Iterable[str], *, dtype, channels_last: boo
     ``dtype`` is the compute dtype of the fused convolutions (``torch.float32``
     or ``torch.bfloat16``); ``channels_last`` stores their weights that way.
     Only for CPU inference: the fused kernels have no backward.
+    :func:`fusion_attempt` says, besides, why nothing was fused.
     """
+    attempt = fusion_attempt(model, keep, dtype=dtype, channels_last=channels_last, whole_run=whole_run)
+    return attempt.module, attempt.count
+
+
+class FusionAttempt(NamedTuple):
+    """What :func:`fusion_attempt` made: the module to run, its fused convolutions, and whether torch.fx could trace
+    the model (False only when a trace was tried and failed)."""
+
+    module: object
+    count: int
+    traced: bool = True
+
+
+def fusion_attempt(model, keep: Iterable[str], *, dtype, channels_last: bool = False,
+                   whole_run: bool = False) -> FusionAttempt:
+    """:func:`fused_for_inference`, saying whether the model could be traced (one trace, whatever the outcome)."""
     if not _available(dtype) or any(p.device.type != "cpu" for p in model.parameters()) or _global_hooks():
-        return model, 0
+        return FusionAttempt(model, 0)
     if not worth_fusing(model):
-        return model, 0
+        return FusionAttempt(model, 0)
     keep = set(keep)
     whole = keep | {name for name, module in model.named_modules() if name and _hooked(module)}
     graph_module = _traced(model, whole)
     if graph_module is None:
-        return model, 0
+        return FusionAttempt(model, 0, traced=False)
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
     rewriter = _Rewriter(graph_module, whole, set() if whole_run else keep, dtype, memory_format)
     count = rewriter.run()
-    if not count:
-        return model, 0
-    return graph_module, count
+    return FusionAttempt(graph_module, count) if count else FusionAttempt(model, 0)
 
 
 def worth_fusing(model) -> bool:
@@ -81,11 +98,6 @@ def worth_fusing(model) -> bool:
     a large model costs a good part of a second)."""
     convolutions = sum(type(m) is nn.Conv2d for m in model.modules())
     return convolutions > 1 or convolutions == 1 and any(type(m) is nn.BatchNorm2d for m in model.modules())
-
-
-def traceable(model, keep: Iterable[str]) -> bool:
-    """Whether torch.fx can trace ``model`` with the ``keep`` modules as leaves (what fusion needs first)."""
-    return _traced(model, set(keep)) is not None
 
 
 def fused_convolutions(module) -> int:

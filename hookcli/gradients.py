@@ -335,9 +335,9 @@ def spatial_maps(tensor, prefix_tokens: int | None = None):
         return tensor.permute(0, 3, 1, 2) if channels_last_output(tensor.shape) else tensor
     if tensor.dim() == 3:
         tokens = tensor.shape[1]
-        for skip in ((prefix_tokens, 0, 1) if prefix_tokens else (0, 1)):
-            side = math.isqrt(tokens - skip)
-            if side * side == tokens - skip and side > 0:
+        for skip in (*([prefix_tokens] if prefix_tokens is not None else []), 0, 1):
+            if is_square(tokens - skip) or skip == 0 and tokens == 1:
+                side = math.isqrt(tokens - skip)
                 grid = tensor[:, skip:, :]
                 return grid.transpose(1, 2).reshape(len(tensor), tensor.shape[2], side, side)
     raise CaptureError(f"a layer output of shape {list(tensor.shape)} has no spatial layout for a map",

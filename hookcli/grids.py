@@ -821,7 +821,6 @@ def model_photo(path, preprocess, *, enlarge: bool = True) -> np.ndarray:
 
 def model_photo_scaled(path, preprocess, *, enlarge: bool = True) -> tuple[np.ndarray, float]:
     """:func:`model_photo`, and its pixels to one pixel of the image the model was given (the unit of boxes)."""
-    from PIL import Image
 
     from hookcli.images import load_rgb, model_view
 
@@ -845,19 +844,18 @@ def model_photo_scaled(path, preprocess, *, enlarge: bool = True) -> tuple[np.nd
     given_size = [short if n == min(size) else int(short * n / min(size)) for n in size]
     scale = min(max(_OVERLAY_MIN, 2 * short) / short if enlarge else 1.0, _OVERLAY_SIDE / max(given_size))
     drawn = tuple(max(1, round(n * scale)) for n in given_size)
-    resample = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC, "nearest": Image.NEAREST}
+    from hookcli.images import RESAMPLE as resample
     return np.asarray(photo.resize(drawn, resample[preprocess.interpolation])), scale
 
 
 def _squashed_photo(photo, preprocess, enlarge: bool) -> tuple[np.ndarray, float]:
     """The view of a model that squashes the photo to ``[height, width]`` (then centre-crops it, if it crops)."""
-    from PIL import Image
 
     height, width = preprocess.resize
     crop_h, crop_w = (preprocess.crop, preprocess.crop) if preprocess.crop else (height, width)
     longest = max(crop_h, crop_w)
     scale = min(_OVERLAY_SIDE, max(_OVERLAY_MIN, 2 * longest) if enlarge else longest) / longest
-    resample = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC, "nearest": Image.NEAREST}
+    from hookcli.images import RESAMPLE as resample
     squashed = photo.resize((max(1, round(width * scale)), max(1, round(height * scale))),
                             resample[preprocess.interpolation])
     left, top = round(int(round((width - crop_w) / 2.0)) * scale), round(int(round((height - crop_h) / 2.0)) * scale)

@@ -29,12 +29,16 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from hookcli.errors import ImageError, InputError
 from hookcli.store import NotRegularFile, file_kind, open_regular
 
-__all__ = ["IMAGE_SUFFIXES", "FoundInputs", "find_inputs", "gather_inputs", "load_rgb", "model_view", "open_input"]
+__all__ = ["IMAGE_SUFFIXES", "RESAMPLE", "FoundInputs", "find_inputs", "gather_inputs", "load_rgb", "model_view",
+           "open_input"]
 
 #: Suffixes picked up when a folder is given; files named explicitly are always tried.
 IMAGE_SUFFIXES = frozenset(
     {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm", ".pbm", ".jfif"}
 )
+
+#: Pillow's resampling filter for each interpolation name of :data:`hookcli.preprocess.INTERPOLATIONS`.
+RESAMPLE = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC, "nearest": Image.NEAREST}
 
 #: Background that transparent pixels are composited onto.
 _BACKGROUND = (255, 255, 255)
@@ -307,7 +311,7 @@ def model_view(image: Image.Image, *, resize: int, crop: int, interpolation: str
     short, long = (width, height) if width <= height else (height, width)
     new_short, new_long = resize, int(resize * long / short)
     size = (new_short, new_long) if width <= height else (new_long, new_short)
-    resample = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC, "nearest": Image.NEAREST}[interpolation]
+    resample = RESAMPLE[interpolation]
     left = int(round((size[0] - crop) / 2.0))
     top = int(round((size[1] - crop) / 2.0))
     # The visible part of the crop window, in the resized picture's pixels; areas outside come out black,

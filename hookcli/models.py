@@ -50,9 +50,9 @@ from hookcli.registry import ModelEntry, model_registry
 from hookcli.store import file_kind
 
 __all__ = [
-    "LoadedModel", "check_weights_file", "describe_models", "file_sha256", "fit_state_dict", "list_models",
-    "load_model", "looks_like_weights_path", "model_family", "no_models_note", "num_classes", "resolve_weights",
-    "weights_cache_path",
+    "LoadedModel", "check_weights_file", "describe_models", "file_sha256", "file_weights", "fit_state_dict",
+    "list_models", "hub_checkpoint_path", "load_model", "looks_like_weights_path", "model_family", "no_models_note",
+    "num_classes", "resolve_weights", "seeded", "weights_cache_path",
 ]
 
 _WEIGHT_FILE_SUFFIXES = (".pth", ".pt", ".safetensors", ".bin", ".ckpt")
@@ -202,10 +202,24 @@ def _entry(name: str) -> ModelEntry:
 
 def weights_cache_path(weights) -> Path:
     """Where torchvision keeps (or would download) a pretrained weights enum's file."""
+    return hub_checkpoint_path(weights.url)
+
+
+def hub_checkpoint_path(url: str) -> Path:
+    """Where torch.hub keeps the file downloaded from ``url``: ``$TORCH_HOME/hub/checkpoints/<its name>``."""
     import torch.hub
 
-    filename = os.path.basename(urlparse(weights.url).path)
-    return Path(torch.hub.get_dir()) / "checkpoints" / filename
+    return Path(torch.hub.get_dir()) / "checkpoints" / os.path.basename(urlparse(url).path)
+
+
+@contextlib.contextmanager
+def seeded(seed: int):
+    """Random initialisation inside the block draws from ``seed``; the global generator is left as it was."""
+    import torch
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
 
 
 def load_model(name: str, weights: str = "DEFAULT", *, seed: int = 0) -> LoadedModel:
@@ -264,16 +278,14 @@ def _unknown_weights(name: str, spec: str, known: tuple[str, ...]) -> UnknownWei
 
 
 def _build_seeded(name: str, seed: int, **kwargs):
-    import torch
     import torchvision.models
 
-    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+    with seeded(seed), warnings.catch_warnings():
         # googlenet and inception_v3 warn that their default init may change; the init used is unchanged.
         warnings.filterwarnings("ignore", message="The default weight initialization", category=FutureWarning)
         # Quantizing a model goes through torch.ao.quantization functions torch has marked as deprecated.
         warnings.filterwarnings("ignore", message="torch.quantize_per_", category=UserWarning)
         warnings.filterwarnings("ignore", message="torch.ao.quantization is deprecated", category=DeprecationWarning)
-        torch.manual_seed(seed)
         return torchvision.models.get_model(name, weights=None, **kwargs)
 
 
@@ -311,10 +323,15 @@ def _build_from_file(name: str, path: Path, seed: int, options: dict):
     if num_classes is not None:
         module = _build_seeded(name, seed, num_classes=num_classes, **options)
     fit_state_dict(module, state, path, name)
-    described = {"source": "file", "path": str(path.resolve()), "sha256": file_sha256(path)}
+    described = file_weights(path)
     if num_classes is not None:
         described["num_classes"] = num_classes
     return module, described
+
+
+def file_weights(path: Path) -> dict:
+    """The metadata's description of weights read from the file at ``path``."""
+    return {"source": "file", "path": str(path.resolve()), "sha256": file_sha256(path)}
 
 
 def fit_state_dict(module, state: dict, path: Path, name: str) -> None:

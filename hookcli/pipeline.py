@@ -442,16 +442,16 @@ class FusedForward(EagerForward):
     """
 
     def __init__(self, model, layers: Mapping[str, str], settings: RunSettings, on_note=None) -> None:
-        from hookcli.fusion import fused_for_inference
+        from hookcli.fusion import fusion_attempt
 
-        fuse = functools.partial(fused_for_inference, dtype=speed.compute_dtype(settings.precision),
+        fuse = functools.partial(fusion_attempt, dtype=speed.compute_dtype(settings.precision),
                                  channels_last=settings.memory_format == "channels_last")
-        fused = _with_fused_backbone(model, layers, fuse, settings.final_output) if settings.family == "detection" \
-            else fuse(model, layers)[0]
-        super().__init__(fused, layers, settings, on_note)
+        attempt = _with_fused_backbone(model, layers, fuse, settings.final_output) \
+            if settings.family == "detection" else fuse(model, layers)
+        super().__init__(attempt.module, layers, settings, on_note)
         self.plain = model
-        self.proven = fused is model  # nothing to fall back to
-        if fused is model and settings.family != "detection" and not _fusion_traceable(model, layers):
+        self.proven = attempt.module is model  # nothing to fall back to
+        if not attempt.traced and settings.family != "detection":
             self._note(f"--fuse: {type(model).__name__} cannot be traced by torch.fx, so it runs unfused "
                        "(the values are the same)")
 
@@ -471,26 +471,22 @@ class FusedForward(EagerForward):
         return result
 
 
-def _fusion_traceable(model, layers) -> bool:
-    """Whether fusion could trace ``model`` (True for one with nothing worth fusing: there is nothing to say)."""
-    from hookcli.fusion import traceable, worth_fusing
-
-    return not worth_fusing(model) or traceable(model, layers)
-
-
 def _with_fused_backbone(model, layers: Mapping[str, str], fuse, detections: bool):
     """A copy of detection ``model`` whose backbone's convolution stack (``backbone.body``, or SSD's ``backbone``) is
-    fused by ``fuse``; ``model`` itself where nothing fuses. The copy shares every other module.
+    fused by ``fuse`` (:func:`~hookcli.fusion.fusion_attempt`), as a :class:`~hookcli.fusion.FusionAttempt`; ``model``
+    itself where nothing fuses. The copy shares every other module.
 
     The stack is fused up to its last hooked layer when the forward ends there, whole when it goes on (a layer
     hooked after the stack, or the final detections asked for).
     """
+    from hookcli.fusion import FusionAttempt
+
     path = "backbone.body" if hasattr(model.backbone, "body") else "backbone"
     keep = [layer[len(path) + 1:] for layer in layers if layer.startswith(path + ".")]
     goes_on = detections or len(keep) < len(layers)
-    fused, count = fuse(model.get_submodule(path), keep, whole_run=goes_on)
+    fused, count, traced = fuse(model.get_submodule(path), keep, whole_run=goes_on)
     if not count:
-        return model
+        return FusionAttempt(model, 0, traced)
     clone = copy.copy(model)
     clone._modules = dict(model._modules)
     backbone = clone.backbone
@@ -501,7 +497,7 @@ def _with_fused_backbone(model, layers: Mapping[str, str], fuse, detections: boo
         clone.backbone = backbone
     else:
         clone.backbone = fused
-    return clone
+    return FusionAttempt(clone, count)
 
 
 class CompiledForward(EagerForward):

@@ -95,17 +95,11 @@ def map_layout(row_shape: Sequence[int], prefix_tokens: int | None = None) -> tu
         return shape[0], shape[1], shape[2], "channels"
     if len(shape) == 2:
         tokens, dim = shape
-        if prefix_tokens and prefix_tokens > 1 and is_square(tokens - prefix_tokens):
-            side = math.isqrt(tokens - prefix_tokens)
-            return dim, side, side, "tokens+prefix"
-        if prefix_tokens == 1 and is_square(tokens - 1):
-            return dim, math.isqrt(tokens - 1), math.isqrt(tokens - 1), "tokens+cls"
-        side = math.isqrt(tokens)
-        if side * side == tokens and tokens > 1:
-            return dim, side, side, "tokens"
-        side = math.isqrt(tokens - 1) if tokens > 2 else 0
-        if side and side * side == tokens - 1:
-            return dim, side, side, "tokens+cls"
+        # The model's own count of prefix tokens first; without one (or where it does not fit), none or a class token.
+        for skip in (*([prefix_tokens] if prefix_tokens is not None else []), 0, 1):
+            if is_square(tokens - skip):
+                side = math.isqrt(tokens - skip)
+                return dim, side, side, {0: "tokens", 1: "tokens+cls"}.get(skip, "tokens+prefix")
         if tokens == 1:
             return dim, 1, 1, "vector"
         return 1, tokens, dim, "matrix"

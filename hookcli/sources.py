@@ -51,6 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hookcli.errors import UnknownModelError, UnknownWeightsError, UsageProblem, WeightsError, first_line
+from hookcli.models import file_sha256, file_weights, hub_checkpoint_path, seeded
 
 __all__ = ["LISTED_SOURCES", "PREFIXES", "SOURCES", "ModelSpec", "SourceError", "archive_kind", "check_model",
            "check_weights", "list_source_models", "load", "parse_model", "prefix_tokens"]
@@ -314,15 +315,6 @@ def _quiet():
         logger.setLevel(level)
 
 
-@contextlib.contextmanager
-def _seeded(seed: int):
-    import torch
-
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        yield
-
-
 def _loaded(spec: ModelSpec, module, described: dict, preprocess, **fields):
     from hookcli.models import LoadedModel
 
@@ -331,13 +323,6 @@ def _loaded(spec: ModelSpec, module, described: dict, preprocess, **fields):
     return LoadedModel(name=_recorded_name(spec), module=module,
                        weights=described, preprocess=preprocess, family="classification", source=spec.source,
                        prefix_tokens=prefix_tokens(module), **fields)
-
-
-def file_sha256(path: Path) -> str:
-    """The SHA-256 of a file (:func:`hookcli.models.file_sha256`)."""
-    from hookcli.models import file_sha256 as digest
-
-    return digest(path)
 
 
 def _from_file(spec: ModelSpec, module, path: Path, part: str = "") -> dict:
@@ -352,7 +337,7 @@ def _from_file(spec: ModelSpec, module, path: Path, part: str = "") -> dict:
     if part and any(key.startswith(part) for key in state):
         state = {key[len(part):]: value for key, value in state.items() if key.startswith(part)}
     fit_state_dict(module, state, path, spec.text)
-    return {"source": "file", "path": str(path.resolve()), "sha256": file_sha256(path)}
+    return file_weights(path)
 
 
 # timm
@@ -387,7 +372,7 @@ def _load_timm(spec: ModelSpec, weights: str, seed: int):
         if tag and f"{name}.{tag}" not in (timm.list_pretrained(f"{name}.*") or []):
             raise UnknownWeightsError(f"{spec.text} names the pretrained tag '{tag}', which timm does not have",
                                       hint=f"write timm:{name}, or a tag 'hookcli models --source timm {name}' lists")
-        with _seeded(seed):
+        with seeded(seed):
             module = timm.create_model(name, pretrained=False)
         described = {"source": "none", "seed": seed} if weights.lower() == "none" else _from_file(
             spec, module, Path(weights))
@@ -440,20 +425,12 @@ def _require_timm_files(spec: ModelSpec, full: str, config) -> None:
         return
     url = getattr(config, "url", None)
     if url:
-        cached = _torch_hub_file(url)
+        cached = hub_checkpoint_path(url)
         if not cached.is_file():
             raise SourceError(f"pretrained weights of {spec.text} ({full}) are not cached, and hookcli does not "
                               f"download: place {url} at {cached}", hint="or use --weights none")
         return
     raise UnknownWeightsError(f"{full} has no pretrained files to load", hint="use --weights none or a file")
-
-
-def _torch_hub_file(url: str) -> Path:
-    from urllib.parse import urlparse
-
-    import torch.hub
-
-    return Path(torch.hub.get_dir()) / "checkpoints" / os.path.basename(urlparse(url).path)
 
 
 def _timm_preprocess(config: dict):
@@ -525,7 +502,7 @@ def _load_hf_quietly(spec: ModelSpec, weights: str, seed: int):
         described = _hf_described(spec)
     else:
         try:
-            with _seeded(seed):
+            with seeded(seed):
                 module = auto.from_config(config, dtype=torch.float32)
         except Exception as err:
             raise SourceError(f"cannot build {spec.text} from its config: {first_line(err)}",
@@ -533,7 +510,7 @@ def _load_hf_quietly(spec: ModelSpec, weights: str, seed: int):
         described = {"source": "none", "seed": seed} if not looks_like_weights_path(weights) else _from_file(
             spec, module, Path(weights))
     module = _vision_part(spec, module)
-    preprocess, notes = _hf_preprocess(spec, source)
+    preprocess, notes = _hf_preprocess(spec, source, config)
     labels = getattr(config, "id2label", None)
     labels = labels if isinstance(labels, dict) else {}
     named = classifier and labels and not all(re.fullmatch(r"LABEL_\d+", str(v)) for v in labels.values()) and \
@@ -541,7 +518,7 @@ def _load_hf_quietly(spec: ModelSpec, weights: str, seed: int):
     categories = [str(labels[i]) for i in range(len(labels))] if named else None  # the config's, whatever weights
     scores, classes = _hf_scores(config, classifier)
     return _loaded(spec, module, described, preprocess, categories=categories, notes=notes, classes=classes,
-                   scores=scores)
+                   scores=scores, preprocess_assumed=bool(notes))  # its only notes say the preprocessing is assumed
 
 
 def _vision_part(spec: ModelSpec, module):
@@ -580,27 +557,27 @@ def _hf_described(spec: ModelSpec) -> dict:
     return {"source": "hf", "repo": spec.name, "revision": found.parent.name if found is not None else None}
 
 
-def _hf_preprocess(spec: ModelSpec, source: str):
-    """The image processor's config as a :class:`~hookcli.preprocess.Preprocess`, with notes on what differs."""
-
+def _hf_preprocess(spec: ModelSpec, source: str, config):
+    """The image processor's settings as a :class:`~hookcli.preprocess.Preprocess`, with notes on what differs;
+    ImageNet's preprocessing at the model ``config``'s image size when there are none to use."""
     # transformers writes an image processor's settings alone, or (a processor of several parts) under its key.
     for name, part in (("preprocessor_config.json", None), ("processor_config.json", "image_processor")):
         text = _folder_or_hub_text(spec, source, name)
         if text is None:
             continue
         try:
-            config = json.loads(text)
+            settings = json.loads(text)
             if part is not None:
-                config = config.get(part) if isinstance(config, dict) else None
-                if config is None:
+                settings = settings.get(part) if isinstance(settings, dict) else None
+                if settings is None:
                     continue  # a processor of text alone
-            return _processor_steps(config), ()
+            return _processor_steps(settings), ()
         except Exception as err:  # an untrusted file: any content at all
             reason = f"its {name} cannot be used ({first_line(err)[:200]})"
             break
     else:
         reason = "it has no preprocessor_config.json"
-    return _assumed(spec, reason, _config_image_size(spec, source))
+    return _assumed(spec, reason, _image_size(config))
 
 
 def _folder_or_hub_text(spec: ModelSpec, source: str, name: str) -> str | None:
@@ -612,15 +589,10 @@ def _folder_or_hub_text(spec: ModelSpec, source: str, name: str) -> str | None:
         return None
 
 
-def _config_image_size(spec: ModelSpec, source: str) -> int | None:
-    """The side of the square images the model's config says it takes, if it says one."""
-    try:
-        config = json.loads(_folder_or_hub_text(spec, source, "config.json") or "{}")
-    except ValueError:
-        return None
-    vision = config.get("vision_config") if isinstance(config, dict) else None
-    vision = vision if isinstance(vision, dict) else config if isinstance(config, dict) else {}
-    size = vision.get("image_size")
+def _image_size(config) -> int | None:
+    """The side of the square images a transformers config (or its vision part) says the model takes, if it says
+    one (the config is the folder's, so untrusted)."""
+    size = getattr(getattr(config, "vision_config", None) or config, "image_size", None)
     if isinstance(size, list) and len(size) == 2 and size[0] == size[1]:
         size = size[0]
     return size if isinstance(size, int) and not isinstance(size, bool) and 1 <= size <= 8192 else None
@@ -749,7 +721,7 @@ def _load_open_clip(spec: ModelSpec, weights: str, seed: int):
                                       hint="use DEFAULT, a listed tag or none")
         _require_open_clip_files(spec, arch, tag)
     try:
-        with _seeded(seed):
+        with seeded(seed):
             model = open_clip.create_model(arch, pretrained=tag)
     except Exception as err:
         raise SourceError(f"cannot build {spec.text}: {first_line(err)}",
@@ -814,13 +786,13 @@ def _load_factory(spec: ModelSpec, weights: str, seed: int):
     import torch.nn as nn
 
     module_name, function_name = spec.name.rsplit(":", 1)
-    code = _import_factory_module(spec, module_name)
+    code, digest = _import_factory_module(spec, module_name)
     factory = getattr(code, function_name, None)
     if not callable(factory):
         raise UsageProblem(f"{module_name} has no function '{function_name}'",
                            hint=f"define {function_name}() returning the nn.Module")
     try:
-        with _seeded(seed if weights.lower() == "none" else 0):
+        with seeded(seed if weights.lower() == "none" else 0):
             made = factory()
     except (Exception, SystemExit) as err:  # user code: argparse and sys.exit included
         raise SourceError(f"the factory {spec.name} failed: {type(err).__name__}: {first_line(err)}",
@@ -840,8 +812,8 @@ def _load_factory(spec: ModelSpec, weights: str, seed: int):
         described = {"source": "none", "seed": seed}
     else:
         described = {"source": "factory"}
-    if module_name.endswith(".py"):
-        described["code_sha256"] = file_sha256(Path(module_name).expanduser())
+    if digest is not None:
+        described["code_sha256"] = digest
     if given is None:
         preprocess, notes = _assumed(spec, "the factory gives no preprocessing")
     else:
@@ -850,18 +822,21 @@ def _load_factory(spec: ModelSpec, weights: str, seed: int):
 
 
 def _import_factory_module(spec: ModelSpec, name: str):
+    """``(module, the SHA-256 of its file)``: a file imported under a name of its own (None for an installed or
+    local module's digest)."""
     if not name.endswith(".py"):
         _search_current_folder()
         try:
-            return importlib.import_module(name)
+            return importlib.import_module(name), None
         except (Exception, SystemExit) as err:
             raise SourceError(f"importing {name} failed: {type(err).__name__}: {first_line(err)}",
                               hint="run it in Python to see where") from None
     path = Path(name).expanduser().resolve()
     # Named by path and content: an edited file is run again, as its recorded code_sha256 says it was.
-    unique = "hookcli_factory_" + hashlib.sha256(f"{path}\n{file_sha256(path)}".encode()).hexdigest()[:16]
+    digest = file_sha256(path)
+    unique = "hookcli_factory_" + hashlib.sha256(f"{path}\n{digest}".encode()).hexdigest()[:16]
     if unique in sys.modules:
-        return sys.modules[unique]
+        return sys.modules[unique], digest
     loader_spec = importlib.util.spec_from_file_location(unique, path)
     code = importlib.util.module_from_spec(loader_spec)
     if str(path.parent) not in sys.path:
@@ -873,7 +848,7 @@ def _import_factory_module(spec: ModelSpec, name: str):
         del sys.modules[unique]
         raise SourceError(f"running {path.name} failed: {type(err).__name__}: {first_line(err)}",
                           hint="run it in Python to see where") from None
-    return code
+    return code, digest
 
 
 def _is_scripted(module) -> bool:

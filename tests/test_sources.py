@@ -612,6 +612,9 @@ def test_dinov2_backbone_takes_gradients_of_its_pooled_output(tmp_path, photo):
     assert (loaded.preprocess.resize, loaded.preprocess.crop) == (73, 64)  # ImageNet's proportions at its 64 px
     cams = hookcli.cam(loaded, photo)
     assert cams["cam"].shape == (1, 4, 4) and cams.metadata["cam_layer"] == "encoder.layer.1.norm1"
+    assert cams.notes[0].startswith(f"hf:{folder}: it has no preprocessor_config.json, so what --resize")
+    given = hookcli.extract(loaded, "encoder.layer.0", photo, resize=72, crop=64, mean=0.5, std=0.5)
+    assert given.notes == ()  # every part given: nothing was assumed
 
 
 def test_timm_norms_with_their_activation_inside_fuse(photo):
