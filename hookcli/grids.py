@@ -734,7 +734,8 @@ def _row_picture(features, job: GridJob, options: GridOptions, values: np.ndarra
             pixels = add_colorbar(pixels, options.cmap, *_scale_legend(maps, options.scale, "the map's range",
                                                                        "each tile scaled to its own range"))
     if options.title and not options.plain:
-        parts = [printable(_capped(job.key, 200)), printable(_capped(job.name, 120)), str(list(stored)), picked]
+        own = stored[1:] if one_map_a_row else stored  # a map a row is drawn as one channel; its shape is its own
+        parts = [printable(_capped(job.key, 200)), printable(_capped(job.name, 120)), str(list(own)), picked]
         if layout in _LAYOUTS:
             parts.append(_LAYOUTS[layout])
         elif layout == "tokens+prefix":

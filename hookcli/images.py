@@ -18,6 +18,7 @@ import io
 import itertools
 import math
 import os
+import re
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -230,12 +231,26 @@ def load_rgb(path: str | os.PathLike, *, min_size: int | None = None, max_side: 
     except NotRegularFile as err:
         raise ImageError(str(err), hint="inputs must be image files") from None
     except UnidentifiedImageError:
+        if _is_empty(path):
+            raise ImageError(f"image '{path}' is empty (0 bytes)", hint="the file may not have been written") from None
         raise ImageError(
             f"'{path}' is not an image Pillow can read",
             hint="check the file type; text or corrupt files cannot be used",
         ) from None
-    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:
+    except Image.DecompressionBombError as err:
+        size = re.search(r"\((\d+) pixels\)", str(err))
+        pixels = f"{int(size.group(1)):,} pixels" if size else "too many pixels"
+        raise ImageError(f"image '{path}' has {pixels}, more than Pillow decodes ({2 * Image.MAX_IMAGE_PIXELS:,})",
+                         hint="shrink it first") from None
+    except (OSError, ValueError, SyntaxError) as err:
         raise ImageError(f"cannot decode image '{path}': {err}", hint="the file may be truncated or corrupt") from None
+
+
+def _is_empty(path) -> bool:
+    try:
+        return os.stat(path).st_size == 0
+    except (OSError, TypeError, ValueError):  # a tar member, or a name that no longer stats
+        return False
 
 
 def open_input(path) -> BinaryIO:

@@ -299,6 +299,8 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
         _check_target(kind, path, paths, opts.force)
     if opts.grid:
         check_folder_output(opts.grid)
+        if keys is not None and not opts.force:  # known without the model: said before torch loads
+            _refuse_drawn_grids(opts.grid, keys)
     if not isinstance(model, LoadedModel):
         # The last check before torch: the registry cache answers it, and only a cold cache imports torchvision.
         resolve_weights(model_name, opts.weights)
@@ -341,6 +343,8 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
     if path is None and kind in ("file", "folder"):
         path = _default_output(command, loaded.name, list(selected.values()), kind)
         _check_target(kind, path, paths, opts.force)
+    if opts.grid and not opts.force:
+        _refuse_drawn_grids(opts.grid, list(selected.values()))
     if kind == "cam":
         from hookcli.writers import cam_png_name
 
@@ -488,6 +492,24 @@ def _refuse_other_format(path: str) -> None:
         raise UsageProblem(f"output '{path}' ends in {suffix}, the suffix of another format",
                            hint=f"hookcli writes safetensors: name it '{Path(path).with_suffix('.safetensors')}', "
                            "or end the path with / for a shard folder")
+
+
+def _refuse_drawn_grids(folder: str, keys: Sequence[str]) -> None:
+    """``--grid``: refuse, before any work, a folder that already holds pictures of these keys (grid writes a layer's
+    PNGs under names that start with its key; see :mod:`hookcli.grids`)."""
+    from hookcli.errors import OutputExistsError
+    from hookcli.grids import safe_name
+
+    try:
+        names = sorted(entry.name for entry in os.scandir(folder) if entry.name.endswith(".png"))
+    except OSError:  # not there yet: nothing to overwrite
+        return
+    prefixes = tuple(safe_name(key) for key in keys)
+    drawn = [name for name in names if name.startswith(prefixes)]
+    if drawn:
+        more = f" and {len(drawn) - 1} more" if len(drawn) > 1 else ""
+        raise OutputExistsError(f"--grid folder '{folder}' already holds pictures of these layers ('{drawn[0]}'{more})",
+                                hint="add --force to draw them again, or give another --grid folder")
 
 
 def _refuse_overwriting_inputs(outputs: Sequence, inputs: Sequence[Path]) -> None:

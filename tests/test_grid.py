@@ -181,6 +181,18 @@ def test_extract_grid_option_renders_right_after(runner, tmp_path, images):
     assert result.stdout.splitlines() == [str(out), str(tmp_path / "g" / "layer4__00000_a.png")]
 
 
+def test_extract_grid_refuses_drawn_pictures_before_any_work(runner, tmp_path, images, no_model):
+    (tmp_path / "g").mkdir()
+    (tmp_path / "g" / "layer4__00000_a.png").write_bytes(b"drawn before")
+    (tmp_path / "g" / "other__00000_a.png").write_bytes(b"another layer's")
+    result = runner.invoke(main, ["extract", "-m", "resnet18", "-w", "none", "-l", "layer4", "-o",
+                                  str(tmp_path / "f.safetensors"), "--grid", str(tmp_path / "g"), str(images[0])])
+    assert _one_error(result, 2) == (f"Error: --grid folder '{tmp_path / 'g'}' already holds pictures of these layers "
+                                     "('layer4__00000_a.png'). Hint: add --force to draw them again, or give another "
+                                     "--grid folder")
+    assert not (tmp_path / "f.safetensors").exists()
+
+
 def _one_error(result, code):
     assert result.exit_code == code
     assert "Traceback" not in result.output

@@ -84,6 +84,20 @@ def test_truncated_and_fake_images_name_the_file(tmp_path, make_image):
     )
 
 
+def test_empty_and_oversized_images_say_so(tmp_path, monkeypatch):
+    (tmp_path / "zero.jpg").write_bytes(b"")
+    with pytest.raises(ImageError) as caught:
+        load_rgb(tmp_path / "zero.jpg")
+    assert str(caught.value) == (f"image '{tmp_path / 'zero.jpg'}' is empty (0 bytes). "
+                                 "Hint: the file may not have been written")
+    Image.new("L", (100, 50)).save(tmp_path / "wide.png")
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 2000)  # Pillow refuses above twice this
+    with pytest.raises(ImageError) as caught:
+        load_rgb(tmp_path / "wide.png")
+    assert str(caught.value) == (f"image '{tmp_path / 'wide.png'}' has 5,000 pixels, more than Pillow decodes (4,000). "
+                                 "Hint: shrink it first")
+
+
 @pytest.fixture
 def tree(tmp_path):
     (tmp_path / "sub" / "deeper").mkdir(parents=True)
