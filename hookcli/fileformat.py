@@ -43,7 +43,7 @@ __all__ = [
     "FORMAT_VERSION", "INDEX_NAME", "INDEX_VERSION", "PRODUCER", "RAGGED_FORMAT_VERSION", "ROW_DETAILS", "ROW_SHAPE",
     "SHARD_NAME",
     "RunFacts", "RunRecord",
-    "check_index_header", "check_index_line",
+    "check_index_header", "check_index_line", "shard_count",
     "file_metadata", "folder_metadata", "identity", "index_header", "index_line", "inputs_digest", "keys_of_layer",
     "run_metadata", "shard_metadata",
 ]
@@ -232,17 +232,26 @@ def check_index_header(header) -> None:
         raise ValueError("its metadata is not a map of strings")
 
 
-def check_index_line(entry, number: int, header: Mapping) -> None:
-    """Raise ValueError unless ``entry`` is the line :func:`index_line` writes for shard ``number`` of ``header``'s run.
+def shard_count(header: Mapping) -> int:
+    """How many shards ``header``'s run has: its inputs in shards of its shard size."""
+    return -(-header["inputs"] // header["shard_size"])
 
-    In particular its ``file`` must be shard ``number``'s own plain name, so
-    a reader never follows a path out of the folder.
+
+def check_index_line(entry, header: Mapping) -> None:
+    """Raise ValueError unless ``entry`` is the line :func:`index_line` writes for one shard of ``header``'s run.
+
+    Lines may come in any order (processes finish shards in any order). In
+    particular a line's ``file`` must be its shard's own plain name, so a
+    reader never follows a path out of the folder.
     """
     if not isinstance(entry, dict):
         raise ValueError("it is not a JSON object")
     if not all(_whole(entry.get(name), 0) for name in ("shard", "first", "count")):
         raise ValueError("its shard, first and count are not whole numbers")
-    if entry.get("shard") != number or entry.get("file") != SHARD_NAME.format(number):
+    number = entry["shard"]
+    if number >= shard_count(header):
+        raise ValueError(f"it describes shard {number}, and the run has {shard_count(header)}")
+    if entry.get("file") != SHARD_NAME.format(number):
         raise ValueError(f"it does not describe shard {number} ({SHARD_NAME.format(number)})")
     first = number * header["shard_size"]
     count = min(first + header["shard_size"], header["inputs"]) - first

@@ -40,7 +40,7 @@ import copy
 import dataclasses
 import functools
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from hookcli import speed
@@ -168,17 +168,16 @@ _FLOW_MIN_SIDE = 128
 class _Images:
     """A dataset of decoded, preprocessed images; a failure comes back as a value, never raised in a worker."""
 
-    def __init__(self, paths: Sequence, preprocess: Preprocess, first: int) -> None:
+    def __init__(self, paths: Sequence, preprocess: Preprocess) -> None:
         from hookcli.images import load_rgb
 
-        self.paths, self.first, self.load, self.kind = paths, first, load_rgb, preprocess.kind
+        self.paths, self.load, self.kind = paths, load_rgb, preprocess.kind
         self.transform, self.decode_size = preprocess.to_transform(), preprocess.decode_size
 
     def __len__(self) -> int:
-        return len(self.paths) - self.first
+        return len(self.paths)
 
-    def __getitem__(self, position: int):
-        index = self.first + position
+    def __getitem__(self, index: int):
         item = self.paths[index]
         try:
             if not hasattr(item, "read"):
@@ -251,8 +250,9 @@ def _worker_init(worker_id: int) -> None:
     os.nice(5)
 
 
-def image_loader(paths: Sequence, settings: RunSettings, *, start: int = 0):
-    """Batches ``(indices, stacked images or None, failures)`` of ``paths[start:]``, decoded by ``settings.workers``.
+def image_loader(paths: Sequence, settings: RunSettings, *, order: Iterable[int] | None = None):
+    """Batches ``(indices, stacked images or None, failures)`` of ``paths`` (those of ``order``, in its order: it
+    is read as the batches are), decoded by ``settings.workers``.
 
     ``settings`` must be resolved (:meth:`RunSettings.resolved`).
     """
@@ -260,7 +260,8 @@ def image_loader(paths: Sequence, settings: RunSettings, *, start: int = 0):
     from torch.utils.data import DataLoader
 
     return DataLoader(
-        _Images(paths, settings.preprocess, start),
+        _Images(paths, settings.preprocess),
+        sampler=range(len(paths)) if order is None else order,
         batch_size=settings.batch_size,
         num_workers=settings.workers,
         collate_fn=_collate,
@@ -290,10 +291,10 @@ def iter_batches(
     settings: RunSettings | None = None,
     *,
     forward: ForwardFactory | None = None,
-    start: int = 0,
+    order: Iterable[int] | None = None,
     on_note: Callable[[str], None] | None = None,
 ) -> Iterator[Batch]:
-    """Yield :class:`Batch` es for ``paths[start:]`` in input order.
+    """Yield :class:`Batch` es of ``paths`` in input order, or of the inputs ``order`` lists, in its order.
 
     ``forward`` builds the run's forward strategy (default:
     :func:`extraction_forward` of the settings). With ``on_error="fail"`` an
@@ -308,7 +309,7 @@ def iter_batches(
     ragged = ragged_rows(settings.family, settings.preprocess)  # every key a list of rows, whatever the strategy
     square = square_input(settings.preprocess)
     cast = getattr(torch, settings.dtype)
-    loader = image_loader(paths, settings, start=start)
+    loader = image_loader(paths, settings, order=order)
     with prepared_model(loaded, settings) as (model, to_device), \
             make_forward(model, layers, settings, on_note) as run, _videos_closed():
         for indices, batch, failures in loader:

@@ -715,11 +715,11 @@ def execute(run: RunPlan, progress: Callable[[Event], None] | None = None):
         note(text)
     writer = _writer(run, note)
     try:
-        start = writer.begin()
-        emit(Started(total=len(run.inputs), done=start, output=run.output.path))
-        if start < len(run.inputs):
+        order = writer.begin()
+        emit(Started(total=len(run.inputs), done=writer.done, output=run.output.path))
+        if order is not None:
             for batch in iter_batches(run.loaded, run.layers, run.inputs, run.settings, forward=run.forward,
-                                      start=start, on_note=note):
+                                      order=order, on_note=note):
                 writer.add(batch)
                 for index, error in batch.failures:
                     emit(Skipped(str(run.inputs[index]), error))
@@ -755,7 +755,8 @@ def _writer(run: RunPlan, note: Callable[[str], None]):
     if kind == "stdout":
         return writers.StdoutWriter(run.record, run.inputs)
     if kind == "folder":
-        return writers.FolderWriter(run.record, run.inputs, path, shard_size=run.shard_size, force=run.force)
+        return writers.FolderWriter(run.record, run.inputs, path, shard_size=run.shard_size, force=run.force,
+                                    on_note=note)
     if kind == "file":
         return writers.FileWriter(run.record, run.inputs, path, force=run.force)
     (layer,) = run.layers

@@ -14,9 +14,15 @@ A folder output holds:
 A shard is written to a temporary name and renamed, and only then is its line
 appended to the index (and flushed to disk). After a crash, even ``kill -9``,
 the index lists exactly the shards that are complete; running the same
-command again continues with the next shard. A torn last line is ignored by
-readers and cut off before a resumed run appends; a shard file found cut short
-on resume is written again. One process writes a folder at a time.
+command again computes the others. A torn last line is ignored by readers and
+cut off before the next line is appended; a shard file found cut short on
+resume is written again.
+
+Any number of processes may run the same command on one folder at once (see
+:class:`ShardWriter` and :mod:`hookcli.claims`): each computes the shards it
+claims, and every shard is listed once. While they work, the index lists
+shards in the order they finished; the process that lists the last one puts
+the lines in shard order, so a finished folder is the same whoever wrote it.
 
 >>> import tempfile, hookcli
 >>> photo = __import__("matplotlib.cbook").cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)
@@ -32,60 +38,61 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import fcntl
 import json
 import os
 import queue
+import re
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from hookcli import fileformat
-from hookcli.errors import (
-    FeatureFileError,
-    OutputExistsError,
-    OutputLockedError,
-    UsageProblem,
-)
+from hookcli.claims import LOCK_NAME, Claims, FolderLock
+from hookcli.errors import FeatureFileError, OutputExistsError, UsageProblem
 from hookcli.fileformat import INDEX_NAME, SHARD_FILE
 from hookcli.store import (
     FeatureFile,
     NotRegularFile,
     check_folder_output,
     open_regular,
+    remove_abandoned,
     write_safetensors,
 )
 
 __all__ = [
     "INDEX_NAME", "LOCK_NAME", "ShardWriter", "ShardedFeatures", "check_folder_target", "finished_shards",
-    "check_shard", "open_features", "read_index",
+    "check_shard", "leading_shards", "open_features", "read_index",
 ]
 
 
 def read_index(folder: str | os.PathLike) -> tuple[dict | None, list[dict]]:
-    """The run header and the finished shards' lines (ignoring a torn last line), or ``(None, [])``.
+    """The run header and the finished shards' lines in shard order (ignoring a torn last line), or ``(None, [])``.
 
     The index is untrusted: a line that is not what hookcli writes raises
     :class:`FeatureFileError` naming it, unless it is the last line (cut short
-    by a crash or a full disk), which is left out.
+    by a crash or a full disk), which is left out. Lines may come in any
+    order while processes are still writing the folder.
     """
-    header, lines, _ = _parse_index(Path(folder) / INDEX_NAME)
+    header, lines, _, _ = _parse_index(Path(folder) / INDEX_NAME)
     return header, lines
 
 
-def _parse_index(path: Path) -> tuple[dict | None, list[dict], bool]:
-    """``(header, shard lines, whole)``: ``whole`` is False when a torn or garbled last line was left out."""
+def _parse_index(path: Path) -> tuple[dict | None, list[dict], bool, int]:
+    """``(header, shard lines by shard, whole, end)``: ``whole`` is False when a torn or garbled last line was left
+    out; ``end`` is the byte offset after the last good line."""
     try:
         with open_regular(path) as handle:
             raw = handle.read()
     except FileNotFoundError:
-        return None, [], True
+        return None, [], True, 0
     except NotRegularFile as err:
         raise FeatureFileError(str(err), hint="an index is a file written by hookcli extract -o DIR/") from None
     lines = raw.split(b"\n")
-    entries, whole = [], True
+    entries, whole, end, offset = [], True, 0, 0
     last = max((n for n, line in enumerate(lines) if line.strip()), default=-1)
+    seen: set[int] = set()
     for number, line in enumerate(lines):
+        offset += len(line) + 1
         if not line.strip():
             continue
         try:
@@ -93,7 +100,12 @@ def _parse_index(path: Path) -> tuple[dict | None, list[dict], bool]:
             if not entries:
                 fileformat.check_index_header(entry)
             else:
-                fileformat.check_index_line(entry, len(entries) - 1, entries[0])
+                fileformat.check_index_line(entry, entries[0])
+                if entry["shard"] in seen:
+                    raise ValueError(f"it lists shard {entry['shard']} a second time")
+                seen.add(entry["shard"])
+            if number == last and not raw.endswith(b"\n"):
+                raise ValueError("it was cut short")
         except (ValueError, RecursionError) as err:
             if not entries:
                 raise FeatureFileError(f"'{path}' is not a hookcli index",
@@ -105,26 +117,28 @@ def _parse_index(path: Path) -> tuple[dict | None, list[dict], bool]:
             raise FeatureFileError(f"index '{path}' is damaged: line {number + 1} {problem}",
                                    hint="run the same extraction again with --force to start over") from None
         entries.append(entry)
+        end = min(offset, len(raw))
     if not entries:
         raise FeatureFileError(f"'{path}' is not a hookcli index", hint="give a folder written by hookcli extract")
-    return entries[0], entries[1:], whole
+    return entries[0], sorted(entries[1:], key=lambda entry: entry["shard"]), whole, end
 
 
 def finished_shards(folder: str | os.PathLike, shards: list[dict], *, verify: bool = False) -> list[dict]:
-    """The index lines that count: shards 0, 1, 2, … in order with their files on disk, up to the first gap.
+    """The index lines whose shard files are on disk (with ``verify``, a run about to continue: whole, and holding
+    the rows their lines list); the others describe work to do again."""
+    return [entry for entry in shards
+            if (Path(folder) / entry["file"]).exists()
+            and (not verify or _shard_is_sound(Path(folder) / entry["file"], entry))]
 
-    Lines after a gap (a shard file deleted by hand, say) describe work that
-    will be done again, so readers ignore them and a resumed run drops them.
-    With ``verify`` (a run about to continue), a shard whose file is cut
-    short or does not hold the rows its line lists is a gap too.
-    """
-    finished = []
+
+def leading_shards(shards: list[dict]) -> list[dict]:
+    """Shards 0, 1, 2, … of ``shards`` (in shard order) up to the first one missing: what reads as one file."""
+    leading = []
     for entry in shards:
-        path = Path(folder) / entry["file"]
-        if not path.exists() or (verify and not _shard_is_sound(path, entry)):
+        if entry["shard"] != len(leading):
             break
-        finished.append(entry)
-    return finished
+        leading.append(entry)
+    return leading
 
 
 def check_shard(shard: FeatureFile, entry: Mapping, like: FeatureFile | None = None) -> None:
@@ -165,36 +179,58 @@ def _shard_is_sound(path: Path, entry: Mapping) -> bool:
 
 
 class ShardWriter:
-    """Writes shards of a run into ``folder`` on a background thread and keeps the index.
+    """Writes shards of a run into ``folder`` on a background thread and keeps the index, beside any number of
+    other processes running the same command there.
 
-    ``identity`` holds what must be equal to continue an earlier run there
-    (model, weights, layers, preprocessing, inputs…). Opening a folder whose
-    index describes another run raises :class:`OutputExistsError` naming what
-    differs, unless ``force`` (which deletes that run's shards and index);
-    so does a folder holding shard files but no index. One writer at a time:
-    the folder is locked (``.hookcli.lock``) until :meth:`close`, and a second
-    writer is refused with :class:`OutputLockedError`. :attr:`start` is the
-    first input still to extract (0 for a new run).
+    ``identity`` holds what must be equal to share (or continue) a run in the
+    folder (model, weights, layers, preprocessing, inputs…). Opening a folder
+    whose index describes another run raises :class:`OutputExistsError` naming
+    what differs, unless ``force`` (which deletes that run's shards and index);
+    so does a folder holding shard files but no index.
+
+    The first process to find no index founds the run: it holds the folder
+    lock (:class:`~hookcli.claims.FolderLock`) until :meth:`start_writing`
+    records the header, so the others wait and then read the shard size from
+    it. :meth:`order` hands out the inputs of the shards this process claims
+    (:class:`~hookcli.claims.Claims`); a finished shard is renamed into place
+    and its line appended under the lock, unless another process listed that
+    shard first. The process that lists the last shard puts the lines in shard
+    order. ``part`` ``(index, count)`` says which block of shards to take
+    first; then any shard nobody holds.
     """
 
-    def __init__(self, folder: str | os.PathLike, identity: Mapping, total: int, *, force: bool = False) -> None:
+    def __init__(self, folder: str | os.PathLike, identity: Mapping, total: int, *, force: bool = False,
+                 part: tuple[int, int] = (0, 1), on_note: Callable[[str], None] | None = None) -> None:
         check_folder_target(folder)
         self.folder, self._given = Path(folder), str(folder)
         self.identity = dict(identity)
         self.total = total
+        self.part = part
         self.folder.mkdir(parents=True, exist_ok=True)
-        self._lock = _lock_folder(self.folder, self._given)
+        self.lock = FolderLock(self.folder, self._given, on_wait=on_note)
+        self.claims = Claims(self.folder)
+        self.finished: set[int] = set()
+        self.done = 0  # inputs in shards finished before this process began
+        self._index_key: tuple[int, int] | None = None
+        self._index_end = 0
+        self._reached = -1  # the last input handed out before the shard size was known (founding)
+        self._started: set[int] = set()
+        self._cursor = 0
+        self.header: dict | None = None
+        self.lock.acquire()
         try:
             self._open(force)
         except BaseException:
-            _unlock_folder(self.folder, self._lock)
+            self._leave()
             raise
+        if self.header is not None:
+            self.lock.release()  # a founder keeps the lock until its header is written
         self._queue: queue.Queue = queue.Queue(maxsize=1)
         self._failure: BaseException | None = None
         self._thread: threading.Thread | None = None
 
     def _open(self, force: bool) -> None:
-        header, shards, whole = _parse_index(self.index_path)
+        header, shards, whole, _ = _parse_index(self.index_path)
         if header is not None and header["identity"] != self.identity:
             if not force:
                 differ = sorted(k for k in {*header["identity"], *self.identity}
@@ -206,24 +242,39 @@ class ShardWriter:
             header, shards = None, []
         if header is None:
             self._remove_old_run(force)
-        self._clear_partial_files()
+            self.claims.clear()
+        remove_abandoned(self.folder, ".features-*.safetensors.*.part")  # left by killed processes
         self.header = header
         self.shard_size: int | None = header["shard_size"] if header else None
-        self.finished = finished_shards(self.folder, shards, verify=True)
-        if header is not None and (len(self.finished) < len(shards) or not whole):
-            self._rewrite_index()  # new lines must follow the last good one, never a torn or stale one
-        self.start = min(self.total, len(self.finished) * self.shard_size) if self.shard_size else 0
+        if header is not None:
+            finished = finished_shards(self.folder, shards, verify=True)
+            if len(finished) < len(shards) or not whole:
+                self._rewrite_index(finished)  # new lines must follow good ones, never a torn or stale one
+            self.finished = {entry["shard"] for entry in finished}
+            self.done = sum(entry["count"] for entry in finished)
+            self._refresh()
 
     @property
     def index_path(self) -> Path:
         return self.folder / INDEX_NAME
 
-    def _rewrite_index(self) -> None:
-        """Keep only the header and the finished shards' lines, so new lines never follow stale ones."""
+    @property
+    def shards(self) -> int:
+        """How many shards the run has (once the shard size is known)."""
+        return fileformat.shard_count({"inputs": self.total, "shard_size": self.shard_size})
+
+    @property
+    def complete(self) -> bool:
+        """Every shard of the run is listed (as this process last read the index)."""
+        return self.shard_size is not None and len(self.finished) == self.shards
+
+    def _rewrite_index(self, lines: Sequence[Mapping]) -> None:
+        """The header and ``lines`` (in shard order), atomically: a reader sees the old index or this one."""
         from hookcli.store import atomic_path
 
         with atomic_path(self.index_path, force=True) as temporary:
-            temporary.write_text("".join(json.dumps(line) + "\n" for line in [self.header, *self.finished]))
+            temporary.write_text("".join(json.dumps(line) + "\n" for line in [self.header, *lines]))
+        self._index_key = None  # read it again
 
     def _remove_old_run(self, force: bool) -> None:
         """Delete an earlier run's index and shards (``force``); without it, refuse shard files no index lists."""
@@ -238,18 +289,58 @@ class ShardWriter:
         for name in found:
             (self.folder / name).unlink()
 
-    def _clear_partial_files(self) -> None:
-        for child in self.folder.iterdir():
-            if child.name.startswith(".") and SHARD_FILE.match(child.name):
-                child.unlink()  # a temporary file left by a killed run
+    def _refresh(self) -> None:
+        """Learn which shards other processes listed since the last look (the caller holds the lock)."""
+        try:
+            found = os.stat(self.index_path)
+        except FileNotFoundError:
+            raise FeatureFileError(f"'{self._given}' lost its {INDEX_NAME} while this run was writing it",
+                                   hint="run the same command again to continue") from None
+        key = (found.st_dev, found.st_ino)
+        if key != self._index_key or found.st_size < self._index_end:
+            header, shards, _, end = _parse_index(self.index_path)
+            if header is None or header["identity"] != self.identity:
+                raise OutputExistsError(f"'{self._given}' was given to a different run while this one was writing it",
+                                        hint="write this run to another folder")
+            self.finished = {entry["shard"] for entry in shards}
+            self._index_key, self._index_end = key, end
+            return
+        if found.st_size == self._index_end:
+            return
+        with open(self.index_path, "rb") as index:
+            index.seek(self._index_end)
+            raw = index.read(found.st_size - self._index_end)
+        complete = raw[:raw.rfind(b"\n") + 1]
+        for line in complete.split(b"\n"):
+            if line.strip():
+                self.finished.add(_shard_of(line, self._given))
+        self._index_end += len(complete)
+
+    def _append(self, line: Mapping) -> None:
+        """Add ``line`` after the last whole line (the caller holds the lock and has just refreshed)."""
+        with open(self.index_path, "r+b") as index:
+            index.truncate(self._index_end)  # a line cut short by a killed process is not followed
+            index.seek(self._index_end)
+            index.write(json.dumps(line).encode() + b"\n")
+            index.flush()
+            os.fsync(index.fileno())
+            self._index_end = index.tell()
+        self._index_key = (lambda found: (found.st_dev, found.st_ino))(os.stat(self.index_path))
 
     def start_writing(self, header: Mapping | None = None) -> None:
         """Record the run in a new index (``header``, see :func:`~hookcli.fileformat.index_header`; none when
-        continuing) and start the writer thread."""
+        continuing) and start the writer thread. A founder claims the shards it has handed out inputs of, then
+        lets the other processes in."""
         if self.header is None:
             self.header = dict(header)
             self.shard_size = self.header["shard_size"]
-            self._rewrite_index()
+            self._rewrite_index([])
+            self._refresh()
+            for number in range(self._reached // self.shard_size + 1 if self._reached >= 0 else 0):
+                self.claims.take(number)
+                self._started.add(number)
+            self.lock.release()
+        self.claims.start()
         self._thread = threading.Thread(target=self._write_loop, name="hookcli-shard-writer", daemon=True)
         self._thread.start()
 
@@ -257,6 +348,44 @@ class ShardWriter:
         """Inputs ``[first, end)`` covered by shard ``number``."""
         first = number * self.shard_size
         return first, min(first + self.shard_size, self.total)
+
+    def order(self) -> Iterator[int]:
+        """The inputs this process computes, shard after shard: each shard is claimed as its first input is handed
+        out. A founder hands out inputs 0, 1, 2, … until the shard size is known."""
+        index = 0
+        while self.shard_size is None:
+            if index >= self.total:
+                return
+            self._reached = index
+            yield index
+            index += 1
+        if index:
+            yield from range(index, self.shard_range((index - 1) // self.shard_size)[1])
+        while (number := self._next_shard()) is not None:
+            yield from range(*self.shard_range(number))
+
+    def _next_shard(self) -> int | None:
+        """Claim the next shard to compute: this part's block first, then the shards after it, then those before;
+        once through, any shard whose claim was given up or abandoned."""
+        count = self.shards
+        low, high = self.part[0] * count // self.part[1], (self.part[0] + 1) * count // self.part[1]
+
+        def shard_at(position: int) -> int:
+            return (low + position) % count if high > low else position
+
+        with self.lock.held():
+            self._refresh()
+            for start in (self._cursor, 0):
+                for position in range(start, count):
+                    number = shard_at(position)
+                    if number in self.finished or number in self._started:
+                        continue
+                    if self.claims.take(number):
+                        self._started.add(number)
+                        self._cursor = position + 1
+                        return number
+                self._cursor = count
+        return None
 
     def submit(self, number: int, tensors: Mapping, metadata: Mapping[str, str], inputs: Sequence[str],
                skipped: Sequence[dict], details: Mapping[str, Sequence] | None = None) -> None:
@@ -266,17 +395,29 @@ class ShardWriter:
         self._queue.put((number, tensors, metadata, list(inputs), list(skipped), details))
 
     def close(self) -> None:
-        """Wait for queued shards to be on disk, unlock the folder; re-raise a writer failure."""
+        """Wait for queued shards to be on disk, give up unfinished claims; re-raise a writer failure. The
+        process that leaves the folder complete removes the lock and the claims folder."""
         try:
             if self._thread is not None:
                 self._queue.put(None)
                 self._thread.join()
                 self._thread = None
         finally:
-            if self._lock is not None:
-                _unlock_folder(self.folder, self._lock)
-                self._lock = None
+            self.claims.release_all(self.lock)
+            if self._failure is None and self.shard_size is not None:
+                with self.lock.held():
+                    self._refresh()
+                    if self.complete:
+                        self.claims.clear()
+                        self.lock.remove()
+            self._leave()
         self._raise_failure()
+
+    def _leave(self) -> None:
+        """Let go of the lock; a founder that wrote no header leaves no lock file behind."""
+        if self.header is None and self.lock.holding:
+            self.lock.remove()
+        self.lock.close()
 
     def _raise_failure(self) -> None:
         if self._failure is not None:
@@ -297,11 +438,42 @@ class ShardWriter:
 
     def _write(self, number, tensors, metadata, inputs, skipped, details) -> None:
         line = fileformat.index_line(number, self.shard_size, self.total, inputs, skipped, details)
-        write_safetensors(tensors, metadata, self.folder / line["file"], force=True)
-        with open(self.index_path, "a", encoding="utf-8") as index:
-            index.write(json.dumps(line) + "\n")
-            index.flush()
-            os.fsync(index.fileno())
+        write_safetensors(tensors, metadata, self.folder / line["file"], force=True,
+                          publish=lambda: self._publishing(number, line))
+
+    @contextlib.contextmanager
+    def _publishing(self, number: int, line: Mapping) -> Iterator[bool]:
+        """Under the lock: rename shard ``number`` into place and list it, unless another process listed it."""
+        with self.lock.held():
+            self._refresh()
+            if number in self.finished:
+                self.claims.release(number)
+                yield False
+                return
+            yield True
+            self._append(line)
+            self.finished.add(number)
+            self.claims.release(number)
+            if self.complete and not self._in_order():  # the last shard: the lines go in shard order
+                self._rewrite_index(_parse_index(self.index_path)[1])
+
+    def _in_order(self) -> bool:
+        """The index's lines are in shard order (a single process writes them so)."""
+        with open(self.index_path, "rb") as index:
+            numbers = [_shard_of(line, self._given) for line in index.read().split(b"\n")[1:] if line.strip()]
+        return numbers == sorted(numbers)
+
+
+#: How an index line begins (:func:`~hookcli.fileformat.index_line` puts ``shard`` first).
+_LINE_START = re.compile(rb'^\{"shard": (\d+),')
+
+
+def _shard_of(line: bytes, folder: str) -> int:
+    found = _LINE_START.match(line)
+    if found is None:
+        raise FeatureFileError(f"the index of '{folder}' holds a line hookcli did not write",
+                               hint="run the same extraction again with --force to start over")
+    return int(found.group(1))
 
 
 class ShardedFeatures:
@@ -320,13 +492,14 @@ class ShardedFeatures:
         if header is None:
             raise FeatureFileError(f"no {INDEX_NAME} in folder '{source}'",
                                    hint="give a folder written by hookcli extract -o DIR/")
-        listed, shards = len(shards), finished_shards(self.folder, shards)
+        present = finished_shards(self.folder, shards)
+        shards = leading_shards(present)
         done = sum(entry["count"] for entry in shards)
         #: What a reader should be told: a folder still (or no longer) missing shards.
         self.reading_notes: tuple[str, ...] = () if done == header["inputs"] else (
             f"'{source}' holds {done} of its {header['inputs']} inputs"
-            + (f" (shard {len(shards)} is missing, so the {listed - len(shards) - 1} listed after it are left out)"
-               if listed > len(shards) else "")
+            + (f" (shard {len(shards)} is missing, so the {len(present) - len(shards)} listed after it are left out)"
+               if len(present) > len(shards) else "")
             + "; run the same extract command again to complete it",)
         if not shards:
             raise FeatureFileError(f"'{source}' holds no finished shard yet",
@@ -470,42 +643,3 @@ def check_folder_target(folder: str | os.PathLike) -> None:
     if lock.is_symlink() or (lock.exists() and not lock.is_file()):
         raise UsageProblem(f"'{lock}' is not a lock file hookcli made (it is a folder or a link)",
                            hint="remove it, then run again")
-
-
-#: The lock file that keeps a second writer out of a shard folder.
-LOCK_NAME = ".hookcli.lock"
-
-
-def _lock_folder(folder: Path, name: str) -> int:
-    """Hold an exclusive lock on ``folder``'s lock file (released when the descriptor closes, or the process ends).
-
-    The holder deletes the file when done (:func:`_unlock_folder`), so a lock
-    taken on a file that was meanwhile deleted is taken again on the new one.
-    """
-    path = folder / LOCK_NAME
-    while True:
-        try:
-            descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o666)
-        except OSError:
-            raise UsageProblem(f"'{path}' is not a lock file hookcli made (it is a folder or a link)",
-                               hint="remove it, then run again") from None
-        try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(descriptor)
-            raise OutputLockedError(f"another hookcli process is writing to '{name}'",
-                                    hint="wait for it to finish (then run the same command to continue), "
-                                         "or write to another folder") from None
-        try:
-            current = os.stat(path).st_ino
-        except FileNotFoundError:
-            current = None
-        if current == os.fstat(descriptor).st_ino:
-            return descriptor
-        os.close(descriptor)
-
-
-def _unlock_folder(folder: Path, descriptor: int) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(folder / LOCK_NAME)
-    os.close(descriptor)

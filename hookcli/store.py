@@ -38,7 +38,7 @@ import stat
 import struct
 import sys
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
@@ -47,8 +47,7 @@ from hookcli.fileformat import ROW_SHAPE
 
 __all__ = [
     "FeatureFile", "Features", "NotRegularFile", "atomic_path", "check_folder_output", "check_writable", "file_kind",
-    "format_bytes", "open_regular",
-    "refuse_existing", "write_safetensors",
+    "format_bytes", "open_regular", "refuse_existing", "remove_abandoned", "write_safetensors",
 ]
 
 
@@ -149,40 +148,63 @@ def _check_name_length(path: Path, *, extra: int = 0) -> None:
 
 
 @contextlib.contextmanager
-def atomic_path(target: str | os.PathLike, *, force: bool = False) -> Iterator[Path]:
+def atomic_path(target: str | os.PathLike, *, force: bool = False,
+                publish: Callable[[], contextlib.AbstractContextManager[bool]] | None = None) -> Iterator[Path]:
     """Yield a temporary path next to ``target``; on success it becomes ``target``.
 
     On any exception (including Ctrl-C, and SIGTERM on the command line) the
     temporary file is removed and ``target`` is untouched. A temporary file of
     the same target left by a run that was killed outright is removed first:
-    each one is locked while in use, so only abandoned ones are.
+    each one is locked while in use, so only abandoned ones are. ``publish``
+    (for one writer among several): the rename happens inside ``with
+    publish() as wanted``, and only if ``wanted``.
     """
     path = check_writable(target, force=force)
     _remove_abandoned(path)
     handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
     temporary = Path(temporary)
+    written = None
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)  # marks it in use; released when closed
         yield temporary
-        _make_durable(temporary)
-        if force:
-            os.replace(temporary, path)
-        else:
-            _link_without_clobbering(temporary, path)
+        written = os.open(temporary, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        if os.fstat(written).st_ino != os.fstat(handle).st_ino:
+            # The writer replaced the file (safetensors writes a new one and renames it): lock the new one.
+            fcntl.flock(written, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        _make_durable(temporary, written)
+        with publish() if publish else contextlib.nullcontext(True) as wanted:
+            if wanted and force:
+                os.replace(temporary, path)
+            elif wanted:
+                _link_without_clobbering(temporary, path)
     finally:
         temporary.unlink(missing_ok=True)
         os.close(handle)
+        if written is not None:
+            os.close(written)
 
 
 def _remove_abandoned(path: Path) -> None:
-    """Remove ``.<name>.*.part`` files of ``path`` that no running process holds."""
-    for candidate in path.parent.glob(f".{glob.escape(path.name)}.*.part"):
+    remove_abandoned(path.parent, f".{glob.escape(path.name)}.*.part")
+
+
+#: A temporary file no process holds is left alone this many seconds after it last changed: between being
+#: created (or replaced by its writer) and being locked, a file in use is briefly unlocked.
+_ABANDONED_AFTER = 60.0
+
+
+def remove_abandoned(folder: Path, pattern: str) -> None:
+    """Remove the temporary files in ``folder`` matching the glob ``pattern`` that no running process holds."""
+    import time
+
+    for candidate in folder.glob(pattern):
         try:
             descriptor = os.open(candidate, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
             continue
         try:
-            if stat.S_ISREG(os.fstat(descriptor).st_mode):
+            found = os.fstat(descriptor)
+            if stat.S_ISREG(found.st_mode) and time.time() - found.st_mtime > _ABANDONED_AFTER:
                 fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 candidate.unlink(missing_ok=True)
         except OSError:
@@ -205,12 +227,11 @@ def refuse_existing(paths, *, force: bool) -> None:
                                 hint="add --force to overwrite, or choose another folder with -o")
 
 
-def _make_durable(path: Path) -> None:
+def _make_durable(path: Path, descriptor: int) -> None:
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(path, 0o666 & ~umask)  # mkstemp creates 0600; the result should look like any other file
-    with open(path, "rb+") as handle:
-        os.fsync(handle.fileno())
+    os.fsync(descriptor)
 
 
 def _link_without_clobbering(source: Path, target: Path) -> None:
@@ -225,9 +246,11 @@ def _link_without_clobbering(source: Path, target: Path) -> None:
 
 
 def write_safetensors(
-    tensors: Mapping, metadata: Mapping[str, str], destination: str | os.PathLike | BinaryIO, *, force: bool = False
+    tensors: Mapping, metadata: Mapping[str, str], destination: str | os.PathLike | BinaryIO, *, force: bool = False,
+    publish: Callable[[], contextlib.AbstractContextManager[bool]] | None = None,
 ) -> None:
-    """Write ``tensors`` and ``metadata`` to a path (atomically) or to a binary stream."""
+    """Write ``tensors`` and ``metadata`` to a path (atomically; ``publish`` as :func:`atomic_path`'s) or to a
+    binary stream."""
     from safetensors.torch import save, save_file
 
     tensors = {key: value.contiguous() for key, value in tensors.items()}
@@ -236,7 +259,7 @@ def write_safetensors(
         destination.write(save(tensors, metadata=metadata))
         destination.flush()
         return
-    with atomic_path(destination, force=force) as temporary:
+    with atomic_path(destination, force=force, publish=publish) as temporary:
         save_file(tensors, str(temporary), metadata=metadata)
 
 

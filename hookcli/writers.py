@@ -3,9 +3,10 @@
 A writer is told the run (its :class:`~hookcli.fileformat.RunRecord` and
 inputs), then:
 
-- ``begin()`` returns the first input still to compute (0, or where an
-  earlier run of the same command stopped, for a shard folder);
-- ``add(batch)`` takes each :class:`~hookcli.pipeline.Batch` in input order;
+- ``begin()`` returns the inputs to compute, in order (an iterable of their
+  indices), or None when nothing is left; ``done`` then says how many an
+  earlier run (or other processes, for a shard folder) did;
+- ``add(batch)`` takes each :class:`~hookcli.pipeline.Batch` in that order;
 - ``finish()`` completes the output and returns what the run returns (the
   features in memory, or the path written); ``written`` then lists the paths
   to report, in order;
@@ -136,8 +137,10 @@ class _WholeWriter:
         self.skipped: list[dict] = []
         self.written: list[Path] = []
 
-    def begin(self) -> int:
-        return 0
+    done = 0  # inputs an earlier run did
+
+    def begin(self):
+        return range(len(self.paths))
 
     @property
     def has_rows(self) -> bool:
@@ -214,31 +217,40 @@ def _check_fits_in_memory(features: Mapping, rows: int) -> None:
 
 
 class FolderWriter:
-    """Shards of ``shard_size`` rows and an index in ``folder``, continuing an earlier run of the same command.
+    """Shards of ``shard_size`` rows and an index in ``folder``, continuing an earlier run of the same command and
+    sharing the work with other processes running it (see :class:`~hookcli.shards.ShardWriter`).
 
     Shard *k* holds inputs ``[k·S, (k+1)·S)``; a shard is handed to a
-    background thread once its last input is placed (see
-    :class:`~hookcli.shards.ShardWriter`). Returns (and lists in
-    ``written``) the index's path.
+    background thread once all its inputs are placed. ``part`` ``(index,
+    count)`` says which block of shards this process takes first. Returns (and
+    lists in ``written``) the index's path; ``complete`` says whether the
+    folder was complete when this process finished.
     """
 
     def __init__(self, record: RunRecord, paths: Sequence, folder: str | os.PathLike, *,
-                 shard_size: int | None = None, force: bool = False) -> None:
+                 shard_size: int | None = None, force: bool = False, part: tuple[int, int] = (0, 1),
+                 on_note: Callable[[str], None] | None = None) -> None:
         self.record, self.paths, self.folder = record, paths, folder
-        self.shard_size, self.force = shard_size, force
+        self.shard_size, self.force, self.part, self.on_note = shard_size, force, part, on_note
         self.writer = None
         self.run_metadata: dict | None = None
-        self.shard: tuple[int, RowBuffer] | None = None
+        self.open: dict[int, RowBuffer] = {}
         self.held: list = []  # failures seen before the first readable image fixes the shard size
         self.written: list[Path] = []
+        self.done = 0
+        self.complete = False
 
-    def begin(self) -> int:
+    def begin(self):
         from hookcli.shards import ShardWriter
 
-        self.writer = ShardWriter(self.folder, fileformat.identity(self.record), len(self.paths), force=self.force)
+        self.writer = ShardWriter(self.folder, fileformat.identity(self.record), len(self.paths), force=self.force,
+                                  part=self.part, on_note=self.on_note)
+        self.done = self.writer.done
         if self.writer.header is not None:  # continuing: the shard size is known, shards may be finished at once
             self.writer.start_writing()
-        return self.writer.start
+            if self.writer.complete:
+                return None
+        return self.writer.order()
 
     @property
     def has_rows(self) -> bool:
@@ -258,32 +270,32 @@ class FolderWriter:
         if self.writer.shard_size is None:
             self.held.extend((index, item, batch) for index, item in events)
             return
+        # Within a shard rows come in input order; a batch may end one shard and begin another.
         for index, item, source in sorted(self.held + [(i, e, batch) for i, e in events], key=lambda e: e[0]):
             self._place(index, item, source)
         self.held = []
 
     def _place(self, index: int, item, batch) -> None:
         """Put one row (``item``: its row in ``batch``) or failure (``item``: the error) into its shard."""
-        if self.shard is None:
-            number = index // self.writer.shard_size
-            first, end = self.writer.shard_range(number)
-            self.shard = (number, RowBuffer(end - first))
-        number, rows = self.shard
+        number = index // self.writer.shard_size
+        first, end = self.writer.shard_range(number)
+        rows = self.open.setdefault(number, RowBuffer(end - first))
         if isinstance(item, int):
             rows.add(batch.features, slice(item, item + 1), [self.paths[index]],
                      batch.targets[item:item + 1] if batch.targets else None)
         else:
             rows.skip(self.paths[index], item)
-        if index + 1 >= self.writer.shard_range(number)[1]:
+        if len(rows.inputs) + len(rows.skipped) == end - first:
             # A continued run whose first inputs are all unreadable has learnt nothing yet: the first run's metadata.
             run = self.run_metadata or self.writer.header["metadata"]
             metadata = fileformat.shard_metadata(run, number, inputs=rows.inputs, skipped=rows.skipped,
                                                  targets=rows.targets, details=rows.details)
             self.writer.submit(number, rows.tensors(), metadata, rows.inputs, rows.skipped, rows.details)
-            self.shard = None
+            del self.open[number]
 
     def finish(self) -> Path:
         self.writer.close()
+        self.complete = self.writer.complete
         self.written = [self.writer.index_path]
         return self.writer.index_path
 
@@ -318,9 +330,11 @@ class CamOverlays:
         self.pngs: list[Path] = []
         self.written: list[Path] = []
 
-    def begin(self) -> int:
+    def begin(self):
         self.folder.mkdir(parents=True, exist_ok=True)
-        return self.inner.begin()
+        order = self.inner.begin()
+        self.done = self.inner.done
+        return order
 
     @property
     def has_rows(self) -> bool:

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -200,18 +201,21 @@ def test_fifo_config_preset_is_refused_without_blocking(images, tmp_path):
 
 
 @pytest.mark.parametrize("name", ["out.safetensors", "run[1]*.safetensors"])
-def test_abandoned_temporary_files_go_and_locked_ones_stay(runner, images, tmp_path, monkeypatch, name):
+def test_abandoned_temporary_files_go_and_locked_or_fresh_ones_stay(runner, images, tmp_path, monkeypatch, name):
     monkeypatch.chdir(tmp_path)
     abandoned, locked = tmp_path / f".{name}.abcd1234.part", tmp_path / f".{name}.wxyz5678.part"
+    fresh = tmp_path / f".{name}.justmade.part"  # created by a writer that has not locked it yet
     other = tmp_path / ".other.safetensors.abcd1234.part"  # another output's: not this run's to remove
-    for path in (abandoned, locked, other):
+    for path in (abandoned, locked, other, fresh):
         path.write_bytes(b"half written")
+        if path != fresh:
+            os.utime(path, (time.time() - 61, time.time() - 61))
     with open(locked, "rb") as held:
         # flock belongs to the open file description: the run's own open() of the file conflicts with it.
         fcntl.flock(held.fileno(), fcntl.LOCK_EX)
         result = runner.invoke(main, [*EXTRACT, "-o", name, "imgs/a.png"])
     assert (result.exit_code, result.stdout, result.stderr) == (0, f"{name}\n", "")
-    assert _files(tmp_path) == sorted([".other.safetensors.abcd1234.part", locked.name, "imgs", name])
+    assert _files(tmp_path) == sorted([".other.safetensors.abcd1234.part", locked.name, fresh.name, "imgs", name])
     assert locked.read_bytes() == b"half written"
 
 

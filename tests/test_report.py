@@ -369,8 +369,8 @@ def test_the_command_prints_index_html_and_notes(runner, folder, tmp_path):
                                   "layer1", "--top", "4"])
     assert result.exit_code == 0, result.output
     assert result.stdout == f"{tmp_path / 'r' / 'index.html'}\n"
-    assert result.stderr == (f"Note: '{partial}' holds 6 of its 7 inputs (shard 2 is missing, so the 0 listed after "
-                             "it are left out); run the same extract command again to complete it\n")
+    assert result.stderr == (f"Note: '{partial}' holds 6 of its 7 inputs; run the same extract command again to "
+                             "complete it\n")
     assert sorted(p.name for p in (tmp_path / "r").iterdir()) == ["index.html", "page-00002.html"]
     assert len(_pictures((tmp_path / "r" / "page-00002.html").read_text())) == 3
 

@@ -239,20 +239,24 @@ def test_a_single_file_too_big_for_memory_is_refused_before_allocating(runner, t
     assert runner.invoke(main, [*ARGS, "-o", f"{tmp_path / 'shards'}/", *map(str, many)]).exit_code == 0
 
 
-def test_a_gap_in_the_shards_is_recomputed_and_stale_index_lines_dropped(runner, tmp_path, many):
+def test_only_the_missing_shard_is_computed_again_and_its_line_goes_back_in_order(runner, tmp_path, many):
     folder = tmp_path / "feats"
     args = [*ARGS, "--shard-size", "2", "-o", f"{folder}/", *map(str, many)]
     assert runner.invoke(main, args).exit_code == 0
     before = read_index(folder)[1]
+    kept = {n: (folder / f"features-0000{n}.safetensors").stat().st_mtime_ns for n in (0, 2, 3)}
     (folder / "features-00001.safetensors").unlink()  # shards 2 and 3 are still listed after the gap
     with ShardedFeatures(folder) as features:
-        assert features.shape("fc")[0] == 2  # only shard 0 counts
+        assert features.shape("fc")[0] == 2  # only shard 0 reads as rows
     result = runner.invoke(main, args)
     assert result.exit_code == 0, result.output
-    assert result.stderr == f"Continuing: 2 of 7 inputs are already in {folder}/\n"
+    assert result.stderr == f"Continuing: 5 of 7 inputs are already in {folder}/\n"
     header, after = read_index(folder)
     assert [s["shard"] for s in after] == [0, 1, 2, 3]  # no line twice
-    assert after[0] == before[0] and [s["inputs"] for s in after] == [s["inputs"] for s in before]
+    assert after == before
+    lines = (folder / "index.jsonl").read_text().splitlines()
+    assert [json.loads(line)["shard"] for line in lines[1:]] == [0, 1, 2, 3]  # in shard order on disk too
+    assert {n: (folder / f"features-0000{n}.safetensors").stat().st_mtime_ns for n in (0, 2, 3)} == kept
     with ShardedFeatures(folder) as features:
         assert json.loads(features.metadata["inputs"]) == [str(p) for p in many]
 
