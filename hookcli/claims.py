@@ -19,9 +19,9 @@ listed once.
 >>> from pathlib import Path
 >>> folder = Path(tempfile.mkdtemp())
 >>> lock = FolderLock(folder, str(folder))
->>> claims = Claims(folder)
+>>> claims, another_process = Claims(folder), Claims(folder)
 >>> with lock.held():
-...     claims.take(3), claims.take(3), sorted(claims.mine)
+...     claims.take(3), another_process.take(3), sorted(claims.mine)
 (True, False, [3])
 >>> claims.release_all(lock); lock.close()
 >>> sorted(p.name for p in (folder / CLAIMS).iterdir())
@@ -124,9 +124,12 @@ class FolderLock:
         while self._depth:
             self.release()
 
+    def _say_waiting(self) -> None:
+        self.on_wait(f"waiting for another hookcli process writing '{self.name}' (it holds {LOCK_NAME} while it "
+                     "starts the run or records a shard)")
+
     def _lock(self) -> int:
         said = False
-        started = time.monotonic()
         while True:
             try:
                 descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o666)
@@ -134,16 +137,22 @@ class FolderLock:
                 raise UsageProblem(f"'{self.path}' is not a lock file hookcli made (it is a folder or a link)",
                                    hint="remove it, then run again") from None
             try:
-                while True:
-                    try:
-                        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                        break
-                    except BlockingIOError:
-                        if not said and self.on_wait and time.monotonic() - started > _WAIT_NOTE_AFTER:
-                            said = True
-                            self.on_wait(f"waiting for another hookcli process writing '{self.name}' (it holds "
-                                         f"{LOCK_NAME} while it starts the run or records a shard)")
-                        time.sleep(0.05)
+                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                # Wait in the kernel's queue (polling would let a busy holder take it again and again).
+                timer = threading.Timer(_WAIT_NOTE_AFTER, self._say_waiting) if self.on_wait and not said else None
+                if timer is not None:
+                    said = True
+                    timer.daemon = True
+                    timer.start()
+                try:
+                    fcntl.flock(descriptor, fcntl.LOCK_EX)
+                except BaseException:
+                    os.close(descriptor)
+                    raise
+                finally:
+                    if timer is not None:
+                        timer.cancel()
             except BaseException:
                 os.close(descriptor)
                 raise

@@ -158,7 +158,9 @@ def _load_config(ctx: click.Context, param: click.Parameter, value) -> None:
         return
     from hookcli.config import read_config
 
-    params = {p.name: p for p in ctx.command.params if isinstance(p, click.Option) and p.name not in ("config", "help")}
+    # A preset is shared by every process of a run; --part differs between them.
+    params = {p.name: p for p in ctx.command.params
+              if isinstance(p, click.Option) and p.name not in ("config", "help", "part")}
     allowed = {max(p.opts, key=len).lstrip("-").replace("-", "_"): name for name, p in params.items()}
     options = read_config(value, allowed=allowed)
     for name, given in options.items():
@@ -278,6 +280,9 @@ def _rows_output_options(function):
                      f"[<model>-<layer>.safetensors, or a folder <model>-<layer>/ above {LARGE_INPUT} images]."),
         click.option("--shard-size", type=click.IntRange(min=1),
                      help="Images (rows) per shard in a folder output [about 128 MiB of features per shard]."),
+        click.option("--part", metavar="K/N",
+                     help="Folder output shared by N processes: this one starts with the K-th block of shards, then "
+                     "takes any shard no process holds [from torchrun or Slurm when they start it]."),
         click.option("--dtype", type=click.Choice(DTYPES), default=DEFAULTS.dtype, show_default=True,
                      help="Stored dtype."),
     ])
@@ -294,8 +299,9 @@ _LAYER_HELP = ("Layer path (features.18), glob (layer3.*.conv2, features.**), ty
 class _Reporter:
     """Prints a run's events: written paths on stdout, notes and skipped inputs on stderr, a bar on a terminal."""
 
-    def __init__(self, quiet: bool = False, *, echo_paths: bool = True) -> None:
+    def __init__(self, quiet: bool = False, *, echo_paths: bool = True, launched: bool = False) -> None:
         self.quiet, self.echo_paths, self.bar = quiet, echo_paths, None
+        self.launched = launched  # one of many processes started together: the work done is theirs, not earlier
 
     def close(self) -> None:
         if self.bar is not None:
@@ -307,7 +313,7 @@ class _Reporter:
 
         if isinstance(event, Started):
             self.close()
-            if event.done and event.output:
+            if event.done and event.output and not self.launched:
                 click.echo(f"Continuing: {event.done} of {event.total} inputs are already in {event.output}", err=True)
             if not self.quiet and sys.stderr.isatty():
                 from tqdm import tqdm
@@ -334,8 +340,20 @@ def _run(ctx: click.Context, command: str, options: dict, *args) -> None:
         options["seed"] = None
     options["output"] = options["output"] or DEFAULT_OUTPUT
     to_stdout = options["output"] == "-" and command != "cam"  # stdout carries the file's bytes
-    with contextlib.closing(_Reporter(quiet, echo_paths=not to_stdout)) as reporter:
+    part = _launched_part()
+    with contextlib.closing(_Reporter(quiet or (part is not None and part.index > 0), echo_paths=not to_stdout,
+                                      launched=part is not None)) as reporter:
         getattr(hookcli.api, command)(model, *args, progress=reporter, **options)
+
+
+def _launched_part():
+    """The part torchrun or Slurm started this process as (processes after the first show no progress bar)."""
+    from hookcli.launch import detect_part
+
+    try:
+        return detect_part()
+    except HookcliError:
+        return None  # said when the run plans
 
 
 
@@ -472,7 +490,9 @@ def extract(ctx, **options) -> None:
     With -o DIR/ rows stream into shards of --shard-size images plus an index,
     DIR/index.jsonl, and memory stays flat however many images there are.
     Running the same command again after an interruption continues where it
-    stopped.
+    stopped. Any number of processes may run the same command on one folder
+    (torchrun, srun, job arrays, or shells): each computes the shards it
+    claims.
 
     \b
       hookcli extract --model vgg16_bn --layer features.18 img.jpg
@@ -481,6 +501,7 @@ def extract(ctx, **options) -> None:
       hookcli extract --config configs/vgg16_bn-features18.toml img.jpg --grid grids/
       hookcli extract -m r3d_18 -l layer3 --clip-length 16 --clips-per-video 4 walk.mp4
       hookcli extract -m fasterrcnn_resnet50_fpn -l backbone.body.layer3 --detections street.jpg
+      torchrun --nproc-per-node 8 -m hookcli extract -m resnet50 -l avgpool data-{00..99}.tar -o feats/
     """
     _run(ctx, "extract", options, options.pop("layer"), options.pop("images"))
 

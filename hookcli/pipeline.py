@@ -250,9 +250,9 @@ def _worker_init(worker_id: int) -> None:
     os.nice(5)
 
 
-def image_loader(paths: Sequence, settings: RunSettings, *, order: Iterable[int] | None = None):
-    """Batches ``(indices, stacked images or None, failures)`` of ``paths`` (those of ``order``, in its order: it
-    is read as the batches are), decoded by ``settings.workers``.
+def image_loader(paths: Sequence, settings: RunSettings, *, order: Iterable[list[int]] | None = None):
+    """Batches ``(indices, stacked images or None, failures)`` of ``paths`` in ``settings.batch_size`` (or the
+    batches of input indices ``order`` gives, read as they are needed), decoded by ``settings.workers``.
 
     ``settings`` must be resolved (:meth:`RunSettings.resolved`).
     """
@@ -261,8 +261,7 @@ def image_loader(paths: Sequence, settings: RunSettings, *, order: Iterable[int]
 
     return DataLoader(
         _Images(paths, settings.preprocess),
-        sampler=range(len(paths)) if order is None else order,
-        batch_size=settings.batch_size,
+        **({"batch_size": settings.batch_size} if order is None else {"batch_sampler": order}),
         num_workers=settings.workers,
         collate_fn=_collate,
         pin_memory=torch.device(settings.device).type == "cuda",
@@ -291,10 +290,10 @@ def iter_batches(
     settings: RunSettings | None = None,
     *,
     forward: ForwardFactory | None = None,
-    order: Iterable[int] | None = None,
+    order: Iterable[list[int]] | None = None,
     on_note: Callable[[str], None] | None = None,
 ) -> Iterator[Batch]:
-    """Yield :class:`Batch` es of ``paths`` in input order, or of the inputs ``order`` lists, in its order.
+    """Yield :class:`Batch` es of ``paths`` in input order, or the batches of input indices ``order`` gives.
 
     ``forward`` builds the run's forward strategy (default:
     :func:`extraction_forward` of the settings). With ``on_error="fail"`` an

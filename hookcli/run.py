@@ -152,6 +152,7 @@ class RunOptions:
     flow: bool = False
     region: str | None = None  # segmentation targets: x0,y0,x1,y1 as fractions of the image
     pair_with: tuple | None = None  # optical flow from two image lists: the second images, as inputs are given
+    part: str | None = None  # K/N: this process is the K-th of N sharing a shard folder (hookcli.launch)
 
     def __post_init__(self) -> None:
         from hookcli.device import parse_device
@@ -179,6 +180,10 @@ class RunOptions:
             object.__setattr__(self, "pair_with", (self.pair_with,))
         if self.seed is not None and not isinstance(self.seed, int):
             raise UsageProblem(f"seed must be a whole number, not {self.seed!r}")
+        if self.part is not None:
+            from hookcli.launch import parse_part
+
+            parse_part(self.part)
 
 
 def _parsed(name: str, parse: Callable, value):
@@ -193,9 +198,9 @@ _COMMON = ("weights", "seed", "resize", "crop", "mean", "std", "interpolation", 
 #: The options each command takes (the Python function's keywords, the command line's long options).
 _CLIPS = ("clip_length", "frame_stride", "clips_per_video")
 COMMAND_OPTIONS = {
-    "extract": (*_COMMON, "capture", "pool", "dtype", "shard_size", "fuse", "grid", *_CLIPS, "detections", "flow",
-                "pair_with"),
-    "grad": (*_COMMON, "target", "dtype", "shard_size", *_CLIPS, "region"),
+    "extract": (*_COMMON, "capture", "pool", "dtype", "shard_size", "part", "fuse", "grid", *_CLIPS, "detections",
+                "flow", "pair_with"),
+    "grad": (*_COMMON, "target", "dtype", "shard_size", "part", *_CLIPS, "region"),
     "cam": (*_COMMON, "target", "method", "alpha", "cmap", "region"),
 }
 
@@ -248,6 +253,8 @@ class RunPlan:
     target: object = None
     cam_look: Mapping | None = None
     notes: tuple[str, ...] = ()
+    part: object = None  # hookcli.launch.Part: this process's share of a shard folder written by many
+    team: object = None  # hookcli.launch.Team: torchrun's process group, left when the run ends
 
 
 def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunPlan:
@@ -261,7 +268,7 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
     drops the trailing slash). Raises the library's errors; usage
     errors before any model loads.
     """
-    from hookcli.models import LoadedModel, model_family, resolve_weights
+    from hookcli.models import LoadedModel, model_family
     from hookcli.selectors import selector_keys
 
     if command not in COMMAND_OPTIONS:
@@ -279,6 +286,9 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
     kind, path = _output_kind(command, output, model_name)
     if opts.shard_size and kind not in ("folder", "default"):
         raise UsageProblem("--shard-size applies to a folder output (-o DIR/)", hint=help_hint)
+    part = _part(opts, kind, output)
+    if part is not None and kind == "default":
+        kind = "folder"  # many processes share the work of one shard folder
     if kind == "stdout" and sys.stdout.isatty():
         raise UsageProblem("refusing to write binary safetensors data to a terminal; pipe or redirect -o -",
                            hint=help_hint)
@@ -289,7 +299,30 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
         if kind == "cam":
             check_folder_output(path)
             refuse_existing([Path(path) / "cams.safetensors"], force=opts.force)
-    found, gathered = _gather(inputs, family, opts)
+    team = None
+    if part is not None and part.launcher == "torchrun":
+        from hookcli.device import resolve_device
+        from hookcli.launch import join_team, local_device
+
+        team = join_team(part, resolve_device(local_device(part, opts.device)))
+    try:
+        return _planned(command, model, layers, inputs, opts, settings, family, keys, kind, path, part, team,
+                        options, help_hint)
+    except BaseException:
+        if team is not None:
+            team.close()
+        raise
+
+
+def _planned(command, model, layers, inputs, opts, settings, family, keys, kind, path, part, team, options,
+             help_hint) -> RunPlan:
+    from hookcli.models import LoadedModel, resolve_weights
+
+    model_name = model.name if isinstance(model, LoadedModel) else str(model)
+    if team is not None and _reads_stdin(inputs):  # rank 0 reads the list; the others get it from rank 0
+        found, gathered = team.share(lambda: _gather(inputs, family, opts))
+    else:
+        found, gathered = _gather(inputs, family, opts)
     paths = found.paths
     if kind == "default":
         kind = "folder" if len(paths) > LARGE_INPUT else "file"
@@ -307,9 +340,14 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
 
     from hookcli.device import resolve_device
     from hookcli.families import DEFAULT_CLIP_LENGTH
+    from hookcli.launch import cpu_threads, local_device
     from hookcli.speed import check_precision
 
-    device = resolve_device(opts.device)
+    device = resolve_device(local_device(part, opts.device))
+    if device.type == "cpu" and cpu_threads(part):
+        import torch
+
+        torch.set_num_threads(cpu_threads(part))  # the processes on this machine share its cores
     check_precision(opts.precision, device)
     loaded = model if isinstance(model, LoadedModel) else _load(model_name, opts)
     settings = dataclasses.replace(settings, device=device, preprocess=_preprocess(loaded, opts))
@@ -363,9 +401,39 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
         prefix_tokens=loaded.prefix_tokens,
     )
     cam_look = {"method": opts.method, "alpha": opts.alpha, "cmap": opts.cmap} if command == "cam" else None
+    if team is not None:
+        from hookcli.fileformat import identity
+
+        team.check_same(identity(record))
     return RunPlan(command=command, loaded=loaded, layers=selected, inputs=tuple(paths), settings=settings,
                    output=Output(kind, path), record=record, forward=forward, shard_size=opts.shard_size,
-                   force=opts.force, grid=opts.grid, target=target, cam_look=cam_look, notes=notes)
+                   force=opts.force, grid=opts.grid, target=target, cam_look=cam_look, notes=notes, part=part,
+                   team=team)
+
+
+def _part(opts: RunOptions, kind: str, output) -> object:
+    """This process's :class:`~hookcli.launch.Part` of a shard folder that many write (``--part``, or what a
+    launcher says), or None."""
+    from hookcli.launch import detect_part, parse_part
+
+    if opts.part is not None:
+        if kind not in ("folder", "default"):
+            raise UsageProblem("--part applies to a shard folder output (-o DIR/)",
+                               hint="the processes share the work of one folder")
+        return parse_part(opts.part)
+    if kind == "memory":
+        return None  # a Python caller's own loop: it decides who computes what
+    part = detect_part()
+    if part is not None and kind in ("file", "stdout", "cam"):
+        raise UsageProblem(f"{part.count} processes started by {part.launcher} would each write all of '{output}'",
+                           hint="write a shard folder (-o DIR/): they share its work" if kind != "cam" else
+                           "run cam as one process")
+    return part
+
+
+def _reads_stdin(inputs) -> bool:
+    given = [inputs] if isinstance(inputs, str | os.PathLike) else list(inputs)
+    return any(os.fspath(p) == "-" for p in given)
 
 
 #: Why a family has no gradients (or no CAM pictures), said as the hint.
@@ -715,7 +783,7 @@ def execute(run: RunPlan, progress: Callable[[Event], None] | None = None):
         note(text)
     writer = _writer(run, note)
     try:
-        order = writer.begin()
+        order = writer.begin(run.settings.batch_size)
         emit(Started(total=len(run.inputs), done=writer.done, output=run.output.path))
         if order is not None:
             for batch in iter_batches(run.loaded, run.layers, run.inputs, run.settings, forward=run.forward,
@@ -730,17 +798,29 @@ def execute(run: RunPlan, progress: Callable[[Event], None] | None = None):
         result = writer.finish()
     except BaseException:
         writer.abort()
+        if run.team is not None:
+            run.team.close()
         raise
-    for path in writer.written:
-        emit(Wrote(path))
+    complete = getattr(writer, "complete", True) or run.team is not None  # a team's barrier waits for the rest
+    if not complete:
+        note(f"'{run.output.path}' holds {writer.inputs_done} of its {len(run.inputs)} inputs: other processes are "
+             "writing the rest (or run the same command again to finish it)")
+    if complete and (run.team is None or run.part.index == 0):  # one process of a team says what was written
+        for path in writer.written:
+            emit(Wrote(path))
     if isinstance(result, Features):
         result.notes = tuple(notes)
-    if run.grid:
+    if run.grid and complete and getattr(writer, "finisher", True):
         from hookcli.grids import GridOptions
         from hookcli.shards import open_features
 
         with result if isinstance(result, Features) else open_features(run.output.path) as written:
             draw_grids(written, GridOptions(), run.grid, force=run.force, progress=emit)
+    if run.team is not None:
+        try:
+            run.team.barrier()
+        finally:
+            run.team.close()
     if run.output.kind == "stdout":
         return None
     return result
@@ -755,8 +835,9 @@ def _writer(run: RunPlan, note: Callable[[str], None]):
     if kind == "stdout":
         return writers.StdoutWriter(run.record, run.inputs)
     if kind == "folder":
+        share = (run.part.index, run.part.count) if run.part is not None else (0, 1)
         return writers.FolderWriter(run.record, run.inputs, path, shard_size=run.shard_size, force=run.force,
-                                    on_note=note)
+                                    part=share, on_note=note)
     if kind == "file":
         return writers.FileWriter(run.record, run.inputs, path, force=run.force)
     (layer,) = run.layers

@@ -216,6 +216,7 @@ class ShardWriter:
         self._reached = -1  # the last input handed out before the shard size was known (founding)
         self._started: set[int] = set()
         self._cursor = 0
+        self.finisher = False  # this process listed the run's last shard
         self.header: dict | None = None
         self.lock.acquire()
         try:
@@ -262,6 +263,11 @@ class ShardWriter:
     def shards(self) -> int:
         """How many shards the run has (once the shard size is known)."""
         return fileformat.shard_count({"inputs": self.total, "shard_size": self.shard_size})
+
+    @property
+    def inputs_done(self) -> int:
+        """Inputs in the shards listed (as this process last read the index)."""
+        return sum(min(self.shard_size, self.total - number * self.shard_size) for number in self.finished)
 
     @property
     def complete(self) -> bool:
@@ -349,20 +355,29 @@ class ShardWriter:
         first = number * self.shard_size
         return first, min(first + self.shard_size, self.total)
 
-    def order(self) -> Iterator[int]:
-        """The inputs this process computes, shard after shard: each shard is claimed as its first input is handed
-        out. A founder hands out inputs 0, 1, 2, … until the shard size is known."""
+    def order(self, batch_size: int, planned_size: int | None = None) -> Iterator[list[int]]:
+        """Batches of the inputs this process computes, shard after shard; each shard is claimed as its first batch
+        is handed out. A founder hands out batches from input 0 until the shard size (``planned_size`` when the
+        user gave one) is in the header.
+
+        A batch is the inputs ``[k·B, (k+1)·B)`` (``B`` = ``batch_size``) that fall in one shard, whoever
+        computes it, so every row is computed beside the same others as in any other run of the command.
+        """
         index = 0
         while self.shard_size is None:
             if index >= self.total:
                 return
-            self._reached = index
-            yield index
-            index += 1
-        if index:
-            yield from range(index, self.shard_range((index - 1) // self.shard_size)[1])
+            end = (index // batch_size + 1) * batch_size
+            if planned_size:
+                end = min(end, (index // planned_size + 1) * planned_size)
+            batch = list(range(index, min(end, self.total)))
+            self._reached = batch[-1]
+            yield batch
+            index = batch[-1] + 1
+        if index and index < self.shard_range((index - 1) // self.shard_size)[1]:
+            yield from _batches(index, self.shard_range((index - 1) // self.shard_size)[1], batch_size)
         while (number := self._next_shard()) is not None:
-            yield from range(*self.shard_range(number))
+            yield from _batches(*self.shard_range(number), batch_size)
 
     def _next_shard(self) -> int | None:
         """Claim the next shard to compute: this part's block first, then the shards after it, then those before;
@@ -454,14 +469,24 @@ class ShardWriter:
             self._append(line)
             self.finished.add(number)
             self.claims.release(number)
-            if self.complete and not self._in_order():  # the last shard: the lines go in shard order
-                self._rewrite_index(_parse_index(self.index_path)[1])
+            if self.complete:
+                self.finisher = True
+                if not self._in_order():  # the last shard: the lines go in shard order
+                    self._rewrite_index(_parse_index(self.index_path)[1])
 
     def _in_order(self) -> bool:
         """The index's lines are in shard order (a single process writes them so)."""
         with open(self.index_path, "rb") as index:
             numbers = [_shard_of(line, self._given) for line in index.read().split(b"\n")[1:] if line.strip()]
         return numbers == sorted(numbers)
+
+
+def _batches(first: int, end: int, size: int) -> Iterator[list[int]]:
+    """Inputs ``[first, end)`` cut where a multiple of ``size`` begins."""
+    while first < end:
+        stop = min((first // size + 1) * size, end)
+        yield list(range(first, stop))
+        first = stop
 
 
 #: How an index line begins (:func:`~hookcli.fileformat.index_line` puts ``shard`` first).

@@ -3,9 +3,10 @@
 A writer is told the run (its :class:`~hookcli.fileformat.RunRecord` and
 inputs), then:
 
-- ``begin()`` returns the inputs to compute, in order (an iterable of their
-  indices), or None when nothing is left; ``done`` then says how many an
-  earlier run (or other processes, for a shard folder) did;
+- ``begin(batch_size)`` returns the batches to compute, in order (an
+  iterable of lists of input indices), or None when nothing is left;
+  ``done`` then says how many inputs an earlier run (or other processes, for
+  a shard folder) did;
 - ``add(batch)`` takes each :class:`~hookcli.pipeline.Batch` in that order;
 - ``finish()`` completes the output and returns what the run returns (the
   features in memory, or the path written); ``written`` then lists the paths
@@ -139,8 +140,8 @@ class _WholeWriter:
 
     done = 0  # inputs an earlier run did
 
-    def begin(self):
-        return range(len(self.paths))
+    def begin(self, batch_size: int):
+        return (list(range(i, min(i + batch_size, len(self.paths)))) for i in range(0, len(self.paths), batch_size))
 
     @property
     def has_rows(self) -> bool:
@@ -239,18 +240,26 @@ class FolderWriter:
         self.written: list[Path] = []
         self.done = 0
         self.complete = False
+        self.finisher = False  # this process found the folder complete, or listed its last shard
 
-    def begin(self):
+    @property
+    def inputs_done(self) -> int:
+        """Inputs in the shards listed when this process finished."""
+        return self.writer.inputs_done
+
+    def begin(self, batch_size: int):
         from hookcli.shards import ShardWriter
 
+        self.batch_size = batch_size
         self.writer = ShardWriter(self.folder, fileformat.identity(self.record), len(self.paths), force=self.force,
                                   part=self.part, on_note=self.on_note)
         self.done = self.writer.done
         if self.writer.header is not None:  # continuing: the shard size is known, shards may be finished at once
             self.writer.start_writing()
             if self.writer.complete:
+                self.finisher = True
                 return None
-        return self.writer.order()
+        return self.writer.order(batch_size, self.shard_size)
 
     @property
     def has_rows(self) -> bool:
@@ -262,8 +271,7 @@ class FolderWriter:
                     for name in ((key, key + ROW_SHAPE) if isinstance(value, list) else (key,))]
             self.run_metadata = fileformat.run_metadata(self.record, batch.facts, keys=keys)
             if self.writer.header is None:
-                size = self.shard_size or max(1, min(MAX_AUTO_SHARD_ROWS,
-                                                     AUTO_SHARD_BYTES // max(1, row_bytes(batch.features))))
+                size = self.shard_size or _auto_shard_size(row_bytes(batch.features), self.batch_size)
                 self.writer.start_writing(fileformat.index_header(self.record, self.run_metadata, size))
         events = [(index, row) for row, index in enumerate(batch.indices)]
         events += [(index, error) for index, error in batch.failures]
@@ -296,6 +304,7 @@ class FolderWriter:
     def finish(self) -> Path:
         self.writer.close()
         self.complete = self.writer.complete
+        self.finisher = self.finisher or self.writer.finisher
         self.written = [self.writer.index_path]
         return self.writer.index_path
 
@@ -303,6 +312,13 @@ class FolderWriter:
         if self.writer is not None:
             with contextlib.suppress(Exception):  # the failure that stopped the run is the one to report
                 self.writer.close()
+
+
+def _auto_shard_size(row_size: int, batch_size: int) -> int:
+    """About :data:`AUTO_SHARD_BYTES` of rows, a whole number of batches when a batch fits (so no batch is cut in
+    two by a shard's end)."""
+    rows = max(1, min(MAX_AUTO_SHARD_ROWS, AUTO_SHARD_BYTES // max(1, row_size)))
+    return rows - rows % batch_size if rows >= batch_size else rows
 
 
 def cam_png_name(index: int, path, k: int, count: int) -> str:
@@ -330,9 +346,9 @@ class CamOverlays:
         self.pngs: list[Path] = []
         self.written: list[Path] = []
 
-    def begin(self):
+    def begin(self, batch_size: int):
         self.folder.mkdir(parents=True, exist_ok=True)
-        order = self.inner.begin()
+        order = self.inner.begin(batch_size)
         self.done = self.inner.done
         return order
 

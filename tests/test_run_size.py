@@ -85,7 +85,7 @@ def test_settings_decide_fusion_from_the_whole_run_also_when_it_resumes(loaded, 
     assert RunSettings(fuse=False).resolved(loaded, 1000).fuse is False
     # The last image of a long run, resumed on its own, still runs fused, as the rest of the run did.
     settings = RunSettings(preprocess=loaded.preprocess.replace(**SMALL))
-    (batch,) = iter_batches(loaded, {"layer2": "layer2"}, many, settings, order=[FUSE_FROM - 1])
+    (batch,) = iter_batches(loaded, {"layer2": "layer2"}, many, settings, order=[[FUSE_FROM - 1]])
     assert (batch.indices, batch.facts.fused) == ([FUSE_FROM - 1], 5)
 
 

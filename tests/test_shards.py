@@ -36,7 +36,8 @@ def _single_file(runner, tmp_path, paths, *extra):
 
 def test_shards_and_index_round_trip(runner, tmp_path, many):
     folder = tmp_path / "feats"
-    result = runner.invoke(main, [*ARGS, "--shard-size", "3", "-o", f"{folder}/", *map(str, many)])
+    # Batches of 3: a batch never spans two shards, so the rows are the same bits as one file's.
+    result = runner.invoke(main, [*ARGS, "-b", "3", "--shard-size", "3", "-o", f"{folder}/", *map(str, many)])
     assert result.exit_code == 0, result.output
     assert result.stdout == f"{folder / INDEX_NAME}\n"
     assert sorted(p.name for p in folder.iterdir()) == [
@@ -53,7 +54,7 @@ def test_shards_and_index_round_trip(runner, tmp_path, many):
         assert metadata["shard"] == "1" and metadata["format"] == "1"
         assert handle.get_tensor("layer2").shape == (3, 128, 4, 4)
 
-    expected, inputs = _single_file(runner, tmp_path, many)
+    expected, inputs = _single_file(runner, tmp_path, many, "-b", "3")
     for source in (folder, folder / INDEX_NAME):
         with ShardedFeatures(source) as features:
             assert features.keys() == ["layer2", "fc"]

@@ -1,0 +1,247 @@
+"""Many processes on one shard folder: torchrun, --part, plain shells, a killed process, claims and parts."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from hookcli.claims import CLAIMS, Claims, FolderLock
+from hookcli.cli import main
+from hookcli.errors import UsageProblem
+from hookcli.launch import Part, cpu_threads, detect_part, parse_part
+from hookcli.shards import INDEX_NAME, ShardedFeatures, read_index
+
+ARGS = ["extract", "-m", "resnet18", "-w", "none", "-l", "layer4", "-l", "fc", "--resize", "40", "--crop", "32",
+        "-b", "2", "-q", "--shard-size", "2"]
+
+
+@pytest.fixture
+def inputs(tmp_path, make_image):
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    return [str(make_image(folder / f"{i:02d}.png", size=(44, 40), seed=i)) for i in range(11)]
+
+
+def _one_process(runner, tmp_path, inputs, threads=None, batch="2"):
+    """The rows one process writes into one file (with ``threads`` CPU threads: sums taken in another order round
+    differently, so processes sharing the cores are compared with one process using as many threads as each)."""
+    path = tmp_path / "one.safetensors"
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads or before)
+    try:
+        args = [*ARGS[:-5], "-b", batch, "-q", "--force", "-o", str(path), *inputs]  # without --shard-size
+        result = runner.invoke(main, args)
+    finally:
+        torch.set_num_threads(before)
+    assert result.exit_code == 0, result.output
+    with safe_open(str(path), "pt") as handle:
+        return {key: handle.get_tensor(key) for key in ("layer4", "fc")}
+
+
+@pytest.fixture
+def expected(runner, tmp_path, inputs):
+    return _one_process(runner, tmp_path, inputs)
+
+
+def _check_folder(folder, inputs, expected):
+    """Every input exactly once, in order, with the values one process computes; nothing of the writers left."""
+    header, shards = read_index(folder)
+    assert [entry["shard"] for entry in shards] == list(range(6))
+    assert [p for entry in shards for p in entry["inputs"]] == inputs
+    lines = (folder / INDEX_NAME).read_text().splitlines()
+    assert [json.loads(line)["shard"] for line in lines[1:]] == list(range(6))  # in shard order on disk
+    with ShardedFeatures(folder) as features:
+        assert json.loads(features.metadata["inputs"]) == inputs and not features.reading_notes
+        for key, rows in expected.items():
+            assert torch.equal(torch.from_numpy(features.read(key)), rows), key
+    assert sorted(os.listdir(folder)) == [*(f"features-{n:05d}.safetensors" for n in range(6)), INDEX_NAME]
+
+
+def _environment(**extra):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "LOCAL_"))}
+    return {**env, **extra}
+
+
+@pytest.mark.parametrize("processes", [2, 3])
+def test_torchrun_processes_write_what_one_process_writes(runner, tmp_path, inputs, processes):
+    expected = _one_process(runner, tmp_path, inputs, threads=cpu_threads(Part(0, processes, 0, processes)))
+    folder = tmp_path / "feats"
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                           str(processes), "-m", "hookcli", *ARGS, "-o", f"{folder}/", *inputs],
+                          capture_output=True, text=True, timeout=300, env=_environment())
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"{folder}/index.jsonl\n"  # said once, by the first process, when the folder is complete
+    assert "Error" not in done.stderr and "Continuing" not in done.stderr, done.stderr
+    _check_folder(folder, inputs, expected)
+
+
+def test_torchrun_processes_given_different_inputs_are_refused_by_each(tmp_path, inputs):
+    script = tmp_path / "ranks.py"
+    script.write_text(
+        "import os, sys\n"
+        "from hookcli.cli import main\n"
+        "inputs = sys.argv[1:] if os.environ['RANK'] == '0' else sys.argv[2:]\n"
+        f"main([*{ARGS!r}, '-o', {str(tmp_path / 'feats')!r} + '/', *inputs])\n")
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           str(script), *inputs], capture_output=True, text=True, timeout=300, env=_environment())
+    assert done.returncode != 0
+    assert ("Error: torchrun's process 1 runs another command than process 0 (it differs in: inputs, "
+            "inputs_sha256). Hint: give every process the same command and inputs") in done.stderr, done.stderr
+    assert not (tmp_path / "feats" / INDEX_NAME).exists()
+
+
+def test_torchrun_processes_share_the_list_rank_0_reads_from_stdin(runner, tmp_path, inputs):
+    expected = _one_process(runner, tmp_path, inputs, threads=cpu_threads(Part(0, 2, 0, 2)))
+    folder = tmp_path / "feats"
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           "-m", "hookcli", *ARGS, "-o", f"{folder}/", "-"], input="\n".join(inputs) + "\n",
+                          capture_output=True, text=True, timeout=300, env=_environment())
+    assert done.returncode == 0, done.stderr
+    _check_folder(folder, inputs, expected)
+
+
+def test_parts_and_plain_shells_on_one_folder_write_what_one_process_writes(tmp_path, inputs, expected):
+    folder = tmp_path / "feats"
+    commands = [[*ARGS, "--part", "1/2"], [*ARGS, "--part", "2/2"], ARGS]
+    runs = [subprocess.Popen([sys.executable, "-m", "hookcli", *args, "-o", f"{folder}/", *inputs],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_environment())
+            for args in commands]
+    results = [(run.wait(timeout=300), run.stdout.read(), run.stderr.read()) for run in runs]
+    assert [code for code, _, _ in results] == [0, 0, 0], results
+    # The last to finish says where the rows are; one that leaves others working says so instead.
+    for _, out, err in results:
+        assert out in ("", f"{folder}/index.jsonl\n")
+        assert (out == "") == ("other processes are writing the rest" in err), (out, err)
+    assert any(out for _, out, _ in results)
+    _check_folder(folder, inputs, expected)
+
+
+def test_killed_processes_lose_only_their_unfinished_shards_and_another_count_finishes(runner, tmp_path, inputs):
+    folder = tmp_path / "feats"
+    slow = [*ARGS[:-5], "-b", "1", "-q", "--shard-size", "2"]  # one image a batch: the processes are mid-run for longer
+    first = [subprocess.Popen([sys.executable, "-m", "hookcli", *slow, "--part", f"{k}/2", "-o", f"{folder}/",
+                               *inputs], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=_environment())
+             for k in (1, 2)]
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and len(read_index(folder)[1] if (folder / INDEX_NAME).exists() else []) < 2:
+        assert all(run.poll() is None for run in first), [run.stderr.read() for run in first]
+        time.sleep(0.02)
+    for run in first:
+        run.send_signal(signal.SIGKILL)
+        run.wait(timeout=60)
+    listed = [entry["shard"] for entry in read_index(folder)[1]]
+    assert 2 <= len(listed) < 6, listed
+    relaunched = [subprocess.Popen([sys.executable, "-m", "hookcli", *slow, "-o", f"{folder}/", *inputs],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_environment())
+                  for _ in range(3)]
+    results = [(run.wait(timeout=300), run.stderr.read()) for run in relaunched]
+    assert [code for code, _ in results] == [0, 0, 0], results
+    _check_folder(folder, inputs, _one_process(runner, tmp_path, inputs, batch="1"))
+
+
+# -- claims ------------------------------------------------------------------------------------------
+
+
+def _claim_file(folder, number, host, pid, age):
+    path = folder / CLAIMS / f"{number:05d}"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps({"host": host, "pid": pid, "since": 0}))
+    os.utime(path, (time.time() - age, time.time() - age))
+
+
+def test_a_claim_is_taken_over_only_from_a_gone_or_silent_owner(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    here = socket.gethostname()
+    _claim_file(tmp_path, 0, here, dead.pid, 1)  # its process has ended
+    _claim_file(tmp_path, 1, "elsewhere", 12345, 1)  # alive as far as anyone here can tell
+    _claim_file(tmp_path, 2, "elsewhere", 12345, 121)  # silent past the timeout
+    _claim_file(tmp_path, 3, here, os.getppid(), 1)  # a live process on this host
+    (tmp_path / CLAIMS / "00004").write_text("{not json")  # unreadable, and fresh
+    lock, claims = FolderLock(tmp_path, str(tmp_path)), Claims(tmp_path, timeout=120)
+    with lock.held():
+        assert [claims.take(n) for n in range(6)] == [True, False, True, False, False, True]
+    assert claims.taken_over == [(0, f"process {dead.pid} on {here}, which has ended"),
+                                 (2, "process 12345 on elsewhere, silent for 121 s")]
+    assert json.loads((tmp_path / CLAIMS / "00000").read_text())["pid"] == os.getpid()
+    claims.release_all(lock)
+    lock.close()
+    assert sorted(p.name for p in (tmp_path / CLAIMS).iterdir()) == ["00001", "00003", "00004"]
+
+
+def test_the_heartbeat_keeps_a_claim_fresh(tmp_path):
+    lock, claims = FolderLock(tmp_path, str(tmp_path)), Claims(tmp_path, timeout=0.4)
+    with lock.held():
+        claims.take(7)
+    path = tmp_path / CLAIMS / "00007"
+    os.utime(path, (time.time() - 100, time.time() - 100))
+    claims.start()
+    time.sleep(0.3)
+    claims.stop()
+    assert time.time() - path.stat().st_mtime < 1
+    claims.release_all(lock)
+    lock.close()
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "soon", "nan"])
+def test_a_claim_timeout_that_is_not_a_positive_number_is_refused(monkeypatch, tmp_path, value):
+    monkeypatch.setenv("HOOKCLI_CLAIM_TIMEOUT", value)
+    with pytest.raises(UsageProblem) as caught:
+        Claims(tmp_path)
+    assert str(caught.value) == (f"HOOKCLI_CLAIM_TIMEOUT must be a number of seconds above 0, not '{value}'. Hint: "
+                                 "unset it for the default of 120 s")
+
+
+# -- parts -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("environ", "part"), [
+    ({}, None),
+    ({"RANK": "0", "WORLD_SIZE": "1"}, None),
+    ({"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4"}, Part(5, 8, 1, 4, "torchrun")),
+    ({"SLURM_PROCID": "3", "SLURM_NTASKS": "6", "SLURM_LOCALID": "0", "SLURM_TASKS_PER_NODE": "3(x2)",
+      "SLURM_NODEID": "1"}, Part(3, 6, 0, 3, "srun")),
+    ({"SLURM_ARRAY_TASK_ID": "12", "SLURM_ARRAY_TASK_COUNT": "4", "SLURM_ARRAY_TASK_MIN": "10",
+      "SLURM_ARRAY_TASK_STEP": "1", "SLURM_NTASKS": "1"}, Part(2, 4, 0, 1, "a Slurm job array")),
+    ({"SLURM_ARRAY_TASK_ID": "1", "SLURM_ARRAY_TASK_COUNT": "3", "SLURM_ARRAY_TASK_MIN": "0", "SLURM_PROCID": "1",
+      "SLURM_NTASKS": "2", "SLURM_LOCALID": "1", "SLURM_TASKS_PER_NODE": "2"}, Part(3, 6, 1, 2, "a Slurm job array")),
+])
+def test_the_part_comes_from_the_launcher(environ, part):
+    assert detect_part(environ) == part
+
+
+@pytest.mark.parametrize("text", ["0/4", "5/4", "1", "a/b", "1/0", "-1/2"])
+def test_a_part_out_of_range_is_refused(runner, tmp_path, inputs, text):
+    result = runner.invoke(main, [*ARGS, "--part", text, "-o", f"{tmp_path}/feats/", *inputs])
+    assert (result.exit_code, result.stderr) == (2, (
+        f"Error: --part takes K/N with 1 <= K <= N (the K-th of N processes), not '{text}'. Hint: for example "
+        "--part 1/4 … --part 4/4 for four processes\n"))
+
+
+def test_a_part_needs_a_folder_output(runner, tmp_path, inputs):
+    result = runner.invoke(main, [*ARGS[:-2], "--part", "1/2", "-o", f"{tmp_path}/x.safetensors", *inputs])
+    assert (result.exit_code, result.stderr) == (2, "Error: --part applies to a shard folder output (-o DIR/). Hint: "
+                                                    "the processes share the work of one folder\n")
+
+
+def test_launched_processes_refuse_to_each_write_one_whole_file(runner, tmp_path, inputs, monkeypatch):
+    monkeypatch.setenv("SLURM_PROCID", "1")
+    monkeypatch.setenv("SLURM_NTASKS", "4")
+    monkeypatch.setattr("hookcli.models.load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    result = runner.invoke(main, [*ARGS[:-2], "-o", f"{tmp_path}/x.safetensors", *inputs])
+    assert (result.exit_code, result.stderr) == (2, (
+        f"Error: 4 processes started by srun would each write all of '{tmp_path}/x.safetensors'. Hint: write a shard "
+        "folder (-o DIR/): they share its work\n"))
+
+
+def test_parse_part_and_cpu_threads():
+    assert parse_part(" 2 / 3 ") == Part(1, 3)
+    assert cpu_threads(None) is None and cpu_threads(Part(0, 2)) is None
+    assert cpu_threads(Part(0, 8, 0, 2)) == max(1, (os.cpu_count() or 1) // 2)
