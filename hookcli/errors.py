@@ -92,10 +92,6 @@ class OutputExistsError(UsageProblem):
     """The output path exists and overwriting was not allowed."""
 
 
-class OutputLockedError(UsageProblem):
-    """Another process is writing the same output."""
-
-
 class ConfigError(UsageProblem):
     """A config preset cannot be read or holds an unknown option."""
 
