@@ -45,6 +45,7 @@ import re
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 from hookcli import fileformat
 from hookcli.claims import LOCK_NAME, Claims, FolderLock
@@ -73,18 +74,28 @@ def read_index(folder: str | os.PathLike) -> tuple[dict | None, list[dict]]:
     by a crash or a full disk), which is left out. Lines may come in any
     order while processes are still writing the folder.
     """
-    header, lines, _, _ = _parse_index(Path(folder) / INDEX_NAME)
-    return header, lines
+    index = _parse_index(Path(folder) / INDEX_NAME)
+    return index.header, index.shards
 
 
-def _parse_index(path: Path) -> tuple[dict | None, list[dict], bool, int]:
-    """``(header, shard lines by shard, whole, end)``: ``whole`` is False when a torn or garbled last line was left
-    out; ``end`` is the byte offset after the last good line."""
+class _Index(NamedTuple):
+    """An index as read: ``whole`` is False when a torn or garbled last line was left out; ``end`` is the byte
+    offset after the last good line; ``ordered`` says whether the lines came in shard order."""
+
+    header: dict | None
+    shards: list[dict]  # in shard order
+    whole: bool = True
+    end: int = 0
+    ordered: bool = True
+
+
+def _parse_index(path: Path) -> _Index:
+    """The index at ``path`` (an empty one when there is none), every line checked."""
     try:
         with open_regular(path) as handle:
             raw = handle.read()
     except FileNotFoundError:
-        return None, [], True, 0
+        return _Index(None, [])
     except NotRegularFile as err:
         raise FeatureFileError(str(err), hint="an index is a file written by hookcli extract -o DIR/") from None
     lines = raw.split(b"\n")
@@ -120,7 +131,9 @@ def _parse_index(path: Path) -> tuple[dict | None, list[dict], bool, int]:
         end = min(offset, len(raw))
     if not entries:
         raise FeatureFileError(f"'{path}' is not a hookcli index", hint="give a folder written by hookcli extract")
-    return entries[0], sorted(entries[1:], key=lambda entry: entry["shard"]), whole, end
+    numbers = [entry["shard"] for entry in entries[1:]]
+    return _Index(entries[0], sorted(entries[1:], key=lambda entry: entry["shard"]), whole, end,
+                  numbers == sorted(numbers))
 
 
 def finished_shards(folder: str | os.PathLike, shards: list[dict], *, verify: bool = False) -> list[dict]:
@@ -213,6 +226,7 @@ class ShardWriter:
         self.done = 0  # inputs in shards finished before this process began
         self._index_key: tuple[int, int] | None = None
         self._index_end = 0
+        self._highest = -1  # the highest shard listed (while lines come in order, the last one)
         self._reached = -1  # the last input handed out before the shard size was known (founding)
         self._started: set[int] = set()
         self._cursor = 0
@@ -231,7 +245,7 @@ class ShardWriter:
         self._thread: threading.Thread | None = None
 
     def _open(self, force: bool) -> None:
-        header, shards, whole, _ = _parse_index(self.index_path)
+        header, shards, whole, end, self._ordered = _parse_index(self.index_path)
         if header is not None and header["identity"] != self.identity:
             if not force:
                 differ = sorted(k for k in {*header["identity"], *self.identity}
@@ -251,9 +265,11 @@ class ShardWriter:
             finished = finished_shards(self.folder, shards, verify=True)
             if len(finished) < len(shards) or not whole:
                 self._rewrite_index(finished)  # new lines must follow good ones, never a torn or stale one
+            else:
+                self._index_key, self._index_end = _file_key(self.index_path), end
             self.finished = {entry["shard"] for entry in finished}
+            self._highest = max(self.finished, default=-1)
             self.done = sum(entry["count"] for entry in finished)
-            self._refresh()
 
     @property
     def index_path(self) -> Path:
@@ -280,7 +296,8 @@ class ShardWriter:
 
         with atomic_path(self.index_path, force=True) as temporary:
             temporary.write_text("".join(json.dumps(line) + "\n" for line in [self.header, *lines]))
-        self._index_key = None  # read it again
+        self._index_key, self._index_end = _file_key(self.index_path), self.index_path.stat().st_size
+        self._ordered = all(a["shard"] < b["shard"] for a, b in zip(lines, lines[1:]))
 
     def _remove_old_run(self, force: bool) -> None:
         """Delete an earlier run's index and shards (``force``); without it, refuse shard files no index lists."""
@@ -302,13 +319,14 @@ class ShardWriter:
         except FileNotFoundError:
             raise FeatureFileError(f"'{self._given}' lost its {INDEX_NAME} while this run was writing it",
                                    hint="run the same command again to continue") from None
-        key = (found.st_dev, found.st_ino)
+        key = _file_key(found)
         if key != self._index_key or found.st_size < self._index_end:
-            header, shards, _, end = _parse_index(self.index_path)
+            header, shards, _, end, self._ordered = _parse_index(self.index_path)
             if header is None or header["identity"] != self.identity:
                 raise OutputExistsError(f"'{self._given}' was given to a different run while this one was writing it",
                                         hint="write this run to another folder")
             self.finished = {entry["shard"] for entry in shards}
+            self._highest = max(self.finished, default=-1)
             self._index_key, self._index_end = key, end
             return
         if found.st_size == self._index_end:
@@ -319,7 +337,7 @@ class ShardWriter:
         complete = raw[:raw.rfind(b"\n") + 1]
         for line in complete.split(b"\n"):
             if line.strip():
-                self.finished.add(_shard_of(line, self._given))
+                self._listed(_shard_of(line, self._given))
         self._index_end += len(complete)
 
     def _append(self, line: Mapping) -> None:
@@ -331,7 +349,7 @@ class ShardWriter:
             index.flush()
             os.fsync(index.fileno())
             self._index_end = index.tell()
-        self._index_key = (lambda found: (found.st_dev, found.st_ino))(os.stat(self.index_path))
+        self._index_key = _file_key(self.index_path)
 
     def start_writing(self, header: Mapping | None = None) -> None:
         """Record the run in a new index (``header``, see :func:`~hookcli.fileformat.index_header`; none when
@@ -341,7 +359,6 @@ class ShardWriter:
             self.header = dict(header)
             self.shard_size = self.header["shard_size"]
             self._rewrite_index([])
-            self._refresh()
             for number in range(self._reached // self.shard_size + 1 if self._reached >= 0 else 0):
                 self.claims.take(number)
                 self._started.add(number)
@@ -467,18 +484,24 @@ class ShardWriter:
                 return
             yield True
             self._append(line)
-            self.finished.add(number)
+            self._listed(number)
             self.claims.release(number)
             if self.complete:
                 self.finisher = True
-                if not self._in_order():  # the last shard: the lines go in shard order
-                    self._rewrite_index(_parse_index(self.index_path)[1])
+                if not self._ordered:  # the last shard: the lines go in shard order
+                    self._rewrite_index(_parse_index(self.index_path).shards)
 
-    def _in_order(self) -> bool:
-        """The index's lines are in shard order (a single process writes them so)."""
-        with open(self.index_path, "rb") as index:
-            numbers = [_shard_of(line, self._given) for line in index.read().split(b"\n")[1:] if line.strip()]
-        return numbers == sorted(numbers)
+    def _listed(self, number: int) -> None:
+        """Shard ``number``'s line follows the others in the index."""
+        self._ordered = self._ordered and number > self._highest
+        self._highest = max(self._highest, number)
+        self.finished.add(number)
+
+
+def _file_key(path_or_stat) -> tuple[int, int]:
+    """Which file a path names now (or a stat result describes): an index rewritten is another file."""
+    found = path_or_stat if isinstance(path_or_stat, os.stat_result) else os.stat(path_or_stat)
+    return found.st_dev, found.st_ino
 
 
 def _batches(first: int, end: int, size: int) -> Iterator[list[int]]:
