@@ -176,11 +176,12 @@ class Claims:
     """This process's claims on shards of ``folder``: taken and released under the folder's lock, kept fresh by
     a heartbeat thread."""
 
-    def __init__(self, folder: Path, *, timeout: float | None = None) -> None:
+    def __init__(self, folder: Path, *, timeout: float | None = None,
+                 on_note: Callable[[str], None] | None = None) -> None:
         self.folder = folder / CLAIMS
         self.timeout = claim_timeout() if timeout is None else timeout
+        self.on_note = on_note  # hears of each claim taken over
         self.mine: set[int] = set()
-        self.taken_over: list[tuple[int, str]] = []  # (shard, whose claim) for what the run says
         self._beating: threading.Event | None = None
         self._thread: threading.Thread | None = None
 
@@ -200,8 +201,8 @@ class Claims:
                 owner = self._abandoned(path)
                 if owner is None:
                     return False
-                if owner != _RELEASED:
-                    self.taken_over.append((number, owner))
+                if owner != _RELEASED and self.on_note is not None:
+                    self.on_note(f"shard {number} was claimed by {owner}: this process computes it")
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
                 continue

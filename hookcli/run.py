@@ -31,6 +31,7 @@ callback as values: :class:`Started`, :class:`Advanced`, :class:`Skipped`,
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import functools
@@ -268,7 +269,7 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
     drops the trailing slash). Raises the library's errors; usage
     errors before any model loads.
     """
-    from hookcli.models import LoadedModel, model_family
+    from hookcli.models import LoadedModel, model_family, resolve_weights
     from hookcli.selectors import selector_keys
 
     if command not in COMMAND_OPTIONS:
@@ -299,116 +300,119 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
         if kind == "cam":
             check_folder_output(path)
             refuse_existing([Path(path) / "cams.safetensors"], force=opts.force)
-    team = None
-    if part is not None and part.launcher == "torchrun":
-        from hookcli.device import resolve_device
-        from hookcli.launch import join_team, local_device
+    team = _team(part, opts.device)
+    with _left_on_error(team):
+        if team is not None and "-" in _arguments(inputs) + _arguments(opts.pair_with or ()):
+            # Rank 0 reads the list from stdin; the others get it from rank 0.
+            found, gathered = team.share(lambda: _gather(inputs, family, opts))
+        else:
+            found, gathered = _gather(inputs, family, opts)
+        paths = found.paths
+        if kind == "default":
+            kind = "folder" if len(paths) > LARGE_INPUT else "file"
+            # Named after the layers' keys: known now unless a glob or a type selector leaves them to the model.
+            path = None if keys is None else _default_output(command, model_name, keys, kind)
+        if path is not None and kind in ("file", "folder"):
+            _check_target(kind, path, paths, opts.force)
+        if opts.grid:
+            check_folder_output(opts.grid)
+            if keys is not None and not opts.force:  # known without the model: said before torch loads
+                _refuse_drawn_grids(opts.grid, keys)
+        if not isinstance(model, LoadedModel):
+            # The last check before torch: the registry cache answers it, and only a cold cache imports torchvision.
+            resolve_weights(model_name, opts.weights)
 
-        team = join_team(part, resolve_device(local_device(part, opts.device)))
+        from hookcli.device import resolve_device
+        from hookcli.families import DEFAULT_CLIP_LENGTH
+        from hookcli.launch import cpu_threads, local_device
+        from hookcli.speed import check_precision
+
+        device = resolve_device(local_device(part, opts.device))
+        if device.type == "cpu" and cpu_threads(part):
+            import torch
+
+            torch.set_num_threads(cpu_threads(part))  # the processes on this machine share its cores
+        check_precision(opts.precision, device)
+        loaded = model if isinstance(model, LoadedModel) else _load(model_name, opts)
+        settings = dataclasses.replace(settings, device=device, preprocess=_preprocess(loaded, opts))
+        settings = settings.resolved(loaded, len(paths))
+        notes = gathered + _loading_notes(loaded, options)
+        if command == "extract" and opts.compile and not settings.compile:
+            notes += (f"--compile applies to classification models; this {loaded.family.replace('_', ' ')} model runs "
+                      "eagerly",)
+        if command != "extract" and opts.compile:
+            notes += ("--compile: gradients need the eager graph with hooks; running eagerly",)
+        target = None
+        if command != "extract":
+            from hookcli.gradients import parse_target
+            from hookcli.models import num_classes
+
+            target = parse_target(opts.target, loaded.categories, loaded.classes or num_classes(loaded.module),
+                                  region=opts.region, family=loaded.family)
+            if loaded.scores not in (None, "logits"):
+                notes += (f"{loaded.name} has no classifier: targets are units of its "
+                          f"{'image embedding' if loaded.scores == 'embedding' else loaded.scores}",)
+        selected, forward, entries = _command_parts(command, loaded, layers, settings, opts, target)
+        if loaded.family == "video":
+            entries = {**entries, "clip_length": str(opts.clip_length or DEFAULT_CLIP_LENGTH),
+                       "frame_stride": str(opts.frame_stride), "clips_per_video": str(opts.clips_per_video)}
+        elif loaded.family == "optical_flow" and opts.pair_with:  # a resumed run must pair the same second images
+            from hookcli.fileformat import inputs_digest
+
+            entries = {**entries, "second_inputs_sha256": inputs_digest([p.second for p in paths])}
+        elif loaded.family == "optical_flow":
+            entries = {**entries, "frame_stride": str(opts.frame_stride)}
+        if path is None and kind in ("file", "folder"):
+            path = _default_output(command, loaded.name, list(selected.values()), kind)
+            _check_target(kind, path, paths, opts.force)
+        if opts.grid and not opts.force:
+            _refuse_drawn_grids(opts.grid, list(selected.values()))
+        if kind == "cam":
+            from hookcli.writers import cam_png_name
+
+            names = [cam_png_name(i, p, k, target.count) for i, p in enumerate(paths) for k in range(target.count)]
+            planned = [Path(path) / "cams.safetensors", *(Path(path) / n for n in names)]
+            refuse_existing(planned, force=opts.force)
+            _refuse_overwriting_inputs(planned, paths)
+        modules = dict(loaded.module.named_modules())
+        record = RunRecord(
+            model=loaded.name, weights=loaded.weights, layers=dict(selected),
+            layer_types={p: type(modules[p]).__name__ for p in selected}, capture=settings.capture,
+            preprocess=json.loads(settings.preprocess.to_json()), pool=settings.pool or "none", dtype=settings.dtype,
+            precision=settings.precision, memory_format=settings.memory_format, fuse=settings.fusing,
+            device=str(settings.device), on_error=settings.on_error, shard_size=opts.shard_size,
+            inputs=tuple(os.path.abspath(p) for p in paths), command=entries, family=loaded.family,
+            prefix_tokens=loaded.prefix_tokens,
+        )
+        cam_look = {"method": opts.method, "alpha": opts.alpha, "cmap": opts.cmap} if command == "cam" else None
+        if team is not None:
+            from hookcli.fileformat import identity
+
+            team.check_same(identity(record))
+        return RunPlan(command=command, loaded=loaded, layers=selected, inputs=tuple(paths), settings=settings,
+                       output=Output(kind, path), record=record, forward=forward, shard_size=opts.shard_size,
+                       force=opts.force, grid=opts.grid, target=target, cam_look=cam_look, notes=notes, part=part,
+                       team=team)
+
+def _team(part, device: str):
+    """torchrun's process group for this run (:class:`~hookcli.launch.Team`), or None."""
+    if part is None or part.launcher != "torchrun":
+        return None
+    from hookcli.device import resolve_device
+    from hookcli.launch import join_team, local_device
+
+    return join_team(part, resolve_device(local_device(part, device)))
+
+
+@contextlib.contextmanager
+def _left_on_error(team):
+    """Leave ``team``'s process group when planning fails (a plan that succeeds leaves it when it has run)."""
     try:
-        return _planned(command, model, layers, inputs, opts, settings, family, keys, kind, path, part, team,
-                        options, help_hint)
+        yield
     except BaseException:
         if team is not None:
             team.close()
         raise
-
-
-def _planned(command, model, layers, inputs, opts, settings, family, keys, kind, path, part, team, options,
-             help_hint) -> RunPlan:
-    from hookcli.models import LoadedModel, resolve_weights
-
-    model_name = model.name if isinstance(model, LoadedModel) else str(model)
-    if team is not None and _reads_stdin(inputs):  # rank 0 reads the list; the others get it from rank 0
-        found, gathered = team.share(lambda: _gather(inputs, family, opts))
-    else:
-        found, gathered = _gather(inputs, family, opts)
-    paths = found.paths
-    if kind == "default":
-        kind = "folder" if len(paths) > LARGE_INPUT else "file"
-        # Named after the layers' keys: known now unless a glob or a type selector leaves them to the model.
-        path = None if keys is None else _default_output(command, model_name, keys, kind)
-    if path is not None and kind in ("file", "folder"):
-        _check_target(kind, path, paths, opts.force)
-    if opts.grid:
-        check_folder_output(opts.grid)
-        if keys is not None and not opts.force:  # known without the model: said before torch loads
-            _refuse_drawn_grids(opts.grid, keys)
-    if not isinstance(model, LoadedModel):
-        # The last check before torch: the registry cache answers it, and only a cold cache imports torchvision.
-        resolve_weights(model_name, opts.weights)
-
-    from hookcli.device import resolve_device
-    from hookcli.families import DEFAULT_CLIP_LENGTH
-    from hookcli.launch import cpu_threads, local_device
-    from hookcli.speed import check_precision
-
-    device = resolve_device(local_device(part, opts.device))
-    if device.type == "cpu" and cpu_threads(part):
-        import torch
-
-        torch.set_num_threads(cpu_threads(part))  # the processes on this machine share its cores
-    check_precision(opts.precision, device)
-    loaded = model if isinstance(model, LoadedModel) else _load(model_name, opts)
-    settings = dataclasses.replace(settings, device=device, preprocess=_preprocess(loaded, opts))
-    settings = settings.resolved(loaded, len(paths))
-    notes = gathered + _loading_notes(loaded, options)
-    if command == "extract" and opts.compile and not settings.compile:
-        notes += (f"--compile applies to classification models; this {loaded.family.replace('_', ' ')} model runs "
-                  "eagerly",)
-    if command != "extract" and opts.compile:
-        notes += ("--compile: gradients need the eager graph with hooks; running eagerly",)
-    target = None
-    if command != "extract":
-        from hookcli.gradients import parse_target
-        from hookcli.models import num_classes
-
-        target = parse_target(opts.target, loaded.categories, loaded.classes or num_classes(loaded.module),
-                              region=opts.region, family=loaded.family)
-        if loaded.scores not in (None, "logits"):
-            notes += (f"{loaded.name} has no classifier: targets are units of its "
-                      f"{'image embedding' if loaded.scores == 'embedding' else loaded.scores}",)
-    selected, forward, entries = _command_parts(command, loaded, layers, settings, opts, target)
-    if loaded.family == "video":
-        entries = {**entries, "clip_length": str(opts.clip_length or DEFAULT_CLIP_LENGTH),
-                   "frame_stride": str(opts.frame_stride), "clips_per_video": str(opts.clips_per_video)}
-    elif loaded.family == "optical_flow" and opts.pair_with:  # a resumed run must pair the same second images
-        from hookcli.fileformat import inputs_digest
-
-        entries = {**entries, "second_inputs_sha256": inputs_digest([p.second for p in paths])}
-    elif loaded.family == "optical_flow":
-        entries = {**entries, "frame_stride": str(opts.frame_stride)}
-    if path is None and kind in ("file", "folder"):
-        path = _default_output(command, loaded.name, list(selected.values()), kind)
-        _check_target(kind, path, paths, opts.force)
-    if opts.grid and not opts.force:
-        _refuse_drawn_grids(opts.grid, list(selected.values()))
-    if kind == "cam":
-        from hookcli.writers import cam_png_name
-
-        names = [cam_png_name(i, p, k, target.count) for i, p in enumerate(paths) for k in range(target.count)]
-        planned = [Path(path) / "cams.safetensors", *(Path(path) / n for n in names)]
-        refuse_existing(planned, force=opts.force)
-        _refuse_overwriting_inputs(planned, paths)
-    modules = dict(loaded.module.named_modules())
-    record = RunRecord(
-        model=loaded.name, weights=loaded.weights, layers=dict(selected),
-        layer_types={p: type(modules[p]).__name__ for p in selected}, capture=settings.capture,
-        preprocess=json.loads(settings.preprocess.to_json()), pool=settings.pool or "none", dtype=settings.dtype,
-        precision=settings.precision, memory_format=settings.memory_format, fuse=settings.fusing,
-        device=str(settings.device), on_error=settings.on_error, shard_size=opts.shard_size,
-        inputs=tuple(os.path.abspath(p) for p in paths), command=entries, family=loaded.family,
-        prefix_tokens=loaded.prefix_tokens,
-    )
-    cam_look = {"method": opts.method, "alpha": opts.alpha, "cmap": opts.cmap} if command == "cam" else None
-    if team is not None:
-        from hookcli.fileformat import identity
-
-        team.check_same(identity(record))
-    return RunPlan(command=command, loaded=loaded, layers=selected, inputs=tuple(paths), settings=settings,
-                   output=Output(kind, path), record=record, forward=forward, shard_size=opts.shard_size,
-                   force=opts.force, grid=opts.grid, target=target, cam_look=cam_look, notes=notes, part=part,
-                   team=team)
 
 
 def _part(opts: RunOptions, kind: str, output) -> object:
@@ -431,9 +435,9 @@ def _part(opts: RunOptions, kind: str, output) -> object:
     return part
 
 
-def _reads_stdin(inputs) -> bool:
-    given = [inputs] if isinstance(inputs, str | os.PathLike) else list(inputs)
-    return any(os.fspath(p) == "-" for p in given)
+def _arguments(inputs) -> list[str]:
+    """Inputs as given (a path, or a list of them) as a list of strings."""
+    return [os.fspath(p) for p in ([inputs] if isinstance(inputs, str | os.PathLike) else inputs)]
 
 
 #: Why a family has no gradients (or no CAM pictures), said as the hint.
@@ -605,9 +609,7 @@ def _gather(inputs, family: str, opts: RunOptions) -> tuple:
     from hookcli.images import FoundInputs, find_inputs
 
     recursive = opts.recursive
-    if isinstance(inputs, str | os.PathLike):
-        inputs = [inputs]
-    arguments = [os.fspath(p) for p in inputs]
+    arguments = _arguments(inputs)
     if not family_traits(family).videos:
         found = find_inputs(arguments, recursive=recursive)
         return found, (found.note,) if found.note else ()
@@ -649,7 +651,7 @@ def _image_pairs(arguments: list[str], opts: RunOptions, recursive: bool):
         raise UsageProblem("stdin (-) can give one of the two image lists, not both",
                            hint="name the other list's files or folder")
     firsts = find_inputs(arguments, recursive=recursive).paths
-    seconds = find_inputs([os.fspath(p) for p in opts.pair_with], recursive=recursive).paths
+    seconds = find_inputs(_arguments(opts.pair_with), recursive=recursive).paths
     if len(firsts) != len(seconds):
         raise UsageProblem(f"the two image lists differ in length: {_counted(len(firsts), 'first image')} and "
                            f"{len(seconds)} given with --pair-with",
@@ -801,7 +803,7 @@ def execute(run: RunPlan, progress: Callable[[Event], None] | None = None):
         if run.team is not None:
             run.team.close()
         raise
-    complete = getattr(writer, "complete", True) or run.team is not None  # a team's barrier waits for the rest
+    complete = writer.complete or run.team is not None  # a team's barrier waits for the rest
     if not complete:
         note(f"'{run.output.path}' holds {writer.inputs_done} of its {len(run.inputs)} inputs: other processes are "
              "writing the rest (or run the same command again to finish it)")
@@ -810,7 +812,7 @@ def execute(run: RunPlan, progress: Callable[[Event], None] | None = None):
             emit(Wrote(path))
     if isinstance(result, Features):
         result.notes = tuple(notes)
-    if run.grid and complete and getattr(writer, "finisher", True):
+    if run.grid and complete and writer.finisher:
         from hookcli.grids import GridOptions
         from hookcli.shards import open_features
 

@@ -221,7 +221,7 @@ class ShardWriter:
         self.part = part
         self.folder.mkdir(parents=True, exist_ok=True)
         self.lock = FolderLock(self.folder, self._given, on_wait=on_note)
-        self.claims = Claims(self.folder)
+        self.claims = Claims(self.folder, on_note=on_note)
         self.finished: set[int] = set()
         self.done = 0  # inputs in shards finished before this process began
         self._index_key: tuple[int, int] | None = None

@@ -10,7 +10,9 @@ inputs), then:
 - ``add(batch)`` takes each :class:`~hookcli.pipeline.Batch` in that order;
 - ``finish()`` completes the output and returns what the run returns (the
   features in memory, or the path written); ``written`` then lists the paths
-  to report, in order;
+  to report, in order; ``complete`` says whether the output then held every
+  input (a shard folder others still write may not), ``finisher`` whether this
+  process completed it;
 - ``abort()`` gives up after a failure, leaving nothing half-written.
 
 Implementations: :class:`MemoryWriter` (``output=None``), :class:`FileWriter`
@@ -139,6 +141,8 @@ class _WholeWriter:
         self.written: list[Path] = []
 
     done = 0  # inputs an earlier run did
+    complete = True  # the output holds every input once finish() returns
+    finisher = True  # this process completed the output (and so draws its pictures)
 
     def begin(self, batch_size: int):
         return (list(range(i, min(i + batch_size, len(self.paths)))) for i in range(0, len(self.paths), batch_size))
@@ -355,6 +359,14 @@ class CamOverlays:
     @property
     def has_rows(self) -> bool:
         return self.inner.has_rows
+
+    @property
+    def complete(self) -> bool:
+        return self.inner.complete
+
+    @property
+    def finisher(self) -> bool:
+        return self.inner.finisher
 
     def add(self, batch) -> None:
         import numpy as np

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -143,6 +144,9 @@ def test_killed_processes_lose_only_their_unfinished_shards_and_another_count_fi
                   for _ in range(3)]
     results = [(run.wait(timeout=300), run.stderr.read()) for run in relaunched]
     assert [code for code, _ in results] == [0, 0, 0], results
+    # The killed processes held claims on the shards they were computing: the new ones took them over, saying so.
+    assert re.search(r"Note: shard \d+ was claimed by process \d+ on .+, which has ended: this process computes it",
+                     "".join(err for _, err in results)), results
     _check_folder(folder, inputs, _one_process(runner, tmp_path, inputs, batch="1"))
 
 
@@ -165,11 +169,12 @@ def test_a_claim_is_taken_over_only_from_a_gone_or_silent_owner(tmp_path):
     _claim_file(tmp_path, 2, "elsewhere", 12345, 121)  # silent past the timeout
     _claim_file(tmp_path, 3, here, os.getppid(), 1)  # a live process on this host
     (tmp_path / CLAIMS / "00004").write_text("{not json")  # unreadable, and fresh
-    lock, claims = FolderLock(tmp_path, str(tmp_path)), Claims(tmp_path, timeout=120)
+    notes = []
+    lock, claims = FolderLock(tmp_path, str(tmp_path)), Claims(tmp_path, timeout=120, on_note=notes.append)
     with lock.held():
         assert [claims.take(n) for n in range(6)] == [True, False, True, False, False, True]
-    assert claims.taken_over == [(0, f"process {dead.pid} on {here}, which has ended"),
-                                 (2, "process 12345 on elsewhere, silent for 121 s")]
+    assert notes == [f"shard 0 was claimed by process {dead.pid} on {here}, which has ended: this process computes it",
+                     "shard 2 was claimed by process 12345 on elsewhere, silent for 121 s: this process computes it"]
     assert json.loads((tmp_path / CLAIMS / "00000").read_text())["pid"] == os.getpid()
     claims.release_all(lock)
     lock.close()
