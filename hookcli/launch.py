@@ -67,7 +67,7 @@ def detect_part(environ: Mapping[str, str] | None = None) -> Part | None:
     if "RANK" in env and "WORLD_SIZE" in env:
         rank, world = _number(env, "RANK"), _number(env, "WORLD_SIZE")
         local = _number(env, "LOCAL_RANK", 0)
-        part = Part(rank, world, local, _number(env, "LOCAL_WORLD_SIZE", 1), "torchrun")
+        part = Part(rank, world, local, _number(env, "LOCAL_WORLD_SIZE", local + 1), "torchrun")
     else:
         task, tasks = _number(env, "SLURM_PROCID", 0), _number(env, "SLURM_NTASKS", 1)
         local, local_count = _number(env, "SLURM_LOCALID", 0), _tasks_on_this_node(env)
@@ -80,8 +80,12 @@ def detect_part(environ: Mapping[str, str] | None = None) -> Part | None:
         part = Part(task, tasks, local, local_count, launcher)
     if part.count <= 1:
         return None
-    if not 0 <= part.index < part.count or not 0 <= part.local_index < max(part.local_count, 1):
-        raise UsageProblem(f"{part.launcher} says this is process {part.index} of {part.count}, which cannot be",
+    if not 0 <= part.index < part.count:
+        raise UsageProblem(f"{part.launcher} says this is process {part.index} (counted from 0) of {part.count}, "
+                           "which cannot be", hint="check the launcher's environment variables")
+    if not 0 <= part.local_index < part.local_count:
+        raise UsageProblem(f"{part.launcher} says this is process {part.local_index} (counted from 0) of the "
+                           f"{part.local_count} on this machine, which cannot be",
                            hint="check the launcher's environment variables")
     return part
 
@@ -105,7 +109,9 @@ def _tasks_on_this_node(env: Mapping[str, str]) -> int:
         if found:
             counts += [int(found.group(1))] * int(found.group(2) or 1)
     node = _number(env, "SLURM_NODEID", 0)
-    return counts[node] if 0 <= node < len(counts) else 1
+    if 0 <= node < len(counts):
+        return counts[node]
+    return _number(env, "SLURM_LOCALID", 0) + 1  # not said: at least as many as this task's local number
 
 
 def local_device(part: Part | None, device: str) -> str:

@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from hookcli import fileformat
-from hookcli.claims import LOCK_NAME, Claims, FolderLock
+from hookcli.claims import LOCK_NAME, Claims, FolderLock, claim_timeout
 from hookcli.errors import FeatureFileError, OutputExistsError, UsageProblem
 from hookcli.fileformat import INDEX_NAME, SHARD_FILE
 from hookcli.store import (
@@ -121,7 +121,10 @@ def _parse_index(path: Path) -> _Index:
             if not entries:
                 raise FeatureFileError(f"'{path}' is not a hookcli index",
                                        hint="give a folder written by hookcli extract -o DIR/") from None
-            if number == last:
+            # A crash leaves a last line without its newline, or bytes that are not JSON; a whole JSON line that is
+            # wrong was written so, and is an error wherever it is.
+            garbled = not raw.endswith(b"\n") or isinstance(err, json.JSONDecodeError | RecursionError)
+            if number == last and garbled:
                 whole = False  # the last line, cut short or garbled by a crash: its shard is done again
                 break
             problem = "is not JSON" if isinstance(err, json.JSONDecodeError) else f"is wrong: {err}"
@@ -687,6 +690,7 @@ def check_folder_target(folder: str | os.PathLike) -> None:
     if Path(folder).exists() and not Path(folder).is_dir():
         raise UsageProblem(f"output '{folder}' is a file, not a folder", hint="drop the trailing / to write one file")
     check_folder_output(folder)
+    claim_timeout()  # $HOOKCLI_CLAIM_TIMEOUT is checked before any work
     lock = Path(folder) / LOCK_NAME
     if lock.is_symlink() or (lock.exists() and not lock.is_file()):
         raise UsageProblem(f"'{lock}' is not a lock file hookcli made (it is a folder or a link)",

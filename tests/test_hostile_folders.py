@@ -38,7 +38,7 @@ def _one_error(result, code=2):
     return result.stderr.strip()
 
 
-@pytest.mark.parametrize("tail", [b'{"shard": 2, "fi', b'{"shard": 2, "file": "features-00002.safetensors"}\n',
+@pytest.mark.parametrize("tail", [b'{"shard": 2, "fi', b'{"shard": 2, "file": "features-00002.safetensors"}',
                                   b"\x00\x00\x00\x00\n"])
 def test_a_torn_or_garbled_last_index_line_is_cut_off_before_the_next_run_appends(runner, tmp_path, inputs, tail):
     folder = tmp_path / "feats"
@@ -55,6 +55,19 @@ def test_a_torn_or_garbled_last_index_line_is_cut_off_before_the_next_run_append
     rows, again = _rows(folder)
     assert again == names and torch.equal(torch.from_numpy(rows), torch.from_numpy(expected))
     assert _extract(runner, folder, inputs).exit_code == 0  # and the run after that finds nothing damaged
+
+
+def test_a_whole_last_line_that_is_wrong_is_an_error_not_a_torn_line(runner, tmp_path, inputs):
+    folder = tmp_path / "feats"
+    assert _extract(runner, folder, inputs).exit_code == 0
+    index = folder / INDEX_NAME
+    line = json.loads(index.read_text().splitlines()[1])
+    line.update(shard=50, file="features-00050.safetensors")
+    index.write_text(index.read_text() + json.dumps(line) + "\n")  # what a crash cannot leave: JSON and its newline
+    message = (f"Error: index '{index}' is damaged: line 5 is wrong: it describes shard 50, and the run has 3. Hint: "
+               "run the same extraction again with --force to start over")
+    assert _one_error(runner.invoke(main, ["info", str(folder)])) == message
+    assert _one_error(_extract(runner, folder, inputs)) == message
 
 
 def test_a_damaged_line_before_the_last_is_an_error_naming_it(runner, tmp_path, inputs):

@@ -222,6 +222,35 @@ def test_the_part_comes_from_the_launcher(environ, part):
     assert detect_part(environ) == part
 
 
+@pytest.mark.parametrize(("environ", "part"), [
+    ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}, Part(1, 2, 1, 2, "torchrun")),
+    ({"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_LOCALID": "1"}, Part(1, 2, 1, 2, "srun")),
+])
+def test_a_local_count_left_unsaid_is_at_least_the_local_number(environ, part):
+    assert detect_part(environ) == part
+
+
+@pytest.mark.parametrize(("environ", "message"), [
+    ({"RANK": "2", "WORLD_SIZE": "2"}, "torchrun says this is process 2 (counted from 0) of 2, which cannot be"),
+    ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "2"},
+     "torchrun says this is process 3 (counted from 0) of the 2 on this machine, which cannot be"),
+    ({"SLURM_PROCID": "1", "SLURM_NTASKS": "two"}, "$SLURM_NTASKS is 'two', not a whole number"),
+])
+def test_a_launcher_environment_that_cannot_be_is_refused(environ, message):
+    with pytest.raises(UsageProblem) as caught:
+        detect_part(environ)
+    assert caught.value.message == message
+
+
+def test_a_bad_claim_timeout_is_refused_before_the_model_loads(runner, tmp_path, inputs, monkeypatch):
+    monkeypatch.setenv("HOOKCLI_CLAIM_TIMEOUT", "abc")
+    monkeypatch.setattr("hookcli.models.load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    result = runner.invoke(main, [*ARGS, "-o", f"{tmp_path}/feats/", *inputs])
+    assert (result.exit_code, result.stderr) == (2, "Error: HOOKCLI_CLAIM_TIMEOUT must be a number of seconds above "
+                                                    "0, not 'abc'. Hint: unset it for the default of 120 s\n")
+    assert not (tmp_path / "feats").exists()
+
+
 @pytest.mark.parametrize("text", ["0/4", "5/4", "1", "a/b", "1/0", "-1/2"])
 def test_a_part_out_of_range_is_refused(runner, tmp_path, inputs, text):
     result = runner.invoke(main, [*ARGS, "--part", text, "-o", f"{tmp_path}/feats/", *inputs])
