@@ -51,7 +51,8 @@ def extract(model, layers, inputs, *, output=None, progress: Callable | None = N
     ``PATH=NAME``); ``inputs``: an image, a folder or a list of them.
     Options: ``weights`` (``"DEFAULT"``), ``seed``, ``capture``
     (``"output"``, ``"input"``, ``"both"``), ``resize``, ``crop``, ``mean``,
-    ``std``, ``interpolation``, ``fast_decode``, ``device`` (``"auto"``),
+    ``std``, ``interpolation``, ``fast_decode``, ``decode`` (``"cpu"``;
+    ``"device"``: batched on the device, :mod:`hookcli.decoding`), ``device`` (``"auto"``),
     ``batch_size`` (16), ``precision`` (``"fp32"``), ``memory_format``
     (``"auto"``), ``compile``, ``workers``, ``recursive``, ``on_error``
     (``"fail"``), ``force``, ``pool``, ``dtype`` (``"float32"``),

@@ -201,8 +201,9 @@ def _options(function, decorators):
 
 
 def _preprocess_options(function):
-    """--resize, --crop, --mean, --std, --interpolation: override the weights' preprocessing; --fast-decode."""
-    from hookcli.preprocess import INTERPOLATIONS
+    """--resize, --crop, --mean, --std, --interpolation: override the weights' preprocessing; --fast-decode and
+    --decode: how images are decoded."""
+    from hookcli.preprocess import DECODERS, INTERPOLATIONS
 
     return _options(function, [
         click.option("--resize", type=click.IntRange(min=1), help="Resize the shorter side to this [weights' value]."),
@@ -215,6 +216,10 @@ def _preprocess_options(function):
                      help="Decode JPEGs at a reduced scale (1/2, 1/4, 1/8) that keeps the shorter side at least "
                      "twice --resize, then resize as usual: several times faster for large photos; pixel values "
                      "differ slightly."),
+        click.option("--decode", type=click.Choice(DECODERS), default=DEFAULTS.decode, show_default=True,
+                     help="Where images are decoded and preprocessed: cpu (decode workers, Pillow), or device "
+                     "(the workers only read files; JPEGs are decoded batched on the run's device, nvJPEG on CUDA, "
+                     "and every image resized there). Pixel values differ slightly; recorded in the metadata."),
     ])
 
 

@@ -14,6 +14,7 @@ in the order given, folder contents sorted by name.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import itertools
 import math
@@ -30,8 +31,8 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from hookcli.errors import ImageError, InputError
 from hookcli.store import NotRegularFile, file_kind, open_regular
 
-__all__ = ["IMAGE_SUFFIXES", "RESAMPLE", "FoundInputs", "find_inputs", "gather_inputs", "load_rgb", "model_view",
-           "open_input"]
+__all__ = ["IMAGE_SUFFIXES", "RESAMPLE", "FoundInputs", "JpegBytes", "find_inputs", "gather_inputs", "load_rgb",
+           "model_view", "open_input", "read_jpeg"]
 
 #: Suffixes picked up when a folder is given; files named explicitly are always tried.
 IMAGE_SUFFIXES = frozenset(
@@ -192,7 +193,8 @@ def _is_image_name(name: str) -> bool:
     return not name.startswith(".") and Path(name).suffix.lower() in IMAGE_SUFFIXES
 
 
-def load_rgb(path: str | os.PathLike, *, min_size: int | None = None, max_side: int | None = None) -> Image.Image:
+def load_rgb(path: str | os.PathLike, *, min_size: int | None = None, max_side: int | None = None,
+             data: bytes | None = None) -> Image.Image:
     """Decode an image and return it as 8-bit RGB, upright.
 
     With ``min_size`` a JPEG is decoded at the smallest of libjpeg's scales
@@ -210,22 +212,81 @@ def load_rgb(path: str | os.PathLike, *, min_size: int | None = None, max_side: 
     decoded size once, not several full-size copies; one beyond Pillow's
     decompression-bomb size (89 megapixels, after a JPEG's reduced decoding)
     is refused rather than decoded.
+
+    ``data``: the file's bytes, already read (``path`` then only names it in errors).
     """
+    with _read_errors(path), _opened(path, data) as handle, Image.open(handle) as image:
+        if min_size is not None and image.format == "JPEG":
+            image.draft(image.mode, (min_size, min_size))
+        elif max_side is not None and image.format == "JPEG":
+            image.draft(image.mode, (max_side, max_side))
+        if max_side is not None and image.width * image.height > Image.MAX_IMAGE_PIXELS:
+            raise ImageError(f"image '{path}' is too large to draw over ({image.width}x{image.height}, more than "
+                             f"{Image.MAX_IMAGE_PIXELS // 1_000_000} megapixels)",
+                             hint="draw without --overlay, or over a smaller copy of the image")
+        image.load()
+        if max_side is not None and max(image.size) > max_side:
+            image = _reduced(image, math.ceil(max(image.size) / max_side))
+        ImageOps.exif_transpose(image, in_place=True)
+        return _to_rgb(image)
+
+
+@dataclass(frozen=True)
+class JpegBytes:
+    """A JPEG's bytes, to be decoded elsewhere (batched, on a GPU), its ``size`` (width, height) as its header
+    gives it, and the EXIF orientation to apply afterwards (1 to 8, as Pillow's ``ImageOps.exif_transpose`` reads
+    it)."""
+
+    path: str
+    data: bytes
+    size: tuple[int, int]
+    orientation: int = 1
+
+
+#: What a JPEG file starts with: the start-of-image marker and the lead byte of the marker after it.
+_JPEG_START = b"\xff\xd8\xff"
+#: The tag EXIF keeps the orientation under.
+_ORIENTATION = 0x0112
+
+
+def read_jpeg(path: str | os.PathLike) -> JpegBytes | None:
+    """The bytes of the 8-bit RGB or grayscale JPEG at ``path``, its header checked but its pixels not decoded;
+    None for any other image (PNG, CMYK JPEG…), which :func:`load_rgb` decodes.
+
+    Errors are those of :func:`load_rgb` for a file that cannot be opened or whose header is not an image's;
+    damage after the header shows when the pixels are decoded.
+
+    >>> photo = __import__("matplotlib.cbook").cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)
+    >>> found = read_jpeg(photo)
+    >>> len(found.data), found.size, found.orientation
+    (61306, (512, 600), 1)
+    """
+    with _read_errors(path), open_input(path) as handle:
+        if handle.read(len(_JPEG_START)) != _JPEG_START:
+            return None
+        handle.seek(0)
+        with Image.open(handle) as image:  # the header only: its size passes Pillow's decompression-bomb check
+            if image.format != "JPEG" or image.mode not in ("RGB", "L"):
+                return None
+            orientation, size = image.getexif().get(_ORIENTATION, 1), image.size
+        handle.seek(0)
+        return JpegBytes(os.fspath(path), handle.read(), size, orientation if orientation in range(1, 9) else 1)
+
+
+@contextlib.contextmanager
+def _opened(path, data: bytes | None):
+    if data is not None:
+        yield io.BytesIO(data)
+    else:
+        with open_input(path) as handle:
+            yield handle
+
+
+@contextlib.contextmanager
+def _read_errors(path):
+    """Reading or decoding the image at ``path``: what goes wrong raised as one :class:`ImageError` naming it."""
     try:
-        with open_input(path) as handle, Image.open(handle) as image:
-            if min_size is not None and image.format == "JPEG":
-                image.draft(image.mode, (min_size, min_size))
-            elif max_side is not None and image.format == "JPEG":
-                image.draft(image.mode, (max_side, max_side))
-            if max_side is not None and image.width * image.height > Image.MAX_IMAGE_PIXELS:
-                raise ImageError(f"image '{path}' is too large to draw over ({image.width}x{image.height}, more than "
-                                 f"{Image.MAX_IMAGE_PIXELS // 1_000_000} megapixels)",
-                                 hint="draw without --overlay, or over a smaller copy of the image")
-            image.load()
-            if max_side is not None and max(image.size) > max_side:
-                image = _reduced(image, math.ceil(max(image.size) / max_side))
-            ImageOps.exif_transpose(image, in_place=True)
-            return _to_rgb(image)
+        yield
     except FileNotFoundError:
         raise ImageError(f"image not found: '{path}'", hint="check the path") from None
     except NotRegularFile as err:

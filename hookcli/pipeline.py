@@ -1,7 +1,9 @@
 """The batch pipeline every model-running command shares: inputs → decode → device → forward → rows.
 
 :func:`iter_batches` is the one loop: images are decoded and preprocessed in
-worker processes (``workers``) while the model runs on earlier batches;
+worker processes (``workers``) while the model runs on earlier batches, or,
+with the preprocessing's ``decode="device"``, read there and decoded batched
+on the device while it computes the batch before (:mod:`hookcli.decoding`);
 batches go to the device (pinned memory and non-blocking copies on CUDA); a
 forward strategy, chosen once per run, runs the model with the layers
 captured; features are pooled and cast (``pool``, ``dtype``) on the device,
@@ -252,18 +254,22 @@ def _worker_init(worker_id: int) -> None:
 
 def image_loader(paths: Sequence, settings: RunSettings, *, order: Iterable[list[int]] | None = None):
     """Batches ``(indices, stacked images or None, failures)`` of ``paths`` in ``settings.batch_size`` (or the
-    batches of input indices ``order`` gives, read as they are needed), decoded by ``settings.workers``.
+    batches of input indices ``order`` gives, read as they are needed), decoded by ``settings.workers``; with
+    ``decode="device"``, ``(indices, items, failures)`` for :class:`hookcli.decoding.DeviceDecoder` to finish.
 
     ``settings`` must be resolved (:meth:`RunSettings.resolved`).
     """
     import torch
     from torch.utils.data import DataLoader
 
+    from hookcli import decoding
+
+    on_device = settings.preprocess.decode == "device"
     return DataLoader(
-        _Images(paths, settings.preprocess),
+        decoding.EncodedImages(paths) if on_device else _Images(paths, settings.preprocess),
         **({"batch_size": settings.batch_size} if order is None else {"batch_sampler": order}),
         num_workers=settings.workers,
-        collate_fn=_collate,
+        collate_fn=decoding.collate if on_device else _collate,
         pin_memory=torch.device(settings.device).type == "cuda",
         worker_init_fn=_worker_init if settings.workers else None,
         prefetch_factor=4 if settings.workers else None,
@@ -308,18 +314,52 @@ def iter_batches(
     ragged = ragged_rows(settings.family, settings.preprocess)  # every key a list of rows, whatever the strategy
     square = square_input(settings.preprocess)
     cast = getattr(torch, settings.dtype)
-    loader = image_loader(paths, settings, order=order)
+    batches = _Decoded(image_loader(paths, settings, order=order), settings, on_note)
     with prepared_model(loaded, settings) as (model, to_device), \
             make_forward(model, layers, settings, on_note) as run, _videos_closed():
-        for indices, batch, failures in loader:
+        for indices, batch, failures in batches:
             failures = reported_failures(failures, settings.on_error)
             features, targets, facts = {}, None, None
             if batch is not None:
                 captured, targets = run(to_device(batch))
+                batches.prepare()  # while the device computes this batch
                 features = {key: _stored(key, value, settings.pool, cast, ragged, square)
                             for key, value in captured.items()}
                 facts = run.facts()
             yield Batch(indices, features, failures, targets, facts)
+
+
+class _Decoded:
+    """The loader's batches, decoded on the device where the preprocessing says so (:mod:`hookcli.decoding`).
+
+    :meth:`prepare` decodes the next batch early: called once the device has the forward of a batch queued, the
+    host's share of decoding (reading the bytes, nvJPEG's Huffman stage) overlaps the device's work.
+    """
+
+    def __init__(self, loader, settings: RunSettings, on_note) -> None:
+        from hookcli.decoding import DeviceDecoder
+
+        self.loader, self._batches = loader, None  # the workers start with the first batch asked for
+        self.decode = DeviceDecoder(settings.preprocess, settings.device, on_note) \
+            if settings.preprocess.decode == "device" else None
+        self._next = None
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        self.prepare()
+        found, self._next = self._next, None
+        if found is None:
+            raise StopIteration
+        return found
+
+    def prepare(self) -> None:
+        if self._next is None:
+            if self._batches is None:
+                self._batches = iter(self.loader)
+            found = next(self._batches, None)
+            self._next = self.decode(*found) if found is not None and self.decode is not None else found
 
 
 @contextlib.contextmanager

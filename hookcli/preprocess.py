@@ -9,6 +9,9 @@ steps equal to it, so the numbers are exactly those torchvision uses.
 ``fast_decode`` trades a little of that exactness for speed on large photos:
 JPEGs are decoded at a reduced scale (libjpeg's 1/2, 1/4 or 1/8) that still
 leaves the shorter side at least twice ``resize``, then resized as usual.
+``decode="device"`` decodes and preprocesses on the run's device instead
+(:mod:`hookcli.decoding`); the transform takes uint8 tensors as well as PIL
+images for that.
 
 >>> spec = Preprocess(resize=256, crop=224)
 >>> spec.replace(crop=112).crop
@@ -28,9 +31,14 @@ import json
 import math
 from dataclasses import dataclass
 
-__all__ = ["INTERPOLATIONS", "MAX_SIDE", "Preprocess", "check_normalisation", "parse_triple"]
+__all__ = ["DECODERS", "DEVICE_DECODE_KINDS", "INTERPOLATIONS", "MAX_SIDE", "Preprocess", "check_normalisation",
+           "parse_triple"]
 
 INTERPOLATIONS = ("bilinear", "bicubic", "nearest")
+#: Where images are decoded and preprocessed: by the decode workers, or batched on the run's device.
+DECODERS = ("cpu", "device")
+#: The input kinds ``decode="device"`` serves: those read from image files, one at a time.
+DEVICE_DECODE_KINDS = ("classification", "segmentation", "detection")
 #: The largest resize and crop accepted, from options or from a file's metadata.
 MAX_SIDE = 8192
 
@@ -86,7 +94,8 @@ class Preprocess:
     - ``optical_flow``: frames scaled to [-1, 1] (``OpticalFlow``), resized or
       cropped only when asked.
 
-    ``mean``/``std`` None means no normalisation.
+    ``mean``/``std`` None means no normalisation. ``decode`` is where images
+    are decoded and preprocessed (:data:`DECODERS`, :mod:`hookcli.decoding`).
     """
 
     resize: int | tuple[int, int] | None
@@ -97,10 +106,19 @@ class Preprocess:
     antialias: bool = True
     fast_decode: bool = False
     kind: str = "classification"
+    decode: str = "cpu"
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"kind must be one of {', '.join(KINDS)}, not {self.kind!r}")
+        if self.decode not in DECODERS:
+            raise ValueError(f"decode must be one of {', '.join(DECODERS)}, not {self.decode!r}")
+        if self.decode == "device" and self.kind not in DEVICE_DECODE_KINDS:
+            raise ValueError(f"decode='device' reads image files, and {self.kind.replace('_', ' ')} models take "
+                             "frames decoded on the CPU")
+        if self.decode == "device" and self.fast_decode:
+            raise ValueError("fast_decode and decode='device' cannot be combined: fast_decode is the CPU decoder's "
+                             "reduced scale")
         if self.interpolation not in INTERPOLATIONS:
             raise ValueError(f"interpolation must be one of {', '.join(INTERPOLATIONS)}, not {self.interpolation!r}")
         if isinstance(self.resize, list):
@@ -153,8 +171,9 @@ class Preprocess:
                         isinstance(v, int | float) and not isinstance(v, bool) for v in given[name]):
                     raise ValueError(f"its {name} is not three numbers")
                 given[name] = tuple(float(v) for v in given[name])
-        if not isinstance(given.get("kind", ""), str):
-            raise ValueError("its kind is not a name")
+        for name in ("kind", "decode"):
+            if not isinstance(given.get(name, ""), str):
+                raise ValueError(f"its {name} is not a name")
         return cls(**given)
 
     @classmethod
@@ -198,6 +217,8 @@ class Preprocess:
 
     def to_transform(self):
         """The transform of one decoded input: a PIL image (a ``[T, H, W, 3]`` uint8 array for video) → tensor.
+        Image kinds take uint8 tensors ``[..., 3, H, W]`` too (a batch of one size at once), as
+        :mod:`hookcli.decoding` gives them.
 
         Classification uses torchvision's ``ImageClassification`` itself, video
         its ``VideoClassification``, so the numbers are exactly torchvision's.
@@ -205,7 +226,8 @@ class Preprocess:
         from torchvision.transforms import InterpolationMode
 
         interpolation = InterpolationMode(self.interpolation)
-        if self.kind == "classification" and isinstance(self.resize, int) and self.crop is not None:
+        if self.kind == "classification" and isinstance(self.resize, int) and self.crop is not None \
+                and self.mean is not None:
             from torchvision.transforms._presets import ImageClassification
 
             return ImageClassification(crop_size=self.crop, resize_size=self.resize, mean=self.mean, std=self.std,
@@ -215,7 +237,12 @@ class Preprocess:
         return _ImageSteps(self)
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self))
+        """The fields as JSON; ``decode`` only when it is not ``"cpu"``, so a run that does not ask for it records
+        what runs before the field existed recorded (and continues their shard folders)."""
+        fields = dataclasses.asdict(self)
+        if self.decode == "cpu":
+            del fields["decode"]
+        return json.dumps(fields)
 
 
 def _is_side(value) -> bool:
@@ -223,8 +250,8 @@ def _is_side(value) -> bool:
 
 
 class _ImageSteps:
-    """PIL image → float tensor ``[3, H, W]``: resize (shorter side, or to ``[height, width]``) and crop when set,
-    scale to [0, 1], normalise when set.
+    """PIL image (or uint8 tensor ``[..., 3, H, W]``) → float tensor ``[..., 3, H, W]``: resize (shorter side, or
+    to ``[height, width]``) and crop when set, scale to [0, 1], normalise when set.
 
     With only ``resize`` and normalisation this is torchvision's ``SemanticSegmentation``; with neither,
     ``ObjectDetection``; with mean = std = 0.5, ``OpticalFlow`` on one frame.
@@ -245,7 +272,8 @@ class _ImageSteps:
                              antialias=spec.antialias)
         if spec.crop is not None:
             image = F.center_crop(image, [spec.crop])
-        tensor = F.convert_image_dtype(F.pil_to_tensor(image), torch.float)
+        tensor = F.convert_image_dtype(image if isinstance(image, torch.Tensor) else F.pil_to_tensor(image),
+                                       torch.float)
         if spec.mean is not None:
             tensor = F.normalize(tensor, mean=list(spec.mean), std=list(spec.std))
         return tensor

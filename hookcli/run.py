@@ -128,6 +128,7 @@ class RunOptions:
     std: tuple[float, float, float] | None = None
     interpolation: str | None = None
     fast_decode: bool = False
+    decode: str = "cpu"  # hookcli.preprocess.DECODERS
     device: str = "auto"
     batch_size: int = 16
     precision: str = "fp32"
@@ -158,7 +159,7 @@ class RunOptions:
     def __post_init__(self) -> None:
         from hookcli.device import parse_device
         from hookcli.gradients import CAM_METHODS
-        from hookcli.preprocess import INTERPOLATIONS, MAX_SIDE, check_normalisation, parse_triple
+        from hookcli.preprocess import DECODERS, INTERPOLATIONS, MAX_SIDE, check_normalisation, parse_triple
 
         for name, high in (("resize", MAX_SIDE), ("crop", MAX_SIDE), ("shard_size", None), ("clip_length", 4096)):
             check_whole(name, getattr(self, name), 1, high, optional=True)
@@ -166,6 +167,10 @@ class RunOptions:
         check_whole("clips_per_video", self.clips_per_video, 0, 4096)
         if self.interpolation is not None:
             check_choice("interpolation", self.interpolation, INTERPOLATIONS)
+        check_choice("decode", self.decode, DECODERS)
+        if self.fast_decode and self.decode == "device":
+            raise UsageProblem("--fast-decode and --decode device cannot be combined",
+                               hint="--fast-decode is a reduced scale of the CPU's decoder; give one of them")
         for name in ("mean", "std"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, _parsed(name, parse_triple, getattr(self, name)))
@@ -194,8 +199,8 @@ def _parsed(name: str, parse: Callable, value):
         raise UsageProblem(f"invalid {name}: {err}") from None
 
 
-_COMMON = ("weights", "seed", "resize", "crop", "mean", "std", "interpolation", "fast_decode", "device", "batch_size",
-           "precision", "memory_format", "compile", "workers", "recursive", "on_error", "force")
+_COMMON = ("weights", "seed", "resize", "crop", "mean", "std", "interpolation", "fast_decode", "decode", "device",
+           "batch_size", "precision", "memory_format", "compile", "workers", "recursive", "on_error", "force")
 #: The options each command takes (the Python function's keywords, the command line's long options).
 _CLIPS = ("clip_length", "frame_stride", "clips_per_video")
 COMMAND_OPTIONS = {
@@ -477,8 +482,15 @@ def _preprocess(loaded, opts: RunOptions):
     if resize is not None and isinstance(loaded.preprocess.resize, tuple) and loaded.preprocess.kind == \
             "classification" and loaded.preprocess.crop is None and opts.crop is None:
         resize = (resize, resize)
+    from hookcli.preprocess import DEVICE_DECODE_KINDS
+
+    kind = loaded.preprocess.kind
+    if opts.decode == "device" and kind not in DEVICE_DECODE_KINDS:
+        raise UsageProblem(f"--decode device reads image files, and this {kind.replace('_', ' ')} model takes frames "
+                           "decoded on the CPU", hint="leave out --decode device")
     return loaded.preprocess.replace(resize=resize, crop=opts.crop, mean=opts.mean, std=opts.std,
-                                     interpolation=opts.interpolation, fast_decode=opts.fast_decode or None)
+                                     interpolation=opts.interpolation, fast_decode=opts.fast_decode or None,
+                                     decode=opts.decode)
 
 
 def _output_kind(command: str, output, model_name: str) -> tuple[str, str | None]:

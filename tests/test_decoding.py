@@ -1,0 +1,226 @@
+"""--decode device: images read by the workers, decoded and preprocessed batched on the device (the CPU here)."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image, ImageOps
+from safetensors import safe_open
+
+from hookcli.cli import main
+from hookcli.decoding import DeviceDecoder, EncodedImages, collate, upright
+from hookcli.images import load_rgb, read_jpeg
+from hookcli.models import load_model
+from hookcli.pipeline import RunSettings, iter_batches
+from hookcli.preprocess import Preprocess
+
+CPU = torch.device("cpu")
+PLAIN = {"mean": None, "std": None}  # values in [0, 1], so a level of difference is 1/255
+
+
+def _decoded(paths, preprocess, on_note=None):
+    return DeviceDecoder(preprocess, CPU, on_note)(*collate([EncodedImages(paths)[i] for i in range(len(paths))]))
+
+
+def _on_cpu(paths, preprocess):
+    transform = preprocess.to_transform()
+    return [transform(load_rgb(path)) for path in paths]
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_every_exif_orientation_comes_out_as_pillow_turns_it(tmp_path, orientation):
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    path = tmp_path / f"turned-{orientation}.jpg"
+    pixels = np.random.default_rng(orientation).integers(0, 256, (20, 30, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(path, exif=exif, quality=95)
+    found = read_jpeg(path)
+    assert (found.orientation, found.data) == (orientation, path.read_bytes())
+    _, batch, _ = _decoded([path], Preprocess(resize=None, crop=None, kind="detection", **PLAIN))
+    expected = np.array(ImageOps.exif_transpose(Image.open(path)))
+    assert batch.shape == (1, 3, *expected.shape[:2])
+    assert torch.equal((batch[0] * 255).round().to(torch.uint8).permute(1, 2, 0), torch.from_numpy(expected))
+
+
+def test_upright_turns_tensors_and_leaves_unknown_orientations_alone():
+    image = torch.arange(6).reshape(1, 2, 3)
+    assert upright(image, 1) is image and upright(image, 9) is image
+    assert upright(image, 8).tolist() == [[[2, 5], [1, 4], [0, 3]]]  # counter-clockwise
+    assert upright(image, 3).tolist() == [[[5, 4, 3], [2, 1, 0]]]
+
+
+def test_what_the_workers_leave_jpegs_as_bytes_and_other_images_decoded(photo, tmp_path, make_image):
+    png = make_image(tmp_path / "a.png", size=(40, 30))
+    cmyk = tmp_path / "cmyk.jpg"
+    Image.open(photo).convert("CMYK").save(cmyk)
+    gray = tmp_path / "gray.jpg"
+    Image.open(photo).convert("L").save(gray)
+    indices, items, failures = collate([EncodedImages([photo, png, cmyk, gray])[i] for i in range(4)])
+    assert (indices, failures) == ([0, 1, 2, 3], [])
+    assert [type(item).__name__ for item in items] == ["JpegBytes", "Tensor", "Tensor", "JpegBytes"]
+    assert items[1].shape == (3, 30, 40) and items[1].dtype == torch.uint8
+    assert torch.equal(items[2], torch.from_numpy(np.array(load_rgb(cmyk))).permute(2, 0, 1))
+    # A grayscale JPEG is decoded to RGB by the tensor decoder exactly as Pillow does it.
+    _, batch, _ = _decoded([gray], Preprocess(resize=None, crop=None, kind="detection", **PLAIN))
+    assert torch.equal(batch[0], _on_cpu([gray], Preprocess(resize=None, crop=None, kind="detection", **PLAIN))[0])
+
+
+def test_pixels_differ_from_the_cpu_path_by_at_most_one_level(photo, tmp_path, make_image):
+    png = make_image(tmp_path / "a.png", size=(97, 61))
+    preprocess = Preprocess(resize=72, crop=64, **PLAIN)
+    indices, batch, failures = _decoded([photo, png, photo], preprocess)
+    assert (indices, failures, batch.shape) == ([0, 1, 2], [], (3, 3, 64, 64))
+    reference = torch.stack(_on_cpu([photo, png, photo], preprocess))
+    levels = ((batch - reference).abs() * 255).round()
+    assert levels.max().item() == 1  # Pillow's and torch's antialiased resizes round differently
+    assert 0.02 < (levels > 0).float().mean().item() < 0.4
+    assert torch.equal(batch[0], batch[2])
+
+
+def test_images_of_several_sizes_are_preprocessed_as_one_at_a_time(photo, tmp_path, make_image):
+    paths = [make_image(tmp_path / "a.png", size=(50, 40)), photo,
+             make_image(tmp_path / "b.png", size=(50, 40), seed=1)]
+    preprocess = Preprocess(resize=24, crop=20)
+    _, together, _ = _decoded(paths, preprocess)
+    for k, path in enumerate(paths):
+        assert torch.equal(together[k], _decoded([path], preprocess)[1][0])
+
+
+def test_a_batch_is_decoded_a_bounded_number_of_pixels_at_a_time(photo, tmp_path, make_image, monkeypatch):
+    import torchvision.io
+
+    from hookcli import decoding
+
+    calls = []
+    original = torchvision.io.decode_jpeg
+
+    def counted(data, **options):
+        calls.append(len(data))
+        return original(data, **options)
+
+    paths = [photo, make_image(tmp_path / "a.png", size=(50, 40)), photo, photo]
+    preprocess = Preprocess(resize=24, crop=20)
+    _, whole, _ = _decoded(paths, preprocess)
+    monkeypatch.setattr(torchvision.io, "decode_jpeg", counted)
+    monkeypatch.setattr(decoding, "PIXELS_AT_ONCE", 512 * 600 + 50 * 40)  # a photo and the PNG, or one photo
+    indices, parts, _ = _decoded(paths, preprocess)
+    assert (calls, indices) == ([1, 1, 1], [0, 1, 2, 3])
+    assert torch.equal(parts, whole)
+
+
+def test_segmentation_rows_keep_their_own_shapes(photo, tmp_path, make_image):
+    wide = make_image(tmp_path / "wide.png", size=(90, 30))
+    preprocess = Preprocess(resize=24, crop=None, kind="segmentation")
+    _, rows, _ = _decoded([photo, wide], preprocess)
+    assert isinstance(rows, list)
+    assert [tuple(row.shape) for row in rows] == [(3, 28, 24), (3, 24, 72)]
+    assert [row.shape for row in rows] == [row.shape for row in _on_cpu([photo, wide], preprocess)]
+
+
+def test_unreadable_images_fail_with_the_cpu_paths_messages(photo, tmp_path):
+    data = photo.read_bytes()
+    truncated = tmp_path / "truncated.jpg"
+    truncated.write_bytes(data[:len(data) // 2])
+    text = tmp_path / "text.jpg"
+    text.write_text("not a picture")
+    empty = tmp_path / "empty.jpg"
+    empty.write_bytes(b"")
+    inputs = [photo, truncated, text, empty, tmp_path / "gone.jpg", photo]
+    loaded = load_model("resnet18", "none")
+    found = {}
+    for decode in ("cpu", "device"):
+        settings = RunSettings(preprocess=loaded.preprocess.replace(resize=32, crop=32, decode=decode),
+                               on_error="skip", batch_size=8)
+        (batch,) = iter_batches(loaded, {"layer1": "layer1"}, inputs, settings)
+        found[decode] = batch
+    assert found["device"].indices == found["cpu"].indices == [0, 5]
+    assert found["device"].failures == found["cpu"].failures
+    assert [index for index, _ in found["device"].failures] == [1, 2, 3, 4]
+    assert found["device"].failures[0][1].startswith(f"cannot decode image '{truncated}': image file is truncated")
+
+
+def test_a_jpeg_the_device_decoder_refuses_is_decoded_by_pillow_and_said_once(photo, tmp_path, monkeypatch):
+    import torchvision.io
+
+    original = torchvision.io.decode_jpeg
+    refused = len(photo.read_bytes())
+
+    def fussy(data, **options):  # stands in for nvJPEG refusing a JPEG it does not support
+        if any(len(item) == refused for item in (data if isinstance(data, list) else [data])):
+            raise RuntimeError("nvjpegDecode failed: 6\nmore")
+        return original(data, **options)
+
+    monkeypatch.setattr(torchvision.io, "decode_jpeg", fussy)
+    other = tmp_path / "other.jpg"
+    Image.open(photo).convert("RGB").resize((100, 120)).save(other)
+    notes = []
+    preprocess = Preprocess(resize=None, crop=None, kind="detection", **PLAIN)
+    indices, rows, failures = _decoded([other, photo, photo], preprocess, notes.append)
+    assert (indices, failures) == ([0, 1, 2], [])
+    assert torch.equal(rows[1], _on_cpu([photo], preprocess)[0])
+    assert torch.equal(rows[0], _on_cpu([other], preprocess)[0])
+    assert notes == [f"--decode device: torchvision's CPU decoder refused '{photo}' (nvjpegDecode failed: 6); "
+                     "Pillow decoded it, as it will any other such image"]
+
+
+def test_extract_with_device_decoding_records_it_and_keeps_the_values(runner, photo, tmp_path, make_image):
+    png = make_image(tmp_path / "a.png", size=(70, 50))
+    base = ["extract", "-m", "resnet18", "-w", "none", "-l", "layer2", "--pool", "avg", "--resize", "40", "--crop",
+            "32", "-q", str(photo), str(png), str(photo)]
+    results = {decode: runner.invoke(main, [*base, "--decode", decode, "--workers", "1", "-o",
+                                            str(tmp_path / f"{decode}.safetensors")]) for decode in ("cpu", "device")}
+    assert all(result.exit_code == 0 for result in results.values()), [r.output for r in results.values()]
+    files = {decode: safe_open(tmp_path / f"{decode}.safetensors", "pt") for decode in results}
+    device, cpu = (files[d].get_tensor("layer2") for d in ("device", "cpu"))
+    assert device.shape == cpu.shape == (3, 128)
+    assert 0 < (device - cpu).abs().max().item() < 0.05 * cpu.abs().max().item()
+    assert torch.equal(device[0], device[2])
+    assert json.loads(files["device"].metadata()["preprocess"])["decode"] == "device"
+    assert "decode" not in json.loads(files["cpu"].metadata()["preprocess"])  # as runs before the option recorded
+
+
+def test_a_folder_started_on_one_decoder_is_not_continued_on_the_other(runner, photo, tmp_path):
+    base = ["extract", "-m", "resnet18", "-w", "none", "-l", "layer1", "--resize", "32", "--crop", "32", "-q",
+            "-o", f"{tmp_path}/feats/", str(photo)]
+    assert runner.invoke(main, [*base, "--decode", "device"]).exit_code == 0
+    result = runner.invoke(main, [*base, "--decode", "cpu"])
+    assert (result.exit_code, result.stderr) == (2, f"Error: '{tmp_path}/feats/' holds a different run (it "
+                                                    "differs in: preprocess). Hint: run the same command to continue "
+                                                    "it, add --force to replace it, or use another folder\n")
+
+
+def test_grad_runs_on_device_decoded_images(runner, photo, tmp_path):
+    out = tmp_path / "grads.safetensors"
+    result = runner.invoke(main, ["grad", "-m", "resnet18", "-w", "none", "-l", "layer4", "--resize", "32", "--crop",
+                                  "32", "--decode", "device", "-q", "-o", str(out), str(photo)])
+    assert result.exit_code == 0, result.output
+    assert safe_open(out, "pt").get_tensor("layer4").shape == (1, 512, 1, 1)
+
+
+@pytest.mark.parametrize(("arguments", "message"), [
+    (["-m", "resnet18", "--decode", "device", "--fast-decode"],
+     "Error: --fast-decode and --decode device cannot be combined. Hint: --fast-decode is a reduced scale of the "
+     "CPU's decoder; give one of them\n"),
+    (["-m", "r3d_18", "--decode", "device"],
+     "Error: --decode device reads image files, and this video model takes frames decoded on the CPU. Hint: leave "
+     "out --decode device\n"),
+    (["-m", "resnet18", "--decode", "gpu"], None),
+])
+def test_device_decoding_is_refused_where_it_cannot_apply(runner, photo, arguments, message):
+    result = runner.invoke(main, ["extract", "-w", "none", "-l", "layer1", *arguments, str(photo)])
+    assert result.exit_code == 2
+    if message is None:
+        assert "Invalid value for '--decode': 'gpu' is not one of 'cpu', 'device'." in result.stderr
+    else:
+        assert result.stderr == message
+
+
+def test_preprocessing_with_device_decoding_reads_back_from_metadata():
+    spec = Preprocess(resize=64, crop=56, decode="device")
+    assert Preprocess.from_metadata(spec.to_json()) == spec
+    assert json.loads(Preprocess(resize=64, crop=56).to_json()).get("decode") is None
+    with pytest.raises(ValueError, match="^decode must be one of cpu, device, not 'gpu'$"):
+        Preprocess.from_metadata(json.dumps({"resize": 64, "crop": 56, "decode": "gpu"}))
+    with pytest.raises(ValueError, match="^its decode is not a name$"):
+        Preprocess.from_metadata(json.dumps({"resize": 64, "crop": 56, "decode": 1}))
