@@ -141,6 +141,12 @@ class Team:
 
         import torch.distributed as dist
 
+        if backend == "nccl":
+            import torch
+
+            # NCCL's object collectives work on the current device: it must be this process's own GPU.
+            device = torch.device("cuda", device.index if device.index is not None else torch.cuda.current_device())
+            torch.cuda.set_device(device)
         self.part, self.backend, self.device = part, backend, device
         # A long run leaves early finishers waiting at the barrier: no timeout a run could reach.
         dist.init_process_group(backend, timeout=datetime.timedelta(days=30),
@@ -183,11 +189,17 @@ class Team:
 
 
 def join_team(part: Part | None, device) -> Team | None:
-    """Join torchrun's process group (NCCL when this process uses a GPU, else gloo); None for other launchers."""
+    """Join torchrun's process group; None for other launchers.
+
+    NCCL when each process of this machine has a GPU of its own, else gloo: NCCL refuses two processes on one
+    GPU, and gloo does all the group is for (passing small objects, a barrier) on any device.
+    """
     if part is None or part.launcher != "torchrun" or "MASTER_ADDR" not in os.environ:
         return None
+    import torch
     import torch.distributed as dist
 
     if dist.is_initialized():
         return None  # the caller's own group: hookcli leaves it alone
-    return Team(part, "nccl" if device.type == "cuda" else "gloo", device)
+    own_gpu = device.type == "cuda" and part.local_count <= torch.cuda.device_count()
+    return Team(part, "nccl" if own_gpu else "gloo", device)

@@ -279,3 +279,17 @@ def test_parse_part_and_cpu_threads():
     assert parse_part(" 2 / 3 ") == Part(1, 3)
     assert cpu_threads(None) is None and cpu_threads(Part(0, 2)) is None
     assert cpu_threads(Part(0, 8, 0, 2)) == max(1, (os.cpu_count() or 1) // 2)
+
+
+@pytest.mark.parametrize(("device", "gpus", "backend"), [
+    ("cuda:1", 2, "nccl"), ("cuda:1", 1, "gloo"), ("cpu", 2, "gloo"),
+])
+def test_torchrun_processes_use_nccl_only_with_a_gpu_each(monkeypatch, device, gpus, backend):
+    from hookcli import launch
+
+    monkeypatch.setenv("MASTER_ADDR", "localhost")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(launch, "Team", lambda part, chosen, on: (chosen, on))
+    part = Part(1, 2, local_index=1, local_count=2, launcher="torchrun")
+    assert launch.join_team(part, torch.device(device)) == (backend, torch.device(device))
+    assert launch.join_team(Part(1, 2, launcher="slurm"), torch.device(device)) is None
