@@ -89,8 +89,15 @@ class _Index(NamedTuple):
     ordered: bool = True
 
 
-def _parse_index(path: Path) -> _Index:
-    """The index at ``path`` (an empty one when there is none), every line checked."""
+def _not_an_index(path: Path, writing: bool) -> FeatureFileError:
+    hint = "add --force to replace it, or use another folder" if writing else \
+        "give a folder written by hookcli extract -o DIR/"
+    return FeatureFileError(f"'{path}' is not a hookcli index", hint=hint)
+
+
+def _parse_index(path: Path, *, writing: bool = False) -> _Index:
+    """The index at ``path`` (an empty one when there is none), every line checked. ``writing``: the error for a
+    file that is no index tells how to replace it, not what to read instead."""
     try:
         with open_regular(path) as handle:
             raw = handle.read()
@@ -119,8 +126,7 @@ def _parse_index(path: Path) -> _Index:
                 raise ValueError("it was cut short")
         except (ValueError, RecursionError) as err:
             if not entries:
-                raise FeatureFileError(f"'{path}' is not a hookcli index",
-                                       hint="give a folder written by hookcli extract -o DIR/") from None
+                raise _not_an_index(path, writing) from None
             # A crash leaves a last line without its newline, or bytes that are not JSON; a whole JSON line that is
             # wrong was written so, and is an error wherever it is.
             garbled = not raw.endswith(b"\n") or isinstance(err, json.JSONDecodeError | RecursionError)
@@ -133,7 +139,7 @@ def _parse_index(path: Path) -> _Index:
         entries.append(entry)
         end = min(offset, len(raw))
     if not entries:
-        raise FeatureFileError(f"'{path}' is not a hookcli index", hint="give a folder written by hookcli extract")
+        raise _not_an_index(path, writing)
     numbers = [entry["shard"] for entry in entries[1:]]
     return _Index(entries[0], sorted(entries[1:], key=lambda entry: entry["shard"]), whole, end,
                   numbers == sorted(numbers))
@@ -248,7 +254,13 @@ class ShardWriter:
         self._thread: threading.Thread | None = None
 
     def _open(self, force: bool) -> None:
-        header, shards, whole, end, self._ordered = _parse_index(self.index_path)
+        try:
+            index = _parse_index(self.index_path, writing=True)
+        except FeatureFileError:
+            if not force or not self.index_path.is_file():
+                raise
+            index = _Index(None, [])  # --force: a damaged index goes, with the shards it listed
+        header, shards, whole, end, self._ordered = index
         if header is not None and header["identity"] != self.identity:
             if not force:
                 differ = sorted(k for k in {*header["identity"], *self.identity}

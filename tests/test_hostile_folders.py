@@ -70,6 +70,34 @@ def test_a_whole_last_line_that_is_wrong_is_an_error_not_a_torn_line(runner, tmp
     assert _one_error(_extract(runner, folder, inputs)) == message
 
 
+@pytest.mark.parametrize("damage", ["empty", "foreign", "line 2"])
+def test_force_starts_over_on_a_folder_whose_index_is_damaged_or_no_index(runner, tmp_path, inputs, damage):
+    fresh = tmp_path / "fresh"
+    assert _extract(runner, fresh, inputs).exit_code == 0
+    expected, names = _rows(fresh)
+    folder = tmp_path / "feats"
+    index = folder / INDEX_NAME
+    if damage == "line 2":
+        assert _extract(runner, folder, inputs).exit_code == 0
+        lines = index.read_text().splitlines(keepends=True)
+        index.write_text(lines[0] + "garbage\n" + "".join(lines[2:]))
+        message = (f"Error: index '{index}' is damaged: line 2 is not JSON. Hint: run the same extraction again "
+                   "with --force to start over")
+    else:
+        folder.mkdir()
+        index.write_text("" if damage == "empty" else '{"rows": 3}\n')
+        message = f"Error: '{index}' is not a hookcli index. Hint: add --force to replace it, or use another folder"
+    assert _one_error(_extract(runner, folder, inputs)) == message
+    if damage != "line 2":
+        assert _one_error(runner.invoke(main, ["info", str(folder)])) == (
+            f"Error: '{index}' is not a hookcli index. Hint: give a folder written by hookcli extract -o DIR/")
+    result = _extract(runner, folder, inputs, "--force")
+    assert result.exit_code == 0, result.output
+    rows, again = _rows(folder)
+    assert again == names and torch.equal(torch.from_numpy(rows), torch.from_numpy(expected))
+    assert sorted(p.name for p in folder.iterdir()) == sorted(p.name for p in fresh.iterdir())
+
+
 def test_a_damaged_line_before_the_last_is_an_error_naming_it(runner, tmp_path, inputs):
     folder = tmp_path / "feats"
     assert _extract(runner, folder, inputs).exit_code == 0
