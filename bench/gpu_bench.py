@@ -71,13 +71,16 @@ def forward_rate(loaded, batch, precision: str, device, repeat: int) -> float:
 
 def decode_rate(loaded, paths, decode: str, batch_size: int, device) -> float:
     """Images/s of the input stage alone: files to preprocessed batches on the device."""
-    from hookcli.pipeline import RunSettings, _Decoded, image_loader
+    from hookcli.decoding import DeviceDecoder
+    from hookcli.pipeline import RunSettings, image_loader
 
     settings = RunSettings(preprocess=loaded.preprocess.replace(decode=decode), device=device,
                            batch_size=batch_size).resolved(loaded, len(paths))
+    finish = DeviceDecoder(settings.preprocess, device) if decode == "device" else None
     start = time.perf_counter()
     count = 0
-    for indices, batch, _ in _Decoded(image_loader(paths, settings), settings, None):
+    for found in image_loader(paths, settings):
+        indices, batch, _ = finish(*found) if finish is not None else found
         batch.to(device, non_blocking=True)
         count += len(indices)
     _synchronize(device)
@@ -115,7 +118,7 @@ def pixel_differences(loaded, paths, device) -> tuple[int, float, float]:
 
     plain = dataclasses.replace(loaded.preprocess, mean=None, std=None, decode="device")
     transform = plain.replace(decode="cpu").to_transform()
-    images = EncodedImages(paths)
+    images = EncodedImages(paths, plain)
     _, batch, _ = DeviceDecoder(plain, device)(*collate([images[i] for i in range(len(paths))]))
     reference = torch.stack([transform(load_rgb(p)) for p in paths])
     levels = ((batch.float().cpu() - reference).abs() * 255).round()

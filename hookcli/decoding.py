@@ -10,16 +10,18 @@ upright as its EXIF orientation says, and runs the same preprocessing there,
 images of one size together. That is what keeps a large GPU fed when the
 CPU's cores cannot decode as fast as it computes.
 
-- Images that are not 8-bit RGB or grayscale JPEGs (PNG, WebP, CMYK JPEGs…)
-  are decoded by the workers as usual and preprocessed on the device with the
-  rest.
+- Images that are not 8-bit RGB or grayscale JPEGs (PNG, WebP, CMYK JPEGs…),
+  and JPEGs that do not end as a whole one does, are decoded and preprocessed
+  by the workers exactly as ``--decode cpu`` does, and join the batch on the
+  device.
 - A JPEG the device's decoder refuses is decoded on the CPU instead; the first
   one is said. One the CPU cannot decode either is an unreadable image, as
   with ``--decode cpu`` (``--on-error``).
 - The pixels differ slightly from ``--decode cpu``: tensor resizing rounds a
-  little differently from Pillow's, and nvJPEG's inverse DCT and chroma
-  upsampling from libjpeg's. The README gives the measured differences;
-  ``preprocess.decode`` in the metadata records the choice.
+  little differently from Pillow's (:class:`~hookcli.preprocess.TensorSteps`),
+  and nvJPEG's inverse DCT and chroma upsampling from libjpeg's. The README
+  gives the measured differences; ``preprocess.decode`` in the metadata
+  records the choice.
 
 On the CPU the same steps run in the main process (torchvision's libjpeg
 decoder): slower than the workers, but the way to see what the tensor path
@@ -28,32 +30,39 @@ changes without a GPU.
 >>> import torch
 >>> from hookcli.preprocess import Preprocess
 >>> photo = __import__("matplotlib.cbook").cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)
->>> images = EncodedImages([photo, photo])
->>> indices, items, failures = collate([images[0], images[1]])
->>> decode = DeviceDecoder(Preprocess(resize=64, crop=56, decode="device"), torch.device("cpu"))
->>> indices, batch, failures = decode(indices, items, failures)
+>>> preprocess = Preprocess(resize=64, crop=56, decode="device")
+>>> images = EncodedImages([photo, photo], preprocess)
+>>> indices, encoded, failures = collate([images[0], images[1]])
+>>> indices, batch, failures = DeviceDecoder(preprocess, torch.device("cpu"))(indices, encoded, failures)
 >>> indices, tuple(batch.shape), failures
 ([0, 1], (2, 3, 56, 56), [])
 """
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
-from hookcli.errors import ImageError
+from hookcli.errors import DeviceError, ImageError, MemoryLimitError, first_line
 from hookcli.preprocess import Preprocess
 
-__all__ = ["PIXELS_AT_ONCE", "DeviceDecoder", "EncodedImages", "collate", "upright"]
+__all__ = ["PIXELS_AT_ONCE", "DeviceDecoder", "Encoded", "EncodedImages", "collate", "upright"]
+
+
+#: Pixels decoded and resized at once, at most (one image more where one alone is larger): 64 megapixels are 192 MiB
+#: as uint8 and 768 MiB as the floats resizing works in, whether they are 256 ImageNet photos or five from a camera.
+PIXELS_AT_ONCE = 1 << 26
 
 
 class EncodedImages:
     """A dataset of images as the decode workers leave them for the device: a JPEG's bytes
-    (:class:`~hookcli.images.JpegBytes`), any other image decoded to ``[3, H, W]`` uint8; a failure comes back as a
-    value ``(message, hint)``, never raised in a worker."""
+    (:class:`~hookcli.images.JpegBytes`), any other image decoded and preprocessed as ``--decode cpu`` does it; a
+    failure comes back as a value ``(message, hint)``, never raised in a worker."""
 
-    def __init__(self, paths: Sequence) -> None:
-        self.paths = paths
+    def __init__(self, paths: Sequence, preprocess: Preprocess) -> None:
+        self.paths, self.transform = paths, preprocess.to_transform()
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -64,79 +73,110 @@ class EncodedImages:
         path = self.paths[index]
         try:
             found = read_jpeg(path)
-            if found is None:
-                from torchvision.transforms.functional import pil_to_tensor
-
-                found = pil_to_tensor(load_rgb(path))
-            return index, found, None
+            return index, found if found is not None else self.transform(load_rgb(path)), None
         except ImageError as err:
             return index, None, (err.message, err.hint)
 
 
-def collate(items) -> tuple[list[int], list, list]:
-    """``(indices, items, failures)`` of a batch of :class:`EncodedImages` items; the items are left unstacked."""
+class Encoded(NamedTuple):
+    """A batch as the workers hand it over: ``jpegs`` as ``(position, JpegBytes)``, and the other images, already
+    preprocessed, at ``positions``: ``prepared`` is them stacked when they share a shape (a list otherwise, None
+    when there are none), so a batch of PNGs crosses from a worker as one tensor."""
+
+    jpegs: list
+    prepared: object
+    positions: list
+
+
+def collate(items) -> tuple[list[int], Encoded, list]:
+    """``(indices, Encoded, failures)`` of a batch of :class:`EncodedImages` items."""
+    from hookcli.images import JpegBytes
+
     good = [(i, item) for i, item, error in items if error is None]
-    return [i for i, _ in good], [item for _, item in good], [(i, e) for i, _, e in items if e is not None]
+    jpegs = [(k, item) for k, (_, item) in enumerate(good) if isinstance(item, JpegBytes)]
+    positions = [k for k, (_, item) in enumerate(good) if not isinstance(item, JpegBytes)]
+    prepared = [good[k][1] for k in positions]
+    if prepared and all(row.shape == prepared[0].shape for row in prepared):
+        import torch
+
+        prepared = torch.stack(prepared)
+    return [i for i, _ in good], Encoded(jpegs, prepared if positions else None, positions), \
+        [(i, e) for i, _, e in items if e is not None]
 
 
 class DeviceDecoder:
-    """Turns a batch of :class:`EncodedImages` items into the model's input on ``device``: ``(indices, images,
-    failures)``, the images stacked when they share a shape (a list of rows otherwise, as segmentation without a
-    crop gives), None when none could be read.
+    """Turns a batch the workers hand over (:func:`collate`) into the model's input on ``device``: ``(indices,
+    images, failures)``, the images stacked when they share a shape (a list of rows otherwise, as segmentation
+    without a crop gives), None when none could be read.
 
     Images are decoded and resized :data:`PIXELS_AT_ONCE` pixels at a time, so a batch of camera photos needs no
-    more device memory than a batch of small ones. ``on_note(text)`` hears, once, that the device's decoder refused
-    a JPEG the CPU then decoded.
+    more device memory than a batch of small ones. On CUDA the work runs on a stream of its own, which the
+    model's stream waits for before it uses the batch: nvJPEG writes its output without waiting for the stream it
+    was allocated on, so memory the model's queued kernels still read must never be handed to it.
+    ``on_note(text)`` hears, once, that the device's decoder refused a JPEG that Pillow then decoded.
     """
 
     def __init__(self, preprocess: Preprocess, device, on_note: Callable[[str], None] | None = None) -> None:
-        self.transform, self.device, self.on_note = preprocess.to_transform(), device, on_note
-        self._noted = False
-
-    def __call__(self, indices: list[int], items: list, failures: list) -> tuple[list[int], object, list]:
         import torch
 
-        failures, kept, rows = list(failures), [], []
-        for chunk in _bounded(list(zip(indices, items)), PIXELS_AT_ONCE):
-            good = []
-            for (index, _), image in zip(chunk, self._pixels([item for _, item in chunk])):
+        self.steps, self.device, self.on_note = preprocess.to_tensor_steps(), device, on_note
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self._noted = False
+        self._device_decoded = False  # whether the device's decoder has decoded any JPEG yet
+
+    def __call__(self, indices: list[int], encoded: Encoded, failures: list) -> tuple[list[int], object, list]:
+        import torch
+
+        with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
+            rows, failed = self._rows(encoded)
+            kept = [k for k, row in enumerate(rows) if row is not None]
+            rows = [rows[k] for k in kept]
+            batch = (torch.stack(rows) if all(row.shape == rows[0].shape for row in rows) else rows) if rows else None
+        if self.stream is not None and batch is not None:
+            model_stream = torch.cuda.current_stream(self.device)
+            model_stream.wait_stream(self.stream)
+            for tensor in [batch] if isinstance(batch, torch.Tensor) else batch:
+                tensor.record_stream(model_stream)  # freed only once the model's stream is done with it
+        failures = sorted([*failures, *((indices[k], error) for k, error in failed)])
+        return [indices[k] for k in kept], batch, failures
+
+    def _rows(self, encoded: Encoded) -> tuple[list, list]:
+        """Each image's row on the device (None for one that failed), and the failures ``(position, (message,
+        hint))``."""
+        count = len(encoded.jpegs) + len(encoded.positions)
+        rows: list = [None] * count
+        if encoded.prepared is not None:
+            for position, row in zip(encoded.positions, encoded.prepared):
+                rows[position] = row.to(self.device, non_blocking=True)
+        failed = []
+        for chunk in _bounded(encoded.jpegs, PIXELS_AT_ONCE):
+            cropped = []
+            for (position, _), image in zip(chunk, self._decoded([jpeg for _, jpeg in chunk])):
                 if isinstance(image, ImageError):
-                    failures.append((index, (image.message, image.hint)))
+                    failed.append((position, (image.message, image.hint)))
                 else:
-                    good.append((index, image))
-            if good:
-                kept.extend(index for index, _ in good)
-                rows.extend(self._preprocessed([image for _, image in good]))
-        if not kept:
-            return [], None, sorted(failures)
-        batch = torch.stack(rows) if all(row.shape == rows[0].shape for row in rows) else rows
-        return kept, batch, sorted(failures)
-
-    def _pixels(self, items: list) -> list:
-        """Each item as a uint8 ``[3, H, W]`` image on the device (JPEGs decoded there), or an ImageError."""
-        from hookcli.images import JpegBytes
-
-        jpegs = [k for k, item in enumerate(items) if isinstance(item, JpegBytes)]
-        pixels = [None if isinstance(item, JpegBytes) else item.to(self.device, non_blocking=True) for item in items]
-        for k, decoded in zip(jpegs, self._decoded([items[k] for k in jpegs])):
-            pixels[k] = decoded if isinstance(decoded, ImageError) else decoded.to(self.device, non_blocking=True)
-        return pixels
+                    cropped.append((position, image))
+            for position, row in zip([p for p, _ in cropped], self._preprocessed([image for _, image in cropped])):
+                rows[position] = row
+        return rows, failed
 
     def _preprocessed(self, images: list) -> list:
-        """The preprocessing of each image, run once for each size the images come in."""
+        """Rows of uint8 images: resized and cropped a size at a time, then scaled and normalised at once."""
         import torch
 
         by_size: dict[tuple, list[int]] = {}
         for k, image in enumerate(images):
             by_size.setdefault(tuple(image.shape), []).append(k)
-        rows: list = [None] * len(images)
+        cropped: list = [None] * len(images)
         for members in by_size.values():
-            for k, row in zip(members, self.transform(torch.stack([images[k] for k in members]))):
-                rows[k] = row
-        return rows
+            for k, row in zip(members, self.steps.geometry(torch.stack([images[k] for k in members]))):
+                cropped[k] = row
+        if cropped and all(row.shape == cropped[0].shape for row in cropped):
+            return list(self.steps.scaled(torch.stack(cropped)))
+        return [self.steps.scaled(row) for row in cropped]
 
     def _decoded(self, jpegs: list) -> list:
-        """Each JPEG decoded upright on the device, or on the CPU where the device's decoder refuses it; an
+        """Each JPEG decoded upright on the device, or by Pillow where the device's decoder refuses it; an
         :class:`ImageError` for one neither can decode."""
         import torch
         from torchvision.io import ImageReadMode, decode_jpeg
@@ -144,53 +184,67 @@ class DeviceDecoder:
         if not jpegs:
             return []
         data = [torch.frombuffer(bytearray(jpeg.data), dtype=torch.uint8) for jpeg in jpegs]
+        if self.stream is not None:
+            self.stream.synchronize()  # what this stream freed is free: nvJPEG will not wait for it
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)  # torchvision points to TorchCodec; it still decodes
             try:
                 images = decode_jpeg(data, mode=ImageReadMode.RGB, device=self.device)
+                self._device_decoded = True
                 return [upright(image, jpeg.orientation) for image, jpeg in zip(images, jpegs)]
-            except RuntimeError:  # the call decodes all or nothing: find the ones at fault
-                pass
-            found = []
+            except RuntimeError as err:  # the call decodes all or nothing: find the ones at fault
+                _refuse_out_of_memory(err)
+            found, refusals = [], []
             for jpeg, encoded in zip(jpegs, data):
                 try:
                     found.append(upright(decode_jpeg(encoded, mode=ImageReadMode.RGB, device=self.device),
                                          jpeg.orientation))
+                    self._device_decoded = True
                 except RuntimeError as err:
-                    found.append(self._on_cpu(jpeg, err))
-            return found
+                    _refuse_out_of_memory(err)
+                    found.append(self._by_pillow(jpeg))
+                    refusals.append((jpeg, err))
+        if refusals:
+            self._refused(refusals, decoded=sum(not isinstance(image, ImageError) for image in found))
+        return found
 
-    def _on_cpu(self, jpeg, refusal: Exception):
+    def _by_pillow(self, jpeg):
         from torchvision.transforms.functional import pil_to_tensor
 
-        from hookcli.errors import first_line
         from hookcli.images import load_rgb
 
         try:
-            image = pil_to_tensor(load_rgb(jpeg.path, data=jpeg.data))
+            return pil_to_tensor(load_rgb(jpeg.path, data=jpeg.data)).to(self.device, non_blocking=True)
         except ImageError as err:
             return err
-        if not self._noted and self.on_note is not None:
-            self.on_note(f"--decode device: torchvision's {self.device.type.upper()} decoder refused '{jpeg.path}' "
-                         f"({first_line(refusal)[:160]}); Pillow decoded it, as it will any other such image")
+
+    def _refused(self, refusals: list, decoded: int) -> None:
+        """Say the first refusal of a JPEG Pillow could decode; stop where the device's decoder refuses every JPEG
+        Pillow reads, as a build without it does, rather than decode a whole run in this one thread."""
+        jpeg, err = refusals[0]
+        reason = first_line(err)[:160]
+        name = f"torchvision's {self.device.type.upper()} decoder"
+        if decoded == len(refusals) and not self._device_decoded:
+            raise DeviceError(f"--decode device: {name} decodes none of these JPEGs ({reason})",
+                              hint="this torchvision may lack nvJPEG; use --decode cpu")
+        if decoded and not self._noted and self.on_note is not None:
+            self.on_note(f"--decode device: {name} refused '{jpeg.path}' ({reason}); Pillow decoded it, as it will "
+                         "any other such image")
             self._noted = True
-        return image
 
 
-#: Pixels decoded and resized at once, at most (one image more where one alone is larger): 64 megapixels are 192 MiB
-#: as uint8 and 768 MiB as the floats resizing works in, whether they are 256 ImageNet photos or five from a camera.
-PIXELS_AT_ONCE = 1 << 26
+def _refuse_out_of_memory(err: RuntimeError) -> None:
+    if "out of memory" in str(err).lower():
+        raise MemoryLimitError(f"--decode device: the device ran out of memory decoding a batch ({first_line(err)})",
+                               hint="give a smaller --batch-size, or --decode cpu") from None
 
 
 def _bounded(pairs: list, budget: int):
-    """``(index, item)`` pairs in runs of consecutive ones whose pixels add up to ``budget`` at most (a run holds
-    one pair at least)."""
-    from hookcli.images import JpegBytes
-
+    """``(position, JpegBytes)`` pairs in runs of consecutive ones whose pixels add up to ``budget`` at most (a run
+    holds one pair at least)."""
     run, pixels = [], 0
     for pair in pairs:
-        item = pair[1]
-        count = item.size[0] * item.size[1] if isinstance(item, JpegBytes) else item.shape[-2] * item.shape[-1]
+        count = pair[1].size[0] * pair[1].size[1]
         if run and pixels + count > budget:
             yield run
             run, pixels = [], 0

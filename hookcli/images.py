@@ -245,13 +245,17 @@ class JpegBytes:
 
 #: What a JPEG file starts with: the start-of-image marker and the lead byte of the marker after it.
 _JPEG_START = b"\xff\xd8\xff"
+#: The end-of-image marker a whole JPEG ends with.
+_JPEG_END = b"\xff\xd9"
 #: The tag EXIF keeps the orientation under.
 _ORIENTATION = 0x0112
 
 
 def read_jpeg(path: str | os.PathLike) -> JpegBytes | None:
-    """The bytes of the 8-bit RGB or grayscale JPEG at ``path``, its header checked but its pixels not decoded;
-    None for any other image (PNG, CMYK JPEG…), which :func:`load_rgb` decodes.
+    """The bytes of the 8-bit RGB or grayscale JPEG at ``path`` (or the first picture of an MPO, as cameras write
+    them), its header checked but its pixels not decoded; None for any other image (PNG, CMYK JPEG…), and for a
+    JPEG that does not end with its end-of-image marker (cut short, or followed by other data), which
+    :func:`load_rgb` decodes as it always does.
 
     Errors are those of :func:`load_rgb` for a file that cannot be opened or whose header is not an image's;
     damage after the header shows when the pixels are decoded.
@@ -266,11 +270,14 @@ def read_jpeg(path: str | os.PathLike) -> JpegBytes | None:
             return None
         handle.seek(0)
         with Image.open(handle) as image:  # the header only: its size passes Pillow's decompression-bomb check
-            if image.format != "JPEG" or image.mode not in ("RGB", "L"):
+            if image.format not in ("JPEG", "MPO") or image.mode not in ("RGB", "L"):
                 return None
             orientation, size = image.getexif().get(_ORIENTATION, 1), image.size
         handle.seek(0)
-        return JpegBytes(os.fspath(path), handle.read(), size, orientation if orientation in range(1, 9) else 1)
+        data = handle.read()
+        if not data.rstrip(b"\0\r\n ").endswith(_JPEG_END):  # nvJPEG may pass a cut-short file that Pillow refuses
+            return None
+        return JpegBytes(os.fspath(path), data, size, orientation if orientation in range(1, 9) else 1)
 
 
 @contextlib.contextmanager

@@ -4,7 +4,7 @@ hookcli has no scheduler of its own: the processes a launcher starts share
 one shard folder through claims (:mod:`hookcli.claims`), and a
 :class:`Part` only says which block of shards a process takes first and
 which GPU it uses. Under torchrun the processes also join a process group
-(:class:`Team`, NCCL on GPUs, gloo on the CPU) for what needs one: agreeing
+(:class:`Team`, gloo on any device) for what needs one: agreeing
 that every process runs the same command, handing rank 0's stdin list to
 the others, and a final barrier, so that every process returns when the
 folder is complete.
@@ -134,23 +134,21 @@ def cpu_threads(part: Part | None) -> int | None:
 
 
 class Team:
-    """torchrun's processes in one process group, for agreeing on the run and the final barrier."""
+    """torchrun's processes in one gloo process group, for agreeing on the run and the final barrier.
 
-    def __init__(self, part: Part, backend: str, device=None) -> None:
+    gloo whatever the device: the group only passes small objects and waits at a barrier, which gloo does over the
+    network without tying a process to a GPU. NCCL would refuse two processes on one GPU, and processes that chose
+    backends by their own machine's GPUs could disagree and wait for each other forever.
+    """
+
+    def __init__(self, part: Part) -> None:
         import datetime
 
         import torch.distributed as dist
 
-        if backend == "nccl":
-            import torch
-
-            # NCCL's object collectives work on the current device: it must be this process's own GPU.
-            device = torch.device("cuda", device.index if device.index is not None else torch.cuda.current_device())
-            torch.cuda.set_device(device)
-        self.part, self.backend, self.device = part, backend, device
+        self.part = part
         # A long run leaves early finishers waiting at the barrier: no timeout a run could reach.
-        dist.init_process_group(backend, timeout=datetime.timedelta(days=30),
-                                **({"device_id": device} if backend == "nccl" else {}))
+        dist.init_process_group("gloo", timeout=datetime.timedelta(days=30))
         self._dist = dist
 
     def share(self, compute: Callable[[], object]):
@@ -178,28 +176,20 @@ class Team:
                                    f"{', '.join(differ)})", hint="give every process the same command and inputs")
 
     def barrier(self) -> None:
-        if self.backend == "nccl":
-            self._dist.barrier(device_ids=[self.device.index])
-        else:
-            self._dist.barrier()
+        self._dist.barrier()
 
     def close(self) -> None:
         if self._dist.is_initialized():
             self._dist.destroy_process_group()
 
 
-def join_team(part: Part | None, device) -> Team | None:
-    """Join torchrun's process group; None for other launchers.
-
-    NCCL when each process of this machine has a GPU of its own, else gloo: NCCL refuses two processes on one
-    GPU, and gloo does all the group is for (passing small objects, a barrier) on any device.
-    """
+def join_team(part: Part | None) -> Team | None:
+    """Join torchrun's process group (:class:`Team`); None for other launchers, and where the caller's own program
+    has a group already (hookcli leaves it alone)."""
     if part is None or part.launcher != "torchrun" or "MASTER_ADDR" not in os.environ:
         return None
-    import torch
     import torch.distributed as dist
 
     if dist.is_initialized():
-        return None  # the caller's own group: hookcli leaves it alone
-    own_gpu = device.type == "cuda" and part.local_count <= torch.cuda.device_count()
-    return Team(part, "nccl" if own_gpu else "gloo", device)
+        return None
+    return Team(part)

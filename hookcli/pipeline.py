@@ -255,7 +255,7 @@ def _worker_init(worker_id: int) -> None:
 def image_loader(paths: Sequence, settings: RunSettings, *, order: Iterable[list[int]] | None = None):
     """Batches ``(indices, stacked images or None, failures)`` of ``paths`` in ``settings.batch_size`` (or the
     batches of input indices ``order`` gives, read as they are needed), decoded by ``settings.workers``; with
-    ``decode="device"``, ``(indices, items, failures)`` for :class:`hookcli.decoding.DeviceDecoder` to finish.
+    ``decode="device"``, ``(indices, Encoded, failures)`` for :class:`hookcli.decoding.DeviceDecoder` to finish.
 
     ``settings`` must be resolved (:meth:`RunSettings.resolved`).
     """
@@ -266,13 +266,14 @@ def image_loader(paths: Sequence, settings: RunSettings, *, order: Iterable[list
 
     on_device = settings.preprocess.decode == "device"
     return DataLoader(
-        decoding.EncodedImages(paths) if on_device else _Images(paths, settings.preprocess),
+        decoding.EncodedImages(paths, settings.preprocess) if on_device else _Images(paths, settings.preprocess),
         **({"batch_size": settings.batch_size} if order is None else {"batch_sampler": order}),
         num_workers=settings.workers,
         collate_fn=decoding.collate if on_device else _collate,
         pin_memory=torch.device(settings.device).type == "cuda",
         worker_init_fn=_worker_init if settings.workers else None,
-        prefetch_factor=4 if settings.workers else None,
+        # A batch of JPEG bytes may be far larger than the same batch preprocessed: fewer of them wait.
+        prefetch_factor=(2 if on_device else 4) if settings.workers else None,
     )
 
 

@@ -31,8 +31,8 @@ import json
 import math
 from dataclasses import dataclass
 
-__all__ = ["DECODERS", "DEVICE_DECODE_KINDS", "INTERPOLATIONS", "MAX_SIDE", "Preprocess", "check_normalisation",
-           "parse_triple"]
+__all__ = ["DECODERS", "DEVICE_DECODE_KINDS", "INTERPOLATIONS", "MAX_SIDE", "Preprocess", "TensorSteps",
+           "check_normalisation", "parse_triple"]
 
 INTERPOLATIONS = ("bilinear", "bicubic", "nearest")
 #: Where images are decoded and preprocessed: by the decode workers, or batched on the run's device.
@@ -236,6 +236,19 @@ class Preprocess:
             return _VideoSteps(self)
         return _ImageSteps(self)
 
+    def to_tensor_steps(self) -> TensorSteps:
+        """The same preprocessing for uint8 tensors on any device, in two steps, as :mod:`hookcli.decoding` runs it:
+        :meth:`TensorSteps.geometry` on each batch of images of one size, :meth:`TensorSteps.scaled` once on all.
+
+        >>> import torch
+        >>> steps = Preprocess(resize=8, crop=6).to_tensor_steps()
+        >>> tuple(steps.scaled(steps.geometry(torch.zeros(2, 3, 10, 12, dtype=torch.uint8))).shape)
+        (2, 3, 6, 6)
+        """
+        if self.kind not in DEVICE_DECODE_KINDS:
+            raise ValueError(f"{self.kind.replace('_', ' ')} inputs are not preprocessed as tensors of images")
+        return TensorSteps(self)
+
     def to_json(self) -> str:
         """The fields as JSON; ``decode`` only when it is not ``"cpu"``, so a run that does not ask for it records
         what runs before the field existed recorded (and continues their shard folders)."""
@@ -277,6 +290,51 @@ class _ImageSteps:
         if spec.mean is not None:
             tensor = F.normalize(tensor, mean=list(spec.mean), std=list(spec.std))
         return tensor
+
+
+class TensorSteps:
+    """:class:`_ImageSteps` (and so torchvision's presets) for uint8 tensors ``[N, 3, H, W]``, split in two so that
+    a batch of many sizes is resized a size at a time but scaled and normalised at once.
+
+    Pillow's nearest neighbour is torch's ``nearest-exact`` (torch's own ``nearest`` picks pixels shifted by half
+    of one); bilinear and bicubic round a little differently from Pillow's (see the README's measurements).
+    Nothing here reads values back to the host, so a GPU's queue is never waited on.
+    """
+
+    def __init__(self, spec: Preprocess) -> None:
+        from torchvision.transforms import InterpolationMode
+
+        self.spec = spec
+        self.mode = InterpolationMode.NEAREST_EXACT if spec.interpolation == "nearest" \
+            else InterpolationMode(spec.interpolation)
+        self._normalisation: dict = {}  # device -> (mean, std) tensors
+
+    def geometry(self, images):
+        """Resize and crop as the preprocessing says; uint8 in, uint8 out."""
+        from torchvision.transforms import functional as F
+
+        spec = self.spec
+        if spec.resize is not None:
+            size = list(spec.resize) if isinstance(spec.resize, tuple) else [spec.resize]
+            images = F.resize(images, size, interpolation=self.mode, antialias=spec.antialias)
+        if spec.crop is not None:
+            images = F.center_crop(images, [spec.crop])
+        return images
+
+    def scaled(self, images):
+        """To floats in [0, 1], then normalised when the preprocessing normalises: the arithmetic of torchvision's
+        ``convert_image_dtype`` and ``normalize``, with the mean and std kept on the images' device."""
+        import torch
+
+        values = images.to(torch.float) / 255
+        if self.spec.mean is None:
+            return values
+        if values.device not in self._normalisation:
+            self._normalisation[values.device] = tuple(
+                torch.tensor(v, dtype=torch.float, device=values.device).view(-1, 1, 1)
+                for v in (self.spec.mean, self.spec.std))
+        mean, std = self._normalisation[values.device]
+        return values.sub_(mean).div_(std)
 
 
 class _VideoSteps:

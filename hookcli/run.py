@@ -305,7 +305,7 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
         if kind == "cam":
             check_folder_output(path)
             refuse_existing([Path(path) / "cams.safetensors"], force=opts.force)
-    team = _team(part, opts.device)
+    team = _team(part)
     with _left_on_error(team):
         if team is not None and "-" in _arguments(inputs) + _arguments(opts.pair_with or ()):
             # Rank 0 reads the list from stdin; the others get it from rank 0.
@@ -338,6 +338,9 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
 
             torch.set_num_threads(cpu_threads(part))  # the processes on this machine share its cores
         check_precision(opts.precision, device)
+        if opts.decode == "device" and device.type not in ("cuda", "cpu"):
+            raise UsageProblem(f"--decode device decodes on CUDA GPUs (nvJPEG), not on {device.type}",
+                               hint="leave out --decode device: the decode workers feed it")
         loaded = model if isinstance(model, LoadedModel) else _load(model_name, opts)
         settings = dataclasses.replace(settings, device=device, preprocess=_preprocess(loaded, opts))
         settings = settings.resolved(loaded, len(paths))
@@ -399,14 +402,13 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
                        force=opts.force, grid=opts.grid, target=target, cam_look=cam_look, notes=notes, part=part,
                        team=team)
 
-def _team(part, device: str):
+def _team(part):
     """torchrun's process group for this run (:class:`~hookcli.launch.Team`), or None."""
     if part is None or part.launcher != "torchrun":
         return None
-    from hookcli.device import resolve_device
-    from hookcli.launch import join_team, local_device
+    from hookcli.launch import join_team
 
-    return join_team(part, resolve_device(local_device(part, device)))
+    return join_team(part)
 
 
 @contextlib.contextmanager

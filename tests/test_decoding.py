@@ -20,7 +20,8 @@ PLAIN = {"mean": None, "std": None}  # values in [0, 1], so a level of differenc
 
 
 def _decoded(paths, preprocess, on_note=None):
-    return DeviceDecoder(preprocess, CPU, on_note)(*collate([EncodedImages(paths)[i] for i in range(len(paths))]))
+    images = EncodedImages(paths, preprocess)
+    return DeviceDecoder(preprocess, CPU, on_note)(*collate([images[i] for i in range(len(paths))]))
 
 
 def _on_cpu(paths, preprocess):
@@ -50,32 +51,56 @@ def test_upright_turns_tensors_and_leaves_unknown_orientations_alone():
     assert upright(image, 3).tolist() == [[[5, 4, 3], [2, 1, 0]]]
 
 
-def test_what_the_workers_leave_jpegs_as_bytes_and_other_images_decoded(photo, tmp_path, make_image):
+def test_the_workers_leave_whole_jpegs_as_bytes_and_preprocess_other_images(photo, tmp_path, make_image):
     png = make_image(tmp_path / "a.png", size=(40, 30))
     cmyk = tmp_path / "cmyk.jpg"
     Image.open(photo).convert("CMYK").save(cmyk)
     gray = tmp_path / "gray.jpg"
     Image.open(photo).convert("L").save(gray)
-    indices, items, failures = collate([EncodedImages([photo, png, cmyk, gray])[i] for i in range(4)])
-    assert (indices, failures) == ([0, 1, 2, 3], [])
-    assert [type(item).__name__ for item in items] == ["JpegBytes", "Tensor", "Tensor", "JpegBytes"]
-    assert items[1].shape == (3, 30, 40) and items[1].dtype == torch.uint8
-    assert torch.equal(items[2], torch.from_numpy(np.array(load_rgb(cmyk))).permute(2, 0, 1))
+    trailing = tmp_path / "trailing.jpg"
+    trailing.write_bytes(photo.read_bytes() + b"a camera's own data")
+    preprocess = Preprocess(resize=24, crop=20)
+    paths = [photo, png, cmyk, gray, trailing]
+    images = EncodedImages(paths, preprocess)
+    indices, encoded, failures = collate([images[i] for i in range(len(paths))])
+    assert (indices, failures) == ([0, 1, 2, 3, 4], [])
+    assert [(k, jpeg.path, jpeg.size) for k, jpeg in encoded.jpegs] == [(0, str(photo), (512, 600)),
+                                                                       (3, str(gray), (512, 600))]
+    assert encoded.positions == [1, 2, 4]  # a file that goes on after its JPEG ends is Pillow's to read
+    assert torch.equal(encoded.prepared, torch.stack(_on_cpu([png, cmyk, trailing], preprocess)))
+    _, batch, _ = _decoded(paths, preprocess)
+    assert torch.equal(batch[[1, 2, 4]], encoded.prepared)  # exactly as --decode cpu has them
     # A grayscale JPEG is decoded to RGB by the tensor decoder exactly as Pillow does it.
-    _, batch, _ = _decoded([gray], Preprocess(resize=None, crop=None, kind="detection", **PLAIN))
-    assert torch.equal(batch[0], _on_cpu([gray], Preprocess(resize=None, crop=None, kind="detection", **PLAIN))[0])
+    whole = Preprocess(resize=None, crop=None, kind="detection", **PLAIN)
+    assert torch.equal(_decoded([gray], whole)[1][0], _on_cpu([gray], whole)[0])
 
 
-def test_pixels_differ_from_the_cpu_path_by_at_most_one_level(photo, tmp_path, make_image):
+def test_the_first_picture_of_an_mpo_is_decoded_as_pillow_reads_it(photo, tmp_path):
+    mpo = tmp_path / "camera.jpg"
+    first = Image.open(photo).convert("RGB")
+    first.save(mpo, format="MPO", save_all=True, append_images=[first.rotate(90)])
+    assert Image.open(mpo).format == "MPO" and read_jpeg(mpo) is not None
+    whole = Preprocess(resize=None, crop=None, kind="detection", **PLAIN)
+    assert torch.equal(_decoded([mpo], whole)[1][0], _on_cpu([mpo], whole)[0])
+
+
+@pytest.mark.parametrize(("interpolation", "largest"), [("bilinear", 1), ("bicubic", 2), ("nearest", 98)])
+def test_pixels_differ_from_the_cpu_path_as_the_readme_says(photo, tmp_path, make_image, interpolation, largest):
     png = make_image(tmp_path / "a.png", size=(97, 61))
-    preprocess = Preprocess(resize=72, crop=64, **PLAIN)
+    preprocess = Preprocess(resize=72, crop=64, interpolation=interpolation, **PLAIN)
     indices, batch, failures = _decoded([photo, png, photo], preprocess)
     assert (indices, failures, batch.shape) == ([0, 1, 2], [], (3, 3, 64, 64))
     reference = torch.stack(_on_cpu([photo, png, photo], preprocess))
     levels = ((batch - reference).abs() * 255).round()
-    assert levels.max().item() == 1  # Pillow's and torch's antialiased resizes round differently
-    assert 0.02 < (levels > 0).float().mean().item() < 0.4
+    assert levels[0].max().item() == largest  # torch's resizes round (and nearest-exact picks) unlike Pillow's
+    assert 0.005 < (levels[0] > 0).float().mean().item() < 0.1
+    assert levels[1].max().item() == 0  # the PNG was preprocessed by a worker, as --decode cpu does
     assert torch.equal(batch[0], batch[2])
+
+
+def test_nearest_neighbour_is_pillows_at_the_usual_sizes(photo):
+    preprocess = Preprocess(resize=256, crop=224, interpolation="nearest")
+    assert torch.equal(_decoded([photo], preprocess)[1][0], _on_cpu([photo], preprocess)[0])
 
 
 def test_images_of_several_sizes_are_preprocessed_as_one_at_a_time(photo, tmp_path, make_image):
@@ -103,7 +128,7 @@ def test_a_batch_is_decoded_a_bounded_number_of_pixels_at_a_time(photo, tmp_path
     preprocess = Preprocess(resize=24, crop=20)
     _, whole, _ = _decoded(paths, preprocess)
     monkeypatch.setattr(torchvision.io, "decode_jpeg", counted)
-    monkeypatch.setattr(decoding, "PIXELS_AT_ONCE", 512 * 600 + 50 * 40)  # a photo and the PNG, or one photo
+    monkeypatch.setattr(decoding, "PIXELS_AT_ONCE", 512 * 600 + 1)  # one photo at a time
     indices, parts, _ = _decoded(paths, preprocess)
     assert (calls, indices) == ([1, 1, 1], [0, 1, 2, 3])
     assert torch.equal(parts, whole)
@@ -162,6 +187,27 @@ def test_a_jpeg_the_device_decoder_refuses_is_decoded_by_pillow_and_said_once(ph
     assert torch.equal(rows[0], _on_cpu([other], preprocess)[0])
     assert notes == [f"--decode device: torchvision's CPU decoder refused '{photo}' (nvjpegDecode failed: 6); "
                      "Pillow decoded it, as it will any other such image"]
+
+
+@pytest.mark.parametrize(("failure", "message"), [
+    ("nvjpegDecode failed: 6", "Error: --decode device: torchvision's CPU decoder decodes none of these JPEGs "
+     "(Error while decoding JPEG images: nvjpegDecode failed: 6). Hint: this torchvision may lack nvJPEG; use "
+     "--decode cpu"),
+    ("CUDA out of memory. Tried to allocate 2.00 GiB", "Error: --decode device: the device ran out of memory "
+     "decoding a batch (Error while decoding JPEG images: CUDA out of memory. Tried to allocate 2.00 GiB). Hint: "
+     "give a smaller --batch-size, or --decode cpu"),
+])
+def test_a_decoder_that_decodes_nothing_or_runs_out_of_memory_stops_the_run(runner, photo, monkeypatch, failure,
+                                                                             message):
+    import torchvision.io
+
+    def failing(data, **options):
+        raise RuntimeError(f"Error while decoding JPEG images: {failure}")
+
+    monkeypatch.setattr(torchvision.io, "decode_jpeg", failing)
+    result = runner.invoke(main, ["extract", "-m", "resnet18", "-w", "none", "-l", "layer1", "--resize", "32",
+                                  "--crop", "32", "--decode", "device", "-q", str(photo), str(photo)])
+    assert (result.exit_code, result.stderr) == (1 if "memory" in failure else 2, message + "\n")
 
 
 def test_extract_with_device_decoding_records_it_and_keeps_the_values(runner, photo, tmp_path, make_image):

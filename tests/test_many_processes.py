@@ -54,15 +54,16 @@ def expected(runner, tmp_path, inputs):
 def _check_folder(folder, inputs, expected):
     """Every input exactly once, in order, with the values one process computes; nothing of the writers left."""
     header, shards = read_index(folder)
-    assert [entry["shard"] for entry in shards] == list(range(6))
+    count = -(-len(inputs) // 2)  # shards of 2
+    assert [entry["shard"] for entry in shards] == list(range(count))
     assert [p for entry in shards for p in entry["inputs"]] == inputs
     lines = (folder / INDEX_NAME).read_text().splitlines()
-    assert [json.loads(line)["shard"] for line in lines[1:]] == list(range(6))  # in shard order on disk
+    assert [json.loads(line)["shard"] for line in lines[1:]] == list(range(count))  # in shard order on disk
     with ShardedFeatures(folder) as features:
         assert json.loads(features.metadata["inputs"]) == inputs and not features.reading_notes
         for key, rows in expected.items():
             assert torch.equal(torch.from_numpy(features.read(key)), rows), key
-    assert sorted(os.listdir(folder)) == [*(f"features-{n:05d}.safetensors" for n in range(6)), INDEX_NAME]
+    assert sorted(os.listdir(folder)) == [*(f"features-{n:05d}.safetensors" for n in range(count)), INDEX_NAME]
 
 
 def _environment(**extra):
@@ -124,7 +125,11 @@ def test_parts_and_plain_shells_on_one_folder_write_what_one_process_writes(tmp_
     _check_folder(folder, inputs, expected)
 
 
-def test_killed_processes_lose_only_their_unfinished_shards_and_another_count_finishes(runner, tmp_path, inputs):
+def test_killed_processes_lose_only_their_unfinished_shards_and_another_count_finishes(runner, tmp_path, inputs,
+                                                                                      make_image):
+    # 16 shards: a busy machine may be slow to see the second listed, and the processes must not finish meanwhile.
+    inputs = inputs + [str(make_image(tmp_path / "imgs" / f"{i:02d}.png", size=(44, 40), seed=i))
+                       for i in range(11, 31)]
     folder = tmp_path / "feats"
     slow = [*ARGS[:-5], "-b", "1", "-q", "--shard-size", "2"]  # one image a batch: the processes are mid-run for longer
     first = [subprocess.Popen([sys.executable, "-m", "hookcli", *slow, "--part", f"{k}/2", "-o", f"{folder}/",
@@ -138,7 +143,7 @@ def test_killed_processes_lose_only_their_unfinished_shards_and_another_count_fi
         run.send_signal(signal.SIGKILL)
         run.wait(timeout=60)
     listed = [entry["shard"] for entry in read_index(folder)[1]]
-    assert 2 <= len(listed) < 6, listed
+    assert 2 <= len(listed) < 16, listed
     relaunched = [subprocess.Popen([sys.executable, "-m", "hookcli", *slow, "-o", f"{folder}/", *inputs],
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_environment())
                   for _ in range(3)]
@@ -281,15 +286,14 @@ def test_parse_part_and_cpu_threads():
     assert cpu_threads(Part(0, 8, 0, 2)) == max(1, (os.cpu_count() or 1) // 2)
 
 
-@pytest.mark.parametrize(("device", "gpus", "backend"), [
-    ("cuda:1", 2, "nccl"), ("cuda:1", 1, "gloo"), ("cpu", 2, "gloo"),
-])
-def test_torchrun_processes_use_nccl_only_with_a_gpu_each(monkeypatch, device, gpus, backend):
+def test_only_torchrun_processes_join_a_group_and_it_is_gloo(monkeypatch):
+    import torch.distributed as dist
+
     from hookcli import launch
 
     monkeypatch.setenv("MASTER_ADDR", "localhost")
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
-    monkeypatch.setattr(launch, "Team", lambda part, chosen, on: (chosen, on))
-    part = Part(1, 2, local_index=1, local_count=2, launcher="torchrun")
-    assert launch.join_team(part, torch.device(device)) == (backend, torch.device(device))
-    assert launch.join_team(Part(1, 2, launcher="slurm"), torch.device(device)) is None
+    joined = []
+    monkeypatch.setattr(dist, "init_process_group", lambda backend, **options: joined.append(backend))
+    assert launch.join_team(Part(1, 2, launcher="srun")) is None
+    assert launch.join_team(Part(1, 2, local_index=1, local_count=2, launcher="torchrun")).part.index == 1
+    assert joined == ["gloo"]
