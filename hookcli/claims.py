@@ -107,7 +107,10 @@ class FolderLock:
     def release(self) -> None:
         self._depth -= 1
         if self._depth == 0 and self._descriptor is not None:
-            os.close(self._descriptor)  # closing the descriptor releases the flock
+            # Unlock before closing: a process forked while the lock was held (a decode worker) shares this open
+            # file, and closing only our descriptor would leave the flock held through its copy.
+            fcntl.flock(self._descriptor, fcntl.LOCK_UN)
+            os.close(self._descriptor)
             self._descriptor = None
         self._threads.release()
 

@@ -297,3 +297,11 @@ def test_only_torchrun_processes_join_a_group_and_it_is_gloo(monkeypatch):
     assert launch.join_team(Part(1, 2, launcher="srun")) is None
     assert launch.join_team(Part(1, 2, local_index=1, local_count=2, launcher="torchrun")).part.index == 1
     assert joined == ["gloo"]
+
+
+def test_decode_workers_forked_while_the_lock_is_held_do_not_keep_it(tmp_path, inputs):
+    # A worker inherits the lock's open file; releasing by closing alone left the flock held and the run waited forever.
+    run = subprocess.run([sys.executable, "-m", "hookcli", *ARGS, "-j", "1", "-o", f"{tmp_path}/feats/", *inputs],
+                         capture_output=True, text=True, timeout=180, env=_environment())
+    assert (run.returncode, run.stderr) == (0, "")
+    assert [entry["shard"] for entry in read_index(tmp_path / "feats")[1]] == list(range(6))
