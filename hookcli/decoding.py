@@ -123,6 +123,7 @@ class DeviceDecoder:
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._noted = False
         self._device_decoded = False  # whether the device's decoder has decoded any JPEG yet
+        self._pillow_only = 0  # JPEGs the device's decoder refused and Pillow decoded, while it decoded none
 
     def __call__(self, indices: list[int], encoded: Encoded, failures: list) -> tuple[list[int], object, list]:
         import torch
@@ -224,13 +225,19 @@ class DeviceDecoder:
         jpeg, err = refusals[0]
         reason = first_line(err)[:160]
         name = f"torchvision's {self.device.type.upper()} decoder"
-        if decoded == len(refusals) and not self._device_decoded:
+        self._pillow_only = 0 if self._device_decoded else self._pillow_only + decoded
+        if self._pillow_only >= REFUSED_BEFORE_STOPPING:
             raise DeviceError(f"--decode device: {name} decodes none of these JPEGs ({reason})",
                               hint="this torchvision may lack nvJPEG; use --decode cpu")
         if decoded and not self._noted and self.on_note is not None:
             self.on_note(f"--decode device: {name} refused '{jpeg.path}' ({reason}); Pillow decoded it, as it will "
                          "any other such image")
             self._noted = True
+
+
+#: JPEGs the device's decoder refuses, and Pillow reads, before it has decoded any, that make it taken for one that
+#: decodes nothing: one damaged photo in the first batch must not stop a run.
+REFUSED_BEFORE_STOPPING = 8
 
 
 def _refuse_out_of_memory(err: RuntimeError) -> None:

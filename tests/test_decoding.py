@@ -181,6 +181,8 @@ def test_a_jpeg_the_device_decoder_refuses_is_decoded_by_pillow_and_said_once(ph
     Image.open(photo).convert("RGB").resize((100, 120)).save(other)
     notes = []
     preprocess = Preprocess(resize=None, crop=None, kind="detection", **PLAIN)
+    # A first batch of only refused JPEGs is no sign of a decoder that decodes nothing: the run goes on.
+    assert _decoded([photo, photo], preprocess)[0] == [0, 1]
     indices, rows, failures = _decoded([other, photo, photo], preprocess, notes.append)
     assert (indices, failures) == ([0, 1, 2], [])
     assert torch.equal(rows[1], _on_cpu([photo], preprocess)[0])
@@ -206,7 +208,7 @@ def test_a_decoder_that_decodes_nothing_or_runs_out_of_memory_stops_the_run(runn
 
     monkeypatch.setattr(torchvision.io, "decode_jpeg", failing)
     result = runner.invoke(main, ["extract", "-m", "resnet18", "-w", "none", "-l", "layer1", "--resize", "32",
-                                  "--crop", "32", "--decode", "device", "-q", str(photo), str(photo)])
+                                  "--crop", "32", "--decode", "device", "-q", *[str(photo)] * 8])
     assert (result.exit_code, result.stderr) == (1 if "memory" in failure else 2, message + "\n")
 
 
