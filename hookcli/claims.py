@@ -37,6 +37,7 @@ import os
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -85,6 +86,14 @@ class FolderLock:
         self._threads = threading.RLock()
         self._depth = 0
         self._descriptor: int | None = None
+        _LOCKS.add(self)
+
+    def _forget(self) -> None:
+        """In a child forked while this process held the lock (a decode worker): drop the child's copy of the
+        lock file, through which the lock would stay held after this process dies while the child lives on."""
+        if self._descriptor is not None:
+            os.close(self._descriptor)  # the child's own descriptor only: the lock stays this process's
+        self._threads, self._depth, self._descriptor = threading.RLock(), 0, None
 
     @contextlib.contextmanager
     def held(self) -> Iterator[None]:
@@ -167,6 +176,10 @@ class FolderLock:
                 return descriptor
             os.close(descriptor)  # the holder deleted the file meanwhile: lock the new one
 
+
+#: Every lock of this process, so that a forked child drops them (:meth:`FolderLock._forget`).
+_LOCKS: weakref.WeakSet = weakref.WeakSet()
+os.register_at_fork(after_in_child=lambda: [lock._forget() for lock in list(_LOCKS)])
 
 _RELEASED = "nobody (released meanwhile)"
 

@@ -18,7 +18,7 @@ CPU's cores cannot decode as fast as it computes.
   one is said. One the CPU cannot decode either is an unreadable image, as
   with ``--decode cpu`` (``--on-error``).
 - The pixels differ slightly from ``--decode cpu``: tensor resizing rounds a
-  little differently from Pillow's (:class:`~hookcli.preprocess.TensorSteps`),
+  little differently from Pillow's (:class:`~hookcli.preprocess.ImageSteps`),
   and nvJPEG's inverse DCT and chroma upsampling from libjpeg's. The README
   gives the measured differences; ``preprocess.decode`` in the metadata
   records the choice.

@@ -247,9 +247,27 @@ def _stacked(rows: list):
 def _worker_init(worker_id: int) -> None:
     import torch
 
+    _die_with_parent()
     torch.set_num_threads(1)
     # Decoding should use the cycles the model leaves idle, not preempt its threads.
     os.nice(5)
+
+
+def _die_with_parent() -> None:
+    """On Linux, end this decode worker when the process that started it dies (a kill -9 leaves workers that
+    would otherwise wait forever, holding the files the run had open)."""
+    import ctypes
+    import multiprocessing
+    import signal
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the workers end as torch's watchdog sees the parent gone
+        return
+    parent = multiprocessing.parent_process()
+    if parent is not None and os.getppid() != parent.pid:  # the parent died before the call
+        os._exit(1)
 
 
 def image_loader(paths: Sequence, settings: RunSettings, *, order: Iterable[list[int]] | None = None):

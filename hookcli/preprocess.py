@@ -31,7 +31,7 @@ import json
 import math
 from dataclasses import dataclass
 
-__all__ = ["DECODERS", "DEVICE_DECODE_KINDS", "INTERPOLATIONS", "MAX_SIDE", "Preprocess", "TensorSteps",
+__all__ = ["DECODERS", "DEVICE_DECODE_KINDS", "INTERPOLATIONS", "MAX_SIDE", "ImageSteps", "Preprocess",
            "check_normalisation", "parse_triple"]
 
 INTERPOLATIONS = ("bilinear", "bicubic", "nearest")
@@ -234,11 +234,12 @@ class Preprocess:
                                        interpolation=interpolation, antialias=self.antialias)
         if self.kind == "video":
             return _VideoSteps(self)
-        return _ImageSteps(self)
+        return ImageSteps(self)
 
-    def to_tensor_steps(self) -> TensorSteps:
-        """The same preprocessing for uint8 tensors on any device, in two steps, as :mod:`hookcli.decoding` runs it:
-        :meth:`TensorSteps.geometry` on each batch of images of one size, :meth:`TensorSteps.scaled` once on all.
+    def to_tensor_steps(self) -> ImageSteps:
+        """The preprocessing of an image kind in its two steps, for uint8 tensors on any device, as
+        :mod:`hookcli.decoding` runs it: :meth:`ImageSteps.geometry` on each batch of images of one size,
+        :meth:`ImageSteps.scaled` once on all.
 
         >>> import torch
         >>> steps = Preprocess(resize=8, crop=6).to_tensor_steps()
@@ -247,7 +248,7 @@ class Preprocess:
         """
         if self.kind not in DEVICE_DECODE_KINDS:
             raise ValueError(f"{self.kind.replace('_', ' ')} inputs are not preprocessed as tensors of images")
-        return TensorSteps(self)
+        return ImageSteps(self)
 
     def to_json(self) -> str:
         """The fields as JSON; ``decode`` only when it is not ``"cpu"``, so a run that does not ask for it records
@@ -262,43 +263,17 @@ def _is_side(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_SIDE
 
 
-class _ImageSteps:
-    """PIL image (or uint8 tensor ``[..., 3, H, W]``) → float tensor ``[..., 3, H, W]``: resize (shorter side, or
-    to ``[height, width]``) and crop when set, scale to [0, 1], normalise when set.
+class ImageSteps:
+    """An image → float tensor ``[..., 3, H, W]``: resize (shorter side, or to ``[height, width]``) and crop when
+    set, scale to [0, 1], normalise when set; a PIL image, or uint8 tensors ``[..., 3, H, W]`` on any device.
 
     With only ``resize`` and normalisation this is torchvision's ``SemanticSegmentation``; with neither,
-    ``ObjectDetection``; with mean = std = 0.5, ``OpticalFlow`` on one frame.
-    """
-
-    def __init__(self, spec: Preprocess) -> None:
-        self.spec = spec
-
-    def __call__(self, image):
-        import torch
-        from torchvision.transforms import InterpolationMode
-        from torchvision.transforms import functional as F
-
-        spec = self.spec
-        if spec.resize is not None:
-            size = list(spec.resize) if isinstance(spec.resize, tuple) else [spec.resize]
-            image = F.resize(image, size, interpolation=InterpolationMode(spec.interpolation),
-                             antialias=spec.antialias)
-        if spec.crop is not None:
-            image = F.center_crop(image, [spec.crop])
-        tensor = F.convert_image_dtype(image if isinstance(image, torch.Tensor) else F.pil_to_tensor(image),
-                                       torch.float)
-        if spec.mean is not None:
-            tensor = F.normalize(tensor, mean=list(spec.mean), std=list(spec.std))
-        return tensor
-
-
-class TensorSteps:
-    """:class:`_ImageSteps` (and so torchvision's presets) for uint8 tensors ``[N, 3, H, W]``, split in two so that
-    a batch of many sizes is resized a size at a time but scaled and normalised at once.
-
-    Pillow's nearest neighbour is torch's ``nearest-exact`` (torch's own ``nearest`` picks pixels shifted by half
-    of one); bilinear and bicubic round a little differently from Pillow's (see the README's measurements).
-    Nothing here reads values back to the host, so a GPU's queue is never waited on.
+    ``ObjectDetection``; with mean = std = 0.5, ``OpticalFlow`` on one frame. The two steps are apart so that
+    :mod:`hookcli.decoding` resizes a batch of many sizes a size at a time and scales it at once:
+    :meth:`geometry`, then :meth:`scaled`, which reads nothing back to the host, so a GPU's queue is never waited
+    on. Nearest neighbour is torch's ``nearest-exact``, which is Pillow's own on PIL images (torch's ``nearest``
+    picks pixels shifted by half of one); on tensors, bilinear and bicubic round a little differently from
+    Pillow's (see the README's measurements).
     """
 
     def __init__(self, spec: Preprocess) -> None:
@@ -309,21 +284,28 @@ class TensorSteps:
             else InterpolationMode(spec.interpolation)
         self._normalisation: dict = {}  # device -> (mean, std) tensors
 
-    def geometry(self, images):
-        """Resize and crop as the preprocessing says; uint8 in, uint8 out."""
+    def __call__(self, image):
+        import torch
+        from torchvision.transforms import functional as F
+
+        image = self.geometry(image)
+        return self.scaled(image if isinstance(image, torch.Tensor) else F.pil_to_tensor(image))
+
+    def geometry(self, image):
+        """Resize and crop as the preprocessing says; PIL in, PIL out, or uint8 tensors in and out."""
         from torchvision.transforms import functional as F
 
         spec = self.spec
         if spec.resize is not None:
             size = list(spec.resize) if isinstance(spec.resize, tuple) else [spec.resize]
-            images = F.resize(images, size, interpolation=self.mode, antialias=spec.antialias)
+            image = F.resize(image, size, interpolation=self.mode, antialias=spec.antialias)
         if spec.crop is not None:
-            images = F.center_crop(images, [spec.crop])
-        return images
+            image = F.center_crop(image, [spec.crop])
+        return image
 
     def scaled(self, images):
-        """To floats in [0, 1], then normalised when the preprocessing normalises: the arithmetic of torchvision's
-        ``convert_image_dtype`` and ``normalize``, with the mean and std kept on the images' device."""
+        """uint8 tensors to floats in [0, 1], then normalised when the preprocessing normalises: the arithmetic of
+        torchvision's ``convert_image_dtype`` and ``normalize``, with the mean and std kept on the images' device."""
         import torch
 
         values = images.to(torch.float) / 255

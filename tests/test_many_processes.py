@@ -1,5 +1,6 @@
 """Many processes on one shard folder: torchrun, --part, plain shells, a killed process, claims and parts."""
 
+import contextlib
 import json
 import os
 import re
@@ -8,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -305,3 +307,52 @@ def test_decode_workers_forked_while_the_lock_is_held_do_not_keep_it(tmp_path, i
                          capture_output=True, text=True, timeout=180, env=_environment())
     assert (run.returncode, run.stderr) == (0, "")
     assert [entry["shard"] for entry in read_index(tmp_path / "feats")[1]] == list(range(6))
+
+
+_FORKS_THEN_DIES = """
+import os, sys, time
+from pathlib import Path
+from hookcli.claims import FolderLock
+from hookcli.pipeline import _die_with_parent
+folder = Path(sys.argv[1])
+lock = FolderLock(folder, "x")
+lock.acquire()
+for dies_with_parent in (False, True):
+    if os.fork() == 0:
+        if dies_with_parent:
+            _die_with_parent()
+        (folder / f"child-{int(dies_with_parent)}").write_text(str(os.getpid()))
+        time.sleep(60)
+        os._exit(0)
+while len(list(folder.glob("child-*"))) < 2:
+    time.sleep(0.01)
+os.kill(os.getpid(), 9)  # holding the lock, as a run killed while it records a shard
+"""
+
+
+def test_children_of_a_killed_process_neither_keep_its_folder_lock_nor_outlive_it_as_decode_workers(tmp_path):
+    import fcntl
+
+    from hookcli.claims import LOCK_NAME
+
+    subprocess.run([sys.executable, "-c", _FORKS_THEN_DIES, str(tmp_path)], timeout=60, env=_environment())
+    survivor, worker = (int((tmp_path / f"child-{k}").read_text()) for k in (0, 1))
+
+    def alive(pid):
+        try:
+            return "\tZ" not in Path(f"/proc/{pid}/status").read_text().split("State:")[1].splitlines()[0]
+        except FileNotFoundError:
+            return False
+
+    try:
+        with open(tmp_path / LOCK_NAME, "a") as handle:  # free, though a child forked while it was held lives on
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert alive(survivor)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and alive(worker):
+            time.sleep(0.05)
+        assert not alive(worker)  # a decode worker ends with the process that started it
+    finally:
+        for pid in (survivor, worker):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
