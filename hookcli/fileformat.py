@@ -43,7 +43,7 @@ __all__ = [
     "FORMAT_VERSION", "INDEX_NAME", "INDEX_VERSION", "PRODUCER", "RAGGED_FORMAT_VERSION", "ROW_DETAILS", "ROW_SHAPE",
     "SHARD_NAME",
     "RunFacts", "RunRecord",
-    "check_index_header", "check_index_line", "shard_count",
+    "check_index_header", "check_index_line", "identity_differences", "shard_count",
     "file_metadata", "folder_metadata", "identity", "index_header", "index_line", "inputs_digest", "keys_of_layer",
     "run_metadata", "shard_metadata",
 ]
@@ -129,6 +129,15 @@ def identity(record: RunRecord) -> dict:
         else:
             found[f.name] = dict(value) if isinstance(value, Mapping) else value
     return found
+
+
+def identity_differences(one: Mapping, other: Mapping) -> list[str]:
+    """The fields in which two run identities differ, sorted (empty when the runs are the same).
+
+    >>> identity_differences({"model": "resnet18", "pool": "avg"}, {"model": "resnet18", "pool": "max", "x": 1})
+    ['pool', 'x']
+    """
+    return sorted(k for k in {*one, *other} if one.get(k) != other.get(k))
 
 
 def inputs_digest(paths: Sequence) -> str:

@@ -13,8 +13,8 @@ folder is complete.
 Part(index=2, count=8, local_index=0, local_count=1, launcher='--part')
 >>> detect_part({"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"})
 Part(index=1, count=4, local_index=1, local_count=2, launcher='torchrun')
->>> detect_part({"SLURM_ARRAY_TASK_ID": "7", "SLURM_ARRAY_TASK_COUNT": "10", "SLURM_ARRAY_TASK_MIN": "1"}).text
-'7/10'
+>>> detect_part({"SLURM_ARRAY_TASK_ID": "7", "SLURM_ARRAY_TASK_COUNT": "10", "SLURM_ARRAY_TASK_MIN": "1"}).index
+6
 """
 
 from __future__ import annotations
@@ -38,11 +38,6 @@ class Part:
     local_index: int = 0
     local_count: int = 1
     launcher: str = "--part"
-
-    @property
-    def text(self) -> str:
-        """As ``--part`` takes it: ``3/8`` for the third of eight."""
-        return f"{self.index + 1}/{self.count}"
 
 
 _PART = re.compile(r"\s*(\d+)\s*/\s*(\d+)\s*")
@@ -167,10 +162,12 @@ class Team:
 
     def check_same(self, identity: Mapping) -> None:
         """Raise :class:`UsageProblem` on every rank unless every rank runs the same command on the same inputs."""
+        from hookcli.fileformat import identity_differences
+
         everyone: list = [None] * self.part.count
         self._dist.all_gather_object(everyone, dict(identity))
         for rank, other in enumerate(everyone):
-            differ = sorted(k for k in {*other, *everyone[0]} if other.get(k) != everyone[0].get(k))
+            differ = identity_differences(everyone[0], other)
             if differ:
                 raise UsageProblem(f"torchrun's process {rank} runs another command than process 0 (it differs in: "
                                    f"{', '.join(differ)})", hint="give every process the same command and inputs")

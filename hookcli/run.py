@@ -305,7 +305,9 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
         if kind == "cam":
             check_folder_output(path)
             refuse_existing([Path(path) / "cams.safetensors"], force=opts.force)
-    team = _team(part)
+    from hookcli.launch import join_team
+
+    team = join_team(part)
     with _left_on_error(team):
         if team is not None and "-" in _arguments(inputs) + _arguments(opts.pair_with or ()):
             # Rank 0 reads the list from stdin; the others get it from rank 0.
@@ -401,15 +403,6 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
                        output=Output(kind, path), record=record, forward=forward, shard_size=opts.shard_size,
                        force=opts.force, grid=opts.grid, target=target, cam_look=cam_look, notes=notes, part=part,
                        team=team)
-
-def _team(part):
-    """torchrun's process group for this run (:class:`~hookcli.launch.Team`), or None."""
-    if part is None or part.launcher != "torchrun":
-        return None
-    from hookcli.launch import join_team
-
-    return join_team(part)
-
 
 @contextlib.contextmanager
 def _left_on_error(team):
@@ -798,45 +791,41 @@ def execute(run: RunPlan, progress: Callable[[Event], None] | None = None):
     for text in run.notes:
         note(text)
     writer = _writer(run, note)
-    try:
-        order = writer.begin(run.settings.batch_size)
-        emit(Started(total=len(run.inputs), done=writer.done, output=run.output.path))
-        if order is not None:
-            for batch in iter_batches(run.loaded, run.layers, run.inputs, run.settings, forward=run.forward,
-                                      order=order, on_note=note):
-                writer.add(batch)
-                for index, error in batch.failures:
-                    emit(Skipped(str(run.inputs[index]), error))
-                emit(Advanced(len(batch.indices) + len(batch.failures)))
-        if not writer.has_rows:
-            raise ImageError("none of the input images could be read", hint="every input was skipped, each with its "
-                             "reason (on stderr; in Python, the Skipped events)")
-        result = writer.finish()
-    except BaseException:
-        writer.abort()
-        if run.team is not None:
-            run.team.close()
-        raise
-    complete = writer.complete or run.team is not None  # a team's barrier waits for the rest
-    if not complete:
-        note(f"'{run.output.path}' holds {writer.inputs_done} of its {len(run.inputs)} inputs: other processes are "
-             "writing the rest (or run the same command again to finish it)")
-    if complete and (run.team is None or run.part.index == 0):  # one process of a team says what was written
-        for path in writer.written:
-            emit(Wrote(path))
-    if isinstance(result, Features):
-        result.notes = tuple(notes)
-    if run.grid and complete and writer.finisher:
-        from hookcli.grids import GridOptions
-        from hookcli.shards import open_features
-
-        with result if isinstance(result, Features) else open_features(run.output.path) as written:
-            draw_grids(written, GridOptions(), run.grid, force=run.force, progress=emit)
-    if run.team is not None:
+    with contextlib.closing(run.team) if run.team is not None else contextlib.nullcontext():
         try:
-            run.team.barrier()
-        finally:
-            run.team.close()
+            order = writer.begin(run.settings.batch_size)
+            emit(Started(total=len(run.inputs), done=writer.done, output=run.output.path))
+            if order is not None:
+                for batch in iter_batches(run.loaded, run.layers, run.inputs, run.settings, forward=run.forward,
+                                          order=order, on_note=note):
+                    writer.add(batch)
+                    for index, error in batch.failures:
+                        emit(Skipped(str(run.inputs[index]), error))
+                    emit(Advanced(len(batch.indices) + len(batch.failures)))
+            if not writer.has_rows:
+                raise ImageError("none of the input images could be read", hint="every input was skipped, each with "
+                                 "its reason (on stderr; in Python, the Skipped events)")
+            result = writer.finish()
+        except BaseException:
+            writer.abort()
+            raise
+        if run.team is not None:
+            run.team.barrier()  # every process has listed its shards: the folder is complete
+        complete = writer.complete or run.team is not None
+        if not complete:
+            note(f"'{run.output.path}' holds {writer.inputs_done} of its {len(run.inputs)} inputs: other processes "
+                 "are writing the rest (or run the same command again to finish it)")
+        if complete and (run.team is None or run.part.index == 0):  # one process of a team says what was written
+            for path in writer.written:
+                emit(Wrote(path))
+        if isinstance(result, Features):
+            result.notes = tuple(notes)
+        if run.grid and complete and writer.finisher:
+            from hookcli.grids import GridOptions
+            from hookcli.shards import open_features
+
+            with result if isinstance(result, Features) else open_features(run.output.path) as written:
+                draw_grids(written, GridOptions(), run.grid, force=run.force, progress=emit)
     if run.output.kind == "stdout":
         return None
     return result

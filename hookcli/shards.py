@@ -263,8 +263,7 @@ class ShardWriter:
         header, shards, whole, end, self._ordered = index
         if header is not None and header["identity"] != self.identity:
             if not force:
-                differ = sorted(k for k in {*header["identity"], *self.identity}
-                                if header["identity"].get(k) != self.identity.get(k))
+                differ = fileformat.identity_differences(header["identity"], self.identity)
                 raise OutputExistsError(
                     f"'{self._given}' holds a different run (it differs in: {', '.join(differ)})",
                     hint="run the same command to continue it, add --force to replace it, or use another folder",
