@@ -166,8 +166,7 @@ class FeatureCapture:
 
     def _on_input(self, path, module, args, kwargs):
         # One positional input is the layer's input (@input); more are #0, #1, …; keyword ones #name beside them.
-        inputs = (args[0],) if len(args) == 1 else tuple(args)
-        self._inputs.setdefault(path, []).append((_detached_copy(inputs), _detached_copy(dict(kwargs))))
+        self._inputs.setdefault(path, []).append((_detached_copy(tuple(args)), _detached_copy(dict(kwargs))))
         if self.capture == "input":
             self._count(path)
 

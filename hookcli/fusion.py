@@ -44,8 +44,7 @@ import torch.fx
 import torch.nn as nn
 import torch.nn.functional as F
 
-__all__ = ["FusedConvolution", "FusionAttempt", "fused_convolutions", "fused_for_inference", "fusion_attempt",
-           "worth_fusing"]
+__all__ = ["FusedConvolution", "FusionAttempt", "fused_convolutions", "fused_for_inference", "fusion_attempt"]
 
 
 def fused_for_inference(model, keep: Iterable[str], *, dtype, channels_last: bool = False, whole_run: bool = False):
@@ -80,7 +79,7 @@ def fusion_attempt(model, keep: Iterable[str], *, dtype, channels_last: bool = F
     """:func:`fused_for_inference`, saying whether the model could be traced (one trace, whatever the outcome)."""
     if not _available(dtype) or any(p.device.type != "cpu" for p in model.parameters()) or _global_hooks():
         return FusionAttempt(model, 0)
-    if not worth_fusing(model):
+    if not _worth_fusing(model):
         return FusionAttempt(model, 0)
     keep = set(keep)
     whole = keep | {name for name, module in model.named_modules() if name and _hooked(module)}
@@ -93,7 +92,7 @@ def fusion_attempt(model, keep: Iterable[str], *, dtype, channels_last: bool = F
     return FusionAttempt(graph_module, count) if count else FusionAttempt(model, 0)
 
 
-def worth_fusing(model) -> bool:
+def _worth_fusing(model) -> bool:
     """Whether ``model`` has convolutions to fuse: a transformer's lone patch embedding is not worth a trace (tracing
     a large model costs a good part of a second)."""
     convolutions = sum(type(m) is nn.Conv2d for m in model.modules())

@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import difflib
 import functools
-import math
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -300,9 +299,9 @@ class CamForward(GradientForward):
                                     "shows each module's calls")
         activations = captured["act"]
         maps = {}
+        maps_of = functools.partial(spatial_maps, prefix_tokens=self.prefix_tokens)
         for k in range(self.target.count):
             gradient = captured["act@grad" if self.target.count == 1 else f"act@grad#{k}"]
-            maps_of = functools.partial(spatial_maps, prefix_tokens=self.prefix_tokens)
             if isinstance(activations, list):  # rows of their own sizes: a map each
                 found = [class_activation_maps(maps_of(a[None]), maps_of(g[None]), self.method)[0]
                          for a, g in zip(activations, gradient, strict=True)]
@@ -334,12 +333,12 @@ def spatial_maps(tensor, prefix_tokens: int | None = None):
     if tensor.dim() == 4:
         return tensor.permute(0, 3, 1, 2) if channels_last_output(tensor.shape) else tensor
     if tensor.dim() == 3:
-        tokens = tensor.shape[1]
-        for skip in (*([prefix_tokens] if prefix_tokens is not None else []), 0, 1):
-            if is_square(tokens - skip) or skip == 0 and tokens == 1:
-                side = math.isqrt(tokens - skip)
-                grid = tensor[:, skip:, :]
-                return grid.transpose(1, 2).reshape(len(tensor), tensor.shape[2], side, side)
+        from hookcli.render import map_layout
+
+        dim, side, _, layout = map_layout(tensor.shape[1:], prefix_tokens)  # the square pictures draw, too
+        if layout != "matrix":
+            grid = tensor[:, tensor.shape[1] - side * side:, :]
+            return grid.transpose(1, 2).reshape(len(tensor), dim, side, side)
     raise CaptureError(f"a layer output of shape {list(tensor.shape)} has no spatial layout for a map",
                        hint="pick a convolutional layer ([N, C, H, W]) or a ViT block (square token grid)")
 

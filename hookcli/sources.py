@@ -64,8 +64,6 @@ PREFIXES = ("timm", "hf", "open_clip")
 LISTED_SOURCES = ("torchvision", *PREFIXES)
 #: The Python package each source needs, and the extra that installs it.
 _PACKAGES = {"timm": ("timm", "timm"), "hf": ("transformers", "hf"), "open_clip": ("open_clip", "open_clip")}
-#: What a factory's preprocessing is when it gives none: torchvision's ImageNet classification defaults.
-_DEFAULT_PREPROCESS = {"resize": 256, "crop": 224, "mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225)}
 _HF_RESAMPLE = {0: "nearest", 2: "bilinear", 3: "bicubic"}
 _IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
 _FACTORY = re.compile(rf"^(?P<module>.+):(?P<function>{_IDENTIFIER})$")
@@ -352,8 +350,7 @@ def _load_timm(spec: ModelSpec, weights: str, seed: int):
         raise _unknown(spec, timm.list_models(), "hookcli models --source timm")
     from hookcli.models import looks_like_weights_path
 
-    pretrained = weights.lower() not in ("none", "default") and not looks_like_weights_path(weights)
-    pretrained = pretrained or weights.lower() == "default"
+    pretrained = weights.lower() != "none" and not looks_like_weights_path(weights)
     if pretrained and tag and weights.lower() != "default" and weights.removeprefix(name + ".") != tag:
         raise UsageProblem(f"{spec.text} names the tag '{tag}', and --weights names another, '{weights}'",
                            hint=f"name the tag once: timm:{name} -w {weights}, or timm:{spec.name}")
@@ -646,11 +643,12 @@ def _assumed(spec: ModelSpec, why: str, side: int | None = None):
     model made for ``side`` pixels."""
     from hookcli.preprocess import Preprocess
 
-    crop = side or _DEFAULT_PREPROCESS["crop"]
-    resize = _DEFAULT_PREPROCESS["resize"] if side is None else int(side * 256 / 224)
-    chosen = Preprocess(**{**_DEFAULT_PREPROCESS, "resize": resize, "crop": crop})
+    crop = side or 224
+    chosen = Preprocess(resize=int(crop * 256 / 224), crop=crop)  # Preprocess's mean and std are ImageNet's
+    numbers = {name: ",".join(f"{v:g}" for v in getattr(chosen, name)) for name in ("mean", "std")}
     return chosen, (f"{spec.text}: {why}, so what --resize, --crop, --mean and --std do not set is ImageNet's "
-                    f"preprocessing (resize {resize}, crop {crop}, mean 0.485,0.456,0.406, std 0.229,0.224,0.225)",)
+                    f"preprocessing (resize {chosen.resize}, crop {crop}, mean {numbers['mean']}, std "
+                    f"{numbers['std']})",)
 
 
 def _hub_cached(repo: str, filename: str) -> bool:
