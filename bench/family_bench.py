@@ -64,22 +64,33 @@ JOBS = (
 )
 
 
-def make_inputs(folder: Path, images: int, videos: int, frames: int, pairs: int) -> dict[str, list[Path]]:
-    """JPEGs cut from matplotlib's sample photo, alternately landscape and portrait, and MP4s panning over it."""
-    import av
+def make_images(folder: Path, count: int) -> list[Path]:
+    """JPEGs cut from matplotlib's sample photo, alternately landscape and portrait."""
     import matplotlib.cbook
     import numpy as np
     from PIL import Image
 
     photo = Image.open(matplotlib.cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)).convert("RGB")
     rng = np.random.default_rng(0)
-    found: dict[str, list[Path]] = {"images": [], "videos": [], "flow": []}
-    for i in range(images):
+    paths = []
+    for i in range(count):
         width, height = (400, 300) if i % 2 == 0 else (300, 400)
         left, top = int(rng.integers(0, photo.width - width)), int(rng.integers(0, photo.height - height))
         path = folder / f"{i:05d}.jpg"
         photo.crop((left, top, left + width, top + height)).save(path, quality=90)
-        found["images"].append(path)
+        paths.append(path)
+    return paths
+
+
+def make_inputs(folder: Path, images: int, videos: int, frames: int, pairs: int) -> dict[str, list[Path]]:
+    """:func:`make_images`, and MP4s panning over the same photo."""
+    import av
+    import matplotlib.cbook
+    import numpy as np
+    from PIL import Image
+
+    photo = Image.open(matplotlib.cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)).convert("RGB")
+    found: dict[str, list[Path]] = {"images": make_images(folder, images), "videos": [], "flow": []}
 
     def video(path: Path, count: int, offset: int) -> Path:
         width, height = VIDEO_SIZE

@@ -37,13 +37,16 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=2)
     args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="hookcli-processes-") as folder:
+        _compare(args, Path(folder))
 
+
+def _compare(args, work: Path) -> None:
     import numpy as np
     from PIL import Image
 
     from hookcli.shards import read_index
 
-    work = Path(tempfile.mkdtemp(prefix="hookcli-processes-"))
     photos = work / "photos"
     photos.mkdir()
     rng = np.random.default_rng(0)
@@ -70,8 +73,8 @@ def main() -> None:
     settings = {"1 process": one, f"torchrun, {n} processes": torchrun, f"{n} shells with --part K/{n}": parts}
     best: dict[str, float] = {}
     for round_number in range(args.repeat):
-        for name, commands in settings.items():
-            folder = work / f"out-{round_number}-{len(best)}-{name.split()[0]}"
+        for number, (name, commands) in enumerate(settings.items()):
+            folder = work / f"out-{round_number}-{number}"
             started = time.perf_counter()
             runs = [subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
                     for command in commands(folder)]

@@ -49,7 +49,7 @@ from pathlib import Path
 os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers is imported: nothing may be fetched
 sys.path.insert(0, str(Path(__file__).parent))
 from extract_bench import best_times  # noqa: E402
-from family_bench import hand_images, largest_difference, print_table  # noqa: E402
+from family_bench import hand_images, largest_difference, make_images, print_table  # noqa: E402
 
 HF_FOLDER = "vit-384x6"  # the Hugging Face model's folder, inside this run's temporary folder
 
@@ -69,24 +69,6 @@ JOBS = (
     Job("hf", f"hf:{{folder}}/{HF_FOLDER}", "layers.3", "DEFAULT"),
     Job("timm", "timm:vit_small_patch16_224", "blocks.5", "none"),
 )
-
-
-def make_images(folder: Path, count: int) -> list[Path]:
-    """JPEGs cut from matplotlib's sample photo, alternately landscape and portrait."""
-    import matplotlib.cbook
-    import numpy as np
-    from PIL import Image
-
-    photo = Image.open(matplotlib.cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)).convert("RGB")
-    rng = np.random.default_rng(0)
-    paths = []
-    for i in range(count):
-        width, height = (400, 300) if i % 2 == 0 else (300, 400)
-        left, top = int(rng.integers(0, photo.width - width)), int(rng.integers(0, photo.height - height))
-        path = folder / f"{i:05d}.jpg"
-        photo.crop((left, top, left + width, top + height)).save(path, quality=90)
-        paths.append(path)
-    return paths
 
 
 def make_hf_folder(folder: Path) -> Path:

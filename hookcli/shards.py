@@ -310,8 +310,8 @@ class ShardWriter:
 
         with atomic_path(self.index_path, force=True) as temporary:
             temporary.write_text("".join(json.dumps(line) + "\n" for line in [self.header, *lines]))
-        self._index_key, self._index_end = _file_key(self.index_path), self.index_path.stat().st_size
-        self._ordered = all(a["shard"] < b["shard"] for a, b in zip(lines, lines[1:]))
+        found = os.stat(self.index_path)
+        self._index_key, self._index_end, self._ordered = _file_key(found), found.st_size, True
 
     def _remove_old_run(self, force: bool) -> None:
         """Delete an earlier run's index and shards (``force``); without it, refuse shard files no index lists."""

@@ -70,32 +70,28 @@ def test_a_whole_last_line_that_is_wrong_is_an_error_not_a_torn_line(runner, tmp
     assert _one_error(_extract(runner, folder, inputs)) == message
 
 
-@pytest.mark.parametrize("damage", ["empty", "foreign", "line 2"])
-def test_force_starts_over_on_a_folder_whose_index_is_damaged_or_no_index(runner, tmp_path, inputs, damage):
+def _forced_run_starts_over(runner, tmp_path, folder, inputs):
+    """``--force`` on a damaged folder: it ends as a fresh run's folder."""
     fresh = tmp_path / "fresh"
     assert _extract(runner, fresh, inputs).exit_code == 0
-    expected, names = _rows(fresh)
-    folder = tmp_path / "feats"
-    index = folder / INDEX_NAME
-    if damage == "line 2":
-        assert _extract(runner, folder, inputs).exit_code == 0
-        lines = index.read_text().splitlines(keepends=True)
-        index.write_text(lines[0] + "garbage\n" + "".join(lines[2:]))
-        message = (f"Error: index '{index}' is damaged: line 2 is not JSON. Hint: run the same extraction again "
-                   "with --force to start over")
-    else:
-        folder.mkdir()
-        index.write_text("" if damage == "empty" else '{"rows": 3}\n')
-        message = f"Error: '{index}' is not a hookcli index. Hint: add --force to replace it, or use another folder"
-    assert _one_error(_extract(runner, folder, inputs)) == message
-    if damage != "line 2":
-        assert _one_error(runner.invoke(main, ["info", str(folder)])) == (
-            f"Error: '{index}' is not a hookcli index. Hint: give a folder written by hookcli extract -o DIR/")
     result = _extract(runner, folder, inputs, "--force")
     assert result.exit_code == 0, result.output
-    rows, again = _rows(folder)
-    assert again == names and torch.equal(torch.from_numpy(rows), torch.from_numpy(expected))
+    (rows, names), (expected, fresh_names) = _rows(folder), _rows(fresh)
+    assert names == fresh_names and torch.equal(torch.from_numpy(rows), torch.from_numpy(expected))
     assert sorted(p.name for p in folder.iterdir()) == sorted(p.name for p in fresh.iterdir())
+
+
+@pytest.mark.parametrize("content", ["", '{"rows": 3}\n'])
+def test_an_index_that_is_no_hookcli_index_is_refused_and_replaced_with_force(runner, tmp_path, inputs, content):
+    folder = tmp_path / "feats"
+    folder.mkdir()
+    index = folder / INDEX_NAME
+    index.write_text(content)
+    assert _one_error(_extract(runner, folder, inputs)) == (
+        f"Error: '{index}' is not a hookcli index. Hint: add --force to replace it, or use another folder")
+    assert _one_error(runner.invoke(main, ["info", str(folder)])) == (
+        f"Error: '{index}' is not a hookcli index. Hint: give a folder written by hookcli extract -o DIR/")
+    _forced_run_starts_over(runner, tmp_path, folder, inputs)
 
 
 def test_a_damaged_line_before_the_last_is_an_error_naming_it(runner, tmp_path, inputs):
@@ -107,6 +103,7 @@ def test_a_damaged_line_before_the_last_is_an_error_naming_it(runner, tmp_path, 
                "again with --force to start over")
     assert _one_error(runner.invoke(main, ["info", str(folder)])) == message
     assert _one_error(_extract(runner, folder, inputs)) == message
+    _forced_run_starts_over(runner, tmp_path, folder, inputs)  # as the hint says
 
 
 @pytest.mark.parametrize("file", ["/etc/passwd", "../outside.safetensors", "features-00001.safetensors"])
