@@ -14,8 +14,9 @@ mapping key → ``torch.Tensor`` (:class:`~hookcli.store.Features`) with
 ``.metadata`` (exactly what a file would hold), ``.inputs``, ``.facts`` and
 ``.notes``. ``output="x.safetensors"``, ``"DIR/"`` (shards, resumable) or
 ``"-"`` writes what the command line writes for the same options and returns
-the path (None for ``-``); ``output=DEFAULT_OUTPUT`` picks the command line's
-default name.
+the path (None for ``-``); a binary stream (``io.BytesIO()``, an open file)
+receives the file's bytes as ``-`` does; ``output=DEFAULT_OUTPUT`` picks the
+command line's default name.
 
 >>> import hookcli
 >>> photo = __import__("matplotlib.cbook").cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)

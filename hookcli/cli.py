@@ -22,7 +22,7 @@ import click
 
 from hookcli import __version__
 from hookcli.capture import CAPTURE_KINDS
-from hookcli.console import Terminated, notes_and_sigterm, printable
+from hookcli.console import Terminated, notes_and_sigterm, printable, stdout_for_data
 from hookcli.errors import HookcliError, first_line
 from hookcli.families import FAMILIES
 from hookcli.gradients import CAM_METHODS
@@ -347,7 +347,10 @@ def _run(ctx: click.Context, command: str, options: dict, *args) -> None:
     to_stdout = options["output"] == "-" and command != "cam"  # stdout carries the file's bytes
     part = _launched_part()
     with contextlib.closing(_Reporter(quiet or (part is not None and part.index > 0), echo_paths=not to_stdout,
-                                      launched=part is not None)) as reporter:
+                                      launched=part is not None)) as reporter, \
+            stdout_for_data() if to_stdout else contextlib.nullcontext() as data:
+        if data is not None:  # a model's own prints must not land among the file's bytes
+            options["output"] = data
         getattr(hookcli.api, command)(model, *args, progress=reporter, **options)
 
 

@@ -13,13 +13,15 @@ import contextlib
 import os
 import re
 import signal
+import sys
 import threading
 import warnings
 from collections.abc import Callable, Iterator
+from typing import BinaryIO
 
 from hookcli.errors import first_line
 
-__all__ = ["Terminated", "notes_and_sigterm", "printable"]
+__all__ = ["Terminated", "notes_and_sigterm", "printable", "stdout_for_data"]
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")  # and lone surrogates, which no terminal can print
 _NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
@@ -66,3 +68,39 @@ def notes_and_sigterm(echo: Callable[[str], None], *, debug: Callable[[], bool] 
         warnings.showwarning = show_warning
         if in_main_thread:
             signal.signal(signal.SIGTERM, signal.SIG_DFL if on_sigterm is None else on_sigterm)
+
+
+@contextlib.contextmanager
+def stdout_for_data() -> Iterator[BinaryIO]:
+    """While inside, standard output carries only what is written to the stream this yields: anything else
+    written to it (a model's ``print``, a library writing to file descriptor 1 from C) goes to standard error.
+
+    Where ``sys.stdout`` is a real file descriptor, descriptor 1 is pointed at
+    standard error and the data goes through a copy of the old one; otherwise
+    (a test runner's buffer) Python's ``sys.stdout`` is swapped for
+    ``sys.stderr``.
+    """
+    stream = sys.stdout
+    stream.flush()
+    try:
+        descriptor = stream.fileno()
+        errors = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):
+        sys.stdout = sys.stderr
+        try:
+            yield stream.buffer
+        finally:
+            sys.stdout = stream
+        return
+    data = os.fdopen(os.dup(descriptor), "wb")
+    kept = os.dup(descriptor)
+    os.dup2(errors, descriptor)
+    try:
+        yield data
+    finally:
+        with contextlib.suppress(OSError):
+            stream.flush()
+        os.dup2(kept, descriptor)
+        os.close(kept)
+        with contextlib.suppress(OSError):  # a reader gone away: the caller has said so already
+            data.close()

@@ -34,7 +34,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -73,9 +72,10 @@ class RunRecord:
     """What a run is, as its files record it. Each field says where it goes (metadata, identity or both).
 
     ``layers`` maps module paths to keys; ``layer_types`` gives each module's
-    class name (for the metadata's layer table). ``inputs`` are the absolute
-    input paths of the whole run (the identity keeps their count and a
-    fingerprint). ``command`` holds the command's own entries, e.g.
+    class name (for the metadata's layer table). ``inputs`` are the keys of
+    the whole run's inputs (:func:`hookcli.archives.input_key`: the absolute
+    path, or an archive member's row name); the identity keeps their count
+    and a fingerprint. ``command`` holds the command's own entries, e.g.
     ``{"target": "top1"}`` for grad; they go where the run's options go.
     """
 
@@ -140,11 +140,11 @@ def identity_differences(one: Mapping, other: Mapping) -> list[str]:
     return sorted(k for k in {*one, *other} if one.get(k) != other.get(k))
 
 
-def inputs_digest(paths: Sequence) -> str:
-    """A fingerprint of the input list (absolute paths, in order)."""
+def inputs_digest(keys: Sequence[str]) -> str:
+    """A fingerprint of the input list: each input's key (:func:`hookcli.archives.input_key`), in order."""
     digest = hashlib.sha256()
-    for path in paths:
-        digest.update(os.path.abspath(path).encode("utf-8", "surrogateescape") + b"\n")
+    for key in keys:
+        digest.update(key.encode("utf-8", "surrogateescape") + b"\n")
     return digest.hexdigest()
 
 
@@ -186,7 +186,7 @@ ROW_DETAILS = ("frames", "second_inputs")
 
 def _rows_metadata(inputs: Sequence[str], skipped: Sequence[dict], targets: Sequence,
                    details: Mapping[str, Sequence]) -> dict[str, str]:
-    metadata = {"inputs": json.dumps([os.path.abspath(p) for p in inputs])}
+    metadata = {"inputs": json.dumps(list(inputs))}
     for name in ROW_DETAILS:
         if details.get(name):
             metadata[name] = json.dumps(list(details[name]))

@@ -32,7 +32,7 @@ from hookcli.errors import ImageError, InputError
 from hookcli.store import NotRegularFile, file_kind, open_regular
 
 __all__ = ["IMAGE_SUFFIXES", "RESAMPLE", "FoundInputs", "JpegBytes", "find_inputs", "gather_inputs", "load_rgb",
-           "model_view", "open_input", "read_jpeg"]
+           "model_view", "open_input", "pixel_limit", "read_jpeg"]
 
 #: Suffixes picked up when a folder is given; files named explicitly are always tried.
 IMAGE_SUFFIXES = frozenset(
@@ -139,9 +139,10 @@ def _expand(argument: str, recursive: bool) -> tuple[list[Path], Path | None]:
     (:mod:`hookcli.archives`), and ``archive.tar::member`` one of them."""
     from hookcli import archives
 
-    member = archives.find_member(argument)
-    if member is not None:
-        return [member], None
+    if not os.path.lexists(argument):  # a path on disk is a disk path, whatever its name
+        member = archives.find_member(argument)
+        if member is not None:
+            return [member], None
     path = Path(argument)
     try:
         path.stat()
@@ -191,6 +192,12 @@ def _walk(folder: Path) -> Iterator[tuple[Path, list[str]]]:
 
 def _is_image_name(name: str) -> bool:
     return not name.startswith(".") and Path(name).suffix.lower() in IMAGE_SUFFIXES
+
+
+def pixel_limit() -> int:
+    """The most pixels an image (or a video's frame) may have: beyond it Pillow refuses to decode (twice its
+    ``Image.MAX_IMAGE_PIXELS``, which a caller may change)."""
+    return 2 * Image.MAX_IMAGE_PIXELS
 
 
 def load_rgb(path: str | os.PathLike, *, min_size: int | None = None, max_side: int | None = None,
@@ -308,7 +315,7 @@ def _read_errors(path):
     except Image.DecompressionBombError as err:
         size = re.search(r"\((\d+) pixels\)", str(err))
         pixels = f"{int(size.group(1)):,} pixels" if size else "too many pixels"
-        raise ImageError(f"image '{path}' has {pixels}, more than Pillow decodes ({2 * Image.MAX_IMAGE_PIXELS:,})",
+        raise ImageError(f"image '{path}' has {pixels}, more than Pillow decodes ({pixel_limit():,})",
                          hint="shrink it first") from None
     except (OSError, ValueError, SyntaxError) as err:
         raise ImageError(f"cannot decode image '{path}': {err}", hint="the file may be truncated or corrupt") from None
@@ -323,7 +330,7 @@ def _is_empty(path) -> bool:
 
 def open_input(path) -> BinaryIO:
     """An input's bytes as a binary file: a regular file (:func:`~hookcli.store.open_regular`), or a member of a
-    tar (``archive.tar::member``, :mod:`hookcli.archives`) read into memory."""
+    tar (``archive.tar::member``, :mod:`hookcli.archives`) read from the archive as it is asked for."""
     from hookcli import archives
 
     try:
@@ -331,7 +338,7 @@ def open_input(path) -> BinaryIO:
     except InputError as err:
         raise ImageError(err.message, hint=err.hint) from None
     if member is not None:
-        return io.BytesIO(member.read_bytes())
+        return member.open()
     return open_regular(path)
 
 

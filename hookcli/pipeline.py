@@ -295,11 +295,12 @@ def image_loader(paths: Sequence, settings: RunSettings, *, order: Iterable[list
     )
 
 
-def reported_failures(failures: list, on_error: str) -> list[tuple[int, str]]:
-    """Raise the first unreadable image in ``fail`` mode; in ``skip`` mode, ``(index, message)`` pairs."""
+def reported_failures(failures: list, on_error: str, inputs: str = "images") -> list[tuple[int, str]]:
+    """Raise the first unreadable input in ``fail`` mode; in ``skip`` mode, ``(index, message)`` pairs. ``inputs``
+    names what the rows are read from in the hint (images, videos)."""
     if failures and on_error == "fail":
         message, hint = failures[0][1]
-        skip = "add --on-error skip to leave unreadable images out"
+        skip = f"add --on-error skip to leave unreadable {inputs} out"
         raise ImageError(message, hint=f"{hint}; or {skip}" if hint else skip)
     return [(index, f"{message}. Hint: {hint}" if hint else message) for index, (message, hint) in failures]
 
@@ -334,10 +335,11 @@ def iter_batches(
     square = square_input(settings.preprocess)
     cast = getattr(torch, settings.dtype)
     batches = _Decoded(image_loader(paths, settings, order=order), settings, on_note)
+    unreadable = "videos" if any(hasattr(path, "frames") for path in paths[:1]) else "images"  # rows of clips
     with prepared_model(loaded, settings) as (model, to_device), \
             make_forward(model, layers, settings, on_note) as run, _videos_closed():
         for indices, batch, failures in batches:
-            failures = reported_failures(failures, settings.on_error)
+            failures = reported_failures(failures, settings.on_error, unreadable)
             features, targets, facts = {}, None, None
             if batch is not None:
                 captured, targets = run(to_device(batch))

@@ -39,9 +39,11 @@ import json
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
+from hookcli.archives import input_key
 from hookcli.errors import ImageError, UsageProblem, check_choice, check_whole
 from hookcli.fileformat import RunRecord
 from hookcli.store import check_folder_output, refuse_existing
@@ -235,6 +237,8 @@ class Output:
 
     kind: str
     path: str | None = None
+    #: Where ``stdout`` rows go when the caller gave a binary stream instead of ``-`` (None: ``sys.stdout``).
+    stream: BinaryIO | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -269,9 +273,9 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
     ``model`` is a model name or a :class:`~hookcli.models.LoadedModel`;
     ``layers`` one selector or a list (cam: one selector or None for the
     default layer); ``inputs`` a path, a folder, ``-`` or a list of them;
-    ``output`` None (in memory), :data:`DEFAULT_OUTPUT`, a file, ``-``, or a
-    folder (a string ending in ``/``, or an existing folder: a ``pathlib.Path``
-    drops the trailing slash). Raises the library's errors; usage
+    ``output`` None (in memory), :data:`DEFAULT_OUTPUT`, a file, ``-`` or a
+    binary stream (the file's bytes go there), or a folder (a string ending in
+    ``/``, or an existing folder: a ``pathlib.Path`` drops the trailing slash). Raises the library's errors; usage
     errors before any model loads.
     """
     from hookcli.models import LoadedModel, model_family, resolve_weights
@@ -295,7 +299,8 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
     part = _part(opts, kind, output)
     if part is not None and kind == "default":
         kind = "folder"  # many processes share the work of one shard folder
-    if kind == "stdout" and sys.stdout.isatty():
+    stream = output if hasattr(output, "write") else None
+    if kind == "stdout" and (stream or sys.stdout).isatty():
         raise UsageProblem("refusing to write binary safetensors data to a terminal; pipe or redirect -o -",
                            hint=help_hint)
     if command == "cam":
@@ -346,7 +351,7 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
         loaded = model if isinstance(model, LoadedModel) else _load(model_name, opts)
         settings = dataclasses.replace(settings, device=device, preprocess=_preprocess(loaded, opts))
         settings = settings.resolved(loaded, len(paths))
-        notes = gathered + _loading_notes(loaded, options)
+        notes = gathered + loaded.notes_for(options)
         if command == "extract" and opts.compile and not settings.compile:
             notes += (f"--compile applies to classification models; this {loaded.family.replace('_', ' ')} model runs "
                       "eagerly",)
@@ -369,7 +374,7 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
         elif loaded.family == "optical_flow" and opts.pair_with:  # a resumed run must pair the same second images
             from hookcli.fileformat import inputs_digest
 
-            entries = {**entries, "second_inputs_sha256": inputs_digest([p.second for p in paths])}
+            entries = {**entries, "second_inputs_sha256": inputs_digest([input_key(p.second) for p in paths])}
         elif loaded.family == "optical_flow":
             entries = {**entries, "frame_stride": str(opts.frame_stride)}
         if path is None and kind in ("file", "folder"):
@@ -391,7 +396,7 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
             preprocess=json.loads(settings.preprocess.to_json()), pool=settings.pool or "none", dtype=settings.dtype,
             precision=settings.precision, memory_format=settings.memory_format, fuse=settings.fusing,
             device=str(settings.device), on_error=settings.on_error, shard_size=opts.shard_size,
-            inputs=tuple(os.path.abspath(p) for p in paths), command=entries, family=loaded.family,
+            inputs=tuple(input_key(p) for p in paths), command=entries, family=loaded.family,
             prefix_tokens=loaded.prefix_tokens,
         )
         cam_look = {"method": opts.method, "alpha": opts.alpha, "cmap": opts.cmap} if command == "cam" else None
@@ -400,7 +405,7 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
 
             team.check_same(identity(record))
         return RunPlan(command=command, loaded=loaded, layers=selected, inputs=tuple(paths), settings=settings,
-                       output=Output(kind, path), record=record, forward=forward, shard_size=opts.shard_size,
+                       output=Output(kind, path, stream), record=record, forward=forward, shard_size=opts.shard_size,
                        force=opts.force, grid=opts.grid, target=target, cam_look=cam_look, notes=notes, part=part,
                        team=team)
 
@@ -448,14 +453,6 @@ _NO_GRADIENTS = {
 }
 
 
-def _loading_notes(loaded, given: Mapping) -> tuple[str, ...]:
-    """What building the model found worth saying; an assumed preprocessing goes unsaid when every part of it is
-    given."""
-    if loaded.preprocess_assumed and all(given.get(name) is not None for name in ("resize", "crop", "mean", "std")):
-        return ()
-    return tuple(loaded.notes)
-
-
 def _settings(command: str, opts: RunOptions):
     """The run settings the options ask for, validated; preprocessing is the model's, filled in once it loads."""
     from hookcli.pipeline import RunSettings
@@ -497,6 +494,8 @@ def _output_kind(command: str, output, model_name: str) -> tuple[str, str | None
         return "memory", None
     if output is DEFAULT_OUTPUT:
         return "default", None
+    if hasattr(output, "write"):
+        return "stdout", "-"
     text = os.fspath(output)
     if text == "-":
         return "stdout", text
@@ -663,7 +662,7 @@ def _image_pairs(arguments: list[str], opts: RunOptions, recursive: bool):
         raise UsageProblem(f"the two image lists differ in length: {_counted(len(firsts), 'first image')} and "
                            f"{len(seconds)} given with --pair-with",
                            hint="give one second image for each input image, in order")
-    return FoundInputs([ImagePair(os.fspath(a), os.fspath(b)) for a, b in zip(firsts, seconds, strict=True)])
+    return FoundInputs([ImagePair(a, b) for a, b in zip(firsts, seconds, strict=True)])
 
 
 def _fitted_to_family(command: str, family: str, opts: RunOptions, given: Mapping, help_hint: str) -> RunOptions:
@@ -838,7 +837,7 @@ def _writer(run: RunPlan, note: Callable[[str], None]):
     if kind == "memory":
         return writers.MemoryWriter(run.record, run.inputs)
     if kind == "stdout":
-        return writers.StdoutWriter(run.record, run.inputs)
+        return writers.StdoutWriter(run.record, run.inputs, run.output.stream)
     if kind == "folder":
         share = (run.part.index, run.part.count) if run.part is not None else (0, 1)
         return writers.FolderWriter(run.record, run.inputs, path, shard_size=run.shard_size, force=run.force,

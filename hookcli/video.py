@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from hookcli.errors import ImageError, InputError, UsageProblem, VideoError, check_whole
-from hookcli.images import IMAGE_SUFFIXES, _counted, _is_image_name, _read_lines, load_rgb
+from hookcli.images import IMAGE_SUFFIXES, _counted, _is_image_name, _read_lines, load_rgb, pixel_limit
 from hookcli.store import NotRegularFile, open_regular
 
 __all__ = [
@@ -53,6 +53,7 @@ VIDEO_SUFFIXES = frozenset(
 )
 
 _DAMAGED = "the file may be truncated, corrupt or not a video"
+_TOO_LARGE = "scale it down first (ffmpeg -i IN -vf scale=1920:-2 OUT)"
 
 
 @dataclass(frozen=True)
@@ -137,11 +138,11 @@ def pair_frames(count: int, *, stride: int = 1) -> list[tuple[int, int]]:
 class ImagePair:
     """Two images given as a pair of frames (optical flow from two image lists): ``path`` first, ``second`` after."""
 
-    path: str
-    second: str
+    path: str | os.PathLike  # a disk path or an archive member (hookcli.archives), each read as it is
+    second: str | os.PathLike
 
     def __fspath__(self) -> str:
-        return self.path
+        return os.fspath(self.path)
 
     def read(self) -> np.ndarray:
         """Both images, ``uint8`` RGB ``[2, H, W, 3]``; images of different sizes raise :class:`VideoError`."""
@@ -293,6 +294,7 @@ def _read_file(path, positions: dict[int, list[int]]) -> np.ndarray:
     try:
         for index in sorted(positions):
             frame = decoding.frame(index)
+            _check_frame(path, frame)
             if frames is None:
                 shape = frame.height, frame.width
                 frames = np.empty((size, *shape, 3), np.uint8)
@@ -300,6 +302,9 @@ def _read_file(path, positions: dict[int, list[int]]) -> np.ndarray:
     except av.FFmpegError as err:
         close_decoders()
         raise VideoError(f"cannot decode video '{path}': {_reason(err)}", hint=_DAMAGED) from None
+    except VideoError:
+        close_decoders()
+        raise
     except _Ended as ended:
         close_decoders()
         raise VideoError(f"video '{path}' ended after {_counted(ended.decoded, 'frame')}; frame {max(positions)} was "
@@ -464,7 +469,26 @@ def _opened(path) -> Iterator[tuple]:
             streams = [s for s in container.streams.video if not s.disposition & av.stream.Disposition.attached_pic]
             if not streams:
                 raise VideoError(f"'{path}' holds no video stream", hint="pass a video file or a folder of frames")
+            _limit_pixels(path, streams[0])
             yield container, streams[0]
+
+
+def _limit_pixels(path, stream) -> None:
+    """Refuse a video whose frames are larger than any image hookcli decodes, and have the decoder refuse a frame
+    larger than its header said before it allocates it (FFmpeg's ``max_pixels``)."""
+    limit = pixel_limit()
+    width, height = stream.codec_context.width, stream.codec_context.height
+    if width * height > limit:
+        raise VideoError(f"video '{path}' has frames of {width}x{height} ({width * height:,} pixels), more than "
+                         f"hookcli decodes ({limit:,})", hint=_TOO_LARGE)
+    stream.codec_context.options = {**stream.codec_context.options, "max_pixels": str(min(limit, 2**31 - 1))}
+
+
+def _check_frame(path, frame) -> None:
+    if frame.width * frame.height > pixel_limit():
+        raise VideoError(f"video '{path}' has a frame of {frame.width}x{frame.height} "
+                         f"({frame.width * frame.height:,} pixels), more than hookcli decodes ({pixel_limit():,})",
+                         hint=_TOO_LARGE)
 
 
 def _import_av():

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from hookcli import fileformat
+from hookcli.archives import input_name
 from hookcli.errors import MemoryLimitError
 from hookcli.fileformat import ROW_SHAPE, RunFacts, RunRecord
 from hookcli.store import Features, format_bytes, write_safetensors
@@ -93,12 +94,12 @@ class RowBuffer:
                 self._tensors[key] = torch.empty((self.capacity, *value.shape[1:]), dtype=value.dtype)
             part = value[rows]
             self._tensors[key][start:start + len(part)] = part
-        self.inputs.extend(os.path.abspath(p) for p in inputs)
+        self.inputs.extend(input_name(p) for p in inputs)
         for item in inputs:
             if hasattr(item, "frames"):
                 self.details.setdefault("frames", []).append(list(item.frames))
             if hasattr(item, "second"):
-                self.details.setdefault("second_inputs", []).append(os.path.abspath(item.second))
+                self.details.setdefault("second_inputs", []).append(input_name(item.second))
         self.targets.extend(targets or ())
 
     def _add_ragged(self, key: str, rows: list, start: int) -> None:
@@ -118,7 +119,7 @@ class RowBuffer:
             self._shapes[key][start + offset] = torch.tensor(row.shape, dtype=torch.int64)
 
     def skip(self, path, error: str) -> None:
-        self.skipped.append({"input": os.path.abspath(path), "error": error})
+        self.skipped.append({"input": input_name(path), "error": error})
 
     def tensors(self) -> dict:
         """The rows added so far, by key; a ragged key's ``@shape`` companion right after it."""
@@ -158,7 +159,7 @@ class _WholeWriter:
                 self.rows = RowBuffer(len(self.paths))
             self.rows.add(batch.features, slice(None), [self.paths[i] for i in batch.indices], batch.targets)
             self.facts = batch.facts
-        self.skipped.extend({"input": os.path.abspath(self.paths[i]), "error": e} for i, e in batch.failures)
+        self.skipped.extend({"input": input_name(self.paths[i]), "error": e} for i, e in batch.failures)
 
     def finish(self):
         tensors = self.rows.tensors()

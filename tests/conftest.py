@@ -2,7 +2,10 @@
 cache are temp folders and downloads are off."""
 
 import os
+import subprocess
+import sys
 import tempfile
+import textwrap
 
 os.environ["TORCH_HOME"] = tempfile.mkdtemp(prefix="hookcli-torch-home-")
 os.environ["HOOKCLI_CACHE_DIR"] = tempfile.mkdtemp(prefix="hookcli-cache-")
@@ -64,3 +67,26 @@ def no_model(monkeypatch):
         raise AssertionError("the model was loaded")
 
     monkeypatch.setattr("hookcli.models.load_model", refuse)
+
+
+_MEASURE = textwrap.dedent("""
+    import resource, subprocess, sys
+    resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))  # a runaway fails fast instead of eating the machine
+    done = subprocess.run([sys.executable, "-m", "hookcli", *sys.argv[1:]], capture_output=True, text=True)
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+    print(done.returncode, peak, done.stderr.strip().replace("\\n", " | "), sep="\\t")
+""")
+
+
+def _peak(*args) -> tuple[int, int, str]:
+    done = subprocess.run([sys.executable, "-c", _MEASURE, *map(str, args)], capture_output=True, text=True,
+                          timeout=300)
+    code, peak, stderr = done.stdout.rstrip("\n").split("\t")
+    return int(code), int(peak), stderr
+
+
+@pytest.fixture
+def peak_of():
+    """``peak_of(*args)``: exit code, peak memory in bytes and stderr (lines joined by `` | ``) of ``hookcli ARGS``
+    run in a process limited to 4 GiB of address space."""
+    return _peak

@@ -8,7 +8,6 @@ import os
 import struct
 import subprocess
 import sys
-import textwrap
 import zlib
 
 import numpy as np
@@ -240,15 +239,6 @@ def test_a_fifo_is_refused_by_info_and_grid_without_blocking(tmp_path):
                                ".safetensors file\n")
 
 
-_MEASURE = textwrap.dedent("""
-    import resource, subprocess, sys
-    resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))  # a runaway fails fast instead of eating the machine
-    done = subprocess.run([sys.executable, "-m", "hookcli", *sys.argv[1:]], capture_output=True, text=True)
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
-    print(done.returncode, peak, done.stderr.strip().replace("\\n", " | "), sep="\\t")
-""")
-
-
 def _png_of_zeros(path, width: int, height: int):
     """A 16-bit grayscale PNG of zeros, compressed row by row: tiny on disk, large once decoded."""
     def chunk(kind: bytes, data: bytes) -> bytes:
@@ -261,14 +251,7 @@ def _png_of_zeros(path, width: int, height: int):
     return path
 
 
-def _peak(*args) -> tuple[int, int, str]:
-    done = subprocess.run([sys.executable, "-c", _MEASURE, *map(str, args)], capture_output=True, text=True,
-                          timeout=300)
-    code, peak, stderr = done.stdout.rstrip("\n").split("\t")
-    return int(code), int(peak), stderr
-
-
-def test_crafted_files_under_a_megabyte_cost_grid_and_info_under_a_gigabyte(tmp_path, photo):
+def test_crafted_files_under_a_megabyte_cost_grid_and_info_under_a_gigabyte(tmp_path, photo, peak_of):
     huge = _png_of_zeros(tmp_path / "huge16.png", 9000, 9000)  # 157 KB on disk, 162 MB decoded
     files = {
         "huge_png": tmp_path / "huge.safetensors",
@@ -287,7 +270,7 @@ def test_crafted_files_under_a_megabyte_cost_grid_and_info_under_a_gigabyte(tmp_
     for name, path in files.items():
         for command in ("info", "grid"):
             extra = ["-o", str(tmp_path / f"g-{name}")] + (["--overlay"] if name in ("resize", "huge_png") else [])
-            results[name, command] = _peak(command, path, *(extra if command == "grid" else []))
+            results[name, command] = peak_of(command, path, *(extra if command == "grid" else []))
     for (name, command), (code, peak, stderr) in results.items():
         assert peak < 1 << 30, (name, command, peak, stderr)
     assert {key: code for key, (code, _, _) in results.items()} == {
