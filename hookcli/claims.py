@@ -7,9 +7,15 @@ it reads a shard's inputs it claims the shard: ``.claims/<number>`` is
 created exclusively and holds its owner (host, pid, start time); the file's
 modification time is a heartbeat, renewed by a thread every
 :data:`HEARTBEAT` seconds. A claim is taken over when its owner is gone (on
-this host, no process has its pid) or its heartbeat is older than
+this host, no process has its pid) or its heartbeat is further than
 :func:`claim_timeout` (:data:`DEFAULT_CLAIM_TIMEOUT` seconds, or
-``$HOOKCLI_CLAIM_TIMEOUT``).
+``$HOOKCLI_CLAIM_TIMEOUT``) from now, in the past or in the future.
+
+The lock file, the claims folder and the claims are only ever opened without
+following a symbolic link (claims through a descriptor of their folder), and
+anything in their place that hookcli did not make (a link, a FIFO, a folder)
+is refused, naming it: hookcli writes, renews and deletes files inside the
+output folder only.
 
 Claims only save work: publishing a shard checks the index under the lock,
 so a shard computed twice (by a process that was only paused, say) is still
@@ -35,15 +41,20 @@ import fcntl
 import json
 import os
 import socket
+import stat
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from hookcli.errors import UsageProblem
+from hookcli.errors import UsageProblem, seconds_from_environment
+from hookcli.store import file_kind, reporting_full_disk
 
-__all__ = ["CLAIMS", "DEFAULT_CLAIM_TIMEOUT", "HEARTBEAT", "LOCK_NAME", "Claims", "FolderLock", "claim_timeout"]
+__all__ = [
+    "CLAIMS", "DEFAULT_CLAIM_TIMEOUT", "HEARTBEAT", "LOCK_NAME", "SHORTEST_CLAIM_TIMEOUT", "Claims", "FolderLock",
+    "check_folder_parts", "claim_timeout",
+]
 
 #: The lock file of a shard folder, held only for short steps.
 LOCK_NAME = ".hookcli.lock"
@@ -53,23 +64,62 @@ CLAIMS = ".claims"
 HEARTBEAT = 10.0
 #: A claim whose heartbeat is older than this many seconds is taken over.
 DEFAULT_CLAIM_TIMEOUT = 120.0
+#: The shortest claim timeout accepted: heartbeats come four times a timeout, and a shorter one would spin the
+#: heartbeat thread and take claims from live processes that a busy machine kept waiting a moment.
+SHORTEST_CLAIM_TIMEOUT = 1.0
+#: The longest: a day.
+LONGEST_CLAIM_TIMEOUT = 86400.0
 #: Seconds waited on the lock before saying so.
 _WAIT_NOTE_AFTER = 5.0
 
 
 def claim_timeout() -> float:
-    """Seconds without a heartbeat after which a claim counts as abandoned (``$HOOKCLI_CLAIM_TIMEOUT``)."""
-    text = os.environ.get("HOOKCLI_CLAIM_TIMEOUT", "").strip()
-    if not text:
-        return DEFAULT_CLAIM_TIMEOUT
+    """Seconds without a heartbeat after which a claim counts as abandoned (``$HOOKCLI_CLAIM_TIMEOUT``): at least
+    :data:`SHORTEST_CLAIM_TIMEOUT`, as a shorter one would take claims from live processes (and spin the heartbeat)."""
+    return seconds_from_environment("HOOKCLI_CLAIM_TIMEOUT", DEFAULT_CLAIM_TIMEOUT, SHORTEST_CLAIM_TIMEOUT,
+                                    LONGEST_CLAIM_TIMEOUT)
+
+
+def check_folder_parts(folder: Path) -> None:
+    """Refuse, before any work, a lock file, claims folder or claim in ``folder`` that hookcli did not make."""
+    _refuse_unless(folder / LOCK_NAME, stat.S_ISREG, _LOCK_FILE)
+    if _refuse_unless(folder / CLAIMS, stat.S_ISDIR, _CLAIMS_FOLDER):
+        for child in (folder / CLAIMS).iterdir():
+            _refuse_unless(child, stat.S_ISREG, _CLAIM_FILE)
+
+
+_LOCK_FILE, _CLAIMS_FOLDER, _CLAIM_FILE = "a lock file", "the folder of claims", "a claim file"
+
+
+def _not_made_here(path: Path, expected: str, mode: int) -> UsageProblem:
+    """The error for ``path``, found to be something other than ``expected`` (what hookcli makes there)."""
+    return UsageProblem(f"'{path}' is {file_kind(mode)}, not {expected} hookcli made", hint="remove it, then run again")
+
+
+def _refuse_unless(path: Path, is_kind: Callable[[int], bool], expected: str) -> bool:
+    """Raise unless ``path`` is missing or ``is_kind`` (a link counts as itself): whether it is there."""
+    mode = _mode(path)
+    if mode is not None and not is_kind(mode):
+        raise _not_made_here(path, expected, mode)
+    return mode is not None
+
+
+def _unopened(path: Path, is_kind: Callable[[int], bool], expected: str, err: OSError) -> UsageProblem:
+    """Why opening ``path`` failed with ``err``: something other than ``expected`` is there, or it is not ours to
+    open."""
+    mode = _mode(path)
+    if mode is not None and not is_kind(mode):
+        return _not_made_here(path, expected, mode)
+    return UsageProblem(f"cannot open '{path}' ({err.strerror})",
+                        hint="check its permissions, or choose another place with -o")
+
+
+def _mode(path: Path) -> int | None:
+    """``path``'s own ``st_mode`` (a link's, not its target's), or None when nothing is there."""
     try:
-        seconds = float(text)
-    except ValueError:
-        seconds = -1.0
-    if not seconds > 0 or seconds != seconds or seconds == float("inf"):
-        raise UsageProblem(f"HOOKCLI_CLAIM_TIMEOUT must be a number of seconds above 0, not '{text}'",
-                           hint=f"unset it for the default of {DEFAULT_CLAIM_TIMEOUT:.0f} s")
-    return seconds
+        return os.lstat(path).st_mode
+    except FileNotFoundError:
+        return None
 
 
 class FolderLock:
@@ -143,11 +193,7 @@ class FolderLock:
     def _lock(self) -> int:
         said = False
         while True:
-            try:
-                descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o666)
-            except OSError:
-                raise UsageProblem(f"'{self.path}' is not a lock file hookcli made (it is a folder or a link)",
-                                   hint="remove it, then run again") from None
+            descriptor = self._open()
             try:
                 fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -169,12 +215,26 @@ class FolderLock:
                 os.close(descriptor)
                 raise
             try:
-                current = os.stat(self.path).st_ino
+                current = os.lstat(self.path).st_ino
             except FileNotFoundError:
                 current = None
             if current == os.fstat(descriptor).st_ino:
                 return descriptor
             os.close(descriptor)  # the holder deleted the file meanwhile: lock the new one
+
+    def _open(self) -> int:
+        """The lock file, created if missing; a link, a FIFO or a folder in its place is refused, never followed
+        nor waited on."""
+        try:
+            descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK,
+                                 0o666)
+        except OSError as err:
+            raise _unopened(self.path, stat.S_ISREG, _LOCK_FILE, err) from None
+        mode = os.fstat(descriptor).st_mode
+        if not stat.S_ISREG(mode):
+            os.close(descriptor)
+            raise _not_made_here(self.path, _LOCK_FILE, mode)
+        return descriptor
 
 
 #: Every lock of this process, so that a forked child drops them (:meth:`FolderLock._forget`).
@@ -202,58 +262,93 @@ class Claims:
         self._thread: threading.Thread | None = None
 
     def path(self, number: int) -> Path:
-        return self.folder / f"{number:05d}"
+        return self.folder / _claim_name(number)
+
+    @contextlib.contextmanager
+    def _opened(self, *, create: bool = False) -> Iterator[int | None]:
+        """A descriptor of the claims folder (None when there is none and ``create`` is not set), through which
+        every claim is made, renewed and deleted: a link in the folder's place would lead them out of the output
+        folder, so it is refused, as is a file."""
+        if create:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(self.folder)  # never follows a link: one in the way is refused below
+        try:
+            descriptor = os.open(self.folder,
+                                 os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except FileNotFoundError:
+            descriptor = None
+        except OSError as err:
+            raise _unopened(self.folder, stat.S_ISDIR, _CLAIMS_FOLDER, err) from None
+        try:
+            yield descriptor
+        finally:
+            if descriptor is not None:
+                os.close(descriptor)
 
     def take(self, number: int) -> bool:
         """Claim shard ``number`` (the caller holds the folder lock): False when a live process holds it."""
         if number in self.mine:
             return True
-        self.folder.mkdir(exist_ok=True)
-        path = self.path(number)
-        for _ in range(2):
-            try:
-                descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
-            except FileExistsError:
-                owner = self._abandoned(path)
-                if owner is None:
-                    return False
-                if owner != _RELEASED and self.on_note is not None:
-                    self.on_note(f"shard {number} was claimed by {owner}: this process computes it")
-                with contextlib.suppress(FileNotFoundError):
-                    path.unlink()
-                continue
-            with os.fdopen(descriptor, "w") as handle:
-                json.dump(_owner(), handle)
-            self.mine.add(number)
-            return True
+        name = _claim_name(number)
+        with self._opened(create=True) as folder:
+            for _ in range(2):
+                try:
+                    descriptor = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                         0o666, dir_fd=folder)
+                except FileExistsError:
+                    owner = self._abandoned(name, folder)
+                    if owner is None:
+                        return False
+                    if owner != _RELEASED and self.on_note is not None:
+                        self.on_note(f"shard {number} was claimed by {owner}: this process computes it")
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(name, dir_fd=folder)
+                    continue
+                with reporting_full_disk(self.path(number)), os.fdopen(descriptor, "w") as handle:
+                    json.dump(_owner(), handle)
+                self.mine.add(number)
+                return True
         return False
 
-    def _abandoned(self, path: Path) -> str | None:
-        """Who held the claim at ``path``, when it may be taken over (its owner is gone, or silent too long)."""
+    def _abandoned(self, name: str, folder: int) -> str | None:
+        """Who held the claim ``name`` in ``folder``, when it may be taken over (its owner is gone, or its heartbeat
+        is too far from now); anything there but a regular file is refused."""
         try:
-            age = time.time() - path.lstat().st_mtime
-            with open(path, encoding="utf-8", errors="replace") as handle:
-                owner = json.loads(handle.read(4096))
-            host, pid = owner["host"], owner["pid"]
-            if not isinstance(host, str) or not isinstance(pid, int) or isinstance(pid, bool):
-                raise ValueError
+            found, owner = _read_claim(name, folder)
         except FileNotFoundError:
             return _RELEASED
-        except (OSError, ValueError, KeyError, TypeError, RecursionError):
-            return "an unreadable claim" if _age(path) > self.timeout else None
-        who = f"process {pid} on {host}"
-        if age > self.timeout:
-            return f"{who}, silent for {age:.0f} s"
-        if host == socket.gethostname() and pid > 0 and not _alive(pid):
+        if not stat.S_ISREG(found.st_mode):
+            raise _not_made_here(self.folder / name, _CLAIM_FILE, found.st_mode)
+        stale = self._stale(found.st_mtime)
+        if owner is None:
+            return "an unreadable claim" if stale else None
+        who = f"process {owner['pid']} on {owner['host']}"
+        if stale:
+            return f"{who}, {stale}"
+        if owner["host"] == socket.gethostname() and owner["pid"] > 0 and not _alive(owner["pid"]):
             return f"{who}, which has ended"
         return None
+
+    def _stale(self, heartbeat: float) -> str:
+        """Why a heartbeat at ``heartbeat`` (a modification time) no longer keeps its claim, or "" while it does.
+
+        A heartbeat further in the future than the timeout is none: a clock set wrong (or a file touched so) would
+        otherwise hold the shard forever, as the owner's next heartbeat never dates it earlier.
+        """
+        age = time.time() - heartbeat
+        if age > self.timeout:
+            return f"silent for {age:.0f} s"
+        if -age > self.timeout:
+            return f"whose heartbeat is dated {-age:.0f} s in the future"
+        return ""
 
     def release(self, number: int) -> None:
         """Drop the claim on ``number`` (the caller holds the folder lock)."""
         if number in self.mine:
             self.mine.discard(number)
-            with contextlib.suppress(FileNotFoundError):
-                self.path(number).unlink()
+            with self._opened() as folder, contextlib.suppress(FileNotFoundError):
+                if folder is not None:
+                    os.unlink(_claim_name(number), dir_fd=folder)
 
     def release_all(self, lock: FolderLock) -> None:
         self.stop()
@@ -264,12 +359,14 @@ class Claims:
 
     def clear(self) -> None:
         """Remove every claim (a new run starts; the caller holds the folder lock)."""
-        if self.folder.is_dir() and not self.folder.is_symlink():
-            for child in self.folder.iterdir():
+        with self._opened() as folder:
+            if folder is None:
+                return
+            for name in os.listdir(folder):
                 with contextlib.suppress(FileNotFoundError, IsADirectoryError, PermissionError):
-                    child.unlink()
-            with contextlib.suppress(OSError):
-                self.folder.rmdir()
+                    os.unlink(name, dir_fd=folder)  # a link goes, never what it points to
+        with contextlib.suppress(OSError):
+            os.rmdir(self.folder)  # fails on a link put in its place meanwhile, as it should
 
     def start(self) -> None:
         """Renew this process's claims every :data:`HEARTBEAT` seconds until :meth:`stop`."""
@@ -288,16 +385,40 @@ class Claims:
     def _beat(self, stopped: threading.Event) -> None:
         interval = min(HEARTBEAT, self.timeout / 4)
         while not stopped.wait(interval):
-            for number in list(self.mine):
-                with contextlib.suppress(OSError):
-                    os.utime(self.path(number))
+            # A claims folder that became something else is refused where claims are taken; a heartbeat only skips.
+            with contextlib.suppress(OSError, UsageProblem), self._opened() as folder:
+                for number in list(self.mine) if folder is not None else ():
+                    with contextlib.suppress(OSError):
+                        os.utime(_claim_name(number), dir_fd=folder, follow_symlinks=False)
 
 
-def _age(path: Path) -> float:
+def _claim_name(number: int) -> str:
+    return f"{number:05d}"
+
+
+def _read_claim(name: str, folder: int) -> tuple[os.stat_result, dict | None]:
+    """The claim ``name`` in ``folder``: its status (a link's own) and its owner (None when unreadable).
+
+    Opened without blocking: a FIFO's open would wait for a writer forever, and the folder lock is held meanwhile.
+    """
     try:
-        return time.time() - path.lstat().st_mtime
-    except OSError:
-        return 0.0
+        descriptor = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder)
+    except OSError:  # a link, or a claim this user may not read (a missing one raises FileNotFoundError here too)
+        return os.stat(name, dir_fd=folder, follow_symlinks=False), None
+    try:
+        found = os.fstat(descriptor)
+        if not stat.S_ISREG(found.st_mode):
+            return found, None
+        try:
+            owner = json.loads(os.read(descriptor, 4096).decode("utf-8", errors="replace"))
+            host, pid = owner["host"], owner["pid"]
+            if not isinstance(host, str) or not isinstance(pid, int) or isinstance(pid, bool):
+                raise ValueError
+        except (OSError, ValueError, KeyError, TypeError, RecursionError):
+            return found, None
+        return found, owner
+    finally:
+        os.close(descriptor)
 
 
 def _alive(pid: int) -> bool:

@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from hookcli import fileformat
-from hookcli.claims import LOCK_NAME, Claims, FolderLock, claim_timeout
+from hookcli.claims import LOCK_NAME, Claims, FolderLock, check_folder_parts, claim_timeout
 from hookcli.errors import FeatureFileError, OutputExistsError, UsageProblem
 from hookcli.fileformat import INDEX_NAME, SHARD_FILE
 from hookcli.store import (
@@ -57,6 +57,7 @@ from hookcli.store import (
     check_folder_output,
     open_regular,
     remove_abandoned,
+    reporting_full_disk,
     write_safetensors,
 )
 
@@ -97,14 +98,13 @@ def _not_an_index(path: Path, writing: bool) -> FeatureFileError:
 
 def _parse_index(path: Path, *, writing: bool = False) -> _Index:
     """The index at ``path`` (an empty one when there is none), every line checked. ``writing``: the error for a
-    file that is no index tells how to replace it, not what to read instead."""
+    file that is no index tells how to replace it, not what to read instead, and a symbolic link is refused (the
+    index is appended to, never outside the folder)."""
     try:
-        with open_regular(path) as handle:
+        with _open_index(path, writing=writing) as handle:
             raw = handle.read()
     except FileNotFoundError:
         return _Index(None, [])
-    except NotRegularFile as err:
-        raise FeatureFileError(str(err), hint="an index is a file written by hookcli extract -o DIR/") from None
     lines = raw.split(b"\n")
     entries, whole, end, offset = [], True, 0, 0
     last = max((n for n, line in enumerate(lines) if line.strip()), default=-1)
@@ -143,6 +143,15 @@ def _parse_index(path: Path, *, writing: bool = False) -> _Index:
     numbers = [entry["shard"] for entry in entries[1:]]
     return _Index(entries[0], sorted(entries[1:], key=lambda entry: entry["shard"]), whole, end,
                   numbers == sorted(numbers))
+
+
+def _open_index(path: Path, *, writing: bool, update: bool = False):
+    """The index file opened (see :func:`~hookcli.store.open_regular`); a writer's is never followed through a link."""
+    try:
+        return open_regular(path, follow_links=not writing, update=update)
+    except NotRegularFile as err:
+        hint = "remove it, then run again" if writing else "an index is a file written by hookcli extract -o DIR/"
+        raise FeatureFileError(str(err), hint=hint) from None
 
 
 def finished_shards(folder: str | os.PathLike, shards: list[dict], *, verify: bool = False) -> list[dict]:
@@ -257,7 +266,7 @@ class ShardWriter:
         try:
             index = _parse_index(self.index_path, writing=True)
         except FeatureFileError:
-            if not force or not self.index_path.is_file():
+            if not force or (self.index_path.is_dir() and not self.index_path.is_symlink()):
                 raise
             index = _Index(None, [])  # --force: a damaged index goes, with the shards it listed
         header, shards, whole, end, self._ordered = index
@@ -310,7 +319,7 @@ class ShardWriter:
 
         with atomic_path(self.index_path, force=True) as temporary:
             temporary.write_text("".join(json.dumps(line) + "\n" for line in [self.header, *lines]))
-        found = os.stat(self.index_path)
+        found = os.lstat(self.index_path)
         self._index_key, self._index_end, self._ordered = _file_key(found), found.st_size, True
 
     def _remove_old_run(self, force: bool) -> None:
@@ -329,13 +338,13 @@ class ShardWriter:
     def _refresh(self) -> None:
         """Learn which shards other processes listed since the last look (the caller holds the lock)."""
         try:
-            found = os.stat(self.index_path)
+            found = os.lstat(self.index_path)  # a link put in its place is another file: it is read, and refused
         except FileNotFoundError:
             raise FeatureFileError(f"'{self._given}' lost its {INDEX_NAME} while this run was writing it",
                                    hint="run the same command again to continue") from None
         key = _file_key(found)
         if key != self._index_key or found.st_size < self._index_end:
-            header, shards, _, end, self._ordered = _parse_index(self.index_path)
+            header, shards, _, end, self._ordered = _parse_index(self.index_path, writing=True)
             if header is None or header["identity"] != self.identity:
                 raise OutputExistsError(f"'{self._given}' was given to a different run while this one was writing it",
                                         hint="write this run to another folder")
@@ -345,7 +354,7 @@ class ShardWriter:
             return
         if found.st_size == self._index_end:
             return
-        with open(self.index_path, "rb") as index:
+        with _open_index(self.index_path, writing=True) as index:
             index.seek(self._index_end)
             raw = index.read(found.st_size - self._index_end)
         complete = raw[:raw.rfind(b"\n") + 1]
@@ -356,7 +365,7 @@ class ShardWriter:
 
     def _append(self, line: Mapping) -> None:
         """Add ``line`` after the last whole line (the caller holds the lock and has just refreshed)."""
-        with open(self.index_path, "r+b") as index:
+        with reporting_full_disk(self.index_path), _open_index(self.index_path, writing=True, update=True) as index:
             index.truncate(self._index_end)  # a line cut short by a killed process is not followed
             index.seek(self._index_end)
             index.write(json.dumps(line).encode() + b"\n")
@@ -503,7 +512,7 @@ class ShardWriter:
             if self.complete:
                 self.finisher = True
                 if not self._ordered:  # the last shard: the lines go in shard order
-                    self._rewrite_index(_parse_index(self.index_path).shards)
+                    self._rewrite_index(_parse_index(self.index_path, writing=True).shards)
 
     def _listed(self, number: int) -> None:
         """Shard ``number``'s line follows the others in the index."""
@@ -513,8 +522,9 @@ class ShardWriter:
 
 
 def _file_key(path_or_stat) -> tuple[int, int]:
-    """Which file a path names now (or a stat result describes): an index rewritten is another file."""
-    found = path_or_stat if isinstance(path_or_stat, os.stat_result) else os.stat(path_or_stat)
+    """Which file a path names now, itself and not what a link points to (or a stat result describes): an index
+    rewritten is another file."""
+    found = path_or_stat if isinstance(path_or_stat, os.stat_result) else os.lstat(path_or_stat)
     return found.st_dev, found.st_ino
 
 
@@ -702,7 +712,4 @@ def check_folder_target(folder: str | os.PathLike) -> None:
         raise UsageProblem(f"output '{folder}' is a file, not a folder", hint="drop the trailing / to write one file")
     check_folder_output(folder)
     claim_timeout()  # $HOOKCLI_CLAIM_TIMEOUT is checked before any work
-    lock = Path(folder) / LOCK_NAME
-    if lock.is_symlink() or (lock.exists() and not lock.is_file()):
-        raise UsageProblem(f"'{lock}' is not a lock file hookcli made (it is a folder or a link)",
-                           hint="remove it, then run again")
+    check_folder_parts(Path(folder))

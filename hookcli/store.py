@@ -42,12 +42,12 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
-from hookcli.errors import FeatureFileError, OutputExistsError, UsageProblem
+from hookcli.errors import FeatureFileError, HookcliError, OutputExistsError, UsageProblem
 from hookcli.fileformat import ROW_SHAPE
 
 __all__ = [
     "FeatureFile", "Features", "NotRegularFile", "atomic_path", "check_folder_output", "check_writable", "file_kind",
-    "format_bytes", "open_regular", "refuse_existing", "remove_abandoned", "write_safetensors",
+    "format_bytes", "open_regular", "refuse_existing", "remove_abandoned", "reporting_full_disk", "write_safetensors",
 ]
 
 
@@ -58,12 +58,14 @@ class NotRegularFile(OSError):
 def file_kind(mode: int) -> str:
     """What a file of ``st_mode`` ``mode`` is, for messages: ``a FIFO (named pipe)``, ``a folder``, ``a device``…"""
     kinds = {stat.S_IFREG: "a regular file", stat.S_IFDIR: "a folder", stat.S_IFIFO: "a FIFO (named pipe)",
-             stat.S_IFCHR: "a device", stat.S_IFBLK: "a device", stat.S_IFSOCK: "a socket", stat.S_IFLNK: "a link"}
+             stat.S_IFCHR: "a device", stat.S_IFBLK: "a device", stat.S_IFSOCK: "a socket",
+             stat.S_IFLNK: "a symbolic link"}
     return kinds.get(stat.S_IFMT(mode), "a special file")
 
 
-def open_regular(path: str | os.PathLike, *, follow_links: bool = True) -> BinaryIO:
-    """Open ``path`` for reading in binary, refusing anything but a regular file.
+def open_regular(path: str | os.PathLike, *, follow_links: bool = True, update: bool = False) -> BinaryIO:
+    """Open ``path`` for reading in binary (with ``update``, for reading and writing), refusing anything but a
+    regular file.
 
     The file is opened without blocking and checked before any byte is read,
     so a FIFO (whose ``open`` would wait for a writer forever) or a device is
@@ -71,7 +73,8 @@ def open_regular(path: str | os.PathLike, *, follow_links: bool = True) -> Binar
     unless ``follow_links``); a missing path raises ``FileNotFoundError`` as
     ``open`` does.
     """
-    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_links else os.O_NOFOLLOW)
+    flags = (os.O_RDWR if update else os.O_RDONLY) | os.O_NONBLOCK | os.O_CLOEXEC | (
+        0 if follow_links else os.O_NOFOLLOW)
     try:
         descriptor = os.open(path, flags)
     except OSError as err:
@@ -83,7 +86,7 @@ def open_regular(path: str | os.PathLike, *, follow_links: bool = True) -> Binar
         if not stat.S_ISREG(mode):
             raise NotRegularFile(f"'{path}' is {file_kind(mode)}, not a regular file")
         os.set_blocking(descriptor, True)
-        return os.fdopen(descriptor, "rb")
+        return os.fdopen(descriptor, "r+b" if update else "rb")
     except BaseException:
         os.close(descriptor)
         raise
@@ -98,7 +101,7 @@ def check_writable(target: str | os.PathLike, *, force: bool) -> Path:
     """
     path = Path(target)
     _check_name_length(path, extra=len(_TEMPORARY_EXTRA))  # first: stat() itself fails on a name too long
-    if path.is_dir():
+    if path.is_dir() and not (force and path.is_symlink()):  # --force replaces a link, whatever it points to
         raise OutputExistsError(f"output '{path}' is a folder", hint="give a file name ending in .safetensors")
     if path.is_symlink() and not path.exists() and not force:
         raise OutputExistsError(f"output '{path}' is a broken symbolic link",
@@ -161,27 +164,45 @@ def atomic_path(target: str | os.PathLike, *, force: bool = False,
     """
     path = check_writable(target, force=force)
     _remove_abandoned(path)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+    with reporting_full_disk(path):
+        handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
     temporary = Path(temporary)
     written = None
     try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)  # marks it in use; released when closed
-        yield temporary
-        written = os.open(temporary, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        if os.fstat(written).st_ino != os.fstat(handle).st_ino:
-            # The writer replaced the file (safetensors writes a new one and renames it): lock the new one.
-            fcntl.flock(written, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        _make_durable(temporary, written)
-        with publish() if publish else contextlib.nullcontext(True) as wanted:
-            if wanted and force:
-                os.replace(temporary, path)
-            elif wanted:
-                _link_without_clobbering(temporary, path)
+        with reporting_full_disk(path):
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)  # marks it in use; released when closed
+            yield temporary
+            written = os.open(temporary, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            if os.fstat(written).st_ino != os.fstat(handle).st_ino:
+                # The writer replaced the file (safetensors writes a new one and renames it): lock the new one.
+                fcntl.flock(written, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _make_durable(written)
+            with publish() if publish else contextlib.nullcontext(True) as wanted:
+                if wanted and force:
+                    os.replace(temporary, path)
+                elif wanted:
+                    _link_without_clobbering(temporary, path)
     finally:
         temporary.unlink(missing_ok=True)
         os.close(handle)
         if written is not None:
             os.close(written)
+
+
+@contextlib.contextmanager
+def reporting_full_disk(path: str | os.PathLike) -> Iterator[None]:
+    """Turn a write to ``path`` failing for want of space into one line naming where.
+
+    A full disk shows as ``OSError`` ENOSPC, or as safetensors' own error,
+    whose text ends in the system's ``(os error 28)``.
+    """
+    try:
+        yield
+    except Exception as err:
+        if getattr(err, "errno", None) != errno.ENOSPC and f"os error {errno.ENOSPC})" not in str(err):
+            raise
+        raise HookcliError(f"no space left on the device holding '{path}'",
+                           hint="free some space there, or write to another place") from None
 
 
 def _remove_abandoned(path: Path) -> None:
@@ -227,10 +248,12 @@ def refuse_existing(paths, *, force: bool) -> None:
                                 hint="add --force to overwrite, or choose another folder with -o")
 
 
-def _make_durable(path: Path, descriptor: int) -> None:
+def _make_durable(descriptor: int) -> None:
     umask = os.umask(0)
     os.umask(umask)
-    os.chmod(path, 0o666 & ~umask)  # mkstemp creates 0600; the result should look like any other file
+    # mkstemp creates 0600; the result should look like any other file. Through the descriptor: the name could be
+    # a link by now.
+    os.fchmod(descriptor, 0o666 & ~umask)
     os.fsync(descriptor)
 
 
@@ -489,11 +512,24 @@ def _companions(entries, dtype_and_shape, damaged: str) -> dict[str, str]:
             continue
         dtype, shape = dtype_and_shape(companion)
         rows = list(dtype_and_shape(key)[1])
-        if dtype not in ("I64", "I32") or list(shape) != rows[:1] + [len(rows) - 1] or len(rows) < 2:
+        wrong = _row_shapes_problem(dtype, list(shape), rows)
+        if wrong:
             raise FeatureFileError(f"{damaged}: '{companion}' is not the row shapes of '{key}' {rows}",
-                                   hint=_DAMAGED)
+                                   hint=f"{wrong}; write the file again")
         found[key] = companion
     return found
+
+
+def _row_shapes_problem(dtype: str, shape: list[int], rows: list[int]) -> str:
+    """What keeps a tensor of ``dtype`` and ``shape`` from being the row shapes of a key shaped ``rows``, or ""."""
+    if len(rows) < 2:
+        return f"a key of shape {rows} has no row shapes to give"
+    if dtype not in ("I64", "I32"):
+        return f"it holds {dtype[:20]}, where row shapes are whole numbers (I64 or I32)"
+    wanted = [rows[0], len(rows) - 1]
+    if shape != wanted:
+        return f"its shape is {_short(shape)}, where {rows[0]} rows of {len(rows) - 1} dimensions need {wanted}"
+    return ""
 
 
 def _checked_row_shapes(features, key: str, table):
@@ -505,7 +541,9 @@ def _checked_row_shapes(features, key: str, table):
     if outside.size:
         index = int(outside[0])
         raise FeatureFileError(f"'{features.name}' is damaged: row {index} of '{key}' claims shape "
-                               f"{table[index].tolist()}, outside the stored {padded}", hint=_DAMAGED)
+                               f"{table[index].tolist()}, outside the stored {padded}",
+                               hint=f"each row's shape in '{key}{ROW_SHAPE}' runs from 0 to the stored {padded}; "
+                                    "write the file again")
     return table
 
 

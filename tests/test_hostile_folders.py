@@ -247,18 +247,21 @@ def test_a_shard_that_is_a_link_out_of_the_folder_is_refused(runner, tmp_path, i
     assert not shard.is_symlink() and (tmp_path / "outside.safetensors").exists()
 
 
-@pytest.mark.parametrize("kind", ["folder", "link"])
-def test_a_lock_path_hookcli_did_not_make_is_refused_before_the_run(runner, tmp_path, inputs, monkeypatch, kind):
+@pytest.mark.parametrize(("kind", "what"), [("folder", "a folder"), ("link", "a symbolic link"),
+                                            ("fifo", "a FIFO (named pipe)")])
+def test_a_lock_path_hookcli_did_not_make_is_refused_before_the_run(runner, tmp_path, inputs, monkeypatch, kind,
+                                                                    what):
     folder = tmp_path / "feats"
     folder.mkdir()
     if kind == "folder":
         (folder / LOCK_NAME).mkdir()
-    else:
+    elif kind == "link":
         (folder / LOCK_NAME).symlink_to(tmp_path / "elsewhere")
+    else:
+        os.mkfifo(folder / LOCK_NAME)
     monkeypatch.setattr("hookcli.models.load_model", lambda *a, **k: pytest.fail("the model was loaded"))
     assert _one_error(_extract(runner, folder, inputs)) == (
-        f"Error: '{folder / LOCK_NAME}' is not a lock file hookcli made (it is a folder or a link). Hint: remove it, "
-        "then run again")
+        f"Error: '{folder / LOCK_NAME}' is {what}, not a lock file hookcli made. Hint: remove it, then run again")
     assert not (tmp_path / "elsewhere").exists()
 
 
