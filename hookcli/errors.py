@@ -13,6 +13,8 @@ them into a single ``Error: …`` line; library users can catch them by type.
 
 from __future__ import annotations
 
+import os
+
 
 def first_line(err: BaseException) -> str:
     """The first line of an exception's message, or its type name when it has none."""
@@ -115,6 +117,26 @@ def check_whole(name: str, value, low: int, high: int | None = None, *, optional
         raise UsageProblem(f"{name} must be a whole number of at least {low}, not {value!r}", hint=_RANGE_HINT)
     if high is not None and value > high:
         raise UsageProblem(f"{name} must be at most {high}, not {value!r}", hint=_RANGE_HINT)
+
+
+def seconds_from_environment(name: str, default: float, low: float, high: float) -> float:
+    """The seconds the environment variable ``name`` gives (``default`` when it is unset or empty), refused unless a
+    number from ``low`` to ``high``.
+
+    >>> seconds_from_environment("HOOKCLI_NO_SUCH_TIMEOUT", 120.0, 1.0, 86400.0)
+    120.0
+    """
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = float("nan")
+    if not low <= seconds <= high:  # NaN fails it too
+        raise UsageProblem(f"{name} must be a number of seconds from {low:g} to {high:g}, not '{text}'",
+                           hint=f"unset it for the default of {default:g} s")
+    return seconds
 
 
 _RANGE_HINT = "see --help for the values each option takes"

@@ -38,6 +38,7 @@ import stat
 import sys
 import warnings
 import zipfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -88,10 +89,43 @@ class LoadedModel:
     #: The field of the model's output (a transformers ``ModelOutput``) that holds those scores: ``logits``,
     #: ``pooler_output``; ``embedding`` for an embedding tower; None when the output is a tensor of logits.
     scores: str | None = None
-    #: What the user should know about how the model was built (a preprocessing assumed, a mode approximated).
-    notes: tuple[str, ...] = ()
-    #: Whether ``preprocess`` is ImageNet's defaults, assumed for a model that gives none.
-    preprocess_assumed: bool = False
+    #: What the user should know about how the model was built (a mode approximated), but for an assumed
+    #: preprocessing.
+    build_notes: tuple[str, ...] = ()
+    #: Why ``preprocess`` is ImageNet's defaults, assumed for a model that gives none (``nets.py:make: the factory
+    #: gives no preprocessing``); None when it is the model's own.
+    assumed_because: str | None = None
+
+    @property
+    def preprocess_assumed(self) -> bool:
+        """Whether ``preprocess`` is ImageNet's defaults, assumed for a model that gives none."""
+        return self.assumed_because is not None
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """What the user should know about how the model was built, for a run that sets no preprocessing."""
+        return self.notes_for({})
+
+    def notes_for(self, given: Mapping[str, object]) -> tuple[str, ...]:
+        """What the user should know about how the model was built, for a run given the options ``given`` (of
+        ``resize``, ``crop``, ``mean`` and ``std``, those not None): an assumed preprocessing is said with the parts of
+        it the run uses, and not at all when every part is given.
+
+        >>> loaded = LoadedModel("m", None, {}, Preprocess(resize=256, crop=224), None, assumed_because="m: why")
+        >>> note, = loaded.notes_for({"resize": 8, "crop": 8, "std": None})
+        >>> note[note.index("("):]
+        '(mean 0.485,0.456,0.406, std 0.229,0.224,0.225)'
+        >>> loaded.notes_for({"resize": 8, "crop": 8, "mean": (0.5,) * 3, "std": (0.5,) * 3})
+        ()
+        """
+        assumed = [name for name in ("resize", "crop", "mean", "std") if given.get(name) is None]
+        if self.assumed_because is None or not assumed:
+            return self.build_notes
+        shown = {name: getattr(self.preprocess, name) for name in assumed}
+        for name in {"mean", "std"} & set(assumed):
+            shown[name] = ",".join(f"{v:g}" for v in shown[name])
+        return (f"{self.assumed_because}, so what --resize, --crop, --mean and --std do not set is ImageNet's "
+                f"preprocessing ({', '.join(f'{name} {value}' for name, value in shown.items())})", *self.build_notes)
 
 
 def list_models(family: str | None = None) -> list[str]:
@@ -344,11 +378,34 @@ def fit_state_dict(module, state: dict, path: Path, name: str) -> None:
         key, more = misfits[0], (f" (and {len(misfits) - 1} more)" if len(misfits) > 1 else "")
         raise _does_not_fit(path, name, f"{key} is {list(state[key].shape)} in the file but "
                                         f"{list(expected[key].shape)} in the model{more}")
+    for key, tensor in expected.items():
+        if key in state and not _casts_faithfully(state[key].dtype, tensor.dtype):
+            stored, wanted = (str(t.dtype).removeprefix("torch.") for t in (state[key], tensor))
+            raise WeightsError(f"weights file '{path}' holds {key} as {stored} and the model takes {wanted}: hookcli "
+                               f"does not cast {stored} into {wanted}",
+                               hint="save the model's float weights (dequantized ones, for a quantized model)")
     result = module.load_state_dict(state, strict=False)
     problems = [*(f"missing {k}" for k in result.missing_keys), *(f"unexpected {k}" for k in result.unexpected_keys)]
     if problems:
         raise _does_not_fit(path, name, ", ".join(problems[:4]) + (
             f" and {len(problems) - 4} more" if len(problems) > 4 else ""))
+
+
+def _casts_faithfully(stored, wanted) -> bool:
+    """Whether a tensor stored as dtype ``stored`` holds the same numbers once loaded into a ``wanted`` one: a float
+    into a float (half and bfloat16 files are common), an integer into an integer (counters). Not quantized integers
+    or float8 into floats (scaled: the stored numbers are not the weights), nor booleans or complex numbers."""
+    return stored == wanted or _number_kind(stored) is not None and _number_kind(stored) == _number_kind(wanted)
+
+
+def _number_kind(dtype) -> str | None:
+    """``float`` (16 bits or more), ``integer`` (a plain one, not quantized), or None for a dtype that only loads into
+    itself."""
+    import torch
+
+    if dtype.is_floating_point and dtype.itemsize >= 2:
+        return "float"
+    return "integer" if dtype in (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64) else None
 
 
 def _does_not_fit(path: Path, name: str, detail: str) -> WeightsError:

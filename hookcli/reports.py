@@ -81,11 +81,14 @@ from hookcli.store import (
 from hookcli.summary import describe_file, metadata_order, values_stats
 
 __all__ = [
-    "CONTENT_SECURITY_POLICY", "DEFAULT_PAGE_SIZE", "PAGE_WINDOW", "TOP_CHANNELS", "default_report_folder",
-    "most_active", "page_name", "write_report",
+    "CONTENT_SECURITY_POLICY", "DEFAULT_PAGE_SIZE", "MAX_PAGE_SIZE", "PAGE_WINDOW", "TOP_CHANNELS",
+    "default_report_folder", "most_active", "page_name", "write_report",
 ]
 
 DEFAULT_PAGE_SIZE = 20
+#: The most images on one page: a page holds every picture of its images, and one of many thousands is more than a
+#: browser shows.
+MAX_PAGE_SIZE = 10_000
 #: Page links on each side of the current page (plus first, previous, next and last).
 PAGE_WINDOW = 3
 #: The most active channels listed per tensor and row.
@@ -130,7 +133,7 @@ def write_report(features, output: str | os.PathLike, options: GridOptions, *, p
     :class:`~hookcli.run.Wrote` (``index.html``) events to ``progress``.
     """
     emit = progress or (lambda event: None)
-    check_whole("page_size", page_size, 1)
+    check_whole("page_size", page_size, 1, MAX_PAGE_SIZE)
     folder = check_folder_output(output)
     plan = plan_grids(features, dataclasses.replace(options, images=()), None)
     tensors = _tensors(features, plan)

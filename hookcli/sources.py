@@ -35,6 +35,7 @@ modules inside it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fnmatch
 import hashlib
 import importlib
@@ -44,6 +45,7 @@ import logging
 import math
 import os
 import re
+import stat
 import sys
 import warnings
 import zipfile
@@ -52,6 +54,8 @@ from pathlib import Path
 
 from hookcli.errors import UnknownModelError, UnknownWeightsError, UsageProblem, WeightsError, first_line
 from hookcli.models import file_sha256, file_weights, hub_checkpoint_path, seeded
+from hookcli.preprocess import MAX_SIDE
+from hookcli.store import file_kind
 
 __all__ = ["LISTED_SOURCES", "PREFIXES", "SOURCES", "ModelSpec", "SourceError", "archive_kind", "check_model",
            "check_weights", "list_source_models", "load", "parse_model", "prefix_tokens"]
@@ -202,8 +206,10 @@ def check_model(spec: ModelSpec) -> None:
                               hint=f'pip install "hookcli[{extra}]"')
     if spec.hf_folder:
         folder = Path(spec.name).expanduser()
-        if not (folder / "config.json").is_file():
-            what = "not a folder" if not folder.is_dir() else "a folder without config.json"
+        config = _not_regular(folder / "config.json")
+        if config is not None:
+            what = ("not a folder" if not folder.is_dir() else "a folder without config.json" if config == _MISSING
+                    else f"a folder whose config.json {config}")
             raise UsageProblem(f"'{spec.name}' (from {spec.text}) is {what}",
                                hint="give a folder written by save_pretrained, or hf:ORG/NAME from the cache")
     elif spec.source == "hf" and not _HF_REPO.match(spec.name):
@@ -213,16 +219,35 @@ def check_model(spec: ModelSpec) -> None:
         raise UsageProblem(f"{spec.text}: OpenCLIP fetches hf-hub: models from the Hub itself, and hookcli does "
                            "not download", hint="give the architecture's name (open_clip:ViT-B-32) and a pretrained "
                            "tag, or its JSON config (open_clip:/path/Config.json) and --weights FILE")
-    if spec.source == "open_clip" and spec.name.endswith(".json") and not Path(spec.name).expanduser().is_file():
-        raise UsageProblem(f"OpenCLIP model config '{spec.name}' not found", hint="check the path")
+    if spec.source == "open_clip" and spec.name.endswith(".json"):
+        what = _not_regular(Path(spec.name).expanduser())
+        if what is not None:
+            raise UsageProblem(f"OpenCLIP model config '{spec.name}' {what}", hint="check the path")
     if spec.source == "factory":
         module, _ = spec.name.rsplit(":", 1)
         if module.endswith(".py"):
-            if not Path(module).expanduser().is_file():
-                raise UsageProblem(f"factory file '{module}' not found", hint="check the path of --model FILE.py:FUNC")
+            what = _not_regular(Path(module).expanduser())
+            if what is not None:
+                raise UsageProblem(f"factory file '{module}' {what}", hint="check the path of --model FILE.py:FUNC")
         elif _find_module(module) is None:
             raise UsageProblem(f"no Python module '{module}' (for the factory {spec.name})",
                                hint="install it, or run hookcli from the folder that holds it")
+
+
+_MISSING = "not found"
+
+
+def _not_regular(path: Path) -> str | None:
+    """None for a regular file (links followed); else why ``path`` cannot be read as one, said after its name:
+    :data:`_MISSING`, ``is a symbolic link loop``, ``is a FIFO (named pipe), not a regular file``… (reading a FIFO
+    would wait forever for a writer)."""
+    try:
+        mode = path.stat().st_mode
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            return "is a symbolic link loop"
+        return _MISSING if err.errno in (errno.ENOENT, errno.ENOTDIR) else f"cannot be looked at ({err.strerror})"
+    return None if stat.S_ISREG(mode) else f"is {file_kind(mode)}, not a regular file"
 
 
 def _find_module(name: str):
@@ -380,7 +405,7 @@ def _load_timm(spec: ModelSpec, weights: str, seed: int):
             labels = timm.data.ImageNetInfo(subset).label_descriptions() if subset else None
             categories = [d.split(",")[0] for d in labels] if labels else None
     preprocess, notes = _timm_preprocess(timm.data.resolve_model_data_config(module))
-    return _loaded(spec, module, described, preprocess, categories=categories, notes=notes,
+    return _loaded(spec, module, described, preprocess, categories=categories, build_notes=notes,
                    classes=getattr(module, "num_classes", None) or None)
 
 
@@ -475,6 +500,7 @@ def _load_hf_quietly(spec: ModelSpec, weights: str, seed: int):
     import transformers
 
     source = str(Path(spec.name).expanduser()) if spec.hf_folder else spec.name
+    _check_hf_sizes(spec, Path(source) / "config.json" if spec.hf_folder else _hub_file(spec.name, "config.json"))
     try:
         config = transformers.AutoConfig.from_pretrained(source, local_files_only=True)
     except Exception as err:
@@ -507,15 +533,69 @@ def _load_hf_quietly(spec: ModelSpec, weights: str, seed: int):
         described = {"source": "none", "seed": seed} if not looks_like_weights_path(weights) else _from_file(
             spec, module, Path(weights))
     module = _vision_part(spec, module)
-    preprocess, notes = _hf_preprocess(spec, source, config)
+    preprocess, assumed_because = _hf_preprocess(spec, source, config)
     labels = getattr(config, "id2label", None)
     labels = labels if isinstance(labels, dict) else {}
     named = classifier and labels and not all(re.fullmatch(r"LABEL_\d+", str(v)) for v in labels.values()) and \
         set(labels) == set(range(len(labels)))
     categories = [str(labels[i]) for i in range(len(labels))] if named else None  # the config's, whatever weights
     scores, classes = _hf_scores(config, classifier)
-    return _loaded(spec, module, described, preprocess, categories=categories, notes=notes, classes=classes,
-                   scores=scores, preprocess_assumed=bool(notes))  # its only notes say the preprocessing is assumed
+    return _loaded(spec, module, described, preprocess, categories=categories, classes=classes, scores=scores,
+                   assumed_because=assumed_because)
+
+
+#: The most a transformers config may say of each size, far above any vision model's (or its text tower's): torch
+#: would allocate what one more digit asks for until memory runs out, and transformers writes out a label for each
+#: of num_labels before anything is built.
+_HF_SIZE_LIMITS = {
+    "num_hidden_layers": 1024, "num_layers": 1024, "depths": 1024, "hidden_size": 16384, "hidden_sizes": 16384,
+    "embed_dim": 16384, "projection_dim": 16384, "intermediate_size": 131072, "num_attention_heads": 1024,
+    "num_heads": 1024, "image_size": MAX_SIDE, "patch_size": MAX_SIDE, "num_channels": 1024, "num_labels": 1_000_000,
+    "vocab_size": 1_000_000, "max_position_embeddings": 1_000_000,
+}
+#: The most entries a list of sizes (``depths``: one per stage) may have, and the largest config.json read.
+_HF_LIST_LIMIT, _HF_CONFIG_BYTES = 64, 64 << 20
+
+
+def _check_hf_sizes(spec: ModelSpec, path: Path | None) -> None:
+    """Refuse a config.json that asks for a model no machine holds, naming the field, before transformers reads it
+    (what it cannot parse, transformers says)."""
+    if path is None or _not_regular(path) is not None:
+        return
+    if path.stat().st_size > _HF_CONFIG_BYTES:
+        raise UsageProblem(f"{spec.text}: its config.json is {path.stat().st_size:,} bytes, more than a model's config "
+                           f"holds (at most {_HF_CONFIG_BYTES >> 20} MiB)", hint="check the model's config.json")
+    try:
+        settings = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    found = _oversized(settings, "")
+    if found is not None:
+        said, limit = found
+        raise UsageProblem(f"{spec.text}: its config.json says {said}, more than hookcli builds (at most {limit:,})",
+                           hint="check the model's config.json")
+
+
+def _oversized(settings, where: str) -> tuple[str, int] | None:
+    """The first size field (of ``settings`` and the configs nested in it, such as vision_config) above its limit
+    in :data:`_HF_SIZE_LIMITS`: ``(its dotted name and value, the limit)``."""
+    if not isinstance(settings, dict) or where.count(".") > 3:
+        return None
+    for key, value in settings.items():
+        field = f"{where}{key}"
+        if isinstance(value, dict):
+            found = _oversized(value, field + ".")
+            if found is not None:
+                return found
+        limit = _HF_SIZE_LIMITS.get(key)
+        if limit is None:
+            continue
+        if isinstance(value, list) and len(value) > _HF_LIST_LIMIT:
+            return f"{field} with {len(value):,} entries", _HF_LIST_LIMIT
+        for number in value if isinstance(value, list) else [value]:
+            if isinstance(number, int | float) and not isinstance(number, bool) and not number <= limit:
+                return f"{field} {json.dumps(value)[:60]}", limit  # NaN included: no size
+    return None
 
 
 def _vision_part(spec: ModelSpec, module):
@@ -555,20 +635,21 @@ def _hf_described(spec: ModelSpec) -> dict:
 
 
 def _hf_preprocess(spec: ModelSpec, source: str, config):
-    """The image processor's settings as a :class:`~hookcli.preprocess.Preprocess`, with notes on what differs;
-    ImageNet's preprocessing at the model ``config``'s image size when there are none to use."""
+    """``(preprocessing, why it is assumed)``: the image processor's settings as a
+    :class:`~hookcli.preprocess.Preprocess` and None, or ImageNet's preprocessing at the model ``config``'s image
+    size and why, when there are no settings to use."""
     # transformers writes an image processor's settings alone, or (a processor of several parts) under its key.
     for name, part in (("preprocessor_config.json", None), ("processor_config.json", "image_processor")):
-        text = _folder_or_hub_text(spec, source, name)
-        if text is None:
-            continue
         try:
+            text = _folder_or_hub_text(spec, source, name)
+            if text is None:
+                continue
             settings = json.loads(text)
             if part is not None:
                 settings = settings.get(part) if isinstance(settings, dict) else None
                 if settings is None:
                     continue  # a processor of text alone
-            return _processor_steps(settings), ()
+            return _processor_steps(settings), None
         except Exception as err:  # an untrusted file: any content at all
             reason = f"its {name} cannot be used ({first_line(err)[:200]})"
             break
@@ -578,12 +659,15 @@ def _hf_preprocess(spec: ModelSpec, source: str, config):
 
 
 def _folder_or_hub_text(spec: ModelSpec, source: str, name: str) -> str | None:
-    """The text of file ``name`` of the model's folder or cached repository, None when it has none."""
+    """The text of file ``name`` of the model's folder or cached repository, None when it has none; ValueError
+    or OSError when it is there but cannot be read as text."""
     path = Path(source) / name if spec.hf_folder else _hub_file(spec.name, name)
-    try:
-        return path.read_text(encoding="utf-8") if path is not None and path.is_file() else None
-    except (OSError, UnicodeDecodeError):
+    what = _MISSING if path is None else _not_regular(path)
+    if what == _MISSING:
         return None
+    if what is not None:
+        raise ValueError(f"it {what}")
+    return path.read_text(encoding="utf-8")
 
 
 def _image_size(config) -> int | None:
@@ -596,59 +680,89 @@ def _image_size(config) -> int | None:
 
 
 def _processor_steps(config: dict):
-    """Resize (shortest edge, or to an exact height and width), centre crop, rescale, normalise."""
+    """Resize (shortest edge, or to an exact height and width), centre crop, rescale, normalise; ValueError naming
+    the field that cannot be used (the file is untrusted: any value at all)."""
     from hookcli.preprocess import Preprocess
 
     if not isinstance(config, dict):
         raise ValueError("it is not a JSON object")
     size = config.get("size") or {}
-    if isinstance(size, int):
+    if isinstance(size, int | float) and not isinstance(size, bool):
         size = {"shortest_edge": size}
     if not isinstance(size, dict):
         raise ValueError(f"its size {size!r} is not a number or an object")
     crop = config.get("crop_size") if config.get("do_center_crop") else None
     if isinstance(crop, dict):
         if crop.get("height") != crop.get("width"):
-            raise ValueError(f"its crop {crop} is not square")
-        crop = crop["height"]
+            raise ValueError(f"its crop_size {crop} is not square")
+        crop = _pixels(crop.get("height"), "crop_size.height")
+    elif crop is not None:
+        crop = _pixels(crop, "crop_size")
     resize = None
     if config.get("do_resize", True):
         if "shortest_edge" in size:
-            resize = int(size["shortest_edge"])
-            if config.get("crop_pct") is not None and resize < 384:  # ConvNeXt: resize larger, then crop
-                crop, resize = resize, int(resize / float(config["crop_pct"]))
-            elif config.get("crop_pct") is not None:  # ConvNeXt from 384 pixels on: squashed, not cropped
+            resize = _pixels(size["shortest_edge"], "size.shortest_edge")
+            crop_pct = config.get("crop_pct")
+            if crop_pct is not None and (isinstance(crop_pct, bool) or not isinstance(crop_pct, int | float)
+                                         or not 0 < crop_pct <= 1):  # NaN fails it too
+                raise ValueError(f"its crop_pct {crop_pct!r} is not a fraction above 0 and at most 1")
+            if crop_pct is not None and resize < 384:  # ConvNeXt: resize larger, then crop
+                crop, resize = resize, _pixels(int(resize / crop_pct), "size.shortest_edge divided by crop_pct")
+            elif crop_pct is not None:  # ConvNeXt from 384 pixels on: squashed, not cropped
                 crop, resize = None, (resize, resize)
         elif "height" in size and "width" in size:
-            resize = (int(size["height"]), int(size["width"]))
+            resize = (_pixels(size["height"], "size.height"), _pixels(size["width"], "size.width"))
         else:
             raise ValueError(f"its size {size} is neither a shortest edge nor a height and width")
     if resize is None or isinstance(resize, int) and crop is None:
         raise ValueError("it does not resize to a fixed size")
-    if config.get("do_rescale", True) and abs(float(config.get("rescale_factor", 1 / 255)) - 1 / 255) > 1e-9:
-        raise ValueError(f"its rescale factor {config['rescale_factor']} is not 1/255")
+    if config.get("do_rescale", True):
+        factor = config.get("rescale_factor", 1 / 255)
+        if isinstance(factor, bool) or not isinstance(factor, int | float) or not abs(factor - 1 / 255) <= 1e-9:
+            raise ValueError(f"its rescale_factor {factor!r} is not 1/255")
     normalise = config.get("do_normalize", True)
-    mean = tuple(float(v) for v in config["image_mean"]) if normalise else None
-    std = tuple(float(v) for v in config["image_std"]) if normalise else None
+    mean = _normalisation(config, "image_mean") if normalise else None
+    std = _normalisation(config, "image_std") if normalise else None
     resample = config.get("resample", 2)
     if resample not in _HF_RESAMPLE:
-        raise ValueError(f"its resampling {resample!r} is none of nearest (0), bilinear (2) and bicubic (3)")
+        raise ValueError(f"its resample {resample!r} is none of nearest (0), bilinear (2) and bicubic (3)")
     interpolation = _HF_RESAMPLE[resample]
-    return Preprocess(resize=resize, crop=int(crop) if crop else None, mean=mean, std=std,
-                      interpolation=interpolation)
+    return Preprocess(resize=resize, crop=crop, mean=mean, std=std, interpolation=interpolation)
+
+
+def _pixels(value, field: str) -> int:
+    """A processor file's side ``value`` as a whole number of pixels; ValueError naming ``field`` if it is not one."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 1 <= value <= MAX_SIDE or \
+            value != int(value):  # NaN and infinities fail the range
+        raise ValueError(f"its {field} {value!r} is not a whole number of pixels from 1 to {MAX_SIDE}")
+    return int(value)
+
+
+def _normalisation(config: dict, field: str) -> tuple[float, float, float]:
+    """A processor file's ``image_mean`` or ``image_std``: one or three finite numbers (a std's above 0)."""
+    from hookcli.preprocess import parse_triple
+
+    if field not in config:
+        raise ValueError(f"it has no {field}")
+    value = config[field]
+    try:
+        numbers = parse_triple(value)
+    except ValueError:
+        raise ValueError(f"its {field} {value!r} is not one or three numbers") from None
+    if not all(math.isfinite(v) and (v > 0 or field == "image_mean") for v in numbers):
+        raise ValueError(f"its {field} {value!r} is not " + (
+            "finite numbers" if field == "image_mean" else "finite numbers above 0"))
+    return numbers
 
 
 def _assumed(spec: ModelSpec, why: str, side: int | None = None):
     """ImageNet's preprocessing, for a model that gives none: resize 256 and crop 224, or in that proportion for a
-    model made for ``side`` pixels."""
+    model made for ``side`` pixels; and why it is assumed (said with the parts a run uses,
+    :meth:`~hookcli.models.LoadedModel.notes_for`)."""
     from hookcli.preprocess import Preprocess
 
     crop = side or 224
-    chosen = Preprocess(resize=int(crop * 256 / 224), crop=crop)  # Preprocess's mean and std are ImageNet's
-    numbers = {name: ",".join(f"{v:g}" for v in getattr(chosen, name)) for name in ("mean", "std")}
-    return chosen, (f"{spec.text}: {why}, so what --resize, --crop, --mean and --std do not set is ImageNet's "
-                    f"preprocessing (resize {chosen.resize}, crop {crop}, mean {numbers['mean']}, std "
-                    f"{numbers['std']})",)
+    return Preprocess(resize=int(crop * 256 / 224), crop=crop), f"{spec.text}: {why}"  # mean and std: ImageNet's
 
 
 def _hub_cached(repo: str, filename: str) -> bool:
@@ -813,10 +927,10 @@ def _load_factory(spec: ModelSpec, weights: str, seed: int):
     if digest is not None:
         described["code_sha256"] = digest
     if given is None:
-        preprocess, notes = _assumed(spec, "the factory gives no preprocessing")
+        preprocess, assumed_because = _assumed(spec, "the factory gives no preprocessing")
     else:
-        preprocess, notes = _given_preprocess(spec, given), ()
-    return _loaded(spec, module, described, preprocess, notes=notes, preprocess_assumed=given is None)
+        preprocess, assumed_because = _given_preprocess(spec, given), None
+    return _loaded(spec, module, described, preprocess, assumed_because=assumed_because)
 
 
 def _import_factory_module(spec: ModelSpec, name: str):

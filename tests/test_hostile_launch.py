@@ -1,0 +1,184 @@
+"""Hostile launcher environments: a torchrun rendezvous nobody comes to (bounded, said, stoppable), absurd Slurm
+task lists (counted without being written out), and bad join settings (refused before any work)."""
+
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from datetime import timedelta
+
+import pytest
+
+from hookcli.cli import main
+from hookcli.errors import UsageProblem
+from hookcli.launch import MAX_NODES, Part, detect_part, join_team
+
+HINT = ("Hint: every process needs the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE, and a RANK of its own from 0 to 1 "
+        "(torchrun sets them); HOOKCLI_JOIN_TIMEOUT sets how many seconds to wait")
+
+
+@pytest.fixture
+def image(tmp_path, make_image):
+    return make_image(tmp_path / "a.png", size=(40, 40))
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _rank(rank: int, port: int, timeout: str, tmp_path, image) -> subprocess.Popen:
+    """``hookcli extract`` as process ``rank`` of 2 of a torchrun group at ``127.0.0.1:port`` that no other joins."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "LOCAL_"))}
+    env.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(port), HOOKCLI_JOIN_TIMEOUT=timeout)
+    return subprocess.Popen([sys.executable, "-m", "hookcli", "extract", "-m", "resnet18", "-w", "none", "-l", "fc",
+                             "-q", "-o", f"{tmp_path}/feats/", str(image)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _line(stream, seconds: float) -> str:
+    """The next line of ``stream``, or '' when none comes within ``seconds``."""
+    ready, _, _ = select.select([stream], [], [], seconds)
+    return stream.readline() if ready else ""
+
+
+@pytest.mark.parametrize("rank", [0, 1])  # 0: hosts the rendezvous, nobody comes; 1: nothing listens
+def test_a_rendezvous_nobody_comes_to_ends_after_the_join_timeout_with_one_line(tmp_path, image, rank):
+    port, started = _free_port(), time.monotonic()
+    process = _rank(rank, port, "1", tmp_path, image)
+    out, err = process.communicate(timeout=120)
+    assert time.monotonic() - started < 60  # a second of waiting, after the imports: not 30 days
+    assert (process.returncode, out) == (1, "")
+    assert err == (f"Error: rank {rank} of 2 waited 1 s for torchrun's other processes at 127.0.0.1:{port}, and not "
+                   f"all joined. {HINT}\n")
+    assert not (tmp_path / "feats").exists()
+
+
+@pytest.mark.parametrize(("rank", "stop", "said"), [(0, signal.SIGTERM, "SIGTERM"), (1, signal.SIGINT, "Ctrl-C")])
+def test_the_wait_is_said_within_seconds_and_a_signal_ends_it_with_one_line(tmp_path, image, rank, stop, said):
+    port = _free_port()
+    process = _rank(rank, port, "600", tmp_path, image)
+    try:
+        note = _line(process.stderr, 60)
+        assert note == (f"Note: waiting for torchrun's other 1 process at 127.0.0.1:{port} (this is rank {rank} of 2), "
+                        "for up to 600 s (HOOKCLI_JOIN_TIMEOUT)\n")
+        sent = time.monotonic()
+        process.send_signal(stop)
+        out, err = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert time.monotonic() - sent < 10
+    assert (process.returncode, out) == (1, "")
+    assert err == (f"Error: stopped ({said}) while rank {rank} of 2 waited for torchrun's other processes at "
+                   f"127.0.0.1:{port}. {HINT}\n")
+
+
+def test_two_processes_started_by_hand_join_and_share_the_folder(tmp_path, image):
+    port = _free_port()
+    processes = [_rank(rank, port, "120", tmp_path, image) for rank in (1, 0)]  # the client first: it waits
+    results = [(p.communicate(timeout=300), p.returncode) for p in processes]
+    assert results == [(("", ""), 0), ((f"{tmp_path}/feats/index.jsonl\n", ""), 0)]  # nothing logged by torch
+
+
+def test_only_torchrun_processes_join_a_gloo_group_waiting_the_join_timeout_then_no_limit(monkeypatch):
+    import torch.distributed as dist
+
+    for name, text in {"MASTER_ADDR": "localhost", "MASTER_PORT": "29500", "HOOKCLI_JOIN_TIMEOUT": "42"}.items():
+        monkeypatch.setenv(name, text)
+    calls = []
+
+    class Store:
+        def set_timeout(self, timeout):
+            calls.append(("store", timeout))
+
+    def rendezvous(url, rank, world_size, timeout):
+        calls.append(("rendezvous", url, rank, world_size, timedelta(seconds=41) < timeout <= timedelta(seconds=42)))
+        return iter([(Store(), rank, world_size)])
+
+    monkeypatch.setattr(dist, "rendezvous", rendezvous)
+    monkeypatch.setattr(dist, "PrefixStore", lambda prefix, store: store)
+    monkeypatch.setattr(dist, "init_process_group", lambda backend, **options: calls.append((backend,
+                                                                                             options["timeout"])))
+    assert join_team(Part(0, 2, launcher="srun")) is None
+    assert join_team(Part(0, 2, local_index=0, local_count=2, launcher="torchrun")).part.index == 0
+    assert calls == [("rendezvous", "env://", 0, 2, True), ("gloo", timedelta(days=30)), ("store", timedelta(days=30))]
+
+
+@pytest.mark.parametrize("value", ["0", "0.5", "-3", "soon", "nan", "inf", "86401"])
+def test_a_join_timeout_out_of_range_is_refused_before_the_model_loads(runner, image, tmp_path, monkeypatch, no_model,
+                                                                       value):
+    for name, text in {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1",
+                       "HOOKCLI_JOIN_TIMEOUT": value}.items():
+        monkeypatch.setenv(name, text)
+    result = runner.invoke(main, ["extract", "-m", "resnet18", "-w", "none", "-l", "fc", "-o", f"{tmp_path}/feats/",
+                                  str(image)])
+    assert (result.exit_code, result.stderr) == (2, (
+        f"Error: HOOKCLI_JOIN_TIMEOUT must be a number of seconds from 1 to 86400, not '{value}'. Hint: unset it for "
+        "the default of 300 s\n"))
+
+
+@pytest.mark.parametrize(("port", "message"), [
+    (None, "MASTER_ADDR is set but MASTER_PORT is not. Hint: torchrun sets both; by hand, give every process the same "
+           "port of rank 0's machine"),
+    ("70000", "$MASTER_PORT is 70000, not a port (1 to 65535). Hint: torchrun sets it; by hand, give every process the "
+              "same port of rank 0's machine"),
+])
+def test_a_master_port_that_is_not_one_is_refused(runner, image, tmp_path, monkeypatch, no_model, port, message):
+    for name, text in {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}.items():
+        monkeypatch.setenv(name, text)
+    if port is None:
+        monkeypatch.delenv("MASTER_PORT", raising=False)
+    else:
+        monkeypatch.setenv("MASTER_PORT", port)
+    result = runner.invoke(main, ["extract", "-m", "resnet18", "-w", "none", "-l", "fc", "-o", f"{tmp_path}/feats/",
+                                  str(image)])
+    assert (result.exit_code, result.stderr) == (2, f"Error: {message}\n")
+
+
+# -- Slurm's task lists ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("text", "piece"), [
+    ("2(x999999999999)", "2(x999999999999)"),
+    ("2(x200000000)", "2(x200000000)"),
+    ("1,999999999(x2)", "999999999(x2)"),
+    ("4(x" + "9" * 5000 + ")", "4(x" + "9" * 37 + "…"),
+])
+def test_an_absurd_slurm_task_list_is_refused_naming_the_variable(runner, image, tmp_path, monkeypatch, no_model, text,
+                                                                  piece):
+    message = (f"$SLURM_TASKS_PER_NODE says '{piece}', more than hookcli takes (at most 100,000 tasks on each of at "
+               "most 1,000,000 nodes)")
+    with pytest.raises(UsageProblem) as caught:
+        detect_part({"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_TASKS_PER_NODE": text})
+    assert caught.value.message == message
+    for name, value in {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_TASKS_PER_NODE": text}.items():
+        monkeypatch.setenv(name, value)
+    result = runner.invoke(main, ["extract", "-m", "resnet18", "-w", "none", "-l", "fc", "-o", f"{tmp_path}/feats/",
+                                  str(image)])
+    assert (result.exit_code, result.stderr) == (2, f"Error: {message}. Hint: check the launcher's environment "
+                                                    "variables\n")
+
+
+_COUNT = textwrap.dedent("""
+    import resource, sys
+    resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))  # a list written out would need tens of GB
+    from hookcli.launch import detect_part
+    part = detect_part({"SLURM_PROCID": "1", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1", "SLURM_NODEID": sys.argv[2],
+                        "SLURM_TASKS_PER_NODE": sys.argv[1]})
+    print(part.local_count)
+""")
+
+
+def test_a_long_slurm_task_list_is_counted_without_being_written_out():
+    many = ",".join([f"2(x{MAX_NODES})"] * 3000)  # three billion nodes
+    for node, tasks in [(0, 2), (3000 * MAX_NODES - 1, 2), (3000 * MAX_NODES, 7)]:
+        done = subprocess.run([sys.executable, "-c", _COUNT, f"{many},7(x2)", str(node)], capture_output=True,
+                              text=True, timeout=120)
+        assert (done.returncode, done.stdout, done.stderr) == (0, f"{tasks}\n", "")
