@@ -91,7 +91,7 @@ def best_times(variants: dict, rounds: int) -> dict:
 def throughput(paths, batch_size, workers, rounds, folder: Path) -> None:
     from torchvision.models.feature_extraction import create_feature_extractor
 
-    from hookcli.models import load_model
+    from hookcli.models.loading import load_model
 
     loaded = load_model("resnet50", "none")
     transform = loaded.preprocess.to_transform()
@@ -116,7 +116,7 @@ def early_exit(paths, batch_size, workers, rounds, folder: Path) -> None:
     """hookcli's early exit, next to its lower bound: the network cut off after the layer (FX graph truncation)."""
     from torchvision.models.feature_extraction import create_feature_extractor
 
-    from hookcli.models import load_model
+    from hookcli.models.loading import load_model
 
     print("2. early exit, time for a layer / time for the last layer, same images:")
     for model, layer, last, goal in (("vgg16_bn", "features.18", "classifier.6", 0.6),

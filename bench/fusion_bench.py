@@ -5,7 +5,7 @@ Run from the repository root:  python bench/fusion_bench.py  [--models resnet50 
 Each model (random weights, BatchNorm statistics randomised so that folding
 them changes the weights) runs channels-last, in inference mode, on the same
 random batch: the model as written, then hookcli's fused graph
-(hookcli.fusion, nothing hooked), interleaved for --rounds rounds, best time
+(hookcli.run.fusion, nothing hooked), interleaved for --rounds rounds, best time
 kept. bf16 is autocast for both. Printed: ms per image, the ratio, and the
 relative difference of the outputs (fused against eager, same precision).
 """
@@ -33,8 +33,8 @@ def main() -> None:
     import torch
     import torchvision
 
-    from hookcli.fusion import fused_for_inference
-    from hookcli.speed import compute_dtype, compute_precision
+    from hookcli.run.fusion import fused_for_inference
+    from hookcli.run.speed import compute_dtype, compute_precision
 
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads, CPU; batch {args.batch_size}, 224x224, best of {args.rounds}")

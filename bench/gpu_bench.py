@@ -53,7 +53,7 @@ def forward_rate(loaded, batch, precision: str, device, repeat: int) -> float:
     """Images/s of the model alone on ``batch`` (already on the device), after a warm-up."""
     import torch
 
-    from hookcli.speed import choose_memory_format, compute_precision, to_memory_format
+    from hookcli.run.speed import choose_memory_format, compute_precision, to_memory_format
 
     memory_format = choose_memory_format(loaded.module, device)
     model = to_memory_format(loaded.module.to(device), memory_format)
@@ -71,8 +71,8 @@ def forward_rate(loaded, batch, precision: str, device, repeat: int) -> float:
 
 def decode_rate(loaded, paths, decode: str, batch_size: int, device) -> float:
     """Images/s of the input stage alone: files to preprocessed batches on the device."""
-    from hookcli.decoding import DeviceDecoder
-    from hookcli.pipeline import RunSettings, image_loader
+    from hookcli.inputs.decoding import DeviceDecoder
+    from hookcli.run.pipeline import RunSettings, image_loader
 
     settings = RunSettings(preprocess=loaded.preprocess.replace(decode=decode), device=device,
                            batch_size=batch_size).resolved(loaded, len(paths))
@@ -90,7 +90,7 @@ def decode_rate(loaded, paths, decode: str, batch_size: int, device) -> float:
 def pipeline_rate(loaded, paths, options: dict) -> tuple[float, float]:
     """Images/s of ``hookcli.extract`` in steady state (after its first batch) and whole."""
     import hookcli
-    from hookcli.run import Advanced
+    from hookcli.events import Advanced
 
     marks: list[tuple[float, int]] = []
 
@@ -113,8 +113,8 @@ def pixel_differences(loaded, paths, device) -> tuple[int, float, float]:
     decoders' preprocessed images (without normalisation)."""
     import torch
 
-    from hookcli.decoding import DeviceDecoder, EncodedImages, collate
-    from hookcli.images import load_rgb
+    from hookcli.inputs.decoding import DeviceDecoder, EncodedImages, collate
+    from hookcli.inputs.images import load_rgb
 
     plain = dataclasses.replace(loaded.preprocess, mean=None, std=None, decode="device")
     transform = plain.replace(decode="cpu").to_transform()
@@ -172,8 +172,8 @@ def main() -> None:
 
     import torch
 
-    from hookcli.models import load_model
-    from hookcli.pipeline import default_workers
+    from hookcli.models.loading import load_model
+    from hookcli.run.pipeline import default_workers
 
     device = torch.device(args.device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "CPU"
@@ -190,7 +190,7 @@ def main() -> None:
         for model in args.models.split(","):
             loaded = load_model(model, "none")
             transform = loaded.preprocess.to_transform()
-            from hookcli.images import load_rgb
+            from hookcli.inputs.images import load_rgb
 
             sample = torch.stack([transform(load_rgb(paths[i % len(paths)])) for i in range(args.batch_size)])
             for precision in args.precisions.split(","):

@@ -134,7 +134,7 @@ def main() -> None:
 def _forward_all(model, batches, precision: str, device) -> None:
     import torch
 
-    from hookcli.speed import compute_precision
+    from hookcli.run.speed import compute_precision
 
     with torch.inference_mode(), compute_precision(precision, device):
         for batch in batches:
@@ -148,11 +148,11 @@ def pipeline_efficiency(paths: list[str], args) -> dict[str, tuple[float, float]
     import torch
 
     import hookcli
-    from hookcli.fusion import fused_for_inference
-    from hookcli.images import load_rgb
-    from hookcli.models import load_model
-    from hookcli.pipeline import default_workers
-    from hookcli.speed import choose_memory_format, compute_dtype, to_memory_format
+    from hookcli.run.fusion import fused_for_inference
+    from hookcli.inputs.images import load_rgb
+    from hookcli.models.loading import load_model
+    from hookcli.run.pipeline import default_workers
+    from hookcli.run.speed import choose_memory_format, compute_dtype, to_memory_format
 
     device = torch.device(args.device)
     loaded = load_model(args.model, "none")

@@ -5,7 +5,7 @@ Run from the repository root:  python bench/startup_bench.py  [--repeat 5]
 Each command is a fresh ``python -m hookcli`` process, run --repeat times in
 rounds that alternate the settings; the median is kept:
 
-- warm: the model registry cache (hookcli.registry) is in place;
+- warm: the model registry cache (hookcli.models.registry) is in place;
 - cold: a fresh, empty cache folder each time (a first run: torchvision is
   imported, then the cache is written);
 - no cache: the cache folder cannot be made, so every run imports

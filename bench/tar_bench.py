@@ -8,7 +8,7 @@ neither sees the other's memory:
 
 - ``tarfile``: the archive's members as ``tarfile`` keeps them
   (``TarFile.getmembers()``, the way hookcli listed archives before);
-- ``hookcli``: :func:`hookcli.archives.tar_images`, the listing a run keeps.
+- ``hookcli``: :func:`hookcli.inputs.archives.tar_images`, the listing a run keeps.
 
 Memory is what ``tracemalloc`` counts as still allocated once the listing is
 made, divided by the image members; time is the wall time of making it.
@@ -23,14 +23,13 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import time
 from pathlib import Path
 
 _MEASURE = """
 import sys, time, tracemalloc
 path, how = sys.argv[1], sys.argv[2]
 if how == "hookcli":
-    from hookcli.archives import tar_images
+    from hookcli.inputs.archives import tar_images
     make = lambda: tar_images(path)
 else:
     import tarfile

@@ -13,33 +13,41 @@ of one of the names below.
 """
 
 from importlib import import_module as _import_module
-from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
-from importlib.metadata import version as _version
+from typing import TYPE_CHECKING
 
-try:
-    __version__ = _version("hookcli")
-except _PackageNotFoundError:  # running from a source tree that was never installed
-    __version__ = "0+unknown"
+from hookcli.version import __version__
+
+if TYPE_CHECKING:  # what editors and type checkers see; at run time each name loads on first use (below)
+    from hookcli.api import cam, extract, grad, grid, layers, report
+    from hookcli.errors import HookcliError
+    from hookcli.models.loading import load_model
+    from hookcli.run.capture import FeatureCapture, GradientCapture
+    from hookcli.run.plan import DEFAULT_OUTPUT, RunPlan, execute, plan
+    from hookcli.run.selectors import describe_layers, resolve_layers
+    from hookcli.storage.features import FeatureFile, Features
+    from hookcli.storage.shards import ShardedFeatures, open_features
 
 _PUBLIC = {
-    "DEFAULT_OUTPUT": "hookcli.run",
-    "FeatureCapture": "hookcli.capture",
-    "Features": "hookcli.store",
-    "GradientCapture": "hookcli.capture",
+    "DEFAULT_OUTPUT": "hookcli.run.plan",
+    "FeatureCapture": "hookcli.run.capture",
+    "FeatureFile": "hookcli.storage.features",
+    "Features": "hookcli.storage.features",
+    "GradientCapture": "hookcli.run.capture",
     "HookcliError": "hookcli.errors",
-    "RunPlan": "hookcli.run",
+    "RunPlan": "hookcli.run.plan",
     "cam": "hookcli.api",
-    "describe_layers": "hookcli.selectors",
-    "execute": "hookcli.run",
+    "describe_layers": "hookcli.run.selectors",
+    "execute": "hookcli.run.plan",
     "extract": "hookcli.api",
     "grad": "hookcli.api",
     "grid": "hookcli.api",
     "layers": "hookcli.api",
-    "load_model": "hookcli.models",
-    "open_features": "hookcli.shards",
-    "plan": "hookcli.run",
+    "load_model": "hookcli.models.loading",
+    "open_features": "hookcli.storage.shards",
+    "plan": "hookcli.run.plan",
     "report": "hookcli.api",
-    "resolve_layers": "hookcli.selectors",
+    "resolve_layers": "hookcli.run.selectors",
+    "ShardedFeatures": "hookcli.storage.shards",
 }
 
 __all__ = ["__version__", *_PUBLIC]

@@ -5,12 +5,12 @@ Keywords are the command line's long options with underscores
 same defaults, the same checks and the same error texts; errors are
 :class:`~hookcli.errors.HookcliError` s (``exit_code`` is what the command
 line would exit with). Nothing is printed: pass ``progress=callback`` to hear
-:class:`~hookcli.run.Started`, :class:`~hookcli.run.Advanced`,
-:class:`~hookcli.run.Skipped`, :class:`~hookcli.run.Note` and
-:class:`~hookcli.run.Wrote` events as the run goes.
+:class:`~hookcli.events.Started`, :class:`~hookcli.events.Advanced`,
+:class:`~hookcli.events.Skipped`, :class:`~hookcli.events.Note` and
+:class:`~hookcli.events.Wrote` events as the run goes.
 
 ``output=None`` (the default) keeps the result in memory: a read-only
-mapping key → ``torch.Tensor`` (:class:`~hookcli.store.Features`) with
+mapping key → ``torch.Tensor`` (:class:`~hookcli.storage.features.Features`) with
 ``.metadata`` (exactly what a file would hold), ``.inputs``, ``.facts`` and
 ``.notes``. ``output="x.safetensors"``, ``"DIR/"`` (shards, resumable) or
 ``"-"`` writes what the command line writes for the same options and returns
@@ -36,7 +36,7 @@ import contextlib
 import os
 from collections.abc import Callable
 
-from hookcli.run import DEFAULT_OUTPUT, execute, plan
+from hookcli.run.plan import DEFAULT_OUTPUT, execute, plan
 
 __all__ = ["DEFAULT_OUTPUT", "cam", "extract", "grad", "grid", "layers", "report"]
 
@@ -46,14 +46,14 @@ def extract(model, layers, inputs, *, output=None, progress: Callable | None = N
 
     ``model``: a torchvision model name, or one of another source
     (``"timm:resnet50"``, ``"hf:facebook/dinov2-small"``, ``"hf:/folder"``,
-    ``"open_clip:ViT-B-32"``, ``"nets.py:make"``; see :mod:`hookcli.sources`),
-    or a :class:`~hookcli.models.LoadedModel`; ``layers``: one selector or a
+    ``"open_clip:ViT-B-32"``, ``"nets.py:make"``; see :mod:`hookcli.models.sources`),
+    or a :class:`~hookcli.models.loading.LoadedModel`; ``layers``: one selector or a
     list (paths, globs, ``type:Conv2d``, ``.`` for the model's own output,
     ``PATH=NAME``); ``inputs``: an image, a folder or a list of them.
     Options: ``weights`` (``"DEFAULT"``), ``seed``, ``capture``
     (``"output"``, ``"input"``, ``"both"``), ``resize``, ``crop``, ``mean``,
     ``std``, ``interpolation``, ``fast_decode``, ``decode`` (``"cpu"``;
-    ``"device"``: batched on the device, :mod:`hookcli.decoding`), ``device`` (``"auto"``),
+    ``"device"``: batched on the device, :mod:`hookcli.inputs.decoding`), ``device`` (``"auto"``),
     ``batch_size`` (16), ``precision`` (``"fp32"``), ``memory_format``
     (``"auto"``), ``compile``, ``workers``, ``recursive``, ``on_error``
     (``"fail"``), ``force``, ``pool``, ``dtype`` (``"float32"``),
@@ -116,7 +116,7 @@ def grid(source, *, output=None, progress: Callable | None = None, force: bool =
     (what :func:`extract` returns). Options: ``keys``, ``images``,
     ``channels`` (``"0:64"``), ``top``, ``columns``, ``padding``, ``cmap``,
     ``scale``, ``min_tile``, ``title``, ``overlay``, ``alpha``,
-    ``overlay_cmap`` (see :class:`~hookcli.grids.GridOptions`). In memory
+    ``overlay_cmap`` (see :class:`~hookcli.pictures.grids.GridOptions`). In memory
     (``output=None``): a dict of file name → ``uint8 [H, W, 3]`` pixels;
     with ``output=DIR``: the PNGs, and their paths are returned.
 
@@ -126,8 +126,8 @@ def grid(source, *, output=None, progress: Callable | None = None, force: bool =
     >>> [p.name for p in grid(features, output=tempfile.mkdtemp(), channels="0:16", cmap="gray")]
     ['layer1__00000_grace_hopper.png']
     """
-    from hookcli.grids import default_grid_folder
-    from hookcli.run import draw_grids
+    from hookcli.pictures.grids import default_grid_folder
+    from hookcli.run.plan import draw_grids
 
     drawing = _grid_options("grid", options)
     if output is DEFAULT_OUTPUT:
@@ -153,7 +153,7 @@ def report(source, *, output=DEFAULT_OUTPUT, page_size: int | None = None, progr
     ('index.html', ['index.html', 'page-00002.html'])
     """
     from hookcli.errors import UsageProblem
-    from hookcli.reports import DEFAULT_PAGE_SIZE, default_report_folder, write_report
+    from hookcli.pictures.reports import DEFAULT_PAGE_SIZE, default_report_folder, write_report
 
     drawing = _grid_options("report", options)
     if output is None:
@@ -167,11 +167,11 @@ def report(source, *, output=DEFAULT_OUTPUT, page_size: int | None = None, progr
 
 
 def _grid_options(command: str, options: dict):
-    """:class:`~hookcli.grids.GridOptions` from a command's keywords; an unknown keyword is a TypeError."""
+    """:class:`~hookcli.pictures.grids.GridOptions` from a command's keywords; an unknown keyword is a TypeError."""
     import dataclasses
 
-    from hookcli.grids import GridOptions
-    from hookcli.run import refuse_unknown
+    from hookcli.pictures.grids import GridOptions
+    from hookcli.run.plan import refuse_unknown
 
     refuse_unknown(command, options, [f.name for f in dataclasses.fields(GridOptions)])
     return GridOptions(**options)
@@ -179,7 +179,7 @@ def _grid_options(command: str, options: dict):
 
 def _opened(source):
     """Features to read: a path (or ``-``) opened, and closed after; features in memory as they are."""
-    from hookcli.shards import open_features
+    from hookcli.storage.shards import open_features
 
     return open_features(source) if isinstance(source, str | os.PathLike) else contextlib.nullcontext(source)
 
@@ -194,22 +194,22 @@ def layers(model, *, weights: str = "none", seed: int | None = None, input_size:
     a list of one such image for detection, a clip of ``frames`` frames
     (default 16) for video, a pair of frames for optical flow. ``depth``
     keeps paths with at most that many components. Returns
-    :class:`~hookcli.selectors.LayerInfo` rows.
+    :class:`~hookcli.run.selectors.LayerInfo` rows.
 
     >>> [(row.path, row.output) for row in layers("resnet18", depth=1)][-1]
     ('fc', [1, 1000])
     """
     from hookcli.errors import check_whole
     from hookcli.families import natural_input
-    from hookcli.models import load_model
-    from hookcli.preprocess import MAX_SIDE
-    from hookcli.selectors import describe_layers
+    from hookcli.models.loading import load_model
+    from hookcli.inputs.preprocess import MAX_SIDE
+    from hookcli.run.selectors import describe_layers
 
     check_whole("input_size", input_size, 1, MAX_SIDE, optional=True)
     check_whole("depth", depth, 1, optional=True)
     check_whole("frames", frames, 1, 1024, optional=True)
     from hookcli.errors import UsageProblem
-    from hookcli.models import model_family
+    from hookcli.models.loading import model_family
 
     if frames is not None and model_family(model) != "video":
         raise UsageProblem(f"--frames applies to video models, and {model} is {model_family(model).replace('_', ' ')}",

@@ -20,15 +20,15 @@ import traceback
 
 import click
 
-from hookcli import __version__
-from hookcli.capture import CAPTURE_KINDS
+from hookcli.version import __version__
+from hookcli.run.capture import CAPTURE_KINDS
 from hookcli.console import Terminated, notes_and_sigterm, printable, stdout_for_data
 from hookcli.errors import HookcliError, first_line
 from hookcli.families import FAMILIES
-from hookcli.gradients import CAM_METHODS
-from hookcli.pipeline import POOLS
-from hookcli.run import RunOptions
-from hookcli.sources import LISTED_SOURCES
+from hookcli.run.gradients import CAM_METHODS
+from hookcli.run.pipeline import POOLS
+from hookcli.run.plan import RunOptions
+from hookcli.models.sources import LISTED_SOURCES
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 DEFAULTS = RunOptions()
@@ -134,7 +134,7 @@ class _Parsed(click.ParamType):
             self.fail(str(err), param, ctx)
 
 
-_TRIPLE = _Parsed("R,G,B", "hookcli.preprocess", "parse_triple")
+_TRIPLE = _Parsed("R,G,B", "hookcli.inputs.preprocess", "parse_triple")
 
 
 def _model_options(function=None, *, weights: str = DEFAULTS.weights):
@@ -203,7 +203,7 @@ def _options(function, decorators):
 def _preprocess_options(function):
     """--resize, --crop, --mean, --std, --interpolation: override the weights' preprocessing; --fast-decode and
     --decode: how images are decoded."""
-    from hookcli.preprocess import DECODERS, INTERPOLATIONS
+    from hookcli.inputs.preprocess import DECODERS, INTERPOLATIONS
 
     return _options(function, [
         click.option("--resize", type=click.IntRange(min=1), help="Resize the shorter side to this [weights' value]."),
@@ -243,11 +243,11 @@ def _run_options(function=None, *, stored: str = "what is stored is --dtype"):
     """
     if function is None:
         return lambda f: _run_options(f, stored=stored)
-    from hookcli.pipeline import ON_ERROR
-    from hookcli.speed import MEMORY_FORMATS, PRECISIONS
+    from hookcli.run.pipeline import ON_ERROR
+    from hookcli.run.speed import MEMORY_FORMATS, PRECISIONS
 
     return _options(function, [
-        click.option("--device", "-d", type=_Parsed("DEVICE", "hookcli.device", "parse_device"),
+        click.option("--device", "-d", type=_Parsed("DEVICE", "hookcli.run.device", "parse_device"),
                      default=DEFAULTS.device, show_default=True, help="auto, cpu, cuda, cuda:N, mps."),
         click.option("--batch-size", "-b", type=click.IntRange(min=1), default=DEFAULTS.batch_size, show_default=True,
                      help="Images per forward."),
@@ -275,8 +275,8 @@ def _run_options(function=None, *, stored: str = "what is stored is --dtype"):
 
 def _rows_output_options(function):
     """-o FILE|DIR/|-, --shard-size, --dtype: where the rows of extract and grad go."""
-    from hookcli.pipeline import DTYPES
-    from hookcli.run import LARGE_INPUT
+    from hookcli.run.pipeline import DTYPES
+    from hookcli.run.plan import LARGE_INPUT
 
     return _options(function, [
         click.option("--output", "-o", metavar="PATH",
@@ -314,7 +314,7 @@ class _Reporter:
             self.bar = None
 
     def __call__(self, event) -> None:
-        from hookcli.run import Advanced, Note, Skipped, Started, Wrote
+        from hookcli.events import Advanced, Note, Skipped, Started, Wrote
 
         if isinstance(event, Started):
             self.close()
@@ -338,7 +338,7 @@ class _Reporter:
 def _run(ctx: click.Context, command: str, options: dict, *args) -> None:
     """Call the library's ``command`` with the parsed options; print what it reports."""
     import hookcli.api
-    from hookcli.run import DEFAULT_OUTPUT
+    from hookcli.run.plan import DEFAULT_OUTPUT
 
     quiet, model = options.pop("quiet"), options.pop("model")
     if ctx.get_parameter_source("seed").name == "DEFAULT":  # a seed given (flag or preset) is checked; 0 is not
@@ -356,7 +356,7 @@ def _run(ctx: click.Context, command: str, options: dict, *args) -> None:
 
 def _launched_part():
     """The part torchrun or Slurm started this process as (processes after the first show no progress bar)."""
-    from hookcli.launch import detect_part
+    from hookcli.run.launch import detect_part
 
     try:
         return detect_part()
@@ -391,7 +391,7 @@ def models(pattern: str | None, source: str, family: str | None, as_json: bool) 
       hookcli models --source timm 'convnext_*'
       hookcli models --json | python -c 'import json,sys; print(len(json.load(sys.stdin)))'
     """
-    from hookcli.models import describe_models, no_models_note
+    from hookcli.models.loading import describe_models, no_models_note
 
     rows = describe_models(family, pattern=pattern, source=source)
     if not rows:
@@ -399,7 +399,7 @@ def models(pattern: str | None, source: str, family: str | None, as_json: bool) 
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
-    from hookcli.summary import table_lines
+    from hookcli.pictures.summary import table_lines
 
     table = [("model", "family", "weights")]
     table += [(r["model"], r["family"], _weights_cell(r)) for r in rows]
@@ -448,7 +448,7 @@ def layers(model, weights, seed, input_size, frames, depth, as_json, as_nl) -> N
         for r in rows:
             click.echo(json.dumps(r.to_dict()))
     else:
-        from hookcli.summary import table_lines
+        from hookcli.pictures.summary import table_lines
 
         table = [("path", "type", "output", "params", "calls")]
         for r in rows:
@@ -599,8 +599,8 @@ def info(file, as_json, no_stats) -> None:
       hookcli info vgg16_bn-features.18.safetensors
       hookcli extract -m resnet18 -l layer4 img.jpg -o - | hookcli info - --json
     """
-    from hookcli.shards import open_features
-    from hookcli.summary import describe_file, info_json, info_lines
+    from hookcli.storage.shards import open_features
+    from hookcli.pictures.summary import describe_file, info_json, info_lines
 
     with open_features(file) as features:
         described = describe_file(features, stats=not no_stats)
@@ -621,7 +621,7 @@ def info(file, as_json, no_stats) -> None:
               help="Tensors to draw (globs as for --layer). Repeat.")
 @click.option("--image", "-i", "images", multiple=True, metavar="INDEX|NAME|A:B",
               help="Images (rows) to draw: row index, range A:B of indices, or input file name. Repeat. [all]")
-@click.option("--channels", type=_Parsed("A:B|K", "hookcli.grids", "parse_channels"),
+@click.option("--channels", type=_Parsed("A:B|K", "hookcli.pictures.grids", "parse_channels"),
               help="Channel range, e.g. 0:64 (':' for all), or one channel K. [all; the first 64 of wider layers]")
 @click.option("--top", type=click.IntRange(min=1), help="Only the K channels with the highest mean activation.")
 @click.option("--columns", type=click.IntRange(min=1), help="Tiles per row [fewest blank places, about 3:2].")
@@ -671,7 +671,7 @@ def grid(file, output, quiet, **options) -> None:
       hookcli extract -m resnet18 -l layer2 img.jpg -o - | hookcli grid - -o grids/
     """
     import hookcli.api
-    from hookcli.run import DEFAULT_OUTPUT
+    from hookcli.run.plan import DEFAULT_OUTPUT
 
     with contextlib.closing(_Reporter(quiet)) as reporter:
         hookcli.api.grid(file, output=output or DEFAULT_OUTPUT, progress=reporter, **options)
@@ -700,7 +700,7 @@ def report(file, output, page_size, quiet, **options) -> None:
       hookcli cam -m resnet50 img.jpg -o cams/ && hookcli report cams/cams.safetensors
     """
     import hookcli.api
-    from hookcli.run import DEFAULT_OUTPUT
+    from hookcli.run.plan import DEFAULT_OUTPUT
 
     with contextlib.closing(_Reporter(quiet)) as reporter:
         hookcli.api.report(file, output=output or DEFAULT_OUTPUT, page_size=page_size, progress=reporter, **options)

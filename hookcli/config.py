@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from hookcli.errors import ConfigError
-from hookcli.store import NotRegularFile, open_regular
+from hookcli.files import NotRegularFile, open_regular
 
 __all__ = ["PRESETS", "locate_config", "read_config"]
 
@@ -83,6 +83,6 @@ def read_config(path: str | os.PathLike, *, allowed: Mapping[str, str]) -> dict:
 
 
 def _is_relative_path(weights: str) -> bool:
-    from hookcli.models import looks_like_weights_path
+    from hookcli.models.loading import looks_like_weights_path
 
     return looks_like_weights_path(weights) and not Path(weights).is_absolute()

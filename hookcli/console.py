@@ -21,7 +21,7 @@ from typing import BinaryIO
 
 from hookcli.errors import first_line
 
-__all__ = ["Terminated", "notes_and_sigterm", "printable", "stdout_for_data"]
+__all__ = ["Terminated", "counted", "notes_and_sigterm", "printable", "stdout_for_data"]
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")  # and lone surrogates, which no terminal can print
 _NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
@@ -31,6 +31,15 @@ def printable(text: str) -> str:
     """``text`` with its control characters (C0, DEL, C1) and lone surrogates escaped: one line that cannot drive
     the terminal (or fail to encode)."""
     return _CONTROL.sub(lambda match: _NAMED_ESCAPES.get(match[0], _escaped(ord(match[0]))), text)
+
+
+def counted(count: int, noun: str) -> str:
+    """``1 image``, ``3 images``: a count and its noun, in messages.
+
+    >>> counted(1, "frame"), counted(0, "frame")
+    ('1 frame', '0 frames')
+    """
+    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 def _escaped(code: int) -> str:

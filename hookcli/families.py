@@ -44,7 +44,7 @@ CPU_ONLY = ("quantized",)
 class FamilyTraits:
     """What a family's models take, decided here once for every module that asks.
 
-    ``fuses``: CPU fusion (:mod:`hookcli.fusion`; for detection, of the
+    ``fuses``: CPU fusion (:mod:`hookcli.run.fusion`; for detection, of the
     backbone's convolution stack); ``channels_last``: what ``auto`` memory
     format may pick; ``compiles``: ``--compile`` (one stacked image batch in,
     hooked tensors out); ``gradients`` and ``cams``: ``grad`` and ``cam``;

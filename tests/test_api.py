@@ -16,7 +16,8 @@ from safetensors import safe_open
 import hookcli
 from hookcli.cli import main
 from hookcli.errors import HookcliError, ImageError, OutputExistsError, UnknownLayerError, UsageProblem
-from hookcli.run import DEFAULT_OUTPUT, Advanced, Note, Output, Skipped, Started, Wrote
+from hookcli.events import Advanced, Note, Skipped, Started, Wrote
+from hookcli.run.plan import DEFAULT_OUTPUT, Output
 
 SMALL = {"resize": 64, "crop": 64}
 SMALL_FLAGS = ["--resize", "64", "--crop", "64"]
@@ -137,12 +138,12 @@ def test_errors_are_the_librarys_own_with_the_cli_texts(runner, images, tmp_path
 
 
 def test_usage_errors_come_before_the_model_loads(images, tmp_path, monkeypatch):
-    import hookcli.models
+    import hookcli.models.loading
 
     def no_loading(*args, **kwargs):
         raise AssertionError("the model was loaded")
 
-    monkeypatch.setattr(hookcli.models, "load_model", no_loading)
+    monkeypatch.setattr(hookcli.models.loading, "load_model", no_loading)
     existing = tmp_path / "o.safetensors"
     existing.write_bytes(b"")
     with pytest.raises(OutputExistsError):

@@ -9,7 +9,7 @@ import torch
 from safetensors import safe_open
 
 import hookcli
-from hookcli.archives import find_member, tar_images
+from hookcli.inputs.archives import find_member, tar_images
 from hookcli.cli import main
 
 SMALL = ["--resize", "64", "--crop", "56", "-w", "none"]

@@ -6,7 +6,7 @@ import torch.nn as nn
 import torchvision
 from torchvision.models.feature_extraction import create_feature_extractor
 
-from hookcli.capture import COUNTING_FORWARD_FROM, FeatureCapture
+from hookcli.run.capture import COUNTING_FORWARD_FROM, FeatureCapture
 from hookcli.errors import CaptureError, LayerNotRunError
 
 
@@ -221,8 +221,8 @@ def test_a_non_batch_first_output_is_an_error():
 
 
 def test_the_batch_pipeline_leaves_grad_mode_alone_between_batches(images):
-    from hookcli.models import load_model
-    from hookcli.pipeline import RunSettings, iter_batches
+    from hookcli.models.loading import load_model
+    from hookcli.run.pipeline import RunSettings, iter_batches
 
     loaded = load_model("resnet18", "none")
     batches = iter_batches(loaded, {"layer1": "layer1"}, images, RunSettings(batch_size=1))

@@ -11,9 +11,9 @@ from safetensors.torch import load as load_bytes
 from torchvision.models.feature_extraction import create_feature_extractor
 
 from hookcli.cli import main
-from hookcli.images import load_rgb
-from hookcli.models import load_model
-from hookcli.preprocess import Preprocess
+from hookcli.inputs.images import load_rgb
+from hookcli.models.loading import load_model
+from hookcli.inputs.preprocess import Preprocess
 
 SMALL = ["--resize", "64", "--crop", "64"]
 

@@ -164,7 +164,7 @@ _SLOW_COMMAND = """
 import sys, time
 import click
 from hookcli.cli import main
-from hookcli.store import atomic_path
+from hookcli.files import atomic_path
 
 @main.command()
 @click.argument("target")

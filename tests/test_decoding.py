@@ -9,11 +9,11 @@ from PIL import Image, ImageOps
 from safetensors import safe_open
 
 from hookcli.cli import main
-from hookcli.decoding import DeviceDecoder, EncodedImages, collate, upright
-from hookcli.images import load_rgb, read_jpeg
-from hookcli.models import load_model
-from hookcli.pipeline import RunSettings, iter_batches
-from hookcli.preprocess import Preprocess
+from hookcli.inputs.decoding import DeviceDecoder, EncodedImages, collate, upright
+from hookcli.inputs.images import load_rgb, read_jpeg
+from hookcli.models.loading import load_model
+from hookcli.run.pipeline import RunSettings, iter_batches
+from hookcli.inputs.preprocess import Preprocess
 
 CPU = torch.device("cpu")
 PLAIN = {"mean": None, "std": None}  # values in [0, 1], so a level of difference is 1/255
@@ -115,7 +115,7 @@ def test_images_of_several_sizes_are_preprocessed_as_one_at_a_time(photo, tmp_pa
 def test_a_batch_is_decoded_a_bounded_number_of_pixels_at_a_time(photo, tmp_path, make_image, monkeypatch):
     import torchvision.io
 
-    from hookcli import decoding
+    from hookcli.inputs import decoding
 
     calls = []
     original = torchvision.io.decode_jpeg

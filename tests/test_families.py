@@ -8,11 +8,11 @@ import torch
 import hookcli
 from hookcli.cli import main
 from hookcli.errors import FeatureFileError
-from hookcli.fileformat import RunFacts, RunRecord, run_metadata
-from hookcli.preprocess import Preprocess
-from hookcli.shards import ShardedFeatures, ShardWriter
-from hookcli.store import FeatureFile, Features, write_safetensors
-from hookcli.writers import RowBuffer
+from hookcli.storage.fileformat import RunFacts, RunRecord, run_metadata
+from hookcli.inputs.preprocess import Preprocess
+from hookcli.storage.shards import ShardedFeatures, ShardWriter
+from hookcli.storage.features import FeatureFile, Features, write_safetensors
+from hookcli.storage.writers import RowBuffer
 
 
 @pytest.mark.parametrize("model, options, path, shape", [

@@ -11,7 +11,7 @@ from torchvision.transforms import functional as F
 import hookcli
 from hookcli.cli import main
 from hookcli.errors import UsageProblem
-from hookcli.models import load_model
+from hookcli.models.loading import load_model
 
 
 def _noise(path, size, seed):

@@ -12,8 +12,8 @@ from torchvision.transforms import functional as F
 
 import hookcli
 from hookcli.cli import main
-from hookcli.models import load_model
-from hookcli.shards import open_features
+from hookcli.models.loading import load_model
+from hookcli.storage.shards import open_features
 
 
 def _noise(path, size, seed):

@@ -10,11 +10,11 @@ import torchvision
 from torchvision.models.feature_extraction import create_feature_extractor
 
 import hookcli
-from hookcli.capture import FeatureCapture
-from hookcli.fusion import FusedConvolution, fused_for_inference
-from hookcli.models import load_model
-from hookcli.pipeline import RunSettings
-from hookcli.run import Note
+from hookcli.run.capture import FeatureCapture
+from hookcli.run.fusion import FusedConvolution, fused_for_inference
+from hookcli.models.loading import load_model
+from hookcli.run.pipeline import RunSettings
+from hookcli.events import Note
 
 
 def _with_running_stats(model, seed=0):

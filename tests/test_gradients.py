@@ -12,10 +12,10 @@ import torchvision
 from PIL import Image
 from safetensors import safe_open
 
-from hookcli.capture import GradientCapture
+from hookcli.run.capture import GradientCapture
 from hookcli.cli import main
 from hookcli.errors import CaptureError, UsageProblem
-from hookcli.gradients import Target, class_activation_maps, frozen_parameters, parse_target
+from hookcli.run.gradients import Target, class_activation_maps, frozen_parameters, parse_target
 
 SMALL = ["--resize", "64", "--crop", "64"]
 
@@ -222,8 +222,8 @@ def test_cam_overlay_is_brighter_where_the_map_is_high(runner, photo, tmp_path):
     cams, _ = _read(tmp_path / "cams" / "cams.safetensors")
     heat = cams["cam"][0].numpy()  # [16, 16]
     png = np.asarray(Image.open(tmp_path / "cams" / "00000_grace_hopper.png").convert("RGB")).astype(float)
-    from hookcli.images import load_rgb, model_view
-    from hookcli.render import _caption_font
+    from hookcli.inputs.images import load_rgb, model_view
+    from hookcli.pictures.render import _caption_font
 
     bar = _caption_font(512).getbbox("Ag")[3] + 12
     picture = png[-512 - bar:-bar]  # the view drawn 512 px, between the caption and the colour bar
@@ -281,7 +281,7 @@ def test_gradient_command_errors(runner, images, tmp_path):
 
 
 def test_spatial_maps_reads_the_layout_from_the_shape():
-    from hookcli.gradients import spatial_maps
+    from hookcli.run.gradients import spatial_maps
 
     first = torch.arange(2 * 5 * 3 * 3.0).reshape(2, 5, 3, 3)
     assert spatial_maps(first) is first

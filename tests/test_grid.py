@@ -10,7 +10,7 @@ from PIL import Image
 from safetensors.torch import save, save_file
 
 from hookcli.cli import main
-from hookcli.render import NAN_COLOR, as_maps, overlay, scale_maps, tile_maps
+from hookcli.pictures.render import NAN_COLOR, as_maps, overlay, scale_maps, tile_maps
 
 PLAIN = ["--plain", "--padding", "1", "--cmap", "gray"]
 

@@ -2,7 +2,6 @@
 
 import io
 import json
-import os
 import shutil
 import subprocess
 import tarfile
@@ -12,7 +11,7 @@ import torch
 from safetensors import safe_open
 
 import hookcli
-from hookcli.archives import MAX_HEADER_BYTES, MAX_MEMBER_BYTES, find_member, tar_images
+from hookcli.inputs.archives import MAX_HEADER_BYTES, MAX_MEMBER_BYTES, find_member, tar_images
 from hookcli.cli import main
 from hookcli.errors import ImageError, InputError
 
@@ -205,7 +204,7 @@ def test_a_disk_file_named_like_a_member_is_a_disk_path(runner, images, tmp_path
     assert other.output == (f"Error: '{folder}/' holds a different run (it differs in: inputs_sha256). Hint: run the "
                             "same command to continue it, add --force to replace it, or use another folder\n")
     with pytest.raises(ImageError, match="names both a file on disk"):
-        hookcli.images.load_rgb(str(lookalike))
+        hookcli.inputs.images.load_rgb(str(lookalike))
 
 
 def test_a_tar_listing_is_compact(tmp_path):

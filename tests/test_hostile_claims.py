@@ -18,11 +18,12 @@ import pytest
 import torch
 from safetensors import SafetensorError
 
-from hookcli.claims import CLAIMS, LOCK_NAME, Claims, FolderLock, claim_timeout
+from hookcli.storage.claims import CLAIMS, LOCK_NAME, Claims, FolderLock, claim_timeout
 from hookcli.cli import main
 from hookcli.errors import FeatureFileError, HookcliError, UsageProblem
-from hookcli.shards import INDEX_NAME, ShardedFeatures
-from hookcli.store import FeatureFile, atomic_path, write_safetensors
+from hookcli.storage.shards import INDEX_NAME, ShardedFeatures
+from hookcli.files import atomic_path
+from hookcli.storage.features import FeatureFile, write_safetensors
 
 ARGS = ["extract", "-m", "resnet18", "-w", "none", "-l", "fc", "--resize", "32", "--crop", "32", "-b", "2", "-q",
         "--shard-size", "2"]
@@ -101,7 +102,7 @@ def _within(seconds):
 
 
 def _refuse_the_model(monkeypatch):
-    monkeypatch.setattr("hookcli.models.load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    monkeypatch.setattr("hookcli.models.loading.load_model", lambda *a, **k: pytest.fail("the model was loaded"))
 
 
 def _rows(folder):

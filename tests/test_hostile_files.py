@@ -17,7 +17,7 @@ from safetensors.numpy import save_file
 
 from hookcli.cli import main
 from hookcli.errors import FeatureFileError
-from hookcli.store import FeatureFile
+from hookcli.storage.features import FeatureFile
 
 
 def _crafted(path, header: dict, data: bytes = b"", metadata=None):

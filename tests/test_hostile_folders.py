@@ -10,7 +10,7 @@ import torch
 from safetensors import safe_open
 
 from hookcli.cli import main
-from hookcli.shards import INDEX_NAME, LOCK_NAME, ShardedFeatures, read_index
+from hookcli.storage.shards import INDEX_NAME, LOCK_NAME, ShardedFeatures, read_index
 
 ARGS = ["extract", "-m", "resnet18", "-w", "none", "-l", "fc", "--resize", "32", "--crop", "32", "-b", "2", "-q",
         "--shard-size", "2"]
@@ -259,7 +259,7 @@ def test_a_lock_path_hookcli_did_not_make_is_refused_before_the_run(runner, tmp_
         (folder / LOCK_NAME).symlink_to(tmp_path / "elsewhere")
     else:
         os.mkfifo(folder / LOCK_NAME)
-    monkeypatch.setattr("hookcli.models.load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    monkeypatch.setattr("hookcli.models.loading.load_model", lambda *a, **k: pytest.fail("the model was loaded"))
     assert _one_error(_extract(runner, folder, inputs)) == (
         f"Error: '{folder / LOCK_NAME}' is {what}, not a lock file hookcli made. Hint: remove it, then run again")
     assert not (tmp_path / "elsewhere").exists()

@@ -15,7 +15,7 @@ import pytest
 
 from hookcli.cli import main
 from hookcli.errors import UsageProblem
-from hookcli.launch import MAX_NODES, Part, detect_part, join_team
+from hookcli.run.launch import MAX_NODES, Part, detect_part, join_team
 
 HINT = ("Hint: every process needs the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE, and a RANK of its own from 0 to 1 "
         "(torchrun sets them); HOOKCLI_JOIN_TIMEOUT sets how many seconds to wait")
@@ -169,7 +169,7 @@ def test_an_absurd_slurm_task_list_is_refused_naming_the_variable(runner, image,
 _COUNT = textwrap.dedent("""
     import resource, sys
     resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))  # a list written out would need tens of GB
-    from hookcli.launch import detect_part
+    from hookcli.run.launch import detect_part
     part = detect_part({"SLURM_PROCID": "1", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1", "SLURM_NODEID": sys.argv[2],
                         "SLURM_TASKS_PER_NODE": sys.argv[1]})
     print(part.local_count)

@@ -14,7 +14,7 @@ from safetensors.torch import save_file
 
 from hookcli.cli import main
 from hookcli.errors import WeightsError
-from hookcli.models import load_model
+from hookcli.models.loading import load_model
 
 transformers = pytest.importorskip("transformers")
 transformers.utils.logging.set_verbosity_error()

@@ -69,7 +69,7 @@ def test_the_pixel_limit_follows_pillows_and_applies_to_every_frame_read(tmp_pat
     """A limit lowered in Pillow is the limit of video frames too (a frame is refused before it is converted)."""
     from PIL import Image
 
-    from hookcli import video
+    from hookcli.inputs import video
     from hookcli.errors import VideoError
 
     small = _mov(tmp_path / "small.mov", _png(40, 30), 40)

@@ -7,7 +7,7 @@ import pytest
 from PIL import Image
 
 from hookcli.errors import ImageError, InputError
-from hookcli.images import gather_inputs, load_rgb
+from hookcli.inputs.images import gather_inputs, load_rgb
 
 
 def _pixels(path):

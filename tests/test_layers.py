@@ -6,7 +6,7 @@ import torch.nn as nn
 import torchvision
 
 from hookcli.errors import UnknownLayerError, UsageProblem
-from hookcli.selectors import describe_layers, resolve_layers
+from hookcli.run.selectors import describe_layers, resolve_layers
 
 
 @pytest.fixture(scope="module")

@@ -15,11 +15,11 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from hookcli.claims import CLAIMS, Claims, FolderLock
+from hookcli.storage.claims import CLAIMS, Claims, FolderLock
 from hookcli.cli import main
 from hookcli.errors import UsageProblem
-from hookcli.launch import Part, cpu_threads, detect_part, parse_part
-from hookcli.shards import INDEX_NAME, ShardedFeatures, read_index
+from hookcli.run.launch import Part, cpu_threads, detect_part, parse_part
+from hookcli.storage.shards import INDEX_NAME, ShardedFeatures, read_index
 
 ARGS = ["extract", "-m", "resnet18", "-w", "none", "-l", "layer4", "-l", "fc", "--resize", "40", "--crop", "32",
         "-b", "2", "-q", "--shard-size", "2"]
@@ -251,7 +251,7 @@ def test_a_launcher_environment_that_cannot_be_is_refused(environ, message):
 
 def test_a_bad_claim_timeout_is_refused_before_the_model_loads(runner, tmp_path, inputs, monkeypatch):
     monkeypatch.setenv("HOOKCLI_CLAIM_TIMEOUT", "abc")
-    monkeypatch.setattr("hookcli.models.load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    monkeypatch.setattr("hookcli.models.loading.load_model", lambda *a, **k: pytest.fail("the model was loaded"))
     result = runner.invoke(main, [*ARGS, "-o", f"{tmp_path}/feats/", *inputs])
     assert (result.exit_code, result.stderr) == (2, "Error: HOOKCLI_CLAIM_TIMEOUT must be a number of seconds from 1 "
                                                     "to 86400, not 'abc'. Hint: unset it for the default of 120 s\n")
@@ -275,7 +275,7 @@ def test_a_part_needs_a_folder_output(runner, tmp_path, inputs):
 def test_launched_processes_refuse_to_each_write_one_whole_file(runner, tmp_path, inputs, monkeypatch):
     monkeypatch.setenv("SLURM_PROCID", "1")
     monkeypatch.setenv("SLURM_NTASKS", "4")
-    monkeypatch.setattr("hookcli.models.load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    monkeypatch.setattr("hookcli.models.loading.load_model", lambda *a, **k: pytest.fail("the model was loaded"))
     result = runner.invoke(main, [*ARGS[:-2], "-o", f"{tmp_path}/x.safetensors", *inputs])
     assert (result.exit_code, result.stderr) == (2, (
         f"Error: 4 processes started by srun would each write all of '{tmp_path}/x.safetensors'. Hint: write a shard "
@@ -299,8 +299,8 @@ def test_decode_workers_forked_while_the_lock_is_held_do_not_keep_it(tmp_path, i
 _FORKS_THEN_DIES = """
 import os, sys, time
 from pathlib import Path
-from hookcli.claims import FolderLock
-from hookcli.pipeline import _die_with_parent
+from hookcli.storage.claims import FolderLock
+from hookcli.run.pipeline import _die_with_parent
 folder = Path(sys.argv[1])
 lock = FolderLock(folder, "x")
 lock.acquire()
@@ -320,7 +320,7 @@ os.kill(os.getpid(), 9)  # holding the lock, as a run killed while it records a 
 def test_children_of_a_killed_process_neither_keep_its_folder_lock_nor_outlive_it_as_decode_workers(tmp_path):
     import fcntl
 
-    from hookcli.claims import LOCK_NAME
+    from hookcli.storage.claims import LOCK_NAME
 
     subprocess.run([sys.executable, "-c", _FORKS_THEN_DIES, str(tmp_path)], timeout=60, env=_environment())
     survivor, worker = (int((tmp_path / f"child-{k}").read_text()) for k in (0, 1))

@@ -12,7 +12,7 @@ from PIL import Image
 from safetensors.torch import save_file
 
 from hookcli.errors import UnknownModelError, WeightsError
-from hookcli.models import load_model, weights_cache_path
+from hookcli.models.loading import load_model, weights_cache_path
 
 
 def _same_weights(a, b):
@@ -278,7 +278,7 @@ def test_uncached_pretrained_weights_say_where_to_put_the_file():
 
 @pytest.mark.parametrize("name, spec", [("resnet50", "IMAGENET1K_V2"), ("vit_b_16", "IMAGENET1K_SWAG_E2E_V1")])
 def test_default_preprocessing_equals_the_weights_transforms(photo, name, spec):
-    from hookcli.preprocess import Preprocess
+    from hookcli.inputs.preprocess import Preprocess
 
     weights = torchvision.models.get_model_weights(name)[spec]
     ours = Preprocess.from_transforms(weights.transforms()).to_transform()

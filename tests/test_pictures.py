@@ -10,8 +10,8 @@ from PIL import Image
 from safetensors.numpy import save_file
 
 from hookcli.cli import main
-from hookcli.grids import GridOptions, heat_picture, plan_grids, render_picture
-from hookcli.render import (
+from hookcli.pictures.grids import GridOptions, heat_picture, plan_grids, render_picture
+from hookcli.pictures.render import (
     _glyphs,
     _label_bitmap,
     _label_size,
@@ -19,7 +19,7 @@ from hookcli.render import (
     tile_layout,
     tile_maps,
 )
-from hookcli.store import Features
+from hookcli.storage.features import Features
 
 
 def _png(path):
@@ -166,9 +166,9 @@ def test_a_map_that_is_zero_everywhere_is_not_drawn_and_a_note_says_so(runner, t
 def test_cam_notes_a_map_that_is_zero_everywhere(runner, tmp_path, photo, monkeypatch):
     import torch
 
-    import hookcli.gradients
+    import hookcli.run.gradients
 
-    monkeypatch.setattr(hookcli.gradients, "class_activation_maps",
+    monkeypatch.setattr(hookcli.run.gradients, "class_activation_maps",
                         lambda activations, gradients, method="gradcam": torch.zeros(
                             activations.shape[0], *activations.shape[2:]))
     result = runner.invoke(main, ["cam", "-m", "resnet18", "-w", "none", "--resize", "64", "--crop", "64",
@@ -214,10 +214,10 @@ def test_a_cam_map_has_no_channel_number_and_its_bar_gives_its_range():
 
 
 def test_control_characters_in_a_key_are_captioned_escaped_as_info_prints_them(monkeypatch):
-    import hookcli.grids
+    import hookcli.pictures.grids
 
     captions = []
-    monkeypatch.setattr(hookcli.grids, "add_title", lambda pixels, parts: captions.append(parts) or pixels)
+    monkeypatch.setattr(hookcli.pictures.grids, "add_title", lambda pixels, parts: captions.append(parts) or pixels)
     features = Features({"a\x1b[31mred": np.ones((1, 2, 3, 3), dtype=np.float32)}, {})
     options = GridOptions()
     render_picture(features, plan_grids(features, options, None)[0], options)

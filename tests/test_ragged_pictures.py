@@ -11,13 +11,13 @@ from PIL import Image
 
 import hookcli
 from hookcli.cli import main
-from hookcli.grids import GridOptions, model_photo, plan_grids, render_job
-from hookcli.images import load_rgb
-from hookcli.preprocess import Preprocess
-from hookcli.render import BOX_COLOURS, add_title
-from hookcli.shards import ShardedFeatures, ShardWriter
-from hookcli.store import FeatureFile, Features, write_safetensors
-from hookcli.writers import RowBuffer
+from hookcli.pictures.grids import GridOptions, model_photo, plan_grids, render_job
+from hookcli.inputs.images import load_rgb
+from hookcli.inputs.preprocess import Preprocess
+from hookcli.pictures.render import BOX_COLOURS, add_title
+from hookcli.storage.shards import ShardedFeatures, ShardWriter
+from hookcli.storage.features import FeatureFile, Features, write_safetensors
+from hookcli.storage.writers import RowBuffer
 
 #: One channel at one pixel a value, nothing around it: a picture of exactly the row's own height and width.
 _EXACT = ["--plain", "--channels", "0", "--padding", "0", "--min-tile", "1"]

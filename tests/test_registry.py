@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import torchvision.models
 
-import hookcli.models
+import hookcli.models.loading
 from hookcli import __version__
 from hookcli.cli import main
 from hookcli.errors import UnknownModelError, UnknownWeightsError
-from hookcli.models import describe_models, resolve_weights
-from hookcli.registry import ModelEntry, cache_path, model_registry
+from hookcli.models.loading import describe_models, resolve_weights
+from hookcli.models.registry import ModelEntry, cache_path, model_registry
 
 TINY = {"tinynet": {"enum": "TinyNet_Weights", "default": "V2", "weights": ["V1", "V2"], "family": "video"}}
 
@@ -257,8 +257,8 @@ def test_a_default_output_named_by_a_glob_is_refused_once_the_model_has_loaded(r
     make_image(tmp_path / "img.png")
     (tmp_path / "resnet18-layer1.safetensors").write_bytes(b"earlier")
     loads = []
-    load_model = hookcli.models.load_model
-    monkeypatch.setattr(hookcli.models, "load_model", lambda *args, **kwargs: loads.append(args) or load_model(
+    load_model = hookcli.models.loading.load_model
+    monkeypatch.setattr(hookcli.models.loading, "load_model", lambda *args, **kwargs: loads.append(args) or load_model(
         *args, **kwargs))
     result = runner.invoke(main, ["extract", "-m", "resnet18", "-w", "none", "-l", "lay?r1", "img.png"])
     assert (result.exit_code, result.stderr) == (
@@ -281,7 +281,7 @@ def test_names_are_refused_before_the_model_loads(runner, tmp_path, make_image, 
 
 
 def test_one_command_reads_and_checks_the_cache_once(monkeypatch):
-    from hookcli import registry
+    from hookcli.models import registry
 
     registry.model_registry()  # warm
     reads = []

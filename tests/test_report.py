@@ -17,17 +17,17 @@ from PIL import Image
 import hookcli
 from hookcli.cli import main
 from hookcli.errors import FeatureFileError, OutputExistsError, UsageProblem
-from hookcli.grids import GridOptions, plan_grids, render_job
-from hookcli.reports import (
+from hookcli.pictures.grids import GridOptions, plan_grids, render_job
+from hookcli.pictures.reports import (
     CONTENT_SECURITY_POLICY,
     DEFAULT_PAGE_SIZE,
     PAGE_WINDOW,
     page_name,
     write_report,
 )
-from hookcli.run import Advanced, Note, Started, Wrote
-from hookcli.shards import open_features
-from hookcli.store import Features, write_safetensors
+from hookcli.events import Advanced, Note, Started, Wrote
+from hookcli.storage.shards import open_features
+from hookcli.storage.features import Features, write_safetensors
 
 SMALL = {"weights": "none", "resize": 64, "crop": 64}
 

@@ -7,12 +7,12 @@ import torch
 from safetensors import safe_open
 
 import hookcli
-from hookcli.capture import COUNTING_FORWARD_FROM
+from hookcli.run.capture import COUNTING_FORWARD_FROM
 from hookcli.cli import main
-from hookcli.images import load_rgb
-from hookcli.models import load_model
-from hookcli.pipeline import EagerForward, FusedForward, RunSettings, iter_batches
-from hookcli.speed import FUSE_FROM, to_memory_format
+from hookcli.inputs.images import load_rgb
+from hookcli.models.loading import load_model
+from hookcli.run.pipeline import EagerForward, FusedForward, RunSettings, iter_batches
+from hookcli.run.speed import FUSE_FROM, to_memory_format
 
 SMALL = {"resize": 64, "crop": 64}
 

@@ -13,7 +13,7 @@ import torch
 from safetensors import safe_open
 
 from hookcli.cli import main
-from hookcli.shards import INDEX_NAME, ShardedFeatures, read_index
+from hookcli.storage.shards import INDEX_NAME, ShardedFeatures, read_index
 
 ARGS = ["extract", "-m", "resnet18", "-w", "none", "-l", "layer2", "-l", "fc", "--resize", "32", "--crop", "32",
         "-b", "2", "-q"]
@@ -83,11 +83,11 @@ class _Crash(Exception):
 
 
 def test_resume_after_an_interruption_computes_nothing_twice(runner, tmp_path, many, monkeypatch):
-    import hookcli.capture
+    import hookcli.run.capture
 
     folder = tmp_path / "feats"
     args = [*ARGS, "--shard-size", "2", "-o", f"{folder}/", *map(str, many)]
-    real = hookcli.capture.FeatureCapture.run
+    real = hookcli.run.capture.FeatureCapture.run
     seen = []
 
     def crash_on_fourth_batch(self, batch):
@@ -96,15 +96,15 @@ def test_resume_after_an_interruption_computes_nothing_twice(runner, tmp_path, m
             raise KeyboardInterrupt
         return real(self, batch)
 
-    monkeypatch.setattr(hookcli.capture.FeatureCapture, "run", crash_on_fourth_batch)
+    monkeypatch.setattr(hookcli.run.capture.FeatureCapture, "run", crash_on_fourth_batch)
     result = runner.invoke(main, args)
     assert result.exit_code == 130 and result.stderr.strip() == "Aborted."
     assert [s["shard"] for s in read_index(folder)[1]] == [0, 1, 2]  # batches 1-3 = inputs 0-5, all written
 
     seen.clear()
-    monkeypatch.setattr(hookcli.capture.FeatureCapture, "run", real)
+    monkeypatch.setattr(hookcli.run.capture.FeatureCapture, "run", real)
     counted = []
-    monkeypatch.setattr(hookcli.capture.FeatureCapture, "run",
+    monkeypatch.setattr(hookcli.run.capture.FeatureCapture, "run",
                         lambda self, batch: (counted.append(len(batch)), real(self, batch))[1])
     result = runner.invoke(main, args)
     assert result.exit_code == 0, result.output

@@ -1,4 +1,4 @@
-"""Models from timm, Hugging Face transformers, OpenCLIP and the user's own factories (hookcli.sources): built
+"""Models from timm, Hugging Face transformers, OpenCLIP and the user's own factories (hookcli.models.sources): built
 offline, preprocessed as their own libraries do, and captured exactly as hooks written by hand on the same modules."""
 
 import json
@@ -16,8 +16,8 @@ from safetensors.torch import save_file
 import hookcli
 from hookcli.cli import main
 from hookcli.errors import HookcliError, UnknownWeightsError, UsageProblem
-from hookcli.models import load_model
-from hookcli.sources import parse_model, prefix_tokens
+from hookcli.models.loading import load_model
+from hookcli.models.sources import parse_model, prefix_tokens
 
 timm = pytest.importorskip("timm")
 transformers = pytest.importorskip("transformers")
@@ -352,7 +352,7 @@ def test_hf_models_load_from_the_local_cache_by_id(vit_folder):
         loaded = load_model("hf:lab/tiny-vit", "DEFAULT")
         assert loaded.weights == {"source": "hf", "repo": "lab/tiny-vit", "revision": revision}
         assert loaded.preprocess.resize == (64, 64)
-        listed = hookcli.sources.list_source_models("hf", "lab/*")
+        listed = hookcli.models.sources.list_source_models("hf", "lab/*")
         assert listed == [{"model": "hf:lab/tiny-vit", "family": "classification", "default": "DEFAULT",
                            "weights": ["DEFAULT"]}]
     finally:
@@ -419,7 +419,7 @@ def test_register_tokens_are_left_out_of_token_pictures(tmp_path, photo):
         pictures = hookcli.api.grid(features, output=None, channels="0:4")
     (pixels,) = pictures.values()
     assert pixels.ndim == 3
-    from hookcli.render import as_maps
+    from hookcli.pictures.render import as_maps
 
     maps, layout = as_maps(np.arange(21 * 2, dtype=np.float32).reshape(21, 2), prefix_tokens=5)
     assert layout == "tokens+prefix" and maps.shape == (2, 4, 4) and maps[0, 0, 0] == 10.0
@@ -438,7 +438,7 @@ def test_keyword_inputs_are_captured_by_name():
         def forward(self, x):
             return self.block(x, scale=torch.full_like(x, 2.0))
 
-    from hookcli.capture import FeatureCapture
+    from hookcli.run.capture import FeatureCapture
 
     with FeatureCapture(Model(), ["block"], capture="input") as capture:
         found = capture.run(torch.ones(2, 3))
@@ -596,7 +596,7 @@ def test_channels_last_outputs_pool_and_draw_by_their_channels(photo, tmp_path):
         rows = torch.from_numpy(features.read("patch_embed", 0))
         assert list(rows.shape) == [10, 10, 64]
         torch.testing.assert_close(pooled["patch_embed"][0], rows.mean(dim=(0, 1)))
-        from hookcli.grids import _channels_first
+        from hookcli.pictures.grids import _channels_first
 
         assert _channels_first(features, features.shape("patch_embed")) == [1, 64, 10, 10]
         (pixels,) = hookcli.api.grid(features, output=None, channels="0:64", plain=True, min_tile=10).values()
@@ -658,7 +658,7 @@ def test_keyword_inputs_that_are_not_per_image_are_left_out_and_said():
         def forward(self, x):
             return self.block(x, table=torch.ones(5, 5))
 
-    from hookcli.capture import FeatureCapture
+    from hookcli.run.capture import FeatureCapture
 
     with FeatureCapture(Model(), ["block"], capture="both") as capture:
         found = capture.run(torch.ones(2, 3))

@@ -9,7 +9,7 @@ from safetensors import safe_open
 
 from hookcli.cli import main
 from hookcli.errors import UsageProblem
-from hookcli.speed import check_precision, choose_memory_format, thread_budget
+from hookcli.run.speed import check_precision, choose_memory_format, thread_budget
 
 ARGS = ["extract", "-m", "resnet18", "-w", "none", "--resize", "64", "--crop", "64", "-b", "2"]
 

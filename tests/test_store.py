@@ -7,7 +7,8 @@ import torch
 from safetensors import safe_open
 
 from hookcli.errors import OutputExistsError, UsageProblem
-from hookcli.store import atomic_path, write_safetensors
+from hookcli.files import atomic_path
+from hookcli.storage.features import write_safetensors
 
 
 def test_written_file_has_tensors_metadata_and_normal_permissions(tmp_path):
@@ -54,8 +55,8 @@ def test_refuses_a_folder_or_a_missing_parent(tmp_path):
 
 
 def test_rows_read_in_one_go_match_row_by_row_reads(tmp_path, monkeypatch):
-    from hookcli import summary
-    from hookcli.store import FeatureFile, Features
+    from hookcli.pictures import summary
+    from hookcli.storage.features import FeatureFile, Features
 
     generator = torch.Generator().manual_seed(0)
     tensors = {"half": torch.randn(9, 4, 3, generator=generator).bfloat16(),

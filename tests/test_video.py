@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from hookcli.errors import HookcliError, UsageProblem, VideoError
-from hookcli.video import (
+from hookcli.inputs.video import (
     VIDEO_SUFFIXES,
     Clip,
     clip_frames,
@@ -344,18 +344,18 @@ def test_video_suffixes():
 
 
 def test_clips_asked_in_order_continue_one_pass_through_the_file(tmp_path, monkeypatch):
-    import hookcli.video
+    import hookcli.inputs.video
 
     path = write_mp4(tmp_path / "long.mp4")
     opened = []
-    real = hookcli.video._Decoding
+    real = hookcli.inputs.video._Decoding
 
     def counted(*args):
         opened.append(args[0])
         return real(*args)
 
-    monkeypatch.setattr(hookcli.video, "_Decoding", counted)
-    monkeypatch.setattr(hookcli.video, "_RECENT_BYTES", 4 * WIDTH * HEIGHT * 3)  # the last 4 frames are kept
+    monkeypatch.setattr(hookcli.inputs.video, "_Decoding", counted)
+    monkeypatch.setattr(hookcli.inputs.video, "_RECENT_BYTES", 4 * WIDTH * HEIGHT * 3)  # the last 4 frames are kept
     expected = written_frames()
     for frames in ([0, 1, 2], [2, 3, 4], [10, 11], [11, 12], [20, 23]):  # each starts at or after the last one's end
         assert np.array_equal(read_frames(path, frames), expected[frames])

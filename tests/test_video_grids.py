@@ -8,9 +8,9 @@ from PIL import Image
 
 from hookcli.cli import main
 from hookcli.errors import UsageProblem
-from hookcli.grids import GridOptions, plan_grids, render_picture
-from hookcli.render import FLOW_NAN_COLOR, flow_colours, flow_wheel, map_layout
-from hookcli.store import Features, write_safetensors
+from hookcli.pictures.grids import GridOptions, plan_grids, render_picture
+from hookcli.pictures.render import FLOW_NAN_COLOR, flow_colours, flow_wheel, map_layout
+from hookcli.storage.features import Features, write_safetensors
 
 PLAIN = ["--plain", "--padding", "1", "--cmap", "gray", "--scale", "grid"]
 FLOW = {"family": "optical_flow"}
@@ -40,10 +40,10 @@ def _picture(tensors, metadata=None, **options):
 
 
 def _captions(monkeypatch):
-    import hookcli.grids
+    import hookcli.pictures.grids
 
     captions = []
-    monkeypatch.setattr(hookcli.grids, "add_title", lambda pixels, parts: captions.append(parts) or pixels)
+    monkeypatch.setattr(hookcli.pictures.grids, "add_title", lambda pixels, parts: captions.append(parts) or pixels)
     return captions
 
 
@@ -71,7 +71,7 @@ def test_a_clip_is_a_row_of_frames_per_channel(runner, tmp_path):
 
 
 def test_a_clip_picture_numbers_its_rows_and_columns_and_says_which_is_which(monkeypatch):
-    from hookcli.render import _glyphs, _label_bitmap, _label_size, frame_layout
+    from hookcli.pictures.render import _glyphs, _label_bitmap, _label_size, frame_layout
 
     captions = _captions(monkeypatch)
     picture, notes = _picture({"clip": _clip().numpy()}, min_tile=6, padding=1)

@@ -1,13 +1,13 @@
 """Where a run's rows go: one interface, one implementation per kind of output.
 
-A writer is told the run (its :class:`~hookcli.fileformat.RunRecord` and
+A writer is told the run (its :class:`~hookcli.storage.fileformat.RunRecord` and
 inputs), then:
 
 - ``begin(batch_size)`` returns the batches to compute, in order (an
   iterable of lists of input indices), or None when nothing is left;
   ``done`` then says how many inputs an earlier run (or other processes, for
   a shard folder) did;
-- ``add(batch)`` takes each :class:`~hookcli.pipeline.Batch` in that order;
+- ``add(batch)`` takes each :class:`~hookcli.run.pipeline.Batch` in that order;
 - ``finish()`` completes the output and returns what the run returns (the
   features in memory, or the path written); ``written`` then lists the paths
   to report, in order; ``complete`` says whether the output then held every
@@ -18,8 +18,8 @@ inputs), then:
 Implementations: :class:`MemoryWriter` (``output=None``), :class:`FileWriter`
 (one ``.safetensors`` file, written atomically), :class:`StdoutWriter` (``-``),
 :class:`FolderWriter` (shards and an index, resumable, see
-:mod:`hookcli.shards`) and :class:`CamOverlays`, which draws each CAM over
-the image the model saw and hands the rows on to another writer.
+:mod:`hookcli.storage.shards`); :class:`hookcli.pictures.cams.CamOverlays` draws
+each CAM over the image the model saw and hands the rows on to one of them.
 
 Rows are gathered by one :class:`RowBuffer`: tensors allocated once, for a
 whole file or for one shard.
@@ -39,16 +39,14 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
-from hookcli import fileformat
-from hookcli.archives import input_name
+from hookcli.storage import fileformat
+from hookcli.inputs.archives import input_name
 from hookcli.errors import MemoryLimitError
-from hookcli.fileformat import ROW_SHAPE, RunFacts, RunRecord
-from hookcli.store import Features, format_bytes, write_safetensors
+from hookcli.storage.fileformat import ROW_SHAPE, RunFacts, RunRecord
+from hookcli.files import format_bytes
+from hookcli.storage.features import Features, write_safetensors
 
-__all__ = [
-    "CamOverlays", "FileWriter", "FolderWriter", "MemoryWriter", "RowBuffer", "StdoutWriter", "cam_png_name",
-    "row_bytes",
-]
+__all__ = ["FileWriter", "FolderWriter", "MemoryWriter", "RowBuffer", "StdoutWriter", "row_bytes"]
 
 #: Shard size chosen when none is given: about this many bytes of features per shard.
 AUTO_SHARD_BYTES = 128 * 1024 * 1024
@@ -66,7 +64,7 @@ class RowBuffer:
     A feature given as a list of row tensors (ragged rows, each of its own
     shape) is held padded with zeros to the largest row so far (the buffer
     grows when a larger row comes), and :meth:`tensors` adds its
-    ``<key>@shape`` companion (:data:`~hookcli.fileformat.ROW_SHAPE`).
+    ``<key>@shape`` companion (:data:`~hookcli.storage.fileformat.ROW_SHAPE`).
     """
 
     def __init__(self, capacity: int) -> None:
@@ -74,7 +72,7 @@ class RowBuffer:
         self._tensors: dict = {}
         self._shapes: dict = {}
         self.inputs: list[str] = []
-        self.details: dict[str, list] = {}  # hookcli.fileformat.ROW_DETAILS of rows cut from videos, or pairs
+        self.details: dict[str, list] = {}  # hookcli.storage.fileformat.ROW_DETAILS of rows cut from videos, or pairs
         self.skipped: list[dict] = []
         self.targets: list = []
 
@@ -176,7 +174,7 @@ class _WholeWriter:
 
 
 class MemoryWriter(_WholeWriter):
-    """Returns the rows as :class:`~hookcli.store.Features`: nothing is written."""
+    """Returns the rows as :class:`~hookcli.storage.features.Features`: nothing is written."""
 
     def _deliver(self, tensors, metadata) -> Features:
         return Features(tensors, metadata, facts=self.facts)
@@ -224,7 +222,7 @@ def _check_fits_in_memory(features: Mapping, rows: int) -> None:
 
 class FolderWriter:
     """Shards of ``shard_size`` rows and an index in ``folder``, continuing an earlier run of the same command and
-    sharing the work with other processes running it (see :class:`~hookcli.shards.ShardWriter`).
+    sharing the work with other processes running it (see :class:`~hookcli.storage.shards.ShardWriter`).
 
     Shard *k* holds inputs ``[k·S, (k+1)·S)``; a shard is handed to a
     background thread once all its inputs are placed. ``part`` ``(index,
@@ -253,7 +251,7 @@ class FolderWriter:
         return self.writer.inputs_done
 
     def begin(self, batch_size: int):
-        from hookcli.shards import ShardWriter
+        from hookcli.storage.shards import ShardWriter
 
         self.batch_size = batch_size
         self.writer = ShardWriter(self.folder, fileformat.identity(self.record), len(self.paths), force=self.force,
@@ -324,99 +322,3 @@ def _auto_shard_size(row_size: int, batch_size: int) -> int:
     two by a shard's end)."""
     rows = max(1, min(MAX_AUTO_SHARD_ROWS, AUTO_SHARD_BYTES // max(1, row_size)))
     return rows - rows % batch_size if rows >= batch_size else rows
-
-
-def cam_png_name(index: int, path, k: int, count: int) -> str:
-    """``<index>_<input stem>.png`` (``….top<k>.png`` for each of top K): a CAM overlay's file name."""
-    from hookcli.grids import safe_name
-
-    stem = safe_name(Path(path).stem)[:100]  # the index keeps names apart; the cap keeps them short enough to write
-    return f"{index:05d}_{stem}" + (f".top{k + 1}" if count > 1 else "") + ".png"
-
-
-class CamOverlays:
-    """Draws each batch's maps over the images the model saw as the batches go by; the rows go on to ``inner``.
-
-    ``written`` lists the inner writer's paths, then the PNGs. A map that is
-    zero everywhere (no position raises the class's score) is reported
-    through ``on_note`` and drawn as the photo alone, saying so.
-    """
-
-    def __init__(self, inner, paths: Sequence, folder: str | os.PathLike, *, preprocess, count: int, method: str,
-                 layer: str, alpha: float = 0.5, cmap: str = "inferno", force: bool = False,
-                 on_note: Callable[[str], None] | None = None) -> None:
-        self.inner, self.paths, self.folder = inner, paths, Path(folder)
-        self.preprocess, self.count, self.method, self.layer = preprocess, count, method, layer
-        self.alpha, self.cmap, self.force, self.on_note = alpha, cmap, force, on_note
-        self.pngs: list[Path] = []
-        self.written: list[Path] = []
-
-    def begin(self, batch_size: int):
-        self.folder.mkdir(parents=True, exist_ok=True)
-        order = self.inner.begin(batch_size)
-        self.done = self.inner.done
-        return order
-
-    @property
-    def has_rows(self) -> bool:
-        return self.inner.has_rows
-
-    @property
-    def complete(self) -> bool:
-        return self.inner.complete
-
-    @property
-    def finisher(self) -> bool:
-        return self.inner.finisher
-
-    def add(self, batch) -> None:
-        import numpy as np
-        from PIL import Image
-
-        from hookcli.grids import heat_picture, model_photo_scaled
-        from hookcli.render import add_title, draw_boxes
-        from hookcli.store import atomic_path
-
-        for row, index in enumerate(batch.indices):
-            photo, scale = model_photo_scaled(self.paths[index], self.preprocess)
-            for k, chosen in enumerate(batch.targets[row]):
-                heat = batch.features["cam" if self.count == 1 else f"cam#{k}"][row].numpy()
-                label, caption = _cam_caption(chosen)
-                pixels, flat = heat_picture(photo, heat, cmap=self.cmap, alpha=self.alpha, what=self.method)
-                if flat and self.on_note is not None:
-                    self.on_note(f"{Path(self.paths[index]).name}, {label}: {flat}")
-                if chosen.get("box"):  # in pixels of the image the model was given
-                    pixels = draw_boxes(pixels, np.array([chosen["box"]]) * scale, [_BOX_COLOUR])
-                pixels = add_title(pixels, [*caption, f"{self.method} at {self.layer}"])
-                path = self.folder / cam_png_name(index, self.paths[index], k, self.count)
-                with atomic_path(path, force=self.force) as temporary:
-                    Image.fromarray(pixels).save(temporary, format="PNG", compress_level=1)
-                self.pngs.append(path)
-        self.inner.add(batch)
-
-    def finish(self):
-        result = self.inner.finish()
-        self.written = [*self.inner.written, *self.pngs]
-        return result
-
-    def abort(self) -> None:
-        self.inner.abort()
-
-
-#: The box of the detection a CAM explains: cyan, which the heat maps' colormaps seldom use.
-_BOX_COLOUR = (0, 255, 255)
-
-
-def _cam_caption(chosen: Mapping) -> tuple[str, list[str]]:
-    """``(label, caption lines)`` for a CAM target: a class's logit, a segmentation mask or a detection."""
-    name = chosen.get("name")
-    label = f"{name} ({chosen['class']})" if name else (f"class {chosen['class']}" if chosen.get("class") is not None
-                                                        else "any class")
-    if "logit" in chosen:
-        return label, [label, f"logit {chosen['logit']:.2f}", f"p {chosen['probability']:.1%}"]
-    if "pixels" in chosen:
-        over = "region" if chosen.get("region") else "mask"
-        return label, [label, f"{over} of {chosen['pixels']} px", f"score {chosen['score']:.2f}"]
-    if chosen.get("detection") is None:
-        return label, [label, "no such detection: nothing to explain"]
-    return label, [label, f"detection {chosen['detection']}", f"score {chosen['score']:.2f}"]

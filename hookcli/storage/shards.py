@@ -19,7 +19,7 @@ cut off before the next line is appended; a shard file found cut short on
 resume is written again.
 
 Any number of processes may run the same command on one folder at once (see
-:class:`ShardWriter` and :mod:`hookcli.claims`): each computes the shards it
+:class:`ShardWriter` and :mod:`hookcli.storage.claims`): each computes the shards it
 claims, and every shard is listed once. While they work, the index lists
 shards in the order they finished; the process that lists the last one puts
 the lines in shard order, so a finished folder is the same whoever wrote it.
@@ -47,19 +47,12 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from hookcli import fileformat
-from hookcli.claims import LOCK_NAME, Claims, FolderLock, check_folder_parts, claim_timeout
+from hookcli.storage import fileformat
+from hookcli.storage.claims import LOCK_NAME, Claims, FolderLock, check_folder_parts, claim_timeout
 from hookcli.errors import FeatureFileError, OutputExistsError, UsageProblem
-from hookcli.fileformat import INDEX_NAME, SHARD_FILE
-from hookcli.store import (
-    FeatureFile,
-    NotRegularFile,
-    check_folder_output,
-    open_regular,
-    remove_abandoned,
-    reporting_full_disk,
-    write_safetensors,
-)
+from hookcli.storage.fileformat import INDEX_NAME, SHARD_FILE
+from hookcli.files import NotRegularFile, check_folder_output, open_regular, remove_abandoned, reporting_full_disk
+from hookcli.storage.features import FeatureFile, write_safetensors
 
 __all__ = [
     "INDEX_NAME", "LOCK_NAME", "ShardWriter", "ShardedFeatures", "check_folder_target", "finished_shards",
@@ -146,7 +139,7 @@ def _parse_index(path: Path, *, writing: bool = False) -> _Index:
 
 
 def _open_index(path: Path, *, writing: bool, update: bool = False):
-    """The index file opened (see :func:`~hookcli.store.open_regular`); a writer's is never followed through a link."""
+    """The index file opened (see :func:`~hookcli.files.open_regular`); a writer's is never followed through a link."""
     try:
         return open_regular(path, follow_links=not writing, update=update)
     except NotRegularFile as err:
@@ -220,10 +213,10 @@ class ShardWriter:
     so does a folder holding shard files but no index.
 
     The first process to find no index founds the run: it holds the folder
-    lock (:class:`~hookcli.claims.FolderLock`) until :meth:`start_writing`
+    lock (:class:`~hookcli.storage.claims.FolderLock`) until :meth:`start_writing`
     records the header, so the others wait and then read the shard size from
     it. :meth:`order` hands out the inputs of the shards this process claims
-    (:class:`~hookcli.claims.Claims`); a finished shard is renamed into place
+    (:class:`~hookcli.storage.claims.Claims`); a finished shard is renamed into place
     and its line appended under the lock, unless another process listed that
     shard first. The process that lists the last shard puts the lines in shard
     order. ``part`` ``(index, count)`` says which block of shards to take
@@ -315,7 +308,7 @@ class ShardWriter:
 
     def _rewrite_index(self, lines: Sequence[Mapping]) -> None:
         """The header and ``lines`` (in shard order), atomically: a reader sees the old index or this one."""
-        from hookcli.store import atomic_path
+        from hookcli.files import atomic_path
 
         with atomic_path(self.index_path, force=True) as temporary:
             temporary.write_text("".join(json.dumps(line) + "\n" for line in [self.header, *lines]))
@@ -375,7 +368,7 @@ class ShardWriter:
         self._index_key = _file_key(self.index_path)
 
     def start_writing(self, header: Mapping | None = None) -> None:
-        """Record the run in a new index (``header``, see :func:`~hookcli.fileformat.index_header`; none when
+        """Record the run in a new index (``header``, see :func:`~hookcli.storage.fileformat.index_header`; none when
         continuing) and start the writer thread. A founder claims the shards it has handed out inputs of, then
         lets the other processes in."""
         if self.header is None:
@@ -444,7 +437,7 @@ class ShardWriter:
 
     def submit(self, number: int, tensors: Mapping, metadata: Mapping[str, str], inputs: Sequence[str],
                skipped: Sequence[dict], details: Mapping[str, Sequence] | None = None) -> None:
-        """Queue a finished shard (``details``: its rows' :data:`~hookcli.fileformat.ROW_DETAILS`); blocks while
+        """Queue a finished shard (``details``: its rows' :data:`~hookcli.storage.fileformat.ROW_DETAILS`); blocks while
         the previous one is still being written."""
         self._raise_failure()
         self._queue.put((number, tensors, metadata, list(inputs), list(skipped), details))
@@ -536,7 +529,7 @@ def _batches(first: int, end: int, size: int) -> Iterator[list[int]]:
         first = stop
 
 
-#: How an index line begins (:func:`~hookcli.fileformat.index_line` puts ``shard`` first).
+#: How an index line begins (:func:`~hookcli.storage.fileformat.index_line` puts ``shard`` first).
 _LINE_START = re.compile(rb'^\{"shard": (\d+),')
 
 
@@ -551,7 +544,7 @@ def _shard_of(line: bytes, folder: str) -> int:
 class ShardedFeatures:
     """A shard folder (or its ``index.jsonl``) read as one file: rows run on across shards.
 
-    Offers :class:`~hookcli.store.FeatureFile`'s reading interface, so
+    Offers :class:`~hookcli.storage.features.FeatureFile`'s reading interface, so
     ``grid`` and ``info`` treat both alike. ``metadata["inputs"]`` lists the
     rows' inputs over all shards.
     """
@@ -699,7 +692,7 @@ class _Shape:
 
 
 def open_features(source: str | os.PathLike):
-    """A :class:`~hookcli.store.FeatureFile` for a file or ``-``, a :class:`ShardedFeatures` for a shard folder."""
+    """A :class:`~hookcli.storage.features.FeatureFile` for a file or ``-``, a :class:`ShardedFeatures` for a shard folder."""
     path = Path(source)
     if str(source) != "-" and (path.is_dir() or path.name == INDEX_NAME):
         return ShardedFeatures(path)

@@ -2,8 +2,8 @@
 
 With ``--decode cpu`` (the default) the decode workers turn each file into
 the model's input whole: Pillow decodes, the weights' preprocessing resizes,
-crops and normalises (:mod:`hookcli.preprocess`). With ``--decode device``
-they only read each file and check its header (:func:`hookcli.images.read_jpeg`);
+crops and normalises (:mod:`hookcli.inputs.preprocess`). With ``--decode device``
+they only read each file and check its header (:func:`hookcli.inputs.images.read_jpeg`);
 :class:`DeviceDecoder` then decodes a batch's JPEGs in one call of
 torchvision's ``decode_jpeg`` on the device (nvJPEG on CUDA), turns each
 upright as its EXIF orientation says, and runs the same preprocessing there,
@@ -18,7 +18,7 @@ CPU's cores cannot decode as fast as it computes.
   one is said. One the CPU cannot decode either is an unreadable image, as
   with ``--decode cpu`` (``--on-error``).
 - The pixels differ slightly from ``--decode cpu``: tensor resizing rounds a
-  little differently from Pillow's (:class:`~hookcli.preprocess.ImageSteps`),
+  little differently from Pillow's (:class:`~hookcli.inputs.preprocess.ImageSteps`),
   and nvJPEG's inverse DCT and chroma upsampling from libjpeg's. The README
   gives the measured differences; ``preprocess.decode`` in the metadata
   records the choice.
@@ -28,7 +28,7 @@ decoder): slower than the workers, but the way to see what the tensor path
 changes without a GPU.
 
 >>> import torch
->>> from hookcli.preprocess import Preprocess
+>>> from hookcli.inputs.preprocess import Preprocess
 >>> photo = __import__("matplotlib.cbook").cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)
 >>> preprocess = Preprocess(resize=64, crop=56, decode="device")
 >>> images = EncodedImages([photo, photo], preprocess)
@@ -46,7 +46,7 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from hookcli.errors import DeviceError, ImageError, MemoryLimitError, first_line
-from hookcli.preprocess import Preprocess
+from hookcli.inputs.preprocess import Preprocess
 
 __all__ = ["PIXELS_AT_ONCE", "DeviceDecoder", "Encoded", "EncodedImages", "collate", "upright"]
 
@@ -58,7 +58,7 @@ PIXELS_AT_ONCE = 1 << 26
 
 class EncodedImages:
     """A dataset of images as the decode workers leave them for the device: a JPEG's bytes
-    (:class:`~hookcli.images.JpegBytes`), any other image decoded and preprocessed as ``--decode cpu`` does it; a
+    (:class:`~hookcli.inputs.images.JpegBytes`), any other image decoded and preprocessed as ``--decode cpu`` does it; a
     failure comes back as a value ``(message, hint)``, never raised in a worker."""
 
     def __init__(self, paths: Sequence, preprocess: Preprocess) -> None:
@@ -68,7 +68,7 @@ class EncodedImages:
         return len(self.paths)
 
     def __getitem__(self, index: int):
-        from hookcli.images import load_rgb, read_jpeg
+        from hookcli.inputs.images import load_rgb, read_jpeg
 
         path = self.paths[index]
         try:
@@ -90,7 +90,7 @@ class Encoded(NamedTuple):
 
 def collate(items) -> tuple[list[int], Encoded, list]:
     """``(indices, Encoded, failures)`` of a batch of :class:`EncodedImages` items."""
-    from hookcli.images import JpegBytes
+    from hookcli.inputs.images import JpegBytes
 
     good = [(i, item) for i, item, error in items if error is None]
     jpegs = [(k, item) for k, (_, item) in enumerate(good) if isinstance(item, JpegBytes)]
@@ -212,7 +212,7 @@ class DeviceDecoder:
     def _by_pillow(self, jpeg):
         from torchvision.transforms.functional import pil_to_tensor
 
-        from hookcli.images import load_rgb
+        from hookcli.inputs.images import load_rgb
 
         try:
             return pil_to_tensor(load_rgb(jpeg.path, data=jpeg.data)).to(self.device, non_blocking=True)

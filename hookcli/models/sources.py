@@ -9,13 +9,13 @@ A ``--model`` value names its source by its spelling (:func:`parse_model`):
 ``open_clip:ARCH``          the image tower of an OpenCLIP model (``open_clip:/path/Config.json`` too)
 ``path/to/file.py:make``    ``make()`` from a Python file: it runs the user's code
 ``package.module:make``     ``make()`` from an importable module (the current folder is searched too)
-anything else               a torchvision model name (:mod:`hookcli.models`)
+anything else               a torchvision model name (:mod:`hookcli.models.loading`)
 ==========================  =========================================================================
 
 Everything that can be said without torch is said by :func:`check_model`
 and :func:`check_weights` (a missing file, a missing package, a weights name
 the source has no use for); :func:`load` builds the model in eval mode on the
-CPU as a :class:`~hookcli.models.LoadedModel` whose ``name`` is the value as
+CPU as a :class:`~hookcli.models.loading.LoadedModel` whose ``name`` is the value as
 given (a file factory's path made absolute), ``weights`` says where the
 weights came from, and ``preprocess`` is the source's own preprocessing.
 
@@ -53,9 +53,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hookcli.errors import UnknownModelError, UnknownWeightsError, UsageProblem, WeightsError, first_line
-from hookcli.models import file_sha256, file_weights, hub_checkpoint_path, seeded
-from hookcli.preprocess import MAX_SIDE
-from hookcli.store import file_kind
+from hookcli.models.loading import file_sha256, file_weights, hub_checkpoint_path, seeded
+from hookcli.inputs.preprocess import MAX_SIDE
+from hookcli.files import file_kind
 
 __all__ = ["LISTED_SOURCES", "PREFIXES", "SOURCES", "ModelSpec", "SourceError", "archive_kind", "check_model",
            "check_weights", "list_source_models", "load", "parse_model", "prefix_tokens"]
@@ -267,7 +267,7 @@ def _search_current_folder() -> None:
 
 def check_weights(spec: ModelSpec, weights: str) -> None:
     """Refuse, without torch, weights a source has no use for (see :func:`load` for what each takes)."""
-    from hookcli.models import check_weights_file, looks_like_weights_path
+    from hookcli.models.loading import check_weights_file, looks_like_weights_path
 
     text = weights.strip()
     if text.lower() in ("none", "default"):
@@ -285,7 +285,7 @@ def check_weights(spec: ModelSpec, weights: str) -> None:
 
 
 def load(spec: ModelSpec, weights: str, *, seed: int = 0):
-    """Build ``spec``'s model with ``weights``, as a :class:`~hookcli.models.LoadedModel`.
+    """Build ``spec``'s model with ``weights``, as a :class:`~hookcli.models.loading.LoadedModel`.
 
     ``weights`` is ``none`` (random, from ``seed``), ``DEFAULT`` (timm's and
     OpenCLIP's default pretrained tag, the Hugging Face checkpoint, whatever
@@ -339,7 +339,7 @@ def _quiet():
 
 
 def _loaded(spec: ModelSpec, module, described: dict, preprocess, **fields):
-    from hookcli.models import LoadedModel
+    from hookcli.models.loading import LoadedModel
 
     module.eval()
     fields.setdefault("categories", None)
@@ -354,7 +354,7 @@ def _from_file(spec: ModelSpec, module, path: Path, part: str = "") -> dict:
     ``part``: a prefix (``visual.``) whose entries are the module's, when the file holds a whole model of which
     ``module`` is one tower.
     """
-    from hookcli.models import fit_state_dict, read_state_dict
+    from hookcli.models.loading import fit_state_dict, read_state_dict
 
     state = read_state_dict(path)
     if part and any(key.startswith(part) for key in state):
@@ -373,7 +373,7 @@ def _load_timm(spec: ModelSpec, weights: str, seed: int):
     name, _, tag = spec.name.partition(".")
     if not timm.is_model(name):
         raise _unknown(spec, timm.list_models(), "hookcli models --source timm")
-    from hookcli.models import looks_like_weights_path
+    from hookcli.models.loading import looks_like_weights_path
 
     pretrained = weights.lower() != "none" and not looks_like_weights_path(weights)
     if pretrained and tag and weights.lower() != "default" and weights.removeprefix(name + ".") != tag:
@@ -456,8 +456,8 @@ def _require_timm_files(spec: ModelSpec, full: str, config) -> None:
 
 
 def _timm_preprocess(config: dict):
-    """timm's evaluation transform (``transforms_imagenet_eval``) as a :class:`~hookcli.preprocess.Preprocess`."""
-    from hookcli.preprocess import INTERPOLATIONS, Preprocess
+    """timm's evaluation transform (``transforms_imagenet_eval``) as a :class:`~hookcli.inputs.preprocess.Preprocess`."""
+    from hookcli.inputs.preprocess import INTERPOLATIONS, Preprocess
 
     notes = []
     height, width = config["input_size"][-2:]
@@ -512,7 +512,7 @@ def _load_hf_quietly(spec: ModelSpec, weights: str, seed: int):
     architectures = [a for a in architectures if isinstance(a, str)] if isinstance(architectures, list) else []
     classifier = any("ForImageClassification" in a for a in architectures)  # …WithTeacher too
     auto = transformers.AutoModelForImageClassification if classifier else transformers.AutoModel
-    from hookcli.models import looks_like_weights_path
+    from hookcli.models.loading import looks_like_weights_path
 
     if weights.lower() == "default":
         if not spec.hf_folder and not _hub_has_weights(spec.name):
@@ -636,7 +636,7 @@ def _hf_described(spec: ModelSpec) -> dict:
 
 def _hf_preprocess(spec: ModelSpec, source: str, config):
     """``(preprocessing, why it is assumed)``: the image processor's settings as a
-    :class:`~hookcli.preprocess.Preprocess` and None, or ImageNet's preprocessing at the model ``config``'s image
+    :class:`~hookcli.inputs.preprocess.Preprocess` and None, or ImageNet's preprocessing at the model ``config``'s image
     size and why, when there are no settings to use."""
     # transformers writes an image processor's settings alone, or (a processor of several parts) under its key.
     for name, part in (("preprocessor_config.json", None), ("processor_config.json", "image_processor")):
@@ -682,7 +682,7 @@ def _image_size(config) -> int | None:
 def _processor_steps(config: dict):
     """Resize (shortest edge, or to an exact height and width), centre crop, rescale, normalise; ValueError naming
     the field that cannot be used (the file is untrusted: any value at all)."""
-    from hookcli.preprocess import Preprocess
+    from hookcli.inputs.preprocess import Preprocess
 
     if not isinstance(config, dict):
         raise ValueError("it is not a JSON object")
@@ -740,7 +740,7 @@ def _pixels(value, field: str) -> int:
 
 def _normalisation(config: dict, field: str) -> tuple[float, float, float]:
     """A processor file's ``image_mean`` or ``image_std``: one or three finite numbers (a std's above 0)."""
-    from hookcli.preprocess import parse_triple
+    from hookcli.inputs.preprocess import parse_triple
 
     if field not in config:
         raise ValueError(f"it has no {field}")
@@ -758,8 +758,8 @@ def _normalisation(config: dict, field: str) -> tuple[float, float, float]:
 def _assumed(spec: ModelSpec, why: str, side: int | None = None):
     """ImageNet's preprocessing, for a model that gives none: resize 256 and crop 224, or in that proportion for a
     model made for ``side`` pixels; and why it is assumed (said with the parts a run uses,
-    :meth:`~hookcli.models.LoadedModel.notes_for`)."""
-    from hookcli.preprocess import Preprocess
+    :meth:`~hookcli.models.loading.LoadedModel.notes_for`)."""
+    from hookcli.inputs.preprocess import Preprocess
 
     crop = side or 224
     return Preprocess(resize=int(crop * 256 / 224), crop=crop), f"{spec.text}: {why}"  # mean and std: ImageNet's
@@ -817,7 +817,7 @@ def _load_open_clip(spec: ModelSpec, weights: str, seed: int):
         arch = path.stem
     elif arch not in open_clip.list_models() and not arch.startswith("hf-hub:"):
         raise _unknown(spec, open_clip.list_models(), "hookcli models --source open_clip")
-    from hookcli.models import looks_like_weights_path
+    from hookcli.models.loading import looks_like_weights_path
 
     tag = None
     if weights.lower() not in ("none",) and not looks_like_weights_path(weights):
@@ -868,7 +868,7 @@ def _require_open_clip_files(spec: ModelSpec, arch: str, tag: str) -> None:
 
 
 def _open_clip_preprocess(config: dict):
-    from hookcli.preprocess import Preprocess
+    from hookcli.inputs.preprocess import Preprocess
 
     size = config["size"]
     side = size if isinstance(size, int) else size[0]
@@ -916,7 +916,7 @@ def _load_factory(spec: ModelSpec, weights: str, seed: int):
     if _is_scripted(module):
         raise UsageProblem(f"the factory {spec.name} returned a TorchScript module, whose inside forward hooks "
                            "cannot reach", hint="return the Python model it was scripted from")
-    from hookcli.models import looks_like_weights_path
+    from hookcli.models.loading import looks_like_weights_path
 
     if looks_like_weights_path(weights):
         described = _from_file(spec, module, Path(weights))
@@ -970,9 +970,9 @@ def _is_scripted(module) -> bool:
 
 
 def _given_preprocess(spec: ModelSpec, given):
-    """A factory's preprocessing: a :class:`~hookcli.preprocess.Preprocess`, a dict of its fields, or a torchvision
+    """A factory's preprocessing: a :class:`~hookcli.inputs.preprocess.Preprocess`, a dict of its fields, or a torchvision
     weights' ``transforms()``."""
-    from hookcli.preprocess import Preprocess
+    from hookcli.inputs.preprocess import Preprocess
 
     if isinstance(given, Preprocess):
         return given

@@ -1,7 +1,7 @@
 """Who this process is among many: ``--part K/N``, torchrun, Slurm tasks and Slurm job arrays.
 
 hookcli has no scheduler of its own: the processes a launcher starts share
-one shard folder through claims (:mod:`hookcli.claims`), and a
+one shard folder through claims (:mod:`hookcli.storage.claims`), and a
 :class:`Part` only says which block of shards a process takes first and
 which GPU it uses. Under torchrun the processes also join a process group
 (:class:`Team`, gloo on any device) for what needs one: agreeing
@@ -271,7 +271,7 @@ class Team:
 
     def check_same(self, identity: Mapping) -> None:
         """Raise :class:`UsageProblem` on every rank unless every rank runs the same command on the same inputs."""
-        from hookcli.fileformat import identity_differences
+        from hookcli.storage.fileformat import identity_differences
 
         everyone: list = [None] * self.part.count
         self._dist.all_gather_object(everyone, dict(identity))

@@ -4,7 +4,7 @@ Statistics are computed a row at a time, so a file of any size is summarised
 in the memory of one row.
 
 >>> import numpy as np
->>> from hookcli.store import Features
+>>> from hookcli.storage.features import Features
 >>> features = Features({"x": np.array([[0.0, 1.0, 2.0, np.nan]], dtype="float32")}, {})
 >>> describe_file(features)["tensors"][0]["stats"]
 {'min': 0.0, 'mean': 1.0, 'max': 2.0, 'zeros': 0.25, 'nonfinite': 1}
@@ -145,7 +145,7 @@ def metadata_order(metadata) -> list[str]:
 
 def info_lines(described: dict, *, stats: bool = True) -> list[str]:
     """:func:`describe_file`'s result as ``hookcli info`` prints it: a title, a table of tensors, the metadata."""
-    from hookcli.store import format_bytes
+    from hookcli.files import format_bytes
 
     count = len(described["tensors"])
     size = format_bytes(described["bytes"])

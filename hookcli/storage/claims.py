@@ -49,7 +49,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from hookcli.errors import UsageProblem, seconds_from_environment
-from hookcli.store import file_kind, reporting_full_disk
+from hookcli.files import file_kind, reporting_full_disk
 
 __all__ = [
     "CLAIMS", "DEFAULT_CLAIM_TIMEOUT", "HEARTBEAT", "LOCK_NAME", "SHORTEST_CLAIM_TIMEOUT", "Claims", "FolderLock",

@@ -46,9 +46,9 @@ from urllib.parse import urlparse
 
 from hookcli.errors import UnknownModelError, UnknownWeightsError, WeightsError, check_choice, first_line
 from hookcli.families import FAMILIES, build_options
-from hookcli.preprocess import Preprocess
-from hookcli.registry import ModelEntry, model_registry
-from hookcli.store import file_kind
+from hookcli.inputs.preprocess import Preprocess
+from hookcli.models.registry import ModelEntry, model_registry
+from hookcli.files import file_kind
 
 __all__ = [
     "LoadedModel", "check_weights_file", "describe_models", "file_sha256", "file_weights", "fit_state_dict",
@@ -80,7 +80,7 @@ class LoadedModel:
     preprocess: Preprocess
     categories: list[str] | None
     family: str = "classification"
-    #: Where the model comes from (:data:`hookcli.sources.SOURCES`).
+    #: Where the model comes from (:data:`hookcli.models.sources.SOURCES`).
     source: str = "torchvision"
     #: Tokens a vision transformer puts before its patch tokens (class, registers); None for other models.
     prefix_tokens: int | None = None
@@ -129,14 +129,14 @@ class LoadedModel:
 
 
 def list_models(family: str | None = None) -> list[str]:
-    """Names of every model torchvision can build (of one ``family``), sorted (from :mod:`hookcli.registry`)."""
+    """Names of every model torchvision can build (of one ``family``), sorted (from :mod:`hookcli.models.registry`)."""
     return [name for name, entry in model_registry().items() if family in (None, entry.family)]
 
 
 def describe_models(family: str | None = None, *, pattern: str | None = None, source: str = "torchvision"
                     ) -> list[dict]:
     """Every model hookcli can load (of one ``family``, named like the glob ``pattern``) from ``source`` (one of
-    :data:`hookcli.sources.LISTED_SOURCES`): ``{"model", "family", "default", "weights"}`` rows.
+    :data:`hookcli.models.sources.LISTED_SOURCES`): ``{"model", "family", "default", "weights"}`` rows.
 
     >>> [row for row in describe_models("optical_flow")][0]["model"]
     'raft_large'
@@ -145,7 +145,7 @@ def describe_models(family: str | None = None, *, pattern: str | None = None, so
     """
     import fnmatch
 
-    from hookcli.sources import LISTED_SOURCES, list_source_models
+    from hookcli.models.sources import LISTED_SOURCES, list_source_models
 
     if family is not None:
         check_choice("family", family, FAMILIES)
@@ -170,15 +170,15 @@ def no_models_note(source: str, pattern: str | None, family: str | None) -> str:
 def model_family(name: str) -> str:
     """The family of model ``name`` (an unknown name is refused), from the registry cache: no torch needed.
 
-    Models of other sources (:mod:`hookcli.sources`) are classification models: they take stacked images.
+    Models of other sources (:mod:`hookcli.models.sources`) are classification models: they take stacked images.
     """
     spec = _other_source(name)
     return "classification" if spec is not None else _entry(name).family
 
 
 def _other_source(name: str):
-    """The :class:`~hookcli.sources.ModelSpec` of a model from outside torchvision (checked), else None."""
-    from hookcli.sources import check_model, parse_model
+    """The :class:`~hookcli.models.sources.ModelSpec` of a model from outside torchvision (checked), else None."""
+    from hookcli.models.sources import check_model, parse_model
 
     spec = parse_model(name)
     if spec.source == "torchvision":
@@ -192,18 +192,18 @@ def resolve_weights(name: str, weights: str) -> str | None:
 
     A name is ``DEFAULT`` in any case, a member (``IMAGENET1K_V1``) or a qualified one
     (``ResNet18_Weights.IMAGENET1K_V1``). An unknown model or weights name is refused from the
-    registry cache, before torch is imported (see :mod:`hookcli.registry`), and so is a weights
+    registry cache, before torch is imported (see :mod:`hookcli.models.registry`), and so is a weights
     path that is missing, empty or not a regular file.
 
     >>> resolve_weights("resnet18", "default"), resolve_weights("resnet18", "ResNet18_Weights.IMAGENET1K_V1")
     ('DEFAULT', 'IMAGENET1K_V1')
 
     Models of other sources have their weights checked as far as can be
-    without their package (:func:`hookcli.sources.check_weights`), and give None.
+    without their package (:func:`hookcli.models.sources.check_weights`), and give None.
     """
     spec = _other_source(name)
     if spec is not None:
-        from hookcli.sources import check_weights
+        from hookcli.models.sources import check_weights
 
         check_weights(spec, weights)
         return None
@@ -259,11 +259,11 @@ def seeded(seed: int):
 def load_model(name: str, weights: str = "DEFAULT", *, seed: int = 0) -> LoadedModel:
     """Build model ``name`` in eval mode on the CPU with ``weights`` (see the module docs).
 
-    ``timm:``, ``hf:``, ``open_clip:`` and factory names are built by :mod:`hookcli.sources`.
+    ``timm:``, ``hf:``, ``open_clip:`` and factory names are built by :mod:`hookcli.models.sources`.
     """
     spec = _other_source(name)
     if spec is not None:
-        from hookcli import sources
+        from hookcli.models import sources
 
         return sources.load(spec, weights, seed=seed)
     member = resolve_weights(name, weights)  # before torch: a name that cannot be built is refused at once
@@ -282,7 +282,7 @@ def load_model(name: str, weights: str = "DEFAULT", *, seed: int = 0) -> LoadedM
     else:
         module, described = _build_from_file(name, Path(spec), seed, build_options(family, pretrained=False))
     module.eval()
-    from hookcli.sources import prefix_tokens
+    from hookcli.models.sources import prefix_tokens
 
     return LoadedModel(
         name=name,
@@ -451,7 +451,7 @@ def check_weights_file(path: Path) -> None:
 
 def _unreadable(path: Path, err: Exception) -> WeightsError:
     # Told from the first bytes before reading torch's error: its weights-only unpickler fails on any non-pickle.
-    from hookcli.sources import archive_kind
+    from hookcli.models.sources import archive_kind
 
     archive = {"torchscript": "a TorchScript", "export": "a torch.export"}.get(archive_kind(path))
     if archive is not None:

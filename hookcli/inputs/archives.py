@@ -50,7 +50,8 @@ from pathlib import PurePath
 from typing import BinaryIO
 
 from hookcli.errors import ImageError, InputError
-from hookcli.store import NotRegularFile, open_regular
+from hookcli.inputs.names import is_image_name
+from hookcli.files import NotRegularFile, open_regular
 
 __all__ = ["MAX_HEADER_BYTES", "MAX_MEMBER_BYTES", "MAX_MEMBERS", "SEPARATOR", "TarMember", "find_member",
            "input_key", "input_name", "is_archive", "looks_like_member", "tar_images"]
@@ -318,8 +319,6 @@ class _Guarded:
 
 def _image_members(path: str) -> Iterable[TarMember]:
     """Every image member of a tar, in archive order, each marked with what keeps it from being read."""
-    from hookcli.images import _is_image_name
-
     seen: dict[str, TarMember] = {}  # every regular member's name (the last of a name), for hard links
     occurrences: dict[str, int] = {}  # how often each image name came
     listed = 0
@@ -334,7 +333,7 @@ def _image_members(path: str) -> Iterable[TarMember]:
                         break
                     archive.members.clear()  # tarfile keeps every header it read: the listing keeps its own
                     member = _member(path, info, seen)
-                    if member is None or not _is_image_name(member.name.rpartition("/")[2]):
+                    if member is None or not is_image_name(member.name.rpartition("/")[2]):
                         continue
                     listed += 1
                     if listed > MAX_MEMBERS:

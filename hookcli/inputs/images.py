@@ -21,25 +21,22 @@ import math
 import os
 import re
 import sys
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, TextIO
 
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from hookcli.console import counted
 from hookcli.errors import ImageError, InputError
-from hookcli.store import NotRegularFile, file_kind, open_regular
+from hookcli.inputs.names import IMAGE_SUFFIXES, is_image_name, read_lines
+from hookcli.files import NotRegularFile, file_kind, open_regular
 
-__all__ = ["IMAGE_SUFFIXES", "RESAMPLE", "FoundInputs", "JpegBytes", "find_inputs", "gather_inputs", "load_rgb",
+__all__ = ["RESAMPLE", "FoundInputs", "JpegBytes", "find_inputs", "gather_inputs", "load_rgb",
            "model_view", "open_input", "pixel_limit", "read_jpeg"]
 
-#: Suffixes picked up when a folder is given; files named explicitly are always tried.
-IMAGE_SUFFIXES = frozenset(
-    {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm", ".pbm", ".jfif"}
-)
-
-#: Pillow's resampling filter for each interpolation name of :data:`hookcli.preprocess.INTERPOLATIONS`.
+#: Pillow's resampling filter for each interpolation name of :data:`hookcli.inputs.preprocess.INTERPOLATIONS`.
 RESAMPLE = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC, "nearest": Image.NEAREST}
 
 #: Background that transparent pixels are composited onto.
@@ -70,12 +67,8 @@ class FoundInputs:
             return None
         at_least = "" if self.counted_all else "at least "
         verb = "was" if self.left_out == 1 and self.counted_all else "were"
-        return (f"{at_least}{_counted(self.left_out, 'image')} in {at_least}"
-                f"{_counted(self.left_out_folders, 'sub-folder')} {verb} left out; -r (--recursive) includes them")
-
-
-def _counted(count: int, noun: str) -> str:
-    return f"{count} {noun}{'' if count == 1 else 's'}"
+        return (f"{at_least}{counted(self.left_out, 'image')} in {at_least}"
+                f"{counted(self.left_out_folders, 'sub-folder')} {verb} left out; -r (--recursive) includes them")
 
 
 def find_inputs(
@@ -94,7 +87,7 @@ def find_inputs(
     paths: list[Path] = []
     folders: list[Path] = []
     for argument in arguments:
-        names = _read_lines(stdin if stdin is not None else sys.stdin) if argument == "-" else [argument]
+        names = read_lines(stdin if stdin is not None else sys.stdin) if argument == "-" else [argument]
         for name in names:
             found, folder = _expand(name, recursive)
             paths.extend(found)
@@ -127,17 +120,10 @@ def _left_out(folders: Sequence[Path]) -> tuple[int, int, bool]:
     return images, holding, True
 
 
-def _read_lines(stream: Iterable[str]) -> Iterable[str]:
-    for line in stream:
-        line = line.rstrip("\r\n")
-        if line.strip():
-            yield line
-
-
 def _expand(argument: str, recursive: bool) -> tuple[list[Path], Path | None]:
     """The images ``argument`` names, and the folder it is (None for a file): a ``.tar`` names its image members
-    (:mod:`hookcli.archives`), and ``archive.tar::member`` one of them."""
-    from hookcli import archives
+    (:mod:`hookcli.inputs.archives`), and ``archive.tar::member`` one of them."""
+    from hookcli.inputs import archives
 
     if not os.path.lexists(argument):  # a path on disk is a disk path, whatever its name
         member = archives.find_member(argument)
@@ -179,7 +165,7 @@ def _images_in(folder: Path, recursive: bool) -> list[Path]:
     if recursive:
         return [root / name for root, names in _walk(folder) for name in names]
     # Anything but a folder is listed; a FIFO or device among them is refused when read, under --on-error.
-    return sorted(p for p in folder.iterdir() if not p.is_dir() and _is_image_name(p.name))
+    return sorted(p for p in folder.iterdir() if not p.is_dir() and is_image_name(p.name))
 
 
 def _walk(folder: Path) -> Iterator[tuple[Path, list[str]]]:
@@ -187,11 +173,7 @@ def _walk(folder: Path) -> Iterator[tuple[Path, list[str]]]:
     reads them."""
     for root, dirs, files in os.walk(folder):
         dirs.sort()
-        yield Path(root), sorted(name for name in files if _is_image_name(name))
-
-
-def _is_image_name(name: str) -> bool:
-    return not name.startswith(".") and Path(name).suffix.lower() in IMAGE_SUFFIXES
+        yield Path(root), sorted(name for name in files if is_image_name(name))
 
 
 def pixel_limit() -> int:
@@ -329,9 +311,9 @@ def _is_empty(path) -> bool:
 
 
 def open_input(path) -> BinaryIO:
-    """An input's bytes as a binary file: a regular file (:func:`~hookcli.store.open_regular`), or a member of a
-    tar (``archive.tar::member``, :mod:`hookcli.archives`) read from the archive as it is asked for."""
-    from hookcli import archives
+    """An input's bytes as a binary file: a regular file (:func:`~hookcli.files.open_regular`), or a member of a
+    tar (``archive.tar::member``, :mod:`hookcli.inputs.archives`) read from the archive as it is asked for."""
+    from hookcli.inputs import archives
 
     try:
         member = archives.find_member(path)

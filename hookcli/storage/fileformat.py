@@ -39,7 +39,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 __all__ = [
-    "FORMAT_VERSION", "INDEX_NAME", "INDEX_VERSION", "PRODUCER", "RAGGED_FORMAT_VERSION", "ROW_DETAILS", "ROW_SHAPE",
+    "DETECTIONS", "FLOW", "FORMAT_VERSION", "INDEX_NAME", "INDEX_VERSION", "PRODUCER", "RAGGED_FORMAT_VERSION", "ROW_DETAILS", "ROW_SHAPE",
     "SHARD_NAME",
     "RunFacts", "RunRecord",
     "check_index_header", "check_index_line", "identity_differences", "shard_count",
@@ -58,6 +58,10 @@ INDEX_NAME = "index.jsonl"
 INDEX_VERSION = 1
 SHARD_NAME = "features-{:05d}.safetensors"
 #: Shard files, and the temporary files they are written through.
+#: The key final detections are stored under (``detections#boxes``, ``#labels``, ``#scores``, ``#masks``, ...).
+DETECTIONS = "detections"
+#: The key an optical-flow model's final flow field is stored under, ``[N, 2, H, W]`` in pixels.
+FLOW = "flow"
 SHARD_FILE = re.compile(r"^\.?features-\d{5,}\.safetensors(\..*\.part)?$")
 
 _METADATA, _IDENTITY = "metadata", "identity"
@@ -73,7 +77,7 @@ class RunRecord:
 
     ``layers`` maps module paths to keys; ``layer_types`` gives each module's
     class name (for the metadata's layer table). ``inputs`` are the keys of
-    the whole run's inputs (:func:`hookcli.archives.input_key`: the absolute
+    the whole run's inputs (:func:`hookcli.inputs.archives.input_key`: the absolute
     path, or an archive member's row name); the identity keeps their count
     and a fingerprint. ``command`` holds the command's own entries, e.g.
     ``{"target": "top1"}`` for grad; they go where the run's options go.
@@ -141,7 +145,7 @@ def identity_differences(one: Mapping, other: Mapping) -> list[str]:
 
 
 def inputs_digest(keys: Sequence[str]) -> str:
-    """A fingerprint of the input list: each input's key (:func:`hookcli.archives.input_key`), in order."""
+    """A fingerprint of the input list: each input's key (:func:`hookcli.inputs.archives.input_key`), in order."""
     digest = hashlib.sha256()
     for key in keys:
         digest.update(key.encode("utf-8", "surrogateescape") + b"\n")

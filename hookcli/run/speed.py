@@ -7,7 +7,7 @@
   a trade of precision for speed; what is stored is chosen separately.
 - Threads: when images decode in worker processes on the CPU, the model gets
   the cores they leave.
-- Fusion (:mod:`hookcli.fusion`) has a one-off cost, tracing the model and
+- Fusion (:mod:`hookcli.run.fusion`) has a one-off cost, tracing the model and
   folding its BatchNorms, that only a run of some size pays back: by default
   it is chosen from :data:`FUSE_FROM` inputs on (:func:`choose_fuse`).
 - ``compile``: the network is cut after the last requested layer (an FX graph,

@@ -25,14 +25,14 @@ import contextlib
 import difflib
 import fnmatch
 import functools
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from hookcli.patterns import glob_to_regex
 from hookcli.errors import UnknownLayerError, UsageProblem
 
 __all__ = [
-    "LayerInfo", "KEY_RESERVED", "MODEL", "MODEL_KEY", "describe_layers", "glob_to_regex", "hookable_layers",
+    "LayerInfo", "KEY_RESERVED", "MODEL", "MODEL_KEY", "describe_layers", "hookable_layers",
     "resolve_layers", "selector_keys",
 ]
 
@@ -152,30 +152,6 @@ def _type_matches(pattern: str, cls: type) -> bool:
     return fnmatch.fnmatchcase(name, pattern)
 
 
-def glob_to_regex(pattern: str) -> re.Pattern:
-    """Compile a path glob: ``*`` and ``?`` stay within a dot-separated component, ``**`` crosses them."""
-    parts, i = [], 0
-    while i < len(pattern):
-        if pattern.startswith("**", i):
-            parts.append(".*")
-            i += 2
-        elif pattern[i] == "*":
-            parts.append("[^.]*")
-            i += 1
-        elif pattern[i] == "?":
-            parts.append("[^.]")
-            i += 1
-        elif pattern[i] == "[" and "]" in pattern[i + 1:]:
-            end = pattern.index("]", i + 1)
-            body = pattern[i + 1:end]
-            parts.append("[" + ("^" + body[1:] if body.startswith("!") else body) + "]")
-            i = end + 1
-        else:
-            parts.append(re.escape(pattern[i]))
-            i += 1
-    return re.compile("".join(parts))
-
-
 def _check_key(name: str, selector: str) -> None:
     bad = [ch for ch in KEY_RESERVED if ch in name]
     if bad or not name.strip():
@@ -213,7 +189,7 @@ def describe_layers(model, example) -> list[LayerInfo]:
     """
     import torch
 
-    from hookcli.capture import preserved_mode
+    from hookcli.run.capture import preserved_mode
     from hookcli.families import call_model
 
     layers = hookable_layers(model)

@@ -8,7 +8,7 @@ sorts by tensor, then row. Every planned path is checked before anything is
 drawn; :func:`write_grids` then reads one row at a time (only the channels it
 draws) and writes each PNG atomically.
 
-What each tensor becomes is chosen here (:mod:`hookcli.render` draws it): a
+What each tensor becomes is chosen here (:mod:`hookcli.pictures.render` draws it): a
 video clip's ``[C, T, H, W]`` row is a table of channels by frames, or with
 ``frame`` the ``[C, H, W]`` of one frame; the ``[2, H, W]`` rows of a file
 whose metadata says ``"family": "optical_flow"`` are colour-coded flow
@@ -21,7 +21,7 @@ detection file's final detections (``detections#boxes``, ``#labels``,
 ``#scores``, …) are not maps: each image gets one picture of them, its boxes
 with label and score over the photo (:func:`read_detections` reads them).
 
->>> from hookcli.store import Features
+>>> from hookcli.storage.features import Features
 >>> features = Features({"x": np.ones((1, 4, 3, 3), dtype="float32")}, {"inputs": '["/photos/cat.jpg"]'})
 >>> options = GridOptions(channels="0:2", plain=True)
 >>> jobs = plan_grids(features, options, "grids")
@@ -48,9 +48,9 @@ import numpy as np
 
 from hookcli.console import printable
 from hookcli.errors import FeatureFileError, HookcliError, UsageProblem, check_choice, check_whole
-from hookcli.pipeline import DETECTIONS
-from hookcli.preprocess import Preprocess
-from hookcli.render import (
+from hookcli.storage.fileformat import DETECTIONS
+from hookcli.inputs.preprocess import Preprocess
+from hookcli.pictures.render import (
     BOX_COLOURS,
     CLIPS,
     MAX_PIXELS,
@@ -77,8 +77,8 @@ from hookcli.render import (
     tiles_that_fit,
     value_range,
 )
-from hookcli.selectors import glob_to_regex
-from hookcli.store import check_folder_output, refuse_existing
+from hookcli.patterns import glob_to_regex
+from hookcli.files import check_folder_output, refuse_existing
 
 __all__ = [
     "DEFAULT_MAPS", "SCALES", "Detections", "GridJob", "GridOptions", "GridPlan", "Picture", "default_grid_folder",
@@ -263,8 +263,8 @@ def plan_grids(features, options: GridOptions, out_dir: str | os.PathLike | None
     and existing files (unless ``force``).
 
     Nothing is read but the header: what each picture will cost is known from
-    the shapes (a ragged key's largest row), and :data:`~hookcli.render.MAX_TILES`
-    and :data:`~hookcli.render.MAX_PIXELS` bound it. The keys of final
+    the shapes (a ragged key's largest row), and :data:`~hookcli.pictures.render.MAX_TILES`
+    and :data:`~hookcli.pictures.render.MAX_PIXELS` bound it. The keys of final
     detections chosen make one picture a row, in the place of the first.
     """
     check_cmap(options.overlay_cmap if options.overlay else options.cmap)
@@ -559,10 +559,10 @@ class Detections:
 def read_detections(features, row: int) -> Detections:
     """Row ``row``'s final detections, from a detection file's ``detections#…`` keys.
 
-    Raises :class:`~hookcli.render.NotDrawable` when the file's rows are not
+    Raises :class:`~hookcli.pictures.render.NotDrawable` when the file's rows are not
     ``[K, 4]`` boxes with K labels and K scores.
 
-    >>> from hookcli.store import Features
+    >>> from hookcli.storage.features import Features
     >>> features = Features({"detections#boxes": np.array([[[1, 2, 30, 40]]], dtype="float32"),
     ...                      "detections#labels": np.array([[7]])}, {"family": "detection"})
     >>> found = read_detections(features, 0)
@@ -651,8 +651,8 @@ def render_picture(features, job: GridJob, options: GridOptions, values: np.ndar
     shape, and a detection file's final detections as boxes over the photo.
     ``values``: the job's whole row (in its own shape) when the caller has
     already read it (otherwise only the channels drawn are read). Raises
-    :class:`~hookcli.render.NotDrawable` for shapes without a picture, and
-    :class:`~hookcli.render.RowNotDrawable` for a row without one.
+    :class:`~hookcli.pictures.render.NotDrawable` for shapes without a picture, and
+    :class:`~hookcli.pictures.render.RowNotDrawable` for a row without one.
     """
     if job.key in detection_keys(features, [job.key]):
         return _detections_picture(features, job, options)
@@ -767,7 +767,7 @@ def _scale_legend(maps: np.ndarray, scale: str, one: str, each: str) -> tuple[st
 
 
 def _flow_picture(features, job: GridJob, options: GridOptions, values: np.ndarray | None) -> Picture:
-    """An optical-flow field in colour (:func:`~hookcli.render.flow_colours`), enlarged as one tile is, with the
+    """An optical-flow field in colour (:func:`~hookcli.pictures.render.flow_colours`), enlarged as one tile is, with the
     colour wheel and the longest vector's length; a note when there is no motion to show."""
     shape = features.row_shape(job.key, job.row)
     flow = (features.read(job.key, job.row) if values is None else values).reshape(shape)
@@ -823,7 +823,7 @@ def model_photo(path, preprocess, *, enlarge: bool = True) -> np.ndarray:
 def model_photo_scaled(path, preprocess, *, enlarge: bool = True) -> tuple[np.ndarray, float]:
     """:func:`model_photo`, and its pixels to one pixel of the image the model was given (the unit of boxes)."""
 
-    from hookcli.images import load_rgb, model_view
+    from hookcli.inputs.images import load_rgb, model_view
 
     photo = load_rgb(path, max_side=2 * _OVERLAY_SIDE)
     if preprocess is None:
@@ -845,7 +845,7 @@ def model_photo_scaled(path, preprocess, *, enlarge: bool = True) -> tuple[np.nd
     given_size = [short if n == min(size) else int(short * n / min(size)) for n in size]
     scale = min(max(_OVERLAY_MIN, 2 * short) / short if enlarge else 1.0, _OVERLAY_SIDE / max(given_size))
     drawn = tuple(max(1, round(n * scale)) for n in given_size)
-    from hookcli.images import RESAMPLE as resample
+    from hookcli.inputs.images import RESAMPLE as resample
     return np.asarray(photo.resize(drawn, resample[preprocess.interpolation])), scale
 
 
@@ -856,7 +856,7 @@ def _squashed_photo(photo, preprocess, enlarge: bool) -> tuple[np.ndarray, float
     crop_h, crop_w = (preprocess.crop, preprocess.crop) if preprocess.crop else (height, width)
     longest = max(crop_h, crop_w)
     scale = min(_OVERLAY_SIDE, max(_OVERLAY_MIN, 2 * longest) if enlarge else longest) / longest
-    from hookcli.images import RESAMPLE as resample
+    from hookcli.inputs.images import RESAMPLE as resample
     squashed = photo.resize((max(1, round(width * scale)), max(1, round(height * scale))),
                             resample[preprocess.interpolation])
     left, top = round(int(round((width - crop_w) / 2.0)) * scale), round(int(round((height - crop_h) / 2.0)) * scale)
@@ -869,7 +869,7 @@ def _upright_size(path) -> tuple[int, int]:
     from its header: the size of what the model was given when nothing resized it."""
     from PIL import Image
 
-    from hookcli.images import open_input
+    from hookcli.inputs.images import open_input
 
     with open_input(path) as handle, Image.open(handle) as image:
         width, height = image.size
@@ -949,7 +949,7 @@ def write_grids(
     """Render and write every job's PNG (atomically); undrawable tensors and pictures' notes go to ``on_note``."""
     from PIL import Image
 
-    from hookcli.store import atomic_path
+    from hookcli.files import atomic_path
 
     written = []
     for job, pixels in _rendered(features, jobs, options, on_note):

@@ -75,7 +75,7 @@ class FeatureCapture:
     """Hooks on selected layers of ``model``; :meth:`run` returns what they caught.
 
     ``layers`` is a mapping ``{module path: key}`` (see
-    :func:`hookcli.selectors.resolve_layers`) or a list of paths used as keys.
+    :func:`hookcli.run.selectors.resolve_layers`) or a list of paths used as keys.
     ``capture`` is ``"output"``, ``"input"`` or ``"both"``. With
     ``stop_early`` the forward ends as soon as every layer has fired as often
     as it did in the first forward, so layers nobody asked for are not paid
@@ -233,7 +233,7 @@ class GradientCapture(FeatureCapture):
     """A :class:`FeatureCapture` of layer outputs that also takes gradients of chosen logits with respect to them.
 
     Use :meth:`run_gradients`, with parameters frozen (see
-    :func:`hookcli.gradients.frozen_parameters`) so autograd records the graph
+    :func:`hookcli.run.gradients.frozen_parameters`) so autograd records the graph
     from the first hooked layer on only. The whole forward runs: the logits
     are at its end.
     """

@@ -7,7 +7,7 @@ inline, and a Content-Security-Policy lets the page fetch nothing (no script,
 font or network), so the report opens from ``file://`` anywhere.
 
 For each selected row (input image) and tensor a page holds the tensor's
-picture, drawn as :func:`hookcli.grids.render_picture` draws it for ``grid``, and
+picture, drawn as :func:`hookcli.pictures.grids.render_picture` draws it for ``grid``, and
 that row's statistics: min, mean and max over finite values, the share of
 zeros, the count of NaN and ±inf, and the five channels with the highest mean
 (channels: axis 0 of a ``[C, H, W]`` row, the last axis of a ``[T, D]`` row,
@@ -24,7 +24,7 @@ last, so a complete report is one whose ``index.html`` exists. Everything
 taken from the file (names, keys, metadata) is escaped.
 
 >>> import tempfile
->>> from hookcli.store import Features
+>>> from hookcli.storage.features import Features
 >>> features = Features({"x": np.arange(2 * 4 * 9, dtype="float32").reshape(2, 4, 3, 3)},
 ...                     {"inputs": '["/photos/<cat>.jpg", "/photos/dog.jpg"]'})
 >>> folder = Path(tempfile.mkdtemp(), "report")
@@ -55,8 +55,8 @@ import numpy as np
 
 from hookcli.console import printable
 from hookcli.errors import HookcliError, check_whole
-from hookcli.fileformat import INDEX_NAME
-from hookcli.grids import (
+from hookcli.storage.fileformat import INDEX_NAME
+from hookcli.pictures.grids import (
     Detections,
     GridJob,
     GridOptions,
@@ -69,16 +69,12 @@ from hookcli.grids import (
     render_picture,
     select_rows,
 )
-from hookcli.render import NotDrawable, RowNotDrawable
-from hookcli.run import Advanced, Note, Started, Wrote
-from hookcli.store import (
-    FeatureFile,
-    atomic_path,
-    check_folder_output,
-    format_bytes,
-    refuse_existing,
-)
-from hookcli.summary import describe_file, metadata_order, values_stats
+from hookcli.pictures.render import NotDrawable, RowNotDrawable
+from hookcli.events import Advanced, Note, Started, Wrote
+from hookcli.files import atomic_path, check_folder_output, format_bytes, refuse_existing
+from hookcli.storage.features import FeatureFile
+from hookcli.version import __version__
+from hookcli.pictures.summary import describe_file, metadata_order, values_stats
 
 __all__ = [
     "CONTENT_SECURITY_POLICY", "DEFAULT_PAGE_SIZE", "MAX_PAGE_SIZE", "PAGE_WINDOW", "TOP_CHANNELS",
@@ -128,9 +124,9 @@ def write_report(features, output: str | os.PathLike, options: GridOptions, *, p
     an index, an input's file name, or a range ``A:B`` of indices) and how
     pictures are drawn. Selected rows are shown in file order,
     ``page_size`` to a page. Refuses what grid refuses, and existing pages
-    unless ``force``; reports :class:`~hookcli.run.Started`,
-    :class:`~hookcli.run.Advanced` (a row), :class:`~hookcli.run.Note` and
-    :class:`~hookcli.run.Wrote` (``index.html``) events to ``progress``.
+    unless ``force``; reports :class:`~hookcli.events.Started`,
+    :class:`~hookcli.events.Advanced` (a row), :class:`~hookcli.events.Note` and
+    :class:`~hookcli.events.Wrote` (``index.html``) events to ``progress``.
     """
     emit = progress or (lambda event: None)
     check_whole("page_size", page_size, 1, MAX_PAGE_SIZE)
@@ -320,7 +316,7 @@ class _Report:
                 page.write(self._row(row))
                 self.emit(Advanced(1))
             page.write(f"</main>\n<footer>{_pager(number, self.pages)}<p>Written by hookcli "
-                       f"{_text(_version())}.</p></footer>\n</body>\n</html>\n")
+                       f"{_text(__version__)}.</p></footer>\n</body>\n</html>\n")
 
     def _job(self, tensor: _Tensor, row: int) -> GridJob:
         return self.plan[tensor.start + row]
@@ -618,12 +614,6 @@ def _png(pixels: np.ndarray) -> str:
     # zlib level 1, as grid writes: about half the time of the default for pictures some 7% larger.
     Image.fromarray(pixels).save(buffer, format="PNG", compress_level=1)
     return base64.b64encode(buffer.getvalue()).decode("ascii")
-
-
-def _version() -> str:
-    from hookcli import __version__
-
-    return __version__
 
 
 _HEAD = """<!DOCTYPE html>

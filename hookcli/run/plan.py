@@ -4,12 +4,12 @@
 no torch): it validates the options (choices, ranges, flags that conflict)
 and the layer selectors, finds the inputs, checks the output (the default
 output name too when the selectors name their layers' keys), then the model
-and weights names (from :mod:`hookcli.registry`'s cache). Then it resolves
+and weights names (from :mod:`hookcli.models.registry`'s cache). Then it resolves
 the device, loads the model, resolves the layers and the target (and the
 default output name when globs or types leave it to the model), and picks the
 forward strategy and the writer. :func:`execute` runs the one batch pipeline
-(:func:`hookcli.pipeline.iter_batches`) into that writer
-(:mod:`hookcli.writers`) and returns what the command's Python function
+(:func:`hookcli.run.pipeline.iter_batches`) into that writer
+(:mod:`hookcli.storage.writers`) and returns what the command's Python function
 returns. The command line, the Python API (:mod:`hookcli.api`), the
 benchmarks and any launcher of many processes all go through these two.
 
@@ -18,7 +18,7 @@ callback as values: :class:`Started`, :class:`Advanced`, :class:`Skipped`,
 :class:`Note` and :class:`Wrote`.
 
 >>> import tempfile
->>> from hookcli.models import load_model
+>>> from hookcli.models.loading import load_model
 >>> photo = __import__("matplotlib.cbook").cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)
 >>> run = plan("extract", load_model("resnet18", "none"), "layer2", photo, resize=64, crop=64)
 >>> run.output, run.settings.memory_format, run.layers
@@ -43,14 +43,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from hookcli.archives import input_key
+from hookcli.inputs.archives import input_key
 from hookcli.errors import ImageError, UsageProblem, check_choice, check_whole
-from hookcli.fileformat import RunRecord
-from hookcli.store import check_folder_output, refuse_existing
+from hookcli.events import Advanced, Event, Note, Skipped, Started, Wrote
+from hookcli.storage.fileformat import RunRecord
+from hookcli.files import check_folder_output, refuse_existing
 
 __all__ = [
-    "COMMAND_OPTIONS", "DEFAULT_OUTPUT", "LARGE_INPUT", "Advanced", "Note", "Output", "RunOptions", "RunPlan",
-    "Skipped", "Started", "Wrote", "default_output_name", "draw_grids", "execute", "plan", "refuse_unknown",
+    "COMMAND_OPTIONS", "DEFAULT_OUTPUT", "LARGE_INPUT", "Output", "RunOptions", "RunPlan", "default_output_name",
+    "draw_grids", "execute", "plan", "refuse_unknown",
 ]
 
 #: Above this many images, a run whose output is left to its default writes a shard folder instead of one file.
@@ -66,48 +67,6 @@ class _DefaultOutput:
 DEFAULT_OUTPUT = _DefaultOutput()
 
 
-# -- events --------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Started:
-    """A run (or a set of pictures) begins: ``total`` items, ``done`` of them by an earlier run; ``output`` as given."""
-
-    total: int
-    done: int = 0
-    output: str | None = None
-
-
-@dataclass(frozen=True)
-class Advanced:
-    """``count`` more items are done (rows stored or inputs skipped; pictures drawn)."""
-
-    count: int
-
-
-@dataclass(frozen=True)
-class Skipped:
-    """``on_error="skip"`` left ``input`` out because of ``error``."""
-
-    input: str
-    error: str
-
-
-@dataclass(frozen=True)
-class Note:
-    """Something the user should know that is not an error (a fallback, a layer left undrawn)."""
-
-    text: str
-
-
-@dataclass(frozen=True)
-class Wrote:
-    """A file of the output is complete at ``path``."""
-
-    path: str | os.PathLike
-
-
-Event = Started | Advanced | Skipped | Note | Wrote
 
 
 def _ignore(event: Event) -> None:
@@ -130,7 +89,7 @@ class RunOptions:
     std: tuple[float, float, float] | None = None
     interpolation: str | None = None
     fast_decode: bool = False
-    decode: str = "cpu"  # hookcli.preprocess.DECODERS
+    decode: str = "cpu"  # hookcli.inputs.preprocess.DECODERS
     device: str = "auto"
     batch_size: int = 16
     precision: str = "fp32"
@@ -143,7 +102,7 @@ class RunOptions:
     pool: str | None = None
     dtype: str = "float32"
     shard_size: int | None = None
-    fuse: bool | None = None  # None: by the number of inputs (hookcli.speed.choose_fuse)
+    fuse: bool | None = None  # None: by the number of inputs (hookcli.run.speed.choose_fuse)
     grid: str | None = None
     target: str = "top1"
     method: str = "gradcam"
@@ -156,12 +115,12 @@ class RunOptions:
     flow: bool = False
     region: str | None = None  # segmentation targets: x0,y0,x1,y1 as fractions of the image
     pair_with: tuple | None = None  # optical flow from two image lists: the second images, as inputs are given
-    part: str | None = None  # K/N: this process is the K-th of N sharing a shard folder (hookcli.launch)
+    part: str | None = None  # K/N: this process is the K-th of N sharing a shard folder (hookcli.run.launch)
 
     def __post_init__(self) -> None:
-        from hookcli.device import parse_device
-        from hookcli.gradients import CAM_METHODS
-        from hookcli.preprocess import DECODERS, INTERPOLATIONS, MAX_SIDE, check_normalisation, parse_triple
+        from hookcli.run.device import parse_device
+        from hookcli.run.gradients import CAM_METHODS
+        from hookcli.inputs.preprocess import DECODERS, INTERPOLATIONS, MAX_SIDE, check_normalisation, parse_triple
 
         for name, high in (("resize", MAX_SIDE), ("crop", MAX_SIDE), ("shard_size", None), ("clip_length", 4096)):
             check_whole(name, getattr(self, name), 1, high, optional=True)
@@ -189,7 +148,7 @@ class RunOptions:
         if self.seed is not None and not isinstance(self.seed, int):
             raise UsageProblem(f"seed must be a whole number, not {self.seed!r}")
         if self.part is not None:
-            from hookcli.launch import parse_part
+            from hookcli.run.launch import parse_part
 
             parse_part(self.part)
 
@@ -263,14 +222,14 @@ class RunPlan:
     target: object = None
     cam_look: Mapping | None = None
     notes: tuple[str, ...] = ()
-    part: object = None  # hookcli.launch.Part: this process's share of a shard folder written by many
-    team: object = None  # hookcli.launch.Team: torchrun's process group, left when the run ends
+    part: object = None  # hookcli.run.launch.Part: this process's share of a shard folder written by many
+    team: object = None  # hookcli.run.launch.Team: torchrun's process group, left when the run ends
 
 
 def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunPlan:
     """Resolve a run of ``command`` (``extract``, ``grad`` or ``cam``) with the options of :mod:`hookcli.api`.
 
-    ``model`` is a model name or a :class:`~hookcli.models.LoadedModel`;
+    ``model`` is a model name or a :class:`~hookcli.models.loading.LoadedModel`;
     ``layers`` one selector or a list (cam: one selector or None for the
     default layer); ``inputs`` a path, a folder, ``-`` or a list of them;
     ``output`` None (in memory), :data:`DEFAULT_OUTPUT`, a file, ``-`` or a
@@ -278,8 +237,8 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
     ``/``, or an existing folder: a ``pathlib.Path`` drops the trailing slash). Raises the library's errors; usage
     errors before any model loads.
     """
-    from hookcli.models import LoadedModel, model_family, resolve_weights
-    from hookcli.selectors import selector_keys
+    from hookcli.models.loading import LoadedModel, model_family, resolve_weights
+    from hookcli.run.selectors import selector_keys
 
     if command not in COMMAND_OPTIONS:
         raise UsageProblem(f"unknown command '{command}'", hint=f"use one of {', '.join(COMMAND_OPTIONS)}")
@@ -304,13 +263,13 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
         raise UsageProblem("refusing to write binary safetensors data to a terminal; pipe or redirect -o -",
                            hint=help_hint)
     if command == "cam":
-        from hookcli.render import check_cmap
+        from hookcli.pictures.render import check_cmap
 
         check_cmap(opts.cmap)
         if kind == "cam":
             check_folder_output(path)
             refuse_existing([Path(path) / "cams.safetensors"], force=opts.force)
-    from hookcli.launch import join_team
+    from hookcli.run.launch import join_team
 
     team = join_team(part)
     with _left_on_error(team):
@@ -334,10 +293,10 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
             # The last check before torch: the registry cache answers it, and only a cold cache imports torchvision.
             resolve_weights(model_name, opts.weights)
 
-        from hookcli.device import resolve_device
+        from hookcli.run.device import resolve_device
         from hookcli.families import DEFAULT_CLIP_LENGTH
-        from hookcli.launch import cpu_threads, local_device
-        from hookcli.speed import check_precision
+        from hookcli.run.launch import cpu_threads, local_device
+        from hookcli.run.speed import check_precision
 
         device = resolve_device(local_device(part, opts.device))
         if device.type == "cpu" and cpu_threads(part):
@@ -359,8 +318,8 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
             notes += ("--compile: gradients need the eager graph with hooks; running eagerly",)
         target = None
         if command != "extract":
-            from hookcli.gradients import parse_target
-            from hookcli.models import num_classes
+            from hookcli.run.gradients import parse_target
+            from hookcli.models.loading import num_classes
 
             target = parse_target(opts.target, loaded.categories, loaded.classes or num_classes(loaded.module),
                                   region=opts.region, family=loaded.family)
@@ -372,7 +331,7 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
             entries = {**entries, "clip_length": str(opts.clip_length or DEFAULT_CLIP_LENGTH),
                        "frame_stride": str(opts.frame_stride), "clips_per_video": str(opts.clips_per_video)}
         elif loaded.family == "optical_flow" and opts.pair_with:  # a resumed run must pair the same second images
-            from hookcli.fileformat import inputs_digest
+            from hookcli.storage.fileformat import inputs_digest
 
             entries = {**entries, "second_inputs_sha256": inputs_digest([input_key(p.second) for p in paths])}
         elif loaded.family == "optical_flow":
@@ -383,7 +342,7 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
         if opts.grid and not opts.force:
             _refuse_drawn_grids(opts.grid, list(selected.values()))
         if kind == "cam":
-            from hookcli.writers import cam_png_name
+            from hookcli.pictures.cams import cam_png_name
 
             names = [cam_png_name(i, p, k, target.count) for i, p in enumerate(paths) for k in range(target.count)]
             planned = [Path(path) / "cams.safetensors", *(Path(path) / n for n in names)]
@@ -401,7 +360,7 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
         )
         cam_look = {"method": opts.method, "alpha": opts.alpha, "cmap": opts.cmap} if command == "cam" else None
         if team is not None:
-            from hookcli.fileformat import identity
+            from hookcli.storage.fileformat import identity
 
             team.check_same(identity(record))
         return RunPlan(command=command, loaded=loaded, layers=selected, inputs=tuple(paths), settings=settings,
@@ -421,9 +380,9 @@ def _left_on_error(team):
 
 
 def _part(opts: RunOptions, kind: str, output) -> object:
-    """This process's :class:`~hookcli.launch.Part` of a shard folder that many write (``--part``, or what a
+    """This process's :class:`~hookcli.run.launch.Part` of a shard folder that many write (``--part``, or what a
     launcher says), or None."""
-    from hookcli.launch import detect_part, parse_part
+    from hookcli.run.launch import detect_part, parse_part
 
     if opts.part is not None:
         if kind not in ("folder", "default"):
@@ -455,7 +414,7 @@ _NO_GRADIENTS = {
 
 def _settings(command: str, opts: RunOptions):
     """The run settings the options ask for, validated; preprocessing is the model's, filled in once it loads."""
-    from hookcli.pipeline import RunSettings
+    from hookcli.run.pipeline import RunSettings
 
     extracting = command == "extract"
     return RunSettings(
@@ -474,7 +433,7 @@ def _preprocess(loaded, opts: RunOptions):
     if resize is not None and isinstance(loaded.preprocess.resize, tuple) and loaded.preprocess.kind == \
             "classification" and loaded.preprocess.crop is None and opts.crop is None:
         resize = (resize, resize)
-    from hookcli.preprocess import DEVICE_DECODE_KINDS
+    from hookcli.inputs.preprocess import DEVICE_DECODE_KINDS
 
     kind = loaded.preprocess.kind
     if opts.decode == "device" and kind not in DEVICE_DECODE_KINDS:
@@ -520,8 +479,8 @@ def default_output_name(model_name: str, keys: Sequence[str], *, folder: bool = 
 
 
 def _label(model_name: str) -> str:
-    """The model's name as a file name: ``timm-resnet50`` for ``timm:resnet50`` (see :mod:`hookcli.sources`)."""
-    from hookcli.sources import parse_model
+    """The model's name as a file name: ``timm-resnet50`` for ``timm:resnet50`` (see :mod:`hookcli.models.sources`)."""
+    from hookcli.models.sources import parse_model
 
     return parse_model(model_name).label
 
@@ -541,8 +500,8 @@ def _check_target(kind: str, path: str, inputs: Sequence[Path], force: bool) -> 
 
 
 def _check_output(kind: str, path: str, force: bool) -> None:
-    from hookcli.shards import check_folder_target
-    from hookcli.store import check_writable
+    from hookcli.storage.shards import check_folder_target
+    from hookcli.files import check_writable
 
     if kind == "folder":
         check_folder_target(path)
@@ -563,7 +522,7 @@ def _refuse_other_format(path: str) -> None:
 
     Any other name is written as given, one without a suffix too.
     """
-    from hookcli.images import IMAGE_SUFFIXES
+    from hookcli.inputs.names import IMAGE_SUFFIXES
 
     suffix = Path(path).suffix
     if suffix.lower() in _OTHER_FORMATS | IMAGE_SUFFIXES:
@@ -574,9 +533,9 @@ def _refuse_other_format(path: str) -> None:
 
 def _refuse_drawn_grids(folder: str, keys: Sequence[str]) -> None:
     """``--grid``: refuse, before any work, a folder that already holds pictures of these keys (grid writes a layer's
-    PNGs under names that start with its key; see :mod:`hookcli.grids`)."""
+    PNGs under names that start with its key; see :mod:`hookcli.pictures.grids`)."""
     from hookcli.errors import OutputExistsError
-    from hookcli.grids import safe_name
+    from hookcli.pictures.grids import safe_name
 
     try:
         names = sorted(entry.name for entry in os.scandir(folder) if entry.name.endswith(".png"))
@@ -609,17 +568,17 @@ def _refuse_overwriting_inputs(outputs: Sequence, inputs: Sequence[Path]) -> Non
 
 
 def _gather(inputs, family: str, opts: RunOptions) -> tuple:
-    """``(rows, notes)``: the run's rows, images (:class:`~hookcli.images.FoundInputs`) or for video and
-    optical-flow models the clips or frame pairs of the videos given (:mod:`hookcli.video`), and what to tell."""
+    """``(rows, notes)``: the run's rows, images (:class:`~hookcli.inputs.images.FoundInputs`) or for video and
+    optical-flow models the clips or frame pairs of the videos given (:mod:`hookcli.inputs.video`), and what to tell."""
     from hookcli.families import DEFAULT_CLIP_LENGTH, family_traits
-    from hookcli.images import FoundInputs, find_inputs
+    from hookcli.inputs.images import FoundInputs, find_inputs
 
     recursive = opts.recursive
     arguments = _arguments(inputs)
     if not family_traits(family).videos:
         found = find_inputs(arguments, recursive=recursive)
         return found, (found.note,) if found.note else ()
-    from hookcli import video
+    from hookcli.inputs import video
     from hookcli.errors import VideoError
 
     if opts.pair_with:
@@ -647,8 +606,9 @@ def _gather(inputs, family: str, opts: RunOptions) -> tuple:
 
 def _image_pairs(arguments: list[str], opts: RunOptions, recursive: bool):
     """Optical flow from two image lists: the inputs are each pair's first images, ``pair_with`` its second ones."""
-    from hookcli.images import FoundInputs, _counted, find_inputs
-    from hookcli.video import ImagePair
+    from hookcli.console import counted
+    from hookcli.inputs.images import FoundInputs, find_inputs
+    from hookcli.inputs.video import ImagePair
 
     if opts.frame_stride != 1:
         raise UsageProblem("--frame-stride applies to pairs cut from videos, not to pairs given as two image lists",
@@ -659,7 +619,7 @@ def _image_pairs(arguments: list[str], opts: RunOptions, recursive: bool):
     firsts = find_inputs(arguments, recursive=recursive).paths
     seconds = find_inputs(_arguments(opts.pair_with), recursive=recursive).paths
     if len(firsts) != len(seconds):
-        raise UsageProblem(f"the two image lists differ in length: {_counted(len(firsts), 'first image')} and "
+        raise UsageProblem(f"the two image lists differ in length: {counted(len(firsts), 'first image')} and "
                            f"{len(seconds)} given with --pair-with",
                            hint="give one second image for each input image, in order")
     return FoundInputs([ImagePair(a, b) for a, b in zip(firsts, seconds, strict=True)])
@@ -680,7 +640,7 @@ def _fitted_to_family(command: str, family: str, opts: RunOptions, given: Mappin
     if opts.region is not None and family != "segmentation":
         raise UsageProblem("--region applies to segmentation models", hint=help_hint)
     if opts.region is not None:
-        from hookcli.gradients import parse_region
+        from hookcli.run.gradients import parse_region
 
         parse_region(opts.region)
 
@@ -716,21 +676,21 @@ def _fitted_to_family(command: str, family: str, opts: RunOptions, given: Mappin
 
 
 def _load(name: str, opts: RunOptions):
-    from hookcli.models import load_model
+    from hookcli.models.loading import load_model
 
     return load_model(name, opts.weights, seed=opts.seed or 0)
 
 
 def _command_parts(command, loaded, layers, settings, opts, target):
     """``(layers, forward factory, the command's own metadata entries)`` for ``command``."""
-    from hookcli.selectors import resolve_layers
+    from hookcli.run.selectors import resolve_layers
 
     if command == "extract":
-        from hookcli.pipeline import extraction_forward
+        from hookcli.run.pipeline import extraction_forward
 
         return resolve_layers(loaded.module, _selectors(layers), model_name=loaded.name), \
             extraction_forward(settings), {}
-    from hookcli.gradients import CamForward, GradientForward
+    from hookcli.run.gradients import CamForward, GradientForward
 
     if command == "grad":
         return (resolve_layers(loaded.module, _selectors(layers), model_name=loaded.name),
@@ -748,7 +708,7 @@ def _selectors(layers) -> list[str]:
 
 
 def _cam_layer(loaded, selector, settings) -> str:
-    from hookcli.selectors import resolve_layers
+    from hookcli.run.selectors import resolve_layers
 
     if selector:
         if not isinstance(selector, str):
@@ -759,7 +719,7 @@ def _cam_layer(loaded, selector, settings) -> str:
                                hint="see 'hookcli cam --help'")
         return next(iter(chosen))
     from hookcli.families import map_batch, natural_input
-    from hookcli.gradients import default_cam_layer
+    from hookcli.run.gradients import default_cam_layer
 
     device = next(loaded.module.parameters()).device  # a model reused from an earlier run may be on a GPU
     example = natural_input(loaded.family, preprocess=settings.preprocess)
@@ -772,13 +732,13 @@ def _cam_layer(loaded, selector, settings) -> str:
 def execute(run: RunPlan, progress: Callable[[Event], None] | None = None):
     """Run ``run`` into its output and return what its command's function returns.
 
-    In memory: the rows as :class:`~hookcli.store.Features` (with ``facts``
+    In memory: the rows as :class:`~hookcli.storage.features.Features` (with ``facts``
     and ``notes``); written: the path written (a shard folder's
     ``index.jsonl``; a CAM folder's ``cams.safetensors``); to stdout: None.
     Raises :class:`~hookcli.errors.ImageError` when no input could be read.
     """
-    from hookcli.pipeline import iter_batches
-    from hookcli.store import Features
+    from hookcli.run.pipeline import iter_batches
+    from hookcli.storage.features import Features
 
     emit = progress or _ignore
     notes: list[str] = []
@@ -820,8 +780,8 @@ def execute(run: RunPlan, progress: Callable[[Event], None] | None = None):
         if isinstance(result, Features):
             result.notes = tuple(notes)
         if run.grid and complete and writer.finisher:
-            from hookcli.grids import GridOptions
-            from hookcli.shards import open_features
+            from hookcli.pictures.grids import GridOptions
+            from hookcli.storage.shards import open_features
 
             with result if isinstance(result, Features) else open_features(run.output.path) as written:
                 draw_grids(written, GridOptions(), run.grid, force=run.force, progress=emit)
@@ -831,7 +791,7 @@ def execute(run: RunPlan, progress: Callable[[Event], None] | None = None):
 
 
 def _writer(run: RunPlan, note: Callable[[str], None]):
-    from hookcli import writers
+    from hookcli.storage import writers
 
     kind, path = run.output.kind, run.output.path
     if kind == "memory":
@@ -846,8 +806,10 @@ def _writer(run: RunPlan, note: Callable[[str], None]):
         return writers.FileWriter(run.record, run.inputs, path, force=run.force)
     (layer,) = run.layers
     inner = writers.FileWriter(run.record, run.inputs, str(Path(path) / "cams.safetensors"), force=run.force)
-    return writers.CamOverlays(inner, run.inputs, path, preprocess=run.settings.preprocess, count=run.target.count,
-                               layer=layer, force=run.force, on_note=note, **run.cam_look)
+    from hookcli.pictures.cams import CamOverlays  # numpy and Pillow: not for the command line's start
+
+    return CamOverlays(inner, run.inputs, path, preprocess=run.settings.preprocess, count=run.target.count,
+                       layer=layer, force=run.force, on_note=note, **run.cam_look)
 
 
 # -- pictures --------------------------------------------------------------------------------------
@@ -861,7 +823,7 @@ def draw_grids(features, options, output, *, force: bool = False,
     file name → ``uint8 [H, W, 3]`` pixels. Undrawable tensors are reported
     as :class:`Note` s.
     """
-    from hookcli.grids import plan_grids, render_all, write_grids
+    from hookcli.pictures.grids import plan_grids, render_all, write_grids
 
     emit = progress or _ignore
     jobs = plan_grids(features, options, output, force=force)

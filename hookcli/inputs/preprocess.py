@@ -10,7 +10,7 @@ steps equal to it, so the numbers are exactly those torchvision uses.
 JPEGs are decoded at a reduced scale (libjpeg's 1/2, 1/4 or 1/8) that still
 leaves the shorter side at least twice ``resize``, then resized as usual.
 ``decode="device"`` decodes and preprocesses on the run's device instead
-(:mod:`hookcli.decoding`); the transform takes uint8 tensors as well as PIL
+(:mod:`hookcli.inputs.decoding`); the transform takes uint8 tensors as well as PIL
 images for that.
 
 >>> spec = Preprocess(resize=256, crop=224)
@@ -95,7 +95,7 @@ class Preprocess:
       cropped only when asked.
 
     ``mean``/``std`` None means no normalisation. ``decode`` is where images
-    are decoded and preprocessed (:data:`DECODERS`, :mod:`hookcli.decoding`).
+    are decoded and preprocessed (:data:`DECODERS`, :mod:`hookcli.inputs.decoding`).
     """
 
     resize: int | tuple[int, int] | None
@@ -218,7 +218,7 @@ class Preprocess:
     def to_transform(self):
         """The transform of one decoded input: a PIL image (a ``[T, H, W, 3]`` uint8 array for video) → tensor.
         Image kinds take uint8 tensors ``[..., 3, H, W]`` too (a batch of one size at once), as
-        :mod:`hookcli.decoding` gives them.
+        :mod:`hookcli.inputs.decoding` gives them.
 
         Classification uses torchvision's ``ImageClassification`` itself, video
         its ``VideoClassification``, so the numbers are exactly torchvision's.
@@ -238,7 +238,7 @@ class Preprocess:
 
     def to_tensor_steps(self) -> ImageSteps:
         """The preprocessing of an image kind in its two steps, for uint8 tensors on any device, as
-        :mod:`hookcli.decoding` runs it: :meth:`ImageSteps.geometry` on each batch of images of one size,
+        :mod:`hookcli.inputs.decoding` runs it: :meth:`ImageSteps.geometry` on each batch of images of one size,
         :meth:`ImageSteps.scaled` once on all.
 
         >>> import torch
@@ -269,7 +269,7 @@ class ImageSteps:
 
     With only ``resize`` and normalisation this is torchvision's ``SemanticSegmentation``; with neither,
     ``ObjectDetection``; with mean = std = 0.5, ``OpticalFlow`` on one frame. The two steps are apart so that
-    :mod:`hookcli.decoding` resizes a batch of many sizes a size at a time and scales it at once:
+    :mod:`hookcli.inputs.decoding` resizes a batch of many sizes a size at a time and scales it at once:
     :meth:`geometry`, then :meth:`scaled`, which reads nothing back to the host, so a GPU's queue is never waited
     on. Nearest neighbour is torch's ``nearest-exact``, which is Pillow's own on PIL images (torch's ``nearest``
     picks pixels shifted by half of one); on tensors, bilinear and bicubic round a little differently from

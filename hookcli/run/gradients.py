@@ -2,7 +2,7 @@
 
 A target is a class index, a class name from the weights' categories, or
 ``top1`` … ``topK`` (each image's K highest logits). :class:`GradientForward`
-is the forward strategy of :func:`hookcli.pipeline.iter_batches` for grad:
+is the forward strategy of :func:`hookcli.run.pipeline.iter_batches` for grad:
 gradients are enabled only where needed, parameters are frozen for the run,
 so autograd records the graph from the first hooked layer on, and each
 batch's graph is freed after its backward pass. :class:`CamForward` turns
@@ -34,12 +34,12 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from hookcli.capture import GradientCapture, preserved_mode
+from hookcli.run.capture import GradientCapture, preserved_mode
 from hookcli.errors import CaptureError, UsageProblem
 from hookcli.families import channels_last_output, is_square
-from hookcli.fileformat import RunFacts
-from hookcli.models import LoadedModel
-from hookcli.speed import compute_precision
+from hookcli.storage.fileformat import RunFacts
+from hookcli.models.loading import LoadedModel
+from hookcli.run.speed import compute_precision
 
 __all__ = [
     "CAM_METHODS", "CamForward", "GradientForward", "Target", "class_activation_maps", "default_cam_layer",
@@ -172,13 +172,13 @@ class GradientForward:
     def __init__(self, model, layers: Mapping[str, str], settings, on_note=None, *, target: Target,
                  categories: Sequence[str] | None = None, scores: str | None = None) -> None:
         from hookcli.families import ragged_rows
-        from hookcli.pipeline import _DetectionRows
+        from hookcli.run.pipeline import DetectionRows
 
         self.model, self.settings, self.target, self.categories = model, settings, target, categories
         self.scores = scores  # the output field holding the scores (a transformers model's logits), if not a tensor
         self.capture = GradientCapture(model, layers)
         self.family = getattr(settings, "family", "classification")
-        self.rows = _DetectionRows(model, detections=False) if self.family == "detection" else None
+        self.rows = DetectionRows(model, detections=False) if self.family == "detection" else None
         self.ragged = ragged_rows(self.family, settings.preprocess) if settings.preprocess is not None else False
         self._stack = contextlib.ExitStack()
 
@@ -333,7 +333,7 @@ def spatial_maps(tensor, prefix_tokens: int | None = None):
     if tensor.dim() == 4:
         return tensor.permute(0, 3, 1, 2) if channels_last_output(tensor.shape) else tensor
     if tensor.dim() == 3:
-        from hookcli.render import map_layout
+        from hookcli.pictures.render import map_layout
 
         dim, side, _, layout = map_layout(tensor.shape[1:], prefix_tokens)  # the square pictures draw, too
         if layout != "matrix":

@@ -3,27 +3,27 @@
 :func:`iter_batches` is the one loop: images are decoded and preprocessed in
 worker processes (``workers``) while the model runs on earlier batches, or,
 with the preprocessing's ``decode="device"``, read there and decoded batched
-on the device while it computes the batch before (:mod:`hookcli.decoding`);
+on the device while it computes the batch before (:mod:`hookcli.inputs.decoding`);
 batches go to the device (pinned memory and non-blocking copies on CUDA); a
 forward strategy, chosen once per run, runs the model with the layers
 captured; features are pooled and cast (``pool``, ``dtype``) on the device,
 then moved to the CPU. Each :class:`Batch` carries its rows, the inputs that
-could not be read, and the run's facts so far (:class:`~hookcli.fileformat.RunFacts`).
+could not be read, and the run's facts so far (:class:`~hookcli.storage.fileformat.RunFacts`).
 
 Forward strategies (each a context manager called with a batch):
 
 - :class:`EagerForward`: hooks on the model as written;
 - :class:`FusedForward`: the same hooks on a fused copy of the model (CPU
-  extraction, :mod:`hookcli.fusion`), falling back to the model as written
+  extraction, :mod:`hookcli.run.fusion`), falling back to the model as written
   should the fused forward fail on the first batch; by default only for runs
-  of :data:`~hookcli.speed.FUSE_FROM` images or more, where tracing and
-  folding pay back (:func:`hookcli.speed.choose_fuse`);
+  of :data:`~hookcli.run.speed.FUSE_FROM` images or more, where tracing and
+  folding pay back (:func:`hookcli.run.speed.choose_fuse`);
 - :class:`CompiledForward`: a compiled graph cut after the last layer
-  (:func:`hookcli.speed.compiled_extractor`), falling back to the eager path
+  (:func:`hookcli.run.speed.compiled_extractor`), falling back to the eager path
   where hooks are needed;
-- gradient and CAM strategies live in :mod:`hookcli.gradients`.
+- gradient and CAM strategies live in :mod:`hookcli.run.gradients`.
 
->>> from hookcli.models import load_model
+>>> from hookcli.models.loading import load_model
 >>> photo = __import__("matplotlib.cbook").cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)
 >>> loaded = load_model("resnet18", "none")
 >>> settings = RunSettings(preprocess=loaded.preprocess.replace(resize=64, crop=64))
@@ -45,8 +45,8 @@ import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from hookcli import speed
-from hookcli.capture import CAPTURE_KINDS, FeatureCapture
+from hookcli.run import speed
+from hookcli.run.capture import CAPTURE_KINDS, FeatureCapture
 from hookcli.errors import HookcliError, ImageError, VideoError, check_choice, check_whole, first_line
 from hookcli.families import (
     batch_device,
@@ -58,12 +58,13 @@ from hookcli.families import (
     rows_by_shape,
     square_input,
 )
-from hookcli.fileformat import RunFacts
-from hookcli.models import LoadedModel
-from hookcli.preprocess import Preprocess
+from hookcli.storage.fileformat import DETECTIONS, FLOW, RunFacts
+from hookcli.models.loading import LoadedModel
+from hookcli.inputs.preprocess import Preprocess
 
 __all__ = [
-    "DTYPES", "ON_ERROR", "POOLS", "Batch", "CompiledForward", "EagerForward", "FusedForward", "RunSettings",
+    "DTYPES", "ON_ERROR", "POOLS", "Batch", "CompiledForward", "DetectionRows", "EagerForward", "FusedForward",
+    "RunSettings",
     "default_workers", "extraction_forward", "image_loader", "iter_batches", "prepared_model", "reported_failures",
 ]
 
@@ -80,7 +81,7 @@ class RunSettings:
     ``device="auto"``; ``workers=None``; ``memory_format="auto"``;
     ``fuse=None``: by the number of inputs) are decided once by
     :meth:`resolved`. ``fuse`` (extraction on the CPU, see
-    :mod:`hookcli.fusion`) is ignored by gradient runs and by ``compile``,
+    :mod:`hookcli.run.fusion`) is ignored by gradient runs and by ``compile``,
     which fuses in its own way.
     """
 
@@ -125,12 +126,12 @@ class RunSettings:
         The device becomes a ``torch.device`` that exists here (and can run
         the precision), preprocessing the weights' own where none is given,
         workers and memory format as ``auto`` picks them, and ``fuse=None``
-        true from :data:`~hookcli.speed.FUSE_FROM` inputs on
-        (:func:`~hookcli.speed.choose_fuse`). ``inputs`` counts the whole run,
+        true from :data:`~hookcli.run.speed.FUSE_FROM` inputs on
+        (:func:`~hookcli.run.speed.choose_fuse`). ``inputs`` counts the whole run,
         also when it resumes part-way, so a resumed run decides as the first
         one did. Resolved settings resolve to themselves.
         """
-        from hookcli.device import resolve_device
+        from hookcli.run.device import resolve_device
 
         device = self.device if not isinstance(self.device, str) else resolve_device(self.device)
         speed.check_precision(self.precision, device)
@@ -171,7 +172,7 @@ class _Images:
     """A dataset of decoded, preprocessed images; a failure comes back as a value, never raised in a worker."""
 
     def __init__(self, paths: Sequence, preprocess: Preprocess) -> None:
-        from hookcli.images import load_rgb
+        from hookcli.inputs.images import load_rgb
 
         self.paths, self.load, self.kind = paths, load_rgb, preprocess.kind
         self.transform, self.decode_size = preprocess.to_transform(), preprocess.decode_size
@@ -184,7 +185,7 @@ class _Images:
         try:
             if not hasattr(item, "read"):
                 return index, self.transform(self.load(item, min_size=self.decode_size)), None
-            frames = item.read()  # a clip or a pair of frames: hookcli.video's Clip or ImagePair
+            frames = item.read()  # a clip or a pair of frames: hookcli.inputs.video's Clip or ImagePair
             if self.kind == "video":
                 return index, self.transform(frames), None
             from PIL import Image
@@ -273,14 +274,14 @@ def _die_with_parent() -> None:
 def image_loader(paths: Sequence, settings: RunSettings, *, order: Iterable[list[int]] | None = None):
     """Batches ``(indices, stacked images or None, failures)`` of ``paths`` in ``settings.batch_size`` (or the
     batches of input indices ``order`` gives, read as they are needed), decoded by ``settings.workers``; with
-    ``decode="device"``, ``(indices, Encoded, failures)`` for :class:`hookcli.decoding.DeviceDecoder` to finish.
+    ``decode="device"``, ``(indices, Encoded, failures)`` for :class:`hookcli.inputs.decoding.DeviceDecoder` to finish.
 
     ``settings`` must be resolved (:meth:`RunSettings.resolved`).
     """
     import torch
     from torch.utils.data import DataLoader
 
-    from hookcli import decoding
+    from hookcli.inputs import decoding
 
     on_device = settings.preprocess.decode == "device"
     return DataLoader(
@@ -351,14 +352,14 @@ def iter_batches(
 
 
 class _Decoded:
-    """The loader's batches, decoded on the device where the preprocessing says so (:mod:`hookcli.decoding`).
+    """The loader's batches, decoded on the device where the preprocessing says so (:mod:`hookcli.inputs.decoding`).
 
     :meth:`prepare` decodes the next batch early: called once the device has the forward of a batch queued, the
     host's share of decoding (reading the bytes, nvJPEG's Huffman stage) overlaps the device's work.
     """
 
     def __init__(self, loader, settings: RunSettings, on_note) -> None:
-        from hookcli.decoding import DeviceDecoder
+        from hookcli.inputs.decoding import DeviceDecoder
 
         self.loader, self._batches = loader, None  # the workers start with the first batch asked for
         self.decode = DeviceDecoder(settings.preprocess, settings.device, on_note) \
@@ -389,7 +390,7 @@ def _videos_closed():
     try:
         yield
     finally:
-        from hookcli.video import close_decoders
+        from hookcli.inputs.video import close_decoders
 
         close_decoders()
 
@@ -444,13 +445,13 @@ class EagerForward:
         self._use(model)
 
     def _use(self, model) -> None:
-        from hookcli.fusion import fused_convolutions
+        from hookcli.run.fusion import fused_convolutions
 
         self._stack.close()  # hooks of a model no longer used come off
         detecting = self.settings.family == "detection"
         self.capture = FeatureCapture(model, self.layers, capture=self.settings.capture,
                                       stop_early=not self.settings.final_output)
-        self.rows = _DetectionRows(model, self.settings.final_output) if detecting else None
+        self.rows = DetectionRows(model, self.settings.final_output) if detecting else None
         self.flow = _FinalOutput(model) if self.settings.family == "optical_flow" and self.settings.final_output \
             else None
         self.ragged = ragged_rows(self.settings.family, self.settings.preprocess)
@@ -503,7 +504,7 @@ class FusedForward(EagerForward):
     """
 
     def __init__(self, model, layers: Mapping[str, str], settings: RunSettings, on_note=None) -> None:
-        from hookcli.fusion import fusion_attempt
+        from hookcli.run.fusion import fusion_attempt
 
         fuse = functools.partial(fusion_attempt, dtype=speed.compute_dtype(settings.precision),
                                  channels_last=settings.memory_format == "channels_last")
@@ -534,13 +535,13 @@ class FusedForward(EagerForward):
 
 def _with_fused_backbone(model, layers: Mapping[str, str], fuse, detections: bool):
     """A copy of detection ``model`` whose backbone's convolution stack (``backbone.body``, or SSD's ``backbone``) is
-    fused by ``fuse`` (:func:`~hookcli.fusion.fusion_attempt`), as a :class:`~hookcli.fusion.FusionAttempt`; ``model``
+    fused by ``fuse`` (:func:`~hookcli.run.fusion.fusion_attempt`), as a :class:`~hookcli.run.fusion.FusionAttempt`; ``model``
     itself where nothing fuses. The copy shares every other module.
 
     The stack is fused up to its last hooked layer when the forward ends there, whole when it goes on (a layer
     hooked after the stack, or the final detections asked for).
     """
-    from hookcli.fusion import FusionAttempt
+    from hookcli.run.fusion import FusionAttempt
 
     path = "backbone.body" if hasattr(model.backbone, "body") else "backbone"
     keep = [layer[len(path) + 1:] for layer in layers if layer.startswith(path + ".")]
@@ -619,7 +620,7 @@ def _stored(key: str, value, pool: str | None, cast, ragged: bool, square: bool 
     return list(finish(value, row=False)) if ragged else finish(value, row=False)
 
 
-class _DetectionRows:
+class DetectionRows:
     """Cuts a detection model's padded batch back to each image: layer outputs ``[N, C, H, W]`` to the part that
     covers the image (the model pads a batch to its largest image), and, when asked, its detections.
 
@@ -665,10 +666,6 @@ class _DetectionRows:
         return rows
 
 
-#: The key final detections are stored under (``detections#boxes``, ``#labels``, ``#scores``, ``#masks``, ...).
-DETECTIONS = "detections"
-#: The key an optical-flow model's final flow field is stored under, ``[N, 2, H, W]`` in pixels.
-FLOW = "flow"
 
 
 class _FinalOutput:

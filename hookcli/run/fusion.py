@@ -127,7 +127,7 @@ def _traced(model, keep: set[str]):
     """A GraphModule of ``model`` with the kept modules as leaves, or None when tracing fails."""
     import torchvision.ops
 
-    from hookcli.capture import preserved_mode
+    from hookcli.run.capture import preserved_mode
 
     class Tracer(torch.fx.Tracer):
         def is_leaf_module(self, module, qualified_name: str) -> bool:

@@ -25,10 +25,10 @@ from dataclasses import asdict, dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from hookcli import __version__
+from hookcli.version import __version__
 from hookcli.errors import HookcliError
 from hookcli.families import FAMILIES, MODULES
-from hookcli.store import atomic_path, open_regular
+from hookcli.files import atomic_path, open_regular
 
 __all__ = ["CACHE_FILE", "ModelEntry", "cache_path", "model_registry"]
 

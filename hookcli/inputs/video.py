@@ -38,8 +38,10 @@ from pathlib import Path
 import numpy as np
 
 from hookcli.errors import ImageError, InputError, UsageProblem, VideoError, check_whole
-from hookcli.images import IMAGE_SUFFIXES, _counted, _is_image_name, _read_lines, load_rgb, pixel_limit
-from hookcli.store import NotRegularFile, open_regular
+from hookcli.console import counted
+from hookcli.inputs.images import load_rgb, pixel_limit
+from hookcli.inputs.names import IMAGE_SUFFIXES, is_image_name, read_lines
+from hookcli.files import NotRegularFile, open_regular
 
 __all__ = [
     "VIDEO_SUFFIXES", "Clip", "ImagePair", "clip_frames", "close_decoders", "find_clips", "find_pairs", "find_videos",
@@ -138,7 +140,7 @@ def pair_frames(count: int, *, stride: int = 1) -> list[tuple[int, int]]:
 class ImagePair:
     """Two images given as a pair of frames (optical flow from two image lists): ``path`` first, ``second`` after."""
 
-    path: str | os.PathLike  # a disk path or an archive member (hookcli.archives), each read as it is
+    path: str | os.PathLike  # a disk path or an archive member (hookcli.inputs.archives), each read as it is
     second: str | os.PathLike
 
     def __fspath__(self) -> str:
@@ -167,7 +169,7 @@ def find_videos(arguments: Iterable[str], *, recursive: bool = False, stdin=None
 
     found: list[Path] = []
     for argument in arguments:
-        names = _read_lines(stdin or sys.stdin) if argument == "-" else [argument]
+        names = read_lines(stdin or sys.stdin) if argument == "-" else [argument]
         for name in names:
             path = Path(name)
             if not path.exists():
@@ -202,7 +204,7 @@ def find_pairs(path: str | os.PathLike, *, stride: int = 1) -> list[Clip]:
     pairs = pair_frames(count, stride=stride)
     if not pairs:
         hint = "use a smaller stride" if count > 1 else "optical flow needs at least two frames"
-        raise VideoError(f"video '{path}' has {_counted(count, 'frame')}, too few for a pair {stride} apart",
+        raise VideoError(f"video '{path}' has {counted(count, 'frame')}, too few for a pair {stride} apart",
                          hint=hint)
     return [Clip(os.fspath(path), pair) for pair in pairs]
 
@@ -307,7 +309,7 @@ def _read_file(path, positions: dict[int, list[int]]) -> np.ndarray:
         raise
     except _Ended as ended:
         close_decoders()
-        raise VideoError(f"video '{path}' ended after {_counted(ended.decoded, 'frame')}; frame {max(positions)} was "
+        raise VideoError(f"video '{path}' ended after {counted(ended.decoded, 'frame')}; frame {max(positions)} was "
                          "asked for", hint=_DAMAGED) from None
     return frames
 
@@ -389,7 +391,7 @@ def _read_folder(folder, positions: dict[int, list[int]]) -> np.ndarray:
     paths = _frame_paths(folder)
     last = max(positions)
     if last >= len(paths):
-        raise VideoError(f"folder '{folder}' has {_counted(len(paths), 'frame')}; frame {last} was asked for",
+        raise VideoError(f"folder '{folder}' has {counted(len(paths), 'frame')}; frame {last} was asked for",
                          hint="frames are numbered from 0")
     size = sum(map(len, positions.values()))
     frames = first = None
@@ -431,7 +433,7 @@ def _listed_frames(folder: str, where: str, changed: int | None) -> tuple[Path, 
 
 def _frame_listing(folder) -> list[Path]:
     try:
-        paths = [p for p in Path(folder).iterdir() if not p.is_dir() and _is_image_name(p.name)]
+        paths = [p for p in Path(folder).iterdir() if not p.is_dir() and is_image_name(p.name)]
     except OSError as err:
         raise VideoError(f"cannot read folder '{folder}': {err.strerror}", hint="check the path") from None
     if not paths:

@@ -1,0 +1,265 @@
+"""Files as hookcli reads and writes them: regular files only, outputs written atomically, names checked early.
+
+The foundation every layer shares (inputs read with :func:`open_regular`,
+storage writes with :func:`atomic_path`); it imports nothing of hookcli but
+its errors.
+
+Files appear complete or not at all: bytes go to a temporary file in the same
+folder that is renamed into place, and an existing file is only replaced when
+``force`` is set.
+
+>>> import os, tempfile
+>>> target = os.path.join(tempfile.mkdtemp(), "out.txt")
+>>> with atomic_path(target) as temporary:
+...     _ = temporary.write_text("written whole")
+>>> open(target).read(), format_bytes(3 * 1024 ** 2)
+('written whole', '3.0 MiB')
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import glob
+import os
+import stat
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+from hookcli.errors import HookcliError, OutputExistsError, UsageProblem
+
+__all__ = [
+    "NotRegularFile", "atomic_path", "check_folder_output", "check_writable", "file_kind", "format_bytes",
+    "open_regular", "refuse_existing", "remove_abandoned", "reporting_full_disk",
+]
+
+
+class NotRegularFile(OSError):
+    """A path names a FIFO, a device, a socket or a folder where a file's bytes were expected."""
+
+
+def file_kind(mode: int) -> str:
+    """What a file of ``st_mode`` ``mode`` is, for messages: ``a FIFO (named pipe)``, ``a folder``, ``a device``…"""
+    kinds = {stat.S_IFREG: "a regular file", stat.S_IFDIR: "a folder", stat.S_IFIFO: "a FIFO (named pipe)",
+             stat.S_IFCHR: "a device", stat.S_IFBLK: "a device", stat.S_IFSOCK: "a socket",
+             stat.S_IFLNK: "a symbolic link"}
+    return kinds.get(stat.S_IFMT(mode), "a special file")
+
+
+def open_regular(path: str | os.PathLike, *, follow_links: bool = True, update: bool = False) -> BinaryIO:
+    """Open ``path`` for reading in binary (with ``update``, for reading and writing), refusing anything but a
+    regular file.
+
+    The file is opened without blocking and checked before any byte is read,
+    so a FIFO (whose ``open`` would wait for a writer forever) or a device is
+    refused at once with :class:`NotRegularFile` (so is a symbolic link,
+    unless ``follow_links``); a missing path raises ``FileNotFoundError`` as
+    ``open`` does.
+    """
+    flags = (os.O_RDWR if update else os.O_RDONLY) | os.O_NONBLOCK | os.O_CLOEXEC | (
+        0 if follow_links else os.O_NOFOLLOW)
+    try:
+        descriptor = os.open(path, flags)
+    except OSError as err:
+        if err.errno == errno.ELOOP and not follow_links:
+            raise NotRegularFile(f"'{path}' is a symbolic link, not a regular file") from None
+        raise
+    try:
+        mode = os.fstat(descriptor).st_mode
+        if not stat.S_ISREG(mode):
+            raise NotRegularFile(f"'{path}' is {file_kind(mode)}, not a regular file")
+        os.set_blocking(descriptor, True)
+        return os.fdopen(descriptor, "r+b" if update else "rb")
+    except BaseException:
+        os.close(descriptor)
+        raise
+
+
+def check_writable(target: str | os.PathLike, *, force: bool) -> Path:
+    """Refuse early, before any work, an output file that could not be written in the end.
+
+    Refused: an existing file (without ``force``) or folder, a broken symbolic
+    link, a missing or unwritable folder, and a name too long to carry the
+    temporary suffix :func:`atomic_path` adds.
+    """
+    path = Path(target)
+    _check_name_length(path, extra=len(_TEMPORARY_EXTRA))  # first: stat() itself fails on a name too long
+    if path.is_dir() and not (force and path.is_symlink()):  # --force replaces a link, whatever it points to
+        raise OutputExistsError(f"output '{path}' is a folder", hint="give a file name ending in .safetensors")
+    if path.is_symlink() and not path.exists() and not force:
+        raise OutputExistsError(f"output '{path}' is a broken symbolic link",
+                                hint="remove it, add --force to replace the link with the file, or choose another name")
+    if path.exists() and not force:
+        raise OutputExistsError(f"output '{path}' already exists", hint="add --force to overwrite it")
+    if not path.parent.is_dir():
+        raise UsageProblem(f"folder '{path.parent}' does not exist", hint="create it first")
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        raise UsageProblem(f"cannot write to folder '{path.parent}'",
+                           hint="check its permissions, or choose another place with -o")
+    return path
+
+
+def check_folder_output(folder: str | os.PathLike) -> Path:
+    """Refuse early a folder output that is a file, has too long a name, or cannot be created or written."""
+    path = Path(folder)
+    for part in path.parts:
+        _check_name_length(Path(part))
+    if path.exists() and not path.is_dir():
+        raise UsageProblem(f"output '{folder}' is a file, not a folder", hint="give a folder name, or remove the file")
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if existing.is_symlink() and not existing.exists():
+        raise UsageProblem(f"output folder '{existing}' is a broken symbolic link", hint="remove it or fix its target")
+    if not existing.is_dir():
+        raise UsageProblem(f"cannot make folder '{folder}': '{existing}' is not a folder", hint="choose another place")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageProblem(f"cannot write to folder '{existing}'",
+                           hint="check its permissions, or choose another place with -o")
+    return path
+
+
+#: What a temporary name adds to its target's: ``.`` + name + ``.`` + 8 random characters + ``.part``.
+_TEMPORARY_EXTRA = "." + "." + "xxxxxxxx" + ".part"
+
+
+def _check_name_length(path: Path, *, extra: int = 0) -> None:
+    try:
+        limit = os.pathconf(path.parent if path.parent.is_dir() else ".", "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255
+    if len(os.fsencode(path.name)) + extra > limit:
+        raise UsageProblem(f"the name '{path.name[:40]}...' is too long ({len(os.fsencode(path.name))} bytes)",
+                           hint=f"file names here hold at most {limit - extra} bytes; choose a shorter one")
+
+
+@contextlib.contextmanager
+def atomic_path(target: str | os.PathLike, *, force: bool = False,
+                publish: Callable[[], contextlib.AbstractContextManager[bool]] | None = None) -> Iterator[Path]:
+    """Yield a temporary path next to ``target``; on success it becomes ``target``.
+
+    On any exception (including Ctrl-C, and SIGTERM on the command line) the
+    temporary file is removed and ``target`` is untouched. A temporary file of
+    the same target left by a run that was killed outright is removed first:
+    each one is locked while in use, so only abandoned ones are. ``publish``
+    (for one writer among several): the rename happens inside ``with
+    publish() as wanted``, and only if ``wanted``.
+    """
+    path = check_writable(target, force=force)
+    _remove_abandoned(path)
+    with reporting_full_disk(path):
+        handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+    temporary = Path(temporary)
+    written = None
+    try:
+        with reporting_full_disk(path):
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)  # marks it in use; released when closed
+            yield temporary
+            written = os.open(temporary, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            if os.fstat(written).st_ino != os.fstat(handle).st_ino:
+                # The writer replaced the file (safetensors writes a new one and renames it): lock the new one.
+                fcntl.flock(written, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _make_durable(written)
+            with publish() if publish else contextlib.nullcontext(True) as wanted:
+                if wanted and force:
+                    os.replace(temporary, path)
+                elif wanted:
+                    _link_without_clobbering(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+        os.close(handle)
+        if written is not None:
+            os.close(written)
+
+
+@contextlib.contextmanager
+def reporting_full_disk(path: str | os.PathLike) -> Iterator[None]:
+    """Turn a write to ``path`` failing for want of space into one line naming where.
+
+    A full disk shows as ``OSError`` ENOSPC, or as safetensors' own error,
+    whose text ends in the system's ``(os error 28)``.
+    """
+    try:
+        yield
+    except Exception as err:
+        if getattr(err, "errno", None) != errno.ENOSPC and f"os error {errno.ENOSPC})" not in str(err):
+            raise
+        raise HookcliError(f"no space left on the device holding '{path}'",
+                           hint="free some space there, or write to another place") from None
+
+
+def _remove_abandoned(path: Path) -> None:
+    remove_abandoned(path.parent, f".{glob.escape(path.name)}.*.part")
+
+
+#: A temporary file no process holds is left alone this many seconds after it last changed: between being
+#: created (or replaced by its writer) and being locked, a file in use is briefly unlocked.
+_ABANDONED_AFTER = 60.0
+
+
+def remove_abandoned(folder: Path, pattern: str) -> None:
+    """Remove the temporary files in ``folder`` matching the glob ``pattern`` that no running process holds."""
+    import time
+
+    for candidate in folder.glob(pattern):
+        try:
+            descriptor = os.open(candidate, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            found = os.fstat(descriptor)
+            if stat.S_ISREG(found.st_mode) and time.time() - found.st_mtime > _ABANDONED_AFTER:
+                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                candidate.unlink(missing_ok=True)
+        except OSError:
+            pass  # in use by another process, or gone already
+        finally:
+            os.close(descriptor)
+
+
+def refuse_existing(paths, *, force: bool) -> None:
+    """Raise naming the first of ``paths`` that exists (and how many more), unless ``force``."""
+    if force:
+        return
+    first, count = None, 0
+    for p in paths:
+        if Path(p).exists():
+            first, count = first or Path(p), count + 1
+    if count:
+        more = f" and {count - 1} more" if count > 1 else ""
+        raise OutputExistsError(f"'{first}'{more} already exist{'s' if not more else ''}",
+                                hint="add --force to overwrite, or choose another folder with -o")
+
+
+def _make_durable(descriptor: int) -> None:
+    umask = os.umask(0)
+    os.umask(umask)
+    # mkstemp creates 0600; the result should look like any other file. Through the descriptor: the name could be
+    # a link by now.
+    os.fchmod(descriptor, 0o666 & ~umask)
+    os.fsync(descriptor)
+
+
+def _link_without_clobbering(source: Path, target: Path) -> None:
+    try:
+        os.link(source, target)  # fails if target appeared meanwhile, unlike rename
+    except FileExistsError:
+        raise OutputExistsError(f"output '{target}' already exists", hint="add --force to overwrite it") from None
+    except OSError:  # file systems without hard links
+        if target.exists():
+            raise OutputExistsError(f"output '{target}' already exists", hint="add --force to overwrite it") from None
+        os.replace(source, target)
+
+
+def format_bytes(count: float) -> str:
+    """``512 B``, ``3.1 MiB``, ``2.0 GiB``: sizes for people."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if count < 1024 or unit == "TiB":
+            break
+        count /= 1024
+    else:
+        unit = "TiB"
+    return f"{int(count)} B" if unit == "B" else f"{count:.1f} {unit}"

@@ -1,0 +1,108 @@
+"""CAM pictures: each class-activation map drawn over the image the model saw, as the batches of a ``cam`` run go
+by (a writer of :mod:`hookcli.storage.writers`' interface that hands the rows on to another).
+
+>>> cam_png_name(3, "/photos/cat.jpg", 1, 2)
+'00003_cat.top2.png'
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from hookcli.files import atomic_path
+from hookcli.pictures.grids import heat_picture, model_photo_scaled, safe_name
+from hookcli.pictures.render import add_title, draw_boxes
+
+__all__ = ["CamOverlays", "cam_png_name"]
+
+
+def cam_png_name(index: int, path, k: int, count: int) -> str:
+    """``<index>_<input stem>.png`` (``….top<k>.png`` for each of top K): a CAM overlay's file name."""
+    stem = safe_name(Path(path).stem)[:100]  # the index keeps names apart; the cap keeps them short enough to write
+    return f"{index:05d}_{stem}" + (f".top{k + 1}" if count > 1 else "") + ".png"
+
+
+class CamOverlays:
+    """Draws each batch's maps over the images the model saw as the batches go by; the rows go on to ``inner``.
+
+    ``written`` lists the inner writer's paths, then the PNGs. A map that is
+    zero everywhere (no position raises the class's score) is reported
+    through ``on_note`` and drawn as the photo alone, saying so.
+    """
+
+    def __init__(self, inner, paths: Sequence, folder: str | os.PathLike, *, preprocess, count: int, method: str,
+                 layer: str, alpha: float = 0.5, cmap: str = "inferno", force: bool = False,
+                 on_note: Callable[[str], None] | None = None) -> None:
+        self.inner, self.paths, self.folder = inner, paths, Path(folder)
+        self.preprocess, self.count, self.method, self.layer = preprocess, count, method, layer
+        self.alpha, self.cmap, self.force, self.on_note = alpha, cmap, force, on_note
+        self.pngs: list[Path] = []
+        self.written: list[Path] = []
+
+    def begin(self, batch_size: int):
+        self.folder.mkdir(parents=True, exist_ok=True)
+        order = self.inner.begin(batch_size)
+        self.done = self.inner.done
+        return order
+
+    @property
+    def has_rows(self) -> bool:
+        return self.inner.has_rows
+
+    @property
+    def complete(self) -> bool:
+        return self.inner.complete
+
+    @property
+    def finisher(self) -> bool:
+        return self.inner.finisher
+
+    def add(self, batch) -> None:
+        for row, index in enumerate(batch.indices):
+            photo, scale = model_photo_scaled(self.paths[index], self.preprocess)
+            for k, chosen in enumerate(batch.targets[row]):
+                heat = batch.features["cam" if self.count == 1 else f"cam#{k}"][row].numpy()
+                label, caption = _cam_caption(chosen)
+                pixels, flat = heat_picture(photo, heat, cmap=self.cmap, alpha=self.alpha, what=self.method)
+                if flat and self.on_note is not None:
+                    self.on_note(f"{Path(self.paths[index]).name}, {label}: {flat}")
+                if chosen.get("box"):  # in pixels of the image the model was given
+                    pixels = draw_boxes(pixels, np.array([chosen["box"]]) * scale, [_BOX_COLOUR])
+                pixels = add_title(pixels, [*caption, f"{self.method} at {self.layer}"])
+                path = self.folder / cam_png_name(index, self.paths[index], k, self.count)
+                with atomic_path(path, force=self.force) as temporary:
+                    Image.fromarray(pixels).save(temporary, format="PNG", compress_level=1)
+                self.pngs.append(path)
+        self.inner.add(batch)
+
+    def finish(self):
+        result = self.inner.finish()
+        self.written = [*self.inner.written, *self.pngs]
+        return result
+
+    def abort(self) -> None:
+        self.inner.abort()
+
+
+#: The box of the detection a CAM explains: cyan, which the heat maps' colormaps seldom use.
+_BOX_COLOUR = (0, 255, 255)
+
+
+def _cam_caption(chosen: Mapping) -> tuple[str, list[str]]:
+    """``(label, caption lines)`` for a CAM target: a class's logit, a segmentation mask or a detection."""
+    name = chosen.get("name")
+    label = f"{name} ({chosen['class']})" if name else (f"class {chosen['class']}" if chosen.get("class") is not None
+                                                        else "any class")
+    if "logit" in chosen:
+        return label, [label, f"logit {chosen['logit']:.2f}", f"p {chosen['probability']:.1%}"]
+    if "pixels" in chosen:
+        over = "region" if chosen.get("region") else "mask"
+        return label, [label, f"{over} of {chosen['pixels']} px", f"score {chosen['score']:.2f}"]
+    if chosen.get("detection") is None:
+        return label, [label, "no such detection: nothing to explain"]
+    return label, [label, f"detection {chosen['detection']}", f"score {chosen['score']:.2f}"]
