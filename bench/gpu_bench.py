@@ -72,7 +72,8 @@ def forward_rate(loaded, batch, precision: str, device, repeat: int) -> float:
 def decode_rate(loaded, paths, decode: str, batch_size: int, device) -> float:
     """Images/s of the input stage alone: files to preprocessed batches on the device."""
     from hookcli.inputs.decoding import DeviceDecoder
-    from hookcli.run.pipeline import RunSettings, image_loader
+    from hookcli.run.settings import RunSettings
+    from hookcli.run.batches import image_loader
 
     settings = RunSettings(preprocess=loaded.preprocess.replace(decode=decode), device=device,
                            batch_size=batch_size).resolved(loaded, len(paths))
@@ -173,7 +174,7 @@ def main() -> None:
     import torch
 
     from hookcli.models.loading import load_model
-    from hookcli.run.pipeline import default_workers
+    from hookcli.run.settings import default_workers
 
     device = torch.device(args.device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "CPU"

@@ -45,7 +45,7 @@ def _compare(args, work: Path) -> None:
     import numpy as np
     from PIL import Image
 
-    from hookcli.storage.shards import read_index
+    from hookcli.storage.index import read_index
 
     photos = work / "photos"
     photos.mkdir()

@@ -151,7 +151,7 @@ def pipeline_efficiency(paths: list[str], args) -> dict[str, tuple[float, float]
     from hookcli.run.fusion import fused_for_inference
     from hookcli.inputs.images import load_rgb
     from hookcli.models.loading import load_model
-    from hookcli.run.pipeline import default_workers
+    from hookcli.run.settings import default_workers
     from hookcli.run.speed import choose_memory_format, compute_dtype, to_memory_format
 
     device = torch.device(args.device)

@@ -22,13 +22,15 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time each name l
     from hookcli.errors import HookcliError
     from hookcli.models.loading import load_model
     from hookcli.run.capture import FeatureCapture, GradientCapture
-    from hookcli.run.plan import DEFAULT_OUTPUT, RunPlan, execute, plan
+    from hookcli.run.outputs import DEFAULT_OUTPUT
+    from hookcli.run.execute import execute
+    from hookcli.run.plan import RunPlan, plan
     from hookcli.run.selectors import describe_layers, resolve_layers
     from hookcli.storage.features import FeatureFile, Features
     from hookcli.storage.shards import ShardedFeatures, open_features
 
 _PUBLIC = {
-    "DEFAULT_OUTPUT": "hookcli.run.plan",
+    "DEFAULT_OUTPUT": "hookcli.run.outputs",
     "FeatureCapture": "hookcli.run.capture",
     "FeatureFile": "hookcli.storage.features",
     "Features": "hookcli.storage.features",
@@ -37,7 +39,7 @@ _PUBLIC = {
     "RunPlan": "hookcli.run.plan",
     "cam": "hookcli.api",
     "describe_layers": "hookcli.run.selectors",
-    "execute": "hookcli.run.plan",
+    "execute": "hookcli.run.execute",
     "extract": "hookcli.api",
     "grad": "hookcli.api",
     "grid": "hookcli.api",
@@ -50,7 +52,11 @@ _PUBLIC = {
     "ShardedFeatures": "hookcli.storage.shards",
 }
 
-__all__ = ["__version__", *_PUBLIC]
+__all__ = [
+    "__version__", "DEFAULT_OUTPUT", "FeatureCapture", "FeatureFile", "Features", "GradientCapture", "HookcliError",
+    "RunPlan", "ShardedFeatures", "cam", "describe_layers", "execute", "extract", "grad", "grid", "layers",
+    "load_model", "open_features", "plan", "report", "resolve_layers",
+]
 
 
 def __getattr__(name: str):

@@ -36,7 +36,11 @@ import contextlib
 import os
 from collections.abc import Callable
 
-from hookcli.run.plan import DEFAULT_OUTPUT, execute, plan
+from hookcli.run.outputs import DEFAULT_OUTPUT
+
+from hookcli.run.execute import execute
+
+from hookcli.run.plan import plan
 
 __all__ = ["DEFAULT_OUTPUT", "cam", "extract", "grad", "grid", "layers", "report"]
 
@@ -47,7 +51,7 @@ def extract(model, layers, inputs, *, output=None, progress: Callable | None = N
     ``model``: a torchvision model name, or one of another source
     (``"timm:resnet50"``, ``"hf:facebook/dinov2-small"``, ``"hf:/folder"``,
     ``"open_clip:ViT-B-32"``, ``"nets.py:make"``; see :mod:`hookcli.models.sources`),
-    or a :class:`~hookcli.models.loading.LoadedModel`; ``layers``: one selector or a
+    or a :class:`~hookcli.models.loaded.LoadedModel`; ``layers``: one selector or a
     list (paths, globs, ``type:Conv2d``, ``.`` for the model's own output,
     ``PATH=NAME``); ``inputs``: an image, a folder or a list of them.
     Options: ``weights`` (``"DEFAULT"``), ``seed``, ``capture``
@@ -116,7 +120,7 @@ def grid(source, *, output=None, progress: Callable | None = None, force: bool =
     (what :func:`extract` returns). Options: ``keys``, ``images``,
     ``channels`` (``"0:64"``), ``top``, ``columns``, ``padding``, ``cmap``,
     ``scale``, ``min_tile``, ``title``, ``overlay``, ``alpha``,
-    ``overlay_cmap`` (see :class:`~hookcli.pictures.grids.GridOptions`). In memory
+    ``overlay_cmap`` (see :class:`~hookcli.pictures.options.GridOptions`). In memory
     (``output=None``): a dict of file name → ``uint8 [H, W, 3]`` pixels;
     with ``output=DIR``: the PNGs, and their paths are returned.
 
@@ -126,8 +130,8 @@ def grid(source, *, output=None, progress: Callable | None = None, force: bool =
     >>> [p.name for p in grid(features, output=tempfile.mkdtemp(), channels="0:16", cmap="gray")]
     ['layer1__00000_grace_hopper.png']
     """
-    from hookcli.pictures.grids import default_grid_folder
-    from hookcli.run.plan import draw_grids
+    from hookcli.pictures.options import default_grid_folder
+    from hookcli.run.execute import draw_grids
 
     drawing = _grid_options("grid", options)
     if output is DEFAULT_OUTPUT:
@@ -167,11 +171,11 @@ def report(source, *, output=DEFAULT_OUTPUT, page_size: int | None = None, progr
 
 
 def _grid_options(command: str, options: dict):
-    """:class:`~hookcli.pictures.grids.GridOptions` from a command's keywords; an unknown keyword is a TypeError."""
+    """:class:`~hookcli.pictures.options.GridOptions` from a command's keywords; an unknown keyword is a TypeError."""
     import dataclasses
 
-    from hookcli.pictures.grids import GridOptions
-    from hookcli.run.plan import refuse_unknown
+    from hookcli.pictures.options import GridOptions
+    from hookcli.run.options import refuse_unknown
 
     refuse_unknown(command, options, [f.name for f in dataclasses.fields(GridOptions)])
     return GridOptions(**options)

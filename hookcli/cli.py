@@ -26,9 +26,9 @@ from hookcli.console import Terminated, notes_and_sigterm, printable, stdout_for
 from hookcli.errors import HookcliError, first_line
 from hookcli.families import FAMILIES
 from hookcli.run.gradients import CAM_METHODS
-from hookcli.run.pipeline import POOLS
-from hookcli.run.plan import RunOptions
-from hookcli.models.sources import LISTED_SOURCES
+from hookcli.run.settings import POOLS
+from hookcli.run.options import RunOptions
+from hookcli.models.specs import LISTED_SOURCES
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 DEFAULTS = RunOptions()
@@ -243,7 +243,7 @@ def _run_options(function=None, *, stored: str = "what is stored is --dtype"):
     """
     if function is None:
         return lambda f: _run_options(f, stored=stored)
-    from hookcli.run.pipeline import ON_ERROR
+    from hookcli.run.settings import ON_ERROR
     from hookcli.run.speed import MEMORY_FORMATS, PRECISIONS
 
     return _options(function, [
@@ -275,8 +275,8 @@ def _run_options(function=None, *, stored: str = "what is stored is --dtype"):
 
 def _rows_output_options(function):
     """-o FILE|DIR/|-, --shard-size, --dtype: where the rows of extract and grad go."""
-    from hookcli.run.pipeline import DTYPES
-    from hookcli.run.plan import LARGE_INPUT
+    from hookcli.run.settings import DTYPES
+    from hookcli.run.outputs import LARGE_INPUT
 
     return _options(function, [
         click.option("--output", "-o", metavar="PATH",
@@ -338,7 +338,7 @@ class _Reporter:
 def _run(ctx: click.Context, command: str, options: dict, *args) -> None:
     """Call the library's ``command`` with the parsed options; print what it reports."""
     import hookcli.api
-    from hookcli.run.plan import DEFAULT_OUTPUT
+    from hookcli.run.outputs import DEFAULT_OUTPUT
 
     quiet, model = options.pop("quiet"), options.pop("model")
     if ctx.get_parameter_source("seed").name == "DEFAULT":  # a seed given (flag or preset) is checked; 0 is not
@@ -621,7 +621,7 @@ def info(file, as_json, no_stats) -> None:
               help="Tensors to draw (globs as for --layer). Repeat.")
 @click.option("--image", "-i", "images", multiple=True, metavar="INDEX|NAME|A:B",
               help="Images (rows) to draw: row index, range A:B of indices, or input file name. Repeat. [all]")
-@click.option("--channels", type=_Parsed("A:B|K", "hookcli.pictures.grids", "parse_channels"),
+@click.option("--channels", type=_Parsed("A:B|K", "hookcli.pictures.options", "parse_channels"),
               help="Channel range, e.g. 0:64 (':' for all), or one channel K. [all; the first 64 of wider layers]")
 @click.option("--top", type=click.IntRange(min=1), help="Only the K channels with the highest mean activation.")
 @click.option("--columns", type=click.IntRange(min=1), help="Tiles per row [fewest blank places, about 3:2].")
@@ -671,7 +671,7 @@ def grid(file, output, quiet, **options) -> None:
       hookcli extract -m resnet18 -l layer2 img.jpg -o - | hookcli grid - -o grids/
     """
     import hookcli.api
-    from hookcli.run.plan import DEFAULT_OUTPUT
+    from hookcli.run.outputs import DEFAULT_OUTPUT
 
     with contextlib.closing(_Reporter(quiet)) as reporter:
         hookcli.api.grid(file, output=output or DEFAULT_OUTPUT, progress=reporter, **options)
@@ -700,7 +700,7 @@ def report(file, output, page_size, quiet, **options) -> None:
       hookcli cam -m resnet50 img.jpg -o cams/ && hookcli report cams/cams.safetensors
     """
     import hookcli.api
-    from hookcli.run.plan import DEFAULT_OUTPUT
+    from hookcli.run.outputs import DEFAULT_OUTPUT
 
     with contextlib.closing(_Reporter(quiet)) as reporter:
         hookcli.api.report(file, output=output or DEFAULT_OUTPUT, page_size=page_size, progress=reporter, **options)

@@ -83,6 +83,6 @@ def read_config(path: str | os.PathLike, *, allowed: Mapping[str, str]) -> dict:
 
 
 def _is_relative_path(weights: str) -> bool:
-    from hookcli.models.loading import looks_like_weights_path
+    from hookcli.models.weights import looks_like_weights_path
 
     return looks_like_weights_path(weights) and not Path(weights).is_absolute()

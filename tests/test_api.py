@@ -17,7 +17,7 @@ import hookcli
 from hookcli.cli import main
 from hookcli.errors import HookcliError, ImageError, OutputExistsError, UnknownLayerError, UsageProblem
 from hookcli.events import Advanced, Note, Skipped, Started, Wrote
-from hookcli.run.plan import DEFAULT_OUTPUT, Output
+from hookcli.run.outputs import DEFAULT_OUTPUT, Output
 
 SMALL = {"resize": 64, "crop": 64}
 SMALL_FLAGS = ["--resize", "64", "--crop", "64"]

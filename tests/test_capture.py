@@ -222,7 +222,8 @@ def test_a_non_batch_first_output_is_an_error():
 
 def test_the_batch_pipeline_leaves_grad_mode_alone_between_batches(images):
     from hookcli.models.loading import load_model
-    from hookcli.run.pipeline import RunSettings, iter_batches
+    from hookcli.run.settings import RunSettings
+    from hookcli.run.pipeline import iter_batches
 
     loaded = load_model("resnet18", "none")
     batches = iter_batches(loaded, {"layer1": "layer1"}, images, RunSettings(batch_size=1))

@@ -1,4 +1,4 @@
-"""hookcli layers, hookcli models, start-up cost and the package entry points."""
+"""hookcli layers, hookcli models, start-up cost, the package entry points, and the setup and docs CI builds."""
 
 import json
 import subprocess
@@ -78,11 +78,33 @@ def test_python_dash_m_and_version():
     assert result.stdout.startswith("hookcli, version ")
 
 
-def test_readme_setup_lines_are_what_ci_runs():
+def test_contributing_setup_lines_are_what_ci_runs():
     root = Path(__file__).parent.parent
-    readme = (root / "README.md").read_text().splitlines()
-    fence = readme.index("```bash")
-    install, test = readme[fence + 1], readme[fence + 2]
+    guide = (root / "CONTRIBUTING.md").read_text().splitlines()
+    fence = guide.index("```bash")
+    install, test = guide[fence + 1], guide[fence + 2]
     ci = (root / ".ci" / "run").read_text().splitlines()
     assert (install, test) == ('pip install -e ".[test]"', "pytest")
     assert install in ci and test in ci
+
+
+def test_ci_builds_the_docs_strictly_after_the_tests():
+    root = Path(__file__).parent.parent
+    ci = (root / ".ci" / "run").read_text().splitlines()
+    docs = ci.index('pip install -e ".[docs]"')
+    assert ci.index("pytest") < docs < next(i for i, line in enumerate(ci) if line.startswith("mkdocs build --strict"))
+    config = (root / "mkdocs.yml").read_text().splitlines()
+    assert "strict: true" in config and "use_directory_urls: false" in config
+
+
+#: The order docs/commands.md takes the commands in: what to ask about first, then running, then reading.
+DOCUMENTED_ORDER = ["models", "layers", "extract", "grad", "cam", "grid", "report", "info"]
+
+
+def test_the_docs_describe_every_command_and_generate_the_reference_from_main():
+    docs = Path(__file__).parent.parent / "docs"
+    headings = [line for line in (docs / "commands.md").read_text().splitlines() if line.startswith("## `hookcli ")]
+    assert headings == [f"## `hookcli {name}`" for name in DOCUMENTED_ORDER]
+    assert set(DOCUMENTED_ORDER) == set(main.commands)
+    reference = (docs / "cli.md").read_text()
+    assert "    :module: hookcli.cli\n    :command: main\n    :prog_name: hookcli\n" in reference

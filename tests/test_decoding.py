@@ -12,7 +12,8 @@ from hookcli.cli import main
 from hookcli.inputs.decoding import DeviceDecoder, EncodedImages, collate, upright
 from hookcli.inputs.images import load_rgb, read_jpeg
 from hookcli.models.loading import load_model
-from hookcli.run.pipeline import RunSettings, iter_batches
+from hookcli.run.settings import RunSettings
+from hookcli.run.pipeline import iter_batches
 from hookcli.inputs.preprocess import Preprocess
 
 CPU = torch.device("cpu")

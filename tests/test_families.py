@@ -10,7 +10,8 @@ from hookcli.cli import main
 from hookcli.errors import FeatureFileError
 from hookcli.storage.fileformat import RunFacts, RunRecord, run_metadata
 from hookcli.inputs.preprocess import Preprocess
-from hookcli.storage.shards import ShardedFeatures, ShardWriter
+from hookcli.storage.shard_writer import ShardWriter
+from hookcli.storage.shards import ShardedFeatures
 from hookcli.storage.features import FeatureFile, Features, write_safetensors
 from hookcli.storage.writers import RowBuffer
 

@@ -1,5 +1,5 @@
 """What a new user meets in their first minutes: bare `hookcli`, --debug, help texts, folders with sub-folders,
-output names, unreadable images in a folder, options given to the wrong command, the README's setup."""
+output names, unreadable images in a folder, options given to the wrong command, the install instructions."""
 
 from pathlib import Path
 
@@ -222,14 +222,32 @@ def test_options_of_a_newly_registered_command_are_found_too(runner, monkeypatch
         2, "Error: No such option: --bins (it belongs to 'hookcli stats'). Hint: see 'hookcli extract --help'\n")
 
 
-# -- README ----------------------------------------------------------------------------------------
+# -- Install instructions -------------------------------------------------------------------------
+
+ROOT = Path(__file__).parent.parent
+CPU_ONLY = "pip install torch torchvision --index-url https://download.pytorch.org/whl/cpu\n"
 
 
-def test_readme_setup_says_how_to_install_cpu_only_torch_and_how_long_the_tests_take():
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    setup = readme[:readme.index("\n## ")]
-    cpu_only = "pip install torch torchvision --index-url https://download.pytorch.org/whl/cpu\n"
-    assert cpu_only in setup
-    assert setup.index(cpu_only) < setup.rindex('pip install -e ".[test]"')
-    assert "5.5 GB" in setup
-    assert "1.5 to 2 minutes" in setup
+def _section(text: str, heading: str) -> str:
+    start = text.index(heading)
+    end = text.find("\n## ", start + len(heading))
+    return text[start:] if end == -1 else text[start:end]
+
+
+@pytest.mark.parametrize(("page", "heading", "install"), [
+    ("README.md", "## Install", "pip install .\n"),
+    ("docs/installation.md", "## On a machine without a GPU", "pip install .\n"),
+    ("CONTRIBUTING.md", "## Set up", 'pip install -e ".[test]"\n'),
+])
+def test_install_instructions_put_cpu_only_torch_first_and_say_what_the_cuda_build_weighs(page, heading, install):
+    text = (ROOT / page).read_text()
+    section = _section(text, heading)
+    assert CPU_ONLY in section
+    assert section.index(CPU_ONLY) < section.rindex(install)
+    assert "5.5 GB" in text
+
+
+def test_contributing_says_how_long_the_tests_take_and_what_the_browser_test_needs():
+    tests = _section((ROOT / "CONTRIBUTING.md").read_text(), "## Run the tests")
+    assert "1.5 to 2 minutes" in tests
+    assert "`chromium` and `chromium-driver`" in tests

@@ -13,7 +13,7 @@ import hookcli
 from hookcli.run.capture import FeatureCapture
 from hookcli.run.fusion import FusedConvolution, fused_for_inference
 from hookcli.models.loading import load_model
-from hookcli.run.pipeline import RunSettings
+from hookcli.run.settings import RunSettings
 from hookcli.events import Note
 
 

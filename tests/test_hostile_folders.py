@@ -10,7 +10,10 @@ import torch
 from safetensors import safe_open
 
 from hookcli.cli import main
-from hookcli.storage.shards import INDEX_NAME, LOCK_NAME, ShardedFeatures, read_index
+from hookcli.storage.index import read_index
+from hookcli.storage.claims import LOCK_NAME
+from hookcli.storage.fileformat import INDEX_NAME
+from hookcli.storage.shards import ShardedFeatures
 
 ARGS = ["extract", "-m", "resnet18", "-w", "none", "-l", "fc", "--resize", "32", "--crop", "32", "-b", "2", "-q",
         "--shard-size", "2"]

@@ -19,7 +19,8 @@ from hookcli.storage.claims import CLAIMS, Claims, FolderLock
 from hookcli.cli import main
 from hookcli.errors import UsageProblem
 from hookcli.run.launch import Part, cpu_threads, detect_part, parse_part
-from hookcli.storage.shards import INDEX_NAME, ShardedFeatures, read_index
+from hookcli.storage.index import read_index
+from hookcli.storage.shards import INDEX_NAME, ShardedFeatures
 
 ARGS = ["extract", "-m", "resnet18", "-w", "none", "-l", "layer4", "-l", "fc", "--resize", "40", "--crop", "32",
         "-b", "2", "-q", "--shard-size", "2"]
@@ -300,7 +301,7 @@ _FORKS_THEN_DIES = """
 import os, sys, time
 from pathlib import Path
 from hookcli.storage.claims import FolderLock
-from hookcli.run.pipeline import _die_with_parent
+from hookcli.run.batches import _die_with_parent
 folder = Path(sys.argv[1])
 lock = FolderLock(folder, "x")
 lock.acquire()

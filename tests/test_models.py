@@ -12,7 +12,8 @@ from PIL import Image
 from safetensors.torch import save_file
 
 from hookcli.errors import UnknownModelError, WeightsError
-from hookcli.models.loading import load_model, weights_cache_path
+from hookcli.models.weights import weights_cache_path
+from hookcli.models.loading import load_model
 
 
 def _same_weights(a, b):

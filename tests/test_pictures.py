@@ -10,7 +10,10 @@ from PIL import Image
 from safetensors.numpy import save_file
 
 from hookcli.cli import main
-from hookcli.pictures.grids import GridOptions, heat_picture, plan_grids, render_picture
+from hookcli.pictures.options import GridOptions
+from hookcli.pictures.photos import heat_picture
+from hookcli.pictures.drawing import render_picture
+from hookcli.pictures.grids import plan_grids
 from hookcli.pictures.render import (
     _glyphs,
     _label_bitmap,
@@ -217,7 +220,7 @@ def test_control_characters_in_a_key_are_captioned_escaped_as_info_prints_them(m
     import hookcli.pictures.grids
 
     captions = []
-    monkeypatch.setattr(hookcli.pictures.grids, "add_title", lambda pixels, parts: captions.append(parts) or pixels)
+    monkeypatch.setattr(hookcli.pictures.drawing, "add_title", lambda pixels, parts: captions.append(parts) or pixels)
     features = Features({"a\x1b[31mred": np.ones((1, 2, 3, 3), dtype=np.float32)}, {})
     options = GridOptions()
     render_picture(features, plan_grids(features, options, None)[0], options)

@@ -11,11 +11,15 @@ from PIL import Image
 
 import hookcli
 from hookcli.cli import main
-from hookcli.pictures.grids import GridOptions, model_photo, plan_grids, render_job
+from hookcli.pictures.options import GridOptions
+from hookcli.pictures.photos import model_photo
+from hookcli.pictures.drawing import render_job
+from hookcli.pictures.grids import plan_grids
 from hookcli.inputs.images import load_rgb
 from hookcli.inputs.preprocess import Preprocess
 from hookcli.pictures.render import BOX_COLOURS, add_title
-from hookcli.storage.shards import ShardedFeatures, ShardWriter
+from hookcli.storage.shard_writer import ShardWriter
+from hookcli.storage.shards import ShardedFeatures
 from hookcli.storage.features import FeatureFile, Features, write_safetensors
 from hookcli.storage.writers import RowBuffer
 

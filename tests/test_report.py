@@ -17,7 +17,9 @@ from PIL import Image
 import hookcli
 from hookcli.cli import main
 from hookcli.errors import FeatureFileError, OutputExistsError, UsageProblem
-from hookcli.pictures.grids import GridOptions, plan_grids, render_job
+from hookcli.pictures.options import GridOptions
+from hookcli.pictures.drawing import render_job
+from hookcli.pictures.grids import plan_grids
 from hookcli.pictures.reports import (
     CONTENT_SECURITY_POLICY,
     DEFAULT_PAGE_SIZE,

@@ -11,7 +11,9 @@ from hookcli.run.capture import COUNTING_FORWARD_FROM
 from hookcli.cli import main
 from hookcli.inputs.images import load_rgb
 from hookcli.models.loading import load_model
-from hookcli.run.pipeline import EagerForward, FusedForward, RunSettings, iter_batches
+from hookcli.run.settings import RunSettings
+from hookcli.run.forwards import EagerForward, FusedForward
+from hookcli.run.pipeline import iter_batches
 from hookcli.run.speed import FUSE_FROM, to_memory_format
 
 SMALL = {"resize": 64, "crop": 64}

@@ -13,7 +13,8 @@ import torch
 from safetensors import safe_open
 
 from hookcli.cli import main
-from hookcli.storage.shards import INDEX_NAME, ShardedFeatures, read_index
+from hookcli.storage.index import read_index
+from hookcli.storage.shards import INDEX_NAME, ShardedFeatures
 
 ARGS = ["extract", "-m", "resnet18", "-w", "none", "-l", "layer2", "-l", "fc", "--resize", "32", "--crop", "32",
         "-b", "2", "-q"]

@@ -17,7 +17,8 @@ import hookcli
 from hookcli.cli import main
 from hookcli.errors import HookcliError, UnknownWeightsError, UsageProblem
 from hookcli.models.loading import load_model
-from hookcli.models.sources import parse_model, prefix_tokens
+from hookcli.models.specs import parse_model
+from hookcli.models.loaded import prefix_tokens
 
 timm = pytest.importorskip("timm")
 transformers = pytest.importorskip("transformers")
@@ -596,7 +597,7 @@ def test_channels_last_outputs_pool_and_draw_by_their_channels(photo, tmp_path):
         rows = torch.from_numpy(features.read("patch_embed", 0))
         assert list(rows.shape) == [10, 10, 64]
         torch.testing.assert_close(pooled["patch_embed"][0], rows.mean(dim=(0, 1)))
-        from hookcli.pictures.grids import _channels_first
+        from hookcli.pictures.reading import _channels_first
 
         assert _channels_first(features, features.shape("patch_embed")) == [1, 64, 10, 10]
         (pixels,) = hookcli.api.grid(features, output=None, channels="0:64", plain=True, min_tile=10).values()

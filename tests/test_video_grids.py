@@ -8,7 +8,9 @@ from PIL import Image
 
 from hookcli.cli import main
 from hookcli.errors import UsageProblem
-from hookcli.pictures.grids import GridOptions, plan_grids, render_picture
+from hookcli.pictures.options import GridOptions
+from hookcli.pictures.drawing import render_picture
+from hookcli.pictures.grids import plan_grids
 from hookcli.pictures.render import FLOW_NAN_COLOR, flow_colours, flow_wheel, map_layout
 from hookcli.storage.features import Features, write_safetensors
 
@@ -43,7 +45,7 @@ def _captions(monkeypatch):
     import hookcli.pictures.grids
 
     captions = []
-    monkeypatch.setattr(hookcli.pictures.grids, "add_title", lambda pixels, parts: captions.append(parts) or pixels)
+    monkeypatch.setattr(hookcli.pictures.drawing, "add_title", lambda pixels, parts: captions.append(parts) or pixels)
     return captions
 
 

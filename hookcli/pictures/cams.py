@@ -15,7 +15,8 @@ import numpy as np
 from PIL import Image
 
 from hookcli.files import atomic_path
-from hookcli.pictures.grids import heat_picture, model_photo_scaled, safe_name
+from hookcli.pictures.photos import heat_picture, model_photo_scaled
+from hookcli.pictures.grids import safe_name
 from hookcli.pictures.render import add_title, draw_boxes
 
 __all__ = ["CamOverlays", "cam_png_name"]

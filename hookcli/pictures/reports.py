@@ -7,7 +7,7 @@ inline, and a Content-Security-Policy lets the page fetch nothing (no script,
 font or network), so the report opens from ``file://`` anywhere.
 
 For each selected row (input image) and tensor a page holds the tensor's
-picture, drawn as :func:`hookcli.pictures.grids.render_picture` draws it for ``grid``, and
+picture, drawn as :func:`hookcli.pictures.drawing.render_picture` draws it for ``grid``, and
 that row's statistics: min, mean and max over finite values, the share of
 zeros, the count of NaN and ±inf, and the five channels with the highest mean
 (channels: axis 0 of a ``[C, H, W]`` row, the last axis of a ``[T, D]`` row,
@@ -56,19 +56,10 @@ import numpy as np
 from hookcli.console import printable
 from hookcli.errors import HookcliError, check_whole
 from hookcli.storage.fileformat import INDEX_NAME
-from hookcli.pictures.grids import (
-    Detections,
-    GridJob,
-    GridOptions,
-    Picture,
-    detection_keys,
-    drawn_shape,
-    input_names,
-    plan_grids,
-    read_detections,
-    render_picture,
-    select_rows,
-)
+from hookcli.pictures.options import GridJob, GridOptions
+from hookcli.pictures.reading import Detections, detection_keys, drawn_shape, input_names, read_detections, select_rows
+from hookcli.pictures.drawing import Picture, render_picture
+from hookcli.pictures.grids import plan_grids
 from hookcli.pictures.render import NotDrawable, RowNotDrawable
 from hookcli.events import Advanced, Note, Started, Wrote
 from hookcli.files import atomic_path, check_folder_output, format_bytes, refuse_existing

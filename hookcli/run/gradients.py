@@ -38,7 +38,7 @@ from hookcli.run.capture import GradientCapture, preserved_mode
 from hookcli.errors import CaptureError, UsageProblem
 from hookcli.families import channels_last_output, is_square
 from hookcli.storage.fileformat import RunFacts
-from hookcli.models.loading import LoadedModel
+from hookcli.models.loaded import LoadedModel
 from hookcli.run.speed import compute_precision
 
 __all__ = [
@@ -172,7 +172,7 @@ class GradientForward:
     def __init__(self, model, layers: Mapping[str, str], settings, on_note=None, *, target: Target,
                  categories: Sequence[str] | None = None, scores: str | None = None) -> None:
         from hookcli.families import ragged_rows
-        from hookcli.run.pipeline import DetectionRows
+        from hookcli.run.forwards import DetectionRows
 
         self.model, self.settings, self.target, self.categories = model, settings, target, categories
         self.scores = scores  # the output field holding the scores (a transformers model's logits), if not a tensor

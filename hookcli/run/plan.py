@@ -1,4 +1,4 @@
-"""The run layer: a command's options → one frozen :class:`RunPlan` → :func:`execute`.
+"""The run layer: a command's options → one frozen :class:`RunPlan` → :func:`~hookcli.run.execute.execute`.
 
 :func:`plan` resolves everything once, and first what needs no model (and
 no torch): it validates the options (choices, ranges, flags that conflict)
@@ -7,15 +7,14 @@ output name too when the selectors name their layers' keys), then the model
 and weights names (from :mod:`hookcli.models.registry`'s cache). Then it resolves
 the device, loads the model, resolves the layers and the target (and the
 default output name when globs or types leave it to the model), and picks the
-forward strategy and the writer. :func:`execute` runs the one batch pipeline
+forward strategy and the writer. :func:`~hookcli.run.execute.execute` runs the one batch pipeline
 (:func:`hookcli.run.pipeline.iter_batches`) into that writer
 (:mod:`hookcli.storage.writers`) and returns what the command's Python function
 returns. The command line, the Python API (:mod:`hookcli.api`), the
 benchmarks and any launcher of many processes all go through these two.
 
 What happens along the way is reported to an optional ``progress``
-callback as values: :class:`Started`, :class:`Advanced`, :class:`Skipped`,
-:class:`Note` and :class:`Wrote`.
+callback as values (:mod:`hookcli.events`).
 
 >>> import tempfile
 >>> from hookcli.models.loading import load_model
@@ -23,6 +22,7 @@ callback as values: :class:`Started`, :class:`Advanced`, :class:`Skipped`,
 >>> run = plan("extract", load_model("resnet18", "none"), "layer2", photo, resize=64, crop=64)
 >>> run.output, run.settings.memory_format, run.layers
 (Output(kind='memory', path=None), 'channels_last', {'layer2': 'layer2'})
+>>> from hookcli.run.execute import execute
 >>> events = []
 >>> features = execute(run, progress=events.append)
 >>> features["layer2"].shape, events[0]
@@ -33,171 +33,21 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import difflib
 import functools
 import json
 import os
 import sys
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
-
 from hookcli.inputs.archives import input_key
-from hookcli.errors import ImageError, UsageProblem, check_choice, check_whole
-from hookcli.events import Advanced, Event, Note, Skipped, Started, Wrote
+from hookcli.errors import UsageProblem
 from hookcli.storage.fileformat import RunRecord
 from hookcli.files import check_folder_output, refuse_existing
+from hookcli.run.options import CLIPS, COMMAND_OPTIONS, RunOptions, run_options
+from hookcli.run.outputs import LARGE_INPUT, Output, check_target, default_output, output_kind, refuse_drawn_grids, refuse_overwriting_inputs
 
-__all__ = [
-    "COMMAND_OPTIONS", "DEFAULT_OUTPUT", "LARGE_INPUT", "Output", "RunOptions", "RunPlan", "default_output_name",
-    "draw_grids", "execute", "plan", "refuse_unknown",
-]
-
-#: Above this many images, a run whose output is left to its default writes a shard folder instead of one file.
-LARGE_INPUT = 10_000
-
-
-class _DefaultOutput:
-    def __repr__(self) -> str:
-        return "DEFAULT_OUTPUT"
-
-
-#: ``output=DEFAULT_OUTPUT``: write where the command line writes when no ``-o`` is given.
-DEFAULT_OUTPUT = _DefaultOutput()
-
-
-
-
-def _ignore(event: Event) -> None:
-    pass
-
-
-# -- options ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RunOptions:
-    """Every option of extract, grad and cam, named like the command line's long options, with their defaults."""
-
-    weights: str = "DEFAULT"
-    seed: int | None = None
-    capture: str = "output"
-    resize: int | None = None
-    crop: int | None = None
-    mean: tuple[float, float, float] | None = None
-    std: tuple[float, float, float] | None = None
-    interpolation: str | None = None
-    fast_decode: bool = False
-    decode: str = "cpu"  # hookcli.inputs.preprocess.DECODERS
-    device: str = "auto"
-    batch_size: int = 16
-    precision: str = "fp32"
-    memory_format: str = "auto"
-    compile: bool = False
-    workers: int | None = None
-    recursive: bool = False
-    on_error: str = "fail"
-    force: bool = False
-    pool: str | None = None
-    dtype: str = "float32"
-    shard_size: int | None = None
-    fuse: bool | None = None  # None: by the number of inputs (hookcli.run.speed.choose_fuse)
-    grid: str | None = None
-    target: str = "top1"
-    method: str = "gradcam"
-    alpha: float = 0.5
-    cmap: str = "inferno"
-    clip_length: int | None = None  # video models: None is 16 (hookcli.families.DEFAULT_CLIP_LENGTH)
-    frame_stride: int = 1
-    clips_per_video: int = 1  # 0: every clip, one after another
-    detections: bool = False
-    flow: bool = False
-    region: str | None = None  # segmentation targets: x0,y0,x1,y1 as fractions of the image
-    pair_with: tuple | None = None  # optical flow from two image lists: the second images, as inputs are given
-    part: str | None = None  # K/N: this process is the K-th of N sharing a shard folder (hookcli.run.launch)
-
-    def __post_init__(self) -> None:
-        from hookcli.run.device import parse_device
-        from hookcli.run.gradients import CAM_METHODS
-        from hookcli.inputs.preprocess import DECODERS, INTERPOLATIONS, MAX_SIDE, check_normalisation, parse_triple
-
-        for name, high in (("resize", MAX_SIDE), ("crop", MAX_SIDE), ("shard_size", None), ("clip_length", 4096)):
-            check_whole(name, getattr(self, name), 1, high, optional=True)
-        check_whole("frame_stride", self.frame_stride, 1, 4096)
-        check_whole("clips_per_video", self.clips_per_video, 0, 4096)
-        if self.interpolation is not None:
-            check_choice("interpolation", self.interpolation, INTERPOLATIONS)
-        check_choice("decode", self.decode, DECODERS)
-        if self.fast_decode and self.decode == "device":
-            raise UsageProblem("--fast-decode and --decode device cannot be combined",
-                               hint="--fast-decode is a reduced scale of the CPU's decoder; give one of them")
-        for name in ("mean", "std"):
-            if getattr(self, name) is not None:
-                object.__setattr__(self, name, _parsed(name, parse_triple, getattr(self, name)))
-        try:
-            check_normalisation(self.mean, self.std)
-        except ValueError as err:
-            raise UsageProblem(str(err), hint="see --help for --mean and --std") from None
-        object.__setattr__(self, "device", _parsed("device", parse_device, self.device))
-        check_choice("method", self.method, CAM_METHODS)
-        if not 0 <= self.alpha <= 1:
-            raise UsageProblem(f"alpha must be between 0 and 1, not {self.alpha!r}")
-        if isinstance(self.pair_with, str | os.PathLike):  # one folder or file, as inputs may be given
-            object.__setattr__(self, "pair_with", (self.pair_with,))
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise UsageProblem(f"seed must be a whole number, not {self.seed!r}")
-        if self.part is not None:
-            from hookcli.run.launch import parse_part
-
-            parse_part(self.part)
-
-
-def _parsed(name: str, parse: Callable, value):
-    try:
-        return parse(value)
-    except ValueError as err:
-        raise UsageProblem(f"invalid {name}: {err}") from None
-
-
-_COMMON = ("weights", "seed", "resize", "crop", "mean", "std", "interpolation", "fast_decode", "decode", "device",
-           "batch_size", "precision", "memory_format", "compile", "workers", "recursive", "on_error", "force")
-#: The options each command takes (the Python function's keywords, the command line's long options).
-_CLIPS = ("clip_length", "frame_stride", "clips_per_video")
-COMMAND_OPTIONS = {
-    "extract": (*_COMMON, "capture", "pool", "dtype", "shard_size", "part", "fuse", "grid", *_CLIPS, "detections",
-                "flow", "pair_with"),
-    "grad": (*_COMMON, "target", "dtype", "shard_size", "part", *_CLIPS, "region"),
-    "cam": (*_COMMON, "target", "method", "alpha", "cmap", "region"),
-}
-
-
-def refuse_unknown(command: str, given: Mapping, allowed: Sequence[str]) -> None:
-    """A keyword a command does not take is a TypeError, as Python's own, naming the closest one."""
-    unknown = [name for name in given if name not in allowed]
-    if unknown:
-        closest = difflib.get_close_matches(unknown[0], allowed, n=1)
-        suggestion = f"; did you mean '{closest[0]}'?" if closest else ""
-        raise TypeError(f"{command}() got an unexpected keyword argument '{unknown[0]}'{suggestion} "
-                        f"(it takes {', '.join(allowed)})")
-
-
-def _options(command: str, given: Mapping) -> RunOptions:
-    refuse_unknown(command, given, COMMAND_OPTIONS[command])
-    return RunOptions(**given)
-
-
-# -- the plan --------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Output:
-    """Where rows go: ``memory`` (returned), ``file``, ``stdout``, ``folder`` (shards) or ``cam`` (a CAM folder)."""
-
-    kind: str
-    path: str | None = None
-    #: Where ``stdout`` rows go when the caller gave a binary stream instead of ``-`` (None: ``sys.stdout``).
-    stream: BinaryIO | None = field(default=None, repr=False)
+__all__ = ["plan", "RunPlan"]
 
 
 @dataclass(frozen=True)
@@ -229,7 +79,7 @@ class RunPlan:
 def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunPlan:
     """Resolve a run of ``command`` (``extract``, ``grad`` or ``cam``) with the options of :mod:`hookcli.api`.
 
-    ``model`` is a model name or a :class:`~hookcli.models.loading.LoadedModel`;
+    ``model`` is a model name or a :class:`~hookcli.models.loaded.LoadedModel`;
     ``layers`` one selector or a list (cam: one selector or None for the
     default layer); ``inputs`` a path, a folder, ``-`` or a list of them;
     ``output`` None (in memory), :data:`DEFAULT_OUTPUT`, a file, ``-`` or a
@@ -237,12 +87,13 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
     ``/``, or an existing folder: a ``pathlib.Path`` drops the trailing slash). Raises the library's errors; usage
     errors before any model loads.
     """
-    from hookcli.models.loading import LoadedModel, model_family, resolve_weights
+    from hookcli.models.loaded import LoadedModel
+    from hookcli.models.loading import model_family, resolve_weights
     from hookcli.run.selectors import selector_keys
 
     if command not in COMMAND_OPTIONS:
         raise UsageProblem(f"unknown command '{command}'", hint=f"use one of {', '.join(COMMAND_OPTIONS)}")
-    opts = _options(command, options)
+    opts = run_options(command, options)
     settings = _settings(command, opts)
     help_hint = f"see 'hookcli {command} --help'"
     if opts.seed is not None and opts.weights.strip().lower() != "none":
@@ -252,7 +103,7 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
     family = model.family if isinstance(model, LoadedModel) else model_family(model_name)
     opts = _fitted_to_family(command, family, opts, options, help_hint)
     keys = selector_keys(_selectors(layers)) if command != "cam" else None
-    kind, path = _output_kind(command, output, model_name)
+    kind, path = output_kind(command, output, model_name)
     if opts.shard_size and kind not in ("folder", "default"):
         raise UsageProblem("--shard-size applies to a folder output (-o DIR/)", hint=help_hint)
     part = _part(opts, kind, output)
@@ -282,13 +133,13 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
         if kind == "default":
             kind = "folder" if len(paths) > LARGE_INPUT else "file"
             # Named after the layers' keys: known now unless a glob or a type selector leaves them to the model.
-            path = None if keys is None else _default_output(command, model_name, keys, kind)
+            path = None if keys is None else default_output(command, model_name, keys, kind)
         if path is not None and kind in ("file", "folder"):
-            _check_target(kind, path, paths, opts.force)
+            check_target(kind, path, paths, opts.force)
         if opts.grid:
             check_folder_output(opts.grid)
             if keys is not None and not opts.force:  # known without the model: said before torch loads
-                _refuse_drawn_grids(opts.grid, keys)
+                refuse_drawn_grids(opts.grid, keys)
         if not isinstance(model, LoadedModel):
             # The last check before torch: the registry cache answers it, and only a cold cache imports torchvision.
             resolve_weights(model_name, opts.weights)
@@ -319,7 +170,7 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
         target = None
         if command != "extract":
             from hookcli.run.gradients import parse_target
-            from hookcli.models.loading import num_classes
+            from hookcli.models.loaded import num_classes
 
             target = parse_target(opts.target, loaded.categories, loaded.classes or num_classes(loaded.module),
                                   region=opts.region, family=loaded.family)
@@ -337,17 +188,17 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
         elif loaded.family == "optical_flow":
             entries = {**entries, "frame_stride": str(opts.frame_stride)}
         if path is None and kind in ("file", "folder"):
-            path = _default_output(command, loaded.name, list(selected.values()), kind)
-            _check_target(kind, path, paths, opts.force)
+            path = default_output(command, loaded.name, list(selected.values()), kind)
+            check_target(kind, path, paths, opts.force)
         if opts.grid and not opts.force:
-            _refuse_drawn_grids(opts.grid, list(selected.values()))
+            refuse_drawn_grids(opts.grid, list(selected.values()))
         if kind == "cam":
             from hookcli.pictures.cams import cam_png_name
 
             names = [cam_png_name(i, p, k, target.count) for i, p in enumerate(paths) for k in range(target.count)]
             planned = [Path(path) / "cams.safetensors", *(Path(path) / n for n in names)]
             refuse_existing(planned, force=opts.force)
-            _refuse_overwriting_inputs(planned, paths)
+            refuse_overwriting_inputs(planned, paths)
         modules = dict(loaded.module.named_modules())
         record = RunRecord(
             model=loaded.name, weights=loaded.weights, layers=dict(selected),
@@ -367,6 +218,7 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
                        output=Output(kind, path, stream), record=record, forward=forward, shard_size=opts.shard_size,
                        force=opts.force, grid=opts.grid, target=target, cam_look=cam_look, notes=notes, part=part,
                        team=team)
+
 
 @contextlib.contextmanager
 def _left_on_error(team):
@@ -414,7 +266,7 @@ _NO_GRADIENTS = {
 
 def _settings(command: str, opts: RunOptions):
     """The run settings the options ask for, validated; preprocessing is the model's, filled in once it loads."""
-    from hookcli.run.pipeline import RunSettings
+    from hookcli.run.settings import RunSettings
 
     extracting = command == "extract"
     return RunSettings(
@@ -442,129 +294,6 @@ def _preprocess(loaded, opts: RunOptions):
     return loaded.preprocess.replace(resize=resize, crop=opts.crop, mean=opts.mean, std=opts.std,
                                      interpolation=opts.interpolation, fast_decode=opts.fast_decode or None,
                                      decode=opts.decode)
-
-
-def _output_kind(command: str, output, model_name: str) -> tuple[str, str | None]:
-    if command == "cam":
-        if output is None:
-            return "memory", None
-        return "cam", str(f"{_label(model_name)}-cam" if output is DEFAULT_OUTPUT else output)
-    if output is None:
-        return "memory", None
-    if output is DEFAULT_OUTPUT:
-        return "default", None
-    if hasattr(output, "write"):
-        return "stdout", "-"
-    text = os.fspath(output)
-    if text == "-":
-        return "stdout", text
-    if text.endswith(("/", os.sep)) or _is_dir(text):
-        return "folder", text
-    return "file", text
-
-
-def _is_dir(path: str) -> bool:
-    try:
-        return Path(path).is_dir()
-    except OSError:  # a name too long, say: the output checks say so in their words
-        return False
-
-
-def default_output_name(model_name: str, keys: Sequence[str], *, folder: bool = False, kind: str = "") -> Path:
-    """``<model>-<key>`` for one layer's key, ``<model>-<n>layers`` for more; then ``<kind>.safetensors`` unless a
-    folder."""
-    label = keys[0] if len(keys) == 1 else f"{len(keys)}layers"
-    name = f"{_label(model_name)}-{label.replace(os.sep, '_')}"
-    return Path(name) if folder else Path(f"{name}{kind}.safetensors")
-
-
-def _label(model_name: str) -> str:
-    """The model's name as a file name: ``timm-resnet50`` for ``timm:resnet50`` (see :mod:`hookcli.models.sources`)."""
-    from hookcli.models.sources import parse_model
-
-    return parse_model(model_name).label
-
-
-def _default_output(command: str, model_name: str, keys: Sequence[str], kind: str) -> str:
-    return str(default_output_name(model_name, keys, folder=kind == "folder",
-                                   kind=".grad" if command == "grad" else ""))
-
-
-def _check_target(kind: str, path: str, inputs: Sequence[Path], force: bool) -> None:
-    """Refuse a file or folder output that could not be written, and a file output that is one of the inputs or is
-    named like another format."""
-    _check_output(kind, path, force)
-    if kind == "file":
-        _refuse_overwriting_inputs([path], inputs)
-        _refuse_other_format(path)
-
-
-def _check_output(kind: str, path: str, force: bool) -> None:
-    from hookcli.storage.shards import check_folder_target
-    from hookcli.files import check_writable
-
-    if kind == "folder":
-        check_folder_target(path)
-    else:
-        check_writable(path, force=force)
-
-
-#: Suffixes of formats other than safetensors (besides images'): an output file is refused under such a name.
-_OTHER_FORMATS = frozenset({
-    ".pt", ".pth", ".bin", ".ckpt", ".npy", ".npz", ".h5", ".hdf5", ".pkl", ".pickle", ".joblib", ".json",
-    ".jsonl", ".csv", ".tsv", ".txt", ".parquet", ".arrow", ".feather", ".onnx", ".gguf", ".mat", ".zip", ".tar",
-    ".gz", ".svg", ".pdf",
-})
-
-
-def _refuse_other_format(path: str) -> None:
-    """What a file output holds is safetensors; a name that promises another format would mislead its reader.
-
-    Any other name is written as given, one without a suffix too.
-    """
-    from hookcli.inputs.names import IMAGE_SUFFIXES
-
-    suffix = Path(path).suffix
-    if suffix.lower() in _OTHER_FORMATS | IMAGE_SUFFIXES:
-        raise UsageProblem(f"output '{path}' ends in {suffix}, the suffix of another format",
-                           hint=f"hookcli writes safetensors: name it '{Path(path).with_suffix('.safetensors')}', "
-                           "or end the path with / for a shard folder")
-
-
-def _refuse_drawn_grids(folder: str, keys: Sequence[str]) -> None:
-    """``--grid``: refuse, before any work, a folder that already holds pictures of these keys (grid writes a layer's
-    PNGs under names that start with its key; see :mod:`hookcli.pictures.grids`)."""
-    from hookcli.errors import OutputExistsError
-    from hookcli.pictures.grids import safe_name
-
-    try:
-        names = sorted(entry.name for entry in os.scandir(folder) if entry.name.endswith(".png"))
-    except OSError:  # not there yet: nothing to overwrite
-        return
-    prefixes = tuple(safe_name(key) for key in keys)
-    drawn = [name for name in names if name.startswith(prefixes)]
-    if drawn:
-        more = f" and {len(drawn) - 1} more" if len(drawn) > 1 else ""
-        raise OutputExistsError(f"--grid folder '{folder}' already holds pictures of these layers ('{drawn[0]}'{more})",
-                                hint="add --force to draw them again, or give another --grid folder")
-
-
-def _refuse_overwriting_inputs(outputs: Sequence, inputs: Sequence[Path]) -> None:
-    """An output that is one of the inputs would destroy it, --force or not."""
-    def identity(path) -> tuple[int, int] | None:
-        try:
-            found = os.stat(path)
-        except OSError:
-            return None
-        return found.st_dev, found.st_ino
-
-    existing = {identity(p) for p in outputs} - {None}
-    if not existing:
-        return
-    for source in inputs:
-        if identity(source) in existing:
-            raise UsageProblem(f"output '{next(p for p in outputs if identity(p) == identity(source))}' is the "
-                               f"input '{source}'", hint="write the output somewhere else with -o")
 
 
 def _gather(inputs, family: str, opts: RunOptions) -> tuple:
@@ -644,7 +373,7 @@ def _fitted_to_family(command: str, family: str, opts: RunOptions, given: Mappin
 
         parse_region(opts.region)
 
-    clip_options = [name for name in _CLIPS if name in given and given[name] != getattr(RunOptions, name)]
+    clip_options = [name for name in CLIPS if name in given and given[name] != getattr(RunOptions, name)]
     if not traits.videos and clip_options:
         users = "video and optical-flow models" if clip_options[0] == "frame_stride" else "video models"
         raise UsageProblem(f"--{clip_options[0].replace('_', '-')} applies to {users}, and this one is "
@@ -686,7 +415,7 @@ def _command_parts(command, loaded, layers, settings, opts, target):
     from hookcli.run.selectors import resolve_layers
 
     if command == "extract":
-        from hookcli.run.pipeline import extraction_forward
+        from hookcli.run.forwards import extraction_forward
 
         return resolve_layers(loaded.module, _selectors(layers), model_name=loaded.name), \
             extraction_forward(settings), {}
@@ -724,119 +453,3 @@ def _cam_layer(loaded, selector, settings) -> str:
     device = next(loaded.module.parameters()).device  # a model reused from an earlier run may be on a GPU
     example = natural_input(loaded.family, preprocess=settings.preprocess)
     return default_cam_layer(loaded, map_batch(example, lambda tensor: tensor.to(device)))
-
-
-# -- execution -------------------------------------------------------------------------------------
-
-
-def execute(run: RunPlan, progress: Callable[[Event], None] | None = None):
-    """Run ``run`` into its output and return what its command's function returns.
-
-    In memory: the rows as :class:`~hookcli.storage.features.Features` (with ``facts``
-    and ``notes``); written: the path written (a shard folder's
-    ``index.jsonl``; a CAM folder's ``cams.safetensors``); to stdout: None.
-    Raises :class:`~hookcli.errors.ImageError` when no input could be read.
-    """
-    from hookcli.run.pipeline import iter_batches
-    from hookcli.storage.features import Features
-
-    emit = progress or _ignore
-    notes: list[str] = []
-
-    def note(text: str) -> None:
-        notes.append(text)
-        emit(Note(text))
-
-    for text in run.notes:
-        note(text)
-    writer = _writer(run, note)
-    with contextlib.closing(run.team) if run.team is not None else contextlib.nullcontext():
-        try:
-            order = writer.begin(run.settings.batch_size)
-            emit(Started(total=len(run.inputs), done=writer.done, output=run.output.path))
-            if order is not None:
-                for batch in iter_batches(run.loaded, run.layers, run.inputs, run.settings, forward=run.forward,
-                                          order=order, on_note=note):
-                    writer.add(batch)
-                    for index, error in batch.failures:
-                        emit(Skipped(str(run.inputs[index]), error))
-                    emit(Advanced(len(batch.indices) + len(batch.failures)))
-            if not writer.has_rows:
-                raise ImageError("none of the input images could be read", hint="every input was skipped, each with "
-                                 "its reason (on stderr; in Python, the Skipped events)")
-            result = writer.finish()
-        except BaseException:
-            writer.abort()
-            raise
-        if run.team is not None:
-            run.team.barrier()  # every process has listed its shards: the folder is complete
-        complete = writer.complete or run.team is not None
-        if not complete:
-            note(f"'{run.output.path}' holds {writer.inputs_done} of its {len(run.inputs)} inputs: other processes "
-                 "are writing the rest (or run the same command again to finish it)")
-        if complete and (run.team is None or run.part.index == 0):  # one process of a team says what was written
-            for path in writer.written:
-                emit(Wrote(path))
-        if isinstance(result, Features):
-            result.notes = tuple(notes)
-        if run.grid and complete and writer.finisher:
-            from hookcli.pictures.grids import GridOptions
-            from hookcli.storage.shards import open_features
-
-            with result if isinstance(result, Features) else open_features(run.output.path) as written:
-                draw_grids(written, GridOptions(), run.grid, force=run.force, progress=emit)
-    if run.output.kind == "stdout":
-        return None
-    return result
-
-
-def _writer(run: RunPlan, note: Callable[[str], None]):
-    from hookcli.storage import writers
-
-    kind, path = run.output.kind, run.output.path
-    if kind == "memory":
-        return writers.MemoryWriter(run.record, run.inputs)
-    if kind == "stdout":
-        return writers.StdoutWriter(run.record, run.inputs, run.output.stream)
-    if kind == "folder":
-        share = (run.part.index, run.part.count) if run.part is not None else (0, 1)
-        return writers.FolderWriter(run.record, run.inputs, path, shard_size=run.shard_size, force=run.force,
-                                    part=share, on_note=note)
-    if kind == "file":
-        return writers.FileWriter(run.record, run.inputs, path, force=run.force)
-    (layer,) = run.layers
-    inner = writers.FileWriter(run.record, run.inputs, str(Path(path) / "cams.safetensors"), force=run.force)
-    from hookcli.pictures.cams import CamOverlays  # numpy and Pillow: not for the command line's start
-
-    return CamOverlays(inner, run.inputs, path, preprocess=run.settings.preprocess, count=run.target.count,
-                       layer=layer, force=run.force, on_note=note, **run.cam_look)
-
-
-# -- pictures --------------------------------------------------------------------------------------
-
-
-def draw_grids(features, options, output, *, force: bool = False,
-               progress: Callable[[Event], None] | None = None):
-    """Draw the grids ``options`` ask for; write them under ``output`` (a folder), or return them by file name.
-
-    Written: the PNG paths in order. In memory (``output=None``): a dict of
-    file name → ``uint8 [H, W, 3]`` pixels. Undrawable tensors are reported
-    as :class:`Note` s.
-    """
-    from hookcli.pictures.grids import plan_grids, render_all, write_grids
-
-    emit = progress or _ignore
-    jobs = plan_grids(features, options, output, force=force)
-    for text in (*getattr(features, "reading_notes", ()), *jobs.notes):
-        emit(Note(text))
-    emit(Started(total=len(jobs)))
-    if output is None:
-        return render_all(features, jobs, options, on_note=lambda text: emit(Note(text)),
-                          on_drawn=lambda name: emit(Advanced(1)))
-
-    def written(path: Path) -> None:
-        emit(Wrote(path))
-        emit(Advanced(1))
-
-    return write_grids(features, jobs, options, force=force, on_written=written,
-                       on_note=lambda text: emit(Note(text)))

@@ -7,7 +7,7 @@ inputs), then:
   iterable of lists of input indices), or None when nothing is left;
   ``done`` then says how many inputs an earlier run (or other processes, for
   a shard folder) did;
-- ``add(batch)`` takes each :class:`~hookcli.run.pipeline.Batch` in that order;
+- ``add(batch)`` takes each :class:`~hookcli.run.settings.Batch` in that order;
 - ``finish()`` completes the output and returns what the run returns (the
   features in memory, or the path written); ``written`` then lists the paths
   to report, in order; ``complete`` says whether the output then held every
@@ -222,7 +222,7 @@ def _check_fits_in_memory(features: Mapping, rows: int) -> None:
 
 class FolderWriter:
     """Shards of ``shard_size`` rows and an index in ``folder``, continuing an earlier run of the same command and
-    sharing the work with other processes running it (see :class:`~hookcli.storage.shards.ShardWriter`).
+    sharing the work with other processes running it (see :class:`~hookcli.storage.shard_writer.ShardWriter`).
 
     Shard *k* holds inputs ``[k·S, (k+1)·S)``; a shard is handed to a
     background thread once all its inputs are placed. ``part`` ``(index,
@@ -251,7 +251,7 @@ class FolderWriter:
         return self.writer.inputs_done
 
     def begin(self, batch_size: int):
-        from hookcli.storage.shards import ShardWriter
+        from hookcli.storage.shard_writer import ShardWriter
 
         self.batch_size = batch_size
         self.writer = ShardWriter(self.folder, fileformat.identity(self.record), len(self.paths), force=self.force,

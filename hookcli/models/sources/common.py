@@ -1,0 +1,146 @@
+"""What the model sources share: the hub kept offline and libraries quiet while a model loads, the
+:class:`~hookcli.models.loaded.LoadedModel` every source returns, weights files loaded into a model, ImageNet's
+preprocessing assumed for a model that gives none, and the local Hugging Face cache.
+
+>>> from hookcli.models.specs import parse_model
+>>> recorded_name(parse_model("timm:resnet50"))
+'timm:resnet50'
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import warnings
+from pathlib import Path
+
+from hookcli.errors import UnknownModelError
+from hookcli.models.loaded import prefix_tokens
+from hookcli.models.specs import ModelSpec, SourceError
+from hookcli.models.weights import file_weights
+
+__all__ = ["assumed_preprocess", "hub_cached", "hub_file", "hub_has_weights", "load_weights_file", "loaded_model",
+           "not_cached", "offline_hub", "quiet_libraries", "recorded_name", "unknown_model"]
+
+
+@contextlib.contextmanager
+def offline_hub():
+    """The Hugging Face hub offline for the block, whatever the environment says: timm and OpenCLIP read pretrained
+    files through it, and would otherwise ask the Hub for a newer revision."""
+    try:
+        from huggingface_hub import constants
+    except ImportError:  # a factory's model needs no hub
+        yield
+        return
+    before, environment = constants.HF_HUB_OFFLINE, os.environ.get("HF_HUB_OFFLINE")
+    constants.HF_HUB_OFFLINE = True
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    try:
+        yield
+    finally:
+        constants.HF_HUB_OFFLINE = before
+        if environment is None:
+            os.environ.pop("HF_HUB_OFFLINE", None)
+        else:
+            os.environ["HF_HUB_OFFLINE"] = environment
+
+
+@contextlib.contextmanager
+def quiet_libraries():
+    """Libraries announce downloads, progress and random init on stdout and through logging; stdout carries data."""
+    logger = logging.getLogger()
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(sys.stderr), warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            yield
+    finally:
+        logger.setLevel(level)
+
+
+def loaded_model(spec: ModelSpec, module, described: dict, preprocess, **fields):
+    from hookcli.models.loaded import LoadedModel
+
+    module.eval()
+    fields.setdefault("categories", None)
+    return LoadedModel(name=recorded_name(spec), module=module,
+                       weights=described, preprocess=preprocess, family="classification", source=spec.source,
+                       prefix_tokens=prefix_tokens(module), **fields)
+
+
+def load_weights_file(spec: ModelSpec, module, path: Path, part: str = "") -> dict:
+    """Load a state-dict file into ``module`` (shapes checked first); its description for the metadata.
+
+    ``part``: a prefix (``visual.``) whose entries are the module's, when the file holds a whole model of which
+    ``module`` is one tower.
+    """
+    from hookcli.models.weights import fit_state_dict, read_state_dict
+
+    state = read_state_dict(path)
+    if part and any(key.startswith(part) for key in state):
+        state = {key[len(part):]: value for key, value in state.items() if key.startswith(part)}
+    fit_state_dict(module, state, path, spec.text)
+    return file_weights(path)
+
+
+def assumed_preprocess(spec: ModelSpec, why: str, side: int | None = None):
+    """ImageNet's preprocessing, for a model that gives none: resize 256 and crop 224, or in that proportion for a
+    model made for ``side`` pixels; and why it is assumed (said with the parts a run uses,
+    :meth:`~hookcli.models.loaded.LoadedModel.notes_for`)."""
+    from hookcli.inputs.preprocess import Preprocess
+
+    crop = side or 224
+    return Preprocess(resize=int(crop * 256 / 224), crop=crop), f"{spec.text}: {why}"  # mean and std: ImageNet's
+
+
+def hub_cached(repo: str, filename: str) -> bool:
+    return hub_file(repo, filename) is not None
+
+
+def hub_file(repo: str, filename: str) -> Path | None:
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(repo, filename)
+    return Path(found) if isinstance(found, str) else None
+
+
+def hub_has_weights(repo: str) -> bool:
+    return any(hub_cached(repo, n) for n in ("model.safetensors", "model.safetensors.index.json",
+                                               "pytorch_model.bin", "pytorch_model.bin.index.json"))
+
+
+def not_cached(spec: ModelSpec, repo: str, filename: str) -> SourceError:
+    from huggingface_hub import constants
+
+    folder = Path(constants.HF_HUB_CACHE) / f"models--{repo.replace('/', '--')}"
+    otherwise = "or give hf:/path/to/a/folder written by save_pretrained" if spec.source == "hf" else \
+        "or use --weights none"
+    if spec.source == "hf" and Path(spec.name).is_dir():
+        otherwise = f"or, for the folder '{spec.name}' here, write hf:./{spec.name}"
+    return SourceError(
+        f"{spec.text} is not in the local Hugging Face cache, and hookcli does not download: {filename} of "
+        f"{repo} belongs under {folder}/snapshots/<revision>/",
+        hint=f"run 'hf download {repo}' where there is network and copy {folder} here (or set HF_HUB_CACHE), "
+             f"{otherwise}")
+
+
+def recorded_name(spec: ModelSpec) -> str:
+    """The model's name as files record it: paths (a folder, a config, a factory's file) made absolute, so that the
+    name means the same from any folder."""
+    if spec.source == "factory":
+        module, function = spec.name.rsplit(":", 1)
+        return f"{Path(module).expanduser().resolve()}:{function}" if module.endswith(".py") else spec.name
+    if spec.hf_folder or spec.source == "open_clip" and spec.name.endswith(".json"):
+        return f"{spec.source}:{Path(spec.name).expanduser().resolve()}"
+    return spec.text
+
+
+def unknown_model(spec: ModelSpec, known: list[str], command: str) -> UnknownModelError:
+    import difflib
+
+    closest = difflib.get_close_matches(spec.name, known, n=3, cutoff=0.5)
+    shown = f" (closest: {', '.join(closest)})" if closest else ""
+    return UnknownModelError(f"unknown {spec.source} model '{spec.name}'{shown}", hint=f"'{command}' lists them")

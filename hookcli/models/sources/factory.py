@@ -1,0 +1,121 @@
+"""The user's own models: ``make()`` of a Python file (``nets.py:make``) or of an
+importable module (``my_lab.models:make``), returning the model, or the model and its preprocessing.
+
+It runs the user's code: a file is imported under a name made of its path and
+content (an edited file runs anew, as its recorded ``code_sha256`` says)."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+
+from hookcli.errors import UsageProblem, first_line
+from hookcli.models.sources.common import (
+    assumed_preprocess, load_weights_file, loaded_model,
+)
+from hookcli.models.specs import ModelSpec, SourceError, search_current_folder
+from hookcli.models.weights import file_sha256, seeded
+
+__all__ = ["load"]
+
+
+def load(spec: ModelSpec, weights: str, seed: int):
+    import torch.nn as nn
+
+    module_name, function_name = spec.name.rsplit(":", 1)
+    code, digest = _import_factory_module(spec, module_name)
+    factory = getattr(code, function_name, None)
+    if not callable(factory):
+        raise UsageProblem(f"{module_name} has no function '{function_name}'",
+                           hint=f"define {function_name}() returning the nn.Module")
+    try:
+        with seeded(seed if weights.lower() == "none" else 0):
+            made = factory()
+    except (Exception, SystemExit) as err:  # user code: argparse and sys.exit included
+        raise SourceError(f"the factory {spec.name} failed: {type(err).__name__}: {first_line(err)}",
+                          hint="run it in Python to see where") from None
+    module, given = (made if isinstance(made, tuple) and len(made) == 2 else (made, None))
+    if not isinstance(module, nn.Module):
+        raise SourceError(f"the factory {spec.name} returned {type(module).__name__}, not an nn.Module",
+                          hint="return the model, or (model, preprocessing)")
+    if _is_scripted(module):
+        raise UsageProblem(f"the factory {spec.name} returned a TorchScript module, whose inside forward hooks "
+                           "cannot reach", hint="return the Python model it was scripted from")
+    from hookcli.models.weights import looks_like_weights_path
+
+    if looks_like_weights_path(weights):
+        described = load_weights_file(spec, module, Path(weights))
+    elif weights.lower() == "none":
+        described = {"source": "none", "seed": seed}
+    else:
+        described = {"source": "factory"}
+    if digest is not None:
+        described["code_sha256"] = digest
+    if given is None:
+        preprocess, assumed_because = assumed_preprocess(spec, "the factory gives no preprocessing")
+    else:
+        preprocess, assumed_because = _given_preprocess(spec, given), None
+    return loaded_model(spec, module, described, preprocess, assumed_because=assumed_because)
+
+
+def _import_factory_module(spec: ModelSpec, name: str):
+    """``(module, the SHA-256 of its file)``: a file imported under a name of its own (None for an installed or
+    local module's digest)."""
+    if not name.endswith(".py"):
+        search_current_folder()
+        try:
+            return importlib.import_module(name), None
+        except (Exception, SystemExit) as err:
+            raise SourceError(f"importing {name} failed: {type(err).__name__}: {first_line(err)}",
+                              hint="run it in Python to see where") from None
+    path = Path(name).expanduser().resolve()
+    # Named by path and content: an edited file is run again, as its recorded code_sha256 says it was.
+    digest = file_sha256(path)
+    unique = "hookcli_factory_" + hashlib.sha256(f"{path}\n{digest}".encode()).hexdigest()[:16]
+    if unique in sys.modules:
+        return sys.modules[unique], digest
+    loader_spec = importlib.util.spec_from_file_location(unique, path)
+    code = importlib.util.module_from_spec(loader_spec)
+    if str(path.parent) not in sys.path:
+        sys.path.insert(0, str(path.parent))  # its sibling modules import as they would under python FILE
+    sys.modules[unique] = code
+    try:
+        loader_spec.loader.exec_module(code)
+    except (Exception, SystemExit) as err:
+        del sys.modules[unique]
+        raise SourceError(f"running {path.name} failed: {type(err).__name__}: {first_line(err)}",
+                          hint="run it in Python to see where") from None
+    return code, digest
+
+
+def _is_scripted(module) -> bool:
+    import torch
+
+    return isinstance(module, torch.jit.ScriptModule)
+
+
+def _given_preprocess(spec: ModelSpec, given):
+    """A factory's preprocessing: a :class:`~hookcli.inputs.preprocess.Preprocess`, a dict of its fields, or a torchvision
+    weights' ``transforms()``."""
+    from hookcli.inputs.preprocess import Preprocess
+
+    if isinstance(given, Preprocess):
+        return given
+    try:
+        if isinstance(given, dict):
+            fields = dict(given)
+            for name in ("mean", "std"):
+                if fields.get(name) is not None:
+                    fields[name] = tuple(float(v) for v in fields[name])
+            return Preprocess(**{"crop": None, **fields})
+        if hasattr(given, "resize_size") and hasattr(given, "crop_size"):
+            return Preprocess.from_transforms(given)
+    except (TypeError, ValueError) as err:
+        raise SourceError(f"the preprocessing the factory {spec.name} returned is not usable: {err}",
+                          hint="return a hookcli.Preprocess or a dict of resize, crop, mean, std") from None
+    raise SourceError(f"the factory {spec.name} returned a {type(given).__name__} as preprocessing",
+                      hint="return a hookcli.Preprocess, a dict of resize, crop, mean, std, or a torchvision "
+                           "weights' transforms()")

@@ -1,0 +1,118 @@
+"""What a grid is asked to be: the options of ``hookcli grid`` (:class:`GridOptions`) and one picture to draw
+(:class:`GridJob`), and short, safe text for the names and captions they end up in.
+
+>>> GridOptions(channels=parse_channels("0:8")).channels
+slice(0, 8, None)
+>>> capped("a" * 30, 12)
+'aaa~cd762363'
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from hookcli.errors import UsageProblem, check_choice, check_whole
+
+__all__ = ["capped", "default_grid_folder", "DEFAULT_MAPS", "digest", "GridJob", "GridOptions", "parse_channels", "SCALES"]
+
+
+SCALES = ("channel", "grid")
+
+
+#: Channels drawn when neither --channels nor --top is given: a wide layer's first 64, with a note on the rest.
+DEFAULT_MAPS = 64
+
+
+def parse_channels(value) -> slice | None:
+    """A channel selection as a slice: ``"A:B"`` (either end may be left out), one channel ``K``, or a slice."""
+    if value is None or isinstance(value, slice):
+        return value
+    text = str(value).strip()
+    try:
+        if ":" not in text:
+            index = int(text)
+            return slice(index, index + 1 if index != -1 else None)
+        start, stop = text.split(":")
+        return slice(int(start) if start else None, int(stop) if stop else None)
+    except ValueError:
+        raise ValueError(f"'{value}' is not a channel range; use A:B, A:, :B or one index K") from None
+
+
+def default_grid_folder(source) -> str:
+    """Where grid writes when no folder is given: ``<file stem>_grids``, or ``grids`` for stdin and memory."""
+    if not isinstance(source, str | os.PathLike) or os.fspath(source) == "-":
+        return "grids"
+    return f"{Path(source).name.removesuffix('.safetensors') or 'features'}_grids"
+
+
+@dataclass(frozen=True)
+class GridOptions:
+    """How to draw: which tensors and images, which channels, and the look of the grid.
+
+    ``keys`` and ``images`` take one value or a list; ``channels`` a slice,
+    ``"A:B"`` or one channel. ``plain`` draws just the tiles: no caption,
+    channel numbers or colour bar, and no enlargement past ``min_tile``.
+    ``frame``: draw only this frame (from 0) of video clips, as ``[C, H, W]``
+    maps. ``flow_as_channels``: draw optical-flow fields as their two
+    channels rather than in colour. Values are checked here, with the
+    library's errors.
+    """
+
+    keys: Sequence[str] = ()
+    images: Sequence[str] = ()
+    channels: slice | None = None
+    top: int | None = None
+    columns: int | None = None
+    padding: int = 2
+    cmap: str = "viridis"
+    scale: str = "channel"
+    min_tile: int = 32
+    title: bool = True
+    plain: bool = False
+    overlay: bool = False
+    alpha: float = 0.5
+    overlay_cmap: str = "inferno"
+    frame: int | None = None
+    flow_as_channels: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("keys", "images"):
+            value = getattr(self, name)
+            object.__setattr__(self, name, (value,) if isinstance(value, str | int) else tuple(value))
+        object.__setattr__(self, "images", tuple(str(i) for i in self.images))
+        try:
+            object.__setattr__(self, "channels", parse_channels(self.channels))
+        except ValueError as err:
+            raise UsageProblem(f"invalid channels: {err}") from None
+        for name, low, high in (("top", 1, None), ("columns", 1, None), ("padding", 0, 64), ("min_tile", 1, 1024),
+                                ("frame", 0, None)):
+            check_whole(name, getattr(self, name), low, high, optional=True)
+        check_choice("scale", self.scale, SCALES)
+        if not 0 <= self.alpha <= 1:
+            raise UsageProblem(f"alpha must be between 0 and 1, not {self.alpha!r}")
+
+
+@dataclass(frozen=True)
+class GridJob:
+    """One PNG to draw: tensor ``key``, row ``row`` (input ``name``), written to ``path``.
+
+    ``limit``: how many of the selected maps the picture holds (None: all).
+    """
+
+    key: str
+    row: int
+    name: str
+    path: Path
+    source_image: str | None = field(default=None, repr=False)
+    limit: int | None = None
+
+
+def capped(text: str, limit: int) -> str:
+    return text if len(text) <= limit else f"{text[:limit - 9]}~{digest(text)}"
+
+
+def digest(text: str) -> str:
+    return hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()[:8]

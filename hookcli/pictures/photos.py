@@ -1,0 +1,111 @@
+"""Photos under pictures: an input image as the model saw it (resized, cropped, upright), and a heat map
+drawn over it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from hookcli.pictures.render import (
+    add_colorbar,
+    number,
+    overlay,
+    value_range,
+)
+
+__all__ = ["OVERLAY_MIN", "OVERLAY_SIDE", "heat_picture", "model_photo", "model_photo_scaled"]
+
+#: Overlays are drawn at least OVERLAY_MIN and at most OVERLAY_SIDE pixels a side.
+OVERLAY_MIN, OVERLAY_SIDE = 512, 2048
+
+
+
+def model_photo(path, preprocess, *, enlarge: bool = True) -> np.ndarray:
+    """The part of the photo at ``path`` the model saw (its resize and centre crop), drawn larger.
+
+    The view is at least :data:`OVERLAY_MIN` pixels a side (twice a
+    224-pixel crop, more for small ones) and at most :data:`OVERLAY_SIDE`,
+    resampled from the original photo, so the heat map sits over a picture
+    large enough to see (``enlarge=False``: the crop's own size, at most
+    :data:`OVERLAY_SIDE`). Without a crop (segmentation and detection
+    models) the view is the whole photo, its shorter side at the resize when
+    there is one: a detection model resizes inside, by rules the metadata
+    does not record, and its maps and boxes cover the whole photo all the
+    same. Without preprocessing facts the whole photo is used.
+    """
+    return model_photo_scaled(path, preprocess, enlarge=enlarge)[0]
+
+
+def model_photo_scaled(path, preprocess, *, enlarge: bool = True) -> tuple[np.ndarray, float]:
+    """:func:`model_photo`, and its pixels to one pixel of the image the model was given (the unit of boxes)."""
+
+    from hookcli.inputs.images import load_rgb, model_view
+
+    photo = load_rgb(path, max_side=2 * OVERLAY_SIDE)
+    if preprocess is None:
+        width = _upright_size(path)[0]
+        photo.thumbnail((OVERLAY_SIDE, OVERLAY_SIDE))
+        return np.asarray(photo), photo.width / width
+    if isinstance(preprocess.resize, tuple) and preprocess.kind == "classification":
+        return _squashed_photo(photo, preprocess, enlarge)
+    resize = preprocess.resize if isinstance(preprocess.resize, int) else None
+    # Without a resize the model was given the photo at its own size, which the reduced loading of a large one hides.
+    size = _upright_size(path) if resize is None or preprocess.crop is None else None
+    short = resize or min(size)
+    if preprocess.crop is not None:
+        side = min(OVERLAY_SIDE, max(OVERLAY_MIN, 2 * preprocess.crop) if enlarge else preprocess.crop)
+        scale = side / preprocess.crop
+        return np.asarray(model_view(photo, resize=max(1, round(short * scale)), crop=max(1, side),
+                                     interpolation=preprocess.interpolation)), scale
+    # The resized photo as torchvision makes it: shorter side `short`, the longer one in proportion, rounded down.
+    given_size = [short if n == min(size) else int(short * n / min(size)) for n in size]
+    scale = min(max(OVERLAY_MIN, 2 * short) / short if enlarge else 1.0, OVERLAY_SIDE / max(given_size))
+    drawn = tuple(max(1, round(n * scale)) for n in given_size)
+    from hookcli.inputs.images import RESAMPLE as resample
+    return np.asarray(photo.resize(drawn, resample[preprocess.interpolation])), scale
+
+
+def _squashed_photo(photo, preprocess, enlarge: bool) -> tuple[np.ndarray, float]:
+    """The view of a model that squashes the photo to ``[height, width]`` (then centre-crops it, if it crops)."""
+
+    height, width = preprocess.resize
+    crop_h, crop_w = (preprocess.crop, preprocess.crop) if preprocess.crop else (height, width)
+    longest = max(crop_h, crop_w)
+    scale = min(OVERLAY_SIDE, max(OVERLAY_MIN, 2 * longest) if enlarge else longest) / longest
+    from hookcli.inputs.images import RESAMPLE as resample
+    squashed = photo.resize((max(1, round(width * scale)), max(1, round(height * scale))),
+                            resample[preprocess.interpolation])
+    left, top = round(int(round((width - crop_w) / 2.0)) * scale), round(int(round((height - crop_h) / 2.0)) * scale)
+    box = (left, top, left + max(1, round(crop_w * scale)), top + max(1, round(crop_h * scale)))
+    return np.asarray(squashed.crop(box)), scale
+
+
+def _upright_size(path) -> tuple[int, int]:
+    """The width and height of the image at ``path`` as it is decoded upright (its EXIF orientation applied), read
+    from its header: the size of what the model was given when nothing resized it."""
+    from PIL import Image
+
+    from hookcli.inputs.images import open_input
+
+    with open_input(path) as handle, Image.open(handle) as image:
+        width, height = image.size
+        turned = image.getexif().get(0x0112) in (5, 6, 7, 8)  # a quarter turn, as ImageOps.exif_transpose makes
+    return (height, width) if turned else (width, height)
+
+
+def heat_picture(photo: np.ndarray, heat: np.ndarray, *, cmap: str, alpha: float, what: str,
+                 legend: bool = True) -> tuple[np.ndarray, str | None]:
+    """``heat`` over ``photo`` with a colour bar giving the map's range; ``(pixels, note)``, a note when it is flat.
+
+    A map with no spread (all zero, as a CAM is when no position raises the
+    class's score) is not drawn: the photo is shown as it is, and the bar and
+    the note say why. ``legend=False`` leaves the bar out.
+    """
+    span = value_range(np.asarray(heat))
+    flat = "has no finite values" if span is None else f"is {number(span[0])} everywhere" \
+        if span[0] == span[1] else None
+    pixels = overlay(photo, heat, cmap=cmap, alpha=alpha)  # a flat map leaves the photo as it is
+    if legend:
+        ends, said = (("low", "high"), f"the map {flat}: nothing to overlay") if flat else \
+            ((number(span[0]), number(span[1])), f"{what}, this image's range")
+        pixels = add_colorbar(pixels, cmap, *ends, said)
+    return pixels, (f"the {what} map {flat}: the photo is drawn without it" if flat else None)

@@ -1,0 +1,227 @@
+"""What pictures read of saved features: row names and selections, the shape a row is drawn at, and the
+detections a detection model stored.
+
+>>> list(select_rows(["1:3"], None, 5))
+[1, 2]
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+import numpy as np
+from hookcli.errors import UsageProblem
+from hookcli.storage.fileformat import DETECTIONS
+from hookcli.inputs.preprocess import Preprocess
+from hookcli.pictures.render import (
+    NotDrawable,
+)
+from hookcli.pictures.options import GridOptions
+
+__all__ = ["BOXES", "channels_first", "channels_last", "detection_keys", "Detections", "DRAWN_DETECTIONS", "drawn_row_shape", "drawn_shape", "draws_flow", "frames_text", "input_names", "one_map_a_row", "read_detections", "recorded_prefix_tokens", "row_drawn", "select_rows"]
+
+
+#: The ``family`` metadata of files whose ``[2, H, W]`` rows are optical-flow fields.
+_FLOW_FAMILY = "optical_flow"
+
+
+#: The ``family`` metadata of files whose ``detections#…`` keys are a detection model's final detections.
+_DETECTION_FAMILY = "detection"
+
+
+#: The key the detections picture is planned under; the other ``detections#…`` keys are drawn with it.
+BOXES = f"{DETECTIONS}#boxes"
+
+
+#: What the detections picture shows of them.
+DRAWN_DETECTIONS = (BOXES, f"{DETECTIONS}#labels", f"{DETECTIONS}#scores")
+
+
+def recorded_prefix_tokens(metadata) -> int | None:
+    """The ``prefix_tokens`` a file's metadata records (class and register tokens of a vision transformer), or None
+    when it records none or something that is not a small whole number (the metadata is untrusted)."""
+    text = metadata.get("prefix_tokens") if hasattr(metadata, "get") else None
+    try:
+        count = int(text) if isinstance(text, str) and text.strip().isdigit() else None
+    except ValueError:
+        return None
+    return count if count is not None and count <= 4096 else None
+
+
+def input_names(metadata, rows: int) -> list[str] | None:
+    """The metadata's ``inputs``, one name a row, or None when it does not list ``rows`` names."""
+    try:
+        inputs = json.loads(metadata.get("inputs", "[]"))
+    except (ValueError, RecursionError):
+        return None
+    listed = isinstance(inputs, list) and len(inputs) == rows and all(isinstance(p, str) for p in inputs)
+    return inputs if listed else None
+
+
+_ROW_RANGE = re.compile(r"(-?\d*):(-?\d*)")
+
+
+def select_rows(wanted: Sequence[str], names: Sequence[str] | None, rows: int) -> Sequence[int]:
+    """The rows ``wanted`` picks, in the order given and each once: row indices, input names, ranges ``A:B``.
+
+    All rows when nothing is wanted. One range alone stays a ``range``, so a
+    selection of a million rows costs nothing to hold.
+    """
+    if not wanted:
+        return range(rows)
+    if len(wanted) == 1 and _ROW_RANGE.fullmatch(wanted[0]):
+        return _row_range(wanted[0], rows)
+    chosen = {}
+    for item in wanted:
+        if _ROW_RANGE.fullmatch(item):
+            found = _row_range(item, rows)
+        elif re.fullmatch(r"-?\d+", item):
+            index = int(item)
+            if not -rows <= index < rows:
+                raise UsageProblem(
+                    f"image index {index} is out of range: the file has {rows} image{'s' if rows != 1 else ''}",
+                    hint=("the file has no rows" if not rows else "use 0, or the input's file name" if rows == 1
+                          else f"use 0 to {rows - 1}, or an input file name"),
+                )
+            found = [index % rows]
+        else:
+            found = [i for i, n in enumerate(names or ()) if item in (n, Path(n).name, Path(n).stem)]
+            if not found:
+                raise UsageProblem(f"no image named '{item}' in the file",
+                                   hint="give a row index, a range A:B or an input's file name ('hookcli info' "
+                                   "lists them)")
+        chosen.update(dict.fromkeys(found))
+    return list(chosen)
+
+
+def _row_range(text: str, rows: int) -> range:
+    """Rows A to B - 1 of ``A:B`` as a Python slice takes them: ends may be negative, left out or past the file."""
+    start, stop = (int(end) if end else None for end in text.split(":"))
+    chosen = range(rows)[start:stop]
+    if not chosen:
+        images = f"{rows} image{'s' if rows != 1 else ''}"
+        raise UsageProblem(f"image range '{text}' selects no images: the file has {images}",
+                           hint=f"A:B takes rows A to B-1, as a Python slice does; the rows are 0 to {rows - 1}"
+                           if rows else "the file has no rows")
+    return chosen
+
+
+_CAM_KEY = re.compile(r"cam(#\d+)?")
+
+
+def drawn_shape(features, key: str) -> list[int]:
+    """The shape ``key`` is drawn as: its own, except a CAM file's maps (``cam``, ``cam#k``: ``[N, h, w]``, one map a
+    row), drawn as ``[N, 1, h, w]`` so that an ``h × w`` map is never read as ViT tokens. A ragged key's is
+    ``[N, *largest row]``; :func:`drawn_row_shape` gives each row's."""
+    shape = list(features.shape(key))
+    return [shape[0], 1, *shape[1:]] if one_map_a_row(features, key) else shape
+
+
+def one_map_a_row(features, key: str) -> bool:
+    """Whether ``key`` is a CAM file's maps (``cam``, ``cam#k``: ``[N, h, w]``): one map a row, with no channels."""
+    return "cam_layer" in features.metadata and _CAM_KEY.fullmatch(key) is not None and len(features.shape(key)) == 3
+
+
+def drawn_row_shape(features, key: str, row: int) -> list[int]:
+    """The shape row ``row`` of ``key`` is drawn as (:func:`drawn_shape`): its own when ``key`` is ragged."""
+    own = features.row_shape(key, row)
+    return [1, *own] if one_map_a_row(features, key) else own
+
+
+def detection_keys(features, keys: Sequence[str]) -> list[str]:
+    """The keys among ``keys`` that hold a detection model's final detections, in the order given.
+
+    They are ``detections#boxes``, ``#labels``, ``#scores`` (and ``#masks``,
+    ``#keypoints``, … for some models): one entry per detected object, a
+    different number each image. None unless the file's ``family`` is
+    ``detection``, so a layer named ``detections`` elsewhere stays a layer.
+    """
+    if features.metadata.get("family") != _DETECTION_FAMILY:
+        return []
+    return [key for key in keys if key.startswith(DETECTIONS + "#")]
+
+
+@dataclass(frozen=True)
+class Detections:
+    """One image's final detections: ``boxes`` (float64 ``[K, 4]``: x1, y1, x2, y2 in the pixels of the image the
+    model was given), and ``labels`` (class indices) and ``scores`` (``[K]`` each), None where the file has none."""
+
+    boxes: np.ndarray
+    labels: np.ndarray | None
+    scores: np.ndarray | None
+
+
+def read_detections(features, row: int) -> Detections:
+    """Row ``row``'s final detections, from a detection file's ``detections#…`` keys.
+
+    Raises :class:`~hookcli.pictures.render.NotDrawable` when the file's rows are not
+    ``[K, 4]`` boxes with K labels and K scores.
+
+    >>> from hookcli.storage.features import Features
+    >>> features = Features({"detections#boxes": np.array([[[1, 2, 30, 40]]], dtype="float32"),
+    ...                      "detections#labels": np.array([[7]])}, {"family": "detection"})
+    >>> found = read_detections(features, 0)
+    >>> found.boxes.tolist(), found.labels.tolist(), found.scores
+    ([[1.0, 2.0, 30.0, 40.0]], [7], None)
+    """
+    keys = set(features.keys())
+    if BOXES not in keys:
+        raise NotDrawable(f"there is no '{BOXES}'")
+    boxes = np.asarray(features.read(BOXES, row), dtype=np.float64)
+    if boxes.ndim != 2 or boxes.shape[1] != 4:
+        raise NotDrawable(f"row {row} of '{BOXES}' is {list(boxes.shape)}, not [K, 4] boxes")
+    found = {}
+    for name in ("labels", "scores"):
+        key = f"{DETECTIONS}#{name}"
+        found[name] = np.asarray(features.read(key, row)) if key in keys else None
+        if found[name] is not None and found[name].shape != boxes.shape[:1]:
+            raise NotDrawable(f"row {row} of '{key}' is {list(found[name].shape)}, not one value for each of its "
+                              f"{len(boxes)} boxes")
+    if found["labels"] is not None and found["labels"].dtype.kind not in "iu":
+        raise NotDrawable(f"'{DETECTIONS}#labels' holds {found['labels'].dtype} values, not class indices")
+    return Detections(boxes, found["labels"], found["scores"])
+
+
+def row_drawn(row: Sequence[int], options: GridOptions) -> tuple[list[int], int | None]:
+    """``(the per-row shape drawn, the frame drawn or None)``: a video clip's ``[C, T, H, W]`` is the ``[C, H, W]`` of
+    ``options.frame`` when one is given; NotDrawable when the clip has no such frame."""
+    row = list(row)
+    if options.frame is None or len(row) != 4:
+        return row, None
+    if options.frame >= row[1]:
+        raise NotDrawable(f"--frame {options.frame} is out of range: it has {frames_text(row[1])}")
+    return [row[0], *row[2:]], options.frame
+
+
+def channels_last(features, row: Sequence[int]) -> bool:
+    """Whether rows of this shape are ``[H, W, C]`` maps (see :func:`hookcli.families.channels_last_output`): told
+    only for a file whose preprocessing made every image square."""
+    from hookcli.families import channels_last_output, square_input
+
+    if len(row) != 3 or not channels_last_output([0, *row]):
+        return False
+    try:
+        return square_input(Preprocess.from_metadata(features.metadata.get("preprocess")))
+    except ValueError:  # untrusted metadata that does not parse: draw as stored
+        return False
+
+
+def channels_first(features, shape: Sequence[int]) -> list[int]:
+    """A tensor's shape as it is drawn: ``[N, H, W, C]`` rows (:func:`channels_last`) as ``[N, C, H, W]``."""
+    shape = list(shape)
+    return [shape[0], shape[3], shape[1], shape[2]] if channels_last(features, shape[1:]) else shape
+
+
+def frames_text(frames: int) -> str:
+    return "no frames" if frames == 0 else "one frame (0)" if frames == 1 else f"{frames} frames (0-{frames - 1})"
+
+
+def draws_flow(features, key: str, options: GridOptions) -> bool:
+    """Whether ``key`` is drawn as optical flow: its rows are ``[2, H, W]`` and the file's metadata says
+    ``"family": "optical_flow"``, and ``options.flow_as_channels`` does not ask for the two channels."""
+    shape = features.shape(key)
+    return (not options.flow_as_channels and features.metadata.get("family") == _FLOW_FAMILY and len(shape) == 4
+            and shape[1] == 2)

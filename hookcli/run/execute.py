@@ -1,0 +1,128 @@
+"""A planned run carried out: :func:`execute` streams its batches into its writer and reports as it goes;
+:func:`draw_grids` draws the pictures a run asks for with ``--grid``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from pathlib import Path
+from hookcli.errors import ImageError
+from hookcli.events import Advanced, Event, Note, Skipped, Started, Wrote
+from hookcli.run.plan import RunPlan
+
+__all__ = ["draw_grids", "execute"]
+
+
+def _ignore(event: Event) -> None:
+    pass
+
+
+def execute(run: RunPlan, progress: Callable[[Event], None] | None = None):
+    """Run ``run`` into its output and return what its command's function returns.
+
+    In memory: the rows as :class:`~hookcli.storage.features.Features` (with ``facts``
+    and ``notes``); written: the path written (a shard folder's
+    ``index.jsonl``; a CAM folder's ``cams.safetensors``); to stdout: None.
+    Raises :class:`~hookcli.errors.ImageError` when no input could be read.
+    """
+    from hookcli.run.pipeline import iter_batches
+    from hookcli.storage.features import Features
+
+    emit = progress or _ignore
+    notes: list[str] = []
+
+    def note(text: str) -> None:
+        notes.append(text)
+        emit(Note(text))
+
+    for text in run.notes:
+        note(text)
+    writer = _writer(run, note)
+    with contextlib.closing(run.team) if run.team is not None else contextlib.nullcontext():
+        try:
+            order = writer.begin(run.settings.batch_size)
+            emit(Started(total=len(run.inputs), done=writer.done, output=run.output.path))
+            if order is not None:
+                for batch in iter_batches(run.loaded, run.layers, run.inputs, run.settings, forward=run.forward,
+                                          order=order, on_note=note):
+                    writer.add(batch)
+                    for index, error in batch.failures:
+                        emit(Skipped(str(run.inputs[index]), error))
+                    emit(Advanced(len(batch.indices) + len(batch.failures)))
+            if not writer.has_rows:
+                raise ImageError("none of the input images could be read", hint="every input was skipped, each with "
+                                 "its reason (on stderr; in Python, the Skipped events)")
+            result = writer.finish()
+        except BaseException:
+            writer.abort()
+            raise
+        if run.team is not None:
+            run.team.barrier()  # every process has listed its shards: the folder is complete
+        complete = writer.complete or run.team is not None
+        if not complete:
+            note(f"'{run.output.path}' holds {writer.inputs_done} of its {len(run.inputs)} inputs: other processes "
+                 "are writing the rest (or run the same command again to finish it)")
+        if complete and (run.team is None or run.part.index == 0):  # one process of a team says what was written
+            for path in writer.written:
+                emit(Wrote(path))
+        if isinstance(result, Features):
+            result.notes = tuple(notes)
+        if run.grid and complete and writer.finisher:
+            from hookcli.pictures.options import GridOptions
+            from hookcli.storage.shards import open_features
+
+            with result if isinstance(result, Features) else open_features(run.output.path) as written:
+                draw_grids(written, GridOptions(), run.grid, force=run.force, progress=emit)
+    if run.output.kind == "stdout":
+        return None
+    return result
+
+
+def _writer(run: RunPlan, note: Callable[[str], None]):
+    from hookcli.storage import writers
+
+    kind, path = run.output.kind, run.output.path
+    if kind == "memory":
+        return writers.MemoryWriter(run.record, run.inputs)
+    if kind == "stdout":
+        return writers.StdoutWriter(run.record, run.inputs, run.output.stream)
+    if kind == "folder":
+        share = (run.part.index, run.part.count) if run.part is not None else (0, 1)
+        return writers.FolderWriter(run.record, run.inputs, path, shard_size=run.shard_size, force=run.force,
+                                    part=share, on_note=note)
+    if kind == "file":
+        return writers.FileWriter(run.record, run.inputs, path, force=run.force)
+    (layer,) = run.layers
+    inner = writers.FileWriter(run.record, run.inputs, str(Path(path) / "cams.safetensors"), force=run.force)
+    from hookcli.pictures.cams import CamOverlays  # numpy and Pillow: not for the command line's start
+
+    return CamOverlays(inner, run.inputs, path, preprocess=run.settings.preprocess, count=run.target.count,
+                       layer=layer, force=run.force, on_note=note, **run.cam_look)
+
+
+def draw_grids(features, options, output, *, force: bool = False,
+               progress: Callable[[Event], None] | None = None):
+    """Draw the grids ``options`` ask for; write them under ``output`` (a folder), or return them by file name.
+
+    Written: the PNG paths in order. In memory (``output=None``): a dict of
+    file name → ``uint8 [H, W, 3]`` pixels. Undrawable tensors are reported
+    as :class:`Note` s.
+    """
+    from hookcli.pictures.grids import plan_grids, render_all, write_grids
+
+    emit = progress or _ignore
+    jobs = plan_grids(features, options, output, force=force)
+    for text in (*getattr(features, "reading_notes", ()), *jobs.notes):
+        emit(Note(text))
+    emit(Started(total=len(jobs)))
+    if output is None:
+        return render_all(features, jobs, options, on_note=lambda text: emit(Note(text)),
+                          on_drawn=lambda name: emit(Advanced(1)))
+
+    def written(path: Path) -> None:
+        emit(Wrote(path))
+        emit(Advanced(1))
+
+    return write_grids(features, jobs, options, force=force, on_written=written,
+                       on_note=lambda text: emit(Note(text)))

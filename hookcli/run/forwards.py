@@ -1,0 +1,307 @@
+"""How a batch goes through the model: the forward strategies (eager, with BatchNorm folded into its
+convolution, compiled), each a context manager that captures the selected layers, and the model prepared for
+the run's device, precision and layout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+from collections.abc import Callable, Mapping
+from hookcli.run import speed
+from hookcli.run.capture import FeatureCapture
+from hookcli.errors import HookcliError, first_line
+from hookcli.families import (
+    batch_device,
+    first_rows,
+    map_batch,
+    ragged_rows,
+    rows_by_shape,
+)
+from hookcli.storage.fileformat import DETECTIONS, FLOW, RunFacts
+from hookcli.models.loaded import LoadedModel
+from hookcli.run.settings import RunSettings
+
+__all__ = ["CompiledForward", "DetectionRows", "EagerForward", "extraction_forward", "ForwardFactory", "FusedForward", "prepared_model"]
+
+
+#: ``forward(model, layers, settings, on_note)``: what makes a run's forward strategy.
+ForwardFactory = Callable[..., "EagerForward"]
+
+
+def extraction_forward(settings: RunSettings) -> ForwardFactory:
+    """The forward strategy extraction uses with these settings: compiled, fused or as written."""
+    if settings.compile:
+        return CompiledForward
+    return FusedForward if settings.fusing else EagerForward
+
+
+@contextlib.contextmanager
+def prepared_model(loaded: LoadedModel, settings: RunSettings):
+    """The model on its device in the chosen memory format, with threads budgeted; yields ``(model, to_device)``.
+
+    ``settings`` must be resolved. ``to_device(batch)`` moves a batch of
+    images the same way (non-blocking, channels-last when the model is). The
+    model goes back to the default memory format afterwards.
+    """
+    import torch
+
+    device = torch.device(settings.device)
+    memory_format = settings.memory_format
+    model = speed.to_memory_format(loaded.module.to(device), memory_format)
+
+    def to_device(batch):
+        def moved(images):
+            images = images.to(device, non_blocking=True)
+            return speed.to_memory_format(images, memory_format) if images.dim() == 4 else images
+
+        return map_batch(batch, moved)
+
+    try:
+        with speed.thread_budget(device, settings.workers):
+            yield model, to_device
+    finally:
+        if memory_format == "channels_last":
+            model.to(memory_format=torch.contiguous_format)
+
+
+class EagerForward:
+    """Forwards with hooks on the selected layers of the model as written; the hooks go on at the first batch.
+
+    Called with a batch on the device, returns ``(features, None)``: the
+    captured tensors (not yet pooled, cast or moved) and no targets.
+    :meth:`facts` says what the forward has learnt.
+    """
+
+    def __init__(self, model, layers: Mapping[str, str], settings: RunSettings, on_note=None) -> None:
+        self.layers, self.settings, self.on_note = layers, settings, on_note
+        self._stack = contextlib.ExitStack()
+        self._use(model)
+
+    def _use(self, model) -> None:
+        from hookcli.run.fusion import fused_convolutions
+
+        self._stack.close()  # hooks of a model no longer used come off
+        detecting = self.settings.family == "detection"
+        self.capture = FeatureCapture(model, self.layers, capture=self.settings.capture,
+                                      stop_early=not self.settings.final_output)
+        self.rows = DetectionRows(model, self.settings.final_output) if detecting else None
+        self.flow = _FinalOutput(model) if self.settings.family == "optical_flow" and self.settings.final_output \
+            else None
+        self.ragged = ragged_rows(self.settings.family, self.settings.preprocess)
+        self._fused = fused_convolutions(model)
+        self._entered = False
+
+    def __enter__(self) -> EagerForward:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._stack.close()
+
+    def __call__(self, batch) -> tuple[dict, None]:
+        import torch
+
+        if not self._entered:
+            self._stack.enter_context(self.capture)
+            for extra in (self.rows, self.flow):
+                if extra is not None:
+                    self._stack.enter_context(extra)
+            self._entered = True
+        with torch.inference_mode(), speed.compute_precision(self.settings.precision, batch_device(batch)):
+            if self.rows is not None:  # a detection model takes a list of images and pads them itself
+                return self.rows.cut(self.capture.run(list(batch))), None
+            if not self.ragged:
+                return self._run(batch), None
+            return rows_by_shape(lambda group: (self._run(group), None), batch)[0], None
+
+    def _run(self, batch) -> dict:
+        found = self.capture.run(batch)
+        if self.flow is not None:
+            found[FLOW] = self.flow.take()[-1]  # RAFT returns each pass's field: the last is the finest
+        return found
+
+    def facts(self) -> RunFacts:
+        return RunFacts(calls=dict(self.capture.calls or {}), omitted=tuple(sorted(self.capture.omitted)),
+                        fused=self._fused)
+
+    def _note(self, text: str) -> None:
+        if self.on_note is not None:
+            self.on_note(text)
+
+
+class FusedForward(EagerForward):
+    """:class:`EagerForward` on a fused copy of the model, or on the model as written should that fail at first.
+
+    A detection model as a whole cannot be traced (its transform and heads
+    hold control flow), but its backbone's convolution stack can: there the
+    copy differs from the model only in its fused backbone.
+    """
+
+    def __init__(self, model, layers: Mapping[str, str], settings: RunSettings, on_note=None) -> None:
+        from hookcli.run.fusion import fusion_attempt
+
+        fuse = functools.partial(fusion_attempt, dtype=speed.compute_dtype(settings.precision),
+                                 channels_last=settings.memory_format == "channels_last")
+        attempt = _with_fused_backbone(model, layers, fuse, settings.final_output) \
+            if settings.family == "detection" else fuse(model, layers)
+        super().__init__(attempt.module, layers, settings, on_note)
+        self.plain = model
+        self.proven = attempt.module is model  # nothing to fall back to
+        if not attempt.traced and settings.family != "detection":
+            self._note(f"--fuse: {type(model).__name__} cannot be traced by torch.fx, so it runs unfused "
+                       "(the values are the same)")
+
+    def __call__(self, batch) -> tuple[dict, None]:
+        try:
+            result = super().__call__(batch)
+        except HookcliError:
+            raise
+        except Exception as err:  # an unforeseen kernel or graph problem must not cost the user the run
+            if self.proven:
+                raise
+            self._use(self.plain)
+            result = super().__call__(batch)  # where the model itself fails, that is the error to report
+            self._note(f"the fused forward failed ({type(err).__name__}: {first_line(err)[:120]}); "
+                       "running the model unfused")
+        self.proven = True
+        return result
+
+
+def _with_fused_backbone(model, layers: Mapping[str, str], fuse, detections: bool):
+    """A copy of detection ``model`` whose backbone's convolution stack (``backbone.body``, or SSD's ``backbone``) is
+    fused by ``fuse`` (:func:`~hookcli.run.fusion.fusion_attempt`), as a :class:`~hookcli.run.fusion.FusionAttempt`; ``model``
+    itself where nothing fuses. The copy shares every other module.
+
+    The stack is fused up to its last hooked layer when the forward ends there, whole when it goes on (a layer
+    hooked after the stack, or the final detections asked for).
+    """
+    from hookcli.run.fusion import FusionAttempt
+
+    path = "backbone.body" if hasattr(model.backbone, "body") else "backbone"
+    keep = [layer[len(path) + 1:] for layer in layers if layer.startswith(path + ".")]
+    goes_on = detections or len(keep) < len(layers)
+    fused, count, traced = fuse(model.get_submodule(path), keep, whole_run=goes_on)
+    if not count:
+        return FusionAttempt(model, 0, traced)
+    clone = copy.copy(model)
+    clone._modules = dict(model._modules)
+    backbone = clone.backbone
+    if path == "backbone.body":
+        backbone = copy.copy(backbone)
+        backbone._modules = dict(backbone._modules)
+        backbone.body = fused
+        clone.backbone = backbone
+    else:
+        clone.backbone = fused
+    return FusionAttempt(clone, count)
+
+
+class CompiledForward(EagerForward):
+    """A compiled graph of the model cut after the last layer; the eager path where that cannot be had.
+
+    The hooks are on only for a one-image forward that learns how often each
+    layer runs; the compiled graph must not contain them.
+    """
+
+    def __init__(self, model, layers: Mapping[str, str], settings: RunSettings, on_note=None) -> None:
+        super().__init__(model, layers, settings, on_note)
+        self.model = model
+        self.compiled = None  # not tried yet; then the compiled function, or False for the eager path
+
+    def __call__(self, batch) -> tuple[dict, None]:
+        import torch
+
+        if self.compiled is None:
+            self.compiled = self._compile(batch)
+        if self.compiled:
+            try:
+                with torch.inference_mode(), speed.compute_precision(self.settings.precision, batch_device(batch)):
+                    return self.compiled(batch), None
+            except Exception as err:  # compilation happens on first call; a missing compiler shows up here
+                self._note(f"--compile failed ({type(err).__name__}: {first_line(err)[:120]}); running eagerly")
+                self.compiled = False
+        return super().__call__(batch)
+
+    def _compile(self, batch):
+        import torch
+
+        with self.capture, torch.inference_mode(), \
+                speed.compute_precision(self.settings.precision, batch_device(batch)):
+            self.capture.run(first_rows(batch))
+        function, reason = speed.compiled_extractor(self.model, self.layers, self.capture.calls,
+                                                    self.settings.capture)
+        if function is None:
+            self._note(f"--compile: {reason}; running eagerly")
+            return False
+        return function
+
+
+class DetectionRows:
+    """Cuts a detection model's padded batch back to each image: layer outputs ``[N, C, H, W]`` to the part that
+    covers the image (the model pads a batch to its largest image), and, when asked, its detections.
+
+    The model resizes every image (``min_size``/``max_size``) inside its ``transform``; a hook there learns each
+    image's size after resizing and the padded size, and the part of a map of height ``h`` that covers an image
+    of height ``ih`` in a padding of ``ph`` is its first ``ceil(h * ih / ph)`` rows (columns alike).
+    """
+
+    def __init__(self, model, detections: bool) -> None:
+        self.model = model
+        self.output = _FinalOutput(model) if detections else None
+        self._stack = contextlib.ExitStack()
+        self.sizes: list = []
+        self.padded = None
+
+    def __enter__(self):
+        self._stack.enter_context(self.model.transform.register_forward_hook(self._on_transform))
+        if self.output is not None:
+            self._stack.enter_context(self.output)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._stack.close()
+
+    def _on_transform(self, module, inputs, output) -> None:
+        images = output[0]
+        self.sizes, self.padded = list(images.image_sizes), tuple(images.tensors.shape[-2:])
+
+    def cut(self, features: dict) -> dict:
+        rows = {}
+        for key, value in features.items():
+            if value.dim() == 4 and self.padded is not None:
+                height, width = value.shape[-2:]
+                rows[key] = [value[i, :, :-(-height * h // self.padded[0]), :-(-width * w // self.padded[1])]
+                             for i, (h, w) in enumerate(self.sizes)]
+            else:
+                rows[key] = list(value)
+        if self.output is not None:
+            found = self.output.take()
+            for name in ("boxes", "labels", "scores", "masks", "keypoints", "keypoints_scores"):
+                if found and name in found[0]:
+                    rows[f"{DETECTIONS}#{name}"] = [image[name].detach() for image in found]
+        return rows
+
+
+class _FinalOutput:
+    """Keeps what the model returns (the final detections; the flow fields of RAFT's passes), for the block."""
+
+    def __init__(self, model) -> None:
+        self.model = model
+        self._found = None
+        self._handle = None
+
+    def __enter__(self):
+        self._handle = self.model.register_forward_hook(self._on_output)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._handle.remove()
+
+    def _on_output(self, module, inputs, output) -> None:
+        self._found = output
+
+    def take(self):
+        """The last forward's output, handed over once."""
+        found, self._found = self._found, None
+        return found

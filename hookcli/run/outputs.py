@@ -1,0 +1,163 @@
+"""Where a run's rows go, decided and checked before any work: the kind of output a value names
+(memory, a file, stdout, a shard folder, a CAM folder), its default name, and what it must not overwrite.
+
+>>> default_output_name("resnet18", ["layer1"]), default_output_name("timm:vit_small", ["a", "b"], folder=True)
+(PosixPath('resnet18-layer1.safetensors'), PosixPath('timm-vit_small-2layers'))
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+from hookcli.errors import UsageProblem
+
+__all__ = ["check_target", "DEFAULT_OUTPUT", "default_output", "default_output_name", "LARGE_INPUT", "Output", "output_kind", "refuse_drawn_grids", "refuse_overwriting_inputs"]
+
+
+#: Above this many images, a run whose output is left to its default writes a shard folder instead of one file.
+LARGE_INPUT = 10_000
+
+
+class _DefaultOutput:
+    def __repr__(self) -> str:
+        return "DEFAULT_OUTPUT"
+
+
+#: ``output=DEFAULT_OUTPUT``: write where the command line writes when no ``-o`` is given.
+DEFAULT_OUTPUT = _DefaultOutput()
+
+
+@dataclass(frozen=True)
+class Output:
+    """Where rows go: ``memory`` (returned), ``file``, ``stdout``, ``folder`` (shards) or ``cam`` (a CAM folder)."""
+
+    kind: str
+    path: str | None = None
+    #: Where ``stdout`` rows go when the caller gave a binary stream instead of ``-`` (None: ``sys.stdout``).
+    stream: BinaryIO | None = field(default=None, repr=False)
+
+
+def output_kind(command: str, output, model_name: str) -> tuple[str, str | None]:
+    if command == "cam":
+        if output is None:
+            return "memory", None
+        return "cam", str(f"{_label(model_name)}-cam" if output is DEFAULT_OUTPUT else output)
+    if output is None:
+        return "memory", None
+    if output is DEFAULT_OUTPUT:
+        return "default", None
+    if hasattr(output, "write"):
+        return "stdout", "-"
+    text = os.fspath(output)
+    if text == "-":
+        return "stdout", text
+    if text.endswith(("/", os.sep)) or _is_dir(text):
+        return "folder", text
+    return "file", text
+
+
+def _is_dir(path: str) -> bool:
+    try:
+        return Path(path).is_dir()
+    except OSError:  # a name too long, say: the output checks say so in their words
+        return False
+
+
+def default_output_name(model_name: str, keys: Sequence[str], *, folder: bool = False, kind: str = "") -> Path:
+    """``<model>-<key>`` for one layer's key, ``<model>-<n>layers`` for more; then ``<kind>.safetensors`` unless a
+    folder."""
+    label = keys[0] if len(keys) == 1 else f"{len(keys)}layers"
+    name = f"{_label(model_name)}-{label.replace(os.sep, '_')}"
+    return Path(name) if folder else Path(f"{name}{kind}.safetensors")
+
+
+def _label(model_name: str) -> str:
+    """The model's name as a file name: ``timm-resnet50`` for ``timm:resnet50`` (see :mod:`hookcli.models.sources`)."""
+    from hookcli.models.specs import parse_model
+
+    return parse_model(model_name).label
+
+
+def default_output(command: str, model_name: str, keys: Sequence[str], kind: str) -> str:
+    return str(default_output_name(model_name, keys, folder=kind == "folder",
+                                   kind=".grad" if command == "grad" else ""))
+
+
+def check_target(kind: str, path: str, inputs: Sequence[Path], force: bool) -> None:
+    """Refuse a file or folder output that could not be written, and a file output that is one of the inputs or is
+    named like another format."""
+    _check_output(kind, path, force)
+    if kind == "file":
+        refuse_overwriting_inputs([path], inputs)
+        _refuse_other_format(path)
+
+
+def _check_output(kind: str, path: str, force: bool) -> None:
+    from hookcli.storage.shards import check_folder_target
+    from hookcli.files import check_writable
+
+    if kind == "folder":
+        check_folder_target(path)
+    else:
+        check_writable(path, force=force)
+
+
+#: Suffixes of formats other than safetensors (besides images'): an output file is refused under such a name.
+_OTHER_FORMATS = frozenset({
+    ".pt", ".pth", ".bin", ".ckpt", ".npy", ".npz", ".h5", ".hdf5", ".pkl", ".pickle", ".joblib", ".json",
+    ".jsonl", ".csv", ".tsv", ".txt", ".parquet", ".arrow", ".feather", ".onnx", ".gguf", ".mat", ".zip", ".tar",
+    ".gz", ".svg", ".pdf",
+})
+
+
+def _refuse_other_format(path: str) -> None:
+    """What a file output holds is safetensors; a name that promises another format would mislead its reader.
+
+    Any other name is written as given, one without a suffix too.
+    """
+    from hookcli.inputs.names import IMAGE_SUFFIXES
+
+    suffix = Path(path).suffix
+    if suffix.lower() in _OTHER_FORMATS | IMAGE_SUFFIXES:
+        raise UsageProblem(f"output '{path}' ends in {suffix}, the suffix of another format",
+                           hint=f"hookcli writes safetensors: name it '{Path(path).with_suffix('.safetensors')}', "
+                           "or end the path with / for a shard folder")
+
+
+def refuse_drawn_grids(folder: str, keys: Sequence[str]) -> None:
+    """``--grid``: refuse, before any work, a folder that already holds pictures of these keys (grid writes a layer's
+    PNGs under names that start with its key; see :mod:`hookcli.pictures.grids`)."""
+    from hookcli.errors import OutputExistsError
+    from hookcli.pictures.grids import safe_name
+
+    try:
+        names = sorted(entry.name for entry in os.scandir(folder) if entry.name.endswith(".png"))
+    except OSError:  # not there yet: nothing to overwrite
+        return
+    prefixes = tuple(safe_name(key) for key in keys)
+    drawn = [name for name in names if name.startswith(prefixes)]
+    if drawn:
+        more = f" and {len(drawn) - 1} more" if len(drawn) > 1 else ""
+        raise OutputExistsError(f"--grid folder '{folder}' already holds pictures of these layers ('{drawn[0]}'{more})",
+                                hint="add --force to draw them again, or give another --grid folder")
+
+
+def refuse_overwriting_inputs(outputs: Sequence, inputs: Sequence[Path]) -> None:
+    """An output that is one of the inputs would destroy it, --force or not."""
+    def identity(path) -> tuple[int, int] | None:
+        try:
+            found = os.stat(path)
+        except OSError:
+            return None
+        return found.st_dev, found.st_ino
+
+    existing = {identity(p) for p in outputs} - {None}
+    if not existing:
+        return
+    for source in inputs:
+        if identity(source) in existing:
+            raise UsageProblem(f"output '{next(p for p in outputs if identity(p) == identity(source))}' is the "
+                               f"input '{source}'", hint="write the output somewhere else with -o")

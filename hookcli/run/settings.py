@@ -1,0 +1,142 @@
+"""How a run runs, resolved once: :class:`RunSettings` (device, batching, precision, layout, pooling,
+preprocessing, what is captured) and the :class:`Batch` of rows each step of the pipeline yields.
+
+>>> RunSettings().pool, POOLS, DTYPES
+(None, ('avg', 'max'), ('float32', 'float16', 'bfloat16'))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from hookcli.run import speed
+from hookcli.run.capture import CAPTURE_KINDS
+from hookcli.errors import check_choice, check_whole
+from hookcli.families import (
+    family_traits,
+)
+from hookcli.storage.fileformat import RunFacts
+from hookcli.models.loaded import LoadedModel
+from hookcli.inputs.preprocess import Preprocess
+
+__all__ = ["MAX_WORKERS", "default_workers", "Batch", "DTYPES", "ON_ERROR", "POOLS", "RunSettings"]
+
+
+POOLS = ("avg", "max")
+
+
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+ON_ERROR = ("fail", "skip")
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """How to run: everything but the model, the layers and the inputs.
+
+    Fields left to be decided (``preprocess=None``: the weights' own;
+    ``device="auto"``; ``workers=None``; ``memory_format="auto"``;
+    ``fuse=None``: by the number of inputs) are decided once by
+    :meth:`resolved`. ``fuse`` (extraction on the CPU, see
+    :mod:`hookcli.run.fusion`) is ignored by gradient runs and by ``compile``,
+    which fuses in its own way.
+    """
+
+    preprocess: Preprocess | None = None
+    capture: str = "output"
+    device: object = "auto"
+    batch_size: int = 16
+    workers: int | None = None
+    pool: str | None = None
+    dtype: str = "float32"
+    on_error: str = "fail"
+    precision: str = "fp32"
+    memory_format: str = "auto"
+    compile: bool = False
+    fuse: bool | None = None
+    family: str = "classification"
+    #: Store the model's final output too: the detections of a detection model, the flow of an optical-flow one.
+    final_output: bool = False
+
+    def __post_init__(self) -> None:
+        check_choice("capture", self.capture, CAPTURE_KINDS)
+        if self.pool is not None:
+            check_choice("pool", self.pool, POOLS)
+        check_choice("dtype", self.dtype, DTYPES)
+        check_choice("on_error", self.on_error, ON_ERROR)
+        check_choice("precision", self.precision, speed.PRECISIONS)
+        check_choice("memory_format", self.memory_format, speed.MEMORY_FORMATS)
+        check_whole("batch_size", self.batch_size, 1)
+        check_whole("workers", self.workers, 0, MAX_WORKERS, optional=True)
+
+    @property
+    def fusing(self) -> bool:
+        """Whether extraction may fuse: ``fuse`` asked for or chosen, and no ``compile`` (which fuses in its own way).
+
+        False while ``fuse`` is still None: :meth:`resolved` decides it.
+        """
+        return bool(self.fuse) and not self.compile
+
+    def resolved(self, loaded: LoadedModel, inputs: int) -> RunSettings:
+        """These settings with nothing left to decide, for ``loaded`` on ``inputs`` images.
+
+        The device becomes a ``torch.device`` that exists here (and can run
+        the precision), preprocessing the weights' own where none is given,
+        workers and memory format as ``auto`` picks them, and ``fuse=None``
+        true from :data:`~hookcli.run.speed.FUSE_FROM` inputs on
+        (:func:`~hookcli.run.speed.choose_fuse`). ``inputs`` counts the whole run,
+        also when it resumes part-way, so a resumed run decides as the first
+        one did. Resolved settings resolve to themselves.
+        """
+        from hookcli.run.device import resolve_device
+
+        device = self.device if not isinstance(self.device, str) else resolve_device(self.device)
+        speed.check_precision(self.precision, device)
+        workers = self.workers if self.workers is not None else default_workers(device, inputs, self.batch_size)
+        # Fusion, channels-last and compilation go where hookcli.families says a family takes them; the others run
+        # as written (the metadata's "fused" says 0) in their tensors' own layout.
+        traits = family_traits(loaded.family)
+        memory_format = "contiguous" if not traits.channels_last and self.memory_format == "auto" \
+            else self.memory_format
+        return dataclasses.replace(
+            self, device=device, preprocess=self.preprocess or loaded.preprocess, workers=workers,
+            memory_format=speed.choose_memory_format(loaded.module, device, memory_format),
+            fuse=speed.choose_fuse(self.fuse, inputs) if traits.fuses else False,
+            compile=self.compile and traits.compiles, family=loaded.family)
+
+
+@dataclass
+class Batch:
+    """Rows of one batch: input ``indices`` (in order), their features, and inputs that could not be read.
+
+    ``targets`` (gradient runs only) describes, per row, the logits the
+    gradients are of; ``facts`` is what the forward has learnt so far (None
+    when no image of the batch could be read).
+    """
+
+    indices: list[int]
+    features: dict
+    failures: list[tuple[int, str]] = field(default_factory=list)
+    targets: list | None = None
+    facts: RunFacts | None = None
+
+
+#: More decoding processes than this would only crowd the machine (each one holds a copy of the decoder's state).
+MAX_WORKERS = 128
+
+
+def default_workers(device, images: int, batch_size: int) -> int:
+    """Decode processes to start when the user names none.
+
+    None for a single batch. On a GPU, one per spare core (up to 8): decoding
+    is what keeps it fed. On the CPU the model's own threads already use every
+    core, so decoding in other processes only helps on larger machines.
+    """
+    cores = os.cpu_count() or 1
+    if images <= batch_size:
+        return 0
+    if getattr(device, "type", str(device)) in ("cuda", "mps"):
+        return max(1, min(8, cores - 1))
+    return 0 if cores <= 4 else min(4, cores // 4)

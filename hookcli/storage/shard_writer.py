@@ -1,0 +1,344 @@
+"""Writing a shard folder: :class:`ShardWriter` claims shards no other process holds, writes each one
+atomically in a thread of its own while the next batches compute, and lists it in the index under the
+folder's lock; a run continues an earlier one of the same command.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from hookcli.storage import fileformat
+from hookcli.storage.claims import Claims, FolderLock
+from hookcli.errors import FeatureFileError, OutputExistsError
+from hookcli.storage.fileformat import INDEX_NAME, SHARD_FILE
+from hookcli.files import remove_abandoned, reporting_full_disk
+from hookcli.storage.features import write_safetensors
+from hookcli.storage.index import Index, file_key, finished_shards, open_index, parse_index, shard_of
+from hookcli.storage.shards import check_folder_target
+
+__all__ = ["ShardWriter"]
+
+
+class ShardWriter:
+    """Writes shards of a run into ``folder`` on a background thread and keeps the index, beside any number of
+    other processes running the same command there.
+
+    ``identity`` holds what must be equal to share (or continue) a run in the
+    folder (model, weights, layers, preprocessing, inputs…). Opening a folder
+    whose index describes another run raises :class:`OutputExistsError` naming
+    what differs, unless ``force`` (which deletes that run's shards and index);
+    so does a folder holding shard files but no index.
+
+    The first process to find no index founds the run: it holds the folder
+    lock (:class:`~hookcli.storage.claims.FolderLock`) until :meth:`start_writing`
+    records the header, so the others wait and then read the shard size from
+    it. :meth:`order` hands out the inputs of the shards this process claims
+    (:class:`~hookcli.storage.claims.Claims`); a finished shard is renamed into place
+    and its line appended under the lock, unless another process listed that
+    shard first. The process that lists the last shard puts the lines in shard
+    order. ``part`` ``(index, count)`` says which block of shards to take
+    first; then any shard nobody holds.
+    """
+
+    def __init__(self, folder: str | os.PathLike, identity: Mapping, total: int, *, force: bool = False,
+                 part: tuple[int, int] = (0, 1), on_note: Callable[[str], None] | None = None) -> None:
+        check_folder_target(folder)
+        self.folder, self._given = Path(folder), str(folder)
+        self.identity = dict(identity)
+        self.total = total
+        self.part = part
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.lock = FolderLock(self.folder, self._given, on_wait=on_note)
+        self.claims = Claims(self.folder, on_note=on_note)
+        self.finished: set[int] = set()
+        self.done = 0  # inputs in shards finished before this process began
+        self._index_key: tuple[int, int] | None = None
+        self._index_end = 0
+        self._highest = -1  # the highest shard listed (while lines come in order, the last one)
+        self._reached = -1  # the last input handed out before the shard size was known (founding)
+        self._started: set[int] = set()
+        self._cursor = 0
+        self.finisher = False  # this process listed the run's last shard
+        self.header: dict | None = None
+        self.lock.acquire()
+        try:
+            self._open(force)
+        except BaseException:
+            self._leave()
+            raise
+        if self.header is not None:
+            self.lock.release()  # a founder keeps the lock until its header is written
+        self._queue: queue.Queue = queue.Queue(maxsize=1)
+        self._failure: BaseException | None = None
+        self._thread: threading.Thread | None = None
+
+    def _open(self, force: bool) -> None:
+        try:
+            index = parse_index(self.index_path, writing=True)
+        except FeatureFileError:
+            if not force or (self.index_path.is_dir() and not self.index_path.is_symlink()):
+                raise
+            index = Index(None, [])  # --force: a damaged index goes, with the shards it listed
+        header, shards, whole, end, self._ordered = index
+        if header is not None and header["identity"] != self.identity:
+            if not force:
+                differ = fileformat.identity_differences(header["identity"], self.identity)
+                raise OutputExistsError(
+                    f"'{self._given}' holds a different run (it differs in: {', '.join(differ)})",
+                    hint="run the same command to continue it, add --force to replace it, or use another folder",
+                )
+            header, shards = None, []
+        if header is None:
+            self._remove_old_run(force)
+            self.claims.clear()
+        remove_abandoned(self.folder, ".features-*.safetensors.*.part")  # left by killed processes
+        self.header = header
+        self.shard_size: int | None = header["shard_size"] if header else None
+        if header is not None:
+            finished = finished_shards(self.folder, shards, verify=True)
+            if len(finished) < len(shards) or not whole:
+                self._rewrite_index(finished)  # new lines must follow good ones, never a torn or stale one
+            else:
+                self._index_key, self._index_end = file_key(self.index_path), end
+            self.finished = {entry["shard"] for entry in finished}
+            self._highest = max(self.finished, default=-1)
+            self.done = sum(entry["count"] for entry in finished)
+
+    @property
+    def index_path(self) -> Path:
+        return self.folder / INDEX_NAME
+
+    @property
+    def shards(self) -> int:
+        """How many shards the run has (once the shard size is known)."""
+        return fileformat.shard_count({"inputs": self.total, "shard_size": self.shard_size})
+
+    @property
+    def inputs_done(self) -> int:
+        """Inputs in the shards listed (as this process last read the index)."""
+        return sum(min(self.shard_size, self.total - number * self.shard_size) for number in self.finished)
+
+    @property
+    def complete(self) -> bool:
+        """Every shard of the run is listed (as this process last read the index)."""
+        return self.shard_size is not None and len(self.finished) == self.shards
+
+    def _rewrite_index(self, lines: Sequence[Mapping]) -> None:
+        """The header and ``lines`` (in shard order), atomically: a reader sees the old index or this one."""
+        from hookcli.files import atomic_path
+
+        with atomic_path(self.index_path, force=True) as temporary:
+            temporary.write_text("".join(json.dumps(line) + "\n" for line in [self.header, *lines]))
+        found = os.lstat(self.index_path)
+        self._index_key, self._index_end, self._ordered = file_key(found), found.st_size, True
+
+    def _remove_old_run(self, force: bool) -> None:
+        """Delete an earlier run's index and shards (``force``); without it, refuse shard files no index lists."""
+        found = sorted(child.name for child in self.folder.iterdir()
+                       if child.name == INDEX_NAME or (SHARD_FILE.match(child.name) and not child.name.startswith(".")))
+        if found and not force:
+            more = f" and {len(found) - 1} more" if len(found) > 1 else ""
+            raise OutputExistsError(
+                f"'{self._given}' holds {found[0]}{more} but no index of a run",
+                hint="move those files away, choose another folder, or add --force to delete them",
+            )
+        for name in found:
+            (self.folder / name).unlink()
+
+    def _refresh(self) -> None:
+        """Learn which shards other processes listed since the last look (the caller holds the lock)."""
+        try:
+            found = os.lstat(self.index_path)  # a link put in its place is another file: it is read, and refused
+        except FileNotFoundError:
+            raise FeatureFileError(f"'{self._given}' lost its {INDEX_NAME} while this run was writing it",
+                                   hint="run the same command again to continue") from None
+        key = file_key(found)
+        if key != self._index_key or found.st_size < self._index_end:
+            header, shards, _, end, self._ordered = parse_index(self.index_path, writing=True)
+            if header is None or header["identity"] != self.identity:
+                raise OutputExistsError(f"'{self._given}' was given to a different run while this one was writing it",
+                                        hint="write this run to another folder")
+            self.finished = {entry["shard"] for entry in shards}
+            self._highest = max(self.finished, default=-1)
+            self._index_key, self._index_end = key, end
+            return
+        if found.st_size == self._index_end:
+            return
+        with open_index(self.index_path, writing=True) as index:
+            index.seek(self._index_end)
+            raw = index.read(found.st_size - self._index_end)
+        complete = raw[:raw.rfind(b"\n") + 1]
+        for line in complete.split(b"\n"):
+            if line.strip():
+                self._listed(shard_of(line, self._given))
+        self._index_end += len(complete)
+
+    def _append(self, line: Mapping) -> None:
+        """Add ``line`` after the last whole line (the caller holds the lock and has just refreshed)."""
+        with reporting_full_disk(self.index_path), open_index(self.index_path, writing=True, update=True) as index:
+            index.truncate(self._index_end)  # a line cut short by a killed process is not followed
+            index.seek(self._index_end)
+            index.write(json.dumps(line).encode() + b"\n")
+            index.flush()
+            os.fsync(index.fileno())
+            self._index_end = index.tell()
+        self._index_key = file_key(self.index_path)
+
+    def start_writing(self, header: Mapping | None = None) -> None:
+        """Record the run in a new index (``header``, see :func:`~hookcli.storage.fileformat.index_header`; none when
+        continuing) and start the writer thread. A founder claims the shards it has handed out inputs of, then
+        lets the other processes in."""
+        if self.header is None:
+            self.header = dict(header)
+            self.shard_size = self.header["shard_size"]
+            self._rewrite_index([])
+            for number in range(self._reached // self.shard_size + 1 if self._reached >= 0 else 0):
+                self.claims.take(number)
+                self._started.add(number)
+            self.lock.release()
+        self.claims.start()
+        self._thread = threading.Thread(target=self._write_loop, name="hookcli-shard-writer", daemon=True)
+        self._thread.start()
+
+    def shard_range(self, number: int) -> tuple[int, int]:
+        """Inputs ``[first, end)`` covered by shard ``number``."""
+        first = number * self.shard_size
+        return first, min(first + self.shard_size, self.total)
+
+    def order(self, batch_size: int, planned_size: int | None = None) -> Iterator[list[int]]:
+        """Batches of the inputs this process computes, shard after shard; each shard is claimed as its first batch
+        is handed out. A founder hands out batches from input 0 until the shard size (``planned_size`` when the
+        user gave one) is in the header.
+
+        A batch is the inputs ``[k·B, (k+1)·B)`` (``B`` = ``batch_size``) that fall in one shard, whoever
+        computes it, so every row is computed beside the same others as in any other run of the command.
+        """
+        index = 0
+        while self.shard_size is None:
+            if index >= self.total:
+                return
+            end = (index // batch_size + 1) * batch_size
+            if planned_size:
+                end = min(end, (index // planned_size + 1) * planned_size)
+            batch = list(range(index, min(end, self.total)))
+            self._reached = batch[-1]
+            yield batch
+            index = batch[-1] + 1
+        if index and index < self.shard_range((index - 1) // self.shard_size)[1]:
+            yield from _batches(index, self.shard_range((index - 1) // self.shard_size)[1], batch_size)
+        while (number := self._next_shard()) is not None:
+            yield from _batches(*self.shard_range(number), batch_size)
+
+    def _next_shard(self) -> int | None:
+        """Claim the next shard to compute: this part's block first, then the shards after it, then those before;
+        once through, any shard whose claim was given up or abandoned."""
+        count = self.shards
+        low, high = self.part[0] * count // self.part[1], (self.part[0] + 1) * count // self.part[1]
+
+        def shard_at(position: int) -> int:
+            return (low + position) % count if high > low else position
+
+        with self.lock.held():
+            self._refresh()
+            for start in (self._cursor, 0):
+                for position in range(start, count):
+                    number = shard_at(position)
+                    if number in self.finished or number in self._started:
+                        continue
+                    if self.claims.take(number):
+                        self._started.add(number)
+                        self._cursor = position + 1
+                        return number
+                self._cursor = count
+        return None
+
+    def submit(self, number: int, tensors: Mapping, metadata: Mapping[str, str], inputs: Sequence[str],
+               skipped: Sequence[dict], details: Mapping[str, Sequence] | None = None) -> None:
+        """Queue a finished shard (``details``: its rows' :data:`~hookcli.storage.fileformat.ROW_DETAILS`); blocks while
+        the previous one is still being written."""
+        self._raise_failure()
+        self._queue.put((number, tensors, metadata, list(inputs), list(skipped), details))
+
+    def close(self) -> None:
+        """Wait for queued shards to be on disk, give up unfinished claims; re-raise a writer failure. The
+        process that leaves the folder complete removes the lock and the claims folder."""
+        try:
+            if self._thread is not None:
+                self._queue.put(None)
+                self._thread.join()
+                self._thread = None
+        finally:
+            self.claims.release_all(self.lock)
+            if self._failure is None and self.shard_size is not None:
+                with self.lock.held():
+                    self._refresh()
+                    if self.complete:
+                        self.claims.clear()
+                        self.lock.remove()
+            self._leave()
+        self._raise_failure()
+
+    def _leave(self) -> None:
+        """Let go of the lock; a founder that wrote no header leaves no lock file behind."""
+        if self.header is None and self.lock.holding:
+            self.lock.remove()
+        self.lock.close()
+
+    def _raise_failure(self) -> None:
+        if self._failure is not None:
+            failure, self._failure = self._failure, None
+            raise failure
+
+    def _write_loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            if self._failure is not None:
+                continue  # drain: one failure stops the writing
+            try:
+                self._write(*item)
+            except BaseException as err:  # handed to the main thread
+                self._failure = err
+
+    def _write(self, number, tensors, metadata, inputs, skipped, details) -> None:
+        line = fileformat.index_line(number, self.shard_size, self.total, inputs, skipped, details)
+        write_safetensors(tensors, metadata, self.folder / line["file"], force=True,
+                          publish=lambda: self._publishing(number, line))
+
+    @contextlib.contextmanager
+    def _publishing(self, number: int, line: Mapping) -> Iterator[bool]:
+        """Under the lock: rename shard ``number`` into place and list it, unless another process listed it."""
+        with self.lock.held():
+            self._refresh()
+            if number in self.finished:
+                self.claims.release(number)
+                yield False
+                return
+            yield True
+            self._append(line)
+            self._listed(number)
+            self.claims.release(number)
+            if self.complete:
+                self.finisher = True
+                if not self._ordered:  # the last shard: the lines go in shard order
+                    self._rewrite_index(parse_index(self.index_path, writing=True).shards)
+
+    def _listed(self, number: int) -> None:
+        """Shard ``number``'s line follows the others in the index."""
+        self._ordered = self._ordered and number > self._highest
+        self._highest = max(self._highest, number)
+        self.finished.add(number)
+
+
+def _batches(first: int, end: int, size: int) -> Iterator[list[int]]:
+    """Inputs ``[first, end)`` cut where a multiple of ``size`` begins."""
+    while first < end:
+        stop = min((first // size + 1) * size, end)
+        yield list(range(first, stop))
+        first = stop
