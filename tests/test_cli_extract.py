@@ -155,7 +155,7 @@ CONFIGS = sorted((Path(__file__).parent.parent / "configs").glob("*.toml"))
 
 
 def test_the_shipped_presets_exist_and_load():
-    from hookcli.config import read_config
+    from hookcli.cli.presets import read_config
 
     names = {p.name for p in CONFIGS}
     assert {"vgg16_bn-features18.toml", "resnet50-stages.toml", "vit_b_16-block.toml"} <= names
@@ -296,7 +296,7 @@ def test_refuses_to_write_binary_to_a_terminal(images):
 
 
 def test_shipped_presets_work_from_any_folder(runner, images, tmp_path, monkeypatch):
-    from hookcli.config import PRESETS, locate_config
+    from hookcli.cli.presets import PRESETS, locate_config
 
     monkeypatch.chdir(tmp_path)
     assert locate_config("resnet50-stages") == PRESETS / "resnet50-stages.toml"

@@ -223,9 +223,9 @@ def test_cam_overlay_is_brighter_where_the_map_is_high(runner, photo, tmp_path):
     heat = cams["cam"][0].numpy()  # [16, 16]
     png = np.asarray(Image.open(tmp_path / "cams" / "00000_grace_hopper.png").convert("RGB")).astype(float)
     from hookcli.inputs.images import load_rgb, model_view
-    from hookcli.pictures.render import _caption_font
+    from hookcli.pictures.text import caption_font
 
-    bar = _caption_font(512).getbbox("Ag")[3] + 12
+    bar = caption_font(512).getbbox("Ag")[3] + 12
     picture = png[-512 - bar:-bar]  # the view drawn 512 px, between the caption and the colour bar
     view = np.asarray(model_view(load_rgb(photo), resize=512, crop=512)).astype(float)
     added = (picture - 0.4 * view).mean(axis=2)  # what the heat map contributed

@@ -14,14 +14,8 @@ from hookcli.pictures.options import GridOptions
 from hookcli.pictures.photos import heat_picture
 from hookcli.pictures.drawing import render_picture
 from hookcli.pictures.grids import plan_grids
-from hookcli.pictures.render import (
-    _glyphs,
-    _label_bitmap,
-    _label_size,
-    grid_columns,
-    tile_layout,
-    tile_maps,
-)
+from hookcli.pictures.text import glyphs, _label_bitmap, label_size
+from hookcli.pictures.render import grid_columns, tile_layout, tile_maps
 from hookcli.storage.features import Features
 
 
@@ -44,8 +38,8 @@ def test_the_shape_leaves_no_ragged_row_where_a_better_one_exists(count, columns
 def test_each_tile_carries_its_channel_number_above_it():
     maps = np.zeros((3, 10, 10), dtype=np.float32)
     pixels = tile_maps(maps, columns=3, padding=2, cmap="gray", min_tile=40, labels=[7, 18, 9])
-    size = _label_size(40)
-    band = _glyphs(size)[1] + 2
+    size = label_size(40)
+    band = glyphs(size)[1] + 2
     assert pixels.shape == (2 + band + 40 + 2, 2 + 3 * 42, 3)
     for i, label in enumerate(["7", "18", "9"]):
         bitmap = _label_bitmap(label, size)
@@ -96,7 +90,7 @@ def test_top_channels_are_numbered_with_their_own_indices():
     options = GridOptions(top=4, columns=4, padding=2, title=False)
     pixels = render_picture(features, plan_grids(features, options, None)[0], options).pixels
     tile = (pixels.shape[1] - 2) // 4
-    size = _label_size(tile - 2)
+    size = label_size(tile - 2)
     for i, label in enumerate(["3", "19", "18", "17"]):
         bitmap = _label_bitmap(label, size)
         left = 2 + i * tile + 1
@@ -212,7 +206,7 @@ def test_a_cam_map_has_no_channel_number_and_its_bar_gives_its_range():
     as_channel = Features({"cam": maps[:, None]}, {})
     cam = render_picture(as_cam, plan_grids(as_cam, options, None)[0], options).pixels
     channel = render_picture(as_channel, plan_grids(as_channel, options, None)[0], options).pixels
-    band = _glyphs(_label_size(cam.shape[1] - 4))[1] + 2
+    band = glyphs(label_size(cam.shape[1] - 4))[1] + 2
     assert channel.shape[0] - cam.shape[0] == band  # the same picture but for the number above the tile
 
 

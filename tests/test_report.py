@@ -20,13 +20,9 @@ from hookcli.errors import FeatureFileError, OutputExistsError, UsageProblem
 from hookcli.pictures.options import GridOptions
 from hookcli.pictures.drawing import render_job
 from hookcli.pictures.grids import plan_grids
-from hookcli.pictures.reports import (
-    CONTENT_SECURITY_POLICY,
-    DEFAULT_PAGE_SIZE,
-    PAGE_WINDOW,
-    page_name,
-    write_report,
-)
+from hookcli.pictures.html import page_name
+from hookcli.pictures.html import PAGE_WINDOW
+from hookcli.pictures.reports import CONTENT_SECURITY_POLICY, DEFAULT_PAGE_SIZE, write_report
 from hookcli.events import Advanced, Note, Started, Wrote
 from hookcli.storage.shards import open_features
 from hookcli.storage.features import Features, write_safetensors

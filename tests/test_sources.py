@@ -597,9 +597,9 @@ def test_channels_last_outputs_pool_and_draw_by_their_channels(photo, tmp_path):
         rows = torch.from_numpy(features.read("patch_embed", 0))
         assert list(rows.shape) == [10, 10, 64]
         torch.testing.assert_close(pooled["patch_embed"][0], rows.mean(dim=(0, 1)))
-        from hookcli.pictures.reading import _channels_first
+        from hookcli.pictures.reading import channels_first
 
-        assert _channels_first(features, features.shape("patch_embed")) == [1, 64, 10, 10]
+        assert channels_first(features, features.shape("patch_embed")) == [1, 64, 10, 10]
         (pixels,) = hookcli.api.grid(features, output=None, channels="0:64", plain=True, min_tile=10).values()
     assert pixels.shape == (10 * 8 + 2 * 9, 10 * 8 + 2 * 9, 3)  # 64 tiles of 10x10 in 8 columns, padded by 2
 

@@ -11,7 +11,8 @@ from hookcli.errors import UsageProblem
 from hookcli.pictures.options import GridOptions
 from hookcli.pictures.drawing import render_picture
 from hookcli.pictures.grids import plan_grids
-from hookcli.pictures.render import FLOW_NAN_COLOR, flow_colours, flow_wheel, map_layout
+from hookcli.pictures.flow import FLOW_NAN_COLOR, flow_colours, flow_wheel
+from hookcli.pictures.render import map_layout
 from hookcli.storage.features import Features, write_safetensors
 
 PLAIN = ["--plain", "--padding", "1", "--cmap", "gray", "--scale", "grid"]
@@ -73,15 +74,16 @@ def test_a_clip_is_a_row_of_frames_per_channel(runner, tmp_path):
 
 
 def test_a_clip_picture_numbers_its_rows_and_columns_and_says_which_is_which(monkeypatch):
-    from hookcli.pictures.render import _glyphs, _label_bitmap, _label_size, frame_layout
+    from hookcli.pictures.text import glyphs, _label_bitmap, label_size
+    from hookcli.pictures.render import frame_layout
 
     captions = _captions(monkeypatch)
     picture, notes = _picture({"clip": _clip().numpy()}, min_tile=6, padding=1)
     layout = frame_layout(8, 4, 6, 6, padding=1, min_tile=6, labels=list(range(8)), min_width=384)
     tile = 6 * layout.factor
-    assert layout.header == _glyphs(_label_size(tile))[1] + 2 and layout.margin > 0
+    assert layout.header == glyphs(label_size(tile))[1] + 2 and layout.margin > 0
     assert layout.factor == 16  # enlarged until at least 384 px wide (4 frames of 96 px)
-    size = _label_size(tile)
+    size = label_size(tile)
     for frame in range(4):
         bitmap = _label_bitmap(str(frame), size)
         left = layout.margin + 1 + frame * (tile + 1) + 1

@@ -1,8 +1,8 @@
-"""Make the README's pictures with hookcli itself, on matplotlib's photo of Grace Hopper (random weights: nothing is
-downloaded): a grid, a CAM overlay and a screenshot of a report page in headless Chromium.
+"""Make the pictures of the README and the docs with hookcli itself, on matplotlib's photo of Grace Hopper (random
+weights: nothing is downloaded): a grid, a CAM overlay and a screenshot of a report page in headless Chromium.
 
 Run from the repository root:  python bench/readme/make_pictures.py
-Writes bench/readme/grid.png, bench/readme/cam.png and bench/readme/report.png.
+Writes docs/images/grid.png, docs/images/cam.png and docs/images/report.png.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+IMAGES = Path(__file__).resolve().parent.parent.parent / "docs" / "images"
 
 
 def _hookcli(*args: str) -> list[str]:
@@ -58,14 +58,14 @@ def main() -> None:
         _hookcli("extract", "-m", "vgg16_bn", "-w", "none", "-l", "features.18", "-l", "classifier.6=logits",
                  photo, "-o", str(features), "-q")
         [grid] = _hookcli("grid", str(features), "-k", "features.18", "--channels", "0:32", "-o", str(work / "g"))
-        shutil.copy(grid, HERE / "grid.png")
+        shutil.copy(grid, IMAGES / "grid.png")
         written = _hookcli("cam", "-m", "resnet50", "-w", "none", photo, "-o", str(work / "cams"), "-q")
-        shutil.copy(next(p for p in written if p.endswith(".png")), HERE / "cam.png")
+        shutil.copy(next(p for p in written if p.endswith(".png")), IMAGES / "cam.png")
         [index] = _hookcli("report", str(features), "-o", str(work / "report"), "--top", "16")
-        _screenshot(Path(index), HERE / "report.png", work)
+        _screenshot(Path(index), IMAGES / "report.png", work)
     for name in ("grid.png", "cam.png", "report.png"):
-        _small(HERE / name)
-        print(HERE / name)
+        _small(IMAGES / name)
+        print(IMAGES / name)
 
 
 if __name__ == "__main__":

@@ -10,29 +10,9 @@ from hookcli.console import printable
 from hookcli.errors import FeatureFileError, HookcliError
 from hookcli.storage.fileformat import DETECTIONS
 from hookcli.inputs.preprocess import Preprocess
-from hookcli.pictures.render import (
-    BOX_COLOURS,
-    CLIPS,
-    STRIPS,
-    NotDrawable,
-    RowNotDrawable,
-    add_colorbar,
-    add_flow_legend,
-    add_title,
-    as_maps,
-    draw_boxes,
-    flow_colours,
-    frame_layout,
-    longest_flow,
-    map_layout,
-    number,
-    scale_maps,
-    strip,
-    tile_frames,
-    tile_layout,
-    tile_maps,
-    value_range,
-)
+from hookcli.pictures.text import number
+from hookcli.pictures.flow import add_flow_legend, flow_colours, longest_flow
+from hookcli.pictures.render import BOX_COLOURS, CLIPS, STRIPS, NotDrawable, RowNotDrawable, add_colorbar, add_title, as_maps, draw_boxes, frame_layout, map_layout, scale_maps, strip, tile_frames, tile_layout, tile_maps, value_range
 from hookcli.pictures.options import GridJob, GridOptions, capped
 from hookcli.pictures.reading import Detections, channels_last, detection_keys, drawn_row_shape, draws_flow, frames_text, one_map_a_row, read_detections, recorded_prefix_tokens, row_drawn
 from hookcli.pictures.photos import heat_picture, model_photo, model_photo_scaled
@@ -186,7 +166,7 @@ def _scale_legend(maps: np.ndarray, scale: str, one: str, each: str) -> tuple[st
 
 
 def _flow_picture(features, job: GridJob, options: GridOptions, values: np.ndarray | None) -> Picture:
-    """An optical-flow field in colour (:func:`~hookcli.pictures.render.flow_colours`), enlarged as one tile is, with the
+    """An optical-flow field in colour (:func:`~hookcli.pictures.flow.flow_colours`), enlarged as one tile is, with the
     colour wheel and the longest vector's length; a note when there is no motion to show."""
     shape = features.row_shape(job.key, job.row)
     flow = (features.read(job.key, job.row) if values is None else values).reshape(shape)

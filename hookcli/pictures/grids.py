@@ -45,16 +45,7 @@ from pathlib import Path
 import numpy as np
 from hookcli.errors import FeatureFileError, UsageProblem
 from hookcli.storage.fileformat import DETECTIONS
-from hookcli.pictures.render import (
-    CLIPS,
-    MAX_PIXELS,
-    STRIPS,
-    NotDrawable,
-    RowNotDrawable,
-    check_cmap,
-    map_layout,
-    tiles_that_fit,
-)
+from hookcli.pictures.render import CLIPS, MAX_PIXELS, STRIPS, NotDrawable, RowNotDrawable, check_cmap, map_layout, tiles_that_fit
 from hookcli.patterns import glob_to_regex
 from hookcli.files import check_folder_output, refuse_existing
 from hookcli.pictures.options import DEFAULT_MAPS, GridJob, GridOptions, capped, digest

@@ -5,12 +5,8 @@ drawn over it.
 from __future__ import annotations
 
 import numpy as np
-from hookcli.pictures.render import (
-    add_colorbar,
-    number,
-    overlay,
-    value_range,
-)
+from hookcli.pictures.text import number
+from hookcli.pictures.render import add_colorbar, overlay, value_range
 
 __all__ = ["OVERLAY_MIN", "OVERLAY_SIDE", "heat_picture", "model_photo", "model_photo_scaled"]
 

@@ -16,9 +16,7 @@ import numpy as np
 from hookcli.errors import UsageProblem
 from hookcli.storage.fileformat import DETECTIONS
 from hookcli.inputs.preprocess import Preprocess
-from hookcli.pictures.render import (
-    NotDrawable,
-)
+from hookcli.pictures.render import NotDrawable
 from hookcli.pictures.options import GridOptions
 
 __all__ = ["BOXES", "channels_first", "channels_last", "detection_keys", "Detections", "DRAWN_DETECTIONS", "drawn_row_shape", "drawn_shape", "draws_flow", "frames_text", "input_names", "one_map_a_row", "read_detections", "recorded_prefix_tokens", "row_drawn", "select_rows"]

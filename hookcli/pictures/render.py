@@ -39,24 +39,24 @@ import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-
 import numpy as np
-
 from hookcli.errors import UsageProblem
 from hookcli.families import is_square
+from hookcli.pictures.text import caption_font, glyphs, label_band, label_size, stamp, text_width, tick_step
 
-__all__ = [
-    "BOX_COLOURS", "CLIPS", "FLOW_NAN_COLOR", "MAX_PIXELS", "MAX_STRIP_VALUES", "MAX_TILES", "NAN_COLOR", "STRIPS",
-    "FrameLayout", "NotDrawable", "RowNotDrawable", "add_colorbar", "add_flow_legend", "add_title", "as_maps",
-    "check_cmap", "draw_boxes", "flow_colours", "flow_wheel", "frame_layout", "grid_columns", "longest_flow",
-    "map_layout", "number", "overlay", "scale_maps", "strip", "TileLayout", "tile_frames", "tile_layout", "tile_maps",
-    "tiles_that_fit", "value_range",
-]
+__all__ = ["add_colorbar", "add_title", "as_maps", "BOX_COLOURS", "check_cmap", "CLIPS", "colorize", "draw_boxes", "frame_layout", "FrameLayout", "grid_columns", "map_layout", "MAX_PIXELS", "MAX_STRIP_VALUES", "MAX_TILES", "NAN_COLOR", "NotDrawable", "overlay", "PAD_COLOR", "RowNotDrawable", "scale_maps", "stacked", "strip", "STRIPS", "tile_frames", "tile_layout", "tile_maps", "TileLayout", "tiles_that_fit", "value_range"]
+
 
 NAN_COLOR = (255, 0, 255)
+
+
 PAD_COLOR = 255
+
+
 #: What one picture may cost: tiles, and pixels (25 megapixels is 75 MB of RGB).
 MAX_TILES = 4096
+
+
 MAX_PIXELS = 25_000_000
 
 
@@ -115,6 +115,8 @@ def map_layout(row_shape: Sequence[int], prefix_tokens: int | None = None) -> tu
 
 #: Layouts drawn as one strip of single values rather than tiles.
 STRIPS = ("vector", "pooled")
+
+
 #: Layouts of video clips, drawn by :func:`tile_frames`: their maps are ``[T, H, W]``.
 CLIPS = ("frames", "pooled-frames")
 
@@ -244,7 +246,7 @@ def tile_layout(count: int, height: int, width: int, *, columns: int | None = No
         factor = max(factor, math.ceil((min_width / columns - padding) / width))
 
     def band(f: int) -> int:
-        return _label_band(labels, width * f) if labels is not None else 0
+        return label_band(labels, width * f) if labels is not None else 0
 
     def pixels(f: int) -> int:
         return (rows * (height * f + band(f) + padding) + padding) * (columns * (width * f + padding) + padding)
@@ -278,10 +280,10 @@ def tile_maps(
         rgb = rgb.repeat(factor, axis=1).repeat(factor, axis=2)
     tile_h, tile_w = height * factor + band, width * factor
     if band:
-        size = _label_size(tile_w)
+        size = label_size(tile_w)
         heads = np.full((count, band, tile_w, 3), PAD_COLOR, dtype=np.uint8)
         for head, label in zip(heads, labels):
-            _stamp(head, str(label), size, 1, 1)
+            stamp(head, str(label), size, 1, 1)
         rgb = np.concatenate([heads, rgb], axis=1)
     blank = np.full((rows * columns - count, tile_h, tile_w, 3), PAD_COLOR, dtype=np.uint8)
     tiles = np.concatenate([rgb, blank]) if len(blank) else rgb
@@ -314,11 +316,11 @@ def frame_layout(count: int, frames: int, height: int, width: int, *, padding: i
                          min_tile=factor * max(height, width)).factor
     if not labels:
         return FrameLayout(factor, 0, 0)
-    size = _label_size(width * factor)
-    glyph_h = _glyphs(size)[1]
-    header = glyph_h + 2 if _text_width(str(frames - 1), size) + 2 <= width * factor else 0
+    size = label_size(width * factor)
+    glyph_h = glyphs(size)[1]
+    header = glyph_h + 2 if text_width(str(frames - 1), size) + 2 <= width * factor else 0
     longest = max((str(n) for n in labels), key=len)
-    margin = _text_width(longest, size) + 4 if glyph_h + 1 <= height * factor + padding else 0
+    margin = text_width(longest, size) + 4 if glyph_h + 1 <= height * factor + padding else 0
     return FrameLayout(factor, header, margin)
 
 
@@ -345,12 +347,12 @@ def tile_frames(
         return grid
     canvas = np.full((layout.header + grid.shape[0], layout.margin + grid.shape[1], 3), PAD_COLOR, dtype=np.uint8)
     canvas[layout.header:, layout.margin:] = grid
-    size = _label_size(width * layout.factor)
+    size = label_size(width * layout.factor)
     step_y, step_x = height * layout.factor + padding, width * layout.factor + padding
     for frame in range(frames if layout.header else 0):
-        _stamp(canvas, str(frame), size, 1, layout.margin + padding + frame * step_x + 1)
+        stamp(canvas, str(frame), size, 1, layout.margin + padding + frame * step_x + 1)
     for row, label in enumerate(labels if layout.margin else ()):
-        _stamp(canvas, str(label), size, layout.header + padding + row * step_y + 1, 2)
+        stamp(canvas, str(label), size, layout.header + padding + row * step_y + 1, 2)
     return canvas
 
 
@@ -368,10 +370,10 @@ def strip(scaled: np.ndarray, labels: Sequence[int] | None, *, cmap: str = "viri
     lines = math.ceil(count / per_line)
     cell = max(1, width // per_line)
     size = 11
-    label_w = _text_width(max((str(n) for n in labels), key=len), size) if labels else 0
-    every = 1 if cell >= label_w + 4 else _tick_step(math.ceil((label_w + 8) / cell))
+    label_w = text_width(max((str(n) for n in labels), key=len), size) if labels else 0
+    every = 1 if cell >= label_w + 4 else tick_step(math.ceil((label_w + 8) / cell))
     line_h = 28 if lines == 1 else 14
-    row_h = line_h + (4 + _glyphs(size)[1] + 4 if labels else 2)
+    row_h = line_h + (4 + glyphs(size)[1] + 4 if labels else 2)
     canvas = np.full((lines * row_h + 2, per_line * cell + 2 + (label_w + 2 if labels else 0), 3), PAD_COLOR,
                      dtype=np.uint8)
     rgb = colorize(values, cmap)
@@ -382,74 +384,15 @@ def strip(scaled: np.ndarray, labels: Sequence[int] | None, *, cmap: str = "viri
         for i in range(0, len(part) if labels else 0, every):
             x = 1 + i * cell
             canvas[top + line_h:top + line_h + 3, x] = 0
-            _stamp(canvas, str(labels[line * per_line + i]), size, top + line_h + 3, x)
+            stamp(canvas, str(labels[line * per_line + i]), size, top + line_h + 3, x)
     return canvas
 
 
 _STRIP_LINE = 1024
+
+
 #: A strip holds at most this many values (256 lines of 1,024).
 MAX_STRIP_VALUES = 256 * _STRIP_LINE
-
-
-def _tick_step(cells: int) -> int:
-    """The smallest of 1, 2, 5, 10, 20, 50, … that is at least ``cells``."""
-    step = 1
-    while True:
-        for m in (1, 2, 5):
-            if m * step >= cells:
-                return m * step
-        step *= 10
-
-
-def _label_size(tile_width: int) -> int:
-    return max(9, min(16, tile_width // 5))
-
-
-def _label_band(labels: Sequence[int] | None, tile_width: int) -> int:
-    """Height of the label band over tiles ``tile_width`` wide: 0 when the longest label would not fit."""
-    if not labels:
-        return 0
-    size = _label_size(tile_width)
-    longest = max((str(n) for n in labels), key=len)
-    return _glyphs(size)[1] + 2 if _text_width(longest, size) + 2 <= tile_width else 0
-
-
-@functools.lru_cache(maxsize=8)
-def _glyphs(size: int) -> tuple[dict[str, np.ndarray], int]:
-    """Coverage bitmaps (0-255) of the characters used in labels, each one advance wide, and their height."""
-    from PIL import Image, ImageDraw
-
-    font = _font(size)
-    _, top, _, bottom = font.getbbox("0123456789-.e+")
-    height = bottom - top
-    glyphs = {}
-    for char in "0123456789-.e+":
-        advance = max(1, round(font.getlength(char)))
-        image = Image.new("L", (advance, height), 0)
-        ImageDraw.Draw(image).text((0, -top), char, fill=255, font=font)
-        glyphs[char] = np.asarray(image)
-    return glyphs, height
-
-
-def _text_width(text: str, size: int) -> int:
-    glyphs = _glyphs(size)[0]
-    return sum(glyphs[c].shape[1] for c in text)
-
-
-def _stamp(canvas: np.ndarray, text: str, size: int, top: int, left: int) -> None:
-    """Write ``text`` (digits, sign, point) in black on ``canvas`` at (top, left), clipped to its edges."""
-    label = _label_bitmap(text, size)
-    h, w = min(label.shape[0], canvas.shape[0] - top), min(label.shape[1], canvas.shape[1] - left)
-    if h > 0 and w > 0:
-        region = canvas[top:top + h, left:left + w]
-        np.minimum(region, label[:h, :w, None], out=region)
-
-
-@functools.lru_cache(maxsize=8192)
-def _label_bitmap(text: str, size: int) -> np.ndarray:
-    """``text`` as dark-on-white pixels (255 where there is no ink)."""
-    glyphs = _glyphs(size)[0]
-    return 255 - np.concatenate([glyphs[c] for c in text], axis=1)
 
 
 def overlay(photo: np.ndarray, heat: np.ndarray, *, cmap: str = "inferno", alpha: float = 0.5) -> np.ndarray:
@@ -496,7 +439,7 @@ def draw_boxes(photo: np.ndarray, boxes: np.ndarray, colours: Sequence[tuple[int
     image = Image.fromarray(np.asarray(photo, dtype=np.uint8))
     draw = ImageDraw.Draw(image)
     line = max(2, round(max(image.size) / 300))
-    font = _caption_font(image.width)
+    font = caption_font(image.width)
     # Far-off corners clipped near the picture: PIL draws with C integers, and a box's visible part is all that shows.
     limits = np.array([image.width, image.height, image.width, image.height]) + line
     boxes = np.clip(np.asarray(boxes, dtype=np.float64).reshape(-1, 4), -line, limits)
@@ -514,78 +457,6 @@ def draw_boxes(photo: np.ndarray, boxes: np.ndarray, colours: Sequence[tuple[int
     return np.asarray(image)
 
 
-#: Flow vectors with NaN or ±inf are drawn black, a colour the flow code never gives (each of its colours is pale or
-#: has a full channel).
-FLOW_NAN_COLOR = (0, 0, 0)
-
-
-def _wheel_segment(count: int, start: tuple[int, int, int], end: tuple[int, int, int]) -> np.ndarray:
-    """``count`` colours from ``start`` towards ``end`` (channels moving by whole steps of 255 / count, floored)."""
-    steps = np.floor(255 * np.arange(count) / count)[:, None]
-    return np.asarray(start) + np.sign(np.subtract(end, start)) * steps
-
-
-#: The 55 hues of the Middlebury flow colour code (Baker et al., 2011), red through yellow, green, cyan, blue and
-#: magenta, each segment as long as its colours are told apart.
-_FLOW_WHEEL = np.concatenate([
-    _wheel_segment(15, (255, 0, 0), (255, 255, 0)), _wheel_segment(6, (255, 255, 0), (0, 255, 0)),
-    _wheel_segment(4, (0, 255, 0), (0, 255, 255)), _wheel_segment(11, (0, 255, 255), (0, 0, 255)),
-    _wheel_segment(13, (0, 0, 255), (255, 0, 255)), _wheel_segment(6, (255, 0, 255), (255, 0, 0)),
-])
-
-
-def longest_flow(flow: np.ndarray) -> float | None:
-    """The length of the longest finite vector of a ``[2, H, W]`` flow field, or None when there is none."""
-    flow = np.asarray(flow, dtype=np.float64)
-    finite = np.isfinite(flow).all(axis=0)
-    return float(np.hypot(flow[0], flow[1])[finite].max()) if finite.any() else None
-
-
-def flow_colours(flow: np.ndarray) -> np.ndarray:
-    """A ``[2, H, W]`` flow field (dx, dy; y runs down the picture) as ``uint8 [H, W, 3]`` in the Middlebury code.
-
-    The hue is the direction, as on :func:`flow_wheel` (motion to the right
-    is red, down orange-yellow, left blue-cyan, up violet), and the length
-    over the field's longest vector goes from white (still) to full colour
-    (the longest). Vectors with NaN or ±inf are :data:`FLOW_NAN_COLOR`.
-
-    >>> flow_colours(np.array([[[3.0, -3.0, 0.0]], [[0.0, 0.0, 0.0]]]))[0].tolist()
-    [[255, 0, 0], [0, 209, 255], [255, 255, 255]]
-    """
-    flow = np.asarray(flow, dtype=np.float64)
-    finite = np.isfinite(flow).all(axis=0)
-    dx, dy = np.where(finite, flow, 0.0) + 0.0  # + 0.0: a negative zero is zero, so +x is red whatever dy's sign
-    longest = longest_flow(flow)
-    length = np.hypot(dx, dy) / (longest or 1.0)
-    position = (np.arctan2(-dy, -dx) / np.pi + 1) / 2 * (len(_FLOW_WHEEL) - 1)
-    low = np.floor(position).astype(np.intp)
-    share = (position - low)[..., None]
-    hue = (1 - share) * _FLOW_WHEEL[low] + share * _FLOW_WHEEL[(low + 1) % len(_FLOW_WHEEL)]
-    pixels = np.floor(255 - length[..., None] * (255 - hue)).astype(np.uint8)
-    pixels[~finite] = FLOW_NAN_COLOR
-    return pixels
-
-
-def flow_wheel(side: int = 64) -> np.ndarray:
-    """The key to :func:`flow_colours`: a disc ``side`` pixels across, each point coloured as the motion from the
-    centre to it, full colour on the rim; white around it."""
-    centre = (side - 1) / 2
-    y, x = (np.mgrid[0:side, 0:side] - centre) / max(centre, 1.0)
-    inside = x * x + y * y <= 1
-    return flow_colours(np.where(inside, np.stack([x, y]), 0.0))
-
-
-def _caption_font(width: int):
-    return _font(max(12, min(28, round(width / 45))))
-
-
-@functools.lru_cache(maxsize=32)
-def _font(size: int):
-    from PIL import ImageFont
-
-    return ImageFont.load_default(size=size)
-
-
 def add_title(pixels: np.ndarray, parts: Sequence[str]) -> np.ndarray:
     """Put a white caption strip above the picture: ``parts`` joined by `` · ``, wrapped to its width.
 
@@ -595,7 +466,7 @@ def add_title(pixels: np.ndarray, parts: Sequence[str]) -> np.ndarray:
     from PIL import Image, ImageDraw
 
     width = pixels.shape[1]
-    font = _caption_font(width)
+    font = caption_font(width)
     lines: list[str] = []
     for part in parts:
         joined = f"{lines[-1]} · {part}" if lines else part
@@ -609,7 +480,7 @@ def add_title(pixels: np.ndarray, parts: Sequence[str]) -> np.ndarray:
     draw = ImageDraw.Draw(strip)
     for i, line in enumerate(lines):
         draw.text((4, 4 + i * line_h), line, fill=(0, 0, 0), font=font)
-    return _stacked(np.asarray(strip), pixels)
+    return stacked(np.asarray(strip), pixels)
 
 
 def add_colorbar(pixels: np.ndarray, cmap: str, low: str, high: str, text: str = "") -> np.ndarray:
@@ -617,7 +488,7 @@ def add_colorbar(pixels: np.ndarray, cmap: str, low: str, high: str, text: str =
     from PIL import Image, ImageDraw
 
     width = pixels.shape[1]
-    font = _caption_font(width)
+    font = caption_font(width)
     line_h = font.getbbox("Ag")[3]
     bar_w = max(64, min(256, width // 3))
     left = 6 + round(font.getlength(low)) + 6
@@ -634,38 +505,13 @@ def add_colorbar(pixels: np.ndarray, cmap: str, low: str, high: str, text: str =
         words = words[:-2] + "…" if len(words) > 1 else ""
     if words:
         draw.text((right + 12, 6), words, fill=(60, 60, 60), font=font)
-    return _stacked(pixels, np.asarray(strip))
+    return stacked(pixels, np.asarray(strip))
 
 
-def add_flow_legend(pixels: np.ndarray, lines: Sequence[str]) -> np.ndarray:
-    """Put the flow colour wheel (:func:`flow_wheel`) under the picture, with ``lines`` of text beside it."""
-    from PIL import Image, ImageDraw
-
-    width = pixels.shape[1]
-    font = _caption_font(width)
-    line_h = font.getbbox("Ag")[3] + 4
-    side = max(32, line_h * len(lines))
-    left = 6 + side + 10
-    strip = Image.new("RGB", (max(width, left + 64), side + 12), (255, 255, 255))
-    strip.paste(Image.fromarray(flow_wheel(side)), (6, 6))
-    draw = ImageDraw.Draw(strip)
-    room = strip.width - left - 4
-    for i, words in enumerate(lines):
-        while words and font.getlength(words) > room:
-            words = words[:-2] + "…" if len(words) > 1 else ""
-        draw.text((left, 6 + i * line_h), words, fill=(0, 0, 0), font=font)
-    return _stacked(pixels, np.asarray(strip))
-
-
-def _stacked(upper: np.ndarray, lower: np.ndarray) -> np.ndarray:
+def stacked(upper: np.ndarray, lower: np.ndarray) -> np.ndarray:
     """Two pictures one above the other, the narrower padded white on its right."""
     width = max(upper.shape[1], lower.shape[1])
     out = np.full((upper.shape[0] + lower.shape[0], width, 3), 255, dtype=np.uint8)
     out[:upper.shape[0], :upper.shape[1]] = upper
     out[upper.shape[0]:, :lower.shape[1]] = lower
     return out
-
-
-def number(value: float) -> str:
-    """A value short enough for a colour bar's end: three significant digits."""
-    return f"{value:.3g}"

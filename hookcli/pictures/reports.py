@@ -37,12 +37,9 @@ True
 
 from __future__ import annotations
 
-import base64
 import bisect
 import contextlib
 import dataclasses
-import html
-import io
 import itertools
 import json
 import math
@@ -50,14 +47,11 @@ import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-
 import numpy as np
-
-from hookcli.console import printable
 from hookcli.errors import HookcliError, check_whole
 from hookcli.storage.fileformat import INDEX_NAME
 from hookcli.pictures.options import GridJob, GridOptions
-from hookcli.pictures.reading import Detections, detection_keys, drawn_shape, input_names, read_detections, select_rows
+from hookcli.pictures.reading import detection_keys, drawn_shape, input_names, read_detections, select_rows
 from hookcli.pictures.drawing import Picture, render_picture
 from hookcli.pictures.grids import plan_grids
 from hookcli.pictures.render import NotDrawable, RowNotDrawable
@@ -65,31 +59,32 @@ from hookcli.events import Advanced, Note, Started, Wrote
 from hookcli.files import atomic_path, check_folder_output, format_bytes, refuse_existing
 from hookcli.storage.features import FeatureFile
 from hookcli.version import __version__
-from hookcli.pictures.summary import describe_file, metadata_order, values_stats
+from hookcli.pictures.summary import describe_file, metadata_order
+from hookcli.pictures.html import HEAD, STYLE, row_anchor, channels_table, detections_table, page_name, pager, png_uri, shape_html, row_shape_html, stats_table, target_name, targets_table, escaped, value_html
 
-__all__ = [
-    "CONTENT_SECURITY_POLICY", "DEFAULT_PAGE_SIZE", "MAX_PAGE_SIZE", "PAGE_WINDOW", "TOP_CHANNELS",
-    "default_report_folder", "most_active", "page_name", "write_report",
-]
+__all__ = ["CONTENT_SECURITY_POLICY", "DEFAULT_PAGE_SIZE", "default_report_folder", "MAX_PAGE_SIZE", "most_active", "TOP_CHANNELS", "write_report"]
+
 
 DEFAULT_PAGE_SIZE = 20
+
+
 #: The most images on one page: a page holds every picture of its images, and one of many thousands is more than a
 #: browser shows.
 MAX_PAGE_SIZE = 10_000
-#: Page links on each side of the current page (plus first, previous, next and last).
-PAGE_WINDOW = 3
+
+
 #: The most active channels listed per tensor and row.
 TOP_CHANNELS = 5
+
 
 #: What the pages may load: nothing but their own inline style and embedded pictures.
 CONTENT_SECURITY_POLICY = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
 
+
 _GRADIENT = re.compile(r"(?P<layer>.+)@grad(?:#(?P<target>\d+))?")
+
+
 _CAM = re.compile(r"cam(?:#(?P<target>\d+))?")
-#: Lists in the metadata table longer than this show their first and last items.
-_LIST_SHOWN = 10
-#: Longer text in the metadata table is cut; structure nested deeper is shown as JSON text.
-_TEXT_SHOWN, _DEPTH_SHOWN = 4000, 6
 
 
 def default_report_folder(source) -> str:
@@ -100,11 +95,6 @@ def default_report_folder(source) -> str:
     if path.name == INDEX_NAME:  # a shard folder named by its index
         path = path.parent
     return f"{path.name.removesuffix('.safetensors') or 'features'}_report"
-
-
-def page_name(number: int) -> str:
-    """The file of page ``number`` (from 1): ``index.html``, then ``page-00002.html``, …"""
-    return "index.html" if number == 1 else f"page-{number:05d}.html"
 
 
 def write_report(features, output: str | os.PathLike, options: GridOptions, *, page_size: int = DEFAULT_PAGE_SIZE,
@@ -159,9 +149,6 @@ def write_report(features, output: str | os.PathLike, options: GridOptions, *, p
         raise
     emit(Wrote(index))
     return index
-
-
-# -- what is drawn ---------------------------------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
@@ -272,9 +259,6 @@ class _Targets:
         return rows[row - self._starts[number]] if rows else []
 
 
-# -- pages -----------------------------------------------------------------------------------------
-
-
 class _Report:
     """Writes pages: for each row its targets, its detections, then each tensor's picture and statistics."""
 
@@ -297,17 +281,17 @@ class _Report:
     def write_page(self, path: Path, number: int, rows: Sequence[int], *, force: bool, summary: str = "") -> None:
         title = f"{self.features.name} · hookcli report · page {number} of {self.pages}"
         with atomic_path(path, force=force) as temporary, open(temporary, "w", encoding="utf-8") as page:
-            page.write(_HEAD.format(policy=CONTENT_SECURITY_POLICY, title=_text(title), style=_STYLE))
-            page.write(f'<header><h1>hookcli report: {_text(self.features.name)}</h1>\n')
-            page.write(_pager(number, self.pages) + "</header>\n<main>\n")
+            page.write(HEAD.format(policy=CONTENT_SECURITY_POLICY, title=escaped(title), style=STYLE))
+            page.write(f'<header><h1>hookcli report: {escaped(self.features.name)}</h1>\n')
+            page.write(pager(number, self.pages) + "</header>\n<main>\n")
             if summary:
                 page.write(summary)
             page.write(self._contents(number, rows))
             for row in rows:
                 page.write(self._row(row))
                 self.emit(Advanced(1))
-            page.write(f"</main>\n<footer>{_pager(number, self.pages)}<p>Written by hookcli "
-                       f"{_text(__version__)}.</p></footer>\n</body>\n</html>\n")
+            page.write(f"</main>\n<footer>{pager(number, self.pages)}<p>Written by hookcli "
+                       f"{escaped(__version__)}.</p></footer>\n</body>\n</html>\n")
 
     def _job(self, tensor: _Tensor, row: int) -> GridJob:
         return self.plan[tensor.start + row]
@@ -316,23 +300,23 @@ class _Report:
         items = []
         for row in rows:
             job = self._job(self.longest, row)
-            tensors = "".join(f'<li><a href="#{_anchor(row, n)}">{_text(t.key)}</a></li>'
+            tensors = "".join(f'<li><a href="#{row_anchor(row, n)}">{escaped(t.key)}</a></li>'
                               for n, t in enumerate(self.tensors) if row < t.rows)
             if self.plan.detections:
-                tensors = f'<li><a href="#{_anchor(row, "detections")}">detections</a></li>{tensors}'
-            items.append(f'<li><a href="#{_anchor(row)}">Image {row}: {_text(job.name)}</a><ul>{tensors}</ul></li>')
+                tensors = f'<li><a href="#{row_anchor(row, "detections")}">detections</a></li>{tensors}'
+            items.append(f'<li><a href="#{row_anchor(row)}">Image {row}: {escaped(job.name)}</a><ul>{tensors}</ul></li>')
         back = "" if number == 1 else '<p><a href="index.html#summary">Summary of the file</a></p>'
         return (f'<nav id="contents" aria-label="contents"><h2>On this page</h2>{back}<ol>{"".join(items)}</ol>'
                 f"</nav>\n")
 
     def _row(self, row: int) -> str:
         job = self._job(self.longest, row)
-        parts = [f'<section class="image" id="{_anchor(row)}">\n<h2>Image {row}: {_text(job.name)}</h2>\n']
+        parts = [f'<section class="image" id="{row_anchor(row)}">\n<h2>Image {row}: {escaped(job.name)}</h2>\n']
         if job.source_image is not None:
-            parts.append(f'<p class="path">{_text(job.source_image)}</p>\n')
+            parts.append(f'<p class="path">{escaped(job.source_image)}</p>\n')
         targets = self.targets(row)
         if targets:
-            parts.append(_targets_table(targets))
+            parts.append(targets_table(targets))
         if self.plan.detections:
             parts.append(self._detections(row))
         for number, tensor in enumerate(self.tensors):
@@ -344,11 +328,11 @@ class _Report:
     def _tensor(self, number: int, tensor: _Tensor, row: int, targets: list) -> str:
         values = self.features.read(tensor.key, row)
         role = self._role(tensor.key, targets)
-        parts = [f'<article class="tensor" id="{_anchor(row, number)}">\n<h3>{_text(tensor.key)}</h3>\n',
-                 f'<p class="shape">{_text(_shape_text(self.features, tensor.key, row))}'
-                 f'{" · " + _text(role) if role else ""}</p>\n',
-                 '<div class="body">', self._picture(tensor, row, values), _stats_table(values),
-                 _channels_table(most_active(values)) if tensor.key not in self.cams else "",
+        parts = [f'<article class="tensor" id="{row_anchor(row, number)}">\n<h3>{escaped(tensor.key)}</h3>\n',
+                 f'<p class="shape">{escaped(row_shape_html(self.features, tensor.key, row))}'
+                 f'{" · " + escaped(role) if role else ""}</p>\n',
+                 '<div class="body">', self._picture(tensor, row, values), stats_table(values),
+                 channels_table(most_active(values)) if tensor.key not in self.cams else "",
                  "</div>\n</article>\n"]
         return "".join(parts)
 
@@ -364,23 +348,23 @@ class _Report:
         else:
             what = (f"class-activation map ({self.metadata.get('method', 'unknown method')} at "
                     f"'{self.metadata.get('cam_layer', '?')}')")
-        return what + (f", for target {k + 1}: {_target_name(targets[k])}" if k < len(targets) else "")
+        return what + (f", for target {k + 1}: {target_name(targets[k])}" if k < len(targets) else "")
 
     def _detections(self, row: int) -> str:
         """The row's detections: their picture (when planned) and their table."""
-        parts = [f'<article class="detections" id="{_anchor(row, "detections")}">\n<h3>Detections</h3>\n'
+        parts = [f'<article class="detections" id="{row_anchor(row, "detections")}">\n<h3>Detections</h3>\n'
                  '<div class="body">']
         if self.boxes is None:
             parts.append('<p class="missing">No picture (see the notes).</p>')
         elif row < self.boxes.rows:
             parts.append(self._picture(self.boxes, row, None))
         try:
-            parts.append(_detections_table(read_detections(self.features, row)))
+            parts.append(detections_table(read_detections(self.features, row)))
         except NotDrawable as reason:
             if not self.detections_problem:
                 self.detections_problem = True
                 self.emit(Note(f"the detections of '{self.features.name}' cannot be read: {reason}"))
-            parts.append(f'<p class="missing">No table: {_text(str(reason))}.</p>')
+            parts.append(f'<p class="missing">No table: {escaped(str(reason))}.</p>')
         parts.append("</div>\n</article>\n")
         return "".join(parts)
 
@@ -397,17 +381,17 @@ class _Report:
                 picture = render_picture(self.features, job, options, values=values)
         except RowNotDrawable as reason:
             self.emit(Note(f"skipped '{tensor.key}' of image {row} ({job.name}): {reason}"))
-            return f'<p class="missing">No picture: {_text(str(reason))}.</p>'
+            return f'<p class="missing">No picture: {escaped(str(reason))}.</p>'
         except NotDrawable as reason:
             self.undrawable.add(tensor.key)
             self.emit(Note(f"skipped '{tensor.key}' (shape {self.features.shape(tensor.key)}): {reason}"))
-            return f'<p class="missing">No picture: {_text(str(reason))}.</p>'
+            return f'<p class="missing">No picture: {escaped(str(reason))}.</p>'
         for text in picture.notes:
             self.emit(Note(text))
         pixels = picture.pixels
         height, width = pixels.shape[:2]
-        return (f'<img src="data:image/png;base64,{_png(pixels)}" width="{width}" height="{height}" '
-                f'alt="{_text(tensor.key)}, image {row}">')
+        return (f'<img src="data:image/png;base64,{png_uri(pixels)}" width="{width}" height="{height}" '
+                f'alt="{escaped(tensor.key)}, image {row}">')
 
     def _cam_over_photo(self, job: GridJob, options: GridOptions, values: np.ndarray) -> Picture | None:
         """The map over the photo the model saw, or None when the photo cannot be read (said once)."""
@@ -432,219 +416,20 @@ def _summary(features, tensors: Sequence[_Tensor], detections: Sequence[str], sh
     facts = [("source", features.name), ("images (rows)", selection),
              ("pages", f"{pages:,} of up to {page_size:,} images"), ("size", format_bytes(described["bytes"]))]
     parts = ['<section id="summary">\n<h2>Summary</h2>\n<table class="facts">',
-             *(f"<tr><th>{_text(name)}</th><td>{_text(value)}</td></tr>" for name, value in facts),
+             *(f"<tr><th>{escaped(name)}</th><td>{escaped(value)}</td></tr>" for name, value in facts),
              '</table>\n<h3>Tensors</h3>\n<table class="tensors"><tr><th>key</th><th>dtype</th><th>shape</th>'
              '<th>size</th><th>in the report</th></tr>']
     for t in described["tensors"]:
-        parts.append(f"<tr><td>{_text(t['key'])}</td><td>{_text(t['dtype'])}</td><td>{_text(_shape(t['shape']))}"
+        parts.append(f"<tr><td>{escaped(t['key'])}</td><td>{escaped(t['dtype'])}</td><td>{escaped(shape_html(t['shape']))}"
                      f"</td><td>{format_bytes(t['bytes'])}</td><td>{'yes' if t['key'] in drawn else 'no'}</td></tr>")
     parts.append("</table>\n")
     if notes:
-        parts.append('<h3>Notes</h3>\n<ul class="notes">' + "".join(f"<li>{_text(n)}</li>" for n in notes) + "</ul>\n")
+        parts.append('<h3>Notes</h3>\n<ul class="notes">' + "".join(f"<li>{escaped(n)}</li>" for n in notes) + "</ul>\n")
     if described["metadata"]:
         parts.append('<h3>Metadata</h3>\n<table class="metadata">')
         metadata = described["metadata"]
-        parts.extend(f"<tr><th>{_text(key)}</th><td>{_value(metadata[key])}</td></tr>"
+        parts.extend(f"<tr><th>{escaped(key)}</th><td>{value_html(metadata[key])}</td></tr>"
                      for key in metadata_order(metadata))
         parts.append("</table>\n")
     parts.append("</section>\n")
     return "".join(parts)
-
-
-def _value(value, depth: int = 0) -> str:
-    """A metadata value, readable: text as it is; objects as tables and lists as numbered lists, nested; short
-    lists of plain values on one line; long lists (a run's inputs) by their first and last items."""
-    if isinstance(value, str):
-        return _text(_capped(value))
-    if not value or depth >= _DEPTH_SHOWN or not isinstance(value, dict | list):
-        return _text(_capped(_plain(value)))
-    if isinstance(value, dict):
-        cells = "".join(f"<tr><th>{_text(k)}</th><td>{_value(v, depth + 1)}</td></tr>" for k, v in value.items())
-        return f'<table class="inner">{cells}</table>'
-    if len(value) <= _LIST_SHOWN and not any(isinstance(item, dict | list | str) for item in value):
-        return _text(", ".join(map(_plain, value)))
-    shown = list(enumerate(value))
-    if len(value) > _LIST_SHOWN:
-        shown = [*shown[:5], (None, f"… {len(value) - 7:,} more …"), *shown[-2:]]
-    items = "".join(f'<li value="{n}">{_value(item, depth + 1)}</li>' if n is not None else
-                    f'<li class="more">{_text(item)}</li>' for n, item in shown)
-    return f'<ol class="inner" start="0">{items}</ol>'
-
-
-def _plain(value) -> str:
-    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-
-
-def _capped(text: str) -> str:
-    return text if len(text) <= _TEXT_SHOWN else f"{text[:_TEXT_SHOWN]}… ({len(text):,} characters)"
-
-
-def _targets_table(targets: list[dict]) -> str:
-    rows = "".join(f"<tr><td>{k + 1}</td><td>{_text(_plain(t.get('class')))}</td><td>{_text(_name(t))}</td>"
-                   f"<td>{_number(t.get('logit'), '.2f')}</td><td>{_number(t.get('probability'), '.1%')}</td></tr>"
-                   for k, t in enumerate(targets))
-    return ('<table class="targets"><caption>Targets</caption><tr><th>target</th><th>class</th><th>name</th>'
-            f"<th>logit</th><th>probability</th></tr>{rows}</table>\n")
-
-
-def _name(target: dict) -> str:
-    return target["name"] if isinstance(target.get("name"), str) else "-"
-
-
-def _target_name(target: dict) -> str:
-    number = f"class {_plain(target.get('class'))}"
-    return f"{target['name']} ({number})" if isinstance(target.get("name"), str) else number
-
-
-def _stats_table(values: np.ndarray) -> str:
-    stats = values_stats([values])
-    cells = [("min", stats["min"], ".4g"), ("mean", stats["mean"], ".4g"), ("max", stats["max"], ".4g"),
-             ("zeros", stats["zeros"], ".1%")]
-    if stats["nonfinite"]:
-        cells.append(("NaN/inf", stats["nonfinite"], "d"))
-    header = "".join(f"<th>{name}</th>" for name, _, _ in cells)
-    body = "".join(f"<td{_data(value)}>{_number(value, spec)}</td>" for _, value, spec in cells)
-    return f'<table class="stats"><tr>{header}</tr><tr>{body}</tr></table>'
-
-
-def _detections_table(found: Detections) -> str:
-    """One row a detection: its label (a class index), score and box, in the file's order (by score, from
-    torchvision's models); a line saying there are none when there are none."""
-    count = len(found.boxes)
-    if count == 0:
-        return '<p class="none">No detections.</p>'
-    columns = [("label", found.labels, ""), ("score", found.scores, ".3f")]
-    columns = [(name, values, spec) for name, values, spec in columns if values is not None]
-    header = "".join(f"<th>{name}</th>" for name, _, _ in columns)
-    rows = []
-    for k, box in enumerate(found.boxes.tolist()):
-        cells = "".join(f"<td{_data(values[k].item())}>{_number(values[k].item(), spec)}</td>"
-                        for _, values, spec in columns)
-        corners = "".join(f"<td{_data(value)}>{_number(value, '.1f')}</td>" for value in box)
-        rows.append(f"<tr><td>#{k}</td>{cells}{corners}</tr>")  # numbered as --target '#N' names them
-    plural = "s" if count != 1 else ""
-    return (f'<table class="detections"><caption>{count} detection{plural}: label (class index), score, and box '
-            f"corners in pixels of the image the model was given</caption><tr><th>detection</th>{header}<th>x1</th>"
-            f"<th>y1</th><th>x2</th><th>y2</th></tr>{''.join(rows)}</table>")
-
-
-def _channels_table(channels: list[tuple[int, float]]) -> str:
-    if len(channels) < 2:
-        return ""
-    rows = "".join(f"<tr><td>{index}</td><td{_data(mean)}>{_number(mean, '.4g')}</td></tr>"
-                   for index, mean in channels)
-    return (f'<table class="channels"><caption>Most active channels</caption><tr><th>channel</th>'
-            f"<th>mean</th></tr>{rows}</table>")
-
-
-def _data(value) -> str:
-    """The exact value, for scripts (and tests), beside the rounded one shown."""
-    return f' data-value="{value!r}"' if isinstance(value, float | int) else ""
-
-
-def _number(value, spec: str) -> str:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return "-" if value is None else _text(str(value))
-    return f"{value:{spec}}"
-
-
-def _pager(number: int, pages: int) -> str:
-    """Links to the first, previous, next and last pages and to :data:`PAGE_WINDOW` pages on each side."""
-    if pages == 1:
-        return ""
-
-    def link(target: int, text: str, rel: str = "") -> str:
-        if target == number or not 1 <= target <= pages:
-            return f'<span class="off">{text}</span>'
-        attribute = f' rel="{rel}"' if rel else ""
-        return f'<a href="{page_name(target)}"{attribute}>{text}</a>'
-
-    low, high = max(1, number - PAGE_WINDOW), min(pages, number + PAGE_WINDOW)
-    window = [f'<span aria-current="page">{n:,}</span>' if n == number else link(n, f"{n:,}")
-              for n in range(low, high + 1)]
-    if low > 1:
-        window.insert(0, "…")
-    if high < pages:
-        window.append("…")
-    return (f'<nav class="pages" aria-label="pages">{link(1, "« First", "first")} '
-            f'{link(number - 1, "‹ Previous", "prev")} {" ".join(window)} {link(number + 1, "Next ›", "next")} '
-            f'{link(pages, "Last »", "last")} <span class="count">page {number:,} of {pages:,}</span></nav>\n')
-
-
-def _anchor(row: int, tensor: int | str | None = None) -> str:
-    """An image's anchor, one of its tensors' (by number) or its ``detections``'."""
-    if tensor is None:
-        return f"image-{row}"
-    return f"image-{row}-{tensor}" if isinstance(tensor, str) else f"image-{row}-tensor-{tensor}"
-
-
-def _text(text: str) -> str:
-    """Text from a file, for HTML: control characters and lone surrogates escaped, then markup escaped."""
-    return html.escape(printable(str(text)))
-
-
-def _shape(shape) -> str:
-    return json.dumps(shape).replace(" ", "")
-
-
-def _shape_text(features, key: str, row: int) -> str:
-    """A tensor's dtype and shape per image; a ragged key's shape for this row, and the largest."""
-    largest = _shape(features.shape(key)[1:])
-    if not features.ragged(key):
-        return f"{features.dtype(key)}, {largest} per image"
-    own = _shape(features.row_shape(key, row))
-    if own == largest:
-        return f"{features.dtype(key)}, {own} for this image (the largest of the file's, whose images may differ)"
-    return f"{features.dtype(key)}, {own} for this image (images differ in shape; the largest is {largest})"
-
-
-def _png(pixels: np.ndarray) -> str:
-    from PIL import Image
-
-    buffer = io.BytesIO()
-    # zlib level 1, as grid writes: about half the time of the default for pictures some 7% larger.
-    Image.fromarray(pixels).save(buffer, format="PNG", compress_level=1)
-    return base64.b64encode(buffer.getvalue()).decode("ascii")
-
-
-_HEAD = """<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta http-equiv="Content-Security-Policy" content="{policy}">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>{title}</title>
-<style>{style}</style>
-</head>
-<body>
-"""
-
-_STYLE = """
-body { font: 15px/1.45 system-ui, sans-serif; margin: 0 auto; max-width: 1200px; padding: 0 1.5em 2em;
-       color: #1d1d1f; background: #fff; }
-h1 { font-size: 1.5em; margin: 1em 0 .4em; overflow-wrap: anywhere; }
-h2 { font-size: 1.25em; margin: 1.6em 0 .3em; border-bottom: 1px solid #ccc; overflow-wrap: anywhere; }
-h3 { font-size: 1.05em; margin: 1.2em 0 .2em; overflow-wrap: anywhere; }
-a { color: #0645ad; }
-nav.pages { margin: .6em 0; display: flex; flex-wrap: wrap; gap: .5em; align-items: baseline; }
-nav.pages .off { color: #999; }
-nav.pages [aria-current] { font-weight: bold; }
-nav.pages .count { margin-left: auto; color: #555; }
-#contents ol { columns: 2 20em; }
-#contents ol > li { break-inside: avoid; }
-#contents ul { font-size: .9em; margin: .1em 0 .4em; }
-.path, .shape { color: #555; margin: 0 0 .4em; overflow-wrap: anywhere; }
-.tensor .body { display: flex; flex-wrap: wrap; gap: 1em; align-items: flex-start; }
-.tensor img { max-width: 100%; height: auto; border: 1px solid #ddd; }
-table { border-collapse: collapse; margin: .3em 0; }
-th, td { border: 1px solid #ddd; padding: .15em .5em; text-align: left; vertical-align: top;
-         overflow-wrap: anywhere; }
-th { background: #f4f4f6; }
-caption { text-align: left; font-weight: bold; padding: .2em 0; }
-.stats td, .channels td, .targets td, .detections td { font-variant-numeric: tabular-nums; }
-.inner { margin: 0; }
-ol.inner { padding-left: 2.5em; }
-.more { list-style: none; color: #555; }
-.missing { color: #a00; }
-footer { margin-top: 2em; color: #555; border-top: 1px solid #ccc; }
-"""

@@ -30,7 +30,7 @@ __all__ = ["PRESETS", "locate_config", "read_config"]
 
 _ALIASES = {"layers": "layer"}
 
-_PACKAGE = Path(__file__).resolve().parent
+_PACKAGE = Path(__file__).resolve().parent.parent  # hookcli/
 #: The shipped presets: ``hookcli/presets`` in an installed wheel, ``configs/`` in a source checkout.
 PRESETS = next((p for p in (_PACKAGE / "presets", _PACKAGE.parent / "configs") if p.is_dir()), _PACKAGE / "presets")
 

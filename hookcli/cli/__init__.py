@@ -1,0 +1,15 @@
+"""The ``hookcli`` command line: parses options, calls :mod:`hookcli.api`, prints what it reports.
+
+The only package that imports Click, and the top layer: no run logic lives
+here. :mod:`~hookcli.cli.app` holds the group (one-line errors, notes,
+signals), :mod:`~hookcli.cli.declared` the option declarations the commands
+share, :mod:`~hookcli.cli.commands` the commands, and
+:mod:`~hookcli.cli.presets` the ``--config`` files. Heavy libraries (torch,
+torchvision) load inside the commands that need them, so ``hookcli --help``
+starts at once.
+"""
+
+from hookcli.cli import commands  # noqa: F401  (registers the commands on the group)
+from hookcli.cli.app import main
+
+__all__ = ["main"]

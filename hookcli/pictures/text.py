@@ -1,0 +1,91 @@
+"""Text in pictures: channel numbers stamped from a small bitmap font drawn once per size, caption fonts, and
+numbers short enough for a colour bar's end.
+
+>>> number(0.000123456), number(1234567.0)
+('0.000123', '1.23e+06')
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+import numpy as np
+
+__all__ = ["caption_font", "glyphs", "label_band", "label_size", "number", "stamp", "text_width", "tick_step"]
+
+
+def tick_step(cells: int) -> int:
+    """The smallest of 1, 2, 5, 10, 20, 50, … that is at least ``cells``."""
+    step = 1
+    while True:
+        for m in (1, 2, 5):
+            if m * step >= cells:
+                return m * step
+        step *= 10
+
+
+def label_size(tile_width: int) -> int:
+    return max(9, min(16, tile_width // 5))
+
+
+def label_band(labels: Sequence[int] | None, tile_width: int) -> int:
+    """Height of the label band over tiles ``tile_width`` wide: 0 when the longest label would not fit."""
+    if not labels:
+        return 0
+    size = label_size(tile_width)
+    longest = max((str(n) for n in labels), key=len)
+    return glyphs(size)[1] + 2 if text_width(longest, size) + 2 <= tile_width else 0
+
+
+@functools.lru_cache(maxsize=8)
+def glyphs(size: int) -> tuple[dict[str, np.ndarray], int]:
+    """Coverage bitmaps (0-255) of the characters used in labels, each one advance wide, and their height."""
+    from PIL import Image, ImageDraw
+
+    font = _font(size)
+    _, top, _, bottom = font.getbbox("0123456789-.e+")
+    height = bottom - top
+    drawn = {}
+    for char in "0123456789-.e+":
+        advance = max(1, round(font.getlength(char)))
+        image = Image.new("L", (advance, height), 0)
+        ImageDraw.Draw(image).text((0, -top), char, fill=255, font=font)
+        drawn[char] = np.asarray(image)
+    return drawn, height
+
+
+def text_width(text: str, size: int) -> int:
+    drawn = glyphs(size)[0]
+    return sum(drawn[c].shape[1] for c in text)
+
+
+def stamp(canvas: np.ndarray, text: str, size: int, top: int, left: int) -> None:
+    """Write ``text`` (digits, sign, point) in black on ``canvas`` at (top, left), clipped to its edges."""
+    label = _label_bitmap(text, size)
+    h, w = min(label.shape[0], canvas.shape[0] - top), min(label.shape[1], canvas.shape[1] - left)
+    if h > 0 and w > 0:
+        region = canvas[top:top + h, left:left + w]
+        np.minimum(region, label[:h, :w, None], out=region)
+
+
+@functools.lru_cache(maxsize=8192)
+def _label_bitmap(text: str, size: int) -> np.ndarray:
+    """``text`` as dark-on-white pixels (255 where there is no ink)."""
+    drawn = glyphs(size)[0]
+    return 255 - np.concatenate([drawn[c] for c in text], axis=1)
+
+
+def caption_font(width: int):
+    return _font(max(12, min(28, round(width / 45))))
+
+
+@functools.lru_cache(maxsize=32)
+def _font(size: int):
+    from PIL import ImageFont
+
+    return ImageFont.load_default(size=size)
+
+
+def number(value: float) -> str:
+    """A value short enough for a colour bar's end: three significant digits."""
+    return f"{value:.3g}"
