@@ -60,16 +60,49 @@ def main() -> None:
         megabytes = sum(os.path.getsize(p) for p in paths) / len(paths) / 2**20
         script = folder / "loop.py"
         script.write_text(LOOP)
-        hookcli = [sys.executable, "-m", "hookcli", "extract", "-m", args.model, "-w", "none", "-l", args.layer,
-                   "-b", str(args.batch_size), "-q", "-f", "--device", "cpu"]
-        contenders = {"hand-written loop": [sys.executable, str(script), args.model, args.layer,
-                                            str(folder / "loop.safetensors"), str(args.batch_size), "cpu", *paths]}
+        hookcli = [
+            sys.executable,
+            "-m",
+            "hookcli",
+            "extract",
+            "-m",
+            args.model,
+            "-w",
+            "none",
+            "-l",
+            args.layer,
+            "-b",
+            str(args.batch_size),
+            "-q",
+            "-f",
+            "--device",
+            "cpu",
+        ]
+        contenders = {
+            "hand-written loop": [
+                sys.executable,
+                str(script),
+                args.model,
+                args.layer,
+                str(folder / "loop.safetensors"),
+                str(args.batch_size),
+                "cpu",
+                *paths,
+            ]
+        }
         for precision in ("fp32", "bf16"):
             for fast in (False, True):
                 label = f"hookcli --precision {precision}" + (" --fast-decode" if fast else "")
                 out = folder / f"{precision}{'-fast' if fast else ''}.safetensors"
-                contenders[label] = [*hookcli, "--precision", precision, *(["--fast-decode"] if fast else []),
-                                     "-o", str(out), *paths]
+                contenders[label] = [
+                    *hookcli,
+                    "--precision",
+                    precision,
+                    *(["--fast-decode"] if fast else []),
+                    "-o",
+                    str(out),
+                    *paths,
+                ]
         best = best_times(contenders, args.rounds)
         reference = load_file(str(folder / "loop.safetensors"))[args.layer]
         errors = {}
@@ -79,8 +112,10 @@ def main() -> None:
                 errors[label] = ((stored - reference).norm() / reference.norm()).item()
     loop = best["hand-written loop"]
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, CPU")
-    print(f"{args.model} {args.layer}, {args.images} JPEGs of {args.width}x{args.height} ({megabytes:.1f} MB each), "
-          f"batch {args.batch_size}, whole processes, best of {args.rounds} shuffled rounds:")
+    print(
+        f"{args.model} {args.layer}, {args.images} JPEGs of {args.width}x{args.height} ({megabytes:.1f} MB each), "
+        f"batch {args.batch_size}, whole processes, best of {args.rounds} shuffled rounds:"
+    )
     for label, seconds in best.items():
         extra = f"  rel. error {errors[label]:.1e}" if label in errors else ""
         print(f"  {label:38s} {seconds:6.1f} s  {args.images / seconds:6.2f} img/s  {loop / seconds:5.2f}x{extra}")

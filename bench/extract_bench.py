@@ -58,7 +58,7 @@ def hand_loop(model, transform, paths, batch_size, out: Path, layer=None) -> Non
     outputs = []
     with torch.inference_mode():
         for start in range(0, len(paths), batch_size):
-            batch = torch.stack([transform(Image.open(p).convert("RGB")) for p in paths[start:start + batch_size]])
+            batch = torch.stack([transform(Image.open(p).convert("RGB")) for p in paths[start : start + batch_size]])
             result = model(batch.to(DEVICE))
             outputs.append((result[layer] if layer else result).cpu())
     save_file({"out": torch.cat(outputs).contiguous()}, str(out))
@@ -67,8 +67,7 @@ def hand_loop(model, transform, paths, batch_size, out: Path, layer=None) -> Non
 def hookcli_run(loaded, layer, paths, batch_size, workers, out: Path) -> None:
     import hookcli
 
-    hookcli.extract(loaded, layer, paths, output=out, batch_size=batch_size, workers=workers, device=DEVICE,
-                    force=True)
+    hookcli.extract(loaded, layer, paths, output=out, batch_size=batch_size, workers=workers, device=DEVICE, force=True)
 
 
 def best_times(variants: dict, rounds: int) -> dict:
@@ -98,12 +97,26 @@ def throughput(paths, batch_size, workers, rounds, folder: Path) -> None:
     fx_model = create_feature_extractor(loaded.module, return_nodes=["fc"])
     variants = {
         "hand-written loop": (hand_loop, loaded.module, transform, paths, batch_size, folder / "loop.safetensors"),
-        "create_feature_extractor in loop": (hand_loop, fx_model, transform, paths, batch_size,
-                                             folder / "fx.safetensors", "fc"),
+        "create_feature_extractor in loop": (
+            hand_loop,
+            fx_model,
+            transform,
+            paths,
+            batch_size,
+            folder / "fx.safetensors",
+            "fc",
+        ),
     }
     for count in sorted({0, workers}):
-        variants[f"hookcli, {count} decode workers"] = (hookcli_run, loaded, "fc", paths, batch_size, count,
-                                                        folder / "hookcli.safetensors")
+        variants[f"hookcli, {count} decode workers"] = (
+            hookcli_run,
+            loaded,
+            "fc",
+            paths,
+            batch_size,
+            count,
+            folder / "hookcli.safetensors",
+        )
     best = best_times(variants, rounds)
     n, loop = len(paths), best["hand-written loop"]
     print(f"1. resnet50 fc, {n} JPEGs 500x375, batch {batch_size}, best of {rounds} interleaved rounds:")
@@ -119,29 +132,39 @@ def early_exit(paths, batch_size, workers, rounds, folder: Path) -> None:
     from hookcli.models.loading import load_model
 
     print("2. early exit, time for a layer / time for the last layer, same images:")
-    for model, layer, last, goal in (("vgg16_bn", "features.18", "classifier.6", 0.6),
-                                     ("resnet50", "layer2", "fc", 0.2)):
+    for model, layer, last, goal in (
+        ("vgg16_bn", "features.18", "classifier.6", 0.6),
+        ("resnet50", "layer2", "fc", 0.2),
+    ):
         loaded = load_model(model, "none")
         transform = loaded.preprocess.to_transform()
         cut = create_feature_extractor(loaded.module, return_nodes=[layer])
         whole = create_feature_extractor(loaded.module, return_nodes=[last])
-        best = best_times({
-            "part": (hookcli_run, loaded, layer, paths, batch_size, workers, folder / "part.safetensors"),
-            "full": (hookcli_run, loaded, last, paths, batch_size, workers, folder / "full.safetensors"),
-            "cut": (hand_loop, cut, transform, paths, batch_size, folder / "cut.safetensors", layer),
-            "whole": (hand_loop, whole, transform, paths, batch_size, folder / "whole.safetensors", last),
-        }, rounds)
-        print(f"   {model:9s} {layer:12s} hookcli {best['part']:6.2f} s / {best['full']:6.2f} s = "
-              f"{best['part'] / best['full']:4.2f}   network cut by hand: {best['cut'] / best['whole']:4.2f}"
-              f"   (goal <= {goal})")
+        best = best_times(
+            {
+                "part": (hookcli_run, loaded, layer, paths, batch_size, workers, folder / "part.safetensors"),
+                "full": (hookcli_run, loaded, last, paths, batch_size, workers, folder / "full.safetensors"),
+                "cut": (hand_loop, cut, transform, paths, batch_size, folder / "cut.safetensors", layer),
+                "whole": (hand_loop, whole, transform, paths, batch_size, folder / "whole.safetensors", last),
+            },
+            rounds,
+        )
+        print(
+            f"   {model:9s} {layer:12s} hookcli {best['part']:6.2f} s / {best['full']:6.2f} s = "
+            f"{best['part'] / best['full']:4.2f}   network cut by hand: {best['cut'] / best['whole']:4.2f}"
+            f"   (goal <= {goal})"
+        )
 
 
 def _peak_rss_mib(command: list[str], stdin_path: Path) -> float:
-    probe = ("import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL); "
-             "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
+    probe = (
+        "import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL); "
+        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"
+    )
     with open(stdin_path) as stdin:
-        out = subprocess.run([sys.executable, "-c", probe, *command], stdin=stdin, capture_output=True, text=True,
-                             check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", probe, *command], stdin=stdin, capture_output=True, text=True, check=True
+        )
     return int(out.stdout) / 1024
 
 
@@ -151,13 +174,49 @@ def memory(paths, folder: Path) -> None:
     hookcli = [sys.executable, "-m", "hookcli"]
     jobs = {
         "extract -o DIR/ (resnet18 layer3, shards of 8)": lambda n: [
-            *hookcli, "extract", "-m", "resnet18", "-w", "none", "-l", "layer3", "--shard-size", "8", "-q",
-            "-o", f"{folder / f'extract{n}'}/", "-"],
+            *hookcli,
+            "extract",
+            "-m",
+            "resnet18",
+            "-w",
+            "none",
+            "-l",
+            "layer3",
+            "--shard-size",
+            "8",
+            "-q",
+            "-o",
+            f"{folder / f'extract{n}'}/",
+            "-",
+        ],
         "grad -o DIR/ (resnet18 layer4, shards of 8)": lambda n: [
-            *hookcli, "grad", "-m", "resnet18", "-w", "none", "-l", "layer4", "--shard-size", "8", "-q",
-            "-o", f"{folder / f'grad{n}'}/", "-"],
+            *hookcli,
+            "grad",
+            "-m",
+            "resnet18",
+            "-w",
+            "none",
+            "-l",
+            "layer4",
+            "--shard-size",
+            "8",
+            "-q",
+            "-o",
+            f"{folder / f'grad{n}'}/",
+            "-",
+        ],
         "cam (resnet18, Grad-CAM, a PNG per image)": lambda n: [
-            *hookcli, "cam", "-m", "resnet18", "-w", "none", "-q", "-o", str(folder / f"cam{n}"), "-"],
+            *hookcli,
+            "cam",
+            "-m",
+            "resnet18",
+            "-w",
+            "none",
+            "-q",
+            "-o",
+            str(folder / f"cam{n}"),
+            "-",
+        ],
     }
     print("3. peak RSS of whole processes, N and 4N images (goal <= 1.2x):")
     for name, command in jobs.items():
@@ -166,8 +225,10 @@ def memory(paths, folder: Path) -> None:
             listing = folder / f"list{n}.txt"
             listing.write_text("".join(f"{p}\n" for p in paths[:n]))
             sizes.append(_peak_rss_mib(command(n), listing))
-        print(f"   {name:48s} {count:4d} images {sizes[0]:6.0f} MiB, {4 * count:4d} images {sizes[1]:6.0f} MiB: "
-              f"{sizes[1] / sizes[0]:4.2f}x")
+        print(
+            f"   {name:48s} {count:4d} images {sizes[0]:6.0f} MiB, {4 * count:4d} images {sizes[1]:6.0f} MiB: "
+            f"{sizes[1] / sizes[0]:4.2f}x"
+        )
 
 
 def main() -> None:
@@ -185,8 +246,10 @@ def main() -> None:
     DEVICE = args.device
 
     where = torch.cuda.get_device_name() if DEVICE.startswith("cuda") else "CPU only"
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} intra-op threads, {where}")
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} intra-op threads, {where}"
+    )
     with tempfile.TemporaryDirectory(prefix="hookcli-bench-") as name:
         folder = Path(name)
         paths = make_images(folder, args.images)

@@ -152,7 +152,7 @@ def hand_images(model, layer, paths, transform, batch_size, calls) -> dict[str, 
 
     rows = []
     for start in range(0, len(paths), batch_size):
-        images = [transform(Image.open(p).convert("RGB")) for p in paths[start:start + batch_size]]
+        images = [transform(Image.open(p).convert("RGB")) for p in paths[start : start + batch_size]]
         found = [None] * len(images)
         for shape in dict.fromkeys(image.shape for image in images):
             picked = [i for i, image in enumerate(images) if image.shape == shape]
@@ -176,14 +176,15 @@ def hand_detection(model, layer, paths, transform, batch_size, calls) -> dict[st
     rows: dict[str, list] = {}
     with model.transform.register_forward_hook(on_transform):
         for start in range(0, len(paths), batch_size):
-            images = [transform(Image.open(p).convert("RGB")) for p in paths[start:start + batch_size]]
+            images = [transform(Image.open(p).convert("RGB")) for p in paths[start : start + batch_size]]
             (output,) = hooked(model, layer, lambda: model(images), calls)
             (padded_height, padded_width) = sizes["padded"]
             for name, maps in output.items():
                 height, width = maps.shape[-2:]
                 rows.setdefault(f"{layer}#{name}", []).extend(
-                    maps[i, :, :math.ceil(height * h / padded_height), :math.ceil(width * w / padded_width)]
-                    for i, (h, w) in enumerate(sizes["images"]))
+                    maps[i, :, : math.ceil(height * h / padded_height), : math.ceil(width * w / padded_width)]
+                    for i, (h, w) in enumerate(sizes["images"])
+                )
     return rows
 
 
@@ -204,9 +205,9 @@ def hand_clips(model, layer, paths, transform, batch_size, calls, *, length) -> 
     clips = []
     for path in paths:
         frames = torch.from_numpy(_decoded(path)).permute(0, 3, 1, 2)
-        clips += [transform(frames[start:start + length]) for start in range(0, len(frames) - length + 1, length)]
+        clips += [transform(frames[start : start + length]) for start in range(0, len(frames) - length + 1, length)]
     for start in range(0, len(clips), batch_size):
-        batch = torch.stack(clips[start:start + batch_size])
+        batch = torch.stack(clips[start : start + batch_size])
         (output,) = hooked(model, layer, lambda: model(batch), calls)
         rows += list(output)
     return {layer: rows}
@@ -221,7 +222,7 @@ def hand_pairs(model, layer, paths, transform, batch_size, calls) -> dict[str, l
         frames = torch.from_numpy(_decoded(path)).permute(0, 3, 1, 2)
         for start in range(0, len(frames) - 1, batch_size):
             stop = min(start + batch_size, len(frames) - 1)
-            first, second = transform(frames[start:stop], frames[start + 1:stop + 1])
+            first, second = transform(frames[start:stop], frames[start + 1 : stop + 1])
             for call, output in enumerate(hooked(model, layer, lambda: model(first, second), calls)):
                 rows[f"{layer}:{call}"] += list(output)
     return rows
@@ -240,8 +241,11 @@ def hand_loop(job: Job, loaded, paths, batch_size) -> tuple:
     elif job.family in ("detection", "optical_flow"):
         function, transform = (hand_detection if job.family == "detection" else hand_pairs), preset()
     else:
-        sizes = {name: job.options[key] for key, name in (("resize", "resize_size"), ("crop", "crop_size"))
-                 if key in job.options}
+        sizes = {
+            name: job.options[key]
+            for key, name in (("resize", "resize_size"), ("crop", "crop_size"))
+            if key in job.options
+        }
         function, transform = hand_images, preset(**sizes)
     return function, loaded.module, job.layer, paths, transform, batch_size, job.calls
 
@@ -274,15 +278,25 @@ def compare(job: Job, paths, batch_size: int, rounds: int) -> dict:
         kept[name] = function(*args)
 
     options = {"batch_size": batch_size, "device": "cpu", **job.options}
-    best = best_times({
-        "hookcli": (keep, "hookcli", lambda: hookcli.extract(loaded, job.layer, paths, **options)),
-        "hand": (keep, "hand", *hand_loop(job, loaded, paths, batch_size)),
-    }, rounds)
+    best = best_times(
+        {
+            "hookcli": (keep, "hookcli", lambda: hookcli.extract(loaded, job.layer, paths, **options)),
+            "hand": (keep, "hand", *hand_loop(job, loaded, paths, batch_size)),
+        },
+        rounds,
+    )
     features = kept["hookcli"]
     count = len(features.inputs)
-    return {"family": job.family, "model": job.model, "layer": job.layer, "rows": count,
-            "hookcli": count / best["hookcli"], "hand": count / best["hand"],
-            "diff": largest_difference(features, kept["hand"]), "fused": features.metadata["fused"]}
+    return {
+        "family": job.family,
+        "model": job.model,
+        "layer": job.layer,
+        "rows": count,
+        "hookcli": count / best["hookcli"],
+        "hand": count / best["hand"],
+        "diff": largest_difference(features, kept["hand"]),
+        "fused": features.metadata["fused"],
+    }
 
 
 def main() -> None:
@@ -293,27 +307,48 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=16, help="pairs of frames for raft_small")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--only", choices=[job.family for job in JOBS], action="append",
-                        help="run only this family (repeat for several)")
+    parser.add_argument(
+        "--only",
+        choices=[job.family for job in JOBS],
+        action="append",
+        help="run only this family (repeat for several)",
+    )
     parser.add_argument("--quick", action="store_true", help="a smoke run: 8 images, 2 clips, 4 pairs, 1 round")
     args = parser.parse_args()
     if args.quick:
         args.images, args.videos, args.frames, args.pairs, args.rounds = 8, 1, 16, 4, 1
     import torch
 
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} intra-op threads, CPU only")
-    print(f"batch {args.batch_size}, random weights, in-process, best of {args.rounds} shuffled rounds after a "
-          "warm-up:")
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} intra-op threads, CPU only"
+    )
+    print(
+        f"batch {args.batch_size}, random weights, in-process, best of {args.rounds} shuffled rounds after a warm-up:"
+    )
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="hookcli-family-bench-") as name:
         inputs = make_inputs(Path(name), args.images, args.videos, args.frames, args.pairs)
-        results = [compare(job, inputs[job.inputs], args.batch_size, args.rounds)
-                   for job in JOBS if not args.only or job.family in args.only]
+        results = [
+            compare(job, inputs[job.inputs], args.batch_size, args.rounds)
+            for job in JOBS
+            if not args.only or job.family in args.only
+        ]
     header = ("family", "model", "layer", "rows", "hookcli rows/s", "hand rows/s", "ratio", "rel. diff", "fused")
-    table = [header] + [(r["family"], r["model"], f"`{r['layer']}`", str(r["rows"]), f"{r['hookcli']:.1f}",
-                         f"{r['hand']:.1f}", f"{r['hookcli'] / r['hand']:.2f}x", f"{r['diff']:.1e}", r["fused"])
-                        for r in results]
+    table = [header] + [
+        (
+            r["family"],
+            r["model"],
+            f"`{r['layer']}`",
+            str(r["rows"]),
+            f"{r['hookcli']:.1f}",
+            f"{r['hand']:.1f}",
+            f"{r['hookcli'] / r['hand']:.2f}x",
+            f"{r['diff']:.1e}",
+            r["fused"],
+        )
+        for r in results
+    ]
     print_table(table)
     print(f"({time.perf_counter() - started:.0f} s in all)")
 

@@ -64,24 +64,54 @@ def main() -> None:
 
         def hand(label: str, inputs: list[str]) -> list[str]:
             outputs[label] = folder / f"{len(outputs)}.safetensors"
-            return [sys.executable, str(script), "resnet50", "fc", str(outputs[label]), str(args.batch_size), "cpu",
-                    *inputs]
+            return [
+                sys.executable,
+                str(script),
+                "resnet50",
+                "fc",
+                str(outputs[label]),
+                str(args.batch_size),
+                "cpu",
+                *inputs,
+            ]
 
         def hookcli(label: str, tree: Path, inputs: list[str], *options: str) -> list[str]:
             outputs[label] = folder / f"{len(outputs)}.safetensors"
             # -P: the hookcli package comes from PYTHONPATH, not from the folder the bench runs in.
-            return ["env", f"PYTHONPATH={tree}", sys.executable, "-P", "-m", "hookcli", "extract", "-m", "resnet50",
-                    "-l", "fc", "--weights", "none", "-b", str(args.batch_size), "-q", "-f", *options,
-                    "-o", str(outputs[label]), *inputs]
+            return [
+                "env",
+                f"PYTHONPATH={tree}",
+                sys.executable,
+                "-P",
+                "-m",
+                "hookcli",
+                "extract",
+                "-m",
+                "resnet50",
+                "-l",
+                "fc",
+                "--weights",
+                "none",
+                "-b",
+                str(args.batch_size),
+                "-q",
+                "-f",
+                *options,
+                "-o",
+                str(outputs[label]),
+                *inputs,
+            ]
 
         one = {HAND_ONE: hand(HAND_ONE, [photo])}
         many = {HAND_MANY: hand(HAND_MANY, paths)}
         for suffix, tree in trees.items():
             one[f"hookcli{suffix}"] = hookcli(f"hookcli{suffix}", tree, [photo])
-            one[f"hookcli --precision bf16{suffix}"] = hookcli(f"hookcli --precision bf16{suffix}", tree, [photo],
-                                                               "--precision", "bf16")
-            many[f"hookcli, {args.images} images{suffix}"] = hookcli(f"hookcli, {args.images} images{suffix}", tree,
-                                                                     paths)
+            one[f"hookcli --precision bf16{suffix}"] = hookcli(
+                f"hookcli --precision bf16{suffix}", tree, [photo], "--precision", "bf16"
+            )
+            many[f"hookcli, {args.images} images{suffix}"] = hookcli(
+                f"hookcli, {args.images} images{suffix}", tree, paths
+            )
         times = round_times({**one, **many}, args.rounds)
 
         def stored(label: str) -> tuple[str, torch.Tensor]:
@@ -98,13 +128,17 @@ def main() -> None:
                 line = f"  {label:40s} {median:6.2f} s  ({min(times[label]):5.2f}-{max(times[label]):5.2f})"
                 if label != reference:
                     difference = ((fc - expected).norm() / expected.norm()).item()
-                    line += (f"  {median / base:5.2f}x  {median - base:+6.2f} s  fused {fused:>2s}"
-                             f"  rel. diff {difference:.1e}")
+                    line += (
+                        f"  {median / base:5.2f}x  {median - base:+6.2f} s  fused {fused:>2s}"
+                        f"  rel. diff {difference:.1e}"
+                    )
                 print(line, flush=True)
 
-        print(f"machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
-              f"{torch.get_num_threads()} threads, CPU only; resnet50 fc, --weights none; whole processes; "
-              f"median of {args.rounds} shuffled rounds (fastest-slowest)")
+        print(
+            f"machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
+            f"{torch.get_num_threads()} threads, CPU only; resnet50 fc, --weights none; whole processes; "
+            f"median of {args.rounds} shuffled rounds (fastest-slowest)"
+        )
         report("one image (grace_hopper.jpg, 512x600):", one, HAND_ONE)
         report(f"{args.images} JPEGs of 500x375 (224x224 into the model), batch {args.batch_size}:", many, HAND_MANY)
 

@@ -36,8 +36,10 @@ def main() -> None:
     from hookcli.run.fusion import fused_for_inference
     from hookcli.run.speed import compute_dtype, compute_precision
 
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads, CPU; batch {args.batch_size}, 224x224, best of {args.rounds}")
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads, CPU; batch {args.batch_size}, 224x224, best of {args.rounds}"
+    )
     print(f"  {'model':18s} {'precision':9s} {'eager':>9s} {'fused':>9s}  {'ratio':>5s}  fused convs  rel. diff")
     cpu = torch.device("cpu")
     for name in args.models:
@@ -63,8 +65,11 @@ def main() -> None:
                         best[label] = min(best[label], time.perf_counter() - start)
             difference = ((outputs["fused"] - outputs["eager"]).norm() / outputs["eager"].norm()).item()
             eager, quick = (best[k] / args.batch_size * 1000 for k in ("eager", "fused"))
-            print(f"  {name:18s} {precision:9s} {eager:6.2f} ms {quick:6.2f} ms  {eager / quick:4.2f}x  "
-                  f"{count:11d}  {difference:.1e}", flush=True)
+            print(
+                f"  {name:18s} {precision:9s} {eager:6.2f} ms {quick:6.2f} ms  {eager / quick:4.2f}x  "
+                f"{count:11d}  {difference:.1e}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

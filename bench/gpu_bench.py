@@ -72,11 +72,12 @@ def forward_rate(loaded, batch, precision: str, device, repeat: int) -> float:
 def decode_rate(loaded, paths, decode: str, batch_size: int, device) -> float:
     """Images/s of the input stage alone: files to preprocessed batches on the device."""
     from hookcli.inputs.decoding import DeviceDecoder
-    from hookcli.run.settings import RunSettings
     from hookcli.run.batches import image_loader
+    from hookcli.run.settings import RunSettings
 
-    settings = RunSettings(preprocess=loaded.preprocess.replace(decode=decode), device=device,
-                           batch_size=batch_size).resolved(loaded, len(paths))
+    settings = RunSettings(
+        preprocess=loaded.preprocess.replace(decode=decode), device=device, batch_size=batch_size
+    ).resolved(loaded, len(paths))
     finish = DeviceDecoder(settings.preprocess, device) if decode == "device" else None
     start = time.perf_counter()
     count = 0
@@ -133,8 +134,10 @@ def output_difference(loaded, paths, options: dict) -> tuple[str, float]:
 
     names = dict(loaded.module.named_modules())
     layer = next((name for name in ("encoder.ln", "avgpool") if name in names), ".")
-    found = {decode: next(iter(hookcli.extract(loaded, layer, paths, **{**options, "decode": decode}).values()))
-             for decode in ("cpu", "device")}
+    found = {
+        decode: next(iter(hookcli.extract(loaded, layer, paths, **{**options, "decode": decode}).values()))
+        for decode in ("cpu", "device")
+    }
     return layer, ((found["device"] - found["cpu"]).float().norm() / found["cpu"].float().norm()).item()
 
 
@@ -146,13 +149,38 @@ def process_scaling(paths: list[Path], args, folder: Path) -> None:
     print(f"\nprocesses (torchrun, {model}, {precision}, decode {decode}, whole commands):")
     base = None
     for count in counts:
-        command = ["torchrun", "--standalone", "--nproc-per-node", str(count), "-m", "hookcli", "extract", "-m", model,
-                   "-w", "none", "-l", ".", "-b", str(args.batch_size), "--precision", precision, "--decode", decode,
-                   "-d", args.device, "-q", "-o", f"{folder}/scaling-{count}/", "-"]
+        command = [
+            "torchrun",
+            "--standalone",
+            "--nproc-per-node",
+            str(count),
+            "-m",
+            "hookcli",
+            "extract",
+            "-m",
+            model,
+            "-w",
+            "none",
+            "-l",
+            ".",
+            "-b",
+            str(args.batch_size),
+            "--precision",
+            precision,
+            "--decode",
+            decode,
+            "-d",
+            args.device,
+            "-q",
+            "-o",
+            f"{folder}/scaling-{count}/",
+            "-",
+        ]
         start = time.perf_counter()
         with open(listing) as stdin:  # hookcli sets each process's threads itself: OMP_NUM_THREADS only quiets torchrun
-            subprocess.run(command, stdin=stdin, check=True, stdout=subprocess.DEVNULL,
-                           env={**os.environ, "OMP_NUM_THREADS": "1"})
+            subprocess.run(
+                command, stdin=stdin, check=True, stdout=subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": "1"}
+            )
         rate = len(paths) / (time.perf_counter() - start)
         base = base or rate
         print(f"  {count} process{'es' if count > 1 else '  '}: {rate:8.1f} img/s  {rate / base:5.2f}x")
@@ -178,16 +206,20 @@ def main() -> None:
 
     device = torch.device(args.device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "CPU"
-    print(f"{name}; {os.cpu_count()} cores; torch {torch.__version__}; {args.images} images 500x375; "
-          f"batch {args.batch_size}")
+    print(
+        f"{name}; {os.cpu_count()} cores; torch {torch.__version__}; {args.images} images 500x375; "
+        f"batch {args.batch_size}"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         (folder / "images").mkdir()
         paths = [str(p) for p in make_images(folder / "images", args.images)]
         workers = default_workers(device, len(paths), args.batch_size)
         print(f"decode workers: {workers}\n")
-        print(f"{'model':10s} {'prec':5s} {'decode':7s} {'forward':>9s} {'decode':>9s} {'steady':>9s} "
-              f"{'whole':>9s} {'ratio':>6s}  limit (img/s; ratio = steady / forward, goal >= 0.9)")
+        print(
+            f"{'model':10s} {'prec':5s} {'decode':7s} {'forward':>9s} {'decode':>9s} {'steady':>9s} "
+            f"{'whole':>9s} {'ratio':>6s}  limit (img/s; ratio = steady / forward, goal >= 0.9)"
+        )
         for model in args.models.split(","):
             loaded = load_model(model, "none")
             transform = loaded.preprocess.to_transform()
@@ -197,20 +229,36 @@ def main() -> None:
             for precision in args.precisions.split(","):
                 forward = forward_rate(loaded, sample, precision, device, args.repeat)
                 for decode in args.decoders.split(","):
-                    options = {"batch_size": args.batch_size, "device": args.device, "precision": precision,
-                               "decode": decode, "workers": workers}
+                    options = {
+                        "batch_size": args.batch_size,
+                        "device": args.device,
+                        "precision": precision,
+                        "decode": decode,
+                        "workers": workers,
+                    }
                     decoding = decode_rate(loaded, paths, decode, args.batch_size, device)
                     steady, whole = pipeline_rate(loaded, paths, options)
                     ratio = steady / forward
-                    limit = "" if ratio >= 0.9 else (f"decoding ({decode})" if decoding < forward
-                                                     else "the loop: hooks, storing rows, transfers")
-                    print(f"{model:10s} {precision:5s} {decode:7s} {forward:9.1f} {decoding:9.1f} {steady:9.1f} "
-                          f"{whole:9.1f} {ratio:6.2f}  {limit}", flush=True)
+                    limit = (
+                        ""
+                        if ratio >= 0.9
+                        else (
+                            f"decoding ({decode})" if decoding < forward else "the loop: hooks, storing rows, transfers"
+                        )
+                    )
+                    print(
+                        f"{model:10s} {precision:5s} {decode:7s} {forward:9.1f} {decoding:9.1f} {steady:9.1f} "
+                        f"{whole:9.1f} {ratio:6.2f}  {limit}",
+                        flush=True,
+                    )
             worst, mean, share = pixel_differences(loaded, paths[: args.compare], device)
-            layer, relative = output_difference(loaded, paths[: args.compare], {
-                "batch_size": args.batch_size, "device": args.device, "workers": 0})
-            print(f"{model:10s} decode device vs cpu on {args.compare} images: pixels differ by at most {worst} "
-                  f"levels (mean {mean:.3f}, {share:.1%} of values); {layer} by {relative:.1e} (relative)")
+            layer, relative = output_difference(
+                loaded, paths[: args.compare], {"batch_size": args.batch_size, "device": args.device, "workers": 0}
+            )
+            print(
+                f"{model:10s} decode device vs cpu on {args.compare} images: pixels differ by at most {worst} "
+                f"levels (mean {mean:.3f}, {share:.1%} of values); {layer} by {relative:.1e} (relative)"
+            )
         if args.processes:
             process_scaling([Path(p) for p in paths], args, folder)
 

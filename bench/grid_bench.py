@@ -26,8 +26,8 @@ CHANNELS, SIDE = 512, 28
 
 def _hookcli_png(maps: np.ndarray, folder: Path) -> None:
     """What `hookcli grid` does for one tensor of one image, through the same functions."""
-    from hookcli.pictures.options import GridOptions
     from hookcli.pictures.grids import plan_grids, write_grids
+    from hookcli.pictures.options import GridOptions
     from hookcli.storage.features import Features
 
     features = Features({"features": maps[None]}, {"inputs": '["image.jpg"]'})
@@ -79,10 +79,16 @@ def _write_rows(path: Path, rows: int) -> int:
     import struct
 
     row_bytes = CHANNELS * SIDE * SIDE * 4
-    header = json.dumps({
-        "__metadata__": {"format": "1"},
-        "features.18": {"dtype": "F32", "shape": [rows, CHANNELS, SIDE, SIDE], "data_offsets": [0, rows * row_bytes]},
-    }).encode()
+    header = json.dumps(
+        {
+            "__metadata__": {"format": "1"},
+            "features.18": {
+                "dtype": "F32",
+                "shape": [rows, CHANNELS, SIDE, SIDE],
+                "data_offsets": [0, rows * row_bytes],
+            },
+        }
+    ).encode()
     header += b" " * (-len(header) % 8)
     rng = np.random.default_rng(1)
     with open(path, "wb") as handle:
@@ -114,12 +120,16 @@ def memory(gigabytes: float, folder: Path) -> None:
     hookcli = [sys.executable, "-m", "hookcli", "grid", "-q", "--force"]
     small_rss, _ = _peak_rss_mib([*hookcli, str(small), "-o", str(folder / "small_grids")])
     big_rss, seconds = _peak_rss_mib([*hookcli, str(big), "-o", str(folder / "big_grids")])
-    print(f"hookcli grid, every image of a {big.stat().st_size / 1024**3:.2f} GB file ({rows} rows of "
-          f"[{CHANNELS}, {SIDE}, {SIDE}] float32, {row_bytes / 1024**2:.1f} MiB each):")
+    print(
+        f"hookcli grid, every image of a {big.stat().st_size / 1024**3:.2f} GB file ({rows} rows of "
+        f"[{CHANNELS}, {SIDE}, {SIDE}] float32, {row_bytes / 1024**2:.1f} MiB each):"
+    )
     print(f"  peak RSS, 1-row file     {small_rss:8.1f} MiB")
     print(f"  peak RSS, {rows}-row file {big_rss:8.1f} MiB   ({seconds:.0f} s, {rows / seconds:.1f} PNG/s)")
-    print(f"  growth                   {big_rss - small_rss:8.1f} MiB = {(big_rss - small_rss) * 1024**2 / row_bytes:.1f}"
-          f" rows' worth   (goal: about one image's tensors)")
+    print(
+        f"  growth                   {big_rss - small_rss:8.1f} MiB = {(big_rss - small_rss) * 1024**2 / row_bytes:.1f}"
+        f" rows' worth   (goal: about one image's tensors)"
+    )
 
 
 def main() -> None:

@@ -63,12 +63,28 @@ def _compare(args, work: Path) -> None:
         return [[sys.executable, "-m", "hookcli", *common, "-o", f"{folder}/", *inputs]]
 
     def torchrun(folder: Path) -> list[list[str]]:
-        return [[sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n),
-                 "-m", "hookcli", *common, "-o", f"{folder}/", *inputs]]
+        return [
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc-per-node",
+                str(n),
+                "-m",
+                "hookcli",
+                *common,
+                "-o",
+                f"{folder}/",
+                *inputs,
+            ]
+        ]
 
     def parts(folder: Path) -> list[list[str]]:
-        return [[sys.executable, "-m", "hookcli", *common, "--part", f"{k}/{n}", "-o", f"{folder}/", *inputs]
-                for k in range(1, n + 1)]
+        return [
+            [sys.executable, "-m", "hookcli", *common, "--part", f"{k}/{n}", "-o", f"{folder}/", *inputs]
+            for k in range(1, n + 1)
+        ]
 
     settings = {"1 process": one, f"torchrun, {n} processes": torchrun, f"{n} shells with --part K/{n}": parts}
     best: dict[str, float] = {}
@@ -76,8 +92,10 @@ def _compare(args, work: Path) -> None:
         for number, (name, commands) in enumerate(settings.items()):
             folder = work / f"out-{round_number}-{number}"
             started = time.perf_counter()
-            runs = [subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-                    for command in commands(folder)]
+            runs = [
+                subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                for command in commands(folder)
+            ]
             for run in runs:
                 if run.wait() != 0:
                     raise SystemExit(f"{name} failed: {run.stderr.read()}")
@@ -87,9 +105,11 @@ def _compare(args, work: Path) -> None:
                 raise SystemExit(f"{name}: the folder does not hold every input exactly once")
             best[name] = min(best.get(name, elapsed), elapsed)
 
-    print(f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; {args.model} "
-          f"'{args.layer}', {args.images} JPEGs of 320x240, batch 16, shards of 32, random weights; "
-          f"best of {args.repeat}, whole commands (start-up included)")
+    print(
+        f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; {args.model} "
+        f"'{args.layer}', {args.images} JPEGs of 320x240, batch 16, shards of 32, random weights; "
+        f"best of {args.repeat}, whole commands (start-up included)"
+    )
     base = args.images / best["1 process"]
     for name, seconds in best.items():
         rate = args.images / seconds

@@ -78,8 +78,14 @@ def make_hf_folder(folder: Path) -> Path:
 
     transformers.utils.logging.disable_progress_bar()
     transformers.utils.logging.set_verbosity_error()
-    config = transformers.ViTConfig(hidden_size=384, num_hidden_layers=6, num_attention_heads=6,
-                                    intermediate_size=1536, image_size=224, patch_size=16)
+    config = transformers.ViTConfig(
+        hidden_size=384,
+        num_hidden_layers=6,
+        num_attention_heads=6,
+        intermediate_size=1536,
+        image_size=224,
+        patch_size=16,
+    )
     torch.manual_seed(0)
     transformers.ViTModel(config).save_pretrained(folder)
     transformers.ViTImageProcessor(size={"height": 224, "width": 224}).save_pretrained(folder)
@@ -100,19 +106,28 @@ def hand_transform(job: Job, module, model: str):
         if config.get("crop_mode", "center") != "center":
             raise ValueError(f"{job.model}: timm's crop mode '{config['crop_mode']}' is not built here")
         height, width = config["input_size"][-2:]
-        steps = [T.Resize(math.floor(height / config["crop_pct"]),
-                          interpolation=T.InterpolationMode(config["interpolation"])),
-                 T.CenterCrop((height, width))]
+        steps = [
+            T.Resize(
+                math.floor(height / config["crop_pct"]), interpolation=T.InterpolationMode(config["interpolation"])
+            ),
+            T.CenterCrop((height, width)),
+        ]
         mean, std = config["mean"], config["std"]
     else:
         from PIL import Image
         from transformers import ViTImageProcessor
 
         processor = ViTImageProcessor.from_pretrained(model.removeprefix("hf:"))
-        modes = {Image.Resampling.BILINEAR: T.InterpolationMode.BILINEAR,
-                 Image.Resampling.BICUBIC: T.InterpolationMode.BICUBIC}
-        steps = [T.Resize((processor.size["height"], processor.size["width"]),
-                          interpolation=modes[Image.Resampling(processor.resample)])]
+        modes = {
+            Image.Resampling.BILINEAR: T.InterpolationMode.BILINEAR,
+            Image.Resampling.BICUBIC: T.InterpolationMode.BICUBIC,
+        }
+        steps = [
+            T.Resize(
+                (processor.size["height"], processor.size["width"]),
+                interpolation=modes[Image.Resampling(processor.resample)],
+            )
+        ]
         mean, std = processor.image_mean, processor.image_std
     return T.Compose([*steps, T.ToTensor(), T.Normalize(mean, std)])
 
@@ -131,15 +146,28 @@ def compare(job: Job, model: str, paths, batch_size: int, rounds: int) -> dict:
         kept[name] = function(*args)
 
     transform = hand_transform(job, loaded.module, model)
-    best = best_times({
-        "hookcli": (keep, "hookcli", lambda: hookcli.extract(loaded, job.layer, paths, batch_size=batch_size,
-                                                             device="cpu")),
-        "hand": (keep, "hand", hand_images, loaded.module, job.layer, paths, transform, batch_size, 1),
-    }, rounds)
+    best = best_times(
+        {
+            "hookcli": (
+                keep,
+                "hookcli",
+                lambda: hookcli.extract(loaded, job.layer, paths, batch_size=batch_size, device="cpu"),
+            ),
+            "hand": (keep, "hand", hand_images, loaded.module, job.layer, paths, transform, batch_size, 1),
+        },
+        rounds,
+    )
     features = kept["hookcli"]
-    return {"source": job.source, "model": job.model.format(folder="TMP"), "layer": job.layer,
-            "rows": len(features.inputs), "hookcli": best["hookcli"], "hand": best["hand"],
-            "diff": largest_difference(features, kept["hand"]), "fused": features.metadata["fused"]}
+    return {
+        "source": job.source,
+        "model": job.model.format(folder="TMP"),
+        "layer": job.layer,
+        "rows": len(features.inputs),
+        "hookcli": best["hookcli"],
+        "hand": best["hand"],
+        "diff": largest_difference(features, kept["hand"]),
+        "fused": features.metadata["fused"],
+    }
 
 
 def main() -> None:
@@ -147,8 +175,12 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=64, help="JPEGs, 400x300 and 300x400 alternately")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--only", choices=sorted({job.source for job in JOBS}), action="append",
-                        help="run only this source's rows (repeat for several)")
+    parser.add_argument(
+        "--only",
+        choices=sorted({job.source for job in JOBS}),
+        action="append",
+        help="run only this source's rows (repeat for several)",
+    )
     parser.add_argument("--quick", action="store_true", help="a smoke run: 16 images, 1 round")
     args = parser.parse_args()
     if args.quick:
@@ -157,11 +189,14 @@ def main() -> None:
     import torch
     import transformers
 
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, timm "
-          f"{timm.__version__}, transformers {transformers.__version__}, {torch.get_num_threads()} intra-op threads, "
-          "CPU only")
-    print(f"batch {args.batch_size}, random weights, in-process, best of {args.rounds} shuffled rounds after a "
-          "warm-up:")
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, timm "
+        f"{timm.__version__}, transformers {transformers.__version__}, {torch.get_num_threads()} intra-op threads, "
+        "CPU only"
+    )
+    print(
+        f"batch {args.batch_size}, random weights, in-process, best of {args.rounds} shuffled rounds after a warm-up:"
+    )
     started = time.perf_counter()
     jobs = [job for job in JOBS if not args.only or job.source in args.only]
     with tempfile.TemporaryDirectory(prefix="hookcli-source-bench-") as name:
@@ -169,12 +204,22 @@ def main() -> None:
         paths = make_images(folder, args.images)
         if any(job.source == "hf" for job in jobs):
             make_hf_folder(folder / HF_FOLDER)
-        results = [compare(job, job.model.format(folder=folder), paths, args.batch_size, args.rounds)
-                   for job in jobs]
+        results = [compare(job, job.model.format(folder=folder), paths, args.batch_size, args.rounds) for job in jobs]
     header = ("source", "model", "layer", "rows", "hand-written s", "hookcli s", "ratio", "rel. diff", "fused")
-    table = [header] + [(r["source"], r["model"], f"`{r['layer']}`", str(r["rows"]), f"{r['hand']:.2f}",
-                         f"{r['hookcli']:.2f}", f"{r['hand'] / r['hookcli']:.2f}x", f"{r['diff']:.1e}", r["fused"])
-                        for r in results]
+    table = [header] + [
+        (
+            r["source"],
+            r["model"],
+            f"`{r['layer']}`",
+            str(r["rows"]),
+            f"{r['hand']:.2f}",
+            f"{r['hookcli']:.2f}",
+            f"{r['hand'] / r['hookcli']:.2f}x",
+            f"{r['diff']:.1e}",
+            r["fused"],
+        )
+        for r in results
+    ]
     print_table(table)
     print(f"({time.perf_counter() - started:.0f} s in all)")
 

@@ -33,7 +33,7 @@ from extract_bench import make_images  # noqa: E402
 
 DEFAULT = "hookcli (default)"
 BF16 = "hookcli --precision bf16"
-LOOP = '''
+LOOP = """
 import sys, torch, torchvision
 from PIL import Image
 from safetensors.torch import save_file
@@ -48,7 +48,7 @@ with torch.inference_mode():
         batch = torch.stack([transform(Image.open(p).convert("RGB")) for p in paths[start:start + batch_size]])
         outputs.append(model(batch.to(device)).cpu())
 save_file({layer: torch.cat(outputs)}, out)
-'''
+"""
 
 
 def run(command: list[str]) -> float:
@@ -91,16 +91,47 @@ def main() -> None:
         listing.write_text("".join(f"{p}\n" for p in paths))
         script = folder / "loop.py"
         script.write_text(LOOP)
-        hookcli = [sys.executable, "-m", "hookcli", "extract", "-m", args.model, "-w", "none", "-l", args.layer,
-                   "-b", str(args.batch_size), "-q", "-f", "--device", args.device]
+        hookcli = [
+            sys.executable,
+            "-m",
+            "hookcli",
+            "extract",
+            "-m",
+            args.model,
+            "-w",
+            "none",
+            "-l",
+            args.layer,
+            "-b",
+            str(args.batch_size),
+            "-q",
+            "-f",
+            "--device",
+            args.device,
+        ]
         contenders = {
-            "hand-written loop": [sys.executable, str(script), args.model, args.layer, str(folder / "loop.safetensors"),
-                                  str(args.batch_size), args.device, *paths],
+            "hand-written loop": [
+                sys.executable,
+                str(script),
+                args.model,
+                args.layer,
+                str(folder / "loop.safetensors"),
+                str(args.batch_size),
+                args.device,
+                *paths,
+            ],
             DEFAULT: [*hookcli, "-o", str(folder / "default.safetensors"), str(folder)],
             "hookcli --no-fuse": [*hookcli, "--no-fuse", "-o", str(folder / "unfused.safetensors"), str(folder)],
             BF16: [*hookcli, "--precision", "bf16", "-o", str(folder / "bf16.safetensors"), str(folder)],
-            "hookcli --precision bf16 --no-fuse": [*hookcli, "--precision", "bf16", "--no-fuse", "-o",
-                                                   str(folder / "bf16-unfused.safetensors"), str(folder)],
+            "hookcli --precision bf16 --no-fuse": [
+                *hookcli,
+                "--precision",
+                "bf16",
+                "--no-fuse",
+                "-o",
+                str(folder / "bf16-unfused.safetensors"),
+                str(folder),
+            ],
         }
         if args.device.startswith("cuda"):  # fusion is for the CPU: on a GPU the --no-fuse runs would repeat the others
             del contenders["hookcli --no-fuse"], contenders["hookcli --precision bf16 --no-fuse"]
@@ -111,24 +142,32 @@ def main() -> None:
             stored = load_file(str(folder / file))[args.layer]
             return f"{((stored.float() - reference).norm() / reference.norm()).item():.1e}"
 
-        files = {DEFAULT: "default", "hookcli --no-fuse": "unfused", BF16: "bf16",
-                 "hookcli --precision bf16 --no-fuse": "bf16-unfused"}
+        files = {
+            DEFAULT: "default",
+            "hookcli --no-fuse": "unfused",
+            BF16: "bf16",
+            "hookcli --precision bf16 --no-fuse": "bf16-unfused",
+        }
         errors = {label: error(f"{files[label]}.safetensors") for label in contenders if label in files}
         goals = {DEFAULT: ">= 1.2x", BF16: ">= 3x"}
         efficiency = pipeline_efficiency(paths, args)
     loop = best["hand-written loop"]
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else "CPU only"
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, {device}")
-    print(f"{args.model} {args.layer}, {args.images} JPEGs 500x375, batch {args.batch_size}, whole processes, "
-          f"best of {args.rounds} shuffled rounds:")
+    print(
+        f"{args.model} {args.layer}, {args.images} JPEGs 500x375, batch {args.batch_size}, whole processes, "
+        f"best of {args.rounds} shuffled rounds:"
+    )
     for label, seconds in best.items():
         extra = f"  rel. error {errors[label]}" if label in errors else ""
         extra += f"  (goal {goals[label]})" if label in goals else ""
         print(f"  {label:36s} {seconds:6.1f} s  {args.images / seconds:6.1f} img/s  {loop / seconds:5.2f}x{extra}")
     print("in-process, after a warm-up: hookcli pipeline / pure forward on pre-decoded batches on the device:")
     for precision, (ours, pure) in efficiency.items():
-        print(f"  {precision:5s} hookcli {ours:6.1f} img/s, pure forward {pure:6.1f} img/s: {ours / pure:4.2f}"
-              "   (goal on a GPU >= 0.9)")
+        print(
+            f"  {precision:5s} hookcli {ours:6.1f} img/s, pure forward {pure:6.1f} img/s: {ours / pure:4.2f}"
+            "   (goal on a GPU >= 0.9)"
+        )
 
 
 def _forward_all(model, batches, precision: str, device) -> None:
@@ -148,30 +187,37 @@ def pipeline_efficiency(paths: list[str], args) -> dict[str, tuple[float, float]
     import torch
 
     import hookcli
-    from hookcli.run.fusion import fused_for_inference
     from hookcli.inputs.images import load_rgb
     from hookcli.models.loading import load_model
+    from hookcli.run.fusion import fused_for_inference
     from hookcli.run.settings import default_workers
     from hookcli.run.speed import choose_memory_format, compute_dtype, to_memory_format
 
     device = torch.device(args.device)
     loaded = load_model(args.model, "none")
     transform = loaded.preprocess.to_transform()
-    batches = [torch.stack([transform(load_rgb(p)) for p in paths[i:i + args.batch_size]])
-               for i in range(0, len(paths), args.batch_size)]
+    batches = [
+        torch.stack([transform(load_rgb(p)) for p in paths[i : i + args.batch_size]])
+        for i in range(0, len(paths), args.batch_size)
+    ]
     memory_format = choose_memory_format(loaded.module, device)
     results = {}
     for precision in ("fp32", "bf16"):
-        options = {"batch_size": args.batch_size, "device": args.device, "precision": precision,
-                   "workers": default_workers(device, len(paths), args.batch_size)}
+        options = {
+            "batch_size": args.batch_size,
+            "device": args.device,
+            "precision": precision,
+            "workers": default_workers(device, len(paths), args.batch_size),
+        }
         hookcli.extract(loaded, args.layer, paths[: args.batch_size * 2], **options)  # warm-up
         start = time.perf_counter()
         hookcli.extract(loaded, args.layer, paths, **options)
         ours = len(paths) / (time.perf_counter() - start)
         model = to_memory_format(loaded.module.to(device), memory_format)
         # The same network hookcli runs: fused on the CPU (a no-op on a GPU).
-        forward = fused_for_inference(model, [args.layer], dtype=compute_dtype(precision),
-                                      channels_last=memory_format == "channels_last")[0]
+        forward = fused_for_inference(
+            model, [args.layer], dtype=compute_dtype(precision), channels_last=memory_format == "channels_last"
+        )[0]
         on_device = [to_memory_format(b.to(device), memory_format) for b in batches]
         _forward_all(forward, on_device, precision, device)  # warm-up
         start = time.perf_counter()

@@ -40,8 +40,7 @@ EXPECTED_EXIT = {"hookcli models": 0, "unknown model refused": 2, "hookcli --hel
 def timed(args: list[str], cache: Path, folder: Path, expected: int) -> float:
     env = {**os.environ, "HOOKCLI_CACHE_DIR": str(cache), "PYTHONPATH": str(ROOT)}
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "hookcli", *args], cwd=folder, env=env, capture_output=True,
-                          text=True)
+    done = subprocess.run([sys.executable, "-m", "hookcli", *args], cwd=folder, env=env, capture_output=True, text=True)
     elapsed = time.perf_counter() - start
     if done.returncode != expected:
         raise SystemExit(f"hookcli {' '.join(args)} exited {done.returncode}, not {expected}: {done.stderr}")
@@ -60,8 +59,11 @@ def main() -> None:
         warm = folder / "warm"
         timed(["models"], warm, folder, 0)  # fills it
         (folder / "blocker").write_text("a file where the cache folder's parent would be")
-        settings = {"warm": lambda tag: warm, "cold": lambda tag: folder / f"cold-{tag}",
-                    "no cache": lambda tag: folder / "blocker" / "cache"}
+        settings = {
+            "warm": lambda tag: warm,
+            "cold": lambda tag: folder / f"cold-{tag}",
+            "no cache": lambda tag: folder / "blocker" / "cache",
+        }
         times: dict[tuple[str, str], list[float]] = {}
         for turn in range(repeat):
             for label, args in COMMANDS.items():
@@ -71,13 +73,14 @@ def main() -> None:
                     where = cache(f"{label}-{turn}".replace(" ", "_"))
                     times.setdefault((label, setting), []).append(timed(args, where, folder, EXPECTED_EXIT[label]))
     median = {key: statistics.median(values) for key, values in times.items()}
-    print(f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; "
-          f"median of {repeat} whole processes, seconds")
+    print(
+        f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; "
+        f"median of {repeat} whole processes, seconds"
+    )
     print(f"{'command':<24}{'warm':>8}{'cold':>8}{'no cache':>10}{'no cache / warm':>17}")
     for label in COMMANDS:
         row = [median.get((label, setting)) for setting in settings]
-        cells = "".join(f"{'-' if value is None else f'{value:.2f}':>{width}}"
-                        for value, width in zip(row, (8, 8, 10)))
+        cells = "".join(f"{'-' if value is None else f'{value:.2f}':>{width}}" for value, width in zip(row, (8, 8, 10)))
         ratio = f"{row[2] / row[0]:.1f}x" if row[2] is not None else "-"
         print(f"{label:<24}{cells}{ratio:>17}")
     slowest_warm = max(median[(label, "warm")] for label in COMMANDS)

@@ -58,14 +58,23 @@ def main() -> None:
                     archive.addfile(info, io.BytesIO(b"{}"))
         results = {}
         for how in ("tarfile", "hookcli"):
-            done = subprocess.run([sys.executable, "-c", _MEASURE, str(path), how], capture_output=True, text=True,
-                                  check=True)
+            done = subprocess.run(
+                [sys.executable, "-c", _MEASURE, str(path), how], capture_output=True, text=True, check=True
+            )
             count, size, seconds = done.stdout.split()
             results[how] = int(size) / int(count), float(seconds)
-            print(f"{how:8s} {int(count):,} members: {results[how][0]:7.0f} bytes a member, "
-                  f"{float(seconds) * 1e6 / int(count):5.1f} µs a member")
-        print(json.dumps({"memory_ratio_tarfile_over_hookcli": round(results["tarfile"][0] / results["hookcli"][0], 2),
-                          "time_ratio_tarfile_over_hookcli": round(results["tarfile"][1] / results["hookcli"][1], 2)}))
+            print(
+                f"{how:8s} {int(count):,} members: {results[how][0]:7.0f} bytes a member, "
+                f"{float(seconds) * 1e6 / int(count):5.1f} µs a member"
+            )
+        print(
+            json.dumps(
+                {
+                    "memory_ratio_tarfile_over_hookcli": round(results["tarfile"][0] / results["hookcli"][0], 2),
+                    "time_ratio_tarfile_over_hookcli": round(results["tarfile"][1] / results["hookcli"][1], 2),
+                }
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -22,8 +22,8 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time each name l
     from hookcli.errors import HookcliError
     from hookcli.models.loading import load_model
     from hookcli.run.capture import FeatureCapture, GradientCapture
-    from hookcli.run.outputs import DEFAULT_OUTPUT
     from hookcli.run.execute import execute
+    from hookcli.run.outputs import DEFAULT_OUTPUT
     from hookcli.run.plan import RunPlan, plan
     from hookcli.run.selectors import describe_layers, resolve_layers
     from hookcli.storage.features import FeatureFile, Features
@@ -53,9 +53,27 @@ _PUBLIC = {
 }
 
 __all__ = [
-    "__version__", "DEFAULT_OUTPUT", "FeatureCapture", "FeatureFile", "Features", "GradientCapture", "HookcliError",
-    "RunPlan", "ShardedFeatures", "cam", "describe_layers", "execute", "extract", "grad", "grid", "layers",
-    "load_model", "open_features", "plan", "report", "resolve_layers",
+    "__version__",
+    "DEFAULT_OUTPUT",
+    "FeatureCapture",
+    "FeatureFile",
+    "Features",
+    "GradientCapture",
+    "HookcliError",
+    "RunPlan",
+    "ShardedFeatures",
+    "cam",
+    "describe_layers",
+    "execute",
+    "extract",
+    "grad",
+    "grid",
+    "layers",
+    "load_model",
+    "open_features",
+    "plan",
+    "report",
+    "resolve_layers",
 ]
 
 

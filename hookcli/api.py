@@ -36,10 +36,8 @@ import contextlib
 import os
 from collections.abc import Callable
 
-from hookcli.run.outputs import DEFAULT_OUTPUT
-
 from hookcli.run.execute import execute
-
+from hookcli.run.outputs import DEFAULT_OUTPUT
 from hookcli.run.plan import plan
 
 __all__ = ["DEFAULT_OUTPUT", "cam", "extract", "grad", "grid", "layers", "report"]
@@ -140,8 +138,15 @@ def grid(source, *, output=None, progress: Callable | None = None, force: bool =
         return draw_grids(features, drawing, output, force=force, progress=progress)
 
 
-def report(source, *, output=DEFAULT_OUTPUT, page_size: int | None = None, progress: Callable | None = None,
-           force: bool = False, **options):
+def report(
+    source,
+    *,
+    output=DEFAULT_OUTPUT,
+    page_size: int | None = None,
+    progress: Callable | None = None,
+    force: bool = False,
+    **options,
+):
     """A static HTML report of saved features, in pages of ``page_size`` images (default 20): ``hookcli report``.
 
     ``source`` as for :func:`grid`; ``output``: the folder (default
@@ -161,8 +166,10 @@ def report(source, *, output=DEFAULT_OUTPUT, page_size: int | None = None, progr
 
     drawing = _grid_options("report", options)
     if output is None:
-        raise UsageProblem("a report is a folder of pages and has no in-memory form",
-                           hint="give output a folder, or leave it out for <file stem>_report")
+        raise UsageProblem(
+            "a report is a folder of pages and has no in-memory form",
+            hint="give output a folder, or leave it out for <file stem>_report",
+        )
     if output is DEFAULT_OUTPUT:
         output = default_report_folder(source)
     page_size = DEFAULT_PAGE_SIZE if page_size is None else page_size
@@ -188,8 +195,15 @@ def _opened(source):
     return open_features(source) if isinstance(source, str | os.PathLike) else contextlib.nullcontext(source)
 
 
-def layers(model, *, weights: str = "none", seed: int | None = None, input_size: int | None = None,
-           depth: int | None = None, frames: int | None = None) -> list:
+def layers(
+    model,
+    *,
+    weights: str = "none",
+    seed: int | None = None,
+    input_size: int | None = None,
+    depth: int | None = None,
+    frames: int | None = None,
+) -> list:
     """Every layer a selector can name, in forward order, with output shapes: ``hookcli layers``.
 
     Shapes come from one forward of the model family's natural input, all
@@ -205,8 +219,8 @@ def layers(model, *, weights: str = "none", seed: int | None = None, input_size:
     """
     from hookcli.errors import check_whole
     from hookcli.families import natural_input
-    from hookcli.models.loading import load_model
     from hookcli.inputs.preprocess import MAX_SIDE
+    from hookcli.models.loading import load_model
     from hookcli.run.selectors import describe_layers
 
     check_whole("input_size", input_size, 1, MAX_SIDE, optional=True)
@@ -216,8 +230,10 @@ def layers(model, *, weights: str = "none", seed: int | None = None, input_size:
     from hookcli.models.loading import model_family
 
     if frames is not None and model_family(model) != "video":
-        raise UsageProblem(f"--frames applies to video models, and {model} is {model_family(model).replace('_', ' ')}",
-                           hint="leave it out")
+        raise UsageProblem(
+            f"--frames applies to video models, and {model} is {model_family(model).replace('_', ' ')}",
+            hint="leave it out",
+        )
     loaded = load_model(model, weights, seed=seed or 0)  # an unknown name is refused before torch loads
     example = natural_input(loaded.family, size=input_size, preprocess=loaded.preprocess, frames=frames)
     try:
@@ -226,7 +242,9 @@ def layers(model, *, weights: str = "none", seed: int | None = None, input_size:
         from hookcli.errors import CaptureError, first_line
 
         what = "clip" if loaded.family == "video" else "pair of frames" if loaded.family == "optical_flow" else "input"
-        raise CaptureError(f"{model} cannot run on the dummy {what}: {first_line(err).rstrip('.')}",
-                           hint="give another --input-size" + (" or --frames" if loaded.family == "video" else ""))
+        raise CaptureError(
+            f"{model} cannot run on the dummy {what}: {first_line(err).rstrip('.')}",
+            hint="give another --input-size" + (" or --frames" if loaded.family == "video" else ""),
+        ) from None
 
     return [row for row in rows if depth is None or row.path == "." or row.path.count(".") < depth]

@@ -134,8 +134,10 @@ def seconds_from_environment(name: str, default: float, low: float, high: float)
     except ValueError:
         seconds = float("nan")
     if not low <= seconds <= high:  # NaN fails it too
-        raise UsageProblem(f"{name} must be a number of seconds from {low:g} to {high:g}, not '{text}'",
-                           hint=f"unset it for the default of {default:g} s")
+        raise UsageProblem(
+            f"{name} must be a number of seconds from {low:g} to {high:g}, not '{text}'",
+            hint=f"unset it for the default of {default:g} s",
+        )
     return seconds
 
 

@@ -24,17 +24,35 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = [
-    "CPU_ONLY", "DEFAULT_CLIP_LENGTH", "FAMILIES", "MODULES", "FamilyTraits", "batch_device", "batch_length",
-    "build_options", "call_model", "channels_last_output", "family_traits", "first_rows", "map_batch",
-    "is_square", "natural_input", "ragged_rows", "rows_by_shape", "square_input",
+    "CPU_ONLY",
+    "DEFAULT_CLIP_LENGTH",
+    "FAMILIES",
+    "MODULES",
+    "FamilyTraits",
+    "batch_device",
+    "batch_length",
+    "build_options",
+    "call_model",
+    "channels_last_output",
+    "family_traits",
+    "first_rows",
+    "map_batch",
+    "is_square",
+    "natural_input",
+    "ragged_rows",
+    "rows_by_shape",
+    "square_input",
 ]
 
 FAMILIES = ("classification", "detection", "segmentation", "video", "optical_flow", "quantized")
 #: The torchvision module whose ``list_models`` names each family's models.
 MODULES = {
-    "classification": "torchvision.models", "detection": "torchvision.models.detection",
-    "segmentation": "torchvision.models.segmentation", "video": "torchvision.models.video",
-    "optical_flow": "torchvision.models.optical_flow", "quantized": "torchvision.models.quantization",
+    "classification": "torchvision.models",
+    "detection": "torchvision.models.detection",
+    "segmentation": "torchvision.models.segmentation",
+    "video": "torchvision.models.video",
+    "optical_flow": "torchvision.models.optical_flow",
+    "quantized": "torchvision.models.quantization",
 }
 #: Families whose models run on the CPU only (quantized kernels exist for the CPU alone).
 CPU_ONLY = ("quantized",)
@@ -72,6 +90,8 @@ _TRAITS = {
 def family_traits(family: str) -> FamilyTraits:
     """The :class:`FamilyTraits` of ``family`` (one of :data:`FAMILIES`)."""
     return _TRAITS[family]
+
+
 #: Frames a clip has when no clip length is given: what torchvision's video weights were evaluated on.
 DEFAULT_CLIP_LENGTH = 16
 #: Side of the square input :func:`natural_input` uses when the weights' preprocessing names no size.
@@ -172,8 +192,11 @@ def rows_by_shape(run, batch) -> tuple[dict, list | None]:
     features, about = {}, [None] * len(sizes)
     for size in dict.fromkeys(sizes):
         picked = [i for i, s in enumerate(sizes) if s == size]
-        group = tuple(torch.stack([part[i] for i in picked]) for part in batch) if isinstance(batch, tuple) else \
-            torch.stack([batch[i] for i in picked])
+        group = (
+            tuple(torch.stack([part[i] for i in picked]) for part in batch)
+            if isinstance(batch, tuple)
+            else torch.stack([batch[i] for i in picked])
+        )
         found, told = run(group)
         for key, value in found.items():
             rows = features.setdefault(key, [None] * len(sizes))

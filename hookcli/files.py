@@ -32,8 +32,16 @@ from typing import BinaryIO
 from hookcli.errors import HookcliError, OutputExistsError, UsageProblem
 
 __all__ = [
-    "NotRegularFile", "atomic_path", "check_folder_output", "check_writable", "file_kind", "format_bytes",
-    "open_regular", "refuse_existing", "remove_abandoned", "reporting_full_disk",
+    "NotRegularFile",
+    "atomic_path",
+    "check_folder_output",
+    "check_writable",
+    "file_kind",
+    "format_bytes",
+    "open_regular",
+    "refuse_existing",
+    "remove_abandoned",
+    "reporting_full_disk",
 ]
 
 
@@ -43,9 +51,15 @@ class NotRegularFile(OSError):
 
 def file_kind(mode: int) -> str:
     """What a file of ``st_mode`` ``mode`` is, for messages: ``a FIFO (named pipe)``, ``a folder``, ``a device``…"""
-    kinds = {stat.S_IFREG: "a regular file", stat.S_IFDIR: "a folder", stat.S_IFIFO: "a FIFO (named pipe)",
-             stat.S_IFCHR: "a device", stat.S_IFBLK: "a device", stat.S_IFSOCK: "a socket",
-             stat.S_IFLNK: "a symbolic link"}
+    kinds = {
+        stat.S_IFREG: "a regular file",
+        stat.S_IFDIR: "a folder",
+        stat.S_IFIFO: "a FIFO (named pipe)",
+        stat.S_IFCHR: "a device",
+        stat.S_IFBLK: "a device",
+        stat.S_IFSOCK: "a socket",
+        stat.S_IFLNK: "a symbolic link",
+    }
     return kinds.get(stat.S_IFMT(mode), "a special file")
 
 
@@ -59,8 +73,9 @@ def open_regular(path: str | os.PathLike, *, follow_links: bool = True, update: 
     unless ``follow_links``); a missing path raises ``FileNotFoundError`` as
     ``open`` does.
     """
-    flags = (os.O_RDWR if update else os.O_RDONLY) | os.O_NONBLOCK | os.O_CLOEXEC | (
-        0 if follow_links else os.O_NOFOLLOW)
+    flags = (
+        (os.O_RDWR if update else os.O_RDONLY) | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_links else os.O_NOFOLLOW)
+    )
     try:
         descriptor = os.open(path, flags)
     except OSError as err:
@@ -90,15 +105,18 @@ def check_writable(target: str | os.PathLike, *, force: bool) -> Path:
     if path.is_dir() and not (force and path.is_symlink()):  # --force replaces a link, whatever it points to
         raise OutputExistsError(f"output '{path}' is a folder", hint="give a file name ending in .safetensors")
     if path.is_symlink() and not path.exists() and not force:
-        raise OutputExistsError(f"output '{path}' is a broken symbolic link",
-                                hint="remove it, add --force to replace the link with the file, or choose another name")
+        raise OutputExistsError(
+            f"output '{path}' is a broken symbolic link",
+            hint="remove it, add --force to replace the link with the file, or choose another name",
+        )
     if path.exists() and not force:
         raise OutputExistsError(f"output '{path}' already exists", hint="add --force to overwrite it")
     if not path.parent.is_dir():
         raise UsageProblem(f"folder '{path.parent}' does not exist", hint="create it first")
     if not os.access(path.parent, os.W_OK | os.X_OK):
-        raise UsageProblem(f"cannot write to folder '{path.parent}'",
-                           hint="check its permissions, or choose another place with -o")
+        raise UsageProblem(
+            f"cannot write to folder '{path.parent}'", hint="check its permissions, or choose another place with -o"
+        )
     return path
 
 
@@ -117,8 +135,9 @@ def check_folder_output(folder: str | os.PathLike) -> Path:
     if not existing.is_dir():
         raise UsageProblem(f"cannot make folder '{folder}': '{existing}' is not a folder", hint="choose another place")
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise UsageProblem(f"cannot write to folder '{existing}'",
-                           hint="check its permissions, or choose another place with -o")
+        raise UsageProblem(
+            f"cannot write to folder '{existing}'", hint="check its permissions, or choose another place with -o"
+        )
     return path
 
 
@@ -132,13 +151,19 @@ def _check_name_length(path: Path, *, extra: int = 0) -> None:
     except (OSError, ValueError):
         limit = 255
     if len(os.fsencode(path.name)) + extra > limit:
-        raise UsageProblem(f"the name '{path.name[:40]}...' is too long ({len(os.fsencode(path.name))} bytes)",
-                           hint=f"file names here hold at most {limit - extra} bytes; choose a shorter one")
+        raise UsageProblem(
+            f"the name '{path.name[:40]}...' is too long ({len(os.fsencode(path.name))} bytes)",
+            hint=f"file names here hold at most {limit - extra} bytes; choose a shorter one",
+        )
 
 
 @contextlib.contextmanager
-def atomic_path(target: str | os.PathLike, *, force: bool = False,
-                publish: Callable[[], contextlib.AbstractContextManager[bool]] | None = None) -> Iterator[Path]:
+def atomic_path(
+    target: str | os.PathLike,
+    *,
+    force: bool = False,
+    publish: Callable[[], contextlib.AbstractContextManager[bool]] | None = None,
+) -> Iterator[Path]:
     """Yield a temporary path next to ``target``; on success it becomes ``target``.
 
     On any exception (including Ctrl-C, and SIGTERM on the command line) the
@@ -187,8 +212,9 @@ def reporting_full_disk(path: str | os.PathLike) -> Iterator[None]:
     except Exception as err:
         if getattr(err, "errno", None) != errno.ENOSPC and f"os error {errno.ENOSPC})" not in str(err):
             raise
-        raise HookcliError(f"no space left on the device holding '{path}'",
-                           hint="free some space there, or write to another place") from None
+        raise HookcliError(
+            f"no space left on the device holding '{path}'", hint="free some space there, or write to another place"
+        ) from None
 
 
 def _remove_abandoned(path: Path) -> None:
@@ -230,8 +256,10 @@ def refuse_existing(paths, *, force: bool) -> None:
             first, count = first or Path(p), count + 1
     if count:
         more = f" and {count - 1} more" if count > 1 else ""
-        raise OutputExistsError(f"'{first}'{more} already exist{'s' if not more else ''}",
-                                hint="add --force to overwrite, or choose another folder with -o")
+        raise OutputExistsError(
+            f"'{first}'{more} already exist{'s' if not more else ''}",
+            hint="add --force to overwrite, or choose another folder with -o",
+        )
 
 
 def _make_durable(descriptor: int) -> None:

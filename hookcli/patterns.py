@@ -25,9 +25,9 @@ def glob_to_regex(pattern: str) -> re.Pattern:
         elif pattern[i] == "?":
             parts.append("[^.]")
             i += 1
-        elif pattern[i] == "[" and "]" in pattern[i + 1:]:
+        elif pattern[i] == "[" and "]" in pattern[i + 1 :]:
             end = pattern.index("]", i + 1)
-            body = pattern[i + 1:end]
+            body = pattern[i + 1 : end]
             parts.append("[" + ("^" + body[1:] if body.startswith("!") else body) + "]")
             i = end + 1
         else:

@@ -63,6 +63,7 @@ def images(tmp_path) -> list[Path]:
 def no_model(monkeypatch):
     """Loading a model fails loudly (AssertionError "the model was loaded"): a refusal that should come before it
     shows up as that error."""
+
     def refuse(*args, **kwargs):
         raise AssertionError("the model was loaded")
 
@@ -79,8 +80,9 @@ _MEASURE = textwrap.dedent("""
 
 
 def _peak(*args) -> tuple[int, int, str]:
-    done = subprocess.run([sys.executable, "-c", _MEASURE, *map(str, args)], capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", _MEASURE, *map(str, args)], capture_output=True, text=True, timeout=300
+    )
     code, peak, stderr = done.stdout.rstrip("\n").split("\t")
     return int(code), int(peak), stderr
 

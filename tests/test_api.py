@@ -36,29 +36,64 @@ def _same_files(first, second):
 
 
 def test_extract_to_a_file_writes_what_the_cli_writes(runner, images, tmp_path):
-    flags = ["-m", "resnet18", "-w", "none", "-l", "layer2", "-l", "fc=logits", "--pool", "avg", "--dtype",
-             "float16", "-b", "2", "--fuse", *SMALL_FLAGS]
+    flags = [
+        "-m",
+        "resnet18",
+        "-w",
+        "none",
+        "-l",
+        "layer2",
+        "-l",
+        "fc=logits",
+        "--pool",
+        "avg",
+        "--dtype",
+        "float16",
+        "-b",
+        "2",
+        "--fuse",
+        *SMALL_FLAGS,
+    ]
     result = runner.invoke(main, ["extract", *flags, "-o", str(tmp_path / "cli.safetensors"), *map(str, images)])
     assert result.exit_code == 0, result.output
-    written = hookcli.extract("resnet18", ["layer2", "fc=logits"], [str(p) for p in images],
-                              output=tmp_path / "api.safetensors", weights="none", pool="avg", dtype="float16",
-                              batch_size=2, fuse=True, **SMALL)
+    written = hookcli.extract(
+        "resnet18",
+        ["layer2", "fc=logits"],
+        [str(p) for p in images],
+        output=tmp_path / "api.safetensors",
+        weights="none",
+        pool="avg",
+        dtype="float16",
+        batch_size=2,
+        fuse=True,
+        **SMALL,
+    )
     assert written == tmp_path / "api.safetensors"
     tensors, metadata = _same_files(tmp_path / "cli.safetensors", written)
     assert {k: (tuple(v.shape), v.dtype) for k, v in tensors.items()} == {
-        "layer2": ((3, 128), torch.float16), "logits": ((3, 1000), torch.float16)}
+        "layer2": ((3, 128), torch.float16),
+        "logits": ((3, 1000), torch.float16),
+    }
     assert (metadata["pool"], metadata["fused"], json.loads(metadata["inputs"])) == (
-        "avg", "15", [str(p) for p in images])
+        "avg",
+        "15",
+        [str(p) for p in images],
+    )
 
 
 def test_in_memory_features_are_a_read_only_mapping_with_the_metadata_a_file_would_hold(images, tmp_path):
-    path = hookcli.extract("resnet18", "layer1.0.relu", images, output=tmp_path / "f.safetensors", weights="none",
-                           capture="both", **SMALL)
+    path = hookcli.extract(
+        "resnet18", "layer1.0.relu", images, output=tmp_path / "f.safetensors", weights="none", capture="both", **SMALL
+    )
     features = hookcli.extract("resnet18", "layer1.0.relu", images, weights="none", capture="both", **SMALL)
     stored, metadata = _read(path)
     assert isinstance(features, Mapping) and sorted(features) == sorted(stored)
-    assert list(features) == ["layer1.0.relu:0@input", "layer1.0.relu:0", "layer1.0.relu:1@input",
-                              "layer1.0.relu:1"]  # in the order of the metadata's layer table
+    assert list(features) == [
+        "layer1.0.relu:0@input",
+        "layer1.0.relu:0",
+        "layer1.0.relu:1@input",
+        "layer1.0.relu:1",
+    ]  # in the order of the metadata's layer table
     assert all(torch.equal(features[k], stored[k]) for k in stored)
     assert features.metadata == metadata
     assert features.inputs == [str(p) for p in images] and features.skipped == []
@@ -75,14 +110,26 @@ def test_a_folder_run_reports_events_and_resumes(images, tmp_path, make_image):
     inputs = [images[0], broken, images[1], images[2]]
     folder = f"{tmp_path / 'feats'}/"
     events = []
-    index = hookcli.extract("resnet18", "layer3", inputs, output=folder, shard_size=2, on_error="skip",
-                            weights="none", batch_size=3, progress=events.append, **SMALL)
+    index = hookcli.extract(
+        "resnet18",
+        "layer3",
+        inputs,
+        output=folder,
+        shard_size=2,
+        on_error="skip",
+        weights="none",
+        batch_size=3,
+        progress=events.append,
+        **SMALL,
+    )
     assert index == tmp_path / "feats" / "index.jsonl"
     assert events[0] == Started(total=4, done=0, output=folder)
     skipped = [e for e in events if isinstance(e, Skipped)]
     assert [e.input for e in skipped] == [str(broken)]
-    assert skipped[0].error == f"'{broken}' is not an image Pillow can read. Hint: check the file type; text or " \
-                               "corrupt files cannot be used"
+    assert (
+        skipped[0].error == f"'{broken}' is not an image Pillow can read. Hint: check the file type; text or "
+        "corrupt files cannot be used"
+    )
     # Batches of 3 cut where shards of 2 end: inputs 0-1, 2, 3 (a batch never spans two shards).
     assert [e.count for e in events if isinstance(e, Advanced)] == [2, 1, 1]
     assert events[-1] == Wrote(index)
@@ -90,8 +137,21 @@ def test_a_folder_run_reports_events_and_resumes(images, tmp_path, make_image):
         assert features.shape("layer3") == [3, 256, 4, 4]
         assert json.loads(features.metadata["skipped"])[0]["input"] == str(broken)
     again = []
-    assert hookcli.extract("resnet18", "layer3", inputs, output=folder, shard_size=2, on_error="skip",
-                           weights="none", batch_size=3, progress=again.append, **SMALL) == index
+    assert (
+        hookcli.extract(
+            "resnet18",
+            "layer3",
+            inputs,
+            output=folder,
+            shard_size=2,
+            on_error="skip",
+            weights="none",
+            batch_size=3,
+            progress=again.append,
+            **SMALL,
+        )
+        == index
+    )
     assert again == [Started(total=4, done=4, output=folder), Wrote(index)]  # nothing computed twice
 
 
@@ -100,27 +160,55 @@ def test_errors_are_the_librarys_own_with_the_cli_texts(runner, images, tmp_path
     existing.write_bytes(b"precious")
     base = {"weights": "none", **SMALL}
     cases = [
-        (lambda: hookcli.extract("resnet18", "layer1", images[0], output=existing, **base), OutputExistsError,
-         f"output '{existing}' already exists. Hint: add --force to overwrite it"),
-        (lambda: hookcli.extract("resnet18", "layer1", images[0], weights="DEFAULT", seed=3), UsageProblem,
-         "--seed only applies to --weights none (pretrained and file weights are fixed). "
-         "Hint: see 'hookcli extract --help'"),
-        (lambda: hookcli.extract("resnet18", "layer5", images[0], **base), UnknownLayerError,
-         "no layer 'layer5' in resnet18 (closest: layer4, layer3, layer2). "
-         "Hint: run 'hookcli layers --model resnet18' to list them"),
-        (lambda: hookcli.extract("resnet18", "layer1", images[0], output=tmp_path / "x.safetensors", shard_size=4,
-                                 **base), UsageProblem,
-         "--shard-size applies to a folder output (-o DIR/). Hint: see 'hookcli extract --help'"),
-        (lambda: hookcli.cam("resnet18", images[0], layer="layer4.*", **base), UsageProblem,
-         "cam takes one layer, and 'layer4.*' matches 2. Hint: see 'hookcli cam --help'"),
-        (lambda: hookcli.extract("resnet18", "layer1", images[0], precision="fp8", **base), UsageProblem,
-         "precision must be one of fp32, bf16, fp16, not 'fp8'. Hint: see --help for the values each option takes"),
-        (lambda: hookcli.extract("resnet18", "layer1", images[0], batch_size=0, **base), UsageProblem,
-         "batch_size must be a whole number of at least 1, not 0. Hint: see --help for the values each option takes"),
-        (lambda: hookcli.extract("resnet18", "layer1", images[0], device="tpu", **base), UsageProblem,
-         "invalid device: 'tpu' is not a device; use auto, cpu, cuda, cuda:N or mps"),
-        (lambda: hookcli.grid(tmp_path / "nothing.safetensors"), HookcliError,
-         f"no such file: '{tmp_path / 'nothing.safetensors'}'. Hint: check the path"),
+        (
+            lambda: hookcli.extract("resnet18", "layer1", images[0], output=existing, **base),
+            OutputExistsError,
+            f"output '{existing}' already exists. Hint: add --force to overwrite it",
+        ),
+        (
+            lambda: hookcli.extract("resnet18", "layer1", images[0], weights="DEFAULT", seed=3),
+            UsageProblem,
+            "--seed only applies to --weights none (pretrained and file weights are fixed). "
+            "Hint: see 'hookcli extract --help'",
+        ),
+        (
+            lambda: hookcli.extract("resnet18", "layer5", images[0], **base),
+            UnknownLayerError,
+            "no layer 'layer5' in resnet18 (closest: layer4, layer3, layer2). "
+            "Hint: run 'hookcli layers --model resnet18' to list them",
+        ),
+        (
+            lambda: hookcli.extract(
+                "resnet18", "layer1", images[0], output=tmp_path / "x.safetensors", shard_size=4, **base
+            ),
+            UsageProblem,
+            "--shard-size applies to a folder output (-o DIR/). Hint: see 'hookcli extract --help'",
+        ),
+        (
+            lambda: hookcli.cam("resnet18", images[0], layer="layer4.*", **base),
+            UsageProblem,
+            "cam takes one layer, and 'layer4.*' matches 2. Hint: see 'hookcli cam --help'",
+        ),
+        (
+            lambda: hookcli.extract("resnet18", "layer1", images[0], precision="fp8", **base),
+            UsageProblem,
+            "precision must be one of fp32, bf16, fp16, not 'fp8'. Hint: see --help for the values each option takes",
+        ),
+        (
+            lambda: hookcli.extract("resnet18", "layer1", images[0], batch_size=0, **base),
+            UsageProblem,
+            "batch_size must be a whole number of at least 1, not 0. Hint: see --help for the values each option takes",
+        ),
+        (
+            lambda: hookcli.extract("resnet18", "layer1", images[0], device="tpu", **base),
+            UsageProblem,
+            "invalid device: 'tpu' is not a device; use auto, cpu, cuda, cuda:N or mps",
+        ),
+        (
+            lambda: hookcli.grid(tmp_path / "nothing.safetensors"),
+            HookcliError,
+            f"no such file: '{tmp_path / 'nothing.safetensors'}'. Hint: check the path",
+        ),
     ]
     for call, kind, text in cases:
         with pytest.raises(kind) as caught:
@@ -128,8 +216,9 @@ def test_errors_are_the_librarys_own_with_the_cli_texts(runner, images, tmp_path
         assert str(caught.value) == text
     assert existing.read_bytes() == b"precious"
     # The command line prints the same sentences.
-    result = runner.invoke(main, ["extract", "-m", "resnet18", "-w", "none", "-l", "layer1", "-o", str(existing),
-                                  str(images[0])])
+    result = runner.invoke(
+        main, ["extract", "-m", "resnet18", "-w", "none", "-l", "layer1", "-o", str(existing), str(images[0])]
+    )
     assert (result.exit_code, result.stderr) == (2, f"Error: {cases[0][2]}\n")
     with pytest.raises(TypeError, match="unexpected keyword argument 'batchsize'; did you mean 'batch_size'"):
         hookcli.extract("resnet18", "layer1", images[0], batchsize=2)
@@ -157,30 +246,75 @@ def test_usage_errors_come_before_the_model_loads(images, tmp_path, monkeypatch)
 
 
 def test_a_missing_input_is_refused_before_torch_is_imported(tmp_path):
-    code = ("import sys, hookcli\ntry:\n    hookcli.extract('resnet18', 'layer1', 'missing.png')\n"
-            "except hookcli.HookcliError as err:\n    print(type(err).__name__, err, err.exit_code)\n"
-            "print('torch' in sys.modules)")
+    code = (
+        "import sys, hookcli\ntry:\n    hookcli.extract('resnet18', 'layer1', 'missing.png')\n"
+        "except hookcli.HookcliError as err:\n    print(type(err).__name__, err, err.exit_code)\n"
+        "print('torch' in sys.modules)"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path)
     assert result.stdout.splitlines() == [
-        "InputError no such file or folder: 'missing.png'. Hint: check the path 2", "False"]
+        "InputError no such file or folder: 'missing.png'. Hint: check the path 2",
+        "False",
+    ]
 
 
 def test_grad_and_cam_write_what_the_cli_writes(runner, images, tmp_path):
     paths = [str(p) for p in images[:2]]
-    result = runner.invoke(main, ["grad", "-m", "resnet18", "-w", "none", "-l", "layer4", "-t", "top2", *SMALL_FLAGS,
-                                  "-o", str(tmp_path / "cli.safetensors"), *paths])
+    result = runner.invoke(
+        main,
+        [
+            "grad",
+            "-m",
+            "resnet18",
+            "-w",
+            "none",
+            "-l",
+            "layer4",
+            "-t",
+            "top2",
+            *SMALL_FLAGS,
+            "-o",
+            str(tmp_path / "cli.safetensors"),
+            *paths,
+        ],
+    )
     assert result.exit_code == 0, result.output
-    written = hookcli.grad("resnet18", "layer4", paths, output=tmp_path / "api.safetensors", target="top2",
-                           weights="none", **SMALL)
+    written = hookcli.grad(
+        "resnet18", "layer4", paths, output=tmp_path / "api.safetensors", target="top2", weights="none", **SMALL
+    )
     tensors, metadata = _same_files(tmp_path / "cli.safetensors", written)
     assert sorted(tensors) == ["layer4", "layer4@grad#0", "layer4@grad#1"] and metadata["target"] == "top2"
 
-    result = runner.invoke(main, ["cam", "-m", "resnet18", "-w", "none", "-l", "layer3", "-t", "5", *SMALL_FLAGS,
-                                  "-o", str(tmp_path / "cli-cams"), *paths])
+    result = runner.invoke(
+        main,
+        [
+            "cam",
+            "-m",
+            "resnet18",
+            "-w",
+            "none",
+            "-l",
+            "layer3",
+            "-t",
+            "5",
+            *SMALL_FLAGS,
+            "-o",
+            str(tmp_path / "cli-cams"),
+            *paths,
+        ],
+    )
     assert result.exit_code == 0, result.output
     events = []
-    written = hookcli.cam("resnet18", paths, layer="layer3", target="5", output=tmp_path / "api-cams",
-                          weights="none", progress=events.append, **SMALL)
+    written = hookcli.cam(
+        "resnet18",
+        paths,
+        layer="layer3",
+        target="5",
+        output=tmp_path / "api-cams",
+        weights="none",
+        progress=events.append,
+        **SMALL,
+    )
     assert written == tmp_path / "api-cams" / "cams.safetensors"
     _same_files(tmp_path / "cli-cams" / "cams.safetensors", written)
     names = [f"{i:05d}_{n}.png" for i, n in enumerate("ab")]
@@ -195,8 +329,9 @@ def test_grad_and_cam_write_what_the_cli_writes(runner, images, tmp_path):
 
 
 def test_grid_in_memory_draws_what_the_cli_writes(runner, images, tmp_path):
-    path = hookcli.extract("resnet18", ["layer2", "avgpool"], images[:2], output=tmp_path / "f.safetensors",
-                           weights="none", **SMALL)
+    path = hookcli.extract(
+        "resnet18", ["layer2", "avgpool"], images[:2], output=tmp_path / "f.safetensors", weights="none", **SMALL
+    )
     result = runner.invoke(main, ["grid", str(path), "--top", "8", "--cmap", "gray", "-o", str(tmp_path / "g")])
     assert result.exit_code == 0, result.output
     pictures = hookcli.grid(path, top=8, cmap="gray")
@@ -237,17 +372,33 @@ def test_no_readable_image_is_an_error_and_writes_nothing(tmp_path):
     broken = tmp_path / "broken.png"
     broken.write_bytes(b"")
     with pytest.raises(ImageError, match="none of the input images could be read"):
-        hookcli.extract("resnet18", "layer1", broken, output=tmp_path / "o.safetensors", on_error="skip",
-                        weights="none")
+        hookcli.extract(
+            "resnet18", "layer1", broken, output=tmp_path / "o.safetensors", on_error="skip", weights="none"
+        )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["broken.png"]
 
 
 def test_the_written_path_is_reported_as_given(runner, images, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    result = runner.invoke(main, ["extract", "-m", "resnet18", "-w", "none", "-l", "layer1", *SMALL_FLAGS,
-                                  "-o", "./out.safetensors", str(images[0])])
+    result = runner.invoke(
+        main,
+        [
+            "extract",
+            "-m",
+            "resnet18",
+            "-w",
+            "none",
+            "-l",
+            "layer1",
+            *SMALL_FLAGS,
+            "-o",
+            "./out.safetensors",
+            str(images[0]),
+        ],
+    )
     assert (result.exit_code, result.stdout) == (0, "./out.safetensors\n")
     events = []
-    returned = hookcli.extract("resnet18", "layer1", images[0], output="./api.safetensors", weights="none",
-                               progress=events.append, **SMALL)
+    returned = hookcli.extract(
+        "resnet18", "layer1", images[0], output="./api.safetensors", weights="none", progress=events.append, **SMALL
+    )
     assert returned == Path("api.safetensors") and events[-1] == Wrote("./api.safetensors")

@@ -4,13 +4,20 @@ counted), and no private name is imported from another module."""
 import ast
 from pathlib import Path
 
-
 PACKAGE = Path(__file__).resolve().parent.parent / "hookcli"
 
 #: Each layer may import its own and the layers before it.
 LAYERS = [
-    {"hookcli.errors", "hookcli.families", "hookcli.console", "hookcli.files", "hookcli.events", "hookcli.patterns",
-     "hookcli.version", "hookcli.options"},
+    {
+        "hookcli.errors",
+        "hookcli.families",
+        "hookcli.console",
+        "hookcli.files",
+        "hookcli.events",
+        "hookcli.patterns",
+        "hookcli.version",
+        "hookcli.options",
+    },
     {"hookcli.inputs"},
     {"hookcli.storage"},
     {"hookcli.models"},
@@ -39,8 +46,9 @@ def _layer(module: str) -> int:
 def _imports(module: str):
     """``(imported module, names taken from it, line, inside a function)`` for each hookcli import of ``module``."""
     tree = ast.parse(MODULES[module].read_text())
-    functions = {id(n) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)
-                 for n in ast.walk(f)}
+    functions = {
+        id(n) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef) for n in ast.walk(f)
+    }
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
@@ -56,14 +64,19 @@ def _imports(module: str):
 
 
 def _edges():
-    return {module: {target for target, *_ in _imports(module) if target in MODULES and target != module}
-            for module in MODULES}
+    return {
+        module: {target for target, *_ in _imports(module) if target in MODULES and target != module}
+        for module in MODULES
+    }
 
 
 def test_every_module_belongs_to_a_layer_and_imports_only_its_own_and_lower_layers():
-    wrong = [f"{module} imports {target} (line {line})" for module in MODULES
-             for target, _, line, _ in _imports(module)
-             if target in MODULES and module != "hookcli" and _layer(target) > _layer(module)]
+    wrong = [
+        f"{module} imports {target} (line {line})"
+        for module in MODULES
+        for target, _, line, _ in _imports(module)
+        if target in MODULES and module != "hookcli" and _layer(target) > _layer(module)
+    ]
     assert wrong == []
 
 
@@ -100,8 +113,13 @@ def test_no_import_cycle():
 
 
 def test_no_private_name_is_imported_from_another_module():
-    private = [f"{module}: {name} from {target}" for module in MODULES for target, names, _, _ in _imports(module)
-               for name in names if name.startswith("_") and not name.startswith("__")]
+    private = [
+        f"{module}: {name} from {target}"
+        for module in MODULES
+        for target, names, _, _ in _imports(module)
+        for name in names
+        if name.startswith("_") and not name.startswith("__")
+    ]
     assert private == []
 
 

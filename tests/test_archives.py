@@ -9,8 +9,8 @@ import torch
 from safetensors import safe_open
 
 import hookcli
-from hookcli.inputs.archives import find_member, tar_images
 from hookcli.cli import main
+from hookcli.inputs.archives import find_member, tar_images
 
 SMALL = ["--resize", "64", "--crop", "56", "-w", "none"]
 
@@ -36,10 +36,18 @@ def _tensor(path, key):
 
 def test_a_tar_gives_exactly_the_rows_of_its_images_unpacked(runner, shard, images, tmp_path):
     packed, unpacked = tmp_path / "packed.safetensors", tmp_path / "unpacked.safetensors"
-    assert runner.invoke(main, ["extract", "-m", "resnet18", "-l", "layer2", *SMALL, str(shard), "-o",
-                                str(packed)]).exit_code == 0
-    assert runner.invoke(main, ["extract", "-m", "resnet18", "-l", "layer2", *SMALL, *map(str, images), "-o",
-                                str(unpacked)]).exit_code == 0
+    assert (
+        runner.invoke(
+            main, ["extract", "-m", "resnet18", "-l", "layer2", *SMALL, str(shard), "-o", str(packed)]
+        ).exit_code
+        == 0
+    )
+    assert (
+        runner.invoke(
+            main, ["extract", "-m", "resnet18", "-l", "layer2", *SMALL, *map(str, images), "-o", str(unpacked)]
+        ).exit_code
+        == 0
+    )
     (rows, metadata), (expected, _) = _tensor(packed, "layer2"), _tensor(unpacked, "layer2")
     assert torch.equal(rows, expected)
     assert json.loads(metadata["inputs"]) == [f"{shard}::000.png", f"{shard}::001.png", f"{shard}::002.png"]
@@ -47,9 +55,25 @@ def test_a_tar_gives_exactly_the_rows_of_its_images_unpacked(runner, shard, imag
 
 def test_members_are_named_on_stdin_and_read_by_workers(runner, shard, tmp_path):
     written = tmp_path / "two.safetensors"
-    result = runner.invoke(main, ["extract", "-m", "resnet18", "-l", "layer2", *SMALL, "--workers", "1",
-                                  "--batch-size", "1", "-", "-o", str(written)],
-                           input=f"{shard}::002.png\n{shard}::000.png\n")
+    result = runner.invoke(
+        main,
+        [
+            "extract",
+            "-m",
+            "resnet18",
+            "-l",
+            "layer2",
+            *SMALL,
+            "--workers",
+            "1",
+            "--batch-size",
+            "1",
+            "-",
+            "-o",
+            str(written),
+        ],
+        input=f"{shard}::002.png\n{shard}::000.png\n",
+    )
     assert result.exit_code == 0, result.output
     rows, metadata = _tensor(written, "layer2")
     whole = hookcli.extract("resnet18", "layer2", str(shard), resize=64, crop=56, weights="none")
@@ -75,8 +99,10 @@ def test_archives_that_cannot_be_read_are_one_line(runner, shard, tmp_path):
     squeezed = tmp_path / "shard.tar.gz"
     squeezed.write_bytes(b"\x1f\x8b")
     result = runner.invoke(main, ["extract", "-m", "resnet18", "-l", "layer2", *SMALL, str(squeezed)])
-    assert result.output == (f"Error: '{squeezed}' is a compressed tar, whose members cannot be read one at a time. "
-                             "Hint: unpack it to a plain .tar (gzip -d, zstd -d), as webdataset shards are\n")
+    assert result.output == (
+        f"Error: '{squeezed}' is a compressed tar, whose members cannot be read one at a time. "
+        "Hint: unpack it to a plain .tar (gzip -d, zstd -d), as webdataset shards are\n"
+    )
     bogus = tmp_path / "bogus.tar"
     bogus.write_text("not a tar at all")
     result = runner.invoke(main, ["extract", "-m", "resnet18", "-l", "layer2", *SMALL, str(bogus)])

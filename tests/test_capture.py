@@ -6,8 +6,8 @@ import torch.nn as nn
 import torchvision
 from torchvision.models.feature_extraction import create_feature_extractor
 
-from hookcli.run.capture import COUNTING_FORWARD_FROM, FeatureCapture
 from hookcli.errors import CaptureError, LayerNotRunError
+from hookcli.run.capture import COUNTING_FORWARD_FROM, FeatureCapture
 
 
 def _seeded(name):
@@ -189,10 +189,18 @@ def test_container_outputs_are_saved_element_by_element():
     x = torch.arange(6.0).reshape(2, 3)
     with FeatureCapture(_Wiring(), ["split", "join"], capture="both") as capture:
         got = capture.run(x)
-    assert sorted(got) == sorted([
-        "join", "join@input#0", "join@input#1",
-        "split#0", "split#2#half", "split#2#pair#0", "split#2#pair#1", "split@input",
-    ])
+    assert sorted(got) == sorted(
+        [
+            "join",
+            "join@input#0",
+            "join@input#1",
+            "split#0",
+            "split#2#half",
+            "split#2#pair#0",
+            "split#2#pair#1",
+            "split@input",
+        ]
+    )
     assert torch.equal(got["split#2#pair#1"], x - 1)
     assert torch.equal(got["join"], x * 2 + x / 2)
     assert capture.omitted == {"split#1"}
@@ -222,8 +230,8 @@ def test_a_non_batch_first_output_is_an_error():
 
 def test_the_batch_pipeline_leaves_grad_mode_alone_between_batches(images):
     from hookcli.models.loading import load_model
-    from hookcli.run.settings import RunSettings
     from hookcli.run.pipeline import iter_batches
+    from hookcli.run.settings import RunSettings
 
     loaded = load_model("resnet18", "none")
     batches = iter_batches(loaded, {"layer1": "layer1"}, images, RunSettings(batch_size=1))

@@ -12,8 +12,8 @@ from torchvision.models.feature_extraction import create_feature_extractor
 
 from hookcli.cli import main
 from hookcli.inputs.images import load_rgb
-from hookcli.models.loading import load_model
 from hookcli.inputs.preprocess import Preprocess
+from hookcli.models.loading import load_model
 
 SMALL = ["--resize", "64", "--crop", "64"]
 
@@ -32,8 +32,23 @@ def _fx_reference(model_name, node, paths, preprocess):
 
 def test_vgg16_bn_features_18_matches_the_fx_extractor(runner, photo, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    result = runner.invoke(main, ["extract", "--model", "vgg16_bn", "--layer", "features.18", "--weights", "none",
-                                  "--memory-format", "contiguous", "--no-fuse", *SMALL, str(photo)])
+    result = runner.invoke(
+        main,
+        [
+            "extract",
+            "--model",
+            "vgg16_bn",
+            "--layer",
+            "features.18",
+            "--weights",
+            "none",
+            "--memory-format",
+            "contiguous",
+            "--no-fuse",
+            *SMALL,
+            str(photo),
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert result.stdout == "vgg16_bn-features.18.safetensors\n"
     tensors, metadata = _read(tmp_path / "vgg16_bn-features.18.safetensors")
@@ -47,8 +62,23 @@ def test_vgg16_bn_features_18_matches_the_fx_extractor(runner, photo, tmp_path, 
     # The default runs convolutional models channels-last; --fuse fuses convolution chains outside the hooked layer
     # even for one image (by default only runs of 16 images or more are fused): other kernels, the same values to
     # fp32 rounding.
-    result = runner.invoke(main, ["extract", "-m", "vgg16_bn", "-l", "features.18", "-w", "none", "--fuse", *SMALL,
-                                  "-o", "cl.safetensors", str(photo)])
+    result = runner.invoke(
+        main,
+        [
+            "extract",
+            "-m",
+            "vgg16_bn",
+            "-l",
+            "features.18",
+            "-w",
+            "none",
+            "--fuse",
+            *SMALL,
+            "-o",
+            "cl.safetensors",
+            str(photo),
+        ],
+    )
     assert result.exit_code == 0, result.output
     channels_last, metadata = _read(tmp_path / "cl.safetensors")
     assert (metadata["memory_format"], metadata["fused"]) == ("channels_last", "5")  # convolutions before 17
@@ -63,8 +93,14 @@ def test_vgg16_bn_features_18_matches_the_fx_extractor(runner, photo, tmp_path, 
         "features.18": {"key": "features.18", "type": "BatchNorm2d", "calls": 1, "keys": ["features.18"]}
     }
     assert json.loads(metadata["preprocess"]) == {
-        "resize": 64, "crop": 64, "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225],
-        "interpolation": "bilinear", "antialias": True, "fast_decode": False, "kind": "classification",
+        "resize": 64,
+        "crop": 64,
+        "mean": [0.485, 0.456, 0.406],
+        "std": [0.229, 0.224, 0.225],
+        "interpolation": "bilinear",
+        "antialias": True,
+        "fast_decode": False,
+        "kind": "classification",
     }
     assert metadata["family"] == "classification"
     assert set(json.loads(metadata["versions"])) == {"hookcli", "torch", "torchvision", "safetensors", "pillow"}
@@ -74,8 +110,22 @@ def test_vgg16_bn_features_18_matches_the_fx_extractor(runner, photo, tmp_path, 
 def test_rows_follow_input_order(runner, images, tmp_path, via):
     order = [images[2], images[0], images[1]]
     out = tmp_path / "out.safetensors"
-    args = ["extract", "-m", "resnet18", "-w", "none", "-l", "layer2", "-l", "fc=logits", "-b", "2", *SMALL,
-            "-o", str(out)]
+    args = [
+        "extract",
+        "-m",
+        "resnet18",
+        "-w",
+        "none",
+        "-l",
+        "layer2",
+        "-l",
+        "fc=logits",
+        "-b",
+        "2",
+        *SMALL,
+        "-o",
+        str(out),
+    ]
     if via == "stdin":
         result = runner.invoke(main, [*args, "-"], input="".join(f"{p}\n" for p in order))
     else:
@@ -94,8 +144,24 @@ def test_rows_follow_input_order(runner, images, tmp_path, via):
 
 def test_capture_both_and_repeated_modules_get_documented_keys(runner, images, tmp_path):
     out = tmp_path / "o.safetensors"
-    result = runner.invoke(main, ["extract", "-m", "resnet18", "-w", "none", "-l", "layer1.0.relu", "--capture",
-                                  "both", *SMALL, "-o", str(out), str(images[0])])
+    result = runner.invoke(
+        main,
+        [
+            "extract",
+            "-m",
+            "resnet18",
+            "-w",
+            "none",
+            "-l",
+            "layer1.0.relu",
+            "--capture",
+            "both",
+            *SMALL,
+            "-o",
+            str(out),
+            str(images[0]),
+        ],
+    )
     assert result.exit_code == 0, result.output
     tensors, metadata = _read(out)
     keys = ["layer1.0.relu:0", "layer1.0.relu:0@input", "layer1.0.relu:1", "layer1.0.relu:1@input"]
@@ -105,8 +171,9 @@ def test_capture_both_and_repeated_modules_get_documented_keys(runner, images, t
 
 
 def test_stdout_output_is_the_safetensors_bytes(runner, images):
-    result = runner.invoke(main, ["extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", *SMALL, "-o", "-",
-                                  *map(str, images)])
+    result = runner.invoke(
+        main, ["extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", *SMALL, "-o", "-", *map(str, images)]
+    )
     assert result.exit_code == 0, result.stderr
     tensors = load_bytes(result.stdout_bytes)
     assert tensors["avgpool"].shape == (3, 512, 1, 1)
@@ -132,8 +199,26 @@ def test_a_failure_mid_run_leaves_no_file(runner, images, tmp_path, make_image):
     broken.write_bytes(data[: len(data) // 3])
     out = tmp_path / "out" / "o.safetensors"
     out.parent.mkdir()
-    result = runner.invoke(main, ["extract", "-m", "resnet18", "-w", "none", "-l", "layer1", "-b", "1", *SMALL,
-                                  "-o", str(out), str(images[0]), str(broken), str(images[1])])
+    result = runner.invoke(
+        main,
+        [
+            "extract",
+            "-m",
+            "resnet18",
+            "-w",
+            "none",
+            "-l",
+            "layer1",
+            "-b",
+            "1",
+            *SMALL,
+            "-o",
+            str(out),
+            str(images[0]),
+            str(broken),
+            str(images[1]),
+        ],
+    )
     assert result.exit_code == 1
     assert result.stderr.startswith(f"Error: cannot decode image '{broken}': image file is truncated")
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
@@ -142,8 +227,9 @@ def test_a_failure_mid_run_leaves_no_file(runner, images, tmp_path, make_image):
 
 def test_default_name_for_several_layers_and_a_folder_input(runner, images, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    result = runner.invoke(main, ["extract", "-m", "resnet18", "-w", "none", "-l", "layer3.*.conv2", *SMALL,
-                                  str(images[0].parent)])
+    result = runner.invoke(
+        main, ["extract", "-m", "resnet18", "-w", "none", "-l", "layer3.*.conv2", *SMALL, str(images[0].parent)]
+    )
     assert result.exit_code == 0, result.output
     assert result.stdout == "resnet18-2layers.safetensors\n"
     tensors, metadata = _read(tmp_path / "resnet18-2layers.safetensors")
@@ -169,8 +255,9 @@ def test_the_shipped_presets_exist_and_load():
 @pytest.mark.parametrize("preset", CONFIGS, ids=[p.stem for p in CONFIGS])
 def test_each_preset_runs_with_flags_winning(runner, images, tmp_path, preset):
     out = tmp_path / "o.safetensors"
-    result = runner.invoke(main, ["extract", "--config", str(preset), "--weights", "none", "-b", "1", "-q",
-                                  "-o", str(out), str(images[0])])
+    result = runner.invoke(
+        main, ["extract", "--config", str(preset), "--weights", "none", "-b", "1", "-q", "-o", str(out), str(images[0])]
+    )
     assert result.exit_code == 0, result.output
     tensors, metadata = _read(out)
     layers = json.loads(metadata["layers"])
@@ -181,11 +268,14 @@ def test_each_preset_runs_with_flags_winning(runner, images, tmp_path, preset):
 
 def test_config_values_apply_and_flags_override_them(runner, images, tmp_path):
     preset = tmp_path / "p.toml"
-    preset.write_text('model = "resnet18"\nweights = "none"\nlayers = ["layer1", "layer2"]\nresize = 40\n'
-                      'crop = 32\nmean = [0.5, 0.5, 0.5]\nbatch-size = 2\n')
+    preset.write_text(
+        'model = "resnet18"\nweights = "none"\nlayers = ["layer1", "layer2"]\nresize = 40\n'
+        "crop = 32\nmean = [0.5, 0.5, 0.5]\nbatch-size = 2\n"
+    )
     out = tmp_path / "o.safetensors"
-    result = runner.invoke(main, ["extract", "-c", str(preset), "--crop", "48", "-l", "layer3", "-o", str(out),
-                                  str(images[0])])
+    result = runner.invoke(
+        main, ["extract", "-c", str(preset), "--crop", "48", "-l", "layer3", "-o", str(out), str(images[0])]
+    )
     assert result.exit_code == 0, result.output
     tensors, metadata = _read(out)
     assert list(tensors) == ["layer3"] and tensors["layer3"].shape == (1, 256, 3, 3)
@@ -209,51 +299,93 @@ def test_errors_are_one_line_with_a_hint(runner, images, tmp_path, monkeypatch):
     bad_preset.write_text('model = "resnet18"\nlayer_s = ["x"]\n')
     base = ["extract", "-m", "resnet18", "-w", "none", *SMALL]
     cases = [
-        ([*base, "-l", "layer1", "missing.png"], 2,
-         "Error: no such file or folder: 'missing.png'. Hint: check the path"),
-        ([*base, "-l", "layer1", str(text)], 1,
-         f"Error: '{text}' is not an image Pillow can read. Hint: check the file type; text or corrupt files "
-         "cannot be used; or add --on-error skip to leave unreadable images out"),
-        (["extract", "-m", "resnet5", "-l", "layer1", str(images[0])], 2,
-         "Error: unknown model 'resnet5' (closest: resnet50, resnet152, resnet34). "
-         "Hint: 'hookcli models' lists every model"),
-        ([*base, "-l", "layer5", str(images[0])], 2,
-         "Error: no layer 'layer5' in resnet18 (closest: layer4, layer3, layer2). "
-         "Hint: run 'hookcli layers --model resnet18' to list them"),
-        ([*base, "-l", "layer1", str(tmp_path / "empty")], 2,
-         f"Error: no images found in folder '{tmp_path / 'empty'}'. Hint: image files end in one of .bmp, .gif, "
-         ".jfif, .jpeg, .jpg, .pbm, .pgm, .png, .ppm, .tif, .tiff, .webp"),
-        ([*base, "-l", "layer1"], 2,
-         "Error: no input images were given. Hint: pass image files or folders, or '-' to read paths from stdin"),
-        (["extract", "-m", "resnet18", "--seed", "3", "-l", "layer1", str(images[0])], 2,
-         "Error: --seed only applies to --weights none (pretrained and file weights are fixed). "
-         "Hint: see 'hookcli extract --help'"),
-        (["extract", "-c", str(bad_preset), str(images[0])], 2,
-         f"Error: config '{bad_preset}' has an unknown option 'layer_s'. Hint: did you mean 'layer'? valid options: "
-         "batch_size, capture, clip_length, clips_per_video, compile, crop, decode, detections, device, dtype, "
-         "fast_decode, flow, force, frame_stride, fuse, grid, interpolation, layer, mean, memory_format, model, "
-         "on_error, output, pair_with, pool, precision, quiet, recursive, resize, seed, shard_size, std, weights, "
-         "workers"),
-        ([*base, "-l", "layer1", "--mean", "1,2", str(images[0])], 2,
-         "Error: Invalid value for '--mean': '1,2' has 2 values; give one or three (R,G,B). "
-         "Hint: see 'hookcli extract --help'"),
-        ([*base, "-l", "layer1", "--device", "tpu", str(images[0])], 2,
-         "Error: Invalid value for '--device' / '-d': 'tpu' is not a device; use auto, cpu, cuda, cuda:N or mps. "
-         "Hint: see 'hookcli extract --help'"),
-        ([*base, "-l", "layer1", "--device", "cuda:1", str(images[0])], 2,
-         "Error: CUDA is not available on this machine. Hint: use --device cpu (or auto)")
-        if not torch.cuda.is_available() else
-        ([*base, "-l", "layer1", "--device", f"cuda:{torch.cuda.device_count()}", str(images[0])], 2,
-         f"Error: there is no GPU cuda:{torch.cuda.device_count()} (this machine has {torch.cuda.device_count()}). "
-         f"Hint: use cuda:0 … cuda:{torch.cuda.device_count() - 1}"),
-        (["extract", "-m", "googlenet", "-w", "none", "-l", "aux1", "-l", "inception3a", *SMALL, str(images[0])], 1,
-         "Error: layer aux1 never ran during the forward pass. Hint: the model defines it but does not call it "
-         "(in eval mode); pick another with 'hookcli layers'"),
-        (["extract", "-m", "resnet18", "-l", "layer1", str(images[0])], 1,
-         "Error: pretrained weights ResNet18_Weights.IMAGENET1K_V1 are not cached and downloads are off "
-         f"(HOOKCLI_OFFLINE); place https://download.pytorch.org/models/resnet18-f37072fd.pth at "
-         f"{Path(os.environ['TORCH_HOME'])}/hub/checkpoints/resnet18-f37072fd.pth. "
-         "Hint: or use --weights none for random weights"),
+        (
+            [*base, "-l", "layer1", "missing.png"],
+            2,
+            "Error: no such file or folder: 'missing.png'. Hint: check the path",
+        ),
+        (
+            [*base, "-l", "layer1", str(text)],
+            1,
+            f"Error: '{text}' is not an image Pillow can read. Hint: check the file type; text or corrupt files "
+            "cannot be used; or add --on-error skip to leave unreadable images out",
+        ),
+        (
+            ["extract", "-m", "resnet5", "-l", "layer1", str(images[0])],
+            2,
+            "Error: unknown model 'resnet5' (closest: resnet50, resnet152, resnet34). "
+            "Hint: 'hookcli models' lists every model",
+        ),
+        (
+            [*base, "-l", "layer5", str(images[0])],
+            2,
+            "Error: no layer 'layer5' in resnet18 (closest: layer4, layer3, layer2). "
+            "Hint: run 'hookcli layers --model resnet18' to list them",
+        ),
+        (
+            [*base, "-l", "layer1", str(tmp_path / "empty")],
+            2,
+            f"Error: no images found in folder '{tmp_path / 'empty'}'. Hint: image files end in one of .bmp, .gif, "
+            ".jfif, .jpeg, .jpg, .pbm, .pgm, .png, .ppm, .tif, .tiff, .webp",
+        ),
+        (
+            [*base, "-l", "layer1"],
+            2,
+            "Error: no input images were given. Hint: pass image files or folders, or '-' to read paths from stdin",
+        ),
+        (
+            ["extract", "-m", "resnet18", "--seed", "3", "-l", "layer1", str(images[0])],
+            2,
+            "Error: --seed only applies to --weights none (pretrained and file weights are fixed). "
+            "Hint: see 'hookcli extract --help'",
+        ),
+        (
+            ["extract", "-c", str(bad_preset), str(images[0])],
+            2,
+            f"Error: config '{bad_preset}' has an unknown option 'layer_s'. Hint: did you mean 'layer'? valid options: "
+            "batch_size, capture, clip_length, clips_per_video, compile, crop, decode, detections, device, dtype, "
+            "fast_decode, flow, force, frame_stride, fuse, grid, interpolation, layer, mean, memory_format, model, "
+            "on_error, output, pair_with, pool, precision, quiet, recursive, resize, seed, shard_size, std, weights, "
+            "workers",
+        ),
+        (
+            [*base, "-l", "layer1", "--mean", "1,2", str(images[0])],
+            2,
+            "Error: Invalid value for '--mean': '1,2' has 2 values; give one or three (R,G,B). "
+            "Hint: see 'hookcli extract --help'",
+        ),
+        (
+            [*base, "-l", "layer1", "--device", "tpu", str(images[0])],
+            2,
+            "Error: Invalid value for '--device' / '-d': 'tpu' is not a device; use auto, cpu, cuda, cuda:N or mps. "
+            "Hint: see 'hookcli extract --help'",
+        ),
+        (
+            [*base, "-l", "layer1", "--device", "cuda:1", str(images[0])],
+            2,
+            "Error: CUDA is not available on this machine. Hint: use --device cpu (or auto)",
+        )
+        if not torch.cuda.is_available()
+        else (
+            [*base, "-l", "layer1", "--device", f"cuda:{torch.cuda.device_count()}", str(images[0])],
+            2,
+            f"Error: there is no GPU cuda:{torch.cuda.device_count()} (this machine has {torch.cuda.device_count()}). "
+            f"Hint: use cuda:0 … cuda:{torch.cuda.device_count() - 1}",
+        ),
+        (
+            ["extract", "-m", "googlenet", "-w", "none", "-l", "aux1", "-l", "inception3a", *SMALL, str(images[0])],
+            1,
+            "Error: layer aux1 never ran during the forward pass. Hint: the model defines it but does not call it "
+            "(in eval mode); pick another with 'hookcli layers'",
+        ),
+        (
+            ["extract", "-m", "resnet18", "-l", "layer1", str(images[0])],
+            1,
+            "Error: pretrained weights ResNet18_Weights.IMAGENET1K_V1 are not cached and downloads are off "
+            f"(HOOKCLI_OFFLINE); place https://download.pytorch.org/models/resnet18-f37072fd.pth at "
+            f"{Path(os.environ['TORCH_HOME'])}/hub/checkpoints/resnet18-f37072fd.pth. "
+            "Hint: or use --weights none for random weights",
+        ),
     ]
     for args, code, message in cases:
         result = runner.invoke(main, args)
@@ -262,8 +394,22 @@ def test_errors_are_one_line_with_a_hint(runner, images, tmp_path, monkeypatch):
 
 
 def test_an_unexpected_failure_is_one_line_and_debug_shows_the_traceback(runner, images, tmp_path):
-    args = ["extract", "-m", "vgg11", "-w", "none", "-l", "features.20", "--resize", "8", "--crop", "8",
-            "-o", str(tmp_path / "o.safetensors"), str(images[0])]
+    args = [
+        "extract",
+        "-m",
+        "vgg11",
+        "-w",
+        "none",
+        "-l",
+        "features.20",
+        "--resize",
+        "8",
+        "--crop",
+        "8",
+        "-o",
+        str(tmp_path / "o.safetensors"),
+        str(images[0]),
+    ]
     result = runner.invoke(main, args)
     assert result.exit_code == 1
     line = _error(result)
@@ -281,9 +427,25 @@ def test_refuses_to_write_binary_to_a_terminal(images):
     leader, follower = pty.openpty()
     try:
         result = subprocess.run(
-            [sys.executable, "-m", "hookcli", "extract", "-m", "resnet18", "-w", "none", "-l", "layer1", "-o", "-",
-             str(images[0])],
-            stdout=follower, stderr=subprocess.PIPE, text=True, timeout=120,
+            [
+                sys.executable,
+                "-m",
+                "hookcli",
+                "extract",
+                "-m",
+                "resnet18",
+                "-w",
+                "none",
+                "-l",
+                "layer1",
+                "-o",
+                "-",
+                str(images[0]),
+            ],
+            stdout=follower,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
         )
     finally:
         os.close(follower)
@@ -302,14 +464,32 @@ def test_shipped_presets_work_from_any_folder(runner, images, tmp_path, monkeypa
     assert locate_config("resnet50-stages") == PRESETS / "resnet50-stages.toml"
     assert locate_config("configs/vit_b_16-block.toml") == PRESETS / "vit_b_16-block.toml"
     out = tmp_path / "o.safetensors"
-    result = runner.invoke(main, ["extract", "-c", "resnet50-stages", "-w", "none", "--resize", "64", "--crop", "64",
-                                  "-o", str(out), str(images[0])])
+    result = runner.invoke(
+        main,
+        [
+            "extract",
+            "-c",
+            "resnet50-stages",
+            "-w",
+            "none",
+            "--resize",
+            "64",
+            "--crop",
+            "64",
+            "-o",
+            str(out),
+            str(images[0]),
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert sorted(_read(out)[0]) == ["layer1", "layer2", "layer3", "layer4"]
     result = runner.invoke(main, ["extract", "-c", "resnet-stages", str(images[0])])
-    assert (result.exit_code, result.stderr) == (2, "Error: config file not found: 'resnet-stages'. Hint: shipped "
-                                                    "presets: resnet50-stages, vgg16_bn-features18, vit_b_16-block "
-                                                    "(a name is enough)\n")
+    assert (result.exit_code, result.stderr) == (
+        2,
+        "Error: config file not found: 'resnet-stages'. Hint: shipped "
+        "presets: resnet50-stages, vgg16_bn-features18, vit_b_16-block "
+        "(a name is enough)\n",
+    )
 
 
 def test_fast_decode_reads_large_jpegs_at_a_scale_and_says_so(runner, photo, tmp_path):

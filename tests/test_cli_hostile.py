@@ -23,8 +23,11 @@ def _write_safetensors(path: Path, tensors: dict, metadata: dict | None = None) 
     header, data = {}, b""
     for key, array in tensors.items():
         raw = array.astype(array.dtype.newbyteorder("<")).tobytes()
-        header[key] = {"dtype": _SAFETENSORS_DTYPES[array.dtype.name], "shape": list(array.shape),
-                       "data_offsets": [len(data), len(data) + len(raw)]}
+        header[key] = {
+            "dtype": _SAFETENSORS_DTYPES[array.dtype.name],
+            "shape": list(array.shape),
+            "data_offsets": [len(data), len(data) + len(raw)],
+        }
         data += raw
     if metadata is not None:
         header["__metadata__"] = metadata
@@ -37,8 +40,11 @@ def _hostile_file(folder: Path) -> Path:
     return _write_safetensors(
         folder / "evil\x1b[31m\n.safetensors",
         {"red\x1b[31mkey\nrow": np.array([[1.0, 2.0]], dtype="float32")},
-        {"note\tkey": "line1\nline2\x1b[0m\x9b\x7f", "inputs": '["a\\nb.png"]',
-         "scores": '{"a": NaN, "b": [Infinity, -Infinity]}'},
+        {
+            "note\tkey": "line1\nline2\x1b[0m\x9b\x7f",
+            "inputs": '["a\\nb.png"]',
+            "scores": '{"a": NaN, "b": [Infinity, -Infinity]}',
+        },
     )
 
 
@@ -71,16 +77,22 @@ def test_info_json_is_strict_with_non_finite_numbers_as_strings(runner, tmp_path
     assert result.exit_code == 0, result.output
     described = json.loads(result.stdout, parse_constant=_refuse_constant)
     assert described["file"] == str(path)
-    assert described["metadata"] == {"note\tkey": "line1\nline2\x1b[0m\x9b\x7f", "inputs": ["a\nb.png"],
-                                     "scores": {"a": "NaN", "b": ["Infinity", "-Infinity"]}}
+    assert described["metadata"] == {
+        "note\tkey": "line1\nline2\x1b[0m\x9b\x7f",
+        "inputs": ["a\nb.png"],
+        "scores": {"a": "NaN", "b": ["Infinity", "-Infinity"]},
+    }
     assert [t["key"] for t in described["tensors"]] == ["red\x1b[31mkey\nrow"]
 
 
 def test_info_statistics_of_f64_beyond_float32_range_stay_finite_without_warnings(runner, tmp_path):
-    path = _write_safetensors(tmp_path / "wide.safetensors", {
-        "wide": np.array([[-1e300, 1e300]], dtype="float64"),
-        "near_limit": np.array([1e308, 1e308], dtype="float64"),  # their sum overflows float64; the mean must not
-    })
+    path = _write_safetensors(
+        tmp_path / "wide.safetensors",
+        {
+            "wide": np.array([[-1e300, 1e300]], dtype="float64"),
+            "near_limit": np.array([1e308, 1e308], dtype="float64"),  # their sum overflows float64; the mean must not
+        },
+    )
     result = runner.invoke(main, ["info", str(path), "--json"])
     assert result.exit_code == 0, result.output
     assert result.stderr == ""  # no overflow RuntimeWarning (it would be a Note: line)
@@ -94,6 +106,7 @@ def test_info_statistics_of_f64_beyond_float32_range_stay_finite_without_warning
 def _failing(error: Exception):
     def fail(*args, **kwargs):
         raise error
+
     return fail
 
 
@@ -144,7 +157,8 @@ def test_warnings_become_one_note_line_each_once_unless_debug(runner, monkeypatc
         result = runner.invoke(main, ["--debug", "layers", "-m", "resnet18"])
     assert result.exit_code == 0 and result.stderr == "", result.output
     assert [(w.category, str(w.message)) for w in shown] == [
-        *[(RuntimeWarning, "overflow \x1b[31min cast\nsecond line")] * 2, (UserWarning, "decompression bomb"),
+        *[(RuntimeWarning, "overflow \x1b[31min cast\nsecond line")] * 2,
+        (UserWarning, "decompression bomb"),
     ]
 
 
@@ -181,8 +195,13 @@ main(["slow", sys.argv[1]], prog_name="hookcli")
 def test_sigterm_unwinds_like_ctrl_c_removes_temporary_files_and_exits_143(tmp_path):
     output = tmp_path / "out" / "features.safetensors"
     output.parent.mkdir()
-    child = subprocess.Popen([sys.executable, "-c", _SLOW_COMMAND, str(output)], cwd=Path(__file__).parent.parent,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", _SLOW_COMMAND, str(output)],
+        cwd=Path(__file__).parent.parent,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         temporary = child.stdout.readline().strip()
         assert temporary.endswith(".part") and (output.parent / temporary).exists(), child.stderr.read()

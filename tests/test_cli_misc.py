@@ -41,32 +41,44 @@ def test_layers_nl_is_one_object_per_line(runner):
 def test_layers_refuses_json_and_nl_together(runner):
     result = runner.invoke(main, ["layers", "-m", "resnet18", "--json", "--nl"])
     assert result.exit_code == 2
-    assert result.stderr == (
-        "Error: --json and --nl cannot be used together. Hint: see 'hookcli layers --help'\n"
-    )
+    assert result.stderr == ("Error: --json and --nl cannot be used together. Hint: see 'hookcli layers --help'\n")
 
 
 def test_models_lists_every_family(runner):
     result = runner.invoke(main, ["models", "--json"])
     assert result.exit_code == 0, result.output
     rows = {r["model"]: r for r in json.loads(result.stdout)}
-    assert rows["vgg16_bn"] == {"model": "vgg16_bn", "family": "classification", "default": "IMAGENET1K_V1",
-                                "weights": ["IMAGENET1K_V1"]}
+    assert rows["vgg16_bn"] == {
+        "model": "vgg16_bn",
+        "family": "classification",
+        "default": "IMAGENET1K_V1",
+        "weights": ["IMAGENET1K_V1"],
+    }
     assert rows["resnet50"]["default"] == "IMAGENET1K_V2"
-    assert {rows[name]["family"] for name in ("fasterrcnn_resnet50_fpn", "maskrcnn_resnet50_fpn",
-                                              "keypointrcnn_resnet50_fpn")} == {"detection"}
-    assert [rows[name]["family"] for name in ("fcn_resnet50", "r3d_18", "raft_small", "quantized_resnet18")] \
-        == ["segmentation", "video", "optical_flow", "quantized"]
+    assert {
+        rows[name]["family"]
+        for name in ("fasterrcnn_resnet50_fpn", "maskrcnn_resnet50_fpn", "keypointrcnn_resnet50_fpn")
+    } == {"detection"}
+    assert [rows[name]["family"] for name in ("fcn_resnet50", "r3d_18", "raft_small", "quantized_resnet18")] == [
+        "segmentation",
+        "video",
+        "optical_flow",
+        "quantized",
+    ]
     table = runner.invoke(main, ["models", "--family", "optical_flow"]).stdout.splitlines()
-    assert table == ["model       family        weights",
-                     "raft_large  optical_flow  C_T_V1 C_T_V2 C_T_SKHT_V1 C_T_SKHT_V2 C_T_SKHT_K_V1 C_T_SKHT_K_V2 "
-                     "(default C_T_SKHT_V2)",
-                     "raft_small  optical_flow  C_T_V1 C_T_V2 (default C_T_V2)"]
+    assert table == [
+        "model       family        weights",
+        "raft_large  optical_flow  C_T_V1 C_T_V2 C_T_SKHT_V1 C_T_SKHT_V2 C_T_SKHT_K_V1 C_T_SKHT_K_V2 "
+        "(default C_T_SKHT_V2)",
+        "raft_small  optical_flow  C_T_V1 C_T_V2 (default C_T_V2)",
+    ]
 
 
 def test_help_does_not_import_torch():
-    code = "import sys, hookcli.cli; sys.argv = ['hookcli', '--help']\ntry:\n    hookcli.cli.main()\n" \
-           "except SystemExit:\n    pass\nprint('torch' in sys.modules, 'torchvision' in sys.modules)"
+    code = (
+        "import sys, hookcli.cli; sys.argv = ['hookcli', '--help']\ntry:\n    hookcli.cli.main()\n"
+        "except SystemExit:\n    pass\nprint('torch' in sys.modules, 'torchvision' in sys.modules)"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.splitlines()[-1] == "False False"
     assert "extract" in result.stdout and "layers" in result.stdout

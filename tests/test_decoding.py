@@ -11,10 +11,10 @@ from safetensors import safe_open
 from hookcli.cli import main
 from hookcli.inputs.decoding import DeviceDecoder, EncodedImages, collate, upright
 from hookcli.inputs.images import load_rgb, read_jpeg
-from hookcli.models.loading import load_model
-from hookcli.run.settings import RunSettings
-from hookcli.run.pipeline import iter_batches
 from hookcli.inputs.preprocess import Preprocess
+from hookcli.models.loading import load_model
+from hookcli.run.pipeline import iter_batches
+from hookcli.run.settings import RunSettings
 
 CPU = torch.device("cpu")
 PLAIN = {"mean": None, "std": None}  # values in [0, 1], so a level of difference is 1/255
@@ -65,8 +65,10 @@ def test_the_workers_leave_whole_jpegs_as_bytes_and_preprocess_other_images(phot
     images = EncodedImages(paths, preprocess)
     indices, encoded, failures = collate([images[i] for i in range(len(paths))])
     assert (indices, failures) == ([0, 1, 2, 3, 4], [])
-    assert [(k, jpeg.path, jpeg.size) for k, jpeg in encoded.jpegs] == [(0, str(photo), (512, 600)),
-                                                                       (3, str(gray), (512, 600))]
+    assert [(k, jpeg.path, jpeg.size) for k, jpeg in encoded.jpegs] == [
+        (0, str(photo), (512, 600)),
+        (3, str(gray), (512, 600)),
+    ]
     assert encoded.positions == [1, 2, 4]  # a file that goes on after its JPEG ends is Pillow's to read
     assert torch.equal(encoded.prepared, torch.stack(_on_cpu([png, cmyk, trailing], preprocess)))
     _, batch, _ = _decoded(paths, preprocess)
@@ -105,8 +107,11 @@ def test_nearest_neighbour_is_pillows_at_the_usual_sizes(photo):
 
 
 def test_images_of_several_sizes_are_preprocessed_as_one_at_a_time(photo, tmp_path, make_image):
-    paths = [make_image(tmp_path / "a.png", size=(50, 40)), photo,
-             make_image(tmp_path / "b.png", size=(50, 40), seed=1)]
+    paths = [
+        make_image(tmp_path / "a.png", size=(50, 40)),
+        photo,
+        make_image(tmp_path / "b.png", size=(50, 40), seed=1),
+    ]
     preprocess = Preprocess(resize=24, crop=20)
     _, together, _ = _decoded(paths, preprocess)
     for k, path in enumerate(paths):
@@ -147,7 +152,7 @@ def test_segmentation_rows_keep_their_own_shapes(photo, tmp_path, make_image):
 def test_unreadable_images_fail_with_the_cpu_paths_messages(photo, tmp_path):
     data = photo.read_bytes()
     truncated = tmp_path / "truncated.jpg"
-    truncated.write_bytes(data[:len(data) // 2])
+    truncated.write_bytes(data[: len(data) // 2])
     text = tmp_path / "text.jpg"
     text.write_text("not a picture")
     empty = tmp_path / "empty.jpg"
@@ -156,8 +161,9 @@ def test_unreadable_images_fail_with_the_cpu_paths_messages(photo, tmp_path):
     loaded = load_model("resnet18", "none")
     found = {}
     for decode in ("cpu", "device"):
-        settings = RunSettings(preprocess=loaded.preprocess.replace(resize=32, crop=32, decode=decode),
-                               on_error="skip", batch_size=8)
+        settings = RunSettings(
+            preprocess=loaded.preprocess.replace(resize=32, crop=32, decode=decode), on_error="skip", batch_size=8
+        )
         (batch,) = iter_batches(loaded, {"layer1": "layer1"}, inputs, settings)
         found[decode] = batch
     assert found["device"].indices == found["cpu"].indices == [0, 5]
@@ -188,37 +194,89 @@ def test_a_jpeg_the_device_decoder_refuses_is_decoded_by_pillow_and_said_once(ph
     assert (indices, failures) == ([0, 1, 2], [])
     assert torch.equal(rows[1], _on_cpu([photo], preprocess)[0])
     assert torch.equal(rows[0], _on_cpu([other], preprocess)[0])
-    assert notes == [f"--decode device: torchvision's CPU decoder refused '{photo}' (nvjpegDecode failed: 6); "
-                     "Pillow decoded it, as it will any other such image"]
+    assert notes == [
+        f"--decode device: torchvision's CPU decoder refused '{photo}' (nvjpegDecode failed: 6); "
+        "Pillow decoded it, as it will any other such image"
+    ]
 
 
-@pytest.mark.parametrize(("failure", "message"), [
-    ("nvjpegDecode failed: 6", "Error: --decode device: torchvision's CPU decoder decodes none of these JPEGs "
-     "(Error while decoding JPEG images: nvjpegDecode failed: 6). Hint: this torchvision may lack nvJPEG; use "
-     "--decode cpu"),
-    ("CUDA out of memory. Tried to allocate 2.00 GiB", "Error: --decode device: the device ran out of memory "
-     "decoding a batch (Error while decoding JPEG images: CUDA out of memory. Tried to allocate 2.00 GiB). Hint: "
-     "give a smaller --batch-size, or --decode cpu"),
-])
-def test_a_decoder_that_decodes_nothing_or_runs_out_of_memory_stops_the_run(runner, photo, monkeypatch, failure,
-                                                                             message):
+@pytest.mark.parametrize(
+    ("failure", "message"),
+    [
+        (
+            "nvjpegDecode failed: 6",
+            "Error: --decode device: torchvision's CPU decoder decodes none of these JPEGs "
+            "(Error while decoding JPEG images: nvjpegDecode failed: 6). Hint: this torchvision may lack nvJPEG; use "
+            "--decode cpu",
+        ),
+        (
+            "CUDA out of memory. Tried to allocate 2.00 GiB",
+            "Error: --decode device: the device ran out of memory "
+            "decoding a batch (Error while decoding JPEG images: CUDA out of memory. Tried to allocate 2.00 GiB). "
+            "Hint: "
+            "give a smaller --batch-size, or --decode cpu",
+        ),
+    ],
+)
+def test_a_decoder_that_decodes_nothing_or_runs_out_of_memory_stops_the_run(
+    runner, photo, monkeypatch, failure, message
+):
     import torchvision.io
 
     def failing(data, **options):
         raise RuntimeError(f"Error while decoding JPEG images: {failure}")
 
     monkeypatch.setattr(torchvision.io, "decode_jpeg", failing)
-    result = runner.invoke(main, ["extract", "-m", "resnet18", "-w", "none", "-l", "layer1", "--resize", "32",
-                                  "--crop", "32", "--decode", "device", "-q", *[str(photo)] * 8])
+    result = runner.invoke(
+        main,
+        [
+            "extract",
+            "-m",
+            "resnet18",
+            "-w",
+            "none",
+            "-l",
+            "layer1",
+            "--resize",
+            "32",
+            "--crop",
+            "32",
+            "--decode",
+            "device",
+            "-q",
+            *[str(photo)] * 8,
+        ],
+    )
     assert (result.exit_code, result.stderr) == (1 if "memory" in failure else 2, message + "\n")
 
 
 def test_extract_with_device_decoding_records_it_and_keeps_the_values(runner, photo, tmp_path, make_image):
     png = make_image(tmp_path / "a.png", size=(70, 50))
-    base = ["extract", "-m", "resnet18", "-w", "none", "-l", "layer2", "--pool", "avg", "--resize", "40", "--crop",
-            "32", "-q", str(photo), str(png), str(photo)]
-    results = {decode: runner.invoke(main, [*base, "--decode", decode, "--workers", "1", "-o",
-                                            str(tmp_path / f"{decode}.safetensors")]) for decode in ("cpu", "device")}
+    base = [
+        "extract",
+        "-m",
+        "resnet18",
+        "-w",
+        "none",
+        "-l",
+        "layer2",
+        "--pool",
+        "avg",
+        "--resize",
+        "40",
+        "--crop",
+        "32",
+        "-q",
+        str(photo),
+        str(png),
+        str(photo),
+    ]
+    results = {
+        decode: runner.invoke(
+            main, [*base, "--decode", decode, "--workers", "1", "-o", str(tmp_path / f"{decode}.safetensors")]
+        )
+        for decode in ("cpu", "device")
+    }
     assert all(result.exit_code == 0 for result in results.values()), [r.output for r in results.values()]
     files = {decode: safe_open(tmp_path / f"{decode}.safetensors", "pt") for decode in results}
     device, cpu = (files[d].get_tensor("layer2") for d in ("device", "cpu"))
@@ -230,32 +288,79 @@ def test_extract_with_device_decoding_records_it_and_keeps_the_values(runner, ph
 
 
 def test_a_folder_started_on_one_decoder_is_not_continued_on_the_other(runner, photo, tmp_path):
-    base = ["extract", "-m", "resnet18", "-w", "none", "-l", "layer1", "--resize", "32", "--crop", "32", "-q",
-            "-o", f"{tmp_path}/feats/", str(photo)]
+    base = [
+        "extract",
+        "-m",
+        "resnet18",
+        "-w",
+        "none",
+        "-l",
+        "layer1",
+        "--resize",
+        "32",
+        "--crop",
+        "32",
+        "-q",
+        "-o",
+        f"{tmp_path}/feats/",
+        str(photo),
+    ]
     assert runner.invoke(main, [*base, "--decode", "device"]).exit_code == 0
     result = runner.invoke(main, [*base, "--decode", "cpu"])
-    assert (result.exit_code, result.stderr) == (2, f"Error: '{tmp_path}/feats/' holds a different run (it "
-                                                    "differs in: preprocess). Hint: run the same command to continue "
-                                                    "it, add --force to replace it, or use another folder\n")
+    assert (result.exit_code, result.stderr) == (
+        2,
+        f"Error: '{tmp_path}/feats/' holds a different run (it "
+        "differs in: preprocess). Hint: run the same command to continue "
+        "it, add --force to replace it, or use another folder\n",
+    )
 
 
 def test_grad_runs_on_device_decoded_images(runner, photo, tmp_path):
     out = tmp_path / "grads.safetensors"
-    result = runner.invoke(main, ["grad", "-m", "resnet18", "-w", "none", "-l", "layer4", "--resize", "32", "--crop",
-                                  "32", "--decode", "device", "-q", "-o", str(out), str(photo)])
+    result = runner.invoke(
+        main,
+        [
+            "grad",
+            "-m",
+            "resnet18",
+            "-w",
+            "none",
+            "-l",
+            "layer4",
+            "--resize",
+            "32",
+            "--crop",
+            "32",
+            "--decode",
+            "device",
+            "-q",
+            "-o",
+            str(out),
+            str(photo),
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert safe_open(out, "pt").get_tensor("layer4").shape == (1, 512, 1, 1)
 
 
-@pytest.mark.parametrize(("arguments", "message"), [
-    (["-m", "resnet18", "--decode", "device", "--fast-decode"],
-     "Error: --fast-decode and --decode device cannot be combined. Hint: --fast-decode is a reduced scale of the "
-     "CPU's decoder; give one of them\n"),
-    (["-m", "r3d_18", "--decode", "device"],
-     "Error: --decode device reads image files, and this video model takes frames decoded on the CPU. Hint: leave "
-     "out --decode device\n"),
-    (["-m", "resnet18", "--decode", "gpu"], None),
-])
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (
+            ["-m", "resnet18", "--decode", "device", "--fast-decode"],
+            "Error: --fast-decode and --decode device cannot be combined. Hint: --fast-decode is a reduced scale of "
+            "the "
+            "CPU's decoder; give one of them\n",
+        ),
+        (
+            ["-m", "r3d_18", "--decode", "device"],
+            "Error: --decode device reads image files, and this video model takes frames decoded on the CPU. Hint: "
+            "leave "
+            "out --decode device\n",
+        ),
+        (["-m", "resnet18", "--decode", "gpu"], None),
+    ],
+)
 def test_device_decoding_is_refused_where_it_cannot_apply(runner, photo, arguments, message):
     result = runner.invoke(main, ["extract", "-w", "none", "-l", "layer1", *arguments, str(photo)])
     assert result.exit_code == 2

@@ -8,22 +8,29 @@ import torch
 import hookcli
 from hookcli.cli import main
 from hookcli.errors import FeatureFileError
-from hookcli.storage.fileformat import RunFacts, RunRecord, run_metadata
 from hookcli.inputs.preprocess import Preprocess
+from hookcli.storage.features import FeatureFile, Features, write_safetensors
+from hookcli.storage.fileformat import RunFacts, RunRecord, run_metadata
 from hookcli.storage.shard_writer import ShardWriter
 from hookcli.storage.shards import ShardedFeatures
-from hookcli.storage.features import FeatureFile, Features, write_safetensors
 from hookcli.storage.writers import RowBuffer
 
 
-@pytest.mark.parametrize("model, options, path, shape", [
-    ("fasterrcnn_mobilenet_v3_large_320_fpn", ["--input-size", "96"], "backbone.body", {"0": [1, 160, 10, 10],
-                                                                                        "1": [1, 960, 10, 10]}),
-    ("lraspp_mobilenet_v3_large", ["--input-size", "64"], "classifier", [1, 21, 8, 8]),
-    ("r3d_18", ["--input-size", "32", "--frames", "4"], "layer2", [1, 128, 2, 8, 8]),
-    ("raft_small", ["--input-size", "128"], "update_block.flow_head", [1, 2, 16, 16]),
-    ("quantized_resnet18", ["--input-size", "64"], "layer4", [1, 512, 2, 2]),
-])
+@pytest.mark.parametrize(
+    "model, options, path, shape",
+    [
+        (
+            "fasterrcnn_mobilenet_v3_large_320_fpn",
+            ["--input-size", "96"],
+            "backbone.body",
+            {"0": [1, 160, 10, 10], "1": [1, 960, 10, 10]},
+        ),
+        ("lraspp_mobilenet_v3_large", ["--input-size", "64"], "classifier", [1, 21, 8, 8]),
+        ("r3d_18", ["--input-size", "32", "--frames", "4"], "layer2", [1, 128, 2, 8, 8]),
+        ("raft_small", ["--input-size", "128"], "update_block.flow_head", [1, 2, 16, 16]),
+        ("quantized_resnet18", ["--input-size", "64"], "layer4", [1, 512, 2, 2]),
+    ],
+)
 def test_layers_runs_each_family_on_its_natural_input(runner, model, options, path, shape):
     result = runner.invoke(main, ["layers", "--model", model, "--json", *options])
     assert result.exit_code == 0, result.output
@@ -34,20 +41,25 @@ def test_layers_runs_each_family_on_its_natural_input(runner, model, options, pa
 def test_layers_of_a_detection_model_shows_its_final_detections(runner):
     rows = {row.path: row for row in hookcli.layers("fasterrcnn_mobilenet_v3_large_320_fpn", input_size=64)}
     assert rows["transform"].output[0] is None  # an ImageList is not a tensor
-    assert rows["roi_heads"].output[0][0] == {"boxes": [rows["roi_heads"].output[0][0]["boxes"][0], 4],
-                                              "labels": rows["roi_heads"].output[0][0]["labels"],
-                                              "scores": rows["roi_heads"].output[0][0]["scores"]}
+    assert rows["roi_heads"].output[0][0] == {
+        "boxes": [rows["roi_heads"].output[0][0]["boxes"][0], 4],
+        "labels": rows["roi_heads"].output[0][0]["labels"],
+        "scores": rows["roi_heads"].output[0][0]["scores"],
+    }
 
 
-@pytest.mark.parametrize("name, kind, resize, crop, mean", [
-    ("resnet18", "classification", 256, 224, (0.485, 0.456, 0.406)),
-    ("deeplabv3_resnet50", "segmentation", 520, None, (0.485, 0.456, 0.406)),
-    ("fasterrcnn_resnet50_fpn", "detection", None, None, None),
-    ("r2plus1d_18", "video", (128, 171), 112, (0.43216, 0.394666, 0.37645)),
-    ("mvit_v2_s", "video", 256, 224, (0.45, 0.45, 0.45)),
-    ("raft_large", "optical_flow", None, None, (0.5, 0.5, 0.5)),
-    ("quantized_mobilenet_v2", "classification", 256, 224, (0.485, 0.456, 0.406)),
-])
+@pytest.mark.parametrize(
+    "name, kind, resize, crop, mean",
+    [
+        ("resnet18", "classification", 256, 224, (0.485, 0.456, 0.406)),
+        ("deeplabv3_resnet50", "segmentation", 520, None, (0.485, 0.456, 0.406)),
+        ("fasterrcnn_resnet50_fpn", "detection", None, None, None),
+        ("r2plus1d_18", "video", (128, 171), 112, (0.43216, 0.394666, 0.37645)),
+        ("mvit_v2_s", "video", 256, 224, (0.45, 0.45, 0.45)),
+        ("raft_large", "optical_flow", None, None, (0.5, 0.5, 0.5)),
+        ("quantized_mobilenet_v2", "classification", 256, 224, (0.485, 0.456, 0.406)),
+    ],
+)
 def test_each_family_takes_its_weights_own_preprocessing(name, kind, resize, crop, mean):
     import torchvision.models
 
@@ -81,8 +93,10 @@ def test_family_transforms_equal_torchvisions_presets(photo):
 
 
 def test_a_preprocessing_record_is_checked_for_its_kind():
-    with pytest.raises(ValueError, match="kind must be one of classification, segmentation, detection, video, "
-                                         "optical_flow, not 'audio'"):
+    with pytest.raises(
+        ValueError,
+        match="kind must be one of classification, segmentation, detection, video, optical_flow, not 'audio'",
+    ):
         Preprocess.from_metadata(json.dumps({"resize": 1, "crop": 1, "kind": "audio"}))
     with pytest.raises(ValueError, match="crop must be a whole number from 1 to 8192, not None"):
         Preprocess(resize=256, crop=None, kind="video")
@@ -98,8 +112,11 @@ def test_a_preprocessing_record_is_checked_for_its_kind():
 
 def _ragged_rows() -> RowBuffer:
     rows = RowBuffer(3)
-    rows.add({"maps": [torch.full((2, 3, 4), 1.0), torch.full((2, 5, 2), 2.0)], "flat": torch.tensor([1.0, 2.0])},
-             slice(None), ["a.jpg", "b.jpg"])
+    rows.add(
+        {"maps": [torch.full((2, 3, 4), 1.0), torch.full((2, 5, 2), 2.0)], "flat": torch.tensor([1.0, 2.0])},
+        slice(None),
+        ["a.jpg", "b.jpg"],
+    )
     rows.add({"maps": [torch.full((2, 1, 6), 3.0)], "flat": torch.tensor([3.0])}, slice(None), ["c.jpg"])
     return rows
 
@@ -107,12 +124,26 @@ def _ragged_rows() -> RowBuffer:
 def test_ragged_rows_are_stored_padded_with_each_rows_shape(tmp_path):
     tensors = _ragged_rows().tensors()
     assert list(tensors) == ["maps", "maps@shape", "flat"]
-    assert tensors["maps"].shape == (3, 2, 5, 6) and tensors["maps@shape"].tolist() == [[2, 3, 4], [2, 5, 2],
-                                                                                            [2, 1, 6]]
+    assert tensors["maps"].shape == (3, 2, 5, 6) and tensors["maps@shape"].tolist() == [[2, 3, 4], [2, 5, 2], [2, 1, 6]]
     assert tensors["maps"][0, :, 3:].abs().sum() == 0 and tensors["maps"][0, :, :, 4:].abs().sum() == 0
-    record = RunRecord(model="m", weights={}, layers={"x": "maps"}, layer_types={"x": "Conv2d"}, capture="output",
-                       preprocess={}, pool="none", dtype="float32", precision="fp32", memory_format="contiguous",
-                       fuse=False, device="cpu", on_error="fail", shard_size=None, inputs=(), command={})
+    record = RunRecord(
+        model="m",
+        weights={},
+        layers={"x": "maps"},
+        layer_types={"x": "Conv2d"},
+        capture="output",
+        preprocess={},
+        pool="none",
+        dtype="float32",
+        precision="fp32",
+        memory_format="contiguous",
+        fuse=False,
+        device="cpu",
+        on_error="fail",
+        shard_size=None,
+        inputs=(),
+        command={},
+    )
     metadata = run_metadata(record, RunFacts(calls={"x": 1}), keys=list(tensors))
     assert metadata["format"] == "2" and json.loads(metadata["layers"])["x"]["keys"] == ["maps"]
     path = tmp_path / "r.safetensors"
@@ -135,29 +166,42 @@ def test_a_companion_that_does_not_fit_is_refused(tmp_path):
     write_safetensors({**tensors, "maps@shape": tensors["maps@shape"][:, :2]}, {}, path)
     with pytest.raises(FeatureFileError) as caught:
         FeatureFile(path)
-    assert str(caught.value).startswith(f"'{path}' is damaged: 'maps@shape' is not the row shapes of 'maps' "
-                                        "[3, 2, 5, 6]")
+    assert str(caught.value).startswith(
+        f"'{path}' is damaged: 'maps@shape' is not the row shapes of 'maps' [3, 2, 5, 6]"
+    )
     shapes = tensors["maps@shape"].clone()
     shapes[1, 1] = 9
     write_safetensors({**tensors, "maps@shape": shapes}, {}, path, force=True)
     with FeatureFile(path) as features, pytest.raises(FeatureFileError) as caught:
         features.read("maps", 1)
-    assert str(caught.value).startswith(f"'{path}' is damaged: row 1 of 'maps' claims shape [2, 9, 2], outside "
-                                        "the stored [2, 5, 6]")
+    assert str(caught.value).startswith(
+        f"'{path}' is damaged: row 1 of 'maps' claims shape [2, 9, 2], outside the stored [2, 5, 6]"
+    )
 
 
 def test_a_shard_folder_reads_ragged_rows_across_shards(tmp_path):
     folder = tmp_path / "feats"
     writer = ShardWriter(folder, {"run": 1}, 3)
-    header = {"hookcli_index": 1, "identity": {"run": 1}, "shard_size": 2, "inputs": 3,
-              "shard_name": "features-{:05d}.safetensors", "metadata": {"format": "2"}}
+    header = {
+        "hookcli_index": 1,
+        "identity": {"run": 1},
+        "shard_size": 2,
+        "inputs": 3,
+        "shard_name": "features-{:05d}.safetensors",
+        "metadata": {"format": "2"},
+    }
     writer.start_writing(header)
     first, second = RowBuffer(2), RowBuffer(1)
     first.add({"maps": [torch.ones(1, 2, 3), torch.ones(1, 4, 1)]}, slice(None), ["a", "b"])
     second.add({"maps": [torch.full((1, 1, 5), 7.0)]}, slice(None), ["c"])
     for number, rows in enumerate((first, second)):
-        writer.submit(number, rows.tensors(), {"format": "2", "shard": str(number), "inputs": json.dumps(rows.inputs)},
-                      rows.inputs, [])
+        writer.submit(
+            number,
+            rows.tensors(),
+            {"format": "2", "shard": str(number), "inputs": json.dumps(rows.inputs)},
+            rows.inputs,
+            [],
+        )
     writer.close()
     with ShardedFeatures(folder) as features:
         assert features.ragged("maps") and features.shape("maps") == [3, 1, 4, 5]
@@ -170,9 +214,11 @@ def test_a_shard_folder_reads_ragged_rows_across_shards(tmp_path):
 def test_layers_says_when_the_dummy_input_is_too_small_for_the_model(runner):
     result = runner.invoke(main, ["layers", "--model", "s3d", "--input-size", "64", "--frames", "4"])
     assert result.exit_code == 1
-    assert result.output == ("Error: s3d cannot run on the dummy clip: Given input size: (832x1x4x4). Calculated "
-                             "output size: (832x0x2x2). Output size is too small. Hint: give another --input-size "
-                             "or --frames\n")
+    assert result.output == (
+        "Error: s3d cannot run on the dummy clip: Given input size: (832x1x4x4). Calculated "
+        "output size: (832x0x2x2). Output size is too small. Hint: give another --input-size "
+        "or --frames\n"
+    )
 
 
 def test_a_key_that_changes_form_between_batches_is_refused():

@@ -39,14 +39,16 @@ def _gradient_by_hand(module, path, forward, score):
 
 def _segmentation_input(path, size):
     image = F.resize(Image.open(path), [size])
-    return F.normalize(F.convert_image_dtype(F.pil_to_tensor(image), torch.float), [0.485, 0.456, 0.406],
-                       [0.229, 0.224, 0.225])[None]
+    return F.normalize(
+        F.convert_image_dtype(F.pil_to_tensor(image), torch.float), [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+    )[None]
 
 
 def test_segmentation_gradients_are_of_the_class_mask(tmp_path):
     images = [_noise(tmp_path / "a.png", (48, 40), 0), _noise(tmp_path / "b.png", (40, 56), 1)]
-    features = hookcli.grad("lraspp_mobilenet_v3_large", "backbone.12", images, weights="none", resize=32,
-                            target="top1")
+    features = hookcli.grad(
+        "lraspp_mobilenet_v3_large", "backbone.12", images, weights="none", resize=32, target="top1"
+    )
     targets = json.loads(features.metadata["targets"])
     loaded = load_model("lraspp_mobilenet_v3_large", "none")
     for index, path in enumerate(images):
@@ -67,8 +69,7 @@ def test_segmentation_gradients_are_of_the_class_mask(tmp_path):
 
 def test_segmentation_gradients_of_batches_of_one_shape_then_another_keep_each_rows_shape(tmp_path):
     images = [_noise(tmp_path / "a.png", (48, 40), 0), _noise(tmp_path / "b.png", (40, 56), 1)]
-    features = hookcli.grad("lraspp_mobilenet_v3_large", "backbone.12", images, weights="none", resize=32,
-                            batch_size=1)
+    features = hookcli.grad("lraspp_mobilenet_v3_large", "backbone.12", images, weights="none", resize=32, batch_size=1)
     whole = hookcli.grad("lraspp_mobilenet_v3_large", "backbone.12", images, weights="none", resize=32)
     assert [features.row_shape("backbone.12@grad", i) for i in range(2)] == [[112, 2, 3], [112, 3, 2]]
     for key in ("backbone.12", "backbone.12@grad"):
@@ -78,14 +79,19 @@ def test_segmentation_gradients_of_batches_of_one_shape_then_another_keep_each_r
 
 def test_a_region_scores_the_class_over_the_box(tmp_path):
     image = _noise(tmp_path / "a.png", (48, 48), 0)
-    features = hookcli.grad("lraspp_mobilenet_v3_large", "backbone.12", image, weights="none", resize=32,
-                            target="5", region="0,0,0.5,0.25")
+    features = hookcli.grad(
+        "lraspp_mobilenet_v3_large", "backbone.12", image, weights="none", resize=32, target="5", region="0,0,0.5,0.25"
+    )
     (row,) = json.loads(features.metadata["targets"])
     assert row[0]["pixels"] == 16 * 8 and row[0]["class"] == 5 and features.metadata["target"] == "5 in 0,0,0.5,0.25"
     assert row[0]["region"] == [0.0, 0.0, 0.5, 0.25]
     loaded = load_model("lraspp_mobilenet_v3_large", "none")
-    _, gradient = _gradient_by_hand(loaded.module, "backbone.12", lambda: loaded.module(_segmentation_input(image, 32)),
-                                    lambda output: output["out"][0, 5, :8, :16].sum())
+    _, gradient = _gradient_by_hand(
+        loaded.module,
+        "backbone.12",
+        lambda: loaded.module(_segmentation_input(image, 32)),
+        lambda output: output["out"][0, 5, :8, :16].sum(),
+    )
     torch.testing.assert_close(features.row("backbone.12@grad", 0), gradient[0], rtol=1e-4, atol=1e-7)
 
 
@@ -103,8 +109,11 @@ def test_detection_gradients_are_of_the_best_detections_score(tmp_path):
     targets = json.loads(features.metadata["targets"])
     tensors = [F.convert_image_dtype(F.pil_to_tensor(Image.open(p)), torch.float) for p in images]
     activation, gradient = _gradient_by_hand(
-        loaded.module, "backbone.body.12", lambda: loaded.module(tensors),
-        lambda output: sum(found["scores"][found["scores"].detach().argmax()] for found in output))
+        loaded.module,
+        "backbone.body.12",
+        lambda: loaded.module(tensors),
+        lambda output: sum(found["scores"][found["scores"].detach().argmax()] for found in output),
+    )
     with torch.no_grad():
         found = loaded.module(tensors)
         resized = loaded.module.transform(tensors)[0]
@@ -115,8 +124,9 @@ def test_detection_gradients_are_of_the_best_detections_score(tmp_path):
         assert targets[index][0]["box"] == [round(float(v), 2) for v in found[index]["boxes"][best]]
         rows = -(-activation.shape[2] * height // padded[0])
         columns = -(-activation.shape[3] * width // padded[1])
-        torch.testing.assert_close(features.row("backbone.body.12@grad", index),
-                                   gradient[index, :, :rows, :columns], rtol=1e-4, atol=1e-9)
+        torch.testing.assert_close(
+            features.row("backbone.body.12@grad", index), gradient[index, :, :rows, :columns], rtol=1e-4, atol=1e-9
+        )
 
 
 def test_a_detection_is_named_by_its_place_in_the_output(tmp_path):
@@ -127,15 +137,15 @@ def test_a_detection_is_named_by_its_place_in_the_output(tmp_path):
     assert rows[0][0]["box"] == rows[1][0]["box"] and rows[0][0]["score"] > 0
     missing = hookcli.grad(_detector(), "backbone.body.12", image, target="#99")
     assert json.loads(missing.metadata["targets"])[0][0]["detection"] is None
-    with pytest.raises(UsageProblem, match="target '#3' names a detection, and only detection models give "
-                                                   "detections"):
+    with pytest.raises(UsageProblem, match="target '#3' names a detection, and only detection models give detections"):
         hookcli.grad("resnet18", "layer4", image, weights="none", target="#3")
 
 
 def test_an_image_without_the_asked_detection_says_so_and_has_no_gradient(tmp_path):
     image = _noise(tmp_path / "a.png", (48, 48), 0)
-    features = hookcli.grad("fasterrcnn_mobilenet_v3_large_320_fpn", "backbone.body.12", image, weights="none",
-                            target="top2")  # random weights find nothing above the model's threshold
+    features = hookcli.grad(
+        "fasterrcnn_mobilenet_v3_large_320_fpn", "backbone.body.12", image, weights="none", target="top2"
+    )  # random weights find nothing above the model's threshold
     (row,) = json.loads(features.metadata["targets"])
     assert row == [{"detection": None, "class": None, "name": None, "score": None, "box": None}] * 2
     assert float(features.row("backbone.body.12@grad#1", 0).abs().sum()) == 0
@@ -166,20 +176,36 @@ def test_detection_cam_rows_are_each_images_own_map(tmp_path):
     assert abs(cyan[:, 1].min() - x0 * scale) <= 3 and abs(cyan[:, 1].max() - x1 * scale) <= 3
 
 
-@pytest.mark.parametrize("arguments, message", [
-    (["cam", "-m", "raft_small"], "Error: cam does not apply to optical flow models. Hint: a flow field is not a "
-                                  "class score; extract the layers instead"),
-    (["grad", "-m", "quantized_resnet18", "-l", "layer1"],
-     "Error: grad does not apply to quantized models. Hint: quantized kernels have no backward; use the float model "
-     "(the name without quantized_)"),
-    (["cam", "-m", "r3d_18"], "Error: cam does not apply to video models. Hint: a clip has no one photo to draw a "
-                              "map over; 'hookcli grad' gives the gradients of a video model"),
-    (["grad", "-m", "resnet18", "-l", "layer1", "--region", "0,0,1,1"],
-     "Error: --region applies to segmentation models. Hint: see 'hookcli grad --help'"),
-    (["grad", "-m", "lraspp_mobilenet_v3_large", "-l", "backbone.1", "--region", "0,0,1"],
-     "Error: region '0,0,1' is not x0,y0,x1,y1 with fractions of the image from 0 to 1, x0 < x1 and y0 < y1. "
-     "Hint: for example --region 0.25,0.25,0.75,0.75 (the middle)"),
-])
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        (
+            ["cam", "-m", "raft_small"],
+            "Error: cam does not apply to optical flow models. Hint: a flow field is not a "
+            "class score; extract the layers instead",
+        ),
+        (
+            ["grad", "-m", "quantized_resnet18", "-l", "layer1"],
+            "Error: grad does not apply to quantized models. Hint: quantized kernels have no backward; use the float "
+            "model "
+            "(the name without quantized_)",
+        ),
+        (
+            ["cam", "-m", "r3d_18"],
+            "Error: cam does not apply to video models. Hint: a clip has no one photo to draw a "
+            "map over; 'hookcli grad' gives the gradients of a video model",
+        ),
+        (
+            ["grad", "-m", "resnet18", "-l", "layer1", "--region", "0,0,1,1"],
+            "Error: --region applies to segmentation models. Hint: see 'hookcli grad --help'",
+        ),
+        (
+            ["grad", "-m", "lraspp_mobilenet_v3_large", "-l", "backbone.1", "--region", "0,0,1"],
+            "Error: region '0,0,1' is not x0,y0,x1,y1 with fractions of the image from 0 to 1, x0 < x1 and y0 < y1. "
+            "Hint: for example --region 0.25,0.25,0.75,0.75 (the middle)",
+        ),
+    ],
+)
 def test_families_without_gradients_are_refused_with_why(tmp_path, runner, arguments, message):
     image = _noise(tmp_path / "a.png", (32, 32), 0)
     result = runner.invoke(main, [*arguments, "-w", "none", str(image), "-o", str(tmp_path / "out")])

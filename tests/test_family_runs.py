@@ -40,8 +40,7 @@ def _frames(count, size=(40, 32), seed=0) -> np.ndarray:
 def _by_hand(module, path, call):
     """What ``module``'s layer at ``path`` returns during ``call()``, caught by a hook written here."""
     caught = []
-    handle = dict(module.named_modules())[path].register_forward_hook(
-        lambda m, i, o: caught.append(o.detach().clone()))
+    handle = dict(module.named_modules())[path].register_forward_hook(lambda m, i, o: caught.append(o.detach().clone()))
     try:
         with torch.no_grad():
             call()
@@ -51,28 +50,39 @@ def _by_hand(module, path, call):
 
 
 def test_segmentation_rows_of_their_own_sizes_equal_hooks_by_hand(tmp_path):
-    images = [_noise(tmp_path / "wide.png", (60, 40), 0), _noise(tmp_path / "tall.png", (40, 56), 1),
-              _noise(tmp_path / "wide2.png", (60, 40), 2)]
-    features = hookcli.extract("lraspp_mobilenet_v3_large", ["backbone.4", "classifier"], images, weights="none",
-                               resize=32)
+    images = [
+        _noise(tmp_path / "wide.png", (60, 40), 0),
+        _noise(tmp_path / "tall.png", (40, 56), 1),
+        _noise(tmp_path / "wide2.png", (60, 40), 2),
+    ]
+    features = hookcli.extract(
+        "lraspp_mobilenet_v3_large", ["backbone.4", "classifier"], images, weights="none", resize=32
+    )
     assert features.metadata["family"] == "segmentation" and features.metadata["format"] == "2"
     assert features.ragged("classifier") and features.shape("classifier") == [3, 21, 6, 6]
     assert [features.row_shape("classifier", i) for i in range(3)] == [[21, 4, 6], [21, 6, 4], [21, 4, 6]]
     loaded = load_model("lraspp_mobilenet_v3_large", "none")
     mean, std = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
     for index, path in enumerate(images):
-        tensor = F.normalize(F.convert_image_dtype(F.pil_to_tensor(F.resize(Image.open(path), [32])), torch.float),
-                             mean, std)[None]
+        tensor = F.normalize(
+            F.convert_image_dtype(F.pil_to_tensor(F.resize(Image.open(path), [32])), torch.float), mean, std
+        )[None]
         for key in ("backbone.4", "classifier"):
             (expected,) = _by_hand(loaded.module, key, lambda: loaded.module(tensor))
-            torch.testing.assert_close(torch.from_numpy(features.read(key, index)), expected[0], rtol=1e-5,
-                                       atol=1e-5)
+            torch.testing.assert_close(torch.from_numpy(features.read(key, index)), expected[0], rtol=1e-5, atol=1e-5)
 
 
 def test_a_shard_folder_of_ragged_rows_says_format_2_everywhere(tmp_path):
     images = [_noise(tmp_path / "wide.png", (60, 40), 0), _noise(tmp_path / "tall.png", (40, 56), 1)]
-    index = hookcli.extract("lraspp_mobilenet_v3_large", "classifier", images, weights="none", resize=32,
-                            output=str(tmp_path / "feats") + "/", shard_size=1)
+    index = hookcli.extract(
+        "lraspp_mobilenet_v3_large",
+        "classifier",
+        images,
+        weights="none",
+        resize=32,
+        output=str(tmp_path / "feats") + "/",
+        shard_size=1,
+    )
     header = json.loads(index.read_text().splitlines()[0])
     assert header["metadata"]["format"] == "2"
     with open_features(tmp_path / "feats") as features:
@@ -85,8 +95,21 @@ def test_a_shard_folder_of_ragged_rows_says_format_2_everywhere(tmp_path):
 
 def test_detection_rows_are_each_images_part_of_the_padded_batch(tmp_path, runner):
     images = [_noise(tmp_path / "a.png", (64, 48), 0), _noise(tmp_path / "b.png", (40, 72), 1)]
-    result = runner.invoke(main, ["extract", "-m", "fasterrcnn_mobilenet_v3_large_320_fpn", "-w", "none",
-                                  "-l", "backbone.body.3", *map(str, images), "-o", str(tmp_path / "d.safetensors")])
+    result = runner.invoke(
+        main,
+        [
+            "extract",
+            "-m",
+            "fasterrcnn_mobilenet_v3_large_320_fpn",
+            "-w",
+            "none",
+            "-l",
+            "backbone.body.3",
+            *map(str, images),
+            "-o",
+            str(tmp_path / "d.safetensors"),
+        ],
+    )
     assert result.exit_code == 0, result.output
     loaded = load_model("fasterrcnn_mobilenet_v3_large_320_fpn", "none")
     tensors = [F.convert_image_dtype(F.pil_to_tensor(Image.open(p)), torch.float) for p in images]
@@ -101,8 +124,9 @@ def test_detection_rows_are_each_images_part_of_the_padded_batch(tmp_path, runne
             columns = -(-batch.shape[-1] * width // padded[1])
             expected = batch[index, :, :rows, :columns]
             assert features.row_shape("backbone.body.3", index) == list(expected.shape)
-            torch.testing.assert_close(torch.from_numpy(features.read("backbone.body.3", index)), expected,
-                                       rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(
+                torch.from_numpy(features.read("backbone.body.3", index)), expected, rtol=1e-5, atol=1e-5
+            )
     assert image_list.image_sizes == [(320, 426), (576, 320)]
     result = runner.invoke(main, ["info", str(tmp_path / "d.safetensors"), "--no-stats"])
     assert "backbone.body.3  F32    [2,24,≤144,≤107]" in result.stdout
@@ -117,7 +141,11 @@ def test_final_detections_are_stored_as_rows_of_their_own_lengths(tmp_path):
     features = hookcli.extract(loaded, "backbone.body.layer1", images, detections=True)
     expected = loaded.module([F.convert_image_dtype(F.pil_to_tensor(Image.open(p)), torch.float) for p in images])
     assert [k for k in features.keys() if k.startswith("detections")] == [
-        "detections#boxes", "detections#labels", "detections#masks", "detections#scores"]
+        "detections#boxes",
+        "detections#labels",
+        "detections#masks",
+        "detections#scores",
+    ]
     for index, found in enumerate(expected):
         assert features.row_shape("detections#boxes", index) == [len(found["boxes"]), 4]
         assert features.row("detections#labels", index).tolist() == found["labels"].tolist()
@@ -130,8 +158,18 @@ def test_final_detections_are_stored_as_rows_of_their_own_lengths(tmp_path):
 def test_video_clips_equal_hooks_by_hand_and_say_their_frames(tmp_path):
     frames = _frames(10)
     video = _video(tmp_path / "walk.mp4", frames)
-    features = hookcli.extract("r3d_18", "layer2", video, weights="none", clip_length=4, frame_stride=2,
-                               clips_per_video=2, resize=24, crop=24, output=tmp_path / "v.safetensors")
+    features = hookcli.extract(
+        "r3d_18",
+        "layer2",
+        video,
+        weights="none",
+        clip_length=4,
+        frame_stride=2,
+        clips_per_video=2,
+        resize=24,
+        crop=24,
+        output=tmp_path / "v.safetensors",
+    )
     loaded = load_model("r3d_18", "none")
     preset = torchvision.models.video.R3D_18_Weights.DEFAULT.transforms()
     preset.resize_size, preset.crop_size = [24], [24, 24]
@@ -143,8 +181,7 @@ def test_video_clips_equal_hooks_by_hand_and_say_their_frames(tmp_path):
             clip = preset(torch.from_numpy(frames[chosen]).permute(0, 3, 1, 2))[None]
             (expected,) = _by_hand(loaded.module, "layer2", lambda: loaded.module(clip))
             assert stored.shape("layer2") == [2, 128, 2, 6, 6]
-            torch.testing.assert_close(torch.from_numpy(stored.read("layer2", row)), expected[0], rtol=1e-5,
-                                       atol=1e-5)
+            torch.testing.assert_close(torch.from_numpy(stored.read("layer2", row)), expected[0], rtol=1e-5, atol=1e-5)
 
 
 def test_a_folder_of_frames_is_a_video_and_a_shard_folder_keeps_the_frames(tmp_path, runner):
@@ -152,9 +189,31 @@ def test_a_folder_of_frames_is_a_video_and_a_shard_folder_keeps_the_frames(tmp_p
     folder.mkdir()
     for i, pixels in enumerate(_frames(5)):
         Image.fromarray(pixels).save(folder / f"f{i}.png")
-    result = runner.invoke(main, ["extract", "-m", "r3d_18", "-w", "none", "-l", "layer1", "--clip-length", "2",
-                                  "--clips-per-video", "0", "--resize", "16", "--crop", "16", str(folder), "-o",
-                                  str(tmp_path / "out") + "/", "--shard-size", "1"])
+    result = runner.invoke(
+        main,
+        [
+            "extract",
+            "-m",
+            "r3d_18",
+            "-w",
+            "none",
+            "-l",
+            "layer1",
+            "--clip-length",
+            "2",
+            "--clips-per-video",
+            "0",
+            "--resize",
+            "16",
+            "--crop",
+            "16",
+            str(folder),
+            "-o",
+            str(tmp_path / "out") + "/",
+            "--shard-size",
+            "1",
+        ],
+    )
     assert result.exit_code == 0, result.output
     with open_features(tmp_path / "out") as features:
         assert json.loads(features.metadata["frames"]) == [[0, 1], [2, 3]]
@@ -171,13 +230,19 @@ def test_optical_flow_pairs_equal_hooks_by_hand(tmp_path):
     loaded = load_model("raft_small", "none")
     preset = torchvision.models.optical_flow.Raft_Small_Weights.DEFAULT.transforms()
     for row, (first, second) in enumerate([(0, 1), (1, 2)]):
-        pair = preset(torch.from_numpy(frames[[first]]).permute(0, 3, 1, 2),
-                      torch.from_numpy(frames[[second]]).permute(0, 3, 1, 2))
+        pair = preset(
+            torch.from_numpy(frames[[first]]).permute(0, 3, 1, 2),
+            torch.from_numpy(frames[[second]]).permute(0, 3, 1, 2),
+        )
         caught = _by_hand(loaded.module, "update_block.flow_head", lambda: loaded.module(*pair))
         assert len(caught) == 12 == len([k for k in features.keys() if k.startswith("update_block.flow_head:")])
         for call in (0, 11):
-            torch.testing.assert_close(torch.from_numpy(features.read(f"update_block.flow_head:{call}", row)),
-                                       caught[call][0], rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(
+                torch.from_numpy(features.read(f"update_block.flow_head:{call}", row)),
+                caught[call][0],
+                rtol=1e-4,
+                atol=1e-5,
+            )
 
 
 def test_optical_flow_from_two_image_lists_pairs_them_in_order(tmp_path, runner):
@@ -194,28 +259,56 @@ def test_optical_flow_from_two_image_lists_pairs_them_in_order(tmp_path, runner)
     preset = torchvision.models.optical_flow.Raft_Small_Weights.DEFAULT.transforms()
     pair = preset(*(F.pil_to_tensor(Image.open(folder / "1.png"))[None] for folder in (firsts, seconds)))
     caught = _by_hand(loaded.module, "update_block.flow_head", lambda: loaded.module(*pair))
-    torch.testing.assert_close(torch.from_numpy(features.read("update_block.flow_head:11", 1)), caught[11][0],
-                               rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(
+        torch.from_numpy(features.read("update_block.flow_head:11", 1)), caught[11][0], rtol=1e-4, atol=1e-5
+    )
     _noise(seconds / "2.png", (128, 128), 3)
-    result = runner.invoke(main, ["extract", "-m", "raft_small", "-w", "none", "-l", "update_block", str(firsts),
-                                  "--pair-with", str(seconds)])
-    assert (result.exit_code, result.output) == (2, "Error: the two image lists differ in length: 2 first images and "
-                                                    "3 given with --pair-with. Hint: give one second image for each "
-                                                    "input image, in order\n")
+    result = runner.invoke(
+        main,
+        ["extract", "-m", "raft_small", "-w", "none", "-l", "update_block", str(firsts), "--pair-with", str(seconds)],
+    )
+    assert (result.exit_code, result.output) == (
+        2,
+        "Error: the two image lists differ in length: 2 first images and "
+        "3 given with --pair-with. Hint: give one second image for each "
+        "input image, in order\n",
+    )
     _noise(seconds / "2.png", (64, 128), 3)
-    result = runner.invoke(main, ["extract", "-m", "raft_small", "-w", "none", "-l", "update_block",
-                                  str(firsts / "0.png"), "--pair-with", str(seconds / "2.png")])
+    result = runner.invoke(
+        main,
+        [
+            "extract",
+            "-m",
+            "raft_small",
+            "-w",
+            "none",
+            "-l",
+            "update_block",
+            str(firsts / "0.png"),
+            "--pair-with",
+            str(seconds / "2.png"),
+        ],
+    )
     assert result.exit_code == 1 and result.output.startswith(
         f"Error: the images of the pair '{firsts / '0.png'}' and '{seconds / '2.png'}' differ in size (128x128 and "
-        "64x128). Hint: a pair of frames must be of one size")
+        "64x128). Hint: a pair of frames must be of one size"
+    )
 
 
-@pytest.mark.parametrize("size, refusal", [
-    ((96, 96), "96x96 as the model would see them, and optical-flow models take sides of 128 pixels or more. Hint: "
-               "give a larger"),
-    ((132, 128), "132x128 as the model would see them, and optical-flow models take sides divisible by 8. Hint: give "
-                 "--crop"),
-])
+@pytest.mark.parametrize(
+    "size, refusal",
+    [
+        (
+            (96, 96),
+            "96x96 as the model would see them, and optical-flow models take sides of 128 pixels or more. Hint: "
+            "give a larger",
+        ),
+        (
+            (132, 128),
+            "132x128 as the model would see them, and optical-flow models take sides divisible by 8. Hint: give --crop",
+        ),
+    ],
+)
 def test_flow_frames_raft_cannot_take_are_refused_with_a_hint(tmp_path, runner, size, refusal):
     video = _video(tmp_path / "frames.mp4", _frames(2, size=size))
     result = runner.invoke(main, ["extract", "-m", "raft_small", "-w", "none", "-l", "update_block", str(video)])
@@ -226,13 +319,20 @@ def test_flow_frames_raft_cannot_take_are_refused_with_a_hint(tmp_path, runner, 
 def test_quantized_captures_are_the_real_values_and_run_on_the_cpu(tmp_path, runner, no_model):
     image = _noise(tmp_path / "a.png", (40, 40), 0)
     for options, message in [
-        (["--device", "cuda"], "Error: quantized models run on the CPU only, not on 'cuda'. Hint: use --device cpu "
-                               "(or auto), or the model without the quantized_ prefix"),
-        (["--precision", "bf16"], "Error: quantized models compute in int8 and take --precision fp32 only, not "
-                                  "bf16. Hint: see 'hookcli extract --help'"),
+        (
+            ["--device", "cuda"],
+            "Error: quantized models run on the CPU only, not on 'cuda'. Hint: use --device cpu "
+            "(or auto), or the model without the quantized_ prefix",
+        ),
+        (
+            ["--precision", "bf16"],
+            "Error: quantized models compute in int8 and take --precision fp32 only, not "
+            "bf16. Hint: see 'hookcli extract --help'",
+        ),
     ]:
-        result = runner.invoke(main, ["extract", "-m", "quantized_resnet18", "-w", "none", "-l", "layer3",
-                                      str(image), *options])
+        result = runner.invoke(
+            main, ["extract", "-m", "quantized_resnet18", "-w", "none", "-l", "layer3", str(image), *options]
+        )
         assert (result.exit_code, result.output.strip()) == (2, message)
 
 
@@ -248,15 +348,22 @@ def test_quantized_model_extraction_equals_hooks_by_hand(tmp_path):
     assert features.metadata["device"] == "cpu" and features.metadata["fused"] == "0"
 
 
-@pytest.mark.parametrize("options, message", [
-    (["--clip-length", "8"], "Error: --clip-length applies to video models, and this one is classification"),
-    (["--frame-stride", "2"], "Error: --frame-stride applies to video and optical-flow models, and this one is "
-                              "classification"),
-    (["-m", "r3d_18", "--memory-format", "channels_last"], "Error: video models take 5-D clips, which have no "
-                                                           "channels-last layout"),
-    (["--detections"], "Error: --detections applies to detection models, and this one is classification"),
-    (["--pair-with", "b.png"], "Error: --pair-with applies to optical-flow models, and this one is classification"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (["--clip-length", "8"], "Error: --clip-length applies to video models, and this one is classification"),
+        (
+            ["--frame-stride", "2"],
+            "Error: --frame-stride applies to video and optical-flow models, and this one is classification",
+        ),
+        (
+            ["-m", "r3d_18", "--memory-format", "channels_last"],
+            "Error: video models take 5-D clips, which have no channels-last layout",
+        ),
+        (["--detections"], "Error: --detections applies to detection models, and this one is classification"),
+        (["--pair-with", "b.png"], "Error: --pair-with applies to optical-flow models, and this one is classification"),
+    ],
+)
 def test_family_options_are_refused_for_other_families(tmp_path, runner, no_model, options, message):
     image = _noise(tmp_path / "a.png", (40, 40), 0)
     result = runner.invoke(main, ["extract", "-m", "resnet18", "-w", "none", "-l", "layer1", str(image), *options])
@@ -265,23 +372,28 @@ def test_family_options_are_refused_for_other_families(tmp_path, runner, no_mode
 
 def test_layers_refuses_frames_for_other_families(runner, no_model):
     result = runner.invoke(main, ["layers", "-m", "resnet18", "--frames", "4"])
-    assert (result.exit_code, result.output) == (2, "Error: --frames applies to video models, and resnet18 is "
-                                                    "classification. Hint: leave it out\n")
+    assert (result.exit_code, result.output) == (
+        2,
+        "Error: --frames applies to video models, and resnet18 is classification. Hint: leave it out\n",
+    )
 
 
 def test_a_detection_backbone_fuses_and_gives_what_the_model_as_written_does(tmp_path):
     images = [_noise(tmp_path / "a.png", (64, 48), 0), _noise(tmp_path / "b.png", (40, 72), 1)]
     layers = ["backbone.body.3", "backbone.fpn"]
-    fused = hookcli.extract("fasterrcnn_mobilenet_v3_large_320_fpn", layers, images, weights="none", fuse=True,
-                            detections=True)
-    plain = hookcli.extract("fasterrcnn_mobilenet_v3_large_320_fpn", layers, images, weights="none", fuse=False,
-                            detections=True)
+    fused = hookcli.extract(
+        "fasterrcnn_mobilenet_v3_large_320_fpn", layers, images, weights="none", fuse=True, detections=True
+    )
+    plain = hookcli.extract(
+        "fasterrcnn_mobilenet_v3_large_320_fpn", layers, images, weights="none", fuse=False, detections=True
+    )
     assert (fused.metadata["fused"], plain.metadata["fused"]) == ("59", "0")  # the whole stack: the forward goes on
     for key in plain.keys():
         for row in range(2):
             torch.testing.assert_close(fused.row(key, row), plain.row(key, row), rtol=1e-4, atol=1e-5)
-    early = hookcli.extract("fasterrcnn_mobilenet_v3_large_320_fpn", "backbone.body.3", images, weights="none",
-                            fuse=True)
+    early = hookcli.extract(
+        "fasterrcnn_mobilenet_v3_large_320_fpn", "backbone.body.3", images, weights="none", fuse=True
+    )
     assert early.metadata["fused"] == "6"  # up to the last hooked layer, where the forward stops
 
 
@@ -298,13 +410,15 @@ def test_the_final_flow_field_is_stored_when_asked(tmp_path, runner):
     torch.testing.assert_close(features["flow"], expected, rtol=1e-4, atol=1e-4)
     result = runner.invoke(main, ["extract", "-m", "r3d_18", "-w", "none", "-l", "layer1", str(video), "--flow"])
     assert result.exit_code == 2 and result.output.startswith(
-        "Error: --flow applies to optical-flow models, and this one is video")
+        "Error: --flow applies to optical-flow models, and this one is video"
+    )
 
 
 def test_compile_is_for_classification_and_other_families_say_they_run_eagerly(tmp_path):
     images = [_noise(tmp_path / "wide.png", (60, 40), 0), _noise(tmp_path / "tall.png", (40, 56), 1)]
-    features = hookcli.extract("lraspp_mobilenet_v3_large", "classifier", images, weights="none", resize=32,
-                               compile=True, batch_size=1)
+    features = hookcli.extract(
+        "lraspp_mobilenet_v3_large", "classifier", images, weights="none", resize=32, compile=True, batch_size=1
+    )
     assert "--compile applies to classification models; this segmentation model runs eagerly" in features.notes
     assert [features.row_shape("classifier", i) for i in range(2)] == [[21, 4, 6], [21, 6, 4]]
 
@@ -313,8 +427,23 @@ def test_unreadable_and_short_videos_are_said(tmp_path, runner):
     short = _video(tmp_path / "short.mp4", _frames(3))
     text = tmp_path / "notes.mp4"
     text.write_text("not a video\n")
-    base = ["extract", "-m", "r3d_18", "-w", "none", "-l", "layer1", "--clip-length", "4", "--resize", "16",
-            "--crop", "16", "-o", str(tmp_path / "out.safetensors")]
+    base = [
+        "extract",
+        "-m",
+        "r3d_18",
+        "-w",
+        "none",
+        "-l",
+        "layer1",
+        "--clip-length",
+        "4",
+        "--resize",
+        "16",
+        "--crop",
+        "16",
+        "-o",
+        str(tmp_path / "out.safetensors"),
+    ]
     result = runner.invoke(main, [*base, str(text), str(short)])
     assert result.exit_code == 1 and result.output.startswith(f"Error: cannot read video '{text}'")
     result = runner.invoke(main, [*base, str(text), str(short), "--on-error", "skip"])
@@ -333,6 +462,7 @@ def test_pair_with_takes_one_folder_as_inputs_do(tmp_path):
     firsts.mkdir(), seconds.mkdir()
     _noise(firsts / "0.png", (128, 128), 0)
     _noise(seconds / "0.png", (128, 128), 1)
-    features = hookcli.extract("raft_small", "update_block.flow_head", str(firsts), weights="none",
-                               pair_with=str(seconds))
+    features = hookcli.extract(
+        "raft_small", "update_block.flow_head", str(firsts), weights="none", pair_with=str(seconds)
+    )
     assert json.loads(features.metadata["second_inputs"]) == [str(seconds / "0.png")]

@@ -10,8 +10,8 @@ from safetensors import safe_open
 import hookcli
 from hookcli.cli import main
 from hookcli.errors import UsageProblem
-from hookcli.inputs.images import find_inputs
 from hookcli.events import Note
+from hookcli.inputs.images import find_inputs
 
 EXTRACT = ["extract", "-m", "resnet18", "-w", "none", "--resize", "32", "--crop", "32", "-l", "layer1"]
 SMALL = {"weights": "none", "resize": 32, "crop": 32}
@@ -53,13 +53,16 @@ def test_debug_shows_the_traceback_and_keeps_the_exit_code_of_the_error(runner, 
     failure = runner.invoke(main, [*flag, *EXTRACT, "-o", "out.safetensors", "text.jpg"], env=env)
     assert usage.exit_code == 2
     assert usage.stderr.startswith("Traceback (most recent call last):\n")
-    assert usage.stderr.endswith("hookcli.errors.InputError: no such file or folder: 'missing.png'. "
-                                 "Hint: check the path\n")
+    assert usage.stderr.endswith(
+        "hookcli.errors.InputError: no such file or folder: 'missing.png'. Hint: check the path\n"
+    )
     assert failure.exit_code == 1
     assert failure.stderr.startswith("Traceback (most recent call last):\n")
-    assert failure.stderr.endswith("hookcli.errors.ImageError: 'text.jpg' is not an image Pillow can read. Hint: "
-                                   "check the file type; text or corrupt files cannot be used; or add --on-error "
-                                   "skip to leave unreadable images out\n")
+    assert failure.stderr.endswith(
+        "hookcli.errors.ImageError: 'text.jpg' is not an image Pillow can read. Hint: "
+        "check the file type; text or corrupt files cannot be used; or add --on-error "
+        "skip to leave unreadable images out\n"
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["text.jpg"]
 
 
@@ -68,8 +71,10 @@ def test_debug_shows_the_traceback_and_keeps_the_exit_code_of_the_error(runner, 
 
 def test_cam_help_says_what_precision_means_for_cam(runner):
     cam = _words(runner.invoke(main, ["cam", "--help"]).stdout)
-    assert ("--precision [fp32|bf16|fp16] Compute precision: bf16 (CPU or GPU) and fp16 (GPU) autocast trade "
-            "accuracy for speed; the maps are stored as float32.") in cam
+    assert (
+        "--precision [fp32|bf16|fp16] Compute precision: bf16 (CPU or GPU) and fp16 (GPU) autocast trade "
+        "accuracy for speed; the maps are stored as float32."
+    ) in cam
     assert "--dtype" not in cam
     for command in ("extract", "grad"):
         text = _words(runner.invoke(main, [command, "--help"]).stdout)
@@ -79,8 +84,10 @@ def test_cam_help_says_what_precision_means_for_cam(runner):
 def test_output_help_states_the_naming_rule(runner):
     for command in ("extract", "grad"):
         text = _words(runner.invoke(main, [command, "--help"]).stdout)
-        assert ("-o, --output PATH Output safetensors file: any name but one ending in another format's suffix "
-                "(.pt, .npy, .json…), which is refused;") in text
+        assert (
+            "-o, --output PATH Output safetensors file: any name but one ending in another format's suffix "
+            "(.pt, .npy, .json…), which is refused;"
+        ) in text
 
 
 # -- folders with sub-folders ----------------------------------------------------------------------
@@ -101,8 +108,8 @@ def test_a_folder_without_recursive_notes_the_images_its_sub_folders_hold(runner
 def test_the_python_api_reports_the_left_out_images_as_a_note_event(nested):
     events = []
     features = hookcli.extract("resnet18", "layer1", nested, progress=events.append, **SMALL)
-    assert [e for e in events if isinstance(e, Note)] == [Note(LEFT_OUT[len("Note: "):-1])]
-    assert features.notes == (LEFT_OUT[len("Note: "):-1],)
+    assert [e for e in events if isinstance(e, Note)] == [Note(LEFT_OUT[len("Note: ") : -1])]
+    assert features.notes == (LEFT_OUT[len("Note: ") : -1],)
     assert features["layer1"].shape[0] == 3
 
 
@@ -121,8 +128,9 @@ def test_counting_left_out_images_stops_at_a_bound_and_says_at_least(nested, mon
     assert (len(found.paths), found.left_out, found.left_out_folders, found.counted_all) == (3, 3, 2, True)
     assert find_inputs([str(nested)], recursive=True).note is None
     monkeypatch.setattr("hookcli.inputs.images.LEFT_OUT_BOUND", 2)
-    assert find_inputs([str(nested)]).note == ("at least 2 images in at least 1 sub-folder were left out; "
-                                               "-r (--recursive) includes them")
+    assert find_inputs([str(nested)]).note == (
+        "at least 2 images in at least 1 sub-folder were left out; -r (--recursive) includes them"
+    )
     (nested / "sub" / "e.png").unlink()
     (nested / "sub" / "deeper" / "f.png").unlink()
     monkeypatch.setattr("hookcli.inputs.images.LEFT_OUT_BOUND", 1000)
@@ -134,15 +142,19 @@ def test_counting_left_out_images_stops_at_a_bound_and_says_at_least(nested, mon
 
 @pytest.mark.parametrize("name", ["out.pt", "OUT.NPY", "feats.json", "sub/grid.png", "x.h5"])
 def test_an_output_named_like_another_format_is_refused_before_the_model_loads(
-        runner, images, tmp_path, monkeypatch, no_model, name):
+    runner, images, tmp_path, monkeypatch, no_model, name
+):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "sub").mkdir()
     stem, suffix = name.rsplit(".", 1)
     for command in (EXTRACT, ["grad", *EXTRACT[1:]]):
         result = runner.invoke(main, [*command, "-o", name, "imgs/a.png"])
         assert (result.exit_code, result.stdout, result.stderr) == (
-            2, "", f"Error: output '{name}' ends in .{suffix}, the suffix of another format. Hint: hookcli writes "
-                   f"safetensors: name it '{stem}.safetensors', or end the path with / for a shard folder\n")
+            2,
+            "",
+            f"Error: output '{name}' ends in .{suffix}, the suffix of another format. Hint: hookcli writes "
+            f"safetensors: name it '{stem}.safetensors', or end the path with / for a shard folder\n",
+        )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["imgs", "sub"]
 
 
@@ -150,15 +162,18 @@ def test_the_python_api_refuses_an_output_named_like_another_format(images, tmp_
     for function in (hookcli.extract, hookcli.grad):
         with pytest.raises(UsageProblem) as refused:
             function("resnet18", "layer1", images[0], output=tmp_path / "feats.pth", **SMALL)
-        assert str(refused.value) == (f"output '{tmp_path / 'feats.pth'}' ends in .pth, the suffix of another format. "
-                                      f"Hint: hookcli writes safetensors: name it '{tmp_path / 'feats.safetensors'}', "
-                                      "or end the path with / for a shard folder")
+        assert str(refused.value) == (
+            f"output '{tmp_path / 'feats.pth'}' ends in .pth, the suffix of another format. "
+            f"Hint: hookcli writes safetensors: name it '{tmp_path / 'feats.safetensors'}', "
+            "or end the path with / for a shard folder"
+        )
         assert refused.value.exit_code == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["imgs"]
 
 
 def test_an_output_without_a_suffix_or_with_an_unknown_one_is_written_as_safetensors(
-        runner, images, tmp_path, monkeypatch):
+    runner, images, tmp_path, monkeypatch
+):
     monkeypatch.chdir(tmp_path)
     for name in ("feats", "resnet18.layer1"):
         result = runner.invoke(main, [*EXTRACT, "-o", name, "imgs/a.png"])
@@ -175,8 +190,11 @@ def test_an_unreadable_image_in_a_folder_names_on_error_skip(runner, images, tmp
     (tmp_path / "imgs" / "b2.jpg").write_bytes(b"\xff\xd8 not really a jpeg")
     result = runner.invoke(main, [*EXTRACT, "-o", "out.safetensors", "imgs"])
     assert (result.exit_code, result.stdout, result.stderr) == (
-        1, "", "Error: 'imgs/b2.jpg' is not an image Pillow can read. Hint: check the file type; text or corrupt "
-               "files cannot be used; or add --on-error skip to leave unreadable images out\n")
+        1,
+        "",
+        "Error: 'imgs/b2.jpg' is not an image Pillow can read. Hint: check the file type; text or corrupt "
+        "files cannot be used; or add --on-error skip to leave unreadable images out\n",
+    )
     result = runner.invoke(main, [*EXTRACT, "-o", "out.safetensors", "--on-error", "skip", "imgs"])
     assert (result.exit_code, result.stdout) == (0, "out.safetensors\n")
 
@@ -184,18 +202,30 @@ def test_an_unreadable_image_in_a_folder_names_on_error_skip(runner, images, tmp
 # -- options given to the wrong command ------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["cam", "--dtype", "float16", "img.png"],
-     "No such option: --dtype (it belongs to 'hookcli extract' and 'hookcli grad'). Hint: see 'hookcli cam --help'"),
-    (["grid", "f.safetensors", "--layer", "layer1"],
-     "No such option: --layer (it belongs to 'hookcli extract', 'hookcli grad' and 'hookcli cam'). "
-     "Hint: see 'hookcli grid --help'"),
-    (["grad", "--no-fuse", "img.png"],
-     "No such option: --no-fuse (it belongs to 'hookcli extract'). Hint: see 'hookcli grad --help'"),
-    (["info", "--input-size=64", "f.safetensors"],
-     "No such option: --input-size (it belongs to 'hookcli layers'). Hint: see 'hookcli info --help'"),
-    (["--pool", "avg"], "No such option: --pool (it belongs to 'hookcli extract'). Hint: see 'hookcli --help'"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["cam", "--dtype", "float16", "img.png"],
+            "No such option: --dtype (it belongs to 'hookcli extract' and 'hookcli grad'). "
+            "Hint: see 'hookcli cam --help'",
+        ),
+        (
+            ["grid", "f.safetensors", "--layer", "layer1"],
+            "No such option: --layer (it belongs to 'hookcli extract', 'hookcli grad' and 'hookcli cam'). "
+            "Hint: see 'hookcli grid --help'",
+        ),
+        (
+            ["grad", "--no-fuse", "img.png"],
+            "No such option: --no-fuse (it belongs to 'hookcli extract'). Hint: see 'hookcli grad --help'",
+        ),
+        (
+            ["info", "--input-size=64", "f.safetensors"],
+            "No such option: --input-size (it belongs to 'hookcli layers'). Hint: see 'hookcli info --help'",
+        ),
+        (["--pool", "avg"], "No such option: --pool (it belongs to 'hookcli extract'). Hint: see 'hookcli --help'"),
+    ],
+)
 def test_an_option_of_another_command_says_whose_it_is(runner, args, message):
     result = runner.invoke(main, args)
     assert (result.exit_code, result.stdout, result.stderr) == (2, "", f"Error: {message}\n")
@@ -219,7 +249,9 @@ def test_options_of_a_newly_registered_command_are_found_too(runner, monkeypatch
     monkeypatch.setitem(main.commands, "stats", click.Command("stats", params=[click.Option(["--bins"])]))
     result = runner.invoke(main, ["extract", "--bins", "8"])
     assert (result.exit_code, result.stderr) == (
-        2, "Error: No such option: --bins (it belongs to 'hookcli stats'). Hint: see 'hookcli extract --help'\n")
+        2,
+        "Error: No such option: --bins (it belongs to 'hookcli stats'). Hint: see 'hookcli extract --help'\n",
+    )
 
 
 # -- Install instructions -------------------------------------------------------------------------
@@ -234,11 +266,14 @@ def _section(text: str, heading: str) -> str:
     return text[start:] if end == -1 else text[start:end]
 
 
-@pytest.mark.parametrize(("page", "heading", "install"), [
-    ("README.md", "## Install", "pip install .\n"),
-    ("docs/installation.md", "## On a machine without a GPU", "pip install .\n"),
-    ("CONTRIBUTING.md", "## Set up", 'pip install -e ".[test]"\n'),
-])
+@pytest.mark.parametrize(
+    ("page", "heading", "install"),
+    [
+        ("README.md", "## Install", "pip install .\n"),
+        ("docs/installation.md", "## On a machine without a GPU", "pip install .\n"),
+        ("CONTRIBUTING.md", "## Set up", 'pip install -e ".[test]"\n'),
+    ],
+)
 def test_install_instructions_put_cpu_only_torch_first_and_say_what_the_cuda_build_weighs(page, heading, install):
     text = (ROOT / page).read_text()
     section = _section(text, heading)

@@ -10,11 +10,11 @@ import torchvision
 from torchvision.models.feature_extraction import create_feature_extractor
 
 import hookcli
+from hookcli.events import Note
+from hookcli.models.loading import load_model
 from hookcli.run.capture import FeatureCapture
 from hookcli.run.fusion import FusedConvolution, fused_for_inference
-from hookcli.models.loading import load_model
 from hookcli.run.settings import RunSettings
-from hookcli.events import Note
 
 
 def _with_running_stats(model, seed=0):
@@ -125,11 +125,29 @@ class _Chain(nn.Module):
         return self.activation(self.norm(self.conv(x)))
 
 
-@pytest.mark.parametrize("activation", [
-    nn.ReLU(inplace=True), nn.ReLU6(), nn.Hardtanh(-0.5, 0.5), nn.LeakyReLU(0.2), nn.GELU(), nn.GELU("tanh"),
-    nn.SiLU(), nn.Hardswish(), nn.Hardsigmoid(), nn.Sigmoid(), nn.Tanh(),
-    F.relu, torch.relu, F.relu6, F.silu, F.hardswish, torch.sigmoid, torch.tanh,
-])
+@pytest.mark.parametrize(
+    "activation",
+    [
+        nn.ReLU(inplace=True),
+        nn.ReLU6(),
+        nn.Hardtanh(-0.5, 0.5),
+        nn.LeakyReLU(0.2),
+        nn.GELU(),
+        nn.GELU("tanh"),
+        nn.SiLU(),
+        nn.Hardswish(),
+        nn.Hardsigmoid(),
+        nn.Sigmoid(),
+        nn.Tanh(),
+        F.relu,
+        torch.relu,
+        F.relu6,
+        F.silu,
+        F.hardswish,
+        torch.sigmoid,
+        torch.tanh,
+    ],
+)
 def test_each_activation_runs_inside_the_convolution(activation):
     model = _with_running_stats(_Chain(activation))
     x = torch.randn(2, 3, 10, 10)
@@ -201,8 +219,11 @@ def test_extraction_fuses_when_asked_stops_early_and_leaves_no_hooks(images):
     assert fused["layer2"].shape == (len(images), 128, 28, 28)
     assert (fused.facts.fused, plain.facts.fused) == (5, 0)  # conv1 and layer1's four; layer2 is hooked, whole
     assert (fused.metadata["fused"], plain.metadata["fused"]) == ("5", "0")
-    assert (RunSettings(fuse=True).fusing, RunSettings(fuse=False).fusing,
-            RunSettings(fuse=True, compile=True).fusing) == (True, False, False)  # --compile fuses in its own way
+    assert (
+        RunSettings(fuse=True).fusing,
+        RunSettings(fuse=False).fusing,
+        RunSettings(fuse=True, compile=True).fusing,
+    ) == (True, False, False)  # --compile fuses in its own way
     difference = (fused["layer2"] - plain["layer2"]).norm() / plain["layer2"].norm()
     assert 0 < difference < 1e-6  # other kernels, the same values to fp32 rounding
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in loaded.module.modules())

@@ -12,9 +12,9 @@ import torchvision
 from PIL import Image
 from safetensors import safe_open
 
-from hookcli.run.capture import GradientCapture
 from hookcli.cli import main
 from hookcli.errors import CaptureError, UsageProblem
+from hookcli.run.capture import GradientCapture
 from hookcli.run.gradients import Target, class_activation_maps, frozen_parameters, parse_target
 
 SMALL = ["--resize", "64", "--crop", "64"]
@@ -69,21 +69,30 @@ def _vit_split(v, block):
         return v.encoder.layers[: block + 1](x)
 
     def tail(x):
-        x = v.encoder.ln(v.encoder.layers[block + 1:](x))
+        x = v.encoder.ln(v.encoder.layers[block + 1 :](x))
         return v.heads(x[:, 0])
 
     return head, tail
 
 
-@pytest.mark.parametrize("name, layer, split", [
-    ("resnet18", "layer3", lambda m: _resnet_tail(m, 3)),
-    ("resnet18", "layer1", lambda m: _resnet_tail(m, 1)),
-    ("vgg16_bn", "features.18", lambda m: (m.features[:19],
-                                            lambda a: m.classifier(torch.flatten(m.avgpool(m.features[19:](a)), 1)))),
-    ("mobilenet_v3_small", "features.5", lambda m: (m.features[:6], lambda a: m.classifier(
-        torch.flatten(m.avgpool(m.features[6:](a)), 1)))),
-    ("vit_b_16", "encoder.layers.encoder_layer_5", lambda m: _vit_split(m, 5)),
-])
+@pytest.mark.parametrize(
+    "name, layer, split",
+    [
+        ("resnet18", "layer3", lambda m: _resnet_tail(m, 3)),
+        ("resnet18", "layer1", lambda m: _resnet_tail(m, 1)),
+        (
+            "vgg16_bn",
+            "features.18",
+            lambda m: (m.features[:19], lambda a: m.classifier(torch.flatten(m.avgpool(m.features[19:](a)), 1))),
+        ),
+        (
+            "mobilenet_v3_small",
+            "features.5",
+            lambda m: (m.features[:6], lambda a: m.classifier(torch.flatten(m.avgpool(m.features[6:](a)), 1))),
+        ),
+        ("vit_b_16", "encoder.layers.encoder_layer_5", lambda m: _vit_split(m, 5)),
+    ],
+)
 def test_gradient_equals_autograd_on_the_network_split_by_hand(name, layer, split):
     model = _seeded(name)
     size = 224 if name.startswith("vit") else 64
@@ -119,7 +128,9 @@ def test_top_k_gives_one_gradient_per_target_and_repeated_modules_every_call():
     model = _seeded("resnet18")
     x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(3))
     flat, classes, logits = _ours(model, ["layer1.0.relu"], x, Target(top=3))
-    assert sorted(flat) == sorted(f"layer1.0.relu:{c}{s}" for c in (0, 1) for s in ("", "@grad#0", "@grad#1", "@grad#2"))
+    assert sorted(flat) == sorted(
+        f"layer1.0.relu:{c}{s}" for c in (0, 1) for s in ("", "@grad#0", "@grad#1", "@grad#2")
+    )
     assert torch.equal(classes, logits.topk(3, dim=1).indices)
     assert not torch.equal(flat["layer1.0.relu:1@grad#0"], flat["layer1.0.relu:1@grad#1"])
 
@@ -138,8 +149,9 @@ class _SideBranch(nn.Module):
 def test_a_layer_without_a_gradient_path_is_an_error():
     with pytest.raises(CaptureError) as caught:
         _ours(_SideBranch(), ["side", "main"], torch.ones(2, 4))
-    assert str(caught.value) == ("layer side has no gradient path to the target logit. "
-                                 "Hint: choose a layer the model's output depends on")
+    assert str(caught.value) == (
+        "layer side has no gradient path to the target logit. Hint: choose a layer the model's output depends on"
+    )
 
 
 def test_target_parsing():
@@ -147,8 +159,11 @@ def test_target_parsing():
     assert parse_target("top5", names, 3 + 997) == Target(top=5)
     assert parse_target("2", None, 1000) == Target(class_index=2)
     assert parse_target("Goldfish", names, 1000) == Target(class_index=1)
-    with pytest.raises(UsageProblem, match=r"^target class 1000 is out of range: the model has 1000 classes\. "
-                                           r"Hint: use 0 to 999, a class name or top1$"):
+    with pytest.raises(
+        UsageProblem,
+        match=r"^target class 1000 is out of range: the model has 1000 classes\. "
+        r"Hint: use 0 to 999, a class name or top1$",
+    ):
         parse_target("1000", names, 1000)
     with pytest.raises(UsageProblem, match=r"^unknown class name 'goldfsh' \(closest: goldfish"):
         parse_target("goldfsh", names, 1000)
@@ -182,8 +197,24 @@ def _read(path):
 
 def test_grad_command_writes_activations_gradients_and_targets(runner, images, tmp_path):
     out = tmp_path / "g.safetensors"
-    result = runner.invoke(main, ["grad", "-m", "resnet18", "-w", "none", "-l", "layer4", "--target", "top2", *SMALL,
-                                  "-o", str(out), *map(str, images[:2])])
+    result = runner.invoke(
+        main,
+        [
+            "grad",
+            "-m",
+            "resnet18",
+            "-w",
+            "none",
+            "-l",
+            "layer4",
+            "--target",
+            "top2",
+            *SMALL,
+            "-o",
+            str(out),
+            *map(str, images[:2]),
+        ],
+    )
     assert result.exit_code == 0, result.output
     tensors, metadata = _read(out)
     assert sorted(tensors) == ["layer4", "layer4@grad#0", "layer4@grad#1"]
@@ -197,14 +228,47 @@ def test_grad_command_writes_activations_gradients_and_targets(runner, images, t
 
 def test_cam_values_equal_a_direct_computation_from_grad_output(runner, images, tmp_path):
     paths = list(map(str, images))
-    result = runner.invoke(main, ["grad", "-m", "resnet18", "-w", "none", "-l", "layer3", "-t", "7", *SMALL,
-                                  "-o", str(tmp_path / "g.safetensors"), *paths])
+    result = runner.invoke(
+        main,
+        [
+            "grad",
+            "-m",
+            "resnet18",
+            "-w",
+            "none",
+            "-l",
+            "layer3",
+            "-t",
+            "7",
+            *SMALL,
+            "-o",
+            str(tmp_path / "g.safetensors"),
+            *paths,
+        ],
+    )
     assert result.exit_code == 0, result.output
-    result = runner.invoke(main, ["cam", "-m", "resnet18", "-w", "none", "-l", "layer3", "-t", "7", *SMALL,
-                                  "-o", str(tmp_path / "cams"), *paths])
+    result = runner.invoke(
+        main,
+        [
+            "cam",
+            "-m",
+            "resnet18",
+            "-w",
+            "none",
+            "-l",
+            "layer3",
+            "-t",
+            "7",
+            *SMALL,
+            "-o",
+            str(tmp_path / "cams"),
+            *paths,
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert result.stdout.splitlines() == [str(tmp_path / "cams" / "cams.safetensors")] + [
-        str(tmp_path / "cams" / f"{i:05d}_{n}.png") for i, n in enumerate("abc")]
+        str(tmp_path / "cams" / f"{i:05d}_{n}.png") for i, n in enumerate("abc")
+    ]
     grads, _ = _read(tmp_path / "g.safetensors")
     cams, metadata = _read(tmp_path / "cams" / "cams.safetensors")
     weights = grads["layer3@grad"].mean(dim=(2, 3), keepdim=True)
@@ -216,8 +280,27 @@ def test_cam_values_equal_a_direct_computation_from_grad_output(runner, images, 
 
 
 def test_cam_overlay_is_brighter_where_the_map_is_high(runner, photo, tmp_path):
-    result = runner.invoke(main, ["cam", "-m", "resnet18", "-w", "none", "-l", "layer2", "--alpha", "0.6",
-                                  "--resize", "128", "--crop", "128", "-o", str(tmp_path / "cams"), str(photo)])
+    result = runner.invoke(
+        main,
+        [
+            "cam",
+            "-m",
+            "resnet18",
+            "-w",
+            "none",
+            "-l",
+            "layer2",
+            "--alpha",
+            "0.6",
+            "--resize",
+            "128",
+            "--crop",
+            "128",
+            "-o",
+            str(tmp_path / "cams"),
+            str(photo),
+        ],
+    )
     assert result.exit_code == 0, result.output
     cams, _ = _read(tmp_path / "cams" / "cams.safetensors")
     heat = cams["cam"][0].numpy()  # [16, 16]
@@ -226,21 +309,22 @@ def test_cam_overlay_is_brighter_where_the_map_is_high(runner, photo, tmp_path):
     from hookcli.pictures.text import caption_font
 
     bar = caption_font(512).getbbox("Ag")[3] + 12
-    picture = png[-512 - bar:-bar]  # the view drawn 512 px, between the caption and the colour bar
+    picture = png[-512 - bar : -bar]  # the view drawn 512 px, between the caption and the colour bar
     view = np.asarray(model_view(load_rgb(photo), resize=512, crop=512)).astype(float)
     added = (picture - 0.4 * view).mean(axis=2)  # what the heat map contributed
     cell = 512 // 16
     hot, cold = np.unravel_index(heat.argmax(), heat.shape), np.unravel_index(heat.argmin(), heat.shape)
 
     def at(index):
-        return added[index[0] * cell + 2: (index[0] + 1) * cell - 2, index[1] * cell + 2: (index[1] + 1) * cell - 2].mean()
+        return added[
+            index[0] * cell + 2 : (index[0] + 1) * cell - 2, index[1] * cell + 2 : (index[1] + 1) * cell - 2
+        ].mean()
 
     assert at(hot) > at(cold) + 60
 
 
 def test_cam_on_a_vit_folds_tokens_into_a_square(runner, images, tmp_path):
-    result = runner.invoke(main, ["cam", "-m", "vit_b_16", "-w", "none", "-o", str(tmp_path / "cams"),
-                                  str(images[0])])
+    result = runner.invoke(main, ["cam", "-m", "vit_b_16", "-w", "none", "-o", str(tmp_path / "cams"), str(images[0])])
     assert result.exit_code == 0, result.output
     cams, metadata = _read(tmp_path / "cams" / "cams.safetensors")
     assert cams["cam"].shape == (1, 14, 14)
@@ -253,8 +337,9 @@ def test_class_names_come_with_pretrained_weights(runner, images, tmp_path):
     cached.parent.mkdir(parents=True, exist_ok=True)
     torch.save(torchvision.models.resnet18().state_dict(), cached)
     try:
-        result = runner.invoke(main, ["cam", "-m", "resnet18", "-t", "goldfish", *SMALL, "-o", str(tmp_path / "c"),
-                                      str(images[0])])
+        result = runner.invoke(
+            main, ["cam", "-m", "resnet18", "-t", "goldfish", *SMALL, "-o", str(tmp_path / "c"), str(images[0])]
+        )
         assert result.exit_code == 0, result.output
         targets = json.loads(_read(tmp_path / "c" / "cams.safetensors")[1]["targets"])
         assert targets[0][0]["class"] == 1 and targets[0][0]["name"] == "goldfish"
@@ -265,14 +350,23 @@ def test_class_names_come_with_pretrained_weights(runner, images, tmp_path):
 def test_gradient_command_errors(runner, images, tmp_path):
     base = ["-m", "resnet18", "-w", "none", *SMALL, str(images[0])]
     cases = [
-        (["grad", "-l", "layer4", "-t", "1000", *base], 2,
-         "Error: target class 1000 is out of range: the model has 1000 classes. "
-         "Hint: use 0 to 999, a class name or top1"),
-        (["cam", "-t", "goldfish", *base], 2,
-         "Error: target 'goldfish' is a class name, but these weights have no class names. Hint: give a class index "
-         "(0 to 999) or top1; names come with pretrained --weights"),
-        (["cam", "-l", "layer4.*", *base], 2,
-         "Error: cam takes one layer, and 'layer4.*' matches 2. Hint: see 'hookcli cam --help'"),
+        (
+            ["grad", "-l", "layer4", "-t", "1000", *base],
+            2,
+            "Error: target class 1000 is out of range: the model has 1000 classes. "
+            "Hint: use 0 to 999, a class name or top1",
+        ),
+        (
+            ["cam", "-t", "goldfish", *base],
+            2,
+            "Error: target 'goldfish' is a class name, but these weights have no class names. Hint: give a class index "
+            "(0 to 999) or top1; names come with pretrained --weights",
+        ),
+        (
+            ["cam", "-l", "layer4.*", *base],
+            2,
+            "Error: cam takes one layer, and 'layer4.*' matches 2. Hint: see 'hookcli cam --help'",
+        ),
     ]
     for args, code, message in cases:
         result = runner.invoke(main, args)
@@ -291,13 +385,13 @@ def test_spatial_maps_reads_the_layout_from_the_shape():
 
 
 def test_cam_on_swin_takes_channels_last_layers_as_they_come(runner, images, tmp_path):
-    result = runner.invoke(main, ["cam", "-m", "swin_t", "-w", "none", "-o", str(tmp_path / "default"),
-                                  str(images[0])])
+    result = runner.invoke(main, ["cam", "-m", "swin_t", "-w", "none", "-o", str(tmp_path / "default"), str(images[0])])
     assert result.exit_code == 0, result.output
     cams, metadata = _read(tmp_path / "default" / "cams.safetensors")
     assert metadata["cam_layer"] == "permute" and cams["cam"].shape == (1, 7, 7)
     for layer, side in (("features.0.0", 56), ("features.0", 56), ("norm", 7)):  # NCHW, then NHWC, NHWC
-        result = runner.invoke(main, ["cam", "-m", "swin_t", "-w", "none", "-l", layer, "-o",
-                                      str(tmp_path / layer), str(images[0])])
+        result = runner.invoke(
+            main, ["cam", "-m", "swin_t", "-w", "none", "-l", layer, "-o", str(tmp_path / layer), str(images[0])]
+        )
         assert result.exit_code == 0, result.output
         assert _read(tmp_path / layer / "cams.safetensors")[0]["cam"].shape == (1, side, side)

@@ -37,22 +37,36 @@ def _channel_k_is_k(channels=4, size=7):
 
 def test_constant_channels_come_out_in_channel_order_at_their_tiles(runner, tmp_path):
     source = _save(tmp_path / "f.safetensors", {"feat": _channel_k_is_k()})
-    [written] = _grid(runner, source, "-o", tmp_path / "g", "--scale", "grid", "--columns", "2", "--min-tile", "7",
-                      *PLAIN)
+    [written] = _grid(
+        runner, source, "-o", tmp_path / "g", "--scale", "grid", "--columns", "2", "--min-tile", "7", *PLAIN
+    )
     assert written == str(tmp_path / "g" / "feat__00000_row00000.png")
     pixels = _png(written)
     assert pixels.shape == (1 + 2 * 8, 1 + 2 * 8, 3)  # 2×2 tiles of 7 px, 1 px padding around each
     for k, expected in enumerate([0, 85, 170, 255]):
         row, col = divmod(k, 2)
-        tile = pixels[1 + row * 8: 1 + row * 8 + 7, 1 + col * 8: 1 + col * 8 + 7]
+        tile = pixels[1 + row * 8 : 1 + row * 8 + 7, 1 + col * 8 : 1 + col * 8 + 7]
         assert (tile == expected).all(), k
     assert (pixels[0] == 255).all() and (pixels[:, 8] == 255).all()  # padding lines
 
 
 def test_viridis_tiles_are_matplotlibs_colours_in_order(runner, tmp_path):
     source = _save(tmp_path / "f.safetensors", {"feat": _channel_k_is_k()})
-    [written] = _grid(runner, source, "-o", tmp_path / "g", "--scale", "grid", "--columns", "4", "--min-tile", "7",
-                      "--plain", "--padding", "0")
+    [written] = _grid(
+        runner,
+        source,
+        "-o",
+        tmp_path / "g",
+        "--scale",
+        "grid",
+        "--columns",
+        "4",
+        "--min-tile",
+        "7",
+        "--plain",
+        "--padding",
+        "0",
+    )
     pixels = _png(written)
     expected = np.round(colormaps["viridis"](np.linspace(0, 1, 256))[[0, 85, 170, 255], :3] * 255)
     assert [pixels[3, 7 * k + 3].tolist() for k in range(4)] == expected.astype(int).tolist()
@@ -72,8 +86,9 @@ def test_a_constant_channel_is_drawn_not_nan_and_nan_is_marked():
 def test_upscaling_keeps_the_map_shape(runner, tmp_path):
     checker = (np.indices((7, 7)).sum(axis=0) % 2).astype(np.float32)
     source = _save(tmp_path / "f.safetensors", {"feat": torch.from_numpy(checker)[None, None]})
-    [written] = _grid(runner, source, "-o", tmp_path / "g", "--min-tile", "32", "--padding", "0", "--plain",
-                      "--cmap", "gray")
+    [written] = _grid(
+        runner, source, "-o", tmp_path / "g", "--min-tile", "32", "--padding", "0", "--plain", "--cmap", "gray"
+    )
     pixels = _png(written)[..., 0]
     assert pixels.shape == (35, 35)  # 7 × 5: the smallest whole factor reaching 32
     assert (pixels.reshape(7, 5, 7, 5) == (checker * 255).astype(np.uint8)[:, None, :, None]).all()
@@ -82,13 +97,12 @@ def test_upscaling_keeps_the_map_shape(runner, tmp_path):
 @pytest.mark.parametrize("tokens, layout", [(197, "tokens+cls"), (196, "tokens")])
 def test_vit_token_maps_come_out_square(runner, tmp_path, tokens, layout):
     values = torch.zeros(2, tokens, 8)
-    values[:, tokens - 196:, 0] = torch.arange(196.0)
+    values[:, tokens - 196 :, 0] = torch.arange(196.0)
     if tokens == 197:
         values[:, 0, 0] = -1000.0  # the class token must not reach the map
     assert as_maps(values[0].numpy())[1] == layout
     source = _save(tmp_path / "f.safetensors", {"encoder.ln": values})
-    [written] = _grid(runner, source, "-o", tmp_path / "g", "-i", "1", "--channels", "0", "--min-tile", "14",
-                      *PLAIN)
+    [written] = _grid(runner, source, "-o", tmp_path / "g", "-i", "1", "--channels", "0", "--min-tile", "14", *PLAIN)
     pixels = _png(written)[..., 0]
     assert pixels.shape == (16, 16)
     square = pixels[1:15, 1:15]
@@ -98,12 +112,27 @@ def test_vit_token_maps_come_out_square(runner, tmp_path, tokens, layout):
 
 def test_vectors_are_strips_and_half_floats_read_fine(runner, tmp_path):
     vector = torch.linspace(0, 1, 100)[None].repeat(2, 1)
-    source = _save(tmp_path / "f.safetensors", {"half": vector.half(), "brain": vector.bfloat16(),
-                                                 "full": vector})
-    written = _grid(runner, source, "-o", tmp_path / "g", "-i", "0", "--min-tile", "20", "--padding", "0",
-                    "--plain", "--cmap", "gray")
+    source = _save(tmp_path / "f.safetensors", {"half": vector.half(), "brain": vector.bfloat16(), "full": vector})
+    written = _grid(
+        runner,
+        source,
+        "-o",
+        tmp_path / "g",
+        "-i",
+        "0",
+        "--min-tile",
+        "20",
+        "--padding",
+        "0",
+        "--plain",
+        "--cmap",
+        "gray",
+    )
     assert sorted(p.split("/")[-1] for p in written) == [
-        "brain__00000_row00000.png", "full__00000_row00000.png", "half__00000_row00000.png"]
+        "brain__00000_row00000.png",
+        "full__00000_row00000.png",
+        "half__00000_row00000.png",
+    ]
     full = _png(tmp_path / "g" / "full__00000_row00000.png")
     assert full.shape == (1 + 28 + 2 + 1, 1 + 100 * 7 + 1, 3)  # one line of 100 cells, 7 px each, under 768 px
     assert (full[1:29, 1:701:7, 0] == np.round(np.linspace(0, 1, 100) * 255)).all()
@@ -124,25 +153,44 @@ def test_top_channels_by_mean_and_channel_ranges(runner, tmp_path):
     feat = _channel_k_is_k(channels=6)
     feat[0, 2] = 100.0  # the largest mean
     source = _save(tmp_path / "f.safetensors", {"feat": feat})
-    [top] = _grid(runner, source, "-o", tmp_path / "top", "--top", "2", "--scale", "grid", "--columns", "2",
-                  "--min-tile", "7", *PLAIN)
+    [top] = _grid(
+        runner,
+        source,
+        "-o",
+        tmp_path / "top",
+        "--top",
+        "2",
+        "--scale",
+        "grid",
+        "--columns",
+        "2",
+        "--min-tile",
+        "7",
+        *PLAIN,
+    )
     pixels = _png(top)[..., 0]
     assert pixels.shape == (9, 17)
     assert pixels[4, 4] == 255 and pixels[4, 12] == 0  # channel 2 (100) first, then channel 5 (5): range 5…100
-    [ranged] = _grid(runner, source, "-o", tmp_path / "ranged", "--channels", "3:5", "--scale", "grid",
-                     "--min-tile", "7", *PLAIN)
+    [ranged] = _grid(
+        runner, source, "-o", tmp_path / "ranged", "--channels", "3:5", "--scale", "grid", "--min-tile", "7", *PLAIN
+    )
     pixels = _png(ranged)[..., 0]
     assert pixels.shape == (9, 17) and pixels[4, 4] == 0 and pixels[4, 12] == 255
 
 
 def test_keys_images_and_names(runner, tmp_path, images):
-    tensors = {"layer1.0.relu:0": torch.rand(3, 2, 4, 4), "layer1.0.relu:1": torch.rand(3, 2, 4, 4),
-               "fc": torch.rand(3, 10)}
+    tensors = {
+        "layer1.0.relu:0": torch.rand(3, 2, 4, 4),
+        "layer1.0.relu:1": torch.rand(3, 2, 4, 4),
+        "fc": torch.rand(3, 10),
+    }
     source = _save(tmp_path / "f.safetensors", tensors, inputs=images)
     written = _grid(runner, source, "-o", tmp_path / "g", "-k", "layer1.0.relu:*", "-i", "c.png", "-i", "0")
     assert [p.split("/")[-1] for p in written] == [
-        "layer1.0.relu_0__00002_c.png", "layer1.0.relu_0__00000_a.png",
-        "layer1.0.relu_1__00002_c.png", "layer1.0.relu_1__00000_a.png",
+        "layer1.0.relu_0__00002_c.png",
+        "layer1.0.relu_0__00000_a.png",
+        "layer1.0.relu_1__00002_c.png",
+        "layer1.0.relu_1__00000_a.png",
     ]
 
 
@@ -156,8 +204,25 @@ def test_overlay_is_brighter_where_the_map_is_high(tmp_path):
 
 def test_overlay_from_a_hookcli_file_uses_the_models_view_of_the_input(runner, tmp_path, photo):
     out = tmp_path / "f.safetensors"
-    result = runner.invoke(main, ["extract", "-m", "resnet18", "-w", "none", "-l", "layer1", "--resize", "64",
-                                  "--crop", "48", "-o", str(out), str(photo)])
+    result = runner.invoke(
+        main,
+        [
+            "extract",
+            "-m",
+            "resnet18",
+            "-w",
+            "none",
+            "-l",
+            "layer1",
+            "--resize",
+            "64",
+            "--crop",
+            "48",
+            "-o",
+            str(out),
+            str(photo),
+        ],
+    )
     assert result.exit_code == 0, result.output
     [written] = _grid(runner, out, "-o", tmp_path / "g", "--overlay", "--plain")
     assert written.endswith("layer1__00000_grace_hopper.overlay.png")
@@ -165,8 +230,25 @@ def test_overlay_from_a_hookcli_file_uses_the_models_view_of_the_input(runner, t
 
 
 def test_extract_output_piped_into_grid_on_stdin(runner, tmp_path, images):
-    result = runner.invoke(main, ["extract", "-m", "resnet18", "-w", "none", "-l", "layer2", "--resize", "32",
-                                  "--crop", "32", "-o", "-", *map(str, images[:2])])
+    result = runner.invoke(
+        main,
+        [
+            "extract",
+            "-m",
+            "resnet18",
+            "-w",
+            "none",
+            "-l",
+            "layer2",
+            "--resize",
+            "32",
+            "--crop",
+            "32",
+            "-o",
+            "-",
+            *map(str, images[:2]),
+        ],
+    )
     assert result.exit_code == 0
     written = _grid(runner, "-", "-o", tmp_path / "g", input=result.stdout_bytes)
     assert [p.split("/")[-1] for p in written] == ["layer2__00000_a.png", "layer2__00001_b.png"]
@@ -175,8 +257,27 @@ def test_extract_output_piped_into_grid_on_stdin(runner, tmp_path, images):
 
 def test_extract_grid_option_renders_right_after(runner, tmp_path, images):
     out = tmp_path / "f.safetensors"
-    result = runner.invoke(main, ["extract", "-m", "resnet18", "-w", "none", "-l", "layer4", "--resize", "32",
-                                  "--crop", "32", "-o", str(out), "--grid", str(tmp_path / "g"), str(images[0])])
+    result = runner.invoke(
+        main,
+        [
+            "extract",
+            "-m",
+            "resnet18",
+            "-w",
+            "none",
+            "-l",
+            "layer4",
+            "--resize",
+            "32",
+            "--crop",
+            "32",
+            "-o",
+            str(out),
+            "--grid",
+            str(tmp_path / "g"),
+            str(images[0]),
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert result.stdout.splitlines() == [str(out), str(tmp_path / "g" / "layer4__00000_a.png")]
 
@@ -185,11 +286,28 @@ def test_extract_grid_refuses_drawn_pictures_before_any_work(runner, tmp_path, i
     (tmp_path / "g").mkdir()
     (tmp_path / "g" / "layer4__00000_a.png").write_bytes(b"drawn before")
     (tmp_path / "g" / "other__00000_a.png").write_bytes(b"another layer's")
-    result = runner.invoke(main, ["extract", "-m", "resnet18", "-w", "none", "-l", "layer4", "-o",
-                                  str(tmp_path / "f.safetensors"), "--grid", str(tmp_path / "g"), str(images[0])])
-    assert _one_error(result, 2) == (f"Error: --grid folder '{tmp_path / 'g'}' already holds pictures of these layers "
-                                     "('layer4__00000_a.png'). Hint: add --force to draw them again, or give another "
-                                     "--grid folder")
+    result = runner.invoke(
+        main,
+        [
+            "extract",
+            "-m",
+            "resnet18",
+            "-w",
+            "none",
+            "-l",
+            "layer4",
+            "-o",
+            str(tmp_path / "f.safetensors"),
+            "--grid",
+            str(tmp_path / "g"),
+            str(images[0]),
+        ],
+    )
+    assert _one_error(result, 2) == (
+        f"Error: --grid folder '{tmp_path / 'g'}' already holds pictures of these layers "
+        "('layer4__00000_a.png'). Hint: add --force to draw them again, or give another "
+        "--grid folder"
+    )
     assert not (tmp_path / "f.safetensors").exists()
 
 
@@ -208,11 +326,20 @@ def test_file_errors(runner, tmp_path):
     (tmp_path / "text.safetensors").write_text("hello, these are not tensors")
     out = ["-o", str(tmp_path / "g")]
     cases = [
-        ("cut.safetensors", f"Error: '{tmp_path / 'cut.safetensors'}' is truncated: tensor 'feat' ends at byte "
-                            f"{len(data)} but the file has {len(data) - 10}. Hint: the file was cut short; write it again"),
-        ("empty.safetensors", f"Error: '{tmp_path / 'empty.safetensors'}' is empty. Hint: it holds no safetensors data"),
-        ("text.safetensors", f"Error: '{tmp_path / 'text.safetensors'}' is not a safetensors file. Hint: its first 8 "
-                             "bytes do not give a header length that fits the file"),
+        (
+            "cut.safetensors",
+            f"Error: '{tmp_path / 'cut.safetensors'}' is truncated: tensor 'feat' ends at byte "
+            f"{len(data)} but the file has {len(data) - 10}. Hint: the file was cut short; write it again",
+        ),
+        (
+            "empty.safetensors",
+            f"Error: '{tmp_path / 'empty.safetensors'}' is empty. Hint: it holds no safetensors data",
+        ),
+        (
+            "text.safetensors",
+            f"Error: '{tmp_path / 'text.safetensors'}' is not a safetensors file. Hint: its first 8 "
+            "bytes do not give a header length that fits the file",
+        ),
         ("missing.safetensors", f"Error: no such file: '{tmp_path / 'missing.safetensors'}'. Hint: check the path"),
     ]
     for name, message in cases:
@@ -226,19 +353,24 @@ def test_selection_errors_and_existing_pngs(runner, tmp_path):
     source = _save(tmp_path / "f.safetensors", {"feat": torch.ones(2, 3, 4, 4), "feet": torch.ones(2, 5)})
     out = ["-o", str(tmp_path / "g")]
     assert _one_error(runner.invoke(main, ["grid", str(source), *out, "-k", "fat"]), 2) == (
-        f"Error: no tensor 'fat' in '{source}' (closest: feat, feet). Hint: 'hookcli info' lists the keys")
+        f"Error: no tensor 'fat' in '{source}' (closest: feat, feet). Hint: 'hookcli info' lists the keys"
+    )
     assert _one_error(runner.invoke(main, ["grid", str(source), *out, "-i", "2"]), 2) == (
-        "Error: image index 2 is out of range: the file has 2 images. Hint: use 0 to 1, or an input file name")
+        "Error: image index 2 is out of range: the file has 2 images. Hint: use 0 to 1, or an input file name"
+    )
     assert _one_error(runner.invoke(main, ["grid", str(source), *out, "--cmap", "viridiss"]), 2).startswith(
-        "Error: unknown colormap 'viridiss' (closest: viridis")
+        "Error: unknown colormap 'viridiss' (closest: viridis"
+    )
     assert _one_error(runner.invoke(main, ["grid", str(source), *out, "--overlay"]), 2) == (
         f"Error: --overlay needs the input images, and '{source}' does not list them. Hint: overlays work on files "
-        "written by hookcli extract, whose 'inputs' metadata names the images")
+        "written by hookcli extract, whose 'inputs' metadata names the images"
+    )
     assert not (tmp_path / "g").exists()
     first = _grid(runner, source, *out, "-k", "feat", "-i", "1")
     before = (tmp_path / "g" / "feat__00001_row00001.png").read_bytes()
     assert _one_error(runner.invoke(main, ["grid", str(source), *out]), 2) == (
-        f"Error: '{first[0]}' already exists. Hint: add --force to overwrite, or choose another folder with -o")
+        f"Error: '{first[0]}' already exists. Hint: add --force to overwrite, or choose another folder with -o"
+    )
     assert sorted(p.name for p in (tmp_path / "g").iterdir()) == ["feat__00001_row00001.png"]
     assert (tmp_path / "g" / "feat__00001_row00001.png").read_bytes() == before
     assert len(_grid(runner, source, *out, "--force")) == 4
@@ -253,10 +385,20 @@ def test_info_json_stats_and_stdin(runner, tmp_path):
     assert described["file"] == "stdin" and described["bytes"] == len(data)
     assert described["metadata"] == {"format": "1", "layers": {"x": {"keys": ["b", "a"]}}}
     assert described["tensors"] == [
-        {"key": "b", "dtype": "BF16", "shape": [2, 3], "bytes": 12,
-         "stats": {"min": 0.0, "mean": 0.0, "max": 0.0, "zeros": 1.0, "nonfinite": 0}},
-        {"key": "a", "dtype": "F32", "shape": [2, 2], "bytes": 16,
-         "stats": {"min": 0.0, "mean": 1.0, "max": 2.0, "zeros": 0.25, "nonfinite": 1}},
+        {
+            "key": "b",
+            "dtype": "BF16",
+            "shape": [2, 3],
+            "bytes": 12,
+            "stats": {"min": 0.0, "mean": 0.0, "max": 0.0, "zeros": 1.0, "nonfinite": 0},
+        },
+        {
+            "key": "a",
+            "dtype": "F32",
+            "shape": [2, 2],
+            "bytes": 16,
+            "stats": {"min": 0.0, "mean": 1.0, "max": 2.0, "zeros": 0.25, "nonfinite": 1},
+        },
     ]
 
 
@@ -275,13 +417,16 @@ def test_info_text(runner, tmp_path):
 
 
 def test_images_are_chosen_by_range_too_in_the_order_given(runner, tmp_path):
-    source = _save(tmp_path / "f.safetensors", {"feat": torch.zeros(6, 2, 3, 3)},
-                   inputs=[f"/p/{n}.jpg" for n in "abcdef"])
+    source = _save(
+        tmp_path / "f.safetensors", {"feat": torch.zeros(6, 2, 3, 3)}, inputs=[f"/p/{n}.jpg" for n in "abcdef"]
+    )
     written = _grid(runner, source, "-o", tmp_path / "g", "-i", "e", "-i", "1:3", "-i", "2", *PLAIN)
     assert [p.split("/")[-1] for p in written] == ["feat__00004_e.png", "feat__00001_b.png", "feat__00002_c.png"]
     written = _grid(runner, source, "-o", tmp_path / "h", "-i", "-2:", *PLAIN)
     assert [p.split("/")[-1] for p in written] == ["feat__00004_e.png", "feat__00005_f.png"]
     result = runner.invoke(main, ["grid", str(source), "-i", "4:2", "-o", str(tmp_path / "k")])
     assert result.exit_code == 2
-    assert result.stderr == ("Error: image range '4:2' selects no images: the file has 6 images. "
-                             "Hint: A:B takes rows A to B-1, as a Python slice does; the rows are 0 to 5\n")
+    assert result.stderr == (
+        "Error: image range '4:2' selects no images: the file has 6 images. "
+        "Hint: A:B takes rows A to B-1, as a Python slice does; the rows are 0 to 5\n"
+    )

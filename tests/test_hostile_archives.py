@@ -11,9 +11,9 @@ import torch
 from safetensors import safe_open
 
 import hookcli
-from hookcli.inputs.archives import MAX_HEADER_BYTES, MAX_MEMBER_BYTES, find_member, tar_images
 from hookcli.cli import main
 from hookcli.errors import ImageError, InputError
+from hookcli.inputs.archives import MAX_HEADER_BYTES, MAX_MEMBER_BYTES, find_member, tar_images
 
 SMALL = ["--resize", "64", "--crop", "56", "-w", "none"]
 EXTRACT = ["extract", "-m", "resnet18", "-l", "layer2", *SMALL]
@@ -39,31 +39,44 @@ def _rows(path):
 
 
 def test_member_names_leading_outside_the_archive_are_rows_that_fail_and_are_never_opened_on_disk(
-        runner, images, tmp_path):
+    runner, images, tmp_path
+):
     (tmp_path / "p.png").write_bytes(images[2].read_bytes())  # what a traversal name would reach
     pictures = [image.read_bytes() for image in images]
     (tmp_path / "d").mkdir()
-    archive = _tar(tmp_path / "d" / "a.tar", [
-        ("000.png", pictures[0]), ("x/../../p.png", pictures[1]), ("/abs/p.png", pictures[1]),
-        ("back\\slash.png", pictures[1]), ("001.png", pictures[1])])
+    archive = _tar(
+        tmp_path / "d" / "a.tar",
+        [
+            ("000.png", pictures[0]),
+            ("x/../../p.png", pictures[1]),
+            ("/abs/p.png", pictures[1]),
+            ("back\\slash.png", pictures[1]),
+            ("001.png", pictures[1]),
+        ],
+    )
     result = runner.invoke(main, [*EXTRACT, str(archive)])
     assert result.exit_code == 1
     assert result.output.splitlines()[-1] == (
         f"Error: archive member '{archive}::x/../../p.png' has a name hookcli does not read (a '..' part). "
         "Hint: member names are relative paths without '..'; repack the archive; or add --on-error skip to leave "
-        "unreadable images out")
+        "unreadable images out"
+    )
     written = tmp_path / "kept.safetensors"
     result = runner.invoke(main, [*EXTRACT, "--on-error", "skip", str(archive), "-o", str(written)])
     assert result.exit_code == 0, result.output
     rows, metadata = _rows(written)
     assert json.loads(metadata["inputs"]) == [f"{archive}::000.png", f"{archive}::001.png"]
     assert [(s["input"], s["error"].split(" (")[1]) for s in json.loads(metadata["skipped"])] == [
-        (f"{archive}::x/../../p.png", "a '..' part). Hint: member names are relative paths without '..'; repack "
-                                      "the archive"),
-        (f"{archive}::/abs/p.png", "absolute). Hint: member names are relative paths without '..'; repack the "
-                                   "archive"),
-        (f"{archive}::back\\slash.png", "a backslash). Hint: member names are relative paths without '..'; "
-                                        "repack the archive")]
+        (
+            f"{archive}::x/../../p.png",
+            "a '..' part). Hint: member names are relative paths without '..'; repack the archive",
+        ),
+        (f"{archive}::/abs/p.png", "absolute). Hint: member names are relative paths without '..'; repack the archive"),
+        (
+            f"{archive}::back\\slash.png",
+            "a backslash). Hint: member names are relative paths without '..'; repack the archive",
+        ),
+    ]
     # Named on stdin, the member is found in the listing (and refused), never joined to the file system.
     result = runner.invoke(main, [*EXTRACT, "-"], input=f"{archive}::x/../../p.png\n")
     assert result.output.splitlines()[-1].startswith(f"Error: archive member '{archive}::x/../../p.png' has a name")
@@ -83,8 +96,10 @@ def test_a_traversal_name_in_metadata_is_looked_up_in_the_archive_not_on_disk(ru
 
 
 def test_every_member_of_a_repeated_name_is_a_row_named_by_occurrence(runner, images, tmp_path):
-    archive = _tar(tmp_path / "a.tar", [("000.png", images[0].read_bytes()), ("001.png", images[1].read_bytes()),
-                                        ("000.png", images[2].read_bytes())])
+    archive = _tar(
+        tmp_path / "a.tar",
+        [("000.png", images[0].read_bytes()), ("001.png", images[1].read_bytes()), ("000.png", images[2].read_bytes())],
+    )
     written = tmp_path / "f.safetensors"
     assert runner.invoke(main, [*EXTRACT, str(archive), "-o", str(written)]).exit_code == 0
     rows, metadata = _rows(written)
@@ -95,9 +110,15 @@ def test_every_member_of_a_repeated_name_is_a_row_named_by_occurrence(runner, im
 
 
 def test_hard_links_read_their_target_and_symbolic_links_are_refused(runner, images, tmp_path):
-    archive = _tar(tmp_path / "a.tar", [("000.png", images[0].read_bytes()), ("001.png", "000.png", tarfile.LNKTYPE),
-                                        ("002.png", "../../p.png", tarfile.SYMTYPE),
-                                        ("003.png", "gone.png", tarfile.LNKTYPE)])
+    archive = _tar(
+        tmp_path / "a.tar",
+        [
+            ("000.png", images[0].read_bytes()),
+            ("001.png", "000.png", tarfile.LNKTYPE),
+            ("002.png", "../../p.png", tarfile.SYMTYPE),
+            ("003.png", "gone.png", tarfile.LNKTYPE),
+        ],
+    )
     written = tmp_path / "f.safetensors"
     result = runner.invoke(main, [*EXTRACT, "--on-error", "skip", str(archive), "-o", str(written)])
     assert result.exit_code == 0, result.output
@@ -108,7 +129,8 @@ def test_hard_links_read_their_target_and_symbolic_links_are_refused(runner, ima
         f"archive member '{archive}::002.png' is a symbolic link (to '../../p.png'), which hookcli does not follow. "
         "Hint: store the image itself in the archive",
         f"archive member '{archive}::003.png' is a hard link to 'gone.png', which is no member the archive holds "
-        "before it. Hint: repack the archive"]
+        "before it. Hint: repack the archive",
+    ]
 
 
 def _sparse_picture(path, side=256):
@@ -129,15 +151,17 @@ def test_sparse_members_are_refused_in_one_line(runner, images, tmp_path, last):
     _sparse_picture(folder / "000.ppm")
     shutil.copy(images[0], folder / "001.png")
     order = ["001.png", "000.ppm"] if last else ["000.ppm", "001.png"]
-    subprocess.run(["tar", "--sparse", "--format=gnu", "-cf", str(tmp_path / "s.tar"), "-C", str(folder), *order],
-                   check=True)
+    subprocess.run(
+        ["tar", "--sparse", "--format=gnu", "-cf", str(tmp_path / "s.tar"), "-C", str(folder), *order], check=True
+    )
     archive = tmp_path / "s.tar"
     assert find_member(f"{archive}::000.ppm").problem == "sparse"
     result = runner.invoke(main, [*EXTRACT, str(archive)])
     assert result.exit_code == 1
     assert result.output.splitlines()[-1] == (
         f"Error: archive member '{archive}::000.ppm' is stored sparse, which hookcli does not read. "
-        "Hint: repack the archive without --sparse; or add --on-error skip to leave unreadable images out")
+        "Hint: repack the archive without --sparse; or add --on-error skip to leave unreadable images out"
+    )
 
 
 def _declared(path, name: str, size: int, kind=tarfile.REGTYPE, after: bytes = b""):
@@ -161,22 +185,30 @@ def test_huge_members_and_headers_are_refused_without_reading_them(runner, image
     assert (member.size, member.problem) == (8 << 30, "too large")
     written = tmp_path / "f.safetensors"
     code, peak, stderr = peak_of(*EXTRACT, "--on-error", "skip", huge, "-o", written)
-    assert (code, stderr.split(" | ")[-1]) == (0, f"Skipped: archive member '{huge}::000.png' holds "
-                                                  f"8,589,934,592 bytes, more than any image hookcli decodes "
-                                                  f"({MAX_MEMBER_BYTES:,}). Hint: leave it out of the archive")
+    assert (code, stderr.split(" | ")[-1]) == (
+        0,
+        f"Skipped: archive member '{huge}::000.png' holds "
+        f"8,589,934,592 bytes, more than any image hookcli decodes "
+        f"({MAX_MEMBER_BYTES:,}). Hint: leave it out of the archive",
+    )
     assert peak < 1.5 * 2**30, peak
     assert json.loads(_rows(written)[1]["inputs"]) == [f"{huge}::001.png"]
     # A large member that is no image is streamed to the decoder, which stops at its header.
     zeros = _declared(tmp_path / "zeros.tar", "000.png", 1 << 30)
     code, peak, stderr = peak_of(*EXTRACT, zeros)
-    assert (code, stderr) == (1, f"Error: '{zeros}::000.png' is not an image Pillow can read. Hint: check the file "
-                                 "type; text or corrupt files cannot be used; or add --on-error skip to leave unreadable images out")
+    assert (code, stderr) == (
+        1,
+        f"Error: '{zeros}::000.png' is not an image Pillow can read. Hint: check the file "
+        "type; text or corrupt files cannot be used; or add --on-error skip to leave unreadable images out",
+    )
     assert peak < 1.5 * 2**30, peak
     bomb = _declared(tmp_path / "bomb.tar", "PaxHeader", 2 << 30, kind=tarfile.XHDTYPE)
     with pytest.raises(InputError) as caught:
         tar_images(bomb)
-    assert str(caught.value) == (f"archive '{bomb}' has a member header near byte 512 larger than "
-                                 f"{MAX_HEADER_BYTES:,} bytes. Hint: it is damaged or not a tar of images")
+    assert str(caught.value) == (
+        f"archive '{bomb}' has a member header near byte 512 larger than "
+        f"{MAX_HEADER_BYTES:,} bytes. Hint: it is damaged or not a tar of images"
+    )
 
 
 def test_a_disk_file_named_like_a_member_is_a_disk_path(runner, images, tmp_path):
@@ -195,14 +227,17 @@ def test_a_disk_file_named_like_a_member_is_a_disk_path(runner, images, tmp_path
     assert result.exit_code == 1
     assert result.output.splitlines()[-1] == (
         f"Error: '{lookalike}' names both a file on disk and a member of the archive '{archive}'. Hint: rename the "
-        "file on disk")
+        "file on disk"
+    )
     # Two runs over the file and over the member are two runs: the folder of one does not continue the other.
     folder = tmp_path / "shards"
     assert runner.invoke(main, [*EXTRACT, str(lookalike), "-o", f"{folder}/"]).exit_code == 0
     other = runner.invoke(main, [*EXTRACT, str(archive), "-o", f"{folder}/"])
     assert other.exit_code == 2
-    assert other.output == (f"Error: '{folder}/' holds a different run (it differs in: inputs_sha256). Hint: run the "
-                            "same command to continue it, add --force to replace it, or use another folder\n")
+    assert other.output == (
+        f"Error: '{folder}/' holds a different run (it differs in: inputs_sha256). Hint: run the "
+        "same command to continue it, add --force to replace it, or use another folder\n"
+    )
     with pytest.raises(ImageError, match="names both a file on disk"):
         hookcli.inputs.images.load_rgb(str(lookalike))
 

@@ -18,15 +18,31 @@ import pytest
 import torch
 from safetensors import SafetensorError
 
-from hookcli.storage.claims import CLAIMS, LOCK_NAME, Claims, FolderLock, claim_timeout
 from hookcli.cli import main
 from hookcli.errors import FeatureFileError, HookcliError, UsageProblem
-from hookcli.storage.shards import INDEX_NAME, ShardedFeatures
 from hookcli.files import atomic_path
+from hookcli.storage.claims import CLAIMS, LOCK_NAME, Claims, FolderLock, claim_timeout
 from hookcli.storage.features import FeatureFile, write_safetensors
+from hookcli.storage.shards import INDEX_NAME, ShardedFeatures
 
-ARGS = ["extract", "-m", "resnet18", "-w", "none", "-l", "fc", "--resize", "32", "--crop", "32", "-b", "2", "-q",
-        "--shard-size", "2"]
+ARGS = [
+    "extract",
+    "-m",
+    "resnet18",
+    "-w",
+    "none",
+    "-l",
+    "fc",
+    "--resize",
+    "32",
+    "--crop",
+    "32",
+    "-b",
+    "2",
+    "-q",
+    "--shard-size",
+    "2",
+]
 SHARDS = [f"features-0000{n}.safetensors" for n in range(3)]
 REMOVE_IT = "Hint: remove it, then run again"
 #: 2100-01-01, as `touch -d 2100-01-01` dates a file.
@@ -54,8 +70,12 @@ def victim(tmp_path):
     """A folder beside the output, with old claim-like files in it, that hookcli must never touch."""
     folder = tmp_path / "victim"
     folder.mkdir()
-    for name, text in [("00001", "precious 1"), ("00004", "precious 4"), ("00010", "precious 10"),
-                       ("notes.txt", "keep me")]:
+    for name, text in [
+        ("00001", "precious 1"),
+        ("00004", "precious 4"),
+        ("00010", "precious 10"),
+        ("notes.txt", "keep me"),
+    ]:
         (folder / name).write_text(text)
         os.utime(folder / name, (1_000_000_000, 1_000_000_000))
     return folder
@@ -80,8 +100,11 @@ def _tree(root, skip=None):
         for name in folders + files:
             path = os.path.join(here, name)
             status = os.lstat(path)
-            content = os.readlink(path) if stat.S_ISLNK(status.st_mode) else (
-                Path(path).read_bytes() if stat.S_ISREG(status.st_mode) else None)
+            content = (
+                os.readlink(path)
+                if stat.S_ISLNK(status.st_mode)
+                else (Path(path).read_bytes() if stat.S_ISREG(status.st_mode) else None)
+            )
             found[os.path.relpath(path, root)] = (stat.S_IFMT(status.st_mode), content, status.st_mtime_ns)
     return found
 
@@ -89,6 +112,7 @@ def _tree(root, skip=None):
 @contextlib.contextmanager
 def _within(seconds):
     """Fail instead of hanging: a blocking ``open`` (of a FIFO, say) is interrupted and raises TimeoutError."""
+
     def expire(*_):
         raise TimeoutError(f"still waiting after {seconds} s")
 
@@ -113,14 +137,16 @@ def _rows(folder):
 # -- links out of the folder -------------------------------------------------------------------------
 
 
-def test_a_claims_folder_that_is_a_link_is_refused_and_what_it_points_to_is_untouched(runner, tmp_path, inputs,
-                                                                                   resumable, victim, monkeypatch):
+def test_a_claims_folder_that_is_a_link_is_refused_and_what_it_points_to_is_untouched(
+    runner, tmp_path, inputs, resumable, victim, monkeypatch
+):
     (resumable / CLAIMS).symlink_to(victim)
     before = _tree(tmp_path, skip=resumable)
     _refuse_the_model(monkeypatch)
     for extra in ([], ["--force"]):
         assert _one_error(_extract(runner, resumable, inputs, *extra)) == (
-            f"Error: '{resumable / CLAIMS}' is a symbolic link, not the folder of claims hookcli made. {REMOVE_IT}")
+            f"Error: '{resumable / CLAIMS}' is a symbolic link, not the folder of claims hookcli made. {REMOVE_IT}"
+        )
     assert _tree(tmp_path, skip=resumable) == before
     assert os.readlink(resumable / CLAIMS) == str(victim)
 
@@ -147,8 +173,9 @@ def test_claims_never_follow_a_link_put_in_place_of_their_folder_while_a_run_wor
     assert _tree(tmp_path, skip=folder) == before
 
 
-def test_a_lock_file_that_is_a_link_is_refused_and_what_it_points_to_is_untouched(runner, tmp_path, inputs,
-                                                                               resumable, victim, monkeypatch):
+def test_a_lock_file_that_is_a_link_is_refused_and_what_it_points_to_is_untouched(
+    runner, tmp_path, inputs, resumable, victim, monkeypatch
+):
     (resumable / LOCK_NAME).symlink_to(victim / "notes.txt")
     before = _tree(tmp_path, skip=resumable)
     _refuse_the_model(monkeypatch)
@@ -161,14 +188,16 @@ def test_a_lock_file_that_is_a_link_is_refused_and_what_it_points_to_is_untouche
 
 
 @pytest.mark.parametrize("target", ["notes.txt", "."], ids=["to-a-file", "to-a-folder"])
-def test_a_shard_that_is_a_link_is_refused_by_readers_and_replaced_by_a_resume(runner, tmp_path, inputs, resumable,
-                                                                            victim, target):
+def test_a_shard_that_is_a_link_is_refused_by_readers_and_replaced_by_a_resume(
+    runner, tmp_path, inputs, resumable, victim, target
+):
     expected = _rows_of_a_fresh_run(runner, tmp_path, inputs)
     shard = resumable / SHARDS[1]
     shard.symlink_to(victim / target)
     before = _tree(tmp_path, skip=resumable)
     assert _one_error(runner.invoke(main, ["info", str(resumable)])) == (
-        f"Error: '{shard}' is a symbolic link, not a regular file. Hint: give a .safetensors file")
+        f"Error: '{shard}' is a symbolic link, not a regular file. Hint: give a .safetensors file"
+    )
     result = _extract(runner, resumable, inputs)  # the link itself is replaced, as any damaged shard is
     assert result.exit_code == 0, result.output
     assert not shard.is_symlink() and torch.equal(_rows(resumable), expected)
@@ -182,14 +211,16 @@ def _rows_of_a_fresh_run(runner, tmp_path, inputs):
     return _rows(fresh)
 
 
-def test_an_index_that_is_a_link_is_refused_by_a_writer_and_what_it_points_to_is_untouched(runner, tmp_path, inputs,
-                                                                                       resumable):
+def test_an_index_that_is_a_link_is_refused_by_a_writer_and_what_it_points_to_is_untouched(
+    runner, tmp_path, inputs, resumable
+):
     elsewhere = tmp_path / "elsewhere.jsonl"
     (resumable / INDEX_NAME).rename(elsewhere)
     (resumable / INDEX_NAME).symlink_to(elsewhere)
     before = _tree(tmp_path, skip=resumable)
     assert _one_error(_extract(runner, resumable, inputs)) == (
-        f"Error: '{resumable / INDEX_NAME}' is a symbolic link, not a regular file. {REMOVE_IT}")
+        f"Error: '{resumable / INDEX_NAME}' is a symbolic link, not a regular file. {REMOVE_IT}"
+    )
     assert _tree(tmp_path, skip=resumable) == before
     result = _extract(runner, resumable, inputs, "--force")  # --force starts over: the link goes, not its target
     assert result.exit_code == 0, result.output
@@ -214,13 +245,19 @@ def _make(path, kind, victim):
 _KINDS = {"fifo": "a FIFO (named pipe)", "folder": "a folder", "file": "a regular file", "link": "a symbolic link"}
 
 
-@pytest.mark.parametrize(("name", "kind", "expected"), [
-    (f"{CLAIMS}/00001", "fifo", "a claim file"), (f"{CLAIMS}/00001", "folder", "a claim file"),
-    (f"{CLAIMS}/00001", "link", "a claim file"), (CLAIMS, "file", "the folder of claims"),
-    (CLAIMS, "fifo", "the folder of claims"),
-])
-def test_what_is_no_claim_or_claims_folder_is_refused_without_waiting(runner, tmp_path, inputs, resumable, victim,
-                                                                       monkeypatch, name, kind, expected):
+@pytest.mark.parametrize(
+    ("name", "kind", "expected"),
+    [
+        (f"{CLAIMS}/00001", "fifo", "a claim file"),
+        (f"{CLAIMS}/00001", "folder", "a claim file"),
+        (f"{CLAIMS}/00001", "link", "a claim file"),
+        (CLAIMS, "file", "the folder of claims"),
+        (CLAIMS, "fifo", "the folder of claims"),
+    ],
+)
+def test_what_is_no_claim_or_claims_folder_is_refused_without_waiting(
+    runner, tmp_path, inputs, resumable, victim, monkeypatch, name, kind, expected
+):
     path = resumable / name
     path.parent.mkdir(exist_ok=True)
     _make(path, kind, victim)
@@ -250,8 +287,9 @@ def _claim(folder, number, dated, content=None):
     return path
 
 
-def test_a_claim_dated_in_the_future_is_taken_over_and_the_folder_completes(runner, tmp_path, inputs, resumable,
-                                                                          monkeypatch):
+def test_a_claim_dated_in_the_future_is_taken_over_and_the_folder_completes(
+    runner, tmp_path, inputs, resumable, monkeypatch
+):
     expected = _rows_of_a_fresh_run(runner, tmp_path, inputs)
     _claim(resumable, 1, YEAR_2100)
     monkeypatch.setenv("HOOKCLI_CLAIM_TIMEOUT", "1")
@@ -259,8 +297,11 @@ def test_a_claim_dated_in_the_future_is_taken_over_and_the_folder_completes(runn
     assert result.exit_code == 0, result.output
     continuing, note = result.stderr.splitlines()
     assert continuing == f"Continuing: 3 of 5 inputs are already in {resumable}/"
-    assert re.fullmatch(r"Note: shard 1 was claimed by process 12345 on elsewhere, whose heartbeat is dated \d+ s in "
-                        r"the future: this process computes it", note), note
+    assert re.fullmatch(
+        r"Note: shard 1 was claimed by process 12345 on elsewhere, whose heartbeat is dated \d+ s in "
+        r"the future: this process computes it",
+        note,
+    ), note
     assert result.stdout == f"{resumable}/index.jsonl\n"
     assert torch.equal(_rows(resumable), expected)
     assert sorted(os.listdir(resumable)) == [*SHARDS, INDEX_NAME]
@@ -280,17 +321,18 @@ def test_a_heartbeat_ahead_by_less_than_the_timeout_still_holds_its_claim(tmp_pa
     assert [re.sub(r"\d+ s", "N s", note) for note in notes] == [
         "shard 1 was claimed by process 12345 on elsewhere, whose heartbeat is dated N s in the future: this process "
         "computes it",
-        "shard 2 was claimed by an unreadable claim: this process computes it"]
+        "shard 2 was claimed by an unreadable claim: this process computes it",
+    ]
 
 
 @pytest.mark.parametrize("value", ["1e-300", "0.5"])
-def test_a_claim_timeout_under_a_second_is_refused_before_the_model_loads(runner, tmp_path, inputs, monkeypatch,
-                                                                          value):
+def test_a_claim_timeout_under_a_second_is_refused_before_the_model_loads(runner, tmp_path, inputs, monkeypatch, value):
     monkeypatch.setenv("HOOKCLI_CLAIM_TIMEOUT", value)
     _refuse_the_model(monkeypatch)
     assert _one_error(_extract(runner, tmp_path / "feats", inputs)) == (
         f"Error: HOOKCLI_CLAIM_TIMEOUT must be a number of seconds from 1 to 86400, not '{value}'. Hint: unset it "
-        "for the default of 120 s")
+        "for the default of 120 s"
+    )
     assert not (tmp_path / "feats").exists()
     monkeypatch.setenv("HOOKCLI_CLAIM_TIMEOUT", "1")
     assert claim_timeout() == 1.0
@@ -309,7 +351,8 @@ def test_a_full_disk_while_a_shard_is_written_is_named_in_one_line(runner, tmp_p
     before = _tree(tmp_path)
     assert _one_error(_extract(runner, folder, inputs), code=1) == (
         f"Error: no space left on the device holding '{folder / SHARDS[0]}'. Hint: free some space there, or write "
-        "to another place")
+        "to another place"
+    )
     assert sorted(os.listdir(folder)) == [CLAIMS, LOCK_NAME, INDEX_NAME]  # no part-written file left behind
     assert _tree(tmp_path, skip=folder) == {**before, ".": _tree(tmp_path)["."]}
 
@@ -319,8 +362,9 @@ def test_a_full_disk_under_any_atomic_write_is_named_and_leaves_nothing(tmp_path
     with pytest.raises(HookcliError) as caught, atomic_path(target) as temporary:
         temporary.write_bytes(b"some")
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-    assert str(caught.value) == (f"no space left on the device holding '{target}'. Hint: free some space there, or "
-                                 "write to another place")
+    assert str(caught.value) == (
+        f"no space left on the device holding '{target}'. Hint: free some space there, or write to another place"
+    )
     assert os.listdir(tmp_path) == []
     with pytest.raises(OSError) as other, atomic_path(target):  # other failures pass through as they are
         raise OSError(errno.EIO, os.strerror(errno.EIO))
@@ -330,19 +374,28 @@ def test_a_full_disk_under_any_atomic_write_is_named_and_leaves_nothing(tmp_path
 # -- crafted @shape companions -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("maps", "shapes", "wrong"), [
-    (torch.zeros(3, 2, 5), torch.ones(3, 2), "it holds F32, where row shapes are whole numbers (I64 or I32)"),
-    (torch.zeros(3, 2, 5), torch.ones(3, 3, dtype=torch.int64),
-     "its shape is [3, 3], where 3 rows of 2 dimensions need [3, 2]"),
-    (torch.zeros(3), torch.ones(3, 0, dtype=torch.int64), "a key of shape [3] has no row shapes to give"),
-], ids=["dtype", "shape", "no-rows"])
+@pytest.mark.parametrize(
+    ("maps", "shapes", "wrong"),
+    [
+        (torch.zeros(3, 2, 5), torch.ones(3, 2), "it holds F32, where row shapes are whole numbers (I64 or I32)"),
+        (
+            torch.zeros(3, 2, 5),
+            torch.ones(3, 3, dtype=torch.int64),
+            "its shape is [3, 3], where 3 rows of 2 dimensions need [3, 2]",
+        ),
+        (torch.zeros(3), torch.ones(3, 0, dtype=torch.int64), "a key of shape [3] has no row shapes to give"),
+    ],
+    ids=["dtype", "shape", "no-rows"],
+)
 def test_a_shape_companion_that_cannot_be_one_says_what_is_wrong_with_it(tmp_path, maps, shapes, wrong):
     path = tmp_path / "crafted.safetensors"
     write_safetensors({"maps": maps, "maps@shape": shapes}, {}, path)
     with pytest.raises(FeatureFileError) as caught:
         FeatureFile(path)
-    assert str(caught.value) == (f"'{path}' is damaged: 'maps@shape' is not the row shapes of 'maps' "
-                                 f"{list(maps.shape)}. Hint: {wrong}; write the file again")
+    assert str(caught.value) == (
+        f"'{path}' is damaged: 'maps@shape' is not the row shapes of 'maps' "
+        f"{list(maps.shape)}. Hint: {wrong}; write the file again"
+    )
 
 
 def test_a_row_shape_outside_the_padding_says_so(tmp_path):
@@ -350,6 +403,8 @@ def test_a_row_shape_outside_the_padding_says_so(tmp_path):
     write_safetensors({"maps": torch.zeros(2, 2, 5), "maps@shape": torch.tensor([[2, 5], [2, 9]])}, {}, path)
     with FeatureFile(path) as features, pytest.raises(FeatureFileError) as caught:
         features.read("maps", 1)
-    assert str(caught.value) == (f"'{path}' is damaged: row 1 of 'maps' claims shape [2, 9], outside the stored "
-                                 "[2, 5]. Hint: each row's shape in 'maps@shape' runs from 0 to the stored [2, 5]; "
-                                 "write the file again")
+    assert str(caught.value) == (
+        f"'{path}' is damaged: row 1 of 'maps' claims shape [2, 9], outside the stored "
+        "[2, 5]. Hint: each row's shape in 'maps@shape' runs from 0 to the stored [2, 5]; "
+        "write the file again"
+    )

@@ -10,13 +10,29 @@ import torch
 from safetensors import safe_open
 
 from hookcli.cli import main
-from hookcli.storage.index import read_index
 from hookcli.storage.claims import LOCK_NAME
 from hookcli.storage.fileformat import INDEX_NAME
+from hookcli.storage.index import read_index
 from hookcli.storage.shards import ShardedFeatures
 
-ARGS = ["extract", "-m", "resnet18", "-w", "none", "-l", "fc", "--resize", "32", "--crop", "32", "-b", "2", "-q",
-        "--shard-size", "2"]
+ARGS = [
+    "extract",
+    "-m",
+    "resnet18",
+    "-w",
+    "none",
+    "-l",
+    "fc",
+    "--resize",
+    "32",
+    "--crop",
+    "32",
+    "-b",
+    "2",
+    "-q",
+    "--shard-size",
+    "2",
+]
 
 
 @pytest.fixture
@@ -41,8 +57,9 @@ def _one_error(result, code=2):
     return result.stderr.strip()
 
 
-@pytest.mark.parametrize("tail", [b'{"shard": 2, "fi', b'{"shard": 2, "file": "features-00002.safetensors"}',
-                                  b"\x00\x00\x00\x00\n"])
+@pytest.mark.parametrize(
+    "tail", [b'{"shard": 2, "fi', b'{"shard": 2, "file": "features-00002.safetensors"}', b"\x00\x00\x00\x00\n"]
+)
 def test_a_torn_or_garbled_last_index_line_is_cut_off_before_the_next_run_appends(runner, tmp_path, inputs, tail):
     folder = tmp_path / "feats"
     assert _extract(runner, folder, inputs).exit_code == 0
@@ -67,8 +84,10 @@ def test_a_whole_last_line_that_is_wrong_is_an_error_not_a_torn_line(runner, tmp
     line = json.loads(index.read_text().splitlines()[1])
     line.update(shard=50, file="features-00050.safetensors")
     index.write_text(index.read_text() + json.dumps(line) + "\n")  # what a crash cannot leave: JSON and its newline
-    message = (f"Error: index '{index}' is damaged: line 5 is wrong: it describes shard 50, and the run has 3. Hint: "
-               "run the same extraction again with --force to start over")
+    message = (
+        f"Error: index '{index}' is damaged: line 5 is wrong: it describes shard 50, and the run has 3. Hint: "
+        "run the same extraction again with --force to start over"
+    )
     assert _one_error(runner.invoke(main, ["info", str(folder)])) == message
     assert _one_error(_extract(runner, folder, inputs)) == message
 
@@ -91,9 +110,11 @@ def test_an_index_that_is_no_hookcli_index_is_refused_and_replaced_with_force(ru
     index = folder / INDEX_NAME
     index.write_text(content)
     assert _one_error(_extract(runner, folder, inputs)) == (
-        f"Error: '{index}' is not a hookcli index. Hint: add --force to replace it, or use another folder")
+        f"Error: '{index}' is not a hookcli index. Hint: add --force to replace it, or use another folder"
+    )
     assert _one_error(runner.invoke(main, ["info", str(folder)])) == (
-        f"Error: '{index}' is not a hookcli index. Hint: give a folder written by hookcli extract -o DIR/")
+        f"Error: '{index}' is not a hookcli index. Hint: give a folder written by hookcli extract -o DIR/"
+    )
     _forced_run_starts_over(runner, tmp_path, folder, inputs)
 
 
@@ -102,8 +123,10 @@ def test_a_damaged_line_before_the_last_is_an_error_naming_it(runner, tmp_path, 
     assert _extract(runner, folder, inputs).exit_code == 0
     lines = (folder / INDEX_NAME).read_text().splitlines(keepends=True)
     (folder / INDEX_NAME).write_text(lines[0] + "garbage\n" + "".join(lines[2:]))
-    message = (f"Error: index '{folder / INDEX_NAME}' is damaged: line 2 is not JSON. Hint: run the same extraction "
-               "again with --force to start over")
+    message = (
+        f"Error: index '{folder / INDEX_NAME}' is damaged: line 2 is not JSON. Hint: run the same extraction "
+        "again with --force to start over"
+    )
     assert _one_error(runner.invoke(main, ["info", str(folder)])) == message
     assert _one_error(_extract(runner, folder, inputs)) == message
     _forced_run_starts_over(runner, tmp_path, folder, inputs)  # as the hint says
@@ -121,7 +144,8 @@ def test_an_index_line_must_name_its_own_shard_file_inside_the_folder(runner, tm
     for command in (["info", str(folder)], ["grid", str(folder), "-o", str(tmp_path / "g")]):
         assert _one_error(runner.invoke(main, command)) == (
             f"Error: index '{folder / INDEX_NAME}' is damaged: line 2 is wrong: it does not describe shard 0 "
-            "(features-00000.safetensors). Hint: run the same extraction again with --force to start over")
+            "(features-00000.safetensors). Hint: run the same extraction again with --force to start over"
+        )
 
 
 def test_shard_files_no_index_lists_are_kept_unless_forced(runner, tmp_path, inputs):
@@ -131,12 +155,14 @@ def test_shard_files_no_index_lists_are_kept_unless_forced(runner, tmp_path, inp
     (folder / "features-00007.safetensors").write_bytes(b"and another")
     assert _one_error(_extract(runner, folder, inputs)) == (
         f"Error: '{folder}/' holds features-00000.safetensors and 1 more but no index of a run. Hint: move those "
-        "files away, choose another folder, or add --force to delete them")
+        "files away, choose another folder, or add --force to delete them"
+    )
     assert (folder / "features-00000.safetensors").read_bytes() == b"someone else's shard"
     assert sorted(p.name for p in folder.iterdir()) == ["features-00000.safetensors", "features-00007.safetensors"]
     assert _extract(runner, folder, inputs, "--force").exit_code == 0
     assert sorted(p.name for p in folder.iterdir()) == [f"features-{i:05d}.safetensors" for i in range(3)] + [
-        INDEX_NAME]
+        INDEX_NAME
+    ]
 
 
 @pytest.mark.parametrize("damage", ["truncate", "empty", "rows"])
@@ -159,11 +185,13 @@ def test_a_damaged_shard_is_redone_on_resume_and_reported_by_readers(runner, tmp
     if problem is None:
         assert _one_error(result) == (
             f"Error: shard '{shard}' does not match its index line: it is not shard 1 of the inputs its index line "
-            "lists (its own metadata disagrees). Hint: run the same extract command again to write it again")
+            "lists (its own metadata disagrees). Hint: run the same extract command again to write it again"
+        )
     else:
-        assert _one_error(result) == (f"Error: '{shard}' {problem}. Hint: "
-                                      + ("it holds no safetensors data" if damage == "empty"
-                                         else "the file was cut short; write it again"))
+        assert _one_error(result) == (
+            f"Error: '{shard}' {problem}. Hint: "
+            + ("it holds no safetensors data" if damage == "empty" else "the file was cut short; write it again")
+        )
     result = _extract(runner, folder, inputs)
     assert result.exit_code == 0, result.output
     rows, _ = _rows(folder)
@@ -179,19 +207,34 @@ def _contents(path):
 def test_a_writer_waits_while_another_process_holds_the_lock_and_says_so(tmp_path, inputs):
     folder = tmp_path / "feats"
     folder.mkdir()
-    holder = subprocess.Popen([sys.executable, "-c", (
-        "import fcntl, os, sys, time\n"
-        f"fd = os.open({str(folder / LOCK_NAME)!r}, os.O_RDWR | os.O_CREAT)\n"
-        "fcntl.flock(fd, fcntl.LOCK_EX)\n"
-        "print('locked', flush=True)\n"
-        "sys.stdin.read()\n")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import fcntl, os, sys, time\n"
+                f"fd = os.open({str(folder / LOCK_NAME)!r}, os.O_RDWR | os.O_CREAT)\n"
+                "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+                "print('locked', flush=True)\n"
+                "sys.stdin.read()\n"
+            ),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline() == "locked\n"
-        writer = subprocess.Popen([sys.executable, "-m", "hookcli", *ARGS, "-o", f"{folder}/", *inputs],
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        writer = subprocess.Popen(
+            [sys.executable, "-m", "hookcli", *ARGS, "-o", f"{folder}/", *inputs],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         assert writer.stderr.readline() == (
             f"Note: waiting for another hookcli process writing '{folder}/' (it holds .hookcli.lock while it starts "
-            "the run or records a shard)\n")
+            "the run or records a shard)\n"
+        )
         assert sorted(p.name for p in folder.iterdir()) == [LOCK_NAME]
     finally:
         holder.communicate("", timeout=30)
@@ -217,11 +260,19 @@ def test_two_writers_started_together_share_the_work_and_leave_one_complete_inde
 def test_a_lock_held_by_a_dead_process_is_free(runner, tmp_path, inputs):
     folder = tmp_path / "feats"
     folder.mkdir()
-    subprocess.run([sys.executable, "-c", (
-        "import fcntl, os, signal\n"
-        f"fd = os.open({str(folder / LOCK_NAME)!r}, os.O_RDWR | os.O_CREAT)\n"
-        "fcntl.flock(fd, fcntl.LOCK_EX)\n"
-        "os.kill(os.getpid(), signal.SIGKILL)\n")], timeout=60)
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import fcntl, os, signal\n"
+                f"fd = os.open({str(folder / LOCK_NAME)!r}, os.O_RDWR | os.O_CREAT)\n"
+                "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+                "os.kill(os.getpid(), signal.SIGKILL)\n"
+            ),
+        ],
+        timeout=60,
+    )
     assert (folder / LOCK_NAME).exists()
     assert _extract(runner, folder, inputs).exit_code == 0
 
@@ -232,10 +283,13 @@ def test_a_fifo_among_the_shards_is_refused_without_blocking(tmp_path, inputs):
     shard = folder / "features-00001.safetensors"
     shard.unlink()
     os.mkfifo(shard)
-    done = subprocess.run([sys.executable, "-m", "hookcli", "info", str(folder)], capture_output=True, text=True,
-                          timeout=60)
-    assert (done.returncode, done.stderr) == (2, f"Error: '{shard}' is a FIFO (named pipe), not a regular file. "
-                                                 "Hint: give a .safetensors file\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "hookcli", "info", str(folder)], capture_output=True, text=True, timeout=60
+    )
+    assert (done.returncode, done.stderr) == (
+        2,
+        f"Error: '{shard}' is a FIFO (named pipe), not a regular file. Hint: give a .safetensors file\n",
+    )
 
 
 def test_a_shard_that_is_a_link_out_of_the_folder_is_refused(runner, tmp_path, inputs):
@@ -245,15 +299,16 @@ def test_a_shard_that_is_a_link_out_of_the_folder_is_refused(runner, tmp_path, i
     shard.rename(tmp_path / "outside.safetensors")
     shard.symlink_to(tmp_path / "outside.safetensors")
     assert _one_error(runner.invoke(main, ["info", str(folder)])) == (
-        f"Error: '{shard}' is a symbolic link, not a regular file. Hint: give a .safetensors file")
+        f"Error: '{shard}' is a symbolic link, not a regular file. Hint: give a .safetensors file"
+    )
     assert _extract(runner, folder, inputs).exit_code == 0  # resume writes the shard again, in the folder
     assert not shard.is_symlink() and (tmp_path / "outside.safetensors").exists()
 
 
-@pytest.mark.parametrize(("kind", "what"), [("folder", "a folder"), ("link", "a symbolic link"),
-                                            ("fifo", "a FIFO (named pipe)")])
-def test_a_lock_path_hookcli_did_not_make_is_refused_before_the_run(runner, tmp_path, inputs, monkeypatch, kind,
-                                                                    what):
+@pytest.mark.parametrize(
+    ("kind", "what"), [("folder", "a folder"), ("link", "a symbolic link"), ("fifo", "a FIFO (named pipe)")]
+)
+def test_a_lock_path_hookcli_did_not_make_is_refused_before_the_run(runner, tmp_path, inputs, monkeypatch, kind, what):
     folder = tmp_path / "feats"
     folder.mkdir()
     if kind == "folder":
@@ -264,7 +319,8 @@ def test_a_lock_path_hookcli_did_not_make_is_refused_before_the_run(runner, tmp_
         os.mkfifo(folder / LOCK_NAME)
     monkeypatch.setattr("hookcli.models.loading.load_model", lambda *a, **k: pytest.fail("the model was loaded"))
     assert _one_error(_extract(runner, folder, inputs)) == (
-        f"Error: '{folder / LOCK_NAME}' is {what}, not a lock file hookcli made. Hint: remove it, then run again")
+        f"Error: '{folder / LOCK_NAME}' is {what}, not a lock file hookcli made. Hint: remove it, then run again"
+    )
     assert not (tmp_path / "elsewhere").exists()
 
 
@@ -274,8 +330,10 @@ def test_readers_say_when_a_folder_is_incomplete(runner, tmp_path, inputs):
     (folder / "features-00001.safetensors").unlink()
     result = runner.invoke(main, ["grid", str(folder), "-o", str(tmp_path / "g")])
     assert result.exit_code == 0, result.output
-    note = (f"Note: '{folder}' holds 2 of its 5 inputs (shard 1 is missing, so the 1 listed after it are left out); "
-            "run the same extract command again to complete it\n")
+    note = (
+        f"Note: '{folder}' holds 2 of its 5 inputs (shard 1 is missing, so the 1 listed after it are left out); "
+        "run the same extract command again to complete it\n"
+    )
     assert result.stderr == note and len(result.stdout.split()) == 2
     result = runner.invoke(main, ["info", str(folder), "--no-stats"])
     assert result.exit_code == 0 and result.stderr == note
@@ -290,4 +348,5 @@ def test_index_numbers_must_be_whole_numbers_not_booleans_or_floats(runner, tmp_
     (folder / INDEX_NAME).write_text(lines[0] + json.dumps(entry) + "\n" + "".join(lines[2:]))
     assert _one_error(runner.invoke(main, ["info", str(folder)])) == (
         f"Error: index '{folder / INDEX_NAME}' is damaged: line 2 is wrong: its shard, first and count are not whole "
-        "numbers. Hint: run the same extraction again with --force to start over")
+        "numbers. Hint: run the same extraction again with --force to start over"
+    )

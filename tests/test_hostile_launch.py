@@ -17,8 +17,10 @@ from hookcli.cli import main
 from hookcli.errors import UsageProblem
 from hookcli.run.launch import MAX_NODES, Part, detect_part, join_team
 
-HINT = ("Hint: every process needs the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE, and a RANK of its own from 0 to 1 "
-        "(torchrun sets them); HOOKCLI_JOIN_TIMEOUT sets how many seconds to wait")
+HINT = (
+    "Hint: every process needs the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE, and a RANK of its own from 0 to 1 "
+    "(torchrun sets them); HOOKCLI_JOIN_TIMEOUT sets how many seconds to wait"
+)
 
 
 @pytest.fixture
@@ -35,11 +37,37 @@ def _free_port() -> int:
 def _rank(rank: int, port: int, timeout: str, tmp_path, image) -> subprocess.Popen:
     """``hookcli extract`` as process ``rank`` of 2 of a torchrun group at ``127.0.0.1:port`` that no other joins."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "LOCAL_"))}
-    env.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-               MASTER_PORT=str(port), HOOKCLI_JOIN_TIMEOUT=timeout)
-    return subprocess.Popen([sys.executable, "-m", "hookcli", "extract", "-m", "resnet18", "-w", "none", "-l", "fc",
-                             "-q", "-o", f"{tmp_path}/feats/", str(image)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    env.update(
+        RANK=str(rank),
+        WORLD_SIZE="2",
+        LOCAL_RANK="0",
+        LOCAL_WORLD_SIZE="1",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        HOOKCLI_JOIN_TIMEOUT=timeout,
+    )
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "hookcli",
+            "extract",
+            "-m",
+            "resnet18",
+            "-w",
+            "none",
+            "-l",
+            "fc",
+            "-q",
+            "-o",
+            f"{tmp_path}/feats/",
+            str(image),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
 
 
 def _line(stream, seconds: float) -> str:
@@ -55,8 +83,10 @@ def test_a_rendezvous_nobody_comes_to_ends_after_the_join_timeout_with_one_line(
     out, err = process.communicate(timeout=120)
     assert time.monotonic() - started < 60  # a second of waiting, after the imports: not 30 days
     assert (process.returncode, out) == (1, "")
-    assert err == (f"Error: rank {rank} of 2 waited 1 s for torchrun's other processes at 127.0.0.1:{port}, and not "
-                   f"all joined. {HINT}\n")
+    assert err == (
+        f"Error: rank {rank} of 2 waited 1 s for torchrun's other processes at 127.0.0.1:{port}, and not "
+        f"all joined. {HINT}\n"
+    )
     assert not (tmp_path / "feats").exists()
 
 
@@ -66,8 +96,10 @@ def test_the_wait_is_said_within_seconds_and_a_signal_ends_it_with_one_line(tmp_
     process = _rank(rank, port, "600", tmp_path, image)
     try:
         note = _line(process.stderr, 60)
-        assert note == (f"Note: waiting for torchrun's other 1 process at 127.0.0.1:{port} (this is rank {rank} of 2), "
-                        "for up to 600 s (HOOKCLI_JOIN_TIMEOUT)\n")
+        assert note == (
+            f"Note: waiting for torchrun's other 1 process at 127.0.0.1:{port} (this is rank {rank} of 2), "
+            "for up to 600 s (HOOKCLI_JOIN_TIMEOUT)\n"
+        )
         sent = time.monotonic()
         process.send_signal(stop)
         out, err = process.communicate(timeout=30)
@@ -76,8 +108,10 @@ def test_the_wait_is_said_within_seconds_and_a_signal_ends_it_with_one_line(tmp_
             process.kill()
     assert time.monotonic() - sent < 10
     assert (process.returncode, out) == (1, "")
-    assert err == (f"Error: stopped ({said}) while rank {rank} of 2 waited for torchrun's other processes at "
-                   f"127.0.0.1:{port}. {HINT}\n")
+    assert err == (
+        f"Error: stopped ({said}) while rank {rank} of 2 waited for torchrun's other processes at "
+        f"127.0.0.1:{port}. {HINT}\n"
+    )
 
 
 def test_two_processes_started_by_hand_join_and_share_the_folder(tmp_path, image):
@@ -104,32 +138,54 @@ def test_only_torchrun_processes_join_a_gloo_group_waiting_the_join_timeout_then
 
     monkeypatch.setattr(dist, "rendezvous", rendezvous)
     monkeypatch.setattr(dist, "PrefixStore", lambda prefix, store: store)
-    monkeypatch.setattr(dist, "init_process_group", lambda backend, **options: calls.append((backend,
-                                                                                             options["timeout"])))
+    monkeypatch.setattr(
+        dist, "init_process_group", lambda backend, **options: calls.append((backend, options["timeout"]))
+    )
     assert join_team(Part(0, 2, launcher="srun")) is None
     assert join_team(Part(0, 2, local_index=0, local_count=2, launcher="torchrun")).part.index == 0
     assert calls == [("rendezvous", "env://", 0, 2, True), ("gloo", timedelta(days=30)), ("store", timedelta(days=30))]
 
 
 @pytest.mark.parametrize("value", ["0", "0.5", "-3", "soon", "nan", "inf", "86401"])
-def test_a_join_timeout_out_of_range_is_refused_before_the_model_loads(runner, image, tmp_path, monkeypatch, no_model,
-                                                                       value):
-    for name, text in {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1",
-                       "HOOKCLI_JOIN_TIMEOUT": value}.items():
+def test_a_join_timeout_out_of_range_is_refused_before_the_model_loads(
+    runner, image, tmp_path, monkeypatch, no_model, value
+):
+    for name, text in {
+        "RANK": "0",
+        "WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "1",
+        "HOOKCLI_JOIN_TIMEOUT": value,
+    }.items():
         monkeypatch.setenv(name, text)
-    result = runner.invoke(main, ["extract", "-m", "resnet18", "-w", "none", "-l", "fc", "-o", f"{tmp_path}/feats/",
-                                  str(image)])
-    assert (result.exit_code, result.stderr) == (2, (
-        f"Error: HOOKCLI_JOIN_TIMEOUT must be a number of seconds from 1 to 86400, not '{value}'. Hint: unset it for "
-        "the default of 300 s\n"))
+    result = runner.invoke(
+        main, ["extract", "-m", "resnet18", "-w", "none", "-l", "fc", "-o", f"{tmp_path}/feats/", str(image)]
+    )
+    assert (result.exit_code, result.stderr) == (
+        2,
+        (
+            f"Error: HOOKCLI_JOIN_TIMEOUT must be a number of seconds from 1 to 86400, not '{value}'. "
+            "Hint: unset it for "
+            "the default of 300 s\n"
+        ),
+    )
 
 
-@pytest.mark.parametrize(("port", "message"), [
-    (None, "MASTER_ADDR is set but MASTER_PORT is not. Hint: torchrun sets both; by hand, give every process the same "
-           "port of rank 0's machine"),
-    ("70000", "$MASTER_PORT is 70000, not a port (1 to 65535). Hint: torchrun sets it; by hand, give every process the "
-              "same port of rank 0's machine"),
-])
+@pytest.mark.parametrize(
+    ("port", "message"),
+    [
+        (
+            None,
+            "MASTER_ADDR is set but MASTER_PORT is not. Hint: torchrun sets both; by hand, give every process the same "
+            "port of rank 0's machine",
+        ),
+        (
+            "70000",
+            "$MASTER_PORT is 70000, not a port (1 to 65535). Hint: torchrun sets it; by hand, give every process the "
+            "same port of rank 0's machine",
+        ),
+    ],
+)
 def test_a_master_port_that_is_not_one_is_refused(runner, image, tmp_path, monkeypatch, no_model, port, message):
     for name, text in {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}.items():
         monkeypatch.setenv(name, text)
@@ -137,33 +193,43 @@ def test_a_master_port_that_is_not_one_is_refused(runner, image, tmp_path, monke
         monkeypatch.delenv("MASTER_PORT", raising=False)
     else:
         monkeypatch.setenv("MASTER_PORT", port)
-    result = runner.invoke(main, ["extract", "-m", "resnet18", "-w", "none", "-l", "fc", "-o", f"{tmp_path}/feats/",
-                                  str(image)])
+    result = runner.invoke(
+        main, ["extract", "-m", "resnet18", "-w", "none", "-l", "fc", "-o", f"{tmp_path}/feats/", str(image)]
+    )
     assert (result.exit_code, result.stderr) == (2, f"Error: {message}\n")
 
 
 # -- Slurm's task lists ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("text", "piece"), [
-    ("2(x999999999999)", "2(x999999999999)"),
-    ("2(x200000000)", "2(x200000000)"),
-    ("1,999999999(x2)", "999999999(x2)"),
-    ("4(x" + "9" * 5000 + ")", "4(x" + "9" * 37 + "…"),
-])
-def test_an_absurd_slurm_task_list_is_refused_naming_the_variable(runner, image, tmp_path, monkeypatch, no_model, text,
-                                                                  piece):
-    message = (f"$SLURM_TASKS_PER_NODE says '{piece}', more than hookcli takes (at most 100,000 tasks on each of at "
-               "most 1,000,000 nodes)")
+@pytest.mark.parametrize(
+    ("text", "piece"),
+    [
+        ("2(x999999999999)", "2(x999999999999)"),
+        ("2(x200000000)", "2(x200000000)"),
+        ("1,999999999(x2)", "999999999(x2)"),
+        ("4(x" + "9" * 5000 + ")", "4(x" + "9" * 37 + "…"),
+    ],
+)
+def test_an_absurd_slurm_task_list_is_refused_naming_the_variable(
+    runner, image, tmp_path, monkeypatch, no_model, text, piece
+):
+    message = (
+        f"$SLURM_TASKS_PER_NODE says '{piece}', more than hookcli takes (at most 100,000 tasks on each of at "
+        "most 1,000,000 nodes)"
+    )
     with pytest.raises(UsageProblem) as caught:
         detect_part({"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_TASKS_PER_NODE": text})
     assert caught.value.message == message
     for name, value in {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_TASKS_PER_NODE": text}.items():
         monkeypatch.setenv(name, value)
-    result = runner.invoke(main, ["extract", "-m", "resnet18", "-w", "none", "-l", "fc", "-o", f"{tmp_path}/feats/",
-                                  str(image)])
-    assert (result.exit_code, result.stderr) == (2, f"Error: {message}. Hint: check the launcher's environment "
-                                                    "variables\n")
+    result = runner.invoke(
+        main, ["extract", "-m", "resnet18", "-w", "none", "-l", "fc", "-o", f"{tmp_path}/feats/", str(image)]
+    )
+    assert (result.exit_code, result.stderr) == (
+        2,
+        f"Error: {message}. Hint: check the launcher's environment variables\n",
+    )
 
 
 _COUNT = textwrap.dedent("""
@@ -179,6 +245,7 @@ _COUNT = textwrap.dedent("""
 def test_a_long_slurm_task_list_is_counted_without_being_written_out():
     many = ",".join([f"2(x{MAX_NODES})"] * 3000)  # three billion nodes
     for node, tasks in [(0, 2), (3000 * MAX_NODES - 1, 2), (3000 * MAX_NODES, 7)]:
-        done = subprocess.run([sys.executable, "-c", _COUNT, f"{many},7(x2)", str(node)], capture_output=True,
-                              text=True, timeout=120)
+        done = subprocess.run(
+            [sys.executable, "-c", _COUNT, f"{many},7(x2)", str(node)], capture_output=True, text=True, timeout=120
+        )
         assert (done.returncode, done.stdout, done.stderr) == (0, f"{tasks}\n", "")

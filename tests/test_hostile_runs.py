@@ -27,8 +27,15 @@ def _files(folder) -> list[str]:
 def _hookcli(*args, cwd, seconds=60) -> subprocess.CompletedProcess:
     """``python -m hookcli ARGS`` in a subprocess (TORCH_HOME and HOOKCLI_OFFLINE come from os.environ)."""
     try:
-        return subprocess.run([sys.executable, "-m", "hookcli", *args], cwd=cwd, env=dict(os.environ),
-                              capture_output=True, text=True, timeout=seconds, check=False)
+        return subprocess.run(
+            [sys.executable, "-m", "hookcli", *args],
+            cwd=cwd,
+            env=dict(os.environ),
+            capture_output=True,
+            text=True,
+            timeout=seconds,
+            check=False,
+        )
     except subprocess.TimeoutExpired:
         pytest.fail(f"hookcli {' '.join(args)} still ran after {seconds} s (blocked on a FIFO?)")
 
@@ -36,26 +43,40 @@ def _hookcli(*args, cwd, seconds=60) -> subprocess.CompletedProcess:
 # -- 1, 9: option values ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("option", "value", "message"), [
-    ("--std", "0", f"std must be finite numbers above 0, not 0.0, 0.0, 0.0. {NORMALISATION_HINT}"),
-    ("--std", "1,0,1", f"std must be finite numbers above 0, not 1.0, 0.0, 1.0. {NORMALISATION_HINT}"),
-    ("--std", "inf", f"std must be finite numbers above 0, not inf, inf, inf. {NORMALISATION_HINT}"),
-    ("--mean", "nan", f"mean must be finite numbers, not nan, nan, nan. {NORMALISATION_HINT}"),
-    ("--resize", "9000", "resize must be at most 8192, not 9000. Hint: see --help for the values each option takes"),
-    ("--crop", "8193", "crop must be at most 8192, not 8193. Hint: see --help for the values each option takes"),
-])
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("--std", "0", f"std must be finite numbers above 0, not 0.0, 0.0, 0.0. {NORMALISATION_HINT}"),
+        ("--std", "1,0,1", f"std must be finite numbers above 0, not 1.0, 0.0, 1.0. {NORMALISATION_HINT}"),
+        ("--std", "inf", f"std must be finite numbers above 0, not inf, inf, inf. {NORMALISATION_HINT}"),
+        ("--mean", "nan", f"mean must be finite numbers, not nan, nan, nan. {NORMALISATION_HINT}"),
+        (
+            "--resize",
+            "9000",
+            "resize must be at most 8192, not 9000. Hint: see --help for the values each option takes",
+        ),
+        ("--crop", "8193", "crop must be at most 8192, not 8193. Hint: see --help for the values each option takes"),
+    ],
+)
 def test_normalisation_and_sizes_out_of_bounds_are_refused_before_the_model_loads(
-        runner, images, tmp_path, monkeypatch, no_model, option, value, message):
+    runner, images, tmp_path, monkeypatch, no_model, option, value, message
+):
     monkeypatch.chdir(tmp_path)
     result = runner.invoke(main, [*EXTRACT, option, value, "-o", "out.safetensors", "imgs/a.png"])
     assert (result.exit_code, result.stderr, result.stdout) == (2, f"Error: {message}\n", "")
     assert _files(tmp_path) == ["imgs"]
 
 
-@pytest.mark.parametrize(("crop", "message"), [
-    (0, "crop must be a whole number of at least 1, not 0. Hint: see --help for the values each option takes"),  # neighbouring: the lower bound held before too
-    (9000, "crop must be at most 8192, not 9000. Hint: see --help for the values each option takes"),
-])
+@pytest.mark.parametrize(
+    ("crop", "message"),
+    [
+        (
+            0,
+            "crop must be a whole number of at least 1, not 0. Hint: see --help for the values each option takes",
+        ),  # neighbouring: the lower bound held before too
+        (9000, "crop must be at most 8192, not 9000. Hint: see --help for the values each option takes"),
+    ],
+)
 def test_python_api_refuses_a_crop_out_of_bounds_as_a_usage_error(images, no_model, crop, message):
     with pytest.raises(hookcli.HookcliError) as raised:
         hookcli.extract("resnet18", "layer1", images[0], weights="none", resize=32, crop=crop)
@@ -65,13 +86,14 @@ def test_python_api_refuses_a_crop_out_of_bounds_as_a_usage_error(images, no_mod
 # -- 2-6: outputs ----------------------------------------------------------------------------------
 
 
-def test_forced_output_that_is_an_input_is_refused_and_the_image_kept(runner, images, tmp_path, monkeypatch,
-                                                                       no_model):
+def test_forced_output_that_is_an_input_is_refused_and_the_image_kept(runner, images, tmp_path, monkeypatch, no_model):
     monkeypatch.chdir(tmp_path)
     before = images[0].read_bytes()
     result = runner.invoke(main, [*EXTRACT, "-o", "imgs/a.png", "--force", "imgs/a.png", "imgs/b.png"])
     assert (result.exit_code, result.stderr) == (
-        2, "Error: output 'imgs/a.png' is the input 'imgs/a.png'. Hint: write the output somewhere else with -o\n")
+        2,
+        "Error: output 'imgs/a.png' is the input 'imgs/a.png'. Hint: write the output somewhere else with -o\n",
+    )
     assert images[0].read_bytes() == before
     assert _files(tmp_path / "imgs") == ["a.png", "b.png", "c.png"]
 
@@ -83,7 +105,9 @@ def test_forced_output_that_is_a_link_to_an_input_is_refused(runner, images, tmp
     before = images[1].read_bytes()
     result = runner.invoke(main, [*EXTRACT, "-o", "alias.png", "--force", "imgs/b.png"])
     assert (result.exit_code, result.stderr) == (
-        2, "Error: output 'alias.png' is the input 'imgs/b.png'. Hint: write the output somewhere else with -o\n")
+        2,
+        "Error: output 'alias.png' is the input 'imgs/b.png'. Hint: write the output somewhere else with -o\n",
+    )
     assert images[1].read_bytes() == before
     assert (tmp_path / "alias.png").read_bytes() == before
 
@@ -93,8 +117,12 @@ def test_broken_symbolic_link_as_output_is_refused_before_the_run(runner, images
     os.symlink("nowhere.safetensors", "out.safetensors")
     result = runner.invoke(main, [*EXTRACT, "-o", "out.safetensors", "imgs/a.png"])
     assert (result.exit_code, result.stderr) == (
-        2, ("Error: output 'out.safetensors' is a broken symbolic link. Hint: remove it, add --force to replace the "
-            "link with the file, or choose another name\n"))
+        2,
+        (
+            "Error: output 'out.safetensors' is a broken symbolic link. Hint: remove it, add --force to replace the "
+            "link with the file, or choose another name\n"
+        ),
+    )
     assert os.readlink("out.safetensors") == "nowhere.safetensors"
     assert _files(tmp_path) == ["imgs", "out.safetensors"]
 
@@ -111,15 +139,20 @@ def test_forced_broken_symbolic_link_is_replaced_by_the_file(runner, images, tmp
     assert _files(tmp_path) == ["imgs", "out.safetensors"]
 
 
-def test_name_too_long_for_the_temporary_suffix_is_refused_before_the_run(runner, images, tmp_path, monkeypatch,
-                                                                          no_model):
+def test_name_too_long_for_the_temporary_suffix_is_refused_before_the_run(
+    runner, images, tmp_path, monkeypatch, no_model
+):
     monkeypatch.chdir(tmp_path)
     limit = os.pathconf(tmp_path, "PC_NAME_MAX")  # 255 on common file systems
     name = "a" * (limit - 25) + ".safetensors"  # fits a name, not with the 15 bytes a temporary name adds
     result = runner.invoke(main, [*EXTRACT, "-o", name, "imgs/a.png"])
     assert (result.exit_code, result.stderr) == (
-        2, (f"Error: the name '{'a' * 40}...' is too long ({limit - 13} bytes). Hint: file names here hold at most "
-            f"{limit - 15} bytes; choose a shorter one\n"))
+        2,
+        (
+            f"Error: the name '{'a' * 40}...' is too long ({limit - 13} bytes). Hint: file names here hold at most "
+            f"{limit - 15} bytes; choose a shorter one\n"
+        ),
+    )
     assert _files(tmp_path) == ["imgs"]
 
 
@@ -131,7 +164,9 @@ def test_unwritable_output_folder_is_refused_before_the_run(runner, images, tmp_
     monkeypatch.setattr(os, "access", lambda path, mode, **kw: str(path) != str(folder) and access(path, mode, **kw))
     result = runner.invoke(main, [*EXTRACT, "-o", str(folder / "out.safetensors"), str(images[0])])
     assert (result.exit_code, result.stderr) == (
-        2, f"Error: cannot write to folder '{folder}'. Hint: check its permissions, or choose another place with -o\n")
+        2,
+        f"Error: cannot write to folder '{folder}'. Hint: check its permissions, or choose another place with -o\n",
+    )
     assert _files(folder) == []
 
 
@@ -140,7 +175,9 @@ def test_grid_folder_that_is_a_file_is_refused_before_the_run(runner, images, tm
     (tmp_path / "grids").write_bytes(b"not a folder")
     result = runner.invoke(main, [*EXTRACT, "-o", "out.safetensors", "--grid", "grids", "imgs/a.png"])
     assert (result.exit_code, result.stderr) == (
-        2, "Error: output 'grids' is a file, not a folder. Hint: give a folder name, or remove the file\n")
+        2,
+        "Error: output 'grids' is a file, not a folder. Hint: give a folder name, or remove the file\n",
+    )
     assert _files(tmp_path) == ["grids", "imgs"]
     assert (tmp_path / "grids").read_bytes() == b"not a folder"
 
@@ -150,7 +187,9 @@ def test_cam_folder_that_is_a_file_is_refused_before_the_run(runner, images, tmp
     (tmp_path / "cams").write_bytes(b"not a folder")
     result = runner.invoke(main, [*CAM, "-o", "cams", "imgs/a.png"])
     assert (result.exit_code, result.stderr) == (
-        2, "Error: output 'cams' is a file, not a folder. Hint: give a folder name, or remove the file\n")
+        2,
+        "Error: output 'cams' is a file, not a folder. Hint: give a folder name, or remove the file\n",
+    )
     assert (tmp_path / "cams").read_bytes() == b"not a folder"
 
 
@@ -161,8 +200,13 @@ def test_fifo_named_as_an_input_is_refused_at_once(images, tmp_path):
     os.mkfifo(tmp_path / "pipe.jpg")
     done = _hookcli(*EXTRACT, "-o", "out.safetensors", "pipe.jpg", cwd=tmp_path)
     assert (done.returncode, done.stderr, done.stdout) == (
-        2, ("Error: input 'pipe.jpg' is a FIFO (named pipe), not an image file. Hint: images are read from regular "
-            "files; '-' reads a list of paths from stdin\n"), "")
+        2,
+        (
+            "Error: input 'pipe.jpg' is a FIFO (named pipe), not an image file. Hint: images are read from regular "
+            "files; '-' reads a list of paths from stdin\n"
+        ),
+        "",
+    )
     assert _files(tmp_path) == ["imgs", "pipe.jpg"]
 
 
@@ -170,8 +214,10 @@ def test_fifo_in_a_folder_is_skipped_with_on_error_skip(images, tmp_path):
     os.mkfifo(tmp_path / "imgs" / "x.jpg")
     done = _hookcli(*EXTRACT, "-r", "--on-error", "skip", "-o", "out.safetensors", "imgs", cwd=tmp_path)
     assert (done.returncode, done.stdout, done.stderr) == (
-        0, "out.safetensors\n",
-        "Skipped: 'imgs/x.jpg' is a FIFO (named pipe), not a regular file. Hint: inputs must be image files\n")
+        0,
+        "out.safetensors\n",
+        "Skipped: 'imgs/x.jpg' is a FIFO (named pipe), not a regular file. Hint: inputs must be image files\n",
+    )
     with hookcli.open_features(tmp_path / "out.safetensors") as written:
         assert json.loads(written.metadata["inputs"]) == [str(p) for p in images]
         assert [entry["input"] for entry in json.loads(written.metadata["skipped"])] == [str(tmp_path / "imgs/x.jpg")]
@@ -183,8 +229,11 @@ def test_fifo_in_a_folder_fails_the_run_by_default(runner, images, tmp_path, mon
     os.mkfifo(tmp_path / "imgs" / "x.jpg")
     result = runner.invoke(main, [*EXTRACT, "-o", "out.safetensors", "imgs"])
     assert (result.exit_code, result.stdout, result.stderr) == (
-        1, "", "Error: 'imgs/x.jpg' is a FIFO (named pipe), not a regular file. Hint: inputs must be image files; "
-               "or add --on-error skip to leave unreadable images out\n")
+        1,
+        "",
+        "Error: 'imgs/x.jpg' is a FIFO (named pipe), not a regular file. Hint: inputs must be image files; "
+        "or add --on-error skip to leave unreadable images out\n",
+    )
     assert _files(tmp_path) == ["imgs"]
 
 
@@ -192,8 +241,13 @@ def test_fifo_config_preset_is_refused_without_blocking(images, tmp_path):
     os.mkfifo(tmp_path / "preset.toml")
     done = _hookcli(*EXTRACT, "--config", "preset.toml", "-o", "out.safetensors", "imgs/a.png", cwd=tmp_path)
     assert (done.returncode, done.stdout, done.stderr) == (
-        2, "", ("Error: cannot read config 'preset.toml': 'preset.toml' is a FIFO (named pipe), not a regular "
-                "file. Hint: give a .toml file\n"))
+        2,
+        "",
+        (
+            "Error: cannot read config 'preset.toml': 'preset.toml' is a FIFO (named pipe), not a regular "
+            "file. Hint: give a .toml file\n"
+        ),
+    )
     assert _files(tmp_path) == ["imgs", "preset.toml"]
 
 
@@ -224,36 +278,46 @@ def test_names_beyond_the_file_systems_limit_are_usage_errors(runner, images, tm
     monkeypatch.chdir(tmp_path)
     limit = os.pathconf(tmp_path, "PC_NAME_MAX")
     long = "b" * (limit + 5)
-    args = {"output": [*EXTRACT, "-o", f"{long}.safetensors", "imgs/a.png"],
-            "grid": [*EXTRACT, "-o", "out.safetensors", "--grid", long, "imgs/a.png"],
-            "cam": [*CAM, "-o", long, "imgs/a.png"],
-            "input": [*EXTRACT, "-o", "out.safetensors", f"imgs/{long}.png"]}[where]
+    args = {
+        "output": [*EXTRACT, "-o", f"{long}.safetensors", "imgs/a.png"],
+        "grid": [*EXTRACT, "-o", "out.safetensors", "--grid", long, "imgs/a.png"],
+        "cam": [*CAM, "-o", long, "imgs/a.png"],
+        "input": [*EXTRACT, "-o", "out.safetensors", f"imgs/{long}.png"],
+    }[where]
     result = runner.invoke(main, args)
     shown = f"{long}.safetensors" if where == "output" else long
-    expected = (f"Error: cannot read input 'imgs/{long}.png': File name too long. Hint: check the path\n"
-                if where == "input" else
-                f"Error: the name '{shown[:40]}...' is too long ({len(shown)} bytes). Hint: file names here hold at "
-                f"most {limit - (15 if where == 'output' else 0)} bytes; choose a shorter one\n")
+    expected = (
+        f"Error: cannot read input 'imgs/{long}.png': File name too long. Hint: check the path\n"
+        if where == "input"
+        else f"Error: the name '{shown[:40]}...' is too long ({len(shown)} bytes). Hint: file names here hold at "
+        f"most {limit - (15 if where == 'output' else 0)} bytes; choose a shorter one\n"
+    )
     assert (result.exit_code, result.stderr) == (2, expected)
     assert _files(tmp_path) == ["imgs"]
 
 
-@pytest.mark.parametrize(("line", "shown"), [
-    ("batch_size = {x = 1}", "{'x': 1}"),
-    ("batch_size = 1.5", "1.5"),
-    ("force = 1.5", "1.5"),
-    ("resize = inf", "inf"),
-    ('output = ["a", "b"]', "['a', 'b']"),
-])
-def test_preset_values_of_the_wrong_kind_are_the_presets_usage_error(runner, images, tmp_path, monkeypatch, no_model,
-                                                                      line, shown):
+@pytest.mark.parametrize(
+    ("line", "shown"),
+    [
+        ("batch_size = {x = 1}", "{'x': 1}"),
+        ("batch_size = 1.5", "1.5"),
+        ("force = 1.5", "1.5"),
+        ("resize = inf", "inf"),
+        ('output = ["a", "b"]', "['a', 'b']"),
+    ],
+)
+def test_preset_values_of_the_wrong_kind_are_the_presets_usage_error(
+    runner, images, tmp_path, monkeypatch, no_model, line, shown
+):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "p.toml").write_text(f'model = "resnet18"\nlayer = ["layer1"]\n{line}\n')
     name = line.split(" =")[0]
     result = runner.invoke(main, ["extract", "-w", "none", "-c", "p.toml", "imgs/a.png"])
     assert (result.exit_code, result.stderr) == (
-        2, f"Error: config 'p.toml' has a bad value for '{name}': {shown}. Hint: give what "
-           f"--{name.replace('_', '-')} takes (see --help)\n")
+        2,
+        f"Error: config 'p.toml' has a bad value for '{name}': {shown}. Hint: give what "
+        f"--{name.replace('_', '-')} takes (see --help)\n",
+    )
     assert _files(tmp_path) == ["imgs", "p.toml"]
 
 
@@ -270,13 +334,17 @@ def test_more_decoding_workers_than_the_limit_are_refused(runner, images, tmp_pa
     monkeypatch.chdir(tmp_path)
     result = runner.invoke(main, [*EXTRACT, "-j", "1000", "-o", "out.safetensors", "imgs/a.png"])
     assert (result.exit_code, result.stderr) == (
-        2, "Error: workers must be at most 128, not 1000. Hint: see --help for the values each option takes\n")
+        2,
+        "Error: workers must be at most 128, not 1000. Hint: see --help for the values each option takes\n",
+    )
 
 
 def test_cam_on_a_module_that_runs_twice_per_forward_says_so(runner, images, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     result = runner.invoke(main, [*CAM[:-2], "--layer", "layer4.0.relu", "-o", "cams", "imgs/a.png"])
     assert (result.exit_code, result.stderr) == (
-        2, "Error: cam needs a layer that runs once per forward, and 'layer4.0.relu' runs 2 times. Hint: choose the "
-           "block around it (such as layer4.0) or another layer; 'hookcli layers' shows each module's calls\n")
+        2,
+        "Error: cam needs a layer that runs once per forward, and 'layer4.0.relu' runs 2 times. Hint: choose the "
+        "block around it (such as layer4.0) or another layer; 'hookcli layers' shows each module's calls\n",
+    )
     assert not (tmp_path / "cams").exists() or not any((tmp_path / "cams").iterdir())

@@ -33,8 +33,9 @@ IMAGENET = "mean 0.485,0.456,0.406, std 0.229,0.224,0.225"
 def vit_folder(tmp_path_factory) -> Path:
     """A tiny transformers ViT written by save_pretrained, with its image processor (squash to 64x64)."""
     folder = tmp_path_factory.mktemp("hf") / "tiny-vit"
-    config = transformers.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-                                    image_size=64, patch_size=16)
+    config = transformers.ViTConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=64, patch_size=16
+    )
     torch.manual_seed(0)
     transformers.ViTModel(config).save_pretrained(folder)
     transformers.ViTImageProcessor(size={"height": 64, "width": 64}).save_pretrained(folder)
@@ -65,23 +66,30 @@ def factory_file(tmp_path) -> Path:
 # -- Hugging Face configs that ask for more than any machine holds ---------------------------------------------
 
 
-@pytest.mark.parametrize(("changes", "said"), [
-    ({"num_hidden_layers": 1000000}, "num_hidden_layers 1000000, more than hookcli builds (at most 1,024)"),
-    ({"hidden_size": 1e9}, "hidden_size 1000000000.0, more than hookcli builds (at most 16,384)"),
-    ({"image_size": 10000000}, "image_size 10000000, more than hookcli builds (at most 8,192)"),
-    ({"image_size": [64, 10000000]}, "image_size [64, 10000000], more than hookcli builds (at most 8,192)"),
-    ({"num_labels": 10 ** 9}, "num_labels 1000000000, more than hookcli builds (at most 1,000,000)"),
-    ({"intermediate_size": math.inf}, "intermediate_size Infinity, more than hookcli builds (at most 131,072)"),
-    ({"vision_config": {"hidden_size": 32, "patch_size": 10 ** 12}},
-     "vision_config.patch_size 1000000000000, more than hookcli builds (at most 8,192)"),
-    ({"depths": [1] * 100}, "depths with 100 entries, more than hookcli builds (at most 64)"),
-])
+@pytest.mark.parametrize(
+    ("changes", "said"),
+    [
+        ({"num_hidden_layers": 1000000}, "num_hidden_layers 1000000, more than hookcli builds (at most 1,024)"),
+        ({"hidden_size": 1e9}, "hidden_size 1000000000.0, more than hookcli builds (at most 16,384)"),
+        ({"image_size": 10000000}, "image_size 10000000, more than hookcli builds (at most 8,192)"),
+        ({"image_size": [64, 10000000]}, "image_size [64, 10000000], more than hookcli builds (at most 8,192)"),
+        ({"num_labels": 10**9}, "num_labels 1000000000, more than hookcli builds (at most 1,000,000)"),
+        ({"intermediate_size": math.inf}, "intermediate_size Infinity, more than hookcli builds (at most 131,072)"),
+        (
+            {"vision_config": {"hidden_size": 32, "patch_size": 10**12}},
+            "vision_config.patch_size 1000000000000, more than hookcli builds (at most 8,192)",
+        ),
+        ({"depths": [1] * 100}, "depths with 100 entries, more than hookcli builds (at most 64)"),
+    ],
+)
 def test_a_config_asking_for_absurd_sizes_is_refused_naming_the_field(runner, vit_folder, tmp_path, changes, said):
     folder = _copy_with(vit_folder, tmp_path, "config.json", **changes)
     for weights in ("none", "DEFAULT"):
         result = runner.invoke(main, ["layers", "-m", f"hf:{folder}", "-w", weights])
-        assert (result.exit_code, result.output) == (2, f"Error: hf:{folder}: its config.json says {said}. Hint: "
-                                                        "check the model's config.json\n")
+        assert (result.exit_code, result.output) == (
+            2,
+            f"Error: hf:{folder}: its config.json says {said}. Hint: check the model's config.json\n",
+        )
 
 
 def test_a_config_at_generous_sizes_still_builds(vit_folder, tmp_path):
@@ -99,8 +107,11 @@ def test_a_factory_file_that_is_a_link_loop_or_a_fifo_says_so(runner, tmp_path, 
     os.symlink(loop, tmp_path / "other.py")
     os.mkfifo(fifo)
     hint = "Hint: check the path of --model FILE.py:FUNC"
-    for path, what in [(loop, "is a symbolic link loop"), (fifo, "is a FIFO (named pipe), not a regular file"),
-                       (tmp_path / "gone.py", "not found")]:
+    for path, what in [
+        (loop, "is a symbolic link loop"),
+        (fifo, "is a FIFO (named pipe), not a regular file"),
+        (tmp_path / "gone.py", "not found"),
+    ]:
         result = runner.invoke(main, ["extract", "-m", f"{path}:make", "-l", "0", str(image_file)])
         assert (result.exit_code, result.output) == (2, f"Error: factory file '{path}' {what}. {hint}\n")
 
@@ -111,9 +122,13 @@ def test_a_hugging_face_config_that_is_a_fifo_says_so(runner, vit_folder, tmp_pa
     (folder / "config.json").unlink()
     os.mkfifo(folder / "config.json")
     result = runner.invoke(main, ["extract", "-m", f"hf:{folder}", "-l", "pooler", str(image_file)])
-    assert (result.exit_code, result.output) == (2, (
-        f"Error: '{folder}' (from hf:{folder}) is a folder whose config.json is a FIFO (named pipe), not a regular "
-        "file. Hint: give a folder written by save_pretrained, or hf:ORG/NAME from the cache\n"))
+    assert (result.exit_code, result.output) == (
+        2,
+        (
+            f"Error: '{folder}' (from hf:{folder}) is a folder whose config.json is a FIFO (named pipe), not a regular "
+            "file. Hint: give a folder written by save_pretrained, or hf:ORG/NAME from the cache\n"
+        ),
+    )
 
 
 def test_a_preprocessor_config_that_is_a_fifo_is_named_in_the_note(vit_folder, tmp_path):
@@ -124,39 +139,61 @@ def test_a_preprocessor_config_that_is_a_fifo_is_named_in_the_note(vit_folder, t
     assert load_model(f"hf:{folder}", "none").notes == (
         f"hf:{folder}: its preprocessor_config.json cannot be used (it is a FIFO (named pipe), not a regular file), "
         f"so what --resize, --crop, --mean and --std do not set is ImageNet's preprocessing (resize 73, crop 64, "
-        f"{IMAGENET})",)
+        f"{IMAGENET})",
+    )
 
 
 # -- notes that say what a run uses ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("changes", "reason"), [
-    ({"image_mean": [math.nan, 0.5, 0.5]}, "its image_mean [nan, 0.5, 0.5] is not finite numbers"),
-    ({"image_std": [0, 0.5, 0.5]}, "its image_std [0, 0.5, 0.5] is not finite numbers above 0"),
-    ({"image_std": 0.5, "image_mean": "dark"}, "its image_mean 'dark' is not one or three numbers"),
-    ({"size": {"height": -64, "width": 64}}, "its size.height -64 is not a whole number of pixels from 1 to 8192"),
-    ({"size": {"shortest_edge": 64}, "do_center_crop": True, "crop_size": {"height": -3, "width": -3}},
-     "its crop_size.height -3 is not a whole number of pixels from 1 to 8192"),
-    ({"size": {"shortest_edge": 64}, "crop_pct": 0}, "its crop_pct 0 is not a fraction above 0 and at most 1"),
-    ({"rescale_factor": math.nan}, "its rescale_factor nan is not 1/255"),
-    ({"resample": 9}, "its resample 9 is none of nearest (0), bilinear (2) and bicubic (3)"),
-])
-def test_an_unusable_preprocessor_field_is_named_in_the_note(runner, vit_folder, tmp_path, image_file, changes,
-                                                             reason):
+@pytest.mark.parametrize(
+    ("changes", "reason"),
+    [
+        ({"image_mean": [math.nan, 0.5, 0.5]}, "its image_mean [nan, 0.5, 0.5] is not finite numbers"),
+        ({"image_std": [0, 0.5, 0.5]}, "its image_std [0, 0.5, 0.5] is not finite numbers above 0"),
+        ({"image_std": 0.5, "image_mean": "dark"}, "its image_mean 'dark' is not one or three numbers"),
+        ({"size": {"height": -64, "width": 64}}, "its size.height -64 is not a whole number of pixels from 1 to 8192"),
+        (
+            {"size": {"shortest_edge": 64}, "do_center_crop": True, "crop_size": {"height": -3, "width": -3}},
+            "its crop_size.height -3 is not a whole number of pixels from 1 to 8192",
+        ),
+        ({"size": {"shortest_edge": 64}, "crop_pct": 0}, "its crop_pct 0 is not a fraction above 0 and at most 1"),
+        ({"rescale_factor": math.nan}, "its rescale_factor nan is not 1/255"),
+        ({"resample": 9}, "its resample 9 is none of nearest (0), bilinear (2) and bicubic (3)"),
+    ],
+)
+def test_an_unusable_preprocessor_field_is_named_in_the_note(runner, vit_folder, tmp_path, image_file, changes, reason):
     folder = _copy_with(vit_folder, tmp_path, "preprocessor_config.json", **changes)
-    note = (f"hf:{folder}: its preprocessor_config.json cannot be used ({reason}), so what --resize, --crop, --mean "
-            f"and --std do not set is ImageNet's preprocessing (resize 73, crop 64, {IMAGENET})")
+    note = (
+        f"hf:{folder}: its preprocessor_config.json cannot be used ({reason}), so what --resize, --crop, --mean "
+        f"and --std do not set is ImageNet's preprocessing (resize 73, crop 64, {IMAGENET})"
+    )
     assert load_model(f"hf:{folder}", "none").notes == (note,)
-    result = runner.invoke(main, ["extract", "-m", f"hf:{folder}", "-w", "none", "-l", "pooler", "-o",
-                                  str(tmp_path / "f.safetensors"), str(image_file)])
+    result = runner.invoke(
+        main,
+        [
+            "extract",
+            "-m",
+            f"hf:{folder}",
+            "-w",
+            "none",
+            "-l",
+            "pooler",
+            "-o",
+            str(tmp_path / "f.safetensors"),
+            str(image_file),
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert f"Note: {note}\n" in result.stderr
 
 
 def test_the_assumed_preprocessing_note_lists_only_what_the_run_takes_from_imagenet(factory_file):
     loaded = load_model(f"{factory_file}:make", "none")
-    start = f"{factory_file}:make: the factory gives no preprocessing, so what --resize, --crop, --mean and --std do " \
-            "not set is ImageNet's preprocessing"
+    start = (
+        f"{factory_file}:make: the factory gives no preprocessing, so what --resize, --crop, --mean and --std do "
+        "not set is ImageNet's preprocessing"
+    )
     assert loaded.notes_for({}) == loaded.notes == (f"{start} (resize 256, crop 224, {IMAGENET})",)
     assert loaded.notes_for({"resize": 8, "crop": 8, "mean": None}) == (f"{start} ({IMAGENET})",)
     assert loaded.notes_for({"mean": (0.5,) * 3, "crop": 8}) == (f"{start} (resize 256, std 0.229,0.224,0.225)",)
@@ -166,16 +203,19 @@ def test_the_assumed_preprocessing_note_lists_only_what_the_run_takes_from_image
 # -- weights that do not cast faithfully into the model -------------------------------------------------------
 
 
-@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.bool, torch.complex64, torch.float8_e4m3fn,
-                                   torch.float8_e5m2])
+@pytest.mark.parametrize(
+    "dtype", [torch.int8, torch.uint8, torch.bool, torch.complex64, torch.float8_e4m3fn, torch.float8_e5m2]
+)
 def test_weights_of_a_dtype_that_does_not_cast_into_floats_are_refused(runner, factory_file, tmp_path, dtype):
     state = load_model(f"{factory_file}:make", "none").module.state_dict()
     state["0.weight"] = state["0.weight"].to(dtype)
     path = tmp_path / "w.pth"
     torch.save(state, path)
     name = str(dtype).removeprefix("torch.")
-    message = (f"weights file '{path}' holds 0.weight as {name} and the model takes float32: hookcli does not cast "
-               f"{name} into float32. Hint: save the model's float weights (dequantized ones, for a quantized model)")
+    message = (
+        f"weights file '{path}' holds 0.weight as {name} and the model takes float32: hookcli does not cast "
+        f"{name} into float32. Hint: save the model's float weights (dequantized ones, for a quantized model)"
+    )
     with pytest.raises(WeightsError) as caught:
         load_model(f"{factory_file}:make", str(path))
     assert str(caught.value) == message
@@ -185,8 +225,9 @@ def test_weights_of_a_dtype_that_does_not_cast_into_floats_are_refused(runner, f
 
 def test_half_precision_weights_and_integer_counters_of_another_width_load(factory_file, tmp_path):
     model = load_model(f"{factory_file}:make", "none").module
-    state = {key: value.half() if value.is_floating_point() else value.int() for key, value in
-             model.state_dict().items()}
+    state = {
+        key: value.half() if value.is_floating_point() else value.int() for key, value in model.state_dict().items()
+    }
     path = tmp_path / "w.safetensors"
     save_file(state, str(path))
     loaded = load_model(f"{factory_file}:make", str(path)).module.state_dict()
@@ -201,8 +242,10 @@ def test_a_float_into_an_integer_counter_is_refused(factory_file, tmp_path):
     torch.save(state, path)
     with pytest.raises(WeightsError) as caught:
         load_model(f"{factory_file}:make", str(path))
-    assert caught.value.message == (f"weights file '{path}' holds 1.num_batches_tracked as float32 and the model "
-                                    "takes int64: hookcli does not cast float32 into int64")
+    assert caught.value.message == (
+        f"weights file '{path}' holds 1.num_batches_tracked as float32 and the model "
+        "takes int64: hookcli does not cast float32 into int64"
+    )
 
 
 # -- a report page size that cannot be ------------------------------------------------------------------------
@@ -211,10 +254,28 @@ def test_a_float_into_an_integer_counter_is_refused(factory_file, tmp_path):
 @pytest.mark.parametrize("size", ["99999999999999999999", "10001"])
 def test_a_report_page_size_above_the_maximum_is_a_usage_error(runner, factory_file, tmp_path, image_file, size):
     features = tmp_path / "f.safetensors"
-    made = runner.invoke(main, ["extract", "-m", f"{factory_file}:make", "-l", "0", "--resize", "32", "--crop", "32",
-                                "-q", "-o", str(features), str(image_file)])
+    made = runner.invoke(
+        main,
+        [
+            "extract",
+            "-m",
+            f"{factory_file}:make",
+            "-l",
+            "0",
+            "--resize",
+            "32",
+            "--crop",
+            "32",
+            "-q",
+            "-o",
+            str(features),
+            str(image_file),
+        ],
+    )
     assert made.exit_code == 0, made.output
     result = runner.invoke(main, ["report", str(features), "--page-size", size, "-o", str(tmp_path / "r")])
-    assert (result.exit_code, result.output) == (2, f"Error: page_size must be at most 10000, not {size}. Hint: see "
-                                                    "--help for the values each option takes\n")
+    assert (result.exit_code, result.output) == (
+        2,
+        f"Error: page_size must be at most 10000, not {size}. Hint: see --help for the values each option takes\n",
+    )
     assert not (tmp_path / "r").exists()

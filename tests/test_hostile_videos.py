@@ -7,12 +7,26 @@ import zlib
 import av
 import pytest
 
-VIDEO = ["extract", "-m", "r3d_18", "-w", "none", "-l", "layer1", "--resize", "32", "--crop", "32",
-         "--clip-length", "3"]
+VIDEO = [
+    "extract",
+    "-m",
+    "r3d_18",
+    "-w",
+    "none",
+    "-l",
+    "layer1",
+    "--resize",
+    "32",
+    "--crop",
+    "32",
+    "--clip-length",
+    "3",
+]
 
 
 def _png(width: int, height: int) -> bytes:
     """An 8-bit RGB PNG of zeros: tiny, compressed row by row, and ``width * height * 3`` bytes once decoded."""
+
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
 
@@ -45,9 +59,12 @@ def _mov(path, frame: bytes, declared: int, count: int = 3):
 def test_a_video_of_huge_frames_is_refused_in_bounded_memory(tmp_path, huge_frame, peak_of, declared):
     video = _mov(tmp_path / "huge.mov", huge_frame, declared)
     code, peak, stderr = peak_of(*VIDEO, video, "-o", tmp_path / "f.safetensors")
-    assert (code, stderr) == (1, f"Error: video '{video}' has frames of 16000x16000 (256,000,000 pixels), more than "
-                                 "hookcli decodes (178,956,970). Hint: scale it down first (ffmpeg -i IN -vf "
-                                 "scale=1920:-2 OUT)")
+    assert (code, stderr) == (
+        1,
+        f"Error: video '{video}' has frames of 16000x16000 (256,000,000 pixels), more than "
+        "hookcli decodes (178,956,970). Hint: scale it down first (ffmpeg -i IN -vf "
+        "scale=1920:-2 OUT)",
+    )
     assert peak < 2**31, peak  # the header, and at most FFmpeg's probe of one frame
     assert not (tmp_path / "f.safetensors").exists()
 
@@ -58,9 +75,12 @@ def test_a_frame_folder_of_huge_images_is_refused_in_bounded_memory(tmp_path, hu
     for number in range(3):
         (folder / f"frame{number}.png").write_bytes(huge_frame)
     code, peak, stderr = peak_of(*VIDEO, folder, "-o", tmp_path / "f.safetensors")
-    assert (code, stderr) == (1, f"Error: image '{folder / 'frame0.png'}' has 256,000,000 pixels, more than Pillow "
-                                 "decodes (178,956,970). Hint: shrink it first; or add --on-error skip to leave "
-                                 "unreadable videos out")
+    assert (code, stderr) == (
+        1,
+        f"Error: image '{folder / 'frame0.png'}' has 256,000,000 pixels, more than Pillow "
+        "decodes (178,956,970). Hint: shrink it first; or add --on-error skip to leave "
+        "unreadable videos out",
+    )
     assert peak < 2**30, peak
     assert not (tmp_path / "f.safetensors").exists()
 
@@ -69,8 +89,8 @@ def test_the_pixel_limit_follows_pillows_and_applies_to_every_frame_read(tmp_pat
     """A limit lowered in Pillow is the limit of video frames too (a frame is refused before it is converted)."""
     from PIL import Image
 
-    from hookcli.inputs import video
     from hookcli.errors import VideoError
+    from hookcli.inputs import video
 
     small = _mov(tmp_path / "small.mov", _png(40, 30), 40)
     assert video.read_frames(small, [0, 2]).shape == (2, 30, 40, 3)
@@ -78,5 +98,7 @@ def test_the_pixel_limit_follows_pillows_and_applies_to_every_frame_read(tmp_pat
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 500)
     with pytest.raises(VideoError) as caught:
         video.read_frames(small, [0])
-    assert str(caught.value) == (f"video '{small}' has frames of 40x30 (1,200 pixels), more than hookcli decodes "
-                                 "(1,000). Hint: scale it down first (ffmpeg -i IN -vf scale=1920:-2 OUT)")
+    assert str(caught.value) == (
+        f"video '{small}' has frames of 40x30 (1,200 pixels), more than hookcli decodes "
+        "(1,000). Hint: scale it down first (ffmpeg -i IN -vf scale=1920:-2 OUT)"
+    )

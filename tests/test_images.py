@@ -88,14 +88,16 @@ def test_empty_and_oversized_images_say_so(tmp_path, monkeypatch):
     (tmp_path / "zero.jpg").write_bytes(b"")
     with pytest.raises(ImageError) as caught:
         load_rgb(tmp_path / "zero.jpg")
-    assert str(caught.value) == (f"image '{tmp_path / 'zero.jpg'}' is empty (0 bytes). "
-                                 "Hint: the file may not have been written")
+    assert str(caught.value) == (
+        f"image '{tmp_path / 'zero.jpg'}' is empty (0 bytes). Hint: the file may not have been written"
+    )
     Image.new("L", (100, 50)).save(tmp_path / "wide.png")
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 2000)  # Pillow refuses above twice this
     with pytest.raises(ImageError) as caught:
         load_rgb(tmp_path / "wide.png")
-    assert str(caught.value) == (f"image '{tmp_path / 'wide.png'}' has 5,000 pixels, more than Pillow decodes (4,000). "
-                                 "Hint: shrink it first")
+    assert str(caught.value) == (
+        f"image '{tmp_path / 'wide.png'}' has 5,000 pixels, more than Pillow decodes (4,000). Hint: shrink it first"
+    )
 
 
 @pytest.fixture
@@ -138,8 +140,9 @@ def test_a_reduced_decode_keeps_both_sides_at_least_the_size_asked(tmp_path, pho
     assert load_rgb(tmp_path / "big.jpg", min_size=1600).size == (2000, 1500)  # no scale keeps 1,600
     assert load_rgb(tmp_path / "big.png", min_size=512).size == (2000, 1500)  # only JPEGs decode at a scale
     halved = np.asarray(load_rgb(tmp_path / "big.jpg", min_size=512), dtype=float)
-    resized = np.asarray(load_rgb(tmp_path / "big.jpg").resize((1000, 750), Image.BILINEAR, reducing_gap=None),
-                         dtype=float)
+    resized = np.asarray(
+        load_rgb(tmp_path / "big.jpg").resize((1000, 750), Image.BILINEAR, reducing_gap=None), dtype=float
+    )
     assert np.abs(halved - resized).mean() < 2.0  # the same picture, at the scale asked
 
     exif = Image.Exif()

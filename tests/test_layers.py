@@ -25,7 +25,10 @@ def test_star_stays_in_one_component_and_double_star_crosses(resnet):
     deep = resolve_layers(resnet, ["layer4.**"])
     assert "layer4.0.downsample.0" in deep and "layer4.1.bn2" in deep and len(deep) == 15
     assert list(resolve_layers(resnet, ["layer[12].0.conv?"])) == [
-        "layer1.0.conv1", "layer1.0.conv2", "layer2.0.conv1", "layer2.0.conv2"
+        "layer1.0.conv1",
+        "layer1.0.conv2",
+        "layer2.0.conv1",
+        "layer2.0.conv2",
     ]
 
 

@@ -15,15 +15,33 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from hookcli.storage.claims import CLAIMS, Claims, FolderLock
 from hookcli.cli import main
 from hookcli.errors import UsageProblem
 from hookcli.run.launch import Part, cpu_threads, detect_part, parse_part
+from hookcli.storage.claims import CLAIMS, Claims, FolderLock
 from hookcli.storage.index import read_index
 from hookcli.storage.shards import INDEX_NAME, ShardedFeatures
 
-ARGS = ["extract", "-m", "resnet18", "-w", "none", "-l", "layer4", "-l", "fc", "--resize", "40", "--crop", "32",
-        "-b", "2", "-q", "--shard-size", "2"]
+ARGS = [
+    "extract",
+    "-m",
+    "resnet18",
+    "-w",
+    "none",
+    "-l",
+    "layer4",
+    "-l",
+    "fc",
+    "--resize",
+    "40",
+    "--crop",
+    "32",
+    "-b",
+    "2",
+    "-q",
+    "--shard-size",
+    "2",
+]
 
 
 @pytest.fixture
@@ -78,9 +96,26 @@ def _environment(**extra):
 def test_torchrun_processes_write_what_one_process_writes(runner, tmp_path, inputs, processes):
     expected = _one_process(runner, tmp_path, inputs, threads=cpu_threads(Part(0, processes, 0, processes)))
     folder = tmp_path / "feats"
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-                           str(processes), "-m", "hookcli", *ARGS, "-o", f"{folder}/", *inputs],
-                          capture_output=True, text=True, timeout=300, env=_environment())
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            str(processes),
+            "-m",
+            "hookcli",
+            *ARGS,
+            "-o",
+            f"{folder}/",
+            *inputs,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=_environment(),
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout == f"{folder}/index.jsonl\n"  # said once, by the first process, when the folder is complete
     assert "Error" not in done.stderr and "Continuing" not in done.stderr, done.stderr
@@ -93,21 +128,47 @@ def test_torchrun_processes_given_different_inputs_are_refused_by_each(tmp_path,
         "import os, sys\n"
         "from hookcli.cli import main\n"
         "inputs = sys.argv[1:] if os.environ['RANK'] == '0' else sys.argv[2:]\n"
-        f"main([*{ARGS!r}, '-o', {str(tmp_path / 'feats')!r} + '/', *inputs])\n")
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           str(script), *inputs], capture_output=True, text=True, timeout=300, env=_environment())
+        f"main([*{ARGS!r}, '-o', {str(tmp_path / 'feats')!r} + '/', *inputs])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script), *inputs],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=_environment(),
+    )
     assert done.returncode != 0
-    assert ("Error: torchrun's process 1 runs another command than process 0 (it differs in: inputs, "
-            "inputs_sha256). Hint: give every process the same command and inputs") in done.stderr, done.stderr
+    assert (
+        "Error: torchrun's process 1 runs another command than process 0 (it differs in: inputs, "
+        "inputs_sha256). Hint: give every process the same command and inputs"
+    ) in done.stderr, done.stderr
     assert not (tmp_path / "feats" / INDEX_NAME).exists()
 
 
 def test_torchrun_processes_share_the_list_rank_0_reads_from_stdin(runner, tmp_path, inputs):
     expected = _one_process(runner, tmp_path, inputs, threads=cpu_threads(Part(0, 2, 0, 2)))
     folder = tmp_path / "feats"
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           "-m", "hookcli", *ARGS, "-o", f"{folder}/", "-"], input="\n".join(inputs) + "\n",
-                          capture_output=True, text=True, timeout=300, env=_environment())
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "hookcli",
+            *ARGS,
+            "-o",
+            f"{folder}/",
+            "-",
+        ],
+        input="\n".join(inputs) + "\n",
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=_environment(),
+    )
     assert done.returncode == 0, done.stderr
     _check_folder(folder, inputs, expected)
 
@@ -115,9 +176,16 @@ def test_torchrun_processes_share_the_list_rank_0_reads_from_stdin(runner, tmp_p
 def test_parts_and_plain_shells_on_one_folder_write_what_one_process_writes(tmp_path, inputs, expected):
     folder = tmp_path / "feats"
     commands = [[*ARGS, "--part", "1/2"], [*ARGS, "--part", "2/2"], ARGS]
-    runs = [subprocess.Popen([sys.executable, "-m", "hookcli", *args, "-o", f"{folder}/", *inputs],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_environment())
-            for args in commands]
+    runs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "hookcli", *args, "-o", f"{folder}/", *inputs],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=_environment(),
+        )
+        for args in commands
+    ]
     results = [(run.wait(timeout=300), run.stdout.read(), run.stderr.read()) for run in runs]
     assert [code for code, _, _ in results] == [0, 0, 0], results
     # The last to finish says where the rows are; one that leaves others working says so instead.
@@ -128,16 +196,24 @@ def test_parts_and_plain_shells_on_one_folder_write_what_one_process_writes(tmp_
     _check_folder(folder, inputs, expected)
 
 
-def test_killed_processes_lose_only_their_unfinished_shards_and_another_count_finishes(runner, tmp_path, inputs,
-                                                                                      make_image):
+def test_killed_processes_lose_only_their_unfinished_shards_and_another_count_finishes(
+    runner, tmp_path, inputs, make_image
+):
     # 16 shards: a busy machine may be slow to see the second listed, and the processes must not finish meanwhile.
-    inputs = inputs + [str(make_image(tmp_path / "imgs" / f"{i:02d}.png", size=(44, 40), seed=i))
-                       for i in range(11, 31)]
+    inputs = inputs + [
+        str(make_image(tmp_path / "imgs" / f"{i:02d}.png", size=(44, 40), seed=i)) for i in range(11, 31)
+    ]
     folder = tmp_path / "feats"
     slow = [*ARGS[:-5], "-b", "1", "-q", "--shard-size", "2"]  # one image a batch: the processes are mid-run for longer
-    first = [subprocess.Popen([sys.executable, "-m", "hookcli", *slow, "--part", f"{k}/2", "-o", f"{folder}/",
-                               *inputs], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=_environment())
-             for k in (1, 2)]
+    first = [
+        subprocess.Popen(
+            [sys.executable, "-m", "hookcli", *slow, "--part", f"{k}/2", "-o", f"{folder}/", *inputs],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env=_environment(),
+        )
+        for k in (1, 2)
+    ]
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and len(read_index(folder)[1] if (folder / INDEX_NAME).exists() else []) < 2:
         assert all(run.poll() is None for run in first), [run.stderr.read() for run in first]
@@ -147,14 +223,23 @@ def test_killed_processes_lose_only_their_unfinished_shards_and_another_count_fi
         run.wait(timeout=60)
     listed = [entry["shard"] for entry in read_index(folder)[1]]
     assert 2 <= len(listed) < 16, listed
-    relaunched = [subprocess.Popen([sys.executable, "-m", "hookcli", *slow, "-o", f"{folder}/", *inputs],
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_environment())
-                  for _ in range(3)]
+    relaunched = [
+        subprocess.Popen(
+            [sys.executable, "-m", "hookcli", *slow, "-o", f"{folder}/", *inputs],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=_environment(),
+        )
+        for _ in range(3)
+    ]
     results = [(run.wait(timeout=300), run.stderr.read()) for run in relaunched]
     assert [code for code, _ in results] == [0, 0, 0], results
     # The killed processes held claims on the shards they were computing: the new ones took them over, saying so.
-    assert re.search(r"Note: shard \d+ was claimed by process \d+ on .+, which has ended: this process computes it",
-                     "".join(err for _, err in results)), results
+    assert re.search(
+        r"Note: shard \d+ was claimed by process \d+ on .+, which has ended: this process computes it",
+        "".join(err for _, err in results),
+    ), results
     _check_folder(folder, inputs, _one_process(runner, tmp_path, inputs, batch="1"))
 
 
@@ -181,8 +266,10 @@ def test_a_claim_is_taken_over_only_from_a_gone_or_silent_owner(tmp_path):
     lock, claims = FolderLock(tmp_path, str(tmp_path)), Claims(tmp_path, timeout=120, on_note=notes.append)
     with lock.held():
         assert [claims.take(n) for n in range(6)] == [True, False, True, False, False, True]
-    assert notes == [f"shard 0 was claimed by process {dead.pid} on {here}, which has ended: this process computes it",
-                     "shard 2 was claimed by process 12345 on elsewhere, silent for 121 s: this process computes it"]
+    assert notes == [
+        f"shard 0 was claimed by process {dead.pid} on {here}, which has ended: this process computes it",
+        "shard 2 was claimed by process 12345 on elsewhere, silent for 121 s: this process computes it",
+    ]
     assert json.loads((tmp_path / CLAIMS / "00000").read_text())["pid"] == os.getpid()
     claims.release_all(lock)
     lock.close()
@@ -208,42 +295,81 @@ def test_a_claim_timeout_that_is_not_a_positive_number_is_refused(monkeypatch, t
     monkeypatch.setenv("HOOKCLI_CLAIM_TIMEOUT", value)
     with pytest.raises(UsageProblem) as caught:
         Claims(tmp_path)
-    assert str(caught.value) == (f"HOOKCLI_CLAIM_TIMEOUT must be a number of seconds from 1 to 86400, not '{value}'. "
-                                 "Hint: unset it for the default of 120 s")
+    assert str(caught.value) == (
+        f"HOOKCLI_CLAIM_TIMEOUT must be a number of seconds from 1 to 86400, not '{value}'. "
+        "Hint: unset it for the default of 120 s"
+    )
 
 
 # -- parts -------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("environ", "part"), [
-    ({}, None),
-    ({"RANK": "0", "WORLD_SIZE": "1"}, None),
-    ({"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4"}, Part(5, 8, 1, 4, "torchrun")),
-    ({"SLURM_PROCID": "3", "SLURM_NTASKS": "6", "SLURM_LOCALID": "0", "SLURM_TASKS_PER_NODE": "3(x2)",
-      "SLURM_NODEID": "1"}, Part(3, 6, 0, 3, "srun")),
-    ({"SLURM_ARRAY_TASK_ID": "12", "SLURM_ARRAY_TASK_COUNT": "4", "SLURM_ARRAY_TASK_MIN": "10",
-      "SLURM_ARRAY_TASK_STEP": "1", "SLURM_NTASKS": "1"}, Part(2, 4, 0, 1, "a Slurm job array")),
-    ({"SLURM_ARRAY_TASK_ID": "1", "SLURM_ARRAY_TASK_COUNT": "3", "SLURM_ARRAY_TASK_MIN": "0", "SLURM_PROCID": "1",
-      "SLURM_NTASKS": "2", "SLURM_LOCALID": "1", "SLURM_TASKS_PER_NODE": "2"}, Part(3, 6, 1, 2, "a Slurm job array")),
-])
+@pytest.mark.parametrize(
+    ("environ", "part"),
+    [
+        ({}, None),
+        ({"RANK": "0", "WORLD_SIZE": "1"}, None),
+        ({"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4"}, Part(5, 8, 1, 4, "torchrun")),
+        (
+            {
+                "SLURM_PROCID": "3",
+                "SLURM_NTASKS": "6",
+                "SLURM_LOCALID": "0",
+                "SLURM_TASKS_PER_NODE": "3(x2)",
+                "SLURM_NODEID": "1",
+            },
+            Part(3, 6, 0, 3, "srun"),
+        ),
+        (
+            {
+                "SLURM_ARRAY_TASK_ID": "12",
+                "SLURM_ARRAY_TASK_COUNT": "4",
+                "SLURM_ARRAY_TASK_MIN": "10",
+                "SLURM_ARRAY_TASK_STEP": "1",
+                "SLURM_NTASKS": "1",
+            },
+            Part(2, 4, 0, 1, "a Slurm job array"),
+        ),
+        (
+            {
+                "SLURM_ARRAY_TASK_ID": "1",
+                "SLURM_ARRAY_TASK_COUNT": "3",
+                "SLURM_ARRAY_TASK_MIN": "0",
+                "SLURM_PROCID": "1",
+                "SLURM_NTASKS": "2",
+                "SLURM_LOCALID": "1",
+                "SLURM_TASKS_PER_NODE": "2",
+            },
+            Part(3, 6, 1, 2, "a Slurm job array"),
+        ),
+    ],
+)
 def test_the_part_comes_from_the_launcher(environ, part):
     assert detect_part(environ) == part
 
 
-@pytest.mark.parametrize(("environ", "part"), [
-    ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}, Part(1, 2, 1, 2, "torchrun")),
-    ({"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_LOCALID": "1"}, Part(1, 2, 1, 2, "srun")),
-])
+@pytest.mark.parametrize(
+    ("environ", "part"),
+    [
+        ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}, Part(1, 2, 1, 2, "torchrun")),
+        ({"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_LOCALID": "1"}, Part(1, 2, 1, 2, "srun")),
+    ],
+)
 def test_a_local_count_left_unsaid_is_at_least_the_local_number(environ, part):
     assert detect_part(environ) == part
 
 
-@pytest.mark.parametrize(("environ", "message"), [
-    ({"RANK": "2", "WORLD_SIZE": "2"}, "torchrun says this is process 2 (counted from 0) of 2, which cannot be"),
-    ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "2"},
-     "torchrun says this is process 3 (counted from 0) of the 2 on this machine, which cannot be"),
-    ({"SLURM_PROCID": "1", "SLURM_NTASKS": "two"}, "$SLURM_NTASKS is 'two', not a whole number"),
-])
+@pytest.mark.parametrize(
+    ("environ", "message"),
+    [
+        ({"RANK": "2", "WORLD_SIZE": "2"}, "torchrun says this is process 2 (counted from 0) of 2, which cannot be"),
+        (
+            {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "2"},
+            "torchrun says this is process 3 (counted from 0) of the 2 on this machine, which cannot be",
+        ),
+        ({"SLURM_PROCID": "1", "SLURM_NTASKS": "two"}, "$SLURM_NTASKS is 'two', not a whole number"),
+    ],
+)
 def test_a_launcher_environment_that_cannot_be_is_refused(environ, message):
     with pytest.raises(UsageProblem) as caught:
         detect_part(environ)
@@ -254,23 +380,32 @@ def test_a_bad_claim_timeout_is_refused_before_the_model_loads(runner, tmp_path,
     monkeypatch.setenv("HOOKCLI_CLAIM_TIMEOUT", "abc")
     monkeypatch.setattr("hookcli.models.loading.load_model", lambda *a, **k: pytest.fail("the model was loaded"))
     result = runner.invoke(main, [*ARGS, "-o", f"{tmp_path}/feats/", *inputs])
-    assert (result.exit_code, result.stderr) == (2, "Error: HOOKCLI_CLAIM_TIMEOUT must be a number of seconds from 1 "
-                                                    "to 86400, not 'abc'. Hint: unset it for the default of 120 s\n")
+    assert (result.exit_code, result.stderr) == (
+        2,
+        "Error: HOOKCLI_CLAIM_TIMEOUT must be a number of seconds from 1 "
+        "to 86400, not 'abc'. Hint: unset it for the default of 120 s\n",
+    )
     assert not (tmp_path / "feats").exists()
 
 
 @pytest.mark.parametrize("text", ["0/4", "5/4", "1", "a/b", "1/0", "-1/2"])
 def test_a_part_out_of_range_is_refused(runner, tmp_path, inputs, text):
     result = runner.invoke(main, [*ARGS, "--part", text, "-o", f"{tmp_path}/feats/", *inputs])
-    assert (result.exit_code, result.stderr) == (2, (
-        f"Error: --part takes K/N with 1 <= K <= N (the K-th of N processes), not '{text}'. Hint: for example "
-        "--part 1/4 … --part 4/4 for four processes\n"))
+    assert (result.exit_code, result.stderr) == (
+        2,
+        (
+            f"Error: --part takes K/N with 1 <= K <= N (the K-th of N processes), not '{text}'. Hint: for example "
+            "--part 1/4 … --part 4/4 for four processes\n"
+        ),
+    )
 
 
 def test_a_part_needs_a_folder_output(runner, tmp_path, inputs):
     result = runner.invoke(main, [*ARGS[:-2], "--part", "1/2", "-o", f"{tmp_path}/x.safetensors", *inputs])
-    assert (result.exit_code, result.stderr) == (2, "Error: --part applies to a shard folder output (-o DIR/). Hint: "
-                                                    "the processes share the work of one folder\n")
+    assert (result.exit_code, result.stderr) == (
+        2,
+        "Error: --part applies to a shard folder output (-o DIR/). Hint: the processes share the work of one folder\n",
+    )
 
 
 def test_launched_processes_refuse_to_each_write_one_whole_file(runner, tmp_path, inputs, monkeypatch):
@@ -278,9 +413,14 @@ def test_launched_processes_refuse_to_each_write_one_whole_file(runner, tmp_path
     monkeypatch.setenv("SLURM_NTASKS", "4")
     monkeypatch.setattr("hookcli.models.loading.load_model", lambda *a, **k: pytest.fail("the model was loaded"))
     result = runner.invoke(main, [*ARGS[:-2], "-o", f"{tmp_path}/x.safetensors", *inputs])
-    assert (result.exit_code, result.stderr) == (2, (
-        f"Error: 4 processes started by srun would each write all of '{tmp_path}/x.safetensors'. Hint: write a shard "
-        "folder (-o DIR/): they share its work\n"))
+    assert (result.exit_code, result.stderr) == (
+        2,
+        (
+            f"Error: 4 processes started by srun would each write all of '{tmp_path}/x.safetensors'. "
+            "Hint: write a shard "
+            "folder (-o DIR/): they share its work\n"
+        ),
+    )
 
 
 def test_parse_part_and_cpu_threads():
@@ -291,8 +431,13 @@ def test_parse_part_and_cpu_threads():
 
 def test_decode_workers_forked_while_the_lock_is_held_do_not_keep_it(tmp_path, inputs):
     # A worker inherits the lock's open file; releasing by closing alone left the flock held and the run waited forever.
-    run = subprocess.run([sys.executable, "-m", "hookcli", *ARGS, "-j", "1", "-o", f"{tmp_path}/feats/", *inputs],
-                         capture_output=True, text=True, timeout=180, env=_environment())
+    run = subprocess.run(
+        [sys.executable, "-m", "hookcli", *ARGS, "-j", "1", "-o", f"{tmp_path}/feats/", *inputs],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=_environment(),
+    )
     assert (run.returncode, run.stderr) == (0, "")
     assert [entry["shard"] for entry in read_index(tmp_path / "feats")[1]] == list(range(6))
 

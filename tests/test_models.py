@@ -12,8 +12,8 @@ from PIL import Image
 from safetensors.torch import save_file
 
 from hookcli.errors import UnknownModelError, WeightsError
-from hookcli.models.weights import weights_cache_path
 from hookcli.models.loading import load_model
+from hookcli.models.weights import weights_cache_path
 
 
 def _same_weights(a, b):
@@ -24,7 +24,10 @@ def _same_weights(a, b):
 def test_unknown_model_lists_the_closest_names():
     with pytest.raises(UnknownModelError) as caught:
         load_model("resnet5", "none")
-    assert str(caught.value) == "unknown model 'resnet5' (closest: resnet50, resnet152, resnet34). Hint: 'hookcli models' lists every model"
+    assert (
+        str(caught.value)
+        == "unknown model 'resnet5' (closest: resnet50, resnet152, resnet34). Hint: 'hookcli models' lists every model"
+    )
 
 
 def test_random_weights_follow_the_seed_and_leave_the_global_rng_alone():
@@ -156,12 +159,22 @@ def test_an_unknown_name_with_a_file_of_that_name_says_how_to_load_the_file(tmp_
     assert _same_weights(load_model("resnet18", "./mine").module, reference)
 
 
-@pytest.mark.parametrize("num_classes, changed, detail", [
-    (1000, {"conv1.weight": (64, 3, 3, 3), "fc.bias": (999,)},
-     "conv1.weight is [64, 3, 3, 3] in the file but [64, 3, 7, 7] in the model (and 1 more)"),
-    (10, {"layer4.1.bn2.running_mean": (256,)},
-     "layer4.1.bn2.running_mean is [256] in the file but [512] in the model"),
-], ids=["imagenet", "fine-tuned"])
+@pytest.mark.parametrize(
+    "num_classes, changed, detail",
+    [
+        (
+            1000,
+            {"conv1.weight": (64, 3, 3, 3), "fc.bias": (999,)},
+            "conv1.weight is [64, 3, 3, 3] in the file but [64, 3, 7, 7] in the model (and 1 more)",
+        ),
+        (
+            10,
+            {"layer4.1.bn2.running_mean": (256,)},
+            "layer4.1.bn2.running_mean is [256] in the file but [512] in the model",
+        ),
+    ],
+    ids=["imagenet", "fine-tuned"],
+)
 def test_tensors_of_the_wrong_shape_name_the_first_key_and_both_shapes(tmp_path, num_classes, changed, detail):
     state = torchvision.models.resnet18(num_classes=num_classes).state_dict()
     state.update({key: torch.zeros(shape) for key, shape in changed.items()})
@@ -193,13 +206,16 @@ def _write_truncated_checkpoint(path: Path) -> None:
 _NOT_WEIGHTS_FILES = [
     ("empty.pth", lambda path: path.write_bytes(b""), "is empty"),
     ("notes.pth", lambda path: path.write_text("fc.weight: 0.1, 0.2\n"), "is text"),
-    ("notes.safetensors", lambda path: path.write_text("{\"a\": 1}\n"), "is text"),
+    ("notes.safetensors", lambda path: path.write_text('{"a": 1}\n'), "is text"),
     ("cat.png", lambda path: Image.new("RGB", (4, 4)).save(path), "is a PNG image"),
     ("cat.jpg", lambda path: Image.new("RGB", (4, 4)).save(path), "is a JPEG image"),
     ("notes.zip", _write_zip, "is a zip archive but not a PyTorch checkpoint"),
     ("cut.pth", _write_truncated_checkpoint, "is a truncated PyTorch checkpoint (its end is missing)"),
-    ("noise.bin", lambda path: path.write_bytes(bytes(range(1, 256)) * 4),
-     "is not a PyTorch (.pth/.pt) or safetensors weights file"),
+    (
+        "noise.bin",
+        lambda path: path.write_bytes(bytes(range(1, 256)) * 4),
+        "is not a PyTorch (.pth/.pt) or safetensors weights file",
+    ),
 ]
 
 
@@ -305,8 +321,10 @@ def test_a_download_message_never_reaches_stdout(runner, images, monkeypatch):
 
     monkeypatch.delenv("HOOKCLI_OFFLINE")
     monkeypatch.setattr(api, "load_state_dict_from_url", fake_download)
-    result = runner.invoke(main, ["extract", "-m", "resnet18", "-l", "avgpool", "--resize", "32", "--crop", "32",
-                                  "-o", "-", str(images[0])])
+    result = runner.invoke(
+        main,
+        ["extract", "-m", "resnet18", "-l", "avgpool", "--resize", "32", "--crop", "32", "-o", "-", str(images[0])],
+    )
     assert result.exit_code == 0, result.stderr
     assert load_bytes(result.stdout_bytes)["avgpool"].shape == (1, 512, 1, 1)
     assert result.stderr.startswith('Downloading: "https://download.pytorch.org/models/resnet18-f37072fd.pth"')

@@ -19,8 +19,23 @@ def test_the_wheel_carries_the_presets(tmp_path):
         shutil.copy(ROOT / name, source / name)
     for folder in ("hookcli", "configs"):
         shutil.copytree(ROOT / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                    str(tmp_path), str(source)], check=True, capture_output=True, cwd=tmp_path)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(source),
+        ],
+        check=True,
+        capture_output=True,
+        cwd=tmp_path,
+    )
     (wheel,) = tmp_path.glob("hookcli-*.whl")
     with zipfile.ZipFile(wheel) as archive:
         carried = {name: archive.read(name) for name in archive.namelist() if name.startswith("hookcli/presets/")}

@@ -10,12 +10,12 @@ from PIL import Image
 from safetensors.numpy import save_file
 
 from hookcli.cli import main
-from hookcli.pictures.options import GridOptions
-from hookcli.pictures.photos import heat_picture
 from hookcli.pictures.drawing import render_picture
 from hookcli.pictures.grids import plan_grids
-from hookcli.pictures.text import glyphs, _label_bitmap, label_size
+from hookcli.pictures.options import GridOptions
+from hookcli.pictures.photos import heat_picture
 from hookcli.pictures.render import grid_columns, tile_layout, tile_maps
+from hookcli.pictures.text import _label_bitmap, glyphs, label_size
 from hookcli.storage.features import Features
 
 
@@ -27,8 +27,9 @@ def _lut(name="viridis"):
     return np.round(colormaps[name](np.linspace(0, 1, 256))[:, :3] * 255).astype(np.uint8)
 
 
-@pytest.mark.parametrize("count, columns", [(128, 16), (64, 8), (512, 32), (2048, 64), (100, 10), (3, 3), (7, 4),
-                                            (1, 1), (6, 3)])
+@pytest.mark.parametrize(
+    "count, columns", [(128, 16), (64, 8), (512, 32), (2048, 64), (100, 10), (3, 3), (7, 4), (1, 1), (6, 3)]
+)
 def test_the_shape_leaves_no_ragged_row_where_a_better_one_exists(count, columns):
     assert grid_columns(count, 32, 32) == columns
     rows = -(-count // columns)
@@ -44,10 +45,10 @@ def test_each_tile_carries_its_channel_number_above_it():
     for i, label in enumerate(["7", "18", "9"]):
         bitmap = _label_bitmap(label, size)
         left = 2 + i * 42 + 1
-        stamped = pixels[3:3 + bitmap.shape[0], left:left + bitmap.shape[1], 0]
+        stamped = pixels[3 : 3 + bitmap.shape[0], left : left + bitmap.shape[1], 0]
         assert (stamped == bitmap).all()
         assert bitmap.min() < 100  # there is ink
-    assert (pixels[2 + band:2 + band + 40, 2:42] == 0).all()  # the map itself, black in gray for zeros
+    assert (pixels[2 + band : 2 + band + 40, 2:42] == 0).all()  # the map itself, black in gray for zeros
 
 
 def test_labels_that_do_not_fit_are_left_out_and_the_caption_says_so(runner, tmp_path):
@@ -59,8 +60,11 @@ def test_labels_that_do_not_fit_are_left_out_and_the_caption_says_so(runner, tmp
     features = Features({"x": np.ones((1, 20000, 2, 2), dtype=np.float32)}, {})
     options = GridOptions(channels="19990:19994", min_tile=4)
     picture = render_picture(features, plan_grids(features, options, None)[0], options)
-    wide = render_picture(features, plan_grids(features, GridOptions(channels="19990:19994"), None)[0],
-                          GridOptions(channels="19990:19994"))
+    wide = render_picture(
+        features,
+        plan_grids(features, GridOptions(channels="19990:19994"), None)[0],
+        GridOptions(channels="19990:19994"),
+    )
     assert picture.pixels.shape[0] > wide.pixels.shape[0] - 40  # a caption line more, no label band
     plain = GridOptions(channels="19990:19994", min_tile=4, title=False)
     untitled = render_picture(features, plan_grids(features, plain, None)[0], plain).pixels
@@ -69,16 +73,21 @@ def test_labels_that_do_not_fit_are_left_out_and_the_caption_says_so(runner, tmp
 
 def test_wide_layers_draw_their_first_64_channels_and_say_how_to_get_the_rest(runner, tmp_path):
     path = tmp_path / "f.safetensors"
-    save_file({"wide": np.ones((1, 1024, 7, 7), dtype=np.float32), "narrow": np.ones((1, 64, 7, 7), np.float32)},
-              str(path))
+    save_file(
+        {"wide": np.ones((1, 1024, 7, 7), dtype=np.float32), "narrow": np.ones((1, 64, 7, 7), np.float32)}, str(path)
+    )
     result = runner.invoke(main, ["grid", str(path), "--plain", "--padding", "0", "-o", str(tmp_path / "g")])
     assert result.exit_code == 0, result.output
-    assert result.stderr == ("Note: 'wide': drew channels 0-63 of 1024; --channels 64:128 draws the next 64, "
-                             "--top 64 the most active, --channels : all of them\n")
+    assert result.stderr == (
+        "Note: 'wide': drew channels 0-63 of 1024; --channels 64:128 draws the next 64, "
+        "--top 64 the most active, --channels : all of them\n"
+    )
     sizes = [Image.open(p).size for p in result.stdout.split()]
     assert sizes == [(8 * 35, 8 * 35), (8 * 35, 8 * 35)]  # 8 x 8 tiles of 7 px enlarged 5 times to pass 32
-    everything = runner.invoke(main, ["grid", str(path), "-k", "wide", "--channels", ":", "--plain", "--padding", "0",
-                                      "-o", str(tmp_path / "all")])
+    everything = runner.invoke(
+        main,
+        ["grid", str(path), "-k", "wide", "--channels", ":", "--plain", "--padding", "0", "-o", str(tmp_path / "all")],
+    )
     assert everything.exit_code == 0 and everything.stderr == ""
     assert Image.open(everything.stdout.strip()).size == (32 * 35, 32 * 35)
 
@@ -94,7 +103,7 @@ def test_top_channels_are_numbered_with_their_own_indices():
     for i, label in enumerate(["3", "19", "18", "17"]):
         bitmap = _label_bitmap(label, size)
         left = 2 + i * tile + 1
-        assert (pixels[3:3 + bitmap.shape[0], left:left + bitmap.shape[1], 0] == bitmap).all()
+        assert (pixels[3 : 3 + bitmap.shape[0], left : left + bitmap.shape[1], 0] == bitmap).all()
 
 
 def test_one_channel_is_drawn_large_enough_to_read(runner, tmp_path):
@@ -116,7 +125,7 @@ def test_the_colour_bar_runs_through_the_colormap_under_the_tiles():
     runs = [x for x in range(len(bottom)) if (bottom[x] == lut[0]).all()]
     assert runs, "the bar's dark end is drawn"
     start = runs[0]
-    bar = bottom[start:start + 128]
+    bar = bottom[start : start + 128]
     assert (bar[0] == lut[0]).all() and np.abs(bar.astype(int).sum(axis=1)).tolist() != [bar[0].sum()] * 128
 
 
@@ -134,8 +143,9 @@ def test_pooled_channels_and_vectors_are_one_strip_of_values(shape, caption_coun
 
 def test_an_overlay_is_drawn_over_a_view_at_least_512_pixels_with_its_scale(runner, tmp_path, photo):
     inputs = json.dumps([str(photo)])
-    preprocess = json.dumps({"resize": 64, "crop": 48, "mean": [0.5] * 3, "std": [0.5] * 3,
-                             "interpolation": "bilinear"})
+    preprocess = json.dumps(
+        {"resize": 64, "crop": 48, "mean": [0.5] * 3, "std": [0.5] * 3, "interpolation": "bilinear"}
+    )
     heat = np.zeros((1, 1, 6, 6), dtype=np.float32)
     heat[0, 0, 2, 3] = 5.0
     path = tmp_path / "f.safetensors"
@@ -153,7 +163,10 @@ def test_a_map_that_is_zero_everywhere_is_not_drawn_and_a_note_says_so(runner, t
     save_file({"x": np.zeros((1, 4, 6, 6), dtype=np.float32)}, str(path), metadata={"inputs": inputs})
     result = runner.invoke(main, ["grid", str(path), "--overlay", "-o", str(tmp_path / "g")])
     assert result.exit_code == 0, result.output
-    assert result.stderr == "Note: x, grace_hopper.jpg: the activation map is 0 everywhere: the photo is drawn without it\n"
+    assert (
+        result.stderr
+        == "Note: x, grace_hopper.jpg: the activation map is 0 everywhere: the photo is drawn without it\n"
+    )
     photo_pixels = np.zeros((40, 40, 3), dtype=np.uint8) + 77
     pixels, note = heat_picture(photo_pixels, np.zeros((5, 5)), cmap="inferno", alpha=0.5, what="gradcam")
     assert note == "the gradcam map is 0 everywhere: the photo is drawn without it"
@@ -165,14 +178,34 @@ def test_cam_notes_a_map_that_is_zero_everywhere(runner, tmp_path, photo, monkey
 
     import hookcli.run.gradients
 
-    monkeypatch.setattr(hookcli.run.gradients, "class_activation_maps",
-                        lambda activations, gradients, method="gradcam": torch.zeros(
-                            activations.shape[0], *activations.shape[2:]))
-    result = runner.invoke(main, ["cam", "-m", "resnet18", "-w", "none", "--resize", "64", "--crop", "64",
-                                  "-t", "3", "-o", str(tmp_path / "cams"), str(photo)])
+    monkeypatch.setattr(
+        hookcli.run.gradients,
+        "class_activation_maps",
+        lambda activations, gradients, method="gradcam": torch.zeros(activations.shape[0], *activations.shape[2:]),
+    )
+    result = runner.invoke(
+        main,
+        [
+            "cam",
+            "-m",
+            "resnet18",
+            "-w",
+            "none",
+            "--resize",
+            "64",
+            "--crop",
+            "64",
+            "-t",
+            "3",
+            "-o",
+            str(tmp_path / "cams"),
+            str(photo),
+        ],
+    )
     assert result.exit_code == 0, result.output
-    assert result.stderr == ("Note: grace_hopper.jpg, class 3: the gradcam map is 0 everywhere: "
-                             "the photo is drawn without it\n")
+    assert result.stderr == (
+        "Note: grace_hopper.jpg, class 3: the gradcam map is 0 everywhere: the photo is drawn without it\n"
+    )
     assert _png(tmp_path / "cams" / "00000_grace_hopper.png").shape[1] == 512
 
 
@@ -190,12 +223,16 @@ def test_a_cam_files_maps_are_one_map_a_row_whatever_their_size():
 
 def test_overlay_skips_values_that_have_no_place_on_the_photo(runner, tmp_path, photo):
     path = tmp_path / "f.safetensors"
-    save_file({"x": np.random.default_rng(0).random((1, 4, 6, 6), dtype=np.float32),
-               "v": np.ones((1, 10), dtype=np.float32)}, str(path), metadata={"inputs": json.dumps([str(photo)])})
+    save_file(
+        {"x": np.random.default_rng(0).random((1, 4, 6, 6), dtype=np.float32), "v": np.ones((1, 10), dtype=np.float32)},
+        str(path),
+        metadata={"inputs": json.dumps([str(photo)])},
+    )
     result = runner.invoke(main, ["grid", str(path), "--overlay", "-o", str(tmp_path / "g")])
     assert result.exit_code == 0, result.output
-    assert result.stderr == ("Note: skipped 'v' (shape [1, 10]): --overlay needs maps laid out like the image, "
-                             "and these values are not\n")
+    assert result.stderr == (
+        "Note: skipped 'v' (shape [1, 10]): --overlay needs maps laid out like the image, and these values are not\n"
+    )
     assert [p.split("/")[-1] for p in result.stdout.split()] == ["x__00000_grace_hopper.overlay.png"]
 
 

@@ -38,40 +38,59 @@ def _versions() -> dict:
 
 def test_a_cold_cache_is_filled_with_what_torchvision_lists(cache):
     rows = describe_models()
-    modules = {"classification": torchvision.models, "detection": torchvision.models.detection,
-               "segmentation": torchvision.models.segmentation, "video": torchvision.models.video,
-               "optical_flow": torchvision.models.optical_flow, "quantized": torchvision.models.quantization}
-    families = {name: family for family, module in modules.items()
-                for name in torchvision.models.list_models(module=module)}
+    modules = {
+        "classification": torchvision.models,
+        "detection": torchvision.models.detection,
+        "segmentation": torchvision.models.segmentation,
+        "video": torchvision.models.video,
+        "optical_flow": torchvision.models.optical_flow,
+        "quantized": torchvision.models.quantization,
+    }
+    families = {
+        name: family for family, module in modules.items() for name in torchvision.models.list_models(module=module)
+    }
     names = sorted(families)
     assert [row["model"] for row in rows] == names and len(names) == 121
     assert {row["model"]: row["family"] for row in rows} == families
     assert [row["model"] for row in describe_models("detection")] == sorted(
-        torchvision.models.list_models(module=torchvision.models.detection))
+        torchvision.models.list_models(module=torchvision.models.detection)
+    )
     assert all(row["default"] == torchvision.models.get_model_weights(row["model"]).DEFAULT.name for row in rows)
     written = json.loads(cache.read_text())
     assert {key: written[key] for key in ("hookcli", "torchvision")} == _versions()
     assert list(written["models"]) == names
-    assert written["models"]["resnet18"] == {"enum": "ResNet18_Weights", "default": "IMAGENET1K_V1",
-                                             "weights": ["IMAGENET1K_V1"], "family": "classification"}
-    assert written["models"]["resnet50"] == {"enum": "ResNet50_Weights", "default": "IMAGENET1K_V2",
-                                             "weights": ["IMAGENET1K_V1", "IMAGENET1K_V2"],
-                                             "family": "classification"}
+    assert written["models"]["resnet18"] == {
+        "enum": "ResNet18_Weights",
+        "default": "IMAGENET1K_V1",
+        "weights": ["IMAGENET1K_V1"],
+        "family": "classification",
+    }
+    assert written["models"]["resnet50"] == {
+        "enum": "ResNet50_Weights",
+        "default": "IMAGENET1K_V2",
+        "weights": ["IMAGENET1K_V1", "IMAGENET1K_V2"],
+        "family": "classification",
+    }
     assert written["models"]["quantized_resnet18"] == {
-        "enum": "ResNet18_QuantizedWeights", "default": "IMAGENET1K_FBGEMM_V1", "weights": ["IMAGENET1K_FBGEMM_V1"],
-        "family": "quantized"}
+        "enum": "ResNet18_QuantizedWeights",
+        "default": "IMAGENET1K_FBGEMM_V1",
+        "weights": ["IMAGENET1K_FBGEMM_V1"],
+        "family": "quantized",
+    }
     assert not list(cache.parent.glob("*.part"))
 
 
 def test_a_warm_cache_is_what_is_listed(cache, runner):
     _write(cache, {**_versions(), "models": TINY})
-    assert model_registry() == {"tinynet": ModelEntry(enum="TinyNet_Weights", default="V2", weights=("V1", "V2"),
-                                                      family="video")}
+    assert model_registry() == {
+        "tinynet": ModelEntry(enum="TinyNet_Weights", default="V2", weights=("V1", "V2"), family="video")
+    }
     result = runner.invoke(main, ["models"])
     assert (result.exit_code, result.stdout) == (0, "model    family  weights\ntinynet  video   V1 V2 (default V2)\n")
     result = runner.invoke(main, ["models", "--json"])
-    assert json.loads(result.stdout) == [{"model": "tinynet", "family": "video", "default": "V2",
-                                          "weights": ["V1", "V2"]}]
+    assert json.loads(result.stdout) == [
+        {"model": "tinynet", "family": "video", "default": "V2", "weights": ["V1", "V2"]}
+    ]
     assert runner.invoke(main, ["models", "--family", "detection"]).stdout == "model  family  weights\n"
     result = runner.invoke(main, ["models", "--family", "audio"])
     assert result.exit_code == 2 and "'audio' is not one of 'classification', 'detection'" in result.output
@@ -82,16 +101,19 @@ def test_weights_names_are_checked_against_the_cache(cache, tmp_path, monkeypatc
     monkeypatch.chdir(tmp_path)
     for path in ("w.pth", "V1"):  # paths are files that exist
         (tmp_path / path).write_bytes(b"weights")
-    assert [resolve_weights("tinynet", spec) for spec in ("default", " V1 ", "TinyNet_Weights.V2",
-                                                           "TinyNet_Weights.DEFAULT", "None", "w.pth", "./V1")] \
-        == ["DEFAULT", "V1", "V2", "DEFAULT", None, None, None]
+    assert [
+        resolve_weights("tinynet", spec)
+        for spec in ("default", " V1 ", "TinyNet_Weights.V2", "TinyNet_Weights.DEFAULT", "None", "w.pth", "./V1")
+    ] == ["DEFAULT", "V1", "V2", "DEFAULT", None, None, None]
     with pytest.raises(UnknownModelError) as caught:
         resolve_weights("tinynte", "none")
     assert str(caught.value) == "unknown model 'tinynte' (closest: tinynet). Hint: 'hookcli models' lists every model"
     with pytest.raises(UnknownWeightsError) as caught:
         resolve_weights("tinynet", "V3")
-    assert str(caught.value) == ("model 'tinynet' has no weights 'V3' (available: DEFAULT, V1, V2, none). "
-                                 "Hint: or pass a path to a .pth/.safetensors state dict")
+    assert str(caught.value) == (
+        "model 'tinynet' has no weights 'V3' (available: DEFAULT, V1, V2, none). "
+        "Hint: or pass a path to a .pth/.safetensors state dict"
+    )
     assert caught.value.exit_code == 2
 
 
@@ -102,8 +124,12 @@ def test_a_cache_for_other_versions_is_rebuilt(cache, stale):
     assert "tinynet" not in registry and registry["resnet18"].weights == ("IMAGENET1K_V1",)
     written = json.loads(cache.read_text())
     assert {key: written[key] for key in ("hookcli", "torchvision")} == _versions()
-    assert written["models"]["vgg16_bn"] == {"enum": "VGG16_BN_Weights", "default": "IMAGENET1K_V1",
-                                             "weights": ["IMAGENET1K_V1"], "family": "classification"}
+    assert written["models"]["vgg16_bn"] == {
+        "enum": "VGG16_BN_Weights",
+        "default": "IMAGENET1K_V1",
+        "weights": ["IMAGENET1K_V1"],
+        "family": "classification",
+    }
 
 
 def _tiny(**fields) -> dict:
@@ -211,11 +237,22 @@ def test_with_a_warm_cache_models_and_refusals_import_no_torch(cache, tmp_path, 
     monkeypatch.chdir(tmp_path)
     make_image(tmp_path / "img.png")
     (tmp_path / "resnet18-layer1.safetensors").write_bytes(b"earlier")
-    result = subprocess.run([sys.executable, "-c", _NO_TORCH, "models", "models --json",
-                             "extract -m resnet5 -l layer1 img.png",
-                             "extract -m resnet18 -w IMAGENET1K_V9 -l layer1 img.png -o out.safetensors",
-                             "extract -m resnet18 -l layer1 img.png"],
-                            capture_output=True, text=True, check=True, cwd=tmp_path)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _NO_TORCH,
+            "models",
+            "models --json",
+            "extract -m resnet5 -l layer1 img.png",
+            "extract -m resnet18 -w IMAGENET1K_V9 -l layer1 img.png -o out.safetensors",
+            "extract -m resnet18 -l layer1 img.png",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=tmp_path,
+    )
     lines = result.stdout.splitlines()
     rows = describe_models()
     assert len(lines) == 1 + len(rows) + len(json.dumps(rows, indent=2).splitlines()) + 1
@@ -234,49 +271,70 @@ def test_with_a_warm_cache_models_and_refusals_import_no_torch(cache, tmp_path, 
     ]
 
 
-@pytest.mark.parametrize("command, layers, existing", [
-    ("extract", ["layer1"], "resnet18-layer1.safetensors"),
-    ("extract", ["layer1", " layer1"], "resnet18-layer1.safetensors"),
-    ("extract", ["layer1", "fc=logits"], "resnet18-2layers.safetensors"),
-    ("grad", ["layer4=final"], "resnet18-final.grad.safetensors"),
-], ids=["one", "one twice", "two", "grad renamed"])
-def test_an_existing_default_output_is_refused_before_the_model_loads(runner, tmp_path, monkeypatch, make_image,
-                                                                       no_model, command, layers, existing):
+@pytest.mark.parametrize(
+    "command, layers, existing",
+    [
+        ("extract", ["layer1"], "resnet18-layer1.safetensors"),
+        ("extract", ["layer1", " layer1"], "resnet18-layer1.safetensors"),
+        ("extract", ["layer1", "fc=logits"], "resnet18-2layers.safetensors"),
+        ("grad", ["layer4=final"], "resnet18-final.grad.safetensors"),
+    ],
+    ids=["one", "one twice", "two", "grad renamed"],
+)
+def test_an_existing_default_output_is_refused_before_the_model_loads(
+    runner, tmp_path, monkeypatch, make_image, no_model, command, layers, existing
+):
     monkeypatch.chdir(tmp_path)
     make_image(tmp_path / "img.png")
     (tmp_path / existing).write_bytes(b"earlier")
     result = runner.invoke(main, [command, "-m", "resnet18", *(f"-l{layer}" for layer in layers), "img.png"])
     assert (result.exit_code, result.stderr) == (
-        2, f"Error: output '{existing}' already exists. Hint: add --force to overwrite it\n")
+        2,
+        f"Error: output '{existing}' already exists. Hint: add --force to overwrite it\n",
+    )
     assert (tmp_path / existing).read_bytes() == b"earlier"
 
 
-def test_a_default_output_named_by_a_glob_is_refused_once_the_model_has_loaded(runner, tmp_path, monkeypatch,
-                                                                              make_image):
+def test_a_default_output_named_by_a_glob_is_refused_once_the_model_has_loaded(
+    runner, tmp_path, monkeypatch, make_image
+):
     monkeypatch.chdir(tmp_path)
     make_image(tmp_path / "img.png")
     (tmp_path / "resnet18-layer1.safetensors").write_bytes(b"earlier")
     loads = []
     load_model = hookcli.models.loading.load_model
-    monkeypatch.setattr(hookcli.models.loading, "load_model", lambda *args, **kwargs: loads.append(args) or load_model(
-        *args, **kwargs))
+    monkeypatch.setattr(
+        hookcli.models.loading, "load_model", lambda *args, **kwargs: loads.append(args) or load_model(*args, **kwargs)
+    )
     result = runner.invoke(main, ["extract", "-m", "resnet18", "-w", "none", "-l", "lay?r1", "img.png"])
     assert (result.exit_code, result.stderr) == (
-        2, "Error: output 'resnet18-layer1.safetensors' already exists. Hint: add --force to overwrite it\n")
+        2,
+        "Error: output 'resnet18-layer1.safetensors' already exists. Hint: add --force to overwrite it\n",
+    )
     assert loads == [("resnet18", "none")]
 
 
-@pytest.mark.parametrize("args, message", [
-    (["-w", "IMAGENET1K_V9", "-l", "layer1"],
-     "Error: model 'resnet18' has no weights 'IMAGENET1K_V9' (available: DEFAULT, IMAGENET1K_V1, none). "
-     "Hint: or pass a path to a .pth/.safetensors state dict"),
-    (["-l", "layer1=a:b"], "Error: invalid key name in 'layer1=a:b'. Hint: names may not be empty or contain : @ #"),
-    (["-l", " "], "Error: empty layer selector ' '. Hint: give a path such as features.18"),
-], ids=["weights name", "key", "empty selector"])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["-w", "IMAGENET1K_V9", "-l", "layer1"],
+            "Error: model 'resnet18' has no weights 'IMAGENET1K_V9' (available: DEFAULT, IMAGENET1K_V1, none). "
+            "Hint: or pass a path to a .pth/.safetensors state dict",
+        ),
+        (
+            ["-l", "layer1=a:b"],
+            "Error: invalid key name in 'layer1=a:b'. Hint: names may not be empty or contain : @ #",
+        ),
+        (["-l", " "], "Error: empty layer selector ' '. Hint: give a path such as features.18"),
+    ],
+    ids=["weights name", "key", "empty selector"],
+)
 def test_names_are_refused_before_the_model_loads(runner, tmp_path, make_image, no_model, args, message):
     make_image(tmp_path / "img.png")
-    result = runner.invoke(main, ["extract", "-m", "resnet18", *args, str(tmp_path / "img.png"), "-o",
-                                  str(tmp_path / "out.safetensors")])
+    result = runner.invoke(
+        main, ["extract", "-m", "resnet18", *args, str(tmp_path / "img.png"), "-o", str(tmp_path / "out.safetensors")]
+    )
     assert (result.exit_code, result.stderr) == (2, message + "\n")
 
 
@@ -302,14 +360,37 @@ def test_a_weights_path_that_is_missing_or_empty_is_refused_before_torch(tmp_pat
     import sys
 
     (tmp_path / "empty.pth").write_bytes(b"")
-    script = ("import sys\nfrom hookcli.cli import main\n"
-              "try:\n    main(sys.argv[1:])\nexcept SystemExit as end:\n"
-              "    print('torch' in sys.modules, end.code)\n")
-    for weights, message in [("./nowhere.pth", "Error: weights file not found: 'nowhere.pth'. "
-                                                "Hint: check the path, or use --weights DEFAULT|none"),
-                             ("./empty.pth", "Error: weights file 'empty.pth' is empty.")]:
-        done = subprocess.run([sys.executable, "-c", script, "extract", "-m", "resnet18", "-w", weights, "-l",
-                               "layer1", str(photo), "-o", "x.safetensors"], capture_output=True, text=True,
-                              cwd=tmp_path)
+    script = (
+        "import sys\nfrom hookcli.cli import main\n"
+        "try:\n    main(sys.argv[1:])\nexcept SystemExit as end:\n"
+        "    print('torch' in sys.modules, end.code)\n"
+    )
+    for weights, message in [
+        (
+            "./nowhere.pth",
+            "Error: weights file not found: 'nowhere.pth'. Hint: check the path, or use --weights DEFAULT|none",
+        ),
+        ("./empty.pth", "Error: weights file 'empty.pth' is empty."),
+    ]:
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                script,
+                "extract",
+                "-m",
+                "resnet18",
+                "-w",
+                weights,
+                "-l",
+                "layer1",
+                str(photo),
+                "-o",
+                "x.safetensors",
+            ],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+        )
         assert done.stdout == "False 1\n"
         assert done.stderr.startswith(message)

@@ -17,15 +17,14 @@ from PIL import Image
 import hookcli
 from hookcli.cli import main
 from hookcli.errors import FeatureFileError, OutputExistsError, UsageProblem
-from hookcli.pictures.options import GridOptions
+from hookcli.events import Advanced, Note, Started, Wrote
 from hookcli.pictures.drawing import render_job
 from hookcli.pictures.grids import plan_grids
-from hookcli.pictures.html import page_name
-from hookcli.pictures.html import PAGE_WINDOW
+from hookcli.pictures.html import PAGE_WINDOW, page_name
+from hookcli.pictures.options import GridOptions
 from hookcli.pictures.reports import CONTENT_SECURITY_POLICY, DEFAULT_PAGE_SIZE, write_report
-from hookcli.events import Advanced, Note, Started, Wrote
-from hookcli.storage.shards import open_features
 from hookcli.storage.features import Features, write_safetensors
+from hookcli.storage.shards import open_features
 
 SMALL = {"weights": "none", "resize": 64, "crop": 64}
 
@@ -58,8 +57,10 @@ def _sections(page: Path, tag: str, css: str) -> dict[str, str]:
 
 
 def _pictures(text: str) -> list[np.ndarray]:
-    return [np.asarray(Image.open(io.BytesIO(base64.b64decode(data))).convert("RGB"))
-            for data in re.findall(r'<img src="data:image/png;base64,([^"]+)"', text)]
+    return [
+        np.asarray(Image.open(io.BytesIO(base64.b64decode(data))).convert("RGB"))
+        for data in re.findall(r'<img src="data:image/png;base64,([^"]+)"', text)
+    ]
 
 
 def _links(page: Path) -> dict[str, str]:
@@ -77,9 +78,13 @@ def test_a_shard_folder_is_paged_and_the_pages_link_to_each_other(folder, tmp_pa
     assert sorted(p.name for p in index.parent.iterdir()) == ["index.html", "page-00002.html", "page-00003.html"]
     pages = [index.parent / page_name(n) for n in (1, 2, 3)]
     assert [list(_sections(p, "section", "image")) for p in pages] == [
-        ["image-0", "image-1", "image-2"], ["image-3", "image-4", "image-5"], ["image-6"]]
+        ["image-0", "image-1", "image-2"],
+        ["image-3", "image-4", "image-5"],
+        ["image-6"],
+    ]
     assert list(_sections(pages[1], "article", "tensor")) == [
-        f"image-{row}-tensor-{k}" for row in (3, 4, 5) for k in (0, 1)]
+        f"image-{row}-tensor-{k}" for row in (3, 4, 5) for k in (0, 1)
+    ]
     assert [len(_pictures(p.read_text())) for p in pages] == [6, 6, 2]
     assert [_links(p) for p in pages] == [
         {"next": "page-00002.html", "last": "page-00003.html"},
@@ -87,7 +92,7 @@ def test_a_shard_folder_is_paged_and_the_pages_link_to_each_other(folder, tmp_pa
         {"first": "index.html", "prev": "page-00002.html"},
     ]
     text = pages[1].read_text()
-    assert f'<title>{folder} · hookcli report · page 2 of 3</title>' in text
+    assert f"<title>{folder} · hookcli report · page 2 of 3</title>" in text
     assert f'<meta http-equiv="Content-Security-Policy" content="{CONTENT_SECURITY_POLICY}">' in text
     assert '<a href="#image-4">Image 4: noise0.png</a>' in text  # the table of contents
     assert '<a href="#image-4-tensor-1">logits</a>' in text
@@ -150,7 +155,11 @@ def test_many_pages_link_to_a_window_of_nearby_pages(tmp_path):
     assert numbers == [17, 18, 19, 21, 22, 23] == [*range(20 - PAGE_WINDOW, 20), *range(21, 21 + PAGE_WINDOW)]
     assert '<span aria-current="page">20</span>' in pager and pager.count("…") == 2
     assert _links(index.parent / "page-00020.html") == {
-        "first": "index.html", "prev": "page-00019.html", "next": "page-00021.html", "last": "page-00040.html"}
+        "first": "index.html",
+        "prev": "page-00019.html",
+        "next": "page-00021.html",
+        "last": "page-00040.html",
+    }
 
 
 def test_the_summary_lists_the_source_rows_tensors_and_metadata(folder, tmp_path):
@@ -174,7 +183,8 @@ def test_long_lists_in_the_metadata_show_their_ends(tmp_path):
     text = write_report(features, tmp_path / "r", GridOptions(), page_size=12).read_text()
     listed = re.search(r'<tr><th>inputs</th><td><ol class="inner" start="0">(.*?)</ol>', text).group(1)
     assert re.findall(r'<li value="(\d+)">([^<]*)</li>', listed) == [
-        (str(n), f"/photos/{n:03d}.jpg") for n in (0, 1, 2, 3, 4, 10, 11)]
+        (str(n), f"/photos/{n:03d}.jpg") for n in (0, 1, 2, 3, 4, 10, 11)
+    ]
     assert '<li class="more">… 5 more …</li>' in listed
 
 
@@ -204,8 +214,12 @@ def test_statistics_and_most_active_channels_are_numpys(tmp_path):
             values = features.read(key, row).astype(np.float64)
             finite = values[np.isfinite(values)]
             stats, channels = _shown_values(articles[f"image-{row}-tensor-{number}"])
-            expected = {"min": finite.min(), "mean": finite.mean(), "max": finite.max(),
-                        "zeros": np.count_nonzero(values == 0) / values.size}
+            expected = {
+                "min": finite.min(),
+                "mean": finite.mean(),
+                "max": finite.max(),
+                "zeros": np.count_nonzero(values == 0) / values.size,
+            }
             if finite.size < values.size:
                 expected["NaN/inf"] = values.size - finite.size
             assert stats == expected
@@ -217,20 +231,27 @@ def test_statistics_and_most_active_channels_are_numpys(tmp_path):
 
 
 def test_targets_of_a_gradient_folder_are_shown_per_row(tmp_path, photo_path):
-    out = hookcli.grad("resnet18", "layer4", [photo_path, photo_path], output=f"{tmp_path}/g/", shard_size=1,
-                       target="top2", **SMALL)
+    out = hookcli.grad(
+        "resnet18", "layer4", [photo_path, photo_path], output=f"{tmp_path}/g/", shard_size=1, target="top2", **SMALL
+    )
     index = hookcli.report(out.parent, output=tmp_path / "r")
     sections = _sections(index, "section", "image")
     for row in (0, 1):
         with open_features(out.parent / f"features-{row:05d}.safetensors") as shard:
             [targets] = json.loads(shard.metadata["targets"])
-        shown = re.findall(r"<tr><td>(\d)</td><td>(\d+)</td><td>-</td><td>([-\d.]+)</td><td>([\d.]+)%</td></tr>",
-                           sections[f"image-{row}"])
-        assert shown == [(str(k + 1), str(t["class"]), f"{t['logit']:.2f}", f"{t['probability'] * 100:.1f}")
-                         for k, t in enumerate(targets)]
+        shown = re.findall(
+            r"<tr><td>(\d)</td><td>(\d+)</td><td>-</td><td>([-\d.]+)</td><td>([\d.]+)%</td></tr>",
+            sections[f"image-{row}"],
+        )
+        assert shown == [
+            (str(k + 1), str(t["class"]), f"{t['logit']:.2f}", f"{t['probability'] * 100:.1f}")
+            for k, t in enumerate(targets)
+        ]
         second = targets[1]["class"]
-        assert (f"F32, [512,2,2] per image · gradient of the target logit with respect to &#x27;layer4&#x27;, "
-                f"for target 2: class {second}</p>") in sections[f"image-{row}"]
+        assert (
+            f"F32, [512,2,2] per image · gradient of the target logit with respect to &#x27;layer4&#x27;, "
+            f"for target 2: class {second}</p>"
+        ) in sections[f"image-{row}"]
 
 
 def test_cams_are_drawn_over_the_photo_and_without_it_when_it_is_gone(tmp_path, photo_path):
@@ -242,16 +263,21 @@ def test_cams_are_drawn_over_the_photo_and_without_it_when_it_is_gone(tmp_path, 
     assert list(articles) == ["image-0-tensor-0", "image-0-tensor-1"]
     with open_features(cams) as features:
         [first, second] = json.loads(features.metadata["targets"])[0]
-    assert (f"F32, [2,2] per image · class-activation map (gradcam at &#x27;layer4&#x27;), for target 1: "
-            f"class {first['class']}") in articles["image-0-tensor-0"]
+    assert (
+        f"F32, [2,2] per image · class-activation map (gradcam at &#x27;layer4&#x27;), for target 1: "
+        f"class {first['class']}"
+    ) in articles["image-0-tensor-0"]
     [over_photo] = _pictures(articles["image-0-tensor-0"])
     assert len(np.unique(over_photo.reshape(-1, 3), axis=0)) > 2000  # a photo, not a 2x2 map
 
     photo.unlink()
     events = []
     index = hookcli.report(cams, output=tmp_path / "r2", progress=events.append)
-    assert [e for e in events if isinstance(e, Note)] == [Note(
-        f"CAMs are drawn without their photo where it cannot be read, first for image 0: image not found: '{photo}'")]
+    assert [e for e in events if isinstance(e, Note)] == [
+        Note(
+            f"CAMs are drawn without their photo where it cannot be read, first for image 0: image not found: '{photo}'"
+        )
+    ]
     [plain] = _pictures(_sections(index, "article", "tensor")["image-0-tensor-0"])
     assert len(np.unique(plain.reshape(-1, 3), axis=0)) < len(np.unique(over_photo.reshape(-1, 3), axis=0))
 
@@ -262,7 +288,8 @@ def test_targets_that_are_not_one_list_per_image_are_left_out_with_a_note(tmp_pa
     events = []
     text = write_report(features, tmp_path / "r", GridOptions(), progress=events.append).read_text()
     assert [e for e in events if isinstance(e, Note)] == [
-        Note("'odd' has targets that are not one list of objects per image; they are left out")]
+        Note("'odd' has targets that are not one list of objects per image; they are left out")
+    ]
     assert "<caption>Targets</caption>" not in text
     assert "F32, [3] per image · gradient of the target logit with respect to &#x27;x&#x27;</p>" in text
 
@@ -281,19 +308,38 @@ def test_images_by_index_name_and_range_are_shown_in_file_order(folder, tmp_path
     assert list(_sections(index, "section", "image")) == ["image-5", "image-6"]
 
 
-@pytest.mark.parametrize("options, message", [
-    ({"keys": "nope"}, "no tensor 'nope' in '{folder}' (closest: logits, layer1). Hint: 'hookcli info' lists the keys"),
-    ({"images": "9"}, "image index 9 is out of range: the file has 7 images. Hint: use 0 to 6, or an input file "
-                      "name"),
-    ({"images": "cat.jpg"}, "no image named 'cat.jpg' in the file. Hint: give a row index, a range A:B or an input's "
-                            "file name ('hookcli info' lists them)"),
-    ({"images": "9:12"}, "image range '9:12' selects no images: the file has 7 images. Hint: A:B takes rows A to "
-                         "B-1, as a Python slice does; the rows are 0 to 6"),
-    ({"images": "5:2"}, "image range '5:2' selects no images: the file has 7 images. Hint: A:B takes rows A to B-1, "
-                        "as a Python slice does; the rows are 0 to 6"),
-    ({"page_size": 0}, "page_size must be a whole number of at least 1, not 0. Hint: see --help for the values each "
-                       "option takes"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (
+            {"keys": "nope"},
+            "no tensor 'nope' in '{folder}' (closest: logits, layer1). Hint: 'hookcli info' lists the keys",
+        ),
+        (
+            {"images": "9"},
+            "image index 9 is out of range: the file has 7 images. Hint: use 0 to 6, or an input file name",
+        ),
+        (
+            {"images": "cat.jpg"},
+            "no image named 'cat.jpg' in the file. Hint: give a row index, a range A:B or an input's "
+            "file name ('hookcli info' lists them)",
+        ),
+        (
+            {"images": "9:12"},
+            "image range '9:12' selects no images: the file has 7 images. Hint: A:B takes rows A to "
+            "B-1, as a Python slice does; the rows are 0 to 6",
+        ),
+        (
+            {"images": "5:2"},
+            "image range '5:2' selects no images: the file has 7 images. Hint: A:B takes rows A to B-1, "
+            "as a Python slice does; the rows are 0 to 6",
+        ),
+        (
+            {"page_size": 0},
+            "page_size must be a whole number of at least 1, not 0. Hint: see --help for the values each option takes",
+        ),
+    ],
+)
 def test_bad_selections_are_refused_as_grid_refuses_them(folder, tmp_path, options, message):
     with pytest.raises(UsageProblem) as caught:
         hookcli.report(folder, output=tmp_path / "r", **options)
@@ -304,15 +350,19 @@ def test_bad_selections_are_refused_as_grid_refuses_them(folder, tmp_path, optio
 def test_a_report_needs_a_folder(folder):
     with pytest.raises(UsageProblem) as caught:
         hookcli.report(folder, output=None)
-    assert str(caught.value) == ("a report is a folder of pages and has no in-memory form. Hint: give output a "
-                                 "folder, or leave it out for <file stem>_report")
+    assert str(caught.value) == (
+        "a report is a folder of pages and has no in-memory form. Hint: give output a "
+        "folder, or leave it out for <file stem>_report"
+    )
 
 
 def test_an_empty_file_and_a_file_without_tensors_are_refused(tmp_path):
     (tmp_path / "empty.safetensors").write_bytes(b"")
     write_safetensors({}, {"format": "1"}, tmp_path / "none.safetensors")
-    for name, message in (("empty", "'{}' is empty. Hint: it holds no safetensors data"),
-                          ("none", "'{}' holds no tensors")):
+    for name, message in (
+        ("empty", "'{}' is empty. Hint: it holds no safetensors data"),
+        ("none", "'{}' holds no tensors"),
+    ):
         source = tmp_path / f"{name}.safetensors"
         with pytest.raises(FeatureFileError) as caught:
             hookcli.report(source, output=tmp_path / "r")
@@ -325,8 +375,9 @@ def test_an_existing_report_is_refused_unless_forced(folder, tmp_path):
     (out / "index.html").write_text("mine")
     with pytest.raises(OutputExistsError) as caught:
         hookcli.report(folder, output=out, page_size=3)
-    assert str(caught.value) == (f"'{out / 'index.html'}' already exists. Hint: add --force to overwrite, or "
-                                 "choose another folder with -o")
+    assert str(caught.value) == (
+        f"'{out / 'index.html'}' already exists. Hint: add --force to overwrite, or choose another folder with -o"
+    )
     assert sorted(p.name for p in out.iterdir()) == ["index.html"]
     hookcli.report(folder, output=out, page_size=3, force=True)
     assert (out / "index.html").read_text().startswith("<!DOCTYPE html>")
@@ -339,12 +390,17 @@ HOSTILE_NAME = "<svg onload=alert('x')>"  # a file name has no slash
 
 def test_names_keys_and_metadata_from_the_file_are_escaped(tmp_path):
     inputs = [f"/photos/{HOSTILE}/{HOSTILE_NAME}.jpg", "/photos/\x1b[31mred\n.jpg"]
-    metadata = {"inputs": json.dumps(inputs), "model": HOSTILE, "layers": json.dumps({HOSTILE: {"key": HOSTILE}}),
-                HOSTILE: '<img src="x" onerror="alert(1)">', "note": '["lone \\ud800 surrogate"]'}  # JSON: the escape
+    metadata = {
+        "inputs": json.dumps(inputs),
+        "model": HOSTILE,
+        "layers": json.dumps({HOSTILE: {"key": HOSTILE}}),
+        HOSTILE: '<img src="x" onerror="alert(1)">',
+        "note": '["lone \\ud800 surrogate"]',
+    }  # JSON: the escape
     path = tmp_path / "hostile.safetensors"
     write_safetensors({HOSTILE: torch.ones(2, 3, 4, 4), "plain": torch.zeros(2, 5)}, metadata, path)
     text = hookcli.report(path, output=tmp_path / "r").read_text(encoding="utf-8")
-    assert "<script" not in text and "<svg" not in text and "<img src=\"x\"" not in text and "\x1b" not in text
+    assert "<script" not in text and "<svg" not in text and '<img src="x"' not in text and "\x1b" not in text
     escaped = "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;"
     escaped_name = "&lt;svg onload=alert(&#x27;x&#x27;)&gt;"
     assert f"<h2>Image 0: {escaped_name}.jpg</h2>" in text
@@ -363,12 +419,14 @@ def test_the_command_prints_index_html_and_notes(runner, folder, tmp_path):
     partial = tmp_path / "partial"
     shutil.copytree(folder, partial)
     (partial / "features-00002.safetensors").unlink()
-    result = runner.invoke(main, ["report", str(partial), "-o", str(tmp_path / "r"), "--page-size", "3", "-k",
-                                  "layer1", "--top", "4"])
+    result = runner.invoke(
+        main, ["report", str(partial), "-o", str(tmp_path / "r"), "--page-size", "3", "-k", "layer1", "--top", "4"]
+    )
     assert result.exit_code == 0, result.output
     assert result.stdout == f"{tmp_path / 'r' / 'index.html'}\n"
-    assert result.stderr == (f"Note: '{partial}' holds 6 of its 7 inputs; run the same extract command again to "
-                             "complete it\n")
+    assert result.stderr == (
+        f"Note: '{partial}' holds 6 of its 7 inputs; run the same extract command again to complete it\n"
+    )
     assert sorted(p.name for p in (tmp_path / "r").iterdir()) == ["index.html", "page-00002.html"]
     assert len(_pictures((tmp_path / "r" / "page-00002.html").read_text())) == 3
 
@@ -377,8 +435,10 @@ def test_the_command_prints_index_html_and_notes(runner, folder, tmp_path):
     result = runner.invoke(main, ["report", str(odd), "-o", str(tmp_path / "o")])
     assert (result.exit_code, result.stdout) == (0, f"{tmp_path / 'o' / 'index.html'}\n")
     assert result.stderr == "Note: skipped 'odd' (shape [1, 2, 2, 2, 2, 2]): 5 dimensions per image\n"
-    assert "<li>skipped &#x27;odd&#x27; (shape [1, 2, 2, 2, 2, 2]): 5 dimensions per image</li>" in \
-        (tmp_path / "o" / "index.html").read_text()
+    assert (
+        "<li>skipped &#x27;odd&#x27; (shape [1, 2, 2, 2, 2, 2]): 5 dimensions per image</li>"
+        in (tmp_path / "o" / "index.html").read_text()
+    )
 
 
 def test_the_command_reads_stdin_into_report_and_refuses_to_overwrite(runner, folder, tmp_path, monkeypatch):
@@ -389,12 +449,14 @@ def test_the_command_reads_stdin_into_report_and_refuses_to_overwrite(runner, fo
     assert list(_sections(Path("report/index.html"), "section", "image")) == ["image-1"]
     result = runner.invoke(main, ["report", "-"], input=data)
     assert (result.exit_code, result.stdout) == (2, "")
-    assert result.stderr == ("Error: 'report/index.html' already exists. Hint: add --force to overwrite, or choose "
-                             "another folder with -o\n")
+    assert result.stderr == (
+        "Error: 'report/index.html' already exists. Hint: add --force to overwrite, or choose another folder with -o\n"
+    )
     result = runner.invoke(main, ["report", str(folder), "-k", "nope"])
     assert result.exit_code == 2
-    assert result.stderr == (f"Error: no tensor 'nope' in '{folder}' (closest: logits, layer1). Hint: 'hookcli info' "
-                             "lists the keys\n")
+    assert result.stderr == (
+        f"Error: no tensor 'nope' in '{folder}' (closest: logits, layer1). Hint: 'hookcli info' lists the keys\n"
+    )
     result = runner.invoke(main, ["report", str(folder)])
     assert (result.exit_code, result.stdout) == (0, "feats_report/index.html\n")
 
@@ -417,9 +479,18 @@ def _browser():
     from selenium.webdriver.chrome.service import Service
 
     options = webdriver.ChromeOptions()
-    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-                     "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                     "--window-size=1200,900", f"--user-data-dir={tempfile.mkdtemp(prefix='hookcli-chromium-')}"):
+    for argument in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--window-size=1200,900",
+        f"--user-data-dir={tempfile.mkdtemp(prefix='hookcli-chromium-')}",
+    ):
         options.add_argument(argument)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     return webdriver.Chrome(service=Service(executable_path="/usr/bin/chromedriver"), options=options)
@@ -437,7 +508,8 @@ def test_the_pages_render_in_a_browser(folder, tmp_path):
         headings = [h.text for h in driver.find_elements(By.CSS_SELECTOR, "section.image > h2")]
         assert headings == ["Image 0: grace_hopper.jpg", "Image 1: noise0.png", "Image 2: noise1.png"]
         pictures = driver.execute_script(
-            "return [...document.images].map(i => [i.complete, i.naturalWidth, i.naturalHeight]);")
+            "return [...document.images].map(i => [i.complete, i.naturalWidth, i.naturalHeight]);"
+        )
         assert len(pictures) == 6 and all(complete and width > 0 and height > 0 for complete, width, height in pictures)
         pixels = np.asarray(Image.open(io.BytesIO(driver.get_screenshot_as_png())).convert("RGB"))
         assert (pixels != 255).any(axis=2).mean() > 0.05  # text and tables, not a blank page
@@ -464,6 +536,7 @@ def test_a_report_that_fails_part_way_leaves_no_pages_and_no_folder(folder, tmp_
     shard.write_bytes(shard.read_bytes()[:1000])
     with pytest.raises(hookcli.HookcliError) as caught:
         hookcli.report(damaged, output=tmp_path / "r", page_size=2)
-    assert str(caught.value) == (f"'{shard}' is not a safetensors file. Hint: its first 8 bytes do not give a header "
-                                 "length that fits the file")
+    assert str(caught.value) == (
+        f"'{shard}' is not a safetensors file. Hint: its first 8 bytes do not give a header length that fits the file"
+    )
     assert not (tmp_path / "r").exists()

@@ -7,13 +7,13 @@ import torch
 from safetensors import safe_open
 
 import hookcli
-from hookcli.run.capture import COUNTING_FORWARD_FROM
 from hookcli.cli import main
 from hookcli.inputs.images import load_rgb
 from hookcli.models.loading import load_model
-from hookcli.run.settings import RunSettings
+from hookcli.run.capture import COUNTING_FORWARD_FROM
 from hookcli.run.forwards import EagerForward, FusedForward
 from hookcli.run.pipeline import iter_batches
+from hookcli.run.settings import RunSettings
 from hookcli.run.speed import FUSE_FROM, to_memory_format
 
 SMALL = {"resize": 64, "crop": 64}
@@ -107,8 +107,26 @@ def test_a_small_first_batch_learns_the_call_counts_from_itself(loaded, images, 
 
 def test_a_list_read_from_stdin_is_counted_before_the_choice(runner, many, tmp_path):
     out = tmp_path / "stdin.safetensors"
-    result = runner.invoke(main, ["extract", "-m", "resnet18", "-w", "none", "-l", "layer2", "--resize", "64",
-                                  "--crop", "64", "-o", str(out), "-"], input="".join(f"{p}\n" for p in many))
+    result = runner.invoke(
+        main,
+        [
+            "extract",
+            "-m",
+            "resnet18",
+            "-w",
+            "none",
+            "-l",
+            "layer2",
+            "--resize",
+            "64",
+            "--crop",
+            "64",
+            "-o",
+            str(out),
+            "-",
+        ],
+        input="".join(f"{p}\n" for p in many),
+    )
     assert result.exit_code == 0, result.output
     with safe_open(str(out), "pt") as handle:
         metadata = handle.metadata()

@@ -16,8 +16,24 @@ from hookcli.cli import main
 from hookcli.storage.index import read_index
 from hookcli.storage.shards import INDEX_NAME, ShardedFeatures
 
-ARGS = ["extract", "-m", "resnet18", "-w", "none", "-l", "layer2", "-l", "fc", "--resize", "32", "--crop", "32",
-        "-b", "2", "-q"]
+ARGS = [
+    "extract",
+    "-m",
+    "resnet18",
+    "-w",
+    "none",
+    "-l",
+    "layer2",
+    "-l",
+    "fc",
+    "--resize",
+    "32",
+    "--crop",
+    "32",
+    "-b",
+    "2",
+    "-q",
+]
 
 
 @pytest.fixture
@@ -42,12 +58,19 @@ def test_shards_and_index_round_trip(runner, tmp_path, many):
     assert result.exit_code == 0, result.output
     assert result.stdout == f"{folder / INDEX_NAME}\n"
     assert sorted(p.name for p in folder.iterdir()) == [
-        "features-00000.safetensors", "features-00001.safetensors", "features-00002.safetensors", INDEX_NAME]
+        "features-00000.safetensors",
+        "features-00001.safetensors",
+        "features-00002.safetensors",
+        INDEX_NAME,
+    ]
     header, shards = read_index(folder)
     assert (header["shard_size"], header["inputs"]) == (3, 7)
     assert header["metadata"]["model"] == "resnet18" and "inputs" not in header["metadata"]
     assert [(s["shard"], s["first"], s["count"], len(s["inputs"])) for s in shards] == [
-        (0, 0, 3, 3), (1, 3, 3, 3), (2, 6, 1, 1)]
+        (0, 0, 3, 3),
+        (1, 3, 3, 3),
+        (2, 6, 1, 1),
+    ]
     assert [p for s in shards for p in s["inputs"]] == [str(p) for p in many]
     with safe_open(str(folder / "features-00001.safetensors"), "pt") as handle:  # each shard is a whole file
         metadata = handle.metadata()
@@ -73,8 +96,9 @@ def test_grid_and_info_read_a_folder(runner, tmp_path, many):
     described = json.loads(result.stdout)
     assert [(t["key"], t["shape"]) for t in described["tensors"]] == [("layer2", [7, 128, 4, 4]), ("fc", [7, 1000])]
     assert described["metadata"]["shards"] == {"count": 4, "inputs_done": 7, "inputs": 7, "complete": True}
-    result = runner.invoke(main, ["grid", str(folder / INDEX_NAME), "-k", "layer2", "-i", "4", "-i", "06.png",
-                                  "-o", str(tmp_path / "g")])
+    result = runner.invoke(
+        main, ["grid", str(folder / INDEX_NAME), "-k", "layer2", "-i", "4", "-i", "06.png", "-o", str(tmp_path / "g")]
+    )
     assert result.exit_code == 0, result.output
     assert [Path(p).name for p in result.stdout.split()] == ["layer2__00004_04.png", "layer2__00006_06.png"]
 
@@ -105,8 +129,11 @@ def test_resume_after_an_interruption_computes_nothing_twice(runner, tmp_path, m
     seen.clear()
     monkeypatch.setattr(hookcli.run.capture.FeatureCapture, "run", real)
     counted = []
-    monkeypatch.setattr(hookcli.run.capture.FeatureCapture, "run",
-                        lambda self, batch: (counted.append(len(batch)), real(self, batch))[1])
+    monkeypatch.setattr(
+        hookcli.run.capture.FeatureCapture,
+        "run",
+        lambda self, batch: (counted.append(len(batch)), real(self, batch))[1],
+    )
     result = runner.invoke(main, args)
     assert result.exit_code == 0, result.output
     assert result.stderr == f"Continuing: 6 of 7 inputs are already in {folder}/\n"
@@ -128,8 +155,28 @@ def test_resume_after_kill_9_in_a_subprocess(tmp_path, make_image):
     folder.mkdir()
     paths = [make_image(folder / f"{i:03d}.png", size=(64, 64), seed=i) for i in range(40)]
     out = tmp_path / "feats"
-    common = [sys.executable, "-m", "hookcli", "extract", "-m", "vgg11", "-w", "none", "-l", "features.15",
-              "--resize", "64", "--crop", "64", "-b", "1", "-j", "0", "-q", str(folder)]
+    common = [
+        sys.executable,
+        "-m",
+        "hookcli",
+        "extract",
+        "-m",
+        "vgg11",
+        "-w",
+        "none",
+        "-l",
+        "features.15",
+        "--resize",
+        "64",
+        "--crop",
+        "64",
+        "-b",
+        "1",
+        "-j",
+        "0",
+        "-q",
+        str(folder),
+    ]
     command = [*common, "--shard-size", "4", "-o", f"{out}/"]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     index = out / INDEX_NAME
@@ -161,7 +208,8 @@ def test_a_different_run_in_the_same_folder_is_refused_unless_forced(runner, tmp
     assert result.exit_code == 2
     assert result.stderr == (
         f"Error: '{folder}/' holds a different run (it differs in: inputs, inputs_sha256, pool). Hint: run the same "
-        "command to continue it, add --force to replace it, or use another folder\n")
+        "command to continue it, add --force to replace it, or use another folder\n"
+    )
     result = runner.invoke(main, [*ARGS, "--pool", "avg", "--force", "-o", f"{folder}/", *map(str, many[:3])])
     assert result.exit_code == 0, result.output
     with ShardedFeatures(folder) as features:
@@ -183,14 +231,17 @@ def _broken(tmp_path, paths):
 def test_skip_mode_lists_unreadable_images_and_extracts_the_rest(runner, tmp_path, many):
     inputs = _broken(tmp_path, many)
     folder = tmp_path / "feats"
-    result = runner.invoke(main, [*ARGS, "--on-error", "skip", "--shard-size", "3", "-o", f"{folder}/",
-                                  *map(str, inputs)])
+    result = runner.invoke(
+        main, [*ARGS, "--on-error", "skip", "--shard-size", "3", "-o", f"{folder}/", *map(str, inputs)]
+    )
     assert result.exit_code == 0, result.output
     broken = inputs[3]
-    assert result.stderr == (f"Skipped: '{broken}' is not an image Pillow can read. Hint: check the file type; text "
-                             "or corrupt files cannot be used\n")
+    assert result.stderr == (
+        f"Skipped: '{broken}' is not an image Pillow can read. Hint: check the file type; text "
+        "or corrupt files cannot be used\n"
+    )
     _, shards = read_index(folder)
-    assert shards[1]["skipped"] == [{"input": str(broken), "error": result.stderr[len("Skipped: "):-1]}]
+    assert shards[1]["skipped"] == [{"input": str(broken), "error": result.stderr[len("Skipped: ") : -1]}]
     assert [p for s in shards for p in s["inputs"]] == [str(p) for p in many]
     with ShardedFeatures(folder) as features:
         assert features.shape("fc") == [7, 1000]
@@ -236,7 +287,8 @@ def test_a_single_file_too_big_for_memory_is_refused_before_allocating(runner, t
     assert result.stderr == (
         "Error: 7 images x 11.9 KiB of features = 83.3 KiB, more than half of this machine's 64.0 KiB, and one "
         "output file is built in memory. Hint: write shards with -o DIR/ (memory stays flat), or use --pool / "
-        "--dtype to store less\n")
+        "--dtype to store less\n"
+    )
     assert not out.exists()
     assert runner.invoke(main, [*ARGS, "-o", f"{tmp_path / 'shards'}/", *map(str, many)]).exit_code == 0
 
@@ -266,8 +318,9 @@ def test_only_the_missing_shard_is_computed_again_and_its_line_goes_back_in_orde
 def test_rows_read_in_ranges_across_shards(runner, tmp_path, many):
     expected, _ = _single_file(runner, tmp_path, many, "--dtype", "bfloat16")
     folder = tmp_path / "feats"
-    result = runner.invoke(main, [*ARGS, "--dtype", "bfloat16", "--shard-size", "2", "-o", f"{folder}/",
-                                  *map(str, many)])
+    result = runner.invoke(
+        main, [*ARGS, "--dtype", "bfloat16", "--shard-size", "2", "-o", f"{folder}/", *map(str, many)]
+    )
     assert result.exit_code == 0, result.output
     reference = expected["layer2"].float().numpy()
     with ShardedFeatures(folder) as features:

@@ -16,9 +16,9 @@ from safetensors.torch import save_file
 import hookcli
 from hookcli.cli import main
 from hookcli.errors import HookcliError, UnknownWeightsError, UsageProblem
+from hookcli.models.loaded import prefix_tokens
 from hookcli.models.loading import load_model
 from hookcli.models.specs import parse_model
-from hookcli.models.loaded import prefix_tokens
 
 timm = pytest.importorskip("timm")
 transformers = pytest.importorskip("transformers")
@@ -83,8 +83,15 @@ def _metadata(path) -> dict:
 
 def _tiny_vit(folder: Path, model_class, seed: int, **config) -> Path:
     """A tiny transformers ViT written by save_pretrained, with its image processor (squash to 64x64)."""
-    config = transformers.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-                                    image_size=64, patch_size=16, **config)
+    config = transformers.ViTConfig(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        image_size=64,
+        patch_size=16,
+        **config,
+    )
     torch.manual_seed(seed)
     model_class(config).save_pretrained(folder)
     transformers.ViTImageProcessor(size={"height": 64, "width": 64}).save_pretrained(folder)
@@ -99,16 +106,28 @@ def vit_folder(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def classifier_folder(tmp_path_factory) -> Path:
     labels = dict(enumerate(["cat", "dog", "fox"]))
-    return _tiny_vit(tmp_path_factory.mktemp("hf") / "tiny-vit-classifier", transformers.ViTForImageClassification,
-                     2, num_labels=3, id2label=labels, label2id={v: k for k, v in labels.items()})
+    return _tiny_vit(
+        tmp_path_factory.mktemp("hf") / "tiny-vit-classifier",
+        transformers.ViTForImageClassification,
+        2,
+        num_labels=3,
+        id2label=labels,
+        label2id={v: k for k, v in labels.items()},
+    )
 
 
 @pytest.fixture(scope="module")
 def clip_config(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("clip") / "TinyClip.json"
-    path.write_text(json.dumps({
-        "embed_dim": 32, "vision_cfg": {"image_size": 64, "layers": 2, "width": 64, "patch_size": 16, "head_width": 32},
-        "text_cfg": {"context_length": 16, "vocab_size": 100, "width": 32, "heads": 2, "layers": 1}}))
+    path.write_text(
+        json.dumps(
+            {
+                "embed_dim": 32,
+                "vision_cfg": {"image_size": 64, "layers": 2, "width": 64, "patch_size": 16, "head_width": 32},
+                "text_cfg": {"context_length": 16, "vocab_size": 100, "width": 32, "heads": 2, "layers": 1},
+            }
+        )
+    )
     return path
 
 
@@ -122,16 +141,19 @@ def factory_file(tmp_path) -> Path:
 # -- naming ---------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("text, source, name, label", [
-    ("timm:vit_small_patch16_224", "timm", "vit_small_patch16_224", "timm-vit_small_patch16_224"),
-    ("hf:facebook/dinov2-small", "hf", "facebook/dinov2-small", "hf-dinov2-small"),
-    ("hf:./exports/tiny/", "hf", "./exports/tiny/", "hf-tiny"),
-    ("open_clip:ViT-B-32", "open_clip", "ViT-B-32", "open_clip-ViT-B-32"),
-    ("open_clip:/configs/Tiny.json", "open_clip", "/configs/Tiny.json", "open_clip-Tiny"),
-    ("models/nets.py:make", "factory", "models/nets.py:make", "nets-make"),
-    ("my_lab.models:resnet_like", "factory", "my_lab.models:resnet_like", "models-resnet_like"),
-    ("resnet18", "torchvision", "resnet18", "resnet18"),
-])
+@pytest.mark.parametrize(
+    "text, source, name, label",
+    [
+        ("timm:vit_small_patch16_224", "timm", "vit_small_patch16_224", "timm-vit_small_patch16_224"),
+        ("hf:facebook/dinov2-small", "hf", "facebook/dinov2-small", "hf-dinov2-small"),
+        ("hf:./exports/tiny/", "hf", "./exports/tiny/", "hf-tiny"),
+        ("open_clip:ViT-B-32", "open_clip", "ViT-B-32", "open_clip-ViT-B-32"),
+        ("open_clip:/configs/Tiny.json", "open_clip", "/configs/Tiny.json", "open_clip-Tiny"),
+        ("models/nets.py:make", "factory", "models/nets.py:make", "nets-make"),
+        ("my_lab.models:resnet_like", "factory", "my_lab.models:resnet_like", "models-resnet_like"),
+        ("resnet18", "torchvision", "resnet18", "resnet18"),
+    ],
+)
 def test_a_model_value_names_its_source(text, source, name, label):
     spec = parse_model(text)
     assert (spec.source, spec.name, spec.label) == (source, name, label)
@@ -145,7 +167,8 @@ def test_a_torchscript_archive_is_refused_with_what_to_give_instead(runner, tmp_
     assert result.output == (
         f"Error: '{scripted}' is a TorchScript archive: its modules are compiled code that forward hooks cannot "
         "reach. Hint: give the Python model it was scripted from (timm:NAME, a torchvision name, or file.py:factory) "
-        "and its weights with --weights state_dict.pth\n")
+        "and its weights with --weights state_dict.pth\n"
+    )
 
 
 def test_a_torch_export_archive_is_refused(runner, tmp_path, photo):
@@ -154,19 +177,25 @@ def test_a_torch_export_archive_is_refused(runner, tmp_path, photo):
     torch.export.save(torch.export.export(module, (torch.zeros(1, 3, 8, 8),)), str(exported))
     result = runner.invoke(main, ["layers", "-m", str(exported)])
     assert result.exit_code == 2
-    assert result.output.startswith(f"Error: '{exported}' is a torch.export archive: its graph has no modules for "
-                                    "hooks to reach. Hint: give the Python model it was exported from")
+    assert result.output.startswith(
+        f"Error: '{exported}' is a torch.export archive: its graph has no modules for "
+        "hooks to reach. Hint: give the Python model it was exported from"
+    )
 
 
 def test_a_weights_file_or_a_bare_python_file_as_model_says_what_to_write(runner, tmp_path):
     weights = tmp_path / "w.pth"
     torch.save({"a": torch.zeros(1)}, weights)
     result = runner.invoke(main, ["layers", "-m", str(weights)])
-    assert result.output == (f"Error: '{weights}' is a weights file, not a model. Hint: name the architecture with "
-                             f"--model and pass the file as --weights {weights}\n")
+    assert result.output == (
+        f"Error: '{weights}' is a weights file, not a model. Hint: name the architecture with "
+        f"--model and pass the file as --weights {weights}\n"
+    )
     result = runner.invoke(main, ["layers", "-m", "nets.py"])
-    assert result.output == ("Error: 'nets.py' is a Python file but names no function to call. Hint: write "
-                             "nets.py:FUNCTION, where FUNCTION() returns the nn.Module\n")
+    assert result.output == (
+        "Error: 'nets.py' is a Python file but names no function to call. Hint: write "
+        "nets.py:FUNCTION, where FUNCTION() returns the nn.Module\n"
+    )
     assert result.exit_code == 2
 
 
@@ -177,8 +206,9 @@ def test_a_missing_package_names_the_extra_to_install(runner, monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "timm" else real(name, *a))
     result = runner.invoke(main, ["layers", "-m", "timm:resnet18"])
     assert result.exit_code == 1
-    assert result.output == ("Error: timm: models need the timm package, which is not installed. "
-                             "Hint: pip install \"hookcli[timm]\"\n")
+    assert result.output == (
+        'Error: timm: models need the timm package, which is not installed. Hint: pip install "hookcli[timm]"\n'
+    )
 
 
 # -- timm -----------------------------------------------------------------------------------------------------
@@ -215,12 +245,16 @@ def test_timm_pretrained_weights_come_from_the_local_hugging_face_cache(photo):
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(revision)
     try:
-        save_file({k: v.contiguous() for k, v in random.state_dict().items()},
-                  repo / "snapshots" / revision / "model.safetensors")
+        save_file(
+            {k: v.contiguous() for k, v in random.state_dict().items()},
+            repo / "snapshots" / revision / "model.safetensors",
+        )
         loaded = load_model("timm:test_vit", "DEFAULT")
         assert loaded.weights == {"source": "timm", "name": "test_vit.r160_in1k"}
-        assert all(torch.equal(a, b) for a, b in zip(loaded.module.state_dict().values(),
-                                                     random.state_dict().values(), strict=True))
+        assert all(
+            torch.equal(a, b)
+            for a, b in zip(loaded.module.state_dict().values(), random.state_dict().values(), strict=True)
+        )
         assert loaded.categories[:2] == ["tench", "goldfish"]
         assert load_model("timm:test_vit", "r160_in1k").weights == loaded.weights
     finally:
@@ -237,9 +271,13 @@ def test_timm_weights_that_are_not_cached_name_the_file_and_the_folder(runner):
         "Error: timm:test_vit2 is not in the local Hugging Face cache, and hookcli does not download: "
         f"model.safetensors of timm/test_vit2.r160_in1k belongs under {folder}/snapshots/<revision>/. Hint: run "
         f"'hf download timm/test_vit2.r160_in1k' where there is network and copy {folder} here (or set "
-        "HF_HUB_CACHE), or use --weights none\n")
-    with pytest.raises(UnknownWeightsError, match=r"timm:test_vit has no pretrained tag 'in22k' \(timm has: "
-                                                  r"r160_in1k\)"):
+        "HF_HUB_CACHE), or use --weights none\n"
+    )
+    with pytest.raises(
+        UnknownWeightsError,
+        match=r"timm:test_vit has no pretrained tag 'in22k' \(timm has: "
+        r"r160_in1k\)",
+    ):
         load_model("timm:test_vit", "in22k")
 
 
@@ -266,16 +304,32 @@ def test_unknown_timm_models_are_refused_with_the_closest(runner):
 def test_models_lists_timm_with_a_pattern_and_its_tags(runner):
     result = runner.invoke(main, ["models", "--source", "timm", "test_vit*", "--json"])
     rows = {row["model"]: row for row in json.loads(result.output)}
-    assert rows["timm:test_vit"] == {"model": "timm:test_vit", "family": "classification", "default": "r160_in1k",
-                                     "weights": ["r160_in1k"]}
+    assert rows["timm:test_vit"] == {
+        "model": "timm:test_vit",
+        "family": "classification",
+        "default": "r160_in1k",
+        "weights": ["r160_in1k"],
+    }
     assert rows["timm:test_vit4"]["weights"] == []
     table = runner.invoke(main, ["models", "--source", "timm", "test_vit4"]).output.splitlines()
     assert table[1].split() == ["timm:test_vit4", "classification", "none", "(random", "only)"]
 
 
 def test_timm_runs_into_a_shard_folder_and_resumes(runner, images, tmp_path):
-    arguments = ["extract", "-m", "timm:test_resnet", "-w", "none", "-l", "layer2", "--shard-size", "2",
-                 "-o", str(tmp_path / "out") + "/", *map(str, images)]
+    arguments = [
+        "extract",
+        "-m",
+        "timm:test_resnet",
+        "-w",
+        "none",
+        "-l",
+        "layer2",
+        "--shard-size",
+        "2",
+        "-o",
+        str(tmp_path / "out") + "/",
+        *map(str, images),
+    ]
     assert runner.invoke(main, arguments).exit_code == 0
     index = tmp_path / "out" / "index.jsonl"
     lines = index.read_text().splitlines()
@@ -298,10 +352,12 @@ def test_timm_bf16_and_channels_last_run_and_stay_close(photo):
 
 
 def test_an_untraceable_model_says_it_runs_unfused(photo, factory_file):
-    features = hookcli.extract(f"{factory_file}:branchy", "body.1", [photo] * 2, fuse=True, resize=40, crop=32,
-                               mean=0.5, std=0.5)
-    assert features.notes == ("--fuse: Branchy cannot be traced by torch.fx, so it runs unfused "
-                              "(the values are the same)",)
+    features = hookcli.extract(
+        f"{factory_file}:branchy", "body.1", [photo] * 2, fuse=True, resize=40, crop=32, mean=0.5, std=0.5
+    )
+    assert features.notes == (
+        "--fuse: Branchy cannot be traced by torch.fx, so it runs unfused (the values are the same)",
+    )
     assert features.metadata["fused"] == "0"
     plain = hookcli.extract("timm:test_vit", "blocks.0", [photo] * 2, weights="none", fuse=True)
     assert plain.notes == () and plain.metadata["fused"] == "0"  # one patch convolution: nothing worth a trace
@@ -312,8 +368,11 @@ def test_an_untraceable_model_says_it_runs_unfused(photo, factory_file):
 
 def test_hf_preprocessing_follows_the_image_processor(vit_folder, photo):
     loaded = load_model(f"hf:{vit_folder}", "DEFAULT")
-    assert (loaded.preprocess.resize, loaded.preprocess.crop, loaded.preprocess.mean) == ((64, 64), None,
-                                                                                         (0.5, 0.5, 0.5))
+    assert (loaded.preprocess.resize, loaded.preprocess.crop, loaded.preprocess.mean) == (
+        (64, 64),
+        None,
+        (0.5, 0.5, 0.5),
+    )
     image = Image.open(photo).convert("RGB")
     theirs = transformers.AutoImageProcessor.from_pretrained(vit_folder)(images=image, return_tensors="pt")
     torch.testing.assert_close(loaded.preprocess.to_transform()(image), theirs.pixel_values[0], atol=1e-6, rtol=0)
@@ -354,8 +413,9 @@ def test_hf_models_load_from_the_local_cache_by_id(vit_folder):
         assert loaded.weights == {"source": "hf", "repo": "lab/tiny-vit", "revision": revision}
         assert loaded.preprocess.resize == (64, 64)
         listed = hookcli.models.sources.list_source_models("hf", "lab/*")
-        assert listed == [{"model": "hf:lab/tiny-vit", "family": "classification", "default": "DEFAULT",
-                           "weights": ["DEFAULT"]}]
+        assert listed == [
+            {"model": "hf:lab/tiny-vit", "family": "classification", "default": "DEFAULT", "weights": ["DEFAULT"]}
+        ]
     finally:
         shutil.rmtree(repo)
 
@@ -370,10 +430,13 @@ def test_hf_models_not_cached_name_the_cache_folder(runner):
         "Error: hf:facebook/dinov2-small is not in the local Hugging Face cache, and hookcli does not download: "
         f"config.json of facebook/dinov2-small belongs under {folder}/snapshots/<revision>/. Hint: run 'hf download "
         f"facebook/dinov2-small' where there is network and copy {folder} here (or set HF_HUB_CACHE), or give "
-        "hf:/path/to/a/folder written by save_pretrained\n")
+        "hf:/path/to/a/folder written by save_pretrained\n"
+    )
     result = runner.invoke(main, ["layers", "-m", "hf:./no-such-folder"])
-    assert result.output == ("Error: './no-such-folder' (from hf:./no-such-folder) is not a folder. Hint: give a "
-                             "folder written by save_pretrained, or hf:ORG/NAME from the cache\n")
+    assert result.output == (
+        "Error: './no-such-folder' (from hf:./no-such-folder) is not a folder. Hint: give a "
+        "folder written by save_pretrained, or hf:ORG/NAME from the cache\n"
+    )
 
 
 def test_hf_classifier_grad_and_cam_use_its_logits_and_labels(classifier_folder, photo, tmp_path):
@@ -404,16 +467,21 @@ def test_hf_backbone_grad_says_its_targets_are_pooler_units(vit_folder, photo):
 
 
 def test_register_tokens_are_left_out_of_token_pictures(tmp_path, photo):
-    config = transformers.Dinov2WithRegistersConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                                    intermediate_size=64, image_size=64, patch_size=16,
-                                                    num_register_tokens=4)
+    config = transformers.Dinov2WithRegistersConfig(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        image_size=64,
+        patch_size=16,
+        num_register_tokens=4,
+    )
     folder = tmp_path / "dinov2-reg"
     transformers.Dinov2WithRegistersModel(config).save_pretrained(folder)
     loaded = load_model(f"hf:{folder}", "DEFAULT")
     assert loaded.prefix_tokens == 5
     assert any("no preprocessor_config.json" in note for note in loaded.notes)
-    written = hookcli.extract(loaded, "encoder.layer.1", photo, output=tmp_path / "f.safetensors", crop=64,
-                              resize=64)
+    written = hookcli.extract(loaded, "encoder.layer.1", photo, output=tmp_path / "f.safetensors", crop=64, resize=64)
     assert _metadata(written)["prefix_tokens"] == "5"
     with hookcli.open_features(written) as features:
         assert features.shape("encoder.layer.1") == [1, 21, 32]
@@ -474,9 +542,11 @@ def test_open_clip_pretrained_tags_are_checked_and_not_downloaded(runner):
     result = runner.invoke(main, ["layers", "-m", "open_clip:ViT-B-32", "-w", "openai"])
     folder = Path(constants.HF_HUB_CACHE) / "models--timm--vit_base_patch32_clip_224.openai"
     assert result.exit_code == 1
-    assert result.output.startswith("Error: open_clip:ViT-B-32 is not in the local Hugging Face cache, and hookcli "
-                                    "does not download: open_clip_model.safetensors of "
-                                    f"timm/vit_base_patch32_clip_224.openai belongs under {folder}/snapshots/")
+    assert result.output.startswith(
+        "Error: open_clip:ViT-B-32 is not in the local Hugging Face cache, and hookcli "
+        "does not download: open_clip_model.safetensors of "
+        f"timm/vit_base_patch32_clip_224.openai belongs under {folder}/snapshots/"
+    )
 
 
 def test_open_clip_cam_defaults_to_the_last_blocks_first_norm(clip_config, photo):
@@ -489,20 +559,40 @@ def test_open_clip_cam_defaults_to_the_last_blocks_first_norm(clip_config, photo
 # -- factories ------------------------------------------------------------------------------------------------
 
 
-def test_a_factory_file_runs_with_imagenet_defaults_and_says_so(runner, factory_file, photo, tmp_path,
-                                                                monkeypatch):
+def test_a_factory_file_runs_with_imagenet_defaults_and_says_so(runner, factory_file, photo, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     result = runner.invoke(main, ["extract", "-m", "nets.py:make", "-l", "1", str(photo)])
     assert result.exit_code == 0, result.output
-    assert "Note: nets.py:make: the factory gives no preprocessing, so what --resize, --crop, --mean and --std do " \
-           "not set is ImageNet's preprocessing (resize 256, crop 224, mean 0.485,0.456,0.406, std " \
-           "0.229,0.224,0.225)\n" in result.output
+    assert (
+        "Note: nets.py:make: the factory gives no preprocessing, so what --resize, --crop, --mean and --std do "
+        "not set is ImageNet's preprocessing (resize 256, crop 224, mean 0.485,0.456,0.406, std "
+        "0.229,0.224,0.225)\n" in result.output
+    )
     written = tmp_path / "nets-make-1.safetensors"
     metadata = _metadata(written)
     assert metadata["model"] == f"{factory_file}:make"
     assert json.loads(metadata["weights"])["source"] == "factory"
-    quiet = runner.invoke(main, ["extract", "-m", "nets.py:make", "-l", "1", "--resize", "64", "--crop", "56",
-                                 "--mean", "0.5", "--std", "0.5", "-o", "given.safetensors", str(photo)])
+    quiet = runner.invoke(
+        main,
+        [
+            "extract",
+            "-m",
+            "nets.py:make",
+            "-l",
+            "1",
+            "--resize",
+            "64",
+            "--crop",
+            "56",
+            "--mean",
+            "0.5",
+            "--std",
+            "0.5",
+            "-o",
+            "given.safetensors",
+            str(photo),
+        ],
+    )
     assert quiet.exit_code == 0 and "Note" not in quiet.output
 
 
@@ -527,13 +617,24 @@ def test_factory_weights_come_from_a_state_dict(factory_file, tmp_path):
     assert torch.equal(loaded.module[0].weight, module[0].weight)
 
 
-@pytest.mark.parametrize("function, message, code", [
-    ("broken", "Error: the factory {file}:broken failed: ValueError: no such checkpoint. Hint: run it in Python to "
-               "see where\n", 1),
-    ("not_a_module", "Error: the factory {file}:not_a_module returned str, not an nn.Module. Hint: return the model, "
-                     "or (model, preprocessing)\n", 1),
-    ("missing", "Error: {file} has no function 'missing'. Hint: define missing() returning the nn.Module\n", 2),
-])
+@pytest.mark.parametrize(
+    "function, message, code",
+    [
+        (
+            "broken",
+            "Error: the factory {file}:broken failed: ValueError: no such checkpoint. Hint: run it in Python to "
+            "see where\n",
+            1,
+        ),
+        (
+            "not_a_module",
+            "Error: the factory {file}:not_a_module returned str, not an nn.Module. Hint: return the model, "
+            "or (model, preprocessing)\n",
+            1,
+        ),
+        ("missing", "Error: {file} has no function 'missing'. Hint: define missing() returning the nn.Module\n", 2),
+    ],
+)
 def test_factory_failures_are_one_line(runner, factory_file, function, message, code):
     result = runner.invoke(main, ["layers", "-m", f"{factory_file}:{function}"])
     assert result.exit_code == code
@@ -541,16 +642,14 @@ def test_factory_failures_are_one_line(runner, factory_file, function, message, 
 
 
 def test_a_missing_factory_file_is_refused_before_torch(runner, tmp_path, no_model):
-    result = runner.invoke(main, ["extract", "-m", str(tmp_path / "gone.py") + ":make", "-l", "0",
-                                  str(tmp_path)])
+    result = runner.invoke(main, ["extract", "-m", str(tmp_path / "gone.py") + ":make", "-l", "0", str(tmp_path)])
     assert result.exit_code == 2
     assert result.output.startswith(f"Error: factory file '{tmp_path / 'gone.py'}' not found")
 
 
 def test_default_output_names_are_file_safe(runner, images, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    result = runner.invoke(main, ["extract", "-m", "timm:test_resnet", "-w", "none", "-l", "layer1",
-                                  str(images[0])])
+    result = runner.invoke(main, ["extract", "-m", "timm:test_resnet", "-w", "none", "-l", "layer1", str(images[0])])
     assert result.exit_code == 0, result.output
     assert result.output.splitlines()[-1] == "timm-test_resnet-layer1.safetensors"
 
@@ -568,18 +667,24 @@ def test_an_unknown_source_prefix_is_refused():
         parse_model("huggingface:facebook/dinov2-small")
 
 
-def test_a_relative_folder_is_recorded_absolute_and_the_model_itself_as_dot(vit_folder, photo, tmp_path,
-                                                                            monkeypatch, runner):
+def test_a_relative_folder_is_recorded_absolute_and_the_model_itself_as_dot(
+    vit_folder, photo, tmp_path, monkeypatch, runner
+):
     monkeypatch.chdir(vit_folder.parent)
     written = tmp_path / "f.safetensors"
-    result = runner.invoke(main, ["extract", "-m", f"hf:./{vit_folder.name}", "-l", ".", "-l", "layers.0",
-                                  "-o", str(written), str(photo)])
+    result = runner.invoke(
+        main, ["extract", "-m", f"hf:./{vit_folder.name}", "-l", ".", "-l", "layers.0", "-o", str(written), str(photo)]
+    )
     assert result.exit_code == 0, result.output
     metadata = _metadata(written)
     assert metadata["model"] == f"hf:{vit_folder}"
     layers = json.loads(metadata["layers"])
-    assert layers["."] == {"key": "output", "type": "ViTModel", "calls": 1,
-                           "keys": ["output#last_hidden_state", "output#pooler_output"]}
+    assert layers["."] == {
+        "key": "output",
+        "type": "ViTModel",
+        "calls": 1,
+        "keys": ["output#last_hidden_state", "output#pooler_output"],
+    }
     report = runner.invoke(main, ["report", str(written), "-o", str(tmp_path / "report")])
     assert report.exit_code == 0, report.output
     page = (tmp_path / "report" / "index.html").read_text()
@@ -605,8 +710,9 @@ def test_channels_last_outputs_pool_and_draw_by_their_channels(photo, tmp_path):
 
 
 def test_dinov2_backbone_takes_gradients_of_its_pooled_output(tmp_path, photo):
-    config = transformers.Dinov2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                       intermediate_size=64, image_size=64, patch_size=16)
+    config = transformers.Dinov2Config(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=64, patch_size=16
+    )
     folder = tmp_path / "dinov2"
     transformers.Dinov2Model(config).save_pretrained(folder)
     loaded = load_model(f"hf:{folder}", "DEFAULT")
@@ -631,8 +737,11 @@ def test_timm_norms_with_their_activation_inside_fuse(photo):
 def test_a_torchscript_file_as_weights_is_named_as_such(tmp_path):
     scripted = tmp_path / "net_script.pt"
     torch.jit.script(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3))).save(str(scripted))
-    with pytest.raises(HookcliError, match=r"weights file '.*net_script.pt' is a TorchScript archive, not a state "
-                                           r"dict\. Hint: save model.state_dict\(\) of the model it came from"):
+    with pytest.raises(
+        HookcliError,
+        match=r"weights file '.*net_script.pt' is a TorchScript archive, not a state "
+        r"dict\. Hint: save model.state_dict\(\) of the model it came from",
+    ):
         load_model("timm:test_resnet", str(scripted))
 
 
@@ -673,43 +782,68 @@ def test_resize_on_a_squashing_model_squashes_and_untrusted_processor_files_fall
     assert (cropped.settings.preprocess.resize, cropped.settings.preprocess.crop) == (72, 64)
     broken = tmp_path / "broken"
     shutil.copytree(vit_folder, broken)
-    for text in ('[1, 2]', '{"size": "big"}', '{"size": {"height": 64, "width": 64}, "image_mean": [0.5, 0.5], '
-                 '"image_std": [0.5, 0.5, 0.5]}', '{"size": {"shortest_edge": 64}, "crop_pct": 0}'):
+    for text in (
+        "[1, 2]",
+        '{"size": "big"}',
+        '{"size": {"height": 64, "width": 64}, "image_mean": [0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}',
+        '{"size": {"shortest_edge": 64}, "crop_pct": 0}',
+    ):
         (broken / "preprocessor_config.json").write_text(text)
         loaded = load_model(f"hf:{broken}", "none")
         assert (loaded.preprocess.resize, loaded.preprocess.crop) == (73, 64)  # ImageNet's, at its 64 pixels
         assert loaded.notes[0].startswith(f"hf:{broken}: its preprocessor_config.json cannot be used (")
     (broken / "preprocessor_config.json").unlink()
-    (broken / "processor_config.json").write_text(json.dumps({"image_processor": {
-        "size": {"shortest_edge": 72}, "do_center_crop": True, "crop_size": {"height": 64, "width": 64},
-        "image_mean": [0.1, 0.2, 0.3], "image_std": [0.5, 0.5, 0.5], "resample": 3}}))
+    (broken / "processor_config.json").write_text(
+        json.dumps(
+            {
+                "image_processor": {
+                    "size": {"shortest_edge": 72},
+                    "do_center_crop": True,
+                    "crop_size": {"height": 64, "width": 64},
+                    "image_mean": [0.1, 0.2, 0.3],
+                    "image_std": [0.5, 0.5, 0.5],
+                    "resample": 3,
+                }
+            }
+        )
+    )
     loaded = load_model(f"hf:{broken}", "none")
     assert (loaded.preprocess.resize, loaded.preprocess.crop, loaded.preprocess.mean) == (72, 64, (0.1, 0.2, 0.3))
     assert loaded.notes == ()
 
 
 def test_transformers_classifiers_and_clip_towers_count_their_prefix_tokens():
-    small = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
-             "image_size": 64, "patch_size": 16}
+    small = {
+        "hidden_size": 32,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "intermediate_size": 64,
+        "image_size": 64,
+        "patch_size": 16,
+    }
     deit = transformers.DeiTForImageClassificationWithTeacher(transformers.DeiTConfig(**small))
     registers = transformers.Dinov2WithRegistersForImageClassification(
-        transformers.Dinov2WithRegistersConfig(num_register_tokens=4, **small))
+        transformers.Dinov2WithRegistersConfig(num_register_tokens=4, **small)
+    )
     clip = transformers.CLIPVisionModel(transformers.CLIPVisionConfig(**small))
     assert [prefix_tokens(m) for m in (deit, registers, clip)] == [2, 5, 1]
 
 
 def test_a_factory_that_exits_is_an_error_not_an_exit(runner, tmp_path):
-    (tmp_path / "train.py").write_text("import argparse\nargparse.ArgumentParser().parse_args(['--epochs', '3'])\n"
-                                       "def make():\n    pass\n")  # a training script parsing its own options
+    (tmp_path / "train.py").write_text(
+        "import argparse\nargparse.ArgumentParser().parse_args(['--epochs', '3'])\ndef make():\n    pass\n"
+    )  # a training script parsing its own options
     result = runner.invoke(main, ["layers", "-m", f"{tmp_path / 'train.py'}:make"])
     assert result.exit_code == 1
-    assert result.output.splitlines()[-1] == ("Error: running train.py failed: SystemExit: 2. Hint: run it in Python "
-                                              "to see where")
+    assert result.output.splitlines()[-1] == (
+        "Error: running train.py failed: SystemExit: 2. Hint: run it in Python to see where"
+    )
 
 
 def test_a_tag_named_twice_differently_is_refused_and_an_edited_factory_runs_anew(tmp_path):
-    with pytest.raises(UsageProblem, match="timm:test_vit.r160_in1k names the tag 'r160_in1k', and --weights names "
-                                           "another, 'in22k'"):
+    with pytest.raises(
+        UsageProblem, match="timm:test_vit.r160_in1k names the tag 'r160_in1k', and --weights names another, 'in22k'"
+    ):
         load_model("timm:test_vit.r160_in1k", "in22k")
     factory = tmp_path / "edited.py"
     factory.write_text("import torch.nn as nn\ndef make():\n    return nn.Conv2d(3, 2, 1)\n")
@@ -729,6 +863,8 @@ def test_transformers_logging_is_left_as_it_was(vit_folder):
 
 def test_compile_with_the_model_itself_runs_eagerly_and_says_why(photo):
     features = hookcli.extract("resnet18", [".", "layer1"], photo, weights="none", compile=True, resize=64, crop=64)
-    assert features.notes == ("--compile: the model's own output ('.') is caught by a hook, which a compiled graph "
-                              "does not keep; running eagerly",)
+    assert features.notes == (
+        "--compile: the model's own output ('.') is caught by a hook, which a compiled graph "
+        "does not keep; running eagerly",
+    )
     assert features["output"].shape == (1, 1000)

@@ -46,8 +46,9 @@ def test_bf16_compute_is_recorded_and_close(runner, images, tmp_path):
     assert fast["layer3"].dtype == torch.float32  # computed in bf16, stored as asked
     for key in ("layer3", "fc"):
         assert 0 < _relative_error(fast[key], exact[key]) < 0.03
-    stored, metadata, _ = _run(runner, tmp_path, "bf16-stored", "-l", "fc", "--precision", "bf16", "--dtype",
-                               "bfloat16", *paths)
+    stored, metadata, _ = _run(
+        runner, tmp_path, "bf16-stored", "-l", "fc", "--precision", "bf16", "--dtype", "bfloat16", *paths
+    )
     assert stored["fc"].dtype == torch.bfloat16
 
 
@@ -66,8 +67,7 @@ def test_fp16_error_through_the_cli(runner, images):
 def test_compiled_forward_equals_eager(runner, images, tmp_path):
     paths = list(map(str, images))
     eager, _, _ = _run(runner, tmp_path, "eager", "-l", "layer2.0.bn2", "-l", "avgpool", *paths)
-    compiled, _, result = _run(runner, tmp_path, "compiled", "-l", "layer2.0.bn2", "-l", "avgpool", "--compile",
-                               *paths)
+    compiled, _, result = _run(runner, tmp_path, "compiled", "-l", "layer2.0.bn2", "-l", "avgpool", "--compile", *paths)
     assert result.stderr == ""  # no fallback note: the compiled graph ran
     for key in eager:  # bn2 is followed by `out += identity`: the copy in the graph keeps BatchNorm's values
         torch.testing.assert_close(compiled[key], eager[key], rtol=1e-5, atol=1e-5)
@@ -76,11 +76,13 @@ def test_compiled_forward_equals_eager(runner, images, tmp_path):
 
 def test_compile_falls_back_with_a_note_where_hooks_are_needed(runner, images, tmp_path):
     tensors, _, result = _run(runner, tmp_path, "fallback", "-l", "layer1.0.relu", "--compile", str(images[0]))
-    assert result.stderr == ("Note: --compile: layer1.0.relu runs 2 times per forward, which needs hooks; "
-                             "running eagerly\n")
+    assert result.stderr == (
+        "Note: --compile: layer1.0.relu runs 2 times per forward, which needs hooks; running eagerly\n"
+    )
     assert sorted(tensors) == ["layer1.0.relu:0", "layer1.0.relu:1"]
-    result = runner.invoke(main, ["grad", *ARGS[1:], "-l", "layer4", "--compile", "-o",
-                                  str(tmp_path / "g.safetensors"), str(images[0])])
+    result = runner.invoke(
+        main, ["grad", *ARGS[1:], "-l", "layer4", "--compile", "-o", str(tmp_path / "g.safetensors"), str(images[0])]
+    )
     assert result.exit_code == 0, result.output
     assert result.stderr == "Note: --compile: gradients need the eager graph with hooks; running eagerly\n"
 

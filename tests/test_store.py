@@ -59,8 +59,10 @@ def test_rows_read_in_one_go_match_row_by_row_reads(tmp_path, monkeypatch):
     from hookcli.storage.features import FeatureFile, Features
 
     generator = torch.Generator().manual_seed(0)
-    tensors = {"half": torch.randn(9, 4, 3, generator=generator).bfloat16(),
-               "ints": torch.arange(27, dtype=torch.int16).reshape(9, 3)}
+    tensors = {
+        "half": torch.randn(9, 4, 3, generator=generator).bfloat16(),
+        "ints": torch.arange(27, dtype=torch.int16).reshape(9, 3),
+    }
     write_safetensors(tensors, {"format": "1"}, tmp_path / "f.safetensors")
     arrays = {k: v.float().numpy() if v.is_floating_point() else v.numpy() for k, v in tensors.items()}
     with FeatureFile(tmp_path / "f.safetensors") as stored, Features(arrays, {}) as memory:

@@ -96,10 +96,14 @@ def test_frame_count_of_a_frame_folder_ignores_other_files(frame_folder):
 
 def test_frame_count_does_not_trust_the_header_of_a_truncated_mp4(tmp_path):
     # With its index at the front, a cut MP4 still says 24 frames in its header, but holds only 12.
-    whole = write_video(tmp_path / "whole.mp4", "libx264rgb", options={"qp": "0", "bf": "0"},
-                        container_options={"movflags": "faststart"})
+    whole = write_video(
+        tmp_path / "whole.mp4",
+        "libx264rgb",
+        options={"qp": "0", "bf": "0"},
+        container_options={"movflags": "faststart"},
+    )
     cut = tmp_path / "cut.mp4"
-    cut.write_bytes(whole.read_bytes()[:packet_offsets(whole)[12]])
+    cut.write_bytes(whole.read_bytes()[: packet_offsets(whole)[12]])
     with av.open(str(cut)) as container:
         assert container.streams.video[0].frames == FRAMES
     assert frame_count(cut) == 12
@@ -111,7 +115,7 @@ def test_frame_count_does_not_trust_the_header_of_a_truncated_mp4(tmp_path):
 
 def test_a_truncated_mkv_gives_the_frames_it_still_holds(videos, tmp_path):
     cut = tmp_path / "cut.mkv"
-    cut.write_bytes(videos["mkv"].read_bytes()[:packet_offsets(videos["mkv"])[10] + 10])
+    cut.write_bytes(videos["mkv"].read_bytes()[: packet_offsets(videos["mkv"])[10] + 10])
     assert frame_count(cut) == 10
     np.testing.assert_array_equal(read_frames(cut, range(10)), written_frames(10))
 
@@ -119,28 +123,34 @@ def test_a_truncated_mkv_gives_the_frames_it_still_holds(videos, tmp_path):
 # Choosing frames
 
 
-@pytest.mark.parametrize("count, length, stride, clips, expected", [
-    (24, 8, 2, 2, [(0, 2, 4, 6, 8, 10, 12, 14), (9, 11, 13, 15, 17, 19, 21, 23)]),
-    (24, 4, 1, 1, [(10, 11, 12, 13)]),
-    (25, 4, 1, 1, [(10, 11, 12, 13)]),
-    (24, 4, 3, 3, [(0, 3, 6, 9), (7, 10, 13, 16), (14, 17, 20, 23)]),
-    (10, 4, 1, None, [(0, 1, 2, 3), (4, 5, 6, 7)]),
-    (12, 3, 2, None, [(0, 2, 4), (5, 7, 9)]),
-    (4, 4, 1, None, [(0, 1, 2, 3)]),
-    (4, 4, 1, 3, [(0, 1, 2, 3)] * 3),
-    (5, 4, 1, 3, [(0, 1, 2, 3), (0, 1, 2, 3), (1, 2, 3, 4)]),
-    (24, 1, 1, 4, [(0,), (7,), (15,), (23,)]),
-])
+@pytest.mark.parametrize(
+    "count, length, stride, clips, expected",
+    [
+        (24, 8, 2, 2, [(0, 2, 4, 6, 8, 10, 12, 14), (9, 11, 13, 15, 17, 19, 21, 23)]),
+        (24, 4, 1, 1, [(10, 11, 12, 13)]),
+        (25, 4, 1, 1, [(10, 11, 12, 13)]),
+        (24, 4, 3, 3, [(0, 3, 6, 9), (7, 10, 13, 16), (14, 17, 20, 23)]),
+        (10, 4, 1, None, [(0, 1, 2, 3), (4, 5, 6, 7)]),
+        (12, 3, 2, None, [(0, 2, 4), (5, 7, 9)]),
+        (4, 4, 1, None, [(0, 1, 2, 3)]),
+        (4, 4, 1, 3, [(0, 1, 2, 3)] * 3),
+        (5, 4, 1, 3, [(0, 1, 2, 3), (0, 1, 2, 3), (1, 2, 3, 4)]),
+        (24, 1, 1, 4, [(0,), (7,), (15,), (23,)]),
+    ],
+)
 def test_clip_frames(count, length, stride, clips, expected):
     assert clip_frames(count, length=length, stride=stride, clips=clips) == expected
 
 
-@pytest.mark.parametrize("count, clips, expected", [
-    (3, 1, [(0, 2, 2, 2)]),
-    (3, 2, [(0, 2, 2, 2)] * 2),
-    (3, None, [(0, 2, 2, 2)]),
-    (1, 1, [(0, 0, 0, 0)]),
-])
+@pytest.mark.parametrize(
+    "count, clips, expected",
+    [
+        (3, 1, [(0, 2, 2, 2)]),
+        (3, 2, [(0, 2, 2, 2)] * 2),
+        (3, None, [(0, 2, 2, 2)]),
+        (1, 1, [(0, 0, 0, 0)]),
+    ],
+)
 def test_a_video_shorter_than_a_clip_repeats_its_last_frame(count, clips, expected):
     assert clip_frames(count, length=4, stride=2, clips=clips) == expected
 
@@ -152,13 +162,16 @@ def test_pair_frames():
     assert pair_frames(0) == []
 
 
-@pytest.mark.parametrize("call, text", [
-    (lambda: clip_frames(24, length=0), "length must be a whole number of at least 1, not 0"),
-    (lambda: clip_frames(24, length=4, stride=0), "stride must be a whole number of at least 1, not 0"),
-    (lambda: clip_frames(24, length=4, clips=0), "clips must be a whole number of at least 1, not 0"),
-    (lambda: clip_frames(0, length=4), "count must be a whole number of at least 1, not 0"),
-    (lambda: pair_frames(5, stride=0), "stride must be a whole number of at least 1, not 0"),
-])
+@pytest.mark.parametrize(
+    "call, text",
+    [
+        (lambda: clip_frames(24, length=0), "length must be a whole number of at least 1, not 0"),
+        (lambda: clip_frames(24, length=4, stride=0), "stride must be a whole number of at least 1, not 0"),
+        (lambda: clip_frames(24, length=4, clips=0), "clips must be a whole number of at least 1, not 0"),
+        (lambda: clip_frames(0, length=4), "count must be a whole number of at least 1, not 0"),
+        (lambda: pair_frames(5, stride=0), "stride must be a whole number of at least 1, not 0"),
+    ],
+)
 def test_bad_clip_options_are_usage_problems(call, text):
     with pytest.raises(UsageProblem) as caught:
         call()
@@ -233,20 +246,22 @@ def test_a_text_file_named_mp4(tmp_path):
 def test_an_empty_file(tmp_path):
     path = tmp_path / "empty.mkv"
     path.write_bytes(b"")
-    expect_error(lambda: frame_count(path),
-                 f"video '{path}' is empty. Hint: the file holds no bytes; it may not be written yet")
+    expect_error(
+        lambda: frame_count(path), f"video '{path}' is empty. Hint: the file holds no bytes; it may not be written yet"
+    )
 
 
 def test_an_mp4_cut_before_its_index(videos, tmp_path):
     path = tmp_path / "cut.mp4"
     path.write_bytes(videos["mp4"].read_bytes()[:-2000])
-    expect_error(lambda: frame_count(path),
-                 f"cannot read video '{path}': Invalid data found when processing input. {DAMAGED}")
+    expect_error(
+        lambda: frame_count(path), f"cannot read video '{path}': Invalid data found when processing input. {DAMAGED}"
+    )
 
 
 def test_a_video_cut_before_its_first_frame(videos, tmp_path):
     path = tmp_path / "cut.mkv"
-    path.write_bytes(videos["mkv"].read_bytes()[:packet_offsets(videos["mkv"])[0] + 10])
+    path.write_bytes(videos["mkv"].read_bytes()[: packet_offsets(videos["mkv"])[0] + 10])
     expect_error(lambda: frame_count(path), f"video '{path}' has no frames. {DAMAGED}")
 
 
@@ -255,8 +270,9 @@ def test_a_file_without_video(tmp_path):
     with wave.open(str(path), "wb") as sound:
         sound.setnchannels(1), sound.setsampwidth(2), sound.setframerate(8000)
         sound.writeframes(b"\0\0" * 800)
-    expect_error(lambda: frame_count(path),
-                 f"'{path}' holds no video stream. Hint: pass a video file or a folder of frames")
+    expect_error(
+        lambda: frame_count(path), f"'{path}' holds no video stream. Hint: pass a video file or a folder of frames"
+    )
 
 
 def test_a_missing_file(tmp_path):
@@ -270,8 +286,10 @@ def test_a_fifo_is_refused_without_waiting_as_a_usage_problem(tmp_path):
     os.mkfifo(path)
     with pytest.raises(UsageProblem) as caught:
         frame_count(path)
-    assert str(caught.value) == (f"'{path}' is a FIFO (named pipe), not a regular file. "
-                                 "Hint: videos are read from regular files or folders of frames")
+    assert str(caught.value) == (
+        f"'{path}' is a FIFO (named pipe), not a regular file. "
+        "Hint: videos are read from regular files or folders of frames"
+    )
     assert caught.value.exit_code == 2
 
 
@@ -283,49 +301,63 @@ def test_a_fifo_among_the_videos_of_a_folder_is_not_left_out(tmp_path):
 
 def test_an_empty_folder(tmp_path):
     (tmp_path / "readme.txt").write_text("no frames here")
-    expect_error(lambda: frame_count(tmp_path),
-                 f"no frames found in folder '{tmp_path}'. Hint: frame images end in one of .bmp, .gif, .jfif, "
-                 ".jpeg, .jpg, .pbm, .pgm, .png, .ppm, .tif, .tiff, .webp")
+    expect_error(
+        lambda: frame_count(tmp_path),
+        f"no frames found in folder '{tmp_path}'. Hint: frame images end in one of .bmp, .gif, .jfif, "
+        ".jpeg, .jpg, .pbm, .pgm, .png, .ppm, .tif, .tiff, .webp",
+    )
 
 
 def test_frames_of_different_sizes(frame_folder):
     Image.new("RGB", (32, 30)).save(frame_folder / "frame3.png")
-    expect_error(lambda: read_frames(frame_folder, [0, 2]),
-                 f"frames in folder '{frame_folder}' differ in size: 'frame1.png' is 64x48, 'frame3.png' is 32x30. "
-                 "Hint: all frames of a video must be the same size")
+    expect_error(
+        lambda: read_frames(frame_folder, [0, 2]),
+        f"frames in folder '{frame_folder}' differ in size: 'frame1.png' is 64x48, 'frame3.png' is 32x30. "
+        "Hint: all frames of a video must be the same size",
+    )
 
 
 def test_a_damaged_frame_in_a_folder(frame_folder):
     path = frame_folder / "frame2.png"
     path.write_bytes(b"damaged")
-    expect_error(lambda: read_frames(frame_folder, [1]),
-                 f"'{path}' is not an image Pillow can read. "
-                 "Hint: check the file type; text or corrupt files cannot be used")
+    expect_error(
+        lambda: read_frames(frame_folder, [1]),
+        f"'{path}' is not an image Pillow can read. Hint: check the file type; text or corrupt files cannot be used",
+    )
 
 
 def test_frames_past_the_end(videos, frame_folder):
     path = videos["mkv"]
-    expect_error(lambda: read_frames(path, [3, 24]),
-                 f"video '{path}' ended after 24 frames; frame 24 was asked for. {DAMAGED}")
-    expect_error(lambda: read_frames(frame_folder, [12]),
-                 f"folder '{frame_folder}' has 12 frames; frame 12 was asked for. Hint: frames are numbered from 0")
+    expect_error(
+        lambda: read_frames(path, [3, 24]), f"video '{path}' ended after 24 frames; frame 24 was asked for. {DAMAGED}"
+    )
+    expect_error(
+        lambda: read_frames(frame_folder, [12]),
+        f"folder '{frame_folder}' has 12 frames; frame 12 was asked for. Hint: frames are numbered from 0",
+    )
 
 
 def test_too_few_frames_for_a_pair(tmp_path):
     path = write_video(tmp_path / "one.mkv", count=1)
-    expect_error(lambda: find_pairs(path),
-                 f"video '{path}' has 1 frame, too few for a pair 1 apart. "
-                 "Hint: optical flow needs at least two frames")
+    expect_error(
+        lambda: find_pairs(path),
+        f"video '{path}' has 1 frame, too few for a pair 1 apart. Hint: optical flow needs at least two frames",
+    )
     path = write_video(tmp_path / "three.mkv", count=3)
-    expect_error(lambda: find_pairs(path, stride=3),
-                 f"video '{path}' has 3 frames, too few for a pair 3 apart. Hint: use a smaller stride")
+    expect_error(
+        lambda: find_pairs(path, stride=3),
+        f"video '{path}' has 3 frames, too few for a pair 3 apart. Hint: use a smaller stride",
+    )
 
 
-@pytest.mark.parametrize("indices, text", [
-    ([], "no frames were asked for"),
-    ([0, -1], "frame indices must be whole numbers of at least 0, not -1"),
-    ([1.5], "frame indices must be whole numbers of at least 0, not 1.5"),
-])
+@pytest.mark.parametrize(
+    "indices, text",
+    [
+        ([], "no frames were asked for"),
+        ([0, -1], "frame indices must be whole numbers of at least 0, not -1"),
+        ([1.5], "frame indices must be whole numbers of at least 0, not 1.5"),
+    ],
+)
 def test_bad_indices_are_usage_problems(videos, indices, text):
     with pytest.raises(UsageProblem) as caught:
         read_frames(videos["mkv"], indices)
@@ -334,8 +366,10 @@ def test_bad_indices_are_usage_problems(videos, indices, text):
 
 def test_without_pyav(videos, monkeypatch):
     monkeypatch.setitem(sys.modules, "av", None)  # makes `import av` raise ImportError
-    expect_error(lambda: frame_count(videos["mkv"]),
-                 "reading video files needs PyAV, which is not installed. Hint: pip install 'hookcli[video]'")
+    expect_error(
+        lambda: frame_count(videos["mkv"]),
+        "reading video files needs PyAV, which is not installed. Hint: pip install 'hookcli[video]'",
+    )
 
 
 def test_video_suffixes():

@@ -8,10 +8,10 @@ from PIL import Image
 
 from hookcli.cli import main
 from hookcli.errors import UsageProblem
-from hookcli.pictures.options import GridOptions
 from hookcli.pictures.drawing import render_picture
-from hookcli.pictures.grids import plan_grids
 from hookcli.pictures.flow import FLOW_NAN_COLOR, flow_colours, flow_wheel
+from hookcli.pictures.grids import plan_grids
+from hookcli.pictures.options import GridOptions
 from hookcli.pictures.render import map_layout
 from hookcli.storage.features import Features, write_safetensors
 
@@ -68,14 +68,14 @@ def test_a_clip_is_a_row_of_frames_per_channel(runner, tmp_path):
     for channel in range(8):
         for frame in range(4):
             top, left = 1 + channel * 7, 1 + frame * 7
-            tile = pixels[top:top + 6, left:left + 6]
+            tile = pixels[top : top + 6, left : left + 6]
             assert (tile == round((4 * channel + frame) / 31 * 255)).all(), (channel, frame)
     assert (pixels[0] == 255).all() and (pixels[:, 7] == 255).all()  # padding lines
 
 
 def test_a_clip_picture_numbers_its_rows_and_columns_and_says_which_is_which(monkeypatch):
-    from hookcli.pictures.text import glyphs, _label_bitmap, label_size
     from hookcli.pictures.render import frame_layout
+    from hookcli.pictures.text import _label_bitmap, glyphs, label_size
 
     captions = _captions(monkeypatch)
     picture, notes = _picture({"clip": _clip().numpy()}, min_tile=6, padding=1)
@@ -87,11 +87,11 @@ def test_a_clip_picture_numbers_its_rows_and_columns_and_says_which_is_which(mon
     for frame in range(4):
         bitmap = _label_bitmap(str(frame), size)
         left = layout.margin + 1 + frame * (tile + 1) + 1
-        assert (picture.pixels[1:1 + bitmap.shape[0], left:left + bitmap.shape[1], 0] == bitmap).all()
+        assert (picture.pixels[1 : 1 + bitmap.shape[0], left : left + bitmap.shape[1], 0] == bitmap).all()
     for channel in (0, 7):
         bitmap = _label_bitmap(str(channel), size)
         top = layout.header + 1 + channel * (tile + 1) + 1
-        assert (picture.pixels[top:top + bitmap.shape[0], 2:2 + bitmap.shape[1], 0] == bitmap).all()
+        assert (picture.pixels[top : top + bitmap.shape[0], 2 : 2 + bitmap.shape[1], 0] == bitmap).all()
     assert captions == [["clip", "row00000", "[8, 4, 6, 6]", "channels 0-7", "rows: channels, columns: frames 0-3"]]
     assert notes == ()
 
@@ -110,10 +110,12 @@ def test_frame_2_is_drawn_as_the_channel_maps_of_that_frame(runner, tmp_path):
         assert np.array_equal(framed.pixels, sliced.pixels), options
     write_safetensors({"clip": clip}, {}, tmp_path / "clip.safetensors")
     write_safetensors({"clip": clip[:, :, 2].contiguous()}, {}, tmp_path / "frame.safetensors")
-    one = _grid(runner, tmp_path / "clip.safetensors", "--frame", "2", "--channels", "3:6", "--plain", "-o",
-                tmp_path / "a").stdout.strip()
-    other = _grid(runner, tmp_path / "frame.safetensors", "--channels", "3:6", "--plain", "-o",
-                  tmp_path / "b").stdout.strip()
+    one = _grid(
+        runner, tmp_path / "clip.safetensors", "--frame", "2", "--channels", "3:6", "--plain", "-o", tmp_path / "a"
+    ).stdout.strip()
+    other = _grid(
+        runner, tmp_path / "frame.safetensors", "--channels", "3:6", "--plain", "-o", tmp_path / "b"
+    ).stdout.strip()
     assert np.array_equal(_png(one), _png(other))
 
 
@@ -127,15 +129,18 @@ def test_a_frame_past_the_clip_names_the_frames_there_are(runner, tmp_path):
     source = tmp_path / "f.safetensors"
     write_safetensors({"clip": _clip(), "short": _clip(frames=2)[:, :3]}, {}, source)
     result = _grid(runner, source, "--frame", "3", "-o", tmp_path / "g")
-    assert result.stderr == "Note: skipped 'short' (shape [1, 3, 2, 6, 6]): --frame 3 is out of range: it has " \
-                            "2 frames (0-1)\n"
+    assert (
+        result.stderr == "Note: skipped 'short' (shape [1, 3, 2, 6, 6]): --frame 3 is out of range: it has "
+        "2 frames (0-1)\n"
+    )
     assert result.stdout == f"{tmp_path / 'g' / 'clip.frame3__00000_row00000.png'}\n"
     result = runner.invoke(main, ["grid", str(source), "--frame", "4", "-o", str(tmp_path / "h")])
     assert result.exit_code == 2
     assert result.output == (
         f"Error: nothing to draw in '{source}': 'clip' (shape [1, 8, 4, 6, 6]): --frame 4 is out of range: it has 4 "
         "frames (0-3); 'short' (shape [1, 3, 2, 6, 6]): --frame 4 is out of range: it has 2 frames (0-1). Hint: "
-        "'hookcli info' shows the shapes; choose other tensors (-k) or channels\n")
+        "'hookcli info' shows the shapes; choose other tensors (-k) or channels\n"
+    )
     assert not (tmp_path / "h").exists()
     result = runner.invoke(main, ["grid", str(source), "--frame", "-1"])
     assert result.exit_code == 2 and "'--frame': -1 is not in the range x>=0" in result.output
@@ -147,8 +152,9 @@ def test_frame_without_clips_draws_as_usual_and_says_it_chose_nothing(runner, tm
     source = tmp_path / "f.safetensors"
     write_safetensors({"x": torch.ones(1, 3, 5, 5)}, {}, source)
     result = _grid(runner, source, "--frame", "1", "-o", tmp_path / "g")
-    assert result.stderr == ("Note: --frame 1 chooses a frame of video clips ([C, T, H, W] per row), and none of "
-                             "the tensors has them\n")
+    assert result.stderr == (
+        "Note: --frame 1 chooses a frame of video clips ([C, T, H, W] per row), and none of the tensors has them\n"
+    )
     assert len(result.stdout.splitlines()) == 1
 
 
@@ -160,7 +166,7 @@ def test_a_clip_of_one_frame_is_that_frame():
 
 
 def test_pooled_clips_are_a_table_of_channels_by_frames():
-    values = (torch.arange(3, dtype=torch.float32)[None] * torch.arange(1, 6, dtype=torch.float32)[:, None])
+    values = torch.arange(3, dtype=torch.float32)[None] * torch.arange(1, 6, dtype=torch.float32)[:, None]
     picture, _ = _picture({"pooled": values.reshape(1, 5, 3, 1, 1)}, plain=True, min_tile=4, cmap="gray")
     assert picture.pixels.shape == (5 * 4, 3 * 4, 3)  # one cell of 4 px per value, no padding between
     assert (picture.pixels[::4, ::4, 0] == [0, 128, 255]).all()  # each channel over its own range
@@ -178,8 +184,10 @@ def test_overlay_skips_clips_with_a_note(runner, tmp_path, photo):
     source = tmp_path / "f.safetensors"
     write_safetensors({"clip": _clip(), "x": torch.rand(1, 4, 6, 6)}, {"inputs": f'["{photo}"]'}, source)
     result = _grid(runner, source, "--overlay", "-o", tmp_path / "g")
-    assert result.stderr == ("Note: skipped 'clip' (shape [1, 8, 4, 6, 6]): --overlay needs the photo the model saw, "
-                             "and a video clip's frames are not kept\n")
+    assert result.stderr == (
+        "Note: skipped 'clip' (shape [1, 8, 4, 6, 6]): --overlay needs the photo the model saw, "
+        "and a video clip's frames are not kept\n"
+    )
     assert [p.split("/")[-1] for p in result.stdout.split()] == ["x__00000_grace_hopper.overlay.png"]
 
 
@@ -190,21 +198,29 @@ def _flow(dx, dy):
     return np.array([[[dx]], [[dy]]], dtype=np.float32)
 
 
-@pytest.mark.parametrize("dx, dy, colour", [
-    (1, 0, (255, 0, 0)),  # right: the wheel's first hue, red
-    (0, 1, (255, 229, 0)),  # down (y runs down the picture): between wheel hues 13 and 14
-    (-1, 0, (0, 209, 255)),  # left: hue 27, (0, 255 - floor(2 * 255 / 11), 255)
-    (0, -1, (88, 0, 255)),  # up: between hues 40 and 41
-    (1, -0.0, (255, 0, 0)),  # a negative zero does not move right to the wheel's far end
-])
+@pytest.mark.parametrize(
+    "dx, dy, colour",
+    [
+        (1, 0, (255, 0, 0)),  # right: the wheel's first hue, red
+        (0, 1, (255, 229, 0)),  # down (y runs down the picture): between wheel hues 13 and 14
+        (-1, 0, (0, 209, 255)),  # left: hue 27, (0, 255 - floor(2 * 255 / 11), 255)
+        (0, -1, (88, 0, 255)),  # up: between hues 40 and 41
+        (1, -0.0, (255, 0, 0)),  # a negative zero does not move right to the wheel's far end
+    ],
+)
 def test_flow_colours_at_the_four_directions(dx, dy, colour):
     assert flow_colours(_flow(dx, dy))[0, 0].tolist() == list(colour)
 
 
 def test_length_goes_from_white_to_full_colour_and_nan_is_black():
     flow = np.array([[[4.0, 2.0, 0.0, np.nan, 1.0]], [[0.0, 0.0, 0.0, 0.0, np.inf]]])
-    assert flow_colours(flow)[0].tolist() == [[255, 0, 0], [255, 127, 127], [255, 255, 255], list(FLOW_NAN_COLOR),
-                                              list(FLOW_NAN_COLOR)]
+    assert flow_colours(flow)[0].tolist() == [
+        [255, 0, 0],
+        [255, 127, 127],
+        [255, 255, 255],
+        list(FLOW_NAN_COLOR),
+        list(FLOW_NAN_COLOR),
+    ]
     assert flow_colours(np.zeros((2, 3, 3))).min() == 255  # no motion: white, not a division by zero
 
 
@@ -273,11 +289,14 @@ def test_a_still_flow_field_is_white_with_a_note(runner, tmp_path):
 
 def test_overlay_skips_flow_fields_with_a_note(runner, tmp_path, photo):
     source = tmp_path / "f.safetensors"
-    write_safetensors({"flow": torch.rand(1, 2, 6, 6), "x": torch.rand(1, 4, 6, 6)},
-                      {**FLOW, "inputs": f'["{photo}"]'}, source)
+    write_safetensors(
+        {"flow": torch.rand(1, 2, 6, 6), "x": torch.rand(1, 4, 6, 6)}, {**FLOW, "inputs": f'["{photo}"]'}, source
+    )
     result = _grid(runner, source, "--overlay", "-o", tmp_path / "g")
-    assert result.stderr == ("Note: skipped 'flow' (shape [1, 2, 6, 6]): --overlay does not draw optical-flow "
-                             "fields (--flow-as-channels draws dx and dy as maps)\n")
+    assert result.stderr == (
+        "Note: skipped 'flow' (shape [1, 2, 6, 6]): --overlay does not draw optical-flow "
+        "fields (--flow-as-channels draws dx and dy as maps)\n"
+    )
 
 
 def test_report_draws_clips_and_flows_with_grids_options(runner, tmp_path):
@@ -285,8 +304,12 @@ def test_report_draws_clips_and_flows_with_grids_options(runner, tmp_path):
     write_safetensors({"clip": _clip()}, {}, source)
     flows = tmp_path / "flows.safetensors"
     write_safetensors({"flow": torch.rand(2, 2, 6, 6)}, FLOW, flows)
-    for path, rows, options in ((source, 1, ["--frame", "1"]), (source, 1, []), (flows, 2, []),
-                                (flows, 2, ["--flow-as-channels"])):
+    for path, rows, options in (
+        (source, 1, ["--frame", "1"]),
+        (source, 1, []),
+        (flows, 2, []),
+        (flows, 2, ["--flow-as-channels"]),
+    ):
         result = runner.invoke(main, ["report", str(path), "-o", str(tmp_path / "r"), "-f", *options])
         assert (result.exit_code, result.stderr) == (0, ""), result.output
         assert (tmp_path / "r" / "index.html").read_text().count('<img src="data:image/png;base64,') == rows
@@ -296,8 +319,10 @@ def test_one_frame_of_a_clip_is_named_apart_from_the_whole_clip(runner, tmp_path
     source = tmp_path / "f.safetensors"
     write_safetensors({"clip": _clip(), "flat": torch.ones(1, 4)}, {}, source)
     whole = _grid(runner, source, "-o", tmp_path / "g")
-    assert whole.stdout.splitlines() == [f"{tmp_path / 'g' / 'clip__00000_row00000.png'}",
-                                         f"{tmp_path / 'g' / 'flat__00000_row00000.png'}"]
+    assert whole.stdout.splitlines() == [
+        f"{tmp_path / 'g' / 'clip__00000_row00000.png'}",
+        f"{tmp_path / 'g' / 'flat__00000_row00000.png'}",
+    ]
     one = runner.invoke(main, ["grid", str(source), "--frame", "1", "-o", str(tmp_path / "g")])
     assert one.exit_code == 2 and "flat__00000_row00000.png' already exists" in one.output  # only clips change name
     one = _grid(runner, source, "--frame", "1", "-k", "clip", "-o", tmp_path / "g")

@@ -28,9 +28,18 @@ def _screenshot(page: Path, target: Path, work: Path) -> None:
 
     options = webdriver.ChromeOptions()
     options.binary_location = "/usr/bin/chromium"
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--window-size=1100,900", f"--user-data-dir={work / 'profile'}"):
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--window-size=1100,900",
+        f"--user-data-dir={work / 'profile'}",
+    ):
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service(executable_path="/usr/bin/chromedriver"), options=options)
     try:
@@ -55,8 +64,21 @@ def main() -> None:
         work = Path(folder)
         os.environ["TORCH_HOME"] = str(work / "torch")
         features = work / "vgg16_bn-features.18.safetensors"
-        _hookcli("extract", "-m", "vgg16_bn", "-w", "none", "-l", "features.18", "-l", "classifier.6=logits",
-                 photo, "-o", str(features), "-q")
+        _hookcli(
+            "extract",
+            "-m",
+            "vgg16_bn",
+            "-w",
+            "none",
+            "-l",
+            "features.18",
+            "-l",
+            "classifier.6=logits",
+            photo,
+            "-o",
+            str(features),
+            "-q",
+        )
         [grid] = _hookcli("grid", str(features), "-k", "features.18", "--channels", "0:32", "-o", str(work / "g"))
         shutil.copy(grid, IMAGES / "grid.png")
         written = _hookcli("cam", "-m", "resnet50", "-w", "none", photo, "-o", str(work / "cams"), "-q")

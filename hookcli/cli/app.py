@@ -9,11 +9,13 @@ import os
 import signal
 import sys
 import traceback
+
 import click
-from hookcli.version import __version__
+
+from hookcli.cli.declared import CONTEXT_SETTINGS
 from hookcli.console import Terminated, notes_and_sigterm, printable
 from hookcli.errors import HookcliError, first_line
-from hookcli.cli.declared import CONTEXT_SETTINGS
+from hookcli.version import __version__
 
 __all__ = ["main"]
 
@@ -69,9 +71,15 @@ class _HookcliGroup(click.Group):
         if not isinstance(err, click.NoSuchOption):
             return err.format_message()
         root = err.ctx.find_root().command_path if err.ctx else "hookcli"
-        owners = [f"'{root} {name}'" for name, command in self.commands.items()
-                  if any(err.option_name in (*p.opts, *p.secondary_opts)
-                         for p in command.params if isinstance(p, click.Option) and not p.hidden)]
+        owners = [
+            f"'{root} {name}'"
+            for name, command in self.commands.items()
+            if any(
+                err.option_name in (*p.opts, *p.secondary_opts)
+                for p in command.params
+                if isinstance(p, click.Option) and not p.hidden
+            )
+        ]
         if not owners:
             return err.format_message()
         listed = owners[0] if len(owners) == 1 else f"{', '.join(owners[:-1])} and {owners[-1]}"
@@ -91,7 +99,11 @@ def _set_debug(ctx: click.Context, param: click.Parameter, value: bool) -> None:
 @click.group(name="hookcli", cls=_HookcliGroup, context_settings=CONTEXT_SETTINGS)
 @click.version_option(__version__, prog_name="hookcli")
 @click.option(
-    "--debug", is_flag=True, expose_value=False, callback=_set_debug, is_eager=True,
+    "--debug",
+    is_flag=True,
+    expose_value=False,
+    callback=_set_debug,
+    is_eager=True,
     help="Show full tracebacks and warnings (also HOOKCLI_DEBUG=1).",
 )
 def main() -> None:

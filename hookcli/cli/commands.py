@@ -1,21 +1,34 @@
-"""The commands: each parses its options, calls :mod:`hookcli.api` and prints what it reports.
-"""
+"""The commands: each parses its options, calls :mod:`hookcli.api` and prints what it reports."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import sys
+
 import click
-from hookcli.run.capture import CAPTURE_KINDS
+
+from hookcli.cli.app import main
+from hookcli.cli.declared import (
+    CONTEXT_SETTINGS,
+    DEFAULTS,
+    LAYER_HELP,
+    REGION,
+    clip_options,
+    config_option,
+    grid_drawing_options,
+    model_options,
+    preprocess_options,
+    rows_output_options,
+    run_options,
+)
 from hookcli.console import printable, stdout_for_data
 from hookcli.errors import HookcliError
 from hookcli.families import FAMILIES
+from hookcli.models.specs import LISTED_SOURCES
+from hookcli.run.capture import CAPTURE_KINDS
 from hookcli.run.gradients import CAM_METHODS
 from hookcli.run.settings import POOLS
-from hookcli.models.specs import LISTED_SOURCES
-from hookcli.cli.declared import CONTEXT_SETTINGS, DEFAULTS, LAYER_HELP, REGION, grid_drawing_options, clip_options, config_option, model_options, preprocess_options, rows_output_options, run_options
-from hookcli.cli.app import main
 
 __all__ = ["cam", "extract", "grad", "grid", "info", "layers", "models", "report"]
 
@@ -42,8 +55,7 @@ class _Reporter:
             if not self.quiet and sys.stderr.isatty():
                 from tqdm import tqdm
 
-                self.bar = tqdm(total=event.total, initial=event.done, unit="img", file=sys.stderr,
-                                dynamic_ncols=True)
+                self.bar = tqdm(total=event.total, initial=event.done, unit="img", file=sys.stderr, dynamic_ncols=True)
         elif isinstance(event, Advanced) and self.bar is not None:
             self.bar.update(event.count)
         elif isinstance(event, Skipped):
@@ -65,9 +77,14 @@ def _run(ctx: click.Context, command: str, options: dict, *args) -> None:
     options["output"] = options["output"] or DEFAULT_OUTPUT
     to_stdout = options["output"] == "-" and command != "cam"  # stdout carries the file's bytes
     part = _launched_part()
-    with contextlib.closing(_Reporter(quiet or (part is not None and part.index > 0), echo_paths=not to_stdout,
-                                      launched=part is not None)) as reporter, \
-            stdout_for_data() if to_stdout else contextlib.nullcontext() as data:
+    with (
+        contextlib.closing(
+            _Reporter(
+                quiet or (part is not None and part.index > 0), echo_paths=not to_stdout, launched=part is not None
+            )
+        ) as reporter,
+        stdout_for_data() if to_stdout else contextlib.nullcontext() as data,
+    ):
         if data is not None:  # a model's own prints must not land among the file's bytes
             options["output"] = data
         getattr(hookcli.api, command)(model, *args, progress=reporter, **options)
@@ -85,8 +102,13 @@ def _launched_part():
 
 @main.command(context_settings=CONTEXT_SETTINGS)
 @click.argument("pattern", required=False)
-@click.option("--source", type=click.Choice(LISTED_SOURCES), default="torchvision", show_default=True,
-              help="Where the models come from.")
+@click.option(
+    "--source",
+    type=click.Choice(LISTED_SOURCES),
+    default="torchvision",
+    show_default=True,
+    help="Where the models come from.",
+)
 @click.option("--family", type=click.Choice(FAMILIES), help="Only the models of this family.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON array.")
 def models(pattern: str | None, source: str, family: str | None, as_json: bool) -> None:
@@ -180,27 +202,52 @@ def layers(model, weights, seed, input_size, frames, depth, as_json, as_nl) -> N
 @config_option
 @model_options
 @click.option("--layer", "-l", multiple=True, required=True, metavar="SELECTOR", help=LAYER_HELP)
-@click.option("--capture", type=click.Choice(CAPTURE_KINDS), default=DEFAULTS.capture, show_default=True,
-              help="What to save of each layer.")
+@click.option(
+    "--capture",
+    type=click.Choice(CAPTURE_KINDS),
+    default=DEFAULTS.capture,
+    show_default=True,
+    help="What to save of each layer.",
+)
 @preprocess_options
 @rows_output_options
-@click.option("--pool", type=click.Choice(POOLS),
-              help="Store global pooling: [N,C,H,W] -> [N,C] over H,W; tokens [N,T,D] -> [N,D] over T.")
+@click.option(
+    "--pool",
+    type=click.Choice(POOLS),
+    help="Store global pooling: [N,C,H,W] -> [N,C] over H,W; tokens [N,T,D] -> [N,D] over T.",
+)
 @click.option("--grid", metavar="DIR", help="Also render feature-map PNGs into DIR (as hookcli grid).")
-@click.option("--fuse/--no-fuse", default=DEFAULTS.fuse, show_default=True,
-              help="On the CPU, run each convolution outside the hooked layers together with its BatchNorm, "
-              "activation and residual add, as one kernel (equal to fp32 rounding); --no-fuse runs every module "
-              "as written. Default: fuse runs of 16 images or more, where the one-off cost of tracing the model "
-              "pays back.")
+@click.option(
+    "--fuse/--no-fuse",
+    default=DEFAULTS.fuse,
+    show_default=True,
+    help="On the CPU, run each convolution outside the hooked layers together with its BatchNorm, "
+    "activation and residual add, as one kernel (equal to fp32 rounding); --no-fuse runs every module "
+    "as written. Default: fuse runs of 16 images or more, where the one-off cost of tracing the model "
+    "pays back.",
+)
 @clip_options
-@click.option("--pair-with", multiple=True, metavar="IMAGES", help="Optical-flow models: the second images of "
-              "pairs given as two image lists (files, folders or -, in order), the inputs being the first ones. "
-              "Repeat.")
-@click.option("--flow", is_flag=True, help="Optical-flow models: also store the final flow field the model returns, "
-              "key flow, [N, 2, H, W] in pixels (x, then y).")
-@click.option("--detections", is_flag=True, help="Detection models: also store each image's final detections "
-              "(detections#boxes, #labels, #scores, and #masks or #keypoints where the model gives them), rows of "
-              "their own lengths.")
+@click.option(
+    "--pair-with",
+    multiple=True,
+    metavar="IMAGES",
+    help="Optical-flow models: the second images of "
+    "pairs given as two image lists (files, folders or -, in order), the inputs being the first ones. "
+    "Repeat.",
+)
+@click.option(
+    "--flow",
+    is_flag=True,
+    help="Optical-flow models: also store the final flow field the model returns, "
+    "key flow, [N, 2, H, W] in pixels (x, then y).",
+)
+@click.option(
+    "--detections",
+    is_flag=True,
+    help="Detection models: also store each image's final detections "
+    "(detections#boxes, #labels, #scores, and #masks or #keypoints where the model gives them), rows of "
+    "their own lengths.",
+)
 @run_options
 @click.pass_context
 def extract(ctx, **options) -> None:
@@ -235,11 +282,17 @@ def extract(ctx, **options) -> None:
 @config_option
 @model_options
 @click.option("--layer", "-l", multiple=True, required=True, metavar="SELECTOR", help=LAYER_HELP)
-@click.option("--target", "-t", default=DEFAULTS.target, show_default=True, metavar="CLASS|topK",
-              help="Logit to take gradients of: a class index, a class name of the weights, or each image's "
-              "top prediction (topK: the K highest, one gradient each). Segmentation: a class's mask (topK: the K "
-              "classes covering most pixels); detection: a detection's score (topK: the K best; a class: its best; "
-              "#N: the Nth of the model's output).")
+@click.option(
+    "--target",
+    "-t",
+    default=DEFAULTS.target,
+    show_default=True,
+    metavar="CLASS|topK",
+    help="Logit to take gradients of: a class index, a class name of the weights, or each image's "
+    "top prediction (topK: the K highest, one gradient each). Segmentation: a class's mask (topK: the K "
+    "classes covering most pixels); detection: a detection's score (topK: the K best; a class: its best; "
+    "#N: the Nth of the model's output).",
+)
 @preprocess_options
 @rows_output_options
 @clip_options
@@ -264,14 +317,25 @@ def grad(ctx, **options) -> None:
 @main.command(context_settings=CONTEXT_SETTINGS)
 @config_option
 @model_options
-@click.option("--layer", "-l", metavar="PATH", help="Layer to take the map at [the last convolutional stage; "
-              "ViT: the last block's ln_1].")
+@click.option(
+    "--layer",
+    "-l",
+    metavar="PATH",
+    help="Layer to take the map at [the last convolutional stage; ViT: the last block's ln_1].",
+)
 @click.option("--method", type=click.Choice(CAM_METHODS), default=DEFAULTS.method, show_default=True)
-@click.option("--target", "-t", default=DEFAULTS.target, show_default=True, metavar="CLASS|topK",
-              help="Class the map explains: an index, a class name of the weights, or topK.")
+@click.option(
+    "--target",
+    "-t",
+    default=DEFAULTS.target,
+    show_default=True,
+    metavar="CLASS|topK",
+    help="Class the map explains: an index, a class name of the weights, or topK.",
+)
 @click.option("--output", "-o", metavar="DIR", help="Folder for cams.safetensors and the overlay PNGs [<model>-cam].")
-@click.option("--alpha", type=click.FloatRange(0, 1), default=DEFAULTS.alpha, show_default=True,
-              help="Overlay opacity.")
+@click.option(
+    "--alpha", type=click.FloatRange(0, 1), default=DEFAULTS.alpha, show_default=True, help="Overlay opacity."
+)
 @click.option("--cmap", default=DEFAULTS.cmap, show_default=True, help="Heat-map colormap (any matplotlib name).")
 @REGION
 @preprocess_options
@@ -315,8 +379,8 @@ def info(file, as_json, no_stats) -> None:
       hookcli info vgg16_bn-features.18.safetensors
       hookcli extract -m resnet18 -l layer4 img.jpg -o - | hookcli info - --json
     """
-    from hookcli.storage.shards import open_features
     from hookcli.pictures.summary import describe_file, info_json, info_lines
+    from hookcli.storage.shards import open_features
 
     with open_features(file) as features:
         described = describe_file(features, stats=not no_stats)

@@ -50,11 +50,22 @@ from pathlib import PurePath
 from typing import BinaryIO
 
 from hookcli.errors import ImageError, InputError
-from hookcli.inputs.names import is_image_name
 from hookcli.files import NotRegularFile, open_regular
+from hookcli.inputs.names import is_image_name
 
-__all__ = ["MAX_HEADER_BYTES", "MAX_MEMBER_BYTES", "MAX_MEMBERS", "SEPARATOR", "TarMember", "find_member",
-           "input_key", "input_name", "is_archive", "looks_like_member", "tar_images"]
+__all__ = [
+    "MAX_HEADER_BYTES",
+    "MAX_MEMBER_BYTES",
+    "MAX_MEMBERS",
+    "SEPARATOR",
+    "TarMember",
+    "find_member",
+    "input_key",
+    "input_name",
+    "is_archive",
+    "looks_like_member",
+    "tar_images",
+]
 
 #: Between an archive's path and a member's name in a row's name.
 SEPARATOR = "::"
@@ -114,8 +125,10 @@ class TarMember:
             raise ImageError(f"cannot read '{self}': {err}", hint="the archive may have changed") from None
         if os.fstat(handle.fileno()).st_size < self.offset + self.size:
             handle.close()
-            raise ImageError(f"'{self}' is cut short: the archive ends before the member's {self.size:,} bytes",
-                             hint="the archive may be truncated")
+            raise ImageError(
+                f"'{self}' is cut short: the archive ends before the member's {self.size:,} bytes",
+                hint="the archive may be truncated",
+            )
         return io.BufferedReader(_Window(handle, self.offset, self.size))
 
     def read_bytes(self) -> bytes:
@@ -127,19 +140,32 @@ class TarMember:
         if self.problem is None:
             return
         if self.problem == _UNSAFE:
-            raise ImageError(f"archive member '{self}' has a name hookcli does not read ({_name_fault(self.name)})",
-                             hint="member names are relative paths without '..'; repack the archive")
+            raise ImageError(
+                f"archive member '{self}' has a name hookcli does not read ({_name_fault(self.name)})",
+                hint="member names are relative paths without '..'; repack the archive",
+            )
         if self.problem.startswith(_SYMLINK):
-            raise ImageError(f"archive member '{self}' is a symbolic link (to '{self.problem[len(_SYMLINK) + 1:]}'),"
-                             " which hookcli does not follow", hint="store the image itself in the archive")
+            raise ImageError(
+                f"archive member '{self}' is a symbolic link (to '{self.problem[len(_SYMLINK) + 1 :]}'),"
+                " which hookcli does not follow",
+                hint="store the image itself in the archive",
+            )
         if self.problem == _SPARSE:
-            raise ImageError(f"archive member '{self}' is stored sparse, which hookcli does not read",
-                             hint="repack the archive without --sparse")
+            raise ImageError(
+                f"archive member '{self}' is stored sparse, which hookcli does not read",
+                hint="repack the archive without --sparse",
+            )
         if self.problem == _TOO_LARGE:
-            raise ImageError(f"archive member '{self}' holds {self.size:,} bytes, more than any image hookcli "
-                             f"decodes ({MAX_MEMBER_BYTES:,})", hint="leave it out of the archive")
-        raise ImageError(f"archive member '{self}' is a hard link to '{self.problem[len(_BROKEN_LINK) + 1:]}', "
-                         "which is no member the archive holds before it", hint="repack the archive")
+            raise ImageError(
+                f"archive member '{self}' holds {self.size:,} bytes, more than any image hookcli "
+                f"decodes ({MAX_MEMBER_BYTES:,})",
+                hint="leave it out of the archive",
+            )
+        raise ImageError(
+            f"archive member '{self}' is a hard link to '{self.problem[len(_BROKEN_LINK) + 1 :]}', "
+            "which is no member the archive holds before it",
+            hint="repack the archive",
+        )
 
 
 class _Window(io.RawIOBase):
@@ -160,7 +186,7 @@ class _Window(io.RawIOBase):
             return 0
         self._handle.seek(self._offset + self._at)
         data = self._handle.read(count)
-        buffer[:len(data)] = data
+        buffer[: len(data)] = data
         self._at += len(data)
         return len(data)
 
@@ -222,7 +248,7 @@ def _split(text: str) -> tuple[str, str] | None:
     cut = text.lower().find(_SUFFIX + SEPARATOR)
     if cut < 0 or cut + len(_SUFFIX + SEPARATOR) == len(text):
         return None
-    return text[:cut + len(_SUFFIX)], text[cut + len(_SUFFIX + SEPARATOR):]
+    return text[: cut + len(_SUFFIX)], text[cut + len(_SUFFIX + SEPARATOR) :]
 
 
 def tar_images(path: str | os.PathLike) -> list[TarMember]:
@@ -250,8 +276,10 @@ def find_member(item) -> TarMember | None:
     if not os.path.isfile(archive):
         return None  # a disk path (or nothing) that only looks like a member's name
     if os.path.lexists(text):
-        raise InputError(f"'{text}' names both a file on disk and a member of the archive '{archive}'",
-                         hint="rename the file on disk")
+        raise InputError(
+            f"'{text}' names both a file on disk and a member of the archive '{archive}'",
+            hint="rename the file on disk",
+        )
     found = _listing_of(archive).find(name)
     if found is None:
         raise InputError(f"archive '{archive}' holds no image '{name}'", hint="list it with: tar tf ARCHIVE")
@@ -275,8 +303,10 @@ def _listing_of(path: str | os.PathLike) -> _Listing:
     """The archive's listing, read once while the file stays the same (one stat a call)."""
     text = os.path.abspath(os.fspath(path))
     if text.lower().endswith(_COMPRESSED):
-        raise InputError(f"'{path}' is a compressed tar, whose members cannot be read one at a time",
-                         hint="unpack it to a plain .tar (gzip -d, zstd -d), as webdataset shards are")
+        raise InputError(
+            f"'{path}' is a compressed tar, whose members cannot be read one at a time",
+            hint="unpack it to a plain .tar (gzip -d, zstd -d), as webdataset shards are",
+        )
     try:
         status = os.stat(text)
     except OSError:
@@ -337,8 +367,9 @@ def _image_members(path: str) -> Iterable[TarMember]:
                         continue
                     listed += 1
                     if listed > MAX_MEMBERS:
-                        raise InputError(f"archive '{path}' holds more than {MAX_MEMBERS:,} images",
-                                         hint="split it into shards")
+                        raise InputError(
+                            f"archive '{path}' holds more than {MAX_MEMBERS:,} images", hint="split it into shards"
+                        )
                     count = occurrences.get(member.name, 0) + 1
                     occurrences[member.name] = count
                     if count > 1:  # no image's name ends in '#2': a row named so is never another member's
@@ -347,11 +378,14 @@ def _image_members(path: str) -> Iterable[TarMember]:
     except NotRegularFile as err:
         raise InputError(str(err), hint="archives are read from regular files") from None
     except _HeaderTooLarge as err:
-        raise InputError(f"archive '{path}' has a member header near byte {err.args[0]:,} larger than "
-                         f"{MAX_HEADER_BYTES:,} bytes", hint="it is damaged or not a tar of images") from None
+        raise InputError(
+            f"archive '{path}' has a member header near byte {err.args[0]:,} larger than {MAX_HEADER_BYTES:,} bytes",
+            hint="it is damaged or not a tar of images",
+        ) from None
     except RecursionError:
-        raise InputError(f"cannot read archive '{path}': a chain of headers too long",
-                         hint="it is damaged or not a tar of images") from None
+        raise InputError(
+            f"cannot read archive '{path}': a chain of headers too long", hint="it is damaged or not a tar of images"
+        ) from None
     except (tarfile.TarError, OSError, EOFError, ValueError) as err:
         raise InputError(f"cannot read archive '{path}': {err}", hint="give a plain .tar file") from None
 
@@ -359,8 +393,15 @@ def _image_members(path: str) -> Iterable[TarMember]:
 def _member(path: str, info: tarfile.TarInfo, seen: dict[str, TarMember]) -> TarMember | None:
     """The member ``info`` describes (a hard link reads its target's bytes), or None for folders and devices."""
     if info.isreg():
-        problem = (_UNSAFE if _name_fault(info.name) else _SPARSE if info.issparse()
-                   else _TOO_LARGE if info.size > MAX_MEMBER_BYTES else None)
+        problem = (
+            _UNSAFE
+            if _name_fault(info.name)
+            else _SPARSE
+            if info.issparse()
+            else _TOO_LARGE
+            if info.size > MAX_MEMBER_BYTES
+            else None
+        )
         member = TarMember(path, info.name, info.offset_data, info.size, problem)
         seen[info.name] = member
         return member

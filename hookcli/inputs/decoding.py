@@ -100,8 +100,11 @@ def collate(items) -> tuple[list[int], Encoded, list]:
         import torch
 
         prepared = torch.stack(prepared)
-    return [i for i, _ in good], Encoded(jpegs, prepared if positions else None, positions), \
-        [(i, e) for i, _, e in items if e is not None]
+    return (
+        [i for i, _ in good],
+        Encoded(jpegs, prepared if positions else None, positions),
+        [(i, e) for i, _, e in items if e is not None],
+    )
 
 
 class DeviceDecoder:
@@ -198,8 +201,9 @@ class DeviceDecoder:
             found, refusals = [], []
             for jpeg, encoded in zip(jpegs, data):
                 try:
-                    found.append(upright(decode_jpeg(encoded, mode=ImageReadMode.RGB, device=self.device),
-                                         jpeg.orientation))
+                    found.append(
+                        upright(decode_jpeg(encoded, mode=ImageReadMode.RGB, device=self.device), jpeg.orientation)
+                    )
                     self._device_decoded = True
                 except RuntimeError as err:
                     _refuse_out_of_memory(err)
@@ -227,11 +231,15 @@ class DeviceDecoder:
         name = f"torchvision's {self.device.type.upper()} decoder"
         self._pillow_only = 0 if self._device_decoded else self._pillow_only + decoded
         if self._pillow_only >= REFUSED_BEFORE_STOPPING:
-            raise DeviceError(f"--decode device: {name} decodes none of these JPEGs ({reason})",
-                              hint="this torchvision may lack nvJPEG; use --decode cpu")
+            raise DeviceError(
+                f"--decode device: {name} decodes none of these JPEGs ({reason})",
+                hint="this torchvision may lack nvJPEG; use --decode cpu",
+            )
         if decoded and not self._noted and self.on_note is not None:
-            self.on_note(f"--decode device: {name} refused '{jpeg.path}' ({reason}); Pillow decoded it, as it will "
-                         "any other such image")
+            self.on_note(
+                f"--decode device: {name} refused '{jpeg.path}' ({reason}); Pillow decoded it, as it will "
+                "any other such image"
+            )
             self._noted = True
 
 
@@ -242,8 +250,10 @@ REFUSED_BEFORE_STOPPING = 8
 
 def _refuse_out_of_memory(err: RuntimeError) -> None:
     if "out of memory" in str(err).lower():
-        raise MemoryLimitError(f"--decode device: the device ran out of memory decoding a batch ({first_line(err)})",
-                               hint="give a smaller --batch-size, or --decode cpu") from None
+        raise MemoryLimitError(
+            f"--decode device: the device ran out of memory decoding a batch ({first_line(err)})",
+            hint="give a smaller --batch-size, or --decode cpu",
+        ) from None
 
 
 def _bounded(pairs: list, budget: int):
@@ -263,8 +273,15 @@ def _bounded(pairs: list, budget: int):
 
 #: What each EXIF orientation asks of a ``[C, H, W]`` image to turn it upright, as Pillow's ``exif_transpose``:
 #: flips of the width (-1) and height (-2) axes, after a transpose where ``True``.
-_TURNS = {2: (False, (-1,)), 3: (False, (-2, -1)), 4: (False, (-2,)), 5: (True, ()), 6: (True, (-1,)),
-          7: (True, (-2, -1)), 8: (True, (-2,))}
+_TURNS = {
+    2: (False, (-1,)),
+    3: (False, (-2, -1)),
+    4: (False, (-2,)),
+    5: (True, ()),
+    6: (True, (-1,)),
+    7: (True, (-2, -1)),
+    8: (True, (-2,)),
+}
 
 
 def upright(image, orientation: int):

@@ -30,11 +30,21 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 
 from hookcli.console import counted
 from hookcli.errors import ImageError, InputError
-from hookcli.inputs.names import IMAGE_SUFFIXES, is_image_name, read_lines
 from hookcli.files import NotRegularFile, file_kind, open_regular
+from hookcli.inputs.names import IMAGE_SUFFIXES, is_image_name, read_lines
 
-__all__ = ["RESAMPLE", "FoundInputs", "JpegBytes", "find_inputs", "gather_inputs", "load_rgb",
-           "model_view", "open_input", "pixel_limit", "read_jpeg"]
+__all__ = [
+    "RESAMPLE",
+    "FoundInputs",
+    "JpegBytes",
+    "find_inputs",
+    "gather_inputs",
+    "load_rgb",
+    "model_view",
+    "open_input",
+    "pixel_limit",
+    "read_jpeg",
+]
 
 #: Pillow's resampling filter for each interpolation name of :data:`hookcli.inputs.preprocess.INTERPOLATIONS`.
 RESAMPLE = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC, "nearest": Image.NEAREST}
@@ -67,13 +77,13 @@ class FoundInputs:
             return None
         at_least = "" if self.counted_all else "at least "
         verb = "was" if self.left_out == 1 and self.counted_all else "were"
-        return (f"{at_least}{counted(self.left_out, 'image')} in {at_least}"
-                f"{counted(self.left_out_folders, 'sub-folder')} {verb} left out; -r (--recursive) includes them")
+        return (
+            f"{at_least}{counted(self.left_out, 'image')} in {at_least}"
+            f"{counted(self.left_out_folders, 'sub-folder')} {verb} left out; -r (--recursive) includes them"
+        )
 
 
-def find_inputs(
-    arguments: Sequence[str], *, recursive: bool = False, stdin: TextIO | None = None
-) -> FoundInputs:
+def find_inputs(arguments: Sequence[str], *, recursive: bool = False, stdin: TextIO | None = None) -> FoundInputs:
     """Turn command-line inputs into an ordered list of image paths, and count what sub-folders hold.
 
     ``-`` reads paths, one per line, from ``stdin`` (default ``sys.stdin``);
@@ -101,9 +111,7 @@ def find_inputs(
     return FoundInputs(paths, *_left_out(folders))
 
 
-def gather_inputs(
-    arguments: Sequence[str], *, recursive: bool = False, stdin: TextIO | None = None
-) -> list[Path]:
+def gather_inputs(arguments: Sequence[str], *, recursive: bool = False, stdin: TextIO | None = None) -> list[Path]:
     """The image paths of :func:`find_inputs`, in input order."""
     return find_inputs(arguments, recursive=recursive, stdin=stdin).paths
 
@@ -150,13 +158,17 @@ def _expand(argument: str, recursive: bool) -> tuple[list[Path], Path | None]:
     if not path.exists():
         raise InputError(f"no such file or folder: '{argument}'", hint="check the path")
     if not path.is_file():
-        raise InputError(f"input '{argument}' is {file_kind(path.stat().st_mode)}, not an image file",
-                         hint="images are read from regular files; '-' reads a list of paths from stdin")
+        raise InputError(
+            f"input '{argument}' is {file_kind(path.stat().st_mode)}, not an image file",
+            hint="images are read from regular files; '-' reads a list of paths from stdin",
+        )
     if archives.is_archive(path):
         found = archives.tar_images(path)
         if not found:
-            raise InputError(f"no images found in archive '{argument}'",
-                             hint=f"image members end in one of {', '.join(sorted(IMAGE_SUFFIXES))}")
+            raise InputError(
+                f"no images found in archive '{argument}'",
+                hint=f"image members end in one of {', '.join(sorted(IMAGE_SUFFIXES))}",
+            )
         return found, None
     return [path], None
 
@@ -182,8 +194,9 @@ def pixel_limit() -> int:
     return 2 * Image.MAX_IMAGE_PIXELS
 
 
-def load_rgb(path: str | os.PathLike, *, min_size: int | None = None, max_side: int | None = None,
-             data: bytes | None = None) -> Image.Image:
+def load_rgb(
+    path: str | os.PathLike, *, min_size: int | None = None, max_side: int | None = None, data: bytes | None = None
+) -> Image.Image:
     """Decode an image and return it as 8-bit RGB, upright.
 
     With ``min_size`` a JPEG is decoded at the smallest of libjpeg's scales
@@ -210,9 +223,11 @@ def load_rgb(path: str | os.PathLike, *, min_size: int | None = None, max_side: 
         elif max_side is not None and image.format == "JPEG":
             image.draft(image.mode, (max_side, max_side))
         if max_side is not None and image.width * image.height > Image.MAX_IMAGE_PIXELS:
-            raise ImageError(f"image '{path}' is too large to draw over ({image.width}x{image.height}, more than "
-                             f"{Image.MAX_IMAGE_PIXELS // 1_000_000} megapixels)",
-                             hint="draw without --overlay, or over a smaller copy of the image")
+            raise ImageError(
+                f"image '{path}' is too large to draw over ({image.width}x{image.height}, more than "
+                f"{Image.MAX_IMAGE_PIXELS // 1_000_000} megapixels)",
+                hint="draw without --overlay, or over a smaller copy of the image",
+            )
         image.load()
         if max_side is not None and max(image.size) > max_side:
             image = _reduced(image, math.ceil(max(image.size) / max_side))
@@ -297,8 +312,9 @@ def _read_errors(path):
     except Image.DecompressionBombError as err:
         size = re.search(r"\((\d+) pixels\)", str(err))
         pixels = f"{int(size.group(1)):,} pixels" if size else "too many pixels"
-        raise ImageError(f"image '{path}' has {pixels}, more than Pillow decodes ({pixel_limit():,})",
-                         hint="shrink it first") from None
+        raise ImageError(
+            f"image '{path}' has {pixels}, more than Pillow decodes ({pixel_limit():,})", hint="shrink it first"
+        ) from None
     except (OSError, ValueError, SyntaxError) as err:
         raise ImageError(f"cannot decode image '{path}': {err}", hint="the file may be truncated or corrupt") from None
 

@@ -31,8 +31,16 @@ import json
 import math
 from dataclasses import dataclass
 
-__all__ = ["DECODERS", "DEVICE_DECODE_KINDS", "INTERPOLATIONS", "MAX_SIDE", "ImageSteps", "Preprocess",
-           "check_normalisation", "parse_triple"]
+__all__ = [
+    "DECODERS",
+    "DEVICE_DECODE_KINDS",
+    "INTERPOLATIONS",
+    "MAX_SIDE",
+    "ImageSteps",
+    "Preprocess",
+    "check_normalisation",
+    "parse_triple",
+]
 
 INTERPOLATIONS = ("bilinear", "bicubic", "nearest")
 #: Where images are decoded and preprocessed: by the decode workers, or batched on the run's device.
@@ -114,11 +122,14 @@ class Preprocess:
         if self.decode not in DECODERS:
             raise ValueError(f"decode must be one of {', '.join(DECODERS)}, not {self.decode!r}")
         if self.decode == "device" and self.kind not in DEVICE_DECODE_KINDS:
-            raise ValueError(f"decode='device' reads image files, and {self.kind.replace('_', ' ')} models take "
-                             "frames decoded on the CPU")
+            raise ValueError(
+                f"decode='device' reads image files, and {self.kind.replace('_', ' ')} models take "
+                "frames decoded on the CPU"
+            )
         if self.decode == "device" and self.fast_decode:
-            raise ValueError("fast_decode and decode='device' cannot be combined: fast_decode is the CPU decoder's "
-                             "reduced scale")
+            raise ValueError(
+                "fast_decode and decode='device' cannot be combined: fast_decode is the CPU decoder's reduced scale"
+            )
         if self.interpolation not in INTERPOLATIONS:
             raise ValueError(f"interpolation must be one of {', '.join(INTERPOLATIONS)}, not {self.interpolation!r}")
         if isinstance(self.resize, list):
@@ -133,8 +144,10 @@ class Preprocess:
             if len(sides) not in (1, 2) or not all(_is_side(v) for v in sides):
                 raise ValueError(f"{name} must be a whole number from 1 to {MAX_SIDE}, not {value!r}")
         if self.kind == "classification" and isinstance(self.resize, int) and self.crop is None:
-            raise ValueError("crop must be given when resize is one side: a classifier's images are cropped to one "
-                             "square size (or squashed to resize [height, width])")
+            raise ValueError(
+                "crop must be given when resize is one side: a classifier's images are cropped to one "
+                "square size (or squashed to resize [height, width])"
+            )
         if (self.mean is None) != (self.std is None):
             raise ValueError("mean and std must both be given or both be left out")
         for name in ("mean", "std"):
@@ -167,8 +180,11 @@ class Preprocess:
             raise ValueError("it lacks resize or crop")
         for name in ("mean", "std"):
             if given.get(name) is not None:
-                if not isinstance(given[name], list) or len(given[name]) != 3 or not all(
-                        isinstance(v, int | float) and not isinstance(v, bool) for v in given[name]):
+                if (
+                    not isinstance(given[name], list)
+                    or len(given[name]) != 3
+                    or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in given[name])
+                ):
                     raise ValueError(f"its {name} is not three numbers")
                 given[name] = tuple(float(v) for v in given[name])
         for name in ("kind", "decode"):
@@ -193,16 +209,22 @@ class Preprocess:
         if preset == "OpticalFlow":
             return cls(resize=None, crop=None, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), kind="optical_flow")
         sizes = [int(v) for v in transforms.resize_size]
-        common = {"mean": tuple(float(v) for v in transforms.mean), "std": tuple(float(v) for v in transforms.std),
-                  "interpolation": transforms.interpolation.value}
+        common = {
+            "mean": tuple(float(v) for v in transforms.mean),
+            "std": tuple(float(v) for v in transforms.std),
+            "interpolation": transforms.interpolation.value,
+        }
         if preset == "SemanticSegmentation":
-            return cls(resize=sizes[0], crop=None, antialias=bool(transforms.antialias), kind="segmentation",
-                       **common)
+            return cls(resize=sizes[0], crop=None, antialias=bool(transforms.antialias), kind="segmentation", **common)
         if preset == "VideoClassification":
-            return cls(resize=sizes[0] if len(sizes) == 1 else tuple(sizes), crop=int(transforms.crop_size[0]),
-                       antialias=False, kind="video", **common)
-        return cls(resize=sizes[0], crop=int(transforms.crop_size[0]), antialias=bool(transforms.antialias),
-                   **common)
+            return cls(
+                resize=sizes[0] if len(sizes) == 1 else tuple(sizes),
+                crop=int(transforms.crop_size[0]),
+                antialias=False,
+                kind="video",
+                **common,
+            )
+        return cls(resize=sizes[0], crop=int(transforms.crop_size[0]), antialias=bool(transforms.antialias), **common)
 
     def replace(self, **overrides) -> Preprocess:
         """A copy with the given fields changed; ``None`` values are ignored."""
@@ -226,12 +248,22 @@ class Preprocess:
         from torchvision.transforms import InterpolationMode
 
         interpolation = InterpolationMode(self.interpolation)
-        if self.kind == "classification" and isinstance(self.resize, int) and self.crop is not None \
-                and self.mean is not None:
+        if (
+            self.kind == "classification"
+            and isinstance(self.resize, int)
+            and self.crop is not None
+            and self.mean is not None
+        ):
             from torchvision.transforms._presets import ImageClassification
 
-            return ImageClassification(crop_size=self.crop, resize_size=self.resize, mean=self.mean, std=self.std,
-                                       interpolation=interpolation, antialias=self.antialias)
+            return ImageClassification(
+                crop_size=self.crop,
+                resize_size=self.resize,
+                mean=self.mean,
+                std=self.std,
+                interpolation=interpolation,
+                antialias=self.antialias,
+            )
         if self.kind == "video":
             return _VideoSteps(self)
         return ImageSteps(self)
@@ -280,8 +312,11 @@ class ImageSteps:
         from torchvision.transforms import InterpolationMode
 
         self.spec = spec
-        self.mode = InterpolationMode.NEAREST_EXACT if spec.interpolation == "nearest" \
+        self.mode = (
+            InterpolationMode.NEAREST_EXACT
+            if spec.interpolation == "nearest"
             else InterpolationMode(spec.interpolation)
+        )
         self._normalisation: dict = {}  # device -> (mean, std) tensors
 
     def __call__(self, image):
@@ -314,7 +349,8 @@ class ImageSteps:
         if values.device not in self._normalisation:
             self._normalisation[values.device] = tuple(
                 torch.tensor(v, dtype=torch.float, device=values.device).view(-1, 1, 1)
-                for v in (self.spec.mean, self.spec.std))
+                for v in (self.spec.mean, self.spec.std)
+            )
         mean, std = self._normalisation[values.device]
         return values.sub_(mean).div_(std)
 
@@ -327,8 +363,13 @@ class _VideoSteps:
         from torchvision.transforms._presets import VideoClassification
 
         size = list(spec.resize) if isinstance(spec.resize, tuple) else [spec.resize]
-        self.preset = VideoClassification(crop_size=[spec.crop, spec.crop], resize_size=size, mean=spec.mean,
-                                          std=spec.std, interpolation=InterpolationMode(spec.interpolation))
+        self.preset = VideoClassification(
+            crop_size=[spec.crop, spec.crop],
+            resize_size=size,
+            mean=spec.mean,
+            std=spec.std,
+            interpolation=InterpolationMode(spec.interpolation),
+        )
 
     def __call__(self, frames):
         import torch

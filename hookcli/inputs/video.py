@@ -37,21 +37,29 @@ from pathlib import Path
 
 import numpy as np
 
-from hookcli.errors import ImageError, InputError, UsageProblem, VideoError, check_whole
 from hookcli.console import counted
+from hookcli.errors import ImageError, InputError, UsageProblem, VideoError, check_whole
+from hookcli.files import NotRegularFile, open_regular
 from hookcli.inputs.images import load_rgb, pixel_limit
 from hookcli.inputs.names import IMAGE_SUFFIXES, is_image_name, read_lines
-from hookcli.files import NotRegularFile, open_regular
 
 __all__ = [
-    "VIDEO_SUFFIXES", "Clip", "ImagePair", "clip_frames", "close_decoders", "find_clips", "find_pairs", "find_videos",
-    "frame_count", "pair_frames", "read_frames",
+    "VIDEO_SUFFIXES",
+    "Clip",
+    "ImagePair",
+    "clip_frames",
+    "close_decoders",
+    "find_clips",
+    "find_pairs",
+    "find_videos",
+    "frame_count",
+    "pair_frames",
+    "read_frames",
 ]
 
 #: Suffixes of the files treated as videos.
 VIDEO_SUFFIXES = frozenset(
-    {".3gp", ".avi", ".flv", ".m2ts", ".m4v", ".mkv", ".mov", ".mp4", ".mpeg", ".mpg", ".mts", ".ogv", ".webm",
-     ".wmv"}
+    {".3gp", ".avi", ".flv", ".m2ts", ".m4v", ".mkv", ".mov", ".mp4", ".mpeg", ".mpg", ".mts", ".ogv", ".webm", ".wmv"}
 )
 
 _DAMAGED = "the file may be truncated, corrupt or not a video"
@@ -150,9 +158,11 @@ class ImagePair:
         """Both images, ``uint8`` RGB ``[2, H, W, 3]``; images of different sizes raise :class:`VideoError`."""
         first, second = (np.asarray(load_rgb(p)) for p in (self.path, self.second))
         if first.shape != second.shape:
-            raise VideoError(f"the images of the pair '{self.path}' and '{self.second}' differ in size "
-                             f"({_size(first.shape[1::-1])} and {_size(second.shape[1::-1])})",
-                             hint="a pair of frames must be of one size")
+            raise VideoError(
+                f"the images of the pair '{self.path}' and '{self.second}' differ in size "
+                f"({_size(first.shape[1::-1])} and {_size(second.shape[1::-1])})",
+                hint="a pair of frames must be of one size",
+            )
         return np.stack([first, second])
 
 
@@ -179,8 +189,9 @@ def find_videos(arguments: Iterable[str], *, recursive: bool = False, stdin=None
                 continue
             pattern = path.rglob("*") if recursive else path.iterdir()
             # Every entry named like a video, FIFOs too: opening one says why it cannot be read, none is dropped.
-            videos = sorted((p for p in pattern if p.suffix.lower() in VIDEO_SUFFIXES and not p.is_dir()),
-                            key=_natural_key)
+            videos = sorted(
+                (p for p in pattern if p.suffix.lower() in VIDEO_SUFFIXES and not p.is_dir()), key=_natural_key
+            )
             found.extend(videos or [path])
     if not found:
         raise InputError("no input videos were given", hint="pass video files or folders of frames, or '-'")
@@ -204,8 +215,7 @@ def find_pairs(path: str | os.PathLike, *, stride: int = 1) -> list[Clip]:
     pairs = pair_frames(count, stride=stride)
     if not pairs:
         hint = "use a smaller stride" if count > 1 else "optical flow needs at least two frames"
-        raise VideoError(f"video '{path}' has {counted(count, 'frame')}, too few for a pair {stride} apart",
-                         hint=hint)
+        raise VideoError(f"video '{path}' has {counted(count, 'frame')}, too few for a pair {stride} apart", hint=hint)
     return [Clip(os.fspath(path), pair) for pair in pairs]
 
 
@@ -280,8 +290,9 @@ def _positions(indices: Iterable[int]) -> dict[int, list[int]]:
         except TypeError:
             index = -1
         if index < 0:
-            raise UsageProblem(f"frame indices must be whole numbers of at least 0, not {asked!r}",
-                               hint="frames are numbered from 0")
+            raise UsageProblem(
+                f"frame indices must be whole numbers of at least 0, not {asked!r}", hint="frames are numbered from 0"
+            )
         positions.setdefault(index, []).append(position)
     if not positions:
         raise UsageProblem("no frames were asked for", hint="pass at least one frame index")
@@ -309,8 +320,10 @@ def _read_file(path, positions: dict[int, list[int]]) -> np.ndarray:
         raise
     except _Ended as ended:
         close_decoders()
-        raise VideoError(f"video '{path}' ended after {counted(ended.decoded, 'frame')}; frame {max(positions)} was "
-                         "asked for", hint=_DAMAGED) from None
+        raise VideoError(
+            f"video '{path}' ended after {counted(ended.decoded, 'frame')}; frame {max(positions)} was asked for",
+            hint=_DAMAGED,
+        ) from None
     return frames
 
 
@@ -391,8 +404,10 @@ def _read_folder(folder, positions: dict[int, list[int]]) -> np.ndarray:
     paths = _frame_paths(folder)
     last = max(positions)
     if last >= len(paths):
-        raise VideoError(f"folder '{folder}' has {counted(len(paths), 'frame')}; frame {last} was asked for",
-                         hint="frames are numbered from 0")
+        raise VideoError(
+            f"folder '{folder}' has {counted(len(paths), 'frame')}; frame {last} was asked for",
+            hint="frames are numbered from 0",
+        )
     size = sum(map(len, positions.values()))
     frames = first = None
     for index in sorted(positions):
@@ -437,8 +452,10 @@ def _frame_listing(folder) -> list[Path]:
     except OSError as err:
         raise VideoError(f"cannot read folder '{folder}': {err.strerror}", hint="check the path") from None
     if not paths:
-        raise VideoError(f"no frames found in folder '{folder}'",
-                         hint=f"frame images end in one of {', '.join(sorted(IMAGE_SUFFIXES))}")
+        raise VideoError(
+            f"no frames found in folder '{folder}'",
+            hint=f"frame images end in one of {', '.join(sorted(IMAGE_SUFFIXES))}",
+        )
     return sorted(paths, key=_natural_key)
 
 
@@ -481,24 +498,30 @@ def _limit_pixels(path, stream) -> None:
     limit = pixel_limit()
     width, height = stream.codec_context.width, stream.codec_context.height
     if width * height > limit:
-        raise VideoError(f"video '{path}' has frames of {width}x{height} ({width * height:,} pixels), more than "
-                         f"hookcli decodes ({limit:,})", hint=_TOO_LARGE)
+        raise VideoError(
+            f"video '{path}' has frames of {width}x{height} ({width * height:,} pixels), more than "
+            f"hookcli decodes ({limit:,})",
+            hint=_TOO_LARGE,
+        )
     stream.codec_context.options = {**stream.codec_context.options, "max_pixels": str(min(limit, 2**31 - 1))}
 
 
 def _check_frame(path, frame) -> None:
     if frame.width * frame.height > pixel_limit():
-        raise VideoError(f"video '{path}' has a frame of {frame.width}x{frame.height} "
-                         f"({frame.width * frame.height:,} pixels), more than hookcli decodes ({pixel_limit():,})",
-                         hint=_TOO_LARGE)
+        raise VideoError(
+            f"video '{path}' has a frame of {frame.width}x{frame.height} "
+            f"({frame.width * frame.height:,} pixels), more than hookcli decodes ({pixel_limit():,})",
+            hint=_TOO_LARGE,
+        )
 
 
 def _import_av():
     try:
         import av
     except ImportError:
-        raise VideoError("reading video files needs PyAV, which is not installed",
-                         hint="pip install 'hookcli[video]'") from None
+        raise VideoError(
+            "reading video files needs PyAV, which is not installed", hint="pip install 'hookcli[video]'"
+        ) from None
     return av
 
 
@@ -508,4 +531,3 @@ def _reason(err: Exception) -> str:
 
 def _size(size: tuple[int, int]) -> str:
     return f"{size[0]}x{size[1]}"
-

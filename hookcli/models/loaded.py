@@ -76,8 +76,11 @@ class LoadedModel:
         shown = {name: getattr(self.preprocess, name) for name in assumed}
         for name in {"mean", "std"} & set(assumed):
             shown[name] = ",".join(f"{v:g}" for v in shown[name])
-        return (f"{self.assumed_because}, so what --resize, --crop, --mean and --std do not set is ImageNet's "
-                f"preprocessing ({', '.join(f'{name} {value}' for name, value in shown.items())})", *self.build_notes)
+        return (
+            f"{self.assumed_because}, so what --resize, --crop, --mean and --std do not set is ImageNet's "
+            f"preprocessing ({', '.join(f'{name} {value}' for name, value in shown.items())})",
+            *self.build_notes,
+        )
 
 
 def num_classes(module) -> int:
@@ -87,9 +90,15 @@ def num_classes(module) -> int:
 
     head = getattr(module, "head", None)
     classification_head = getattr(head, "classification_head", None)
-    for found in (getattr(classification_head, "num_classes", None), getattr(classification_head, "num_columns", None),
-                  getattr(getattr(getattr(getattr(module, "roi_heads", None), "box_predictor", None), "cls_score",
-                                  None), "out_features", None)):
+    for found in (
+        getattr(classification_head, "num_classes", None),
+        getattr(classification_head, "num_columns", None),
+        getattr(
+            getattr(getattr(getattr(module, "roi_heads", None), "box_predictor", None), "cls_score", None),
+            "out_features",
+            None,
+        ),
+    ):
         if isinstance(found, int):
             return found
     last = [layer for layer in module.modules() if isinstance(layer, nn.Linear | nn.Conv2d)]

@@ -44,7 +44,12 @@ from hookcli.models.loaded import LoadedModel, out_size, prefix_tokens
 from hookcli.models.registry import ModelEntry, model_registry
 from hookcli.models.specs import LISTED_SOURCES, check_model, check_weights, parse_model
 from hookcli.models.weights import (
-    check_weights_file, file_weights, fit_state_dict, looks_like_weights_path, read_state_dict, seeded,
+    check_weights_file,
+    file_weights,
+    fit_state_dict,
+    looks_like_weights_path,
+    read_state_dict,
+    seeded,
     weights_cache_path,
 )
 
@@ -56,8 +61,9 @@ def list_models(family: str | None = None) -> list[str]:
     return [name for name, entry in model_registry().items() if family in (None, entry.family)]
 
 
-def describe_models(family: str | None = None, *, pattern: str | None = None, source: str = "torchvision"
-                    ) -> list[dict]:
+def describe_models(
+    family: str | None = None, *, pattern: str | None = None, source: str = "torchvision"
+) -> list[dict]:
     """Every model hookcli can load (of one ``family``, named like the glob ``pattern``) from ``source`` (one of
     :data:`hookcli.models.specs.LISTED_SOURCES`): ``{"model", "family", "default", "weights"}`` rows.
 
@@ -72,9 +78,11 @@ def describe_models(family: str | None = None, *, pattern: str | None = None, so
     check_choice("source", source, LISTED_SOURCES)
     if source != "torchvision":
         return [row for row in sources.list_source_models(source, pattern) if family in (None, row["family"])]
-    return [{"model": name, "family": entry.family, "default": entry.default, "weights": list(entry.weights)}
-            for name, entry in model_registry().items() if family in (None, entry.family)
-            and (pattern is None or fnmatch.fnmatchcase(name, pattern))]
+    return [
+        {"model": name, "family": entry.family, "default": entry.default, "weights": list(entry.weights)}
+        for name, entry in model_registry().items()
+        if family in (None, entry.family) and (pattern is None or fnmatch.fnmatchcase(name, pattern))
+    ]
 
 
 def no_models_note(source: str, pattern: str | None, family: str | None) -> str:
@@ -188,8 +196,11 @@ def load_model(name: str, weights: str = "DEFAULT", *, seed: int = 0) -> LoadedM
 
 def _unknown_weights(name: str, spec: str, known: tuple[str, ...]) -> UnknownWeightsError:
     available = ", ".join(["DEFAULT", *known, "none"])
-    hint = (f"to load the file '{spec}' in the current folder, write it as ./{spec}" if os.path.isfile(spec)
-            else "or pass a path to a .pth/.safetensors state dict")
+    hint = (
+        f"to load the file '{spec}' in the current folder, write it as ./{spec}"
+        if os.path.isfile(spec)
+        else "or pass a path to a .pth/.safetensors state dict"
+    )
     return UnknownWeightsError(f"model '{name}' has no weights '{spec}' (available: {available})", hint=hint)
 
 

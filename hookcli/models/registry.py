@@ -25,10 +25,10 @@ from dataclasses import asdict, dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from hookcli.version import __version__
 from hookcli.errors import HookcliError
 from hookcli.families import FAMILIES, MODULES
 from hookcli.files import atomic_path, open_regular
+from hookcli.version import __version__
 
 __all__ = ["CACHE_FILE", "ModelEntry", "cache_path", "model_registry"]
 
@@ -117,9 +117,12 @@ def _scan() -> dict[str, ModelEntry]:
     for family, module in MODULES.items():
         for name in torchvision.models.list_models(module=importlib.import_module(module)):
             weights = torchvision.models.get_model_weights(name)
-            found[name] = ModelEntry(enum=weights.__name__, default=weights.DEFAULT.name,
-                                     weights=tuple(member for member in weights.__members__ if member != "DEFAULT"),
-                                     family=family)
+            found[name] = ModelEntry(
+                enum=weights.__name__,
+                default=weights.DEFAULT.name,
+                weights=tuple(member for member in weights.__members__ if member != "DEFAULT"),
+                family=family,
+            )
     return {name: found[name] for name in sorted(found)}
 
 
@@ -151,8 +154,15 @@ def _parsed_entry(name: str, fields) -> ModelEntry | None:
     enum, default, weights = fields["enum"], fields["default"], fields["weights"]
     if fields["family"] not in FAMILIES:
         return None
-    if not (_is_name(enum) and isinstance(weights, list) and weights and all(map(_is_name, weights))
-            and len(set(weights)) == len(weights) and "DEFAULT" not in weights and default in weights):
+    if not (
+        _is_name(enum)
+        and isinstance(weights, list)
+        and weights
+        and all(map(_is_name, weights))
+        and len(set(weights)) == len(weights)
+        and "DEFAULT" not in weights
+        and default in weights
+    ):
         return None
     return ModelEntry(enum=enum, default=default, weights=tuple(weights), family=fields["family"])
 

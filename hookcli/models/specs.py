@@ -40,8 +40,21 @@ from hookcli.errors import UnknownWeightsError, UsageProblem, WeightsError
 from hookcli.files import file_kind
 from hookcli.models.weights import archive_kind
 
-__all__ = ["LISTED_SOURCES", "MISSING", "PACKAGES", "PREFIXES", "SOURCES", "ModelSpec", "SourceError", "check_model",
-           "check_weights", "is_path", "parse_model", "regular_file_problem", "search_current_folder"]
+__all__ = [
+    "LISTED_SOURCES",
+    "MISSING",
+    "PACKAGES",
+    "PREFIXES",
+    "SOURCES",
+    "ModelSpec",
+    "SourceError",
+    "check_model",
+    "check_weights",
+    "is_path",
+    "parse_model",
+    "regular_file_problem",
+    "search_current_folder",
+]
 
 
 #: Every source a model can come from; all but torchvision are named by a prefix or a ``:factory`` suffix.
@@ -121,15 +134,19 @@ def parse_model(text: str) -> ModelSpec:
     prefix, colon, rest = text.partition(":")
     if colon and prefix in PREFIXES:
         if not rest.strip():
-            raise UsageProblem(f"model '{text}' names no {prefix} model after '{prefix}:'",
-                               hint=f"for example {prefix}:{_EXAMPLES[prefix]}")
+            raise UsageProblem(
+                f"model '{text}' names no {prefix} model after '{prefix}:'",
+                hint=f"for example {prefix}:{_EXAMPLES[prefix]}",
+            )
         return ModelSpec(prefix, rest.strip())
     factory = _FACTORY.match(text)
     if factory and (factory["module"].endswith(".py") or _DOTTED.match(factory["module"])):
         return ModelSpec("factory", text)
     if colon and (prefix.lower() in ("torchvision", "tv", "open-clip", "openclip", "huggingface", "transformers")):
-        raise UsageProblem(f"unknown model source '{prefix}:' in '{text}'",
-                           hint="use timm:, hf:, open_clip:, a factory (file.py:function) or a torchvision name")
+        raise UsageProblem(
+            f"unknown model source '{prefix}:' in '{text}'",
+            hint="use timm:, hf:, open_clip:, a factory (file.py:function) or a torchvision name",
+        )
     if is_path(text) or os.sep in text or "/" in text or text.lower().endswith(_ARCHIVE_SUFFIXES):
         raise _model_file_refusal(text)
     return ModelSpec("torchvision", text)
@@ -138,8 +155,20 @@ def parse_model(text: str) -> ModelSpec:
 _EXAMPLES = {"timm": "resnet50", "hf": "facebook/dinov2-small", "open_clip": "ViT-B-32"}
 
 
-_ARCHIVE_SUFFIXES = (".pt", ".pth", ".pt2", ".ts", ".jit", ".torchscript", ".safetensors", ".bin", ".ckpt",
-                     ".onnx", ".zip", ".py")
+_ARCHIVE_SUFFIXES = (
+    ".pt",
+    ".pth",
+    ".pt2",
+    ".ts",
+    ".jit",
+    ".torchscript",
+    ".safetensors",
+    ".bin",
+    ".ckpt",
+    ".onnx",
+    ".zip",
+    ".py",
+)
 
 
 def is_path(text: str) -> bool:
@@ -154,21 +183,29 @@ def _model_file_refusal(text: str) -> UsageProblem:
         return UsageProblem(
             f"'{text}' is a TorchScript archive: its modules are compiled code that forward hooks cannot reach",
             hint="give the Python model it was scripted from (timm:NAME, a torchvision name, or file.py:factory) and "
-                 "its weights with --weights state_dict.pth")
+            "its weights with --weights state_dict.pth",
+        )
     if kind == "export":
         return UsageProblem(
             f"'{text}' is a torch.export archive: its graph has no modules for hooks to reach",
             hint="give the Python model it was exported from (timm:NAME, a torchvision name, or file.py:factory) "
-                 "and its weights with --weights state_dict.pth")
+            "and its weights with --weights state_dict.pth",
+        )
     if text.endswith(".py"):
-        return UsageProblem(f"'{text}' is a Python file but names no function to call",
-                            hint=f"write {text}:FUNCTION, where FUNCTION() returns the nn.Module")
+        return UsageProblem(
+            f"'{text}' is a Python file but names no function to call",
+            hint=f"write {text}:FUNCTION, where FUNCTION() returns the nn.Module",
+        )
     if kind == "weights" or text.lower().endswith((".pth", ".pt", ".safetensors", ".bin", ".ckpt")):
-        return UsageProblem(f"'{text}' is a weights file, not a model",
-                            hint=f"name the architecture with --model and pass the file as --weights {text}")
-    return UsageProblem(f"model '{text}' is a path, and a model is named, not opened",
-                        hint="use a torchvision name, timm:NAME, hf:ORG/NAME or hf:/folder, open_clip:ARCH, or "
-                             "file.py:factory ('hookcli models' lists the torchvision ones)")
+        return UsageProblem(
+            f"'{text}' is a weights file, not a model",
+            hint=f"name the architecture with --model and pass the file as --weights {text}",
+        )
+    return UsageProblem(
+        f"model '{text}' is a path, and a model is named, not opened",
+        hint="use a torchvision name, timm:NAME, hf:ORG/NAME or hf:/folder, open_clip:ARCH, or "
+        "file.py:factory ('hookcli models' lists the torchvision ones)",
+    )
 
 
 def check_model(spec: ModelSpec) -> None:
@@ -177,23 +214,36 @@ def check_model(spec: ModelSpec) -> None:
     if spec.source in PACKAGES:
         package, extra = PACKAGES[spec.source]
         if importlib.util.find_spec(package) is None:
-            raise SourceError(f"{spec.source}: models need the {package} package, which is not installed",
-                              hint=f'pip install "hookcli[{extra}]"')
+            raise SourceError(
+                f"{spec.source}: models need the {package} package, which is not installed",
+                hint=f'pip install "hookcli[{extra}]"',
+            )
     if spec.hf_folder:
         folder = Path(spec.name).expanduser()
         config = regular_file_problem(folder / "config.json")
         if config is not None:
-            what = ("not a folder" if not folder.is_dir() else "a folder without config.json" if config == MISSING
-                    else f"a folder whose config.json {config}")
-            raise UsageProblem(f"'{spec.name}' (from {spec.text}) is {what}",
-                               hint="give a folder written by save_pretrained, or hf:ORG/NAME from the cache")
+            what = (
+                "not a folder"
+                if not folder.is_dir()
+                else "a folder without config.json"
+                if config == MISSING
+                else f"a folder whose config.json {config}"
+            )
+            raise UsageProblem(
+                f"'{spec.name}' (from {spec.text}) is {what}",
+                hint="give a folder written by save_pretrained, or hf:ORG/NAME from the cache",
+            )
     elif spec.source == "hf" and not _HF_REPO.match(spec.name):
-        raise UsageProblem(f"'{spec.name}' is not a Hugging Face model id",
-                           hint="write hf:ORG/NAME, or hf:/path/to/folder (hf:./folder for a relative one)")
+        raise UsageProblem(
+            f"'{spec.name}' is not a Hugging Face model id",
+            hint="write hf:ORG/NAME, or hf:/path/to/folder (hf:./folder for a relative one)",
+        )
     if spec.source == "open_clip" and spec.name.startswith("hf-hub:"):
-        raise UsageProblem(f"{spec.text}: OpenCLIP fetches hf-hub: models from the Hub itself, and hookcli does "
-                           "not download", hint="give the architecture's name (open_clip:ViT-B-32) and a pretrained "
-                           "tag, or its JSON config (open_clip:/path/Config.json) and --weights FILE")
+        raise UsageProblem(
+            f"{spec.text}: OpenCLIP fetches hf-hub: models from the Hub itself, and hookcli does not download",
+            hint="give the architecture's name (open_clip:ViT-B-32) and a pretrained "
+            "tag, or its JSON config (open_clip:/path/Config.json) and --weights FILE",
+        )
     if spec.source == "open_clip" and spec.name.endswith(".json"):
         what = regular_file_problem(Path(spec.name).expanduser())
         if what is not None:
@@ -205,8 +255,10 @@ def check_model(spec: ModelSpec) -> None:
             if what is not None:
                 raise UsageProblem(f"factory file '{module}' {what}", hint="check the path of --model FILE.py:FUNC")
         elif _find_module(module) is None:
-            raise UsageProblem(f"no Python module '{module}' (for the factory {spec.name})",
-                               hint="install it, or run hookcli from the folder that holds it")
+            raise UsageProblem(
+                f"no Python module '{module}' (for the factory {spec.name})",
+                hint="install it, or run hookcli from the folder that holds it",
+            )
 
 
 MISSING = "not found"

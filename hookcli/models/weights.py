@@ -13,23 +13,32 @@ named.
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import hashlib
 import os
+import pickle
 import stat
 import zipfile
 from pathlib import Path
 from typing import Any
-
-import codecs
-import pickle
 from urllib.parse import urlparse
 
 from hookcli.errors import WeightsError, first_line
 from hookcli.files import file_kind
 
-__all__ = ["archive_kind", "check_weights_file", "file_sha256", "file_weights", "fit_state_dict",
-           "hub_checkpoint_path", "looks_like_weights_path", "read_state_dict", "seeded", "weights_cache_path"]
+__all__ = [
+    "archive_kind",
+    "check_weights_file",
+    "file_sha256",
+    "file_weights",
+    "fit_state_dict",
+    "hub_checkpoint_path",
+    "looks_like_weights_path",
+    "read_state_dict",
+    "seeded",
+    "weights_cache_path",
+]
 
 
 _WEIGHT_FILE_SUFFIXES = (".pth", ".pt", ".safetensors", ".bin", ".ckpt")
@@ -99,19 +108,25 @@ def fit_state_dict(module, state: dict, path: Path, name: str) -> None:
     misfits = [key for key, tensor in expected.items() if key in state and state[key].shape != tensor.shape]
     if misfits:
         key, more = misfits[0], (f" (and {len(misfits) - 1} more)" if len(misfits) > 1 else "")
-        raise _does_not_fit(path, name, f"{key} is {list(state[key].shape)} in the file but "
-                                        f"{list(expected[key].shape)} in the model{more}")
+        raise _does_not_fit(
+            path,
+            name,
+            f"{key} is {list(state[key].shape)} in the file but {list(expected[key].shape)} in the model{more}",
+        )
     for key, tensor in expected.items():
         if key in state and not _casts_faithfully(state[key].dtype, tensor.dtype):
             stored, wanted = (str(t.dtype).removeprefix("torch.") for t in (state[key], tensor))
-            raise WeightsError(f"weights file '{path}' holds {key} as {stored} and the model takes {wanted}: hookcli "
-                               f"does not cast {stored} into {wanted}",
-                               hint="save the model's float weights (dequantized ones, for a quantized model)")
+            raise WeightsError(
+                f"weights file '{path}' holds {key} as {stored} and the model takes {wanted}: hookcli "
+                f"does not cast {stored} into {wanted}",
+                hint="save the model's float weights (dequantized ones, for a quantized model)",
+            )
     result = module.load_state_dict(state, strict=False)
     problems = [*(f"missing {k}" for k in result.missing_keys), *(f"unexpected {k}" for k in result.unexpected_keys)]
     if problems:
-        raise _does_not_fit(path, name, ", ".join(problems[:4]) + (
-            f" and {len(problems) - 4} more" if len(problems) > 4 else ""))
+        raise _does_not_fit(
+            path, name, ", ".join(problems[:4]) + (f" and {len(problems) - 4} more" if len(problems) > 4 else "")
+        )
 
 
 def _casts_faithfully(stored, wanted) -> bool:
@@ -132,8 +147,10 @@ def _number_kind(dtype) -> str | None:
 
 
 def _does_not_fit(path: Path, name: str, detail: str) -> WeightsError:
-    return WeightsError(f"weights file '{path}' does not fit model '{name}': {detail}",
-                        hint="check that it was saved from the same architecture")
+    return WeightsError(
+        f"weights file '{path}' does not fit model '{name}': {detail}",
+        hint="check that it was saved from the same architecture",
+    )
 
 
 def read_state_dict(path: Path) -> dict:
@@ -166,8 +183,10 @@ def check_weights_file(path: Path) -> None:
             f"weights file not found: '{path}'", hint="check the path, or use --weights DEFAULT|none"
         ) from None
     if not stat.S_ISREG(status.st_mode):
-        raise WeightsError(f"weights path '{path}' is not a regular file but {file_kind(status.st_mode)}",
-                           hint="give the path of the .pth/.pt/.safetensors file itself")
+        raise WeightsError(
+            f"weights path '{path}' is not a regular file but {file_kind(status.st_mode)}",
+            hint="give the path of the .pth/.pt/.safetensors file itself",
+        )
     if status.st_size == 0:
         raise WeightsError(f"weights file '{path}' is empty", hint=_WEIGHTS_FILE_HINT)
 
@@ -178,8 +197,10 @@ def _unreadable(path: Path, err: Exception) -> WeightsError:
 
     archive = {"torchscript": "a TorchScript", "export": "a torch.export"}.get(archive_kind(path))
     if archive is not None:
-        return WeightsError(f"weights file '{path}' is {archive} archive, not a state dict",
-                            hint="save model.state_dict() of the model it came from")
+        return WeightsError(
+            f"weights file '{path}' is {archive} archive, not a state dict",
+            hint="save model.state_dict() of the model it came from",
+        )
     with open(path, "rb") as handle:
         kind = _kind_of_non_weights(path, handle.read(512))
     if kind is not None:
@@ -187,7 +208,9 @@ def _unreadable(path: Path, err: Exception) -> WeightsError:
     if isinstance(err, pickle.UnpicklingError) and "Weights only" in str(err):
         return WeightsError(
             f"cannot read weights file '{path}': it holds pickled objects other than tensors, which hookcli refuses "
-            "to unpickle", hint="save a plain state_dict (torch.save(model.state_dict(), path))")
+            "to unpickle",
+            hint="save a plain state_dict (torch.save(model.state_dict(), path))",
+        )
     return WeightsError(f"cannot read weights file '{path}': {first_line(err)}", hint=_WEIGHTS_FILE_HINT)
 
 
@@ -199,7 +222,7 @@ def _kind_of_non_weights(path: Path, head: bytes) -> str | None:
         return "a JPEG image"
     if head[:4] in (b"PK\x03\x04", b"PK\x05\x06"):
         # torch.save writes a zip whose first entry is <name>/data.pkl; its name starts at byte 30 of the zip.
-        first_entry = head[30:30 + int.from_bytes(head[26:28], "little")]
+        first_entry = head[30 : 30 + int.from_bytes(head[26:28], "little")]
         if not first_entry.endswith(b"/data.pkl"):
             return "a zip archive but not a PyTorch checkpoint"
         return None if zipfile.is_zipfile(path) else "a truncated PyTorch checkpoint (its end is missing)"
@@ -237,7 +260,7 @@ def _unwrap(state: Any, path: Path) -> dict:
         stripped = False
         for prefix in _PREFIXES:
             if all(k.startswith(prefix) for k in state):
-                state = {k[len(prefix):]: v for k, v in state.items()}
+                state = {k[len(prefix) :]: v for k, v in state.items()}
                 stripped = True
     return state
 
@@ -255,8 +278,9 @@ def archive_kind(path: Path) -> str | None:
     parts = {name.split("/", 1)[1] if "/" in name else name for name in names}
     if any(p.startswith("code/") for p in parts) or "constants.pkl" in parts:
         return "torchscript"
-    if any(p.startswith(("models/", "serialized_exported_program", "archive_format")) for p in parts) or \
-            any("exported_program" in name for name in names):
+    if any(p.startswith(("models/", "serialized_exported_program", "archive_format")) for p in parts) or any(
+        "exported_program" in name for name in names
+    ):
         return "export"
     if "data.pkl" in parts:
         return "weights"

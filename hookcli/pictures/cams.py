@@ -15,8 +15,8 @@ import numpy as np
 from PIL import Image
 
 from hookcli.files import atomic_path
-from hookcli.pictures.photos import heat_picture, model_photo_scaled
 from hookcli.pictures.grids import safe_name
+from hookcli.pictures.photos import heat_picture, model_photo_scaled
 from hookcli.pictures.render import add_title, draw_boxes
 
 __all__ = ["CamOverlays", "cam_png_name"]
@@ -36,9 +36,21 @@ class CamOverlays:
     through ``on_note`` and drawn as the photo alone, saying so.
     """
 
-    def __init__(self, inner, paths: Sequence, folder: str | os.PathLike, *, preprocess, count: int, method: str,
-                 layer: str, alpha: float = 0.5, cmap: str = "inferno", force: bool = False,
-                 on_note: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        inner,
+        paths: Sequence,
+        folder: str | os.PathLike,
+        *,
+        preprocess,
+        count: int,
+        method: str,
+        layer: str,
+        alpha: float = 0.5,
+        cmap: str = "inferno",
+        force: bool = False,
+        on_note: Callable[[str], None] | None = None,
+    ) -> None:
         self.inner, self.paths, self.folder = inner, paths, Path(folder)
         self.preprocess, self.count, self.method, self.layer = preprocess, count, method, layer
         self.alpha, self.cmap, self.force, self.on_note = alpha, cmap, force, on_note
@@ -97,8 +109,11 @@ _BOX_COLOUR = (0, 255, 255)
 def _cam_caption(chosen: Mapping) -> tuple[str, list[str]]:
     """``(label, caption lines)`` for a CAM target: a class's logit, a segmentation mask or a detection."""
     name = chosen.get("name")
-    label = f"{name} ({chosen['class']})" if name else (f"class {chosen['class']}" if chosen.get("class") is not None
-                                                        else "any class")
+    label = (
+        f"{name} ({chosen['class']})"
+        if name
+        else (f"class {chosen['class']}" if chosen.get("class") is not None else "any class")
+    )
     if "logit" in chosen:
         return label, [label, f"logit {chosen['logit']:.2f}", f"p {chosen['probability']:.1%}"]
     if "pixels" in chosen:

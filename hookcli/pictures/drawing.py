@@ -5,23 +5,57 @@ the photo) as a :class:`Picture` with its title, colour bar and notes.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 import numpy as np
+
 from hookcli.console import printable
 from hookcli.errors import FeatureFileError, HookcliError
-from hookcli.storage.fileformat import DETECTIONS
 from hookcli.inputs.preprocess import Preprocess
-from hookcli.pictures.text import number
 from hookcli.pictures.flow import add_flow_legend, flow_colours, longest_flow
-from hookcli.pictures.render import BOX_COLOURS, CLIPS, STRIPS, NotDrawable, RowNotDrawable, add_colorbar, add_title, as_maps, draw_boxes, frame_layout, map_layout, scale_maps, strip, tile_frames, tile_layout, tile_maps, value_range
 from hookcli.pictures.options import GridJob, GridOptions, capped
-from hookcli.pictures.reading import Detections, channels_last, detection_keys, drawn_row_shape, draws_flow, frames_text, one_map_a_row, read_detections, recorded_prefix_tokens, row_drawn
 from hookcli.pictures.photos import heat_picture, model_photo, model_photo_scaled
+from hookcli.pictures.reading import (
+    Detections,
+    channels_last,
+    detection_keys,
+    drawn_row_shape,
+    draws_flow,
+    frames_text,
+    one_map_a_row,
+    read_detections,
+    recorded_prefix_tokens,
+    row_drawn,
+)
+from hookcli.pictures.render import (
+    BOX_COLOURS,
+    CLIPS,
+    STRIPS,
+    NotDrawable,
+    RowNotDrawable,
+    add_colorbar,
+    add_title,
+    as_maps,
+    draw_boxes,
+    frame_layout,
+    map_layout,
+    scale_maps,
+    strip,
+    tile_frames,
+    tile_layout,
+    tile_maps,
+    value_range,
+)
+from hookcli.pictures.text import number
+from hookcli.storage.fileformat import DETECTIONS
 
 __all__ = ["Picture", "render_job", "render_picture"]
 
 
-_LAYOUTS = {"tokens": "tokens as a square", "tokens+cls": "tokens as a square, class token left out",
-            "matrix": "tokens x dims"}
+_LAYOUTS = {
+    "tokens": "tokens as a square",
+    "tokens+cls": "tokens as a square, class token left out",
+    "matrix": "tokens x dims",
+}
 
 
 #: Tiled pictures are enlarged to at least this width, so one channel or a few are not a thumbnail.
@@ -74,10 +108,16 @@ def _row_picture(features, job: GridJob, options: GridOptions, values: np.ndarra
     count, _, _, layout = map_layout(shape, prefix)
     selected = range(count)[options.channels] if options.channels is not None else range(count)
     if job.limit is not None and options.top is None:
-        selected = selected[:job.limit]
+        selected = selected[: job.limit]
     # Channels of [C, H, W] rows and of clips are read a range at a time; other layouts are sliced after reading.
-    direct = (values is None and len(stored) >= 3 and options.top is None and selected != range(count)
-              and not single and not last)
+    direct = (
+        values is None
+        and len(stored) >= 3
+        and options.top is None
+        and selected != range(count)
+        and not single
+        and not last
+    )
     part = slice(selected.start, selected.stop, selected.step) if direct else None
     if values is None:
         values = features.read(job.key, job.row, part)
@@ -86,7 +126,7 @@ def _row_picture(features, job: GridJob, options: GridOptions, values: np.ndarra
         values = np.moveaxis(values, -1, 0)
     maps, layout = as_maps(values if frame is None else values[:, frame], prefix)
     if not direct and selected != range(count):
-        maps = maps[selected.start:selected.stop:selected.step]
+        maps = maps[selected.start : selected.stop : selected.step]
     if len(maps) == 0:
         raise NotDrawable("no channels in the selected range")
     kind = "value" if layout in STRIPS else "channel"
@@ -114,24 +154,43 @@ def _row_picture(features, job: GridJob, options: GridOptions, values: np.ndarra
         if not options.plain:
             pixels = add_colorbar(pixels, options.cmap, *_ends(value_range(maps)), "one scale for the strip")
     elif layout in CLIPS:
-        look = {"padding": 0 if layout == "pooled-frames" else options.padding, "min_tile": options.min_tile,
-                "labels": None if options.plain else labels, "min_width": 0 if options.plain else _MIN_WIDTH}
+        look = {
+            "padding": 0 if layout == "pooled-frames" else options.padding,
+            "min_tile": options.min_tile,
+            "labels": None if options.plain else labels,
+            "min_width": 0 if options.plain else _MIN_WIDTH,
+        }
         framing = frame_layout(*maps.shape, **look)
         labelled = options.plain or labels is None or framing.margin > 0
         pixels = tile_frames(scale_maps(maps, options.scale), cmap=options.cmap, layout=framing, **look)
         if not options.plain:
-            pixels = add_colorbar(pixels, options.cmap, *_scale_legend(
-                maps, options.scale, "the channel's range over its frames",
-                "each channel scaled to its own range over its frames"))
+            pixels = add_colorbar(
+                pixels,
+                options.cmap,
+                *_scale_legend(
+                    maps,
+                    options.scale,
+                    "the channel's range over its frames",
+                    "each channel scaled to its own range over its frames",
+                ),
+            )
     else:
-        look = {"columns": options.columns, "padding": options.padding, "min_tile": options.min_tile,
-                "labels": None if options.plain else labels, "min_width": 0 if options.plain else _MIN_WIDTH}
+        look = {
+            "columns": options.columns,
+            "padding": options.padding,
+            "min_tile": options.min_tile,
+            "labels": None if options.plain else labels,
+            "min_width": 0 if options.plain else _MIN_WIDTH,
+        }
         tiling = tile_layout(len(maps), *maps.shape[1:], **look)
         labelled = options.plain or labels is None or tiling.band > 0
         pixels = tile_maps(scale_maps(maps, options.scale), cmap=options.cmap, layout=tiling, **look)
         if not options.plain:
-            pixels = add_colorbar(pixels, options.cmap, *_scale_legend(maps, options.scale, "the map's range",
-                                                                       "each tile scaled to its own range"))
+            pixels = add_colorbar(
+                pixels,
+                options.cmap,
+                *_scale_legend(maps, options.scale, "the map's range", "each tile scaled to its own range"),
+            )
     if options.title and not options.plain:
         own = stored[1:] if single else stored  # a map a row is drawn as one channel; its shape is its own
         parts = [printable(capped(job.key, 200)), printable(capped(job.name, 120)), str(list(own)), picked]
@@ -171,21 +230,31 @@ def _flow_picture(features, job: GridJob, options: GridOptions, values: np.ndarr
     shape = features.row_shape(job.key, job.row)
     flow = (features.read(job.key, job.row) if values is None else values).reshape(shape)
     longest = longest_flow(flow)
-    factor = tile_layout(1, *shape[1:], padding=0, min_tile=options.min_tile,
-                         min_width=0 if options.plain else _MIN_WIDTH).factor
+    factor = tile_layout(
+        1, *shape[1:], padding=0, min_tile=options.min_tile, min_width=0 if options.plain else _MIN_WIDTH
+    ).factor
     pixels = flow_colours(flow).repeat(factor, axis=0).repeat(factor, axis=1)
     length = "no finite vectors" if longest is None else f"longest vector {number(longest)} px"
     if not options.plain:
-        lines = ["hue: direction of motion, as from the wheel's centre",
-                 f"white: still; full colour: {number(longest)} px" if longest else "white: still"]
+        lines = [
+            "hue: direction of motion, as from the wheel's centre",
+            f"white: still; full colour: {number(longest)} px" if longest else "white: still",
+        ]
         if not np.isfinite(flow).all():
             lines.append("black: NaN or ±inf")
         pixels = add_flow_legend(pixels, lines)
     if options.title and not options.plain:
-        pixels = add_title(pixels, [printable(capped(job.key, 200)), printable(capped(job.name, 120)),
-                                    str(shape), "optical flow", length])
-    flat = "has no finite values: drawn black" if longest is None else \
-        "is 0 everywhere (nothing moves): drawn white" if longest == 0 else None
+        pixels = add_title(
+            pixels,
+            [printable(capped(job.key, 200)), printable(capped(job.name, 120)), str(shape), "optical flow", length],
+        )
+    flat = (
+        "has no finite values: drawn black"
+        if longest is None
+        else "is 0 everywhere (nothing moves): drawn white"
+        if longest == 0
+        else None
+    )
     return Picture(pixels, (f"{job.key}, {job.name}: the flow field {flat}",) if flat else ())
 
 
@@ -194,13 +263,16 @@ def _overlay_picture(features, job: GridJob, maps: np.ndarray, options: GridOpti
     try:
         preprocess = Preprocess.from_metadata(features.metadata.get("preprocess"))
     except ValueError as err:
-        raise FeatureFileError(f"'{features.name}' has unusable preprocess metadata: {err}",
-                               hint="draw without --overlay, or write the file again with hookcli extract") from None
+        raise FeatureFileError(
+            f"'{features.name}' has unusable preprocess metadata: {err}",
+            hint="draw without --overlay, or write the file again with hookcli extract",
+        ) from None
     photo = model_photo(job.source_image, preprocess, enlarge=not options.plain)
     heat = np.nanmean(np.where(np.isfinite(maps), maps, np.nan), axis=0) if len(maps) > 1 else maps[0]
     what = features.metadata.get("method", "cam") if one_map_a_row(features, job.key) else "activation"
-    return heat_picture(photo, heat, cmap=options.overlay_cmap, alpha=options.alpha, what=what,
-                        legend=not options.plain)
+    return heat_picture(
+        photo, heat, cmap=options.overlay_cmap, alpha=options.alpha, what=what, legend=not options.plain
+    )
 
 
 def _detections_picture(features, job: GridJob, options: GridOptions) -> Picture:
@@ -224,16 +296,26 @@ def _detections_picture(features, job: GridJob, options: GridOptions) -> Picture
     pixels = draw_boxes(photo, found.boxes[drawn] * scale, colours, texts)
     count = len(found.boxes)
     if options.title and not options.plain:
-        parts = [DETECTIONS, printable(capped(job.name, 120)),
-                 "no detections" if count == 0 else f"{count} detection{'s' if count != 1 else ''}"]
-        shown = [what for what, there in (("label (class index)", found.labels), ("score", found.scores))
-                 if there is not None]
+        parts = [
+            DETECTIONS,
+            printable(capped(job.name, 120)),
+            "no detections" if count == 0 else f"{count} detection{'s' if count != 1 else ''}",
+        ]
+        shown = [
+            what
+            for what, there in (("label (class index)", found.labels), ("score", found.scores))
+            if there is not None
+        ]
         if drawn and shown:
             parts.append(f"{' and '.join(shown)} on each box")
         pixels = add_title(pixels, parts)
     missing = count - len(drawn)
-    return Picture(pixels, (f"{DETECTIONS}, {job.name}: {missing} of its {count} boxes have NaN or ±inf and are not "
-                            "drawn",) if missing else ())
+    return Picture(
+        pixels,
+        (f"{DETECTIONS}, {job.name}: {missing} of its {count} boxes have NaN or ±inf and are not drawn",)
+        if missing
+        else (),
+    )
 
 
 def _detection_text(found: Detections, index: int) -> str:

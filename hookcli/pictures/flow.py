@@ -9,9 +9,11 @@ Baker et al.'s Middlebury benchmark), with a legend.
 from __future__ import annotations
 
 from collections.abc import Sequence
+
 import numpy as np
-from hookcli.pictures.text import caption_font
+
 from hookcli.pictures.render import stacked
+from hookcli.pictures.text import caption_font
 
 __all__ = ["add_flow_legend", "flow_colours", "FLOW_NAN_COLOR", "flow_wheel", "longest_flow"]
 
@@ -29,11 +31,16 @@ def _wheel_segment(count: int, start: tuple[int, int, int], end: tuple[int, int,
 
 #: The 55 hues of the Middlebury flow colour code (Baker et al., 2011), red through yellow, green, cyan, blue and
 #: magenta, each segment as long as its colours are told apart.
-_FLOW_WHEEL = np.concatenate([
-    _wheel_segment(15, (255, 0, 0), (255, 255, 0)), _wheel_segment(6, (255, 255, 0), (0, 255, 0)),
-    _wheel_segment(4, (0, 255, 0), (0, 255, 255)), _wheel_segment(11, (0, 255, 255), (0, 0, 255)),
-    _wheel_segment(13, (0, 0, 255), (255, 0, 255)), _wheel_segment(6, (255, 0, 255), (255, 0, 0)),
-])
+_FLOW_WHEEL = np.concatenate(
+    [
+        _wheel_segment(15, (255, 0, 0), (255, 255, 0)),
+        _wheel_segment(6, (255, 255, 0), (0, 255, 0)),
+        _wheel_segment(4, (0, 255, 0), (0, 255, 255)),
+        _wheel_segment(11, (0, 255, 255), (0, 0, 255)),
+        _wheel_segment(13, (0, 0, 255), (255, 0, 255)),
+        _wheel_segment(6, (255, 0, 255), (255, 0, 0)),
+    ]
+)
 
 
 def longest_flow(flow: np.ndarray) -> float | None:

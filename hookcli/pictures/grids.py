@@ -42,15 +42,37 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
 import numpy as np
+
 from hookcli.errors import FeatureFileError, UsageProblem
-from hookcli.storage.fileformat import DETECTIONS
-from hookcli.pictures.render import CLIPS, MAX_PIXELS, STRIPS, NotDrawable, RowNotDrawable, check_cmap, map_layout, tiles_that_fit
-from hookcli.patterns import glob_to_regex
 from hookcli.files import check_folder_output, refuse_existing
-from hookcli.pictures.options import DEFAULT_MAPS, GridJob, GridOptions, capped, digest
-from hookcli.pictures.reading import BOXES, DRAWN_DETECTIONS, channels_first, detection_keys, drawn_shape, draws_flow, input_names, recorded_prefix_tokens, row_drawn, select_rows
+from hookcli.patterns import glob_to_regex
 from hookcli.pictures.drawing import render_picture
+from hookcli.pictures.options import DEFAULT_MAPS, GridJob, GridOptions, capped, digest
+from hookcli.pictures.reading import (
+    BOXES,
+    DRAWN_DETECTIONS,
+    channels_first,
+    detection_keys,
+    drawn_shape,
+    draws_flow,
+    input_names,
+    recorded_prefix_tokens,
+    row_drawn,
+    select_rows,
+)
+from hookcli.pictures.render import (
+    CLIPS,
+    MAX_PIXELS,
+    STRIPS,
+    NotDrawable,
+    RowNotDrawable,
+    check_cmap,
+    map_layout,
+    tiles_that_fit,
+)
+from hookcli.storage.fileformat import DETECTIONS
 
 __all__ = ["GridPlan", "plan_grids", "render_all", "safe_name", "write_grids"]
 
@@ -82,8 +104,16 @@ class GridPlan(Sequence):
     under ``detections#boxes`` (when the photos can be found).
     """
 
-    def __init__(self, keys: Sequence[_KeyPlan], names: Callable[[int], str], inputs: Sequence[str] | None,
-                 out_dir: Path, suffix: str, notes: Sequence[str], detections: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        keys: Sequence[_KeyPlan],
+        names: Callable[[int], str],
+        inputs: Sequence[str] | None,
+        out_dir: Path,
+        suffix: str,
+        notes: Sequence[str],
+        detections: Sequence[str] = (),
+    ) -> None:
         self._keys, self._names, self._inputs = list(keys), names, inputs
         self._out_dir, self._suffix, self.notes = out_dir, suffix, tuple(notes)
         self.detections = tuple(detections)
@@ -104,8 +134,9 @@ class GridPlan(Sequence):
         name = self._names(row)
         stem = capped(safe_name(Path(name).stem or f"row{row:05d}"), _INPUT_STEM)
         path = self._out_dir / f"{plan.stem}__{row:05d}_{stem}{self._suffix}"
-        return GridJob(plan.key, row, Path(name).name, path, self._inputs[row] if self._inputs is not None else None,
-                       plan.limit)
+        return GridJob(
+            plan.key, row, Path(name).name, path, self._inputs[row] if self._inputs is not None else None, plan.limit
+        )
 
 
 #: Longest parts of a PNG's name: with the row number, suffix and a temporary name's extras, well under 255 bytes.
@@ -116,8 +147,7 @@ _KEY_STEM, _INPUT_STEM = 100, 60
 _KEY_STEM, _INPUT_STEM = 100, 60
 
 
-def plan_grids(features, options: GridOptions, out_dir: str | os.PathLike | None, *,
-               force: bool = False) -> GridPlan:
+def plan_grids(features, options: GridOptions, out_dir: str | os.PathLike | None, *, force: bool = False) -> GridPlan:
     """List the PNGs to write under ``out_dir`` (None: drawn in memory, named but not written).
 
     Refuses unknown keys, bad image indices, selections with nothing to draw
@@ -140,9 +170,12 @@ def plan_grids(features, options: GridOptions, out_dir: str | os.PathLike | None
                 _plan_detections(features, detections, drawable, notes, refusals)
             continue
         try:
-            drawable[key] = _maps_limit(channels_first(features, drawn_shape(features, key)), options,
-                                        flow=draws_flow(features, key, options),
-                                        prefix=recorded_prefix_tokens(features.metadata))
+            drawable[key] = _maps_limit(
+                channels_first(features, drawn_shape(features, key)),
+                options,
+                flow=draws_flow(features, key, options),
+                prefix=recorded_prefix_tokens(features.metadata),
+            )
         except NotDrawable as reason:
             refusals.append(f"'{key}' (shape {features.shape(key)}): {reason}")
             notes.append(f"skipped '{key}' (shape {features.shape(key)}): {reason}")
@@ -151,11 +184,15 @@ def plan_grids(features, options: GridOptions, out_dir: str | os.PathLike | None
             notes.append(f"'{key}': {drawable[key][1]}")
     if not drawable:
         shown = "; ".join(refusals[:3]) + (f"; and {len(refusals) - 3} more tensors" if len(refusals) > 3 else "")
-        raise UsageProblem(f"nothing to draw in '{features.name}': {shown}",
-                           hint="'hookcli info' shows the shapes; choose other tensors (-k) or channels")
+        raise UsageProblem(
+            f"nothing to draw in '{features.name}': {shown}",
+            hint="'hookcli info' shows the shapes; choose other tensors (-k) or channels",
+        )
     if options.frame is not None and not any(len(drawn_shape(features, key)) == 5 for key in keys):
-        notes.append(f"--frame {options.frame} chooses a frame of video clips ([C, T, H, W] per row), and none of "
-                     "the tensors has them")
+        notes.append(
+            f"--frame {options.frame} chooses a frame of video clips ([C, T, H, W] per row), and none of "
+            "the tensors has them"
+        )
     rows = max(features.shape(k)[0] for k in drawable)
     inputs = input_names(features.metadata, rows)
     listed = inputs is not None
@@ -170,12 +207,22 @@ def plan_grids(features, options: GridOptions, out_dir: str | os.PathLike | None
         if options.frame is not None and key != BOXES and len(drawn_shape(features, key)) == 5:
             stem += f".frame{options.frame}"  # one frame of a clip: named apart from the whole clip's picture
         count = features.shape(key)[0]
-        key_rows = chosen_rows[:bisect.bisect_left(chosen_rows, count)] if isinstance(chosen_rows, range) else \
-            [r for r in chosen_rows if r < count]
+        key_rows = (
+            chosen_rows[: bisect.bisect_left(chosen_rows, count)]
+            if isinstance(chosen_rows, range)
+            else [r for r in chosen_rows if r < count]
+        )
         plans.append(_KeyPlan(key, stem, key_rows, drawable[key][0]))
     names = (lambda row: inputs[row]) if listed else (lambda row: f"row{row:05d}")
-    plan = GridPlan(plans, names, inputs if listed else None, Path(out_dir or ""),
-                    ".overlay.png" if options.overlay else ".png", notes, detections)
+    plan = GridPlan(
+        plans,
+        names,
+        inputs if listed else None,
+        Path(out_dir or ""),
+        ".overlay.png" if options.overlay else ".png",
+        notes,
+        detections,
+    )
     if out_dir is not None:
         refuse_existing((job.path for job in plan), force=force)
     return plan
@@ -191,16 +238,16 @@ def _plan_detections(features, chosen: Sequence[str], drawable: dict, notes: lis
         drawable[BOXES] = (None, None)
         left_out = ", ".join(f"'{key}'" for key in chosen if key not in DRAWN_DETECTIONS)
         if left_out:
-            notes.append(f"not drawn: {left_out} (the detections picture shows each image's boxes, labels and "
-                         "scores)")
+            notes.append(f"not drawn: {left_out} (the detections picture shows each image's boxes, labels and scores)")
         return
     named = ", ".join(f"'{key}'" for key in chosen)
     refusals.append(f"the detections ({named}): {reason}")
     notes.append(f"skipped the detections ({named}): {reason}")
 
 
-def _maps_limit(shape: Sequence[int], options: GridOptions, *, flow: bool = False,
-                prefix: int | None = None) -> tuple[int | None, str | None]:
+def _maps_limit(
+    shape: Sequence[int], options: GridOptions, *, flow: bool = False, prefix: int | None = None
+) -> tuple[int | None, str | None]:
     """``(how many selected maps one picture holds or None for all, a note when not all)``; NotDrawable if none.
 
     Without ``--channels`` or ``--top``, a layer of more than
@@ -215,11 +262,13 @@ def _maps_limit(shape: Sequence[int], options: GridOptions, *, flow: bool = Fals
         raise NotDrawable("it has no rows")
     if flow:
         if options.overlay:
-            raise NotDrawable("--overlay does not draw optical-flow fields (--flow-as-channels draws dx and dy "
-                              "as maps)")
+            raise NotDrawable(
+                "--overlay does not draw optical-flow fields (--flow-as-channels draws dx and dy as maps)"
+            )
         if shape[2] * shape[3] > MAX_PIXELS:
-            raise NotDrawable(f"a {shape[2]}x{shape[3]} flow field is larger than a picture may be "
-                              f"({MAX_PIXELS:,} pixels)")
+            raise NotDrawable(
+                f"a {shape[2]}x{shape[3]} flow field is larger than a picture may be ({MAX_PIXELS:,} pixels)"
+            )
         return None, None
     row, _ = row_drawn(shape[1:], options)
     count, height, width, layout = map_layout(row, prefix)
@@ -239,24 +288,37 @@ def _maps_limit(shape: Sequence[int], options: GridOptions, *, flow: bool = Fals
     if layout in CLIPS:
         fits //= row[1]  # a channel is a row of T tiles
     if fits == 0:
-        what = f"one channel's {row[1]} frames of {height}x{width} are" if layout in CLIPS else \
-            f"one {height}x{width} map is"
+        what = (
+            f"one channel's {row[1]} frames of {height}x{width} are"
+            if layout in CLIPS
+            else f"one {height}x{width} map is"
+        )
         raise NotDrawable(f"{what} larger than a picture may be ({MAX_PIXELS:,} pixels)")
     if options.channels is None and options.top is None and layout not in STRIPS and count > DEFAULT_MAPS:
-        return DEFAULT_MAPS, (f"drew channels 0-{DEFAULT_MAPS - 1} of {count}; --channels {DEFAULT_MAPS}:"
-                              f"{2 * DEFAULT_MAPS} draws the next {DEFAULT_MAPS}, --top {DEFAULT_MAPS} the most "
-                              f"active, --channels : all of them" + (f" ({fits} a picture)" if fits < count else ""))
+        return DEFAULT_MAPS, (
+            f"drew channels 0-{DEFAULT_MAPS - 1} of {count}; --channels {DEFAULT_MAPS}:"
+            f"{2 * DEFAULT_MAPS} draws the next {DEFAULT_MAPS}, --top {DEFAULT_MAPS} the most "
+            f"active, --channels : all of them" + (f" ({fits} a picture)" if fits < count else "")
+        )
     if wanted <= fits:
         return None, None
-    what = "values" if layout in STRIPS else f"channels of {row[1]} frames of {height}x{width}" \
-        if layout in CLIPS else f"tiles of {height}x{width}"
+    what = (
+        "values"
+        if layout in STRIPS
+        else f"channels of {row[1]} frames of {height}x{width}"
+        if layout in CLIPS
+        else f"tiles of {height}x{width}"
+    )
     if options.top is not None:
         return fits, f"drew the top {fits} of the {wanted} asked for: a picture holds at most {fits} {what}"
     first, last = selected[0], selected[fits - 1]
-    following = f"{selected[fits]}:{selected[fits] + fits * selected.step}" if selected.step == 1 else \
-        f"{selected[fits]}:"
-    return fits, (f"drew {kind}s {first}-{last} of {count}: a picture holds at most {fits} {what}; "
-                  f"--channels {following} draws the next")
+    following = (
+        f"{selected[fits]}:{selected[fits] + fits * selected.step}" if selected.step == 1 else f"{selected[fits]}:"
+    )
+    return fits, (
+        f"drew {kind}s {first}-{last} of {count}: a picture holds at most {fits} {what}; "
+        f"--channels {following} draws the next"
+    )
 
 
 def _text(channels: slice) -> str:
@@ -291,8 +353,10 @@ def _select_keys(available: list[str], patterns: Sequence[str], name: str) -> li
         try:
             regex = glob_to_regex(pattern)
         except re.error as err:
-            raise UsageProblem(f"invalid key pattern '{pattern}': {err}",
-                               hint="patterns take * ? and [abc] or [a-z] ranges written low to high") from None
+            raise UsageProblem(
+                f"invalid key pattern '{pattern}': {err}",
+                hint="patterns take * ? and [abc] or [a-z] ranges written low to high",
+            ) from None
         found = [k for k in available if regex.fullmatch(k)]
         if not found:
             import difflib
@@ -307,8 +371,13 @@ def _select_keys(available: list[str], patterns: Sequence[str], name: str) -> li
 
 
 def write_grids(
-    features, jobs: GridPlan, options: GridOptions, *, force: bool = False,
-    on_note: Callable[[str], None] | None = None, on_written: Callable[[Path], None] | None = None,
+    features,
+    jobs: GridPlan,
+    options: GridOptions,
+    *,
+    force: bool = False,
+    on_note: Callable[[str], None] | None = None,
+    on_written: Callable[[Path], None] | None = None,
 ) -> list[Path]:
     """Render and write every job's PNG (atomically); undrawable tensors and pictures' notes go to ``on_note``."""
     from PIL import Image
@@ -327,8 +396,14 @@ def write_grids(
     return written
 
 
-def render_all(features, jobs: GridPlan, options: GridOptions, *, on_note: Callable[[str], None] | None = None,
-               on_drawn: Callable[[str], None] | None = None) -> dict[str, np.ndarray]:
+def render_all(
+    features,
+    jobs: GridPlan,
+    options: GridOptions,
+    *,
+    on_note: Callable[[str], None] | None = None,
+    on_drawn: Callable[[str], None] | None = None,
+) -> dict[str, np.ndarray]:
     """Every job's pixels by file name, in memory."""
     pictures = {}
     for job, pixels in _rendered(features, jobs, options, on_note):

@@ -11,12 +11,33 @@ import base64
 import html
 import io
 import json
+
 import numpy as np
+
 from hookcli.console import printable
 from hookcli.pictures.reading import Detections
 from hookcli.pictures.summary import values_stats
 
-__all__ = ["DEPTH_SHOWN", "PAGE_WINDOW", "TEXT_SHOWN", "row_anchor", "channels_table", "detections_table", "HEAD", "page_name", "pager", "png_uri", "shape_html", "row_shape_html", "stats_table", "STYLE", "target_name", "targets_table", "escaped", "value_html"]
+__all__ = [
+    "DEPTH_SHOWN",
+    "PAGE_WINDOW",
+    "TEXT_SHOWN",
+    "row_anchor",
+    "channels_table",
+    "detections_table",
+    "HEAD",
+    "page_name",
+    "pager",
+    "png_uri",
+    "shape_html",
+    "row_shape_html",
+    "stats_table",
+    "STYLE",
+    "target_name",
+    "targets_table",
+    "escaped",
+    "value_html",
+]
 
 #: Page links on each side of the current page (plus first, previous, next and last).
 PAGE_WINDOW = 3
@@ -48,8 +69,12 @@ def value_html(value, depth: int = 0) -> str:
     shown = list(enumerate(value))
     if len(value) > _LIST_SHOWN:
         shown = [*shown[:5], (None, f"… {len(value) - 7:,} more …"), *shown[-2:]]
-    items = "".join(f'<li value="{n}">{value_html(item, depth + 1)}</li>' if n is not None else
-                    f'<li class="more">{escaped(item)}</li>' for n, item in shown)
+    items = "".join(
+        f'<li value="{n}">{value_html(item, depth + 1)}</li>'
+        if n is not None
+        else f'<li class="more">{escaped(item)}</li>'
+        for n, item in shown
+    )
     return f'<ol class="inner" start="0">{items}</ol>'
 
 
@@ -62,11 +87,15 @@ def _capped(text: str) -> str:
 
 
 def targets_table(targets: list[dict]) -> str:
-    rows = "".join(f"<tr><td>{k + 1}</td><td>{escaped(_plain(t.get('class')))}</td><td>{escaped(_name(t))}</td>"
-                   f"<td>{_number(t.get('logit'), '.2f')}</td><td>{_number(t.get('probability'), '.1%')}</td></tr>"
-                   for k, t in enumerate(targets))
-    return ('<table class="targets"><caption>Targets</caption><tr><th>target</th><th>class</th><th>name</th>'
-            f"<th>logit</th><th>probability</th></tr>{rows}</table>\n")
+    rows = "".join(
+        f"<tr><td>{k + 1}</td><td>{escaped(_plain(t.get('class')))}</td><td>{escaped(_name(t))}</td>"
+        f"<td>{_number(t.get('logit'), '.2f')}</td><td>{_number(t.get('probability'), '.1%')}</td></tr>"
+        for k, t in enumerate(targets)
+    )
+    return (
+        '<table class="targets"><caption>Targets</caption><tr><th>target</th><th>class</th><th>name</th>'
+        f"<th>logit</th><th>probability</th></tr>{rows}</table>\n"
+    )
 
 
 def _name(target: dict) -> str:
@@ -80,8 +109,12 @@ def target_name(target: dict) -> str:
 
 def stats_table(values: np.ndarray) -> str:
     stats = values_stats([values])
-    cells = [("min", stats["min"], ".4g"), ("mean", stats["mean"], ".4g"), ("max", stats["max"], ".4g"),
-             ("zeros", stats["zeros"], ".1%")]
+    cells = [
+        ("min", stats["min"], ".4g"),
+        ("mean", stats["mean"], ".4g"),
+        ("max", stats["max"], ".4g"),
+        ("zeros", stats["zeros"], ".1%"),
+    ]
     if stats["nonfinite"]:
         cells.append(("NaN/inf", stats["nonfinite"], "d"))
     header = "".join(f"<th>{name}</th>" for name, _, _ in cells)
@@ -100,23 +133,27 @@ def detections_table(found: Detections) -> str:
     header = "".join(f"<th>{name}</th>" for name, _, _ in columns)
     rows = []
     for k, box in enumerate(found.boxes.tolist()):
-        cells = "".join(f"<td{_data(values[k].item())}>{_number(values[k].item(), spec)}</td>"
-                        for _, values, spec in columns)
+        cells = "".join(
+            f"<td{_data(values[k].item())}>{_number(values[k].item(), spec)}</td>" for _, values, spec in columns
+        )
         corners = "".join(f"<td{_data(value)}>{_number(value, '.1f')}</td>" for value in box)
         rows.append(f"<tr><td>#{k}</td>{cells}{corners}</tr>")  # numbered as --target '#N' names them
     plural = "s" if count != 1 else ""
-    return (f'<table class="detections"><caption>{count} detection{plural}: label (class index), score, and box '
-            f"corners in pixels of the image the model was given</caption><tr><th>detection</th>{header}<th>x1</th>"
-            f"<th>y1</th><th>x2</th><th>y2</th></tr>{''.join(rows)}</table>")
+    return (
+        f'<table class="detections"><caption>{count} detection{plural}: label (class index), score, and box '
+        f"corners in pixels of the image the model was given</caption><tr><th>detection</th>{header}<th>x1</th>"
+        f"<th>y1</th><th>x2</th><th>y2</th></tr>{''.join(rows)}</table>"
+    )
 
 
 def channels_table(channels: list[tuple[int, float]]) -> str:
     if len(channels) < 2:
         return ""
-    rows = "".join(f"<tr><td>{index}</td><td{_data(mean)}>{_number(mean, '.4g')}</td></tr>"
-                   for index, mean in channels)
-    return (f'<table class="channels"><caption>Most active channels</caption><tr><th>channel</th>'
-            f"<th>mean</th></tr>{rows}</table>")
+    rows = "".join(f"<tr><td>{index}</td><td{_data(mean)}>{_number(mean, '.4g')}</td></tr>" for index, mean in channels)
+    return (
+        f'<table class="channels"><caption>Most active channels</caption><tr><th>channel</th>'
+        f"<th>mean</th></tr>{rows}</table>"
+    )
 
 
 def _data(value) -> str:
@@ -142,15 +179,18 @@ def pager(number: int, pages: int) -> str:
         return f'<a href="{page_name(target)}"{attribute}>{text}</a>'
 
     low, high = max(1, number - PAGE_WINDOW), min(pages, number + PAGE_WINDOW)
-    window = [f'<span aria-current="page">{n:,}</span>' if n == number else link(n, f"{n:,}")
-              for n in range(low, high + 1)]
+    window = [
+        f'<span aria-current="page">{n:,}</span>' if n == number else link(n, f"{n:,}") for n in range(low, high + 1)
+    ]
     if low > 1:
         window.insert(0, "…")
     if high < pages:
         window.append("…")
-    return (f'<nav class="pages" aria-label="pages">{link(1, "« First", "first")} '
-            f'{link(number - 1, "‹ Previous", "prev")} {" ".join(window)} {link(number + 1, "Next ›", "next")} '
-            f'{link(pages, "Last »", "last")} <span class="count">page {number:,} of {pages:,}</span></nav>\n')
+    return (
+        f'<nav class="pages" aria-label="pages">{link(1, "« First", "first")} '
+        f"{link(number - 1, '‹ Previous', 'prev')} {' '.join(window)} {link(number + 1, 'Next ›', 'next')} "
+        f'{link(pages, "Last »", "last")} <span class="count">page {number:,} of {pages:,}</span></nav>\n'
+    )
 
 
 def row_anchor(row: int, tensor: int | str | None = None) -> str:

@@ -14,9 +14,19 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
 from hookcli.errors import UsageProblem, check_choice, check_whole
 
-__all__ = ["capped", "default_grid_folder", "DEFAULT_MAPS", "digest", "GridJob", "GridOptions", "parse_channels", "SCALES"]
+__all__ = [
+    "capped",
+    "default_grid_folder",
+    "DEFAULT_MAPS",
+    "digest",
+    "GridJob",
+    "GridOptions",
+    "parse_channels",
+    "SCALES",
+]
 
 
 SCALES = ("channel", "grid")
@@ -87,8 +97,13 @@ class GridOptions:
             object.__setattr__(self, "channels", parse_channels(self.channels))
         except ValueError as err:
             raise UsageProblem(f"invalid channels: {err}") from None
-        for name, low, high in (("top", 1, None), ("columns", 1, None), ("padding", 0, 64), ("min_tile", 1, 1024),
-                                ("frame", 0, None)):
+        for name, low, high in (
+            ("top", 1, None),
+            ("columns", 1, None),
+            ("padding", 0, 64),
+            ("min_tile", 1, 1024),
+            ("frame", 0, None),
+        ):
             check_whole(name, getattr(self, name), low, high, optional=True)
         check_choice("scale", self.scale, SCALES)
         if not 0 <= self.alpha <= 1:
@@ -111,7 +126,7 @@ class GridJob:
 
 
 def capped(text: str, limit: int) -> str:
-    return text if len(text) <= limit else f"{text[:limit - 9]}~{digest(text)}"
+    return text if len(text) <= limit else f"{text[: limit - 9]}~{digest(text)}"
 
 
 def digest(text: str) -> str:

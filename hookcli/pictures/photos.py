@@ -5,14 +5,14 @@ drawn over it.
 from __future__ import annotations
 
 import numpy as np
-from hookcli.pictures.text import number
+
 from hookcli.pictures.render import add_colorbar, overlay, value_range
+from hookcli.pictures.text import number
 
 __all__ = ["OVERLAY_MIN", "OVERLAY_SIDE", "heat_picture", "model_photo", "model_photo_scaled"]
 
 #: Overlays are drawn at least OVERLAY_MIN and at most OVERLAY_SIDE pixels a side.
 OVERLAY_MIN, OVERLAY_SIDE = 512, 2048
-
 
 
 def model_photo(path, preprocess, *, enlarge: bool = True) -> np.ndarray:
@@ -50,13 +50,17 @@ def model_photo_scaled(path, preprocess, *, enlarge: bool = True) -> tuple[np.nd
     if preprocess.crop is not None:
         side = min(OVERLAY_SIDE, max(OVERLAY_MIN, 2 * preprocess.crop) if enlarge else preprocess.crop)
         scale = side / preprocess.crop
-        return np.asarray(model_view(photo, resize=max(1, round(short * scale)), crop=max(1, side),
-                                     interpolation=preprocess.interpolation)), scale
+        return np.asarray(
+            model_view(
+                photo, resize=max(1, round(short * scale)), crop=max(1, side), interpolation=preprocess.interpolation
+            )
+        ), scale
     # The resized photo as torchvision makes it: shorter side `short`, the longer one in proportion, rounded down.
     given_size = [short if n == min(size) else int(short * n / min(size)) for n in size]
     scale = min(max(OVERLAY_MIN, 2 * short) / short if enlarge else 1.0, OVERLAY_SIDE / max(given_size))
     drawn = tuple(max(1, round(n * scale)) for n in given_size)
     from hookcli.inputs.images import RESAMPLE as resample
+
     return np.asarray(photo.resize(drawn, resample[preprocess.interpolation])), scale
 
 
@@ -68,8 +72,10 @@ def _squashed_photo(photo, preprocess, enlarge: bool) -> tuple[np.ndarray, float
     longest = max(crop_h, crop_w)
     scale = min(OVERLAY_SIDE, max(OVERLAY_MIN, 2 * longest) if enlarge else longest) / longest
     from hookcli.inputs.images import RESAMPLE as resample
-    squashed = photo.resize((max(1, round(width * scale)), max(1, round(height * scale))),
-                            resample[preprocess.interpolation])
+
+    squashed = photo.resize(
+        (max(1, round(width * scale)), max(1, round(height * scale))), resample[preprocess.interpolation]
+    )
     left, top = round(int(round((width - crop_w) / 2.0)) * scale), round(int(round((height - crop_h) / 2.0)) * scale)
     box = (left, top, left + max(1, round(crop_w * scale)), top + max(1, round(crop_h * scale)))
     return np.asarray(squashed.crop(box)), scale
@@ -88,8 +94,9 @@ def _upright_size(path) -> tuple[int, int]:
     return (height, width) if turned else (width, height)
 
 
-def heat_picture(photo: np.ndarray, heat: np.ndarray, *, cmap: str, alpha: float, what: str,
-                 legend: bool = True) -> tuple[np.ndarray, str | None]:
+def heat_picture(
+    photo: np.ndarray, heat: np.ndarray, *, cmap: str, alpha: float, what: str, legend: bool = True
+) -> tuple[np.ndarray, str | None]:
     """``heat`` over ``photo`` with a colour bar giving the map's range; ``(pixels, note)``, a note when it is flat.
 
     A map with no spread (all zero, as a CAM is when no position raises the
@@ -97,11 +104,15 @@ def heat_picture(photo: np.ndarray, heat: np.ndarray, *, cmap: str, alpha: float
     the note say why. ``legend=False`` leaves the bar out.
     """
     span = value_range(np.asarray(heat))
-    flat = "has no finite values" if span is None else f"is {number(span[0])} everywhere" \
-        if span[0] == span[1] else None
+    flat = (
+        "has no finite values" if span is None else f"is {number(span[0])} everywhere" if span[0] == span[1] else None
+    )
     pixels = overlay(photo, heat, cmap=cmap, alpha=alpha)  # a flat map leaves the photo as it is
     if legend:
-        ends, said = (("low", "high"), f"the map {flat}: nothing to overlay") if flat else \
-            ((number(span[0]), number(span[1])), f"{what}, this image's range")
+        ends, said = (
+            (("low", "high"), f"the map {flat}: nothing to overlay")
+            if flat
+            else ((number(span[0]), number(span[1])), f"{what}, this image's range")
+        )
         pixels = add_colorbar(pixels, cmap, *ends, said)
     return pixels, (f"the {what} map {flat}: the photo is drawn without it" if flat else None)

@@ -12,14 +12,33 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-import numpy as np
-from hookcli.errors import UsageProblem
-from hookcli.storage.fileformat import DETECTIONS
-from hookcli.inputs.preprocess import Preprocess
-from hookcli.pictures.render import NotDrawable
-from hookcli.pictures.options import GridOptions
 
-__all__ = ["BOXES", "channels_first", "channels_last", "detection_keys", "Detections", "DRAWN_DETECTIONS", "drawn_row_shape", "drawn_shape", "draws_flow", "frames_text", "input_names", "one_map_a_row", "read_detections", "recorded_prefix_tokens", "row_drawn", "select_rows"]
+import numpy as np
+
+from hookcli.errors import UsageProblem
+from hookcli.inputs.preprocess import Preprocess
+from hookcli.pictures.options import GridOptions
+from hookcli.pictures.render import NotDrawable
+from hookcli.storage.fileformat import DETECTIONS
+
+__all__ = [
+    "BOXES",
+    "channels_first",
+    "channels_last",
+    "detection_keys",
+    "Detections",
+    "DRAWN_DETECTIONS",
+    "drawn_row_shape",
+    "drawn_shape",
+    "draws_flow",
+    "frames_text",
+    "input_names",
+    "one_map_a_row",
+    "read_detections",
+    "recorded_prefix_tokens",
+    "row_drawn",
+    "select_rows",
+]
 
 
 #: The ``family`` metadata of files whose ``[2, H, W]`` rows are optical-flow fields.
@@ -81,16 +100,22 @@ def select_rows(wanted: Sequence[str], names: Sequence[str] | None, rows: int) -
             if not -rows <= index < rows:
                 raise UsageProblem(
                     f"image index {index} is out of range: the file has {rows} image{'s' if rows != 1 else ''}",
-                    hint=("the file has no rows" if not rows else "use 0, or the input's file name" if rows == 1
-                          else f"use 0 to {rows - 1}, or an input file name"),
+                    hint=(
+                        "the file has no rows"
+                        if not rows
+                        else "use 0, or the input's file name"
+                        if rows == 1
+                        else f"use 0 to {rows - 1}, or an input file name"
+                    ),
                 )
             found = [index % rows]
         else:
             found = [i for i, n in enumerate(names or ()) if item in (n, Path(n).name, Path(n).stem)]
             if not found:
-                raise UsageProblem(f"no image named '{item}' in the file",
-                                   hint="give a row index, a range A:B or an input's file name ('hookcli info' "
-                                   "lists them)")
+                raise UsageProblem(
+                    f"no image named '{item}' in the file",
+                    hint="give a row index, a range A:B or an input's file name ('hookcli info' lists them)",
+                )
         chosen.update(dict.fromkeys(found))
     return list(chosen)
 
@@ -101,9 +126,12 @@ def _row_range(text: str, rows: int) -> range:
     chosen = range(rows)[start:stop]
     if not chosen:
         images = f"{rows} image{'s' if rows != 1 else ''}"
-        raise UsageProblem(f"image range '{text}' selects no images: the file has {images}",
-                           hint=f"A:B takes rows A to B-1, as a Python slice does; the rows are 0 to {rows - 1}"
-                           if rows else "the file has no rows")
+        raise UsageProblem(
+            f"image range '{text}' selects no images: the file has {images}",
+            hint=f"A:B takes rows A to B-1, as a Python slice does; the rows are 0 to {rows - 1}"
+            if rows
+            else "the file has no rows",
+        )
     return chosen
 
 
@@ -176,8 +204,9 @@ def read_detections(features, row: int) -> Detections:
         key = f"{DETECTIONS}#{name}"
         found[name] = np.asarray(features.read(key, row)) if key in keys else None
         if found[name] is not None and found[name].shape != boxes.shape[:1]:
-            raise NotDrawable(f"row {row} of '{key}' is {list(found[name].shape)}, not one value for each of its "
-                              f"{len(boxes)} boxes")
+            raise NotDrawable(
+                f"row {row} of '{key}' is {list(found[name].shape)}, not one value for each of its {len(boxes)} boxes"
+            )
     if found["labels"] is not None and found["labels"].dtype.kind not in "iu":
         raise NotDrawable(f"'{DETECTIONS}#labels' holds {found['labels'].dtype} values, not class indices")
     return Detections(boxes, found["labels"], found["scores"])
@@ -221,5 +250,9 @@ def draws_flow(features, key: str, options: GridOptions) -> bool:
     """Whether ``key`` is drawn as optical flow: its rows are ``[2, H, W]`` and the file's metadata says
     ``"family": "optical_flow"``, and ``options.flow_as_channels`` does not ask for the two channels."""
     shape = features.shape(key)
-    return (not options.flow_as_channels and features.metadata.get("family") == _FLOW_FAMILY and len(shape) == 4
-            and shape[1] == 2)
+    return (
+        not options.flow_as_channels
+        and features.metadata.get("family") == _FLOW_FAMILY
+        and len(shape) == 4
+        and shape[1] == 2
+    )

@@ -39,12 +39,45 @@ import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+
 import numpy as np
+
 from hookcli.errors import UsageProblem
 from hookcli.families import is_square
 from hookcli.pictures.text import caption_font, glyphs, label_band, label_size, stamp, text_width, tick_step
 
-__all__ = ["add_colorbar", "add_title", "as_maps", "BOX_COLOURS", "check_cmap", "CLIPS", "colorize", "draw_boxes", "frame_layout", "FrameLayout", "grid_columns", "map_layout", "MAX_PIXELS", "MAX_STRIP_VALUES", "MAX_TILES", "NAN_COLOR", "NotDrawable", "overlay", "PAD_COLOR", "RowNotDrawable", "scale_maps", "stacked", "strip", "STRIPS", "tile_frames", "tile_layout", "tile_maps", "TileLayout", "tiles_that_fit", "value_range"]
+__all__ = [
+    "add_colorbar",
+    "add_title",
+    "as_maps",
+    "BOX_COLOURS",
+    "check_cmap",
+    "CLIPS",
+    "colorize",
+    "draw_boxes",
+    "frame_layout",
+    "FrameLayout",
+    "grid_columns",
+    "map_layout",
+    "MAX_PIXELS",
+    "MAX_STRIP_VALUES",
+    "MAX_TILES",
+    "NAN_COLOR",
+    "NotDrawable",
+    "overlay",
+    "PAD_COLOR",
+    "RowNotDrawable",
+    "scale_maps",
+    "stacked",
+    "strip",
+    "STRIPS",
+    "tile_frames",
+    "tile_layout",
+    "tile_maps",
+    "TileLayout",
+    "tiles_that_fit",
+    "value_range",
+]
 
 
 NAN_COLOR = (255, 0, 255)
@@ -236,8 +269,17 @@ class TileLayout:
     band: int
 
 
-def tile_layout(count: int, height: int, width: int, *, columns: int | None = None, padding: int = 2,
-                min_tile: int = 32, labels: Sequence[int] | None = None, min_width: int = 0) -> TileLayout:
+def tile_layout(
+    count: int,
+    height: int,
+    width: int,
+    *,
+    columns: int | None = None,
+    padding: int = 2,
+    min_tile: int = 32,
+    labels: Sequence[int] | None = None,
+    min_width: int = 0,
+) -> TileLayout:
     """Pick the layout of :func:`tile_maps` (same arguments); raises :class:`NotDrawable` past :data:`MAX_PIXELS`."""
     factor = max(1, math.ceil(min_tile / max(height, width)))
     columns = max(1, min(columns or grid_columns(count, height * factor, width * factor), count))
@@ -259,8 +301,15 @@ def tile_layout(count: int, height: int, width: int, *, columns: int | None = No
 
 
 def tile_maps(
-    scaled: np.ndarray, *, columns: int | None = None, padding: int = 2, cmap: str = "viridis", min_tile: int = 32,
-    labels: Sequence[int] | None = None, min_width: int = 0, layout: TileLayout | None = None,
+    scaled: np.ndarray,
+    *,
+    columns: int | None = None,
+    padding: int = 2,
+    cmap: str = "viridis",
+    min_tile: int = 32,
+    labels: Sequence[int] | None = None,
+    min_width: int = 0,
+    layout: TileLayout | None = None,
 ) -> np.ndarray:
     """Colour ``[K, H, W]`` maps scaled to [0, 1] and tile them ``columns`` wide (default: :func:`grid_columns`).
 
@@ -272,8 +321,9 @@ def tile_maps(
     :func:`tile_layout` gave for the same arguments, when the caller has it already.
     """
     count, height, width = scaled.shape
-    layout = layout or tile_layout(count, height, width, columns=columns, padding=padding, min_tile=min_tile,
-                                   labels=labels, min_width=min_width)
+    layout = layout or tile_layout(
+        count, height, width, columns=columns, padding=padding, min_tile=min_tile, labels=labels, min_width=min_width
+    )
     columns, rows, factor, band = layout.columns, layout.rows, layout.factor, layout.band
     rgb = colorize(scaled, cmap)
     if factor > 1:
@@ -303,8 +353,17 @@ class FrameLayout:
     margin: int
 
 
-def frame_layout(count: int, frames: int, height: int, width: int, *, padding: int = 2, min_tile: int = 32,
-                 labels: Sequence[int] | None = None, min_width: int = 0) -> FrameLayout:
+def frame_layout(
+    count: int,
+    frames: int,
+    height: int,
+    width: int,
+    *,
+    padding: int = 2,
+    min_tile: int = 32,
+    labels: Sequence[int] | None = None,
+    min_width: int = 0,
+) -> FrameLayout:
     """Pick the layout of :func:`tile_frames` (same arguments); raises :class:`NotDrawable` past :data:`MAX_PIXELS`."""
     factor = math.ceil(min_tile / max(height, width))
     if min_width:
@@ -312,8 +371,9 @@ def frame_layout(count: int, frames: int, height: int, width: int, *, padding: i
         by_width = math.ceil(((min_width - padding) / frames - padding) / width)
         by_height = math.ceil(((2 * min_width - padding) / count - padding) / height)
         factor = max(factor, min(by_width, by_height))
-    factor = tile_layout(count * frames, height, width, columns=frames, padding=padding,
-                         min_tile=factor * max(height, width)).factor
+    factor = tile_layout(
+        count * frames, height, width, columns=frames, padding=padding, min_tile=factor * max(height, width)
+    ).factor
     if not labels:
         return FrameLayout(factor, 0, 0)
     size = label_size(width * factor)
@@ -325,8 +385,14 @@ def frame_layout(count: int, frames: int, height: int, width: int, *, padding: i
 
 
 def tile_frames(
-    scaled: np.ndarray, *, padding: int = 2, cmap: str = "viridis", min_tile: int = 32,
-    labels: Sequence[int] | None = None, min_width: int = 0, layout: FrameLayout | None = None,
+    scaled: np.ndarray,
+    *,
+    padding: int = 2,
+    cmap: str = "viridis",
+    min_tile: int = 32,
+    labels: Sequence[int] | None = None,
+    min_width: int = 0,
+    layout: FrameLayout | None = None,
 ) -> np.ndarray:
     """Colour ``[K, T, H, W]`` clips scaled to [0, 1] as a table: a row of T tiles per clip, a column per frame.
 
@@ -339,14 +405,19 @@ def tile_frames(
     the picture is :func:`tile_maps` of the ``K·T`` frames, T a row.
     """
     count, frames, height, width = scaled.shape
-    layout = layout or frame_layout(count, frames, height, width, padding=padding, min_tile=min_tile, labels=labels,
-                                    min_width=min_width)
-    grid = tile_maps(scaled.reshape(count * frames, height, width), padding=padding, cmap=cmap,
-                     layout=TileLayout(frames, count, layout.factor, 0))
+    layout = layout or frame_layout(
+        count, frames, height, width, padding=padding, min_tile=min_tile, labels=labels, min_width=min_width
+    )
+    grid = tile_maps(
+        scaled.reshape(count * frames, height, width),
+        padding=padding,
+        cmap=cmap,
+        layout=TileLayout(frames, count, layout.factor, 0),
+    )
     if not layout.header and not layout.margin:
         return grid
     canvas = np.full((layout.header + grid.shape[0], layout.margin + grid.shape[1], 3), PAD_COLOR, dtype=np.uint8)
-    canvas[layout.header:, layout.margin:] = grid
+    canvas[layout.header :, layout.margin :] = grid
     size = label_size(width * layout.factor)
     step_y, step_x = height * layout.factor + padding, width * layout.factor + padding
     for frame in range(frames if layout.header else 0):
@@ -356,8 +427,7 @@ def tile_frames(
     return canvas
 
 
-def strip(scaled: np.ndarray, labels: Sequence[int] | None, *, cmap: str = "viridis",
-          width: int = 768) -> np.ndarray:
+def strip(scaled: np.ndarray, labels: Sequence[int] | None, *, cmap: str = "viridis", width: int = 768) -> np.ndarray:
     """Colour single values scaled to [0, 1] as one strip of cells (lines of at most 1,024 cells for long vectors).
 
     Each cell is at least one pixel wide and the strip about ``width``
@@ -374,16 +444,17 @@ def strip(scaled: np.ndarray, labels: Sequence[int] | None, *, cmap: str = "viri
     every = 1 if cell >= label_w + 4 else tick_step(math.ceil((label_w + 8) / cell))
     line_h = 28 if lines == 1 else 14
     row_h = line_h + (4 + glyphs(size)[1] + 4 if labels else 2)
-    canvas = np.full((lines * row_h + 2, per_line * cell + 2 + (label_w + 2 if labels else 0), 3), PAD_COLOR,
-                     dtype=np.uint8)
+    canvas = np.full(
+        (lines * row_h + 2, per_line * cell + 2 + (label_w + 2 if labels else 0), 3), PAD_COLOR, dtype=np.uint8
+    )
     rgb = colorize(values, cmap)
     for line in range(lines):
-        part = rgb[line * per_line:(line + 1) * per_line]
+        part = rgb[line * per_line : (line + 1) * per_line]
         top = line * row_h + 1
-        canvas[top:top + line_h, 1:1 + len(part) * cell] = part.repeat(cell, axis=0)[None]
+        canvas[top : top + line_h, 1 : 1 + len(part) * cell] = part.repeat(cell, axis=0)[None]
         for i in range(0, len(part) if labels else 0, every):
             x = 1 + i * cell
-            canvas[top + line_h:top + line_h + 3, x] = 0
+            canvas[top + line_h : top + line_h + 3, x] = 0
             stamp(canvas, str(labels[line * per_line + i]), size, top + line_h + 3, x)
     return canvas
 
@@ -416,12 +487,23 @@ def overlay(photo: np.ndarray, heat: np.ndarray, *, cmap: str = "inferno", alpha
 
 
 #: Colours of detection boxes, one a class label (its index modulo ten): matplotlib's tab10, which stand out on photos.
-BOX_COLOURS = ((31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189), (140, 86, 75),
-               (227, 119, 194), (127, 127, 127), (188, 189, 34), (23, 190, 207))
+BOX_COLOURS = (
+    (31, 119, 180),
+    (255, 127, 14),
+    (44, 160, 44),
+    (214, 39, 40),
+    (148, 103, 189),
+    (140, 86, 75),
+    (227, 119, 194),
+    (127, 127, 127),
+    (188, 189, 34),
+    (23, 190, 207),
+)
 
 
-def draw_boxes(photo: np.ndarray, boxes: np.ndarray, colours: Sequence[tuple[int, int, int]],
-               texts: Sequence[str] | None = None) -> np.ndarray:
+def draw_boxes(
+    photo: np.ndarray, boxes: np.ndarray, colours: Sequence[tuple[int, int, int]], texts: Sequence[str] | None = None
+) -> np.ndarray:
     """``boxes`` (``[K, 4]``: x1, y1, x2, y2 in ``photo``'s pixels, finite) outlined on a copy of a ``uint8 [H, W, 3]``
     photo, each in its colour, later boxes over earlier ones; each box's text (None: none) on a tab of its colour
     at its top-left corner, above the box where there is room.
@@ -512,6 +594,6 @@ def stacked(upper: np.ndarray, lower: np.ndarray) -> np.ndarray:
     """Two pictures one above the other, the narrower padded white on its right."""
     width = max(upper.shape[1], lower.shape[1])
     out = np.full((upper.shape[0] + lower.shape[0], width, 3), 255, dtype=np.uint8)
-    out[:upper.shape[0], :upper.shape[1]] = upper
-    out[upper.shape[0]:, :lower.shape[1]] = lower
+    out[: upper.shape[0], : upper.shape[1]] = upper
+    out[upper.shape[0] :, : lower.shape[1]] = lower
     return out

@@ -47,22 +47,48 @@ import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
+
 import numpy as np
+
 from hookcli.errors import HookcliError, check_whole
-from hookcli.storage.fileformat import INDEX_NAME
-from hookcli.pictures.options import GridJob, GridOptions
-from hookcli.pictures.reading import detection_keys, drawn_shape, input_names, read_detections, select_rows
-from hookcli.pictures.drawing import Picture, render_picture
-from hookcli.pictures.grids import plan_grids
-from hookcli.pictures.render import NotDrawable, RowNotDrawable
 from hookcli.events import Advanced, Note, Started, Wrote
 from hookcli.files import atomic_path, check_folder_output, format_bytes, refuse_existing
-from hookcli.storage.features import FeatureFile
-from hookcli.version import __version__
+from hookcli.pictures.drawing import Picture, render_picture
+from hookcli.pictures.grids import plan_grids
+from hookcli.pictures.html import (
+    HEAD,
+    STYLE,
+    channels_table,
+    detections_table,
+    escaped,
+    page_name,
+    pager,
+    png_uri,
+    row_anchor,
+    row_shape_html,
+    shape_html,
+    stats_table,
+    target_name,
+    targets_table,
+    value_html,
+)
+from hookcli.pictures.options import GridJob, GridOptions
+from hookcli.pictures.reading import detection_keys, drawn_shape, input_names, read_detections, select_rows
+from hookcli.pictures.render import NotDrawable, RowNotDrawable
 from hookcli.pictures.summary import describe_file, metadata_order
-from hookcli.pictures.html import HEAD, STYLE, row_anchor, channels_table, detections_table, page_name, pager, png_uri, shape_html, row_shape_html, stats_table, target_name, targets_table, escaped, value_html
+from hookcli.storage.features import FeatureFile
+from hookcli.storage.fileformat import INDEX_NAME
+from hookcli.version import __version__
 
-__all__ = ["CONTENT_SECURITY_POLICY", "DEFAULT_PAGE_SIZE", "default_report_folder", "MAX_PAGE_SIZE", "most_active", "TOP_CHANNELS", "write_report"]
+__all__ = [
+    "CONTENT_SECURITY_POLICY",
+    "DEFAULT_PAGE_SIZE",
+    "default_report_folder",
+    "MAX_PAGE_SIZE",
+    "most_active",
+    "TOP_CHANNELS",
+    "write_report",
+]
 
 
 DEFAULT_PAGE_SIZE = 20
@@ -97,8 +123,15 @@ def default_report_folder(source) -> str:
     return f"{path.name.removesuffix('.safetensors') or 'features'}_report"
 
 
-def write_report(features, output: str | os.PathLike, options: GridOptions, *, page_size: int = DEFAULT_PAGE_SIZE,
-                 force: bool = False, progress: Callable | None = None) -> Path:
+def write_report(
+    features,
+    output: str | os.PathLike,
+    options: GridOptions,
+    *,
+    page_size: int = DEFAULT_PAGE_SIZE,
+    force: bool = False,
+    progress: Callable | None = None,
+) -> Path:
     """Write the report of ``features`` into folder ``output`` and return the path of its ``index.html``.
 
     ``options`` are grid's: which tensors (``keys``) and rows (``images``:
@@ -238,12 +271,16 @@ class _Targets:
             found = json.loads(text)
         except (ValueError, RecursionError):
             found = None
-        if not isinstance(found, list) or len(found) != rows or not all(
-                isinstance(entry, list) and all(isinstance(t, dict) for t in entry) for entry in found):
+        if (
+            not isinstance(found, list)
+            or len(found) != rows
+            or not all(isinstance(entry, list) and all(isinstance(t, dict) for t in entry) for entry in found)
+        ):
             if not self._broken:
                 self._broken = True
-                self._note(f"'{self._features.name}' has targets that are not one list of objects per image; "
-                           "they are left out")
+                self._note(
+                    f"'{self._features.name}' has targets that are not one list of objects per image; they are left out"
+                )
             return []
         return found
 
@@ -262,8 +299,9 @@ class _Targets:
 class _Report:
     """Writes pages: for each row its targets, its detections, then each tensor's picture and statistics."""
 
-    def __init__(self, features, plan, tensors: Sequence[_Tensor], options: GridOptions, pages: int,
-                 emit: Callable) -> None:
+    def __init__(
+        self, features, plan, tensors: Sequence[_Tensor], options: GridOptions, pages: int, emit: Callable
+    ) -> None:
         self.features, self.plan = features, plan
         # A detection file's final detections: one picture a row (planned under detections#boxes) and a table.
         self.boxes = next((t for t in tensors if detection_keys(features, [t.key])), None)
@@ -282,7 +320,7 @@ class _Report:
         title = f"{self.features.name} · hookcli report · page {number} of {self.pages}"
         with atomic_path(path, force=force) as temporary, open(temporary, "w", encoding="utf-8") as page:
             page.write(HEAD.format(policy=CONTENT_SECURITY_POLICY, title=escaped(title), style=STYLE))
-            page.write(f'<header><h1>hookcli report: {escaped(self.features.name)}</h1>\n')
+            page.write(f"<header><h1>hookcli report: {escaped(self.features.name)}</h1>\n")
             page.write(pager(number, self.pages) + "</header>\n<main>\n")
             if summary:
                 page.write(summary)
@@ -290,8 +328,10 @@ class _Report:
             for row in rows:
                 page.write(self._row(row))
                 self.emit(Advanced(1))
-            page.write(f"</main>\n<footer>{pager(number, self.pages)}<p>Written by hookcli "
-                       f"{escaped(__version__)}.</p></footer>\n</body>\n</html>\n")
+            page.write(
+                f"</main>\n<footer>{pager(number, self.pages)}<p>Written by hookcli "
+                f"{escaped(__version__)}.</p></footer>\n</body>\n</html>\n"
+            )
 
     def _job(self, tensor: _Tensor, row: int) -> GridJob:
         return self.plan[tensor.start + row]
@@ -300,14 +340,18 @@ class _Report:
         items = []
         for row in rows:
             job = self._job(self.longest, row)
-            tensors = "".join(f'<li><a href="#{row_anchor(row, n)}">{escaped(t.key)}</a></li>'
-                              for n, t in enumerate(self.tensors) if row < t.rows)
+            tensors = "".join(
+                f'<li><a href="#{row_anchor(row, n)}">{escaped(t.key)}</a></li>'
+                for n, t in enumerate(self.tensors)
+                if row < t.rows
+            )
             if self.plan.detections:
                 tensors = f'<li><a href="#{row_anchor(row, "detections")}">detections</a></li>{tensors}'
-            items.append(f'<li><a href="#{row_anchor(row)}">Image {row}: {escaped(job.name)}</a><ul>{tensors}</ul></li>')
+            items.append(
+                f'<li><a href="#{row_anchor(row)}">Image {row}: {escaped(job.name)}</a><ul>{tensors}</ul></li>'
+            )
         back = "" if number == 1 else '<p><a href="index.html#summary">Summary of the file</a></p>'
-        return (f'<nav id="contents" aria-label="contents"><h2>On this page</h2>{back}<ol>{"".join(items)}</ol>'
-                f"</nav>\n")
+        return f'<nav id="contents" aria-label="contents"><h2>On this page</h2>{back}<ol>{"".join(items)}</ol></nav>\n'
 
     def _row(self, row: int) -> str:
         job = self._job(self.longest, row)
@@ -328,12 +372,16 @@ class _Report:
     def _tensor(self, number: int, tensor: _Tensor, row: int, targets: list) -> str:
         values = self.features.read(tensor.key, row)
         role = self._role(tensor.key, targets)
-        parts = [f'<article class="tensor" id="{row_anchor(row, number)}">\n<h3>{escaped(tensor.key)}</h3>\n',
-                 f'<p class="shape">{escaped(row_shape_html(self.features, tensor.key, row))}'
-                 f'{" · " + escaped(role) if role else ""}</p>\n',
-                 '<div class="body">', self._picture(tensor, row, values), stats_table(values),
-                 channels_table(most_active(values)) if tensor.key not in self.cams else "",
-                 "</div>\n</article>\n"]
+        parts = [
+            f'<article class="tensor" id="{row_anchor(row, number)}">\n<h3>{escaped(tensor.key)}</h3>\n',
+            f'<p class="shape">{escaped(row_shape_html(self.features, tensor.key, row))}'
+            f"{' · ' + escaped(role) if role else ''}</p>\n",
+            '<div class="body">',
+            self._picture(tensor, row, values),
+            stats_table(values),
+            channels_table(most_active(values)) if tensor.key not in self.cams else "",
+            "</div>\n</article>\n",
+        ]
         return "".join(parts)
 
     def _role(self, key: str, targets: list) -> str:
@@ -346,14 +394,18 @@ class _Report:
         if gradient:
             what = f"gradient of the target logit with respect to '{gradient['layer']}'"
         else:
-            what = (f"class-activation map ({self.metadata.get('method', 'unknown method')} at "
-                    f"'{self.metadata.get('cam_layer', '?')}')")
+            what = (
+                f"class-activation map ({self.metadata.get('method', 'unknown method')} at "
+                f"'{self.metadata.get('cam_layer', '?')}')"
+            )
         return what + (f", for target {k + 1}: {target_name(targets[k])}" if k < len(targets) else "")
 
     def _detections(self, row: int) -> str:
         """The row's detections: their picture (when planned) and their table."""
-        parts = [f'<article class="detections" id="{row_anchor(row, "detections")}">\n<h3>Detections</h3>\n'
-                 '<div class="body">']
+        parts = [
+            f'<article class="detections" id="{row_anchor(row, "detections")}">\n<h3>Detections</h3>\n'
+            '<div class="body">'
+        ]
         if self.boxes is None:
             parts.append('<p class="missing">No picture (see the notes).</p>')
         elif row < self.boxes.rows:
@@ -390,8 +442,10 @@ class _Report:
             self.emit(Note(text))
         pixels = picture.pixels
         height, width = pixels.shape[:2]
-        return (f'<img src="data:image/png;base64,{png_uri(pixels)}" width="{width}" height="{height}" '
-                f'alt="{escaped(tensor.key)}, image {row}">')
+        return (
+            f'<img src="data:image/png;base64,{png_uri(pixels)}" width="{width}" height="{height}" '
+            f'alt="{escaped(tensor.key)}, image {row}">'
+        )
 
     def _cam_over_photo(self, job: GridJob, options: GridOptions, values: np.ndarray) -> Picture | None:
         """The map over the photo the model saw, or None when the photo cannot be read (said once)."""
@@ -402,34 +456,56 @@ class _Report:
         except HookcliError as err:
             if not self.photo_problem:
                 self.photo_problem = True
-                self.emit(Note(f"CAMs are drawn without their photo where it cannot be read, first for image "
-                               f"{job.row}: {err.message}"))
+                self.emit(
+                    Note(
+                        f"CAMs are drawn without their photo where it cannot be read, first for image "
+                        f"{job.row}: {err.message}"
+                    )
+                )
             return None
 
 
-def _summary(features, tensors: Sequence[_Tensor], detections: Sequence[str], shown: int, page_size: int, pages: int,
-             notes: Sequence[str]) -> str:
+def _summary(
+    features,
+    tensors: Sequence[_Tensor],
+    detections: Sequence[str],
+    shown: int,
+    page_size: int,
+    pages: int,
+    notes: Sequence[str],
+) -> str:
     described = describe_file(features, stats=False)
     drawn = {t.key for t in tensors} | set(detections)
     rows = max(t.rows for t in tensors)
     selection = f"{rows:,}" if shown == rows else f"{rows:,}, {shown:,} of them shown"
-    facts = [("source", features.name), ("images (rows)", selection),
-             ("pages", f"{pages:,} of up to {page_size:,} images"), ("size", format_bytes(described["bytes"]))]
-    parts = ['<section id="summary">\n<h2>Summary</h2>\n<table class="facts">',
-             *(f"<tr><th>{escaped(name)}</th><td>{escaped(value)}</td></tr>" for name, value in facts),
-             '</table>\n<h3>Tensors</h3>\n<table class="tensors"><tr><th>key</th><th>dtype</th><th>shape</th>'
-             '<th>size</th><th>in the report</th></tr>']
+    facts = [
+        ("source", features.name),
+        ("images (rows)", selection),
+        ("pages", f"{pages:,} of up to {page_size:,} images"),
+        ("size", format_bytes(described["bytes"])),
+    ]
+    parts = [
+        '<section id="summary">\n<h2>Summary</h2>\n<table class="facts">',
+        *(f"<tr><th>{escaped(name)}</th><td>{escaped(value)}</td></tr>" for name, value in facts),
+        '</table>\n<h3>Tensors</h3>\n<table class="tensors"><tr><th>key</th><th>dtype</th><th>shape</th>'
+        "<th>size</th><th>in the report</th></tr>",
+    ]
     for t in described["tensors"]:
-        parts.append(f"<tr><td>{escaped(t['key'])}</td><td>{escaped(t['dtype'])}</td><td>{escaped(shape_html(t['shape']))}"
-                     f"</td><td>{format_bytes(t['bytes'])}</td><td>{'yes' if t['key'] in drawn else 'no'}</td></tr>")
+        parts.append(
+            f"<tr><td>{escaped(t['key'])}</td><td>{escaped(t['dtype'])}</td><td>{escaped(shape_html(t['shape']))}"
+            f"</td><td>{format_bytes(t['bytes'])}</td><td>{'yes' if t['key'] in drawn else 'no'}</td></tr>"
+        )
     parts.append("</table>\n")
     if notes:
-        parts.append('<h3>Notes</h3>\n<ul class="notes">' + "".join(f"<li>{escaped(n)}</li>" for n in notes) + "</ul>\n")
+        parts.append(
+            '<h3>Notes</h3>\n<ul class="notes">' + "".join(f"<li>{escaped(n)}</li>" for n in notes) + "</ul>\n"
+        )
     if described["metadata"]:
         parts.append('<h3>Metadata</h3>\n<table class="metadata">')
         metadata = described["metadata"]
-        parts.extend(f"<tr><th>{escaped(key)}</th><td>{value_html(metadata[key])}</td></tr>"
-                     for key in metadata_order(metadata))
+        parts.extend(
+            f"<tr><th>{escaped(key)}</th><td>{value_html(metadata[key])}</td></tr>" for key in metadata_order(metadata)
+        )
         parts.append("</table>\n")
     parts.append("</section>\n")
     return "".join(parts)

@@ -22,8 +22,7 @@ import re
 
 from hookcli.console import printable
 
-__all__ = ["describe_file", "info_json", "info_lines", "table_lines", "metadata_order", "tensor_stats",
-           "values_stats"]
+__all__ = ["describe_file", "info_json", "info_lines", "table_lines", "metadata_order", "tensor_stats", "values_stats"]
 
 _WHOLE_TENSOR_BYTES = 64 * 1024 * 1024
 
@@ -65,8 +64,7 @@ def values_stats(pieces) -> dict:
             share = finite.size / finite_count  # pieces' means weighted, never a running sum that could overflow
             mean = mean * (1 - share) + _mean(finite) * share
     if not finite_count:
-        return {"min": None, "mean": None, "max": None, "zeros": zeros / count if count else None,
-                "nonfinite": count}
+        return {"min": None, "mean": None, "max": None, "zeros": zeros / count if count else None, "nonfinite": count}
     return {"min": low, "mean": mean, "max": high, "zeros": zeros / count, "nonfinite": count - finite_count}
 
 
@@ -128,8 +126,12 @@ def _shallow(value, limit: int = 64) -> bool:
     """Whether ``value`` nests at most ``limit`` deep (deeper JSON from a file is shown as the text it is)."""
     level = [value]
     for _ in range(limit + 1):
-        level = [item for outer in level if isinstance(outer, dict | list)
-                 for item in (outer.values() if isinstance(outer, dict) else outer)]
+        level = [
+            item
+            for outer in level
+            if isinstance(outer, dict | list)
+            for item in (outer.values() if isinstance(outer, dict) else outer)
+        ]
         if not level:
             return True
     return False
@@ -156,8 +158,11 @@ def info_lines(described: dict, *, stats: bool = True) -> list[str]:
         row = (t["key"], t["dtype"], _shape_text(t), format_bytes(t["bytes"]))
         if stats:
             st = t["stats"]
-            row += (*(_number(st[k]) for k in ("min", "mean", "max")),
-                    "-" if st["zeros"] is None else f"{st['zeros']:.1%}", str(st["nonfinite"]))
+            row += (
+                *(_number(st[k]) for k in ("min", "mean", "max")),
+                "-" if st["zeros"] is None else f"{st['zeros']:.1%}",
+                str(st["nonfinite"]),
+            )
         table.append(row)
     lines += table_lines(table, right=range(2, len(header)))
     if described["metadata"]:
@@ -204,6 +209,7 @@ def table_lines(table: list[tuple[str, ...]], *, right=()) -> list[str]:
     """Rows of cells as aligned text, control characters escaped; columns whose index is in ``right`` align right."""
     table = [tuple(map(printable, row)) for row in table]
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+
     def cell(i: int, text: str) -> str:
         return text.rjust(widths[i]) if i in right else text.ljust(widths[i])
 

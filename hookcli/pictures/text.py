@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+
 import numpy as np
 
 __all__ = ["caption_font", "glyphs", "label_band", "label_size", "number", "stamp", "text_width", "tick_step"]
@@ -64,7 +65,7 @@ def stamp(canvas: np.ndarray, text: str, size: int, top: int, left: int) -> None
     label = _label_bitmap(text, size)
     h, w = min(label.shape[0], canvas.shape[0] - top), min(label.shape[1], canvas.shape[1] - left)
     if h > 0 and w > 0:
-        region = canvas[top:top + h, left:left + w]
+        region = canvas[top : top + h, left : left + w]
         np.minimum(region, label[:h, :w, None], out=region)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterable, Sequence
+
 from hookcli.errors import ImageError, VideoError
 from hookcli.inputs.preprocess import Preprocess
 from hookcli.run.settings import RunSettings
@@ -43,13 +44,17 @@ class _Images:
             pair = tuple(self.transform(Image.fromarray(frame)) for frame in frames)
             height, width = pair[0].shape[-2:]
             if min(height, width) < _FLOW_MIN_SIDE:
-                raise VideoError(f"the frames of '{item.path}' are {width}x{height} as the model would see them, and "
-                                 f"optical-flow models take sides of {_FLOW_MIN_SIDE} pixels or more",
-                                 hint="give a larger --resize or --crop (a multiple of 8)")
+                raise VideoError(
+                    f"the frames of '{item.path}' are {width}x{height} as the model would see them, and "
+                    f"optical-flow models take sides of {_FLOW_MIN_SIDE} pixels or more",
+                    hint="give a larger --resize or --crop (a multiple of 8)",
+                )
             if height % 8 or width % 8:
-                raise VideoError(f"the frames of '{item.path}' are {width}x{height} as the model would see them, and "
-                                 "optical-flow models take sides divisible by 8",
-                                 hint="give --crop (a multiple of 8), or --resize to a size that keeps both sides so")
+                raise VideoError(
+                    f"the frames of '{item.path}' are {width}x{height} as the model would see them, and "
+                    "optical-flow models take sides divisible by 8",
+                    hint="give --crop (a multiple of 8), or --resize to a size that keeps both sides so",
+                )
             return index, pair, None
         except (ImageError, VideoError) as err:
             return index, None, (err.message, err.hint)
@@ -148,8 +153,11 @@ class Decoded:
         from hookcli.inputs.decoding import DeviceDecoder
 
         self.loader, self._batches = loader, None  # the workers start with the first batch asked for
-        self.decode = DeviceDecoder(settings.preprocess, settings.device, on_note) \
-            if settings.preprocess.decode == "device" else None
+        self.decode = (
+            DeviceDecoder(settings.preprocess, settings.device, on_note)
+            if settings.preprocess.decode == "device"
+            else None
+        )
         self._next = None
 
     def __iter__(self):

@@ -117,8 +117,9 @@ class FeatureCapture:
             for path in self.layers:
                 module = modules[path]
                 if self.capture in ("input", "both"):
-                    stack.enter_context(module.register_forward_pre_hook(functools.partial(self._on_input, path),
-                                                                         with_kwargs=True))
+                    stack.enter_context(
+                        module.register_forward_pre_hook(functools.partial(self._on_input, path), with_kwargs=True)
+                    )
                 if self.capture in ("output", "both"):
                     stack.enter_context(module.register_forward_hook(functools.partial(self._on_output, path)))
         except BaseException:
@@ -245,8 +246,9 @@ class GradientCapture(FeatureCapture):
     def run(self, batch) -> dict:
         raise RuntimeError("GradientCapture takes gradients: call run_gradients(batch, pick_targets)")
 
-    def run_gradients(self, batch, pick_targets=None, *, score=None, field: str | None = None
-                      ) -> tuple[dict, object, object]:
+    def run_gradients(
+        self, batch, pick_targets=None, *, score=None, field: str | None = None
+    ) -> tuple[dict, object, object]:
         """Forward ``batch``, choose targets, and return activations and their gradients.
 
         ``pick_targets(logits)`` returns the classes ``[N, K]`` (long) of a
@@ -273,27 +275,36 @@ class GradientCapture(FeatureCapture):
                     scores, about = score(output)
                 else:
                     if field and isinstance(output, Mapping) and field not in output:
-                        raise CaptureError(f"the model's output has no {field} to take class scores from",
-                                           hint="gradients need a classifier, or a model that pools its features")
+                        raise CaptureError(
+                            f"the model's output has no {field} to take class scores from",
+                            hint="gradients need a classifier, or a model that pools its features",
+                        )
                     logits = output[field] if field and isinstance(output, Mapping) else output
-                    if isinstance(logits, torch.Tensor) and logits.dim() > 2 and all(
-                            n == 1 for n in logits.shape[2:]):
+                    if isinstance(logits, torch.Tensor) and logits.dim() > 2 and all(n == 1 for n in logits.shape[2:]):
                         logits = logits.flatten(1)  # a pooled [N, C, 1, 1] (transformers' ResNet, RegNet, BiT)
                     if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
-                        raise CaptureError("the model's output is not a [batch, classes] tensor of logits",
-                                           hint="gradients need a classification model")
+                        raise CaptureError(
+                            "the model's output is not a [batch, classes] tensor of logits",
+                            hint="gradients need a classification model",
+                        )
                     about = pick_targets(logits.detach())
                     scores = logits.gather(1, about)
-                sources = [(path, call, tensor) for path, tensors in self._sources.items()
-                           for call, tensor in enumerate(tensors)]
+                sources = [
+                    (path, call, tensor)
+                    for path, tensors in self._sources.items()
+                    for call, tensor in enumerate(tensors)
+                ]
                 gradients = []
                 for k in range(scores.shape[1]):
                     total = scores[:, k].sum()
                     if not total.requires_grad:  # no image has this target (a detection that is not there): 0
                         gradients.append([torch.zeros_like(t) for _, _, t in sources])
                         continue
-                    gradients.append(torch.autograd.grad(total, [t for _, _, t in sources],
-                                                         retain_graph=k + 1 < scores.shape[1], allow_unused=True))
+                    gradients.append(
+                        torch.autograd.grad(
+                            total, [t for _, _, t in sources], retain_graph=k + 1 < scores.shape[1], allow_unused=True
+                        )
+                    )
             counts, outputs = self._counts, self._outputs
         finally:
             self._clear()
@@ -303,8 +314,10 @@ class GradientCapture(FeatureCapture):
             base = _call_key(self.layers[path], call, counts[path])
             for k, found in enumerate(gradients):
                 if found[index] is None:
-                    raise CaptureError(f"layer {path} has no gradient path to the target logit",
-                                       hint="choose a layer the model's output depends on")
+                    raise CaptureError(
+                        f"layer {path} has no gradient path to the target logit",
+                        hint="choose a layer the model's output depends on",
+                    )
                 flat[f"{base}@grad" if len(gradients) == 1 else f"{base}@grad#{k}"] = found[index].detach()
         return flat, about, None if logits is None else logits.detach()
 
@@ -316,8 +329,10 @@ class GradientCapture(FeatureCapture):
         import torch
 
         if not isinstance(output, torch.Tensor):
-            raise CaptureError(f"layer {path or '.'} returns {type(output).__name__}, not a tensor",
-                               hint="gradients are taken for layers whose output is one tensor")
+            raise CaptureError(
+                f"layer {path or '.'} returns {type(output).__name__}, not a tensor",
+                hint="gradients are taken for layers whose output is one tensor",
+            )
         if not output.is_floating_point():
             raise CaptureError(f"layer {path} returns {output.dtype} values, which have no gradient")
         # Before this layer nothing needs a gradient (parameters are frozen), so its output becomes a leaf.

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from pathlib import Path
+
 from hookcli.errors import ImageError
 from hookcli.events import Advanced, Event, Note, Skipped, Started, Wrote
 from hookcli.run.plan import RunPlan
@@ -44,15 +45,18 @@ def execute(run: RunPlan, progress: Callable[[Event], None] | None = None):
             order = writer.begin(run.settings.batch_size)
             emit(Started(total=len(run.inputs), done=writer.done, output=run.output.path))
             if order is not None:
-                for batch in iter_batches(run.loaded, run.layers, run.inputs, run.settings, forward=run.forward,
-                                          order=order, on_note=note):
+                for batch in iter_batches(
+                    run.loaded, run.layers, run.inputs, run.settings, forward=run.forward, order=order, on_note=note
+                ):
                     writer.add(batch)
                     for index, error in batch.failures:
                         emit(Skipped(str(run.inputs[index]), error))
                     emit(Advanced(len(batch.indices) + len(batch.failures)))
             if not writer.has_rows:
-                raise ImageError("none of the input images could be read", hint="every input was skipped, each with "
-                                 "its reason (on stderr; in Python, the Skipped events)")
+                raise ImageError(
+                    "none of the input images could be read",
+                    hint="every input was skipped, each with its reason (on stderr; in Python, the Skipped events)",
+                )
             result = writer.finish()
         except BaseException:
             writer.abort()
@@ -61,8 +65,10 @@ def execute(run: RunPlan, progress: Callable[[Event], None] | None = None):
             run.team.barrier()  # every process has listed its shards: the folder is complete
         complete = writer.complete or run.team is not None
         if not complete:
-            note(f"'{run.output.path}' holds {writer.inputs_done} of its {len(run.inputs)} inputs: other processes "
-                 "are writing the rest (or run the same command again to finish it)")
+            note(
+                f"'{run.output.path}' holds {writer.inputs_done} of its {len(run.inputs)} inputs: other processes "
+                "are writing the rest (or run the same command again to finish it)"
+            )
         if complete and (run.team is None or run.part.index == 0):  # one process of a team says what was written
             for path in writer.written:
                 emit(Wrote(path))
@@ -89,20 +95,29 @@ def _writer(run: RunPlan, note: Callable[[str], None]):
         return writers.StdoutWriter(run.record, run.inputs, run.output.stream)
     if kind == "folder":
         share = (run.part.index, run.part.count) if run.part is not None else (0, 1)
-        return writers.FolderWriter(run.record, run.inputs, path, shard_size=run.shard_size, force=run.force,
-                                    part=share, on_note=note)
+        return writers.FolderWriter(
+            run.record, run.inputs, path, shard_size=run.shard_size, force=run.force, part=share, on_note=note
+        )
     if kind == "file":
         return writers.FileWriter(run.record, run.inputs, path, force=run.force)
     (layer,) = run.layers
     inner = writers.FileWriter(run.record, run.inputs, str(Path(path) / "cams.safetensors"), force=run.force)
     from hookcli.pictures.cams import CamOverlays  # numpy and Pillow: not for the command line's start
 
-    return CamOverlays(inner, run.inputs, path, preprocess=run.settings.preprocess, count=run.target.count,
-                       layer=layer, force=run.force, on_note=note, **run.cam_look)
+    return CamOverlays(
+        inner,
+        run.inputs,
+        path,
+        preprocess=run.settings.preprocess,
+        count=run.target.count,
+        layer=layer,
+        force=run.force,
+        on_note=note,
+        **run.cam_look,
+    )
 
 
-def draw_grids(features, options, output, *, force: bool = False,
-               progress: Callable[[Event], None] | None = None):
+def draw_grids(features, options, output, *, force: bool = False, progress: Callable[[Event], None] | None = None):
     """Draw the grids ``options`` ask for; write them under ``output`` (a folder), or return them by file name.
 
     Written: the PNG paths in order. In memory (``output=None``): a dict of
@@ -117,12 +132,12 @@ def draw_grids(features, options, output, *, force: bool = False,
         emit(Note(text))
     emit(Started(total=len(jobs)))
     if output is None:
-        return render_all(features, jobs, options, on_note=lambda text: emit(Note(text)),
-                          on_drawn=lambda name: emit(Advanced(1)))
+        return render_all(
+            features, jobs, options, on_note=lambda text: emit(Note(text)), on_drawn=lambda name: emit(Advanced(1))
+        )
 
     def written(path: Path) -> None:
         emit(Wrote(path))
         emit(Advanced(1))
 
-    return write_grids(features, jobs, options, force=force, on_written=written,
-                       on_note=lambda text: emit(Note(text)))
+    return write_grids(features, jobs, options, force=force, on_written=written, on_note=lambda text: emit(Note(text)))

@@ -9,8 +9,7 @@ import contextlib
 import copy
 import functools
 from collections.abc import Callable, Mapping
-from hookcli.run import speed
-from hookcli.run.capture import FeatureCapture
+
 from hookcli.errors import HookcliError, first_line
 from hookcli.families import (
     batch_device,
@@ -19,11 +18,21 @@ from hookcli.families import (
     ragged_rows,
     rows_by_shape,
 )
-from hookcli.storage.fileformat import DETECTIONS, FLOW, RunFacts
 from hookcli.models.loaded import LoadedModel
+from hookcli.run import speed
+from hookcli.run.capture import FeatureCapture
 from hookcli.run.settings import RunSettings
+from hookcli.storage.fileformat import DETECTIONS, FLOW, RunFacts
 
-__all__ = ["CompiledForward", "DetectionRows", "EagerForward", "extraction_forward", "ForwardFactory", "FusedForward", "prepared_model"]
+__all__ = [
+    "CompiledForward",
+    "DetectionRows",
+    "EagerForward",
+    "extraction_forward",
+    "ForwardFactory",
+    "FusedForward",
+    "prepared_model",
+]
 
 
 #: ``forward(model, layers, settings, on_note)``: what makes a run's forward strategy.
@@ -84,11 +93,13 @@ class EagerForward:
 
         self._stack.close()  # hooks of a model no longer used come off
         detecting = self.settings.family == "detection"
-        self.capture = FeatureCapture(model, self.layers, capture=self.settings.capture,
-                                      stop_early=not self.settings.final_output)
+        self.capture = FeatureCapture(
+            model, self.layers, capture=self.settings.capture, stop_early=not self.settings.final_output
+        )
         self.rows = DetectionRows(model, self.settings.final_output) if detecting else None
-        self.flow = _FinalOutput(model) if self.settings.family == "optical_flow" and self.settings.final_output \
-            else None
+        self.flow = (
+            _FinalOutput(model) if self.settings.family == "optical_flow" and self.settings.final_output else None
+        )
         self.ragged = ragged_rows(self.settings.family, self.settings.preprocess)
         self._fused = fused_convolutions(model)
         self._entered = False
@@ -122,8 +133,9 @@ class EagerForward:
         return found
 
     def facts(self) -> RunFacts:
-        return RunFacts(calls=dict(self.capture.calls or {}), omitted=tuple(sorted(self.capture.omitted)),
-                        fused=self._fused)
+        return RunFacts(
+            calls=dict(self.capture.calls or {}), omitted=tuple(sorted(self.capture.omitted)), fused=self._fused
+        )
 
     def _note(self, text: str) -> None:
         if self.on_note is not None:
@@ -141,16 +153,24 @@ class FusedForward(EagerForward):
     def __init__(self, model, layers: Mapping[str, str], settings: RunSettings, on_note=None) -> None:
         from hookcli.run.fusion import fusion_attempt
 
-        fuse = functools.partial(fusion_attempt, dtype=speed.compute_dtype(settings.precision),
-                                 channels_last=settings.memory_format == "channels_last")
-        attempt = _with_fused_backbone(model, layers, fuse, settings.final_output) \
-            if settings.family == "detection" else fuse(model, layers)
+        fuse = functools.partial(
+            fusion_attempt,
+            dtype=speed.compute_dtype(settings.precision),
+            channels_last=settings.memory_format == "channels_last",
+        )
+        attempt = (
+            _with_fused_backbone(model, layers, fuse, settings.final_output)
+            if settings.family == "detection"
+            else fuse(model, layers)
+        )
         super().__init__(attempt.module, layers, settings, on_note)
         self.plain = model
         self.proven = attempt.module is model  # nothing to fall back to
         if not attempt.traced and settings.family != "detection":
-            self._note(f"--fuse: {type(model).__name__} cannot be traced by torch.fx, so it runs unfused "
-                       "(the values are the same)")
+            self._note(
+                f"--fuse: {type(model).__name__} cannot be traced by torch.fx, so it runs unfused "
+                "(the values are the same)"
+            )
 
     def __call__(self, batch) -> tuple[dict, None]:
         try:
@@ -162,16 +182,18 @@ class FusedForward(EagerForward):
                 raise
             self._use(self.plain)
             result = super().__call__(batch)  # where the model itself fails, that is the error to report
-            self._note(f"the fused forward failed ({type(err).__name__}: {first_line(err)[:120]}); "
-                       "running the model unfused")
+            self._note(
+                f"the fused forward failed ({type(err).__name__}: {first_line(err)[:120]}); running the model unfused"
+            )
         self.proven = True
         return result
 
 
 def _with_fused_backbone(model, layers: Mapping[str, str], fuse, detections: bool):
     """A copy of detection ``model`` whose backbone's convolution stack (``backbone.body``, or SSD's ``backbone``) is
-    fused by ``fuse`` (:func:`~hookcli.run.fusion.fusion_attempt`), as a :class:`~hookcli.run.fusion.FusionAttempt`; ``model``
-    itself where nothing fuses. The copy shares every other module.
+    fused by ``fuse`` (:func:`~hookcli.run.fusion.fusion_attempt`), as a
+    :class:`~hookcli.run.fusion.FusionAttempt`; ``model`` itself where nothing fuses. The copy shares every other
+    module.
 
     The stack is fused up to its last hooked layer when the forward ends there, whole when it goes on (a layer
     hooked after the stack, or the final detections asked for).
@@ -179,7 +201,7 @@ def _with_fused_backbone(model, layers: Mapping[str, str], fuse, detections: boo
     from hookcli.run.fusion import FusionAttempt
 
     path = "backbone.body" if hasattr(model.backbone, "body") else "backbone"
-    keep = [layer[len(path) + 1:] for layer in layers if layer.startswith(path + ".")]
+    keep = [layer[len(path) + 1 :] for layer in layers if layer.startswith(path + ".")]
     goes_on = detections or len(keep) < len(layers)
     fused, count, traced = fuse(model.get_submodule(path), keep, whole_run=goes_on)
     if not count:
@@ -226,11 +248,13 @@ class CompiledForward(EagerForward):
     def _compile(self, batch):
         import torch
 
-        with self.capture, torch.inference_mode(), \
-                speed.compute_precision(self.settings.precision, batch_device(batch)):
+        with (
+            self.capture,
+            torch.inference_mode(),
+            speed.compute_precision(self.settings.precision, batch_device(batch)),
+        ):
             self.capture.run(first_rows(batch))
-        function, reason = speed.compiled_extractor(self.model, self.layers, self.capture.calls,
-                                                    self.settings.capture)
+        function, reason = speed.compiled_extractor(self.model, self.layers, self.capture.calls, self.settings.capture)
         if function is None:
             self._note(f"--compile: {reason}; running eagerly")
             return False
@@ -271,8 +295,10 @@ class DetectionRows:
         for key, value in features.items():
             if value.dim() == 4 and self.padded is not None:
                 height, width = value.shape[-2:]
-                rows[key] = [value[i, :, :-(-height * h // self.padded[0]), :-(-width * w // self.padded[1])]
-                             for i, (h, w) in enumerate(self.sizes)]
+                rows[key] = [
+                    value[i, :, : -(-height * h // self.padded[0]), : -(-width * w // self.padded[1])]
+                    for i, (h, w) in enumerate(self.sizes)
+                ]
             else:
                 rows[key] = list(value)
         if self.output is not None:

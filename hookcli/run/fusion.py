@@ -74,8 +74,9 @@ class FusionAttempt(NamedTuple):
     traced: bool = True
 
 
-def fusion_attempt(model, keep: Iterable[str], *, dtype, channels_last: bool = False,
-                   whole_run: bool = False) -> FusionAttempt:
+def fusion_attempt(
+    model, keep: Iterable[str], *, dtype, channels_last: bool = False, whole_run: bool = False
+) -> FusionAttempt:
     """:func:`fused_for_inference`, saying whether the model could be traced (one trace, whatever the outcome)."""
     if not _available(dtype) or any(p.device.type != "cpu" for p in model.parameters()) or _global_hooks():
         return FusionAttempt(model, 0)
@@ -105,8 +106,9 @@ def fused_convolutions(module) -> int:
 
 
 def _hooked(module) -> bool:
-    return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
-                or module._backward_pre_hooks)
+    return bool(
+        module._forward_hooks or module._forward_pre_hooks or module._backward_hooks or module._backward_pre_hooks
+    )
 
 
 def _global_hooks() -> bool:
@@ -131,8 +133,11 @@ def _traced(model, keep: set[str]):
 
     class Tracer(torch.fx.Tracer):
         def is_leaf_module(self, module, qualified_name: str) -> bool:
-            return qualified_name in keep or _norm_with_activation(module) is not None or \
-                super().is_leaf_module(module, qualified_name)
+            return (
+                qualified_name in keep
+                or _norm_with_activation(module) is not None
+                or super().is_leaf_module(module, qualified_name)
+            )
 
     try:
         with preserved_mode(model):  # trace what eval mode runs (dropout, auxiliary heads)
@@ -170,8 +175,13 @@ def _module_activation(module):
         return "leaky_relu", [float(module.negative_slope)], ""
     if kind is nn.GELU:
         return "gelu", [], module.approximate
-    simple = {nn.SiLU: "swish", nn.Hardswish: "hardswish", nn.Hardsigmoid: "hardsigmoid",
-              nn.Sigmoid: "sigmoid", nn.Tanh: "tanh"}
+    simple = {
+        nn.SiLU: "swish",
+        nn.Hardswish: "hardswish",
+        nn.Hardsigmoid: "hardsigmoid",
+        nn.Sigmoid: "sigmoid",
+        nn.Tanh: "tanh",
+    }
     return (simple[kind], [], "") if kind in simple else None
 
 
@@ -185,9 +195,16 @@ def _activation(node, modules: dict):
         names = {"relu": "relu", "relu_": "relu", "sigmoid": "sigmoid", "tanh": "tanh"}
         return (names[node.target], [], "") if node.target in names else None
     if node.op == "call_function" and set(node.kwargs) <= {"inplace"}:
-        functions = {F.relu: "relu", torch.relu: "relu", torch.relu_: "relu", F.silu: "swish",
-                     F.hardswish: "hardswish", F.hardsigmoid: "hardsigmoid", torch.sigmoid: "sigmoid",
-                     torch.tanh: "tanh"}
+        functions = {
+            F.relu: "relu",
+            torch.relu: "relu",
+            torch.relu_: "relu",
+            F.silu: "swish",
+            F.hardswish: "hardswish",
+            F.hardsigmoid: "hardsigmoid",
+            torch.sigmoid: "sigmoid",
+            torch.tanh: "tanh",
+        }
         if node.target is F.relu6:
             return "hardtanh", [0.0, 6.0], ""
         return (functions[node.target], [], "") if node.target in functions else None
@@ -274,8 +291,9 @@ class _Rewriter:
         if len(chain) == 1:
             return False
         weight, bias = _folded(conv, norm)
-        fused = FusedConvolution(conv, weight, bias, unary, add=add_to is not None, dtype=self.dtype,
-                                 memory_format=self.memory_format)
+        fused = FusedConvolution(
+            conv, weight, bias, unary, add=add_to is not None, dtype=self.dtype, memory_format=self.memory_format
+        )
         name = f"hookcli_fused_{index}"
         self.graph_module.add_submodule(name, fused)
         last = chain[-1]
@@ -358,23 +376,46 @@ class FusedConvolution(nn.Module):
         x = x.to(self.dtype)
         if not self.add:
             return torch.ops.mkldnn._convolution_pointwise(
-                x, self.weight, self.bias, self.padding, self.stride, self.dilation, self.groups,
-                self.unary, self.scalars, self.algorithm)
+                x,
+                self.weight,
+                self.bias,
+                self.padding,
+                self.stride,
+                self.dilation,
+                self.groups,
+                self.unary,
+                self.scalars,
+                self.algorithm,
+            )
         other = other.to(self.dtype)
         if other.shape != self._output_shape(x):  # a broadcasting add: the kernel needs equal shapes
             out = torch.ops.mkldnn._convolution_pointwise(
-                x, self.weight, self.bias, self.padding, self.stride, self.dilation, self.groups, "none", [], "")
+                x, self.weight, self.bias, self.padding, self.stride, self.dilation, self.groups, "none", [], ""
+            )
             out = out + other
             return torch.relu(out) if self.unary == "relu" else out
         return torch.ops.mkldnn._convolution_pointwise.binary(
-            x, other, self.weight, self.bias, self.padding, self.stride, self.dilation, self.groups,
-            "add", None, None if self.unary == "none" else self.unary, [], "")
+            x,
+            other,
+            self.weight,
+            self.bias,
+            self.padding,
+            self.stride,
+            self.dilation,
+            self.groups,
+            "add",
+            None,
+            None if self.unary == "none" else self.unary,
+            [],
+            "",
+        )
 
     def _output_shape(self, x):
         sizes = [
             (size + 2 * pad - dilation * (kernel - 1) - 1) // stride + 1
             for size, pad, dilation, kernel, stride in zip(
-                x.shape[2:], self.padding, self.dilation, self.weight.shape[2:], self.stride, strict=True)
+                x.shape[2:], self.padding, self.dilation, self.weight.shape[2:], self.stride, strict=True
+            )
         ]
         return (x.shape[0], self.weight.shape[0], *sizes)
 

@@ -34,16 +34,24 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from hookcli.run.capture import GradientCapture, preserved_mode
 from hookcli.errors import CaptureError, UsageProblem
 from hookcli.families import channels_last_output, is_square
-from hookcli.storage.fileformat import RunFacts
 from hookcli.models.loaded import LoadedModel
+from hookcli.run.capture import GradientCapture, preserved_mode
 from hookcli.run.speed import compute_precision
+from hookcli.storage.fileformat import RunFacts
 
 __all__ = [
-    "CAM_METHODS", "CamForward", "GradientForward", "Target", "class_activation_maps", "default_cam_layer",
-    "frozen_parameters", "parse_region", "parse_target", "spatial_maps",
+    "CAM_METHODS",
+    "CamForward",
+    "GradientForward",
+    "Target",
+    "class_activation_maps",
+    "default_cam_layer",
+    "frozen_parameters",
+    "parse_region",
+    "parse_target",
+    "spatial_maps",
 ]
 
 CAM_METHODS = ("gradcam", "gradcam++", "xgradcam", "layercam")
@@ -72,8 +80,13 @@ class Target:
         return self.top or 1
 
     def describe(self) -> str:
-        text = f"top{self.top}" if self.top else f"#{self.detection}" if self.detection is not None else \
-            str(self.class_index)
+        text = (
+            f"top{self.top}"
+            if self.top
+            else f"#{self.detection}"
+            if self.detection is not None
+            else str(self.class_index)
+        )
         return text + (" in " + ",".join(f"{v:g}" for v in self.region) if self.region else "")
 
     def pick(self, logits):
@@ -83,8 +96,10 @@ class Target:
         if self.top:
             return logits.topk(self.top, dim=1).indices
         if self.class_index >= logits.shape[1]:
-            raise UsageProblem(f"target class {self.class_index} is out of range: the model has "
-                               f"{logits.shape[1]} classes", hint=f"use 0 to {logits.shape[1] - 1}")
+            raise UsageProblem(
+                f"target class {self.class_index} is out of range: the model has {logits.shape[1]} classes",
+                hint=f"use 0 to {logits.shape[1] - 1}",
+            )
         return torch.full((len(logits), 1), self.class_index, dtype=torch.long, device=logits.device)
 
 
@@ -101,21 +116,26 @@ def parse_region(spec: str | None) -> tuple[float, float, float, float] | None:
     except ValueError:
         values = ()
     if len(values) != 4 or not all(0 <= v <= 1 for v in values) or values[0] >= values[2] or values[1] >= values[3]:
-        raise UsageProblem(f"region '{spec}' is not x0,y0,x1,y1 with fractions of the image from 0 to 1, "
-                           "x0 < x1 and y0 < y1", hint="for example --region 0.25,0.25,0.75,0.75 (the middle)")
+        raise UsageProblem(
+            f"region '{spec}' is not x0,y0,x1,y1 with fractions of the image from 0 to 1, x0 < x1 and y0 < y1",
+            hint="for example --region 0.25,0.25,0.75,0.75 (the middle)",
+        )
     return values
 
 
-def parse_target(spec: str, categories: Sequence[str] | None, num_classes: int, *, region=None,
-                 family: str = "classification") -> Target:
+def parse_target(
+    spec: str, categories: Sequence[str] | None, num_classes: int, *, region=None, family: str = "classification"
+) -> Target:
     """Read ``--target``: ``top1``/``topK``, a class index, or a class name of the weights (and ``--region``);
     for detection models also ``#N``, the detection at place N of the model's output."""
     place = re.fullmatch(r"#(\d+)", str(spec).strip())
     if place and family == "detection":
         return Target(detection=int(place.group(1)))
     if place:
-        raise UsageProblem(f"target '{spec}' names a detection, and only detection models give detections",
-                           hint="give a class index, a class name or topK")
+        raise UsageProblem(
+            f"target '{spec}' names a detection, and only detection models give detections",
+            hint="give a class index, a class name or topK",
+        )
     found = _parsed_target(spec, categories, num_classes)
     return Target(top=found.top, class_index=found.class_index, region=parse_region(region))
 
@@ -126,25 +146,31 @@ def _parsed_target(spec: str, categories: Sequence[str] | None, num_classes: int
     if top:
         count = int(top.group(1))
         if not 1 <= count <= num_classes:
-            raise UsageProblem(f"target '{text}' asks for {count} classes of {num_classes}",
-                               hint=f"use top1 to top{num_classes}")
+            raise UsageProblem(
+                f"target '{text}' asks for {count} classes of {num_classes}", hint=f"use top1 to top{num_classes}"
+            )
         return Target(top=count)
     if re.fullmatch(r"-?\d+", text):
         index = int(text)
         if not 0 <= index < num_classes:
-            raise UsageProblem(f"target class {index} is out of range: the model has {num_classes} classes",
-                               hint=f"use 0 to {num_classes - 1}, a class name or top1")
+            raise UsageProblem(
+                f"target class {index} is out of range: the model has {num_classes} classes",
+                hint=f"use 0 to {num_classes - 1}, a class name or top1",
+            )
         return Target(class_index=index)
     if not categories:
-        raise UsageProblem(f"target '{text}' is a class name, but these weights have no class names",
-                           hint=f"give a class index (0 to {num_classes - 1}) or top1; names come with pretrained "
-                           "--weights")
+        raise UsageProblem(
+            f"target '{text}' is a class name, but these weights have no class names",
+            hint=f"give a class index (0 to {num_classes - 1}) or top1; names come with pretrained --weights",
+        )
     lowered = [name.lower() for name in categories]
     if text.lower() in lowered:
         return Target(class_index=lowered.index(text.lower()))
     closest = difflib.get_close_matches(text.lower(), lowered, n=3, cutoff=0.0)
-    raise UsageProblem(f"unknown class name '{text}' (closest: {', '.join(categories[lowered.index(c)] for c in closest)})",
-                       hint="class names are the weights' categories; a class index or top1 also works")
+    raise UsageProblem(
+        f"unknown class name '{text}' (closest: {', '.join(categories[lowered.index(c)] for c in closest)})",
+        hint="class names are the weights' categories; a class index or top1 also works",
+    )
 
 
 @contextlib.contextmanager
@@ -169,8 +195,17 @@ class GradientForward:
     all classes).
     """
 
-    def __init__(self, model, layers: Mapping[str, str], settings, on_note=None, *, target: Target,
-                 categories: Sequence[str] | None = None, scores: str | None = None) -> None:
+    def __init__(
+        self,
+        model,
+        layers: Mapping[str, str],
+        settings,
+        on_note=None,
+        *,
+        target: Target,
+        categories: Sequence[str] | None = None,
+        scores: str | None = None,
+    ) -> None:
         from hookcli.families import ragged_rows
         from hookcli.run.forwards import DetectionRows
 
@@ -202,6 +237,7 @@ class GradientForward:
                 captured, about, _ = self.capture.run_gradients(list(batch), score=self._detection_scores)
                 return self.rows.cut(captured), about
             if self.family == "segmentation":
+
                 def run(group):
                     return self.capture.run_gradients(group, score=self._mask_scores)[:2]
 
@@ -224,23 +260,31 @@ class GradientForward:
             chosen = areas.topk(self.target.top, dim=1).indices
         else:
             if self.target.class_index >= classes:
-                raise UsageProblem(f"target class {self.target.class_index} is out of range: the model has {classes} "
-                                   "classes", hint=f"use 0 to {classes - 1}")
+                raise UsageProblem(
+                    f"target class {self.target.class_index} is out of range: the model has {classes} classes",
+                    hint=f"use 0 to {classes - 1}",
+                )
             chosen = torch.full((count, 1), self.target.class_index, device=logits.device)
         if self.target.region is None:
             masks = predicted[:, None] == chosen[:, :, None, None]
         else:
             x0, y0, x1, y1 = self.target.region
             region = torch.zeros((height, width), dtype=torch.bool, device=logits.device)
-            region[int(y0 * height):max(int(y0 * height) + 1, round(y1 * height)),
-                   int(x0 * width):max(int(x0 * width) + 1, round(x1 * width))] = True
+            region[
+                int(y0 * height) : max(int(y0 * height) + 1, round(y1 * height)),
+                int(x0 * width) : max(int(x0 * width) + 1, round(x1 * width)),
+            ] = True
             masks = region.expand(count, chosen.shape[1], height, width)
         picked = logits.gather(1, chosen[:, :, None, None].expand(-1, -1, height, width))
         scores = (picked * masks).sum(dim=(2, 3))
         where = {} if self.target.region is None else {"region": list(self.target.region)}
-        about = [[{"class": int(c), "name": self._name(int(c)), "pixels": int(m.sum()), "score": float(v), **where}
-                  for c, m, v in zip(row_classes, row_masks, row_scores, strict=True)]
-                 for row_classes, row_masks, row_scores in zip(chosen, masks, scores.detach(), strict=True)]
+        about = [
+            [
+                {"class": int(c), "name": self._name(int(c)), "pixels": int(m.sum()), "score": float(v), **where}
+                for c, m, v in zip(row_classes, row_masks, row_scores, strict=True)
+            ]
+            for row_classes, row_masks, row_scores in zip(chosen, masks, scores.detach(), strict=True)
+        ]
         return scores, about
 
     def _detection_scores(self, output):
@@ -262,14 +306,26 @@ class GradientForward:
             row = [found["scores"][i] for i in chosen]
             row += [found["scores"].new_zeros(())] * (wanted - len(chosen))
             scores.append(torch.stack(row))
-            described = [{"detection": i, "class": int(found["labels"][i]), "name": self._name(int(found["labels"][i])),
-                          "score": float(found["scores"][i].detach()),
-                          "box": [round(float(v), 2) for v in found["boxes"][i].detach()]}
-                         for i in chosen]
+            described = [
+                {
+                    "detection": i,
+                    "class": int(found["labels"][i]),
+                    "name": self._name(int(found["labels"][i])),
+                    "score": float(found["scores"][i].detach()),
+                    "box": [round(float(v), 2) for v in found["boxes"][i].detach()],
+                }
+                for i in chosen
+            ]
             missing = self.target.class_index
-            described += [{"detection": None, "class": missing,
-                           "name": None if missing is None else self._name(missing), "score": None,
-                           "box": None}] * (wanted - len(chosen))
+            described += [
+                {
+                    "detection": None,
+                    "class": missing,
+                    "name": None if missing is None else self._name(missing),
+                    "score": None,
+                    "box": None,
+                }
+            ] * (wanted - len(chosen))
             about.append(described)
         return torch.stack(scores), about
 
@@ -280,31 +336,46 @@ class GradientForward:
 class CamForward(GradientForward):
     """The forward strategy of cam: maps ``cam`` ``[n, h, w]`` (``cam#<k>`` for each of top K) from one layer."""
 
-    def __init__(self, model, layers: Mapping[str, str], settings, on_note=None, *, target: Target,
-                 categories: Sequence[str] | None = None, method: str = "gradcam", scores: str | None = None,
-                 prefix_tokens: int | None = None) -> None:
+    def __init__(
+        self,
+        model,
+        layers: Mapping[str, str],
+        settings,
+        on_note=None,
+        *,
+        target: Target,
+        categories: Sequence[str] | None = None,
+        method: str = "gradcam",
+        scores: str | None = None,
+        prefix_tokens: int | None = None,
+    ) -> None:
         if method not in CAM_METHODS:
             raise UsageProblem(f"unknown CAM method '{method}'", hint=f"use one of {', '.join(CAM_METHODS)}")
         (self.layer,) = layers
-        super().__init__(model, {self.layer: "act"}, settings, on_note, target=target, categories=categories,
-                         scores=scores)
+        super().__init__(
+            model, {self.layer: "act"}, settings, on_note, target=target, categories=categories, scores=scores
+        )
         self.method, self.prefix_tokens = method, prefix_tokens
 
     def __call__(self, batch) -> tuple[dict, list]:
         captured, targets = super().__call__(batch)
         if "act" not in captured:  # stored as act:0, act:1, …: the module ran more than once
             calls = sum(1 for key in captured if key.startswith("act:") and "@" not in key)
-            raise UsageProblem(f"cam needs a layer that runs once per forward, and '{self.layer}' runs {calls} times",
-                               hint="choose the block around it (such as layer4.0) or another layer; 'hookcli layers' "
-                                    "shows each module's calls")
+            raise UsageProblem(
+                f"cam needs a layer that runs once per forward, and '{self.layer}' runs {calls} times",
+                hint="choose the block around it (such as layer4.0) or another layer; 'hookcli layers' "
+                "shows each module's calls",
+            )
         activations = captured["act"]
         maps = {}
         maps_of = functools.partial(spatial_maps, prefix_tokens=self.prefix_tokens)
         for k in range(self.target.count):
             gradient = captured["act@grad" if self.target.count == 1 else f"act@grad#{k}"]
             if isinstance(activations, list):  # rows of their own sizes: a map each
-                found = [class_activation_maps(maps_of(a[None]), maps_of(g[None]), self.method)[0]
-                         for a, g in zip(activations, gradient, strict=True)]
+                found = [
+                    class_activation_maps(maps_of(a[None]), maps_of(g[None]), self.method)[0]
+                    for a, g in zip(activations, gradient, strict=True)
+                ]
             else:
                 found = class_activation_maps(maps_of(activations), maps_of(gradient), self.method)
             maps["cam" if self.target.count == 1 else f"cam#{k}"] = found
@@ -315,9 +386,17 @@ def _describe_targets(classes, logits, categories) -> list[list[dict]]:
     probabilities = logits.float().softmax(dim=1)
     rows = []
     for row_classes, row_logits, row_probabilities in zip(classes.tolist(), logits.float(), probabilities, strict=True):
-        rows.append([{"class": c, "name": categories[c] if categories and c < len(categories) else None,
-                      "logit": float(row_logits[c]), "probability": float(row_probabilities[c])}
-                     for c in row_classes])
+        rows.append(
+            [
+                {
+                    "class": c,
+                    "name": categories[c] if categories and c < len(categories) else None,
+                    "logit": float(row_logits[c]),
+                    "probability": float(row_probabilities[c]),
+                }
+                for c in row_classes
+            ]
+        )
     return rows
 
 
@@ -337,10 +416,12 @@ def spatial_maps(tensor, prefix_tokens: int | None = None):
 
         dim, side, _, layout = map_layout(tensor.shape[1:], prefix_tokens)  # the square pictures draw, too
         if layout != "matrix":
-            grid = tensor[:, tensor.shape[1] - side * side:, :]
+            grid = tensor[:, tensor.shape[1] - side * side :, :]
             return grid.transpose(1, 2).reshape(len(tensor), dim, side, side)
-    raise CaptureError(f"a layer output of shape {list(tensor.shape)} has no spatial layout for a map",
-                       hint="pick a convolutional layer ([N, C, H, W]) or a ViT block (square token grid)")
+    raise CaptureError(
+        f"a layer output of shape {list(tensor.shape)} has no spatial layout for a map",
+        hint="pick a convolutional layer ([N, C, H, W]) or a ViT block (square token grid)",
+    )
 
 
 def class_activation_maps(activations, gradients, method: str = "gradcam"):
@@ -397,8 +478,11 @@ def default_cam_layer(loaded: LoadedModel, example) -> str:
             height, width = spatial_maps(output).shape[2:]
             if height * width > 1:
                 finished.append(path)
-        elif output.dim() == 3 and isinstance(module, torch.nn.LayerNorm) and (
-                is_square(output.shape[1] - skip) or loaded.prefix_tokens is None and is_square(output.shape[1] - 1)):
+        elif (
+            output.dim() == 3
+            and isinstance(module, torch.nn.LayerNorm)
+            and (is_square(output.shape[1] - skip) or loaded.prefix_tokens is None and is_square(output.shape[1] - 1))
+        ):
             token_norms.append(path)
             finished.append(path)
 
@@ -408,8 +492,9 @@ def default_cam_layer(loaded: LoadedModel, example) -> str:
                 stack.enter_context(module.register_forward_hook(functools.partial(note, path)))
         call_model(model, example)
     if not finished:
-        raise UsageProblem(f"{name} has no layer with a spatial output to take a CAM at",
-                           hint="pass --layer (see 'hookcli layers')")
+        raise UsageProblem(
+            f"{name} has no layer with a spatial output to take a CAM at", hint="pass --layer (see 'hookcli layers')"
+        )
     if token_norms and token_norms[-1] == finished[-1]:
         return _last_block_first_norm(token_norms)
     return next(path for path in reversed(finished) if path not in token_norms)

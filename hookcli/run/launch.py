@@ -38,8 +38,21 @@ from dataclasses import dataclass
 from hookcli.console import Terminated
 from hookcli.errors import HookcliError, UsageProblem, first_line, seconds_from_environment
 
-__all__ = ["DEFAULT_JOIN_TIMEOUT", "JOIN_TIMEOUT_RANGE", "MAX_NODES", "MAX_TASKS_PER_NODE", "Part", "Team",
-           "TeamError", "cpu_threads", "detect_part", "join_team", "join_timeout", "local_device", "parse_part"]
+__all__ = [
+    "DEFAULT_JOIN_TIMEOUT",
+    "JOIN_TIMEOUT_RANGE",
+    "MAX_NODES",
+    "MAX_TASKS_PER_NODE",
+    "Part",
+    "Team",
+    "TeamError",
+    "cpu_threads",
+    "detect_part",
+    "join_team",
+    "join_timeout",
+    "local_device",
+    "parse_part",
+]
 
 #: Seconds torchrun's processes wait for each other to join their group.
 DEFAULT_JOIN_TIMEOUT = 300.0
@@ -74,8 +87,10 @@ def parse_part(text: str) -> Part:
     """``K/N`` (the K-th of N parts, from 1) as a :class:`Part`; :class:`UsageProblem` when it is not one."""
     found = _PART.fullmatch(str(text))
     if not found or not 1 <= int(found.group(1)) <= int(found.group(2)):
-        raise UsageProblem(f"--part takes K/N with 1 <= K <= N (the K-th of N processes), not '{text}'",
-                           hint="for example --part 1/4 … --part 4/4 for four processes")
+        raise UsageProblem(
+            f"--part takes K/N with 1 <= K <= N (the K-th of N processes), not '{text}'",
+            hint="for example --part 1/4 … --part 4/4 for four processes",
+        )
     return Part(int(found.group(1)) - 1, int(found.group(2)))
 
 
@@ -103,12 +118,16 @@ def detect_part(environ: Mapping[str, str] | None = None) -> Part | None:
     if part.count <= 1:
         return None
     if not 0 <= part.index < part.count:
-        raise UsageProblem(f"{part.launcher} says this is process {part.index} (counted from 0) of {part.count}, "
-                           "which cannot be", hint="check the launcher's environment variables")
+        raise UsageProblem(
+            f"{part.launcher} says this is process {part.index} (counted from 0) of {part.count}, which cannot be",
+            hint="check the launcher's environment variables",
+        )
     if not 0 <= part.local_index < part.local_count:
-        raise UsageProblem(f"{part.launcher} says this is process {part.local_index} (counted from 0) of the "
-                           f"{part.local_count} on this machine, which cannot be",
-                           hint="check the launcher's environment variables")
+        raise UsageProblem(
+            f"{part.launcher} says this is process {part.local_index} (counted from 0) of the "
+            f"{part.local_count} on this machine, which cannot be",
+            hint="check the launcher's environment variables",
+        )
     return part
 
 
@@ -119,8 +138,9 @@ def _number(env: Mapping[str, str], name: str, default: int | None = None) -> in
     try:
         return int(str(text).strip())
     except ValueError:
-        raise UsageProblem(f"${name} is '{text}', not a whole number",
-                           hint="hookcli reads it to know which process it is") from None
+        raise UsageProblem(
+            f"${name} is '{text}', not a whole number", hint="hookcli reads it to know which process it is"
+        ) from None
 
 
 def _tasks_on_this_node(env: Mapping[str, str]) -> int:
@@ -137,9 +157,11 @@ def _tasks_on_this_node(env: Mapping[str, str]) -> int:
         tasks, nodes = found.group(1), found.group(2) or "1"
         if not (_at_most(tasks, MAX_TASKS_PER_NODE) and _at_most(nodes, MAX_NODES)):
             shown = piece.strip() if len(piece.strip()) <= 40 else piece.strip()[:40] + "…"
-            raise UsageProblem(f"${name} says '{shown}', more than hookcli takes (at most {MAX_TASKS_PER_NODE:,} "
-                               f"tasks on each of at most {MAX_NODES:,} nodes)",
-                               hint="check the launcher's environment variables")
+            raise UsageProblem(
+                f"${name} says '{shown}', more than hookcli takes (at most {MAX_TASKS_PER_NODE:,} "
+                f"tasks on each of at most {MAX_NODES:,} nodes)",
+                hint="check the launcher's environment variables",
+            )
         if found_tasks is None and 0 <= node < int(nodes):
             found_tasks = int(tasks)
         node -= int(nodes)
@@ -207,31 +229,42 @@ class Team:
         Python handlers; this (main) thread waits for it, says why it waits, and hears them."""
         deadline = time.monotonic() + self._timeout
         outcome: list[BaseException | None] = []
-        worker = threading.Thread(target=self._rendezvous, args=(deadline, outcome), name="hookcli-join",
-                                  daemon=True)  # left blocked in torch when the wait is given up
+        worker = threading.Thread(
+            target=self._rendezvous, args=(deadline, outcome), name="hookcli-join", daemon=True
+        )  # left blocked in torch when the wait is given up
         worker.start()
         try:
             worker.join(_WAIT_NOTE_AFTER)
             if worker.is_alive():
                 others = self.part.count - 1
-                warnings.warn(f"waiting for torchrun's other {others} process{'es' if others > 1 else ''} at "
-                              f"{self._address}:{self._port} (this is rank {self.part.index} of {self.part.count}), "
-                              f"for up to {self._timeout:g} s (HOOKCLI_JOIN_TIMEOUT)", stacklevel=2)
+                warnings.warn(
+                    f"waiting for torchrun's other {others} process{'es' if others > 1 else ''} at "
+                    f"{self._address}:{self._port} (this is rank {self.part.index} of {self.part.count}), "
+                    f"for up to {self._timeout:g} s (HOOKCLI_JOIN_TIMEOUT)",
+                    stacklevel=2,
+                )
                 worker.join(max(0.0, deadline + _JOIN_GRACE - time.monotonic()))
         except (KeyboardInterrupt, Terminated) as stop:
             signal_name = "SIGTERM" if isinstance(stop, Terminated) else "Ctrl-C"
-            raise TeamError(f"stopped ({signal_name}) while rank {self.part.index} of {self.part.count} waited for "
-                            f"torchrun's other processes at {self._address}:{self._port}",
-                            hint=self._variables_hint()) from None
+            raise TeamError(
+                f"stopped ({signal_name}) while rank {self.part.index} of {self.part.count} waited for "
+                f"torchrun's other processes at {self._address}:{self._port}",
+                hint=self._variables_hint(),
+            ) from None
         failure = outcome[0] if outcome else TimeoutError()  # still in torch past the grace: given up on
         if failure is None:
             return
         if isinstance(failure, TimeoutError) or time.monotonic() >= deadline:
-            raise TeamError(f"rank {self.part.index} of {self.part.count} waited {self._timeout:g} s for torchrun's "
-                            f"other processes at {self._address}:{self._port}, and not all joined",
-                            hint=self._variables_hint()) from None
-        raise TeamError(f"rank {self.part.index} of {self.part.count} cannot join torchrun's other processes at "
-                        f"{self._address}:{self._port}: {first_line(failure)}", hint=self._variables_hint()) from None
+            raise TeamError(
+                f"rank {self.part.index} of {self.part.count} waited {self._timeout:g} s for torchrun's "
+                f"other processes at {self._address}:{self._port}, and not all joined",
+                hint=self._variables_hint(),
+            ) from None
+        raise TeamError(
+            f"rank {self.part.index} of {self.part.count} cannot join torchrun's other processes at "
+            f"{self._address}:{self._port}: {first_line(failure)}",
+            hint=self._variables_hint(),
+        ) from None
 
     def _rendezvous(self, deadline: float, outcome: list) -> None:
         """Meet every process through the store at ``MASTER_ADDR:MASTER_PORT`` (rank 0 hosts it unless torchrun's
@@ -243,8 +276,13 @@ class Team:
             left = datetime.timedelta(seconds=max(1.0, deadline - time.monotonic()))
             store, rank, count = next(dist.rendezvous("env://", self.part.index, self.part.count, timeout=left))
             # The store's keys are shared with torchrun's agent (and the caller's own groups): the prefix torch uses.
-            dist.init_process_group("gloo", store=dist.PrefixStore("default_pg", store), rank=rank, world_size=count,
-                                    timeout=_BARRIER_TIMEOUT)
+            dist.init_process_group(
+                "gloo",
+                store=dist.PrefixStore("default_pg", store),
+                rank=rank,
+                world_size=count,
+                timeout=_BARRIER_TIMEOUT,
+            )
             store.set_timeout(_BARRIER_TIMEOUT)
             outcome.append(None)
         except BaseException as err:  # handed to the waiting thread, which raises it as one line
@@ -252,8 +290,10 @@ class Team:
 
     def _variables_hint(self) -> str:
         last = self.part.count - 1
-        return (f"every process needs the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE, and a RANK of its own from 0 "
-                f"to {last} (torchrun sets them); HOOKCLI_JOIN_TIMEOUT sets how many seconds to wait")
+        return (
+            f"every process needs the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE, and a RANK of its own from 0 "
+            f"to {last} (torchrun sets them); HOOKCLI_JOIN_TIMEOUT sets how many seconds to wait"
+        )
 
     def share(self, compute: Callable[[], object]):
         """``compute()`` on rank 0, its value (or its error) on every rank."""
@@ -278,8 +318,11 @@ class Team:
         for rank, other in enumerate(everyone):
             differ = identity_differences(everyone[0], other)
             if differ:
-                raise UsageProblem(f"torchrun's process {rank} runs another command than process 0 (it differs in: "
-                                   f"{', '.join(differ)})", hint="give every process the same command and inputs")
+                raise UsageProblem(
+                    f"torchrun's process {rank} runs another command than process 0 (it differs in: "
+                    f"{', '.join(differ)})",
+                    hint="give every process the same command and inputs",
+                )
 
     def barrier(self) -> None:
         self._dist.barrier()
@@ -303,12 +346,16 @@ def join_team(part: Part | None) -> Team | None:
 
 def _master_port(env: Mapping[str, str]) -> int:
     if not env.get("MASTER_PORT", "").strip():
-        raise UsageProblem("MASTER_ADDR is set but MASTER_PORT is not",
-                           hint="torchrun sets both; by hand, give every process the same port of rank 0's machine")
+        raise UsageProblem(
+            "MASTER_ADDR is set but MASTER_PORT is not",
+            hint="torchrun sets both; by hand, give every process the same port of rank 0's machine",
+        )
     port = _number(env, "MASTER_PORT")
     if not 1 <= port <= 65535:
-        raise UsageProblem(f"$MASTER_PORT is {port}, not a port (1 to 65535)",
-                           hint="torchrun sets it; by hand, give every process the same port of rank 0's machine")
+        raise UsageProblem(
+            f"$MASTER_PORT is {port}, not a port (1 to 65535)",
+            hint="torchrun sets it; by hand, give every process the same port of rank 0's machine",
+        )
     return port
 
 

@@ -11,6 +11,7 @@ import difflib
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+
 from hookcli.errors import UsageProblem, check_choice, check_whole
 
 __all__ = ["CLIPS", "COMMAND_OPTIONS", "run_options", "refuse_unknown", "RunOptions"]
@@ -58,9 +59,9 @@ class RunOptions:
     part: str | None = None  # K/N: this process is the K-th of N sharing a shard folder (hookcli.run.launch)
 
     def __post_init__(self) -> None:
+        from hookcli.inputs.preprocess import DECODERS, INTERPOLATIONS, MAX_SIDE, check_normalisation, parse_triple
         from hookcli.run.device import parse_device
         from hookcli.run.gradients import CAM_METHODS
-        from hookcli.inputs.preprocess import DECODERS, INTERPOLATIONS, MAX_SIDE, check_normalisation, parse_triple
 
         for name, high in (("resize", MAX_SIDE), ("crop", MAX_SIDE), ("shard_size", None), ("clip_length", 4096)):
             check_whole(name, getattr(self, name), 1, high, optional=True)
@@ -70,8 +71,10 @@ class RunOptions:
             check_choice("interpolation", self.interpolation, INTERPOLATIONS)
         check_choice("decode", self.decode, DECODERS)
         if self.fast_decode and self.decode == "device":
-            raise UsageProblem("--fast-decode and --decode device cannot be combined",
-                               hint="--fast-decode is a reduced scale of the CPU's decoder; give one of them")
+            raise UsageProblem(
+                "--fast-decode and --decode device cannot be combined",
+                hint="--fast-decode is a reduced scale of the CPU's decoder; give one of them",
+            )
         for name in ("mean", "std"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, _parsed(name, parse_triple, getattr(self, name)))
@@ -100,8 +103,26 @@ def _parsed(name: str, parse: Callable, value):
         raise UsageProblem(f"invalid {name}: {err}") from None
 
 
-_COMMON = ("weights", "seed", "resize", "crop", "mean", "std", "interpolation", "fast_decode", "decode", "device",
-           "batch_size", "precision", "memory_format", "compile", "workers", "recursive", "on_error", "force")
+_COMMON = (
+    "weights",
+    "seed",
+    "resize",
+    "crop",
+    "mean",
+    "std",
+    "interpolation",
+    "fast_decode",
+    "decode",
+    "device",
+    "batch_size",
+    "precision",
+    "memory_format",
+    "compile",
+    "workers",
+    "recursive",
+    "on_error",
+    "force",
+)
 
 
 #: The options each command takes (the Python function's keywords, the command line's long options).
@@ -109,8 +130,20 @@ CLIPS = ("clip_length", "frame_stride", "clips_per_video")
 
 
 COMMAND_OPTIONS = {
-    "extract": (*_COMMON, "capture", "pool", "dtype", "shard_size", "part", "fuse", "grid", *CLIPS, "detections",
-                "flow", "pair_with"),
+    "extract": (
+        *_COMMON,
+        "capture",
+        "pool",
+        "dtype",
+        "shard_size",
+        "part",
+        "fuse",
+        "grid",
+        *CLIPS,
+        "detections",
+        "flow",
+        "pair_with",
+    ),
     "grad": (*_COMMON, "target", "dtype", "shard_size", "part", *CLIPS, "region"),
     "cam": (*_COMMON, "target", "method", "alpha", "cmap", "region"),
 }
@@ -122,8 +155,9 @@ def refuse_unknown(command: str, given: Mapping, allowed: Sequence[str]) -> None
     if unknown:
         closest = difflib.get_close_matches(unknown[0], allowed, n=1)
         suggestion = f"; did you mean '{closest[0]}'?" if closest else ""
-        raise TypeError(f"{command}() got an unexpected keyword argument '{unknown[0]}'{suggestion} "
-                        f"(it takes {', '.join(allowed)})")
+        raise TypeError(
+            f"{command}() got an unexpected keyword argument '{unknown[0]}'{suggestion} (it takes {', '.join(allowed)})"
+        )
 
 
 def run_options(command: str, given: Mapping) -> RunOptions:

@@ -12,9 +12,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
+
 from hookcli.errors import UsageProblem
 
-__all__ = ["check_target", "DEFAULT_OUTPUT", "default_output", "default_output_name", "LARGE_INPUT", "Output", "output_kind", "refuse_drawn_grids", "refuse_overwriting_inputs"]
+__all__ = [
+    "check_target",
+    "DEFAULT_OUTPUT",
+    "default_output",
+    "default_output_name",
+    "LARGE_INPUT",
+    "Output",
+    "output_kind",
+    "refuse_drawn_grids",
+    "refuse_overwriting_inputs",
+]
 
 
 #: Above this many images, a run whose output is left to its default writes a shard folder instead of one file.
@@ -82,8 +93,9 @@ def _label(model_name: str) -> str:
 
 
 def default_output(command: str, model_name: str, keys: Sequence[str], kind: str) -> str:
-    return str(default_output_name(model_name, keys, folder=kind == "folder",
-                                   kind=".grad" if command == "grad" else ""))
+    return str(
+        default_output_name(model_name, keys, folder=kind == "folder", kind=".grad" if command == "grad" else "")
+    )
 
 
 def check_target(kind: str, path: str, inputs: Sequence[Path], force: bool) -> None:
@@ -96,8 +108,8 @@ def check_target(kind: str, path: str, inputs: Sequence[Path], force: bool) -> N
 
 
 def _check_output(kind: str, path: str, force: bool) -> None:
-    from hookcli.storage.shards import check_folder_target
     from hookcli.files import check_writable
+    from hookcli.storage.shards import check_folder_target
 
     if kind == "folder":
         check_folder_target(path)
@@ -106,11 +118,37 @@ def _check_output(kind: str, path: str, force: bool) -> None:
 
 
 #: Suffixes of formats other than safetensors (besides images'): an output file is refused under such a name.
-_OTHER_FORMATS = frozenset({
-    ".pt", ".pth", ".bin", ".ckpt", ".npy", ".npz", ".h5", ".hdf5", ".pkl", ".pickle", ".joblib", ".json",
-    ".jsonl", ".csv", ".tsv", ".txt", ".parquet", ".arrow", ".feather", ".onnx", ".gguf", ".mat", ".zip", ".tar",
-    ".gz", ".svg", ".pdf",
-})
+_OTHER_FORMATS = frozenset(
+    {
+        ".pt",
+        ".pth",
+        ".bin",
+        ".ckpt",
+        ".npy",
+        ".npz",
+        ".h5",
+        ".hdf5",
+        ".pkl",
+        ".pickle",
+        ".joblib",
+        ".json",
+        ".jsonl",
+        ".csv",
+        ".tsv",
+        ".txt",
+        ".parquet",
+        ".arrow",
+        ".feather",
+        ".onnx",
+        ".gguf",
+        ".mat",
+        ".zip",
+        ".tar",
+        ".gz",
+        ".svg",
+        ".pdf",
+    }
+)
 
 
 def _refuse_other_format(path: str) -> None:
@@ -122,9 +160,11 @@ def _refuse_other_format(path: str) -> None:
 
     suffix = Path(path).suffix
     if suffix.lower() in _OTHER_FORMATS | IMAGE_SUFFIXES:
-        raise UsageProblem(f"output '{path}' ends in {suffix}, the suffix of another format",
-                           hint=f"hookcli writes safetensors: name it '{Path(path).with_suffix('.safetensors')}', "
-                           "or end the path with / for a shard folder")
+        raise UsageProblem(
+            f"output '{path}' ends in {suffix}, the suffix of another format",
+            hint=f"hookcli writes safetensors: name it '{Path(path).with_suffix('.safetensors')}', "
+            "or end the path with / for a shard folder",
+        )
 
 
 def refuse_drawn_grids(folder: str, keys: Sequence[str]) -> None:
@@ -141,12 +181,15 @@ def refuse_drawn_grids(folder: str, keys: Sequence[str]) -> None:
     drawn = [name for name in names if name.startswith(prefixes)]
     if drawn:
         more = f" and {len(drawn) - 1} more" if len(drawn) > 1 else ""
-        raise OutputExistsError(f"--grid folder '{folder}' already holds pictures of these layers ('{drawn[0]}'{more})",
-                                hint="add --force to draw them again, or give another --grid folder")
+        raise OutputExistsError(
+            f"--grid folder '{folder}' already holds pictures of these layers ('{drawn[0]}'{more})",
+            hint="add --force to draw them again, or give another --grid folder",
+        )
 
 
 def refuse_overwriting_inputs(outputs: Sequence, inputs: Sequence[Path]) -> None:
     """An output that is one of the inputs would destroy it, --force or not."""
+
     def identity(path) -> tuple[int, int] | None:
         try:
             found = os.stat(path)
@@ -159,5 +202,7 @@ def refuse_overwriting_inputs(outputs: Sequence, inputs: Sequence[Path]) -> None
         return
     for source in inputs:
         if identity(source) in existing:
-            raise UsageProblem(f"output '{next(p for p in outputs if identity(p) == identity(source))}' is the "
-                               f"input '{source}'", hint="write the output somewhere else with -o")
+            raise UsageProblem(
+                f"output '{next(p for p in outputs if identity(p) == identity(source))}' is the input '{source}'",
+                hint="write the output somewhere else with -o",
+            )

@@ -39,16 +39,17 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+
 from hookcli.families import (
     channels_last_output,
     ragged_rows,
     square_input,
 )
-from hookcli.storage.fileformat import DETECTIONS
 from hookcli.models.loaded import LoadedModel
-from hookcli.run.settings import Batch, RunSettings
 from hookcli.run.batches import Decoded, image_loader, reported_failures, videos_closed
 from hookcli.run.forwards import ForwardFactory, extraction_forward, prepared_model
+from hookcli.run.settings import Batch, RunSettings
+from hookcli.storage.fileformat import DETECTIONS
 
 __all__ = ["iter_batches"]
 
@@ -80,16 +81,20 @@ def iter_batches(
     cast = getattr(torch, settings.dtype)
     batches = Decoded(image_loader(paths, settings, order=order), settings, on_note)
     unreadable = "videos" if any(hasattr(path, "frames") for path in paths[:1]) else "images"  # rows of clips
-    with prepared_model(loaded, settings) as (model, to_device), \
-            make_forward(model, layers, settings, on_note) as run, videos_closed():
+    with (
+        prepared_model(loaded, settings) as (model, to_device),
+        make_forward(model, layers, settings, on_note) as run,
+        videos_closed(),
+    ):
         for indices, batch, failures in batches:
             failures = reported_failures(failures, settings.on_error, unreadable)
             features, targets, facts = {}, None, None
             if batch is not None:
                 captured, targets = run(to_device(batch))
                 batches.prepare()  # while the device computes this batch
-                features = {key: _stored(key, value, settings.pool, cast, ragged, square)
-                            for key, value in captured.items()}
+                features = {
+                    key: _stored(key, value, settings.pool, cast, ragged, square) for key, value in captured.items()
+                }
                 facts = run.facts()
             yield Batch(indices, features, failures, targets, facts)
 

@@ -40,12 +40,21 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from hookcli.inputs.archives import input_key
+
 from hookcli.errors import UsageProblem
-from hookcli.storage.fileformat import RunRecord
 from hookcli.files import check_folder_output, refuse_existing
+from hookcli.inputs.archives import input_key
 from hookcli.run.options import CLIPS, COMMAND_OPTIONS, RunOptions, run_options
-from hookcli.run.outputs import LARGE_INPUT, Output, check_target, default_output, output_kind, refuse_drawn_grids, refuse_overwriting_inputs
+from hookcli.run.outputs import (
+    LARGE_INPUT,
+    Output,
+    check_target,
+    default_output,
+    output_kind,
+    refuse_drawn_grids,
+    refuse_overwriting_inputs,
+)
+from hookcli.storage.fileformat import RunRecord
 
 __all__ = ["plan", "RunPlan"]
 
@@ -97,8 +106,9 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
     settings = _settings(command, opts)
     help_hint = f"see 'hookcli {command} --help'"
     if opts.seed is not None and opts.weights.strip().lower() != "none":
-        raise UsageProblem("--seed only applies to --weights none (pretrained and file weights are fixed)",
-                           hint=help_hint)
+        raise UsageProblem(
+            "--seed only applies to --weights none (pretrained and file weights are fixed)", hint=help_hint
+        )
     model_name = model.name if isinstance(model, LoadedModel) else str(model)
     family = model.family if isinstance(model, LoadedModel) else model_family(model_name)
     opts = _fitted_to_family(command, family, opts, options, help_hint)
@@ -111,8 +121,9 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
         kind = "folder"  # many processes share the work of one shard folder
     stream = output if hasattr(output, "write") else None
     if kind == "stdout" and (stream or sys.stdout).isatty():
-        raise UsageProblem("refusing to write binary safetensors data to a terminal; pipe or redirect -o -",
-                           hint=help_hint)
+        raise UsageProblem(
+            "refusing to write binary safetensors data to a terminal; pipe or redirect -o -", hint=help_hint
+        )
     if command == "cam":
         from hookcli.pictures.render import check_cmap
 
@@ -144,8 +155,8 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
             # The last check before torch: the registry cache answers it, and only a cold cache imports torchvision.
             resolve_weights(model_name, opts.weights)
 
-        from hookcli.run.device import resolve_device
         from hookcli.families import DEFAULT_CLIP_LENGTH
+        from hookcli.run.device import resolve_device
         from hookcli.run.launch import cpu_threads, local_device
         from hookcli.run.speed import check_precision
 
@@ -156,31 +167,46 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
             torch.set_num_threads(cpu_threads(part))  # the processes on this machine share its cores
         check_precision(opts.precision, device)
         if opts.decode == "device" and device.type not in ("cuda", "cpu"):
-            raise UsageProblem(f"--decode device decodes on CUDA GPUs (nvJPEG), not on {device.type}",
-                               hint="leave out --decode device: the decode workers feed it")
+            raise UsageProblem(
+                f"--decode device decodes on CUDA GPUs (nvJPEG), not on {device.type}",
+                hint="leave out --decode device: the decode workers feed it",
+            )
         loaded = model if isinstance(model, LoadedModel) else _load(model_name, opts)
         settings = dataclasses.replace(settings, device=device, preprocess=_preprocess(loaded, opts))
         settings = settings.resolved(loaded, len(paths))
         notes = gathered + loaded.notes_for(options)
         if command == "extract" and opts.compile and not settings.compile:
-            notes += (f"--compile applies to classification models; this {loaded.family.replace('_', ' ')} model runs "
-                      "eagerly",)
+            notes += (
+                f"--compile applies to classification models; this {loaded.family.replace('_', ' ')} model runs "
+                "eagerly",
+            )
         if command != "extract" and opts.compile:
             notes += ("--compile: gradients need the eager graph with hooks; running eagerly",)
         target = None
         if command != "extract":
-            from hookcli.run.gradients import parse_target
             from hookcli.models.loaded import num_classes
+            from hookcli.run.gradients import parse_target
 
-            target = parse_target(opts.target, loaded.categories, loaded.classes or num_classes(loaded.module),
-                                  region=opts.region, family=loaded.family)
+            target = parse_target(
+                opts.target,
+                loaded.categories,
+                loaded.classes or num_classes(loaded.module),
+                region=opts.region,
+                family=loaded.family,
+            )
             if loaded.scores not in (None, "logits"):
-                notes += (f"{loaded.name} has no classifier: targets are units of its "
-                          f"{'image embedding' if loaded.scores == 'embedding' else loaded.scores}",)
+                notes += (
+                    f"{loaded.name} has no classifier: targets are units of its "
+                    f"{'image embedding' if loaded.scores == 'embedding' else loaded.scores}",
+                )
         selected, forward, entries = _command_parts(command, loaded, layers, settings, opts, target)
         if loaded.family == "video":
-            entries = {**entries, "clip_length": str(opts.clip_length or DEFAULT_CLIP_LENGTH),
-                       "frame_stride": str(opts.frame_stride), "clips_per_video": str(opts.clips_per_video)}
+            entries = {
+                **entries,
+                "clip_length": str(opts.clip_length or DEFAULT_CLIP_LENGTH),
+                "frame_stride": str(opts.frame_stride),
+                "clips_per_video": str(opts.clips_per_video),
+            }
         elif loaded.family == "optical_flow" and opts.pair_with:  # a resumed run must pair the same second images
             from hookcli.storage.fileformat import inputs_digest
 
@@ -201,12 +227,23 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
             refuse_overwriting_inputs(planned, paths)
         modules = dict(loaded.module.named_modules())
         record = RunRecord(
-            model=loaded.name, weights=loaded.weights, layers=dict(selected),
-            layer_types={p: type(modules[p]).__name__ for p in selected}, capture=settings.capture,
-            preprocess=json.loads(settings.preprocess.to_json()), pool=settings.pool or "none", dtype=settings.dtype,
-            precision=settings.precision, memory_format=settings.memory_format, fuse=settings.fusing,
-            device=str(settings.device), on_error=settings.on_error, shard_size=opts.shard_size,
-            inputs=tuple(input_key(p) for p in paths), command=entries, family=loaded.family,
+            model=loaded.name,
+            weights=loaded.weights,
+            layers=dict(selected),
+            layer_types={p: type(modules[p]).__name__ for p in selected},
+            capture=settings.capture,
+            preprocess=json.loads(settings.preprocess.to_json()),
+            pool=settings.pool or "none",
+            dtype=settings.dtype,
+            precision=settings.precision,
+            memory_format=settings.memory_format,
+            fuse=settings.fusing,
+            device=str(settings.device),
+            on_error=settings.on_error,
+            shard_size=opts.shard_size,
+            inputs=tuple(input_key(p) for p in paths),
+            command=entries,
+            family=loaded.family,
             prefix_tokens=loaded.prefix_tokens,
         )
         cam_look = {"method": opts.method, "alpha": opts.alpha, "cmap": opts.cmap} if command == "cam" else None
@@ -214,10 +251,24 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
             from hookcli.storage.fileformat import identity
 
             team.check_same(identity(record))
-        return RunPlan(command=command, loaded=loaded, layers=selected, inputs=tuple(paths), settings=settings,
-                       output=Output(kind, path, stream), record=record, forward=forward, shard_size=opts.shard_size,
-                       force=opts.force, grid=opts.grid, target=target, cam_look=cam_look, notes=notes, part=part,
-                       team=team)
+        return RunPlan(
+            command=command,
+            loaded=loaded,
+            layers=selected,
+            inputs=tuple(paths),
+            settings=settings,
+            output=Output(kind, path, stream),
+            record=record,
+            forward=forward,
+            shard_size=opts.shard_size,
+            force=opts.force,
+            grid=opts.grid,
+            target=target,
+            cam_look=cam_look,
+            notes=notes,
+            part=part,
+            team=team,
+        )
 
 
 @contextlib.contextmanager
@@ -238,16 +289,18 @@ def _part(opts: RunOptions, kind: str, output) -> object:
 
     if opts.part is not None:
         if kind not in ("folder", "default"):
-            raise UsageProblem("--part applies to a shard folder output (-o DIR/)",
-                               hint="the processes share the work of one folder")
+            raise UsageProblem(
+                "--part applies to a shard folder output (-o DIR/)", hint="the processes share the work of one folder"
+            )
         return parse_part(opts.part)
     if kind == "memory":
         return None  # a Python caller's own loop: it decides who computes what
     part = detect_part()
     if part is not None and kind in ("file", "stdout", "cam"):
-        raise UsageProblem(f"{part.count} processes started by {part.launcher} would each write all of '{output}'",
-                           hint="write a shard folder (-o DIR/): they share its work" if kind != "cam" else
-                           "run cam as one process")
+        raise UsageProblem(
+            f"{part.count} processes started by {part.launcher} would each write all of '{output}'",
+            hint="write a shard folder (-o DIR/): they share its work" if kind != "cam" else "run cam as one process",
+        )
     return part
 
 
@@ -270,10 +323,17 @@ def _settings(command: str, opts: RunOptions):
 
     extracting = command == "extract"
     return RunSettings(
-        capture=opts.capture if extracting else "output", device=opts.device, batch_size=opts.batch_size,
-        workers=opts.workers, pool=opts.pool if extracting else None,
-        dtype=opts.dtype if command != "cam" else "float32", on_error=opts.on_error, precision=opts.precision,
-        memory_format=opts.memory_format, compile=opts.compile, fuse=opts.fuse if extracting else False,
+        capture=opts.capture if extracting else "output",
+        device=opts.device,
+        batch_size=opts.batch_size,
+        workers=opts.workers,
+        pool=opts.pool if extracting else None,
+        dtype=opts.dtype if command != "cam" else "float32",
+        on_error=opts.on_error,
+        precision=opts.precision,
+        memory_format=opts.memory_format,
+        compile=opts.compile,
+        fuse=opts.fuse if extracting else False,
         final_output=opts.detections or opts.flow,
     )
 
@@ -282,18 +342,32 @@ def _preprocess(loaded, opts: RunOptions):
     """The weights' preprocessing with the options' overrides. A model that squashes images to ``[height,
     width]`` takes ``--resize N`` as ``[N, N]`` unless ``--crop`` is given too."""
     resize = opts.resize
-    if resize is not None and isinstance(loaded.preprocess.resize, tuple) and loaded.preprocess.kind == \
-            "classification" and loaded.preprocess.crop is None and opts.crop is None:
+    if (
+        resize is not None
+        and isinstance(loaded.preprocess.resize, tuple)
+        and loaded.preprocess.kind == "classification"
+        and loaded.preprocess.crop is None
+        and opts.crop is None
+    ):
         resize = (resize, resize)
     from hookcli.inputs.preprocess import DEVICE_DECODE_KINDS
 
     kind = loaded.preprocess.kind
     if opts.decode == "device" and kind not in DEVICE_DECODE_KINDS:
-        raise UsageProblem(f"--decode device reads image files, and this {kind.replace('_', ' ')} model takes frames "
-                           "decoded on the CPU", hint="leave out --decode device")
-    return loaded.preprocess.replace(resize=resize, crop=opts.crop, mean=opts.mean, std=opts.std,
-                                     interpolation=opts.interpolation, fast_decode=opts.fast_decode or None,
-                                     decode=opts.decode)
+        raise UsageProblem(
+            f"--decode device reads image files, and this {kind.replace('_', ' ')} model takes frames "
+            "decoded on the CPU",
+            hint="leave out --decode device",
+        )
+    return loaded.preprocess.replace(
+        resize=resize,
+        crop=opts.crop,
+        mean=opts.mean,
+        std=opts.std,
+        interpolation=opts.interpolation,
+        fast_decode=opts.fast_decode or None,
+        decode=opts.decode,
+    )
 
 
 def _gather(inputs, family: str, opts: RunOptions) -> tuple:
@@ -307,8 +381,8 @@ def _gather(inputs, family: str, opts: RunOptions) -> tuple:
     if not family_traits(family).videos:
         found = find_inputs(arguments, recursive=recursive)
         return found, (found.note,) if found.note else ()
-    from hookcli.inputs import video
     from hookcli.errors import VideoError
+    from hookcli.inputs import video
 
     if opts.pair_with:
         return _image_pairs(arguments, opts, recursive), ()
@@ -316,8 +390,12 @@ def _gather(inputs, family: str, opts: RunOptions) -> tuple:
     for path in video.find_videos(arguments, recursive=recursive):
         try:
             if family == "video":
-                clips = video.find_clips(path, length=opts.clip_length or DEFAULT_CLIP_LENGTH,
-                                         stride=opts.frame_stride, clips=opts.clips_per_video or None)
+                clips = video.find_clips(
+                    path,
+                    length=opts.clip_length or DEFAULT_CLIP_LENGTH,
+                    stride=opts.frame_stride,
+                    clips=opts.clips_per_video or None,
+                )
             else:
                 clips = video.find_pairs(path, stride=opts.frame_stride)
         except VideoError as err:  # its clips cannot be counted, so it has no rows to skip one by one
@@ -340,17 +418,22 @@ def _image_pairs(arguments: list[str], opts: RunOptions, recursive: bool):
     from hookcli.inputs.video import ImagePair
 
     if opts.frame_stride != 1:
-        raise UsageProblem("--frame-stride applies to pairs cut from videos, not to pairs given as two image lists",
-                           hint="see 'hookcli extract --help'")
+        raise UsageProblem(
+            "--frame-stride applies to pairs cut from videos, not to pairs given as two image lists",
+            hint="see 'hookcli extract --help'",
+        )
     if "-" in arguments and "-" in opts.pair_with:
-        raise UsageProblem("stdin (-) can give one of the two image lists, not both",
-                           hint="name the other list's files or folder")
+        raise UsageProblem(
+            "stdin (-) can give one of the two image lists, not both", hint="name the other list's files or folder"
+        )
     firsts = find_inputs(arguments, recursive=recursive).paths
     seconds = find_inputs(_arguments(opts.pair_with), recursive=recursive).paths
     if len(firsts) != len(seconds):
-        raise UsageProblem(f"the two image lists differ in length: {counted(len(firsts), 'first image')} and "
-                           f"{len(seconds)} given with --pair-with",
-                           hint="give one second image for each input image, in order")
+        raise UsageProblem(
+            f"the two image lists differ in length: {counted(len(firsts), 'first image')} and "
+            f"{len(seconds)} given with --pair-with",
+            hint="give one second image for each input image, in order",
+        )
     return FoundInputs([ImagePair(a, b) for a, b in zip(firsts, seconds, strict=True)])
 
 
@@ -364,8 +447,7 @@ def _fitted_to_family(command: str, family: str, opts: RunOptions, given: Mappin
 
     traits = family_traits(family)
     if command == "cam" and not traits.cams or command == "grad" and not traits.gradients:
-        raise UsageProblem(f"{command} does not apply to {family.replace('_', ' ')} models",
-                           hint=_NO_GRADIENTS[family])
+        raise UsageProblem(f"{command} does not apply to {family.replace('_', ' ')} models", hint=_NO_GRADIENTS[family])
     if opts.region is not None and family != "segmentation":
         raise UsageProblem("--region applies to segmentation models", hint=help_hint)
     if opts.region is not None:
@@ -376,30 +458,43 @@ def _fitted_to_family(command: str, family: str, opts: RunOptions, given: Mappin
     clip_options = [name for name in CLIPS if name in given and given[name] != getattr(RunOptions, name)]
     if not traits.videos and clip_options:
         users = "video and optical-flow models" if clip_options[0] == "frame_stride" else "video models"
-        raise UsageProblem(f"--{clip_options[0].replace('_', '-')} applies to {users}, and this one is "
-                           f"{family.replace('_', ' ')}", hint=help_hint)
+        raise UsageProblem(
+            f"--{clip_options[0].replace('_', '-')} applies to {users}, and this one is {family.replace('_', ' ')}",
+            hint=help_hint,
+        )
     if family == "optical_flow" and {"clip_length", "clips_per_video"} & set(clip_options):
-        raise UsageProblem("optical-flow models take pairs of frames: --clip-length and --clips-per-video do not "
-                           "apply (--frame-stride sets how far apart the two frames are)", hint=help_hint)
+        raise UsageProblem(
+            "optical-flow models take pairs of frames: --clip-length and --clips-per-video do not "
+            "apply (--frame-stride sets how far apart the two frames are)",
+            hint=help_hint,
+        )
     if family == "video" and opts.memory_format == "channels_last":
-        raise UsageProblem("video models take 5-D clips, which have no channels-last layout",
-                           hint="leave --memory-format at auto or contiguous")
+        raise UsageProblem(
+            "video models take 5-D clips, which have no channels-last layout",
+            hint="leave --memory-format at auto or contiguous",
+        )
     if opts.pair_with and family != "optical_flow":
-        raise UsageProblem(f"--pair-with applies to optical-flow models, and this one is {family.replace('_', ' ')}",
-                           hint=help_hint)
+        raise UsageProblem(
+            f"--pair-with applies to optical-flow models, and this one is {family.replace('_', ' ')}", hint=help_hint
+        )
     if opts.flow and family != "optical_flow":
-        raise UsageProblem(f"--flow applies to optical-flow models, and this one is {family.replace('_', ' ')}",
-                           hint=help_hint)
+        raise UsageProblem(
+            f"--flow applies to optical-flow models, and this one is {family.replace('_', ' ')}", hint=help_hint
+        )
     if opts.detections and family != "detection":
-        raise UsageProblem(f"--detections applies to detection models, and this one is {family.replace('_', ' ')}",
-                           hint=help_hint)
+        raise UsageProblem(
+            f"--detections applies to detection models, and this one is {family.replace('_', ' ')}", hint=help_hint
+        )
     if family in CPU_ONLY:
         if opts.device not in ("auto", "cpu"):
-            raise UsageProblem(f"quantized models run on the CPU only, not on '{opts.device}'",
-                               hint="use --device cpu (or auto), or the model without the quantized_ prefix")
+            raise UsageProblem(
+                f"quantized models run on the CPU only, not on '{opts.device}'",
+                hint="use --device cpu (or auto), or the model without the quantized_ prefix",
+            )
         if opts.precision != "fp32":
-            raise UsageProblem(f"quantized models compute in int8 and take --precision fp32 only, not "
-                               f"{opts.precision}", hint=help_hint)
+            raise UsageProblem(
+                f"quantized models compute in int8 and take --precision fp32 only, not {opts.precision}", hint=help_hint
+            )
         return dataclasses.replace(opts, device="cpu")
     return opts
 
@@ -417,19 +512,32 @@ def _command_parts(command, loaded, layers, settings, opts, target):
     if command == "extract":
         from hookcli.run.forwards import extraction_forward
 
-        return resolve_layers(loaded.module, _selectors(layers), model_name=loaded.name), \
-            extraction_forward(settings), {}
+        return (
+            resolve_layers(loaded.module, _selectors(layers), model_name=loaded.name),
+            extraction_forward(settings),
+            {},
+        )
     from hookcli.run.gradients import CamForward, GradientForward
 
     if command == "grad":
-        return (resolve_layers(loaded.module, _selectors(layers), model_name=loaded.name),
-                functools.partial(GradientForward, target=target, categories=loaded.categories,
-                                  scores=loaded.scores), {"target": target.describe()})
+        return (
+            resolve_layers(loaded.module, _selectors(layers), model_name=loaded.name),
+            functools.partial(GradientForward, target=target, categories=loaded.categories, scores=loaded.scores),
+            {"target": target.describe()},
+        )
     layer = _cam_layer(loaded, layers, settings)
-    return ({layer: "cam"}, functools.partial(CamForward, target=target, categories=loaded.categories,
-                                              method=opts.method, scores=loaded.scores,
-                                              prefix_tokens=loaded.prefix_tokens),
-            {"target": target.describe(), "method": opts.method, "cam_layer": layer})
+    return (
+        {layer: "cam"},
+        functools.partial(
+            CamForward,
+            target=target,
+            categories=loaded.categories,
+            method=opts.method,
+            scores=loaded.scores,
+            prefix_tokens=loaded.prefix_tokens,
+        ),
+        {"target": target.describe(), "method": opts.method, "cam_layer": layer},
+    )
 
 
 def _selectors(layers) -> list[str]:
@@ -444,8 +552,9 @@ def _cam_layer(loaded, selector, settings) -> str:
             (selector,) = selector
         chosen = resolve_layers(loaded.module, [selector], model_name=loaded.name)
         if len(chosen) != 1:
-            raise UsageProblem(f"cam takes one layer, and '{selector}' matches {len(chosen)}",
-                               hint="see 'hookcli cam --help'")
+            raise UsageProblem(
+                f"cam takes one layer, and '{selector}' matches {len(chosen)}", hint="see 'hookcli cam --help'"
+            )
         return next(iter(chosen))
     from hookcli.families import map_batch, natural_input
     from hookcli.run.gradients import default_cam_layer

@@ -28,12 +28,18 @@ import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from hookcli.patterns import glob_to_regex
 from hookcli.errors import UnknownLayerError, UsageProblem
+from hookcli.patterns import glob_to_regex
 
 __all__ = [
-    "LayerInfo", "KEY_RESERVED", "MODEL", "MODEL_KEY", "describe_layers", "hookable_layers",
-    "resolve_layers", "selector_keys",
+    "LayerInfo",
+    "KEY_RESERVED",
+    "MODEL",
+    "MODEL_KEY",
+    "describe_layers",
+    "hookable_layers",
+    "resolve_layers",
+    "selector_keys",
 ]
 
 #: Characters that separate a layer's key from call index, input marker and container element.
@@ -123,7 +129,7 @@ def _match(pattern: str, layers: Mapping, model_name: str | None) -> list[str]:
     where = f" in {model_name}" if model_name else ""
     hint = f"run 'hookcli layers --model {model_name}' to list them" if model_name else "list them with describe_layers"
     if pattern.startswith("type:"):
-        type_pattern = pattern[len("type:"):]
+        type_pattern = pattern[len("type:") :]
         found = [p for p, m in layers.items() if _type_matches(type_pattern, type(m))]
         if not found:
             types = sorted({type(m).__name__ for m in layers.values()})
@@ -189,13 +195,12 @@ def describe_layers(model, example) -> list[LayerInfo]:
     """
     import torch
 
-    from hookcli.run.capture import preserved_mode
     from hookcli.families import call_model
+    from hookcli.run.capture import preserved_mode
 
     layers = hookable_layers(model)
     rows = {
-        path: LayerInfo(path, type(m).__name__, sum(p.numel() for p in m.parameters()))
-        for path, m in layers.items()
+        path: LayerInfo(path, type(m).__name__, sum(p.numel() for p in m.parameters())) for path, m in layers.items()
     }
     started: list[str] = []
 
@@ -214,8 +219,9 @@ def describe_layers(model, example) -> list[LayerInfo]:
             stack.enter_context(module.register_forward_pre_hook(functools.partial(on_start, path)))
             stack.enter_context(module.register_forward_hook(functools.partial(on_finish, path)))
         output = call_model(model, example)
-    itself = LayerInfo(MODEL, type(model).__name__, sum(p.numel() for p in model.parameters()), calls=1,
-                       output=_shapes(output))
+    itself = LayerInfo(
+        MODEL, type(model).__name__, sum(p.numel() for p in model.parameters()), calls=1, output=_shapes(output)
+    )
     ordered = [itself] + [rows[p] for p in started] + [row for p, row in rows.items() if p not in started]
     for i, row in enumerate(ordered):
         row.order = i

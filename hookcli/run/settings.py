@@ -10,15 +10,16 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass, field
-from hookcli.run import speed
-from hookcli.run.capture import CAPTURE_KINDS
+
 from hookcli.errors import check_choice, check_whole
 from hookcli.families import (
     family_traits,
 )
-from hookcli.storage.fileformat import RunFacts
-from hookcli.models.loaded import LoadedModel
 from hookcli.inputs.preprocess import Preprocess
+from hookcli.models.loaded import LoadedModel
+from hookcli.run import speed
+from hookcli.run.capture import CAPTURE_KINDS
+from hookcli.storage.fileformat import RunFacts
 
 __all__ = ["MAX_WORKERS", "default_workers", "Batch", "DTYPES", "ON_ERROR", "POOLS", "RunSettings"]
 
@@ -98,13 +99,19 @@ class RunSettings:
         # Fusion, channels-last and compilation go where hookcli.families says a family takes them; the others run
         # as written (the metadata's "fused" says 0) in their tensors' own layout.
         traits = family_traits(loaded.family)
-        memory_format = "contiguous" if not traits.channels_last and self.memory_format == "auto" \
-            else self.memory_format
+        memory_format = (
+            "contiguous" if not traits.channels_last and self.memory_format == "auto" else self.memory_format
+        )
         return dataclasses.replace(
-            self, device=device, preprocess=self.preprocess or loaded.preprocess, workers=workers,
+            self,
+            device=device,
+            preprocess=self.preprocess or loaded.preprocess,
+            workers=workers,
             memory_format=speed.choose_memory_format(loaded.module, device, memory_format),
             fuse=speed.choose_fuse(self.fuse, inputs) if traits.fuses else False,
-            compile=self.compile and traits.compiles, family=loaded.family)
+            compile=self.compile and traits.compiles,
+            family=loaded.family,
+        )
 
 
 @dataclass

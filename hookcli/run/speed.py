@@ -32,8 +32,16 @@ from collections.abc import Iterator, Mapping
 from hookcli.errors import UsageProblem
 
 __all__ = [
-    "FUSE_FROM", "MEMORY_FORMATS", "PRECISIONS", "check_precision", "choose_fuse", "choose_memory_format",
-    "compiled_extractor", "compute_dtype", "compute_precision", "thread_budget",
+    "FUSE_FROM",
+    "MEMORY_FORMATS",
+    "PRECISIONS",
+    "check_precision",
+    "choose_fuse",
+    "choose_memory_format",
+    "compiled_extractor",
+    "compute_dtype",
+    "compute_precision",
+    "thread_budget",
 ]
 
 PRECISIONS = ("fp32", "bf16", "fp16")

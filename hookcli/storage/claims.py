@@ -52,8 +52,15 @@ from hookcli.errors import UsageProblem, seconds_from_environment
 from hookcli.files import file_kind, reporting_full_disk
 
 __all__ = [
-    "CLAIMS", "DEFAULT_CLAIM_TIMEOUT", "HEARTBEAT", "LOCK_NAME", "SHORTEST_CLAIM_TIMEOUT", "Claims", "FolderLock",
-    "check_folder_parts", "claim_timeout",
+    "CLAIMS",
+    "DEFAULT_CLAIM_TIMEOUT",
+    "HEARTBEAT",
+    "LOCK_NAME",
+    "SHORTEST_CLAIM_TIMEOUT",
+    "Claims",
+    "FolderLock",
+    "check_folder_parts",
+    "claim_timeout",
 ]
 
 #: The lock file of a shard folder, held only for short steps.
@@ -76,8 +83,9 @@ _WAIT_NOTE_AFTER = 5.0
 def claim_timeout() -> float:
     """Seconds without a heartbeat after which a claim counts as abandoned (``$HOOKCLI_CLAIM_TIMEOUT``): at least
     :data:`SHORTEST_CLAIM_TIMEOUT`, as a shorter one would take claims from live processes (and spin the heartbeat)."""
-    return seconds_from_environment("HOOKCLI_CLAIM_TIMEOUT", DEFAULT_CLAIM_TIMEOUT, SHORTEST_CLAIM_TIMEOUT,
-                                    LONGEST_CLAIM_TIMEOUT)
+    return seconds_from_environment(
+        "HOOKCLI_CLAIM_TIMEOUT", DEFAULT_CLAIM_TIMEOUT, SHORTEST_CLAIM_TIMEOUT, LONGEST_CLAIM_TIMEOUT
+    )
 
 
 def check_folder_parts(folder: Path) -> None:
@@ -110,8 +118,9 @@ def _unopened(path: Path, is_kind: Callable[[int], bool], expected: str, err: OS
     mode = _mode(path)
     if mode is not None and not is_kind(mode):
         return _not_made_here(path, expected, mode)
-    return UsageProblem(f"cannot open '{path}' ({err.strerror})",
-                        hint="check its permissions, or choose another place with -o")
+    return UsageProblem(
+        f"cannot open '{path}' ({err.strerror})", hint="check its permissions, or choose another place with -o"
+    )
 
 
 def _mode(path: Path) -> int | None:
@@ -187,8 +196,10 @@ class FolderLock:
             self.release()
 
     def _say_waiting(self) -> None:
-        self.on_wait(f"waiting for another hookcli process writing '{self.name}' (it holds {LOCK_NAME} while it "
-                     "starts the run or records a shard)")
+        self.on_wait(
+            f"waiting for another hookcli process writing '{self.name}' (it holds {LOCK_NAME} while it "
+            "starts the run or records a shard)"
+        )
 
     def _lock(self) -> int:
         said = False
@@ -226,8 +237,9 @@ class FolderLock:
         """The lock file, created if missing; a link, a FIFO or a folder in its place is refused, never followed
         nor waited on."""
         try:
-            descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK,
-                                 0o666)
+            descriptor = os.open(
+                self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o666
+            )
         except OSError as err:
             raise _unopened(self.path, stat.S_ISREG, _LOCK_FILE, err) from None
         mode = os.fstat(descriptor).st_mode
@@ -252,8 +264,9 @@ class Claims:
     """This process's claims on shards of ``folder``: taken and released under the folder's lock, kept fresh by
     a heartbeat thread."""
 
-    def __init__(self, folder: Path, *, timeout: float | None = None,
-                 on_note: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self, folder: Path, *, timeout: float | None = None, on_note: Callable[[str], None] | None = None
+    ) -> None:
         self.folder = folder / CLAIMS
         self.timeout = claim_timeout() if timeout is None else timeout
         self.on_note = on_note  # hears of each claim taken over
@@ -273,8 +286,9 @@ class Claims:
             with contextlib.suppress(FileExistsError):
                 os.mkdir(self.folder)  # never follows a link: one in the way is refused below
         try:
-            descriptor = os.open(self.folder,
-                                 os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            descriptor = os.open(
+                self.folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+            )
         except FileNotFoundError:
             descriptor = None
         except OSError as err:
@@ -293,8 +307,9 @@ class Claims:
         with self._opened(create=True) as folder:
             for _ in range(2):
                 try:
-                    descriptor = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                                         0o666, dir_fd=folder)
+                    descriptor = os.open(
+                        name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=folder
+                    )
                 except FileExistsError:
                     owner = self._abandoned(name, folder)
                     if owner is None:

@@ -42,7 +42,11 @@ __all__ = ["FeatureFile", "Features", "write_safetensors"]
 
 
 def write_safetensors(
-    tensors: Mapping, metadata: Mapping[str, str], destination: str | os.PathLike | BinaryIO, *, force: bool = False,
+    tensors: Mapping,
+    metadata: Mapping[str, str],
+    destination: str | os.PathLike | BinaryIO,
+    *,
+    force: bool = False,
     publish: Callable[[], contextlib.AbstractContextManager[bool]] | None = None,
 ) -> None:
     """Write ``tensors`` and ``metadata`` to a path (atomically; ``publish`` as :func:`atomic_path`'s) or to a
@@ -61,9 +65,19 @@ def write_safetensors(
 
 #: safetensors dtype name → numpy dtype string; BF16 is read as raw uint16 and widened to float32.
 _NUMPY_DTYPES = {
-    "F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2",
-    "I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "i1",
-    "U64": "<u8", "U32": "<u4", "U16": "<u2", "U8": "u1", "BOOL": "?",
+    "F64": "<f8",
+    "F32": "<f4",
+    "F16": "<f2",
+    "BF16": "<u2",
+    "I64": "<i8",
+    "I32": "<i4",
+    "I16": "<i2",
+    "I8": "i1",
+    "U64": "<u8",
+    "U32": "<u4",
+    "U16": "<u2",
+    "U8": "u1",
+    "BOOL": "?",
 }
 _MAX_HEADER = 100 * 1024 * 1024
 #: Dimensions beyond these cannot be real (numpy's own limits are 64 axes and 2^63 elements).
@@ -73,6 +87,7 @@ _DAMAGED = "it was not written whole by a safetensors writer; write it again"
 
 def _checked_entry(key: str, info, what: str, data_start: int, size: int) -> tuple[str, list[int], int]:
     """``(dtype, shape, begin)`` of one header entry, once its claims agree with each other and with the file."""
+
     def whole(value) -> bool:
         return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _MAX_DIM
 
@@ -80,28 +95,42 @@ def _checked_entry(key: str, info, what: str, data_start: int, size: int) -> tup
         raise FeatureFileError(f"{what} is not a safetensors file", hint=f"the header entry for '{key}' is malformed")
     dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
     if not isinstance(dtype, str) or not isinstance(shape, list) or not isinstance(offsets, list):
-        raise FeatureFileError(f"{what} is not a safetensors file",
-                               hint=f"the header entry for '{key}' lacks a dtype, shape or data_offsets")
+        raise FeatureFileError(
+            f"{what} is not a safetensors file",
+            hint=f"the header entry for '{key}' lacks a dtype, shape or data_offsets",
+        )
     if dtype not in _NUMPY_DTYPES:
-        raise FeatureFileError(f"tensor '{key}' in {what} has unsupported dtype {dtype[:20]}",
-                               hint=f"hookcli reads {', '.join(_NUMPY_DTYPES)}")
-    if len(shape) > _MAX_DIMS or not all(whole(n) for n in shape) or \
-            math.prod(n for n in shape if n) * _itemsize(dtype) > _MAX_DIM:  # numpy could not even shape it
-        raise FeatureFileError(f"{what} is damaged: tensor '{key}' has an impossible shape {_short(shape)}",
-                               hint=f"dimensions are whole numbers from 0 to 2^62, at most {_MAX_DIMS} of them, "
-                                    "whose non-zero product is under 2^62 bytes")
+        raise FeatureFileError(
+            f"tensor '{key}' in {what} has unsupported dtype {dtype[:20]}",
+            hint=f"hookcli reads {', '.join(_NUMPY_DTYPES)}",
+        )
+    if (
+        len(shape) > _MAX_DIMS
+        or not all(whole(n) for n in shape)
+        or math.prod(n for n in shape if n) * _itemsize(dtype) > _MAX_DIM
+    ):  # numpy could not even shape it
+        raise FeatureFileError(
+            f"{what} is damaged: tensor '{key}' has an impossible shape {_short(shape)}",
+            hint=f"dimensions are whole numbers from 0 to 2^62, at most {_MAX_DIMS} of them, "
+            "whose non-zero product is under 2^62 bytes",
+        )
     if len(offsets) != 2 or not all(whole(n) for n in offsets) or offsets[0] > offsets[1]:
-        raise FeatureFileError(f"{what} is damaged: tensor '{key}' has impossible data_offsets {_short(offsets)}",
-                               hint=_DAMAGED)
+        raise FeatureFileError(
+            f"{what} is damaged: tensor '{key}' has impossible data_offsets {_short(offsets)}", hint=_DAMAGED
+        )
     begin, end = offsets
     claimed = math.prod(shape) * _itemsize(dtype)
     if end - begin != claimed:
         raise FeatureFileError(
             f"{what} is damaged: tensor '{key}' of shape {_short(shape)} {dtype} needs {claimed} bytes "
-            f"but its data_offsets span {end - begin}", hint=_DAMAGED)
+            f"but its data_offsets span {end - begin}",
+            hint=_DAMAGED,
+        )
     if data_start + end > size:
-        raise FeatureFileError(f"{what} is truncated: tensor '{key}' ends at byte {data_start + end} but the file has "
-                               f"{size}", hint="the file was cut short; write it again")
+        raise FeatureFileError(
+            f"{what} is truncated: tensor '{key}' ends at byte {data_start + end} but the file has {size}",
+            hint="the file was cut short; write it again",
+        )
     return dtype, shape, begin
 
 
@@ -150,8 +179,9 @@ class FeatureFile:
         try:
             self.size = os.fstat(self._handle.fileno()).st_size
             self._data_start, self.metadata, self._entries = self._read_header()
-            self._row_shapes = _companions(self._entries, lambda key: self._entries[key][:2],
-                                           f"'{self.name}' is damaged")
+            self._row_shapes = _companions(
+                self._entries, lambda key: self._entries[key][:2], f"'{self.name}' is damaged"
+            )
             self._shape_tables: dict = {}
         except BaseException:
             self._handle.close()
@@ -180,12 +210,14 @@ class FeatureFile:
             raise FeatureFileError(not_ours, hint="its __metadata__ is not a map of strings")
         data_start = 8 + length
         entries = {key: _checked_entry(key, info, what, data_start, self.size) for key, info in header.items()}
-        spans = sorted((begin, begin + self.row_bytes(dtype, shape), key)
-                       for key, (dtype, shape, begin) in entries.items())
+        spans = sorted(
+            (begin, begin + self.row_bytes(dtype, shape), key) for key, (dtype, shape, begin) in entries.items()
+        )
         for (_, end, first), (begin, _, second) in zip(spans, spans[1:]):
             if begin < end:
-                raise FeatureFileError(f"{what} is damaged: the data of tensors '{first}' and '{second}' overlap",
-                                       hint=_DAMAGED)
+                raise FeatureFileError(
+                    f"{what} is damaged: the data of tensors '{first}' and '{second}' overlap", hint=_DAMAGED
+                )
         return data_start, metadata, {key: entries[key] for key in _key_order(entries, metadata)}
 
     def __enter__(self) -> FeatureFile:
@@ -237,8 +269,7 @@ class FeatureFile:
         (the whole tensor, and :meth:`read_rows`, padded with zeros).
         """
         if index is not None and key in self._row_shapes:
-            return _own_part(self._raw_read(key, index),
-                             self.row_shape(key, index), part)
+            return _own_part(self._raw_read(key, index), self.row_shape(key, index), part)
         return self._raw_read(key, index, part)
 
     def _raw_read(self, key: str, index: int | None = None, part: slice | None = None):
@@ -287,8 +318,10 @@ def _companions(entries, dtype_and_shape, damaged: str) -> dict[str, str]:
         rows = list(dtype_and_shape(key)[1])
         wrong = _row_shapes_problem(dtype, list(shape), rows)
         if wrong:
-            raise FeatureFileError(f"{damaged}: '{companion}' is not the row shapes of '{key}' {rows}",
-                                   hint=f"{wrong}; write the file again")
+            raise FeatureFileError(
+                f"{damaged}: '{companion}' is not the row shapes of '{key}' {rows}",
+                hint=f"{wrong}; write the file again",
+            )
         found[key] = companion
     return found
 
@@ -313,10 +346,11 @@ def _checked_row_shapes(features, key: str, table):
     outside = np.flatnonzero(((table < 0) | (table > np.array(padded, dtype=np.int64))).any(axis=1))
     if outside.size:
         index = int(outside[0])
-        raise FeatureFileError(f"'{features.name}' is damaged: row {index} of '{key}' claims shape "
-                               f"{table[index].tolist()}, outside the stored {padded}",
-                               hint=f"each row's shape in '{key}{ROW_SHAPE}' runs from 0 to the stored {padded}; "
-                                    "write the file again")
+        raise FeatureFileError(
+            f"'{features.name}' is damaged: row {index} of '{key}' claims shape "
+            f"{table[index].tolist()}, outside the stored {padded}",
+            hint=f"each row's shape in '{key}{ROW_SHAPE}' runs from 0 to the stored {padded}; write the file again",
+        )
     return table
 
 
@@ -335,16 +369,34 @@ class Features(Mapping):
     that made them learnt, when a run did.
     """
 
-    _NAMES = {"float32": "F32", "float16": "F16", "float64": "F64", "bfloat16": "BF16", "int64": "I64",
-              "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL"}
+    _NAMES = {
+        "float32": "F32",
+        "float16": "F16",
+        "float64": "F64",
+        "bfloat16": "BF16",
+        "int64": "I64",
+        "int32": "I32",
+        "int16": "I16",
+        "int8": "I8",
+        "uint8": "U8",
+        "bool": "BOOL",
+    }
 
-    def __init__(self, tensors: Mapping, metadata: Mapping[str, str], *, name: str = "memory", facts=None,
-                 notes: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        tensors: Mapping,
+        metadata: Mapping[str, str],
+        *,
+        name: str = "memory",
+        facts=None,
+        notes: Sequence[str] = (),
+    ) -> None:
         self.name, self.metadata, self.facts, self.notes = name, dict(metadata), facts, tuple(notes)
         self._tensors = {key: tensors[key] for key in _key_order(tensors, self.metadata)}
         self.size = sum(self.nbytes(key) for key in self._tensors)
-        self._row_shapes = _companions(self._tensors, lambda key: (self.dtype(key), self.shape(key)),
-                                       f"'{name}' is damaged")
+        self._row_shapes = _companions(
+            self._tensors, lambda key: (self.dtype(key), self.shape(key)), f"'{name}' is damaged"
+        )
         self._keys = [key for key in self._tensors if key not in self._row_shapes.values()]
         self._shape_tables: dict = {}
 

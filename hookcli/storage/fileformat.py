@@ -39,12 +39,31 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 __all__ = [
-    "DETECTIONS", "FLOW", "FORMAT_VERSION", "INDEX_NAME", "INDEX_VERSION", "PRODUCER", "RAGGED_FORMAT_VERSION", "ROW_DETAILS", "ROW_SHAPE",
+    "DETECTIONS",
+    "FLOW",
+    "FORMAT_VERSION",
+    "INDEX_NAME",
+    "INDEX_VERSION",
+    "PRODUCER",
+    "RAGGED_FORMAT_VERSION",
+    "ROW_DETAILS",
+    "ROW_SHAPE",
     "SHARD_NAME",
-    "RunFacts", "RunRecord",
-    "check_index_header", "check_index_line", "identity_differences", "shard_count",
-    "file_metadata", "folder_metadata", "identity", "index_header", "index_line", "inputs_digest", "keys_of_layer",
-    "run_metadata", "shard_metadata",
+    "RunFacts",
+    "RunRecord",
+    "check_index_header",
+    "check_index_line",
+    "identity_differences",
+    "shard_count",
+    "file_metadata",
+    "folder_metadata",
+    "identity",
+    "index_header",
+    "index_line",
+    "inputs_digest",
+    "keys_of_layer",
+    "run_metadata",
+    "shard_metadata",
 ]
 
 FORMAT_VERSION = "1"
@@ -164,11 +183,17 @@ def run_metadata(record: RunRecord, facts: RunFacts, *, keys: Sequence[str]) -> 
     for f in _fields(_METADATA):
         value = getattr(record, f.name)
         if f.name == "layers":
-            metadata["layers"] = json.dumps({
-                path or ".": {"key": key, "type": record.layer_types[path], "calls": facts.calls.get(path, 0),
-                       "keys": [k for k in keys_of_layer(key, keys) if not k.endswith(ROW_SHAPE)]}
-                for path, key in value.items()
-            })
+            metadata["layers"] = json.dumps(
+                {
+                    path or ".": {
+                        "key": key,
+                        "type": record.layer_types[path],
+                        "calls": facts.calls.get(path, 0),
+                        "keys": [k for k in keys_of_layer(key, keys) if not k.endswith(ROW_SHAPE)],
+                    }
+                    for path, key in value.items()
+                }
+            )
         elif f.name == "command" or value is None and f.name == "prefix_tokens":
             continue  # the command's own entries come last; a model without tokens says nothing of them
         else:
@@ -188,8 +213,9 @@ def run_metadata(record: RunRecord, facts: RunFacts, *, keys: Sequence[str]) -> 
 ROW_DETAILS = ("frames", "second_inputs")
 
 
-def _rows_metadata(inputs: Sequence[str], skipped: Sequence[dict], targets: Sequence,
-                   details: Mapping[str, Sequence]) -> dict[str, str]:
+def _rows_metadata(
+    inputs: Sequence[str], skipped: Sequence[dict], targets: Sequence, details: Mapping[str, Sequence]
+) -> dict[str, str]:
     metadata = {"inputs": json.dumps(list(inputs))}
     for name in ROW_DETAILS:
         if details.get(name):
@@ -201,33 +227,66 @@ def _rows_metadata(inputs: Sequence[str], skipped: Sequence[dict], targets: Sequ
     return metadata
 
 
-def file_metadata(run: Mapping[str, str], *, inputs: Sequence, skipped: Sequence[dict] = (),
-                  targets: Sequence = (), details: Mapping[str, Sequence] | None = None) -> dict[str, str]:
+def file_metadata(
+    run: Mapping[str, str],
+    *,
+    inputs: Sequence,
+    skipped: Sequence[dict] = (),
+    targets: Sequence = (),
+    details: Mapping[str, Sequence] | None = None,
+) -> dict[str, str]:
     """A single file's metadata: the run's, plus its rows' inputs (for rows cut from videos, the video) and
     :data:`ROW_DETAILS`, the skipped inputs and (grad, cam) the targets."""
     return {**run, **_rows_metadata(inputs, skipped, targets, details or {})}
 
 
-def shard_metadata(run: Mapping[str, str], number: int, *, inputs: Sequence, skipped: Sequence[dict] = (),
-                   targets: Sequence = (), details: Mapping[str, Sequence] | None = None) -> dict[str, str]:
+def shard_metadata(
+    run: Mapping[str, str],
+    number: int,
+    *,
+    inputs: Sequence,
+    skipped: Sequence[dict] = (),
+    targets: Sequence = (),
+    details: Mapping[str, Sequence] | None = None,
+) -> dict[str, str]:
     """Shard ``number``'s metadata: a complete file's, plus its ``shard`` number."""
-    return {**file_metadata(run, inputs=inputs, skipped=skipped, targets=targets, details=details),
-            "shard": str(number)}
+    return {
+        **file_metadata(run, inputs=inputs, skipped=skipped, targets=targets, details=details),
+        "shard": str(number),
+    }
 
 
 def index_header(record: RunRecord, run: Mapping[str, str], shard_size: int) -> dict:
     """Line 1 of ``index.jsonl``: the run's identity, its shard size and input count, and its metadata."""
-    return {"hookcli_index": INDEX_VERSION, "identity": identity(record), "shard_size": shard_size,
-            "inputs": len(record.inputs), "shard_name": SHARD_NAME, "metadata": dict(run)}
+    return {
+        "hookcli_index": INDEX_VERSION,
+        "identity": identity(record),
+        "shard_size": shard_size,
+        "inputs": len(record.inputs),
+        "shard_name": SHARD_NAME,
+        "metadata": dict(run),
+    }
 
 
-def index_line(number: int, shard_size: int, total: int, inputs: Sequence[str], skipped: Sequence[dict],
-               details: Mapping[str, Sequence] | None = None) -> dict:
+def index_line(
+    number: int,
+    shard_size: int,
+    total: int,
+    inputs: Sequence[str],
+    skipped: Sequence[dict],
+    details: Mapping[str, Sequence] | None = None,
+) -> dict:
     """The index line of finished shard ``number``: its file, the inputs it covers, its rows, what was skipped, and
     the rows' :data:`ROW_DETAILS`."""
     first = number * shard_size
-    line = {"shard": number, "file": SHARD_NAME.format(number), "first": first,
-            "count": min(first + shard_size, total) - first, "inputs": list(inputs), "skipped": list(skipped)}
+    line = {
+        "shard": number,
+        "file": SHARD_NAME.format(number),
+        "first": first,
+        "count": min(first + shard_size, total) - first,
+        "inputs": list(inputs),
+        "skipped": list(skipped),
+    }
     line.update({name: list(values) for name, values in (details or {}).items() if values and name in ROW_DETAILS})
     return line
 
@@ -278,12 +337,18 @@ def check_index_line(entry, header: Mapping) -> None:
     if len(inputs) + len(skipped) != count:
         raise ValueError(f"it accounts for {len(inputs) + len(skipped)} inputs, not {count}")
     frames = entry.get("frames", [])
-    if not isinstance(frames, list) or (frames and len(frames) != len(inputs)) or not all(
-            isinstance(f, list) and all(_whole(n, 0) for n in f) for f in frames):
+    if (
+        not isinstance(frames, list)
+        or (frames and len(frames) != len(inputs))
+        or not all(isinstance(f, list) and all(_whole(n, 0) for n in f) for f in frames)
+    ):
         raise ValueError("its frames are not a list of frame numbers for each row")
     seconds = entry.get("second_inputs", [])
-    if not isinstance(seconds, list) or (seconds and len(seconds) != len(inputs)) or not all(
-            isinstance(p, str) for p in seconds):
+    if (
+        not isinstance(seconds, list)
+        or (seconds and len(seconds) != len(inputs))
+        or not all(isinstance(p, str) for p in seconds)
+    ):
         raise ValueError("its second_inputs are not a list of paths for each row")
 
 
@@ -302,8 +367,9 @@ def folder_metadata(header: Mapping, shards: Sequence[Mapping]) -> dict[str, str
     if skipped:
         metadata["skipped"] = json.dumps(skipped)
     done = sum(entry["count"] for entry in shards)
-    metadata["shards"] = json.dumps({"count": len(shards), "inputs_done": done, "inputs": header["inputs"],
-                                     "complete": done == header["inputs"]})
+    metadata["shards"] = json.dumps(
+        {"count": len(shards), "inputs_done": done, "inputs": header["inputs"], "complete": done == header["inputs"]}
+    )
     return metadata
 
 

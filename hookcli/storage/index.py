@@ -10,13 +10,24 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import NamedTuple
-from hookcli.storage import fileformat
-from hookcli.errors import FeatureFileError
-from hookcli.storage.fileformat import INDEX_NAME
-from hookcli.files import NotRegularFile, open_regular
-from hookcli.storage.features import FeatureFile
 
-__all__ = ["check_shard", "file_key", "finished_shards", "Index", "leading_shards", "open_index", "parse_index", "read_index", "shard_of"]
+from hookcli.errors import FeatureFileError
+from hookcli.files import NotRegularFile, open_regular
+from hookcli.storage import fileformat
+from hookcli.storage.features import FeatureFile
+from hookcli.storage.fileformat import INDEX_NAME
+
+__all__ = [
+    "check_shard",
+    "file_key",
+    "finished_shards",
+    "Index",
+    "leading_shards",
+    "open_index",
+    "parse_index",
+    "read_index",
+    "shard_of",
+]
 
 
 def read_index(folder: str | os.PathLike) -> tuple[dict | None, list[dict]]:
@@ -43,8 +54,11 @@ class Index(NamedTuple):
 
 
 def _not_an_index(path: Path, writing: bool) -> FeatureFileError:
-    hint = "add --force to replace it, or use another folder" if writing else \
-        "give a folder written by hookcli extract -o DIR/"
+    hint = (
+        "add --force to replace it, or use another folder"
+        if writing
+        else "give a folder written by hookcli extract -o DIR/"
+    )
     return FeatureFileError(f"'{path}' is not a hookcli index", hint=hint)
 
 
@@ -86,15 +100,18 @@ def parse_index(path: Path, *, writing: bool = False) -> Index:
                 whole = False  # the last line, cut short or garbled by a crash: its shard is done again
                 break
             problem = "is not JSON" if isinstance(err, json.JSONDecodeError) else f"is wrong: {err}"
-            raise FeatureFileError(f"index '{path}' is damaged: line {number + 1} {problem}",
-                                   hint="run the same extraction again with --force to start over") from None
+            raise FeatureFileError(
+                f"index '{path}' is damaged: line {number + 1} {problem}",
+                hint="run the same extraction again with --force to start over",
+            ) from None
         entries.append(entry)
         end = min(offset, len(raw))
     if not entries:
         raise _not_an_index(path, writing)
     numbers = [entry["shard"] for entry in entries[1:]]
-    return Index(entries[0], sorted(entries[1:], key=lambda entry: entry["shard"]), whole, end,
-                  numbers == sorted(numbers))
+    return Index(
+        entries[0], sorted(entries[1:], key=lambda entry: entry["shard"]), whole, end, numbers == sorted(numbers)
+    )
 
 
 def open_index(path: Path, *, writing: bool, update: bool = False):
@@ -109,9 +126,12 @@ def open_index(path: Path, *, writing: bool, update: bool = False):
 def finished_shards(folder: str | os.PathLike, shards: list[dict], *, verify: bool = False) -> list[dict]:
     """The index lines whose shard files are on disk (with ``verify``, a run about to continue: whole, and holding
     the rows their lines list); the others describe work to do again."""
-    return [entry for entry in shards
-            if (Path(folder) / entry["file"]).exists()
-            and (not verify or _shard_is_sound(Path(folder) / entry["file"], entry))]
+    return [
+        entry
+        for entry in shards
+        if (Path(folder) / entry["file"]).exists()
+        and (not verify or _shard_is_sound(Path(folder) / entry["file"], entry))
+    ]
 
 
 def leading_shards(shards: list[dict]) -> list[dict]:
@@ -142,14 +162,22 @@ def check_shard(shard: FeatureFile, entry: Mapping, like: FeatureFile | None = N
         if _layout(shard) != _layout(like):
             problem = "its tensors differ in keys, dtypes or shapes from the other shards'"
     if problem is not None:
-        raise FeatureFileError(f"shard '{shard.name}' does not match its index line: {problem}",
-                               hint="run the same extract command again to write it again")
+        raise FeatureFileError(
+            f"shard '{shard.name}' does not match its index line: {problem}",
+            hint="run the same extract command again to write it again",
+        )
 
 
 def _layout(features) -> dict:
     """What every shard of a folder shares: each key's dtype and row shape (a ragged key's only its dimensions)."""
-    return {k: (features.dtype(k), features.ragged(k),
-                len(features.shape(k)) if features.ragged(k) else features.shape(k)[1:]) for k in features.keys()}
+    return {
+        k: (
+            features.dtype(k),
+            features.ragged(k),
+            len(features.shape(k)) if features.ragged(k) else features.shape(k)[1:],
+        )
+        for k in features.keys()
+    }
 
 
 def _shard_is_sound(path: Path, entry: Mapping) -> bool:
@@ -175,6 +203,8 @@ _LINE_START = re.compile(rb'^\{"shard": (\d+),')
 def shard_of(line: bytes, folder: str) -> int:
     found = _LINE_START.match(line)
     if found is None:
-        raise FeatureFileError(f"the index of '{folder}' holds a line hookcli did not write",
-                               hint="run the same extraction again with --force to start over")
+        raise FeatureFileError(
+            f"the index of '{folder}' holds a line hookcli did not write",
+            hint="run the same extraction again with --force to start over",
+        )
     return int(found.group(1))

@@ -12,12 +12,13 @@ import queue
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+
+from hookcli.errors import FeatureFileError, OutputExistsError
+from hookcli.files import remove_abandoned, reporting_full_disk
 from hookcli.storage import fileformat
 from hookcli.storage.claims import Claims, FolderLock
-from hookcli.errors import FeatureFileError, OutputExistsError
-from hookcli.storage.fileformat import INDEX_NAME, SHARD_FILE
-from hookcli.files import remove_abandoned, reporting_full_disk
 from hookcli.storage.features import write_safetensors
+from hookcli.storage.fileformat import INDEX_NAME, SHARD_FILE
 from hookcli.storage.index import Index, file_key, finished_shards, open_index, parse_index, shard_of
 from hookcli.storage.shards import check_folder_target
 
@@ -45,8 +46,16 @@ class ShardWriter:
     first; then any shard nobody holds.
     """
 
-    def __init__(self, folder: str | os.PathLike, identity: Mapping, total: int, *, force: bool = False,
-                 part: tuple[int, int] = (0, 1), on_note: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        folder: str | os.PathLike,
+        identity: Mapping,
+        total: int,
+        *,
+        force: bool = False,
+        part: tuple[int, int] = (0, 1),
+        on_note: Callable[[str], None] | None = None,
+    ) -> None:
         check_folder_target(folder)
         self.folder, self._given = Path(folder), str(folder)
         self.identity = dict(identity)
@@ -139,8 +148,11 @@ class ShardWriter:
 
     def _remove_old_run(self, force: bool) -> None:
         """Delete an earlier run's index and shards (``force``); without it, refuse shard files no index lists."""
-        found = sorted(child.name for child in self.folder.iterdir()
-                       if child.name == INDEX_NAME or (SHARD_FILE.match(child.name) and not child.name.startswith(".")))
+        found = sorted(
+            child.name
+            for child in self.folder.iterdir()
+            if child.name == INDEX_NAME or (SHARD_FILE.match(child.name) and not child.name.startswith("."))
+        )
         if found and not force:
             more = f" and {len(found) - 1} more" if len(found) > 1 else ""
             raise OutputExistsError(
@@ -155,14 +167,18 @@ class ShardWriter:
         try:
             found = os.lstat(self.index_path)  # a link put in its place is another file: it is read, and refused
         except FileNotFoundError:
-            raise FeatureFileError(f"'{self._given}' lost its {INDEX_NAME} while this run was writing it",
-                                   hint="run the same command again to continue") from None
+            raise FeatureFileError(
+                f"'{self._given}' lost its {INDEX_NAME} while this run was writing it",
+                hint="run the same command again to continue",
+            ) from None
         key = file_key(found)
         if key != self._index_key or found.st_size < self._index_end:
             header, shards, _, end, self._ordered = parse_index(self.index_path, writing=True)
             if header is None or header["identity"] != self.identity:
-                raise OutputExistsError(f"'{self._given}' was given to a different run while this one was writing it",
-                                        hint="write this run to another folder")
+                raise OutputExistsError(
+                    f"'{self._given}' was given to a different run while this one was writing it",
+                    hint="write this run to another folder",
+                )
             self.finished = {entry["shard"] for entry in shards}
             self._highest = max(self.finished, default=-1)
             self._index_key, self._index_end = key, end
@@ -172,7 +188,7 @@ class ShardWriter:
         with open_index(self.index_path, writing=True) as index:
             index.seek(self._index_end)
             raw = index.read(found.st_size - self._index_end)
-        complete = raw[:raw.rfind(b"\n") + 1]
+        complete = raw[: raw.rfind(b"\n") + 1]
         for line in complete.split(b"\n"):
             if line.strip():
                 self._listed(shard_of(line, self._given))
@@ -257,8 +273,15 @@ class ShardWriter:
                 self._cursor = count
         return None
 
-    def submit(self, number: int, tensors: Mapping, metadata: Mapping[str, str], inputs: Sequence[str],
-               skipped: Sequence[dict], details: Mapping[str, Sequence] | None = None) -> None:
+    def submit(
+        self,
+        number: int,
+        tensors: Mapping,
+        metadata: Mapping[str, str],
+        inputs: Sequence[str],
+        skipped: Sequence[dict],
+        details: Mapping[str, Sequence] | None = None,
+    ) -> None:
         """Queue a finished shard (``details``: its rows' :data:`~hookcli.storage.fileformat.ROW_DETAILS`); blocks while
         the previous one is still being written."""
         self._raise_failure()
@@ -308,8 +331,9 @@ class ShardWriter:
 
     def _write(self, number, tensors, metadata, inputs, skipped, details) -> None:
         line = fileformat.index_line(number, self.shard_size, self.total, inputs, skipped, details)
-        write_safetensors(tensors, metadata, self.folder / line["file"], force=True,
-                          publish=lambda: self._publishing(number, line))
+        write_safetensors(
+            tensors, metadata, self.folder / line["file"], force=True, publish=lambda: self._publishing(number, line)
+        )
 
     @contextlib.contextmanager
     def _publishing(self, number: int, line: Mapping) -> Iterator[bool]:

@@ -39,12 +39,13 @@ from __future__ import annotations
 import bisect
 import os
 from pathlib import Path
+
+from hookcli.errors import FeatureFileError, UsageProblem
+from hookcli.files import check_folder_output
 from hookcli.storage import fileformat
 from hookcli.storage.claims import check_folder_parts, claim_timeout
-from hookcli.errors import FeatureFileError, UsageProblem
-from hookcli.storage.fileformat import INDEX_NAME
-from hookcli.files import check_folder_output
 from hookcli.storage.features import FeatureFile
+from hookcli.storage.fileformat import INDEX_NAME
 from hookcli.storage.index import check_shard, finished_shards, leading_shards, read_index
 
 __all__ = ["check_folder_target", "open_features", "ShardedFeatures"]
@@ -64,20 +65,31 @@ class ShardedFeatures:
         self.name = str(source)
         header, shards = read_index(self.folder)
         if header is None:
-            raise FeatureFileError(f"no {INDEX_NAME} in folder '{source}'",
-                                   hint="give a folder written by hookcli extract -o DIR/")
+            raise FeatureFileError(
+                f"no {INDEX_NAME} in folder '{source}'", hint="give a folder written by hookcli extract -o DIR/"
+            )
         present = finished_shards(self.folder, shards)
         shards = leading_shards(present)
         done = sum(entry["count"] for entry in shards)
         #: What a reader should be told: a folder still (or no longer) missing shards.
-        self.reading_notes: tuple[str, ...] = () if done == header["inputs"] else (
-            f"'{source}' holds {done} of its {header['inputs']} inputs"
-            + (f" (shard {len(shards)} is missing, so the {len(present) - len(shards)} listed after it are left out)"
-               if len(present) > len(shards) else "")
-            + "; run the same extract command again to complete it",)
+        self.reading_notes: tuple[str, ...] = (
+            ()
+            if done == header["inputs"]
+            else (
+                f"'{source}' holds {done} of its {header['inputs']} inputs"
+                + (
+                    f" (shard {len(shards)} is missing, so the {len(present) - len(shards)} listed after it are "
+                    "left out)"
+                    if len(present) > len(shards)
+                    else ""
+                )
+                + "; run the same extract command again to complete it",
+            )
+        )
         if not shards:
-            raise FeatureFileError(f"'{source}' holds no finished shard yet",
-                                   hint="run the extraction (again) to write some")
+            raise FeatureFileError(
+                f"'{source}' holds no finished shard yet", hint="run the extraction (again) to write some"
+            )
         self.header, self.shards = header, shards
         self._starts, rows = [], 0
         for entry in shards:
@@ -201,7 +213,8 @@ class _Shape:
 
 
 def open_features(source: str | os.PathLike):
-    """A :class:`~hookcli.storage.features.FeatureFile` for a file or ``-``, a :class:`ShardedFeatures` for a shard folder."""
+    """A :class:`~hookcli.storage.features.FeatureFile` for a file or ``-``, a :class:`ShardedFeatures` for a shard
+    folder."""
     path = Path(source)
     if str(source) != "-" and (path.is_dir() or path.name == INDEX_NAME):
         return ShardedFeatures(path)

@@ -39,12 +39,12 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
-from hookcli.storage import fileformat
-from hookcli.inputs.archives import input_name
 from hookcli.errors import MemoryLimitError
-from hookcli.storage.fileformat import ROW_SHAPE, RunFacts, RunRecord
 from hookcli.files import format_bytes
+from hookcli.inputs.archives import input_name
+from hookcli.storage import fileformat
 from hookcli.storage.features import Features, write_safetensors
+from hookcli.storage.fileformat import ROW_SHAPE, RunFacts, RunRecord
 
 __all__ = ["FileWriter", "FolderWriter", "MemoryWriter", "RowBuffer", "StdoutWriter", "row_bytes"]
 
@@ -91,7 +91,7 @@ class RowBuffer:
             if key not in self._tensors:
                 self._tensors[key] = torch.empty((self.capacity, *value.shape[1:]), dtype=value.dtype)
             part = value[rows]
-            self._tensors[key][start:start + len(part)] = part
+            self._tensors[key][start : start + len(part)] = part
         self.inputs.extend(input_name(p) for p in inputs)
         for item in inputs:
             if hasattr(item, "frames"):
@@ -104,8 +104,9 @@ class RowBuffer:
         import torch
 
         held = self._tensors.get(key)
-        largest = [max(sizes) for sizes in zip(*(row.shape for row in rows), *([held.shape[1:]] if held is not None
-                                                                                  else []))]
+        largest = [
+            max(sizes) for sizes in zip(*(row.shape for row in rows), *([held.shape[1:]] if held is not None else []))
+        ]
         if held is None or list(held.shape[1:]) != largest:
             grown = torch.zeros((self.capacity, *largest), dtype=rows[0].dtype)
             if held is not None:
@@ -162,8 +163,9 @@ class _WholeWriter:
     def finish(self):
         tensors = self.rows.tensors()
         run = fileformat.run_metadata(self.record, self.facts, keys=list(tensors))
-        metadata = fileformat.file_metadata(run, inputs=self.rows.inputs, skipped=self.skipped,
-                                            targets=self.rows.targets, details=self.rows.details)
+        metadata = fileformat.file_metadata(
+            run, inputs=self.rows.inputs, skipped=self.skipped, targets=self.rows.targets, details=self.rows.details
+        )
         return self._deliver(tensors, metadata)
 
     def _deliver(self, tensors: dict, metadata: dict):
@@ -231,9 +233,17 @@ class FolderWriter:
     folder was complete when this process finished.
     """
 
-    def __init__(self, record: RunRecord, paths: Sequence, folder: str | os.PathLike, *,
-                 shard_size: int | None = None, force: bool = False, part: tuple[int, int] = (0, 1),
-                 on_note: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        record: RunRecord,
+        paths: Sequence,
+        folder: str | os.PathLike,
+        *,
+        shard_size: int | None = None,
+        force: bool = False,
+        part: tuple[int, int] = (0, 1),
+        on_note: Callable[[str], None] | None = None,
+    ) -> None:
         self.record, self.paths, self.folder = record, paths, folder
         self.shard_size, self.force, self.part, self.on_note = shard_size, force, part, on_note
         self.writer = None
@@ -254,8 +264,14 @@ class FolderWriter:
         from hookcli.storage.shard_writer import ShardWriter
 
         self.batch_size = batch_size
-        self.writer = ShardWriter(self.folder, fileformat.identity(self.record), len(self.paths), force=self.force,
-                                  part=self.part, on_note=self.on_note)
+        self.writer = ShardWriter(
+            self.folder,
+            fileformat.identity(self.record),
+            len(self.paths),
+            force=self.force,
+            part=self.part,
+            on_note=self.on_note,
+        )
         self.done = self.writer.done
         if self.writer.header is not None:  # continuing: the shard size is known, shards may be finished at once
             self.writer.start_writing()
@@ -270,8 +286,11 @@ class FolderWriter:
 
     def add(self, batch) -> None:
         if self.run_metadata is None and batch.indices:
-            keys = [name for key, value in batch.features.items()
-                    for name in ((key, key + ROW_SHAPE) if isinstance(value, list) else (key,))]
+            keys = [
+                name
+                for key, value in batch.features.items()
+                for name in ((key, key + ROW_SHAPE) if isinstance(value, list) else (key,))
+            ]
             self.run_metadata = fileformat.run_metadata(self.record, batch.facts, keys=keys)
             if self.writer.header is None:
                 size = self.shard_size or _auto_shard_size(row_bytes(batch.features), self.batch_size)
@@ -292,15 +311,20 @@ class FolderWriter:
         first, end = self.writer.shard_range(number)
         rows = self.open.setdefault(number, RowBuffer(end - first))
         if isinstance(item, int):
-            rows.add(batch.features, slice(item, item + 1), [self.paths[index]],
-                     batch.targets[item:item + 1] if batch.targets else None)
+            rows.add(
+                batch.features,
+                slice(item, item + 1),
+                [self.paths[index]],
+                batch.targets[item : item + 1] if batch.targets else None,
+            )
         else:
             rows.skip(self.paths[index], item)
         if len(rows.inputs) + len(rows.skipped) == end - first:
             # A continued run whose first inputs are all unreadable has learnt nothing yet: the first run's metadata.
             run = self.run_metadata or self.writer.header["metadata"]
-            metadata = fileformat.shard_metadata(run, number, inputs=rows.inputs, skipped=rows.skipped,
-                                                 targets=rows.targets, details=rows.details)
+            metadata = fileformat.shard_metadata(
+                run, number, inputs=rows.inputs, skipped=rows.skipped, targets=rows.targets, details=rows.details
+            )
             self.writer.submit(number, rows.tensors(), metadata, rows.inputs, rows.skipped, rows.details)
             del self.open[number]
 

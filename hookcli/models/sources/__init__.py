@@ -32,11 +32,16 @@ __all__ = ["BACKENDS", "LISTING", "list_source_models", "load"]
 
 #: Each source's ``load(spec, weights, seed)``.
 BACKENDS: dict[str, Callable[[ModelSpec, str, int], LoadedModel]] = {
-    "timm": timm.load, "hf": hf.load, "open_clip": open_clip.load, "factory": factory.load,
+    "timm": timm.load,
+    "hf": hf.load,
+    "open_clip": open_clip.load,
+    "factory": factory.load,
 }
 #: Each listed source's ``list_models(pattern)``.
 LISTING: dict[str, Callable[[str | None], list[dict]]] = {
-    "timm": timm.list_models, "hf": hf.list_models, "open_clip": open_clip.list_models,
+    "timm": timm.list_models,
+    "hf": hf.list_models,
+    "open_clip": open_clip.list_models,
 }
 
 
@@ -64,6 +69,8 @@ def list_source_models(source: str, pattern: str | None = None) -> list[dict]:
     Face: the models in the local cache.
     """
     if source not in LISTING:
-        raise UsageProblem(f"unknown source '{source}'", hint=f"use one of {', '.join(PREFIXES)} "
-                           "(hookcli.describe_models lists torchvision's)")
+        raise UsageProblem(
+            f"unknown source '{source}'",
+            hint=f"use one of {', '.join(PREFIXES)} (hookcli.describe_models lists torchvision's)",
+        )
     return LISTING[source](pattern)

@@ -21,8 +21,19 @@ from hookcli.models.loaded import prefix_tokens
 from hookcli.models.specs import ModelSpec, SourceError
 from hookcli.models.weights import file_weights
 
-__all__ = ["assumed_preprocess", "hub_cached", "hub_file", "hub_has_weights", "load_weights_file", "loaded_model",
-           "not_cached", "offline_hub", "quiet_libraries", "recorded_name", "unknown_model"]
+__all__ = [
+    "assumed_preprocess",
+    "hub_cached",
+    "hub_file",
+    "hub_has_weights",
+    "load_weights_file",
+    "loaded_model",
+    "not_cached",
+    "offline_hub",
+    "quiet_libraries",
+    "recorded_name",
+    "unknown_model",
+]
 
 
 @contextlib.contextmanager
@@ -66,9 +77,16 @@ def loaded_model(spec: ModelSpec, module, described: dict, preprocess, **fields)
 
     module.eval()
     fields.setdefault("categories", None)
-    return LoadedModel(name=recorded_name(spec), module=module,
-                       weights=described, preprocess=preprocess, family="classification", source=spec.source,
-                       prefix_tokens=prefix_tokens(module), **fields)
+    return LoadedModel(
+        name=recorded_name(spec),
+        module=module,
+        weights=described,
+        preprocess=preprocess,
+        family="classification",
+        source=spec.source,
+        prefix_tokens=prefix_tokens(module),
+        **fields,
+    )
 
 
 def load_weights_file(spec: ModelSpec, module, path: Path, part: str = "") -> dict:
@@ -81,7 +99,7 @@ def load_weights_file(spec: ModelSpec, module, path: Path, part: str = "") -> di
 
     state = read_state_dict(path)
     if part and any(key.startswith(part) for key in state):
-        state = {key[len(part):]: value for key, value in state.items() if key.startswith(part)}
+        state = {key[len(part) :]: value for key, value in state.items() if key.startswith(part)}
     fit_state_dict(module, state, path, spec.text)
     return file_weights(path)
 
@@ -108,23 +126,32 @@ def hub_file(repo: str, filename: str) -> Path | None:
 
 
 def hub_has_weights(repo: str) -> bool:
-    return any(hub_cached(repo, n) for n in ("model.safetensors", "model.safetensors.index.json",
-                                               "pytorch_model.bin", "pytorch_model.bin.index.json"))
+    return any(
+        hub_cached(repo, n)
+        for n in (
+            "model.safetensors",
+            "model.safetensors.index.json",
+            "pytorch_model.bin",
+            "pytorch_model.bin.index.json",
+        )
+    )
 
 
 def not_cached(spec: ModelSpec, repo: str, filename: str) -> SourceError:
     from huggingface_hub import constants
 
     folder = Path(constants.HF_HUB_CACHE) / f"models--{repo.replace('/', '--')}"
-    otherwise = "or give hf:/path/to/a/folder written by save_pretrained" if spec.source == "hf" else \
-        "or use --weights none"
+    otherwise = (
+        "or give hf:/path/to/a/folder written by save_pretrained" if spec.source == "hf" else "or use --weights none"
+    )
     if spec.source == "hf" and Path(spec.name).is_dir():
         otherwise = f"or, for the folder '{spec.name}' here, write hf:./{spec.name}"
     return SourceError(
         f"{spec.text} is not in the local Hugging Face cache, and hookcli does not download: {filename} of "
         f"{repo} belongs under {folder}/snapshots/<revision>/",
         hint=f"run 'hf download {repo}' where there is network and copy {folder} here (or set HF_HUB_CACHE), "
-             f"{otherwise}")
+        f"{otherwise}",
+    )
 
 
 def recorded_name(spec: ModelSpec) -> str:

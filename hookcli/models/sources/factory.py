@@ -14,7 +14,9 @@ from pathlib import Path
 
 from hookcli.errors import UsageProblem, first_line
 from hookcli.models.sources.common import (
-    assumed_preprocess, load_weights_file, loaded_model,
+    assumed_preprocess,
+    load_weights_file,
+    loaded_model,
 )
 from hookcli.models.specs import ModelSpec, SourceError, search_current_folder
 from hookcli.models.weights import file_sha256, seeded
@@ -29,21 +31,28 @@ def load(spec: ModelSpec, weights: str, seed: int):
     code, digest = _import_factory_module(spec, module_name)
     factory = getattr(code, function_name, None)
     if not callable(factory):
-        raise UsageProblem(f"{module_name} has no function '{function_name}'",
-                           hint=f"define {function_name}() returning the nn.Module")
+        raise UsageProblem(
+            f"{module_name} has no function '{function_name}'", hint=f"define {function_name}() returning the nn.Module"
+        )
     try:
         with seeded(seed if weights.lower() == "none" else 0):
             made = factory()
     except (Exception, SystemExit) as err:  # user code: argparse and sys.exit included
-        raise SourceError(f"the factory {spec.name} failed: {type(err).__name__}: {first_line(err)}",
-                          hint="run it in Python to see where") from None
-    module, given = (made if isinstance(made, tuple) and len(made) == 2 else (made, None))
+        raise SourceError(
+            f"the factory {spec.name} failed: {type(err).__name__}: {first_line(err)}",
+            hint="run it in Python to see where",
+        ) from None
+    module, given = made if isinstance(made, tuple) and len(made) == 2 else (made, None)
     if not isinstance(module, nn.Module):
-        raise SourceError(f"the factory {spec.name} returned {type(module).__name__}, not an nn.Module",
-                          hint="return the model, or (model, preprocessing)")
+        raise SourceError(
+            f"the factory {spec.name} returned {type(module).__name__}, not an nn.Module",
+            hint="return the model, or (model, preprocessing)",
+        )
     if _is_scripted(module):
-        raise UsageProblem(f"the factory {spec.name} returned a TorchScript module, whose inside forward hooks "
-                           "cannot reach", hint="return the Python model it was scripted from")
+        raise UsageProblem(
+            f"the factory {spec.name} returned a TorchScript module, whose inside forward hooks cannot reach",
+            hint="return the Python model it was scripted from",
+        )
     from hookcli.models.weights import looks_like_weights_path
 
     if looks_like_weights_path(weights):
@@ -69,8 +78,10 @@ def _import_factory_module(spec: ModelSpec, name: str):
         try:
             return importlib.import_module(name), None
         except (Exception, SystemExit) as err:
-            raise SourceError(f"importing {name} failed: {type(err).__name__}: {first_line(err)}",
-                              hint="run it in Python to see where") from None
+            raise SourceError(
+                f"importing {name} failed: {type(err).__name__}: {first_line(err)}",
+                hint="run it in Python to see where",
+            ) from None
     path = Path(name).expanduser().resolve()
     # Named by path and content: an edited file is run again, as its recorded code_sha256 says it was.
     digest = file_sha256(path)
@@ -86,8 +97,9 @@ def _import_factory_module(spec: ModelSpec, name: str):
         loader_spec.loader.exec_module(code)
     except (Exception, SystemExit) as err:
         del sys.modules[unique]
-        raise SourceError(f"running {path.name} failed: {type(err).__name__}: {first_line(err)}",
-                          hint="run it in Python to see where") from None
+        raise SourceError(
+            f"running {path.name} failed: {type(err).__name__}: {first_line(err)}", hint="run it in Python to see where"
+        ) from None
     return code, digest
 
 
@@ -98,8 +110,8 @@ def _is_scripted(module) -> bool:
 
 
 def _given_preprocess(spec: ModelSpec, given):
-    """A factory's preprocessing: a :class:`~hookcli.inputs.preprocess.Preprocess`, a dict of its fields, or a torchvision
-    weights' ``transforms()``."""
+    """A factory's preprocessing: a :class:`~hookcli.inputs.preprocess.Preprocess`, a dict of its fields, or a
+    torchvision weights' ``transforms()``."""
     from hookcli.inputs.preprocess import Preprocess
 
     if isinstance(given, Preprocess):
@@ -114,8 +126,11 @@ def _given_preprocess(spec: ModelSpec, given):
         if hasattr(given, "resize_size") and hasattr(given, "crop_size"):
             return Preprocess.from_transforms(given)
     except (TypeError, ValueError) as err:
-        raise SourceError(f"the preprocessing the factory {spec.name} returned is not usable: {err}",
-                          hint="return a hookcli.Preprocess or a dict of resize, crop, mean, std") from None
-    raise SourceError(f"the factory {spec.name} returned a {type(given).__name__} as preprocessing",
-                      hint="return a hookcli.Preprocess, a dict of resize, crop, mean, std, or a torchvision "
-                           "weights' transforms()")
+        raise SourceError(
+            f"the preprocessing the factory {spec.name} returned is not usable: {err}",
+            hint="return a hookcli.Preprocess or a dict of resize, crop, mean, std",
+        ) from None
+    raise SourceError(
+        f"the factory {spec.name} returned a {type(given).__name__} as preprocessing",
+        hint="return a hookcli.Preprocess, a dict of resize, crop, mean, std, or a torchvision weights' transforms()",
+    )

@@ -16,7 +16,13 @@ from pathlib import Path
 from hookcli.errors import UsageProblem, first_line
 from hookcli.inputs.preprocess import MAX_SIDE
 from hookcli.models.sources.common import (
-    assumed_preprocess, hub_cached, hub_file, hub_has_weights, load_weights_file, loaded_model, not_cached,
+    assumed_preprocess,
+    hub_cached,
+    hub_file,
+    hub_has_weights,
+    load_weights_file,
+    loaded_model,
+    not_cached,
 )
 from hookcli.models.specs import MISSING, ModelSpec, SourceError, check_model, regular_file_problem
 from hookcli.models.weights import file_sha256, seeded
@@ -52,8 +58,10 @@ def _load_hf_quietly(spec: ModelSpec, weights: str, seed: int):
         config = transformers.AutoConfig.from_pretrained(source, local_files_only=True)
     except Exception as err:
         if spec.hf_folder:
-            raise SourceError(f"cannot read the config of {spec.text}: {first_line(err)}",
-                              hint="give a folder written by save_pretrained") from None
+            raise SourceError(
+                f"cannot read the config of {spec.text}: {first_line(err)}",
+                hint="give a folder written by save_pretrained",
+            ) from None
         raise not_cached(spec, spec.name, "config.json") from None
     architectures = getattr(config, "architectures", None)
     architectures = [a for a in architectures if isinstance(a, str)] if isinstance(architectures, list) else []
@@ -67,38 +75,68 @@ def _load_hf_quietly(spec: ModelSpec, weights: str, seed: int):
         try:
             module = auto.from_pretrained(source, config=config, local_files_only=True, dtype=torch.float32)
         except Exception as err:
-            raise SourceError(f"cannot load the weights of {spec.text}: {first_line(err)}",
-                              hint="replace the files, or use --weights none") from None
+            raise SourceError(
+                f"cannot load the weights of {spec.text}: {first_line(err)}",
+                hint="replace the files, or use --weights none",
+            ) from None
         described = _hf_described(spec)
     else:
         try:
             with seeded(seed):
                 module = auto.from_config(config, dtype=torch.float32)
         except Exception as err:
-            raise SourceError(f"cannot build {spec.text} from its config: {first_line(err)}",
-                              hint="check the folder's config.json") from None
-        described = {"source": "none", "seed": seed} if not looks_like_weights_path(weights) else load_weights_file(
-            spec, module, Path(weights))
+            raise SourceError(
+                f"cannot build {spec.text} from its config: {first_line(err)}", hint="check the folder's config.json"
+            ) from None
+        described = (
+            {"source": "none", "seed": seed}
+            if not looks_like_weights_path(weights)
+            else load_weights_file(spec, module, Path(weights))
+        )
     module = _vision_part(spec, module)
     preprocess, assumed_because = _hf_preprocess(spec, source, config)
     labels = getattr(config, "id2label", None)
     labels = labels if isinstance(labels, dict) else {}
-    named = classifier and labels and not all(re.fullmatch(r"LABEL_\d+", str(v)) for v in labels.values()) and \
-        set(labels) == set(range(len(labels)))
+    named = (
+        classifier
+        and labels
+        and not all(re.fullmatch(r"LABEL_\d+", str(v)) for v in labels.values())
+        and set(labels) == set(range(len(labels)))
+    )
     categories = [str(labels[i]) for i in range(len(labels))] if named else None  # the config's, whatever weights
     scores, classes = _hf_scores(config, classifier)
-    return loaded_model(spec, module, described, preprocess, categories=categories, classes=classes, scores=scores,
-                   assumed_because=assumed_because)
+    return loaded_model(
+        spec,
+        module,
+        described,
+        preprocess,
+        categories=categories,
+        classes=classes,
+        scores=scores,
+        assumed_because=assumed_because,
+    )
 
 
 #: The most a transformers config may say of each size, far above any vision model's (or its text tower's): torch
 #: would allocate what one more digit asks for until memory runs out, and transformers writes out a label for each
 #: of num_labels before anything is built.
 _HF_SIZE_LIMITS = {
-    "num_hidden_layers": 1024, "num_layers": 1024, "depths": 1024, "hidden_size": 16384, "hidden_sizes": 16384,
-    "embed_dim": 16384, "projection_dim": 16384, "intermediate_size": 131072, "num_attention_heads": 1024,
-    "num_heads": 1024, "image_size": MAX_SIDE, "patch_size": MAX_SIDE, "num_channels": 1024, "num_labels": 1_000_000,
-    "vocab_size": 1_000_000, "max_position_embeddings": 1_000_000,
+    "num_hidden_layers": 1024,
+    "num_layers": 1024,
+    "depths": 1024,
+    "hidden_size": 16384,
+    "hidden_sizes": 16384,
+    "embed_dim": 16384,
+    "projection_dim": 16384,
+    "intermediate_size": 131072,
+    "num_attention_heads": 1024,
+    "num_heads": 1024,
+    "image_size": MAX_SIDE,
+    "patch_size": MAX_SIDE,
+    "num_channels": 1024,
+    "num_labels": 1_000_000,
+    "vocab_size": 1_000_000,
+    "max_position_embeddings": 1_000_000,
 }
 
 
@@ -116,8 +154,11 @@ def _check_hf_sizes(spec: ModelSpec, path: Path | None) -> None:
     if path is None or regular_file_problem(path) is not None:
         return
     if path.stat().st_size > _HF_CONFIG_BYTES:
-        raise UsageProblem(f"{spec.text}: its config.json is {path.stat().st_size:,} bytes, more than a model's config "
-                           f"holds (at most {_HF_CONFIG_BYTES >> 20} MiB)", hint="check the model's config.json")
+        raise UsageProblem(
+            f"{spec.text}: its config.json is {path.stat().st_size:,} bytes, more than a model's config "
+            f"holds (at most {_HF_CONFIG_BYTES >> 20} MiB)",
+            hint="check the model's config.json",
+        )
     try:
         settings = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -125,8 +166,10 @@ def _check_hf_sizes(spec: ModelSpec, path: Path | None) -> None:
     found = _oversized(settings, "")
     if found is not None:
         said, limit = found
-        raise UsageProblem(f"{spec.text}: its config.json says {said}, more than hookcli builds (at most {limit:,})",
-                           hint="check the model's config.json")
+        raise UsageProblem(
+            f"{spec.text}: its config.json says {said}, more than hookcli builds (at most {limit:,})",
+            hint="check the model's config.json",
+        )
 
 
 def _oversized(settings, where: str) -> tuple[str, int] | None:
@@ -161,8 +204,10 @@ def _vision_part(spec: ModelSpec, module):
     tower = getattr(module, "vision_model", None)
     if tower is not None:
         return tower
-    raise UsageProblem(f"{spec.text} does not take images first (its forward takes {parameters[0]})",
-                       hint="give a vision model (ViT, DINOv2, Swin, ConvNeXt, CLIP…)")
+    raise UsageProblem(
+        f"{spec.text} does not take images first (its forward takes {parameters[0]})",
+        hint="give a vision model (ViT, DINOv2, Swin, ConvNeXt, CLIP…)",
+    )
 
 
 def _hf_scores(config, classifier: bool) -> tuple[str, int | None]:
@@ -256,8 +301,9 @@ def _processor_steps(config: dict):
         if "shortest_edge" in size:
             resize = _pixels(size["shortest_edge"], "size.shortest_edge")
             crop_pct = config.get("crop_pct")
-            if crop_pct is not None and (isinstance(crop_pct, bool) or not isinstance(crop_pct, int | float)
-                                         or not 0 < crop_pct <= 1):  # NaN fails it too
+            if crop_pct is not None and (
+                isinstance(crop_pct, bool) or not isinstance(crop_pct, int | float) or not 0 < crop_pct <= 1
+            ):  # NaN fails it too
                 raise ValueError(f"its crop_pct {crop_pct!r} is not a fraction above 0 and at most 1")
             if crop_pct is not None and resize < 384:  # ConvNeXt: resize larger, then crop
                 crop, resize = resize, _pixels(int(resize / crop_pct), "size.shortest_edge divided by crop_pct")
@@ -285,8 +331,12 @@ def _processor_steps(config: dict):
 
 def _pixels(value, field: str) -> int:
     """A processor file's side ``value`` as a whole number of pixels; ValueError naming ``field`` if it is not one."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 1 <= value <= MAX_SIDE or \
-            value != int(value):  # NaN and infinities fail the range
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not 1 <= value <= MAX_SIDE
+        or value != int(value)
+    ):  # NaN and infinities fail the range
         raise ValueError(f"its {field} {value!r} is not a whole number of pixels from 1 to {MAX_SIDE}")
     return int(value)
 
@@ -303,8 +353,9 @@ def _normalisation(config: dict, field: str) -> tuple[float, float, float]:
     except ValueError:
         raise ValueError(f"its {field} {value!r} is not one or three numbers") from None
     if not all(math.isfinite(v) and (v > 0 or field == "image_mean") for v in numbers):
-        raise ValueError(f"its {field} {value!r} is not " + (
-            "finite numbers" if field == "image_mean" else "finite numbers above 0"))
+        raise ValueError(
+            f"its {field} {value!r} is not " + ("finite numbers" if field == "image_mean" else "finite numbers above 0")
+        )
     return numbers
 
 
@@ -316,10 +367,16 @@ def list_models(pattern: str | None = None) -> list[dict]:
     cache = Path(constants.HF_HUB_CACHE)
     rows = []
     for folder in sorted(cache.glob("models--*")) if cache.is_dir() else []:
-        repo = folder.name[len("models--"):].replace("--", "/")
+        repo = folder.name[len("models--") :].replace("--", "/")
         if pattern and not fnmatch.fnmatchcase(repo, pattern):
             continue
         if hub_cached(repo, "config.json"):
-            rows.append({"model": f"hf:{repo}", "family": "classification", "default": "DEFAULT",
-                         "weights": ["DEFAULT"] if hub_has_weights(repo) else []})
+            rows.append(
+                {
+                    "model": f"hf:{repo}",
+                    "family": "classification",
+                    "default": "DEFAULT",
+                    "weights": ["DEFAULT"] if hub_has_weights(repo) else [],
+                }
+            )
     return rows

@@ -10,7 +10,10 @@ from pathlib import Path
 
 from hookcli.errors import UnknownWeightsError, first_line
 from hookcli.models.sources.common import (
-    hub_cached, load_weights_file, loaded_model, not_cached,
+    hub_cached,
+    load_weights_file,
+    loaded_model,
+    not_cached,
     unknown_model,
 )
 from hookcli.models.specs import ModelSpec, SourceError, check_model
@@ -28,11 +31,15 @@ def load(spec: ModelSpec, weights: str, seed: int):
         try:
             config = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as err:
-            raise SourceError(f"OpenCLIP model config '{arch}' cannot be read: {first_line(err)}",
-                              hint="give a JSON model config like OpenCLIP's own") from None
+            raise SourceError(
+                f"OpenCLIP model config '{arch}' cannot be read: {first_line(err)}",
+                hint="give a JSON model config like OpenCLIP's own",
+            ) from None
         if not isinstance(config, dict) or not isinstance(config.get("vision_cfg"), dict):
-            raise SourceError(f"OpenCLIP model config '{arch}' has no vision_cfg object",
-                              hint="give a JSON model config like OpenCLIP's own")
+            raise SourceError(
+                f"OpenCLIP model config '{arch}' has no vision_cfg object",
+                hint="give a JSON model config like OpenCLIP's own",
+            )
         open_clip.add_model_config(path)
         arch = path.stem
     elif arch not in open_clip.list_models() and not arch.startswith("hf-hub:"):
@@ -44,30 +51,37 @@ def load(spec: ModelSpec, weights: str, seed: int):
         tags = open_clip.list_pretrained_tags_by_model(arch)
         tag = (tags[0] if tags else None) if weights.lower() == "default" else weights
         if tag is None:
-            raise UnknownWeightsError(f"{spec.text} has no pretrained weights in OpenCLIP",
-                                      hint="use --weights none, or a path to a state dict")
+            raise UnknownWeightsError(
+                f"{spec.text} has no pretrained weights in OpenCLIP",
+                hint="use --weights none, or a path to a state dict",
+            )
         if tag not in tags:
             more = f" and {len(tags) - 8} more" if len(tags) > 8 else ""
-            raise UnknownWeightsError(f"{spec.text} has no pretrained tag '{tag}' (OpenCLIP has: "
-                                      f"{', '.join(tags[:8]) or 'no tags'}{more})",
-                                      hint="use DEFAULT, a listed tag or none")
+            raise UnknownWeightsError(
+                f"{spec.text} has no pretrained tag '{tag}' (OpenCLIP has: {', '.join(tags[:8]) or 'no tags'}{more})",
+                hint="use DEFAULT, a listed tag or none",
+            )
         _require_open_clip_files(spec, arch, tag)
     try:
         with seeded(seed):
             model = open_clip.create_model(arch, pretrained=tag)
     except Exception as err:
-        raise SourceError(f"cannot build {spec.text}: {first_line(err)}",
-                          hint="replace the cached files, or use --weights none") from None
+        raise SourceError(
+            f"cannot build {spec.text}: {first_line(err)}", hint="replace the cached files, or use --weights none"
+        ) from None
     module = model.visual
     if tag is not None:
         described = {"source": "open_clip", "name": f"{arch}.{tag}"}
     elif weights.lower() == "none":
         described = {"source": "none", "seed": seed}
     else:
-        described = load_weights_file(spec, module, Path(weights), part="visual.")  # a whole CLIP's file: its image tower
+        described = load_weights_file(
+            spec, module, Path(weights), part="visual."
+        )  # a whole CLIP's file: its image tower
     preprocess = _open_clip_preprocess(open_clip.get_model_preprocess_cfg(model))
-    return loaded_model(spec, module, described, preprocess, classes=getattr(module, "output_dim", None),
-                   scores="embedding")
+    return loaded_model(
+        spec, module, described, preprocess, classes=getattr(module, "output_dim", None), scores="embedding"
+    )
 
 
 def _require_open_clip_files(spec: ModelSpec, arch: str, tag: str) -> None:
@@ -83,8 +97,11 @@ def _require_open_clip_files(spec: ModelSpec, arch: str, tag: str) -> None:
     url = config.get("url", "")
     cached = Path(os.path.expanduser("~/.cache/clip")) / os.path.basename(url)
     if not cached.is_file():
-        raise SourceError(f"pretrained weights of {spec.text} ({tag}) are not cached, and hookcli does not download: "
-                          f"place {url} at {cached}", hint="or use --weights none")
+        raise SourceError(
+            f"pretrained weights of {spec.text} ({tag}) are not cached, and hookcli does not download: "
+            f"place {url} at {cached}",
+            hint="or use --weights none",
+        )
 
 
 def _open_clip_preprocess(config: dict):
@@ -96,8 +113,13 @@ def _open_clip_preprocess(config: dict):
         resize = (side, side)
     else:
         resize = side
-    return Preprocess(resize=resize, crop=side, mean=tuple(config["mean"]), std=tuple(config["std"]),
-                      interpolation=config.get("interpolation", "bicubic"))
+    return Preprocess(
+        resize=resize,
+        crop=side,
+        mean=tuple(config["mean"]),
+        std=tuple(config["std"]),
+        interpolation=config.get("interpolation", "bicubic"),
+    )
 
 
 def list_models(pattern: str | None = None) -> list[dict]:
@@ -110,6 +132,7 @@ def list_models(pattern: str | None = None) -> list[dict]:
         if pattern and not fnmatch.fnmatchcase(arch, pattern):
             continue
         tags = open_clip.list_pretrained_tags_by_model(arch)
-        rows.append({"model": f"open_clip:{arch}", "family": "classification", "default": (tags or [None])[0],
-                     "weights": tags})
+        rows.append(
+            {"model": f"open_clip:{arch}", "family": "classification", "default": (tags or [None])[0], "weights": tags}
+        )
     return rows

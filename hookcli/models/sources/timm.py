@@ -8,7 +8,10 @@ from pathlib import Path
 
 from hookcli.errors import UnknownWeightsError, UsageProblem, first_line
 from hookcli.models.sources.common import (
-    hub_cached, load_weights_file, loaded_model, not_cached,
+    hub_cached,
+    load_weights_file,
+    loaded_model,
+    not_cached,
     unknown_model,
 )
 from hookcli.models.specs import ModelSpec, SourceError, check_model
@@ -28,8 +31,10 @@ def load(spec: ModelSpec, weights: str, seed: int):
 
     pretrained = weights.lower() != "none" and not looks_like_weights_path(weights)
     if pretrained and tag and weights.lower() != "default" and weights.removeprefix(name + ".") != tag:
-        raise UsageProblem(f"{spec.text} names the tag '{tag}', and --weights names another, '{weights}'",
-                           hint=f"name the tag once: timm:{name} -w {weights}, or timm:{spec.name}")
+        raise UsageProblem(
+            f"{spec.text} names the tag '{tag}', and --weights names another, '{weights}'",
+            hint=f"name the tag once: timm:{name} -w {weights}, or timm:{spec.name}",
+        )
     if pretrained:
         wanted = weights if weights.lower() != "default" else tag
         full = _timm_tag(spec, name, wanted)
@@ -38,17 +43,24 @@ def load(spec: ModelSpec, weights: str, seed: int):
         try:
             module = timm.create_model(full, pretrained=True)
         except Exception as err:
-            raise SourceError(f"cannot load pretrained {spec.text} ({full}): {first_line(err)}",
-                              hint="replace the cached files, or use --weights none") from None
+            raise SourceError(
+                f"cannot load pretrained {spec.text} ({full}): {first_line(err)}",
+                hint="replace the cached files, or use --weights none",
+            ) from None
         described = {"source": "timm", "name": full}
     else:
         if tag and f"{name}.{tag}" not in (timm.list_pretrained(f"{name}.*") or []):
-            raise UnknownWeightsError(f"{spec.text} names the pretrained tag '{tag}', which timm does not have",
-                                      hint=f"write timm:{name}, or a tag 'hookcli models --source timm {name}' lists")
+            raise UnknownWeightsError(
+                f"{spec.text} names the pretrained tag '{tag}', which timm does not have",
+                hint=f"write timm:{name}, or a tag 'hookcli models --source timm {name}' lists",
+            )
         with seeded(seed):
             module = timm.create_model(name, pretrained=False)
-        described = {"source": "none", "seed": seed} if weights.lower() == "none" else load_weights_file(
-            spec, module, Path(weights))
+        described = (
+            {"source": "none", "seed": seed}
+            if weights.lower() == "none"
+            else load_weights_file(spec, module, Path(weights))
+        )
     categories = None
     if pretrained:
         with contextlib.suppress(Exception):  # label names ship with timm for ImageNet subsets
@@ -56,8 +68,15 @@ def load(spec: ModelSpec, weights: str, seed: int):
             labels = timm.data.ImageNetInfo(subset).label_descriptions() if subset else None
             categories = [d.split(",")[0] for d in labels] if labels else None
     preprocess, notes = _timm_preprocess(timm.data.resolve_model_data_config(module))
-    return loaded_model(spec, module, described, preprocess, categories=categories, build_notes=notes,
-                   classes=getattr(module, "num_classes", None) or None)
+    return loaded_model(
+        spec,
+        module,
+        described,
+        preprocess,
+        categories=categories,
+        build_notes=notes,
+        classes=getattr(module, "num_classes", None) or None,
+    )
 
 
 def _timm_tag(spec: ModelSpec, name: str, wanted: str) -> str:
@@ -67,15 +86,19 @@ def _timm_tag(spec: ModelSpec, name: str, wanted: str) -> str:
     tags = timm.list_pretrained(f"{name}.*") or timm.list_pretrained(name)
     if not wanted:
         if not tags:
-            raise UnknownWeightsError(f"{spec.text} has no pretrained weights in timm",
-                                      hint="use --weights none, or a path to a state dict")
+            raise UnknownWeightsError(
+                f"{spec.text} has no pretrained weights in timm", hint="use --weights none, or a path to a state dict"
+            )
         return f"{name}.{default_tag(name)}"
     full = wanted if wanted.startswith(name + ".") else f"{name}.{wanted}"
     if full not in tags:
         known = ", ".join(t.split(".", 1)[1] for t in tags[:8] if "." in t) + (
-            f" and {len(tags) - 8} more" if len(tags) > 8 else "")
-        raise UnknownWeightsError(f"{spec.text} has no pretrained tag '{wanted}' (timm has: {known or 'no tags'})",
-                                  hint="use DEFAULT, a listed tag, none, or a path to a state dict")
+            f" and {len(tags) - 8} more" if len(tags) > 8 else ""
+        )
+        raise UnknownWeightsError(
+            f"{spec.text} has no pretrained tag '{wanted}' (timm has: {known or 'no tags'})",
+            hint="use DEFAULT, a listed tag, none, or a path to a state dict",
+        )
     return full
 
 
@@ -100,14 +123,18 @@ def _require_timm_files(spec: ModelSpec, full: str, config) -> None:
     if url:
         cached = hub_checkpoint_path(url)
         if not cached.is_file():
-            raise SourceError(f"pretrained weights of {spec.text} ({full}) are not cached, and hookcli does not "
-                              f"download: place {url} at {cached}", hint="or use --weights none")
+            raise SourceError(
+                f"pretrained weights of {spec.text} ({full}) are not cached, and hookcli does not "
+                f"download: place {url} at {cached}",
+                hint="or use --weights none",
+            )
         return
     raise UnknownWeightsError(f"{full} has no pretrained files to load", hint="use --weights none or a file")
 
 
 def _timm_preprocess(config: dict):
-    """timm's evaluation transform (``transforms_imagenet_eval``) as a :class:`~hookcli.inputs.preprocess.Preprocess`."""
+    """timm's evaluation transform (``transforms_imagenet_eval``) as a
+    :class:`~hookcli.inputs.preprocess.Preprocess`."""
     from hookcli.inputs.preprocess import INTERPOLATIONS, Preprocess
 
     notes = []
@@ -124,8 +151,9 @@ def _timm_preprocess(config: dict):
     if mode == "border":
         notes.append("timm's 'border' crop mode (pad to keep the whole image) is taken as 'center'")
     resize = (scale, scale) if mode == "squash" else scale
-    return Preprocess(resize=resize, crop=height, mean=tuple(config["mean"]), std=tuple(config["std"]),
-                      interpolation=interpolation), tuple(notes)
+    return Preprocess(
+        resize=resize, crop=height, mean=tuple(config["mean"]), std=tuple(config["std"]), interpolation=interpolation
+    ), tuple(notes)
 
 
 def list_models(pattern: str | None = None) -> list[dict]:
@@ -137,5 +165,12 @@ def list_models(pattern: str | None = None) -> list[dict]:
     for full in timm.list_pretrained():
         name, _, tag = full.partition(".")
         tags.setdefault(name, []).append(tag)
-    return [{"model": f"timm:{n}", "family": "classification", "default": default_tag(n) if n in tags else None,
-             "weights": tags.get(n, [])} for n in timm.list_models(pattern or "")]
+    return [
+        {
+            "model": f"timm:{n}",
+            "family": "classification",
+            "default": default_tag(n) if n in tags else None,
+            "weights": tags.get(n, []),
+        }
+        for n in timm.list_models(pattern or "")
+    ]
