@@ -1,4 +1,4 @@
-"""hookcli: hook any layer of a torchvision model and save what it returns.
+"""hookcli: hook any layer of a vision model (torchvision, timm, transformers, OpenCLIP, your own) and save it.
 
 One function per command, keywords named like the command line's options
 (see :mod:`hookcli.api`); the command line itself lives in :mod:`hookcli.cli`.
@@ -27,12 +27,14 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time each name l
     from hookcli.run.plan import RunPlan, plan
     from hookcli.run.selectors import describe_layers, resolve_layers
     from hookcli.storage.features import FeatureFile, Features
+    from hookcli.storage.reader import FeatureReader
     from hookcli.storage.shards import ShardedFeatures, open_features
 
 _PUBLIC = {
     "DEFAULT_OUTPUT": "hookcli.run.outputs",
     "FeatureCapture": "hookcli.run.capture",
     "FeatureFile": "hookcli.storage.features",
+    "FeatureReader": "hookcli.storage.reader",
     "Features": "hookcli.storage.features",
     "GradientCapture": "hookcli.run.capture",
     "HookcliError": "hookcli.errors",
@@ -57,6 +59,7 @@ __all__ = [
     "DEFAULT_OUTPUT",
     "FeatureCapture",
     "FeatureFile",
+    "FeatureReader",
     "Features",
     "GradientCapture",
     "HookcliError",

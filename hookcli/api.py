@@ -36,6 +36,7 @@ import contextlib
 import os
 from collections.abc import Callable
 
+from hookcli.families import family_traits
 from hookcli.run.execute import execute
 from hookcli.run.outputs import DEFAULT_OUTPUT
 from hookcli.run.plan import plan
@@ -219,8 +220,8 @@ def layers(
     """
     from hookcli.errors import check_whole
     from hookcli.families import natural_input
-    from hookcli.inputs.preprocess import MAX_SIDE
     from hookcli.models.loading import load_model
+    from hookcli.options import MAX_SIDE
     from hookcli.run.selectors import describe_layers
 
     check_whole("input_size", input_size, 1, MAX_SIDE, optional=True)
@@ -229,7 +230,7 @@ def layers(
     from hookcli.errors import UsageProblem
     from hookcli.models.loading import model_family
 
-    if frames is not None and model_family(model) != "video":
+    if frames is not None and family_traits(model_family(model)).row != "clip":
         raise UsageProblem(
             f"--frames applies to video models, and {model} is {model_family(model).replace('_', ' ')}",
             hint="leave it out",
@@ -241,10 +242,11 @@ def layers(
     except (RuntimeError, ValueError, AssertionError) as err:  # the model refuses the input's size in its own words
         from hookcli.errors import CaptureError, first_line
 
-        what = "clip" if loaded.family == "video" else "pair of frames" if loaded.family == "optical_flow" else "input"
+        row = family_traits(loaded.family).row
+        what = {"clip": "clip", "pair": "pair of frames"}.get(row, "input")
         raise CaptureError(
             f"{model} cannot run on the dummy {what}: {first_line(err).rstrip('.')}",
-            hint="give another --input-size" + (" or --frames" if loaded.family == "video" else ""),
+            hint="give another --input-size" + (" or --frames" if row == "clip" else ""),
         ) from None
 
     return [row for row in rows if depth is None or row.path == "." or row.path.count(".") < depth]

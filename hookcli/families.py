@@ -67,6 +67,12 @@ class FamilyTraits:
     format may pick; ``compiles``: ``--compile`` (one stacked image batch in,
     hooked tensors out); ``gradients`` and ``cams``: ``grad`` and ``cam``;
     ``videos``: inputs are videos, cut into clips or pairs of frames.
+    ``row``: what one row is, ``image``, ``clip`` (``[3, T, H, W]``) or
+    ``pair`` (of frames, the model's two arguments); ``output``: what the
+    model's own output holds, and so what a target is and what may be stored
+    beside the layers: ``logits``, ``masks`` (segmentation, where
+    ``--region`` applies), ``detections`` (``--detections``, targets ``#N``)
+    or ``flow`` (``--flow``).
     """
 
     fuses: bool = False
@@ -75,14 +81,16 @@ class FamilyTraits:
     gradients: bool = True
     cams: bool = True
     videos: bool = False
+    row: str = "image"
+    output: str = "logits"
 
 
 _TRAITS = {
     "classification": FamilyTraits(fuses=True, channels_last=True, compiles=True),
-    "segmentation": FamilyTraits(fuses=True, channels_last=True),
-    "detection": FamilyTraits(fuses=True),
-    "video": FamilyTraits(cams=False, videos=True),
-    "optical_flow": FamilyTraits(gradients=False, cams=False, videos=True),
+    "segmentation": FamilyTraits(fuses=True, channels_last=True, output="masks"),
+    "detection": FamilyTraits(fuses=True, output="detections"),
+    "video": FamilyTraits(cams=False, videos=True, row="clip"),
+    "optical_flow": FamilyTraits(gradients=False, cams=False, videos=True, row="pair", output="flow"),
     "quantized": FamilyTraits(gradients=False, cams=False),
 }
 
@@ -98,14 +106,14 @@ DEFAULT_CLIP_LENGTH = 16
 _FREE_SIZE = 320
 
 
-def build_options(family: str, *, pretrained: bool) -> dict:
+def build_options(family: str, *, pretrained: bool) -> dict[str, object]:
     """Keyword arguments ``torchvision.models.get_model`` needs for a model of ``family``.
 
     Random detection and segmentation models get random backbones too (their
     default would download ImageNet weights); quantized models are built
     quantized.
     """
-    options = {}
+    options: dict[str, object] = {}
     if family in ("detection", "segmentation") and not pretrained:
         options["weights_backbone"] = None
     if family == "quantized":

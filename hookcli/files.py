@@ -176,8 +176,8 @@ def atomic_path(
     path = check_writable(target, force=force)
     _remove_abandoned(path)
     with reporting_full_disk(path):
-        handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
-    temporary = Path(temporary)
+        handle, temporary_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+    temporary = Path(temporary_name)
     written = None
     try:
         with reporting_full_disk(path):

@@ -2,6 +2,7 @@
 counted), and no private name is imported from another module."""
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "hookcli"
@@ -126,3 +127,18 @@ def test_no_private_name_is_imported_from_another_module():
 def test_no_module_is_over_600_lines():
     lengths = {module: len(path.read_text().splitlines()) for module, path in MODULES.items()}
     assert {module: length for module, length in lengths.items() if length > 600} == {}
+
+
+def test_family_behaviour_is_read_from_the_families_table():
+    """A model family's behaviour is a trait of hookcli.families, never a comparison with a family's name (a
+    preprocessing's kind, named alike, is the preprocessing's own)."""
+    names = "classification|detection|segmentation|video|optical_flow|quantized"
+    compared = re.compile(rf"""family[\w.()]*\s*(==|!=|\bin)\s*\(?["']({names})["']""")
+    found = [
+        f"{module}:{number}: {line.strip()}"
+        for module, path in MODULES.items()
+        if module != "hookcli.families"
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if compared.search(line)
+    ]
+    assert found == []

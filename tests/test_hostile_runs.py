@@ -50,12 +50,16 @@ def _hookcli(*args, cwd, seconds=60) -> subprocess.CompletedProcess:
         ("--std", "1,0,1", f"std must be finite numbers above 0, not 1.0, 0.0, 1.0. {NORMALISATION_HINT}"),
         ("--std", "inf", f"std must be finite numbers above 0, not inf, inf, inf. {NORMALISATION_HINT}"),
         ("--mean", "nan", f"mean must be finite numbers, not nan, nan, nan. {NORMALISATION_HINT}"),
-        (
+        (  # the declared bound reaches the command line itself (hookcli.options)
             "--resize",
             "9000",
-            "resize must be at most 8192, not 9000. Hint: see --help for the values each option takes",
+            "Invalid value for '--resize': 9000 is not in the range 1<=x<=8192. Hint: see 'hookcli extract --help'",
         ),
-        ("--crop", "8193", "crop must be at most 8192, not 8193. Hint: see --help for the values each option takes"),
+        (
+            "--crop",
+            "8193",
+            "Invalid value for '--crop': 8193 is not in the range 1<=x<=8192. Hint: see 'hookcli extract --help'",
+        ),
     ],
 )
 def test_normalisation_and_sizes_out_of_bounds_are_refused_before_the_model_loads(

@@ -92,8 +92,9 @@ def _exit_with_error(message: str, code: int) -> None:
 
 
 def _set_debug(ctx: click.Context, param: click.Parameter, value: bool) -> None:
-    if value:
-        ctx.find_root().command.debug = True
+    root = ctx.find_root().command
+    if value and isinstance(root, _HookcliGroup):
+        root.debug = True
 
 
 @click.group(name="hookcli", cls=_HookcliGroup, context_settings=CONTEXT_SETTINGS)

@@ -11,7 +11,6 @@ import click
 from hookcli.cli.app import main
 from hookcli.cli.declared import (
     CONTEXT_SETTINGS,
-    DEFAULTS,
     LAYER_HELP,
     REGION,
     clip_options,
@@ -20,15 +19,13 @@ from hookcli.cli.declared import (
     model_options,
     preprocess_options,
     rows_output_options,
+    run_option,
     run_options,
 )
 from hookcli.console import printable, stdout_for_data
 from hookcli.errors import HookcliError
 from hookcli.families import FAMILIES
 from hookcli.models.specs import LISTED_SOURCES
-from hookcli.run.capture import CAPTURE_KINDS
-from hookcli.run.gradients import CAM_METHODS
-from hookcli.run.settings import POOLS
 
 __all__ = ["cam", "extract", "grad", "grid", "info", "layers", "models", "report"]
 
@@ -72,8 +69,6 @@ def _run(ctx: click.Context, command: str, options: dict, *args) -> None:
     from hookcli.run.outputs import DEFAULT_OUTPUT
 
     quiet, model = options.pop("quiet"), options.pop("model")
-    if ctx.get_parameter_source("seed").name == "DEFAULT":  # a seed given (flag or preset) is checked; 0 is not
-        options["seed"] = None
     options["output"] = options["output"] or DEFAULT_OUTPUT
     to_stdout = options["output"] == "-" and command != "cam"  # stdout carries the file's bytes
     part = _launched_part()
@@ -202,52 +197,16 @@ def layers(model, weights, seed, input_size, frames, depth, as_json, as_nl) -> N
 @config_option
 @model_options
 @click.option("--layer", "-l", multiple=True, required=True, metavar="SELECTOR", help=LAYER_HELP)
-@click.option(
-    "--capture",
-    type=click.Choice(CAPTURE_KINDS),
-    default=DEFAULTS.capture,
-    show_default=True,
-    help="What to save of each layer.",
-)
+@run_option("capture")
 @preprocess_options
 @rows_output_options
-@click.option(
-    "--pool",
-    type=click.Choice(POOLS),
-    help="Store global pooling: [N,C,H,W] -> [N,C] over H,W; tokens [N,T,D] -> [N,D] over T.",
-)
-@click.option("--grid", metavar="DIR", help="Also render feature-map PNGs into DIR (as hookcli grid).")
-@click.option(
-    "--fuse/--no-fuse",
-    default=DEFAULTS.fuse,
-    show_default=True,
-    help="On the CPU, run each convolution outside the hooked layers together with its BatchNorm, "
-    "activation and residual add, as one kernel (equal to fp32 rounding); --no-fuse runs every module "
-    "as written. Default: fuse runs of 16 images or more, where the one-off cost of tracing the model "
-    "pays back.",
-)
+@run_option("pool")
+@run_option("grid")
+@run_option("fuse")
 @clip_options
-@click.option(
-    "--pair-with",
-    multiple=True,
-    metavar="IMAGES",
-    help="Optical-flow models: the second images of "
-    "pairs given as two image lists (files, folders or -, in order), the inputs being the first ones. "
-    "Repeat.",
-)
-@click.option(
-    "--flow",
-    is_flag=True,
-    help="Optical-flow models: also store the final flow field the model returns, "
-    "key flow, [N, 2, H, W] in pixels (x, then y).",
-)
-@click.option(
-    "--detections",
-    is_flag=True,
-    help="Detection models: also store each image's final detections "
-    "(detections#boxes, #labels, #scores, and #masks or #keypoints where the model gives them), rows of "
-    "their own lengths.",
-)
+@run_option("pair_with")
+@run_option("flow")
+@run_option("detections")
 @run_options
 @click.pass_context
 def extract(ctx, **options) -> None:
@@ -282,17 +241,7 @@ def extract(ctx, **options) -> None:
 @config_option
 @model_options
 @click.option("--layer", "-l", multiple=True, required=True, metavar="SELECTOR", help=LAYER_HELP)
-@click.option(
-    "--target",
-    "-t",
-    default=DEFAULTS.target,
-    show_default=True,
-    metavar="CLASS|topK",
-    help="Logit to take gradients of: a class index, a class name of the weights, or each image's "
-    "top prediction (topK: the K highest, one gradient each). Segmentation: a class's mask (topK: the K "
-    "classes covering most pixels); detection: a detection's score (topK: the K best; a class: its best; "
-    "#N: the Nth of the model's output).",
-)
+@run_option("target", "grad")
 @preprocess_options
 @rows_output_options
 @clip_options
@@ -323,20 +272,11 @@ def grad(ctx, **options) -> None:
     metavar="PATH",
     help="Layer to take the map at [the last convolutional stage; ViT: the last block's ln_1].",
 )
-@click.option("--method", type=click.Choice(CAM_METHODS), default=DEFAULTS.method, show_default=True)
-@click.option(
-    "--target",
-    "-t",
-    default=DEFAULTS.target,
-    show_default=True,
-    metavar="CLASS|topK",
-    help="Class the map explains: an index, a class name of the weights, or topK.",
-)
+@run_option("method")
+@run_option("target", "cam")
 @click.option("--output", "-o", metavar="DIR", help="Folder for cams.safetensors and the overlay PNGs [<model>-cam].")
-@click.option(
-    "--alpha", type=click.FloatRange(0, 1), default=DEFAULTS.alpha, show_default=True, help="Overlay opacity."
-)
-@click.option("--cmap", default=DEFAULTS.cmap, show_default=True, help="Heat-map colormap (any matplotlib name).")
+@run_option("alpha")
+@run_option("cmap")
 @REGION
 @preprocess_options
 @run_options(stored="the maps are stored as float32")

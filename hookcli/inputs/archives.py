@@ -355,7 +355,8 @@ def _image_members(path: str) -> Iterable[TarMember]:
     try:
         with open_regular(path) as handle:
             guarded = _Guarded(handle)
-            with tarfile.open(fileobj=guarded, mode="r:") as archive:
+            # typeshed's file protocol for tarfile asks for write() and close() too, which reading never calls.
+            with tarfile.open(fileobj=guarded, mode="r:") as archive:  # type: ignore[call-overload]
                 while True:
                     guarded.allow()
                     info = archive.next()

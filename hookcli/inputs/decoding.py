@@ -19,8 +19,8 @@ CPU's cores cannot decode as fast as it computes.
   with ``--decode cpu`` (``--on-error``).
 - The pixels differ slightly from ``--decode cpu``: tensor resizing rounds a
   little differently from Pillow's (:class:`~hookcli.inputs.preprocess.ImageSteps`),
-  and nvJPEG's inverse DCT and chroma upsampling from libjpeg's. The README
-  gives the measured differences; ``preprocess.decode`` in the metadata
+  and nvJPEG's inverse DCT and chroma upsampling from libjpeg's.
+  ``docs/benchmarks.md`` gives the measured differences; ``preprocess.decode`` in the metadata
   records the choice.
 
 On the CPU the same steps run in the main process (torchvision's libjpeg
@@ -43,10 +43,13 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from hookcli.errors import DeviceError, ImageError, MemoryLimitError, first_line
 from hookcli.inputs.preprocess import Preprocess
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["PIXELS_AT_ONCE", "DeviceDecoder", "Encoded", "EncodedImages", "collate", "upright"]
 
@@ -84,7 +87,7 @@ class Encoded(NamedTuple):
     when there are none), so a batch of PNGs crosses from a worker as one tensor."""
 
     jpegs: list
-    prepared: object
+    prepared: torch.Tensor | list | None
     positions: list
 
 
@@ -95,11 +98,12 @@ def collate(items) -> tuple[list[int], Encoded, list]:
     good = [(i, item) for i, item, error in items if error is None]
     jpegs = [(k, item) for k, (_, item) in enumerate(good) if isinstance(item, JpegBytes)]
     positions = [k for k, (_, item) in enumerate(good) if not isinstance(item, JpegBytes)]
-    prepared = [good[k][1] for k in positions]
-    if prepared and all(row.shape == prepared[0].shape for row in prepared):
+    rows = [good[k][1] for k in positions]
+    prepared: torch.Tensor | list = rows
+    if rows and all(row.shape == rows[0].shape for row in rows):
         import torch
 
-        prepared = torch.stack(prepared)
+        prepared = torch.stack(rows)
     return (
         [i for i, _ in good],
         Encoded(jpegs, prepared if positions else None, positions),
@@ -259,7 +263,8 @@ def _refuse_out_of_memory(err: RuntimeError) -> None:
 def _bounded(pairs: list, budget: int):
     """``(position, JpegBytes)`` pairs in runs of consecutive ones whose pixels add up to ``budget`` at most (a run
     holds one pair at least)."""
-    run, pixels = [], 0
+    run: list = []
+    pixels = 0
     for pair in pairs:
         count = pair[1].size[0] * pair[1].size[1]
         if run and pixels + count > budget:

@@ -46,8 +46,12 @@ __all__ = [
     "read_jpeg",
 ]
 
-#: Pillow's resampling filter for each interpolation name of :data:`hookcli.inputs.preprocess.INTERPOLATIONS`.
-RESAMPLE = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC, "nearest": Image.NEAREST}
+#: Pillow's resampling filter for each interpolation name of :data:`hookcli.options.INTERPOLATIONS`.
+RESAMPLE = {
+    "bilinear": Image.Resampling.BILINEAR,
+    "bicubic": Image.Resampling.BICUBIC,
+    "nearest": Image.Resampling.NEAREST,
+}
 
 #: Background that transparent pixels are composited onto.
 _BACKGROUND = (255, 255, 255)
@@ -60,12 +64,15 @@ LEFT_OUT_BOUND = 1000
 class FoundInputs:
     """The image paths, in input order, and the images in sub-folders of folder inputs that were left out.
 
-    ``left_out`` images in ``left_out_folders`` sub-folders are what a
+    A path is a file's :class:`~pathlib.Path`, a tar member
+    (:class:`~hookcli.inputs.archives.TarMember`), or for video models a clip
+    or a frame pair (:mod:`hookcli.inputs.video`): each names itself through
+    :func:`os.fspath`. ``left_out`` images in ``left_out_folders`` sub-folders are what a
     recursive search would add; ``counted_all`` is False when counting them
     stopped at :data:`LEFT_OUT_BOUND` (there are at least that many).
     """
 
-    paths: list[Path]
+    paths: list[os.PathLike[str]]
     left_out: int = 0
     left_out_folders: int = 0
     counted_all: bool = True
@@ -94,7 +101,7 @@ def find_inputs(arguments: Sequence[str], *, recursive: bool = False, stdin: Tex
     Raises :class:`InputError` for a missing path, a folder with no images or
     when nothing at all is given.
     """
-    paths: list[Path] = []
+    paths: list[os.PathLike[str]] = []
     folders: list[Path] = []
     for argument in arguments:
         names = read_lines(stdin if stdin is not None else sys.stdin) if argument == "-" else [argument]
@@ -111,7 +118,9 @@ def find_inputs(arguments: Sequence[str], *, recursive: bool = False, stdin: Tex
     return FoundInputs(paths, *_left_out(folders))
 
 
-def gather_inputs(arguments: Sequence[str], *, recursive: bool = False, stdin: TextIO | None = None) -> list[Path]:
+def gather_inputs(
+    arguments: Sequence[str], *, recursive: bool = False, stdin: TextIO | None = None
+) -> list[os.PathLike[str]]:
     """The image paths of :func:`find_inputs`, in input order."""
     return find_inputs(arguments, recursive=recursive, stdin=stdin).paths
 
@@ -128,7 +137,7 @@ def _left_out(folders: Sequence[Path]) -> tuple[int, int, bool]:
     return images, holding, True
 
 
-def _expand(argument: str, recursive: bool) -> tuple[list[Path], Path | None]:
+def _expand(argument: str, recursive: bool) -> tuple[Sequence[os.PathLike[str]], Path | None]:
     """The images ``argument`` names, and the folder it is (None for a file): a ``.tar`` names its image members
     (:mod:`hookcli.inputs.archives`), and ``archive.tar::member`` one of them."""
     from hookcli.inputs import archives
@@ -144,6 +153,7 @@ def _expand(argument: str, recursive: bool) -> tuple[list[Path], Path | None]:
         pass
     except OSError as err:
         raise InputError(f"cannot read input '{argument}': {err.strerror}", hint="check the path") from None
+    found: Sequence[os.PathLike[str]]
     if path.is_dir():
         found = _images_in(path, recursive)
         if not found:
@@ -190,8 +200,8 @@ def _walk(folder: Path) -> Iterator[tuple[Path, list[str]]]:
 
 def pixel_limit() -> int:
     """The most pixels an image (or a video's frame) may have: beyond it Pillow refuses to decode (twice its
-    ``Image.MAX_IMAGE_PIXELS``, which a caller may change)."""
-    return 2 * Image.MAX_IMAGE_PIXELS
+    ``Image.MAX_IMAGE_PIXELS``, which a caller may change; no limit when a caller set it to None)."""
+    return sys.maxsize if Image.MAX_IMAGE_PIXELS is None else 2 * Image.MAX_IMAGE_PIXELS
 
 
 def load_rgb(
@@ -217,15 +227,17 @@ def load_rgb(
 
     ``data``: the file's bytes, already read (``path`` then only names it in errors).
     """
+    image: Image.Image  # the file's, then perhaps a reduced copy
     with _read_errors(path), _opened(path, data) as handle, Image.open(handle) as image:
+        bomb = Image.MAX_IMAGE_PIXELS  # None: a caller turned Pillow's check off
         if min_size is not None and image.format == "JPEG":
             image.draft(image.mode, (min_size, min_size))
         elif max_side is not None and image.format == "JPEG":
             image.draft(image.mode, (max_side, max_side))
-        if max_side is not None and image.width * image.height > Image.MAX_IMAGE_PIXELS:
+        if max_side is not None and bomb is not None and image.width * image.height > bomb:
             raise ImageError(
                 f"image '{path}' is too large to draw over ({image.width}x{image.height}, more than "
-                f"{Image.MAX_IMAGE_PIXELS // 1_000_000} megapixels)",
+                f"{bomb // 1_000_000} megapixels)",
                 hint="draw without --overlay, or over a smaller copy of the image",
             )
         image.load()

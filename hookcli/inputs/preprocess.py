@@ -30,29 +30,25 @@ import dataclasses
 import json
 import math
 from dataclasses import dataclass
+from typing import Any
+
+from hookcli.options import DECODERS, INTERPOLATIONS, MAX_SIDE
 
 __all__ = [
-    "DECODERS",
     "DEVICE_DECODE_KINDS",
-    "INTERPOLATIONS",
-    "MAX_SIDE",
     "ImageSteps",
     "Preprocess",
     "check_normalisation",
     "parse_triple",
 ]
 
-INTERPOLATIONS = ("bilinear", "bicubic", "nearest")
-#: Where images are decoded and preprocessed: by the decode workers, or batched on the run's device.
-DECODERS = ("cpu", "device")
 #: The input kinds ``decode="device"`` serves: those read from image files, one at a time.
 DEVICE_DECODE_KINDS = ("classification", "segmentation", "detection")
-#: The largest resize and crop accepted, from options or from a file's metadata.
-MAX_SIDE = 8192
 
 
 def parse_triple(value) -> tuple[float, float, float]:
     """Three floats (a mean or std) from ``R,G,B``, one number for all three, or a sequence; ValueError if not."""
+    parts: list[Any]
     if isinstance(value, int | float) and not isinstance(value, bool):
         parts = [value]
     elif isinstance(value, list | tuple):
@@ -218,7 +214,7 @@ class Preprocess:
             return cls(resize=sizes[0], crop=None, antialias=bool(transforms.antialias), kind="segmentation", **common)
         if preset == "VideoClassification":
             return cls(
-                resize=sizes[0] if len(sizes) == 1 else tuple(sizes),
+                resize=sizes[0] if len(sizes) == 1 else (sizes[0], sizes[1]),  # torchvision's [size] or [h, w]
                 crop=int(transforms.crop_size[0]),
                 antialias=False,
                 kind="video",
@@ -305,7 +301,7 @@ class ImageSteps:
     :meth:`geometry`, then :meth:`scaled`, which reads nothing back to the host, so a GPU's queue is never waited
     on. Nearest neighbour is torch's ``nearest-exact``, which is Pillow's own on PIL images (torch's ``nearest``
     picks pixels shifted by half of one); on tensors, bilinear and bicubic round a little differently from
-    Pillow's (see the README's measurements).
+    Pillow's (see the measurements in ``docs/benchmarks.md``).
     """
 
     def __init__(self, spec: Preprocess) -> None:

@@ -31,9 +31,10 @@ import json
 import operator
 import os
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -120,6 +121,7 @@ def clip_frames(count: int, *, length: int, stride: int = 1, clips: int | None =
     if count < span:
         padded = tuple(min(i * stride, count - 1) for i in range(length))
         return [padded] * (1 if clips is None else clips)
+    starts: Sequence[int]
     if clips is None:
         starts = range(0, count - span + 1, span)
     elif clips == 1:
@@ -302,16 +304,16 @@ def _positions(indices: Iterable[int]) -> dict[int, list[int]]:
 def _read_file(path, positions: dict[int, list[int]]) -> np.ndarray:
     av = _import_av()
     size = sum(map(len, positions.values()))
-    frames, shape = None, None
+    frames: np.ndarray | None = None
     decoding = _decoding(path, min(positions))
     try:
         for index in sorted(positions):
             frame = decoding.frame(index)
             _check_frame(path, frame)
             if frames is None:
-                shape = frame.height, frame.width
-                frames = np.empty((size, *shape, 3), np.uint8)
-            frames[positions[index]] = frame.to_ndarray(format="rgb24", width=shape[1], height=shape[0])
+                frames = np.empty((size, frame.height, frame.width, 3), np.uint8)
+            height, width = frames.shape[1:3]
+            frames[positions[index]] = frame.to_ndarray(format="rgb24", width=width, height=height)
     except av.FFmpegError as err:
         close_decoders()
         raise VideoError(f"cannot decode video '{path}': {_reason(err)}", hint=_DAMAGED) from None
@@ -324,6 +326,7 @@ def _read_file(path, positions: dict[int, list[int]]) -> np.ndarray:
             f"video '{path}' ended after {counted(ended.decoded, 'frame')}; frame {max(positions)} was asked for",
             hint=_DAMAGED,
         ) from None
+    assert frames is not None, "positions names a frame at least"
     return frames
 
 
@@ -350,8 +353,8 @@ class _Decoding:
         container, stream = self._opened.__enter__()
         self._frames = container.decode(stream)
         self.next = 0  # the index of the frame the decoder gives next
-        self.recent: dict[int, object] = {}
-        self._keep = None
+        self.recent: dict[int, Any] = {}  # av.VideoFrame by index
+        self._keep: int | None = None
 
     def reaches(self, index: int) -> bool:
         return index >= self.next or index in self.recent
@@ -409,13 +412,14 @@ def _read_folder(folder, positions: dict[int, list[int]]) -> np.ndarray:
             hint="frames are numbered from 0",
         )
     size = sum(map(len, positions.values()))
-    frames = first = None
+    frames: np.ndarray | None = None
+    first: tuple[Path, tuple[int, int]] | None = None
     for index in sorted(positions):
         try:
             image = load_rgb(paths[index])
         except ImageError as err:
             raise VideoError(err.message, hint=err.hint) from None
-        if first is None:
+        if frames is None or first is None:
             first = paths[index], image.size
             frames = np.empty((size, image.height, image.width, 3), np.uint8)
         elif image.size != first[1]:
@@ -425,6 +429,7 @@ def _read_folder(folder, positions: dict[int, list[int]]) -> np.ndarray:
                 hint="all frames of a video must be the same size",
             )
         frames[positions[index]] = np.asarray(image)
+    assert frames is not None, "positions names a frame at least"
     return frames
 
 

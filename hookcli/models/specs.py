@@ -245,15 +245,15 @@ def check_model(spec: ModelSpec) -> None:
             "tag, or its JSON config (open_clip:/path/Config.json) and --weights FILE",
         )
     if spec.source == "open_clip" and spec.name.endswith(".json"):
-        what = regular_file_problem(Path(spec.name).expanduser())
-        if what is not None:
-            raise UsageProblem(f"OpenCLIP model config '{spec.name}' {what}", hint="check the path")
+        problem = regular_file_problem(Path(spec.name).expanduser())
+        if problem is not None:
+            raise UsageProblem(f"OpenCLIP model config '{spec.name}' {problem}", hint="check the path")
     if spec.source == "factory":
         module, _ = spec.name.rsplit(":", 1)
         if module.endswith(".py"):
-            what = regular_file_problem(Path(module).expanduser())
-            if what is not None:
-                raise UsageProblem(f"factory file '{module}' {what}", hint="check the path of --model FILE.py:FUNC")
+            problem = regular_file_problem(Path(module).expanduser())
+            if problem is not None:
+                raise UsageProblem(f"factory file '{module}' {problem}", hint="check the path of --model FILE.py:FUNC")
         elif _find_module(module) is None:
             raise UsageProblem(
                 f"no Python module '{module}' (for the factory {spec.name})",

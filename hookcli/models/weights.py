@@ -195,7 +195,8 @@ def _unreadable(path: Path, err: Exception) -> WeightsError:
     # Told from the first bytes before reading torch's error: its weights-only unpickler fails on any non-pickle.
     from hookcli.models.weights import archive_kind
 
-    archive = {"torchscript": "a TorchScript", "export": "a torch.export"}.get(archive_kind(path))
+    kind = archive_kind(path)
+    archive = {"torchscript": "a TorchScript", "export": "a torch.export"}.get(kind) if kind is not None else None
     if archive is not None:
         return WeightsError(
             f"weights file '{path}' is {archive} archive, not a state dict",

@@ -1,1 +1,13 @@
-"""(package docstring to write)"""
+"""What a person looks at: pictures, reports and summaries drawn from saved features, without torch.
+
+:mod:`~hookcli.pictures.grids` plans and writes the PNGs of ``hookcli grid``
+(with :mod:`~hookcli.pictures.options`, :mod:`~hookcli.pictures.reading` and
+:mod:`~hookcli.pictures.drawing`), :mod:`~hookcli.pictures.render` turns maps
+into pixels (with :mod:`~hookcli.pictures.text` and
+:mod:`~hookcli.pictures.flow`), :mod:`~hookcli.pictures.photos` and
+:mod:`~hookcli.pictures.cams` draw over the input photos,
+:mod:`~hookcli.pictures.reports` writes the HTML report (from
+:mod:`~hookcli.pictures.html`) and :mod:`~hookcli.pictures.summary` is
+``info``'s statistics. It imports the foundation modules,
+:mod:`hookcli.inputs` and :mod:`hookcli.storage`, nothing above.
+"""

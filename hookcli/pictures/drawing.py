@@ -5,6 +5,7 @@ the photo) as a :class:`Picture` with its title, colour bar and notes.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -47,6 +48,7 @@ from hookcli.pictures.render import (
 )
 from hookcli.pictures.text import number
 from hookcli.storage.fileformat import DETECTIONS
+from hookcli.storage.reader import FeatureReader
 
 __all__ = ["Picture", "render_job", "render_picture"]
 
@@ -70,12 +72,16 @@ class Picture:
     notes: tuple[str, ...] = ()
 
 
-def render_job(features, job: GridJob, options: GridOptions, values: np.ndarray | None = None) -> np.ndarray:
+def render_job(
+    features: FeatureReader, job: GridJob, options: GridOptions, values: np.ndarray | None = None
+) -> np.ndarray:
     """Pixels for one job (:func:`render_picture` without its notes)."""
     return render_picture(features, job, options, values).pixels
 
 
-def render_picture(features, job: GridJob, options: GridOptions, values: np.ndarray | None = None) -> Picture:
+def render_picture(
+    features: FeatureReader, job: GridJob, options: GridOptions, values: np.ndarray | None = None
+) -> Picture:
     """Draw one job, at most ``job.limit`` of the selected maps, with labels, a colour bar and a caption.
 
     A video clip is a table of its channels by its frames (``options.frame``:
@@ -97,7 +103,7 @@ def render_picture(features, job: GridJob, options: GridOptions, values: np.ndar
         raise RowNotDrawable(str(reason)) from None
 
 
-def _row_picture(features, job: GridJob, options: GridOptions, values: np.ndarray | None) -> Picture:
+def _row_picture(features: FeatureReader, job: GridJob, options: GridOptions, values: np.ndarray | None) -> Picture:
     if draws_flow(features, job.key, options):
         return _flow_picture(features, job, options, values)
     single = one_map_a_row(features, job.key)
@@ -154,7 +160,7 @@ def _row_picture(features, job: GridJob, options: GridOptions, values: np.ndarra
         if not options.plain:
             pixels = add_colorbar(pixels, options.cmap, *_ends(value_range(maps)), "one scale for the strip")
     elif layout in CLIPS:
-        look = {
+        look: dict[str, Any] = {  # the drawing options frame_layout and tile_frames share
             "padding": 0 if layout == "pooled-frames" else options.padding,
             "min_tile": options.min_tile,
             "labels": None if options.plain else labels,
@@ -224,7 +230,7 @@ def _scale_legend(maps: np.ndarray, scale: str, one: str, each: str) -> tuple[st
     return "low", "high", each
 
 
-def _flow_picture(features, job: GridJob, options: GridOptions, values: np.ndarray | None) -> Picture:
+def _flow_picture(features: FeatureReader, job: GridJob, options: GridOptions, values: np.ndarray | None) -> Picture:
     """An optical-flow field in colour (:func:`~hookcli.pictures.flow.flow_colours`), enlarged as one tile is, with the
     colour wheel and the longest vector's length; a note when there is no motion to show."""
     shape = features.row_shape(job.key, job.row)
@@ -258,7 +264,9 @@ def _flow_picture(features, job: GridJob, options: GridOptions, values: np.ndarr
     return Picture(pixels, (f"{job.key}, {job.name}: the flow field {flat}",) if flat else ())
 
 
-def _overlay_picture(features, job: GridJob, maps: np.ndarray, options: GridOptions) -> tuple[np.ndarray, str | None]:
+def _overlay_picture(
+    features: FeatureReader, job: GridJob, maps: np.ndarray, options: GridOptions
+) -> tuple[np.ndarray, str | None]:
     """The mean of ``maps`` over the photo the model saw, with a colour bar; a note when the map is flat."""
     try:
         preprocess = Preprocess.from_metadata(features.metadata.get("preprocess"))
@@ -275,7 +283,7 @@ def _overlay_picture(features, job: GridJob, maps: np.ndarray, options: GridOpti
     )
 
 
-def _detections_picture(features, job: GridJob, options: GridOptions) -> Picture:
+def _detections_picture(features: FeatureReader, job: GridJob, options: GridOptions) -> Picture:
     """The photo the model was given with each detection's box, coloured by its label, and on it its label and
     score (``plain``: the boxes alone, over the photo at the size the model was given it)."""
     found = read_detections(features, job.row)

@@ -73,6 +73,7 @@ from hookcli.pictures.render import (
     tiles_that_fit,
 )
 from hookcli.storage.fileformat import DETECTIONS
+from hookcli.storage.reader import FeatureReader
 
 __all__ = ["GridPlan", "plan_grids", "render_all", "safe_name", "write_grids"]
 
@@ -143,11 +144,9 @@ class GridPlan(Sequence):
 _KEY_STEM, _INPUT_STEM = 100, 60
 
 
-#: Longest parts of a PNG's name: with the row number, suffix and a temporary name's extras, well under 255 bytes.
-_KEY_STEM, _INPUT_STEM = 100, 60
-
-
-def plan_grids(features, options: GridOptions, out_dir: str | os.PathLike | None, *, force: bool = False) -> GridPlan:
+def plan_grids(
+    features: FeatureReader, options: GridOptions, out_dir: str | os.PathLike | None, *, force: bool = False
+) -> GridPlan:
     """List the PNGs to write under ``out_dir`` (None: drawn in memory, named but not written).
 
     Refuses unknown keys, bad image indices, selections with nothing to draw
@@ -163,7 +162,9 @@ def plan_grids(features, options: GridOptions, out_dir: str | os.PathLike | None
         check_folder_output(out_dir)
     keys = _select_keys(features.keys(), options.keys, features.name)
     detections = detection_keys(features, keys)
-    drawable, notes, refusals = {}, [], []
+    drawable: dict[str, tuple[int | None, str | None]] = {}
+    notes: list[str] = []
+    refusals: list[str] = []
     for key in keys:
         if key in detections:
             if key == detections[0]:
@@ -213,7 +214,7 @@ def plan_grids(features, options: GridOptions, out_dir: str | os.PathLike | None
             else [r for r in chosen_rows if r < count]
         )
         plans.append(_KeyPlan(key, stem, key_rows, drawable[key][0]))
-    names = (lambda row: inputs[row]) if listed else (lambda row: f"row{row:05d}")
+    names = (lambda row: inputs[row]) if inputs is not None else (lambda row: f"row{row:05d}")
     plan = GridPlan(
         plans,
         names,
@@ -228,7 +229,13 @@ def plan_grids(features, options: GridOptions, out_dir: str | os.PathLike | None
     return plan
 
 
-def _plan_detections(features, chosen: Sequence[str], drawable: dict, notes: list, refusals: list) -> None:
+def _plan_detections(
+    features: FeatureReader,
+    chosen: Sequence[str],
+    drawable: dict[str, tuple[int | None, str | None]],
+    notes: list[str],
+    refusals: list[str],
+) -> None:
     """Plan the detections picture (under :data:`BOXES`), or say why there is none; note what it leaves out."""
     if BOXES not in features.keys():
         reason = f"there is no '{BOXES}' to draw them from"
@@ -272,11 +279,13 @@ def _maps_limit(
         return None, None
     row, _ = row_drawn(shape[1:], options)
     count, height, width, layout = map_layout(row, prefix)
-    selected = range(count)[options.channels] if options.channels is not None else range(count)
     kind = "value" if layout in STRIPS else "channel"
-    if not selected:
-        described = f"{count} {kind}s (0-{count - 1})" if count > 1 else f"one {kind} (0)"
-        raise NotDrawable(f"--channels {_text(options.channels)} selects none of its {described}")
+    selected = range(count)
+    if options.channels is not None:
+        selected = selected[options.channels]
+        if not selected:  # a layout has one map at least
+            described = f"{count} {kind}s (0-{count - 1})" if count > 1 else f"one {kind} (0)"
+            raise NotDrawable(f"--channels {_text(options.channels)} selects none of its {described}")
     if options.overlay:
         if layout in STRIPS or layout == "matrix":
             raise NotDrawable("--overlay needs maps laid out like the image, and these values are not")
@@ -348,7 +357,7 @@ def _select_keys(available: list[str], patterns: Sequence[str], name: str) -> li
         raise FeatureFileError(f"'{name}' holds no tensors")
     if not patterns:
         return list(available)
-    chosen = []
+    chosen: list[str] = []
     for pattern in patterns:
         try:
             regex = glob_to_regex(pattern)
@@ -371,7 +380,7 @@ def _select_keys(available: list[str], patterns: Sequence[str], name: str) -> li
 
 
 def write_grids(
-    features,
+    features: FeatureReader,
     jobs: GridPlan,
     options: GridOptions,
     *,
@@ -397,7 +406,7 @@ def write_grids(
 
 
 def render_all(
-    features,
+    features: FeatureReader,
     jobs: GridPlan,
     options: GridOptions,
     *,
@@ -413,7 +422,7 @@ def render_all(
     return pictures
 
 
-def _rendered(features, jobs: GridPlan, options: GridOptions, on_note):
+def _rendered(features: FeatureReader, jobs: GridPlan, options: GridOptions, on_note):
     undrawable = set()
     for job in jobs:
         if job.key in undrawable:

@@ -11,12 +11,14 @@ import base64
 import html
 import io
 import json
+from typing import Any
 
 import numpy as np
 
 from hookcli.console import printable
 from hookcli.pictures.reading import Detections
 from hookcli.pictures.summary import values_stats
+from hookcli.storage.reader import FeatureReader
 
 __all__ = [
     "DEPTH_SHOWN",
@@ -66,7 +68,7 @@ def value_html(value, depth: int = 0) -> str:
         return f'<table class="inner">{cells}</table>'
     if len(value) <= _LIST_SHOWN and not any(isinstance(item, dict | list | str) for item in value):
         return escaped(", ".join(map(_plain, value)))
-    shown = list(enumerate(value))
+    shown: list[tuple[int | None, Any]] = list(enumerate(value))
     if len(value) > _LIST_SHOWN:
         shown = [*shown[:5], (None, f"… {len(value) - 7:,} more …"), *shown[-2:]]
     items = "".join(
@@ -128,8 +130,11 @@ def detections_table(found: Detections) -> str:
     count = len(found.boxes)
     if count == 0:
         return '<p class="none">No detections.</p>'
-    columns = [("label", found.labels, ""), ("score", found.scores, ".3f")]
-    columns = [(name, values, spec) for name, values, spec in columns if values is not None]
+    columns = [
+        (name, values, spec)
+        for name, values, spec in (("label", found.labels, ""), ("score", found.scores, ".3f"))
+        if values is not None
+    ]
     header = "".join(f"<th>{name}</th>" for name, _, _ in columns)
     rows = []
     for k, box in enumerate(found.boxes.tolist()):
@@ -209,7 +214,7 @@ def shape_html(shape) -> str:
     return json.dumps(shape).replace(" ", "")
 
 
-def row_shape_html(features, key: str, row: int) -> str:
+def row_shape_html(features: FeatureReader, key: str, row: int) -> str:
     """A tensor's dtype and shape per image; a ragged key's shape for this row, and the largest."""
     largest = shape_html(features.shape(key)[1:])
     if not features.ragged(key):

@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hookcli.errors import UsageProblem, check_choice, check_whole
+from hookcli.errors import UsageProblem
+from hookcli.options import GRID_OPTIONS, check_value, declared
 
 __all__ = [
     "capped",
@@ -25,11 +26,7 @@ __all__ = [
     "GridJob",
     "GridOptions",
     "parse_channels",
-    "SCALES",
 ]
-
-
-SCALES = ("channel", "grid")
 
 
 #: Channels drawn when neither --channels nor --top is given: a wide layer's first 64, with a note on the rest.
@@ -58,6 +55,10 @@ def default_grid_folder(source) -> str:
     return f"{Path(source).name.removesuffix('.safetensors') or 'features'}_grids"
 
 
+def _default(name: str):
+    return field(default=declared(name, GRID_OPTIONS).default)
+
+
 @dataclass(frozen=True)
 class GridOptions:
     """How to draw: which tensors and images, which channels, and the look of the grid.
@@ -67,26 +68,27 @@ class GridOptions:
     channel numbers or colour bar, and no enlargement past ``min_tile``.
     ``frame``: draw only this frame (from 0) of video clips, as ``[C, H, W]``
     maps. ``flow_as_channels``: draw optical-flow fields as their two
-    channels rather than in colour. Values are checked here, with the
+    channels rather than in colour. Defaults, bounds and choices are
+    :data:`hookcli.options.GRID_OPTIONS`'; values are checked here, with the
     library's errors.
     """
 
-    keys: Sequence[str] = ()
-    images: Sequence[str] = ()
-    channels: slice | None = None
-    top: int | None = None
-    columns: int | None = None
-    padding: int = 2
-    cmap: str = "viridis"
-    scale: str = "channel"
-    min_tile: int = 32
-    title: bool = True
-    plain: bool = False
-    overlay: bool = False
-    alpha: float = 0.5
-    overlay_cmap: str = "inferno"
-    frame: int | None = None
-    flow_as_channels: bool = False
+    keys: Sequence[str] = _default("keys")
+    images: Sequence[str] = _default("images")
+    channels: slice | None = _default("channels")
+    top: int | None = _default("top")
+    columns: int | None = _default("columns")
+    padding: int = _default("padding")
+    cmap: str = _default("cmap")
+    scale: str = _default("scale")
+    min_tile: int = _default("min_tile")
+    title: bool = _default("title")
+    plain: bool = _default("plain")
+    overlay: bool = _default("overlay")
+    alpha: float = _default("alpha")
+    overlay_cmap: str = _default("overlay_cmap")
+    frame: int | None = _default("frame")
+    flow_as_channels: bool = _default("flow_as_channels")
 
     def __post_init__(self) -> None:
         for name in ("keys", "images"):
@@ -97,17 +99,8 @@ class GridOptions:
             object.__setattr__(self, "channels", parse_channels(self.channels))
         except ValueError as err:
             raise UsageProblem(f"invalid channels: {err}") from None
-        for name, low, high in (
-            ("top", 1, None),
-            ("columns", 1, None),
-            ("padding", 0, 64),
-            ("min_tile", 1, 1024),
-            ("frame", 0, None),
-        ):
-            check_whole(name, getattr(self, name), low, high, optional=True)
-        check_choice("scale", self.scale, SCALES)
-        if not 0 <= self.alpha <= 1:
-            raise UsageProblem(f"alpha must be between 0 and 1, not {self.alpha!r}")
+        for name in ("top", "columns", "padding", "min_tile", "frame", "scale", "alpha"):
+            check_value(declared(name, GRID_OPTIONS), getattr(self, name))
 
 
 @dataclass(frozen=True)

@@ -45,9 +45,8 @@ def model_photo_scaled(path, preprocess, *, enlarge: bool = True) -> tuple[np.nd
         return _squashed_photo(photo, preprocess, enlarge)
     resize = preprocess.resize if isinstance(preprocess.resize, int) else None
     # Without a resize the model was given the photo at its own size, which the reduced loading of a large one hides.
-    size = _upright_size(path) if resize is None or preprocess.crop is None else None
-    short = resize or min(size)
     if preprocess.crop is not None:
+        short = resize or min(_upright_size(path))
         side = min(OVERLAY_SIDE, max(OVERLAY_MIN, 2 * preprocess.crop) if enlarge else preprocess.crop)
         scale = side / preprocess.crop
         return np.asarray(
@@ -55,13 +54,15 @@ def model_photo_scaled(path, preprocess, *, enlarge: bool = True) -> tuple[np.nd
                 photo, resize=max(1, round(short * scale)), crop=max(1, side), interpolation=preprocess.interpolation
             )
         ), scale
+    size = _upright_size(path)
+    short = resize or min(size)
     # The resized photo as torchvision makes it: shorter side `short`, the longer one in proportion, rounded down.
     given_size = [short if n == min(size) else int(short * n / min(size)) for n in size]
     scale = min(max(OVERLAY_MIN, 2 * short) / short if enlarge else 1.0, OVERLAY_SIDE / max(given_size))
-    drawn = tuple(max(1, round(n * scale)) for n in given_size)
+    drawn_width, drawn_height = (max(1, round(n * scale)) for n in given_size)
     from hookcli.inputs.images import RESAMPLE as resample
 
-    return np.asarray(photo.resize(drawn, resample[preprocess.interpolation])), scale
+    return np.asarray(photo.resize((drawn_width, drawn_height), resample[preprocess.interpolation])), scale
 
 
 def _squashed_photo(photo, preprocess, enlarge: bool) -> tuple[np.ndarray, float]:
@@ -111,7 +112,7 @@ def heat_picture(
     if legend:
         ends, said = (
             (("low", "high"), f"the map {flat}: nothing to overlay")
-            if flat
+            if flat or span is None
             else ((number(span[0]), number(span[1])), f"{what}, this image's range")
         )
         pixels = add_colorbar(pixels, cmap, *ends, said)

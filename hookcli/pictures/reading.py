@@ -20,6 +20,7 @@ from hookcli.inputs.preprocess import Preprocess
 from hookcli.pictures.options import GridOptions
 from hookcli.pictures.render import NotDrawable
 from hookcli.storage.fileformat import DETECTIONS
+from hookcli.storage.reader import FeatureReader
 
 __all__ = [
     "BOXES",
@@ -92,6 +93,7 @@ def select_rows(wanted: Sequence[str], names: Sequence[str] | None, rows: int) -
     if len(wanted) == 1 and _ROW_RANGE.fullmatch(wanted[0]):
         return _row_range(wanted[0], rows)
     chosen = {}
+    found: Sequence[int]
     for item in wanted:
         if _ROW_RANGE.fullmatch(item):
             found = _row_range(item, rows)
@@ -138,7 +140,7 @@ def _row_range(text: str, rows: int) -> range:
 _CAM_KEY = re.compile(r"cam(#\d+)?")
 
 
-def drawn_shape(features, key: str) -> list[int]:
+def drawn_shape(features: FeatureReader, key: str) -> list[int]:
     """The shape ``key`` is drawn as: its own, except a CAM file's maps (``cam``, ``cam#k``: ``[N, h, w]``, one map a
     row), drawn as ``[N, 1, h, w]`` so that an ``h × w`` map is never read as ViT tokens. A ragged key's is
     ``[N, *largest row]``; :func:`drawn_row_shape` gives each row's."""
@@ -146,18 +148,18 @@ def drawn_shape(features, key: str) -> list[int]:
     return [shape[0], 1, *shape[1:]] if one_map_a_row(features, key) else shape
 
 
-def one_map_a_row(features, key: str) -> bool:
+def one_map_a_row(features: FeatureReader, key: str) -> bool:
     """Whether ``key`` is a CAM file's maps (``cam``, ``cam#k``: ``[N, h, w]``): one map a row, with no channels."""
     return "cam_layer" in features.metadata and _CAM_KEY.fullmatch(key) is not None and len(features.shape(key)) == 3
 
 
-def drawn_row_shape(features, key: str, row: int) -> list[int]:
+def drawn_row_shape(features: FeatureReader, key: str, row: int) -> list[int]:
     """The shape row ``row`` of ``key`` is drawn as (:func:`drawn_shape`): its own when ``key`` is ragged."""
     own = features.row_shape(key, row)
     return [1, *own] if one_map_a_row(features, key) else own
 
 
-def detection_keys(features, keys: Sequence[str]) -> list[str]:
+def detection_keys(features: FeatureReader, keys: Sequence[str]) -> list[str]:
     """The keys among ``keys`` that hold a detection model's final detections, in the order given.
 
     They are ``detections#boxes``, ``#labels``, ``#scores`` (and ``#masks``,
@@ -180,7 +182,7 @@ class Detections:
     scores: np.ndarray | None
 
 
-def read_detections(features, row: int) -> Detections:
+def read_detections(features: FeatureReader, row: int) -> Detections:
     """Row ``row``'s final detections, from a detection file's ``detections#…`` keys.
 
     Raises :class:`~hookcli.pictures.render.NotDrawable` when the file's rows are not
@@ -199,17 +201,19 @@ def read_detections(features, row: int) -> Detections:
     boxes = np.asarray(features.read(BOXES, row), dtype=np.float64)
     if boxes.ndim != 2 or boxes.shape[1] != 4:
         raise NotDrawable(f"row {row} of '{BOXES}' is {list(boxes.shape)}, not [K, 4] boxes")
-    found = {}
+    found: dict[str, np.ndarray | None] = {}
     for name in ("labels", "scores"):
         key = f"{DETECTIONS}#{name}"
-        found[name] = np.asarray(features.read(key, row)) if key in keys else None
-        if found[name] is not None and found[name].shape != boxes.shape[:1]:
+        value = np.asarray(features.read(key, row)) if key in keys else None
+        if value is not None and value.shape != boxes.shape[:1]:
             raise NotDrawable(
-                f"row {row} of '{key}' is {list(found[name].shape)}, not one value for each of its {len(boxes)} boxes"
+                f"row {row} of '{key}' is {list(value.shape)}, not one value for each of its {len(boxes)} boxes"
             )
-    if found["labels"] is not None and found["labels"].dtype.kind not in "iu":
-        raise NotDrawable(f"'{DETECTIONS}#labels' holds {found['labels'].dtype} values, not class indices")
-    return Detections(boxes, found["labels"], found["scores"])
+        found[name] = value
+    labels = found["labels"]
+    if labels is not None and labels.dtype.kind not in "iu":
+        raise NotDrawable(f"'{DETECTIONS}#labels' holds {labels.dtype} values, not class indices")
+    return Detections(boxes, labels, found["scores"])
 
 
 def row_drawn(row: Sequence[int], options: GridOptions) -> tuple[list[int], int | None]:
@@ -223,7 +227,7 @@ def row_drawn(row: Sequence[int], options: GridOptions) -> tuple[list[int], int 
     return [row[0], *row[2:]], options.frame
 
 
-def channels_last(features, row: Sequence[int]) -> bool:
+def channels_last(features: FeatureReader, row: Sequence[int]) -> bool:
     """Whether rows of this shape are ``[H, W, C]`` maps (see :func:`hookcli.families.channels_last_output`): told
     only for a file whose preprocessing made every image square."""
     from hookcli.families import channels_last_output, square_input
@@ -236,7 +240,7 @@ def channels_last(features, row: Sequence[int]) -> bool:
         return False
 
 
-def channels_first(features, shape: Sequence[int]) -> list[int]:
+def channels_first(features: FeatureReader, shape: Sequence[int]) -> list[int]:
     """A tensor's shape as it is drawn: ``[N, H, W, C]`` rows (:func:`channels_last`) as ``[N, C, H, W]``."""
     shape = list(shape)
     return [shape[0], shape[3], shape[1], shape[2]] if channels_last(features, shape[1:]) else shape
@@ -246,7 +250,7 @@ def frames_text(frames: int) -> str:
     return "no frames" if frames == 0 else "one frame (0)" if frames == 1 else f"{frames} frames (0-{frames - 1})"
 
 
-def draws_flow(features, key: str, options: GridOptions) -> bool:
+def draws_flow(features: FeatureReader, key: str, options: GridOptions) -> bool:
     """Whether ``key`` is drawn as optical flow: its rows are ``[2, H, W]`` and the file's metadata says
     ``"family": "optical_flow"``, and ``options.flow_as_channels`` does not ask for the two channels."""
     shape = features.shape(key)

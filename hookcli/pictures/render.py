@@ -246,14 +246,14 @@ def grid_columns(count: int, tile_height: int, tile_width: int) -> int:
     are considered; among them the fewest blanks win, then the one closest to
     3:2. 128 tiles give 16 × 8 rather than 12 × 11 with four blanks.
     """
-    best = None
+    best: tuple[tuple[bool, int, float], int] = ((True, count + 1, math.inf), 1)  # any real key is smaller
     for columns in range(1, count + 1):
         rows = math.ceil(count / columns)
         if columns > 1 and math.ceil(count / (columns - 1)) == rows:
             continue  # the same rows with fewer columns leave fewer blanks
         aspect = (columns * tile_width) / (rows * tile_height)
         key = (not 0.75 <= aspect <= 3.0, rows * columns - count, abs(math.log(aspect / 1.5)))
-        if best is None or key < best[0]:
+        if key < best[0]:
             best = (key, columns)
     return best[1]
 
@@ -332,7 +332,7 @@ def tile_maps(
     if band:
         size = label_size(tile_w)
         heads = np.full((count, band, tile_w, 3), PAD_COLOR, dtype=np.uint8)
-        for head, label in zip(heads, labels):
+        for head, label in zip(heads, labels or ()):  # a band is made for labels only
             stamp(head, str(label), size, 1, 1)
         rgb = np.concatenate([heads, rgb], axis=1)
     blank = np.full((rows * columns - count, tile_h, tile_w, 3), PAD_COLOR, dtype=np.uint8)
@@ -422,7 +422,7 @@ def tile_frames(
     step_y, step_x = height * layout.factor + padding, width * layout.factor + padding
     for frame in range(frames if layout.header else 0):
         stamp(canvas, str(frame), size, 1, layout.margin + padding + frame * step_x + 1)
-    for row, label in enumerate(labels if layout.margin else ()):
+    for row, label in enumerate(labels if labels and layout.margin else ()):
         stamp(canvas, str(label), size, layout.header + padding + row * step_y + 1, 2)
     return canvas
 
@@ -430,9 +430,8 @@ def tile_frames(
 def strip(scaled: np.ndarray, labels: Sequence[int] | None, *, cmap: str = "viridis", width: int = 768) -> np.ndarray:
     """Colour single values scaled to [0, 1] as one strip of cells (lines of at most 1,024 cells for long vectors).
 
-    Each cell is at least one pixel wide and the strip about ``width``
-    pixels; ``labels`` (each cell's index) are written under every cell when
-    they fit, else under evenly spaced cells, with a tick at each (None: no labels).
+    Each cell is at least one pixel wide and the strip about ``width`` pixels; ``labels`` (each cell's index) are
+    written under every cell when they fit, else under evenly spaced cells, with a tick at each (None: no labels).
     """
     values = np.asarray(scaled).reshape(-1)
     count = len(values)
@@ -440,7 +439,8 @@ def strip(scaled: np.ndarray, labels: Sequence[int] | None, *, cmap: str = "viri
     lines = math.ceil(count / per_line)
     cell = max(1, width // per_line)
     size = 11
-    label_w = text_width(max((str(n) for n in labels), key=len), size) if labels else 0
+    names = [str(n) for n in labels] if labels else []
+    label_w = text_width(max(names, key=len), size) if names else 0
     every = 1 if cell >= label_w + 4 else tick_step(math.ceil((label_w + 8) / cell))
     line_h = 28 if lines == 1 else 14
     row_h = line_h + (4 + glyphs(size)[1] + 4 if labels else 2)
@@ -452,10 +452,10 @@ def strip(scaled: np.ndarray, labels: Sequence[int] | None, *, cmap: str = "viri
         part = rgb[line * per_line : (line + 1) * per_line]
         top = line * row_h + 1
         canvas[top : top + line_h, 1 : 1 + len(part) * cell] = part.repeat(cell, axis=0)[None]
-        for i in range(0, len(part) if labels else 0, every):
+        for i in range(0, len(part) if names else 0, every):
             x = 1 + i * cell
             canvas[top + line_h : top + line_h + 3, x] = 0
-            stamp(canvas, str(labels[line * per_line + i]), size, top + line_h + 3, x)
+            stamp(canvas, names[line * per_line + i], size, top + line_h + 3, x)
     return canvas
 
 
@@ -481,7 +481,7 @@ def overlay(photo: np.ndarray, heat: np.ndarray, *, cmap: str = "inferno", alpha
     scaled = scale_maps(heat[None], "channel")[0]
     height, width = photo.shape[:2]
     heat_image = Image.fromarray(np.nan_to_num(scaled).astype(np.float32), mode="F")
-    upsampled = np.asarray(heat_image.resize((width, height), Image.BILINEAR))
+    upsampled = np.asarray(heat_image.resize((width, height), Image.Resampling.BILINEAR))
     colours = colorize(np.clip(upsampled, 0.0, 1.0), cmap).astype(np.float32)
     return np.round((1.0 - alpha) * photo.astype(np.float32) + alpha * colours).astype(np.uint8)
 

@@ -54,7 +54,7 @@ from hookcli.errors import HookcliError, check_whole
 from hookcli.events import Advanced, Note, Started, Wrote
 from hookcli.files import atomic_path, check_folder_output, format_bytes, refuse_existing
 from hookcli.pictures.drawing import Picture, render_picture
-from hookcli.pictures.grids import plan_grids
+from hookcli.pictures.grids import GridPlan, plan_grids
 from hookcli.pictures.html import (
     HEAD,
     STYLE,
@@ -78,6 +78,8 @@ from hookcli.pictures.render import NotDrawable, RowNotDrawable
 from hookcli.pictures.summary import describe_file, metadata_order
 from hookcli.storage.features import FeatureFile
 from hookcli.storage.fileformat import INDEX_NAME
+from hookcli.storage.reader import FeatureReader
+from hookcli.storage.shards import ShardedFeatures
 from hookcli.version import __version__
 
 __all__ = [
@@ -124,7 +126,7 @@ def default_report_folder(source) -> str:
 
 
 def write_report(
-    features,
+    features: FeatureReader,
     output: str | os.PathLike,
     options: GridOptions,
     *,
@@ -193,7 +195,7 @@ class _Tensor:
     rows: int
 
 
-def _tensors(features, plan) -> list[_Tensor]:
+def _tensors(features: FeatureReader, plan: GridPlan) -> list[_Tensor]:
     """The plan's tensors: planned without an image selection, each one's jobs are its rows 0, 1, … in order."""
     tensors, position = [], 0
     while position < len(plan):
@@ -203,7 +205,7 @@ def _tensors(features, plan) -> list[_Tensor]:
     return tensors
 
 
-def _selected_rows(features, options: GridOptions, rows: int) -> list[range]:
+def _selected_rows(features: FeatureReader, options: GridOptions, rows: int) -> list[range]:
     """The rows ``options.images`` selects (grid's selection: indices, names, ranges ``A:B``) as sorted, disjoint
     ranges, so that pages follow the file's order."""
     selected = select_rows(options.images, input_names(features.metadata, rows), rows)
@@ -255,12 +257,13 @@ class _Targets:
     that is not a list of objects, is left out, and ``note`` is told once.
     """
 
-    def __init__(self, features, rows: int, note: Callable[[str], None]) -> None:
-        self._features, self._cached, self._note = features, (None, []), note
+    def __init__(self, features: FeatureReader, rows: int, note: Callable[[str], None]) -> None:
+        self._name, self._note = features.name, note
+        self._cached: tuple[int | None, list] = (None, [])
         self._broken = False
-        self._shards = getattr(features, "shards", None) if "target" in features.metadata else None
-        if self._shards is not None:
-            self._starts = list(itertools.accumulate((len(e["inputs"]) for e in self._shards), initial=0))
+        self._sharded = features if isinstance(features, ShardedFeatures) and "target" in features.metadata else None
+        if self._sharded is not None:
+            self._starts = list(itertools.accumulate((len(e["inputs"]) for e in self._sharded.shards), initial=0))
         else:
             self._rows = self._parse(features.metadata.get("targets"), rows)
 
@@ -278,19 +281,17 @@ class _Targets:
         ):
             if not self._broken:
                 self._broken = True
-                self._note(
-                    f"'{self._features.name}' has targets that are not one list of objects per image; they are left out"
-                )
+                self._note(f"'{self._name}' has targets that are not one list of objects per image; they are left out")
             return []
         return found
 
     def __call__(self, row: int) -> list[dict]:
-        if self._shards is None:
+        if self._sharded is None:
             return self._rows[row] if row < len(self._rows) else []
         number = bisect.bisect_right(self._starts, row) - 1
         if self._cached[0] != number:
-            entry = self._shards[number]
-            with FeatureFile(self._features.folder / entry["file"], follow_links=False) as shard:
+            entry = self._sharded.shards[number]
+            with FeatureFile(self._sharded.folder / entry["file"], follow_links=False) as shard:
                 self._cached = (number, self._parse(shard.metadata.get("targets"), len(entry["inputs"])))
         rows = self._cached[1]
         return rows[row - self._starts[number]] if rows else []
@@ -300,7 +301,13 @@ class _Report:
     """Writes pages: for each row its targets, its detections, then each tensor's picture and statistics."""
 
     def __init__(
-        self, features, plan, tensors: Sequence[_Tensor], options: GridOptions, pages: int, emit: Callable
+        self,
+        features: FeatureReader,
+        plan: GridPlan,
+        tensors: Sequence[_Tensor],
+        options: GridOptions,
+        pages: int,
+        emit: Callable,
     ) -> None:
         self.features, self.plan = features, plan
         # A detection file's final detections: one picture a row (planned under detections#boxes) and a table.
@@ -388,9 +395,10 @@ class _Report:
         """What a gradient or CAM tensor is, and which of the row's targets it is for."""
         gradient = "target" in self.metadata and _GRADIENT.fullmatch(key)
         cam = key in self.cams and _CAM.fullmatch(key)
-        if not gradient and not cam:
+        found = gradient or cam
+        if not found:
             return ""
-        k = int((gradient or cam)["target"] or 0)
+        k = int(found["target"] or 0)
         if gradient:
             what = f"gradient of the target logit with respect to '{gradient['layer']}'"
         else:
@@ -447,7 +455,7 @@ class _Report:
             f'alt="{escaped(tensor.key)}, image {row}">'
         )
 
-    def _cam_over_photo(self, job: GridJob, options: GridOptions, values: np.ndarray) -> Picture | None:
+    def _cam_over_photo(self, job: GridJob, options: GridOptions, values: np.ndarray | None) -> Picture | None:
         """The map over the photo the model saw, or None when the photo cannot be read (said once)."""
         if job.source_image is None:
             return None
@@ -466,7 +474,7 @@ class _Report:
 
 
 def _summary(
-    features,
+    features: FeatureReader,
     tensors: Sequence[_Tensor],
     detections: Sequence[str],
     shown: int,

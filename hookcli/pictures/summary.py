@@ -19,15 +19,21 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Container, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from hookcli.console import printable
+from hookcli.storage.reader import FeatureReader
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["describe_file", "info_json", "info_lines", "table_lines", "metadata_order", "tensor_stats", "values_stats"]
 
 _WHOLE_TENSOR_BYTES = 64 * 1024 * 1024
 
 
-def tensor_stats(features, key: str) -> dict:
+def tensor_stats(features: FeatureReader, key: str) -> dict:
     """min / mean / max over finite values, the share of exact zeros and the count of NaN and ±inf.
 
     Computed in float64, so values beyond float32's range (F64 tensors) stay finite, and so does their mean.
@@ -35,6 +41,7 @@ def tensor_stats(features, key: str) -> dict:
     shape = features.shape(key)
     if _is_ragged(features, key):  # each row's own values, not the padding
         return values_stats(features.read(key, index) for index in range(shape[0]))
+    pieces: Iterable[np.ndarray]
     if not shape or features.nbytes(key) <= _WHOLE_TENSOR_BYTES:
         pieces = [features.read(key)]
     else:  # rows in pieces of about _WHOLE_TENSOR_BYTES, one read each
@@ -43,7 +50,7 @@ def tensor_stats(features, key: str) -> dict:
     return values_stats(pieces)
 
 
-def values_stats(pieces) -> dict:
+def values_stats(pieces: Iterable[np.ndarray]) -> dict:
     """:func:`tensor_stats` of the values of ``pieces`` (arrays of any shape), taken together.
 
     >>> import numpy as np
@@ -77,7 +84,7 @@ def _mean(values) -> float:
     return total / values.size if math.isfinite(total) else float((values / values.size).sum())
 
 
-def describe_file(features, *, stats: bool = True) -> dict:
+def describe_file(features: FeatureReader, *, stats: bool = True) -> dict:
     """Everything ``hookcli info`` shows, as JSON-able data (metadata JSON strings are parsed)."""
     tensors = []
     for key in features.keys():
@@ -90,7 +97,7 @@ def describe_file(features, *, stats: bool = True) -> dict:
     return {"file": features.name, "bytes": features.size, "metadata": _parsed(features.metadata), "tensors": tensors}
 
 
-def _is_ragged(features, key: str) -> bool:
+def _is_ragged(features: FeatureReader, key: str) -> bool:
     return getattr(features, "ragged", None) is not None and features.ragged(key)
 
 
@@ -98,7 +105,7 @@ def _is_ragged(features, key: str) -> bool:
 _SHAPES_LOOKED_AT = 10_000
 
 
-def _varying_axes(features, key: str) -> list[int]:
+def _varying_axes(features: FeatureReader, key: str) -> list[int]:
     """The axes (of the stored tensor) along which the rows of a ragged key differ in length."""
     shapes = [features.row_shape(key, i) for i in range(min(features.shape(key)[0], _SHAPES_LOOKED_AT))]
     return [axis + 1 for axis, sizes in enumerate(zip(*shapes)) if len(set(sizes)) > 1]
@@ -155,7 +162,7 @@ def info_lines(described: dict, *, stats: bool = True) -> list[str]:
     header = ("key", "dtype", "shape", "size") + (("min", "mean", "max", "zeros", "nan/inf") if stats else ())
     table = [header]
     for t in described["tensors"]:
-        row = (t["key"], t["dtype"], _shape_text(t), format_bytes(t["bytes"]))
+        row: tuple[str, ...] = (t["key"], t["dtype"], _shape_text(t), format_bytes(t["bytes"]))
         if stats:
             st = t["stats"]
             row += (
@@ -205,7 +212,7 @@ def _strict(value):
     return value
 
 
-def table_lines(table: list[tuple[str, ...]], *, right=()) -> list[str]:
+def table_lines(table: Sequence[tuple[str, ...]], *, right: Container[int] = ()) -> list[str]:
     """Rows of cells as aligned text, control characters escaped; columns whose index is in ``right`` align right."""
     table = [tuple(map(printable, row)) for row in table]
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]

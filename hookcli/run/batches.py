@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from hookcli.errors import ImageError, VideoError
 from hookcli.inputs.preprocess import Preprocess
@@ -119,11 +119,14 @@ def image_loader(paths: Sequence, settings: RunSettings, *, order: Iterable[list
 
     from hookcli.inputs import decoding
 
-    on_device = settings.preprocess.decode == "device"
+    preprocess, workers = settings.preprocess, settings.workers
+    assert preprocess is not None and workers is not None, "resolved settings decide both"
+    on_device = preprocess.decode == "device"
     return DataLoader(
-        decoding.EncodedImages(paths, settings.preprocess) if on_device else _Images(paths, settings.preprocess),
+        # Map-style datasets (__len__ and __getitem__), which torch annotates as subclasses of its Dataset.
+        decoding.EncodedImages(paths, preprocess) if on_device else _Images(paths, preprocess),  # type: ignore[arg-type]
         **({"batch_size": settings.batch_size} if order is None else {"batch_sampler": order}),
-        num_workers=settings.workers,
+        num_workers=workers,
         collate_fn=decoding.collate if on_device else _collate,
         pin_memory=torch.device(settings.device).type == "cuda",
         worker_init_fn=_worker_init if settings.workers else None,
@@ -152,13 +155,12 @@ class Decoded:
     def __init__(self, loader, settings: RunSettings, on_note) -> None:
         from hookcli.inputs.decoding import DeviceDecoder
 
-        self.loader, self._batches = loader, None  # the workers start with the first batch asked for
-        self.decode = (
-            DeviceDecoder(settings.preprocess, settings.device, on_note)
-            if settings.preprocess.decode == "device"
-            else None
-        )
-        self._next = None
+        self.loader = loader
+        self._batches: Iterator | None = None  # the workers start with the first batch asked for
+        preprocess = settings.preprocess
+        assert preprocess is not None, "resolved settings decide it"
+        self.decode = DeviceDecoder(preprocess, settings.device, on_note) if preprocess.decode == "device" else None
+        self._next: tuple | None = None
 
     def __iter__(self):
         return self

@@ -9,7 +9,7 @@ in-place operation (vgg16_bn's ``ReLU(inplace=True)`` after a BatchNorm)
 cannot change it. Inputs are read by a forward *pre*-hook, before the module
 itself can modify them in place.
 
-Keys (the file format's contract, see the README):
+Keys (the file format's contract, see ``docs/file-format.md``):
 
 - ``<key>`` a layer's output, ``<key>@input`` its input;
 - ``<key>#<i>`` / ``<key>#<name>`` an element of a tuple/list/dict output
@@ -41,13 +41,17 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from hookcli.errors import CaptureError, LayerNotRunError, UsageProblem
 from hookcli.families import batch_length, call_model, first_rows
+from hookcli.options import CAPTURE_KINDS
 
-__all__ = ["CAPTURE_KINDS", "COUNTING_FORWARD_FROM", "FeatureCapture", "GradientCapture", "preserved_mode"]
+if TYPE_CHECKING:
+    import torch
 
-CAPTURE_KINDS = ("output", "input", "both")
+__all__ = ["COUNTING_FORWARD_FROM", "FeatureCapture", "GradientCapture", "preserved_mode"]
+
 #: A first batch of this many images or more learns the call counts from a one-image forward of its own, so that it
 #: can stop early too. That forward costs about one image and a set of kernels for a second shape, and saves only
 #: the layers after the last chosen one on this batch (nothing when that is the model's last layer): a smaller
@@ -248,7 +252,7 @@ class GradientCapture(FeatureCapture):
 
     def run_gradients(
         self, batch, pick_targets=None, *, score=None, field: str | None = None
-    ) -> tuple[dict, object, object]:
+    ) -> tuple[dict, Any, torch.Tensor | None]:
         """Forward ``batch``, choose targets, and return activations and their gradients.
 
         ``pick_targets(logits)`` returns the classes ``[N, K]`` (long) of a
@@ -294,7 +298,7 @@ class GradientCapture(FeatureCapture):
                     for path, tensors in self._sources.items()
                     for call, tensor in enumerate(tensors)
                 ]
-                gradients = []
+                gradients: list[Sequence[torch.Tensor | None]] = []  # None: a source the score does not reach
                 for k in range(scores.shape[1]):
                     total = scores[:, k].sum()
                     if not total.requires_grad:  # no image has this target (a detection that is not there): 0
@@ -313,12 +317,13 @@ class GradientCapture(FeatureCapture):
         for index, (path, call, _) in enumerate(sources):
             base = _call_key(self.layers[path], call, counts[path])
             for k, found in enumerate(gradients):
-                if found[index] is None:
+                gradient = found[index]
+                if gradient is None:
                     raise CaptureError(
                         f"layer {path} has no gradient path to the target logit",
                         hint="choose a layer the model's output depends on",
                     )
-                flat[f"{base}@grad" if len(gradients) == 1 else f"{base}@grad#{k}"] = found[index].detach()
+                flat[f"{base}@grad" if len(gradients) == 1 else f"{base}@grad#{k}"] = gradient.detach()
         return flat, about, None if logits is None else logits.detach()
 
     def _clear(self) -> None:

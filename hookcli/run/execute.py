@@ -69,7 +69,7 @@ def execute(run: RunPlan, progress: Callable[[Event], None] | None = None):
                 f"'{run.output.path}' holds {writer.inputs_done} of its {len(run.inputs)} inputs: other processes "
                 "are writing the rest (or run the same command again to finish it)"
             )
-        if complete and (run.team is None or run.part.index == 0):  # one process of a team says what was written
+        if complete and (run.team is None or run.team.part.index == 0):  # one process of a team says what was written
             for path in writer.written:
                 emit(Wrote(path))
         if isinstance(result, Features):
@@ -78,7 +78,7 @@ def execute(run: RunPlan, progress: Callable[[Event], None] | None = None):
             from hookcli.pictures.options import GridOptions
             from hookcli.storage.shards import open_features
 
-            with result if isinstance(result, Features) else open_features(run.output.path) as written:
+            with result if isinstance(result, Features) else open_features(run.output.named_path) as written:
                 draw_grids(written, GridOptions(), run.grid, force=run.force, progress=emit)
     if run.output.kind == "stdout":
         return None
@@ -88,11 +88,12 @@ def execute(run: RunPlan, progress: Callable[[Event], None] | None = None):
 def _writer(run: RunPlan, note: Callable[[str], None]):
     from hookcli.storage import writers
 
-    kind, path = run.output.kind, run.output.path
+    kind = run.output.kind
     if kind == "memory":
         return writers.MemoryWriter(run.record, run.inputs)
     if kind == "stdout":
         return writers.StdoutWriter(run.record, run.inputs, run.output.stream)
+    path = run.output.named_path
     if kind == "folder":
         share = (run.part.index, run.part.count) if run.part is not None else (0, 1)
         return writers.FolderWriter(
@@ -101,6 +102,7 @@ def _writer(run: RunPlan, note: Callable[[str], None]):
     if kind == "file":
         return writers.FileWriter(run.record, run.inputs, path, force=run.force)
     (layer,) = run.layers
+    assert run.target is not None and run.cam_look is not None, "plan gives a cam run both"
     inner = writers.FileWriter(run.record, run.inputs, str(Path(path) / "cams.safetensors"), force=run.force)
     from hookcli.pictures.cams import CamOverlays  # numpy and Pillow: not for the command line's start
 

@@ -9,20 +9,18 @@ import contextlib
 import copy
 import functools
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 from hookcli.errors import HookcliError, first_line
-from hookcli.families import (
-    batch_device,
-    first_rows,
-    map_batch,
-    ragged_rows,
-    rows_by_shape,
-)
+from hookcli.families import batch_device, family_traits, first_rows, map_batch, ragged_rows, rows_by_shape
 from hookcli.models.loaded import LoadedModel
 from hookcli.run import speed
 from hookcli.run.capture import FeatureCapture
 from hookcli.run.settings import RunSettings
 from hookcli.storage.fileformat import DETECTIONS, FLOW, RunFacts
+
+if TYPE_CHECKING:
+    from torch.utils.hooks import RemovableHandle
 
 __all__ = [
     "CompiledForward",
@@ -92,14 +90,13 @@ class EagerForward:
         from hookcli.run.fusion import fused_convolutions
 
         self._stack.close()  # hooks of a model no longer used come off
-        detecting = self.settings.family == "detection"
+        output = family_traits(self.settings.family).output
+        detecting = output == "detections"
         self.capture = FeatureCapture(
             model, self.layers, capture=self.settings.capture, stop_early=not self.settings.final_output
         )
         self.rows = DetectionRows(model, self.settings.final_output) if detecting else None
-        self.flow = (
-            _FinalOutput(model) if self.settings.family == "optical_flow" and self.settings.final_output else None
-        )
+        self.flow = _FinalOutput(model) if output == "flow" and self.settings.final_output else None
         self.ragged = ragged_rows(self.settings.family, self.settings.preprocess)
         self._fused = fused_convolutions(model)
         self._entered = False
@@ -160,13 +157,13 @@ class FusedForward(EagerForward):
         )
         attempt = (
             _with_fused_backbone(model, layers, fuse, settings.final_output)
-            if settings.family == "detection"
+            if family_traits(settings.family).output == "detections"
             else fuse(model, layers)
         )
         super().__init__(attempt.module, layers, settings, on_note)
         self.plain = model
         self.proven = attempt.module is model  # nothing to fall back to
-        if not attempt.traced and settings.family != "detection":
+        if not attempt.traced and family_traits(settings.family).output != "detections":
             self._note(
                 f"--fuse: {type(model).__name__} cannot be traced by torch.fx, so it runs unfused "
                 "(the values are the same)"
@@ -275,7 +272,7 @@ class DetectionRows:
         self.output = _FinalOutput(model) if detections else None
         self._stack = contextlib.ExitStack()
         self.sizes: list = []
-        self.padded = None
+        self.padded: tuple[int, ...] | None = None
 
     def __enter__(self):
         self._stack.enter_context(self.model.transform.register_forward_hook(self._on_transform))
@@ -315,13 +312,14 @@ class _FinalOutput:
     def __init__(self, model) -> None:
         self.model = model
         self._found = None
-        self._handle = None
+        self._handle: RemovableHandle | None = None
 
     def __enter__(self):
         self._handle = self.model.register_forward_hook(self._on_output)
         return self
 
     def __exit__(self, *exc_info) -> None:
+        assert self._handle is not None, "entered first"
         self._handle.remove()
 
     def _on_output(self, module, inputs, output) -> None:

@@ -70,7 +70,7 @@ class FusionAttempt(NamedTuple):
     the model (False only when a trace was tried and failed)."""
 
     module: object
-    count: int
+    count: int  # type: ignore[assignment]  # the field hides tuple.count, which nothing here calls
     traced: bool = True
 
 
@@ -141,7 +141,8 @@ def _traced(model, keep: set[str]):
 
     try:
         with preserved_mode(model):  # trace what eval mode runs (dropout, auxiliary heads)
-            tracer = Tracer(autowrap_modules=(math, torchvision.ops))
+            # torch annotates autowrap_modules as a tuple of one module; it takes any number.
+            tracer = Tracer(autowrap_modules=(math, torchvision.ops))  # type: ignore[arg-type]
             graph = tracer.trace(model)
             graph_module = torch.fx.GraphModule(tracer.root, graph, type(model).__name__)
     except Exception:  # Python control flow on tensor values, unsupported calls: run the model as it is
@@ -269,7 +270,8 @@ class _Rewriter:
         norm = self._batch_norm(self._sole_user(node), node)
         if norm is not None:
             chain.append(self._sole_user(node))
-        unary, add_to = ("none", [], ""), None
+        unary: tuple[str, list, str] = ("none", [], "")
+        add_to = None
         inside = _norm_with_activation(norm) if norm is not None else None
         if inside is not None and inside[0] != "none":
             unary = inside  # the norm applies it: the chain ends there
@@ -322,7 +324,7 @@ class _Rewriter:
         if node.op == "call_function":
             return bool(node.kwargs.get("inplace")) or getattr(node.target, "__name__", "").endswith("_")
         if node.op == "call_module":
-            module = self.modules.get(node.target)
+            module = self.modules[node.target]
             return bool(getattr(module, "inplace", False)) or any(True for _ in module.children())
         return False
 
@@ -361,6 +363,9 @@ def _folded(conv, norm):
 
 class FusedConvolution(nn.Module):
     """A 2-d convolution with folded BatchNorm, an optional residual add and activation, as one oneDNN call."""
+
+    weight: torch.Tensor  # buffers, registered in __init__
+    bias: torch.Tensor | None
 
     def __init__(self, conv, weight, bias, unary, *, add: bool, dtype, memory_format) -> None:
         super().__init__()

@@ -35,14 +35,14 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from hookcli.errors import CaptureError, UsageProblem
-from hookcli.families import channels_last_output, is_square
+from hookcli.families import channels_last_output, family_traits, is_square
 from hookcli.models.loaded import LoadedModel
+from hookcli.options import CAM_METHODS
 from hookcli.run.capture import GradientCapture, preserved_mode
 from hookcli.run.speed import compute_precision
 from hookcli.storage.fileformat import RunFacts
 
 __all__ = [
-    "CAM_METHODS",
     "CamForward",
     "GradientForward",
     "Target",
@@ -53,8 +53,6 @@ __all__ = [
     "parse_target",
     "spatial_maps",
 ]
-
-CAM_METHODS = ("gradcam", "gradcam++", "xgradcam", "layercam")
 
 
 @dataclass(frozen=True)
@@ -129,7 +127,7 @@ def parse_target(
     """Read ``--target``: ``top1``/``topK``, a class index, or a class name of the weights (and ``--region``);
     for detection models also ``#N``, the detection at place N of the model's output."""
     place = re.fullmatch(r"#(\d+)", str(spec).strip())
-    if place and family == "detection":
+    if place and family_traits(family).output == "detections":
         return Target(detection=int(place.group(1)))
     if place:
         raise UsageProblem(
@@ -213,7 +211,9 @@ class GradientForward:
         self.scores = scores  # the output field holding the scores (a transformers model's logits), if not a tensor
         self.capture = GradientCapture(model, layers)
         self.family = getattr(settings, "family", "classification")
-        self.rows = DetectionRows(model, detections=False) if self.family == "detection" else None
+        self.rows = (
+            DetectionRows(model, detections=False) if family_traits(self.family).output == "detections" else None
+        )
         self.ragged = ragged_rows(self.family, settings.preprocess) if settings.preprocess is not None else False
         self._stack = contextlib.ExitStack()
 
@@ -229,14 +229,14 @@ class GradientForward:
     def __exit__(self, *exc_info) -> None:
         self._stack.close()
 
-    def __call__(self, batch) -> tuple[dict, list]:
+    def __call__(self, batch) -> tuple[dict, list | None]:
         from hookcli.families import batch_device, rows_by_shape
 
         with compute_precision(self.settings.precision, batch_device(batch)):
-            if self.family == "detection":
+            if self.rows is not None:  # a detection model
                 captured, about, _ = self.capture.run_gradients(list(batch), score=self._detection_scores)
                 return self.rows.cut(captured), about
-            if self.family == "segmentation":
+            if family_traits(self.family).output == "masks":
 
                 def run(group):
                     return self.capture.run_gradients(group, score=self._mask_scores)[:2]
@@ -357,7 +357,7 @@ class CamForward(GradientForward):
         )
         self.method, self.prefix_tokens = method, prefix_tokens
 
-    def __call__(self, batch) -> tuple[dict, list]:
+    def __call__(self, batch) -> tuple[dict, list | None]:
         captured, targets = super().__call__(batch)
         if "act" not in captured:  # stored as act:0, act:1, …: the module ran more than once
             calls = sum(1 for key in captured if key.startswith("act:") and "@" not in key)

@@ -34,6 +34,7 @@ import time
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from hookcli.console import Terminated
 from hookcli.errors import HookcliError, UsageProblem, first_line, seconds_from_environment
@@ -297,7 +298,7 @@ class Team:
 
     def share(self, compute: Callable[[], object]):
         """``compute()`` on rank 0, its value (or its error) on every rank."""
-        box = [None]
+        box: list[Any] = [None]  # rank 0's ("value", value) or ("error", kind, message, hint), once broadcast
         if self.part.index == 0:
             try:
                 box = [("value", compute())]

@@ -10,66 +10,66 @@ from __future__ import annotations
 import difflib
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from hookcli.errors import UsageProblem, check_choice, check_whole
+from hookcli.errors import UsageProblem
+from hookcli.options import RUN_COMMANDS, check_value, declared, options_of
 
 __all__ = ["CLIPS", "COMMAND_OPTIONS", "run_options", "refuse_unknown", "RunOptions"]
 
 
+def _default(name: str):
+    return field(default=declared(name).default)
+
+
 @dataclass(frozen=True)
 class RunOptions:
-    """Every option of extract, grad and cam, named like the command line's long options, with their defaults."""
+    """Every option of extract, grad and cam, named like the command line's long options: defaults, bounds and
+    choices are :data:`hookcli.options.RUN_OPTIONS`' (a test checks that the fields are the declared ones)."""
 
-    weights: str = "DEFAULT"
-    seed: int | None = None
-    capture: str = "output"
-    resize: int | None = None
-    crop: int | None = None
-    mean: tuple[float, float, float] | None = None
-    std: tuple[float, float, float] | None = None
-    interpolation: str | None = None
-    fast_decode: bool = False
-    decode: str = "cpu"  # hookcli.inputs.preprocess.DECODERS
-    device: str = "auto"
-    batch_size: int = 16
-    precision: str = "fp32"
-    memory_format: str = "auto"
-    compile: bool = False
-    workers: int | None = None
-    recursive: bool = False
-    on_error: str = "fail"
-    force: bool = False
-    pool: str | None = None
-    dtype: str = "float32"
-    shard_size: int | None = None
-    fuse: bool | None = None  # None: by the number of inputs (hookcli.run.speed.choose_fuse)
-    grid: str | None = None
-    target: str = "top1"
-    method: str = "gradcam"
-    alpha: float = 0.5
-    cmap: str = "inferno"
-    clip_length: int | None = None  # video models: None is 16 (hookcli.families.DEFAULT_CLIP_LENGTH)
-    frame_stride: int = 1
-    clips_per_video: int = 1  # 0: every clip, one after another
-    detections: bool = False
-    flow: bool = False
-    region: str | None = None  # segmentation targets: x0,y0,x1,y1 as fractions of the image
-    pair_with: tuple | None = None  # optical flow from two image lists: the second images, as inputs are given
-    part: str | None = None  # K/N: this process is the K-th of N sharing a shard folder (hookcli.run.launch)
+    weights: str = _default("weights")
+    seed: int | None = _default("seed")
+    capture: str = _default("capture")
+    resize: int | None = _default("resize")
+    crop: int | None = _default("crop")
+    mean: tuple[float, float, float] | None = _default("mean")
+    std: tuple[float, float, float] | None = _default("std")
+    interpolation: str | None = _default("interpolation")
+    fast_decode: bool = _default("fast_decode")
+    decode: str = _default("decode")
+    device: str = _default("device")
+    batch_size: int = _default("batch_size")
+    precision: str = _default("precision")
+    memory_format: str = _default("memory_format")
+    compile: bool = _default("compile")
+    workers: int | None = _default("workers")
+    recursive: bool = _default("recursive")
+    on_error: str = _default("on_error")
+    force: bool = _default("force")
+    pool: str | None = _default("pool")
+    dtype: str = _default("dtype")
+    shard_size: int | None = _default("shard_size")
+    fuse: bool | None = _default("fuse")  # None: by the number of inputs (hookcli.run.speed.choose_fuse)
+    grid: str | None = _default("grid")
+    target: str = _default("target")
+    method: str = _default("method")
+    alpha: float = _default("alpha")
+    cmap: str = _default("cmap")
+    clip_length: int | None = _default("clip_length")  # video models: None is hookcli.families.DEFAULT_CLIP_LENGTH
+    frame_stride: int = _default("frame_stride")
+    clips_per_video: int = _default("clips_per_video")  # 0: every clip, one after another
+    detections: bool = _default("detections")
+    flow: bool = _default("flow")
+    region: str | None = _default("region")  # segmentation targets: x0,y0,x1,y1 as fractions of the image
+    pair_with: tuple | None = _default("pair_with")  # optical flow from two image lists: the second images
+    part: str | None = _default("part")  # K/N: this process is the K-th of N sharing a shard folder
 
     def __post_init__(self) -> None:
-        from hookcli.inputs.preprocess import DECODERS, INTERPOLATIONS, MAX_SIDE, check_normalisation, parse_triple
+        from hookcli.inputs.preprocess import check_normalisation, parse_triple
         from hookcli.run.device import parse_device
-        from hookcli.run.gradients import CAM_METHODS
 
-        for name, high in (("resize", MAX_SIDE), ("crop", MAX_SIDE), ("shard_size", None), ("clip_length", 4096)):
-            check_whole(name, getattr(self, name), 1, high, optional=True)
-        check_whole("frame_stride", self.frame_stride, 1, 4096)
-        check_whole("clips_per_video", self.clips_per_video, 0, 4096)
-        if self.interpolation is not None:
-            check_choice("interpolation", self.interpolation, INTERPOLATIONS)
-        check_choice("decode", self.decode, DECODERS)
+        for name in _CHECKED:
+            check_value(declared(name), getattr(self, name))
         if self.fast_decode and self.decode == "device":
             raise UsageProblem(
                 "--fast-decode and --decode device cannot be combined",
@@ -83,17 +83,30 @@ class RunOptions:
         except ValueError as err:
             raise UsageProblem(str(err), hint="see --help for --mean and --std") from None
         object.__setattr__(self, "device", _parsed("device", parse_device, self.device))
-        check_choice("method", self.method, CAM_METHODS)
-        if not 0 <= self.alpha <= 1:
-            raise UsageProblem(f"alpha must be between 0 and 1, not {self.alpha!r}")
         if isinstance(self.pair_with, str | os.PathLike):  # one folder or file, as inputs may be given
             object.__setattr__(self, "pair_with", (self.pair_with,))
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise UsageProblem(f"seed must be a whole number, not {self.seed!r}")
         if self.part is not None:
             from hookcli.run.launch import parse_part
 
             parse_part(self.part)
+
+
+#: The options whose bounds or choices are checked when the options are made, in the order their errors come;
+#: the others are checked where they are used (the batch size and workers by the run's settings, the capture,
+#: pooling and stored dtype by the pipeline, the precision and layout by the device), with those words.
+_CHECKED = (
+    "resize",
+    "crop",
+    "shard_size",
+    "clip_length",
+    "frame_stride",
+    "clips_per_video",
+    "interpolation",
+    "decode",
+    "method",
+    "alpha",
+    "seed",
+)
 
 
 def _parsed(name: str, parse: Callable, value):
@@ -103,50 +116,11 @@ def _parsed(name: str, parse: Callable, value):
         raise UsageProblem(f"invalid {name}: {err}") from None
 
 
-_COMMON = (
-    "weights",
-    "seed",
-    "resize",
-    "crop",
-    "mean",
-    "std",
-    "interpolation",
-    "fast_decode",
-    "decode",
-    "device",
-    "batch_size",
-    "precision",
-    "memory_format",
-    "compile",
-    "workers",
-    "recursive",
-    "on_error",
-    "force",
-)
-
-
-#: The options each command takes (the Python function's keywords, the command line's long options).
+#: The video options (how rows are cut from videos).
 CLIPS = ("clip_length", "frame_stride", "clips_per_video")
 
-
-COMMAND_OPTIONS = {
-    "extract": (
-        *_COMMON,
-        "capture",
-        "pool",
-        "dtype",
-        "shard_size",
-        "part",
-        "fuse",
-        "grid",
-        *CLIPS,
-        "detections",
-        "flow",
-        "pair_with",
-    ),
-    "grad": (*_COMMON, "target", "dtype", "shard_size", "part", *CLIPS, "region"),
-    "cam": (*_COMMON, "target", "method", "alpha", "cmap", "region"),
-}
+#: The options each command takes (the Python function's keywords, the command line's long options).
+COMMAND_OPTIONS = {command: tuple(option.name for option in options_of(command)) for command in RUN_COMMANDS}
 
 
 def refuse_unknown(command: str, given: Mapping, allowed: Sequence[str]) -> None:

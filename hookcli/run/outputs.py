@@ -20,16 +20,11 @@ __all__ = [
     "DEFAULT_OUTPUT",
     "default_output",
     "default_output_name",
-    "LARGE_INPUT",
     "Output",
     "output_kind",
     "refuse_drawn_grids",
     "refuse_overwriting_inputs",
 ]
-
-
-#: Above this many images, a run whose output is left to its default writes a shard folder instead of one file.
-LARGE_INPUT = 10_000
 
 
 class _DefaultOutput:
@@ -49,6 +44,13 @@ class Output:
     path: str | None = None
     #: Where ``stdout`` rows go when the caller gave a binary stream instead of ``-`` (None: ``sys.stdout``).
     stream: BinaryIO | None = field(default=None, repr=False)
+
+    @property
+    def named_path(self) -> str:
+        """``path``, of a kind that names one (every kind but ``memory``)."""
+        if self.path is None:
+            raise ValueError(f"a {self.kind} output names no path")
+        return self.path
 
 
 def output_kind(command: str, output, model_name: str) -> tuple[str, str | None]:

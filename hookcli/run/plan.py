@@ -40,13 +40,15 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hookcli.errors import UsageProblem
+from hookcli.families import family_traits
 from hookcli.files import check_folder_output, refuse_existing
 from hookcli.inputs.archives import input_key
+from hookcli.options import LARGE_INPUT
 from hookcli.run.options import CLIPS, COMMAND_OPTIONS, RunOptions, run_options
 from hookcli.run.outputs import (
-    LARGE_INPUT,
     Output,
     check_target,
     default_output,
@@ -55,6 +57,12 @@ from hookcli.run.outputs import (
     refuse_overwriting_inputs,
 )
 from hookcli.storage.fileformat import RunRecord
+
+if TYPE_CHECKING:  # the engine's types: their modules load when a run needs them
+    from hookcli.models.loaded import LoadedModel
+    from hookcli.run.gradients import Target
+    from hookcli.run.launch import Part, Team
+    from hookcli.run.settings import RunSettings
 
 __all__ = ["plan", "RunPlan"]
 
@@ -68,21 +76,21 @@ class RunPlan:
     """
 
     command: str
-    loaded: object
+    loaded: LoadedModel
     layers: Mapping[str, str]
-    inputs: tuple[Path, ...]
-    settings: object
+    inputs: tuple[os.PathLike[str], ...]  # files, tar members, clips or frame pairs (hookcli.inputs)
+    settings: RunSettings
     output: Output
     record: RunRecord
     forward: Callable
     shard_size: int | None = None
     force: bool = False
     grid: str | None = None
-    target: object = None
+    target: Target | None = None  # what grad and cam take gradients of
     cam_look: Mapping | None = None
     notes: tuple[str, ...] = ()
-    part: object = None  # hookcli.run.launch.Part: this process's share of a shard folder written by many
-    team: object = None  # hookcli.run.launch.Team: torchrun's process group, left when the run ends
+    part: Part | None = None  # this process's share of a shard folder written by many
+    team: Team | None = None  # torchrun's process group, left when the run ends
 
 
 def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunPlan:
@@ -129,6 +137,7 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
 
         check_cmap(opts.cmap)
         if kind == "cam":
+            assert path is not None, "output_kind names a cam run's folder"
             check_folder_output(path)
             refuse_existing([Path(path) / "cams.safetensors"], force=opts.force)
     from hookcli.run.launch import join_team
@@ -161,10 +170,11 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
         from hookcli.run.speed import check_precision
 
         device = resolve_device(local_device(part, opts.device))
-        if device.type == "cpu" and cpu_threads(part):
+        threads = cpu_threads(part)
+        if device.type == "cpu" and threads:
             import torch
 
-            torch.set_num_threads(cpu_threads(part))  # the processes on this machine share its cores
+            torch.set_num_threads(threads)  # the processes on this machine share its cores
         check_precision(opts.precision, device)
         if opts.decode == "device" and device.type not in ("cuda", "cpu"):
             raise UsageProblem(
@@ -200,18 +210,19 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
                     f"{'image embedding' if loaded.scores == 'embedding' else loaded.scores}",
                 )
         selected, forward, entries = _command_parts(command, loaded, layers, settings, opts, target)
-        if loaded.family == "video":
+        row = family_traits(loaded.family).row
+        if row == "clip":
             entries = {
                 **entries,
                 "clip_length": str(opts.clip_length or DEFAULT_CLIP_LENGTH),
                 "frame_stride": str(opts.frame_stride),
                 "clips_per_video": str(opts.clips_per_video),
             }
-        elif loaded.family == "optical_flow" and opts.pair_with:  # a resumed run must pair the same second images
+        elif row == "pair" and opts.pair_with:  # a resumed run must pair the same second images
             from hookcli.storage.fileformat import inputs_digest
 
             entries = {**entries, "second_inputs_sha256": inputs_digest([input_key(p.second) for p in paths])}
-        elif loaded.family == "optical_flow":
+        elif row == "pair":
             entries = {**entries, "frame_stride": str(opts.frame_stride)}
         if path is None and kind in ("file", "folder"):
             path = default_output(command, loaded.name, list(selected.values()), kind)
@@ -220,6 +231,8 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
             refuse_drawn_grids(opts.grid, list(selected.values()))
         if kind == "cam":
             from hookcli.pictures.cams import cam_png_name
+
+            assert target is not None and path is not None, "a cam run has a target and a folder"
 
             names = [cam_png_name(i, p, k, target.count) for i, p in enumerate(paths) for k in range(target.count)]
             planned = [Path(path) / "cams.safetensors", *(Path(path) / n for n in names)]
@@ -282,7 +295,7 @@ def _left_on_error(team):
         raise
 
 
-def _part(opts: RunOptions, kind: str, output) -> object:
+def _part(opts: RunOptions, kind: str, output) -> Part | None:
     """This process's :class:`~hookcli.run.launch.Part` of a shard folder that many write (``--part``, or what a
     launcher says), or None."""
     from hookcli.run.launch import detect_part, parse_part
@@ -341,15 +354,15 @@ def _settings(command: str, opts: RunOptions):
 def _preprocess(loaded, opts: RunOptions):
     """The weights' preprocessing with the options' overrides. A model that squashes images to ``[height,
     width]`` takes ``--resize N`` as ``[N, N]`` unless ``--crop`` is given too."""
-    resize = opts.resize
+    resize: int | tuple[int, int] | None = opts.resize
     if (
-        resize is not None
+        opts.resize is not None
         and isinstance(loaded.preprocess.resize, tuple)
         and loaded.preprocess.kind == "classification"
         and loaded.preprocess.crop is None
         and opts.crop is None
     ):
-        resize = (resize, resize)
+        resize = (opts.resize, opts.resize)
     from hookcli.inputs.preprocess import DEVICE_DECODE_KINDS
 
     kind = loaded.preprocess.kind
@@ -386,10 +399,11 @@ def _gather(inputs, family: str, opts: RunOptions) -> tuple:
 
     if opts.pair_with:
         return _image_pairs(arguments, opts, recursive), ()
-    rows, notes = [], []
+    rows: list[os.PathLike[str]] = []
+    notes: list[str] = []
     for path in video.find_videos(arguments, recursive=recursive):
         try:
-            if family == "video":
+            if family_traits(family).row == "clip":
                 clips = video.find_clips(
                     path,
                     length=opts.clip_length or DEFAULT_CLIP_LENGTH,
@@ -422,12 +436,13 @@ def _image_pairs(arguments: list[str], opts: RunOptions, recursive: bool):
             "--frame-stride applies to pairs cut from videos, not to pairs given as two image lists",
             hint="see 'hookcli extract --help'",
         )
-    if "-" in arguments and "-" in opts.pair_with:
+    pair_with = opts.pair_with or ()  # given: the caller checked
+    if "-" in arguments and "-" in pair_with:
         raise UsageProblem(
             "stdin (-) can give one of the two image lists, not both", hint="name the other list's files or folder"
         )
     firsts = find_inputs(arguments, recursive=recursive).paths
-    seconds = find_inputs(_arguments(opts.pair_with), recursive=recursive).paths
+    seconds = find_inputs(_arguments(pair_with), recursive=recursive).paths
     if len(firsts) != len(seconds):
         raise UsageProblem(
             f"the two image lists differ in length: {counted(len(firsts), 'first image')} and "
@@ -448,7 +463,7 @@ def _fitted_to_family(command: str, family: str, opts: RunOptions, given: Mappin
     traits = family_traits(family)
     if command == "cam" and not traits.cams or command == "grad" and not traits.gradients:
         raise UsageProblem(f"{command} does not apply to {family.replace('_', ' ')} models", hint=_NO_GRADIENTS[family])
-    if opts.region is not None and family != "segmentation":
+    if opts.region is not None and traits.output != "masks":
         raise UsageProblem("--region applies to segmentation models", hint=help_hint)
     if opts.region is not None:
         from hookcli.run.gradients import parse_region
@@ -462,26 +477,26 @@ def _fitted_to_family(command: str, family: str, opts: RunOptions, given: Mappin
             f"--{clip_options[0].replace('_', '-')} applies to {users}, and this one is {family.replace('_', ' ')}",
             hint=help_hint,
         )
-    if family == "optical_flow" and {"clip_length", "clips_per_video"} & set(clip_options):
+    if traits.row == "pair" and {"clip_length", "clips_per_video"} & set(clip_options):
         raise UsageProblem(
             "optical-flow models take pairs of frames: --clip-length and --clips-per-video do not "
             "apply (--frame-stride sets how far apart the two frames are)",
             hint=help_hint,
         )
-    if family == "video" and opts.memory_format == "channels_last":
+    if traits.row == "clip" and opts.memory_format == "channels_last":
         raise UsageProblem(
             "video models take 5-D clips, which have no channels-last layout",
             hint="leave --memory-format at auto or contiguous",
         )
-    if opts.pair_with and family != "optical_flow":
+    if opts.pair_with and traits.row != "pair":
         raise UsageProblem(
             f"--pair-with applies to optical-flow models, and this one is {family.replace('_', ' ')}", hint=help_hint
         )
-    if opts.flow and family != "optical_flow":
+    if opts.flow and traits.output != "flow":
         raise UsageProblem(
             f"--flow applies to optical-flow models, and this one is {family.replace('_', ' ')}", hint=help_hint
         )
-    if opts.detections and family != "detection":
+    if opts.detections and traits.output != "detections":
         raise UsageProblem(
             f"--detections applies to detection models, and this one is {family.replace('_', ' ')}", hint=help_hint
         )

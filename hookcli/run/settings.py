@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from hookcli.errors import check_choice, check_whole
 from hookcli.families import (
@@ -17,20 +18,14 @@ from hookcli.families import (
 )
 from hookcli.inputs.preprocess import Preprocess
 from hookcli.models.loaded import LoadedModel
+from hookcli.options import CAPTURE_KINDS, DTYPES, ON_ERROR, POOLS
 from hookcli.run import speed
-from hookcli.run.capture import CAPTURE_KINDS
 from hookcli.storage.fileformat import RunFacts
 
-__all__ = ["MAX_WORKERS", "default_workers", "Batch", "DTYPES", "ON_ERROR", "POOLS", "RunSettings"]
+if TYPE_CHECKING:
+    import torch
 
-
-POOLS = ("avg", "max")
-
-
-DTYPES = ("float32", "float16", "bfloat16")
-
-
-ON_ERROR = ("fail", "skip")
+__all__ = ["MAX_WORKERS", "default_workers", "Batch", "RunSettings"]
 
 
 @dataclass(frozen=True)
@@ -47,7 +42,7 @@ class RunSettings:
 
     preprocess: Preprocess | None = None
     capture: str = "output"
-    device: object = "auto"
+    device: str | torch.device = "auto"
     batch_size: int = 16
     workers: int | None = None
     pool: str | None = None

@@ -30,11 +30,10 @@ import os
 from collections.abc import Iterator, Mapping
 
 from hookcli.errors import UsageProblem
+from hookcli.options import MEMORY_FORMATS, PRECISIONS
 
 __all__ = [
     "FUSE_FROM",
-    "MEMORY_FORMATS",
-    "PRECISIONS",
     "check_precision",
     "choose_fuse",
     "choose_memory_format",
@@ -44,8 +43,6 @@ __all__ = [
     "thread_budget",
 ]
 
-PRECISIONS = ("fp32", "bf16", "fp16")
-MEMORY_FORMATS = ("auto", "channels_last", "contiguous")
 _MIN_CONVOLUTIONS = 5  # a ViT's single patch-embedding convolution does not make it a convolutional model
 #: Runs of this many inputs or more fuse unless told not to; shorter ones run the model as written unless told to.
 #: Tracing and folding resnet50 take about 0.1 s on a quiet 2-core CPU (several times that on a busy one), and
@@ -117,7 +114,7 @@ def to_memory_format(tensor_or_model, memory_format: str):
 
 
 @contextlib.contextmanager
-def thread_budget(device, workers: int) -> Iterator[None]:
+def thread_budget(device, workers: int | None) -> Iterator[None]:
     """On the CPU, leave the cores the decode workers use out of the model's threads."""
     import torch
 

@@ -195,8 +195,8 @@ class FolderLock:
         while self._depth:
             self.release()
 
-    def _say_waiting(self) -> None:
-        self.on_wait(
+    def _waiting_note(self) -> str:
+        return (
             f"waiting for another hookcli process writing '{self.name}' (it holds {LOCK_NAME} while it "
             "starts the run or records a shard)"
         )
@@ -209,7 +209,11 @@ class FolderLock:
                 fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 # Wait in the kernel's queue (polling would let a busy holder take it again and again).
-                timer = threading.Timer(_WAIT_NOTE_AFTER, self._say_waiting) if self.on_wait and not said else None
+                timer = (
+                    threading.Timer(_WAIT_NOTE_AFTER, self.on_wait, args=(self._waiting_note(),))
+                    if self.on_wait and not said
+                    else None
+                )
                 if timer is not None:
                     said = True
                     timer.daemon = True
@@ -271,7 +275,7 @@ class Claims:
         self.timeout = claim_timeout() if timeout is None else timeout
         self.on_note = on_note  # hears of each claim taken over
         self.mine: set[int] = set()
-        self._beating: threading.Event | None = None
+        self._beating = threading.Event()  # a fresh one for each heartbeat thread
         self._thread: threading.Thread | None = None
 
     def path(self, number: int) -> Path:
@@ -305,6 +309,7 @@ class Claims:
             return True
         name = _claim_name(number)
         with self._opened(create=True) as folder:
+            assert folder is not None, "made by _opened, under the folder lock"
             for _ in range(2):
                 try:
                     descriptor = os.open(

@@ -31,18 +31,21 @@ import shutil
 import struct
 import sys
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
-from typing import BinaryIO
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from hookcli.errors import FeatureFileError
 from hookcli.files import NotRegularFile, atomic_path, open_regular
-from hookcli.storage.fileformat import ROW_SHAPE
+from hookcli.storage.fileformat import ROW_SHAPE, RunFacts
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["FeatureFile", "Features", "write_safetensors"]
 
 
 def write_safetensors(
-    tensors: Mapping,
+    tensors: Mapping[str, Any],
     metadata: Mapping[str, str],
     destination: str | os.PathLike | BinaryIO,
     *,
@@ -55,12 +58,12 @@ def write_safetensors(
 
     tensors = {key: value.contiguous() for key, value in tensors.items()}
     metadata = dict(metadata)
-    if hasattr(destination, "write"):
-        destination.write(save(tensors, metadata=metadata))
-        destination.flush()
+    if isinstance(destination, str | os.PathLike):
+        with atomic_path(destination, force=force, publish=publish) as temporary:
+            save_file(tensors, str(temporary), metadata=metadata)
         return
-    with atomic_path(destination, force=force, publish=publish) as temporary:
-        save_file(tensors, str(temporary), metadata=metadata)
+    destination.write(save(tensors, metadata=metadata))
+    destination.flush()
 
 
 #: safetensors dtype name → numpy dtype string; BF16 is read as raw uint16 and widened to float32.
@@ -144,8 +147,11 @@ def _without_repeats(pairs: list[tuple[str, object]]) -> dict:
     """A JSON object as a dict, refusing a key given twice (which would leave one of two claims unread)."""
     found = dict(pairs)
     if len(found) != len(pairs):
-        seen = set()
-        raise _RepeatedKey(next(key for key, _ in pairs if key in seen or seen.add(key)))
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _RepeatedKey(key)
+            seen.add(key)
     return found
 
 
@@ -165,6 +171,8 @@ class FeatureFile:
 
     def __init__(self, source: str | os.PathLike, *, follow_links: bool = True) -> None:
         self.name = "stdin" if str(source) == "-" else str(source)
+        self._handle: BinaryIO
+        self.metadata: dict[str, str]
         if str(source) == "-":
             self._handle = tempfile.TemporaryFile()
             shutil.copyfileobj(sys.stdin.buffer, self._handle, 1 << 20)
@@ -187,7 +195,7 @@ class FeatureFile:
             self._handle.close()
             raise
 
-    def _read_header(self):
+    def _read_header(self) -> tuple[int, dict[str, str], dict[str, tuple[str, list[int], int]]]:
         what = f"'{self.name}'"
         if self.size == 0:
             raise FeatureFileError(f"{what} is empty", hint="it holds no safetensors data")
@@ -223,7 +231,7 @@ class FeatureFile:
     def __enter__(self) -> FeatureFile:
         return self
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     def close(self) -> None:
@@ -260,7 +268,7 @@ class FeatureFile:
         """Bytes of a tensor of safetensors ``dtype`` and ``shape`` (pass a row's shape for a row)."""
         return math.prod(shape) * _itemsize(dtype)
 
-    def read(self, key: str, index: int | None = None, part: slice | None = None):
+    def read(self, key: str, index: int | None = None, part: slice | None = None) -> np.ndarray:
         """Tensor ``key`` as a numpy array: all of it, row ``index``, or a slice ``part`` of that row's first axis.
 
         Only the bytes asked for are read. F64 comes back as float64, other
@@ -272,7 +280,7 @@ class FeatureFile:
             return _own_part(self._raw_read(key, index), self.row_shape(key, index), part)
         return self._raw_read(key, index, part)
 
-    def _raw_read(self, key: str, index: int | None = None, part: slice | None = None):
+    def _raw_read(self, key: str, index: int | None = None, part: slice | None = None) -> np.ndarray:
         dtype, shape, begin = self._entries[key]
         itemsize = _itemsize(dtype)
         start, shape = begin, list(shape)
@@ -291,7 +299,7 @@ class FeatureFile:
         array = self._read_at(dtype, start, shape)
         return _widened(array[part] if part is not None else array, dtype)
 
-    def read_rows(self, key: str, start: int, stop: int):
+    def read_rows(self, key: str, start: int, stop: int) -> np.ndarray:
         """Rows ``start:stop`` of tensor ``key`` (clipped as a slice is), in one read, converted as :meth:`read`."""
         dtype, shape, begin = self._entries[key]
         first, last, _ = slice(start, stop).indices(shape[0])
@@ -299,7 +307,7 @@ class FeatureFile:
         offset = begin + first * math.prod(row) * _itemsize(dtype)
         return _widened(self._read_at(dtype, offset, [max(last - first, 0), *row]), dtype)
 
-    def _read_at(self, dtype: str, offset: int, shape: list[int]):
+    def _read_at(self, dtype: str, offset: int, shape: list[int]) -> np.ndarray:
         import numpy as np
 
         count = math.prod(shape)
@@ -360,7 +368,7 @@ def _own_part(row, shape: Sequence[int], part: slice | None):
     return row[part] if part is not None else row
 
 
-class Features(Mapping):
+class Features(Mapping[str, Any]):
     """Tensors in memory: a read-only mapping key → tensor, and :class:`FeatureFile`'s reading interface.
 
     Values may be torch tensors or numpy arrays. ``metadata`` is the file's
@@ -384,11 +392,11 @@ class Features(Mapping):
 
     def __init__(
         self,
-        tensors: Mapping,
+        tensors: Mapping[str, Any],
         metadata: Mapping[str, str],
         *,
         name: str = "memory",
-        facts=None,
+        facts: RunFacts | None = None,
         notes: Sequence[str] = (),
     ) -> None:
         self.name, self.metadata, self.facts, self.notes = name, dict(metadata), facts, tuple(notes)
@@ -400,16 +408,16 @@ class Features(Mapping):
         self._keys = [key for key in self._tensors if key not in self._row_shapes.values()]
         self._shape_tables: dict = {}
 
-    def __getitem__(self, key: str):
+    def __getitem__(self, key: str) -> Any:
         return self._tensors[key]
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[str]:
         return iter(self._keys)
 
     def __len__(self) -> int:
         return len(self._keys)
 
-    def keys(self):
+    def keys(self) -> list[str]:  # type: ignore[override]  # a list, as every reader's (Mapping's is a view)
         """The tensors' keys, without the ``@shape`` companions of ragged ones (``features[key + "@shape"]`` works)."""
         return list(self._keys)
 
@@ -425,7 +433,7 @@ class Features(Mapping):
             self._shape_tables[key] = _checked_row_shapes(self, key, _as_numpy(self._tensors[self._row_shapes[key]]))
         return self._shape_tables[key][index].tolist()
 
-    def row(self, key: str, index: int):
+    def row(self, key: str, index: int) -> Any:
         """Row ``index`` of ``key`` as the tensor it is, cut to its own shape when ``key`` is ragged."""
         value = self._tensors[key][index]
         return value[tuple(slice(0, n) for n in self.row_shape(key, index))] if key in self._row_shapes else value
@@ -447,7 +455,7 @@ class Features(Mapping):
     def __enter__(self) -> Features:
         return self
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     def close(self) -> None:
@@ -464,7 +472,7 @@ class Features(Mapping):
         value = self._tensors[key]
         return value.nbytes if hasattr(value, "nbytes") else value.numel() * value.element_size()
 
-    def read(self, key: str, index: int | None = None, part: slice | None = None):
+    def read(self, key: str, index: int | None = None, part: slice | None = None) -> np.ndarray:
         value = self._tensors[key]
         if index is not None:
             if key in self._row_shapes:
@@ -474,11 +482,11 @@ class Features(Mapping):
                 value = value[part]
         return _as_numpy(value)
 
-    def read_rows(self, key: str, start: int, stop: int):
+    def read_rows(self, key: str, start: int, stop: int) -> np.ndarray:
         return _as_numpy(self._tensors[key][start:stop])
 
 
-def _as_numpy(value):
+def _as_numpy(value: Any) -> np.ndarray:
     """A tensor or array as :meth:`FeatureFile.read` returns it: float64 kept, other floating types as float32."""
     import numpy as np
 
@@ -492,7 +500,7 @@ def _as_numpy(value):
     return array.astype("float32") if array.dtype.kind == "f" and array.dtype != np.float64 else array
 
 
-def _widened(array, dtype: str):
+def _widened(array: np.ndarray, dtype: str) -> np.ndarray:
     """BF16 and F16 widened to float32; F64 (whose range float32 lacks), F32, integers and booleans as stored."""
     import numpy as np
 

@@ -1,7 +1,7 @@
 """The file contract: what hookcli writes, described once.
 
 Everything a reader of hookcli's files relies on is built here and nowhere
-else (the README's "File format" section documents it):
+else (``docs/file-format.md`` documents it):
 
 - :data:`FORMAT_VERSION`, the ``format`` entry of every file;
 - :class:`RunRecord`, the description of a run, and where each of its fields

@@ -16,6 +16,7 @@ from hookcli.files import NotRegularFile, open_regular
 from hookcli.storage import fileformat
 from hookcli.storage.features import FeatureFile
 from hookcli.storage.fileformat import INDEX_NAME
+from hookcli.storage.reader import FeatureReader
 
 __all__ = [
     "check_shard",
@@ -26,6 +27,7 @@ __all__ = [
     "open_index",
     "parse_index",
     "read_index",
+    "shard_layout",
     "shard_of",
 ]
 
@@ -72,7 +74,8 @@ def parse_index(path: Path, *, writing: bool = False) -> Index:
     except FileNotFoundError:
         return Index(None, [])
     lines = raw.split(b"\n")
-    entries, whole, end, offset = [], True, 0, 0
+    entries: list[dict] = []
+    whole, end, offset = True, 0, 0
     last = max((n for n, line in enumerate(lines) if line.strip()), default=-1)
     seen: set[int] = set()
     for number, line in enumerate(lines):
@@ -136,7 +139,7 @@ def finished_shards(folder: str | os.PathLike, shards: list[dict], *, verify: bo
 
 def leading_shards(shards: list[dict]) -> list[dict]:
     """Shards 0, 1, 2, … of ``shards`` (in shard order) up to the first one missing: what reads as one file."""
-    leading = []
+    leading: list[dict] = []
     for entry in shards:
         if entry["shard"] != len(leading):
             break
@@ -144,8 +147,9 @@ def leading_shards(shards: list[dict]) -> list[dict]:
     return leading
 
 
-def check_shard(shard: FeatureFile, entry: Mapping, like: FeatureFile | None = None) -> None:
-    """Raise :class:`FeatureFileError` unless ``shard`` holds the rows its index line lists, shaped as ``like``'s."""
+def check_shard(shard: FeatureFile, entry: Mapping, layout: dict | None = None) -> None:
+    """Raise :class:`FeatureFileError` unless ``shard`` holds the rows its index line lists, laid out as ``layout``
+    (the other shards' :func:`shard_layout`) says."""
     rows = len(entry["inputs"])
     problem = None
     try:
@@ -158,8 +162,8 @@ def check_shard(shard: FeatureFile, entry: Mapping, like: FeatureFile | None = N
         if not shard.shape(key) or shard.shape(key)[0] != rows:
             problem = f"its tensor '{key}' has shape {shard.shape(key)} but the index lists {rows} rows"
             break
-    if problem is None and like is not None and rows:
-        if _layout(shard) != _layout(like):
+    if problem is None and layout is not None and rows:
+        if shard_layout(shard) != layout:
             problem = "its tensors differ in keys, dtypes or shapes from the other shards'"
     if problem is not None:
         raise FeatureFileError(
@@ -168,7 +172,7 @@ def check_shard(shard: FeatureFile, entry: Mapping, like: FeatureFile | None = N
         )
 
 
-def _layout(features) -> dict:
+def shard_layout(features: FeatureReader) -> dict:
     """What every shard of a folder shares: each key's dtype and row shape (a ragged key's only its dimensions)."""
     return {
         k: (

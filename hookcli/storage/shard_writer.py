@@ -128,9 +128,15 @@ class ShardWriter:
         return fileformat.shard_count({"inputs": self.total, "shard_size": self.shard_size})
 
     @property
+    def _size(self) -> int:
+        """The shard size, where the caller knows it is known (a shard is listed, or the header written)."""
+        assert self.shard_size is not None, "the shard size is known once the run's header is"
+        return self.shard_size
+
+    @property
     def inputs_done(self) -> int:
         """Inputs in the shards listed (as this process last read the index)."""
-        return sum(min(self.shard_size, self.total - number * self.shard_size) for number in self.finished)
+        return sum(min(self._size, self.total - number * self._size) for number in self.finished)
 
     @property
     def complete(self) -> bool:
@@ -210,10 +216,11 @@ class ShardWriter:
         continuing) and start the writer thread. A founder claims the shards it has handed out inputs of, then
         lets the other processes in."""
         if self.header is None:
+            assert header is not None, "a run without an index (a founder's) gives its header"
             self.header = dict(header)
             self.shard_size = self.header["shard_size"]
             self._rewrite_index([])
-            for number in range(self._reached // self.shard_size + 1 if self._reached >= 0 else 0):
+            for number in range(self._reached // self._size + 1 if self._reached >= 0 else 0):
                 self.claims.take(number)
                 self._started.add(number)
             self.lock.release()
@@ -221,10 +228,14 @@ class ShardWriter:
         self._thread = threading.Thread(target=self._write_loop, name="hookcli-shard-writer", daemon=True)
         self._thread.start()
 
+    def shard_of(self, index: int) -> int:
+        """The shard input ``index`` falls in (once the shard size is known)."""
+        return index // self._size
+
     def shard_range(self, number: int) -> tuple[int, int]:
         """Inputs ``[first, end)`` covered by shard ``number``."""
-        first = number * self.shard_size
-        return first, min(first + self.shard_size, self.total)
+        first = number * self._size
+        return first, min(first + self._size, self.total)
 
     def order(self, batch_size: int, planned_size: int | None = None) -> Iterator[list[int]]:
         """Batches of the inputs this process computes, shard after shard; each shard is claimed as its first batch
@@ -330,7 +341,7 @@ class ShardWriter:
                 self._failure = err
 
     def _write(self, number, tensors, metadata, inputs, skipped, details) -> None:
-        line = fileformat.index_line(number, self.shard_size, self.total, inputs, skipped, details)
+        line = fileformat.index_line(number, self._size, self.total, inputs, skipped, details)
         write_safetensors(
             tensors, metadata, self.folder / line["file"], force=True, publish=lambda: self._publishing(number, line)
         )

@@ -39,6 +39,7 @@ from __future__ import annotations
 import bisect
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hookcli.errors import FeatureFileError, UsageProblem
 from hookcli.files import check_folder_output
@@ -46,7 +47,11 @@ from hookcli.storage import fileformat
 from hookcli.storage.claims import check_folder_parts, claim_timeout
 from hookcli.storage.features import FeatureFile
 from hookcli.storage.fileformat import INDEX_NAME
-from hookcli.storage.index import check_shard, finished_shards, leading_shards, read_index
+from hookcli.storage.index import check_shard, finished_shards, leading_shards, read_index, shard_layout
+from hookcli.storage.reader import FeatureReader
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["check_folder_target", "open_features", "ShardedFeatures"]
 
@@ -54,8 +59,8 @@ __all__ = ["check_folder_target", "open_features", "ShardedFeatures"]
 class ShardedFeatures:
     """A shard folder (or its ``index.jsonl``) read as one file: rows run on across shards.
 
-    Offers :class:`~hookcli.storage.features.FeatureFile`'s reading interface, so
-    ``grid`` and ``info`` treat both alike. ``metadata["inputs"]`` lists the
+    Offers the reading interface of every reader (:class:`~hookcli.storage.reader.FeatureReader`), so
+    ``grid`` and ``info`` treat a folder and a file alike. ``metadata["inputs"]`` lists the
     rows' inputs over all shards.
     """
 
@@ -97,10 +102,10 @@ class ShardedFeatures:
             rows += len(entry["inputs"])
         self.rows = rows
         self._open: tuple[int, FeatureFile] | None = None
-        self._like: FeatureFile | None = None
+        self._layout: dict | None = None  # what every shard must match: the first one's, once it is checked
         self._with_rows = next((n for n, entry in enumerate(shards) if entry["inputs"]), 0)
         first = self._shard(self._with_rows)  # a shard whose inputs all failed may hold no tensors
-        self._like = _Shape(first)
+        self._layout = shard_layout(first)
         self._keys = first.keys()
         self._info = {k: (first.dtype(k), first.shape(k)[1:]) for k in self._keys}
         self._ragged = {k for k in self._keys if first.ragged(k)}
@@ -116,7 +121,7 @@ class ShardedFeatures:
                 self._open = None
             shard = FeatureFile(self.folder / self.shards[number]["file"], follow_links=False)
             try:
-                check_shard(shard, self.shards[number], self._like)
+                check_shard(shard, self.shards[number], self._layout)
             except BaseException:
                 shard.close()
                 raise
@@ -126,7 +131,7 @@ class ShardedFeatures:
     def __enter__(self) -> ShardedFeatures:
         return self
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     def close(self) -> None:
@@ -161,7 +166,7 @@ class ShardedFeatures:
         per_row = FeatureFile.row_bytes(self.dtype(key), self.shape(key)[1:])
         return per_row * self.rows
 
-    def read(self, key: str, index: int | None = None, part: slice | None = None):
+    def read(self, key: str, index: int | None = None, part: slice | None = None) -> np.ndarray:
         if index is None:
             return self.read_rows(key, 0, self.rows)
         number, row = self._locate(key, index)
@@ -174,7 +179,7 @@ class ShardedFeatures:
         number = bisect.bisect_right(self._starts, index) - 1
         return number, index - self._starts[number]
 
-    def read_rows(self, key: str, start: int, stop: int):
+    def read_rows(self, key: str, start: int, stop: int) -> np.ndarray:
         """Rows ``start:stop`` across shards (clipped as a slice is): one read per shard they fall in."""
         import numpy as np
 
@@ -193,28 +198,9 @@ class ShardedFeatures:
         return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
 
 
-class _Shape:
-    """The keys, dtypes and shapes of a shard, kept after it is closed (what the others must match)."""
-
-    def __init__(self, shard: FeatureFile) -> None:
-        self._info = {k: (shard.dtype(k), shard.shape(k), shard.ragged(k)) for k in shard.keys()}
-
-    def keys(self) -> list[str]:
-        return list(self._info)
-
-    def ragged(self, key: str) -> bool:
-        return self._info[key][2]
-
-    def dtype(self, key: str) -> str:
-        return self._info[key][0]
-
-    def shape(self, key: str) -> list[int]:
-        return self._info[key][1]
-
-
-def open_features(source: str | os.PathLike):
+def open_features(source: str | os.PathLike) -> FeatureReader:
     """A :class:`~hookcli.storage.features.FeatureFile` for a file or ``-``, a :class:`ShardedFeatures` for a shard
-    folder."""
+    folder: either reads as :class:`~hookcli.storage.reader.FeatureReader` says."""
     path = Path(source)
     if str(source) != "-" and (path.is_dir() or path.name == INDEX_NAME):
         return ShardedFeatures(path)

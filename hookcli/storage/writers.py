@@ -37,7 +37,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from hookcli.errors import MemoryLimitError
 from hookcli.files import format_bytes
@@ -45,6 +45,9 @@ from hookcli.inputs.archives import input_name
 from hookcli.storage import fileformat
 from hookcli.storage.features import Features, write_safetensors
 from hookcli.storage.fileformat import ROW_SHAPE, RunFacts, RunRecord
+
+if TYPE_CHECKING:
+    from hookcli.storage.shard_writer import ShardWriter
 
 __all__ = ["FileWriter", "FolderWriter", "MemoryWriter", "RowBuffer", "StdoutWriter", "row_bytes"]
 
@@ -114,7 +117,8 @@ class RowBuffer:
             self._tensors[key] = held = grown
             self._shapes.setdefault(key, torch.zeros((self.capacity, len(largest)), dtype=torch.int64))
         for offset, row in enumerate(rows):
-            held[(start + offset, *(slice(0, n) for n in row.shape))] = row
+            within: tuple[int | slice, ...] = (start + offset, *(slice(0, n) for n in row.shape))
+            held[within] = row
             self._shapes[key][start + offset] = torch.tensor(row.shape, dtype=torch.int64)
 
     def skip(self, path, error: str) -> None:
@@ -138,7 +142,7 @@ class _WholeWriter:
         self.rows: RowBuffer | None = None
         self.facts: RunFacts | None = None
         self.skipped: list[dict] = []
-        self.written: list[Path] = []
+        self.written: list[str | Path] = []
 
     done = 0  # inputs an earlier run did
     complete = True  # the output holds every input once finish() returns
@@ -246,14 +250,20 @@ class FolderWriter:
     ) -> None:
         self.record, self.paths, self.folder = record, paths, folder
         self.shard_size, self.force, self.part, self.on_note = shard_size, force, part, on_note
-        self.writer = None
+        self._writer: ShardWriter | None = None
         self.run_metadata: dict | None = None
         self.open: dict[int, RowBuffer] = {}
         self.held: list = []  # failures seen before the first readable image fixes the shard size
-        self.written: list[Path] = []
+        self.written: list[str | Path] = []
         self.done = 0
         self.complete = False
         self.finisher = False  # this process found the folder complete, or listed its last shard
+
+    @property
+    def writer(self) -> ShardWriter:
+        """The folder's writer, from :meth:`begin` on."""
+        assert self._writer is not None, "begin() opens the folder first"
+        return self._writer
 
     @property
     def inputs_done(self) -> int:
@@ -264,7 +274,7 @@ class FolderWriter:
         from hookcli.storage.shard_writer import ShardWriter
 
         self.batch_size = batch_size
-        self.writer = ShardWriter(
+        self._writer = ShardWriter(
             self.folder,
             fileformat.identity(self.record),
             len(self.paths),
@@ -307,7 +317,7 @@ class FolderWriter:
 
     def _place(self, index: int, item, batch) -> None:
         """Put one row (``item``: its row in ``batch``) or failure (``item``: the error) into its shard."""
-        number = index // self.writer.shard_size
+        number = self.writer.shard_of(index)
         first, end = self.writer.shard_range(number)
         rows = self.open.setdefault(number, RowBuffer(end - first))
         if isinstance(item, int):
@@ -321,7 +331,9 @@ class FolderWriter:
             rows.skip(self.paths[index], item)
         if len(rows.inputs) + len(rows.skipped) == end - first:
             # A continued run whose first inputs are all unreadable has learnt nothing yet: the first run's metadata.
-            run = self.run_metadata or self.writer.header["metadata"]
+            header = self.writer.header
+            assert header is not None, "written or read before any row is placed"
+            run = self.run_metadata or header["metadata"]
             metadata = fileformat.shard_metadata(
                 run, number, inputs=rows.inputs, skipped=rows.skipped, targets=rows.targets, details=rows.details
             )
@@ -336,9 +348,9 @@ class FolderWriter:
         return self.writer.index_path
 
     def abort(self) -> None:
-        if self.writer is not None:
+        if self._writer is not None:
             with contextlib.suppress(Exception):  # the failure that stopped the run is the one to report
-                self.writer.close()
+                self._writer.close()
 
 
 def _auto_shard_size(row_size: int, batch_size: int) -> int:

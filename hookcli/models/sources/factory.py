@@ -89,6 +89,7 @@ def _import_factory_module(spec: ModelSpec, name: str):
     if unique in sys.modules:
         return sys.modules[unique], digest
     loader_spec = importlib.util.spec_from_file_location(unique, path)
+    assert loader_spec is not None and loader_spec.loader is not None, "a .py file's spec has a source loader"
     code = importlib.util.module_from_spec(loader_spec)
     if str(path.parent) not in sys.path:
         sys.path.insert(0, str(path.parent))  # its sibling modules import as they would under python FILE

@@ -14,7 +14,6 @@ import re
 from pathlib import Path
 
 from hookcli.errors import UsageProblem, first_line
-from hookcli.inputs.preprocess import MAX_SIDE
 from hookcli.models.sources.common import (
     assumed_preprocess,
     hub_cached,
@@ -26,6 +25,7 @@ from hookcli.models.sources.common import (
 )
 from hookcli.models.specs import MISSING, ModelSpec, SourceError, check_model, regular_file_problem
 from hookcli.models.weights import file_sha256, seeded
+from hookcli.options import MAX_SIDE
 
 __all__ = ["list_models", "load"]
 
@@ -261,7 +261,7 @@ def _folder_or_hub_text(spec: ModelSpec, source: str, name: str) -> str | None:
     or OSError when it is there but cannot be read as text."""
     path = Path(source) / name if spec.hf_folder else hub_file(spec.name, name)
     what = MISSING if path is None else regular_file_problem(path)
-    if what == MISSING:
+    if path is None or what == MISSING:
         return None
     if what is not None:
         raise ValueError(f"it {what}")
@@ -296,7 +296,7 @@ def _processor_steps(config: dict):
         crop = _pixels(crop.get("height"), "crop_size.height")
     elif crop is not None:
         crop = _pixels(crop, "crop_size")
-    resize = None
+    resize: int | tuple[int, int] | None = None
     if config.get("do_resize", True):
         if "shortest_edge" in size:
             resize = _pixels(size["shortest_edge"], "size.shortest_edge")

@@ -71,7 +71,7 @@ def load(spec: ModelSpec, weights: str, seed: int):
         ) from None
     module = model.visual
     if tag is not None:
-        described = {"source": "open_clip", "name": f"{arch}.{tag}"}
+        described: dict = {"source": "open_clip", "name": f"{arch}.{tag}"}
     elif weights.lower() == "none":
         described = {"source": "none", "seed": seed}
     else:
@@ -109,10 +109,7 @@ def _open_clip_preprocess(config: dict):
 
     size = config["size"]
     side = size if isinstance(size, int) else size[0]
-    if config.get("resize_mode", "shortest") == "squash":
-        resize = (side, side)
-    else:
-        resize = side
+    resize: int | tuple[int, int] = (side, side) if config.get("resize_mode", "shortest") == "squash" else side
     return Preprocess(
         resize=resize,
         crop=side,

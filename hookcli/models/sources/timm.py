@@ -47,7 +47,7 @@ def load(spec: ModelSpec, weights: str, seed: int):
                 f"cannot load pretrained {spec.text} ({full}): {first_line(err)}",
                 hint="replace the cached files, or use --weights none",
             ) from None
-        described = {"source": "timm", "name": full}
+        described: dict = {"source": "timm", "name": full}
     else:
         if tag and f"{name}.{tag}" not in (timm.list_pretrained(f"{name}.*") or []):
             raise UnknownWeightsError(
@@ -135,7 +135,8 @@ def _require_timm_files(spec: ModelSpec, full: str, config) -> None:
 def _timm_preprocess(config: dict):
     """timm's evaluation transform (``transforms_imagenet_eval``) as a
     :class:`~hookcli.inputs.preprocess.Preprocess`."""
-    from hookcli.inputs.preprocess import INTERPOLATIONS, Preprocess
+    from hookcli.inputs.preprocess import Preprocess
+    from hookcli.options import INTERPOLATIONS
 
     notes = []
     height, width = config["input_size"][-2:]

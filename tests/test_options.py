@@ -1,0 +1,107 @@
+"""Each option is declared once (hookcli.options): the Click options, the Python API's defaults and the library's
+checks all agree with the declaration, and an option written by hand beside it fails here."""
+
+import dataclasses
+
+import click
+import pytest
+
+from hookcli.cli import main
+from hookcli.errors import UsageProblem
+from hookcli.options import GRID_OPTIONS, RUN_OPTIONS, declared, options_of
+from hookcli.pictures.options import GridOptions
+from hookcli.run.options import COMMAND_OPTIONS, RunOptions
+
+#: Options of the command line that are not keywords of the library: where the inputs and the output are given,
+#: the preset file and the progress bar. Each command's own, and no more.
+COMMAND_LINE_ONLY = {
+    "extract": {"config", "model", "layer", "output", "quiet"},
+    "grad": {"config", "model", "layer", "output", "quiet"},
+    "cam": {"config", "model", "layer", "output", "quiet"},
+    "grid": {"output", "force", "quiet"},
+    "report": {"output", "page_size", "force", "quiet"},
+}
+
+
+def _table(command: str):
+    return GRID_OPTIONS if command in ("grid", "report") else RUN_OPTIONS
+
+
+def _described(param: click.Option) -> dict:
+    kind = param.type
+    default = None if type(param.default).__name__ == "Sentinel" else param.default  # click 8.3: no default given
+    if param.is_flag and not param.secondary_opts and default is None:
+        default = False  # a flag left unset is off
+    found = {
+        "flags": tuple(param.opts) + tuple(param.secondary_opts),
+        "default": default,
+        "help": param.help,
+        "multiple": param.multiple,
+    }
+    if isinstance(kind, click.IntRange | click.FloatRange):
+        found["bounds"] = (kind.min, kind.max)
+    if isinstance(kind, click.Choice):
+        found["choices"] = tuple(kind.choices)
+    return found
+
+
+def _expected(option, command: str) -> dict:
+    flags = tuple(part for flag in option.flags for part in flag.split("/"))
+    expected = {
+        "flags": flags,
+        "help": option.help_for(command).replace("{stored}", "what is stored is --dtype")
+        if command != "cam"
+        else option.help_for(command).replace("{stored}", "the maps are stored as float32"),
+        "multiple": option.multiple,
+    }
+    expected["default"] = option.default
+    if option.kind in ("int", "float") and option.low is not None:
+        expected["bounds"] = (option.low, option.high)
+    if option.kind == "choice":
+        expected["choices"] = option.choices
+    return expected
+
+
+@pytest.mark.parametrize("command", sorted(COMMAND_LINE_ONLY))
+def test_every_click_option_is_its_declaration(command):
+    params = [p for p in main.commands[command].params if isinstance(p, click.Option)]
+    declared_names = {option.name for option in _table(command)}
+    written_by_hand = {p.name for p in params if p.name not in declared_names}
+    assert written_by_hand == COMMAND_LINE_ONLY[command]
+    for param in params:
+        if param.name in declared_names:
+            option = declared(param.name, _table(command))
+            assert _described(param) == _expected(option, command), param.name
+    if command in COMMAND_OPTIONS:
+        assert {p.name for p in params} - COMMAND_LINE_ONLY[command] == set(COMMAND_OPTIONS[command])
+
+
+def test_the_api_defaults_are_the_declared_ones():
+    fields = {f.name: f.default for f in dataclasses.fields(RunOptions)}
+    assert fields == {option.name: option.default for option in RUN_OPTIONS}
+    fields = {f.name: f.default for f in dataclasses.fields(GridOptions)}
+    assert fields == {option.name: option.default for option in GRID_OPTIONS}
+    assert COMMAND_OPTIONS["cam"] == tuple(option.name for option in options_of("cam"))
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"frame_stride": 0}, "frame_stride must be a whole number of at least 1, not 0"),
+        ({"resize": 9000}, "resize must be at most 8192, not 9000"),
+        ({"decode": "gpu"}, "decode must be one of cpu, device, not 'gpu'"),
+        ({"alpha": 2}, "alpha must be between 0 and 1, not 2"),
+    ],
+)
+def test_the_library_checks_the_declared_bounds(options, message):
+    with pytest.raises(UsageProblem) as caught:
+        RunOptions(**options)
+    assert caught.value.message == message
+
+
+def test_grid_bounds_are_one_declaration_for_the_command_line_and_the_library(runner, tmp_path):
+    with pytest.raises(UsageProblem, match="padding must be at most 64, not 65"):
+        GridOptions(padding=65)
+    result = runner.invoke(main, ["grid", str(tmp_path / "x.safetensors"), "--padding", "65"])
+    assert result.exit_code == 2
+    assert "Invalid value for '--padding': 65 is not in the range 0<=x<=64" in result.output
