@@ -36,10 +36,17 @@ import contextlib
 import os
 from collections.abc import Callable
 
-from hookcli.families import family_traits
-from hookcli.run.execute import execute
+from hookcli.errors import CaptureError, UsageProblem, check_whole, first_line
+from hookcli.families import family_traits, natural_input
+from hookcli.models import loading
+from hookcli.models.loading import model_family
+from hookcli.options import MAX_SIDE
+from hookcli.pictures.options import GridOptions, default_grid_folder
+from hookcli.run.options import refuse_unknown
 from hookcli.run.outputs import DEFAULT_OUTPUT
-from hookcli.run.plan import plan
+from hookcli.run.plan import RunPlan, plan
+from hookcli.run.selectors import describe_layers
+from hookcli.storage.shards import open_features
 
 __all__ = ["DEFAULT_OUTPUT", "cam", "extract", "grad", "grid", "layers", "report"]
 
@@ -70,7 +77,7 @@ def extract(model, layers, inputs, *, output=None, progress: Callable | None = N
     >>> extract("resnet18", "layer3", [photo, photo], output=folder, pool="avg", weights="none").name
     'index.jsonl'
     """
-    return execute(plan("extract", model, layers, inputs, output=output, **options), progress)
+    return _run(plan("extract", model, layers, inputs, output=output, **options), progress)
 
 
 def grad(model, layers, inputs, *, output=None, progress: Callable | None = None, **options):
@@ -87,7 +94,7 @@ def grad(model, layers, inputs, *, output=None, progress: Callable | None = None
     >>> sorted(grads), len(grads.metadata["targets"]) > 0
     (['layer4', 'layer4@grad#0', 'layer4@grad#1'], True)
     """
-    return execute(plan("grad", model, layers, inputs, output=output, **options), progress)
+    return _run(plan("grad", model, layers, inputs, output=output, **options), progress)
 
 
 def cam(model, inputs, *, layer: str | None = None, output=None, progress: Callable | None = None, **options):
@@ -109,7 +116,7 @@ def cam(model, inputs, *, layer: str | None = None, output=None, progress: Calla
     >>> cam("resnet18", photo, output=tempfile.mkdtemp() + "/cams", weights="none").name
     'cams.safetensors'
     """
-    return execute(plan("cam", model, layer, inputs, output=output, **options), progress)
+    return _run(plan("cam", model, layer, inputs, output=output, **options), progress)
 
 
 def grid(source, *, output=None, progress: Callable | None = None, force: bool = False, **options):
@@ -129,7 +136,6 @@ def grid(source, *, output=None, progress: Callable | None = None, force: bool =
     >>> [p.name for p in grid(features, output=tempfile.mkdtemp(), channels="0:16", cmap="gray")]
     ['layer1__00000_grace_hopper.png']
     """
-    from hookcli.pictures.options import default_grid_folder
     from hookcli.run.execute import draw_grids
 
     drawing = _grid_options("grid", options)
@@ -162,7 +168,6 @@ def report(
     >>> index.name, sorted(path.name for path in index.parent.iterdir())
     ('index.html', ['index.html', 'page-00002.html'])
     """
-    from hookcli.errors import UsageProblem
     from hookcli.pictures.reports import DEFAULT_PAGE_SIZE, default_report_folder, write_report
 
     drawing = _grid_options("report", options)
@@ -182,17 +187,12 @@ def _grid_options(command: str, options: dict):
     """:class:`~hookcli.pictures.options.GridOptions` from a command's keywords; an unknown keyword is a TypeError."""
     import dataclasses
 
-    from hookcli.pictures.options import GridOptions
-    from hookcli.run.options import refuse_unknown
-
     refuse_unknown(command, options, [f.name for f in dataclasses.fields(GridOptions)])
     return GridOptions(**options)
 
 
 def _opened(source):
     """Features to read: a path (or ``-``) opened, and closed after; features in memory as they are."""
-    from hookcli.storage.shards import open_features
-
     return open_features(source) if isinstance(source, str | os.PathLike) else contextlib.nullcontext(source)
 
 
@@ -218,30 +218,19 @@ def layers(
     >>> [(row.path, row.output) for row in layers("resnet18", depth=1)][-1]
     ('fc', [1, 1000])
     """
-    from hookcli.errors import check_whole
-    from hookcli.families import natural_input
-    from hookcli.models.loading import load_model
-    from hookcli.options import MAX_SIDE
-    from hookcli.run.selectors import describe_layers
-
     check_whole("input_size", input_size, 1, MAX_SIDE, optional=True)
     check_whole("depth", depth, 1, optional=True)
     check_whole("frames", frames, 1, 1024, optional=True)
-    from hookcli.errors import UsageProblem
-    from hookcli.models.loading import model_family
-
     if frames is not None and family_traits(model_family(model)).row != "clip":
         raise UsageProblem(
             f"--frames applies to video models, and {model} is {model_family(model).replace('_', ' ')}",
             hint="leave it out",
         )
-    loaded = load_model(model, weights, seed=seed or 0)  # an unknown name is refused before torch loads
+    loaded = loading.load_model(model, weights, seed=seed or 0)  # an unknown name is refused before torch loads
     example = natural_input(loaded.family, size=input_size, preprocess=loaded.preprocess, frames=frames)
     try:
         rows = describe_layers(loaded.module, example)
     except (RuntimeError, ValueError, AssertionError) as err:  # the model refuses the input's size in its own words
-        from hookcli.errors import CaptureError, first_line
-
         row = family_traits(loaded.family).row
         what = {"clip": "clip", "pair": "pair of frames"}.get(row, "input")
         raise CaptureError(
@@ -250,3 +239,10 @@ def layers(
         ) from None
 
     return [row for row in rows if depth is None or row.path == "." or row.path.count(".") < depth]
+
+
+def _run(run: RunPlan, progress: Callable | None):
+    # The pipeline (numpy, Pillow, torch) loads once plan has refused what it refuses before any model loads.
+    from hookcli.run.execute import execute
+
+    return execute(run, progress)

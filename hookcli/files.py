@@ -41,6 +41,7 @@ __all__ = [
     "open_regular",
     "refuse_existing",
     "remove_abandoned",
+    "SETTLE_IN_PLACE",
     "reporting_full_disk",
 ]
 
@@ -163,6 +164,7 @@ def atomic_path(
     *,
     force: bool = False,
     publish: Callable[[], contextlib.AbstractContextManager[bool]] | None = None,
+    settle: float | None = None,
 ) -> Iterator[Path]:
     """Yield a temporary path next to ``target``; on success it becomes ``target``.
 
@@ -171,10 +173,12 @@ def atomic_path(
     the same target left by a run that was killed outright is removed first:
     each one is locked while in use, so only abandoned ones are. ``publish``
     (for one writer among several): the rename happens inside ``with
-    publish() as wanted``, and only if ``wanted``.
+    publish() as wanted``, and only if ``wanted``. ``settle``: how long an
+    unlocked temporary file of the target is left alone after it last changed
+    (see :func:`remove_abandoned`).
     """
     path = check_writable(target, force=force)
-    _remove_abandoned(path)
+    remove_abandoned(path.parent, f".{glob.escape(path.name)}.*.part", settle=settle)
     with reporting_full_disk(path):
         handle, temporary_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
     temporary = Path(temporary_name)
@@ -217,19 +221,20 @@ def reporting_full_disk(path: str | os.PathLike) -> Iterator[None]:
         ) from None
 
 
-def _remove_abandoned(path: Path) -> None:
-    remove_abandoned(path.parent, f".{glob.escape(path.name)}.*.part")
-
-
 #: A temporary file no process holds is left alone this many seconds after it last changed: between being
 #: created (or replaced by its writer) and being locked, a file in use is briefly unlocked.
 _ABANDONED_AFTER = 60.0
+#: The same for a temporary file its writer never replaces (written in place): it is unlocked only between being
+#: created and being locked, microseconds apart.
+SETTLE_IN_PLACE = 5.0
 
 
-def remove_abandoned(folder: Path, pattern: str) -> None:
-    """Remove the temporary files in ``folder`` matching the glob ``pattern`` that no running process holds."""
+def remove_abandoned(folder: Path, pattern: str, *, settle: float | None = None) -> None:
+    """Remove the temporary files in ``folder`` matching the glob ``pattern`` that no running process holds and that
+    have not changed for ``settle`` seconds (default: a minute)."""
     import time
 
+    settle = _ABANDONED_AFTER if settle is None else settle
     for candidate in folder.glob(pattern):
         try:
             descriptor = os.open(candidate, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -237,7 +242,7 @@ def remove_abandoned(folder: Path, pattern: str) -> None:
             continue
         try:
             found = os.fstat(descriptor)
-            if stat.S_ISREG(found.st_mode) and time.time() - found.st_mtime > _ABANDONED_AFTER:
+            if stat.S_ISREG(found.st_mode) and time.time() - found.st_mtime > settle:
                 fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 candidate.unlink(missing_ok=True)
         except OSError:

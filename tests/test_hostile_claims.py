@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors import SafetensorError
 
 from hookcli.cli import main
 from hookcli.errors import FeatureFileError, HookcliError, UsageProblem
@@ -342,11 +341,15 @@ def test_a_claim_timeout_under_a_second_is_refused_before_the_model_loads(runner
 
 
 def test_a_full_disk_while_a_shard_is_written_is_named_in_one_line(runner, tmp_path, inputs, monkeypatch):
-    def full_disk(tensors, filename, metadata=None):
-        Path(filename).write_bytes(b"\0" * 10)  # what got written before the space ran out
-        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+    write_bytes = Path.write_bytes
 
-    monkeypatch.setattr("safetensors.torch.save_file", full_disk)
+    def full_disk(path, data):  # a shard is written in place: the space runs out part-way through its bytes
+        if not path.name.startswith(".features-"):
+            return write_bytes(path, data)
+        write_bytes(path, data[:10])
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(Path, "write_bytes", full_disk)
     folder = tmp_path / "feats"
     before = _tree(tmp_path)
     assert _one_error(_extract(runner, folder, inputs), code=1) == (
@@ -355,6 +358,24 @@ def test_a_full_disk_while_a_shard_is_written_is_named_in_one_line(runner, tmp_p
     )
     assert sorted(os.listdir(folder)) == [CLAIMS, LOCK_NAME, INDEX_NAME]  # no part-written file left behind
     assert _tree(tmp_path, skip=folder) == {**before, ".": _tree(tmp_path)["."]}
+
+
+def test_a_full_disk_while_one_file_is_written_by_safetensors_is_named_in_one_line(
+    runner, tmp_path, inputs, monkeypatch
+):
+    from safetensors import SafetensorError
+
+    def full_disk(tensors, filename, metadata=None):
+        Path(filename).write_bytes(b"\0" * 10)  # what got written before the space ran out
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr("safetensors.torch.save_file", full_disk)
+    target = tmp_path / "out.safetensors"
+    result = runner.invoke(main, [*ARGS[:-2], "-o", str(target), *inputs])  # one file: no --shard-size
+    assert _one_error(result, code=1) == (
+        f"Error: no space left on the device holding '{target}'. Hint: free some space there, or write to another place"
+    )
+    assert not target.exists() and not list(tmp_path.glob(".out.safetensors.*"))
 
 
 def test_a_full_disk_under_any_atomic_write_is_named_and_leaves_nothing(tmp_path):

@@ -46,6 +46,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 from hookcli.errors import DeviceError, ImageError, MemoryLimitError, first_line
+from hookcli.inputs.images import JpegBytes, load_rgb, read_jpeg
 from hookcli.inputs.preprocess import Preprocess
 
 if TYPE_CHECKING:
@@ -71,8 +72,6 @@ class EncodedImages:
         return len(self.paths)
 
     def __getitem__(self, index: int):
-        from hookcli.inputs.images import load_rgb, read_jpeg
-
         path = self.paths[index]
         try:
             found = read_jpeg(path)
@@ -93,8 +92,6 @@ class Encoded(NamedTuple):
 
 def collate(items) -> tuple[list[int], Encoded, list]:
     """``(indices, Encoded, failures)`` of a batch of :class:`EncodedImages` items."""
-    from hookcli.inputs.images import JpegBytes
-
     good = [(i, item) for i, item, error in items if error is None]
     jpegs = [(k, item) for k, (_, item) in enumerate(good) if isinstance(item, JpegBytes)]
     positions = [k for k, (_, item) in enumerate(good) if not isinstance(item, JpegBytes)]
@@ -219,8 +216,6 @@ class DeviceDecoder:
 
     def _by_pillow(self, jpeg):
         from torchvision.transforms.functional import pil_to_tensor
-
-        from hookcli.inputs.images import load_rgb
 
         try:
             return pil_to_tensor(load_rgb(jpeg.path, data=jpeg.data)).to(self.device, non_blocking=True)

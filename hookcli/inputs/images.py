@@ -31,6 +31,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from hookcli.console import counted
 from hookcli.errors import ImageError, InputError
 from hookcli.files import NotRegularFile, file_kind, open_regular
+from hookcli.inputs import archives
 from hookcli.inputs.names import IMAGE_SUFFIXES, is_image_name, read_lines
 
 __all__ = [
@@ -140,8 +141,6 @@ def _left_out(folders: Sequence[Path]) -> tuple[int, int, bool]:
 def _expand(argument: str, recursive: bool) -> tuple[Sequence[os.PathLike[str]], Path | None]:
     """The images ``argument`` names, and the folder it is (None for a file): a ``.tar`` names its image members
     (:mod:`hookcli.inputs.archives`), and ``archive.tar::member`` one of them."""
-    from hookcli.inputs import archives
-
     if not os.path.lexists(argument):  # a path on disk is a disk path, whatever its name
         member = archives.find_member(argument)
         if member is not None:
@@ -341,8 +340,6 @@ def _is_empty(path) -> bool:
 def open_input(path) -> BinaryIO:
     """An input's bytes as a binary file: a regular file (:func:`~hookcli.files.open_regular`), or a member of a
     tar (``archive.tar::member``, :mod:`hookcli.inputs.archives`) read from the archive as it is asked for."""
-    from hookcli.inputs import archives
-
     try:
         member = archives.find_member(path)
     except InputError as err:

@@ -46,7 +46,7 @@ from pathlib import Path
 import numpy as np
 
 from hookcli.errors import FeatureFileError, UsageProblem
-from hookcli.files import check_folder_output, refuse_existing
+from hookcli.files import atomic_path, check_folder_output, refuse_existing
 from hookcli.patterns import glob_to_regex
 from hookcli.pictures.drawing import render_picture
 from hookcli.pictures.options import DEFAULT_MAPS, GridJob, GridOptions, capped, digest
@@ -390,8 +390,6 @@ def write_grids(
 ) -> list[Path]:
     """Render and write every job's PNG (atomically); undrawable tensors and pictures' notes go to ``on_note``."""
     from PIL import Image
-
-    from hookcli.files import atomic_path
 
     written = []
     for job, pixels in _rendered(features, jobs, options, on_note):

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from hookcli.inputs.images import RESAMPLE as resample
+from hookcli.inputs.images import load_rgb, model_view, open_input
 from hookcli.pictures.render import add_colorbar, overlay, value_range
 from hookcli.pictures.text import number
 
@@ -34,8 +36,6 @@ def model_photo(path, preprocess, *, enlarge: bool = True) -> np.ndarray:
 def model_photo_scaled(path, preprocess, *, enlarge: bool = True) -> tuple[np.ndarray, float]:
     """:func:`model_photo`, and its pixels to one pixel of the image the model was given (the unit of boxes)."""
 
-    from hookcli.inputs.images import load_rgb, model_view
-
     photo = load_rgb(path, max_side=2 * OVERLAY_SIDE)
     if preprocess is None:
         width = _upright_size(path)[0]
@@ -60,8 +60,6 @@ def model_photo_scaled(path, preprocess, *, enlarge: bool = True) -> tuple[np.nd
     given_size = [short if n == min(size) else int(short * n / min(size)) for n in size]
     scale = min(max(OVERLAY_MIN, 2 * short) / short if enlarge else 1.0, OVERLAY_SIDE / max(given_size))
     drawn_width, drawn_height = (max(1, round(n * scale)) for n in given_size)
-    from hookcli.inputs.images import RESAMPLE as resample
-
     return np.asarray(photo.resize((drawn_width, drawn_height), resample[preprocess.interpolation])), scale
 
 
@@ -72,8 +70,6 @@ def _squashed_photo(photo, preprocess, enlarge: bool) -> tuple[np.ndarray, float
     crop_h, crop_w = (preprocess.crop, preprocess.crop) if preprocess.crop else (height, width)
     longest = max(crop_h, crop_w)
     scale = min(OVERLAY_SIDE, max(OVERLAY_MIN, 2 * longest) if enlarge else longest) / longest
-    from hookcli.inputs.images import RESAMPLE as resample
-
     squashed = photo.resize(
         (max(1, round(width * scale)), max(1, round(height * scale))), resample[preprocess.interpolation]
     )
@@ -86,8 +82,6 @@ def _upright_size(path) -> tuple[int, int]:
     """The width and height of the image at ``path`` as it is decoded upright (its EXIF orientation applied), read
     from its header: the size of what the model was given when nothing resized it."""
     from PIL import Image
-
-    from hookcli.inputs.images import open_input
 
     with open_input(path) as handle, Image.open(handle) as image:
         width, height = image.size

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from hookcli.errors import UsageProblem
+from hookcli.families import channels_last_output, square_input
 from hookcli.inputs.preprocess import Preprocess
 from hookcli.pictures.options import GridOptions
 from hookcli.pictures.render import NotDrawable
@@ -230,8 +231,6 @@ def row_drawn(row: Sequence[int], options: GridOptions) -> tuple[list[int], int 
 def channels_last(features: FeatureReader, row: Sequence[int]) -> bool:
     """Whether rows of this shape are ``[H, W, C]`` maps (see :func:`hookcli.families.channels_last_output`): told
     only for a file whose preprocessing made every image square."""
-    from hookcli.families import channels_last_output, square_input
-
     if len(row) != 3 or not channels_last_output([0, *row]):
         return False
     try:

@@ -23,6 +23,7 @@ from collections.abc import Container, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from hookcli.console import printable
+from hookcli.files import format_bytes
 from hookcli.storage.reader import FeatureReader
 
 if TYPE_CHECKING:
@@ -154,8 +155,6 @@ def metadata_order(metadata) -> list[str]:
 
 def info_lines(described: dict, *, stats: bool = True) -> list[str]:
     """:func:`describe_file`'s result as ``hookcli info`` prints it: a title, a table of tensors, the metadata."""
-    from hookcli.files import format_bytes
-
     count = len(described["tensors"])
     size = format_bytes(described["bytes"])
     lines = [f"{printable(described['file'])}  {size}  {count} tensor{'s' if count != 1 else ''}"]

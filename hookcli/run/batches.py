@@ -9,7 +9,11 @@ import os
 from collections.abc import Iterable, Iterator, Sequence
 
 from hookcli.errors import ImageError, VideoError
+from hookcli.inputs import decoding
+from hookcli.inputs.decoding import DeviceDecoder
+from hookcli.inputs.images import load_rgb
 from hookcli.inputs.preprocess import Preprocess
+from hookcli.inputs.video import close_decoders
 from hookcli.run.settings import RunSettings
 
 __all__ = ["Decoded", "image_loader", "reported_failures", "videos_closed"]
@@ -23,8 +27,6 @@ class _Images:
     """A dataset of decoded, preprocessed images; a failure comes back as a value, never raised in a worker."""
 
     def __init__(self, paths: Sequence, preprocess: Preprocess) -> None:
-        from hookcli.inputs.images import load_rgb
-
         self.paths, self.load, self.kind = paths, load_rgb, preprocess.kind
         self.transform, self.decode_size = preprocess.to_transform(), preprocess.decode_size
 
@@ -117,8 +119,6 @@ def image_loader(paths: Sequence, settings: RunSettings, *, order: Iterable[list
     import torch
     from torch.utils.data import DataLoader
 
-    from hookcli.inputs import decoding
-
     preprocess, workers = settings.preprocess, settings.workers
     assert preprocess is not None and workers is not None, "resolved settings decide both"
     on_device = preprocess.decode == "device"
@@ -153,8 +153,6 @@ class Decoded:
     """
 
     def __init__(self, loader, settings: RunSettings, on_note) -> None:
-        from hookcli.inputs.decoding import DeviceDecoder
-
         self.loader = loader
         self._batches: Iterator | None = None  # the workers start with the first batch asked for
         preprocess = settings.preprocess
@@ -186,6 +184,4 @@ def videos_closed():
     try:
         yield
     finally:
-        from hookcli.inputs.video import close_decoders
-
         close_decoders()

@@ -10,7 +10,12 @@ from pathlib import Path
 
 from hookcli.errors import ImageError
 from hookcli.events import Advanced, Event, Note, Skipped, Started, Wrote
+from hookcli.pictures.options import GridOptions
+from hookcli.run.pipeline import iter_batches
 from hookcli.run.plan import RunPlan
+from hookcli.storage import writers
+from hookcli.storage.features import Features
+from hookcli.storage.shards import open_features
 
 __all__ = ["draw_grids", "execute"]
 
@@ -27,9 +32,6 @@ def execute(run: RunPlan, progress: Callable[[Event], None] | None = None):
     ``index.jsonl``; a CAM folder's ``cams.safetensors``); to stdout: None.
     Raises :class:`~hookcli.errors.ImageError` when no input could be read.
     """
-    from hookcli.run.pipeline import iter_batches
-    from hookcli.storage.features import Features
-
     emit = progress or _ignore
     notes: list[str] = []
 
@@ -75,9 +77,6 @@ def execute(run: RunPlan, progress: Callable[[Event], None] | None = None):
         if isinstance(result, Features):
             result.notes = tuple(notes)
         if run.grid and complete and writer.finisher:
-            from hookcli.pictures.options import GridOptions
-            from hookcli.storage.shards import open_features
-
             with result if isinstance(result, Features) else open_features(run.output.named_path) as written:
                 draw_grids(written, GridOptions(), run.grid, force=run.force, progress=emit)
     if run.output.kind == "stdout":
@@ -86,8 +85,6 @@ def execute(run: RunPlan, progress: Callable[[Event], None] | None = None):
 
 
 def _writer(run: RunPlan, note: Callable[[str], None]):
-    from hookcli.storage import writers
-
     kind = run.output.kind
     if kind == "memory":
         return writers.MemoryWriter(run.record, run.inputs)
@@ -126,6 +123,7 @@ def draw_grids(features, options, output, *, force: bool = False, progress: Call
     file name → ``uint8 [H, W, 3]`` pixels. Undrawable tensors are reported
     as :class:`Note` s.
     """
+    # numpy and Pillow load here, not with the run layer: plan's early refusals answer before them.
     from hookcli.pictures.grids import plan_grids, render_all, write_grids
 
     emit = progress or _ignore

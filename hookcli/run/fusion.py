@@ -44,6 +44,8 @@ import torch.fx
 import torch.nn as nn
 import torch.nn.functional as F
 
+from hookcli.run.capture import preserved_mode
+
 __all__ = ["FusedConvolution", "FusionAttempt", "fused_convolutions", "fused_for_inference", "fusion_attempt"]
 
 
@@ -128,8 +130,6 @@ def _available(dtype) -> bool:
 def _traced(model, keep: set[str]):
     """A GraphModule of ``model`` with the kept modules as leaves, or None when tracing fails."""
     import torchvision.ops
-
-    from hookcli.run.capture import preserved_mode
 
     class Tracer(torch.fx.Tracer):
         def is_leaf_module(self, module, qualified_name: str) -> bool:

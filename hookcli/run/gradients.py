@@ -35,10 +35,20 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from hookcli.errors import CaptureError, UsageProblem
-from hookcli.families import channels_last_output, family_traits, is_square
+from hookcli.families import (
+    batch_device,
+    call_model,
+    channels_last_output,
+    family_traits,
+    is_square,
+    ragged_rows,
+    rows_by_shape,
+)
 from hookcli.models.loaded import LoadedModel
 from hookcli.options import CAM_METHODS
+from hookcli.pictures.render import map_layout
 from hookcli.run.capture import GradientCapture, preserved_mode
+from hookcli.run.forwards import DetectionRows
 from hookcli.run.speed import compute_precision
 from hookcli.storage.fileformat import RunFacts
 
@@ -204,9 +214,6 @@ class GradientForward:
         categories: Sequence[str] | None = None,
         scores: str | None = None,
     ) -> None:
-        from hookcli.families import ragged_rows
-        from hookcli.run.forwards import DetectionRows
-
         self.model, self.settings, self.target, self.categories = model, settings, target, categories
         self.scores = scores  # the output field holding the scores (a transformers model's logits), if not a tensor
         self.capture = GradientCapture(model, layers)
@@ -230,8 +237,6 @@ class GradientForward:
         self._stack.close()
 
     def __call__(self, batch) -> tuple[dict, list | None]:
-        from hookcli.families import batch_device, rows_by_shape
-
         with compute_precision(self.settings.precision, batch_device(batch)):
             if self.rows is not None:  # a detection model
                 captured, about, _ = self.capture.run_gradients(list(batch), score=self._detection_scores)
@@ -412,8 +417,6 @@ def spatial_maps(tensor, prefix_tokens: int | None = None):
     if tensor.dim() == 4:
         return tensor.permute(0, 3, 1, 2) if channels_last_output(tensor.shape) else tensor
     if tensor.dim() == 3:
-        from hookcli.pictures.render import map_layout
-
         dim, side, _, layout = map_layout(tensor.shape[1:], prefix_tokens)  # the square pictures draw, too
         if layout != "matrix":
             grid = tensor[:, tensor.shape[1] - side * side :, :]
@@ -461,8 +464,6 @@ def default_cam_layer(loaded: LoadedModel, example) -> str:
     family's natural input (:func:`hookcli.families.natural_input`).
     """
     import torch
-
-    from hookcli.families import call_model
 
     name, model = loaded.name, loaded.module
     prefix = {"detection": "backbone.body.", "segmentation": "backbone."}.get(loaded.family, "")

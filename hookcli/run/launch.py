@@ -38,6 +38,7 @@ from typing import Any
 
 from hookcli.console import Terminated
 from hookcli.errors import HookcliError, UsageProblem, first_line, seconds_from_environment
+from hookcli.storage.fileformat import identity_differences
 
 __all__ = [
     "DEFAULT_JOIN_TIMEOUT",
@@ -312,8 +313,6 @@ class Team:
 
     def check_same(self, identity: Mapping) -> None:
         """Raise :class:`UsageProblem` on every rank unless every rank runs the same command on the same inputs."""
-        from hookcli.storage.fileformat import identity_differences
-
         everyone: list = [None] * self.part.count
         self._dist.all_gather_object(everyone, dict(identity))
         for rank, other in enumerate(everyone):

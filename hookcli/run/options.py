@@ -13,7 +13,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from hookcli.errors import UsageProblem
+from hookcli.inputs.preprocess import check_normalisation, parse_triple
 from hookcli.options import RUN_COMMANDS, check_value, declared, options_of
+from hookcli.run.device import parse_device
+from hookcli.run.launch import parse_part
 
 __all__ = ["CLIPS", "COMMAND_OPTIONS", "run_options", "refuse_unknown", "RunOptions"]
 
@@ -65,9 +68,6 @@ class RunOptions:
     part: str | None = _default("part")  # K/N: this process is the K-th of N sharing a shard folder
 
     def __post_init__(self) -> None:
-        from hookcli.inputs.preprocess import check_normalisation, parse_triple
-        from hookcli.run.device import parse_device
-
         for name in _CHECKED:
             check_value(declared(name), getattr(self, name))
         if self.fast_decode and self.decode == "device":
@@ -86,8 +86,6 @@ class RunOptions:
         if isinstance(self.pair_with, str | os.PathLike):  # one folder or file, as inputs may be given
             object.__setattr__(self, "pair_with", (self.pair_with,))
         if self.part is not None:
-            from hookcli.run.launch import parse_part
-
             parse_part(self.part)
 
 

@@ -13,7 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from hookcli.errors import UsageProblem
+from hookcli.errors import OutputExistsError, UsageProblem
+from hookcli.files import check_writable
+from hookcli.inputs.names import IMAGE_SUFFIXES
+from hookcli.models.specs import parse_model
+from hookcli.storage.shards import check_folder_target
 
 __all__ = [
     "check_target",
@@ -89,8 +93,6 @@ def default_output_name(model_name: str, keys: Sequence[str], *, folder: bool = 
 
 def _label(model_name: str) -> str:
     """The model's name as a file name: ``timm-resnet50`` for ``timm:resnet50`` (see :mod:`hookcli.models.sources`)."""
-    from hookcli.models.specs import parse_model
-
     return parse_model(model_name).label
 
 
@@ -110,9 +112,6 @@ def check_target(kind: str, path: str, inputs: Sequence[Path], force: bool) -> N
 
 
 def _check_output(kind: str, path: str, force: bool) -> None:
-    from hookcli.files import check_writable
-    from hookcli.storage.shards import check_folder_target
-
     if kind == "folder":
         check_folder_target(path)
     else:
@@ -158,8 +157,6 @@ def _refuse_other_format(path: str) -> None:
 
     Any other name is written as given, one without a suffix too.
     """
-    from hookcli.inputs.names import IMAGE_SUFFIXES
-
     suffix = Path(path).suffix
     if suffix.lower() in _OTHER_FORMATS | IMAGE_SUFFIXES:
         raise UsageProblem(
@@ -172,7 +169,6 @@ def _refuse_other_format(path: str) -> None:
 def refuse_drawn_grids(folder: str, keys: Sequence[str]) -> None:
     """``--grid``: refuse, before any work, a folder that already holds pictures of these keys (grid writes a layer's
     PNGs under names that start with its key; see :mod:`hookcli.pictures.grids`)."""
-    from hookcli.errors import OutputExistsError
     from hookcli.pictures.grids import safe_name
 
     try:

@@ -27,6 +27,10 @@ callback as values (:mod:`hookcli.events`).
 >>> features = execute(run, progress=events.append)
 >>> features["layer2"].shape, events[0]
 (torch.Size([1, 128, 8, 8]), Started(total=1, done=0, output=None))
+
+Imports inside :func:`plan`'s helpers are deliberate: the inputs' decoders
+(Pillow), the gradient targets and the pictures (numpy) load after the
+checks that need none of them, so that a refused command answers at once.
 """
 
 from __future__ import annotations
@@ -42,11 +46,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hookcli.errors import UsageProblem
-from hookcli.families import family_traits
+from hookcli.console import counted
+from hookcli.errors import UsageProblem, VideoError
+from hookcli.families import CPU_ONLY, DEFAULT_CLIP_LENGTH, family_traits, map_batch, natural_input
 from hookcli.files import check_folder_output, refuse_existing
 from hookcli.inputs.archives import input_key
+from hookcli.inputs.preprocess import DEVICE_DECODE_KINDS
+from hookcli.models import loading
+from hookcli.models.loaded import LoadedModel, num_classes
+from hookcli.models.loading import model_family, resolve_weights
 from hookcli.options import LARGE_INPUT
+from hookcli.run.device import resolve_device
+from hookcli.run.forwards import extraction_forward
+from hookcli.run.launch import cpu_threads, detect_part, join_team, local_device, parse_part
 from hookcli.run.options import CLIPS, COMMAND_OPTIONS, RunOptions, run_options
 from hookcli.run.outputs import (
     Output,
@@ -56,7 +68,10 @@ from hookcli.run.outputs import (
     refuse_drawn_grids,
     refuse_overwriting_inputs,
 )
-from hookcli.storage.fileformat import RunRecord
+from hookcli.run.selectors import resolve_layers, selector_keys
+from hookcli.run.settings import RunSettings
+from hookcli.run.speed import check_precision
+from hookcli.storage.fileformat import RunRecord, identity, inputs_digest
 
 if TYPE_CHECKING:  # the engine's types: their modules load when a run needs them
     from hookcli.models.loaded import LoadedModel
@@ -104,10 +119,6 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
     ``/``, or an existing folder: a ``pathlib.Path`` drops the trailing slash). Raises the library's errors; usage
     errors before any model loads.
     """
-    from hookcli.models.loaded import LoadedModel
-    from hookcli.models.loading import model_family, resolve_weights
-    from hookcli.run.selectors import selector_keys
-
     if command not in COMMAND_OPTIONS:
         raise UsageProblem(f"unknown command '{command}'", hint=f"use one of {', '.join(COMMAND_OPTIONS)}")
     opts = run_options(command, options)
@@ -140,8 +151,6 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
             assert path is not None, "output_kind names a cam run's folder"
             check_folder_output(path)
             refuse_existing([Path(path) / "cams.safetensors"], force=opts.force)
-    from hookcli.run.launch import join_team
-
     team = join_team(part)
     with _left_on_error(team):
         if team is not None and "-" in _arguments(inputs) + _arguments(opts.pair_with or ()):
@@ -163,11 +172,6 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
         if not isinstance(model, LoadedModel):
             # The last check before torch: the registry cache answers it, and only a cold cache imports torchvision.
             resolve_weights(model_name, opts.weights)
-
-        from hookcli.families import DEFAULT_CLIP_LENGTH
-        from hookcli.run.device import resolve_device
-        from hookcli.run.launch import cpu_threads, local_device
-        from hookcli.run.speed import check_precision
 
         device = resolve_device(local_device(part, opts.device))
         threads = cpu_threads(part)
@@ -194,7 +198,6 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
             notes += ("--compile: gradients need the eager graph with hooks; running eagerly",)
         target = None
         if command != "extract":
-            from hookcli.models.loaded import num_classes
             from hookcli.run.gradients import parse_target
 
             target = parse_target(
@@ -219,8 +222,6 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
                 "clips_per_video": str(opts.clips_per_video),
             }
         elif row == "pair" and opts.pair_with:  # a resumed run must pair the same second images
-            from hookcli.storage.fileformat import inputs_digest
-
             entries = {**entries, "second_inputs_sha256": inputs_digest([input_key(p.second) for p in paths])}
         elif row == "pair":
             entries = {**entries, "frame_stride": str(opts.frame_stride)}
@@ -261,8 +262,6 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
         )
         cam_look = {"method": opts.method, "alpha": opts.alpha, "cmap": opts.cmap} if command == "cam" else None
         if team is not None:
-            from hookcli.storage.fileformat import identity
-
             team.check_same(identity(record))
         return RunPlan(
             command=command,
@@ -298,8 +297,6 @@ def _left_on_error(team):
 def _part(opts: RunOptions, kind: str, output) -> Part | None:
     """This process's :class:`~hookcli.run.launch.Part` of a shard folder that many write (``--part``, or what a
     launcher says), or None."""
-    from hookcli.run.launch import detect_part, parse_part
-
     if opts.part is not None:
         if kind not in ("folder", "default"):
             raise UsageProblem(
@@ -332,8 +329,6 @@ _NO_GRADIENTS = {
 
 def _settings(command: str, opts: RunOptions):
     """The run settings the options ask for, validated; preprocessing is the model's, filled in once it loads."""
-    from hookcli.run.settings import RunSettings
-
     extracting = command == "extract"
     return RunSettings(
         capture=opts.capture if extracting else "output",
@@ -363,8 +358,6 @@ def _preprocess(loaded, opts: RunOptions):
         and opts.crop is None
     ):
         resize = (opts.resize, opts.resize)
-    from hookcli.inputs.preprocess import DEVICE_DECODE_KINDS
-
     kind = loaded.preprocess.kind
     if opts.decode == "device" and kind not in DEVICE_DECODE_KINDS:
         raise UsageProblem(
@@ -386,7 +379,6 @@ def _preprocess(loaded, opts: RunOptions):
 def _gather(inputs, family: str, opts: RunOptions) -> tuple:
     """``(rows, notes)``: the run's rows, images (:class:`~hookcli.inputs.images.FoundInputs`) or for video and
     optical-flow models the clips or frame pairs of the videos given (:mod:`hookcli.inputs.video`), and what to tell."""
-    from hookcli.families import DEFAULT_CLIP_LENGTH, family_traits
     from hookcli.inputs.images import FoundInputs, find_inputs
 
     recursive = opts.recursive
@@ -394,7 +386,6 @@ def _gather(inputs, family: str, opts: RunOptions) -> tuple:
     if not family_traits(family).videos:
         found = find_inputs(arguments, recursive=recursive)
         return found, (found.note,) if found.note else ()
-    from hookcli.errors import VideoError
     from hookcli.inputs import video
 
     if opts.pair_with:
@@ -427,7 +418,6 @@ def _gather(inputs, family: str, opts: RunOptions) -> tuple:
 
 def _image_pairs(arguments: list[str], opts: RunOptions, recursive: bool):
     """Optical flow from two image lists: the inputs are each pair's first images, ``pair_with`` its second ones."""
-    from hookcli.console import counted
     from hookcli.inputs.images import FoundInputs, find_inputs
     from hookcli.inputs.video import ImagePair
 
@@ -458,8 +448,6 @@ def _fitted_to_family(command: str, family: str, opts: RunOptions, given: Mappin
 
     Said before any model loads: the family comes from the registry cache.
     """
-    from hookcli.families import CPU_ONLY, family_traits
-
     traits = family_traits(family)
     if command == "cam" and not traits.cams or command == "grad" and not traits.gradients:
         raise UsageProblem(f"{command} does not apply to {family.replace('_', ' ')} models", hint=_NO_GRADIENTS[family])
@@ -515,18 +503,12 @@ def _fitted_to_family(command: str, family: str, opts: RunOptions, given: Mappin
 
 
 def _load(name: str, opts: RunOptions):
-    from hookcli.models.loading import load_model
-
-    return load_model(name, opts.weights, seed=opts.seed or 0)
+    return loading.load_model(name, opts.weights, seed=opts.seed or 0)  # looked up on use: a test's seam
 
 
 def _command_parts(command, loaded, layers, settings, opts, target):
     """``(layers, forward factory, the command's own metadata entries)`` for ``command``."""
-    from hookcli.run.selectors import resolve_layers
-
     if command == "extract":
-        from hookcli.run.forwards import extraction_forward
-
         return (
             resolve_layers(loaded.module, _selectors(layers), model_name=loaded.name),
             extraction_forward(settings),
@@ -560,8 +542,6 @@ def _selectors(layers) -> list[str]:
 
 
 def _cam_layer(loaded, selector, settings) -> str:
-    from hookcli.run.selectors import resolve_layers
-
     if selector:
         if not isinstance(selector, str):
             (selector,) = selector
@@ -571,7 +551,6 @@ def _cam_layer(loaded, selector, settings) -> str:
                 f"cam takes one layer, and '{selector}' matches {len(chosen)}", hint="see 'hookcli cam --help'"
             )
         return next(iter(chosen))
-    from hookcli.families import map_batch, natural_input
     from hookcli.run.gradients import default_cam_layer
 
     device = next(loaded.module.parameters()).device  # a model reused from an earlier run may be on a GPU

@@ -29,7 +29,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from hookcli.errors import UnknownLayerError, UsageProblem
+from hookcli.families import call_model
 from hookcli.patterns import glob_to_regex
+from hookcli.run.capture import preserved_mode
 
 __all__ = [
     "LayerInfo",
@@ -194,9 +196,6 @@ def describe_layers(model, example) -> list[LayerInfo]:
     are removed and the model's mode restored before returning.
     """
     import torch
-
-    from hookcli.families import call_model
-    from hookcli.run.capture import preserved_mode
 
     layers = hookable_layers(model)
     rows = {

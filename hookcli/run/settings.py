@@ -20,6 +20,7 @@ from hookcli.inputs.preprocess import Preprocess
 from hookcli.models.loaded import LoadedModel
 from hookcli.options import CAPTURE_KINDS, DTYPES, ON_ERROR, POOLS
 from hookcli.run import speed
+from hookcli.run.device import resolve_device
 from hookcli.storage.fileformat import RunFacts
 
 if TYPE_CHECKING:
@@ -86,8 +87,6 @@ class RunSettings:
         also when it resumes part-way, so a resumed run decides as the first
         one did. Resolved settings resolve to themselves.
         """
-        from hookcli.run.device import resolve_device
-
         device = self.device if not isinstance(self.device, str) else resolve_device(self.device)
         speed.check_precision(self.precision, device)
         workers = self.workers if self.workers is not None else default_workers(device, inputs, self.batch_size)

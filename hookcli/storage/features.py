@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from hookcli.errors import FeatureFileError
-from hookcli.files import NotRegularFile, atomic_path, open_regular
+from hookcli.files import SETTLE_IN_PLACE, NotRegularFile, atomic_path, open_regular
 from hookcli.storage.fileformat import ROW_SHAPE, RunFacts
 
 if TYPE_CHECKING:
@@ -51,16 +51,26 @@ def write_safetensors(
     *,
     force: bool = False,
     publish: Callable[[], contextlib.AbstractContextManager[bool]] | None = None,
+    in_place: bool = False,
 ) -> None:
     """Write ``tensors`` and ``metadata`` to a path (atomically; ``publish`` as :func:`atomic_path`'s) or to a
-    binary stream."""
+    binary stream.
+
+    ``in_place``: serialise in memory and write the bytes into the temporary file :func:`atomic_path` holds
+    locked, instead of letting safetensors replace it with a file of its own; the temporary file is then never
+    unlocked while in use, so one left unlocked is abandoned at once (shards, of a bounded size, are written so).
+    """
     from safetensors.torch import save, save_file
 
     tensors = {key: value.contiguous() for key, value in tensors.items()}
     metadata = dict(metadata)
     if isinstance(destination, str | os.PathLike):
-        with atomic_path(destination, force=force, publish=publish) as temporary:
-            save_file(tensors, str(temporary), metadata=metadata)
+        settle = SETTLE_IN_PLACE if in_place else None
+        with atomic_path(destination, force=force, publish=publish, settle=settle) as temporary:
+            if in_place:
+                temporary.write_bytes(save(tensors, metadata=metadata))
+            else:
+                save_file(tensors, str(temporary), metadata=metadata)
         return
     destination.write(save(tensors, metadata=metadata))
     destination.flush()

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from hookcli.errors import FeatureFileError, OutputExistsError
-from hookcli.files import remove_abandoned, reporting_full_disk
+from hookcli.files import SETTLE_IN_PLACE, atomic_path, remove_abandoned, reporting_full_disk
 from hookcli.storage import fileformat
 from hookcli.storage.claims import Claims, FolderLock
 from hookcli.storage.features import write_safetensors
@@ -105,7 +105,8 @@ class ShardWriter:
         if header is None:
             self._remove_old_run(force)
             self.claims.clear()
-        remove_abandoned(self.folder, ".features-*.safetensors.*.part")  # left by killed processes
+        # Left by killed processes: shards are written in place, so an unlocked one is abandoned.
+        remove_abandoned(self.folder, ".features-*.safetensors.*.part", settle=SETTLE_IN_PLACE)
         self.header = header
         self.shard_size: int | None = header["shard_size"] if header else None
         if header is not None:
@@ -145,8 +146,6 @@ class ShardWriter:
 
     def _rewrite_index(self, lines: Sequence[Mapping]) -> None:
         """The header and ``lines`` (in shard order), atomically: a reader sees the old index or this one."""
-        from hookcli.files import atomic_path
-
         with atomic_path(self.index_path, force=True) as temporary:
             temporary.write_text("".join(json.dumps(line) + "\n" for line in [self.header, *lines]))
         found = os.lstat(self.index_path)
@@ -343,7 +342,12 @@ class ShardWriter:
     def _write(self, number, tensors, metadata, inputs, skipped, details) -> None:
         line = fileformat.index_line(number, self._size, self.total, inputs, skipped, details)
         write_safetensors(
-            tensors, metadata, self.folder / line["file"], force=True, publish=lambda: self._publishing(number, line)
+            tensors,
+            metadata,
+            self.folder / line["file"],
+            force=True,
+            publish=lambda: self._publishing(number, line),
+            in_place=True,
         )
 
     @contextlib.contextmanager

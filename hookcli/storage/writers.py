@@ -45,6 +45,7 @@ from hookcli.inputs.archives import input_name
 from hookcli.storage import fileformat
 from hookcli.storage.features import Features, write_safetensors
 from hookcli.storage.fileformat import ROW_SHAPE, RunFacts, RunRecord
+from hookcli.storage.shard_writer import ShardWriter
 
 if TYPE_CHECKING:
     from hookcli.storage.shard_writer import ShardWriter
@@ -271,8 +272,6 @@ class FolderWriter:
         return self.writer.inputs_done
 
     def begin(self, batch_size: int):
-        from hookcli.storage.shard_writer import ShardWriter
-
         self.batch_size = batch_size
         self._writer = ShardWriter(
             self.folder,

@@ -17,9 +17,10 @@ import warnings
 from pathlib import Path
 
 from hookcli.errors import UnknownModelError
-from hookcli.models.loaded import prefix_tokens
+from hookcli.inputs.preprocess import Preprocess
+from hookcli.models.loaded import LoadedModel, prefix_tokens
 from hookcli.models.specs import ModelSpec, SourceError
-from hookcli.models.weights import file_weights
+from hookcli.models.weights import file_weights, fit_state_dict, read_state_dict
 
 __all__ = [
     "assumed_preprocess",
@@ -73,8 +74,6 @@ def quiet_libraries():
 
 
 def loaded_model(spec: ModelSpec, module, described: dict, preprocess, **fields):
-    from hookcli.models.loaded import LoadedModel
-
     module.eval()
     fields.setdefault("categories", None)
     return LoadedModel(
@@ -95,8 +94,6 @@ def load_weights_file(spec: ModelSpec, module, path: Path, part: str = "") -> di
     ``part``: a prefix (``visual.``) whose entries are the module's, when the file holds a whole model of which
     ``module`` is one tower.
     """
-    from hookcli.models.weights import fit_state_dict, read_state_dict
-
     state = read_state_dict(path)
     if part and any(key.startswith(part) for key in state):
         state = {key[len(part) :]: value for key, value in state.items() if key.startswith(part)}
@@ -108,8 +105,6 @@ def assumed_preprocess(spec: ModelSpec, why: str, side: int | None = None):
     """ImageNet's preprocessing, for a model that gives none: resize 256 and crop 224, or in that proportion for a
     model made for ``side`` pixels; and why it is assumed (said with the parts a run uses,
     :meth:`~hookcli.models.loaded.LoadedModel.notes_for`)."""
-    from hookcli.inputs.preprocess import Preprocess
-
     crop = side or 224
     return Preprocess(resize=int(crop * 256 / 224), crop=crop), f"{spec.text}: {why}"  # mean and std: ImageNet's
 

@@ -13,13 +13,14 @@ import sys
 from pathlib import Path
 
 from hookcli.errors import UsageProblem, first_line
+from hookcli.inputs.preprocess import Preprocess
 from hookcli.models.sources.common import (
     assumed_preprocess,
     load_weights_file,
     loaded_model,
 )
 from hookcli.models.specs import ModelSpec, SourceError, search_current_folder
-from hookcli.models.weights import file_sha256, seeded
+from hookcli.models.weights import file_sha256, looks_like_weights_path, seeded
 
 __all__ = ["load"]
 
@@ -53,8 +54,6 @@ def load(spec: ModelSpec, weights: str, seed: int):
             f"the factory {spec.name} returned a TorchScript module, whose inside forward hooks cannot reach",
             hint="return the Python model it was scripted from",
         )
-    from hookcli.models.weights import looks_like_weights_path
-
     if looks_like_weights_path(weights):
         described = load_weights_file(spec, module, Path(weights))
     elif weights.lower() == "none":
@@ -113,8 +112,6 @@ def _is_scripted(module) -> bool:
 def _given_preprocess(spec: ModelSpec, given):
     """A factory's preprocessing: a :class:`~hookcli.inputs.preprocess.Preprocess`, a dict of its fields, or a
     torchvision weights' ``transforms()``."""
-    from hookcli.inputs.preprocess import Preprocess
-
     if isinstance(given, Preprocess):
         return given
     try:

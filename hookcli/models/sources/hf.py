@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 
 from hookcli.errors import UsageProblem, first_line
+from hookcli.inputs.preprocess import Preprocess, parse_triple
 from hookcli.models.sources.common import (
     assumed_preprocess,
     hub_cached,
@@ -24,7 +25,7 @@ from hookcli.models.sources.common import (
     not_cached,
 )
 from hookcli.models.specs import MISSING, ModelSpec, SourceError, check_model, regular_file_problem
-from hookcli.models.weights import file_sha256, seeded
+from hookcli.models.weights import file_sha256, looks_like_weights_path, seeded
 from hookcli.options import MAX_SIDE
 
 __all__ = ["list_models", "load"]
@@ -67,8 +68,6 @@ def _load_hf_quietly(spec: ModelSpec, weights: str, seed: int):
     architectures = [a for a in architectures if isinstance(a, str)] if isinstance(architectures, list) else []
     classifier = any("ForImageClassification" in a for a in architectures)  # …WithTeacher too
     auto = transformers.AutoModelForImageClassification if classifier else transformers.AutoModel
-    from hookcli.models.weights import looks_like_weights_path
-
     if weights.lower() == "default":
         if not spec.hf_folder and not hub_has_weights(spec.name):
             raise not_cached(spec, spec.name, "model.safetensors")
@@ -280,8 +279,6 @@ def _image_size(config) -> int | None:
 def _processor_steps(config: dict):
     """Resize (shortest edge, or to an exact height and width), centre crop, rescale, normalise; ValueError naming
     the field that cannot be used (the file is untrusted: any value at all)."""
-    from hookcli.inputs.preprocess import Preprocess
-
     if not isinstance(config, dict):
         raise ValueError("it is not a JSON object")
     size = config.get("size") or {}
@@ -343,8 +340,6 @@ def _pixels(value, field: str) -> int:
 
 def _normalisation(config: dict, field: str) -> tuple[float, float, float]:
     """A processor file's ``image_mean`` or ``image_std``: one or three finite numbers (a std's above 0)."""
-    from hookcli.inputs.preprocess import parse_triple
-
     if field not in config:
         raise ValueError(f"it has no {field}")
     value = config[field]

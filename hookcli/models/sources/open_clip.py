@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 from hookcli.errors import UnknownWeightsError, first_line
+from hookcli.inputs.preprocess import Preprocess
 from hookcli.models.sources.common import (
     hub_cached,
     load_weights_file,
@@ -17,7 +18,7 @@ from hookcli.models.sources.common import (
     unknown_model,
 )
 from hookcli.models.specs import ModelSpec, SourceError, check_model
-from hookcli.models.weights import seeded
+from hookcli.models.weights import looks_like_weights_path, seeded
 
 __all__ = ["list_models", "load"]
 
@@ -44,8 +45,6 @@ def load(spec: ModelSpec, weights: str, seed: int):
         arch = path.stem
     elif arch not in open_clip.list_models() and not arch.startswith("hf-hub:"):
         raise unknown_model(spec, open_clip.list_models(), "hookcli models --source open_clip")
-    from hookcli.models.weights import looks_like_weights_path
-
     tag = None
     if weights.lower() not in ("none",) and not looks_like_weights_path(weights):
         tags = open_clip.list_pretrained_tags_by_model(arch)
@@ -105,8 +104,6 @@ def _require_open_clip_files(spec: ModelSpec, arch: str, tag: str) -> None:
 
 
 def _open_clip_preprocess(config: dict):
-    from hookcli.inputs.preprocess import Preprocess
-
     size = config["size"]
     side = size if isinstance(size, int) else size[0]
     resize: int | tuple[int, int] = (side, side) if config.get("resize_mode", "shortest") == "squash" else side

@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 from hookcli.errors import UnknownWeightsError, UsageProblem, first_line
+from hookcli.inputs.preprocess import Preprocess
 from hookcli.models.sources.common import (
     hub_cached,
     load_weights_file,
@@ -15,7 +16,8 @@ from hookcli.models.sources.common import (
     unknown_model,
 )
 from hookcli.models.specs import ModelSpec, SourceError, check_model
-from hookcli.models.weights import hub_checkpoint_path, seeded
+from hookcli.models.weights import hub_checkpoint_path, looks_like_weights_path, seeded
+from hookcli.options import INTERPOLATIONS
 
 __all__ = ["default_tag", "list_models", "load"]
 
@@ -27,8 +29,6 @@ def load(spec: ModelSpec, weights: str, seed: int):
     name, _, tag = spec.name.partition(".")
     if not timm.is_model(name):
         raise unknown_model(spec, timm.list_models(), "hookcli models --source timm")
-    from hookcli.models.weights import looks_like_weights_path
-
     pretrained = weights.lower() != "none" and not looks_like_weights_path(weights)
     if pretrained and tag and weights.lower() != "default" and weights.removeprefix(name + ".") != tag:
         raise UsageProblem(
@@ -135,9 +135,6 @@ def _require_timm_files(spec: ModelSpec, full: str, config) -> None:
 def _timm_preprocess(config: dict):
     """timm's evaluation transform (``transforms_imagenet_eval``) as a
     :class:`~hookcli.inputs.preprocess.Preprocess`."""
-    from hookcli.inputs.preprocess import Preprocess
-    from hookcli.options import INTERPOLATIONS
-
     notes = []
     height, width = config["input_size"][-2:]
     crop_pct = config.get("crop_pct") or 0.875
