@@ -179,13 +179,10 @@ def atomic_path(
     """
     path = check_writable(target, force=force)
     remove_abandoned(path.parent, f".{glob.escape(path.name)}.*.part", settle=settle)
-    with reporting_full_disk(path):
-        handle, temporary_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
-    temporary = Path(temporary_name)
+    handle, temporary = _locked_temporary(path)
     written = None
     try:
         with reporting_full_disk(path):
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)  # marks it in use; released when closed
             yield temporary
             written = os.open(temporary, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
             if os.fstat(written).st_ino != os.fstat(handle).st_ino:
@@ -202,6 +199,24 @@ def atomic_path(
         os.close(handle)
         if written is not None:
             os.close(written)
+
+
+def _locked_temporary(path: Path) -> tuple[int, Path]:
+    """A new temporary file beside ``path``, locked (marked in use; released when its descriptor closes).
+
+    Between being made and being locked a file is unlocked for a moment, and another process sweeping abandoned
+    files may remove it then: one whose name no longer leads to the locked file is made again.
+    """
+    while True:
+        with reporting_full_disk(path):
+            handle, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        try:
+            if os.stat(name, follow_symlinks=False).st_ino == os.fstat(handle).st_ino:
+                return handle, Path(name)
+        except FileNotFoundError:
+            pass
+        os.close(handle)
 
 
 @contextlib.contextmanager
@@ -224,9 +239,9 @@ def reporting_full_disk(path: str | os.PathLike) -> Iterator[None]:
 #: A temporary file no process holds is left alone this many seconds after it last changed: between being
 #: created (or replaced by its writer) and being locked, a file in use is briefly unlocked.
 _ABANDONED_AFTER = 60.0
-#: The same for a temporary file its writer never replaces (written in place): it is unlocked only between being
-#: created and being locked, microseconds apart.
-SETTLE_IN_PLACE = 5.0
+#: The same for a temporary file its writer never replaces (written in place): none, since it is unlocked only
+#: between being made and being locked, and one swept in that moment is made again (:func:`atomic_path`).
+SETTLE_IN_PLACE = 0.0
 
 
 def remove_abandoned(folder: Path, pattern: str, *, settle: float | None = None) -> None:
@@ -242,7 +257,7 @@ def remove_abandoned(folder: Path, pattern: str, *, settle: float | None = None)
             continue
         try:
             found = os.fstat(descriptor)
-            if stat.S_ISREG(found.st_mode) and time.time() - found.st_mtime > settle:
+            if stat.S_ISREG(found.st_mode) and time.time() - found.st_mtime >= settle:
                 fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 candidate.unlink(missing_ok=True)
         except OSError:

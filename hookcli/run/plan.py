@@ -173,93 +173,23 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
             # The last check before torch: the registry cache answers it, and only a cold cache imports torchvision.
             resolve_weights(model_name, opts.weights)
 
-        device = resolve_device(local_device(part, opts.device))
-        threads = cpu_threads(part)
-        if device.type == "cpu" and threads:
-            import torch
-
-            torch.set_num_threads(threads)  # the processes on this machine share its cores
-        check_precision(opts.precision, device)
-        if opts.decode == "device" and device.type not in ("cuda", "cpu"):
-            raise UsageProblem(
-                f"--decode device decodes on CUDA GPUs (nvJPEG), not on {device.type}",
-                hint="leave out --decode device: the decode workers feed it",
-            )
+        device = _device(part, opts)
         loaded = model if isinstance(model, LoadedModel) else _load(model_name, opts)
         settings = dataclasses.replace(settings, device=device, preprocess=_preprocess(loaded, opts))
         settings = settings.resolved(loaded, len(paths))
-        notes = gathered + loaded.notes_for(options)
-        if command == "extract" and opts.compile and not settings.compile:
-            notes += (
-                f"--compile applies to classification models; this {loaded.family.replace('_', ' ')} model runs "
-                "eagerly",
-            )
-        if command != "extract" and opts.compile:
-            notes += ("--compile: gradients need the eager graph with hooks; running eagerly",)
-        target = None
-        if command != "extract":
-            from hookcli.run.gradients import parse_target
-
-            target = parse_target(
-                opts.target,
-                loaded.categories,
-                loaded.classes or num_classes(loaded.module),
-                region=opts.region,
-                family=loaded.family,
-            )
-            if loaded.scores not in (None, "logits"):
-                notes += (
-                    f"{loaded.name} has no classifier: targets are units of its "
-                    f"{'image embedding' if loaded.scores == 'embedding' else loaded.scores}",
-                )
+        target, notes = _target_and_notes(command, loaded, settings, opts)
+        notes = gathered + loaded.notes_for(options) + notes
         selected, forward, entries = _command_parts(command, loaded, layers, settings, opts, target)
-        row = family_traits(loaded.family).row
-        if row == "clip":
-            entries = {
-                **entries,
-                "clip_length": str(opts.clip_length or DEFAULT_CLIP_LENGTH),
-                "frame_stride": str(opts.frame_stride),
-                "clips_per_video": str(opts.clips_per_video),
-            }
-        elif row == "pair" and opts.pair_with:  # a resumed run must pair the same second images
-            entries = {**entries, "second_inputs_sha256": inputs_digest([input_key(p.second) for p in paths])}
-        elif row == "pair":
-            entries = {**entries, "frame_stride": str(opts.frame_stride)}
+        entries = {**entries, **_row_entries(loaded, opts, paths)}
         if path is None and kind in ("file", "folder"):
             path = default_output(command, loaded.name, list(selected.values()), kind)
             check_target(kind, path, paths, opts.force)
         if opts.grid and not opts.force:
             refuse_drawn_grids(opts.grid, list(selected.values()))
         if kind == "cam":
-            from hookcli.pictures.cams import cam_png_name
-
             assert target is not None and path is not None, "a cam run has a target and a folder"
-
-            names = [cam_png_name(i, p, k, target.count) for i, p in enumerate(paths) for k in range(target.count)]
-            planned = [Path(path) / "cams.safetensors", *(Path(path) / n for n in names)]
-            refuse_existing(planned, force=opts.force)
-            refuse_overwriting_inputs(planned, paths)
-        modules = dict(loaded.module.named_modules())
-        record = RunRecord(
-            model=loaded.name,
-            weights=loaded.weights,
-            layers=dict(selected),
-            layer_types={p: type(modules[p]).__name__ for p in selected},
-            capture=settings.capture,
-            preprocess=json.loads(settings.preprocess.to_json()),
-            pool=settings.pool or "none",
-            dtype=settings.dtype,
-            precision=settings.precision,
-            memory_format=settings.memory_format,
-            fuse=settings.fusing,
-            device=str(settings.device),
-            on_error=settings.on_error,
-            shard_size=opts.shard_size,
-            inputs=tuple(input_key(p) for p in paths),
-            command=entries,
-            family=loaded.family,
-            prefix_tokens=loaded.prefix_tokens,
-        )
+            _refuse_cam_outputs(path, paths, target.count, opts.force)
+        record = _record(loaded, selected, settings, opts, paths, entries)
         cam_look = {"method": opts.method, "alpha": opts.alpha, "cmap": opts.cmap} if command == "cam" else None
         if team is not None:
             team.check_same(identity(record))
@@ -281,6 +211,104 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
             part=part,
             team=team,
         )
+
+
+def _device(part, opts: RunOptions):
+    """The run's device, this process's threads on a CPU shared by several, and what the device refuses."""
+    device = resolve_device(local_device(part, opts.device))
+    threads = cpu_threads(part)
+    if device.type == "cpu" and threads:
+        import torch
+
+        torch.set_num_threads(threads)  # the processes on this machine share its cores
+    check_precision(opts.precision, device)
+    if opts.decode == "device" and device.type not in ("cuda", "cpu"):
+        raise UsageProblem(
+            f"--decode device decodes on CUDA GPUs (nvJPEG), not on {device.type}",
+            hint="leave out --decode device: the decode workers feed it",
+        )
+    return device
+
+
+def _target_and_notes(command: str, loaded: LoadedModel, settings: RunSettings, opts: RunOptions):
+    """``(target or None, notes)``: grad's and cam's target read against the model, and what the run says of the
+    model and of ``--compile``."""
+    notes: tuple[str, ...] = ()
+    if command == "extract" and opts.compile and not settings.compile:
+        notes += (
+            f"--compile applies to classification models; this {loaded.family.replace('_', ' ')} model runs eagerly",
+        )
+    if command != "extract" and opts.compile:
+        notes += ("--compile: gradients need the eager graph with hooks; running eagerly",)
+    if command == "extract":
+        return None, notes
+    from hookcli.run.gradients import parse_target
+
+    target = parse_target(
+        opts.target,
+        loaded.categories,
+        loaded.classes or num_classes(loaded.module),
+        region=opts.region,
+        family=loaded.family,
+    )
+    if loaded.scores not in (None, "logits"):
+        notes += (
+            f"{loaded.name} has no classifier: targets are units of its "
+            f"{'image embedding' if loaded.scores == 'embedding' else loaded.scores}",
+        )
+    return target, notes
+
+
+def _row_entries(loaded: LoadedModel, opts: RunOptions, paths) -> dict[str, str]:
+    """What a run of clips or pairs of frames records of how its rows were cut (a resumed run must cut the same)."""
+    row = family_traits(loaded.family).row
+    if row == "clip":
+        return {
+            "clip_length": str(opts.clip_length or DEFAULT_CLIP_LENGTH),
+            "frame_stride": str(opts.frame_stride),
+            "clips_per_video": str(opts.clips_per_video),
+        }
+    if row == "pair" and opts.pair_with:  # a resumed run must pair the same second images
+        return {"second_inputs_sha256": inputs_digest([input_key(p.second) for p in paths])}
+    if row == "pair":
+        return {"frame_stride": str(opts.frame_stride)}
+    return {}
+
+
+def _refuse_cam_outputs(folder: str, paths, count: int, force: bool) -> None:
+    """Refuse a CAM folder whose files exist (without ``force``) or would overwrite an input."""
+    from hookcli.pictures.cams import cam_png_name
+
+    names = [cam_png_name(i, p, k, count) for i, p in enumerate(paths) for k in range(count)]
+    planned = [Path(folder) / "cams.safetensors", *(Path(folder) / n for n in names)]
+    refuse_existing(planned, force=force)
+    refuse_overwriting_inputs(planned, paths)
+
+
+def _record(loaded: LoadedModel, selected, settings: RunSettings, opts: RunOptions, paths, entries) -> RunRecord:
+    """The run as its files record it."""
+    assert settings.preprocess is not None, "resolved settings carry their preprocessing"
+    modules = dict(loaded.module.named_modules())
+    return RunRecord(
+        model=loaded.name,
+        weights=loaded.weights,
+        layers=dict(selected),
+        layer_types={p: type(modules[p]).__name__ for p in selected},
+        capture=settings.capture,
+        preprocess=json.loads(settings.preprocess.to_json()),
+        pool=settings.pool or "none",
+        dtype=settings.dtype,
+        precision=settings.precision,
+        memory_format=settings.memory_format,
+        fuse=settings.fusing,
+        device=str(settings.device),
+        on_error=settings.on_error,
+        shard_size=opts.shard_size,
+        inputs=tuple(input_key(p) for p in paths),
+        command=entries,
+        family=loaded.family,
+        prefix_tokens=loaded.prefix_tokens,
+    )
 
 
 @contextlib.contextmanager
