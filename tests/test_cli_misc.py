@@ -120,3 +120,13 @@ def test_the_docs_describe_every_command_and_generate_the_reference_from_main():
     assert set(DOCUMENTED_ORDER) == set(main.commands)
     reference = (docs / "cli.md").read_text()
     assert "    :module: hookcli.cli\n    :command: main\n    :prog_name: hookcli\n" in reference
+
+
+def test_the_readme_says_how_to_run_the_tests_as_ci_does():
+    root = Path(__file__).parent.parent
+    readme = (root / "README.md").read_text().splitlines()
+    section = readme[readme.index("## Contributing") :]
+    fence = section.index("```bash")
+    assert section[fence + 1 : fence + 3] == ['pip install -e ".[test]"', "pytest"]
+    ci = (root / ".ci" / "run").read_text().splitlines()
+    assert ci.index('pip install -e ".[test]"') < ci.index("pytest")
