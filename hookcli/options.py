@@ -23,7 +23,7 @@ frame_stride must be a whole number of at least 1, not 0
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from hookcli.errors import UsageProblem, check_choice, check_whole
@@ -47,6 +47,7 @@ __all__ = [
     "Option",
     "check_value",
     "declared",
+    "declared_field",
     "options_of",
 ]
 
@@ -557,6 +558,12 @@ def declared(name: str, table: tuple[Option, ...] | None = None) -> Option:
     if table is None:
         return _BY_NAME[name]
     return next(option for option in table if option.name == name)
+
+
+def declared_field(name: str, table: tuple[Option, ...] | None = None) -> Any:
+    """A dataclass field holding option ``name``'s declared default: how ``RunOptions`` and ``GridOptions`` take
+    their defaults from the declarations."""
+    return field(default=declared(name, table).default)
 
 
 def options_of(command: str) -> list[Option]:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hookcli.errors import UsageProblem
-from hookcli.options import GRID_OPTIONS, check_value, declared
+from hookcli.options import GRID_OPTIONS, check_value, declared, declared_field
 
 __all__ = [
     "capped",
@@ -55,10 +55,6 @@ def default_grid_folder(source) -> str:
     return f"{Path(source).name.removesuffix('.safetensors') or 'features'}_grids"
 
 
-def _default(name: str):
-    return field(default=declared(name, GRID_OPTIONS).default)
-
-
 @dataclass(frozen=True)
 class GridOptions:
     """How to draw: which tensors and images, which channels, and the look of the grid.
@@ -73,22 +69,22 @@ class GridOptions:
     library's errors.
     """
 
-    keys: Sequence[str] = _default("keys")
-    images: Sequence[str] = _default("images")
-    channels: slice | None = _default("channels")
-    top: int | None = _default("top")
-    columns: int | None = _default("columns")
-    padding: int = _default("padding")
-    cmap: str = _default("cmap")
-    scale: str = _default("scale")
-    min_tile: int = _default("min_tile")
-    title: bool = _default("title")
-    plain: bool = _default("plain")
-    overlay: bool = _default("overlay")
-    alpha: float = _default("alpha")
-    overlay_cmap: str = _default("overlay_cmap")
-    frame: int | None = _default("frame")
-    flow_as_channels: bool = _default("flow_as_channels")
+    keys: Sequence[str] = declared_field("keys", GRID_OPTIONS)
+    images: Sequence[str] = declared_field("images", GRID_OPTIONS)
+    channels: slice | None = declared_field("channels", GRID_OPTIONS)
+    top: int | None = declared_field("top", GRID_OPTIONS)
+    columns: int | None = declared_field("columns", GRID_OPTIONS)
+    padding: int = declared_field("padding", GRID_OPTIONS)
+    cmap: str = declared_field("cmap", GRID_OPTIONS)
+    scale: str = declared_field("scale", GRID_OPTIONS)
+    min_tile: int = declared_field("min_tile", GRID_OPTIONS)
+    title: bool = declared_field("title", GRID_OPTIONS)
+    plain: bool = declared_field("plain", GRID_OPTIONS)
+    overlay: bool = declared_field("overlay", GRID_OPTIONS)
+    alpha: float = declared_field("alpha", GRID_OPTIONS)
+    overlay_cmap: str = declared_field("overlay_cmap", GRID_OPTIONS)
+    frame: int | None = declared_field("frame", GRID_OPTIONS)
+    flow_as_channels: bool = declared_field("flow_as_channels", GRID_OPTIONS)
 
     def __post_init__(self) -> None:
         for name in ("keys", "images"):

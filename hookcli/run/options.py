@@ -10,19 +10,15 @@ from __future__ import annotations
 import difflib
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from hookcli.errors import UsageProblem
 from hookcli.inputs.preprocess import check_normalisation, parse_triple
-from hookcli.options import RUN_COMMANDS, check_value, declared, options_of
+from hookcli.options import RUN_COMMANDS, check_value, declared, declared_field, options_of
 from hookcli.run.device import parse_device
 from hookcli.run.launch import parse_part
 
 __all__ = ["CLIPS", "COMMAND_OPTIONS", "run_options", "refuse_unknown", "RunOptions"]
-
-
-def _default(name: str):
-    return field(default=declared(name).default)
 
 
 @dataclass(frozen=True)
@@ -30,42 +26,44 @@ class RunOptions:
     """Every option of extract, grad and cam, named like the command line's long options: defaults, bounds and
     choices are :data:`hookcli.options.RUN_OPTIONS`' (a test checks that the fields are the declared ones)."""
 
-    weights: str = _default("weights")
-    seed: int | None = _default("seed")
-    capture: str = _default("capture")
-    resize: int | None = _default("resize")
-    crop: int | None = _default("crop")
-    mean: tuple[float, float, float] | None = _default("mean")
-    std: tuple[float, float, float] | None = _default("std")
-    interpolation: str | None = _default("interpolation")
-    fast_decode: bool = _default("fast_decode")
-    decode: str = _default("decode")
-    device: str = _default("device")
-    batch_size: int = _default("batch_size")
-    precision: str = _default("precision")
-    memory_format: str = _default("memory_format")
-    compile: bool = _default("compile")
-    workers: int | None = _default("workers")
-    recursive: bool = _default("recursive")
-    on_error: str = _default("on_error")
-    force: bool = _default("force")
-    pool: str | None = _default("pool")
-    dtype: str = _default("dtype")
-    shard_size: int | None = _default("shard_size")
-    fuse: bool | None = _default("fuse")  # None: by the number of inputs (hookcli.run.speed.choose_fuse)
-    grid: str | None = _default("grid")
-    target: str = _default("target")
-    method: str = _default("method")
-    alpha: float = _default("alpha")
-    cmap: str = _default("cmap")
-    clip_length: int | None = _default("clip_length")  # video models: None is hookcli.families.DEFAULT_CLIP_LENGTH
-    frame_stride: int = _default("frame_stride")
-    clips_per_video: int = _default("clips_per_video")  # 0: every clip, one after another
-    detections: bool = _default("detections")
-    flow: bool = _default("flow")
-    region: str | None = _default("region")  # segmentation targets: x0,y0,x1,y1 as fractions of the image
-    pair_with: tuple | None = _default("pair_with")  # optical flow from two image lists: the second images
-    part: str | None = _default("part")  # K/N: this process is the K-th of N sharing a shard folder
+    weights: str = declared_field("weights")
+    seed: int | None = declared_field("seed")
+    capture: str = declared_field("capture")
+    resize: int | None = declared_field("resize")
+    crop: int | None = declared_field("crop")
+    mean: tuple[float, float, float] | None = declared_field("mean")
+    std: tuple[float, float, float] | None = declared_field("std")
+    interpolation: str | None = declared_field("interpolation")
+    fast_decode: bool = declared_field("fast_decode")
+    decode: str = declared_field("decode")
+    device: str = declared_field("device")
+    batch_size: int = declared_field("batch_size")
+    precision: str = declared_field("precision")
+    memory_format: str = declared_field("memory_format")
+    compile: bool = declared_field("compile")
+    workers: int | None = declared_field("workers")
+    recursive: bool = declared_field("recursive")
+    on_error: str = declared_field("on_error")
+    force: bool = declared_field("force")
+    pool: str | None = declared_field("pool")
+    dtype: str = declared_field("dtype")
+    shard_size: int | None = declared_field("shard_size")
+    fuse: bool | None = declared_field("fuse")  # None: by the number of inputs (hookcli.run.speed.choose_fuse)
+    grid: str | None = declared_field("grid")
+    target: str = declared_field("target")
+    method: str = declared_field("method")
+    alpha: float = declared_field("alpha")
+    cmap: str = declared_field("cmap")
+    clip_length: int | None = declared_field(
+        "clip_length"
+    )  # video models: None is hookcli.families.DEFAULT_CLIP_LENGTH
+    frame_stride: int = declared_field("frame_stride")
+    clips_per_video: int = declared_field("clips_per_video")  # 0: every clip, one after another
+    detections: bool = declared_field("detections")
+    flow: bool = declared_field("flow")
+    region: str | None = declared_field("region")  # segmentation targets: x0,y0,x1,y1 as fractions of the image
+    pair_with: tuple | None = declared_field("pair_with")  # optical flow from two image lists: the second images
+    part: str | None = declared_field("part")  # K/N: this process is the K-th of N sharing a shard folder
 
     def __post_init__(self) -> None:
         for name in _CHECKED:
