@@ -219,9 +219,11 @@ def test_a_jpeg_the_device_decoder_refuses_is_decoded_by_pillow_and_said_once(ph
     ],
 )
 def test_a_decoder_that_decodes_nothing_or_runs_out_of_memory_stops_the_run(
-    runner, photo, monkeypatch, failure, message
+    runner, photo, monkeypatch, tmp_path, failure, message
 ):
     import torchvision.io
+
+    monkeypatch.chdir(tmp_path)  # the default output is named in the current folder
 
     def failing(data, **options):
         raise RuntimeError(f"Error while decoding JPEG images: {failure}")
