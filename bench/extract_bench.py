@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from hookcli.inputs.transforms import to_transform
+
 
 def make_images(folder: Path, count: int) -> list[Path]:
     """Photo-sized JPEGs: crops of the sample photo that ships with matplotlib, each different."""
@@ -93,7 +95,7 @@ def throughput(paths, batch_size, workers, rounds, folder: Path) -> None:
     from hookcli.models.loading import load_model
 
     loaded = load_model("resnet50", "none")
-    transform = loaded.preprocess.to_transform()
+    transform = to_transform(loaded.preprocess)
     fx_model = create_feature_extractor(loaded.module, return_nodes=["fc"])
     variants = {
         "hand-written loop": (hand_loop, loaded.module, transform, paths, batch_size, folder / "loop.safetensors"),
@@ -137,7 +139,7 @@ def early_exit(paths, batch_size, workers, rounds, folder: Path) -> None:
         ("resnet50", "layer2", "fc", 0.2),
     ):
         loaded = load_model(model, "none")
-        transform = loaded.preprocess.to_transform()
+        transform = to_transform(loaded.preprocess)
         cut = create_feature_extractor(loaded.module, return_nodes=[layer])
         whole = create_feature_extractor(loaded.module, return_nodes=[last])
         best = best_times(

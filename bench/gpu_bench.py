@@ -38,6 +38,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from hookcli.inputs.transforms import to_transform
+
 sys.path.insert(0, str(Path(__file__).parent))
 from extract_bench import make_images  # noqa: E402
 
@@ -74,10 +76,13 @@ def decode_rate(loaded, paths, decode: str, batch_size: int, device) -> float:
     from hookcli.inputs.decoding import DeviceDecoder
     from hookcli.run.batches import image_loader
     from hookcli.run.settings import RunSettings
+    from hookcli.run.speed import resolve_settings
 
-    settings = RunSettings(
-        preprocess=loaded.preprocess.replace(decode=decode), device=device, batch_size=batch_size
-    ).resolved(loaded, len(paths))
+    settings = resolve_settings(
+        RunSettings(preprocess=loaded.preprocess.replace(decode=decode), device=device, batch_size=batch_size),
+        loaded,
+        len(paths),
+    )
     finish = DeviceDecoder(settings.preprocess, device) if decode == "device" else None
     start = time.perf_counter()
     count = 0
@@ -119,7 +124,7 @@ def pixel_differences(loaded, paths, device) -> tuple[int, float, float]:
     from hookcli.inputs.images import load_rgb
 
     plain = dataclasses.replace(loaded.preprocess, mean=None, std=None, decode="device")
-    transform = plain.replace(decode="cpu").to_transform()
+    transform = to_transform(plain.replace(decode="cpu"))
     images = EncodedImages(paths, plain)
     _, batch, _ = DeviceDecoder(plain, device)(*collate([images[i] for i in range(len(paths))]))
     reference = torch.stack([transform(load_rgb(p)) for p in paths])
@@ -222,7 +227,7 @@ def main() -> None:
         )
         for model in args.models.split(","):
             loaded = load_model(model, "none")
-            transform = loaded.preprocess.to_transform()
+            transform = to_transform(loaded.preprocess)
             from hookcli.inputs.images import load_rgb
 
             sample = torch.stack([transform(load_rgb(paths[i % len(paths)])) for i in range(args.batch_size)])

@@ -28,6 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from hookcli.inputs.transforms import to_transform
+
 sys.path.insert(0, str(Path(__file__).parent))
 from extract_bench import make_images  # noqa: E402
 
@@ -195,7 +197,7 @@ def pipeline_efficiency(paths: list[str], args) -> dict[str, tuple[float, float]
 
     device = torch.device(args.device)
     loaded = load_model(args.model, "none")
-    transform = loaded.preprocess.to_transform()
+    transform = to_transform(loaded.preprocess)
     batches = [
         torch.stack([transform(load_rgb(p)) for p in paths[i : i + args.batch_size]])
         for i in range(0, len(paths), args.batch_size)

@@ -18,14 +18,15 @@ from typing import TYPE_CHECKING
 from hookcli.version import __version__
 
 if TYPE_CHECKING:  # what editors and type checkers see; at run time each name loads on first use (below)
-    from hookcli.api import cam, extract, grad, grid, layers, report
+    from hookcli.api import cam, extract, grad, grid, info, layers, models, report
     from hookcli.errors import HookcliError
     from hookcli.models.loading import load_model
     from hookcli.run.capture import FeatureCapture, GradientCapture
     from hookcli.run.execute import execute
+    from hookcli.run.layer_table import describe_layers
     from hookcli.run.outputs import DEFAULT_OUTPUT
     from hookcli.run.plan import RunPlan, plan
-    from hookcli.run.selectors import describe_layers, resolve_layers
+    from hookcli.run.selectors import resolve_layers
     from hookcli.storage.features import FeatureFile, Features
     from hookcli.storage.reader import FeatureReader
     from hookcli.storage.shards import ShardedFeatures, open_features
@@ -40,13 +41,15 @@ _PUBLIC = {
     "HookcliError": "hookcli.errors",
     "RunPlan": "hookcli.run.plan",
     "cam": "hookcli.api",
-    "describe_layers": "hookcli.run.selectors",
+    "describe_layers": "hookcli.run.layer_table",
     "execute": "hookcli.run.execute",
     "extract": "hookcli.api",
     "grad": "hookcli.api",
     "grid": "hookcli.api",
+    "info": "hookcli.api",
     "layers": "hookcli.api",
     "load_model": "hookcli.models.loading",
+    "models": "hookcli.api",
     "open_features": "hookcli.storage.shards",
     "plan": "hookcli.run.plan",
     "report": "hookcli.api",
@@ -71,8 +74,10 @@ __all__ = [
     "extract",
     "grad",
     "grid",
+    "info",
     "layers",
     "load_model",
+    "models",
     "open_features",
     "plan",
     "report",

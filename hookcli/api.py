@@ -33,22 +33,21 @@ command line's default name.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from collections.abc import Callable
 
-from hookcli.errors import CaptureError, UsageProblem, check_whole, first_line
-from hookcli.families import family_traits, natural_input
-from hookcli.models import loading
-from hookcli.models.loading import model_family
+from hookcli.errors import UsageProblem, check_whole
+from hookcli.events import Note
+from hookcli.families import family_traits
+from hookcli.models.catalog import describe_models, model_family, no_models_note, resolve_weights
 from hookcli.options import MAX_SIDE
 from hookcli.pictures.options import GridOptions, default_grid_folder
 from hookcli.run.options import refuse_unknown
 from hookcli.run.outputs import DEFAULT_OUTPUT
-from hookcli.run.plan import RunPlan, plan
-from hookcli.run.selectors import describe_layers
-from hookcli.storage.shards import open_features
+from hookcli.run.request import request
 
-__all__ = ["DEFAULT_OUTPUT", "cam", "extract", "grad", "grid", "layers", "report"]
+__all__ = ["DEFAULT_OUTPUT", "cam", "extract", "grad", "grid", "info", "layers", "models", "report"]
 
 
 def extract(model, layers, inputs, *, output=None, progress: Callable | None = None, **options):
@@ -77,7 +76,7 @@ def extract(model, layers, inputs, *, output=None, progress: Callable | None = N
     >>> extract("resnet18", "layer3", [photo, photo], output=folder, pool="avg", weights="none").name
     'index.jsonl'
     """
-    return _run(plan("extract", model, layers, inputs, output=output, **options), progress)
+    return _run("extract", model, layers, inputs, output, options, progress)
 
 
 def grad(model, layers, inputs, *, output=None, progress: Callable | None = None, **options):
@@ -94,7 +93,7 @@ def grad(model, layers, inputs, *, output=None, progress: Callable | None = None
     >>> sorted(grads), len(grads.metadata["targets"]) > 0
     (['layer4', 'layer4@grad#0', 'layer4@grad#1'], True)
     """
-    return _run(plan("grad", model, layers, inputs, output=output, **options), progress)
+    return _run("grad", model, layers, inputs, output, options, progress)
 
 
 def cam(model, inputs, *, layer: str | None = None, output=None, progress: Callable | None = None, **options):
@@ -116,7 +115,7 @@ def cam(model, inputs, *, layer: str | None = None, output=None, progress: Calla
     >>> cam("resnet18", photo, output=tempfile.mkdtemp() + "/cams", weights="none").name
     'cams.safetensors'
     """
-    return _run(plan("cam", model, layer, inputs, output=output, **options), progress)
+    return _run("cam", model, layer, inputs, output, options, progress)
 
 
 def grid(source, *, output=None, progress: Callable | None = None, force: bool = False, **options):
@@ -136,7 +135,7 @@ def grid(source, *, output=None, progress: Callable | None = None, force: bool =
     >>> [p.name for p in grid(features, output=tempfile.mkdtemp(), channels="0:16", cmap="gray")]
     ['layer1__00000_grace_hopper.png']
     """
-    from hookcli.run.execute import draw_grids
+    from hookcli.pictures.grids import draw_grids
 
     drawing = _grid_options("grid", options)
     if output is DEFAULT_OUTPUT:
@@ -168,7 +167,7 @@ def report(
     >>> index.name, sorted(path.name for path in index.parent.iterdir())
     ('index.html', ['index.html', 'page-00002.html'])
     """
-    from hookcli.pictures.reports import DEFAULT_PAGE_SIZE, default_report_folder, write_report
+    from hookcli.pictures.reports import DEFAULT_PAGE_SIZE, default_report_folder, write_report  # numpy, Pillow
 
     drawing = _grid_options("report", options)
     if output is None:
@@ -185,14 +184,14 @@ def report(
 
 def _grid_options(command: str, options: dict):
     """:class:`~hookcli.pictures.options.GridOptions` from a command's keywords; an unknown keyword is a TypeError."""
-    import dataclasses
-
     refuse_unknown(command, options, [f.name for f in dataclasses.fields(GridOptions)])
     return GridOptions(**options)
 
 
 def _opened(source):
     """Features to read: a path (or ``-``) opened, and closed after; features in memory as they are."""
+    from hookcli.storage.shards import open_features  # numpy
+
     return open_features(source) if isinstance(source, str | os.PathLike) else contextlib.nullcontext(source)
 
 
@@ -208,12 +207,12 @@ def layers(
     """Every layer a selector can name, in forward order, with output shapes: ``hookcli layers``.
 
     Shapes come from one forward of the model family's natural input, all
-    zeros (:func:`hookcli.families.natural_input`): a square image of
+    zeros (:func:`hookcli.run.batches.natural_input`): a square image of
     ``input_size`` (default: the weights' crop size, else their resize size),
     a list of one such image for detection, a clip of ``frames`` frames
     (default 16) for video, a pair of frames for optical flow. ``depth``
     keeps paths with at most that many components. Returns
-    :class:`~hookcli.run.selectors.LayerInfo` rows.
+    :class:`~hookcli.run.layer_table.LayerInfo` rows.
 
     >>> [(row.path, row.output) for row in layers("resnet18", depth=1)][-1]
     ('fc', [1, 1000])
@@ -226,23 +225,51 @@ def layers(
             f"--frames applies to video models, and {model} is {model_family(model).replace('_', ' ')}",
             hint="leave it out",
         )
-    loaded = loading.load_model(model, weights, seed=seed or 0)  # an unknown name is refused before torch loads
-    example = natural_input(loaded.family, size=input_size, preprocess=loaded.preprocess, frames=frames)
-    try:
-        rows = describe_layers(loaded.module, example)
-    except (RuntimeError, ValueError, AssertionError) as err:  # the model refuses the input's size in its own words
-        row = family_traits(loaded.family).row
-        what = {"clip": "clip", "pair": "pair of frames"}.get(row, "input")
-        raise CaptureError(
-            f"{model} cannot run on the dummy {what}: {first_line(err).rstrip('.')}",
-            hint="give another --input-size" + (" or --frames" if row == "clip" else ""),
-        ) from None
+    resolve_weights(model, weights)  # an unknown model or weights name is refused before torch loads
+    from hookcli.run.layer_table import model_layer_table  # torch
 
-    return [row for row in rows if depth is None or row.path == "." or row.path.count(".") < depth]
+    return model_layer_table(model, weights, seed=seed or 0, input_size=input_size, depth=depth, frames=frames)
 
 
-def _run(run: RunPlan, progress: Callable | None):
-    # The pipeline (numpy, Pillow, torch) loads once plan has refused what it refuses before any model loads.
-    from hookcli.run.execute import execute
+def models(family: str | None = None, *, pattern: str | None = None, source: str = "torchvision") -> list[dict]:
+    """The models hookcli can load: ``hookcli models`` (see :func:`hookcli.models.catalog.describe_models`).
 
-    return execute(run, progress)
+    >>> [row["model"] for row in models("optical_flow")]
+    ['raft_large', 'raft_small']
+    """
+    return describe_models(family, pattern=pattern, source=source)
+
+
+def models_note(source: str, pattern: str | None = None, family: str | None = None) -> str:
+    """Why :func:`models` found nothing, in words."""
+    return no_models_note(source, pattern, family)
+
+
+def info(source, *, stats: bool = True, progress: Callable | None = None) -> dict:
+    """What a features file or shard folder holds: ``hookcli info`` as data (keys, dtypes, shapes, sizes, the
+    metadata parsed and, with ``stats``, each tensor's min, mean, max, share of zeros and non-finite count).
+    What reading the source had to say (a shard folder's notes) comes as :class:`~hookcli.events.Note` events.
+
+    >>> photo = __import__("matplotlib.cbook").cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)
+    >>> described = info(extract("resnet18", "layer1", photo, weights="none", resize=64, crop=64))
+    >>> [(row["key"], row["shape"]) for row in described["tensors"]]
+    [('layer1', [1, 64, 16, 16])]
+    """
+    from hookcli.pictures.summary import describe_file  # numpy
+
+    with _opened(source) as features:
+        described = describe_file(features, stats=stats)
+        for text in getattr(features, "reading_notes", ()):
+            (progress or _ignore)(Note(text))
+    return described
+
+
+def _run(command: str, model, layers, inputs, output, options: dict, progress: Callable | None):
+    asked = request(command, model, layers, inputs, output=output, **options)  # refusals before any model loads
+    from hookcli.run.execute import run_request  # torch, numpy, Pillow
+
+    return run_request(asked, progress)
+
+
+def _ignore(event) -> None:
+    pass

@@ -25,6 +25,7 @@ import glob
 import os
 import stat
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -247,8 +248,6 @@ SETTLE_IN_PLACE = 0.0
 def remove_abandoned(folder: Path, pattern: str, *, settle: float | None = None) -> None:
     """Remove the temporary files in ``folder`` matching the glob ``pattern`` that no running process holds and that
     have not changed for ``settle`` seconds (default: a minute)."""
-    import time
-
     settle = _ABANDONED_AFTER if settle is None else settle
     for candidate in folder.glob(pattern):
         try:

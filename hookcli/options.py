@@ -23,10 +23,12 @@ frame_stride must be a whole number of at least 1, not 0
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from hookcli.errors import UsageProblem, check_choice, check_whole
+from hookcli.parsing import parse_channels, parse_device, parse_triple
 
 __all__ = [
     "CAM_METHODS",
@@ -82,7 +84,7 @@ _ALL, _ROWS, _GRADIENTS = RUN_COMMANDS, ("extract", "grad"), ("grad", "cam")
 @dataclass(frozen=True)
 class Option:
     """One option: its keyword ``name`` and command-line ``flags``, the ``kind`` of value it takes (``int``,
-    ``float``, ``choice``, ``flag``, ``text`` or ``parsed``: read by the library's ``parser``, ``module:function``),
+    ``float``, ``choice``, ``flag``, ``text`` or ``parsed``: read by its ``parser``, which raises ValueError),
     its ``default``, bounds (``low``, ``high``) or ``choices``, its ``help`` and the ``commands`` that take it.
     ``shown`` is the default the help gives in brackets when it is not the value itself."""
 
@@ -96,7 +98,7 @@ class Option:
     high: float | None = None
     choices: tuple[str, ...] | None = None
     metavar: str | None = None
-    parser: str | None = None
+    parser: Callable[[Any], Any] | None = None
     multiple: bool = False
     show_default: bool = False
     #: The help a command gives instead of ``help`` (``(command, text)`` pairs).
@@ -141,7 +143,7 @@ RUN_OPTIONS: tuple[Option, ...] = (
         _ALL,
         kind="parsed",
         metavar="R,G,B",
-        parser="hookcli.inputs.preprocess:parse_triple",
+        parser=parse_triple,
     ),
     Option(
         "std",
@@ -150,7 +152,7 @@ RUN_OPTIONS: tuple[Option, ...] = (
         _ALL,
         kind="parsed",
         metavar="R,G,B",
-        parser="hookcli.inputs.preprocess:parse_triple",
+        parser=parse_triple,
     ),
     Option(
         "interpolation",
@@ -190,7 +192,7 @@ RUN_OPTIONS: tuple[Option, ...] = (
         kind="parsed",
         default="auto",
         metavar="DEVICE",
-        parser="hookcli.run.device:parse_device",
+        parser=parse_device,
         show_default=True,
     ),
     Option(
@@ -442,7 +444,7 @@ GRID_OPTIONS: tuple[Option, ...] = (
         ("grid",),
         kind="parsed",
         metavar="A:B|K",
-        parser="hookcli.pictures.options:parse_channels",
+        parser=parse_channels,
     ),
     Option("top", ("--top",), "Only the K channels with the highest mean activation.", ("grid",), kind="int", low=1),
     Option("columns", ("--columns",), "Tiles per row [fewest blank places, about 3:2].", ("grid",), kind="int", low=1),

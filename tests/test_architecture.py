@@ -18,6 +18,7 @@ LAYERS = [
         "hookcli.patterns",
         "hookcli.version",
         "hookcli.options",
+        "hookcli.parsing",
     },
     {"hookcli.inputs"},
     {"hookcli.storage"},
@@ -142,3 +143,76 @@ def test_family_behaviour_is_read_from_the_families_table():
         if compared.search(line)
     ]
     assert found == []
+
+
+#: The only imports made inside functions, each with its reason: (module, imported module) → why.
+LAZY_IMPORTS = {
+    ("hookcli.api", "hookcli.run.execute"): "the run engine (torch) loads once the request is checked",
+    ("hookcli.api", "hookcli.run.layer_table"): "layers loads the model (torch) after checking its names",
+    ("hookcli.api", "hookcli.pictures.grids"): "the pictures (numpy, Pillow) load when grid runs",
+    ("hookcli.api", "hookcli.pictures.reports"): "the pictures (numpy, Pillow) load when report runs",
+    ("hookcli.api", "hookcli.pictures.summary"): "the statistics (numpy) load when info runs",
+    ("hookcli.api", "hookcli.storage.shards"): "the readers (numpy) load when a command reads features",
+    ("hookcli.cli.commands", "tqdm"): "the progress bar (about 60 ms) loads when one is drawn",
+    ("hookcli.inputs.clips", "av"): "PyAV is an optional extra, loaded when a video file is opened",
+    ("hookcli.inputs.clips", "hookcli.inputs.limits"): "Pillow's limit, read when a video file is opened",
+    ("hookcli.models.registry", "torchvision"): "torchvision is read only to fill a cold registry cache",
+    ("hookcli.pictures.render", "matplotlib"): "matplotlib (about 0.15 s) loads when a picture is first coloured",
+}
+
+#: What the commands that answer at once (--help, models, the refusals made before a model loads) must not import.
+HEAVY = {"torch", "torchvision", "numpy", "PIL", "matplotlib", "safetensors", "tqdm", "av"}
+
+
+def _all_imports(module: str):
+    """``(imported module, line, inside a function)`` for every import of ``module``, outside ``TYPE_CHECKING``."""
+    tree = ast.parse(MODULES[module].read_text())
+    functions = {
+        id(n) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef) for n in ast.walk(f)
+    }
+    checking = {
+        id(n)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
+        for n in ast.walk(block)
+    }
+    for node in ast.walk(tree):
+        if id(node) in checking:
+            continue
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, node.lineno, id(node) in functions
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for alias in node.names:
+                target = f"{node.module}.{alias.name}"
+                yield (target if target in MODULES else node.module), node.lineno, id(node) in functions
+
+
+def test_imports_inside_functions_are_the_listed_few():
+    found = {
+        (module, target if target.startswith("hookcli") else target.split(".")[0]): line
+        for module in MODULES
+        for target, line, inside in _all_imports(module)
+        if inside
+    }
+    assert sorted(found) == sorted(LAZY_IMPORTS)
+
+
+def test_the_commands_that_answer_at_once_import_none_of_the_heavy_libraries():
+    """hookcli.cli (every command's --help, models, the refusals of :mod:`hookcli.run.request`) and what it imports
+    at the top, transitively, import none of :data:`HEAVY`; the heavier layers load through :data:`LAZY_IMPORTS`."""
+    seen, todo, heavy = set(), ["hookcli.cli", "hookcli.api"], []
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        for target, line, inside in _all_imports(module):
+            if inside:
+                continue
+            if target in MODULES:
+                todo.append(target)
+            elif target.split(".")[0] in HEAVY:
+                heavy.append(f"{module}:{line} imports {target}")
+    assert heavy == []
+    assert {"hookcli.run.request", "hookcli.models.catalog", "hookcli.inputs.discovery"} <= seen

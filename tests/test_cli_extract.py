@@ -13,6 +13,7 @@ from torchvision.models.feature_extraction import create_feature_extractor
 from hookcli.cli import main
 from hookcli.inputs.images import load_rgb
 from hookcli.inputs.preprocess import Preprocess
+from hookcli.inputs.transforms import to_transform
 from hookcli.models.loading import load_model
 
 SMALL = ["--resize", "64", "--crop", "64"]
@@ -25,7 +26,7 @@ def _read(path):
 
 def _fx_reference(model_name, node, paths, preprocess):
     model = load_model(model_name, "none", seed=0).module
-    batch = torch.stack([preprocess.to_transform()(load_rgb(p)) for p in paths])
+    batch = torch.stack([to_transform(preprocess)(load_rgb(p)) for p in paths])
     with torch.inference_mode():
         return create_feature_extractor(model, return_nodes=[node])(batch)[node]
 

@@ -12,6 +12,7 @@ from hookcli.cli import main
 from hookcli.inputs.decoding import DeviceDecoder, EncodedImages, collate, upright
 from hookcli.inputs.images import load_rgb, read_jpeg
 from hookcli.inputs.preprocess import Preprocess
+from hookcli.inputs.transforms import to_transform
 from hookcli.models.loading import load_model
 from hookcli.run.pipeline import iter_batches
 from hookcli.run.settings import RunSettings
@@ -26,7 +27,7 @@ def _decoded(paths, preprocess, on_note=None):
 
 
 def _on_cpu(paths, preprocess):
-    transform = preprocess.to_transform()
+    transform = to_transform(preprocess)
     return [transform(load_rgb(path)) for path in paths]
 
 

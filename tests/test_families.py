@@ -9,8 +9,10 @@ import hookcli
 from hookcli.cli import main
 from hookcli.errors import FeatureFileError
 from hookcli.inputs.preprocess import Preprocess
-from hookcli.storage.features import FeatureFile, Features, write_safetensors
+from hookcli.inputs.transforms import to_transform
+from hookcli.storage.features import FeatureFile, Features
 from hookcli.storage.fileformat import RunFacts, RunRecord, run_metadata
+from hookcli.storage.saving import write_safetensors
 from hookcli.storage.shard_writer import ShardWriter
 from hookcli.storage.shards import ShardedFeatures
 from hookcli.storage.writers import RowBuffer
@@ -76,7 +78,7 @@ def test_family_transforms_equal_torchvisions_presets(photo):
     image = Image.open(photo).convert("RGB").resize((60, 48))
     for name in ("deeplabv3_resnet50", "fasterrcnn_resnet50_fpn", "raft_small"):
         weights = torchvision.models.get_model_weights(name).DEFAULT
-        ours = Preprocess.from_transforms(weights.transforms()).to_transform()(image)
+        ours = to_transform(Preprocess.from_transforms(weights.transforms()))(image)
         if name == "raft_small":
             from torchvision.transforms import functional as F
 
@@ -87,7 +89,7 @@ def test_family_transforms_equal_torchvisions_presets(photo):
         assert torch.equal(ours, theirs), name
     frames = np.stack([np.asarray(image)] * 3)
     weights = torchvision.models.get_model_weights("r3d_18").DEFAULT
-    clip = Preprocess.from_transforms(weights.transforms()).to_transform()(frames)
+    clip = to_transform(Preprocess.from_transforms(weights.transforms()))(frames)
     assert clip.shape == (3, 3, 112, 112)
     assert torch.equal(clip, weights.transforms()(torch.from_numpy(frames).permute(0, 3, 1, 2)))
 

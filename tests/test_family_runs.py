@@ -12,6 +12,7 @@ from torchvision.transforms import functional as F
 
 import hookcli
 from hookcli.cli import main
+from hookcli.inputs.transforms import to_transform
 from hookcli.models.loading import load_model
 from hookcli.storage.shards import open_features
 
@@ -340,7 +341,7 @@ def test_quantized_model_extraction_equals_hooks_by_hand(tmp_path):
     image = _noise(tmp_path / "a.png", (40, 40), 0)
     features = hookcli.extract("quantized_resnet18", ["layer3", "quant"], image, weights="none", resize=32, crop=32)
     loaded = load_model("quantized_resnet18", "none")
-    tensor = loaded.preprocess.replace(resize=32, crop=32).to_transform()(Image.open(image).convert("RGB"))[None]
+    tensor = to_transform(loaded.preprocess.replace(resize=32, crop=32))(Image.open(image).convert("RGB"))[None]
     for key in ("layer3", "quant"):
         (expected,) = _by_hand(loaded.module, key, lambda: loaded.module(tensor))
         assert expected.is_quantized

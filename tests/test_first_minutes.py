@@ -11,7 +11,7 @@ import hookcli
 from hookcli.cli import main
 from hookcli.errors import UsageProblem
 from hookcli.events import Note
-from hookcli.inputs.images import find_inputs
+from hookcli.inputs.discovery import find_inputs
 
 EXTRACT = ["extract", "-m", "resnet18", "-w", "none", "--resize", "32", "--crop", "32", "-l", "layer1"]
 SMALL = {"weights": "none", "resize": 32, "crop": 32}
@@ -127,13 +127,13 @@ def test_counting_left_out_images_stops_at_a_bound_and_says_at_least(nested, mon
     found = find_inputs([str(nested)])
     assert (len(found.paths), found.left_out, found.left_out_folders, found.counted_all) == (3, 3, 2, True)
     assert find_inputs([str(nested)], recursive=True).note is None
-    monkeypatch.setattr("hookcli.inputs.images.LEFT_OUT_BOUND", 2)
+    monkeypatch.setattr("hookcli.inputs.discovery.LEFT_OUT_BOUND", 2)
     assert find_inputs([str(nested)]).note == (
         "at least 2 images in at least 1 sub-folder were left out; -r (--recursive) includes them"
     )
     (nested / "sub" / "e.png").unlink()
     (nested / "sub" / "deeper" / "f.png").unlink()
-    monkeypatch.setattr("hookcli.inputs.images.LEFT_OUT_BOUND", 1000)
+    monkeypatch.setattr("hookcli.inputs.discovery.LEFT_OUT_BOUND", 1000)
     assert find_inputs([str(nested)]).note == "1 image in 1 sub-folder was left out; -r (--recursive) includes them"
 
 

@@ -1,5 +1,6 @@
 """hookcli grad and cam: gradients equal autograd's on hook-free references, CAM values, targets, errors."""
 
+import functools
 import json
 import os
 from pathlib import Path
@@ -15,7 +16,8 @@ from safetensors import safe_open
 from hookcli.cli import main
 from hookcli.errors import CaptureError, UsageProblem
 from hookcli.run.capture import GradientCapture
-from hookcli.run.gradients import Target, class_activation_maps, frozen_parameters, parse_target
+from hookcli.run.gradients import class_activation_maps, frozen_parameters, picked_classes
+from hookcli.run.targets import Target, parse_target
 
 SMALL = ["--resize", "64", "--crop", "64"]
 
@@ -31,7 +33,7 @@ def _seeded(name):
 def _ours(model, layers, x, target=None):
     target = target or Target(top=1)
     with frozen_parameters(model), GradientCapture(model, layers) as capture:
-        return capture.run_gradients(x, target.pick)
+        return capture.run_gradients(x, functools.partial(picked_classes, target))
 
 
 def _reference(head, tail, x, classes):

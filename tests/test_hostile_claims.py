@@ -21,7 +21,8 @@ from hookcli.cli import main
 from hookcli.errors import FeatureFileError, HookcliError, UsageProblem
 from hookcli.files import atomic_path
 from hookcli.storage.claims import CLAIMS, LOCK_NAME, Claims, FolderLock, claim_timeout
-from hookcli.storage.features import FeatureFile, write_safetensors
+from hookcli.storage.features import FeatureFile
+from hookcli.storage.saving import write_safetensors
 from hookcli.storage.shards import INDEX_NAME, ShardedFeatures
 
 ARGS = [

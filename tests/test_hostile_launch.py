@@ -15,7 +15,8 @@ import pytest
 
 from hookcli.cli import main
 from hookcli.errors import UsageProblem
-from hookcli.run.launch import MAX_NODES, Part, detect_part, join_team
+from hookcli.run.launch import MAX_NODES, Part, detect_part
+from hookcli.run.team import join_team
 
 HINT = (
     "Hint: every process needs the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE, and a RANK of its own from 0 to 1 "

@@ -7,7 +7,8 @@ import pytest
 from PIL import Image
 
 from hookcli.errors import ImageError, InputError
-from hookcli.inputs.images import gather_inputs, load_rgb
+from hookcli.inputs.discovery import gather_inputs
+from hookcli.inputs.images import load_rgb
 
 
 def _pixels(path):

@@ -6,7 +6,8 @@ import torch.nn as nn
 import torchvision
 
 from hookcli.errors import UnknownLayerError, UsageProblem
-from hookcli.run.selectors import describe_layers, resolve_layers
+from hookcli.run.layer_table import describe_layers
+from hookcli.run.selectors import resolve_layers
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,9 @@ from PIL import Image
 from safetensors.torch import save_file
 
 from hookcli.errors import UnknownModelError, WeightsError
+from hookcli.inputs.transforms import to_transform
 from hookcli.models.loading import load_model
-from hookcli.models.weights import weights_cache_path
+from hookcli.models.state_dicts import weights_cache_path
 
 
 def _same_weights(a, b):
@@ -298,7 +299,7 @@ def test_default_preprocessing_equals_the_weights_transforms(photo, name, spec):
     from hookcli.inputs.preprocess import Preprocess
 
     weights = torchvision.models.get_model_weights(name)[spec]
-    ours = Preprocess.from_transforms(weights.transforms()).to_transform()
+    ours = to_transform(Preprocess.from_transforms(weights.transforms()))
     image = Image.open(photo).convert("RGB")
     assert torch.equal(ours(image), weights.transforms()(image))
 

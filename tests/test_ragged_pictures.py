@@ -13,12 +13,14 @@ import hookcli
 from hookcli.cli import main
 from hookcli.inputs.images import load_rgb
 from hookcli.inputs.preprocess import Preprocess
+from hookcli.inputs.transforms import to_transform
 from hookcli.pictures.drawing import render_job
 from hookcli.pictures.grids import plan_grids
 from hookcli.pictures.options import GridOptions
 from hookcli.pictures.photos import model_photo
 from hookcli.pictures.render import BOX_COLOURS, add_title
-from hookcli.storage.features import FeatureFile, Features, write_safetensors
+from hookcli.storage.features import FeatureFile, Features
+from hookcli.storage.saving import write_safetensors
 from hookcli.storage.shard_writer import ShardWriter
 from hookcli.storage.shards import ShardedFeatures
 from hookcli.storage.writers import RowBuffer
@@ -192,7 +194,7 @@ def test_model_photo_without_a_crop_is_the_whole_photo_the_model_was_given(photo
         width, height = Image.open(photo).size
         assert model_photo(photo, detection, enlarge=False).shape == (height, width, 3)
         assert np.array_equal(model_photo(photo, detection, enlarge=False), np.asarray(load_rgb(photo)))
-        given = segmentation.to_transform()(load_rgb(photo))  # what the model was given: [3, H, W]
+        given = to_transform(segmentation)(load_rgb(photo))  # what the model was given: [3, H, W]
         assert model_photo(photo, segmentation, enlarge=False).shape == (*given.shape[1:], 3)
         enlarged = model_photo(photo, segmentation)
         assert min(enlarged.shape[:2]) == 512 and enlarged.shape[1] / enlarged.shape[0] == pytest.approx(
@@ -230,7 +232,7 @@ def test_a_real_segmentation_models_maps_overlay_the_photo_at_its_size(runner, t
     result = runner.invoke(main, ["grid", str(path), "--overlay", "--plain", "-o", str(tmp_path / "o")])
     assert result.exit_code == 0, result.output
     given = [
-        Preprocess(resize=48, crop=None, kind="segmentation").to_transform()(load_rgb(p)).shape[1:] for p in photos[:2]
+        to_transform(Preprocess(resize=48, crop=None, kind="segmentation"))(load_rgb(p)).shape[1:] for p in photos[:2]
     ]
     assert [_png(p).shape[:2] for p in result.stdout.split()] == [tuple(g) for g in given]
 

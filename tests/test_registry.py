@@ -14,7 +14,7 @@ import hookcli.models.loading
 from hookcli import __version__
 from hookcli.cli import main
 from hookcli.errors import UnknownModelError, UnknownWeightsError
-from hookcli.models.loading import describe_models, resolve_weights
+from hookcli.models.catalog import describe_models, resolve_weights
 from hookcli.models.registry import ModelEntry, cache_path, model_registry
 
 TINY = {"tinynet": {"enum": "TinyNet_Weights", "default": "V2", "weights": ["V1", "V2"], "family": "video"}}

@@ -23,7 +23,8 @@ from hookcli.pictures.grids import plan_grids
 from hookcli.pictures.html import PAGE_WINDOW, page_name
 from hookcli.pictures.options import GridOptions
 from hookcli.pictures.reports import CONTENT_SECURITY_POLICY, DEFAULT_PAGE_SIZE, write_report
-from hookcli.storage.features import Features, write_safetensors
+from hookcli.storage.features import Features
+from hookcli.storage.saving import write_safetensors
 from hookcli.storage.shards import open_features
 
 SMALL = {"weights": "none", "resize": 64, "crop": 64}

@@ -9,12 +9,13 @@ from safetensors import safe_open
 import hookcli
 from hookcli.cli import main
 from hookcli.inputs.images import load_rgb
+from hookcli.inputs.transforms import to_transform
 from hookcli.models.loading import load_model
 from hookcli.run.capture import COUNTING_FORWARD_FROM
 from hookcli.run.forwards import EagerForward, FusedForward
 from hookcli.run.pipeline import iter_batches
 from hookcli.run.settings import RunSettings
-from hookcli.run.speed import FUSE_FROM, to_memory_format
+from hookcli.run.speed import FUSE_FROM, resolve_settings, to_memory_format
 
 SMALL = {"resize": 64, "crop": 64}
 
@@ -34,7 +35,7 @@ def loaded():
 
 def _by_hand(loaded, layer, paths, memory_format):
     """The layer's output for ``paths`` as one batch, from a forward hook written by hand."""
-    transform = loaded.preprocess.replace(**SMALL).to_transform()
+    transform = to_transform(loaded.preprocess.replace(**SMALL))
     batch = to_memory_format(torch.stack([transform(load_rgb(p)) for p in paths]), memory_format)
     model = to_memory_format(loaded.module, memory_format)
     grabbed = []
@@ -82,9 +83,9 @@ def test_fuse_and_no_fuse_override_the_run_size(loaded, images, many):
 
 def test_settings_decide_fusion_from_the_whole_run_also_when_it_resumes(loaded, many):
     assert (RunSettings().fuse, RunSettings().fusing) == (None, False)  # undecided until resolved
-    assert RunSettings().resolved(loaded, FUSE_FROM - 1).fuse is False
-    assert RunSettings().resolved(loaded, FUSE_FROM).fuse is True
-    assert RunSettings(fuse=False).resolved(loaded, 1000).fuse is False
+    assert resolve_settings(RunSettings(), loaded, FUSE_FROM - 1).fuse is False
+    assert resolve_settings(RunSettings(), loaded, FUSE_FROM).fuse is True
+    assert resolve_settings(RunSettings(fuse=False), loaded, 1000).fuse is False
     # The last image of a long run, resumed on its own, still runs fused, as the rest of the run did.
     settings = RunSettings(preprocess=loaded.preprocess.replace(**SMALL))
     (batch,) = iter_batches(loaded, {"layer2": "layer2"}, many, settings, order=[[FUSE_FROM - 1]])

@@ -16,6 +16,7 @@ from safetensors.torch import save_file
 import hookcli
 from hookcli.cli import main
 from hookcli.errors import HookcliError, UnknownWeightsError, UsageProblem
+from hookcli.inputs.transforms import to_transform
 from hookcli.models.loaded import prefix_tokens
 from hookcli.models.loading import load_model
 from hookcli.models.specs import parse_model
@@ -219,12 +220,12 @@ def test_timm_preprocessing_is_timms_own_eval_transform(photo):
     theirs = timm.data.create_transform(**timm.data.resolve_model_data_config(loaded.module))
     image = Image.open(photo).convert("RGB")
     assert (loaded.preprocess.resize, loaded.preprocess.crop, loaded.preprocess.interpolation) == (168, 160, "bicubic")
-    assert torch.equal(loaded.preprocess.to_transform()(image), theirs(image))
+    assert torch.equal(to_transform(loaded.preprocess)(image), theirs(image))
 
 
 def test_timm_captures_equal_hooks_written_by_hand(photo):
     loaded = load_model("timm:test_vit", "none", seed=3)
-    batch = loaded.preprocess.to_transform()(Image.open(photo).convert("RGB"))[None]
+    batch = to_transform(loaded.preprocess)(Image.open(photo).convert("RGB"))[None]
     expected, logits = _hand(loaded.module, "blocks.1", batch)
     features = hookcli.extract(loaded, ["blocks.1", "."], photo, **EXACT)
     assert torch.equal(features["blocks.1"], expected)
@@ -375,12 +376,12 @@ def test_hf_preprocessing_follows_the_image_processor(vit_folder, photo):
     )
     image = Image.open(photo).convert("RGB")
     theirs = transformers.AutoImageProcessor.from_pretrained(vit_folder)(images=image, return_tensors="pt")
-    torch.testing.assert_close(loaded.preprocess.to_transform()(image), theirs.pixel_values[0], atol=1e-6, rtol=0)
+    torch.testing.assert_close(to_transform(loaded.preprocess)(image), theirs.pixel_values[0], atol=1e-6, rtol=0)
 
 
 def test_hf_captures_blocks_and_model_output_fields(vit_folder, photo):
     loaded = load_model(f"hf:{vit_folder}", "DEFAULT")
-    batch = loaded.preprocess.to_transform()(Image.open(photo).convert("RGB"))[None]
+    batch = to_transform(loaded.preprocess)(Image.open(photo).convert("RGB"))[None]
     expected, output = _hand(loaded.module, "layers.1", batch)
     features = hookcli.extract(loaded, ["layers.1", "."], photo, **EXACT)
     assert sorted(features.keys()) == ["layers.1", "output#last_hidden_state", "output#pooler_output"]
@@ -443,7 +444,7 @@ def test_hf_classifier_grad_and_cam_use_its_logits_and_labels(classifier_folder,
     name = f"hf:{classifier_folder}"
     loaded = load_model(name, "DEFAULT")
     assert (loaded.scores, loaded.classes, loaded.categories) == ("logits", 3, ["cat", "dog", "fox"])
-    batch = loaded.preprocess.to_transform()(Image.open(photo).convert("RGB"))[None]
+    batch = to_transform(loaded.preprocess)(Image.open(photo).convert("RGB"))[None]
     with torch.inference_mode():
         logits = loaded.module(batch).logits
     features = hookcli.grad(loaded, "vit.layers.1", photo, target="dog")
@@ -524,7 +525,7 @@ def test_open_clip_image_tower_preprocessing_and_captures(clip_config, photo):
     open_clip.add_model_config(clip_config)
     _, _, theirs = open_clip.create_model_and_transforms(clip_config.stem)
     image = Image.open(photo).convert("RGB")
-    assert torch.equal(loaded.preprocess.to_transform()(image), theirs(image))
+    assert torch.equal(to_transform(loaded.preprocess)(image), theirs(image))
     batch = theirs(image)[None]
     expected, embedding = _hand(loaded.module, "transformer.resblocks.1", batch)
     features = hookcli.extract(loaded, ["transformer.resblocks.1", "."], photo, **EXACT)
@@ -602,7 +603,7 @@ def test_a_factory_module_with_its_preprocessing_equals_hooks_by_hand(factory_fi
     loaded = load_model("nets:with_preprocessing", "none", seed=7)
     assert (loaded.preprocess.resize, loaded.preprocess.crop, loaded.preprocess.std) == (40, 32, (0.25, 0.25, 0.25))
     assert loaded.notes == () and loaded.name == "nets:with_preprocessing"
-    batch = loaded.preprocess.to_transform()(Image.open(photo).convert("RGB"))[None]
+    batch = to_transform(loaded.preprocess)(Image.open(photo).convert("RGB"))[None]
     expected, _ = _hand(loaded.module, "1", batch)
     features = hookcli.extract(loaded, "1", photo, **EXACT)
     assert torch.equal(features["1"], expected)  # the BatchNorm's output, before the in-place ReLU

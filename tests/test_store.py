@@ -8,7 +8,7 @@ from safetensors import safe_open
 
 from hookcli.errors import OutputExistsError, UsageProblem
 from hookcli.files import atomic_path
-from hookcli.storage.features import write_safetensors
+from hookcli.storage.saving import write_safetensors
 
 
 def test_written_file_has_tensors_metadata_and_normal_permissions(tmp_path):

@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from hookcli.errors import HookcliError, UsageProblem, VideoError
-from hookcli.inputs.video import (
+from hookcli.inputs.clips import (
     VIDEO_SUFFIXES,
     Clip,
     clip_frames,
@@ -21,8 +21,8 @@ from hookcli.inputs.video import (
     find_videos,
     frame_count,
     pair_frames,
-    read_frames,
 )
+from hookcli.inputs.video import read_frames, read_row
 
 av = pytest.importorskip("av")
 
@@ -214,14 +214,14 @@ def test_find_clips_and_their_frames(videos):
     clips = find_clips(videos["mkv"], length=4, stride=2, clips=3)
     path = str(videos["mkv"])
     assert clips == [Clip(path, (0, 2, 4, 6)), Clip(path, (8, 10, 12, 14)), Clip(path, (17, 19, 21, 23))]
-    np.testing.assert_array_equal(clips[2].read(), written_frames()[[17, 19, 21, 23]])
+    np.testing.assert_array_equal(read_row(clips[2]), written_frames()[[17, 19, 21, 23]])
     assert clips[1].describe() == {"video": path, "frames": "[8, 10, 12, 14]"}
 
 
 def test_find_pairs(videos, frame_folder):
     pairs = find_pairs(videos["mp4"], stride=2)
     assert [pair.frames for pair in pairs] == [(i, i + 2) for i in range(22)]
-    np.testing.assert_array_equal(pairs[5].read(), written_frames()[[5, 7]])
+    np.testing.assert_array_equal(read_row(pairs[5]), written_frames()[[5, 7]])
     assert [pair.frames for pair in find_pairs(frame_folder, stride=11)] == [(0, 11)]
 
 

@@ -13,7 +13,8 @@ from hookcli.pictures.flow import FLOW_NAN_COLOR, flow_colours, flow_wheel
 from hookcli.pictures.grids import plan_grids
 from hookcli.pictures.options import GridOptions
 from hookcli.pictures.render import map_layout
-from hookcli.storage.features import Features, write_safetensors
+from hookcli.storage.features import Features
+from hookcli.storage.saving import write_safetensors
 
 PLAIN = ["--plain", "--padding", "1", "--cmap", "gray", "--scale", "grid"]
 FLOW = {"family": "optical_flow"}

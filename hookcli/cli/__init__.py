@@ -3,10 +3,10 @@
 The only package that imports Click, and the top layer: no run logic lives
 here. :mod:`~hookcli.cli.app` holds the group (one-line errors, notes,
 signals), :mod:`~hookcli.cli.declared` the option declarations the commands
-share, :mod:`~hookcli.cli.commands` the commands, and
-:mod:`~hookcli.cli.presets` the ``--config`` files. Heavy libraries (torch,
-torchvision) load inside the commands that need them, so ``hookcli --help``
-starts at once.
+share, :mod:`~hookcli.cli.commands` the commands, :mod:`~hookcli.cli.printing`
+tables and ``info``'s text, and :mod:`~hookcli.cli.presets` the ``--config``
+files. Heavy libraries (torch, numpy, Pillow) load in :mod:`hookcli.api` when a
+command needs them, so ``hookcli --help`` starts at once.
 """
 
 from hookcli.cli import commands  # noqa: F401  (registers the commands on the group)

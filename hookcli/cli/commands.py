@@ -1,9 +1,9 @@
 """The commands: each parses its options, calls :mod:`hookcli.api` and prints what it reports.
 
-Each command imports the library inside its body, when it runs: ``hookcli
---help``, ``models`` and the refusals made while parsing answer with the
-foundation modules alone (about 60 ms of imports), and a command loads only
-what it uses (``info`` and ``grid`` never load torch).
+:mod:`hookcli.api` loads the heavier layers (numpy, Pillow, torch) when a
+command runs and needs them, so ``hookcli --help``, ``models`` and the
+refusals made while parsing and checking answer without them, and a command
+loads only what it uses (``info`` and ``grid`` never load torch).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import sys
 
 import click
 
+from hookcli import api
 from hookcli.cli.app import main
 from hookcli.cli.declared import (
     CONTEXT_SETTINGS,
@@ -28,10 +29,14 @@ from hookcli.cli.declared import (
     run_option,
     run_options,
 )
+from hookcli.cli.printing import info_json, info_lines, table_lines
 from hookcli.console import printable, stdout_for_data
 from hookcli.errors import HookcliError
+from hookcli.events import Advanced, Note, Skipped, Started, Wrote
 from hookcli.families import FAMILIES
 from hookcli.models.specs import LISTED_SOURCES
+from hookcli.run.launch import detect_part
+from hookcli.run.outputs import DEFAULT_OUTPUT
 
 __all__ = ["cam", "extract", "grad", "grid", "info", "layers", "models", "report"]
 
@@ -49,14 +54,12 @@ class _Reporter:
             self.bar = None
 
     def __call__(self, event) -> None:
-        from hookcli.events import Advanced, Note, Skipped, Started, Wrote
-
         if isinstance(event, Started):
             self.close()
             if event.done and event.output and not self.launched:
                 click.echo(f"Continuing: {event.done} of {event.total} inputs are already in {event.output}", err=True)
             if not self.quiet and sys.stderr.isatty():
-                from tqdm import tqdm
+                from tqdm import tqdm  # about 60 ms: loaded when a bar is first drawn, not for --help or a pipe
 
                 self.bar = tqdm(total=event.total, initial=event.done, unit="img", file=sys.stderr, dynamic_ncols=True)
         elif isinstance(event, Advanced) and self.bar is not None:
@@ -71,9 +74,6 @@ class _Reporter:
 
 def _run(ctx: click.Context, command: str, options: dict, *args) -> None:
     """Call the library's ``command`` with the parsed options; print what it reports."""
-    import hookcli.api
-    from hookcli.run.outputs import DEFAULT_OUTPUT
-
     quiet, model = options.pop("quiet"), options.pop("model")
     options["output"] = options["output"] or DEFAULT_OUTPUT
     to_stdout = options["output"] == "-" and command != "cam"  # stdout carries the file's bytes
@@ -88,13 +88,11 @@ def _run(ctx: click.Context, command: str, options: dict, *args) -> None:
     ):
         if data is not None:  # a model's own prints must not land among the file's bytes
             options["output"] = data
-        getattr(hookcli.api, command)(model, *args, progress=reporter, **options)
+        getattr(api, command)(model, *args, progress=reporter, **options)
 
 
 def _launched_part():
     """The part torchrun or Slurm started this process as (processes after the first show no progress bar)."""
-    from hookcli.run.launch import detect_part
-
     try:
         return detect_part()
     except HookcliError:
@@ -132,16 +130,12 @@ def models(pattern: str | None, source: str, family: str | None, as_json: bool) 
       hookcli models --source timm 'convnext_*'
       hookcli models --json | python -c 'import json,sys; print(len(json.load(sys.stdin)))'
     """
-    from hookcli.models.loading import describe_models, no_models_note
-
-    rows = describe_models(family, pattern=pattern, source=source)
+    rows = api.models(family, pattern=pattern, source=source)
     if not rows:
-        click.echo(f"Note: {no_models_note(source, pattern, family)}", err=True)
+        click.echo(f"Note: {api.models_note(source, pattern, family)}", err=True)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
-    from hookcli.pictures.summary import table_lines
-
     table = [("model", "family", "weights")]
     table += [(r["model"], r["family"], _weights_cell(r)) for r in rows]
     for line in table_lines(table):
@@ -180,17 +174,13 @@ def layers(model, weights, seed, input_size, frames, depth, as_json, as_nl) -> N
     """
     if as_json and as_nl:
         raise click.UsageError("--json and --nl cannot be used together")
-    import hookcli.api
-
-    rows = hookcli.api.layers(model, weights=weights, seed=seed, input_size=input_size, depth=depth, frames=frames)
+    rows = api.layers(model, weights=weights, seed=seed, input_size=input_size, depth=depth, frames=frames)
     if as_json:
         click.echo(json.dumps([r.to_dict() for r in rows], indent=2))
     elif as_nl:
         for r in rows:
             click.echo(json.dumps(r.to_dict()))
     else:
-        from hookcli.pictures.summary import table_lines
-
         table = [("path", "type", "output", "params", "calls")]
         for r in rows:
             shape = json.dumps(r.output).replace(" ", "") if r.output is not None else "-"
@@ -325,13 +315,7 @@ def info(file, as_json, no_stats) -> None:
       hookcli info vgg16_bn-features.18.safetensors
       hookcli extract -m resnet18 -l layer4 img.jpg -o - | hookcli info - --json
     """
-    from hookcli.pictures.summary import describe_file, info_json, info_lines
-    from hookcli.storage.shards import open_features
-
-    with open_features(file) as features:
-        described = describe_file(features, stats=not no_stats)
-        for text in getattr(features, "reading_notes", ()):
-            click.echo(f"Note: {printable(text)}", err=True)
+    described = api.info(file, stats=not no_stats, progress=_Reporter(quiet=True))
     if as_json:
         click.echo(info_json(described))
         return
@@ -370,11 +354,8 @@ def grid(file, output, quiet, **options) -> None:
       hookcli grid clips.safetensors -k layer2 --frame 3 --channels 0:16
       hookcli extract -m resnet18 -l layer2 img.jpg -o - | hookcli grid - -o grids/
     """
-    import hookcli.api
-    from hookcli.run.outputs import DEFAULT_OUTPUT
-
     with contextlib.closing(_Reporter(quiet)) as reporter:
-        hookcli.api.grid(file, output=output or DEFAULT_OUTPUT, progress=reporter, **options)
+        api.grid(file, output=output or DEFAULT_OUTPUT, progress=reporter, **options)
 
 
 @main.command(context_settings=CONTEXT_SETTINGS)
@@ -400,8 +381,5 @@ def report(file, output, page_size, quiet, **options) -> None:
       hookcli report feats/ -k layer3 -i 0:100 --top 16 --page-size 10
       hookcli cam -m resnet50 img.jpg -o cams/ && hookcli report cams/cams.safetensors
     """
-    import hookcli.api
-    from hookcli.run.outputs import DEFAULT_OUTPUT
-
     with contextlib.closing(_Reporter(quiet)) as reporter:
-        hookcli.api.report(file, output=output or DEFAULT_OUTPUT, page_size=page_size, progress=reporter, **options)
+        api.report(file, output=output or DEFAULT_OUTPUT, page_size=page_size, progress=reporter, **options)

@@ -4,10 +4,13 @@ types that hand a value to the library's own parser, and preset files (``--confi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import click
 
+from hookcli.cli.presets import read_config
+from hookcli.errors import ConfigError
 from hookcli.options import GRID_OPTIONS, LARGE_INPUT, Option, declared
 
 __all__ = [
@@ -31,16 +34,15 @@ CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 
 
 
 class Parsed(click.ParamType):
-    """A value read by the library's parser ``module.function`` (imported on use); its ValueError is a usage error."""
+    """A value read by an option's ``parser`` (:data:`hookcli.options.RUN_OPTIONS`); its ValueError is a usage
+    error."""
 
-    def __init__(self, name: str, module: str, function: str) -> None:
-        self.name, self._where = name, (module, function)
+    def __init__(self, name: str, parser: Callable[[Any], Any]) -> None:
+        self.name, self._parser = name, parser
 
     def convert(self, value, param, ctx):
-        from importlib import import_module
-
         try:
-            return getattr(import_module(self._where[0]), self._where[1])(value)
+            return self._parser(value)
         except ValueError as err:
             self.fail(str(err), param, ctx)
 
@@ -71,7 +73,6 @@ def _load_config(ctx: click.Context, param: click.Parameter, value) -> None:
     """Eager: a preset's options become this command's defaults, so flags given still win."""
     if value is None:
         return
-    from hookcli.cli.presets import read_config
 
     # A preset is shared by every process of a run; --part differs between them.
     params = {
@@ -90,8 +91,6 @@ def _load_config(ctx: click.Context, param: click.Parameter, value) -> None:
 
 def _config_value(param: click.Option, given, ctx: click.Context, config: str):
     """A preset's value as the option would take it from the command line; anything else is the preset's error."""
-    from hookcli.errors import ConfigError
-
     takes_list = param.multiple or isinstance(param.type, Parsed)  # Parsed: --mean [0.5, 0.5, 0.5]
     wrong = (
         (isinstance(given, list) and not takes_list)
@@ -163,8 +162,8 @@ def _click_type(option: Option) -> Any:
     if option.kind == "choice":
         return click.Choice(option.choices or ())
     if option.kind == "parsed":
-        module, _, function = (option.parser or "").partition(":")
-        return Parsed(option.metavar or "VALUE", module, function)
+        assert option.parser is not None, "a parsed option names its parser"
+        return Parsed(option.metavar or "VALUE", option.parser)
     return None
 
 

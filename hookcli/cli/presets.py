@@ -25,6 +25,7 @@ from pathlib import Path
 
 from hookcli.errors import ConfigError
 from hookcli.files import NotRegularFile, open_regular
+from hookcli.models.weights import looks_like_weights_path
 
 __all__ = ["PRESETS", "locate_config", "read_config"]
 
@@ -83,6 +84,4 @@ def read_config(path: str | os.PathLike, *, allowed: Mapping[str, str]) -> dict:
 
 
 def _is_relative_path(weights: str) -> bool:
-    from hookcli.models.weights import looks_like_weights_path
-
     return looks_like_weights_path(weights) and not Path(weights).is_absolute()

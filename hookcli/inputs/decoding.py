@@ -18,7 +18,7 @@ CPU's cores cannot decode as fast as it computes.
   one is said. One the CPU cannot decode either is an unreadable image, as
   with ``--decode cpu`` (``--on-error``).
 - The pixels differ slightly from ``--decode cpu``: tensor resizing rounds a
-  little differently from Pillow's (:class:`~hookcli.inputs.preprocess.ImageSteps`),
+  little differently from Pillow's (:class:`~hookcli.inputs.transforms.ImageSteps`),
   and nvJPEG's inverse DCT and chroma upsampling from libjpeg's.
   ``docs/benchmarks.md`` gives the measured differences; ``preprocess.decode`` in the metadata
   records the choice.
@@ -45,9 +45,15 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
+import torch
+import torchvision.io
+from torchvision.io import ImageReadMode
+from torchvision.transforms.functional import pil_to_tensor
+
 from hookcli.errors import DeviceError, ImageError, MemoryLimitError, first_line
 from hookcli.inputs.images import JpegBytes, load_rgb, read_jpeg
 from hookcli.inputs.preprocess import Preprocess
+from hookcli.inputs.transforms import to_tensor_steps, to_transform
 
 if TYPE_CHECKING:
     import torch
@@ -66,7 +72,7 @@ class EncodedImages:
     failure comes back as a value ``(message, hint)``, never raised in a worker."""
 
     def __init__(self, paths: Sequence, preprocess: Preprocess) -> None:
-        self.paths, self.transform = paths, preprocess.to_transform()
+        self.paths, self.transform = paths, to_transform(preprocess)
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -98,8 +104,6 @@ def collate(items) -> tuple[list[int], Encoded, list]:
     rows = [good[k][1] for k in positions]
     prepared: torch.Tensor | list = rows
     if rows and all(row.shape == rows[0].shape for row in rows):
-        import torch
-
         prepared = torch.stack(rows)
     return (
         [i for i, _ in good],
@@ -121,17 +125,13 @@ class DeviceDecoder:
     """
 
     def __init__(self, preprocess: Preprocess, device, on_note: Callable[[str], None] | None = None) -> None:
-        import torch
-
-        self.steps, self.device, self.on_note = preprocess.to_tensor_steps(), device, on_note
+        self.steps, self.device, self.on_note = to_tensor_steps(preprocess), device, on_note
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._noted = False
         self._device_decoded = False  # whether the device's decoder has decoded any JPEG yet
         self._pillow_only = 0  # JPEGs the device's decoder refused and Pillow decoded, while it decoded none
 
     def __call__(self, indices: list[int], encoded: Encoded, failures: list) -> tuple[list[int], object, list]:
-        import torch
-
         with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
             rows, failed = self._rows(encoded)
             kept = [k for k, row in enumerate(rows) if row is not None]
@@ -167,8 +167,6 @@ class DeviceDecoder:
 
     def _preprocessed(self, images: list) -> list:
         """Rows of uint8 images: resized and cropped a size at a time, then scaled and normalised at once."""
-        import torch
-
         by_size: dict[tuple, list[int]] = {}
         for k, image in enumerate(images):
             by_size.setdefault(tuple(image.shape), []).append(k)
@@ -183,9 +181,6 @@ class DeviceDecoder:
     def _decoded(self, jpegs: list) -> list:
         """Each JPEG decoded upright on the device, or by Pillow where the device's decoder refuses it; an
         :class:`ImageError` for one neither can decode."""
-        import torch
-        from torchvision.io import ImageReadMode, decode_jpeg
-
         if not jpegs:
             return []
         data = [torch.frombuffer(bytearray(jpeg.data), dtype=torch.uint8) for jpeg in jpegs]
@@ -194,7 +189,7 @@ class DeviceDecoder:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)  # torchvision points to TorchCodec; it still decodes
             try:
-                images = decode_jpeg(data, mode=ImageReadMode.RGB, device=self.device)
+                images = torchvision.io.decode_jpeg(data, mode=ImageReadMode.RGB, device=self.device)
                 self._device_decoded = True
                 return [upright(image, jpeg.orientation) for image, jpeg in zip(images, jpegs)]
             except RuntimeError as err:  # the call decodes all or nothing: find the ones at fault
@@ -203,7 +198,10 @@ class DeviceDecoder:
             for jpeg, encoded in zip(jpegs, data):
                 try:
                     found.append(
-                        upright(decode_jpeg(encoded, mode=ImageReadMode.RGB, device=self.device), jpeg.orientation)
+                        upright(
+                            torchvision.io.decode_jpeg(encoded, mode=ImageReadMode.RGB, device=self.device),
+                            jpeg.orientation,
+                        )
                     )
                     self._device_decoded = True
                 except RuntimeError as err:
@@ -215,8 +213,6 @@ class DeviceDecoder:
         return found
 
     def _by_pillow(self, jpeg):
-        from torchvision.transforms.functional import pil_to_tensor
-
         try:
             return pil_to_tensor(load_rgb(jpeg.path, data=jpeg.data)).to(self.device, non_blocking=True)
         except ImageError as err:

@@ -2,9 +2,10 @@
 
 A :class:`Preprocess` is read off the weights' own transforms (resize, centre
 crop, normalisation) for each model family (its ``kind``), may be overridden
-field by field, is recorded in the output's metadata, and builds the transform
-of torchvision's preset (``ImageClassification``, ``VideoClassification``) or
-steps equal to it, so the numbers are exactly those torchvision uses.
+field by field, and is recorded in the output's metadata;
+:mod:`hookcli.inputs.transforms` builds its transform (torchvision's preset,
+or steps equal to it, so the numbers are exactly those torchvision uses).
+Nothing here imports torch: the pictures read a run's preprocessing back.
 
 ``fast_decode`` trades a little of that exactness for speed on large photos:
 JPEGs are decoded at a reduced scale (libjpeg's 1/2, 1/4 or 1/8) that still
@@ -20,8 +21,6 @@ images for that.
 512
 >>> sorted(json.loads(spec.to_json()))
 ['antialias', 'crop', 'fast_decode', 'interpolation', 'kind', 'mean', 'resize', 'std']
->>> parse_triple("0.5"), parse_triple([0.4, 0.5, 0.6])
-((0.5, 0.5, 0.5), (0.4, 0.5, 0.6))
 """
 
 from __future__ import annotations
@@ -30,40 +29,17 @@ import dataclasses
 import json
 import math
 from dataclasses import dataclass
-from typing import Any
 
 from hookcli.options import DECODERS, INTERPOLATIONS, MAX_SIDE
 
 __all__ = [
     "DEVICE_DECODE_KINDS",
-    "ImageSteps",
     "Preprocess",
     "check_normalisation",
-    "parse_triple",
 ]
 
 #: The input kinds ``decode="device"`` serves: those read from image files, one at a time.
 DEVICE_DECODE_KINDS = ("classification", "segmentation", "detection")
-
-
-def parse_triple(value) -> tuple[float, float, float]:
-    """Three floats (a mean or std) from ``R,G,B``, one number for all three, or a sequence; ValueError if not."""
-    parts: list[Any]
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        parts = [value]
-    elif isinstance(value, list | tuple):
-        parts = list(value)
-    else:
-        parts = str(value).replace(" ", "").split(",")
-    try:
-        numbers = tuple(float(p) for p in parts)
-    except (TypeError, ValueError):
-        raise ValueError(f"'{value}' is not a number or three comma-separated numbers") from None
-    if len(numbers) == 1:
-        numbers = numbers * 3
-    if len(numbers) != 3:
-        raise ValueError(f"'{value}' has {len(numbers)} values; give one or three (R,G,B)")
-    return numbers
 
 
 def check_normalisation(mean, std) -> None:
@@ -233,51 +209,6 @@ class Preprocess:
             return None
         return 2 * (self.resize if isinstance(self.resize, int) else min(self.resize))
 
-    def to_transform(self):
-        """The transform of one decoded input: a PIL image (a ``[T, H, W, 3]`` uint8 array for video) → tensor.
-        Image kinds take uint8 tensors ``[..., 3, H, W]`` too (a batch of one size at once), as
-        :mod:`hookcli.inputs.decoding` gives them.
-
-        Classification uses torchvision's ``ImageClassification`` itself, video
-        its ``VideoClassification``, so the numbers are exactly torchvision's.
-        """
-        from torchvision.transforms import InterpolationMode
-
-        interpolation = InterpolationMode(self.interpolation)
-        if (
-            self.kind == "classification"
-            and isinstance(self.resize, int)
-            and self.crop is not None
-            and self.mean is not None
-        ):
-            from torchvision.transforms._presets import ImageClassification
-
-            return ImageClassification(
-                crop_size=self.crop,
-                resize_size=self.resize,
-                mean=self.mean,
-                std=self.std,
-                interpolation=interpolation,
-                antialias=self.antialias,
-            )
-        if self.kind == "video":
-            return _VideoSteps(self)
-        return ImageSteps(self)
-
-    def to_tensor_steps(self) -> ImageSteps:
-        """The preprocessing of an image kind in its two steps, for uint8 tensors on any device, as
-        :mod:`hookcli.inputs.decoding` runs it: :meth:`ImageSteps.geometry` on each batch of images of one size,
-        :meth:`ImageSteps.scaled` once on all.
-
-        >>> import torch
-        >>> steps = Preprocess(resize=8, crop=6).to_tensor_steps()
-        >>> tuple(steps.scaled(steps.geometry(torch.zeros(2, 3, 10, 12, dtype=torch.uint8))).shape)
-        (2, 3, 6, 6)
-        """
-        if self.kind not in DEVICE_DECODE_KINDS:
-            raise ValueError(f"{self.kind.replace('_', ' ')} inputs are not preprocessed as tensors of images")
-        return ImageSteps(self)
-
     def to_json(self) -> str:
         """The fields as JSON; ``decode`` only when it is not ``"cpu"``, so a run that does not ask for it records
         what runs before the field existed recorded (and continues their shard folders)."""
@@ -289,85 +220,3 @@ class Preprocess:
 
 def _is_side(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_SIDE
-
-
-class ImageSteps:
-    """An image → float tensor ``[..., 3, H, W]``: resize (shorter side, or to ``[height, width]``) and crop when
-    set, scale to [0, 1], normalise when set; a PIL image, or uint8 tensors ``[..., 3, H, W]`` on any device.
-
-    With only ``resize`` and normalisation this is torchvision's ``SemanticSegmentation``; with neither,
-    ``ObjectDetection``; with mean = std = 0.5, ``OpticalFlow`` on one frame. The two steps are apart so that
-    :mod:`hookcli.inputs.decoding` resizes a batch of many sizes a size at a time and scales it at once:
-    :meth:`geometry`, then :meth:`scaled`, which reads nothing back to the host, so a GPU's queue is never waited
-    on. Nearest neighbour is torch's ``nearest-exact``, which is Pillow's own on PIL images (torch's ``nearest``
-    picks pixels shifted by half of one); on tensors, bilinear and bicubic round a little differently from
-    Pillow's (see the measurements in ``docs/benchmarks.md``).
-    """
-
-    def __init__(self, spec: Preprocess) -> None:
-        from torchvision.transforms import InterpolationMode
-
-        self.spec = spec
-        self.mode = (
-            InterpolationMode.NEAREST_EXACT
-            if spec.interpolation == "nearest"
-            else InterpolationMode(spec.interpolation)
-        )
-        self._normalisation: dict = {}  # device -> (mean, std) tensors
-
-    def __call__(self, image):
-        import torch
-        from torchvision.transforms import functional as F
-
-        image = self.geometry(image)
-        return self.scaled(image if isinstance(image, torch.Tensor) else F.pil_to_tensor(image))
-
-    def geometry(self, image):
-        """Resize and crop as the preprocessing says; PIL in, PIL out, or uint8 tensors in and out."""
-        from torchvision.transforms import functional as F
-
-        spec = self.spec
-        if spec.resize is not None:
-            size = list(spec.resize) if isinstance(spec.resize, tuple) else [spec.resize]
-            image = F.resize(image, size, interpolation=self.mode, antialias=spec.antialias)
-        if spec.crop is not None:
-            image = F.center_crop(image, [spec.crop])
-        return image
-
-    def scaled(self, images):
-        """uint8 tensors to floats in [0, 1], then normalised when the preprocessing normalises: the arithmetic of
-        torchvision's ``convert_image_dtype`` and ``normalize``, with the mean and std kept on the images' device."""
-        import torch
-
-        values = images.to(torch.float) / 255
-        if self.spec.mean is None:
-            return values
-        if values.device not in self._normalisation:
-            self._normalisation[values.device] = tuple(
-                torch.tensor(v, dtype=torch.float, device=values.device).view(-1, 1, 1)
-                for v in (self.spec.mean, self.spec.std)
-            )
-        mean, std = self._normalisation[values.device]
-        return values.sub_(mean).div_(std)
-
-
-class _VideoSteps:
-    """Frames ``[T, H, W, 3]`` uint8 → a clip ``[3, T, crop, crop]``, through torchvision's ``VideoClassification``."""
-
-    def __init__(self, spec: Preprocess) -> None:
-        from torchvision.transforms import InterpolationMode
-        from torchvision.transforms._presets import VideoClassification
-
-        size = list(spec.resize) if isinstance(spec.resize, tuple) else [spec.resize]
-        self.preset = VideoClassification(
-            crop_size=[spec.crop, spec.crop],
-            resize_size=size,
-            mean=spec.mean,
-            std=spec.std,
-            interpolation=InterpolationMode(spec.interpolation),
-        )
-
-    def __call__(self, frames):
-        import torch
-
-        return self.preset(torch.from_numpy(frames).permute(0, 3, 1, 2).contiguous())

@@ -13,7 +13,11 @@ from typing import Any
 
 from hookcli.inputs.preprocess import Preprocess
 
-__all__ = ["LoadedModel", "num_classes", "out_size", "prefix_tokens"]
+__all__ = [
+    "LoadedModel",
+    "out_size",
+    "prefix_tokens",
+]
 
 
 @dataclass
@@ -81,28 +85,6 @@ class LoadedModel:
             f"preprocessing ({', '.join(f'{name} {value}' for name, value in shown.items())})",
             *self.build_notes,
         )
-
-
-def num_classes(module) -> int:
-    """How many classes a model tells apart: a classifier's logits (its last Linear or 1×1 Conv2d layer), a
-    segmentation model's output channels, a detection model's classes (background included)."""
-    import torch.nn as nn
-
-    head = getattr(module, "head", None)
-    classification_head = getattr(head, "classification_head", None)
-    for found in (
-        getattr(classification_head, "num_classes", None),
-        getattr(classification_head, "num_columns", None),
-        getattr(
-            getattr(getattr(getattr(module, "roi_heads", None), "box_predictor", None), "cls_score", None),
-            "out_features",
-            None,
-        ),
-    ):
-        if isinstance(found, int):
-            return found
-    last = [layer for layer in module.modules() if isinstance(layer, nn.Linear | nn.Conv2d)]
-    return out_size(last[-1])
 
 
 def out_size(layer) -> int:

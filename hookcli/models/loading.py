@@ -29,134 +29,27 @@ says where to put the file).
 from __future__ import annotations
 
 import contextlib
-import difflib
-import fnmatch
 import os
 import sys
 import warnings
 from pathlib import Path
 
-from hookcli.errors import UnknownModelError, UnknownWeightsError, WeightsError, check_choice, first_line
-from hookcli.families import FAMILIES, build_options
+import torch.nn as nn
+import torchvision.models
+
+from hookcli.errors import WeightsError, first_line
+from hookcli.families import build_options
 from hookcli.inputs.preprocess import Preprocess
 from hookcli.models import sources
+from hookcli.models.catalog import model_family, other_source, resolve_weights
 from hookcli.models.loaded import LoadedModel, out_size, prefix_tokens
-from hookcli.models.registry import ModelEntry, model_registry
-from hookcli.models.specs import LISTED_SOURCES, check_model, check_weights, parse_model
-from hookcli.models.weights import (
-    check_weights_file,
-    file_weights,
-    fit_state_dict,
-    looks_like_weights_path,
-    read_state_dict,
-    seeded,
-    weights_cache_path,
-)
+from hookcli.models.state_dicts import fit_state_dict, read_state_dict, seeded, weights_cache_path
+from hookcli.models.weights import file_weights
 
-__all__ = ["describe_models", "list_models", "load_model", "model_family", "no_models_note", "resolve_weights"]
-
-
-def list_models(family: str | None = None) -> list[str]:
-    """Names of every model torchvision can build (of one ``family``), sorted (from :mod:`hookcli.models.registry`)."""
-    return [name for name, entry in model_registry().items() if family in (None, entry.family)]
-
-
-def describe_models(
-    family: str | None = None, *, pattern: str | None = None, source: str = "torchvision"
-) -> list[dict]:
-    """Every model hookcli can load (of one ``family``, named like the glob ``pattern``) from ``source`` (one of
-    :data:`hookcli.models.specs.LISTED_SOURCES`): ``{"model", "family", "default", "weights"}`` rows.
-
-    >>> [row for row in describe_models("optical_flow")][0]["model"]
-    'raft_large'
-    >>> [row["model"] for row in describe_models(pattern="resnet1*")]
-    ['resnet101', 'resnet152', 'resnet18']
-    """
-
-    if family is not None:
-        check_choice("family", family, FAMILIES)
-    check_choice("source", source, LISTED_SOURCES)
-    if source != "torchvision":
-        return [row for row in sources.list_source_models(source, pattern) if family in (None, row["family"])]
-    return [
-        {"model": name, "family": entry.family, "default": entry.default, "weights": list(entry.weights)}
-        for name, entry in model_registry().items()
-        if family in (None, entry.family) and (pattern is None or fnmatch.fnmatchcase(name, pattern))
-    ]
-
-
-def no_models_note(source: str, pattern: str | None, family: str | None) -> str:
-    """Why :func:`describe_models` found nothing, in words (for the local Hugging Face cache, where it is)."""
-    wanted = " and ".join(part for part in (pattern and f"'{pattern}'", family and f"family {family}") if part)
-    if source == "hf":
-        from huggingface_hub import constants
-
-        return f"no model{' matching ' + wanted if wanted else ''} in the Hugging Face cache ({constants.HF_HUB_CACHE})"
-    return f"no {source} model matches {wanted}"
-
-
-def model_family(name: str) -> str:
-    """The family of model ``name`` (an unknown name is refused), from the registry cache: no torch needed.
-
-    Models of other sources (:mod:`hookcli.models.sources`) are classification models: they take stacked images.
-    """
-    spec = _other_source(name)
-    return "classification" if spec is not None else _entry(name).family
-
-
-def _other_source(name: str):
-    """The :class:`~hookcli.models.specs.ModelSpec` of a model from outside torchvision (checked), else None."""
-
-    spec = parse_model(name)
-    if spec.source == "torchvision":
-        return None
-    check_model(spec)
-    return spec
-
-
-def resolve_weights(name: str, weights: str) -> str | None:
-    """The member of model ``name``'s weights enum that ``weights`` names, None for ``none`` or a path.
-
-    A name is ``DEFAULT`` in any case, a member (``IMAGENET1K_V1``) or a qualified one
-    (``ResNet18_Weights.IMAGENET1K_V1``). An unknown model or weights name is refused from the
-    registry cache, before torch is imported (see :mod:`hookcli.models.registry`), and so is a weights
-    path that is missing, empty or not a regular file.
-
-    >>> resolve_weights("resnet18", "default"), resolve_weights("resnet18", "ResNet18_Weights.IMAGENET1K_V1")
-    ('DEFAULT', 'IMAGENET1K_V1')
-
-    Models of other sources have their weights checked as far as can be
-    without their package (:func:`hookcli.models.specs.check_weights`), and give None.
-    """
-    spec = _other_source(name)
-    if spec is not None:
-        check_weights(spec, weights)
-        return None
-    entry = _entry(name)
-    spec = weights.strip()
-    if spec.lower() == "none":
-        return None
-    if spec.upper() == "DEFAULT":
-        return "DEFAULT"
-    member = spec.removeprefix(entry.enum + ".")
-    if member in entry.weights or member == "DEFAULT":
-        return member
-    if looks_like_weights_path(spec):
-        check_weights_file(Path(spec))  # missing, empty or not a file: said before torch loads, too
-        return None
-    raise _unknown_weights(name, spec, entry.weights)
-
-
-def _entry(name: str) -> ModelEntry:
-    """Model ``name``'s registry entry; an unknown name is refused with the closest ones."""
-    registry = model_registry()
-    if name in registry:
-        return registry[name]
-    closest = difflib.get_close_matches(name, list(registry), n=3, cutoff=0.0)
-    raise UnknownModelError(
-        f"unknown model '{name}' (closest: {', '.join(closest)})",
-        hint="'hookcli models' lists every model",
-    )
+__all__ = [
+    "load_model",
+    "num_classes",
+]
 
 
 def load_model(name: str, weights: str = "DEFAULT", *, seed: int = 0) -> LoadedModel:
@@ -164,11 +57,10 @@ def load_model(name: str, weights: str = "DEFAULT", *, seed: int = 0) -> LoadedM
 
     ``timm:``, ``hf:``, ``open_clip:`` and factory names are built by :mod:`hookcli.models.sources`.
     """
-    spec = _other_source(name)
+    spec = other_source(name)
     if spec is not None:
         return sources.load(spec, weights, seed=seed)
     member = resolve_weights(name, weights)  # before torch: a name that cannot be built is refused at once
-    import torchvision.models
 
     weights_enum = torchvision.models.get_model_weights(name)
     family = model_family(name)
@@ -194,19 +86,7 @@ def load_model(name: str, weights: str = "DEFAULT", *, seed: int = 0) -> LoadedM
     )
 
 
-def _unknown_weights(name: str, spec: str, known: tuple[str, ...]) -> UnknownWeightsError:
-    available = ", ".join(["DEFAULT", *known, "none"])
-    hint = (
-        f"to load the file '{spec}' in the current folder, write it as ./{spec}"
-        if os.path.isfile(spec)
-        else "or pass a path to a .pth/.safetensors state dict"
-    )
-    return UnknownWeightsError(f"model '{name}' has no weights '{spec}' (available: {available})", hint=hint)
-
-
 def _build_seeded(name: str, seed: int, **kwargs):
-    import torchvision.models
-
     with seeded(seed), warnings.catch_warnings():
         # googlenet and inception_v3 warn that their default init may change; the init used is unchanged.
         warnings.filterwarnings("ignore", message="The default weight initialization", category=FutureWarning)
@@ -217,8 +97,6 @@ def _build_seeded(name: str, seed: int, **kwargs):
 
 
 def _build_pretrained(name: str, weights, options: dict):
-    import torchvision.models
-
     cached = weights_cache_path(weights)
     if not cached.exists() and os.environ.get("HOOKCLI_OFFLINE", "") not in ("", "0"):
         raise WeightsError(
@@ -258,8 +136,6 @@ def _build_from_file(name: str, path: Path, seed: int, options: dict):
 
 def _checkpoint_num_classes(module, state: dict) -> int | None:
     """The class count of a fine-tuned checkpoint whose classifier differs from the default 1000."""
-    import torch.nn as nn
-
     classifier = None
     for path, layer in module.named_modules():
         if isinstance(layer, nn.Linear | nn.Conv2d) and out_size(layer) == 1000:
@@ -268,3 +144,23 @@ def _checkpoint_num_classes(module, state: dict) -> int | None:
         return None
     rows = state[f"{classifier}.weight"].shape[0]
     return rows if rows != 1000 else None
+
+
+def num_classes(module) -> int:
+    """How many classes a model tells apart: a classifier's logits (its last Linear or 1×1 Conv2d layer), a
+    segmentation model's output channels, a detection model's classes (background included)."""
+    head = getattr(module, "head", None)
+    classification_head = getattr(head, "classification_head", None)
+    for found in (
+        getattr(classification_head, "num_classes", None),
+        getattr(classification_head, "num_columns", None),
+        getattr(
+            getattr(getattr(getattr(module, "roi_heads", None), "box_predictor", None), "cls_score", None),
+            "out_features",
+            None,
+        ),
+    ):
+        if isinstance(found, int):
+            return found
+    last = [layer for layer in module.modules() if isinstance(layer, nn.Linear | nn.Conv2d)]
+    return out_size(last[-1])

@@ -19,6 +19,7 @@ ModelEntry(enum='ResNet18_Weights', default='IMAGENET1K_V1', weights=('IMAGENET1
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 from dataclasses import asdict, dataclass
@@ -109,8 +110,6 @@ def _torchvision_version() -> str | None:
 
 
 def _scan() -> dict[str, ModelEntry]:
-    import importlib
-
     import torchvision.models
 
     found = {}

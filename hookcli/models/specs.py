@@ -38,7 +38,7 @@ from pathlib import Path
 
 from hookcli.errors import UnknownWeightsError, UsageProblem, WeightsError
 from hookcli.files import file_kind
-from hookcli.models.weights import archive_kind
+from hookcli.models.weights import archive_kind, check_weights_file, looks_like_weights_path
 
 __all__ = [
     "LISTED_SOURCES",
@@ -294,8 +294,6 @@ def search_current_folder() -> None:
 
 def check_weights(spec: ModelSpec, weights: str) -> None:
     """Refuse, without torch, weights a source has no use for (see :func:`load` for what each takes)."""
-    from hookcli.models.weights import check_weights_file, looks_like_weights_path
-
     text = weights.strip()
     if text.lower() in ("none", "default"):
         return

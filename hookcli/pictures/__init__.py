@@ -7,7 +7,7 @@ into pixels (with :mod:`~hookcli.pictures.text` and
 :mod:`~hookcli.pictures.flow`), :mod:`~hookcli.pictures.photos` and
 :mod:`~hookcli.pictures.cams` draw over the input photos,
 :mod:`~hookcli.pictures.reports` writes the HTML report (from
-:mod:`~hookcli.pictures.html`) and :mod:`~hookcli.pictures.summary` is
-``info``'s statistics. It imports the foundation modules,
+:mod:`~hookcli.pictures.html`) and :mod:`~hookcli.pictures.summary` describes a
+file for ``info``. It imports the foundation modules,
 :mod:`hookcli.inputs` and :mod:`hookcli.storage`, nothing above.
 """

@@ -15,7 +15,7 @@ import numpy as np
 from PIL import Image
 
 from hookcli.files import atomic_path
-from hookcli.pictures.grids import safe_name
+from hookcli.pictures.options import safe_name
 from hookcli.pictures.photos import heat_picture, model_photo_scaled
 from hookcli.pictures.render import add_title, draw_boxes
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from PIL import Image, ImageDraw
 
 from hookcli.pictures.render import stacked
 from hookcli.pictures.text import caption_font
@@ -86,8 +87,6 @@ def flow_wheel(side: int = 64) -> np.ndarray:
 
 def add_flow_legend(pixels: np.ndarray, lines: Sequence[str]) -> np.ndarray:
     """Put the flow colour wheel (:func:`flow_wheel`) under the picture, with ``lines`` of text beside it."""
-    from PIL import Image, ImageDraw
-
     width = pixels.shape[1]
     font = caption_font(width)
     line_h = font.getbbox("Ag")[3] + 4

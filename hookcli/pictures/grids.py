@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import difflib
 import itertools
 import os
 import re
@@ -44,12 +45,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from PIL import Image
 
 from hookcli.errors import FeatureFileError, UsageProblem
+from hookcli.events import Advanced, Event, Note, Started, Wrote
 from hookcli.files import atomic_path, check_folder_output, refuse_existing
 from hookcli.patterns import glob_to_regex
 from hookcli.pictures.drawing import render_picture
-from hookcli.pictures.options import DEFAULT_MAPS, GridJob, GridOptions, capped, digest
+from hookcli.pictures.options import DEFAULT_MAPS, GridJob, GridOptions, capped, digest, safe_name
 from hookcli.pictures.reading import (
     BOXES,
     DRAWN_DETECTIONS,
@@ -75,10 +78,13 @@ from hookcli.pictures.render import (
 from hookcli.storage.fileformat import DETECTIONS
 from hookcli.storage.reader import FeatureReader
 
-__all__ = ["GridPlan", "plan_grids", "render_all", "safe_name", "write_grids"]
-
-
-_UNSAFE = re.compile(r"[^A-Za-z0-9._@#+=-]+")
+__all__ = [
+    "GridPlan",
+    "draw_grids",
+    "plan_grids",
+    "render_all",
+    "write_grids",
+]
 
 
 @dataclass(frozen=True)
@@ -347,11 +353,6 @@ def _file_stems(keys: Sequence[str]) -> list[str]:
     return [f"{stem}~{digest(key)}" if seen[stem.casefold()] > 1 else stem for key, stem in zip(keys, stems)]
 
 
-def safe_name(text: str) -> str:
-    """``text`` for a file name: runs of characters other than letters, digits and ``._@#+=-`` become ``_``."""
-    return _UNSAFE.sub("_", text)
-
-
 def _select_keys(available: list[str], patterns: Sequence[str], name: str) -> list[str]:
     if not available:
         raise FeatureFileError(f"'{name}' holds no tensors")
@@ -368,8 +369,6 @@ def _select_keys(available: list[str], patterns: Sequence[str], name: str) -> li
             ) from None
         found = [k for k in available if regex.fullmatch(k)]
         if not found:
-            import difflib
-
             closest = difflib.get_close_matches(pattern, available, n=3, cutoff=0.0)
             raise UsageProblem(
                 f"no tensor '{pattern}' in '{name}' (closest: {', '.join(closest)})",
@@ -389,8 +388,6 @@ def write_grids(
     on_written: Callable[[Path], None] | None = None,
 ) -> list[Path]:
     """Render and write every job's PNG (atomically); undrawable tensors and pictures' notes go to ``on_note``."""
-    from PIL import Image
-
     written = []
     for job, pixels in _rendered(features, jobs, options, on_note):
         job.path.parent.mkdir(parents=True, exist_ok=True)
@@ -440,3 +437,27 @@ def _rendered(features: FeatureReader, jobs: GridPlan, options: GridOptions, on_
             for text in picture.notes:
                 on_note(text)
         yield job, picture.pixels
+
+
+def draw_grids(features, options, output, *, force: bool = False, progress: Callable[[Event], None] | None = None):
+    """Draw the grids ``options`` ask for; write them under ``output`` (a folder), or return them by file name.
+
+    Written: the PNG paths in order. In memory (``output=None``): a dict of
+    file name → ``uint8 [H, W, 3]`` pixels. Undrawable tensors are reported
+    as :class:`Note` s.
+    """
+    emit = progress or (lambda event: None)
+    jobs = plan_grids(features, options, output, force=force)
+    for text in (*getattr(features, "reading_notes", ()), *jobs.notes):
+        emit(Note(text))
+    emit(Started(total=len(jobs)))
+    if output is None:
+        return render_all(
+            features, jobs, options, on_note=lambda text: emit(Note(text)), on_drawn=lambda name: emit(Advanced(1))
+        )
+
+    def written(path: Path) -> None:
+        emit(Wrote(path))
+        emit(Advanced(1))
+
+    return write_grids(features, jobs, options, force=force, on_written=written, on_note=lambda text: emit(Note(text)))

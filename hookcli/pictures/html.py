@@ -14,6 +14,7 @@ import json
 from typing import Any
 
 import numpy as np
+from PIL import Image
 
 from hookcli.console import printable
 from hookcli.pictures.reading import Detections
@@ -226,8 +227,6 @@ def row_shape_html(features: FeatureReader, key: str, row: int) -> str:
 
 
 def png_uri(pixels: np.ndarray) -> str:
-    from PIL import Image
-
     buffer = io.BytesIO()
     # zlib level 1, as grid writes: about half the time of the default for pictures some 7% larger.
     Image.fromarray(pixels).save(buffer, format="PNG", compress_level=1)

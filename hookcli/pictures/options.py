@@ -11,41 +11,28 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from hookcli.errors import UsageProblem
 from hookcli.options import GRID_OPTIONS, check_value, declared, declared_field
+from hookcli.parsing import parse_channels
 
 __all__ = [
-    "capped",
-    "default_grid_folder",
     "DEFAULT_MAPS",
-    "digest",
     "GridJob",
     "GridOptions",
-    "parse_channels",
+    "capped",
+    "default_grid_folder",
+    "digest",
+    "safe_name",
 ]
 
 
 #: Channels drawn when neither --channels nor --top is given: a wide layer's first 64, with a note on the rest.
 DEFAULT_MAPS = 64
-
-
-def parse_channels(value) -> slice | None:
-    """A channel selection as a slice: ``"A:B"`` (either end may be left out), one channel ``K``, or a slice."""
-    if value is None or isinstance(value, slice):
-        return value
-    text = str(value).strip()
-    try:
-        if ":" not in text:
-            index = int(text)
-            return slice(index, index + 1 if index != -1 else None)
-        start, stop = text.split(":")
-        return slice(int(start) if start else None, int(stop) if stop else None)
-    except ValueError:
-        raise ValueError(f"'{value}' is not a channel range; use A:B, A:, :B or one index K") from None
 
 
 def default_grid_folder(source) -> str:
@@ -120,3 +107,11 @@ def capped(text: str, limit: int) -> str:
 
 def digest(text: str) -> str:
     return hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._@#+=-]+")
+
+
+def safe_name(text: str) -> str:
+    """``text`` for a file name: runs of characters other than letters, digits and ``._@#+=-`` become ``_``."""
+    return _UNSAFE.sub("_", text)

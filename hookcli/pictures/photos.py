@@ -5,6 +5,7 @@ drawn over it.
 from __future__ import annotations
 
 import numpy as np
+from PIL import Image
 
 from hookcli.inputs.images import RESAMPLE as resample
 from hookcli.inputs.images import load_rgb, model_view, open_input
@@ -81,8 +82,6 @@ def _squashed_photo(photo, preprocess, enlarge: bool) -> tuple[np.ndarray, float
 def _upright_size(path) -> tuple[int, int]:
     """The width and height of the image at ``path`` as it is decoded upright (its EXIF orientation applied), read
     from its header: the size of what the model was given when nothing resized it."""
-    from PIL import Image
-
     with open_input(path) as handle, Image.open(handle) as image:
         width, height = image.size
         turned = image.getexif().get(0x0112) in (5, 6, 7, 8)  # a quarter turn, as ImageOps.exif_transpose makes

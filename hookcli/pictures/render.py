@@ -35,12 +35,14 @@ colours come from matplotlib's colormaps, sampled once into a 256-entry table.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from PIL import Image, ImageDraw
 
 from hookcli.errors import UsageProblem
 from hookcli.families import is_square
@@ -215,11 +217,11 @@ def check_cmap(name: str) -> str:
 
 @functools.lru_cache(maxsize=16)
 def _lut(name: str) -> np.ndarray:
+    # matplotlib (about 0.15 s) loads when a picture is first coloured: extract, grad and cam runs import the
+    # pictures but draw only with --grid or cam's overlays.
     from matplotlib import colormaps
 
     if name not in colormaps:
-        import difflib
-
         closest = difflib.get_close_matches(name, list(colormaps), n=3, cutoff=0.0)
         raise UsageProblem(
             f"unknown colormap '{name}' (closest: {', '.join(closest)})",
@@ -472,8 +474,6 @@ def overlay(photo: np.ndarray, heat: np.ndarray, *, cmap: str = "inferno", alpha
     A map without any spread (all zero, say) has nothing to show: the photo
     comes back as it is.
     """
-    from PIL import Image
-
     heat = np.asarray(heat, dtype=np.float32)
     span = value_range(heat)
     if span is None or span[0] == span[1]:
@@ -516,8 +516,6 @@ def draw_boxes(
     >>> pixels[5, 10].tolist(), pixels[12, 20].tolist()
     ([255, 0, 0], [0, 0, 0])
     """
-    from PIL import Image, ImageDraw
-
     image = Image.fromarray(np.asarray(photo, dtype=np.uint8))
     draw = ImageDraw.Draw(image)
     line = max(2, round(max(image.size) / 300))
@@ -545,8 +543,6 @@ def add_title(pixels: np.ndarray, parts: Sequence[str]) -> np.ndarray:
     The type grows with the picture (12 to 28 pixels), so it reads the same
     when the picture is shown to fit a screen.
     """
-    from PIL import Image, ImageDraw
-
     width = pixels.shape[1]
     font = caption_font(width)
     lines: list[str] = []
@@ -567,8 +563,6 @@ def add_title(pixels: np.ndarray, parts: Sequence[str]) -> np.ndarray:
 
 def add_colorbar(pixels: np.ndarray, cmap: str, low: str, high: str, text: str = "") -> np.ndarray:
     """Put a colour bar under the picture: ``low`` at its left end, ``high`` at its right, ``text`` after it."""
-    from PIL import Image, ImageDraw
-
     width = pixels.shape[1]
     font = caption_font(width)
     line_h = font.getbbox("Ag")[3]

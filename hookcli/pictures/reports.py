@@ -75,9 +75,9 @@ from hookcli.pictures.html import (
 from hookcli.pictures.options import GridJob, GridOptions
 from hookcli.pictures.reading import detection_keys, drawn_shape, input_names, read_detections, select_rows
 from hookcli.pictures.render import NotDrawable, RowNotDrawable
-from hookcli.pictures.summary import describe_file, metadata_order
+from hookcli.pictures.summary import describe_file
 from hookcli.storage.features import FeatureFile
-from hookcli.storage.fileformat import INDEX_NAME
+from hookcli.storage.fileformat import INDEX_NAME, metadata_order
 from hookcli.storage.reader import FeatureReader
 from hookcli.storage.shards import ShardedFeatures
 from hookcli.version import __version__

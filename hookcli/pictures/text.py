@@ -11,6 +11,7 @@ import functools
 from collections.abc import Sequence
 
 import numpy as np
+from PIL import Image, ImageDraw, ImageFont
 
 __all__ = ["caption_font", "glyphs", "label_band", "label_size", "number", "stamp", "text_width", "tick_step"]
 
@@ -41,8 +42,6 @@ def label_band(labels: Sequence[int] | None, tile_width: int) -> int:
 @functools.lru_cache(maxsize=8)
 def glyphs(size: int) -> tuple[dict[str, np.ndarray], int]:
     """Coverage bitmaps (0-255) of the characters used in labels, each one advance wide, and their height."""
-    from PIL import Image, ImageDraw
-
     font = _font(size)
     _, top, _, bottom = font.getbbox("0123456789-.e+")
     height = bottom - top
@@ -82,8 +81,6 @@ def caption_font(width: int):
 
 @functools.lru_cache(maxsize=32)
 def _font(size: int):
-    from PIL import ImageFont
-
     return ImageFont.load_default(size=size)
 
 

@@ -5,18 +5,40 @@ input order or in the order a writer asks for, each failure kept as a value, nev
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import multiprocessing
 import os
+import signal
 from collections.abc import Iterable, Iterator, Sequence
 
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader
+
 from hookcli.errors import ImageError, VideoError
+from hookcli.families import DEFAULT_CLIP_LENGTH, family_traits
 from hookcli.inputs import decoding
+from hookcli.inputs.clips import Clip, ImagePair
 from hookcli.inputs.decoding import DeviceDecoder
 from hookcli.inputs.images import load_rgb
 from hookcli.inputs.preprocess import Preprocess
-from hookcli.inputs.video import close_decoders
+from hookcli.inputs.transforms import to_transform
+from hookcli.inputs.video import close_decoders, read_row
 from hookcli.run.settings import RunSettings
 
-__all__ = ["Decoded", "image_loader", "reported_failures", "videos_closed"]
+__all__ = [
+    "Decoded",
+    "batch_device",
+    "batch_length",
+    "call_model",
+    "first_rows",
+    "image_loader",
+    "map_batch",
+    "natural_input",
+    "reported_failures",
+    "rows_by_shape",
+    "videos_closed",
+]
 
 
 #: RAFT's correlation pyramid needs feature maps of 16 or more a side, at an eighth of the frame's.
@@ -28,7 +50,7 @@ class _Images:
 
     def __init__(self, paths: Sequence, preprocess: Preprocess) -> None:
         self.paths, self.load, self.kind = paths, load_rgb, preprocess.kind
-        self.transform, self.decode_size = preprocess.to_transform(), preprocess.decode_size
+        self.transform, self.decode_size = to_transform(preprocess), preprocess.decode_size
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -36,12 +58,11 @@ class _Images:
     def __getitem__(self, index: int):
         item = self.paths[index]
         try:
-            if not hasattr(item, "read"):
+            if not isinstance(item, Clip | ImagePair):
                 return index, self.transform(self.load(item, min_size=self.decode_size)), None
-            frames = item.read()  # a clip or a pair of frames: hookcli.inputs.video's Clip or ImagePair
+            frames = read_row(item)
             if self.kind == "video":
                 return index, self.transform(frames), None
-            from PIL import Image
 
             pair = tuple(self.transform(Image.fromarray(frame)) for frame in frames)
             height, width = pair[0].shape[-2:]
@@ -78,14 +99,10 @@ def _collate(items):
 
 
 def _stacked(rows: list):
-    import torch
-
     return torch.stack(rows) if all(row.shape == rows[0].shape for row in rows) else rows
 
 
 def _worker_init(worker_id: int) -> None:
-    import torch
-
     _die_with_parent()
     torch.set_num_threads(1)
     # Decoding should use the cycles the model leaves idle, not preempt its threads.
@@ -95,10 +112,6 @@ def _worker_init(worker_id: int) -> None:
 def _die_with_parent() -> None:
     """On Linux, end this decode worker when the process that started it dies (a kill -9 leaves workers that
     would otherwise wait forever, holding the files the run had open)."""
-    import ctypes
-    import multiprocessing
-    import signal
-
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
@@ -114,11 +127,8 @@ def image_loader(paths: Sequence, settings: RunSettings, *, order: Iterable[list
     batches of input indices ``order`` gives, read as they are needed), decoded by ``settings.workers``; with
     ``decode="device"``, ``(indices, Encoded, failures)`` for :class:`hookcli.inputs.decoding.DeviceDecoder` to finish.
 
-    ``settings`` must be resolved (:meth:`RunSettings.resolved`).
+    ``settings`` must be resolved (:func:`hookcli.run.speed.resolve_settings`).
     """
-    import torch
-    from torch.utils.data import DataLoader
-
     preprocess, workers = settings.preprocess, settings.workers
     assert preprocess is not None and workers is not None, "resolved settings decide both"
     on_device = preprocess.decode == "device"
@@ -185,3 +195,98 @@ def videos_closed():
         yield
     finally:
         close_decoders()
+
+
+def natural_input(family: str, *, size: int | None = None, preprocess=None, frames: int | None = None):
+    """One input of batch 1, all zeros, as a model of ``family`` takes it: the argument tuple of a forward.
+
+    ``size`` is the side of the square image (default: the preprocessing's
+    crop, else its resize, else 320); ``frames`` a clip's length (video).
+    """
+    height, width = (size, size) if size is not None else _natural_size(preprocess)
+    traits = family_traits(family)
+    if traits.output == "detections":  # a list of images, each of its own size
+        return ([torch.zeros(3, height, width)],)
+    if traits.row == "clip":
+        return (torch.zeros(1, 3, frames or DEFAULT_CLIP_LENGTH, height, width),)
+    if traits.row == "pair":
+        return torch.zeros(1, 3, height, width), torch.zeros(1, 3, height, width)
+    return (torch.zeros(1, 3, height, width),)
+
+
+def _natural_size(preprocess) -> tuple[int, int]:
+    """The height and width of what the preprocessing makes: its crop, else its resize (an image squashed to
+    ``[height, width]``, say), else :data:`FREE_SIZE`."""
+    if preprocess is not None and preprocess.crop is not None:
+        return preprocess.crop, preprocess.crop
+    if preprocess is not None and isinstance(preprocess.resize, int):
+        return preprocess.resize, preprocess.resize
+    if preprocess is not None and isinstance(preprocess.resize, tuple) and preprocess.kind == "classification":
+        return preprocess.resize
+    return FREE_SIZE, FREE_SIZE
+
+
+def call_model(model, batch):
+    """``model`` called with a batch: a tensor, a list of images (detection), or a tuple of arguments (flow)."""
+    return model(*batch) if isinstance(batch, tuple) else model(batch)
+
+
+def batch_length(batch) -> int:
+    """How many rows a batch holds, whatever form it takes (see :func:`call_model`)."""
+    return len(batch[0]) if isinstance(batch, tuple) else len(batch)
+
+
+def first_rows(batch):
+    """The first row of a batch, as a batch of one in the batch's own form."""
+    return tuple(part[:1] for part in batch) if isinstance(batch, tuple) else batch[:1]
+
+
+def map_batch(batch, function):
+    """``function`` applied to every tensor of a batch (a tensor, a list of images, a tuple of either)."""
+    if isinstance(batch, tuple):
+        return tuple(map_batch(part, function) for part in batch)
+    if isinstance(batch, list):
+        return [function(image) for image in batch]
+    return function(batch)
+
+
+def batch_device(batch):
+    """The device a batch's tensors are on."""
+    while isinstance(batch, tuple | list):
+        batch = batch[0]
+    return batch.device
+
+
+def rows_by_shape(run, batch) -> tuple[dict, list | None]:
+    """``run`` on each group of same-shape rows of ``batch``, every result back in input order.
+
+    ``batch`` is stacked, or (images of several shapes) a list, or a tuple of
+    either for pairs of frames. ``run(group)`` returns ``(features, about)``:
+    batch-first tensors and a list with an entry a row (or None). Every
+    feature comes back as a list of its rows, ``about`` as one list.
+    """
+    first = batch[0] if isinstance(batch, tuple) else batch
+    if not isinstance(first, list):
+        features, about = run(batch)
+        return {key: list(value) for key, value in features.items()}, about
+    sizes = [tuple(image.shape) for image in first]
+    features, about = {}, [None] * len(sizes)
+    for size in dict.fromkeys(sizes):
+        picked = [i for i, s in enumerate(sizes) if s == size]
+        group = (
+            tuple(torch.stack([part[i] for i in picked]) for part in batch)
+            if isinstance(batch, tuple)
+            else torch.stack([batch[i] for i in picked])
+        )
+        found, told = run(group)
+        for key, value in found.items():
+            rows = features.setdefault(key, [None] * len(sizes))
+            for position, i in enumerate(picked):
+                rows[i] = value[position]
+        for position, i in enumerate(picked):
+            about[i] = told[position] if told is not None else None
+    return features, about
+
+
+#: Side of the square input :func:`natural_input` uses when the weights' preprocessing names no size.
+FREE_SIZE = 320

@@ -43,9 +43,11 @@ import functools
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from hookcli.errors import CaptureError, LayerNotRunError, UsageProblem
-from hookcli.families import batch_length, call_model, first_rows
 from hookcli.options import CAPTURE_KINDS
+from hookcli.run.batches import batch_length, call_model, first_rows
 
 if TYPE_CHECKING:
     import torch
@@ -266,8 +268,6 @@ class GradientCapture(FeatureCapture):
         ``(scores [N, K], about)``; then ``(features, about, None)`` comes back.
         Raises :class:`CaptureError` for a layer the target does not depend on.
         """
-        import torch
-
         if self._stack is None:
             raise RuntimeError("GradientCapture.run_gradients() needs the capture to be entered (use 'with')")
         self._clear()
@@ -331,8 +331,6 @@ class GradientCapture(FeatureCapture):
         self._sources = {}
 
     def _on_output(self, path, module, inputs, output):
-        import torch
-
         if not isinstance(output, torch.Tensor):
             raise CaptureError(
                 f"layer {path or '.'} returns {type(output).__name__}, not a tensor",
@@ -354,8 +352,6 @@ def _call_key(key: str, call: int, calls: int) -> str:
 
 
 def _detached_copy(value):
-    import torch
-
     if isinstance(value, torch.Tensor):
         if value.is_quantized:  # a quantized model's activations are stored as the real values they stand for
             return value.detach().dequantize().contiguous()
@@ -369,8 +365,6 @@ def _detached_copy(value):
 
 
 def _add(flat: dict, key: str, value, omitted: set) -> None:
-    import torch
-
     if isinstance(value, torch.Tensor):
         flat[key] = value
     elif isinstance(value, tuple | list):

@@ -2,36 +2,24 @@
 
 ``auto`` means the first CUDA GPU when there is one, else the CPU.
 
->>> parse_device(" CUDA:1 ")
-'cuda:1'
 >>> resolve_device("cpu")
 device(type='cpu')
 """
 
 from __future__ import annotations
 
-import re
+import torch
 
 from hookcli.errors import DeviceError
+from hookcli.parsing import DEVICE_PATTERN
 
-__all__ = ["DEVICE_PATTERN", "parse_device", "resolve_device"]
-
-#: What ``--device`` accepts.
-DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?|mps")
-
-
-def parse_device(value) -> str:
-    """``value`` (a string or a ``torch.device``) as a device name; ValueError saying what is accepted."""
-    text = str(value).strip().lower()
-    if not DEVICE_PATTERN.fullmatch(text):
-        raise ValueError(f"'{value}' is not a device; use auto, cpu, cuda, cuda:N or mps")
-    return text
+__all__ = [
+    "resolve_device",
+]
 
 
 def resolve_device(spec: str):
     """Turn ``auto|cpu|cuda|cuda:N|mps`` into a ``torch.device`` that exists on this machine."""
-    import torch
-
     spec = spec.strip().lower()
     if not DEVICE_PATTERN.fullmatch(spec):
         raise DeviceError(f"unknown device '{spec}'", hint="use auto, cpu, cuda, cuda:N or mps")

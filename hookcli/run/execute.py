@@ -1,5 +1,5 @@
 """A planned run carried out: :func:`execute` streams its batches into its writer and reports as it goes;
-:func:`draw_grids` draws the pictures a run asks for with ``--grid``.
+:func:`run_request` plans a checked request and runs it.
 """
 
 from __future__ import annotations
@@ -10,14 +10,21 @@ from pathlib import Path
 
 from hookcli.errors import ImageError
 from hookcli.events import Advanced, Event, Note, Skipped, Started, Wrote
+from hookcli.pictures.cams import CamOverlays
+from hookcli.pictures.grids import draw_grids
 from hookcli.pictures.options import GridOptions
 from hookcli.run.pipeline import iter_batches
-from hookcli.run.plan import RunPlan
+from hookcli.run.plan import RunPlan, plan_request
+from hookcli.run.request import RunRequest
 from hookcli.storage import writers
 from hookcli.storage.features import Features
 from hookcli.storage.shards import open_features
 
-__all__ = ["draw_grids", "execute"]
+__all__ = [
+    "draw_grids",
+    "execute",
+    "run_request",
+]
 
 
 def _ignore(event: Event) -> None:
@@ -101,7 +108,6 @@ def _writer(run: RunPlan, note: Callable[[str], None]):
     (layer,) = run.layers
     assert run.target is not None and run.cam_look is not None, "plan gives a cam run both"
     inner = writers.FileWriter(run.record, run.inputs, str(Path(path) / "cams.safetensors"), force=run.force)
-    from hookcli.pictures.cams import CamOverlays  # numpy and Pillow: not for the command line's start
 
     return CamOverlays(
         inner,
@@ -116,28 +122,6 @@ def _writer(run: RunPlan, note: Callable[[str], None]):
     )
 
 
-def draw_grids(features, options, output, *, force: bool = False, progress: Callable[[Event], None] | None = None):
-    """Draw the grids ``options`` ask for; write them under ``output`` (a folder), or return them by file name.
-
-    Written: the PNG paths in order. In memory (``output=None``): a dict of
-    file name → ``uint8 [H, W, 3]`` pixels. Undrawable tensors are reported
-    as :class:`Note` s.
-    """
-    # numpy and Pillow load here, not with the run layer: plan's early refusals answer before them.
-    from hookcli.pictures.grids import plan_grids, render_all, write_grids
-
-    emit = progress or _ignore
-    jobs = plan_grids(features, options, output, force=force)
-    for text in (*getattr(features, "reading_notes", ()), *jobs.notes):
-        emit(Note(text))
-    emit(Started(total=len(jobs)))
-    if output is None:
-        return render_all(
-            features, jobs, options, on_note=lambda text: emit(Note(text)), on_drawn=lambda name: emit(Advanced(1))
-        )
-
-    def written(path: Path) -> None:
-        emit(Wrote(path))
-        emit(Advanced(1))
-
-    return write_grids(features, jobs, options, force=force, on_written=written, on_note=lambda text: emit(Note(text)))
+def run_request(asked: RunRequest, progress: Callable[[Event], None] | None = None):
+    """Plan ``asked`` (:func:`~hookcli.run.plan.plan_request`: the model loads) and run it (:func:`execute`)."""
+    return execute(plan_request(asked), progress)

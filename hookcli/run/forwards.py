@@ -11,11 +11,15 @@ import functools
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
+import torch
+
 from hookcli.errors import HookcliError, first_line
-from hookcli.families import batch_device, family_traits, first_rows, map_batch, ragged_rows, rows_by_shape
+from hookcli.families import family_traits, ragged_rows
 from hookcli.models.loaded import LoadedModel
 from hookcli.run import speed
+from hookcli.run.batches import batch_device, first_rows, map_batch, rows_by_shape
 from hookcli.run.capture import FeatureCapture
+from hookcli.run.fusion import FusionAttempt, fused_convolutions, fusion_attempt
 from hookcli.run.settings import RunSettings
 from hookcli.storage.fileformat import DETECTIONS, FLOW, RunFacts
 
@@ -52,8 +56,6 @@ def prepared_model(loaded: LoadedModel, settings: RunSettings):
     images the same way (non-blocking, channels-last when the model is). The
     model goes back to the default memory format afterwards.
     """
-    import torch
-
     device = torch.device(settings.device)
     memory_format = settings.memory_format
     model = speed.to_memory_format(loaded.module.to(device), memory_format)
@@ -87,8 +89,6 @@ class EagerForward:
         self._use(model)
 
     def _use(self, model) -> None:
-        from hookcli.run.fusion import fused_convolutions
-
         self._stack.close()  # hooks of a model no longer used come off
         output = family_traits(self.settings.family).output
         detecting = output == "detections"
@@ -108,8 +108,6 @@ class EagerForward:
         self._stack.close()
 
     def __call__(self, batch) -> tuple[dict, None]:
-        import torch
-
         if not self._entered:
             self._stack.enter_context(self.capture)
             for extra in (self.rows, self.flow):
@@ -148,8 +146,6 @@ class FusedForward(EagerForward):
     """
 
     def __init__(self, model, layers: Mapping[str, str], settings: RunSettings, on_note=None) -> None:
-        from hookcli.run.fusion import fusion_attempt
-
         fuse = functools.partial(
             fusion_attempt,
             dtype=speed.compute_dtype(settings.precision),
@@ -195,8 +191,6 @@ def _with_fused_backbone(model, layers: Mapping[str, str], fuse, detections: boo
     The stack is fused up to its last hooked layer when the forward ends there, whole when it goes on (a layer
     hooked after the stack, or the final detections asked for).
     """
-    from hookcli.run.fusion import FusionAttempt
-
     path = "backbone.body" if hasattr(model.backbone, "body") else "backbone"
     keep = [layer[len(path) + 1 :] for layer in layers if layer.startswith(path + ".")]
     goes_on = detections or len(keep) < len(layers)
@@ -229,8 +223,6 @@ class CompiledForward(EagerForward):
         self.compiled = None  # not tried yet; then the compiled function, or False for the eager path
 
     def __call__(self, batch) -> tuple[dict, None]:
-        import torch
-
         if self.compiled is None:
             self.compiled = self._compile(batch)
         if self.compiled:
@@ -243,8 +235,6 @@ class CompiledForward(EagerForward):
         return super().__call__(batch)
 
     def _compile(self, batch):
-        import torch
-
         with (
             self.capture,
             torch.inference_mode(),

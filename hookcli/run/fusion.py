@@ -43,6 +43,8 @@ import torch
 import torch.fx
 import torch.nn as nn
 import torch.nn.functional as F
+import torchvision.ops
+from torch.nn.modules import module as torch_module
 
 from hookcli.run.capture import preserved_mode
 
@@ -114,9 +116,7 @@ def _hooked(module) -> bool:
 
 
 def _global_hooks() -> bool:
-    from torch.nn.modules import module
-
-    return bool(module._global_forward_hooks or module._global_forward_pre_hooks)
+    return bool(torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks)
 
 
 def _available(dtype) -> bool:
@@ -129,7 +129,6 @@ def _available(dtype) -> bool:
 
 def _traced(model, keep: set[str]):
     """A GraphModule of ``model`` with the kept modules as leaves, or None when tracing fails."""
-    import torchvision.ops
 
     class Tracer(torch.fx.Tracer):
         def is_leaf_module(self, module, qualified_name: str) -> bool:

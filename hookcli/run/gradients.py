@@ -28,28 +28,21 @@ each batch's activations and gradients into maps.
 from __future__ import annotations
 
 import contextlib
-import difflib
 import functools
-import re
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+
+import torch
 
 from hookcli.errors import CaptureError, UsageProblem
-from hookcli.families import (
-    batch_device,
-    call_model,
-    channels_last_output,
-    family_traits,
-    is_square,
-    ragged_rows,
-    rows_by_shape,
-)
+from hookcli.families import channels_last_output, family_traits, is_square, ragged_rows
 from hookcli.models.loaded import LoadedModel
 from hookcli.options import CAM_METHODS
 from hookcli.pictures.render import map_layout
+from hookcli.run.batches import batch_device, call_model, rows_by_shape
 from hookcli.run.capture import GradientCapture, preserved_mode
 from hookcli.run.forwards import DetectionRows
 from hookcli.run.speed import compute_precision
+from hookcli.run.targets import Target
 from hookcli.storage.fileformat import RunFacts
 
 __all__ = [
@@ -59,126 +52,9 @@ __all__ = [
     "class_activation_maps",
     "default_cam_layer",
     "frozen_parameters",
-    "parse_region",
-    "parse_target",
+    "picked_classes",
     "spatial_maps",
 ]
-
-
-@dataclass(frozen=True)
-class Target:
-    """``top`` K logits of each image, or one ``class_index`` for all.
-
-    For a segmentation model the score is a class's mask (the sum of the
-    class's logits over the pixels predicted as that class, or over
-    ``region``: ``(x0, y0, x1, y1)`` as fractions of the image); ``top`` K
-    are the K classes covering most pixels. For a detection model it is a
-    detection's score: the K highest-scoring detections, those of
-    ``class_index``, or the one at place ``detection`` of the model's output
-    (``--target '#2'``).
-    """
-
-    top: int | None = None
-    class_index: int | None = None
-    region: tuple[float, float, float, float] | None = None
-    detection: int | None = None  # detection models: the detection at this place in the model's output
-
-    @property
-    def count(self) -> int:
-        return self.top or 1
-
-    def describe(self) -> str:
-        text = (
-            f"top{self.top}"
-            if self.top
-            else f"#{self.detection}"
-            if self.detection is not None
-            else str(self.class_index)
-        )
-        return text + (" in " + ",".join(f"{v:g}" for v in self.region) if self.region else "")
-
-    def pick(self, logits):
-        """Classes ``[N, K]`` to take gradients of, for a batch of ``logits``."""
-        import torch
-
-        if self.top:
-            return logits.topk(self.top, dim=1).indices
-        if self.class_index >= logits.shape[1]:
-            raise UsageProblem(
-                f"target class {self.class_index} is out of range: the model has {logits.shape[1]} classes",
-                hint=f"use 0 to {logits.shape[1] - 1}",
-            )
-        return torch.full((len(logits), 1), self.class_index, dtype=torch.long, device=logits.device)
-
-
-def parse_region(spec: str | None) -> tuple[float, float, float, float] | None:
-    """``--region x0,y0,x1,y1``: a box as fractions of the image (0 to 1, x0 < x1, y0 < y1), or None.
-
-    >>> parse_region("0,0.5,1,1")
-    (0.0, 0.5, 1.0, 1.0)
-    """
-    if spec is None:
-        return None
-    try:
-        values = tuple(float(v) for v in str(spec).split(","))
-    except ValueError:
-        values = ()
-    if len(values) != 4 or not all(0 <= v <= 1 for v in values) or values[0] >= values[2] or values[1] >= values[3]:
-        raise UsageProblem(
-            f"region '{spec}' is not x0,y0,x1,y1 with fractions of the image from 0 to 1, x0 < x1 and y0 < y1",
-            hint="for example --region 0.25,0.25,0.75,0.75 (the middle)",
-        )
-    return values
-
-
-def parse_target(
-    spec: str, categories: Sequence[str] | None, num_classes: int, *, region=None, family: str = "classification"
-) -> Target:
-    """Read ``--target``: ``top1``/``topK``, a class index, or a class name of the weights (and ``--region``);
-    for detection models also ``#N``, the detection at place N of the model's output."""
-    place = re.fullmatch(r"#(\d+)", str(spec).strip())
-    if place and family_traits(family).output == "detections":
-        return Target(detection=int(place.group(1)))
-    if place:
-        raise UsageProblem(
-            f"target '{spec}' names a detection, and only detection models give detections",
-            hint="give a class index, a class name or topK",
-        )
-    found = _parsed_target(spec, categories, num_classes)
-    return Target(top=found.top, class_index=found.class_index, region=parse_region(region))
-
-
-def _parsed_target(spec: str, categories: Sequence[str] | None, num_classes: int) -> Target:
-    text = str(spec).strip()
-    top = re.fullmatch(r"top(\d+)", text.lower())
-    if top:
-        count = int(top.group(1))
-        if not 1 <= count <= num_classes:
-            raise UsageProblem(
-                f"target '{text}' asks for {count} classes of {num_classes}", hint=f"use top1 to top{num_classes}"
-            )
-        return Target(top=count)
-    if re.fullmatch(r"-?\d+", text):
-        index = int(text)
-        if not 0 <= index < num_classes:
-            raise UsageProblem(
-                f"target class {index} is out of range: the model has {num_classes} classes",
-                hint=f"use 0 to {num_classes - 1}, a class name or top1",
-            )
-        return Target(class_index=index)
-    if not categories:
-        raise UsageProblem(
-            f"target '{text}' is a class name, but these weights have no class names",
-            hint=f"give a class index (0 to {num_classes - 1}) or top1; names come with pretrained --weights",
-        )
-    lowered = [name.lower() for name in categories]
-    if text.lower() in lowered:
-        return Target(class_index=lowered.index(text.lower()))
-    closest = difflib.get_close_matches(text.lower(), lowered, n=3, cutoff=0.0)
-    raise UsageProblem(
-        f"unknown class name '{text}' (closest: {', '.join(categories[lowered.index(c)] for c in closest)})",
-        hint="class names are the weights' categories; a class index or top1 also works",
-    )
 
 
 @contextlib.contextmanager
@@ -247,7 +123,9 @@ class GradientForward:
                     return self.capture.run_gradients(group, score=self._mask_scores)[:2]
 
                 return rows_by_shape(run, batch) if self.ragged else run(batch)
-            captured, classes, logits = self.capture.run_gradients(batch, self.target.pick, field=self.scores)
+            captured, classes, logits = self.capture.run_gradients(
+                batch, functools.partial(picked_classes, self.target), field=self.scores
+            )
         return captured, _describe_targets(classes, logits, self.categories)
 
     def _name(self, index: int) -> str | None:
@@ -255,8 +133,6 @@ class GradientForward:
 
     def _mask_scores(self, output):
         """Each image's score for a segmentation target: its class's logits summed over the class's mask."""
-        import torch
-
         logits = output["out"] if isinstance(output, Mapping) else output
         count, classes, height, width = logits.shape
         predicted = logits.detach().argmax(1)
@@ -297,8 +173,6 @@ class GradientForward:
 
         An image with fewer such detections scores 0 for the rest, and its entry says ``"detection": None``.
         """
-        import torch
-
         wanted = self.target.count
         scores, about = [], []
         for found in output:
@@ -429,8 +303,6 @@ def spatial_maps(tensor, prefix_tokens: int | None = None):
 
 def class_activation_maps(activations, gradients, method: str = "gradcam"):
     """Maps ``[N, H, W]`` (ReLU'd, not normalised) from ``[N, C, H, W]`` activations and their gradients."""
-    import torch
-
     a, g = activations.float(), gradients.float()
     if method == "gradcam":
         weights = g.mean(dim=(2, 3), keepdim=True)
@@ -461,10 +333,8 @@ def default_cam_layer(loaded: LoadedModel, example) -> str:
     aside: the last convolutional stage (``layer4``, ``features``, Swin's
     ``permute`` after its final norm, …). Detection and segmentation models:
     the last such layer of the backbone. ``example`` is a batch of the
-    family's natural input (:func:`hookcli.families.natural_input`).
+    family's natural input (:func:`hookcli.run.batches.natural_input`).
     """
-    import torch
-
     name, model = loaded.name, loaded.module
     prefix = {"detection": "backbone.body.", "segmentation": "backbone."}.get(loaded.family, "")
     skip = loaded.prefix_tokens or 0
@@ -508,3 +378,16 @@ def _last_block_first_norm(norms: list[str]) -> str:
         blocks.setdefault(path.rpartition(".")[0], []).append(path)
     held = [members for members in blocks.values() if len(members) >= 2]
     return held[-1][0] if held else norms[-1]
+
+
+def picked_classes(target: Target, logits):
+    """The classes ``[N, K]`` of a batch of ``logits`` that ``target`` takes gradients of."""
+    if target.top:
+        return logits.topk(target.top, dim=1).indices
+    assert target.class_index is not None, "a target that is not topK names a class"
+    if target.class_index >= logits.shape[1]:
+        raise UsageProblem(
+            f"target class {target.class_index} is out of range: the model has {logits.shape[1]} classes",
+            hint=f"use 0 to {logits.shape[1] - 1}",
+        )
+    return torch.full((len(logits), 1), target.class_index, dtype=torch.long, device=logits.device)

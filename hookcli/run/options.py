@@ -13,9 +13,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from hookcli.errors import UsageProblem
-from hookcli.inputs.preprocess import check_normalisation, parse_triple
+from hookcli.inputs.preprocess import check_normalisation
 from hookcli.options import RUN_COMMANDS, check_value, declared, declared_field, options_of
-from hookcli.run.device import parse_device
+from hookcli.parsing import parse_device, parse_triple
 from hookcli.run.launch import parse_part
 
 __all__ = ["CLIPS", "COMMAND_OPTIONS", "run_options", "refuse_unknown", "RunOptions"]

@@ -17,7 +17,8 @@ from hookcli.errors import OutputExistsError, UsageProblem
 from hookcli.files import check_writable
 from hookcli.inputs.names import IMAGE_SUFFIXES
 from hookcli.models.specs import parse_model
-from hookcli.storage.shards import check_folder_target
+from hookcli.pictures.options import safe_name
+from hookcli.storage.claims import check_folder_target
 
 __all__ = [
     "check_target",
@@ -102,7 +103,7 @@ def default_output(command: str, model_name: str, keys: Sequence[str], kind: str
     )
 
 
-def check_target(kind: str, path: str, inputs: Sequence[Path], force: bool) -> None:
+def check_target(kind: str, path: str, inputs: Sequence[os.PathLike[str]], force: bool) -> None:
     """Refuse a file or folder output that could not be written, and a file output that is one of the inputs or is
     named like another format."""
     _check_output(kind, path, force)
@@ -169,8 +170,6 @@ def _refuse_other_format(path: str) -> None:
 def refuse_drawn_grids(folder: str, keys: Sequence[str]) -> None:
     """``--grid``: refuse, before any work, a folder that already holds pictures of these keys (grid writes a layer's
     PNGs under names that start with its key; see :mod:`hookcli.pictures.grids`)."""
-    from hookcli.pictures.grids import safe_name
-
     try:
         names = sorted(entry.name for entry in os.scandir(folder) if entry.name.endswith(".png"))
     except OSError:  # not there yet: nothing to overwrite
@@ -185,7 +184,7 @@ def refuse_drawn_grids(folder: str, keys: Sequence[str]) -> None:
         )
 
 
-def refuse_overwriting_inputs(outputs: Sequence, inputs: Sequence[Path]) -> None:
+def refuse_overwriting_inputs(outputs: Sequence, inputs: Sequence[os.PathLike[str]]) -> None:
     """An output that is one of the inputs would destroy it, --force or not."""
 
     def identity(path) -> tuple[int, int] | None:

@@ -40,6 +40,8 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
+import torch
+
 from hookcli.families import (
     channels_last_output,
     ragged_rows,
@@ -49,6 +51,7 @@ from hookcli.models.loaded import LoadedModel
 from hookcli.run.batches import Decoded, image_loader, reported_failures, videos_closed
 from hookcli.run.forwards import ForwardFactory, extraction_forward, prepared_model
 from hookcli.run.settings import Batch, RunSettings
+from hookcli.run.speed import resolve_settings
 from hookcli.storage.fileformat import DETECTIONS
 
 __all__ = ["iter_batches"]
@@ -72,9 +75,7 @@ def iter_batches(
     reported in ``Batch.failures`` and left out. ``on_note(text)`` hears why
     a strategy fell back to another (compile to eager, fused to unfused).
     """
-    import torch
-
-    settings = (settings or RunSettings()).resolved(loaded, len(paths))
+    settings = resolve_settings(settings or RunSettings(), loaded, len(paths))
     make_forward = forward or extraction_forward(settings)
     ragged = ragged_rows(settings.family, settings.preprocess)  # every key a list of rows, whatever the strategy
     square = square_input(settings.preprocess)

@@ -1,13 +1,12 @@
 """The run layer: a command's options → one frozen :class:`RunPlan` → :func:`~hookcli.run.execute.execute`.
 
-:func:`plan` resolves everything once, and first what needs no model (and
-no torch): it validates the options (choices, ranges, flags that conflict)
-and the layer selectors, finds the inputs, checks the output (the default
-output name too when the selectors name their layers' keys), then the model
-and weights names (from :mod:`hookcli.models.registry`'s cache). Then it resolves
-the device, loads the model, resolves the layers and the target (and the
-default output name when globs or types leave it to the model), and picks the
-forward strategy and the writer. :func:`~hookcli.run.execute.execute` runs the one batch pipeline
+:func:`plan` resolves everything once. First what needs no model, and no
+torch (:func:`hookcli.run.request.request`: the options, the layer
+selectors, the inputs, the output, the model's and weights' names); then
+:func:`plan_request` resolves the device, loads the model, resolves the
+layers and the target (and the default output name when globs or types
+leave it to the model), and picks the forward strategy and the writer.
+:func:`~hookcli.run.execute.execute` runs the one batch pipeline
 (:func:`hookcli.run.pipeline.iter_batches`) into that writer
 (:mod:`hookcli.storage.writers`) and returns what the command's Python function
 returns. The command line, the Python API (:mod:`hookcli.api`), the
@@ -27,10 +26,6 @@ callback as values (:mod:`hookcli.events`).
 >>> features = execute(run, progress=events.append)
 >>> features["layer2"].shape, events[0]
 (torch.Size([1, 128, 8, 8]), Started(total=1, done=0, output=None))
-
-Imports inside :func:`plan`'s helpers are deliberate: the inputs' decoders
-(Pillow), the gradient targets and the pictures (numpy) load after the
-checks that need none of them, so that a refused command answers at once.
 """
 
 from __future__ import annotations
@@ -40,46 +35,42 @@ import dataclasses
 import functools
 import json
 import os
-import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from hookcli.console import counted
-from hookcli.errors import UsageProblem, VideoError
-from hookcli.families import CPU_ONLY, DEFAULT_CLIP_LENGTH, family_traits, map_batch, natural_input
-from hookcli.files import check_folder_output, refuse_existing
+import torch
+
+from hookcli.errors import UsageProblem
+from hookcli.families import DEFAULT_CLIP_LENGTH, family_traits
+from hookcli.files import refuse_existing
 from hookcli.inputs.archives import input_key
 from hookcli.inputs.preprocess import DEVICE_DECODE_KINDS
 from hookcli.models import loading
-from hookcli.models.loaded import LoadedModel, num_classes
-from hookcli.models.loading import model_family, resolve_weights
-from hookcli.options import LARGE_INPUT
+from hookcli.models.loaded import LoadedModel
+from hookcli.models.loading import num_classes
+from hookcli.pictures.cams import cam_png_name
+from hookcli.pictures.render import check_cmap
+from hookcli.run.batches import map_batch, natural_input
 from hookcli.run.device import resolve_device
 from hookcli.run.forwards import extraction_forward
-from hookcli.run.launch import cpu_threads, detect_part, join_team, local_device, parse_part
-from hookcli.run.options import CLIPS, COMMAND_OPTIONS, RunOptions, run_options
-from hookcli.run.outputs import (
-    Output,
-    check_target,
-    default_output,
-    output_kind,
-    refuse_drawn_grids,
-    refuse_overwriting_inputs,
-)
-from hookcli.run.selectors import resolve_layers, selector_keys
+from hookcli.run.gradients import CamForward, GradientForward, default_cam_layer
+from hookcli.run.launch import Part, cpu_threads
+from hookcli.run.options import RunOptions
+from hookcli.run.outputs import Output, check_target, default_output, refuse_drawn_grids, refuse_overwriting_inputs
+from hookcli.run.request import RunRequest, arguments_of, gather_rows, request, selectors, with_rows
+from hookcli.run.selectors import resolve_layers
 from hookcli.run.settings import RunSettings
-from hookcli.run.speed import check_precision
+from hookcli.run.speed import check_precision, resolve_settings
+from hookcli.run.targets import Target, parse_target
+from hookcli.run.team import Team, join_team, local_device
 from hookcli.storage.fileformat import RunRecord, identity, inputs_digest
 
-if TYPE_CHECKING:  # the engine's types: their modules load when a run needs them
-    from hookcli.models.loaded import LoadedModel
-    from hookcli.run.gradients import Target
-    from hookcli.run.launch import Part, Team
-    from hookcli.run.settings import RunSettings
-
-__all__ = ["plan", "RunPlan"]
+__all__ = [
+    "RunPlan",
+    "plan",
+    "plan_request",
+]
 
 
 @dataclass(frozen=True)
@@ -117,69 +108,35 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
     ``output`` None (in memory), :data:`DEFAULT_OUTPUT`, a file, ``-`` or a
     binary stream (the file's bytes go there), or a folder (a string ending in
     ``/``, or an existing folder: a ``pathlib.Path`` drops the trailing slash). Raises the library's errors; usage
-    errors before any model loads.
+    errors before any model loads (:func:`hookcli.run.request.request`).
     """
-    if command not in COMMAND_OPTIONS:
-        raise UsageProblem(f"unknown command '{command}'", hint=f"use one of {', '.join(COMMAND_OPTIONS)}")
-    opts = run_options(command, options)
-    settings = _settings(command, opts)
-    help_hint = f"see 'hookcli {command} --help'"
-    if opts.seed is not None and opts.weights.strip().lower() != "none":
-        raise UsageProblem(
-            "--seed only applies to --weights none (pretrained and file weights are fixed)", hint=help_hint
-        )
-    model_name = model.name if isinstance(model, LoadedModel) else str(model)
-    family = model.family if isinstance(model, LoadedModel) else model_family(model_name)
-    opts = _fitted_to_family(command, family, opts, options, help_hint)
-    keys = selector_keys(_selectors(layers)) if command != "cam" else None
-    kind, path = output_kind(command, output, model_name)
-    if opts.shard_size and kind not in ("folder", "default"):
-        raise UsageProblem("--shard-size applies to a folder output (-o DIR/)", hint=help_hint)
-    part = _part(opts, kind, output)
-    if part is not None and kind == "default":
-        kind = "folder"  # many processes share the work of one shard folder
-    stream = output if hasattr(output, "write") else None
-    if kind == "stdout" and (stream or sys.stdout).isatty():
-        raise UsageProblem(
-            "refusing to write binary safetensors data to a terminal; pipe or redirect -o -", hint=help_hint
-        )
+    return plan_request(request(command, model, layers, inputs, output=output, **options))
+
+
+def plan_request(asked: RunRequest) -> RunPlan:
+    """The plan of a checked request: torchrun's processes form their group (and find their rows), the device is
+    chosen, the model loads, its layers, target and default output name are resolved."""
+    command, opts = asked.command, asked.opts
     if command == "cam":
-        from hookcli.pictures.render import check_cmap
-
         check_cmap(opts.cmap)
-        if kind == "cam":
-            assert path is not None, "output_kind names a cam run's folder"
-            check_folder_output(path)
-            refuse_existing([Path(path) / "cams.safetensors"], force=opts.force)
-    team = join_team(part)
+    team = join_team(asked.part)
     with _left_on_error(team):
-        if team is not None and "-" in _arguments(inputs) + _arguments(opts.pair_with or ()):
-            # Rank 0 reads the list from stdin; the others get it from rank 0.
-            found, gathered = team.share(lambda: _gather(inputs, family, opts))
-        else:
-            found, gathered = _gather(inputs, family, opts)
-        paths = found.paths
-        if kind == "default":
-            kind = "folder" if len(paths) > LARGE_INPUT else "file"
-            # Named after the layers' keys: known now unless a glob or a type selector leaves them to the model.
-            path = None if keys is None else default_output(command, model_name, keys, kind)
-        if path is not None and kind in ("file", "folder"):
-            check_target(kind, path, paths, opts.force)
-        if opts.grid:
-            check_folder_output(opts.grid)
-            if keys is not None and not opts.force:  # known without the model: said before torch loads
-                refuse_drawn_grids(opts.grid, keys)
-        if not isinstance(model, LoadedModel):
-            # The last check before torch: the registry cache answers it, and only a cold cache imports torchvision.
-            resolve_weights(model_name, opts.weights)
-
-        device = _device(part, opts)
-        loaded = model if isinstance(model, LoadedModel) else _load(model_name, opts)
-        settings = dataclasses.replace(settings, device=device, preprocess=_preprocess(loaded, opts))
-        settings = settings.resolved(loaded, len(paths))
+        if asked.rows is None:
+            if team is not None and "-" in arguments_of(asked.inputs) + arguments_of(opts.pair_with or ()):
+                # Rank 0 reads the list from stdin; the others get it from rank 0.
+                asked = with_rows(asked, *team.share(lambda: gather_rows(asked)))
+            else:
+                asked = with_rows(asked, *gather_rows(asked))
+        assert asked.rows is not None, "with_rows gives the request its rows"
+        kind, path, paths = asked.kind, asked.path, asked.rows.paths
+        device = _device(asked.part, opts)
+        model = asked.model
+        loaded = model if isinstance(model, LoadedModel) else _load(asked.model_name, opts)
+        settings = dataclasses.replace(asked.settings, device=device, preprocess=_preprocess(loaded, opts))
+        settings = resolve_settings(settings, loaded, len(paths))
         target, notes = _target_and_notes(command, loaded, settings, opts)
-        notes = gathered + loaded.notes_for(options) + notes
-        selected, forward, entries = _command_parts(command, loaded, layers, settings, opts, target)
+        notes = asked.notes + loaded.notes_for(asked.given) + notes
+        selected, forward, entries = _command_parts(command, loaded, asked.layers, settings, opts, target)
         entries = {**entries, **_row_entries(loaded, opts, paths)}
         if path is None and kind in ("file", "folder"):
             path = default_output(command, loaded.name, list(selected.values()), kind)
@@ -199,7 +156,7 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
             layers=selected,
             inputs=tuple(paths),
             settings=settings,
-            output=Output(kind, path, stream),
+            output=Output(kind, path, asked.stream),
             record=record,
             forward=forward,
             shard_size=opts.shard_size,
@@ -208,7 +165,7 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
             target=target,
             cam_look=cam_look,
             notes=notes,
-            part=part,
+            part=asked.part,
             team=team,
         )
 
@@ -218,8 +175,6 @@ def _device(part, opts: RunOptions):
     device = resolve_device(local_device(part, opts.device))
     threads = cpu_threads(part)
     if device.type == "cpu" and threads:
-        import torch
-
         torch.set_num_threads(threads)  # the processes on this machine share its cores
     check_precision(opts.precision, device)
     if opts.decode == "device" and device.type not in ("cuda", "cpu"):
@@ -242,8 +197,6 @@ def _target_and_notes(command: str, loaded: LoadedModel, settings: RunSettings, 
         notes += ("--compile: gradients need the eager graph with hooks; running eagerly",)
     if command == "extract":
         return None, notes
-    from hookcli.run.gradients import parse_target
-
     target = parse_target(
         opts.target,
         loaded.categories,
@@ -277,8 +230,6 @@ def _row_entries(loaded: LoadedModel, opts: RunOptions, paths) -> dict[str, str]
 
 def _refuse_cam_outputs(folder: str, paths, count: int, force: bool) -> None:
     """Refuse a CAM folder whose files exist (without ``force``) or would overwrite an input."""
-    from hookcli.pictures.cams import cam_png_name
-
     names = [cam_png_name(i, p, k, count) for i, p in enumerate(paths) for k in range(count)]
     planned = [Path(folder) / "cams.safetensors", *(Path(folder) / n for n in names)]
     refuse_existing(planned, force=force)
@@ -322,58 +273,6 @@ def _left_on_error(team):
         raise
 
 
-def _part(opts: RunOptions, kind: str, output) -> Part | None:
-    """This process's :class:`~hookcli.run.launch.Part` of a shard folder that many write (``--part``, or what a
-    launcher says), or None."""
-    if opts.part is not None:
-        if kind not in ("folder", "default"):
-            raise UsageProblem(
-                "--part applies to a shard folder output (-o DIR/)", hint="the processes share the work of one folder"
-            )
-        return parse_part(opts.part)
-    if kind == "memory":
-        return None  # a Python caller's own loop: it decides who computes what
-    part = detect_part()
-    if part is not None and kind in ("file", "stdout", "cam"):
-        raise UsageProblem(
-            f"{part.count} processes started by {part.launcher} would each write all of '{output}'",
-            hint="write a shard folder (-o DIR/): they share its work" if kind != "cam" else "run cam as one process",
-        )
-    return part
-
-
-def _arguments(inputs) -> list[str]:
-    """Inputs as given (a path, or a list of them) as a list of strings."""
-    return [os.fspath(p) for p in ([inputs] if isinstance(inputs, str | os.PathLike) else inputs)]
-
-
-#: Why a family has no gradients (or no CAM pictures), said as the hint.
-_NO_GRADIENTS = {
-    "video": "a clip has no one photo to draw a map over; 'hookcli grad' gives the gradients of a video model",
-    "optical_flow": "a flow field is not a class score; extract the layers instead",
-    "quantized": "quantized kernels have no backward; use the float model (the name without quantized_)",
-}
-
-
-def _settings(command: str, opts: RunOptions):
-    """The run settings the options ask for, validated; preprocessing is the model's, filled in once it loads."""
-    extracting = command == "extract"
-    return RunSettings(
-        capture=opts.capture if extracting else "output",
-        device=opts.device,
-        batch_size=opts.batch_size,
-        workers=opts.workers,
-        pool=opts.pool if extracting else None,
-        dtype=opts.dtype if command != "cam" else "float32",
-        on_error=opts.on_error,
-        precision=opts.precision,
-        memory_format=opts.memory_format,
-        compile=opts.compile,
-        fuse=opts.fuse if extracting else False,
-        final_output=opts.detections or opts.flow,
-    )
-
-
 def _preprocess(loaded, opts: RunOptions):
     """The weights' preprocessing with the options' overrides. A model that squashes images to ``[height,
     width]`` takes ``--resize N`` as ``[N, N]`` unless ``--crop`` is given too."""
@@ -404,132 +303,6 @@ def _preprocess(loaded, opts: RunOptions):
     )
 
 
-def _gather(inputs, family: str, opts: RunOptions) -> tuple:
-    """``(rows, notes)``: the run's rows, images (:class:`~hookcli.inputs.images.FoundInputs`) or for video and
-    optical-flow models the clips or frame pairs of the videos given (:mod:`hookcli.inputs.video`), and what to tell."""
-    from hookcli.inputs.images import FoundInputs, find_inputs
-
-    recursive = opts.recursive
-    arguments = _arguments(inputs)
-    if not family_traits(family).videos:
-        found = find_inputs(arguments, recursive=recursive)
-        return found, (found.note,) if found.note else ()
-    from hookcli.inputs import video
-
-    if opts.pair_with:
-        return _image_pairs(arguments, opts, recursive), ()
-    rows: list[os.PathLike[str]] = []
-    notes: list[str] = []
-    for path in video.find_videos(arguments, recursive=recursive):
-        try:
-            if family_traits(family).row == "clip":
-                clips = video.find_clips(
-                    path,
-                    length=opts.clip_length or DEFAULT_CLIP_LENGTH,
-                    stride=opts.frame_stride,
-                    clips=opts.clips_per_video or None,
-                )
-            else:
-                clips = video.find_pairs(path, stride=opts.frame_stride)
-        except VideoError as err:  # its clips cannot be counted, so it has no rows to skip one by one
-            if opts.on_error != "skip":
-                raise
-            notes.append(f"skipped video '{path}': {err}")
-            continue
-        if any(len(set(clip.frames)) < len(clip.frames) for clip in clips):
-            notes.append(f"'{path}' is shorter than a clip: its last frame is repeated to fill one")
-        rows += clips
-    if not rows:
-        raise VideoError("none of the input videos could be read", hint="every one was skipped, each with its reason")
-    return FoundInputs(rows, 0, 0, True), tuple(notes)
-
-
-def _image_pairs(arguments: list[str], opts: RunOptions, recursive: bool):
-    """Optical flow from two image lists: the inputs are each pair's first images, ``pair_with`` its second ones."""
-    from hookcli.inputs.images import FoundInputs, find_inputs
-    from hookcli.inputs.video import ImagePair
-
-    if opts.frame_stride != 1:
-        raise UsageProblem(
-            "--frame-stride applies to pairs cut from videos, not to pairs given as two image lists",
-            hint="see 'hookcli extract --help'",
-        )
-    pair_with = opts.pair_with or ()  # given: the caller checked
-    if "-" in arguments and "-" in pair_with:
-        raise UsageProblem(
-            "stdin (-) can give one of the two image lists, not both", hint="name the other list's files or folder"
-        )
-    firsts = find_inputs(arguments, recursive=recursive).paths
-    seconds = find_inputs(_arguments(pair_with), recursive=recursive).paths
-    if len(firsts) != len(seconds):
-        raise UsageProblem(
-            f"the two image lists differ in length: {counted(len(firsts), 'first image')} and "
-            f"{len(seconds)} given with --pair-with",
-            hint="give one second image for each input image, in order",
-        )
-    return FoundInputs([ImagePair(a, b) for a, b in zip(firsts, seconds, strict=True)])
-
-
-def _fitted_to_family(command: str, family: str, opts: RunOptions, given: Mapping, help_hint: str) -> RunOptions:
-    """Refuse a command or options that do not apply to the model's family; quantized models run on the CPU
-    (``auto`` picks it).
-
-    Said before any model loads: the family comes from the registry cache.
-    """
-    traits = family_traits(family)
-    if command == "cam" and not traits.cams or command == "grad" and not traits.gradients:
-        raise UsageProblem(f"{command} does not apply to {family.replace('_', ' ')} models", hint=_NO_GRADIENTS[family])
-    if opts.region is not None and traits.output != "masks":
-        raise UsageProblem("--region applies to segmentation models", hint=help_hint)
-    if opts.region is not None:
-        from hookcli.run.gradients import parse_region
-
-        parse_region(opts.region)
-
-    clip_options = [name for name in CLIPS if name in given and given[name] != getattr(RunOptions, name)]
-    if not traits.videos and clip_options:
-        users = "video and optical-flow models" if clip_options[0] == "frame_stride" else "video models"
-        raise UsageProblem(
-            f"--{clip_options[0].replace('_', '-')} applies to {users}, and this one is {family.replace('_', ' ')}",
-            hint=help_hint,
-        )
-    if traits.row == "pair" and {"clip_length", "clips_per_video"} & set(clip_options):
-        raise UsageProblem(
-            "optical-flow models take pairs of frames: --clip-length and --clips-per-video do not "
-            "apply (--frame-stride sets how far apart the two frames are)",
-            hint=help_hint,
-        )
-    if traits.row == "clip" and opts.memory_format == "channels_last":
-        raise UsageProblem(
-            "video models take 5-D clips, which have no channels-last layout",
-            hint="leave --memory-format at auto or contiguous",
-        )
-    if opts.pair_with and traits.row != "pair":
-        raise UsageProblem(
-            f"--pair-with applies to optical-flow models, and this one is {family.replace('_', ' ')}", hint=help_hint
-        )
-    if opts.flow and traits.output != "flow":
-        raise UsageProblem(
-            f"--flow applies to optical-flow models, and this one is {family.replace('_', ' ')}", hint=help_hint
-        )
-    if opts.detections and traits.output != "detections":
-        raise UsageProblem(
-            f"--detections applies to detection models, and this one is {family.replace('_', ' ')}", hint=help_hint
-        )
-    if family in CPU_ONLY:
-        if opts.device not in ("auto", "cpu"):
-            raise UsageProblem(
-                f"quantized models run on the CPU only, not on '{opts.device}'",
-                hint="use --device cpu (or auto), or the model without the quantized_ prefix",
-            )
-        if opts.precision != "fp32":
-            raise UsageProblem(
-                f"quantized models compute in int8 and take --precision fp32 only, not {opts.precision}", hint=help_hint
-            )
-        return dataclasses.replace(opts, device="cpu")
-    return opts
-
-
 def _load(name: str, opts: RunOptions):
     return loading.load_model(name, opts.weights, seed=opts.seed or 0)  # looked up on use: a test's seam
 
@@ -538,15 +311,13 @@ def _command_parts(command, loaded, layers, settings, opts, target):
     """``(layers, forward factory, the command's own metadata entries)`` for ``command``."""
     if command == "extract":
         return (
-            resolve_layers(loaded.module, _selectors(layers), model_name=loaded.name),
+            resolve_layers(loaded.module, selectors(layers), model_name=loaded.name),
             extraction_forward(settings),
             {},
         )
-    from hookcli.run.gradients import CamForward, GradientForward
-
     if command == "grad":
         return (
-            resolve_layers(loaded.module, _selectors(layers), model_name=loaded.name),
+            resolve_layers(loaded.module, selectors(layers), model_name=loaded.name),
             functools.partial(GradientForward, target=target, categories=loaded.categories, scores=loaded.scores),
             {"target": target.describe()},
         )
@@ -565,10 +336,6 @@ def _command_parts(command, loaded, layers, settings, opts, target):
     )
 
 
-def _selectors(layers) -> list[str]:
-    return [layers] if isinstance(layers, str) else list(layers)
-
-
 def _cam_layer(loaded, selector, settings) -> str:
     if selector:
         if not isinstance(selector, str):
@@ -579,8 +346,6 @@ def _cam_layer(loaded, selector, settings) -> str:
                 f"cam takes one layer, and '{selector}' matches {len(chosen)}", hint="see 'hookcli cam --help'"
             )
         return next(iter(chosen))
-    from hookcli.run.gradients import default_cam_layer
-
     device = next(loaded.module.parameters()).device  # a model reused from an earlier run may be on a GPU
     example = natural_input(loaded.family, preprocess=settings.preprocess)
     return default_cam_layer(loaded, map_batch(example, lambda tensor: tensor.to(device)))

@@ -21,24 +21,17 @@ A selector is one of:
 
 from __future__ import annotations
 
-import contextlib
 import difflib
 import fnmatch
-import functools
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 
 from hookcli.errors import UnknownLayerError, UsageProblem
-from hookcli.families import call_model
 from hookcli.patterns import glob_to_regex
-from hookcli.run.capture import preserved_mode
 
 __all__ = [
-    "LayerInfo",
     "KEY_RESERVED",
     "MODEL",
     "MODEL_KEY",
-    "describe_layers",
     "hookable_layers",
     "resolve_layers",
     "selector_keys",
@@ -167,73 +160,3 @@ def _check_key(name: str, selector: str) -> None:
             f"invalid key name in '{selector}'",
             hint=f"names may not be empty or contain {' '.join(KEY_RESERVED)}",
         )
-
-
-@dataclass
-class LayerInfo:
-    """One row of the layer table: path, type, output shape(s), parameters, calls per forward."""
-
-    path: str
-    type: str
-    params: int
-    calls: int = 0
-    output: object = None  # a shape list, or a nested list/dict of shapes for container outputs
-    order: int = field(default=-1, repr=False)
-
-    def to_dict(self) -> dict:
-        return {"path": self.path, "type": self.type, "output": self.output, "params": self.params, "calls": self.calls}
-
-
-def describe_layers(model, example) -> list[LayerInfo]:
-    """Run ``model(example)`` once with hooks and describe every hookable layer.
-
-    ``example`` is a batch as :func:`hookcli.families.call_model` takes it (a
-    tuple is the model's arguments).
-
-    Rows come in forward order (the order layers start running), the model
-    itself first as ``.`` (:data:`MODEL`, what its forward returns); layers
-    that never run come last with ``calls == 0`` and no output shape. Hooks
-    are removed and the model's mode restored before returning.
-    """
-    import torch
-
-    layers = hookable_layers(model)
-    rows = {
-        path: LayerInfo(path, type(m).__name__, sum(p.numel() for p in m.parameters())) for path, m in layers.items()
-    }
-    started: list[str] = []
-
-    def on_start(path, module, inputs):
-        if path not in started:
-            started.append(path)
-
-    def on_finish(path, module, inputs, output):
-        row = rows[path]
-        row.calls += 1
-        if row.output is None:
-            row.output = _shapes(output)
-
-    with contextlib.ExitStack() as stack, preserved_mode(model), torch.inference_mode():
-        for path, module in layers.items():
-            stack.enter_context(module.register_forward_pre_hook(functools.partial(on_start, path)))
-            stack.enter_context(module.register_forward_hook(functools.partial(on_finish, path)))
-        output = call_model(model, example)
-    itself = LayerInfo(
-        MODEL, type(model).__name__, sum(p.numel() for p in model.parameters()), calls=1, output=_shapes(output)
-    )
-    ordered = [itself] + [rows[p] for p in started] + [row for p, row in rows.items() if p not in started]
-    for i, row in enumerate(ordered):
-        row.order = i
-    return ordered
-
-
-def _shapes(value):
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return list(value.shape)
-    if isinstance(value, list | tuple):
-        return [_shapes(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _shapes(v) for k, v in value.items()}
-    return None

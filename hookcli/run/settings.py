@@ -7,20 +7,13 @@ preprocessing, what is captured) and the :class:`Batch` of rows each step of the
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from hookcli.errors import check_choice, check_whole
-from hookcli.families import (
-    family_traits,
-)
 from hookcli.inputs.preprocess import Preprocess
-from hookcli.models.loaded import LoadedModel
-from hookcli.options import CAPTURE_KINDS, DTYPES, ON_ERROR, POOLS
-from hookcli.run import speed
-from hookcli.run.device import resolve_device
+from hookcli.options import CAPTURE_KINDS, DTYPES, MEMORY_FORMATS, ON_ERROR, POOLS, PRECISIONS
 from hookcli.storage.fileformat import RunFacts
 
 if TYPE_CHECKING:
@@ -36,7 +29,7 @@ class RunSettings:
     Fields left to be decided (``preprocess=None``: the weights' own;
     ``device="auto"``; ``workers=None``; ``memory_format="auto"``;
     ``fuse=None``: by the number of inputs) are decided once by
-    :meth:`resolved`. ``fuse`` (extraction on the CPU, see
+    :func:`hookcli.run.speed.resolve_settings`. ``fuse`` (extraction on the CPU, see
     :mod:`hookcli.run.fusion`) is ignored by gradient runs and by ``compile``,
     which fuses in its own way.
     """
@@ -63,8 +56,8 @@ class RunSettings:
             check_choice("pool", self.pool, POOLS)
         check_choice("dtype", self.dtype, DTYPES)
         check_choice("on_error", self.on_error, ON_ERROR)
-        check_choice("precision", self.precision, speed.PRECISIONS)
-        check_choice("memory_format", self.memory_format, speed.MEMORY_FORMATS)
+        check_choice("precision", self.precision, PRECISIONS)
+        check_choice("memory_format", self.memory_format, MEMORY_FORMATS)
         check_whole("batch_size", self.batch_size, 1)
         check_whole("workers", self.workers, 0, MAX_WORKERS, optional=True)
 
@@ -72,40 +65,9 @@ class RunSettings:
     def fusing(self) -> bool:
         """Whether extraction may fuse: ``fuse`` asked for or chosen, and no ``compile`` (which fuses in its own way).
 
-        False while ``fuse`` is still None: :meth:`resolved` decides it.
+        False while ``fuse`` is still None: :func:`hookcli.run.speed.resolve_settings` decides it.
         """
         return bool(self.fuse) and not self.compile
-
-    def resolved(self, loaded: LoadedModel, inputs: int) -> RunSettings:
-        """These settings with nothing left to decide, for ``loaded`` on ``inputs`` images.
-
-        The device becomes a ``torch.device`` that exists here (and can run
-        the precision), preprocessing the weights' own where none is given,
-        workers and memory format as ``auto`` picks them, and ``fuse=None``
-        true from :data:`~hookcli.run.speed.FUSE_FROM` inputs on
-        (:func:`~hookcli.run.speed.choose_fuse`). ``inputs`` counts the whole run,
-        also when it resumes part-way, so a resumed run decides as the first
-        one did. Resolved settings resolve to themselves.
-        """
-        device = self.device if not isinstance(self.device, str) else resolve_device(self.device)
-        speed.check_precision(self.precision, device)
-        workers = self.workers if self.workers is not None else default_workers(device, inputs, self.batch_size)
-        # Fusion, channels-last and compilation go where hookcli.families says a family takes them; the others run
-        # as written (the metadata's "fused" says 0) in their tensors' own layout.
-        traits = family_traits(loaded.family)
-        memory_format = (
-            "contiguous" if not traits.channels_last and self.memory_format == "auto" else self.memory_format
-        )
-        return dataclasses.replace(
-            self,
-            device=device,
-            preprocess=self.preprocess or loaded.preprocess,
-            workers=workers,
-            memory_format=speed.choose_memory_format(loaded.module, device, memory_format),
-            fuse=speed.choose_fuse(self.fuse, inputs) if traits.fuses else False,
-            compile=self.compile and traits.compiles,
-            family=loaded.family,
-        )
 
 
 @dataclass

@@ -26,11 +26,21 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import logging
 import os
 from collections.abc import Iterator, Mapping
 
+import torch
+import torch.nn as nn
+from torchvision.models.feature_extraction import create_feature_extractor
+
 from hookcli.errors import UsageProblem
+from hookcli.families import family_traits
+from hookcli.models.loaded import LoadedModel
 from hookcli.options import MEMORY_FORMATS, PRECISIONS
+from hookcli.run.device import resolve_device
+from hookcli.run.settings import RunSettings, default_workers
 
 __all__ = [
     "FUSE_FROM",
@@ -40,6 +50,7 @@ __all__ = [
     "compiled_extractor",
     "compute_dtype",
     "compute_precision",
+    "resolve_settings",
     "thread_budget",
 ]
 
@@ -52,8 +63,6 @@ FUSE_FROM = 16
 
 def check_precision(precision: str, device) -> None:
     """Refuse compute precisions the device cannot run."""
-    import torch
-
     if precision not in PRECISIONS:
         raise UsageProblem(f"precision must be one of {', '.join(PRECISIONS)}, not '{precision}'")
     if precision == "fp16" and device.type == "cpu":
@@ -64,16 +73,12 @@ def check_precision(precision: str, device) -> None:
 
 def compute_dtype(precision: str):
     """The torch dtype a compute precision computes in: ``fp32`` → ``torch.float32``, and so on."""
-    import torch
-
     return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
 
 
 @contextlib.contextmanager
 def compute_precision(precision: str, device) -> Iterator[None]:
     """Autocast for ``bf16``/``fp16``; nothing for ``fp32``."""
-    import torch
-
     if precision == "fp32":
         yield
         return
@@ -95,8 +100,6 @@ def choose_fuse(choice: bool | None, inputs: int) -> bool:
 
 def choose_memory_format(model, device, choice: str = "auto") -> str:
     """``channels_last`` or ``contiguous``: ``auto`` picks channels-last for convolutional models on CPU and CUDA."""
-    import torch.nn as nn
-
     if choice not in MEMORY_FORMATS:
         raise UsageProblem(f"memory format must be one of {', '.join(MEMORY_FORMATS)}, not '{choice}'")
     if choice != "auto":
@@ -106,8 +109,6 @@ def choose_memory_format(model, device, choice: str = "auto") -> str:
 
 
 def to_memory_format(tensor_or_model, memory_format: str):
-    import torch
-
     if memory_format == "channels_last":
         return tensor_or_model.to(memory_format=torch.channels_last)
     return tensor_or_model
@@ -116,8 +117,6 @@ def to_memory_format(tensor_or_model, memory_format: str):
 @contextlib.contextmanager
 def thread_budget(device, workers: int | None) -> Iterator[None]:
     """On the CPU, leave the cores the decode workers use out of the model's threads."""
-    import torch
-
     if device.type != "cpu" or not workers:
         yield
         return
@@ -131,9 +130,6 @@ def thread_budget(device, workers: int | None) -> Iterator[None]:
 
 def compiled_extractor(model, layers: Mapping[str, str], calls: Mapping[str, int], capture: str):
     """``(function, None)``: batch → ``{key: tensor}`` through a truncated, compiled graph; or ``(None, reason)``."""
-    import torch
-    from torchvision.models.feature_extraction import create_feature_extractor
-
     if capture != "output":
         return None, "input captures need hooks"
     if "" in layers:
@@ -161,8 +157,6 @@ def compiled_extractor(model, layers: Mapping[str, str], calls: Mapping[str, int
 @contextlib.contextmanager
 def _quiet_compiler_logs() -> Iterator[None]:
     """torch's C++ build step warns about a missing CUDA runtime on CPU-only machines; that is no news here."""
-    import logging
-
     logger = logging.getLogger("torch.utils.cpp_extension")
     level = logger.level
     logger.setLevel(logging.ERROR)
@@ -178,8 +172,6 @@ class _NotTensors(Exception):
 
 def _copy_outputs_where_computed(graph_module) -> None:
     """Insert ``clone`` right after each returned node, so in-place ops later in the graph leave the result alone."""
-    import torch
-
     graph = graph_module.graph
     output = next(node for node in graph.nodes if node.op == "output")
     returned = output.args[0]
@@ -190,3 +182,35 @@ def _copy_outputs_where_computed(graph_module) -> None:
     output.args = (copies,)
     graph.lint()
     graph_module.recompile()
+
+
+def resolve_settings(settings: RunSettings, loaded: LoadedModel, inputs: int) -> RunSettings:
+    """``settings`` with nothing left to decide, for ``loaded`` on ``inputs`` images.
+
+    The device becomes a ``torch.device`` that exists here (and can run
+    the precision), preprocessing the weights' own where none is given,
+    workers and memory format as ``auto`` picks them, and ``fuse=None``
+    true from :data:`~hookcli.run.speed.FUSE_FROM` inputs on
+    (:func:`~hookcli.run.speed.choose_fuse`). ``inputs`` counts the whole run,
+    also when it resumes part-way, so a resumed run decides as the first
+    one did. Resolved settings resolve to themselves.
+    """
+    device = settings.device if not isinstance(settings.device, str) else resolve_device(settings.device)
+    check_precision(settings.precision, device)
+    workers = settings.workers if settings.workers is not None else default_workers(device, inputs, settings.batch_size)
+    # Fusion, channels-last and compilation go where hookcli.families says a family takes them; the others run
+    # as written (the metadata's "fused" says 0) in their tensors' own layout.
+    traits = family_traits(loaded.family)
+    memory_format = (
+        "contiguous" if not traits.channels_last and settings.memory_format == "auto" else settings.memory_format
+    )
+    return dataclasses.replace(
+        settings,
+        device=device,
+        preprocess=settings.preprocess or loaded.preprocess,
+        workers=workers,
+        memory_format=choose_memory_format(loaded.module, device, memory_format),
+        fuse=choose_fuse(settings.fuse, inputs) if traits.fuses else False,
+        compile=settings.compile and traits.compiles,
+        family=loaded.family,
+    )

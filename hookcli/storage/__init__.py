@@ -2,8 +2,8 @@
 
 :mod:`~hookcli.storage.fileformat` describes once what a file holds (keys,
 metadata, the version, a shard folder's index and resume identity);
-:mod:`~hookcli.storage.features` writes safetensors files and reads them back
-a row at a time, every reader offering :mod:`~hookcli.storage.reader`'s
+:mod:`~hookcli.storage.saving` writes safetensors files and
+:mod:`~hookcli.storage.features` reads them back a row at a time, every reader offering :mod:`~hookcli.storage.reader`'s
 interface; :mod:`~hookcli.storage.index`,
 :mod:`~hookcli.storage.shards` and :mod:`~hookcli.storage.shard_writer` read
 and write shard folders that many processes share through

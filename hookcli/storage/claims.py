@@ -49,17 +49,18 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from hookcli.errors import UsageProblem, seconds_from_environment
-from hookcli.files import file_kind, reporting_full_disk
+from hookcli.files import check_folder_output, file_kind, reporting_full_disk
 
 __all__ = [
     "CLAIMS",
+    "Claims",
     "DEFAULT_CLAIM_TIMEOUT",
+    "FolderLock",
     "HEARTBEAT",
     "LOCK_NAME",
     "SHORTEST_CLAIM_TIMEOUT",
-    "Claims",
-    "FolderLock",
     "check_folder_parts",
+    "check_folder_target",
     "claim_timeout",
 ]
 
@@ -449,3 +450,12 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True  # another user's process
     return True
+
+
+def check_folder_target(folder: str | os.PathLike) -> None:
+    """Refuse a shard folder output that could not be written (called before any work, and again on open)."""
+    if Path(folder).exists() and not Path(folder).is_dir():
+        raise UsageProblem(f"output '{folder}' is a file, not a folder", hint="drop the trailing / to write one file")
+    check_folder_output(folder)
+    claim_timeout()  # $HOOKCLI_CLAIM_TIMEOUT is checked before any work
+    check_folder_parts(Path(folder))

@@ -1,8 +1,8 @@
-"""Write captured tensors to safetensors files, atomically, and read them back piece by piece.
+"""Read safetensors files back piece by piece, and hold features in memory behind the same interface.
 
 What goes into a file (keys, metadata, the version) is the contract of
-:mod:`hookcli.storage.fileformat`; this module moves bytes. Files are written
-through :func:`hookcli.files.atomic_path`: complete or not at all.
+:mod:`hookcli.storage.fileformat`; :mod:`hookcli.storage.saving` writes the
+bytes.
 
 :class:`FeatureFile` reads any safetensors file with numpy alone (no torch, so
 ``hookcli info`` and ``grid`` start fast): the header is checked against the
@@ -14,6 +14,7 @@ interface, and as a read-only mapping: what :func:`hookcli.extract` returns
 when asked for no output file.
 
 >>> import os, tempfile, torch
+>>> from hookcli.storage.saving import write_safetensors
 >>> path = os.path.join(tempfile.mkdtemp(), "out.safetensors")
 >>> write_safetensors({"x": torch.arange(6.0).reshape(2, 3)}, {"format": "1"}, path)
 >>> with FeatureFile(path) as features:
@@ -23,7 +24,6 @@ when asked for no output file.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -31,49 +31,22 @@ import shutil
 import struct
 import sys
 import tempfile
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+import numpy as np
+
 from hookcli.errors import FeatureFileError
-from hookcli.files import SETTLE_IN_PLACE, NotRegularFile, atomic_path, open_regular
+from hookcli.files import NotRegularFile, open_regular
 from hookcli.storage.fileformat import ROW_SHAPE, RunFacts
 
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["FeatureFile", "Features", "write_safetensors"]
-
-
-def write_safetensors(
-    tensors: Mapping[str, Any],
-    metadata: Mapping[str, str],
-    destination: str | os.PathLike | BinaryIO,
-    *,
-    force: bool = False,
-    publish: Callable[[], contextlib.AbstractContextManager[bool]] | None = None,
-    in_place: bool = False,
-) -> None:
-    """Write ``tensors`` and ``metadata`` to a path (atomically; ``publish`` as :func:`atomic_path`'s) or to a
-    binary stream.
-
-    ``in_place``: serialise in memory and write the bytes into the temporary file :func:`atomic_path` holds
-    locked, instead of letting safetensors replace it with a file of its own; the temporary file is then never
-    unlocked while in use, so one left unlocked is abandoned at once (shards, of a bounded size, are written so).
-    """
-    from safetensors.torch import save, save_file
-
-    tensors = {key: value.contiguous() for key, value in tensors.items()}
-    metadata = dict(metadata)
-    if isinstance(destination, str | os.PathLike):
-        settle = SETTLE_IN_PLACE if in_place else None
-        with atomic_path(destination, force=force, publish=publish, settle=settle) as temporary:
-            if in_place:
-                temporary.write_bytes(save(tensors, metadata=metadata))
-            else:
-                save_file(tensors, str(temporary), metadata=metadata)
-        return
-    destination.write(save(tensors, metadata=metadata))
-    destination.flush()
+__all__ = [
+    "FeatureFile",
+    "Features",
+]
 
 
 #: safetensors dtype name → numpy dtype string; BF16 is read as raw uint16 and widened to float32.
@@ -318,8 +291,6 @@ class FeatureFile:
         return _widened(self._read_at(dtype, offset, [max(last - first, 0), *row]), dtype)
 
     def _read_at(self, dtype: str, offset: int, shape: list[int]) -> np.ndarray:
-        import numpy as np
-
         count = math.prod(shape)
         raw = os.pread(self._handle.fileno(), count * _itemsize(dtype), self._data_start + offset)
         return np.frombuffer(raw, dtype=_NUMPY_DTYPES[dtype], count=count).reshape(shape)
@@ -358,8 +329,6 @@ def _row_shapes_problem(dtype: str, shape: list[int], rows: list[int]) -> str:
 
 def _checked_row_shapes(features, key: str, table):
     """Every row's own shape of ragged ``key`` (its ``@shape`` companion, ``[N, ndim]``), each within the padding."""
-    import numpy as np
-
     table, padded = np.asarray(table, dtype=np.int64), features.shape(key)[1:]
     outside = np.flatnonzero(((table < 0) | (table > np.array(padded, dtype=np.int64))).any(axis=1))
     if outside.size:
@@ -498,13 +467,9 @@ class Features(Mapping[str, Any]):
 
 def _as_numpy(value: Any) -> np.ndarray:
     """A tensor or array as :meth:`FeatureFile.read` returns it: float64 kept, other floating types as float32."""
-    import numpy as np
-
-    if hasattr(value, "detach"):  # a torch tensor
-        import torch
-
+    if hasattr(value, "detach"):  # a torch tensor (so torch is loaded already)
         value = value.detach().cpu()
-        wide = value.is_floating_point() and value.dtype != torch.float64
+        wide = value.is_floating_point() and str(value.dtype) != "torch.float64"
         value = (value.float() if wide else value).numpy()
     array = np.asarray(value)
     return array.astype("float32") if array.dtype.kind == "f" and array.dtype != np.float64 else array
@@ -512,8 +477,6 @@ def _as_numpy(value: Any) -> np.ndarray:
 
 def _widened(array: np.ndarray, dtype: str) -> np.ndarray:
     """BF16 and F16 widened to float32; F64 (whose range float32 lacks), F32, integers and booleans as stored."""
-    import numpy as np
-
     if dtype == "BF16":
         return (array.astype(np.uint32) << 16).view(np.float32)
     if dtype == "F16":

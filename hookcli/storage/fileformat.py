@@ -37,6 +37,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
 
 __all__ = [
     "DETECTIONS",
@@ -48,21 +49,22 @@ __all__ = [
     "RAGGED_FORMAT_VERSION",
     "ROW_DETAILS",
     "ROW_SHAPE",
-    "SHARD_NAME",
     "RunFacts",
     "RunRecord",
+    "SHARD_NAME",
     "check_index_header",
     "check_index_line",
-    "identity_differences",
-    "shard_count",
     "file_metadata",
     "folder_metadata",
     "identity",
+    "identity_differences",
     "index_header",
     "index_line",
     "inputs_digest",
     "keys_of_layer",
+    "metadata_order",
     "run_metadata",
+    "shard_count",
     "shard_metadata",
 ]
 
@@ -378,8 +380,6 @@ _SOURCE_PACKAGES = {"timm": "timm", "hf": "transformers", "open_clip": "open_cli
 
 
 def _versions(model: str = "") -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
     found = {}
     source = _SOURCE_PACKAGES.get(model.partition(":")[0])
     for package in ("hookcli", "torch", "torchvision", "safetensors", "pillow", *([source] if source else [])):
@@ -388,3 +388,12 @@ def _versions(model: str = "") -> dict[str, str]:
         except PackageNotFoundError:
             found[package] = "unknown"
     return found
+
+
+#: The keys hookcli writes, in the order ``info`` shows them.
+_METADATA_ORDER = ("format", "producer", "model", "weights", "layers", "capture", "preprocess", "device", "versions")
+
+
+def metadata_order(metadata) -> list[str]:
+    """The metadata's keys as info shows them: hookcli's main entries in a fixed order, then the others by name."""
+    return sorted(metadata, key=lambda k: (_METADATA_ORDER.index(k) if k in _METADATA_ORDER else 99, k))

@@ -16,11 +16,10 @@ from pathlib import Path
 from hookcli.errors import FeatureFileError, OutputExistsError
 from hookcli.files import SETTLE_IN_PLACE, atomic_path, remove_abandoned, reporting_full_disk
 from hookcli.storage import fileformat
-from hookcli.storage.claims import Claims, FolderLock
-from hookcli.storage.features import write_safetensors
+from hookcli.storage.claims import Claims, FolderLock, check_folder_target
 from hookcli.storage.fileformat import INDEX_NAME, SHARD_FILE
 from hookcli.storage.index import Index, file_key, finished_shards, open_index, parse_index, shard_of
-from hookcli.storage.shards import check_folder_target
+from hookcli.storage.saving import write_safetensors
 
 __all__ = ["ShardWriter"]
 

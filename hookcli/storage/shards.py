@@ -41,10 +41,10 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hookcli.errors import FeatureFileError, UsageProblem
-from hookcli.files import check_folder_output
+import numpy as np
+
+from hookcli.errors import FeatureFileError
 from hookcli.storage import fileformat
-from hookcli.storage.claims import check_folder_parts, claim_timeout
 from hookcli.storage.features import FeatureFile
 from hookcli.storage.fileformat import INDEX_NAME
 from hookcli.storage.index import check_shard, finished_shards, leading_shards, read_index, shard_layout
@@ -53,7 +53,10 @@ from hookcli.storage.reader import FeatureReader
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["check_folder_target", "open_features", "ShardedFeatures"]
+__all__ = [
+    "ShardedFeatures",
+    "open_features",
+]
 
 
 class ShardedFeatures:
@@ -181,8 +184,6 @@ class ShardedFeatures:
 
     def read_rows(self, key: str, start: int, stop: int) -> np.ndarray:
         """Rows ``start:stop`` across shards (clipped as a slice is): one read per shard they fall in."""
-        import numpy as np
-
         start, stop, _ = slice(start, stop).indices(self.rows)
         pieces = []
         for number, entry in enumerate(self.shards):
@@ -205,12 +206,3 @@ def open_features(source: str | os.PathLike) -> FeatureReader:
     if str(source) != "-" and (path.is_dir() or path.name == INDEX_NAME):
         return ShardedFeatures(path)
     return FeatureFile(source)
-
-
-def check_folder_target(folder: str | os.PathLike) -> None:
-    """Refuse a shard folder output that could not be written (called before any work, and again on open)."""
-    if Path(folder).exists() and not Path(folder).is_dir():
-        raise UsageProblem(f"output '{folder}' is a file, not a folder", hint="drop the trailing / to write one file")
-    check_folder_output(folder)
-    claim_timeout()  # $HOOKCLI_CLAIM_TIMEOUT is checked before any work
-    check_folder_parts(Path(folder))

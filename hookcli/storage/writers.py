@@ -39,12 +39,15 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
+import torch
+
 from hookcli.errors import MemoryLimitError
 from hookcli.files import format_bytes
 from hookcli.inputs.archives import input_name
 from hookcli.storage import fileformat
-from hookcli.storage.features import Features, write_safetensors
+from hookcli.storage.features import Features
 from hookcli.storage.fileformat import ROW_SHAPE, RunFacts, RunRecord
+from hookcli.storage.saving import write_safetensors
 from hookcli.storage.shard_writer import ShardWriter
 
 if TYPE_CHECKING:
@@ -82,8 +85,6 @@ class RowBuffer:
 
     def add(self, features: Mapping, rows: slice, inputs: Sequence, targets: Sequence | None = None) -> None:
         """Append ``rows`` of batch-first ``features``, the inputs they came from and (gradient runs) their targets."""
-        import torch
-
         start = len(self.inputs)
         for key, value in features.items():
             if isinstance(value, list) != (key in self._shapes) and key in self._tensors:
@@ -105,8 +106,6 @@ class RowBuffer:
         self.targets.extend(targets or ())
 
     def _add_ragged(self, key: str, rows: list, start: int) -> None:
-        import torch
-
         held = self._tensors.get(key)
         largest = [
             max(sizes) for sizes in zip(*(row.shape for row in rows), *([held.shape[1:]] if held is not None else []))

@@ -2,9 +2,16 @@
 
 Each source module has ``load(spec, weights, seed)`` returning a
 :class:`~hookcli.models.loaded.LoadedModel`; the listed ones also have
-``list_models(pattern)``. :mod:`~hookcli.models.sources.common` holds what they
-share. A new source is a module here, a row of :data:`BACKENDS`, and its
-prefix in :data:`hookcli.models.specs.PREFIXES`.
+``list_models(pattern)`` and ``nothing_listed(wanted)``.
+:mod:`~hookcli.models.sources.common` holds what they share. A new source is a
+module here, a row of :data:`BACKENDS`, and its prefix in
+:data:`hookcli.models.specs.PREFIXES`.
+
+A source's module imports its library (and torch) at its top, so this
+package's one import made on use is :func:`backend`'s: a source's module loads
+when one of its models is loaded or listed, after
+:func:`~hookcli.models.specs.check_model` has said that its library is
+installed. Naming and listing torchvision's models never loads one.
 
 Everything that can be said without torch is said by
 :func:`~hookcli.models.specs.check_model` and
@@ -14,35 +21,35 @@ made absolute), ``weights`` where the weights came from, and ``preprocess``
 the source's own preprocessing. Nothing is downloaded: pretrained files come
 from the local caches, and a missing one is named, with where to place it.
 
->>> sorted(BACKENDS), sorted(LISTING)
-(['factory', 'hf', 'open_clip', 'timm'], ['hf', 'open_clip', 'timm'])
+>>> sorted(BACKENDS), LISTED
+(['factory', 'hf', 'open_clip', 'timm'], ('timm', 'hf', 'open_clip'))
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import importlib
+from types import ModuleType
 
 from hookcli.errors import UsageProblem
 from hookcli.models.loaded import LoadedModel
-from hookcli.models.sources import factory, hf, open_clip, timm
-from hookcli.models.sources.common import offline_hub, quiet_libraries
 from hookcli.models.specs import PREFIXES, ModelSpec, check_model, check_weights
 
-__all__ = ["BACKENDS", "LISTING", "list_source_models", "load"]
+__all__ = ["BACKENDS", "LISTED", "backend", "list_source_models", "load", "nothing_listed"]
 
-#: Each source's ``load(spec, weights, seed)``.
-BACKENDS: dict[str, Callable[[ModelSpec, str, int], LoadedModel]] = {
-    "timm": timm.load,
-    "hf": hf.load,
-    "open_clip": open_clip.load,
-    "factory": factory.load,
+#: Each source's module.
+BACKENDS: dict[str, str] = {
+    "timm": "hookcli.models.sources.timm",
+    "hf": "hookcli.models.sources.hf",
+    "open_clip": "hookcli.models.sources.open_clip",
+    "factory": "hookcli.models.sources.factory",
 }
-#: Each listed source's ``list_models(pattern)``.
-LISTING: dict[str, Callable[[str | None], list[dict]]] = {
-    "timm": timm.list_models,
-    "hf": hf.list_models,
-    "open_clip": open_clip.list_models,
-}
+#: The sources whose models can be listed.
+LISTED = ("timm", "hf", "open_clip")
+
+
+def backend(source: str) -> ModuleType:
+    """The module of ``source`` (a key of :data:`BACKENDS`), imported on first use (see the package's docs)."""
+    return importlib.import_module(BACKENDS[source])
 
 
 def load(spec: ModelSpec, weights: str, *, seed: int = 0) -> LoadedModel:
@@ -58,8 +65,7 @@ def load(spec: ModelSpec, weights: str, *, seed: int = 0) -> LoadedModel:
     check_weights(spec, weights)
     if spec.source not in BACKENDS:
         raise UsageProblem(f"{spec.text} is a torchvision model", hint="load it with hookcli.load_model")
-    with quiet_libraries(), offline_hub():
-        return BACKENDS[spec.source](spec, weights.strip(), seed)
+    return backend(spec.source).load(spec, weights.strip(), seed)
 
 
 def list_source_models(source: str, pattern: str | None = None) -> list[dict]:
@@ -68,9 +74,20 @@ def list_source_models(source: str, pattern: str | None = None) -> list[dict]:
     timm and OpenCLIP: every architecture, with its pretrained tags; Hugging
     Face: the models in the local cache.
     """
-    if source not in LISTING:
+    _check_listed(source)
+    return backend(source).list_models(pattern)
+
+
+def nothing_listed(source: str, wanted: str) -> str:
+    """Why :func:`list_source_models` found no model that is ``wanted`` (a pattern or a family, in words), in words."""
+    _check_listed(source)
+    return backend(source).nothing_listed(wanted)
+
+
+def _check_listed(source: str) -> None:
+    if source not in LISTED:
         raise UsageProblem(
             f"unknown source '{source}'",
             hint=f"use one of {', '.join(PREFIXES)} (hookcli.describe_models lists torchvision's)",
         )
-    return LISTING[source](pattern)
+    check_model(ModelSpec(source, "x"))

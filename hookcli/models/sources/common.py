@@ -10,17 +10,27 @@ preprocessing assumed for a model that gives none, and the local Hugging Face ca
 from __future__ import annotations
 
 import contextlib
+import difflib
+import functools
 import logging
 import os
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
+
+try:  # installed with timm, transformers and open_clip; a factory's model needs none
+    from huggingface_hub import constants as hub_constants
+    from huggingface_hub import try_to_load_from_cache
+except ImportError:  # pragma: no cover - depends on the extras installed
+    hub_constants = try_to_load_from_cache = None  # type: ignore[assignment]
 
 from hookcli.errors import UnknownModelError
 from hookcli.inputs.preprocess import Preprocess
 from hookcli.models.loaded import LoadedModel, prefix_tokens
 from hookcli.models.specs import ModelSpec, SourceError
-from hookcli.models.weights import file_weights, fit_state_dict, read_state_dict
+from hookcli.models.state_dicts import fit_state_dict, read_state_dict
+from hookcli.models.weights import file_weights
 
 __all__ = [
     "assumed_preprocess",
@@ -32,6 +42,7 @@ __all__ = [
     "not_cached",
     "offline_hub",
     "quiet_libraries",
+    "quietly",
     "recorded_name",
     "unknown_model",
 ]
@@ -41,11 +52,10 @@ __all__ = [
 def offline_hub():
     """The Hugging Face hub offline for the block, whatever the environment says: timm and OpenCLIP read pretrained
     files through it, and would otherwise ask the Hub for a newer revision."""
-    try:
-        from huggingface_hub import constants
-    except ImportError:  # a factory's model needs no hub
+    if hub_constants is None:  # a factory's model needs no hub
         yield
         return
+    constants = hub_constants
     before, environment = constants.HF_HUB_OFFLINE, os.environ.get("HF_HUB_OFFLINE")
     constants.HF_HUB_OFFLINE = True
     os.environ["HF_HUB_OFFLINE"] = "1"
@@ -71,6 +81,17 @@ def quiet_libraries():
             yield
     finally:
         logger.setLevel(level)
+
+
+def quietly(load: Callable[..., LoadedModel]) -> Callable[..., LoadedModel]:
+    """A source's ``load`` run with :func:`quiet_libraries` and :func:`offline_hub`."""
+
+    @functools.wraps(load)
+    def quiet_load(*args, **kwargs) -> LoadedModel:
+        with quiet_libraries(), offline_hub():
+            return load(*args, **kwargs)
+
+    return quiet_load
 
 
 def loaded_model(spec: ModelSpec, module, described: dict, preprocess, **fields):
@@ -114,8 +135,7 @@ def hub_cached(repo: str, filename: str) -> bool:
 
 
 def hub_file(repo: str, filename: str) -> Path | None:
-    from huggingface_hub import try_to_load_from_cache
-
+    assert try_to_load_from_cache is not None, "the sources that read the hub install huggingface_hub"
     found = try_to_load_from_cache(repo, filename)
     return Path(found) if isinstance(found, str) else None
 
@@ -133,9 +153,8 @@ def hub_has_weights(repo: str) -> bool:
 
 
 def not_cached(spec: ModelSpec, repo: str, filename: str) -> SourceError:
-    from huggingface_hub import constants
-
-    folder = Path(constants.HF_HUB_CACHE) / f"models--{repo.replace('/', '--')}"
+    assert hub_constants is not None, "the sources that read the hub install huggingface_hub"
+    folder = Path(hub_constants.HF_HUB_CACHE) / f"models--{repo.replace('/', '--')}"
     otherwise = (
         "or give hf:/path/to/a/folder written by save_pretrained" if spec.source == "hf" else "or use --weights none"
     )
@@ -161,8 +180,6 @@ def recorded_name(spec: ModelSpec) -> str:
 
 
 def unknown_model(spec: ModelSpec, known: list[str], command: str) -> UnknownModelError:
-    import difflib
-
     closest = difflib.get_close_matches(spec.name, known, n=3, cutoff=0.5)
     shown = f" (closest: {', '.join(closest)})" if closest else ""
     return UnknownModelError(f"unknown {spec.source} model '{spec.name}'{shown}", hint=f"'{command}' lists them")

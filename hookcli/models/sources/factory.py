@@ -12,22 +12,26 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import torch
+import torch.nn as nn
+
 from hookcli.errors import UsageProblem, first_line
 from hookcli.inputs.preprocess import Preprocess
 from hookcli.models.sources.common import (
     assumed_preprocess,
     load_weights_file,
     loaded_model,
+    quietly,
 )
 from hookcli.models.specs import ModelSpec, SourceError, search_current_folder
-from hookcli.models.weights import file_sha256, looks_like_weights_path, seeded
+from hookcli.models.state_dicts import seeded
+from hookcli.models.weights import file_sha256, looks_like_weights_path
 
 __all__ = ["load"]
 
 
+@quietly
 def load(spec: ModelSpec, weights: str, seed: int):
-    import torch.nn as nn
-
     module_name, function_name = spec.name.rsplit(":", 1)
     code, digest = _import_factory_module(spec, module_name)
     factory = getattr(code, function_name, None)
@@ -104,8 +108,6 @@ def _import_factory_module(spec: ModelSpec, name: str):
 
 
 def _is_scripted(module) -> bool:
-    import torch
-
     return isinstance(module, torch.jit.ScriptModule)
 
 

@@ -8,13 +8,18 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import inspect
 import json
 import math
 import re
 from pathlib import Path
 
+import torch
+import transformers
+from huggingface_hub import constants
+
 from hookcli.errors import UsageProblem, first_line
-from hookcli.inputs.preprocess import Preprocess, parse_triple
+from hookcli.inputs.preprocess import Preprocess
 from hookcli.models.sources.common import (
     assumed_preprocess,
     hub_cached,
@@ -23,20 +28,26 @@ from hookcli.models.sources.common import (
     load_weights_file,
     loaded_model,
     not_cached,
+    quietly,
 )
-from hookcli.models.specs import MISSING, ModelSpec, SourceError, check_model, regular_file_problem
-from hookcli.models.weights import file_sha256, looks_like_weights_path, seeded
+from hookcli.models.specs import MISSING, ModelSpec, SourceError, regular_file_problem
+from hookcli.models.state_dicts import seeded
+from hookcli.models.weights import file_sha256, looks_like_weights_path
 from hookcli.options import MAX_SIDE
+from hookcli.parsing import parse_triple
 
-__all__ = ["list_models", "load"]
+__all__ = [
+    "list_models",
+    "load",
+    "nothing_listed",
+]
 
 
 _HF_RESAMPLE = {0: "nearest", 2: "bilinear", 3: "bicubic"}
 
 
+@quietly
 def load(spec: ModelSpec, weights: str, seed: int):
-    import transformers
-
     logs = transformers.utils.logging
     verbosity, bars = logs.get_verbosity(), logs.is_progress_bar_enabled()
     logs.disable_progress_bar()  # its bars and warnings go to stderr, where hookcli's notes go
@@ -50,9 +61,6 @@ def load(spec: ModelSpec, weights: str, seed: int):
 
 
 def _load_hf_quietly(spec: ModelSpec, weights: str, seed: int):
-    import torch
-    import transformers
-
     source = str(Path(spec.name).expanduser()) if spec.hf_folder else spec.name
     _check_hf_sizes(spec, Path(source) / "config.json" if spec.hf_folder else hub_file(spec.name, "config.json"))
     try:
@@ -195,8 +203,6 @@ def _oversized(settings, where: str) -> tuple[str, int] | None:
 
 def _vision_part(spec: ModelSpec, module):
     """A CLIP-like model's vision tower (its forward takes text first); the model itself otherwise."""
-    import inspect
-
     parameters = list(inspect.signature(module.forward).parameters)
     if parameters and parameters[0] == "pixel_values":
         return module
@@ -356,8 +362,6 @@ def _normalisation(config: dict, field: str) -> tuple[float, float, float]:
 
 def list_models(pattern: str | None = None) -> list[dict]:
     """The transformers models in the local Hugging Face cache (matching the glob ``pattern``)."""
-    check_model(ModelSpec("hf", "x"))
-    from huggingface_hub import constants
 
     cache = Path(constants.HF_HUB_CACHE)
     rows = []
@@ -375,3 +379,8 @@ def list_models(pattern: str | None = None) -> list[dict]:
                 }
             )
     return rows
+
+
+def nothing_listed(wanted: str) -> str:
+    """Why :func:`list_models` found no model that is ``wanted`` (may be empty), in words: where the cache is."""
+    return f"no model{' matching ' + wanted if wanted else ''} in the Hugging Face cache ({constants.HF_HUB_CACHE})"

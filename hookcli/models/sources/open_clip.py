@@ -8,6 +8,8 @@ import json
 import os
 from pathlib import Path
 
+import open_clip
+
 from hookcli.errors import UnknownWeightsError, first_line
 from hookcli.inputs.preprocess import Preprocess
 from hookcli.models.sources.common import (
@@ -15,17 +17,22 @@ from hookcli.models.sources.common import (
     load_weights_file,
     loaded_model,
     not_cached,
+    quietly,
     unknown_model,
 )
-from hookcli.models.specs import ModelSpec, SourceError, check_model
-from hookcli.models.weights import looks_like_weights_path, seeded
+from hookcli.models.specs import ModelSpec, SourceError
+from hookcli.models.state_dicts import seeded
+from hookcli.models.weights import looks_like_weights_path
 
-__all__ = ["list_models", "load"]
+__all__ = [
+    "list_models",
+    "load",
+    "nothing_listed",
+]
 
 
+@quietly
 def load(spec: ModelSpec, weights: str, seed: int):
-    import open_clip
-
     arch = spec.name
     if arch.endswith(".json"):
         path = Path(arch).expanduser()
@@ -84,8 +91,6 @@ def load(spec: ModelSpec, weights: str, seed: int):
 
 
 def _require_open_clip_files(spec: ModelSpec, arch: str, tag: str) -> None:
-    import open_clip
-
     config = open_clip.get_pretrained_cfg(arch, tag)
     hub = (config.get("hf_hub") or "").rstrip("/")
     if hub:
@@ -118,8 +123,6 @@ def _open_clip_preprocess(config: dict):
 
 def list_models(pattern: str | None = None) -> list[dict]:
     """Every OpenCLIP architecture (matching the glob ``pattern``), with its pretrained tags."""
-    check_model(ModelSpec("open_clip", "x"))
-    import open_clip
 
     rows = []
     for arch in open_clip.list_models():
@@ -130,3 +133,8 @@ def list_models(pattern: str | None = None) -> list[dict]:
             {"model": f"open_clip:{arch}", "family": "classification", "default": (tags or [None])[0], "weights": tags}
         )
     return rows
+
+
+def nothing_listed(wanted: str) -> str:
+    """Why :func:`list_models` found no model that is ``wanted``, in words."""
+    return f"no open_clip model matches {wanted}"

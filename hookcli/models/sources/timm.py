@@ -6,6 +6,9 @@ import contextlib
 import math
 from pathlib import Path
 
+import timm
+import timm.data
+
 from hookcli.errors import UnknownWeightsError, UsageProblem, first_line
 from hookcli.inputs.preprocess import Preprocess
 from hookcli.models.sources.common import (
@@ -13,19 +16,24 @@ from hookcli.models.sources.common import (
     load_weights_file,
     loaded_model,
     not_cached,
+    quietly,
     unknown_model,
 )
-from hookcli.models.specs import ModelSpec, SourceError, check_model
-from hookcli.models.weights import hub_checkpoint_path, looks_like_weights_path, seeded
+from hookcli.models.specs import ModelSpec, SourceError
+from hookcli.models.state_dicts import hub_checkpoint_path, seeded
+from hookcli.models.weights import looks_like_weights_path
 from hookcli.options import INTERPOLATIONS
 
-__all__ = ["default_tag", "list_models", "load"]
+__all__ = [
+    "default_tag",
+    "list_models",
+    "load",
+    "nothing_listed",
+]
 
 
+@quietly
 def load(spec: ModelSpec, weights: str, seed: int):
-    import timm
-    import timm.data
-
     name, _, tag = spec.name.partition(".")
     if not timm.is_model(name):
         raise unknown_model(spec, timm.list_models(), "hookcli models --source timm")
@@ -81,8 +89,6 @@ def load(spec: ModelSpec, weights: str, seed: int):
 
 def _timm_tag(spec: ModelSpec, name: str, wanted: str) -> str:
     """``name.tag`` for a tag given alone or in full; the model's default tag for an empty one."""
-    import timm
-
     tags = timm.list_pretrained(f"{name}.*") or timm.list_pretrained(name)
     if not wanted:
         if not tags:
@@ -104,8 +110,6 @@ def _timm_tag(spec: ModelSpec, name: str, wanted: str) -> str:
 
 def default_tag(name: str) -> str | None:
     """The pretrained tag timm loads for ``name`` alone (its first, not the first in sorted order)."""
-    import timm
-
     config = timm.models.get_pretrained_cfg(name)
     return getattr(config, "tag", None) if config is not None else None
 
@@ -156,8 +160,6 @@ def _timm_preprocess(config: dict):
 
 def list_models(pattern: str | None = None) -> list[dict]:
     """Every timm architecture (matching the glob ``pattern``), with its pretrained tags."""
-    check_model(ModelSpec("timm", "x"))
-    import timm
 
     tags: dict[str, list[str]] = {}
     for full in timm.list_pretrained():
@@ -172,3 +174,8 @@ def list_models(pattern: str | None = None) -> list[dict]:
         }
         for n in timm.list_models(pattern or "")
     ]
+
+
+def nothing_listed(wanted: str) -> str:
+    """Why :func:`list_models` found no model that is ``wanted``, in words."""
+    return f"no timm model matches {wanted}"

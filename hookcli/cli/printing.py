@@ -1,0 +1,121 @@
+"""Text the command line prints: aligned tables, and ``hookcli info``'s lines and strict JSON.
+
+Cells go through :func:`hookcli.console.printable`, so names and metadata
+from a file cannot move the cursor, colour the terminal or break a line.
+
+>>> table_lines([("model", "family"), ("resnet18", "classification")])
+['model     family', 'resnet18  classification']
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Container, Sequence
+
+from hookcli.console import printable
+from hookcli.files import format_bytes
+from hookcli.storage.fileformat import metadata_order
+
+__all__ = [
+    "info_json",
+    "info_lines",
+    "table_lines",
+]
+
+
+def _shape_text(row: dict) -> str:
+    """``[2,16,≤213,≤224]``: the stored shape, axes whose rows differ marked as the largest of them."""
+    varies = set(row.get("varies", ()))
+    return "[" + ",".join(f"≤{n}" if axis in varies else str(n) for axis, n in enumerate(row["shape"])) + "]"
+
+
+def info_lines(described: dict, *, stats: bool = True) -> list[str]:
+    """:func:`describe_file`'s result as ``hookcli info`` prints it: a title, a table of tensors, the metadata."""
+    count = len(described["tensors"])
+    size = format_bytes(described["bytes"])
+    lines = [f"{printable(described['file'])}  {size}  {count} tensor{'s' if count != 1 else ''}"]
+    header = ("key", "dtype", "shape", "size") + (("min", "mean", "max", "zeros", "nan/inf") if stats else ())
+    table = [header]
+    for t in described["tensors"]:
+        row: tuple[str, ...] = (t["key"], t["dtype"], _shape_text(t), format_bytes(t["bytes"]))
+        if stats:
+            st = t["stats"]
+            row += (
+                *(_number(st[k]) for k in ("min", "mean", "max")),
+                "-" if st["zeros"] is None else f"{st['zeros']:.1%}",
+                str(st["nonfinite"]),
+            )
+        table.append(row)
+    lines += table_lines(table, right=range(2, len(header)))
+    if described["metadata"]:
+        lines += ["metadata:", *map(printable, _metadata_lines(described["metadata"]))]
+    return lines
+
+
+def info_json(described: dict) -> str:
+    """:func:`describe_file`'s result as ``hookcli info --json`` prints it: strict JSON.
+
+    JSON has no NaN or infinity (metadata may hold them): they become the strings ``"NaN"``, ``"Infinity"``
+    and ``"-Infinity"``.
+
+    >>> print(info_json({"metadata": {"scores": [1.5, float("nan"), float("-inf")]}}))
+    {
+      "metadata": {
+        "scores": [
+          1.5,
+          "NaN",
+          "-Infinity"
+        ]
+      }
+    }
+    """
+    return json.dumps(_strict(described), indent=2, allow_nan=False)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _strict(value):
+    if isinstance(value, str):
+        return _SURROGATE.sub(lambda match: f"\\u{ord(match[0]):04x}", value)  # shown as text, as in the table
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
+    if isinstance(value, dict):
+        return {_strict(key): _strict(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_strict(item) for item in value]
+    return value
+
+
+def table_lines(table: Sequence[tuple[str, ...]], *, right: Container[int] = ()) -> list[str]:
+    """Rows of cells as aligned text, control characters escaped; columns whose index is in ``right`` align right."""
+    table = [tuple(map(printable, row)) for row in table]
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+
+    def cell(i: int, text: str) -> str:
+        return text.rjust(widths[i]) if i in right else text.ljust(widths[i])
+
+    return ["  ".join(cell(i, text) for i, text in enumerate(row)).rstrip() for row in table]
+
+
+def _number(value) -> str:
+    return "-" if value is None else f"{value:.4g}"
+
+
+def _metadata_lines(metadata: dict) -> list[str]:
+    """hookcli's keys first in a fixed order; objects one entry per line; long lists shortened (--json has all)."""
+    lines = []
+    for key in metadata_order(metadata):
+        value = metadata[key]
+        if isinstance(value, dict) and any(isinstance(v, dict | list) for v in value.values()):
+            lines.append(f"  {key}:")
+            lines.extend(f"    {k}: {json.dumps(v)}" for k, v in value.items())
+        elif isinstance(value, list):
+            shown = [*value[:5], f"... {len(value) - 7} more", *value[-2:]] if len(value) > 10 else value
+            lines.append(f"  {key}: ({len(value)})")
+            lines.extend(f"    {item if isinstance(item, str) else json.dumps(item)}" for item in shown)
+        else:
+            lines.append(f"  {key}: {value if isinstance(value, str) else json.dumps(value)}")
+    return lines

@@ -1,0 +1,146 @@
+"""What models and weights there are, answered without torch: the listings, a model's family, and a ``--weights``
+value checked against the model's weights names.
+
+Read from :mod:`hookcli.models.registry`'s cache (torchvision) and from
+:mod:`hookcli.models.sources` (the listed sources, which load their library
+to list). :mod:`hookcli.models.loading` builds what this names.
+
+>>> model_family("raft_small"), resolve_weights("resnet18", "default")
+('optical_flow', 'DEFAULT')
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+import os
+from pathlib import Path
+
+from hookcli.errors import UnknownModelError, UnknownWeightsError, check_choice
+from hookcli.families import FAMILIES
+from hookcli.models import sources
+from hookcli.models.registry import ModelEntry, model_registry
+from hookcli.models.specs import LISTED_SOURCES, check_model, check_weights, parse_model
+from hookcli.models.weights import check_weights_file, looks_like_weights_path
+
+__all__ = [
+    "describe_models",
+    "list_models",
+    "model_family",
+    "no_models_note",
+    "other_source",
+    "registry_entry",
+    "resolve_weights",
+    "unknown_weights",
+]
+
+
+def list_models(family: str | None = None) -> list[str]:
+    """Names of every model torchvision can build (of one ``family``), sorted (from :mod:`hookcli.models.registry`)."""
+    return [name for name, entry in model_registry().items() if family in (None, entry.family)]
+
+
+def describe_models(
+    family: str | None = None, *, pattern: str | None = None, source: str = "torchvision"
+) -> list[dict]:
+    """Every model hookcli can load (of one ``family``, named like the glob ``pattern``) from ``source`` (one of
+    :data:`hookcli.models.specs.LISTED_SOURCES`): ``{"model", "family", "default", "weights"}`` rows.
+
+    >>> [row for row in describe_models("optical_flow")][0]["model"]
+    'raft_large'
+    >>> [row["model"] for row in describe_models(pattern="resnet1*")]
+    ['resnet101', 'resnet152', 'resnet18']
+    """
+
+    if family is not None:
+        check_choice("family", family, FAMILIES)
+    check_choice("source", source, LISTED_SOURCES)
+    if source != "torchvision":
+        return [row for row in sources.list_source_models(source, pattern) if family in (None, row["family"])]
+    return [
+        {"model": name, "family": entry.family, "default": entry.default, "weights": list(entry.weights)}
+        for name, entry in model_registry().items()
+        if family in (None, entry.family) and (pattern is None or fnmatch.fnmatchcase(name, pattern))
+    ]
+
+
+def no_models_note(source: str, pattern: str | None, family: str | None) -> str:
+    """Why :func:`describe_models` found nothing, in words (for the local Hugging Face cache: where it is)."""
+    wanted = " and ".join(part for part in (pattern and f"'{pattern}'", family and f"family {family}") if part)
+    if source in sources.LISTED:
+        return sources.nothing_listed(source, wanted)
+    return f"no {source} model matches {wanted}"
+
+
+def model_family(name: str) -> str:
+    """The family of model ``name`` (an unknown name is refused), from the registry cache: no torch needed.
+
+    Models of other sources (:mod:`hookcli.models.sources`) are classification models: they take stacked images.
+    """
+    spec = other_source(name)
+    return "classification" if spec is not None else registry_entry(name).family
+
+
+def other_source(name: str):
+    """The :class:`~hookcli.models.specs.ModelSpec` of a model from outside torchvision (checked), else None."""
+
+    spec = parse_model(name)
+    if spec.source == "torchvision":
+        return None
+    check_model(spec)
+    return spec
+
+
+def resolve_weights(name: str, weights: str) -> str | None:
+    """The member of model ``name``'s weights enum that ``weights`` names, None for ``none`` or a path.
+
+    A name is ``DEFAULT`` in any case, a member (``IMAGENET1K_V1``) or a qualified one
+    (``ResNet18_Weights.IMAGENET1K_V1``). An unknown model or weights name is refused from the
+    registry cache, before torch is imported (see :mod:`hookcli.models.registry`), and so is a weights
+    path that is missing, empty or not a regular file.
+
+    >>> resolve_weights("resnet18", "default"), resolve_weights("resnet18", "ResNet18_Weights.IMAGENET1K_V1")
+    ('DEFAULT', 'IMAGENET1K_V1')
+
+    Models of other sources have their weights checked as far as can be
+    without their package (:func:`hookcli.models.specs.check_weights`), and give None.
+    """
+    spec = other_source(name)
+    if spec is not None:
+        check_weights(spec, weights)
+        return None
+    entry = registry_entry(name)
+    spec = weights.strip()
+    if spec.lower() == "none":
+        return None
+    if spec.upper() == "DEFAULT":
+        return "DEFAULT"
+    member = spec.removeprefix(entry.enum + ".")
+    if member in entry.weights or member == "DEFAULT":
+        return member
+    if looks_like_weights_path(spec):
+        check_weights_file(Path(spec))  # missing, empty or not a file: said before torch loads, too
+        return None
+    raise unknown_weights(name, spec, entry.weights)
+
+
+def registry_entry(name: str) -> ModelEntry:
+    """Model ``name``'s registry entry; an unknown name is refused with the closest ones."""
+    registry = model_registry()
+    if name in registry:
+        return registry[name]
+    closest = difflib.get_close_matches(name, list(registry), n=3, cutoff=0.0)
+    raise UnknownModelError(
+        f"unknown model '{name}' (closest: {', '.join(closest)})",
+        hint="'hookcli models' lists every model",
+    )
+
+
+def unknown_weights(name: str, spec: str, known: tuple[str, ...]) -> UnknownWeightsError:
+    available = ", ".join(["DEFAULT", *known, "none"])
+    hint = (
+        f"to load the file '{spec}' in the current folder, write it as ./{spec}"
+        if os.path.isfile(spec)
+        else "or pass a path to a .pth/.safetensors state dict"
+    )
+    return UnknownWeightsError(f"model '{name}' has no weights '{spec}' (available: {available})", hint=hint)

@@ -1,0 +1,66 @@
+"""Option values read from text: the parsers of the options declared ``kind="parsed"`` in :mod:`hookcli.options`.
+
+Each raises ValueError saying what it accepts (the command line shows it as a usage error).
+
+>>> parse_triple("0.5"), parse_device(" CUDA:1 "), parse_channels("4:")
+((0.5, 0.5, 0.5), 'cuda:1', slice(4, None, None))
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+__all__ = [
+    "DEVICE_PATTERN",
+    "parse_channels",
+    "parse_device",
+    "parse_triple",
+]
+
+
+def parse_triple(value) -> tuple[float, float, float]:
+    """Three floats (a mean or std) from ``R,G,B``, one number for all three, or a sequence; ValueError if not."""
+    parts: list[Any]
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        parts = [value]
+    elif isinstance(value, list | tuple):
+        parts = list(value)
+    else:
+        parts = str(value).replace(" ", "").split(",")
+    try:
+        numbers = tuple(float(p) for p in parts)
+    except (TypeError, ValueError):
+        raise ValueError(f"'{value}' is not a number or three comma-separated numbers") from None
+    if len(numbers) == 1:
+        numbers = numbers * 3
+    if len(numbers) != 3:
+        raise ValueError(f"'{value}' has {len(numbers)} values; give one or three (R,G,B)")
+    return numbers
+
+
+#: What ``--device`` accepts.
+DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?|mps")
+
+
+def parse_device(value) -> str:
+    """``value`` (a string or a ``torch.device``) as a device name; ValueError saying what is accepted."""
+    text = str(value).strip().lower()
+    if not DEVICE_PATTERN.fullmatch(text):
+        raise ValueError(f"'{value}' is not a device; use auto, cpu, cuda, cuda:N or mps")
+    return text
+
+
+def parse_channels(value) -> slice | None:
+    """A channel selection as a slice: ``"A:B"`` (either end may be left out), one channel ``K``, or a slice."""
+    if value is None or isinstance(value, slice):
+        return value
+    text = str(value).strip()
+    try:
+        if ":" not in text:
+            index = int(text)
+            return slice(index, index + 1 if index != -1 else None)
+        start, stop = text.split(":")
+        return slice(int(start) if start else None, int(stop) if stop else None)
+    except ValueError:
+        raise ValueError(f"'{value}' is not a channel range; use A:B, A:, :B or one index K") from None

@@ -1,0 +1,327 @@
+"""A run's request checked before any model loads: :func:`request` turns a command's options into a
+:class:`RunRequest`, or refuses them.
+
+Everything that can be said without torch is said here, in this order: the
+options (choices, ranges, flags that conflict, options the model's family has
+no use for: the family comes from the registry cache), the layer selectors,
+the output, this process's part of a shard folder, then the inputs (found, not
+decoded), the output's name and whether it exists, and last the model's and
+weights' names. :func:`hookcli.run.plan.plan_request` loads the model and
+makes the plan. The inputs of torchrun's processes are found there, once the
+processes have formed their group (rank 0 reads a list from stdin and hands
+it to the others).
+
+>>> photo = __import__("matplotlib.cbook").cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)
+>>> asked = request("extract", "resnet18", "layer2", photo, weights="none", resize=64)
+>>> asked.kind, asked.family, len(asked.rows.paths), asked.opts.resize
+('memory', 'classification', 1, 64)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from hookcli.console import counted
+from hookcli.errors import UsageProblem, VideoError
+from hookcli.families import CPU_ONLY, DEFAULT_CLIP_LENGTH, family_traits
+from hookcli.files import check_folder_output, refuse_existing
+from hookcli.inputs import clips
+from hookcli.inputs.clips import ImagePair
+from hookcli.inputs.discovery import FoundInputs, find_inputs
+from hookcli.models.catalog import model_family, resolve_weights
+from hookcli.models.loaded import LoadedModel
+from hookcli.options import LARGE_INPUT
+from hookcli.run.launch import Part, detect_part, joins_team, parse_part
+from hookcli.run.options import CLIPS, COMMAND_OPTIONS, RunOptions, run_options
+from hookcli.run.outputs import check_target, default_output, output_kind, refuse_drawn_grids
+from hookcli.run.selectors import selector_keys
+from hookcli.run.settings import RunSettings
+from hookcli.run.targets import parse_region
+
+__all__ = [
+    "RunRequest",
+    "arguments_of",
+    "gather_rows",
+    "request",
+    "selectors",
+    "with_rows",
+]
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """A command's request, checked: what :func:`request` could say of it before any model loads.
+
+    ``rows`` (the inputs found) is None for torchrun's processes until they
+    have formed their group (:func:`with_rows` then adds them); ``notes``
+    are what finding them had to say.
+    """
+
+    command: str
+    model: str | LoadedModel
+    model_name: str
+    family: str
+    layers: Any  # as given: one selector, a list of them, or None (cam's default layer)
+    inputs: Any  # as given: a path, a list of them, or "-"
+    opts: RunOptions
+    given: Mapping[str, Any]  # the keywords as the caller gave them (a loaded model's notes depend on them)
+    settings: RunSettings
+    keys: list[str] | None  # the layers' keys, when the selectors name them without the model
+    kind: str  # what output_kind says: memory, file, folder, stdout, cam or default
+    path: str | None
+    stream: Any = None  # a binary stream given as the output
+    part: Part | None = None
+    rows: FoundInputs | None = None
+    notes: tuple[str, ...] = ()
+
+
+def request(command: str, model, layers, inputs, *, output=None, **options) -> RunRequest:
+    """Check a run of ``command`` (``extract``, ``grad`` or ``cam``) with the options of :mod:`hookcli.api`; see
+    :func:`hookcli.run.plan.plan` for the arguments. Raises the library's errors."""
+    if command not in COMMAND_OPTIONS:
+        raise UsageProblem(f"unknown command '{command}'", hint=f"use one of {', '.join(COMMAND_OPTIONS)}")
+    opts = run_options(command, options)
+    settings = _settings(command, opts)
+    help_hint = f"see 'hookcli {command} --help'"
+    if opts.seed is not None and opts.weights.strip().lower() != "none":
+        raise UsageProblem(
+            "--seed only applies to --weights none (pretrained and file weights are fixed)", hint=help_hint
+        )
+    model_name = model.name if isinstance(model, LoadedModel) else str(model)
+    family = model.family if isinstance(model, LoadedModel) else model_family(model_name)
+    opts = _fitted_to_family(command, family, opts, options, help_hint)
+    keys = selector_keys(selectors(layers)) if command != "cam" else None
+    kind, path = output_kind(command, output, model_name)
+    if opts.shard_size and kind not in ("folder", "default"):
+        raise UsageProblem("--shard-size applies to a folder output (-o DIR/)", hint=help_hint)
+    part = _part(opts, kind, output)
+    if part is not None and kind == "default":
+        kind = "folder"  # many processes share the work of one shard folder
+    stream = output if hasattr(output, "write") else None
+    if kind == "stdout" and (stream or sys.stdout).isatty():
+        raise UsageProblem(
+            "refusing to write binary safetensors data to a terminal; pipe or redirect -o -", hint=help_hint
+        )
+    if kind == "cam":
+        assert path is not None, "output_kind names a cam run's folder"
+        check_folder_output(path)
+        refuse_existing([os.path.join(path, "cams.safetensors")], force=opts.force)
+    asked = RunRequest(
+        command,
+        model,
+        model_name,
+        family,
+        layers,
+        inputs,
+        opts,
+        dict(options),
+        settings,
+        keys,
+        kind,
+        path,
+        stream,
+        part,
+    )
+    if part is not None and joins_team(part):
+        return asked  # the rows are found once the processes have formed their group
+    return with_rows(asked, *gather_rows(asked))
+
+
+def with_rows(asked: RunRequest, rows: FoundInputs, notes: tuple[str, ...]) -> RunRequest:
+    """``asked`` with its rows, and what can be checked once they are known: the default output's name when the
+    selectors name their keys, the output and ``--grid`` folders, and the model's and weights' names."""
+    kind, path, opts = asked.kind, asked.path, asked.opts
+    if kind == "default":
+        kind = "folder" if len(rows.paths) > LARGE_INPUT else "file"
+        # Named after the layers' keys: known now unless a glob or a type selector leaves them to the model.
+        path = None if asked.keys is None else default_output(asked.command, asked.model_name, asked.keys, kind)
+    if path is not None and kind in ("file", "folder"):
+        check_target(kind, path, rows.paths, opts.force)
+    if opts.grid:
+        check_folder_output(opts.grid)
+        if asked.keys is not None and not opts.force:  # known without the model: said before torch loads
+            refuse_drawn_grids(opts.grid, asked.keys)
+    if not isinstance(asked.model, LoadedModel):
+        # The last check before torch: the registry cache answers it, and only a cold cache imports torchvision.
+        resolve_weights(asked.model_name, opts.weights)
+    return dataclasses.replace(asked, kind=kind, path=path, rows=rows, notes=notes)
+
+
+def selectors(layers) -> list[str]:
+    """Layer selectors as given (one, or a list) as a list."""
+    return [layers] if isinstance(layers, str) else list(layers)
+
+
+def _part(opts: RunOptions, kind: str, output) -> Part | None:
+    """This process's :class:`~hookcli.run.launch.Part` of a shard folder that many write (``--part``, or what a
+    launcher says), or None."""
+    if opts.part is not None:
+        if kind not in ("folder", "default"):
+            raise UsageProblem(
+                "--part applies to a shard folder output (-o DIR/)", hint="the processes share the work of one folder"
+            )
+        return parse_part(opts.part)
+    if kind == "memory":
+        return None  # a Python caller's own loop: it decides who computes what
+    part = detect_part()
+    if part is not None and kind in ("file", "stdout", "cam"):
+        raise UsageProblem(
+            f"{part.count} processes started by {part.launcher} would each write all of '{output}'",
+            hint="write a shard folder (-o DIR/): they share its work" if kind != "cam" else "run cam as one process",
+        )
+    return part
+
+
+def arguments_of(inputs) -> list[str]:
+    """Inputs as given (a path, or a list of them) as a list of strings."""
+    return [os.fspath(p) for p in ([inputs] if isinstance(inputs, str | os.PathLike) else inputs)]
+
+
+#: Why a family has no gradients (or no CAM pictures), said as the hint.
+_NO_GRADIENTS = {
+    "video": "a clip has no one photo to draw a map over; 'hookcli grad' gives the gradients of a video model",
+    "optical_flow": "a flow field is not a class score; extract the layers instead",
+    "quantized": "quantized kernels have no backward; use the float model (the name without quantized_)",
+}
+
+
+def _settings(command: str, opts: RunOptions):
+    """The run settings the options ask for, validated; preprocessing is the model's, filled in once it loads."""
+    extracting = command == "extract"
+    return RunSettings(
+        capture=opts.capture if extracting else "output",
+        device=opts.device,
+        batch_size=opts.batch_size,
+        workers=opts.workers,
+        pool=opts.pool if extracting else None,
+        dtype=opts.dtype if command != "cam" else "float32",
+        on_error=opts.on_error,
+        precision=opts.precision,
+        memory_format=opts.memory_format,
+        compile=opts.compile,
+        fuse=opts.fuse if extracting else False,
+        final_output=opts.detections or opts.flow,
+    )
+
+
+def gather_rows(asked: RunRequest) -> tuple[FoundInputs, tuple[str, ...]]:
+    """``(rows, notes)``: the run's rows, images (:class:`~hookcli.inputs.discovery.FoundInputs`) or for video and
+    optical-flow models the clips or frame pairs of the videos given (:mod:`hookcli.inputs.clips`), and what to tell."""
+    family, opts = asked.family, asked.opts
+    recursive = opts.recursive
+    arguments = arguments_of(asked.inputs)
+    if not family_traits(family).videos:
+        found = find_inputs(arguments, recursive=recursive)
+        return found, (found.note,) if found.note else ()
+    if opts.pair_with:
+        return _image_pairs(arguments, opts, recursive), ()
+    rows: list[os.PathLike[str]] = []
+    notes: list[str] = []
+    for path in clips.find_videos(arguments, recursive=recursive):
+        try:
+            if family_traits(family).row == "clip":
+                cut = clips.find_clips(
+                    path,
+                    length=opts.clip_length or DEFAULT_CLIP_LENGTH,
+                    stride=opts.frame_stride,
+                    clips=opts.clips_per_video or None,
+                )
+            else:
+                cut = clips.find_pairs(path, stride=opts.frame_stride)
+        except VideoError as err:  # its clips cannot be counted, so it has no rows to skip one by one
+            if opts.on_error != "skip":
+                raise
+            notes.append(f"skipped video '{path}': {err}")
+            continue
+        if any(len(set(clip.frames)) < len(clip.frames) for clip in cut):
+            notes.append(f"'{path}' is shorter than a clip: its last frame is repeated to fill one")
+        rows += cut
+    if not rows:
+        raise VideoError("none of the input videos could be read", hint="every one was skipped, each with its reason")
+    return FoundInputs(rows, 0, 0, True), tuple(notes)
+
+
+def _image_pairs(arguments: list[str], opts: RunOptions, recursive: bool):
+    """Optical flow from two image lists: the inputs are each pair's first images, ``pair_with`` its second ones."""
+    if opts.frame_stride != 1:
+        raise UsageProblem(
+            "--frame-stride applies to pairs cut from videos, not to pairs given as two image lists",
+            hint="see 'hookcli extract --help'",
+        )
+    pair_with = opts.pair_with or ()  # given: the caller checked
+    if "-" in arguments and "-" in pair_with:
+        raise UsageProblem(
+            "stdin (-) can give one of the two image lists, not both", hint="name the other list's files or folder"
+        )
+    firsts = find_inputs(arguments, recursive=recursive).paths
+    seconds = find_inputs(arguments_of(pair_with), recursive=recursive).paths
+    if len(firsts) != len(seconds):
+        raise UsageProblem(
+            f"the two image lists differ in length: {counted(len(firsts), 'first image')} and "
+            f"{len(seconds)} given with --pair-with",
+            hint="give one second image for each input image, in order",
+        )
+    return FoundInputs([ImagePair(a, b) for a, b in zip(firsts, seconds, strict=True)])
+
+
+def _fitted_to_family(command: str, family: str, opts: RunOptions, given: Mapping, help_hint: str) -> RunOptions:
+    """Refuse a command or options that do not apply to the model's family; quantized models run on the CPU
+    (``auto`` picks it).
+
+    Said before any model loads: the family comes from the registry cache.
+    """
+    traits = family_traits(family)
+    if command == "cam" and not traits.cams or command == "grad" and not traits.gradients:
+        raise UsageProblem(f"{command} does not apply to {family.replace('_', ' ')} models", hint=_NO_GRADIENTS[family])
+    if opts.region is not None and traits.output != "masks":
+        raise UsageProblem("--region applies to segmentation models", hint=help_hint)
+    if opts.region is not None:
+        parse_region(opts.region)
+
+    clip_options = [name for name in CLIPS if name in given and given[name] != getattr(RunOptions, name)]
+    if not traits.videos and clip_options:
+        users = "video and optical-flow models" if clip_options[0] == "frame_stride" else "video models"
+        raise UsageProblem(
+            f"--{clip_options[0].replace('_', '-')} applies to {users}, and this one is {family.replace('_', ' ')}",
+            hint=help_hint,
+        )
+    if traits.row == "pair" and {"clip_length", "clips_per_video"} & set(clip_options):
+        raise UsageProblem(
+            "optical-flow models take pairs of frames: --clip-length and --clips-per-video do not "
+            "apply (--frame-stride sets how far apart the two frames are)",
+            hint=help_hint,
+        )
+    if traits.row == "clip" and opts.memory_format == "channels_last":
+        raise UsageProblem(
+            "video models take 5-D clips, which have no channels-last layout",
+            hint="leave --memory-format at auto or contiguous",
+        )
+    if opts.pair_with and traits.row != "pair":
+        raise UsageProblem(
+            f"--pair-with applies to optical-flow models, and this one is {family.replace('_', ' ')}", hint=help_hint
+        )
+    if opts.flow and traits.output != "flow":
+        raise UsageProblem(
+            f"--flow applies to optical-flow models, and this one is {family.replace('_', ' ')}", hint=help_hint
+        )
+    if opts.detections and traits.output != "detections":
+        raise UsageProblem(
+            f"--detections applies to detection models, and this one is {family.replace('_', ' ')}", hint=help_hint
+        )
+    if family in CPU_ONLY:
+        if opts.device not in ("auto", "cpu"):
+            raise UsageProblem(
+                f"quantized models run on the CPU only, not on '{opts.device}'",
+                hint="use --device cpu (or auto), or the model without the quantized_ prefix",
+            )
+        if opts.precision != "fp32":
+            raise UsageProblem(
+                f"quantized models compute in int8 and take --precision fp32 only, not {opts.precision}", hint=help_hint
+            )
+        return dataclasses.replace(opts, device="cpu")
+    return opts
