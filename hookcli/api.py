@@ -45,7 +45,6 @@ from hookcli.options import MAX_SIDE
 from hookcli.pictures.options import GridOptions, default_grid_folder
 from hookcli.run.options import refuse_unknown
 from hookcli.run.outputs import DEFAULT_OUTPUT
-from hookcli.run.request import request
 
 __all__ = ["DEFAULT_OUTPUT", "cam", "extract", "grad", "grid", "info", "layers", "models", "report"]
 
@@ -265,6 +264,8 @@ def info(source, *, stats: bool = True, progress: Callable | None = None) -> dic
 
 
 def _run(command: str, model, layers, inputs, output, options: dict, progress: Callable | None):
+    from hookcli.run.request import request
+
     asked = request(command, model, layers, inputs, output=output, **options)  # refusals before any model loads
     from hookcli.run.execute import run_request  # torch, numpy, Pillow
 

@@ -1,9 +1,10 @@
 """The commands: each parses its options, calls :mod:`hookcli.api` and prints what it reports.
 
-:mod:`hookcli.api` loads the heavier layers (numpy, Pillow, torch) when a
-command runs and needs them, so ``hookcli --help``, ``models`` and the
-refusals made while parsing and checking answer without them, and a command
-loads only what it uses (``info`` and ``grid`` never load torch).
+:mod:`hookcli.api` is imported when a command runs (``--help`` and the
+refusals made while parsing go without it), and loads the heavier layers
+(numpy, Pillow, torch) when the command needs them, so ``models`` and the
+refusals made while checking answer without them, and a command loads only
+what it uses (``info`` and ``grid`` never load torch).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import sys
 
 import click
 
-from hookcli import api
+from hookcli.cli import printing
 from hookcli.cli.app import main
 from hookcli.cli.declared import (
     CONTEXT_SETTINGS,
@@ -29,14 +30,12 @@ from hookcli.cli.declared import (
     run_option,
     run_options,
 )
-from hookcli.cli.printing import info_json, info_lines, table_lines
 from hookcli.console import printable, stdout_for_data
 from hookcli.errors import HookcliError
 from hookcli.events import Advanced, Note, Skipped, Started, Wrote
 from hookcli.families import FAMILIES
 from hookcli.models.specs import LISTED_SOURCES
 from hookcli.run.launch import detect_part
-from hookcli.run.outputs import DEFAULT_OUTPUT
 
 __all__ = ["cam", "extract", "grad", "grid", "info", "layers", "models", "report"]
 
@@ -74,8 +73,9 @@ class _Reporter:
 
 def _run(ctx: click.Context, command: str, options: dict, *args) -> None:
     """Call the library's ``command`` with the parsed options; print what it reports."""
+    api = _library()
     quiet, model = options.pop("quiet"), options.pop("model")
-    options["output"] = options["output"] or DEFAULT_OUTPUT
+    options["output"] = options["output"] or api.DEFAULT_OUTPUT
     to_stdout = options["output"] == "-" and command != "cam"  # stdout carries the file's bytes
     part = _launched_part()
     with (
@@ -89,6 +89,14 @@ def _run(ctx: click.Context, command: str, options: dict, *args) -> None:
         if data is not None:  # a model's own prints must not land among the file's bytes
             options["output"] = data
         getattr(api, command)(model, *args, progress=reporter, **options)
+
+
+def _library():
+    """:mod:`hookcli.api`, imported when a command runs: ``--help`` and the refusals made while parsing go without
+    its imports (about 30 ms)."""
+    from hookcli import api
+
+    return api
 
 
 def _launched_part():
@@ -130,15 +138,15 @@ def models(pattern: str | None, source: str, family: str | None, as_json: bool) 
       hookcli models --source timm 'convnext_*'
       hookcli models --json | python -c 'import json,sys; print(len(json.load(sys.stdin)))'
     """
-    rows = api.models(family, pattern=pattern, source=source)
+    rows = _library().models(family, pattern=pattern, source=source)
     if not rows:
-        click.echo(f"Note: {api.models_note(source, pattern, family)}", err=True)
+        click.echo(f"Note: {_library().models_note(source, pattern, family)}", err=True)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
     table = [("model", "family", "weights")]
     table += [(r["model"], r["family"], _weights_cell(r)) for r in rows]
-    for line in table_lines(table):
+    for line in printing.table_lines(table):
         click.echo(line)
 
 
@@ -174,7 +182,7 @@ def layers(model, weights, seed, input_size, frames, depth, as_json, as_nl) -> N
     """
     if as_json and as_nl:
         raise click.UsageError("--json and --nl cannot be used together")
-    rows = api.layers(model, weights=weights, seed=seed, input_size=input_size, depth=depth, frames=frames)
+    rows = _library().layers(model, weights=weights, seed=seed, input_size=input_size, depth=depth, frames=frames)
     if as_json:
         click.echo(json.dumps([r.to_dict() for r in rows], indent=2))
     elif as_nl:
@@ -185,7 +193,7 @@ def layers(model, weights, seed, input_size, frames, depth, as_json, as_nl) -> N
         for r in rows:
             shape = json.dumps(r.output).replace(" ", "") if r.output is not None else "-"
             table.append((r.path, r.type, shape, f"{r.params:,}", str(r.calls)))
-        for line in table_lines(table, right=(3, 4)):
+        for line in printing.table_lines(table, right=(3, 4)):
             click.echo(line)
 
 
@@ -315,11 +323,11 @@ def info(file, as_json, no_stats) -> None:
       hookcli info vgg16_bn-features.18.safetensors
       hookcli extract -m resnet18 -l layer4 img.jpg -o - | hookcli info - --json
     """
-    described = api.info(file, stats=not no_stats, progress=_Reporter(quiet=True))
+    described = _library().info(file, stats=not no_stats, progress=_Reporter(quiet=True))
     if as_json:
-        click.echo(info_json(described))
+        click.echo(printing.info_json(described))
         return
-    for line in info_lines(described, stats=not no_stats):
+    for line in printing.info_lines(described, stats=not no_stats):
         click.echo(line)
 
 
@@ -355,7 +363,8 @@ def grid(file, output, quiet, **options) -> None:
       hookcli extract -m resnet18 -l layer2 img.jpg -o - | hookcli grid - -o grids/
     """
     with contextlib.closing(_Reporter(quiet)) as reporter:
-        api.grid(file, output=output or DEFAULT_OUTPUT, progress=reporter, **options)
+        api = _library()
+        api.grid(file, output=output or api.DEFAULT_OUTPUT, progress=reporter, **options)
 
 
 @main.command(context_settings=CONTEXT_SETTINGS)
@@ -382,4 +391,5 @@ def report(file, output, page_size, quiet, **options) -> None:
       hookcli cam -m resnet50 img.jpg -o cams/ && hookcli report cams/cams.safetensors
     """
     with contextlib.closing(_Reporter(quiet)) as reporter:
-        api.report(file, output=output or DEFAULT_OUTPUT, page_size=page_size, progress=reporter, **options)
+        api = _library()
+        api.report(file, output=output or api.DEFAULT_OUTPUT, page_size=page_size, progress=reporter, **options)

@@ -11,7 +11,7 @@ out through :mod:`~hookcli.run.batches`, :mod:`~hookcli.run.pipeline` and
 :mod:`~hookcli.run.selectors`, :mod:`~hookcli.run.gradients`,
 :mod:`~hookcli.run.fusion`, :mod:`~hookcli.run.speed`,
 :mod:`~hookcli.run.device` and :mod:`~hookcli.run.team` are what a forward
-needs; :mod:`~hookcli.run.layer_table` is ``hookcli layers``. The top of the engine: it may import every layer below it (inputs,
-storage, models, pictures), and only :mod:`hookcli.api` and :mod:`hookcli.cli`
-import it.
+needs; :mod:`~hookcli.run.layer_table` is ``hookcli layers``. The top of the
+engine: it may import every layer below it (inputs, storage, models,
+pictures), and only :mod:`hookcli.api` and :mod:`hookcli.cli` import it.
 """

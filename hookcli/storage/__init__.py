@@ -7,7 +7,8 @@ metadata, the version, a shard folder's index and resume identity);
 interface; :mod:`~hookcli.storage.index`,
 :mod:`~hookcli.storage.shards` and :mod:`~hookcli.storage.shard_writer` read
 and write shard folders that many processes share through
-:mod:`~hookcli.storage.claims`; :mod:`~hookcli.storage.writers` is the one
+:mod:`~hookcli.storage.claims` (with :mod:`~hookcli.storage.index_log` and
+:mod:`~hookcli.storage.background`); :mod:`~hookcli.storage.writers` is the one
 interface a run's rows go through. It imports the foundation modules and
 :mod:`hookcli.inputs` (for the names rows record), nothing above.
 """

@@ -6,19 +6,18 @@ folder's lock; a run continues an earlier one of the same command.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import queue
-import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from hookcli.errors import FeatureFileError, OutputExistsError
-from hookcli.files import SETTLE_IN_PLACE, atomic_path, remove_abandoned, reporting_full_disk
+from hookcli.files import SETTLE_IN_PLACE, remove_abandoned
 from hookcli.storage import fileformat
+from hookcli.storage.background import Background
 from hookcli.storage.claims import Claims, FolderLock, check_folder_target
 from hookcli.storage.fileformat import INDEX_NAME, SHARD_FILE
-from hookcli.storage.index import Index, file_key, finished_shards, open_index, parse_index, shard_of
+from hookcli.storage.index import Index, finished_shards, parse_index
+from hookcli.storage.index_log import IndexLog
 from hookcli.storage.saving import write_safetensors
 
 __all__ = ["ShardWriter"]
@@ -63,11 +62,8 @@ class ShardWriter:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.lock = FolderLock(self.folder, self._given, on_wait=on_note)
         self.claims = Claims(self.folder, on_note=on_note)
-        self.finished: set[int] = set()
+        self.index = IndexLog(self.folder / INDEX_NAME, self._given, self.identity)
         self.done = 0  # inputs in shards finished before this process began
-        self._index_key: tuple[int, int] | None = None
-        self._index_end = 0
-        self._highest = -1  # the highest shard listed (while lines come in order, the last one)
         self._reached = -1  # the last input handed out before the shard size was known (founding)
         self._started: set[int] = set()
         self._cursor = 0
@@ -81,9 +77,7 @@ class ShardWriter:
             raise
         if self.header is not None:
             self.lock.release()  # a founder keeps the lock until its header is written
-        self._queue: queue.Queue = queue.Queue(maxsize=1)
-        self._failure: BaseException | None = None
-        self._thread: threading.Thread | None = None
+        self._writing: Background | None = None  # the thread that writes shards while the next batches compute
 
     def _open(self, force: bool) -> None:
         try:
@@ -92,7 +86,7 @@ class ShardWriter:
             if not force or (self.index_path.is_dir() and not self.index_path.is_symlink()):
                 raise
             index = Index(None, [])  # --force: a damaged index goes, with the shards it listed
-        header, shards, whole, end, self._ordered = index
+        header, shards, whole, end, ordered = index
         if header is not None and header["identity"] != self.identity:
             if not force:
                 differ = fileformat.identity_differences(header["identity"], self.identity)
@@ -111,11 +105,9 @@ class ShardWriter:
         if header is not None:
             finished = finished_shards(self.folder, shards, verify=True)
             if len(finished) < len(shards) or not whole:
-                self._rewrite_index(finished)  # new lines must follow good ones, never a torn or stale one
+                self.index.rewrite(header, finished)  # new lines must follow good ones, never a torn or stale one
             else:
-                self._index_key, self._index_end = file_key(self.index_path), end
-            self.finished = {entry["shard"] for entry in finished}
-            self._highest = max(self.finished, default=-1)
+                self.index.adopt(finished, end, ordered)
             self.done = sum(entry["count"] for entry in finished)
 
     @property
@@ -136,19 +128,12 @@ class ShardWriter:
     @property
     def inputs_done(self) -> int:
         """Inputs in the shards listed (as this process last read the index)."""
-        return sum(min(self._size, self.total - number * self._size) for number in self.finished)
+        return sum(min(self._size, self.total - number * self._size) for number in self.index.finished)
 
     @property
     def complete(self) -> bool:
         """Every shard of the run is listed (as this process last read the index)."""
-        return self.shard_size is not None and len(self.finished) == self.shards
-
-    def _rewrite_index(self, lines: Sequence[Mapping]) -> None:
-        """The header and ``lines`` (in shard order), atomically: a reader sees the old index or this one."""
-        with atomic_path(self.index_path, force=True) as temporary:
-            temporary.write_text("".join(json.dumps(line) + "\n" for line in [self.header, *lines]))
-        found = os.lstat(self.index_path)
-        self._index_key, self._index_end, self._ordered = file_key(found), found.st_size, True
+        return self.shard_size is not None and len(self.index.finished) == self.shards
 
     def _remove_old_run(self, force: bool) -> None:
         """Delete an earlier run's index and shards (``force``); without it, refuse shard files no index lists."""
@@ -166,49 +151,6 @@ class ShardWriter:
         for name in found:
             (self.folder / name).unlink()
 
-    def _refresh(self) -> None:
-        """Learn which shards other processes listed since the last look (the caller holds the lock)."""
-        try:
-            found = os.lstat(self.index_path)  # a link put in its place is another file: it is read, and refused
-        except FileNotFoundError:
-            raise FeatureFileError(
-                f"'{self._given}' lost its {INDEX_NAME} while this run was writing it",
-                hint="run the same command again to continue",
-            ) from None
-        key = file_key(found)
-        if key != self._index_key or found.st_size < self._index_end:
-            header, shards, _, end, self._ordered = parse_index(self.index_path, writing=True)
-            if header is None or header["identity"] != self.identity:
-                raise OutputExistsError(
-                    f"'{self._given}' was given to a different run while this one was writing it",
-                    hint="write this run to another folder",
-                )
-            self.finished = {entry["shard"] for entry in shards}
-            self._highest = max(self.finished, default=-1)
-            self._index_key, self._index_end = key, end
-            return
-        if found.st_size == self._index_end:
-            return
-        with open_index(self.index_path, writing=True) as index:
-            index.seek(self._index_end)
-            raw = index.read(found.st_size - self._index_end)
-        complete = raw[: raw.rfind(b"\n") + 1]
-        for line in complete.split(b"\n"):
-            if line.strip():
-                self._listed(shard_of(line, self._given))
-        self._index_end += len(complete)
-
-    def _append(self, line: Mapping) -> None:
-        """Add ``line`` after the last whole line (the caller holds the lock and has just refreshed)."""
-        with reporting_full_disk(self.index_path), open_index(self.index_path, writing=True, update=True) as index:
-            index.truncate(self._index_end)  # a line cut short by a killed process is not followed
-            index.seek(self._index_end)
-            index.write(json.dumps(line).encode() + b"\n")
-            index.flush()
-            os.fsync(index.fileno())
-            self._index_end = index.tell()
-        self._index_key = file_key(self.index_path)
-
     def start_writing(self, header: Mapping | None = None) -> None:
         """Record the run in a new index (``header``, see :func:`~hookcli.storage.fileformat.index_header`; none when
         continuing) and start the writer thread. A founder claims the shards it has handed out inputs of, then
@@ -217,14 +159,13 @@ class ShardWriter:
             assert header is not None, "a run without an index (a founder's) gives its header"
             self.header = dict(header)
             self.shard_size = self.header["shard_size"]
-            self._rewrite_index([])
+            self.index.rewrite(self.header, [])
             for number in range(self._reached // self._size + 1 if self._reached >= 0 else 0):
                 self.claims.take(number)
                 self._started.add(number)
             self.lock.release()
         self.claims.start()
-        self._thread = threading.Thread(target=self._write_loop, name="hookcli-shard-writer", daemon=True)
-        self._thread.start()
+        self._writing = Background(lambda shard: self._write(*shard), name="hookcli-shard-writer")
 
     def shard_of(self, index: int) -> int:
         """The shard input ``index`` falls in (once the shard size is known)."""
@@ -269,11 +210,11 @@ class ShardWriter:
             return (low + position) % count if high > low else position
 
         with self.lock.held():
-            self._refresh()
+            self.index.refresh()
             for start in (self._cursor, 0):
                 for position in range(start, count):
                     number = shard_at(position)
-                    if number in self.finished or number in self._started:
+                    if number in self.index.finished or number in self._started:
                         continue
                     if self.claims.take(number):
                         self._started.add(number)
@@ -293,50 +234,36 @@ class ShardWriter:
     ) -> None:
         """Queue a finished shard (``details``: its rows' :data:`~hookcli.storage.fileformat.ROW_DETAILS`); blocks while
         the previous one is still being written."""
-        self._raise_failure()
-        self._queue.put((number, tensors, metadata, list(inputs), list(skipped), details))
+        assert self._writing is not None, "start_writing comes first"
+        self._writing.submit((number, tensors, metadata, list(inputs), list(skipped), details))
 
     def close(self) -> None:
         """Wait for queued shards to be on disk, give up unfinished claims; re-raise a writer failure. The
         process that leaves the folder complete removes the lock and the claims folder."""
+        writing, self._writing = self._writing, None
+        failed = False
         try:
-            if self._thread is not None:
-                self._queue.put(None)
-                self._thread.join()
-                self._thread = None
+            if writing is not None:
+                failed = writing.failed
+                writing.close()
+        except BaseException:
+            failed = True
+            raise
         finally:
             self.claims.release_all(self.lock)
-            if self._failure is None and self.shard_size is not None:
+            if not failed and self.shard_size is not None:
                 with self.lock.held():
-                    self._refresh()
+                    self.index.refresh()
                     if self.complete:
                         self.claims.clear()
                         self.lock.remove()
             self._leave()
-        self._raise_failure()
 
     def _leave(self) -> None:
         """Let go of the lock; a founder that wrote no header leaves no lock file behind."""
         if self.header is None and self.lock.holding:
             self.lock.remove()
         self.lock.close()
-
-    def _raise_failure(self) -> None:
-        if self._failure is not None:
-            failure, self._failure = self._failure, None
-            raise failure
-
-    def _write_loop(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            if self._failure is not None:
-                continue  # drain: one failure stops the writing
-            try:
-                self._write(*item)
-            except BaseException as err:  # handed to the main thread
-                self._failure = err
 
     def _write(self, number, tensors, metadata, inputs, skipped, details) -> None:
         line = fileformat.index_line(number, self._size, self.total, inputs, skipped, details)
@@ -353,25 +280,18 @@ class ShardWriter:
     def _publishing(self, number: int, line: Mapping) -> Iterator[bool]:
         """Under the lock: rename shard ``number`` into place and list it, unless another process listed it."""
         with self.lock.held():
-            self._refresh()
-            if number in self.finished:
+            self.index.refresh()
+            if number in self.index.finished:
                 self.claims.release(number)
                 yield False
                 return
             yield True
-            self._append(line)
-            self._listed(number)
+            self.index.append(line)
             self.claims.release(number)
             if self.complete:
                 self.finisher = True
-                if not self._ordered:  # the last shard: the lines go in shard order
-                    self._rewrite_index(parse_index(self.index_path, writing=True).shards)
-
-    def _listed(self, number: int) -> None:
-        """Shard ``number``'s line follows the others in the index."""
-        self._ordered = self._ordered and number > self._highest
-        self._highest = max(self._highest, number)
-        self.finished.add(number)
+                if not self.index.ordered:  # the last shard: the lines go in shard order
+                    self.index.rewrite_in_order(self.header)
 
 
 def _batches(first: int, end: int, size: int) -> Iterator[list[int]]:
