@@ -14,12 +14,23 @@ them into a single ``Error: …`` line; library users can catch them by type.
 from __future__ import annotations
 
 import os
+import re
 
 
-def first_line(err: BaseException) -> str:
-    """The first line of an exception's message, or its type name when it has none."""
+def first_line(err: BaseException | Warning | str) -> str:
+    """The first line of an exception's (or a warning's) message, or its type name when it has none; where torch
+    says which of its C++ source files raised it, that is left out.
+
+    >>> first_line(UserWarning("The array is not writable (Triggered internally at /pytorch/csrc/numpy.cpp:213.)"))
+    'The array is not writable'
+    """
     lines = str(err).strip().splitlines()
-    return lines[0] if lines else type(err).__name__
+    if not lines:
+        return type(err).__name__
+    return _TORCH_SOURCE.sub("", lines[0])
+
+
+_TORCH_SOURCE = re.compile(r"\s*\(Triggered internally at [^()]*\)\.?$")
 
 
 class HookcliError(Exception):
@@ -142,3 +153,21 @@ def seconds_from_environment(name: str, default: float, low: float, high: float)
 
 
 _RANGE_HINT = "see --help for the values each option takes"
+
+
+def install_hint(err: BaseException) -> str | None:
+    """What to do about an error that says the installed packages do not fit together, or None.
+
+    A torchvision built for another torch fails as it loads its operators
+    (``operator torchvision::nms does not exist``).
+
+    >>> install_hint(RuntimeError("operator torchvision::nms does not exist"))[:45]
+    'torch and torchvision are builds that do not '
+    """
+    text = str(err)
+    if "torchvision::" in text and "does not exist" in text:
+        return (
+            "torch and torchvision are builds that do not match: install them as a pair, from one index "
+            '(pip install --force-reinstall "torch" "torchvision")'
+        )
+    return None

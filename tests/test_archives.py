@@ -128,3 +128,30 @@ def test_a_truncated_archive_member_is_an_image_error(shard, tmp_path):
 
     with pytest.raises(ImageError, match=r"'.*cut.tar::002.png' is cut short"):
         member.read_bytes()
+
+
+def test_an_empty_archive_member_is_said_to_be_empty(runner, images, tmp_path):
+    path = tmp_path / "empty.tar"
+    with tarfile.open(path, "w") as archive:
+        archive.add(images[0], arcname="000.png")
+        archive.addfile(tarfile.TarInfo("001.png"), io.BytesIO(b""))
+    result = runner.invoke(
+        main,
+        [
+            "extract",
+            "-m",
+            "resnet18",
+            *SMALL,
+            "-l",
+            "layer1",
+            "--on-error",
+            "skip",
+            "-o",
+            str(tmp_path / "o.safetensors"),
+            str(path),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert result.stderr.splitlines()[0] == (
+        f"Skipped: image '{path}::001.png' is empty (0 bytes). Hint: the file may not have been written"
+    )

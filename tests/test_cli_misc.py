@@ -130,3 +130,56 @@ def test_the_readme_says_how_to_run_the_tests_as_ci_does():
     assert section[fence + 1 : fence + 3] == ['pip install -e ".[test]"', "pytest"]
     ci = (root / ".ci" / "run").read_text().splitlines()
     assert ci.index('pip install -e ".[test]"') < ci.index("pytest")
+
+
+def test_a_torchvision_built_for_another_torch_is_named_with_how_to_install_a_pair(tmp_path, make_image):
+    make_image(tmp_path / "img.png")
+    code = (
+        "import sys, importlib.abc\n"
+        "class Mismatched(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        if name == 'torchvision':\n"
+        "            raise RuntimeError('operator torchvision::nms does not exist')\n"
+        "sys.meta_path.insert(0, Mismatched())\n"
+        "from hookcli.cli import main\n"
+        "main(['extract', '-m', 'resnet18', '-w', 'none', '-l', 'layer1', 'img.png'])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert (done.returncode, done.stdout) == (1, "")
+    assert done.stderr.splitlines() == [
+        "Error: RuntimeError: operator torchvision::nms does not exist. Hint: torch and torchvision are builds that "
+        'do not match: install them as a pair, from one index (pip install --force-reinstall "torch" "torchvision")'
+    ]
+
+
+def test_a_warning_from_torch_is_one_note_without_its_cpp_source_path():
+    import warnings
+
+    from hookcli.console import notes_and_sigterm
+
+    said = []
+    with notes_and_sigterm(said.append):
+        warnings.warn(
+            "The given NumPy array is not writable (Triggered internally at "
+            "/__w/pytorch/pytorch/torch/csrc/utils/tensor_numpy.cpp:213.)",
+            UserWarning,
+            stacklevel=1,
+        )
+    assert said == ["Note: The given NumPy array is not writable"]
+
+
+def test_a_path_written_while_the_bar_shows_gets_a_line_of_its_own(capsys):
+    from hookcli.cli.commands import _Reporter
+    from hookcli.events import Wrote
+
+    class Bar:
+        def clear(self):
+            print("[bar cleared]")
+
+        def refresh(self):
+            print("[bar drawn]")
+
+    reporter = _Reporter()
+    reporter.bar = Bar()
+    reporter(Wrote(Path("grids/a.png")))
+    assert capsys.readouterr().out.splitlines() == ["[bar cleared]", "grids/a.png", "[bar drawn]"]

@@ -350,3 +350,16 @@ def test_index_numbers_must_be_whole_numbers_not_booleans_or_floats(runner, tmp_
         f"Error: index '{folder / INDEX_NAME}' is damaged: line 2 is wrong: its shard, first and count are not whole "
         "numbers. Hint: run the same extraction again with --force to start over"
     )
+
+
+@pytest.mark.parametrize("command", ["grid", "report", "info"])
+def test_a_folder_whose_last_shard_is_damaged_is_refused_before_anything_is_written(runner, tmp_path, inputs, command):
+    folder = tmp_path / "feats"
+    assert _extract(runner, folder, inputs).exit_code == 0
+    shard = folder / "features-00002.safetensors"
+    shard.write_bytes(shard.read_bytes()[:-10])
+    out = tmp_path / "out"
+    extra = {"grid": ["-o", str(out)], "report": ["-o", str(out)], "info": ["--no-stats"]}[command]
+    result = runner.invoke(main, [command, str(folder), *extra])
+    assert _one_error(result).startswith(f"Error: '{shard}' is truncated: tensor 'fc' ends at byte ")
+    assert not out.exists()

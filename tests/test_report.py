@@ -472,10 +472,13 @@ def test_the_help_names_the_default_page_size(runner):
 
 
 def _browser():
-    """Headless Chromium through chromedriver, logging the console; skipped only where Chromium or selenium is
-    missing (.ci/run installs both)."""
-    if not Path("/usr/bin/chromium").exists():
-        pytest.skip("needs Debian's chromium and chromium-driver (apt-get install chromium chromium-driver)")
+    """Headless Chromium through chromedriver, logging the console; skipped only where Chromium, its driver or
+    selenium is missing (.ci/run installs all three)."""
+    missing = [path for path in ("/usr/bin/chromium", "/usr/bin/chromedriver") if not Path(path).exists()]
+    if missing:
+        pytest.skip(
+            f"needs Debian's chromium and chromium-driver (apt-get install chromium chromium-driver): no {missing[0]}"
+        )
     webdriver = pytest.importorskip("selenium.webdriver", reason="needs the selenium package (pip install selenium)")
     from selenium.webdriver.chrome.service import Service
 

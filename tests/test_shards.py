@@ -330,3 +330,18 @@ def test_rows_read_in_ranges_across_shards(runner, tmp_path, many):
             assert rows.dtype == "float32" and rows.shape == reference[start:stop].shape
             assert (rows == reference[start:stop]).all(), (start, stop)
         assert (features.read("layer2") == reference).all()
+
+
+def test_a_run_stopped_by_an_unreadable_input_continues_with_on_error_skip_as_its_hint_says(runner, tmp_path, many):
+    inputs = _broken(tmp_path, many)
+    folder = tmp_path / "feats"
+    command = [*ARGS, "--shard-size", "3", "-o", f"{folder}/", *map(str, inputs)]
+    stopped = runner.invoke(main, command)
+    assert stopped.exit_code == 1 and stopped.stderr.endswith("or add --on-error skip to leave unreadable images out\n")
+    _, shards = read_index(folder)
+    assert [s["shard"] for s in shards] == [0]  # the first shard, before the unreadable image, is kept
+    continued = runner.invoke(main, [*command[: -len(inputs)], "--on-error", "skip", *map(str, inputs)])
+    assert continued.exit_code == 0, continued.output
+    assert continued.stderr.startswith("Continuing: 3 of 8 inputs are already in")
+    _, shards = read_index(folder)
+    assert [p for s in shards for p in s["inputs"]] == [str(p) for p in many]

@@ -14,7 +14,7 @@ import click
 
 from hookcli.cli.declared import CONTEXT_SETTINGS
 from hookcli.console import Terminated, notes_and_sigterm, printable
-from hookcli.errors import HookcliError, first_line
+from hookcli.errors import HookcliError, first_line, install_hint
 from hookcli.version import __version__
 
 __all__ = ["main"]
@@ -62,7 +62,7 @@ class _HookcliGroup(click.Group):
             except Exception as err:
                 if self.debug:
                     raise
-                hint = "Hint: rerun with --debug for the traceback"
+                hint = f"Hint: {install_hint(err) or 'rerun with --debug for the traceback'}"
                 _exit_with_error(f"{type(err).__name__}: {first_line(err).rstrip('.')}. {hint}", 1)
         sys.exit(result if isinstance(result, int) else 0)
 

@@ -68,7 +68,11 @@ class _Reporter:
         elif isinstance(event, Note):
             click.echo(f"Note: {printable(event.text)}", err=True)
         elif isinstance(event, Wrote) and self.echo_paths:
+            if self.bar is not None:  # on a terminal the path gets a line of its own, above the bar
+                self.bar.clear()
             click.echo(printable(str(event.path)))
+            if self.bar is not None:
+                self.bar.refresh()
 
 
 def _run(ctx: click.Context, command: str, options: dict, *args) -> None:

@@ -173,9 +173,11 @@ def _read_errors(path):
 
 
 def _is_empty(path) -> bool:
+    if isinstance(path, archives.TarMember):
+        return path.size == 0
     try:
         return os.stat(path).st_size == 0
-    except (OSError, TypeError, ValueError):  # a tar member, or a name that no longer stats
+    except (OSError, TypeError, ValueError):  # a name that no longer stats
         return False
 
 

@@ -43,6 +43,7 @@ __all__ = [
     "DETECTIONS",
     "FLOW",
     "FORMAT_VERSION",
+    "FREE_ON_RESUME",
     "INDEX_NAME",
     "INDEX_VERSION",
     "PRODUCER",
@@ -156,13 +157,32 @@ def identity(record: RunRecord) -> dict:
     return found
 
 
+#: Identity fields a run may change when it continues a folder: they change no stored row (``--on-error skip``
+#: continues a run that stopped at an unreadable input).
+FREE_ON_RESUME = ("on_error",)
+
+
 def identity_differences(one: Mapping, other: Mapping) -> list[str]:
-    """The fields in which two run identities differ, sorted (empty when the runs are the same).
+    """The fields in which two run identities differ, sorted (empty when the runs are the same, and a run with the
+    one identity continues a folder of the other). A field that holds several (``preprocess``) names the ones that
+    differ; :data:`FREE_ON_RESUME` may differ.
 
     >>> identity_differences({"model": "resnet18", "pool": "avg"}, {"model": "resnet18", "pool": "max", "x": 1})
     ['pool', 'x']
+    >>> before = {"preprocess": {"crop": 224}, "on_error": "fail"}
+    >>> identity_differences(before, {"preprocess": {"crop": 112, "decode": "device"}, "on_error": "skip"})
+    ['preprocess (crop, decode)']
     """
-    return sorted(k for k in {*one, *other} if one.get(k) != other.get(k))
+    differ = []
+    for key in sorted({*one, *other} - set(FREE_ON_RESUME)):
+        mine, theirs = one.get(key), other.get(key)
+        if mine == theirs:
+            continue
+        if isinstance(mine, Mapping) and isinstance(theirs, Mapping):
+            inner = sorted(k for k in {*mine, *theirs} if mine.get(k) != theirs.get(k))
+            key = f"{key} ({', '.join(map(str, inner))})"
+        differ.append(key)
+    return differ
 
 
 def inputs_digest(keys: Sequence[str]) -> str:

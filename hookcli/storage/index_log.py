@@ -23,7 +23,7 @@ from pathlib import Path
 
 from hookcli.errors import FeatureFileError, OutputExistsError
 from hookcli.files import atomic_path, reporting_full_disk
-from hookcli.storage.fileformat import INDEX_NAME
+from hookcli.storage.fileformat import INDEX_NAME, identity_differences
 from hookcli.storage.index import file_key, open_index, parse_index, shard_of
 
 __all__ = ["IndexLog"]
@@ -76,7 +76,7 @@ class IndexLog:
         key = file_key(found)
         if key != self._key or found.st_size < self._end:
             header, shards, _, end, ordered = parse_index(self.path, writing=True)
-            if header is None or header["identity"] != self._identity:
+            if header is None or identity_differences(header["identity"], self._identity):
                 raise OutputExistsError(
                     f"'{self._given}' was given to a different run while this one was writing it",
                     hint="write this run to another folder",

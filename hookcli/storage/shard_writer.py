@@ -87,7 +87,7 @@ class ShardWriter:
                 raise
             index = Index(None, [])  # --force: a damaged index goes, with the shards it listed
         header, shards, whole, end, ordered = index
-        if header is not None and header["identity"] != self.identity:
+        if header is not None and fileformat.identity_differences(header["identity"], self.identity):
             if not force:
                 differ = fileformat.identity_differences(header["identity"], self.identity)
                 raise OutputExistsError(

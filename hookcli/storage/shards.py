@@ -112,9 +112,20 @@ class ShardedFeatures:
         self._keys = first.keys()
         self._info = {k: (first.dtype(k), first.shape(k)[1:]) for k in self._keys}
         self._ragged = {k for k in self._keys if first.ragged(k)}
-        self._largest: dict[str, list[int]] = {}
+        self._largest: dict[str, list[int]] = {key: list(self._info[key][1]) for key in self._ragged}
+        self._check_every_shard()
         self.size = sum((self.folder / entry["file"]).stat().st_size for entry in shards)
         self.metadata = fileformat.folder_metadata(header, shards)
+
+    def _check_every_shard(self) -> None:
+        """Open each shard once, now, and check its header against its index line and the first shard's layout: a
+        damaged folder is refused before anything is drawn or written from it. The largest row of each ragged key
+        is read on the way."""
+        for number, entry in enumerate(self.shards):
+            shard = self._shard(number)
+            if entry["inputs"]:
+                for key in self._ragged:
+                    self._largest[key] = [max(a, b) for a, b in zip(self._largest[key], shard.shape(key)[1:])]
 
     def _shard(self, number: int) -> FeatureFile:
         """Shard ``number``, opened (and checked against its index line and the first shard) on first use."""
@@ -149,13 +160,7 @@ class ShardedFeatures:
         return self._info[key][0]
 
     def shape(self, key: str) -> list[int]:
-        """``[rows, …]``; for a ragged key, the largest row over every shard (their headers are read once)."""
-        if key in self._ragged and key not in self._largest:
-            sizes = [self._info[key][1]]
-            for number, entry in enumerate(self.shards):
-                if entry["inputs"]:
-                    sizes.append(self._shard(number).shape(key)[1:])
-            self._largest[key] = [max(column) for column in zip(*sizes)]
+        """``[rows, …]``; for a ragged key, the largest row over every shard (read when the folder opened)."""
         return [self.rows, *self._largest.get(key, self._info[key][1])]
 
     def ragged(self, key: str) -> bool:
