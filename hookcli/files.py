@@ -25,7 +25,6 @@ import glob
 import os
 import stat
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -42,7 +41,6 @@ __all__ = [
     "open_regular",
     "refuse_existing",
     "remove_abandoned",
-    "SETTLE_IN_PLACE",
     "reporting_full_disk",
 ]
 
@@ -165,31 +163,22 @@ def atomic_path(
     *,
     force: bool = False,
     publish: Callable[[], contextlib.AbstractContextManager[bool]] | None = None,
-    settle: float | None = None,
 ) -> Iterator[Path]:
     """Yield a temporary path next to ``target``; on success it becomes ``target``.
 
-    On any exception (including Ctrl-C, and SIGTERM on the command line) the
-    temporary file is removed and ``target`` is untouched. A temporary file of
-    the same target left by a run that was killed outright is removed first:
-    each one is locked while in use, so only abandoned ones are. ``publish``
-    (for one writer among several): the rename happens inside ``with
-    publish() as wanted``, and only if ``wanted``. ``settle``: how long an
-    unlocked temporary file of the target is left alone after it last changed
-    (see :func:`remove_abandoned`).
+    The caller writes into the temporary file itself (opening it by name, never replacing it with another file).
+    On any exception (including Ctrl-C, and SIGTERM on the command line) the temporary file is removed and
+    ``target`` is untouched. A temporary file of the same target left by a run that was killed outright is
+    removed first: each one is locked while in use, so only abandoned ones are. ``publish`` (for one writer among
+    several): the rename happens inside ``with publish() as wanted``, and only if ``wanted``.
     """
     path = check_writable(target, force=force)
-    remove_abandoned(path.parent, f".{glob.escape(path.name)}.*.part", settle=settle)
+    remove_abandoned(path.parent, f".{glob.escape(path.name)}.*.part")
     handle, temporary = _locked_temporary(path)
-    written = None
     try:
         with reporting_full_disk(path):
             yield temporary
-            written = os.open(temporary, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-            if os.fstat(written).st_ino != os.fstat(handle).st_ino:
-                # The writer replaced the file (safetensors writes a new one and renames it): lock the new one.
-                fcntl.flock(written, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            _make_durable(written)
+            _make_durable(handle)
             with publish() if publish else contextlib.nullcontext(True) as wanted:
                 if wanted and force:
                     os.replace(temporary, path)
@@ -198,8 +187,6 @@ def atomic_path(
     finally:
         temporary.unlink(missing_ok=True)
         os.close(handle)
-        if written is not None:
-            os.close(written)
 
 
 def _locked_temporary(path: Path) -> tuple[int, Path]:
@@ -237,18 +224,9 @@ def reporting_full_disk(path: str | os.PathLike) -> Iterator[None]:
         ) from None
 
 
-#: A temporary file no process holds is left alone this many seconds after it last changed: between being
-#: created (or replaced by its writer) and being locked, a file in use is briefly unlocked.
-_ABANDONED_AFTER = 60.0
-#: The same for a temporary file its writer never replaces (written in place): none, since it is unlocked only
-#: between being made and being locked, and one swept in that moment is made again (:func:`atomic_path`).
-SETTLE_IN_PLACE = 0.0
-
-
-def remove_abandoned(folder: Path, pattern: str, *, settle: float | None = None) -> None:
-    """Remove the temporary files in ``folder`` matching the glob ``pattern`` that no running process holds and that
-    have not changed for ``settle`` seconds (default: a minute)."""
-    settle = _ABANDONED_AFTER if settle is None else settle
+def remove_abandoned(folder: Path, pattern: str) -> None:
+    """Remove the temporary files in ``folder`` matching the glob ``pattern`` that no running process holds (one
+    :func:`atomic_path` made is locked from its making until it is renamed or removed)."""
     for candidate in folder.glob(pattern):
         try:
             descriptor = os.open(candidate, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -256,7 +234,7 @@ def remove_abandoned(folder: Path, pattern: str, *, settle: float | None = None)
             continue
         try:
             found = os.fstat(descriptor)
-            if stat.S_ISREG(found.st_mode) and time.time() - found.st_mtime >= settle:
+            if stat.S_ISREG(found.st_mode):
                 fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 candidate.unlink(missing_ok=True)
         except OSError:

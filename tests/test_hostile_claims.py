@@ -6,6 +6,7 @@ says what is wrong in one line.
 
 import contextlib
 import errno
+import io
 import json
 import os
 import re
@@ -341,16 +342,23 @@ def test_a_claim_timeout_under_a_second_is_refused_before_the_model_loads(runner
 # -- a full disk -------------------------------------------------------------------------------------
 
 
+def _disk_full_after(monkeypatch, size):
+    """Files the safetensors writer opens take ``size`` bytes, then the device is full."""
+    from hookcli.storage import saving
+
+    class Filling(io.FileIO):
+        def write(self, data):
+            left = size - self.tell()
+            if len(data) > left:
+                super().write(bytes(memoryview(data)[: max(left, 0)]))
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return super().write(data)
+
+    monkeypatch.setattr(saving, "open", lambda name, mode: Filling(name, "r+"), raising=False)
+
+
 def test_a_full_disk_while_a_shard_is_written_is_named_in_one_line(runner, tmp_path, inputs, monkeypatch):
-    write_bytes = Path.write_bytes
-
-    def full_disk(path, data):  # a shard is written in place: the space runs out part-way through its bytes
-        if not path.name.startswith(".features-"):
-            return write_bytes(path, data)
-        write_bytes(path, data[:10])
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-    monkeypatch.setattr(Path, "write_bytes", full_disk)
+    _disk_full_after(monkeypatch, 100)  # a shard is written in place: the space runs out part-way through its bytes
     folder = tmp_path / "feats"
     before = _tree(tmp_path)
     assert _one_error(_extract(runner, folder, inputs), code=1) == (
@@ -361,16 +369,8 @@ def test_a_full_disk_while_a_shard_is_written_is_named_in_one_line(runner, tmp_p
     assert _tree(tmp_path, skip=folder) == {**before, ".": _tree(tmp_path)["."]}
 
 
-def test_a_full_disk_while_one_file_is_written_by_safetensors_is_named_in_one_line(
-    runner, tmp_path, inputs, monkeypatch
-):
-    from safetensors import SafetensorError
-
-    def full_disk(tensors, filename, metadata=None):
-        Path(filename).write_bytes(b"\0" * 10)  # what got written before the space ran out
-        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
-
-    monkeypatch.setattr("safetensors.torch.save_file", full_disk)
+def test_a_full_disk_while_one_file_is_written_is_named_in_one_line(runner, tmp_path, inputs, monkeypatch):
+    _disk_full_after(monkeypatch, 10)
     target = tmp_path / "out.safetensors"
     result = runner.invoke(main, [*ARGS[:-2], "-o", str(target), *inputs])  # one file: no --shard-size
     assert _one_error(result, code=1) == (

@@ -259,10 +259,11 @@ def test_fifo_config_preset_is_refused_without_blocking(images, tmp_path):
 
 
 @pytest.mark.parametrize("name", ["out.safetensors", "run[1]*.safetensors"])
-def test_abandoned_temporary_files_go_and_locked_or_fresh_ones_stay(runner, images, tmp_path, monkeypatch, name):
+def test_abandoned_temporary_files_go_at_once_and_locked_ones_stay(runner, images, tmp_path, monkeypatch, name):
+    """Every writer writes into the temporary file it holds locked, so an unlocked one is abandoned, however new."""
     monkeypatch.chdir(tmp_path)
     abandoned, locked = tmp_path / f".{name}.abcd1234.part", tmp_path / f".{name}.wxyz5678.part"
-    fresh = tmp_path / f".{name}.justmade.part"  # created by a writer that has not locked it yet
+    fresh = tmp_path / f".{name}.justmade.part"  # left a moment ago by a process killed while writing it
     other = tmp_path / ".other.safetensors.abcd1234.part"  # another output's: not this run's to remove
     for path in (abandoned, locked, other, fresh):
         path.write_bytes(b"half written")
@@ -273,7 +274,7 @@ def test_abandoned_temporary_files_go_and_locked_or_fresh_ones_stay(runner, imag
         fcntl.flock(held.fileno(), fcntl.LOCK_EX)
         result = runner.invoke(main, [*EXTRACT, "-o", name, "imgs/a.png"])
     assert (result.exit_code, result.stdout, result.stderr) == (0, f"{name}\n", "")
-    assert _files(tmp_path) == sorted([".other.safetensors.abcd1234.part", locked.name, fresh.name, "imgs", name])
+    assert _files(tmp_path) == sorted([".other.safetensors.abcd1234.part", locked.name, "imgs", name])
     assert locked.read_bytes() == b"half written"
 
 

@@ -13,13 +13,15 @@ b'{'
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import struct
 from collections.abc import Callable, Mapping
 from typing import Any, BinaryIO
 
-import safetensors.torch
+import torch
 
-from hookcli.files import SETTLE_IN_PLACE, atomic_path
+from hookcli.files import atomic_path
 
 __all__ = [
     "write_safetensors",
@@ -33,24 +35,58 @@ def write_safetensors(
     *,
     force: bool = False,
     publish: Callable[[], contextlib.AbstractContextManager[bool]] | None = None,
-    in_place: bool = False,
 ) -> None:
-    """Write ``tensors`` and ``metadata`` to a path (atomically; ``publish`` as :func:`atomic_path`'s) or to a
-    binary stream.
+    """Write ``tensors`` and ``metadata`` as a safetensors file to a path (atomically; ``publish`` as
+    :func:`atomic_path`'s) or to a binary stream.
 
-    ``in_place``: serialise in memory and write the bytes into the temporary file :func:`atomic_path` holds
-    locked, instead of letting safetensors replace it with a file of its own; the temporary file is then never
-    unlocked while in use, so one left unlocked is abandoned at once (shards, of a bounded size, are written so).
+    The header, then each tensor's bytes in turn, go straight into the
+    temporary file :func:`atomic_path` holds locked (or into the stream): no
+    copy of the whole file is made in memory, and no other file is made
+    beside it, so a temporary file left unlocked is one a killed process
+    abandoned.
     """
-    tensors = {key: value.contiguous() for key, value in tensors.items()}
-    metadata = dict(metadata)
     if isinstance(destination, str | os.PathLike):
-        settle = SETTLE_IN_PLACE if in_place else None
-        with atomic_path(destination, force=force, publish=publish, settle=settle) as temporary:
-            if in_place:
-                temporary.write_bytes(safetensors.torch.save(tensors, metadata=metadata))
-            else:
-                safetensors.torch.save_file(tensors, str(temporary), metadata=metadata)
+        with atomic_path(destination, force=force, publish=publish) as temporary, open(temporary, "r+b") as handle:
+            _serialise(tensors, metadata, handle)
         return
-    destination.write(safetensors.torch.save(tensors, metadata=metadata))
+    _serialise(tensors, metadata, destination)
     destination.flush()
+
+
+#: torch dtype → safetensors dtype name.
+_DTYPE_NAMES = {
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+}
+
+
+def _serialise(tensors: Mapping[str, Any], metadata: Mapping[str, str], handle: BinaryIO) -> None:
+    """The safetensors layout: the header's length (8 bytes, little-endian), the JSON header (padded with spaces
+    to a multiple of 8 bytes), then the tensors' bytes, in the order of their keys, one after the other."""
+    entries: dict[str, Any] = {"__metadata__": dict(metadata)} if metadata else {}
+    offset = 0
+    for key in sorted(tensors):
+        tensor = tensors[key]
+        size = tensor.numel() * tensor.element_size()
+        entries[key] = {
+            "dtype": _DTYPE_NAMES[tensor.dtype],
+            "shape": list(tensor.shape),
+            "data_offsets": [offset, offset + size],
+        }
+        offset += size
+    header = json.dumps(entries, separators=(",", ":")).encode()
+    header += b" " * (-len(header) % 8)
+    handle.write(struct.pack("<Q", len(header)))
+    handle.write(header)
+    for key in sorted(tensors):
+        tensor = tensors[key].detach().to("cpu").contiguous()
+        if tensor.numel():
+            handle.write(memoryview(tensor.reshape(-1).view(torch.uint8).numpy()))

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from hookcli.errors import FeatureFileError, OutputExistsError
-from hookcli.files import SETTLE_IN_PLACE, remove_abandoned
+from hookcli.files import remove_abandoned
 from hookcli.storage import fileformat
 from hookcli.storage.background import Background
 from hookcli.storage.claims import Claims, FolderLock, check_folder_target
@@ -99,7 +99,7 @@ class ShardWriter:
             self._remove_old_run(force)
             self.claims.clear()
         # Left by killed processes: shards are written in place, so an unlocked one is abandoned.
-        remove_abandoned(self.folder, ".features-*.safetensors.*.part", settle=SETTLE_IN_PLACE)
+        remove_abandoned(self.folder, ".features-*.safetensors.*.part")
         self.header = header
         self.shard_size: int | None = header["shard_size"] if header else None
         if header is not None:
@@ -273,7 +273,6 @@ class ShardWriter:
             self.folder / line["file"],
             force=True,
             publish=lambda: self._publishing(number, line),
-            in_place=True,
         )
 
     @contextlib.contextmanager
