@@ -10,6 +10,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import hookcli.api
 from hookcli.cli import main
@@ -212,3 +213,14 @@ def test_sigterm_unwinds_like_ctrl_c_removes_temporary_files_and_exits_143(tmp_p
         child.wait()
     assert (child.returncode, stdout, stderr) == (143, "", "Terminated.\n")
     assert list(output.parent.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", ["grid", "info"])
+def test_a_photo_given_where_features_belong_is_named_an_image(runner, tmp_path, make_image, command):
+    photo = make_image(tmp_path / "photo.png")
+    result = runner.invoke(main, [command, str(photo)])
+    assert (result.exit_code, result.stderr) == (
+        2,
+        f"Error: '{photo}' is an image, not a safetensors file. Hint: hookcli extract makes features of it; grid, "
+        "report and info read what extract writes\n",
+    )

@@ -69,6 +69,8 @@ _MAX_HEADER = 100 * 1024 * 1024
 #: Dimensions beyond these cannot be real (numpy's own limits are 64 axes and 2^63 elements).
 _MAX_DIMS, _MAX_DIM = 32, 2**62
 _DAMAGED = "it was not written whole by a safetensors writer; write it again"
+#: How the images people give by mistake begin: JPEG, PNG, GIF, WebP (RIFF), TIFF, BMP.
+_IMAGE_STARTS = (b"\xff\xd8\xff", b"\x89PNG", b"GIF8", b"RIFF", b"II*\x00", b"MM\x00*", b"BM")
 
 
 def _checked_entry(key: str, info, what: str, data_start: int, size: int) -> tuple[str, list[int], int]:
@@ -185,8 +187,14 @@ class FeatureFile:
         not_ours = f"{what} is not a safetensors file"
         if self.size < 8:
             raise FeatureFileError(not_ours, hint="it is too short to hold a header")
-        (length,) = struct.unpack("<Q", os.pread(self._handle.fileno(), 8, 0))
+        first = os.pread(self._handle.fileno(), 8, 0)
+        (length,) = struct.unpack("<Q", first)
         if length > _MAX_HEADER or 8 + length > self.size:
+            if first.startswith(_IMAGE_STARTS):
+                raise FeatureFileError(
+                    f"{what} is an image, not a safetensors file",
+                    hint="hookcli extract makes features of it; grid, report and info read what extract writes",
+                )
             raise FeatureFileError(not_ours, hint="its first 8 bytes do not give a header length that fits the file")
         try:
             header = json.loads(os.pread(self._handle.fileno(), length, 8), object_pairs_hook=_without_repeats)
