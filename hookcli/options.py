@@ -313,7 +313,8 @@ RUN_OPTIONS: tuple[Option, ...] = (
     Option(
         "shard_size",
         ("--shard-size",),
-        "Images (rows) per shard in a folder output [about 128 MiB of features per shard].",
+        "Images (rows) per shard in a folder output [an eighth of the inputs in whole batches, at most about 128 MiB "
+        "of features].",
         _ROWS,
         kind="int",
         low=1,

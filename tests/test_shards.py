@@ -345,3 +345,14 @@ def test_a_run_stopped_by_an_unreadable_input_continues_with_on_error_skip_as_it
     assert continued.stderr.startswith("Continuing: 3 of 8 inputs are already in")
     _, shards = read_index(folder)
     assert [p for s in shards for p in s["inputs"]] == [str(p) for p in many]
+
+
+def test_a_small_run_without_a_shard_size_still_has_several_shards_to_resume_from(runner, tmp_path, make_image):
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    paths = [str(make_image(folder / f"{i:02d}.png", size=(36, 36), seed=i)) for i in range(33)]
+    result = runner.invoke(main, [*ARGS[:-3], "-b", "4", "-q", "-o", f"{tmp_path}/feats/", *paths])
+    assert result.exit_code == 0, result.output
+    header, shards = read_index(tmp_path / "feats")
+    assert header["shard_size"] == 8  # an eighth of 33 inputs, rounded up to whole batches of 4
+    assert [s["count"] for s in shards] == [8, 8, 8, 8, 1]

@@ -53,11 +53,13 @@ from hookcli.storage.shard_writer import ShardWriter
 if TYPE_CHECKING:
     from hookcli.storage.shard_writer import ShardWriter
 
-__all__ = ["FileWriter", "FolderWriter", "MemoryWriter", "RowBuffer", "StdoutWriter", "row_bytes"]
+__all__ = ["FileWriter", "FolderWriter", "MemoryWriter", "RowBuffer", "StdoutWriter", "auto_shard_size", "row_bytes"]
 
-#: Shard size chosen when none is given: about this many bytes of features per shard.
+#: Shard size chosen when none is given (:func:`auto_shard_size`): at most about this many bytes of features per
+#: shard, and this many rows; at least this many shards for a run of that many batches.
 AUTO_SHARD_BYTES = 128 * 1024 * 1024
 MAX_AUTO_SHARD_ROWS = 10_000
+MIN_AUTO_SHARDS = 8
 
 
 def row_bytes(features: Mapping) -> int:
@@ -301,7 +303,7 @@ class FolderWriter:
             ]
             self.run_metadata = fileformat.run_metadata(self.record, batch.facts, keys=keys)
             if self.writer.header is None:
-                size = self.shard_size or _auto_shard_size(row_bytes(batch.features), self.batch_size)
+                size = self.shard_size or auto_shard_size(row_bytes(batch.features), self.batch_size, len(self.paths))
                 self.writer.start_writing(fileformat.index_header(self.record, self.run_metadata, size))
         events = [(index, row) for row, index in enumerate(batch.indices)]
         events += [(index, error) for index, error in batch.failures]
@@ -351,8 +353,19 @@ class FolderWriter:
                 self._writer.close()
 
 
-def _auto_shard_size(row_size: int, batch_size: int) -> int:
-    """About :data:`AUTO_SHARD_BYTES` of rows, a whole number of batches when a batch fits (so no batch is cut in
-    two by a shard's end)."""
-    rows = max(1, min(MAX_AUTO_SHARD_ROWS, AUTO_SHARD_BYTES // max(1, row_size)))
-    return rows - rows % batch_size if rows >= batch_size else rows
+def auto_shard_size(row_size: int, batch_size: int, inputs: int) -> int:
+    """The shard size chosen when none is given: enough rows for :data:`MIN_AUTO_SHARDS` shards, so that a run
+    killed part-way keeps most of its work, but never more than :data:`AUTO_SHARD_BYTES` of rows (or
+    :data:`MAX_AUTO_SHARD_ROWS`), nor less than a batch; a whole number of batches when a batch fits, so that no
+    batch is cut in two by a shard's end.
+
+    >>> auto_shard_size(50_000, 16, 200), auto_shard_size(50_000, 16, 10**6), auto_shard_size(50_000, 16, 20)
+    (32, 2672, 16)
+    """
+    by_bytes = max(1, min(MAX_AUTO_SHARD_ROWS, AUTO_SHARD_BYTES // max(1, row_size)))
+    by_count = -(-inputs // MIN_AUTO_SHARDS)
+    rows = min(by_bytes, max(by_count, batch_size))
+    if rows < batch_size:
+        return rows
+    whole = -(-rows // batch_size) * batch_size  # rounded up to whole batches, within the bytes' bound
+    return whole if whole <= by_bytes else by_bytes - by_bytes % batch_size
