@@ -107,15 +107,24 @@ def _stored(key: str, value, pool: str | None, cast, ragged: bool, square: bool 
     ``square``: the inputs are square, so a ``[N, H, W, C]`` output is told apart (see :func:`_pooled`).
     """
     if key.startswith(DETECTIONS + "#"):
-        return [row.to("cpu") for row in value]
+        return _on_cpu(list(value))
 
     def finish(tensor, *, row: bool):
         pooled = _pooled(tensor[None], pool)[0] if row else _pooled(tensor, pool, square)
-        return (pooled.to(cast) if pooled.is_floating_point() else pooled).to("cpu")
+        return pooled.to(cast) if pooled.is_floating_point() else pooled
 
     if isinstance(value, list):
-        return [finish(row, row=True) for row in value]
-    return list(finish(value, row=False)) if ragged else finish(value, row=False)
+        return _on_cpu([finish(row, row=True) for row in value])
+    stored = finish(value, row=False).to("cpu")
+    return list(stored) if ragged else stored
+
+
+def _on_cpu(rows: list) -> list:
+    """Rows (of one dtype, any shapes) moved to the CPU in one copy: one wait for the device, not one a row."""
+    if all(row.device.type == "cpu" for row in rows):
+        return rows
+    flat = torch.cat([row.reshape(-1) for row in rows]).to("cpu")
+    return [piece.reshape(row.shape) for piece, row in zip(flat.split([row.numel() for row in rows]), rows)]
 
 
 def _pooled(tensor, pool: str | None, square: bool = False):
