@@ -356,3 +356,24 @@ def test_a_small_run_without_a_shard_size_still_has_several_shards_to_resume_fro
     header, shards = read_index(tmp_path / "feats")
     assert header["shard_size"] == 8  # an eighth of 33 inputs, rounded up to whole batches of 4
     assert [s["count"] for s in shards] == [8, 8, 8, 8, 1]
+
+
+def test_an_input_replaced_under_the_same_name_is_named_when_the_run_continues(runner, tmp_path, many, make_image):
+    folder = tmp_path / "feats"
+    command = [*ARGS, "--shard-size", "3", "-o", f"{folder}/", *map(str, many)]
+    assert runner.invoke(main, command).exit_code == 0
+    index = folder / INDEX_NAME
+    index.write_text("".join(index.read_text().splitlines(keepends=True)[:-1]))  # the last shard is to do again
+    make_image(many[1], size=(40, 36), seed=99)  # another picture under the name of a stored one
+    os.utime(many[1], ns=(1, 1))
+    result = runner.invoke(main, command)
+    assert (result.exit_code, result.stderr) == (
+        2,
+        f"Error: input '{many[1]}' changed after shard 0 of '{folder}/' was computed from it (its size or "
+        "modification time differ). Hint: put the original back to continue, or add --force to compute its shards "
+        "again\n",
+    )
+    redone = runner.invoke(main, [*command, "--force"])
+    assert redone.exit_code == 0 and redone.stderr.startswith("Continuing: 3 of 7 inputs are already in")
+    _, shards = read_index(folder)
+    assert [s["stamps"][str(many[1])] for s in shards if str(many[1]) in s["inputs"]] == [[many[1].stat().st_size, 1]]

@@ -55,11 +55,13 @@ from hookcli.inputs.names import is_image_name
 
 __all__ = [
     "MAX_HEADER_BYTES",
-    "MAX_MEMBER_BYTES",
     "MAX_MEMBERS",
+    "MAX_MEMBER_BYTES",
     "SEPARATOR",
     "TarMember",
+    "file_stamp",
     "find_member",
+    "input_files",
     "input_key",
     "input_name",
     "is_archive",
@@ -233,6 +235,30 @@ def input_key(item) -> str:
     """
     name = input_name(item)
     return name if isinstance(item, TarMember) or not looks_like_member(name) else f"file:{name}"
+
+
+def input_files(item) -> list[str]:
+    """The files on disk a row's input is read from: the file, the archive a member is in, a clip's video (or
+    folder of frames), both images of a pair.
+
+    >>> input_files(TarMember("/data/a.tar", "b.jpg", 512, 10))
+    ['/data/a.tar']
+    """
+    if isinstance(item, TarMember):
+        return [item.archive]
+    second = getattr(item, "second", None)  # a pair of images given as two lists
+    firsts = input_files(item.path) if second is not None else [os.path.abspath(os.fspath(item))]
+    return firsts + (input_files(second) if second is not None else [])
+
+
+def file_stamp(path: str) -> list[int] | None:
+    """``[size, modification time in ns]`` of the file (or folder) at ``path``, None when it cannot be looked at:
+    what tells a file replaced under the same name, cheaply."""
+    try:
+        found = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return [found.st_size, found.st_mtime_ns]
 
 
 def looks_like_member(text: str) -> bool:

@@ -297,9 +297,11 @@ def index_line(
     inputs: Sequence[str],
     skipped: Sequence[dict],
     details: Mapping[str, Sequence] | None = None,
+    stamps: Mapping[str, list[int] | None] | None = None,
 ) -> dict:
-    """The index line of finished shard ``number``: its file, the inputs it covers, its rows, what was skipped, and
-    the rows' :data:`ROW_DETAILS`."""
+    """The index line of finished shard ``number``: its file, the inputs it covers, its rows, what was skipped, the
+    rows' :data:`ROW_DETAILS`, and the ``stamps`` (``[size, modification time in ns]``) of the files its inputs
+    were read from, by path."""
     first = number * shard_size
     line = {
         "shard": number,
@@ -310,6 +312,8 @@ def index_line(
         "skipped": list(skipped),
     }
     line.update({name: list(values) for name, values in (details or {}).items() if values and name in ROW_DETAILS})
+    if stamps:
+        line["stamps"] = dict(stamps)
     return line
 
 
@@ -365,6 +369,12 @@ def check_index_line(entry, header: Mapping) -> None:
         or not all(isinstance(f, list) and all(_whole(n, 0) for n in f) for f in frames)
     ):
         raise ValueError("its frames are not a list of frame numbers for each row")
+    stamps = entry.get("stamps", {})
+    if not isinstance(stamps, dict) or not all(
+        stamp is None or isinstance(stamp, list) and len(stamp) == 2 and all(_whole(n, 0) for n in stamp)
+        for stamp in stamps.values()
+    ):
+        raise ValueError("its stamps are not a map of paths to a size and a time")
     seconds = entry.get("second_inputs", [])
     if (
         not isinstance(seconds, list)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from hookcli.errors import FeatureFileError, OutputExistsError
 from hookcli.files import remove_abandoned
+from hookcli.inputs.archives import file_stamp
 from hookcli.storage import fileformat
 from hookcli.storage.background import Background
 from hookcli.storage.claims import Claims, FolderLock, check_folder_target
@@ -103,7 +104,7 @@ class ShardWriter:
         self.header = header
         self.shard_size: int | None = header["shard_size"] if header else None
         if header is not None:
-            finished = finished_shards(self.folder, shards, verify=True)
+            finished = _unchanged(finished_shards(self.folder, shards, verify=True), self._given, force)
             if len(finished) < len(shards) or not whole:
                 self.index.rewrite(header, finished)  # new lines must follow good ones, never a torn or stale one
             else:
@@ -231,11 +232,13 @@ class ShardWriter:
         inputs: Sequence[str],
         skipped: Sequence[dict],
         details: Mapping[str, Sequence] | None = None,
+        stamps: Mapping[str, list[int] | None] | None = None,
     ) -> None:
-        """Queue a finished shard (``details``: its rows' :data:`~hookcli.storage.fileformat.ROW_DETAILS`); blocks while
-        the previous one is still being written."""
+        """Queue a finished shard (``details``: its rows' :data:`~hookcli.storage.fileformat.ROW_DETAILS`;
+        ``stamps``: each file its inputs were read from, with its size and time); blocks while the previous one is
+        still being written."""
         assert self._writing is not None, "start_writing comes first"
-        self._writing.submit((number, tensors, metadata, list(inputs), list(skipped), details))
+        self._writing.submit((number, tensors, metadata, list(inputs), list(skipped), details, stamps))
 
     def close(self) -> None:
         """Wait for queued shards to be on disk, give up unfinished claims; re-raise a writer failure. The
@@ -265,8 +268,8 @@ class ShardWriter:
             self.lock.remove()
         self.lock.close()
 
-    def _write(self, number, tensors, metadata, inputs, skipped, details) -> None:
-        line = fileformat.index_line(number, self._size, self.total, inputs, skipped, details)
+    def _write(self, number, tensors, metadata, inputs, skipped, details, stamps) -> None:
+        line = fileformat.index_line(number, self._size, self.total, inputs, skipped, details, stamps)
         write_safetensors(
             tensors,
             metadata,
@@ -299,3 +302,28 @@ def _batches(first: int, end: int, size: int) -> Iterator[list[int]]:
         stop = min((first // size + 1) * size, end)
         yield list(range(first, stop))
         first = stop
+
+
+def _unchanged(shards: list[dict], folder: str, force: bool) -> list[dict]:
+    """The shards whose inputs are as they were when they were computed (the files' sizes and modification times
+    are those their index lines keep). A changed one is refused, naming the file: a replaced input would leave rows
+    of the old one beside rows of the new. With ``force`` its shards are left out, to be computed again."""
+    kept = []
+    for entry in shards:
+        changed = next(
+            (
+                path
+                for path, stamp in entry.get("stamps", {}).items()
+                if stamp is not None and file_stamp(path) != stamp
+            ),
+            None,
+        )
+        if changed is None:
+            kept.append(entry)
+        elif not force:
+            raise OutputExistsError(
+                f"input '{changed}' changed after shard {entry['shard']} of '{folder}' was computed from it (its "
+                "size or modification time differ)",
+                hint="put the original back to continue, or add --force to compute its shards again",
+            )
+    return kept

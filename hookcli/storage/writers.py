@@ -43,7 +43,7 @@ import torch
 
 from hookcli.errors import MemoryLimitError
 from hookcli.files import format_bytes
-from hookcli.inputs.archives import input_name
+from hookcli.inputs.archives import file_stamp, input_files, input_name
 from hookcli.storage import fileformat
 from hookcli.storage.features import Features
 from hookcli.storage.fileformat import ROW_SHAPE, RunFacts, RunRecord
@@ -337,7 +337,8 @@ class FolderWriter:
             metadata = fileformat.shard_metadata(
                 run, number, inputs=rows.inputs, skipped=rows.skipped, targets=rows.targets, details=rows.details
             )
-            self.writer.submit(number, rows.tensors(), metadata, rows.inputs, rows.skipped, rows.details)
+            stamps = {path: file_stamp(path) for row in self.paths[first:end] for path in input_files(row)}
+            self.writer.submit(number, rows.tensors(), metadata, rows.inputs, rows.skipped, rows.details, stamps)
             del self.open[number]
 
     def finish(self) -> Path:
