@@ -38,8 +38,10 @@ __all__ = [
     "check_writable",
     "file_kind",
     "format_bytes",
+    "hold_output",
     "open_regular",
     "refuse_existing",
+    "release_output",
     "remove_abandoned",
     "reporting_full_disk",
 ]
@@ -187,6 +189,37 @@ def atomic_path(
     finally:
         temporary.unlink(missing_ok=True)
         os.close(handle)
+
+
+def hold_output(target: str | os.PathLike) -> int:
+    """Mark output ``target`` as being written by this process until :func:`release_output`: a lock on
+    ``.<name>.lock`` beside it. Raise :class:`OutputExistsError` when another process holds it, so that a second
+    identical command stops before its work rather than after. A lock file left by a killed process is taken over.
+    """
+    path = Path(target)
+    lock = path.parent / f".{path.name}.lock"
+    try:
+        descriptor = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as err:
+        raise UsageProblem(
+            f"cannot mark '{target}' as being written: '{lock}' {err.strerror}", hint="remove it, or write elsewhere"
+        ) from None
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(descriptor)
+        raise OutputExistsError(
+            f"another hookcli process is writing '{target}'", hint="wait for it to finish, or write to another file"
+        ) from None
+    return descriptor
+
+
+def release_output(target: str | os.PathLike, descriptor: int) -> None:
+    """Let go of the mark :func:`hold_output` put on ``target`` (its lock file goes)."""
+    path = Path(target)
+    with contextlib.suppress(OSError):
+        (path.parent / f".{path.name}.lock").unlink()
+    os.close(descriptor)
 
 
 def _locked_temporary(path: Path) -> tuple[int, Path]:

@@ -402,3 +402,30 @@ def test_the_written_path_is_reported_as_given(runner, images, tmp_path, monkeyp
         "resnet18", "layer1", images[0], output="./api.safetensors", weights="none", progress=events.append, **SMALL
     )
     assert returned == Path("api.safetensors") and events[-1] == Wrote("./api.safetensors")
+
+
+def test_every_reader_is_a_read_only_mapping_of_the_same_values(images, tmp_path):
+    import numpy as np
+
+    from hookcli.storage.features import FeatureFile
+    from hookcli.storage.shards import ShardedFeatures
+
+    paths = [str(p) for p in images[:3]]
+    options = {"weights": "none", "resize": 32, "crop": 32, "batch_size": 2}
+    memory = hookcli.extract("resnet18", ["layer1", "fc"], paths, **options)
+    hookcli.extract("resnet18", ["layer1", "fc"], paths, output=tmp_path / "one.safetensors", **options)
+    hookcli.extract("resnet18", ["layer1", "fc"], paths, output=f"{tmp_path}/feats/", shard_size=2, **options)
+    with (
+        hookcli.open_features(tmp_path / "one.safetensors") as file,
+        hookcli.open_features(f"{tmp_path}/feats/") as folder,
+    ):
+        assert (type(file), type(folder)) == (FeatureFile, ShardedFeatures)
+        for reader in (file, folder):
+            assert sorted(reader) == sorted(memory) == ["fc", "layer1"] and len(reader) == 2 and "fc" in reader
+            assert reader.inputs == memory.inputs == paths
+            for key in memory:
+                np.testing.assert_array_equal(reader[key], memory[key].numpy())
+                np.testing.assert_array_equal(reader.row(key, 2), memory[key][2].numpy())
+            assert dict(reader.items()).keys() == {"fc", "layer1"}
+        with pytest.raises(KeyError):
+            file["layer9"]

@@ -353,3 +353,23 @@ def test_cam_on_a_module_that_runs_twice_per_forward_says_so(runner, images, tmp
         "block around it (such as layer4.0) or another layer; 'hookcli layers' shows each module's calls\n",
     )
     assert not (tmp_path / "cams").exists() or not any((tmp_path / "cams").iterdir())
+
+
+def test_a_second_run_writing_the_same_file_stops_before_its_work(runner, images, tmp_path, monkeypatch):
+    from hookcli.files import hold_output, release_output
+
+    monkeypatch.chdir(tmp_path)
+    held = hold_output("out.safetensors")  # what the first of two identical runs holds while it works
+    try:
+        result = runner.invoke(main, [*EXTRACT, "-o", "out.safetensors", "imgs/a.png"])
+    finally:
+        release_output("out.safetensors", held)
+    assert (result.exit_code, result.stdout, result.stderr) == (
+        2,
+        "",
+        "Error: another hookcli process is writing 'out.safetensors'. Hint: wait for it to finish, or write to "
+        "another file\n",
+    )
+    assert _files(tmp_path) == ["imgs"]
+    again = runner.invoke(main, [*EXTRACT, "-o", "out.safetensors", "imgs/a.png"])
+    assert (again.exit_code, _files(tmp_path)) == (0, ["imgs", "out.safetensors"])

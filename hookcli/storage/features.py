@@ -39,6 +39,7 @@ import numpy as np
 from hookcli.errors import FeatureFileError
 from hookcli.files import NotRegularFile, open_regular
 from hookcli.storage.fileformat import ROW_SHAPE, RunFacts
+from hookcli.storage.reader import ReadingMapping
 
 if TYPE_CHECKING:
     import numpy as np
@@ -145,13 +146,14 @@ def _short(value) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-class FeatureFile:
+class FeatureFile(ReadingMapping):
     """A safetensors file (or ``-``: stdin, spooled to a temporary file) opened for reading.
 
     Raises :class:`FeatureFileError` for an empty, truncated or non-safetensors
     file, or one that is not a regular file (with ``follow_links=False``, a
     symbolic link too: shards are read so). Use as a context manager, or call
-    :meth:`close`.
+    :meth:`close`. A read-only mapping too (:class:`~hookcli.storage.reader.ReadingMapping`):
+    ``file["layer3"]`` reads that tensor whole.
     """
 
     def __init__(self, source: str | os.PathLike, *, follow_links: bool = True) -> None:
@@ -228,7 +230,7 @@ class FeatureFile:
     def close(self) -> None:
         self._handle.close()
 
-    def keys(self) -> list[str]:
+    def keys(self) -> list[str]:  # type: ignore[override]  # a list, as every reader's
         """The stored tensors' keys, without the ``@shape`` companions of ragged ones (see :meth:`row_shape`)."""
         return [key for key in self._entries if key not in self._row_shapes.values()]
 
@@ -300,8 +302,14 @@ class FeatureFile:
 
     def _read_at(self, dtype: str, offset: int, shape: list[int]) -> np.ndarray:
         count = math.prod(shape)
-        raw = os.pread(self._handle.fileno(), count * _itemsize(dtype), self._data_start + offset)
-        return np.frombuffer(raw, dtype=_NUMPY_DTYPES[dtype], count=count).reshape(shape)
+        buffer = bytearray(count * _itemsize(dtype))  # read into memory of our own: the array is writable
+        view, done = memoryview(buffer), 0
+        while done < len(buffer):
+            got = os.preadv(self._handle.fileno(), [view[done:]], self._data_start + offset + done)
+            if got == 0:
+                raise FeatureFileError(f"'{self.name}' was cut short while it was read", hint=_DAMAGED)
+            done += got
+        return np.frombuffer(buffer, dtype=_NUMPY_DTYPES[dtype], count=count).reshape(shape)
 
 
 def _companions(entries, dtype_and_shape, damaged: str) -> dict[str, str]:

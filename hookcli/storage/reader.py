@@ -16,13 +16,14 @@ alike: ``grid``, ``report`` and ``info`` take any of them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Protocol, Self
+import json
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Protocol, Self
 
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["FeatureReader"]
+__all__ = ["FeatureReader", "ReadingMapping"]
 
 
 class FeatureReader(Protocol):
@@ -88,3 +89,53 @@ class FeatureReader(Protocol):
     def __enter__(self) -> Self: ...
 
     def __exit__(self, *exc_info: object) -> None: ...
+
+
+class ReadingMapping(Mapping[str, Any]):
+    """A reader as a read-only mapping: ``reader[key]`` reads tensor ``key`` whole when asked (a numpy array;
+    ``key + "@shape"`` gives a ragged key's row shapes), iteration gives :meth:`~FeatureReader.keys`, and
+    :attr:`inputs`, :attr:`skipped` and :meth:`row` read the rest. The readers of files and folders share it, so
+    that ``open_features(path)["layer3"]`` works as the in-memory result's ``features["layer3"]`` does.
+    """
+
+    metadata: Mapping[str, str]
+
+    def keys(self) -> list[str]:  # type: ignore[override]  # a list, as every reader's (Mapping's is a view)
+        raise NotImplementedError
+
+    def read(self, key: str, index: int | None = None, part: slice | None = None) -> np.ndarray:
+        raise NotImplementedError
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        return self.read(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.keys())
+
+    def __len__(self) -> int:
+        return len(self.keys())
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.keys()
+
+    def __bool__(self) -> bool:
+        return True  # an open reader is something, whatever it holds
+
+    __hash__ = object.__hash__
+
+    def __eq__(self, other: object) -> bool:
+        return self is other  # not by value: comparing would read every tensor
+
+    def row(self, key: str, index: int) -> np.ndarray:
+        """Row ``index`` of ``key`` in its own shape (a ragged key's without its padding)."""
+        return self.read(key, index)
+
+    @property
+    def inputs(self) -> list[str]:
+        """The input each row came from, in row order (from the ``inputs`` metadata)."""
+        return json.loads(self.metadata.get("inputs", "[]"))
+
+    @property
+    def skipped(self) -> list[dict]:
+        """Inputs left out by ``on_error="skip"``: ``{"input", "error"}`` each."""
+        return json.loads(self.metadata.get("skipped", "[]"))

@@ -48,7 +48,7 @@ from hookcli.storage import fileformat
 from hookcli.storage.features import FeatureFile
 from hookcli.storage.fileformat import INDEX_NAME
 from hookcli.storage.index import check_shard, finished_shards, leading_shards, read_index, shard_layout
-from hookcli.storage.reader import FeatureReader
+from hookcli.storage.reader import FeatureReader, ReadingMapping
 
 if TYPE_CHECKING:
     import numpy as np
@@ -59,7 +59,7 @@ __all__ = [
 ]
 
 
-class ShardedFeatures:
+class ShardedFeatures(ReadingMapping):
     """A shard folder (or its ``index.jsonl``) read as one file: rows run on across shards.
 
     Offers the reading interface of every reader (:class:`~hookcli.storage.reader.FeatureReader`), so
@@ -153,7 +153,7 @@ class ShardedFeatures:
             self._open[1].close()
             self._open = None
 
-    def keys(self) -> list[str]:
+    def keys(self) -> list[str]:  # type: ignore[override]  # a list, as every reader's
         return list(self._keys)
 
     def dtype(self, key: str) -> str:

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, BinaryIO
 import torch
 
 from hookcli.errors import MemoryLimitError
-from hookcli.files import format_bytes
+from hookcli.files import check_writable, format_bytes, hold_output, release_output
 from hookcli.inputs.archives import file_stamp, input_files, input_name
 from hookcli.storage import fileformat
 from hookcli.storage.features import Features
@@ -194,11 +194,31 @@ class FileWriter(_WholeWriter):
     def __init__(self, record: RunRecord, paths: Sequence, path: str | os.PathLike, *, force: bool = False) -> None:
         super().__init__(record, paths)
         self.path, self.force = os.fspath(path), force
+        self._held: int | None = None
+
+    def begin(self, batch_size: int):
+        """Mark the output as this process's (:func:`~hookcli.files.hold_output`) before any work: a second run
+        writing the same file stops at once."""
+        self._held = hold_output(self.path)
+        check_writable(self.path, force=self.force)  # a run that finished meanwhile wrote it
+        return super().begin(batch_size)
 
     def _deliver(self, tensors, metadata) -> Path:
-        write_safetensors(tensors, metadata, self.path, force=self.force)
+        try:
+            write_safetensors(tensors, metadata, self.path, force=self.force)
+        finally:
+            self._release()
         self.written = [self.path]  # reported as given: ./out.safetensors stays so
         return Path(self.path)
+
+    def abort(self) -> None:
+        super().abort()
+        self._release()
+
+    def _release(self) -> None:
+        if self._held is not None:
+            release_output(self.path, self._held)
+            self._held = None
 
 
 class StdoutWriter(_WholeWriter):
