@@ -165,6 +165,7 @@ def atomic_path(
     *,
     force: bool = False,
     publish: Callable[[], contextlib.AbstractContextManager[bool]] | None = None,
+    sweep: bool = True,
 ) -> Iterator[Path]:
     """Yield a temporary path next to ``target``; on success it becomes ``target``.
 
@@ -172,10 +173,12 @@ def atomic_path(
     On any exception (including Ctrl-C, and SIGTERM on the command line) the temporary file is removed and
     ``target`` is untouched. A temporary file of the same target left by a run that was killed outright is
     removed first: each one is locked while in use, so only abandoned ones are. ``publish`` (for one writer among
-    several): the rename happens inside ``with publish() as wanted``, and only if ``wanted``.
+    several): the rename happens inside ``with publish() as wanted``, and only if ``wanted``. ``sweep=False``
+    leaves the abandoned ones to the caller (a shard writer sweeps its folder once, not once a shard).
     """
     path = check_writable(target, force=force)
-    remove_abandoned(path.parent, f".{glob.escape(path.name)}.*.part")
+    if sweep:
+        remove_abandoned(path.parent, f".{glob.escape(path.name)}.*.part")
     handle, temporary = _locked_temporary(path)
     try:
         with reporting_full_disk(path):

@@ -26,6 +26,7 @@ images for that.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -136,8 +137,13 @@ class Preprocess:
         """The preprocessing a file's ``preprocess`` metadata records (None if it records none).
 
         The text is untrusted: anything but the fields :meth:`to_json` writes,
-        with values in range, raises ValueError saying what is wrong.
+        with values in range, raises ValueError saying what is wrong. Read
+        once for each text (every picture of a file asks).
         """
+        return _from_metadata(text)
+
+    @classmethod
+    def _read_metadata(cls, text: str | None) -> Preprocess | None:
         if not text:
             return None
         try:
@@ -220,3 +226,8 @@ class Preprocess:
 
 def _is_side(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_SIDE
+
+
+@functools.lru_cache(maxsize=16)
+def _from_metadata(text: str | None) -> Preprocess | None:
+    return Preprocess._read_metadata(text)  # a Preprocess is frozen: one may serve every picture

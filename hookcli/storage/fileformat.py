@@ -35,7 +35,7 @@ import dataclasses
 import hashlib
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 
@@ -388,21 +388,43 @@ def _whole(value, low: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= low
 
 
-def folder_metadata(header: Mapping, shards: Sequence[Mapping]) -> dict[str, str]:
-    """A shard folder read as one file: the run's metadata with every shard's inputs (and skipped) in row order."""
-    metadata = dict(header["metadata"])
-    metadata["inputs"] = json.dumps([p for entry in shards for p in entry["inputs"]])
-    for name in ROW_DETAILS:
-        if any(entry.get(name) for entry in shards):
-            metadata[name] = json.dumps([value for entry in shards for value in entry.get(name, [])])
-    skipped = [s for entry in shards for s in entry["skipped"]]
-    if skipped:
-        metadata["skipped"] = json.dumps(skipped)
-    done = sum(entry["count"] for entry in shards)
-    metadata["shards"] = json.dumps(
-        {"count": len(shards), "inputs_done": done, "inputs": header["inputs"], "complete": done == header["inputs"]}
-    )
-    return metadata
+def folder_metadata(header: Mapping, shards: Sequence[Mapping]) -> Mapping[str, str]:
+    """A shard folder read as one file: the run's metadata with every shard's inputs (and skipped) in row order.
+
+    The entries that list every row (``inputs``, ``skipped``, the :data:`ROW_DETAILS`) are made when first
+    asked for: a folder of a million inputs opens without writing a million names into one string.
+    """
+    return _FolderMetadata(header, shards)
+
+
+class _FolderMetadata(Mapping[str, str]):
+    def __init__(self, header: Mapping, shards: Sequence[Mapping]) -> None:
+        self._shards = shards
+        self._made = dict(header["metadata"])
+        self._later = ["inputs", *(name for name in ROW_DETAILS if any(entry.get(name) for entry in shards))]
+        if any(entry["skipped"] for entry in shards):
+            self._later.append("skipped")
+        done = sum(entry["count"] for entry in shards)
+        self._made["shards"] = json.dumps(
+            {
+                "count": len(shards),
+                "inputs_done": done,
+                "inputs": header["inputs"],
+                "complete": done == header["inputs"],
+            }
+        )
+        self._keys = [*header["metadata"], *self._later, "shards"]
+
+    def __getitem__(self, key: str) -> str:
+        if key not in self._made and key in self._later:
+            self._made[key] = json.dumps([value for entry in self._shards for value in entry.get(key, [])])
+        return self._made[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
 
 
 #: The package that builds a model of each source named by a prefix (its version goes into the metadata).

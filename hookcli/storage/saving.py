@@ -35,9 +35,10 @@ def write_safetensors(
     *,
     force: bool = False,
     publish: Callable[[], contextlib.AbstractContextManager[bool]] | None = None,
+    sweep: bool = True,
 ) -> None:
     """Write ``tensors`` and ``metadata`` as a safetensors file to a path (atomically; ``publish`` as
-    :func:`atomic_path`'s) or to a binary stream.
+    :func:`atomic_path`'s, as is ``sweep``) or to a binary stream.
 
     The header, then each tensor's bytes in turn, go straight into the
     temporary file :func:`atomic_path` holds locked (or into the stream): no
@@ -46,7 +47,10 @@ def write_safetensors(
     abandoned.
     """
     if isinstance(destination, str | os.PathLike):
-        with atomic_path(destination, force=force, publish=publish) as temporary, open(temporary, "r+b") as handle:
+        with (
+            atomic_path(destination, force=force, publish=publish, sweep=sweep) as temporary,
+            open(temporary, "r+b") as handle,
+        ):
             _serialise(tensors, metadata, handle)
         return
     _serialise(tensors, metadata, destination)

@@ -276,6 +276,7 @@ class ShardWriter:
             self.folder / line["file"],
             force=True,
             publish=lambda: self._publishing(number, line),
+            sweep=False,  # swept once, when the folder opened: a glob a shard would cost O(shards²) over a run
         )
 
     @contextlib.contextmanager

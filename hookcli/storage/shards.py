@@ -153,6 +153,11 @@ class ShardedFeatures(ReadingMapping):
             self._open[1].close()
             self._open = None
 
+    @property
+    def inputs(self) -> list[str]:
+        """The input each row came from, in row order, from the index (no JSON made)."""
+        return [path for entry in self.shards for path in entry["inputs"]]
+
     def keys(self) -> list[str]:  # type: ignore[override]  # a list, as every reader's
         return list(self._keys)
 
