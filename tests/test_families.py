@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -123,8 +124,8 @@ def _ragged_rows() -> RowBuffer:
     return rows
 
 
-def test_ragged_rows_are_stored_padded_with_each_rows_shape(tmp_path):
-    tensors = _ragged_rows().tensors()
+def test_ragged_rows_held_padded_read_as_stored_without_padding(tmp_path):
+    tensors = _ragged_rows().tensors(flat=False)
     assert list(tensors) == ["maps", "maps@shape", "flat"]
     assert tensors["maps"].shape == (3, 2, 5, 6) and tensors["maps@shape"].tolist() == [[2, 3, 4], [2, 5, 2], [2, 1, 6]]
     assert tensors["maps"][0, :, 3:].abs().sum() == 0 and tensors["maps"][0, :, :, 4:].abs().sum() == 0
@@ -146,11 +147,15 @@ def test_ragged_rows_are_stored_padded_with_each_rows_shape(tmp_path):
         inputs=(),
         command={},
     )
-    metadata = run_metadata(record, RunFacts(calls={"x": 1}), keys=list(tensors))
+    metadata = run_metadata(record, RunFacts(calls={"x": 1}), keys=list(tensors), flat=False)
     assert metadata["format"] == "2" and json.loads(metadata["layers"])["x"]["keys"] == ["maps"]
-    path = tmp_path / "r.safetensors"
-    write_safetensors(tensors, metadata, path)
-    for features in (FeatureFile(path), Features(tensors, metadata)):
+    path, flat = tmp_path / "r.safetensors", tmp_path / "flat.safetensors"
+    write_safetensors(tensors, metadata, path)  # format 2, as files were before format 3
+    stored = _ragged_rows().tensors()
+    assert stored["maps"].shape == (2 * 3 * 4 + 2 * 5 * 2 + 2 * 1 * 6,)  # format 3: the rows' values, no padding
+    write_safetensors(stored, run_metadata(record, RunFacts(calls={"x": 1}), keys=list(stored)), flat)
+    assert FeatureFile(flat).metadata["format"] == "3" and flat.stat().st_size < path.stat().st_size
+    for features in (FeatureFile(path), FeatureFile(flat), Features(tensors, metadata)):
         with features:
             assert list(features.keys()) == ["maps", "flat"]
             assert features.ragged("maps") and not features.ragged("flat")
@@ -159,11 +164,12 @@ def test_ragged_rows_are_stored_padded_with_each_rows_shape(tmp_path):
             assert features.read("maps", 1).tolist() == [[[2.0] * 2] * 5] * 2
             assert features.read("maps", 2, slice(1, 2)).shape == (1, 1, 6)
             assert features.read("maps").shape == (3, 2, 5, 6)
+            np.testing.assert_array_equal(features.read_rows("maps", 1, 3), tensors["maps"][1:3].numpy())
             assert features.row_shape("flat", 0) == []
 
 
 def test_a_companion_that_does_not_fit_is_refused(tmp_path):
-    tensors = _ragged_rows().tensors()
+    tensors = _ragged_rows().tensors(flat=False)
     path = tmp_path / "bad.safetensors"
     write_safetensors({**tensors, "maps@shape": tensors["maps@shape"][:, :2]}, {}, path)
     with pytest.raises(FeatureFileError) as caught:
@@ -199,7 +205,7 @@ def test_a_shard_folder_reads_ragged_rows_across_shards(tmp_path):
     for number, rows in enumerate((first, second)):
         writer.submit(
             number,
-            rows.tensors(),
+            rows.tensors(flat=False),
             {"format": "2", "shard": str(number), "inputs": json.dumps(rows.inputs)},
             rows.inputs,
             [],
@@ -228,3 +234,24 @@ def test_a_key_that_changes_form_between_batches_is_refused():
     rows.add({"maps": torch.ones(1, 2, 3)}, slice(None), ["a.jpg"])
     with pytest.raises(ValueError, match="'maps' came as rows of their own shapes after coming the other way"):
         rows.add({"maps": [torch.ones(2, 4)]}, slice(None), ["b.jpg"])
+
+
+def test_a_flat_companion_that_does_not_account_for_the_values_is_refused(tmp_path):
+    tensors = _ragged_rows().tensors()
+    path = tmp_path / "bad.safetensors"
+    shapes = tensors["maps@shape"].clone()
+    shapes[1, 1] = 9
+    write_safetensors({**tensors, "maps@shape": shapes}, {"format": "3"}, path)
+    with FeatureFile(path) as features, pytest.raises(FeatureFileError) as caught:
+        features.read("maps", 1)
+    assert str(caught.value) == (
+        f"'{path}' is damaged: the row shapes in 'maps@shape' account for 72 values, and 'maps' holds 56. Hint: "
+        "it was not written whole by a safetensors writer; write it again"
+    )
+    write_safetensors({**tensors, "maps": tensors["maps"][None]}, {"format": "3"}, path, force=True)
+    with pytest.raises(FeatureFileError) as caught:
+        FeatureFile(path)
+    assert str(caught.value) == (
+        f"'{path}' is damaged: 'maps@shape' is not the row shapes of 'maps' [1, 56]. Hint: 'maps' is [1, 56], where "
+        "rows stored one after the other make one axis; write the file again"
+    )

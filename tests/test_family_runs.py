@@ -8,6 +8,7 @@ import pytest
 import torch
 import torchvision.models
 from PIL import Image
+from safetensors import safe_open
 from torchvision.transforms import functional as F
 
 import hookcli
@@ -73,7 +74,7 @@ def test_segmentation_rows_of_their_own_sizes_equal_hooks_by_hand(tmp_path):
             torch.testing.assert_close(torch.from_numpy(features.read(key, index)), expected[0], rtol=1e-5, atol=1e-5)
 
 
-def test_a_shard_folder_of_ragged_rows_says_format_2_everywhere(tmp_path):
+def test_a_shard_folder_of_ragged_rows_is_stored_without_padding_in_format_3(tmp_path):
     images = [_noise(tmp_path / "wide.png", (60, 40), 0), _noise(tmp_path / "tall.png", (40, 56), 1)]
     index = hookcli.extract(
         "lraspp_mobilenet_v3_large",
@@ -84,14 +85,20 @@ def test_a_shard_folder_of_ragged_rows_says_format_2_everywhere(tmp_path):
         output=str(tmp_path / "feats") + "/",
         shard_size=1,
     )
+    in_memory = hookcli.extract("lraspp_mobilenet_v3_large", "classifier", images, weights="none", resize=32)
     header = json.loads(index.read_text().splitlines()[0])
-    assert header["metadata"]["format"] == "2"
+    assert header["metadata"]["format"] == "3"
     with open_features(tmp_path / "feats") as features:
-        assert features.metadata["format"] == "2" and features.shape("classifier") == [2, 21, 6, 6]
+        assert features.metadata["format"] == "3" and features.shape("classifier") == [2, 21, 6, 6]
         assert [features.row_shape("classifier", i) for i in range(2)] == [[21, 4, 6], [21, 6, 4]]
-    for shard in sorted((tmp_path / "feats").glob("features-*.safetensors")):
-        with open_features(shard) as one:
-            assert one.metadata["format"] == "2"
+        for row in range(2):
+            np.testing.assert_array_equal(features.read("classifier", row), in_memory.read("classifier", row))
+        np.testing.assert_array_equal(features["classifier"], in_memory.read("classifier"))  # padded when whole
+    for number, shard in enumerate(sorted((tmp_path / "feats").glob("features-*.safetensors"))):
+        with safe_open(str(shard), "np") as stored:
+            assert stored.metadata()["format"] == "3"
+            assert stored.get_tensor("classifier").shape == (21 * 4 * 6,)  # the row's values, no padding
+            assert stored.get_tensor("classifier@shape").tolist() == [[[21, 4, 6], [21, 6, 4]][number]]
 
 
 def test_detection_rows_are_each_images_part_of_the_padded_batch(tmp_path, runner):
@@ -119,7 +126,7 @@ def test_detection_rows_are_each_images_part_of_the_padded_batch(tmp_path, runne
     padded = image_list.tensors.shape[-2:]
     assert padded == (576, 448)
     with open_features(tmp_path / "d.safetensors") as features:
-        assert features.metadata["format"] == "2" and features.metadata["family"] == "detection"
+        assert features.metadata["format"] == "3" and features.metadata["family"] == "detection"
         for index, (height, width) in enumerate(image_list.image_sizes):
             rows = -(-batch.shape[-2] * height // padded[0])
             columns = -(-batch.shape[-1] * width // padded[1])
@@ -467,3 +474,16 @@ def test_pair_with_takes_one_folder_as_inputs_do(tmp_path):
         "raft_small", "update_block.flow_head", str(firsts), weights="none", pair_with=str(seconds)
     )
     assert json.loads(features.metadata["second_inputs"]) == [str(seconds / "0.png")]
+
+
+def test_a_segmentation_run_over_extreme_aspect_ratios_stores_no_padding(tmp_path):
+    images = [_noise(tmp_path / "wide.png", (256, 32), 0), _noise(tmp_path / "tall.png", (32, 256), 1)]
+    path = hookcli.extract(
+        "lraspp_mobilenet_v3_large", "classifier", images, weights="none", resize=32, output=tmp_path / "s.safetensors"
+    )
+    with safe_open(str(path), "np") as stored:
+        assert stored.get_tensor("classifier@shape").tolist() == [[21, 4, 32], [21, 32, 4]]
+        assert stored.get_tensor("classifier").shape == (2 * 21 * 4 * 32,)  # padded, it would be 2 x 21 x 32 x 32
+    assert path.stat().st_size < 2 * 21 * 4 * 32 * 4 + 8192  # the values, the companion and the header
+    with open_features(path) as features:
+        assert features.shape("classifier") == [2, 21, 32, 32] and features.nbytes("classifier") == 2 * 21 * 4 * 32 * 4

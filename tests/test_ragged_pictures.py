@@ -42,7 +42,9 @@ def _rows(features: dict, inputs) -> RowBuffer:
 
 
 def _write(path, buffer: RowBuffer, **metadata) -> None:
-    write_safetensors(buffer.tensors(), {"format": "2", "inputs": json.dumps(buffer.inputs), **metadata}, path)
+    write_safetensors(
+        buffer.tensors(flat=False), {"format": "2", "inputs": json.dumps(buffer.inputs), **metadata}, path
+    )
 
 
 def _maps(*shapes, seed=0) -> list[torch.Tensor]:
@@ -103,7 +105,7 @@ def _shard_folder(tmp_path, photos) -> str:
         buffer = _rows({"maps": maps[rows]}, photos[rows])
         writer.submit(
             number,
-            buffer.tensors(),
+            buffer.tensors(flat=False),
             {"format": "2", "shard": str(number), "inputs": json.dumps(buffer.inputs)},
             buffer.inputs,
             [],
@@ -141,7 +143,7 @@ def test_each_row_is_drawn_at_its_own_shape(runner, tmp_path, photos, source):
 )
 def test_a_ragged_rows_picture_is_that_of_the_same_row_stored_plainly(tmp_path, photos, options):
     buffer = _rows({"maps": _maps((4, 5, 12), (4, 12, 5), (4, 7, 7))}, photos)
-    ragged = Features(buffer.tensors(), {"inputs": json.dumps(buffer.inputs)})
+    ragged = Features(buffer.tensors(flat=False), {"inputs": json.dumps(buffer.inputs)})
     grid_options = GridOptions(**options)
     drawn = {job.row: render_job(ragged, job, grid_options) for job in plan_grids(ragged, grid_options, None)}
     assert ragged.ragged("maps") and ragged.shape("maps") == [3, 4, 12, 12]
@@ -288,7 +290,7 @@ def test_a_detections_picture_is_enlarged_and_captioned_with_its_count(tmp_path,
 
 def test_detections_need_the_photos(runner, tmp_path, photos):
     unlisted = tmp_path / "unlisted.safetensors"
-    write_safetensors(_detection_rows(photos).tensors(), {"format": "2", "family": "detection"}, unlisted)
+    write_safetensors(_detection_rows(photos).tensors(flat=False), {"format": "2", "family": "detection"}, unlisted)
     result = runner.invoke(main, ["grid", str(unlisted), "-o", str(tmp_path / "g")])
     assert result.exit_code == 0, result.output
     assert (

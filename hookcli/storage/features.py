@@ -38,7 +38,7 @@ import numpy as np
 
 from hookcli.errors import FeatureFileError
 from hookcli.files import NotRegularFile, open_regular
-from hookcli.storage.fileformat import ROW_SHAPE, RunFacts
+from hookcli.storage.fileformat import FLAT_FORMAT_VERSION, ROW_SHAPE, RunFacts
 from hookcli.storage.reader import ReadingMapping
 
 if TYPE_CHECKING:
@@ -174,8 +174,15 @@ class FeatureFile(ReadingMapping):
         try:
             self.size = os.fstat(self._handle.fileno()).st_size
             self._data_start, self.metadata, self._entries = self._read_header()
+            #: Ragged keys stored without padding (format 3): key -> (row shapes, offsets in values, largest row).
+            self._flat: dict[str, tuple[np.ndarray, np.ndarray, list[int]]] | None = (
+                {} if self.metadata.get("format") == FLAT_FORMAT_VERSION else None
+            )
             self._row_shapes = _companions(
-                self._entries, lambda key: self._entries[key][:2], f"'{self.name}' is damaged"
+                self._entries,
+                lambda key: self._entries[key][:2],
+                f"'{self.name}' is damaged",
+                flat=self._flat is not None,
             )
             self._shape_tables: dict = {}
         except BaseException:
@@ -242,14 +249,38 @@ class FeatureFile(ReadingMapping):
         """Row ``index``'s own shape: from the ``@shape`` companion when ``key`` is ragged, else the stored one."""
         if key not in self._row_shapes:
             return self.shape(key)[1:]
+        if self._flat is not None:
+            return self._flat_rows(key)[0][index].tolist()
         if key not in self._shape_tables:  # read and checked once: readers ask for every row's, some many times
             self._shape_tables[key] = _checked_row_shapes(self, key, self._raw_read(self._row_shapes[key]))
         return self._shape_tables[key][index].tolist()
+
+    def _flat_rows(self, key: str) -> tuple[np.ndarray, np.ndarray, list[int]]:
+        """A flat ragged key's row shapes, where each row's values begin (and the end), and its largest row; read
+        and checked once: the shapes must account for every stored value."""
+        if key not in self._flat:  # type: ignore[operator]
+            table = np.asarray(self._raw_read(self._row_shapes[key]), dtype=np.int64)
+            sizes = table.prod(axis=1) if table.size else np.zeros(len(table), dtype=np.int64)
+            offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+            stored = self._entries[key][1][0]
+            if (table < 0).any() or int(offsets[-1]) != stored:
+                raise FeatureFileError(
+                    f"'{self.name}' is damaged: the row shapes in '{key}{ROW_SHAPE}' account for "
+                    f"{int(offsets[-1]) if not (table < 0).any() else 'negative'} values, and '{key}' holds {stored}",
+                    hint=_DAMAGED,
+                )
+            largest = table.max(axis=0).tolist() if len(table) else [0] * table.shape[1]
+            self._flat[key] = (table, offsets, largest)  # type: ignore[index]
+        return self._flat[key]  # type: ignore[index]
 
     def dtype(self, key: str) -> str:
         return self._entries[key][0]
 
     def shape(self, key: str) -> list[int]:
+        """``[rows, …]``; a ragged key's padded to its largest row (stored without padding in format 3)."""
+        if self._flat is not None and key in self._row_shapes:
+            table, _, largest = self._flat_rows(key)
+            return [len(table), *largest]
         return list(self._entries[key][1])
 
     def nbytes(self, key: str) -> int:
@@ -269,9 +300,21 @@ class FeatureFile(ReadingMapping):
         booleans as stored. A row of a ragged key comes back in its own shape
         (the whole tensor, and :meth:`read_rows`, padded with zeros).
         """
+        if self._flat is not None and key in self._row_shapes:
+            return self._flat_read(key, index, part)
         if index is not None and key in self._row_shapes:
             return _own_part(self._raw_read(key, index), self.row_shape(key, index), part)
         return self._raw_read(key, index, part)
+
+    def _flat_read(self, key: str, index: int | None, part: slice | None) -> np.ndarray:
+        table, offsets, _ = self._flat_rows(key)
+        if index is None:
+            return self.read_rows(key, 0, len(table))
+        if not -len(table) <= index < len(table):
+            raise IndexError(f"row {index} out of range for '{key}' with {len(table)} rows")
+        dtype, _, begin = self._entries[key]
+        row = self._read_at(dtype, begin + int(offsets[index]) * _itemsize(dtype), table[index].tolist())
+        return _widened(row[part] if part is not None else row, dtype)
 
     def _raw_read(self, key: str, index: int | None = None, part: slice | None = None) -> np.ndarray:
         dtype, shape, begin = self._entries[key]
@@ -294,11 +337,30 @@ class FeatureFile(ReadingMapping):
 
     def read_rows(self, key: str, start: int, stop: int) -> np.ndarray:
         """Rows ``start:stop`` of tensor ``key`` (clipped as a slice is), in one read, converted as :meth:`read`."""
+        if self._flat is not None and key in self._row_shapes:
+            return self._flat_rows_padded(key, start, stop)
         dtype, shape, begin = self._entries[key]
         first, last, _ = slice(start, stop).indices(shape[0])
         row = [*shape[1:]]
         offset = begin + first * math.prod(row) * _itemsize(dtype)
         return _widened(self._read_at(dtype, offset, [max(last - first, 0), *row]), dtype)
+
+    def _flat_rows_padded(self, key: str, start: int, stop: int) -> np.ndarray:
+        """Rows ``start:stop`` of a flat ragged key in one read, padded with zeros to the key's largest row."""
+        table, offsets, largest = self._flat_rows(key)
+        dtype, _, begin = self._entries[key]
+        first, last, _ = slice(start, stop).indices(len(table))
+        last = max(last, first)
+        values = self._read_at(
+            dtype, begin + int(offsets[first]) * _itemsize(dtype), [int(offsets[last] - offsets[first])]
+        )
+        padded = np.zeros((last - first, *largest), dtype=values.dtype)
+        for number in range(first, last):
+            shape = table[number].tolist()
+            piece = values[offsets[number] - offsets[first] : offsets[number + 1] - offsets[first]]
+            within: tuple[int | slice, ...] = (number - first, *(slice(0, n) for n in shape))
+            padded[within] = piece.reshape(shape)
+        return _widened(padded, dtype)
 
     def _read_at(self, dtype: str, offset: int, shape: list[int]) -> np.ndarray:
         count = math.prod(shape)
@@ -312,8 +374,9 @@ class FeatureFile(ReadingMapping):
         return np.frombuffer(buffer, dtype=_NUMPY_DTYPES[dtype], count=count).reshape(shape)
 
 
-def _companions(entries, dtype_and_shape, damaged: str) -> dict[str, str]:
-    """``{key: its @shape companion}`` for the ragged keys among ``entries``, each checked to fit its key."""
+def _companions(entries, dtype_and_shape, damaged: str, *, flat: bool = False) -> dict[str, str]:
+    """``{key: its @shape companion}`` for the ragged keys among ``entries``, each checked to fit its key (``flat``:
+    a key of format 3, its rows' values one after the other)."""
     found = {}
     for companion in entries:
         key = companion.removesuffix(ROW_SHAPE)
@@ -321,7 +384,10 @@ def _companions(entries, dtype_and_shape, damaged: str) -> dict[str, str]:
             continue
         dtype, shape = dtype_and_shape(companion)
         rows = list(dtype_and_shape(key)[1])
-        wrong = _row_shapes_problem(dtype, list(shape), rows)
+        if flat:
+            wrong = _flat_row_shapes_problem(dtype, list(shape), key, rows)
+        else:
+            wrong = _row_shapes_problem(dtype, list(shape), rows)
         if wrong:
             raise FeatureFileError(
                 f"{damaged}: '{companion}' is not the row shapes of '{key}' {rows}",
@@ -329,6 +395,17 @@ def _companions(entries, dtype_and_shape, damaged: str) -> dict[str, str]:
             )
         found[key] = companion
     return found
+
+
+def _flat_row_shapes_problem(dtype: str, shape: list[int], key: str, stored: list[int]) -> str:
+    """What keeps a tensor of ``dtype`` and ``shape`` from being the row shapes of flat ragged ``key`` (stored as
+    ``stored``), or "": a 1-D key, and ``[rows, dimensions]`` whole numbers (whether they account for every value
+    is checked when they are read)."""
+    if len(stored) != 1:
+        return f"'{key}' is {_short(stored)}, where rows stored one after the other make one axis"
+    if len(shape) != 2 or shape[1] < 1:
+        return f"its shape is {_short(shape)}, where row shapes are [rows, dimensions]"
+    return _row_shapes_problem(dtype, shape, [shape[0], *([0] * shape[1])])
 
 
 def _row_shapes_problem(dtype: str, shape: list[int], rows: list[int]) -> str:

@@ -48,6 +48,7 @@ __all__ = [
     "INDEX_VERSION",
     "PRODUCER",
     "RAGGED_FORMAT_VERSION",
+    "FLAT_FORMAT_VERSION",
     "ROW_DETAILS",
     "ROW_SHAPE",
     "RunFacts",
@@ -70,10 +71,14 @@ __all__ = [
 ]
 
 FORMAT_VERSION = "1"
-#: The ``format`` of a file holding ragged keys (rows with shapes of their own): version 1 readers would take their
-#: padding for data.
+#: The ``format`` of ragged keys (rows with shapes of their own) held padded: each key ``[N, *largest]``, zeros
+#: beyond a row's own shape. What results in memory hold, and what files held before :data:`FLAT_FORMAT_VERSION`.
 RAGGED_FORMAT_VERSION = "2"
-#: A ragged key's companion: ``<key>@shape``, int64 ``[N, ndim]``, each row's own shape within the padded tensor.
+#: The ``format`` of a file holding ragged keys without padding: each key a 1-D tensor of its rows' values one
+#: after the other (each row in C order), its ``@shape`` companion giving each row's shape. Version 1 and 2
+#: readers would misread them.
+FLAT_FORMAT_VERSION = "3"
+#: A ragged key's companion: ``<key>@shape``, int64 ``[N, ndim]``, each row's own shape.
 ROW_SHAPE = "@shape"
 PRODUCER = "hookcli"
 INDEX_NAME = "index.jsonl"
@@ -198,10 +203,12 @@ def keys_of_layer(key: str, keys: Sequence[str]) -> list[str]:
     return [k for k in keys if k == key or (k.startswith(key) and k[len(key)] in ":@#")]
 
 
-def run_metadata(record: RunRecord, facts: RunFacts, *, keys: Sequence[str]) -> dict[str, str]:
-    """The metadata every file of the run shares (a shard folder's index keeps it once): strings, JSON for structure."""
+def run_metadata(record: RunRecord, facts: RunFacts, *, keys: Sequence[str], flat: bool = True) -> dict[str, str]:
+    """The metadata every file of the run shares (a shard folder's index keeps it once): strings, JSON for structure.
+    ``flat``: ragged keys are stored without padding (files); else padded (results in memory)."""
     ragged = any(key.endswith(ROW_SHAPE) for key in keys)
-    metadata = {"format": RAGGED_FORMAT_VERSION if ragged else FORMAT_VERSION, "producer": PRODUCER}
+    version = (FLAT_FORMAT_VERSION if flat else RAGGED_FORMAT_VERSION) if ragged else FORMAT_VERSION
+    metadata = {"format": version, "producer": PRODUCER}
     for f in _fields(_METADATA):
         value = getattr(record, f.name)
         if f.name == "layers":

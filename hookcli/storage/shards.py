@@ -121,11 +121,14 @@ class ShardedFeatures(ReadingMapping):
         """Open each shard once, now, and check its header against its index line and the first shard's layout: a
         damaged folder is refused before anything is drawn or written from it. The largest row of each ragged key
         is read on the way."""
+        self._stored = dict.fromkeys(self._keys, 0)
         for number, entry in enumerate(self.shards):
             shard = self._shard(number)
             if entry["inputs"]:
                 for key in self._ragged:
                     self._largest[key] = [max(a, b) for a, b in zip(self._largest[key], shard.shape(key)[1:])]
+                for key in self._keys:
+                    self._stored[key] += shard.nbytes(key)
 
     def _shard(self, number: int) -> FeatureFile:
         """Shard ``number``, opened (and checked against its index line and the first shard) on first use."""
@@ -176,8 +179,8 @@ class ShardedFeatures(ReadingMapping):
         return self._shard(number).row_shape(key, row)
 
     def nbytes(self, key: str) -> int:
-        per_row = FeatureFile.row_bytes(self.dtype(key), self.shape(key)[1:])
-        return per_row * self.rows
+        """The bytes ``key`` takes in the shards, as stored (a ragged key's without padding in format 3)."""
+        return self._stored[key]
 
     def read(self, key: str, index: int | None = None, part: slice | None = None) -> np.ndarray:
         if index is None:

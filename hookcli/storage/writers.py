@@ -71,15 +71,17 @@ class RowBuffer:
     """Rows of a file (or of one shard) in tensors allocated once for ``capacity`` rows, with their inputs.
 
     A feature given as a list of row tensors (ragged rows, each of its own
-    shape) is held padded with zeros to the largest row so far (the buffer
-    grows when a larger row comes), and :meth:`tensors` adds its
-    ``<key>@shape`` companion (:data:`~hookcli.storage.fileformat.ROW_SHAPE`).
+    shape) is held as the rows themselves, and :meth:`tensors` gives it
+    without padding (one 1-D tensor of the rows' values, one after the other)
+    or padded with zeros to the largest row, with its ``<key>@shape``
+    companion (:data:`~hookcli.storage.fileformat.ROW_SHAPE`) either way.
     """
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self._tensors: dict = {}
-        self._shapes: dict = {}
+        self._ragged: dict[str, list] = {}  # key -> its rows, each as computed
+        self._order: list[str] = []  # the keys as they first came
         self.inputs: list[str] = []
         self.details: dict[str, list] = {}  # hookcli.storage.fileformat.ROW_DETAILS of rows cut from videos, or pairs
         self.skipped: list[dict] = []
@@ -89,11 +91,13 @@ class RowBuffer:
         """Append ``rows`` of batch-first ``features``, the inputs they came from and (gradient runs) their targets."""
         start = len(self.inputs)
         for key, value in features.items():
-            if isinstance(value, list) != (key in self._shapes) and key in self._tensors:
+            if key not in self._order:
+                self._order.append(key)
+            if isinstance(value, list) != (key in self._ragged) and (key in self._tensors or key in self._ragged):
                 form = "rows of their own shapes" if isinstance(value, list) else "one tensor"
                 raise ValueError(f"'{key}' came as {form} after coming the other way: a run gives each key one form")
             if isinstance(value, list):
-                self._add_ragged(key, value[rows], start)
+                self._ragged.setdefault(key, []).extend(value[rows])
                 continue
             if key not in self._tensors:
                 self._tensors[key] = torch.empty((self.capacity, *value.shape[1:]), dtype=value.dtype)
@@ -107,33 +111,36 @@ class RowBuffer:
                 self.details.setdefault("second_inputs", []).append(input_name(item.second))
         self.targets.extend(targets or ())
 
-    def _add_ragged(self, key: str, rows: list, start: int) -> None:
-        held = self._tensors.get(key)
-        largest = [
-            max(sizes) for sizes in zip(*(row.shape for row in rows), *([held.shape[1:]] if held is not None else []))
-        ]
-        if held is None or list(held.shape[1:]) != largest:
-            grown = torch.zeros((self.capacity, *largest), dtype=rows[0].dtype)
-            if held is not None:
-                grown[(slice(None), *(slice(0, n) for n in held.shape[1:]))] = held
-            self._tensors[key] = held = grown
-            self._shapes.setdefault(key, torch.zeros((self.capacity, len(largest)), dtype=torch.int64))
-        for offset, row in enumerate(rows):
-            within: tuple[int | slice, ...] = (start + offset, *(slice(0, n) for n in row.shape))
-            held[within] = row
-            self._shapes[key][start + offset] = torch.tensor(row.shape, dtype=torch.int64)
-
     def skip(self, path, error: str) -> None:
         self.skipped.append({"input": input_name(path), "error": error})
 
-    def tensors(self) -> dict:
-        """The rows added so far, by key; a ragged key's ``@shape`` companion right after it."""
+    def tensors(self, *, flat: bool = True) -> dict:
+        """The rows added so far, by key; a ragged key's ``@shape`` companion right after it. ``flat``: a ragged
+        key's rows one after the other in one 1-D tensor (what files store); else padded to the largest row."""
         found = {}
-        for key, value in self._tensors.items():
-            found[key] = value[: len(self.inputs)]
-            if key in self._shapes:
-                found[key + ROW_SHAPE] = self._shapes[key][: len(self.inputs)]
+        for key in self._order:
+            if key in self._tensors:
+                found[key] = self._tensors[key][: len(self.inputs)]
+                continue
+            rows = self._ragged[key][: len(self.inputs)]
+            found[key] = _flattened(rows) if flat else _padded(rows)
+            found[key + ROW_SHAPE] = torch.tensor([list(row.shape) for row in rows], dtype=torch.int64).reshape(
+                len(rows), rows[0].dim() if rows else 0
+            )
         return found
+
+
+def _flattened(rows: list) -> torch.Tensor:
+    return torch.cat([row.reshape(-1) for row in rows]) if rows else torch.zeros(0)
+
+
+def _padded(rows: list) -> torch.Tensor:
+    largest = [max(sizes) for sizes in zip(*(row.shape for row in rows))]
+    held = torch.zeros((len(rows), *largest), dtype=rows[0].dtype)
+    for number, row in enumerate(rows):
+        within: tuple[int | slice, ...] = (number, *(slice(0, n) for n in row.shape))
+        held[within] = row
+    return held
 
 
 class _WholeWriter:
@@ -146,6 +153,7 @@ class _WholeWriter:
         self.skipped: list[dict] = []
         self.written: list[str | Path] = []
 
+    flat = True  # ragged keys are stored without padding (format 3); results in memory hold them padded
     done = 0  # inputs an earlier run did
     complete = True  # the output holds every input once finish() returns
     finisher = True  # this process completed the output (and so draws its pictures)
@@ -167,8 +175,8 @@ class _WholeWriter:
         self.skipped.extend({"input": input_name(self.paths[i]), "error": e} for i, e in batch.failures)
 
     def finish(self):
-        tensors = self.rows.tensors()
-        run = fileformat.run_metadata(self.record, self.facts, keys=list(tensors))
+        tensors = self.rows.tensors(flat=self.flat)
+        run = fileformat.run_metadata(self.record, self.facts, keys=list(tensors), flat=self.flat)
         metadata = fileformat.file_metadata(
             run, inputs=self.rows.inputs, skipped=self.skipped, targets=self.rows.targets, details=self.rows.details
         )
@@ -183,6 +191,8 @@ class _WholeWriter:
 
 class MemoryWriter(_WholeWriter):
     """Returns the rows as :class:`~hookcli.storage.features.Features`: nothing is written."""
+
+    flat = False
 
     def _deliver(self, tensors, metadata) -> Features:
         return Features(tensors, metadata, facts=self.facts)
@@ -230,6 +240,10 @@ class StdoutWriter(_WholeWriter):
 
     def _deliver(self, tensors, metadata) -> Features:
         write_safetensors(tensors, metadata, self.stream or sys.stdout.buffer)
+        if metadata["format"] == fileformat.FLAT_FORMAT_VERSION:  # drawn from the rows held padded, as in memory
+            assert self.rows is not None, "finish() delivers rows"
+            tensors = self.rows.tensors(flat=False)
+            metadata = {**metadata, "format": fileformat.RAGGED_FORMAT_VERSION}
         return Features(tensors, metadata, name="stdout", facts=self.facts)
 
 
@@ -321,7 +335,7 @@ class FolderWriter:
                 for key, value in batch.features.items()
                 for name in ((key, key + ROW_SHAPE) if isinstance(value, list) else (key,))
             ]
-            self.run_metadata = fileformat.run_metadata(self.record, batch.facts, keys=keys)
+            self.run_metadata = fileformat.run_metadata(self.record, batch.facts, keys=keys, flat=True)
             if self.writer.header is None:
                 size = self.shard_size or auto_shard_size(row_bytes(batch.features), self.batch_size, len(self.paths))
                 self.writer.start_writing(fileformat.index_header(self.record, self.run_metadata, size))
