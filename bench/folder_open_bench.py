@@ -98,7 +98,12 @@ def main() -> None:
             for name, tree in (("this tree", ROOT), (args.base, base)):
                 env = {**os.environ, "PYTHONPATH": str(tree)}
                 done = subprocess.run(
-                    [sys.executable, "-c", _MEASURE, str(folder)], env=env, capture_output=True, text=True, check=True
+                    [sys.executable, "-c", _MEASURE, str(folder)],
+                    cwd=tree,  # -c puts the current folder first on the module path
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    check=True,
                 )
                 opened, total, peak = done.stdout.split()
                 print(f"{name:<12} {opened + 's':>8} {total + 's':>9} {peak:>9}")
