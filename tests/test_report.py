@@ -163,12 +163,17 @@ def test_many_pages_link_to_a_window_of_nearby_pages(tmp_path):
     }
 
 
-def test_the_summary_lists_the_source_rows_tensors_and_metadata(folder, tmp_path):
+def test_the_first_page_opens_with_pictures_and_keeps_the_files_details_collapsed_below(folder, tmp_path):
     text = hookcli.report(folder, output=tmp_path / "r", page_size=3).read_text()
     summary = re.search(r'<section id="summary">.*?</section>', text, flags=re.S).group(0)
     assert f"<tr><th>source</th><td>{folder}</td></tr>" in summary
     assert "<tr><th>images (rows)</th><td>7</td></tr>" in summary
     assert "<tr><th>pages</th><td>3 of up to 3 images</td></tr>" in summary
+    assert "<table class=\"tensors\">" not in summary and "metadata" not in summary.replace("tensors and metadata", "")
+    assert '<ol start="0">' in text and '<ol start="3">' in (tmp_path / "r" / "page-00002.html").read_text()
+    first_image, details = text.index('<section class="image"'), text.index('<details class="about" id="file">')
+    assert text.index(summary) < text.index('<nav id="contents"') < first_image < details
+    summary = text[details : text.index("</details>", details)]  # collapsed: no open attribute
     assert "<tr><td>layer1</td><td>F32</td><td>[7,64,16,16]</td><td>448.0 KiB</td><td>yes</td></tr>" in summary
     assert "<tr><td>logits</td><td>F32</td><td>[7,1000]</td><td>27.3 KiB</td><td>yes</td></tr>" in summary
     assert "<tr><th>model</th><td>resnet18</td></tr>" in summary

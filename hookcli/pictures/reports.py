@@ -165,7 +165,7 @@ def write_report(
         pages_of_rows = _batches(itertools.chain.from_iterable(rows), page_size)
         report = _Report(features, plan, tensors, options, pages, emit)
 
-        def write(number: int, page_rows: list[int], summary: str = "") -> None:
+        def write(number: int, page_rows: list[int], summary: tuple[str, str] = ("", "")) -> None:
             path = folder / page_name(number)
             if not path.exists():
                 new_pages.append(path)
@@ -323,18 +323,20 @@ class _Report:
         self.undrawable: set[str] = set()
         self.photo_problem = False
 
-    def write_page(self, path: Path, number: int, rows: Sequence[int], *, force: bool, summary: str = "") -> None:
+    def write_page(
+        self, path: Path, number: int, rows: Sequence[int], *, force: bool, summary: tuple[str, str] = ("", "")
+    ) -> None:
         title = f"{self.features.name} · hookcli report · page {number} of {self.pages}"
         with atomic_path(path, force=force) as temporary, open(temporary, "w", encoding="utf-8") as page:
             page.write(HEAD.format(policy=CONTENT_SECURITY_POLICY, title=escaped(title), style=STYLE))
             page.write(f"<header><h1>hookcli report: {escaped(self.features.name)}</h1>\n")
             page.write(pager(number, self.pages) + "</header>\n<main>\n")
-            if summary:
-                page.write(summary)
+            page.write(summary[0])  # page 1: the file in a few lines; its tensors and metadata after the pictures
             page.write(self._contents(number, rows))
             for row in rows:
                 page.write(self._row(row))
                 self.emit(Advanced(1))
+            page.write(summary[1])
             page.write(
                 f"</main>\n<footer>{pager(number, self.pages)}<p>Written by hookcli "
                 f"{escaped(__version__)}.</p></footer>\n</body>\n</html>\n"
@@ -358,7 +360,11 @@ class _Report:
                 f'<li><a href="#{row_anchor(row)}">Image {row}: {escaped(job.name)}</a><ul>{tensors}</ul></li>'
             )
         back = "" if number == 1 else '<p><a href="index.html#summary">Summary of the file</a></p>'
-        return f'<nav id="contents" aria-label="contents"><h2>On this page</h2>{back}<ol>{"".join(items)}</ol></nav>\n'
+        start = rows[0] if rows else 0  # numbered as the images are, from 0 and on from page to page
+        return (
+            f'<nav id="contents" aria-label="contents"><h2>On this page</h2>{back}<ol start="{start}">'
+            f"{''.join(items)}</ol></nav>\n"
+        )
 
     def _row(self, row: int) -> str:
         job = self._job(self.longest, row)
@@ -481,7 +487,9 @@ def _summary(
     page_size: int,
     pages: int,
     notes: Sequence[str],
-) -> str:
+) -> tuple[str, str]:
+    """``(summary, file)``: the short summary the first page opens with, and the file's tensors and metadata in a
+    collapsed section that follows its pictures."""
     described = describe_file(features, stats=False)
     drawn = {t.key for t in tensors} | set(detections)
     rows = max(t.rows for t in tensors)
@@ -495,7 +503,17 @@ def _summary(
     parts = [
         '<section id="summary">\n<h2>Summary</h2>\n<table class="facts">',
         *(f"<tr><th>{escaped(name)}</th><td>{escaped(value)}</td></tr>" for name, value in facts),
-        '</table>\n<h3>Tensors</h3>\n<table class="tensors"><tr><th>key</th><th>dtype</th><th>shape</th>'
+        "</table>\n",
+    ]
+    if notes:
+        parts.append(
+            '<h3>Notes</h3>\n<ul class="notes">' + "".join(f"<li>{escaped(n)}</li>" for n in notes) + "</ul>\n"
+        )
+    parts.append('<p><a href="#file">The file\'s tensors and metadata</a> follow the pictures.</p>\n</section>\n')
+    top = "".join(parts)
+    parts = [
+        '<details class="about" id="file">\n<summary>The file: its tensors and metadata</summary>\n'
+        '<h3>Tensors</h3>\n<table class="tensors"><tr><th>key</th><th>dtype</th><th>shape</th>'
         "<th>size</th><th>in the report</th></tr>",
     ]
     for t in described["tensors"]:
@@ -504,10 +522,6 @@ def _summary(
             f"</td><td>{format_bytes(t['bytes'])}</td><td>{'yes' if t['key'] in drawn else 'no'}</td></tr>"
         )
     parts.append("</table>\n")
-    if notes:
-        parts.append(
-            '<h3>Notes</h3>\n<ul class="notes">' + "".join(f"<li>{escaped(n)}</li>" for n in notes) + "</ul>\n"
-        )
     if described["metadata"]:
         parts.append('<h3>Metadata</h3>\n<table class="metadata">')
         metadata = described["metadata"]
@@ -515,5 +529,5 @@ def _summary(
             f"<tr><th>{escaped(key)}</th><td>{value_html(metadata[key])}</td></tr>" for key in metadata_order(metadata)
         )
         parts.append("</table>\n")
-    parts.append("</section>\n")
-    return "".join(parts)
+    parts.append("</details>\n")
+    return top, "".join(parts)
