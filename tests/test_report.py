@@ -549,3 +549,17 @@ def test_a_report_that_fails_part_way_leaves_no_pages_and_no_folder(folder, tmp_
         f"'{shard}' is not a safetensors file. Hint: its first 8 bytes do not give a header length that fits the file"
     )
     assert not (tmp_path / "r").exists()
+
+
+def test_a_classifiers_highest_outputs_are_named_with_the_weights_class_names(tmp_path):
+    names = ["tench", "goldfish", "great white shark", "tiger shark", "hammerhead"]
+    logits = np.array([[0.1, 3.0, -1.0, 2.0, 0.5]], dtype=np.float32)
+    features = Features({"fc": logits}, {"categories": json.dumps(names), "inputs": json.dumps(["a.jpg"])})
+    text = write_report(features, tmp_path / "r", GridOptions(), page_size=5).read_text()
+    table = re.search(r'<table class="channels">.*?</table>', text).group(0)
+    assert "<caption>Highest outputs</caption><tr><th>channel</th><th>class</th><th>mean</th></tr>" in table
+    assert re.findall(r"<tr><td>(\d+)</td><td>([a-z ]+)</td>", table)[:3] == [
+        ("1", "goldfish"),
+        ("3", "tiger shark"),
+        ("4", "hammerhead"),
+    ]

@@ -11,6 +11,7 @@ import base64
 import html
 import io
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -152,13 +153,19 @@ def detections_table(found: Detections) -> str:
     )
 
 
-def channels_table(channels: list[tuple[int, float]]) -> str:
+def channels_table(channels: list[tuple[int, float]], names: Sequence[str] | None = None) -> str:
+    """The most active channels and their means; ``names`` (a classifier's class names) name them."""
     if len(channels) < 2:
         return ""
-    rows = "".join(f"<tr><td>{index}</td><td{_data(mean)}>{_number(mean, '.4g')}</td></tr>" for index, mean in channels)
+    named = names is not None and all(index < len(names) for index, _ in channels)
+    rows = "".join(
+        f"<tr><td>{index}</td>{f'<td>{escaped(names[index])}</td>' if named else ''}"  # type: ignore[index]
+        f"<td{_data(mean)}>{_number(mean, '.4g')}</td></tr>"
+        for index, mean in channels
+    )
     return (
-        f'<table class="channels"><caption>Most active channels</caption><tr><th>channel</th>'
-        f"<th>mean</th></tr>{rows}</table>"
+        f'<table class="channels"><caption>{"Highest outputs" if named else "Most active channels"}</caption>'
+        f"<tr><th>channel</th>{'<th>class</th>' if named else ''}<th>mean</th></tr>{rows}</table>"
     )
 
 

@@ -25,11 +25,11 @@ from hookcli.storage.reader import FeatureReader
 
 __all__ = [
     "BOXES",
+    "DRAWN_DETECTIONS",
+    "Detections",
     "channels_first",
     "channels_last",
     "detection_keys",
-    "Detections",
-    "DRAWN_DETECTIONS",
     "drawn_row_shape",
     "drawn_shape",
     "draws_flow",
@@ -37,6 +37,7 @@ __all__ = [
     "input_names",
     "one_map_a_row",
     "read_detections",
+    "recorded_categories",
     "recorded_prefix_tokens",
     "row_drawn",
     "select_rows",
@@ -57,6 +58,22 @@ BOXES = f"{DETECTIONS}#boxes"
 
 #: What the detections picture shows of them.
 DRAWN_DETECTIONS = (BOXES, f"{DETECTIONS}#labels", f"{DETECTIONS}#scores")
+
+
+#: The most class names read from a file (the metadata is untrusted).
+_MOST_CATEGORIES = 100_000
+
+
+def recorded_categories(metadata) -> list[str] | None:
+    """The class names a file's metadata records for its weights, or None when it records none, or something that
+    is not a list of names."""
+    try:
+        names = json.loads(metadata.get("categories", "null"))
+    except (ValueError, RecursionError, TypeError):
+        return None
+    if not isinstance(names, list) or len(names) > _MOST_CATEGORIES or not all(isinstance(n, str) for n in names):
+        return None
+    return names or None
 
 
 def recorded_prefix_tokens(metadata) -> int | None:

@@ -73,7 +73,14 @@ from hookcli.pictures.html import (
     value_html,
 )
 from hookcli.pictures.options import GridJob, GridOptions
-from hookcli.pictures.reading import detection_keys, drawn_shape, input_names, read_detections, select_rows
+from hookcli.pictures.reading import (
+    detection_keys,
+    drawn_shape,
+    input_names,
+    read_detections,
+    recorded_categories,
+    select_rows,
+)
 from hookcli.pictures.render import NotDrawable, RowNotDrawable
 from hookcli.pictures.summary import describe_file
 from hookcli.storage.features import FeatureFile
@@ -320,6 +327,7 @@ class _Report:
         self.longest = max(tensors, key=lambda t: t.rows)  # it has every row, and each row's name
         self.targets = _Targets(features, self.longest.rows, lambda text: emit(Note(text)))
         self.metadata = features.metadata
+        self.categories = recorded_categories(self.metadata)
         self.undrawable: set[str] = set()
         self.photo_problem = False
 
@@ -392,10 +400,14 @@ class _Report:
             '<div class="body">',
             self._picture(tensor, row, values),
             stats_table(values),
-            channels_table(most_active(values)) if tensor.key not in self.cams else "",
+            channels_table(most_active(values), self._class_names(values)) if tensor.key not in self.cams else "",
             "</div>\n</article>\n",
         ]
         return "".join(parts)
+
+    def _class_names(self, values: np.ndarray) -> list[str] | None:
+        """The weights' class names when ``values`` are one score a class (a classifier's logits), else None."""
+        return self.categories if values.ndim == 1 and self.categories and len(values) == len(self.categories) else None
 
     def _role(self, key: str, targets: list) -> str:
         """What a gradient or CAM tensor is, and which of the row's targets it is for."""

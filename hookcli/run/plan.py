@@ -259,6 +259,7 @@ def _record(loaded: LoadedModel, selected, settings: RunSettings, opts: RunOptio
         command=entries,
         family=loaded.family,
         prefix_tokens=loaded.prefix_tokens,
+        categories=tuple(loaded.categories) if loaded.categories else None,
     )
 
 

@@ -131,6 +131,9 @@ class RunRecord:
     #: Tokens a vision transformer puts before its patch tokens (class, registers): pictures fold the rest into a
     #: square. None (left out of the metadata) for other models; the model's name fixes it for the identity.
     prefix_tokens: int | None = field(default=None, metadata={"goes": (_METADATA,)})
+    #: The class names of the weights, in logit order (None, left out of the metadata, for weights without them):
+    #: what names a classifier's outputs in pictures and reports. The weights fix them for the identity.
+    categories: tuple[str, ...] | None = field(default=None, metadata={"goes": (_METADATA,)})
 
 
 @dataclass(frozen=True)
@@ -223,8 +226,8 @@ def run_metadata(record: RunRecord, facts: RunFacts, *, keys: Sequence[str], fla
                     for path, key in value.items()
                 }
             )
-        elif f.name == "command" or value is None and f.name == "prefix_tokens":
-            continue  # the command's own entries come last; a model without tokens says nothing of them
+        elif f.name == "command" or value is None and f.name in ("prefix_tokens", "categories"):
+            continue  # the command's own entries come last; a model without tokens or class names says nothing
         else:
             metadata[f.name] = value if isinstance(value, str) else json.dumps(value)
         if f.name == "memory_format":
