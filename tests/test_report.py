@@ -169,7 +169,7 @@ def test_the_first_page_opens_with_pictures_and_keeps_the_files_details_collapse
     assert f"<tr><th>source</th><td>{folder}</td></tr>" in summary
     assert "<tr><th>images (rows)</th><td>7</td></tr>" in summary
     assert "<tr><th>pages</th><td>3 of up to 3 images</td></tr>" in summary
-    assert "<table class=\"tensors\">" not in summary and "metadata" not in summary.replace("tensors and metadata", "")
+    assert '<table class="tensors">' not in summary and "metadata" not in summary.replace("tensors and metadata", "")
     assert '<ol start="0">' in text and '<ol start="3">' in (tmp_path / "r" / "page-00002.html").read_text()
     first_image, details = text.index('<section class="image"'), text.index('<details class="about" id="file">')
     assert text.index(summary) < text.index('<nav id="contents"') < first_image < details
