@@ -7,6 +7,7 @@ detections a detection model stored.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Sequence
@@ -88,13 +89,20 @@ def recorded_prefix_tokens(metadata) -> int | None:
 
 
 def input_names(metadata, rows: int) -> list[str] | None:
-    """The metadata's ``inputs``, one name a row, or None when it does not list ``rows`` names."""
+    """The metadata's ``inputs``, one name a row, or None when it does not list ``rows`` names (read once for each
+    text: a grid and a report ask several times, and a folder's list may hold millions)."""
+    text = metadata.get("inputs", "[]")
+    inputs = _names(text) if isinstance(text, str) else None
+    return list(inputs) if inputs is not None and len(inputs) == rows else None
+
+
+@functools.lru_cache(maxsize=4)
+def _names(text: str) -> tuple[str, ...] | None:
     try:
-        inputs = json.loads(metadata.get("inputs", "[]"))
-    except (ValueError, RecursionError):
+        inputs = json.loads(text)
+    except (ValueError, RecursionError, TypeError):
         return None
-    listed = isinstance(inputs, list) and len(inputs) == rows and all(isinstance(p, str) for p in inputs)
-    return inputs if listed else None
+    return tuple(inputs) if isinstance(inputs, list) and all(isinstance(p, str) for p in inputs) else None
 
 
 _ROW_RANGE = re.compile(r"(-?\d*):(-?\d*)")
