@@ -83,7 +83,6 @@ from hookcli.pictures.reading import (
 )
 from hookcli.pictures.render import NotDrawable, RowNotDrawable
 from hookcli.pictures.summary import describe_file
-from hookcli.storage.features import FeatureFile
 from hookcli.storage.fileformat import INDEX_NAME, metadata_order
 from hookcli.storage.reader import FeatureReader
 from hookcli.storage.shards import ShardedFeatures
@@ -298,8 +297,7 @@ class _Targets:
         number = bisect.bisect_right(self._starts, row) - 1
         if self._cached[0] != number:
             entry = self._sharded.shards[number]
-            with FeatureFile(self._sharded.folder / entry["file"], follow_links=False) as shard:
-                self._cached = (number, self._parse(shard.metadata.get("targets"), len(entry["inputs"])))
+            self._cached = (number, self._parse(self._sharded.shard_targets(number), len(entry["inputs"])))
         rows = self._cached[1]
         return rows[row - self._starts[number]] if rows else []
 

@@ -122,8 +122,10 @@ class ShardedFeatures(ReadingMapping):
         damaged folder is refused before anything is drawn or written from it. The largest row of each ragged key
         is read on the way."""
         self._stored = dict.fromkeys(self._keys, 0)
+        self._targets: list[str | None] = []
         for number, entry in enumerate(self.shards):
             shard = self._shard(number)
+            self._targets.append(shard.metadata.get("targets"))
             if entry["inputs"]:
                 for key in self._ragged:
                     self._largest[key] = [max(a, b) for a, b in zip(self._largest[key], shard.shape(key)[1:])]
@@ -155,6 +157,11 @@ class ShardedFeatures(ReadingMapping):
         if self._open is not None:
             self._open[1].close()
             self._open = None
+
+    def shard_targets(self, number: int) -> str | None:
+        """Shard ``number``'s ``targets`` metadata (grad and cam: each row's targets, JSON), as read when the folder
+        opened: the shards are not opened again for it."""
+        return self._targets[number]
 
     @property
     def inputs(self) -> list[str]:
