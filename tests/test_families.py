@@ -255,3 +255,23 @@ def test_a_flat_companion_that_does_not_account_for_the_values_is_refused(tmp_pa
         f"'{path}' is damaged: 'maps@shape' is not the row shapes of 'maps' [1, 56]. Hint: 'maps' is [1, 56], where "
         "rows stored one after the other make one axis; write the file again"
     )
+
+
+@pytest.mark.parametrize(
+    ("shapes", "claimed"),
+    [
+        ([[-2, 2, 2], [2, 5, 2], [2, 1, 6]], "row 0 of 'maps' claims shape [-2, 2, 2]"),
+        ([[2, 3, 4], [2**22] * 3, [0, 0, 0]], "row 1 of 'maps' claims shape [4194304, 4194304, 4194304]"),
+    ],
+)
+def test_flat_row_shapes_that_are_negative_or_beyond_the_values_are_refused(tmp_path, shapes, claimed):
+    """Sizes are whole numbers, so shapes whose product overflows 64 bits to a small number are refused too."""
+    tensors = _ragged_rows().tensors()
+    path = tmp_path / "bad.safetensors"
+    write_safetensors({**tensors, "maps@shape": torch.tensor(shapes)}, {"format": "3"}, path)
+    with FeatureFile(path) as features, pytest.raises(FeatureFileError) as caught:
+        features.row_shape("maps", 0)
+    assert str(caught.value) == (
+        f"'{path}' is damaged: {claimed}, and 'maps' holds 56 values. Hint: it was not written whole by a "
+        "safetensors writer; write it again"
+    )

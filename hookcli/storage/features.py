@@ -24,6 +24,7 @@ when asked for no output file.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -260,15 +261,25 @@ class FeatureFile(ReadingMapping):
         and checked once: the shapes must account for every stored value."""
         if key not in self._flat:  # type: ignore[operator]
             table = np.asarray(self._raw_read(self._row_shapes[key]), dtype=np.int64)
-            sizes = table.prod(axis=1) if table.size else np.zeros(len(table), dtype=np.int64)
-            offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
             stored = self._entries[key][1][0]
-            if (table < 0).any() or int(offsets[-1]) != stored:
+            # A dimension beyond the stored values is damage (it would ask for a padded tensor of any size); within
+            # them, sizes are Python's whole numbers, which no crafted shape overflows.
+            wrong = np.flatnonzero(((table < 0) | (table > max(stored, 1))).any(axis=1))
+            if wrong.size:
+                row = int(wrong[0])
                 raise FeatureFileError(
-                    f"'{self.name}' is damaged: the row shapes in '{key}{ROW_SHAPE}' account for "
-                    f"{int(offsets[-1]) if not (table < 0).any() else 'negative'} values, and '{key}' holds {stored}",
+                    f"'{self.name}' is damaged: row {row} of '{key}' claims shape {table[row].tolist()}, and "
+                    f"'{key}' holds {stored} values",
                     hint=_DAMAGED,
                 )
+            offsets = np.array([0, *itertools.accumulate(math.prod(row) for row in table.tolist())], dtype=object)
+            if offsets[-1] != stored:
+                raise FeatureFileError(
+                    f"'{self.name}' is damaged: the row shapes in '{key}{ROW_SHAPE}' account for {offsets[-1]} "
+                    f"values, and '{key}' holds {stored}",
+                    hint=_DAMAGED,
+                )
+            offsets = offsets.astype(np.int64)
             largest = table.max(axis=0).tolist() if len(table) else [0] * table.shape[1]
             self._flat[key] = (table, offsets, largest)  # type: ignore[index]
         return self._flat[key]  # type: ignore[index]
