@@ -214,6 +214,13 @@ def hold_output(target: str | os.PathLike) -> int:
         raise OutputExistsError(
             f"another hookcli process is writing '{target}'", hint="wait for it to finish, or write to another file"
         ) from None
+    try:
+        same = os.stat(lock, follow_symlinks=False).st_ino == os.fstat(descriptor).st_ino
+    except FileNotFoundError:
+        same = False
+    if not same:  # the lock file a finishing process removed between our open and our lock: take the new one
+        os.close(descriptor)
+        return hold_output(target)
     return descriptor
 
 

@@ -8,7 +8,7 @@ import torch
 
 import hookcli
 from hookcli.cli import main
-from hookcli.errors import FeatureFileError
+from hookcli.errors import CaptureError, FeatureFileError
 from hookcli.inputs.preprocess import Preprocess
 from hookcli.inputs.transforms import to_transform
 from hookcli.storage.features import FeatureFile, Features
@@ -275,3 +275,27 @@ def test_flat_row_shapes_that_are_negative_or_beyond_the_values_are_refused(tmp_
         f"'{path}' is damaged: {claimed}, and 'maps' holds 56 values. Hint: it was not written whole by a "
         "safetensors writer; write it again"
     )
+
+
+def test_flat_ragged_rows_read_by_negative_index_and_empty_rows_read_back(tmp_path):
+    rows = RowBuffer(3)
+    boxes = [torch.zeros(0, 4), torch.arange(8.0).reshape(2, 4), torch.zeros(0, 4)]  # images without detections
+    rows.add({"boxes": boxes}, slice(None), ["a.jpg", "b.jpg", "c.jpg"])
+    path = tmp_path / "boxes.safetensors"
+    write_safetensors(rows.tensors(), {"format": "3"}, path)
+    with FeatureFile(path) as features:
+        assert [features.row_shape("boxes", i) for i in range(3)] == [[0, 4], [2, 4], [0, 4]]
+        assert features.read("boxes", -2).tolist() == features.read("boxes", 1).tolist() == boxes[1].tolist()
+        assert features.read("boxes", -1).shape == (0, 4) and features.read("boxes").shape == (3, 2, 4)
+
+
+def test_tensors_are_laid_out_widest_first_so_each_starts_aligned(tmp_path):
+    import struct
+
+    path = tmp_path / "aligned.safetensors"
+    write_safetensors({"a": torch.ones(3, dtype=torch.uint8), "b": torch.ones(2, dtype=torch.float64)}, {}, path)
+    data = path.read_bytes()
+    header = json.loads(data[8 : 8 + struct.unpack("<Q", data[:8])[0]])
+    assert (header["b"]["data_offsets"], header["a"]["data_offsets"]) == ([0, 16], [16, 19])
+    with pytest.raises(CaptureError, match="'c' holds complex64 values, which hookcli does not store"):
+        write_safetensors({"c": torch.zeros(2, dtype=torch.complex64)}, {}, tmp_path / "c.safetensors")

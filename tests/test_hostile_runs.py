@@ -373,3 +373,25 @@ def test_a_second_run_writing_the_same_file_stops_before_its_work(runner, images
     assert _files(tmp_path) == ["imgs"]
     again = runner.invoke(main, [*EXTRACT, "-o", "out.safetensors", "imgs/a.png"])
     assert (again.exit_code, _files(tmp_path)) == (0, ["imgs", "out.safetensors"])
+
+
+def test_a_lock_file_removed_between_its_opening_and_its_locking_is_not_taken(tmp_path, monkeypatch):
+    """A finishing run removes its lock file; a run that opened the old one must not hold it beside a third run
+    that made and locked the new one."""
+    import hookcli.files
+    from hookcli.errors import OutputExistsError
+    from hookcli.files import hold_output
+
+    lock, target, real_flock, third = tmp_path / ".out.safetensors.lock", tmp_path / "out.safetensors", fcntl.flock, []
+
+    def meanwhile(descriptor, operation):
+        if not third:  # between this run's open and lock: the first run finishes, a third one starts
+            lock.unlink()
+            third.append(os.open(lock, os.O_RDWR | os.O_CREAT))
+            real_flock(third[0], fcntl.LOCK_EX)
+        return real_flock(descriptor, operation)
+
+    monkeypatch.setattr(hookcli.files.fcntl, "flock", meanwhile)
+    with pytest.raises(OutputExistsError, match="another hookcli process is writing"):
+        hold_output(target)
+    os.close(third[0])

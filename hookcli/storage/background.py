@@ -36,11 +36,6 @@ class Background:
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
-    @property
-    def failed(self) -> bool:
-        """Whether ``work`` has failed (the failure not raised yet)."""
-        return self._failure is not None
-
     def submit(self, item: Any) -> None:
         """Queue ``item``; raise an earlier failure of ``work`` instead."""
         self.raise_failure()

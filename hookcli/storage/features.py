@@ -71,6 +71,10 @@ _MAX_HEADER = 100 * 1024 * 1024
 #: Dimensions beyond these cannot be real (numpy's own limits are 64 axes and 2^63 elements).
 _MAX_DIMS, _MAX_DIM = 32, 2**62
 _DAMAGED = "it was not written whole by a safetensors writer; write it again"
+#: The longest side an empty row of a flat ragged key may claim (no detections: ``[0, 4]``).
+_EMPTY_ROW_SIDE = 1 << 16
+#: Rows of a flat ragged key asked for padded may take this many times their values' bytes (and 64 MiB besides).
+_PADDING_FACTOR = 64
 #: How the images people give by mistake begin: JPEG, PNG, GIF, WebP (RIFF), TIFF, BMP.
 _IMAGE_STARTS = (b"\xff\xd8\xff", b"\x89PNG", b"GIF8", b"RIFF", b"II*\x00", b"MM\x00*", b"BM")
 
@@ -262,9 +266,11 @@ class FeatureFile(ReadingMapping):
         if key not in self._flat:  # type: ignore[operator]
             table = np.asarray(self._raw_read(self._row_shapes[key]), dtype=np.int64)
             stored = self._entries[key][1][0]
-            # A dimension beyond the stored values is damage (it would ask for a padded tensor of any size); within
-            # them, sizes are Python's whole numbers, which no crafted shape overflows.
-            wrong = np.flatnonzero(((table < 0) | (table > max(stored, 1))).any(axis=1))
+            # A dimension beyond the stored values (or, for an empty row, beyond _EMPTY_ROW_SIDE) is damage: it would
+            # ask for a padded tensor of any size. Sizes are then summed as whole numbers, which no shape overflows.
+            empty = (table == 0).any(axis=1)
+            bound = np.where(empty, max(stored, _EMPTY_ROW_SIDE), max(stored, 1))
+            wrong = np.flatnonzero(((table < 0) | (table > bound[:, None])).any(axis=1))
             if wrong.size:
                 row = int(wrong[0])
                 raise FeatureFileError(
@@ -323,6 +329,7 @@ class FeatureFile(ReadingMapping):
             return self.read_rows(key, 0, len(table))
         if not -len(table) <= index < len(table):
             raise IndexError(f"row {index} out of range for '{key}' with {len(table)} rows")
+        index %= len(table)
         dtype, _, begin = self._entries[key]
         row = self._read_at(dtype, begin + int(offsets[index]) * _itemsize(dtype), table[index].tolist())
         return _widened(row[part] if part is not None else row, dtype)
@@ -365,6 +372,13 @@ class FeatureFile(ReadingMapping):
         values = self._read_at(
             dtype, begin + int(offsets[first]) * _itemsize(dtype), [int(offsets[last] - offsets[first])]
         )
+        padded_bytes = (last - first) * math.prod(largest) * values.itemsize
+        if padded_bytes > _PADDING_FACTOR * values.nbytes + (64 << 20):
+            raise FeatureFileError(
+                f"rows {first} to {last - 1} of '{key}' in '{self.name}' padded to {largest} would take "
+                f"{padded_bytes:,} bytes for {values.nbytes:,} of values",
+                hint="read the rows one at a time, each in its own shape (reader.row(key, i))",
+            )
         padded = np.zeros((last - first, *largest), dtype=values.dtype)
         for number in range(first, last):
             shape = table[number].tolist()

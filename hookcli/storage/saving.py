@@ -16,11 +16,13 @@ import contextlib
 import json
 import os
 import struct
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any, BinaryIO
 
 import torch
 
+from hookcli.errors import CaptureError
 from hookcli.files import atomic_path
 
 __all__ = [
@@ -67,6 +69,9 @@ _DTYPE_NAMES = {
     torch.int32: "I32",
     torch.int16: "I16",
     torch.int8: "I8",
+    torch.uint64: "U64",
+    torch.uint32: "U32",
+    torch.uint16: "U16",
     torch.uint8: "U8",
     torch.bool: "BOOL",
 }
@@ -74,11 +79,19 @@ _DTYPE_NAMES = {
 
 def _serialise(tensors: Mapping[str, Any], metadata: Mapping[str, str], handle: BinaryIO) -> None:
     """The safetensors layout: the header's length (8 bytes, little-endian), the JSON header (padded with spaces
-    to a multiple of 8 bytes), then the tensors' bytes, in the order of their keys, one after the other."""
+    to a multiple of 8 bytes), then the tensors' bytes one after the other, widest items first (so each tensor
+    starts aligned to its item size, as safetensors' own writer lays them out), then by key."""
+    assert sys.byteorder == "little", "safetensors stores little-endian values, as this machine holds them"
+    order = sorted(tensors, key=lambda key: (-tensors[key].element_size(), key))
     entries: dict[str, Any] = {"__metadata__": dict(metadata)} if metadata else {}
     offset = 0
-    for key in sorted(tensors):
+    for key in order:
         tensor = tensors[key]
+        if tensor.dtype not in _DTYPE_NAMES:
+            raise CaptureError(
+                f"'{key}' holds {str(tensor.dtype).removeprefix('torch.')} values, which hookcli does not store",
+                hint="store a layer whose output is of a float, integer or boolean type",
+            )
         size = tensor.numel() * tensor.element_size()
         entries[key] = {
             "dtype": _DTYPE_NAMES[tensor.dtype],
@@ -90,7 +103,7 @@ def _serialise(tensors: Mapping[str, Any], metadata: Mapping[str, str], handle: 
     header += b" " * (-len(header) % 8)
     handle.write(struct.pack("<Q", len(header)))
     handle.write(header)
-    for key in sorted(tensors):
+    for key in order:
         tensor = tensors[key].detach().to("cpu").contiguous()
         if tensor.numel():
             handle.write(memoryview(tensor.reshape(-1).view(torch.uint8).numpy()))

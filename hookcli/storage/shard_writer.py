@@ -88,9 +88,9 @@ class ShardWriter:
                 raise
             index = Index(None, [])  # --force: a damaged index goes, with the shards it listed
         header, shards, whole, end, ordered = index
-        if header is not None and fileformat.identity_differences(header["identity"], self.identity):
+        differ = fileformat.identity_differences(header["identity"], self.identity) if header is not None else []
+        if differ:
             if not force:
-                differ = fileformat.identity_differences(header["identity"], self.identity)
                 raise OutputExistsError(
                     f"'{self._given}' holds a different run (it differs in: {', '.join(differ)})",
                     hint="run the same command to continue it, add --force to replace it, or use another folder",
@@ -247,8 +247,7 @@ class ShardWriter:
         failed = False
         try:
             if writing is not None:
-                failed = writing.failed
-                writing.close()
+                writing.close()  # raises what failed
         except BaseException:
             failed = True
             raise

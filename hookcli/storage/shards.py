@@ -113,8 +113,8 @@ class ShardedFeatures(ReadingMapping):
         self._info = {k: (first.dtype(k), first.shape(k)[1:]) for k in self._keys}
         self._ragged = {k for k in self._keys if first.ragged(k)}
         self._largest: dict[str, list[int]] = {key: list(self._info[key][1]) for key in self._ragged}
+        self.size = 0
         self._check_every_shard()
-        self.size = sum((self.folder / entry["file"]).stat().st_size for entry in shards)
         self.metadata = fileformat.folder_metadata(header, shards)
 
     def _check_every_shard(self) -> None:
@@ -125,6 +125,7 @@ class ShardedFeatures(ReadingMapping):
         self._targets: list[str | None] = []
         for number, entry in enumerate(self.shards):
             shard = self._shard(number)
+            self.size += shard.size
             self._targets.append(shard.metadata.get("targets"))
             if entry["inputs"]:
                 for key in self._ragged:

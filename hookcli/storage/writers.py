@@ -209,8 +209,9 @@ class FileWriter(_WholeWriter):
     def begin(self, batch_size: int):
         """Mark the output as this process's (:func:`~hookcli.files.hold_output`) before any work: a second run
         writing the same file stops at once."""
+        check_writable(self.path, force=self.force)  # first: its errors say what is wrong with the name
         self._held = hold_output(self.path)
-        check_writable(self.path, force=self.force)  # a run that finished meanwhile wrote it
+        check_writable(self.path, force=self.force)  # again, held: a run that finished meanwhile wrote it
         return super().begin(batch_size)
 
     def _deliver(self, tensors, metadata) -> Path:
@@ -371,7 +372,8 @@ class FolderWriter:
             metadata = fileformat.shard_metadata(
                 run, number, inputs=rows.inputs, skipped=rows.skipped, targets=rows.targets, details=rows.details
             )
-            stamps = {path: file_stamp(path) for row in self.paths[first:end] for path in input_files(row)}
+            files = dict.fromkeys(path for row in self.paths[first:end] for path in input_files(row))  # a tar: once
+            stamps = {path: file_stamp(path) for path in files}
             self.writer.submit(number, rows.tensors(), metadata, rows.inputs, rows.skipped, rows.details, stamps)
             del self.open[number]
 
