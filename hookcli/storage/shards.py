@@ -47,7 +47,7 @@ from hookcli.errors import FeatureFileError
 from hookcli.storage import fileformat
 from hookcli.storage.features import FeatureFile
 from hookcli.storage.fileformat import INDEX_NAME
-from hookcli.storage.index import check_shard, finished_shards, leading_shards, read_index, shard_layout
+from hookcli.storage.index import check_shard, file_key, finished_shards, leading_shards, read_index, shard_layout
 from hookcli.storage.reader import FeatureReader, ReadingMapping
 
 if TYPE_CHECKING:
@@ -105,6 +105,7 @@ class ShardedFeatures(ReadingMapping):
             rows += len(entry["inputs"])
         self.rows = rows
         self._open: tuple[int, FeatureFile] | None = None
+        self._checked: dict[int, tuple] = {}  # shard number -> the file checked (its identity and size)
         self._layout: dict | None = None  # what every shard must match: the first one's, once it is checked
         self._with_rows = next((n for n, entry in enumerate(shards) if entry["inputs"]), 0)
         first = self._shard(self._with_rows)  # a shard whose inputs all failed may hold no tensors
@@ -139,9 +140,13 @@ class ShardedFeatures(ReadingMapping):
             if self._open is not None:
                 self._open[1].close()
                 self._open = None
-            shard = FeatureFile(self.folder / self.shards[number]["file"], follow_links=False)
+            path = self.folder / self.shards[number]["file"]
+            shard = FeatureFile(path, follow_links=False)
             try:
-                check_shard(shard, self.shards[number], self._layout)
+                found = (file_key(path), shard.size)
+                if self._checked.get(number) != found:  # checked once, unless the file changed since
+                    check_shard(shard, self.shards[number], self._layout)
+                    self._checked[number] = found
             except BaseException:
                 shard.close()
                 raise
