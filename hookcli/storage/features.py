@@ -41,6 +41,7 @@ from hookcli.errors import FeatureFileError
 from hookcli.files import NotRegularFile, open_regular
 from hookcli.storage.fileformat import FLAT_FORMAT_VERSION, ROW_SHAPE, RunFacts
 from hookcli.storage.reader import ReadingMapping
+from hookcli.storage.row_shapes import checked_row_shapes, companions, short
 
 if TYPE_CHECKING:
     import numpy as np
@@ -104,19 +105,19 @@ def _checked_entry(key: str, info, what: str, data_start: int, size: int) -> tup
         or math.prod(n for n in shape if n) * _itemsize(dtype) > _MAX_DIM
     ):  # numpy could not even shape it
         raise FeatureFileError(
-            f"{what} is damaged: tensor '{key}' has an impossible shape {_short(shape)}",
+            f"{what} is damaged: tensor '{key}' has an impossible shape {short(shape)}",
             hint=f"dimensions are whole numbers from 0 to 2^62, at most {_MAX_DIMS} of them, "
             "whose non-zero product is under 2^62 bytes",
         )
     if len(offsets) != 2 or not all(whole(n) for n in offsets) or offsets[0] > offsets[1]:
         raise FeatureFileError(
-            f"{what} is damaged: tensor '{key}' has impossible data_offsets {_short(offsets)}", hint=_DAMAGED
+            f"{what} is damaged: tensor '{key}' has impossible data_offsets {short(offsets)}", hint=_DAMAGED
         )
     begin, end = offsets
     claimed = math.prod(shape) * _itemsize(dtype)
     if end - begin != claimed:
         raise FeatureFileError(
-            f"{what} is damaged: tensor '{key}' of shape {_short(shape)} {dtype} needs {claimed} bytes "
+            f"{what} is damaged: tensor '{key}' of shape {short(shape)} {dtype} needs {claimed} bytes "
             f"but its data_offsets span {end - begin}",
             hint=_DAMAGED,
         )
@@ -144,11 +145,6 @@ def _without_repeats(pairs: list[tuple[str, object]]) -> dict:
                 raise _RepeatedKey(key)
             seen.add(key)
     return found
-
-
-def _short(value) -> str:
-    text = json.dumps(value)
-    return text if len(text) <= 80 else text[:77] + "..."
 
 
 class FeatureFile(ReadingMapping):
@@ -183,7 +179,7 @@ class FeatureFile(ReadingMapping):
             self._flat: dict[str, tuple[np.ndarray, np.ndarray, list[int]]] | None = (
                 {} if self.metadata.get("format") == FLAT_FORMAT_VERSION else None
             )
-            self._row_shapes = _companions(
+            self._row_shapes = companions(
                 self._entries,
                 lambda key: self._entries[key][:2],
                 f"'{self.name}' is damaged",
@@ -257,7 +253,7 @@ class FeatureFile(ReadingMapping):
         if self._flat is not None:
             return self._flat_rows(key)[0][index].tolist()
         if key not in self._shape_tables:  # read and checked once: readers ask for every row's, some many times
-            self._shape_tables[key] = _checked_row_shapes(self, key, self._raw_read(self._row_shapes[key]))
+            self._shape_tables[key] = checked_row_shapes(self, key, self._raw_read(self._row_shapes[key]))
         return self._shape_tables[key][index].tolist()
 
     def _flat_rows(self, key: str) -> tuple[np.ndarray, np.ndarray, list[int]]:
@@ -399,66 +395,6 @@ class FeatureFile(ReadingMapping):
         return np.frombuffer(buffer, dtype=_NUMPY_DTYPES[dtype], count=count).reshape(shape)
 
 
-def _companions(entries, dtype_and_shape, damaged: str, *, flat: bool = False) -> dict[str, str]:
-    """``{key: its @shape companion}`` for the ragged keys among ``entries``, each checked to fit its key (``flat``:
-    a key of format 3, its rows' values one after the other)."""
-    found = {}
-    for companion in entries:
-        key = companion.removesuffix(ROW_SHAPE)
-        if companion == key or key not in entries:
-            continue
-        dtype, shape = dtype_and_shape(companion)
-        rows = list(dtype_and_shape(key)[1])
-        if flat:
-            wrong = _flat_row_shapes_problem(dtype, list(shape), key, rows)
-        else:
-            wrong = _row_shapes_problem(dtype, list(shape), rows)
-        if wrong:
-            raise FeatureFileError(
-                f"{damaged}: '{companion}' is not the row shapes of '{key}' {rows}",
-                hint=f"{wrong}; write the file again",
-            )
-        found[key] = companion
-    return found
-
-
-def _flat_row_shapes_problem(dtype: str, shape: list[int], key: str, stored: list[int]) -> str:
-    """What keeps a tensor of ``dtype`` and ``shape`` from being the row shapes of flat ragged ``key`` (stored as
-    ``stored``), or "": a 1-D key, and ``[rows, dimensions]`` whole numbers (whether they account for every value
-    is checked when they are read)."""
-    if len(stored) != 1:
-        return f"'{key}' is {_short(stored)}, where rows stored one after the other make one axis"
-    if len(shape) != 2 or shape[1] < 1:
-        return f"its shape is {_short(shape)}, where row shapes are [rows, dimensions]"
-    return _row_shapes_problem(dtype, shape, [shape[0], *([0] * shape[1])])
-
-
-def _row_shapes_problem(dtype: str, shape: list[int], rows: list[int]) -> str:
-    """What keeps a tensor of ``dtype`` and ``shape`` from being the row shapes of a key shaped ``rows``, or ""."""
-    if len(rows) < 2:
-        return f"a key of shape {rows} has no row shapes to give"
-    if dtype not in ("I64", "I32"):
-        return f"it holds {dtype[:20]}, where row shapes are whole numbers (I64 or I32)"
-    wanted = [rows[0], len(rows) - 1]
-    if shape != wanted:
-        return f"its shape is {_short(shape)}, where {rows[0]} rows of {len(rows) - 1} dimensions need {wanted}"
-    return ""
-
-
-def _checked_row_shapes(features, key: str, table):
-    """Every row's own shape of ragged ``key`` (its ``@shape`` companion, ``[N, ndim]``), each within the padding."""
-    table, padded = np.asarray(table, dtype=np.int64), features.shape(key)[1:]
-    outside = np.flatnonzero(((table < 0) | (table > np.array(padded, dtype=np.int64))).any(axis=1))
-    if outside.size:
-        index = int(outside[0])
-        raise FeatureFileError(
-            f"'{features.name}' is damaged: row {index} of '{key}' claims shape "
-            f"{table[index].tolist()}, outside the stored {padded}",
-            hint=f"each row's shape in '{key}{ROW_SHAPE}' runs from 0 to the stored {padded}; write the file again",
-        )
-    return table
-
-
 def _own_part(row, shape: Sequence[int], part: slice | None):
     """A padded row cut to its own ``shape``, then to ``part`` of its first axis."""
     row = row[tuple(slice(0, n) for n in shape)]
@@ -499,7 +435,7 @@ class Features(Mapping[str, Any]):
         self.name, self.metadata, self.facts, self.notes = name, dict(metadata), facts, tuple(notes)
         self._tensors = {key: tensors[key] for key in _key_order(tensors, self.metadata)}
         self.size = sum(self.nbytes(key) for key in self._tensors)
-        self._row_shapes = _companions(
+        self._row_shapes = companions(
             self._tensors, lambda key: (self.dtype(key), self.shape(key)), f"'{name}' is damaged"
         )
         self._keys = [key for key in self._tensors if key not in self._row_shapes.values()]
@@ -527,7 +463,7 @@ class Features(Mapping[str, Any]):
         if key not in self._row_shapes:
             return self.shape(key)[1:]
         if key not in self._shape_tables:
-            self._shape_tables[key] = _checked_row_shapes(self, key, _as_numpy(self._tensors[self._row_shapes[key]]))
+            self._shape_tables[key] = checked_row_shapes(self, key, _as_numpy(self._tensors[self._row_shapes[key]]))
         return self._shape_tables[key][index].tolist()
 
     def row(self, key: str, index: int) -> Any:
