@@ -25,9 +25,8 @@ def first_line(err: BaseException | Warning | str) -> str:
     'The array is not writable'
     """
     lines = str(err).strip().splitlines()
-    if not lines:
-        return type(err).__name__
-    return _TORCH_SOURCE.sub("", lines[0])
+    line = _TORCH_SOURCE.sub("", lines[0]) if lines else ""
+    return line or ("" if isinstance(err, str) else type(err).__name__)
 
 
 _TORCH_SOURCE = re.compile(r"\s*\(Triggered internally at [^()]*\)\.?$")

@@ -183,3 +183,11 @@ def test_a_path_written_while_the_bar_shows_gets_a_line_of_its_own(capsys):
     reporter.bar = Bar()
     reporter(Wrote(Path("grids/a.png")))
     assert capsys.readouterr().out.splitlines() == ["[bar cleared]", "grids/a.png", "[bar drawn]"]
+
+
+def test_first_line_of_an_empty_message_is_empty_text_or_the_errors_type():
+    from hookcli.errors import first_line
+
+    assert first_line("") == ""
+    assert first_line(ValueError()) == "ValueError"
+    assert first_line(UserWarning("(Triggered internally at /pytorch/csrc/x.cpp:1.)")) == "UserWarning"

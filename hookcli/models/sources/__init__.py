@@ -88,6 +88,6 @@ def _check_listed(source: str) -> None:
     if source not in LISTED:
         raise UsageProblem(
             f"unknown source '{source}'",
-            hint=f"use one of {', '.join(PREFIXES)} (hookcli.describe_models lists torchvision's)",
+            hint=f"use one of {', '.join(PREFIXES)} (hookcli.models() lists torchvision's)",
         )
     check_model(ModelSpec(source, "x"))
