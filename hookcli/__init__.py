@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from hookcli.version import __version__
 
 if TYPE_CHECKING:  # what editors and type checkers see; at run time each name loads on first use (below)
-    from hookcli.api import cam, extract, grad, grid, info, layers, models, report
+    from hookcli.api import cam, extract, grad, grid, info, layers, models, report, stats
     from hookcli.errors import HookcliError
     from hookcli.models.loading import load_model
     from hookcli.run.capture import FeatureCapture, GradientCapture
@@ -55,6 +55,7 @@ _PUBLIC = {
     "report": "hookcli.api",
     "resolve_layers": "hookcli.run.selectors",
     "ShardedFeatures": "hookcli.storage.shards",
+    "stats": "hookcli.api",
 }
 
 __all__ = [
@@ -82,6 +83,7 @@ __all__ = [
     "plan",
     "report",
     "resolve_layers",
+    "stats",
 ]
 
 

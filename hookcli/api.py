@@ -46,7 +46,7 @@ from hookcli.pictures.options import GridOptions, default_grid_folder
 from hookcli.run.options import refuse_unknown
 from hookcli.run.outputs import DEFAULT_OUTPUT
 
-__all__ = ["DEFAULT_OUTPUT", "cam", "extract", "grad", "grid", "info", "layers", "models", "report"]
+__all__ = ["DEFAULT_OUTPUT", "cam", "extract", "grad", "grid", "info", "layers", "models", "report", "stats"]
 
 
 def extract(model, layers, inputs, *, output=None, progress: Callable | None = None, **options):
@@ -115,6 +115,32 @@ def cam(model, inputs, *, layer: str | None = None, output=None, progress: Calla
     'cams.safetensors'
     """
     return _run("cam", model, layer, inputs, output, options, progress)
+
+
+def stats(model=None, layers=None, inputs=None, *, output=None, progress: Callable | None = None, **options):
+    """Statistics of each channel of ``layers`` over every input, gathered in one pass: ``hookcli stats``.
+
+    For each layer key ``K``: ``K@count``, ``K@mean``, ``K@std``, ``K@min``,
+    ``K@max``, ``K@zeros`` (the share of exact zeros) over every value of
+    each channel; ``K@quantiles`` at the levels of ``quantiles``; the ``top``
+    inputs that drive each channel hardest, ranked by ``top_by``
+    (``K@top_values``, ``K@top_rows`` into ``.inputs``, ``K@top_at``, the
+    position of the largest value, and ``K@top_maps``); with ``pca``, the
+    covariance of the channels pooled over positions (``K@cov``) and its
+    principal components (``K@pca_values``, ``K@pca_vectors``). See
+    :mod:`hookcli.storage.stats_format`. Options: those of :func:`extract`
+    (no ``capture``, ``pool``, ``dtype``, ``grid``, ``detections``, ``flow``),
+    and ``top`` (9), ``top_by`` (``"max"``), ``quantiles``
+    (``(0.5, 0.99, 0.995)``) and ``pca`` (True). In memory (``output=None``)
+    a read-only mapping (:class:`~hookcli.storage.features.Features`);
+    with ``output="stats.safetensors"`` the file, whose path is returned.
+
+    >>> photo = __import__("matplotlib.cbook").cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)
+    >>> found = stats("resnet18", "layer4", [photo, photo], weights="none", resize=64, crop=64, top=1)
+    >>> found["layer4@mean"].shape, found["layer4@top_maps"].shape, int(found["layer4@count"])
+    (torch.Size([512]), torch.Size([512, 1, 2, 2]), 8)
+    """
+    return _run("stats", model, layers, inputs, output, options, progress)
 
 
 def grid(source, *, output=None, progress: Callable | None = None, force: bool = False, **options):

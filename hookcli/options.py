@@ -4,14 +4,14 @@ The command line's Click options (:mod:`hookcli.cli.declared`), the Python
 API's keywords and defaults (:class:`hookcli.run.options.RunOptions`,
 :class:`hookcli.pictures.options.GridOptions`), the library's range and
 choice checks and the CLI reference are all made from :data:`RUN_OPTIONS`
-and :data:`GRID_OPTIONS`. Changing a default or a bound is one edit here.
+and :data:`hookcli.grid_options.GRID_OPTIONS`. Changing a default or a bound is one edit here.
 
 The choices the options take live here too, so that a command that answers
 without torch (``--help``, ``models``, an early refusal) imports this module
 alone.
 
->>> declared("batch_size").default, declared("batch_size").flags, declared("padding", GRID_OPTIONS).high
-(16, ('--batch-size', '-b'), 64)
+>>> declared("batch_size").default, declared("batch_size").flags, declared("top").default
+(16, ('--batch-size', '-b'), 9)
 >>> [option.name for option in options_of("cam")][:4]
 ['weights', 'seed', 'resize', 'crop']
 >>> try:
@@ -28,14 +28,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hookcli.errors import UsageProblem, check_choice, check_whole
-from hookcli.parsing import parse_channels, parse_device, parse_triple
+from hookcli.parsing import parse_device, parse_levels, parse_triple
 
 __all__ = [
     "CAM_METHODS",
     "CAPTURE_KINDS",
     "DECODERS",
     "DTYPES",
-    "GRID_OPTIONS",
     "INTERPOLATIONS",
     "LARGE_INPUT",
     "MAX_SIDE",
@@ -46,6 +45,7 @@ __all__ = [
     "RUN_COMMANDS",
     "RUN_OPTIONS",
     "SCALES",
+    "TOP_BY",
     "Option",
     "check_value",
     "declared",
@@ -76,9 +76,14 @@ SCALES = ("channel", "grid")
 #: Above this many images, a run whose output is left to its default writes a shard folder instead of one file.
 LARGE_INPUT = 10_000
 #: The commands that run a model over inputs.
-RUN_COMMANDS = ("extract", "grad", "cam")
+RUN_COMMANDS = ("extract", "grad", "cam", "stats")
+#: What ranks a channel's dataset examples (``stats --top-by``): the largest value of its map, or the map's mean.
+TOP_BY = ("max", "mean")
 
 _ALL, _ROWS, _GRADIENTS = RUN_COMMANDS, ("extract", "grad"), ("grad", "cam")
+#: Options of the commands that go through many inputs in shards: the rows of extract and grad, the statistics.
+_SHARDED = ("extract", "grad", "stats")
+_EXTRACTING = ("extract", "stats")
 
 
 @dataclass(frozen=True)
@@ -315,7 +320,15 @@ RUN_OPTIONS: tuple[Option, ...] = (
         ("--shard-size",),
         "Images (rows) per shard in a folder output [an eighth of the inputs in whole batches, at most about 128 MiB "
         "of features].",
-        _ROWS,
+        _SHARDED,
+        help_in=(
+            (
+                "stats",
+                "Inputs per shard: the statistics of each shard are gathered apart, kept in OUTPUT.parts/ until the "
+                "run completes, and merged in order (give one for many processes: they share its shards) [an eighth "
+                "of the inputs in whole batches].",
+            ),
+        ),
         kind="int",
         low=1,
     ),
@@ -324,7 +337,7 @@ RUN_OPTIONS: tuple[Option, ...] = (
         ("--part",),
         "Folder output shared by N processes: this one starts with the K-th block of "
         "shards, then takes any shard no process holds [from torchrun or Slurm when they start it].",
-        _ROWS,
+        _SHARDED,
         metavar="K/N",
     ),
     Option(
@@ -334,7 +347,7 @@ RUN_OPTIONS: tuple[Option, ...] = (
         "with its BatchNorm, activation and residual add, as one kernel (equal to fp32 rounding); --no-fuse runs "
         "every module as written. Default: fuse runs of 16 images or more, where the one-off cost of tracing "
         "the model pays back.",
-        ("extract",),
+        _EXTRACTING,
         kind="flag",
         show_default=True,
     ),
@@ -354,7 +367,7 @@ RUN_OPTIONS: tuple[Option, ...] = (
         "clip_length",
         ("--clip-length",),
         "Video models: frames in a clip (a row) [16].",
-        _ROWS,
+        _SHARDED,
         kind="int",
         low=1,
         high=4096,
@@ -363,7 +376,7 @@ RUN_OPTIONS: tuple[Option, ...] = (
         "frame_stride",
         ("--frame-stride",),
         "Frames between a clip's frames; optical flow: between a pair's two.",
-        _ROWS,
+        _SHARDED,
         kind="int",
         default=1,
         low=1,
@@ -374,7 +387,7 @@ RUN_OPTIONS: tuple[Option, ...] = (
         "clips_per_video",
         ("--clips-per-video",),
         "Video models: clips spread evenly over each video (1: the middle one); 0: every clip, one after another.",
-        _ROWS,
+        _SHARDED,
         kind="int",
         default=1,
         low=0,
@@ -413,143 +426,51 @@ RUN_OPTIONS: tuple[Option, ...] = (
         ("--pair-with",),
         "Optical-flow models: the second images of pairs given as two image lists "
         "(files, folders or -, in order), the inputs being the first ones. Repeat.",
-        ("extract",),
+        _EXTRACTING,
         metavar="IMAGES",
         multiple=True,
     ),
-)
-
-GRID_OPTIONS: tuple[Option, ...] = (
     Option(
-        "keys",
-        ("--key", "-k"),
-        "Tensors to draw (globs as for --layer). Repeat.",
-        ("grid",),
-        default=(),
-        metavar="GLOB",
-        multiple=True,
-    ),
-    Option(
-        "images",
-        ("--image", "-i"),
-        "Images (rows) to draw: row index, range A:B of indices, or input file name. Repeat. [all]",
-        ("grid",),
-        default=(),
-        metavar="INDEX|NAME|A:B",
-        multiple=True,
-    ),
-    Option(
-        "channels",
-        ("--channels",),
-        "Channel range, e.g. 0:64 (':' for all), or one channel K. [all; the first 64 of wider layers]",
-        ("grid",),
-        kind="parsed",
-        metavar="A:B|K",
-        parser=parse_channels,
-    ),
-    Option("top", ("--top",), "Only the K channels with the highest mean activation.", ("grid",), kind="int", low=1),
-    Option("columns", ("--columns",), "Tiles per row [fewest blank places, about 3:2].", ("grid",), kind="int", low=1),
-    Option(
-        "padding",
-        ("--padding",),
-        "Pixels between tiles.",
-        ("grid",),
+        "top",
+        ("--top",),
+        "Dataset examples kept for each channel: the inputs that drive it hardest, with where and their maps.",
+        ("stats",),
         kind="int",
-        default=2,
-        low=0,
-        high=64,
-        show_default=True,
-    ),
-    Option(
-        "cmap",
-        ("--cmap",),
-        "Any matplotlib colormap (gray, viridis, magma…).",
-        ("grid",),
-        default="viridis",
-        show_default=True,
-    ),
-    Option(
-        "scale",
-        ("--scale",),
-        "Normalise each channel alone, or the whole grid with one range.",
-        ("grid",),
-        kind="choice",
-        choices=SCALES,
-        default="channel",
-        show_default=True,
-    ),
-    Option(
-        "min_tile",
-        ("--min-tile",),
-        "Enlarge small maps (nearest neighbour) to at least this many pixels.",
-        ("grid",),
-        kind="int",
-        default=32,
+        default=9,
         low=1,
-        high=1024,
+        high=1000,
         show_default=True,
     ),
     Option(
-        "title",
-        ("--title/--no-title",),
-        "Caption strip with key, input and shape.",
-        ("grid",),
+        "top_by",
+        ("--top-by",),
+        "What ranks an input for a channel: the largest value of the channel's map, or the map's mean.",
+        ("stats",),
+        kind="choice",
+        choices=TOP_BY,
+        default="max",
+        show_default=True,
+    ),
+    Option(
+        "quantiles",
+        ("--quantiles",),
+        "Quantile levels of each channel's values, from 0 to 1, within 0.1% of the count in rank (0.995 is "
+        "NetDissect's threshold). [0.5,0.99,0.995]",
+        ("stats",),
+        kind="parsed",
+        default=(0.5, 0.99, 0.995),
+        metavar="Q,Q,...",
+        parser=parse_levels,
+    ),
+    Option(
+        "pca",
+        ("--pca/--no-pca",),
+        "The covariance of the channels pooled over positions, and its principal components (a C x C matrix: "
+        "--no-pca for layers of more than a few thousand channels).",
+        ("stats",),
         kind="flag",
         default=True,
         show_default=True,
-    ),
-    Option(
-        "plain",
-        ("--plain",),
-        "Just the tiles: no caption, channel numbers or colour bar, and no enlargement "
-        "past --min-tile (for pictures to process further).",
-        ("grid",),
-        kind="flag",
-        default=False,
-    ),
-    Option(
-        "overlay",
-        ("--overlay",),
-        "Blend the mean activation (or --channels K) over the input image instead of tiling.",
-        ("grid",),
-        kind="flag",
-        default=False,
-    ),
-    Option(
-        "alpha",
-        ("--alpha",),
-        "Overlay opacity.",
-        ("grid",),
-        kind="float",
-        default=0.5,
-        low=0,
-        high=1,
-        show_default=True,
-    ),
-    Option(
-        "overlay_cmap",
-        ("--overlay-cmap",),
-        "Colormap of the overlay heat map (lightness should rise with value).",
-        ("grid",),
-        default="inferno",
-        show_default=True,
-    ),
-    Option(
-        "frame",
-        ("--frame",),
-        "Only frame T (from 0) of video clips, drawn as channel maps. [all: a column per frame]",
-        ("grid",),
-        kind="int",
-        low=0,
-        metavar="T",
-    ),
-    Option(
-        "flow_as_channels",
-        ("--flow-as-channels",),
-        "Draw optical-flow fields as their dx and dy maps, not in colour.",
-        ("grid",),
-        kind="flag",
-        default=False,
     ),
 )
 

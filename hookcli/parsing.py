@@ -2,8 +2,8 @@
 
 Each raises ValueError saying what it accepts (the command line shows it as a usage error).
 
->>> parse_triple("0.5"), parse_device(" CUDA:1 "), parse_channels("4:")
-((0.5, 0.5, 0.5), 'cuda:1', slice(4, None, None))
+>>> parse_triple("0.5"), parse_device(" CUDA:1 "), parse_channels("4:"), parse_levels("0.5, 0.995")
+((0.5, 0.5, 0.5), 'cuda:1', slice(4, None, None), (0.5, 0.995))
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ __all__ = [
     "DEVICE_PATTERN",
     "parse_channels",
     "parse_device",
+    "parse_levels",
     "parse_triple",
 ]
 
@@ -64,3 +65,25 @@ def parse_channels(value) -> slice | None:
         return slice(int(start) if start else None, int(stop) if stop else None)
     except ValueError:
         raise ValueError(f"'{value}' is not a channel range; use A:B, A:, :B or one index K") from None
+
+
+#: The most quantile levels one run gathers.
+MAX_LEVELS = 100
+
+
+def parse_levels(value) -> tuple[float, ...]:
+    """Quantile levels from ``"Q,Q,..."`` or a sequence of numbers, each from 0 to 1, in the order given (at most
+    :data:`MAX_LEVELS`, none repeated); ValueError saying what is accepted."""
+    parts = list(value) if isinstance(value, list | tuple) else str(value).replace(" ", "").split(",")
+    try:
+        levels = tuple(float(part) for part in parts)
+    except (TypeError, ValueError):
+        raise ValueError(f"'{value}' is not a list of quantile levels such as 0.5,0.99,0.995") from None
+    if not levels or len(levels) > MAX_LEVELS:
+        raise ValueError(f"give 1 to {MAX_LEVELS} quantile levels, not {len(levels)}")
+    wrong = next((level for level in levels if not 0 <= level <= 1), None)
+    if wrong is not None:
+        raise ValueError(f"quantile level {wrong} is not between 0 and 1")
+    if len(set(levels)) < len(levels):
+        raise ValueError(f"'{value}' repeats a level")
+    return levels

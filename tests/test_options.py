@@ -8,7 +8,8 @@ import pytest
 
 from hookcli.cli import main
 from hookcli.errors import UsageProblem
-from hookcli.options import GRID_OPTIONS, RUN_OPTIONS, declared, options_of
+from hookcli.grid_options import GRID_OPTIONS
+from hookcli.options import RUN_OPTIONS, declared, options_of
 from hookcli.pictures.options import GridOptions
 from hookcli.run.options import COMMAND_OPTIONS, RunOptions
 

@@ -11,7 +11,8 @@ import click
 
 from hookcli.cli.presets import read_config
 from hookcli.errors import ConfigError
-from hookcli.options import GRID_OPTIONS, LARGE_INPUT, Option, declared
+from hookcli.grid_options import GRID_OPTIONS
+from hookcli.options import LARGE_INPUT, Option, declared
 
 __all__ = [
     "declared_option",

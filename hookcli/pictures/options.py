@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hookcli.errors import UsageProblem
-from hookcli.options import GRID_OPTIONS, check_value, declared, declared_field
+from hookcli.grid_options import GRID_OPTIONS
+from hookcli.options import check_value, declared, declared_field
 from hookcli.parsing import parse_channels
 
 __all__ = [
@@ -52,7 +53,7 @@ class GridOptions:
     ``frame``: draw only this frame (from 0) of video clips, as ``[C, H, W]``
     maps. ``flow_as_channels``: draw optical-flow fields as their two
     channels rather than in colour. Defaults, bounds and choices are
-    :data:`hookcli.options.GRID_OPTIONS`'; values are checked here, with the
+    :data:`hookcli.grid_options.GRID_OPTIONS`'; values are checked here, with the
     library's errors.
     """
 

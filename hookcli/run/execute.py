@@ -10,12 +10,14 @@ from pathlib import Path
 
 from hookcli.errors import ImageError
 from hookcli.events import Advanced, Event, Note, Skipped, Started, Wrote
+from hookcli.families import square_input
 from hookcli.pictures.cams import CamOverlays
 from hookcli.pictures.grids import draw_grids
 from hookcli.pictures.options import GridOptions
 from hookcli.run.pipeline import iter_batches
 from hookcli.run.plan import RunPlan, plan_request
 from hookcli.run.request import RunRequest
+from hookcli.statistics.writer import StatsWriter
 from hookcli.storage import writers
 from hookcli.storage.features import Features
 from hookcli.storage.shards import open_features
@@ -93,6 +95,8 @@ def execute(run: RunPlan, progress: Callable[[Event], None] | None = None):
 
 def _writer(run: RunPlan, note: Callable[[str], None]):
     kind = run.output.kind
+    if kind == "memory" and run.stats is not None:
+        return _stats_writer(run, None, note)
     if kind == "memory":
         return writers.MemoryWriter(run.record, run.inputs)
     if kind == "stdout":
@@ -105,6 +109,8 @@ def _writer(run: RunPlan, note: Callable[[str], None]):
         )
     if kind == "file":
         return writers.FileWriter(run.record, run.inputs, path, force=run.force)
+    if kind == "stats":
+        return _stats_writer(run, path, note)
     (layer,) = run.layers
     assert run.target is not None and run.cam_look is not None, "plan gives a cam run both"
     inner = writers.FileWriter(run.record, run.inputs, str(Path(path) / "cams.safetensors"), force=run.force)
@@ -119,6 +125,22 @@ def _writer(run: RunPlan, note: Callable[[str], None]):
         force=run.force,
         on_note=note,
         **run.cam_look,
+    )
+
+
+def _stats_writer(run: RunPlan, path: str | None, note: Callable[[str], None]) -> StatsWriter:
+    assert run.stats is not None, "a statistics run says what it gathers"
+    return StatsWriter(
+        run.record,
+        run.inputs,
+        path,
+        run.stats,
+        shard_size=run.shard_size,
+        force=run.force,
+        part=(run.part.index, run.part.count) if run.part is not None else (0, 1),
+        on_note=note,
+        prefix_tokens=run.record.prefix_tokens,
+        square=square_input(run.settings.preprocess),
     )
 
 

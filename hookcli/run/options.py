@@ -1,5 +1,5 @@
-"""A run's options: :class:`RunOptions`, every option of ``extract``, ``grad`` and ``cam`` with its default and
-its checks, and which command takes which (:data:`COMMAND_OPTIONS`).
+"""A run's options: :class:`RunOptions`, every option of ``extract``, ``grad``, ``cam`` and ``stats`` with its
+default and its checks, and which command takes which (:data:`COMMAND_OPTIONS`).
 
 >>> RunOptions().batch_size, sorted(set(COMMAND_OPTIONS["cam"]) - set(COMMAND_OPTIONS["grad"]))[:2]
 (16, ['alpha', 'cmap'])
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from hookcli.errors import UsageProblem
 from hookcli.inputs.preprocess import check_normalisation
 from hookcli.options import RUN_COMMANDS, check_value, declared, declared_field, options_of
-from hookcli.parsing import parse_device, parse_triple
+from hookcli.parsing import parse_device, parse_levels, parse_triple
 from hookcli.run.launch import parse_part
 
 __all__ = ["CLIPS", "COMMAND_OPTIONS", "run_options", "refuse_unknown", "RunOptions"]
@@ -64,6 +64,10 @@ class RunOptions:
     region: str | None = declared_field("region")  # segmentation targets: x0,y0,x1,y1 as fractions of the image
     pair_with: tuple | None = declared_field("pair_with")  # optical flow from two image lists: the second images
     part: str | None = declared_field("part")  # K/N: this process is the K-th of N sharing a shard folder
+    top: int = declared_field("top")  # stats: examples kept for each channel
+    top_by: str = declared_field("top_by")
+    quantiles: tuple[float, ...] = declared_field("quantiles")
+    pca: bool = declared_field("pca")
 
     def __post_init__(self) -> None:
         for name in _CHECKED:
@@ -76,6 +80,7 @@ class RunOptions:
         for name in ("mean", "std"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, _parsed(name, parse_triple, getattr(self, name)))
+        object.__setattr__(self, "quantiles", _parsed("quantiles", parse_levels, self.quantiles))
         try:
             check_normalisation(self.mean, self.std)
         except ValueError as err:
@@ -102,6 +107,8 @@ _CHECKED = (
     "method",
     "alpha",
     "seed",
+    "top",
+    "top_by",
 )
 
 

@@ -43,7 +43,8 @@ DEFAULT_OUTPUT = _DefaultOutput()
 
 @dataclass(frozen=True)
 class Output:
-    """Where rows go: ``memory`` (returned), ``file``, ``stdout``, ``folder`` (shards) or ``cam`` (a CAM folder)."""
+    """Where rows go: ``memory`` (returned), ``file``, ``stdout``, ``folder`` (shards), ``cam`` (a CAM folder) or
+    ``stats`` (a statistics file)."""
 
     kind: str
     path: str | None = None
@@ -59,6 +60,10 @@ class Output:
 
 
 def output_kind(command: str, output, model_name: str) -> tuple[str, str | None]:
+    """What ``output`` names for ``command``: ``(kind, path)``, kind one of :class:`Output`'s or ``default`` (the
+    command's own name for it, decided once the inputs are known)."""
+    if command == "stats":
+        return _stats_kind(output)
     if command == "cam":
         if output is None:
             return "memory", None
@@ -75,6 +80,26 @@ def output_kind(command: str, output, model_name: str) -> tuple[str, str | None]
     if text.endswith(("/", os.sep)) or _is_dir(text):
         return "folder", text
     return "file", text
+
+
+def _stats_kind(output) -> tuple[str, str | None]:
+    """A statistics run writes one file (its parts go beside it while it runs), or returns its result."""
+    if output is None:
+        return "memory", None
+    if output is DEFAULT_OUTPUT:
+        return "default", None
+    text = "-" if hasattr(output, "write") else os.fspath(output)
+    if text == "-":
+        raise UsageProblem(
+            "stats writes a file (its parts are kept beside it until the run completes), not to stdout",
+            hint="name the file with -o, for example -o stats.safetensors",
+        )
+    if text.endswith(("/", os.sep)) or _is_dir(text):
+        raise UsageProblem(
+            f"stats writes one file, and '{text}' is a folder",
+            hint=f"name the file, for example -o {os.path.join(text, 'stats.safetensors')}",
+        )
+    return "stats", text
 
 
 def _is_dir(path: str) -> bool:
@@ -97,17 +122,19 @@ def _label(model_name: str) -> str:
     return parse_model(model_name).label
 
 
+#: What a command's default file name says it holds, before ``.safetensors``.
+_NAMED = {"grad": ".grad", "stats": ".stats"}
+
+
 def default_output(command: str, model_name: str, keys: Sequence[str], kind: str) -> str:
-    return str(
-        default_output_name(model_name, keys, folder=kind == "folder", kind=".grad" if command == "grad" else "")
-    )
+    return str(default_output_name(model_name, keys, folder=kind == "folder", kind=_NAMED.get(command, "")))
 
 
 def check_target(kind: str, path: str, inputs: Sequence[os.PathLike[str]], force: bool) -> None:
     """Refuse a file or folder output that could not be written, and a file output that is one of the inputs or is
     named like another format."""
     _check_output(kind, path, force)
-    if kind == "file":
+    if kind in ("file", "stats"):
         refuse_overwriting_inputs([path], inputs)
         _refuse_other_format(path)
 

@@ -64,6 +64,7 @@ from hookcli.run.settings import RunSettings
 from hookcli.run.speed import check_precision, resolve_settings
 from hookcli.run.targets import Target, parse_target
 from hookcli.run.team import Team, join_team, local_device
+from hookcli.statistics.layer import StatsChoice
 from hookcli.storage.fileformat import RunRecord, identity, inputs_digest
 
 __all__ = [
@@ -97,10 +98,12 @@ class RunPlan:
     notes: tuple[str, ...] = ()
     part: Part | None = None  # this process's share of a shard folder written by many
     team: Team | None = None  # torchrun's process group, left when the run ends
+    stats: StatsChoice | None = None  # what a statistics run gathers
 
 
 def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunPlan:
-    """Resolve a run of ``command`` (``extract``, ``grad`` or ``cam``) with the options of :mod:`hookcli.api`.
+    """Resolve a run of ``command`` (``extract``, ``grad``, ``cam`` or ``stats``) with the options of
+    :mod:`hookcli.api`.
 
     ``model`` is a model name or a :class:`~hookcli.models.loaded.LoadedModel`;
     ``layers`` one selector or a list (cam: one selector or None for the
@@ -138,9 +141,9 @@ def plan_request(asked: RunRequest) -> RunPlan:
         notes = asked.notes + loaded.notes_for(asked.given) + notes
         selected, forward, entries = _command_parts(command, loaded, asked.layers, settings, opts, target)
         entries = {**entries, **_row_entries(loaded, opts, paths)}
-        if path is None and kind in ("file", "folder"):
+        if path is None and kind in ("file", "folder", "stats"):
             path = default_output(command, loaded.name, list(selected.values()), kind)
-            check_target(kind, path, paths, opts.force)
+            check_target(kind, path, paths, opts.force or kind == "stats" and asked.part is not None)
         if opts.grid and not opts.force:
             refuse_drawn_grids(opts.grid, list(selected.values()))
         if kind == "cam":
@@ -167,6 +170,7 @@ def plan_request(asked: RunRequest) -> RunPlan:
             notes=notes,
             part=asked.part,
             team=team,
+            stats=_stats_choice(opts) if command == "stats" else None,
         )
 
 
@@ -308,13 +312,19 @@ def _load(name: str, opts: RunOptions):
     return loading.load_model(name, opts.weights, seed=opts.seed or 0)  # looked up on use: a test's seam
 
 
+def _stats_choice(opts: RunOptions) -> StatsChoice:
+    return StatsChoice(top=opts.top, top_by=opts.top_by, quantiles=opts.quantiles, pca=opts.pca)
+
+
 def _command_parts(command, loaded, layers, settings, opts, target):
     """``(layers, forward factory, the command's own metadata entries)`` for ``command``."""
-    if command == "extract":
+    if command in ("extract", "stats"):
+        # A statistics run records what it gathers: a run continued with other choices would mix them.
+        entries = {"stats": json.dumps(_stats_choice(opts).describe())} if command == "stats" else {}
         return (
             resolve_layers(loaded.module, selectors(layers), model_name=loaded.name),
             extraction_forward(settings),
-            {},
+            entries,
         )
     if command == "grad":
         return (

@@ -81,8 +81,8 @@ class RunRequest:
 
 
 def request(command: str, model, layers, inputs, *, output=None, **options) -> RunRequest:
-    """Check a run of ``command`` (``extract``, ``grad`` or ``cam``) with the options of :mod:`hookcli.api`; see
-    :func:`hookcli.run.plan.plan` for the arguments. Raises the library's errors."""
+    """Check a run of ``command`` (``extract``, ``grad``, ``cam`` or ``stats``) with the options of
+    :mod:`hookcli.api`; see :func:`hookcli.run.plan.plan` for the arguments. Raises the library's errors."""
     if command not in COMMAND_OPTIONS:
         raise UsageProblem(f"unknown command '{command}'", hint=f"use one of {', '.join(COMMAND_OPTIONS)}")
     opts = run_options(command, options)
@@ -97,11 +97,11 @@ def request(command: str, model, layers, inputs, *, output=None, **options) -> R
     opts = _fitted_to_family(command, family, opts, options, help_hint)
     keys = selector_keys(selectors(layers)) if command != "cam" else None
     kind, path = output_kind(command, output, model_name)
-    if opts.shard_size and kind not in ("folder", "default"):
+    if opts.shard_size and kind not in ("folder", "default", "stats"):
         raise UsageProblem("--shard-size applies to a folder output (-o DIR/)", hint=help_hint)
     part = _part(opts, kind, output)
     if part is not None and kind == "default":
-        kind = "folder"  # many processes share the work of one shard folder
+        kind = "stats" if command == "stats" else "folder"  # many processes share the work of one shard folder
     stream = output if hasattr(output, "write") else None
     if kind == "stdout" and (stream or sys.stdout).isatty():
         raise UsageProblem(
@@ -137,11 +137,11 @@ def with_rows(asked: RunRequest, rows: FoundInputs, notes: tuple[str, ...]) -> R
     selectors name their keys, the output and ``--grid`` folders, and the model's and weights' names."""
     kind, path, opts = asked.kind, asked.path, asked.opts
     if kind == "default":
-        kind = "folder" if len(rows.paths) > LARGE_INPUT else "file"
+        kind = "stats" if asked.command == "stats" else "folder" if len(rows.paths) > LARGE_INPUT else "file"
         # Named after the layers' keys: known now unless a glob or a type selector leaves them to the model.
         path = None if asked.keys is None else default_output(asked.command, asked.model_name, asked.keys, kind)
-    if path is not None and kind in ("file", "folder"):
-        check_target(kind, path, rows.paths, opts.force)
+    if path is not None and kind in ("file", "folder", "stats"):
+        check_target(kind, path, rows.paths, opts.force or _shared_stats(kind, asked.part))
     if opts.grid:
         check_folder_output(opts.grid)
         if asked.keys is not None and not opts.force:  # known without the model: said before torch loads
@@ -150,6 +150,12 @@ def with_rows(asked: RunRequest, rows: FoundInputs, notes: tuple[str, ...]) -> R
         # The last check before torch: the registry cache answers it, and only a cold cache imports torchvision.
         resolve_weights(asked.model_name, opts.weights)
     return dataclasses.replace(asked, kind=kind, path=path, rows=rows, notes=notes)
+
+
+def _shared_stats(kind: str, part: Part | None) -> bool:
+    """A statistics file that many processes compute may already be there, written by the one that finished it:
+    the writer tells that apart from another run's file (:class:`~hookcli.statistics.writer.StatsWriter`)."""
+    return kind == "stats" and part is not None
 
 
 def selectors(layers) -> list[str]:
@@ -161,7 +167,7 @@ def _part(opts: RunOptions, kind: str, output) -> Part | None:
     """This process's :class:`~hookcli.run.launch.Part` of a shard folder that many write (``--part``, or what a
     launcher says), or None."""
     if opts.part is not None:
-        if kind not in ("folder", "default"):
+        if kind not in ("folder", "default", "stats"):
             raise UsageProblem(
                 "--part applies to a shard folder output (-o DIR/)", hint="the processes share the work of one folder"
             )
@@ -199,12 +205,12 @@ def _settings(command: str, opts: RunOptions):
         batch_size=opts.batch_size,
         workers=opts.workers,
         pool=opts.pool if extracting else None,
-        dtype=opts.dtype if command != "cam" else "float32",
+        dtype=opts.dtype if command in ("extract", "grad") else "float32",  # statistics read float32 at least
         on_error=opts.on_error,
         precision=opts.precision,
         memory_format=opts.memory_format,
         compile=opts.compile,
-        fuse=opts.fuse if extracting else False,
+        fuse=opts.fuse if command in ("extract", "stats") else False,
         final_output=opts.detections or opts.flow,
     )
 

@@ -21,7 +21,7 @@ from hookcli.storage.index import Index, finished_shards, parse_index
 from hookcli.storage.index_log import IndexLog
 from hookcli.storage.saving import write_safetensors
 
-__all__ = ["ShardWriter"]
+__all__ = ["ShardWriter", "batches_in"]
 
 
 class ShardWriter:
@@ -197,9 +197,9 @@ class ShardWriter:
             yield batch
             index = batch[-1] + 1
         if index and index < self.shard_range((index - 1) // self.shard_size)[1]:
-            yield from _batches(index, self.shard_range((index - 1) // self.shard_size)[1], batch_size)
+            yield from batches_in(index, self.shard_range((index - 1) // self.shard_size)[1], batch_size)
         while (number := self._next_shard()) is not None:
-            yield from _batches(*self.shard_range(number), batch_size)
+            yield from batches_in(*self.shard_range(number), batch_size)
 
     def _next_shard(self) -> int | None:
         """Claim the next shard to compute: this part's block first, then the shards after it, then those before;
@@ -296,8 +296,9 @@ class ShardWriter:
                     self.index.rewrite_in_order(self.header)
 
 
-def _batches(first: int, end: int, size: int) -> Iterator[list[int]]:
-    """Inputs ``[first, end)`` cut where a multiple of ``size`` begins."""
+def batches_in(first: int, end: int, size: int) -> Iterator[list[int]]:
+    """Inputs ``[first, end)`` cut where a multiple of ``size`` begins: the batches of a shard, the same whoever
+    computes it."""
     while first < end:
         stop = min((first // size + 1) * size, end)
         yield list(range(first, stop))

@@ -1,0 +1,35 @@
+"""The interface every statistic offers, so that a run can gather any of them batch by batch and combine the
+results of shards and processes.
+
+>>> from hookcli.statistics.moments import Moments
+>>> isinstance(Moments(3), Accumulator)
+True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol, runtime_checkable
+
+import torch
+
+__all__ = ["Accumulator"]
+
+
+@runtime_checkable
+class Accumulator(Protocol):
+    """A statistic of ``C`` channels gathered a batch at a time.
+
+    ``update(values, ...)`` adds a batch; ``merge(other)`` adds what another
+    accumulator of the same kind gathered over other inputs (the result is
+    that of one accumulator given both, in that order); ``state()`` is
+    everything it holds as named tensors, which ``from_state`` turns back into
+    an accumulator, so that a state written to disk merges later.
+    """
+
+    def merge(self, other) -> None: ...
+
+    def state(self) -> dict[str, torch.Tensor]: ...
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, torch.Tensor]): ...

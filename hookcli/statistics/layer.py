@@ -1,0 +1,119 @@
+"""One layer's statistics: its accumulators, fed the same batches, merged together, and written out under the
+statistics file's names (:mod:`hookcli.storage.stats_format`).
+
+>>> choice = StatsChoice(top=2, quantiles=(0.5,), pca=False)
+>>> stats = LayerStats(UnitLayout.of((3, 2, 2)), choice)
+>>> stats.update(torch.arange(24.0).reshape(2, 3, 2, 2), torch.tensor([0, 1]))
+>>> result = stats.result(torch.tensor([0, 1]))
+>>> sorted(result), result["top_rows"][0].tolist(), result["top_at"][0, 0].tolist(), result["quantiles"].shape
+(['count', 'max', 'mean', 'min', 'quantiles', 'std', 'top_at', 'top_maps', 'top_rows', 'top_values', 'zeros'], \
+[1, 0], [1, 1], torch.Size([3, 1]))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+
+import torch
+
+from hookcli.errors import CaptureError
+from hookcli.options import declared_field
+from hookcli.statistics.covariance import MAX_CHANNELS, Covariance, principal_components
+from hookcli.statistics.examples import TopExamples
+from hookcli.statistics.moments import Moments
+from hookcli.statistics.sketch import QuantileSketch
+from hookcli.statistics.units import UnitBatch, UnitLayout
+from hookcli.storage.stats_format import layer_fields
+
+__all__ = ["LayerStats", "StatsChoice"]
+
+
+@dataclass(frozen=True)
+class StatsChoice:
+    """What statistics gather besides the moments: ``top`` examples a channel ranked by ``top_by``, the quantile
+    ``levels``, and the covariance and its components (``pca``). Defaults are ``hookcli stats``' options'."""
+
+    top: int = declared_field("top")
+    top_by: str = declared_field("top_by")
+    quantiles: tuple[float, ...] = declared_field("quantiles")
+    pca: bool = declared_field("pca")
+
+    def describe(self) -> dict:
+        """The choice as the statistics file's ``stats`` metadata records it."""
+        return {**asdict(self), "quantiles": list(self.quantiles)}
+
+
+class LayerStats:
+    """The accumulators of one layer of ``layout`` (see the module). ``seed`` draws the quantile sketch's
+    random choices."""
+
+    def __init__(self, layout: UnitLayout, choice: StatsChoice, *, seed: int = 0, key: str = "the layer") -> None:
+        self.layout, self.choice = layout, choice
+        channels = layout.channels
+        if choice.pca and channels > MAX_CHANNELS:
+            raise CaptureError(
+                f"'{key}' has {channels} channels: its covariance would take {channels**2 * 8 / 2**30:.1f} GiB "
+                f"(at most {MAX_CHANNELS} channels are covered)",
+                hint="add --no-pca to gather the other statistics",
+            )
+        self.moments = Moments(channels)
+        self.sketch = QuantileSketch(channels, seed=seed)
+        self.examples = TopExamples(channels, choice.top, positions=layout.positions, by=choice.top_by)
+        self.covariance = Covariance(channels) if choice.pca else None
+
+    @property
+    def _parts(self) -> dict:
+        parts = {"moments": self.moments, "sketch": self.sketch, "examples": self.examples}
+        return parts if self.covariance is None else {**parts, "covariance": self.covariance}
+
+    def update(self, rows: torch.Tensor, inputs: torch.Tensor) -> None:
+        """Add a batch: ``rows`` ``[n, *row_shape]`` came from the inputs numbered ``inputs``."""
+        batch = UnitBatch(rows, inputs, self.layout)
+        for part in self._parts.values():
+            part.update(batch)
+
+    def merge(self, other: LayerStats) -> None:
+        for name, part in self._parts.items():
+            part.merge(other._parts[name])
+
+    def state(self) -> dict[str, torch.Tensor]:
+        """Every accumulator's state, named ``<accumulator>.<name>``."""
+        return {f"{name}.{key}": value for name, part in self._parts.items() for key, value in part.state().items()}
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, torch.Tensor], layout: UnitLayout, choice: StatsChoice) -> LayerStats:
+        made = cls(layout, choice)
+        for name, part in made._parts.items():
+            own = {key.partition(".")[2]: value for key, value in state.items() if key.partition(".")[0] == name}
+            setattr(made, name, type(part).from_state(own))
+        return made
+
+    def result(self, positions: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The layer's tensors as a statistics file holds them, by field. ``positions`` gives each input's row in
+        the file's ``inputs`` (the examples are numbered by row, not by input)."""
+        moments, examples, layout = self.moments, self.examples, self.layout
+        levels = torch.tensor(self.choice.quantiles, dtype=torch.float64)
+        quantiles = self.sketch.quantiles(self.choice.quantiles)
+        quantiles = torch.where(levels == 0, moments.min[:, None], quantiles)  # the ends are known exactly
+        quantiles = torch.where(levels == 1, moments.max[:, None], quantiles)
+        kept = examples.values.shape[1]
+        found = {
+            "count": torch.tensor(moments.count, dtype=torch.int64),
+            "mean": moments.mean,
+            "std": moments.std,
+            "min": moments.min,
+            "max": moments.max,
+            "zeros": moments.zeros,
+            "quantiles": quantiles,
+            "top_values": examples.values,
+            "top_rows": positions[examples.rows],
+            "top_maps": examples.maps.reshape(layout.channels, kept, *layout.spatial),
+        }
+        if layout.spatial:
+            found["top_at"] = torch.stack(torch.unravel_index(examples.at, layout.spatial), dim=-1)
+        if self.covariance is not None:
+            matrix = self.covariance.matrix
+            found["cov"] = matrix
+            found["pca_values"], found["pca_vectors"] = principal_components(matrix)
+        return {name: found[name].contiguous() for name in layer_fields(pca=self.choice.pca, spatial=layout.spatial)}

@@ -1,0 +1,98 @@
+"""Each channel's count, mean, standard deviation, minimum, maximum and share of exact zeros over every value it
+takes, in float64.
+
+Batches combine by Chan, Golub and LeVeque's pairwise update (a batch's mean and sum of squared deviations from it,
+merged into the running ones), never by a running sum of squares, whose cancellation loses the variance of
+channels with a large mean. ``std`` is the population standard deviation (``numpy.std``'s default, ``ddof=0``).
+
+>>> from hookcli.statistics.units import UnitBatch, UnitLayout
+>>> layout = UnitLayout.of((2, 1, 3))  # two channels, three positions
+>>> first, second = Moments(2), Moments(2)
+>>> first.update(UnitBatch(torch.tensor([[[[0.0, 1, 2]], [[5, 5, 5]]]]), torch.tensor([0]), layout))
+>>> second.update(UnitBatch(torch.tensor([[[[3.0, 4, 5]], [[5, 5, 0]]]]), torch.tensor([1]), layout))
+>>> first.merge(second)
+>>> first.count, first.mean.tolist(), first.std.tolist()[0] ** 2, first.zeros.tolist()
+(6, [2.5, 4.166666666666666], 2.9166666666666665, [0.16666666666666666, 0.16666666666666666])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from hookcli.statistics.units import UnitBatch
+
+__all__ = ["Moments"]
+
+_F64 = torch.float64
+
+
+class Moments:
+    """Running moments of ``channels`` channels (see the module's description)."""
+
+    def __init__(self, channels: int) -> None:
+        self.count = 0
+        self._mean = torch.zeros(channels, dtype=_F64)
+        self._squares = torch.zeros(channels, dtype=_F64)  # the sum of squared deviations from the mean
+        self.min = torch.full((channels,), float("inf"), dtype=_F64)
+        self.max = torch.full((channels,), float("-inf"), dtype=_F64)
+        self._zeros = torch.zeros(channels, dtype=torch.int64)
+
+    def update(self, batch: UnitBatch) -> None:
+        values = batch.values
+        if not values.shape[1]:
+            return
+        variance, mean = torch.var_mean(values.to(_F64), dim=1, correction=0)
+        low, high = torch.aminmax(values, dim=1)
+        self._combine(values.shape[1], mean, variance * values.shape[1], low.to(_F64), high.to(_F64))
+        self._zeros += (values == 0).sum(dim=1)
+
+    def merge(self, other: Moments) -> None:
+        if other.count:
+            self._combine(other.count, other._mean, other._squares, other.min, other.max)
+            self._zeros += other._zeros
+
+    def _combine(self, count: int, mean, squares, low, high) -> None:
+        total = self.count + count
+        if self.count:
+            delta = mean - self._mean
+            self._mean = self._mean + delta * (count / total)
+            self._squares = self._squares + squares + delta * delta * (self.count * count / total)
+        else:
+            self._mean, self._squares = mean.clone(), squares.clone()
+        self.count = total
+        self.min = torch.minimum(self.min, low)
+        self.max = torch.maximum(self.max, high)
+
+    @property
+    def mean(self) -> torch.Tensor:
+        return self._mean
+
+    @property
+    def std(self) -> torch.Tensor:
+        return (self._squares / max(self.count, 1)).sqrt()
+
+    @property
+    def zeros(self) -> torch.Tensor:
+        """The share of each channel's values that are exactly zero."""
+        return self._zeros.to(_F64) / max(self.count, 1)
+
+    def state(self) -> dict[str, torch.Tensor]:
+        return {
+            "count": torch.tensor(self.count, dtype=torch.int64),
+            "mean": self._mean,
+            "squares": self._squares,
+            "min": self.min,
+            "max": self.max,
+            "zeros": self._zeros,
+        }
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, torch.Tensor]) -> Moments:
+        made = cls(state["mean"].shape[0])
+        made.count = int(state["count"])
+        made._mean, made._squares = state["mean"].to(_F64), state["squares"].to(_F64)
+        made.min, made.max = state["min"].to(_F64), state["max"].to(_F64)
+        made._zeros = state["zeros"].to(torch.int64)
+        return made

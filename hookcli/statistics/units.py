@@ -1,0 +1,122 @@
+"""What a layer's units are: its channels, and the positions each channel has a value at.
+
+A layer's output row (one input's tensor) is read as ``C`` channels over ``P``
+positions, as the pictures read it (:func:`hookcli.pictures.render.map_layout`):
+
+- ``[C, H, W]`` maps (``[H, W, C]`` where a model of square inputs lays its output out channels-last), and video
+  clips ``[C, T, H, W]``: ``C`` channels over the spatial (and time) positions;
+- ``[T, D]`` tokens: ``D`` channels over the tokens, the model's prefix tokens (a class token, registers) left out
+  as the pictures leave them out;
+- ``[D]`` vectors (an embedding, pooled features, logits): ``D`` channels with one value each, and no position.
+
+>>> layout = UnitLayout.of((197, 768), prefix_tokens=1)
+>>> layout.channels, layout.spatial, layout.kind, layout.skip
+(768, (196,), 'tokens', 1)
+>>> UnitBatch(torch.ones(2, 197, 768), torch.tensor([4, 5]), layout).maps.shape
+torch.Size([2, 768, 196])
+>>> UnitLayout.of((7, 7, 96), channels_last=True).spatial, UnitLayout.of((512,)).spatial
+((7, 7), ())
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cached_property
+
+import torch
+
+from hookcli.errors import CaptureError
+
+__all__ = ["UnitBatch", "UnitLayout"]
+
+
+@dataclass(frozen=True)
+class UnitLayout:
+    """How one row of ``row_shape`` holds ``channels`` channels over positions of shape ``spatial``.
+
+    ``kind``: ``maps`` (channels first), ``channels_last``, ``tokens`` (the
+    first ``skip`` tokens left out) or ``flat``.
+    """
+
+    row_shape: tuple[int, ...]
+    channels: int
+    spatial: tuple[int, ...]
+    kind: str
+    skip: int = 0
+
+    @property
+    def positions(self) -> int:
+        """Values a channel has in one row."""
+        return math.prod(self.spatial)
+
+    @classmethod
+    def of(
+        cls, row_shape, *, prefix_tokens: int | None = None, channels_last: bool = False, key: str = "the layer"
+    ) -> UnitLayout:
+        """The layout of rows of ``row_shape``. ``channels_last``: the model's inputs are square, so a
+        ``[H, W, C]`` row (equal first two axes, a different last) is channels-last. Raises
+        :class:`~hookcli.errors.CaptureError` for rows with no channels to speak of."""
+        shape = tuple(int(n) for n in row_shape)
+        if not shape or len(shape) > 4 or 0 in shape:
+            raise CaptureError(
+                f"'{key}' has rows of shape {list(shape)}: statistics need channels (a vector [D], tokens [T, D], "
+                "maps [C, H, W] or clips [C, T, H, W]) with at least one value each",
+                hint="choose another layer (hookcli layers lists their shapes)",
+            )
+        if len(shape) == 1:
+            return cls(shape, shape[0], (), "flat")
+        if len(shape) == 2:
+            tokens, dim = shape
+            skip = next(
+                (s for s in (*([prefix_tokens] if prefix_tokens else []), 0, 1) if tokens > s and _square(tokens - s)),
+                prefix_tokens if prefix_tokens and tokens > prefix_tokens else 0,
+            )
+            return cls(shape, dim, (tokens - skip,), "tokens", skip)
+        if len(shape) == 3 and channels_last and shape[0] == shape[1] != shape[2]:
+            return cls(shape, shape[2], shape[:2], "channels_last")
+        return cls(shape, shape[0], shape[1:], "maps")
+
+    def units(self, rows: torch.Tensor) -> torch.Tensor:
+        """A batch of rows ``[n, *row_shape]`` as ``[n, C, P]``, in float32 (float64 kept)."""
+        if tuple(rows.shape[1:]) != self.row_shape:
+            raise CaptureError(
+                f"a row of shape {list(rows.shape[1:])} came after rows of shape {list(self.row_shape)}",
+                hint="statistics take layers whose rows share one shape: give the model one input size (--crop)",
+            )
+        dtype = torch.float64 if rows.dtype == torch.float64 else torch.float32
+        rows = rows.to(dtype)
+        count = rows.shape[0]
+        if self.kind == "flat":
+            return rows.reshape(count, self.channels, 1)
+        if self.kind == "tokens":
+            return rows[:, self.skip :].transpose(1, 2)
+        if self.kind == "channels_last":
+            return rows.reshape(count, self.positions, self.channels).transpose(1, 2)
+        return rows.reshape(count, self.channels, self.positions)
+
+
+def _square(number: int) -> bool:
+    return math.isqrt(number) ** 2 == number
+
+
+class UnitBatch:
+    """One batch of a layer's rows as its units see it, each view made once for every accumulator that asks.
+
+    ``maps``: ``[n, C, P]``; ``values``: ``[C, n·P]``, every value of each
+    channel; ``pooled``: ``[n, C]`` float64, each row's mean over its
+    positions; ``rows``: int64 ``[n]``, the inputs the rows came from.
+    """
+
+    def __init__(self, rows: torch.Tensor, inputs: torch.Tensor, layout: UnitLayout) -> None:
+        self.layout = layout
+        self.maps = layout.units(rows)
+        self.rows = inputs.to(torch.int64)
+
+    @cached_property
+    def values(self) -> torch.Tensor:
+        return self.maps.transpose(0, 1).reshape(self.layout.channels, -1)
+
+    @cached_property
+    def pooled(self) -> torch.Tensor:
+        return self.maps.to(torch.float64).mean(dim=2)

@@ -1,0 +1,376 @@
+"""A statistics run's writer: batches go into each layer's accumulators, shard by shard, and the shards' states
+merge, in shard order, into one statistics file (:mod:`hookcli.storage.stats_format`).
+
+The inputs are cut into shards as a shard folder's are (a shard is inputs
+``[k·S, (k+1)·S)``, its batches the same whoever computes them), and each
+shard's accumulators start afresh. Written to a file, each finished shard's
+state goes into a folder of parts beside it, ``<output>.parts/``, a shard folder
+(:class:`~hookcli.storage.shard_writer.ShardWriter`) that any number of
+processes fill and that a run killed part-way continues; the process that
+finishes the last part merges them all into the output and removes the
+folder. Because the shards and their batches do not depend on who computed them,
+and states merge in shard order, one process, ``--part`` and torchrun write the
+same file, byte for byte. In memory the shards merge as they finish, to the same
+values.
+
+A shard's state holds, for each layer, its accumulators'
+(:meth:`~hookcli.statistics.layer.LayerStats.state`), and ``@rows``, the inputs
+it has rows of: about ``C × (3k + C)`` numbers for ``C`` channels (the sketch's
+``k`` and the covariance), some 130 MiB for resnet50's ``layer3`` and
+``layer4`` together.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+from hookcli.errors import CaptureError, FeatureFileError, ImageError
+from hookcli.files import check_writable, hold_output, release_output
+from hookcli.inputs.archives import file_stamp, input_files, input_name
+from hookcli.statistics.layer import LayerStats, StatsChoice
+from hookcli.statistics.units import UnitLayout
+from hookcli.storage import fileformat
+from hookcli.storage.features import FeatureFile, Features
+from hookcli.storage.fileformat import SHARD_NAME, RunFacts, RunRecord
+from hookcli.storage.saving import write_safetensors
+from hookcli.storage.shard_writer import ShardWriter, batches_in
+from hookcli.storage.stats_format import stats_key, stats_metadata
+
+__all__ = ["PARTS_SUFFIX", "StatsWriter", "parts_folder", "stats_shard_size"]
+
+#: The folder of a statistics file's parts, while it is being computed: ``<output>.parts``.
+PARTS_SUFFIX = ".parts"
+#: How many shards the inputs are cut into when no shard size is given.
+AUTO_SHARDS = 8
+#: The key of a part's rows: the inputs it has rows of.
+_ROWS = "@rows"
+
+
+def parts_folder(output: str | os.PathLike) -> Path:
+    """Where the parts of statistics file ``output`` are kept until it is written."""
+    return Path(f"{os.fspath(output)}{PARTS_SUFFIX}")
+
+
+def stats_shard_size(inputs: int, batch_size: int) -> int:
+    """The shard size chosen when none is given: an eighth of the inputs, in whole batches. It never depends on
+    how many processes share the run, so that any number of them give the same file.
+
+    >>> stats_shard_size(200, 16), stats_shard_size(10, 16), stats_shard_size(10**6, 64)
+    (32, 16, 125056)
+    """
+    rows = max(-(-inputs // AUTO_SHARDS), 1)
+    return -(-rows // batch_size) * batch_size
+
+
+class _Shard:
+    """What one shard has gathered: each layer's statistics, the inputs it has rows of (their numbers and names),
+    those skipped, and what the forward learnt."""
+
+    def __init__(self, number: int) -> None:
+        self.number = number
+        self.layers: dict[str, LayerStats] = {}
+        self.rows: list[int] = []
+        self.inputs: list[str] = []
+        self.skipped: list[dict] = []
+        self.facts: RunFacts | None = None
+
+    @property
+    def placed(self) -> int:
+        return len(self.rows) + len(self.skipped)
+
+    def state(self) -> dict[str, torch.Tensor]:
+        tensors = {
+            stats_key(key, name): value.contiguous()
+            for key, layer in self.layers.items()
+            for name, value in layer.state().items()
+        }
+        tensors[_ROWS] = torch.tensor(self.rows, dtype=torch.int64)
+        return tensors
+
+
+class StatsWriter:
+    """The writer of a statistics run (:mod:`hookcli.storage.writers` says what a writer does): ``path`` a
+    statistics file, or None for the result in memory (:class:`~hookcli.storage.features.Features`).
+
+    ``choice`` is what to gather; ``prefix_tokens`` and ``square`` (the
+    model's inputs are square) say how rows are read as channels
+    (:class:`~hookcli.statistics.units.UnitLayout`); ``part`` ``(index, count)``
+    which block of shards this process takes first.
+    """
+
+    def __init__(
+        self,
+        record: RunRecord,
+        paths: Sequence,
+        path: str | os.PathLike | None,
+        choice: StatsChoice,
+        *,
+        shard_size: int | None = None,
+        force: bool = False,
+        part: tuple[int, int] = (0, 1),
+        on_note: Callable[[str], None] | None = None,
+        prefix_tokens: int | None = None,
+        square: bool = False,
+    ) -> None:
+        self.record, self.paths, self.choice = record, paths, choice
+        self.path = None if path is None else os.fspath(path)
+        self.shard_size, self.force, self.part, self.on_note = shard_size, force, part, on_note
+        self.prefix_tokens, self.square = prefix_tokens, square
+        self.layouts: dict[str, UnitLayout] = {}
+        self.open: dict[int, _Shard] = {}
+        self.merged: _Shard | None = None  # in memory: the shards so far, merged in order
+        self.folder: ShardWriter | None = None
+        self.written: list[str | Path] = []
+        self.done = 0
+        self.complete = False
+        self.finisher = False
+
+    @property
+    def inputs_done(self) -> int:
+        return self.folder.inputs_done if self.folder is not None else len(self.paths)
+
+    @property
+    def has_rows(self) -> bool:
+        return True  # whether any input had rows is known once the shards merge (finish says so)
+
+    def begin(self, batch_size: int):
+        size = self.shard_size or stats_shard_size(len(self.paths), batch_size)
+        if self.path is None:
+            self.size = size
+            return (
+                batch
+                for first in range(0, len(self.paths), size)
+                for batch in batches_in(first, min(first + size, len(self.paths)), batch_size)
+            )
+        if self._written_by_another():
+            self.complete = True
+            return None
+        self.folder = ShardWriter(
+            parts_folder(self.path),
+            fileformat.identity(self.record),
+            len(self.paths),
+            force=self.force,
+            part=self.part,
+            on_note=self.on_note,
+        )
+        self.done = self.folder.done
+        if self.folder.header is None:
+            run = fileformat.run_metadata(self.record, RunFacts(calls={}), keys=[])
+            self.folder.start_writing(fileformat.index_header(self.record, run, size))
+        else:
+            self.folder.start_writing()
+        assert self.folder.shard_size is not None, "the header gives the shard size"
+        self.size = self.folder.shard_size
+        if self.folder.complete:
+            self.finisher = True
+            return None
+        return self.folder.order(batch_size)
+
+    def _written_by_another(self) -> bool:
+        """Whether another process of this run (``part``) has merged the output already; any other file there is
+        refused, unless ``force``."""
+        assert self.path is not None, "a file's writer"
+        if self.force or not os.path.lexists(self.path):
+            return False
+        if self.part[1] > 1:
+            mine = json.loads(json.dumps(fileformat.identity(self.record)))
+            with contextlib.suppress(FeatureFileError, ValueError), FeatureFile(self.path) as found:
+                theirs = json.loads(found.metadata.get("identity", "null"))
+                if isinstance(theirs, dict) and not fileformat.identity_differences(theirs, mine):
+                    if self.on_note is not None:
+                        self.on_note(f"'{self.path}' is complete: another process of this run wrote it")
+                    return True
+        check_writable(self.path, force=False)  # says that it exists
+        return False
+
+    def add(self, batch) -> None:
+        events = [*batch.indices, *(index for index, _ in batch.failures)]
+        if not events:
+            return
+        number = events[0] // self.size
+        shard = self.open.setdefault(number, _Shard(number))
+        for index, error in batch.failures:
+            shard.skipped.append({"input": input_name(self.paths[index]), "error": error})
+        if batch.indices:
+            inputs = torch.tensor(batch.indices, dtype=torch.int64)
+            for position, (key, value) in enumerate(batch.features.items()):
+                self._layer(shard, key, value, position).update(value, inputs)
+            shard.rows.extend(batch.indices)
+            shard.inputs.extend(input_name(self.paths[index]) for index in batch.indices)
+            shard.facts = batch.facts
+        first, end = number * self.size, min((number + 1) * self.size, len(self.paths))
+        if shard.placed == end - first:
+            del self.open[number]
+            self._finished(shard, first, end)
+
+    def _layer(self, shard: _Shard, key: str, value, position: int) -> LayerStats:
+        if key not in shard.layers:
+            if isinstance(value, list):
+                raise CaptureError(
+                    f"'{key}' has rows of their own shapes (a detection or segmentation model's images differ in "
+                    "size): statistics need every row of a layer in one shape",
+                    hint="give the model inputs of one size (--resize and --crop), or choose another layer",
+                )
+            if key not in self.layouts:
+                self.layouts[key] = UnitLayout.of(
+                    value.shape[1:], prefix_tokens=self.prefix_tokens, channels_last=self.square, key=key
+                )
+            # Each shard and key draws its own random choices, the same whichever process computes it.
+            seed = shard.number * 1009 + position
+            shard.layers[key] = LayerStats(self.layouts[key], self.choice, seed=seed, key=key)
+        return shard.layers[key]
+
+    def _finished(self, shard: _Shard, first: int, end: int) -> None:
+        if self.folder is None:
+            if self.merged is None:
+                self.merged = shard
+            else:
+                _merge_into(self.merged, shard)
+            return
+        run = fileformat.run_metadata(self.record, shard.facts or RunFacts(calls={}), keys=[])
+        metadata = fileformat.shard_metadata(run, shard.number, inputs=shard.inputs, skipped=shard.skipped)
+        metadata["units"] = json.dumps({key: _describe(self.layouts[key]) for key in shard.layers})
+        metadata["facts"] = json.dumps(_facts(shard.facts))
+        files = dict.fromkeys(path for row in self.paths[first:end] for path in input_files(row))
+        stamps = {path: file_stamp(path) for path in files}
+        self.folder.submit(shard.number, shard.state(), metadata, shard.inputs, shard.skipped, None, stamps)
+
+    def finish(self):
+        if self.path is None:
+            merged = self.merged or _Shard(0)
+            tensors, metadata = self._result(merged)
+            return Features(tensors, metadata, facts=merged.facts)
+        if self.folder is None:  # another process of the run wrote the output
+            return Path(self.path)
+        self.folder.close()
+        self.complete = self.folder.complete
+        self.finisher = self.finisher or self.folder.finisher
+        assert self.path is not None, "a writer with parts has an output"
+        if self.complete and self.finisher:
+            self._write_output()
+        return Path(self.path)
+
+    def _write_output(self) -> None:
+        assert self.path is not None and self.folder is not None, "the output's parts are written"
+        held = hold_output(self.path)
+        try:
+            if os.path.exists(self.path) and not self.force:
+                return  # another process merged the parts first
+            merged = self._read_parts()
+            tensors, metadata = self._result(merged)
+            write_safetensors(tensors, metadata, self.path, force=True)
+            shutil.rmtree(self.folder.folder, ignore_errors=True)
+        finally:
+            release_output(self.path, held)
+        self.written = [self.path]
+
+    def _read_parts(self) -> _Shard:
+        """Every part, merged in shard order."""
+        assert self.folder is not None, "parts are read from their folder"
+        merged: _Shard | None = None
+        for number in range(self.folder.shards):
+            name = self.folder.folder / SHARD_NAME.format(number)
+            try:
+                shard = self._read_part(name, number)
+            except (KeyError, ValueError, RuntimeError, IndexError) as err:
+                raise FeatureFileError(
+                    f"part '{name}' of '{self.path}' is damaged: {err}",
+                    hint="run the same command with --force to compute the statistics again",
+                ) from None
+            if merged is None:
+                merged = shard
+            else:
+                _merge_into(merged, shard)
+        assert merged is not None, "a run has one shard at least"
+        return merged
+
+    def _read_part(self, name: Path, number: int) -> _Shard:
+        shard = _Shard(number)
+        with FeatureFile(name) as part:
+            metadata = part.metadata
+            units = json.loads(metadata["units"])
+            shard.inputs = json.loads(metadata["inputs"])
+            shard.skipped = json.loads(metadata.get("skipped", "[]"))
+            facts = json.loads(metadata["facts"])
+            shard.facts = RunFacts(facts["calls"], tuple(facts["omitted"]), facts["fused"]) if facts else None
+            shard.rows = torch.from_numpy(part.read(_ROWS)).tolist()
+            for key, described in units.items():
+                layout = UnitLayout.of(
+                    described["row_shape"], prefix_tokens=self.prefix_tokens, channels_last=self.square, key=key
+                )
+                self.layouts.setdefault(key, layout)
+                state = {
+                    name.rpartition("@")[2]: torch.from_numpy(part.read(name))
+                    for name in part.keys()
+                    if name.rpartition("@")[0] == key
+                }
+                shard.layers[key] = LayerStats.from_state(state, layout, self.choice)
+        if len(shard.rows) != len(shard.inputs):
+            raise ValueError(f"it has {len(shard.rows)} rows and {len(shard.inputs)} inputs")
+        return shard
+
+    def _result(self, merged: _Shard) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+        """The statistics file's tensors and metadata."""
+        if not merged.rows:
+            raise ImageError(
+                "none of the input images could be read",
+                hint="every input was skipped, each with its reason (on stderr; in Python, the Skipped events)",
+            )
+        positions = torch.full((len(self.paths),), -1, dtype=torch.int64)
+        positions[torch.tensor(merged.rows)] = torch.arange(len(merged.rows))
+        tensors = {
+            stats_key(key, name): value
+            for key, layer in merged.layers.items()
+            for name, value in layer.result(positions).items()
+        }
+        run = fileformat.run_metadata(self.record, merged.facts or RunFacts(calls={}), keys=list(tensors))
+        metadata = stats_metadata(
+            run,
+            options=self.choice.describe(),
+            units={key: _describe(self.layouts[key]) for key in merged.layers},
+            inputs=merged.inputs,
+            skipped=merged.skipped,
+            identity=fileformat.identity(self.record),
+        )
+        return tensors, metadata
+
+    def abort(self) -> None:
+        if self.folder is not None:
+            with contextlib.suppress(Exception):  # the failure that stopped the run is the one to report
+                self.folder.close()
+
+
+def _merge_into(merged: _Shard, shard: _Shard) -> None:
+    """Add a later shard to the shards merged so far."""
+    for key, layer in shard.layers.items():
+        if key in merged.layers:
+            merged.layers[key].merge(layer)
+        else:
+            merged.layers[key] = layer
+    merged.rows += shard.rows
+    merged.inputs += shard.inputs
+    merged.skipped += shard.skipped
+    merged.facts = merged.facts or shard.facts
+
+
+def _describe(layout: UnitLayout) -> dict:
+    return {
+        "channels": layout.channels,
+        "spatial": list(layout.spatial),
+        "layout": layout.kind,
+        "skip": layout.skip,
+        "row_shape": list(layout.row_shape),
+    }
+
+
+def _facts(facts: RunFacts | None) -> dict:
+    if facts is None:
+        return {}
+    return {"calls": dict(facts.calls), "omitted": list(facts.omitted), "fused": facts.fused}

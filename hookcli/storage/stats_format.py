@@ -1,0 +1,120 @@
+"""The statistics file contract: what ``hookcli stats`` writes, described once (``docs/file-format.md`` documents
+it), and the checks a statistics file read from disk must pass.
+
+A statistics file is a safetensors file whose metadata says ``"kind":
+"stats"`` and ``"format": "4"``. For each layer key ``K`` of ``C``
+channels it holds the tensors of :data:`FIELDS`, named ``K@<field>``: the
+count, mean, std, min, max and share of zeros of every value of each channel,
+its quantiles at the levels of the ``stats`` metadata, its top examples (values,
+rows into ``inputs``, positions, maps), and, unless the run left it out, the
+pooled channels' covariance and principal components. The metadata's ``units``
+says for each key how its rows were read as channels and positions
+(:class:`hookcli.statistics.units.UnitLayout`); the rest is the run's metadata
+(:mod:`hookcli.storage.fileformat`), with the ``inputs`` the rows came from and
+those ``skipped``.
+
+Nothing here imports torch or numpy.
+
+>>> stats_key("layer3", "top_maps"), field_shape("top_maps", channels=8, top=3, spatial=[7, 7], levels=2)
+('layer3@top_maps', [8, 3, 7, 7])
+>>> layer_fields(pca=False, spatial=[])[-3:]
+['top_values', 'top_rows', 'top_maps']
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+
+__all__ = [
+    "FIELDS",
+    "STATS_FORMAT_VERSION",
+    "STATS_KIND",
+    "field_dtype",
+    "field_shape",
+    "is_stats",
+    "layer_fields",
+    "stats_key",
+    "stats_metadata",
+]
+
+STATS_FORMAT_VERSION = "4"
+STATS_KIND = "stats"
+
+#: Each field: its safetensors dtype, and its shape in terms of the channels ``C``, the examples kept ``K``, the
+#: quantile levels ``Q`` and the positions' shape ``S`` (``*S``: its axes; ``len(S)``: their number).
+FIELDS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "count": ("I64", ()),
+    "mean": ("F64", ("C",)),
+    "std": ("F64", ("C",)),
+    "min": ("F64", ("C",)),
+    "max": ("F64", ("C",)),
+    "zeros": ("F64", ("C",)),
+    "quantiles": ("F64", ("C", "Q")),
+    "top_values": ("F32", ("C", "K")),
+    "top_rows": ("I64", ("C", "K")),
+    "top_at": ("I64", ("C", "K", "len(S)")),
+    "top_maps": ("F32", ("C", "K", "*S")),
+    "cov": ("F64", ("C", "C")),
+    "pca_values": ("F64", ("C",)),
+    "pca_vectors": ("F64", ("C", "C")),
+}
+#: The fields a run without ``--pca`` leaves out, and the one a layer without positions has no use for.
+PCA_FIELDS = ("cov", "pca_values", "pca_vectors")
+POSITION_FIELDS = ("top_at",)
+
+
+def stats_key(key: str, field: str) -> str:
+    """The tensor that holds ``field`` of layer key ``key``."""
+    return f"{key}@{field}"
+
+
+def layer_fields(*, pca: bool, spatial: Sequence[int]) -> list[str]:
+    """The fields a layer's statistics hold: every one of :data:`FIELDS` but the covariance and components
+    without ``pca``, and the positions of the examples for a layer without any."""
+    return [name for name in FIELDS if (pca or name not in PCA_FIELDS) and (spatial or name not in POSITION_FIELDS)]
+
+
+def field_dtype(field: str) -> str:
+    return FIELDS[field][0]
+
+
+def field_shape(field: str, *, channels: int, top: int, spatial: Sequence[int], levels: int) -> list[int]:
+    """The shape ``field`` has for a layer of ``channels`` channels with ``top`` examples kept, positions of shape
+    ``spatial`` and ``levels`` quantile levels."""
+    sizes = {"C": [channels], "K": [top], "Q": [levels], "len(S)": [len(spatial)], "*S": list(spatial)}
+    return [n for axis in FIELDS[field][1] for n in sizes[axis]]
+
+
+def is_stats(metadata: Mapping[str, str]) -> bool:
+    """Whether a file's metadata describes a statistics file."""
+    return metadata.get("kind") == STATS_KIND
+
+
+def stats_metadata(
+    run: Mapping[str, str],
+    *,
+    options: Mapping,
+    units: Mapping[str, Mapping],
+    inputs: Sequence[str],
+    skipped: Sequence[dict] = (),
+    identity: Mapping | None = None,
+) -> dict[str, str]:
+    """A statistics file's metadata: the run's (``run``, as :func:`hookcli.storage.fileformat.run_metadata` makes
+    it), the statistics' ``options`` (``top``, ``top_by``, ``quantiles``, ``pca``), each key's ``units``
+    (``channels``, ``spatial``, ``layout``, ``skip``, ``row_shape``), the inputs the rows came from and those
+    skipped, and the run's ``identity`` (:func:`hookcli.storage.fileformat.identity`: a process of a run that
+    another process completed knows the file for its own)."""
+    metadata = {
+        **{key: value for key, value in run.items() if key not in ("inputs", "skipped", "shard")},
+        "format": STATS_FORMAT_VERSION,
+        "kind": STATS_KIND,
+        "stats": json.dumps(dict(options)),
+        "units": json.dumps({key: dict(value) for key, value in units.items()}),
+        "inputs": json.dumps(list(inputs)),
+    }
+    if skipped:
+        metadata["skipped"] = json.dumps(list(skipped))
+    if identity is not None:
+        metadata["identity"] = json.dumps(dict(identity))
+    return metadata
