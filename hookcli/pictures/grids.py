@@ -36,10 +36,8 @@ from __future__ import annotations
 
 import bisect
 import collections
-import difflib
 import itertools
 import os
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,10 +45,10 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from hookcli.errors import FeatureFileError, UsageProblem
+from hookcli.errors import UsageProblem
 from hookcli.events import Advanced, Event, Note, Started, Wrote
 from hookcli.files import atomic_path, check_folder_output, refuse_existing
-from hookcli.patterns import glob_to_regex
+from hookcli.patterns import select_keys
 from hookcli.pictures.drawing import render_picture
 from hookcli.pictures.options import DEFAULT_MAPS, GridJob, GridOptions, capped, digest, safe_name
 from hookcli.pictures.reading import (
@@ -166,7 +164,7 @@ def plan_grids(
     check_cmap(options.overlay_cmap if options.overlay else options.cmap)
     if out_dir is not None:
         check_folder_output(out_dir)
-    keys = _select_keys(features.keys(), options.keys, features.name)
+    keys = select_keys(features.keys(), options.keys, features.name)
     detections = detection_keys(features, keys)
     drawable: dict[str, tuple[int | None, str | None]] = {}
     notes: list[str] = []
@@ -351,31 +349,6 @@ def _file_stems(keys: Sequence[str]) -> list[str]:
     stems = [capped(safe_name(key), _KEY_STEM) for key in keys]
     seen = collections.Counter(stem.casefold() for stem in stems)
     return [f"{stem}~{digest(key)}" if seen[stem.casefold()] > 1 else stem for key, stem in zip(keys, stems)]
-
-
-def _select_keys(available: list[str], patterns: Sequence[str], name: str) -> list[str]:
-    if not available:
-        raise FeatureFileError(f"'{name}' holds no tensors")
-    if not patterns:
-        return list(available)
-    chosen: list[str] = []
-    for pattern in patterns:
-        try:
-            regex = glob_to_regex(pattern)
-        except re.error as err:
-            raise UsageProblem(
-                f"invalid key pattern '{pattern}': {err}",
-                hint="patterns take * ? and [abc] or [a-z] ranges written low to high",
-            ) from None
-        found = [k for k in available if regex.fullmatch(k)]
-        if not found:
-            closest = difflib.get_close_matches(pattern, available, n=3, cutoff=0.0)
-            raise UsageProblem(
-                f"no tensor '{pattern}' in '{name}' (closest: {', '.join(closest)})",
-                hint="'hookcli info' lists the keys",
-            )
-        chosen.extend(k for k in found if k not in chosen)
-    return chosen
 
 
 def write_grids(

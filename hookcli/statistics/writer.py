@@ -102,7 +102,9 @@ class StatsWriter:
     ``choice`` is what to gather; ``prefix_tokens`` and ``square`` (the
     model's inputs are square) say how rows are read as channels
     (:class:`~hookcli.statistics.units.UnitLayout`); ``part`` ``(index, count)``
-    which block of shards this process takes first.
+    which block of shards this process takes first. ``source_files``: the
+    rows are read from these files (saved features), and ``paths`` are the
+    names of the inputs they came from.
     """
 
     def __init__(
@@ -118,8 +120,10 @@ class StatsWriter:
         on_note: Callable[[str], None] | None = None,
         prefix_tokens: int | None = None,
         square: bool = False,
+        source_files: Sequence[str] | None = None,
     ) -> None:
         self.record, self.paths, self.choice = record, paths, choice
+        self.source_files = source_files
         self.path = None if path is None else os.fspath(path)
         self.shard_size, self.force, self.part, self.on_note = shard_size, force, part, on_note
         self.prefix_tokens, self.square = prefix_tokens, square
@@ -197,18 +201,21 @@ class StatsWriter:
         number = events[0] // self.size
         shard = self.open.setdefault(number, _Shard(number))
         for index, error in batch.failures:
-            shard.skipped.append({"input": input_name(self.paths[index]), "error": error})
+            shard.skipped.append({"input": self._name(index), "error": error})
         if batch.indices:
             inputs = torch.tensor(batch.indices, dtype=torch.int64)
             for position, (key, value) in enumerate(batch.features.items()):
                 self._layer(shard, key, value, position).update(value, inputs)
             shard.rows.extend(batch.indices)
-            shard.inputs.extend(input_name(self.paths[index]) for index in batch.indices)
+            shard.inputs.extend(self._name(index) for index in batch.indices)
             shard.facts = batch.facts
         first, end = number * self.size, min((number + 1) * self.size, len(self.paths))
         if shard.placed == end - first:
             del self.open[number]
             self._finished(shard, first, end)
+
+    def _name(self, index: int) -> str:
+        return self.paths[index] if self.source_files is not None else input_name(self.paths[index])
 
     def _layer(self, shard: _Shard, key: str, value, position: int) -> LayerStats:
         if key not in shard.layers:
@@ -238,7 +245,7 @@ class StatsWriter:
         metadata = fileformat.shard_metadata(run, shard.number, inputs=shard.inputs, skipped=shard.skipped)
         metadata["units"] = json.dumps({key: _describe(self.layouts[key]) for key in shard.layers})
         metadata["facts"] = json.dumps(_facts(shard.facts))
-        files = dict.fromkeys(path for row in self.paths[first:end] for path in input_files(row))
+        files = self.source_files or dict.fromkeys(path for row in self.paths[first:end] for path in input_files(row))
         stamps = {path: file_stamp(path) for path in files}
         self.folder.submit(shard.number, shard.state(), metadata, shard.inputs, shard.skipped, None, stamps)
 
