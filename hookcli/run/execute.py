@@ -172,6 +172,7 @@ def _stats_writer(run: RunPlan, path: str | None, note: Callable[[str], None]) -
         on_note=note,
         prefix_tokens=run.record.prefix_tokens,
         square=square_input(run.settings.preprocess),
+        team=run.team is not None,
     )
 
 

@@ -41,7 +41,7 @@ from hookcli.storage.features import FeatureFile, Features
 from hookcli.storage.fileformat import SHARD_NAME, RunFacts, RunRecord
 from hookcli.storage.saving import write_safetensors
 from hookcli.storage.shard_writer import ShardWriter, batches_in
-from hookcli.storage.stats_format import stats_key, stats_metadata
+from hookcli.storage.stats_format import PART_ROWS, STATS_PART, stats_key, stats_metadata
 
 __all__ = ["PARTS_SUFFIX", "StatsWriter", "parts_folder", "stats_shard_size"]
 
@@ -49,8 +49,6 @@ __all__ = ["PARTS_SUFFIX", "StatsWriter", "parts_folder", "stats_shard_size"]
 PARTS_SUFFIX = ".parts"
 #: How many shards the inputs are cut into when no shard size is given.
 AUTO_SHARDS = 8
-#: The key of a part's rows: the inputs it has rows of.
-_ROWS = "@rows"
 
 
 def parts_folder(output: str | os.PathLike) -> Path:
@@ -91,7 +89,7 @@ class _Shard:
             for key, layer in self.layers.items()
             for name, value in layer.state().items()
         }
-        tensors[_ROWS] = torch.tensor(self.rows, dtype=torch.int64)
+        tensors[PART_ROWS] = torch.tensor(self.rows, dtype=torch.int64)
         return tensors
 
 
@@ -104,7 +102,9 @@ class StatsWriter:
     (:class:`~hookcli.statistics.units.UnitLayout`); ``part`` ``(index, count)``
     which block of shards this process takes first. ``source_files``: the
     rows are read from these files (saved features), and ``paths`` are the
-    names of the inputs they came from.
+    names of the inputs they came from. ``team``: this process is one of
+    torchrun's group, whose first process reports the file whoever wrote it
+    (the others report what they wrote themselves).
     """
 
     def __init__(
@@ -121,9 +121,10 @@ class StatsWriter:
         prefix_tokens: int | None = None,
         square: bool = False,
         source_files: Sequence[str] | None = None,
+        team: bool = False,
     ) -> None:
         self.record, self.paths, self.choice = record, paths, choice
-        self.source_files = source_files
+        self.source_files, self.team = source_files, team
         self.path = None if path is None else os.fspath(path)
         self.shard_size, self.force, self.part, self.on_note = shard_size, force, part, on_note
         self.prefix_tokens, self.square = prefix_tokens, square
@@ -243,6 +244,7 @@ class StatsWriter:
             return
         run = fileformat.run_metadata(self.record, shard.facts or RunFacts(calls={}), keys=[])
         metadata = fileformat.shard_metadata(run, shard.number, inputs=shard.inputs, skipped=shard.skipped)
+        metadata["kind"] = STATS_PART
         metadata["units"] = json.dumps({key: _describe(self.layouts[key]) for key in shard.layers})
         metadata["facts"] = json.dumps(_facts(shard.facts))
         files = self.source_files or dict.fromkeys(path for row in self.paths[first:end] for path in input_files(row))
@@ -262,6 +264,8 @@ class StatsWriter:
         assert self.path is not None, "a writer with parts has an output"
         if self.complete and self.finisher:
             self._write_output()
+        if self.team:  # said once the whole group has finished, when the file is written
+            self.written = [self.path]
         return Path(self.path)
 
     def _write_output(self) -> None:
@@ -307,7 +311,7 @@ class StatsWriter:
             shard.skipped = json.loads(metadata.get("skipped", "[]"))
             facts = json.loads(metadata["facts"])
             shard.facts = RunFacts(facts["calls"], tuple(facts["omitted"]), facts["fused"]) if facts else None
-            shard.rows = torch.from_numpy(part.read(_ROWS)).tolist()
+            shard.rows = torch.from_numpy(part.read(PART_ROWS)).tolist()
             for key, described in units.items():
                 layout = UnitLayout.of(
                     described["row_shape"], prefix_tokens=self.prefix_tokens, channels_last=self.square, key=key
