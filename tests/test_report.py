@@ -122,28 +122,45 @@ def test_a_picture_is_what_grid_draws_for_the_same_tensor_and_image(folder, tmp_
     assert [p.tolist() for p in _pictures(article)] == [expected.tolist()]
 
 
+class _Recording:
+    """A reader that lists each read it is asked for, ``(key, row, part)``, and refuses reads of many rows."""
+
+    def __init__(self, features, reads: list):
+        self._features, self._reads = features, reads
+
+    def __getattr__(self, name):
+        return getattr(self._features, name)
+
+    def read(self, key, index=None, part=None):
+        self._reads.append((key, index, part))
+        return self._features.read(key, index, part)
+
+    def read_rows(self, key, start, stop):
+        raise AssertionError("a report reads single rows")
+
+
 def test_rows_are_read_lazily_one_row_and_tensor_at_a_time(folder, tmp_path):
     reads = []
-
-    class Recording:
-        def __init__(self, features):
-            self._features = features
-
-        def __getattr__(self, name):
-            return getattr(self._features, name)
-
-        def read(self, key, index=None, part=None):
-            reads.append((key, index, part))
-            return self._features.read(key, index, part)
-
-        def read_rows(self, key, start, stop):
-            raise AssertionError("a report reads single rows")
-
     with open_features(folder) as features:
-        write_report(Recording(features), tmp_path / "r", GridOptions(), page_size=3)
+        write_report(_Recording(features, reads), tmp_path / "r", GridOptions(), page_size=3)
     expected = [(key, row, None) for row in range(7) for key in ("layer1", "logits")]
     assert sorted(reads, key=lambda r: (r[1], r[0])) == expected
     assert [row for _, row, _ in reads] == [3, 3, 4, 4, 5, 5, 6, 6, 0, 0, 1, 1, 2, 2]  # index.html comes last
+
+
+def test_each_rows_detections_are_read_once_for_their_picture_and_table(tmp_path, photo_path):
+    boxes = np.array([[[10.0, 20.0, 200.0, 300.0], [50.0, 60.0, 90.0, 100.0]]] * 2, dtype=np.float32)
+    tensors = {
+        "detections#boxes": boxes,
+        "detections#labels": np.array([[1, 2]] * 2),
+        "detections#scores": np.array([[0.9, 0.5]] * 2, dtype=np.float32),
+    }
+    metadata = {"family": "detection", "inputs": json.dumps([str(photo_path)] * 2)}
+    reads = []
+    text = write_report(_Recording(Features(tensors, metadata), reads), tmp_path / "r", GridOptions()).read_text()
+    assert sorted(reads) == sorted((key, row, None) for key in tensors for row in (0, 1))
+    articles = re.findall(r'<article class="detections" id="image-\d-detections">(.*?)</article>', text, re.S)
+    assert [(len(_pictures(a)), a.count("<tr><td>#")) for a in articles] == [(1, 2), (1, 2)]
 
 
 def test_many_pages_link_to_a_window_of_nearby_pages(tmp_path):

@@ -50,7 +50,7 @@ from hookcli.pictures.text import number
 from hookcli.storage.fileformat import DETECTIONS
 from hookcli.storage.reader import FeatureReader
 
-__all__ = ["Picture", "render_job", "render_picture"]
+__all__ = ["Picture", "render_detections", "render_job", "render_picture"]
 
 
 _LAYOUTS = {
@@ -94,7 +94,7 @@ def render_picture(
     :class:`~hookcli.pictures.render.RowNotDrawable` for a row without one.
     """
     if job.key in detection_keys(features, [job.key]):
-        return _detections_picture(features, job, options)
+        return render_detections(features, job, options, read_detections(features, job.row))
     if not features.ragged(job.key):
         return _row_picture(features, job, options, values)
     try:
@@ -283,10 +283,10 @@ def _overlay_picture(
     )
 
 
-def _detections_picture(features: FeatureReader, job: GridJob, options: GridOptions) -> Picture:
-    """The photo the model was given with each detection's box, coloured by its label, and on it its label and
-    score (``plain``: the boxes alone, over the photo at the size the model was given it)."""
-    found = read_detections(features, job.row)
+def render_detections(features: FeatureReader, job: GridJob, options: GridOptions, found: Detections) -> Picture:
+    """The photo the model was given with each of ``found`` (row ``job.row``'s detections, read by the caller, who
+    may show them otherwise too) as a box, coloured by its label, and on it its label and score (``plain``: the
+    boxes alone, over the photo at the size the model was given it)."""
     try:
         preprocess = Preprocess.from_metadata(features.metadata.get("preprocess"))
     except ValueError as err:

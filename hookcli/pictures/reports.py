@@ -53,7 +53,7 @@ import numpy as np
 from hookcli.errors import HookcliError, check_whole
 from hookcli.events import Advanced, Note, Started, Wrote
 from hookcli.files import atomic_path, check_folder_output, format_bytes, refuse_existing
-from hookcli.pictures.drawing import Picture, render_picture
+from hookcli.pictures.drawing import Picture, render_detections, render_picture
 from hookcli.pictures.grids import GridPlan, plan_grids
 from hookcli.pictures.html import (
     HEAD,
@@ -396,7 +396,7 @@ class _Report:
             f'<p class="shape">{escaped(row_shape_html(self.features, tensor.key, row))}'
             f"{' · ' + escaped(role) if role else ''}</p>\n",
             '<div class="body">',
-            self._picture(tensor, row, values),
+            self._tensor_picture(tensor, row, values),
             stats_table(values),
             channels_table(most_active(values), self._class_names(values)) if tensor.key not in self.cams else "",
             "</div>\n</article>\n",
@@ -425,36 +425,51 @@ class _Report:
         return what + (f", for target {k + 1}: {target_name(targets[k])}" if k < len(targets) else "")
 
     def _detections(self, row: int) -> str:
-        """The row's detections: their picture (when planned) and their table."""
+        """The row's detections, read once: their picture (when planned) and their table."""
         parts = [
             f'<article class="detections" id="{row_anchor(row, "detections")}">\n<h3>Detections</h3>\n'
             '<div class="body">'
         ]
-        if self.boxes is None:
-            parts.append('<p class="missing">No picture (see the notes).</p>')
-        elif row < self.boxes.rows:
-            parts.append(self._picture(self.boxes, row, None))
         try:
-            parts.append(detections_table(read_detections(self.features, row)))
+            found = read_detections(self.features, row)
         except NotDrawable as reason:
             if not self.detections_problem:
                 self.detections_problem = True
                 self.emit(Note(f"the detections of '{self.features.name}' cannot be read: {reason}"))
-            parts.append(f'<p class="missing">No table: {escaped(str(reason))}.</p>')
+            parts.append(f'<p class="missing">No picture and no table: {escaped(str(reason))}.</p>')
+        else:
+            if self.boxes is None:
+                parts.append('<p class="missing">No picture (see the notes).</p>')
+            elif row < self.boxes.rows:
+                parts.append(
+                    self._picture(
+                        self.boxes, row, lambda job, options: render_detections(self.features, job, options, found)
+                    )
+                )
+            parts.append(detections_table(found))
         parts.append("</div>\n</article>\n")
         return "".join(parts)
 
-    def _picture(self, tensor: _Tensor, row: int, values: np.ndarray | None) -> str:
-        if tensor.key in self.undrawable:
-            return '<p class="missing">No picture (see the notes).</p>'
-        job, options = self._job(tensor, row), self.options
-        try:
-            picture = None
+    def _tensor_picture(self, tensor: _Tensor, row: int, values: np.ndarray) -> str:
+        """A tensor's picture for the row: a CAM over the photo the model saw when it can be read."""
+
+        def draw(job: GridJob, options: GridOptions) -> Picture:
             if tensor.key in self.cams:
                 options = dataclasses.replace(options, channels=None, top=None)
-                picture = self._cam_over_photo(job, options, values)
-            if picture is None:
-                picture = render_picture(self.features, job, options, values=values)
+                over_photo = self._cam_over_photo(job, options, values)
+                if over_photo is not None:
+                    return over_photo
+            return render_picture(self.features, job, options, values=values)
+
+        return self._picture(tensor, row, draw)
+
+    def _picture(self, tensor: _Tensor, row: int, draw: Callable[[GridJob, GridOptions], Picture]) -> str:
+        """``draw(job, options)`` for the tensor's job of the row, embedded; what stops it is said as grid says it."""
+        if tensor.key in self.undrawable:
+            return '<p class="missing">No picture (see the notes).</p>'
+        job = self._job(tensor, row)
+        try:
+            picture = draw(job, self.options)
         except RowNotDrawable as reason:
             self.emit(Note(f"skipped '{tensor.key}' of image {row} ({job.name}): {reason}"))
             return f'<p class="missing">No picture: {escaped(str(reason))}.</p>'
