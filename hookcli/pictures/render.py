@@ -46,7 +46,16 @@ from PIL import Image, ImageDraw
 
 from hookcli.errors import UsageProblem
 from hookcli.families import is_square
-from hookcli.pictures.text import caption_font, glyphs, label_band, label_size, stamp, text_width, tick_step
+from hookcli.pictures.text import (
+    caption_font,
+    glyphs,
+    label_band,
+    label_size,
+    stamp,
+    text_width,
+    tick_step,
+    wrapped,
+)
 
 __all__ = [
     "add_colorbar",
@@ -545,13 +554,7 @@ def add_title(pixels: np.ndarray, parts: Sequence[str]) -> np.ndarray:
     """
     width = pixels.shape[1]
     font = caption_font(width)
-    lines: list[str] = []
-    for part in parts:
-        joined = f"{lines[-1]} · {part}" if lines else part
-        if lines and font.getlength(joined) + 8 <= width:
-            lines[-1] = joined
-        else:
-            lines.append(part)
+    lines = wrapped(font, parts, width, " · ")
     line_h = font.getbbox("Ag")[3] + 4
     width = max(width, *(int(font.getlength(line)) + 8 for line in lines))
     strip = Image.new("RGB", (width, line_h * len(lines) + 6), (255, 255, 255))
@@ -562,25 +565,28 @@ def add_title(pixels: np.ndarray, parts: Sequence[str]) -> np.ndarray:
 
 
 def add_colorbar(pixels: np.ndarray, cmap: str, low: str, high: str, text: str = "") -> np.ndarray:
-    """Put a colour bar under the picture: ``low`` at its left end, ``high`` at its right, ``text`` after it."""
+    """Put a colour bar under the picture: ``low`` at its left end, ``high`` at its right, ``text`` after it, or
+    under it, wrapped, when it does not fit beside it (a narrow picture: a video clip of two frames)."""
     width = pixels.shape[1]
     font = caption_font(width)
     line_h = font.getbbox("Ag")[3]
     bar_w = max(64, min(256, width // 3))
     left = 6 + round(font.getlength(low)) + 6
     right = left + bar_w + 6 + round(font.getlength(high))
-    strip = Image.new("RGB", (max(width, right + 6), line_h + 12), (255, 255, 255))
+    strip_w = max(width, right + 6)
+    beside = not text or right + 12 + font.getlength(text) + 4 <= strip_w
+    lines = [] if beside else wrapped(font, text.split(), strip_w - 4, " ")  # 6 pixels either side
+    strip_w = max([strip_w, *(round(font.getlength(line)) + 12 for line in lines)])
+    strip = Image.new("RGB", (strip_w, line_h + 12 + len(lines) * (line_h + 4)), (255, 255, 255))
     bar = colorize(np.linspace(0.0, 1.0, bar_w)[None].repeat(line_h, axis=0), cmap)
     strip.paste(Image.fromarray(bar), (left, 6))
     draw = ImageDraw.Draw(strip)
     draw.text((6, 6), low, fill=(0, 0, 0), font=font)
     draw.text((left + bar_w + 6, 6), high, fill=(0, 0, 0), font=font)
-    words, room = text, strip.width - (right + 12) - 4
-    # Text that does not fit beside the bar is cut with an ellipsis; the caption carries the whole story.
-    while words and font.getlength(words) > room:
-        words = words[:-2] + "…" if len(words) > 1 else ""
-    if words:
-        draw.text((right + 12, 6), words, fill=(60, 60, 60), font=font)
+    if beside and text:
+        draw.text((right + 12, 6), text, fill=(60, 60, 60), font=font)
+    for number, line in enumerate(lines):
+        draw.text((6, 6 + (number + 1) * (line_h + 4)), line, fill=(60, 60, 60), font=font)
     return stacked(pixels, np.asarray(strip))
 
 
