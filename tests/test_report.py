@@ -18,6 +18,7 @@ import hookcli
 from hookcli.cli import main
 from hookcli.errors import FeatureFileError, OutputExistsError, UsageProblem
 from hookcli.events import Advanced, Note, Started, Wrote
+from hookcli.pictures.boxes import BOX_COLOURS, place_tabs
 from hookcli.pictures.drawing import render_job
 from hookcli.pictures.grids import plan_grids
 from hookcli.pictures.html import PAGE_WINDOW, page_name
@@ -580,3 +581,84 @@ def test_a_classifiers_highest_outputs_are_named_with_the_weights_class_names(tm
         ("3", "tiger shark"),
         ("4", "hammerhead"),
     ]
+
+
+# -- detections ------------------------------------------------------------------------------------
+
+
+def _overlaps(rects) -> list[tuple[int, int]]:
+    """The pairs of ``(x, y, x2, y2)`` rectangles that share a pixel."""
+    return [
+        (i, j)
+        for i, (a, b, c, d) in enumerate(rects)
+        for j, (e, f, g, h) in enumerate(rects[:i])
+        if a < g and e < c and b < h and f < d
+    ]
+
+
+def test_tabs_cover_no_other_tab_and_are_left_out_only_where_every_corner_would():
+    rng = np.random.default_rng(0)
+    corners = rng.uniform(0, 560, (100, 2))
+    boxes = np.concatenate([corners, corners + rng.uniform(20, 200, (100, 2))], axis=1)
+    places = place_tabs(boxes, [(60, 20)] * 100, 640, 480)
+    placed = [(x, y, x + 60, y + 20) for x, y in filter(None, places)]
+    assert _overlaps(placed) == [] and all(
+        0 <= x and x + 60 <= 640 and 0 <= y and y + 20 <= 480 for x, y, _, _ in placed
+    )
+    x1, y1 = (round(v) for v in boxes[-1, :2])
+    assert places[-1] == (x1, y1 - 20)  # the last (the best) takes its first choice: above its top-left corner
+    left_out = [i for i, place in enumerate(places) if place is None]
+    assert 10 < len(left_out) < 90
+    for i in left_out:  # each corner it could take covers a placed tab
+        x1, y1, x2, y2 = (round(v) for v in boxes[i])
+        for x, y in [(x1, y1), (x2 - 60, y1), (x1, y2 - 20)]:
+            x, y = min(max(x, 0), 580), min(max(y, 0), 460)
+            assert _overlaps([*placed, (x, y, x + 60, y + 20)])  # the placed tabs alone cover none of each other
+
+
+def test_a_report_of_a_hundred_boxes_labels_the_best_and_says_how_many_are_not(tmp_path, photo_path, monkeypatch):
+    import hookcli.pictures.boxes
+    import hookcli.pictures.drawing
+
+    rng = np.random.default_rng(1)
+    corners = rng.uniform(0, 450, (100, 2))
+    boxes = np.concatenate([corners, corners + rng.uniform(30, 250, (100, 2))], axis=1).astype(np.float32)
+    boxes[0] = [100.0, 150.0, 300.0, 400.0]
+    labels = rng.integers(1, 91, 100)
+    tensors = {
+        "detections#boxes": boxes[None],
+        "detections#labels": labels[None],
+        "detections#scores": np.linspace(0.99, 0.05, 100, dtype=np.float32)[None],  # best first, as torchvision's
+    }
+    metadata = {
+        "family": "detection",
+        "preprocess": json.dumps({"resize": None, "crop": None, "kind": "detection"}),
+        "inputs": json.dumps([str(photo_path)]),
+    }
+    placed, captions = [], []
+
+    def place_tabs_kept(boxes, sizes, width, height):
+        places = place_tabs(boxes, sizes, width, height)
+        placed.extend((x, y, x + w, y + h) for place, (w, h) in zip(places, sizes) if place for x, y in [place])
+        return places
+
+    monkeypatch.setattr(hookcli.pictures.boxes, "place_tabs", place_tabs_kept)
+    monkeypatch.setattr(hookcli.pictures.drawing, "add_title", lambda pixels, parts: captions.append(parts) or pixels)
+    text = hookcli.report(Features(tensors, metadata), output=tmp_path / "r").read_text()
+    labelled = len(placed)
+    assert _overlaps(placed) == [] and 20 < labelled < 100
+    assert captions == [
+        [
+            "detections",
+            "grace_hopper.jpg",
+            "100 detections",
+            f"label (class index) and score on {labelled} boxes",
+            f"{100 - labelled} unlabelled, where their labels would cover those of higher-scoring ones",
+        ]
+    ]
+    [pixels] = _pictures(text)
+    assert pixels.shape == (1200, 1024, 3)  # the photo (512 x 600) enlarged twice, under no caption (patched out)
+    x1, y1 = 200, 300
+    colour = list(BOX_COLOURS[int(labels[0]) % 10])
+    assert pixels[y1 - 1, x1 + 1].tolist() == colour  # the best box's tab, above its corner
+    assert pixels[y1 + 1, x1 + 1].tolist() == colour  # and its line

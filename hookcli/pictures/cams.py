@@ -15,9 +15,10 @@ import numpy as np
 from PIL import Image
 
 from hookcli.files import atomic_path
+from hookcli.pictures.boxes import CAM_BOX_COLOUR, draw_boxes
 from hookcli.pictures.options import safe_name
 from hookcli.pictures.photos import heat_picture, model_photo_scaled
-from hookcli.pictures.render import add_title, draw_boxes
+from hookcli.pictures.render import add_title
 
 __all__ = ["CamOverlays", "cam_png_name"]
 
@@ -85,7 +86,7 @@ class CamOverlays:
                 if flat and self.on_note is not None:
                     self.on_note(f"{Path(self.paths[index]).name}, {label}: {flat}")
                 if chosen.get("box"):  # in pixels of the image the model was given
-                    pixels = draw_boxes(pixels, np.array([chosen["box"]]) * scale, [_BOX_COLOUR])
+                    pixels = draw_boxes(pixels, np.array([chosen["box"]]) * scale, [CAM_BOX_COLOUR])[0]
                 pixels = add_title(pixels, [*caption, f"{self.method} at {self.layer}"])
                 path = self.folder / cam_png_name(index, self.paths[index], k, self.count)
                 with atomic_path(path, force=self.force) as temporary:
@@ -100,10 +101,6 @@ class CamOverlays:
 
     def abort(self) -> None:
         self.inner.abort()
-
-
-#: The box of the detection a CAM explains: cyan, which the heat maps' colormaps seldom use.
-_BOX_COLOUR = (0, 255, 255)
 
 
 def _cam_caption(chosen: Mapping) -> tuple[str, list[str]]:

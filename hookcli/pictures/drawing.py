@@ -12,6 +12,7 @@ import numpy as np
 from hookcli.console import printable
 from hookcli.errors import FeatureFileError, HookcliError
 from hookcli.inputs.preprocess import Preprocess
+from hookcli.pictures.boxes import BOX_COLOURS, draw_boxes
 from hookcli.pictures.flow import add_flow_legend, flow_colours, longest_flow
 from hookcli.pictures.options import GridJob, GridOptions, capped
 from hookcli.pictures.photos import heat_picture, model_photo, model_photo_scaled
@@ -28,7 +29,6 @@ from hookcli.pictures.reading import (
     row_drawn,
 )
 from hookcli.pictures.render import (
-    BOX_COLOURS,
     CLIPS,
     STRIPS,
     NotDrawable,
@@ -36,7 +36,6 @@ from hookcli.pictures.render import (
     add_colorbar,
     add_title,
     as_maps,
-    draw_boxes,
     frame_layout,
     map_layout,
     scale_maps,
@@ -300,8 +299,11 @@ def render_detections(features: FeatureReader, job: GridJob, options: GridOption
     drawn = [i for i in ranked if finite[i]]  # lowest score first, so the best are drawn over the rest
     labels = found.labels if found.labels is not None else np.zeros(len(found.boxes), dtype=np.int64)
     colours = [BOX_COLOURS[int(labels[i]) % len(BOX_COLOURS)] for i in drawn]
-    texts = None if options.plain else [_detection_text(found, i) for i in drawn]
-    pixels = draw_boxes(photo, found.boxes[drawn] * scale, colours, texts)
+    shown = [
+        what for what, there in (("label (class index)", found.labels), ("score", found.scores)) if there is not None
+    ]
+    texts = None if options.plain or not shown else [_detection_text(found, i) for i in drawn]
+    pixels, unlabelled = draw_boxes(photo, found.boxes[drawn] * scale, colours, texts)
     count = len(found.boxes)
     if options.title and not options.plain:
         parts = [
@@ -309,13 +311,13 @@ def render_detections(features: FeatureReader, job: GridJob, options: GridOption
             printable(capped(job.name, 120)),
             "no detections" if count == 0 else f"{count} detection{'s' if count != 1 else ''}",
         ]
-        shown = [
-            what
-            for what, there in (("label (class index)", found.labels), ("score", found.scores))
-            if there is not None
-        ]
-        if drawn and shown:
+        if texts:
             parts.append(f"{' and '.join(shown)} on each box")
+        if unlabelled:
+            better = "higher-scoring ones" if found.scores is not None else "the others"
+            parts[-1] = f"{' and '.join(shown)} on {len(drawn) - unlabelled} boxes"
+            theirs = "its label" if unlabelled == 1 else "their labels"
+            parts.append(f"{unlabelled} unlabelled, where {theirs} would cover those of {better}")
         pixels = add_title(pixels, parts)
     missing = count - len(drawn)
     return Picture(

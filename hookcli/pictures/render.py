@@ -19,9 +19,8 @@ colours come from matplotlib's colormaps, sampled once into a 256-entry table.
 - :func:`flow_colours` draws an optical-flow field in the Middlebury colour
   code (hue: direction; white to full colour: length), and
   :func:`add_flow_legend` puts its colour wheel (:func:`flow_wheel`) under it.
-- :func:`overlay` blends a heat map over a photo; :func:`draw_boxes` outlines
-  a detection model's boxes on one; :func:`add_title` adds a caption sized to
-  the picture, :func:`add_colorbar` a colour scale.
+- :func:`overlay` blends a heat map over a photo; :func:`add_title` adds a
+  caption sized to the picture, :func:`add_colorbar` a colour scale.
 
 >>> import numpy as np
 >>> maps, layout = as_maps(np.zeros((197, 768), dtype=np.float32))
@@ -61,11 +60,9 @@ __all__ = [
     "add_colorbar",
     "add_title",
     "as_maps",
-    "BOX_COLOURS",
     "check_cmap",
     "CLIPS",
     "colorize",
-    "draw_boxes",
     "frame_layout",
     "FrameLayout",
     "grid_columns",
@@ -493,57 +490,6 @@ def overlay(photo: np.ndarray, heat: np.ndarray, *, cmap: str = "inferno", alpha
     upsampled = np.asarray(heat_image.resize((width, height), Image.Resampling.BILINEAR))
     colours = colorize(np.clip(upsampled, 0.0, 1.0), cmap).astype(np.float32)
     return np.round((1.0 - alpha) * photo.astype(np.float32) + alpha * colours).astype(np.uint8)
-
-
-#: Colours of detection boxes, one a class label (its index modulo ten): matplotlib's tab10, which stand out on photos.
-BOX_COLOURS = (
-    (31, 119, 180),
-    (255, 127, 14),
-    (44, 160, 44),
-    (214, 39, 40),
-    (148, 103, 189),
-    (140, 86, 75),
-    (227, 119, 194),
-    (127, 127, 127),
-    (188, 189, 34),
-    (23, 190, 207),
-)
-
-
-def draw_boxes(
-    photo: np.ndarray, boxes: np.ndarray, colours: Sequence[tuple[int, int, int]], texts: Sequence[str] | None = None
-) -> np.ndarray:
-    """``boxes`` (``[K, 4]``: x1, y1, x2, y2 in ``photo``'s pixels, finite) outlined on a copy of a ``uint8 [H, W, 3]``
-    photo, each in its colour, later boxes over earlier ones; each box's text (None: none) on a tab of its colour
-    at its top-left corner, above the box where there is room.
-
-    Lines are about a 300th of the picture's longer side thick, and the type grows with the picture as a
-    caption's does.
-
-    >>> photo = np.zeros((40, 60, 3), dtype=np.uint8)
-    >>> pixels = draw_boxes(photo, np.array([[10.0, 5.0, 30.0, 20.0]]), [(255, 0, 0)])
-    >>> pixels[5, 10].tolist(), pixels[12, 20].tolist()
-    ([255, 0, 0], [0, 0, 0])
-    """
-    image = Image.fromarray(np.asarray(photo, dtype=np.uint8))
-    draw = ImageDraw.Draw(image)
-    line = max(2, round(max(image.size) / 300))
-    font = caption_font(image.width)
-    # Far-off corners clipped near the picture: PIL draws with C integers, and a box's visible part is all that shows.
-    limits = np.array([image.width, image.height, image.width, image.height]) + line
-    boxes = np.clip(np.asarray(boxes, dtype=np.float64).reshape(-1, 4), -line, limits)
-    for number, ((x1, y1, x2, y2), colour) in enumerate(zip(boxes.tolist(), colours)):
-        draw.rectangle((x1, y1, max(x1, x2), max(y1, y2)), outline=tuple(colour), width=line)
-        if not texts:
-            continue
-        left, top, right, bottom = draw.textbbox((0, 0), texts[number], font=font)
-        tab_w, tab_h = right - left + 6, bottom - top + 6
-        x = min(max(x1, 0), max(image.width - tab_w, 0))
-        y = y1 - tab_h if y1 - tab_h >= 0 else max(y1, 0)
-        draw.rectangle((x, y, x + tab_w - 1, y + tab_h - 1), fill=tuple(colour))
-        light = 0.299 * colour[0] + 0.587 * colour[1] + 0.114 * colour[2] > 150
-        draw.text((x + 3 - left, y + 3 - top), texts[number], fill=(0, 0, 0) if light else (255, 255, 255), font=font)
-    return np.asarray(image)
 
 
 def add_title(pixels: np.ndarray, parts: Sequence[str]) -> np.ndarray:
