@@ -662,3 +662,26 @@ def test_a_report_of_a_hundred_boxes_labels_the_best_and_says_how_many_are_not(t
     colour = list(BOX_COLOURS[int(labels[0]) % 10])
     assert pixels[y1 - 1, x1 + 1].tolist() == colour  # the best box's tab, above its corner
     assert pixels[y1 + 1, x1 + 1].tolist() == colour  # and its line
+
+
+def test_a_detection_cam_is_drawn_with_the_box_of_the_detection_it_explains(tmp_path, photo_path):
+    heat = np.zeros((1, 12, 10), dtype=np.float32)
+    heat[0, 3:6, 2:5] = 1.0
+    box = [100.0, 150.0, 300.0, 400.0]  # in pixels of the photo as given (512 x 600)
+    targets = [[{"detection": 4, "class": 3, "name": "car", "score": 0.75, "box": box}]]
+    metadata = {
+        "family": "detection",
+        "cam_layer": "backbone.body.16",
+        "method": "gradcam",
+        "target": "top1",
+        "targets": json.dumps(targets),
+        "preprocess": json.dumps({"resize": None, "crop": None, "kind": "detection"}),
+        "inputs": json.dumps([str(photo_path)]),
+    }
+    write_report(Features({"cam": heat}, metadata), tmp_path / "r", GridOptions())
+    [pixels] = _pictures(_sections(tmp_path / "r" / "index.html", "article", "tensor")["image-0-tensor-0"])
+    cyan = np.argwhere((pixels == (0, 255, 255)).all(axis=2))
+    top, left = cyan.min(axis=0)
+    bottom, right = cyan.max(axis=0)
+    assert (left, right - left, bottom - top) == (200, 400, 500)  # the box, on the photo enlarged twice (1024 wide)
+    assert pixels.shape[1] == 1024

@@ -15,7 +15,6 @@ import numpy as np
 from PIL import Image
 
 from hookcli.files import atomic_path
-from hookcli.pictures.boxes import CAM_BOX_COLOUR, draw_boxes
 from hookcli.pictures.options import safe_name
 from hookcli.pictures.photos import heat_picture, model_photo_scaled
 from hookcli.pictures.render import add_title
@@ -82,11 +81,10 @@ class CamOverlays:
             for k, chosen in enumerate(batch.targets[row]):
                 heat = batch.features["cam" if self.count == 1 else f"cam#{k}"][row].numpy()
                 label, caption = _cam_caption(chosen)
-                pixels, flat = heat_picture(photo, heat, cmap=self.cmap, alpha=self.alpha, what=self.method)
+                box = np.array([chosen["box"]]) * scale if chosen.get("box") else None  # pixels the model was given
+                pixels, flat = heat_picture(photo, heat, cmap=self.cmap, alpha=self.alpha, what=self.method, boxes=box)
                 if flat and self.on_note is not None:
                     self.on_note(f"{Path(self.paths[index]).name}, {label}: {flat}")
-                if chosen.get("box"):  # in pixels of the image the model was given
-                    pixels = draw_boxes(pixels, np.array([chosen["box"]]) * scale, [CAM_BOX_COLOUR])[0]
                 pixels = add_title(pixels, [*caption, f"{self.method} at {self.layer}"])
                 path = self.folder / cam_png_name(index, self.paths[index], k, self.count)
                 with atomic_path(path, force=self.force) as temporary:

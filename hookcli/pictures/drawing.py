@@ -15,7 +15,7 @@ from hookcli.inputs.preprocess import Preprocess
 from hookcli.pictures.boxes import BOX_COLOURS, draw_boxes
 from hookcli.pictures.flow import add_flow_legend, flow_colours, longest_flow
 from hookcli.pictures.options import GridJob, GridOptions, capped
-from hookcli.pictures.photos import heat_picture, model_photo, model_photo_scaled
+from hookcli.pictures.photos import heat_picture, model_photo_scaled
 from hookcli.pictures.reading import (
     Detections,
     channels_last,
@@ -79,7 +79,12 @@ def render_job(
 
 
 def render_picture(
-    features: FeatureReader, job: GridJob, options: GridOptions, values: np.ndarray | None = None
+    features: FeatureReader,
+    job: GridJob,
+    options: GridOptions,
+    values: np.ndarray | None = None,
+    *,
+    boxes: np.ndarray | None = None,
 ) -> Picture:
     """Draw one job, at most ``job.limit`` of the selected maps, with labels, a colour bar and a caption.
 
@@ -88,21 +93,26 @@ def render_picture(
     picture with its colour wheel. A row of a ragged key is drawn at its own
     shape, and a detection file's final detections as boxes over the photo.
     ``values``: the job's whole row (in its own shape) when the caller has
-    already read it (otherwise only the channels drawn are read). Raises
+    already read it (otherwise only the channels drawn are read). ``boxes``
+    (``[K, 4]``: x1, y1, x2, y2 in pixels of the image the model was given)
+    are outlined over an overlay: the detection a detection model's CAM
+    explains, which the file's targets give. Raises
     :class:`~hookcli.pictures.render.NotDrawable` for shapes without a picture, and
     :class:`~hookcli.pictures.render.RowNotDrawable` for a row without one.
     """
     if job.key in detection_keys(features, [job.key]):
         return render_detections(features, job, options, read_detections(features, job.row))
     if not features.ragged(job.key):
-        return _row_picture(features, job, options, values)
+        return _row_picture(features, job, options, values, boxes)
     try:
-        return _row_picture(features, job, options, values)
+        return _row_picture(features, job, options, values, boxes)
     except NotDrawable as reason:  # what one row's shape rules out says nothing of the others
         raise RowNotDrawable(str(reason)) from None
 
 
-def _row_picture(features: FeatureReader, job: GridJob, options: GridOptions, values: np.ndarray | None) -> Picture:
+def _row_picture(
+    features: FeatureReader, job: GridJob, options: GridOptions, values: np.ndarray | None, boxes: np.ndarray | None
+) -> Picture:
     if draws_flow(features, job.key, options):
         return _flow_picture(features, job, options, values)
     single = one_map_a_row(features, job.key)
@@ -149,7 +159,7 @@ def _row_picture(features: FeatureReader, job: GridJob, options: GridOptions, va
         picked = f"top {len(maps)} by {'value' if layout in STRIPS else 'mean'}"
     notes, labelled = [], True
     if options.overlay:
-        pixels, note = _overlay_picture(features, job, maps, options)
+        pixels, note = _overlay_picture(features, job, maps, options, boxes)
         picked = f"mean of {picked}" if len(maps) > 1 else picked
         if note:
             notes.append(f"{job.key}, {job.name}: {note}")
@@ -264,9 +274,10 @@ def _flow_picture(features: FeatureReader, job: GridJob, options: GridOptions, v
 
 
 def _overlay_picture(
-    features: FeatureReader, job: GridJob, maps: np.ndarray, options: GridOptions
+    features: FeatureReader, job: GridJob, maps: np.ndarray, options: GridOptions, boxes: np.ndarray | None
 ) -> tuple[np.ndarray, str | None]:
-    """The mean of ``maps`` over the photo the model saw, with a colour bar; a note when the map is flat."""
+    """The mean of ``maps`` over the photo the model saw, with a colour bar and ``boxes``; a note when the map is
+    flat."""
     try:
         preprocess = Preprocess.from_metadata(features.metadata.get("preprocess"))
     except ValueError as err:
@@ -274,11 +285,17 @@ def _overlay_picture(
             f"'{features.name}' has unusable preprocess metadata: {err}",
             hint="draw without --overlay, or write the file again with hookcli extract",
         ) from None
-    photo = model_photo(job.source_image, preprocess, enlarge=not options.plain)
+    photo, scale = model_photo_scaled(job.source_image, preprocess, enlarge=not options.plain)
     heat = np.nanmean(np.where(np.isfinite(maps), maps, np.nan), axis=0) if len(maps) > 1 else maps[0]
     what = features.metadata.get("method", "cam") if one_map_a_row(features, job.key) else "activation"
     return heat_picture(
-        photo, heat, cmap=options.overlay_cmap, alpha=options.alpha, what=what, legend=not options.plain
+        photo,
+        heat,
+        cmap=options.overlay_cmap,
+        alpha=options.alpha,
+        what=what,
+        legend=not options.plain,
+        boxes=None if boxes is None else boxes * scale,
     )
 
 

@@ -9,6 +9,7 @@ from PIL import Image
 
 from hookcli.inputs.images import RESAMPLE as resample
 from hookcli.inputs.images import load_rgb, model_view, open_input
+from hookcli.pictures.boxes import CAM_BOX_COLOUR, draw_boxes
 from hookcli.pictures.render import add_colorbar, overlay, value_range
 from hookcli.pictures.text import number
 
@@ -89,19 +90,30 @@ def _upright_size(path) -> tuple[int, int]:
 
 
 def heat_picture(
-    photo: np.ndarray, heat: np.ndarray, *, cmap: str, alpha: float, what: str, legend: bool = True
+    photo: np.ndarray,
+    heat: np.ndarray,
+    *,
+    cmap: str,
+    alpha: float,
+    what: str,
+    legend: bool = True,
+    boxes: np.ndarray | None = None,
 ) -> tuple[np.ndarray, str | None]:
     """``heat`` over ``photo`` with a colour bar giving the map's range; ``(pixels, note)``, a note when it is flat.
 
     A map with no spread (all zero, as a CAM is when no position raises the
     class's score) is not drawn: the photo is shown as it is, and the bar and
-    the note say why. ``legend=False`` leaves the bar out.
+    the note say why. ``legend=False`` leaves the bar out. ``boxes``
+    (``[K, 4]`` in ``photo``'s pixels) are outlined over the map, as a
+    detection's CAM shows the detection it explains.
     """
     span = value_range(np.asarray(heat))
     flat = (
         "has no finite values" if span is None else f"is {number(span[0])} everywhere" if span[0] == span[1] else None
     )
     pixels = overlay(photo, heat, cmap=cmap, alpha=alpha)  # a flat map leaves the photo as it is
+    if boxes is not None:
+        pixels = draw_boxes(pixels, boxes, [CAM_BOX_COLOUR] * len(boxes))[0]
     if legend:
         ends, said = (
             (("low", "high"), f"the map {flat}: nothing to overlay")

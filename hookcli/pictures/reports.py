@@ -80,6 +80,7 @@ from hookcli.pictures.reading import (
     read_detections,
     recorded_categories,
     select_rows,
+    target_box,
 )
 from hookcli.pictures.render import NotDrawable, RowNotDrawable
 from hookcli.pictures.summary import describe_file
@@ -396,7 +397,7 @@ class _Report:
             f'<p class="shape">{escaped(row_shape_html(self.features, tensor.key, row))}'
             f"{' · ' + escaped(role) if role else ''}</p>\n",
             '<div class="body">',
-            self._tensor_picture(tensor, row, values),
+            self._tensor_picture(tensor, row, values, targets),
             stats_table(values),
             channels_table(most_active(values), self._class_names(values)) if tensor.key not in self.cams else "",
             "</div>\n</article>\n",
@@ -407,14 +408,17 @@ class _Report:
         """The weights' class names when ``values`` are one score a class (a classifier's logits), else None."""
         return self.categories if values.ndim == 1 and self.categories and len(values) == len(self.categories) else None
 
+    def _target_number(self, key: str) -> int | None:
+        """Which of a row's targets a gradient or CAM tensor is for (from 0), None for other tensors."""
+        found = "target" in self.metadata and _GRADIENT.fullmatch(key) or key in self.cams and _CAM.fullmatch(key)
+        return int(found["target"] or 0) if found else None
+
     def _role(self, key: str, targets: list) -> str:
         """What a gradient or CAM tensor is, and which of the row's targets it is for."""
-        gradient = "target" in self.metadata and _GRADIENT.fullmatch(key)
-        cam = key in self.cams and _CAM.fullmatch(key)
-        found = gradient or cam
-        if not found:
+        k = self._target_number(key)
+        if k is None:
             return ""
-        k = int(found["target"] or 0)
+        gradient = _GRADIENT.fullmatch(key) if key not in self.cams else None
         if gradient:
             what = f"gradient of the target logit with respect to '{gradient['layer']}'"
         else:
@@ -450,13 +454,16 @@ class _Report:
         parts.append("</div>\n</article>\n")
         return "".join(parts)
 
-    def _tensor_picture(self, tensor: _Tensor, row: int, values: np.ndarray) -> str:
-        """A tensor's picture for the row: a CAM over the photo the model saw when it can be read."""
+    def _tensor_picture(self, tensor: _Tensor, row: int, values: np.ndarray, targets: list) -> str:
+        """A tensor's picture for the row: a CAM over the photo the model saw when it can be read, with the box of
+        the detection it explains."""
 
         def draw(job: GridJob, options: GridOptions) -> Picture:
             if tensor.key in self.cams:
                 options = dataclasses.replace(options, channels=None, top=None)
-                over_photo = self._cam_over_photo(job, options, values)
+                k = self._target_number(tensor.key)
+                box = target_box(targets[k]) if k is not None and k < len(targets) else None
+                over_photo = self._cam_over_photo(job, options, values, box)
                 if over_photo is not None:
                     return over_photo
             return render_picture(self.features, job, options, values=values)
@@ -486,12 +493,15 @@ class _Report:
             f'alt="{escaped(tensor.key)}, image {row}">'
         )
 
-    def _cam_over_photo(self, job: GridJob, options: GridOptions, values: np.ndarray | None) -> Picture | None:
-        """The map over the photo the model saw, or None when the photo cannot be read (said once)."""
+    def _cam_over_photo(
+        self, job: GridJob, options: GridOptions, values: np.ndarray | None, box: np.ndarray | None
+    ) -> Picture | None:
+        """The map over the photo the model saw, with ``box``, or None when the photo cannot be read (said once)."""
         if job.source_image is None:
             return None
         try:
-            return render_picture(self.features, job, dataclasses.replace(options, overlay=True), values=values)
+            overlay = dataclasses.replace(options, overlay=True)
+            return render_picture(self.features, job, overlay, values=values, boxes=box)
         except HookcliError as err:
             if not self.photo_problem:
                 self.photo_problem = True
