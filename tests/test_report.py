@@ -278,6 +278,63 @@ def test_targets_of_a_gradient_folder_are_shown_per_row(tmp_path, photo_path):
         ) in sections[f"image-{row}"]
 
 
+def _table_cells(text: str, css: str) -> list[list[str]]:
+    """The text of each cell of the first ``<table class="css">``, row by row, headings first."""
+    table = re.search(rf'<table class="{css}">(.*?)</table>', text, flags=re.S).group(1)
+    return [re.findall(r"<t[hd][^>]*>(.*?)</t[hd]>", row) for row in re.findall(r"<tr>(.*?)</tr>", table)]
+
+
+def test_a_segmentations_targets_show_each_class_mask_its_pixels_and_share(tmp_path, photo_path):
+    out = hookcli.grad(
+        "lraspp_mobilenet_v3_large",
+        "backbone.12",
+        photo_path,
+        weights="none",
+        resize=32,
+        target="top2",
+        output=tmp_path / "s.safetensors",
+    )
+    with open_features(out) as features:
+        [targets] = json.loads(features.metadata["targets"])
+    text = hookcli.report(out, output=tmp_path / "r").read_text()
+    assert _table_cells(text, "targets segmentation") == [
+        ["target", "class", "name", "pixels", "share", "score"],
+        *(
+            [
+                str(k + 1),
+                str(t["class"]),
+                "-",
+                f"{t['pixels']:,}",
+                f"{t['pixels'] / (32 * 37):.1%}",
+                f"{t['score']:.4g}",
+            ]
+            for k, t in enumerate(targets)
+        ),
+    ]  # the photo (512 x 600) resized to 32 x 37
+    assert "gradient of the target score with respect to &#x27;backbone.12&#x27;, for target 2" in text
+
+
+def test_a_detection_models_targets_show_each_detection_its_label_score_and_box(tmp_path):
+    targets = [
+        [
+            {"detection": 4, "class": 3, "name": "car", "score": 0.75, "box": [1.0, 2.25, 30.0, 40.5]},
+            {"detection": None, "class": None, "name": None, "score": None, "box": None},
+        ]
+    ]
+    metadata = {"family": "detection", "target": "top2", "targets": json.dumps(targets)}
+    features = Features({"x@grad#0": np.ones((1, 3), np.float32), "x@grad#1": np.ones((1, 3), np.float32)}, metadata)
+    text = write_report(features, tmp_path / "r", GridOptions()).read_text()
+    assert _table_cells(text, "targets detection") == [
+        ["target", "detection", "label", "name", "score", "x1", "y1", "x2", "y2"],
+        ["1", "#4", "3", "car", "0.750", "1.0", "2.2", "30.0", "40.5"],
+        ["2", "none", "-", "-", "-", "-", "-", "-", "-"],
+    ]
+    assert (
+        "gradient of the target score with respect to &#x27;x&#x27;, for target 1: detection #4, car (class 3)" in text
+    )
+    assert "for target 2: no such detection</p>" in text
+
+
 def test_cams_are_drawn_over_the_photo_and_without_it_when_it_is_gone(tmp_path, photo_path):
     photo = tmp_path / "hopper.jpg"
     shutil.copy(photo_path, photo)
@@ -314,7 +371,7 @@ def test_targets_that_are_not_one_list_per_image_are_left_out_with_a_note(tmp_pa
     assert [e for e in events if isinstance(e, Note)] == [
         Note("'odd' has targets that are not one list of objects per image; they are left out")
     ]
-    assert "<caption>Targets</caption>" not in text
+    assert '<table class="targets' not in text
     assert "F32, [3] per image · gradient of the target logit with respect to &#x27;x&#x27;</p>" in text
 
 
@@ -678,10 +735,14 @@ def test_a_detection_cam_is_drawn_with_the_box_of_the_detection_it_explains(tmp_
         "preprocess": json.dumps({"resize": None, "crop": None, "kind": "detection"}),
         "inputs": json.dumps([str(photo_path)]),
     }
-    write_report(Features({"cam": heat}, metadata), tmp_path / "r", GridOptions())
+    text = write_report(Features({"cam": heat}, metadata), tmp_path / "r", GridOptions()).read_text()
     [pixels] = _pictures(_sections(tmp_path / "r" / "index.html", "article", "tensor")["image-0-tensor-0"])
     cyan = np.argwhere((pixels == (0, 255, 255)).all(axis=2))
     top, left = cyan.min(axis=0)
     bottom, right = cyan.max(axis=0)
     assert (left, right - left, bottom - top) == (200, 400, 500)  # the box, on the photo enlarged twice (1024 wide)
     assert pixels.shape[1] == 1024
+    assert (
+        "class-activation map (gradcam at &#x27;backbone.body.16&#x27;), for target 1: detection #4, car (class 3)"
+        in text
+    )

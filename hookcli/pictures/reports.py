@@ -68,6 +68,7 @@ from hookcli.pictures.html import (
     row_shape_html,
     shape_html,
     stats_table,
+    target_kind,
     target_name,
     targets_table,
     value_html,
@@ -420,7 +421,8 @@ class _Report:
             return ""
         gradient = _GRADIENT.fullmatch(key) if key not in self.cams else None
         if gradient:
-            what = f"gradient of the target logit with respect to '{gradient['layer']}'"
+            scored = "logit" if target_kind(targets) == "classification" else "score"
+            what = f"gradient of the target {scored} with respect to '{gradient['layer']}'"
         else:
             what = (
                 f"class-activation map ({self.metadata.get('method', 'unknown method')} at "
