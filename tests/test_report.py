@@ -18,11 +18,13 @@ import hookcli
 from hookcli.cli import main
 from hookcli.errors import FeatureFileError, OutputExistsError, UsageProblem
 from hookcli.events import Advanced, Note, Started, Wrote
+from hookcli.inputs.preprocess import Preprocess
 from hookcli.pictures.boxes import BOX_COLOURS, place_tabs
 from hookcli.pictures.drawing import render_job
 from hookcli.pictures.grids import plan_grids
 from hookcli.pictures.html import PAGE_WINDOW, page_name
 from hookcli.pictures.options import GridOptions
+from hookcli.pictures.photos import model_thumbnail
 from hookcli.pictures.reports import CONTENT_SECURITY_POLICY, DEFAULT_PAGE_SIZE, write_report
 from hookcli.storage.features import Features
 from hookcli.storage.saving import write_safetensors
@@ -87,7 +89,7 @@ def test_a_shard_folder_is_paged_and_the_pages_link_to_each_other(folder, tmp_pa
     assert list(_sections(pages[1], "article", "tensor")) == [
         f"image-{row}-tensor-{k}" for row in (3, 4, 5) for k in (0, 1)
     ]
-    assert [len(_pictures(p.read_text())) for p in pages] == [6, 6, 2]
+    assert [len(_pictures(p.read_text())) for p in pages] == [9, 9, 3]  # a thumbnail and two tensors an image
     assert [_links(p) for p in pages] == [
         {"next": "page-00002.html", "last": "page-00003.html"},
         {"first": "index.html", "prev": "index.html", "next": "page-00003.html", "last": "page-00003.html"},
@@ -356,7 +358,8 @@ def test_cams_are_drawn_over_the_photo_and_without_it_when_it_is_gone(tmp_path, 
     index = hookcli.report(cams, output=tmp_path / "r2", progress=events.append)
     assert [e for e in events if isinstance(e, Note)] == [
         Note(
-            f"CAMs are drawn without their photo where it cannot be read, first for image 0: image not found: '{photo}'"
+            "images whose photo cannot be read are shown without it (no thumbnail, CAMs as plain maps), first image "
+            f"0: image not found: '{photo}'"
         )
     ]
     [plain] = _pictures(_sections(index, "article", "tensor")["image-0-tensor-0"])
@@ -509,7 +512,7 @@ def test_the_command_prints_index_html_and_notes(runner, folder, tmp_path):
         f"Note: '{partial}' holds 6 of its 7 inputs; run the same extract command again to complete it\n"
     )
     assert sorted(p.name for p in (tmp_path / "r").iterdir()) == ["index.html", "page-00002.html"]
-    assert len(_pictures((tmp_path / "r" / "page-00002.html").read_text())) == 3
+    assert len(_pictures((tmp_path / "r" / "page-00002.html").read_text())) == 6  # a thumbnail and layer1, 3 times
 
     odd = tmp_path / "odd.safetensors"
     write_safetensors({"odd": torch.ones(1, 2, 2, 2, 2, 2), "ok": torch.ones(1, 3)}, {}, odd)
@@ -594,7 +597,7 @@ def test_the_pages_render_in_a_browser(folder, tmp_path):
         pictures = driver.execute_script(
             "return [...document.images].map(i => [i.complete, i.naturalWidth, i.naturalHeight]);"
         )
-        assert len(pictures) == 6 and all(complete and width > 0 and height > 0 for complete, width, height in pictures)
+        assert len(pictures) == 9 and all(complete and width > 0 and height > 0 for complete, width, height in pictures)
         pixels = np.asarray(Image.open(io.BytesIO(driver.get_screenshot_as_png())).convert("RGB"))
         assert (pixels != 255).any(axis=2).mean() > 0.05  # text and tables, not a blank page
         assert len(np.unique(pixels.reshape(-1, 3), axis=0)) > 50
@@ -604,7 +607,7 @@ def test_the_pages_render_in_a_browser(folder, tmp_path):
         assert driver.title == f"{folder} · hookcli report · page 2 of 3"
         assert len(driver.find_elements(By.CSS_SELECTOR, "section.image")) == 3
         complete = driver.execute_script("return [...document.images].every(i => i.complete && i.naturalWidth > 0);")
-        assert complete and len(driver.find_elements(By.TAG_NAME, "img")) == 6
+        assert complete and len(driver.find_elements(By.TAG_NAME, "img")) == 9
         driver.find_element(By.CSS_SELECTOR, "#contents a[href='#image-4-tensor-1']").click()
         assert driver.current_url.endswith("page-00002.html#image-4-tensor-1")
         severe = [entry for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
@@ -626,18 +629,52 @@ def test_a_report_that_fails_part_way_leaves_no_pages_and_no_folder(folder, tmp_
     assert not (tmp_path / "r").exists()
 
 
-def test_a_classifiers_highest_outputs_are_named_with_the_weights_class_names(tmp_path):
+def test_a_section_opens_with_the_photo_as_the_model_saw_it_its_predictions_and_targets(tmp_path, photo_path):
     names = ["tench", "goldfish", "great white shark", "tiger shark", "hammerhead"]
-    logits = np.array([[0.1, 3.0, -1.0, 2.0, 0.5]], dtype=np.float32)
-    features = Features({"fc": logits}, {"categories": json.dumps(names), "inputs": json.dumps(["a.jpg"])})
-    text = write_report(features, tmp_path / "r", GridOptions(), page_size=5).read_text()
-    table = re.search(r'<table class="channels">.*?</table>', text).group(0)
-    assert "<caption>Highest outputs</caption><tr><th>channel</th><th>class</th><th>mean</th></tr>" in table
-    assert re.findall(r"<tr><td>(\d+)</td><td>([a-z ]+)</td>", table)[:3] == [
-        ("1", "goldfish"),
-        ("3", "tiger shark"),
-        ("4", "hammerhead"),
+    logits = np.array([[0.1, 3.0, -1.0, 2.0, np.nan]], dtype=np.float32)
+    preprocess = {"resize": 64, "crop": 48, "kind": "classification"}
+    targets = [[{"class": 1, "name": "goldfish", "logit": 3.0, "probability": 0.6}]]
+    metadata = {
+        "categories": json.dumps(names),
+        "inputs": json.dumps([str(photo_path)]),
+        "preprocess": json.dumps(preprocess),
+        "target": "top1",
+        "targets": json.dumps(targets),
+    }
+    tensors = {"layer": np.ones((1, 4, 3, 3), np.float32), "fc": logits, "fc@grad": np.ones((1, 5), np.float32)}
+    reads = []
+    write_report(_Recording(Features(tensors, metadata), reads), tmp_path / "r", GridOptions())
+    assert sorted(reads) == [("fc", 0, None), ("fc@grad", 0, None), ("layer", 0, None)]  # the logits once
+    section = _sections(tmp_path / "r" / "index.html", "section", "image")["image-0"]
+    order = re.findall(r'<(figure class="thumbnail"|table class="\w+[^"]*"|article class="tensor" id="[^"]+")', section)
+    assert order == [
+        'figure class="thumbnail"',
+        'table class="predictions"',
+        'table class="targets classification"',
+        'article class="tensor" id="image-0-tensor-0"',  # fc
+        'table class="stats"',  # its highest outputs are the predictions above, not listed again
+        'article class="tensor" id="image-0-tensor-1"',  # fc@grad
+        'table class="stats"',
+        'table class="channels"',
+        'article class="tensor" id="image-0-tensor-2"',  # layer
+        'table class="stats"',
+        'table class="channels"',
     ]
+    gradient = re.search(r'id="image-0-tensor-1">.*?</article>', section, flags=re.S).group(0)
+    assert "<tr><th>channel</th><th>class</th><th>mean</th></tr><tr><td>0</td><td>tench</td>" in gradient
+    overview = re.search(r'<div class="overview">(.*?)</div>', section, flags=re.S).group(1)
+    [thumbnail, *_] = _pictures(overview)
+    assert np.array_equal(thumbnail, model_thumbnail(photo_path, Preprocess(**preprocess)))
+    assert thumbnail.shape == (192, 192, 3) and "<figcaption>as the model saw it</figcaption>" in overview
+    finite = np.exp(logits[0, :4].astype(np.float64) - 3.0)
+    shown = re.findall(
+        r'<tr><td>(\d)</td><td>([a-z ]+)</td><td data-value="([^"]+)">[^<]*</td><td data-value="([^"]+)">', overview
+    )
+    assert [(int(c), name, float(logit), float(p)) for c, name, logit, p in shown] == [
+        (c, names[c], float(logits[0, c]), finite[c] / finite.sum()) for c in (1, 3, 0, 2)
+    ]  # the NaN output is left out
+    assert "<caption>Predictions: the highest outputs of fc</caption>" in overview
+    assert "<tr><td>1</td><td>1</td><td>goldfish</td><td>3.00</td><td>60.0%</td></tr>" in overview
 
 
 # -- detections ------------------------------------------------------------------------------------
@@ -713,7 +750,8 @@ def test_a_report_of_a_hundred_boxes_labels_the_best_and_says_how_many_are_not(t
             f"{100 - labelled} unlabelled, where their labels would cover those of higher-scoring ones",
         ]
     ]
-    [pixels] = _pictures(text)
+    [detections] = re.findall(r'<article class="detections".*?</article>', text, flags=re.S)
+    [pixels] = _pictures(detections)
     assert pixels.shape == (1200, 1024, 3)  # the photo (512 x 600) enlarged twice, under no caption (patched out)
     x1, y1 = 200, 300
     colour = list(BOX_COLOURS[int(labels[0]) % 10])

@@ -32,7 +32,9 @@ __all__ = [
     "HEAD",
     "page_name",
     "pager",
+    "picture_html",
     "png_uri",
+    "predictions_table",
     "shape_html",
     "row_shape_html",
     "stats_table",
@@ -231,8 +233,23 @@ def detections_table(found: Detections) -> str:
     )
 
 
+def predictions_table(key: str, outputs: Sequence[tuple[int, float, float]], names: Sequence[str]) -> str:
+    """A classifier's highest outputs (``(class, logit, probability)``, from the logits stored under ``key``), named
+    with the weights' class ``names``."""
+    rows = "".join(
+        f"<tr><td>{label}</td><td>{escaped(names[label])}</td><td{_data(logit)}>{logit:.2f}</td>"
+        f"<td{_data(probability)}>{probability:.1%}</td></tr>"
+        for label, logit, probability in outputs
+    )
+    return (
+        f'<table class="predictions"><caption>Predictions: the highest outputs of {escaped(key)}</caption>'
+        f"<tr><th>class</th><th>name</th><th>logit</th><th>probability</th></tr>{rows}</table>"
+    )
+
+
 def channels_table(channels: list[tuple[int, float]], names: Sequence[str] | None = None) -> str:
-    """The most active channels and their means; ``names`` (a classifier's class names) name them."""
+    """The most active channels and their means; ``names`` (a classifier's class names, for a tensor of one value a
+    class, such as a gradient with respect to the logits) name them."""
     if len(channels) < 2:
         return ""
     named = names is not None and all(index < len(names) for index, _ in channels)
@@ -242,7 +259,7 @@ def channels_table(channels: list[tuple[int, float]], names: Sequence[str] | Non
         for index, mean in channels
     )
     return (
-        f'<table class="channels"><caption>{"Highest outputs" if named else "Most active channels"}</caption>'
+        '<table class="channels"><caption>Most active channels</caption>'
         f"<tr><th>channel</th>{'<th>class</th>' if named else ''}<th>mean</th></tr>{rows}</table>"
     )
 
@@ -311,6 +328,12 @@ def row_shape_html(features: FeatureReader, key: str, row: int) -> str:
     return f"{features.dtype(key)}, {own} for this image (images differ in shape; the largest is {largest})"
 
 
+def picture_html(pixels: np.ndarray, alt: str) -> str:
+    """``uint8 [H, W, 3]`` pixels as an ``<img>`` of their own size, embedded (the page fetches nothing)."""
+    height, width = pixels.shape[:2]
+    return f'<img src="data:image/png;base64,{png_uri(pixels)}" width="{width}" height="{height}" alt="{escaped(alt)}">'
+
+
 def png_uri(pixels: np.ndarray) -> str:
     buffer = io.BytesIO()
     # zlib level 1, as grid writes: about half the time of the default for pictures some 7% larger.
@@ -346,6 +369,10 @@ nav.pages .count { margin-left: auto; color: #555; }
 #contents ol > li { break-inside: avoid; }
 #contents ul { font-size: .9em; margin: .1em 0 .4em; }
 .path, .shape { color: #555; margin: 0 0 .4em; overflow-wrap: anywhere; }
+.overview { display: flex; flex-wrap: wrap; gap: .5em 2em; align-items: flex-start; margin: .3em 0 .6em; }
+.thumbnail { margin: .3em 0; }
+.thumbnail img { display: block; border: 1px solid #ddd; }
+.thumbnail figcaption { color: #555; font-size: .85em; }
 .tensor .body { display: flex; flex-wrap: wrap; gap: 1em; align-items: flex-start; }
 .tensor img { max-width: 100%; height: auto; border: 1px solid #ddd; }
 table { border-collapse: collapse; margin: .3em 0; }
@@ -353,7 +380,7 @@ th, td { border: 1px solid #ddd; padding: .15em .5em; text-align: left; vertical
          overflow-wrap: anywhere; }
 th { background: #f4f4f6; }
 caption { text-align: left; font-weight: bold; padding: .2em 0; }
-.stats td, .channels td, .targets td, .detections td { font-variant-numeric: tabular-nums; }
+.stats td, .channels td, .predictions td, .targets td, .detections td { font-variant-numeric: tabular-nums; }
 .inner { margin: 0; }
 ol.inner { padding-left: 2.5em; }
 .more { list-style: none; color: #555; }

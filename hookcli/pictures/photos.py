@@ -13,10 +13,22 @@ from hookcli.pictures.boxes import CAM_BOX_COLOUR, draw_boxes
 from hookcli.pictures.render import add_colorbar, overlay, value_range
 from hookcli.pictures.text import number
 
-__all__ = ["OVERLAY_MIN", "OVERLAY_SIDE", "heat_picture", "model_photo", "model_photo_scaled"]
+__all__ = [
+    "OVERLAY_MIN",
+    "OVERLAY_SIDE",
+    "THUMBNAIL_SIDE",
+    "heat_picture",
+    "model_photo",
+    "model_photo_scaled",
+    "model_thumbnail",
+]
 
 #: Overlays are drawn at least OVERLAY_MIN and at most OVERLAY_SIDE pixels a side.
 OVERLAY_MIN, OVERLAY_SIDE = 512, 2048
+
+
+#: A report's thumbnail of an input is at most this many pixels a side.
+THUMBNAIL_SIDE = 192
 
 
 def model_photo(path, preprocess, *, enlarge: bool = True) -> np.ndarray:
@@ -33,6 +45,17 @@ def model_photo(path, preprocess, *, enlarge: bool = True) -> np.ndarray:
     same. Without preprocessing facts the whole photo is used.
     """
     return model_photo_scaled(path, preprocess, enlarge=enlarge)[0]
+
+
+def model_thumbnail(path, preprocess, side: int = THUMBNAIL_SIDE) -> np.ndarray:
+    """:func:`model_photo` at most ``side`` pixels a side: what a report shows first of each input.
+
+    Reduced from the enlarged view, which is resampled from the original photo, so that a small crop is not
+    blurred up from its own few pixels.
+    """
+    image = Image.fromarray(model_photo(path, preprocess))
+    image.thumbnail((side, side), Image.Resampling.LANCZOS)
+    return np.asarray(image)
 
 
 def model_photo_scaled(path, preprocess, *, enlarge: bool = True) -> tuple[np.ndarray, float]:
