@@ -191,7 +191,10 @@ def test_the_first_page_opens_with_pictures_and_keeps_the_files_details_collapse
     assert "<tr><th>pages</th><td>3 of up to 3 images</td></tr>" in summary
     assert '<table class="tensors">' not in summary and "metadata" not in summary.replace("tensors and metadata", "")
     assert '<ol start="0">' in text and '<ol start="3">' in (tmp_path / "r" / "page-00002.html").read_text()
-    first_image, details = text.index('<section class="image"'), text.index('<details class="about" id="file">')
+    first_image = text.index('<section class="image"')
+    details = text.index(
+        '<details class="about">\n<summary>The file: its tensors and metadata</summary>\n<div id="file">'
+    )
     assert text.index(summary) < text.index('<nav id="contents"') < first_image < details
     summary = text[details : text.index("</details>", details)]  # collapsed: no open attribute
     assert "<tr><td>layer1</td><td>F32</td><td>[7,64,16,16]</td><td>448.0 KiB</td><td>yes</td></tr>" in summary
@@ -612,6 +615,30 @@ def test_the_pages_render_in_a_browser(folder, tmp_path):
         assert driver.current_url.endswith("page-00002.html#image-4-tensor-1")
         severe = [entry for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
         assert severe == []
+    finally:
+        driver.quit()
+
+
+def test_the_link_to_the_files_tensors_and_metadata_opens_their_collapsed_section(folder, tmp_path):
+    index = hookcli.report(folder, output=tmp_path / "r", page_size=3)
+    driver = _browser()
+    try:
+        from selenium.webdriver.common.by import By
+
+        for arrive in ("the link", "the address", "the link again"):
+            if arrive == "the address":
+                driver.get(index.as_uri() + "#file")
+            else:
+                if arrive == "the link":
+                    driver.get(index.as_uri())
+                else:  # closed again by hand, then the same link: the address does not change
+                    driver.execute_script("document.querySelector('details.about').open = false; scrollTo(0, 0)")
+                driver.find_element(By.CSS_SELECTOR, "#summary a[href='#file']").click()
+            details = driver.find_element(By.CSS_SELECTOR, "details.about")
+            assert details.get_attribute("open") is not None, arrive
+            assert driver.find_element(By.CSS_SELECTOR, "table.tensors").is_displayed(), arrive
+            top = driver.execute_script("return document.getElementById('file').getBoundingClientRect().top")
+            assert 0 < top < 100, arrive  # scrolled to it, under its summary line
     finally:
         driver.quit()
 

@@ -385,5 +385,6 @@ caption { text-align: left; font-weight: bold; padding: .2em 0; }
 ol.inner { padding-left: 2.5em; }
 .more { list-style: none; color: #555; }
 .missing { color: #a00; }
+#file { scroll-margin-top: 4em; }
 footer { margin-top: 2em; color: #555; border-top: 1px solid #ccc; }
 """

@@ -237,8 +237,10 @@ def _summary(
         )
     parts.append('<p><a href="#file">The file\'s tensors and metadata</a> follow the pictures.</p>\n</section>\n')
     top = "".join(parts)
+    # The link's target is inside the collapsed section, so that following it opens the section: browsers reveal
+    # a fragment's target hidden in a closed <details> (the HTML standard's ancestor revealing), with no script.
     parts = [
-        '<details class="about" id="file">\n<summary>The file: its tensors and metadata</summary>\n'
+        '<details class="about">\n<summary>The file: its tensors and metadata</summary>\n<div id="file">\n'
         '<h3>Tensors</h3>\n<table class="tensors"><tr><th>key</th><th>dtype</th><th>shape</th>'
         "<th>size</th><th>in the report</th></tr>",
     ]
@@ -255,5 +257,5 @@ def _summary(
             f"<tr><th>{escaped(key)}</th><td>{value_html(metadata[key])}</td></tr>" for key in metadata_order(metadata)
         )
         parts.append("</table>\n")
-    parts.append("</details>\n")
+    parts.append("</div>\n</details>\n")
     return top, "".join(parts)
