@@ -18,7 +18,6 @@ import itertools
 import json
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -75,7 +74,7 @@ _GRADIENT = re.compile(r"(?P<layer>.+)@grad(?:#(?P<target>\d+))?")
 _CAM = re.compile(r"cam(?:#(?P<target>\d+))?")
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class ReportTensor:
     """A tensor the plan draws: its key, where its jobs start in the plan (one per row, in row order), its rows."""
 
@@ -312,7 +311,8 @@ class ImageSections:
         return "".join(parts)
 
     def _class_names(self, values: np.ndarray) -> list[str] | None:
-        """The weights' class names when ``values`` are one score a class (a classifier's logits), else None."""
+        """The weights' class names when ``values`` hold one value a class (a gradient with respect to the logits, say),
+        else None."""
         return self.categories if values.ndim == 1 and self.categories and len(values) == len(self.categories) else None
 
     def _target_number(self, key: str) -> int | None:
