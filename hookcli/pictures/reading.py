@@ -42,6 +42,7 @@ __all__ = [
     "recorded_prefix_tokens",
     "row_drawn",
     "select_rows",
+    "target_box",
 ]
 
 
@@ -240,6 +241,22 @@ def read_detections(features: FeatureReader, row: int) -> Detections:
     if labels is not None and labels.dtype.kind not in "iu":
         raise NotDrawable(f"'{DETECTIONS}#labels' holds {labels.dtype} values, not class indices")
     return Detections(boxes, labels, found["scores"])
+
+
+def target_box(target: dict) -> np.ndarray | None:
+    """The box (``[1, 4]``: x1, y1, x2, y2 in pixels of the image the model was given) of the detection a ``grad`` or
+    ``cam`` target of a detection model names, or None where it names none or its box is not four finite numbers
+    (targets come from the file's metadata, untrusted).
+
+    >>> target_box({"detection": 2, "box": [1, 2.5, 30, 40]}).tolist(), target_box({"class": 3, "logit": 1.0})
+    ([[1.0, 2.5, 30.0, 40.0]], None)
+    """
+    box = target.get("box")
+    if not isinstance(box, list) or len(box) != 4:
+        return None
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) and np.isfinite(v) for v in box):
+        return None
+    return np.array([box], dtype=np.float64)
 
 
 def row_drawn(row: Sequence[int], options: GridOptions) -> tuple[list[int], int | None]:
