@@ -19,13 +19,14 @@ from hookcli.cli import main
 from hookcli.errors import CaptureError
 from hookcli.run.launch import Part, cpu_threads
 from hookcli.run.settings import Batch
+from hookcli.statistics.channel_stats import StatsGathering
 from hookcli.statistics.covariance import Covariance, principal_components
 from hookcli.statistics.examples import TopExamples
 from hookcli.statistics.layer import StatsChoice
 from hookcli.statistics.moments import Moments
 from hookcli.statistics.sketch import QuantileSketch
 from hookcli.statistics.units import UnitBatch, UnitLayout
-from hookcli.statistics.writer import StatsWriter, parts_folder
+from hookcli.statistics.writer import GatheringWriter, parts_folder
 from hookcli.storage.fileformat import RunRecord
 from hookcli.storage.index import read_index
 from hookcli.storage.shards import open_features
@@ -174,7 +175,7 @@ def test_rows_of_their_own_shapes_are_refused_with_one_line():
         pool="none", dtype="float32", precision="fp32", memory_format="contiguous", fuse=False, device="cpu",
         on_error="fail", shard_size=None, inputs=("a", "b"), command={},
     )  # fmt: skip
-    writer = StatsWriter(record, ["a", "b"], None, StatsChoice())
+    writer = GatheringWriter(record, ["a", "b"], None, StatsGathering(StatsChoice()))
     list(writer.begin(2))
     batch = Batch([0, 1], {"x": [torch.zeros(3, 4, 4), torch.zeros(3, 5, 4)]}, [], None, None)
     with pytest.raises(CaptureError, match="'x' has rows of their own shapes"):

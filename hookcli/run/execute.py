@@ -18,7 +18,8 @@ from hookcli.pictures.options import GridOptions
 from hookcli.run.pipeline import iter_batches
 from hookcli.run.plan import RunPlan, plan_request
 from hookcli.run.request import RunRequest
-from hookcli.statistics.writer import StatsWriter
+from hookcli.statistics.channel_stats import StatsGathering
+from hookcli.statistics.writer import GatheringWriter
 from hookcli.storage import writers
 from hookcli.storage.features import Features
 from hookcli.storage.shards import open_features
@@ -159,19 +160,20 @@ def _writer(run: RunPlan, note: Callable[[str], None]):
     )
 
 
-def _stats_writer(run: RunPlan, path: str | None, note: Callable[[str], None]) -> StatsWriter:
+def _stats_writer(run: RunPlan, path: str | None, note: Callable[[str], None]) -> GatheringWriter:
     assert run.stats is not None, "a statistics run says what it gathers"
-    return StatsWriter(
+    gathering = StatsGathering(
+        run.stats, prefix_tokens=run.record.prefix_tokens, square=square_input(run.settings.preprocess)
+    )
+    return GatheringWriter(
         run.record,
         run.inputs,
         path,
-        run.stats,
+        gathering,
         shard_size=run.shard_size,
         force=run.force,
         part=(run.part.index, run.part.count) if run.part is not None else (0, 1),
         on_note=note,
-        prefix_tokens=run.record.prefix_tokens,
-        square=square_input(run.settings.preprocess),
         team=run.team is not None,
     )
 

@@ -1,5 +1,5 @@
 """Statistics of features already saved: a file, a shard folder, stdin or features in memory, read a batch at a
-time into the same writer a model's run feeds (:class:`~hookcli.statistics.writer.StatsWriter`), so that the
+time into the same writer a model's run feeds (:class:`~hookcli.statistics.writer.GatheringWriter`), so that the
 statistics of a saved folder are those gathered during the forward that wrote it (with the same batch and shard
 sizes, the same to the bit).
 
@@ -33,8 +33,9 @@ from hookcli.run.launch import Part, detect_part, parse_part
 from hookcli.run.options import refuse_unknown, run_options
 from hookcli.run.outputs import check_target, output_kind
 from hookcli.run.settings import Batch
+from hookcli.statistics.channel_stats import StatsGathering
 from hookcli.statistics.layer import StatsChoice
-from hookcli.statistics.writer import StatsWriter
+from hookcli.statistics.writer import GatheringWriter
 from hookcli.storage.fileformat import RunFacts, RunRecord
 from hookcli.storage.reader import FeatureReader
 from hookcli.storage.shards import open_features
@@ -73,17 +74,18 @@ def saved_stats(
         record = _record(reader, chosen, names, choice, opts.shard_size)
         preprocess = Preprocess.from_metadata(metadata.get("preprocess"))
         prefix = metadata.get("prefix_tokens")
-        writer = StatsWriter(
+        gathering = StatsGathering(
+            choice, prefix_tokens=int(prefix) if prefix and prefix.isdigit() else None, square=square_input(preprocess)
+        )
+        writer = GatheringWriter(
             record,
             names,
             path,
-            choice,
+            gathering,
             shard_size=opts.shard_size,
             force=opts.force,
             part=(part.index, part.count) if part is not None else (0, 1),
             on_note=lambda text: emit(Note(text)),
-            prefix_tokens=int(prefix) if prefix and prefix.isdigit() else None,
-            square=square_input(preprocess),
             source_files=[reader.name] if os.path.exists(reader.name) else [],
         )
 
