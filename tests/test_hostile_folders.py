@@ -10,6 +10,7 @@ import torch
 from safetensors import safe_open
 
 from hookcli.cli import main
+from hookcli.errors import FeatureFileError
 from hookcli.storage.claims import LOCK_NAME
 from hookcli.storage.fileformat import INDEX_NAME
 from hookcli.storage.index import read_index
@@ -197,6 +198,31 @@ def test_a_damaged_shard_is_redone_on_resume_and_reported_by_readers(runner, tmp
     rows, _ = _rows(folder)
     assert torch.equal(torch.from_numpy(rows), torch.from_numpy(expected))
     assert _contents(shard) == before  # the same file again (safetensors orders metadata keys as it likes)
+
+
+def test_names_are_read_from_the_index_opened_when_asked_for_and_a_line_changed_since_is_refused(
+    runner, tmp_path, inputs
+):
+    folder = tmp_path / "feats"
+    assert _extract(runner, folder, inputs).exit_code == 0
+    index = folder / INDEX_NAME
+    text = index.read_text()
+    with ShardedFeatures(folder) as features:
+        other = tmp_path / "other.jsonl"
+        other.write_text("not an index\n")
+        os.replace(other, index)  # a writer replacing the index (the last shard's, in shard order) makes a new file
+        assert (features.inputs, json.loads(features.metadata["inputs"])) == (inputs, inputs)
+    index.write_text(text)
+    with ShardedFeatures(folder) as features:
+        with open(index, "r+b") as edited:  # the same file, another name in shard 1's line
+            edited.write(text.replace("imgs/2.png", "imgs/9.png").encode())
+        with pytest.raises(FeatureFileError) as raised:
+            json.loads(features.metadata["inputs"])
+        assert (raised.value.message, raised.value.hint) == (
+            f"index '{index}' changed while it was read (the line of shard 1)",
+            "open the folder again",
+        )
+        assert features.read("fc").shape == (5, 1000)
 
 
 def _contents(path):

@@ -17,7 +17,7 @@ from hookcli.storage import fileformat
 from hookcli.storage.background import Background
 from hookcli.storage.claims import Claims, FolderLock, check_folder_target
 from hookcli.storage.fileformat import INDEX_NAME, SHARD_FILE
-from hookcli.storage.index import Index, finished_shards, parse_index
+from hookcli.storage.index import Index, ShardChecks, parse_index
 from hookcli.storage.index_log import IndexLog
 from hookcli.storage.saving import write_safetensors
 
@@ -104,7 +104,7 @@ class ShardWriter:
         self.header = header
         self.shard_size: int | None = header["shard_size"] if header else None
         if header is not None:
-            finished = _unchanged(finished_shards(self.folder, shards, verify=True), self._given, force)
+            finished = _unchanged(ShardChecks(self.folder).sound(shards), self._given, force)
             if len(finished) < len(shards) or not whole:
                 self.index.rewrite(header, finished)  # new lines must follow good ones, never a torn or stale one
             else:
