@@ -28,6 +28,7 @@ __all__ = [
     "finished_shards",
     "Index",
     "IndexReader",
+    "index_state",
     "leading_shards",
     "open_index",
     "parse_index",
@@ -53,13 +54,15 @@ def read_index(folder: str | os.PathLike) -> tuple[dict | None, list[dict]]:
 
 class Index(NamedTuple):
     """An index as read: ``whole`` is False when a torn or garbled last line was left out; ``end`` is the byte
-    offset after the last good line; ``ordered`` says whether the lines came in shard order."""
+    offset after the last good line; ``ordered`` says whether the lines came in shard order; ``state`` is the file
+    as it was read (:func:`index_state`)."""
 
     header: dict | None
     shards: list[dict]  # in shard order
     whole: bool = True
     end: int = 0
     ordered: bool = True
+    state: tuple[int, int, int] | None = None
 
 
 class ShardLine(NamedTuple):
@@ -112,7 +115,18 @@ def parse_index(path: Path, *, writing: bool = False) -> Index:
     entries: list[dict] = []
     with handle:
         header, whole, end, ordered = _scan(handle, path, writing, lambda entry, *_where: entries.append(entry))
-    return Index(header, sorted(entries, key=lambda entry: entry["shard"]), whole, end, ordered)
+        state = index_state(os.fstat(handle.fileno()))
+    return Index(header, sorted(entries, key=lambda entry: entry["shard"]), whole, end, ordered, state)
+
+
+def index_state(path_or_stat) -> tuple[int, int, int] | None:
+    """Which file an index is and how long (None when there is none): it changed when either did (writers only
+    append to it, or replace it)."""
+    try:
+        found = path_or_stat if isinstance(path_or_stat, os.stat_result) else os.lstat(path_or_stat)
+    except FileNotFoundError:
+        return None
+    return (*file_key(found), found.st_size)
 
 
 def _scan(
