@@ -187,8 +187,8 @@ def test_a_companion_that_does_not_fit_is_refused(tmp_path):
     )
 
 
-def test_a_shard_folder_reads_ragged_rows_across_shards(tmp_path):
-    folder = tmp_path / "feats"
+def _ragged_folder(folder, version):
+    """A shard folder of 3 inputs in 2 shards, with two ragged keys, in file format ``version``."""
     writer = ShardWriter(folder, {"run": 1}, 3)
     header = {
         "hookcli_index": 1,
@@ -196,27 +196,54 @@ def test_a_shard_folder_reads_ragged_rows_across_shards(tmp_path):
         "shard_size": 2,
         "inputs": 3,
         "shard_name": "features-{:05d}.safetensors",
-        "metadata": {"format": "2"},
+        "metadata": {"format": version},
     }
     writer.start_writing(header)
     first, second = RowBuffer(2), RowBuffer(1)
-    first.add({"maps": [torch.ones(1, 2, 3), torch.ones(1, 4, 1)]}, slice(None), ["a", "b"])
-    second.add({"maps": [torch.full((1, 1, 5), 7.0)]}, slice(None), ["c"])
+    first.add(
+        {"maps": [torch.ones(1, 2, 3), torch.ones(1, 4, 1)], "boxes": [torch.ones(2, 4), torch.ones(0, 4)]},
+        slice(None),
+        ["a", "b"],
+    )
+    second.add({"maps": [torch.full((1, 1, 5), 7.0)], "boxes": [torch.ones(1, 4)]}, slice(None), ["c"])
     for number, rows in enumerate((first, second)):
         writer.submit(
             number,
-            rows.tensors(flat=False),
-            {"format": "2", "shard": str(number), "inputs": json.dumps(rows.inputs)},
+            rows.tensors(flat=version == "3"),
+            {"format": version, "shard": str(number), "inputs": json.dumps(rows.inputs)},
             rows.inputs,
             [],
         )
     writer.close()
-    with ShardedFeatures(folder) as features:
+
+
+@pytest.mark.parametrize("version", ["2", "3"])
+def test_a_shard_folder_reads_ragged_rows_across_shards(tmp_path, version):
+    _ragged_folder(tmp_path / "feats", version)
+    with ShardedFeatures(tmp_path / "feats") as features:
         assert features.ragged("maps") and features.shape("maps") == [3, 1, 4, 5]
         assert [features.row_shape("maps", i) for i in range(3)] == [[1, 2, 3], [1, 4, 1], [1, 1, 5]]
         assert features.read("maps", 2).tolist() == [[[7.0] * 5]]
         whole = features.read("maps")
         assert whole.shape == (3, 1, 4, 5) and whole[2, 0, 0].tolist() == [7.0] * 5 and whole[0].sum() == 6
+
+
+@pytest.mark.parametrize("version", ["2", "3"])
+def test_the_shape_of_each_ragged_key_of_a_folder_opens_no_shard_again(tmp_path, monkeypatch, version):
+    _ragged_folder(tmp_path / "feats", version)
+    opened = []
+
+    class CountedFeatureFile(FeatureFile):
+        def __init__(self, source, **options):
+            opened.append(source.name)
+            super().__init__(source, **options)
+
+    monkeypatch.setattr("hookcli.storage.shards.FeatureFile", CountedFeatureFile)
+    with ShardedFeatures(tmp_path / "feats") as features:
+        assert opened == ["features-00000.safetensors", "features-00001.safetensors"]  # once each, to check it
+        for _ in range(3):
+            assert [features.shape("maps"), features.shape("boxes")] == [[3, 1, 4, 5], [3, 2, 4]]
+        assert len(opened) == 2  # the largest rows were read on the opening pass
 
 
 def test_layers_says_when_the_dummy_input_is_too_small_for_the_model(runner):

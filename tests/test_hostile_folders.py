@@ -1,5 +1,6 @@
 """Damaged shard folders: torn index lines, foreign and cut-short shards, a second writer, paths out of the folder."""
 
+import fcntl
 import json
 import os
 import subprocess
@@ -9,7 +10,9 @@ import pytest
 import torch
 from safetensors import safe_open
 
+import hookcli.storage.index
 from hookcli.cli import main
+from hookcli.errors import FeatureFileError
 from hookcli.storage.claims import LOCK_NAME
 from hookcli.storage.fileformat import INDEX_NAME
 from hookcli.storage.index import read_index
@@ -197,6 +200,67 @@ def test_a_damaged_shard_is_redone_on_resume_and_reported_by_readers(runner, tmp
     rows, _ = _rows(folder)
     assert torch.equal(torch.from_numpy(rows), torch.from_numpy(expected))
     assert _contents(shard) == before  # the same file again (safetensors orders metadata keys as it likes)
+
+
+def test_names_are_read_from_the_index_opened_when_asked_for_and_a_line_changed_since_is_refused(
+    runner, tmp_path, inputs
+):
+    folder = tmp_path / "feats"
+    assert _extract(runner, folder, inputs).exit_code == 0
+    index = folder / INDEX_NAME
+    text = index.read_text()
+    with ShardedFeatures(folder) as features:
+        other = tmp_path / "other.jsonl"
+        other.write_text("not an index\n")
+        os.replace(other, index)  # a writer replacing the index (the last shard's, in shard order) makes a new file
+        assert (features.inputs, json.loads(features.metadata["inputs"])) == (inputs, inputs)
+    index.write_text(text)
+    with ShardedFeatures(folder) as features:
+        with open(index, "r+b") as edited:  # the same file, another name in shard 1's line
+            edited.write(text.replace("imgs/2.png", "imgs/9.png").encode())
+        with pytest.raises(FeatureFileError) as raised:
+            json.loads(features.metadata["inputs"])
+        assert (raised.value.message, raised.value.hint) == (
+            f"index '{index}' changed while it was read (the line of shard 1)",
+            "open the folder again",
+        )
+        assert features.read("fc").shape == (5, 1000)
+
+
+@pytest.mark.parametrize("meanwhile", [None, "drops the damaged line"])
+def test_a_joining_writer_checks_the_shards_with_the_lock_let_go_and_still_finds_a_damaged_one(
+    runner, tmp_path, inputs, monkeypatch, meanwhile
+):
+    folder = tmp_path / "feats"
+    assert _extract(runner, folder, inputs).exit_code == 0
+    expected, _ = _rows(folder)
+    index = folder / INDEX_NAME
+    good = index.read_text().splitlines(keepends=True)
+    shard = folder / "features-00001.safetensors"
+    shard.write_bytes((folder / "features-00002.safetensors").read_bytes())  # whole, but not shard 1
+    checked, real = [], hookcli.storage.index.check_shard
+
+    def check_shard(shard, line, layout=None):
+        probe = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT)
+        try:
+            fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)  # refused while the writer holds the lock
+        finally:
+            os.close(probe)
+        checked.append(line.shard)
+        if meanwhile and len(checked) == 1:  # another process, finding shard 1 damaged, rewrites the index first
+            rewritten = tmp_path / "rewritten"
+            rewritten.write_text("".join(line for line in good if '"shard": 1,' not in line))
+            os.replace(rewritten, index)
+        return real(shard, line, layout)
+
+    monkeypatch.setattr(hookcli.storage.index, "check_shard", check_shard)
+    result = _extract(runner, folder, inputs)
+    assert result.exit_code == 0, result.output
+    assert checked == [0, 1, 2]  # each shard once, also when the index changed meanwhile and was read again
+    monkeypatch.undo()
+    rows, names = _rows(folder)
+    assert torch.equal(torch.from_numpy(rows), torch.from_numpy(expected)) and names == inputs
+    assert index.read_text().splitlines(keepends=True) == good
 
 
 def _contents(path):

@@ -222,6 +222,20 @@ def test_torn_last_index_line_is_ignored(tmp_path):
     assert read_index(tmp_path) == (header, [])
 
 
+def test_an_index_cut_shorter_while_it_is_read_is_read_to_where_it_ends(tmp_path, monkeypatch):
+    header = {"hookcli_index": 1, "identity": {}, "shard_size": 2, "inputs": 4, "metadata": {}}
+    index = tmp_path / INDEX_NAME
+    index.write_text(json.dumps(header) + "\n")
+    real, ours = os.fstat, os.lstat(index).st_ino
+
+    def longer_when_looked_at(descriptor):  # the size taken before a writer cut a torn last line off
+        found = real(descriptor)
+        return os.stat_result((*found[:6], found.st_size + 100, *found[7:10])) if found.st_ino == ours else found
+
+    monkeypatch.setattr(os, "fstat", longer_when_looked_at)
+    assert read_index(tmp_path) == (header, [])
+
+
 def _broken(tmp_path, paths):
     broken = paths[0].parent / "02b.jpg"
     broken.write_text("not an image")

@@ -142,7 +142,7 @@ class RowTargets:
         self._broken = False
         self._sharded = features if isinstance(features, ShardedFeatures) and "target" in features.metadata else None
         if self._sharded is not None:
-            self._starts = list(itertools.accumulate((len(e["inputs"]) for e in self._sharded.shards), initial=0))
+            self._starts = list(itertools.accumulate((line.rows for line in self._sharded.shards), initial=0))
         else:
             self._rows = self._parse(features.metadata.get("targets"), rows)
 
@@ -169,8 +169,10 @@ class RowTargets:
             return self._rows[row] if row < len(self._rows) else []
         number = bisect.bisect_right(self._starts, row) - 1
         if self._cached[0] != number:
-            entry = self._sharded.shards[number]
-            self._cached = (number, self._parse(self._sharded.shard_targets(number), len(entry["inputs"])))
+            self._cached = (
+                number,
+                self._parse(self._sharded.shard_targets(number), self._sharded.shards[number].rows),
+            )
         rows = self._cached[1]
         return rows[row - self._starts[number]] if rows else []
 

@@ -35,7 +35,7 @@ import dataclasses
 import hashlib
 import json
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 
@@ -53,6 +53,7 @@ __all__ = [
     "ROW_SHAPE",
     "RunFacts",
     "RunRecord",
+    "SHARD_LISTS",
     "SHARD_NAME",
     "check_index_header",
     "check_index_line",
@@ -243,6 +244,9 @@ def run_metadata(record: RunRecord, facts: RunFacts, *, keys: Sequence[str], fla
 #: ``frames``, the frame numbers of a clip or pair cut from a video; ``second_inputs``, the second image of a pair
 #: given as two image lists (optical flow).
 ROW_DETAILS = ("frames", "second_inputs")
+#: What an index line lists besides its inputs (each row's details, the inputs skipped): a shard folder read as one
+#: file joins each over its shards.
+SHARD_LISTS = (*ROW_DETAILS, "skipped")
 
 
 def _rows_metadata(
@@ -398,36 +402,34 @@ def _whole(value, low: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= low
 
 
-def folder_metadata(header: Mapping, shards: Sequence[Mapping]) -> Mapping[str, str]:
+def folder_metadata(
+    header: Mapping, lines: Callable[[], Iterable[Mapping]], *, shards: int, done: int, listed: Collection[str]
+) -> Mapping[str, str]:
     """A shard folder read as one file: the run's metadata with every shard's inputs (and skipped) in row order.
 
-    The entries that list every row (``inputs``, ``skipped``, the :data:`ROW_DETAILS`) are made when first
-    asked for: a folder of a million inputs opens without writing a million names into one string.
+    ``lines`` gives the ``shards`` index lines read, in shard order, covering ``done`` of the run's inputs;
+    ``listed`` names the lists of :data:`SHARD_LISTS` that some of them hold. The entries that list every row
+    (``inputs``, ``skipped``, the :data:`ROW_DETAILS`) are made from the lines when first asked for: a folder of a
+    million inputs opens without reading a million names.
     """
-    return _FolderMetadata(header, shards)
+    return _FolderMetadata(header, lines, shards, done, listed)
 
 
 class _FolderMetadata(Mapping[str, str]):
-    def __init__(self, header: Mapping, shards: Sequence[Mapping]) -> None:
-        self._shards = shards
+    def __init__(
+        self, header: Mapping, lines: Callable[[], Iterable[Mapping]], shards: int, done: int, listed: Collection[str]
+    ) -> None:
+        self._lines = lines
         self._made = dict(header["metadata"])
-        self._later = ["inputs", *(name for name in ROW_DETAILS if any(entry.get(name) for entry in shards))]
-        if any(entry["skipped"] for entry in shards):
-            self._later.append("skipped")
-        done = sum(entry["count"] for entry in shards)
+        self._later = ["inputs", *(name for name in SHARD_LISTS if name in listed)]
         self._made["shards"] = json.dumps(
-            {
-                "count": len(shards),
-                "inputs_done": done,
-                "inputs": header["inputs"],
-                "complete": done == header["inputs"],
-            }
+            {"count": shards, "inputs_done": done, "inputs": header["inputs"], "complete": done == header["inputs"]}
         )
         self._keys = [*header["metadata"], *self._later, "shards"]
 
     def __getitem__(self, key: str) -> str:
         if key not in self._made and key in self._later:
-            self._made[key] = json.dumps([value for entry in self._shards for value in entry.get(key, [])])
+            self._made[key] = json.dumps([value for entry in self._lines() for value in entry.get(key, [])])
         return self._made[key]
 
     def __iter__(self) -> Iterator[str]:

@@ -1,5 +1,9 @@
 """A shard folder's index (``index.jsonl``): read and checked as untrusted input, line by line, and the shards
 it lists checked against their files.
+
+Writers read the index whole (:func:`parse_index`: every line as written); a reader keeps each line without the
+names it lists (:class:`IndexReader`, :class:`ShardLine`) and reads them again when they are asked for, so that
+a folder of a million inputs opens without holding a million names.
 """
 
 from __future__ import annotations
@@ -7,9 +11,9 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import BinaryIO, NamedTuple
 
 from hookcli.errors import FeatureFileError
 from hookcli.files import NotRegularFile, open_regular
@@ -24,12 +28,16 @@ __all__ = [
     "file_key",
     "finished_shards",
     "Index",
+    "IndexReader",
+    "index_state",
     "leading_shards",
     "open_index",
     "parse_index",
     "read_index",
     "shard_layout",
     "shard_of",
+    "ShardChecks",
+    "ShardLine",
 ]
 
 
@@ -47,13 +55,45 @@ def read_index(folder: str | os.PathLike) -> tuple[dict | None, list[dict]]:
 
 class Index(NamedTuple):
     """An index as read: ``whole`` is False when a torn or garbled last line was left out; ``end`` is the byte
-    offset after the last good line; ``ordered`` says whether the lines came in shard order."""
+    offset after the last good line; ``ordered`` says whether the lines came in shard order; ``state`` is the file
+    as it was read (:func:`index_state`)."""
 
     header: dict | None
     shards: list[dict]  # in shard order
     whole: bool = True
     end: int = 0
     ordered: bool = True
+    state: tuple[int, int, int] | None = None
+
+
+class ShardLine(NamedTuple):
+    """What an index line says of its shard, without the names it lists: what a reader keeps of each line.
+
+    ``lists`` names the lists of :data:`~hookcli.storage.fileformat.SHARD_LISTS` the line holds (not empty);
+    ``names`` is a hash of its inputs (Python's, keyed anew in every process), which the shard's own ``inputs``
+    must match.
+    """
+
+    shard: int
+    file: str
+    covered: int  # the run's inputs it covers (its ``count``: its rows and the inputs skipped)
+    rows: int  # the inputs it lists, one a row of its shard
+    lists: tuple[str, ...]
+    names: int | None
+
+    @classmethod
+    def of(cls, entry: Mapping) -> ShardLine:
+        """The line ``entry``, as :func:`~hookcli.storage.fileformat.check_index_line` passed it."""
+        lists = tuple(name for name in fileformat.SHARD_LISTS if entry.get(name))
+        return cls(entry["shard"], entry["file"], entry["count"], len(entry["inputs"]), lists, _names(entry["inputs"]))
+
+
+def _names(inputs: Sequence) -> int | None:
+    """The hash :class:`ShardLine` keeps of a list of names (None for a list that holds what has no hash)."""
+    try:
+        return hash(tuple(inputs))
+    except TypeError:
+        return None
 
 
 def _not_an_index(path: Path, writing: bool) -> FeatureFileError:
@@ -70,37 +110,57 @@ def parse_index(path: Path, *, writing: bool = False) -> Index:
     file that is no index tells how to replace it, not what to read instead, and a symbolic link is refused (the
     index is appended to, never outside the folder)."""
     try:
-        with open_index(path, writing=writing) as handle:
-            raw = handle.read()
+        handle = open_index(path, writing=writing)
     except FileNotFoundError:
         return Index(None, [])
-    lines = raw.split(b"\n")
     entries: list[dict] = []
-    whole, end, offset = True, 0, 0
-    last = max((n for n, line in enumerate(lines) if line.strip()), default=-1)
+    with handle:
+        header, whole, end, ordered = _scan(handle, path, writing, lambda entry, *_where: entries.append(entry))
+        state = index_state(os.fstat(handle.fileno()))
+    return Index(header, sorted(entries, key=lambda entry: entry["shard"]), whole, end, ordered, state)
+
+
+def index_state(path_or_stat) -> tuple[int, int, int] | None:
+    """Which file an index is and how long (None when there is none): it changed when either did (writers only
+    append to it, or replace it)."""
+    try:
+        found = path_or_stat if isinstance(path_or_stat, os.stat_result) else os.lstat(path_or_stat)
+    except FileNotFoundError:
+        return None
+    return (*file_key(found), found.st_size)
+
+
+def _scan(
+    handle: BinaryIO, path: Path, writing: bool, keep: Callable[[dict, int, int], object]
+) -> tuple[dict, bool, int, bool]:
+    """Read the index open in ``handle`` line by line (one line in memory at a time, so a reader may keep less than
+    the lines), check each, and give each shard's line to ``keep`` with its offset and length in bytes: the header,
+    whether the index is whole (no torn or garbled last line left out), the offset after the last good line and
+    whether the lines came in shard order."""
+    header: dict | None = None
+    whole, end, highest = True, 0, -1
+    ordered = True
     seen: set[int] = set()
-    for number, line in enumerate(lines):
-        offset += len(line) + 1
-        if not line.strip():
-            continue
+    # Lines appended after the size is taken are left for the next reading.
+    for number, line, offset, after, ends in _lines(handle, os.fstat(handle.fileno()).st_size):
+        last = ends is not None
         try:
             entry = json.loads(line)
-            if not entries:
+            if header is None:
                 fileformat.check_index_header(entry)
             else:
-                fileformat.check_index_line(entry, entries[0])
+                fileformat.check_index_line(entry, header)
                 if entry["shard"] in seen:
                     raise ValueError(f"it lists shard {entry['shard']} a second time")
                 seen.add(entry["shard"])
-            if number == last and not raw.endswith(b"\n"):
+            if last and not ends:
                 raise ValueError("it was cut short")
         except (ValueError, RecursionError) as err:
-            if not entries:
+            if header is None:
                 raise _not_an_index(path, writing) from None
             # A crash leaves a last line without its newline, or bytes that are not JSON; a whole JSON line that is
             # wrong was written so, and is an error wherever it is.
-            garbled = not raw.endswith(b"\n") or isinstance(err, json.JSONDecodeError | RecursionError)
-            if number == last and garbled:
+            if last and (not ends or isinstance(err, json.JSONDecodeError | RecursionError)):
                 whole = False  # the last line, cut short or garbled by a crash: its shard is done again
                 break
             problem = "is not JSON" if isinstance(err, json.JSONDecodeError) else f"is wrong: {err}"
@@ -108,14 +168,89 @@ def parse_index(path: Path, *, writing: bool = False) -> Index:
                 f"index '{path}' is damaged: line {number + 1} {problem}",
                 hint="run the same extraction again with --force to start over",
             ) from None
-        entries.append(entry)
-        end = min(offset, len(raw))
-    if not entries:
+        if header is None:
+            header = entry
+        else:
+            keep(entry, offset, len(line))
+            ordered = ordered and entry["shard"] > highest
+            highest = max(highest, entry["shard"])
+        end = after
+    if header is None:
         raise _not_an_index(path, writing)
-    numbers = [entry["shard"] for entry in entries[1:]]
-    return Index(
-        entries[0], sorted(entries[1:], key=lambda entry: entry["shard"]), whole, end, numbers == sorted(numbers)
-    )
+    return header, whole, end, ordered
+
+
+def _lines(handle: BinaryIO, size: int) -> Iterator[tuple[int, bytes, int, int, bool | None]]:
+    """The lines holding more than white space in the first ``size`` bytes of ``handle``: each line's number, its
+    bytes (without the newline), its offset and the offset after it, and, for the last such line only, whether
+    what was read ends with a newline (None for the others)."""
+    held: tuple[int, bytes, int, int] | None = None
+    number = offset = 0
+    line = b""
+    while offset < size:
+        piece = handle.readline(size - offset)
+        if not piece:  # cut shorter since (a writer cuts off a torn last line before it appends)
+            break
+        line = piece
+        if line.strip():
+            if held is not None:
+                yield (*held, None)
+            held = (number, line.removesuffix(b"\n"), offset, offset + len(line))
+        offset += len(line)
+        number += 1
+    if held is not None:
+        yield (*held, line.endswith(b"\n"))
+
+
+class IndexReader:
+    """The index at ``path`` as a reader keeps it: its header and, in shard order, a :class:`ShardLine` for each
+    line (every line checked as :func:`parse_index` checks it); ``header`` is None when there is no index.
+
+    The file stays open until :meth:`close`, so that a line is read again from where it was, whatever writers do
+    to the index meanwhile (they append to it, or replace it with another file).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.lines: list[ShardLine] = []
+        self._where: dict[int, tuple[int, int]] = {}  # shard number -> the offset and length of its line
+        self._handle: BinaryIO | None = None
+        try:
+            self._handle = open_index(path, writing=False)
+        except FileNotFoundError:
+            self.header: dict | None = None
+            return
+        try:
+            self.header = _scan(self._handle, path, False, self._keep)[0]
+        except BaseException:
+            self.close()
+            raise
+        self.lines.sort(key=lambda line: line.shard)
+
+    def _keep(self, entry: dict, offset: int, length: int) -> None:
+        self.lines.append(ShardLine.of(entry))
+        self._where[entry["shard"]] = (offset, length)
+
+    def line(self, listed: ShardLine) -> dict:
+        """The whole line of which ``listed`` was kept, read again, checked again and found the same."""
+        assert self._handle is not None and self.header is not None, "lines are read from an index that was there"
+        offset, length = self._where[listed.shard]
+        try:
+            entry = json.loads(os.pread(self._handle.fileno(), length, offset))
+            fileformat.check_index_line(entry, self.header)
+            same = ShardLine.of(entry) == listed
+        except (ValueError, RecursionError):
+            same = False
+        if not same:
+            raise FeatureFileError(
+                f"index '{self.path}' changed while it was read (the line of shard {listed.shard})",
+                hint="open the folder again",
+            )
+        return entry
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.close()
 
 
 def open_index(path: Path, *, writing: bool, update: bool = False):
@@ -127,46 +262,44 @@ def open_index(path: Path, *, writing: bool, update: bool = False):
         raise FeatureFileError(str(err), hint=hint) from None
 
 
-def finished_shards(folder: str | os.PathLike, shards: list[dict], *, verify: bool = False) -> list[dict]:
-    """The index lines whose shard files are on disk (with ``verify``, a run about to continue: whole, and holding
-    the rows their lines list); the others describe work to do again."""
-    return [
-        entry
-        for entry in shards
-        if (Path(folder) / entry["file"]).exists()
-        and (not verify or _shard_is_sound(Path(folder) / entry["file"], entry))
-    ]
+def finished_shards(folder: str | os.PathLike, lines: list[ShardLine]) -> list[ShardLine]:
+    """The lines whose shard files are on disk; the others describe work to do again."""
+    return [line for line in lines if (Path(folder) / line.file).exists()]
 
 
-def leading_shards(shards: list[dict]) -> list[dict]:
-    """Shards 0, 1, 2, … of ``shards`` (in shard order) up to the first one missing: what reads as one file."""
-    leading: list[dict] = []
-    for entry in shards:
-        if entry["shard"] != len(leading):
+def leading_shards(lines: list[ShardLine]) -> list[ShardLine]:
+    """Shards 0, 1, 2, … of ``lines`` (in shard order) up to the first one missing: what reads as one file."""
+    leading: list[ShardLine] = []
+    for line in lines:
+        if line.shard != len(leading):
             break
-        leading.append(entry)
+        leading.append(line)
     return leading
 
 
-def check_shard(shard: FeatureFile, entry: Mapping, layout: dict | None = None) -> None:
+def check_shard(shard: FeatureFile, line: ShardLine, layout: dict | None = None) -> None:
     """Raise :class:`FeatureFileError` unless ``shard`` holds the rows its index line lists, laid out as ``layout``
     (the other shards' :func:`shard_layout`) says."""
-    rows = len(entry["inputs"])
     problem = None
     try:
         listed = json.loads(shard.metadata.get("inputs", "[]"))
     except (ValueError, RecursionError):
         listed = None
-    if shard.metadata.get("shard") != str(entry["shard"]) or listed != entry["inputs"]:
-        problem = f"it is not shard {entry['shard']} of the inputs its index line lists (its own metadata disagrees)"
-    # A statistics run's part holds its accumulators' states, not rows: only its list of rows has one a row.
+    if (
+        shard.metadata.get("shard") != str(line.shard)
+        or not isinstance(listed, list)
+        or len(listed) != line.rows
+        or _names(listed) != line.names
+    ):
+        problem = f"it is not shard {line.shard} of the inputs its index line lists (its own metadata disagrees)"
+    # A gathering run's part holds its accumulators' states, not rows: only its list of rows has one a row.
     checked = [] if problem is not None else [PART_ROWS] if shard.metadata.get("kind") == STATS_PART else shard.keys()
     for key in checked:
-        if key not in shard.keys() or not shard.shape(key) or shard.shape(key)[0] != rows:
+        if key not in shard.keys() or not shard.shape(key) or shard.shape(key)[0] != line.rows:
             shape = shard.shape(key) if key in shard.keys() else "missing"
-            problem = f"its tensor '{key}' has shape {shape} but the index lists {rows} rows"
+            problem = f"its tensor '{key}' has shape {shape} but the index lists {line.rows} rows"
             break
-    if problem is None and layout is not None and rows:
+    if problem is None and layout is not None and line.rows:
         if shard_layout(shard) != layout:
             problem = "its tensors differ in keys, dtypes or shapes from the other shards'"
     if problem is not None:
@@ -188,13 +321,38 @@ def shard_layout(features: FeatureReader) -> dict:
     }
 
 
-def _shard_is_sound(path: Path, entry: Mapping) -> bool:
-    try:
-        with FeatureFile(path, follow_links=False) as shard:
-            check_shard(shard, entry)
-    except FeatureFileError:
-        return False
-    return True
+class ShardChecks:
+    """Which of the shards an index lists in ``folder`` a run may continue from: whole, and holding the rows their
+    lines list. A shard is checked once for its line: again only when its file (or its line) changed since.
+
+    Checking every shard of a large folder takes a while, so a writer checks with the folder's lock let go; what
+    it checked is still known when it takes the lock again and finds the index changed meanwhile.
+    """
+
+    def __init__(self, folder: str | os.PathLike) -> None:
+        self.folder = Path(folder)
+        self._sound: dict[tuple[ShardLine, tuple], bool] = {}  # (line, the file as checked) -> whether it is sound
+
+    def sound(self, entries: Sequence[dict]) -> list[dict]:
+        """The index lines of ``entries`` whose shards are sound (see :func:`check_shard`)."""
+        return [entry for entry in entries if self._is_sound(entry)]
+
+    def _is_sound(self, entry: Mapping) -> bool:
+        path = self.folder / entry["file"]
+        try:
+            found = os.lstat(path)
+        except FileNotFoundError:
+            return False
+        known = (ShardLine.of(entry), (*file_key(found), found.st_size, found.st_mtime_ns))
+        if known not in self._sound:
+            try:
+                with FeatureFile(path, follow_links=False) as shard:
+                    check_shard(shard, known[0])
+            except FeatureFileError:
+                self._sound[known] = False
+            else:
+                self._sound[known] = True
+        return self._sound[known]
 
 
 def file_key(path_or_stat) -> tuple[int, int]:

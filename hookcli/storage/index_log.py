@@ -24,7 +24,7 @@ from pathlib import Path
 from hookcli.errors import FeatureFileError, OutputExistsError
 from hookcli.files import atomic_path, reporting_full_disk
 from hookcli.storage.fileformat import INDEX_NAME, identity_differences
-from hookcli.storage.index import file_key, open_index, parse_index, shard_of
+from hookcli.storage.index import Index, file_key, open_index, parse_index, shard_of
 
 __all__ = ["IndexLog"]
 
@@ -46,10 +46,12 @@ class IndexLog:
         self._key: tuple[int, int] | None = None
         self._end = 0
 
-    def adopt(self, shards: Sequence[Mapping], end: int, ordered: bool) -> None:
-        """Take ``shards``, the lines of the index as just read whole up to byte ``end``."""
-        self._take(shards, ordered)
-        self._key, self._end = file_key(self.path), end
+    def adopt(self, index: Index) -> None:
+        """Take the lines of ``index``, read whole: what was appended since is read by the next :meth:`refresh`, and
+        an index replaced since is read again then."""
+        assert index.state is not None, "an index that was read"
+        self._take(index.shards, index.ordered)
+        self._key, self._end = index.state[:2], index.end
 
     def rewrite(self, header: Mapping | None, lines: Sequence[Mapping]) -> None:
         """The index as ``header`` and ``lines`` (in shard order), atomically: a reader sees the old one or this."""
@@ -75,7 +77,7 @@ class IndexLog:
             ) from None
         key = file_key(found)
         if key != self._key or found.st_size < self._end:
-            header, shards, _, end, ordered = parse_index(self.path, writing=True)
+            header, shards, _, end, ordered, _ = parse_index(self.path, writing=True)
             if header is None or identity_differences(header["identity"], self._identity):
                 raise OutputExistsError(
                     f"'{self._given}' was given to a different run while this one was writing it",

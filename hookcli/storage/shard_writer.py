@@ -17,7 +17,7 @@ from hookcli.storage import fileformat
 from hookcli.storage.background import Background
 from hookcli.storage.claims import Claims, FolderLock, check_folder_target
 from hookcli.storage.fileformat import INDEX_NAME, SHARD_FILE
-from hookcli.storage.index import Index, finished_shards, parse_index
+from hookcli.storage.index import Index, ShardChecks, index_state, parse_index
 from hookcli.storage.index_log import IndexLog
 from hookcli.storage.saving import write_safetensors
 
@@ -81,13 +81,24 @@ class ShardWriter:
         self._writing: Background | None = None  # the thread that writes shards while the next batches compute
 
     def _open(self, force: bool) -> None:
+        checks = ShardChecks(self.folder)
+        while True:
+            index = self._read(force)
+            self.header = index.header
+            self.shard_size: int | None = index.header["shard_size"] if index.header else None
+            if index.header is None or self._continue(index, checks, force):
+                return
+
+    def _read(self, force: bool) -> Index:
+        """The index as it is now (the caller holds the lock): none when an earlier run was cleared away (``force``)
+        or there was none."""
         try:
             index = parse_index(self.index_path, writing=True)
         except FeatureFileError:
             if not force or (self.index_path.is_dir() and not self.index_path.is_symlink()):
                 raise
             index = Index(None, [])  # --force: a damaged index goes, with the shards it listed
-        header, shards, whole, end, ordered = index
+        header = index.header
         differ = fileformat.identity_differences(header["identity"], self.identity) if header is not None else []
         if differ:
             if not force:
@@ -95,21 +106,31 @@ class ShardWriter:
                     f"'{self._given}' holds a different run (it differs in: {', '.join(differ)})",
                     hint="run the same command to continue it, add --force to replace it, or use another folder",
                 )
-            header, shards = None, []
-        if header is None:
+            index = Index(None, [])
+        if index.header is None:
             self._remove_old_run(force)
             self.claims.clear()
         # Left by killed processes: shards are written in place, so an unlocked one is abandoned.
         remove_abandoned(self.folder, ".features-*.safetensors.*.part")
-        self.header = header
-        self.shard_size: int | None = header["shard_size"] if header else None
-        if header is not None:
-            finished = _unchanged(finished_shards(self.folder, shards, verify=True), self._given, force)
-            if len(finished) < len(shards) or not whole:
-                self.index.rewrite(header, finished)  # new lines must follow good ones, never a torn or stale one
-            else:
-                self.index.adopt(finished, end, ordered)
-            self.done = sum(entry["count"] for entry in finished)
+        return index
+
+    def _continue(self, index: Index, checks: ShardChecks, force: bool) -> bool:
+        """Continue the run from the shards ``index`` lists that are sound and were computed from the inputs as
+        they are. Their files are checked with the lock let go (many processes joining a large folder would wait on
+        each other's checks); the lock is taken again to rewrite the index when some shard must be computed again or
+        a torn line cut off. False when the index changed meanwhile, so that the rewrite would lose another
+        process's work: the caller reads it again (and only shards not checked yet are checked)."""
+        self.lock.release()
+        finished = _unchanged(checks.sound(index.shards), self._given, force)
+        self.lock.acquire()
+        if len(finished) == len(index.shards) and index.whole:
+            self.index.adopt(index)
+        elif index_state(self.index_path) == index.state:
+            self.index.rewrite(index.header, finished)  # new lines must follow good ones, never a torn or stale one
+        else:
+            return False
+        self.done = sum(entry["count"] for entry in finished)
+        return True
 
     @property
     def index_path(self) -> Path:

@@ -37,7 +37,9 @@ the lines in shard order, so a finished folder is the same whoever wrote it.
 from __future__ import annotations
 
 import bisect
+import itertools
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -47,7 +49,15 @@ from hookcli.errors import FeatureFileError
 from hookcli.storage import fileformat
 from hookcli.storage.features import FeatureFile
 from hookcli.storage.fileformat import INDEX_NAME
-from hookcli.storage.index import check_shard, file_key, finished_shards, leading_shards, read_index, shard_layout
+from hookcli.storage.index import (
+    IndexReader,
+    ShardLine,
+    check_shard,
+    file_key,
+    finished_shards,
+    leading_shards,
+    shard_layout,
+)
 from hookcli.storage.reader import FeatureReader, ReadingMapping
 
 if TYPE_CHECKING:
@@ -63,22 +73,33 @@ class ShardedFeatures(ReadingMapping):
     """A shard folder (or its ``index.jsonl``) read as one file: rows run on across shards.
 
     Offers the reading interface of every reader (:class:`~hookcli.storage.reader.FeatureReader`), so
-    ``grid`` and ``info`` treat a folder and a file alike. ``metadata["inputs"]`` lists the
-    rows' inputs over all shards.
+    ``grid`` and ``info`` treat a folder and a file alike. ``metadata["inputs"]`` and
+    :attr:`inputs` list the rows' inputs over all shards, read from the index
+    when asked for: a folder of a million inputs opens without holding their
+    names. The index stays open until :meth:`close`.
     """
 
     def __init__(self, source: str | os.PathLike) -> None:
         path = Path(source)
         self.folder = path.parent if path.name == INDEX_NAME else path
         self.name = str(source)
-        header, shards = read_index(self.folder)
+        self._open: tuple[int, FeatureFile] | None = None
+        self._index = IndexReader(self.folder / INDEX_NAME)
+        try:
+            self._read_index(source)
+        except BaseException:
+            self.close()
+            raise
+
+    def _read_index(self, source: str | os.PathLike) -> None:
+        header = self._index.header
         if header is None:
             raise FeatureFileError(
                 f"no {INDEX_NAME} in folder '{source}'", hint="give a folder written by hookcli extract -o DIR/"
             )
-        present = finished_shards(self.folder, shards)
+        present = finished_shards(self.folder, self._index.lines)
         shards = leading_shards(present)
-        done = sum(entry["count"] for entry in shards)
+        done = sum(line.covered for line in shards)
         #: What a reader should be told: a folder still (or no longer) missing shards.
         self.reading_notes: tuple[str, ...] = (
             ()
@@ -98,16 +119,14 @@ class ShardedFeatures(ReadingMapping):
             raise FeatureFileError(
                 f"'{source}' holds no finished shard yet", hint="run the extraction (again) to write some"
             )
-        self.header, self.shards = header, shards
-        self._starts, rows = [], 0
-        for entry in shards:
-            self._starts.append(rows)
-            rows += len(entry["inputs"])
-        self.rows = rows
-        self._open: tuple[int, FeatureFile] | None = None
+        #: What the index says of each shard read (its names are read from the index when asked for).
+        self.shards: list[ShardLine] = shards
+        self.header = header
+        self._starts = list(itertools.accumulate((line.rows for line in shards), initial=0))
+        self.rows = self._starts.pop()
         self._checked: dict[int, tuple] = {}  # shard number -> the file checked (its identity and size)
         self._layout: dict | None = None  # what every shard must match: the first one's, once it is checked
-        self._with_rows = next((n for n, entry in enumerate(shards) if entry["inputs"]), 0)
+        self._with_rows = next((n for n, line in enumerate(shards) if line.rows), 0)
         first = self._shard(self._with_rows)  # a shard whose inputs all failed may hold no tensors
         self._layout = shard_layout(first)
         self._keys = first.keys()
@@ -116,7 +135,17 @@ class ShardedFeatures(ReadingMapping):
         self._largest: dict[str, list[int]] = {key: list(self._info[key][1]) for key in self._ragged}
         self.size = 0
         self._check_every_shard()
-        self.metadata = fileformat.folder_metadata(header, shards)
+        self.metadata = fileformat.folder_metadata(
+            header,
+            self._lines,
+            shards=len(shards),
+            done=done,
+            listed={name for line in shards for name in line.lists},
+        )
+
+    def _lines(self) -> Iterator[dict]:
+        """The index lines of the shards read, whole, in shard order: read again from the index, one at a time."""
+        return (self._index.line(line) for line in self.shards)
 
     def _check_every_shard(self) -> None:
         """Open each shard once, now, and check its header against its index line and the first shard's layout: a
@@ -124,11 +153,11 @@ class ShardedFeatures(ReadingMapping):
         is read on the way."""
         self._stored = dict.fromkeys(self._keys, 0)
         self._targets: list[str | None] = []
-        for number, entry in enumerate(self.shards):
+        for number, line in enumerate(self.shards):
             shard = self._shard(number)
             self.size += shard.size
             self._targets.append(shard.metadata.get("targets"))
-            if entry["inputs"]:
+            if line.rows:
                 for key in self._ragged:
                     self._largest[key] = [max(a, b) for a, b in zip(self._largest[key], shard.shape(key)[1:])]
                 for key in self._keys:
@@ -140,7 +169,7 @@ class ShardedFeatures(ReadingMapping):
             if self._open is not None:
                 self._open[1].close()
                 self._open = None
-            path = self.folder / self.shards[number]["file"]
+            path = self.folder / self.shards[number].file
             shard = FeatureFile(path, follow_links=False)
             try:
                 found = (file_key(path), shard.size)
@@ -163,6 +192,7 @@ class ShardedFeatures(ReadingMapping):
         if self._open is not None:
             self._open[1].close()
             self._open = None
+        self._index.close()
 
     def shard_targets(self, number: int) -> str | None:
         """Shard ``number``'s ``targets`` metadata (grad and cam: each row's targets, JSON), as read when the folder
@@ -171,8 +201,8 @@ class ShardedFeatures(ReadingMapping):
 
     @property
     def inputs(self) -> list[str]:
-        """The input each row came from, in row order, from the index (no JSON made)."""
-        return [path for entry in self.shards for path in entry["inputs"]]
+        """The input each row came from, in row order, read from the index (no JSON made)."""
+        return [path for entry in self._lines() for path in entry["inputs"]]
 
     def keys(self) -> list[str]:  # type: ignore[override]  # a list, as every reader's
         return list(self._keys)
@@ -212,9 +242,9 @@ class ShardedFeatures(ReadingMapping):
         """Rows ``start:stop`` across shards (clipped as a slice is): one read per shard they fall in."""
         start, stop, _ = slice(start, stop).indices(self.rows)
         pieces = []
-        for number, entry in enumerate(self.shards):
+        for number, line in enumerate(self.shards):
             first = self._starts[number]
-            low, high = max(start, first), min(stop, first + len(entry["inputs"]))
+            low, high = max(start, first), min(stop, first + line.rows)
             if low < high:
                 pieces.append(self._shard(number).read_rows(key, low - first, high - first))
         if not pieces:
