@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from hookcli.version import __version__
 
 if TYPE_CHECKING:  # what editors and type checkers see; at run time each name loads on first use (below)
-    from hookcli.api import cam, extract, grad, grid, info, layers, models, report, stats
+    from hookcli.api import cam, compare, extract, grad, grid, info, layers, models, report, stats
     from hookcli.errors import HookcliError
     from hookcli.models.loading import load_model
     from hookcli.run.capture import FeatureCapture, GradientCapture
@@ -41,6 +41,7 @@ _PUBLIC = {
     "HookcliError": "hookcli.errors",
     "RunPlan": "hookcli.run.plan",
     "cam": "hookcli.api",
+    "compare": "hookcli.api",
     "describe_layers": "hookcli.run.layer_table",
     "execute": "hookcli.run.execute",
     "extract": "hookcli.api",
@@ -70,6 +71,7 @@ __all__ = [
     "RunPlan",
     "ShardedFeatures",
     "cam",
+    "compare",
     "describe_layers",
     "execute",
     "extract",

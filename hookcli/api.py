@@ -46,7 +46,7 @@ from hookcli.pictures.options import GridOptions, default_grid_folder
 from hookcli.run.options import refuse_unknown
 from hookcli.run.outputs import DEFAULT_OUTPUT
 
-__all__ = ["DEFAULT_OUTPUT", "cam", "extract", "grad", "grid", "info", "layers", "models", "report", "stats"]
+__all__ = ["DEFAULT_OUTPUT", "cam", "compare", "extract", "grad", "grid", "info", "layers", "models", "report", "stats"]
 
 
 def extract(model, layers, inputs, *, output=None, progress: Callable | None = None, **options):
@@ -164,7 +164,7 @@ def stats(
                 "stats reads saved features or runs a model, not both",
                 hint="give features=, or model, layers and inputs",
             )
-        from hookcli.run.saved_stats import saved_stats  # torch, numpy
+        from hookcli.run.saved import saved_stats  # torch, numpy
 
         return saved_stats(features, keys=keys, output=output, progress=progress, **options)
     if keys:
@@ -172,6 +172,76 @@ def stats(
     if model is None or layers is None or inputs is None:
         raise UsageProblem("stats needs a model, its layers and inputs, or saved features", hint="see hookcli.stats")
     return _run("stats", model, layers, inputs, output, options, progress)
+
+
+def compare(
+    model=None,
+    layers=None,
+    inputs=None,
+    *,
+    model2=None,
+    layers2=None,
+    features=None,
+    features2=None,
+    keys=(),
+    keys2=(),
+    output=None,
+    progress: Callable | None = None,
+    **options,
+):
+    """How alike representations are, every one of a side against every one of the other: ``hookcli compare``.
+
+    Either models run over ``inputs`` in one pass (``model`` and ``layers``,
+    against ``model2`` and ``layers2``, or against themselves), with the
+    run options of :func:`extract` (no ``capture``, ``pool``, ``dtype``,
+    ``grid``, ``detections``, ``flow``); or saved ``features`` (a file, a
+    shard folder, ``-`` or what :func:`extract` returns; tensors ``keys``)
+    against ``features2`` (tensors ``keys2``) or themselves, with
+    ``batch_size``, ``force``, ``shard_size`` and ``part``. How: ``method``
+    (``"linear-cka"``, ``"minibatch-cka"``, ``"rsa"``), ``pool`` (``"avg"``,
+    ``"max"``, ``"none"``; the method's default when None), ``rsa_rows``,
+    ``rsa_distance``, ``rsa_compare``, ``save_rdms``
+    (:data:`hookcli.compare_options.COMPARE_OPTIONS`). In memory
+    (``output=None``) a mapping whose ``method`` key is the float64 matrix,
+    rows and columns labelled in ``.metadata["rows"]`` and ``["columns"]``;
+    with ``output="cka.safetensors"`` the file, whose path is returned (see
+    :mod:`hookcli.storage.compare_format`).
+
+    >>> photo = __import__("matplotlib.cbook").cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)
+    >>> found = compare("resnet18", ["layer2", "layer3"], [photo] * 4, weights="none", resize=64)
+    >>> [round(v, 6) for v in found["linear-cka"].diagonal().tolist()]
+    [1.0, 1.0]
+    """
+    from hookcli.statistics.comparison import CompareChoice  # torch
+
+    choice = CompareChoice(**{name: options.pop(name) for name in list(options) if name in _COMPARING})
+    if features is not None:
+        if any(given is not None for given in (model, layers, inputs, model2, layers2)):
+            raise UsageProblem(
+                "compare reads saved features or runs models, not both",
+                hint="give features= (and features2=), or model, layers and inputs",
+            )
+        from hookcli.run.compare import compare_saved  # torch
+
+        return compare_saved(
+            features, features2, keys=keys, keys2=keys2, output=output, choice=choice, options=options,
+            progress=progress,
+        )  # fmt: skip
+    if features2 is not None or keys or keys2:
+        raise UsageProblem("features2, keys and keys2 choose saved features", hint="give features= too")
+    if model is None or layers is None or inputs is None:
+        raise UsageProblem(
+            "compare needs a model, its layers and inputs, or saved features", hint="see hookcli.compare"
+        )
+    from hookcli.run.compare import compare_models  # torch
+
+    return compare_models(
+        model, layers, inputs, model2, layers2, output=output, choice=choice, options=options, progress=progress
+    )
+
+
+#: The keywords of :func:`compare` that say how to compare (the rest are the run's).
+_COMPARING = ("method", "pool", "rsa_rows", "rsa_distance", "rsa_compare", "save_rdms")
 
 
 def grid(source, *, output=None, progress: Callable | None = None, force: bool = False, **options):

@@ -19,11 +19,14 @@ GRID_OPTIONS: tuple[Option, ...] = (
         "keys",
         ("--key", "-k"),
         "Tensors to draw (globs as for --layer). Repeat.",
-        ("grid", "stats"),
+        ("grid", "stats", "compare"),
         default=(),
         metavar="GLOB",
         multiple=True,
-        help_in=(("stats", "Saved features: the tensors to describe (globs) [every one whose rows share a shape]."),),
+        help_in=(
+            ("stats", "Saved features: the tensors to describe (globs) [every one whose rows share a shape]."),
+            ("compare", "Saved features: the tensors of the first side (globs) [every one whose rows share a shape]."),
+        ),
     ),
     Option(
         "images",

@@ -77,7 +77,7 @@ SCALES = ("channel", "grid")
 #: Above this many images, a run whose output is left to its default writes a shard folder instead of one file.
 LARGE_INPUT = 10_000
 #: The commands that run a model over inputs.
-RUN_COMMANDS = ("extract", "grad", "cam", "stats")
+RUN_COMMANDS = ("extract", "grad", "cam", "stats", "compare")
 #: What ranks a channel's dataset examples (``stats --top-by``): the largest value of its map, or the map's mean.
 TOP_BY = ("max", "mean")
 
@@ -85,9 +85,10 @@ TOP_BY = ("max", "mean")
 SAVED_STATS_OPTIONS = ("batch_size", "force", "shard_size", "part", "top", "top_by", "quantiles", "pca")
 
 _ALL, _ROWS, _GRADIENTS = RUN_COMMANDS, ("extract", "grad"), ("grad", "cam")
-#: Options of the commands that go through many inputs in shards: the rows of extract and grad, the statistics.
-_SHARDED = ("extract", "grad", "stats")
-_EXTRACTING = ("extract", "stats")
+#: Options of the commands that go through many inputs in shards: the rows of extract and grad, the statistics
+#: and comparisons; and those of the commands that run the forward as extract does.
+_SHARDED = ("extract", "grad", "stats", "compare")
+_EXTRACTING = ("extract", "stats", "compare")
 
 
 @dataclass(frozen=True)

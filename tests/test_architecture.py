@@ -19,6 +19,7 @@ LAYERS = [
         "hookcli.version",
         "hookcli.options",
         "hookcli.grid_options",
+        "hookcli.compare_options",
         "hookcli.parsing",
     },
     {"hookcli.inputs"},
@@ -152,7 +153,9 @@ LAZY_IMPORTS = {
     ("hookcli.api", "hookcli.run.request"): "models and layers answer without the run's checks (about 25 ms)",
     ("hookcli.api", "hookcli.run.execute"): "the run engine (torch) loads once the request is checked",
     ("hookcli.api", "hookcli.run.layer_table"): "layers loads the model (torch) after checking its names",
-    ("hookcli.api", "hookcli.run.saved_stats"): "statistics of saved features load torch once the call is checked",
+    ("hookcli.api", "hookcli.run.saved"): "statistics of saved features load torch once the call is checked",
+    ("hookcli.api", "hookcli.run.compare"): "a comparison loads torch once the call is checked",
+    ("hookcli.api", "hookcli.statistics.comparison"): "how to compare is checked with torch's accumulators' module",
     ("hookcli.api", "hookcli.pictures.grids"): "the pictures (numpy, Pillow) load when grid runs",
     ("hookcli.api", "hookcli.pictures.reports"): "the pictures (numpy, Pillow) load when report runs",
     ("hookcli.api", "hookcli.pictures.summary"): "the statistics (numpy) load when info runs",
@@ -163,6 +166,7 @@ LAZY_IMPORTS = {
     ("hookcli.inputs.clips", "hookcli.inputs.limits"): "Pillow's limit, read when a video file is opened",
     ("hookcli.models.registry", "torchvision"): "torchvision is read only to fill a cold registry cache",
     ("hookcli.pictures.render", "matplotlib"): "matplotlib (about 0.15 s) loads when a picture is first coloured",
+    ("hookcli.statistics.similarity", "scipy"): "scipy's rank correlations (about 0.3 s) load when RDMs are compared",
 }
 
 #: What the commands that answer at once (--help, models, the refusals made before a model loads) must not import.

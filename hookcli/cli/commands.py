@@ -22,6 +22,7 @@ from hookcli.cli.declared import (
     LAYER_HELP,
     REGION,
     clip_options,
+    comparing_options,
     config_option,
     declared_option,
     grid_drawing_options,
@@ -31,6 +32,7 @@ from hookcli.cli.declared import (
     run_option,
     run_options,
 )
+from hookcli.compare_options import COMPARE_OPTIONS
 from hookcli.console import printable, stdout_for_data
 from hookcli.errors import HookcliError
 from hookcli.events import Advanced, Note, Skipped, Started, Wrote
@@ -40,7 +42,7 @@ from hookcli.models.specs import LISTED_SOURCES
 from hookcli.options import SAVED_STATS_OPTIONS, declared
 from hookcli.run.launch import detect_part
 
-__all__ = ["cam", "extract", "grad", "grid", "info", "layers", "models", "report", "stats"]
+__all__ = ["cam", "compare", "extract", "grad", "grid", "info", "layers", "models", "report", "stats"]
 
 
 class _Reporter:
@@ -380,6 +382,92 @@ def stats(**options) -> None:
     chosen = {name: options[name] for name in given if name in (*SAVED_STATS_OPTIONS, "keys")}
     with contextlib.closing(_Reporter(quiet)) as reporter:
         api.stats(features=images[0], output=options["output"] or api.DEFAULT_OUTPUT, progress=reporter, **chosen)
+
+
+@main.command(context_settings=CONTEXT_SETTINGS)
+@config_option
+@model_options(required=False)
+@click.option("--layer", "-l", multiple=True, metavar="SELECTOR", help=LAYER_HELP)
+@click.option(
+    "--model2", metavar="NAME", help="A second model, run over the same images in one pass [the first model]."
+)
+@click.option(
+    "--layer2", "layers2", multiple=True, metavar="SELECTOR", help="The second side's layers (as --layer) [--layer]."
+)
+@declared_option(declared("keys", GRID_OPTIONS), command="compare")
+@click.option(
+    "--key2",
+    "keys2",
+    multiple=True,
+    metavar="GLOB",
+    help="Saved features: the tensors of the second side (of the second source, or of the one) [as -k].",
+)
+@comparing_options
+@preprocess_options
+@click.option(
+    "--output",
+    "-o",
+    metavar="FILE",
+    help="Comparison file [<model>-<layer>.compare.safetensors; of saved features, <their name>.compare.safetensors].",
+)
+@run_option("shard_size", "compare")
+@run_option("part")
+@run_option("fuse")
+@clip_options
+@run_option("pair_with")
+@run_options(stored="similarities are computed in float64")
+def compare(**options) -> None:
+    """How alike layers and models are: CKA or RSA of every pair of representations.
+
+    With --model and --layer, the model runs over IMAGES (as for extract);
+    its layers are compared with themselves, or with --layer2 of --model2,
+    run over the same images in one pass. Without --model, IMAGES is one or
+    two sources of saved features (files, shard folders, -), the same rows in
+    the same order, their tensors chosen with -k and --key2. The file holds
+    the matrix under the method's name, float64 [rows, columns], the labels
+    in its rows and columns metadata. --method linear-cka (exact, from running
+    sums; its sums are kept so that files over disjoint inputs merge),
+    minibatch-cka (the unbiased estimator over the run's batches; maps whole
+    by default) or rsa (RDMs of the first --rsa-rows inputs, compared by rank
+    correlation). A representation with no spread has no CKA: its entries are
+    NaN, and a note names it. Resumable and shared by many processes as stats
+    is.
+
+    \b
+      hookcli compare -m resnet18 -l 'layer*' photos/ -o cka.safetensors
+      hookcli compare -m resnet18 -l layer4 --model2 resnet50 --layer2 'layer*' photos/ -o r18-r50.safetensors
+      hookcli compare feats/ -k 'layer*' --method rsa --rsa-rows 500 -o rsa.safetensors
+      hookcli compare a/ b/ -k layer4 --key2 'blocks.*' -o ab.safetensors
+    """
+    images = options.pop("images")
+    if options["model"] is not None:
+        if not options["layer"]:
+            raise click.UsageError("--layer is needed with --model (repeat it for more layers)")
+        if options["keys"] or options["keys2"]:
+            raise click.UsageError("-k and --key2 choose tensors of saved features; with --model give --layer2")
+        options.pop("keys"), options.pop("keys2")
+        options["layers2"] = options["layers2"] or None
+        _run(click.get_current_context(), "compare", options, options.pop("layer"), images)
+        return
+    given = _given_options(click.get_current_context())
+    saved = (*SAVED_STATS_OPTIONS, *(option.name for option in COMPARE_OPTIONS), "keys", "keys2", "output")
+    asked = [name for name in given if name not in (*saved, "quiet", "images")]
+    if asked:
+        raise click.UsageError(
+            f"--{asked[0].replace('_', '-')} applies when --model runs a model; saved features are already computed"
+        )
+    if not 1 <= len(images) <= 2:
+        raise click.UsageError(f"give one or two sources of saved features (files, folders or -), not {len(images)}")
+    chosen = {name: options[name] for name in given if name in saved and name not in ("output", "quiet")}
+    api = _library()
+    with contextlib.closing(_Reporter(options["quiet"])) as reporter:
+        api.compare(
+            features=images[0],
+            features2=images[1] if len(images) == 2 else None,
+            output=options["output"] or api.DEFAULT_OUTPUT,
+            progress=reporter,
+            **chosen,
+        )
 
 
 def _given_options(ctx: click.Context) -> list[str]:

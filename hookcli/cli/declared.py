@@ -10,11 +10,13 @@ from typing import Any
 import click
 
 from hookcli.cli.presets import read_config
+from hookcli.compare_options import COMPARE_OPTIONS
 from hookcli.errors import ConfigError
 from hookcli.grid_options import GRID_OPTIONS
 from hookcli.options import LARGE_INPUT, Option, declared
 
 __all__ = [
+    "comparing_options",
     "declared_option",
     "grid_drawing_options",
     "run_option",
@@ -233,6 +235,11 @@ LAYER_HELP = (
     "Layer path (features.18), glob (layer3.*.conv2, features.**), type:Conv2d, or . for the model's "
     "own output; PATH=NAME renames. Repeat."
 )
+
+
+def comparing_options(function):
+    """The options of ``compare`` that say how to compare (:data:`hookcli.compare_options.COMPARE_OPTIONS`)."""
+    return _options(function, [declared_option(option) for option in COMPARE_OPTIONS])
 
 
 def grid_drawing_options(function):

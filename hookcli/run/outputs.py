@@ -23,6 +23,7 @@ from hookcli.storage.claims import check_folder_target
 __all__ = [
     "check_target",
     "DEFAULT_OUTPUT",
+    "GATHERED",
     "default_output",
     "default_output_name",
     "Output",
@@ -30,6 +31,10 @@ __all__ = [
     "refuse_drawn_grids",
     "refuse_overwriting_inputs",
 ]
+
+
+#: The commands that gather over their inputs instead of storing rows: their output kind is their name.
+GATHERED = ("stats", "compare")
 
 
 class _DefaultOutput:
@@ -43,8 +48,8 @@ DEFAULT_OUTPUT = _DefaultOutput()
 
 @dataclass(frozen=True)
 class Output:
-    """Where rows go: ``memory`` (returned), ``file``, ``stdout``, ``folder`` (shards), ``cam`` (a CAM folder) or
-    ``stats`` (a statistics file)."""
+    """Where rows go: ``memory`` (returned), ``file``, ``stdout``, ``folder`` (shards), ``cam`` (a CAM folder),
+    ``stats`` (a statistics file) or ``compare`` (a comparison file)."""
 
     kind: str
     path: str | None = None
@@ -62,8 +67,8 @@ class Output:
 def output_kind(command: str, output, model_name: str) -> tuple[str, str | None]:
     """What ``output`` names for ``command``: ``(kind, path)``, kind one of :class:`Output`'s or ``default`` (the
     command's own name for it, decided once the inputs are known)."""
-    if command == "stats":
-        return _stats_kind(output)
+    if command in GATHERED:
+        return _gathered_kind(command, output)
     if command == "cam":
         if output is None:
             return "memory", None
@@ -82,8 +87,9 @@ def output_kind(command: str, output, model_name: str) -> tuple[str, str | None]
     return "file", text
 
 
-def _stats_kind(output) -> tuple[str, str | None]:
-    """A statistics run writes one file (its parts go beside it while it runs), or returns its result."""
+def _gathered_kind(command: str, output) -> tuple[str, str | None]:
+    """A run that gathers (:data:`GATHERED`) writes one file (its parts go beside it while it runs), or returns
+    its result."""
     if output is None:
         return "memory", None
     if output is DEFAULT_OUTPUT:
@@ -91,15 +97,15 @@ def _stats_kind(output) -> tuple[str, str | None]:
     text = "-" if hasattr(output, "write") else os.fspath(output)
     if text == "-":
         raise UsageProblem(
-            "stats writes a file (its parts are kept beside it until the run completes), not to stdout",
-            hint="name the file with -o, for example -o stats.safetensors",
+            f"{command} writes a file (its parts are kept beside it until the run completes), not to stdout",
+            hint=f"name the file with -o, for example -o {command}.safetensors",
         )
     if text.endswith(("/", os.sep)) or _is_dir(text):
         raise UsageProblem(
-            f"stats writes one file, and '{text}' is a folder",
-            hint=f"name the file, for example -o {os.path.join(text, 'stats.safetensors')}",
+            f"{command} writes one file, and '{text}' is a folder",
+            hint=f"name the file, for example -o {os.path.join(text, command + '.safetensors')}",
         )
-    return "stats", text
+    return command, text
 
 
 def _is_dir(path: str) -> bool:
@@ -123,7 +129,7 @@ def _label(model_name: str) -> str:
 
 
 #: What a command's default file name says it holds, before ``.safetensors``.
-_NAMED = {"grad": ".grad", "stats": ".stats"}
+_NAMED = {"grad": ".grad", "stats": ".stats", "compare": ".compare"}
 
 
 def default_output(command: str, model_name: str, keys: Sequence[str], kind: str) -> str:
@@ -134,7 +140,7 @@ def check_target(kind: str, path: str, inputs: Sequence[os.PathLike[str]], force
     """Refuse a file or folder output that could not be written, and a file output that is one of the inputs or is
     named like another format."""
     _check_output(kind, path, force)
-    if kind in ("file", "stats"):
+    if kind in ("file", *GATHERED):
         refuse_overwriting_inputs([path], inputs)
         _refuse_other_format(path)
 

@@ -57,7 +57,14 @@ from hookcli.run.forwards import extraction_forward
 from hookcli.run.gradients import CamForward, GradientForward, default_cam_layer
 from hookcli.run.launch import Part, cpu_threads
 from hookcli.run.options import RunOptions
-from hookcli.run.outputs import Output, check_target, default_output, refuse_drawn_grids, refuse_overwriting_inputs
+from hookcli.run.outputs import (
+    GATHERED,
+    Output,
+    check_target,
+    default_output,
+    refuse_drawn_grids,
+    refuse_overwriting_inputs,
+)
 from hookcli.run.request import RunRequest, arguments_of, gather_rows, request, selectors, with_rows
 from hookcli.run.selectors import resolve_layers
 from hookcli.run.settings import RunSettings
@@ -102,7 +109,7 @@ class RunPlan:
 
 
 def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunPlan:
-    """Resolve a run of ``command`` (``extract``, ``grad``, ``cam`` or ``stats``) with the options of
+    """Resolve a run of ``command`` (``extract``, ``grad``, ``cam``, ``stats`` or ``compare``) with the options of
     :mod:`hookcli.api`.
 
     ``model`` is a model name or a :class:`~hookcli.models.loaded.LoadedModel`;
@@ -141,9 +148,9 @@ def plan_request(asked: RunRequest) -> RunPlan:
         notes = asked.notes + loaded.notes_for(asked.given) + notes
         selected, forward, entries = _command_parts(command, loaded, asked.layers, settings, opts, target)
         entries = {**entries, **_row_entries(loaded, opts, paths)}
-        if path is None and kind in ("file", "folder", "stats"):
+        if path is None and kind in ("file", "folder", *GATHERED):
             path = default_output(command, loaded.name, list(selected.values()), kind)
-            check_target(kind, path, paths, opts.force or kind == "stats" and asked.part is not None)
+            check_target(kind, path, paths, opts.force or kind in GATHERED and asked.part is not None)
         if opts.grid and not opts.force:
             refuse_drawn_grids(opts.grid, list(selected.values()))
         if kind == "cam":
@@ -318,7 +325,7 @@ def _stats_choice(opts: RunOptions) -> StatsChoice:
 
 def _command_parts(command, loaded, layers, settings, opts, target):
     """``(layers, forward factory, the command's own metadata entries)`` for ``command``."""
-    if command in ("extract", "stats"):
+    if command in ("extract", *GATHERED):
         # A statistics run records what it gathers: a run continued with other choices would mix them.
         entries = {"stats": json.dumps(_stats_choice(opts).describe())} if command == "stats" else {}
         return (

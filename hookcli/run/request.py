@@ -38,7 +38,7 @@ from hookcli.models.loaded import LoadedModel
 from hookcli.options import LARGE_INPUT
 from hookcli.run.launch import Part, detect_part, joins_team, parse_part
 from hookcli.run.options import CLIPS, COMMAND_OPTIONS, RunOptions, run_options
-from hookcli.run.outputs import check_target, default_output, output_kind, refuse_drawn_grids
+from hookcli.run.outputs import GATHERED, check_target, default_output, output_kind, refuse_drawn_grids
 from hookcli.run.selectors import selector_keys
 from hookcli.run.settings import RunSettings
 from hookcli.run.targets import parse_region
@@ -80,9 +80,12 @@ class RunRequest:
     notes: tuple[str, ...] = ()
 
 
-def request(command: str, model, layers, inputs, *, output=None, **options) -> RunRequest:
-    """Check a run of ``command`` (``extract``, ``grad``, ``cam`` or ``stats``) with the options of
-    :mod:`hookcli.api`; see :func:`hookcli.run.plan.plan` for the arguments. Raises the library's errors."""
+def request(
+    command: str, model, layers, inputs, *, output=None, rows: FoundInputs | None = None, **options
+) -> RunRequest:
+    """Check a run of ``command`` (``extract``, ``grad``, ``cam``, ``stats`` or ``compare``) with the options of
+    :mod:`hookcli.api`; see :func:`hookcli.run.plan.plan` for the arguments. ``rows``: the inputs another
+    request found already (a second model run over them), not looked for again. Raises the library's errors."""
     if command not in COMMAND_OPTIONS:
         raise UsageProblem(f"unknown command '{command}'", hint=f"use one of {', '.join(COMMAND_OPTIONS)}")
     opts = run_options(command, options)
@@ -97,11 +100,11 @@ def request(command: str, model, layers, inputs, *, output=None, **options) -> R
     opts = _fitted_to_family(command, family, opts, options, help_hint)
     keys = selector_keys(selectors(layers)) if command != "cam" else None
     kind, path = output_kind(command, output, model_name)
-    if opts.shard_size and kind not in ("folder", "default", "stats"):
+    if opts.shard_size and kind not in ("folder", "default", *GATHERED):
         raise UsageProblem("--shard-size applies to a folder output (-o DIR/)", hint=help_hint)
     part = _part(opts, kind, output)
     if part is not None and kind == "default":
-        kind = "stats" if command == "stats" else "folder"  # many processes share the work of one shard folder
+        kind = command if command in GATHERED else "folder"  # many processes share the work of one shard folder
     stream = output if hasattr(output, "write") else None
     if kind == "stdout" and (stream or sys.stdout).isatty():
         raise UsageProblem(
@@ -127,6 +130,8 @@ def request(command: str, model, layers, inputs, *, output=None, **options) -> R
         stream,
         part,
     )
+    if rows is not None:
+        return with_rows(asked, rows, ())
     if part is not None and joins_team(part):
         return asked  # the rows are found once the processes have formed their group
     return with_rows(asked, *gather_rows(asked))
@@ -137,10 +142,10 @@ def with_rows(asked: RunRequest, rows: FoundInputs, notes: tuple[str, ...]) -> R
     selectors name their keys, the output and ``--grid`` folders, and the model's and weights' names."""
     kind, path, opts = asked.kind, asked.path, asked.opts
     if kind == "default":
-        kind = "stats" if asked.command == "stats" else "folder" if len(rows.paths) > LARGE_INPUT else "file"
+        kind = asked.command if asked.command in GATHERED else "folder" if len(rows.paths) > LARGE_INPUT else "file"
         # Named after the layers' keys: known now unless a glob or a type selector leaves them to the model.
         path = None if asked.keys is None else default_output(asked.command, asked.model_name, asked.keys, kind)
-    if path is not None and kind in ("file", "folder", "stats"):
+    if path is not None and kind in ("file", "folder", *GATHERED):
         check_target(kind, path, rows.paths, opts.force or _shared_stats(kind, asked.part))
     if opts.grid:
         check_folder_output(opts.grid)
@@ -153,9 +158,9 @@ def with_rows(asked: RunRequest, rows: FoundInputs, notes: tuple[str, ...]) -> R
 
 
 def _shared_stats(kind: str, part: Part | None) -> bool:
-    """A statistics file that many processes compute may already be there, written by the one that finished it:
-    the writer tells that apart from another run's file (:class:`~hookcli.statistics.writer.GatheringWriter`)."""
-    return kind == "stats" and part is not None
+    """A file that many processes gather may already be there, written by the one that finished it: the writer
+    tells that apart from another run's file (:class:`~hookcli.statistics.writer.GatheringWriter`)."""
+    return kind in GATHERED and part is not None
 
 
 def selectors(layers) -> list[str]:
@@ -167,7 +172,7 @@ def _part(opts: RunOptions, kind: str, output) -> Part | None:
     """This process's :class:`~hookcli.run.launch.Part` of a shard folder that many write (``--part``, or what a
     launcher says), or None."""
     if opts.part is not None:
-        if kind not in ("folder", "default", "stats"):
+        if kind not in ("folder", "default", *GATHERED):
             raise UsageProblem(
                 "--part applies to a shard folder output (-o DIR/)", hint="the processes share the work of one folder"
             )
@@ -205,12 +210,12 @@ def _settings(command: str, opts: RunOptions):
         batch_size=opts.batch_size,
         workers=opts.workers,
         pool=opts.pool if extracting else None,
-        dtype=opts.dtype if command in ("extract", "grad") else "float32",  # statistics read float32 at least
+        dtype=opts.dtype if command in ("extract", "grad") else "float32",  # what gathers reads float32 at least
         on_error=opts.on_error,
         precision=opts.precision,
         memory_format=opts.memory_format,
         compile=opts.compile,
-        fuse=opts.fuse if command in ("extract", "stats") else False,
+        fuse=opts.fuse if command in ("extract", *GATHERED) else False,
         final_output=opts.detections or opts.flow,
     )
 

@@ -30,6 +30,8 @@ class StatsGathering:
         self.choice, self.prefix_tokens, self.square = choice, prefix_tokens, square
         self.layouts: dict[str, UnitLayout] = {}  # each key's, from the first rows seen (or a part's metadata)
 
+    fewest = 1  # rows a shard needs at least
+
     def start(self, number: int) -> GatheredStats:
         return GatheredStats(self, number)
 
@@ -80,6 +82,9 @@ class GatheredStats:
                 seed = self.number * 1009 + position
                 self.layers[key] = LayerStats(layout, self.gathering.choice, seed=seed, key=key)
             self.layers[key].update(value, rows)
+
+    def seal(self) -> None:
+        pass  # every batch is gathered as it comes
 
     def merge(self, other: GatheredStats) -> None:
         for key, layer in other.layers.items():

@@ -35,7 +35,7 @@ from typing import Protocol
 
 import torch
 
-from hookcli.errors import FeatureFileError, ImageError
+from hookcli.errors import FeatureFileError, ImageError, UsageProblem
 from hookcli.files import check_writable, hold_output, release_output
 from hookcli.inputs.archives import file_stamp, input_files, input_name
 from hookcli.storage import fileformat
@@ -58,15 +58,19 @@ def parts_folder(output: str | os.PathLike) -> Path:
     return Path(f"{os.fspath(output)}{PARTS_SUFFIX}")
 
 
-def stats_shard_size(inputs: int, batch_size: int) -> int:
-    """The shard size chosen when none is given: an eighth of the inputs, in whole batches. It never depends on
-    how many processes share the run, so that any number of them give the same file.
+def stats_shard_size(inputs: int, batch_size: int, fewest: int = 1) -> int:
+    """The shard size chosen when none is given: an eighth of the inputs, in whole batches, leaving no shard fewer
+    than ``fewest`` rows. It never depends on how many processes share the run, so that any number of them give the
+    same file.
 
-    >>> stats_shard_size(200, 16), stats_shard_size(10, 16), stats_shard_size(10**6, 64)
-    (32, 16, 125056)
+    >>> stats_shard_size(200, 16), stats_shard_size(10, 16), stats_shard_size(10**6, 64), stats_shard_size(6, 3, 4)
+    (32, 16, 125056, 6)
     """
     rows = max(-(-inputs // AUTO_SHARDS), 1)
-    return -(-rows // batch_size) * batch_size
+    size = -(-rows // batch_size) * batch_size
+    while size < inputs and (size < fewest or 0 < inputs % size < fewest):
+        size += batch_size
+    return size
 
 
 class Gathered(Protocol):
@@ -88,13 +92,20 @@ class Gathered(Protocol):
         """What a part's metadata says of it (JSON), to read its state back."""
         ...
 
+    def seal(self) -> None:
+        """The shard is complete: nothing more comes (what waits for more rows is gathered now)."""
+        ...
+
     def result(self, positions: torch.Tensor) -> dict[str, torch.Tensor]:
         """The output's tensors; ``positions`` gives each input's row in the output's ``inputs``."""
         ...
 
 
 class Gathering(Protocol):
-    """What a run gathers: each shard's :class:`Gathered`, and the output's metadata."""
+    """What a run gathers: each shard's :class:`Gathered`, and the output's metadata. ``fewest``: the rows a shard
+    needs at least."""
+
+    fewest: int
 
     def start(self, number: int) -> Gathered:
         """Shard ``number``'s gathering, empty."""
@@ -185,7 +196,15 @@ class GatheringWriter:
         return True  # whether any input had rows is known once the shards merge (finish says so)
 
     def begin(self, batch_size: int):
-        size = self.shard_size or stats_shard_size(len(self.paths), batch_size)
+        size = self.shard_size or stats_shard_size(len(self.paths), batch_size, self.gathering.fewest)
+        last = len(self.paths) % size
+        if size < len(self.paths) and 0 < last < self.gathering.fewest:
+            raise UsageProblem(
+                f"--shard-size {size} leaves the last shard {last} of {len(self.paths)} inputs, and this run needs "
+                f"{self.gathering.fewest} a shard at least",
+                hint=f"give --shard-size {stats_shard_size(len(self.paths), batch_size, self.gathering.fewest)}, "
+                "or leave it out",
+            )
         if self.path is None:
             self.size = size
             return (
@@ -258,6 +277,7 @@ class GatheringWriter:
         return self.paths[index] if self.source_files is not None else input_name(self.paths[index])
 
     def _finished(self, shard: _Shard, first: int, end: int) -> None:
+        shard.gathered.seal()
         if self.folder is None:
             if self.merged is None:
                 self.merged = shard

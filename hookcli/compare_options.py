@@ -1,0 +1,89 @@
+"""The options of ``hookcli compare`` that say how to compare, declared once as
+:data:`hookcli.options.RUN_OPTIONS` declares a run's (the model and input options of ``compare`` are those): the
+Click options, :class:`hookcli.statistics.comparison.CompareChoice` and its checks are made from
+:data:`COMPARE_OPTIONS`.
+
+>>> from hookcli.options import declared
+>>> declared("method", COMPARE_OPTIONS).choices, declared("rsa_rows", COMPARE_OPTIONS).high
+(('linear-cka', 'minibatch-cka', 'rsa'), 10000)
+"""
+
+from __future__ import annotations
+
+from hookcli.options import Option
+
+__all__ = ["COMPARE_OPTIONS", "COMPARE_POOLS", "DISTANCES", "RANKINGS", "SIMILARITIES"]
+
+#: What ``--method`` computes: exact linear CKA from running sums, the minibatch CKA estimator, or RSA.
+SIMILARITIES = ("linear-cka", "minibatch-cka", "rsa")
+#: How a representation is made of a layer's rows (``--pool``): each channel's mean or maximum over its
+#: positions, or the rows flattened whole.
+COMPARE_POOLS = ("avg", "max", "none")
+#: How an RDM tells rows apart (``--rsa-distance``), and how two RDMs are compared (``--rsa-compare``).
+DISTANCES = ("correlation", "euclidean")
+RANKINGS = ("spearman", "pearson", "kendall")
+
+_COMPARE = ("compare",)
+
+COMPARE_OPTIONS: tuple[Option, ...] = (
+    Option(
+        "method",
+        ("--method",),
+        "linear-cka: exact linear CKA from running sums (representations of up to 16,384 values); minibatch-cka: "
+        "the unbiased estimator averaged over the run's batches (maps taken whole); rsa: the RDMs of the first "
+        "--rsa-rows inputs, compared by rank correlation.",
+        _COMPARE,
+        kind="choice",
+        choices=SIMILARITIES,
+        default="linear-cka",
+        show_default=True,
+    ),
+    Option(
+        "pool",
+        ("--pool",),
+        "A representation: each channel's mean or maximum over its positions (tokens: over the patch tokens), "
+        "or the layer's output whole. [linear-cka and rsa: avg; minibatch-cka: none]",
+        _COMPARE,
+        kind="choice",
+        choices=COMPARE_POOLS,
+    ),
+    Option(
+        "rsa_rows",
+        ("--rsa-rows",),
+        "rsa: the inputs the RDMs are made of, the first N (an RDM holds N x N distances: 8 MB at 1,000).",
+        _COMPARE,
+        kind="int",
+        default=1000,
+        low=3,
+        high=10_000,
+        show_default=True,
+    ),
+    Option(
+        "rsa_distance",
+        ("--rsa-distance",),
+        "rsa: the distance of two inputs, 1 - the Pearson correlation of their representations, or Euclidean.",
+        _COMPARE,
+        kind="choice",
+        choices=DISTANCES,
+        default="correlation",
+        show_default=True,
+    ),
+    Option(
+        "rsa_compare",
+        ("--rsa-compare",),
+        "rsa: how two RDMs are compared, by the correlation of their upper triangles.",
+        _COMPARE,
+        kind="choice",
+        choices=RANKINGS,
+        default="spearman",
+        show_default=True,
+    ),
+    Option(
+        "save_rdms",
+        ("--save-rdms",),
+        "rsa: keep each RDM in the file too (rdm@<label>).",
+        _COMPARE,
+        kind="flag",
+        default=False,
+    ),  # fmt: skip
+)

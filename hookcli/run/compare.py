@@ -1,0 +1,239 @@
+"""``hookcli compare``: the similarity of every pair of representations, of saved features or of models run over
+the same images in one pass, gathered shard by shard into one comparison file.
+
+Saved features: one source (compared with itself) or two, checked to hold the
+same rows in the same order. Models: one (its layers against themselves) or
+two, each run as ``extract`` runs it over the same batches, nothing kept but the
+accumulators. Either way the batches go into a
+:class:`~hookcli.statistics.comparison.CompareGathering` through the writer
+every gathering run shares (:class:`~hookcli.statistics.writer.GatheringWriter`),
+so a comparison resumes after a kill and any number of processes share it.
+
+>>> photo = __import__("matplotlib.cbook").cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)
+>>> found = compare_models("resnet18", ["layer3", "layer4"], [photo] * 4, options={"weights": "none", "resize": 64})
+>>> found["linear-cka"].shape, json.loads(found.metadata["rows"])
+(torch.Size([2, 2]), ['layer3', 'layer4'])
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import json
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+
+import torch
+
+from hookcli.errors import UsageProblem
+from hookcli.events import Event, Note
+from hookcli.families import square_input
+from hookcli.options import SAVED_STATS_OPTIONS
+from hookcli.run.execute import carry_out
+from hookcli.run.options import refuse_unknown, run_options
+from hookcli.run.pipeline import iter_batches
+from hookcli.run.plan import RunPlan, plan_request
+from hookcli.run.request import request
+from hookcli.run.saved import SavedFeatures, open_saved, run_saved
+from hookcli.run.settings import Batch
+from hookcli.statistics.comparison import CompareChoice, CompareGathering
+from hookcli.statistics.similarity import MIN_BATCH
+from hookcli.statistics.writer import GatheringWriter
+from hookcli.storage.fileformat import identity
+
+__all__ = ["SAVED_RUN_OPTIONS", "SECOND", "compare_models", "compare_saved"]
+
+#: The run options a comparison of saved features takes: how to batch and share them out.
+SAVED_RUN_OPTIONS = tuple(name for name in SAVED_STATS_OPTIONS if name in ("batch_size", "force", "shard_size", "part"))
+#: How the second side's keys are told apart in a batch's features: ``2:<key>``.
+SECOND = "2:"
+
+
+def compare_saved(
+    features,
+    features2=None,
+    *,
+    keys: Sequence[str] | str = (),
+    keys2: Sequence[str] | str = (),
+    output=None,
+    choice: CompareChoice | None = None,
+    options: Mapping | None = None,
+    progress: Callable[[Event], None] | None = None,
+):
+    """Compare the tensors ``keys`` of saved ``features`` with the tensors ``keys2`` of ``features2`` (None: with
+    its own ``keys``, or ``keys2`` of the same source), each a path, ``-`` or a reader. ``options``: the batch
+    size, ``force``, ``shard_size`` and ``part`` (:data:`~hookcli.options.SAVED_STATS_OPTIONS`' run options)."""
+    given = dict(options or {})
+    refuse_unknown("compare", given, SAVED_RUN_OPTIONS)
+    opts = run_options("compare", given)
+    choice = choice or CompareChoice()
+    _check_batches(choice, opts.batch_size)
+    emit = progress or _ignore
+    with contextlib.ExitStack() as stack:
+        first = open_saved(stack, features, keys, emit)
+        if features2 is None and not keys2:
+            sources, second = [first], None
+        else:
+            other = open_saved(stack, features if features2 is None else features2, keys2, emit)
+            _check_same_rows(first, other)
+            sources, second = [first, other], [SECOND + key for key in other.keys]
+        gathering = CompareGathering(
+            choice,
+            first=first.keys,
+            second=second,
+            labels=(first.keys, sources[-1].keys),
+            prefix_tokens=(first.prefix_tokens, sources[-1].prefix_tokens),
+            square=(first.square, sources[-1].square),
+        )
+        entries = {
+            "compare": json.dumps(choice.identity()),
+            "compare_of": json.dumps([saved.describe() for saved in sources]),
+        }
+        found = run_saved(sources, gathering, entries, "compare", output, opts, emit)
+    _say_undefined(gathering, emit)
+    return found
+
+
+def _check_batches(choice: CompareChoice, batch_size: int) -> None:
+    """The minibatch estimator takes the run's batches: each must have the rows the unbiased HSIC needs."""
+    if choice.method == "minibatch-cka" and batch_size < MIN_BATCH:
+        raise UsageProblem(
+            f"minibatch-cka takes the run's batches, and a batch of {batch_size} rows is too few for the unbiased "
+            f"estimator ({MIN_BATCH} at least)",
+            hint=f"give --batch-size {MIN_BATCH} or more (the minibatch is the batch)",
+        )
+
+
+def _check_same_rows(first: SavedFeatures, second: SavedFeatures) -> None:
+    """Two sources are compared row by row: they must hold the same inputs in the same order."""
+    names = (first.reader.name, second.reader.name)
+    if len(first.names) != len(second.names):
+        raise UsageProblem(
+            f"'{names[0]}' holds {len(first.names)} rows and '{names[1]}' {len(second.names)}: a comparison "
+            "needs the same rows in both",
+            hint="extract both from the same inputs, in the same order",
+        )
+    differ = next((n for n, (a, b) in enumerate(zip(first.names, second.names)) if a != b), None)
+    if differ is not None:
+        raise UsageProblem(
+            f"'{names[0]}' and '{names[1]}' hold different rows: row {differ} is '{first.names[differ]}' in one "
+            f"and '{second.names[differ]}' in the other",
+            hint="extract both from the same inputs, in the same order",
+        )
+
+
+def compare_models(
+    model,
+    layers,
+    inputs,
+    model2=None,
+    layers2=None,
+    *,
+    output=None,
+    choice: CompareChoice | None = None,
+    options: Mapping | None = None,
+    progress: Callable[[Event], None] | None = None,
+):
+    """Compare ``layers`` of ``model`` with ``layers2`` of ``model2`` (None: with its own ``layers``, or
+    ``layers2`` of the same model) over ``inputs``, both run in one pass. ``options``: the run options of
+    ``extract`` that ``compare`` takes."""
+    choice = choice or CompareChoice()
+    given = dict(options or {})
+    asked = request("compare", model, layers, inputs, output=output, **given)
+    _check_batches(choice, asked.opts.batch_size)
+    one = plan_request(asked)
+    two = None
+    if model2 is not None or layers2 is not None:
+        # The second model runs beside the first, over the first's rows; the first's part says who computes what.
+        own = {name: value for name, value in given.items() if name not in ("part", "shard_size")}  # the first's
+        two = plan_request(
+            request("compare", model2 or model, layers2 or layers, inputs, output=None, rows=asked.rows, **own)
+        )
+    emit = progress or _ignore
+    with contextlib.closing(one.team) if one.team is not None else contextlib.nullcontext():
+        return _run_models(one, two, choice, emit)
+
+
+def _run_models(one: RunPlan, two: RunPlan | None, choice: CompareChoice, emit: Callable[[Event], None]):
+    first = list(one.layers.values())
+    second = None if two is None else [SECOND + key for key in two.layers.values()]
+    gathering = CompareGathering(
+        choice,
+        first=first,
+        second=second,
+        labels=(first, list((two or one).layers.values())),
+        prefix_tokens=(one.loaded.prefix_tokens, (two or one).loaded.prefix_tokens),
+        square=(square_input(one.settings.preprocess), square_input((two or one).settings.preprocess)),
+    )
+    entries = {"compare": json.dumps(choice.identity())}
+    if two is not None:
+        entries["compare_with"] = json.dumps(identity(dataclasses.replace(two.record, inputs=())))
+    record = dataclasses.replace(one.record, command={**one.record.command, **entries})
+    for text in one.notes + (two.notes if two is not None else ()):
+        emit(Note(text))
+    writer = GatheringWriter(
+        record,
+        one.inputs,
+        one.output.path,
+        gathering,
+        shard_size=one.shard_size,
+        force=one.force,
+        part=(one.part.index, one.part.count) if one.part is not None else (0, 1),
+        on_note=lambda text: emit(Note(text)),
+        team=one.team is not None,
+    )
+
+    def note(text: str) -> None:
+        emit(Note(text))
+
+    def batches(order: Iterable[list[int]]) -> Iterator[Batch]:
+        if two is None:
+            yield from iter_batches(one.loaded, one.layers, one.inputs, one.settings, forward=one.forward,
+                                    order=order, on_note=note)  # fmt: skip
+            return
+        mine, theirs = itertools.tee(order)
+        yield from map(
+            _together,
+            iter_batches(one.loaded, one.layers, one.inputs, one.settings, forward=one.forward, order=mine,
+                         on_note=note),
+            iter_batches(two.loaded, two.layers, two.inputs, two.settings, forward=two.forward, order=theirs,
+                         on_note=note),
+        )  # fmt: skip
+
+    result, _ = carry_out(
+        writer, batches, one.inputs, one.output.path, emit, note, batch_size=one.settings.batch_size, team=one.team
+    )
+    _say_undefined(gathering, emit)
+    return result
+
+
+def _say_undefined(gathering: CompareGathering, emit: Callable[[Event], None]) -> None:
+    """Name the representations whose similarities are undefined (NaN in the matrix)."""
+    for label in gathering.undefined:
+        emit(
+            Note(
+                f"'{label}' has no spread (every row alike, or values that are not finite): its similarities are "
+                "undefined, NaN in the file"
+            )
+        )
+
+
+def _together(first: Batch, second: Batch) -> Batch:
+    """One batch of both models: the rows both could read, the second's keys as ``2:<key>``."""
+    both = [index for index in first.indices if index in set(second.indices)]
+    failures = dict(first.failures)
+    failures.update((index, error) for index, error in second.failures if index not in failures)
+    features = {}
+    for batch, prefix in ((first, ""), (second, SECOND)):
+        keep = [batch.indices.index(index) for index in both]
+        features.update(
+            {
+                prefix + key: [value[n] for n in keep] if isinstance(value, list) else value[torch.tensor(keep)]
+                for key, value in batch.features.items()
+            }
+        )
+    return Batch(both, features, sorted(failures.items()), None, first.facts)
+
+
+def _ignore(event: Event) -> None:
+    pass

@@ -1,0 +1,252 @@
+"""What ``hookcli compare`` gathers: the representations of two sides (or of one, with itself) made from a batch's
+features, fed to the method's accumulator (:mod:`hookcli.statistics.similarity`) shard by shard, and the
+comparison file they make (:mod:`hookcli.storage.compare_format`).
+
+A representation is a key's rows pooled over their positions (``pool`` ``avg`` or ``max``, as the channels and
+positions of :class:`~hookcli.statistics.units.UnitLayout` say: the mean or maximum of each channel) or flattened
+whole (``none``). Each method has its default (:data:`DEFAULT_POOL`).
+
+>>> choice = CompareChoice(method="linear-cka")
+>>> gathering = CompareGathering(choice, first=["a", "b"], labels=(["a", "b"], ["a", "b"]))
+>>> shard = gathering.start(0)
+>>> x = torch.randn(6, 4, 3, 3)
+>>> shard.update({"a": x, "b": 2 * x}, torch.arange(6))
+>>> shard.seal()
+>>> [[round(v, 9) for v in row] for row in shard.result(torch.arange(6))["linear-cka"].tolist()]
+[[1.0, 1.0], [1.0, 1.0]]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from hookcli.compare_options import COMPARE_OPTIONS
+from hookcli.errors import CaptureError, UsageProblem
+from hookcli.options import check_value, declared_field
+from hookcli.statistics.similarity import (
+    MAX_WIDTH,
+    MIN_BATCH,
+    LinearCKA,
+    MinibatchCKA,
+    RSARows,
+    compare_rdms,
+    dissimilarities,
+    undefined,
+)
+from hookcli.statistics.units import UnitLayout
+from hookcli.storage.compare_format import CKA_STATE, RDM, compare_metadata
+
+__all__ = ["DEFAULT_POOL", "CompareChoice", "CompareGathering", "GatheredComparison"]
+
+#: How each method pools a representation unless told: linear CKA keeps a width-squared state and RSA a row of
+#: each representation, so both pool by the mean; the minibatch estimator takes maps whole.
+DEFAULT_POOL = {"linear-cka": "avg", "minibatch-cka": "none", "rsa": "avg"}
+
+
+@dataclass(frozen=True)
+class CompareChoice:
+    """How to compare, as ``hookcli compare``'s options say (:data:`hookcli.compare_options.COMPARE_OPTIONS`): the
+    ``method``, the ``pool`` (None: the method's :data:`DEFAULT_POOL`), and for ``rsa`` the rows its RDMs are made
+    of, their distance, how they are compared and whether they are kept in the file."""
+
+    method: str = declared_field("method", COMPARE_OPTIONS)
+    pool: str | None = declared_field("pool", COMPARE_OPTIONS)
+    rsa_rows: int = declared_field("rsa_rows", COMPARE_OPTIONS)
+    rsa_distance: str = declared_field("rsa_distance", COMPARE_OPTIONS)
+    rsa_compare: str = declared_field("rsa_compare", COMPARE_OPTIONS)
+    save_rdms: bool = declared_field("save_rdms", COMPARE_OPTIONS)
+
+    def __post_init__(self) -> None:
+        for option in COMPARE_OPTIONS:
+            check_value(option, getattr(self, option.name))
+        if self.pool is None:
+            object.__setattr__(self, "pool", DEFAULT_POOL[self.method])
+
+    def describe(self) -> dict:
+        """The settings a comparison file records (``settings``)."""
+        found: dict = {"pool": self.pool}
+        if self.method == "rsa":
+            found.update(rows=self.rsa_rows, distance=self.rsa_distance, ranking=self.rsa_compare)
+        if self.method == "minibatch-cka":
+            found["minibatch"] = f"the run's batches (at least {MIN_BATCH} rows)"
+        return found
+
+    def identity(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+class CompareGathering:
+    """Compares the keys ``first`` of a batch's features with the keys ``second`` (None: ``first`` with itself),
+    labelled ``labels`` (rows, columns) in the file. ``prefix_tokens`` and ``square`` say how a row's channels
+    are read (:class:`~hookcli.statistics.units.UnitLayout`)."""
+
+    def __init__(
+        self,
+        choice: CompareChoice,
+        *,
+        first: Sequence[str],
+        second: Sequence[str] | None = None,
+        labels: tuple[Sequence[str], Sequence[str]],
+        prefix_tokens: tuple[int | None, int | None] = (None, None),
+        square: tuple[bool, bool] = (False, False),
+    ) -> None:
+        self.choice, self.first, self.second = choice, list(first), None if second is None else list(second)
+        self.labels = (list(labels[0]), list(labels[1]))
+        self.prefix_tokens, self.square = prefix_tokens, square
+        self.layouts: dict[str, UnitLayout] = {}
+        self.undefined: list[str] = []
+
+    @property
+    def fewest(self) -> int:
+        """The fewest rows a shard may have: a minibatch's least."""
+        return MIN_BATCH if self.choice.method == "minibatch-cka" else 1
+
+    @property
+    def keys(self) -> list[str]:
+        return self.first + (self.second or [])
+
+    def start(self, number: int) -> GatheredComparison:
+        return GatheredComparison(self)
+
+    def read(self, state: Mapping[str, torch.Tensor], described: Mapping) -> GatheredComparison:
+        gathered = GatheredComparison(self)
+        own = {name.partition("/")[2]: value for name, value in state.items()}
+        rows, columns = len(self.first), len(self.second or self.first)
+        method, same = self.choice.method, self.second is None
+        if method == "linear-cka":
+            gathered.accumulator = LinearCKA.from_state(own, rows, columns, same=same)
+        elif method == "minibatch-cka":
+            gathered.accumulator = MinibatchCKA.from_state(own, rows, columns, same=same)
+        else:
+            gathered.accumulator = RSARows.from_state(own, len(self.keys), self.choice.rsa_rows)
+        return gathered
+
+    def representation(self, key: str, value, side: int) -> torch.Tensor:
+        """A key's rows as ``[n, d]``: pooled over their positions, or flattened."""
+        if isinstance(value, list):
+            raise CaptureError(
+                f"'{key}' has rows of their own shapes: a comparison needs every row of a representation in one shape",
+                hint="give the models inputs of one size (--resize and --crop), or choose other layers",
+            )
+        if self.choice.pool == "none":
+            flat = value.reshape(value.shape[0], -1)
+        else:
+            if key not in self.layouts:
+                self.layouts[key] = UnitLayout.of(
+                    value.shape[1:], prefix_tokens=self.prefix_tokens[side], channels_last=self.square[side], key=key
+                )
+            units = self.layouts[key].units(value)
+            flat = units.amax(dim=2) if self.choice.pool == "max" else units.to(torch.float64).mean(dim=2)
+        if self.choice.method == "linear-cka" and flat.shape[1] > MAX_WIDTH:
+            raise UsageProblem(
+                f"'{key}' gives {flat.shape[1]:,} values a row: linear CKA keeps the co-moments of at most "
+                f"{MAX_WIDTH:,} (a {MAX_WIDTH:,}² matrix)",
+                hint="pool it (--pool avg), or use --method minibatch-cka, which takes maps whole",
+            )
+        return flat
+
+    def metadata(self, run: Mapping[str, str], *, inputs: list, skipped: list, identity: Mapping) -> dict[str, str]:
+        return compare_metadata(
+            run,
+            method=self.choice.method,
+            rows=self.labels[0],
+            columns=self.labels[1],
+            settings=self.choice.describe(),
+            inputs=inputs,
+            skipped=skipped,
+            identity=identity,
+            same=self.second is None,
+            undefined=self.undefined,
+        )
+
+
+class GatheredComparison:
+    """What one shard (or several, merged) gathered for a comparison."""
+
+    def __init__(self, gathering: CompareGathering) -> None:
+        self.gathering = gathering
+        rows, columns = len(gathering.first), len(gathering.second or gathering.first)
+        method, same = gathering.choice.method, gathering.second is None
+        self.accumulator: LinearCKA | MinibatchCKA | RSARows
+        if method == "linear-cka":
+            self.accumulator = LinearCKA(rows, columns, same=same)
+        elif method == "minibatch-cka":
+            self.accumulator = MinibatchCKA(rows, columns, same=same)
+        else:
+            self.accumulator = RSARows(len(gathering.keys), gathering.choice.rsa_rows)
+        self.pending: list[torch.Tensor] | None = None  # minibatch-cka: the batch waiting for the next one
+
+    def _sides(self, representations: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        count = len(self.gathering.first)
+        return representations[:count], representations[count:]
+
+    def update(self, features: Mapping, rows: torch.Tensor) -> None:
+        gathering = self.gathering
+        representations = [
+            gathering.representation(key, features[key], 0 if n < len(gathering.first) else 1)
+            for n, key in enumerate(gathering.keys)
+        ]
+        if isinstance(self.accumulator, RSARows):
+            self.accumulator.update(representations, rows)
+        elif isinstance(self.accumulator, LinearCKA):
+            self.accumulator.update(*self._sides(representations))
+        else:
+            self._minibatch(representations)
+
+    def _minibatch(self, representations: list[torch.Tensor]) -> None:
+        """A batch of fewer than 4 rows (a shard's last, or one with inputs skipped) joins the one before it in its
+        shard (or the next, for a shard's first): the estimate is never NaN."""
+        assert isinstance(self.accumulator, MinibatchCKA), "a minibatch comparison's"
+        if self.pending is None:
+            self.pending = representations
+        elif min(self.pending[0].shape[0], representations[0].shape[0]) < MIN_BATCH:
+            self.pending = [torch.cat([a, b]) for a, b in zip(self.pending, representations)]
+        else:
+            self.accumulator.update(*self._sides(self.pending))
+            self.pending = representations
+
+    def seal(self) -> None:
+        if self.pending is None:
+            return
+        assert isinstance(self.accumulator, MinibatchCKA), "only minibatches wait"
+        if self.pending[0].shape[0] < MIN_BATCH:
+            raise UsageProblem(
+                f"a shard of {self.pending[0].shape[0]} rows: minibatch CKA needs batches of at least {MIN_BATCH}",
+                hint="choose a --shard-size and --batch-size that leave every shard 4 rows or more",
+            )
+        self.accumulator.update(*self._sides(self.pending))
+        self.pending = None
+
+    def merge(self, other: GatheredComparison) -> None:
+        self.accumulator.merge(other.accumulator)  # type: ignore[arg-type]  # one method's, like this one
+
+    def state(self) -> dict[str, torch.Tensor]:
+        return {f"{self.gathering.choice.method}/{name}": value for name, value in self.accumulator.state().items()}
+
+    def describe(self) -> dict:
+        return {"method": self.gathering.choice.method}
+
+    def result(self, positions: torch.Tensor) -> dict[str, torch.Tensor]:
+        gathering, choice = self.gathering, self.gathering.choice
+        found: dict[str, torch.Tensor] = {}
+        if isinstance(self.accumulator, RSARows):
+            matrices = [dissimilarities(rows, choice.rsa_distance) for rows in self.accumulator.matrices()]
+            first, second = self._sides(matrices)
+            second = second or first
+            found["rsa"] = torch.tensor(
+                [[compare_rdms(a, b, choice.rsa_compare) for b in second] for a in first], dtype=torch.float64
+            )
+            if choice.save_rdms:
+                labels = gathering.labels[0] + (gathering.labels[1] if gathering.second is not None else [])
+                found.update({f"{RDM}{label}": rdm.to(torch.float32) for label, rdm in zip(labels, matrices)})
+        else:
+            found[choice.method] = self.accumulator.result()
+            if isinstance(self.accumulator, LinearCKA):
+                state = self.accumulator.state()
+                found.update({name: state[name.partition("@")[2]] for name in CKA_STATE if self.accumulator.count})
+        gathering.undefined = undefined(found[choice.method], *gathering.labels)
+        return found

@@ -1,0 +1,289 @@
+"""How alike two sets of representations are, gathered a batch at a time: linear CKA from running sums, the
+minibatch CKA estimator, and representational similarity analysis.
+
+Each accumulator compares every representation of one side (``A`` of them,
+``[n, d_a]`` each, the same rows in the same order) with every one of the
+other (``B``), and merges with another over other rows:
+
+- :class:`LinearCKA` is exact linear CKA (Kornblith et al., 2019) in feature
+  space: ``‖XcᵀYc‖²_F / (‖XcᵀXc‖_F ‖YcᵀYc‖_F)`` from each pair's co-moment
+  ``XcᵀYc`` (``Xc``: ``X`` less its column means), kept in float64 and merged
+  by the pairwise update (a batch's deviations from its own means, then the
+  product of the differences of means), never from raw sums whose
+  cancellation loses small spreads. It holds ``(Σd_a + Σd_b)²`` numbers at
+  most: representations of up to :data:`MAX_WIDTH` values.
+- :class:`MinibatchCKA` is the estimator of Nguyen, Raghu and Kornblith (2021):
+  the unbiased HSIC of Song et al. (2012) of each minibatch's linear Gram
+  matrices, averaged over minibatches, then normalised. A minibatch needs 4
+  rows at least; what it holds is three sums a pair, whatever the width.
+- :class:`RSARows` keeps the first ``limit`` rows of each representation, from
+  which :func:`dissimilarities` makes each one's RDM (``1 − Pearson
+  correlation`` between rows, or their Euclidean distance) and
+  :func:`compare_rdms` compares their upper triangles by Spearman's, Pearson's
+  or Kendall's correlation.
+
+A representation with no spread (every row the same) has no CKA: its entries
+are NaN, and :func:`undefined` names them.
+
+>>> rng = torch.Generator().manual_seed(0)
+>>> x = torch.randn(50, 8, generator=rng, dtype=torch.float64)
+>>> cka = LinearCKA(2, 1)
+>>> cka.update([x, 3 * x], [x @ torch.linalg.qr(torch.randn(8, 8, generator=rng, dtype=torch.float64))[0]])
+>>> [round(v, 12) for v in cka.result()[:, 0].tolist()]
+[1.0, 1.0]
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import torch
+
+__all__ = [
+    "MAX_WIDTH",
+    "MIN_BATCH",
+    "LinearCKA",
+    "MinibatchCKA",
+    "RSARows",
+    "compare_rdms",
+    "dissimilarities",
+    "hsic_unbiased",
+    "undefined",
+]
+
+#: The widest representation linear CKA keeps the co-moments of (values a row): wider ones want ``minibatch-cka``
+#: or pooling.
+MAX_WIDTH = 16_384
+#: The fewest rows the unbiased HSIC is defined for.
+MIN_BATCH = 4
+
+_F64 = torch.float64
+
+
+class LinearCKA:
+    """Exact linear CKA of ``sides[0]`` representations against ``sides[1]`` (one side when ``same``: each
+    compared with each other), from running float64 co-moments (see the module)."""
+
+    def __init__(self, rows: int, columns: int, *, same: bool = False) -> None:
+        self.shape, self.same = (rows, columns), same
+        self.count = 0
+        self.mean: torch.Tensor | None = None  # every representation's column means, one after the other
+        self.comoment: torch.Tensor | None = None  # [D, D] over the columns of every representation
+        self.widths: list[int] = []
+
+    def update(self, first: Sequence[torch.Tensor], second: Sequence[torch.Tensor]) -> None:
+        """Add a batch: ``first`` (and ``second``) as ``[n, d]`` tensors, the same rows in each."""
+        joined = torch.cat([x.to(_F64) for x in (first if self.same else [*first, *second])], dim=1)
+        if self.mean is None:
+            self.widths = [x.shape[1] for x in (first if self.same else [*first, *second])]
+            self.mean = torch.zeros(joined.shape[1], dtype=_F64)
+            self.comoment = torch.zeros(joined.shape[1], joined.shape[1], dtype=_F64)
+        assert self.comoment is not None, "made with the means"
+        count, total = joined.shape[0], self.count + joined.shape[0]
+        mean = joined.mean(dim=0)
+        delta = mean - self.mean
+        rows = torch.cat([joined - mean, (delta * math.sqrt(self.count * count / total))[None]])
+        self.comoment.addmm_(rows.T, rows)  # the batch's co-moment and the means' correction, in one product
+        self.mean += delta * (count / total)
+        self.count = total
+
+    def merge(self, other: LinearCKA) -> None:
+        if not other.count:
+            return
+        if self.mean is None or self.comoment is None:
+            self.count, self.mean, self.comoment, self.widths = other.count, other.mean, other.comoment, other.widths
+            return
+        assert other.mean is not None and other.comoment is not None, "a count comes with its sums"
+        total = self.count + other.count
+        delta = other.mean - self.mean
+        self.comoment = self.comoment + other.comoment + torch.outer(delta, delta) * (self.count * other.count / total)
+        self.mean = self.mean + delta * (other.count / total)
+        self.count = total
+
+    def _blocks(self) -> list[slice]:
+        ends = np.cumsum([0, *self.widths])
+        return [slice(int(a), int(b)) for a, b in zip(ends[:-1], ends[1:])]
+
+    def result(self) -> torch.Tensor:
+        """CKA of each pair, float64 ``[A, B]`` (NaN where a representation has no spread)."""
+        rows, columns = self.shape
+        if self.comoment is None:
+            return torch.full(self.shape, float("nan"), dtype=_F64)
+        blocks = self._blocks()
+        second = blocks if self.same else blocks[rows:]
+        norms = [torch.linalg.matrix_norm(self.comoment[b, b]) for b in blocks]
+        second_norms = norms if self.same else norms[rows:]
+        found = torch.empty(self.shape, dtype=_F64)
+        for i in range(rows):
+            for j in range(columns):
+                cross = self.comoment[blocks[i], second[j]]
+                found[i, j] = (cross * cross).sum() / (norms[i] * second_norms[j])
+        return found
+
+    def state(self) -> dict[str, torch.Tensor]:
+        if self.comoment is None or self.mean is None:
+            return {"count": torch.tensor(0, dtype=torch.int64)}
+        return {
+            "count": torch.tensor(self.count, dtype=torch.int64),
+            "widths": torch.tensor(self.widths, dtype=torch.int64),
+            "mean": self.mean,
+            "comoment": self.comoment,
+        }
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, torch.Tensor], rows: int, columns: int, *, same: bool) -> LinearCKA:
+        made = cls(rows, columns, same=same)
+        made.count = int(state["count"])
+        if made.count:
+            made.widths = [int(n) for n in state["widths"].tolist()]
+            made.mean, made.comoment = state["mean"].to(_F64), state["comoment"].to(_F64)
+            if sum(made.widths) != made.mean.shape[0] or made.comoment.shape != (made.mean.shape[0],) * 2:
+                raise ValueError("its widths, means and co-moments disagree")
+        return made
+
+
+def hsic_unbiased(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
+    """The unbiased HSIC (Song et al., 2012) of two ``[m, m]`` Gram matrices, ``m`` ≥ 4, in float64."""
+    m = first.shape[0]
+    k = first.to(_F64).clone()
+    ell = second.to(_F64).clone()
+    k.fill_diagonal_(0)
+    ell.fill_diagonal_(0)
+    ones_k, ones_l = k.sum(dim=1), ell.sum(dim=1)
+    trace = (k * ell).sum()
+    return (trace + ones_k.sum() * ones_l.sum() / ((m - 1) * (m - 2)) - 2 * (ones_k @ ones_l) / (m - 2)) / (m * (m - 3))
+
+
+class MinibatchCKA:
+    """The minibatch CKA estimator of ``rows`` representations against ``columns`` (see the module): sums over
+    minibatches of each pair's unbiased HSIC and of each representation's with itself."""
+
+    def __init__(self, rows: int, columns: int, *, same: bool = False) -> None:
+        self.shape, self.same = (rows, columns), same
+        self.batches = 0
+        self.cross = torch.zeros(rows, columns, dtype=_F64)
+        self.first = torch.zeros(rows, dtype=_F64)
+        self.second = torch.zeros(columns, dtype=_F64)
+
+    def update(self, first: Sequence[torch.Tensor], second: Sequence[torch.Tensor]) -> None:
+        """Add a minibatch of at least :data:`MIN_BATCH` rows (the caller makes them so)."""
+        size = first[0].shape[0]
+        if size < MIN_BATCH:
+            raise ValueError(f"a minibatch of {size} rows: the unbiased HSIC takes {MIN_BATCH} at least")
+        grams = [self._gram(x) for x in first]
+        others = grams if self.same else [self._gram(y) for y in second]
+        own = torch.stack([hsic_unbiased(g, g) for g in grams])
+        self.first += own
+        self.second += own if self.same else torch.stack([hsic_unbiased(g, g) for g in others])
+        self.cross += torch.stack([torch.stack([hsic_unbiased(g, h) for h in others]) for g in grams])
+        self.batches += 1
+
+    @staticmethod
+    def _gram(x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(x.shape[0], -1).to(_F64)
+        return flat @ flat.T
+
+    def merge(self, other: MinibatchCKA) -> None:
+        self.batches += other.batches
+        self.cross += other.cross
+        self.first += other.first
+        self.second += other.second
+
+    def result(self) -> torch.Tensor:
+        """The estimate of each pair, float64 ``[A, B]`` (NaN where a representation has no spread)."""
+        if not self.batches:
+            return torch.full(self.shape, float("nan"), dtype=_F64)
+        scale = torch.sqrt(self.first[:, None] * self.second[None, :])
+        return torch.where(scale > 0, self.cross / scale, torch.full_like(scale, float("nan")))
+
+    def state(self) -> dict[str, torch.Tensor]:
+        return {
+            "batches": torch.tensor(self.batches, dtype=torch.int64),
+            "cross": self.cross,
+            "first": self.first,
+            "second": self.second,
+        }
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, torch.Tensor], rows: int, columns: int, *, same: bool) -> MinibatchCKA:
+        made = cls(rows, columns, same=same)
+        made.batches = int(state["batches"])
+        made.cross, made.first, made.second = (state[n].to(_F64) for n in ("cross", "first", "second"))
+        if made.cross.shape != (rows, columns) or made.first.shape != (rows,) or made.second.shape != (columns,):
+            raise ValueError("its sums do not have the comparison's shape")
+        return made
+
+
+class RSARows:
+    """The first ``limit`` rows of each representation, by row number, in float64, for RDMs made at the end."""
+
+    def __init__(self, count: int, limit: int) -> None:
+        self.count, self.limit = count, limit
+        self.rows: list[list[torch.Tensor]] = [[] for _ in range(count)]
+        self.kept = 0
+
+    def update(self, representations: Sequence[torch.Tensor], rows: torch.Tensor) -> None:
+        wanted = int((rows < self.limit).sum())  # rows come in order: the first ones are those below the limit
+        if wanted:
+            for kept, x in zip(self.rows, representations):
+                kept.append(x[:wanted].reshape(wanted, -1).to(_F64))
+            self.kept += wanted
+
+    def merge(self, other: RSARows) -> None:
+        for kept, more in zip(self.rows, other.rows):
+            kept.extend(more)
+        self.kept += other.kept
+
+    def matrices(self) -> list[torch.Tensor]:
+        return [torch.cat(kept) if kept else torch.empty(0, 0) for kept in self.rows]
+
+    def state(self) -> dict[str, torch.Tensor]:
+        return {str(number): matrix for number, matrix in enumerate(self.matrices())}
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, torch.Tensor], count: int, limit: int) -> RSARows:
+        made = cls(count, limit)
+        for number in range(count):
+            matrix = state[str(number)].to(_F64)
+            if matrix.numel():
+                made.rows[number].append(matrix)
+        made.kept = made.rows[0][0].shape[0] if made.rows and made.rows[0] else 0
+        return made
+
+
+def dissimilarities(rows: torch.Tensor, distance: str = "correlation") -> torch.Tensor:
+    """The RDM of ``rows`` ``[r, d]``: ``1 −`` the Pearson correlation of each pair of rows, or their Euclidean
+    distance; float64 ``[r, r]``. A row with no spread has no correlation: NaN."""
+    x = rows.to(_F64).reshape(rows.shape[0], -1)
+    if distance == "euclidean":
+        return torch.cdist(x, x).fill_diagonal_(0)
+    centred = x - x.mean(dim=1, keepdim=True)
+    norms = centred.norm(dim=1)
+    scaled = centred / norms[:, None]
+    return (1 - scaled @ scaled.T).fill_diagonal_(0)
+
+
+def compare_rdms(first: torch.Tensor, second: torch.Tensor, ranking: str = "spearman") -> float:
+    """How alike two RDMs are: Spearman's, Pearson's or Kendall's (tau-b) correlation of their upper triangles
+    (the diagonal left out)."""
+    from scipy import stats  # the statistics of ranks, loaded when RDMs are compared
+
+    upper = torch.triu_indices(first.shape[0], first.shape[0], offset=1)
+    a, b = first[upper[0], upper[1]].numpy(), second[upper[0], upper[1]].numpy()
+    if not np.isfinite(a).all() or not np.isfinite(b).all() or a.std() == 0 or b.std() == 0:
+        return float("nan")
+    if ranking == "pearson":
+        return float(stats.pearsonr(a, b).statistic)
+    if ranking == "kendall":
+        return float(stats.kendalltau(a, b).statistic)
+    return float(stats.spearmanr(a, b).statistic)
+
+
+def undefined(result: torch.Tensor, first: Sequence[str], second: Sequence[str]) -> list[str]:
+    """The representations whose row or column of ``result`` is NaN: those with no spread."""
+    nan = torch.isnan(result)
+    return [first[i] for i in range(len(first)) if nan[i].all()] + [
+        second[j] for j in range(len(second)) if nan[:, j].all() and second[j] not in first
+    ]

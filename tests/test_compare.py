@@ -1,0 +1,220 @@
+"""hookcli compare: each method against a direct float64 implementation on the same features (linear CKA as
+Kornblith et al. write it, the minibatch estimator of Nguyen et al., RSA with scipy), its invariances, the same
+file from one process and several, and what it refuses."""
+
+import hashlib
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+from scipy.spatial.distance import pdist, squareform
+
+import hookcli
+from hookcli.cli import main
+from hookcli.statistics.similarity import hsic_unbiased
+from hookcli.storage.features import Features
+from hookcli.storage.shards import open_features
+
+ROWS = 24
+
+
+def _features(seed=0, rows=ROWS):
+    """Saved features in memory: maps, tokens and vectors, one related to another by a rotation and a scale."""
+    rng = np.random.default_rng(seed)
+    maps = rng.normal(size=(rows, 6, 3, 3)).astype(np.float32) + rng.normal(size=(1, 6, 1, 1)).astype(np.float32)
+    vectors = rng.normal(size=(rows, 5)).astype(np.float32) * np.array([1, 2, 3, 4, 100], dtype=np.float32)
+    rotation = np.linalg.qr(rng.normal(size=(6, 6)))[0]
+    turned = maps.astype(np.float64).mean(axis=(2, 3)) @ rotation * 7  # an orthogonal map and a scale of "maps"
+    inputs = [f"/photos/{n:03d}.jpg" for n in range(rows)]
+    tensors = {"maps": torch.from_numpy(maps), "vectors": torch.from_numpy(vectors), "turned": torch.from_numpy(turned)}
+    return Features(tensors, {"inputs": json.dumps(inputs), "model": "m"})
+
+
+def _pooled(features, key):
+    values = np.asarray(features[key], dtype=np.float64)
+    return values.reshape(len(values), values.shape[1], -1).mean(axis=2) if values.ndim > 2 else values
+
+
+def _linear_cka(x, y):
+    """Kornblith et al. (2019), feature space: ‖YᵀX‖²_F / (‖XᵀX‖_F ‖YᵀY‖_F) of centred X, Y."""
+    x, y = x - x.mean(axis=0), y - y.mean(axis=0)
+    return np.linalg.norm(y.T @ x) ** 2 / (np.linalg.norm(x.T @ x) * np.linalg.norm(y.T @ y))
+
+
+KEYS = ["maps", "turned", "vectors"]  # as the reader orders them
+
+
+def test_linear_cka_equals_kornblith_feature_space_cka_and_keeps_its_invariances():
+    features = _features()
+    found = hookcli.compare(features=features, batch_size=5, shard_size=10)
+    assert json.loads(found.metadata["rows"]) == KEYS and json.loads(found.metadata["columns"]) == KEYS
+    pooled = {key: _pooled(features, key) for key in KEYS}
+    expected = np.array([[_linear_cka(pooled[a], pooled[b]) for b in KEYS] for a in KEYS])
+    np.testing.assert_allclose(found["linear-cka"].numpy(), expected, rtol=1e-9, atol=1e-12)
+    assert np.abs(np.diag(found["linear-cka"].numpy()) - 1).max() < 1e-12
+    # An orthogonal transform and an isotropic scale leave CKA as it was.
+    assert abs(float(found["linear-cka"][0, 1]) - 1) < 1e-9
+    assert abs(float(found["linear-cka"][0, 2]) - float(found["linear-cka"][1, 2])) < 1e-9
+    assert found["linear-cka@count"].item() == ROWS and found["linear-cka@widths"].tolist() == [6, 6, 5]
+
+
+def test_the_minibatch_estimator_equals_nguyen_et_al_on_the_same_batches():
+    features = _features(1)
+    found = hookcli.compare(features=features, keys=["maps", "vectors"], keys2=["turned"], method="minibatch-cka",
+                            batch_size=5, shard_size=10)  # fmt: skip
+    # Batches: 0-4, 5-9 | 10-14, 15-19 | 20-23 (each shard's, whole maps flattened).
+    batches = [range(0, 5), range(5, 10), range(10, 15), range(15, 20), range(20, 24)]
+
+    def flat(key):
+        values = np.asarray(features[key], dtype=np.float64)
+        return values.reshape(len(values), -1)
+
+    def hsic(k, ell):
+        n = len(k)
+        k, ell = k.copy(), ell.copy()
+        np.fill_diagonal(k, 0)
+        np.fill_diagonal(ell, 0)
+        ones = np.ones(n)
+        return (
+            np.trace(k @ ell)
+            + (ones @ k @ ones) * (ones @ ell @ ones) / ((n - 1) * (n - 2))
+            - 2 / (n - 2) * ones @ k @ ell @ ones
+        ) / (n * (n - 3))
+
+    def estimate(a, b):
+        x, y = flat(a), flat(b)
+        grams = [(x[list(r)] @ x[list(r)].T, y[list(r)] @ y[list(r)].T) for r in batches]
+        cross = np.mean([hsic(k, ell) for k, ell in grams])
+        return cross / np.sqrt(np.mean([hsic(k, k) for k, _ in grams]) * np.mean([hsic(ell, ell) for _, ell in grams]))
+
+    expected = np.array([[estimate("maps", "turned")], [estimate("vectors", "turned")]])
+    np.testing.assert_allclose(found["minibatch-cka"].numpy(), expected, rtol=1e-9)
+    a, b = torch.randn(6, 3, dtype=torch.float64), torch.randn(6, 9, dtype=torch.float64)
+    assert abs(float(hsic_unbiased(a @ a.T, b @ b.T)) - hsic((a @ a.T).numpy(), (b @ b.T).numpy())) < 1e-12
+
+
+@pytest.mark.parametrize("distance", ["correlation", "euclidean"])
+@pytest.mark.parametrize("ranking", ["spearman", "pearson", "kendall"])
+def test_rsa_equals_scipy_on_the_same_rows(distance, ranking):
+    features = _features(2)
+    found = hookcli.compare(features=features, method="rsa", rsa_rows=15, rsa_distance=distance, rsa_compare=ranking,
+                            save_rdms=True, batch_size=4, shard_size=8)  # fmt: skip
+    rdms = {}
+    for key in KEYS:
+        rows = _pooled(features, key)[:15]
+        rdms[key] = squareform(pdist(rows, "correlation" if distance == "correlation" else "euclidean"))
+        np.testing.assert_allclose(found[f"rdm@{key}"].numpy(), rdms[key], rtol=1e-5, atol=1e-5)
+    upper = np.triu_indices(15, 1)
+    measure = {"spearman": stats.spearmanr, "pearson": stats.pearsonr, "kendall": stats.kendalltau}[ranking]
+    expected = [[measure(rdms[a][upper], rdms[b][upper]).statistic for b in KEYS] for a in KEYS]
+    np.testing.assert_allclose(found["rsa"].numpy(), expected, rtol=1e-9, atol=1e-12)
+    assert json.loads(found.metadata["settings"]) == {
+        "pool": "avg",
+        "rows": 15,
+        "distance": distance,
+        "ranking": ranking,
+    }
+
+
+def test_a_representation_without_spread_has_no_cka_and_a_note_says_so():
+    features = _features(3)
+    constant = Features({**{k: features[k] for k in KEYS}, "flat": torch.ones(ROWS, 4)}, features.metadata)
+    heard = []
+    found = hookcli.compare(features=constant, progress=heard.append)
+    flat = json.loads(found.metadata["rows"]).index("flat")
+    assert torch.isnan(found["linear-cka"][flat]).all() and torch.isnan(found["linear-cka"][:, flat]).all()
+    others = [n for n in range(4) if n != flat]
+    assert not torch.isnan(found["linear-cka"][others][:, others]).any()
+    assert json.loads(found.metadata["undefined"]) == ["flat"]
+    assert any("'flat' has no spread" in getattr(event, "text", "") for event in heard), heard
+
+
+def test_sources_with_other_rows_or_another_order_are_refused(runner, tmp_path):
+    features = _features()
+    metadata = dict(features.metadata)
+    path = tmp_path / "a.safetensors"
+    from safetensors.torch import save_file
+
+    save_file({key: features[key].contiguous() for key in KEYS}, str(path), metadata=metadata)
+    shuffled = json.loads(metadata["inputs"])
+    shuffled[3], shuffled[4] = shuffled[4], shuffled[3]
+    other = tmp_path / "b.safetensors"
+    save_file(
+        {key: features[key].contiguous() for key in KEYS},
+        str(other),
+        metadata={**metadata, "inputs": json.dumps(shuffled)},
+    )
+    done = runner.invoke(main, ["compare", str(path), str(other), "-o", str(tmp_path / "c.safetensors")])
+    assert done.exit_code == 2
+    assert done.output == (
+        f"Error: '{path}' and '{other}' hold different rows: row 3 is '/photos/003.jpg' in one and '/photos/004.jpg' "
+        "in the other. Hint: extract both from the same inputs, in the same order\n"
+    )
+    shorter = tmp_path / "s.safetensors"
+    save_file({key: features[key][:10].contiguous() for key in KEYS}, str(shorter),
+              metadata={**metadata, "inputs": json.dumps(json.loads(metadata["inputs"])[:10])})  # fmt: skip
+    done = runner.invoke(main, ["compare", str(path), str(shorter)])
+    assert done.exit_code == 2 and f"'{path}' holds 24 rows and '{shorter}' 10" in done.output
+
+
+def _digest(path) -> str:
+    return hashlib.sha256(open(path, "rb").read()).hexdigest()
+
+
+def test_models_compared_in_one_pass_by_one_process_and_by_parts(runner, tmp_path, make_image):
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    inputs = [str(make_image(folder / f"{i:02d}.png", size=(44, 40), seed=i)) for i in range(12)]
+    args = ["compare", "-m", "resnet18", "-w", "none", "-l", "layer3", "-l", "layer4", "--model2", "resnet34",
+            "--layer2", "layer4", "--resize", "40", "--crop", "32", "-b", "4", "--shard-size", "4", "-q"]  # fmt: skip
+    one = tmp_path / "one.safetensors"
+    done = runner.invoke(main, [*args, "-o", str(one), *inputs])
+    assert done.exit_code == 0, done.output
+    with open_features(one) as found:
+        assert json.loads(found.metadata["rows"]) == ["layer3", "layer4"]
+        assert json.loads(found.metadata["columns"]) == ["layer4"]
+        assert found.shape("linear-cka") == [2, 1] and 0 < float(found["linear-cka"][1, 0]) <= 1
+    two = tmp_path / "two.safetensors"
+    runs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "hookcli", *args, "--part", f"{k}/2", "-o", str(two), *inputs],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        for k in (1, 2)
+    ]
+    results = [(run.wait(timeout=300), run.stdout.read(), run.stderr.read()) for run in runs]
+    assert [code for code, _, _ in results] == [0, 0], results
+    assert _digest(two) == _digest(one)
+    # The same two models' features saved first, then compared: the same matrix.
+    for model, layers, name in (("resnet18", ["layer3", "layer4"], "a"), ("resnet34", ["layer4"], "b")):
+        extract = ["extract", "-m", model, "-w", "none", *(x for layer in layers for x in ("-l", layer)), "--resize",
+                   "40", "--crop", "32", "-q", "-o", str(tmp_path / f"{name}.safetensors"), *inputs]  # fmt: skip
+        assert runner.invoke(main, extract).exit_code == 0
+    saved = hookcli.compare(features=str(tmp_path / "a.safetensors"), features2=str(tmp_path / "b.safetensors"),
+                            batch_size=4, shard_size=4)  # fmt: skip
+    with open_features(one) as found:
+        np.testing.assert_allclose(saved["linear-cka"].numpy(), found["linear-cka"], rtol=1e-12)
+
+
+def test_what_compare_refuses_before_any_work(runner, tmp_path, make_image):
+    image = str(make_image(tmp_path / "a.png"))
+    model = ["compare", "-m", "resnet18", "-w", "none", "-q"]
+    cases = [
+        ([*model, image], "Error: --layer is needed with --model (repeat it for more layers)"),
+        ([*model, "-l", "fc", "-k", "x", image], "Error: -k and --key2 choose tensors of saved features"),
+        ([*model, "-l", "fc", "--method", "minibatch-cka", "-b", "3", image],
+         "Error: minibatch-cka takes the run's batches, and a batch of 3 rows is too few"),
+        ([*model, "-l", "fc", "-o", "-", image], "Error: compare writes a file (its parts are kept beside it"),
+        ([*model, "-l", "fc", "--method", "cka", image], "Error: Invalid value for '--method'"),
+        (["compare", image, image, image], "Error: give one or two sources of saved features"),
+        (["compare", image, "--crop", "3"], "Error: --crop applies when --model runs a model"),
+    ]  # fmt: skip
+    for args, message in cases:
+        done = runner.invoke(main, args)
+        assert done.exit_code == 2 and message in done.output and "Traceback" not in done.output, (args, done.output)
