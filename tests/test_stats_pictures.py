@@ -1,0 +1,282 @@
+"""Statistics files (hookcli stats) read back: the checks a crafted file meets before anything is drawn or printed,
+and info on a statistics file."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from safetensors import safe_open
+from safetensors.numpy import load_file, save_file
+
+import hookcli
+from hookcli.cli import main
+from hookcli.errors import FeatureFileError
+from hookcli.storage.shards import open_features
+from hookcli.storage.stats_file import read_stats
+
+SMALL = {"weights": "none", "resize": 64, "crop": 64}
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory) -> list[Path]:
+    """Grace Hopper, a gradient and a checkerboard."""
+    import matplotlib.cbook
+
+    where = tmp_path_factory.mktemp("photos")
+    ramp = np.linspace(0, 255, 48, dtype=np.uint8)
+    Image.fromarray(np.stack([np.tile(ramp, (40, 1))] * 3, axis=2)).save(where / "gradient.png")
+    squares = (np.indices((40, 48)) // 8).sum(axis=0) % 2 * 255
+    Image.fromarray(squares.astype(np.uint8)).convert("RGB").save(where / "squares.png")
+    photo = Path(matplotlib.cbook.get_sample_data("grace_hopper.jpg", asfileobj=False))
+    return [photo, where / "gradient.png", where / "squares.png"]
+
+
+@pytest.fixture(scope="module")
+def stats_file(tmp_path_factory, inputs) -> Path:
+    """resnet18 at 64 px over three inputs: layer3 (256 maps of 4x4) and fc (1,000 values), three examples each."""
+    path = tmp_path_factory.mktemp("stats") / "stats.safetensors"
+    return hookcli.stats("resnet18", ["layer3", "fc"], inputs, output=path, top=3, **SMALL)
+
+
+def _crafted(source: Path, path: Path, change) -> Path:
+    """A copy of ``source`` with ``change(tensors, metadata)`` made to it, written by safetensors itself."""
+    tensors = load_file(source)
+    with safe_open(source, "np") as opened:
+        metadata = opened.metadata()
+    change(tensors, metadata)
+    save_file(tensors, str(path), metadata=metadata)
+    return path
+
+
+def _units(change):
+    def crafted(tensors, metadata):
+        units = json.loads(metadata["units"])
+        change(units)
+        metadata["units"] = json.dumps(units)
+
+    return crafted
+
+
+def _set(key, value):
+    def crafted(tensors, metadata):
+        tensors[key] = value(tensors[key])
+
+    return crafted
+
+
+def _entry(name, value):
+    def crafted(tensors, metadata):
+        if value is None:
+            del metadata[name]
+        else:
+            metadata[name] = value
+
+    return crafted
+
+
+def _put(array, where, value):
+    array = array.copy()
+    array[where] = value
+    return array
+
+
+DAMAGED = "'crafted.safetensors' is a damaged statistics file"
+REWRITE = "Hint: write it again with hookcli stats"
+
+CRAFTED = {
+    "format 3": (
+        _entry("format", "3"),
+        "'crafted.safetensors' is a statistics file that is of format \"3\", and this hookcli reads format 4. Hint: "
+        "read it with the hookcli that wrote it, or compute the statistics again with hookcli stats",
+    ),
+    "no format": (
+        _entry("format", None),
+        "'crafted.safetensors' is a statistics file that gives no format, and this hookcli reads format 4. Hint: "
+        "read it with the hookcli that wrote it, or compute the statistics again with hookcli stats",
+    ),
+    "a field missing": (
+        lambda tensors, metadata: tensors.pop("layer3@top_rows"),
+        f"{DAMAGED}: 'layer3@top_rows' is missing. {REWRITE}",
+    ),
+    "a dtype": (
+        _set("layer3@mean", lambda mean: mean.astype(np.float32)),
+        f"{DAMAGED}: 'layer3@mean' holds F32 values, not F64. {REWRITE}",
+    ),
+    "a shape": (
+        _set("layer3@std", lambda std: std[:255]),
+        f"{DAMAGED}: 'layer3@std' has shape [255], not [256] (256 channels). {REWRITE}",
+    ),
+    "the maps' shape": (
+        _set("layer3@top_maps", lambda maps: maps[..., :3]),
+        f"{DAMAGED}: 'layer3@top_maps' has shape [256, 3, 4, 3], not [256, 3, 4, 4] (256 channels, 3 examples, "
+        f"positions [4, 4]). {REWRITE}",
+    ),
+    "the examples' shape": (
+        _set("fc@top_values", lambda values: values[:, 0]),
+        f"{DAMAGED}: 'fc@top_values' has shape [1000], not [1000, K] (1000 channels, K examples each). {REWRITE}",
+    ),
+    "a negative count": (
+        _set("layer3@count", lambda count: np.array(-5, dtype=np.int64)),
+        f"{DAMAGED}: 'layer3@count' is -5, and a count is never negative. {REWRITE}",
+    ),
+    "a row past the inputs": (
+        _set("fc@top_rows", lambda rows: _put(rows, (7, 2), 3)),
+        f"{DAMAGED}: 'fc@top_rows' names row 3 (channel 7, example 2), and the file lists 3 inputs. {REWRITE}",
+    ),
+    "a negative row": (
+        _set("layer3@top_rows", lambda rows: _put(rows, (0, 0), -1)),
+        f"{DAMAGED}: 'layer3@top_rows' names row -1 (channel 0, example 0), and the file lists 3 inputs. {REWRITE}",
+    ),
+    "a position outside the maps": (
+        _set("layer3@top_at", lambda at: _put(at, (200, 1), [4, 0])),
+        f"{DAMAGED}: 'layer3@top_at' puts example 1 of channel 200 at [4, 0], outside its positions [4, 4]. {REWRITE}",
+    ),
+    "quantile levels": (
+        _entry("stats", json.dumps({"top": 3, "top_by": "max", "quantiles": [0.5, 0.99], "pca": True})),
+        f"{DAMAGED}: 'layer3@quantiles' has 3 quantiles a channel, and its 'stats' metadata lists 2 levels. {REWRITE}",
+    ),
+    "quantile levels past 1": (
+        _entry("stats", json.dumps({"top": 3, "top_by": "max", "quantiles": [0.5, 2, 0.995], "pca": True})),
+        f"{DAMAGED}: its 'stats' metadata gives no 'quantiles' levels between 0 and 1. {REWRITE}",
+    ),
+    "no pca flag": (
+        _entry("stats", json.dumps({"top": 3, "top_by": "max", "quantiles": [0.5, 0.99, 0.995]})),
+        f"{DAMAGED}: its 'stats' metadata does not say whether it holds PCA ('pca': true or false). {REWRITE}",
+    ),
+    "no units": (_entry("units", None), f"{DAMAGED}: it has no 'units' metadata. {REWRITE}"),
+    "units not JSON": (
+        _entry("units", "{layer3"),
+        f"{DAMAGED}: its 'units' metadata is not an object of each layer key's units. {REWRITE}",
+    ),
+    "a units entry missing": (
+        _units(lambda units: units.pop("fc")),
+        f"{DAMAGED}: 'fc@count' is not a field of a layer its 'units' metadata describes. {REWRITE}",
+    ),
+    "a units entry without its layout": (
+        _units(lambda units: units["layer3"].pop("layout")),
+        f"{DAMAGED}: its 'units' entry of 'layer3' has no 'layout'. {REWRITE}",
+    ),
+    "an unknown layout": (
+        _units(lambda units: units["fc"].update(layout="grid")),
+        f"{DAMAGED}: its 'units' entry of 'fc' has layout \"grid\", not one of maps, channels_last, tokens, flat. "
+        f"{REWRITE}",
+    ),
+    "channels as text": (
+        _units(lambda units: units["fc"].update(channels="1000")),
+        f"{DAMAGED}: its 'units' entry of 'fc' gives 'channels' or 'skip' that is not a whole number (channels at "
+        f"least 1). {REWRITE}",
+    ),
+    "units that do not add up": (
+        _units(lambda units: units["layer3"].update(spatial=[4, 5])),
+        f"{DAMAGED}: its 'units' entry of 'layer3' does not add up: 256 channels over positions [4, 5] (skip 0) laid "
+        f"out as maps are not rows of [256, 4, 4]. {REWRITE}",
+    ),
+    "positions for a flat layer": (
+        lambda tensors, metadata: tensors.update({"fc@top_at": np.zeros((1000, 3, 1), dtype=np.int64)}),
+        f"{DAMAGED}: 'fc@top_at' is not one of the fields of layer 'fc' (count, mean, std, min, max, zeros, "
+        f"quantiles, top_values, top_rows, top_maps, cov, pca_values, pca_vectors). {REWRITE}",
+    ),
+    "inputs that are not a list": (
+        _entry("inputs", '{"a": 1}'),
+        f"{DAMAGED}: its 'inputs' metadata is not a list of input paths. {REWRITE}",
+    ),
+}
+
+
+@pytest.mark.parametrize("command", ["info"])
+@pytest.mark.parametrize("case", CRAFTED)
+def test_a_crafted_statistics_file_is_refused_with_one_line_naming_what_is_wrong(
+    runner, stats_file, tmp_path, monkeypatch, command, case
+):
+    change, message = CRAFTED[case]
+    monkeypatch.chdir(tmp_path)
+    _crafted(stats_file, tmp_path / "crafted.safetensors", change)
+    result = runner.invoke(main, [command, "crafted.safetensors", "-o", "out"][: 2 if command == "info" else 4])
+    assert (result.exit_code, result.stderr) == (2, f"Error: {message}\n")
+    assert result.stdout == "" and not (tmp_path / "out").exists()
+
+
+def test_a_genuine_statistics_file_passes_its_checks(stats_file, inputs):
+    with open_features(stats_file) as features:
+        found = read_stats(features)
+        assert [(layer.key, layer.layout, layer.channels, layer.spatial) for layer in found.layers.values()] == [
+            ("layer3", "maps", 256, (4, 4)),
+            ("fc", "flat", 1000, ()),
+        ]
+        assert [layer.count for layer in found.layers.values()] == [3 * 16, 3]
+        assert found.inputs == [str(path) for path in inputs] and found.levels == (0.5, 0.99, 0.995)
+        assert found.channel("layer3", "top_maps", 5).shape == (3, 4, 4)
+
+
+def test_the_statistics_in_memory_pass_the_same_checks(inputs):
+    found = read_stats(hookcli.stats("resnet18", "layer4", inputs[:2], top=1, pca=False, **SMALL))
+    layer = found.layers["layer4"]
+    assert (layer.channels, layer.spatial, layer.examples, layer.pca) == (512, (2, 2), 1, False)
+
+
+def test_a_file_that_does_not_say_it_holds_statistics_is_read_as_features(runner, stats_file, tmp_path):
+    path = _crafted(stats_file, tmp_path / "x.safetensors", _entry("kind", None))
+    with open_features(path) as features, pytest.raises(FeatureFileError) as caught:
+        read_stats(features)
+    assert str(caught.value) == f"'{path}' is not a statistics file. Hint: hookcli stats writes them"
+    result = runner.invoke(main, ["info", str(path)])
+    assert result.stdout.splitlines()[1].split() == "key dtype shape size min mean max zeros nan/inf".split()
+
+
+# -- info ------------------------------------------------------------------------------------------
+
+
+def test_info_describes_a_statistics_file_by_its_layers(runner, stats_file):
+    result = runner.invoke(main, ["info", str(stats_file)])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0].endswith("statistics of 2 layers over 3 inputs")
+    assert (
+        lines[1] == "top 3 examples a channel by max; quantiles 0.5, 0.99, 0.995; covariance and principal components"
+    )
+    assert (
+        lines[2].split() == "layer layout channels positions count examples min mean max zeros all-zero pca 90%".split()
+    )
+    layer3, fc = (line.split() for line in lines[3:5])
+    assert layer3[:6] == ["layer3", "maps", "256", "[4,4]", "48", "3"]
+    assert fc[:6] == ["fc", "flat", "1,000", "-", "3", "3"]
+    tensors = load_file(stats_file)
+    assert float(layer3[7]) == pytest.approx(tensors["layer3@mean"].mean(), rel=1e-3)
+    assert layer3[9] == f"{tensors['layer3@zeros'].mean():.1%}"
+    assert lines[5] == "tensors:" and lines[6].split() == ["key", "dtype", "shape", "size"]
+    assert lines[7].split()[:3] == ["layer3@count", "I64", "[]"]
+    assert "metadata:" in lines and "  kind: stats" in lines
+
+
+def test_info_json_of_a_statistics_file_has_its_layers_and_no_per_row_statistics(runner, stats_file):
+    result = runner.invoke(main, ["info", str(stats_file), "--json"])
+    described = json.loads(result.stdout)
+    assert (described["kind"], described["inputs"], described["skipped"]) == ("stats", 3, 0)
+    assert described["options"] == {"top": 3, "top_by": "max", "quantiles": [0.5, 0.99, 0.995], "pca": True}
+    layer3 = described["layers"][0]
+    assert {k: layer3[k] for k in ("key", "layout", "channels", "spatial", "row_shape", "count", "examples")} == {
+        "key": "layer3",
+        "layout": "maps",
+        "channels": 256,
+        "spatial": [4, 4],
+        "row_shape": [256, 4, 4],
+        "count": 48,
+        "examples": 3,
+    }
+    tensors = load_file(stats_file)
+    values = layer3["values"]
+    assert values["min"] == tensors["layer3@min"].min() and values["max"] == tensors["layer3@max"].max()
+    assert values["dead"] == int((tensors["layer3@zeros"] == 1).sum())
+    variance = np.cumsum(tensors["layer3@pca_values"].clip(0)) / tensors["layer3@pca_values"].clip(0).sum()
+    assert values["components_90"] == int(np.argmax(variance >= 0.9 - 1e-12)) + 1
+    assert all("stats" not in tensor for tensor in described["tensors"])
+    assert len(described["tensors"]) == 27 and described["metadata"]["kind"] == "stats"
+
+
+def test_info_no_stats_leaves_the_layer_summary_out(runner, stats_file):
+    result = runner.invoke(main, ["info", str(stats_file), "--no-stats"])
+    assert result.stdout.splitlines()[2].split() == "layer layout channels positions count examples".split()
+    described = json.loads(runner.invoke(main, ["info", str(stats_file), "--json", "--no-stats"]).stdout)
+    assert "values" not in described["layers"][0]
