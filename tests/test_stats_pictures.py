@@ -13,6 +13,12 @@ from safetensors.numpy import load_file, save_file
 import hookcli
 from hookcli.cli import main
 from hookcli.errors import FeatureFileError
+from hookcli.events import Note
+from hookcli.inputs.preprocess import Preprocess
+from hookcli.pictures.examples import EXAMPLE_SIDE
+from hookcli.pictures.photos import model_photo
+from hookcli.pictures.render import colorize, overlay, scale_maps
+from hookcli.storage.features import Features
 from hookcli.storage.shards import open_features
 from hookcli.storage.stats_file import read_stats
 
@@ -185,7 +191,7 @@ CRAFTED = {
 }
 
 
-@pytest.mark.parametrize("command", ["info"])
+@pytest.mark.parametrize("command", ["info", "grid"])
 @pytest.mark.parametrize("case", CRAFTED)
 def test_a_crafted_statistics_file_is_refused_with_one_line_naming_what_is_wrong(
     runner, stats_file, tmp_path, monkeypatch, command, case
@@ -280,3 +286,161 @@ def test_info_no_stats_leaves_the_layer_summary_out(runner, stats_file):
     assert result.stdout.splitlines()[2].split() == "layer layout channels positions count examples".split()
     described = json.loads(runner.invoke(main, ["info", str(stats_file), "--json", "--no-stats"]).stdout)
     assert "values" not in described["layers"][0]
+
+
+# -- grid ------------------------------------------------------------------------------------------
+
+PLAIN = {"plain": True, "padding": 0}
+
+
+def _synthetic(inputs, units: dict, *, examples: int = 2, preprocess: str | None = None) -> Features:
+    """Statistics in memory of layers of ``units``, over ``inputs``: channel c's example k is input
+    ``(c + k) % len(inputs)``, its map 0 but for ``c + k + 1`` at position ``(c + k) % positions``."""
+    tensors, rows = {}, len(inputs)
+    for key, described in units.items():
+        channels, spatial = described["channels"], described["spatial"]
+        positions = int(np.prod(spatial)) if spatial else 1
+        tensors[f"{key}@count"] = np.array(rows * positions, dtype=np.int64)
+        for name, value in (("mean", 1.0), ("std", 0.5), ("min", 0.0), ("max", 9.0), ("zeros", 0.25)):
+            tensors[f"{key}@{name}"] = np.full(channels, value) + np.arange(channels) / 100
+        tensors[f"{key}@quantiles"] = np.tile([0.5, 3.0, 4.0], (channels, 1))
+        order = np.arange(channels)[:, None] + np.arange(examples)[None]
+        tensors[f"{key}@top_values"] = (order + 1)[:, ::-1].astype(np.float32).copy()
+        tensors[f"{key}@top_rows"] = order % rows
+        maps = np.zeros((channels, examples, positions), dtype=np.float32)
+        np.put_along_axis(maps, (order % positions)[..., None], (order + 1)[..., None], axis=2)
+        tensors[f"{key}@top_maps"] = maps.reshape(channels, examples, *spatial)
+        if spatial:
+            tensors[f"{key}@top_at"] = np.stack(np.unravel_index(order % positions, spatial), axis=-1)
+    metadata = {
+        "format": "4",
+        "kind": "stats",
+        "stats": json.dumps({"top": examples, "top_by": "max", "quantiles": [0.5, 0.99, 0.995], "pca": False}),
+        "units": json.dumps(units),
+        "inputs": json.dumps([str(path) for path in inputs]),
+    }
+    if preprocess is not None:
+        metadata["preprocess"] = preprocess
+    return Features(tensors, metadata)
+
+
+def _model_view(path, preprocess: str, side: int = EXAMPLE_SIDE) -> np.ndarray:
+    seen = model_photo(path, Preprocess.from_metadata(preprocess), enlarge=False)
+    return np.asarray(Image.fromarray(seen).resize((side, side), Image.Resampling.BILINEAR))
+
+
+def _preprocess(stats_file) -> str:
+    with open_features(stats_file) as features:
+        return features.metadata["preprocess"]
+
+
+def test_grid_draws_a_picture_a_channel_named_by_layer_and_channel(runner, stats_file, tmp_path):
+    result = runner.invoke(main, ["grid", str(stats_file), "-o", str(tmp_path / "g"), "--channels", "3:5"])
+    assert result.exit_code == 0, result.output
+    names = ["layer3__channel00003.png", "layer3__channel00004.png", "fc__channel00003.png", "fc__channel00004.png"]
+    assert result.stdout.splitlines() == [str(tmp_path / "g" / name) for name in names]
+    picture = np.asarray(Image.open(tmp_path / "g" / names[0]))
+    assert picture.shape[1] >= 3 * EXAMPLE_SIDE and (picture != 255).any()
+
+
+def test_grid_top_draws_the_channels_of_highest_mean_highest_first(stats_file):
+    pictures = hookcli.grid(stats_file, keys="layer3", top=3, **PLAIN)
+    means = load_file(stats_file)["layer3@mean"]
+    assert list(pictures) == [f"layer3__channel{c:05d}.png" for c in np.argsort(-means, kind="stable")[:3]]
+
+
+def test_grid_draws_a_wide_layers_first_64_channels_and_says_how_to_draw_the_others(stats_file):
+    events = []
+    pictures = hookcli.grid(stats_file, keys="layer3", progress=events.append, **PLAIN)
+    assert list(pictures) == [f"layer3__channel{c:05d}.png" for c in range(64)]
+    assert (
+        Note(
+            "'layer3': drew channels 0-63 of 256; --channels 64:128 draws the next 64, --top 64 those of highest mean, "
+            "--channels : all of them"
+        )
+        in events
+    )
+
+
+def test_each_example_is_the_map_over_the_photo_the_model_saw_with_its_maximum_ringed(stats_file, inputs):
+    tensors, preprocess = load_file(stats_file), _preprocess(stats_file)
+    [pixels] = hookcli.grid(stats_file, keys="layer3", channels="7", columns=3, **PLAIN).values()
+    assert pixels.shape == (EXAMPLE_SIDE, 3 * EXAMPLE_SIDE, 3)
+    cell = EXAMPLE_SIDE / 4
+    for rank in range(3):
+        row, heat = tensors["layer3@top_rows"][7, rank], tensors["layer3@top_maps"][7, rank]
+        expected = overlay(_model_view(inputs[row], preprocess), heat, cmap="inferno", alpha=0.5)
+        tile = pixels[:, rank * EXAMPLE_SIDE : (rank + 1) * EXAMPLE_SIDE]
+        y, x = (tensors["layer3@top_at"][7, rank] + 0.5) * cell
+        differs = np.argwhere((tile != expected).any(axis=2))
+        assert len(differs) and np.abs(differs - [y, x]).max() <= cell / 2 + 2, rank  # the ring, round the peak
+
+
+def test_a_flat_layers_examples_are_their_photos(stats_file, inputs):
+    tensors, preprocess = load_file(stats_file), _preprocess(stats_file)
+    [pixels] = hookcli.grid(stats_file, keys="fc", channels="11", columns=3, **PLAIN).values()
+    for rank, row in enumerate(tensors["fc@top_rows"][11]):
+        tile = pixels[:, rank * EXAMPLE_SIDE : (rank + 1) * EXAMPLE_SIDE]
+        np.testing.assert_array_equal(tile, _model_view(inputs[row], preprocess))
+
+
+def test_token_maps_fold_to_a_square_over_the_photo(stats_file, inputs):
+    units = {"blocks.3": {"channels": 4, "spatial": [16], "layout": "tokens", "skip": 1, "row_shape": [17, 4]}}
+    features = _synthetic(inputs, units, preprocess=_preprocess(stats_file))
+    [pixels] = hookcli.grid(features, channels="2", columns=2, **PLAIN).values()
+    for rank in range(2):
+        token, row = 2 + rank, (2 + rank) % 3
+        heat = np.zeros(16, dtype=np.float32)
+        heat[token] = token + 1
+        expected = overlay(_model_view(inputs[row], _preprocess(stats_file)), heat.reshape(4, 4))
+        tile = pixels[:, rank * EXAMPLE_SIDE : (rank + 1) * EXAMPLE_SIDE]
+        y, x = (np.array(divmod(token, 4)) + 0.5) * EXAMPLE_SIDE / 4
+        differs = np.argwhere((tile != expected).any(axis=2))
+        assert len(differs) and np.abs(differs - [y, x]).max() <= EXAMPLE_SIDE / 8 + 2, rank
+
+
+def test_a_photo_that_cannot_be_read_leaves_the_map_alone_and_says_so(stats_file, inputs, tmp_path):
+    moved = [tmp_path / "gone.jpg", *inputs[1:]]
+    units = {"layer3": {"channels": 2, "spatial": [4, 4], "layout": "maps", "skip": 0, "row_shape": [2, 4, 4]}}
+    features = _synthetic(moved, units, preprocess=_preprocess(stats_file))
+    events = []
+    [plain] = hookcli.grid(features, channels="0", columns=2, progress=events.append, **PLAIN).values()
+    heat = np.zeros((4, 4), dtype=np.float32)
+    heat[0, 0] = 1
+    alone = colorize(scale_maps(heat[None])[0], "inferno").repeat(EXAMPLE_SIDE // 4, 0).repeat(EXAMPLE_SIDE // 4, 1)
+    tile = plain[:, :EXAMPLE_SIDE]
+    assert (tile == alone).all(axis=2).mean() > 0.9  # all but the ring
+    [captioned] = hookcli.grid(features, channels="0", columns=2, progress=events.append).values()
+    assert captioned.shape[0] > plain.shape[0]
+    notes = [event.text for event in events if isinstance(event, Note)]
+    assert notes == [f"the photo of input 0 (gone.jpg) cannot be read: image not found: '{moved[0]}'"] * 2
+
+
+def test_grid_refuses_rows_unknown_layers_and_empty_channel_ranges(runner, stats_file, tmp_path):
+    for args, message in (
+        (
+            ["-i", "0"],
+            f"--image chooses rows of a features file, and '{stats_file}' holds statistics of channels. Hint: "
+            "choose layers with -k and channels with --channels or --top",
+        ),
+        (
+            ["-k", "layer9"],
+            f"no layer 'layer9' in '{stats_file}' (closest: layer3, fc). Hint: 'hookcli info' lists the keys",
+        ),
+        (
+            ["-k", "layer3", "--channels", "300:"],
+            "--channels selects none of the 256 channels (0-255) of 'layer3'. Hint: give a range within them, or "
+            "leave --channels out",
+        ),
+    ):
+        result = runner.invoke(main, ["grid", str(stats_file), "-o", str(tmp_path / "g"), *args])
+        assert (result.exit_code, result.stderr) == (2, f"Error: {message}\n")
+    assert not (tmp_path / "g").exists()
+
+
+def test_grid_keeps_existing_pictures_without_force(runner, stats_file, tmp_path):
+    args = ["grid", str(stats_file), "-o", str(tmp_path / "g"), "-k", "fc", "--channels", "0"]
+    assert runner.invoke(main, args).exit_code == 0
+    refused = runner.invoke(main, args)
+    assert refused.exit_code == 2 and "fc__channel00000.png" in refused.stderr
+    assert runner.invoke(main, [*args, "--force"]).exit_code == 0

@@ -364,7 +364,10 @@ def grid(file, output, quiet, **options) -> None:
     detections (extract --detections) as one picture an image: the boxes
     over the photo, each with its class index and score. A colour bar
     states the scale. Layers wider than 64 channels draw their first 64
-    unless --channels or --top says otherwise.
+    unless --channels or --top says otherwise. A statistics file (hookcli
+    stats) gives a picture a layer and channel: its dataset examples, each
+    input's photo as the model saw it with the channel's map over it and the
+    map's largest value ringed.
     Written paths are printed, one per line. DIR is a shard folder
     written with extract -o DIR/ (or its index.jsonl); - reads a file from stdin.
 
