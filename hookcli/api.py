@@ -178,7 +178,8 @@ def report(
     force: bool = False,
     **options,
 ):
-    """A static HTML report of saved features, in pages of ``page_size`` images (default 20): ``hookcli report``.
+    """A static HTML report of saved features, in pages of ``page_size`` images (default 20): ``hookcli report``;
+    of a statistics file, each layer's channels, ``page_size`` a page (default 64).
 
     ``source`` as for :func:`grid`; ``output``: the folder (default
     ``<file stem>_report``); the options of :func:`grid` choose tensors,
@@ -192,7 +193,7 @@ def report(
     >>> index.name, sorted(path.name for path in index.parent.iterdir())
     ('index.html', ['index.html', 'page-00002.html'])
     """
-    from hookcli.pictures.reports import DEFAULT_PAGE_SIZE, default_report_folder, write_report  # numpy, Pillow
+    from hookcli.pictures.reports import default_report_folder, write_report  # numpy, Pillow
 
     drawing = _grid_options("report", options)
     if output is None:
@@ -202,7 +203,6 @@ def report(
         )
     if output is DEFAULT_OUTPUT:
         output = default_report_folder(source)
-    page_size = DEFAULT_PAGE_SIZE if page_size is None else page_size
     with _opened(source) as features:
         return write_report(features, output, drawing, page_size=page_size, force=force, progress=progress)
 

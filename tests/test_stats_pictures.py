@@ -1,7 +1,11 @@
 """Statistics files (hookcli stats) read back: the checks a crafted file meets before anything is drawn or printed,
 and info on a statistics file."""
 
+import base64
+import hashlib
+import io
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -15,9 +19,11 @@ from hookcli.cli import main
 from hookcli.errors import FeatureFileError
 from hookcli.events import Note
 from hookcli.inputs.preprocess import Preprocess
-from hookcli.pictures.examples import EXAMPLE_SIDE
+from hookcli.pictures.examples import EXAMPLE_SIDE, ExamplePhotos, examples_picture
+from hookcli.pictures.options import GridOptions
 from hookcli.pictures.photos import model_photo
 from hookcli.pictures.render import colorize, overlay, scale_maps
+from hookcli.pictures.stats_reports import REPORT_EXAMPLE_SIDE, STATS_CONTENT_SECURITY_POLICY
 from hookcli.storage.features import Features
 from hookcli.storage.shards import open_features
 from hookcli.storage.stats_file import read_stats
@@ -191,7 +197,7 @@ CRAFTED = {
 }
 
 
-@pytest.mark.parametrize("command", ["info", "grid"])
+@pytest.mark.parametrize("command", ["info", "grid", "report"])
 @pytest.mark.parametrize("case", CRAFTED)
 def test_a_crafted_statistics_file_is_refused_with_one_line_naming_what_is_wrong(
     runner, stats_file, tmp_path, monkeypatch, command, case
@@ -444,3 +450,117 @@ def test_grid_keeps_existing_pictures_without_force(runner, stats_file, tmp_path
     refused = runner.invoke(main, args)
     assert refused.exit_code == 2 and "fc__channel00000.png" in refused.stderr
     assert runner.invoke(main, [*args, "--force"]).exit_code == 0
+
+
+# -- report ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def stats_report(stats_file, tmp_path_factory) -> Path:
+    """The report of the statistics file, 100 channels a page."""
+    return hookcli.report(stats_file, output=tmp_path_factory.mktemp("report") / "r", page_size=100)
+
+
+def _ids(text: str, css: str) -> list[str]:
+    return re.findall(rf'<section class="{css}" id="([^"]+)">', text)
+
+
+def test_report_writes_an_index_and_each_layers_pages(stats_report):
+    names = sorted(path.name for path in stats_report.parent.iterdir())
+    fc = ["layer-fc.html", *(f"layer-fc-{n:05d}.html" for n in range(2, 11))]
+    assert names == sorted(
+        ["index.html", "layer-layer3.html", "layer-layer3-00002.html", "layer-layer3-00003.html", *fc]
+    )
+    index = stats_report.read_text()
+    assert '<a href="layer-layer3.html">layer3</a>' in index and '<a href="layer-fc.html">fc</a>' in index
+    assert "<tr><th>inputs</th><td>3</td></tr>" in index and '<details class="about" id="file">' in index
+    second = (stats_report.parent / "layer-layer3-00002.html").read_text()
+    assert _ids(second, "channel") == [f"channel-{c}" for c in range(100, 200)]
+    assert (
+        '<a href="layer-layer3.html" rel="prev">' in second
+        and '<a href="layer-layer3-00003.html" rel="next">' in second
+    )
+
+
+def test_a_layers_first_page_has_its_components_and_a_table_of_every_channel(stats_report, stats_file):
+    tensors = load_file(stats_file)
+    first = (stats_report.parent / "layer-layer3.html").read_text()
+    assert '<section id="pca">' in first and first.count('<svg class="scree"') == 1
+    table = re.search(r'<table class="units sortable">.*?</table>', first, flags=re.S).group(0)
+    rows = re.findall(r"<tr><td data-value=\"(\d+)\"><a href=\"([^\"]+)\">\d+</a></td>(.*?)</tr>", table)
+    assert [int(c) for c, _, _ in rows] == list(range(256))
+    assert rows[150][1] == "layer-layer3-00002.html#channel-150"
+    values = [float(v) for v in re.findall(r'data-value="([^"]+)"', rows[7][2])]
+    quantiles = tensors["layer3@quantiles"][7].tolist()
+    expected = [tensors[f"layer3@{name}"][7] for name in ("mean", "std", "zeros")]
+    assert values == [*expected, *quantiles, tensors["layer3@max"][7], tensors["layer3@top_values"][7, 0]]
+
+
+def test_each_channel_has_its_numbers_its_quantiles_chart_and_its_examples(stats_report, stats_file, inputs):
+    first = (stats_report.parent / "layer-layer3.html").read_text()
+    sections = dict(re.findall(r'<section class="channel" id="channel-(\d+)">(.*?)</section>', first, flags=re.S))
+    assert list(sections) == [str(c) for c in range(100)]
+    section = sections["5"]
+    assert section.count('<svg class="quantiles"') == 1 and section.count("<img ") == 1
+    [data] = re.findall(r'<img src="data:image/jpeg;base64,([^"]+)"', section)
+    pixels = np.asarray(Image.open(io.BytesIO(base64.b64decode(data))))
+    with open_features(stats_file) as features:
+        found = read_stats(features)
+        photos = ExamplePhotos(found, REPORT_EXAMPLE_SIDE)
+        expected = examples_picture(found, found.layers["layer3"], 5, GridOptions(), photos, title=False).pixels
+    assert pixels.shape == expected.shape and np.abs(pixels.astype(int) - expected).mean() < 4  # JPEG's losses
+
+
+def test_every_page_allows_its_sorting_script_by_its_hash_and_nothing_else(stats_report):
+    for page in stats_report.parent.iterdir():
+        text = page.read_text()
+        [script] = re.findall(r"<script>(.*?)</script>", text, flags=re.S)
+        digest = base64.b64encode(hashlib.sha256(script.encode()).digest()).decode()
+        assert f"script-src 'sha256-{digest}'" in text
+        assert f'content="{STATS_CONTENT_SECURITY_POLICY}"' in text
+
+
+def test_report_top_and_a_file_without_components(inputs, tmp_path):
+    features = hookcli.stats("resnet18", "fc", inputs, top=2, pca=False, **SMALL)
+    index = hookcli.report(features, output=tmp_path / "r", keys="fc", top=5)
+    page = (index.parent / "layer-fc.html").read_text()
+    means = features["fc@mean"].numpy()
+    assert _ids(page, "channel") == [f"channel-{c}" for c in np.argsort(-means, kind="stable")[:5]]
+    assert '<section id="pca">' not in page and "<tr><th>principal components</th><td>no</td></tr>" in index.read_text()
+
+
+def test_report_of_a_statistics_file_pages_64_channels_by_default_and_keeps_existing_pages(
+    runner, stats_file, tmp_path
+):
+    result = runner.invoke(main, ["report", str(stats_file), "-o", str(tmp_path / "r"), "-k", "layer3"])
+    assert (result.exit_code, result.stdout) == (0, f"{tmp_path / 'r' / 'index.html'}\n")
+    assert len(list((tmp_path / "r").glob("layer-layer3*.html"))) == 4
+    again = runner.invoke(main, ["report", str(stats_file), "-o", str(tmp_path / "r"), "-k", "layer3"])
+    assert (again.exit_code, again.stderr) == (
+        2,
+        f"Error: '{tmp_path / 'r' / 'layer-layer3.html'}' and 4 more already exist. Hint: add --force to overwrite, "
+        "or choose another folder with -o\n",
+    )
+
+
+def test_the_report_of_a_statistics_file_sorts_in_a_browser(stats_report, stats_file, browser):
+    from selenium.webdriver.common.by import By
+
+    browser.get((stats_report.parent / "layer-layer3.html").as_uri())
+    assert browser.title == f"{stats_file} · hookcli report · layer3 · page 1 of 3"
+
+    def first_channels() -> list[int]:
+        rows = browser.find_elements(By.CSS_SELECTOR, "table.units tbody tr")
+        return [int(row.find_element(By.TAG_NAME, "td").get_attribute("data-value")) for row in rows[:3]]
+
+    means = load_file(stats_file)["layer3@mean"]
+    mean = browser.find_element(By.XPATH, "//table[contains(@class, 'units')]//button[text()='mean']")
+    browser.execute_script("arguments[0].scrollIntoView()", mean)
+    mean.click()
+    assert first_channels() == np.argsort(-means, kind="stable")[:3].tolist()
+    mean.click()
+    assert first_channels() == np.argsort(means, kind="stable")[:3].tolist()
+    complete = browser.execute_script("return [...document.images].every(i => i.complete && i.naturalWidth > 0);")
+    assert complete and len(browser.find_elements(By.CSS_SELECTOR, "section.channel img")) == 100
+    severe = [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
+    assert severe == []

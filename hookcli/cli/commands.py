@@ -385,7 +385,11 @@ def grid(file, output, quiet, **options) -> None:
 @main.command(context_settings=CONTEXT_SETTINGS)
 @click.argument("file", metavar="FILE|DIR|-")
 @click.option("--output", "-o", metavar="DIR", help="Folder for the pages [<file stem>_report].")
-@click.option("--page-size", type=click.IntRange(min=1), help="Images (rows) per page. [20]")
+@click.option(
+    "--page-size",
+    type=click.IntRange(min=1),
+    help="Images (rows) per page. [20] Of a statistics file: channels per page. [64]",
+)
 @grid_drawing_options
 @click.option("--force", "-f", is_flag=True, help="Overwrite an existing report.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
@@ -398,7 +402,9 @@ def report(file, output, page_size, quiet, **options) -> None:
     path of index.html is printed. The options below are grid's; --image
     also takes a range A:B of row indices. A detection file's final
     detections are listed for each image (class index, score, box) beside
-    their picture.
+    their picture. A statistics file (hookcli stats) gives a page of each
+    layer's channels at a time: a sortable table of them, its principal
+    components, and each channel's quantiles and dataset examples.
 
     \b
       hookcli report feats.safetensors -o report/

@@ -9,7 +9,8 @@ into pixels (with :mod:`~hookcli.pictures.text` and
 :mod:`~hookcli.pictures.reports` writes the HTML report (from
 :mod:`~hookcli.pictures.html`) and :mod:`~hookcli.pictures.summary` describes a
 file for ``info``. A statistics file's pictures are its channels' dataset examples
-(:mod:`~hookcli.pictures.examples`, chosen and written by :mod:`~hookcli.pictures.stats_grids`);
+(:mod:`~hookcli.pictures.examples`, chosen and written by :mod:`~hookcli.pictures.stats_grids`), and its
+report (:mod:`~hookcli.pictures.stats_reports`) its layers' channels, with :mod:`~hookcli.pictures.charts`;
 :mod:`~hookcli.pictures.png` writes PNG files. It imports the foundation modules,
 :mod:`hookcli.inputs` and :mod:`hookcli.storage`, nothing above.
 """

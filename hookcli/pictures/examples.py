@@ -182,7 +182,7 @@ def examples_picture(
     if options.plain:
         return Picture(pixels, tuple(notes))
     if layer.spatial:
-        pixels = add_colorbar(pixels, options.overlay_cmap, "low", "high", "each map scaled to its own range")
+        pixels = add_colorbar(pixels, options.overlay_cmap, "low", "high", "each map to its own range")
     if title:
         pixels = add_title(pixels, _title_parts(stats, layer, channel, count, over_photo and photos.unusable is None))
     return Picture(pixels, tuple(notes))

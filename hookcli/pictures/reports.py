@@ -38,7 +38,6 @@ True
 from __future__ import annotations
 
 import bisect
-import contextlib
 import dataclasses
 import itertools
 import json
@@ -61,16 +60,18 @@ from hookcli.pictures.html import (
     channels_table,
     detections_table,
     escaped,
+    facts_table,
+    file_details,
+    new_pages,
+    notes_html,
     page_name,
     pager,
     png_uri,
     row_anchor,
     row_shape_html,
-    shape_html,
     stats_table,
     target_name,
     targets_table,
-    value_html,
 )
 from hookcli.pictures.options import GridJob, GridOptions
 from hookcli.pictures.reading import (
@@ -82,10 +83,12 @@ from hookcli.pictures.reading import (
     select_rows,
 )
 from hookcli.pictures.render import NotDrawable, RowNotDrawable
+from hookcli.pictures.stats_reports import write_stats_report
 from hookcli.pictures.summary import describe_file
-from hookcli.storage.fileformat import INDEX_NAME, metadata_order
+from hookcli.storage.fileformat import INDEX_NAME
 from hookcli.storage.reader import FeatureReader
 from hookcli.storage.shards import ShardedFeatures
+from hookcli.storage.stats_format import is_stats
 from hookcli.version import __version__
 
 __all__ = [
@@ -136,7 +139,7 @@ def write_report(
     output: str | os.PathLike,
     options: GridOptions,
     *,
-    page_size: int = DEFAULT_PAGE_SIZE,
+    page_size: int | None = None,
     force: bool = False,
     progress: Callable | None = None,
 ) -> Path:
@@ -148,9 +151,14 @@ def write_report(
     ``page_size`` to a page. Refuses what grid refuses, and existing pages
     unless ``force``; reports :class:`~hookcli.events.Started`,
     :class:`~hookcli.events.Advanced` (a row), :class:`~hookcli.events.Note` and
-    :class:`~hookcli.events.Wrote` (``index.html``) events to ``progress``.
+    :class:`~hookcli.events.Wrote` (``index.html``) events to ``progress``. ``page_size`` defaults to
+    :data:`DEFAULT_PAGE_SIZE`. A statistics file's report is its layers' channels
+    (:func:`~hookcli.pictures.stats_reports.write_stats_report`, ``page_size`` channels a page).
     """
+    if is_stats(features.metadata):
+        return write_stats_report(features, output, options, page_size=page_size, force=force, progress=progress)
     emit = progress or (lambda event: None)
+    page_size = DEFAULT_PAGE_SIZE if page_size is None else page_size
     check_whole("page_size", page_size, 1, MAX_PAGE_SIZE)
     folder = check_folder_output(output)
     plan = plan_grids(features, dataclasses.replace(options, images=()), None)
@@ -164,30 +172,17 @@ def write_report(
     for text in notes:
         emit(Note(text))
     emit(Started(total=total))
-    made_folder = not folder.exists()
-    folder.mkdir(parents=True, exist_ok=True)
-    new_pages = []  # removed again should the report fail part-way (a damaged shard, Ctrl-C)
-    try:
+    with new_pages(folder) as track:
         pages_of_rows = _batches(itertools.chain.from_iterable(rows), page_size)
         report = _Report(features, plan, tensors, options, pages, emit)
 
         def write(number: int, page_rows: list[int], summary: tuple[str, str] = ("", "")) -> None:
-            path = folder / page_name(number)
-            if not path.exists():
-                new_pages.append(path)
-            report.write_page(path, number, page_rows, force=force, summary=summary)
+            report.write_page(track(folder / page_name(number)), number, page_rows, force=force, summary=summary)
 
         first = next(pages_of_rows)
         for number, page_rows in enumerate(pages_of_rows, start=2):
             write(number, page_rows)
         write(1, first, _summary(features, tensors, plan.detections, total, page_size, pages, notes))  # last: done
-    except BaseException:
-        for path in new_pages:
-            path.unlink(missing_ok=True)
-        if made_folder:
-            with contextlib.suppress(OSError):
-                folder.rmdir()
-        raise
     emit(Wrote(index))
     return index
 
@@ -510,34 +505,8 @@ def _summary(
         ("pages", f"{pages:,} of up to {page_size:,} images"),
         ("size", format_bytes(described["bytes"])),
     ]
-    parts = [
-        '<section id="summary">\n<h2>Summary</h2>\n<table class="facts">',
-        *(f"<tr><th>{escaped(name)}</th><td>{escaped(value)}</td></tr>" for name, value in facts),
-        "</table>\n",
-    ]
-    if notes:
-        parts.append(
-            '<h3>Notes</h3>\n<ul class="notes">' + "".join(f"<li>{escaped(n)}</li>" for n in notes) + "</ul>\n"
-        )
-    parts.append('<p><a href="#file">The file\'s tensors and metadata</a> follow the pictures.</p>\n</section>\n')
-    top = "".join(parts)
-    parts = [
-        '<details class="about" id="file">\n<summary>The file: its tensors and metadata</summary>\n'
-        '<h3>Tensors</h3>\n<table class="tensors"><tr><th>key</th><th>dtype</th><th>shape</th>'
-        "<th>size</th><th>in the report</th></tr>",
-    ]
-    for t in described["tensors"]:
-        parts.append(
-            f"<tr><td>{escaped(t['key'])}</td><td>{escaped(t['dtype'])}</td><td>{escaped(shape_html(t['shape']))}"
-            f"</td><td>{format_bytes(t['bytes'])}</td><td>{'yes' if t['key'] in drawn else 'no'}</td></tr>"
-        )
-    parts.append("</table>\n")
-    if described["metadata"]:
-        parts.append('<h3>Metadata</h3>\n<table class="metadata">')
-        metadata = described["metadata"]
-        parts.extend(
-            f"<tr><th>{escaped(key)}</th><td>{value_html(metadata[key])}</td></tr>" for key in metadata_order(metadata)
-        )
-        parts.append("</table>\n")
-    parts.append("</details>\n")
-    return top, "".join(parts)
+    top = (
+        f'<section id="summary">\n<h2>Summary</h2>\n{facts_table(facts)}{notes_html(notes)}'
+        '<p><a href="#file">The file\'s tensors and metadata</a> follow the pictures.</p>\n</section>\n'
+    )
+    return top, file_details(described, drawn)
