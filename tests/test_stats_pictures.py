@@ -405,6 +405,32 @@ def test_token_maps_fold_to_a_square_over_the_photo(stats_file, inputs):
         assert len(differs) and np.abs(differs - [y, x]).max() <= EXAMPLE_SIDE / 8 + 2, rank
 
 
+def test_a_clips_map_is_drawn_alone_at_the_frame_of_its_largest_value(inputs):
+    units = {"layer2": {"channels": 3, "spatial": [2, 4, 4], "layout": "maps", "skip": 0, "row_shape": [3, 2, 4, 4]}}
+    features = _synthetic(inputs, units)
+    features.metadata["frames"] = json.dumps([[0, 1]] * len(inputs))
+    events = []
+    [plain] = hookcli.grid(features, channels="1", columns=2, progress=events.append, **PLAIN).values()
+    assert Note("the maps are drawn without their photos: a video's frames are not kept") in events
+    heat = np.zeros((4, 4), dtype=np.float32)  # example 0 of channel 1: position 1 of [2, 4, 4], frame 0
+    heat[0, 1] = 2
+    alone = colorize(scale_maps(heat[None])[0], "inferno").repeat(EXAMPLE_SIDE // 4, 0).repeat(EXAMPLE_SIDE // 4, 1)
+    assert (plain[:, :EXAMPLE_SIDE] == alone).all(axis=2).mean() > 0.9
+    [captioned] = hookcli.grid(features, channels="1", columns=2).values()
+    assert captioned.shape[0] > plain.shape[0]
+
+
+def test_tokens_that_do_not_fold_are_drawn_alone_as_a_row(inputs, stats_file):
+    units = {"blocks.3": {"channels": 2, "spatial": [6], "layout": "tokens", "skip": 1, "row_shape": [7, 2]}}
+    features = _synthetic(inputs, units, preprocess=_preprocess(stats_file))
+    [plain] = hookcli.grid(features, channels="0", columns=1, **PLAIN).values()
+    row = colorize(scale_maps(np.eye(6, dtype=np.float32)[None, :1])[0], "inferno")  # example 0: token 0
+    factor = EXAMPLE_SIDE // 6  # one pixel high and six wide: enlarged to fit the tile, in proportion
+    expected = row.repeat(factor, axis=0).repeat(factor, axis=1)
+    assert plain.shape[:2] == (2 * factor, expected.shape[1])  # the two examples, one above the other
+    assert (plain[:factor] == expected).all(axis=2).mean() > 0.8
+
+
 def test_a_photo_that_cannot_be_read_leaves_the_map_alone_and_says_so(stats_file, inputs, tmp_path):
     moved = [tmp_path / "gone.jpg", *inputs[1:]]
     units = {"layer3": {"channels": 2, "spatial": [4, 4], "layout": "maps", "skip": 0, "row_shape": [2, 4, 4]}}

@@ -55,6 +55,8 @@ MAX_EXAMPLES = 1000
 _PHOTOS_KEPT = 256
 #: The fewest pixels a map drawn alone is high (a row of tokens is one map pixel high).
 _STRIP_HEIGHT = 24
+#: A captioned picture is at least this wide, so that its colour bar and caption read whole.
+_MIN_WIDTH = 384
 
 
 class ExamplePhotos:
@@ -116,10 +118,10 @@ class _Example:
 
 
 def _examples(stats: StatsFile, layer: StatsLayer, channel: int, count: int) -> list[_Example]:
-    values = stats.channel(layer.key, "top_values", channel)[:count]
-    rows = stats.channel(layer.key, "top_rows", channel)[:count]
-    maps = stats.channel(layer.key, "top_maps", channel)[:count]
-    at = stats.channel(layer.key, "top_at", channel)[:count] if layer.spatial else None
+    values, rows, maps = (
+        stats.channel(layer.key, field, channel, count) for field in ("top_values", "top_rows", "top_maps")
+    )
+    at = stats.channel(layer.key, "top_at", channel, count) if layer.spatial else None
     examples = []
     for rank, (value, row) in enumerate(zip(values.tolist(), rows.tolist())):
         heat, peak, frame = _map_at(layer, maps[rank], None if at is None else at[rank].tolist())
@@ -181,6 +183,8 @@ def examples_picture(
     pixels = laid_out(tiles, columns=columns, padding=options.padding)
     if options.plain:
         return Picture(pixels, tuple(notes))
+    if pixels.shape[1] < _MIN_WIDTH:  # room for the colour bar's words and the caption
+        pixels = np.pad(pixels, ((0, 0), (0, _MIN_WIDTH - pixels.shape[1]), (0, 0)), constant_values=PAD_COLOR)
     if layer.spatial:
         pixels = add_colorbar(pixels, options.overlay_cmap, "low", "high", "each map to its own range")
     if title:

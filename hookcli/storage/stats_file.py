@@ -109,9 +109,10 @@ class StatsFile:
         """Field ``field`` of layer ``key``, whole."""
         return self.features.read(stats_key(key, field))
 
-    def channel(self, key: str, field: str, channel: int) -> np.ndarray:
-        """Channel ``channel``'s part of field ``field`` of layer ``key`` (its examples' maps, say)."""
-        return self.features.read(stats_key(key, field), channel)
+    def channel(self, key: str, field: str, channel: int, first: int | None = None) -> np.ndarray:
+        """Channel ``channel``'s part of field ``field`` of layer ``key`` (its examples' maps, say); with ``first``,
+        only its first ``first`` entries (examples) are read."""
+        return self.features.read(stats_key(key, field), channel, None if first is None else slice(0, first))
 
 
 def read_stats(features: FeatureReader) -> StatsFile:
