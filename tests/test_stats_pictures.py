@@ -6,6 +6,7 @@ import hashlib
 import io
 import json
 import re
+import urllib.parse
 from pathlib import Path
 
 import numpy as np
@@ -590,3 +591,17 @@ def test_the_report_of_a_statistics_file_sorts_in_a_browser(stats_report, stats_
     assert complete and len(browser.find_elements(By.CSS_SELECTOR, "section.channel img")) == 100
     severe = [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
     assert severe == []
+
+
+def test_links_to_a_layer_whose_key_holds_a_hash_reach_its_pages(inputs, tmp_path):
+    units = {"blocks#0": {"channels": 3, "spatial": [2, 2], "layout": "maps", "skip": 0, "row_shape": [3, 2, 2]}}
+    index = hookcli.report(_synthetic(inputs, units), output=tmp_path / "r", page_size=2)
+    assert sorted(path.name for path in index.parent.iterdir()) == [
+        "index.html",
+        "layer-blocks#0-00002.html",
+        "layer-blocks#0.html",
+    ]
+    links = re.findall(r'href="(layer-[^"]+)"', index.read_text())
+    links += re.findall(r'href="(layer-[^"]+)"', (index.parent / "layer-blocks#0.html").read_text())
+    assert links and all((index.parent / urllib.parse.unquote(link.split("#")[0])).exists() for link in links)
+    assert "layer-blocks%230-00002.html#channel-2" in links

@@ -250,9 +250,9 @@ def _captioned(tile: np.ndarray, example: _Example, problem: str | None, side: i
     line_h = font.getbbox("Ag")[3] + 3
     band = Image.new("RGB", (width, line_h * len(lines) + 4), (255, 255, 255))
     draw = ImageDraw.Draw(band)
-    for number_, line in enumerate(lines):
-        colour = (160, 0, 0) if problem and number_ == len(lines) - 1 else (0, 0, 0)
-        draw.text((2, 2 + number_ * line_h), line, fill=colour, font=font)
+    for place, line in enumerate(lines):
+        colour = (160, 0, 0) if problem and place == len(lines) - 1 else (0, 0, 0)
+        draw.text((2, 2 + place * line_h), line, fill=colour, font=font)
     return stacked(tile, np.asarray(band))
 
 
@@ -275,8 +275,8 @@ def laid_out(tiles: list[np.ndarray], *, columns: int, padding: int) -> np.ndarr
     canvas = np.full(
         (rows * (cell_h + padding) + padding, columns * (cell_w + padding) + padding, 3), PAD_COLOR, dtype=np.uint8
     )
-    for number_, tile in enumerate(tiles):
-        row, column = divmod(number_, columns)
+    for place, tile in enumerate(tiles):
+        row, column = divmod(place, columns)
         top, left = padding + row * (cell_h + padding), padding + column * (cell_w + padding)
         canvas[top : top + tile.shape[0], left : left + tile.shape[1]] = tile
     return canvas

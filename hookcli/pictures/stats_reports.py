@@ -24,6 +24,7 @@ import base64
 import hashlib
 import math
 import os
+import urllib.parse
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -115,6 +116,11 @@ def layer_page_name(stem: str, number: int) -> str:
     return f"layer-{stem}.html" if number == 1 else f"layer-{stem}-{number:05d}.html"
 
 
+def _link(name: str) -> str:
+    """A page's file name as a link to it: a ``#`` (a tuple element's key, ``blocks#0``) would start a fragment."""
+    return urllib.parse.quote(name)
+
+
 def write_stats_report(
     features: FeatureReader,
     output: str | os.PathLike,
@@ -186,7 +192,7 @@ class _StatsReport:
     def write(self, path: Path, unit: ChosenUnits, number: int, *, force: bool) -> None:
         layer, pages = unit.layer, self.pages[unit.layer.key]
         channels = unit.channels[(number - 1) * self.page_size : number * self.page_size]
-        links = pager(number, pages, lambda n: layer_page_name(unit.stem, n))
+        links = pager(number, pages, lambda n: _link(layer_page_name(unit.stem, n)))
         title = f"{self.stats.name} · hookcli report · {layer.key} · page {number} of {pages}"
 
         def body(page) -> None:
@@ -198,7 +204,7 @@ class _StatsReport:
                 page.write(self._components(layer))
                 page.write(self._units_table(unit))
             else:
-                first = layer_page_name(unit.stem, 1)
+                first = _link(layer_page_name(unit.stem, 1))
                 page.write(f'<p><a href="{first}#units">The table of all its channels</a> is on its first page.</p>\n')
             for channel in channels:
                 page.write(self._channel(layer, channel))
@@ -207,7 +213,7 @@ class _StatsReport:
         self._page(path, title, links, body, links, force=force)
 
     def _layer_link(self, unit: ChosenUnits) -> str:
-        return f'<a href="{layer_page_name(unit.stem, 1)}">{escaped(unit.layer.key)}</a>'
+        return f'<a href="{_link(layer_page_name(unit.stem, 1))}">{escaped(unit.layer.key)}</a>'
 
     def _components(self, layer: StatsLayer) -> str:
         """The scree plot of the layer's principal components, when the file has them."""
@@ -233,7 +239,7 @@ class _StatsReport:
         heads = "".join(f'<th><button type="button">{escaped(name)}</button></th>' for name in header)
         rows = []
         for position, channel in enumerate(unit.channels):
-            page = layer_page_name(unit.stem, position // self.page_size + 1)
+            page = _link(layer_page_name(unit.stem, position // self.page_size + 1))
             cells = [
                 number_cell(fields["mean"][channel], ".4g"),
                 number_cell(fields["std"][channel], ".4g"),
