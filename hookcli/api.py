@@ -152,7 +152,9 @@ def grid(source, *, output=None, progress: Callable | None = None, force: bool =
     ``scale``, ``min_tile``, ``title``, ``overlay``, ``alpha``,
     ``overlay_cmap`` (see :class:`~hookcli.pictures.options.GridOptions`). In memory
     (``output=None``): a dict of file name → ``uint8 [H, W, 3]`` pixels;
-    with ``output=DIR``: the PNGs, and their paths are returned.
+    with ``output=DIR``: the PNGs, and their paths are returned. A statistics
+    file (what :func:`stats` writes or returns) gives a picture a layer and
+    channel: its dataset examples (:mod:`hookcli.pictures.stats_grids`).
 
     >>> import tempfile
     >>> photo = __import__("matplotlib.cbook").cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)
@@ -272,7 +274,8 @@ def models_note(source: str, pattern: str | None = None, family: str | None = No
 
 def info(source, *, stats: bool = True, progress: Callable | None = None) -> dict:
     """What a features file or shard folder holds: ``hookcli info`` as data (keys, dtypes, shapes, sizes, the
-    metadata parsed and, with ``stats``, each tensor's min, mean, max, share of zeros and non-finite count).
+    metadata parsed and, with ``stats``, each tensor's min, mean, max, share of zeros and non-finite count; a
+    statistics file's layers instead, :func:`hookcli.pictures.summary.describe_stats`).
     What reading the source had to say (a shard folder's notes) comes as :class:`~hookcli.events.Note` events.
 
     >>> photo = __import__("matplotlib.cbook").cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)
