@@ -117,8 +117,26 @@ def cam(model, inputs, *, layer: str | None = None, output=None, progress: Calla
     return _run("cam", model, layer, inputs, output, options, progress)
 
 
-def stats(model=None, layers=None, inputs=None, *, output=None, progress: Callable | None = None, **options):
+def stats(
+    model=None,
+    layers=None,
+    inputs=None,
+    *,
+    features=None,
+    keys=(),
+    output=None,
+    progress: Callable | None = None,
+    **options,
+):
     """Statistics of each channel of ``layers`` over every input, gathered in one pass: ``hookcli stats``.
+
+    Either a model runs (``model``, ``layers``, ``inputs`` as for
+    :func:`extract`), or ``features`` saved earlier are read (a file, a shard
+    folder, ``-``, or what :func:`extract` returns; ``keys``: globs of the
+    tensors, default every one whose rows share a shape), with the options
+    ``batch_size``, ``force``, ``shard_size``, ``part`` and those below. With
+    the same batch and shard sizes, the statistics of saved features are
+    those gathered during the forward that saved them.
 
     For each layer key ``K``: ``K@count``, ``K@mean``, ``K@std``, ``K@min``,
     ``K@max``, ``K@zeros`` (the share of exact zeros) over every value of
@@ -140,6 +158,19 @@ def stats(model=None, layers=None, inputs=None, *, output=None, progress: Callab
     >>> found["layer4@mean"].shape, found["layer4@top_maps"].shape, int(found["layer4@count"])
     (torch.Size([512]), torch.Size([512, 1, 2, 2]), 8)
     """
+    if features is not None:
+        if model is not None or layers is not None or inputs is not None:
+            raise UsageProblem(
+                "stats reads saved features or runs a model, not both",
+                hint="give features=, or model, layers and inputs",
+            )
+        from hookcli.run.saved_stats import saved_stats  # torch, numpy
+
+        return saved_stats(features, keys=keys, output=output, progress=progress, **options)
+    if keys:
+        raise UsageProblem("keys choose the tensors of saved features", hint="give features= too, or layers")
+    if model is None or layers is None or inputs is None:
+        raise UsageProblem("stats needs a model, its layers and inputs, or saved features", hint="see hookcli.stats")
     return _run("stats", model, layers, inputs, output, options, progress)
 
 

@@ -19,10 +19,11 @@ GRID_OPTIONS: tuple[Option, ...] = (
         "keys",
         ("--key", "-k"),
         "Tensors to draw (globs as for --layer). Repeat.",
-        ("grid",),
+        ("grid", "stats"),
         default=(),
         metavar="GLOB",
         multiple=True,
+        help_in=(("stats", "Saved features: the tensors to describe (globs) [every one whose rows share a shape]."),),
     ),
     Option(
         "images",

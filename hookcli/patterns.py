@@ -7,9 +7,13 @@ them.
 
 from __future__ import annotations
 
+import difflib
 import re
+from collections.abc import Sequence
 
-__all__ = ["glob_to_regex"]
+from hookcli.errors import FeatureFileError, UsageProblem
+
+__all__ = ["glob_to_regex", "select_keys"]
 
 
 def glob_to_regex(pattern: str) -> re.Pattern:
@@ -34,3 +38,35 @@ def glob_to_regex(pattern: str) -> re.Pattern:
             parts.append(re.escape(pattern[i]))
             i += 1
     return re.compile("".join(parts))
+
+
+def select_keys(available: Sequence[str], patterns: Sequence[str], name: str, *, what: str = "tensor") -> list[str]:
+    """The keys of ``available`` (the tensors of ``name``, or what ``what`` names: its layers) that ``patterns``
+    match, in the order the patterns match them (all of them for no pattern); a pattern that matches nothing is
+    refused, naming the closest keys.
+
+    >>> select_keys(["layer1", "layer2", "fc"], ["fc", "layer*"], "f.safetensors")
+    ['fc', 'layer1', 'layer2']
+    """
+    if not available:
+        raise FeatureFileError(f"'{name}' holds no {what}s")
+    if not patterns:
+        return list(available)
+    chosen: list[str] = []
+    for pattern in patterns:
+        try:
+            regex = glob_to_regex(pattern)
+        except re.error as err:
+            raise UsageProblem(
+                f"invalid key pattern '{pattern}': {err}",
+                hint="patterns take * ? and [abc] or [a-z] ranges written low to high",
+            ) from None
+        found = [k for k in available if regex.fullmatch(k)]
+        if not found:
+            closest = difflib.get_close_matches(pattern, available, n=3, cutoff=0.0)
+            raise UsageProblem(
+                f"no {what} '{pattern}' in '{name}' (closest: {', '.join(closest)})",
+                hint="'hookcli info' lists the keys",
+            )
+        chosen.extend(k for k in found if k not in chosen)
+    return chosen

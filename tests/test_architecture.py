@@ -152,6 +152,7 @@ LAZY_IMPORTS = {
     ("hookcli.api", "hookcli.run.request"): "models and layers answer without the run's checks (about 25 ms)",
     ("hookcli.api", "hookcli.run.execute"): "the run engine (torch) loads once the request is checked",
     ("hookcli.api", "hookcli.run.layer_table"): "layers loads the model (torch) after checking its names",
+    ("hookcli.api", "hookcli.run.saved_stats"): "statistics of saved features load torch once the call is checked",
     ("hookcli.api", "hookcli.pictures.grids"): "the pictures (numpy, Pillow) load when grid runs",
     ("hookcli.api", "hookcli.pictures.reports"): "the pictures (numpy, Pillow) load when report runs",
     ("hookcli.api", "hookcli.pictures.summary"): "the statistics (numpy) load when info runs",

@@ -59,6 +59,7 @@ def test_segmentation_gradients_are_of_the_class_mask(tmp_path):
             chosen = targets[index][0]["class"]
             mask = logits.detach().argmax(1) == chosen
             assert int(mask.sum()) == targets[index][0]["pixels"] > 0
+            assert targets[index][0]["share"] == int(mask.sum()) / mask.numel()
             return (logits[:, chosen] * mask).sum()
 
         activation, gradient = _gradient_by_hand(loaded.module, "backbone.12", lambda: loaded.module(tensor), score)
@@ -84,7 +85,7 @@ def test_a_region_scores_the_class_over_the_box(tmp_path):
     )
     (row,) = json.loads(features.metadata["targets"])
     assert row[0]["pixels"] == 16 * 8 and row[0]["class"] == 5 and features.metadata["target"] == "5 in 0,0,0.5,0.25"
-    assert row[0]["region"] == [0.0, 0.0, 0.5, 0.25]
+    assert row[0]["region"] == [0.0, 0.0, 0.5, 0.25] and row[0]["share"] == 16 * 8 / (32 * 32)
     loaded = load_model("lraspp_mobilenet_v3_large", "none")
     _, gradient = _gradient_by_hand(
         loaded.module,

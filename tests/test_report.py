@@ -17,10 +17,13 @@ import hookcli
 from hookcli.cli import main
 from hookcli.errors import FeatureFileError, OutputExistsError, UsageProblem
 from hookcli.events import Advanced, Note, Started, Wrote
+from hookcli.inputs.preprocess import Preprocess
+from hookcli.pictures.boxes import BOX_COLOURS, place_tabs
 from hookcli.pictures.drawing import render_job
 from hookcli.pictures.grids import plan_grids
 from hookcli.pictures.html import PAGE_WINDOW, page_name
 from hookcli.pictures.options import GridOptions
+from hookcli.pictures.photos import model_thumbnail
 from hookcli.pictures.reports import CONTENT_SECURITY_POLICY, DEFAULT_PAGE_SIZE, write_report
 from hookcli.storage.features import Features
 from hookcli.storage.saving import write_safetensors
@@ -85,7 +88,7 @@ def test_a_shard_folder_is_paged_and_the_pages_link_to_each_other(folder, tmp_pa
     assert list(_sections(pages[1], "article", "tensor")) == [
         f"image-{row}-tensor-{k}" for row in (3, 4, 5) for k in (0, 1)
     ]
-    assert [len(_pictures(p.read_text())) for p in pages] == [6, 6, 2]
+    assert [len(_pictures(p.read_text())) for p in pages] == [9, 9, 3]  # a thumbnail and two tensors an image
     assert [_links(p) for p in pages] == [
         {"next": "page-00002.html", "last": "page-00003.html"},
         {"first": "index.html", "prev": "index.html", "next": "page-00003.html", "last": "page-00003.html"},
@@ -121,28 +124,45 @@ def test_a_picture_is_what_grid_draws_for_the_same_tensor_and_image(folder, tmp_
     assert [p.tolist() for p in _pictures(article)] == [expected.tolist()]
 
 
+class _Recording:
+    """A reader that lists each read it is asked for, ``(key, row, part)``, and refuses reads of many rows."""
+
+    def __init__(self, features, reads: list):
+        self._features, self._reads = features, reads
+
+    def __getattr__(self, name):
+        return getattr(self._features, name)
+
+    def read(self, key, index=None, part=None):
+        self._reads.append((key, index, part))
+        return self._features.read(key, index, part)
+
+    def read_rows(self, key, start, stop):
+        raise AssertionError("a report reads single rows")
+
+
 def test_rows_are_read_lazily_one_row_and_tensor_at_a_time(folder, tmp_path):
     reads = []
-
-    class Recording:
-        def __init__(self, features):
-            self._features = features
-
-        def __getattr__(self, name):
-            return getattr(self._features, name)
-
-        def read(self, key, index=None, part=None):
-            reads.append((key, index, part))
-            return self._features.read(key, index, part)
-
-        def read_rows(self, key, start, stop):
-            raise AssertionError("a report reads single rows")
-
     with open_features(folder) as features:
-        write_report(Recording(features), tmp_path / "r", GridOptions(), page_size=3)
+        write_report(_Recording(features, reads), tmp_path / "r", GridOptions(), page_size=3)
     expected = [(key, row, None) for row in range(7) for key in ("layer1", "logits")]
     assert sorted(reads, key=lambda r: (r[1], r[0])) == expected
     assert [row for _, row, _ in reads] == [3, 3, 4, 4, 5, 5, 6, 6, 0, 0, 1, 1, 2, 2]  # index.html comes last
+
+
+def test_each_rows_detections_are_read_once_for_their_picture_and_table(tmp_path, photo_path):
+    boxes = np.array([[[10.0, 20.0, 200.0, 300.0], [50.0, 60.0, 90.0, 100.0]]] * 2, dtype=np.float32)
+    tensors = {
+        "detections#boxes": boxes,
+        "detections#labels": np.array([[1, 2]] * 2),
+        "detections#scores": np.array([[0.9, 0.5]] * 2, dtype=np.float32),
+    }
+    metadata = {"family": "detection", "inputs": json.dumps([str(photo_path)] * 2)}
+    reads = []
+    text = write_report(_Recording(Features(tensors, metadata), reads), tmp_path / "r", GridOptions()).read_text()
+    assert sorted(reads) == sorted((key, row, None) for key in tensors for row in (0, 1))
+    articles = re.findall(r'<article class="detections" id="image-\d-detections">(.*?)</article>', text, re.S)
+    assert [(len(_pictures(a)), a.count("<tr><td>#")) for a in articles] == [(1, 2), (1, 2)]
 
 
 def test_many_pages_link_to_a_window_of_nearby_pages(tmp_path):
@@ -170,7 +190,10 @@ def test_the_first_page_opens_with_pictures_and_keeps_the_files_details_collapse
     assert "<tr><th>pages</th><td>3 of up to 3 images</td></tr>" in summary
     assert '<table class="tensors">' not in summary and "metadata" not in summary.replace("tensors and metadata", "")
     assert '<ol start="0">' in text and '<ol start="3">' in (tmp_path / "r" / "page-00002.html").read_text()
-    first_image, details = text.index('<section class="image"'), text.index('<details class="about" id="file">')
+    first_image = text.index('<section class="image"')
+    details = text.index(
+        '<details class="about">\n<summary>The file: its tensors and metadata</summary>\n<div id="file">'
+    )
     assert text.index(summary) < text.index('<nav id="contents"') < first_image < details
     summary = text[details : text.index("</details>", details)]  # collapsed: no open attribute
     assert "<tr><td>layer1</td><td>F32</td><td>[7,64,16,16]</td><td>448.0 KiB</td><td>yes</td></tr>" in summary
@@ -259,6 +282,63 @@ def test_targets_of_a_gradient_folder_are_shown_per_row(tmp_path, photo_path):
         ) in sections[f"image-{row}"]
 
 
+def _table_cells(text: str, css: str) -> list[list[str]]:
+    """The text of each cell of the first ``<table class="css">``, row by row, headings first."""
+    table = re.search(rf'<table class="{css}">(.*?)</table>', text, flags=re.S).group(1)
+    return [re.findall(r"<t[hd][^>]*>(.*?)</t[hd]>", row) for row in re.findall(r"<tr>(.*?)</tr>", table)]
+
+
+def test_a_segmentations_targets_show_each_class_mask_its_pixels_and_share(tmp_path, photo_path):
+    out = hookcli.grad(
+        "lraspp_mobilenet_v3_large",
+        "backbone.12",
+        photo_path,
+        weights="none",
+        resize=32,
+        target="top2",
+        output=tmp_path / "s.safetensors",
+    )
+    with open_features(out) as features:
+        [targets] = json.loads(features.metadata["targets"])
+    text = hookcli.report(out, output=tmp_path / "r").read_text()
+    assert _table_cells(text, "targets segmentation") == [
+        ["target", "class", "name", "pixels", "share", "score"],
+        *(
+            [
+                str(k + 1),
+                str(t["class"]),
+                "-",
+                f"{t['pixels']:,}",
+                f"{t['pixels'] / (32 * 37):.1%}",
+                f"{t['score']:.4g}",
+            ]
+            for k, t in enumerate(targets)
+        ),
+    ]  # the photo (512 x 600) resized to 32 x 37
+    assert "gradient of the target score with respect to &#x27;backbone.12&#x27;, for target 2" in text
+
+
+def test_a_detection_models_targets_show_each_detection_its_label_score_and_box(tmp_path):
+    targets = [
+        [
+            {"detection": 4, "class": 3, "name": "car", "score": 0.75, "box": [1.0, 2.25, 30.0, 40.5]},
+            {"detection": None, "class": None, "name": None, "score": None, "box": None},
+        ]
+    ]
+    metadata = {"family": "detection", "target": "top2", "targets": json.dumps(targets)}
+    features = Features({"x@grad#0": np.ones((1, 3), np.float32), "x@grad#1": np.ones((1, 3), np.float32)}, metadata)
+    text = write_report(features, tmp_path / "r", GridOptions()).read_text()
+    assert _table_cells(text, "targets detection") == [
+        ["target", "detection", "label", "name", "score", "x1", "y1", "x2", "y2"],
+        ["1", "#4", "3", "car", "0.750", "1.0", "2.2", "30.0", "40.5"],
+        ["2", "none", "-", "-", "-", "-", "-", "-", "-"],
+    ]
+    assert (
+        "gradient of the target score with respect to &#x27;x&#x27;, for target 1: detection #4, car (class 3)" in text
+    )
+    assert "for target 2: no such detection</p>" in text
+
+
 def test_cams_are_drawn_over_the_photo_and_without_it_when_it_is_gone(tmp_path, photo_path):
     photo = tmp_path / "hopper.jpg"
     shutil.copy(photo_path, photo)
@@ -280,7 +360,8 @@ def test_cams_are_drawn_over_the_photo_and_without_it_when_it_is_gone(tmp_path, 
     index = hookcli.report(cams, output=tmp_path / "r2", progress=events.append)
     assert [e for e in events if isinstance(e, Note)] == [
         Note(
-            f"CAMs are drawn without their photo where it cannot be read, first for image 0: image not found: '{photo}'"
+            "images whose photo cannot be read are shown without it (no thumbnail, CAMs as plain maps), first image "
+            f"0: image not found: '{photo}'"
         )
     ]
     [plain] = _pictures(_sections(index, "article", "tensor")["image-0-tensor-0"])
@@ -295,7 +376,7 @@ def test_targets_that_are_not_one_list_per_image_are_left_out_with_a_note(tmp_pa
     assert [e for e in events if isinstance(e, Note)] == [
         Note("'odd' has targets that are not one list of objects per image; they are left out")
     ]
-    assert "<caption>Targets</caption>" not in text
+    assert '<table class="targets' not in text
     assert "F32, [3] per image · gradient of the target logit with respect to &#x27;x&#x27;</p>" in text
 
 
@@ -433,7 +514,7 @@ def test_the_command_prints_index_html_and_notes(runner, folder, tmp_path):
         f"Note: '{partial}' holds 6 of its 7 inputs; run the same extract command again to complete it\n"
     )
     assert sorted(p.name for p in (tmp_path / "r").iterdir()) == ["index.html", "page-00002.html"]
-    assert len(_pictures((tmp_path / "r" / "page-00002.html").read_text())) == 3
+    assert len(_pictures((tmp_path / "r" / "page-00002.html").read_text())) == 6  # a thumbnail and layer1, 3 times
 
     odd = tmp_path / "odd.safetensors"
     write_safetensors({"odd": torch.ones(1, 2, 2, 2, 2, 2), "ok": torch.ones(1, 3)}, {}, odd)
@@ -487,7 +568,7 @@ def test_the_pages_render_in_a_browser(folder, tmp_path, browser):
     pictures = browser.execute_script(
         "return [...document.images].map(i => [i.complete, i.naturalWidth, i.naturalHeight]);"
     )
-    assert len(pictures) == 6 and all(complete and width > 0 and height > 0 for complete, width, height in pictures)
+    assert len(pictures) == 9 and all(complete and width > 0 and height > 0 for complete, width, height in pictures)
     pixels = np.asarray(Image.open(io.BytesIO(browser.get_screenshot_as_png())).convert("RGB"))
     assert (pixels != 255).any(axis=2).mean() > 0.05  # text and tables, not a blank page
     assert len(np.unique(pixels.reshape(-1, 3), axis=0)) > 50
@@ -497,11 +578,31 @@ def test_the_pages_render_in_a_browser(folder, tmp_path, browser):
     assert browser.title == f"{folder} · hookcli report · page 2 of 3"
     assert len(browser.find_elements(By.CSS_SELECTOR, "section.image")) == 3
     complete = browser.execute_script("return [...document.images].every(i => i.complete && i.naturalWidth > 0);")
-    assert complete and len(browser.find_elements(By.TAG_NAME, "img")) == 6
+    assert complete and len(browser.find_elements(By.TAG_NAME, "img")) == 9
     browser.find_element(By.CSS_SELECTOR, "#contents a[href='#image-4-tensor-1']").click()
     assert browser.current_url.endswith("page-00002.html#image-4-tensor-1")
     severe = [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
     assert severe == []
+
+
+def test_the_link_to_the_files_tensors_and_metadata_opens_their_collapsed_section(folder, tmp_path, browser):
+    from selenium.webdriver.common.by import By
+
+    index = hookcli.report(folder, output=tmp_path / "r", page_size=3)
+    for arrive in ("the link", "the address", "the link again"):
+        if arrive == "the address":
+            browser.get(index.as_uri() + "#file")
+        else:
+            if arrive == "the link":
+                browser.get(index.as_uri())
+            else:  # closed again by hand, then the same link: the address does not change
+                browser.execute_script("document.querySelector('details.about').open = false; scrollTo(0, 0)")
+            browser.find_element(By.CSS_SELECTOR, "#summary a[href='#file']").click()
+        details = browser.find_element(By.CSS_SELECTOR, "details.about")
+        assert details.get_attribute("open") is not None, arrive
+        assert browser.find_element(By.CSS_SELECTOR, "table.tensors").is_displayed(), arrive
+        top = browser.execute_script("return document.getElementById('file').getBoundingClientRect().top")
+        assert 0 < top < 100, arrive  # scrolled to it, under its summary line
 
 
 def test_a_report_that_fails_part_way_leaves_no_pages_and_no_folder(folder, tmp_path):
@@ -517,15 +618,158 @@ def test_a_report_that_fails_part_way_leaves_no_pages_and_no_folder(folder, tmp_
     assert not (tmp_path / "r").exists()
 
 
-def test_a_classifiers_highest_outputs_are_named_with_the_weights_class_names(tmp_path):
+def test_a_section_opens_with_the_photo_as_the_model_saw_it_its_predictions_and_targets(tmp_path, photo_path):
     names = ["tench", "goldfish", "great white shark", "tiger shark", "hammerhead"]
-    logits = np.array([[0.1, 3.0, -1.0, 2.0, 0.5]], dtype=np.float32)
-    features = Features({"fc": logits}, {"categories": json.dumps(names), "inputs": json.dumps(["a.jpg"])})
-    text = write_report(features, tmp_path / "r", GridOptions(), page_size=5).read_text()
-    table = re.search(r'<table class="channels">.*?</table>', text).group(0)
-    assert "<caption>Highest outputs</caption><tr><th>channel</th><th>class</th><th>mean</th></tr>" in table
-    assert re.findall(r"<tr><td>(\d+)</td><td>([a-z ]+)</td>", table)[:3] == [
-        ("1", "goldfish"),
-        ("3", "tiger shark"),
-        ("4", "hammerhead"),
+    logits = np.array([[0.1, 3.0, -1.0, 2.0, np.nan]], dtype=np.float32)
+    preprocess = {"resize": 64, "crop": 48, "kind": "classification"}
+    targets = [[{"class": 1, "name": "goldfish", "logit": 3.0, "probability": 0.6}]]
+    metadata = {
+        "categories": json.dumps(names),
+        "inputs": json.dumps([str(photo_path)]),
+        "preprocess": json.dumps(preprocess),
+        "target": "top1",
+        "targets": json.dumps(targets),
+    }
+    tensors = {"layer": np.ones((1, 4, 3, 3), np.float32), "fc": logits, "fc@grad": np.ones((1, 5), np.float32)}
+    reads = []
+    write_report(_Recording(Features(tensors, metadata), reads), tmp_path / "r", GridOptions())
+    assert sorted(reads) == [("fc", 0, None), ("fc@grad", 0, None), ("layer", 0, None)]  # the logits once
+    section = _sections(tmp_path / "r" / "index.html", "section", "image")["image-0"]
+    order = re.findall(r'<(figure class="thumbnail"|table class="\w+[^"]*"|article class="tensor" id="[^"]+")', section)
+    assert order == [
+        'figure class="thumbnail"',
+        'table class="predictions"',
+        'table class="targets classification"',
+        'article class="tensor" id="image-0-tensor-0"',  # fc
+        'table class="stats"',  # its highest outputs are the predictions above, not listed again
+        'article class="tensor" id="image-0-tensor-1"',  # fc@grad
+        'table class="stats"',
+        'table class="channels"',
+        'article class="tensor" id="image-0-tensor-2"',  # layer
+        'table class="stats"',
+        'table class="channels"',
     ]
+    gradient = re.search(r'id="image-0-tensor-1">.*?</article>', section, flags=re.S).group(0)
+    assert "<tr><th>channel</th><th>class</th><th>mean</th></tr><tr><td>0</td><td>tench</td>" in gradient
+    overview = re.search(r'<div class="overview">(.*?)</div>', section, flags=re.S).group(1)
+    [thumbnail, *_] = _pictures(overview)
+    assert np.array_equal(thumbnail, model_thumbnail(photo_path, Preprocess(**preprocess)))
+    assert thumbnail.shape == (192, 192, 3) and "<figcaption>as the model saw it</figcaption>" in overview
+    finite = np.exp(logits[0, :4].astype(np.float64) - 3.0)
+    shown = re.findall(
+        r'<tr><td>(\d)</td><td>([a-z ]+)</td><td data-value="([^"]+)">[^<]*</td><td data-value="([^"]+)">', overview
+    )
+    assert [(int(c), name, float(logit), float(p)) for c, name, logit, p in shown] == [
+        (c, names[c], float(logits[0, c]), finite[c] / finite.sum()) for c in (1, 3, 0, 2)
+    ]  # the NaN output is left out
+    assert "<caption>Predictions: the highest outputs of fc</caption>" in overview
+    assert "<tr><td>1</td><td>1</td><td>goldfish</td><td>3.00</td><td>60.0%</td></tr>" in overview
+
+
+# -- detections ------------------------------------------------------------------------------------
+
+
+def _overlaps(rects) -> list[tuple[int, int]]:
+    """The pairs of ``(x, y, x2, y2)`` rectangles that share a pixel."""
+    return [
+        (i, j)
+        for i, (a, b, c, d) in enumerate(rects)
+        for j, (e, f, g, h) in enumerate(rects[:i])
+        if a < g and e < c and b < h and f < d
+    ]
+
+
+def test_tabs_cover_no_other_tab_and_are_left_out_only_where_every_corner_would():
+    rng = np.random.default_rng(0)
+    corners = rng.uniform(0, 560, (100, 2))
+    boxes = np.concatenate([corners, corners + rng.uniform(20, 200, (100, 2))], axis=1)
+    places = place_tabs(boxes, [(60, 20)] * 100, 640, 480)
+    placed = [(x, y, x + 60, y + 20) for x, y in filter(None, places)]
+    assert _overlaps(placed) == [] and all(
+        0 <= x and x + 60 <= 640 and 0 <= y and y + 20 <= 480 for x, y, _, _ in placed
+    )
+    x1, y1 = (round(v) for v in boxes[-1, :2])
+    assert places[-1] == (x1, y1 - 20)  # the last (the best) takes its first choice: above its top-left corner
+    left_out = [i for i, place in enumerate(places) if place is None]
+    assert 10 < len(left_out) < 90
+    for i in left_out:  # each corner it could take covers a placed tab
+        x1, y1, x2, y2 = (round(v) for v in boxes[i])
+        for x, y in [(x1, y1), (x2 - 60, y1), (x1, y2 - 20)]:
+            x, y = min(max(x, 0), 580), min(max(y, 0), 460)
+            assert _overlaps([*placed, (x, y, x + 60, y + 20)])  # the placed tabs alone cover none of each other
+
+
+def test_a_report_of_a_hundred_boxes_labels_the_best_and_says_how_many_are_not(tmp_path, photo_path, monkeypatch):
+    import hookcli.pictures.boxes
+    import hookcli.pictures.drawing
+
+    rng = np.random.default_rng(1)
+    corners = rng.uniform(0, 450, (100, 2))
+    boxes = np.concatenate([corners, corners + rng.uniform(30, 250, (100, 2))], axis=1).astype(np.float32)
+    boxes[0] = [100.0, 150.0, 300.0, 400.0]
+    labels = rng.integers(1, 91, 100)
+    tensors = {
+        "detections#boxes": boxes[None],
+        "detections#labels": labels[None],
+        "detections#scores": np.linspace(0.99, 0.05, 100, dtype=np.float32)[None],  # best first, as torchvision's
+    }
+    metadata = {
+        "family": "detection",
+        "preprocess": json.dumps({"resize": None, "crop": None, "kind": "detection"}),
+        "inputs": json.dumps([str(photo_path)]),
+    }
+    placed, captions = [], []
+
+    def place_tabs_kept(boxes, sizes, width, height):
+        places = place_tabs(boxes, sizes, width, height)
+        placed.extend((x, y, x + w, y + h) for place, (w, h) in zip(places, sizes) if place for x, y in [place])
+        return places
+
+    monkeypatch.setattr(hookcli.pictures.boxes, "place_tabs", place_tabs_kept)
+    monkeypatch.setattr(hookcli.pictures.drawing, "add_title", lambda pixels, parts: captions.append(parts) or pixels)
+    text = hookcli.report(Features(tensors, metadata), output=tmp_path / "r").read_text()
+    labelled = len(placed)
+    assert _overlaps(placed) == [] and 20 < labelled < 100
+    assert captions == [
+        [
+            "detections",
+            "grace_hopper.jpg",
+            "100 detections",
+            f"label (class index) and score on {labelled} boxes",
+            f"{100 - labelled} unlabelled, where their labels would cover those of higher-scoring ones",
+        ]
+    ]
+    [detections] = re.findall(r'<article class="detections".*?</article>', text, flags=re.S)
+    [pixels] = _pictures(detections)
+    assert pixels.shape == (1200, 1024, 3)  # the photo (512 x 600) enlarged twice, under no caption (patched out)
+    x1, y1 = 200, 300
+    colour = list(BOX_COLOURS[int(labels[0]) % 10])
+    assert pixels[y1 - 1, x1 + 1].tolist() == colour  # the best box's tab, above its corner
+    assert pixels[y1 + 1, x1 + 1].tolist() == colour  # and its line
+
+
+def test_a_detection_cam_is_drawn_with_the_box_of_the_detection_it_explains(tmp_path, photo_path):
+    heat = np.zeros((1, 12, 10), dtype=np.float32)
+    heat[0, 3:6, 2:5] = 1.0
+    box = [100.0, 150.0, 300.0, 400.0]  # in pixels of the photo as given (512 x 600)
+    targets = [[{"detection": 4, "class": 3, "name": "car", "score": 0.75, "box": box}]]
+    metadata = {
+        "family": "detection",
+        "cam_layer": "backbone.body.16",
+        "method": "gradcam",
+        "target": "top1",
+        "targets": json.dumps(targets),
+        "preprocess": json.dumps({"resize": None, "crop": None, "kind": "detection"}),
+        "inputs": json.dumps([str(photo_path)]),
+    }
+    text = write_report(Features({"cam": heat}, metadata), tmp_path / "r", GridOptions()).read_text()
+    [pixels] = _pictures(_sections(tmp_path / "r" / "index.html", "article", "tensor")["image-0-tensor-0"])
+    cyan = np.argwhere((pixels == (0, 255, 255)).all(axis=2))
+    top, left = cyan.min(axis=0)
+    bottom, right = cyan.max(axis=0)
+    assert (left, right - left, bottom - top) == (200, 400, 500)  # the box, on the photo enlarged twice (1024 wide)
+    assert pixels.shape[1] == 1024
+    assert (
+        "class-activation map (gradcam at &#x27;backbone.body.16&#x27;), for target 1: detection #4, car (class 3)"
+        in text
+    )

@@ -97,6 +97,23 @@ def test_a_clip_picture_numbers_its_rows_and_columns_and_says_which_is_which(mon
     assert notes == ()
 
 
+def test_a_narrow_clips_legend_is_wrapped_whole_under_its_colour_bar():
+    from PIL import ImageDraw
+
+    from hookcli.pictures.text import caption_font
+
+    clip = np.random.default_rng(0).random((1, 256, 4, 14, 14), dtype=np.float32)  # r3d_18's layer3, 16 frames
+    pixels = _picture({"clip": clip})[0].pixels
+    assert pixels.shape[1] == 209  # two labels and the shortest bar: no room beside it for the words
+    font = caption_font(209)
+    step = font.getbbox("Ag")[3] + 4
+    lines = ["each channel scaled to its own", "range over its frames"]
+    expected = Image.new("RGB", (209, 2 * step + 2), (255, 255, 255))  # the lines, and 6 pixels under them
+    for number, line in enumerate(lines):
+        ImageDraw.Draw(expected).text((6, number * step), line, fill=(60, 60, 60), font=font)
+    assert np.array_equal(pixels[-2 * step - 2 :], np.asarray(expected))
+
+
 def test_each_channel_is_scaled_over_all_its_frames():
     clip = _clip(channels=2, frames=3, size=2).numpy()
     picture, _ = _picture({"clip": clip}, plain=True, padding=0, min_tile=2, cmap="gray")

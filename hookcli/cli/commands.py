@@ -23,6 +23,7 @@ from hookcli.cli.declared import (
     REGION,
     clip_options,
     config_option,
+    declared_option,
     grid_drawing_options,
     model_options,
     preprocess_options,
@@ -34,10 +35,12 @@ from hookcli.console import printable, stdout_for_data
 from hookcli.errors import HookcliError
 from hookcli.events import Advanced, Note, Skipped, Started, Wrote
 from hookcli.families import FAMILIES
+from hookcli.grid_options import GRID_OPTIONS
 from hookcli.models.specs import LISTED_SOURCES
+from hookcli.options import SAVED_STATS_OPTIONS, declared
 from hookcli.run.launch import detect_part
 
-__all__ = ["cam", "extract", "grad", "grid", "info", "layers", "models", "report"]
+__all__ = ["cam", "extract", "grad", "grid", "info", "layers", "models", "report", "stats"]
 
 
 class _Reporter:
@@ -307,6 +310,83 @@ def cam(ctx, **options) -> None:
       hookcli cam -m deeplabv3_resnet50 --target person --region 0,0,0.5,1 group.jpg -o cams/
     """
     _run(ctx, "cam", options, options.pop("images"))
+
+
+@main.command(context_settings=CONTEXT_SETTINGS)
+@config_option
+@model_options(required=False)
+@click.option("--layer", "-l", multiple=True, metavar="SELECTOR", help=LAYER_HELP)
+@declared_option(declared("keys", GRID_OPTIONS), command="stats")
+@run_option("top")
+@run_option("top_by")
+@run_option("quantiles")
+@run_option("pca")
+@preprocess_options
+@click.option(
+    "--output",
+    "-o",
+    metavar="FILE",
+    help="Statistics file [<model>-<layer>.stats.safetensors; of saved features, <their name>.stats.safetensors].",
+)
+@run_option("shard_size", "stats")
+@run_option("part")
+@run_option("fuse")
+@clip_options
+@run_option("pair_with")
+@run_options(stored="statistics are gathered in float64 from float32 values")
+def stats(**options) -> None:
+    """Statistics of each channel of layers over every input, in one pass: dataset examples, quantiles, PCA.
+
+    With --model and --layer, the model runs over IMAGES (as for extract) and
+    nothing but the statistics is kept; without --model, IMAGES is one source
+    of saved features (a file, a shard folder or -), its tensors chosen with
+    -k. For each layer key K of C channels the file holds K@count, K@mean,
+    K@std, K@min, K@max and K@zeros (the share of exact zeros) over every
+    value of each channel; K@quantiles at --quantiles; each channel's --top
+    inputs with the highest maximum (or --top-by mean) of its map, with
+    where the maximum is and the map itself (K@top_values, K@top_rows into
+    the inputs, K@top_at, K@top_maps); and, unless --no-pca, the covariance
+    of the channels pooled over positions and its principal components
+    (K@cov, K@pca_values, K@pca_vectors). Memory does not grow with the
+    number of inputs. Each shard's statistics are kept in FILE.parts/ until
+    the last is done, so a run killed part-way continues where it stopped,
+    and any number of processes may share one run (torchrun, Slurm, --part):
+    they write the same file as one process. grid, report and info read it.
+
+    \b
+      hookcli stats -m resnet50 -l layer3 -l layer4 photos/ -o stats.safetensors
+      hookcli stats -m vit_b_16 -l encoder.layers.encoder_layer_11 --top 16 --quantiles 0.5,0.995 photos/
+      hookcli stats feats/ -k layer3 -o layer3.stats.safetensors
+      torchrun --nproc-per-node 4 -m hookcli stats -m resnet50 -l layer4 --shard-size 2048 data.tar -o s.safetensors
+    """
+    images = options.pop("images")
+    if options["model"] is not None:
+        if not options["layer"]:
+            raise click.UsageError("--layer is needed with --model (repeat it for more layers)")
+        if options["keys"]:
+            raise click.UsageError("-k chooses tensors of saved features; with --model choose layers with --layer")
+        options.pop("keys")
+        _run(click.get_current_context(), "stats", options, options.pop("layer"), images)
+        return
+    given = _given_options(click.get_current_context())
+    asked = [name for name in given if name not in (*SAVED_STATS_OPTIONS, "keys", "output", "quiet", "images")]
+    if asked:
+        raise click.UsageError(
+            f"--{asked[0].replace('_', '-')} applies when --model runs a model; saved features are already computed"
+        )
+    if len(images) != 1:
+        raise click.UsageError(f"give one source of saved features (a file, a folder or -), not {len(images)}")
+    quiet, api = options.pop("quiet"), _library()
+    chosen = {name: options[name] for name in given if name in (*SAVED_STATS_OPTIONS, "keys")}
+    with contextlib.closing(_Reporter(quiet)) as reporter:
+        api.stats(features=images[0], output=options["output"] or api.DEFAULT_OUTPUT, progress=reporter, **chosen)
+
+
+def _given_options(ctx: click.Context) -> list[str]:
+    """The options given on the command line or in a preset, not left at their defaults."""
+    return [
+        name for name in ctx.params if ctx.get_parameter_source(name) not in (click.core.ParameterSource.DEFAULT, None)
+    ]
 
 
 @main.command(context_settings=CONTEXT_SETTINGS)

@@ -48,18 +48,18 @@ class Parsed(click.ParamType):
             self.fail(str(err), param, ctx)
 
 
-def model_options(function=None, *, weights: str | None = None):
+def model_options(function=None, *, weights: str | None = None, required: bool = True):
     """--model, --weights (``weights`` instead of the declared default) and --seed, shared by every command that
-    builds a model."""
+    builds a model (``required``: that command always does)."""
     if function is None:
-        return lambda f: model_options(f, weights=weights)
+        return lambda f: model_options(f, weights=weights, required=required)
     return _options(
         function,
         [
             click.option(
                 "--model",
                 "-m",
-                required=True,
+                required=required,
                 metavar="NAME",
                 help="A torchvision name ('hookcli models'), timm:NAME, hf:ORG/NAME or hf:/folder, "
                 "open_clip:ARCH, or FILE.py:FUNCTION / package.module:FUNCTION (runs that code).",

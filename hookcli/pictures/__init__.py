@@ -4,9 +4,10 @@
 (with :mod:`~hookcli.pictures.options`, :mod:`~hookcli.pictures.reading` and
 :mod:`~hookcli.pictures.drawing`), :mod:`~hookcli.pictures.render` turns maps
 into pixels (with :mod:`~hookcli.pictures.text` and
-:mod:`~hookcli.pictures.flow`), :mod:`~hookcli.pictures.photos` and
-:mod:`~hookcli.pictures.cams` draw over the input photos,
-:mod:`~hookcli.pictures.reports` writes the HTML report (from
+:mod:`~hookcli.pictures.flow`), :mod:`~hookcli.pictures.photos`,
+:mod:`~hookcli.pictures.boxes` and :mod:`~hookcli.pictures.cams` draw over the
+input photos, :mod:`~hookcli.pictures.reports` writes the HTML report (each
+image's section from :mod:`~hookcli.pictures.sections`, the pieces from
 :mod:`~hookcli.pictures.html`) and :mod:`~hookcli.pictures.summary` describes a
 file for ``info``. A statistics file's pictures are its channels' dataset examples
 (:mod:`~hookcli.pictures.examples`, chosen and written by :mod:`~hookcli.pictures.stats_grids`), and its

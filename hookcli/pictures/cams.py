@@ -16,7 +16,7 @@ import numpy as np
 from hookcli.pictures.options import safe_name
 from hookcli.pictures.photos import heat_picture, model_photo_scaled
 from hookcli.pictures.png import save_png
-from hookcli.pictures.render import add_title, draw_boxes
+from hookcli.pictures.render import add_title
 
 __all__ = ["CamOverlays", "cam_png_name"]
 
@@ -80,11 +80,10 @@ class CamOverlays:
             for k, chosen in enumerate(batch.targets[row]):
                 heat = batch.features["cam" if self.count == 1 else f"cam#{k}"][row].numpy()
                 label, caption = _cam_caption(chosen)
-                pixels, flat = heat_picture(photo, heat, cmap=self.cmap, alpha=self.alpha, what=self.method)
+                box = np.array([chosen["box"]]) * scale if chosen.get("box") else None  # pixels the model was given
+                pixels, flat = heat_picture(photo, heat, cmap=self.cmap, alpha=self.alpha, what=self.method, boxes=box)
                 if flat and self.on_note is not None:
                     self.on_note(f"{Path(self.paths[index]).name}, {label}: {flat}")
-                if chosen.get("box"):  # in pixels of the image the model was given
-                    pixels = draw_boxes(pixels, np.array([chosen["box"]]) * scale, [_BOX_COLOUR])
                 pixels = add_title(pixels, [*caption, f"{self.method} at {self.layer}"])
                 path = self.folder / cam_png_name(index, self.paths[index], k, self.count)
                 save_png(pixels, path, force=self.force)
@@ -98,10 +97,6 @@ class CamOverlays:
 
     def abort(self) -> None:
         self.inner.abort()
-
-
-#: The box of the detection a CAM explains: cyan, which the heat maps' colormaps seldom use.
-_BOX_COLOUR = (0, 255, 255)
 
 
 def _cam_caption(chosen: Mapping) -> tuple[str, list[str]]:

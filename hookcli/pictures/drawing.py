@@ -12,9 +12,10 @@ import numpy as np
 from hookcli.console import printable
 from hookcli.errors import FeatureFileError, HookcliError
 from hookcli.inputs.preprocess import Preprocess
+from hookcli.pictures.boxes import BOX_COLOURS, draw_boxes
 from hookcli.pictures.flow import add_flow_legend, flow_colours, longest_flow
 from hookcli.pictures.options import GridJob, GridOptions, capped
-from hookcli.pictures.photos import heat_picture, model_photo, model_photo_scaled
+from hookcli.pictures.photos import heat_picture, model_photo_scaled
 from hookcli.pictures.reading import (
     Detections,
     channels_last,
@@ -28,7 +29,6 @@ from hookcli.pictures.reading import (
     row_drawn,
 )
 from hookcli.pictures.render import (
-    BOX_COLOURS,
     CLIPS,
     STRIPS,
     NotDrawable,
@@ -36,7 +36,6 @@ from hookcli.pictures.render import (
     add_colorbar,
     add_title,
     as_maps,
-    draw_boxes,
     frame_layout,
     map_layout,
     scale_maps,
@@ -50,7 +49,7 @@ from hookcli.pictures.text import number
 from hookcli.storage.fileformat import DETECTIONS
 from hookcli.storage.reader import FeatureReader
 
-__all__ = ["Picture", "render_job", "render_picture"]
+__all__ = ["Picture", "render_detections", "render_job", "render_picture"]
 
 
 _LAYOUTS = {
@@ -80,7 +79,12 @@ def render_job(
 
 
 def render_picture(
-    features: FeatureReader, job: GridJob, options: GridOptions, values: np.ndarray | None = None
+    features: FeatureReader,
+    job: GridJob,
+    options: GridOptions,
+    values: np.ndarray | None = None,
+    *,
+    boxes: np.ndarray | None = None,
 ) -> Picture:
     """Draw one job, at most ``job.limit`` of the selected maps, with labels, a colour bar and a caption.
 
@@ -89,21 +93,26 @@ def render_picture(
     picture with its colour wheel. A row of a ragged key is drawn at its own
     shape, and a detection file's final detections as boxes over the photo.
     ``values``: the job's whole row (in its own shape) when the caller has
-    already read it (otherwise only the channels drawn are read). Raises
+    already read it (otherwise only the channels drawn are read). ``boxes``
+    (``[K, 4]``: x1, y1, x2, y2 in pixels of the image the model was given)
+    are outlined over an overlay: the detection a detection model's CAM
+    explains, which the file's targets give. Raises
     :class:`~hookcli.pictures.render.NotDrawable` for shapes without a picture, and
     :class:`~hookcli.pictures.render.RowNotDrawable` for a row without one.
     """
     if job.key in detection_keys(features, [job.key]):
-        return _detections_picture(features, job, options)
+        return render_detections(features, job, options, read_detections(features, job.row))
     if not features.ragged(job.key):
-        return _row_picture(features, job, options, values)
+        return _row_picture(features, job, options, values, boxes)
     try:
-        return _row_picture(features, job, options, values)
+        return _row_picture(features, job, options, values, boxes)
     except NotDrawable as reason:  # what one row's shape rules out says nothing of the others
         raise RowNotDrawable(str(reason)) from None
 
 
-def _row_picture(features: FeatureReader, job: GridJob, options: GridOptions, values: np.ndarray | None) -> Picture:
+def _row_picture(
+    features: FeatureReader, job: GridJob, options: GridOptions, values: np.ndarray | None, boxes: np.ndarray | None
+) -> Picture:
     if draws_flow(features, job.key, options):
         return _flow_picture(features, job, options, values)
     single = one_map_a_row(features, job.key)
@@ -150,7 +159,7 @@ def _row_picture(features: FeatureReader, job: GridJob, options: GridOptions, va
         picked = f"top {len(maps)} by {'value' if layout in STRIPS else 'mean'}"
     notes, labelled = [], True
     if options.overlay:
-        pixels, note = _overlay_picture(features, job, maps, options)
+        pixels, note = _overlay_picture(features, job, maps, options, boxes)
         picked = f"mean of {picked}" if len(maps) > 1 else picked
         if note:
             notes.append(f"{job.key}, {job.name}: {note}")
@@ -265,9 +274,10 @@ def _flow_picture(features: FeatureReader, job: GridJob, options: GridOptions, v
 
 
 def _overlay_picture(
-    features: FeatureReader, job: GridJob, maps: np.ndarray, options: GridOptions
+    features: FeatureReader, job: GridJob, maps: np.ndarray, options: GridOptions, boxes: np.ndarray | None
 ) -> tuple[np.ndarray, str | None]:
-    """The mean of ``maps`` over the photo the model saw, with a colour bar; a note when the map is flat."""
+    """The mean of ``maps`` over the photo the model saw, with a colour bar and ``boxes``; a note when the map is
+    flat."""
     try:
         preprocess = Preprocess.from_metadata(features.metadata.get("preprocess"))
     except ValueError as err:
@@ -275,18 +285,24 @@ def _overlay_picture(
             f"'{features.name}' has unusable preprocess metadata: {err}",
             hint="draw without --overlay, or write the file again with hookcli extract",
         ) from None
-    photo = model_photo(job.source_image, preprocess, enlarge=not options.plain)
+    photo, scale = model_photo_scaled(job.source_image, preprocess, enlarge=not options.plain)
     heat = np.nanmean(np.where(np.isfinite(maps), maps, np.nan), axis=0) if len(maps) > 1 else maps[0]
     what = features.metadata.get("method", "cam") if one_map_a_row(features, job.key) else "activation"
     return heat_picture(
-        photo, heat, cmap=options.overlay_cmap, alpha=options.alpha, what=what, legend=not options.plain
+        photo,
+        heat,
+        cmap=options.overlay_cmap,
+        alpha=options.alpha,
+        what=what,
+        legend=not options.plain,
+        boxes=None if boxes is None else boxes * scale,
     )
 
 
-def _detections_picture(features: FeatureReader, job: GridJob, options: GridOptions) -> Picture:
-    """The photo the model was given with each detection's box, coloured by its label, and on it its label and
-    score (``plain``: the boxes alone, over the photo at the size the model was given it)."""
-    found = read_detections(features, job.row)
+def render_detections(features: FeatureReader, job: GridJob, options: GridOptions, found: Detections) -> Picture:
+    """The photo the model was given with each of ``found`` (row ``job.row``'s detections, read by the caller, who
+    may show them otherwise too) as a box, coloured by its label, and on it its label and score (``plain``: the
+    boxes alone, over the photo at the size the model was given it)."""
     try:
         preprocess = Preprocess.from_metadata(features.metadata.get("preprocess"))
     except ValueError as err:
@@ -300,8 +316,11 @@ def _detections_picture(features: FeatureReader, job: GridJob, options: GridOpti
     drawn = [i for i in ranked if finite[i]]  # lowest score first, so the best are drawn over the rest
     labels = found.labels if found.labels is not None else np.zeros(len(found.boxes), dtype=np.int64)
     colours = [BOX_COLOURS[int(labels[i]) % len(BOX_COLOURS)] for i in drawn]
-    texts = None if options.plain else [_detection_text(found, i) for i in drawn]
-    pixels = draw_boxes(photo, found.boxes[drawn] * scale, colours, texts)
+    shown = [
+        what for what, there in (("label (class index)", found.labels), ("score", found.scores)) if there is not None
+    ]
+    texts = None if options.plain or not shown else [_detection_text(found, i) for i in drawn]
+    pixels, unlabelled = draw_boxes(photo, found.boxes[drawn] * scale, colours, texts)
     count = len(found.boxes)
     if options.title and not options.plain:
         parts = [
@@ -309,13 +328,13 @@ def _detections_picture(features: FeatureReader, job: GridJob, options: GridOpti
             printable(capped(job.name, 120)),
             "no detections" if count == 0 else f"{count} detection{'s' if count != 1 else ''}",
         ]
-        shown = [
-            what
-            for what, there in (("label (class index)", found.labels), ("score", found.scores))
-            if there is not None
-        ]
-        if drawn and shown:
+        if texts:
             parts.append(f"{' and '.join(shown)} on each box")
+        if unlabelled:
+            better = "higher-scoring ones" if found.scores is not None else "the others"
+            parts[-1] = f"{' and '.join(shown)} on {len(drawn) - unlabelled} boxes"
+            theirs = "its label" if unlabelled == 1 else "their labels"
+            parts.append(f"{unlabelled} unlabelled, where {theirs} would cover those of {better}")
         pixels = add_title(pixels, parts)
     missing = count - len(drawn)
     return Picture(

@@ -46,6 +46,7 @@ import numpy as np
 from hookcli.errors import UsageProblem
 from hookcli.events import Advanced, Event, Note, Started, Wrote
 from hookcli.files import check_folder_output, refuse_existing
+from hookcli.patterns import select_keys
 from hookcli.pictures.drawing import render_picture
 from hookcli.pictures.options import DEFAULT_MAPS, GridJob, GridOptions, capped, file_stems, safe_name
 from hookcli.pictures.png import save_png
@@ -59,7 +60,6 @@ from hookcli.pictures.reading import (
     input_names,
     recorded_prefix_tokens,
     row_drawn,
-    select_keys,
     select_rows,
 )
 from hookcli.pictures.render import (

@@ -21,7 +21,7 @@ from PIL import Image
 
 from hookcli.console import printable
 from hookcli.files import format_bytes
-from hookcli.pictures.reading import Detections
+from hookcli.pictures.reading import Detections, target_box
 from hookcli.pictures.summary import values_stats
 from hookcli.storage.fileformat import metadata_order
 from hookcli.storage.reader import FeatureReader
@@ -42,11 +42,14 @@ __all__ = [
     "page_name",
     "pager",
     "jpeg_uri",
+    "picture_html",
     "png_uri",
+    "predictions_table",
     "shape_html",
     "row_shape_html",
     "stats_table",
     "STYLE",
+    "target_kind",
     "target_name",
     "targets_table",
     "escaped",
@@ -100,15 +103,77 @@ def _capped(text: str) -> str:
     return text if len(text) <= TEXT_SHOWN else f"{text[:TEXT_SHOWN]}… ({len(text):,} characters)"
 
 
+def target_kind(targets: Sequence[dict]) -> str:
+    """What a row's targets score, told by the fields ``grad`` and ``cam`` record: ``detection`` (a detection's
+    score: ``detection``, ``box``), ``segmentation`` (a class mask's: ``pixels``) or ``classification`` (a logit)."""
+    if any("detection" in t or "box" in t for t in targets):
+        return "detection"
+    return "segmentation" if any("pixels" in t for t in targets) else "classification"
+
+
+def _box_cells(target: dict) -> str:
+    box = target_box(target)
+    corners = box[0].tolist() if box is not None else [None] * 4
+    return "".join(f"<td>{_number(value, '.1f')}</td>" for value in corners)
+
+
+def _region_cell(target: dict) -> str:
+    region = target.get("region")
+    if not isinstance(region, list) or not all(isinstance(v, int | float) for v in region):
+        return "<td>-</td>"
+    return f"<td>{escaped(','.join(f'{v:g}' for v in region))}</td>"
+
+
+def _class_cell(target: dict) -> str:
+    label = target.get("class")
+    return f"<td>{'-' if label is None else escaped(_plain(label))}</td>"
+
+
+#: The columns of each kind of target (:func:`target_kind`): headings (split at spaces) and a row's cells, from what
+#: was recorded.
+_TARGET_COLUMNS: dict[str, tuple[tuple[str, Callable[[dict], str]], ...]] = {
+    "classification": (
+        ("class", _class_cell),
+        ("name", lambda t: f"<td>{escaped(_name(t))}</td>"),
+        ("logit", lambda t: f"<td>{_number(t.get('logit'), '.2f')}</td>"),
+        ("probability", lambda t: f"<td>{_number(t.get('probability'), '.1%')}</td>"),
+    ),
+    "segmentation": (
+        ("class", _class_cell),
+        ("name", lambda t: f"<td>{escaped(_name(t))}</td>"),
+        ("pixels", lambda t: f"<td>{_number(t.get('pixels'), ',')}</td>"),
+        ("share", lambda t: f"<td>{_number(t.get('share'), '.1%')}</td>"),
+        ("score", lambda t: f"<td>{_number(t.get('score'), '.4g')}</td>"),
+    ),
+    "detection": (
+        ("detection", lambda t: f"<td>{_detection_place(t)}</td>"),
+        ("label", _class_cell),
+        ("name", lambda t: f"<td>{escaped(_name(t))}</td>"),
+        ("score", lambda t: f"<td>{_number(t.get('score'), '.3f')}</td>"),
+        ("x1 y1 x2 y2", _box_cells),
+    ),
+}
+
+
+_TARGET_CAPTIONS = {
+    "classification": "Targets: logits",
+    "segmentation": "Targets: class masks (score: logits summed over the mask)",
+    "detection": "Targets: detections (boxes in pixels of the image the model was given)",
+}
+
+
 def targets_table(targets: list[dict]) -> str:
-    rows = "".join(
-        f"<tr><td>{k + 1}</td><td>{escaped(_plain(t.get('class')))}</td><td>{escaped(_name(t))}</td>"
-        f"<td>{_number(t.get('logit'), '.2f')}</td><td>{_number(t.get('probability'), '.1%')}</td></tr>"
-        for k, t in enumerate(targets)
-    )
+    """The row's targets, with the columns that fit what they score (:func:`target_kind`); a segmentation's
+    ``--region`` as a column of its own."""
+    kind = target_kind(targets)
+    columns = _TARGET_COLUMNS[kind]
+    if kind == "segmentation" and any("region" in t for t in targets):
+        columns = (*columns, ("region", _region_cell))
+    header = "".join(f"<th>{name}</th>" for names, _ in columns for name in names.split())
+    rows = "".join(f"<tr><td>{k + 1}</td>{''.join(cell(t) for _, cell in columns)}</tr>" for k, t in enumerate(targets))
     return (
-        '<table class="targets"><caption>Targets</caption><tr><th>target</th><th>class</th><th>name</th>'
-        f"<th>logit</th><th>probability</th></tr>{rows}</table>\n"
+        f'<table class="targets {kind}"><caption>{_TARGET_CAPTIONS[kind]}</caption><tr><th>target</th>{header}</tr>'
+        f"{rows}</table>\n"
     )
 
 
@@ -116,9 +181,24 @@ def _name(target: dict) -> str:
     return target["name"] if isinstance(target.get("name"), str) else "-"
 
 
+def _detection_place(target: dict) -> str:
+    """A detection target's place in the model's output, as ``--target '#N'`` names it; ``none`` when the image has
+    no such detection."""
+    place = target.get("detection")
+    return f"#{place}" if isinstance(place, int) and not isinstance(place, bool) else "none"
+
+
 def target_name(target: dict) -> str:
-    number = f"class {_plain(target.get('class'))}"
-    return f"{target['name']} ({number})" if isinstance(target.get("name"), str) else number
+    """A target in a few words: its class (and name), and the detection it is, or that there is none."""
+    label = target.get("class")
+    number = f"class {_plain(label)}"
+    named = f"{target['name']} ({number})" if isinstance(target.get("name"), str) else number
+    if "detection" not in target:
+        return named
+    place = _detection_place(target)
+    if place == "none":
+        return "no such detection" + (f" of {named}" if label is not None else "")
+    return f"detection {place}, {named}"
 
 
 def stats_table(values: np.ndarray) -> str:
@@ -161,8 +241,23 @@ def detections_table(found: Detections) -> str:
     )
 
 
+def predictions_table(key: str, outputs: Sequence[tuple[int, float, float]], names: Sequence[str]) -> str:
+    """A classifier's highest outputs (``(class, logit, probability)``, from the logits stored under ``key``), named
+    with the weights' class ``names``."""
+    rows = "".join(
+        f"<tr><td>{label}</td><td>{escaped(names[label])}</td>{number_cell(logit, '.2f')}"
+        f"{number_cell(probability, '.1%')}</tr>"
+        for label, logit, probability in outputs
+    )
+    return (
+        f'<table class="predictions"><caption>Predictions: the highest outputs of {escaped(key)}</caption>'
+        f"<tr><th>class</th><th>name</th><th>logit</th><th>probability</th></tr>{rows}</table>"
+    )
+
+
 def channels_table(channels: list[tuple[int, float]], names: Sequence[str] | None = None) -> str:
-    """The most active channels and their means; ``names`` (a classifier's class names) name them."""
+    """The most active channels and their means; ``names`` (a classifier's class names, for a tensor of one value a
+    class, such as a gradient with respect to the logits) name them."""
     if len(channels) < 2:
         return ""
     named = names is not None and all(index < len(names) for index, _ in channels)
@@ -172,7 +267,7 @@ def channels_table(channels: list[tuple[int, float]], names: Sequence[str] | Non
         for index, mean in channels
     )
     return (
-        f'<table class="channels"><caption>{"Highest outputs" if named else "Most active channels"}</caption>'
+        '<table class="channels"><caption>Most active channels</caption>'
         f"<tr><th>channel</th>{'<th>class</th>' if named else ''}<th>mean</th></tr>{rows}</table>"
     )
 
@@ -237,7 +332,10 @@ def file_details(described: dict, shown: Container[str]) -> str:
     """The file's tensors (``shown``: those the report shows) and metadata, as
     :func:`~hookcli.pictures.summary.describe_file` describes them, in a collapsed section."""
     parts = [
-        '<details class="about" id="file">\n<summary>The file: its tensors and metadata</summary>\n'
+        # The link's target is inside the collapsed section, so that following it opens the section: browsers
+        # reveal a fragment's target hidden in a closed <details> (the HTML standard's ancestor revealing), with no
+        # script.
+        '<details class="about">\n<summary>The file: its tensors and metadata</summary>\n<div id="file">\n'
         '<h3>Tensors</h3>\n<table class="tensors"><tr><th>key</th><th>dtype</th><th>shape</th>'
         "<th>size</th><th>in the report</th></tr>",
     ]
@@ -254,7 +352,7 @@ def file_details(described: dict, shown: Container[str]) -> str:
             f"<tr><th>{escaped(key)}</th><td>{value_html(metadata[key])}</td></tr>" for key in metadata_order(metadata)
         )
         parts.append("</table>\n")
-    parts.append("</details>\n")
+    parts.append("</div>\n</details>\n")
     return "".join(parts)
 
 
@@ -310,6 +408,14 @@ def row_shape_html(features: FeatureReader, key: str, row: int) -> str:
     return f"{features.dtype(key)}, {own} for this image (images differ in shape; the largest is {largest})"
 
 
+def picture_html(pixels: np.ndarray, alt: str, *, jpeg: bool = False) -> str:
+    """``uint8 [H, W, 3]`` pixels as an ``<img>`` of their own size, embedded (the page fetches nothing): a PNG, or
+    with ``jpeg`` a JPEG (:func:`jpeg_uri`, for pictures of photos)."""
+    height, width = pixels.shape[:2]
+    source = f"data:image/jpeg;base64,{jpeg_uri(pixels)}" if jpeg else f"data:image/png;base64,{png_uri(pixels)}"
+    return f'<img src="{source}" width="{width}" height="{height}" alt="{escaped(alt)}">'
+
+
 def png_uri(pixels: np.ndarray) -> str:
     # zlib level 1, as grid writes: about half the time of the default for pictures some 7% larger.
     return _encoded(pixels, format="PNG", compress_level=1)
@@ -354,6 +460,10 @@ nav.pages .count { margin-left: auto; color: #555; }
 #contents ol > li { break-inside: avoid; }
 #contents ul { font-size: .9em; margin: .1em 0 .4em; }
 .path, .shape { color: #555; margin: 0 0 .4em; overflow-wrap: anywhere; }
+.overview { display: flex; flex-wrap: wrap; gap: .5em 2em; align-items: flex-start; margin: .3em 0 .6em; }
+.thumbnail { margin: .3em 0; }
+.thumbnail img { display: block; border: 1px solid #ddd; }
+.thumbnail figcaption { color: #555; font-size: .85em; }
 .tensor .body { display: flex; flex-wrap: wrap; gap: 1em; align-items: flex-start; }
 .tensor img { max-width: 100%; height: auto; border: 1px solid #ddd; }
 table { border-collapse: collapse; margin: .3em 0; }
@@ -361,10 +471,11 @@ th, td { border: 1px solid #ddd; padding: .15em .5em; text-align: left; vertical
          overflow-wrap: anywhere; }
 th { background: #f4f4f6; }
 caption { text-align: left; font-weight: bold; padding: .2em 0; }
-.stats td, .channels td, .targets td, .detections td { font-variant-numeric: tabular-nums; }
+.stats td, .channels td, .predictions td, .targets td, .detections td { font-variant-numeric: tabular-nums; }
 .inner { margin: 0; }
 ol.inner { padding-left: 2.5em; }
 .more { list-style: none; color: #555; }
 .missing { color: #a00; }
+#file { scroll-margin-top: 4em; }
 footer { margin-top: 2em; color: #555; border-top: 1px solid #ccc; }
 """

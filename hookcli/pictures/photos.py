@@ -9,13 +9,26 @@ from PIL import Image
 
 from hookcli.inputs.images import RESAMPLE as resample
 from hookcli.inputs.images import load_rgb, model_view, open_input
+from hookcli.pictures.boxes import CAM_BOX_COLOUR, draw_boxes
 from hookcli.pictures.render import add_colorbar, overlay, value_range
 from hookcli.pictures.text import number
 
-__all__ = ["OVERLAY_MIN", "OVERLAY_SIDE", "heat_picture", "model_photo", "model_photo_scaled"]
+__all__ = [
+    "OVERLAY_MIN",
+    "OVERLAY_SIDE",
+    "THUMBNAIL_SIDE",
+    "heat_picture",
+    "model_photo",
+    "model_photo_scaled",
+    "model_thumbnail",
+]
 
 #: Overlays are drawn at least OVERLAY_MIN and at most OVERLAY_SIDE pixels a side.
 OVERLAY_MIN, OVERLAY_SIDE = 512, 2048
+
+
+#: A report's thumbnail of an input is at most this many pixels a side.
+THUMBNAIL_SIDE = 192
 
 
 def model_photo(path, preprocess, *, enlarge: bool = True) -> np.ndarray:
@@ -32,6 +45,17 @@ def model_photo(path, preprocess, *, enlarge: bool = True) -> np.ndarray:
     same. Without preprocessing facts the whole photo is used.
     """
     return model_photo_scaled(path, preprocess, enlarge=enlarge)[0]
+
+
+def model_thumbnail(path, preprocess, side: int = THUMBNAIL_SIDE) -> np.ndarray:
+    """:func:`model_photo` at most ``side`` pixels a side: what a report shows first of each input.
+
+    Reduced from the enlarged view, which is resampled from the original photo, so that a small crop is not
+    blurred up from its own few pixels.
+    """
+    image = Image.fromarray(model_photo(path, preprocess))
+    image.thumbnail((side, side), Image.Resampling.LANCZOS)
+    return np.asarray(image)
 
 
 def model_photo_scaled(path, preprocess, *, enlarge: bool = True) -> tuple[np.ndarray, float]:
@@ -89,19 +113,30 @@ def _upright_size(path) -> tuple[int, int]:
 
 
 def heat_picture(
-    photo: np.ndarray, heat: np.ndarray, *, cmap: str, alpha: float, what: str, legend: bool = True
+    photo: np.ndarray,
+    heat: np.ndarray,
+    *,
+    cmap: str,
+    alpha: float,
+    what: str,
+    legend: bool = True,
+    boxes: np.ndarray | None = None,
 ) -> tuple[np.ndarray, str | None]:
     """``heat`` over ``photo`` with a colour bar giving the map's range; ``(pixels, note)``, a note when it is flat.
 
     A map with no spread (all zero, as a CAM is when no position raises the
     class's score) is not drawn: the photo is shown as it is, and the bar and
-    the note say why. ``legend=False`` leaves the bar out.
+    the note say why. ``legend=False`` leaves the bar out. ``boxes``
+    (``[K, 4]`` in ``photo``'s pixels) are outlined over the map, as a
+    detection's CAM shows the detection it explains.
     """
     span = value_range(np.asarray(heat))
     flat = (
         "has no finite values" if span is None else f"is {number(span[0])} everywhere" if span[0] == span[1] else None
     )
     pixels = overlay(photo, heat, cmap=cmap, alpha=alpha)  # a flat map leaves the photo as it is
+    if boxes is not None:
+        pixels = draw_boxes(pixels, boxes, [CAM_BOX_COLOUR] * len(boxes))[0]
     if legend:
         ends, said = (
             (("low", "high"), f"the map {flat}: nothing to overlay")

@@ -7,7 +7,6 @@ detections a detection model stored.
 
 from __future__ import annotations
 
-import difflib
 import functools
 import json
 import re
@@ -17,10 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-from hookcli.errors import FeatureFileError, UsageProblem
+from hookcli.errors import UsageProblem
 from hookcli.families import channels_last_output, square_input
 from hookcli.inputs.preprocess import Preprocess
-from hookcli.patterns import glob_to_regex
 from hookcli.pictures.options import GridOptions
 from hookcli.pictures.render import NotDrawable
 from hookcli.storage.fileformat import DETECTIONS
@@ -43,8 +41,8 @@ __all__ = [
     "recorded_categories",
     "recorded_prefix_tokens",
     "row_drawn",
-    "select_keys",
     "select_rows",
+    "target_box",
 ]
 
 
@@ -106,37 +104,6 @@ def _names(text: str) -> tuple[str, ...] | None:
     except (ValueError, RecursionError, TypeError):
         return None
     return tuple(inputs) if isinstance(inputs, list) and all(isinstance(p, str) for p in inputs) else None
-
-
-def select_keys(available: list[str], patterns: Sequence[str], name: str, *, what: str = "tensor") -> list[str]:
-    """The keys of ``available`` the globs ``patterns`` match, in the order of the patterns (all of them when none
-    is given); a pattern that matches none is refused, naming the closest ``what`` (a tensor, a layer).
-
-    >>> select_keys(["layer1", "layer2", "fc"], ["fc", "layer*"], "f.safetensors")
-    ['fc', 'layer1', 'layer2']
-    """
-    if not available:
-        raise FeatureFileError(f"'{name}' holds no {what}s")
-    if not patterns:
-        return list(available)
-    chosen: list[str] = []
-    for pattern in patterns:
-        try:
-            regex = glob_to_regex(pattern)
-        except re.error as err:
-            raise UsageProblem(
-                f"invalid key pattern '{pattern}': {err}",
-                hint="patterns take * ? and [abc] or [a-z] ranges written low to high",
-            ) from None
-        found = [k for k in available if regex.fullmatch(k)]
-        if not found:
-            closest = difflib.get_close_matches(pattern, available, n=3, cutoff=0.0)
-            raise UsageProblem(
-                f"no {what} '{pattern}' in '{name}' (closest: {', '.join(closest)})",
-                hint="'hookcli info' lists the keys",
-            )
-        chosen.extend(k for k in found if k not in chosen)
-    return chosen
 
 
 _ROW_RANGE = re.compile(r"(-?\d*):(-?\d*)")
@@ -274,6 +241,22 @@ def read_detections(features: FeatureReader, row: int) -> Detections:
     if labels is not None and labels.dtype.kind not in "iu":
         raise NotDrawable(f"'{DETECTIONS}#labels' holds {labels.dtype} values, not class indices")
     return Detections(boxes, labels, found["scores"])
+
+
+def target_box(target: dict) -> np.ndarray | None:
+    """The box (``[1, 4]``: x1, y1, x2, y2 in pixels of the image the model was given) of the detection a ``grad`` or
+    ``cam`` target of a detection model names, or None where it names none or its box is not four finite numbers
+    (targets come from the file's metadata, untrusted).
+
+    >>> target_box({"detection": 2, "box": [1, 2.5, 30, 40]}).tolist(), target_box({"class": 3, "logit": 1.0})
+    ([[1.0, 2.5, 30.0, 40.0]], None)
+    """
+    box = target.get("box")
+    if not isinstance(box, list) or len(box) != 4:
+        return None
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) and np.isfinite(v) for v in box):
+        return None
+    return np.array([box], dtype=np.float64)
 
 
 def row_drawn(row: Sequence[int], options: GridOptions) -> tuple[list[int], int | None]:

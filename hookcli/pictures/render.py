@@ -19,9 +19,8 @@ colours come from matplotlib's colormaps, sampled once into a 256-entry table.
 - :func:`flow_colours` draws an optical-flow field in the Middlebury colour
   code (hue: direction; white to full colour: length), and
   :func:`add_flow_legend` puts its colour wheel (:func:`flow_wheel`) under it.
-- :func:`overlay` blends a heat map over a photo; :func:`draw_boxes` outlines
-  a detection model's boxes on one; :func:`add_title` adds a caption sized to
-  the picture, :func:`add_colorbar` a colour scale.
+- :func:`overlay` blends a heat map over a photo; :func:`add_title` adds a
+  caption sized to the picture, :func:`add_colorbar` a colour scale.
 
 >>> import numpy as np
 >>> maps, layout = as_maps(np.zeros((197, 768), dtype=np.float32))
@@ -46,17 +45,24 @@ from PIL import Image, ImageDraw
 
 from hookcli.errors import UsageProblem
 from hookcli.families import is_square
-from hookcli.pictures.text import caption_font, glyphs, label_band, label_size, stamp, text_width, tick_step
+from hookcli.pictures.text import (
+    caption_font,
+    glyphs,
+    label_band,
+    label_size,
+    stamp,
+    text_width,
+    tick_step,
+    wrapped,
+)
 
 __all__ = [
     "add_colorbar",
     "add_title",
     "as_maps",
-    "BOX_COLOURS",
     "check_cmap",
     "CLIPS",
     "colorize",
-    "draw_boxes",
     "frame_layout",
     "FrameLayout",
     "grid_columns",
@@ -486,57 +492,6 @@ def overlay(photo: np.ndarray, heat: np.ndarray, *, cmap: str = "inferno", alpha
     return np.round((1.0 - alpha) * photo.astype(np.float32) + alpha * colours).astype(np.uint8)
 
 
-#: Colours of detection boxes, one a class label (its index modulo ten): matplotlib's tab10, which stand out on photos.
-BOX_COLOURS = (
-    (31, 119, 180),
-    (255, 127, 14),
-    (44, 160, 44),
-    (214, 39, 40),
-    (148, 103, 189),
-    (140, 86, 75),
-    (227, 119, 194),
-    (127, 127, 127),
-    (188, 189, 34),
-    (23, 190, 207),
-)
-
-
-def draw_boxes(
-    photo: np.ndarray, boxes: np.ndarray, colours: Sequence[tuple[int, int, int]], texts: Sequence[str] | None = None
-) -> np.ndarray:
-    """``boxes`` (``[K, 4]``: x1, y1, x2, y2 in ``photo``'s pixels, finite) outlined on a copy of a ``uint8 [H, W, 3]``
-    photo, each in its colour, later boxes over earlier ones; each box's text (None: none) on a tab of its colour
-    at its top-left corner, above the box where there is room.
-
-    Lines are about a 300th of the picture's longer side thick, and the type grows with the picture as a
-    caption's does.
-
-    >>> photo = np.zeros((40, 60, 3), dtype=np.uint8)
-    >>> pixels = draw_boxes(photo, np.array([[10.0, 5.0, 30.0, 20.0]]), [(255, 0, 0)])
-    >>> pixels[5, 10].tolist(), pixels[12, 20].tolist()
-    ([255, 0, 0], [0, 0, 0])
-    """
-    image = Image.fromarray(np.asarray(photo, dtype=np.uint8))
-    draw = ImageDraw.Draw(image)
-    line = max(2, round(max(image.size) / 300))
-    font = caption_font(image.width)
-    # Far-off corners clipped near the picture: PIL draws with C integers, and a box's visible part is all that shows.
-    limits = np.array([image.width, image.height, image.width, image.height]) + line
-    boxes = np.clip(np.asarray(boxes, dtype=np.float64).reshape(-1, 4), -line, limits)
-    for number, ((x1, y1, x2, y2), colour) in enumerate(zip(boxes.tolist(), colours)):
-        draw.rectangle((x1, y1, max(x1, x2), max(y1, y2)), outline=tuple(colour), width=line)
-        if not texts:
-            continue
-        left, top, right, bottom = draw.textbbox((0, 0), texts[number], font=font)
-        tab_w, tab_h = right - left + 6, bottom - top + 6
-        x = min(max(x1, 0), max(image.width - tab_w, 0))
-        y = y1 - tab_h if y1 - tab_h >= 0 else max(y1, 0)
-        draw.rectangle((x, y, x + tab_w - 1, y + tab_h - 1), fill=tuple(colour))
-        light = 0.299 * colour[0] + 0.587 * colour[1] + 0.114 * colour[2] > 150
-        draw.text((x + 3 - left, y + 3 - top), texts[number], fill=(0, 0, 0) if light else (255, 255, 255), font=font)
-    return np.asarray(image)
-
-
 def add_title(pixels: np.ndarray, parts: Sequence[str]) -> np.ndarray:
     """Put a white caption strip above the picture: ``parts`` joined by `` · ``, wrapped to its width.
 
@@ -545,13 +500,7 @@ def add_title(pixels: np.ndarray, parts: Sequence[str]) -> np.ndarray:
     """
     width = pixels.shape[1]
     font = caption_font(width)
-    lines: list[str] = []
-    for part in parts:
-        joined = f"{lines[-1]} · {part}" if lines else part
-        if lines and font.getlength(joined) + 8 <= width:
-            lines[-1] = joined
-        else:
-            lines.append(part)
+    lines = wrapped(font, parts, width, " · ")
     line_h = font.getbbox("Ag")[3] + 4
     width = max(width, *(int(font.getlength(line)) + 8 for line in lines))
     strip = Image.new("RGB", (width, line_h * len(lines) + 6), (255, 255, 255))
@@ -562,25 +511,28 @@ def add_title(pixels: np.ndarray, parts: Sequence[str]) -> np.ndarray:
 
 
 def add_colorbar(pixels: np.ndarray, cmap: str, low: str, high: str, text: str = "") -> np.ndarray:
-    """Put a colour bar under the picture: ``low`` at its left end, ``high`` at its right, ``text`` after it."""
+    """Put a colour bar under the picture: ``low`` at its left end, ``high`` at its right, ``text`` after it, or
+    under it, wrapped, when it does not fit beside it (a narrow picture: a video clip of two frames)."""
     width = pixels.shape[1]
     font = caption_font(width)
     line_h = font.getbbox("Ag")[3]
     bar_w = max(64, min(256, width // 3))
     left = 6 + round(font.getlength(low)) + 6
     right = left + bar_w + 6 + round(font.getlength(high))
-    strip = Image.new("RGB", (max(width, right + 6), line_h + 12), (255, 255, 255))
+    strip_w = max(width, right + 6)
+    beside = not text or right + 12 + font.getlength(text) + 4 <= strip_w
+    lines = [] if beside else wrapped(font, text.split(), strip_w - 4, " ")  # 6 pixels either side
+    strip_w = max([strip_w, *(round(font.getlength(line)) + 12 for line in lines)])
+    strip = Image.new("RGB", (strip_w, line_h + 12 + len(lines) * (line_h + 4)), (255, 255, 255))
     bar = colorize(np.linspace(0.0, 1.0, bar_w)[None].repeat(line_h, axis=0), cmap)
     strip.paste(Image.fromarray(bar), (left, 6))
     draw = ImageDraw.Draw(strip)
     draw.text((6, 6), low, fill=(0, 0, 0), font=font)
     draw.text((left + bar_w + 6, 6), high, fill=(0, 0, 0), font=font)
-    words, room = text, strip.width - (right + 12) - 4
-    # Text that does not fit beside the bar is cut with an ellipsis; the caption carries the whole story.
-    while words and font.getlength(words) > room:
-        words = words[:-2] + "…" if len(words) > 1 else ""
-    if words:
-        draw.text((right + 12, 6), words, fill=(60, 60, 60), font=font)
+    if beside and text:
+        draw.text((right + 12, 6), text, fill=(60, 60, 60), font=font)
+    for number, line in enumerate(lines):
+        draw.text((6, 6 + (number + 1) * (line_h + 4)), line, fill=(60, 60, 60), font=font)
     return stacked(pixels, np.asarray(strip))
 
 

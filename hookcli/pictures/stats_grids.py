@@ -20,10 +20,10 @@ import numpy as np
 from hookcli.errors import UsageProblem
 from hookcli.events import Advanced, Event, Note, Started, Wrote
 from hookcli.files import check_folder_output, refuse_existing
+from hookcli.patterns import select_keys
 from hookcli.pictures.examples import EXAMPLE_SIDE, ExamplePhotos, examples_picture
 from hookcli.pictures.options import DEFAULT_MAPS, GridOptions, file_stems
 from hookcli.pictures.png import save_png
-from hookcli.pictures.reading import select_keys
 from hookcli.pictures.render import check_cmap
 from hookcli.storage.reader import FeatureReader
 from hookcli.storage.stats_file import StatsFile, StatsLayer, read_stats

@@ -39,12 +39,12 @@ from hookcli.pictures.html import (
     escaped,
     facts_table,
     file_details,
-    jpeg_uri,
     new_pages,
     notes_html,
     number_cell,
     page_name,
     pager,
+    picture_html,
     shape_html,
 )
 from hookcli.pictures.options import GridOptions
@@ -281,13 +281,12 @@ class _StatsReport:
             if text not in self.said:
                 self.said.add(text)
                 self.emit(Note(text))
-        height, width = picture.pixels.shape[:2]
+        examples = picture_html(picture.pixels, f"dataset examples of channel {channel}", jpeg=True)
         return (
             f'<section class="channel" id="channel-{channel}">\n<h3>Channel {channel}</h3>\n<div class="body">'
             f'<div>{table}<p class="chart">Values between quantiles (bar area: share of values; dark spike: '
             "many values alike, as high as their share; red: the mean)</p>"
-            f'{chart}</div><img src="data:image/jpeg;base64,{jpeg_uri(picture.pixels)}" width="{width}" '
-            f'height="{height}" alt="dataset examples of channel {channel}"></div>\n</section>\n'
+            f"{chart}</div>{examples}</div>\n</section>\n"
         )
 
     def write_index(self, path: Path, notes: Sequence[str], *, force: bool) -> None:

@@ -13,7 +13,17 @@ from collections.abc import Sequence
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-__all__ = ["caption_font", "glyphs", "label_band", "label_size", "number", "stamp", "text_width", "tick_step"]
+__all__ = [
+    "caption_font",
+    "glyphs",
+    "label_band",
+    "label_size",
+    "number",
+    "stamp",
+    "text_width",
+    "tick_step",
+    "wrapped",
+]
 
 
 def tick_step(cells: int) -> int:
@@ -73,6 +83,23 @@ def _label_bitmap(text: str, size: int) -> np.ndarray:
     """``text`` as dark-on-white pixels (255 where there is no ink)."""
     drawn = glyphs(size)[0]
     return 255 - np.concatenate([drawn[c] for c in text], axis=1)
+
+
+def wrapped(font, parts: Sequence[str], width: int, joiner: str) -> list[str]:
+    """``parts`` joined by ``joiner`` into lines that fit ``width`` pixels in ``font`` with 4 pixels either side; a
+    part too wide for that alone is a line of its own (the picture is widened to hold it).
+
+    >>> wrapped(caption_font(100), ["one", "two", "three", "four"], 100, " ")
+    ['one two three', 'four']
+    """
+    lines: list[str] = []
+    for part in parts:
+        joined = f"{lines[-1]}{joiner}{part}" if lines else part
+        if lines and font.getlength(joined) + 8 <= width:
+            lines[-1] = joined
+        else:
+            lines.append(part)
+    return lines
 
 
 def caption_font(width: int):

@@ -5,8 +5,9 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 from hookcli.errors import ImageError
 from hookcli.events import Advanced, Event, Note, Skipped, Started, Wrote
@@ -17,12 +18,14 @@ from hookcli.pictures.options import GridOptions
 from hookcli.run.pipeline import iter_batches
 from hookcli.run.plan import RunPlan, plan_request
 from hookcli.run.request import RunRequest
-from hookcli.statistics.writer import StatsWriter
+from hookcli.statistics.channel_stats import StatsGathering
+from hookcli.statistics.writer import GatheringWriter
 from hookcli.storage import writers
 from hookcli.storage.features import Features
 from hookcli.storage.shards import open_features
 
 __all__ = [
+    "carry_out",
     "draw_grids",
     "execute",
     "run_request",
@@ -51,38 +54,16 @@ def execute(run: RunPlan, progress: Callable[[Event], None] | None = None):
     for text in run.notes:
         note(text)
     writer = _writer(run, note)
+
+    def batches(order):
+        return iter_batches(
+            run.loaded, run.layers, run.inputs, run.settings, forward=run.forward, order=order, on_note=note
+        )
+
     with contextlib.closing(run.team) if run.team is not None else contextlib.nullcontext():
-        try:
-            order = writer.begin(run.settings.batch_size)
-            emit(Started(total=len(run.inputs), done=writer.done, output=run.output.path))
-            if order is not None:
-                for batch in iter_batches(
-                    run.loaded, run.layers, run.inputs, run.settings, forward=run.forward, order=order, on_note=note
-                ):
-                    writer.add(batch)
-                    for index, error in batch.failures:
-                        emit(Skipped(str(run.inputs[index]), error))
-                    emit(Advanced(len(batch.indices) + len(batch.failures)))
-            if not writer.has_rows:
-                raise ImageError(
-                    "none of the input images could be read",
-                    hint="every input was skipped, each with its reason (on stderr; in Python, the Skipped events)",
-                )
-            result = writer.finish()
-        except BaseException:
-            writer.abort()
-            raise
-        if run.team is not None:
-            run.team.barrier()  # every process has listed its shards: the folder is complete
-        complete = writer.complete or run.team is not None
-        if not complete:
-            note(
-                f"'{run.output.path}' holds {writer.inputs_done} of its {len(run.inputs)} inputs: other processes "
-                "are writing the rest (or run the same command again to finish it)"
-            )
-        if complete and (run.team is None or run.team.part.index == 0):  # one process of a team says what was written
-            for path in writer.written:
-                emit(Wrote(path))
+        result, complete = carry_out(
+            writer, batches, run.inputs, run.output.path, emit, note, batch_size=run.settings.batch_size, team=run.team
+        )
         if isinstance(result, Features):
             result.notes = tuple(notes)
         if run.grid and complete and writer.finisher:
@@ -91,6 +72,57 @@ def execute(run: RunPlan, progress: Callable[[Event], None] | None = None):
     if run.output.kind == "stdout":
         return None
     return result
+
+
+def carry_out(
+    writer,
+    batches: Callable[[Iterable[list[int]]], Iterable],
+    inputs: Sequence,
+    output: str | None,
+    emit: Callable[[Event], None],
+    note: Callable[[str], None],
+    *,
+    batch_size: int,
+    team=None,
+) -> tuple[Any, bool]:
+    """Feed ``writer`` (:mod:`hookcli.storage.writers`' interface) the batches of ``batch_size`` inputs it asks for,
+    reporting as it goes: the loop every run shares, whatever computes its batches. Returns what the writer finishes
+    with, and whether the output is complete.
+
+    ``batches(order)`` yields a :class:`~hookcli.run.settings.Batch` for each
+    list of input indices in ``order``; ``team``, torchrun's process group,
+    waits for every process before the output is said to be complete.
+    """
+    try:
+        order = writer.begin(batch_size)
+        emit(Started(total=len(inputs), done=writer.done, output=output))
+        if order is not None:
+            for batch in batches(order):
+                writer.add(batch)
+                for index, error in batch.failures:
+                    emit(Skipped(str(inputs[index]), error))
+                emit(Advanced(len(batch.indices) + len(batch.failures)))
+        if not writer.has_rows:
+            raise ImageError(
+                "none of the input images could be read",
+                hint="every input was skipped, each with its reason (on stderr; in Python, the Skipped events)",
+            )
+        result = writer.finish()
+    except BaseException:
+        writer.abort()
+        raise
+    if team is not None:
+        team.barrier()  # every process has listed its shards: the folder is complete
+    complete = writer.complete or team is not None
+    if not complete:
+        note(
+            f"'{output}' holds {writer.inputs_done} of its {len(inputs)} inputs: other processes "
+            "are writing the rest (or run the same command again to finish it)"
+        )
+    if complete and (team is None or team.part.index == 0):  # one process of a team says what was written
+        for path in writer.written:
+            emit(Wrote(path))
+    return result, complete
 
 
 def _writer(run: RunPlan, note: Callable[[str], None]):
@@ -128,19 +160,21 @@ def _writer(run: RunPlan, note: Callable[[str], None]):
     )
 
 
-def _stats_writer(run: RunPlan, path: str | None, note: Callable[[str], None]) -> StatsWriter:
+def _stats_writer(run: RunPlan, path: str | None, note: Callable[[str], None]) -> GatheringWriter:
     assert run.stats is not None, "a statistics run says what it gathers"
-    return StatsWriter(
+    gathering = StatsGathering(
+        run.stats, prefix_tokens=run.record.prefix_tokens, square=square_input(run.settings.preprocess)
+    )
+    return GatheringWriter(
         run.record,
         run.inputs,
         path,
-        run.stats,
+        gathering,
         shard_size=run.shard_size,
         force=run.force,
         part=(run.part.index, run.part.count) if run.part is not None else (0, 1),
         on_note=note,
-        prefix_tokens=run.record.prefix_tokens,
-        square=square_input(run.settings.preprocess),
+        team=run.team is not None,
     )
 
 

@@ -159,12 +159,20 @@ class GradientForward:
         picked = logits.gather(1, chosen[:, :, None, None].expand(-1, -1, height, width))
         scores = (picked * masks).sum(dim=(2, 3))
         where = {} if self.target.region is None else {"region": list(self.target.region)}
+        counts = masks.sum(dim=(2, 3)).tolist()  # one copy from the device for the whole batch
         about = [
             [
-                {"class": int(c), "name": self._name(int(c)), "pixels": int(m.sum()), "score": float(v), **where}
-                for c, m, v in zip(row_classes, row_masks, row_scores, strict=True)
+                {
+                    "class": int(c),
+                    "name": self._name(int(c)),
+                    "pixels": n,
+                    "share": n / (height * width),
+                    "score": float(v),
+                    **where,
+                }
+                for c, n, v in zip(row_classes, row_counts, row_scores, strict=True)
             ]
-            for row_classes, row_masks, row_scores in zip(chosen, masks, scores.detach(), strict=True)
+            for row_classes, row_counts, row_scores in zip(chosen, counts, scores.detach(), strict=True)
         ]
         return scores, about
 

@@ -154,7 +154,7 @@ def with_rows(asked: RunRequest, rows: FoundInputs, notes: tuple[str, ...]) -> R
 
 def _shared_stats(kind: str, part: Part | None) -> bool:
     """A statistics file that many processes compute may already be there, written by the one that finished it:
-    the writer tells that apart from another run's file (:class:`~hookcli.statistics.writer.StatsWriter`)."""
+    the writer tells that apart from another run's file (:class:`~hookcli.statistics.writer.GatheringWriter`)."""
     return kind == "stats" and part is not None
 
 

@@ -25,6 +25,7 @@ and :data:`MAX_CHANNELS` at most.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import torch
@@ -49,23 +50,26 @@ class Covariance:
 
     def update(self, batch: UnitBatch) -> None:
         pooled = batch.pooled
-        if pooled.shape[0]:
-            mean = pooled.mean(dim=0)
-            deviations = pooled - mean
-            self._combine(pooled.shape[0], mean, deviations.T @ deviations)
+        if not pooled.shape[0]:
+            return
+        mean = pooled.mean(dim=0)
+        deviations = pooled - mean
+        count, total = pooled.shape[0], self.count + pooled.shape[0]
+        # The batch's co-moment and the correction for the two means in one product, added in place: one pass
+        # over the C x C matrix a batch.
+        delta = mean - self.mean
+        rows = torch.cat([deviations, (delta * math.sqrt(self.count * count / total))[None]])
+        self.comoment.addmm_(rows.T, rows)
+        self.mean += delta * (count / total)
+        self.count = total
 
     def merge(self, other: Covariance) -> None:
-        if other.count:
-            self._combine(other.count, other.mean, other.comoment)
-
-    def _combine(self, count: int, mean, comoment) -> None:
-        total = self.count + count
-        if self.count:
-            delta = mean - self.mean
-            self.comoment = self.comoment + comoment + torch.outer(delta, delta) * (self.count * count / total)
-            self.mean = self.mean + delta * (count / total)
-        else:
-            self.mean, self.comoment = mean.clone(), comoment.clone()
+        if not other.count:
+            return
+        total = self.count + other.count
+        delta = other.mean - self.mean
+        self.comoment = self.comoment + other.comoment + torch.outer(delta, delta) * (self.count * other.count / total)
+        self.mean = self.mean + delta * (other.count / total)
         self.count = total
 
     @property

@@ -45,28 +45,32 @@ class TopExamples:
 
     def update(self, batch: UnitBatch) -> None:
         maps = batch.maps.to(torch.float32)  # [n, C, P]
-        peaks, at = maps.max(dim=2).values, maps.argmax(dim=2)  # argmax: the first largest value
+        peaks, at = maps.max(dim=2)  # the index of the first largest value
         scores = peaks if self.by == "max" else batch.pooled.to(torch.float32)
         channels = maps.shape[1]
-        self._keep(
-            scores.T,
-            batch.rows[None].expand(channels, -1),
-            at.T,
-            maps.transpose(0, 1),
-        )
+        self._keep(scores.T, batch.rows[None].expand(channels, -1), at.T, maps.transpose(0, 1))
 
     def merge(self, other: TopExamples) -> None:
         self._keep(other.values, other.rows, other.at, other.maps)
 
     def _keep(self, values, rows, at, maps) -> None:
+        """Keep the best of the examples held and the candidates (``[C, m]`` values, rows and positions, and
+        ``[C, m, P]`` maps): only the maps of candidates that make it are copied."""
+        held = self.values.shape[1]
         values, rows = torch.cat([self.values, values], dim=1), torch.cat([self.rows, rows], dim=1)
         by_row = rows.argsort(dim=1, stable=True)  # ties go to the lower input: sort by input, then stably by score
         ranked = values.gather(1, by_row).nan_to_num(nan=float("-inf"))
         order = by_row.gather(1, ranked.argsort(dim=1, descending=True, stable=True))[:, : self.count]
         self.values, self.rows = values.gather(1, order), rows.gather(1, order)
         self.at = torch.cat([self.at, at], dim=1).gather(1, order)
-        maps = torch.cat([self.maps, maps], dim=1)
-        self.maps = maps.gather(1, order[:, :, None].expand(-1, -1, maps.shape[2]))
+        if held:
+            kept = self.maps.gather(1, order.clamp(max=held - 1)[:, :, None].expand(-1, -1, self.maps.shape[2]))
+        else:
+            kept = torch.empty(order.shape[0], order.shape[1], maps.shape[2])
+        new = order >= held
+        channel, place = new.nonzero(as_tuple=True)
+        kept[channel, place] = maps[channel, order[channel, place] - held]
+        self.maps = kept
 
     def state(self) -> dict[str, torch.Tensor]:
         return {

@@ -4,12 +4,15 @@ kept for all channels at once.
 The sketch holds levels of values; a value at level ``h`` stands for ``2**h``
 of the values seen. When a level outgrows its capacity (``k`` at the top,
 two thirds of that one level down, and so on, never under 2) it is sorted and
-every other value, from a random first one, moves up a level. Every channel
-sees as many values as the others, so all channels compact together: one level
-is one ``[C, n]`` tensor, each channel drawing its own first value. A channel's
-quantile at level ``q`` is its smallest value whose weight, with the weight of
-all smaller values, reaches ``q`` times the count. Until a channel has seen
-more values than the lowest capacity, the answer is exact.
+every other value, from a random first one, moves up a level (an odd one out
+stays). Every channel sees as many values as the others, so all channels
+compact together: one level is one ``[C, n]`` array, each channel drawing its
+own first value. A batch comes in sorted (:attr:`UnitBatch.ordered
+<hookcli.statistics.units.UnitBatch.ordered>`, shared with the moments), and
+is compacted as it comes. A channel's quantile at level ``q`` is its smallest
+value whose weight, with the weight of all smaller values, reaches ``q`` times
+the count. Until a channel has seen more values than the lowest capacity, the
+answer is exact.
 
 Rank error: with ``k`` = :data:`DEFAULT_K` (4,096) the value returned for
 level ``q`` has a rank within 0.1% of the count of ``q × count`` (in tests of
@@ -35,6 +38,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
+import numpy as np
 import torch
 
 from hookcli.statistics.units import UnitBatch
@@ -54,7 +58,7 @@ class QuantileSketch:
         self.channels, self.k, self.seed = channels, k, seed
         self.count = 0
         self.compactions = 0
-        self.levels: list[torch.Tensor] = [torch.empty(channels, 0)]
+        self.levels: list[np.ndarray] = [np.empty((channels, 0), dtype=np.float32)]
 
     @property
     def size(self) -> int:
@@ -62,9 +66,12 @@ class QuantileSketch:
         return sum(level.shape[1] for level in self.levels)
 
     def update(self, batch: UnitBatch) -> None:
-        values = batch.values.to(torch.float32)
-        self.levels[0] = torch.cat([self.levels[0], values], dim=1)
-        self.count += values.shape[1]
+        ordered = batch.ordered
+        self.count += ordered.shape[1]
+        if ordered.shape[1] > self._capacity(0):  # compacted as it comes: sorted once, for the moments too
+            self._compact(0, ordered)
+        else:
+            self.levels[0] = np.concatenate([self.levels[0], ordered], axis=1)
         self._compress()
 
     def merge(self, other: QuantileSketch) -> None:
@@ -72,9 +79,9 @@ class QuantileSketch:
             raise ValueError(f"a sketch of k={other.k} cannot merge into one of k={self.k}")
         for height, level in enumerate(other.levels):
             if height == len(self.levels):
-                self.levels.append(level.clone())
+                self.levels.append(level.copy())
             else:
-                self.levels[height] = torch.cat([self.levels[height], level], dim=1)
+                self.levels[height] = np.concatenate([self.levels[height], level], axis=1)
         self.count += other.count
         self._compress()
 
@@ -86,42 +93,46 @@ class QuantileSketch:
         while height < len(self.levels):
             level = self.levels[height]
             if level.shape[1] > self._capacity(height):
-                kept = level.shape[1] % 2  # an odd one out stays where it is
-                ordered = level[:, kept:].sort(dim=1).values
-                chosen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.compactions)
-                self.compactions += 1
-                start = torch.randint(0, 2, (self.channels, 1), generator=chosen)
-                up = ordered.gather(1, start + 2 * torch.arange(ordered.shape[1] // 2))
-                self.levels[height] = level[:, :kept]
-                if height + 1 == len(self.levels):
-                    self.levels.append(up)
-                else:
-                    self.levels[height + 1] = torch.cat([self.levels[height + 1], up], dim=1)
+                self.levels[height] = np.empty((self.channels, 0), dtype=np.float32)
+                self._compact(height, np.sort(level, axis=1))
             height += 1
+
+    def _compact(self, height: int, ordered: np.ndarray) -> None:
+        """Move every other value of ``ordered`` (a level's values, sorted), from a random first one, up a level;
+        an odd one out (the largest) stays."""
+        kept = ordered.shape[1] % 2
+        pairs = ordered[:, : ordered.shape[1] - kept]
+        chosen = np.random.default_rng(self.seed * 1_000_003 + self.compactions)
+        self.compactions += 1
+        start = chosen.integers(0, 2, size=(self.channels, 1))
+        up = np.take_along_axis(pairs, start + 2 * np.arange(pairs.shape[1] // 2), axis=1)
+        self.levels[height] = np.concatenate([self.levels[height], ordered[:, pairs.shape[1] :]], axis=1)
+        if height + 1 == len(self.levels):
+            self.levels.append(up)
+        else:
+            self.levels[height + 1] = np.concatenate([self.levels[height + 1], up], axis=1)
 
     def quantiles(self, levels: Sequence[float]) -> torch.Tensor:
         """Each channel's value at each of ``levels`` (in [0, 1]), float64 ``[C, Q]``; NaN before any value."""
         if not self.count:
             return torch.full((self.channels, len(levels)), float("nan"), dtype=torch.float64)
-        held = torch.cat(self.levels, dim=1)
-        weights = torch.cat(
-            [torch.full((level.shape[1],), 2.0**h, dtype=torch.float64) for h, level in enumerate(self.levels)]
-        )
-        ordered, order = held.sort(dim=1)
-        reached = weights[order].cumsum(dim=1)
-        wanted = torch.tensor(list(levels), dtype=torch.float64) * self.count
-        found = torch.searchsorted(reached, wanted.expand(self.channels, -1).contiguous())
-        return ordered.gather(1, found.clamp(max=held.shape[1] - 1)).to(torch.float64)
+        held = np.concatenate(self.levels, axis=1)
+        weights = np.concatenate([np.full(level.shape[1], 2.0**h) for h, level in enumerate(self.levels)])
+        order = np.argsort(held, axis=1, kind="stable")
+        reached = np.cumsum(weights[order], axis=1)
+        wanted = np.asarray(levels, dtype=np.float64) * self.count
+        found = np.stack([np.searchsorted(row, wanted) for row in reached]).clip(max=held.shape[1] - 1)
+        return torch.from_numpy(np.take_along_axis(held, np.take_along_axis(order, found, axis=1), axis=1)).double()
 
     def state(self) -> dict[str, torch.Tensor]:
-        found = {f"level{height}": level for height, level in enumerate(self.levels)}
+        found = {f"level{height}": torch.from_numpy(level) for height, level in enumerate(self.levels)}
         found["info"] = torch.tensor([self.count, self.k, self.seed, self.compactions], dtype=torch.int64)
         return found
 
     @classmethod
     def from_state(cls, state: Mapping[str, torch.Tensor]) -> QuantileSketch:
         count, k, seed, compactions = (int(n) for n in state["info"].tolist())
-        levels = [state[f"level{height}"].to(torch.float32) for height in range(_heights(state))]
+        levels = [state[f"level{height}"].to(torch.float32).numpy() for height in range(_heights(state))]
         made = cls(levels[0].shape[0], k=k, seed=seed)
         made.count, made.compactions, made.levels = count, compactions, levels
         return made

@@ -20,10 +20,13 @@ torch.Size([2, 768, 196])
 
 from __future__ import annotations
 
+import functools
 import math
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cached_property
 
+import numpy as np
 import torch
 
 from hookcli.errors import CaptureError
@@ -104,8 +107,9 @@ class UnitBatch:
     """One batch of a layer's rows as its units see it, each view made once for every accumulator that asks.
 
     ``maps``: ``[n, C, P]``; ``values``: ``[C, n·P]``, every value of each
-    channel; ``pooled``: ``[n, C]`` float64, each row's mean over its
-    positions; ``rows``: int64 ``[n]``, the inputs the rows came from.
+    channel (``ordered``: sorted, as numpy); ``pooled``: ``[n, C]`` float64,
+    each row's mean over its positions; ``rows``: int64 ``[n]``, the inputs
+    the rows came from.
     """
 
     def __init__(self, rows: torch.Tensor, inputs: torch.Tensor, layout: UnitLayout) -> None:
@@ -120,3 +124,24 @@ class UnitBatch:
     @cached_property
     def pooled(self) -> torch.Tensor:
         return self.maps.to(torch.float64).mean(dim=2)
+
+    @cached_property
+    def ordered(self) -> np.ndarray:
+        """``values`` with each channel's values sorted, float32: numpy's sort (vectorised where the processor
+        allows) on a thread per block of channels, several times faster than torch's on the CPU."""
+        ordered = np.array(self.values.to(torch.float32).numpy(), order="C")  # a copy: sorted in place
+        blocks = np.array_split(ordered, min(torch.get_num_threads(), max(1, len(ordered) // 64)))
+        if len(blocks) > 1:
+            list(_sorting_threads().map(_sort_rows, blocks))
+        else:
+            ordered.sort(axis=1)
+        return ordered
+
+
+def _sort_rows(block: np.ndarray) -> None:
+    block.sort(axis=1)  # numpy lets other threads run while it sorts
+
+
+@functools.cache
+def _sorting_threads() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max(1, torch.get_num_threads()), thread_name_prefix="hookcli-sort")

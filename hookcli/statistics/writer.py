@@ -1,5 +1,9 @@
-"""A statistics run's writer: batches go into each layer's accumulators, shard by shard, and the shards' states
-merge, in shard order, into one statistics file (:mod:`hookcli.storage.stats_format`).
+"""The writer of runs that gather rather than store rows (``stats``, ``compare``): batches go into accumulators,
+shard by shard, and the shards' states merge, in shard order, into one file.
+
+What is gathered is a :class:`Gathering` (:class:`~hookcli.statistics.channel_stats.StatsGathering` for
+``stats``): it makes each shard's empty :class:`Gathered`, reads one back from a part, and says what the file's
+metadata holds.
 
 The inputs are cut into shards as a shard folder's are (a shard is inputs
 ``[k·S, (k+1)·S)``, its batches the same whoever computes them), and each
@@ -13,10 +17,9 @@ and states merge in shard order, one process, ``--part`` and torchrun write the
 same file, byte for byte. In memory the shards merge as they finish, to the same
 values.
 
-A shard's state holds, for each layer, its accumulators'
-(:meth:`~hookcli.statistics.layer.LayerStats.state`), and ``@rows``, the inputs
-it has rows of: about ``C × (3k + C)`` numbers for ``C`` channels (the sketch's
-``k`` and the covariance), some 130 MiB for resnet50's ``layer3`` and
+A part holds its accumulators' states and ``@rows``, the inputs it has rows of:
+for ``stats``, about ``C × (3k + C)`` numbers a layer of ``C`` channels (the
+sketch's ``k`` and the covariance), some 130 MiB for resnet50's ``layer3`` and
 ``layer4`` together.
 """
 
@@ -26,31 +29,28 @@ import contextlib
 import json
 import os
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
-from hookcli.errors import CaptureError, FeatureFileError, ImageError
+from hookcli.errors import FeatureFileError, ImageError
 from hookcli.files import check_writable, hold_output, release_output
 from hookcli.inputs.archives import file_stamp, input_files, input_name
-from hookcli.statistics.layer import LayerStats, StatsChoice
-from hookcli.statistics.units import UnitLayout
 from hookcli.storage import fileformat
 from hookcli.storage.features import FeatureFile, Features
 from hookcli.storage.fileformat import SHARD_NAME, RunFacts, RunRecord
 from hookcli.storage.saving import write_safetensors
 from hookcli.storage.shard_writer import ShardWriter, batches_in
-from hookcli.storage.stats_format import stats_key, stats_metadata
+from hookcli.storage.stats_format import PART_ROWS, STATS_PART
 
-__all__ = ["PARTS_SUFFIX", "StatsWriter", "parts_folder", "stats_shard_size"]
+__all__ = ["PARTS_SUFFIX", "Gathered", "Gathering", "GatheringWriter", "parts_folder", "stats_shard_size"]
 
 #: The folder of a statistics file's parts, while it is being computed: ``<output>.parts``.
 PARTS_SUFFIX = ".parts"
 #: How many shards the inputs are cut into when no shard size is given.
 AUTO_SHARDS = 8
-#: The key of a part's rows: the inputs it has rows of.
-_ROWS = "@rows"
 
 
 def parts_folder(output: str | os.PathLike) -> Path:
@@ -69,13 +69,52 @@ def stats_shard_size(inputs: int, batch_size: int) -> int:
     return -(-rows // batch_size) * batch_size
 
 
-class _Shard:
-    """What one shard has gathered: each layer's statistics, the inputs it has rows of (their numbers and names),
-    those skipped, and what the forward learnt."""
+class Gathered(Protocol):
+    """What one shard (or several, merged) has gathered."""
 
-    def __init__(self, number: int) -> None:
-        self.number = number
-        self.layers: dict[str, LayerStats] = {}
+    def update(self, features: Mapping, rows: torch.Tensor) -> None:
+        """Add a batch: ``features`` by key, batch-first, from the inputs numbered ``rows``."""
+        ...
+
+    def merge(self, other) -> None:
+        """Add what a later shard gathered."""
+        ...
+
+    def state(self) -> dict[str, torch.Tensor]:
+        """Everything it holds, as named tensors (a part's)."""
+        ...
+
+    def describe(self) -> dict:
+        """What a part's metadata says of it (JSON), to read its state back."""
+        ...
+
+    def result(self, positions: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The output's tensors; ``positions`` gives each input's row in the output's ``inputs``."""
+        ...
+
+
+class Gathering(Protocol):
+    """What a run gathers: each shard's :class:`Gathered`, and the output's metadata."""
+
+    def start(self, number: int) -> Gathered:
+        """Shard ``number``'s gathering, empty."""
+        ...
+
+    def read(self, state: Mapping[str, torch.Tensor], described: Mapping) -> Gathered:
+        """A part's gathering, from its state and what its metadata says of it."""
+        ...
+
+    def metadata(self, run: Mapping[str, str], *, inputs: list, skipped: list, identity: Mapping) -> dict[str, str]:
+        """The output's metadata, from the run's (:func:`hookcli.storage.fileformat.run_metadata`)."""
+        ...
+
+
+class _Shard:
+    """One shard's gathering, the inputs it has rows of (their numbers and names), those skipped, and what the
+    forward learnt."""
+
+    def __init__(self, number: int, gathered: Gathered) -> None:
+        self.number, self.gathered = number, gathered
         self.rows: list[int] = []
         self.inputs: list[str] = []
         self.skipped: list[dict] = []
@@ -86,23 +125,29 @@ class _Shard:
         return len(self.rows) + len(self.skipped)
 
     def state(self) -> dict[str, torch.Tensor]:
-        tensors = {
-            stats_key(key, name): value.contiguous()
-            for key, layer in self.layers.items()
-            for name, value in layer.state().items()
-        }
-        tensors[_ROWS] = torch.tensor(self.rows, dtype=torch.int64)
+        tensors = {name: value.contiguous() for name, value in self.gathered.state().items()}
+        tensors[PART_ROWS] = torch.tensor(self.rows, dtype=torch.int64)
         return tensors
 
+    def merge(self, later: _Shard) -> None:
+        """Add a later shard."""
+        self.gathered.merge(later.gathered)
+        self.rows += later.rows
+        self.inputs += later.inputs
+        self.skipped += later.skipped
+        self.facts = self.facts or later.facts
 
-class StatsWriter:
-    """The writer of a statistics run (:mod:`hookcli.storage.writers` says what a writer does): ``path`` a
-    statistics file, or None for the result in memory (:class:`~hookcli.storage.features.Features`).
 
-    ``choice`` is what to gather; ``prefix_tokens`` and ``square`` (the
-    model's inputs are square) say how rows are read as channels
-    (:class:`~hookcli.statistics.units.UnitLayout`); ``part`` ``(index, count)``
-    which block of shards this process takes first.
+class GatheringWriter:
+    """The writer of a run that gathers (:mod:`hookcli.storage.writers` says what a writer does): ``path`` the
+    output file, or None for the result in memory (:class:`~hookcli.storage.features.Features`).
+
+    ``gathering`` is what to gather; ``part`` ``(index, count)`` which block of
+    shards this process takes first. ``source_files``: the rows are read from
+    these files (saved features), and ``paths`` are the names of the inputs
+    they came from. ``team``: this process is one of torchrun's group, whose
+    first process reports the file whoever wrote it (the others report what
+    they wrote themselves).
     """
 
     def __init__(
@@ -110,20 +155,19 @@ class StatsWriter:
         record: RunRecord,
         paths: Sequence,
         path: str | os.PathLike | None,
-        choice: StatsChoice,
+        gathering: Gathering,
         *,
         shard_size: int | None = None,
         force: bool = False,
         part: tuple[int, int] = (0, 1),
         on_note: Callable[[str], None] | None = None,
-        prefix_tokens: int | None = None,
-        square: bool = False,
+        source_files: Sequence[str] | None = None,
+        team: bool = False,
     ) -> None:
-        self.record, self.paths, self.choice = record, paths, choice
+        self.record, self.paths, self.gathering = record, paths, gathering
+        self.source_files, self.team = source_files, team
         self.path = None if path is None else os.fspath(path)
         self.shard_size, self.force, self.part, self.on_note = shard_size, force, part, on_note
-        self.prefix_tokens, self.square = prefix_tokens, square
-        self.layouts: dict[str, UnitLayout] = {}
         self.open: dict[int, _Shard] = {}
         self.merged: _Shard | None = None  # in memory: the shards so far, merged in order
         self.folder: ShardWriter | None = None
@@ -195,56 +239,43 @@ class StatsWriter:
         if not events:
             return
         number = events[0] // self.size
-        shard = self.open.setdefault(number, _Shard(number))
+        if number not in self.open:
+            self.open[number] = _Shard(number, self.gathering.start(number))
+        shard = self.open[number]
         for index, error in batch.failures:
-            shard.skipped.append({"input": input_name(self.paths[index]), "error": error})
+            shard.skipped.append({"input": self._name(index), "error": error})
         if batch.indices:
-            inputs = torch.tensor(batch.indices, dtype=torch.int64)
-            for position, (key, value) in enumerate(batch.features.items()):
-                self._layer(shard, key, value, position).update(value, inputs)
+            shard.gathered.update(batch.features, torch.tensor(batch.indices, dtype=torch.int64))
             shard.rows.extend(batch.indices)
-            shard.inputs.extend(input_name(self.paths[index]) for index in batch.indices)
+            shard.inputs.extend(self._name(index) for index in batch.indices)
             shard.facts = batch.facts
         first, end = number * self.size, min((number + 1) * self.size, len(self.paths))
         if shard.placed == end - first:
             del self.open[number]
             self._finished(shard, first, end)
 
-    def _layer(self, shard: _Shard, key: str, value, position: int) -> LayerStats:
-        if key not in shard.layers:
-            if isinstance(value, list):
-                raise CaptureError(
-                    f"'{key}' has rows of their own shapes (a detection or segmentation model's images differ in "
-                    "size): statistics need every row of a layer in one shape",
-                    hint="give the model inputs of one size (--resize and --crop), or choose another layer",
-                )
-            if key not in self.layouts:
-                self.layouts[key] = UnitLayout.of(
-                    value.shape[1:], prefix_tokens=self.prefix_tokens, channels_last=self.square, key=key
-                )
-            # Each shard and key draws its own random choices, the same whichever process computes it.
-            seed = shard.number * 1009 + position
-            shard.layers[key] = LayerStats(self.layouts[key], self.choice, seed=seed, key=key)
-        return shard.layers[key]
+    def _name(self, index: int) -> str:
+        return self.paths[index] if self.source_files is not None else input_name(self.paths[index])
 
     def _finished(self, shard: _Shard, first: int, end: int) -> None:
         if self.folder is None:
             if self.merged is None:
                 self.merged = shard
             else:
-                _merge_into(self.merged, shard)
+                self.merged.merge(shard)
             return
         run = fileformat.run_metadata(self.record, shard.facts or RunFacts(calls={}), keys=[])
         metadata = fileformat.shard_metadata(run, shard.number, inputs=shard.inputs, skipped=shard.skipped)
-        metadata["units"] = json.dumps({key: _describe(self.layouts[key]) for key in shard.layers})
+        metadata["kind"] = STATS_PART
+        metadata["gathered"] = json.dumps(shard.gathered.describe())
         metadata["facts"] = json.dumps(_facts(shard.facts))
-        files = dict.fromkeys(path for row in self.paths[first:end] for path in input_files(row))
+        files = self.source_files or dict.fromkeys(path for row in self.paths[first:end] for path in input_files(row))
         stamps = {path: file_stamp(path) for path in files}
         self.folder.submit(shard.number, shard.state(), metadata, shard.inputs, shard.skipped, None, stamps)
 
     def finish(self):
         if self.path is None:
-            merged = self.merged or _Shard(0)
+            merged = self.merged or _Shard(0, self.gathering.start(0))
             tensors, metadata = self._result(merged)
             return Features(tensors, metadata, facts=merged.facts)
         if self.folder is None:  # another process of the run wrote the output
@@ -255,6 +286,8 @@ class StatsWriter:
         assert self.path is not None, "a writer with parts has an output"
         if self.complete and self.finisher:
             self._write_output()
+        if self.team:  # said once the whole group has finished, when the file is written
+            self.written = [self.path]
         return Path(self.path)
 
     def _write_output(self) -> None:
@@ -282,42 +315,31 @@ class StatsWriter:
             except (KeyError, ValueError, RuntimeError, IndexError) as err:
                 raise FeatureFileError(
                     f"part '{name}' of '{self.path}' is damaged: {err}",
-                    hint="run the same command with --force to compute the statistics again",
+                    hint="run the same command with --force to compute it again",
                 ) from None
             if merged is None:
                 merged = shard
             else:
-                _merge_into(merged, shard)
+                merged.merge(shard)
         assert merged is not None, "a run has one shard at least"
         return merged
 
     def _read_part(self, name: Path, number: int) -> _Shard:
-        shard = _Shard(number)
         with FeatureFile(name) as part:
             metadata = part.metadata
-            units = json.loads(metadata["units"])
+            state = {key: torch.from_numpy(part.read(key)) for key in part.keys() if key != PART_ROWS}
+            shard = _Shard(number, self.gathering.read(state, json.loads(metadata["gathered"])))
             shard.inputs = json.loads(metadata["inputs"])
             shard.skipped = json.loads(metadata.get("skipped", "[]"))
             facts = json.loads(metadata["facts"])
             shard.facts = RunFacts(facts["calls"], tuple(facts["omitted"]), facts["fused"]) if facts else None
-            shard.rows = torch.from_numpy(part.read(_ROWS)).tolist()
-            for key, described in units.items():
-                layout = UnitLayout.of(
-                    described["row_shape"], prefix_tokens=self.prefix_tokens, channels_last=self.square, key=key
-                )
-                self.layouts.setdefault(key, layout)
-                state = {
-                    name.rpartition("@")[2]: torch.from_numpy(part.read(name))
-                    for name in part.keys()
-                    if name.rpartition("@")[0] == key
-                }
-                shard.layers[key] = LayerStats.from_state(state, layout, self.choice)
+            shard.rows = torch.from_numpy(part.read(PART_ROWS)).tolist()
         if len(shard.rows) != len(shard.inputs):
             raise ValueError(f"it has {len(shard.rows)} rows and {len(shard.inputs)} inputs")
         return shard
 
     def _result(self, merged: _Shard) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-        """The statistics file's tensors and metadata."""
+        """The output's tensors and metadata."""
         if not merged.rows:
             raise ImageError(
                 "none of the input images could be read",
@@ -325,19 +347,10 @@ class StatsWriter:
             )
         positions = torch.full((len(self.paths),), -1, dtype=torch.int64)
         positions[torch.tensor(merged.rows)] = torch.arange(len(merged.rows))
-        tensors = {
-            stats_key(key, name): value
-            for key, layer in merged.layers.items()
-            for name, value in layer.result(positions).items()
-        }
+        tensors = merged.gathered.result(positions)
         run = fileformat.run_metadata(self.record, merged.facts or RunFacts(calls={}), keys=list(tensors))
-        metadata = stats_metadata(
-            run,
-            options=self.choice.describe(),
-            units={key: _describe(self.layouts[key]) for key in merged.layers},
-            inputs=merged.inputs,
-            skipped=merged.skipped,
-            identity=fileformat.identity(self.record),
+        metadata = self.gathering.metadata(
+            run, inputs=merged.inputs, skipped=merged.skipped, identity=fileformat.identity(self.record)
         )
         return tensors, metadata
 
@@ -345,29 +358,6 @@ class StatsWriter:
         if self.folder is not None:
             with contextlib.suppress(Exception):  # the failure that stopped the run is the one to report
                 self.folder.close()
-
-
-def _merge_into(merged: _Shard, shard: _Shard) -> None:
-    """Add a later shard to the shards merged so far."""
-    for key, layer in shard.layers.items():
-        if key in merged.layers:
-            merged.layers[key].merge(layer)
-        else:
-            merged.layers[key] = layer
-    merged.rows += shard.rows
-    merged.inputs += shard.inputs
-    merged.skipped += shard.skipped
-    merged.facts = merged.facts or shard.facts
-
-
-def _describe(layout: UnitLayout) -> dict:
-    return {
-        "channels": layout.channels,
-        "spatial": list(layout.spatial),
-        "layout": layout.kind,
-        "skip": layout.skip,
-        "row_shape": list(layout.row_shape),
-    }
 
 
 def _facts(facts: RunFacts | None) -> dict:

@@ -17,6 +17,7 @@ from hookcli.storage import fileformat
 from hookcli.storage.features import FeatureFile
 from hookcli.storage.fileformat import INDEX_NAME
 from hookcli.storage.reader import FeatureReader
+from hookcli.storage.stats_format import PART_ROWS, STATS_PART
 
 __all__ = [
     "check_shard",
@@ -158,9 +159,12 @@ def check_shard(shard: FeatureFile, entry: Mapping, layout: dict | None = None) 
         listed = None
     if shard.metadata.get("shard") != str(entry["shard"]) or listed != entry["inputs"]:
         problem = f"it is not shard {entry['shard']} of the inputs its index line lists (its own metadata disagrees)"
-    for key in shard.keys() if problem is None else ():
-        if not shard.shape(key) or shard.shape(key)[0] != rows:
-            problem = f"its tensor '{key}' has shape {shard.shape(key)} but the index lists {rows} rows"
+    # A statistics run's part holds its accumulators' states, not rows: only its list of rows has one a row.
+    checked = [] if problem is not None else [PART_ROWS] if shard.metadata.get("kind") == STATS_PART else shard.keys()
+    for key in checked:
+        if key not in shard.keys() or not shard.shape(key) or shard.shape(key)[0] != rows:
+            shape = shard.shape(key) if key in shard.keys() else "missing"
+            problem = f"its tensor '{key}' has shape {shape} but the index lists {rows} rows"
             break
     if problem is None and layout is not None and rows:
         if shard_layout(shard) != layout:

@@ -28,6 +28,8 @@ from collections.abc import Mapping, Sequence
 
 __all__ = [
     "FIELDS",
+    "PART_ROWS",
+    "STATS_PART",
     "STATS_FORMAT_VERSION",
     "STATS_KIND",
     "field_dtype",
@@ -40,6 +42,10 @@ __all__ = [
 
 STATS_FORMAT_VERSION = "4"
 STATS_KIND = "stats"
+#: The ``kind`` of a part of a statistics file still being computed (a shard of ``<output>.parts/``): its tensors
+#: are accumulators' states, and :data:`PART_ROWS` lists the inputs it has rows of.
+STATS_PART = "stats-part"
+PART_ROWS = "@rows"
 
 #: Each field: its safetensors dtype, and its shape in terms of the channels ``C``, the examples kept ``K``, the
 #: quantile levels ``Q`` and the positions' shape ``S`` (``*S``: its axes; ``len(S)``: their number).

@@ -1,0 +1,208 @@
+"""Statistics of features already saved: a file, a shard folder, stdin or features in memory, read a batch at a
+time into the same writer a model's run feeds (:class:`~hookcli.statistics.writer.GatheringWriter`), so that the
+statistics of a saved folder are those gathered during the forward that wrote it (with the same batch and shard
+sizes, the same to the bit).
+
+>>> photo = __import__("matplotlib.cbook").cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)
+>>> from hookcli.api import extract
+>>> features = extract("resnet18", "layer4", [photo, photo], weights="none", resize=64, crop=64)
+>>> found = saved_stats(features, top=1, pca=False)
+>>> found["layer4@top_rows"].shape, found.metadata["model"]
+(torch.Size([512, 1]), 'resnet18')
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+
+import torch
+
+from hookcli.errors import CaptureError, UsageProblem
+from hookcli.events import Event, Note
+from hookcli.families import square_input
+from hookcli.inputs.archives import file_stamp
+from hookcli.inputs.preprocess import Preprocess
+from hookcli.options import SAVED_STATS_OPTIONS
+from hookcli.patterns import select_keys
+from hookcli.run.execute import carry_out
+from hookcli.run.launch import Part, detect_part, parse_part
+from hookcli.run.options import refuse_unknown, run_options
+from hookcli.run.outputs import check_target, output_kind
+from hookcli.run.settings import Batch
+from hookcli.statistics.channel_stats import StatsGathering
+from hookcli.statistics.layer import StatsChoice
+from hookcli.statistics.writer import GatheringWriter
+from hookcli.storage.fileformat import RunFacts, RunRecord
+from hookcli.storage.reader import FeatureReader
+from hookcli.storage.shards import open_features
+
+__all__ = ["saved_stats"]
+
+
+def saved_stats(
+    source,
+    *,
+    keys: Sequence[str] | str = (),
+    output=None,
+    progress: Callable[[Event], None] | None = None,
+    **options,
+):
+    """Statistics of the tensors ``keys`` (globs; default: every key whose rows share one shape) of ``source`` (a
+    path, ``-``, or a reader such as what :func:`hookcli.extract` returns), as :func:`hookcli.stats` gathers them
+    during a forward. ``options``: :data:`SAVED_STATS_OPTIONS`."""
+    refuse_unknown("stats", options, SAVED_STATS_OPTIONS)
+    opts = run_options("stats", options)
+    emit = progress or _ignore
+    kind, path = output_kind("stats", output, "")
+    if kind == "default":
+        kind, path = "stats", _default_name(source)
+    part = _part(opts.part, kind)
+    with _opened(source) as reader:
+        chosen = _chosen_keys(reader, [keys] if isinstance(keys, str) else list(keys), emit)
+        rows = reader.shape(chosen[0])[0]
+        names = list(reader.inputs)
+        if len(names) != rows:  # a file hookcli did not write: its rows are named by number
+            names = [f"row {number}" for number in range(rows)]
+        if path is not None:
+            check_target("stats", path, [reader.name] if os.path.isfile(reader.name) else [], opts.force or bool(part))
+        metadata = reader.metadata
+        choice = StatsChoice(top=opts.top, top_by=opts.top_by, quantiles=opts.quantiles, pca=opts.pca)
+        record = _record(reader, chosen, names, choice, opts.shard_size)
+        preprocess = Preprocess.from_metadata(metadata.get("preprocess"))
+        prefix = metadata.get("prefix_tokens")
+        gathering = StatsGathering(
+            choice, prefix_tokens=int(prefix) if prefix and prefix.isdigit() else None, square=square_input(preprocess)
+        )
+        writer = GatheringWriter(
+            record,
+            names,
+            path,
+            gathering,
+            shard_size=opts.shard_size,
+            force=opts.force,
+            part=(part.index, part.count) if part is not None else (0, 1),
+            on_note=lambda text: emit(Note(text)),
+            source_files=[reader.name] if os.path.exists(reader.name) else [],
+        )
+
+        facts = _facts(metadata, record)
+
+        def batches(order: Iterable[list[int]]) -> Iterator[Batch]:
+            for indices in order:
+                start, stop = indices[0], indices[-1] + 1
+                rows = {key: torch.from_numpy(reader.read_rows(key, start, stop)) for key in chosen}
+                yield Batch(indices, rows, [], None, facts)
+
+        result, _ = carry_out(
+            writer, batches, names, path, emit, lambda text: emit(Note(text)), batch_size=opts.batch_size
+        )
+    return result
+
+
+def _ignore(event: Event) -> None:
+    pass
+
+
+def _opened(source):
+    if isinstance(source, str | os.PathLike):
+        return open_features(source)
+    return contextlib.nullcontext(source)
+
+
+def _default_name(source) -> str:
+    """``<the source's stem>.stats.safetensors``, beside where the command runs."""
+    if not isinstance(source, str | os.PathLike) or os.fspath(source) == "-":
+        return "stats.safetensors"
+    path = Path(source)
+    stem = path.parent.name if path.name == "index.jsonl" else path.name.removesuffix(".safetensors")
+    return f"{stem or 'features'}.stats.safetensors"
+
+
+def _part(given: str | None, kind: str) -> Part | None:
+    if kind == "memory":
+        if given is not None:
+            raise UsageProblem("--part applies to a statistics file many processes write", hint="give -o FILE")
+        return None
+    return parse_part(given) if given is not None else detect_part()
+
+
+def _chosen_keys(reader: FeatureReader, patterns: list[str], emit: Callable[[Event], None]) -> list[str]:
+    """The keys asked for; by default every key whose rows share one shape (said of the others)."""
+    chosen = select_keys(reader.keys(), patterns, reader.name)
+    ragged = [key for key in chosen if reader.ragged(key)]
+    if ragged and patterns:
+        raise CaptureError(
+            f"'{ragged[0]}' has rows of their own shapes: statistics need every row of a tensor in one shape",
+            hint="choose other keys with -k ('hookcli info' lists them)",
+        )
+    if ragged:
+        emit(Note(f"left out {', '.join(ragged)}: rows of their own shapes have no channels in common"))
+        chosen = [key for key in chosen if key not in ragged]
+    if not chosen:
+        raise CaptureError(
+            f"'{reader.name}' holds no tensor whose rows share one shape", hint="statistics need channels of one shape"
+        )
+    return chosen
+
+
+def _record(
+    reader: FeatureReader, keys: list[str], names: list[str], choice: StatsChoice, shard_size: int | None
+) -> RunRecord:
+    """The run that wrote ``reader``'s features, as its metadata says, with this statistics run's own entries: what
+    it gathers, and the source read (its stamp, so that a source changed between two runs is not continued)."""
+    metadata = reader.metadata
+    described = _json(metadata.get("layers"), {})
+    layers = {
+        path: entry["key"]
+        for path, entry in described.items()
+        if isinstance(entry, Mapping) and entry.get("key") in keys
+    }
+    layers.update({key: key for key in keys if key not in layers.values()})
+    types = {path: str(described.get(path, {}).get("type", "?")) for path in layers}
+    source = reader.name if os.path.exists(reader.name) else None
+    prefix = metadata.get("prefix_tokens")
+    categories = _json(metadata.get("categories"), None)
+    return RunRecord(
+        model=metadata.get("model", "unknown"),
+        weights=_json(metadata.get("weights"), {}),
+        layers=layers,
+        layer_types=types,
+        capture=metadata.get("capture", "output"),
+        preprocess=_json(metadata.get("preprocess"), {}),
+        pool=metadata.get("pool", "none"),
+        dtype=metadata.get("dtype", "float32"),
+        precision=metadata.get("precision", "fp32"),
+        memory_format=metadata.get("memory_format", "contiguous"),
+        fuse=metadata.get("fused", "0") != "0",
+        device=metadata.get("device", "cpu"),
+        on_error="fail",
+        shard_size=shard_size,
+        inputs=tuple(names),
+        command={
+            "stats": json.dumps(choice.describe()),
+            "stats_of": json.dumps({"source": reader.name, "keys": keys, "stamp": source and file_stamp(source)}),
+        },
+        family=metadata.get("family", "classification"),
+        prefix_tokens=int(prefix) if prefix and prefix.isdigit() else None,
+        categories=tuple(categories) if isinstance(categories, list) else None,
+    )
+
+
+def _facts(metadata: Mapping[str, str], record: RunRecord) -> RunFacts:
+    """What the forward that saved the features learnt, as their metadata says: how often each layer ran, and how
+    many convolutions ran fused."""
+    described = _json(metadata.get("layers"), {})
+    calls = {path: int(described.get(path, {}).get("calls", 0) or 0) for path in record.layers}
+    fused = metadata.get("fused", "0")
+    return RunFacts(calls=calls, fused=int(fused) if fused.isdigit() else 0)
+
+
+def _json(text: str | None, default):
+    try:
+        return json.loads(text) if text else default
+    except ValueError:
+        return default

@@ -1,0 +1,114 @@
+"""What ``hookcli stats`` gathers: each layer's :class:`~hookcli.statistics.layer.LayerStats`, shard by shard, and
+the statistics file they make (:mod:`hookcli.storage.stats_format`).
+
+>>> gathering = StatsGathering(StatsChoice(top=1, quantiles=(0.5,), pca=False))
+>>> shard = gathering.start(0)
+>>> shard.update({"x": torch.arange(8.0).reshape(2, 4)}, torch.tensor([0, 1]))
+>>> sorted(shard.result(torch.tensor([0, 1])))[:3], shard.describe()["x"]["layout"]
+(['x@count', 'x@max', 'x@mean'], 'flat')
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from hookcli.errors import CaptureError
+from hookcli.statistics.layer import LayerStats, StatsChoice
+from hookcli.statistics.units import UnitLayout
+from hookcli.storage.stats_format import stats_key, stats_metadata
+
+__all__ = ["GatheredStats", "StatsGathering"]
+
+
+class StatsGathering:
+    """Each layer's statistics (``choice``: what of them). ``prefix_tokens`` and ``square`` (the model's inputs
+    are square) say how rows are read as channels (:class:`~hookcli.statistics.units.UnitLayout`)."""
+
+    def __init__(self, choice: StatsChoice, *, prefix_tokens: int | None = None, square: bool = False) -> None:
+        self.choice, self.prefix_tokens, self.square = choice, prefix_tokens, square
+        self.layouts: dict[str, UnitLayout] = {}  # each key's, from the first rows seen (or a part's metadata)
+
+    def start(self, number: int) -> GatheredStats:
+        return GatheredStats(self, number)
+
+    def layout(self, key: str, row_shape) -> UnitLayout:
+        if key not in self.layouts:
+            self.layouts[key] = UnitLayout.of(
+                row_shape, prefix_tokens=self.prefix_tokens, channels_last=self.square, key=key
+            )
+        return self.layouts[key]
+
+    def read(self, state: Mapping[str, torch.Tensor], described: Mapping) -> GatheredStats:
+        gathered = GatheredStats(self, 0)
+        for key, units in described.items():
+            layout = self.layout(key, units["row_shape"])
+            own = {name.rpartition("@")[2]: value for name, value in state.items() if name.rpartition("@")[0] == key}
+            gathered.layers[key] = LayerStats.from_state(own, layout, self.choice)
+        return gathered
+
+    def metadata(self, run: Mapping[str, str], *, inputs: list, skipped: list, identity: Mapping) -> dict[str, str]:
+        return stats_metadata(
+            run,
+            options=self.choice.describe(),
+            units={key: _describe(layout) for key, layout in self.layouts.items()},
+            inputs=inputs,
+            skipped=skipped,
+            identity=identity,
+        )
+
+
+class GatheredStats:
+    """The statistics of shard ``number`` (or of shards merged): a :class:`LayerStats` a key."""
+
+    def __init__(self, gathering: StatsGathering, number: int) -> None:
+        self.gathering, self.number = gathering, number
+        self.layers: dict[str, LayerStats] = {}
+
+    def update(self, features: Mapping, rows: torch.Tensor) -> None:
+        for position, (key, value) in enumerate(features.items()):
+            if key not in self.layers:
+                if isinstance(value, list):
+                    raise CaptureError(
+                        f"'{key}' has rows of their own shapes (a detection or segmentation model's images differ "
+                        "in size): statistics need every row of a layer in one shape",
+                        hint="give the model inputs of one size (--resize and --crop), or choose another layer",
+                    )
+                # Each shard and key draws its own random choices, the same whichever process computes it.
+                layout = self.gathering.layout(key, value.shape[1:])
+                seed = self.number * 1009 + position
+                self.layers[key] = LayerStats(layout, self.gathering.choice, seed=seed, key=key)
+            self.layers[key].update(value, rows)
+
+    def merge(self, other: GatheredStats) -> None:
+        for key, layer in other.layers.items():
+            if key in self.layers:
+                self.layers[key].merge(layer)
+            else:
+                self.layers[key] = layer
+
+    def state(self) -> dict[str, torch.Tensor]:
+        return {
+            stats_key(key, name): value for key, layer in self.layers.items() for name, value in layer.state().items()
+        }
+
+    def describe(self) -> dict:
+        return {key: _describe(layer.layout) for key, layer in self.layers.items()}
+
+    def result(self, positions: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {
+            stats_key(key, name): value
+            for key, layer in self.layers.items()
+            for name, value in layer.result(positions).items()
+        }
+
+
+def _describe(layout: UnitLayout) -> dict:
+    return {
+        "channels": layout.channels,
+        "spatial": list(layout.spatial),
+        "layout": layout.kind,
+        "skip": layout.skip,
+        "row_shape": list(layout.row_shape),
+    }

@@ -1,0 +1,358 @@
+"""hookcli stats: each accumulator against a direct computation in float64 numpy, a run's statistics against a
+brute-force pass over the features it would save, and the same file from one process, parts, torchrun and a run
+killed and continued."""
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import hookcli
+from hookcli.cli import main
+from hookcli.errors import CaptureError
+from hookcli.run.launch import Part, cpu_threads
+from hookcli.run.settings import Batch
+from hookcli.statistics.channel_stats import StatsGathering
+from hookcli.statistics.covariance import Covariance, principal_components
+from hookcli.statistics.examples import TopExamples
+from hookcli.statistics.layer import StatsChoice
+from hookcli.statistics.moments import Moments
+from hookcli.statistics.sketch import QuantileSketch
+from hookcli.statistics.units import UnitBatch, UnitLayout
+from hookcli.statistics.writer import GatheringWriter, parts_folder
+from hookcli.storage.fileformat import RunRecord
+from hookcli.storage.index import read_index
+from hookcli.storage.shards import open_features
+
+MODEL = ["-m", "resnet18", "-w", "none", "--resize", "40", "--crop", "32", "-q"]
+
+
+def _batches(values: np.ndarray, sizes):
+    """``values`` ``[n, C, P]`` in batches of the given sizes, as unit batches of maps ``[n, C, 1, P]``."""
+    start = 0
+    for size in sizes:
+        part = torch.from_numpy(values[start : start + size])
+        layout = UnitLayout.of((values.shape[1], 1, values.shape[2]))
+        yield UnitBatch(part[:, :, None, :], torch.arange(start, start + len(part)), layout)
+        start += size
+
+
+# -- the accumulators -------------------------------------------------------------------------------------------
+
+
+def test_moments_covariance_and_components_equal_numpy_in_float64():
+    rng = np.random.default_rng(0)
+    # A large mean over a small spread: a running sum of squares would lose the variance to cancellation.
+    values = (1e4 + rng.normal(size=(300, 6, 5)) * np.array([1, 2, 3, 0.5, 1e-3, 7])[None, :, None]).astype(np.float32)
+    values[:, 3, ::2] = 0
+    values[:, 2] += rng.normal(size=(300, 1)).astype(np.float32) * 3  # a channel that moves with the others
+    first, second = Moments(6), Moments(6)
+    covariance, later = Covariance(6), Covariance(6)
+    for number, batch in enumerate(_batches(values, [7, 1, 50, 42, 100, 100])):
+        (first if number < 3 else second).update(batch)
+        (covariance if number < 3 else later).update(batch)
+    first.merge(Moments.from_state(second.state()))
+    covariance.merge(Covariance.from_state(later.state()))
+    every = values.transpose(1, 0, 2).reshape(6, -1).astype(np.float64)
+    assert first.count == 1500
+    np.testing.assert_allclose(first.mean.numpy(), every.mean(axis=1), rtol=1e-9)
+    np.testing.assert_allclose(first.std.numpy(), every.std(axis=1), rtol=1e-9)
+    assert first.min.tolist() == every.min(axis=1).tolist() and first.max.tolist() == every.max(axis=1).tolist()
+    assert first.zeros.tolist() == [0, 0, 0, 0.6, 0, 0]
+    pooled = values.astype(np.float64).mean(axis=2)
+    expected = np.cov(pooled, rowvar=False)
+    np.testing.assert_allclose(covariance.matrix.numpy(), expected, rtol=1e-9, atol=1e-9 * np.abs(expected).max())
+    eigenvalues, eigenvectors = principal_components(covariance.matrix)
+    reference_values, reference_vectors = np.linalg.eigh(expected)
+    reference_values, reference_vectors = reference_values[::-1], reference_vectors[:, ::-1]
+    kept = reference_values > 1e-6 * reference_values[0]
+    np.testing.assert_allclose(eigenvalues.numpy()[kept], reference_values[kept], rtol=1e-7)
+    dots = np.abs(np.sum(eigenvectors.numpy()[:, kept] * reference_vectors[:, kept], axis=0))
+    np.testing.assert_allclose(dots, 1, atol=1e-7)
+    assert (eigenvalues[:-1] >= eigenvalues[1:]).all()
+    largest = eigenvectors.abs().argmax(dim=0)
+    assert (eigenvectors.gather(0, largest[None]) > 0).all()  # each vector signed by its largest component
+
+
+def _rank_error(values: np.ndarray, found: float, level: float) -> float:
+    """How far ``found``'s ranks lie from ``level × n``, as a share of ``n`` (0 when a rank of it is there)."""
+    below, at_most = np.count_nonzero(values < found), np.count_nonzero(values <= found)
+    wanted = level * len(values)
+    return max(0.0, below - wanted, wanted - at_most) / len(values)
+
+
+LEVELS = [0.0, 0.001, 0.01, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99, 0.995, 0.999, 1.0]
+
+
+def test_the_quantile_sketch_stays_within_its_rank_error_on_adversarial_channels():
+    rng = np.random.default_rng(1)
+    count = 400_000
+    normal = rng.normal(size=count)
+    outlier = rng.normal(size=count)
+    outlier[count // 3] = 1e30
+    relu = np.maximum(rng.normal(size=count), 0)
+    channels = np.stack(
+        [
+            normal,
+            np.sort(normal),  # sorted: the worst case for a compactor that always keeps the same half
+            np.sort(normal)[::-1],
+            np.full(count, 2.5),  # constant
+            np.zeros(count),
+            rng.integers(0, 5, size=count).astype(np.float64),  # heavy ties
+            outlier,
+            relu,  # half exact zeros
+        ]
+    ).astype(np.float32)
+    sketch = QuantileSketch(len(channels), seed=7)
+    for start in range(0, count, 3136):  # 16 images of 14 x 14 positions a batch
+        piece = torch.from_numpy(channels[:, start : start + 3136]).T[:, :, None, None]
+        sketch.update(UnitBatch(piece, torch.zeros(len(piece)), UnitLayout.of((len(channels), 1, 1))))
+    assert sketch.count == count and sketch.size <= 3 * sketch.k + 2 * 16
+    found = sketch.quantiles(LEVELS)
+    errors = [
+        _rank_error(channels[c], float(found[c, q]), level)
+        for c in range(len(channels))
+        for q, level in enumerate(LEVELS)
+    ]
+    assert max(errors) <= 1e-3, max(errors)
+    assert found[3].tolist() == [2.5] * len(LEVELS) and found[4].tolist() == [0.0] * len(LEVELS)
+
+
+def test_the_sketch_is_exact_until_it_compacts_and_the_same_for_the_same_batches():
+    values = np.arange(1000, dtype=np.float32)[::-1].copy().reshape(1, 1, 1000)
+    one, two = QuantileSketch(1, seed=3), QuantileSketch(1, seed=3)
+    for sketch in (one, two):
+        for batch in _batches(values.repeat(50, axis=0), [20, 30]):  # 50,000 values: several compactions
+            sketch.update(batch)
+    assert all(np.array_equal(a, b) for a, b in zip(one.levels, two.levels)) and one.compactions > 0
+    small = QuantileSketch(1)
+    small.update(next(_batches(values, [1])))
+    assert small.quantiles([0.0, 0.5, 0.999, 1.0]).tolist() == [[0.0, 499.0, 998.0, 999.0]]
+
+
+@pytest.mark.parametrize("by", ["max", "mean"])
+def test_top_examples_equal_a_sort_of_every_input_with_ties_to_the_lower_input(by):
+    rng = np.random.default_rng(2)
+    maps = rng.integers(0, 4, size=(40, 3, 2, 3)).astype(np.float32)  # few values: many ties
+    top = TopExamples(3, 5, positions=6, by=by)
+    for start, size in [(0, 7), (7, 13), (20, 20)]:
+        part = torch.from_numpy(maps[start : start + size])
+        top.update(UnitBatch(part, torch.arange(start, start + size), UnitLayout.of((3, 2, 3))))
+    flat = maps.reshape(40, 3, 6)
+    scores = flat.max(axis=2) if by == "max" else flat.astype(np.float64).mean(axis=2).astype(np.float32)
+    for channel in range(3):
+        order = np.lexsort((np.arange(40), -scores[:, channel]))[:5]
+        assert top.rows[channel].tolist() == order.tolist()
+        assert top.values[channel].tolist() == scores[order, channel].tolist()
+        assert top.at[channel].tolist() == flat[order, channel].argmax(axis=1).tolist()
+        assert np.array_equal(top.maps[channel].numpy(), flat[order, channel])
+
+
+def test_units_of_tokens_vectors_channels_last_and_clips():
+    assert UnitLayout.of((197, 768), prefix_tokens=1).spatial == (196,)
+    assert UnitLayout.of((5 + 49, 32), prefix_tokens=5).skip == 5
+    assert UnitLayout.of((50, 8)).skip == 1  # no count given: a class token before a square of patches
+    assert (UnitLayout.of((11, 8)).skip, UnitLayout.of((11, 8)).spatial) == (0, (11,))  # no square: every token
+    rows = torch.arange(2 * 4 * 4 * 3, dtype=torch.float32).reshape(2, 4, 4, 3)
+    last = UnitLayout.of((4, 4, 3), channels_last=True)
+    assert last.kind == "channels_last" and torch.equal(last.units(rows)[1, 2], rows[1, :, :, 2].reshape(-1))
+    assert UnitLayout.of((4, 4, 3)).channels == 4  # without square inputs, channels come first
+    assert UnitLayout.of((8, 4, 7, 7)).spatial == (4, 7, 7) and UnitLayout.of((1000,)).positions == 1
+    with pytest.raises(CaptureError, match=r"'x' has rows of shape \[2, 3, 4, 5, 6\]: statistics need channels"):
+        UnitLayout.of((2, 3, 4, 5, 6), key="x")
+
+
+def test_rows_of_their_own_shapes_are_refused_with_one_line():
+    record = RunRecord(
+        model="m", weights={}, layers={"x": "x"}, layer_types={"x": "Conv2d"}, capture="output", preprocess={},
+        pool="none", dtype="float32", precision="fp32", memory_format="contiguous", fuse=False, device="cpu",
+        on_error="fail", shard_size=None, inputs=("a", "b"), command={},
+    )  # fmt: skip
+    writer = GatheringWriter(record, ["a", "b"], None, StatsGathering(StatsChoice()))
+    list(writer.begin(2))
+    batch = Batch([0, 1], {"x": [torch.zeros(3, 4, 4), torch.zeros(3, 5, 4)]}, [], None, None)
+    with pytest.raises(CaptureError, match="'x' has rows of their own shapes"):
+        writer.add(batch)
+
+
+# -- runs ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def inputs(tmp_path, make_image):
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    return [str(make_image(folder / f"{i:02d}.png", size=(44, 40), seed=i)) for i in range(10)]
+
+
+def _digest(path) -> str:
+    return hashlib.sha256(open(path, "rb").read()).hexdigest()
+
+
+def test_a_run_equals_brute_force_over_the_features_it_would_save(runner, tmp_path, inputs):
+    common = [*MODEL, "-b", "3", "--shard-size", "4"]
+    done = runner.invoke(main, ["extract", *common, "-l", "layer3", "-l", "fc", "-o", f"{tmp_path}/feats/", *inputs])
+    assert done.exit_code == 0, done.output
+    out = tmp_path / "s.safetensors"
+    asked = [*common, "-l", "layer3", "-l", "fc", "--top", "4", "--quantiles", "0,0.5,0.99,1"]
+    done = runner.invoke(main, ["stats", *asked, "-o", str(out), *inputs])
+    assert done.exit_code == 0, done.output
+    assert done.output == f"{out}\n" and not parts_folder(out).exists()
+    with open_features(tmp_path / "feats") as saved, open_features(out) as found:
+        assert json.loads(found.metadata["inputs"]) == saved.inputs
+        assert json.loads(found.metadata["stats"]) == {
+            "top": 4,
+            "top_by": "max",
+            "quantiles": [0, 0.5, 0.99, 1],
+            "pca": True,
+        }
+        for key in ("layer3", "fc"):
+            rows = saved[key].astype(np.float64)
+            flat = rows.reshape(len(rows), rows.shape[1], -1)  # [N, C, P]
+            every = flat.transpose(1, 0, 2).reshape(flat.shape[1], -1)
+            assert int(found[f"{key}@count"]) == every.shape[1]
+            np.testing.assert_allclose(found[f"{key}@mean"], every.mean(axis=1), rtol=1e-9, atol=1e-12)
+            np.testing.assert_allclose(found[f"{key}@std"], every.std(axis=1), rtol=1e-9, atol=1e-12)
+            assert np.array_equal(found[f"{key}@min"], every.min(axis=1))
+            assert np.array_equal(found[f"{key}@max"], every.max(axis=1))
+            assert np.array_equal(found[f"{key}@zeros"], (every == 0).mean(axis=1))
+            # Fewer values than the sketch holds: each quantile is the smallest value with enough of them below.
+            ordered = np.sort(every, axis=1)
+            ranks = np.ceil(np.array([0, 0.5, 0.99, 1]) * every.shape[1]).astype(int).clip(1) - 1
+            assert np.array_equal(found[f"{key}@quantiles"], ordered[:, ranks])
+            peaks = flat.max(axis=2).astype(np.float32)
+            order = np.stack([np.lexsort((np.arange(len(rows)), -peaks[:, c]))[:4] for c in range(flat.shape[1])])
+            assert np.array_equal(found[f"{key}@top_rows"], order)
+            assert np.array_equal(found[f"{key}@top_values"], np.take_along_axis(peaks.T, order, axis=1))
+            maps = flat.transpose(1, 0, 2)[np.arange(flat.shape[1])[:, None], order]  # [C, K, P]
+            assert np.array_equal(found[f"{key}@top_maps"].reshape(maps.shape), maps.astype(np.float32))
+            pooled = flat.mean(axis=2)
+            np.testing.assert_allclose(found[f"{key}@cov"], np.cov(pooled, rowvar=False), rtol=1e-9, atol=1e-12)
+        assert found.shape("layer3@top_at") == [256, 4, 2]
+        at = found["layer3@top_at"]
+        maps = found["layer3@top_maps"]
+        assert all(maps[0, k, at[0, k, 0], at[0, k, 1]] == found["layer3@top_values"][0, k] for k in range(4))
+        assert "fc@top_at" not in found.keys() and found.shape("fc@top_maps") == [1000, 4]
+    # The same statistics from the saved folder, with the same batches and shards: the same to the bit.
+    again = tmp_path / "again.safetensors"
+    done = runner.invoke(main, ["stats", f"{tmp_path}/feats/", "-b", "3", "--shard-size", "4", "--top", "4",
+                                "--quantiles", "0,0.5,0.99,1", "-q", "-o", str(again)])  # fmt: skip
+    assert done.exit_code == 0, done.output
+    with open_features(out) as forward, open_features(again) as saved:
+        assert sorted(forward.keys()) == sorted(saved.keys())
+        assert all(np.array_equal(forward[key], saved[key]) for key in forward.keys())
+
+
+def _environment(**extra):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "LOCAL_"))}
+    return {**env, **extra}
+
+
+ARGS = [*MODEL, "-l", "layer4", "-l", "avgpool", "-b", "2", "--shard-size", "2", "--top", "3"]
+
+
+def _one_process(runner, path, inputs, threads=None, args=ARGS):
+    before = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        done = runner.invoke(main, ["stats", *args, "-o", str(path), *inputs])
+    finally:
+        torch.set_num_threads(before)
+    assert done.exit_code == 0, done.output
+    return _digest(path)
+
+
+def test_parts_and_torchrun_write_the_file_one_process_writes(runner, tmp_path, inputs):
+    expected = _one_process(runner, tmp_path / "one.safetensors", inputs)
+    three = tmp_path / "three.safetensors"
+    runs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "hookcli", "stats", *ARGS, "--part", f"{k}/3", "-o", str(three), *inputs],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=_environment(),
+        )
+        for k in (1, 2, 3)
+    ]
+    results = [(run.wait(timeout=300), run.stdout.read(), run.stderr.read()) for run in runs]
+    assert [code for code, _, _ in results] == [0, 0, 0], results
+    assert "".join(out for _, out, _ in results) == f"{three}\n"  # said once, by the process that wrote it
+    assert _digest(three) == expected and not parts_folder(three).exists()
+
+    threads = cpu_threads(Part(0, 2, 0, 2))  # processes sharing the cores sum in another order: compare like with like
+    expected = _one_process(runner, tmp_path / "one-thread.safetensors", inputs, threads=threads)
+    two = tmp_path / "two.safetensors"
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "hookcli",
+         "stats", *ARGS, "-o", str(two), *inputs],
+        capture_output=True, text=True, timeout=300, env=_environment(),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"{two}\n" and "Error" not in done.stderr, done.stderr
+    assert _digest(two) == expected
+
+
+def test_a_killed_run_continues_to_the_file_an_uninterrupted_one_writes(runner, tmp_path, inputs, make_image):
+    inputs = inputs + [
+        str(make_image(tmp_path / "imgs" / f"x{i:02d}.png", size=(44, 40), seed=50 + i)) for i in range(10)
+    ]
+    slow = [*MODEL, "-l", "layer4", "-b", "1", "--shard-size", "2", "--top", "3"]
+    out = tmp_path / "s.safetensors"
+    first = subprocess.Popen(
+        [sys.executable, "-m", "hookcli", "stats", *slow, "-o", str(out), *inputs],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=_environment(),
+    )  # fmt: skip
+    index = parts_folder(out) / "index.jsonl"
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and len(read_index(index.parent)[1] if index.exists() else []) < 2:
+        assert first.poll() is None, first.stderr.read()
+        time.sleep(0.02)
+    first.send_signal(signal.SIGKILL)
+    first.wait(timeout=60)
+    assert not out.exists() and 2 <= len(read_index(index.parent)[1]) < 10
+    done = subprocess.run(
+        [sys.executable, "-m", "hookcli", "stats", *slow, "-o", str(out), *inputs],
+        capture_output=True, text=True, timeout=300, env=_environment(),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "Continuing:" in done.stderr and done.stdout == f"{out}\n"
+    assert _digest(out) == _one_process(runner, tmp_path / "whole.safetensors", inputs, args=slow)
+
+
+def test_what_stats_refuses_before_any_work(runner, tmp_path, inputs):
+    cases = [
+        (["stats", *MODEL, *inputs], "Error: --layer is needed with --model (repeat it for more layers)"),
+        (["stats", *MODEL, "-l", "fc", "-k", "x", *inputs], "Error: -k chooses tensors of saved features"),
+        (["stats", *MODEL, "-l", "fc", "-o", "-", *inputs], "Error: stats writes a file (its parts are kept beside"),
+        (
+            ["stats", *MODEL, "-l", "fc", "-o", f"{tmp_path}/", *inputs],
+            f"Error: stats writes one file, and '{tmp_path}/'",
+        ),
+        (["stats", *MODEL, "-l", "fc", "--quantiles", "0.5,2", *inputs], "quantile level 2.0 is not between 0 and 1"),
+        (["stats", *MODEL, "-l", "fc", "--top", "0", *inputs], "Error: Invalid value for '--top'"),
+        (["stats", inputs[0], "--resize", "30"], "Error: --resize applies when --model runs a model; saved features"),
+        (["stats", inputs[0], inputs[1]], "Error: give one source of saved features (a file, a folder or -), not 2"),
+    ]
+    for args, message in cases:
+        done = runner.invoke(main, args)
+        assert done.exit_code == 2 and message in done.output and "Traceback" not in done.output, (args, done.output)
+
+
+def test_the_python_api_reads_features_in_memory_and_refuses_mixed_calls(inputs):
+    features = hookcli.extract("resnet18", "avgpool", inputs[:3], weights="none", resize=40, crop=32)
+    found = hookcli.stats(features=features, top=2, quantiles=[0.5])
+    assert found["avgpool@top_maps"].shape == (512, 2, 1, 1) and found.metadata["kind"] == "stats"
+    assert found.inputs == features.inputs
+    with pytest.raises(hookcli.HookcliError, match="stats reads saved features or runs a model, not both"):
+        hookcli.stats("resnet18", features=features)
+    with pytest.raises(TypeError, match="stats\\(\\) got an unexpected keyword argument 'resize'"):
+        hookcli.stats(features=features, resize=30)
