@@ -253,7 +253,9 @@ def grid(source, *, output=None, progress: Callable | None = None, force: bool =
     ``scale``, ``min_tile``, ``title``, ``overlay``, ``alpha``,
     ``overlay_cmap`` (see :class:`~hookcli.pictures.options.GridOptions`). In memory
     (``output=None``): a dict of file name → ``uint8 [H, W, 3]`` pixels;
-    with ``output=DIR``: the PNGs, and their paths are returned.
+    with ``output=DIR``: the PNGs, and their paths are returned. A statistics
+    file (what :func:`stats` writes or returns) gives a picture a layer and
+    channel: its dataset examples (:mod:`hookcli.pictures.stats_grids`).
 
     >>> import tempfile
     >>> photo = __import__("matplotlib.cbook").cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)
@@ -279,7 +281,8 @@ def report(
     force: bool = False,
     **options,
 ):
-    """A static HTML report of saved features, in pages of ``page_size`` images (default 20): ``hookcli report``.
+    """A static HTML report of saved features, in pages of ``page_size`` images (default 20): ``hookcli report``;
+    of a statistics file, each layer's channels, ``page_size`` a page (default 64).
 
     ``source`` as for :func:`grid`; ``output``: the folder (default
     ``<file stem>_report``); the options of :func:`grid` choose tensors,
@@ -293,7 +296,7 @@ def report(
     >>> index.name, sorted(path.name for path in index.parent.iterdir())
     ('index.html', ['index.html', 'page-00002.html'])
     """
-    from hookcli.pictures.reports import DEFAULT_PAGE_SIZE, default_report_folder, write_report  # numpy, Pillow
+    from hookcli.pictures.reports import default_report_folder, write_report  # numpy, Pillow
 
     drawing = _grid_options("report", options)
     if output is None:
@@ -303,7 +306,6 @@ def report(
         )
     if output is DEFAULT_OUTPUT:
         output = default_report_folder(source)
-    page_size = DEFAULT_PAGE_SIZE if page_size is None else page_size
     with _opened(source) as features:
         return write_report(features, output, drawing, page_size=page_size, force=force, progress=progress)
 
@@ -373,7 +375,8 @@ def models_note(source: str, pattern: str | None = None, family: str | None = No
 
 def info(source, *, stats: bool = True, progress: Callable | None = None) -> dict:
     """What a features file or shard folder holds: ``hookcli info`` as data (keys, dtypes, shapes, sizes, the
-    metadata parsed and, with ``stats``, each tensor's min, mean, max, share of zeros and non-finite count).
+    metadata parsed and, with ``stats``, each tensor's min, mean, max, share of zeros and non-finite count; a
+    statistics file's layers instead, :func:`hookcli.pictures.summary.describe_stats`).
     What reading the source had to say (a shard folder's notes) comes as :class:`~hookcli.events.Note` events.
 
     >>> photo = __import__("matplotlib.cbook").cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)

@@ -40,15 +40,16 @@ def glob_to_regex(pattern: str) -> re.Pattern:
     return re.compile("".join(parts))
 
 
-def select_keys(available: Sequence[str], patterns: Sequence[str], name: str) -> list[str]:
-    """The keys of ``available`` (the tensors of ``name``) that ``patterns`` match, in the order the patterns
-    match them (all of them for no pattern); a pattern that matches nothing is refused, naming the closest keys.
+def select_keys(available: Sequence[str], patterns: Sequence[str], name: str, *, what: str = "tensor") -> list[str]:
+    """The keys of ``available`` (the tensors of ``name``, or what ``what`` names: its layers) that ``patterns``
+    match, in the order the patterns match them (all of them for no pattern); a pattern that matches nothing is
+    refused, naming the closest keys.
 
-    >>> select_keys(["layer1", "layer2", "fc"], ["layer*"], "f.safetensors")
-    ['layer1', 'layer2']
+    >>> select_keys(["layer1", "layer2", "fc"], ["fc", "layer*"], "f.safetensors")
+    ['fc', 'layer1', 'layer2']
     """
     if not available:
-        raise FeatureFileError(f"'{name}' holds no tensors")
+        raise FeatureFileError(f"'{name}' holds no {what}s")
     if not patterns:
         return list(available)
     chosen: list[str] = []
@@ -64,7 +65,7 @@ def select_keys(available: Sequence[str], patterns: Sequence[str], name: str) ->
         if not found:
             closest = difflib.get_close_matches(pattern, available, n=3, cutoff=0.0)
             raise UsageProblem(
-                f"no tensor '{pattern}' in '{name}' (closest: {', '.join(closest)})",
+                f"no {what} '{pattern}' in '{name}' (closest: {', '.join(closest)})",
                 hint="'hookcli info' lists the keys",
             )
         chosen.extend(k for k in found if k not in chosen)

@@ -92,3 +92,35 @@ def peak_of():
     """``peak_of(*args)``: exit code, peak memory in bytes and stderr (lines joined by `` | ``) of ``hookcli ARGS``
     run in a process limited to 4 GiB of address space."""
     return _peak
+
+
+@pytest.fixture
+def browser():
+    """Headless Chromium through chromedriver, logging the console; skipped only where Chromium, its driver or
+    selenium is missing (.ci/run installs all three)."""
+    missing = [path for path in ("/usr/bin/chromium", "/usr/bin/chromedriver") if not Path(path).exists()]
+    if missing:
+        pytest.skip(
+            f"needs Debian's chromium and chromium-driver (apt-get install chromium chromium-driver): no {missing[0]}"
+        )
+    webdriver = pytest.importorskip("selenium.webdriver", reason="needs the selenium package (pip install selenium)")
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    for argument in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--window-size=1200,900",
+        f"--user-data-dir={tempfile.mkdtemp(prefix='hookcli-chromium-')}",
+    ):
+        options.add_argument(argument)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(executable_path="/usr/bin/chromedriver"), options=options)
+    yield driver
+    driver.quit()

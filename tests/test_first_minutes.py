@@ -212,12 +212,13 @@ def test_an_unreadable_image_in_a_folder_names_on_error_skip(runner, images, tmp
         ),
         (
             ["grid", "f.safetensors", "--layer", "layer1"],
-            "No such option: --layer (it belongs to 'hookcli extract', 'hookcli grad' and 'hookcli cam'). "
-            "Hint: see 'hookcli grid --help'",
+            "No such option: --layer (it belongs to 'hookcli extract', 'hookcli grad', 'hookcli cam' and "
+            "'hookcli stats'). Hint: see 'hookcli grid --help'",
         ),
         (
             ["grad", "--no-fuse", "img.png"],
-            "No such option: --no-fuse (it belongs to 'hookcli extract'). Hint: see 'hookcli grad --help'",
+            "No such option: --no-fuse (it belongs to 'hookcli extract' and 'hookcli stats'). "
+            "Hint: see 'hookcli grad --help'",
         ),
         (
             ["info", "--input-size=64", "f.safetensors"],

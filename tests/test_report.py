@@ -6,7 +6,6 @@ import io
 import json
 import re
 import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -557,90 +556,53 @@ def test_the_help_names_the_default_page_size(runner):
 # -- in a browser ----------------------------------------------------------------------------------
 
 
-def _browser():
-    """Headless Chromium through chromedriver, logging the console; skipped only where Chromium, its driver or
-    selenium is missing (.ci/run installs all three)."""
-    missing = [path for path in ("/usr/bin/chromium", "/usr/bin/chromedriver") if not Path(path).exists()]
-    if missing:
-        pytest.skip(
-            f"needs Debian's chromium and chromium-driver (apt-get install chromium chromium-driver): no {missing[0]}"
-        )
-    webdriver = pytest.importorskip("selenium.webdriver", reason="needs the selenium package (pip install selenium)")
-    from selenium.webdriver.chrome.service import Service
+def test_the_pages_render_in_a_browser(folder, tmp_path, browser):
+    from selenium.webdriver.common.by import By
 
-    options = webdriver.ChromeOptions()
-    for argument in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--window-size=1200,900",
-        f"--user-data-dir={tempfile.mkdtemp(prefix='hookcli-chromium-')}",
-    ):
-        options.add_argument(argument)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    return webdriver.Chrome(service=Service(executable_path="/usr/bin/chromedriver"), options=options)
-
-
-def test_the_pages_render_in_a_browser(folder, tmp_path):
     index = hookcli.report(folder, output=tmp_path / "r", page_size=3)
-    driver = _browser()
-    try:
-        from selenium.webdriver.common.by import By
+    browser.get(index.as_uri())
+    assert browser.title == f"{folder} · hookcli report · page 1 of 3"
+    assert browser.find_element(By.TAG_NAME, "h1").text == f"hookcli report: {folder}"
+    headings = [h.text for h in browser.find_elements(By.CSS_SELECTOR, "section.image > h2")]
+    assert headings == ["Image 0: grace_hopper.jpg", "Image 1: noise0.png", "Image 2: noise1.png"]
+    pictures = browser.execute_script(
+        "return [...document.images].map(i => [i.complete, i.naturalWidth, i.naturalHeight]);"
+    )
+    assert len(pictures) == 9 and all(complete and width > 0 and height > 0 for complete, width, height in pictures)
+    pixels = np.asarray(Image.open(io.BytesIO(browser.get_screenshot_as_png())).convert("RGB"))
+    assert (pixels != 255).any(axis=2).mean() > 0.05  # text and tables, not a blank page
+    assert len(np.unique(pixels.reshape(-1, 3), axis=0)) > 50
 
-        driver.get(index.as_uri())
-        assert driver.title == f"{folder} · hookcli report · page 1 of 3"
-        assert driver.find_element(By.TAG_NAME, "h1").text == f"hookcli report: {folder}"
-        headings = [h.text for h in driver.find_elements(By.CSS_SELECTOR, "section.image > h2")]
-        assert headings == ["Image 0: grace_hopper.jpg", "Image 1: noise0.png", "Image 2: noise1.png"]
-        pictures = driver.execute_script(
-            "return [...document.images].map(i => [i.complete, i.naturalWidth, i.naturalHeight]);"
-        )
-        assert len(pictures) == 9 and all(complete and width > 0 and height > 0 for complete, width, height in pictures)
-        pixels = np.asarray(Image.open(io.BytesIO(driver.get_screenshot_as_png())).convert("RGB"))
-        assert (pixels != 255).any(axis=2).mean() > 0.05  # text and tables, not a blank page
-        assert len(np.unique(pixels.reshape(-1, 3), axis=0)) > 50
-
-        driver.find_element(By.CSS_SELECTOR, "header a[rel=next]").click()
-        assert driver.current_url == (index.parent / "page-00002.html").as_uri()
-        assert driver.title == f"{folder} · hookcli report · page 2 of 3"
-        assert len(driver.find_elements(By.CSS_SELECTOR, "section.image")) == 3
-        complete = driver.execute_script("return [...document.images].every(i => i.complete && i.naturalWidth > 0);")
-        assert complete and len(driver.find_elements(By.TAG_NAME, "img")) == 9
-        driver.find_element(By.CSS_SELECTOR, "#contents a[href='#image-4-tensor-1']").click()
-        assert driver.current_url.endswith("page-00002.html#image-4-tensor-1")
-        severe = [entry for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
-        assert severe == []
-    finally:
-        driver.quit()
+    browser.find_element(By.CSS_SELECTOR, "header a[rel=next]").click()
+    assert browser.current_url == (index.parent / "page-00002.html").as_uri()
+    assert browser.title == f"{folder} · hookcli report · page 2 of 3"
+    assert len(browser.find_elements(By.CSS_SELECTOR, "section.image")) == 3
+    complete = browser.execute_script("return [...document.images].every(i => i.complete && i.naturalWidth > 0);")
+    assert complete and len(browser.find_elements(By.TAG_NAME, "img")) == 9
+    browser.find_element(By.CSS_SELECTOR, "#contents a[href='#image-4-tensor-1']").click()
+    assert browser.current_url.endswith("page-00002.html#image-4-tensor-1")
+    severe = [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
+    assert severe == []
 
 
-def test_the_link_to_the_files_tensors_and_metadata_opens_their_collapsed_section(folder, tmp_path):
+def test_the_link_to_the_files_tensors_and_metadata_opens_their_collapsed_section(folder, tmp_path, browser):
+    from selenium.webdriver.common.by import By
+
     index = hookcli.report(folder, output=tmp_path / "r", page_size=3)
-    driver = _browser()
-    try:
-        from selenium.webdriver.common.by import By
-
-        for arrive in ("the link", "the address", "the link again"):
-            if arrive == "the address":
-                driver.get(index.as_uri() + "#file")
-            else:
-                if arrive == "the link":
-                    driver.get(index.as_uri())
-                else:  # closed again by hand, then the same link: the address does not change
-                    driver.execute_script("document.querySelector('details.about').open = false; scrollTo(0, 0)")
-                driver.find_element(By.CSS_SELECTOR, "#summary a[href='#file']").click()
-            details = driver.find_element(By.CSS_SELECTOR, "details.about")
-            assert details.get_attribute("open") is not None, arrive
-            assert driver.find_element(By.CSS_SELECTOR, "table.tensors").is_displayed(), arrive
-            top = driver.execute_script("return document.getElementById('file').getBoundingClientRect().top")
-            assert 0 < top < 100, arrive  # scrolled to it, under its summary line
-    finally:
-        driver.quit()
+    for arrive in ("the link", "the address", "the link again"):
+        if arrive == "the address":
+            browser.get(index.as_uri() + "#file")
+        else:
+            if arrive == "the link":
+                browser.get(index.as_uri())
+            else:  # closed again by hand, then the same link: the address does not change
+                browser.execute_script("document.querySelector('details.about').open = false; scrollTo(0, 0)")
+            browser.find_element(By.CSS_SELECTOR, "#summary a[href='#file']").click()
+        details = browser.find_element(By.CSS_SELECTOR, "details.about")
+        assert details.get_attribute("open") is not None, arrive
+        assert browser.find_element(By.CSS_SELECTOR, "table.tensors").is_displayed(), arrive
+        top = browser.execute_script("return document.getElementById('file').getBoundingClientRect().top")
+        assert 0 < top < 100, arrive  # scrolled to it, under its summary line
 
 
 def test_a_report_that_fails_part_way_leaves_no_pages_and_no_folder(folder, tmp_path):

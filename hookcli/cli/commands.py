@@ -480,12 +480,20 @@ def _given_options(ctx: click.Context) -> list[str]:
 @main.command(context_settings=CONTEXT_SETTINGS)
 @click.argument("file", metavar="FILE|DIR|-")
 @click.option("--json", "as_json", is_flag=True, help="Everything as one JSON object.")
-@click.option("--no-stats", is_flag=True, help="Skip min/mean/max/zeros (reads no tensor data).")
+@click.option(
+    "--no-stats",
+    is_flag=True,
+    help="Skip min/mean/max/zeros (reads no tensor data; of a statistics file, only what its checks read).",
+)
 def info(file, as_json, no_stats) -> None:
     """Show the tensors, metadata and value statistics of a safetensors file.
 
     Statistics (min, mean and max over finite values, share of zeros, count of
-    NaN/inf) are read a row at a time. DIR is a shard folder written with
+    NaN/inf) are read a row at a time. A statistics file (hookcli stats) is
+    checked, then shown by its layers: layout, channels, positions, values a
+    channel and examples kept, and a summary of each layer's channels (lowest,
+    mean and highest value, share of zeros, channels zero everywhere, principal
+    components that explain 90% of the variance). DIR is a shard folder written with
     extract -o DIR/ (or its index.jsonl); - reads a file from stdin. Control
     characters in names and metadata are shown escaped (\\x1b, \\n). --json is
     strict JSON: NaN and ±inf (in metadata) are the strings "NaN", "Infinity"
@@ -524,7 +532,10 @@ def grid(file, output, quiet, **options) -> None:
     detections (extract --detections) as one picture an image: the boxes
     over the photo, each with its class index and score. A colour bar
     states the scale. Layers wider than 64 channels draw their first 64
-    unless --channels or --top says otherwise.
+    unless --channels or --top says otherwise. A statistics file (hookcli
+    stats) gives a picture a layer and channel: its dataset examples, each
+    input's photo as the model saw it with the channel's map over it and the
+    map's largest value ringed.
     Written paths are printed, one per line. DIR is a shard folder
     written with extract -o DIR/ (or its index.jsonl); - reads a file from stdin.
 
@@ -542,7 +553,11 @@ def grid(file, output, quiet, **options) -> None:
 @main.command(context_settings=CONTEXT_SETTINGS)
 @click.argument("file", metavar="FILE|DIR|-")
 @click.option("--output", "-o", metavar="DIR", help="Folder for the pages [<file stem>_report].")
-@click.option("--page-size", type=click.IntRange(min=1), help="Images (rows) per page. [20]")
+@click.option(
+    "--page-size",
+    type=click.IntRange(min=1),
+    help="Images (rows) per page. [20] Of a statistics file: channels per page. [64]",
+)
 @grid_drawing_options
 @click.option("--force", "-f", is_flag=True, help="Overwrite an existing report.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
@@ -555,7 +570,9 @@ def report(file, output, page_size, quiet, **options) -> None:
     path of index.html is printed. The options below are grid's; --image
     also takes a range A:B of row indices. A detection file's final
     detections are listed for each image (class index, score, box) beside
-    their picture.
+    their picture. A statistics file (hookcli stats) gives a page of each
+    layer's channels at a time: a sortable table of them, its principal
+    components, and each channel's quantiles and dataset examples.
 
     \b
       hookcli report feats.safetensors -o report/

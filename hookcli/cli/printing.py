@@ -32,7 +32,10 @@ def _shape_text(row: dict) -> str:
 
 
 def info_lines(described: dict, *, stats: bool = True) -> list[str]:
-    """:func:`describe_file`'s result as ``hookcli info`` prints it: a title, a table of tensors, the metadata."""
+    """:func:`describe_file`'s result as ``hookcli info`` prints it: a title, a table of tensors, the metadata (a
+    statistics file's as :func:`_stats_lines` prints it)."""
+    if described.get("kind") == "stats":
+        return _stats_lines(described, values=stats)
     count = len(described["tensors"])
     size = format_bytes(described["bytes"])
     lines = [f"{printable(described['file'])}  {size}  {count} tensor{'s' if count != 1 else ''}"]
@@ -49,6 +52,52 @@ def info_lines(described: dict, *, stats: bool = True) -> list[str]:
             )
         table.append(row)
     lines += table_lines(table, right=range(2, len(header)))
+    if described["metadata"]:
+        lines += ["metadata:", *map(printable, _metadata_lines(described["metadata"]))]
+    return lines
+
+
+def _stats_lines(described: dict, *, values: bool) -> list[str]:
+    """A statistics file: what it covers and how, a table of its layers (with ``values``, their channels summed
+    up), a table of its tensors, the metadata."""
+    layers, inputs, skipped = described["layers"], described["inputs"], described["skipped"]
+    options = described["options"]
+    lines = [
+        f"{printable(described['file'])}  {format_bytes(described['bytes'])}  statistics of {len(layers)} "
+        f"layer{'s' if len(layers) != 1 else ''} over {inputs:,} input{'s' if inputs != 1 else ''}"
+        + (f" ({skipped:,} skipped)" if skipped else ""),
+        f"top {options['top']} examples a channel by {printable(str(options['top_by']))}; quantiles "
+        f"{', '.join(f'{level:g}' for level in options['quantiles']) or 'none'}; "
+        + ("covariance and principal components" if options["pca"] else "no principal components"),
+    ]
+    header: tuple[str, ...] = ("layer", "layout", "channels", "positions", "count", "examples")
+    if values:
+        header += ("min", "mean", "max", "zeros", "all-zero", "pca 90%")
+    table = [header]
+    for layer in layers:
+        row: tuple[str, ...] = (
+            layer["key"],
+            layer["layout"] + (f" (skip {layer['skip']})" if layer["skip"] else ""),
+            f"{layer['channels']:,}",
+            _shape_text({"shape": layer["spatial"]}) if layer["spatial"] else "-",
+            f"{layer['count']:,}",
+            str(layer["examples"]),
+        )
+        if values:
+            found = layer["values"]
+            explained = found.get("components_90")
+            row += (
+                *(_number(found[k]) for k in ("min", "mean", "max")),
+                "-" if found["zeros"] is None else f"{found['zeros']:.1%}",
+                f"{found['dead']:,}",
+                "-" if explained is None else f"{explained:,}",
+            )
+        table.append(row)
+    lines += table_lines(table, right=range(2, len(header)))
+    lines.append("tensors:")
+    tensors = [("key", "dtype", "shape", "size")]
+    tensors += [(t["key"], t["dtype"], _shape_text(t), format_bytes(t["bytes"])) for t in described["tensors"]]
+    lines += ["  " + line for line in table_lines(tensors, right=range(2, 4))]
     if described["metadata"]:
         lines += ["metadata:", *map(printable, _metadata_lines(described["metadata"]))]
     return lines

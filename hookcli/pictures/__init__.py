@@ -9,6 +9,9 @@ into pixels (with :mod:`~hookcli.pictures.text` and
 input photos, :mod:`~hookcli.pictures.reports` writes the HTML report (each
 image's section from :mod:`~hookcli.pictures.sections`, the pieces from
 :mod:`~hookcli.pictures.html`) and :mod:`~hookcli.pictures.summary` describes a
-file for ``info``. It imports the foundation modules,
+file for ``info``. A statistics file's pictures are its channels' dataset examples
+(:mod:`~hookcli.pictures.examples`, chosen and written by :mod:`~hookcli.pictures.stats_grids`), and its
+report (:mod:`~hookcli.pictures.stats_reports`) its layers' channels, with :mod:`~hookcli.pictures.charts`;
+:mod:`~hookcli.pictures.png` writes PNG files. It imports the foundation modules,
 :mod:`hookcli.inputs` and :mod:`hookcli.storage`, nothing above.
 """

@@ -12,11 +12,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
 
-from hookcli.files import atomic_path
 from hookcli.pictures.options import safe_name
 from hookcli.pictures.photos import heat_picture, model_photo_scaled
+from hookcli.pictures.png import save_png
 from hookcli.pictures.render import add_title
 
 __all__ = ["CamOverlays", "cam_png_name"]
@@ -87,8 +86,7 @@ class CamOverlays:
                     self.on_note(f"{Path(self.paths[index]).name}, {label}: {flat}")
                 pixels = add_title(pixels, [*caption, f"{self.method} at {self.layer}"])
                 path = self.folder / cam_png_name(index, self.paths[index], k, self.count)
-                with atomic_path(path, force=self.force) as temporary:
-                    Image.fromarray(pixels).save(temporary, format="PNG", compress_level=1)
+                save_png(pixels, path, force=self.force)
                 self.pngs.append(path)
         self.inner.add(batch)
 

@@ -35,7 +35,6 @@ with label and score over the photo (:func:`~hookcli.pictures.reading.read_detec
 from __future__ import annotations
 
 import bisect
-import collections
 import itertools
 import os
 from collections.abc import Callable, Sequence
@@ -43,14 +42,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
 
 from hookcli.errors import UsageProblem
 from hookcli.events import Advanced, Event, Note, Started, Wrote
-from hookcli.files import atomic_path, check_folder_output, refuse_existing
+from hookcli.files import check_folder_output, refuse_existing
 from hookcli.patterns import select_keys
 from hookcli.pictures.drawing import render_picture
-from hookcli.pictures.options import DEFAULT_MAPS, GridJob, GridOptions, capped, digest, safe_name
+from hookcli.pictures.options import DEFAULT_MAPS, GridJob, GridOptions, capped, file_stems, safe_name
+from hookcli.pictures.png import save_png
 from hookcli.pictures.reading import (
     BOXES,
     DRAWN_DETECTIONS,
@@ -73,8 +72,10 @@ from hookcli.pictures.render import (
     map_layout,
     tiles_that_fit,
 )
+from hookcli.pictures.stats_grids import draw_stats_grids
 from hookcli.storage.fileformat import DETECTIONS
 from hookcli.storage.reader import FeatureReader
+from hookcli.storage.stats_format import is_stats
 
 __all__ = [
     "GridPlan",
@@ -144,8 +145,9 @@ class GridPlan(Sequence):
         )
 
 
-#: Longest parts of a PNG's name: with the row number, suffix and a temporary name's extras, well under 255 bytes.
-_KEY_STEM, _INPUT_STEM = 100, 60
+#: The longest input part of a PNG's name: with the key's (:func:`~hookcli.pictures.options.file_stems`), the row
+#: number, suffix and a temporary name's extras, well under 255 bytes.
+_INPUT_STEM = 60
 
 
 def plan_grids(
@@ -208,7 +210,7 @@ def plan_grids(
             hint="overlays work on files written by hookcli extract, whose 'inputs' metadata names the images",
         )
     plans = []
-    for key, stem in zip(drawable, _file_stems([DETECTIONS if key == BOXES else key for key in drawable])):
+    for key, stem in zip(drawable, file_stems([DETECTIONS if key == BOXES else key for key in drawable])):
         if options.frame is not None and key != BOXES and len(drawn_shape(features, key)) == 5:
             stem += f".frame{options.frame}"  # one frame of a clip: named apart from the whole clip's picture
         count = features.shape(key)[0]
@@ -340,17 +342,6 @@ def _text(channels: slice) -> str:
     return f"{start}:{stop}"
 
 
-def _file_stems(keys: Sequence[str]) -> list[str]:
-    """Each key's part of the PNG names: safe characters, capped length, and never two alike.
-
-    Keys that would give the same name (``a/b`` and ``a:b``; ``A`` and ``a`` on
-    a file system that ignores case) get a short hash of the key appended.
-    """
-    stems = [capped(safe_name(key), _KEY_STEM) for key in keys]
-    seen = collections.Counter(stem.casefold() for stem in stems)
-    return [f"{stem}~{digest(key)}" if seen[stem.casefold()] > 1 else stem for key, stem in zip(keys, stems)]
-
-
 def write_grids(
     features: FeatureReader,
     jobs: GridPlan,
@@ -363,10 +354,7 @@ def write_grids(
     """Render and write every job's PNG (atomically); undrawable tensors and pictures' notes go to ``on_note``."""
     written = []
     for job, pixels in _rendered(features, jobs, options, on_note):
-        job.path.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_path(job.path, force=force) as temporary:
-            # zlib level 1: a third of the default's time for files about a tenth larger.
-            Image.fromarray(pixels).save(temporary, format="PNG", compress_level=1)
+        save_png(pixels, job.path, force=force)
         written.append(job.path)
         if on_written is not None:
             on_written(job.path)
@@ -417,8 +405,11 @@ def draw_grids(features, options, output, *, force: bool = False, progress: Call
 
     Written: the PNG paths in order. In memory (``output=None``): a dict of
     file name → ``uint8 [H, W, 3]`` pixels. Undrawable tensors are reported
-    as :class:`Note` s.
+    as :class:`Note` s. A statistics file's pictures are its channels' dataset
+    examples (:func:`~hookcli.pictures.stats_grids.draw_stats_grids`).
     """
+    if is_stats(features.metadata):
+        return draw_stats_grids(features, options, output, force=force, progress=progress)
     emit = progress or (lambda event: None)
     jobs = plan_grids(features, options, output, force=force)
     for text in (*getattr(features, "reading_notes", ()), *jobs.notes):

@@ -8,18 +8,22 @@ pictures embedded as ``data:`` URIs, the pager, and the page's head and style sh
 from __future__ import annotations
 
 import base64
+import contextlib
 import html
 import io
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 from PIL import Image
 
 from hookcli.console import printable
+from hookcli.files import format_bytes
 from hookcli.pictures.reading import Detections, target_box
 from hookcli.pictures.summary import values_stats
+from hookcli.storage.fileformat import metadata_order
 from hookcli.storage.reader import FeatureReader
 
 __all__ = [
@@ -29,9 +33,15 @@ __all__ = [
     "row_anchor",
     "channels_table",
     "detections_table",
+    "facts_table",
+    "file_details",
+    "new_pages",
+    "notes_html",
+    "number_cell",
     "HEAD",
     "page_name",
     "pager",
+    "jpeg_uri",
     "picture_html",
     "png_uri",
     "predictions_table",
@@ -202,7 +212,7 @@ def stats_table(values: np.ndarray) -> str:
     if stats["nonfinite"]:
         cells.append(("NaN/inf", stats["nonfinite"], "d"))
     header = "".join(f"<th>{name}</th>" for name, _, _ in cells)
-    body = "".join(f"<td{_data(value)}>{_number(value, spec)}</td>" for _, value, spec in cells)
+    body = "".join(number_cell(value, spec) for _, value, spec in cells)
     return f'<table class="stats"><tr>{header}</tr><tr>{body}</tr></table>'
 
 
@@ -220,10 +230,8 @@ def detections_table(found: Detections) -> str:
     header = "".join(f"<th>{name}</th>" for name, _, _ in columns)
     rows = []
     for k, box in enumerate(found.boxes.tolist()):
-        cells = "".join(
-            f"<td{_data(values[k].item())}>{_number(values[k].item(), spec)}</td>" for _, values, spec in columns
-        )
-        corners = "".join(f"<td{_data(value)}>{_number(value, '.1f')}</td>" for value in box)
+        cells = "".join(number_cell(values[k].item(), spec) for _, values, spec in columns)
+        corners = "".join(number_cell(value, ".1f") for value in box)
         rows.append(f"<tr><td>#{k}</td>{cells}{corners}</tr>")  # numbered as --target '#N' names them
     plural = "s" if count != 1 else ""
     return (
@@ -237,8 +245,8 @@ def predictions_table(key: str, outputs: Sequence[tuple[int, float, float]], nam
     """A classifier's highest outputs (``(class, logit, probability)``, from the logits stored under ``key``), named
     with the weights' class ``names``."""
     rows = "".join(
-        f"<tr><td>{label}</td><td>{escaped(names[label])}</td><td{_data(logit)}>{logit:.2f}</td>"
-        f"<td{_data(probability)}>{probability:.1%}</td></tr>"
+        f"<tr><td>{label}</td><td>{escaped(names[label])}</td>{number_cell(logit, '.2f')}"
+        f"{number_cell(probability, '.1%')}</tr>"
         for label, logit, probability in outputs
     )
     return (
@@ -255,13 +263,18 @@ def channels_table(channels: list[tuple[int, float]], names: Sequence[str] | Non
     named = names is not None and all(index < len(names) for index, _ in channels)
     rows = "".join(
         f"<tr><td>{index}</td>{f'<td>{escaped(names[index])}</td>' if named else ''}"  # type: ignore[index]
-        f"<td{_data(mean)}>{_number(mean, '.4g')}</td></tr>"
+        f"{number_cell(mean, '.4g')}</tr>"
         for index, mean in channels
     )
     return (
         '<table class="channels"><caption>Most active channels</caption>'
         f"<tr><th>channel</th>{'<th>class</th>' if named else ''}<th>mean</th></tr>{rows}</table>"
     )
+
+
+def number_cell(value, spec: str) -> str:
+    """A table cell of a number, rounded as ``spec`` says, with its exact value for scripts (and tests)."""
+    return f"<td{_data(value)}>{_number(value, spec)}</td>"
 
 
 def _data(value) -> str:
@@ -275,8 +288,9 @@ def _number(value, spec: str) -> str:
     return f"{value:{spec}}"
 
 
-def pager(number: int, pages: int) -> str:
-    """Links to the first, previous, next and last pages and to :data:`PAGE_WINDOW` pages on each side."""
+def pager(number: int, pages: int, name: Callable[[int], str] = page_name) -> str:
+    """Links to the first, previous, next and last pages and to :data:`PAGE_WINDOW` pages on each side; ``name``
+    gives each page's file."""
     if pages == 1:
         return ""
 
@@ -284,7 +298,7 @@ def pager(number: int, pages: int) -> str:
         if target == number or not 1 <= target <= pages:
             return f'<span class="off">{text}</span>'
         attribute = f' rel="{rel}"' if rel else ""
-        return f'<a href="{page_name(target)}"{attribute}>{text}</a>'
+        return f'<a href="{name(target)}"{attribute}>{text}</a>'
 
     low, high = max(1, number - PAGE_WINDOW), min(pages, number + PAGE_WINDOW)
     window = [
@@ -299,6 +313,72 @@ def pager(number: int, pages: int) -> str:
         f"{link(number - 1, '‹ Previous', 'prev')} {' '.join(window)} {link(number + 1, 'Next ›', 'next')} "
         f'{link(pages, "Last »", "last")} <span class="count">page {number:,} of {pages:,}</span></nav>\n'
     )
+
+
+def facts_table(facts: Sequence[tuple[str, str]]) -> str:
+    """A table of facts, a name and its value a line."""
+    rows = "".join(f"<tr><th>{escaped(name)}</th><td>{escaped(value)}</td></tr>" for name, value in facts)
+    return f'<table class="facts">{rows}</table>\n'
+
+
+def notes_html(notes: Sequence[str]) -> str:
+    """The notes of a report's making (left out when there are none)."""
+    if not notes:
+        return ""
+    return '<h3>Notes</h3>\n<ul class="notes">' + "".join(f"<li>{escaped(n)}</li>" for n in notes) + "</ul>\n"
+
+
+def file_details(described: dict, shown: Container[str]) -> str:
+    """The file's tensors (``shown``: those the report shows) and metadata, as
+    :func:`~hookcli.pictures.summary.describe_file` describes them, in a collapsed section."""
+    parts = [
+        # The link's target is inside the collapsed section, so that following it opens the section: browsers
+        # reveal a fragment's target hidden in a closed <details> (the HTML standard's ancestor revealing), with no
+        # script.
+        '<details class="about">\n<summary>The file: its tensors and metadata</summary>\n<div id="file">\n'
+        '<h3>Tensors</h3>\n<table class="tensors"><tr><th>key</th><th>dtype</th><th>shape</th>'
+        "<th>size</th><th>in the report</th></tr>",
+    ]
+    for t in described["tensors"]:
+        parts.append(
+            f"<tr><td>{escaped(t['key'])}</td><td>{escaped(t['dtype'])}</td><td>{escaped(shape_html(t['shape']))}"
+            f"</td><td>{format_bytes(t['bytes'])}</td><td>{'yes' if t['key'] in shown else 'no'}</td></tr>"
+        )
+    parts.append("</table>\n")
+    if described["metadata"]:
+        parts.append('<h3>Metadata</h3>\n<table class="metadata">')
+        metadata = described["metadata"]
+        parts.extend(
+            f"<tr><th>{escaped(key)}</th><td>{value_html(metadata[key])}</td></tr>" for key in metadata_order(metadata)
+        )
+        parts.append("</table>\n")
+    parts.append("</div>\n</details>\n")
+    return "".join(parts)
+
+
+@contextlib.contextmanager
+def new_pages(folder: Path) -> Iterator[Callable[[Path], Path]]:
+    """Pages about to be written into ``folder`` (made if need be): each new path the callable it yields is given
+    (and returns) is removed again, with the folder if it was made here, should writing fail part-way (a damaged
+    shard, Ctrl-C)."""
+    made = not folder.exists()
+    folder.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+
+    def track(path: Path) -> Path:
+        if not path.exists():
+            written.append(path)
+        return path
+
+    try:
+        yield track
+    except BaseException:
+        for path in written:
+            path.unlink(missing_ok=True)
+        if made:
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        raise
 
 
 def row_anchor(row: int, tensor: int | str | None = None) -> str:
@@ -328,16 +408,27 @@ def row_shape_html(features: FeatureReader, key: str, row: int) -> str:
     return f"{features.dtype(key)}, {own} for this image (images differ in shape; the largest is {largest})"
 
 
-def picture_html(pixels: np.ndarray, alt: str) -> str:
-    """``uint8 [H, W, 3]`` pixels as an ``<img>`` of their own size, embedded (the page fetches nothing)."""
+def picture_html(pixels: np.ndarray, alt: str, *, jpeg: bool = False) -> str:
+    """``uint8 [H, W, 3]`` pixels as an ``<img>`` of their own size, embedded (the page fetches nothing): a PNG, or
+    with ``jpeg`` a JPEG (:func:`jpeg_uri`, for pictures of photos)."""
     height, width = pixels.shape[:2]
-    return f'<img src="data:image/png;base64,{png_uri(pixels)}" width="{width}" height="{height}" alt="{escaped(alt)}">'
+    source = f"data:image/jpeg;base64,{jpeg_uri(pixels)}" if jpeg else f"data:image/png;base64,{png_uri(pixels)}"
+    return f'<img src="{source}" width="{width}" height="{height}" alt="{escaped(alt)}">'
 
 
 def png_uri(pixels: np.ndarray) -> str:
-    buffer = io.BytesIO()
     # zlib level 1, as grid writes: about half the time of the default for pictures some 7% larger.
-    Image.fromarray(pixels).save(buffer, format="PNG", compress_level=1)
+    return _encoded(pixels, format="PNG", compress_level=1)
+
+
+def jpeg_uri(pixels: np.ndarray) -> str:
+    """Pixels as base64 JPEG, for a ``data:image/jpeg`` URI: photos take about a quarter of their PNG's bytes."""
+    return _encoded(pixels, format="JPEG", quality=90)
+
+
+def _encoded(pixels: np.ndarray, **how) -> str:
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, **how)
     return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 

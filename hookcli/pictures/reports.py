@@ -42,7 +42,6 @@ True
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import itertools
 import math
@@ -54,13 +53,25 @@ from hookcli.errors import check_whole
 from hookcli.events import Advanced, Note, Started, Wrote
 from hookcli.files import atomic_path, check_folder_output, format_bytes, refuse_existing
 from hookcli.pictures.grids import plan_grids
-from hookcli.pictures.html import HEAD, STYLE, escaped, page_name, pager, shape_html, value_html
+from hookcli.pictures.html import (
+    HEAD,
+    STYLE,
+    escaped,
+    facts_table,
+    file_details,
+    new_pages,
+    notes_html,
+    page_name,
+    pager,
+)
 from hookcli.pictures.options import GridOptions
 from hookcli.pictures.reading import input_names, select_rows
 from hookcli.pictures.sections import ImageSections, ReportTensor, report_tensors
+from hookcli.pictures.stats_reports import write_stats_report
 from hookcli.pictures.summary import describe_file
-from hookcli.storage.fileformat import INDEX_NAME, metadata_order
+from hookcli.storage.fileformat import INDEX_NAME
 from hookcli.storage.reader import FeatureReader
+from hookcli.storage.stats_format import is_stats
 from hookcli.version import __version__
 
 __all__ = [
@@ -99,7 +110,7 @@ def write_report(
     output: str | os.PathLike,
     options: GridOptions,
     *,
-    page_size: int = DEFAULT_PAGE_SIZE,
+    page_size: int | None = None,
     force: bool = False,
     progress: Callable | None = None,
 ) -> Path:
@@ -111,9 +122,14 @@ def write_report(
     ``page_size`` to a page. Refuses what grid refuses, and existing pages
     unless ``force``; reports :class:`~hookcli.events.Started`,
     :class:`~hookcli.events.Advanced` (a row), :class:`~hookcli.events.Note` and
-    :class:`~hookcli.events.Wrote` (``index.html``) events to ``progress``.
+    :class:`~hookcli.events.Wrote` (``index.html``) events to ``progress``. ``page_size`` defaults to
+    :data:`DEFAULT_PAGE_SIZE`. A statistics file's report is its layers' channels
+    (:func:`~hookcli.pictures.stats_reports.write_stats_report`, ``page_size`` channels a page).
     """
+    if is_stats(features.metadata):
+        return write_stats_report(features, output, options, page_size=page_size, force=force, progress=progress)
     emit = progress or (lambda event: None)
+    page_size = DEFAULT_PAGE_SIZE if page_size is None else page_size
     check_whole("page_size", page_size, 1, MAX_PAGE_SIZE)
     folder = check_folder_output(output)
     plan = plan_grids(features, dataclasses.replace(options, images=()), None)
@@ -127,30 +143,19 @@ def write_report(
     for text in notes:
         emit(Note(text))
     emit(Started(total=total))
-    made_folder = not folder.exists()
-    folder.mkdir(parents=True, exist_ok=True)
-    new_pages = []  # removed again should the report fail part-way (a damaged shard, Ctrl-C)
-    try:
+    with new_pages(folder) as track:
         pages_of_rows = _batches(itertools.chain.from_iterable(rows), page_size)
         sections = ImageSections(features, plan, tensors, options, emit)
 
         def write(number: int, page_rows: list[int], summary: tuple[str, str] = ("", "")) -> None:
-            path = folder / page_name(number)
-            if not path.exists():
-                new_pages.append(path)
-            _write_page(path, sections, (number, pages), page_rows, summary, force=force, emit=emit)
+            _write_page(
+                track(folder / page_name(number)), sections, (number, pages), page_rows, summary, force=force, emit=emit
+            )
 
         first = next(pages_of_rows)
         for number, page_rows in enumerate(pages_of_rows, start=2):
             write(number, page_rows)
         write(1, first, _summary(features, tensors, plan.detections, total, page_size, pages, notes))  # last: done
-    except BaseException:
-        for path in new_pages:
-            path.unlink(missing_ok=True)
-        if made_folder:
-            with contextlib.suppress(OSError):
-                folder.rmdir()
-        raise
     emit(Wrote(index))
     return index
 
@@ -226,36 +231,8 @@ def _summary(
         ("pages", f"{pages:,} of up to {page_size:,} images"),
         ("size", format_bytes(described["bytes"])),
     ]
-    parts = [
-        '<section id="summary">\n<h2>Summary</h2>\n<table class="facts">',
-        *(f"<tr><th>{escaped(name)}</th><td>{escaped(value)}</td></tr>" for name, value in facts),
-        "</table>\n",
-    ]
-    if notes:
-        parts.append(
-            '<h3>Notes</h3>\n<ul class="notes">' + "".join(f"<li>{escaped(n)}</li>" for n in notes) + "</ul>\n"
-        )
-    parts.append('<p><a href="#file">The file\'s tensors and metadata</a> follow the pictures.</p>\n</section>\n')
-    top = "".join(parts)
-    # The link's target is inside the collapsed section, so that following it opens the section: browsers reveal
-    # a fragment's target hidden in a closed <details> (the HTML standard's ancestor revealing), with no script.
-    parts = [
-        '<details class="about">\n<summary>The file: its tensors and metadata</summary>\n<div id="file">\n'
-        '<h3>Tensors</h3>\n<table class="tensors"><tr><th>key</th><th>dtype</th><th>shape</th>'
-        "<th>size</th><th>in the report</th></tr>",
-    ]
-    for t in described["tensors"]:
-        parts.append(
-            f"<tr><td>{escaped(t['key'])}</td><td>{escaped(t['dtype'])}</td><td>{escaped(shape_html(t['shape']))}"
-            f"</td><td>{format_bytes(t['bytes'])}</td><td>{'yes' if t['key'] in drawn else 'no'}</td></tr>"
-        )
-    parts.append("</table>\n")
-    if described["metadata"]:
-        parts.append('<h3>Metadata</h3>\n<table class="metadata">')
-        metadata = described["metadata"]
-        parts.extend(
-            f"<tr><th>{escaped(key)}</th><td>{value_html(metadata[key])}</td></tr>" for key in metadata_order(metadata)
-        )
-        parts.append("</table>\n")
-    parts.append("</div>\n</details>\n")
-    return top, "".join(parts)
+    top = (
+        f'<section id="summary">\n<h2>Summary</h2>\n{facts_table(facts)}{notes_html(notes)}'
+        '<p><a href="#file">The file\'s tensors and metadata</a> follow the pictures.</p>\n</section>\n'
+    )
+    return top, file_details(described, drawn)

@@ -1,7 +1,9 @@
 """Describe a saved features file: keys, shapes, dtypes, sizes, metadata and value statistics.
 
 Statistics are computed a row at a time, so a file of any size is summarised
-in the memory of one row.
+in the memory of one row. A statistics file (``hookcli stats``) holds no rows:
+it is checked (:func:`~hookcli.storage.stats_file.read_stats`) and described by
+its layers, their units and a summary of each layer's channels instead.
 
 >>> import numpy as np
 >>> from hookcli.storage.features import Features
@@ -21,9 +23,12 @@ from collections.abc import Iterable
 import numpy as np
 
 from hookcli.storage.reader import FeatureReader
+from hookcli.storage.stats_file import StatsFile, StatsLayer, read_stats
+from hookcli.storage.stats_format import is_stats
 
 __all__ = [
     "describe_file",
+    "describe_stats",
     "tensor_stats",
     "values_stats",
 ]
@@ -79,7 +84,10 @@ def _mean(values) -> float:
 
 
 def describe_file(features: FeatureReader, *, stats: bool = True) -> dict:
-    """Everything ``hookcli info`` shows, as JSON-able data (metadata JSON strings are parsed)."""
+    """Everything ``hookcli info`` shows, as JSON-able data (metadata JSON strings are parsed); a statistics file
+    as :func:`describe_stats` describes it."""
+    if is_stats(features.metadata):
+        return describe_stats(read_stats(features), values=stats)
     tensors = []
     for key in features.keys():
         row = {"key": key, "dtype": features.dtype(key), "shape": features.shape(key), "bytes": features.nbytes(key)}
@@ -89,6 +97,80 @@ def describe_file(features: FeatureReader, *, stats: bool = True) -> dict:
             row["stats"] = tensor_stats(features, key)
         tensors.append(row)
     return {"file": features.name, "bytes": features.size, "metadata": _parsed(features.metadata), "tensors": tensors}
+
+
+def describe_stats(found: StatsFile, *, values: bool = True) -> dict:
+    """A statistics file as ``hookcli info`` shows it: its options, inputs and layers (units, values a channel,
+    examples kept), its tensors and metadata, and with ``values`` a summary of each layer's channels (the lowest,
+    mean and highest value, the share of zeros, how many channels are zero everywhere, and how many principal
+    components explain 90% of the variance)."""
+    features = found.features
+    layers = []
+    for layer in found.layers.values():
+        row = {
+            "key": layer.key,
+            "layout": layer.layout,
+            "channels": layer.channels,
+            "spatial": list(layer.spatial),
+            "skip": layer.skip,
+            "row_shape": list(layer.row_shape),
+            "count": layer.count,
+            "examples": layer.examples,
+            "pca": layer.pca,
+        }
+        if values:
+            row["values"] = _layer_values(found, layer)
+        layers.append(row)
+    tensors = [
+        {"key": key, "dtype": features.dtype(key), "shape": features.shape(key), "bytes": features.nbytes(key)}
+        for key in features.keys()
+    ]
+    return {
+        "file": features.name,
+        "bytes": features.size,
+        "kind": "stats",
+        "inputs": len(found.inputs),
+        "skipped": found.skipped,
+        "options": found.options,
+        "layers": layers,
+        "tensors": tensors,
+        "metadata": _parsed(features.metadata),
+    }
+
+
+def _layer_values(found: StatsFile, layer: StatsLayer) -> dict:
+    """One layer's channels summed up: every value of the layer is in one channel, and every channel has as many."""
+    with np.errstate(invalid="ignore"):
+        lows, highs = found.read(layer.key, "min"), found.read(layer.key, "max")
+        means, zeros = found.read(layer.key, "mean"), found.read(layer.key, "zeros")
+        summary = {
+            "min": _finite(np.min(lows, initial=np.inf, where=np.isfinite(lows))),
+            "mean": _finite(np.mean(means)),
+            "max": _finite(np.max(highs, initial=-np.inf, where=np.isfinite(highs))),
+            "zeros": _finite(np.mean(zeros)),
+            "dead": int(np.count_nonzero(zeros == 1)),
+        }
+    if layer.pca:
+        summary["components_90"] = explaining(found.read(layer.key, "pca_values"), 0.9)
+    return summary
+
+
+def _finite(value) -> float | None:
+    return float(value) if np.isfinite(value) else None
+
+
+def explaining(variances: np.ndarray, share: float) -> int | None:
+    """How many of the principal components (their ``variances``, highest first) explain ``share`` of the variance;
+    None when there is no variance to explain. Variances below zero (rounding) count as zero.
+
+    >>> explaining(np.array([6.0, 3.0, 1.0, -1e-12]), 0.9), explaining(np.zeros(3), 0.9)
+    (2, None)
+    """
+    kept = np.clip(np.nan_to_num(np.asarray(variances, dtype=np.float64), nan=0.0, posinf=0.0), 0.0, None)
+    total = kept.sum()
+    if not total > 0 or not np.isfinite(total):
+        return None
+    return int(np.searchsorted(np.cumsum(kept) / total, share - 1e-12) + 1)
 
 
 def _is_ragged(features: FeatureReader, key: str) -> bool:

@@ -9,6 +9,7 @@ interface; :mod:`~hookcli.storage.index`,
 and write shard folders that many processes share through
 :mod:`~hookcli.storage.claims` (with :mod:`~hookcli.storage.index_log` and
 :mod:`~hookcli.storage.background`); :mod:`~hookcli.storage.writers` is the one
-interface a run's rows go through. It imports the foundation modules and
+interface a run's rows go through; :mod:`~hookcli.storage.stats_format` describes a statistics file and
+:mod:`~hookcli.storage.stats_file` checks one read back. It imports the foundation modules and
 :mod:`hookcli.inputs` (for the names rows record), nothing above.
 """
