@@ -105,7 +105,8 @@ class Gathering(Protocol):
     """What a run gathers: each shard's :class:`Gathered`, and the output's metadata. ``fewest``: the rows a shard
     needs at least."""
 
-    fewest: int
+    @property
+    def fewest(self) -> int: ...
 
     def start(self, number: int) -> Gathered:
         """Shard ``number``'s gathering, empty."""
