@@ -185,6 +185,7 @@ def compare(
     features2=None,
     keys=(),
     keys2=(),
+    merge=None,
     output=None,
     progress: Callable | None = None,
     **options,
@@ -205,13 +206,21 @@ def compare(
     (``output=None``) a mapping whose ``method`` key is the float64 matrix,
     rows and columns labelled in ``.metadata["rows"]`` and ``["columns"]``;
     with ``output="cka.safetensors"`` the file, whose path is returned (see
-    :mod:`hookcli.storage.compare_format`).
+    :mod:`hookcli.storage.compare_format`). ``merge``: linear-cka files made
+    over disjoint inputs, merged into one as if one run had seen them all.
 
     >>> photo = __import__("matplotlib.cbook").cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)
     >>> found = compare("resnet18", ["layer2", "layer3"], [photo] * 4, weights="none", resize=64)
     >>> [round(v, 6) for v in found["linear-cka"].diagonal().tolist()]
     [1.0, 1.0]
     """
+    if merge is not None:
+        force = options.pop("force", False)
+        if any(given is not None for given in (model, layers, inputs, model2, layers2, features, features2)) or options:
+            raise UsageProblem("merge= takes comparison files alone (and output=, force=)", hint="see hookcli.compare")
+        from hookcli.run.compare import merge_comparisons  # torch
+
+        return merge_comparisons(merge, output, force=force, progress=progress)
     from hookcli.statistics.comparison import CompareChoice  # torch
 
     choice = CompareChoice(**{name: options.pop(name) for name in list(options) if name in _COMPARING})

@@ -218,3 +218,25 @@ def test_what_compare_refuses_before_any_work(runner, tmp_path, make_image):
     for args, message in cases:
         done = runner.invoke(main, args)
         assert done.exit_code == 2 and message in done.output and "Traceback" not in done.output, (args, done.output)
+
+
+def test_linear_cka_files_over_disjoint_inputs_merge_into_the_whole(runner, tmp_path):
+    features = _features(4)
+    whole = hookcli.compare(features=features, batch_size=4, shard_size=8)
+    halves = []
+    for name, rows in (("a", slice(0, 12)), ("b", slice(12, 24))):
+        inputs = json.loads(features.metadata["inputs"])[rows]
+        half = Features({key: features[key][rows] for key in KEYS}, {"inputs": json.dumps(inputs), "model": "m"})
+        halves.append(str(hookcli.compare(features=half, batch_size=4, output=str(tmp_path / f"{name}.safetensors"))))
+    out = tmp_path / "merged.safetensors"
+    done = runner.invoke(main, ["compare", "--merge", *halves, "-o", str(out)])
+    assert done.exit_code == 0 and done.output == f"{out}\n", done.output
+    with open_features(out) as merged:
+        np.testing.assert_allclose(merged["linear-cka"], whole["linear-cka"].numpy(), rtol=1e-12)
+        assert json.loads(merged.metadata["inputs"]) == json.loads(features.metadata["inputs"])
+        assert json.loads(merged.metadata["merged_from"]) == halves
+    done = runner.invoke(main, ["compare", "--merge", halves[0], halves[0], "-o", str(tmp_path / "twice.safetensors")])
+    assert done.exit_code == 2 and "has inputs an earlier file has too ('/photos/000.jpg')" in done.output
+    rsa = hookcli.compare(features=features, method="rsa", output=str(tmp_path / "rsa.safetensors"))
+    done = runner.invoke(main, ["compare", "--merge", halves[0], str(rsa), "-o", str(tmp_path / "x.safetensors")])
+    assert done.exit_code == 2 and f"Error: '{rsa}' is not a linear-cka comparison file" in done.output

@@ -402,6 +402,12 @@ def stats(**options) -> None:
     metavar="GLOB",
     help="Saved features: the tensors of the second side (of the second source, or of the one) [as -k].",
 )
+@click.option(
+    "--merge",
+    is_flag=True,
+    help="IMAGES are linear-cka comparison files over disjoint inputs: merge them into one, as if one run had seen "
+    "them all.",
+)
 @comparing_options
 @preprocess_options
 @click.option(
@@ -431,15 +437,26 @@ def compare(**options) -> None:
     by default) or rsa (RDMs of the first --rsa-rows inputs, compared by rank
     correlation). A representation with no spread has no CKA: its entries are
     NaN, and a note names it. Resumable and shared by many processes as stats
-    is.
+    is. --merge joins linear-cka files made over disjoint inputs.
 
     \b
       hookcli compare -m resnet18 -l 'layer*' photos/ -o cka.safetensors
       hookcli compare -m resnet18 -l layer4 --model2 resnet50 --layer2 'layer*' photos/ -o r18-r50.safetensors
       hookcli compare feats/ -k 'layer*' --method rsa --rsa-rows 500 -o rsa.safetensors
       hookcli compare a/ b/ -k layer4 --key2 'blocks.*' -o ab.safetensors
+      hookcli compare --merge part1.safetensors part2.safetensors -o all.safetensors
     """
     images = options.pop("images")
+    if options.pop("merge"):
+        given = _given_options(click.get_current_context())
+        asked = [name for name in given if name not in ("merge", "output", "force", "quiet", "images")]
+        if asked:
+            raise click.UsageError(f"--merge takes comparison files, -o and --force alone, not --{asked[0]}")
+        api = _library()
+        with contextlib.closing(_Reporter(options["quiet"])) as reporter:
+            api.compare(merge=list(images), output=options["output"] or "merged.compare.safetensors",
+                        force=options["force"], progress=reporter)  # fmt: skip
+        return
     if options["model"] is not None:
         if not options["layer"]:
             raise click.UsageError("--layer is needed with --model (repeat it for more layers)")

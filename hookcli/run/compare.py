@@ -22,12 +22,14 @@ import dataclasses
 import itertools
 import json
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
 
 import torch
 
-from hookcli.errors import UsageProblem
-from hookcli.events import Event, Note
+from hookcli.errors import FeatureFileError, UsageProblem
+from hookcli.events import Event, Note, Wrote
 from hookcli.families import square_input
+from hookcli.files import check_writable
 from hookcli.options import SAVED_STATS_OPTIONS
 from hookcli.run.execute import carry_out
 from hookcli.run.options import refuse_unknown, run_options
@@ -37,11 +39,14 @@ from hookcli.run.request import request
 from hookcli.run.saved import SavedFeatures, open_saved, run_saved
 from hookcli.run.settings import Batch
 from hookcli.statistics.comparison import CompareChoice, CompareGathering
-from hookcli.statistics.similarity import MIN_BATCH
+from hookcli.statistics.similarity import MIN_BATCH, LinearCKA, undefined
 from hookcli.statistics.writer import GatheringWriter
+from hookcli.storage.compare_format import CKA_STATE, check_comparison, is_comparison
+from hookcli.storage.features import FeatureFile, Features
 from hookcli.storage.fileformat import identity
+from hookcli.storage.saving import write_safetensors
 
-__all__ = ["SAVED_RUN_OPTIONS", "SECOND", "compare_models", "compare_saved"]
+__all__ = ["SAVED_RUN_OPTIONS", "SECOND", "compare_models", "compare_saved", "merge_comparisons"]
 
 #: The run options a comparison of saved features takes: how to batch and share them out.
 SAVED_RUN_OPTIONS = tuple(name for name in SAVED_STATS_OPTIONS if name in ("batch_size", "force", "shard_size", "part"))
@@ -233,6 +238,85 @@ def _together(first: Batch, second: Batch) -> Batch:
             }
         )
     return Batch(both, features, sorted(failures.items()), None, first.facts)
+
+
+def merge_comparisons(
+    files: Sequence, output, *, force: bool = False, progress: Callable[[Event], None] | None = None
+) -> Features | Path:
+    """One linear-cka comparison of the inputs of ``files`` together: each file's running sums (over inputs no other
+    file has) merged in the order given, as if one run had seen them all. ``output``: a path, or None for the
+    result in memory."""
+    emit = progress or _ignore
+    if len(files) < 2:
+        raise UsageProblem(f"merging takes two comparison files or more, not {len(files)}", hint="name them all")
+    if output is not None:
+        check_writable(output, force=force)
+    merged: LinearCKA | None = None
+    inputs: list[str] = []
+    first: Mapping[str, str] = {}
+    for file in files:
+        with FeatureFile(file) as found:
+            metadata = found.metadata
+            labels = _mergeable(found, first)
+            if merged is None:
+                first = metadata
+            overlap = set(inputs).intersection(json.loads(metadata["inputs"]))
+            if overlap:
+                raise UsageProblem(
+                    f"'{file}' has inputs an earlier file has too ('{sorted(overlap)[0]}'): merged runs must cover "
+                    "disjoint inputs",
+                    hint="merge files made over different inputs",
+                )
+            inputs += json.loads(metadata["inputs"])
+            state = {name.partition("@")[2]: torch.from_numpy(found.read(name)) for name in CKA_STATE}
+            try:
+                part = LinearCKA.from_state(state, len(labels[0]), len(labels[1]), same=json.loads(metadata["same"]))
+            except (KeyError, ValueError) as err:
+                raise FeatureFileError(f"'{file}' holds linear-cka sums that do not fit: {err}") from None
+            if merged is None:
+                merged = part
+            else:
+                merged.merge(part)
+    assert merged is not None, "two files at least"
+    result = merged.result()
+    tensors = {"linear-cka": result, **{name: merged.state()[name.partition("@")[2]] for name in CKA_STATE}}
+    metadata = {key: value for key, value in first.items() if key not in ("identity", "undefined", "skipped")}
+    metadata.update(inputs=json.dumps(inputs), merged_from=json.dumps([str(f) for f in files]))
+    rows, columns = json.loads(first["rows"]), json.loads(first["columns"])
+    gone = undefined(result, rows, columns)
+    if gone:
+        metadata["undefined"] = json.dumps(gone)
+    for label in gone:
+        emit(Note(f"'{label}' has no spread: its similarities are undefined, NaN in the file"))
+    if output is None:
+        return Features(tensors, metadata)
+    write_safetensors(tensors, metadata, output, force=force)
+    emit(Wrote(str(output)))
+    return Path(output)
+
+
+def _mergeable(found: FeatureFile, first: Mapping[str, str]) -> tuple[list, list]:
+    """``(rows, columns)`` of a linear-cka comparison file that can merge with ``first`` (the first file's
+    metadata; empty for the first)."""
+    metadata = found.metadata
+    if not is_comparison(metadata) or metadata.get("method") != "linear-cka":
+        raise FeatureFileError(
+            f"'{found.name}' is not a linear-cka comparison file", hint="only linear-cka files keep sums that merge"
+        )
+    try:
+        labels = check_comparison(metadata, {key: (found.dtype(key), found.shape(key)) for key in found.keys()})
+    except ValueError as err:
+        raise FeatureFileError(f"'{found.name}' is not a comparison file hookcli can read: {err}") from None
+    missing = [name for name in CKA_STATE if name not in found.keys()]
+    if missing:
+        raise FeatureFileError(f"'{found.name}' has no {missing[0]}: its sums were not kept (a run over no input?)")
+    for entry in ("rows", "columns", "same", "settings"):
+        if first and metadata.get(entry) != first.get(entry):
+            raise UsageProblem(
+                f"'{found.name}' compares other representations than the first file (its {entry} differ)",
+                hint="merge comparisons of the same layers, made with the same options",
+            )
+    return labels
 
 
 def _ignore(event: Event) -> None:
