@@ -35,10 +35,15 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
+def _environment(**extra) -> dict[str, str]:
+    """This process's environment without any launcher's variables, and ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "LOCAL_"))}
+    return {**env, **extra}
+
+
 def _rank(rank: int, port: int, timeout: str, tmp_path, image) -> subprocess.Popen:
     """``hookcli extract`` as process ``rank`` of 2 of a torchrun group at ``127.0.0.1:port`` that no other joins."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "LOCAL_"))}
-    env.update(
+    env = _environment(
         RANK=str(rank),
         WORLD_SIZE="2",
         LOCAL_RANK="0",
@@ -145,6 +150,55 @@ def test_only_torchrun_processes_join_a_gloo_group_waiting_the_join_timeout_then
     assert join_team(Part(0, 2, launcher="srun")) is None
     assert join_team(Part(0, 2, local_index=0, local_count=2, launcher="torchrun")).part.index == 0
     assert calls == [("rendezvous", "env://", 0, 2, True), ("gloo", timedelta(days=30)), ("store", timedelta(days=30))]
+
+
+_SHARE = textwrap.dedent("""
+    import sys
+    from hookcli.run.launch import Part
+    from hookcli.run.team import Team
+
+    def read_stdin():
+        raise OSError("stdin went away")
+
+    team = Team(Part(int(sys.argv[1]), 2, launcher="torchrun"))
+    try:
+        team.share(read_stdin)
+    except BaseException as err:
+        print(type(err).__name__, err, sep=": ")
+    finally:
+        team.close()
+""")
+
+
+def test_an_error_of_rank_0_while_it_computes_what_it_shares_ends_every_rank(tmp_path):
+    env = _environment(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), HOOKCLI_JOIN_TIMEOUT="120")
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", _SHARE, str(rank)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for rank in (1, 0)
+    ]
+    try:
+        results = [(p.communicate(timeout=120), p.returncode) for p in processes]
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+    assert results == [
+        (
+            (
+                "TeamError: rank 0 of 2 failed before handing rank 1 its share: OSError: stdin went away. "
+                "Hint: rank 0's own error says more\n",
+                "",
+            ),
+            0,
+        ),
+        (("OSError: stdin went away\n", ""), 0),
+    ]
 
 
 @pytest.mark.parametrize("value", ["0", "0.5", "-3", "soon", "nan", "inf", "86401"])

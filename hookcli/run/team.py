@@ -175,17 +175,33 @@ class Team:
         )
 
     def share(self, compute: Callable[[], object]):
-        """``compute()`` on rank 0, its value (or its error) on every rank."""
-        box: list[Any] = [None]  # rank 0's ("value", value) or ("error", kind, message, hint), once broadcast
+        """``compute()`` on rank 0, its value (or its error) on every rank.
+
+        Whatever ``compute()`` raises is broadcast too, Ctrl-C and a bug alike: the other ranks wait in the broadcast
+        with the barrier's timeout (days), so a rank 0 that raised without saying so would leave them hanging. A
+        :class:`HookcliError` is raised again as itself everywhere; anything else is raised as itself on rank 0 and
+        as a one-line :class:`TeamError` on the others.
+        """
+        box: list[Any] = [None]  # rank 0's ("value", value), ("error", kind, message, hint) or ("failed", line)
+        failure: BaseException | None = None
         if self.part.index == 0:
             try:
                 box = [("value", compute())]
             except HookcliError as err:
                 box = [("error", type(err), err.message, err.hint)]
+            except BaseException as err:
+                failure, box = err, [("failed", _described(err))]
         self._dist.broadcast_object_list(box, src=0)
+        if failure is not None:
+            raise failure
         if box[0][0] == "error":
             _, kind, message, hint = box[0]
             raise kind(message, hint=hint)
+        if box[0][0] == "failed":
+            raise TeamError(
+                f"rank 0 of {self.part.count} failed before handing rank {self.part.index} its share: {box[0][1]}",
+                hint="rank 0's own error says more",
+            )
         return box[0][1]
 
     def check_same(self, identity: Mapping) -> None:
@@ -230,6 +246,12 @@ def _master_port(env: Mapping[str, str]) -> int:
             hint="torchrun sets it; by hand, give every process the same port of rank 0's machine",
         )
     return port
+
+
+def _described(err: BaseException) -> str:
+    """``Type: first line`` of an error that is not hookcli's, as the ranks that did not see it are told."""
+    line = first_line(err)
+    return line if line == type(err).__name__ else f"{type(err).__name__}: {line}"
 
 
 def _wait_until_listening(address: str, port: int, deadline: float) -> None:
