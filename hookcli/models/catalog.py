@@ -65,11 +65,17 @@ def describe_models(
 
 
 def no_models_note(source: str, pattern: str | None, family: str | None) -> str:
-    """Why :func:`describe_models` found nothing, in words (for the local Hugging Face cache: where it is)."""
+    """Why :func:`describe_models` found nothing, in words, the same for every source but the local Hugging Face
+    cache, whose note says where it is.
+
+    >>> no_models_note("torchvision", "resnet9*", "video"), no_models_note("torchvision", None, None)
+    ("no torchvision model matches 'resnet9*' and family video", 'torchvision lists no models')
+    """
     wanted = " and ".join(part for part in (pattern and f"'{pattern}'", family and f"family {family}") if part)
-    if source in sources.LISTED:
-        return sources.nothing_listed(source, wanted)
-    return f"no {source} model matches {wanted}"
+    own = sources.nothing_listed(source, wanted) if source in sources.LISTED else None
+    if own is not None:
+        return own
+    return f"no {source} model matches {wanted}" if wanted else f"{source} lists no models"
 
 
 def model_family(name: str) -> str:

@@ -2,7 +2,8 @@
 
 Each source module has ``load(spec, weights, seed)`` returning a
 :class:`~hookcli.models.loaded.LoadedModel`; the listed ones also have
-``list_models(pattern)`` and ``nothing_listed(wanted)``.
+``list_models(pattern)``, and ``nothing_listed(wanted)`` where an empty listing
+needs more said than that nothing matched (the Hugging Face cache: where it is).
 :mod:`~hookcli.models.sources.common` holds what they share. A new source is a
 module here, a row of :data:`BACKENDS`, and its prefix in
 :data:`hookcli.models.specs.PREFIXES`.
@@ -43,8 +44,8 @@ BACKENDS: dict[str, str] = {
     "open_clip": "hookcli.models.sources.open_clip",
     "factory": "hookcli.models.sources.factory",
 }
-#: The sources whose models can be listed.
-LISTED = ("timm", "hf", "open_clip")
+#: The sources whose models can be listed: every one named by a prefix (a factory is named by its file or module).
+LISTED = PREFIXES
 
 
 def backend(source: str) -> ModuleType:
@@ -78,10 +79,13 @@ def list_source_models(source: str, pattern: str | None = None) -> list[dict]:
     return backend(source).list_models(pattern)
 
 
-def nothing_listed(source: str, wanted: str) -> str:
-    """Why :func:`list_source_models` found no model that is ``wanted`` (a pattern or a family, in words), in words."""
+def nothing_listed(source: str, wanted: str) -> str | None:
+    """What ``source`` says when :func:`list_source_models` found no model that is ``wanted`` (a pattern or a family,
+    in words; empty for any), or None where it has nothing to add to :func:`hookcli.models.catalog.no_models_note`'s
+    words."""
     _check_listed(source)
-    return backend(source).nothing_listed(wanted)
+    own = getattr(backend(source), "nothing_listed", None)
+    return own(wanted) if own is not None else None
 
 
 def _check_listed(source: str) -> None:
