@@ -67,7 +67,7 @@ def no_model(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the model was loaded")
 
-    monkeypatch.setattr("hookcli.models.loading.load_model", refuse)
+    monkeypatch.setattr("hookcli.models.loading.build_model", refuse)
 
 
 _MEASURE = textwrap.dedent("""

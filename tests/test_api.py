@@ -232,7 +232,7 @@ def test_usage_errors_come_before_the_model_loads(images, tmp_path, monkeypatch)
     def no_loading(*args, **kwargs):
         raise AssertionError("the model was loaded")
 
-    monkeypatch.setattr(hookcli.models.loading, "load_model", no_loading)
+    monkeypatch.setattr(hookcli.models.loading, "build_model", no_loading)
     existing = tmp_path / "o.safetensors"
     existing.write_bytes(b"")
     with pytest.raises(OutputExistsError):

@@ -127,7 +127,7 @@ def _within(seconds):
 
 
 def _refuse_the_model(monkeypatch):
-    monkeypatch.setattr("hookcli.models.loading.load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    monkeypatch.setattr("hookcli.models.loading.build_model", lambda *a, **k: pytest.fail("the model was loaded"))
 
 
 def _rows(folder):

@@ -317,7 +317,7 @@ def test_a_lock_path_hookcli_did_not_make_is_refused_before_the_run(runner, tmp_
         (folder / LOCK_NAME).symlink_to(tmp_path / "elsewhere")
     else:
         os.mkfifo(folder / LOCK_NAME)
-    monkeypatch.setattr("hookcli.models.loading.load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    monkeypatch.setattr("hookcli.models.loading.build_model", lambda *a, **k: pytest.fail("the model was loaded"))
     assert _one_error(_extract(runner, folder, inputs)) == (
         f"Error: '{folder / LOCK_NAME}' is {what}, not a lock file hookcli made. Hint: remove it, then run again"
     )

@@ -378,7 +378,7 @@ def test_a_launcher_environment_that_cannot_be_is_refused(environ, message):
 
 def test_a_bad_claim_timeout_is_refused_before_the_model_loads(runner, tmp_path, inputs, monkeypatch):
     monkeypatch.setenv("HOOKCLI_CLAIM_TIMEOUT", "abc")
-    monkeypatch.setattr("hookcli.models.loading.load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    monkeypatch.setattr("hookcli.models.loading.build_model", lambda *a, **k: pytest.fail("the model was loaded"))
     result = runner.invoke(main, [*ARGS, "-o", f"{tmp_path}/feats/", *inputs])
     assert (result.exit_code, result.stderr) == (
         2,
@@ -411,7 +411,7 @@ def test_a_part_needs_a_folder_output(runner, tmp_path, inputs):
 def test_launched_processes_refuse_to_each_write_one_whole_file(runner, tmp_path, inputs, monkeypatch):
     monkeypatch.setenv("SLURM_PROCID", "1")
     monkeypatch.setenv("SLURM_NTASKS", "4")
-    monkeypatch.setattr("hookcli.models.loading.load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    monkeypatch.setattr("hookcli.models.loading.build_model", lambda *a, **k: pytest.fail("the model was loaded"))
     result = runner.invoke(main, [*ARGS[:-2], "-o", f"{tmp_path}/x.safetensors", *inputs])
     assert (result.exit_code, result.stderr) == (
         2,

@@ -47,6 +47,7 @@ from hookcli.files import refuse_existing
 from hookcli.inputs.archives import input_key
 from hookcli.inputs.preprocess import DEVICE_DECODE_KINDS
 from hookcli.models import loading
+from hookcli.models.catalog import ModelChoice
 from hookcli.models.loaded import LoadedModel
 from hookcli.models.loading import num_classes
 from hookcli.pictures.cams import cam_png_name
@@ -131,7 +132,7 @@ def plan_request(asked: RunRequest) -> RunPlan:
         kind, path, paths = asked.kind, asked.path, asked.rows.paths
         device = _device(asked.part, opts)
         model = asked.model
-        loaded = model if isinstance(model, LoadedModel) else _load(asked.model_name, opts)
+        loaded = model if isinstance(model, LoadedModel) else _load(asked.choice, opts)
         settings = dataclasses.replace(asked.settings, device=device, preprocess=_preprocess(loaded, opts))
         settings = resolve_settings(settings, loaded, len(paths))
         target, notes = _target_and_notes(command, loaded, settings, opts)
@@ -304,8 +305,9 @@ def _preprocess(loaded, opts: RunOptions):
     )
 
 
-def _load(name: str, opts: RunOptions):
-    return loading.load_model(name, opts.weights, seed=opts.seed or 0)  # looked up on use: a test's seam
+def _load(choice: ModelChoice | None, opts: RunOptions):
+    assert choice is not None, "a request names the model it does not hold loaded"
+    return loading.build_model(choice, seed=opts.seed or 0)  # looked up on use: a test's seam
 
 
 def _command_parts(command, loaded, layers, settings, opts, target):

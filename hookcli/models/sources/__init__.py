@@ -33,7 +33,7 @@ from types import ModuleType
 
 from hookcli.errors import UsageProblem
 from hookcli.models.loaded import LoadedModel
-from hookcli.models.specs import PREFIXES, ModelSpec, check_model, check_weights
+from hookcli.models.specs import PREFIXES, ModelSpec, check_model
 
 __all__ = ["BACKENDS", "LISTED", "backend", "list_source_models", "load", "nothing_listed"]
 
@@ -60,13 +60,10 @@ def load(spec: ModelSpec, weights: str, *, seed: int = 0) -> LoadedModel:
     OpenCLIP's default pretrained tag, the Hugging Face checkpoint, whatever
     a factory returns), a pretrained tag (timm: ``in1k`` or
     ``resnet50.a1_in1k``; OpenCLIP: ``laion2b_s34b_b79k``), or a path to a
-    state dict loaded into the model.
+    state dict loaded into the model. Both are checked already, and the
+    weights stripped (:func:`hookcli.models.catalog.choose_model`).
     """
-    check_model(spec)
-    check_weights(spec, weights)
-    if spec.source not in BACKENDS:
-        raise UsageProblem(f"{spec.text} is a torchvision model", hint="load it with hookcli.load_model")
-    return backend(spec.source).load(spec, weights.strip(), seed)
+    return backend(spec.source).load(spec, weights, seed)
 
 
 def list_source_models(source: str, pattern: str | None = None) -> list[dict]:
