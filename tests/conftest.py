@@ -1,6 +1,7 @@
 """Shared fixtures. Tests never touch the network or the home folder: torch's cache and hookcli's model registry
 cache are temp folders and downloads are off."""
 
+import functools
 import os
 import subprocess
 import sys
@@ -57,6 +58,28 @@ def images(tmp_path) -> list[Path]:
     folder = tmp_path / "imgs"
     folder.mkdir()
     return [_write_noise(folder / f"{name}.png", seed=i) for i, name in enumerate("abc")]
+
+
+@pytest.fixture
+def calls_to(monkeypatch):
+    """``calls_to(*functions)``: a list that gets a function's name each time hookcli calls it (by whichever module's
+    name for it), the call going on as before."""
+    calls: list[str] = []
+
+    def count(*functions):
+        for function in functions:
+            counting = functools.partial(_counted, calls, function)
+            for name, module in list(sys.modules.items()):
+                if name.startswith("hookcli") and getattr(module, function.__name__, None) is function:
+                    monkeypatch.setattr(module, function.__name__, counting)
+        return calls
+
+    return count
+
+
+def _counted(calls: list, function, *args, **kwargs):
+    calls.append(function.__name__)
+    return function(*args, **kwargs)
 
 
 @pytest.fixture

@@ -429,3 +429,14 @@ def test_every_reader_is_a_read_only_mapping_of_the_same_values(images, tmp_path
             assert dict(reader.items()).keys() == {"fc", "layer1"}
         with pytest.raises(KeyError):
             file["layer9"]
+
+
+def test_a_run_checks_its_precision_grid_folder_and_part_once(calls_to, images, tmp_path):
+    from hookcli.run import launch, outputs, speed
+
+    calls = calls_to(speed.check_precision, outputs.refuse_drawn_grids, launch.parse_part)
+    written = hookcli.extract(
+        "resnet18", "layer1", images[:2], weights="none", output=f"{tmp_path}/feats/", part="1/2", grid=tmp_path / "g"
+    )
+    assert written == tmp_path / "feats" / "index.jsonl"
+    assert calls == ["parse_part", "refuse_drawn_grids", "check_precision"]

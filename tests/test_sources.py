@@ -682,25 +682,11 @@ def test_an_empty_listing_says_what_matched_nothing_in_the_same_words_for_every_
     assert (result.exit_code, result.stdout, result.stderr) == (0, "model  family  weights\n", f"Note: {note}\n")
 
 
-def _counted(monkeypatch, function, calls: list) -> None:
-    """Append ``function``'s name to ``calls`` each time hookcli calls it, by whichever module's name for it."""
-
-    def counting(*args, **kwargs):
-        calls.append(function.__name__)
-        return function(*args, **kwargs)
-
-    for name, module in list(sys.modules.items()):
-        if name.startswith("hookcli") and getattr(module, function.__name__, None) is function:
-            monkeypatch.setattr(module, function.__name__, counting)
-
-
 @pytest.mark.parametrize("source", ["hf", "torchvision"])
-def test_a_run_checks_its_model_and_weights_names_once(monkeypatch, vit_folder, photo, source):
+def test_a_run_checks_its_model_and_weights_names_once(calls_to, vit_folder, photo, source):
     from hookcli.models import catalog, specs
 
-    calls: list[str] = []
-    for function in (specs.check_model, specs.check_weights, catalog.registry_entry):
-        _counted(monkeypatch, function, calls)
+    calls = calls_to(specs.check_model, specs.check_weights, catalog.registry_entry)
     model, layer = (f"hf:{vit_folder}", "layers.0") if source == "hf" else ("resnet18", "layer1")
     assert list(hookcli.extract(model, layer, photo, weights="none", resize=64, crop=64)) == [layer]
     assert calls == (["check_model", "check_weights"] if source == "hf" else ["registry_entry"])

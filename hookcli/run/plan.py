@@ -142,7 +142,7 @@ def plan_request(asked: RunRequest) -> RunPlan:
         if path is None and kind in ("file", "folder"):
             path = default_output(command, loaded.name, list(selected.values()), kind)
             check_target(kind, path, paths, opts.force)
-        if opts.grid and not opts.force:
+        if opts.grid and not opts.force and asked.keys is None:  # keys known without the model were checked then
             refuse_drawn_grids(opts.grid, list(selected.values()))
         if kind == "cam":
             assert target is not None and path is not None, "a cam run has a target and a folder"

@@ -37,7 +37,7 @@ from hookcli.inputs.discovery import FoundInputs, find_inputs
 from hookcli.models.catalog import ModelChoice, choose_model
 from hookcli.models.loaded import LoadedModel
 from hookcli.options import LARGE_INPUT
-from hookcli.run.launch import Part, detect_part, joins_team, parse_part
+from hookcli.run.launch import Part, detect_part, joins_team
 from hookcli.run.options import CLIPS, COMMAND_OPTIONS, RunOptions, run_options
 from hookcli.run.outputs import check_target, default_output, output_kind, refuse_drawn_grids
 from hookcli.run.selectors import selector_keys
@@ -169,7 +169,7 @@ def _part(opts: RunOptions, kind: str, output) -> Part | None:
             raise UsageProblem(
                 "--part applies to a shard folder output (-o DIR/)", hint="the processes share the work of one folder"
             )
-        return parse_part(opts.part)
+        return opts.part
     if kind == "memory":
         return None  # a Python caller's own loop: it decides who computes what
     part = detect_part()
