@@ -15,6 +15,7 @@ import hookcli
 from hookcli.cli import main
 from hookcli.inputs.transforms import to_transform
 from hookcli.models.loading import load_model
+from hookcli.run.request import request
 from hookcli.storage.shards import open_features
 
 
@@ -342,6 +343,12 @@ def test_quantized_captures_are_the_real_values_and_run_on_the_cpu(tmp_path, run
             main, ["extract", "-m", "quantized_resnet18", "-w", "none", "-l", "layer3", str(image), *options]
         )
         assert (result.exit_code, result.output.strip()) == (2, message)
+
+
+def test_a_quantized_models_request_runs_on_the_cpu_as_made(tmp_path):
+    image = _noise(tmp_path / "a.png", (40, 40), 0)
+    asked = request("extract", "quantized_resnet18", "layer3", image, weights="none")
+    assert (asked.opts.device, asked.settings.device) == ("cpu", "cpu")
 
 
 def test_quantized_model_extraction_equals_hooks_by_hand(tmp_path):

@@ -4,8 +4,8 @@
 Everything that can be said without torch is said here, in this order: the
 options (choices, ranges, flags that conflict), the model's and weights'
 names (from the registry cache, once: the plan builds what they name without
-checking them again), options the model's family has no use for, the layer
-selectors, the output, this process's part of a shard folder, then the inputs
+checking them again), options the model's family has no use for, the run's
+settings, the layer selectors, the output, this process's part of a shard folder, then the inputs
 (found, not decoded), the output's name and whether it exists.
 :func:`hookcli.run.plan.plan_request` loads the model and makes the plan.
 The inputs of torchrun's processes are found there, once the processes have
@@ -88,7 +88,6 @@ def request(command: str, model, layers, inputs, *, output=None, **options) -> R
     if command not in COMMAND_OPTIONS:
         raise UsageProblem(f"unknown command '{command}'", hint=f"use one of {', '.join(COMMAND_OPTIONS)}")
     opts = run_options(command, options)
-    settings = _settings(command, opts)
     help_hint = f"see 'hookcli {command} --help'"
     if opts.seed is not None and opts.weights.strip().lower() != "none":
         raise UsageProblem(
@@ -101,6 +100,7 @@ def request(command: str, model, layers, inputs, *, output=None, **options) -> R
         choice = choose_model(str(model), opts.weights)
         model_name, family = choice.name, choice.family
     opts = _fitted_to_family(command, family, opts, options, help_hint)
+    settings = _settings(command, opts)  # from the options as the family fits them (a quantized model's CPU)
     keys = selector_keys(selectors(layers)) if command != "cam" else None
     kind, path = output_kind(command, output, model_name)
     if opts.shard_size and kind not in ("folder", "default"):
