@@ -40,7 +40,7 @@ from collections.abc import Callable
 from hookcli.errors import UsageProblem, check_whole
 from hookcli.events import Note
 from hookcli.families import family_traits
-from hookcli.models.catalog import choose_model, describe_models, no_models_note
+from hookcli.models.catalog import choose_model, describe_models
 from hookcli.options import MAX_SIDE
 from hookcli.pictures.options import GridOptions, default_grid_folder
 from hookcli.run.options import refuse_unknown
@@ -237,11 +237,6 @@ def models(family: str | None = None, *, pattern: str | None = None, source: str
     ['raft_large', 'raft_small']
     """
     return describe_models(family, pattern=pattern, source=source)
-
-
-def models_note(source: str, pattern: str | None = None, family: str | None = None) -> str:
-    """Why :func:`models` found nothing, in words."""
-    return no_models_note(source, pattern, family)
 
 
 def info(source, *, stats: bool = True, progress: Callable | None = None) -> dict:

@@ -148,19 +148,20 @@ def test_only_torchrun_processes_join_a_gloo_group_waiting_the_join_timeout_then
         dist, "init_process_group", lambda backend, **options: calls.append((backend, options["timeout"]))
     )
     assert join_team(Part(0, 2, launcher="srun")) is None
-    assert join_team(Part(0, 2, local_index=0, local_count=2, launcher="torchrun")).part.index == 0
+    assert join_team(Part(0, 2, launcher="torchrun")) is None  # no address: started by hand without MASTER_ADDR
+    team = join_team(Part(0, 2, local_index=0, local_count=2, launcher="torchrun", address=("localhost", 29500)))
+    assert team.part.index == 0
     assert calls == [("rendezvous", "env://", 0, 2, True), ("gloo", timedelta(days=30)), ("store", timedelta(days=30))]
 
 
 _SHARE = textwrap.dedent("""
-    import sys
-    from hookcli.run.launch import Part
+    from hookcli.run.launch import detect_part
     from hookcli.run.team import Team
 
     def read_stdin():
         raise OSError("stdin went away")
 
-    team = Team(Part(int(sys.argv[1]), 2, launcher="torchrun"))
+    team = Team(detect_part())
     try:
         team.share(read_stdin)
     except BaseException as err:
@@ -171,14 +172,16 @@ _SHARE = textwrap.dedent("""
 
 
 def test_an_error_of_rank_0_while_it_computes_what_it_shares_ends_every_rank(tmp_path):
-    env = _environment(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), HOOKCLI_JOIN_TIMEOUT="120")
+    env = _environment(
+        WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), HOOKCLI_JOIN_TIMEOUT="120"
+    )
     processes = [
         subprocess.Popen(
-            [sys.executable, "-c", _SHARE, str(rank)],
+            [sys.executable, "-c", _SHARE],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env=env,
+            env={**env, "RANK": str(rank)},
         )
         for rank in (1, 0)
     ]
@@ -241,17 +244,22 @@ def test_a_join_timeout_out_of_range_is_refused_before_the_model_loads(
         ),
     ],
 )
-def test_a_master_port_that_is_not_one_is_refused(runner, image, tmp_path, monkeypatch, no_model, port, message):
-    for name, text in {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}.items():
-        monkeypatch.setenv(name, text)
-    if port is None:
-        monkeypatch.delenv("MASTER_PORT", raising=False)
-    else:
-        monkeypatch.setenv("MASTER_PORT", port)
-    result = runner.invoke(
-        main, ["extract", "-m", "resnet18", "-w", "none", "-l", "fc", "-o", f"{tmp_path}/feats/", str(image)]
+def test_a_master_port_that_is_not_one_is_refused_before_torch_is_imported(image, tmp_path, port, message):
+    env = _environment(RANK="1", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1")
+    env.pop("MASTER_PORT", None)
+    script = (
+        "import sys\nfrom hookcli.cli import main\n"
+        "try:\n    main(sys.argv[1:])\nexcept SystemExit as end:\n    print('torch' in sys.modules, end.code)\n"
     )
-    assert (result.exit_code, result.stderr) == (2, f"Error: {message}\n")
+    done = subprocess.run(
+        [sys.executable, "-c", script, "extract", "-m", "resnet18", "-w", "none", "-l", "fc", "-o", f"{tmp_path}/f/"]
+        + [str(image)],
+        capture_output=True,
+        text=True,
+        env=env if port is None else {**env, "MASTER_PORT": port},
+        timeout=120,
+    )
+    assert (done.stdout, done.stderr) == ("False 2\n", f"Error: {message}\n")
 
 
 # -- Slurm's task lists ------------------------------------------------------------------------------

@@ -75,7 +75,7 @@ class _Reporter:
                 self.bar.refresh()
 
 
-def _run(ctx: click.Context, command: str, options: dict, *args) -> None:
+def _run(command: str, options: dict, *args) -> None:
     """Call the library's ``command`` with the parsed options; print what it reports."""
     api = _library()
     quiet, model = options.pop("quiet"), options.pop("model")
@@ -144,7 +144,9 @@ def models(pattern: str | None, source: str, family: str | None, as_json: bool) 
     """
     rows = _library().models(family, pattern=pattern, source=source)
     if not rows:
-        click.echo(f"Note: {_library().models_note(source, pattern, family)}", err=True)
+        from hookcli.models.catalog import no_models_note  # loaded already, by hookcli.api
+
+        click.echo(f"Note: {no_models_note(source, pattern, family)}", err=True)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
@@ -216,8 +218,7 @@ def layers(model, weights, seed, input_size, frames, depth, as_json, as_nl) -> N
 @run_option("flow")
 @run_option("detections")
 @run_options
-@click.pass_context
-def extract(ctx, **options) -> None:
+def extract(**options) -> None:
     """Capture layers of a model on images and save them to safetensors.
 
     IMAGES are files, folders (--recursive for sub-folders) or - to read image
@@ -242,7 +243,7 @@ def extract(ctx, **options) -> None:
       hookcli extract -m fasterrcnn_resnet50_fpn -l backbone.body.layer3 --detections street.jpg
       torchrun --nproc-per-node 8 -m hookcli extract -m resnet50 -l avgpool data-{00..99}.tar -o feats/
     """
-    _run(ctx, "extract", options, options.pop("layer"), options.pop("images"))
+    _run("extract", options, options.pop("layer"), options.pop("images"))
 
 
 @main.command(context_settings=CONTEXT_SETTINGS)
@@ -255,8 +256,7 @@ def extract(ctx, **options) -> None:
 @clip_options
 @REGION
 @run_options
-@click.pass_context
-def grad(ctx, **options) -> None:
+def grad(**options) -> None:
     """Save layer activations and the gradient of a target logit with respect to them.
 
     Keys are <layer> (the activation) and <layer>@grad (d logit / d activation;
@@ -268,7 +268,7 @@ def grad(ctx, **options) -> None:
       hookcli grad -m resnet50 -l layer4 --target top1 img.jpg
       hookcli grad -m vgg16_bn -l features.40 --target 'golden retriever' photos/ -o grads/
     """
-    _run(ctx, "grad", options, options.pop("layer"), options.pop("images"))
+    _run("grad", options, options.pop("layer"), options.pop("images"))
 
 
 @main.command(context_settings=CONTEXT_SETTINGS)
@@ -288,8 +288,7 @@ def grad(ctx, **options) -> None:
 @REGION
 @preprocess_options
 @run_options(stored="the maps are stored as float32")
-@click.pass_context
-def cam(ctx, **options) -> None:
+def cam(**options) -> None:
     """Class-activation maps (Grad-CAM and friends) with an overlay PNG per image.
 
     Writes DIR/cams.safetensors (key cam: [N, h, w] maps at the layer's
@@ -306,7 +305,7 @@ def cam(ctx, **options) -> None:
       hookcli cam -m fasterrcnn_resnet50_fpn --target top3 street.jpg -o cams/
       hookcli cam -m deeplabv3_resnet50 --target person --region 0,0,0.5,1 group.jpg -o cams/
     """
-    _run(ctx, "cam", options, options.pop("images"))
+    _run("cam", options, options.pop("images"))
 
 
 @main.command(context_settings=CONTEXT_SETTINGS)

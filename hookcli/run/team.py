@@ -18,7 +18,6 @@ reach.
 from __future__ import annotations
 
 import datetime
-import os
 import socket
 import threading
 import time
@@ -31,7 +30,7 @@ import torch.distributed as dist
 
 from hookcli.console import Terminated
 from hookcli.errors import HookcliError, UsageProblem, first_line, seconds_from_environment
-from hookcli.run.launch import Part, joins_team, number_from
+from hookcli.run.launch import Part, joins_team
 from hookcli.storage.fileformat import identity_differences
 
 __all__ = [
@@ -96,9 +95,9 @@ class Team:
     """
 
     def __init__(self, part: Part) -> None:
+        assert part.address is not None, "a part that joins a team has its address (launch.joins_team)"
         self.part = part
-        # Checked before torch loads.
-        self._address, self._port = os.environ.get("MASTER_ADDR", ""), _master_port(os.environ)
+        self._address, self._port = part.address  # MASTER_PORT refused, if need be, before torch loaded
         self._timeout = join_timeout()
         self._dist = dist
         self._join()
@@ -231,21 +230,6 @@ def join_team(part: Part | None) -> Team | None:
     if part is None or not joins_team(part) or dist.is_initialized():
         return None
     return Team(part)
-
-
-def _master_port(env: Mapping[str, str]) -> int:
-    if not env.get("MASTER_PORT", "").strip():
-        raise UsageProblem(
-            "MASTER_ADDR is set but MASTER_PORT is not",
-            hint="torchrun sets both; by hand, give every process the same port of rank 0's machine",
-        )
-    port = number_from(env, "MASTER_PORT")
-    if not 1 <= port <= 65535:
-        raise UsageProblem(
-            f"$MASTER_PORT is {port}, not a port (1 to 65535)",
-            hint="torchrun sets it; by hand, give every process the same port of rank 0's machine",
-        )
-    return port
 
 
 def _described(err: BaseException) -> str:
