@@ -39,7 +39,7 @@ import numpy as np
 
 from hookcli.errors import FeatureFileError
 from hookcli.files import NotRegularFile, open_regular
-from hookcli.storage.fileformat import FLAT_FORMAT_VERSION, ROW_SHAPE, RunFacts
+from hookcli.storage.fileformat import FLAT_FORMAT_VERSION, ROW_SHAPE, STORED_DTYPES, RunFacts
 from hookcli.storage.reader import ReadingMapping
 from hookcli.storage.row_shapes import checked_row_shapes, companions, short
 
@@ -410,19 +410,6 @@ class Features(Mapping[str, Any]):
     that made them learnt, when a run did.
     """
 
-    _NAMES = {
-        "float32": "F32",
-        "float16": "F16",
-        "float64": "F64",
-        "bfloat16": "BF16",
-        "int64": "I64",
-        "int32": "I32",
-        "int16": "I16",
-        "int8": "I8",
-        "uint8": "U8",
-        "bool": "BOOL",
-    }
-
     def __init__(
         self,
         tensors: Mapping[str, Any],
@@ -496,7 +483,7 @@ class Features(Mapping[str, Any]):
 
     def dtype(self, key: str) -> str:
         name = str(self._tensors[key].dtype).removeprefix("torch.")
-        return self._NAMES.get(name, name)
+        return STORED_DTYPES.get(name, name)
 
     def shape(self, key: str) -> list[int]:
         return list(self._tensors[key].shape)
