@@ -33,7 +33,7 @@ import struct
 import sys
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -42,9 +42,6 @@ from hookcli.files import NotRegularFile, open_regular
 from hookcli.storage.fileformat import FLAT_FORMAT_VERSION, ROW_SHAPE, STORED_DTYPES, RunFacts
 from hookcli.storage.reader import ReadingMapping
 from hookcli.storage.row_shapes import checked_row_shapes, companions, short
-
-if TYPE_CHECKING:
-    import numpy as np
 
 __all__ = [
     "FeatureFile",

@@ -39,7 +39,6 @@ from __future__ import annotations
 import bisect
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -49,9 +48,6 @@ from hookcli.storage.features import FeatureFile
 from hookcli.storage.fileformat import INDEX_NAME
 from hookcli.storage.index import check_shard, file_key, finished_shards, leading_shards, read_index, shard_layout
 from hookcli.storage.reader import FeatureReader, ReadingMapping
-
-if TYPE_CHECKING:
-    import numpy as np
 
 __all__ = [
     "ShardedFeatures",
