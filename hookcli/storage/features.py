@@ -338,11 +338,12 @@ class FeatureFile(ReadingMapping):
             shape = shape[1:]
             start += (index % rows) * math.prod(shape) * itemsize
             if part is not None and shape:
-                first, stop, step = part.indices(shape[0])
-                stop = max(stop, first)
-                start += first * math.prod(shape[1:]) * itemsize
-                shape = [stop - first, *shape[1:]]
-                part = slice(None, None, step) if step != 1 else None
+                # Read the rows from the lowest chosen to the highest; a step (backwards too) is taken from them.
+                chosen = range(*part.indices(shape[0]))
+                low = min(chosen[0], chosen[-1]) if chosen else 0
+                start += low * math.prod(shape[1:]) * itemsize
+                shape = [abs(chosen[-1] - chosen[0]) + 1 if chosen else 0, *shape[1:]]
+                part = slice(None, None, chosen.step) if chosen and chosen.step != 1 else None
         array = self._read_at(dtype, start, shape)
         return _widened(array[part] if part is not None else array, dtype)
 
@@ -491,12 +492,8 @@ class Features(Mapping[str, Any]):
 
     def read(self, key: str, index: int | None = None, part: slice | None = None) -> np.ndarray:
         value = self._tensors[key]
-        if index is not None:
-            if key in self._row_shapes:
-                return _own_part(_as_numpy(value[index]), self.row_shape(key, index), part)
-            value = value[index]
-            if part is not None:
-                value = value[part]
+        if index is not None:  # sliced as an array: a tensor takes no negative step
+            return _own_part(_as_numpy(value[index]), self.row_shape(key, index), part)
         return _as_numpy(value)
 
     def read_rows(self, key: str, start: int, stop: int) -> np.ndarray:
