@@ -159,8 +159,9 @@ def check_shard(shard: FeatureFile, entry: Mapping, layout: dict | None = None) 
     if shard.metadata.get("shard") != str(entry["shard"]) or listed != entry["inputs"]:
         problem = f"it is not shard {entry['shard']} of the inputs its index line lists (its own metadata disagrees)"
     for key in shard.keys() if problem is None else ():
-        if not shard.shape(key) or shard.shape(key)[0] != rows:
-            problem = f"its tensor '{key}' has shape {shard.shape(key)} but the index lists {rows} rows"
+        shape = shard.shape(key)
+        if not shape or shape[0] != rows:
+            problem = f"its tensor '{key}' has shape {shape} but the index lists {rows} rows"
             break
     if problem is None and layout is not None and rows:
         if shard_layout(shard) != layout:
@@ -174,14 +175,11 @@ def check_shard(shard: FeatureFile, entry: Mapping, layout: dict | None = None) 
 
 def shard_layout(features: FeatureReader) -> dict:
     """What every shard of a folder shares: each key's dtype and row shape (a ragged key's only its dimensions)."""
-    return {
-        k: (
-            features.dtype(k),
-            features.ragged(k),
-            len(features.shape(k)) if features.ragged(k) else features.shape(k)[1:],
-        )
-        for k in features.keys()
-    }
+    layout = {}
+    for key in features.keys():
+        shape, ragged = features.shape(key), features.ragged(key)
+        layout[key] = (features.dtype(key), ragged, len(shape) if ragged else shape[1:])
+    return layout
 
 
 def _shard_is_sound(path: Path, entry: Mapping) -> bool:
