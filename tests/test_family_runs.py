@@ -379,9 +379,9 @@ def test_quantized_model_extraction_equals_hooks_by_hand(tmp_path):
         (["--pair-with", "b.png"], "Error: --pair-with applies to optical-flow models, and this one is classification"),
     ],
 )
-def test_family_options_are_refused_for_other_families(tmp_path, runner, no_model, options, message):
+def test_family_options_are_refused_for_other_families(resnet18_args, tmp_path, runner, no_model, options, message):
     image = _noise(tmp_path / "a.png", (40, 40), 0)
-    result = runner.invoke(main, ["extract", "-m", "resnet18", "-w", "none", "-l", "layer1", str(image), *options])
+    result = runner.invoke(main, resnet18_args("extract", "-l", "layer1", str(image), *options))
     assert result.exit_code == 2 and result.output.startswith(message)
 
 

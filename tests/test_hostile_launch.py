@@ -35,15 +35,21 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _environment(**extra) -> dict[str, str]:
-    """This process's environment without any launcher's variables, and ``extra``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "LOCAL_"))}
-    return {**env, **extra}
+@pytest.fixture
+def extract_command(resnet18_args, tmp_path, image) -> list[str]:
+    """``hookcli extract`` of ``image`` into tmp_path/feats/, as a process started by hand runs it."""
+    return [
+        sys.executable,
+        "-m",
+        "hookcli",
+        *resnet18_args("extract", "-l", "fc", "-q", "-o", f"{tmp_path}/feats/", image),
+    ]
 
 
-def _rank(rank: int, port: int, timeout: str, tmp_path, image) -> subprocess.Popen:
-    """``hookcli extract`` as process ``rank`` of 2 of a torchrun group at ``127.0.0.1:port`` that no other joins."""
-    env = _environment(
+def _rank(rank: int, port: int, timeout: str, command: list[str]) -> subprocess.Popen:
+    """``command`` as process ``rank`` of 2 of a torchrun group at ``127.0.0.1:port`` that no other joins."""
+    env = dict(
+        os.environ,
         RANK=str(rank),
         WORLD_SIZE="2",
         LOCAL_RANK="0",
@@ -52,28 +58,7 @@ def _rank(rank: int, port: int, timeout: str, tmp_path, image) -> subprocess.Pop
         MASTER_PORT=str(port),
         HOOKCLI_JOIN_TIMEOUT=timeout,
     )
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "hookcli",
-            "extract",
-            "-m",
-            "resnet18",
-            "-w",
-            "none",
-            "-l",
-            "fc",
-            "-q",
-            "-o",
-            f"{tmp_path}/feats/",
-            str(image),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
 def _line(stream, seconds: float) -> str:
@@ -83,9 +68,9 @@ def _line(stream, seconds: float) -> str:
 
 
 @pytest.mark.parametrize("rank", [0, 1])  # 0: hosts the rendezvous, nobody comes; 1: nothing listens
-def test_a_rendezvous_nobody_comes_to_ends_after_the_join_timeout_with_one_line(tmp_path, image, rank):
+def test_a_rendezvous_nobody_comes_to_ends_after_the_join_timeout_with_one_line(tmp_path, extract_command, rank):
     port, started = _free_port(), time.monotonic()
-    process = _rank(rank, port, "1", tmp_path, image)
+    process = _rank(rank, port, "1", extract_command)
     out, err = process.communicate(timeout=120)
     assert time.monotonic() - started < 60  # a second of waiting, after the imports: not 30 days
     assert (process.returncode, out) == (1, "")
@@ -97,9 +82,9 @@ def test_a_rendezvous_nobody_comes_to_ends_after_the_join_timeout_with_one_line(
 
 
 @pytest.mark.parametrize(("rank", "stop", "said"), [(0, signal.SIGTERM, "SIGTERM"), (1, signal.SIGINT, "Ctrl-C")])
-def test_the_wait_is_said_within_seconds_and_a_signal_ends_it_with_one_line(tmp_path, image, rank, stop, said):
+def test_the_wait_is_said_within_seconds_and_a_signal_ends_it_with_one_line(extract_command, rank, stop, said):
     port = _free_port()
-    process = _rank(rank, port, "600", tmp_path, image)
+    process = _rank(rank, port, "600", extract_command)
     try:
         note = _line(process.stderr, 60)
         assert note == (
@@ -120,9 +105,9 @@ def test_the_wait_is_said_within_seconds_and_a_signal_ends_it_with_one_line(tmp_
     )
 
 
-def test_two_processes_started_by_hand_join_and_share_the_folder(tmp_path, image):
+def test_two_processes_started_by_hand_join_and_share_the_folder(tmp_path, extract_command):
     port = _free_port()
-    processes = [_rank(rank, port, "120", tmp_path, image) for rank in (1, 0)]  # the client first: it waits
+    processes = [_rank(rank, port, "120", extract_command) for rank in (1, 0)]  # the client first: it waits
     results = [(p.communicate(timeout=300), p.returncode) for p in processes]
     assert results == [(("", ""), 0), ((f"{tmp_path}/feats/index.jsonl\n", ""), 0)]  # nothing logged by torch
 
@@ -172,8 +157,8 @@ _SHARE = textwrap.dedent("""
 
 
 def test_an_error_of_rank_0_while_it_computes_what_it_shares_ends_every_rank(tmp_path):
-    env = _environment(
-        WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), HOOKCLI_JOIN_TIMEOUT="120"
+    env = dict(
+        os.environ, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), HOOKCLI_JOIN_TIMEOUT="120"
     )
     processes = [
         subprocess.Popen(
@@ -206,7 +191,7 @@ def test_an_error_of_rank_0_while_it_computes_what_it_shares_ends_every_rank(tmp
 
 @pytest.mark.parametrize("value", ["0", "0.5", "-3", "soon", "nan", "inf", "86401"])
 def test_a_join_timeout_out_of_range_is_refused_before_the_model_loads(
-    runner, image, tmp_path, monkeypatch, no_model, value
+    runner, resnet18_args, image, tmp_path, monkeypatch, no_model, value
 ):
     for name, text in {
         "RANK": "0",
@@ -216,9 +201,7 @@ def test_a_join_timeout_out_of_range_is_refused_before_the_model_loads(
         "HOOKCLI_JOIN_TIMEOUT": value,
     }.items():
         monkeypatch.setenv(name, text)
-    result = runner.invoke(
-        main, ["extract", "-m", "resnet18", "-w", "none", "-l", "fc", "-o", f"{tmp_path}/feats/", str(image)]
-    )
+    result = runner.invoke(main, resnet18_args("extract", "-l", "fc", "-o", f"{tmp_path}/feats/", str(image)))
     assert (result.exit_code, result.stderr) == (
         2,
         (
@@ -244,16 +227,17 @@ def test_a_join_timeout_out_of_range_is_refused_before_the_model_loads(
         ),
     ],
 )
-def test_a_master_port_that_is_not_one_is_refused_before_torch_is_imported(image, tmp_path, port, message):
-    env = _environment(RANK="1", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1")
+def test_a_master_port_that_is_not_one_is_refused_before_torch_is_imported(
+    resnet18_args, image, tmp_path, port, message
+):
+    env = dict(os.environ, RANK="1", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1")
     env.pop("MASTER_PORT", None)
     script = (
         "import sys\nfrom hookcli.cli import main\n"
         "try:\n    main(sys.argv[1:])\nexcept SystemExit as end:\n    print('torch' in sys.modules, end.code)\n"
     )
     done = subprocess.run(
-        [sys.executable, "-c", script, "extract", "-m", "resnet18", "-w", "none", "-l", "fc", "-o", f"{tmp_path}/f/"]
-        + [str(image)],
+        [sys.executable, "-c", script, *resnet18_args("extract", "-l", "fc", "-o", f"{tmp_path}/f/", image)],
         capture_output=True,
         text=True,
         env=env if port is None else {**env, "MASTER_PORT": port},
@@ -275,7 +259,7 @@ def test_a_master_port_that_is_not_one_is_refused_before_torch_is_imported(image
     ],
 )
 def test_an_absurd_slurm_task_list_is_refused_naming_the_variable(
-    runner, image, tmp_path, monkeypatch, no_model, text, piece
+    runner, resnet18_args, image, tmp_path, monkeypatch, no_model, text, piece
 ):
     message = (
         f"$SLURM_TASKS_PER_NODE says '{piece}', more than hookcli takes (at most 100,000 tasks on each of at "
@@ -286,9 +270,7 @@ def test_an_absurd_slurm_task_list_is_refused_naming_the_variable(
     assert caught.value.message == message
     for name, value in {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_TASKS_PER_NODE": text}.items():
         monkeypatch.setenv(name, value)
-    result = runner.invoke(
-        main, ["extract", "-m", "resnet18", "-w", "none", "-l", "fc", "-o", f"{tmp_path}/feats/", str(image)]
-    )
+    result = runner.invoke(main, resnet18_args("extract", "-l", "fc", "-o", f"{tmp_path}/feats/", str(image)))
     assert (result.exit_code, result.stderr) == (
         2,
         f"Error: {message}. Hint: check the launcher's environment variables\n",

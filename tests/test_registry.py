@@ -296,7 +296,7 @@ def test_an_existing_default_output_is_refused_before_the_model_loads(
 
 
 def test_a_default_output_named_by_a_glob_is_refused_once_the_model_has_loaded(
-    runner, tmp_path, monkeypatch, make_image
+    runner, resnet18_args, tmp_path, monkeypatch, make_image
 ):
     monkeypatch.chdir(tmp_path)
     make_image(tmp_path / "img.png")
@@ -308,7 +308,7 @@ def test_a_default_output_named_by_a_glob_is_refused_once_the_model_has_loaded(
         "build_model",
         lambda choice, **kwargs: loads.append((choice.name, choice.weights)) or build_model(choice, **kwargs),
     )
-    result = runner.invoke(main, ["extract", "-m", "resnet18", "-w", "none", "-l", "lay?r1", "img.png"])
+    result = runner.invoke(main, resnet18_args("extract", "-l", "lay?r1", "img.png"))
     assert (result.exit_code, result.stderr) == (
         2,
         "Error: output 'resnet18-layer1.safetensors' already exists. Hint: add --force to overwrite it\n",
