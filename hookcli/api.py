@@ -40,7 +40,7 @@ from collections.abc import Callable
 from hookcli.errors import UsageProblem, check_whole
 from hookcli.events import Note
 from hookcli.families import family_traits
-from hookcli.models.catalog import describe_models, model_family, no_models_note, resolve_weights
+from hookcli.models.catalog import choose_model, describe_models
 from hookcli.options import MAX_SIDE
 from hookcli.pictures.options import GridOptions, default_grid_folder
 from hookcli.run.options import refuse_unknown
@@ -357,15 +357,15 @@ def layers(
     check_whole("input_size", input_size, 1, MAX_SIDE, optional=True)
     check_whole("depth", depth, 1, optional=True)
     check_whole("frames", frames, 1, 1024, optional=True)
-    if frames is not None and family_traits(model_family(model)).row != "clip":
+    choice = choose_model(model, weights)  # an unknown model or weights name is refused before torch loads
+    if frames is not None and family_traits(choice.family).row != "clip":
         raise UsageProblem(
-            f"--frames applies to video models, and {model} is {model_family(model).replace('_', ' ')}",
+            f"--frames applies to video models, and {model} is {choice.family.replace('_', ' ')}",
             hint="leave it out",
         )
-    resolve_weights(model, weights)  # an unknown model or weights name is refused before torch loads
     from hookcli.run.layer_table import model_layer_table  # torch
 
-    return model_layer_table(model, weights, seed=seed or 0, input_size=input_size, depth=depth, frames=frames)
+    return model_layer_table(choice, seed=seed or 0, input_size=input_size, depth=depth, frames=frames)
 
 
 def models(family: str | None = None, *, pattern: str | None = None, source: str = "torchvision") -> list[dict]:
@@ -375,11 +375,6 @@ def models(family: str | None = None, *, pattern: str | None = None, source: str
     ['raft_large', 'raft_small']
     """
     return describe_models(family, pattern=pattern, source=source)
-
-
-def models_note(source: str, pattern: str | None = None, family: str | None = None) -> str:
-    """Why :func:`models` found nothing, in words."""
-    return no_models_note(source, pattern, family)
 
 
 def info(source, *, stats: bool = True, progress: Callable | None = None) -> dict:

@@ -1,6 +1,7 @@
 """Shared fixtures. Tests never touch the network or the home folder: torch's cache and hookcli's model registry
 cache are temp folders and downloads are off."""
 
+import functools
 import os
 import subprocess
 import sys
@@ -15,6 +16,9 @@ os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="hookcli-hf-home-")
 os.environ["HF_HUB_CACHE"] = os.path.join(os.environ["HF_HOME"], "hub")
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.pop("HOOKCLI_DEBUG", None)
+# Tests (and the processes they start) are not parts of a launcher's run, even when the suite runs under one.
+for _name in [name for name in os.environ if name.startswith(("SLURM_", "RANK", "WORLD_SIZE", "LOCAL_"))]:
+    del os.environ[_name]
 
 from pathlib import Path  # noqa: E402
 
@@ -22,6 +26,8 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from click.testing import CliRunner  # noqa: E402
 from PIL import Image  # noqa: E402
+
+from hookcli.cli import main  # noqa: E402
 
 
 @pytest.fixture
@@ -59,15 +65,100 @@ def images(tmp_path) -> list[Path]:
     return [_write_noise(folder / f"{name}.png", seed=i) for i, name in enumerate("abc")]
 
 
+def _resnet18_args(command: str, *args) -> list[str]:
+    return [command, "-m", "resnet18", "-w", "none", *map(str, args)]
+
+
+@pytest.fixture
+def resnet18_args():
+    """``resnet18_args(command, *args)``: the arguments of ``hookcli COMMAND`` on a randomly initialised resnet18
+    (nothing to download), then ``args`` as strings."""
+    return _resnet18_args
+
+
+#: Extracting resnet18's fc from 32×32 crops, in batches and shards of 2: a quick run writing a folder of shards.
+_SHARD_RUN = _resnet18_args("extract", "-l", "fc", "--resize", 32, "--crop", 32, "-b", 2, "-q", "--shard-size", 2)
+
+
+@pytest.fixture
+def shard_run():
+    """The arguments of a quick ``hookcli extract`` into a folder of shards of 2 (``-o DIR/`` and inputs to add):
+    resnet18's fc from 32×32 crops, in batches of 2, quietly."""
+    return list(_SHARD_RUN)
+
+
+@pytest.fixture
+def five_inputs(tmp_path) -> list[str]:
+    """Five small distinct PNGs (36×36) in tmp_path/imgs, named 0 to 4, as path strings."""
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    return [str(_write_noise(folder / f"{i}.png", size=(36, 36), seed=i)) for i in range(5)]
+
+
+@pytest.fixture
+def extract_into(runner):
+    """``extract_into(folder, inputs, *extra)``: the :func:`shard_run` of ``inputs`` into shard folder ``folder``
+    (options ``extra`` added), through CliRunner."""
+
+    def extract(folder, inputs, *extra):
+        return runner.invoke(main, [*_SHARD_RUN, *extra, "-o", f"{folder}/", *inputs])
+
+    return extract
+
+
+def _one_error(result, code=2) -> str:
+    assert result.exit_code == code, result.output
+    assert "Traceback" not in result.output and result.stderr.count("\n") == 1, result.stderr
+    return result.stderr.strip()
+
+
+@pytest.fixture
+def one_error():
+    """``one_error(result, code=2)``: the one ``Error:`` line a CliRunner result printed, no traceback, after
+    checking its exit code."""
+    return _one_error
+
+
+@pytest.fixture
+def calls_to(monkeypatch):
+    """``calls_to(*functions)``: a list that gets a function's name each time hookcli calls it (by whichever module's
+    name for it), the call going on as before."""
+    calls: list[str] = []
+
+    def count(*functions):
+        for function in functions:
+            counting = functools.partial(_counted, calls, function)
+            for name, module in list(sys.modules.items()):
+                if name.startswith("hookcli") and getattr(module, function.__name__, None) is function:
+                    monkeypatch.setattr(module, function.__name__, counting)
+        return calls
+
+    return count
+
+
+def _counted(calls: list, function, *args, **kwargs):
+    calls.append(function.__name__)
+    return function(*args, **kwargs)
+
+
 @pytest.fixture
 def no_model(monkeypatch):
     """Loading a model fails loudly (AssertionError "the model was loaded"): a refusal that should come before it
     shows up as that error."""
+    _refuse_models(monkeypatch)
 
+
+@pytest.fixture
+def refuse_models(monkeypatch):
+    """``refuse_models()``: from then on, as :func:`no_model`, for a test that runs a model first."""
+    return functools.partial(_refuse_models, monkeypatch)
+
+
+def _refuse_models(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the model was loaded")
 
-    monkeypatch.setattr("hookcli.models.loading.load_model", refuse)
+    monkeypatch.setattr("hookcli.models.loading.build_model", refuse)
 
 
 _MEASURE = textwrap.dedent("""

@@ -35,26 +35,11 @@ def _same_files(first, second):
     return a, meta_a
 
 
-def test_extract_to_a_file_writes_what_the_cli_writes(runner, images, tmp_path):
-    flags = [
-        "-m",
-        "resnet18",
-        "-w",
-        "none",
-        "-l",
-        "layer2",
-        "-l",
-        "fc=logits",
-        "--pool",
-        "avg",
-        "--dtype",
-        "float16",
-        "-b",
-        "2",
-        "--fuse",
-        *SMALL_FLAGS,
-    ]
-    result = runner.invoke(main, ["extract", *flags, "-o", str(tmp_path / "cli.safetensors"), *map(str, images)])
+def test_extract_to_a_file_writes_what_the_cli_writes(runner, resnet18_args, images, tmp_path):
+    args = resnet18_args(
+        "extract", "-l", "layer2", "-l", "fc=logits", "--pool", "avg", "--dtype", "float16", "-b", 2, "--fuse"
+    )
+    result = runner.invoke(main, [*args, *SMALL_FLAGS, "-o", str(tmp_path / "cli.safetensors"), *map(str, images)])
     assert result.exit_code == 0, result.output
     written = hookcli.extract(
         "resnet18",
@@ -109,19 +94,9 @@ def test_a_folder_run_reports_events_and_resumes(images, tmp_path, make_image):
     broken.write_bytes(b"not an image")
     inputs = [images[0], broken, images[1], images[2]]
     folder = f"{tmp_path / 'feats'}/"
+    options = {"output": folder, "shard_size": 2, "on_error": "skip", "weights": "none", "batch_size": 3, **SMALL}
     events = []
-    index = hookcli.extract(
-        "resnet18",
-        "layer3",
-        inputs,
-        output=folder,
-        shard_size=2,
-        on_error="skip",
-        weights="none",
-        batch_size=3,
-        progress=events.append,
-        **SMALL,
-    )
+    index = hookcli.extract("resnet18", "layer3", inputs, progress=events.append, **options)
     assert index == tmp_path / "feats" / "index.jsonl"
     assert events[0] == Started(total=4, done=0, output=folder)
     skipped = [e for e in events if isinstance(e, Skipped)]
@@ -137,25 +112,11 @@ def test_a_folder_run_reports_events_and_resumes(images, tmp_path, make_image):
         assert features.shape("layer3") == [3, 256, 4, 4]
         assert json.loads(features.metadata["skipped"])[0]["input"] == str(broken)
     again = []
-    assert (
-        hookcli.extract(
-            "resnet18",
-            "layer3",
-            inputs,
-            output=folder,
-            shard_size=2,
-            on_error="skip",
-            weights="none",
-            batch_size=3,
-            progress=again.append,
-            **SMALL,
-        )
-        == index
-    )
+    assert hookcli.extract("resnet18", "layer3", inputs, progress=again.append, **options) == index
     assert again == [Started(total=4, done=4, output=folder), Wrote(index)]  # nothing computed twice
 
 
-def test_errors_are_the_librarys_own_with_the_cli_texts(runner, images, tmp_path):
+def test_errors_are_the_librarys_own_with_the_cli_texts(runner, resnet18_args, images, tmp_path):
     existing = tmp_path / "o.safetensors"
     existing.write_bytes(b"precious")
     base = {"weights": "none", **SMALL}
@@ -216,9 +177,7 @@ def test_errors_are_the_librarys_own_with_the_cli_texts(runner, images, tmp_path
         assert str(caught.value) == text
     assert existing.read_bytes() == b"precious"
     # The command line prints the same sentences.
-    result = runner.invoke(
-        main, ["extract", "-m", "resnet18", "-w", "none", "-l", "layer1", "-o", str(existing), str(images[0])]
-    )
+    result = runner.invoke(main, resnet18_args("extract", "-l", "layer1", "-o", str(existing), str(images[0])))
     assert (result.exit_code, result.stderr) == (2, f"Error: {cases[0][2]}\n")
     with pytest.raises(TypeError, match="unexpected keyword argument 'batchsize'; did you mean 'batch_size'"):
         hookcli.extract("resnet18", "layer1", images[0], batchsize=2)
@@ -232,7 +191,7 @@ def test_usage_errors_come_before_the_model_loads(images, tmp_path, monkeypatch)
     def no_loading(*args, **kwargs):
         raise AssertionError("the model was loaded")
 
-    monkeypatch.setattr(hookcli.models.loading, "load_model", no_loading)
+    monkeypatch.setattr(hookcli.models.loading, "build_model", no_loading)
     existing = tmp_path / "o.safetensors"
     existing.write_bytes(b"")
     with pytest.raises(OutputExistsError):
@@ -258,25 +217,13 @@ def test_a_missing_input_is_refused_before_torch_is_imported(tmp_path):
     ]
 
 
-def test_grad_and_cam_write_what_the_cli_writes(runner, images, tmp_path):
+def test_grad_and_cam_write_what_the_cli_writes(runner, resnet18_args, images, tmp_path):
     paths = [str(p) for p in images[:2]]
     result = runner.invoke(
         main,
-        [
-            "grad",
-            "-m",
-            "resnet18",
-            "-w",
-            "none",
-            "-l",
-            "layer4",
-            "-t",
-            "top2",
-            *SMALL_FLAGS,
-            "-o",
-            str(tmp_path / "cli.safetensors"),
-            *paths,
-        ],
+        resnet18_args(
+            "grad", "-l", "layer4", "-t", "top2", *SMALL_FLAGS, "-o", str(tmp_path / "cli.safetensors"), *paths
+        ),
     )
     assert result.exit_code == 0, result.output
     written = hookcli.grad(
@@ -287,21 +234,7 @@ def test_grad_and_cam_write_what_the_cli_writes(runner, images, tmp_path):
 
     result = runner.invoke(
         main,
-        [
-            "cam",
-            "-m",
-            "resnet18",
-            "-w",
-            "none",
-            "-l",
-            "layer3",
-            "-t",
-            "5",
-            *SMALL_FLAGS,
-            "-o",
-            str(tmp_path / "cli-cams"),
-            *paths,
-        ],
+        resnet18_args("cam", "-l", "layer3", "-t", "5", *SMALL_FLAGS, "-o", str(tmp_path / "cli-cams"), *paths),
     )
     assert result.exit_code == 0, result.output
     events = []
@@ -378,23 +311,11 @@ def test_no_readable_image_is_an_error_and_writes_nothing(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["broken.png"]
 
 
-def test_the_written_path_is_reported_as_given(runner, images, tmp_path, monkeypatch):
+def test_the_written_path_is_reported_as_given(runner, resnet18_args, images, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     result = runner.invoke(
         main,
-        [
-            "extract",
-            "-m",
-            "resnet18",
-            "-w",
-            "none",
-            "-l",
-            "layer1",
-            *SMALL_FLAGS,
-            "-o",
-            "./out.safetensors",
-            str(images[0]),
-        ],
+        resnet18_args("extract", "-l", "layer1", *SMALL_FLAGS, "-o", "./out.safetensors", str(images[0])),
     )
     assert (result.exit_code, result.stdout) == (0, "./out.safetensors\n")
     events = []
@@ -429,3 +350,14 @@ def test_every_reader_is_a_read_only_mapping_of_the_same_values(images, tmp_path
             assert dict(reader.items()).keys() == {"fc", "layer1"}
         with pytest.raises(KeyError):
             file["layer9"]
+
+
+def test_a_run_checks_its_precision_grid_folder_and_part_once(calls_to, images, tmp_path):
+    from hookcli.run import launch, outputs, speed
+
+    calls = calls_to(speed.check_precision, outputs.refuse_drawn_grids, launch.parse_part)
+    written = hookcli.extract(
+        "resnet18", "layer1", images[:2], weights="none", output=f"{tmp_path}/feats/", part="1/2", grid=tmp_path / "g"
+    )
+    assert written == tmp_path / "feats" / "index.jsonl"
+    assert calls == ["parse_part", "refuse_drawn_grids", "check_precision"]

@@ -161,6 +161,7 @@ LAZY_IMPORTS = {
     ("hookcli.api", "hookcli.pictures.summary"): "the statistics (numpy) load when info runs",
     ("hookcli.api", "hookcli.storage.shards"): "the readers (numpy) load when a command reads features",
     ("hookcli.cli.commands", "hookcli.api"): "--help and parse errors answer without the library (about 30 ms)",
+    ("hookcli.cli.commands", "hookcli.models.catalog"): "models' note on an empty listing, without slowing --help",
     ("hookcli.cli.commands", "tqdm"): "the progress bar (about 60 ms) loads when one is drawn",
     ("hookcli.inputs.clips", "av"): "PyAV is an optional extra, loaded when a video file is opened",
     ("hookcli.inputs.clips", "hookcli.inputs.limits"): "Pillow's limit, read when a video file is opened",

@@ -239,3 +239,35 @@ def test_the_batch_pipeline_leaves_grad_mode_alone_between_batches(images):
     assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
     del batches  # an abandoned run must not leave anything switched either
     assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
+
+
+class _MixedRows:
+    """A forward strategy whose one key has rows of two dtypes in each batch."""
+
+    def __init__(self, model, layers, settings, on_note=None):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        pass
+
+    def __call__(self, batch):
+        return {"mixed": [torch.zeros(3, dtype=torch.int64), torch.zeros(2, dtype=torch.int32)]}, None
+
+    def facts(self):
+        return None
+
+
+def test_rows_of_one_key_in_two_dtypes_are_refused_naming_the_key(images):
+    from hookcli.models.loading import load_model
+    from hookcli.run.pipeline import iter_batches
+
+    batches = iter_batches(load_model("resnet18", "none"), {"layer1": "mixed"}, images[:2], forward=_MixedRows)
+    with pytest.raises(CaptureError) as caught:
+        next(batches)
+    assert str(caught.value) == (
+        "'mixed' has rows of 2 dtypes in one batch (int32, int64). "
+        "Hint: hookcli stores a key in one dtype; select a layer whose rows share one"
+    )

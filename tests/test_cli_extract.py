@@ -108,25 +108,10 @@ def test_vgg16_bn_features_18_matches_the_fx_extractor(runner, photo, tmp_path, 
 
 
 @pytest.mark.parametrize("via", ["arguments", "stdin"])
-def test_rows_follow_input_order(runner, images, tmp_path, via):
+def test_rows_follow_input_order(runner, resnet18_args, images, tmp_path, via):
     order = [images[2], images[0], images[1]]
     out = tmp_path / "out.safetensors"
-    args = [
-        "extract",
-        "-m",
-        "resnet18",
-        "-w",
-        "none",
-        "-l",
-        "layer2",
-        "-l",
-        "fc=logits",
-        "-b",
-        "2",
-        *SMALL,
-        "-o",
-        str(out),
-    ]
+    args = resnet18_args("extract", "-l", "layer2", "-l", "fc=logits", "-b", "2", *SMALL, "-o", str(out))
     if via == "stdin":
         result = runner.invoke(main, [*args, "-"], input="".join(f"{p}\n" for p in order))
     else:
@@ -143,25 +128,11 @@ def test_rows_follow_input_order(runner, images, tmp_path, via):
     assert tensors["logits"].shape == (3, 1000)
 
 
-def test_capture_both_and_repeated_modules_get_documented_keys(runner, images, tmp_path):
+def test_capture_both_and_repeated_modules_get_documented_keys(runner, resnet18_args, images, tmp_path):
     out = tmp_path / "o.safetensors"
     result = runner.invoke(
         main,
-        [
-            "extract",
-            "-m",
-            "resnet18",
-            "-w",
-            "none",
-            "-l",
-            "layer1.0.relu",
-            "--capture",
-            "both",
-            *SMALL,
-            "-o",
-            str(out),
-            str(images[0]),
-        ],
+        resnet18_args("extract", "-l", "layer1.0.relu", "--capture", "both", *SMALL, "-o", str(out), str(images[0])),
     )
     assert result.exit_code == 0, result.output
     tensors, metadata = _read(out)
@@ -171,19 +142,17 @@ def test_capture_both_and_repeated_modules_get_documented_keys(runner, images, t
     assert sorted(json.loads(metadata["layers"])["layer1.0.relu"]["keys"]) == keys
 
 
-def test_stdout_output_is_the_safetensors_bytes(runner, images):
-    result = runner.invoke(
-        main, ["extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", *SMALL, "-o", "-", *map(str, images)]
-    )
+def test_stdout_output_is_the_safetensors_bytes(runner, resnet18_args, images):
+    result = runner.invoke(main, resnet18_args("extract", "-l", "avgpool", *SMALL, "-o", "-", *map(str, images)))
     assert result.exit_code == 0, result.stderr
     tensors = load_bytes(result.stdout_bytes)
     assert tensors["avgpool"].shape == (3, 512, 1, 1)
 
 
-def test_existing_output_needs_force_and_is_left_untouched(runner, images, tmp_path):
+def test_existing_output_needs_force_and_is_left_untouched(runner, resnet18_args, images, tmp_path):
     out = tmp_path / "o.safetensors"
     out.write_bytes(b"precious")
-    args = ["extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", *SMALL, "-o", str(out), str(images[0])]
+    args = resnet18_args("extract", "-l", "avgpool", *SMALL, "-o", str(out), str(images[0]))
     result = runner.invoke(main, args)
     assert result.exit_code == 2
     assert result.stderr == f"Error: output '{out}' already exists. Hint: add --force to overwrite it\n"
@@ -193,7 +162,7 @@ def test_existing_output_needs_force_and_is_left_untouched(runner, images, tmp_p
     assert _read(out)[0]["avgpool"].shape == (1, 512, 1, 1)
 
 
-def test_a_failure_mid_run_leaves_no_file(runner, images, tmp_path, make_image):
+def test_a_failure_mid_run_leaves_no_file(runner, resnet18_args, images, tmp_path, make_image):
     broken = tmp_path / "imgs" / "broken.jpg"
     make_image(tmp_path / "whole.jpg", size=(64, 64))
     data = (tmp_path / "whole.jpg").read_bytes()
@@ -202,23 +171,9 @@ def test_a_failure_mid_run_leaves_no_file(runner, images, tmp_path, make_image):
     out.parent.mkdir()
     result = runner.invoke(
         main,
-        [
-            "extract",
-            "-m",
-            "resnet18",
-            "-w",
-            "none",
-            "-l",
-            "layer1",
-            "-b",
-            "1",
-            *SMALL,
-            "-o",
-            str(out),
-            str(images[0]),
-            str(broken),
-            str(images[1]),
-        ],
+        resnet18_args(
+            "extract", "-l", "layer1", "-b", "1", *SMALL, "-o", str(out), str(images[0]), str(broken), str(images[1])
+        ),
     )
     assert result.exit_code == 1
     assert result.stderr.startswith(f"Error: cannot decode image '{broken}': image file is truncated")
@@ -226,11 +181,9 @@ def test_a_failure_mid_run_leaves_no_file(runner, images, tmp_path, make_image):
     assert list(out.parent.iterdir()) == []
 
 
-def test_default_name_for_several_layers_and_a_folder_input(runner, images, tmp_path, monkeypatch):
+def test_default_name_for_several_layers_and_a_folder_input(runner, resnet18_args, images, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    result = runner.invoke(
-        main, ["extract", "-m", "resnet18", "-w", "none", "-l", "layer3.*.conv2", *SMALL, str(images[0].parent)]
-    )
+    result = runner.invoke(main, resnet18_args("extract", "-l", "layer3.*.conv2", *SMALL, str(images[0].parent)))
     assert result.exit_code == 0, result.output
     assert result.stdout == "resnet18-2layers.safetensors\n"
     tensors, metadata = _read(tmp_path / "resnet18-2layers.safetensors")
@@ -291,14 +244,14 @@ def _error(result):
     return lines[0]
 
 
-def test_errors_are_one_line_with_a_hint(runner, images, tmp_path, monkeypatch):
+def test_errors_are_one_line_with_a_hint(runner, resnet18_args, images, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     text = tmp_path / "notes.jpg"
     text.write_text("not an image")
     (tmp_path / "empty").mkdir()
     bad_preset = tmp_path / "bad.toml"
     bad_preset.write_text('model = "resnet18"\nlayer_s = ["x"]\n')
-    base = ["extract", "-m", "resnet18", "-w", "none", *SMALL]
+    base = resnet18_args("extract", *SMALL)
     cases = [
         (
             [*base, "-l", "layer1", "missing.png"],
@@ -420,7 +373,7 @@ def test_an_unexpected_failure_is_one_line_and_debug_shows_the_traceback(runner,
     assert not (tmp_path / "o.safetensors").exists()
 
 
-def test_refuses_to_write_binary_to_a_terminal(images):
+def test_refuses_to_write_binary_to_a_terminal(resnet18_args, images):
     import pty
     import subprocess
     import sys
@@ -428,21 +381,7 @@ def test_refuses_to_write_binary_to_a_terminal(images):
     leader, follower = pty.openpty()
     try:
         result = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "hookcli",
-                "extract",
-                "-m",
-                "resnet18",
-                "-w",
-                "none",
-                "-l",
-                "layer1",
-                "-o",
-                "-",
-                str(images[0]),
-            ],
+            [sys.executable, "-m", "hookcli", *resnet18_args("extract", "-l", "layer1", "-o", "-", images[0])],
             stdout=follower,
             stderr=subprocess.PIPE,
             text=True,
@@ -493,12 +432,12 @@ def test_shipped_presets_work_from_any_folder(runner, images, tmp_path, monkeypa
     )
 
 
-def test_fast_decode_reads_large_jpegs_at_a_scale_and_says_so(runner, photo, tmp_path):
+def test_fast_decode_reads_large_jpegs_at_a_scale_and_says_so(runner, resnet18_args, photo, tmp_path):
     from PIL import Image
 
     big = tmp_path / "big.jpg"
     Image.open(photo).convert("RGB").resize((2000, 2344)).save(big, quality=92)
-    base = ["extract", "-m", "resnet18", "-w", "none", "-l", "layer1", *SMALL, "-q"]
+    base = resnet18_args("extract", "-l", "layer1", *SMALL, "-q")
     whole = runner.invoke(main, [*base, "-o", str(tmp_path / "whole.safetensors"), str(big)])
     fast = runner.invoke(main, [*base, "--fast-decode", "-o", str(tmp_path / "fast.safetensors"), str(big)])
     assert (whole.exit_code, fast.exit_code) == (0, 0), whole.output + fast.output

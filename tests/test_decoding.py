@@ -220,7 +220,7 @@ def test_a_jpeg_the_device_decoder_refuses_is_decoded_by_pillow_and_said_once(ph
     ],
 )
 def test_a_decoder_that_decodes_nothing_or_runs_out_of_memory_stops_the_run(
-    runner, photo, monkeypatch, tmp_path, failure, message
+    runner, resnet18_args, photo, monkeypatch, tmp_path, failure, message
 ):
     import torchvision.io
 
@@ -232,35 +232,19 @@ def test_a_decoder_that_decodes_nothing_or_runs_out_of_memory_stops_the_run(
     monkeypatch.setattr(torchvision.io, "decode_jpeg", failing)
     result = runner.invoke(
         main,
-        [
-            "extract",
-            "-m",
-            "resnet18",
-            "-w",
-            "none",
-            "-l",
-            "layer1",
-            "--resize",
-            "32",
-            "--crop",
-            "32",
-            "--decode",
-            "device",
-            "-q",
-            *[str(photo)] * 8,
-        ],
+        resnet18_args(
+            "extract", "-l", "layer1", "--resize", "32", "--crop", "32", "--decode", "device", "-q", *[str(photo)] * 8
+        ),
     )
     assert (result.exit_code, result.stderr) == (1 if "memory" in failure else 2, message + "\n")
 
 
-def test_extract_with_device_decoding_records_it_and_keeps_the_values(runner, photo, tmp_path, make_image):
+def test_extract_with_device_decoding_records_it_and_keeps_the_values(
+    runner, resnet18_args, photo, tmp_path, make_image
+):
     png = make_image(tmp_path / "a.png", size=(70, 50))
-    base = [
+    base = resnet18_args(
         "extract",
-        "-m",
-        "resnet18",
-        "-w",
-        "none",
         "-l",
         "layer2",
         "--pool",
@@ -273,7 +257,7 @@ def test_extract_with_device_decoding_records_it_and_keeps_the_values(runner, ph
         str(photo),
         str(png),
         str(photo),
-    ]
+    )
     results = {
         decode: runner.invoke(
             main, [*base, "--decode", decode, "--workers", "1", "-o", str(tmp_path / f"{decode}.safetensors")]
@@ -290,24 +274,10 @@ def test_extract_with_device_decoding_records_it_and_keeps_the_values(runner, ph
     assert "decode" not in json.loads(files["cpu"].metadata()["preprocess"])  # as runs before the option recorded
 
 
-def test_a_folder_started_on_one_decoder_is_not_continued_on_the_other(runner, photo, tmp_path):
-    base = [
-        "extract",
-        "-m",
-        "resnet18",
-        "-w",
-        "none",
-        "-l",
-        "layer1",
-        "--resize",
-        "32",
-        "--crop",
-        "32",
-        "-q",
-        "-o",
-        f"{tmp_path}/feats/",
-        str(photo),
-    ]
+def test_a_folder_started_on_one_decoder_is_not_continued_on_the_other(runner, resnet18_args, photo, tmp_path):
+    base = resnet18_args(
+        "extract", "-l", "layer1", "--resize", "32", "--crop", "32", "-q", "-o", f"{tmp_path}/feats/", str(photo)
+    )
     assert runner.invoke(main, [*base, "--decode", "device"]).exit_code == 0
     result = runner.invoke(main, [*base, "--decode", "cpu"])
     assert (result.exit_code, result.stderr) == (
@@ -318,16 +288,12 @@ def test_a_folder_started_on_one_decoder_is_not_continued_on_the_other(runner, p
     )
 
 
-def test_grad_runs_on_device_decoded_images(runner, photo, tmp_path):
+def test_grad_runs_on_device_decoded_images(runner, resnet18_args, photo, tmp_path):
     out = tmp_path / "grads.safetensors"
     result = runner.invoke(
         main,
-        [
+        resnet18_args(
             "grad",
-            "-m",
-            "resnet18",
-            "-w",
-            "none",
             "-l",
             "layer4",
             "--resize",
@@ -340,7 +306,7 @@ def test_grad_runs_on_device_decoded_images(runner, photo, tmp_path):
             "-o",
             str(out),
             str(photo),
-        ],
+        ),
     )
     assert result.exit_code == 0, result.output
     assert safe_open(out, "pt").get_tensor("layer4").shape == (1, 512, 1, 1)

@@ -15,6 +15,7 @@ import hookcli
 from hookcli.cli import main
 from hookcli.inputs.transforms import to_transform
 from hookcli.models.loading import load_model
+from hookcli.run.request import request
 from hookcli.storage.shards import open_features
 
 
@@ -344,6 +345,12 @@ def test_quantized_captures_are_the_real_values_and_run_on_the_cpu(tmp_path, run
         assert (result.exit_code, result.output.strip()) == (2, message)
 
 
+def test_a_quantized_models_request_runs_on_the_cpu_as_made(tmp_path):
+    image = _noise(tmp_path / "a.png", (40, 40), 0)
+    asked = request("extract", "quantized_resnet18", "layer3", image, weights="none")
+    assert (asked.opts.device, asked.settings.device) == ("cpu", "cpu")
+
+
 def test_quantized_model_extraction_equals_hooks_by_hand(tmp_path):
     image = _noise(tmp_path / "a.png", (40, 40), 0)
     features = hookcli.extract("quantized_resnet18", ["layer3", "quant"], image, weights="none", resize=32, crop=32)
@@ -372,9 +379,9 @@ def test_quantized_model_extraction_equals_hooks_by_hand(tmp_path):
         (["--pair-with", "b.png"], "Error: --pair-with applies to optical-flow models, and this one is classification"),
     ],
 )
-def test_family_options_are_refused_for_other_families(tmp_path, runner, no_model, options, message):
+def test_family_options_are_refused_for_other_families(resnet18_args, tmp_path, runner, no_model, options, message):
     image = _noise(tmp_path / "a.png", (40, 40), 0)
-    result = runner.invoke(main, ["extract", "-m", "resnet18", "-w", "none", "-l", "layer1", str(image), *options])
+    result = runner.invoke(main, resnet18_args("extract", "-l", "layer1", str(image), *options))
     assert result.exit_code == 2 and result.output.startswith(message)
 
 

@@ -197,25 +197,11 @@ def _read(path):
         return {k: handle.get_tensor(k) for k in handle.keys()}, handle.metadata()
 
 
-def test_grad_command_writes_activations_gradients_and_targets(runner, images, tmp_path):
+def test_grad_command_writes_activations_gradients_and_targets(runner, resnet18_args, images, tmp_path):
     out = tmp_path / "g.safetensors"
     result = runner.invoke(
         main,
-        [
-            "grad",
-            "-m",
-            "resnet18",
-            "-w",
-            "none",
-            "-l",
-            "layer4",
-            "--target",
-            "top2",
-            *SMALL,
-            "-o",
-            str(out),
-            *map(str, images[:2]),
-        ],
+        resnet18_args("grad", "-l", "layer4", "--target", "top2", *SMALL, "-o", str(out), *map(str, images[:2])),
     )
     assert result.exit_code == 0, result.output
     tensors, metadata = _read(out)
@@ -228,44 +214,16 @@ def test_grad_command_writes_activations_gradients_and_targets(runner, images, t
     assert json.loads(metadata["layers"])["layer4"]["keys"] == ["layer4", "layer4@grad#0", "layer4@grad#1"]
 
 
-def test_cam_values_equal_a_direct_computation_from_grad_output(runner, images, tmp_path):
+def test_cam_values_equal_a_direct_computation_from_grad_output(runner, resnet18_args, images, tmp_path):
     paths = list(map(str, images))
     result = runner.invoke(
         main,
-        [
-            "grad",
-            "-m",
-            "resnet18",
-            "-w",
-            "none",
-            "-l",
-            "layer3",
-            "-t",
-            "7",
-            *SMALL,
-            "-o",
-            str(tmp_path / "g.safetensors"),
-            *paths,
-        ],
+        resnet18_args("grad", "-l", "layer3", "-t", "7", *SMALL, "-o", str(tmp_path / "g.safetensors"), *paths),
     )
     assert result.exit_code == 0, result.output
     result = runner.invoke(
         main,
-        [
-            "cam",
-            "-m",
-            "resnet18",
-            "-w",
-            "none",
-            "-l",
-            "layer3",
-            "-t",
-            "7",
-            *SMALL,
-            "-o",
-            str(tmp_path / "cams"),
-            *paths,
-        ],
+        resnet18_args("cam", "-l", "layer3", "-t", "7", *SMALL, "-o", str(tmp_path / "cams"), *paths),
     )
     assert result.exit_code == 0, result.output
     assert result.stdout.splitlines() == [str(tmp_path / "cams" / "cams.safetensors")] + [
@@ -281,15 +239,11 @@ def test_cam_values_equal_a_direct_computation_from_grad_output(runner, images, 
     assert [t[0]["class"] for t in json.loads(metadata["targets"])] == [7, 7, 7]
 
 
-def test_cam_overlay_is_brighter_where_the_map_is_high(runner, photo, tmp_path):
+def test_cam_overlay_is_brighter_where_the_map_is_high(runner, resnet18_args, photo, tmp_path):
     result = runner.invoke(
         main,
-        [
+        resnet18_args(
             "cam",
-            "-m",
-            "resnet18",
-            "-w",
-            "none",
             "-l",
             "layer2",
             "--alpha",
@@ -301,7 +255,7 @@ def test_cam_overlay_is_brighter_where_the_map_is_high(runner, photo, tmp_path):
             "-o",
             str(tmp_path / "cams"),
             str(photo),
-        ],
+        ),
     )
     assert result.exit_code == 0, result.output
     cams, _ = _read(tmp_path / "cams" / "cams.safetensors")

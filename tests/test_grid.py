@@ -202,26 +202,11 @@ def test_overlay_is_brighter_where_the_map_is_high(tmp_path):
     assert blended[:24, :24].mean() > blended[40:, 40:].mean() + 80
 
 
-def test_overlay_from_a_hookcli_file_uses_the_models_view_of_the_input(runner, tmp_path, photo):
+def test_overlay_from_a_hookcli_file_uses_the_models_view_of_the_input(runner, resnet18_args, tmp_path, photo):
     out = tmp_path / "f.safetensors"
     result = runner.invoke(
         main,
-        [
-            "extract",
-            "-m",
-            "resnet18",
-            "-w",
-            "none",
-            "-l",
-            "layer1",
-            "--resize",
-            "64",
-            "--crop",
-            "48",
-            "-o",
-            str(out),
-            str(photo),
-        ],
+        resnet18_args("extract", "-l", "layer1", "--resize", "64", "--crop", "48", "-o", str(out), str(photo)),
     )
     assert result.exit_code == 0, result.output
     [written] = _grid(runner, out, "-o", tmp_path / "g", "--overlay", "--plain")
@@ -229,25 +214,10 @@ def test_overlay_from_a_hookcli_file_uses_the_models_view_of_the_input(runner, t
     assert _png(written).shape == (48, 48, 3)
 
 
-def test_extract_output_piped_into_grid_on_stdin(runner, tmp_path, images):
+def test_extract_output_piped_into_grid_on_stdin(runner, resnet18_args, tmp_path, images):
     result = runner.invoke(
         main,
-        [
-            "extract",
-            "-m",
-            "resnet18",
-            "-w",
-            "none",
-            "-l",
-            "layer2",
-            "--resize",
-            "32",
-            "--crop",
-            "32",
-            "-o",
-            "-",
-            *map(str, images[:2]),
-        ],
+        resnet18_args("extract", "-l", "layer2", "--resize", "32", "--crop", "32", "-o", "-", *map(str, images[:2])),
     )
     assert result.exit_code == 0
     written = _grid(runner, "-", "-o", tmp_path / "g", input=result.stdout_bytes)
@@ -255,16 +225,12 @@ def test_extract_output_piped_into_grid_on_stdin(runner, tmp_path, images):
     assert _png(written[0]).shape[1] > 300  # 128 channels of 4×4 maps, enlarged to 32 px tiles
 
 
-def test_extract_grid_option_renders_right_after(runner, tmp_path, images):
+def test_extract_grid_option_renders_right_after(runner, resnet18_args, tmp_path, images):
     out = tmp_path / "f.safetensors"
     result = runner.invoke(
         main,
-        [
+        resnet18_args(
             "extract",
-            "-m",
-            "resnet18",
-            "-w",
-            "none",
             "-l",
             "layer4",
             "--resize",
@@ -276,24 +242,22 @@ def test_extract_grid_option_renders_right_after(runner, tmp_path, images):
             "--grid",
             str(tmp_path / "g"),
             str(images[0]),
-        ],
+        ),
     )
     assert result.exit_code == 0, result.output
     assert result.stdout.splitlines() == [str(out), str(tmp_path / "g" / "layer4__00000_a.png")]
 
 
-def test_extract_grid_refuses_drawn_pictures_before_any_work(runner, tmp_path, images, no_model):
+def test_extract_grid_refuses_drawn_pictures_before_any_work(
+    runner, resnet18_args, one_error, tmp_path, images, no_model
+):
     (tmp_path / "g").mkdir()
     (tmp_path / "g" / "layer4__00000_a.png").write_bytes(b"drawn before")
     (tmp_path / "g" / "other__00000_a.png").write_bytes(b"another layer's")
     result = runner.invoke(
         main,
-        [
+        resnet18_args(
             "extract",
-            "-m",
-            "resnet18",
-            "-w",
-            "none",
             "-l",
             "layer4",
             "-o",
@@ -301,9 +265,9 @@ def test_extract_grid_refuses_drawn_pictures_before_any_work(runner, tmp_path, i
             "--grid",
             str(tmp_path / "g"),
             str(images[0]),
-        ],
+        ),
     )
-    assert _one_error(result, 2) == (
+    assert one_error(result, 2) == (
         f"Error: --grid folder '{tmp_path / 'g'}' already holds pictures of these layers "
         "('layer4__00000_a.png'). Hint: add --force to draw them again, or give another "
         "--grid folder"
@@ -311,14 +275,7 @@ def test_extract_grid_refuses_drawn_pictures_before_any_work(runner, tmp_path, i
     assert not (tmp_path / "f.safetensors").exists()
 
 
-def _one_error(result, code):
-    assert result.exit_code == code
-    assert "Traceback" not in result.output
-    assert result.stderr.count("\n") == 1, result.stderr
-    return result.stderr.strip()
-
-
-def test_file_errors(runner, tmp_path):
+def test_file_errors(runner, one_error, tmp_path):
     good = _save(tmp_path / "good.safetensors", {"feat": torch.ones(2, 3, 4, 4)})
     data = good.read_bytes()
     (tmp_path / "cut.safetensors").write_bytes(data[:-10])
@@ -345,30 +302,30 @@ def test_file_errors(runner, tmp_path):
     for name, message in cases:
         for command in ("grid", "info"):
             args = [command, str(tmp_path / name)] + (out if command == "grid" else [])
-            assert _one_error(runner.invoke(main, args), 2) == message
+            assert one_error(runner.invoke(main, args), 2) == message
     assert not (tmp_path / "g").exists()
 
 
-def test_selection_errors_and_existing_pngs(runner, tmp_path):
+def test_selection_errors_and_existing_pngs(runner, one_error, tmp_path):
     source = _save(tmp_path / "f.safetensors", {"feat": torch.ones(2, 3, 4, 4), "feet": torch.ones(2, 5)})
     out = ["-o", str(tmp_path / "g")]
-    assert _one_error(runner.invoke(main, ["grid", str(source), *out, "-k", "fat"]), 2) == (
+    assert one_error(runner.invoke(main, ["grid", str(source), *out, "-k", "fat"]), 2) == (
         f"Error: no tensor 'fat' in '{source}' (closest: feat, feet). Hint: 'hookcli info' lists the keys"
     )
-    assert _one_error(runner.invoke(main, ["grid", str(source), *out, "-i", "2"]), 2) == (
+    assert one_error(runner.invoke(main, ["grid", str(source), *out, "-i", "2"]), 2) == (
         "Error: image index 2 is out of range: the file has 2 images. Hint: use 0 to 1, or an input file name"
     )
-    assert _one_error(runner.invoke(main, ["grid", str(source), *out, "--cmap", "viridiss"]), 2).startswith(
+    assert one_error(runner.invoke(main, ["grid", str(source), *out, "--cmap", "viridiss"]), 2).startswith(
         "Error: unknown colormap 'viridiss' (closest: viridis"
     )
-    assert _one_error(runner.invoke(main, ["grid", str(source), *out, "--overlay"]), 2) == (
+    assert one_error(runner.invoke(main, ["grid", str(source), *out, "--overlay"]), 2) == (
         f"Error: --overlay needs the input images, and '{source}' does not list them. Hint: overlays work on files "
         "written by hookcli extract, whose 'inputs' metadata names the images"
     )
     assert not (tmp_path / "g").exists()
     first = _grid(runner, source, *out, "-k", "feat", "-i", "1")
     before = (tmp_path / "g" / "feat__00001_row00001.png").read_bytes()
-    assert _one_error(runner.invoke(main, ["grid", str(source), *out]), 2) == (
+    assert one_error(runner.invoke(main, ["grid", str(source), *out]), 2) == (
         f"Error: '{first[0]}' already exists. Hint: add --force to overwrite, or choose another folder with -o"
     )
     assert sorted(p.name for p in (tmp_path / "g").iterdir()) == ["feat__00001_row00001.png"]

@@ -26,24 +26,6 @@ from hookcli.storage.features import FeatureFile
 from hookcli.storage.saving import write_safetensors
 from hookcli.storage.shards import INDEX_NAME, ShardedFeatures
 
-ARGS = [
-    "extract",
-    "-m",
-    "resnet18",
-    "-w",
-    "none",
-    "-l",
-    "fc",
-    "--resize",
-    "32",
-    "--crop",
-    "32",
-    "-b",
-    "2",
-    "-q",
-    "--shard-size",
-    "2",
-]
 SHARDS = [f"features-0000{n}.safetensors" for n in range(3)]
 REMOVE_IT = "Hint: remove it, then run again"
 #: 2100-01-01, as `touch -d 2100-01-01` dates a file.
@@ -51,17 +33,10 @@ YEAR_2100 = 4102444800
 
 
 @pytest.fixture
-def inputs(tmp_path, make_image):
-    folder = tmp_path / "imgs"
-    folder.mkdir()
-    return [str(make_image(folder / f"{i}.png", size=(36, 36), seed=i)) for i in range(5)]
-
-
-@pytest.fixture
-def resumable(runner, tmp_path, inputs):
+def resumable(extract_into, tmp_path, five_inputs):
     """A finished shard folder whose shard 1 is gone: running the command again claims shard 1 and writes it."""
     folder = tmp_path / "feats"
-    assert _extract(runner, folder, inputs).exit_code == 0
+    assert extract_into(folder, five_inputs).exit_code == 0
     (folder / SHARDS[1]).unlink()
     return folder
 
@@ -80,16 +55,6 @@ def victim(tmp_path):
         (folder / name).write_text(text)
         os.utime(folder / name, (1_000_000_000, 1_000_000_000))
     return folder
-
-
-def _extract(runner, folder, inputs, *extra):
-    return runner.invoke(main, [*ARGS, *extra, "-o", f"{folder}/", *inputs])
-
-
-def _one_error(result, code=2):
-    assert result.exit_code == code, result.output
-    assert "Traceback" not in result.output and result.stderr.count("\n") == 1, result.stderr
-    return result.stderr.strip()
 
 
 def _tree(root, skip=None):
@@ -126,10 +91,6 @@ def _within(seconds):
         signal.signal(signal.SIGALRM, previous)
 
 
-def _refuse_the_model(monkeypatch):
-    monkeypatch.setattr("hookcli.models.loading.load_model", lambda *a, **k: pytest.fail("the model was loaded"))
-
-
 def _rows(folder):
     with ShardedFeatures(folder) as features:
         return torch.from_numpy(features.read("fc"))
@@ -139,13 +100,13 @@ def _rows(folder):
 
 
 def test_a_claims_folder_that_is_a_link_is_refused_and_what_it_points_to_is_untouched(
-    runner, tmp_path, inputs, resumable, victim, monkeypatch
+    refuse_models, one_error, extract_into, tmp_path, five_inputs, resumable, victim
 ):
     (resumable / CLAIMS).symlink_to(victim)
     before = _tree(tmp_path, skip=resumable)
-    _refuse_the_model(monkeypatch)
+    refuse_models()
     for extra in ([], ["--force"]):
-        assert _one_error(_extract(runner, resumable, inputs, *extra)) == (
+        assert one_error(extract_into(resumable, five_inputs, *extra)) == (
             f"Error: '{resumable / CLAIMS}' is a symbolic link, not the folder of claims hookcli made. {REMOVE_IT}"
         )
     assert _tree(tmp_path, skip=resumable) == before
@@ -175,13 +136,13 @@ def test_claims_never_follow_a_link_put_in_place_of_their_folder_while_a_run_wor
 
 
 def test_a_lock_file_that_is_a_link_is_refused_and_what_it_points_to_is_untouched(
-    runner, tmp_path, inputs, resumable, victim, monkeypatch
+    refuse_models, one_error, extract_into, tmp_path, five_inputs, resumable, victim
 ):
     (resumable / LOCK_NAME).symlink_to(victim / "notes.txt")
     before = _tree(tmp_path, skip=resumable)
-    _refuse_the_model(monkeypatch)
+    refuse_models()
     message = f"'{resumable / LOCK_NAME}' is a symbolic link, not a lock file hookcli made. {REMOVE_IT}"
-    assert _one_error(_extract(runner, resumable, inputs)) == f"Error: {message}"
+    assert one_error(extract_into(resumable, five_inputs)) == f"Error: {message}"
     with pytest.raises(UsageProblem) as caught:  # the lock itself refuses it too, whoever asks
         FolderLock(resumable, str(resumable)).acquire()
     assert str(caught.value) == message
@@ -190,40 +151,40 @@ def test_a_lock_file_that_is_a_link_is_refused_and_what_it_points_to_is_untouche
 
 @pytest.mark.parametrize("target", ["notes.txt", "."], ids=["to-a-file", "to-a-folder"])
 def test_a_shard_that_is_a_link_is_refused_by_readers_and_replaced_by_a_resume(
-    runner, tmp_path, inputs, resumable, victim, target
+    runner, one_error, extract_into, tmp_path, five_inputs, resumable, victim, target
 ):
-    expected = _rows_of_a_fresh_run(runner, tmp_path, inputs)
+    expected = _rows_of_a_fresh_run(extract_into, tmp_path, five_inputs)
     shard = resumable / SHARDS[1]
     shard.symlink_to(victim / target)
     before = _tree(tmp_path, skip=resumable)
-    assert _one_error(runner.invoke(main, ["info", str(resumable)])) == (
+    assert one_error(runner.invoke(main, ["info", str(resumable)])) == (
         f"Error: '{shard}' is a symbolic link, not a regular file. Hint: give a .safetensors file"
     )
-    result = _extract(runner, resumable, inputs)  # the link itself is replaced, as any damaged shard is
+    result = extract_into(resumable, five_inputs)  # the link itself is replaced, as any damaged shard is
     assert result.exit_code == 0, result.output
     assert not shard.is_symlink() and torch.equal(_rows(resumable), expected)
     assert sorted(os.listdir(resumable)) == [*SHARDS, INDEX_NAME]
     assert _tree(tmp_path, skip=resumable) == before
 
 
-def _rows_of_a_fresh_run(runner, tmp_path, inputs):
+def _rows_of_a_fresh_run(extract_into, tmp_path, inputs):
     fresh = tmp_path / "fresh"
-    assert _extract(runner, fresh, inputs).exit_code == 0
+    assert extract_into(fresh, inputs).exit_code == 0
     return _rows(fresh)
 
 
 def test_an_index_that_is_a_link_is_refused_by_a_writer_and_what_it_points_to_is_untouched(
-    runner, tmp_path, inputs, resumable
+    one_error, extract_into, tmp_path, five_inputs, resumable
 ):
     elsewhere = tmp_path / "elsewhere.jsonl"
     (resumable / INDEX_NAME).rename(elsewhere)
     (resumable / INDEX_NAME).symlink_to(elsewhere)
     before = _tree(tmp_path, skip=resumable)
-    assert _one_error(_extract(runner, resumable, inputs)) == (
+    assert one_error(extract_into(resumable, five_inputs)) == (
         f"Error: '{resumable / INDEX_NAME}' is a symbolic link, not a regular file. {REMOVE_IT}"
     )
     assert _tree(tmp_path, skip=resumable) == before
-    result = _extract(runner, resumable, inputs, "--force")  # --force starts over: the link goes, not its target
+    result = extract_into(resumable, five_inputs, "--force")  # --force starts over: the link goes, not its target
     assert result.exit_code == 0, result.output
     assert sorted(os.listdir(resumable)) == [*SHARDS, INDEX_NAME] and not (resumable / INDEX_NAME).is_symlink()
     assert _tree(tmp_path, skip=resumable) == before
@@ -257,17 +218,17 @@ _KINDS = {"fifo": "a FIFO (named pipe)", "folder": "a folder", "file": "a regula
     ],
 )
 def test_what_is_no_claim_or_claims_folder_is_refused_without_waiting(
-    runner, tmp_path, inputs, resumable, victim, monkeypatch, name, kind, expected
+    refuse_models, one_error, extract_into, tmp_path, five_inputs, resumable, victim, name, kind, expected
 ):
     path = resumable / name
     path.parent.mkdir(exist_ok=True)
     _make(path, kind, victim)
     os.utime(path, (1_000_000_000, 1_000_000_000), follow_symlinks=False)  # long silent: once, it was deleted
     before = _tree(tmp_path, skip=resumable)
-    _refuse_the_model(monkeypatch)
+    refuse_models()
     message = f"'{path}' is {_KINDS[kind]}, not {expected} hookcli made. {REMOVE_IT}"
     with _within(60):
-        assert _one_error(_extract(runner, resumable, inputs)) == f"Error: {message}"
+        assert one_error(extract_into(resumable, five_inputs)) == f"Error: {message}"
         # Where a run finds it only when claiming (it appeared after the run began), the same.
         lock = FolderLock(resumable, str(resumable))
         with lock.held(), pytest.raises(UsageProblem) as caught:
@@ -289,12 +250,12 @@ def _claim(folder, number, dated, content=None):
 
 
 def test_a_claim_dated_in_the_future_is_taken_over_and_the_folder_completes(
-    runner, tmp_path, inputs, resumable, monkeypatch
+    extract_into, tmp_path, five_inputs, resumable, monkeypatch
 ):
-    expected = _rows_of_a_fresh_run(runner, tmp_path, inputs)
+    expected = _rows_of_a_fresh_run(extract_into, tmp_path, five_inputs)
     _claim(resumable, 1, YEAR_2100)
     monkeypatch.setenv("HOOKCLI_CLAIM_TIMEOUT", "1")
-    result = _extract(runner, resumable, inputs)
+    result = extract_into(resumable, five_inputs)
     assert result.exit_code == 0, result.output
     continuing, note = result.stderr.splitlines()
     assert continuing == f"Continuing: 3 of 5 inputs are already in {resumable}/"
@@ -327,10 +288,11 @@ def test_a_heartbeat_ahead_by_less_than_the_timeout_still_holds_its_claim(tmp_pa
 
 
 @pytest.mark.parametrize("value", ["1e-300", "0.5"])
-def test_a_claim_timeout_under_a_second_is_refused_before_the_model_loads(runner, tmp_path, inputs, monkeypatch, value):
+def test_a_claim_timeout_under_a_second_is_refused_before_the_model_loads(
+    no_model, one_error, extract_into, tmp_path, five_inputs, monkeypatch, value
+):
     monkeypatch.setenv("HOOKCLI_CLAIM_TIMEOUT", value)
-    _refuse_the_model(monkeypatch)
-    assert _one_error(_extract(runner, tmp_path / "feats", inputs)) == (
+    assert one_error(extract_into(tmp_path / "feats", five_inputs)) == (
         f"Error: HOOKCLI_CLAIM_TIMEOUT must be a number of seconds from 1 to 86400, not '{value}'. Hint: unset it "
         "for the default of 120 s"
     )
@@ -357,11 +319,13 @@ def _disk_full_after(monkeypatch, size):
     monkeypatch.setattr(saving, "open", lambda name, mode: Filling(name, "r+"), raising=False)
 
 
-def test_a_full_disk_while_a_shard_is_written_is_named_in_one_line(runner, tmp_path, inputs, monkeypatch):
+def test_a_full_disk_while_a_shard_is_written_is_named_in_one_line(
+    one_error, extract_into, tmp_path, five_inputs, monkeypatch
+):
     _disk_full_after(monkeypatch, 100)  # a shard is written in place: the space runs out part-way through its bytes
     folder = tmp_path / "feats"
     before = _tree(tmp_path)
-    assert _one_error(_extract(runner, folder, inputs), code=1) == (
+    assert one_error(extract_into(folder, five_inputs), code=1) == (
         f"Error: no space left on the device holding '{folder / SHARDS[0]}'. Hint: free some space there, or write "
         "to another place"
     )
@@ -369,11 +333,13 @@ def test_a_full_disk_while_a_shard_is_written_is_named_in_one_line(runner, tmp_p
     assert _tree(tmp_path, skip=folder) == {**before, ".": _tree(tmp_path)["."]}
 
 
-def test_a_full_disk_while_one_file_is_written_is_named_in_one_line(runner, tmp_path, inputs, monkeypatch):
+def test_a_full_disk_while_one_file_is_written_is_named_in_one_line(
+    runner, shard_run, one_error, tmp_path, five_inputs, monkeypatch
+):
     _disk_full_after(monkeypatch, 10)
     target = tmp_path / "out.safetensors"
-    result = runner.invoke(main, [*ARGS[:-2], "-o", str(target), *inputs])  # one file: no --shard-size
-    assert _one_error(result, code=1) == (
+    result = runner.invoke(main, [*shard_run[:-2], "-o", str(target), *five_inputs])  # one file: no --shard-size
+    assert one_error(result, code=1) == (
         f"Error: no space left on the device holding '{target}'. Hint: free some space there, or write to another place"
     )
     assert not target.exists() and not list(tmp_path.glob(".out.safetensors.*"))

@@ -29,13 +29,6 @@ def _crafted(path, header: dict, data: bytes = b"", metadata=None):
     return path
 
 
-def _one_error(result, code=2):
-    assert result.exit_code == code, result.output
-    assert "Traceback" not in result.output
-    assert result.stderr.count("\n") == 1, result.stderr
-    return result.stderr.strip()
-
-
 def _entry(dtype, shape, begin, end):
     return {"dtype": dtype, "shape": shape, "data_offsets": [begin, end]}
 
@@ -77,10 +70,10 @@ DAMAGED = "it was not written whole by a safetensors writer; write it again"
         ),
     ],
 )
-def test_header_claims_that_disagree_are_refused_naming_the_key(runner, tmp_path, entries, message):
+def test_header_claims_that_disagree_are_refused_naming_the_key(runner, one_error, tmp_path, entries, message):
     path = _crafted(tmp_path / "f.safetensors", entries, bytes(12))
     for command in (["info", str(path)], ["grid", str(path), "-i", "0", "-o", str(tmp_path / "g")]):
-        assert _one_error(runner.invoke(main, command)) == f"Error: '{path}' is damaged: {message}"
+        assert one_error(runner.invoke(main, command)) == f"Error: '{path}' is damaged: {message}"
     assert not (tmp_path / "g").exists()
 
 
@@ -93,30 +86,30 @@ def test_header_claims_that_disagree_are_refused_naming_the_key(runner, tmp_path
         (json.loads("[" * 50 + "]" * 50), "its header is not a JSON object"),
     ],
 )
-def test_malformed_headers_are_one_usage_error(runner, tmp_path, header, hint):
+def test_malformed_headers_are_one_usage_error(runner, one_error, tmp_path, header, hint):
     path = _crafted(tmp_path / "f.safetensors", header)
-    assert _one_error(runner.invoke(main, ["info", str(path)])) == (
+    assert one_error(runner.invoke(main, ["info", str(path)])) == (
         f"Error: '{path}' is not a safetensors file. Hint: {hint}"
     )
 
 
-def test_a_header_nested_past_pythons_recursion_limit_is_not_json_to_us(runner, tmp_path):
+def test_a_header_nested_past_pythons_recursion_limit_is_not_json_to_us(runner, one_error, tmp_path):
     path = tmp_path / "deep.safetensors"
     text = b"[" * 200_000 + b"]" * 200_000
     path.write_bytes(struct.pack("<Q", len(text)) + text)
-    assert _one_error(runner.invoke(main, ["info", str(path)])) == (
+    assert one_error(runner.invoke(main, ["info", str(path)])) == (
         f"Error: '{path}' is not a safetensors file. Hint: its header is not JSON"
     )
 
 
-def test_a_key_given_twice_in_a_header_is_refused(runner, tmp_path):
+def test_a_key_given_twice_in_a_header_is_refused(runner, one_error, tmp_path):
     path = tmp_path / "twice.safetensors"
     text = (
         b'{"x": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, '
         b'"x": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}'
     )
     path.write_bytes(struct.pack("<Q", len(text)) + text + bytes(8))
-    assert _one_error(runner.invoke(main, ["info", str(path)])) == (
+    assert one_error(runner.invoke(main, ["info", str(path)])) == (
         f"Error: '{path}' is not a safetensors file. Hint: its header names 'x' twice"
     )
 
@@ -140,7 +133,7 @@ def test_f64_values_beyond_float32_are_read_as_they_are(tmp_path):
     assert row.dtype == np.float64 and row.tolist() == [1e300, -1e300, 2.0]
 
 
-def test_untrusted_preprocess_metadata_is_refused_before_any_picture(runner, tmp_path, photo):
+def test_untrusted_preprocess_metadata_is_refused_before_any_picture(runner, one_error, tmp_path, photo):
     data = np.ones((1, 2, 4, 4), dtype=np.float32)
     for preprocess, problem in [
         ({"resize": 60000, "crop": 60000}, "resize must be a whole number from 1 to 8192, not 60000"),
@@ -157,7 +150,7 @@ def test_untrusted_preprocess_metadata_is_refused_before_any_picture(runner, tmp
             {"x": data}, str(path), metadata={"inputs": json.dumps([str(photo)]), "preprocess": json.dumps(preprocess)}
         )
         result = runner.invoke(main, ["grid", str(path), "--overlay", "-o", str(tmp_path / "g")])
-        assert _one_error(result) == (
+        assert one_error(result) == (
             f"Error: '{path}' has unusable preprocess metadata: {problem}. Hint: draw without --overlay, or write the "
             "file again with hookcli extract"
         )
@@ -228,12 +221,12 @@ def test_the_enlargement_stops_at_the_pixel_limit(runner, tmp_path):
     }
 
 
-def test_empty_selections_are_usage_errors_that_say_what_exists(runner, tmp_path):
+def test_empty_selections_are_usage_errors_that_say_what_exists(runner, one_error, tmp_path):
     path = tmp_path / "f.safetensors"
     save_file({"feat": np.ones((2, 256, 2, 2), dtype=np.float32)}, str(path))
     out = ["-o", str(tmp_path / "g")]
     for channels in ("5:2", "9999", "0:0"):
-        assert _one_error(runner.invoke(main, ["grid", str(path), "--channels", channels, *out])) == (
+        assert one_error(runner.invoke(main, ["grid", str(path), "--channels", channels, *out])) == (
             f"Error: nothing to draw in '{path}': 'feat' (shape [2, 256, 2, 2]): --channels "
             f"{channels if ':' in channels else f'{channels}:{int(channels) + 1}'} selects none of its 256 channels "
             "(0-255). Hint: 'hookcli info' shows the shapes; choose other tensors (-k) or channels"
@@ -241,11 +234,11 @@ def test_empty_selections_are_usage_errors_that_say_what_exists(runner, tmp_path
     scalar, empty = tmp_path / "scalar.safetensors", tmp_path / "empty.safetensors"
     save_file({"s": np.array(1.0, dtype=np.float32)}, str(scalar))
     save_file({"e": np.ones((0, 4), dtype=np.float32)}, str(empty))
-    assert _one_error(runner.invoke(main, ["grid", str(scalar), *out])) == (
+    assert one_error(runner.invoke(main, ["grid", str(scalar), *out])) == (
         f"Error: nothing to draw in '{scalar}': 's' (shape []): a 0-dimensional tensor has no rows. Hint: 'hookcli "
         "info' shows the shapes; choose other tensors (-k) or channels"
     )
-    assert _one_error(runner.invoke(main, ["grid", str(empty), *out])) == (
+    assert one_error(runner.invoke(main, ["grid", str(empty), *out])) == (
         f"Error: nothing to draw in '{empty}': 'e' (shape [0, 4]): it has no rows. Hint: 'hookcli info' shows the "
         "shapes; choose other tensors (-k) or channels"
     )
@@ -276,15 +269,15 @@ def test_keys_that_would_share_a_png_name_get_names_of_their_own(runner, tmp_pat
     assert all(n.startswith(("a_b~", "A_B~")) for n in names[:4]) and names[4].startswith("c" * 91 + "~")
 
 
-def test_bad_globs_and_a_file_as_the_output_folder_are_usage_errors(runner, tmp_path):
+def test_bad_globs_and_a_file_as_the_output_folder_are_usage_errors(runner, one_error, tmp_path):
     path = tmp_path / "f.safetensors"
     save_file({"x": np.ones((1, 2), dtype=np.float32)}, str(path))
-    assert _one_error(runner.invoke(main, ["grid", str(path), "-k", "[4-1]", "-o", str(tmp_path / "g")])) == (
+    assert one_error(runner.invoke(main, ["grid", str(path), "-k", "[4-1]", "-o", str(tmp_path / "g")])) == (
         "Error: invalid key pattern '[4-1]': bad character range 4-1 at position 1. Hint: patterns take * ? and "
         "[abc] or [a-z] ranges written low to high"
     )
     (tmp_path / "taken").write_text("mine")
-    assert _one_error(runner.invoke(main, ["grid", str(path), "-o", str(tmp_path / "taken")])) == (
+    assert one_error(runner.invoke(main, ["grid", str(path), "-o", str(tmp_path / "taken")])) == (
         f"Error: output '{tmp_path / 'taken'}' is a file, not a folder. Hint: give a folder name, or remove the file"
     )
     assert (tmp_path / "taken").read_text() == "mine"
@@ -402,10 +395,10 @@ def test_lone_surrogates_in_names_are_escaped_in_text_and_json(runner, tmp_path)
     result.stdout.encode("utf-8")  # no lone surrogate left to fail a strict reader
 
 
-def test_the_nothing_to_draw_error_stays_short_however_many_tensors(runner, tmp_path):
+def test_the_nothing_to_draw_error_stays_short_however_many_tensors(runner, one_error, tmp_path):
     path = tmp_path / "f.safetensors"
     save_file({f"k{i:04d}": np.ones((0, 2), dtype=np.float32) for i in range(1000)}, str(path))
-    message = _one_error(runner.invoke(main, ["grid", str(path), "-o", str(tmp_path / "g")]))
+    message = one_error(runner.invoke(main, ["grid", str(path), "-o", str(tmp_path / "g")]))
     assert message == (
         f"Error: nothing to draw in '{path}': 'k0000' (shape [0, 2]): it has no rows; 'k0001' (shape "
         "[0, 2]): it has no rows; 'k0002' (shape [0, 2]): it has no rows; and 997 more tensors. Hint: "

@@ -18,71 +18,39 @@ from hookcli.storage.fileformat import INDEX_NAME
 from hookcli.storage.index import read_index
 from hookcli.storage.shards import ShardedFeatures
 
-ARGS = [
-    "extract",
-    "-m",
-    "resnet18",
-    "-w",
-    "none",
-    "-l",
-    "fc",
-    "--resize",
-    "32",
-    "--crop",
-    "32",
-    "-b",
-    "2",
-    "-q",
-    "--shard-size",
-    "2",
-]
-
-
-@pytest.fixture
-def inputs(tmp_path, make_image):
-    folder = tmp_path / "imgs"
-    folder.mkdir()
-    return [str(make_image(folder / f"{i}.png", size=(36, 36), seed=i)) for i in range(5)]
-
-
-def _extract(runner, folder, inputs, *extra):
-    return runner.invoke(main, [*ARGS, *extra, "-o", f"{folder}/", *inputs])
-
 
 def _rows(folder):
     with ShardedFeatures(folder) as features:
         return features.read("fc"), json.loads(features.metadata["inputs"])
 
 
-def _one_error(result, code=2):
-    assert result.exit_code == code, result.output
-    assert "Traceback" not in result.output and result.stderr.count("\n") == 1, result.stderr
-    return result.stderr.strip()
-
-
 @pytest.mark.parametrize(
     "tail", [b'{"shard": 2, "fi', b'{"shard": 2, "file": "features-00002.safetensors"}', b"\x00\x00\x00\x00\n"]
 )
-def test_a_torn_or_garbled_last_index_line_is_cut_off_before_the_next_run_appends(runner, tmp_path, inputs, tail):
+def test_a_torn_or_garbled_last_index_line_is_cut_off_before_the_next_run_appends(
+    extract_into, tmp_path, five_inputs, tail
+):
     folder = tmp_path / "feats"
-    assert _extract(runner, folder, inputs).exit_code == 0
+    assert extract_into(folder, five_inputs).exit_code == 0
     expected, names = _rows(folder)
     index = folder / INDEX_NAME
     lines = index.read_bytes().splitlines(keepends=True)
     index.write_bytes(b"".join(lines[:3]) + tail)  # shards 0 and 1 listed, then a crash while appending shard 2
     (folder / "features-00002.safetensors").unlink()
     assert read_index(folder)[1][-1]["shard"] == 1  # readers leave the torn line out
-    result = _extract(runner, folder, inputs)
+    result = extract_into(folder, five_inputs)
     assert result.exit_code == 0, result.output
     assert index.read_bytes() == b"".join(lines)  # cut back, then shard 2 appended: as if nothing had happened
     rows, again = _rows(folder)
     assert again == names and torch.equal(torch.from_numpy(rows), torch.from_numpy(expected))
-    assert _extract(runner, folder, inputs).exit_code == 0  # and the run after that finds nothing damaged
+    assert extract_into(folder, five_inputs).exit_code == 0  # and the run after that finds nothing damaged
 
 
-def test_a_whole_last_line_that_is_wrong_is_an_error_not_a_torn_line(runner, tmp_path, inputs):
+def test_a_whole_last_line_that_is_wrong_is_an_error_not_a_torn_line(
+    runner, one_error, extract_into, tmp_path, five_inputs
+):
     folder = tmp_path / "feats"
-    assert _extract(runner, folder, inputs).exit_code == 0
+    assert extract_into(folder, five_inputs).exit_code == 0
     index = folder / INDEX_NAME
     line = json.loads(index.read_text().splitlines()[1])
     line.update(shard=50, file="features-00050.safetensors")
@@ -91,15 +59,15 @@ def test_a_whole_last_line_that_is_wrong_is_an_error_not_a_torn_line(runner, tmp
         f"Error: index '{index}' is damaged: line 5 is wrong: it describes shard 50, and the run has 3. Hint: "
         "run the same extraction again with --force to start over"
     )
-    assert _one_error(runner.invoke(main, ["info", str(folder)])) == message
-    assert _one_error(_extract(runner, folder, inputs)) == message
+    assert one_error(runner.invoke(main, ["info", str(folder)])) == message
+    assert one_error(extract_into(folder, five_inputs)) == message
 
 
-def _forced_run_starts_over(runner, tmp_path, folder, inputs):
+def _forced_run_starts_over(extract_into, tmp_path, folder, inputs):
     """``--force`` on a damaged folder: it ends as a fresh run's folder."""
     fresh = tmp_path / "fresh"
-    assert _extract(runner, fresh, inputs).exit_code == 0
-    result = _extract(runner, folder, inputs, "--force")
+    assert extract_into(fresh, inputs).exit_code == 0
+    result = extract_into(folder, inputs, "--force")
     assert result.exit_code == 0, result.output
     (rows, names), (expected, fresh_names) = _rows(folder), _rows(fresh)
     assert names == fresh_names and torch.equal(torch.from_numpy(rows), torch.from_numpy(expected))
@@ -107,71 +75,77 @@ def _forced_run_starts_over(runner, tmp_path, folder, inputs):
 
 
 @pytest.mark.parametrize("content", ["", '{"rows": 3}\n'])
-def test_an_index_that_is_no_hookcli_index_is_refused_and_replaced_with_force(runner, tmp_path, inputs, content):
+def test_an_index_that_is_no_hookcli_index_is_refused_and_replaced_with_force(
+    runner, one_error, extract_into, tmp_path, five_inputs, content
+):
     folder = tmp_path / "feats"
     folder.mkdir()
     index = folder / INDEX_NAME
     index.write_text(content)
-    assert _one_error(_extract(runner, folder, inputs)) == (
+    assert one_error(extract_into(folder, five_inputs)) == (
         f"Error: '{index}' is not a hookcli index. Hint: add --force to replace it, or use another folder"
     )
-    assert _one_error(runner.invoke(main, ["info", str(folder)])) == (
+    assert one_error(runner.invoke(main, ["info", str(folder)])) == (
         f"Error: '{index}' is not a hookcli index. Hint: give a folder written by hookcli extract -o DIR/"
     )
-    _forced_run_starts_over(runner, tmp_path, folder, inputs)
+    _forced_run_starts_over(extract_into, tmp_path, folder, five_inputs)
 
 
-def test_a_damaged_line_before_the_last_is_an_error_naming_it(runner, tmp_path, inputs):
+def test_a_damaged_line_before_the_last_is_an_error_naming_it(runner, one_error, extract_into, tmp_path, five_inputs):
     folder = tmp_path / "feats"
-    assert _extract(runner, folder, inputs).exit_code == 0
+    assert extract_into(folder, five_inputs).exit_code == 0
     lines = (folder / INDEX_NAME).read_text().splitlines(keepends=True)
     (folder / INDEX_NAME).write_text(lines[0] + "garbage\n" + "".join(lines[2:]))
     message = (
         f"Error: index '{folder / INDEX_NAME}' is damaged: line 2 is not JSON. Hint: run the same extraction "
         "again with --force to start over"
     )
-    assert _one_error(runner.invoke(main, ["info", str(folder)])) == message
-    assert _one_error(_extract(runner, folder, inputs)) == message
-    _forced_run_starts_over(runner, tmp_path, folder, inputs)  # as the hint says
+    assert one_error(runner.invoke(main, ["info", str(folder)])) == message
+    assert one_error(extract_into(folder, five_inputs)) == message
+    _forced_run_starts_over(extract_into, tmp_path, folder, five_inputs)  # as the hint says
 
 
 @pytest.mark.parametrize("file", ["/etc/passwd", "../outside.safetensors", "features-00001.safetensors"])
-def test_an_index_line_must_name_its_own_shard_file_inside_the_folder(runner, tmp_path, inputs, file):
+def test_an_index_line_must_name_its_own_shard_file_inside_the_folder(
+    runner, one_error, extract_into, tmp_path, five_inputs, file
+):
     folder = tmp_path / "feats"
-    assert _extract(runner, folder, inputs).exit_code == 0
+    assert extract_into(folder, five_inputs).exit_code == 0
     (tmp_path / "outside.safetensors").write_bytes((folder / "features-00000.safetensors").read_bytes())
     lines = (folder / INDEX_NAME).read_text().splitlines(keepends=True)
     first = json.loads(lines[1])
     first["file"] = file
     (folder / INDEX_NAME).write_text(lines[0] + json.dumps(first) + "\n" + "".join(lines[2:]))
     for command in (["info", str(folder)], ["grid", str(folder), "-o", str(tmp_path / "g")]):
-        assert _one_error(runner.invoke(main, command)) == (
+        assert one_error(runner.invoke(main, command)) == (
             f"Error: index '{folder / INDEX_NAME}' is damaged: line 2 is wrong: it does not describe shard 0 "
             "(features-00000.safetensors). Hint: run the same extraction again with --force to start over"
         )
 
 
-def test_shard_files_no_index_lists_are_kept_unless_forced(runner, tmp_path, inputs):
+def test_shard_files_no_index_lists_are_kept_unless_forced(one_error, extract_into, tmp_path, five_inputs):
     folder = tmp_path / "feats"
     folder.mkdir()
     (folder / "features-00000.safetensors").write_bytes(b"someone else's shard")
     (folder / "features-00007.safetensors").write_bytes(b"and another")
-    assert _one_error(_extract(runner, folder, inputs)) == (
+    assert one_error(extract_into(folder, five_inputs)) == (
         f"Error: '{folder}/' holds features-00000.safetensors and 1 more but no index of a run. Hint: move those "
         "files away, choose another folder, or add --force to delete them"
     )
     assert (folder / "features-00000.safetensors").read_bytes() == b"someone else's shard"
     assert sorted(p.name for p in folder.iterdir()) == ["features-00000.safetensors", "features-00007.safetensors"]
-    assert _extract(runner, folder, inputs, "--force").exit_code == 0
+    assert extract_into(folder, five_inputs, "--force").exit_code == 0
     assert sorted(p.name for p in folder.iterdir()) == [f"features-{i:05d}.safetensors" for i in range(3)] + [
         INDEX_NAME
     ]
 
 
 @pytest.mark.parametrize("damage", ["truncate", "empty", "rows"])
-def test_a_damaged_shard_is_redone_on_resume_and_reported_by_readers(runner, tmp_path, inputs, damage):
+def test_a_damaged_shard_is_redone_on_resume_and_reported_by_readers(
+    runner, one_error, extract_into, tmp_path, five_inputs, damage
+):
     folder = tmp_path / "feats"
-    assert _extract(runner, folder, inputs).exit_code == 0
+    assert extract_into(folder, five_inputs).exit_code == 0
     expected, _ = _rows(folder)
     shard = folder / "features-00001.safetensors"
     data, before = shard.read_bytes(), _contents(shard)
@@ -186,16 +160,16 @@ def test_a_damaged_shard_is_redone_on_resume_and_reported_by_readers(runner, tmp
         problem = None
     result = runner.invoke(main, ["info", str(folder)])
     if problem is None:
-        assert _one_error(result) == (
+        assert one_error(result) == (
             f"Error: shard '{shard}' does not match its index line: it is not shard 1 of the inputs its index line "
             "lists (its own metadata disagrees). Hint: run the same extract command again to write it again"
         )
     else:
-        assert _one_error(result) == (
+        assert one_error(result) == (
             f"Error: '{shard}' {problem}. Hint: "
             + ("it holds no safetensors data" if damage == "empty" else "the file was cut short; write it again")
         )
-    result = _extract(runner, folder, inputs)
+    result = extract_into(folder, five_inputs)
     assert result.exit_code == 0, result.output
     rows, _ = _rows(folder)
     assert torch.equal(torch.from_numpy(rows), torch.from_numpy(expected))
@@ -203,10 +177,11 @@ def test_a_damaged_shard_is_redone_on_resume_and_reported_by_readers(runner, tmp
 
 
 def test_names_are_read_from_the_index_opened_when_asked_for_and_a_line_changed_since_is_refused(
-    runner, tmp_path, inputs
+    extract_into, tmp_path, five_inputs
 ):
+    inputs = five_inputs
     folder = tmp_path / "feats"
-    assert _extract(runner, folder, inputs).exit_code == 0
+    assert extract_into(folder, inputs).exit_code == 0
     index = folder / INDEX_NAME
     text = index.read_text()
     with ShardedFeatures(folder) as features:
@@ -229,10 +204,11 @@ def test_names_are_read_from_the_index_opened_when_asked_for_and_a_line_changed_
 
 @pytest.mark.parametrize("meanwhile", [None, "drops the damaged line"])
 def test_a_joining_writer_checks_the_shards_with_the_lock_let_go_and_still_finds_a_damaged_one(
-    runner, tmp_path, inputs, monkeypatch, meanwhile
+    extract_into, tmp_path, five_inputs, monkeypatch, meanwhile
 ):
+    inputs = five_inputs
     folder = tmp_path / "feats"
-    assert _extract(runner, folder, inputs).exit_code == 0
+    assert extract_into(folder, inputs).exit_code == 0
     expected, _ = _rows(folder)
     index = folder / INDEX_NAME
     good = index.read_text().splitlines(keepends=True)
@@ -254,7 +230,7 @@ def test_a_joining_writer_checks_the_shards_with_the_lock_let_go_and_still_finds
         return real(shard, line, layout)
 
     monkeypatch.setattr(hookcli.storage.index, "check_shard", check_shard)
-    result = _extract(runner, folder, inputs)
+    result = extract_into(folder, inputs)
     assert result.exit_code == 0, result.output
     assert checked == [0, 1, 2]  # each shard once, also when the index changed meanwhile and was read again
     monkeypatch.undo()
@@ -268,7 +244,7 @@ def _contents(path):
         return handle.metadata(), handle.get_tensor("fc").tobytes()
 
 
-def test_a_writer_waits_while_another_process_holds_the_lock_and_says_so(tmp_path, inputs):
+def test_a_writer_waits_while_another_process_holds_the_lock_and_says_so(shard_run, tmp_path, five_inputs):
     folder = tmp_path / "feats"
     folder.mkdir()
     holder = subprocess.Popen(
@@ -290,7 +266,7 @@ def test_a_writer_waits_while_another_process_holds_the_lock_and_says_so(tmp_pat
     try:
         assert holder.stdout.readline() == "locked\n"
         writer = subprocess.Popen(
-            [sys.executable, "-m", "hookcli", *ARGS, "-o", f"{folder}/", *inputs],
+            [sys.executable, "-m", "hookcli", *shard_run, "-o", f"{folder}/", *five_inputs],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -307,21 +283,21 @@ def test_a_writer_waits_while_another_process_holds_the_lock_and_says_so(tmp_pat
     assert sorted(os.listdir(folder)) == [*(f"features-0000{n}.safetensors" for n in range(3)), INDEX_NAME]
 
 
-def test_two_writers_started_together_share_the_work_and_leave_one_complete_index(tmp_path, inputs):
+def test_two_writers_started_together_share_the_work_and_leave_one_complete_index(shard_run, tmp_path, five_inputs):
     folder = tmp_path / "feats"
-    command = [sys.executable, "-m", "hookcli", *ARGS, "-o", f"{folder}/", *inputs]
+    command = [sys.executable, "-m", "hookcli", *shard_run, "-o", f"{folder}/", *five_inputs]
     runs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     results = [(run.wait(timeout=240), run.stdout.read(), run.stderr.read()) for run in runs]
     assert [code for code, _, _ in results] == [0, 0], results
     header, shards = read_index(folder)
     assert [s["shard"] for s in shards] == [0, 1, 2]
-    assert [p for s in shards for p in s["inputs"]] == inputs
+    assert [p for s in shards for p in s["inputs"]] == five_inputs
     with safe_open(str(folder / "features-00002.safetensors"), "np") as handle:
         assert handle.get_slice("fc").get_shape() == [1, 1000]
     assert sorted(os.listdir(folder)) == [*(f"features-0000{n}.safetensors" for n in range(3)), INDEX_NAME]
 
 
-def test_a_lock_held_by_a_dead_process_is_free(runner, tmp_path, inputs):
+def test_a_lock_held_by_a_dead_process_is_free(extract_into, tmp_path, five_inputs):
     folder = tmp_path / "feats"
     folder.mkdir()
     subprocess.run(
@@ -338,12 +314,14 @@ def test_a_lock_held_by_a_dead_process_is_free(runner, tmp_path, inputs):
         timeout=60,
     )
     assert (folder / LOCK_NAME).exists()
-    assert _extract(runner, folder, inputs).exit_code == 0
+    assert extract_into(folder, five_inputs).exit_code == 0
 
 
-def test_a_fifo_among_the_shards_is_refused_without_blocking(tmp_path, inputs):
+def test_a_fifo_among_the_shards_is_refused_without_blocking(shard_run, tmp_path, five_inputs):
     folder = tmp_path / "feats"
-    subprocess.run([sys.executable, "-m", "hookcli", *ARGS, "-o", f"{folder}/", *inputs], check=True, timeout=240)
+    subprocess.run(
+        [sys.executable, "-m", "hookcli", *shard_run, "-o", f"{folder}/", *five_inputs], check=True, timeout=240
+    )
     shard = folder / "features-00001.safetensors"
     shard.unlink()
     os.mkfifo(shard)
@@ -356,23 +334,25 @@ def test_a_fifo_among_the_shards_is_refused_without_blocking(tmp_path, inputs):
     )
 
 
-def test_a_shard_that_is_a_link_out_of_the_folder_is_refused(runner, tmp_path, inputs):
+def test_a_shard_that_is_a_link_out_of_the_folder_is_refused(runner, one_error, extract_into, tmp_path, five_inputs):
     folder = tmp_path / "feats"
-    assert _extract(runner, folder, inputs).exit_code == 0
+    assert extract_into(folder, five_inputs).exit_code == 0
     shard = folder / "features-00001.safetensors"
     shard.rename(tmp_path / "outside.safetensors")
     shard.symlink_to(tmp_path / "outside.safetensors")
-    assert _one_error(runner.invoke(main, ["info", str(folder)])) == (
+    assert one_error(runner.invoke(main, ["info", str(folder)])) == (
         f"Error: '{shard}' is a symbolic link, not a regular file. Hint: give a .safetensors file"
     )
-    assert _extract(runner, folder, inputs).exit_code == 0  # resume writes the shard again, in the folder
+    assert extract_into(folder, five_inputs).exit_code == 0  # resume writes the shard again, in the folder
     assert not shard.is_symlink() and (tmp_path / "outside.safetensors").exists()
 
 
 @pytest.mark.parametrize(
     ("kind", "what"), [("folder", "a folder"), ("link", "a symbolic link"), ("fifo", "a FIFO (named pipe)")]
 )
-def test_a_lock_path_hookcli_did_not_make_is_refused_before_the_run(runner, tmp_path, inputs, monkeypatch, kind, what):
+def test_a_lock_path_hookcli_did_not_make_is_refused_before_the_run(
+    no_model, one_error, extract_into, tmp_path, five_inputs, kind, what
+):
     folder = tmp_path / "feats"
     folder.mkdir()
     if kind == "folder":
@@ -381,16 +361,15 @@ def test_a_lock_path_hookcli_did_not_make_is_refused_before_the_run(runner, tmp_
         (folder / LOCK_NAME).symlink_to(tmp_path / "elsewhere")
     else:
         os.mkfifo(folder / LOCK_NAME)
-    monkeypatch.setattr("hookcli.models.loading.load_model", lambda *a, **k: pytest.fail("the model was loaded"))
-    assert _one_error(_extract(runner, folder, inputs)) == (
+    assert one_error(extract_into(folder, five_inputs)) == (
         f"Error: '{folder / LOCK_NAME}' is {what}, not a lock file hookcli made. Hint: remove it, then run again"
     )
     assert not (tmp_path / "elsewhere").exists()
 
 
-def test_readers_say_when_a_folder_is_incomplete(runner, tmp_path, inputs):
+def test_readers_say_when_a_folder_is_incomplete(runner, extract_into, tmp_path, five_inputs):
     folder = tmp_path / "feats"
-    assert _extract(runner, folder, inputs).exit_code == 0
+    assert extract_into(folder, five_inputs).exit_code == 0
     (folder / "features-00001.safetensors").unlink()
     result = runner.invoke(main, ["grid", str(folder), "-o", str(tmp_path / "g")])
     assert result.exit_code == 0, result.output
@@ -403,27 +382,31 @@ def test_readers_say_when_a_folder_is_incomplete(runner, tmp_path, inputs):
     assert result.exit_code == 0 and result.stderr == note
 
 
-def test_index_numbers_must_be_whole_numbers_not_booleans_or_floats(runner, tmp_path, inputs):
+def test_index_numbers_must_be_whole_numbers_not_booleans_or_floats(
+    runner, one_error, extract_into, tmp_path, five_inputs
+):
     folder = tmp_path / "feats"
-    assert _extract(runner, folder, inputs).exit_code == 0
+    assert extract_into(folder, five_inputs).exit_code == 0
     lines = (folder / INDEX_NAME).read_text().splitlines(keepends=True)
     entry = json.loads(lines[1])
     entry["first"] = False
     (folder / INDEX_NAME).write_text(lines[0] + json.dumps(entry) + "\n" + "".join(lines[2:]))
-    assert _one_error(runner.invoke(main, ["info", str(folder)])) == (
+    assert one_error(runner.invoke(main, ["info", str(folder)])) == (
         f"Error: index '{folder / INDEX_NAME}' is damaged: line 2 is wrong: its shard, first and count are not whole "
         "numbers. Hint: run the same extraction again with --force to start over"
     )
 
 
 @pytest.mark.parametrize("command", ["grid", "report", "info"])
-def test_a_folder_whose_last_shard_is_damaged_is_refused_before_anything_is_written(runner, tmp_path, inputs, command):
+def test_a_folder_whose_last_shard_is_damaged_is_refused_before_anything_is_written(
+    runner, one_error, extract_into, tmp_path, five_inputs, command
+):
     folder = tmp_path / "feats"
-    assert _extract(runner, folder, inputs).exit_code == 0
+    assert extract_into(folder, five_inputs).exit_code == 0
     shard = folder / "features-00002.safetensors"
     shard.write_bytes(shard.read_bytes()[:-10])
     out = tmp_path / "out"
     extra = {"grid": ["-o", str(out)], "report": ["-o", str(out)], "info": ["--no-stats"]}[command]
     result = runner.invoke(main, [command, str(folder), *extra])
-    assert _one_error(result).startswith(f"Error: '{shard}' is truncated: tensor 'fc' ends at byte ")
+    assert one_error(result).startswith(f"Error: '{shard}' is truncated: tensor 'fc' ends at byte ")
     assert not out.exists()

@@ -35,10 +35,21 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _rank(rank: int, port: int, timeout: str, tmp_path, image) -> subprocess.Popen:
-    """``hookcli extract`` as process ``rank`` of 2 of a torchrun group at ``127.0.0.1:port`` that no other joins."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "LOCAL_"))}
-    env.update(
+@pytest.fixture
+def extract_command(resnet18_args, tmp_path, image) -> list[str]:
+    """``hookcli extract`` of ``image`` into tmp_path/feats/, as a process started by hand runs it."""
+    return [
+        sys.executable,
+        "-m",
+        "hookcli",
+        *resnet18_args("extract", "-l", "fc", "-q", "-o", f"{tmp_path}/feats/", image),
+    ]
+
+
+def _rank(rank: int, port: int, timeout: str, command: list[str]) -> subprocess.Popen:
+    """``command`` as process ``rank`` of 2 of a torchrun group at ``127.0.0.1:port`` that no other joins."""
+    env = dict(
+        os.environ,
         RANK=str(rank),
         WORLD_SIZE="2",
         LOCAL_RANK="0",
@@ -47,28 +58,7 @@ def _rank(rank: int, port: int, timeout: str, tmp_path, image) -> subprocess.Pop
         MASTER_PORT=str(port),
         HOOKCLI_JOIN_TIMEOUT=timeout,
     )
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "hookcli",
-            "extract",
-            "-m",
-            "resnet18",
-            "-w",
-            "none",
-            "-l",
-            "fc",
-            "-q",
-            "-o",
-            f"{tmp_path}/feats/",
-            str(image),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
 def _line(stream, seconds: float) -> str:
@@ -78,9 +68,9 @@ def _line(stream, seconds: float) -> str:
 
 
 @pytest.mark.parametrize("rank", [0, 1])  # 0: hosts the rendezvous, nobody comes; 1: nothing listens
-def test_a_rendezvous_nobody_comes_to_ends_after_the_join_timeout_with_one_line(tmp_path, image, rank):
+def test_a_rendezvous_nobody_comes_to_ends_after_the_join_timeout_with_one_line(tmp_path, extract_command, rank):
     port, started = _free_port(), time.monotonic()
-    process = _rank(rank, port, "1", tmp_path, image)
+    process = _rank(rank, port, "1", extract_command)
     out, err = process.communicate(timeout=120)
     assert time.monotonic() - started < 60  # a second of waiting, after the imports: not 30 days
     assert (process.returncode, out) == (1, "")
@@ -92,9 +82,9 @@ def test_a_rendezvous_nobody_comes_to_ends_after_the_join_timeout_with_one_line(
 
 
 @pytest.mark.parametrize(("rank", "stop", "said"), [(0, signal.SIGTERM, "SIGTERM"), (1, signal.SIGINT, "Ctrl-C")])
-def test_the_wait_is_said_within_seconds_and_a_signal_ends_it_with_one_line(tmp_path, image, rank, stop, said):
+def test_the_wait_is_said_within_seconds_and_a_signal_ends_it_with_one_line(extract_command, rank, stop, said):
     port = _free_port()
-    process = _rank(rank, port, "600", tmp_path, image)
+    process = _rank(rank, port, "600", extract_command)
     try:
         note = _line(process.stderr, 60)
         assert note == (
@@ -115,9 +105,9 @@ def test_the_wait_is_said_within_seconds_and_a_signal_ends_it_with_one_line(tmp_
     )
 
 
-def test_two_processes_started_by_hand_join_and_share_the_folder(tmp_path, image):
+def test_two_processes_started_by_hand_join_and_share_the_folder(tmp_path, extract_command):
     port = _free_port()
-    processes = [_rank(rank, port, "120", tmp_path, image) for rank in (1, 0)]  # the client first: it waits
+    processes = [_rank(rank, port, "120", extract_command) for rank in (1, 0)]  # the client first: it waits
     results = [(p.communicate(timeout=300), p.returncode) for p in processes]
     assert results == [(("", ""), 0), ((f"{tmp_path}/feats/index.jsonl\n", ""), 0)]  # nothing logged by torch
 
@@ -143,13 +133,65 @@ def test_only_torchrun_processes_join_a_gloo_group_waiting_the_join_timeout_then
         dist, "init_process_group", lambda backend, **options: calls.append((backend, options["timeout"]))
     )
     assert join_team(Part(0, 2, launcher="srun")) is None
-    assert join_team(Part(0, 2, local_index=0, local_count=2, launcher="torchrun")).part.index == 0
+    assert join_team(Part(0, 2, launcher="torchrun")) is None  # no address: started by hand without MASTER_ADDR
+    team = join_team(Part(0, 2, local_index=0, local_count=2, launcher="torchrun", address=("localhost", 29500)))
+    assert team.part.index == 0
     assert calls == [("rendezvous", "env://", 0, 2, True), ("gloo", timedelta(days=30)), ("store", timedelta(days=30))]
+
+
+_SHARE = textwrap.dedent("""
+    from hookcli.run.launch import detect_part
+    from hookcli.run.team import Team
+
+    def read_stdin():
+        raise OSError("stdin went away")
+
+    team = Team(detect_part())
+    try:
+        team.share(read_stdin)
+    except BaseException as err:
+        print(type(err).__name__, err, sep=": ")
+    finally:
+        team.close()
+""")
+
+
+def test_an_error_of_rank_0_while_it_computes_what_it_shares_ends_every_rank(tmp_path):
+    env = dict(
+        os.environ, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), HOOKCLI_JOIN_TIMEOUT="120"
+    )
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", _SHARE],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**env, "RANK": str(rank)},
+        )
+        for rank in (1, 0)
+    ]
+    try:
+        results = [(p.communicate(timeout=120), p.returncode) for p in processes]
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+    assert results == [
+        (
+            (
+                "TeamError: rank 0 of 2 failed before handing rank 1 its share: OSError: stdin went away. "
+                "Hint: rank 0's own error says more\n",
+                "",
+            ),
+            0,
+        ),
+        (("OSError: stdin went away\n", ""), 0),
+    ]
 
 
 @pytest.mark.parametrize("value", ["0", "0.5", "-3", "soon", "nan", "inf", "86401"])
 def test_a_join_timeout_out_of_range_is_refused_before_the_model_loads(
-    runner, image, tmp_path, monkeypatch, no_model, value
+    runner, resnet18_args, image, tmp_path, monkeypatch, no_model, value
 ):
     for name, text in {
         "RANK": "0",
@@ -159,9 +201,7 @@ def test_a_join_timeout_out_of_range_is_refused_before_the_model_loads(
         "HOOKCLI_JOIN_TIMEOUT": value,
     }.items():
         monkeypatch.setenv(name, text)
-    result = runner.invoke(
-        main, ["extract", "-m", "resnet18", "-w", "none", "-l", "fc", "-o", f"{tmp_path}/feats/", str(image)]
-    )
+    result = runner.invoke(main, resnet18_args("extract", "-l", "fc", "-o", f"{tmp_path}/feats/", str(image)))
     assert (result.exit_code, result.stderr) == (
         2,
         (
@@ -187,17 +227,23 @@ def test_a_join_timeout_out_of_range_is_refused_before_the_model_loads(
         ),
     ],
 )
-def test_a_master_port_that_is_not_one_is_refused(runner, image, tmp_path, monkeypatch, no_model, port, message):
-    for name, text in {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}.items():
-        monkeypatch.setenv(name, text)
-    if port is None:
-        monkeypatch.delenv("MASTER_PORT", raising=False)
-    else:
-        monkeypatch.setenv("MASTER_PORT", port)
-    result = runner.invoke(
-        main, ["extract", "-m", "resnet18", "-w", "none", "-l", "fc", "-o", f"{tmp_path}/feats/", str(image)]
+def test_a_master_port_that_is_not_one_is_refused_before_torch_is_imported(
+    resnet18_args, image, tmp_path, port, message
+):
+    env = dict(os.environ, RANK="1", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1")
+    env.pop("MASTER_PORT", None)
+    script = (
+        "import sys\nfrom hookcli.cli import main\n"
+        "try:\n    main(sys.argv[1:])\nexcept SystemExit as end:\n    print('torch' in sys.modules, end.code)\n"
     )
-    assert (result.exit_code, result.stderr) == (2, f"Error: {message}\n")
+    done = subprocess.run(
+        [sys.executable, "-c", script, *resnet18_args("extract", "-l", "fc", "-o", f"{tmp_path}/f/", image)],
+        capture_output=True,
+        text=True,
+        env=env if port is None else {**env, "MASTER_PORT": port},
+        timeout=120,
+    )
+    assert (done.stdout, done.stderr) == ("False 2\n", f"Error: {message}\n")
 
 
 # -- Slurm's task lists ------------------------------------------------------------------------------
@@ -213,7 +259,7 @@ def test_a_master_port_that_is_not_one_is_refused(runner, image, tmp_path, monke
     ],
 )
 def test_an_absurd_slurm_task_list_is_refused_naming_the_variable(
-    runner, image, tmp_path, monkeypatch, no_model, text, piece
+    runner, resnet18_args, image, tmp_path, monkeypatch, no_model, text, piece
 ):
     message = (
         f"$SLURM_TASKS_PER_NODE says '{piece}', more than hookcli takes (at most 100,000 tasks on each of at "
@@ -224,9 +270,7 @@ def test_an_absurd_slurm_task_list_is_refused_naming_the_variable(
     assert caught.value.message == message
     for name, value in {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_TASKS_PER_NODE": text}.items():
         monkeypatch.setenv(name, value)
-    result = runner.invoke(
-        main, ["extract", "-m", "resnet18", "-w", "none", "-l", "fc", "-o", f"{tmp_path}/feats/", str(image)]
-    )
+    result = runner.invoke(main, resnet18_args("extract", "-l", "fc", "-o", f"{tmp_path}/feats/", str(image)))
     assert (result.exit_code, result.stderr) == (
         2,
         f"Error: {message}. Hint: check the launcher's environment variables\n",

@@ -87,11 +87,6 @@ def _check_folder(folder, inputs, expected):
     assert sorted(os.listdir(folder)) == [*(f"features-{n:05d}.safetensors" for n in range(count)), INDEX_NAME]
 
 
-def _environment(**extra):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "LOCAL_"))}
-    return {**env, **extra}
-
-
 @pytest.mark.parametrize("processes", [2, 3])
 def test_torchrun_processes_write_what_one_process_writes(runner, tmp_path, inputs, processes):
     expected = _one_process(runner, tmp_path, inputs, threads=cpu_threads(Part(0, processes, 0, processes)))
@@ -114,7 +109,6 @@ def test_torchrun_processes_write_what_one_process_writes(runner, tmp_path, inpu
         capture_output=True,
         text=True,
         timeout=300,
-        env=_environment(),
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout == f"{folder}/index.jsonl\n"  # said once, by the first process, when the folder is complete
@@ -135,7 +129,6 @@ def test_torchrun_processes_given_different_inputs_are_refused_by_each(tmp_path,
         capture_output=True,
         text=True,
         timeout=300,
-        env=_environment(),
     )
     assert done.returncode != 0
     assert (
@@ -167,7 +160,6 @@ def test_torchrun_processes_share_the_list_rank_0_reads_from_stdin(runner, tmp_p
         capture_output=True,
         text=True,
         timeout=300,
-        env=_environment(),
     )
     assert done.returncode == 0, done.stderr
     _check_folder(folder, inputs, expected)
@@ -182,7 +174,6 @@ def test_parts_and_plain_shells_on_one_folder_write_what_one_process_writes(tmp_
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env=_environment(),
         )
         for args in commands
     ]
@@ -210,7 +201,6 @@ def test_killed_processes_lose_only_their_unfinished_shards_and_another_count_fi
             [sys.executable, "-m", "hookcli", *slow, "--part", f"{k}/2", "-o", f"{folder}/", *inputs],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
-            env=_environment(),
         )
         for k in (1, 2)
     ]
@@ -229,7 +219,6 @@ def test_killed_processes_lose_only_their_unfinished_shards_and_another_count_fi
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env=_environment(),
         )
         for _ in range(3)
     ]
@@ -376,9 +365,8 @@ def test_a_launcher_environment_that_cannot_be_is_refused(environ, message):
     assert caught.value.message == message
 
 
-def test_a_bad_claim_timeout_is_refused_before_the_model_loads(runner, tmp_path, inputs, monkeypatch):
+def test_a_bad_claim_timeout_is_refused_before_the_model_loads(runner, tmp_path, inputs, monkeypatch, no_model):
     monkeypatch.setenv("HOOKCLI_CLAIM_TIMEOUT", "abc")
-    monkeypatch.setattr("hookcli.models.loading.load_model", lambda *a, **k: pytest.fail("the model was loaded"))
     result = runner.invoke(main, [*ARGS, "-o", f"{tmp_path}/feats/", *inputs])
     assert (result.exit_code, result.stderr) == (
         2,
@@ -408,10 +396,9 @@ def test_a_part_needs_a_folder_output(runner, tmp_path, inputs):
     )
 
 
-def test_launched_processes_refuse_to_each_write_one_whole_file(runner, tmp_path, inputs, monkeypatch):
+def test_launched_processes_refuse_to_each_write_one_whole_file(runner, tmp_path, inputs, monkeypatch, no_model):
     monkeypatch.setenv("SLURM_PROCID", "1")
     monkeypatch.setenv("SLURM_NTASKS", "4")
-    monkeypatch.setattr("hookcli.models.loading.load_model", lambda *a, **k: pytest.fail("the model was loaded"))
     result = runner.invoke(main, [*ARGS[:-2], "-o", f"{tmp_path}/x.safetensors", *inputs])
     assert (result.exit_code, result.stderr) == (
         2,
@@ -436,7 +423,6 @@ def test_decode_workers_forked_while_the_lock_is_held_do_not_keep_it(tmp_path, i
         capture_output=True,
         text=True,
         timeout=180,
-        env=_environment(),
     )
     assert (run.returncode, run.stderr) == (0, "")
     assert [entry["shard"] for entry in read_index(tmp_path / "feats")[1]] == list(range(6))
@@ -468,7 +454,7 @@ def test_children_of_a_killed_process_neither_keep_its_folder_lock_nor_outlive_i
 
     from hookcli.storage.claims import LOCK_NAME
 
-    subprocess.run([sys.executable, "-c", _FORKS_THEN_DIES, str(tmp_path)], timeout=60, env=_environment())
+    subprocess.run([sys.executable, "-c", _FORKS_THEN_DIES, str(tmp_path)], timeout=60)
     survivor, worker = (int((tmp_path / f"child-{k}").read_text()) for k in (0, 1))
 
     def alive(pid):

@@ -14,7 +14,7 @@ import hookcli.models.loading
 from hookcli import __version__
 from hookcli.cli import main
 from hookcli.errors import UnknownModelError, UnknownWeightsError
-from hookcli.models.catalog import describe_models, resolve_weights
+from hookcli.models.catalog import choose_model, describe_models
 from hookcli.models.registry import ModelEntry, cache_path, model_registry
 
 TINY = {"tinynet": {"enum": "TinyNet_Weights", "default": "V2", "weights": ["V1", "V2"], "family": "video"}}
@@ -102,14 +102,14 @@ def test_weights_names_are_checked_against_the_cache(cache, tmp_path, monkeypatc
     for path in ("w.pth", "V1"):  # paths are files that exist
         (tmp_path / path).write_bytes(b"weights")
     assert [
-        resolve_weights("tinynet", spec)
+        choose_model("tinynet", spec).member
         for spec in ("default", " V1 ", "TinyNet_Weights.V2", "TinyNet_Weights.DEFAULT", "None", "w.pth", "./V1")
     ] == ["DEFAULT", "V1", "V2", "DEFAULT", None, None, None]
     with pytest.raises(UnknownModelError) as caught:
-        resolve_weights("tinynte", "none")
+        choose_model("tinynte", "none")
     assert str(caught.value) == "unknown model 'tinynte' (closest: tinynet). Hint: 'hookcli models' lists every model"
     with pytest.raises(UnknownWeightsError) as caught:
-        resolve_weights("tinynet", "V3")
+        choose_model("tinynet", "V3")
     assert str(caught.value) == (
         "model 'tinynet' has no weights 'V3' (available: DEFAULT, V1, V2, none). "
         "Hint: or pass a path to a .pth/.safetensors state dict"
@@ -296,17 +296,19 @@ def test_an_existing_default_output_is_refused_before_the_model_loads(
 
 
 def test_a_default_output_named_by_a_glob_is_refused_once_the_model_has_loaded(
-    runner, tmp_path, monkeypatch, make_image
+    runner, resnet18_args, tmp_path, monkeypatch, make_image
 ):
     monkeypatch.chdir(tmp_path)
     make_image(tmp_path / "img.png")
     (tmp_path / "resnet18-layer1.safetensors").write_bytes(b"earlier")
     loads = []
-    load_model = hookcli.models.loading.load_model
+    build_model = hookcli.models.loading.build_model
     monkeypatch.setattr(
-        hookcli.models.loading, "load_model", lambda *args, **kwargs: loads.append(args) or load_model(*args, **kwargs)
+        hookcli.models.loading,
+        "build_model",
+        lambda choice, **kwargs: loads.append((choice.name, choice.weights)) or build_model(choice, **kwargs),
     )
-    result = runner.invoke(main, ["extract", "-m", "resnet18", "-w", "none", "-l", "lay?r1", "img.png"])
+    result = runner.invoke(main, resnet18_args("extract", "-l", "lay?r1", "img.png"))
     assert (result.exit_code, result.stderr) == (
         2,
         "Error: output 'resnet18-layer1.safetensors' already exists. Hint: add --force to overwrite it\n",

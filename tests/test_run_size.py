@@ -106,26 +106,11 @@ def test_a_small_first_batch_learns_the_call_counts_from_itself(loaded, images, 
     assert seen == [1]  # a first batch of 8 learns the counts from one image, and every batch stops at layer2
 
 
-def test_a_list_read_from_stdin_is_counted_before_the_choice(runner, many, tmp_path):
+def test_a_list_read_from_stdin_is_counted_before_the_choice(runner, resnet18_args, many, tmp_path):
     out = tmp_path / "stdin.safetensors"
     result = runner.invoke(
         main,
-        [
-            "extract",
-            "-m",
-            "resnet18",
-            "-w",
-            "none",
-            "-l",
-            "layer2",
-            "--resize",
-            "64",
-            "--crop",
-            "64",
-            "-o",
-            str(out),
-            "-",
-        ],
+        resnet18_args("extract", "-l", "layer2", "--resize", "64", "--crop", "64", "-o", str(out), "-"),
         input="".join(f"{p}\n" for p in many),
     )
     assert result.exit_code == 0, result.output

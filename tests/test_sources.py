@@ -663,6 +663,35 @@ def test_prefix_tokens_are_read_from_each_kind_of_model():
     assert prefix_tokens(torchvision.models.vit_b_32()) == 1
 
 
+@pytest.mark.parametrize(
+    ("source", "args", "note"),
+    [
+        ("timm", [], "timm lists no models"),
+        ("timm", ["zz*", "--family", "video"], "no timm model matches 'zz*' and family video"),
+        ("open_clip", [], "open_clip lists no models"),
+        ("open_clip", ["zz*"], "no open_clip model matches 'zz*'"),
+        ("torchvision", ["zz*"], "no torchvision model matches 'zz*'"),
+    ],
+)
+def test_an_empty_listing_says_what_matched_nothing_in_the_same_words_for_every_source(
+    runner, monkeypatch, source, args, note
+):
+    monkeypatch.setattr(timm, "list_models", lambda pattern="": [])
+    monkeypatch.setattr(open_clip, "list_models", lambda: [])
+    result = runner.invoke(main, ["models", "--source", source, *args])
+    assert (result.exit_code, result.stdout, result.stderr) == (0, "model  family  weights\n", f"Note: {note}\n")
+
+
+@pytest.mark.parametrize("source", ["hf", "torchvision"])
+def test_a_run_checks_its_model_and_weights_names_once(calls_to, vit_folder, photo, source):
+    from hookcli.models import catalog, specs
+
+    calls = calls_to(specs.check_model, specs.check_weights, catalog.registry_entry)
+    model, layer = (f"hf:{vit_folder}", "layers.0") if source == "hf" else ("resnet18", "layer1")
+    assert list(hookcli.extract(model, layer, photo, weights="none", resize=64, crop=64)) == [layer]
+    assert calls == (["check_model", "check_weights"] if source == "hf" else ["registry_entry"])
+
+
 def test_an_unknown_source_prefix_is_refused():
     with pytest.raises(UsageProblem, match="unknown model source 'huggingface:'"):
         parse_model("huggingface:facebook/dinov2-small")

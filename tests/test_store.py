@@ -76,3 +76,31 @@ def test_rows_read_in_one_go_match_row_by_row_reads(tmp_path, monkeypatch):
         whole_stats = summary.tensor_stats(stored, "half")
         monkeypatch.setattr(summary, "_WHOLE_TENSOR_BYTES", 50)  # 2 rows (24 bf16 values each) per read
         assert summary.tensor_stats(stored, "half") == pytest.approx(whole_stats)
+
+
+def test_every_stored_dtype_has_one_name_in_memory_and_in_a_file(tmp_path):
+    from hookcli.storage.features import FeatureFile, Features
+
+    dtypes = [torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16]
+    dtypes += [torch.int8, torch.uint64, torch.uint32, torch.uint16, torch.uint8, torch.bool]
+    tensors = {str(dtype).removeprefix("torch."): torch.zeros(2, 3, dtype=dtype) for dtype in dtypes}
+    write_safetensors(tensors, {"format": "1"}, tmp_path / "f.safetensors")
+    with FeatureFile(tmp_path / "f.safetensors") as stored, Features(tensors, {}) as memory:
+        names = [(stored.dtype(key), memory.dtype(key)) for key in tensors]
+    expected = ["F64", "F32", "F16", "BF16", "I64", "I32", "I16", "I8", "U64", "U32", "U16", "U8", "BOOL"]
+    assert names == [(name, name) for name in expected]
+
+
+@pytest.mark.parametrize(
+    "part", [slice(None, None, -1), slice(5, 1, -2), slice(None, None, 3), slice(-2, None), slice(4, 2)]
+)
+def test_a_part_of_a_row_is_what_numpy_slices_backwards_too(tmp_path, part):
+    from hookcli.storage.features import FeatureFile, Features
+
+    tensors = {"x": torch.arange(2 * 7 * 3, dtype=torch.float32).reshape(2, 7, 3)}
+    write_safetensors(tensors, {"format": "1"}, tmp_path / "f.safetensors")
+    expected = tensors["x"].numpy()[1][part]
+    with FeatureFile(tmp_path / "f.safetensors") as stored, Features(tensors, {}) as memory:
+        for features in (stored, memory):
+            got = features.read("x", 1, part)
+            assert got.shape == expected.shape and (got == expected).all()

@@ -80,7 +80,7 @@ class _Reporter:
                 self.bar.refresh()
 
 
-def _run(ctx: click.Context, command: str, options: dict, *args) -> None:
+def _run(command: str, options: dict, *args) -> None:
     """Call the library's ``command`` with the parsed options; print what it reports."""
     api = _library()
     quiet, model = options.pop("quiet"), options.pop("model")
@@ -149,7 +149,9 @@ def models(pattern: str | None, source: str, family: str | None, as_json: bool) 
     """
     rows = _library().models(family, pattern=pattern, source=source)
     if not rows:
-        click.echo(f"Note: {_library().models_note(source, pattern, family)}", err=True)
+        from hookcli.models.catalog import no_models_note  # loaded already, by hookcli.api
+
+        click.echo(f"Note: {no_models_note(source, pattern, family)}", err=True)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
@@ -221,8 +223,7 @@ def layers(model, weights, seed, input_size, frames, depth, as_json, as_nl) -> N
 @run_option("flow")
 @run_option("detections")
 @run_options
-@click.pass_context
-def extract(ctx, **options) -> None:
+def extract(**options) -> None:
     """Capture layers of a model on images and save them to safetensors.
 
     IMAGES are files, folders (--recursive for sub-folders) or - to read image
@@ -247,7 +248,7 @@ def extract(ctx, **options) -> None:
       hookcli extract -m fasterrcnn_resnet50_fpn -l backbone.body.layer3 --detections street.jpg
       torchrun --nproc-per-node 8 -m hookcli extract -m resnet50 -l avgpool data-{00..99}.tar -o feats/
     """
-    _run(ctx, "extract", options, options.pop("layer"), options.pop("images"))
+    _run("extract", options, options.pop("layer"), options.pop("images"))
 
 
 @main.command(context_settings=CONTEXT_SETTINGS)
@@ -260,8 +261,7 @@ def extract(ctx, **options) -> None:
 @clip_options
 @REGION
 @run_options
-@click.pass_context
-def grad(ctx, **options) -> None:
+def grad(**options) -> None:
     """Save layer activations and the gradient of a target logit with respect to them.
 
     Keys are <layer> (the activation) and <layer>@grad (d logit / d activation;
@@ -273,7 +273,7 @@ def grad(ctx, **options) -> None:
       hookcli grad -m resnet50 -l layer4 --target top1 img.jpg
       hookcli grad -m vgg16_bn -l features.40 --target 'golden retriever' photos/ -o grads/
     """
-    _run(ctx, "grad", options, options.pop("layer"), options.pop("images"))
+    _run("grad", options, options.pop("layer"), options.pop("images"))
 
 
 @main.command(context_settings=CONTEXT_SETTINGS)
@@ -293,8 +293,7 @@ def grad(ctx, **options) -> None:
 @REGION
 @preprocess_options
 @run_options(stored="the maps are stored as float32")
-@click.pass_context
-def cam(ctx, **options) -> None:
+def cam(**options) -> None:
     """Class-activation maps (Grad-CAM and friends) with an overlay PNG per image.
 
     Writes DIR/cams.safetensors (key cam: [N, h, w] maps at the layer's
@@ -311,7 +310,7 @@ def cam(ctx, **options) -> None:
       hookcli cam -m fasterrcnn_resnet50_fpn --target top3 street.jpg -o cams/
       hookcli cam -m deeplabv3_resnet50 --target person --region 0,0,0.5,1 group.jpg -o cams/
     """
-    _run(ctx, "cam", options, options.pop("images"))
+    _run("cam", options, options.pop("images"))
 
 
 @main.command(context_settings=CONTEXT_SETTINGS)
@@ -368,7 +367,7 @@ def stats(**options) -> None:
         if options["keys"]:
             raise click.UsageError("-k chooses tensors of saved features; with --model choose layers with --layer")
         options.pop("keys")
-        _run(click.get_current_context(), "stats", options, options.pop("layer"), images)
+        _run("stats", options, options.pop("layer"), images)
         return
     given = _given_options(click.get_current_context())
     asked = [name for name in given if name not in (*SAVED_STATS_OPTIONS, "keys", "output", "quiet", "images")]
@@ -464,7 +463,7 @@ def compare(**options) -> None:
             raise click.UsageError("-k and --key2 choose tensors of saved features; with --model give --layer2")
         options.pop("keys"), options.pop("keys2")
         options["layers2"] = options["layers2"] or None
-        _run(click.get_current_context(), "compare", options, options.pop("layer"), images)
+        _run("compare", options, options.pop("layer"), images)
         return
     given = _given_options(click.get_current_context())
     saved = (*SAVED_STATS_OPTIONS, *(option.name for option in COMPARE_OPTIONS), "keys", "keys2", "output")

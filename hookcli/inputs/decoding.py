@@ -43,7 +43,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import torch
 import torchvision.io
@@ -54,9 +54,6 @@ from hookcli.errors import DeviceError, ImageError, MemoryLimitError, first_line
 from hookcli.inputs.images import JpegBytes, load_rgb, read_jpeg
 from hookcli.inputs.preprocess import Preprocess
 from hookcli.inputs.transforms import to_tensor_steps, to_transform
-
-if TYPE_CHECKING:
-    import torch
 
 __all__ = ["PIXELS_AT_ONCE", "DeviceDecoder", "Encoded", "EncodedImages", "collate", "upright"]
 

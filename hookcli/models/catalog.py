@@ -5,7 +5,8 @@ Read from :mod:`hookcli.models.registry`'s cache (torchvision) and from
 :mod:`hookcli.models.sources` (the listed sources, which load their library
 to list). :mod:`hookcli.models.loading` builds what this names.
 
->>> model_family("raft_small"), resolve_weights("resnet18", "default")
+>>> choice = choose_model("raft_small", "default")
+>>> choice.family, choice.member
 ('optical_flow', 'DEFAULT')
 """
 
@@ -14,23 +15,23 @@ from __future__ import annotations
 import difflib
 import fnmatch
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from hookcli.errors import UnknownModelError, UnknownWeightsError, check_choice
 from hookcli.families import FAMILIES
 from hookcli.models import sources
 from hookcli.models.registry import ModelEntry, model_registry
-from hookcli.models.specs import LISTED_SOURCES, check_model, check_weights, parse_model
+from hookcli.models.specs import LISTED_SOURCES, ModelSpec, check_model, check_weights, parse_model
 from hookcli.models.weights import check_weights_file, looks_like_weights_path
 
 __all__ = [
+    "ModelChoice",
+    "choose_model",
     "describe_models",
     "list_models",
-    "model_family",
     "no_models_note",
-    "other_source",
     "registry_entry",
-    "resolve_weights",
     "unknown_weights",
 ]
 
@@ -65,63 +66,66 @@ def describe_models(
 
 
 def no_models_note(source: str, pattern: str | None, family: str | None) -> str:
-    """Why :func:`describe_models` found nothing, in words (for the local Hugging Face cache: where it is)."""
+    """Why :func:`describe_models` found nothing, in words, the same for every source but the local Hugging Face
+    cache, whose note says where it is.
+
+    >>> no_models_note("torchvision", "resnet9*", "video"), no_models_note("torchvision", None, None)
+    ("no torchvision model matches 'resnet9*' and family video", 'torchvision lists no models')
+    """
     wanted = " and ".join(part for part in (pattern and f"'{pattern}'", family and f"family {family}") if part)
-    if source in sources.LISTED:
-        return sources.nothing_listed(source, wanted)
-    return f"no {source} model matches {wanted}"
+    own = sources.nothing_listed(source, wanted) if source in sources.LISTED else None
+    if own is not None:
+        return own
+    return f"no {source} model matches {wanted}" if wanted else f"{source} lists no models"
 
 
-def model_family(name: str) -> str:
-    """The family of model ``name`` (an unknown name is refused), from the registry cache: no torch needed.
+@dataclass(frozen=True)
+class ModelChoice:
+    """A model name and its weights, checked once without torch (:func:`choose_model`): what
+    :func:`hookcli.models.loading.build_model` builds, and what a run's request carries to it."""
 
-    Models of other sources (:mod:`hookcli.models.sources`) are classification models: they take stacked images.
+    name: str
+    family: str
+    weights: str  # as given, stripped
+    spec: ModelSpec | None = None  # a model from outside torchvision (its package found, its files there)
+    member: str | None = None  # the member of a torchvision model's weights enum named; None for none or a path
+
+
+def choose_model(name: str, weights: str) -> ModelChoice:
+    """Model ``name`` with ``weights``, checked: an unknown model or weights name is refused from the registry cache,
+    before torch is imported (see :mod:`hookcli.models.registry`), and so is a weights path that is missing, empty
+    or not a regular file.
+
+    A weights name is ``DEFAULT`` in any case, a member (``IMAGENET1K_V1``) or a qualified one
+    (``ResNet18_Weights.IMAGENET1K_V1``). Models of other sources (:mod:`hookcli.models.sources`) are classification
+    models (they take stacked images), with their weights checked as far as can be without their package
+    (:func:`hookcli.models.specs.check_weights`).
+
+    >>> choose_model("resnet18", "ResNet18_Weights.IMAGENET1K_V1").member, choose_model("resnet18", "none").member
+    ('IMAGENET1K_V1', None)
     """
-    spec = other_source(name)
-    return "classification" if spec is not None else registry_entry(name).family
-
-
-def other_source(name: str):
-    """The :class:`~hookcli.models.specs.ModelSpec` of a model from outside torchvision (checked), else None."""
-
     spec = parse_model(name)
-    if spec.source == "torchvision":
-        return None
-    check_model(spec)
-    return spec
-
-
-def resolve_weights(name: str, weights: str) -> str | None:
-    """The member of model ``name``'s weights enum that ``weights`` names, None for ``none`` or a path.
-
-    A name is ``DEFAULT`` in any case, a member (``IMAGENET1K_V1``) or a qualified one
-    (``ResNet18_Weights.IMAGENET1K_V1``). An unknown model or weights name is refused from the
-    registry cache, before torch is imported (see :mod:`hookcli.models.registry`), and so is a weights
-    path that is missing, empty or not a regular file.
-
-    >>> resolve_weights("resnet18", "default"), resolve_weights("resnet18", "ResNet18_Weights.IMAGENET1K_V1")
-    ('DEFAULT', 'IMAGENET1K_V1')
-
-    Models of other sources have their weights checked as far as can be
-    without their package (:func:`hookcli.models.specs.check_weights`), and give None.
-    """
-    spec = other_source(name)
-    if spec is not None:
-        check_weights(spec, weights)
-        return None
+    text = weights.strip()
+    if spec.source != "torchvision":
+        check_model(spec)
+        check_weights(spec, text)
+        return ModelChoice(name, "classification", text, spec=spec)
     entry = registry_entry(name)
-    spec = weights.strip()
-    if spec.lower() == "none":
+    return ModelChoice(name, entry.family, text, member=_weights_member(name, entry, text))
+
+
+def _weights_member(name: str, entry: ModelEntry, weights: str) -> str | None:
+    if weights.lower() == "none":
         return None
-    if spec.upper() == "DEFAULT":
+    if weights.upper() == "DEFAULT":
         return "DEFAULT"
-    member = spec.removeprefix(entry.enum + ".")
+    member = weights.removeprefix(entry.enum + ".")
     if member in entry.weights or member == "DEFAULT":
         return member
-    if looks_like_weights_path(spec):
-        check_weights_file(Path(spec))  # missing, empty or not a file: said before torch loads, too
+    if looks_like_weights_path(weights):
+        check_weights_file(Path(weights))  # missing, empty or not a file: said before torch loads, too
         return None
-    raise unknown_weights(name, spec, entry.weights)
+    raise unknown_weights(name, weights, entry.weights)
 
 
 def registry_entry(name: str) -> ModelEntry:

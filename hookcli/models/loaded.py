@@ -53,11 +53,6 @@ class LoadedModel:
     assumed_because: str | None = None
 
     @property
-    def preprocess_assumed(self) -> bool:
-        """Whether ``preprocess`` is ImageNet's defaults, assumed for a model that gives none."""
-        return self.assumed_because is not None
-
-    @property
     def notes(self) -> tuple[str, ...]:
         """What the user should know about how the model was built, for a run that sets no preprocessing."""
         return self.notes_for({})

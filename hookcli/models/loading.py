@@ -41,12 +41,13 @@ from hookcli.errors import WeightsError, first_line
 from hookcli.families import build_options
 from hookcli.inputs.preprocess import Preprocess
 from hookcli.models import sources
-from hookcli.models.catalog import model_family, other_source, resolve_weights
+from hookcli.models.catalog import ModelChoice, choose_model
 from hookcli.models.loaded import LoadedModel, out_size, prefix_tokens
 from hookcli.models.state_dicts import fit_state_dict, read_state_dict, seeded, weights_cache_path
 from hookcli.models.weights import file_weights
 
 __all__ = [
+    "build_model",
     "load_model",
     "num_classes",
 ]
@@ -57,23 +58,25 @@ def load_model(name: str, weights: str = "DEFAULT", *, seed: int = 0) -> LoadedM
 
     ``timm:``, ``hf:``, ``open_clip:`` and factory names are built by :mod:`hookcli.models.sources`.
     """
-    spec = other_source(name)
-    if spec is not None:
-        return sources.load(spec, weights, seed=seed)
-    member = resolve_weights(name, weights)  # before torch: a name that cannot be built is refused at once
+    return build_model(choose_model(name, weights), seed=seed)  # before torch: what cannot be built is refused
 
+
+def build_model(choice: ModelChoice, *, seed: int = 0) -> LoadedModel:
+    """Build the model ``choice`` names, checked already (:func:`~hookcli.models.catalog.choose_model`): a run's
+    request checks it before torch loads, and nothing checks it again."""
+    if choice.spec is not None:
+        return sources.load(choice.spec, choice.weights, seed=seed)
+    name, family = choice.name, choice.family
     weights_enum = torchvision.models.get_model_weights(name)
-    family = model_family(name)
-    spec = weights.strip()
-    named = None if member is None else weights_enum[member]
-    if spec.lower() == "none":
+    named = None if choice.member is None else weights_enum[choice.member]
+    if choice.weights.lower() == "none":
         module = _build_seeded(name, seed, **build_options(family, pretrained=False))
         described = {"source": "none", "seed": seed}
     elif named is not None:
         module = _build_pretrained(name, named, build_options(family, pretrained=True))
         described = {"source": "torchvision", "name": f"{type(named).__name__}.{named.name}"}
     else:
-        module, described = _build_from_file(name, Path(spec), seed, build_options(family, pretrained=False))
+        module, described = _build_from_file(name, Path(choice.weights), seed, build_options(family, pretrained=False))
     module.eval()
     return LoadedModel(
         name=name,

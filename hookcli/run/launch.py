@@ -9,9 +9,11 @@ knows who it is, and refuses what a launcher makes wrong, before torch
 loads.
 
 >>> parse_part("3/8")
-Part(index=2, count=8, local_index=0, local_count=1, launcher='--part')
+Part(index=2, count=8, local_index=0, local_count=1, launcher='--part', address=None)
 >>> detect_part({"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"})
-Part(index=1, count=4, local_index=1, local_count=2, launcher='torchrun')
+Part(index=1, count=4, local_index=1, local_count=2, launcher='torchrun', address=None)
+>>> detect_part({"RANK": "1", "WORLD_SIZE": "4", "MASTER_ADDR": "node0", "MASTER_PORT": "29500"}).address
+('node0', 29500)
 >>> detect_part({"SLURM_ARRAY_TASK_ID": "7", "SLURM_ARRAY_TASK_COUNT": "10", "SLURM_ARRAY_TASK_MIN": "1"}).index
 6
 """
@@ -43,13 +45,15 @@ MAX_TASKS_PER_NODE = 100_000
 
 @dataclass(frozen=True)
 class Part:
-    """Process ``index`` (from 0) of ``count``; ``local_index`` of ``local_count`` on this machine."""
+    """Process ``index`` (from 0) of ``count``; ``local_index`` of ``local_count`` on this machine; for torchrun's
+    processes that form a group, the ``address`` (``MASTER_ADDR``, ``MASTER_PORT``) where they meet."""
 
     index: int
     count: int
     local_index: int = 0
     local_count: int = 1
     launcher: str = "--part"
+    address: tuple[str, int] | None = None
 
 
 _PART = re.compile(r"\s*(\d+)\s*/\s*(\d+)\s*")
@@ -76,7 +80,8 @@ def detect_part(environ: Mapping[str, str] | None = None) -> Part | None:
     if "RANK" in env and "WORLD_SIZE" in env:
         rank, world = number_from(env, "RANK"), number_from(env, "WORLD_SIZE")
         local = number_from(env, "LOCAL_RANK", 0)
-        part = Part(rank, world, local, number_from(env, "LOCAL_WORLD_SIZE", local + 1), "torchrun")
+        address = (env["MASTER_ADDR"], _master_port(env)) if "MASTER_ADDR" in env else None
+        part = Part(rank, world, local, number_from(env, "LOCAL_WORLD_SIZE", local + 1), "torchrun", address)
     else:
         task, tasks = number_from(env, "SLURM_PROCID", 0), number_from(env, "SLURM_NTASKS", 1)
         local, local_count = number_from(env, "SLURM_LOCALID", 0), _tasks_on_this_node(env)
@@ -156,4 +161,20 @@ def cpu_threads(part: Part | None) -> int | None:
 
 def joins_team(part: Part) -> bool:
     """Whether ``part``'s processes form a group (:mod:`hookcli.run.team`): torchrun's, with a rendezvous address."""
-    return part.launcher == "torchrun" and "MASTER_ADDR" in os.environ
+    return part.launcher == "torchrun" and part.address is not None
+
+
+def _master_port(env: Mapping[str, str]) -> int:
+    """``$MASTER_PORT``, refused when it is missing or not a port: said before torch loads, not as the group forms."""
+    if not env.get("MASTER_PORT", "").strip():
+        raise UsageProblem(
+            "MASTER_ADDR is set but MASTER_PORT is not",
+            hint="torchrun sets both; by hand, give every process the same port of rank 0's machine",
+        )
+    port = number_from(env, "MASTER_PORT")
+    if not 1 <= port <= 65535:
+        raise UsageProblem(
+            f"$MASTER_PORT is {port}, not a port (1 to 65535)",
+            hint="torchrun sets it; by hand, give every process the same port of rank 0's machine",
+        )
+    return port

@@ -18,6 +18,7 @@ import torch
 from hookcli.errors import CaptureError, first_line
 from hookcli.families import family_traits
 from hookcli.models import loading
+from hookcli.models.catalog import ModelChoice
 from hookcli.models.loaded import LoadedModel
 from hookcli.run.batches import call_model, natural_input
 from hookcli.run.capture import preserved_mode
@@ -32,10 +33,11 @@ __all__ = [
 
 
 def model_layer_table(
-    model: str, weights: str = "none", *, seed: int = 0, input_size=None, depth=None, frames=None
+    choice: ModelChoice, *, seed: int = 0, input_size=None, depth=None, frames=None
 ) -> list[LayerInfo]:
-    """:func:`layer_table` of model ``model`` loaded with ``weights`` (:func:`hookcli.models.loading.load_model`)."""
-    loaded = loading.load_model(model, weights, seed=seed)  # looked up on use: a test's seam
+    """:func:`layer_table` of the model ``choice`` names, built with its weights
+    (:func:`hookcli.models.loading.build_model`)."""
+    loaded = loading.build_model(choice, seed=seed)  # looked up on use: a test's seam
     return layer_table(loaded, input_size=input_size, depth=depth, frames=frames)
 
 

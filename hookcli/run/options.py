@@ -16,7 +16,7 @@ from hookcli.errors import UsageProblem
 from hookcli.inputs.preprocess import check_normalisation
 from hookcli.options import RUN_COMMANDS, check_value, declared, declared_field, options_of
 from hookcli.parsing import parse_device, parse_levels, parse_triple
-from hookcli.run.launch import parse_part
+from hookcli.run.launch import Part, parse_part
 
 __all__ = ["CLIPS", "COMMAND_OPTIONS", "run_options", "refuse_unknown", "RunOptions"]
 
@@ -63,7 +63,7 @@ class RunOptions:
     flow: bool = declared_field("flow")
     region: str | None = declared_field("region")  # segmentation targets: x0,y0,x1,y1 as fractions of the image
     pair_with: tuple | None = declared_field("pair_with")  # optical flow from two image lists: the second images
-    part: str | None = declared_field("part")  # K/N: this process is the K-th of N sharing a shard folder
+    part: Part | None = declared_field("part")  # given as K/N (the K-th of N sharing a shard folder), kept parsed
     top: int = declared_field("top")  # stats: examples kept for each channel
     top_by: str = declared_field("top_by")
     quantiles: tuple[float, ...] = declared_field("quantiles")
@@ -88,8 +88,8 @@ class RunOptions:
         object.__setattr__(self, "device", _parsed("device", parse_device, self.device))
         if isinstance(self.pair_with, str | os.PathLike):  # one folder or file, as inputs may be given
             object.__setattr__(self, "pair_with", (self.pair_with,))
-        if self.part is not None:
-            parse_part(self.part)
+        if self.part is not None and not isinstance(self.part, Part):
+            object.__setattr__(self, "part", parse_part(self.part))
 
 
 #: The options whose bounds or choices are checked when the options are made, in the order their errors come;

@@ -42,6 +42,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 import torch
 
+from hookcli.errors import CaptureError
 from hookcli.families import (
     channels_last_output,
     ragged_rows,
@@ -107,24 +108,40 @@ def _stored(key: str, value, pool: str | None, cast, ragged: bool, square: bool 
     ``square``: the inputs are square, so a ``[N, H, W, C]`` output is told apart (see :func:`_pooled`).
     """
     if key.startswith(DETECTIONS + "#"):
-        return _on_cpu(list(value))
+        return _on_cpu(key, list(value))
 
     def finish(tensor, *, row: bool):
         pooled = _pooled(tensor[None], pool)[0] if row else _pooled(tensor, pool, square)
         return pooled.to(cast) if pooled.is_floating_point() else pooled
 
     if isinstance(value, list):
-        return _on_cpu([finish(row, row=True) for row in value])
+        return _on_cpu(key, [finish(row, row=True) for row in value])
     stored = finish(value, row=False).to("cpu")
     return list(stored) if ragged else stored
 
 
-def _on_cpu(rows: list) -> list:
-    """Rows (of one dtype, any shapes) moved to the CPU in one copy: one wait for the device, not one a row."""
-    if all(row.device.type == "cpu" for row in rows):
-        return rows
-    flat = torch.cat([row.reshape(-1) for row in rows]).to("cpu")
-    return [piece.reshape(row.shape) for piece, row in zip(flat.split([row.numel() for row in rows]), rows)]
+def _on_cpu(key: str, rows: list) -> list:
+    """Rows of ``key`` (any shapes) moved to the CPU in one copy for each device they are on: one wait for a device,
+    not one a row.
+
+    A key is stored in one dtype, so rows of several (which one copy would promote to one) are refused.
+    """
+    dtypes = sorted({str(row.dtype).removeprefix("torch.") for row in rows})
+    if len(dtypes) > 1:
+        raise CaptureError(
+            f"'{key}' has rows of {len(dtypes)} dtypes in one batch ({', '.join(dtypes)})",
+            hint="hookcli stores a key in one dtype; select a layer whose rows share one",
+        )
+    moved = list(rows)
+    on_devices: dict[torch.device, list[int]] = {}
+    for index, row in enumerate(rows):
+        if row.device.type != "cpu":
+            on_devices.setdefault(row.device, []).append(index)
+    for indices in on_devices.values():
+        flat = torch.cat([rows[i].reshape(-1) for i in indices]).to("cpu")
+        for i, piece in zip(indices, flat.split([rows[i].numel() for i in indices]), strict=True):
+            moved[i] = piece.reshape(rows[i].shape)
+    return moved
 
 
 def _pooled(tensor, pool: str | None, square: bool = False):

@@ -47,6 +47,7 @@ from hookcli.files import refuse_existing
 from hookcli.inputs.archives import input_key
 from hookcli.inputs.preprocess import DEVICE_DECODE_KINDS
 from hookcli.models import loading
+from hookcli.models.catalog import ModelChoice
 from hookcli.models.loaded import LoadedModel
 from hookcli.models.loading import num_classes
 from hookcli.pictures.cams import cam_png_name
@@ -141,7 +142,7 @@ def plan_request(asked: RunRequest) -> RunPlan:
         kind, path, paths = asked.kind, asked.path, asked.rows.paths
         device = _device(asked.part, opts)
         model = asked.model
-        loaded = model if isinstance(model, LoadedModel) else _load(asked.model_name, opts)
+        loaded = model if isinstance(model, LoadedModel) else _load(asked.choice, opts)
         settings = dataclasses.replace(asked.settings, device=device, preprocess=_preprocess(loaded, opts))
         settings = resolve_settings(settings, loaded, len(paths))
         target, notes = _target_and_notes(command, loaded, settings, opts)
@@ -151,7 +152,7 @@ def plan_request(asked: RunRequest) -> RunPlan:
         if path is None and kind in ("file", "folder", *GATHERED):
             path = default_output(command, loaded.name, list(selected.values()), kind)
             check_target(kind, path, paths, opts.force or kind in GATHERED and asked.part is not None)
-        if opts.grid and not opts.force:
+        if opts.grid and not opts.force and asked.keys is None:  # keys known without the model were checked then
             refuse_drawn_grids(opts.grid, list(selected.values()))
         if kind == "cam":
             assert target is not None and path is not None, "a cam run has a target and a folder"
@@ -315,8 +316,9 @@ def _preprocess(loaded, opts: RunOptions):
     )
 
 
-def _load(name: str, opts: RunOptions):
-    return loading.load_model(name, opts.weights, seed=opts.seed or 0)  # looked up on use: a test's seam
+def _load(choice: ModelChoice | None, opts: RunOptions):
+    assert choice is not None, "a request names the model it does not hold loaded"
+    return loading.build_model(choice, seed=opts.seed or 0)  # looked up on use: a test's seam
 
 
 def _stats_choice(opts: RunOptions) -> StatsChoice:

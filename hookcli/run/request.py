@@ -2,14 +2,15 @@
 :class:`RunRequest`, or refuses them.
 
 Everything that can be said without torch is said here, in this order: the
-options (choices, ranges, flags that conflict, options the model's family has
-no use for: the family comes from the registry cache), the layer selectors,
-the output, this process's part of a shard folder, then the inputs (found, not
-decoded), the output's name and whether it exists, and last the model's and
-weights' names. :func:`hookcli.run.plan.plan_request` loads the model and
-makes the plan. The inputs of torchrun's processes are found there, once the
-processes have formed their group (rank 0 reads a list from stdin and hands
-it to the others).
+options (choices, ranges, flags that conflict), the model's and weights'
+names (from the registry cache, once: the plan builds what they name without
+checking them again), options the model's family has no use for, the run's
+settings, the layer selectors, the output, this process's part of a shard folder, then the inputs
+(found, not decoded), the output's name and whether it exists.
+:func:`hookcli.run.plan.plan_request` loads the model and makes the plan.
+The inputs of torchrun's processes are found there, once the processes have
+formed their group (rank 0 reads a list from stdin and hands it to the
+others).
 
 >>> photo = __import__("matplotlib.cbook").cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)
 >>> asked = request("extract", "resnet18", "layer2", photo, weights="none", resize=64)
@@ -33,10 +34,10 @@ from hookcli.files import check_folder_output, refuse_existing
 from hookcli.inputs import clips
 from hookcli.inputs.clips import ImagePair
 from hookcli.inputs.discovery import FoundInputs, find_inputs
-from hookcli.models.catalog import model_family, resolve_weights
+from hookcli.models.catalog import ModelChoice, choose_model
 from hookcli.models.loaded import LoadedModel
 from hookcli.options import LARGE_INPUT
-from hookcli.run.launch import Part, detect_part, joins_team, parse_part
+from hookcli.run.launch import Part, detect_part, joins_team
 from hookcli.run.options import CLIPS, COMMAND_OPTIONS, RunOptions, run_options
 from hookcli.run.outputs import GATHERED, check_target, default_output, output_kind, refuse_drawn_grids
 from hookcli.run.selectors import selector_keys
@@ -76,6 +77,7 @@ class RunRequest:
     path: str | None
     stream: Any = None  # a binary stream given as the output
     part: Part | None = None
+    choice: ModelChoice | None = None  # the model and weights names, checked (None for a model given loaded)
     rows: FoundInputs | None = None
     notes: tuple[str, ...] = ()
 
@@ -89,15 +91,19 @@ def request(
     if command not in COMMAND_OPTIONS:
         raise UsageProblem(f"unknown command '{command}'", hint=f"use one of {', '.join(COMMAND_OPTIONS)}")
     opts = run_options(command, options)
-    settings = _settings(command, opts)
     help_hint = f"see 'hookcli {command} --help'"
     if opts.seed is not None and opts.weights.strip().lower() != "none":
         raise UsageProblem(
             "--seed only applies to --weights none (pretrained and file weights are fixed)", hint=help_hint
         )
-    model_name = model.name if isinstance(model, LoadedModel) else str(model)
-    family = model.family if isinstance(model, LoadedModel) else model_family(model_name)
+    choice: ModelChoice | None = None
+    if isinstance(model, LoadedModel):
+        model_name, family = model.name, model.family
+    else:  # from the registry cache: only a cold cache imports torchvision
+        choice = choose_model(str(model), opts.weights)
+        model_name, family = choice.name, choice.family
     opts = _fitted_to_family(command, family, opts, options, help_hint)
+    settings = _settings(command, opts)  # from the options as the family fits them (a quantized model's CPU)
     keys = selector_keys(selectors(layers)) if command != "cam" else None
     kind, path = output_kind(command, output, model_name)
     if opts.shard_size and kind not in ("folder", "default", *GATHERED):
@@ -129,6 +135,7 @@ def request(
         path,
         stream,
         part,
+        choice,
     )
     if rows is not None:
         return with_rows(asked, rows, ())
@@ -139,7 +146,7 @@ def request(
 
 def with_rows(asked: RunRequest, rows: FoundInputs, notes: tuple[str, ...]) -> RunRequest:
     """``asked`` with its rows, and what can be checked once they are known: the default output's name when the
-    selectors name their keys, the output and ``--grid`` folders, and the model's and weights' names."""
+    selectors name their keys, and the output and ``--grid`` folders."""
     kind, path, opts = asked.kind, asked.path, asked.opts
     if kind == "default":
         kind = asked.command if asked.command in GATHERED else "folder" if len(rows.paths) > LARGE_INPUT else "file"
@@ -151,9 +158,6 @@ def with_rows(asked: RunRequest, rows: FoundInputs, notes: tuple[str, ...]) -> R
         check_folder_output(opts.grid)
         if asked.keys is not None and not opts.force:  # known without the model: said before torch loads
             refuse_drawn_grids(opts.grid, asked.keys)
-    if not isinstance(asked.model, LoadedModel):
-        # The last check before torch: the registry cache answers it, and only a cold cache imports torchvision.
-        resolve_weights(asked.model_name, opts.weights)
     return dataclasses.replace(asked, kind=kind, path=path, rows=rows, notes=notes)
 
 
@@ -176,7 +180,7 @@ def _part(opts: RunOptions, kind: str, output) -> Part | None:
             raise UsageProblem(
                 "--part applies to a shard folder output (-o DIR/)", hint="the processes share the work of one folder"
             )
-        return parse_part(opts.part)
+        return opts.part
     if kind == "memory":
         return None  # a Python caller's own loop: it decides who computes what
     part = detect_part()

@@ -31,7 +31,7 @@ from hookcli.inputs.preprocess import Preprocess
 from hookcli.options import SAVED_STATS_OPTIONS
 from hookcli.patterns import select_keys
 from hookcli.run.execute import carry_out
-from hookcli.run.launch import Part, detect_part, parse_part
+from hookcli.run.launch import Part, detect_part
 from hookcli.run.options import RunOptions, refuse_unknown, run_options
 from hookcli.run.outputs import check_target, output_kind
 from hookcli.run.settings import Batch
@@ -174,12 +174,12 @@ def _default_name(reader: FeatureReader, command: str) -> str:
     return f"{stem or 'features'}.{command}.safetensors"
 
 
-def _part(given: str | None, kind: str) -> Part | None:
+def _part(given: Part | None, kind: str) -> Part | None:
     if kind == "memory":
         if given is not None:
-            raise UsageProblem("--part applies to a statistics file many processes write", hint="give -o FILE")
+            raise UsageProblem("--part applies to a file many processes write", hint="give -o FILE")
         return None
-    return parse_part(given) if given is not None else detect_part()
+    return given if given is not None else detect_part()
 
 
 def _chosen_keys(reader: FeatureReader, patterns: list[str], emit: Callable[[Event], None]) -> list[str]:

@@ -187,16 +187,20 @@ def _copy_outputs_where_computed(graph_module) -> None:
 def resolve_settings(settings: RunSettings, loaded: LoadedModel, inputs: int) -> RunSettings:
     """``settings`` with nothing left to decide, for ``loaded`` on ``inputs`` images.
 
-    The device becomes a ``torch.device`` that exists here (and can run
-    the precision), preprocessing the weights' own where none is given,
-    workers and memory format as ``auto`` picks them, and ``fuse=None``
-    true from :data:`~hookcli.run.speed.FUSE_FROM` inputs on
+    A device named by a string becomes a ``torch.device`` that exists here
+    and can run the precision (a ``torch.device`` is one resolved already:
+    the plan checks the precision before the model loads); preprocessing
+    becomes the weights' own where none is given, workers and memory format
+    as ``auto`` picks them, and ``fuse=None`` true from
+    :data:`~hookcli.run.speed.FUSE_FROM` inputs on
     (:func:`~hookcli.run.speed.choose_fuse`). ``inputs`` counts the whole run,
     also when it resumes part-way, so a resumed run decides as the first
     one did. Resolved settings resolve to themselves.
     """
-    device = settings.device if not isinstance(settings.device, str) else resolve_device(settings.device)
-    check_precision(settings.precision, device)
+    device = settings.device
+    if isinstance(device, str):  # a torch.device is a resolved one, its precision checked as it was resolved
+        device = resolve_device(device)
+        check_precision(settings.precision, device)
     workers = settings.workers if settings.workers is not None else default_workers(device, inputs, settings.batch_size)
     # Fusion, channels-last and compilation go where hookcli.families says a family takes them; the others run
     # as written (the metadata's "fused" says 0) in their tensors' own layout.

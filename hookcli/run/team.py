@@ -18,7 +18,6 @@ reach.
 from __future__ import annotations
 
 import datetime
-import os
 import socket
 import threading
 import time
@@ -31,7 +30,7 @@ import torch.distributed as dist
 
 from hookcli.console import Terminated
 from hookcli.errors import HookcliError, UsageProblem, first_line, seconds_from_environment
-from hookcli.run.launch import Part, joins_team, number_from
+from hookcli.run.launch import Part, joins_team
 from hookcli.storage.fileformat import identity_differences
 
 __all__ = [
@@ -96,9 +95,9 @@ class Team:
     """
 
     def __init__(self, part: Part) -> None:
+        assert part.address is not None, "a part that joins a team has its address (launch.joins_team)"
         self.part = part
-        # Checked before torch loads.
-        self._address, self._port = os.environ.get("MASTER_ADDR", ""), _master_port(os.environ)
+        self._address, self._port = part.address  # MASTER_PORT refused, if need be, before torch loaded
         self._timeout = join_timeout()
         self._dist = dist
         self._join()
@@ -175,17 +174,33 @@ class Team:
         )
 
     def share(self, compute: Callable[[], object]):
-        """``compute()`` on rank 0, its value (or its error) on every rank."""
-        box: list[Any] = [None]  # rank 0's ("value", value) or ("error", kind, message, hint), once broadcast
+        """``compute()`` on rank 0, its value (or its error) on every rank.
+
+        Whatever ``compute()`` raises is broadcast too, Ctrl-C and a bug alike: the other ranks wait in the broadcast
+        with the barrier's timeout (days), so a rank 0 that raised without saying so would leave them hanging. A
+        :class:`HookcliError` is raised again as itself everywhere; anything else is raised as itself on rank 0 and
+        as a one-line :class:`TeamError` on the others.
+        """
+        box: list[Any] = [None]  # rank 0's ("value", value), ("error", kind, message, hint) or ("failed", line)
+        failure: BaseException | None = None
         if self.part.index == 0:
             try:
                 box = [("value", compute())]
             except HookcliError as err:
                 box = [("error", type(err), err.message, err.hint)]
+            except BaseException as err:
+                failure, box = err, [("failed", _described(err))]
         self._dist.broadcast_object_list(box, src=0)
+        if failure is not None:
+            raise failure
         if box[0][0] == "error":
             _, kind, message, hint = box[0]
             raise kind(message, hint=hint)
+        if box[0][0] == "failed":
+            raise TeamError(
+                f"rank 0 of {self.part.count} failed before handing rank {self.part.index} its share: {box[0][1]}",
+                hint="rank 0's own error says more",
+            )
         return box[0][1]
 
     def check_same(self, identity: Mapping) -> None:
@@ -217,19 +232,10 @@ def join_team(part: Part | None) -> Team | None:
     return Team(part)
 
 
-def _master_port(env: Mapping[str, str]) -> int:
-    if not env.get("MASTER_PORT", "").strip():
-        raise UsageProblem(
-            "MASTER_ADDR is set but MASTER_PORT is not",
-            hint="torchrun sets both; by hand, give every process the same port of rank 0's machine",
-        )
-    port = number_from(env, "MASTER_PORT")
-    if not 1 <= port <= 65535:
-        raise UsageProblem(
-            f"$MASTER_PORT is {port}, not a port (1 to 65535)",
-            hint="torchrun sets it; by hand, give every process the same port of rank 0's machine",
-        )
-    return port
+def _described(err: BaseException) -> str:
+    """``Type: first line`` of an error that is not hookcli's, as the ranks that did not see it are told."""
+    line = first_line(err)
+    return line if line == type(err).__name__ else f"{type(err).__name__}: {line}"
 
 
 def _wait_until_listening(address: str, port: int, deadline: float) -> None:

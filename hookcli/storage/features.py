@@ -33,18 +33,15 @@ import struct
 import sys
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 
 from hookcli.errors import FeatureFileError
 from hookcli.files import NotRegularFile, open_regular
-from hookcli.storage.fileformat import FLAT_FORMAT_VERSION, ROW_SHAPE, RunFacts
+from hookcli.storage.fileformat import FLAT_FORMAT_VERSION, ROW_SHAPE, STORED_DTYPES, RunFacts
 from hookcli.storage.reader import ReadingMapping
 from hookcli.storage.row_shapes import checked_row_shapes, companions, short
-
-if TYPE_CHECKING:
-    import numpy as np
 
 __all__ = [
     "FeatureFile",
@@ -341,11 +338,12 @@ class FeatureFile(ReadingMapping):
             shape = shape[1:]
             start += (index % rows) * math.prod(shape) * itemsize
             if part is not None and shape:
-                first, stop, step = part.indices(shape[0])
-                stop = max(stop, first)
-                start += first * math.prod(shape[1:]) * itemsize
-                shape = [stop - first, *shape[1:]]
-                part = slice(None, None, step) if step != 1 else None
+                # Read the rows from the lowest chosen to the highest; a step (backwards too) is taken from them.
+                chosen = range(*part.indices(shape[0]))
+                low = min(chosen[0], chosen[-1]) if chosen else 0
+                start += low * math.prod(shape[1:]) * itemsize
+                shape = [abs(chosen[-1] - chosen[0]) + 1 if chosen else 0, *shape[1:]]
+                part = slice(None, None, chosen.step) if chosen and chosen.step != 1 else None
         array = self._read_at(dtype, start, shape)
         return _widened(array[part] if part is not None else array, dtype)
 
@@ -409,19 +407,6 @@ class Features(Mapping[str, Any]):
     (:class:`~hookcli.storage.fileformat.RunFacts`) and ``notes`` say what the run
     that made them learnt, when a run did.
     """
-
-    _NAMES = {
-        "float32": "F32",
-        "float16": "F16",
-        "float64": "F64",
-        "bfloat16": "BF16",
-        "int64": "I64",
-        "int32": "I32",
-        "int16": "I16",
-        "int8": "I8",
-        "uint8": "U8",
-        "bool": "BOOL",
-    }
 
     def __init__(
         self,
@@ -496,7 +481,7 @@ class Features(Mapping[str, Any]):
 
     def dtype(self, key: str) -> str:
         name = str(self._tensors[key].dtype).removeprefix("torch.")
-        return self._NAMES.get(name, name)
+        return STORED_DTYPES.get(name, name)
 
     def shape(self, key: str) -> list[int]:
         return list(self._tensors[key].shape)
@@ -507,12 +492,8 @@ class Features(Mapping[str, Any]):
 
     def read(self, key: str, index: int | None = None, part: slice | None = None) -> np.ndarray:
         value = self._tensors[key]
-        if index is not None:
-            if key in self._row_shapes:
-                return _own_part(_as_numpy(value[index]), self.row_shape(key, index), part)
-            value = value[index]
-            if part is not None:
-                value = value[part]
+        if index is not None:  # sliced as an array: a tensor takes no negative step
+            return _own_part(_as_numpy(value[index]), self.row_shape(key, index), part)
         return _as_numpy(value)
 
     def read_rows(self, key: str, start: int, stop: int) -> np.ndarray:

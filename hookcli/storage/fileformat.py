@@ -55,6 +55,7 @@ __all__ = [
     "RunRecord",
     "SHARD_LISTS",
     "SHARD_NAME",
+    "STORED_DTYPES",
     "check_index_header",
     "check_index_line",
     "file_metadata",
@@ -81,6 +82,22 @@ RAGGED_FORMAT_VERSION = "2"
 FLAT_FORMAT_VERSION = "3"
 #: A ragged key's companion: ``<key>@shape``, int64 ``[N, ndim]``, each row's own shape.
 ROW_SHAPE = "@shape"
+#: The dtypes hookcli stores, by the name torch and numpy give each, and the name safetensors writes for it.
+STORED_DTYPES = {
+    "float64": "F64",
+    "float32": "F32",
+    "float16": "F16",
+    "bfloat16": "BF16",
+    "int64": "I64",
+    "int32": "I32",
+    "int16": "I16",
+    "int8": "I8",
+    "uint64": "U64",
+    "uint32": "U32",
+    "uint16": "U16",
+    "uint8": "U8",
+    "bool": "BOOL",
+}
 PRODUCER = "hookcli"
 INDEX_NAME = "index.jsonl"
 INDEX_VERSION = 1

@@ -295,9 +295,9 @@ def check_shard(shard: FeatureFile, line: ShardLine, layout: dict | None = None)
     # A gathering run's part holds its accumulators' states, not rows: only its list of rows has one a row.
     checked = [] if problem is not None else [PART_ROWS] if shard.metadata.get("kind") == STATS_PART else shard.keys()
     for key in checked:
-        if key not in shard.keys() or not shard.shape(key) or shard.shape(key)[0] != line.rows:
-            shape = shard.shape(key) if key in shard.keys() else "missing"
-            problem = f"its tensor '{key}' has shape {shape} but the index lists {line.rows} rows"
+        shape = shard.shape(key) if key in shard.keys() else None
+        if not shape or shape[0] != line.rows:
+            problem = f"its tensor '{key}' has shape {shape or 'missing'} but the index lists {line.rows} rows"
             break
     if problem is None and layout is not None and line.rows:
         if shard_layout(shard) != layout:
@@ -311,14 +311,11 @@ def check_shard(shard: FeatureFile, line: ShardLine, layout: dict | None = None)
 
 def shard_layout(features: FeatureReader) -> dict:
     """What every shard of a folder shares: each key's dtype and row shape (a ragged key's only its dimensions)."""
-    return {
-        k: (
-            features.dtype(k),
-            features.ragged(k),
-            len(features.shape(k)) if features.ragged(k) else features.shape(k)[1:],
-        )
-        for k in features.keys()
-    }
+    layout = {}
+    for key in features.keys():
+        shape, ragged = features.shape(key), features.ragged(key)
+        layout[key] = (features.dtype(key), ragged, len(shape) if ragged else shape[1:])
+    return layout
 
 
 class ShardChecks:

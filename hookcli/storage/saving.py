@@ -24,6 +24,7 @@ import torch
 
 from hookcli.errors import CaptureError
 from hookcli.files import atomic_path
+from hookcli.storage.fileformat import STORED_DTYPES
 
 __all__ = [
     "write_safetensors",
@@ -59,24 +60,6 @@ def write_safetensors(
     destination.flush()
 
 
-#: torch dtype → safetensors dtype name.
-_DTYPE_NAMES = {
-    torch.float64: "F64",
-    torch.float32: "F32",
-    torch.float16: "F16",
-    torch.bfloat16: "BF16",
-    torch.int64: "I64",
-    torch.int32: "I32",
-    torch.int16: "I16",
-    torch.int8: "I8",
-    torch.uint64: "U64",
-    torch.uint32: "U32",
-    torch.uint16: "U16",
-    torch.uint8: "U8",
-    torch.bool: "BOOL",
-}
-
-
 def _serialise(tensors: Mapping[str, Any], metadata: Mapping[str, str], handle: BinaryIO) -> None:
     """The safetensors layout: the header's length (8 bytes, little-endian), the JSON header (padded with spaces
     to a multiple of 8 bytes), then the tensors' bytes one after the other, widest items first (so each tensor
@@ -87,14 +70,15 @@ def _serialise(tensors: Mapping[str, Any], metadata: Mapping[str, str], handle: 
     offset = 0
     for key in order:
         tensor = tensors[key]
-        if tensor.dtype not in _DTYPE_NAMES:
+        dtype = str(tensor.dtype).removeprefix("torch.")
+        if dtype not in STORED_DTYPES:
             raise CaptureError(
-                f"'{key}' holds {str(tensor.dtype).removeprefix('torch.')} values, which hookcli does not store",
+                f"'{key}' holds {dtype} values, which hookcli does not store",
                 hint="store a layer whose output is of a float, integer or boolean type",
             )
         size = tensor.numel() * tensor.element_size()
         entries[key] = {
-            "dtype": _DTYPE_NAMES[tensor.dtype],
+            "dtype": STORED_DTYPES[dtype],
             "shape": list(tensor.shape),
             "data_offsets": [offset, offset + size],
         }

@@ -41,7 +41,6 @@ import itertools
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -59,9 +58,6 @@ from hookcli.storage.index import (
     shard_layout,
 )
 from hookcli.storage.reader import FeatureReader, ReadingMapping
-
-if TYPE_CHECKING:
-    import numpy as np
 
 __all__ = [
     "ShardedFeatures",

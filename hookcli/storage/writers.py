@@ -37,7 +37,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import BinaryIO
 
 import torch
 
@@ -49,9 +49,6 @@ from hookcli.storage.features import Features
 from hookcli.storage.fileformat import ROW_SHAPE, RunFacts, RunRecord
 from hookcli.storage.saving import write_safetensors
 from hookcli.storage.shard_writer import ShardWriter
-
-if TYPE_CHECKING:
-    from hookcli.storage.shard_writer import ShardWriter
 
 __all__ = ["FileWriter", "FolderWriter", "MemoryWriter", "RowBuffer", "StdoutWriter", "auto_shard_size", "row_bytes"]
 

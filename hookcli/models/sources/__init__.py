@@ -2,7 +2,8 @@
 
 Each source module has ``load(spec, weights, seed)`` returning a
 :class:`~hookcli.models.loaded.LoadedModel`; the listed ones also have
-``list_models(pattern)`` and ``nothing_listed(wanted)``.
+``list_models(pattern)``, and ``nothing_listed(wanted)`` where an empty listing
+needs more said than that nothing matched (the Hugging Face cache: where it is).
 :mod:`~hookcli.models.sources.common` holds what they share. A new source is a
 module here, a row of :data:`BACKENDS`, and its prefix in
 :data:`hookcli.models.specs.PREFIXES`.
@@ -32,7 +33,7 @@ from types import ModuleType
 
 from hookcli.errors import UsageProblem
 from hookcli.models.loaded import LoadedModel
-from hookcli.models.specs import PREFIXES, ModelSpec, check_model, check_weights
+from hookcli.models.specs import PREFIXES, ModelSpec, check_model
 
 __all__ = ["BACKENDS", "LISTED", "backend", "list_source_models", "load", "nothing_listed"]
 
@@ -43,8 +44,8 @@ BACKENDS: dict[str, str] = {
     "open_clip": "hookcli.models.sources.open_clip",
     "factory": "hookcli.models.sources.factory",
 }
-#: The sources whose models can be listed.
-LISTED = ("timm", "hf", "open_clip")
+#: The sources whose models can be listed: every one named by a prefix (a factory is named by its file or module).
+LISTED = PREFIXES
 
 
 def backend(source: str) -> ModuleType:
@@ -59,13 +60,10 @@ def load(spec: ModelSpec, weights: str, *, seed: int = 0) -> LoadedModel:
     OpenCLIP's default pretrained tag, the Hugging Face checkpoint, whatever
     a factory returns), a pretrained tag (timm: ``in1k`` or
     ``resnet50.a1_in1k``; OpenCLIP: ``laion2b_s34b_b79k``), or a path to a
-    state dict loaded into the model.
+    state dict loaded into the model. Both are checked already, and the
+    weights stripped (:func:`hookcli.models.catalog.choose_model`).
     """
-    check_model(spec)
-    check_weights(spec, weights)
-    if spec.source not in BACKENDS:
-        raise UsageProblem(f"{spec.text} is a torchvision model", hint="load it with hookcli.load_model")
-    return backend(spec.source).load(spec, weights.strip(), seed)
+    return backend(spec.source).load(spec, weights, seed)
 
 
 def list_source_models(source: str, pattern: str | None = None) -> list[dict]:
@@ -78,10 +76,13 @@ def list_source_models(source: str, pattern: str | None = None) -> list[dict]:
     return backend(source).list_models(pattern)
 
 
-def nothing_listed(source: str, wanted: str) -> str:
-    """Why :func:`list_source_models` found no model that is ``wanted`` (a pattern or a family, in words), in words."""
+def nothing_listed(source: str, wanted: str) -> str | None:
+    """What ``source`` says when :func:`list_source_models` found no model that is ``wanted`` (a pattern or a family,
+    in words; empty for any), or None where it has nothing to add to :func:`hookcli.models.catalog.no_models_note`'s
+    words."""
     _check_listed(source)
-    return backend(source).nothing_listed(wanted)
+    own = getattr(backend(source), "nothing_listed", None)
+    return own(wanted) if own is not None else None
 
 
 def _check_listed(source: str) -> None:

@@ -27,7 +27,6 @@ from hookcli.models.weights import looks_like_weights_path
 __all__ = [
     "list_models",
     "load",
-    "nothing_listed",
 ]
 
 
@@ -133,8 +132,3 @@ def list_models(pattern: str | None = None) -> list[dict]:
             {"model": f"open_clip:{arch}", "family": "classification", "default": (tags or [None])[0], "weights": tags}
         )
     return rows
-
-
-def nothing_listed(wanted: str) -> str:
-    """Why :func:`list_models` found no model that is ``wanted``, in words."""
-    return f"no open_clip model matches {wanted}"

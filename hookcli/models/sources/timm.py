@@ -28,7 +28,6 @@ __all__ = [
     "default_tag",
     "list_models",
     "load",
-    "nothing_listed",
 ]
 
 
@@ -174,8 +173,3 @@ def list_models(pattern: str | None = None) -> list[dict]:
         }
         for n in timm.list_models(pattern or "")
     ]
-
-
-def nothing_listed(wanted: str) -> str:
-    """Why :func:`list_models` found no model that is ``wanted``, in words."""
-    return f"no timm model matches {wanted}"
