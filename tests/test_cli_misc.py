@@ -110,7 +110,7 @@ def test_ci_builds_the_docs_strictly_after_the_tests():
 
 
 #: The order docs/commands.md takes the commands in: what to ask about first, then running, then reading.
-DOCUMENTED_ORDER = ["models", "layers", "extract", "grad", "cam", "stats", "grid", "report", "info"]
+DOCUMENTED_ORDER = ["models", "layers", "extract", "grad", "cam", "stats", "compare", "grid", "report", "info"]
 
 
 def test_the_docs_describe_every_command_and_generate_the_reference_from_main():

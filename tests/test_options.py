@@ -7,6 +7,7 @@ import click
 import pytest
 
 from hookcli.cli import main
+from hookcli.compare_options import COMPARE_OPTIONS
 from hookcli.errors import UsageProblem
 from hookcli.grid_options import GRID_OPTIONS
 from hookcli.options import RUN_OPTIONS, declared, options_of
@@ -19,13 +20,27 @@ COMMAND_LINE_ONLY = {
     "extract": {"config", "model", "layer", "output", "quiet"},
     "grad": {"config", "model", "layer", "output", "quiet"},
     "cam": {"config", "model", "layer", "output", "quiet"},
+    "stats": {"config", "model", "layer", "output", "quiet"},
+    "compare": {"config", "model", "layer", "model2", "layers2", "keys2", "merge", "output", "quiet"},
     "grid": {"output", "force", "quiet"},
     "report": {"output", "page_size", "force", "quiet"},
 }
 
 
-def _table(command: str):
-    return GRID_OPTIONS if command in ("grid", "report") else RUN_OPTIONS
+#: What --precision's help ends with, by command.
+_STORED = {
+    "cam": "the maps are stored as float32",
+    "stats": "statistics are gathered in float64 from float32 values",
+    "compare": "similarities are computed in float64",
+}
+
+
+def _table(command: str, name: str = ""):
+    """The declarations an option of ``command`` comes from: the pictures' (and ``-k``, which stats and compare take
+    for saved features), how to compare, or a run's."""
+    if command in ("grid", "report") or name == "keys":
+        return GRID_OPTIONS
+    return COMPARE_OPTIONS if command == "compare" and name in {o.name for o in COMPARE_OPTIONS} else RUN_OPTIONS
 
 
 def _described(param: click.Option) -> dict:
@@ -50,9 +65,7 @@ def _expected(option, command: str) -> dict:
     flags = tuple(part for flag in option.flags for part in flag.split("/"))
     expected = {
         "flags": flags,
-        "help": option.help_for(command).replace("{stored}", "what is stored is --dtype")
-        if command != "cam"
-        else option.help_for(command).replace("{stored}", "the maps are stored as float32"),
+        "help": option.help_for(command).replace("{stored}", _STORED.get(command, "what is stored is --dtype")),
         "multiple": option.multiple,
     }
     expected["default"] = option.default
@@ -66,15 +79,18 @@ def _expected(option, command: str) -> dict:
 @pytest.mark.parametrize("command", sorted(COMMAND_LINE_ONLY))
 def test_every_click_option_is_its_declaration(command):
     params = [p for p in main.commands[command].params if isinstance(p, click.Option)]
-    declared_names = {option.name for option in _table(command)}
-    written_by_hand = {p.name for p in params if p.name not in declared_names}
+    written_by_hand = {
+        p.name for p in params if p.name not in {option.name for option in _table(command, p.name or "")}
+    }
     assert written_by_hand == COMMAND_LINE_ONLY[command]
     for param in params:
-        if param.name in declared_names:
-            option = declared(param.name, _table(command))
+        if param.name not in written_by_hand:
+            option = declared(param.name, _table(command, param.name or ""))
             assert _described(param) == _expected(option, command), param.name
     if command in COMMAND_OPTIONS:
-        assert {p.name for p in params} - COMMAND_LINE_ONLY[command] == set(COMMAND_OPTIONS[command])
+        own = {p.name for p in params} - COMMAND_LINE_ONLY[command] - {"keys"}
+        own -= {option.name for option in COMPARE_OPTIONS} if command == "compare" else set()
+        assert own == set(COMMAND_OPTIONS[command])
 
 
 def test_the_api_defaults_are_the_declared_ones():
