@@ -380,7 +380,8 @@ def models(family: str | None = None, *, pattern: str | None = None, source: str
 def info(source, *, stats: bool = True, progress: Callable | None = None) -> dict:
     """What a features file or shard folder holds: ``hookcli info`` as data (keys, dtypes, shapes, sizes, the
     metadata parsed and, with ``stats``, each tensor's min, mean, max, share of zeros and non-finite count; a
-    statistics file's layers instead, :func:`hookcli.pictures.summary.describe_stats`).
+    statistics file's layers instead, :func:`hookcli.pictures.summary.describe_stats`; a comparison file's matrix,
+    :func:`hookcli.pictures.summary.describe_comparison`).
     What reading the source had to say (a shard folder's notes) comes as :class:`~hookcli.events.Note` events.
 
     >>> photo = __import__("matplotlib.cbook").cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)

@@ -26,6 +26,8 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from click.testing import CliRunner  # noqa: E402
 from PIL import Image  # noqa: E402
+from safetensors import safe_open  # noqa: E402
+from safetensors.numpy import load_file, save_file  # noqa: E402
 
 from hookcli.cli import main  # noqa: E402
 
@@ -104,6 +106,22 @@ def extract_into(runner):
         return runner.invoke(main, [*_SHARD_RUN, *extra, "-o", f"{folder}/", *inputs])
 
     return extract
+
+
+def _crafted_copy(source: Path, path: Path, change) -> Path:
+    tensors = load_file(source)
+    with safe_open(source, "np") as opened:
+        metadata = opened.metadata()
+    change(tensors, metadata)
+    save_file(tensors, str(path), metadata=metadata)
+    return path
+
+
+@pytest.fixture
+def crafted_copy():
+    """``crafted_copy(source, path, change)``: a copy of the safetensors file ``source`` written to ``path`` by
+    safetensors itself, with ``change(tensors, metadata)`` made to its numpy arrays and metadata first."""
+    return _crafted_copy
 
 
 def _one_error(result, code=2) -> str:

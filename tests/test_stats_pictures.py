@@ -12,8 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
-from safetensors import safe_open
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import load_file
 
 import hookcli
 from hookcli.cli import main
@@ -51,16 +50,6 @@ def stats_file(tmp_path_factory, inputs) -> Path:
     """resnet18 at 64 px over three inputs: layer3 (256 maps of 4x4) and fc (1,000 values), three examples each."""
     path = tmp_path_factory.mktemp("stats") / "stats.safetensors"
     return hookcli.stats("resnet18", ["layer3", "fc"], inputs, output=path, top=3, **SMALL)
-
-
-def _crafted(source: Path, path: Path, change) -> Path:
-    """A copy of ``source`` with ``change(tensors, metadata)`` made to it, written by safetensors itself."""
-    tensors = load_file(source)
-    with safe_open(source, "np") as opened:
-        metadata = opened.metadata()
-    change(tensors, metadata)
-    save_file(tensors, str(path), metadata=metadata)
-    return path
 
 
 def _units(change):
@@ -201,11 +190,11 @@ CRAFTED = {
 @pytest.mark.parametrize("command", ["info", "grid", "report"])
 @pytest.mark.parametrize("case", CRAFTED)
 def test_a_crafted_statistics_file_is_refused_with_one_line_naming_what_is_wrong(
-    runner, stats_file, tmp_path, monkeypatch, command, case
+    runner, stats_file, tmp_path, monkeypatch, crafted_copy, command, case
 ):
     change, message = CRAFTED[case]
     monkeypatch.chdir(tmp_path)
-    _crafted(stats_file, tmp_path / "crafted.safetensors", change)
+    crafted_copy(stats_file, tmp_path / "crafted.safetensors", change)
     result = runner.invoke(main, [command, "crafted.safetensors", "-o", "out"][: 2 if command == "info" else 4])
     assert (result.exit_code, result.stderr) == (2, f"Error: {message}\n")
     assert result.stdout == "" and not (tmp_path / "out").exists()
@@ -229,8 +218,8 @@ def test_the_statistics_in_memory_pass_the_same_checks(inputs):
     assert (layer.channels, layer.spatial, layer.examples, layer.pca) == (512, (2, 2), 1, False)
 
 
-def test_a_file_that_does_not_say_it_holds_statistics_is_read_as_features(runner, stats_file, tmp_path):
-    path = _crafted(stats_file, tmp_path / "x.safetensors", _entry("kind", None))
+def test_a_file_that_does_not_say_it_holds_statistics_is_read_as_features(runner, stats_file, tmp_path, crafted_copy):
+    path = crafted_copy(stats_file, tmp_path / "x.safetensors", _entry("kind", None))
     with open_features(path) as features, pytest.raises(FeatureFileError) as caught:
         read_stats(features)
     assert str(caught.value) == f"'{path}' is not a statistics file. Hint: hookcli stats writes them"

@@ -499,21 +499,21 @@ def _given_options(ctx: click.Context) -> list[str]:
 @click.option(
     "--no-stats",
     is_flag=True,
-    help="Skip min/mean/max/zeros (reads no tensor data; of a statistics file, only what its checks read).",
+    help="Skip min/mean/max/zeros (reads no tensor data; of a statistics or comparison file, what its checks read).",
 )
 def info(file, as_json, no_stats) -> None:
     """Show the tensors, metadata and value statistics of a safetensors file.
 
     Statistics (min, mean and max over finite values, share of zeros, count of
-    NaN/inf) are read a row at a time. A statistics file (hookcli stats) is
-    checked, then shown by its layers: layout, channels, positions, values a
-    channel and examples kept, and a summary of each layer's channels (lowest,
-    mean and highest value, share of zeros, channels zero everywhere, principal
-    components that explain 90% of the variance). DIR is a shard folder written with
-    extract -o DIR/ (or its index.jsonl); - reads a file from stdin. Control
-    characters in names and metadata are shown escaped (\\x1b, \\n). --json is
-    strict JSON: NaN and ±inf (in metadata) are the strings "NaN", "Infinity"
-    and "-Infinity".
+    NaN/inf) are read a row at a time. A statistics file (hookcli stats) is checked,
+    then shown by its layers: layout, channels, positions, values a channel and
+    examples kept, and a summary of each layer's channels (lowest, mean and highest
+    value, share of zeros, channels zero everywhere, principal components that
+    explain 90% of the variance). A comparison file is checked, then shown with its
+    matrix. DIR is a shard folder written with extract -o DIR/ (or its index.jsonl);
+    - reads a file from stdin. Control characters in names and metadata are shown
+    escaped (\\x1b, \\n). --json is strict JSON: NaN and ±inf (in metadata) are the
+    strings "NaN", "Infinity" and "-Infinity".
 
     \b
       hookcli info vgg16_bn-features.18.safetensors

@@ -33,9 +33,11 @@ def _shape_text(row: dict) -> str:
 
 def info_lines(described: dict, *, stats: bool = True) -> list[str]:
     """:func:`describe_file`'s result as ``hookcli info`` prints it: a title, a table of tensors, the metadata (a
-    statistics file's as :func:`_stats_lines` prints it)."""
+    statistics file's as :func:`_stats_lines` prints it, a comparison file's as :func:`_compare_lines` does)."""
     if described.get("kind") == "stats":
         return _stats_lines(described, values=stats)
+    if described.get("kind") == "compare":
+        return _compare_lines(described)
     count = len(described["tensors"])
     size = format_bytes(described["bytes"])
     lines = [f"{printable(described['file'])}  {size}  {count} tensor{'s' if count != 1 else ''}"]
@@ -94,13 +96,65 @@ def _stats_lines(described: dict, *, values: bool) -> list[str]:
             )
         table.append(row)
     lines += table_lines(table, right=range(2, len(header)))
-    lines.append("tensors:")
+    return lines + _tensors_and_metadata(described)
+
+
+def _tensors_and_metadata(described: dict) -> list[str]:
+    """A file's tensors as a table (no statistics) and its metadata."""
     tensors = [("key", "dtype", "shape", "size")]
     tensors += [(t["key"], t["dtype"], _shape_text(t), format_bytes(t["bytes"])) for t in described["tensors"]]
-    lines += ["  " + line for line in table_lines(tensors, right=range(2, 4))]
+    lines = ["tensors:", *("  " + line for line in table_lines(tensors, right=range(2, 4)))]
     if described["metadata"]:
         lines += ["metadata:", *map(printable, _metadata_lines(described["metadata"]))]
     return lines
+
+
+#: A comparison's matrix is printed whole up to this many columns; a wider one by each row's closest column.
+_MATRIX_COLUMNS = 12
+
+
+def _compare_lines(described: dict) -> list[str]:
+    """A comparison file: what it compares and how, its matrix (when read) and its tensors and metadata."""
+    rows, columns, inputs, skipped = described["rows"], described["columns"], described["inputs"], described["skipped"]
+    sources, settings = described["sources"], described["settings"]
+    compared = (
+        f"rows and columns: the same representations of {printable(sources['rows'])}"
+        if described["same"]
+        else f"rows: {printable(sources['rows'])}; columns: {printable(sources['columns'])}"
+    )
+    lines = [
+        f"{printable(described['file'])}  {format_bytes(described['bytes'])}  {printable(described['method'])} "
+        f"comparison of {len(rows)} row{'s' if len(rows) != 1 else ''} with {len(columns)} "
+        f"column{'s' if len(columns) != 1 else ''} over {inputs:,} input{'s' if inputs != 1 else ''}"
+        + (f" ({skipped:,} skipped)" if skipped else ""),
+        compared,
+        "settings: "
+        + printable(
+            ", ".join(f"{k} {v if isinstance(v, str) else json.dumps(v)}" for k, v in settings.items()) or "none"
+        ),
+    ]
+    if described["undefined"]:
+        lines.append("undefined (no spread): " + printable(", ".join(described["undefined"])))
+    matrix = described.get("matrix")
+    if matrix is not None:
+        lines.append(
+            f"matrix: min {_number(matrix['min'])}, mean {_number(matrix['mean'])}, max {_number(matrix['max'])}"
+            + (f", {matrix['undefined']:,} cells undefined" if matrix["undefined"] else "")
+        )
+        if len(columns) <= _MATRIX_COLUMNS:
+            table = [("", *columns)]
+            table += [(label, *map(_similarity, values)) for label, values in zip(rows, matrix["values"])]
+            lines += ["  " + line for line in table_lines(table, right=range(1, len(columns) + 1))]
+        else:
+            lines.append("closest column of each row:")
+            table = [(found["row"], found["column"], _similarity(found["value"])) for found in matrix["closest"]]
+            lines += ["  " + line for line in table_lines(table, right=(2,))] if table else []
+    lines += _tensors_and_metadata(described)
+    return lines
+
+
+def _similarity(value: float) -> str:
+    return "undefined" if math.isnan(value) else f"{value:.3f}"
 
 
 def info_json(described: dict) -> str:

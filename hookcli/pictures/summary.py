@@ -3,7 +3,10 @@
 Statistics are computed a row at a time, so a file of any size is summarised
 in the memory of one row. A statistics file (``hookcli stats``) holds no rows:
 it is checked (:func:`~hookcli.storage.stats_file.read_stats`) and described by
-its layers, their units and a summary of each layer's channels instead.
+its layers, their units and a summary of each layer's channels instead; a
+comparison file (``hookcli compare``) is checked
+(:func:`~hookcli.storage.compare_file.read_comparison`) and described by what it
+compares, how, and its matrix.
 
 >>> import numpy as np
 >>> from hookcli.storage.features import Features
@@ -22,11 +25,14 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from hookcli.storage.compare_file import ComparisonFile, read_comparison
+from hookcli.storage.compare_format import is_comparison
 from hookcli.storage.reader import FeatureReader
 from hookcli.storage.stats_file import StatsFile, StatsLayer, read_stats
 from hookcli.storage.stats_format import is_stats
 
 __all__ = [
+    "describe_comparison",
     "describe_file",
     "describe_stats",
     "tensor_stats",
@@ -85,9 +91,11 @@ def _mean(values) -> float:
 
 def describe_file(features: FeatureReader, *, stats: bool = True) -> dict:
     """Everything ``hookcli info`` shows, as JSON-able data (metadata JSON strings are parsed); a statistics file
-    as :func:`describe_stats` describes it."""
+    as :func:`describe_stats` describes it, a comparison file as :func:`describe_comparison` does."""
     if is_stats(features.metadata):
         return describe_stats(read_stats(features), values=stats)
+    if is_comparison(features.metadata):
+        return describe_comparison(read_comparison(features), values=stats)
     tensors = []
     for key in features.keys():
         row = {"key": key, "dtype": features.dtype(key), "shape": features.shape(key), "bytes": features.nbytes(key)}
@@ -135,6 +143,58 @@ def describe_stats(found: StatsFile, *, values: bool = True) -> dict:
         "layers": layers,
         "tensors": tensors,
         "metadata": _parsed(features.metadata),
+    }
+
+
+def describe_comparison(found: ComparisonFile, *, values: bool = True) -> dict:
+    """A comparison file as ``hookcli info`` shows it: the method, the labels of its rows and columns and what they
+    are of (``sources``), the inputs, the settings, the undefined labels, its tensors and metadata, and with
+    ``values`` its ``matrix``: the similarities (NaN where undefined), their lowest, mean and highest, the count of
+    undefined cells, and each row's closest column (another than itself when one side was compared with itself)."""
+    features = found.features
+    first, second = found.sources()
+    described = {
+        "file": features.name,
+        "bytes": features.size,
+        "kind": "compare",
+        "method": found.method,
+        "rows": found.rows,
+        "columns": found.columns,
+        "same": found.same,
+        "sources": {"rows": first, "columns": second},
+        "inputs": len(found.inputs),
+        "skipped": found.skipped,
+        "settings": found.settings,
+        "undefined": found.undefined,
+    }
+    if values:
+        described["matrix"] = _matrix_values(found)
+    described["tensors"] = [
+        {"key": key, "dtype": features.dtype(key), "shape": features.shape(key), "bytes": features.nbytes(key)}
+        for key in features.keys()
+    ]
+    described["metadata"] = _parsed(features.metadata)
+    return described
+
+
+def _matrix_values(found: ComparisonFile) -> dict:
+    matrix = found.matrix()
+    summary = values_stats([matrix])
+    closest = []
+    for i, label in enumerate(found.rows):
+        row = np.where(np.isnan(matrix[i]), -np.inf, matrix[i])
+        if found.same:
+            row[i] = -np.inf
+        j = int(np.argmax(row))
+        if np.isfinite(row[j]):
+            closest.append({"row": label, "column": found.columns[j], "value": float(row[j])})
+    return {
+        "values": matrix.tolist(),
+        "min": summary["min"],
+        "mean": summary["mean"],
+        "max": summary["max"],
+        "undefined": int(np.isnan(matrix).sum()),
+        "closest": closest,
     }
 
 

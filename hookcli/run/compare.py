@@ -304,7 +304,9 @@ def _mergeable(found: FeatureFile, first: Mapping[str, str]) -> tuple[list, list
             f"'{found.name}' is not a linear-cka comparison file", hint="only linear-cka files keep sums that merge"
         )
     try:
-        labels = check_comparison(metadata, {key: (found.dtype(key), found.shape(key)) for key in found.keys()})
+        checked = check_comparison(
+            metadata, {key: (found.dtype(key), found.shape(key)) for key in found.keys()}, found.read
+        )
     except ValueError as err:
         raise FeatureFileError(f"'{found.name}' is not a comparison file hookcli can read: {err}") from None
     missing = [name for name in CKA_STATE if name not in found.keys()]
@@ -316,7 +318,7 @@ def _mergeable(found: FeatureFile, first: Mapping[str, str]) -> tuple[list, list
                 f"'{found.name}' compares other representations than the first file (its {entry} differ)",
                 hint="merge comparisons of the same layers, made with the same options",
             )
-    return labels
+    return checked.rows, checked.columns
 
 
 def _ignore(event: Event) -> None:

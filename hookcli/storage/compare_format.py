@@ -20,9 +20,12 @@ Nothing here imports torch or numpy.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from hookcli.compare_options import SIMILARITIES
+from hookcli.storage.fileformat import json_entry
 
 __all__ = [
     "CKA_STATE",
@@ -30,6 +33,7 @@ __all__ = [
     "COMPARE_KIND",
     "METHODS",
     "RDM",
+    "Comparison",
     "check_comparison",
     "compare_metadata",
     "is_comparison",
@@ -45,6 +49,12 @@ METHODS = SIMILARITIES
 CKA_STATE = ("linear-cka@count", "linear-cka@widths", "linear-cka@mean", "linear-cka@comoment")
 #: A representation's RDM in an ``rsa`` file: ``rdm@<label>``.
 RDM = "rdm@"
+#: The tensors a file of each method holds, in words.
+_HOLDS = {
+    "linear-cka": "the matrix 'linear-cka' and its sums, linear-cka@count, @widths, @mean and @comoment",
+    "minibatch-cka": "the matrix 'minibatch-cka'",
+    "rsa": "the matrix 'rsa' and the RDMs of its labels, rdm@<label>",
+}
 
 
 def is_comparison(metadata: Mapping[str, str]) -> bool:
@@ -89,21 +99,114 @@ def compare_metadata(
     return metadata
 
 
-def check_comparison(metadata: Mapping[str, str], shapes: Mapping[str, tuple[str, list[int]]]) -> tuple[list, list]:
-    """``(rows, columns)`` of a comparison file read from disk, whose ``shapes`` map each key to its dtype and
-    shape; ValueError saying what is wrong (a crafted or damaged file)."""
+@dataclass(frozen=True)
+class Comparison:
+    """What a comparison file's metadata says, checked (:func:`check_comparison`): the ``method``, the labels of
+    the matrix's ``rows`` and ``columns``, whether one side was compared with itself (``same``), the method's
+    ``settings``, the ``undefined`` labels, the ``inputs`` and how many were ``skipped``, and whether a linear-cka
+    file keeps the sums it was made of (``state``)."""
+
+    method: str
+    rows: list[str]
+    columns: list[str]
+    same: bool
+    settings: dict
+    undefined: list[str]
+    inputs: list[str]
+    skipped: int
+    state: bool
+
+
+def check_comparison(
+    metadata: Mapping[str, str],
+    shapes: Mapping[str, tuple[str, list[int]]],
+    read: Callable[[str], Any],
+) -> Comparison:
+    """A comparison file read from disk, checked against this module's description: ``shapes`` map each of its
+    keys to its dtype and shape, and ``read`` reads a tensor, which is asked only for the two small tensors of a
+    linear-cka file's state (``@count`` and ``@widths``, once their shapes are checked). ValueError saying what is
+    wrong (a crafted or damaged file).
+
+    >>> metadata = compare_metadata({}, method="rsa", rows=["a"], columns=["b"], settings={}, inputs=["x.jpg"])
+    >>> check_comparison(metadata, {"rsa": ("F64", [1, 1])}, read=None).columns
+    ['b']
+    >>> check_comparison(metadata, {"rsa": ("F64", [1, 2])}, read=None)
+    Traceback (most recent call last):
+    ...
+    ValueError: 'rsa' is F64 [1, 2], not F64 [1, 1] (1 row, 1 column)
+    """
     if metadata.get("format") != COMPARE_FORMAT_VERSION:
         raise ValueError(f"its format is {metadata.get('format')!r}, not {COMPARE_FORMAT_VERSION}")
     method = metadata.get("method")
     if method not in METHODS:
-        raise ValueError(f"its method {method!r} is not one of {', '.join(METHODS)}")
-    try:
-        rows, columns = json.loads(metadata["rows"]), json.loads(metadata["columns"])
-    except (KeyError, ValueError, RecursionError):
-        raise ValueError("its rows or columns metadata is missing or not JSON") from None
-    for name, labels in (("rows", rows), ("columns", columns)):
-        if not isinstance(labels, list) or not labels or not all(isinstance(label, str) for label in labels):
-            raise ValueError(f"its {name} are not a list of labels")
-    if shapes.get(method) != ("F64", [len(rows), len(columns)]):
-        raise ValueError(f"its '{method}' is {shapes.get(method)}, not F64 {[len(rows), len(columns)]}")
-    return rows, columns
+        raise ValueError(f"its method {json.dumps(method)} is not one of {', '.join(METHODS)}")
+    rows, columns = _labels(metadata, "rows"), _labels(metadata, "columns")
+    same = json_entry(metadata, "same", bool, "true or false")
+    if same and rows != columns:
+        raise ValueError("it compares one side with itself ('same'), and its rows and columns differ")
+    settings = json_entry(metadata, "settings", dict, "an object of the method's settings")
+    inputs = json_entry(metadata, "inputs", list, "a list of input paths")
+    if not all(isinstance(path, str) for path in inputs):
+        raise ValueError("its 'inputs' metadata is not a list of input paths")
+    skipped = json_entry(metadata, "skipped", list, "a list of skipped inputs", default=[])
+    json_entry(metadata, "identity", dict, "an object of the run's identity", default={})
+    undefined = json_entry(metadata, "undefined", list, "a list of labels", default=[])
+    for label in undefined:
+        if label not in rows and label not in columns:
+            raise ValueError(f"its 'undefined' metadata names {json.dumps(label)}, which is neither a row nor a column")
+    _check_shape(shapes, method, "F64", [len(rows), len(columns)], _counted(len(rows), len(columns)))
+    for key, (dtype, shape) in shapes.items():
+        label = key.removeprefix(RDM)
+        if method == "rsa" and key.startswith(RDM) and (label in rows or label in columns):
+            if dtype != "F32" or len(shape) != 2 or shape[0] != shape[1]:
+                square = "a square F32 matrix (an RDM: an input a row and a column)"
+                raise ValueError(f"'{key}' is {dtype} {list(shape)}, not {square}")
+        elif key != method and not (method == "linear-cka" and key in CKA_STATE):
+            raise ValueError(f"'{key}' is not a tensor that {method} keeps ({_HOLDS[method]})")
+    state = method == "linear-cka" and any(key in shapes for key in CKA_STATE)
+    if state:
+        _check_state(shapes, read, len(rows) if same else len(rows) + len(columns))
+    return Comparison(method, rows, columns, same, settings, undefined, inputs, len(skipped), state)
+
+
+def _labels(metadata: Mapping[str, str], entry: str) -> list[str]:
+    labels = json_entry(metadata, entry, list, "a list of labels")
+    if not labels or not all(isinstance(label, str) for label in labels):
+        raise ValueError(f"its '{entry}' metadata is not a list of labels")
+    twice = next((label for n, label in enumerate(labels) if label in labels[:n]), None)
+    if twice is not None:
+        raise ValueError(f"its '{entry}' metadata names {json.dumps(twice)} twice")
+    return labels
+
+
+def _counted(rows: int, columns: int) -> str:
+    return f"{rows} row{'s' if rows != 1 else ''}, {columns} column{'s' if columns != 1 else ''}"
+
+
+def _check_shape(shapes: Mapping[str, tuple[str, list[int]]], key: str, dtype: str, shape: list[int], why: str):
+    found = shapes.get(key)
+    if found is None:
+        raise ValueError(f"'{key}' is missing")
+    if (found[0], list(found[1])) != (dtype, shape):
+        raise ValueError(f"'{key}' is {found[0]} {list(found[1])}, not {dtype} {shape} ({why})")
+
+
+def _check_state(shapes: Mapping[str, tuple[str, list[int]]], read: Callable[[str], Any], representations: int):
+    """A linear-cka file's sums: all of them, of the shapes the representations' widths give, and a count that is
+    not negative."""
+    count, widths, mean, comoment = CKA_STATE
+    _check_shape(shapes, count, "I64", [], "the rows seen")
+    _check_shape(shapes, widths, "I64", [representations], f"the width of each of {representations} representations")
+    if mean not in shapes:
+        raise ValueError(f"'{mean}' is missing")
+    dtype, shape = shapes[mean]
+    if (dtype, len(shape)) != ("F64", 1):
+        raise ValueError(f"'{mean}' is {dtype} {list(shape)}, not F64 [D] (every column's mean, one after the other)")
+    total = shape[0]
+    _check_shape(shapes, comoment, "F64", [total, total], f"the co-moments of the {total} columns of '{mean}'")
+    rows_seen = int(read(count))
+    if rows_seen < 0:
+        raise ValueError(f"'{count}' is {rows_seen}, and a count is never negative")
+    sizes = [int(width) for width in read(widths).tolist()]
+    if any(width < 0 for width in sizes) or sum(sizes) != total:
+        raise ValueError(f"'{widths}' gives widths {sizes}, which do not add up to the {total} means of '{mean}'")

@@ -39,6 +39,8 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, S
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 
+from hookcli.errors import FeatureFileError
+
 __all__ = [
     "DETECTIONS",
     "FLOW",
@@ -56,6 +58,7 @@ __all__ = [
     "SHARD_LISTS",
     "SHARD_NAME",
     "STORED_DTYPES",
+    "check_file_kind",
     "check_index_header",
     "check_index_line",
     "file_metadata",
@@ -65,6 +68,7 @@ __all__ = [
     "index_header",
     "index_line",
     "inputs_digest",
+    "json_entry",
     "keys_of_layer",
     "metadata_order",
     "run_metadata",
@@ -478,3 +482,51 @@ _METADATA_ORDER = ("format", "producer", "model", "weights", "layers", "capture"
 def metadata_order(metadata) -> list[str]:
     """The metadata's keys as info shows them: hookcli's main entries in a fixed order, then the others by name."""
     return sorted(metadata, key=lambda k: (_METADATA_ORDER.index(k) if k in _METADATA_ORDER else 99, k))
+
+
+def json_entry(metadata: Mapping[str, str], entry: str, kind: type, what: str, *, default=None):
+    """Metadata ``entry`` of a file read from disk, parsed from JSON, which must be of ``kind``: ``default`` when it
+    is absent and may be; ValueError saying what is wrong (``what`` the value should be).
+
+    >>> json_entry({"same": "true"}, "same", bool, "true or false"), json_entry({}, "skipped", list, "", default=[])
+    (True, [])
+    >>> json_entry({"rows": "[1"}, "rows", list, "a list of labels")
+    Traceback (most recent call last):
+    ...
+    ValueError: its 'rows' metadata is not a list of labels
+    """
+    text = metadata.get(entry)
+    if text is None and default is not None:
+        return default
+    if text is None:
+        raise ValueError(f"it has no '{entry}' metadata")
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        value = None
+    if not isinstance(value, kind):
+        raise ValueError(f"its '{entry}' metadata is not {what}")
+    return value
+
+
+def check_file_kind(metadata: Mapping[str, str], name: str, *, kind: str, version: str, what: str, again: str) -> None:
+    """Refuse file ``name`` as a ``what`` (``"statistics file"``) unless its metadata says ``"kind": kind`` (the
+    command that writes it) and ``"format": version``; ``again`` says how to make it anew (``"compare again with
+    hookcli compare"``).
+
+    >>> check_file_kind({"kind": "compare", "format": "4"}, "c.safetensors", kind="compare", version="5",
+    ...                 what="comparison file", again="compare again")
+    Traceback (most recent call last):
+    ...
+    hookcli.errors.FeatureFileError: 'c.safetensors' is a comparison file that is of format "4", and this hookcli \
+reads format 5. Hint: read it with the hookcli that wrote it, or compare again
+    """
+    if metadata.get("kind") != kind:
+        raise FeatureFileError(f"'{name}' is not a {what}", hint=f"hookcli {kind} writes them")
+    found = metadata.get("format")
+    if found != version:
+        said = "gives no format" if found is None else f"is of format {json.dumps(found)}"
+        raise FeatureFileError(
+            f"'{name}' is a {what} that {said}, and this hookcli reads format {version}",
+            hint=f"read it with the hookcli that wrote it, or {again}",
+        )

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol, Self
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["FeatureReader", "ReadingMapping"]
+__all__ = ["CheckedFile", "FeatureReader", "ReadingMapping"]
 
 
 class FeatureReader(Protocol):
@@ -139,3 +139,18 @@ class ReadingMapping(Mapping[str, Any]):
     def skipped(self) -> list[dict]:
         """Inputs left out by ``on_error="skip"``: ``{"input", "error"}`` each."""
         return json.loads(self.metadata.get("skipped", "[]"))
+
+
+class CheckedFile:
+    """A file of a kind of its own read back and checked (a statistics file, a comparison file): the reader it is
+    read with (``features``), and its ``name`` and ``metadata``."""
+
+    features: FeatureReader
+
+    @property
+    def name(self) -> str:
+        return self.features.name
+
+    @property
+    def metadata(self) -> Mapping[str, str]:
+        return self.features.metadata

@@ -39,13 +39,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from hookcli.errors import FeatureFileError
-from hookcli.storage.reader import FeatureReader
+from hookcli.storage.fileformat import check_file_kind, json_entry
+from hookcli.storage.reader import CheckedFile, FeatureReader
 from hookcli.storage.stats_format import (
     FIELDS,
     STATS_FORMAT_VERSION,
+    STATS_KIND,
     field_dtype,
     field_shape,
-    is_stats,
     layer_fields,
     stats_key,
 )
@@ -80,7 +81,7 @@ class StatsLayer:
         return stats_key(self.key, field)
 
 
-class StatsFile:
+class StatsFile(CheckedFile):
     """A checked statistics file: its ``layers`` by key (in the file's order), the quantile ``levels``, the run's
     statistics ``options`` (``top``, ``top_by``, ``quantiles``, ``pca``), the ``inputs`` the examples' rows index
     and how many inputs were ``skipped``; :meth:`read` and :meth:`channel` read its values."""
@@ -97,14 +98,6 @@ class StatsFile:
         self.inputs, self.skipped = list(inputs), skipped
         self.levels = tuple(float(level) for level in self.options["quantiles"])
 
-    @property
-    def name(self) -> str:
-        return self.features.name
-
-    @property
-    def metadata(self) -> Mapping[str, str]:
-        return self.features.metadata
-
     def read(self, key: str, field: str) -> np.ndarray:
         """Field ``field`` of layer ``key``, whole."""
         return self.features.read(stats_key(key, field))
@@ -119,15 +112,14 @@ def read_stats(features: FeatureReader) -> StatsFile:
     """``features`` (whose metadata says ``"kind": "stats"``) as a :class:`StatsFile`, once every check of the
     module's description has passed; raises :class:`~hookcli.errors.FeatureFileError` naming the first that fails."""
     name = features.name
-    if not is_stats(features.metadata):
-        raise FeatureFileError(f"'{name}' is not a statistics file", hint="hookcli stats writes them")
-    found = features.metadata.get("format")
-    if found != STATS_FORMAT_VERSION:
-        said = "gives no format" if found is None else f"is of format {json.dumps(found)}"
-        raise FeatureFileError(
-            f"'{name}' is a statistics file that {said}, and this hookcli reads format {STATS_FORMAT_VERSION}",
-            hint="read it with the hookcli that wrote it, or compute the statistics again with hookcli stats",
-        )
+    check_file_kind(
+        features.metadata,
+        name,
+        kind=STATS_KIND,
+        version=STATS_FORMAT_VERSION,
+        what="statistics file",
+        again="compute the statistics again with hookcli stats",
+    )
     options = _options(features)
     inputs = _json_entry(features, "inputs", list, "a list of input paths")
     if not all(isinstance(path, str) for path in inputs):
@@ -151,18 +143,10 @@ def _damaged(name: str, what: str) -> FeatureFileError:
 
 def _json_entry(features: FeatureReader, entry: str, kind: type, what: str, *, default=None):
     """Metadata ``entry`` parsed from JSON, which must be of ``kind`` (``default`` when it is absent and may be)."""
-    text = features.metadata.get(entry)
-    if text is None and default is not None:
-        return default
-    if text is None:
-        raise _damaged(features.name, f"it has no '{entry}' metadata")
     try:
-        value = json.loads(text)
-    except (ValueError, RecursionError):
-        value = None
-    if not isinstance(value, kind):
-        raise _damaged(features.name, f"its '{entry}' metadata is not {what}")
-    return value
+        return json_entry(features.metadata, entry, kind, what, default=default)
+    except ValueError as err:
+        raise _damaged(features.name, str(err)) from None
 
 
 def _whole(value, low: int = 0) -> bool:

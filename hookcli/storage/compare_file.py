@@ -1,0 +1,102 @@
+"""A comparison file read back (:class:`ComparisonFile`), checked against its contract
+(:func:`hookcli.storage.compare_format.check_comparison`) before anything is drawn or printed from it.
+
+:func:`read_comparison` takes any reader (:class:`~hookcli.storage.reader.FeatureReader`) whose metadata says
+``"kind": "compare"`` and refuses, with one :class:`~hookcli.errors.FeatureFileError` naming the tensor or
+metadata entry and what is wrong, a file of another format or a damaged one. Only the header is read for this,
+and of a linear-cka file's sums the count and the widths (one number a representation); the matrix is read
+when asked for (:meth:`ComparisonFile.matrix`).
+
+>>> import numpy as np
+>>> from hookcli.storage.compare_format import compare_metadata
+>>> from hookcli.storage.features import Features
+>>> metadata = compare_metadata({"model": "resnet18"}, method="rsa", rows=["a", "b"], columns=["a", "b"],
+...                             settings={"pool": "avg"}, inputs=["x.jpg", "y.jpg", "z.jpg"], same=True)
+>>> found = read_comparison(Features({"rsa": np.eye(2)}, metadata))
+>>> found.rows, found.matrix().tolist(), found.sources()
+(['a', 'b'], [[1.0, 0.0], [0.0, 1.0]], ('resnet18', 'resnet18'))
+>>> read_comparison(Features({"rsa": np.eye(2, dtype="float32")}, metadata))
+Traceback (most recent call last):
+...
+hookcli.errors.FeatureFileError: 'memory' is a damaged comparison file: 'rsa' is F32 [2, 2], not F64 [2, 2] \
+(2 rows, 2 columns). Hint: write it again with hookcli compare
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from hookcli.errors import FeatureFileError
+from hookcli.storage.compare_format import COMPARE_FORMAT_VERSION, COMPARE_KIND, Comparison, check_comparison
+from hookcli.storage.fileformat import check_file_kind
+from hookcli.storage.reader import CheckedFile, FeatureReader
+
+__all__ = ["ComparisonFile", "read_comparison"]
+
+_REWRITE = "write it again with hookcli compare"
+
+
+class ComparisonFile(CheckedFile):
+    """A checked comparison file: the ``method``, the labels of the matrix's ``rows`` and ``columns``, whether one
+    side was compared with itself (``same``), the method's ``settings``, the ``undefined`` labels (no spread), the
+    ``inputs`` and how many were ``skipped``; :meth:`matrix` reads the similarities."""
+
+    def __init__(self, features: FeatureReader, checked: Comparison) -> None:
+        self.features = features
+        self.method, self.rows, self.columns, self.same = checked.method, checked.rows, checked.columns, checked.same
+        self.settings, self.undefined = checked.settings, checked.undefined
+        self.inputs, self.skipped = checked.inputs, checked.skipped
+
+    def matrix(self) -> np.ndarray:
+        """The similarities, float64 ``[rows, columns]``: NaN where undefined."""
+        return self.features.read(self.method)
+
+    def sources(self) -> tuple[str, str]:
+        """What the rows' and the columns' representations are of: the models run, or the saved features read (as
+        the run recorded them; ``?`` where the metadata does not say)."""
+        saved = _parsed(self.metadata.get("compare_of"))
+        if isinstance(saved, list) and saved and all(isinstance(source, dict) for source in saved):
+            names = [str(source.get("source", "?")) for source in saved]
+            return names[0], names[-1]
+        model = self.metadata.get("model", "?")
+        other = _parsed(self.metadata.get("compare_with"))
+        second = other.get("model") if isinstance(other, dict) else None
+        return model, model if second is None else str(second)
+
+
+def read_comparison(features: FeatureReader) -> ComparisonFile:
+    """``features`` (whose metadata says ``"kind": "compare"``) as a :class:`ComparisonFile`, once every check of
+    :func:`~hookcli.storage.compare_format.check_comparison` has passed; raises
+    :class:`~hookcli.errors.FeatureFileError` naming the first that fails."""
+    name = features.name
+    check_file_kind(
+        features.metadata,
+        name,
+        kind=COMPARE_KIND,
+        version=COMPARE_FORMAT_VERSION,
+        what="comparison file",
+        again="compare again with hookcli compare",
+    )
+    ragged = next((key for key in features.keys() if features.ragged(key)), None)
+    if ragged is not None:
+        raise _damaged(name, f"'{ragged}' has rows of their own shapes, and a comparison's tensors have none")
+    shapes = {key: (features.dtype(key), features.shape(key)) for key in features.keys()}
+    try:
+        checked = check_comparison(features.metadata, shapes, features.read)
+    except ValueError as err:
+        raise _damaged(name, str(err)) from None
+    return ComparisonFile(features, checked)
+
+
+def _damaged(name: str, what: str) -> FeatureFileError:
+    return FeatureFileError(f"'{name}' is a damaged comparison file: {what}", hint=_REWRITE)
+
+
+def _parsed(text: str | None):
+    """A metadata entry's JSON, or None when it is absent or not JSON."""
+    try:
+        return None if text is None else json.loads(text)
+    except (ValueError, RecursionError):
+        return None
