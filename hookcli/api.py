@@ -264,7 +264,9 @@ def grid(source, *, output=None, progress: Callable | None = None, force: bool =
     (``output=None``): a dict of file name → ``uint8 [H, W, 3]`` pixels;
     with ``output=DIR``: the PNGs, and their paths are returned. A statistics
     file (what :func:`stats` writes or returns) gives a picture a layer and
-    channel: its dataset examples (:mod:`hookcli.pictures.stats_grids`).
+    channel: its dataset examples (:mod:`hookcli.pictures.stats_grids`); a
+    comparison file (what :func:`compare` writes or returns) one heatmap of its
+    matrix, ``<method>.png`` (:mod:`hookcli.pictures.compare_grids`).
 
     >>> import tempfile
     >>> photo = __import__("matplotlib.cbook").cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)

@@ -12,11 +12,18 @@ from PIL import Image
 import hookcli
 from hookcli.cli import main
 from hookcli.errors import FeatureFileError
+from hookcli.pictures.compare_grids import DIVERGING, UNDEFINED_COLOR
+from hookcli.pictures.render import colorize
+from hookcli.pictures.text import text_bitmap
 from hookcli.storage.compare_file import read_comparison
 from hookcli.storage.features import Features
 from hookcli.storage.shards import open_features
 
 SMALL = {"weights": "none", "resize": 64, "crop": 64}
+#: The heatmap's cells are this many pixels a side for up to five representations (480 // 5 = 96).
+CELL = 96
+#: The labels' type size in the heatmap.
+LABEL_SIZE = 13
 
 
 @pytest.fixture(scope="module")
@@ -220,7 +227,7 @@ CRAFTED = {
 }
 
 
-@pytest.mark.parametrize("command", ["info"])
+@pytest.mark.parametrize("command", ["info", "grid"])
 @pytest.mark.parametrize("case", CRAFTED)
 def test_a_crafted_comparison_file_is_refused_with_one_line_naming_what_is_wrong(
     runner, cka_file, rsa_file, tmp_path, monkeypatch, crafted_copy, command, case
@@ -258,6 +265,113 @@ def test_a_file_that_does_not_say_it_compares_is_not_read_as_a_comparison(cka_fi
     with open_features(path) as features, pytest.raises(FeatureFileError) as caught:
         read_comparison(features)
     assert str(caught.value) == f"'{path}' is not a comparison file. Hint: hookcli compare writes them"
+
+
+# -- grid ------------------------------------------------------------------------------------------
+
+
+def _find(pixels: np.ndarray, mark: np.ndarray) -> list[tuple[int, int]]:
+    """Where text of coverage ``mark`` is inked in black on white in ``pixels`` (top-left corners)."""
+    gray = pixels.min(axis=2)
+    expected = 255 - mark
+    darkest = np.unravel_index(np.argmin(expected), expected.shape)
+    found = []
+    for y, x in np.argwhere(gray == expected[darkest]):
+        top, left = y - darkest[0], x - darkest[1]
+        if top < 0 or left < 0:
+            continue
+        window = gray[top : top + mark.shape[0], left : left + mark.shape[1]]
+        if window.shape == mark.shape and np.array_equal(window, expected):
+            found.append((int(top), int(left)))
+    return found
+
+
+def test_grid_draws_resnet18_against_itself_as_a_bright_diagonal(runner, resnet_file, tmp_path):
+    result = runner.invoke(main, ["grid", str(resnet_file), "-o", str(tmp_path / "g")])
+    assert result.exit_code == 0 and result.stdout == f"{tmp_path / 'g' / 'linear-cka.png'}\n", result.output
+    pixels = np.asarray(Image.open(tmp_path / "g" / "linear-cka.png").convert("RGB"))
+    top = colorize(np.array([1.0]), "viridis")[0]
+    ys, xs = np.nonzero((pixels == top).all(axis=2))
+    ys, xs = ys[ys < ys.min() + 4 * CELL], xs[ys < ys.min() + 4 * CELL]  # the colour bar's end is below
+    assert {((y - ys.min()) // CELL, (x - xs.min()) // CELL) for y, x in zip(ys, xs)} == {(k, k) for k in range(4)}
+    with open_features(resnet_file) as features:
+        matrix = read_comparison(features).matrix()
+    assert (np.diff(matrix[0]) < 0).all() and (np.diff(matrix[3]) > 0).all()  # fading away from the diagonal
+    for label in ("layer1", "layer2", "layer3", "layer4"):
+        marks = _find(pixels, text_bitmap(label, LABEL_SIZE))
+        assert len(marks) == 2, label  # a row's label and a column's
+    plain = hookcli.grid(resnet_file, plain=True)["linear-cka.png"]
+    assert plain.shape == (4 * CELL, 4 * CELL, 3)
+    for k in range(4):
+        centre = pixels[
+            ys.min() + k * CELL + 30 : ys.min() + k * CELL + 60, xs.min() + k * CELL + 20 : xs.min() + k * CELL + 70
+        ]
+        assert not (centre == top).all(), "the value is printed in the cell"
+        assert (plain[k * CELL + 30 : k * CELL + 60, k * CELL + 20 : k * CELL + 70] == top).all()
+        expected = colorize(np.clip(matrix[k], 0, 1), "viridis")
+        assert [plain[k * CELL + 2, j * CELL + 2].tolist() for j in range(4)] == expected.tolist()
+
+
+def test_an_undefined_cell_is_grey_and_hatched_and_the_legend_says_so(cka_file):
+    pixels = hookcli.grid(cka_file)["linear-cka.png"]
+    plain = hookcli.grid(cka_file, plain=True)["linear-cka.png"]
+    for i, j in ((0, 2), (2, 0), (2, 2)):
+        cell = plain[i * CELL : (i + 1) * CELL - 1, j * CELL : (j + 1) * CELL - 1].reshape(-1, 3)
+        colours, counts = np.unique(cell, axis=0, return_counts=True)
+        assert colours.tolist() == [[128, 128, 128], list(UNDEFINED_COLOR)] and counts[1] > 4 * counts[0]
+    assert (plain[CELL // 2, CELL // 2] != UNDEFINED_COLOR).any()
+    legend = pixels[-30:]
+    assert (legend == UNDEFINED_COLOR).all(axis=2).any() and (legend == (128, 128, 128)).all(axis=2).any()
+
+
+def test_rsa_is_drawn_on_a_diverging_colormap_unless_cmap_says_otherwise(rsa_file):
+    with open_features(rsa_file) as features:
+        matrix = read_comparison(features).matrix()
+    plain = hookcli.grid(rsa_file, plain=True)["rsa.png"]
+    cells = [[plain[i * CELL + 2, j * CELL + 2].tolist() for j in range(2)] for i in range(2)]
+    assert cells == colorize((matrix + 1) / 2, DIVERGING).tolist()
+    gray = hookcli.grid(rsa_file, plain=True, cmap="gray")["rsa.png"]
+    assert gray[2, 2].tolist() == [255, 255, 255]
+
+
+def test_long_column_labels_are_upright_and_many_rows_are_labelled_in_steps(tmp_path):
+    rng = np.random.default_rng(2)
+    names = [f"features.denseblock{n // 10}.denselayer{n}.conv2" for n in range(30)]
+    saved = Features({name: rng.normal(size=(12, 4)).astype("float32") for name in names}, {})
+    pixels = hookcli.grid(hookcli.compare(features=saved))["linear-cka.png"]
+    upright = [name for name in names if _find(pixels, np.rot90(text_bitmap(name, LABEL_SIZE)))]
+    across = [name for name in names if _find(pixels, text_bitmap(name, LABEL_SIZE))]
+    assert upright == across == names[::2]  # cells of 16 pixels: every second label
+
+
+def test_grid_chooses_representations_with_k_and_refuses_what_a_comparison_has_not(runner, cka_file, tmp_path):
+    pixels = hookcli.grid(cka_file, keys=["a", "b"], plain=True)["linear-cka.png"]
+    assert pixels.shape == (2 * CELL, 2 * CELL, 3)  # 480 // 2 is more than the largest cell
+    for args, message in (
+        (
+            ["-i", "0"],
+            f"--image does not apply to a comparison file ('{cka_file}' holds one matrix of similarities). Hint: "
+            "choose representations with -k, or leave it out",
+        ),
+        (
+            ["--frame", "0"],
+            f"--frame does not apply to a comparison file ('{cka_file}' holds one matrix of similarities). Hint: "
+            "choose representations with -k, or leave it out",
+        ),
+        (
+            ["--top", "2"],
+            f"--top does not apply to a comparison file ('{cka_file}' holds one matrix of similarities). Hint: "
+            "choose representations with -k, or leave it out",
+        ),
+        (
+            ["-k", "layer9"],
+            f"no representation 'layer9' in '{cka_file}' (closest: flat, a, b). Hint: 'hookcli info' lists the keys",
+        ),
+        (["--cmap", "virdis"], "unknown colormap 'virdis'"),
+    ):
+        result = runner.invoke(main, ["grid", str(cka_file), "-o", str(tmp_path / "g"), *args])
+        assert result.exit_code == 2 and result.stderr.startswith(f"Error: {message}"), result.stderr
+        assert not (tmp_path / "g").exists()
 
 
 # -- info ------------------------------------------------------------------------------------------

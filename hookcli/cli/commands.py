@@ -537,23 +537,23 @@ def grid(file, output, quiet, **options) -> None:
     """Render feature-map grids (PNG) from a safetensors file, one per tensor and image.
 
     [N, C, H, W] tensors become tiled channel maps, each numbered with its
-    channel, [N, T, D] ViT tokens are folded back to a square grid (class
-    token dropped), [N, D] vectors and [N, C, 1, 1] pooled channels become a
-    strip of values. [N, C, T, H, W] video clips become a table, a row per
-    channel and a column per frame (--frame T: that frame's channel maps).
-    In a file of the optical_flow family, [N, 2, H, W] flow fields are drawn
-    in colour: the hue is the direction, white to full colour the length,
-    with a colour wheel. Rows of their own sizes (detection, segmentation)
-    are each drawn at their own size, and a detection file's final
-    detections (extract --detections) as one picture an image: the boxes
-    over the photo, each with its class index and score. A colour bar
-    states the scale. Layers wider than 64 channels draw their first 64
-    unless --channels or --top says otherwise. A statistics file (hookcli
-    stats) gives a picture a layer and channel: its dataset examples, each
-    input's photo as the model saw it with the channel's map over it and the
-    map's largest value ringed.
-    Written paths are printed, one per line. DIR is a shard folder
-    written with extract -o DIR/ (or its index.jsonl); - reads a file from stdin.
+    channel, [N, T, D] ViT tokens are folded back to a square grid (class token
+    dropped), [N, D] vectors and [N, C, 1, 1] pooled channels become a strip of
+    values. [N, C, T, H, W] video clips become a table, a row per channel and a
+    column per frame (--frame T: that frame's channel maps). In a file of the
+    optical_flow family, [N, 2, H, W] flow fields are drawn in colour: the hue
+    is the direction, white to full colour the length, with a colour wheel. Rows
+    of their own sizes (detection, segmentation) are each drawn at their own
+    size, and a detection file's final detections (extract --detections) as one
+    picture an image: the boxes over the photo, each with its class index and
+    score. A colour bar states the scale. Layers wider than 64 channels draw
+    their first 64 unless --channels or --top says otherwise. A statistics file
+    (hookcli stats) gives a picture a layer and channel: its dataset examples,
+    each input's photo as the model saw it with the channel's map over it and
+    the map's largest value ringed. A comparison file (hookcli compare) gives
+    one heatmap of its matrix, <method>.png (-k chooses representations).
+    Written paths are printed, one per line. DIR is a shard folder written with
+    extract -o DIR/ (or its index.jsonl); - reads a file from stdin.
 
     \b
       hookcli grid vgg16_bn-features.18.safetensors --channels 0:64 --cmap gray

@@ -47,6 +47,7 @@ from hookcli.errors import UsageProblem
 from hookcli.events import Advanced, Event, Note, Started, Wrote
 from hookcli.files import check_folder_output, refuse_existing
 from hookcli.patterns import select_keys
+from hookcli.pictures.compare_grids import draw_compare_grids
 from hookcli.pictures.drawing import render_picture
 from hookcli.pictures.options import DEFAULT_MAPS, GridJob, GridOptions, capped, file_stems, safe_name
 from hookcli.pictures.png import save_png
@@ -73,6 +74,7 @@ from hookcli.pictures.render import (
     tiles_that_fit,
 )
 from hookcli.pictures.stats_grids import draw_stats_grids
+from hookcli.storage.compare_format import is_comparison
 from hookcli.storage.fileformat import DETECTIONS
 from hookcli.storage.reader import FeatureReader
 from hookcli.storage.stats_format import is_stats
@@ -406,10 +408,13 @@ def draw_grids(features, options, output, *, force: bool = False, progress: Call
     Written: the PNG paths in order. In memory (``output=None``): a dict of
     file name → ``uint8 [H, W, 3]`` pixels. Undrawable tensors are reported
     as :class:`Note` s. A statistics file's pictures are its channels' dataset
-    examples (:func:`~hookcli.pictures.stats_grids.draw_stats_grids`).
+    examples (:func:`~hookcli.pictures.stats_grids.draw_stats_grids`), a comparison file's one heatmap of its
+    matrix (:func:`~hookcli.pictures.compare_grids.draw_compare_grids`).
     """
     if is_stats(features.metadata):
         return draw_stats_grids(features, options, output, force=force, progress=progress)
+    if is_comparison(features.metadata):
+        return draw_compare_grids(features, options, output, force=force, progress=progress)
     emit = progress or (lambda event: None)
     jobs = plan_grids(features, options, output, force=force)
     for text in (*getattr(features, "reading_notes", ()), *jobs.notes):

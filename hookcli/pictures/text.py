@@ -1,5 +1,5 @@
-"""Text in pictures: channel numbers stamped from a small bitmap font drawn once per size, caption fonts, and
-numbers short enough for a colour bar's end.
+"""Text in pictures: channel numbers stamped from a small bitmap font drawn once per size, other text (labels)
+inked in the caption font, caption fonts, and numbers short enough for a colour bar's end.
 
 >>> number(0.000123456), number(1234567.0)
 ('0.000123', '1.23e+06')
@@ -16,10 +16,12 @@ from PIL import Image, ImageDraw, ImageFont
 __all__ = [
     "caption_font",
     "glyphs",
+    "ink",
     "label_band",
     "label_size",
     "number",
     "stamp",
+    "text_bitmap",
     "text_width",
     "tick_step",
     "wrapped",
@@ -69,13 +71,10 @@ def text_width(text: str, size: int) -> int:
     return sum(drawn[c].shape[1] for c in text)
 
 
-def stamp(canvas: np.ndarray, text: str, size: int, top: int, left: int) -> None:
-    """Write ``text`` (digits, sign, point) in black on ``canvas`` at (top, left), clipped to its edges."""
-    label = _label_bitmap(text, size)
-    h, w = min(label.shape[0], canvas.shape[0] - top), min(label.shape[1], canvas.shape[1] - left)
-    if h > 0 and w > 0:
-        region = canvas[top : top + h, left : left + w]
-        np.minimum(region, label[:h, :w, None], out=region)
+def stamp(canvas: np.ndarray, text: str, size: int, top: int, left: int, *, light: bool = False) -> None:
+    """Write ``text`` (digits, sign, point) in black (``light``: in white) on ``canvas`` at (top, left), clipped to
+    its edges."""
+    ink(canvas, 255 - _label_bitmap(text, size), top, left, light=light)
 
 
 @functools.lru_cache(maxsize=8192)
@@ -83,6 +82,34 @@ def _label_bitmap(text: str, size: int) -> np.ndarray:
     """``text`` as dark-on-white pixels (255 where there is no ink)."""
     drawn = glyphs(size)[0]
     return 255 - np.concatenate([drawn[c] for c in text], axis=1)
+
+
+@functools.lru_cache(maxsize=1024)
+def text_bitmap(text: str, size: int) -> np.ndarray:
+    """Any ``text``'s coverage (0-255) in the caption font of ``size``, one line of the font's full height (so
+    that lines of other text align) and as wide as it advances."""
+    font = _font(size)
+    ascent, descent = font.getmetrics()
+    image = Image.new("L", (max(1, round(font.getlength(text))), ascent + descent), 0)
+    ImageDraw.Draw(image).text((0, 0), text, fill=255, font=font)
+    return np.asarray(image)
+
+
+def ink(canvas: np.ndarray, coverage: np.ndarray, top: int, left: int, *, light: bool = False) -> None:
+    """Ink ``coverage`` (0-255, as :func:`text_bitmap` gives) onto ``canvas`` at (top, left), black (``light``:
+    white), clipped to its edges."""
+    top_clip, left_clip = max(0, -top), max(0, -left)
+    top, left = max(0, top), max(0, left)
+    h = min(coverage.shape[0] - top_clip, canvas.shape[0] - top)
+    w = min(coverage.shape[1] - left_clip, canvas.shape[1] - left)
+    if h <= 0 or w <= 0:
+        return
+    region = canvas[top : top + h, left : left + w]
+    shown = coverage[top_clip : top_clip + h, left_clip : left_clip + w, None]
+    if light:
+        np.maximum(region, shown, out=region)
+    else:
+        np.minimum(region, 255 - shown, out=region)
 
 
 def wrapped(font, parts: Sequence[str], width: int, joiner: str) -> list[str]:
