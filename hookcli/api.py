@@ -293,7 +293,8 @@ def report(
     **options,
 ):
     """A static HTML report of saved features, in pages of ``page_size`` images (default 20): ``hookcli report``;
-    of a statistics file, each layer's channels, ``page_size`` a page (default 64).
+    of a statistics file, each layer's channels, ``page_size`` a page (default 64); of a comparison file, one page
+    of its matrix (:mod:`hookcli.pictures.compare_reports`).
 
     ``source`` as for :func:`grid`; ``output``: the folder (default
     ``<file stem>_report``); the options of :func:`grid` choose tensors,

@@ -1,6 +1,8 @@
 """Comparison files (hookcli compare) read back: the checks a crafted file meets before anything is drawn or
 printed, the heatmap grid draws, the page report writes and what info says."""
 
+import base64
+import io
 import json
 import re
 from pathlib import Path
@@ -13,6 +15,7 @@ import hookcli
 from hookcli.cli import main
 from hookcli.errors import FeatureFileError
 from hookcli.pictures.compare_grids import DIVERGING, UNDEFINED_COLOR
+from hookcli.pictures.html import CONTENT_SECURITY_POLICY
 from hookcli.pictures.render import colorize
 from hookcli.pictures.text import text_bitmap
 from hookcli.storage.compare_file import read_comparison
@@ -227,7 +230,7 @@ CRAFTED = {
 }
 
 
-@pytest.mark.parametrize("command", ["info", "grid"])
+@pytest.mark.parametrize("command", ["info", "grid", "report"])
 @pytest.mark.parametrize("case", CRAFTED)
 def test_a_crafted_comparison_file_is_refused_with_one_line_naming_what_is_wrong(
     runner, cka_file, rsa_file, tmp_path, monkeypatch, crafted_copy, command, case
@@ -372,6 +375,47 @@ def test_grid_chooses_representations_with_k_and_refuses_what_a_comparison_has_n
         result = runner.invoke(main, ["grid", str(cka_file), "-o", str(tmp_path / "g"), *args])
         assert result.exit_code == 2 and result.stderr.startswith(f"Error: {message}"), result.stderr
         assert not (tmp_path / "g").exists()
+
+
+# -- report ----------------------------------------------------------------------------------------
+
+
+def test_report_is_one_page_of_the_heatmap_the_matrix_and_the_settings(runner, cka_file, tmp_path):
+    result = runner.invoke(main, ["report", str(cka_file), "-o", str(tmp_path / "r")])
+    assert result.exit_code == 0 and result.stdout == f"{tmp_path / 'r' / 'index.html'}\n", result.output
+    assert sorted(path.name for path in (tmp_path / "r").iterdir()) == ["index.html"]
+    page = (tmp_path / "r" / "index.html").read_text()
+    assert f'<meta http-equiv="Content-Security-Policy" content="{CONTENT_SECURITY_POLICY}">' in page
+    assert "<script" not in page and "http://" not in page and "https://" not in page
+    sources = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
+    assert len(sources) == 1
+    shown = np.asarray(Image.open(io.BytesIO(base64.b64decode(sources[0]))).convert("RGB"))
+    np.testing.assert_array_equal(shown, hookcli.grid(cka_file)["linear-cka.png"])
+    table = re.search(r'<table class="matrix">(.*?)</table>', page, re.S)[1]
+    assert re.findall(r'<th scope="col">([^<]*)</th>', table) == ["a", "b", "flat"]
+    assert re.findall(r'<th scope="row">([^<]*)</th>', table) == ["a", "b", "flat"]
+    with open_features(cka_file) as features:
+        matrix = features.read("linear-cka")
+    values = [float(v) for v in re.findall(r'data-value="([^"]+)"', table)]
+    np.testing.assert_array_equal(np.array(values).reshape(3, 3), matrix)
+    assert table.count('<td class="undefined" data-value="NaN">undefined</td>') == 5
+    settings = re.search(r'<section id="settings">(.*?)</section>', page, re.S)[1]
+    assert "<th>pool</th><td>avg</td>" in settings
+    assert '<details class="about">' in page and "<th>method</th><td>linear-cka</td>" in page
+    assert "undefined (no spread)</th><td>flat</td>" in page
+
+
+def test_report_takes_k_and_refuses_a_page_size(runner, cka_file, tmp_path):
+    index = hookcli.report(cka_file, output=tmp_path / "two", keys=["a", "b"])
+    table = re.search(r'<table class="matrix">(.*?)</table>', index.read_text(), re.S)[1]
+    assert re.findall(r'<th scope="row">([^<]*)</th>', table) == ["a", "b"] and "undefined" not in table
+    result = runner.invoke(main, ["report", str(cka_file), "-o", str(tmp_path / "r"), "--page-size", "5"])
+    assert (result.exit_code, result.stderr) == (
+        2,
+        f"Error: --page-size pages images or channels, and the report of the comparison file '{cka_file}' is one "
+        "page. Hint: leave --page-size out\n",
+    )
+    assert not (tmp_path / "r").exists()
 
 
 # -- info ------------------------------------------------------------------------------------------

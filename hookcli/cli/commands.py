@@ -580,15 +580,15 @@ def grid(file, output, quiet, **options) -> None:
 def report(file, output, page_size, quiet, **options) -> None:
     """Write a static HTML report: each image's pictures, statistics and targets, and the file's metadata.
 
-    One page per --page-size images: DIR/index.html (with a summary of the
-    file), then DIR/page-00002.html, … linked to each other. Pages stand
-    alone (pictures embedded, nothing fetched) and open from file://. The
-    path of index.html is printed. The options below are grid's; --image
-    also takes a range A:B of row indices. A detection file's final
-    detections are listed for each image (class index, score, box) beside
-    their picture. A statistics file (hookcli stats) gives a page of each
-    layer's channels at a time: a sortable table of them, its principal
-    components, and each channel's quantiles and dataset examples.
+    One page per --page-size images: DIR/index.html (with a summary of the file),
+    then DIR/page-00002.html, … linked to each other. Pages stand alone (pictures
+    embedded, nothing fetched) and open from file://. The path of index.html is
+    printed. The options below are grid's; --image also takes a range A:B of row
+    indices. A detection file's final detections are listed for each image (class
+    index, score, box) beside their picture. A statistics file (hookcli stats) gives
+    a page of each layer's channels at a time: a sortable table of them, its
+    principal components, and each channel's quantiles and dataset examples. A
+    comparison file (hookcli compare) gives one page: its heatmap and matrix.
 
     \b
       hookcli report feats.safetensors -o report/

@@ -12,6 +12,7 @@ image's section from :mod:`~hookcli.pictures.sections`, the pieces from
 file for ``info``. A statistics file's pictures are its channels' dataset examples
 (:mod:`~hookcli.pictures.examples`, chosen and written by :mod:`~hookcli.pictures.stats_grids`), and its
 report (:mod:`~hookcli.pictures.stats_reports`) its layers' channels, with :mod:`~hookcli.pictures.charts`;
-:mod:`~hookcli.pictures.png` writes PNG files. It imports the foundation modules,
-:mod:`hookcli.inputs` and :mod:`hookcli.storage`, nothing above.
+a comparison file's are the heatmap of its matrix (:mod:`~hookcli.pictures.compare_grids`) and a page of it
+(:mod:`~hookcli.pictures.compare_reports`); :mod:`~hookcli.pictures.png` writes PNG files. It imports the
+foundation modules, :mod:`hookcli.inputs` and :mod:`hookcli.storage`, nothing above.
 """

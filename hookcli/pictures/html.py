@@ -27,6 +27,7 @@ from hookcli.storage.fileformat import metadata_order
 from hookcli.storage.reader import FeatureReader
 
 __all__ = [
+    "CONTENT_SECURITY_POLICY",
     "DEPTH_SHOWN",
     "PAGE_WINDOW",
     "TEXT_SHOWN",
@@ -432,6 +433,10 @@ def _encoded(pixels: np.ndarray, **how) -> str:
     return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
+#: What the pages may load: nothing but their own inline style and embedded pictures.
+CONTENT_SECURITY_POLICY = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
+
+
 HEAD = """<!DOCTYPE html>
 <html lang="en">
 <head>
@@ -471,6 +476,7 @@ th, td { border: 1px solid #ddd; padding: .15em .5em; text-align: left; vertical
          overflow-wrap: anywhere; }
 th { background: #f4f4f6; }
 caption { text-align: left; font-weight: bold; padding: .2em 0; }
+table.metadata > tbody > tr > th { overflow-wrap: break-word; }
 .stats td, .channels td, .predictions td, .targets td, .detections td { font-variant-numeric: tabular-nums; }
 .inner { margin: 0; }
 ol.inner { padding-left: 2.5em; }

@@ -52,8 +52,10 @@ from pathlib import Path
 from hookcli.errors import check_whole
 from hookcli.events import Advanced, Note, Started, Wrote
 from hookcli.files import atomic_path, check_folder_output, format_bytes, refuse_existing
+from hookcli.pictures.compare_reports import write_compare_report
 from hookcli.pictures.grids import plan_grids
 from hookcli.pictures.html import (
+    CONTENT_SECURITY_POLICY,
     HEAD,
     STYLE,
     escaped,
@@ -69,6 +71,7 @@ from hookcli.pictures.reading import input_names, select_rows
 from hookcli.pictures.sections import ImageSections, ReportTensor, report_tensors
 from hookcli.pictures.stats_reports import write_stats_report
 from hookcli.pictures.summary import describe_file
+from hookcli.storage.compare_format import is_comparison
 from hookcli.storage.fileformat import INDEX_NAME
 from hookcli.storage.reader import FeatureReader
 from hookcli.storage.stats_format import is_stats
@@ -89,10 +92,6 @@ DEFAULT_PAGE_SIZE = 20
 #: The most images on one page: a page holds every picture of its images, and one of many thousands is more than a
 #: browser shows.
 MAX_PAGE_SIZE = 10_000
-
-
-#: What the pages may load: nothing but their own inline style and embedded pictures.
-CONTENT_SECURITY_POLICY = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
 
 
 def default_report_folder(source) -> str:
@@ -124,10 +123,13 @@ def write_report(
     :class:`~hookcli.events.Advanced` (a row), :class:`~hookcli.events.Note` and
     :class:`~hookcli.events.Wrote` (``index.html``) events to ``progress``. ``page_size`` defaults to
     :data:`DEFAULT_PAGE_SIZE`. A statistics file's report is its layers' channels
-    (:func:`~hookcli.pictures.stats_reports.write_stats_report`, ``page_size`` channels a page).
+    (:func:`~hookcli.pictures.stats_reports.write_stats_report`, ``page_size`` channels a page), a comparison
+    file's one page of its matrix (:func:`~hookcli.pictures.compare_reports.write_compare_report`).
     """
     if is_stats(features.metadata):
         return write_stats_report(features, output, options, page_size=page_size, force=force, progress=progress)
+    if is_comparison(features.metadata):
+        return write_compare_report(features, output, options, page_size=page_size, force=force, progress=progress)
     emit = progress or (lambda event: None)
     page_size = DEFAULT_PAGE_SIZE if page_size is None else page_size
     check_whole("page_size", page_size, 1, MAX_PAGE_SIZE)

@@ -1,0 +1,173 @@
+"""``hookcli report`` on a comparison file: one page, ``index.html``.
+
+It sums the comparison up (the method, what the rows and columns are of, the
+inputs, the undefined representations), shows its heatmap as ``grid`` draws it
+(:func:`~hookcli.pictures.compare_grids.heatmap_picture`), then the matrix as a
+table, a row a representation and a column one of the other side, each cell
+its value on the heatmap's colour (an undefined one says so), the method's
+settings, and the file's tensors and metadata in a collapsed section, as the
+other reports do. The page stands alone as they do: the picture is inline,
+nothing is fetched, and there is no script
+(:data:`~hookcli.pictures.html.CONTENT_SECURITY_POLICY`). ``-k`` and
+``--cmap`` choose as in ``grid``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from hookcli.errors import UsageProblem
+from hookcli.events import Advanced, Started, Wrote
+from hookcli.files import atomic_path, check_folder_output, format_bytes, refuse_existing
+from hookcli.pictures.compare_grids import (
+    METHOD_NAMES,
+    ChosenMatrix,
+    choose_matrix,
+    heatmap_picture,
+    matrix_colours,
+)
+from hookcli.pictures.html import (
+    CONTENT_SECURITY_POLICY,
+    HEAD,
+    STYLE,
+    escaped,
+    facts_table,
+    file_details,
+    new_pages,
+    page_name,
+    picture_html,
+    value_html,
+)
+from hookcli.pictures.options import GridOptions
+from hookcli.pictures.summary import describe_comparison
+from hookcli.storage.compare_file import ComparisonFile, read_comparison
+from hookcli.storage.reader import FeatureReader
+from hookcli.version import __version__
+
+__all__ = ["write_compare_report"]
+
+#: Columns whose labels are longer than this many characters have them upright.
+_UPRIGHT = 8
+
+_COMPARE_STYLE = """
+.matrix-wrap { max-height: 40em; max-width: 100%; width: fit-content; overflow: auto; border: 1px solid #ddd; }
+table.matrix th, table.matrix td { white-space: nowrap; overflow-wrap: normal; }
+table.matrix td { font-variant-numeric: tabular-nums; text-align: right; }
+table.matrix.upright thead th { writing-mode: vertical-rl; transform: rotate(180deg); text-align: left; }
+table.matrix td.dark { color: #fff; }
+table.matrix td.undefined { color: #555; font-style: italic; background: #e0e0e0; }
+table.matrix thead th { position: sticky; top: 0; }
+table.matrix tbody th { position: sticky; left: 0; }
+.heatmap img { max-width: 100%; height: auto; border: 1px solid #ddd; }
+"""
+
+
+def write_compare_report(
+    features: FeatureReader,
+    output: str | os.PathLike,
+    options: GridOptions,
+    *,
+    page_size: int | None = None,
+    force: bool = False,
+    progress: Callable | None = None,
+) -> Path:
+    """Write the report of the comparison file ``features`` (see the module) into folder ``output`` and return the
+    path of its ``index.html``. Refuses what grid refuses of a comparison file, a ``page_size`` (the report is one
+    page), and an existing page unless ``force``; reports :class:`~hookcli.events.Started`,
+    :class:`~hookcli.events.Advanced` and :class:`~hookcli.events.Wrote` (``index.html``) events to ``progress``."""
+    emit = progress or (lambda event: None)
+    comparison = read_comparison(features)
+    if page_size is not None:
+        raise UsageProblem(
+            f"--page-size pages images or channels, and the report of the comparison file '{comparison.name}' is "
+            "one page",
+            hint="leave --page-size out",
+        )
+    chosen = choose_matrix(comparison, options)
+    folder = check_folder_output(output)
+    index = folder / page_name(1)
+    refuse_existing([index], force=force)
+    emit(Started(total=1))
+    picture = picture_html(heatmap_picture(comparison, chosen, options), f"heatmap of {comparison.method}")
+    with new_pages(folder) as track, atomic_path(track(index), force=force) as temporary:
+        with open(temporary, "w", encoding="utf-8") as page:
+            title = f"{comparison.name} · hookcli report"
+            page.write(HEAD.format(policy=CONTENT_SECURITY_POLICY, title=escaped(title), style=STYLE + _COMPARE_STYLE))
+            page.write(f"<header><h1>hookcli report: {escaped(comparison.name)}</h1></header>\n<main>\n")
+            page.write(_summary(comparison))
+            page.write(f'<section id="heatmap" class="heatmap">\n<h2>Heatmap</h2>\n{picture}\n</section>\n')
+            page.write(_matrix_table(comparison, chosen))
+            page.write(_settings(comparison))
+            page.write(file_details(describe_comparison(comparison, values=False), {comparison.method}))
+            page.write(
+                f"</main>\n<footer><p>Written by hookcli {escaped(__version__)}.</p></footer>\n</body>\n</html>\n"
+            )
+    emit(Advanced(1))
+    emit(Wrote(index))
+    return index
+
+
+def _summary(comparison: ComparisonFile) -> str:
+    first, second = comparison.sources()
+    count = f"{len(comparison.inputs):,}" + (f" ({comparison.skipped:,} skipped)" if comparison.skipped else "")
+    facts = [
+        ("source", comparison.name),
+        ("method", f"{METHOD_NAMES[comparison.method]} ({comparison.method})"),
+        ("rows", f"{len(comparison.rows):,} representations of {first}"),
+        (
+            "columns",
+            "the same representations"
+            if comparison.same
+            else f"{len(comparison.columns):,} representations of {second}",
+        ),
+        ("inputs", count),
+        ("undefined (no spread)", ", ".join(comparison.undefined) or "none"),
+        ("size", format_bytes(comparison.features.size)),
+    ]
+    return (
+        f'<section id="summary">\n<h2>Summary</h2>\n{facts_table(facts)}'
+        '<p><a href="#matrix">The matrix</a> and <a href="#settings">its settings</a> follow the heatmap; '
+        '<a href="#file">the file\'s tensors and metadata</a> close the page.</p>\n</section>\n'
+    )
+
+
+def _matrix_table(comparison: ComparisonFile, chosen: ChosenMatrix) -> str:
+    """The chosen rows and columns of the matrix, each cell its value on its heatmap colour."""
+    values = comparison.matrix()[np.ix_(chosen.rows, chosen.columns)]
+    colours = matrix_colours(values, comparison.method, chosen.cmap)
+    dark = colours.astype(np.float64) @ np.array([0.299, 0.587, 0.114]) < 128
+    heads = "".join(f'<th scope="col">{escaped(comparison.columns[j])}</th>' for j in chosen.columns)
+    lines = []
+    for n, i in enumerate(chosen.rows):
+        cells = []
+        for m, value in enumerate(values[n].tolist()):
+            if np.isnan(value):
+                cells.append('<td class="undefined" data-value="NaN">undefined</td>')
+                continue
+            colour = "#{:02x}{:02x}{:02x}".format(*colours[n, m].tolist())
+            shade = ' class="dark"' if dark[n, m] else ""
+            cells.append(f'<td{shade} style="background: {colour}" data-value="{value!r}">{value:.3f}</td>')
+        lines.append(f'<tr><th scope="row">{escaped(comparison.rows[i])}</th>{"".join(cells)}</tr>')
+    # Long labels over columns of short numbers read upwards, as in the heatmap.
+    upright = " upright" if max(len(comparison.columns[j]) for j in chosen.columns) > _UPRIGHT else ""
+    shown = len(chosen.rows) * len(chosen.columns)
+    whole = len(comparison.rows) * len(comparison.columns)
+    part = "" if shown == whole else f" ({shown:,} of its {whole:,} pairs, as -k chose)"
+    return (
+        f'<section id="matrix">\n<h2>Matrix</h2>\n<p>{escaped(METHOD_NAMES[comparison.method])} of each row\'s '
+        f"representation with each column's{part}; undefined: a representation without spread.</p>\n"
+        f'<div class="matrix-wrap"><table class="matrix{upright}"><thead><tr><th></th>{heads}</tr></thead>'
+        f"<tbody>{''.join(lines)}</tbody></table></div>\n</section>\n"
+    )
+
+
+def _settings(comparison: ComparisonFile) -> str:
+    rows = "".join(
+        f"<tr><th>{escaped(name)}</th><td>{value_html(value)}</td></tr>" for name, value in comparison.settings.items()
+    )
+    table = f'<table class="facts">{rows}</table>' if rows else "<p>None recorded.</p>"
+    return f'<section id="settings">\n<h2>Settings</h2>\n{table}\n</section>\n'
