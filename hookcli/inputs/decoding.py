@@ -3,7 +3,7 @@
 With ``--decode cpu`` (the default) the decode workers turn each file into
 the model's input whole: Pillow decodes, the weights' preprocessing resizes,
 crops and normalises (:mod:`hookcli.inputs.preprocess`). With ``--decode device``
-they only read each file and check its header (:func:`hookcli.inputs.images.read_jpeg`);
+they only read each file and check its header (:func:`hookcli.inputs.images.read_encoded`);
 :class:`DeviceDecoder` then decodes a batch's JPEGs in one call of
 torchvision's ``decode_jpeg`` on the device (nvJPEG on CUDA), turns each
 upright as its EXIF orientation says, and runs the same preprocessing there,
@@ -32,7 +32,7 @@ changes without a GPU.
 >>> photo = __import__("matplotlib.cbook").cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)
 >>> preprocess = Preprocess(resize=64, crop=56, decode="device")
 >>> images = EncodedImages([photo, photo], preprocess)
->>> indices, encoded, failures = collate([images[0], images[1]])
+>>> indices, encoded, failures, pictures = collate([images[0], images[1]])
 >>> indices, batch, failures = DeviceDecoder(preprocess, torch.device("cpu"))(indices, encoded, failures)
 >>> indices, tuple(batch.shape), failures
 ([0, 1], (2, 3, 56, 56), [])
@@ -51,7 +51,7 @@ from torchvision.io import ImageReadMode
 from torchvision.transforms.functional import pil_to_tensor
 
 from hookcli.errors import DeviceError, ImageError, MemoryLimitError, first_line
-from hookcli.inputs.images import JpegBytes, load_rgb, read_jpeg
+from hookcli.inputs.images import JpegBytes, PictureMaker, load_rgb, read_encoded
 from hookcli.inputs.preprocess import Preprocess
 from hookcli.inputs.transforms import to_tensor_steps, to_transform
 
@@ -68,11 +68,12 @@ PIXELS_AT_ONCE = 1 << 26
 
 class EncodedImages:
     """A dataset of images as the decode workers leave them for the device: a JPEG's bytes
-    (:class:`~hookcli.inputs.images.JpegBytes`), any other image decoded and preprocessed as ``--decode cpu`` does it; a
-    failure comes back as a value ``(message, hint)``, never raised in a worker."""
+    (:class:`~hookcli.inputs.images.JpegBytes`), any other image decoded and preprocessed as ``--decode cpu`` does it,
+    each file opened once; items are ``(index, image, failure, picture)``, a failure as a value ``(message, hint)``,
+    never raised in a worker, and ``picture`` what ``picture`` makes of the image (None without one)."""
 
-    def __init__(self, paths: Sequence, preprocess: Preprocess) -> None:
-        self.paths, self.transform = paths, to_transform(preprocess)
+    def __init__(self, paths: Sequence, preprocess: Preprocess, picture: PictureMaker | None = None) -> None:
+        self.paths, self.transform, self.picture = paths, to_transform(preprocess), picture
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -80,10 +81,10 @@ class EncodedImages:
     def __getitem__(self, index: int):
         path = self.paths[index]
         try:
-            found = read_jpeg(path)
-            return index, found if found is not None else self.transform(load_rgb(path)), None
+            found, made = read_encoded(path, self.picture)
+            return index, found if isinstance(found, JpegBytes) else self.transform(found), None, made
         except ImageError as err:
-            return index, None, (err.message, err.hint)
+            return index, None, (err.message, err.hint), None
 
 
 class Encoded(NamedTuple):
@@ -96,9 +97,10 @@ class Encoded(NamedTuple):
     positions: list
 
 
-def collate(items) -> tuple[list[int], Encoded, list]:
-    """``(indices, Encoded, failures)`` of a batch of :class:`EncodedImages` items."""
-    good = [(i, item) for i, item, error in items if error is None]
+def collate(items) -> tuple[list[int], Encoded, list, dict]:
+    """``(indices, Encoded, failures, pictures)`` of a batch of :class:`EncodedImages` items, ``pictures`` by input
+    index."""
+    good = [(i, item) for i, item, error, _ in items if error is None]
     jpegs = [(k, item) for k, (_, item) in enumerate(good) if isinstance(item, JpegBytes)]
     positions = [k for k, (_, item) in enumerate(good) if not isinstance(item, JpegBytes)]
     rows = [good[k][1] for k in positions]
@@ -108,7 +110,8 @@ def collate(items) -> tuple[list[int], Encoded, list]:
     return (
         [i for i, _ in good],
         Encoded(jpegs, prepared if positions else None, positions),
-        [(i, e) for i, _, e in items if e is not None],
+        [(i, e) for i, _, e, _ in items if e is not None],
+        {i: made for i, _, _, made in items if made is not None},
     )
 
 

@@ -55,7 +55,14 @@ def execute(run: RunPlan, progress: Callable[[Event], None] | None = None):
             emit(Started(total=len(run.inputs), done=writer.done, output=run.output.path))
             if order is not None:
                 for batch in iter_batches(
-                    run.loaded, run.layers, run.inputs, run.settings, forward=run.forward, order=order, on_note=note
+                    run.loaded,
+                    run.layers,
+                    run.inputs,
+                    run.settings,
+                    forward=run.forward,
+                    order=order,
+                    on_note=note,
+                    picture=writer.picture if isinstance(writer, CamOverlays) else None,
                 ):
                     writer.add(batch)
                     for index, error in batch.failures:

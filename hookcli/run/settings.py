@@ -76,7 +76,8 @@ class Batch:
 
     ``targets`` (gradient runs only) describes, per row, the logits the
     gradients are of; ``facts`` is what the forward has learnt so far (None
-    when no image of the batch could be read).
+    when no image of the batch could be read); ``pictures``, by input index,
+    what the run's picture maker made of each image as it was decoded.
     """
 
     indices: list[int]
@@ -84,6 +85,7 @@ class Batch:
     failures: list[tuple[int, str]] = field(default_factory=list)
     targets: list | None = None
     facts: RunFacts | None = None
+    pictures: dict = field(default_factory=dict)
 
 
 #: More decoding processes than this would only crowd the machine (each one holds a copy of the decoder's state).
