@@ -15,6 +15,7 @@ from hookcli.errors import HookcliError, UsageProblem, VideoError
 from hookcli.inputs.clips import (
     VIDEO_SUFFIXES,
     Clip,
+    ImagePair,
     clip_frames,
     find_clips,
     find_pairs,
@@ -22,7 +23,7 @@ from hookcli.inputs.clips import (
     frame_count,
     pair_frames,
 )
-from hookcli.inputs.video import read_frames, read_row
+from hookcli.inputs.video import close_decoders, read_frames, read_row
 
 av = pytest.importorskip("av")
 
@@ -401,3 +402,41 @@ def test_clips_asked_in_order_continue_one_pass_through_the_file(tmp_path, monke
     assert len(opened) == 3
     with pytest.raises(VideoError, match="ended after 6 frames; frame 7 was asked for"):
         read_frames(path, [7])
+
+
+def test_pairs_of_a_frame_folder_decode_each_frame_once(frame_folder, monkeypatch):
+    import hookcli.inputs.video
+
+    decoded = []
+    real = hookcli.inputs.video.load_rgb
+
+    def counted(path, **options):
+        decoded.append(path.name)
+        return real(path, **options)
+
+    monkeypatch.setattr(hookcli.inputs.video, "load_rgb", counted)
+    close_decoders()
+    pairs = find_pairs(frame_folder)
+    rows = [read_row(pair) for pair in pairs]
+    assert [row[:, 0, 0, 0].tolist() for row in rows] == [[10 * i, 10 * i + 10] for i in range(11)]
+    assert decoded == [f"frame{i + 1}.png" for i in range(12)]  # frame k is the second of pair k-1, the first of k
+    # A frame written again is decoded again; the run's end lets go of the frames kept.
+    Image.fromarray(written_frames(12)[0]).save(frame_folder / "frame12.png")
+    os.utime(frame_folder / "frame12.png", ns=(1, 1))
+    assert read_row(pairs[10])[1, 0, 0, 0] == 0 and decoded[-1] == "frame12.png" and len(decoded) == 13
+    close_decoders()
+    read_row(pairs[0])
+    assert decoded[-2:] == ["frame1.png", "frame2.png"]
+
+
+def test_pairs_of_two_image_lists_share_the_images_they_have_in_common(frame_folder, monkeypatch):
+    import hookcli.inputs.video
+
+    decoded = []
+    real = hookcli.inputs.video.load_rgb
+    monkeypatch.setattr(hookcli.inputs.video, "load_rgb", lambda path: decoded.append(path.name) or real(path))
+    close_decoders()
+    frames = [frame_folder / f"frame{i + 1}.png" for i in range(4)]
+    pairs = [ImagePair(first, second) for first, second in zip(frames, frames[1:])]
+    assert [read_row(pair)[:, 0, 0, 0].tolist() for pair in pairs] == [[0, 10], [10, 20], [20, 30]]
+    assert decoded == ["frame1.png", "frame2.png", "frame3.png", "frame4.png"]

@@ -30,6 +30,7 @@ import numpy as np
 
 from hookcli.console import counted
 from hookcli.errors import ImageError, UsageProblem, VideoError
+from hookcli.inputs.archives import file_stamp, input_files, input_key
 from hookcli.inputs.clips import (
     DAMAGED_HINT,
     TOO_LARGE_HINT,
@@ -116,13 +117,13 @@ def _read_file(path, positions: dict[int, list[int]]) -> np.ndarray:
             height, width = frames.shape[1:3]
             frames[positions[index]] = frame.to_ndarray(format="rgb24", width=width, height=height)
     except av.FFmpegError as err:
-        close_decoders()
+        _close_video()
         raise VideoError(f"cannot decode video '{path}': {av_reason(err)}", hint=DAMAGED_HINT) from None
     except VideoError:
-        close_decoders()
+        _close_video()
         raise
     except _Ended as ended:
-        close_decoders()
+        _close_video()
         raise VideoError(
             f"video '{path}' ended after {counted(ended.decoded, 'frame')}; frame {max(positions)} was asked for",
             hint=DAMAGED_HINT,
@@ -193,13 +194,19 @@ def _decoding(path, first: int) -> _Decoding:
         identity = None
     if identity is not None and _OPEN and _OPEN[0].identity == identity and _OPEN[0].reaches(first):
         return _OPEN[0]
-    close_decoders()
+    _close_video()
     _OPEN.append(_Decoding(path, identity))
     return _OPEN[0]
 
 
 def close_decoders() -> None:
-    """Close the video file kept open for the next read (a run does at its end)."""
+    """Close the video file kept open for the next read, and let go of the images kept for the next rows (a run
+    does at its end)."""
+    _close_video()
+    _RECENT_IMAGES.clear()
+
+
+def _close_video() -> None:
     while _OPEN:
         _OPEN.pop().close()
 
@@ -217,21 +224,52 @@ def _read_folder(folder, positions: dict[int, list[int]]) -> np.ndarray:
     first: tuple[Path, tuple[int, int]] | None = None
     for index in sorted(positions):
         try:
-            image = load_rgb(paths[index])
+            image = _image_array(paths[index])
         except ImageError as err:
             raise VideoError(err.message, hint=err.hint) from None
+        image_size = (image.shape[1], image.shape[0])
         if frames is None or first is None:
-            first = paths[index], image.size
-            frames = np.empty((size, image.height, image.width, 3), np.uint8)
-        elif image.size != first[1]:
+            first = paths[index], image_size
+            frames = np.empty((size, *image.shape), np.uint8)
+        elif image_size != first[1]:
             raise VideoError(
                 f"frames in folder '{folder}' differ in size: '{first[0].name}' is {size_text(first[1])}, "
-                f"'{paths[index].name}' is {size_text(image.size)}",
+                f"'{paths[index].name}' is {size_text(image_size)}",
                 hint="all frames of a video must be the same size",
             )
-        frames[positions[index]] = np.asarray(image)
+        frames[positions[index]] = image
     assert frames is not None, "positions names a frame at least"
     return frames
+
+
+#: Images decoded from folders of frames and pairs of images, by what identifies their file (:func:`_file_identity`),
+#: kept up to :data:`_RECENT_BYTES` (the latest one at least) for the rows that share them: frame k is the second of
+#: pair k - 1 and the first of pair k.
+_RECENT_IMAGES: dict[tuple, np.ndarray] = {}
+
+
+def _image_array(path) -> np.ndarray:
+    """The image at ``path`` as ``uint8`` RGB ``[H, W, 3]``, decoded by :func:`load_rgb` unless a recent row of
+    this process decoded it (a file changed since is decoded again)."""
+    identity = _file_identity(path)
+    if identity in _RECENT_IMAGES:
+        return _RECENT_IMAGES[identity]
+    image = np.asarray(load_rgb(path))
+    if identity is not None:
+        _RECENT_IMAGES[identity] = image
+        kept = sum(array.nbytes for array in _RECENT_IMAGES.values())
+        while len(_RECENT_IMAGES) > 1 and kept > _RECENT_BYTES:
+            kept -= _RECENT_IMAGES.pop(next(iter(_RECENT_IMAGES))).nbytes
+    return image
+
+
+def _file_identity(path) -> tuple | None:
+    """The input's name and the size and modification time of the files it is read from; None when one cannot be
+    looked at (decoding then says why)."""
+    stamps = [file_stamp(name) for name in input_files(path)]
+    if any(stamp is None for stamp in stamps):
+        return None
+    return input_key(path), *(tuple(stamp) for stamp in stamps if stamp is not None)
 
 
 def _check_frame(path, frame) -> None:
@@ -248,7 +286,7 @@ def read_row(row: Clip | ImagePair) -> np.ndarray:
     :class:`~hookcli.inputs.clips.ImagePair`, which must be of one size (else :class:`VideoError`)."""
     if isinstance(row, Clip):
         return read_frames(row.path, row.frames)
-    first, second = (np.asarray(load_rgb(p)) for p in (row.path, row.second))
+    first, second = (_image_array(p) for p in (row.path, row.second))
     if first.shape != second.shape:
         raise VideoError(
             f"the images of the pair '{row.path}' and '{row.second}' differ in size "
