@@ -35,9 +35,11 @@ from hookcli.inputs.clips import (
     DAMAGED_HINT,
     TOO_LARGE_HINT,
     Clip,
+    FrameTimes,
     ImagePair,
     av_reason,
     frame_paths,
+    frame_times,
     opened_video,
     size_text,
     video_library,
@@ -58,13 +60,16 @@ def read_frames(path: str | os.PathLike, indices: Iterable[int]) -> np.ndarray:
     """Frames ``indices`` of the video at ``path``, as ``uint8`` RGB of shape ``[len(indices), H, W, 3]``.
 
     Indices may repeat and come in any order; the frames come back in the
-    order asked. A file is decoded from its start up to the last frame asked
-    for, and only the frames asked for are converted; every frame comes out
-    at the size of the earliest one asked for. The file stays open for the
-    next read, which continues where this one stopped: clips asked for in
-    order cost one pass through the video (the latest frames are kept, so
-    overlapping clips do too). From a folder only the frames
-    asked for are opened, and they must all be the same size.
+    order asked. A file is decoded from the keyframe at or before the first
+    frame asked for (from its start, for a file whose packets carry no
+    timestamps) up to the last, and only the frames asked for are converted;
+    every frame comes out at the size of the earliest one asked for. The
+    file stays open for the next read, which continues where this one
+    stopped (or seeks, past a keyframe): clips asked for in order cost one
+    pass through the video (the latest frames are kept, so overlapping clips
+    do too). From a folder only the frames asked for are opened (those a
+    recent read decoded are taken from it), and they must all be the same
+    size.
 
     >>> import tempfile
     >>> from PIL import Image
@@ -147,16 +152,30 @@ class _Decoding:
     The frames decoded last are kept (up to :data:`_RECENT_BYTES`), so a clip
     that starts before the decoder's position but within them needs no new
     pass either. One is kept per process (decoding workers have their own).
+
+    A frame past a keyframe the decoder has not reached is found by seeking to
+    that keyframe (the file's :class:`~hookcli.inputs.clips.FrameTimes`, read
+    once, say where it is), so a decode worker given every other batch of a
+    video, or a clip in its middle, decodes the frames it needs rather than
+    every frame before them. Frames decoded after a seek are numbered by their
+    presentation time; should one not be the frame its time says (a stream
+    whose timestamps disagree with its frames), the file is decoded again from
+    its start, without seeking.
     """
 
     def __init__(self, path, identity) -> None:
-        self.identity = identity
-        self.opened_video = opened_video(path)
-        container, stream = self.opened_video.__enter__()
-        self._frames = container.decode(stream)
-        self.next = 0  # the index of the frame the decoder gives next
+        self.path, self.identity = path, identity
         self.recent: dict[int, Any] = {}  # av.VideoFrame by index
         self._keep: int | None = None
+        self._times: FrameTimes | None | bool = True  # True: not read yet; None: the file cannot be sought in
+        self._open()
+
+    def _open(self) -> None:
+        self.opened_video = opened_video(self.path)
+        self.container, self.stream = self.opened_video.__enter__()
+        self._frames = self.container.decode(self.stream)
+        self.next = 0  # the index of the frame the decoder gives next
+        self._timed = False  # whether frames are numbered by their times (after a seek)
 
     def reaches(self, index: int) -> bool:
         return index >= self.next or index in self.recent
@@ -164,10 +183,19 @@ class _Decoding:
     def frame(self, index: int):
         if index in self.recent:
             return self.recent[index]
+        if index > self.next:
+            self._seek_before(index)
         while self.next <= index:
             frame = next(self._frames, None)
             if frame is None:
                 raise _Ended(self.next)
+            if self._timed and isinstance(self._times, FrameTimes):
+                found = self._times.index(frame.pts)
+                if found is not None and found < self.next:
+                    continue  # shown before the keyframe sought: the demuxer started earlier, or an open GOP's
+                if found != self.next:
+                    self._start_again()
+                    continue
             if self._keep is None:
                 self._keep = max(1, _RECENT_BYTES // max(1, frame.width * frame.height * 3))
             self.recent[self.next] = frame
@@ -175,6 +203,26 @@ class _Decoding:
                 del self.recent[next(iter(self.recent))]
             self.next += 1
         return self.recent[index]
+
+    def _seek_before(self, index: int) -> None:
+        """Seek to the last keyframe at or before frame ``index`` if it is past the decoder's position."""
+        if self._times is True:
+            self._times = frame_times(self.path)
+        if not isinstance(self._times, FrameTimes):
+            return
+        keyframe = self._times.keyframe_before(index)
+        if keyframe <= self.next:
+            return
+        self.container.seek(self._times.times[keyframe], stream=self.stream, backward=True, any_frame=False)
+        self._frames = self.container.decode(self.stream)
+        self.next, self._timed = keyframe, True
+
+    def _start_again(self) -> None:
+        """Decode the file again from its start, frame after frame, never seeking in it."""
+        self._times = None
+        self.recent = {}
+        self.close()
+        self._open()
 
     def close(self) -> None:
         self.recent = {}
