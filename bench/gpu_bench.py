@@ -88,7 +88,7 @@ def decode_rate(loaded, paths, decode: str, batch_size: int, device) -> float:
     count = 0
     for indices, batch, failures, _ in image_loader(paths, settings):
         if finish is not None:
-            indices, batch, _ = finish(indices, batch, failures)
+            indices, batch, *_ = finish(indices, batch, failures)
         batch.to(device, non_blocking=True)
         count += len(indices)
     _synchronize(device)
@@ -128,7 +128,7 @@ def pixel_differences(loaded, paths, device) -> tuple[int, float, float]:
     transform = to_transform(plain.replace(decode="cpu"))
     images = EncodedImages(paths, plain)
     indices, encoded, failures, _ = collate([images[i] for i in range(len(paths))])
-    _, batch, _ = DeviceDecoder(plain, device)(indices, encoded, failures)
+    _, batch, *_ = DeviceDecoder(plain, device)(indices, encoded, failures)
     reference = torch.stack([transform(load_rgb(p)) for p in paths])
     levels = ((batch.float().cpu() - reference).abs() * 255).round()
     return int(levels.max()), levels.mean().item(), (levels > 0).float().mean().item()

@@ -8,7 +8,9 @@ import torch
 from PIL import Image, ImageOps
 from safetensors import safe_open
 
+import hookcli
 from hookcli.cli import main
+from hookcli.events import Damaged
 from hookcli.inputs import images as images_module
 from hookcli.inputs.decoding import DeviceDecoder, EncodedImages, collate, upright
 from hookcli.inputs.images import load_rgb, read_encoded
@@ -26,7 +28,9 @@ PLAIN = {"mean": None, "std": None}  # values in [0, 1], so a level of differenc
 def _decoded(paths, preprocess, on_note=None):
     images = EncodedImages(paths, preprocess)
     indices, encoded, failures, _ = collate([images[i] for i in range(len(paths))])
-    return DeviceDecoder(preprocess, CPU, on_note)(indices, encoded, failures)
+    indices, batch, failures, damaged = DeviceDecoder(preprocess, CPU, on_note)(indices, encoded, failures)
+    assert damaged == []  # the decoder says nothing of a whole JPEG
+    return indices, batch, failures
 
 
 def _on_cpu(paths, preprocess):
@@ -415,3 +419,27 @@ def test_preprocessing_with_device_decoding_reads_back_from_metadata():
         Preprocess.from_metadata(json.dumps({"resize": 64, "crop": 56, "decode": "gpu"}))
     with pytest.raises(ValueError, match="^its decode is not a name$"):
         Preprocess.from_metadata(json.dumps({"resize": 64, "crop": 56, "decode": 1}))
+
+
+def test_libjpegs_warnings_about_a_damaged_jpeg_become_one_note_naming_it_and_none_with_q(
+    runner, photo, tmp_path, capfd
+):
+    data = photo.read_bytes()
+    marker = data.index(b"\xff\xda")  # the start of the scan
+    damaged = tmp_path / "damaged.jpg"
+    damaged.write_bytes(data[:marker] + b"\x00\x11\x22" + data[marker:])
+    arguments = ["extract", "-m", "resnet18", "-w", "none", "-l", "layer1", "--pool", "avg", "--decode", "device"]
+    arguments += ["-d", "cpu", "--resize", "64", "--crop", "56", "-b", "3", str(photo), str(damaged), str(photo)]
+    quiet = runner.invoke(main, [*arguments, "-q", "-o", str(tmp_path / "quiet.safetensors")])
+    assert (quiet.exit_code, quiet.stderr, capfd.readouterr().err) == (0, "", "")
+    told = runner.invoke(main, [*arguments, "-o", str(tmp_path / "told.safetensors")])
+    assert (told.exit_code, capfd.readouterr().err) == (0, "")
+    assert told.stderr == (
+        f"Note: '{damaged}' is damaged (Corrupt JPEG data: 3 extraneous bytes before marker 0xda); decoded anyway\n"
+    )
+    events = []
+    hookcli.extract(
+        "resnet18", "layer1", [damaged], weights="none", decode="device", device="cpu", progress=events.append
+    )
+    assert Damaged(str(damaged), "Corrupt JPEG data: 3 extraneous bytes before marker 0xda") in events
+    assert capfd.readouterr().err == ""

@@ -10,6 +10,7 @@ import multiprocessing
 import os
 import signal
 from collections.abc import Iterable, Iterator, Sequence
+from typing import NamedTuple
 
 import torch
 from PIL import Image
@@ -28,6 +29,7 @@ from hookcli.run.settings import RunSettings
 
 __all__ = [
     "Decoded",
+    "Loaded",
     "batch_device",
     "batch_length",
     "call_model",
@@ -171,8 +173,21 @@ def reported_failures(failures: list, on_error: str, inputs: str = "images") -> 
     return [(index, f"{message}. Hint: {hint}" if hint else message) for index, (message, hint) in failures]
 
 
+class Loaded(NamedTuple):
+    """A batch of inputs ready for the model: input ``indices``, the ``batch`` (None when none could be read),
+    ``failures`` ``(index, (message, hint))``, ``pictures`` by input index (see :func:`image_loader`), and ``damaged``
+    ``(index, what the decoder said)`` for each image decoded though its decoder found it damaged."""
+
+    indices: list[int]
+    batch: object
+    failures: list
+    pictures: dict
+    damaged: list[tuple[int, str]]
+
+
 class Decoded:
-    """The loader's batches, decoded on the device where the preprocessing says so (:mod:`hookcli.inputs.decoding`).
+    """The loader's batches as :class:`Loaded` ones, decoded on the device where the preprocessing says so
+    (:mod:`hookcli.inputs.decoding`).
 
     :meth:`prepare` decodes the next batch early: called once the device has the forward of a batch queued, the
     host's share of decoding (reading the bytes, nvJPEG's Huffman stage) overlaps the device's work.
@@ -201,10 +216,13 @@ class Decoded:
             if self._batches is None:
                 self._batches = iter(self.loader)
             found = next(self._batches, None)
-            if found is not None and self.decode is not None:
-                indices, encoded, failures, pictures = found
-                found = (*self.decode(indices, encoded, failures), pictures)
-            self._next = found
+            if found is None:
+                return
+            indices, batch, failures, pictures = found
+            damaged: list[tuple[int, str]] = []
+            if self.decode is not None:
+                indices, batch, failures, damaged = self.decode(indices, batch, failures)
+            self._next = Loaded(indices, batch, failures, pictures, damaged)
 
 
 @contextlib.contextmanager

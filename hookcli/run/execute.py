@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hookcli.errors import ImageError
-from hookcli.events import Advanced, Event, Note, Skipped, Started, Wrote
+from hookcli.events import Advanced, Damaged, Event, Note, Skipped, Started, Wrote
 from hookcli.pictures.cams import CamOverlays
 from hookcli.pictures.grids import draw_grids
 from hookcli.pictures.options import GridOptions
@@ -67,6 +67,8 @@ def execute(run: RunPlan, progress: Callable[[Event], None] | None = None):
                     writer.add(batch)
                     for index, error in batch.failures:
                         emit(Skipped(str(run.inputs[index]), error))
+                    for index, said in batch.damaged:
+                        emit(Damaged(str(run.inputs[index]), said))
                     emit(Advanced(len(batch.indices) + len(batch.failures)))
             if not writer.has_rows:
                 raise ImageError(

@@ -91,7 +91,7 @@ def iter_batches(
         make_forward(model, layers, settings, on_note) as run,
         videos_closed(),
     ):
-        for indices, batch, failures, pictures in batches:
+        for indices, batch, failures, pictures, damaged in batches:
             failures = reported_failures(failures, settings.on_error, unreadable)
             features, targets, facts = {}, None, None
             if batch is not None:
@@ -101,7 +101,7 @@ def iter_batches(
                     key: _stored(key, value, settings.pool, cast, ragged, square) for key, value in captured.items()
                 }
                 facts = run.facts()
-            yield Batch(indices, features, failures, targets, facts, pictures)
+            yield Batch(indices, features, failures, targets, facts, pictures, damaged)
 
 
 def _stored(key: str, value, pool: str | None, cast, ragged: bool, square: bool = False):
