@@ -35,7 +35,7 @@ from hookcli.cli.declared import (
 from hookcli.compare_options import COMPARE_OPTIONS
 from hookcli.console import printable, stdout_for_data
 from hookcli.errors import HookcliError
-from hookcli.events import Advanced, Note, Skipped, Started, Wrote
+from hookcli.events import Advanced, Damaged, Note, Skipped, Started, Wrote
 from hookcli.families import FAMILIES
 from hookcli.grid_options import GRID_OPTIONS
 from hookcli.models.specs import LISTED_SOURCES
@@ -46,11 +46,15 @@ __all__ = ["cam", "compare", "extract", "grad", "grid", "info", "layers", "model
 
 
 class _Reporter:
-    """Prints a run's events: written paths on stdout, notes and skipped inputs on stderr, a bar on a terminal."""
+    """Prints a run's events: written paths on stdout, notes and skipped inputs on stderr, a bar on a terminal.
+    ``quiet`` (``-q``) leaves out the bar and the notes of images decoded though damaged."""
 
-    def __init__(self, quiet: bool = False, *, echo_paths: bool = True, launched: bool = False) -> None:
+    def __init__(
+        self, quiet: bool = False, *, echo_paths: bool = True, launched: bool = False, bar: bool = True
+    ) -> None:
         self.quiet, self.echo_paths, self.bar = quiet, echo_paths, None
         self.launched = launched  # one of many processes started together: the work done is theirs, not earlier
+        self.show_bar = bar and not quiet  # of many processes, the first draws it
 
     def close(self) -> None:
         if self.bar is not None:
@@ -62,7 +66,7 @@ class _Reporter:
             self.close()
             if event.done and event.output and not self.launched:
                 click.echo(f"Continuing: {event.done} of {event.total} inputs are already in {event.output}", err=True)
-            if not self.quiet and sys.stderr.isatty():
+            if self.show_bar and sys.stderr.isatty():
                 from tqdm import tqdm  # about 60 ms: loaded when a bar is first drawn, not for --help or a pipe
 
                 self.bar = tqdm(total=event.total, initial=event.done, unit="img", file=sys.stderr, dynamic_ncols=True)
@@ -72,6 +76,10 @@ class _Reporter:
             click.echo(f"Skipped: {printable(event.error)}", err=True)
         elif isinstance(event, Note):
             click.echo(f"Note: {printable(event.text)}", err=True)
+        elif isinstance(event, Damaged) and not self.quiet:
+            click.echo(
+                f"Note: '{printable(event.input)}' is damaged ({printable(event.detail)}); decoded anyway", err=True
+            )
         elif isinstance(event, Wrote) and self.echo_paths:
             if self.bar is not None:  # on a terminal the path gets a line of its own, above the bar
                 self.bar.clear()
@@ -89,9 +97,7 @@ def _run(command: str, options: dict, *args) -> None:
     part = _launched_part()
     with (
         contextlib.closing(
-            _Reporter(
-                quiet or (part is not None and part.index > 0), echo_paths=not to_stdout, launched=part is not None
-            )
+            _Reporter(quiet, echo_paths=not to_stdout, launched=part is not None, bar=part is None or part.index == 0)
         ) as reporter,
         stdout_for_data() if to_stdout else contextlib.nullcontext() as data,
     ):
