@@ -29,8 +29,8 @@ from pathlib import Path
 from hookcli.inputs.transforms import to_transform
 
 
-def make_images(folder: Path, count: int) -> list[Path]:
-    """Photo-sized JPEGs: crops of the sample photo that ships with matplotlib, each different."""
+def make_images(folder: Path, count: int, size: tuple[int, int] = (500, 375)) -> list[Path]:
+    """Photo-sized JPEGs of ``size``: crops of the sample photo that ships with matplotlib, each different."""
     import matplotlib.cbook
     import numpy as np
     from PIL import Image
@@ -40,7 +40,7 @@ def make_images(folder: Path, count: int) -> list[Path]:
     paths = []
     for i in range(count):
         left, top = int(rng.integers(0, 112)), int(rng.integers(0, 225))
-        crop = photo.crop((left, top, left + 400, top + 375)).resize((500, 375))
+        crop = photo.crop((left, top, left + 400, top + 375)).resize(size)
         path = folder / f"{i:05d}.jpg"
         crop.save(path, quality=90)
         paths.append(path)

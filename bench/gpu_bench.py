@@ -86,8 +86,9 @@ def decode_rate(loaded, paths, decode: str, batch_size: int, device) -> float:
     finish = DeviceDecoder(settings.preprocess, device) if decode == "device" else None
     start = time.perf_counter()
     count = 0
-    for found in image_loader(paths, settings):
-        indices, batch, _ = finish(*found) if finish is not None else found
+    for indices, batch, failures, _ in image_loader(paths, settings):
+        if finish is not None:
+            indices, batch, *_ = finish(indices, batch, failures)
         batch.to(device, non_blocking=True)
         count += len(indices)
     _synchronize(device)
@@ -126,7 +127,8 @@ def pixel_differences(loaded, paths, device) -> tuple[int, float, float]:
     plain = dataclasses.replace(loaded.preprocess, mean=None, std=None, decode="device")
     transform = to_transform(plain.replace(decode="cpu"))
     images = EncodedImages(paths, plain)
-    _, batch, _ = DeviceDecoder(plain, device)(*collate([images[i] for i in range(len(paths))]))
+    indices, encoded, failures, _ = collate([images[i] for i in range(len(paths))])
+    _, batch, *_ = DeviceDecoder(plain, device)(indices, encoded, failures)
     reference = torch.stack([transform(load_rgb(p)) for p in paths])
     levels = ((batch.float().cpu() - reference).abs() * 255).round()
     return int(levels.max()), levels.mean().item(), (levels > 0).float().mean().item()

@@ -19,12 +19,14 @@ ratio printed is this tree's time ÷ the other's (1.00 = unchanged).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -41,9 +43,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="hookcli-revision-") as folder:
         work = Path(folder)
-        other = work / "other"
-        subprocess.run(["git", "worktree", "add", "--detach", "-q", str(other), args.base], cwd=ROOT, check=True)
-        try:
+        with checked_out(args.base, work / "other") as other:
             images = _images(work / "images", args.images)
             commands = {
                 "--help": ["--help"],
@@ -99,8 +99,16 @@ def main() -> None:
             for name in commands:
                 mine, theirs = (statistics.median(times[name, label]) for label in trees)
                 print(f"{name:16s} {mine:9.2f}s {theirs:11.2f}s  {mine / theirs:5.2f}x")
-        finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(other)], cwd=ROOT, check=True)
+
+
+@contextlib.contextmanager
+def checked_out(revision: str, folder: Path) -> Iterator[Path]:
+    """``revision`` checked out at ``folder`` (a temporary git worktree of this repository) while inside."""
+    subprocess.run(["git", "worktree", "add", "--detach", "-q", str(folder), revision], cwd=ROOT, check=True)
+    try:
+        yield folder
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(folder)], cwd=ROOT, check=True)
 
 
 def _images(folder: Path, count: int) -> list[Path]:

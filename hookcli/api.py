@@ -209,10 +209,13 @@ def compare(
     :mod:`hookcli.storage.compare_format`). ``merge``: linear-cka files made
     over disjoint inputs, merged into one as if one run had seen them all.
 
-    >>> photo = __import__("matplotlib.cbook").cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)
-    >>> found = compare("resnet18", ["layer2", "layer3"], [photo] * 4, weights="none", resize=64)
-    >>> [round(v, 6) for v in found["linear-cka"].diagonal().tolist()]
-    [1.0, 1.0]
+    >>> import json, numpy as np
+    >>> from hookcli.storage.features import Features
+    >>> rng = np.random.default_rng(0)
+    >>> features = Features({"a": rng.normal(size=(20, 8)), "b": rng.normal(size=(20, 3))}, {})
+    >>> found = compare(features=features)
+    >>> json.loads(found.metadata["rows"]), [round(v, 9) for v in found["linear-cka"].diagonal().tolist()]
+    (['a', 'b'], [1.0, 1.0])
     """
     if merge is not None:
         force = options.pop("force", False)

@@ -14,6 +14,7 @@ import os
 import re
 import signal
 import sys
+import tempfile
 import threading
 import warnings
 from collections.abc import Callable, Iterator
@@ -21,7 +22,7 @@ from typing import BinaryIO
 
 from hookcli.errors import first_line
 
-__all__ = ["Terminated", "counted", "notes_and_sigterm", "printable", "stdout_for_data"]
+__all__ = ["Captured", "Terminated", "counted", "notes_and_sigterm", "printable", "stderr_captured", "stdout_for_data"]
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")  # and lone surrogates, which no terminal can print
 _NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
@@ -113,3 +114,41 @@ def stdout_for_data() -> Iterator[BinaryIO]:
         os.close(kept)
         with contextlib.suppress(OSError):  # a reader gone away: the caller has said so already
             data.close()
+
+
+class Captured:
+    """What :func:`stderr_captured` kept: ``text``, once its block has ended."""
+
+    text: str = ""
+
+
+@contextlib.contextmanager
+def stderr_captured() -> Iterator[Captured]:
+    """While inside, what is written to file descriptor 2 is kept instead of shown, and is the yielded object's
+    ``text`` once the block ends: what a C library prints there (libjpeg's warnings about a damaged JPEG), which
+    Python's ``sys.stderr`` never sees, so that the caller can say it in its own words, naming the file, or not at
+    all. Whatever another thread writes to standard error meanwhile is kept too: hold the block around the call
+    alone. Where there is no descriptor 2, nothing is kept.
+
+    >>> with stderr_captured() as said:
+    ...     _ = os.write(2, b"Corrupt JPEG data: 3 extraneous bytes before marker 0xda\\n")
+    >>> said.text
+    'Corrupt JPEG data: 3 extraneous bytes before marker 0xda\\n'
+    """
+    captured = Captured()
+    with contextlib.suppress(AttributeError, OSError, ValueError):
+        sys.stderr.flush()  # Python's own text, written before the block, goes where it was going
+    try:
+        shown = os.dup(2)
+    except OSError:
+        yield captured
+        return
+    with tempfile.TemporaryFile() as kept:
+        os.dup2(kept.fileno(), 2)
+        try:
+            yield captured
+        finally:
+            os.dup2(shown, 2)
+            os.close(shown)
+            kept.seek(0)
+            captured.text = kept.read().decode(errors="replace")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-__all__ = ["Advanced", "Event", "Note", "Skipped", "Started", "Wrote"]
+__all__ = ["Advanced", "Damaged", "Event", "Note", "Skipped", "Started", "Wrote"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,15 @@ class Skipped:
 
 
 @dataclass(frozen=True)
+class Damaged:
+    """``input`` was decoded though its decoder found it damaged, saying ``detail`` (libjpeg's words, such as
+    ``Corrupt JPEG data: 3 extraneous bytes before marker 0xda``): its row holds what could be decoded."""
+
+    input: str
+    detail: str
+
+
+@dataclass(frozen=True)
 class Note:
     """Something the user should know that is not an error (a fallback, a layer left undrawn)."""
 
@@ -55,4 +64,4 @@ class Wrote:
     path: str | os.PathLike
 
 
-Event = Started | Advanced | Skipped | Note | Wrote
+Event = Started | Advanced | Skipped | Damaged | Note | Wrote

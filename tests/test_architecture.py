@@ -160,14 +160,15 @@ LAZY_IMPORTS = {
     ("hookcli.api", "hookcli.pictures.reports"): "the pictures (numpy, Pillow) load when report runs",
     ("hookcli.api", "hookcli.pictures.summary"): "the statistics (numpy) load when info runs",
     ("hookcli.api", "hookcli.storage.shards"): "the readers (numpy) load when a command reads features",
-    ("hookcli.cli.commands", "hookcli.api"): "--help and parse errors answer without the library (about 30 ms)",
+    ("hookcli.cli.running", "hookcli.api"): "--help and parse errors answer without the library (about 30 ms)",
     ("hookcli.cli.commands", "hookcli.models.catalog"): "models' note on an empty listing, without slowing --help",
-    ("hookcli.cli.commands", "tqdm"): "the progress bar (about 60 ms) loads when one is drawn",
+    ("hookcli.cli.running", "tqdm"): "the progress bar (about 60 ms) loads when one is drawn",
     ("hookcli.inputs.clips", "av"): "PyAV is an optional extra, loaded when a video file is opened",
     ("hookcli.inputs.clips", "hookcli.inputs.limits"): "Pillow's limit, read when a video file is opened",
     ("hookcli.models.registry", "torchvision"): "torchvision is read only to fill a cold registry cache",
     ("hookcli.pictures.render", "matplotlib"): "matplotlib (about 0.15 s) loads when a picture is first coloured",
     ("hookcli.statistics.similarity", "scipy"): "scipy's rank correlations (about 0.3 s) load when RDMs are compared",
+    ("hookcli.statistics.covariance", "scipy"): "scipy's eigensolver loads when the components are made",
 }
 
 #: What the commands that answer at once (--help, models, the refusals made before a model loads) must not import.

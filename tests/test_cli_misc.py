@@ -169,7 +169,7 @@ def test_a_warning_from_torch_is_one_note_without_its_cpp_source_path():
 
 
 def test_a_path_written_while_the_bar_shows_gets_a_line_of_its_own(capsys):
-    from hookcli.cli.commands import _Reporter
+    from hookcli.cli.running import Reporter
     from hookcli.events import Wrote
 
     class Bar:
@@ -179,7 +179,7 @@ def test_a_path_written_while_the_bar_shows_gets_a_line_of_its_own(capsys):
         def refresh(self):
             print("[bar drawn]")
 
-    reporter = _Reporter()
+    reporter = Reporter()
     reporter.bar = Bar()
     reporter(Wrote(Path("grids/a.png")))
     assert capsys.readouterr().out.splitlines() == ["[bar cleared]", "grids/a.png", "[bar drawn]"]

@@ -8,12 +8,16 @@ import torch
 from PIL import Image, ImageOps
 from safetensors import safe_open
 
+import hookcli
 from hookcli.cli import main
+from hookcli.events import Damaged
+from hookcli.inputs import images as images_module
 from hookcli.inputs.decoding import DeviceDecoder, EncodedImages, collate, upright
-from hookcli.inputs.images import load_rgb, read_jpeg
+from hookcli.inputs.images import load_rgb, read_encoded
 from hookcli.inputs.preprocess import Preprocess
 from hookcli.inputs.transforms import to_transform
 from hookcli.models.loading import load_model
+from hookcli.pictures.photos import ModelPhotos, model_photo_scaled
 from hookcli.run.pipeline import iter_batches
 from hookcli.run.settings import RunSettings
 
@@ -23,7 +27,10 @@ PLAIN = {"mean": None, "std": None}  # values in [0, 1], so a level of differenc
 
 def _decoded(paths, preprocess, on_note=None):
     images = EncodedImages(paths, preprocess)
-    return DeviceDecoder(preprocess, CPU, on_note)(*collate([images[i] for i in range(len(paths))]))
+    indices, encoded, failures, _ = collate([images[i] for i in range(len(paths))])
+    indices, batch, failures, damaged = DeviceDecoder(preprocess, CPU, on_note)(indices, encoded, failures)
+    assert damaged == []  # the decoder says nothing of a whole JPEG
+    return indices, batch, failures
 
 
 def _on_cpu(paths, preprocess):
@@ -38,7 +45,7 @@ def test_every_exif_orientation_comes_out_as_pillow_turns_it(tmp_path, orientati
     path = tmp_path / f"turned-{orientation}.jpg"
     pixels = np.random.default_rng(orientation).integers(0, 256, (20, 30, 3), dtype=np.uint8)
     Image.fromarray(pixels).save(path, exif=exif, quality=95)
-    found = read_jpeg(path)
+    found, _ = read_encoded(path)
     assert (found.orientation, found.data) == (orientation, path.read_bytes())
     _, batch, _ = _decoded([path], Preprocess(resize=None, crop=None, kind="detection", **PLAIN))
     expected = np.array(ImageOps.exif_transpose(Image.open(path)))
@@ -64,8 +71,8 @@ def test_the_workers_leave_whole_jpegs_as_bytes_and_preprocess_other_images(phot
     preprocess = Preprocess(resize=24, crop=20)
     paths = [photo, png, cmyk, gray, trailing]
     images = EncodedImages(paths, preprocess)
-    indices, encoded, failures = collate([images[i] for i in range(len(paths))])
-    assert (indices, failures) == ([0, 1, 2, 3, 4], [])
+    indices, encoded, failures, pictures = collate([images[i] for i in range(len(paths))])
+    assert (indices, failures, pictures) == ([0, 1, 2, 3, 4], [], {})
     assert [(k, jpeg.path, jpeg.size) for k, jpeg in encoded.jpegs] == [
         (0, str(photo), (512, 600)),
         (3, str(gray), (512, 600)),
@@ -79,11 +86,42 @@ def test_the_workers_leave_whole_jpegs_as_bytes_and_preprocess_other_images(phot
     assert torch.equal(_decoded([gray], whole)[1][0], _on_cpu([gray], whole)[0])
 
 
+def test_the_workers_open_each_file_once_and_make_its_picture_from_what_they_read(
+    photo, tmp_path, make_image, monkeypatch
+):
+    png = make_image(tmp_path / "a.png", size=(40, 30))
+    cmyk = tmp_path / "cmyk.jpg"
+    Image.open(photo).convert("CMYK").save(cmyk)
+    trailing = tmp_path / "trailing.jpg"
+    trailing.write_bytes(photo.read_bytes() + b"a camera's own data")
+    paths = [photo, png, cmyk, trailing]
+    opened = []
+    real = images_module.open_input
+
+    def counted(path):
+        opened.append(path)
+        return real(path)
+
+    monkeypatch.setattr(images_module, "open_input", counted)
+    preprocess = Preprocess(resize=24, crop=20)
+    plain = EncodedImages(paths, preprocess)
+    items = [plain[i] for i in range(len(paths))]
+    assert opened == paths
+    pictured = EncodedImages(paths, preprocess, ModelPhotos(preprocess))
+    opened.clear()
+    with_pictures = [pictured[i] for i in range(len(paths))]
+    assert opened == paths
+    for (index, item, _, _), (_, same, _, made) in zip(items, with_pictures):
+        assert item == same if index == 0 else torch.equal(item, same)  # the JPEG's bytes, or the image's row
+        view, scale = model_photo_scaled(paths[index], preprocess)
+        assert np.array_equal(made[0], view) and made[1] == scale
+
+
 def test_the_first_picture_of_an_mpo_is_decoded_as_pillow_reads_it(photo, tmp_path):
     mpo = tmp_path / "camera.jpg"
     first = Image.open(photo).convert("RGB")
     first.save(mpo, format="MPO", save_all=True, append_images=[first.rotate(90)])
-    assert Image.open(mpo).format == "MPO" and read_jpeg(mpo) is not None
+    assert Image.open(mpo).format == "MPO" and read_encoded(mpo)[0].path == str(mpo)
     whole = Preprocess(resize=None, crop=None, kind="detection", **PLAIN)
     assert torch.equal(_decoded([mpo], whole)[1][0], _on_cpu([mpo], whole)[0])
 
@@ -347,3 +385,27 @@ def test_preprocessing_with_device_decoding_reads_back_from_metadata():
         Preprocess.from_metadata(json.dumps({"resize": 64, "crop": 56, "decode": "gpu"}))
     with pytest.raises(ValueError, match="^its decode is not a name$"):
         Preprocess.from_metadata(json.dumps({"resize": 64, "crop": 56, "decode": 1}))
+
+
+def test_libjpegs_warnings_about_a_damaged_jpeg_become_one_note_naming_it_and_none_with_q(
+    runner, photo, tmp_path, capfd
+):
+    data = photo.read_bytes()
+    marker = data.index(b"\xff\xda")  # the start of the scan
+    damaged = tmp_path / "damaged.jpg"
+    damaged.write_bytes(data[:marker] + b"\x00\x11\x22" + data[marker:])
+    arguments = ["extract", "-m", "resnet18", "-w", "none", "-l", "layer1", "--pool", "avg", "--decode", "device"]
+    arguments += ["-d", "cpu", "--resize", "64", "--crop", "56", "-b", "3", str(photo), str(damaged), str(photo)]
+    quiet = runner.invoke(main, [*arguments, "-q", "-o", str(tmp_path / "quiet.safetensors")])
+    assert (quiet.exit_code, quiet.stderr, capfd.readouterr().err) == (0, "", "")
+    told = runner.invoke(main, [*arguments, "-o", str(tmp_path / "told.safetensors")])
+    assert (told.exit_code, capfd.readouterr().err) == (0, "")
+    assert told.stderr == (
+        f"Note: '{damaged}' is damaged (Corrupt JPEG data: 3 extraneous bytes before marker 0xda); decoded anyway\n"
+    )
+    events = []
+    hookcli.extract(
+        "resnet18", "layer1", [damaged], weights="none", decode="device", device="cpu", progress=events.append
+    )
+    assert Damaged(str(damaged), "Corrupt JPEG data: 3 extraneous bytes before marker 0xda") in events
+    assert capfd.readouterr().err == ""

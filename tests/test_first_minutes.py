@@ -212,19 +212,23 @@ def test_an_unreadable_image_in_a_folder_names_on_error_skip(runner, images, tmp
         ),
         (
             ["grid", "f.safetensors", "--layer", "layer1"],
-            "No such option: --layer (it belongs to 'hookcli extract', 'hookcli grad', 'hookcli cam' and "
-            "'hookcli stats'). Hint: see 'hookcli grid --help'",
+            "No such option: --layer (it belongs to 'hookcli extract', 'hookcli grad', 'hookcli cam', "
+            "'hookcli stats' and 'hookcli compare'). Hint: see 'hookcli grid --help'",
         ),
         (
             ["grad", "--no-fuse", "img.png"],
-            "No such option: --no-fuse (it belongs to 'hookcli extract' and 'hookcli stats'). "
+            "No such option: --no-fuse (it belongs to 'hookcli extract', 'hookcli stats' and 'hookcli compare'). "
             "Hint: see 'hookcli grad --help'",
         ),
         (
             ["info", "--input-size=64", "f.safetensors"],
             "No such option: --input-size (it belongs to 'hookcli layers'). Hint: see 'hookcli info --help'",
         ),
-        (["--pool", "avg"], "No such option: --pool (it belongs to 'hookcli extract'). Hint: see 'hookcli --help'"),
+        (
+            ["--pool", "avg"],
+            "No such option: --pool (it belongs to 'hookcli extract' and 'hookcli compare'). "
+            "Hint: see 'hookcli --help'",
+        ),
     ],
 )
 def test_an_option_of_another_command_says_whose_it_is(runner, args, message):

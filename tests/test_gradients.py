@@ -351,3 +351,23 @@ def test_cam_on_swin_takes_channels_last_layers_as_they_come(runner, images, tmp
         )
         assert result.exit_code == 0, result.output
         assert _read(tmp_path / layer / "cams.safetensors")[0]["cam"].shape == (1, side, side)
+
+
+@pytest.mark.parametrize(("model", "sizes"), [("resnet18", SMALL), ("lraspp_mobilenet_v3_large", ["--resize", "64"])])
+def test_cam_decodes_each_image_once_for_the_model_and_its_picture(
+    runner, photo, images, tmp_path, monkeypatch, model, sizes
+):
+    # A segmentation model (no crop) once also opened each image a third time for its size.
+    opened = []
+    real = Image.open
+
+    def counted(handle, *args, **kwargs):
+        opened.append(handle)
+        return real(handle, *args, **kwargs)
+
+    monkeypatch.setattr(Image, "open", counted)
+    inputs = [str(photo), str(images[0])]
+    result = runner.invoke(main, ["cam", "-m", model, "-w", "none", *sizes, "-o", str(tmp_path / "cams"), *inputs])
+    assert result.exit_code == 0, result.output
+    assert len(opened) == len(inputs)
+    assert len(list((tmp_path / "cams").glob("*.png"))) == len(inputs)

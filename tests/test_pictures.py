@@ -10,10 +10,12 @@ from PIL import Image
 from safetensors.numpy import save_file
 
 from hookcli.cli import main
+from hookcli.inputs.images import load_rgb, load_with_picture
+from hookcli.inputs.preprocess import Preprocess
 from hookcli.pictures.drawing import render_picture
 from hookcli.pictures.grids import plan_grids
 from hookcli.pictures.options import GridOptions
-from hookcli.pictures.photos import heat_picture
+from hookcli.pictures.photos import ModelPhotos, heat_picture, model_photo_scaled
 from hookcli.pictures.render import grid_columns, tile_layout, tile_maps
 from hookcli.pictures.text import _label_bitmap, glyphs, label_size
 from hookcli.storage.features import Features
@@ -256,3 +258,34 @@ def test_control_characters_in_a_key_are_captioned_escaped_as_info_prints_them(m
     options = GridOptions()
     render_picture(features, plan_grids(features, options, None)[0], options)
     assert captions[0][:2] == ["a\\x1b[31mred", "row00000"]
+
+
+@pytest.mark.parametrize(
+    "preprocess",
+    [
+        Preprocess(resize=72, crop=64),
+        Preprocess(resize=72, crop=64, interpolation="bicubic"),
+        Preprocess(resize=(60, 90), crop=None),
+        Preprocess(resize=(60, 90), crop=48),
+        Preprocess(resize=80, crop=None, kind="segmentation"),
+        Preprocess(resize=None, crop=None, mean=None, std=None, kind="detection"),
+        Preprocess(resize=None, crop=56, mean=None, std=None, kind="detection"),
+    ],
+)
+def test_a_cams_photo_made_from_the_models_decode_equals_the_photo_decoded_for_drawing(photo, tmp_path, preprocess):
+    """A cam run draws over ModelPhotos' view of the image it decoded for the model; grid --overlay decodes the photo
+    on its own (model_photo_scaled). Both give the same pixels, for photos larger than the reduced decode too."""
+    source = Image.open(photo)
+    large_turned = tmp_path / "large-turned.jpg"
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    source.resize((4403, 3001)).save(large_turned, exif=exif, quality=80)
+    palette = tmp_path / "palette.png"
+    source.resize((90, 70)).convert("P").save(palette, transparency=3)
+    wide_gray = tmp_path / "gray16.png"
+    Image.fromarray(np.asarray(source.convert("L").resize((70, 50)), dtype=np.uint16) * 257).save(wide_gray)
+    for path in (photo, large_turned, palette, wide_gray):
+        image, (view, scale) = load_with_picture(path, ModelPhotos(preprocess))
+        expected_view, expected_scale = model_photo_scaled(path, preprocess)
+        assert np.array_equal(view, expected_view) and scale == expected_scale, path
+        assert np.array_equal(np.asarray(image), np.asarray(load_rgb(path))), path  # the model's image is untouched

@@ -15,14 +15,17 @@ from hookcli.errors import HookcliError, UsageProblem, VideoError
 from hookcli.inputs.clips import (
     VIDEO_SUFFIXES,
     Clip,
+    FrameTimes,
+    ImagePair,
     clip_frames,
     find_clips,
     find_pairs,
     find_videos,
     frame_count,
+    frame_times,
     pair_frames,
 )
-from hookcli.inputs.video import read_frames, read_row
+from hookcli.inputs.video import close_decoders, read_frames, read_row
 
 av = pytest.importorskip("av")
 
@@ -401,3 +404,152 @@ def test_clips_asked_in_order_continue_one_pass_through_the_file(tmp_path, monke
     assert len(opened) == 3
     with pytest.raises(VideoError, match="ended after 6 frames; frame 7 was asked for"):
         read_frames(path, [7])
+
+
+def test_pairs_of_a_frame_folder_decode_each_frame_once(frame_folder, monkeypatch):
+    import hookcli.inputs.video
+
+    decoded = []
+    real = hookcli.inputs.video.load_rgb
+
+    def counted(path, **options):
+        decoded.append(path.name)
+        return real(path, **options)
+
+    monkeypatch.setattr(hookcli.inputs.video, "load_rgb", counted)
+    close_decoders()
+    pairs = find_pairs(frame_folder)
+    rows = [read_row(pair) for pair in pairs]
+    assert [row[:, 0, 0, 0].tolist() for row in rows] == [[10 * i, 10 * i + 10] for i in range(11)]
+    assert decoded == [f"frame{i + 1}.png" for i in range(12)]  # frame k is the second of pair k-1, the first of k
+    # A frame written again is decoded again; the run's end lets go of the frames kept.
+    Image.fromarray(written_frames(12)[0]).save(frame_folder / "frame12.png")
+    os.utime(frame_folder / "frame12.png", ns=(1, 1))
+    assert read_row(pairs[10])[1, 0, 0, 0] == 0 and decoded[-1] == "frame12.png" and len(decoded) == 13
+    close_decoders()
+    read_row(pairs[0])
+    assert decoded[-2:] == ["frame1.png", "frame2.png"]
+
+
+def test_pairs_of_two_image_lists_share_the_images_they_have_in_common(frame_folder, monkeypatch):
+    import hookcli.inputs.video
+
+    decoded = []
+    real = hookcli.inputs.video.load_rgb
+    monkeypatch.setattr(hookcli.inputs.video, "load_rgb", lambda path: decoded.append(path.name) or real(path))
+    close_decoders()
+    frames = [frame_folder / f"frame{i + 1}.png" for i in range(4)]
+    pairs = [ImagePair(first, second) for first, second in zip(frames, frames[1:])]
+    assert [read_row(pair)[:, 0, 0, 0].tolist() for pair in pairs] == [[0, 10], [10, 20], [20, 30]]
+    assert decoded == ["frame1.png", "frame2.png", "frame3.png", "frame4.png"]
+
+
+# Seeking to the keyframe before a clip
+
+
+def keyframes_every(count: int) -> dict:
+    """x264 options for a keyframe every ``count`` frames exactly (no scene cuts in between)."""
+    return {"qp": "0", "x264-params": f"keyint={count}:min-keyint={count}:scenecut=0"}
+
+
+@pytest.fixture
+def decoded_frames(monkeypatch):
+    """The frames the video reader decodes, counted (a list of their times); the reader starts with nothing open."""
+    import contextlib
+
+    import hookcli.inputs.video
+
+    decoded = []
+    real = hookcli.inputs.video.opened_video
+
+    class Counting:
+        def __init__(self, container):
+            self.container = container
+
+        def __getattr__(self, name):
+            return getattr(self.container, name)
+
+        def decode(self, *streams):
+            for frame in self.container.decode(*streams):
+                decoded.append(frame.pts)
+                yield frame
+
+    @contextlib.contextmanager
+    def counted(path):
+        with real(path) as (container, stream):
+            yield Counting(container), stream
+
+    monkeypatch.setattr(hookcli.inputs.video, "opened_video", counted)
+    close_decoders()
+    yield decoded
+    close_decoders()
+
+
+def test_a_clip_past_a_keyframe_is_decoded_from_that_keyframe(tmp_path, decoded_frames):
+    path = write_video(tmp_path / "keyed.mp4", "libx264rgb", count=48, options=keyframes_every(6))
+    assert frame_times(path).keyframes == (0, 6, 12, 18, 24, 30, 36, 42)
+    np.testing.assert_array_equal(read_frames(path, [40, 41]), written_frames(48)[[40, 41]])
+    assert len(decoded_frames) == 6  # frames 36 to 41, not 0 to 41
+
+
+def test_a_decode_worker_given_every_other_batch_decodes_only_around_its_own_clips(tmp_path, decoded_frames):
+    path = write_video(tmp_path / "keyed.mp4", "libx264rgb", count=48, options=keyframes_every(6))
+    clips = find_clips(path, length=4, clips=None)  # frames 0-3, 4-7, …, 44-47
+    batches = [clips[start : start + 2] for start in range(0, len(clips), 2)]
+    for batch in batches[1::2]:  # the second of two workers: frames 8-15, 24-31 and 40-47
+        for clip in batch:
+            np.testing.assert_array_equal(read_row(clip), written_frames(48)[list(clip.frames)])
+    assert len(decoded_frames) == 10 + 8 + 12  # from keyframes 6, 24 and 36; all 48 frames before
+
+
+def test_frames_read_by_seeking_equal_frames_decoded_in_order_whatever_the_codec(tmp_path):
+    """B-frames (shown in another order than stored) and open GOPs, against PyAV decoding the file from its start."""
+    rng = np.random.default_rng(0)
+    pixels = rng.integers(0, 256, (HEIGHT, WIDTH, 3), dtype=np.uint8)
+    for codec, suffix, options in [
+        ("libx264", "mp4", {"g": "6", "bf": "2", "sc_threshold": "0"}),
+        ("libx264", "mkv", {"g": "12", "bf": "3", "x264-params": "open-gop=1"}),
+        ("mpeg4", "avi", {"g": "6", "bf": "2"}),
+        ("libvpx-vp9", "webm", {"g": "6"}),
+    ]:
+        path = tmp_path / f"{codec}.{suffix}"
+        with av.open(str(path), "w") as container:
+            stream = container.add_stream(codec, rate=24, options=options)
+            stream.width, stream.height, stream.pix_fmt = WIDTH, HEIGHT, "yuv420p"
+            for shift in range(FRAMES):
+                frame = av.VideoFrame.from_ndarray(np.roll(pixels, shift, axis=1), format="rgb24")
+                container.mux(stream.encode(frame))
+            container.mux(stream.encode())
+        with av.open(str(path)) as container:
+            in_order = np.stack([frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)])
+        for indices in ([20, 21], [7], [13, 3, 23], [23], [1, 2]):
+            close_decoders()
+            np.testing.assert_array_equal(read_frames(path, indices), in_order[indices], err_msg=f"{path} {indices}")
+
+
+def test_a_video_whose_times_disagree_with_its_frames_is_decoded_from_its_start(tmp_path, decoded_frames, monkeypatch):
+    import hookcli.inputs.video
+
+    path = write_video(tmp_path / "keyed.mp4", "libx264rgb", count=48, options=keyframes_every(6))
+    true = frame_times(path)
+    shifted = FrameTimes(tuple(time + 1 for time in true.times), true.keyframes)  # no frame has the time it says
+    monkeypatch.setattr(hookcli.inputs.video, "frame_times", lambda path: shifted)
+    np.testing.assert_array_equal(read_frames(path, [40, 41]), written_frames(48)[[40, 41]])
+    assert len(decoded_frames) == 1 + 42  # the keyframe sought, then frames 0 to 41
+    np.testing.assert_array_equal(read_frames(path, [46]), written_frames(48)[[46]])
+    assert len(decoded_frames) == 1 + 42 + 5  # never seeking again: on from frame 42
+
+
+def test_a_stream_without_timestamps_is_decoded_from_its_start(tmp_path, decoded_frames):
+    path = tmp_path / "raw.h264"
+    with av.open(str(path), "w", format="h264") as container:
+        stream = container.add_stream("libx264", rate=24, options={"g": "4"})
+        stream.width, stream.height, stream.pix_fmt = WIDTH, HEIGHT, "yuv420p"
+        for pixels in written_frames(12):
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(pixels, format="rgb24")))
+        container.mux(stream.encode())
+    assert frame_times(path) is None
+    with av.open(str(path)) as container:
+        in_order = np.stack([frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)])
+    np.testing.assert_array_equal(read_frames(path, [10]), in_order[[10]])
+    assert len(decoded_frames) == 11

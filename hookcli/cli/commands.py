@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import sys
 
 import click
 
@@ -22,9 +21,7 @@ from hookcli.cli.declared import (
     LAYER_HELP,
     REGION,
     clip_options,
-    comparing_options,
     config_option,
-    declared_option,
     grid_drawing_options,
     model_options,
     preprocess_options,
@@ -32,88 +29,11 @@ from hookcli.cli.declared import (
     run_option,
     run_options,
 )
-from hookcli.compare_options import COMPARE_OPTIONS
-from hookcli.console import printable, stdout_for_data
-from hookcli.errors import HookcliError
-from hookcli.events import Advanced, Note, Skipped, Started, Wrote
+from hookcli.cli.running import Reporter, library, run_command
 from hookcli.families import FAMILIES
-from hookcli.grid_options import GRID_OPTIONS
 from hookcli.models.specs import LISTED_SOURCES
-from hookcli.options import SAVED_STATS_OPTIONS, declared
-from hookcli.run.launch import detect_part
 
-__all__ = ["cam", "compare", "extract", "grad", "grid", "info", "layers", "models", "report", "stats"]
-
-
-class _Reporter:
-    """Prints a run's events: written paths on stdout, notes and skipped inputs on stderr, a bar on a terminal."""
-
-    def __init__(self, quiet: bool = False, *, echo_paths: bool = True, launched: bool = False) -> None:
-        self.quiet, self.echo_paths, self.bar = quiet, echo_paths, None
-        self.launched = launched  # one of many processes started together: the work done is theirs, not earlier
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-            self.bar = None
-
-    def __call__(self, event) -> None:
-        if isinstance(event, Started):
-            self.close()
-            if event.done and event.output and not self.launched:
-                click.echo(f"Continuing: {event.done} of {event.total} inputs are already in {event.output}", err=True)
-            if not self.quiet and sys.stderr.isatty():
-                from tqdm import tqdm  # about 60 ms: loaded when a bar is first drawn, not for --help or a pipe
-
-                self.bar = tqdm(total=event.total, initial=event.done, unit="img", file=sys.stderr, dynamic_ncols=True)
-        elif isinstance(event, Advanced) and self.bar is not None:
-            self.bar.update(event.count)
-        elif isinstance(event, Skipped):
-            click.echo(f"Skipped: {printable(event.error)}", err=True)
-        elif isinstance(event, Note):
-            click.echo(f"Note: {printable(event.text)}", err=True)
-        elif isinstance(event, Wrote) and self.echo_paths:
-            if self.bar is not None:  # on a terminal the path gets a line of its own, above the bar
-                self.bar.clear()
-            click.echo(printable(str(event.path)))
-            if self.bar is not None:
-                self.bar.refresh()
-
-
-def _run(command: str, options: dict, *args) -> None:
-    """Call the library's ``command`` with the parsed options; print what it reports."""
-    api = _library()
-    quiet, model = options.pop("quiet"), options.pop("model")
-    options["output"] = options["output"] or api.DEFAULT_OUTPUT
-    to_stdout = options["output"] == "-" and command != "cam"  # stdout carries the file's bytes
-    part = _launched_part()
-    with (
-        contextlib.closing(
-            _Reporter(
-                quiet or (part is not None and part.index > 0), echo_paths=not to_stdout, launched=part is not None
-            )
-        ) as reporter,
-        stdout_for_data() if to_stdout else contextlib.nullcontext() as data,
-    ):
-        if data is not None:  # a model's own prints must not land among the file's bytes
-            options["output"] = data
-        getattr(api, command)(model, *args, progress=reporter, **options)
-
-
-def _library():
-    """:mod:`hookcli.api`, imported when a command runs: ``--help`` and the refusals made while parsing go without
-    its imports (about 30 ms)."""
-    from hookcli import api
-
-    return api
-
-
-def _launched_part():
-    """The part torchrun or Slurm started this process as (processes after the first show no progress bar)."""
-    try:
-        return detect_part()
-    except HookcliError:
-        return None  # said when the run plans
+__all__ = ["cam", "extract", "grad", "grid", "info", "layers", "models", "report"]
 
 
 @main.command(context_settings=CONTEXT_SETTINGS)
@@ -147,7 +67,7 @@ def models(pattern: str | None, source: str, family: str | None, as_json: bool) 
       hookcli models --source timm 'convnext_*'
       hookcli models --json | python -c 'import json,sys; print(len(json.load(sys.stdin)))'
     """
-    rows = _library().models(family, pattern=pattern, source=source)
+    rows = library().models(family, pattern=pattern, source=source)
     if not rows:
         from hookcli.models.catalog import no_models_note  # loaded already, by hookcli.api
 
@@ -193,7 +113,7 @@ def layers(model, weights, seed, input_size, frames, depth, as_json, as_nl) -> N
     """
     if as_json and as_nl:
         raise click.UsageError("--json and --nl cannot be used together")
-    rows = _library().layers(model, weights=weights, seed=seed, input_size=input_size, depth=depth, frames=frames)
+    rows = library().layers(model, weights=weights, seed=seed, input_size=input_size, depth=depth, frames=frames)
     if as_json:
         click.echo(json.dumps([r.to_dict() for r in rows], indent=2))
     elif as_nl:
@@ -248,7 +168,7 @@ def extract(**options) -> None:
       hookcli extract -m fasterrcnn_resnet50_fpn -l backbone.body.layer3 --detections street.jpg
       torchrun --nproc-per-node 8 -m hookcli extract -m resnet50 -l avgpool data-{00..99}.tar -o feats/
     """
-    _run("extract", options, options.pop("layer"), options.pop("images"))
+    run_command("extract", options, options.pop("layer"), options.pop("images"))
 
 
 @main.command(context_settings=CONTEXT_SETTINGS)
@@ -273,7 +193,7 @@ def grad(**options) -> None:
       hookcli grad -m resnet50 -l layer4 --target top1 img.jpg
       hookcli grad -m vgg16_bn -l features.40 --target 'golden retriever' photos/ -o grads/
     """
-    _run("grad", options, options.pop("layer"), options.pop("images"))
+    run_command("grad", options, options.pop("layer"), options.pop("images"))
 
 
 @main.command(context_settings=CONTEXT_SETTINGS)
@@ -310,187 +230,7 @@ def cam(**options) -> None:
       hookcli cam -m fasterrcnn_resnet50_fpn --target top3 street.jpg -o cams/
       hookcli cam -m deeplabv3_resnet50 --target person --region 0,0,0.5,1 group.jpg -o cams/
     """
-    _run("cam", options, options.pop("images"))
-
-
-@main.command(context_settings=CONTEXT_SETTINGS)
-@config_option
-@model_options(required=False)
-@click.option("--layer", "-l", multiple=True, metavar="SELECTOR", help=LAYER_HELP)
-@declared_option(declared("keys", GRID_OPTIONS), command="stats")
-@run_option("top")
-@run_option("top_by")
-@run_option("quantiles")
-@run_option("pca")
-@preprocess_options
-@click.option(
-    "--output",
-    "-o",
-    metavar="FILE",
-    help="Statistics file [<model>-<layer>.stats.safetensors; of saved features, <their name>.stats.safetensors].",
-)
-@run_option("shard_size", "stats")
-@run_option("part")
-@run_option("fuse")
-@clip_options
-@run_option("pair_with")
-@run_options(stored="statistics are gathered in float64 from float32 values")
-def stats(**options) -> None:
-    """Statistics of each channel of layers over every input, in one pass: dataset examples, quantiles, PCA.
-
-    With --model and --layer, the model runs over IMAGES (as for extract) and
-    nothing but the statistics is kept; without --model, IMAGES is one source
-    of saved features (a file, a shard folder or -), its tensors chosen with
-    -k. For each layer key K of C channels the file holds K@count, K@mean,
-    K@std, K@min, K@max and K@zeros (the share of exact zeros) over every
-    value of each channel; K@quantiles at --quantiles; each channel's --top
-    inputs with the highest maximum (or --top-by mean) of its map, with
-    where the maximum is and the map itself (K@top_values, K@top_rows into
-    the inputs, K@top_at, K@top_maps); and, unless --no-pca, the covariance
-    of the channels pooled over positions and its principal components
-    (K@cov, K@pca_values, K@pca_vectors). Memory does not grow with the
-    number of inputs. Each shard's statistics are kept in FILE.parts/ until
-    the last is done, so a run killed part-way continues where it stopped,
-    and any number of processes may share one run (torchrun, Slurm, --part):
-    they write the same file as one process. grid, report and info read it.
-
-    \b
-      hookcli stats -m resnet50 -l layer3 -l layer4 photos/ -o stats.safetensors
-      hookcli stats -m vit_b_16 -l encoder.layers.encoder_layer_11 --top 16 --quantiles 0.5,0.995 photos/
-      hookcli stats feats/ -k layer3 -o layer3.stats.safetensors
-      torchrun --nproc-per-node 4 -m hookcli stats -m resnet50 -l layer4 --shard-size 2048 data.tar -o s.safetensors
-    """
-    images = options.pop("images")
-    if options["model"] is not None:
-        if not options["layer"]:
-            raise click.UsageError("--layer is needed with --model (repeat it for more layers)")
-        if options["keys"]:
-            raise click.UsageError("-k chooses tensors of saved features; with --model choose layers with --layer")
-        options.pop("keys")
-        _run("stats", options, options.pop("layer"), images)
-        return
-    given = _given_options(click.get_current_context())
-    asked = [name for name in given if name not in (*SAVED_STATS_OPTIONS, "keys", "output", "quiet", "images")]
-    if asked:
-        raise click.UsageError(
-            f"--{asked[0].replace('_', '-')} applies when --model runs a model; saved features are already computed"
-        )
-    if len(images) != 1:
-        raise click.UsageError(f"give one source of saved features (a file, a folder or -), not {len(images)}")
-    quiet, api = options.pop("quiet"), _library()
-    chosen = {name: options[name] for name in given if name in (*SAVED_STATS_OPTIONS, "keys")}
-    with contextlib.closing(_Reporter(quiet)) as reporter:
-        api.stats(features=images[0], output=options["output"] or api.DEFAULT_OUTPUT, progress=reporter, **chosen)
-
-
-@main.command(context_settings=CONTEXT_SETTINGS)
-@config_option
-@model_options(required=False)
-@click.option("--layer", "-l", multiple=True, metavar="SELECTOR", help=LAYER_HELP)
-@click.option(
-    "--model2", metavar="NAME", help="A second model, run over the same images in one pass [the first model]."
-)
-@click.option(
-    "--layer2", "layers2", multiple=True, metavar="SELECTOR", help="The second side's layers (as --layer) [--layer]."
-)
-@declared_option(declared("keys", GRID_OPTIONS), command="compare")
-@click.option(
-    "--key2",
-    "keys2",
-    multiple=True,
-    metavar="GLOB",
-    help="Saved features: the tensors of the second side (of the second source, or of the one) [as -k].",
-)
-@click.option(
-    "--merge",
-    is_flag=True,
-    help="IMAGES are linear-cka comparison files over disjoint inputs: merge them into one, as if one run had seen "
-    "them all.",
-)
-@comparing_options
-@preprocess_options
-@click.option(
-    "--output",
-    "-o",
-    metavar="FILE",
-    help="Comparison file [<model>-<layer>.compare.safetensors; of saved features, <their name>.compare.safetensors].",
-)
-@run_option("shard_size", "compare")
-@run_option("part")
-@run_option("fuse")
-@clip_options
-@run_option("pair_with")
-@run_options(stored="similarities are computed in float64")
-def compare(**options) -> None:
-    """How alike layers and models are: CKA or RSA of every pair of representations.
-
-    With --model and --layer, the model runs over IMAGES (as for extract);
-    its layers are compared with themselves, or with --layer2 of --model2,
-    run over the same images in one pass. Without --model, IMAGES is one or
-    two sources of saved features (files, shard folders, -), the same rows in
-    the same order, their tensors chosen with -k and --key2. The file holds
-    the matrix under the method's name, float64 [rows, columns], the labels
-    in its rows and columns metadata. --method linear-cka (exact, from running
-    sums; its sums are kept so that files over disjoint inputs merge),
-    minibatch-cka (the unbiased estimator over the run's batches; maps whole
-    by default) or rsa (RDMs of the first --rsa-rows inputs, compared by rank
-    correlation). A representation with no spread has no CKA: its entries are
-    NaN, and a note names it. Resumable and shared by many processes as stats
-    is. --merge joins linear-cka files made over disjoint inputs.
-
-    \b
-      hookcli compare -m resnet18 -l 'layer*' photos/ -o cka.safetensors
-      hookcli compare -m resnet18 -l layer4 --model2 resnet50 --layer2 'layer*' photos/ -o r18-r50.safetensors
-      hookcli compare feats/ -k 'layer*' --method rsa --rsa-rows 500 -o rsa.safetensors
-      hookcli compare a/ b/ -k layer4 --key2 'blocks.*' -o ab.safetensors
-      hookcli compare --merge part1.safetensors part2.safetensors -o all.safetensors
-    """
-    images = options.pop("images")
-    if options.pop("merge"):
-        given = _given_options(click.get_current_context())
-        asked = [name for name in given if name not in ("merge", "output", "force", "quiet", "images")]
-        if asked:
-            raise click.UsageError(f"--merge takes comparison files, -o and --force alone, not --{asked[0]}")
-        api = _library()
-        with contextlib.closing(_Reporter(options["quiet"])) as reporter:
-            api.compare(merge=list(images), output=options["output"] or "merged.compare.safetensors",
-                        force=options["force"], progress=reporter)  # fmt: skip
-        return
-    if options["model"] is not None:
-        if not options["layer"]:
-            raise click.UsageError("--layer is needed with --model (repeat it for more layers)")
-        if options["keys"] or options["keys2"]:
-            raise click.UsageError("-k and --key2 choose tensors of saved features; with --model give --layer2")
-        options.pop("keys"), options.pop("keys2")
-        options["layers2"] = options["layers2"] or None
-        _run("compare", options, options.pop("layer"), images)
-        return
-    given = _given_options(click.get_current_context())
-    saved = (*SAVED_STATS_OPTIONS, *(option.name for option in COMPARE_OPTIONS), "keys", "keys2", "output")
-    asked = [name for name in given if name not in (*saved, "quiet", "images")]
-    if asked:
-        raise click.UsageError(
-            f"--{asked[0].replace('_', '-')} applies when --model runs a model; saved features are already computed"
-        )
-    if not 1 <= len(images) <= 2:
-        raise click.UsageError(f"give one or two sources of saved features (files, folders or -), not {len(images)}")
-    chosen = {name: options[name] for name in given if name in saved and name not in ("output", "quiet")}
-    api = _library()
-    with contextlib.closing(_Reporter(options["quiet"])) as reporter:
-        api.compare(
-            features=images[0],
-            features2=images[1] if len(images) == 2 else None,
-            output=options["output"] or api.DEFAULT_OUTPUT,
-            progress=reporter,
-            **chosen,
-        )
-
-
-def _given_options(ctx: click.Context) -> list[str]:
-    """The options given on the command line or in a preset, not left at their defaults."""
-    return [
-        name for name in ctx.params if ctx.get_parameter_source(name) not in (click.core.ParameterSource.DEFAULT, None)
-    ]
+    run_command("cam", options, options.pop("images"))
 
 
 @main.command(context_settings=CONTEXT_SETTINGS)
@@ -519,7 +259,7 @@ def info(file, as_json, no_stats) -> None:
       hookcli info vgg16_bn-features.18.safetensors
       hookcli extract -m resnet18 -l layer4 img.jpg -o - | hookcli info - --json
     """
-    described = _library().info(file, stats=not no_stats, progress=_Reporter(quiet=True))
+    described = library().info(file, stats=not no_stats, progress=Reporter(quiet=True))
     if as_json:
         click.echo(printing.info_json(described))
         return
@@ -561,8 +301,8 @@ def grid(file, output, quiet, **options) -> None:
       hookcli grid clips.safetensors -k layer2 --frame 3 --channels 0:16
       hookcli extract -m resnet18 -l layer2 img.jpg -o - | hookcli grid - -o grids/
     """
-    with contextlib.closing(_Reporter(quiet)) as reporter:
-        api = _library()
+    with contextlib.closing(Reporter(quiet)) as reporter:
+        api = library()
         api.grid(file, output=output or api.DEFAULT_OUTPUT, progress=reporter, **options)
 
 
@@ -595,6 +335,6 @@ def report(file, output, page_size, quiet, **options) -> None:
       hookcli report feats/ -k layer3 -i 0:100 --top 16 --page-size 10
       hookcli cam -m resnet50 img.jpg -o cams/ && hookcli report cams/cams.safetensors
     """
-    with contextlib.closing(_Reporter(quiet)) as reporter:
-        api = _library()
+    with contextlib.closing(Reporter(quiet)) as reporter:
+        api = library()
         api.report(file, output=output or api.DEFAULT_OUTPUT, page_size=page_size, progress=reporter, **options)

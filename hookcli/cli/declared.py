@@ -198,7 +198,9 @@ def run_options(function=None, *, stored: str = "what is stored is --dtype"):
             *_declared("device", "batch_size"),
             declared_option(declared("precision"), stored=stored),
             *_declared("memory_format", "compile", "workers", "recursive", "on_error", "force"),
-            click.option("--quiet", "-q", is_flag=True, help="No progress bar."),
+            click.option(
+                "--quiet", "-q", is_flag=True, help="No progress bar, and no notes of images decoded though damaged."
+            ),
             click.argument("images", nargs=-1),
         ],
     )

@@ -18,6 +18,7 @@ optional extra: a run of frame folders or images goes without it).
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import functools
 import json
@@ -43,8 +44,10 @@ __all__ = [
     "find_clips",
     "find_pairs",
     "find_videos",
+    "FrameTimes",
     "frame_count",
     "frame_paths",
+    "frame_times",
     "video_library",
     "natural_key",
     "opened_video",
@@ -214,17 +217,65 @@ def frame_count(path: str | os.PathLike) -> int:
     """
     if os.path.isdir(path):
         return len(frame_paths(path))
+    return len(_frame_packets(path))
+
+
+@dataclass(frozen=True)
+class FrameTimes:
+    """When each frame of a video file is shown, read from its packets without decoding them, so that a reader can
+    seek to the keyframe before the frame it wants instead of decoding every frame before it.
+
+    ``times`` are the frames' presentation times (in the stream's time base), in order: frame k is the one shown at
+    ``times[k]``; ``keyframes`` the indices of the frames a decoder can start from.
+
+    >>> times = FrameTimes((0, 512, 1024, 1536), (0, 2))
+    >>> times.index(1024), times.index(700), times.keyframe_before(3)
+    (2, None, 2)
+    """
+
+    times: tuple[int, ...]
+    keyframes: tuple[int, ...]
+
+    def index(self, time: int | None) -> int | None:
+        """The index of the frame shown at ``time``; None for a time no packet has."""
+        if time is None:
+            return None
+        position = bisect.bisect_left(self.times, time)
+        return position if position < len(self.times) and self.times[position] == time else None
+
+    def keyframe_before(self, index: int) -> int:
+        """The last keyframe at or before frame ``index`` (frame 0 when there is none)."""
+        position = bisect.bisect_right(self.keyframes, index)
+        return self.keyframes[position - 1] if position else 0
+
+
+def frame_times(path: str | os.PathLike) -> FrameTimes | None:
+    """The :class:`FrameTimes` of the video file at ``path``; None when its packets do not give every frame a time
+    of its own (a raw stream without timestamps, say), where frames can be told apart only by decoding from the
+    start. Errors are :func:`frame_count`'s."""
+    packets = _frame_packets(path)
+    times = sorted(time for time, _ in packets if time is not None)
+    if len(times) != len(packets) or len(set(times)) != len(times):
+        return None
+    keyframes = sorted(bisect.bisect_left(times, time) for time, key in packets if key and time is not None)
+    return FrameTimes(tuple(times), tuple(keyframes))
+
+
+def _frame_packets(path) -> list[tuple[int | None, bool]]:
+    """``(presentation time, whether a keyframe)`` of each packet of the video file's stream that holds a frame, in
+    file order."""
     av, _ = video_library()
     with opened_video(path) as (container, stream):
-        count = 0
+        packets = []
         try:
             for packet in container.demux(stream):
-                count += packet.size > 0  # the demuxer ends with an empty packet
+                if packet.size > 0:  # the demuxer ends with an empty packet
+                    packets.append((packet.pts, bool(packet.is_keyframe)))
         except av.FFmpegError as err:
             raise VideoError(f"cannot read video '{path}': {av_reason(err)}", hint=DAMAGED_HINT) from None
-    if not count:
+    if not packets:
         raise VideoError(f"video '{path}' has no frames", hint=DAMAGED_HINT)
-    return count
+    return packets
 
 
 def check_clip_options(length, stride, clips) -> None:

@@ -3,7 +3,7 @@
 With ``--decode cpu`` (the default) the decode workers turn each file into
 the model's input whole: Pillow decodes, the weights' preprocessing resizes,
 crops and normalises (:mod:`hookcli.inputs.preprocess`). With ``--decode device``
-they only read each file and check its header (:func:`hookcli.inputs.images.read_jpeg`);
+they only read each file and check its header (:func:`hookcli.inputs.images.read_encoded`);
 :class:`DeviceDecoder` then decodes a batch's JPEGs in one call of
 torchvision's ``decode_jpeg`` on the device (nvJPEG on CUDA), turns each
 upright as its EXIF orientation says, and runs the same preprocessing there,
@@ -32,10 +32,10 @@ changes without a GPU.
 >>> photo = __import__("matplotlib.cbook").cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)
 >>> preprocess = Preprocess(resize=64, crop=56, decode="device")
 >>> images = EncodedImages([photo, photo], preprocess)
->>> indices, encoded, failures = collate([images[0], images[1]])
->>> indices, batch, failures = DeviceDecoder(preprocess, torch.device("cpu"))(indices, encoded, failures)
->>> indices, tuple(batch.shape), failures
-([0, 1], (2, 3, 56, 56), [])
+>>> indices, encoded, failures, pictures = collate([images[0], images[1]])
+>>> indices, batch, failures, damaged = DeviceDecoder(preprocess, torch.device("cpu"))(indices, encoded, failures)
+>>> indices, tuple(batch.shape), failures, damaged
+([0, 1], (2, 3, 56, 56), [], [])
 """
 
 from __future__ import annotations
@@ -50,8 +50,9 @@ import torchvision.io
 from torchvision.io import ImageReadMode
 from torchvision.transforms.functional import pil_to_tensor
 
+from hookcli.console import stderr_captured
 from hookcli.errors import DeviceError, ImageError, MemoryLimitError, first_line
-from hookcli.inputs.images import JpegBytes, load_rgb, read_jpeg
+from hookcli.inputs.images import JpegBytes, PictureMaker, load_rgb, read_encoded
 from hookcli.inputs.preprocess import Preprocess
 from hookcli.inputs.transforms import to_tensor_steps, to_transform
 
@@ -65,11 +66,12 @@ PIXELS_AT_ONCE = 1 << 26
 
 class EncodedImages:
     """A dataset of images as the decode workers leave them for the device: a JPEG's bytes
-    (:class:`~hookcli.inputs.images.JpegBytes`), any other image decoded and preprocessed as ``--decode cpu`` does it; a
-    failure comes back as a value ``(message, hint)``, never raised in a worker."""
+    (:class:`~hookcli.inputs.images.JpegBytes`), any other image decoded and preprocessed as ``--decode cpu`` does it,
+    each file opened once; items are ``(index, image, failure, picture)``, a failure as a value ``(message, hint)``,
+    never raised in a worker, and ``picture`` what ``picture`` makes of the image (None without one)."""
 
-    def __init__(self, paths: Sequence, preprocess: Preprocess) -> None:
-        self.paths, self.transform = paths, to_transform(preprocess)
+    def __init__(self, paths: Sequence, preprocess: Preprocess, picture: PictureMaker | None = None) -> None:
+        self.paths, self.transform, self.picture = paths, to_transform(preprocess), picture
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -77,10 +79,10 @@ class EncodedImages:
     def __getitem__(self, index: int):
         path = self.paths[index]
         try:
-            found = read_jpeg(path)
-            return index, found if found is not None else self.transform(load_rgb(path)), None
+            found, made = read_encoded(path, self.picture)
+            return index, found if isinstance(found, JpegBytes) else self.transform(found), None, made
         except ImageError as err:
-            return index, None, (err.message, err.hint)
+            return index, None, (err.message, err.hint), None
 
 
 class Encoded(NamedTuple):
@@ -93,9 +95,10 @@ class Encoded(NamedTuple):
     positions: list
 
 
-def collate(items) -> tuple[list[int], Encoded, list]:
-    """``(indices, Encoded, failures)`` of a batch of :class:`EncodedImages` items."""
-    good = [(i, item) for i, item, error in items if error is None]
+def collate(items) -> tuple[list[int], Encoded, list, dict]:
+    """``(indices, Encoded, failures, pictures)`` of a batch of :class:`EncodedImages` items, ``pictures`` by input
+    index."""
+    good = [(i, item) for i, item, error, _ in items if error is None]
     jpegs = [(k, item) for k, (_, item) in enumerate(good) if isinstance(item, JpegBytes)]
     positions = [k for k, (_, item) in enumerate(good) if not isinstance(item, JpegBytes)]
     rows = [good[k][1] for k in positions]
@@ -105,14 +108,17 @@ def collate(items) -> tuple[list[int], Encoded, list]:
     return (
         [i for i, _ in good],
         Encoded(jpegs, prepared if positions else None, positions),
-        [(i, e) for i, _, e in items if e is not None],
+        [(i, e) for i, _, e, _ in items if e is not None],
+        {i: made for i, _, _, made in items if made is not None},
     )
 
 
 class DeviceDecoder:
     """Turns a batch the workers hand over (:func:`collate`) into the model's input on ``device``: ``(indices,
-    images, failures)``, the images stacked when they share a shape (a list of rows otherwise, as segmentation
-    without a crop gives), None when none could be read.
+    images, failures, damaged)``, the images stacked when they share a shape (a list of rows otherwise, as
+    segmentation without a crop gives), None when none could be read; ``damaged`` lists ``(index, what the decoder
+    said)`` for each JPEG it decoded though it found it damaged (libjpeg's ``Corrupt JPEG data: …``, kept off
+    standard error).
 
     Images are decoded and resized :data:`PIXELS_AT_ONCE` pixels at a time, so a batch of camera photos needs no
     more device memory than a batch of small ones. On CUDA the work runs on a stream of its own, which the
@@ -128,9 +134,11 @@ class DeviceDecoder:
         self._device_decoded = False  # whether the device's decoder has decoded any JPEG yet
         self._pillow_only = 0  # JPEGs the device's decoder refused and Pillow decoded, while it decoded none
 
-    def __call__(self, indices: list[int], encoded: Encoded, failures: list) -> tuple[list[int], object, list]:
+    def __call__(
+        self, indices: list[int], encoded: Encoded, failures: list
+    ) -> tuple[list[int], object, list, list[tuple[int, str]]]:
         with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
-            rows, failed = self._rows(encoded)
+            rows, failed, damaged = self._rows(encoded)
             kept = [k for k, row in enumerate(rows) if row is not None]
             rows = [rows[k] for k in kept]
             batch = (torch.stack(rows) if all(row.shape == rows[0].shape for row in rows) else rows) if rows else None
@@ -140,27 +148,30 @@ class DeviceDecoder:
             for tensor in [batch] if isinstance(batch, torch.Tensor) else batch:
                 tensor.record_stream(model_stream)  # freed only once the model's stream is done with it
         failures = sorted([*failures, *((indices[k], error) for k, error in failed)])
-        return [indices[k] for k in kept], batch, failures
+        return [indices[k] for k in kept], batch, failures, [(indices[k], said) for k, said in damaged]
 
-    def _rows(self, encoded: Encoded) -> tuple[list, list]:
-        """Each image's row on the device (None for one that failed), and the failures ``(position, (message,
-        hint))``."""
+    def _rows(self, encoded: Encoded) -> tuple[list, list, list]:
+        """Each image's row on the device (None for one that failed), the failures ``(position, (message,
+        hint))``, and ``(position, what the decoder said)`` for each JPEG it decoded though it found it damaged."""
         count = len(encoded.jpegs) + len(encoded.positions)
         rows: list = [None] * count
         if encoded.prepared is not None:
             for position, row in zip(encoded.positions, encoded.prepared):
                 rows[position] = row.to(self.device, non_blocking=True)
-        failed = []
+        failed: list = []
+        damaged: list[tuple[int, str]] = []
         for chunk in _bounded(encoded.jpegs, PIXELS_AT_ONCE):
             cropped = []
-            for (position, _), image in zip(chunk, self._decoded([jpeg for _, jpeg in chunk])):
+            images, said = self._decoded([jpeg for _, jpeg in chunk])
+            damaged.extend((chunk[k][0], text) for k, text in said.items())
+            for (position, _), image in zip(chunk, images):
                 if isinstance(image, ImageError):
                     failed.append((position, (image.message, image.hint)))
                 else:
                     cropped.append((position, image))
             for position, row in zip([p for p, _ in cropped], self._preprocessed([image for _, image in cropped])):
                 rows[position] = row
-        return rows, failed
+        return rows, failed, sorted(damaged)
 
     def _preprocessed(self, images: list) -> list:
         """Rows of uint8 images: resized and cropped a size at a time, then scaled and normalised at once."""
@@ -175,39 +186,57 @@ class DeviceDecoder:
             return list(self.steps.scaled(torch.stack(cropped)))
         return [self.steps.scaled(row) for row in cropped]
 
-    def _decoded(self, jpegs: list) -> list:
-        """Each JPEG decoded upright on the device, or by Pillow where the device's decoder refuses it; an
-        :class:`ImageError` for one neither can decode."""
+    def _decoded(self, jpegs: list) -> tuple[list, dict[int, str]]:
+        """Each JPEG decoded upright on the device, or by Pillow where the device's decoder refuses it (an
+        :class:`ImageError` for one neither can decode); and, by position, what the device's decoder said of those
+        it decoded though they are damaged (libjpeg prints it to standard error: it is kept, to be said naming the
+        file, or not at all)."""
         if not jpegs:
-            return []
+            return [], {}
         data = [torch.frombuffer(bytearray(jpeg.data), dtype=torch.uint8) for jpeg in jpegs]
         if self.stream is not None:
             self.stream.synchronize()  # what this stream freed is free: nvJPEG will not wait for it
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)  # torchvision points to TorchCodec; it still decodes
             try:
-                images = torchvision.io.decode_jpeg(data, mode=ImageReadMode.RGB, device=self.device)
+                with stderr_captured() as said:
+                    images = torchvision.io.decode_jpeg(data, mode=ImageReadMode.RGB, device=self.device)
                 self._device_decoded = True
-                return [upright(image, jpeg.orientation) for image, jpeg in zip(images, jpegs)]
+                return [upright(image, jpeg.orientation) for image, jpeg in zip(images, jpegs)], self._damaged(
+                    data, said.text
+                )
             except RuntimeError as err:  # the call decodes all or nothing: find the ones at fault
                 _refuse_out_of_memory(err)
-            found, refusals = [], []
-            for jpeg, encoded in zip(jpegs, data):
+            found, refusals, damaged = [], [], {}
+            for k, (jpeg, encoded) in enumerate(zip(jpegs, data)):
                 try:
-                    found.append(
-                        upright(
-                            torchvision.io.decode_jpeg(encoded, mode=ImageReadMode.RGB, device=self.device),
-                            jpeg.orientation,
-                        )
-                    )
+                    with stderr_captured() as said:
+                        image = torchvision.io.decode_jpeg(encoded, mode=ImageReadMode.RGB, device=self.device)
+                    found.append(upright(image, jpeg.orientation))
                     self._device_decoded = True
+                    if _first_warning(said.text):
+                        damaged[k] = _first_warning(said.text)
                 except RuntimeError as err:
                     _refuse_out_of_memory(err)
                     found.append(self._by_pillow(jpeg))
                     refusals.append((jpeg, err))
         if refusals:
             self._refused(refusals, decoded=sum(not isinstance(image, ImageError) for image in found))
-        return found
+        return found, damaged
+
+    def _damaged(self, data: list, said: str) -> dict[int, str]:
+        """What the decoder ``said`` while it decoded ``data`` at once, by the position of the JPEG it is about: the
+        one JPEG, or each one that makes it say something when decoded again alone (only where something was said,
+        which a whole JPEG never makes it)."""
+        if not _first_warning(said) or len(data) == 1:
+            return {0: _first_warning(said)} if _first_warning(said) else {}
+        damaged = {}
+        for k, encoded in enumerate(data):
+            with stderr_captured() as again, contextlib.suppress(RuntimeError):
+                torchvision.io.decode_jpeg(encoded, mode=ImageReadMode.RGB, device=self.device)
+            if _first_warning(again.text):
+                damaged[k] = _first_warning(again.text)
+        return damaged
 
     def _by_pillow(self, jpeg):
         try:
@@ -238,6 +267,15 @@ class DeviceDecoder:
 #: JPEGs the device's decoder refuses, and Pillow reads, before it has decoded any, that make it taken for one that
 #: decodes nothing: one damaged photo in the first batch must not stop a run.
 REFUSED_BEFORE_STOPPING = 8
+
+
+def _first_warning(said: str) -> str:
+    """The first line a decoder printed, and how many more there were: ``Corrupt JPEG data: 3 extraneous bytes
+    before marker 0xda (and 1 more)``; empty text where it printed nothing."""
+    lines = [line.strip() for line in said.splitlines() if line.strip()]
+    if not lines:
+        return ""
+    return lines[0] + (f" (and {len(lines) - 1} more)" if len(lines) > 1 else "")
 
 
 def _refuse_out_of_memory(err: RuntimeError) -> None:

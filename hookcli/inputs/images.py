@@ -15,7 +15,7 @@ import math
 import os
 import re
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import Any, BinaryIO, Protocol
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
@@ -27,11 +27,13 @@ from hookcli.inputs.limits import pixel_limit
 
 __all__ = [
     "JpegBytes",
+    "PictureMaker",
     "RESAMPLE",
     "load_rgb",
+    "load_with_picture",
     "model_view",
     "open_input",
-    "read_jpeg",
+    "read_encoded",
 ]
 
 #: Pillow's resampling filter for each interpolation name of :data:`hookcli.options.INTERPOLATIONS`.
@@ -68,8 +70,50 @@ def load_rgb(
 
     ``data``: the file's bytes, already read (``path`` then only names it in errors).
     """
+    with _read_errors(path), _opened(path, data) as handle:
+        return _decoded(path, handle, min_size=min_size, max_side=max_side)[0]
+
+
+class PictureMaker(Protocol):
+    """Makes a picture (a CAM's photo, say) from an image as it is decoded for the model, in the process that
+    decodes it, so that the image is decoded once for both.
+
+    It is called with the decoded image reduced by a whole factor to at most ``side`` pixels a side (as
+    :func:`load_rgb` reduces it for ``max_side``; the model's own image when it is no larger, which the maker must
+    leave unchanged) and the size of the model's image. What it returns travels with the image's row.
+    """
+
+    @property
+    def side(self) -> int: ...
+
+    def __call__(self, picture: Image.Image, size: tuple[int, int]) -> Any: ...
+
+
+def load_with_picture(path, picture: PictureMaker, *, min_size: int | None = None) -> tuple[Image.Image, Any]:
+    """The image :func:`load_rgb` (with ``min_size``) decodes, and what ``picture`` makes of the same decode.
+
+    >>> import numpy as np
+    >>> class Thumb:
+    ...     side = 256
+    ...     def __call__(self, picture, size):
+    ...         return picture.size, size
+    >>> photo = __import__("matplotlib.cbook").cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)
+    >>> image, made = load_with_picture(photo, Thumb())
+    >>> np.array_equal(np.asarray(image), np.asarray(load_rgb(photo))), made
+    (True, ((171, 200), (512, 600)))
+    """
+    with _read_errors(path), open_input(path) as handle:
+        image, reduced = _decoded(path, handle, min_size=min_size, picture_side=picture.side)
+    return image, picture(reduced, image.size)
+
+
+def _decoded(
+    path, handle, *, min_size: int | None = None, max_side: int | None = None, picture_side: int | None = None
+) -> tuple[Image.Image, Image.Image]:
+    """The image in ``handle`` as :func:`load_rgb` gives it, and a copy of it reduced to at most ``picture_side``
+    pixels a side (the image itself when it is no larger, or no side is given)."""
     image: Image.Image  # the file's, then perhaps a reduced copy
-    with _read_errors(path), _opened(path, data) as handle, Image.open(handle) as image:
+    with Image.open(handle) as image:
         bomb = Image.MAX_IMAGE_PIXELS  # None: a caller turned Pillow's check off
         if min_size is not None and image.format == "JPEG":
             image.draft(image.mode, (min_size, min_size))
@@ -84,8 +128,17 @@ def load_rgb(
         image.load()
         if max_side is not None and max(image.size) > max_side:
             image = _reduced(image, math.ceil(max(image.size) / max_side))
-        ImageOps.exif_transpose(image, in_place=True)
-        return _to_rgb(image)
+        # Reduced before it is turned and converted, as load_rgb reduces for max_side, so its pixels are the same.
+        reduced = image
+        if picture_side is not None and max(image.size) > picture_side:
+            reduced = _reduced(image, math.ceil(max(image.size) / picture_side))
+        upright = _upright_rgb(image)
+        return upright, upright if reduced is image else _upright_rgb(reduced)
+
+
+def _upright_rgb(image: Image.Image) -> Image.Image:
+    ImageOps.exif_transpose(image, in_place=True)
+    return _to_rgb(image)
 
 
 @dataclass(frozen=True)
@@ -108,33 +161,46 @@ _JPEG_END = b"\xff\xd9"
 _ORIENTATION = 0x0112
 
 
-def read_jpeg(path: str | os.PathLike) -> JpegBytes | None:
-    """The bytes of the 8-bit RGB or grayscale JPEG at ``path`` (or the first picture of an MPO, as cameras write
-    them), its header checked but its pixels not decoded; None for any other image (PNG, CMYK JPEG…), and for a
-    JPEG that does not end with its end-of-image marker (cut short, or followed by other data), which
-    :func:`load_rgb` decodes as it always does.
+def read_encoded(path: str | os.PathLike, picture: PictureMaker | None = None) -> tuple[JpegBytes | Image.Image, Any]:
+    """What a decode worker leaves for the device (``--decode device``), the file opened once: the bytes of an 8-bit
+    RGB or grayscale JPEG (or of the first picture of an MPO, as cameras write them), its header checked but its
+    pixels not decoded; any other image (PNG, CMYK JPEG…), and a JPEG that does not end with its end-of-image marker
+    (cut short, or followed by other data), decoded as :func:`load_rgb` decodes it. With ``picture``, second, what
+    it makes (see :func:`load_with_picture`; a JPEG is decoded here for it alone), else None.
 
     Errors are those of :func:`load_rgb` for a file that cannot be opened or whose header is not an image's;
-    damage after the header shows when the pixels are decoded.
+    damage after a JPEG's header shows when its pixels are decoded.
 
     >>> photo = __import__("matplotlib.cbook").cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)
-    >>> found = read_jpeg(photo)
+    >>> found, _ = read_encoded(photo)
     >>> len(found.data), found.size, found.orientation
     (61306, (512, 600), 1)
     """
     with _read_errors(path), open_input(path) as handle:
-        if handle.read(len(_JPEG_START)) != _JPEG_START:
-            return None
-        handle.seek(0)
-        with Image.open(handle) as image:  # the header only: its size passes Pillow's decompression-bomb check
-            if image.format not in ("JPEG", "MPO") or image.mode not in ("RGB", "L"):
-                return None
-            orientation, size = image.getexif().get(_ORIENTATION, 1), image.size
-        handle.seek(0)
-        data = handle.read()
-        if not data.rstrip(b"\0\r\n ").endswith(_JPEG_END):  # nvJPEG may pass a cut-short file that Pillow refuses
-            return None
-        return JpegBytes(os.fspath(path), data, size, orientation if orientation in range(1, 9) else 1)
+        jpeg, data = _whole_jpeg(path, handle)
+        if jpeg is not None and picture is None:
+            return jpeg, None
+        source = io.BytesIO(data) if data is not None else handle
+        source.seek(0)
+        image, reduced = _decoded(path, source, picture_side=None if picture is None else picture.side)
+    return (image if jpeg is None else jpeg), (None if picture is None else picture(reduced, image.size))
+
+
+def _whole_jpeg(path, handle: BinaryIO) -> tuple[JpegBytes | None, bytes | None]:
+    """``(JpegBytes, its bytes)`` for a whole 8-bit RGB or grayscale JPEG; ``(None, bytes)`` when the file was read
+    to find out it is none, ``(None, None)`` when its start or header told."""
+    if handle.read(len(_JPEG_START)) != _JPEG_START:
+        return None, None
+    handle.seek(0)
+    with Image.open(handle) as image:  # the header only: its size passes Pillow's decompression-bomb check
+        if image.format not in ("JPEG", "MPO") or image.mode not in ("RGB", "L"):
+            return None, None
+        orientation, size = image.getexif().get(_ORIENTATION, 1), image.size
+    handle.seek(0)
+    data = handle.read()
+    if not data.rstrip(b"\0\r\n ").endswith(_JPEG_END):  # nvJPEG may pass a cut-short file that Pillow refuses
+        return None, data
+    return JpegBytes(os.fspath(path), data, size, orientation if orientation in range(1, 9) else 1), data
 
 
 @contextlib.contextmanager

@@ -30,13 +30,16 @@ import numpy as np
 
 from hookcli.console import counted
 from hookcli.errors import ImageError, UsageProblem, VideoError
+from hookcli.inputs.archives import file_stamp, input_files, input_key
 from hookcli.inputs.clips import (
     DAMAGED_HINT,
     TOO_LARGE_HINT,
     Clip,
+    FrameTimes,
     ImagePair,
     av_reason,
     frame_paths,
+    frame_times,
     opened_video,
     size_text,
     video_library,
@@ -57,13 +60,16 @@ def read_frames(path: str | os.PathLike, indices: Iterable[int]) -> np.ndarray:
     """Frames ``indices`` of the video at ``path``, as ``uint8`` RGB of shape ``[len(indices), H, W, 3]``.
 
     Indices may repeat and come in any order; the frames come back in the
-    order asked. A file is decoded from its start up to the last frame asked
-    for, and only the frames asked for are converted; every frame comes out
-    at the size of the earliest one asked for. The file stays open for the
-    next read, which continues where this one stopped: clips asked for in
-    order cost one pass through the video (the latest frames are kept, so
-    overlapping clips do too). From a folder only the frames
-    asked for are opened, and they must all be the same size.
+    order asked. A file is decoded from the keyframe at or before the first
+    frame asked for (from its start, for a file whose packets carry no
+    timestamps) up to the last, and only the frames asked for are converted;
+    every frame comes out at the size of the earliest one asked for. The
+    file stays open for the next read, which continues where this one
+    stopped (or seeks, past a keyframe): clips asked for in order cost one
+    pass through the video (the latest frames are kept, so overlapping clips
+    do too). From a folder only the frames asked for are opened (those a
+    recent read decoded are taken from it), and they must all be the same
+    size.
 
     >>> import tempfile
     >>> from PIL import Image
@@ -116,13 +122,13 @@ def _read_file(path, positions: dict[int, list[int]]) -> np.ndarray:
             height, width = frames.shape[1:3]
             frames[positions[index]] = frame.to_ndarray(format="rgb24", width=width, height=height)
     except av.FFmpegError as err:
-        close_decoders()
+        _close_video()
         raise VideoError(f"cannot decode video '{path}': {av_reason(err)}", hint=DAMAGED_HINT) from None
     except VideoError:
-        close_decoders()
+        _close_video()
         raise
     except _Ended as ended:
-        close_decoders()
+        _close_video()
         raise VideoError(
             f"video '{path}' ended after {counted(ended.decoded, 'frame')}; frame {max(positions)} was asked for",
             hint=DAMAGED_HINT,
@@ -146,16 +152,30 @@ class _Decoding:
     The frames decoded last are kept (up to :data:`_RECENT_BYTES`), so a clip
     that starts before the decoder's position but within them needs no new
     pass either. One is kept per process (decoding workers have their own).
+
+    A frame past a keyframe the decoder has not reached is found by seeking to
+    that keyframe (the file's :class:`~hookcli.inputs.clips.FrameTimes`, read
+    once, say where it is), so a decode worker given every other batch of a
+    video, or a clip in its middle, decodes the frames it needs rather than
+    every frame before them. Frames decoded after a seek are numbered by their
+    presentation time; should one not be the frame its time says (a stream
+    whose timestamps disagree with its frames), the file is decoded again from
+    its start, without seeking.
     """
 
     def __init__(self, path, identity) -> None:
-        self.identity = identity
-        self.opened_video = opened_video(path)
-        container, stream = self.opened_video.__enter__()
-        self._frames = container.decode(stream)
-        self.next = 0  # the index of the frame the decoder gives next
+        self.path, self.identity = path, identity
         self.recent: dict[int, Any] = {}  # av.VideoFrame by index
         self._keep: int | None = None
+        self._times: FrameTimes | None | bool = True  # True: not read yet; None: the file cannot be sought in
+        self._open()
+
+    def _open(self) -> None:
+        self.opened_video = opened_video(self.path)
+        self.container, self.stream = self.opened_video.__enter__()
+        self._frames = self.container.decode(self.stream)
+        self.next = 0  # the index of the frame the decoder gives next
+        self._timed = False  # whether frames are numbered by their times (after a seek)
 
     def reaches(self, index: int) -> bool:
         return index >= self.next or index in self.recent
@@ -163,10 +183,19 @@ class _Decoding:
     def frame(self, index: int):
         if index in self.recent:
             return self.recent[index]
+        if index > self.next:
+            self._seek_before(index)
         while self.next <= index:
             frame = next(self._frames, None)
             if frame is None:
                 raise _Ended(self.next)
+            if self._timed and isinstance(self._times, FrameTimes):
+                found = self._times.index(frame.pts)
+                if found is not None and found < self.next:
+                    continue  # shown before the keyframe sought: the demuxer started earlier, or an open GOP's
+                if found != self.next:
+                    self._start_again()
+                    continue
             if self._keep is None:
                 self._keep = max(1, _RECENT_BYTES // max(1, frame.width * frame.height * 3))
             self.recent[self.next] = frame
@@ -174,6 +203,26 @@ class _Decoding:
                 del self.recent[next(iter(self.recent))]
             self.next += 1
         return self.recent[index]
+
+    def _seek_before(self, index: int) -> None:
+        """Seek to the last keyframe at or before frame ``index`` if it is past the decoder's position."""
+        if self._times is True:
+            self._times = frame_times(self.path)
+        if not isinstance(self._times, FrameTimes):
+            return
+        keyframe = self._times.keyframe_before(index)
+        if keyframe <= self.next:
+            return
+        self.container.seek(self._times.times[keyframe], stream=self.stream, backward=True, any_frame=False)
+        self._frames = self.container.decode(self.stream)
+        self.next, self._timed = keyframe, True
+
+    def _start_again(self) -> None:
+        """Decode the file again from its start, frame after frame, never seeking in it."""
+        self._times = None
+        self.recent = {}
+        self.close()
+        self._open()
 
     def close(self) -> None:
         self.recent = {}
@@ -193,13 +242,19 @@ def _decoding(path, first: int) -> _Decoding:
         identity = None
     if identity is not None and _OPEN and _OPEN[0].identity == identity and _OPEN[0].reaches(first):
         return _OPEN[0]
-    close_decoders()
+    _close_video()
     _OPEN.append(_Decoding(path, identity))
     return _OPEN[0]
 
 
 def close_decoders() -> None:
-    """Close the video file kept open for the next read (a run does at its end)."""
+    """Close the video file kept open for the next read, and let go of the images kept for the next rows (a run
+    does at its end)."""
+    _close_video()
+    _RECENT_IMAGES.clear()
+
+
+def _close_video() -> None:
     while _OPEN:
         _OPEN.pop().close()
 
@@ -217,21 +272,52 @@ def _read_folder(folder, positions: dict[int, list[int]]) -> np.ndarray:
     first: tuple[Path, tuple[int, int]] | None = None
     for index in sorted(positions):
         try:
-            image = load_rgb(paths[index])
+            image = _image_array(paths[index])
         except ImageError as err:
             raise VideoError(err.message, hint=err.hint) from None
+        image_size = (image.shape[1], image.shape[0])
         if frames is None or first is None:
-            first = paths[index], image.size
-            frames = np.empty((size, image.height, image.width, 3), np.uint8)
-        elif image.size != first[1]:
+            first = paths[index], image_size
+            frames = np.empty((size, *image.shape), np.uint8)
+        elif image_size != first[1]:
             raise VideoError(
                 f"frames in folder '{folder}' differ in size: '{first[0].name}' is {size_text(first[1])}, "
-                f"'{paths[index].name}' is {size_text(image.size)}",
+                f"'{paths[index].name}' is {size_text(image_size)}",
                 hint="all frames of a video must be the same size",
             )
-        frames[positions[index]] = np.asarray(image)
+        frames[positions[index]] = image
     assert frames is not None, "positions names a frame at least"
     return frames
+
+
+#: Images decoded from folders of frames and pairs of images, by what identifies their file (:func:`_file_identity`),
+#: kept up to :data:`_RECENT_BYTES` (the latest one at least) for the rows that share them: frame k is the second of
+#: pair k - 1 and the first of pair k.
+_RECENT_IMAGES: dict[tuple, np.ndarray] = {}
+
+
+def _image_array(path) -> np.ndarray:
+    """The image at ``path`` as ``uint8`` RGB ``[H, W, 3]``, decoded by :func:`load_rgb` unless a recent row of
+    this process decoded it (a file changed since is decoded again)."""
+    identity = _file_identity(path)
+    if identity in _RECENT_IMAGES:
+        return _RECENT_IMAGES[identity]
+    image = np.asarray(load_rgb(path))
+    if identity is not None:
+        _RECENT_IMAGES[identity] = image
+        kept = sum(array.nbytes for array in _RECENT_IMAGES.values())
+        while len(_RECENT_IMAGES) > 1 and kept > _RECENT_BYTES:
+            kept -= _RECENT_IMAGES.pop(next(iter(_RECENT_IMAGES))).nbytes
+    return image
+
+
+def _file_identity(path) -> tuple | None:
+    """The input's name and the size and modification time of the files it is read from; None when one cannot be
+    looked at (decoding then says why)."""
+    stamps = [file_stamp(name) for name in input_files(path)]
+    if any(stamp is None for stamp in stamps):
+        return None
+    return input_key(path), *(tuple(stamp) for stamp in stamps if stamp is not None)
 
 
 def _check_frame(path, frame) -> None:
@@ -248,7 +334,7 @@ def read_row(row: Clip | ImagePair) -> np.ndarray:
     :class:`~hookcli.inputs.clips.ImagePair`, which must be of one size (else :class:`VideoError`)."""
     if isinstance(row, Clip):
         return read_frames(row.path, row.frames)
-    first, second = (np.asarray(load_rgb(p)) for p in (row.path, row.second))
+    first, second = (_image_array(p) for p in (row.path, row.second))
     if first.shape != second.shape:
         raise VideoError(
             f"the images of the pair '{row.path}' and '{row.second}' differ in size "

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from hookcli.pictures.options import safe_name
-from hookcli.pictures.photos import heat_picture, model_photo_scaled
+from hookcli.pictures.photos import ModelPhotos, heat_picture
 from hookcli.pictures.png import save_png
 from hookcli.pictures.render import add_title
 
@@ -30,6 +30,9 @@ def cam_png_name(index: int, path, k: int, count: int) -> str:
 class CamOverlays:
     """Draws each batch's maps over the images the model saw as the batches go by; the rows go on to ``inner``.
 
+    The photos come with the batches (``Batch.pictures``), made by
+    ``picture`` where each image was decoded for the model, so that no image
+    is decoded again for its picture: the run must be given ``picture``.
     ``written`` lists the inner writer's paths, then the PNGs. A map that is
     zero everywhere (no position raises the class's score) is reported
     through ``on_note`` and drawn as the photo alone, saying so.
@@ -51,7 +54,7 @@ class CamOverlays:
         on_note: Callable[[str], None] | None = None,
     ) -> None:
         self.inner, self.paths, self.folder = inner, paths, Path(folder)
-        self.preprocess, self.count, self.method, self.layer = preprocess, count, method, layer
+        self.picture, self.count, self.method, self.layer = ModelPhotos(preprocess), count, method, layer
         self.alpha, self.cmap, self.force, self.on_note = alpha, cmap, force, on_note
         self.pngs: list[Path] = []
         self.written: list[Path] = []
@@ -76,7 +79,7 @@ class CamOverlays:
 
     def add(self, batch) -> None:
         for row, index in enumerate(batch.indices):
-            photo, scale = model_photo_scaled(self.paths[index], self.preprocess)
+            photo, scale = batch.pictures[index]
             for k, chosen in enumerate(batch.targets[row]):
                 heat = batch.features["cam" if self.count == 1 else f"cam#{k}"][row].numpy()
                 label, caption = _cam_caption(chosen)

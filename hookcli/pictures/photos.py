@@ -4,11 +4,14 @@ drawn over it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 from PIL import Image
 
 from hookcli.inputs.images import RESAMPLE as resample
 from hookcli.inputs.images import load_rgb, model_view, open_input
+from hookcli.inputs.preprocess import Preprocess
 from hookcli.pictures.boxes import CAM_BOX_COLOUR, draw_boxes
 from hookcli.pictures.render import add_colorbar, overlay, value_range
 from hookcli.pictures.text import number
@@ -17,6 +20,7 @@ __all__ = [
     "OVERLAY_MIN",
     "OVERLAY_SIDE",
     "THUMBNAIL_SIDE",
+    "ModelPhotos",
     "heat_picture",
     "model_photo",
     "model_photo_scaled",
@@ -25,6 +29,8 @@ __all__ = [
 
 #: Overlays are drawn at least OVERLAY_MIN and at most OVERLAY_SIDE pixels a side.
 OVERLAY_MIN, OVERLAY_SIDE = 512, 2048
+#: A photo is reduced to at most this many pixels a side before its view is resampled from it.
+PHOTO_SIDE = 2 * OVERLAY_SIDE
 
 
 #: A report's thumbnail of an input is at most this many pixels a side.
@@ -60,10 +66,36 @@ def model_thumbnail(path, preprocess, side: int = THUMBNAIL_SIDE) -> np.ndarray:
 
 def model_photo_scaled(path, preprocess, *, enlarge: bool = True) -> tuple[np.ndarray, float]:
     """:func:`model_photo`, and its pixels to one pixel of the image the model was given (the unit of boxes)."""
+    return _view(load_rgb(path, max_side=PHOTO_SIDE), lambda: _upright_size(path), preprocess, enlarge)
 
-    photo = load_rgb(path, max_side=2 * OVERLAY_SIDE)
+
+@dataclass(frozen=True)
+class ModelPhotos:
+    """:func:`model_photo_scaled` of an image as a run decodes it for the model, from that one decode (a
+    :class:`~hookcli.inputs.images.PictureMaker`: the decode workers call it, and what it returns crosses back
+    with the image's row).
+
+    The pixels are those :func:`model_photo_scaled` gives for the same image, but for JPEGs it decodes at another
+    scale than a run does: under ``fast_decode`` the photo is drawn from the reduced decode the model was given,
+    and a photo of 8192 pixels or more on both sides is reduced from the whole one the model was given, where
+    :func:`model_photo_scaled` decodes it at a reduced scale.
+    """
+
+    preprocess: Preprocess
+    enlarge: bool = True
+    side: int = PHOTO_SIDE
+
+    def __call__(self, picture: Image.Image, size: tuple[int, int]) -> tuple[np.ndarray, float]:
+        return _view(picture, lambda: size, self.preprocess, self.enlarge)
+
+
+def _view(photo: Image.Image, upright_size, preprocess, enlarge: bool) -> tuple[np.ndarray, float]:
+    """The photo as the model saw it and its scale (see :func:`model_photo_scaled`), from ``photo`` (decoded, and
+    reduced to at most :data:`PHOTO_SIDE` a side), which is left unchanged. ``upright_size()`` is the size of the
+    image the model was given before any resize, asked only where it is needed."""
     if preprocess is None:
-        width = _upright_size(path)[0]
+        width = upright_size()[0]
+        photo = photo.copy()
         photo.thumbnail((OVERLAY_SIDE, OVERLAY_SIDE))
         return np.asarray(photo), photo.width / width
     if isinstance(preprocess.resize, tuple) and preprocess.kind == "classification":
@@ -71,7 +103,7 @@ def model_photo_scaled(path, preprocess, *, enlarge: bool = True) -> tuple[np.nd
     resize = preprocess.resize if isinstance(preprocess.resize, int) else None
     # Without a resize the model was given the photo at its own size, which the reduced loading of a large one hides.
     if preprocess.crop is not None:
-        short = resize or min(_upright_size(path))
+        short = resize or min(upright_size())
         side = min(OVERLAY_SIDE, max(OVERLAY_MIN, 2 * preprocess.crop) if enlarge else preprocess.crop)
         scale = side / preprocess.crop
         return np.asarray(
@@ -79,7 +111,7 @@ def model_photo_scaled(path, preprocess, *, enlarge: bool = True) -> tuple[np.nd
                 photo, resize=max(1, round(short * scale)), crop=max(1, side), interpolation=preprocess.interpolation
             )
         ), scale
-    size = _upright_size(path)
+    size = upright_size()
     short = resize or min(size)
     # The resized photo as torchvision makes it: shorter side `short`, the longer one in proportion, rounded down.
     given_size = [short if n == min(size) else int(short * n / min(size)) for n in size]

@@ -10,6 +10,7 @@ import multiprocessing
 import os
 import signal
 from collections.abc import Iterable, Iterator, Sequence
+from typing import NamedTuple
 
 import torch
 from PIL import Image
@@ -20,7 +21,7 @@ from hookcli.families import DEFAULT_CLIP_LENGTH, family_traits
 from hookcli.inputs import decoding
 from hookcli.inputs.clips import Clip, ImagePair
 from hookcli.inputs.decoding import DeviceDecoder
-from hookcli.inputs.images import load_rgb
+from hookcli.inputs.images import PictureMaker, load_rgb, load_with_picture
 from hookcli.inputs.preprocess import Preprocess
 from hookcli.inputs.transforms import to_transform
 from hookcli.inputs.video import close_decoders, read_row
@@ -28,6 +29,7 @@ from hookcli.run.settings import RunSettings
 
 __all__ = [
     "Decoded",
+    "Loaded",
     "batch_device",
     "batch_length",
     "call_model",
@@ -46,10 +48,12 @@ _FLOW_MIN_SIDE = 128
 
 
 class _Images:
-    """A dataset of decoded, preprocessed images; a failure comes back as a value, never raised in a worker."""
+    """A dataset of decoded, preprocessed images: items ``(index, row, failure, picture)``, a failure as a value,
+    never raised in a worker, and ``picture`` what ``picture`` makes of a still image as it is decoded (None without
+    one)."""
 
-    def __init__(self, paths: Sequence, preprocess: Preprocess) -> None:
-        self.paths, self.load, self.kind = paths, load_rgb, preprocess.kind
+    def __init__(self, paths: Sequence, preprocess: Preprocess, picture: PictureMaker | None = None) -> None:
+        self.paths, self.kind, self.picture = paths, preprocess.kind, picture
         self.transform, self.decode_size = to_transform(preprocess), preprocess.decode_size
 
     def __len__(self) -> int:
@@ -59,35 +63,41 @@ class _Images:
         item = self.paths[index]
         try:
             if not isinstance(item, Clip | ImagePair):
-                return index, self.transform(self.load(item, min_size=self.decode_size)), None
-            frames = read_row(item)
-            if self.kind == "video":
-                return index, self.transform(frames), None
-
-            pair = tuple(self.transform(Image.fromarray(frame)) for frame in frames)
-            height, width = pair[0].shape[-2:]
-            if min(height, width) < _FLOW_MIN_SIDE:
-                raise VideoError(
-                    f"the frames of '{item.path}' are {width}x{height} as the model would see them, and "
-                    f"optical-flow models take sides of {_FLOW_MIN_SIDE} pixels or more",
-                    hint="give a larger --resize or --crop (a multiple of 8)",
-                )
-            if height % 8 or width % 8:
-                raise VideoError(
-                    f"the frames of '{item.path}' are {width}x{height} as the model would see them, and "
-                    "optical-flow models take sides divisible by 8",
-                    hint="give --crop (a multiple of 8), or --resize to a size that keeps both sides so",
-                )
-            return index, pair, None
+                if self.picture is None:
+                    return index, self.transform(load_rgb(item, min_size=self.decode_size)), None, None
+                image, made = load_with_picture(item, self.picture, min_size=self.decode_size)
+                return index, self.transform(image), None, made
+            return index, self._frames(item), None, None
         except (ImageError, VideoError) as err:
-            return index, None, (err.message, err.hint)
+            return index, None, (err.message, err.hint), None
+
+    def _frames(self, item: Clip | ImagePair):
+        """A clip's frames as the model takes them, or a pair's two frames."""
+        frames = read_row(item)
+        if self.kind == "video":
+            return self.transform(frames)
+        pair = tuple(self.transform(Image.fromarray(frame)) for frame in frames)
+        height, width = pair[0].shape[-2:]
+        if min(height, width) < _FLOW_MIN_SIDE:
+            raise VideoError(
+                f"the frames of '{item.path}' are {width}x{height} as the model would see them, and "
+                f"optical-flow models take sides of {_FLOW_MIN_SIDE} pixels or more",
+                hint="give a larger --resize or --crop (a multiple of 8)",
+            )
+        if height % 8 or width % 8:
+            raise VideoError(
+                f"the frames of '{item.path}' are {width}x{height} as the model would see them, and "
+                "optical-flow models take sides divisible by 8",
+                hint="give --crop (a multiple of 8), or --resize to a size that keeps both sides so",
+            )
+        return pair
 
 
 def _collate(items):
-    """``(indices, batch, failures)``: rows of one shape stacked, rows of several (or images for detection) a list;
-    pairs of frames a tuple of two such batches."""
-    good = [(i, t) for i, t, e in items if e is None]
-    failures = [(i, e) for i, t, e in items if e is not None]
+    """``(indices, batch, failures, pictures)``: rows of one shape stacked, rows of several (or images for
+    detection) a list; pairs of frames a tuple of two such batches; pictures by input index."""
+    good = [(i, t) for i, t, e, _ in items if e is None]
+    failures = [(i, e) for i, t, e, _ in items if e is not None]
     rows = [t for _, t in good]
     if not rows:
         batch = None
@@ -95,7 +105,7 @@ def _collate(items):
         batch = tuple(_stacked(list(parts)) for parts in zip(*rows))
     else:
         batch = _stacked(rows)
-    return [i for i, _ in good], batch, failures
+    return [i for i, _ in good], batch, failures, {i: made for i, _, _, made in items if made is not None}
 
 
 def _stacked(rows: list):
@@ -122,10 +132,18 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
-def image_loader(paths: Sequence, settings: RunSettings, *, order: Iterable[list[int]] | None = None):
-    """Batches ``(indices, stacked images or None, failures)`` of ``paths`` in ``settings.batch_size`` (or the
-    batches of input indices ``order`` gives, read as they are needed), decoded by ``settings.workers``; with
-    ``decode="device"``, ``(indices, Encoded, failures)`` for :class:`hookcli.inputs.decoding.DeviceDecoder` to finish.
+def image_loader(
+    paths: Sequence,
+    settings: RunSettings,
+    *,
+    order: Iterable[list[int]] | None = None,
+    picture: PictureMaker | None = None,
+):
+    """Batches ``(indices, stacked images or None, failures, pictures)`` of ``paths`` in ``settings.batch_size`` (or
+    the batches of input indices ``order`` gives, read as they are needed), decoded by ``settings.workers``; with
+    ``decode="device"``, ``(indices, Encoded, failures, pictures)`` for
+    :class:`hookcli.inputs.decoding.DeviceDecoder` to finish. ``pictures`` holds, by input index, what ``picture``
+    made of each image the workers decoded (empty without one).
 
     ``settings`` must be resolved (:func:`hookcli.run.speed.resolve_settings`).
     """
@@ -134,7 +152,7 @@ def image_loader(paths: Sequence, settings: RunSettings, *, order: Iterable[list
     on_device = preprocess.decode == "device"
     return DataLoader(
         # Map-style datasets (__len__ and __getitem__), which torch annotates as subclasses of its Dataset.
-        decoding.EncodedImages(paths, preprocess) if on_device else _Images(paths, preprocess),  # type: ignore[arg-type]
+        decoding.EncodedImages(paths, preprocess, picture) if on_device else _Images(paths, preprocess, picture),  # type: ignore[arg-type]
         **({"batch_size": settings.batch_size} if order is None else {"batch_sampler": order}),
         num_workers=workers,
         collate_fn=decoding.collate if on_device else _collate,
@@ -155,8 +173,21 @@ def reported_failures(failures: list, on_error: str, inputs: str = "images") -> 
     return [(index, f"{message}. Hint: {hint}" if hint else message) for index, (message, hint) in failures]
 
 
+class Loaded(NamedTuple):
+    """A batch of inputs ready for the model: input ``indices``, the ``batch`` (None when none could be read),
+    ``failures`` ``(index, (message, hint))``, ``pictures`` by input index (see :func:`image_loader`), and ``damaged``
+    ``(index, what the decoder said)`` for each image decoded though its decoder found it damaged."""
+
+    indices: list[int]
+    batch: object
+    failures: list
+    pictures: dict
+    damaged: list[tuple[int, str]]
+
+
 class Decoded:
-    """The loader's batches, decoded on the device where the preprocessing says so (:mod:`hookcli.inputs.decoding`).
+    """The loader's batches as :class:`Loaded` ones, decoded on the device where the preprocessing says so
+    (:mod:`hookcli.inputs.decoding`).
 
     :meth:`prepare` decodes the next batch early: called once the device has the forward of a batch queued, the
     host's share of decoding (reading the bytes, nvJPEG's Huffman stage) overlaps the device's work.
@@ -185,7 +216,13 @@ class Decoded:
             if self._batches is None:
                 self._batches = iter(self.loader)
             found = next(self._batches, None)
-            self._next = self.decode(*found) if found is not None and self.decode is not None else found
+            if found is None:
+                return
+            indices, batch, failures, pictures = found
+            damaged: list[tuple[int, str]] = []
+            if self.decode is not None:
+                indices, batch, failures, damaged = self.decode(indices, batch, failures)
+            self._next = Loaded(indices, batch, failures, pictures, damaged)
 
 
 @contextlib.contextmanager

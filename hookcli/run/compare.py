@@ -237,7 +237,8 @@ def _together(first: Batch, second: Batch) -> Batch:
                 for key, value in batch.features.items()
             }
         )
-    return Batch(both, features, sorted(failures.items()), None, first.facts)
+    damaged = first.damaged + [said for said in second.damaged if said[0] not in dict(first.damaged)]
+    return Batch(both, features, sorted(failures.items()), None, first.facts, damaged=damaged)
 
 
 def merge_comparisons(

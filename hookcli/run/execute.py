@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from hookcli.errors import ImageError
-from hookcli.events import Advanced, Event, Note, Skipped, Started, Wrote
+from hookcli.events import Advanced, Damaged, Event, Note, Skipped, Started, Wrote
 from hookcli.families import square_input
 from hookcli.pictures.cams import CamOverlays
 from hookcli.pictures.grids import draw_grids
@@ -57,7 +57,14 @@ def execute(run: RunPlan, progress: Callable[[Event], None] | None = None):
 
     def batches(order):
         return iter_batches(
-            run.loaded, run.layers, run.inputs, run.settings, forward=run.forward, order=order, on_note=note
+            run.loaded,
+            run.layers,
+            run.inputs,
+            run.settings,
+            forward=run.forward,
+            order=order,
+            on_note=note,
+            picture=writer.picture if isinstance(writer, CamOverlays) else None,
         )
 
     with contextlib.closing(run.team) if run.team is not None else contextlib.nullcontext():
@@ -101,6 +108,8 @@ def carry_out(
                 writer.add(batch)
                 for index, error in batch.failures:
                     emit(Skipped(str(inputs[index]), error))
+                for index, said in batch.damaged:
+                    emit(Damaged(str(inputs[index]), said))
                 emit(Advanced(len(batch.indices) + len(batch.failures)))
         if not writer.has_rows:
             raise ImageError(

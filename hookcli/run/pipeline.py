@@ -48,6 +48,7 @@ from hookcli.families import (
     ragged_rows,
     square_input,
 )
+from hookcli.inputs.images import PictureMaker
 from hookcli.models.loaded import LoadedModel
 from hookcli.run.batches import Decoded, image_loader, reported_failures, videos_closed
 from hookcli.run.forwards import ForwardFactory, extraction_forward, prepared_model
@@ -67,6 +68,7 @@ def iter_batches(
     forward: ForwardFactory | None = None,
     order: Iterable[list[int]] | None = None,
     on_note: Callable[[str], None] | None = None,
+    picture: PictureMaker | None = None,
 ) -> Iterator[Batch]:
     """Yield :class:`Batch` es of ``paths`` in input order, or the batches of input indices ``order`` gives.
 
@@ -75,20 +77,22 @@ def iter_batches(
     unreadable image raises :class:`ImageError`; with ``"skip"`` it is
     reported in ``Batch.failures`` and left out. ``on_note(text)`` hears why
     a strategy fell back to another (compile to eager, fused to unfused).
+    ``picture`` makes a picture of each image where it is decoded (a CAM's
+    photo), from the same decode; they come in ``Batch.pictures``.
     """
     settings = resolve_settings(settings or RunSettings(), loaded, len(paths))
     make_forward = forward or extraction_forward(settings)
     ragged = ragged_rows(settings.family, settings.preprocess)  # every key a list of rows, whatever the strategy
     square = square_input(settings.preprocess)
     cast = getattr(torch, settings.dtype)
-    batches = Decoded(image_loader(paths, settings, order=order), settings, on_note)
+    batches = Decoded(image_loader(paths, settings, order=order, picture=picture), settings, on_note)
     unreadable = "videos" if any(hasattr(path, "frames") for path in paths[:1]) else "images"  # rows of clips
     with (
         prepared_model(loaded, settings) as (model, to_device),
         make_forward(model, layers, settings, on_note) as run,
         videos_closed(),
     ):
-        for indices, batch, failures in batches:
+        for indices, batch, failures, pictures, damaged in batches:
             failures = reported_failures(failures, settings.on_error, unreadable)
             features, targets, facts = {}, None, None
             if batch is not None:
@@ -98,7 +102,7 @@ def iter_batches(
                     key: _stored(key, value, settings.pool, cast, ragged, square) for key, value in captured.items()
                 }
                 facts = run.facts()
-            yield Batch(indices, features, failures, targets, facts)
+            yield Batch(indices, features, failures, targets, facts, pictures, damaged)
 
 
 def _stored(key: str, value, pool: str | None, cast, ragged: bool, square: bool = False):

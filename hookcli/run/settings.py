@@ -76,7 +76,10 @@ class Batch:
 
     ``targets`` (gradient runs only) describes, per row, the logits the
     gradients are of; ``facts`` is what the forward has learnt so far (None
-    when no image of the batch could be read).
+    when no image of the batch could be read); ``pictures``, by input index,
+    what the run's picture maker made of each image as it was decoded;
+    ``damaged``, ``(input index, what its decoder said)`` for each image
+    decoded though its decoder found it damaged.
     """
 
     indices: list[int]
@@ -84,6 +87,8 @@ class Batch:
     failures: list[tuple[int, str]] = field(default_factory=list)
     targets: list | None = None
     facts: RunFacts | None = None
+    pictures: dict = field(default_factory=dict)
+    damaged: list[tuple[int, str]] = field(default_factory=list)
 
 
 #: More decoding processes than this would only crowd the machine (each one holds a copy of the decoder's state).

@@ -6,7 +6,7 @@ deviations from its own mean, then the outer product of the difference of
 means), in float64. :attr:`Covariance.matrix` divides by ``n - 1`` as
 ``numpy.cov`` does. :func:`principal_components` gives its eigenvalues,
 largest first (the variance each direction explains), and its unit
-eigenvectors, one per column, each signed so that its largest component (the
+eigenvectors, one per column (LAPACK's MRRR, ``syevr``), each signed so that its largest component (the
 first of equal ones) is positive.
 
 A layer of ``C`` channels holds a ``C × C`` matrix: 32 MiB at 2,048 channels,
@@ -91,8 +91,10 @@ class Covariance:
 def principal_components(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(eigenvalues [C], eigenvectors [C, C])`` of a symmetric matrix: values largest first, one unit vector per
     column, each signed so that its largest component is positive."""
-    values, vectors = torch.linalg.eigh(matrix.to(_F64))
-    values, vectors = values.flip(0), vectors.flip(1)
+    from scipy.linalg import eigh  # LAPACK's MRRR: several times faster than torch's at thousands of channels
+
+    found, turned = eigh(matrix.to(_F64).numpy(), driver="evr")
+    values, vectors = torch.from_numpy(found).flip(0), torch.from_numpy(turned).flip(1)
     largest = vectors.abs().argmax(dim=0)
     signs = vectors.gather(0, largest[None]).sign()
     signs[signs == 0] = 1

@@ -129,7 +129,9 @@ class UnitBatch:
     def ordered(self) -> np.ndarray:
         """``values`` with each channel's values sorted, float32: numpy's sort (vectorised where the processor
         allows) on a thread per block of channels, several times faster than torch's on the CPU."""
-        ordered = np.array(self.values.to(torch.float32).numpy(), order="C")  # a copy: sorted in place
+        # A copy of its own (sorted in place), laid out channel by channel: torch's blocked copy transposes the
+        # channels-last layouts several times faster than numpy's.
+        ordered = self.values.to(torch.float32).clone(memory_format=torch.contiguous_format).numpy()
         blocks = np.array_split(ordered, min(torch.get_num_threads(), max(1, len(ordered) // 64)))
         if len(blocks) > 1:
             list(_sorting_threads().map(_sort_rows, blocks))

@@ -296,6 +296,7 @@ class GatheringWriter:
 
     def finish(self):
         if self.path is None:
+            self.complete = self.finisher = True  # in memory: this process computed every shard
             merged = self.merged or _Shard(0, self.gathering.start(0))
             tensors, metadata = self._result(merged)
             return Features(tensors, metadata, facts=merged.facts)
