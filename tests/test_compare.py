@@ -244,3 +244,14 @@ def test_linear_cka_files_over_disjoint_inputs_merge_into_the_whole(runner, tmp_
     rsa = hookcli.compare(features=features, method="rsa", output=str(tmp_path / "rsa.safetensors"))
     done = runner.invoke(main, ["compare", "--merge", halves[0], str(rsa), "-o", str(tmp_path / "x.safetensors")])
     assert done.exit_code == 2 and f"Error: '{rsa}' is not a linear-cka comparison file" in done.output
+
+
+def test_a_second_sides_rdm_whose_label_the_first_has_is_kept_apart(runner, tmp_path):
+    features = _features(5)
+    out = tmp_path / "rsa.safetensors"
+    hookcli.compare(features=features, features2=features, keys=["maps", "vectors"], keys2=["maps"], method="rsa",
+                    save_rdms=True, rsa_rows=10, output=str(out))  # fmt: skip
+    with open_features(out) as found:
+        assert sorted(found.keys()) == ["rdm@2:maps", "rdm@maps", "rdm@vectors", "rsa"]
+        assert np.array_equal(found["rdm@2:maps"], found["rdm@maps"])
+    assert runner.invoke(main, ["info", str(out)]).exit_code == 0

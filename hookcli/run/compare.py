@@ -41,7 +41,7 @@ from hookcli.run.settings import Batch
 from hookcli.statistics.comparison import CompareChoice, CompareGathering
 from hookcli.statistics.similarity import MIN_BATCH, LinearCKA, undefined
 from hookcli.statistics.writer import GatheringWriter
-from hookcli.storage.compare_format import CKA_STATE, check_comparison, is_comparison
+from hookcli.storage.compare_format import CKA_STATE, SECOND_SIDE, check_comparison, is_comparison
 from hookcli.storage.features import FeatureFile, Features
 from hookcli.storage.fileformat import identity
 from hookcli.storage.saving import write_safetensors
@@ -50,8 +50,8 @@ __all__ = ["SAVED_RUN_OPTIONS", "SECOND", "compare_models", "compare_saved", "me
 
 #: The run options a comparison of saved features takes: how to batch and share them out.
 SAVED_RUN_OPTIONS = tuple(name for name in SAVED_STATS_OPTIONS if name in ("batch_size", "force", "shard_size", "part"))
-#: How the second side's keys are told apart in a batch's features: ``2:<key>``.
-SECOND = "2:"
+#: How the second side's keys are told apart in a batch's features: ``2:<key>``, as in the file's RDMs.
+SECOND = SECOND_SIDE
 
 
 def compare_saved(

@@ -38,7 +38,7 @@ from hookcli.statistics.similarity import (
     undefined,
 )
 from hookcli.statistics.units import UnitLayout
-from hookcli.storage.compare_format import CKA_STATE, RDM, compare_metadata
+from hookcli.storage.compare_format import CKA_STATE, RDM, SECOND_SIDE, compare_metadata
 
 __all__ = ["DEFAULT_POOL", "CompareChoice", "CompareGathering", "GatheredComparison"]
 
@@ -241,7 +241,10 @@ class GatheredComparison:
                 [[compare_rdms(a, b, choice.rsa_compare) for b in second] for a in first], dtype=torch.float64
             )
             if choice.save_rdms:
-                labels = gathering.labels[0] + (gathering.labels[1] if gathering.second is not None else [])
+                first = gathering.labels[0]
+                # A second side's label the first has too (two models' layer4) is stored as 2:<label>.
+                second = [f"{SECOND_SIDE}{label}" if label in first else label for label in gathering.labels[1]]
+                labels = first + (second if gathering.second is not None else [])
                 found.update({f"{RDM}{label}": rdm.to(torch.float32) for label, rdm in zip(labels, matrices)})
         else:
             found[choice.method] = self.accumulator.result()

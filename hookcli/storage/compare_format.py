@@ -33,6 +33,7 @@ __all__ = [
     "COMPARE_KIND",
     "METHODS",
     "RDM",
+    "SECOND_SIDE",
     "Comparison",
     "check_comparison",
     "compare_metadata",
@@ -47,8 +48,10 @@ METHODS = SIMILARITIES
 #: every representation, one after the other (first side, then second unless one side is compared with itself),
 #: and their co-moments ``[D, D]``.
 CKA_STATE = ("linear-cka@count", "linear-cka@widths", "linear-cka@mean", "linear-cka@comoment")
-#: A representation's RDM in an ``rsa`` file: ``rdm@<label>``.
+#: A representation's RDM in an ``rsa`` file: ``rdm@<label>``; a second side's label that the first side has too
+#: is ``rdm@2:<label>``.
 RDM = "rdm@"
+SECOND_SIDE = "2:"
 #: The tensors a file of each method holds, in words.
 _HOLDS = {
     "linear-cka": "the matrix 'linear-cka' and its sums, linear-cka@count, @widths, @mean and @comoment",
@@ -157,7 +160,8 @@ def check_comparison(
     _check_shape(shapes, method, "F64", [len(rows), len(columns)], _counted(len(rows), len(columns)))
     for key, (dtype, shape) in shapes.items():
         label = key.removeprefix(RDM)
-        if method == "rsa" and key.startswith(RDM) and (label in rows or label in columns):
+        second = label.startswith(SECOND_SIDE) and label.removeprefix(SECOND_SIDE) in columns and not same
+        if method == "rsa" and key.startswith(RDM) and (label in rows or label in columns or second):
             if dtype != "F32" or len(shape) != 2 or shape[0] != shape[1]:
                 square = "a square F32 matrix (an RDM: an input a row and a column)"
                 raise ValueError(f"'{key}' is {dtype} {list(shape)}, not {square}")
