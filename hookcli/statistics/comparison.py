@@ -241,10 +241,10 @@ class GatheredComparison:
                 [[compare_rdms(a, b, choice.rsa_compare) for b in second] for a in first], dtype=torch.float64
             )
             if choice.save_rdms:
-                first = gathering.labels[0]
+                mine = gathering.labels[0]
                 # A second side's label the first has too (two models' layer4) is stored as 2:<label>.
-                second = [f"{SECOND_SIDE}{label}" if label in first else label for label in gathering.labels[1]]
-                labels = first + (second if gathering.second is not None else [])
+                theirs = [f"{SECOND_SIDE}{label}" if label in mine else label for label in gathering.labels[1]]
+                labels = mine + (theirs if gathering.second is not None else [])
                 found.update({f"{RDM}{label}": rdm.to(torch.float32) for label, rdm in zip(labels, matrices)})
         else:
             found[choice.method] = self.accumulator.result()
