@@ -258,20 +258,20 @@ def _environment(**extra):
 ARGS = [*MODEL, "-l", "layer4", "-l", "avgpool", "-b", "2", "--shard-size", "2", "--top", "3"]
 
 
-def _one_process(runner, path, inputs, threads=None, args=ARGS):
-    before = torch.get_num_threads()
-    if threads:
-        torch.set_num_threads(threads)
-    try:
-        done = runner.invoke(main, ["stats", *args, "-o", str(path), *inputs])
-    finally:
-        torch.set_num_threads(before)
-    assert done.exit_code == 0, done.output
+def _one_process(path, inputs, threads=None, args=ARGS):
+    """The file one fresh process writes (of ``threads`` threads: threads sum in another order, so processes sharing
+    the cores are compared with one of as many threads as each has)."""
+    extra = {"OMP_NUM_THREADS": str(threads)} if threads else {}
+    done = subprocess.run(
+        [sys.executable, "-m", "hookcli", "stats", *args, "-o", str(path), *inputs],
+        capture_output=True, text=True, timeout=300, env=_environment(**extra),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
     return _digest(path)
 
 
 def test_parts_and_torchrun_write_the_file_one_process_writes(runner, tmp_path, inputs):
-    expected = _one_process(runner, tmp_path / "one.safetensors", inputs)
+    expected = _one_process(tmp_path / "one.safetensors", inputs)
     three = tmp_path / "three.safetensors"
     runs = [
         subprocess.Popen(
@@ -288,8 +288,7 @@ def test_parts_and_torchrun_write_the_file_one_process_writes(runner, tmp_path, 
     assert "".join(out for _, out, _ in results) == f"{three}\n"  # said once, by the process that wrote it
     assert _digest(three) == expected and not parts_folder(three).exists()
 
-    threads = cpu_threads(Part(0, 2, 0, 2))  # processes sharing the cores sum in another order: compare like with like
-    expected = _one_process(runner, tmp_path / "one-thread.safetensors", inputs, threads=threads)
+    expected = _one_process(tmp_path / "one-thread.safetensors", inputs, threads=cpu_threads(Part(0, 2, 0, 2)))
     two = tmp_path / "two.safetensors"
     done = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "hookcli",
@@ -325,7 +324,7 @@ def test_a_killed_run_continues_to_the_file_an_uninterrupted_one_writes(runner, 
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "Continuing:" in done.stderr and done.stdout == f"{out}\n"
-    assert _digest(out) == _one_process(runner, tmp_path / "whole.safetensors", inputs, args=slow)
+    assert _digest(out) == _one_process(tmp_path / "whole.safetensors", inputs, args=slow)
 
 
 def test_what_stats_refuses_before_any_work(runner, tmp_path, inputs):
