@@ -12,6 +12,8 @@ import os
 import re
 import signal
 import stat
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -265,6 +267,33 @@ def test_a_claim_dated_in_the_future_is_taken_over_and_the_folder_completes(
         note,
     ), note
     assert result.stdout == f"{resumable}/index.jsonl\n"
+    assert torch.equal(_rows(resumable), expected)
+    assert sorted(os.listdir(resumable)) == [*SHARDS, INDEX_NAME]
+
+
+#: A process that takes the folder's lock and claims shard 1, killed (SIGKILL) as it writes its owner into the claim.
+_KILLED_WHILE_CLAIMING = """
+import os, signal, socket, sys
+from pathlib import Path
+from hookcli.storage.claims import Claims, FolderLock
+
+folder = Path(sys.argv[1])
+socket.gethostname = lambda: os.kill(os.getpid(), signal.SIGKILL)  # asked for as the owner is written
+with FolderLock(folder, str(folder)).held():
+    Claims(folder).take(1)
+"""
+
+
+def test_a_process_killed_while_it_claims_a_shard_leaves_no_claim_and_the_folder_completes(
+    extract_into, tmp_path, five_inputs, resumable
+):
+    expected = _rows_of_a_fresh_run(extract_into, tmp_path, five_inputs)
+    killed = subprocess.run([sys.executable, "-c", _KILLED_WHILE_CLAIMING, str(resumable)], check=False)
+    assert killed.returncode == -signal.SIGKILL
+    assert "00001" not in os.listdir(resumable / CLAIMS)  # a claim naming no owner would hold the shard for minutes
+    result = extract_into(resumable, five_inputs)
+    assert result.exit_code == 0, result.output
+    assert result.stderr == f"Continuing: 3 of 5 inputs are already in {resumable}/\n"
     assert torch.equal(_rows(resumable), expected)
     assert sorted(os.listdir(resumable)) == [*SHARDS, INDEX_NAME]
 

@@ -3,9 +3,10 @@
 Every process writing a shard folder takes the folder's lock
 (:data:`LOCK_NAME`, an ``flock``) only for short steps: reading the index
 lines others appended, claiming a shard, publishing a finished one. Before
-it reads a shard's inputs it claims the shard: ``.claims/<number>`` is
-created exclusively and holds its owner (host, pid, start time); the file's
-modification time is a heartbeat, renewed by a thread every
+it reads a shard's inputs it claims the shard: ``.claims/<number>`` holds its
+owner (host, pid, start time), written beside it and renamed into place, so
+that no claim is ever without its owner, not even one a killed process left;
+the file's modification time is a heartbeat, renewed by a thread every
 :data:`HEARTBEAT` seconds. A claim is taken over when its owner is gone (on
 this host, no process has its pid) or its heartbeat is further than
 :func:`claim_timeout` (:data:`DEFAULT_CLAIM_TIMEOUT` seconds, or
@@ -311,25 +312,34 @@ class Claims:
         name = _claim_name(number)
         with self._opened(create=True) as folder:
             assert folder is not None, "made by _opened, under the folder lock"
-            for _ in range(2):
-                try:
-                    descriptor = os.open(
-                        name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=folder
-                    )
-                except FileExistsError:
-                    owner = self._abandoned(name, folder)
-                    if owner is None:
-                        return False
-                    if owner != _RELEASED and self.on_note is not None:
-                        self.on_note(f"shard {number} was claimed by {owner}: this process computes it")
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(name, dir_fd=folder)
-                    continue
-                with reporting_full_disk(self.path(number)), os.fdopen(descriptor, "w") as handle:
-                    json.dump(_owner(), handle)
-                self.mine.add(number)
-                return True
-        return False
+            owner = self._abandoned(name, folder)
+            if owner is None:
+                return False
+            if owner != _RELEASED and self.on_note is not None:
+                self.on_note(f"shard {number} was claimed by {owner}: this process computes it")
+            self._write_claim(number, folder)
+        self.mine.add(number)
+        return True
+
+    def _write_claim(self, number: int, folder: int) -> None:
+        """Make the claim on ``number`` in ``folder`` (the caller holds the folder lock), its owner this process, in
+        one step: written beside it, then renamed into place (over an abandoned claim). A claim created empty and
+        written after is left empty by a process killed in between, and a claim naming no owner holds its shard until
+        it times out: the processes still running would end with that shard undone."""
+        name = _claim_name(number)
+        beside = f".{name}.new"
+        with contextlib.suppress(OSError):  # left by a process killed as it claimed (a link goes, not its target)
+            os.unlink(beside, dir_fd=folder)
+        try:
+            descriptor = os.open(
+                beside, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=folder
+            )
+        except OSError as err:
+            raise _unopened(self.folder / beside, stat.S_ISREG, _CLAIM_FILE, err) from None
+        with reporting_full_disk(self.path(number)):
+            with os.fdopen(descriptor, "w") as handle:
+                json.dump(_owner(), handle)
+            os.replace(beside, name, src_dir_fd=folder, dst_dir_fd=folder)
 
     def _abandoned(self, name: str, folder: int) -> str | None:
         """Who held the claim ``name`` in ``folder``, when it may be taken over (its owner is gone, or its heartbeat
