@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-import numpy as np
 import torch
 
 from hookcli.statistics.units import UnitBatch
@@ -45,12 +44,10 @@ class Moments:
         if not values.shape[1]:
             return
         variance, mean = torch.var_mean(values.to(_F64), dim=1, correction=0)
-        # Sorted for the quantiles already: the ends are the extremes, and the zeros lie together.
-        ordered = batch.ordered
+        ordered = batch.ordered  # sorted for the quantiles already: the ends are the extremes
         low, high = torch.from_numpy(ordered[:, 0]).to(_F64), torch.from_numpy(ordered[:, -1]).to(_F64)
         self._combine(values.shape[1], mean, variance * values.shape[1], low, high)
-        zeros = [np.searchsorted(row, 0, side="right") - np.searchsorted(row, 0, side="left") for row in ordered]
-        self._zeros += torch.tensor(zeros, dtype=torch.int64)
+        self._zeros += (values == 0).sum(dim=1)
 
     def merge(self, other: Moments) -> None:
         if other.count:
