@@ -4,6 +4,7 @@ file from one process and several, and what it refuses."""
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 
@@ -176,8 +177,9 @@ def test_models_compared_in_one_pass_by_one_process_and_by_parts(runner, tmp_pat
     args = ["compare", "-m", "resnet18", "-w", "none", "-l", "layer3", "-l", "layer4", "--model2", "resnet34",
             "--layer2", "layer4", "--resize", "40", "--crop", "32", "-b", "4", "--shard-size", "4", "-q"]  # fmt: skip
     one = tmp_path / "one.safetensors"
-    done = runner.invoke(main, [*args, "-o", str(one), *inputs])
-    assert done.exit_code == 0, done.output
+    assert (
+        subprocess.run([sys.executable, "-m", "hookcli", *args, "-o", str(one), *inputs], timeout=300).returncode == 0
+    )
     with open_features(one) as found:
         assert json.loads(found.metadata["rows"]) == ["layer3", "layer4"]
         assert json.loads(found.metadata["columns"]) == ["layer4"]
@@ -195,6 +197,19 @@ def test_models_compared_in_one_pass_by_one_process_and_by_parts(runner, tmp_pat
     results = [(run.wait(timeout=300), run.stdout.read(), run.stderr.read()) for run in runs]
     assert [code for code, _, _ in results] == [0, 0], results
     assert _digest(two) == _digest(one)
+    # torchrun's two processes, a thread each: the file one process of one thread writes.
+    single = tmp_path / "single.safetensors"
+    alone = subprocess.run([sys.executable, "-m", "hookcli", *args, "-o", str(single), *inputs], timeout=300,
+                           env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+    assert alone.returncode == 0
+    team = tmp_path / "team.safetensors"
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "hookcli",
+         *args, "-o", str(team), *inputs],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"{team}\n" and _digest(team) == _digest(single)
     # The same two models' features saved first, then compared: the same matrix.
     for model, layers, name in (("resnet18", ["layer3", "layer4"], "a"), ("resnet34", ["layer4"], "b")):
         extract = ["extract", "-m", model, "-w", "none", *(x for layer in layers for x in ("-l", layer)), "--resize",
