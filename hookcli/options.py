@@ -44,6 +44,7 @@ __all__ = [
     "PRECISIONS",
     "RUN_COMMANDS",
     "RUN_OPTIONS",
+    "SAVED_RUN_OPTIONS",
     "SAVED_STATS_OPTIONS",
     "SCALES",
     "TOP_BY",
@@ -81,8 +82,10 @@ RUN_COMMANDS = ("extract", "grad", "cam", "stats", "compare")
 #: What ranks a channel's dataset examples (``stats --top-by``): the largest value of its map, or the map's mean.
 TOP_BY = ("max", "mean")
 
-#: What ``stats`` of saved features takes: how to batch and share them out, and what to gather.
-SAVED_STATS_OPTIONS = ("batch_size", "force", "shard_size", "part", "top", "top_by", "quantiles", "pca")
+#: What a run over saved features takes of a run's options: how to batch and share them out; ``stats`` also what
+#: to gather.
+SAVED_RUN_OPTIONS = ("batch_size", "force", "shard_size", "part")
+SAVED_STATS_OPTIONS = (*SAVED_RUN_OPTIONS, "top", "top_by", "quantiles", "pca")
 
 _ALL, _ROWS, _GRADIENTS = RUN_COMMANDS, ("extract", "grad"), ("grad", "cam")
 #: Options of the commands that go through many inputs in shards: the rows of extract and grad, the statistics

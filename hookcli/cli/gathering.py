@@ -24,9 +24,50 @@ from hookcli.cli.declared import (
 from hookcli.cli.running import Reporter, given_options, library, run_command
 from hookcli.compare_options import COMPARE_OPTIONS
 from hookcli.grid_options import GRID_OPTIONS
-from hookcli.options import SAVED_STATS_OPTIONS, declared
+from hookcli.options import SAVED_RUN_OPTIONS, SAVED_STATS_OPTIONS, declared
 
 __all__ = ["compare", "stats"]
+
+
+def _model_run_options(command: str, *, stored: str):
+    """What ``stats`` and ``compare`` take to run a model as extract does, and their one output file."""
+
+    def decorated(function):
+        for decorator in reversed(
+            [
+                preprocess_options,
+                click.option(
+                    "--output",
+                    "-o",
+                    metavar="FILE",
+                    help=f"The file [<model>-<layer>.{command}.safetensors; of saved features, <their "
+                    f"name>.{command}.safetensors].",
+                ),
+                run_option("shard_size", command),
+                run_option("part"),
+                run_option("fuse"),
+                clip_options,
+                run_option("pair_with"),
+                run_options(stored=stored),
+            ]
+        ):
+            function = decorator(function)
+        return function
+
+    return decorated
+
+
+def _saved_options(own: tuple[str, ...]) -> dict:
+    """The options given for a run over saved features, which takes ``own`` (and ``-o``, ``-q``) only: any other
+    given (a model's: ``--resize``, ``--device``…) is refused."""
+    ctx = click.get_current_context()
+    given = given_options(ctx)
+    asked = [name for name in given if name not in (*own, "output", "quiet", "images")]
+    if asked:
+        raise click.UsageError(
+            f"--{asked[0].replace('_', '-')} applies when --model runs a model; saved features are already computed"
+        )
+    return {name: ctx.params[name] for name in given if name in own}
 
 
 @main.command(context_settings=CONTEXT_SETTINGS)
@@ -38,19 +79,7 @@ __all__ = ["compare", "stats"]
 @run_option("top_by")
 @run_option("quantiles")
 @run_option("pca")
-@preprocess_options
-@click.option(
-    "--output",
-    "-o",
-    metavar="FILE",
-    help="Statistics file [<model>-<layer>.stats.safetensors; of saved features, <their name>.stats.safetensors].",
-)
-@run_option("shard_size", "stats")
-@run_option("part")
-@run_option("fuse")
-@clip_options
-@run_option("pair_with")
-@run_options(stored="statistics are gathered in float64 from float32 values")
+@_model_run_options("stats", stored="statistics are gathered in float64 from float32 values")
 def stats(**options) -> None:
     """Statistics of each channel of layers over every input, in one pass: dataset examples, quantiles, PCA.
 
@@ -85,17 +114,11 @@ def stats(**options) -> None:
         options.pop("keys")
         run_command("stats", options, options.pop("layer"), images)
         return
-    given = given_options(click.get_current_context())
-    asked = [name for name in given if name not in (*SAVED_STATS_OPTIONS, "keys", "output", "quiet", "images")]
-    if asked:
-        raise click.UsageError(
-            f"--{asked[0].replace('_', '-')} applies when --model runs a model; saved features are already computed"
-        )
+    chosen = _saved_options((*SAVED_STATS_OPTIONS, "keys"))
     if len(images) != 1:
         raise click.UsageError(f"give one source of saved features (a file, a folder or -), not {len(images)}")
-    quiet, api = options.pop("quiet"), library()
-    chosen = {name: options[name] for name in given if name in (*SAVED_STATS_OPTIONS, "keys")}
-    with contextlib.closing(Reporter(quiet)) as reporter:
+    api = library()
+    with contextlib.closing(Reporter(options["quiet"])) as reporter:
         api.stats(features=images[0], output=options["output"] or api.DEFAULT_OUTPUT, progress=reporter, **chosen)
 
 
@@ -124,19 +147,7 @@ def stats(**options) -> None:
     "them all.",
 )
 @comparing_options
-@preprocess_options
-@click.option(
-    "--output",
-    "-o",
-    metavar="FILE",
-    help="Comparison file [<model>-<layer>.compare.safetensors; of saved features, <their name>.compare.safetensors].",
-)
-@run_option("shard_size", "compare")
-@run_option("part")
-@run_option("fuse")
-@clip_options
-@run_option("pair_with")
-@run_options(stored="similarities are computed in float64")
+@_model_run_options("compare", stored="similarities are computed in float64")
 def compare(**options) -> None:
     """How alike layers and models are: CKA or RSA of every pair of representations.
 
@@ -181,16 +192,9 @@ def compare(**options) -> None:
         options["layers2"] = options["layers2"] or None
         run_command("compare", options, options.pop("layer"), images)
         return
-    given = given_options(click.get_current_context())
-    saved = (*SAVED_STATS_OPTIONS, *(option.name for option in COMPARE_OPTIONS), "keys", "keys2", "output")
-    asked = [name for name in given if name not in (*saved, "quiet", "images")]
-    if asked:
-        raise click.UsageError(
-            f"--{asked[0].replace('_', '-')} applies when --model runs a model; saved features are already computed"
-        )
+    chosen = _saved_options((*SAVED_RUN_OPTIONS, *(option.name for option in COMPARE_OPTIONS), "keys", "keys2"))
     if not 1 <= len(images) <= 2:
         raise click.UsageError(f"give one or two sources of saved features (files, folders or -), not {len(images)}")
-    chosen = {name: options[name] for name in given if name in saved and name not in ("output", "quiet")}
     api = library()
     with contextlib.closing(Reporter(options["quiet"])) as reporter:
         api.compare(

@@ -30,7 +30,7 @@ from hookcli.errors import FeatureFileError, UsageProblem
 from hookcli.events import Event, Note, Wrote
 from hookcli.families import square_input
 from hookcli.files import check_writable
-from hookcli.options import SAVED_STATS_OPTIONS
+from hookcli.options import SAVED_RUN_OPTIONS
 from hookcli.run.execute import carry_out
 from hookcli.run.options import refuse_unknown, run_options
 from hookcli.run.pipeline import iter_batches
@@ -46,10 +46,8 @@ from hookcli.storage.features import FeatureFile, Features
 from hookcli.storage.fileformat import identity
 from hookcli.storage.saving import write_safetensors
 
-__all__ = ["SAVED_RUN_OPTIONS", "SECOND", "compare_models", "compare_saved", "merge_comparisons"]
+__all__ = ["SECOND", "compare_models", "compare_saved", "merge_comparisons"]
 
-#: The run options a comparison of saved features takes: how to batch and share them out.
-SAVED_RUN_OPTIONS = tuple(name for name in SAVED_STATS_OPTIONS if name in ("batch_size", "force", "shard_size", "part"))
 #: How the second side's keys are told apart in a batch's features: ``2:<key>``, as in the file's RDMs.
 SECOND = SECOND_SIDE
 

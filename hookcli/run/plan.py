@@ -178,7 +178,7 @@ def plan_request(asked: RunRequest) -> RunPlan:
             notes=notes,
             part=asked.part,
             team=team,
-            stats=_stats_choice(opts) if command == "stats" else None,
+            stats=StatsChoice.from_options(opts) if command == "stats" else None,
         )
 
 
@@ -321,15 +321,11 @@ def _load(choice: ModelChoice | None, opts: RunOptions):
     return loading.build_model(choice, seed=opts.seed or 0)  # looked up on use: a test's seam
 
 
-def _stats_choice(opts: RunOptions) -> StatsChoice:
-    return StatsChoice(top=opts.top, top_by=opts.top_by, quantiles=opts.quantiles, pca=opts.pca)
-
-
 def _command_parts(command, loaded, layers, settings, opts, target):
     """``(layers, forward factory, the command's own metadata entries)`` for ``command``."""
     if command in ("extract", *GATHERED):
         # A statistics run records what it gathers: a run continued with other choices would mix them.
-        entries = {"stats": json.dumps(_stats_choice(opts).describe())} if command == "stats" else {}
+        entries = {"stats": json.dumps(StatsChoice.from_options(opts).describe())} if command == "stats" else {}
         return (
             resolve_layers(loaded.module, selectors(layers), model_name=loaded.name),
             extraction_forward(settings),

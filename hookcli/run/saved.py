@@ -61,7 +61,7 @@ def saved_stats(
     emit = progress or _ignore
     with contextlib.ExitStack() as stack:
         saved = open_saved(stack, source, keys, emit)
-        choice = StatsChoice(top=opts.top, top_by=opts.top_by, quantiles=opts.quantiles, pca=opts.pca)
+        choice = StatsChoice.from_options(opts)
         gathering = StatsGathering(choice, prefix_tokens=saved.prefix_tokens, square=saved.square)
         entries = {"stats": json.dumps(choice.describe()), "stats_of": json.dumps(saved.describe())}
         return run_saved([saved], gathering, entries, "stats", output, opts, emit)

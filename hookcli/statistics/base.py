@@ -13,6 +13,8 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from hookcli.statistics.units import UnitBatch
+
 __all__ = ["Accumulator"]
 
 
@@ -20,12 +22,14 @@ __all__ = ["Accumulator"]
 class Accumulator(Protocol):
     """A statistic of ``C`` channels gathered a batch at a time.
 
-    ``update(values, ...)`` adds a batch; ``merge(other)`` adds what another
+    ``update(batch)`` adds a batch of a layer's units; ``merge(other)`` adds what another
     accumulator of the same kind gathered over other inputs (the result is
     that of one accumulator given both, in that order); ``state()`` is
     everything it holds as named tensors, which ``from_state`` turns back into
     an accumulator, so that a state written to disk merges later.
     """
+
+    def update(self, batch: UnitBatch) -> None: ...
 
     def merge(self, other) -> None: ...
 

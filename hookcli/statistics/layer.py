@@ -13,12 +13,13 @@ statistics file's names (:mod:`hookcli.storage.stats_format`).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 import torch
 
 from hookcli.errors import CaptureError
 from hookcli.options import declared_field
+from hookcli.statistics.base import Accumulator
 from hookcli.statistics.covariance import MAX_CHANNELS, Covariance, principal_components
 from hookcli.statistics.examples import TopExamples
 from hookcli.statistics.moments import Moments
@@ -38,6 +39,11 @@ class StatsChoice:
     top_by: str = declared_field("top_by")
     quantiles: tuple[float, ...] = declared_field("quantiles")
     pca: bool = declared_field("pca")
+
+    @classmethod
+    def from_options(cls, options) -> StatsChoice:
+        """The choice a run's options (:class:`hookcli.run.options.RunOptions`) make."""
+        return cls(**{f.name: getattr(options, f.name) for f in fields(cls)})
 
     def describe(self) -> dict:
         """The choice as the statistics file's ``stats`` metadata records it."""
@@ -63,9 +69,11 @@ class LayerStats:
         self.covariance = Covariance(channels) if choice.pca else None
 
     @property
-    def _parts(self) -> dict:
-        parts = {"moments": self.moments, "sketch": self.sketch, "examples": self.examples}
-        return parts if self.covariance is None else {**parts, "covariance": self.covariance}
+    def _parts(self) -> dict[str, Accumulator]:
+        parts: dict[str, Accumulator] = {"moments": self.moments, "sketch": self.sketch, "examples": self.examples}
+        if self.covariance is not None:
+            parts["covariance"] = self.covariance
+        return parts
 
     def update(self, rows: torch.Tensor, inputs: torch.Tensor) -> None:
         """Add a batch: ``rows`` ``[n, *row_shape]`` came from the inputs numbered ``inputs``."""
