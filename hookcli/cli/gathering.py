@@ -29,8 +29,8 @@ from hookcli.options import SAVED_RUN_OPTIONS, SAVED_STATS_OPTIONS, declared
 __all__ = ["compare", "stats"]
 
 
-def _model_run_options(command: str, *, stored: str):
-    """What ``stats`` and ``compare`` take to run a model as extract does, and their one output file."""
+def _model_run_options(command: str, *, written: str, stored: str):
+    """What ``stats`` and ``compare`` take to run a model as extract does, and their one output file (``written``)."""
 
     def decorated(function):
         for decorator in reversed(
@@ -40,7 +40,7 @@ def _model_run_options(command: str, *, stored: str):
                     "--output",
                     "-o",
                     metavar="FILE",
-                    help=f"The file [<model>-<layer>.{command}.safetensors; of saved features, <their "
+                    help=f"{written} [<model>-<layer>.{command}.safetensors; of saved features, <their "
                     f"name>.{command}.safetensors].",
                 ),
                 run_option("shard_size", command),
@@ -79,7 +79,7 @@ def _saved_options(own: tuple[str, ...]) -> dict:
 @run_option("top_by")
 @run_option("quantiles")
 @run_option("pca")
-@_model_run_options("stats", stored="statistics are gathered in float64 from float32 values")
+@_model_run_options("stats", written="Statistics file", stored="statistics are gathered in float64 from float32 values")
 def stats(**options) -> None:
     """Statistics of each channel of layers over every input, in one pass: dataset examples, quantiles, PCA.
 
@@ -147,7 +147,7 @@ def stats(**options) -> None:
     "them all.",
 )
 @comparing_options
-@_model_run_options("compare", stored="similarities are computed in float64")
+@_model_run_options("compare", written="Comparison file", stored="similarities are computed in float64")
 def compare(**options) -> None:
     """How alike layers and models are: CKA or RSA of every pair of representations.
 
