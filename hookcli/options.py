@@ -334,7 +334,7 @@ RUN_OPTIONS: tuple[Option, ...] = (
                 "stats",
                 "Inputs per shard: the statistics of each shard are gathered apart, kept in OUTPUT.parts/ until the "
                 "run completes, and merged in order (give one for many processes: they share its shards) [an eighth "
-                "of the inputs in whole batches].",
+                "of the inputs, 256 at least, in whole batches].",
             ),
         ),
         kind="int",

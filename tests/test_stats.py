@@ -81,6 +81,56 @@ def test_moments_covariance_and_components_equal_numpy_in_float64():
     assert (eigenvectors.gather(0, largest[None]) > 0).all()  # each vector signed by its largest component
 
 
+def test_components_of_fewer_inputs_than_channels_come_from_the_rows_and_equal_the_eigendecomposition():
+    rng = np.random.default_rng(4)
+    channels = 64  # rows are kept up to a quarter of that: 16
+    values = (rng.normal(size=(17, channels, 3)) * np.linspace(0.5, 3, channels)[None, :, None]).astype(np.float32)
+    values[:, 7] = 1.5  # a constant channel: a direction of no variance
+    first, second = Covariance(channels), Covariance(channels)
+    for number, batch in enumerate(_batches(values[:12], [5, 3, 4])):
+        (first if number < 2 else second).update(batch)
+    first.merge(Covariance.from_state(second.state()))
+    assert first.rows is not None and first.rows.shape == (12, channels) and "rows" in first.state()
+    pooled = values[:12].astype(np.float64).mean(axis=2)
+    expected = np.cov(pooled, rowvar=False)
+    eigenvalues, eigenvectors = first.components()
+    reference_values, reference_vectors = np.linalg.eigh(expected)
+    reference_values, reference_vectors = reference_values[::-1], reference_vectors[:, ::-1]
+    kept = reference_values > 1e-6 * reference_values[0]
+    assert kept.sum() == 11  # 12 rows about their mean
+    np.testing.assert_allclose(eigenvalues.numpy()[kept], reference_values[kept], rtol=1e-7)
+    dots = np.abs(np.sum(eigenvectors.numpy()[:, kept] * reference_vectors[:, kept], axis=0))
+    np.testing.assert_allclose(dots, 1, atol=1e-7)
+    assert (eigenvalues[12:] == 0).all() and (eigenvalues[:-1] >= eigenvalues[1:]).all()
+    np.testing.assert_allclose(eigenvectors.T @ eigenvectors, np.eye(channels), atol=1e-12)  # completed: a basis
+    largest = eigenvectors.abs().argmax(dim=0)
+    assert (eigenvectors.gather(0, largest[None]) > 0).all()
+    # Past a quarter of the channels the rows go, and the components come from the matrix.
+    for batch in _batches(values[12:], [5]):
+        first.update(batch)
+    assert first.rows is None and "rows" not in first.state() and first.count == 17
+    assert Covariance.from_state(first.state()).rows is None
+    values_then, _ = first.components()
+    np.testing.assert_allclose(values_then[:16].numpy(), np.linalg.eigvalsh(first.matrix.numpy())[::-1][:16], rtol=1e-9)
+
+
+def test_quantiles_place_nan_last_and_infinities_at_the_ends():
+    values = np.array(
+        [
+            [np.nan, 3, 1, np.nan, 2, 5, 4, 0, 6, 7],
+            [np.inf, -np.inf, 0, 1, 2, 3, 4, 5, 6, -0.0],
+            [np.nan] * 10,
+        ],
+        dtype=np.float32,
+    )
+    sketch = QuantileSketch(3)
+    sketch.update(next(_batches(values.T[:, :, None], [10])))
+    found = sketch.quantiles([0.05, 0.3, 0.8, 0.81, 1.0])
+    assert found[0].tolist()[:3] == [0.0, 2.0, 7.0] and found[0, 3:].isnan().all()
+    assert found[1].tolist() == [-np.inf, 0.0, 5.0, 6.0, np.inf]  # the smallest value whose rank reaches the level
+    assert found[2].isnan().all()
+
+
 def _rank_error(values: np.ndarray, found: float, level: float) -> float:
     """How far ``found``'s ranks lie from ``level × n``, as a share of ``n`` (0 when a rank of it is there)."""
     below, at_most = np.count_nonzero(values < found), np.count_nonzero(values <= found)

@@ -1,6 +1,9 @@
 """Atomic, no-clobber writes."""
 
+import gc
 import os
+import threading
+import weakref
 
 import pytest
 import torch
@@ -8,6 +11,7 @@ from safetensors import safe_open
 
 from hookcli.errors import OutputExistsError, UsageProblem
 from hookcli.files import atomic_path
+from hookcli.storage.background import Background
 from hookcli.storage.saving import write_safetensors
 
 
@@ -104,3 +108,23 @@ def test_a_part_of_a_row_is_what_numpy_slices_backwards_too(tmp_path, part):
         for features in (stored, memory):
             got = features.read("x", 1, part)
             assert got.shape == expected.shape and (got == expected).all()
+
+
+def test_the_background_writer_lets_go_of_an_item_once_it_is_done():
+    class Shard:  # a finished shard's tensors, say: memory the writer must not keep once written
+        pass
+
+    written = threading.Event()
+    worker = Background(lambda item: written.set(), name="test")
+    shard = Shard()
+    held = weakref.ref(shard)
+    worker.submit(shard)
+    del shard
+    assert written.wait(10)
+    for _ in range(100):  # the thread drops it right after the work returns
+        gc.collect()
+        if held() is None:
+            break
+        threading.Event().wait(0.01)
+    assert held() is None
+    worker.close()

@@ -20,7 +20,7 @@ import torch
 from hookcli.errors import CaptureError
 from hookcli.options import declared_field
 from hookcli.statistics.base import Accumulator
-from hookcli.statistics.covariance import MAX_CHANNELS, Covariance, principal_components
+from hookcli.statistics.covariance import MAX_CHANNELS, Covariance
 from hookcli.statistics.examples import TopExamples
 from hookcli.statistics.moments import Moments
 from hookcli.statistics.sketch import QuantileSketch
@@ -123,5 +123,5 @@ class LayerStats:
         if self.covariance is not None:
             matrix = self.covariance.matrix
             found["cov"] = matrix
-            found["pca_values"], found["pca_vectors"] = principal_components(matrix)
+            found["pca_values"], found["pca_vectors"] = self.covariance.components()
         return {name: found[name].contiguous() for name in layer_fields(pca=self.choice.pca, spatial=layout.spatial)}

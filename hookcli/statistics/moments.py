@@ -1,9 +1,10 @@
 """Each channel's count, mean, standard deviation, minimum, maximum and share of exact zeros over every value it
 takes, in float64.
 
-Batches combine by Chan, Golub and LeVeque's pairwise update (a batch's mean and sum of squared deviations from it,
-merged into the running ones), never by a running sum of squares, whose cancellation loses the variance of
-channels with a large mean. ``std`` is the population standard deviation (``numpy.std``'s default, ``ddof=0``).
+Values combine by Chan, Golub and LeVeque's pairwise update (each row's mean and sum of squared deviations from
+it, merged with the batch's other rows, and the batch's into the running ones), never by a running sum of squares,
+whose cancellation loses the variance of channels with a large mean. ``std`` is the population standard deviation
+(``numpy.std``'s default, ``ddof=0``).
 
 >>> from hookcli.statistics.units import UnitBatch, UnitLayout
 >>> layout = UnitLayout.of((2, 1, 3))  # two channels, three positions
@@ -12,7 +13,7 @@ channels with a large mean. ``std`` is the population standard deviation (``nump
 >>> second.update(UnitBatch(torch.tensor([[[[3.0, 4, 5]], [[5, 5, 0]]]]), torch.tensor([1]), layout))
 >>> first.merge(second)
 >>> first.count, first.mean.tolist(), first.std.tolist()[0] ** 2, first.zeros.tolist()
-(6, [2.5, 4.166666666666666], 2.9166666666666665, [0.16666666666666666, 0.16666666666666666])
+(6, [2.5, 4.166666666666667], 2.9166666666666665, [0.16666666666666666, 0.16666666666666666])
 """
 
 from __future__ import annotations
@@ -40,14 +41,21 @@ class Moments:
         self._zeros = torch.zeros(channels, dtype=torch.int64)
 
     def update(self, batch: UnitBatch) -> None:
-        values = batch.values
-        if not values.shape[1]:
+        means = batch.pooled  # each row's mean, and its squared deviations: groups of equal size, merged
+        if not means.shape[0]:
             return
-        variance, mean = torch.var_mean(values.to(_F64), dim=1, correction=0)
-        ordered = batch.ordered  # sorted for the quantiles already: the ends are the extremes
-        low, high = torch.from_numpy(ordered[:, 0]).to(_F64), torch.from_numpy(ordered[:, -1]).to(_F64)
-        self._combine(values.shape[1], mean, variance * values.shape[1], low, high)
-        self._zeros += (values == 0).sum(dim=1)
+        mean = means.mean(dim=0)
+        squares = batch.spread.sum(dim=0) + batch.layout.positions * (means - mean).square().sum(dim=0)
+        if batch.maps.dtype == torch.float32:  # sorted for the quantiles already: the ends are the extremes
+            ordered = torch.from_numpy(batch.ordered)
+            low, high = ordered[:, 0].to(_F64), ordered[:, -1].to(_F64)
+            zero = torch.zeros(ordered.shape[0], 1)
+            zeros = (torch.searchsorted(ordered, zero, right=True) - torch.searchsorted(ordered, zero))[:, 0]
+        else:  # float64 values, which the sorted float32 copy would round
+            low, high = batch.values.amin(dim=1), batch.values.amax(dim=1)
+            zeros = (batch.values == 0).sum(dim=1)
+        self._combine(means.shape[0] * batch.layout.positions, mean, squares, low, high)
+        self._zeros += zeros
 
     def merge(self, other: Moments) -> None:
         if other.count:

@@ -25,13 +25,14 @@ import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Literal
 
 import numpy as np
 import torch
 
 from hookcli.errors import CaptureError
 
-__all__ = ["UnitBatch", "UnitLayout"]
+__all__ = ["UnitBatch", "UnitLayout", "sort_rows"]
 
 
 @dataclass(frozen=True)
@@ -108,8 +109,9 @@ class UnitBatch:
 
     ``maps``: ``[n, C, P]``; ``values``: ``[C, n·P]``, every value of each
     channel (``ordered``: sorted, as numpy); ``pooled``: ``[n, C]`` float64,
-    each row's mean over its positions; ``rows``: int64 ``[n]``, the inputs
-    the rows came from.
+    each row's mean over its positions (``spread``: the sum of its squared
+    deviations from that mean); ``rows``: int64 ``[n]``, the inputs the rows
+    came from.
     """
 
     def __init__(self, rows: torch.Tensor, inputs: torch.Tensor, layout: UnitLayout) -> None:
@@ -123,7 +125,20 @@ class UnitBatch:
 
     @cached_property
     def pooled(self) -> torch.Tensor:
-        return self.maps.to(torch.float64).mean(dim=2)
+        return self._row_moments[0]
+
+    @cached_property
+    def spread(self) -> torch.Tensor:
+        return self._row_moments[1]
+
+    @cached_property
+    def _row_moments(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row's mean over its positions and the sum of squares of its deviations from it, float64 ``[n, C]``
+        each: two passes over one float64 copy of the maps."""
+        wide = self.maps.to(torch.float64, copy=True)
+        means = wide.mean(dim=2)
+        # The norm's reduction is several times faster than squaring and summing here.
+        return means, torch.linalg.vector_norm(wide.sub_(means[..., None]), dim=2).square()
 
     @cached_property
     def ordered(self) -> np.ndarray:
@@ -131,17 +146,20 @@ class UnitBatch:
         allows) on a thread per block of channels, several times faster than torch's on the CPU."""
         # A copy of its own (sorted in place), laid out channel by channel: torch's blocked copy transposes the
         # channels-last layouts several times faster than numpy's.
-        ordered = self.values.to(torch.float32).clone(memory_format=torch.contiguous_format).numpy()
-        blocks = np.array_split(ordered, min(torch.get_num_threads(), max(1, len(ordered) // 64)))
-        if len(blocks) > 1:
-            list(_sorting_threads().map(_sort_rows, blocks))
-        else:
-            ordered.sort(axis=1)
-        return ordered
+        return sort_rows(self.values.to(torch.float32).clone(memory_format=torch.contiguous_format).numpy())
 
 
-def _sort_rows(block: np.ndarray) -> None:
-    block.sort(axis=1)  # numpy lets other threads run while it sorts
+def sort_rows(rows: np.ndarray, *, stable: bool = False) -> np.ndarray:
+    """``rows`` (a 2-D array, returned) with each row sorted in place (``stable``: by numpy's merging sort, which
+    takes runs already sorted in near one pass): blocks of rows on as many threads as torch's (numpy lets other
+    threads run while it sorts)."""
+    kind: Literal["stable", "quicksort"] = "stable" if stable else "quicksort"
+    blocks = np.array_split(rows, min(torch.get_num_threads(), max(1, len(rows) // 64)))
+    if len(blocks) > 1:
+        list(_sorting_threads().map(functools.partial(np.ndarray.sort, axis=1, kind=kind), blocks))
+    else:
+        rows.sort(axis=1, kind=kind)
+    return rows
 
 
 @functools.cache

@@ -65,3 +65,4 @@ class Background:
                 self._work(item)
             except BaseException as err:  # handed to the caller's thread
                 self._failure = err
+            del item  # done with: not kept alive while the next is awaited
