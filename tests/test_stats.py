@@ -114,6 +114,16 @@ def test_components_of_fewer_inputs_than_channels_come_from_the_rows_and_equal_t
     np.testing.assert_allclose(values_then[:16].numpy(), np.linalg.eigvalsh(first.matrix.numpy())[::-1][:16], rtol=1e-9)
 
 
+def test_components_of_values_with_nan_are_nan_rather_than_an_error():
+    rows = torch.randn(6, 8, dtype=torch.float64)
+    rows[2, 3] = float("nan")
+    for count in (2, 6):  # from the rows kept, and from the matrix
+        covariance = Covariance(8)
+        covariance.update(UnitBatch(rows[:count], torch.arange(count), UnitLayout.of((8,))))
+        values, vectors = covariance.components()
+        assert values.isnan().all() and vectors.isnan().all() and vectors.shape == (8, 8)
+
+
 def test_quantiles_place_nan_last_and_infinities_at_the_ends():
     values = np.array(
         [

@@ -131,8 +131,17 @@ def principal_components(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     column, each signed so that its largest component is positive."""
     from scipy.linalg import eigh  # divide and conquer: faster than MRRR on the low-rank matrices of few inputs
 
-    found, turned = eigh(matrix.to(_F64, copy=True).numpy(), driver="evd", overwrite_a=True)
-    return torch.from_numpy(found).flip(0), _signed(torch.from_numpy(turned).flip(1))
+    channels = matrix.shape[0]
+    if not matrix.isfinite().all():  # NaN or infinite values came in: there are no components to find
+        return torch.full((channels,), float("nan"), dtype=_F64), torch.full_like(matrix, float("nan"), dtype=_F64)
+    # LAPACK works on columns: a C-ordered copy, transposed, is the same symmetric matrix in that order, and the
+    # eigenvectors come back in its memory (one column each; a row of the copy), smallest first. One C x C copy.
+    scratch = matrix.to(_F64, copy=True).numpy()
+    found, _ = eigh(scratch.T, driver="evd", overwrite_a=True, check_finite=False)
+    for low in range(channels // 2):  # largest first, in place
+        high = channels - 1 - low
+        scratch[[low, high]] = scratch[[high, low]]
+    return torch.from_numpy(found[::-1].copy()), _signed(torch.from_numpy(scratch).T)
 
 
 def _signed(vectors: torch.Tensor) -> torch.Tensor:

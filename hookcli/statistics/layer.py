@@ -121,7 +121,6 @@ class LayerStats:
         if layout.spatial:
             found["top_at"] = torch.stack(torch.unravel_index(examples.at, layout.spatial), dim=-1)
         if self.covariance is not None:
-            matrix = self.covariance.matrix
-            found["cov"] = matrix
             found["pca_values"], found["pca_vectors"] = self.covariance.components()
+            found["cov"] = self.covariance.matrix  # made after the components: not held while they are found
         return {name: found[name].contiguous() for name in layer_fields(pca=self.choice.pca, spatial=layout.spatial)}
