@@ -83,14 +83,16 @@ def test_moments_covariance_and_components_equal_numpy_in_float64():
 
 def test_components_of_fewer_inputs_than_channels_come_from_the_rows_and_equal_the_eigendecomposition():
     rng = np.random.default_rng(4)
-    channels = 64  # rows are kept up to a quarter of that: 16
+    channels = 48  # rows are kept up to a third of that: 16
     values = (rng.normal(size=(17, channels, 3)) * np.linspace(0.5, 3, channels)[None, :, None]).astype(np.float32)
     values[:, 7] = 1.5  # a constant channel: a direction of no variance
     first, second = Covariance(channels), Covariance(channels)
     for number, batch in enumerate(_batches(values[:12], [5, 3, 4])):
         (first if number < 2 else second).update(batch)
     first.merge(Covariance.from_state(second.state()))
-    assert first.rows is not None and first.rows.shape == (12, channels) and "rows" in first.state()
+    assert first.rows is not None and first.rows.shape == (12, channels) and sorted(first.state()) == ["count", "rows"]
+    np.testing.assert_allclose(first.matrix.numpy(), np.cov(values[:12].astype(np.float64).mean(axis=2), rowvar=False),
+                               rtol=1e-9, atol=1e-12)  # fmt: skip
     pooled = values[:12].astype(np.float64).mean(axis=2)
     expected = np.cov(pooled, rowvar=False)
     eigenvalues, eigenvectors = first.components()
@@ -105,11 +107,13 @@ def test_components_of_fewer_inputs_than_channels_come_from_the_rows_and_equal_t
     np.testing.assert_allclose(eigenvectors.T @ eigenvectors, np.eye(channels), atol=1e-12)  # completed: a basis
     largest = eigenvectors.abs().argmax(dim=0)
     assert (eigenvectors.gather(0, largest[None]) > 0).all()
-    # Past a quarter of the channels the rows go, and the components come from the matrix.
+    # Past a third of the channels the rows go, and the components come from the matrix.
     for batch in _batches(values[12:], [5]):
         first.update(batch)
-    assert first.rows is None and "rows" not in first.state() and first.count == 17
+    assert first.rows is None and sorted(first.state()) == ["comoment", "count", "mean"] and first.count == 17
     assert Covariance.from_state(first.state()).rows is None
+    whole = np.cov(values.astype(np.float64).mean(axis=2), rowvar=False)
+    np.testing.assert_allclose(first.matrix.numpy(), whole, rtol=1e-9, atol=1e-12)
     values_then, _ = first.components()
     np.testing.assert_allclose(values_then[:16].numpy(), np.linalg.eigvalsh(first.matrix.numpy())[::-1][:16], rtol=1e-9)
 

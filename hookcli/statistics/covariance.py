@@ -9,13 +9,15 @@ largest first (the variance each direction explains), and its unit
 eigenvectors, one per column, each signed so that its largest component (the
 first of equal ones) is positive.
 
-While a layer has seen few inputs (at most a quarter of its channels), the
-covariance has a rank below that count, and the pooled rows are kept (fewer
-numbers than the matrix): the components then come from the rows' singular
-value decomposition, ``O(n² C)``, and an orthonormal completion of the
-directions it finds, instead of the eigendecomposition of the ``C × C``
-matrix, ``O(C³)`` (LAPACK's divide and conquer, ``syevd``: a second at
-2,048 channels). The eigenvalues past the rank are 0.
+While a layer has seen few inputs (at most a third of its channels), the
+covariance has a rank below that count, and the pooled rows are what is kept
+(fewer numbers than the matrix, which is made from them in one product when it
+is asked for): the components then come from the rows' singular value
+decomposition, ``O(n² C)``, and an orthonormal completion of the directions it
+finds, instead of the eigendecomposition of the ``C × C`` matrix, ``O(C³)``
+(LAPACK's divide and conquer, ``syevd``: a second at 2,048 channels). The
+eigenvalues past the rank are 0. Past that count the rows make the mean and
+co-moment, and batches update those.
 
 A layer of ``C`` channels holds a ``C × C`` matrix: 32 MiB at 2,048 channels,
 and :data:`MAX_CHANNELS` at most.
@@ -49,53 +51,77 @@ _F64 = torch.float64
 
 
 class Covariance:
-    """The running covariance of ``channels`` pooled channels (see the module's description)."""
+    """The running covariance of ``channels`` pooled channels (see the module's description).
+
+    While few, the pooled rows themselves are the state (``rows``; ``mean``
+    and ``comoment`` None); past :attr:`most_rows`, the mean and co-moment
+    matrix (computed from the rows in one go, then updated batch by batch).
+    """
 
     def __init__(self, channels: int) -> None:
-        self.count = 0
-        self.mean = torch.zeros(channels, dtype=_F64)
-        self.comoment = torch.zeros(channels, channels, dtype=_F64)
-        self.rows: torch.Tensor | None = torch.zeros(0, channels, dtype=_F64)  # the pooled rows, while few
+        self.channels, self.count = channels, 0
+        self.rows: torch.Tensor | None = torch.zeros(0, channels, dtype=_F64)
+        self.mean: torch.Tensor | None = None
+        self.comoment: torch.Tensor | None = None
 
     @property
-    def _most_rows(self) -> int:
-        return self.mean.shape[0] // 4
+    def most_rows(self) -> int:
+        """The rows kept at most: a third of the channels (past about half, the decomposition of the matrix is as
+        quick as the rows')."""
+        return self.channels // 3
 
     def update(self, batch: UnitBatch) -> None:
         pooled = batch.pooled
         if not pooled.shape[0]:
             return
-        mean = pooled.mean(dim=0)
-        deviations = pooled - mean
+        if self.rows is not None and self.count + pooled.shape[0] <= self.most_rows:
+            self.rows = torch.cat([self.rows, pooled])
+            self.count += pooled.shape[0]
+            return
+        mean, comoment = self._moments()
+        batch_mean = pooled.mean(dim=0)
         count, total = pooled.shape[0], self.count + pooled.shape[0]
         # The batch's co-moment and the correction for the two means in one product, added in place: one pass
         # over the C x C matrix a batch.
-        delta = mean - self.mean
-        rows = torch.cat([deviations, (delta * math.sqrt(self.count * count / total))[None]])
-        self.comoment.addmm_(rows.T, rows)
-        self.mean += delta * (count / total)
+        delta = batch_mean - mean
+        rows = torch.cat([pooled - batch_mean, (delta * math.sqrt(self.count * count / total))[None]])
+        comoment.addmm_(rows.T, rows)
+        mean += delta * (count / total)
         self.count = total
-        self._keep(pooled)
 
-    def _keep(self, rows: torch.Tensor | None) -> None:
-        if self.rows is None or rows is None or self.count > self._most_rows:
+    def _moments(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The mean and co-moment, made from the rows (which go) the first time they are asked for."""
+        if self.mean is None or self.comoment is None:
+            assert self.rows is not None, "the rows or the moments are kept"
+            self.mean, self.comoment = _moments_of(self.rows, self.channels)
             self.rows = None
-        else:
-            self.rows = torch.cat([self.rows, rows])
+        return self.mean, self.comoment
 
     def merge(self, other: Covariance) -> None:
         if not other.count:
             return
+        if self.rows is not None and other.rows is not None and self.count + other.count <= self.most_rows:
+            self.rows = torch.cat([self.rows, other.rows])
+            self.count += other.count
+            return
+        mean, comoment = self._moments()
+        other_mean, other_comoment = (
+            (other.mean, other.comoment) if other.rows is None else _moments_of(other.rows, self.channels)
+        )
+        assert other_mean is not None and other_comoment is not None, "the rows or the moments are kept"
         total = self.count + other.count
-        delta = other.mean - self.mean
-        self.comoment = self.comoment + other.comoment + torch.outer(delta, delta) * (self.count * other.count / total)
-        self.mean = self.mean + delta * (other.count / total)
+        delta = other_mean - mean
+        comoment += other_comoment
+        comoment.add_(torch.outer(delta, delta), alpha=self.count * other.count / total)
+        mean += delta * (other.count / total)
         self.count = total
-        self._keep(other.rows)
 
     @property
     def matrix(self) -> torch.Tensor:
         """The covariance (``n - 1`` in the denominator; zeros for fewer than two inputs)."""
+        if self.rows is not None:
+            return _moments_of(self.rows, self.channels)[1].div_(max(self.count - 1, 1))
+        assert self.comoment is not None, "the rows or the moments are kept"
         return self.comoment / max(self.count - 1, 1)
 
     def components(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -107,23 +133,36 @@ class Covariance:
             _, singular, turned = torch.linalg.svd(self.rows - self.rows.mean(dim=0), full_matrices=False)
         except torch.linalg.LinAlgError:  # the divide and conquer SVD can fail to converge: the matrix's then
             return principal_components(self.matrix)
-        values = torch.zeros(self.mean.shape[0], dtype=_F64)
+        values = torch.zeros(self.channels, dtype=_F64)
         values[: len(singular)] = singular.square() / (self.count - 1)
         return values, _signed(_completed(turned.T))
 
     def state(self) -> dict[str, torch.Tensor]:
-        found = {"count": torch.tensor(self.count, dtype=torch.int64), "mean": self.mean, "comoment": self.comoment}
+        found = {"count": torch.tensor(self.count, dtype=torch.int64)}
         if self.rows is not None:
-            found["rows"] = self.rows
-        return found
+            return {**found, "rows": self.rows}
+        assert self.mean is not None and self.comoment is not None, "the rows or the moments are kept"
+        return {**found, "mean": self.mean, "comoment": self.comoment}
 
     @classmethod
     def from_state(cls, state: Mapping[str, torch.Tensor]) -> Covariance:
-        made = cls(state["mean"].shape[0])
+        if "rows" in state:
+            made = cls(state["rows"].shape[1])
+            made.rows = state["rows"].to(_F64)
+        else:
+            made = cls(state["mean"].shape[0])
+            made.rows, made.mean, made.comoment = None, state["mean"].to(_F64), state["comoment"].to(_F64)
         made.count = int(state["count"])
-        made.mean, made.comoment = state["mean"].to(_F64), state["comoment"].to(_F64)
-        made.rows = state["rows"].to(_F64) if "rows" in state else None
         return made
+
+
+def _moments_of(rows: torch.Tensor, channels: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The mean and co-moment matrix (the sum of the outer products of the deviations) of ``rows``."""
+    if not rows.shape[0]:
+        return torch.zeros(channels, dtype=_F64), torch.zeros(channels, channels, dtype=_F64)
+    mean = rows.mean(dim=0)
+    deviations = rows - mean
+    return mean, deviations.T @ deviations
 
 
 def principal_components(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
