@@ -242,8 +242,9 @@ def test_rows_of_their_own_shapes_are_refused_with_one_line():
     writer = GatheringWriter(record, ["a", "b"], None, StatsGathering(StatsChoice()))
     list(writer.begin(2))
     batch = Batch([0, 1], {"x": [torch.zeros(3, 4, 4), torch.zeros(3, 5, 4)]}, [], None, None)
+    writer.add(batch)  # gathered on a thread of its own: what fails there is raised by the next call
     with pytest.raises(CaptureError, match="'x' has rows of their own shapes"):
-        writer.add(batch)
+        writer.finish()
 
 
 # -- runs ---------------------------------------------------------------------------------------------------------

@@ -39,6 +39,7 @@ from hookcli.errors import FeatureFileError, ImageError, UsageProblem
 from hookcli.files import check_writable, hold_output, release_output
 from hookcli.inputs.archives import file_stamp, input_files, input_name
 from hookcli.storage import fileformat
+from hookcli.storage.background import Background
 from hookcli.storage.features import FeatureFile, Features
 from hookcli.storage.fileformat import SHARD_NAME, RunFacts, RunRecord
 from hookcli.storage.saving import write_safetensors
@@ -185,6 +186,7 @@ class GatheringWriter:
         self.path = None if path is None else os.fspath(path)
         self.shard_size, self.force, self.part, self.on_note = shard_size, force, part, on_note
         self.open: dict[int, _Shard] = {}
+        self._gathering: Background | None = None
         self.merged: _Shard | None = None  # in memory: the shards so far, merged in order
         self.folder: ShardWriter | None = None
         self.written: list[str | Path] = []
@@ -259,6 +261,13 @@ class GatheringWriter:
         return False
 
     def add(self, batch) -> None:
+        """Gather ``batch`` on a thread of its own while the caller computes the next one (in order: the same
+        result); a failure there is raised by a later call, or by :meth:`finish`."""
+        if self._gathering is None:
+            self._gathering = Background(self._add, name="hookcli-gather")
+        self._gathering.submit(batch)
+
+    def _add(self, batch) -> None:
         events = [*batch.indices, *(index for index, _ in batch.failures)]
         if not events:
             return
@@ -299,6 +308,8 @@ class GatheringWriter:
         self.folder.submit(shard.number, shard.state(), metadata, shard.inputs, shard.skipped, None, stamps)
 
     def finish(self):
+        if self._gathering is not None:
+            self._gathering.close()  # every batch gathered; raises what failed there
         if self.path is None:
             self.complete = self.finisher = True  # in memory: this process computed every shard
             merged = self.merged or _Shard(0, self.gathering.start(0))
@@ -382,6 +393,9 @@ class GatheringWriter:
         return tensors, metadata
 
     def abort(self) -> None:
+        if self._gathering is not None:
+            with contextlib.suppress(Exception):  # the failure that stopped the run is the one to report
+                self._gathering.close()
         if self.folder is not None:
             with contextlib.suppress(Exception):  # the failure that stopped the run is the one to report
                 self.folder.close()
