@@ -134,15 +134,17 @@ def test_quantiles_place_nan_last_and_infinities_at_the_ends():
             [np.nan, 3, 1, np.nan, 2, 5, 4, 0, 6, 7],
             [np.inf, -np.inf, 0, 1, 2, 3, 4, 5, 6, -0.0],
             [np.nan] * 10,
+            [0, 0, 0, 0, 0, 0, 1, 2, 3, 4],  # a ReLU's: its median is zero, and plus zero
         ],
         dtype=np.float32,
     )
-    sketch = QuantileSketch(3)
+    sketch = QuantileSketch(4)
     sketch.update(next(_batches(values.T[:, :, None], [10])))
     found = sketch.quantiles([0.05, 0.3, 0.8, 0.81, 1.0])
     assert found[0].tolist()[:3] == [0.0, 2.0, 7.0] and found[0, 3:].isnan().all()
     assert found[1].tolist() == [-np.inf, 0.0, 5.0, 6.0, np.inf]  # the smallest value whose rank reaches the level
     assert found[2].isnan().all()
+    assert found[3].tolist() == [0.0, 0.0, 2.0, 3.0, 4.0] and str(found[3, 1].item()) == "0.0"
 
 
 def _rank_error(values: np.ndarray, found: float, level: float) -> float:

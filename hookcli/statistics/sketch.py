@@ -145,7 +145,8 @@ class QuantileSketch:
             enough = (reached >= wanted) & (reached > 0)
             high, low = torch.where(enough, middle, high), torch.where(enough, low, middle + 1)
         reached = rank(high)
-        found = _unsortable_keys(high.to(torch.int32)).double()
+        # Plus zero: minus zero's key comes first and reaches the rank of the zeros, which may all be plus zero.
+        found = _unsortable_keys(high.to(torch.int32)).double() + 0.0
         return torch.where((reached >= wanted) & (reached > 0), found, float("nan"))  # NaN: past every number
 
     def state(self) -> dict[str, torch.Tensor]:
