@@ -50,6 +50,25 @@ class StatsGathering:
             gathered.layers[key] = LayerStats.from_state(own, layout, self.choice)
         return gathered
 
+    def notes(self, tensors: Mapping[str, torch.Tensor]) -> list[str]:
+        """Layers whose channels' examples tie at their largest value (an activation's ceiling, as ReLU6's): the
+        ties go to the first rows, which ``--top-by mean`` tells apart."""
+        if self.choice.top_by != "max":
+            return []
+        said = []
+        for key, layout in self.layouts.items():
+            values, low = tensors.get(stats_key(key, "top_values")), tensors.get(stats_key(key, "min"))
+            if values is None or low is None or values.shape[1] < 2:
+                continue
+            tied = int(((values[:, -1] == values[:, 0]) & (values[:, 0] > low)).sum())
+            if tied:
+                said.append(
+                    f"'{key}': the {values.shape[1]} examples of {tied:,} of its {layout.channels:,} channels tie at "
+                    "their largest value (an activation's ceiling, as ReLU6's): they are the first inputs to reach "
+                    "it; --top-by mean ranks them by their maps' means"
+                )
+        return said
+
     def metadata(self, run: Mapping[str, str], *, inputs: list, skipped: list, identity: Mapping) -> dict[str, str]:
         return stats_metadata(
             run,

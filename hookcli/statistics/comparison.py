@@ -149,6 +149,9 @@ class CompareGathering:
             )
         return flat
 
+    def notes(self, tensors: Mapping[str, torch.Tensor]) -> list[str]:
+        return []  # the representations with no spread are named by the run (hookcli.run.compare)
+
     def metadata(self, run: Mapping[str, str], *, inputs: list, skipped: list, identity: Mapping) -> dict[str, str]:
         return compare_metadata(
             run,

@@ -125,6 +125,10 @@ class Gathering(Protocol):
         """The output's metadata, from the run's (:func:`hookcli.storage.fileformat.run_metadata`)."""
         ...
 
+    def notes(self, tensors: Mapping[str, torch.Tensor]) -> list[str]:
+        """What the output's tensors call for saying (a ``Note:`` each)."""
+        ...
+
 
 class _Shard:
     """One shard's gathering, the inputs it has rows of (their numbers and names), those skipped, and what the
@@ -386,6 +390,9 @@ class GatheringWriter:
         positions = torch.full((len(self.paths),), -1, dtype=torch.int64)
         positions[torch.tensor(merged.rows)] = torch.arange(len(merged.rows))
         tensors = merged.gathered.result(positions)
+        if self.on_note is not None:
+            for text in self.gathering.notes(tensors):
+                self.on_note(text)
         run = fileformat.run_metadata(self.record, merged.facts or RunFacts(calls={}), keys=list(tensors))
         metadata = self.gathering.metadata(
             run, inputs=merged.inputs, skipped=merged.skipped, identity=fileformat.identity(self.record)
