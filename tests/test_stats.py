@@ -235,14 +235,21 @@ def test_units_of_tokens_vectors_channels_last_and_clips():
         UnitLayout.of((2, 3, 4, 5, 6), key="x")
 
 
-def test_rows_of_their_own_shapes_are_refused_with_one_line():
+def _in_memory(inputs: list[str], choice: StatsChoice, notes: list[str] | None = None) -> GatheringWriter:
+    """A statistics writer in memory over ``inputs``, begun, for batches of key ``x``."""
     record = RunRecord(
         model="m", weights={}, layers={"x": "x"}, layer_types={"x": "Conv2d"}, capture="output", preprocess={},
         pool="none", dtype="float32", precision="fp32", memory_format="contiguous", fuse=False, device="cpu",
-        on_error="fail", shard_size=None, inputs=("a", "b"), command={},
+        on_error="fail", shard_size=None, inputs=tuple(inputs), command={},
     )  # fmt: skip
-    writer = GatheringWriter(record, ["a", "b"], None, StatsGathering(StatsChoice()))
-    list(writer.begin(2))
+    on_note = notes.append if notes is not None else None
+    writer = GatheringWriter(record, inputs, None, StatsGathering(choice), on_note=on_note)
+    list(writer.begin(len(inputs)))
+    return writer
+
+
+def test_rows_of_their_own_shapes_are_refused_with_one_line():
+    writer = _in_memory(["a", "b"], StatsChoice())
     batch = Batch([0, 1], {"x": [torch.zeros(3, 4, 4), torch.zeros(3, 5, 4)]}, [], None, None)
     writer.add(batch)  # gathered on a thread of its own: what fails there is raised by the next call
     with pytest.raises(CaptureError, match="'x' has rows of their own shapes"):
@@ -250,32 +257,22 @@ def test_rows_of_their_own_shapes_are_refused_with_one_line():
 
 
 def test_examples_tied_at_a_ceiling_are_named_in_a_note():
-    record = RunRecord(
-        model="m", weights={}, layers={"x": "x"}, layer_types={"x": "Conv2d"}, capture="output", preprocess={},
-        pool="none", dtype="float32", precision="fp32", memory_format="contiguous", fuse=False, device="cpu",
-        on_error="fail", shard_size=None, inputs=("a", "b", "c"), command={},
-    )  # fmt: skip
     rows = torch.arange(3 * 3 * 4.0).reshape(3, 3, 2, 2)
     rows[:, 0] = rows[:, 0].clamp(max=6)  # channel 0: inputs 1 and 2 reach 6 (a ReLU6), 2 over less of its map
     rows[2, 0, 1] = 5
     rows[:, 1] = 0  # a channel with nothing but zeros ties too, and is no ceiling
-    notes: list[str] = []
-    for top_by, expected in (("max", 1), ("mean", 0)):
-        notes.clear()
-        writer = GatheringWriter(record, ["a", "b", "c"], None, StatsGathering(StatsChoice(top=2, top_by=top_by)),
-                                 on_note=notes.append)  # fmt: skip
-        list(writer.begin(3))
+    said: dict[str, list[str]] = {}
+    for top_by in ("max", "mean"):
+        writer = _in_memory(["a", "b", "c"], StatsChoice(top=2, top_by=top_by), said.setdefault(top_by, []))
         writer.add(Batch([0, 1, 2], {"x": rows}, [], None, None))
-        features = writer.finish()
-        assert features["x@top_rows"][0].tolist() == [1, 2] and len(notes) == expected
-    writer = GatheringWriter(record, ["a", "b", "c"], None, StatsGathering(StatsChoice(top=2)), on_note=notes.append)
-    list(writer.begin(3))
-    writer.add(Batch([0, 1, 2], {"x": rows}, [], None, None))
-    writer.finish()
-    assert notes[-1] == (
-        "'x': the 2 examples of 1 of its 3 channels tie at their largest value (an activation's ceiling, as ReLU6's): "
-        "they are the first inputs to reach it; --top-by mean ranks them by their maps' means"
-    )
+        assert writer.finish()["x@top_rows"][0].tolist() == [1, 2]
+    assert said == {
+        "max": [
+            "'x': the 2 examples of 1 of its 3 channels tie at their largest value (an activation's ceiling, as "
+            "ReLU6's): they are the first inputs to reach it; --top-by mean ranks them by their maps' means"
+        ],
+        "mean": [],
+    }
 
 
 # -- runs ---------------------------------------------------------------------------------------------------------
