@@ -92,9 +92,7 @@ def compare_saved(
             "compare": json.dumps(choice.identity()),
             "compare_of": json.dumps([saved.describe() for saved in sources]),
         }
-        found = run_saved(sources, gathering, entries, "compare", output, opts, emit)
-    _say_undefined(gathering, emit)
-    return found
+        return run_saved(sources, gathering, entries, "compare", output, opts, emit)
 
 
 def _check_batches(choice: CompareChoice, batch_size: int) -> None:
@@ -206,19 +204,7 @@ def _run_models(one: RunPlan, two: RunPlan | None, choice: CompareChoice, emit: 
     result, _ = carry_out(
         writer, batches, one.inputs, one.output.path, emit, note, batch_size=one.settings.batch_size, team=one.team
     )
-    _say_undefined(gathering, emit)
     return result
-
-
-def _say_undefined(gathering: CompareGathering, emit: Callable[[Event], None]) -> None:
-    """Name the representations whose similarities are undefined (NaN in the matrix)."""
-    for label in gathering.undefined:
-        emit(
-            Note(
-                f"'{label}' has no spread (every row alike, or values that are not finite): its similarities are "
-                "undefined, NaN in the file"
-            )
-        )
 
 
 def _together(first: Batch, second: Batch) -> Batch:

@@ -150,7 +150,12 @@ class CompareGathering:
         return flat
 
     def notes(self, tensors: Mapping[str, torch.Tensor]) -> list[str]:
-        return []  # the representations with no spread are named by the run (hookcli.run.compare)
+        """The representations whose similarities are undefined (NaN in the matrix), found by the result."""
+        return [
+            f"'{label}' has no spread (every row alike, or values that are not finite): its similarities are "
+            "undefined, NaN in the file"
+            for label in self.undefined
+        ]
 
     def metadata(self, run: Mapping[str, str], *, inputs: list, skipped: list, identity: Mapping) -> dict[str, str]:
         return compare_metadata(
