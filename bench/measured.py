@@ -1,11 +1,13 @@
 """What the benchmarks of gathering runs share: photos to run over, and a hookcli command run in a fresh process
 with its wall time and peak memory (the process's resident high-water mark).
 
-Run from the repository root as part of ``bench/stats_bench.py`` and ``bench/compare_bench.py``.
+Run from the repository root as part of ``bench/stats_bench.py``, ``bench/compare_bench.py`` and
+``bench/ragged_bench.py``.
 """
 
 from __future__ import annotations
 
+import os
 import random
 import subprocess
 import sys
@@ -48,10 +50,14 @@ def photos(folder: Path, count: int) -> list[str]:
     return paths
 
 
-def measured(command: list[str]) -> tuple[float, int]:
-    """``(wall seconds, peak MiB)`` of one hookcli command in a fresh process."""
+def measured(command: list[str], tree: Path | None = None) -> tuple[float, int]:
+    """``(wall seconds, peak MiB)`` of one hookcli command in a fresh process: this repository's, or ``tree``'s
+    (another revision checked out: run from its folder, which ``-c`` puts first on the module path)."""
+    env = {**os.environ, "PYTHONPATH": str(tree)} if tree is not None else None
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", _RUN, *command], capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", _RUN, *command], cwd=tree, env=env, capture_output=True, text=True, check=False
+    )
     wall = time.perf_counter() - start
     if done.returncode:
         raise SystemExit(f"{' '.join(command[:3])}… failed:\n{done.stderr}")

@@ -13,28 +13,15 @@ is checked out into a temporary git worktree); the peak is the process's residen
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from PIL import Image
 
-ROOT = Path(__file__).resolve().parent.parent
-
-_RUN = """
-import sys
-from hookcli.cli import main
-try:
-    main(sys.argv[1:], prog_name="hookcli")
-except SystemExit as end:
-    assert not end.code, end.code
-for line in open("/proc/self/status"):
-    if line.startswith("VmHWM:"):
-        print(int(line.split()[1]) // 1024)
-"""
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from measured import measured  # noqa: E402  (bench/ is no package)
+from revision_bench import ROOT, checked_out  # noqa: E402
 
 
 def main() -> None:
@@ -50,9 +37,7 @@ def main() -> None:
         for number in range(args.images):
             size = (800, 100) if number % 2 else (100, 800)
             photo.convert("RGB").resize(size).save(folder / f"{number:03d}.jpg")
-        base = Path(scratch) / "base"
-        subprocess.run(["git", "worktree", "add", "-q", "--detach", str(base), args.base], cwd=ROOT, check=True)
-        try:
+        with checked_out(args.base, Path(scratch) / "base") as base:
             print(f"{args.images} photos of 8:1 and 1:8, --resize {args.resize}")
             print(f"{'tree':<12} {'file MiB':>9} {'wall s':>7} {'peak MiB':>9}")
             for name, tree in (("this tree", ROOT), (args.base, base)):
@@ -62,21 +47,8 @@ def main() -> None:
                     *("-l", "classifier", "-l", "backbone.4", "--resize", str(args.resize), "-b", "4"),
                     *("-o", str(out), str(folder)),
                 ]
-                env = {**os.environ, "PYTHONPATH": str(tree)}
-                start = time.perf_counter()
-                done = subprocess.run(
-                    [sys.executable, "-c", _RUN, *command],
-                    cwd=tree,
-                    env=env,
-                    capture_output=True,
-                    text=True,
-                    check=True,
-                )
-                wall = time.perf_counter() - start
-                size = out.stat().st_size / 2**20
-                print(f"{name:<12} {size:>9.1f} {wall:>7.1f} {done.stdout.split()[-1]:>9}")
-        finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT, check=True)
+                wall, peak = measured(command, tree)
+                print(f"{name:<12} {out.stat().st_size / 2**20:>9.1f} {wall:>7.1f} {peak:>9}")
 
 
 if __name__ == "__main__":
