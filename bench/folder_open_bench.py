@@ -19,7 +19,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from revision_bench import ROOT, checked_out  # noqa: E402  (bench/ is no package)
 
 _MEASURE = """
 import sys, time
@@ -90,9 +91,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch) / "feats"
         _write_folder(folder, args.inputs, args.shard)
-        base = Path(scratch) / "base"
-        subprocess.run(["git", "worktree", "add", "-q", "--detach", str(base), args.base], cwd=ROOT, check=True)
-        try:
+        with checked_out(args.base, Path(scratch) / "base") as base:
             print(f"{args.inputs:,} inputs in shards of {args.shard:,}")
             print(f"{'tree':<12} {'open':>8} {'open+row':>9} {'peak MiB':>9}")
             for name, tree in (("this tree", ROOT), (args.base, base)):
@@ -107,8 +106,6 @@ def main() -> None:
                 )
                 opened, total, peak = done.stdout.split()
                 print(f"{name:<12} {opened + 's':>8} {total + 's':>9} {peak:>9}")
-        finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT, check=True)
 
 
 if __name__ == "__main__":
