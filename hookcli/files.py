@@ -25,6 +25,7 @@ import glob
 import os
 import stat
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -44,6 +45,8 @@ __all__ = [
     "release_output",
     "remove_abandoned",
     "reporting_full_disk",
+    "share_output",
+    "take_output",
 ]
 
 
@@ -199,37 +202,116 @@ def hold_output(target: str | os.PathLike) -> int:
     ``.<name>.lock`` beside it. Raise :class:`OutputExistsError` when another process holds it, so that a second
     identical command stops before its work rather than after. A lock file left by a killed process is taken over.
     """
-    path = Path(target)
-    lock = path.parent / f".{path.name}.lock"
     try:
-        descriptor = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    except OSError as err:
-        raise UsageProblem(
-            f"cannot mark '{target}' as being written: '{lock}' {err.strerror}", hint="remove it, or write elsewhere"
-        ) from None
-    try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return _output_mark(target, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
-        os.close(descriptor)
         raise OutputExistsError(
             f"another hookcli process is writing '{target}'", hint="wait for it to finish, or write to another file"
         ) from None
-    try:
-        same = os.stat(lock, follow_symlinks=False).st_ino == os.fstat(descriptor).st_ino
-    except FileNotFoundError:
-        same = False
-    if not same:  # the lock file a finishing process removed between our open and our lock: take the new one
-        os.close(descriptor)
-        return hold_output(target)
-    return descriptor
+
+
+def share_output(target: str | os.PathLike, on_wait: Callable[[str], None] | None = None) -> int:
+    """Mark output ``target`` as used by this process beside others of the same run (a shared lock on the file
+    :func:`hold_output` locks), until :func:`release_output`; while one of them writes it (:func:`take_output`),
+    wait, and after a few seconds let ``on_wait`` hear why once.
+
+    Processes that fill one folder of parts share the mark while they use it, so that the one that merges the
+    parts into ``target`` removes the folder only once nobody is in it.
+
+    >>> import os, tempfile
+    >>> target = os.path.join(tempfile.mkdtemp(), "out.safetensors")
+    >>> one, two = share_output(target), share_output(target)  # two processes of one run
+    >>> release_output(target, two)
+    >>> mine = take_output(target, one)  # nobody else uses it now: this returns at once
+    >>> release_output(target, mine)
+    >>> os.listdir(os.path.dirname(target))
+    []
+    """
+    return _output_mark(target, fcntl.LOCK_SH, on_wait)
+
+
+def take_output(target: str | os.PathLike, shared: int, on_wait: Callable[[str], None] | None = None) -> int:
+    """Turn this process's :func:`share_output` mark ``shared`` on ``target`` into the only one, waiting for the
+    other processes to let go of theirs (``on_wait`` as for :func:`share_output`); returns the descriptor to give
+    :func:`release_output`."""
+    descriptor = shared
+    while True:
+        _wait_for_lock(descriptor, fcntl.LOCK_EX, target, on_wait)
+        if _still_named(Path(target).parent / f".{Path(target).name}.lock", descriptor):
+            return descriptor
+        os.close(descriptor)  # a process that let go last removed the file meanwhile: lock its new one
+        descriptor = _output_mark(target, fcntl.LOCK_EX, on_wait)
 
 
 def release_output(target: str | os.PathLike, descriptor: int) -> None:
-    """Let go of the mark :func:`hold_output` put on ``target`` (its lock file goes)."""
+    """Let go of the mark :func:`hold_output`, :func:`share_output` or :func:`take_output` put on ``target``; the
+    lock file goes with the last process that held it."""
     path = Path(target)
-    with contextlib.suppress(OSError):
-        (path.parent / f".{path.name}.lock").unlink()
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)  # nobody else holds it: the file can go
+    except BlockingIOError:
+        pass  # the others remove it
+    else:
+        if _still_named(path.parent / f".{path.name}.lock", descriptor):
+            with contextlib.suppress(OSError):
+                (path.parent / f".{path.name}.lock").unlink()
     os.close(descriptor)
+
+
+#: Seconds a wait for an output mark lasts before the one waiting hears why.
+_WAIT_NOTE_AFTER = 5.0
+
+
+def _output_mark(target: str | os.PathLike, operation: int, on_wait: Callable[[str], None] | None = None) -> int:
+    """A descriptor of ``target``'s lock file, locked with ``operation`` (``LOCK_NB``: BlockingIOError when
+    another process holds it)."""
+    path = Path(target)
+    lock = path.parent / f".{path.name}.lock"
+    while True:
+        try:
+            descriptor = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError as err:
+            raise UsageProblem(
+                f"cannot mark '{target}' as being written: '{lock}' {err.strerror}",
+                hint="remove it, or write elsewhere",
+            ) from None
+        try:
+            _wait_for_lock(descriptor, operation, target, on_wait)
+        except BaseException:
+            os.close(descriptor)
+            raise
+        if _still_named(lock, descriptor):
+            return descriptor
+        os.close(descriptor)  # the lock file a finishing process removed between our open and our lock
+
+
+def _wait_for_lock(descriptor: int, operation: int, target, on_wait: Callable[[str], None] | None) -> None:
+    """``flock(descriptor, operation)``; a wait longer than a few seconds is told to ``on_wait`` once."""
+    if operation & fcntl.LOCK_NB or on_wait is None:
+        fcntl.flock(descriptor, operation)
+        return
+    try:
+        fcntl.flock(descriptor, operation | fcntl.LOCK_NB)
+        return
+    except BlockingIOError:
+        pass
+    timer = threading.Timer(
+        _WAIT_NOTE_AFTER, on_wait, args=(f"waiting for another hookcli process of this run using '{target}'",)
+    )
+    timer.daemon = True
+    timer.start()
+    try:
+        fcntl.flock(descriptor, operation)  # in the kernel's queue
+    finally:
+        timer.cancel()
+
+
+def _still_named(lock: Path, descriptor: int) -> bool:
+    """Whether ``lock`` still names the file ``descriptor`` is open on."""
+    try:
+        return os.stat(lock, follow_symlinks=False).st_ino == os.fstat(descriptor).st_ino
+    except FileNotFoundError:
+        return False
 
 
 def _locked_temporary(path: Path) -> tuple[int, Path]:

@@ -17,6 +17,7 @@ import torch
 import hookcli
 from hookcli.cli import main
 from hookcli.errors import CaptureError
+from hookcli.files import hold_output, release_output, share_output
 from hookcli.run.launch import Part, cpu_threads
 from hookcli.run.settings import Batch
 from hookcli.statistics.channel_stats import StatsGathering
@@ -391,6 +392,53 @@ def test_parts_and_torchrun_write_the_file_one_process_writes(runner, tmp_path, 
     assert done.returncode == 0, done.stderr
     assert done.stdout == f"{two}\n" and "Error" not in done.stderr, done.stderr
     assert _digest(two) == expected
+
+
+def test_a_process_starting_while_the_parts_are_merged_waits_and_leaves_the_file_to_the_merger(tmp_path, inputs):
+    out = tmp_path / "s.safetensors"
+    merging = hold_output(out)  # what the process that merges the parts holds while it writes the file
+    late = subprocess.Popen(
+        [sys.executable, "-m", "hookcli", "stats", *ARGS, "--part", "1/3", "-o", str(out), *inputs],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_environment(),
+    )  # fmt: skip
+    try:
+        time.sleep(6)  # its start, and the wait's note
+        assert late.poll() is None and not parts_folder(out).exists()
+        expected = _one_process(tmp_path / "one.safetensors", inputs)
+        os.replace(tmp_path / "one.safetensors", out)
+    finally:
+        release_output(out, merging)
+    code, said, told = late.wait(timeout=300), late.stdout.read(), late.stderr.read()
+    assert code == 0 and said == "", told
+    assert told.splitlines() == [
+        f"Note: waiting for another hookcli process of this run using '{out}'",
+        f"Note: '{out}' is complete: another process of this run wrote it",
+    ]
+    assert _digest(out) == expected and not parts_folder(out).exists()
+    assert sorted(os.listdir(tmp_path)) == ["imgs", "s.safetensors"]  # no lock file left
+
+
+def test_the_merger_waits_for_the_processes_still_in_the_parts_folder(tmp_path, inputs):
+    out = tmp_path / "s.safetensors"
+    expected = _one_process(tmp_path / "one.safetensors", inputs)
+    inside = share_output(out)  # what another process of the run holds while it uses the parts folder
+    run = subprocess.Popen(
+        [sys.executable, "-m", "hookcli", "stats", *ARGS, "-o", str(out), *inputs],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_environment(),
+    )  # fmt: skip
+    try:
+        index = parts_folder(out) / "index.jsonl"
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and len(read_index(index.parent)[1] if index.exists() else []) < 5:
+            assert run.poll() is None, run.stderr.read()
+            time.sleep(0.05)
+        time.sleep(1)
+        assert run.poll() is None and not out.exists() and len(read_index(index.parent)[1]) == 5
+    finally:
+        release_output(out, inside)
+    code, said, told = run.wait(timeout=300), run.stdout.read(), run.stderr.read()
+    assert code == 0 and said == f"{out}\n", told
+    assert _digest(out) == expected and not parts_folder(out).exists()
 
 
 def test_a_killed_run_continues_to_the_file_an_uninterrupted_one_writes(runner, tmp_path, inputs, make_image):

@@ -36,7 +36,7 @@ from typing import Protocol
 import torch
 
 from hookcli.errors import FeatureFileError, ImageError, UsageProblem
-from hookcli.files import check_writable, hold_output, release_output
+from hookcli.files import check_writable, release_output, share_output, take_output
 from hookcli.inputs.archives import file_stamp, input_files, input_name
 from hookcli.storage import fileformat
 from hookcli.storage.background import Background
@@ -197,6 +197,7 @@ class GatheringWriter:
         self.done = 0
         self.complete = False
         self.finisher = False
+        self._mark: int | None = None  # this process's share of the output's mark, while it uses the parts
 
     @property
     def inputs_done(self) -> int:
@@ -223,7 +224,11 @@ class GatheringWriter:
                 for first in range(0, len(self.paths), size)
                 for batch in batches_in(first, min(first + size, len(self.paths)), batch_size)
             )
+        # Shared by every process of the run while it uses the parts folder: the one that merges the parts takes
+        # it whole, so that the folder goes only once nobody is in it, and a process starting meanwhile waits.
+        self._mark = share_output(self.path, on_wait=self.on_note)
         if self._written_by_another():
+            self._let_go()
             self.complete = True
             return None
         self.folder = ShardWriter(
@@ -321,29 +326,45 @@ class GatheringWriter:
             return Features(tensors, metadata, facts=merged.facts)
         if self.folder is None:  # another process of the run wrote the output
             return Path(self.path)
-        self.folder.close()
-        self.complete = self.folder.complete
-        self.finisher = self.finisher or self.folder.finisher
-        assert self.path is not None, "a writer with parts has an output"
-        if self.complete and self.finisher:
-            self._write_output()
+        try:
+            self.folder.close()
+            self.complete = self.folder.complete
+            self.finisher = self.finisher or self.folder.finisher
+            if self.complete and self.finisher:
+                self._write_output()
+        finally:
+            self._let_go()
         if self.team:  # said once the whole group has finished, when the file is written
             self.written = [self.path]
         return Path(self.path)
 
     def _write_output(self) -> None:
+        """Merge the parts into the output, once the other processes of the run have left their folder; unless
+        one of them merged them first."""
         assert self.path is not None and self.folder is not None, "the output's parts are written"
-        held = hold_output(self.path)
-        try:
-            if os.path.exists(self.path) and not self.force:
-                return  # another process merged the parts first
-            merged = self._read_parts()
-            tensors, metadata = self._result(merged)
-            write_safetensors(tensors, metadata, self.path, force=True)
-            shutil.rmtree(self.folder.folder, ignore_errors=True)
-        finally:
-            release_output(self.path, held)
+        assert self._mark is not None, "the output's mark is shared"
+        self._mark = take_output(self.path, self._mark, on_wait=self.on_note)
+        parts = self.folder.folder.exists()
+        if os.path.exists(self.path) and not (parts and self.force):
+            if self.on_note is not None:
+                self.on_note(f"'{self.path}' is complete: another process of this run wrote it")
+            return
+        if not parts:
+            raise FeatureFileError(
+                f"the parts of '{self.path}' were removed before they were merged", hint="run the command again"
+            )
+        merged = self._read_parts()
+        tensors, metadata = self._result(merged)
+        write_safetensors(tensors, metadata, self.path, force=True)
+        shutil.rmtree(self.folder.folder, ignore_errors=True)
         self.written = [self.path]
+
+    def _let_go(self) -> None:
+        """Give up this process's mark on the output."""
+        if self._mark is not None:
+            assert self.path is not None, "a mark is on an output"
+            release_output(self.path, self._mark)
+            self._mark = None
 
     def _read_parts(self) -> _Shard:
         """Every part, merged in shard order."""
@@ -406,6 +427,7 @@ class GatheringWriter:
         if self.folder is not None:
             with contextlib.suppress(Exception):  # the failure that stopped the run is the one to report
                 self.folder.close()
+        self._let_go()
 
 
 def _facts(facts: RunFacts | None) -> dict:
