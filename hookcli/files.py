@@ -318,12 +318,17 @@ def _locked_temporary(path: Path) -> tuple[int, Path]:
     """A new temporary file beside ``path``, locked (marked in use; released when its descriptor closes).
 
     Between being made and being locked a file is unlocked for a moment, and another process sweeping abandoned
-    files may remove it then: one whose name no longer leads to the locked file is made again.
+    files (:func:`remove_abandoned`) may lock it and remove it then: one locked by the sweeper, or whose name no
+    longer leads to the locked file, is made again.
     """
     while True:
         with reporting_full_disk(path):
             handle, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+        try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(handle)  # the sweeper holds it, and removes it
+            continue
         try:
             if os.stat(name, follow_symlinks=False).st_ino == os.fstat(handle).st_ino:
                 return handle, Path(name)

@@ -395,3 +395,32 @@ def test_a_lock_file_removed_between_its_opening_and_its_locking_is_not_taken(tm
     with pytest.raises(OutputExistsError, match="another hookcli process is writing"):
         hold_output(target)
     os.close(third[0])
+
+
+def test_a_temporary_file_a_sweeper_takes_before_its_writer_locks_it_is_made_again(tmp_path, monkeypatch):
+    """Another process sweeping abandoned files (``remove_abandoned``) may lock a temporary file between its making
+    and its writer's lock, and remove it: the writer makes another, rather than fail."""
+    import tempfile
+
+    import hookcli.files
+    from hookcli.files import atomic_path
+
+    real_mkstemp, made, sweeper = tempfile.mkstemp, [], []
+
+    def swept(**kwargs):
+        handle, name = real_mkstemp(**kwargs)
+        made.append(name)
+        if len(made) == 1:  # the sweeper comes between the making and the locking
+            sweeper.append(os.open(name, os.O_RDONLY))
+            fcntl.flock(sweeper[0], fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.unlink(name)
+        return handle, name
+
+    monkeypatch.setattr(hookcli.files.tempfile, "mkstemp", swept)
+    try:
+        with atomic_path(tmp_path / "out.txt") as temporary:
+            temporary.write_text("whole")
+    finally:
+        os.close(sweeper[0])
+    assert (tmp_path / "out.txt").read_text() == "whole" and len(made) == 2
+    assert sorted(os.listdir(tmp_path)) == ["out.txt"]
