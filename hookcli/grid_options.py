@@ -62,10 +62,8 @@ GRID_OPTIONS: tuple[Option, ...] = (
     Option(
         "cmap",
         ("--cmap",),
-        "Any matplotlib colormap (gray, viridis, magma…).",
+        "Any matplotlib colormap (gray, magma…)  [default: viridis; the diverging RdBu_r for an RSA matrix]",
         ("grid",),
-        default="viridis",
-        show_default=True,
     ),
     Option(
         "scale",

@@ -99,7 +99,7 @@ class Option:
     """One option: its keyword ``name`` and command-line ``flags``, the ``kind`` of value it takes (``int``,
     ``float``, ``choice``, ``flag``, ``text`` or ``parsed``: read by its ``parser``, which raises ValueError),
     its ``default``, bounds (``low``, ``high``) or ``choices``, its ``help`` and the ``commands`` that take it.
-    ``shown`` is the default the help gives in brackets when it is not the value itself."""
+    A default that depends on what is drawn or run (None here) is said in the help's own words."""
 
     name: str
     flags: tuple[str, ...]

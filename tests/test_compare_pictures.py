@@ -335,6 +335,9 @@ def test_rsa_is_drawn_on_a_diverging_colormap_unless_cmap_says_otherwise(rsa_fil
     assert cells == colorize((matrix + 1) / 2, DIVERGING).tolist()
     gray = hookcli.grid(rsa_file, plain=True, cmap="gray")["rsa.png"]
     assert gray[2, 2].tolist() == [255, 255, 255]
+    viridis = hookcli.grid(rsa_file, plain=True, cmap="viridis")["rsa.png"]  # feature maps' default, named
+    cells = [[viridis[i * CELL + 2, j * CELL + 2].tolist() for j in range(2)] for i in range(2)]
+    assert cells == colorize((matrix + 1) / 2, "viridis").tolist()
 
 
 def test_long_column_labels_are_upright_and_many_rows_are_labelled_in_steps(tmp_path):

@@ -103,8 +103,9 @@ def picture_name(comparison: ComparisonFile) -> str:
 
 def choose_matrix(comparison: ComparisonFile, options: GridOptions) -> ChosenMatrix:
     """The representations ``options.keys`` choose (globs over the labels; all without) and the colormap
-    (``options.cmap``, or :data:`DIVERGING` for RSA when it is left at its default). Refuses the options that
-    choose rows, channels or frames of a features file, and a selection that leaves no row or no column."""
+    (``options.cmap``; when it is not given :data:`DIVERGING` for RSA, feature maps' otherwise). Refuses the
+    options that choose rows, channels or frames of a features file, and a selection that leaves no row or no
+    column."""
     for name in _REFUSED:
         given, flag = getattr(options, name), declared(name, GRID_OPTIONS).flags[0]
         if given is not None and given is not False and given != ():
@@ -123,8 +124,8 @@ def choose_matrix(comparison: ComparisonFile, options: GridOptions) -> ChosenMat
                 f"-k chooses none of the {'rows' if not rows else 'columns'} of '{comparison.name}'",
                 hint="choose representations of both sides",
             )
-    default = comparison.method == "rsa" and options.cmap == declared("cmap", GRID_OPTIONS).default
-    return ChosenMatrix(rows, columns, check_cmap(DIVERGING if default else options.cmap))
+    diverging = comparison.method == "rsa" and options.cmap is None
+    return ChosenMatrix(rows, columns, check_cmap(DIVERGING if diverging else options.maps_cmap))
 
 
 def matrix_colours(values: np.ndarray, method: str, cmap: str) -> np.ndarray:

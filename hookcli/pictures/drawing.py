@@ -165,9 +165,9 @@ def _row_picture(
             notes.append(f"{job.key}, {job.name}: {note}")
     elif layout in STRIPS:
         scaled = scale_maps(maps.reshape(1, 1, -1), "grid").reshape(-1)
-        pixels = strip(scaled, None if options.plain else labels, cmap=options.cmap)
+        pixels = strip(scaled, None if options.plain else labels, cmap=options.maps_cmap)
         if not options.plain:
-            pixels = add_colorbar(pixels, options.cmap, *_ends(value_range(maps)), "one scale for the strip")
+            pixels = add_colorbar(pixels, options.maps_cmap, *_ends(value_range(maps)), "one scale for the strip")
     elif layout in CLIPS:
         look: dict[str, Any] = {  # the drawing options frame_layout and tile_frames share
             "padding": 0 if layout == "pooled-frames" else options.padding,
@@ -177,11 +177,11 @@ def _row_picture(
         }
         framing = frame_layout(*maps.shape, **look)
         labelled = options.plain or labels is None or framing.margin > 0
-        pixels = tile_frames(scale_maps(maps, options.scale), cmap=options.cmap, layout=framing, **look)
+        pixels = tile_frames(scale_maps(maps, options.scale), cmap=options.maps_cmap, layout=framing, **look)
         if not options.plain:
             pixels = add_colorbar(
                 pixels,
-                options.cmap,
+                options.maps_cmap,
                 *_scale_legend(
                     maps,
                     options.scale,
@@ -199,11 +199,11 @@ def _row_picture(
         }
         tiling = tile_layout(len(maps), *maps.shape[1:], **look)
         labelled = options.plain or labels is None or tiling.band > 0
-        pixels = tile_maps(scale_maps(maps, options.scale), cmap=options.cmap, layout=tiling, **look)
+        pixels = tile_maps(scale_maps(maps, options.scale), cmap=options.maps_cmap, layout=tiling, **look)
         if not options.plain:
             pixels = add_colorbar(
                 pixels,
-                options.cmap,
+                options.maps_cmap,
                 *_scale_legend(maps, options.scale, "the map's range", "each tile scaled to its own range"),
             )
     if options.title and not options.plain:

@@ -165,7 +165,7 @@ def plan_grids(
     and :data:`~hookcli.pictures.render.MAX_PIXELS` bound it. The keys of final
     detections chosen make one picture a row, in the place of the first.
     """
-    check_cmap(options.overlay_cmap if options.overlay else options.cmap)
+    check_cmap(options.overlay_cmap if options.overlay else options.maps_cmap)
     if out_dir is not None:
         check_folder_output(out_dir)
     keys = select_keys(features.keys(), options.keys, features.name)

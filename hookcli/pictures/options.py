@@ -24,6 +24,7 @@ from hookcli.parsing import parse_channels
 
 __all__ = [
     "DEFAULT_MAPS",
+    "MAPS_CMAP",
     "GridJob",
     "GridOptions",
     "capped",
@@ -36,6 +37,9 @@ __all__ = [
 
 #: Channels drawn when neither --channels nor --top is given: a wide layer's first 64, with a note on the rest.
 DEFAULT_MAPS = 64
+
+#: Feature maps' colormap when ``--cmap`` is not given.
+MAPS_CMAP = "viridis"
 
 
 def default_grid_folder(source) -> str:
@@ -56,7 +60,8 @@ class GridOptions:
     maps. ``flow_as_channels``: draw optical-flow fields as their two
     channels rather than in colour. Defaults, bounds and choices are
     :data:`hookcli.grid_options.GRID_OPTIONS`'; values are checked here, with the
-    library's errors.
+    library's errors. ``cmap`` None: each picture's own (:attr:`maps_cmap` for
+    feature maps).
     """
 
     keys: Sequence[str] = declared_field("keys", GRID_OPTIONS)
@@ -65,7 +70,7 @@ class GridOptions:
     top: int | None = declared_field("top", GRID_OPTIONS)
     columns: int | None = declared_field("columns", GRID_OPTIONS)
     padding: int = declared_field("padding", GRID_OPTIONS)
-    cmap: str = declared_field("cmap", GRID_OPTIONS)
+    cmap: str | None = declared_field("cmap", GRID_OPTIONS)
     scale: str = declared_field("scale", GRID_OPTIONS)
     min_tile: int = declared_field("min_tile", GRID_OPTIONS)
     title: bool = declared_field("title", GRID_OPTIONS)
@@ -87,6 +92,11 @@ class GridOptions:
             raise UsageProblem(f"invalid channels: {err}") from None
         for name in ("top", "columns", "padding", "min_tile", "frame", "scale", "alpha"):
             check_value(declared(name, GRID_OPTIONS), getattr(self, name))
+
+    @property
+    def maps_cmap(self) -> str:
+        """The colormap of feature maps: ``cmap``, or :data:`MAPS_CMAP`."""
+        return self.cmap or MAPS_CMAP
 
 
 @dataclass(frozen=True)
