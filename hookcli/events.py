@@ -19,7 +19,8 @@ __all__ = ["Advanced", "Damaged", "Event", "Note", "Skipped", "Started", "Wrote"
 
 @dataclass(frozen=True)
 class Started:
-    """A run (or a set of pictures) begins: ``total`` items, ``done`` of them by an earlier run; ``output`` as given."""
+    """A run (or a set of pictures) begins: ``total`` items, ``done`` of them by an earlier run; ``output`` where
+    they are kept (the output as given, or the folder of parts a gathering run merges at its end)."""
 
     total: int
     done: int = 0

@@ -5,6 +5,7 @@ killed and continued."""
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -462,7 +463,9 @@ def test_a_killed_run_continues_to_the_file_an_uninterrupted_one_writes(runner, 
         capture_output=True, text=True, timeout=300, env=_environment(),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert "Continuing:" in done.stderr and done.stdout == f"{out}\n"
+    continuing = done.stderr.splitlines()[0]  # then a note of the claim the killed run left
+    assert re.fullmatch(rf"Continuing: \d+ of 20 inputs are already in {re.escape(str(out))}\.parts/", continuing)
+    assert done.stdout == f"{out}\n"
     assert _digest(out) == _one_process(tmp_path / "whole.safetensors", inputs, args=slow)
 
 

@@ -62,7 +62,7 @@ class CamOverlays:
     def begin(self, batch_size: int):
         self.folder.mkdir(parents=True, exist_ok=True)
         order = self.inner.begin(batch_size)
-        self.done = self.inner.done
+        self.done, self.kept = self.inner.done, self.inner.kept
         return order
 
     @property

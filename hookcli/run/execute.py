@@ -102,7 +102,7 @@ def carry_out(
     """
     try:
         order = writer.begin(batch_size)
-        emit(Started(total=len(inputs), done=writer.done, output=output))
+        emit(Started(total=len(inputs), done=writer.done, output=writer.kept or output))
         if order is not None:
             for batch in batches(order):
                 writer.add(batch)
@@ -125,7 +125,7 @@ def carry_out(
     complete = writer.complete or team is not None
     if not complete:
         note(
-            f"'{output}' holds {writer.inputs_done} of its {len(inputs)} inputs: other processes "
+            f"'{writer.kept or output}' holds {writer.inputs_done} of its {len(inputs)} inputs: other processes "
             "are writing the rest (or run the same command again to finish it)"
         )
     if complete and (team is None or team.part.index == 0):  # one process of a team says what was written

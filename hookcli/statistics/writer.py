@@ -195,6 +195,7 @@ class GatheringWriter:
         self.folder: ShardWriter | None = None
         self.written: list[str | Path] = []
         self.done = 0
+        self.kept = None if self.path is None else f"{parts_folder(self.path)}/"  # the parts, until they merge
         self.complete = False
         self.finisher = False
         self._mark: int | None = None  # this process's share of the output's mark, while it uses the parts

@@ -6,7 +6,8 @@ inputs), then:
 - ``begin(batch_size)`` returns the batches to compute, in order (an
   iterable of lists of input indices), or None when nothing is left;
   ``done`` then says how many inputs an earlier run (or other processes, for
-  a shard folder) did;
+  a shard folder) did, and ``kept`` where their work is when that is not the
+  output itself (None: it is);
 - ``add(batch)`` takes each :class:`~hookcli.run.settings.Batch` in that order;
 - ``finish()`` completes the output and returns what the run returns (the
   features in memory, or the path written); ``written`` then lists the paths
@@ -152,6 +153,7 @@ class _WholeWriter:
 
     flat = True  # ragged keys are stored without padding (format 3); results in memory hold them padded
     done = 0  # inputs an earlier run did
+    kept = None  # where their work is: the output itself
     complete = True  # the output holds every input once finish() returns
     finisher = True  # this process completed the output (and so draws its pictures)
 
@@ -290,6 +292,7 @@ class FolderWriter:
         self.held: list = []  # failures seen before the first readable image fixes the shard size
         self.written: list[str | Path] = []
         self.done = 0
+        self.kept = None  # the inputs done are in the folder: the output
         self.complete = False
         self.finisher = False  # this process found the folder complete, or listed its last shard
 
