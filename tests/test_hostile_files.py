@@ -258,6 +258,22 @@ def test_a_channel_range_that_misses_one_tensor_is_a_note_and_the_others_are_dra
     assert [os.path.basename(p) for p in result.stdout.split()] == ["big__00000_row00000.png"]
 
 
+def test_a_channel_range_past_a_tensors_end_says_what_it_drew(runner, tmp_path):
+    path = tmp_path / "f.safetensors"
+    save_file({"feat": np.ones((1, 64, 2, 2), dtype=np.float32)}, str(path))
+    for channels, drew, count in (("0:999", "0-63", 64), ("62:999", "62-63", 2), ("-100:", "0-63", 64)):
+        drawn = ["--plain", "--padding", "0", "-o", str(tmp_path / f"g{channels}")]
+        result = runner.invoke(main, ["grid", str(path), "--channels", channels, *drawn])
+        assert result.exit_code == 0, result.output
+        assert result.stderr == (
+            f"Note: 'feat': --channels {channels} reaches past its 64 channels (0-63): drew {drew}\n"
+        )
+        width, height = Image.open(result.stdout.strip()).size
+        assert width * height == count * 32 * 32  # the channels it names, each enlarged to 32 px
+    result = runner.invoke(main, ["grid", str(path), "--channels", "0:64", "-o", str(tmp_path / "all")])
+    assert result.exit_code == 0 and result.stderr == ""
+
+
 def test_keys_that_would_share_a_png_name_get_names_of_their_own(runner, tmp_path):
     path = tmp_path / "f.safetensors"
     keys = ["a/b", "a:b", "a b", "A_B", "c" * 300]

@@ -288,18 +288,21 @@ def _maps_limit(
     row, _ = row_drawn(shape[1:], options)
     count, height, width, layout = map_layout(row, prefix)
     kind = "value" if layout in STRIPS else "channel"
-    selected = range(count)
+    selected, reach = range(count), None
     if options.channels is not None:
         selected = selected[options.channels]
+        described = f"{count} {kind}s (0-{count - 1})" if count > 1 else f"one {kind} (0)"
         if not selected:  # a layout has one map at least
-            described = f"{count} {kind}s (0-{count - 1})" if count > 1 else f"one {kind} (0)"
             raise NotDrawable(f"--channels {_text(options.channels)} selects none of its {described}")
+        start, stop = options.channels.start, options.channels.stop
+        if (stop is not None and stop > count) or (start is not None and start < -count):
+            reach = f"--channels {_text(options.channels)} reaches past its {described}: drew {_span(selected)}"
     if options.overlay:
         if layout in STRIPS or layout == "matrix":
             raise NotDrawable("--overlay needs maps laid out like the image, and these values are not")
         if len(shape) == 5:
             raise NotDrawable("--overlay needs the photo the model saw, and a video clip's frames are not kept")
-        return None, None
+        return None, reach
     wanted = min(len(selected), options.top) if options.top is not None else len(selected)
     fits = tiles_that_fit(height, width, padding=options.padding, layout=layout)
     if layout in CLIPS:
@@ -318,7 +321,7 @@ def _maps_limit(
             f"active, --channels : all of them" + (f" ({fits} a picture)" if fits < count else "")
         )
     if wanted <= fits:
-        return None, None
+        return None, reach
     what = (
         "values"
         if layout in STRIPS
@@ -327,15 +330,26 @@ def _maps_limit(
         else f"tiles of {height}x{width}"
     )
     if options.top is not None:
-        return fits, f"drew the top {fits} of the {wanted} asked for: a picture holds at most {fits} {what}"
+        top = f"drew the top {fits} of the {wanted} asked for: a picture holds at most {fits} {what}"
+        return fits, _joined(reach, top)
     first, last = selected[0], selected[fits - 1]
     following = (
         f"{selected[fits]}:{selected[fits] + fits * selected.step}" if selected.step == 1 else f"{selected[fits]}:"
     )
-    return fits, (
+    return fits, _joined(
+        reach,
         f"drew {kind}s {first}-{last} of {count}: a picture holds at most {fits} {what}; "
-        f"--channels {following} draws the next"
+        f"--channels {following} draws the next",
     )
+
+
+def _span(selected: range) -> str:
+    return f"{selected[0]}-{selected[-1]}" if len(selected) > 1 else f"{selected[0]}"
+
+
+def _joined(*notes: str | None) -> str | None:
+    """The notes given, in one line (None when there are none)."""
+    return "; ".join(note for note in notes if note) or None
 
 
 def _text(channels: slice) -> str:
