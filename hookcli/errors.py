@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 
 
 def first_line(err: BaseException | Warning | str) -> str:
@@ -129,14 +130,16 @@ def check_whole(name: str, value, low: int, high: int | None = None, *, optional
         raise UsageProblem(f"{name} must be at most {high}, not {value!r}", hint=_RANGE_HINT)
 
 
-def seconds_from_environment(name: str, default: float, low: float, high: float) -> float:
+def seconds_from_environment(
+    name: str, default: float, low: float, high: float, environ: Mapping[str, str] | None = None
+) -> float:
     """The seconds the environment variable ``name`` gives (``default`` when it is unset or empty), refused unless a
-    number from ``low`` to ``high``.
+    number from ``low`` to ``high``; ``environ`` in the place of the process's environment.
 
     >>> seconds_from_environment("HOOKCLI_NO_SUCH_TIMEOUT", 120.0, 1.0, 86400.0)
     120.0
     """
-    text = os.environ.get(name, "").strip()
+    text = (os.environ if environ is None else environ).get(name, "").strip()
     if not text:
         return default
     try:

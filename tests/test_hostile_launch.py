@@ -213,25 +213,31 @@ def test_a_join_timeout_out_of_range_is_refused_before_the_model_loads(
 
 
 @pytest.mark.parametrize(
-    ("port", "message"),
+    ("given", "message"),
     [
         (
-            None,
+            {},
             "MASTER_ADDR is set but MASTER_PORT is not. Hint: torchrun sets both; by hand, give every process the same "
             "port of rank 0's machine",
         ),
         (
-            "70000",
+            {"MASTER_PORT": "70000"},
             "$MASTER_PORT is 70000, not a port (1 to 65535). Hint: torchrun sets it; by hand, give every process the "
             "same port of rank 0's machine",
         ),
+        (
+            {"MASTER_PORT": "29500", "HOOKCLI_JOIN_TIMEOUT": "soon"},
+            "HOOKCLI_JOIN_TIMEOUT must be a number of seconds from 1 to 86400, not 'soon'. Hint: unset it for the "
+            "default of 300 s",
+        ),
     ],
 )
-def test_a_master_port_that_is_not_one_is_refused_before_torch_is_imported(
-    resnet18_args, image, tmp_path, port, message
+def test_a_rendezvous_setting_that_is_wrong_is_refused_before_torch_is_imported(
+    resnet18_args, image, tmp_path, given, message
 ):
     env = dict(os.environ, RANK="1", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1")
     env.pop("MASTER_PORT", None)
+    env.pop("HOOKCLI_JOIN_TIMEOUT", None)
     script = (
         "import sys\nfrom hookcli.cli import main\n"
         "try:\n    main(sys.argv[1:])\nexcept SystemExit as end:\n    print('torch' in sys.modules, end.code)\n"
@@ -240,7 +246,7 @@ def test_a_master_port_that_is_not_one_is_refused_before_torch_is_imported(
         [sys.executable, "-c", script, *resnet18_args("extract", "-l", "fc", "-o", f"{tmp_path}/f/", image)],
         capture_output=True,
         text=True,
-        env=env if port is None else {**env, "MASTER_PORT": port},
+        env={**env, **given},
         timeout=120,
     )
     assert (done.stdout, done.stderr) == ("False 2\n", f"Error: {message}\n")

@@ -25,14 +25,17 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from hookcli.errors import UsageProblem
+from hookcli.errors import UsageProblem, seconds_from_environment
 
 __all__ = [
+    "DEFAULT_JOIN_TIMEOUT",
+    "JOIN_TIMEOUT_RANGE",
     "MAX_NODES",
     "MAX_TASKS_PER_NODE",
     "Part",
     "cpu_threads",
     "detect_part",
+    "join_timeout",
     "joins_team",
     "number_from",
     "parse_part",
@@ -41,6 +44,12 @@ __all__ = [
 #: The most nodes, and tasks on one node, that ``SLURM_TASKS_PER_NODE`` may say (far above any cluster's).
 MAX_NODES = 1_000_000
 MAX_TASKS_PER_NODE = 100_000
+
+#: Seconds torchrun's processes wait for each other to join their group.
+DEFAULT_JOIN_TIMEOUT = 300.0
+
+#: The seconds ``$HOOKCLI_JOIN_TIMEOUT`` may say: from one second to a day.
+JOIN_TIMEOUT_RANGE = (1.0, 86400.0)
 
 
 @dataclass(frozen=True)
@@ -81,6 +90,8 @@ def detect_part(environ: Mapping[str, str] | None = None) -> Part | None:
         rank, world = number_from(env, "RANK"), number_from(env, "WORLD_SIZE")
         local = number_from(env, "LOCAL_RANK", 0)
         address = (env["MASTER_ADDR"], _master_port(env)) if "MASTER_ADDR" in env else None
+        if address is not None:
+            join_timeout(env)  # refused before torch loads, not as the group forms
         part = Part(rank, world, local, number_from(env, "LOCAL_WORLD_SIZE", local + 1), "torchrun", address)
     else:
         task, tasks = number_from(env, "SLURM_PROCID", 0), number_from(env, "SLURM_NTASKS", 1)
@@ -157,6 +168,16 @@ def cpu_threads(part: Part | None) -> int | None:
     if part is None or part.local_count <= 1:
         return None
     return max(1, (os.cpu_count() or 1) // part.local_count)
+
+
+def join_timeout(environ: Mapping[str, str] | None = None) -> float:
+    """Seconds torchrun's processes wait for all of them to join their group (``$HOOKCLI_JOIN_TIMEOUT``, read from
+    ``environ`` or the process's environment).
+
+    >>> join_timeout({"HOOKCLI_JOIN_TIMEOUT": "42"}), join_timeout({})
+    (42.0, 300.0)
+    """
+    return seconds_from_environment("HOOKCLI_JOIN_TIMEOUT", DEFAULT_JOIN_TIMEOUT, *JOIN_TIMEOUT_RANGE, environ)
 
 
 def joins_team(part: Part) -> bool:

@@ -6,7 +6,7 @@ process returns when the folder is complete. Who a process is comes from
 :mod:`hookcli.run.launch`, which needs no torch.
 
 Joining waits for every process at ``MASTER_ADDR:MASTER_PORT`` for at most
-:func:`join_timeout` seconds (:data:`DEFAULT_JOIN_TIMEOUT`, or
+:func:`~hookcli.run.launch.join_timeout` seconds (300 by default, or
 ``$HOOKCLI_JOIN_TIMEOUT``), says so after a few seconds, and stops on
 Ctrl-C or SIGTERM; only the final barrier waits without a limit a run could
 reach.
@@ -29,27 +29,16 @@ import torch
 import torch.distributed as dist
 
 from hookcli.console import Terminated
-from hookcli.errors import HookcliError, UsageProblem, first_line, seconds_from_environment
-from hookcli.run.launch import Part, joins_team
+from hookcli.errors import HookcliError, UsageProblem, first_line
+from hookcli.run.launch import Part, join_timeout, joins_team
 from hookcli.storage.fileformat import identity_differences
 
 __all__ = [
-    "DEFAULT_JOIN_TIMEOUT",
-    "JOIN_TIMEOUT_RANGE",
     "Team",
     "TeamError",
     "join_team",
-    "join_timeout",
     "local_device",
 ]
-
-
-#: Seconds torchrun's processes wait for each other to join their group.
-DEFAULT_JOIN_TIMEOUT = 300.0
-
-
-#: The seconds ``$HOOKCLI_JOIN_TIMEOUT`` may say: from one second to a day.
-JOIN_TIMEOUT_RANGE = (1.0, 86400.0)
 
 
 #: A long run leaves early finishers waiting at the final barrier: no timeout a run could reach.
@@ -78,11 +67,6 @@ class TeamError(HookcliError):
     """torchrun's processes could not form their group: not all came in time, or the wait was stopped (exit 1)."""
 
 
-def join_timeout() -> float:
-    """Seconds torchrun's processes wait for all of them to join their group (``$HOOKCLI_JOIN_TIMEOUT``)."""
-    return seconds_from_environment("HOOKCLI_JOIN_TIMEOUT", DEFAULT_JOIN_TIMEOUT, *JOIN_TIMEOUT_RANGE)
-
-
 class Team:
     """torchrun's processes in one gloo process group, for agreeing on the run and the final barrier.
 
@@ -90,8 +74,8 @@ class Team:
     network without tying a process to a GPU. NCCL would refuse two processes on one GPU, and processes that chose
     backends by their own machine's GPUs could disagree and wait for each other forever.
 
-    Joining waits at most :func:`join_timeout` seconds for every process at ``MASTER_ADDR:MASTER_PORT``, and raises
-    :class:`TeamError` when not all came, or on Ctrl-C or SIGTERM meanwhile.
+    Joining waits at most :func:`~hookcli.run.launch.join_timeout` seconds for every process at
+    ``MASTER_ADDR:MASTER_PORT``, and raises :class:`TeamError` when not all came, or on Ctrl-C or SIGTERM meanwhile.
     """
 
     def __init__(self, part: Part) -> None:
