@@ -22,7 +22,7 @@ import numpy as np
 
 from hookcli.errors import UsageProblem
 from hookcli.events import Advanced, Started, Wrote
-from hookcli.files import atomic_path, check_folder_output, format_bytes, refuse_existing
+from hookcli.files import check_folder_output, format_bytes, refuse_existing
 from hookcli.pictures.compare_grids import (
     METHOD_NAMES,
     ChosenMatrix,
@@ -31,22 +31,19 @@ from hookcli.pictures.compare_grids import (
     matrix_colours,
 )
 from hookcli.pictures.html import (
-    CONTENT_SECURITY_POLICY,
-    HEAD,
-    STYLE,
     escaped,
     facts_table,
     file_details,
     new_pages,
     page_name,
     picture_html,
+    report_page,
     value_html,
 )
 from hookcli.pictures.options import GridOptions
 from hookcli.pictures.summary import describe_comparison
 from hookcli.storage.compare_file import ComparisonFile, read_comparison
 from hookcli.storage.reader import FeatureReader
-from hookcli.version import __version__
 
 __all__ = ["write_compare_report"]
 
@@ -93,19 +90,16 @@ def write_compare_report(
     refuse_existing([index], force=force)
     emit(Started(total=1))
     picture = picture_html(heatmap_picture(comparison, chosen, options), f"heatmap of {comparison.method}")
-    with new_pages(folder) as track, atomic_path(track(index), force=force) as temporary:
-        with open(temporary, "w", encoding="utf-8") as page:
-            title = f"{comparison.name} · hookcli report"
-            page.write(HEAD.format(policy=CONTENT_SECURITY_POLICY, title=escaped(title), style=STYLE + _COMPARE_STYLE))
-            page.write(f"<header><h1>hookcli report: {escaped(comparison.name)}</h1></header>\n<main>\n")
-            page.write(_summary(comparison))
-            page.write(f'<section id="heatmap" class="heatmap">\n<h2>Heatmap</h2>\n{picture}\n</section>\n')
-            page.write(_matrix_table(comparison, chosen))
-            page.write(_settings(comparison))
-            page.write(file_details(describe_comparison(comparison, values=False), {comparison.method}))
-            page.write(
-                f"</main>\n<footer><p>Written by hookcli {escaped(__version__)}.</p></footer>\n</body>\n</html>\n"
-            )
+    title = f"{comparison.name} · hookcli report"
+    with (
+        new_pages(folder) as track,
+        report_page(track(index), comparison.name, title, force=force, style=_COMPARE_STYLE) as page,
+    ):
+        page.write(_summary(comparison))
+        page.write(f'<section id="heatmap" class="heatmap">\n<h2>Heatmap</h2>\n{picture}\n</section>\n')
+        page.write(_matrix_table(comparison, chosen))
+        page.write(_settings(comparison))
+        page.write(file_details(describe_comparison(comparison, values=False), {comparison.method}))
     emit(Advanced(1))
     emit(Wrote(index))
     return index

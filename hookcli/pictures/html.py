@@ -12,19 +12,21 @@ import contextlib
 import html
 import io
 import json
+import os
 from collections.abc import Callable, Container, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import numpy as np
 from PIL import Image
 
 from hookcli.console import printable
-from hookcli.files import format_bytes
+from hookcli.files import atomic_path, format_bytes
 from hookcli.pictures.reading import Detections, target_box
 from hookcli.pictures.summary import values_stats
 from hookcli.storage.fileformat import metadata_order
 from hookcli.storage.reader import FeatureReader
+from hookcli.version import __version__
 
 __all__ = [
     "CONTENT_SECURITY_POLICY",
@@ -44,6 +46,7 @@ __all__ = [
     "pager",
     "jpeg_uri",
     "picture_html",
+    "report_page",
     "png_uri",
     "predictions_table",
     "shape_html",
@@ -435,6 +438,40 @@ def _encoded(pixels: np.ndarray, **how) -> str:
 
 #: What the pages may load: nothing but their own inline style and embedded pictures.
 CONTENT_SECURITY_POLICY = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
+
+
+@contextlib.contextmanager
+def report_page(
+    path: str | os.PathLike,
+    name: str,
+    title: str,
+    *,
+    force: bool,
+    style: str = "",
+    policy: str = CONTENT_SECURITY_POLICY,
+    header: str = "",
+    footer: str = "",
+    script: str = "",
+) -> Iterator[TextIO]:
+    """One page of the report of file ``name``, written whole or not at all to ``path`` (an existing one is
+    replaced only with ``force``): the caller writes the ``<main>`` part to the stream given; the frame around it
+    is every report's. ``title`` is the browser's; ``style`` is added to :data:`STYLE`, ``header`` and ``footer``
+    (the pager) follow the heading and precede the version, ``script`` ends the page.
+
+    >>> import os, tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "index.html")
+    >>> with report_page(path, "a.safetensors", "a · hookcli report", force=False) as page:
+    ...     _ = page.write("<p>hello</p>")
+    >>> "<h1>hookcli report: a.safetensors</h1>" in open(path).read()
+    True
+    """
+    with atomic_path(path, force=force) as temporary, open(temporary, "w", encoding="utf-8") as page:
+        page.write(HEAD.format(policy=policy, title=escaped(title), style=STYLE + style))
+        page.write(f"<header><h1>hookcli report: {escaped(name)}</h1>\n{header}</header>\n<main>\n")
+        yield page
+        page.write(f"</main>\n<footer>{footer}<p>Written by hookcli {escaped(__version__)}.</p></footer>\n")
+        page.write(f"<script>{script}</script>\n" if script else "")
+        page.write("</body>\n</html>\n")
 
 
 HEAD = """<!DOCTYPE html>

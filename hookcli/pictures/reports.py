@@ -51,20 +51,18 @@ from pathlib import Path
 
 from hookcli.errors import check_whole
 from hookcli.events import Advanced, Note, Started, Wrote
-from hookcli.files import atomic_path, check_folder_output, format_bytes, refuse_existing
+from hookcli.files import check_folder_output, format_bytes, refuse_existing
 from hookcli.pictures.compare_reports import write_compare_report
 from hookcli.pictures.grids import plan_grids
 from hookcli.pictures.html import (
     CONTENT_SECURITY_POLICY,
-    HEAD,
-    STYLE,
-    escaped,
     facts_table,
     file_details,
     new_pages,
     notes_html,
     page_name,
     pager,
+    report_page,
 )
 from hookcli.pictures.options import GridOptions
 from hookcli.pictures.reading import input_names, select_rows
@@ -75,7 +73,6 @@ from hookcli.storage.compare_format import is_comparison
 from hookcli.storage.fileformat import INDEX_NAME
 from hookcli.storage.reader import FeatureReader
 from hookcli.storage.stats_format import is_stats
-from hookcli.version import __version__
 
 __all__ = [
     "CONTENT_SECURITY_POLICY",
@@ -177,19 +174,14 @@ def _write_page(
     number, pages = page
     name = sections.features.name
     title = f"{name} · hookcli report · page {number} of {pages}"
-    with atomic_path(path, force=force) as temporary, open(temporary, "w", encoding="utf-8") as out:
-        out.write(HEAD.format(policy=CONTENT_SECURITY_POLICY, title=escaped(title), style=STYLE))
-        out.write(f"<header><h1>hookcli report: {escaped(name)}</h1>\n{pager(number, pages)}</header>\n<main>\n")
+    links = pager(number, pages)
+    with report_page(path, name, title, force=force, header=links, footer=links) as out:
         out.write(summary[0])
         out.write(sections.contents(number, rows))
         for row in rows:
             out.write(sections.section(row))
             emit(Advanced(1))
         out.write(summary[1])
-        out.write(
-            f"</main>\n<footer>{pager(number, pages)}<p>Written by hookcli "
-            f"{escaped(__version__)}.</p></footer>\n</body>\n</html>\n"
-        )
 
 
 def _selected_rows(features: FeatureReader, options: GridOptions, rows: int) -> list[range]:

@@ -30,12 +30,10 @@ from pathlib import Path
 
 from hookcli.errors import check_whole
 from hookcli.events import Advanced, Note, Started, Wrote
-from hookcli.files import atomic_path, check_folder_output, format_bytes, refuse_existing
+from hookcli.files import check_folder_output, format_bytes, refuse_existing
 from hookcli.pictures.charts import quantiles_svg, scree_svg
 from hookcli.pictures.examples import ExamplePhotos, examples_picture
 from hookcli.pictures.html import (
-    HEAD,
-    STYLE,
     escaped,
     facts_table,
     file_details,
@@ -45,6 +43,7 @@ from hookcli.pictures.html import (
     page_name,
     pager,
     picture_html,
+    report_page,
     shape_html,
 )
 from hookcli.pictures.options import GridOptions
@@ -54,7 +53,6 @@ from hookcli.pictures.summary import describe_stats, explaining
 from hookcli.storage.reader import FeatureReader
 from hookcli.storage.stats_file import StatsFile, StatsLayer, read_stats
 from hookcli.storage.stats_format import FIELDS
-from hookcli.version import __version__
 
 __all__ = [
     "CHANNELS_A_PAGE",
@@ -179,15 +177,18 @@ class _StatsReport:
             emit(Note(f"the maps are drawn without their photos: {self.photos.unusable}"))
 
     def _page(self, path: Path, title: str, header: str, body: Callable, footer: str, *, force: bool) -> None:
-        with atomic_path(path, force=force) as temporary, open(temporary, "w", encoding="utf-8") as page:
-            policy = STATS_CONTENT_SECURITY_POLICY
-            page.write(HEAD.format(policy=policy, title=escaped(title), style=STYLE + _STATS_STYLE))
-            page.write(f"<header><h1>hookcli report: {escaped(self.stats.name)}</h1>\n{header}</header>\n<main>\n")
+        with report_page(
+            path,
+            self.stats.name,
+            title,
+            force=force,
+            style=_STATS_STYLE,
+            policy=STATS_CONTENT_SECURITY_POLICY,
+            header=header,
+            footer=footer,
+            script=_SORT_SCRIPT,
+        ) as page:
             body(page)
-            page.write(
-                f"</main>\n<footer>{footer}<p>Written by hookcli {escaped(__version__)}.</p></footer>\n"
-                f"<script>{_SORT_SCRIPT}</script>\n</body>\n</html>\n"
-            )
 
     def write(self, path: Path, unit: ChosenUnits, number: int, *, force: bool) -> None:
         layer, pages = unit.layer, self.pages[unit.layer.key]
