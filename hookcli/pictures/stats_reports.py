@@ -177,17 +177,8 @@ class _StatsReport:
             emit(Note(f"the maps are drawn without their photos: {self.photos.unusable}"))
 
     def _page(self, path: Path, title: str, header: str, body: Callable, footer: str, *, force: bool) -> None:
-        with report_page(
-            path,
-            self.stats.name,
-            title,
-            force=force,
-            style=_STATS_STYLE,
-            policy=STATS_CONTENT_SECURITY_POLICY,
-            header=header,
-            footer=footer,
-            script=_SORT_SCRIPT,
-        ) as page:
+        look = {"style": _STATS_STYLE, "policy": STATS_CONTENT_SECURITY_POLICY, "script": _SORT_SCRIPT}
+        with report_page(path, self.stats.name, title, force=force, header=header, footer=footer, **look) as page:
             body(page)
 
     def write(self, path: Path, unit: ChosenUnits, number: int, *, force: bool) -> None:
