@@ -227,7 +227,8 @@ def share_output(target: str | os.PathLike, on_wait: Callable[[str], None] | Non
     >>> os.listdir(os.path.dirname(target))
     []
     """
-    return _output_mark(target, fcntl.LOCK_SH, on_wait)
+    waiting = on_wait and _told(on_wait, f"another hookcli process writing '{target}'")
+    return _output_mark(target, fcntl.LOCK_SH, waiting)
 
 
 def take_output(target: str | os.PathLike, shared: int, on_wait: Callable[[str], None] | None = None) -> int:
@@ -235,12 +236,13 @@ def take_output(target: str | os.PathLike, shared: int, on_wait: Callable[[str],
     other processes to let go of theirs (``on_wait`` as for :func:`share_output`); returns the descriptor to give
     :func:`release_output`."""
     descriptor = shared
+    waiting = on_wait and _told(on_wait, f"the other hookcli processes of this run to finish with '{target}'")
     while True:
-        _wait_for_lock(descriptor, fcntl.LOCK_EX, target, on_wait)
+        _wait_for_lock(descriptor, fcntl.LOCK_EX, waiting)
         if _still_named(Path(target).parent / f".{Path(target).name}.lock", descriptor):
             return descriptor
         os.close(descriptor)  # a process that let go last removed the file meanwhile: lock its new one
-        descriptor = _output_mark(target, fcntl.LOCK_EX, on_wait)
+        descriptor = _output_mark(target, fcntl.LOCK_EX, waiting)
 
 
 def release_output(target: str | os.PathLike, descriptor: int) -> None:
@@ -262,9 +264,9 @@ def release_output(target: str | os.PathLike, descriptor: int) -> None:
 _WAIT_NOTE_AFTER = 5.0
 
 
-def _output_mark(target: str | os.PathLike, operation: int, on_wait: Callable[[str], None] | None = None) -> int:
+def _output_mark(target: str | os.PathLike, operation: int, on_wait: Callable[[], None] | None = None) -> int:
     """A descriptor of ``target``'s lock file, locked with ``operation`` (``LOCK_NB``: BlockingIOError when
-    another process holds it)."""
+    another process holds it; else ``on_wait`` is called once a wait has lasted a few seconds)."""
     path = Path(target)
     lock = path.parent / f".{path.name}.lock"
     while True:
@@ -276,7 +278,7 @@ def _output_mark(target: str | os.PathLike, operation: int, on_wait: Callable[[s
                 hint="remove it, or write elsewhere",
             ) from None
         try:
-            _wait_for_lock(descriptor, operation, target, on_wait)
+            _wait_for_lock(descriptor, operation, on_wait)
         except BaseException:
             os.close(descriptor)
             raise
@@ -285,8 +287,8 @@ def _output_mark(target: str | os.PathLike, operation: int, on_wait: Callable[[s
         os.close(descriptor)  # the lock file a finishing process removed between our open and our lock
 
 
-def _wait_for_lock(descriptor: int, operation: int, target, on_wait: Callable[[str], None] | None) -> None:
-    """``flock(descriptor, operation)``; a wait longer than a few seconds is told to ``on_wait`` once."""
+def _wait_for_lock(descriptor: int, operation: int, on_wait: Callable[[], None] | None) -> None:
+    """``flock(descriptor, operation)``; ``on_wait`` is called once a wait has lasted a few seconds."""
     if operation & fcntl.LOCK_NB or on_wait is None:
         fcntl.flock(descriptor, operation)
         return
@@ -295,15 +297,25 @@ def _wait_for_lock(descriptor: int, operation: int, target, on_wait: Callable[[s
         return
     except BlockingIOError:
         pass
-    timer = threading.Timer(
-        _WAIT_NOTE_AFTER, on_wait, args=(f"waiting for another hookcli process of this run using '{target}'",)
-    )
+    timer = threading.Timer(_WAIT_NOTE_AFTER, on_wait)
     timer.daemon = True
     timer.start()
     try:
         fcntl.flock(descriptor, operation)  # in the kernel's queue
     finally:
         timer.cancel()
+
+
+def _told(on_wait: Callable[[str], None], what: str) -> Callable[[], None]:
+    """What to call when a wait lasts: ``on_wait`` hears what the process waits for, once."""
+    said: list[bool] = []
+
+    def tell() -> None:
+        if not said:
+            said.append(True)
+            on_wait(f"waiting for {what}")
+
+    return tell
 
 
 def _still_named(lock: Path, descriptor: int) -> bool:

@@ -405,7 +405,7 @@ def test_a_process_starting_while_the_parts_are_merged_waits_and_leaves_the_file
     try:
         expected = _one_process(tmp_path / "one.safetensors", inputs)
         waiting = late.stderr.readline()  # said after a few seconds of waiting (or whatever stopped it)
-        assert waiting == f"Note: waiting for another hookcli process of this run using '{out}'\n"
+        assert waiting == f"Note: waiting for another hookcli process writing '{out}'\n"
         assert late.poll() is None and not parts_folder(out).exists()
         os.replace(tmp_path / "one.safetensors", out)
     finally:
@@ -431,7 +431,8 @@ def test_the_merger_waits_for_the_processes_still_in_the_parts_folder(tmp_path, 
         while time.monotonic() < deadline and len(read_index(index.parent)[1] if index.exists() else []) < 5:
             assert run.poll() is None, run.stderr.read()
             time.sleep(0.05)
-        time.sleep(1)
+        waiting = run.stderr.readline()  # said after a few seconds of waiting (or whatever stopped it)
+        assert waiting == f"Note: waiting for the other hookcli processes of this run to finish with '{out}'\n"
         assert run.poll() is None and not out.exists() and len(read_index(index.parent)[1]) == 5
     finally:
         release_output(out, inside)
