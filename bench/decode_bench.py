@@ -60,24 +60,8 @@ def main() -> None:
         megabytes = sum(os.path.getsize(p) for p in paths) / len(paths) / 2**20
         script = folder / "loop.py"
         script.write_text(LOOP)
-        hookcli = [
-            sys.executable,
-            "-m",
-            "hookcli",
-            "extract",
-            "-m",
-            args.model,
-            "-w",
-            "none",
-            "-l",
-            args.layer,
-            "-b",
-            str(args.batch_size),
-            "-q",
-            "-f",
-            "--device",
-            "cpu",
-        ]
+        hookcli = [sys.executable, "-m", "hookcli", "extract", "-m", args.model, "-w", "none", "-l", args.layer]
+        hookcli += ["-b", str(args.batch_size), "-q", "-f", "--device", "cpu"]
         contenders = {
             "hand-written loop": [
                 sys.executable,

@@ -174,52 +174,18 @@ def memory(paths, folder: Path) -> None:
     """Whole processes on N and 4N images: extract and grad into shard folders, cam into its folder."""
     count = len(paths) // 4
     hookcli = [sys.executable, "-m", "hookcli"]
+    shards = "-m resnet18 -w none --shard-size 8 -q".split()
     jobs = {
         "extract -o DIR/ (resnet18 layer3, shards of 8)": lambda n: [
-            *hookcli,
-            "extract",
-            "-m",
-            "resnet18",
-            "-w",
-            "none",
-            "-l",
-            "layer3",
-            "--shard-size",
-            "8",
-            "-q",
-            "-o",
-            f"{folder / f'extract{n}'}/",
-            "-",
+            *hookcli, "extract", *shards, "-l", "layer3", "-o", f"{folder / f'extract{n}'}/", "-"
         ],
         "grad -o DIR/ (resnet18 layer4, shards of 8)": lambda n: [
-            *hookcli,
-            "grad",
-            "-m",
-            "resnet18",
-            "-w",
-            "none",
-            "-l",
-            "layer4",
-            "--shard-size",
-            "8",
-            "-q",
-            "-o",
-            f"{folder / f'grad{n}'}/",
-            "-",
+            *hookcli, "grad", *shards, "-l", "layer4", "-o", f"{folder / f'grad{n}'}/", "-"
         ],
         "cam (resnet18, Grad-CAM, a PNG per image)": lambda n: [
-            *hookcli,
-            "cam",
-            "-m",
-            "resnet18",
-            "-w",
-            "none",
-            "-q",
-            "-o",
-            str(folder / f"cam{n}"),
-            "-",
+            *hookcli, "cam", "-m", "resnet18", "-w", "none", "-q", "-o", str(folder / f"cam{n}"), "-"
         ],
-    }
+    }  # fmt: skip
     print("3. peak RSS of whole processes, N and 4N images (goal <= 1.2x):")
     for name, command in jobs.items():
         sizes = []

@@ -34,6 +34,9 @@ from PIL import Image
 
 ROOT = Path(__file__).resolve().parent.parent
 
+#: The extract both trees run: resnet18's layer3, random weights, small crops.
+EXTRACT = "extract -m resnet18 -w none -l layer3 --resize 80 --crop 64".split()
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -45,46 +48,13 @@ def main() -> None:
         work = Path(folder)
         with checked_out(args.base, work / "other") as other:
             images = _images(work / "images", args.images)
+            many = work / "many.safetensors"
             commands = {
                 "--help": ["--help"],
                 "models": ["models"],
                 "unknown model": ["extract", "-m", "resnet5", "-l", "layer1", str(images[0])],
-                "one image": [
-                    "extract",
-                    "-m",
-                    "resnet18",
-                    "-w",
-                    "none",
-                    "-l",
-                    "layer3",
-                    "--resize",
-                    "80",
-                    "--crop",
-                    "64",
-                    str(images[0]),
-                    "-o",
-                    str(work / "one.safetensors"),
-                    "-f",
-                ],
-                f"{args.images} images": [
-                    "extract",
-                    "-m",
-                    "resnet18",
-                    "-w",
-                    "none",
-                    "-l",
-                    "layer3",
-                    "--resize",
-                    "80",
-                    "--crop",
-                    "64",
-                    "-b",
-                    "16",
-                    str(work / "images"),
-                    "-o",
-                    str(work / "many.safetensors"),
-                    "-f",
-                ],
+                "one image": [*EXTRACT, str(images[0]), "-o", str(work / "one.safetensors"), "-f"],
+                f"{args.images} images": [*EXTRACT, "-b", "16", str(work / "images"), "-o", str(many), "-f"],
             }
             env = {**os.environ, "HOOKCLI_CACHE_DIR": str(work / "cache")}
             trees = {"this tree": ROOT, args.base: other}

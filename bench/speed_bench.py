@@ -93,24 +93,8 @@ def main() -> None:
         listing.write_text("".join(f"{p}\n" for p in paths))
         script = folder / "loop.py"
         script.write_text(LOOP)
-        hookcli = [
-            sys.executable,
-            "-m",
-            "hookcli",
-            "extract",
-            "-m",
-            args.model,
-            "-w",
-            "none",
-            "-l",
-            args.layer,
-            "-b",
-            str(args.batch_size),
-            "-q",
-            "-f",
-            "--device",
-            args.device,
-        ]
+        hookcli = [sys.executable, "-m", "hookcli", "extract", "-m", args.model, "-w", "none", "-l", args.layer]
+        hookcli += ["-b", str(args.batch_size), "-q", "-f", "--device", args.device]
         contenders = {
             "hand-written loop": [
                 sys.executable,
