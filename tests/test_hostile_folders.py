@@ -9,6 +9,7 @@ import sys
 import pytest
 import torch
 from safetensors import safe_open
+from safetensors.torch import save_file
 
 import hookcli.storage.index
 from hookcli.cli import main
@@ -140,7 +141,7 @@ def test_shard_files_no_index_lists_are_kept_unless_forced(one_error, extract_in
     ]
 
 
-@pytest.mark.parametrize("damage", ["truncate", "empty", "rows"])
+@pytest.mark.parametrize("damage", ["truncate", "empty", "rows", "kind"])
 def test_a_damaged_shard_is_redone_on_resume_and_reported_by_readers(
     runner, one_error, extract_into, tmp_path, five_inputs, damage
 ):
@@ -155,14 +156,19 @@ def test_a_damaged_shard_is_redone_on_resume_and_reported_by_readers(
     elif damage == "empty":
         shard.write_bytes(b"")
         problem = "is empty"
+    elif damage == "kind":  # its own rows, but saying it is a gathering run's part, whose rows go unchecked
+        with safe_open(str(shard), "pt") as found:
+            tensors, metadata = {key: found.get_tensor(key) for key in found.keys()}, found.metadata()
+        save_file(tensors, str(shard), metadata={**metadata, "kind": "stats-part"})
+        problem = "it is a part of a gathering run's statistics"
     else:  # a complete file, but with other rows than its index line lists
         shard.write_bytes((folder / "features-00002.safetensors").read_bytes())
-        problem = None
+        problem = "it is not shard 1 of the inputs its index line lists (its own metadata disagrees)"
     result = runner.invoke(main, ["info", str(folder)])
-    if problem is None:
+    if damage in ("rows", "kind"):
         assert one_error(result) == (
-            f"Error: shard '{shard}' does not match its index line: it is not shard 1 of the inputs its index line "
-            "lists (its own metadata disagrees). Hint: run the same extract command again to write it again"
+            f"Error: shard '{shard}' does not match its index line: {problem}. Hint: run the same extract command "
+            "again to write it again"
         )
     else:
         assert one_error(result) == (
@@ -216,7 +222,7 @@ def test_a_joining_writer_checks_the_shards_with_the_lock_let_go_and_still_finds
     shard.write_bytes((folder / "features-00002.safetensors").read_bytes())  # whole, but not shard 1
     checked, real = [], hookcli.storage.index.check_shard
 
-    def check_shard(shard, line, layout=None):
+    def check_shard(shard, line, layout=None, parts=False):
         probe = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)  # refused while the writer holds the lock
@@ -227,7 +233,7 @@ def test_a_joining_writer_checks_the_shards_with_the_lock_let_go_and_still_finds
             rewritten = tmp_path / "rewritten"
             rewritten.write_text("".join(line for line in good if '"shard": 1,' not in line))
             os.replace(rewritten, index)
-        return real(shard, line, layout)
+        return real(shard, line, layout, parts=parts)
 
     monkeypatch.setattr(hookcli.storage.index, "check_shard", check_shard)
     result = extract_into(folder, inputs)

@@ -239,6 +239,7 @@ class GatheringWriter:
             force=self.force,
             part=self.part,
             on_note=self.on_note,
+            parts=True,
         )
         self.done = self.folder.done
         if self.folder.header is None:

@@ -277,9 +277,10 @@ def leading_shards(lines: list[ShardLine]) -> list[ShardLine]:
     return leading
 
 
-def check_shard(shard: FeatureFile, line: ShardLine, layout: dict | None = None) -> None:
+def check_shard(shard: FeatureFile, line: ShardLine, layout: dict | None = None, *, parts: bool = False) -> None:
     """Raise :class:`FeatureFileError` unless ``shard`` holds the rows its index line lists, laid out as ``layout``
-    (the other shards' :func:`shard_layout`) says."""
+    (the other shards' :func:`shard_layout`) says. ``parts``: the folder is a gathering run's, whose shards hold
+    their accumulators' states and the list of their rows (only that has one a row); the others hold rows."""
     problem = None
     try:
         listed = json.loads(shard.metadata.get("inputs", "[]"))
@@ -292,8 +293,9 @@ def check_shard(shard: FeatureFile, line: ShardLine, layout: dict | None = None)
         or _names(listed) != line.names
     ):
         problem = f"it is not shard {line.shard} of the inputs its index line lists (its own metadata disagrees)"
-    # A gathering run's part holds its accumulators' states, not rows: only its list of rows has one a row.
-    checked = [] if problem is not None else [PART_ROWS] if shard.metadata.get("kind") == STATS_PART else shard.keys()
+    elif (shard.metadata.get("kind") == STATS_PART) != parts:
+        problem = "it is a part of a gathering run's statistics" if not parts else "it holds rows, not statistics"
+    checked = [] if problem is not None else [PART_ROWS] if parts else shard.keys()
     for key in checked:
         shape = shard.shape(key) if key in shard.keys() else None
         if not shape or shape[0] != line.rows:
@@ -323,11 +325,12 @@ class ShardChecks:
     lines list. A shard is checked once for its line: again only when its file (or its line) changed since.
 
     Checking every shard of a large folder takes a while, so a writer checks with the folder's lock let go; what
-    it checked is still known when it takes the lock again and finds the index changed meanwhile.
+    it checked is still known when it takes the lock again and finds the index changed meanwhile. ``parts``: as
+    for :func:`check_shard`.
     """
 
-    def __init__(self, folder: str | os.PathLike) -> None:
-        self.folder = Path(folder)
+    def __init__(self, folder: str | os.PathLike, *, parts: bool = False) -> None:
+        self.folder, self.parts = Path(folder), parts
         self._sound: dict[tuple[ShardLine, tuple], bool] = {}  # (line, the file as checked) -> whether it is sound
 
     def sound(self, entries: Sequence[dict]) -> list[dict]:
@@ -344,7 +347,7 @@ class ShardChecks:
         if known not in self._sound:
             try:
                 with FeatureFile(path, follow_links=False) as shard:
-                    check_shard(shard, known[0])
+                    check_shard(shard, known[0], parts=self.parts)
             except FeatureFileError:
                 self._sound[known] = False
             else:

@@ -42,7 +42,8 @@ class ShardWriter:
     and its line appended under the lock, unless another process listed that
     shard first. The process that lists the last shard puts the lines in shard
     order. ``part`` ``(index, count)`` says which block of shards to take
-    first; then any shard nobody holds.
+    first; then any shard nobody holds. ``parts``: the shards are a gathering
+    run's parts (see :func:`~hookcli.storage.index.check_shard`).
     """
 
     def __init__(
@@ -54,10 +55,11 @@ class ShardWriter:
         force: bool = False,
         part: tuple[int, int] = (0, 1),
         on_note: Callable[[str], None] | None = None,
+        parts: bool = False,
     ) -> None:
         check_folder_target(folder)
         self.folder, self._given = Path(folder), str(folder)
-        self.identity = dict(identity)
+        self.identity, self.parts = dict(identity), parts
         self.total = total
         self.part = part
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -81,7 +83,7 @@ class ShardWriter:
         self._writing: Background | None = None  # the thread that writes shards while the next batches compute
 
     def _open(self, force: bool) -> None:
-        checks = ShardChecks(self.folder)
+        checks = ShardChecks(self.folder, parts=self.parts)
         while True:
             index = self._read(force)
             self.header = index.header
