@@ -234,30 +234,68 @@ def share_output(target: str | os.PathLike, on_wait: Callable[[str], None] | Non
 def take_output(target: str | os.PathLike, shared: int, on_wait: Callable[[str], None] | None = None) -> int:
     """Turn this process's :func:`share_output` mark ``shared`` on ``target`` into the only one, waiting for the
     other processes to let go of theirs (``on_wait`` as for :func:`share_output`); returns the descriptor to give
-    :func:`release_output`."""
-    descriptor = shared
+    :func:`release_output`. ``shared`` is this call's from then on: let go of when it fails.
+
+    The shared lock is let go of before the wait: a lock turned into another in place may keep the first while
+    it waits (``flock`` over NFS), and two processes taking the output at once would wait for each other.
+    """
+    lock = _lock_file(target)
     waiting = on_wait and _told(on_wait, f"the other hookcli processes of this run to finish with '{target}'")
-    while True:
-        _wait_for_lock(descriptor, fcntl.LOCK_EX, waiting)
-        if _still_named(Path(target).parent / f".{Path(target).name}.lock", descriptor):
-            return descriptor
-        os.close(descriptor)  # a process that let go last removed the file meanwhile: lock its new one
-        descriptor = _output_mark(target, fcntl.LOCK_EX, waiting)
+    descriptor, held = shared, [shared]  # held: what to let go of if this fails
+    try:
+        fcntl.flock(shared, fcntl.LOCK_UN)
+        while True:
+            _wait_for_lock(descriptor, fcntl.LOCK_EX, waiting)
+            if _still_named(lock, descriptor):
+                return descriptor
+            held.clear()
+            _let_go(descriptor)  # a process that let go last removed the file meanwhile: lock its new one
+            descriptor = _output_mark(target, fcntl.LOCK_EX, waiting)
+            held.append(descriptor)
+    except BaseException:
+        for descriptor in held:
+            _let_go(descriptor)
+        raise
 
 
 def release_output(target: str | os.PathLike, descriptor: int) -> None:
     """Let go of the mark :func:`hold_output`, :func:`share_output` or :func:`take_output` put on ``target``; the
     lock file goes with the last process that held it."""
-    path = Path(target)
-    try:
+    lock = _lock_file(target)
+    with contextlib.suppress(OSError):
+        fcntl.flock(descriptor, fcntl.LOCK_UN)  # first: each of the last two could otherwise keep the other out
         fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)  # nobody else holds it: the file can go
-    except BlockingIOError:
-        pass  # the others remove it
-    else:
-        if _still_named(path.parent / f".{path.name}.lock", descriptor):
-            with contextlib.suppress(OSError):
-                (path.parent / f".{path.name}.lock").unlink()
+        if _still_named(lock, descriptor):
+            lock.unlink()
+    _let_go(descriptor)
+
+
+def _lock_file(target: str | os.PathLike) -> Path:
+    path = Path(target)
+    return path.parent / f".{path.name}.lock"
+
+
+def _let_go(descriptor: int) -> None:
+    """Unlock and close: decode workers forked meanwhile share the open file, and closing only this descriptor
+    would leave the lock held through theirs."""
+    with contextlib.suppress(OSError):
+        fcntl.flock(descriptor, fcntl.LOCK_UN)
+    _MARKS.discard(descriptor)
     os.close(descriptor)
+
+
+#: The descriptors of the output marks this process holds, which a forked child closes (its copies only).
+_MARKS: set[int] = set()
+
+
+def _forget_marks() -> None:
+    for descriptor in _MARKS:
+        with contextlib.suppress(OSError):
+            os.close(descriptor)
+    _MARKS.clear()
+
+
+os.register_at_fork(after_in_child=_forget_marks)
 
 
 #: Seconds a wait for an output mark lasts before the one waiting hears why.
@@ -267,11 +305,10 @@ _WAIT_NOTE_AFTER = 5.0
 def _output_mark(target: str | os.PathLike, operation: int, on_wait: Callable[[], None] | None = None) -> int:
     """A descriptor of ``target``'s lock file, locked with ``operation`` (``LOCK_NB``: BlockingIOError when
     another process holds it; else ``on_wait`` is called once a wait has lasted a few seconds)."""
-    path = Path(target)
-    lock = path.parent / f".{path.name}.lock"
+    lock = _lock_file(target)
     while True:
-        try:
-            descriptor = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:  # as anyone may write the folder: whoever shares the output opens the file
+            descriptor = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
         except OSError as err:
             raise UsageProblem(
                 f"cannot mark '{target}' as being written: '{lock}' {err.strerror}",
@@ -283,6 +320,7 @@ def _output_mark(target: str | os.PathLike, operation: int, on_wait: Callable[[]
             os.close(descriptor)
             raise
         if _still_named(lock, descriptor):
+            _MARKS.add(descriptor)
             return descriptor
         os.close(descriptor)  # the lock file a finishing process removed between our open and our lock
 

@@ -3,6 +3,7 @@ cache are temp folders and downloads are off."""
 
 import functools
 import os
+import select
 import subprocess
 import sys
 import tempfile
@@ -128,6 +129,18 @@ def _one_error(result, code=2) -> str:
     assert result.exit_code == code, result.output
     assert "Traceback" not in result.output and result.stderr.count("\n") == 1, result.stderr
     return result.stderr.strip()
+
+
+def _next_line(stream, seconds: float) -> str:
+    ready, _, _ = select.select([stream], [], [], seconds)
+    return stream.readline() if ready else ""
+
+
+@pytest.fixture
+def next_line():
+    """``next_line(stream, seconds)``: the next line a process writes on ``stream`` (a pipe), or '' when none comes
+    within ``seconds``: a test that waits for a process to speak fails rather than hangs."""
+    return _next_line
 
 
 @pytest.fixture

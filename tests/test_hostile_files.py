@@ -266,12 +266,16 @@ def test_a_channel_range_past_a_tensors_end_says_what_it_drew(runner, tmp_path):
         result = runner.invoke(main, ["grid", str(path), "--channels", channels, *drawn])
         assert result.exit_code == 0, result.output
         assert result.stderr == (
-            f"Note: 'feat': --channels {channels} reaches past its 64 channels (0-63): drew {drew}\n"
+            f"Note: 'feat': --channels {channels} reaches past its 64 channels (0-63): it selects {drew}\n"
         )
         width, height = Image.open(result.stdout.strip()).size
         assert width * height == count * 32 * 32  # the channels it names, each enlarged to 32 px
     result = runner.invoke(main, ["grid", str(path), "--channels", "0:64", "-o", str(tmp_path / "all")])
     assert result.exit_code == 0 and result.stderr == ""
+    result = runner.invoke(main, ["grid", str(path), "--channels", "60:999", "--top", "2", "-o", str(tmp_path / "t")])
+    assert result.exit_code == 0 and result.stderr == (
+        "Note: 'feat': --channels 60:999 reaches past its 64 channels (0-63): it selects 60-63\n"
+    )  # of which --top draws 2
 
 
 def test_keys_that_would_share_a_png_name_get_names_of_their_own(runner, tmp_path):

@@ -2,7 +2,6 @@
 task lists (counted without being written out), and bad join settings (refused before any work)."""
 
 import os
-import select
 import signal
 import socket
 import subprocess
@@ -61,12 +60,6 @@ def _rank(rank: int, port: int, timeout: str, command: list[str]) -> subprocess.
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
-def _line(stream, seconds: float) -> str:
-    """The next line of ``stream``, or '' when none comes within ``seconds``."""
-    ready, _, _ = select.select([stream], [], [], seconds)
-    return stream.readline() if ready else ""
-
-
 @pytest.mark.parametrize("rank", [0, 1])  # 0: hosts the rendezvous, nobody comes; 1: nothing listens
 def test_a_rendezvous_nobody_comes_to_ends_after_the_join_timeout_with_one_line(tmp_path, extract_command, rank):
     port, started = _free_port(), time.monotonic()
@@ -82,11 +75,13 @@ def test_a_rendezvous_nobody_comes_to_ends_after_the_join_timeout_with_one_line(
 
 
 @pytest.mark.parametrize(("rank", "stop", "said"), [(0, signal.SIGTERM, "SIGTERM"), (1, signal.SIGINT, "Ctrl-C")])
-def test_the_wait_is_said_within_seconds_and_a_signal_ends_it_with_one_line(extract_command, rank, stop, said):
+def test_the_wait_is_said_within_seconds_and_a_signal_ends_it_with_one_line(
+    extract_command, next_line, rank, stop, said
+):
     port = _free_port()
     process = _rank(rank, port, "600", extract_command)
     try:
-        note = _line(process.stderr, 60)
+        note = next_line(process.stderr, 60)
         assert note == (
             f"Note: waiting for torchrun's other 1 process at 127.0.0.1:{port} (this is rank {rank} of 2), "
             "for up to 600 s (HOOKCLI_JOIN_TIMEOUT)\n"

@@ -421,6 +421,35 @@ def test_a_temporary_file_a_sweeper_takes_before_its_writer_locks_it_is_made_aga
         with atomic_path(tmp_path / "out.txt") as temporary:
             temporary.write_text("whole")
     finally:
-        os.close(sweeper[0])
+        for descriptor in sweeper:
+            os.close(descriptor)
     assert (tmp_path / "out.txt").read_text() == "whole" and len(made) == 2
     assert sorted(os.listdir(tmp_path)) == ["out.txt"]
+
+
+def test_two_processes_taking_a_shared_output_at_once_take_it_in_turn_and_leave_no_lock_file(tmp_path):
+    """Both processes of a run may find its parts complete and take the output to merge them: neither waits for the
+    other forever, one holds it at a time, and the lock file goes with the last (flock is the open file's, so two
+    descriptors of one process stand for two processes)."""
+    import threading
+
+    from hookcli.files import release_output, share_output, take_output
+
+    target, turns = tmp_path / "out.safetensors", []
+
+    def merge(shared: int, name: str) -> None:
+        mine = take_output(target, shared)
+        turns.append(name)
+        time.sleep(0.3)  # the other waits meanwhile
+        turns.append(name)
+        release_output(target, mine)
+
+    shared = [share_output(target), share_output(target)]
+    both = [threading.Thread(target=merge, args=(descriptor, name)) for descriptor, name in zip(shared, "ab")]
+    for thread in both:
+        thread.start()
+    for thread in both:
+        thread.join(timeout=60)
+    assert not any(thread.is_alive() for thread in both)
+    assert turns in (list("aabb"), list("bbaa"))
+    assert os.listdir(tmp_path) == []

@@ -395,7 +395,9 @@ def test_parts_and_torchrun_write_the_file_one_process_writes(runner, tmp_path, 
     assert _digest(two) == expected
 
 
-def test_a_process_starting_while_the_parts_are_merged_waits_and_leaves_the_file_to_the_merger(tmp_path, inputs):
+def test_a_process_starting_while_the_parts_are_merged_waits_and_leaves_the_file_to_the_merger(
+    tmp_path, inputs, next_line
+):
     out = tmp_path / "s.safetensors"
     merging = hold_output(out)  # what the process that merges the parts holds while it writes the file
     late = subprocess.Popen(
@@ -404,7 +406,7 @@ def test_a_process_starting_while_the_parts_are_merged_waits_and_leaves_the_file
     )  # fmt: skip
     try:
         expected = _one_process(tmp_path / "one.safetensors", inputs)
-        waiting = late.stderr.readline()  # said after a few seconds of waiting (or whatever stopped it)
+        waiting = next_line(late.stderr, 240)  # said after a few seconds of waiting (or whatever stopped it)
         assert waiting == f"Note: waiting for another hookcli process writing '{out}'\n"
         assert late.poll() is None and not parts_folder(out).exists()
         os.replace(tmp_path / "one.safetensors", out)
@@ -417,7 +419,7 @@ def test_a_process_starting_while_the_parts_are_merged_waits_and_leaves_the_file
     assert sorted(os.listdir(tmp_path)) == ["imgs", "s.safetensors"]  # no lock file left
 
 
-def test_the_merger_waits_for_the_processes_still_in_the_parts_folder(tmp_path, inputs):
+def test_the_merger_waits_for_the_processes_still_in_the_parts_folder(tmp_path, inputs, next_line):
     out = tmp_path / "s.safetensors"
     expected = _one_process(tmp_path / "one.safetensors", inputs)
     inside = share_output(out)  # what another process of the run holds while it uses the parts folder
@@ -431,7 +433,7 @@ def test_the_merger_waits_for_the_processes_still_in_the_parts_folder(tmp_path, 
         while time.monotonic() < deadline and len(read_index(index.parent)[1] if index.exists() else []) < 5:
             assert run.poll() is None, run.stderr.read()
             time.sleep(0.05)
-        waiting = run.stderr.readline()  # said after a few seconds of waiting (or whatever stopped it)
+        waiting = next_line(run.stderr, 240)  # said after a few seconds of waiting (or whatever stopped it)
         assert waiting == f"Note: waiting for the other hookcli processes of this run to finish with '{out}'\n"
         assert run.poll() is None and not out.exists() and len(read_index(index.parent)[1]) == 5
     finally:

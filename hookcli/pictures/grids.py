@@ -296,7 +296,7 @@ def _maps_limit(
             raise NotDrawable(f"--channels {_text(options.channels)} selects none of its {described}")
         start, stop = options.channels.start, options.channels.stop
         if (stop is not None and stop > count) or (start is not None and start < -count):
-            reach = f"--channels {_text(options.channels)} reaches past its {described}: drew {_span(selected)}"
+            reach = f"--channels {_text(options.channels)} reaches past its {described}: it selects {_span(selected)}"
     if options.overlay:
         if layout in STRIPS or layout == "matrix":
             raise NotDrawable("--overlay needs maps laid out like the image, and these values are not")

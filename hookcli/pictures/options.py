@@ -96,7 +96,7 @@ class GridOptions:
     @property
     def maps_cmap(self) -> str:
         """The colormap of feature maps: ``cmap``, or :data:`MAPS_CMAP`."""
-        return self.cmap or MAPS_CMAP
+        return MAPS_CMAP if self.cmap is None else self.cmap
 
 
 @dataclass(frozen=True)

@@ -226,7 +226,7 @@ class GatheringWriter:
                 for batch in batches_in(first, min(first + size, len(self.paths)), batch_size)
             )
         # Shared by every process of the run while it uses the parts folder: the one that merges the parts takes
-        # it whole, so that the folder goes only once nobody is in it, and a process starting meanwhile waits.
+        # it whole, so that the folder goes only once nobody is in it; a process starting once it holds it waits.
         self._mark = share_output(self.path, on_wait=self.on_note)
         if self._written_by_another():
             self._let_go()
@@ -345,7 +345,8 @@ class GatheringWriter:
         one of them merged them first."""
         assert self.path is not None and self.folder is not None, "the output's parts are written"
         assert self._mark is not None, "the output's mark is shared"
-        self._mark = take_output(self.path, self._mark, on_wait=self.on_note)
+        shared, self._mark = self._mark, None  # take_output's from here: let go of by it if it fails
+        self._mark = take_output(self.path, shared, on_wait=self.on_note)
         parts = self.folder.folder.exists()
         if os.path.exists(self.path) and not (parts and self.force):
             if self.on_note is not None:
