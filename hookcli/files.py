@@ -202,18 +202,23 @@ def hold_output(target: str | os.PathLike) -> int:
     ``.<name>.lock`` beside it. Raise :class:`OutputExistsError` when another process holds it, so that a second
     identical command stops before its work rather than after. A lock file left by a killed process is taken over.
     """
+    return _held_or_refused(target, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def _held_or_refused(target: str | os.PathLike, operation: int) -> int:
     try:
-        return _output_mark(target, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return _output_mark(target, operation)
     except OSError:
         raise OutputExistsError(
             f"another hookcli process is writing '{target}'", hint="wait for it to finish, or write to another file"
         ) from None
 
 
-def share_output(target: str | os.PathLike, on_wait: Callable[[str], None] | None = None) -> int:
+def share_output(target: str | os.PathLike, on_wait: Callable[[str], None] | None = None, *, wait: bool = True) -> int:
     """Mark output ``target`` as used by this process beside others of the same run (a shared lock on the file
     :func:`hold_output` locks), until :func:`release_output`; while one of them writes it (:func:`take_output`),
-    wait, and after a few seconds let ``on_wait`` hear why once.
+    wait, and after a few seconds let ``on_wait`` hear why once. Without ``wait``, raise
+    :class:`OutputExistsError` as :func:`hold_output` does instead.
 
     Processes that fill one folder of parts share the mark while they use it, so that the one that merges the
     parts into ``target`` removes the folder only once nobody is in it.
@@ -227,6 +232,8 @@ def share_output(target: str | os.PathLike, on_wait: Callable[[str], None] | Non
     >>> os.listdir(os.path.dirname(target))
     []
     """
+    if not wait:
+        return _held_or_refused(target, fcntl.LOCK_SH | fcntl.LOCK_NB)
     waiting = on_wait and _told(on_wait, f"another hookcli process writing '{target}'")
     return _output_mark(target, fcntl.LOCK_SH, waiting)
 

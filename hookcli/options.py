@@ -329,13 +329,14 @@ RUN_OPTIONS: tuple[Option, ...] = (
         "Images (rows) per shard in a folder output [an eighth of the inputs in whole batches, at most about 128 MiB "
         "of features].",
         _SHARDED,
-        help_in=(
+        help_in=tuple(
             (
-                "stats",
-                "Inputs per shard: the statistics of each shard are gathered apart, kept in OUTPUT.parts/ until the "
-                "run completes, and merged in order (give one for many processes: they share its shards) [an eighth "
+                command,
+                f"Inputs per shard: the {what} of each shard are gathered apart, kept in OUTPUT.parts/ until the run "
+                "completes, and merged in order (give one for many processes: they share its shards) [an eighth "
                 "of the inputs, 256 at least, in whole batches].",
-            ),
+            )
+            for command, what in (("stats", "statistics"), ("compare", "similarities' sums"))
         ),
         kind="int",
         low=1,
@@ -347,6 +348,15 @@ RUN_OPTIONS: tuple[Option, ...] = (
         "shards, then takes any shard no process holds [from torchrun or Slurm when they start it].",
         _SHARDED,
         metavar="K/N",
+        help_in=tuple(
+            (
+                command,
+                "Run shared by N processes: this one starts with the K-th block of shards, then takes any shard no "
+                "process holds; the one that finishes the last merges them into OUTPUT [from torchrun or Slurm when "
+                "they start it].",
+            )
+            for command in ("stats", "compare")
+        ),
     ),
     Option(
         "fuse",

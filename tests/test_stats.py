@@ -381,6 +381,12 @@ def test_parts_and_torchrun_write_the_file_one_process_writes(runner, tmp_path, 
     results = [(run.wait(timeout=300), run.stdout.read(), run.stderr.read()) for run in runs]
     assert [code for code, _, _ in results] == [0, 0, 0], results
     assert "".join(out for _, out, _ in results) == f"{three}\n"  # said once, by the process that wrote it
+    left = (  # what each of the others says of it, by when it stopped
+        f"Note: every part of '{three}' is done: the process that finished the last merges them\n",
+        f"Note: '{three}' is complete: another process of this run wrote it\n",
+        f"Note: '{three}.parts/' holds ",
+    )
+    assert all(out or any(text in err for text in left) for _, out, err in results), results
     assert _digest(three) == expected and not parts_folder(three).exists()
 
     expected = _one_process(tmp_path / "one-thread.safetensors", inputs, threads=cpu_threads(Part(0, 2, 0, 2)))
@@ -400,6 +406,7 @@ def test_a_process_starting_while_the_parts_are_merged_waits_and_leaves_the_file
 ):
     out = tmp_path / "s.safetensors"
     merging = hold_output(out)  # what the process that merges the parts holds while it writes the file
+    parts_folder(out).mkdir()  # the parts it merges, left in place until the file is written
     late = subprocess.Popen(
         [sys.executable, "-m", "hookcli", "stats", *ARGS, "--part", "1/3", "-o", str(out), *inputs],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_environment(),
@@ -408,15 +415,38 @@ def test_a_process_starting_while_the_parts_are_merged_waits_and_leaves_the_file
         expected = _one_process(tmp_path / "one.safetensors", inputs)
         waiting = next_line(late.stderr, 240)  # said after a few seconds of waiting (or whatever stopped it)
         assert waiting == f"Note: waiting for another hookcli process writing '{out}'\n"
-        assert late.poll() is None and not parts_folder(out).exists()
+        assert late.poll() is None and not (parts_folder(out) / "index.jsonl").exists()
         os.replace(tmp_path / "one.safetensors", out)
+        parts_folder(out).rmdir()
     finally:
         release_output(out, merging)
     code, said, told = late.wait(timeout=300), late.stdout.read(), late.stderr.read()
     assert code == 0 and said == "", told
     assert told == f"Note: '{out}' is complete: another process of this run wrote it\n"
-    assert _digest(out) == expected and not parts_folder(out).exists()
+    assert _digest(out) == expected
     assert sorted(os.listdir(tmp_path)) == ["imgs", "s.safetensors"]  # no lock file left
+
+    again = subprocess.run(  # one process of the same command, once more: a file that exists, as for any output
+        [sys.executable, "-m", "hookcli", "stats", *ARGS, "-o", str(out), *inputs],
+        capture_output=True, text=True, timeout=300, env=_environment(),
+    )  # fmt: skip
+    assert (again.returncode, again.stderr) == (
+        2,
+        f"Error: output '{out}' already exists. Hint: add --force to overwrite it\n",
+    )
+
+
+def test_a_file_another_command_writes_is_refused_at_once_not_waited_for(tmp_path, inputs, one_error, runner):
+    out = tmp_path / "s.safetensors"
+    writing = hold_output(out)  # what an extract to the same file holds while it works
+    try:
+        result = runner.invoke(main, ["stats", *ARGS, "-o", str(out), *inputs])
+    finally:
+        release_output(out, writing)
+    assert one_error(result) == (
+        f"Error: another hookcli process is writing '{out}'. Hint: wait for it to finish, or write to another file"
+    )
+    assert sorted(os.listdir(tmp_path)) == ["imgs"]
 
 
 def test_the_merger_waits_for_the_processes_still_in_the_parts_folder(tmp_path, inputs, next_line):
@@ -461,6 +491,15 @@ def test_a_killed_run_continues_to_the_file_an_uninterrupted_one_writes(runner, 
     first.send_signal(signal.SIGKILL)
     first.wait(timeout=60)
     assert not out.exists() and 2 <= len(read_index(index.parent)[1]) < 10
+    other = subprocess.run(  # another command on the same file: its parts are not this one's to continue
+        [sys.executable, "-m", "hookcli", "stats", *slow, "-l", "avgpool", "-o", str(out), *inputs],
+        capture_output=True, text=True, timeout=300, env=_environment(),
+    )  # fmt: skip
+    assert (other.returncode, other.stderr) == (
+        2,
+        f"Error: '{out}.parts' holds the parts of a different run (it differs in: layers (avgpool)). Hint: run the "
+        "same command to continue it, add --force to replace it, or use another file\n",
+    )
     done = subprocess.run(
         [sys.executable, "-m", "hookcli", "stats", *slow, "-o", str(out), *inputs],
         capture_output=True, text=True, timeout=300, env=_environment(),

@@ -44,7 +44,7 @@ def _model_run_options(command: str, *, written: str, stored: str):
                     f"name>.{command}.safetensors].",
                 ),
                 run_option("shard_size", command),
-                run_option("part"),
+                run_option("part", command),
                 run_option("fuse"),
                 clip_options,
                 run_option("pair_with"),

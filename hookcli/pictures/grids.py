@@ -353,6 +353,9 @@ def _joined(*notes: str | None) -> str | None:
 
 
 def _text(channels: slice) -> str:
+    """``--channels`` as it was given: ``A:B``, or ``K`` for the one channel ``K:K+1``."""
+    if channels.start is not None and channels.stop == channels.start + 1:
+        return str(channels.start)
     start = "" if channels.start is None else channels.start
     stop = "" if channels.stop is None else channels.stop
     return f"{start}:{stop}"

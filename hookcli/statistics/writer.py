@@ -35,7 +35,7 @@ from typing import Protocol
 
 import torch
 
-from hookcli.errors import FeatureFileError, ImageError, UsageProblem
+from hookcli.errors import FeatureFileError, ImageError, OutputExistsError, UsageProblem
 from hookcli.files import check_writable, release_output, share_output, take_output
 from hookcli.inputs.archives import file_stamp, input_files, input_name
 from hookcli.storage import fileformat
@@ -225,9 +225,20 @@ class GatheringWriter:
                 for first in range(0, len(self.paths), size)
                 for batch in batches_in(first, min(first + size, len(self.paths)), batch_size)
             )
+        if self._written_by_another():
+            self.complete = True
+            return None
         # Shared by every process of the run while it uses the parts folder: the one that merges the parts takes
-        # it whole, so that the folder goes only once nobody is in it; a process starting once it holds it waits.
-        self._mark = share_output(self.path, on_wait=self.on_note)
+        # it whole, so that the folder goes only once nobody is in it; a process starting once it holds it waits
+        # for the merge. Without a folder of parts, whoever holds it whole writes the file some other way (an
+        # extract): waiting would gain nothing.
+        try:
+            self._mark = share_output(self.path, on_wait=self.on_note, wait=parts_folder(self.path).exists())
+        except OutputExistsError:
+            if self._written_by_another():  # merged, and the folder gone, in the meantime
+                self.complete = True
+                return None
+            raise
         if self._written_by_another():
             self._let_go()
             self.complete = True
@@ -256,7 +267,7 @@ class GatheringWriter:
 
     def _written_by_another(self) -> bool:
         """Whether another process of this run (``part``) has merged the output already; any other file there is
-        refused, unless ``force``."""
+        refused, unless ``force`` (as is any file at all for a run of one process: the command run again)."""
         assert self.path is not None, "a file's writer"
         if self.force or not os.path.lexists(self.path):
             return False
@@ -334,6 +345,8 @@ class GatheringWriter:
             self.finisher = self.finisher or self.folder.finisher
             if self.complete and self.finisher:
                 self._write_output()
+            elif self.complete and not self.team and self.on_note is not None:
+                self.on_note(f"every part of '{self.path}' is done: the process that finished the last merges them")
         finally:
             self._let_go()
         if self.team:  # said once the whole group has finished, when the file is written

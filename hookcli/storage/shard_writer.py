@@ -104,9 +104,11 @@ class ShardWriter:
         differ = fileformat.identity_differences(header["identity"], self.identity) if header is not None else []
         if differ:
             if not force:
+                what = "the parts of a different run" if self.parts else "a different run"
+                other = "another file" if self.parts else "another folder"
                 raise OutputExistsError(
-                    f"'{self._given}' holds a different run (it differs in: {', '.join(differ)})",
-                    hint="run the same command to continue it, add --force to replace it, or use another folder",
+                    f"'{self._given}' holds {what} (it differs in: {', '.join(differ)})",
+                    hint=f"run the same command to continue it, add --force to replace it, or use {other}",
                 )
             index = Index(None, [])
         if index.header is None:
