@@ -261,11 +261,19 @@ def test_linear_cka_files_over_disjoint_inputs_merge_into_the_whole(runner, tmp_
     assert done.exit_code == 2 and f"Error: '{rsa}' is not a linear-cka comparison file" in done.output
 
 
-def test_a_second_sides_rdm_whose_label_the_first_has_is_kept_apart(runner, tmp_path):
+def test_a_second_sides_rdm_whose_label_the_first_has_is_kept_apart(runner, tmp_path, monkeypatch):
     features = _features(5)
     out = tmp_path / "rsa.safetensors"
+    reads, read_rows = [], type(features).read_rows
+
+    def counted(self, key, *args):
+        reads.append(key)
+        return read_rows(self, key, *args)
+
+    monkeypatch.setattr(type(features), "read_rows", counted)
     hookcli.compare(features=features, features2=features, keys=["maps", "vectors"], keys2=["maps"], method="rsa",
                     save_rdms=True, rsa_rows=10, output=str(out))  # fmt: skip
+    assert reads and reads.count("maps") == reads.count("vectors")  # the tensor both sides name is read once
     with open_features(out) as found:
         assert sorted(found.keys()) == ["rdm@2:maps", "rdm@maps", "rdm@vectors", "rsa"]
         assert np.array_equal(found["rdm@2:maps"], found["rdm@maps"])

@@ -141,11 +141,14 @@ def run_saved(
     def batches(order: Iterable[list[int]]) -> Iterator[Batch]:
         for indices in order:
             start, stop = indices[0], indices[-1] + 1
-            rows = {
-                f"{number + 1}:{key}" if number else key: torch.from_numpy(saved.reader.read_rows(key, start, stop))
-                for number, saved in enumerate(sources)
-                for key in saved.keys
-            }
+            read: dict[tuple, torch.Tensor] = {}  # a tensor both sources name (one file compared with itself): once
+            rows = {}
+            for number, saved in enumerate(sources):
+                for key in saved.keys:
+                    found = (_same_source(saved.reader), key)
+                    if found not in read:
+                        read[found] = torch.from_numpy(saved.reader.read_rows(key, start, stop))
+                    rows[f"{number + 1}:{key}" if number else key] = read[found]
             yield Batch(indices, rows, [], None, facts)
 
     result, _ = carry_out(
@@ -156,6 +159,11 @@ def run_saved(
 
 def _ignore(event: Event) -> None:
     pass
+
+
+def _same_source(reader: FeatureReader) -> object:
+    """What two readers of one source share: the file or folder read, or the features in memory themselves."""
+    return os.path.realpath(reader.name) if os.path.exists(reader.name) else id(reader)
 
 
 def _opened(source):
