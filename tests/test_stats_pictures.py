@@ -582,6 +582,20 @@ def test_the_report_of_a_statistics_file_sorts_in_a_browser(stats_report, stats_
     severe = [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
     assert severe == []
 
+    browser.get(stats_report.as_uri())  # the table of layers: no word (a header, a number) broken across lines
+    broken = browser.execute_script(
+        """return [...document.querySelectorAll("table.layers th, table.layers td")]
+            .filter(cell => !/\\s/.test(cell.textContent.trim()))
+            .filter(cell => {
+                const range = document.createRange();
+                range.selectNodeContents(cell);
+                return new Set([...range.getClientRects()].map(rect => Math.round(rect.top))).size > 1;
+            })
+            .map(cell => cell.textContent);"""
+    )
+    cells = browser.find_elements(By.CSS_SELECTOR, "table.layers td")
+    assert broken == [] and len(cells) > 10
+
 
 def test_links_to_a_layer_whose_key_holds_a_hash_reach_its_pages(inputs, tmp_path):
     units = {"blocks#0": {"channels": 3, "spatial": [2, 2], "layout": "maps", "skip": 0, "row_shape": [3, 2, 2]}}

@@ -103,6 +103,7 @@ table.units th button { font: inherit; font-weight: bold; border: 0; background:
 table.units th[aria-sort=descending] button::after { content: " ▼"; }
 table.units th[aria-sort=ascending] button::after { content: " ▲"; }
 table.units td, table.layers td, table.channel td { font-variant-numeric: tabular-nums; text-align: right; }
+table.units :is(th, td), table.layers :is(th, td), table.channel :is(th, td) { overflow-wrap: normal; }
 .units-wrap { max-height: 32em; overflow: auto; border: 1px solid #ddd; }
 section.channel .body { display: flex; flex-wrap: wrap; gap: 1em; align-items: flex-start; }
 section.channel img { max-width: 100%; height: auto; border: 1px solid #ddd; }
