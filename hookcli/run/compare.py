@@ -32,6 +32,7 @@ from hookcli.families import square_input
 from hookcli.files import check_writable
 from hookcli.options import SAVED_RUN_OPTIONS
 from hookcli.run.execute import carry_out
+from hookcli.run.launch import block_of
 from hookcli.run.options import refuse_unknown, run_options
 from hookcli.run.pipeline import iter_batches
 from hookcli.run.plan import RunPlan, plan_request
@@ -179,7 +180,7 @@ def _run_models(one: RunPlan, two: RunPlan | None, choice: CompareChoice, emit: 
         gathering,
         shard_size=one.shard_size,
         force=one.force,
-        part=(one.part.index, one.part.count) if one.part is not None else (0, 1),
+        part=block_of(one.part),
         on_note=lambda text: emit(Note(text)),
         team=one.team is not None,
     )

@@ -15,6 +15,7 @@ from hookcli.families import square_input
 from hookcli.pictures.cams import CamOverlays
 from hookcli.pictures.grids import draw_grids
 from hookcli.pictures.options import GridOptions
+from hookcli.run.launch import block_of
 from hookcli.run.pipeline import iter_batches
 from hookcli.run.plan import RunPlan, plan_request
 from hookcli.run.request import RunRequest
@@ -144,7 +145,7 @@ def _writer(run: RunPlan, note: Callable[[str], None]):
         return writers.StdoutWriter(run.record, run.inputs, run.output.stream)
     path = run.output.named_path
     if kind == "folder":
-        share = (run.part.index, run.part.count) if run.part is not None else (0, 1)
+        share = block_of(run.part)
         return writers.FolderWriter(
             run.record, run.inputs, path, shard_size=run.shard_size, force=run.force, part=share, on_note=note
         )
@@ -181,7 +182,7 @@ def _stats_writer(run: RunPlan, path: str | None, note: Callable[[str], None]) -
         gathering,
         shard_size=run.shard_size,
         force=run.force,
-        part=(run.part.index, run.part.count) if run.part is not None else (0, 1),
+        part=block_of(run.part),
         on_note=note,
         team=run.team is not None,
     )

@@ -33,6 +33,7 @@ __all__ = [
     "MAX_NODES",
     "MAX_TASKS_PER_NODE",
     "Part",
+    "block_of",
     "cpu_threads",
     "detect_part",
     "join_timeout",
@@ -161,6 +162,11 @@ def _tasks_on_this_node(env: Mapping[str, str]) -> int:
 def _at_most(digits: str, limit: int) -> bool:
     # Counted digits first: int() refuses thousands of them, and is slow on fewer.
     return len(digits.lstrip("0")) <= len(str(limit)) and int(digits) <= limit
+
+
+def block_of(part: Part | None) -> tuple[int, int]:
+    """``(index, count)`` of ``part``: which block of shards this process takes first; ``(0, 1)`` alone."""
+    return (part.index, part.count) if part is not None else (0, 1)
 
 
 def cpu_threads(part: Part | None) -> int | None:

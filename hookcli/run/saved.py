@@ -31,7 +31,7 @@ from hookcli.inputs.preprocess import Preprocess
 from hookcli.options import SAVED_STATS_OPTIONS
 from hookcli.patterns import select_keys
 from hookcli.run.execute import carry_out
-from hookcli.run.launch import Part, detect_part
+from hookcli.run.launch import Part, block_of, detect_part
 from hookcli.run.options import RunOptions, refuse_unknown, run_options
 from hookcli.run.outputs import check_target, output_kind
 from hookcli.run.settings import Batch
@@ -132,7 +132,7 @@ def run_saved(
         gathering,
         shard_size=opts.shard_size,
         force=opts.force,
-        part=(part.index, part.count) if part is not None else (0, 1),
+        part=block_of(part),
         on_note=lambda text: emit(Note(text)),
         source_files=[s.reader.name for s in sources if os.path.exists(s.reader.name)],
     )
