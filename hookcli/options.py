@@ -332,11 +332,11 @@ RUN_OPTIONS: tuple[Option, ...] = (
         help_in=tuple(
             (
                 command,
-                f"Inputs per shard: the {what} of each shard are gathered apart, kept in OUTPUT.parts/ until the run "
-                "completes, and merged in order (give one for many processes: they share its shards) [an eighth "
-                "of the inputs, 256 at least, in whole batches].",
+                "Inputs per shard: what each shard gathers is kept apart in OUTPUT.parts/ until the run completes, "
+                "then merged in order (give one for many processes: they share its shards) [an eighth of the "
+                "inputs, 256 at least, in whole batches].",
             )
-            for command, what in (("stats", "statistics"), ("compare", "similarities' sums"))
+            for command in ("stats", "compare")
         ),
         kind="int",
         low=1,

@@ -274,6 +274,14 @@ def test_a_second_sides_rdm_whose_label_the_first_has_is_kept_apart(runner, tmp_
     hookcli.compare(features=features, features2=features, keys=["maps", "vectors"], keys2=["maps"], method="rsa",
                     save_rdms=True, rsa_rows=10, output=str(out))  # fmt: skip
     assert reads and reads.count("maps") == reads.count("vectors")  # the tensor both sides name is read once
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "memory").write_text("a file named as features in memory are")  # two sources in memory stay two
+    reads.clear()
+    hookcli.compare(features=features, features2=features, keys=["maps"], keys2=["maps"])
+    once = len(reads)
+    reads.clear()
+    other = hookcli.compare(features=features, features2=_features(6), keys=["maps"], keys2=["maps"])
+    assert once > 0 and len(reads) == 2 * once and float(other["linear-cka"][0, 0]) < 0.99
     with open_features(out) as found:
         assert sorted(found.keys()) == ["rdm@2:maps", "rdm@maps", "rdm@vectors", "rsa"]
         assert np.array_equal(found["rdm@2:maps"], found["rdm@maps"])

@@ -160,7 +160,7 @@ def test_a_damaged_shard_is_redone_on_resume_and_reported_by_readers(
         with safe_open(str(shard), "pt") as found:
             tensors, metadata = {key: found.get_tensor(key) for key in found.keys()}, found.metadata()
         save_file(tensors, str(shard), metadata={**metadata, "kind": "stats-part"})
-        problem = "it is a part of a gathering run's statistics"
+        problem = "it is a part of a stats or compare run"
     else:  # a complete file, but with other rows than its index line lists
         shard.write_bytes((folder / "features-00002.safetensors").read_bytes())
         problem = "it is not shard 1 of the inputs its index line lists (its own metadata disagrees)"

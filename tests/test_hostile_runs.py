@@ -430,7 +430,8 @@ def test_a_temporary_file_a_sweeper_takes_before_its_writer_locks_it_is_made_aga
 def test_two_processes_taking_a_shared_output_at_once_take_it_in_turn_and_leave_no_lock_file(tmp_path):
     """Both processes of a run may find its parts complete and take the output to merge them: neither waits for the
     other forever, one holds it at a time, and the lock file goes with the last (flock is the open file's, so two
-    descriptors of one process stand for two processes)."""
+    descriptors of one process stand for two processes). Linux's local flock lets go of a shared lock before it
+    waits to turn it whole, so this checks the turns and the lock file, not an flock that upgrades in place."""
     import threading
 
     from hookcli.files import release_output, share_output, take_output
@@ -445,7 +446,7 @@ def test_two_processes_taking_a_shared_output_at_once_take_it_in_turn_and_leave_
         release_output(target, mine)
 
     shared = [share_output(target), share_output(target)]
-    both = [threading.Thread(target=merge, args=(descriptor, name)) for descriptor, name in zip(shared, "ab")]
+    both = [threading.Thread(target=merge, args=pair, daemon=True) for pair in zip(shared, "ab")]
     for thread in both:
         thread.start()
     for thread in both:

@@ -491,13 +491,19 @@ def test_a_killed_run_continues_to_the_file_an_uninterrupted_one_writes(runner, 
     first.send_signal(signal.SIGKILL)
     first.wait(timeout=60)
     assert not out.exists() and 2 <= len(read_index(index.parent)[1]) < 10
+    shown = runner.invoke(main, ["info", str(parts_folder(out))])  # not a folder of features: said as such
+    assert (shown.exit_code, shown.stderr) == (
+        2,
+        f"Error: '{parts_folder(out)}' holds the parts of a stats run, which merge into one file when it completes. "
+        "Hint: run the same stats command again to complete it, and read the file it writes\n",
+    )
     other = subprocess.run(  # another command on the same file: its parts are not this one's to continue
         [sys.executable, "-m", "hookcli", "stats", *slow, "-l", "avgpool", "-o", str(out), *inputs],
         capture_output=True, text=True, timeout=300, env=_environment(),
     )  # fmt: skip
     assert (other.returncode, other.stderr) == (
         2,
-        f"Error: '{out}.parts' holds the parts of a different run (it differs in: layers (avgpool)). Hint: run the "
+        f"Error: '{out}.parts/' holds the parts of a different run (it differs in: layers (avgpool)). Hint: run the "
         "same command to continue it, add --force to replace it, or use another file\n",
     )
     done = subprocess.run(

@@ -353,7 +353,7 @@ def _joined(*notes: str | None) -> str | None:
 
 
 def _text(channels: slice) -> str:
-    """``--channels`` as it was given: ``A:B``, or ``K`` for the one channel ``K:K+1``."""
+    """``--channels`` as text: ``A:B``, or ``K`` for the one channel ``K:K+1``."""
     if channels.start is not None and channels.stop == channels.start + 1:
         return str(channels.start)
     start = "" if channels.start is None else channels.start

@@ -70,13 +70,15 @@ def saved_stats(
 @dataclass(frozen=True)
 class SavedFeatures:
     """One source of saved features, open: its reader, the keys chosen, its rows' names, how its rows' channels
-    are read (``prefix_tokens``, ``square``) and what the forward that saved them learnt (``facts``)."""
+    are read (``prefix_tokens``, ``square``) and what the forward that saved them learnt (``facts``). ``origin``
+    is the same for two sources only when they read one file or folder, or are one reader."""
 
     reader: FeatureReader
     keys: list[str]
     names: list[str]
     prefix_tokens: int | None
     square: bool
+    origin: object
 
     def describe(self) -> dict:
         """What a run over it records of it: the source, the keys, and its stamp (a source changed between two
@@ -102,6 +104,7 @@ def open_saved(stack: contextlib.ExitStack, source, keys: Sequence[str] | str, e
         names,
         int(prefix) if prefix and prefix.isdigit() else None,
         square_input(Preprocess.from_metadata(metadata.get("preprocess"))),
+        _origin(source, reader),
     )
 
 
@@ -145,7 +148,7 @@ def run_saved(
             rows = {}
             for number, saved in enumerate(sources):
                 for key in saved.keys:
-                    found = (_same_source(saved.reader), key)
+                    found = (saved.origin, key)
                     if found not in read:
                         read[found] = torch.from_numpy(saved.reader.read_rows(key, start, stop))
                     rows[f"{number + 1}:{key}" if number else key] = read[found]
@@ -161,9 +164,14 @@ def _ignore(event: Event) -> None:
     pass
 
 
-def _same_source(reader: FeatureReader) -> object:
-    """What two readers of one source share: the file or folder read, or the features in memory themselves."""
-    return os.path.realpath(reader.name) if os.path.exists(reader.name) else id(reader)
+def _origin(source, reader: FeatureReader) -> object:
+    """What two sources that read the same share: the file or folder opened (as the system names it), or the
+    reader itself (features in memory, stdin)."""
+    if isinstance(source, str | os.PathLike) and os.fspath(source) != "-":
+        with contextlib.suppress(OSError):
+            found = os.stat(source)
+            return found.st_dev, found.st_ino
+    return id(reader)
 
 
 def _opened(source):

@@ -244,7 +244,7 @@ class GatheringWriter:
             self.complete = True
             return None
         self.folder = ShardWriter(
-            parts_folder(self.path),
+            f"{parts_folder(self.path)}/",  # named as a folder, as the notes name it
             fileformat.identity(self.record),
             len(self.paths),
             force=self.force,

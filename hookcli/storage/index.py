@@ -294,7 +294,7 @@ def check_shard(shard: FeatureFile, line: ShardLine, layout: dict | None = None,
     ):
         problem = f"it is not shard {line.shard} of the inputs its index line lists (its own metadata disagrees)"
     elif (shard.metadata.get("kind") == STATS_PART) != parts:
-        problem = "it is a part of a gathering run's statistics" if not parts else "it holds rows, not statistics"
+        problem = "it is a part of a stats or compare run" if not parts else "it holds rows, not a gathering run's part"
     checked = [] if problem is not None else [PART_ROWS] if parts else shard.keys()
     for key in checked:
         shape = shard.shape(key) if key in shard.keys() else None

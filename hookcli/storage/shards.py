@@ -46,6 +46,7 @@ import numpy as np
 
 from hookcli.errors import FeatureFileError
 from hookcli.storage import fileformat
+from hookcli.storage.compare_format import COMPARE_KIND
 from hookcli.storage.features import FeatureFile
 from hookcli.storage.fileformat import INDEX_NAME
 from hookcli.storage.index import (
@@ -58,6 +59,7 @@ from hookcli.storage.index import (
     shard_layout,
 )
 from hookcli.storage.reader import FeatureReader, ReadingMapping
+from hookcli.storage.stats_format import STATS_KIND
 
 __all__ = [
     "ShardedFeatures",
@@ -92,6 +94,12 @@ class ShardedFeatures(ReadingMapping):
         if header is None:
             raise FeatureFileError(
                 f"no {INDEX_NAME} in folder '{source}'", hint="give a folder written by hookcli extract -o DIR/"
+            )
+        gathered = next((kind for kind in (STATS_KIND, COMPARE_KIND) if kind in header["identity"]), None)
+        if gathered is not None:  # its shards hold what each gathered, not rows
+            raise FeatureFileError(
+                f"'{source}' holds the parts of a {gathered} run, which merge into one file when it completes",
+                hint=f"run the same {gathered} command again to complete it, and read the file it writes",
             )
         present = finished_shards(self.folder, self._index.lines)
         shards = leading_shards(present)
