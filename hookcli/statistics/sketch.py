@@ -120,7 +120,7 @@ class QuantileSketch:
         if not self.count:
             return torch.full((self.channels, len(levels)), float("nan"), dtype=torch.float64)
         # The smallest value whose rank reaches the level, found by halving the range of 32-bit keys that sort as
-        # the values do (:func:`_sortable`): 32 rounds of searches in each level, sorted, for the value of a key,
+        # the values do (:func:`_values_of_keys`): 32 rounds of searches in each level, sorted, for the value of a key,
         # instead of a sort of every value held.
         held = [torch.from_numpy(sort_rows(level, stable=True)) for level in self.levels]
         # NaN (sorted last) would break the searches: searched as infinity, and its weight kept apart.
@@ -129,10 +129,10 @@ class QuantileSketch:
             missing = level.isnan()
             if missing.any():
                 unknown += missing.sum(dim=1, keepdim=True) << h
-                held[h] = level.nan_to_num(nan=float("inf"), posinf=float("inf"), neginf=float("-inf"))
+                held[h] = level.masked_fill(missing, float("inf"))
 
         def rank(keys: torch.Tensor) -> torch.Tensor:
-            values = _unsortable_keys(keys.to(torch.int32))
+            values = _values_of_keys(keys.to(torch.int32))
             found = sum(torch.searchsorted(level, values, right=True) << h for h, level in enumerate(held))
             return found - torch.where(keys == _HIGHEST, unknown, 0)
 
@@ -146,7 +146,7 @@ class QuantileSketch:
             high, low = torch.where(enough, middle, high), torch.where(enough, low, middle + 1)
         reached = rank(high)
         # Plus zero: minus zero's key comes first and reaches the rank of the zeros, which may all be plus zero.
-        found = _unsortable_keys(high.to(torch.int32)).double() + 0.0
+        found = _values_of_keys(high.to(torch.int32)).double() + 0.0
         return torch.where((reached >= wanted) & (reached > 0), found, float("nan"))  # NaN: past every number
 
     def state(self) -> dict[str, torch.Tensor]:
@@ -173,7 +173,7 @@ def _heights(state: Mapping[str, torch.Tensor]) -> int:
     return height
 
 
-def _unsortable_keys(keys: torch.Tensor) -> torch.Tensor:
+def _values_of_keys(keys: torch.Tensor) -> torch.Tensor:
     """The float32 values of int32 ``keys`` that sort as the values do (a negative value's magnitude bits turned
     over: the same change both ways)."""
     return (keys ^ ((keys >> 31) & 0x7FFFFFFF)).view(torch.float32)
