@@ -78,7 +78,7 @@ def compare_saved(
         if features2 is None and not keys2:
             sources, second = [first], None
         else:
-            other = open_saved(stack, features if features2 is None else features2, keys2, emit)
+            other = open_saved(stack, first.reader if features2 is None else features2, keys2, emit)  # opened once
             _check_same_rows(first, other)
             sources, second = [first, other], [SECOND + key for key in other.keys]
         gathering = CompareGathering(

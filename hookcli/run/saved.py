@@ -70,15 +70,13 @@ def saved_stats(
 @dataclass(frozen=True)
 class SavedFeatures:
     """One source of saved features, open: its reader, the keys chosen, its rows' names, how its rows' channels
-    are read (``prefix_tokens``, ``square``) and what the forward that saved them learnt (``facts``). ``origin``
-    is the same for two sources only when they read one file or folder, or are one reader."""
+    are read (``prefix_tokens``, ``square``) and what the forward that saved them learnt (``facts``)."""
 
     reader: FeatureReader
     keys: list[str]
     names: list[str]
     prefix_tokens: int | None
     square: bool
-    origin: object
 
     def describe(self) -> dict:
         """What a run over it records of it: the source, the keys, and its stamp (a source changed between two
@@ -104,7 +102,6 @@ def open_saved(stack: contextlib.ExitStack, source, keys: Sequence[str] | str, e
         names,
         int(prefix) if prefix and prefix.isdigit() else None,
         square_input(Preprocess.from_metadata(metadata.get("preprocess"))),
-        _origin(source, reader),
     )
 
 
@@ -144,11 +141,11 @@ def run_saved(
     def batches(order: Iterable[list[int]]) -> Iterator[Batch]:
         for indices in order:
             start, stop = indices[0], indices[-1] + 1
-            read: dict[tuple, torch.Tensor] = {}  # a tensor both sources name (one file compared with itself): once
+            read: dict[tuple, torch.Tensor] = {}  # a tensor both sources name (one reader, compared with itself): once
             rows = {}
             for number, saved in enumerate(sources):
                 for key in saved.keys:
-                    found = (saved.origin, key)
+                    found = (id(saved.reader), key)
                     if found not in read:
                         read[found] = torch.from_numpy(saved.reader.read_rows(key, start, stop))
                     rows[f"{number + 1}:{key}" if number else key] = read[found]
@@ -162,16 +159,6 @@ def run_saved(
 
 def _ignore(event: Event) -> None:
     pass
-
-
-def _origin(source, reader: FeatureReader) -> object:
-    """What two sources that read the same share: the file or folder opened (as the system names it), or the
-    reader itself (features in memory, stdin)."""
-    if isinstance(source, str | os.PathLike) and os.fspath(source) != "-":
-        with contextlib.suppress(OSError):
-            found = os.stat(source)
-            return found.st_dev, found.st_ino
-    return id(reader)
 
 
 def _opened(source):

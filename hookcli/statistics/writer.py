@@ -225,9 +225,6 @@ class GatheringWriter:
                 for first in range(0, len(self.paths), size)
                 for batch in batches_in(first, min(first + size, len(self.paths)), batch_size)
             )
-        if self._written_by_another():
-            self.complete = True
-            return None
         # Shared by every process of the run while it uses the parts folder: the one that merges the parts takes
         # it whole, so that the folder goes only once nobody is in it; a process starting once it holds it waits
         # for the merge. Without a folder of parts, whoever holds it whole writes the file some other way (an
@@ -235,16 +232,15 @@ class GatheringWriter:
         try:
             self._mark = share_output(self.path, on_wait=self.on_note, wait=parts_folder(self.path).exists())
         except OutputExistsError:
-            if self._written_by_another():  # merged, and the folder gone, in the meantime
-                self.complete = True
-                return None
-            raise
-        if self._written_by_another():
+            if not self._written_by_another():  # unless merged, and the folder gone, in the meantime
+                raise
+        if self._mark is None or self._written_by_another():
             self._let_go()
             self.complete = True
             return None
+        assert self.kept is not None, "a file's parts are kept in a folder"
         self.folder = ShardWriter(
-            f"{parts_folder(self.path)}/",  # named as a folder, as the notes name it
+            self.kept,
             fileformat.identity(self.record),
             len(self.paths),
             force=self.force,
@@ -276,8 +272,7 @@ class GatheringWriter:
             with contextlib.suppress(FeatureFileError, ValueError), FeatureFile(self.path) as found:
                 theirs = json.loads(found.metadata.get("identity", "null"))
                 if isinstance(theirs, dict) and not fileformat.identity_differences(theirs, mine):
-                    if self.on_note is not None:
-                        self.on_note(f"'{self.path}' is complete: another process of this run wrote it")
+                    self._say_written_by_another()
                     return True
         check_writable(self.path, force=False)  # says that it exists
         return False
@@ -362,8 +357,7 @@ class GatheringWriter:
         self._mark = take_output(self.path, shared, on_wait=self.on_note)
         parts = self.folder.folder.exists()
         if os.path.exists(self.path) and not (parts and self.force):
-            if self.on_note is not None:
-                self.on_note(f"'{self.path}' is complete: another process of this run wrote it")
+            self._say_written_by_another()
             return
         if not parts:
             raise FeatureFileError(
@@ -374,6 +368,10 @@ class GatheringWriter:
         write_safetensors(tensors, metadata, self.path, force=True)
         shutil.rmtree(self.folder.folder, ignore_errors=True)
         self.written = [self.path]
+
+    def _say_written_by_another(self) -> None:
+        if self.on_note is not None:
+            self.on_note(f"'{self.path}' is complete: another process of this run wrote it")
 
     def _let_go(self) -> None:
         """Give up this process's mark on the output."""
