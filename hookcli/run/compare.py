@@ -39,7 +39,7 @@ from hookcli.run.plan import RunPlan, plan_request
 from hookcli.run.request import request
 from hookcli.run.saved import SavedFeatures, open_saved, run_saved
 from hookcli.run.settings import Batch
-from hookcli.statistics.comparison import CompareChoice, CompareGathering
+from hookcli.statistics.comparison import CompareChoice, CompareGathering, no_spread_note
 from hookcli.statistics.similarity import MIN_BATCH, LinearCKA, undefined
 from hookcli.statistics.writer import GatheringWriter
 from hookcli.storage.compare_format import CKA_STATE, SECOND_SIDE, check_comparison, is_comparison
@@ -273,7 +273,7 @@ def merge_comparisons(
     if gone:
         metadata["undefined"] = json.dumps(gone)
     for label in gone:
-        emit(Note(f"'{label}' has no spread: its similarities are undefined, NaN in the file"))
+        emit(Note(no_spread_note(label)))
     if output is None:
         return Features(tensors, metadata)
     write_safetensors(tensors, metadata, output, force=force)

@@ -40,11 +40,19 @@ from hookcli.statistics.similarity import (
 from hookcli.statistics.units import UnitLayout
 from hookcli.storage.compare_format import CKA_STATE, RDM, SECOND_SIDE, compare_metadata
 
-__all__ = ["DEFAULT_POOL", "CompareChoice", "CompareGathering", "GatheredComparison"]
+__all__ = ["DEFAULT_POOL", "CompareChoice", "CompareGathering", "GatheredComparison", "no_spread_note"]
 
 #: How each method pools a representation unless told: linear CKA keeps a width-squared state and RSA a row of
 #: each representation, so both pool by the mean; the minibatch estimator takes maps whole.
 DEFAULT_POOL = {"linear-cka": "avg", "minibatch-cka": "none", "rsa": "avg"}
+
+
+def no_spread_note(label: str) -> str:
+    """What a run or a merge says of representation ``label``, whose similarities are undefined."""
+    return (
+        f"'{label}' has no spread (every row alike, or values that are not finite): its similarities are undefined, "
+        "NaN in the file"
+    )
 
 
 @dataclass(frozen=True)
@@ -151,11 +159,7 @@ class CompareGathering:
 
     def notes(self, tensors: Mapping[str, torch.Tensor]) -> list[str]:
         """The representations whose similarities are undefined (NaN in the matrix), found by the result."""
-        return [
-            f"'{label}' has no spread (every row alike, or values that are not finite): its similarities are "
-            "undefined, NaN in the file"
-            for label in self.undefined
-        ]
+        return [no_spread_note(label) for label in self.undefined]
 
     def metadata(self, run: Mapping[str, str], *, inputs: list, skipped: list, identity: Mapping) -> dict[str, str]:
         return compare_metadata(

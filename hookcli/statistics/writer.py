@@ -190,7 +190,7 @@ class GatheringWriter:
         self.path = None if path is None else os.fspath(path)
         self.shard_size, self.force, self.part, self.on_note = shard_size, force, part, on_note
         self.open: dict[int, _Shard] = {}
-        self._gathering: Background | None = None
+        self._adding: Background | None = None  # the thread that gathers each batch
         self.merged: _Shard | None = None  # in memory: the shards so far, merged in order
         self.folder: ShardWriter | None = None
         self.written: list[str | Path] = []
@@ -280,9 +280,9 @@ class GatheringWriter:
     def add(self, batch) -> None:
         """Gather ``batch`` on a thread of its own while the caller computes the next one (in order: the same
         result); a failure there is raised by a later call, or by :meth:`finish`."""
-        if self._gathering is None:
-            self._gathering = Background(self._add, name="hookcli-gather")
-        self._gathering.submit(batch)
+        if self._adding is None:
+            self._adding = Background(self._add, name="hookcli-gather")
+        self._adding.submit(batch)
 
     def _add(self, batch) -> None:
         events = [*batch.indices, *(index for index, _ in batch.failures)]
@@ -325,8 +325,8 @@ class GatheringWriter:
         self.folder.submit(shard.number, shard.state(), metadata, shard.inputs, shard.skipped, None, stamps)
 
     def finish(self):
-        if self._gathering is not None:
-            self._gathering.close()  # every batch gathered; raises what failed there
+        if self._adding is not None:
+            self._adding.close()  # every batch gathered; raises what failed there
         if self.path is None:
             self.complete = self.finisher = True  # in memory: this process computed every shard
             merged = self.merged or _Shard(0, self.gathering.start(0))
@@ -435,9 +435,9 @@ class GatheringWriter:
         return tensors, metadata
 
     def abort(self) -> None:
-        if self._gathering is not None:
+        if self._adding is not None:
             with contextlib.suppress(Exception):  # the failure that stopped the run is the one to report
-                self._gathering.close()
+                self._adding.close()
         if self.folder is not None:
             with contextlib.suppress(Exception):  # the failure that stopped the run is the one to report
                 self.folder.close()
