@@ -55,12 +55,12 @@ def forward_rate(loaded, batch, precision: str, device, repeat: int) -> float:
     """Images/s of the model alone on ``batch`` (already on the device), after a warm-up."""
     import torch
 
-    from hookcli.run.speed import choose_memory_format, compute_precision, to_memory_format
+    from hookcli.run.speed import choose_memory_format, compute_precision, float32_math, to_memory_format
 
     memory_format = choose_memory_format(loaded.module, device)
     model = to_memory_format(loaded.module.to(device), memory_format)
     batch = to_memory_format(batch.to(device), memory_format)
-    with torch.inference_mode(), compute_precision(precision, device):
+    with torch.inference_mode(), float32_math(precision, device), compute_precision(precision, device):
         model(batch)
         _synchronize(device)
         start = time.perf_counter()
@@ -73,8 +73,7 @@ def forward_rate(loaded, batch, precision: str, device, repeat: int) -> float:
 
 def decode_rate(loaded, paths, decode: str, batch_size: int, device) -> float:
     """Images/s of the input stage alone: files to preprocessed batches on the device."""
-    from hookcli.inputs.decoding import DeviceDecoder
-    from hookcli.run.batches import image_loader
+    from hookcli.run.batches import Decoded, image_loader
     from hookcli.run.settings import RunSettings
     from hookcli.run.speed import resolve_settings
 
@@ -83,14 +82,11 @@ def decode_rate(loaded, paths, decode: str, batch_size: int, device) -> float:
         loaded,
         len(paths),
     )
-    finish = DeviceDecoder(settings.preprocess, device) if decode == "device" else None
     start = time.perf_counter()
     count = 0
-    for indices, batch, failures, _ in image_loader(paths, settings):
-        if finish is not None:
-            indices, batch, *_ = finish(indices, batch, failures)
-        batch.to(device, non_blocking=True)
-        count += len(indices)
+    for loaded_batch in Decoded(image_loader(paths, settings), settings, None):
+        loaded_batch.batch.to(device, non_blocking=True)
+        count += len(loaded_batch.indices)
     _synchronize(device)
     return count / (time.perf_counter() - start)
 
@@ -224,7 +220,7 @@ def main() -> None:
         workers = default_workers(device, len(paths), args.batch_size)
         print(f"decode workers: {workers}\n")
         print(
-            f"{'model':10s} {'prec':5s} {'decode':7s} {'forward':>9s} {'decode':>9s} {'steady':>9s} "
+            f"{'model':10s} {'prec':5s} {'decode':7s} {'forward':>9s} {'decode':>9s} {'/worker':>8s} {'steady':>9s} "
             f"{'whole':>9s} {'ratio':>6s}  limit (img/s; ratio = steady / forward, goal >= 0.9)"
         )
         for model in args.models.split(","):
@@ -254,7 +250,8 @@ def main() -> None:
                         )
                     )
                     print(
-                        f"{model:10s} {precision:5s} {decode:7s} {forward:9.1f} {decoding:9.1f} {steady:9.1f} "
+                        f"{model:10s} {precision:5s} {decode:7s} {forward:9.1f} {decoding:9.1f} "
+                        f"{decoding / max(1, workers):8.1f} {steady:9.1f} "
                         f"{whole:9.1f} {ratio:6.2f}  {limit}",
                         flush=True,
                     )

@@ -51,16 +51,28 @@ class Terminated(BaseException):
     """SIGTERM, raised in the main thread: it unwinds like Ctrl-C (no ``except Exception`` stops it)."""
 
 
+#: Warnings that are not notes: what a library says of its own future (torch's ``torch.jit.script_method is
+#: deprecated``, Python 3.12's ``use of fork() may lead to deadlocks`` when decode workers fork, see
+#: :mod:`hookcli.run.batches`), whatever filters the user or a test runner set.
+LIBRARY_NEWS = (DeprecationWarning, PendingDeprecationWarning, FutureWarning)
+
+
 @contextlib.contextmanager
 def notes_and_sigterm(echo: Callable[[str], None], *, debug: Callable[[], bool] = bool) -> Iterator[None]:
     """While inside: each Python warning is one ``Note:`` line through ``echo``, once (Python's own text while
-    ``debug()`` is true), and SIGTERM raises :class:`Terminated` so that every cleanup runs (temporary files go)."""
+    ``debug()`` is true), and SIGTERM raises :class:`Terminated` so that every cleanup runs (temporary files go).
+
+    Deprecations (:data:`LIBRARY_NEWS`) are news for the authors of the code that raised them, not about the
+    user's run: they are shown only while ``debug()`` is true.
+    """
     shown, show_warning, pid = set(), warnings.showwarning, os.getpid()
 
     def note(message, category, filename, lineno, file=None, line=None):
         text = f"Note: {printable(first_line(message))}"
         if debug():
             show_warning(message, category, filename, lineno, file, line)
+        elif issubclass(category, LIBRARY_NEWS):
+            return
         elif text not in shown:
             shown.add(text)
             echo(text)

@@ -64,7 +64,7 @@ DTYPES = ("float32", "float16", "bfloat16")
 #: What an unreadable input does (``--on-error``).
 ON_ERROR = ("fail", "skip")
 #: Compute precisions (``--precision``) and memory layouts (``--memory-format``).
-PRECISIONS = ("fp32", "bf16", "fp16")
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 MEMORY_FORMATS = ("auto", "channels_last", "contiguous")
 #: Resize interpolations (``--interpolation``) and where images are decoded (``--decode``).
 INTERPOLATIONS = ("bilinear", "bicubic", "nearest")
@@ -221,7 +221,10 @@ RUN_OPTIONS: tuple[Option, ...] = (
     Option(
         "precision",
         ("--precision",),
-        "Compute precision: bf16 (CPU or GPU) and fp16 (GPU) autocast trade accuracy for speed; {stored}.",
+        (
+            "Compute precision: fp32 is exact float32 on every device (on CUDA: no TF32, deterministic algorithms); "
+            "tf32 (NVIDIA GPUs from Ampere on), bf16 (CPU or GPU) and fp16 (GPU) trade accuracy for speed; {stored}."
+        ),
         _ALL,
         kind="choice",
         choices=PRECISIONS,

@@ -153,7 +153,8 @@ def test_errors_are_the_librarys_own_with_the_cli_texts(runner, resnet18_args, i
         (
             lambda: hookcli.extract("resnet18", "layer1", images[0], precision="fp8", **base),
             UsageProblem,
-            "precision must be one of fp32, bf16, fp16, not 'fp8'. Hint: see --help for the values each option takes",
+            "precision must be one of fp32, tf32, bf16, fp16, not 'fp8'. Hint: see --help for the values each option "
+            "takes",
         ),
         (
             lambda: hookcli.extract("resnet18", "layer1", images[0], batch_size=0, **base),

@@ -72,13 +72,14 @@ def test_debug_shows_the_traceback_and_keeps_the_exit_code_of_the_error(runner, 
 def test_cam_help_says_what_precision_means_for_cam(runner):
     cam = _words(runner.invoke(main, ["cam", "--help"]).stdout)
     assert (
-        "--precision [fp32|bf16|fp16] Compute precision: bf16 (CPU or GPU) and fp16 (GPU) autocast trade "
-        "accuracy for speed; the maps are stored as float32."
+        "--precision [fp32|tf32|bf16|fp16] Compute precision: fp32 is exact float32 on every device (on CUDA: "
+        "no TF32, deterministic algorithms); tf32 (NVIDIA GPUs from Ampere on), bf16 (CPU or GPU) and fp16 (GPU) "
+        "trade accuracy for speed; the maps are stored as float32."
     ) in cam
     assert "--dtype" not in cam
     for command in ("extract", "grad"):
         text = _words(runner.invoke(main, [command, "--help"]).stdout)
-        assert "autocast trade accuracy for speed; what is stored is --dtype." in text
+        assert "fp16 (GPU) trade accuracy for speed; what is stored is --dtype." in text
 
 
 def test_output_help_states_the_naming_rule(runner):

@@ -434,14 +434,15 @@ _FORKS_THEN_DIES = """
 import os, sys, time
 from pathlib import Path
 from hookcli.storage.claims import FolderLock
-from hookcli.run.batches import _die_with_parent
+from hookcli.run.batches import _die_with_run
 folder = Path(sys.argv[1])
+run = os.getpid()
 lock = FolderLock(folder, "x")
 lock.acquire()
 for dies_with_parent in (False, True):
     if os.fork() == 0:
         if dies_with_parent:
-            _die_with_parent()
+            _die_with_run(run)
         (folder / f"child-{int(dies_with_parent)}").write_text(str(os.getpid()))
         time.sleep(60)
         os._exit(0)

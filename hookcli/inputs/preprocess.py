@@ -35,12 +35,15 @@ from hookcli.options import DECODERS, INTERPOLATIONS, MAX_SIDE
 
 __all__ = [
     "DEVICE_DECODE_KINDS",
+    "STILL_KINDS",
     "Preprocess",
     "check_normalisation",
 ]
 
-#: The input kinds ``decode="device"`` serves: those read from image files, one at a time.
-DEVICE_DECODE_KINDS = ("classification", "segmentation", "detection")
+#: The input kinds read from image files, one at a time: those whose rows the decode workers hand over as uint8,
+#: and those ``decode="device"`` serves.
+STILL_KINDS = ("classification", "segmentation", "detection")
+DEVICE_DECODE_KINDS = STILL_KINDS
 
 
 def check_normalisation(mean, std) -> None:

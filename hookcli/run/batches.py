@@ -1,12 +1,19 @@
 """Inputs to batches: images (or clips, or pairs of frames) decoded and preprocessed by worker processes, in
 input order or in the order a writer asks for, each failure kept as a value, never raised in a worker.
+
+Workers start as the Python in use starts processes: ``fork`` (Linux before 3.14), ``forkserver`` (Linux from
+3.14) or ``spawn`` (macOS); what they are handed pickles, and the files are the same bytes under all three. A
+forked worker may leave hookcli's threads behind in the parent (a shard folder's claim heartbeat; the writing and
+gathering threads start with the first batch, after the workers): it never touches what those threads lock (their
+queues, events and the folder's lock, whose file the fork hooks of :mod:`hookcli.storage.claims` and
+:mod:`hookcli.files` close in the child), and it only decodes files and hands rows back.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import multiprocessing
+import functools
 import os
 import signal
 from collections.abc import Iterable, Iterator, Sequence
@@ -15,6 +22,7 @@ from typing import NamedTuple
 import torch
 from PIL import Image
 from torch.utils.data import DataLoader
+from torchvision.transforms.functional import pil_to_tensor
 
 from hookcli.errors import ImageError, VideoError
 from hookcli.families import DEFAULT_CLIP_LENGTH, family_traits
@@ -22,8 +30,8 @@ from hookcli.inputs import decoding
 from hookcli.inputs.clips import Clip, ImagePair
 from hookcli.inputs.decoding import DeviceDecoder
 from hookcli.inputs.images import PictureMaker, load_rgb, load_with_picture
-from hookcli.inputs.preprocess import Preprocess
-from hookcli.inputs.transforms import to_transform
+from hookcli.inputs.preprocess import STILL_KINDS, Preprocess
+from hookcli.inputs.transforms import to_tensor_steps, to_transform
 from hookcli.inputs.video import close_decoders, read_row
 from hookcli.run.settings import RunSettings
 
@@ -39,6 +47,7 @@ __all__ = [
     "natural_input",
     "reported_failures",
     "rows_by_shape",
+    "scaled_on_device",
     "videos_closed",
 ]
 
@@ -52,9 +61,13 @@ class _Images:
     never raised in a worker, and ``picture`` what ``picture`` makes of a still image as it is decoded (None without
     one)."""
 
-    def __init__(self, paths: Sequence, preprocess: Preprocess, picture: PictureMaker | None = None) -> None:
+    def __init__(
+        self, paths: Sequence, preprocess: Preprocess, picture: PictureMaker | None = None, *, uint8: bool = False
+    ) -> None:
         self.paths, self.kind, self.picture = paths, preprocess.kind, picture
         self.transform, self.decode_size = to_transform(preprocess), preprocess.decode_size
+        # With uint8, a still image leaves resized and cropped, to be scaled and normalised on the device (Decoded).
+        self.geometry = to_tensor_steps(preprocess).geometry if uint8 else None
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -63,9 +76,13 @@ class _Images:
         item = self.paths[index]
         try:
             if not isinstance(item, Clip | ImagePair):
+                made = None
                 if self.picture is None:
-                    return index, self.transform(load_rgb(item, min_size=self.decode_size)), None, None
-                image, made = load_with_picture(item, self.picture, min_size=self.decode_size)
+                    image = load_rgb(item, min_size=self.decode_size)
+                else:
+                    image, made = load_with_picture(item, self.picture, min_size=self.decode_size)
+                if self.geometry is not None:
+                    return index, pil_to_tensor(self.geometry(image)), None, made
                 return index, self.transform(image), None, made
             return index, self._frames(item), None, None
         except (ImageError, VideoError) as err:
@@ -112,24 +129,31 @@ def _stacked(rows: list):
     return torch.stack(rows) if all(row.shape == rows[0].shape for row in rows) else rows
 
 
-def _worker_init(worker_id: int) -> None:
-    _die_with_parent()
+def _worker_init(run_pid: int, worker_id: int) -> None:
+    _die_with_run(run_pid)
     torch.set_num_threads(1)
     # Decoding should use the cycles the model leaves idle, not preempt its threads.
     os.nice(5)
 
 
-def _die_with_parent() -> None:
-    """On Linux, end this decode worker when the process that started it dies (a kill -9 leaves workers that
-    would otherwise wait forever, holding the files the run had open)."""
+def _die_with_run(run_pid: int) -> None:
+    """On Linux, end this decode worker when its parent dies, and at once if the run's process ``run_pid`` is gone
+    already (a kill -9 leaves workers that would otherwise wait forever, holding the files the run had open).
+
+    The parent is the run's process under ``fork`` and ``spawn``, and the fork server under ``forkserver`` (the
+    default from Python 3.14), which ends when the run's process does: either way the worker goes with the run.
+    """
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):  # not Linux: the workers end as torch's watchdog sees the parent gone
         return
-    parent = multiprocessing.parent_process()
-    if parent is not None and os.getppid() != parent.pid:  # the parent died before the call
+    try:
+        os.kill(run_pid, 0)
+    except ProcessLookupError:  # the run died before the call
         os._exit(1)
+    except PermissionError:  # alive, under another user's name (a reused pid): nothing to tell
+        pass
 
 
 def image_loader(
@@ -150,17 +174,26 @@ def image_loader(
     preprocess, workers = settings.preprocess, settings.workers
     assert preprocess is not None and workers is not None, "resolved settings decide both"
     on_device = preprocess.decode == "device"
+    images = _Images(paths, preprocess, picture, uint8=scaled_on_device(settings))
     return DataLoader(
         # Map-style datasets (__len__ and __getitem__), which torch annotates as subclasses of its Dataset.
-        decoding.EncodedImages(paths, preprocess, picture) if on_device else _Images(paths, preprocess, picture),  # type: ignore[arg-type]
+        decoding.EncodedImages(paths, preprocess, picture) if on_device else images,  # type: ignore[arg-type]
         **({"batch_size": settings.batch_size} if order is None else {"batch_sampler": order}),
         num_workers=workers,
         collate_fn=decoding.collate if on_device else _collate,
         pin_memory=torch.device(settings.device).type == "cuda",
-        worker_init_fn=_worker_init if settings.workers else None,
+        worker_init_fn=functools.partial(_worker_init, os.getpid()) if settings.workers else None,
         # A batch of JPEG bytes may be far larger than the same batch preprocessed: fewer of them wait.
         prefetch_factor=(2 if on_device else 4) if settings.workers else None,
     )
+
+
+def scaled_on_device(settings: RunSettings) -> bool:
+    """Whether the decode workers hand still images over as uint8, for the device to scale and normalise: when the
+    device is not the CPU (on the CPU the workers do it, in their own processes and caches, as before)."""
+    preprocess = settings.preprocess
+    assert preprocess is not None, "resolved settings decide it"
+    return preprocess.decode == "cpu" and preprocess.kind in STILL_KINDS and torch.device(settings.device).type != "cpu"
 
 
 def reported_failures(failures: list, on_error: str, inputs: str = "images") -> list[tuple[int, str]]:
@@ -186,8 +219,10 @@ class Loaded(NamedTuple):
 
 
 class Decoded:
-    """The loader's batches as :class:`Loaded` ones, decoded on the device where the preprocessing says so
-    (:mod:`hookcli.inputs.decoding`).
+    """The loader's batches as :class:`Loaded` ones: decoded on the device where the preprocessing says so
+    (:mod:`hookcli.inputs.decoding`); else, for a GPU (:func:`scaled_on_device`), still images come from the workers
+    as uint8, resized and cropped (a quarter of the bytes of floats, to share with this process and to copy to the
+    GPU), and are scaled and normalised there with the arithmetic of torchvision's presets (the same floats).
 
     :meth:`prepare` decodes the next batch early: called once the device has the forward of a batch queued, the
     host's share of decoding (reading the bytes, nvJPEG's Huffman stage) overlaps the device's work.
@@ -199,6 +234,8 @@ class Decoded:
         preprocess = settings.preprocess
         assert preprocess is not None, "resolved settings decide it"
         self.decode = DeviceDecoder(preprocess, settings.device, on_note) if preprocess.decode == "device" else None
+        self.scaled = to_tensor_steps(preprocess).scaled if scaled_on_device(settings) else None
+        self.device = settings.device
         self._next: tuple | None = None
 
     def __iter__(self):
@@ -222,7 +259,12 @@ class Decoded:
             damaged: list[tuple[int, str]] = []
             if self.decode is not None:
                 indices, batch, failures, damaged = self.decode(indices, batch, failures)
+            elif self.scaled is not None and batch is not None:
+                batch = map_batch(batch, self._scaled)
             self._next = Loaded(indices, batch, failures, pictures, damaged)
+
+    def _scaled(self, images):
+        return self.scaled(images.to(self.device, non_blocking=True))
 
 
 @contextlib.contextmanager

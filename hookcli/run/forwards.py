@@ -54,25 +54,66 @@ def prepared_model(loaded: LoadedModel, settings: RunSettings):
 
     ``settings`` must be resolved. ``to_device(batch)`` moves a batch of
     images the same way (non-blocking, channels-last when the model is). The
-    model goes back to the default memory format afterwards.
+    model is given back as it came (:func:`given_back`).
     """
     device = torch.device(settings.device)
     memory_format = settings.memory_format
-    model = speed.to_memory_format(loaded.module.to(device), memory_format)
+    with given_back(loaded.module):
+        model = speed.to_memory_format(loaded.module.to(device), memory_format)
 
-    def to_device(batch):
-        def moved(images):
-            images = images.to(device, non_blocking=True)
-            return speed.to_memory_format(images, memory_format) if images.dim() == 4 else images
+        def to_device(batch):
+            def moved(images):
+                images = images.to(device, non_blocking=True)
+                return speed.to_memory_format(images, memory_format) if images.dim() == 4 else images
 
-        return map_batch(batch, moved)
+            return map_batch(batch, moved)
 
-    try:
         with speed.thread_budget(device, settings.workers):
             yield model, to_device
+
+
+@contextlib.contextmanager
+def given_back(module):
+    """Inside, ``module`` may be moved, laid out and put in eval mode; afterwards each parameter, gradient and
+    buffer is the tensor it was (its device, dtype, memory format and values), each parameter needs a gradient as
+    it did, and each submodule is in its mode, with its hooks and no others.
+
+    >>> net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3)).train()
+    >>> weight = net[0].weight.data_ptr()
+    >>> with given_back(net):
+    ...     _ = net.to(memory_format=torch.channels_last).eval().requires_grad_(False)
+    ...     _ = net.register_forward_hook(lambda *args: None)
+    >>> net[0].weight.data_ptr() == weight, net[0].weight.is_contiguous(), net.training, len(net._forward_hooks)
+    (True, True, True, 0)
+    """
+    held = []
+    for owner in module.modules():
+        parameters = {
+            name: (parameter, parameter.data, parameter.grad, parameter.requires_grad)
+            for name, parameter in owner._parameters.items()
+            if parameter is not None
+        }
+        hooks = {
+            name: dict(table)
+            for name, table in vars(owner).items()
+            if name.endswith("_hooks") and isinstance(table, dict)
+        }
+        held.append((owner, parameters, dict(owner._buffers), owner.training, hooks))
+    try:
+        yield
     finally:
-        if memory_format == "channels_last":
-            model.to(memory_format=torch.contiguous_format)
+        for owner, parameters, buffers, training, hooks in held:
+            for name, (parameter, data, grad, requires_grad) in parameters.items():
+                parameter.data = data
+                parameter.grad = grad
+                parameter.requires_grad_(requires_grad)
+                owner._parameters[name] = parameter
+            owner._buffers.update(buffers)
+            owner.training = training
+            for name, table in hooks.items():
+                current = getattr(owner, name)
+                for key in [key for key in current if key not in table]:
+                    del current[key]
 
 
 class EagerForward:

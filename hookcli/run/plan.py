@@ -140,8 +140,8 @@ def plan_request(asked: RunRequest) -> RunPlan:
                 asked = with_rows(asked, *gather_rows(asked))
         assert asked.rows is not None, "with_rows gives the request its rows"
         kind, path, paths = asked.kind, asked.path, asked.rows.paths
-        device = _device(asked.part, opts)
         model = asked.model
+        device = _device(asked.part, opts, model.module if isinstance(model, LoadedModel) else None)
         loaded = model if isinstance(model, LoadedModel) else _load(asked.choice, opts)
         settings = dataclasses.replace(asked.settings, device=device, preprocess=_preprocess(loaded, opts))
         settings = resolve_settings(settings, loaded, len(paths))
@@ -182,9 +182,10 @@ def plan_request(asked: RunRequest) -> RunPlan:
         )
 
 
-def _device(part, opts: RunOptions):
-    """The run's device, this process's threads on a CPU shared by several, and what the device refuses."""
-    device = resolve_device(local_device(part, opts.device))
+def _device(part, opts: RunOptions, module=None):
+    """The run's device (with ``auto``, where a caller's ``module`` sits if not on the CPU), this process's threads
+    on a CPU shared by several, and what the device refuses."""
+    device = resolve_device(local_device(part, opts.device), module)
     threads = cpu_threads(part)
     if device.type == "cpu" and threads:
         torch.set_num_threads(threads)  # the processes on this machine share its cores

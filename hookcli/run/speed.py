@@ -29,6 +29,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import warnings
 from collections.abc import Iterator, Mapping
 
 import torch
@@ -50,6 +51,7 @@ __all__ = [
     "compiled_extractor",
     "compute_dtype",
     "compute_precision",
+    "float32_math",
     "resolve_settings",
     "thread_budget",
 ]
@@ -67,23 +69,123 @@ def check_precision(precision: str, device) -> None:
         raise UsageProblem(f"precision must be one of {', '.join(PRECISIONS)}, not '{precision}'")
     if precision == "fp16" and device.type == "cpu":
         raise UsageProblem("fp16 compute needs a GPU", hint="use --precision bf16 on the CPU (or fp32)")
+    if precision == "tf32" and device.type != "cuda":
+        raise UsageProblem(
+            f"tf32 is the tensor cores' float32 of NVIDIA GPUs, and this run computes on {device.type}",
+            hint="use --precision fp32 (exact) or bf16",
+        )
+    if precision == "tf32" and torch.cuda.get_device_capability(device) < (8, 0):
+        raise UsageProblem(
+            f"this GPU ({torch.cuda.get_device_name(device)}) has no TF32 tensor cores (they came with Ampere)",
+            hint="use --precision fp32, or fp16",
+        )
     if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
         raise UsageProblem("this GPU cannot compute in bf16", hint="use --precision fp16 (or fp32)")
 
 
 def compute_dtype(precision: str):
-    """The torch dtype a compute precision computes in: ``fp32`` → ``torch.float32``, and so on."""
-    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    """The torch dtype a compute precision computes in: ``fp32`` and ``tf32`` → ``torch.float32``, and so on."""
+    return {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
 
 
 @contextlib.contextmanager
 def compute_precision(precision: str, device) -> Iterator[None]:
-    """Autocast for ``bf16``/``fp16``; nothing for ``fp32``."""
-    if precision == "fp32":
-        yield
+    """The math of ``precision`` for a forward (or a backward) inside: autocast for ``bf16``/``fp16``, and float32
+    as :func:`float32_math` sets it for ``fp32`` and ``tf32``. Entered around each call of the model, never across a
+    ``yield`` that a caller may leave unfinished: torch's settings are the process's own."""
+    if precision in ("fp32", "tf32"):
+        with float32_math(precision, device):
+            yield
         return
     with torch.autocast(device_type=device.type, dtype=compute_dtype(precision)):
         yield
+
+
+#: Where torch keeps the precision of float32 convolutions and matrix products (torch 2.9 on): "ieee" is float32,
+#: "tf32" lets NVIDIA's tensor cores round the inputs to 10 bits of mantissa, "none" inherits.
+_FLOAT32_PRECISIONS = ("cuda.matmul", "cudnn.conv", "cudnn.rnn", "mkldnn.matmul", "mkldnn.conv", "mkldnn.rnn")
+
+
+@contextlib.contextmanager
+def float32_math(precision: str, device) -> Iterator[None]:
+    """Inside, float32 math is what ``precision`` promises; torch's settings come back as they were afterwards.
+
+    - ``fp32``: true float32 on every device. cuDNN convolutions and CUDA
+      matrix products use TF32 unless told not to (torch's defaults); here
+      they are told not to. On CUDA the algorithms are deterministic too
+      (cuDNN's deterministic ones, no benchmarking, torch's deterministic
+      kernels where it has them), so that one process or many write the same
+      bytes.
+    - ``tf32``: TF32 for convolutions and matrix products, algorithms as torch
+      picks them.
+    - ``bf16``/``fp16``: autocast (:func:`compute_precision`); what stays in
+      float32 runs as torch is set.
+    """
+    if precision not in ("fp32", "tf32"):
+        yield
+        return
+    exact = precision == "fp32"
+    with contextlib.ExitStack() as restore:
+        restore.enter_context(_float32_precision("ieee" if exact else "tf32"))
+        if exact:
+            restore.enter_context(_set(torch.backends.cudnn, deterministic=True, benchmark=False))
+            if device.type == "cuda":
+                restore.enter_context(_deterministic_algorithms())
+        yield
+
+
+def _float32_precision(value: str):
+    """``value`` for float32 convolutions and matrix products: torch's per-backend settings where it has them (one
+    must not mix them with the older flags, which it then refuses to read), else the older flags."""
+    if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
+        stack = contextlib.ExitStack()
+        for path in _FLOAT32_PRECISIONS:
+            owner: object = torch.backends
+            for name in path.split("."):
+                owner = getattr(owner, name)
+            if path.startswith("mkldnn") and value == "tf32":
+                continue  # TF32 is NVIDIA's: oneDNN on the CPU stays as set
+            stack.enter_context(_set(owner, fp32_precision=value))
+        return stack
+    allowed = value == "tf32"
+    stack = contextlib.ExitStack()
+    stack.enter_context(_set(torch.backends.cudnn, allow_tf32=allowed))
+    stack.enter_context(_set(torch.backends.cuda.matmul, allow_tf32=allowed))
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high" if allowed else "highest")
+    stack.callback(torch.set_float32_matmul_precision, before)
+    return stack
+
+
+@contextlib.contextmanager
+def _set(owner, **values) -> Iterator[None]:
+    """``owner``'s attributes set to ``values`` inside, back to what they were afterwards."""
+    before = {name: getattr(owner, name) for name in values}
+    for name, value in values.items():
+        setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            setattr(owner, name, value)
+
+
+@contextlib.contextmanager
+def _deterministic_algorithms() -> Iterator[None]:
+    """torch's deterministic kernels inside (with a warning, which is not said, where an operation has none), and
+    cuBLAS's deterministic workspace where the process has not chosen one."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    enabled, warn_only = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*does not have a deterministic implementation")
+            yield
+    finally:
+        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
 
 
 def choose_fuse(choice: bool | None, inputs: int) -> bool:
@@ -199,7 +301,7 @@ def resolve_settings(settings: RunSettings, loaded: LoadedModel, inputs: int) ->
     """
     device = settings.device
     if isinstance(device, str):  # a torch.device is a resolved one, its precision checked as it was resolved
-        device = resolve_device(device)
+        device = resolve_device(device, loaded.module)
         check_precision(settings.precision, device)
     workers = settings.workers if settings.workers is not None else default_workers(device, inputs, settings.batch_size)
     # Fusion, channels-last and compilation go where hookcli.families says a family takes them; the others run

@@ -21,7 +21,8 @@ _STOP = object()
 
 
 class Background:
-    """Calls ``work(item)`` for each submitted item, in order, on a thread of its own.
+    """Calls ``work(item)`` for each submitted item, in order, on a thread of its own, started with the first item
+    (after a run's decode workers have started: see :mod:`hookcli.run.batches`).
 
     :meth:`submit` waits while ``depth`` items are queued (so memory holds at
     most that many beside the one being worked on). A failure of ``work``
@@ -34,11 +35,12 @@ class Background:
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._failure: BaseException | None = None
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
-        self._thread.start()
 
     def submit(self, item: Any) -> None:
         """Queue ``item``; raise an earlier failure of ``work`` instead."""
         self.raise_failure()
+        if self._thread.ident is None:
+            self._thread.start()
         self._queue.put(item)
 
     def close(self) -> None:

@@ -1,0 +1,44 @@
+#!/bin/bash
+# The GPU check: everything a GPU machine can tell that this project's CI cannot, in one run from the repository's
+# root:   bash bench/gpu_check.sh          (on a machine with an NVIDIA GPU; about 7 minutes on one H100)
+#         bash bench/gpu_check.sh quick    (all of it small, on the CPU: to try the script before a GPU is at hand)
+# Prints, and keeps under $OUT (default /tmp/gpu-check): the machine; bench/gpu_bench.py on resnet50 (fp32, tf32,
+# bf16; CPU and device decoding); bench/preprocess_bench.py; CUDA results against CPU results (bench/gpu_exact.py);
+# stats and compare against extract --pool avg (bench/gather_bench.py); the test suite with the default device
+# (CUDA there) under pytest-xdist, its failures listed. Wheels the machine lacks (PyAV, open_clip_torch...) may wait
+# in $WHEELS (default bench/whl/): they are installed into /tmp/site first.
+set -u
+OUT=${OUT:-/tmp/gpu-check}; mkdir -p "$OUT"
+WHEELS=${WHEELS:-bench/whl}
+if ls "$WHEELS"/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$WHEELS"/*.whl >/dev/null 2>&1 \
+    || echo "the wheels in $WHEELS did not install"
+fi
+export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 HOOKCLI_OFFLINE=1
+{
+  nvidia-smi -L 2>/dev/null
+  echo "cores: $(nproc)"
+  python3 -c "import sys, torch, torchvision; print('python', sys.version.split()[0], 'torch', torch.__version__,
+'torchvision', torchvision.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA')"
+} 2>&1 | tee "$OUT/machine.txt"
+if [ "${1:-}" = quick ]; then
+  IMAGES=64 BATCH=16 PHOTOS=4 GATHER=64 SUITE=60 DEVICE=cpu WORKERS=2 PRECISIONS=fp32,bf16
+else
+  IMAGES=4096 BATCH=256 PHOTOS=16 GATHER=2048 SUITE=300 DEVICE=cuda WORKERS=16 PRECISIONS=fp32,tf32,bf16
+fi
+echo "=== bench/gpu_bench.py"
+timeout 200 python3 bench/gpu_bench.py --models resnet50 --images $IMAGES --batch-size $BATCH --device $DEVICE \
+  --precisions $PRECISIONS 2>&1 | tee "$OUT/gpu_bench.txt"
+echo "=== bench/preprocess_bench.py"
+timeout 60 python3 bench/preprocess_bench.py --images 200 2>&1 | tee "$OUT/preprocess_bench.txt"
+echo "=== CUDA against CPU"
+timeout 120 python3 bench/gpu_exact.py --device $DEVICE --photos $PHOTOS 2>&1 | tee "$OUT/exact.txt"
+echo "=== stats and compare against extract --pool avg"
+timeout 120 python3 bench/gather_bench.py --photos $GATHER --batch-size 128 --repeat 1 2>&1 | tee "$OUT/gather.txt"
+echo "=== the suite, default device"
+if python3 -c "import xdist" 2>/dev/null; then parallel="-n $WORKERS"; else parallel=""; fi
+timeout -k 5 $SUITE python3 -m pytest -q $parallel -p no:cacheprovider --tb=short -o addopts="-rfE" \
+  --junitxml="$OUT/junit.xml" tests > "$OUT/pytest.txt" 2>&1
+echo "pytest exit $?"
+grep -E "^(FAILED|ERROR)" "$OUT/pytest.txt" | cut -c1-200 | head -60
+tail -1 "$OUT/pytest.txt"

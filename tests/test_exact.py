@@ -1,0 +1,144 @@
+"""Exact float32 wherever a run computes, and the caller's model given back as it was: what a GPU run relies on,
+checked here on the CPU (torch's settings are read inside a hook; CUDA's only as settings)."""
+
+import os
+
+import pytest
+import torch
+
+import hookcli
+from hookcli.errors import UsageProblem
+from hookcli.inputs.images import load_rgb
+from hookcli.inputs.preprocess import Preprocess
+from hookcli.inputs.transforms import to_tensor_steps, to_transform
+from hookcli.models.loading import load_model
+from hookcli.run.batches import _Images
+from hookcli.run.device import resolve_device
+from hookcli.run.speed import check_precision, float32_math
+
+
+def _float32_settings() -> dict:
+    backends = torch.backends
+    return {
+        "conv": backends.cudnn.conv.fp32_precision,
+        "matmul": backends.cuda.matmul.fp32_precision,
+        "cpu matmul": backends.mkldnn.matmul.fp32_precision,
+        "deterministic": backends.cudnn.deterministic,
+        "benchmark": backends.cudnn.benchmark,
+    }
+
+
+@pytest.fixture
+def loose_settings():
+    """torch set as a speed-minded caller sets it: TF32 everywhere, cuDNN benchmarking; put back afterwards."""
+    before = _float32_settings()
+    torch.backends.cudnn.conv.fp32_precision = "tf32"
+    torch.backends.cuda.matmul.fp32_precision = "tf32"
+    torch.backends.cudnn.benchmark = True
+    yield
+    torch.backends.cudnn.conv.fp32_precision = before["conv"]
+    torch.backends.cuda.matmul.fp32_precision = before["matmul"]
+    torch.backends.cudnn.benchmark = before["benchmark"]
+
+
+def test_fp32_runs_without_tf32_and_deterministically_then_puts_torch_back(loose_settings, photo):
+    loaded = load_model("resnet18", "none")
+    seen = []
+    handle = loaded.module.layer1.register_forward_hook(lambda *args: seen.append(_float32_settings()))
+    hookcli.extract(loaded, "layer2", [photo], precision="fp32")
+    handle.remove()
+    assert seen == [{"conv": "ieee", "matmul": "ieee", "cpu matmul": "ieee", "deterministic": True, "benchmark": False}]
+    assert _float32_settings() == {
+        "conv": "tf32",
+        "matmul": "tf32",
+        "cpu matmul": "none",
+        "deterministic": False,
+        "benchmark": True,
+    }
+
+
+def test_cuda_fp32_takes_deterministic_algorithms_for_the_run_only(monkeypatch):
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    assert not torch.are_deterministic_algorithms_enabled()
+    with float32_math("fp32", torch.device("cuda")):
+        inside = torch.are_deterministic_algorithms_enabled(), os.environ["CUBLAS_WORKSPACE_CONFIG"]
+    assert inside == (True, ":4096:8")
+    assert not torch.are_deterministic_algorithms_enabled()
+    with float32_math("fp32", torch.device("cpu")):  # the CPU's kernels are deterministic as they are
+        assert not torch.are_deterministic_algorithms_enabled()
+
+
+def test_tf32_is_asked_for_and_only_on_nvidia_gpus(loose_settings):
+    torch.backends.cudnn.conv.fp32_precision = "ieee"
+    with float32_math("tf32", torch.device("cuda")):
+        inside = _float32_settings()
+    assert (inside["conv"], inside["matmul"], inside["cpu matmul"], inside["deterministic"]) == (
+        "tf32",
+        "tf32",
+        "none",
+        False,
+    )
+    assert _float32_settings()["conv"] == "ieee"
+    with pytest.raises(UsageProblem) as refused:
+        check_precision("tf32", torch.device("cpu"))
+    assert (refused.value.message, refused.value.hint) == (
+        "tf32 is the tensor cores' float32 of NVIDIA GPUs, and this run computes on cpu",
+        "use --precision fp32 (exact) or bf16",
+    )
+
+
+def test_the_callers_model_comes_back_as_it_was_given(photo):
+    loaded = load_model("resnet18", "none")
+    module = loaded.module.train()
+    module.layer1.requires_grad_(False)
+    module.unused = torch.nn.Linear(2, 2, dtype=torch.float64)  # a dtype of the caller's own, which .to() keeps
+    calls = []
+    module.layer2.register_forward_hook(lambda *args: calls.append(1))
+    pointers = {name: tensor.data_ptr() for name, tensor in module.state_dict(keep_vars=True).items()}
+    hookcli.extract(loaded, "layer1", [photo], memory_format="channels_last")
+    assert {name: tensor.data_ptr() for name, tensor in module.state_dict(keep_vars=True).items()} == pointers
+    assert module.conv1.weight.is_contiguous() and not module.conv1.weight.is_contiguous(
+        memory_format=torch.channels_last
+    )
+    assert module.training and module.layer1[0].bn1.training
+    assert not module.layer1[0].conv1.weight.requires_grad and module.conv1.weight.requires_grad
+    assert module.unused.weight.dtype == torch.float64
+    assert len(module.layer2._forward_hooks) == 1 and not module.layer1._forward_hooks
+    assert calls == [1], "the caller's hook ran (the first forward runs whole), and is still there"
+
+
+def test_auto_runs_a_callers_model_where_it_sits():
+    on_meta = torch.nn.Linear(2, 2, device="meta")
+    assert resolve_device("auto", on_meta) == torch.device("meta")
+    assert resolve_device("auto", torch.nn.Linear(2, 2)) == torch.device("cpu")
+    assert resolve_device("cpu", on_meta) == torch.device("cpu")
+
+
+@pytest.mark.parametrize(
+    "preprocess",
+    [
+        Preprocess(resize=40, crop=32),
+        Preprocess(resize=36, crop=None, kind="segmentation", interpolation="bicubic"),
+        Preprocess(resize=None, crop=None, mean=None, std=None, kind="detection"),
+    ],
+    ids=["classification", "segmentation", "detection"],
+)
+def test_uint8_rows_scaled_on_the_device_are_the_presets_floats(preprocess, photo, make_image, tmp_path):
+    paths = [photo, make_image(tmp_path / "noise.png", size=(50, 41))]
+    images = _Images(paths, preprocess, uint8=True)
+    steps, whole = to_tensor_steps(preprocess), to_transform(preprocess)
+    for index, path in enumerate(paths):
+        _, row, failure, _ = images[index]
+        assert failure is None and row.dtype == torch.uint8
+        assert torch.equal(steps.scaled(row[None])[0], whole(load_rgb(path)))
+
+
+def test_a_run_whose_workers_hand_over_uint8_writes_what_a_cpu_run_writes(monkeypatch, photo, make_image, tmp_path):
+    paths = [photo, *(make_image(tmp_path / f"{i}.png", size=(60, 50), seed=i) for i in range(3))]
+    options = {"weights": "none", "batch_size": 2, "workers": 1, "device": "cpu"}
+    plain = hookcli.extract("resnet18", ["layer1", "fc"], paths, **options)
+    asked = []
+    monkeypatch.setattr("hookcli.run.batches.scaled_on_device", lambda settings: not asked.append(1))  # as on a GPU
+    shipped = hookcli.extract("resnet18", ["layer1", "fc"], paths, **options)
+    assert len(asked) == 2  # the loader's dataset and the batches' finishing
+    assert all(torch.equal(shipped[key], plain[key]) for key in ("layer1", "fc"))
