@@ -179,8 +179,8 @@ RUN_OPTIONS: tuple[Option, ...] = (
         "fast_decode",
         ("--fast-decode",),
         "Decode JPEGs at a reduced scale (1/2, 1/4, 1/8) that keeps the "
-        "shorter side at least twice --resize, then resize as usual: several times faster for large photos; "
-        "pixel values differ slightly.",
+        "shorter side at least twice --resize, and resize only the part the crop keeps: several times faster for "
+        "large photos, a third faster to resize for small ones; pixel values differ slightly.",
         _ALL,
         kind="flag",
         default=False,
@@ -254,7 +254,7 @@ RUN_OPTIONS: tuple[Option, ...] = (
         "workers",
         ("--workers", "-j"),
         "Processes decoding images while the model runs; 0 decodes in the main "
-        "process. [GPU: one per spare core up to 8; CPU: 0 up to 4 cores, then a quarter of them]",
+        "process. [GPU: one per spare core up to 16; CPU: 0 up to 4 cores, then a quarter of them]",
         _ALL,
         kind="int",
         low=0,

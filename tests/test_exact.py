@@ -15,6 +15,8 @@ from hookcli.models.loading import load_model
 from hookcli.run.batches import _Images
 from hookcli.run.device import resolve_device
 from hookcli.run.speed import check_precision, float32_math
+from hookcli.statistics.layer import LayerStats, StatsChoice
+from hookcli.statistics.units import UnitLayout
 
 
 def _float32_settings() -> dict:
@@ -142,3 +144,56 @@ def test_a_run_whose_workers_hand_over_uint8_writes_what_a_cpu_run_writes(monkey
     shipped = hookcli.extract("resnet18", ["layer1", "fc"], paths, **options)
     assert len(asked) == 2  # the loader's dataset and the batches' finishing
     assert all(torch.equal(shipped[key], plain[key]) for key in ("layer1", "fc"))
+
+
+def _layer_after(batches, layout) -> dict:
+    stats = LayerStats(layout, StatsChoice(top=3, top_by="max", quantiles=(0.1, 0.5, 0.99), pca=True), seed=7)
+    for number, rows in enumerate(batches):
+        stats.update(rows, torch.arange(number * len(rows), (number + 1) * len(rows)))
+    return {**stats.state(), **{f"result.{k}": v for k, v in stats.result(torch.arange(100)).items()}}
+
+
+def test_torchs_sort_path_of_the_statistics_equals_numpys_on_the_cpu(monkeypatch):
+    generator = torch.Generator().manual_seed(0)
+    batches = [torch.randn(8, 6, 32, 32, generator=generator).relu_() for _ in range(6)]  # zeros, ties
+    batches[2][0, 1, 2, 2] = float("nan")
+    batches[3][:, 4] = 1.5  # a constant channel
+    layout = UnitLayout.of((6, 32, 32))
+    by_numpy = _layer_after(batches, layout)
+    monkeypatch.setattr("hookcli.statistics.units.numpy_sorts", lambda: False)  # as on a GPU
+    by_torch = _layer_after(batches, layout)
+    assert by_numpy.keys() == by_torch.keys() and "sketch.level1" in by_numpy  # compacted at least once
+    different = [key for key in by_numpy if not torch.equal(by_numpy[key].nan_to_num(-9), by_torch[key].nan_to_num(-9))]
+    assert different == []
+
+
+def test_fast_decode_resizes_the_window_the_crop_keeps_within_a_level(tmp_path):
+    from PIL import Image
+
+    photos = []
+    for number, size in enumerate([(500, 375), (375, 500), (333, 500), (640, 427)]):
+        noise = torch.Generator().manual_seed(number)
+        pixels = torch.randint(0, 256, (size[1] // 8, size[0] // 8, 3), generator=noise, dtype=torch.uint8)
+        path = tmp_path / f"{number}.jpg"
+        Image.fromarray(pixels.numpy()).resize(size, Image.Resampling.BICUBIC).save(path, quality=90)
+        photos.append(path)
+    for interpolation in ("bilinear", "bicubic"):
+        exact = Preprocess(resize=232, crop=224, interpolation=interpolation)
+        fast = to_transform(exact.replace(fast_decode=True))
+        for path in photos:
+            image = load_rgb(path)
+            levels = (fast(image) - to_transform(exact)(image)).mul(torch.tensor(exact.std).view(3, 1, 1)).mul(255)
+            assert levels.shape == (3, 224, 224)
+            assert levels.abs().max() <= 1.0001 and levels.abs().gt(0.5).float().mean() < 0.005
+
+
+def test_a_gpu_run_decodes_with_a_worker_for_each_spare_core_it_may_use(monkeypatch):
+    from hookcli.run.settings import GPU_WORKERS, default_workers
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(6)))  # a Slurm task given 6 of 64 cores
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    cuda = torch.device("cuda")
+    assert (default_workers(cuda, 1000, 256), default_workers(cuda, 256, 256)) == (5, 0)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
+    assert default_workers(cuda, 1000, 256) == GPU_WORKERS == 16
+    assert default_workers(torch.device("cpu"), 1000, 256) == 4  # a quarter of the cores, at most 4

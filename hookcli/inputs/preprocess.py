@@ -7,9 +7,11 @@ field by field, and is recorded in the output's metadata;
 or steps equal to it, so the numbers are exactly those torchvision uses).
 Nothing here imports torch: the pictures read a run's preprocessing back.
 
-``fast_decode`` trades a little of that exactness for speed on large photos:
-JPEGs are decoded at a reduced scale (libjpeg's 1/2, 1/4 or 1/8) that still
-leaves the shorter side at least twice ``resize``, then resized as usual.
+``fast_decode`` trades a little of that exactness for speed: JPEGs are
+decoded at a reduced scale (libjpeg's 1/2, 1/4 or 1/8) that still leaves the
+shorter side at least twice ``resize``, and a classifier's resize and centre
+crop are one resize of the part the crop keeps
+(:func:`hookcli.inputs.transforms.window_resized`).
 ``decode="device"`` decodes and preprocesses on the run's device instead
 (:mod:`hookcli.inputs.decoding`); the transform takes uint8 tensors as well as PIL
 images for that.

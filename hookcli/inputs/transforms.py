@@ -13,6 +13,7 @@ image kinds run :class:`ImageSteps`, equal to torchvision's presets of them.
 from __future__ import annotations
 
 import torch
+from PIL import Image
 from torchvision.transforms import InterpolationMode
 from torchvision.transforms import functional as F
 from torchvision.transforms._presets import ImageClassification, VideoClassification
@@ -24,6 +25,7 @@ __all__ = [
     "VideoSteps",
     "to_tensor_steps",
     "to_transform",
+    "window_resized",
 ]
 
 
@@ -37,6 +39,7 @@ def to_transform(spec: Preprocess):
         and isinstance(spec.resize, int)
         and spec.crop is not None
         and spec.mean is not None
+        and not spec.fast_decode
     ):
         return ImageClassification(
             crop_size=spec.crop,
@@ -87,8 +90,20 @@ class ImageSteps:
         return self.scaled(image if isinstance(image, torch.Tensor) else F.pil_to_tensor(image))
 
     def geometry(self, image):
-        """Resize and crop as the preprocessing says; PIL in, PIL out, or uint8 tensors in and out."""
+        """Resize and crop as the preprocessing says; PIL in, PIL out, or uint8 tensors in and out. With
+        ``fast_decode`` a PIL image's shorter side to ``resize`` and its centre ``crop`` are one resize of the window
+        the crop keeps (:func:`window_resized`)."""
         spec = self.spec
+        if (
+            spec.fast_decode
+            and isinstance(spec.resize, int)
+            and spec.crop is not None
+            and spec.interpolation in _PIL_FILTERS
+            and not torch.is_tensor(image)
+        ):
+            found = window_resized(image, spec.resize, spec.crop, _PIL_FILTERS[spec.interpolation])
+            if found is not None:
+                return found
         if spec.resize is not None:
             size = list(spec.resize) if isinstance(spec.resize, tuple) else [spec.resize]
             image = F.resize(image, size, interpolation=self.mode, antialias=spec.antialias)
@@ -109,6 +124,35 @@ class ImageSteps:
             )
         mean, std = self._normalisation[values.device]
         return values.sub_(mean).div_(std)
+
+
+#: Pillow's resampling filter for the interpolations resized by window (what torchvision's resize of a PIL image
+#: uses).
+_PIL_FILTERS = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC}
+
+
+def window_resized(image: Image.Image, resize: int, crop: int, resample) -> Image.Image | None:
+    """``image`` with its shorter side resized to ``resize`` and centre-cropped to ``crop``², as torchvision sizes
+    and places them, by resizing only the window the crop keeps (Pillow's ``box``): about 30% less work than the
+    whole resize for a 500x375 photo. The two passes are asked for one at a time, across first, as Pillow makes
+    the whole resize (given both at once it may go down first, which moves 15% of the values by a level): the
+    pixels are the same but for about one value in 2,000, one level off (a filter window whose rounded start
+    moves by one). None where the crop is larger than the resized image.
+
+    >>> photo = Image.new("RGB", (500, 375), (200, 30, 90))
+    >>> window_resized(photo, 232, 224, Image.Resampling.BILINEAR).getpixel((0, 0))
+    (200, 30, 90)
+    """
+    width, height = image.size
+    short, long = sorted((width, height))
+    new_short, new_long = resize, int(resize * long / short)
+    new_width, new_height = (new_short, new_long) if width <= height else (new_long, new_short)
+    if crop > new_width or crop > new_height:
+        return None
+    top, left = int(round((new_height - crop) / 2.0)), int(round((new_width - crop) / 2.0))
+    across, down = width / new_width, height / new_height
+    rows = image.resize((crop, height), resample, box=(left * across, 0, (left + crop) * across, height))
+    return rows.resize((crop, crop), resample, box=(0, top * down, crop, (top + crop) * down))
 
 
 class VideoSteps:

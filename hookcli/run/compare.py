@@ -191,15 +191,15 @@ def _run_models(one: RunPlan, two: RunPlan | None, choice: CompareChoice, emit: 
     def batches(order: Iterable[list[int]]) -> Iterator[Batch]:
         if two is None:
             yield from iter_batches(one.loaded, one.layers, one.inputs, one.settings, forward=one.forward,
-                                    order=order, on_note=note)  # fmt: skip
+                                    order=order, on_note=note, rows_on_device=True)  # fmt: skip
             return
         mine, theirs = itertools.tee(order)
         yield from map(
             _together,
             iter_batches(one.loaded, one.layers, one.inputs, one.settings, forward=one.forward, order=mine,
-                         on_note=note),
+                         on_note=note, rows_on_device=True),
             iter_batches(two.loaded, two.layers, two.inputs, two.settings, forward=two.forward, order=theirs,
-                         on_note=note),
+                         on_note=note, rows_on_device=True),
         )  # fmt: skip
 
     result, _ = carry_out(

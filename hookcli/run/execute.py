@@ -66,6 +66,7 @@ def execute(run: RunPlan, progress: Callable[[Event], None] | None = None):
             order=order,
             on_note=note,
             picture=writer.picture if isinstance(writer, CamOverlays) else None,
+            rows_on_device=isinstance(writer, GatheringWriter),
         )
 
     with contextlib.closing(run.team) if run.team is not None else contextlib.nullcontext():

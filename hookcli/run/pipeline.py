@@ -69,6 +69,7 @@ def iter_batches(
     order: Iterable[list[int]] | None = None,
     on_note: Callable[[str], None] | None = None,
     picture: PictureMaker | None = None,
+    rows_on_device: bool = False,
 ) -> Iterator[Batch]:
     """Yield :class:`Batch` es of ``paths`` in input order, or the batches of input indices ``order`` gives.
 
@@ -78,7 +79,8 @@ def iter_batches(
     reported in ``Batch.failures`` and left out. ``on_note(text)`` hears why
     a strategy fell back to another (compile to eager, fused to unfused).
     ``picture`` makes a picture of each image where it is decoded (a CAM's
-    photo), from the same decode; they come in ``Batch.pictures``.
+    photo), from the same decode; they come in ``Batch.pictures``. With ``rows_on_device`` the features stay on the
+    run's device (a gathering run's accumulators take them there) instead of coming to the CPU.
     """
     settings = resolve_settings(settings or RunSettings(), loaded, len(paths))
     make_forward = forward or extraction_forward(settings)
@@ -99,14 +101,16 @@ def iter_batches(
                 captured, targets = run(to_device(batch))
                 batches.prepare()  # while the device computes this batch
                 features = {
-                    key: _stored(key, value, settings.pool, cast, ragged, square) for key, value in captured.items()
+                    key: _stored(key, value, settings.pool, cast, ragged, square, rows_on_device)
+                    for key, value in captured.items()
                 }
                 facts = run.facts()
             yield Batch(indices, features, failures, targets, facts, pictures, damaged)
 
 
-def _stored(key: str, value, pool: str | None, cast, ragged: bool, square: bool = False):
-    """A captured batch (or list of rows) pooled, cast and on the CPU; detections and integers kept as they are.
+def _stored(key: str, value, pool: str | None, cast, ragged: bool, square: bool = False, on_device: bool = False):
+    """A captured batch (or list of rows) pooled, cast and on the CPU (``on_device``: a batch stays where it is);
+    detections and integers kept as they are.
 
     In a run whose rows may differ in shape (``ragged``) it is always a list of rows, so a key keeps one form.
     ``square``: the inputs are square, so a ``[N, H, W, C]`` output is told apart (see :func:`_pooled`).
@@ -120,7 +124,8 @@ def _stored(key: str, value, pool: str | None, cast, ragged: bool, square: bool 
 
     if isinstance(value, list):
         return _on_cpu(key, [finish(row, row=True) for row in value])
-    stored = finish(value, row=False).to("cpu")
+    stored = finish(value, row=False)
+    stored = stored if on_device else stored.to("cpu")
     return list(stored) if ragged else stored
 
 

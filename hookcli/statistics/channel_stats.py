@@ -99,7 +99,7 @@ class GatheredStats:
                 # Each shard and key draws its own random choices, the same whichever process computes it.
                 layout = self.gathering.layout(key, value.shape[1:])
                 seed = self.number * 1009 + position
-                self.layers[key] = LayerStats(layout, self.gathering.choice, seed=seed, key=key)
+                self.layers[key] = LayerStats(layout, self.gathering.choice, seed=seed, key=key, device=value.device)
             self.layers[key].update(value, rows)
 
     def seal(self) -> None:

@@ -35,6 +35,7 @@ and :data:`MAX_CHANNELS` at most.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 
@@ -58,9 +59,9 @@ class Covariance:
     matrix (computed from the rows in one go, then updated batch by batch).
     """
 
-    def __init__(self, channels: int) -> None:
+    def __init__(self, channels: int, *, device=None) -> None:
         self.channels, self.count = channels, 0
-        self.rows: torch.Tensor | None = torch.zeros(0, channels, dtype=_F64)
+        self.rows: torch.Tensor | None = torch.zeros(0, channels, dtype=_F64, device=device)
         self.mean: torch.Tensor | None = None
         self.comoment: torch.Tensor | None = None
 
@@ -100,8 +101,9 @@ class Covariance:
     def merge(self, other: Covariance) -> None:
         if not other.count:
             return
+        device = (self.rows if self.rows is not None else self.mean).device  # type: ignore[union-attr]
         if self.rows is not None and other.rows is not None and self.count + other.count <= self.most_rows:
-            self.rows = torch.cat([self.rows, other.rows])
+            self.rows = torch.cat([self.rows, other.rows.to(device)])
             self.count += other.count
             return
         mean, comoment = self._moments()
@@ -109,6 +111,7 @@ class Covariance:
             (other.mean, other.comoment) if other.rows is None else _moments_of(other.rows, self.channels)
         )
         assert other_mean is not None and other_comoment is not None, "the rows or the moments are kept"
+        other_mean, other_comoment = other_mean.to(device), other_comoment.to(device)
         total = self.count + other.count
         delta = other_mean - mean
         comoment += other_comoment
@@ -128,11 +131,12 @@ class Covariance:
         """``(eigenvalues [C], eigenvectors [C, C])`` of :attr:`matrix`, as :func:`principal_components` gives
         them; from the pooled rows while they are kept (see the module's description)."""
         if self.rows is None or self.count < 2:
-            return principal_components(self.matrix)
+            return principal_components(self.matrix.cpu())
+        rows = self.rows.cpu()
         try:
-            _, singular, turned = torch.linalg.svd(self.rows - self.rows.mean(dim=0), full_matrices=False)
+            _, singular, turned = torch.linalg.svd(rows - rows.mean(dim=0), full_matrices=False)
         except torch.linalg.LinAlgError:  # the divide and conquer SVD can fail to converge: the matrix's then
-            return principal_components(self.matrix)
+            return principal_components(self.matrix.cpu())
         values = torch.zeros(self.channels, dtype=_F64)
         values[: len(singular)] = singular.square() / (self.count - 1)
         return values, _signed(_completed(turned.T))
@@ -140,9 +144,9 @@ class Covariance:
     def state(self) -> dict[str, torch.Tensor]:
         found = {"count": torch.tensor(self.count, dtype=torch.int64)}
         if self.rows is not None:
-            return {**found, "rows": self.rows}
+            return {**found, "rows": self.rows.cpu()}
         assert self.mean is not None and self.comoment is not None, "the rows or the moments are kept"
-        return {**found, "mean": self.mean, "comoment": self.comoment}
+        return {**found, "mean": self.mean.cpu(), "comoment": self.comoment.cpu()}
 
     @classmethod
     def from_state(cls, state: Mapping[str, torch.Tensor]) -> Covariance:
@@ -159,7 +163,8 @@ class Covariance:
 def _moments_of(rows: torch.Tensor, channels: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The mean and co-moment matrix (the sum of the outer products of the deviations) of ``rows``."""
     if not rows.shape[0]:
-        return torch.zeros(channels, dtype=_F64), torch.zeros(channels, channels, dtype=_F64)
+        zeros = functools.partial(torch.zeros, dtype=_F64, device=rows.device)
+        return zeros(channels), zeros(channels, channels)
     mean = rows.mean(dim=0)
     deviations = rows - mean
     return mean, deviations.T @ deviations

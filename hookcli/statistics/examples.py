@@ -34,24 +34,27 @@ SCORES = ("max", "mean")
 class TopExamples:
     """Each of ``channels`` channels' ``count`` top inputs over maps of ``positions`` values (see the module)."""
 
-    def __init__(self, channels: int, count: int, *, positions: int, by: str = "max") -> None:
+    def __init__(self, channels: int, count: int, *, positions: int, by: str = "max", device=None) -> None:
         if by not in SCORES:
             raise ValueError(f"by must be one of {', '.join(SCORES)}, not {by!r}")
         self.count, self.by = count, by
-        self.values = torch.empty(channels, 0)
-        self.rows = torch.empty(channels, 0, dtype=torch.int64)
-        self.at = torch.empty(channels, 0, dtype=torch.int64)  # the flat position of each example's largest value
-        self.maps = torch.empty(channels, 0, positions)
+        self.values = torch.empty(channels, 0, device=device)
+        self.rows = torch.empty(channels, 0, dtype=torch.int64, device=device)
+        # The flat position of each example's largest value.
+        self.at = torch.empty(channels, 0, dtype=torch.int64, device=device)
+        self.maps = torch.empty(channels, 0, positions, device=device)
 
     def update(self, batch: UnitBatch) -> None:
         maps = batch.maps.to(torch.float32)  # [n, C, P]
         peaks, at = maps.max(dim=2)  # the index of the first largest value
         scores = peaks if self.by == "max" else batch.pooled.to(torch.float32)
         channels = maps.shape[1]
-        self._keep(scores.T, batch.rows[None].expand(channels, -1), at.T, maps.transpose(0, 1))
+        rows = batch.rows.to(maps.device)[None].expand(channels, -1)
+        self._keep(scores.T, rows, at.T, maps.transpose(0, 1))
 
     def merge(self, other: TopExamples) -> None:
-        self._keep(other.values, other.rows, other.at, other.maps)
+        device = self.values.device
+        self._keep(*(tensor.to(device) for tensor in (other.values, other.rows, other.at, other.maps)))
 
     def _keep(self, values, rows, at, maps) -> None:
         """Keep the best of the examples held and the candidates (``[C, m]`` values, rows and positions, and
@@ -66,7 +69,7 @@ class TopExamples:
         if held:
             kept = self.maps.gather(1, order.clamp(max=held - 1)[:, :, None].expand(-1, -1, self.maps.shape[2]))
         else:
-            kept = torch.empty(order.shape[0], order.shape[1], maps.shape[2])
+            kept = torch.empty(order.shape[0], order.shape[1], maps.shape[2], device=maps.device)
         new = order >= held
         channel, place = new.nonzero(as_tuple=True)
         kept[channel, place] = maps[channel, order[channel, place] - held]
@@ -74,10 +77,10 @@ class TopExamples:
 
     def state(self) -> dict[str, torch.Tensor]:
         return {
-            "values": self.values,
-            "rows": self.rows,
-            "at": self.at,
-            "maps": self.maps,
+            "values": self.values.cpu(),
+            "rows": self.rows.cpu(),
+            "at": self.at.cpu(),
+            "maps": self.maps.cpu(),
             "info": torch.tensor([self.count, SCORES.index(self.by)], dtype=torch.int64),
         }
 

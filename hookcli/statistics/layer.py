@@ -51,10 +51,12 @@ class StatsChoice:
 
 
 class LayerStats:
-    """The accumulators of one layer of ``layout`` (see the module). ``seed`` draws the quantile sketch's
-    random choices."""
+    """The accumulators of one layer of ``layout`` (see the module), on ``device`` (the rows' own: a GPU run's
+    statistics are gathered on the GPU). ``seed`` draws the quantile sketch's random choices."""
 
-    def __init__(self, layout: UnitLayout, choice: StatsChoice, *, seed: int = 0, key: str = "the layer") -> None:
+    def __init__(
+        self, layout: UnitLayout, choice: StatsChoice, *, seed: int = 0, key: str = "the layer", device=None
+    ) -> None:
         self.layout, self.choice = layout, choice
         channels = layout.channels
         if choice.pca and channels > MAX_CHANNELS:
@@ -63,10 +65,10 @@ class LayerStats:
                 f"(at most {MAX_CHANNELS} channels are covered)",
                 hint="add --no-pca to gather the other statistics",
             )
-        self.moments = Moments(channels)
-        self.sketch = QuantileSketch(channels, seed=seed)
-        self.examples = TopExamples(channels, choice.top, positions=layout.positions, by=choice.top_by)
-        self.covariance = Covariance(channels) if choice.pca else None
+        self.moments = Moments(channels, device=device)
+        self.sketch = QuantileSketch(channels, seed=seed, device=device)
+        self.examples = TopExamples(channels, choice.top, positions=layout.positions, by=choice.top_by, device=device)
+        self.covariance = Covariance(channels, device=device) if choice.pca else None
 
     @property
     def _parts(self) -> dict[str, Accumulator]:
@@ -99,9 +101,9 @@ class LayerStats:
 
     def result(self, positions: torch.Tensor) -> dict[str, torch.Tensor]:
         """The layer's tensors as a statistics file holds them, by field. ``positions`` gives each input's row in
-        the file's ``inputs`` (the examples are numbered by row, not by input)."""
+        the file's ``inputs`` (the examples are numbered by row, not by input). On the CPU, wherever gathered."""
         moments, examples, layout = self.moments, self.examples, self.layout
-        levels = torch.tensor(self.choice.quantiles, dtype=torch.float64)
+        levels = torch.tensor(self.choice.quantiles, dtype=torch.float64, device=moments.mean.device)
         quantiles = self.sketch.quantiles(self.choice.quantiles)
         quantiles = torch.where(levels == 0, moments.min[:, None], quantiles)  # the ends are known exactly
         quantiles = torch.where(levels == 1, moments.max[:, None], quantiles)
@@ -115,7 +117,7 @@ class LayerStats:
             "zeros": moments.zeros,
             "quantiles": quantiles,
             "top_values": examples.values,
-            "top_rows": positions[examples.rows],
+            "top_rows": positions[examples.rows.cpu()],
             "top_maps": examples.maps.reshape(layout.channels, kept, *layout.spatial),
         }
         if layout.spatial:
@@ -123,4 +125,5 @@ class LayerStats:
         if self.covariance is not None:
             found["pca_values"], found["pca_vectors"] = self.covariance.components()
             found["cov"] = self.covariance.matrix  # made after the components: not held while they are found
-        return {name: found[name].contiguous() for name in layer_fields(pca=self.choice.pca, spatial=layout.spatial)}
+        wanted = layer_fields(pca=self.choice.pca, spatial=layout.spatial)
+        return {name: found[name].cpu().contiguous() for name in wanted}

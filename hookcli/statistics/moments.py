@@ -32,13 +32,13 @@ _F64 = torch.float64
 class Moments:
     """Running moments of ``channels`` channels (see the module's description)."""
 
-    def __init__(self, channels: int) -> None:
+    def __init__(self, channels: int, *, device=None) -> None:
         self.count = 0
-        self._mean = torch.zeros(channels, dtype=_F64)
-        self._squares = torch.zeros(channels, dtype=_F64)  # the sum of squared deviations from the mean
-        self.min = torch.full((channels,), float("inf"), dtype=_F64)
-        self.max = torch.full((channels,), float("-inf"), dtype=_F64)
-        self._zeros = torch.zeros(channels, dtype=torch.int64)
+        self._mean = torch.zeros(channels, dtype=_F64, device=device)
+        self._squares = torch.zeros(channels, dtype=_F64, device=device)  # the sum of squared deviations from the mean
+        self.min = torch.full((channels,), float("inf"), dtype=_F64, device=device)
+        self.max = torch.full((channels,), float("-inf"), dtype=_F64, device=device)
+        self._zeros = torch.zeros(channels, dtype=torch.int64, device=device)
 
     def update(self, batch: UnitBatch) -> None:
         means = batch.pooled  # each row's mean, and its squared deviations: groups of equal size, merged
@@ -47,9 +47,9 @@ class Moments:
         mean = means.mean(dim=0)
         squares = batch.spread.sum(dim=0) + batch.layout.positions * (means - mean).square().sum(dim=0)
         if batch.maps.dtype == torch.float32:  # sorted for the quantiles already: the ends are the extremes
-            ordered = torch.from_numpy(batch.ordered)
+            ordered = batch.ordered
             low, high = ordered[:, 0].to(_F64), ordered[:, -1].to(_F64)
-            zero = torch.zeros(ordered.shape[0], 1)
+            zero = torch.zeros(ordered.shape[0], 1, device=ordered.device)
             zeros = (torch.searchsorted(ordered, zero, right=True) - torch.searchsorted(ordered, zero))[:, 0]
         else:  # float64 values, which the sorted float32 copy would round
             low, high = batch.values.amin(dim=1), batch.values.amax(dim=1)
@@ -59,8 +59,10 @@ class Moments:
 
     def merge(self, other: Moments) -> None:
         if other.count:
-            self._combine(other.count, other._mean, other._squares, other.min, other.max)
-            self._zeros += other._zeros
+            device = self._mean.device
+            mean, squares, low, high = (t.to(device) for t in (other._mean, other._squares, other.min, other.max))
+            self._combine(other.count, mean, squares, low, high)
+            self._zeros += other._zeros.to(device)
 
     def _combine(self, count: int, mean, squares, low, high) -> None:
         total = self.count + count
@@ -90,11 +92,11 @@ class Moments:
     def state(self) -> dict[str, torch.Tensor]:
         return {
             "count": torch.tensor(self.count, dtype=torch.int64),
-            "mean": self._mean,
-            "squares": self._squares,
-            "min": self.min,
-            "max": self.max,
-            "zeros": self._zeros,
+            "mean": self._mean.cpu(),
+            "squares": self._squares.cpu(),
+            "min": self.min.cpu(),
+            "max": self.max.cpu(),
+            "zeros": self._zeros.cpu(),
         }
 
     @classmethod

@@ -78,8 +78,8 @@ class LinearCKA:
         joined = torch.cat([x.to(_F64) for x in (first if self.same else [*first, *second])], dim=1)
         if self.mean is None:
             self.widths = [x.shape[1] for x in (first if self.same else [*first, *second])]
-            self.mean = torch.zeros(joined.shape[1], dtype=_F64)
-            self.comoment = torch.zeros(joined.shape[1], joined.shape[1], dtype=_F64)
+            self.mean = torch.zeros(joined.shape[1], dtype=_F64, device=joined.device)
+            self.comoment = torch.zeros(joined.shape[1], joined.shape[1], dtype=_F64, device=joined.device)
         assert self.comoment is not None, "made with the means"
         count, total = joined.shape[0], self.count + joined.shape[0]
         mean = joined.mean(dim=0)
@@ -97,8 +97,9 @@ class LinearCKA:
             return
         assert other.mean is not None and other.comoment is not None, "a count comes with its sums"
         total = self.count + other.count
-        delta = other.mean - self.mean
-        self.comoment = self.comoment + other.comoment + torch.outer(delta, delta) * (self.count * other.count / total)
+        other_mean, other_comoment = other.mean.to(self.mean.device), other.comoment.to(self.mean.device)
+        delta = other_mean - self.mean
+        self.comoment = self.comoment + other_comoment + torch.outer(delta, delta) * (self.count * other.count / total)
         self.mean = self.mean + delta * (other.count / total)
         self.count = total
 
@@ -113,12 +114,13 @@ class LinearCKA:
             return torch.full(self.shape, float("nan"), dtype=_F64)
         blocks = self._blocks()
         second = blocks if self.same else blocks[rows:]
-        norms = [torch.linalg.matrix_norm(self.comoment[b, b]) for b in blocks]
+        comoment = self.comoment.cpu()
+        norms = [torch.linalg.matrix_norm(comoment[b, b]) for b in blocks]
         second_norms = norms if self.same else norms[rows:]
         found = torch.empty(self.shape, dtype=_F64)
         for i in range(rows):
             for j in range(columns):
-                cross = self.comoment[blocks[i], second[j]]
+                cross = comoment[blocks[i], second[j]]
                 found[i, j] = (cross * cross).sum() / (norms[i] * second_norms[j])
         return found
 
@@ -128,8 +130,8 @@ class LinearCKA:
         return {
             "count": torch.tensor(self.count, dtype=torch.int64),
             "widths": torch.tensor(self.widths, dtype=torch.int64),
-            "mean": self.mean,
-            "comoment": self.comoment,
+            "mean": self.mean.cpu(),
+            "comoment": self.comoment.cpu(),
         }
 
     @classmethod
@@ -174,6 +176,7 @@ class MinibatchCKA:
             raise ValueError(f"a minibatch of {size} rows: the unbiased HSIC takes {MIN_BATCH} at least")
         grams = [self._gram(x) for x in first]
         others = grams if self.same else [self._gram(y) for y in second]
+        self._to(grams[0].device)
         own = torch.stack([hsic_unbiased(g, g) for g in grams])
         self.first += own
         self.second += own if self.same else torch.stack([hsic_unbiased(g, g) for g in others])
@@ -185,25 +188,31 @@ class MinibatchCKA:
         flat = x.reshape(x.shape[0], -1).to(_F64)
         return flat @ flat.T
 
+    def _to(self, device) -> None:
+        """The sums on ``device``, where the minibatches are."""
+        self.cross, self.first, self.second = (t.to(device) for t in (self.cross, self.first, self.second))
+
     def merge(self, other: MinibatchCKA) -> None:
+        device = self.cross.device
         self.batches += other.batches
-        self.cross += other.cross
-        self.first += other.first
-        self.second += other.second
+        self.cross += other.cross.to(device)
+        self.first += other.first.to(device)
+        self.second += other.second.to(device)
 
     def result(self) -> torch.Tensor:
         """The estimate of each pair, float64 ``[A, B]`` (NaN where a representation has no spread)."""
         if not self.batches:
             return torch.full(self.shape, float("nan"), dtype=_F64)
-        scale = torch.sqrt(self.first[:, None] * self.second[None, :])
-        return torch.where(scale > 0, self.cross / scale, torch.full_like(scale, float("nan")))
+        first, second, cross = self.first.cpu(), self.second.cpu(), self.cross.cpu()
+        scale = torch.sqrt(first[:, None] * second[None, :])
+        return torch.where(scale > 0, cross / scale, torch.full_like(scale, float("nan")))
 
     def state(self) -> dict[str, torch.Tensor]:
         return {
             "batches": torch.tensor(self.batches, dtype=torch.int64),
-            "cross": self.cross,
-            "first": self.first,
-            "second": self.second,
+            "cross": self.cross.cpu(),
+            "first": self.first.cpu(),
+            "second": self.second.cpu(),
         }
 
     @classmethod
@@ -227,8 +236,8 @@ class RSARows:
     def update(self, representations: Sequence[torch.Tensor], rows: torch.Tensor) -> None:
         wanted = int((rows < self.limit).sum())  # rows come in order: the first ones are those below the limit
         if wanted:
-            for kept, x in zip(self.rows, representations):
-                kept.append(x[:wanted].reshape(wanted, -1).to(_F64))
+            for kept, x in zip(self.rows, representations):  # a few rows, kept on the CPU for the RDMs
+                kept.append(x[:wanted].reshape(wanted, -1).to("cpu", _F64))
             self.kept += wanted
 
     def merge(self, other: RSARows) -> None:

@@ -54,11 +54,11 @@ _SHRINK = 2 / 3
 class QuantileSketch:
     """A KLL sketch of each of ``channels`` channels (see the module's description)."""
 
-    def __init__(self, channels: int, *, k: int = DEFAULT_K, seed: int = 0) -> None:
+    def __init__(self, channels: int, *, k: int = DEFAULT_K, seed: int = 0, device=None) -> None:
         self.channels, self.k, self.seed = channels, k, seed
         self.count = 0
         self.compactions = 0
-        self.levels: list[np.ndarray] = [np.empty((channels, 0), dtype=np.float32)]
+        self.levels: list[torch.Tensor] = [torch.empty((channels, 0), dtype=torch.float32, device=device)]
 
     @property
     def size(self) -> int:
@@ -71,17 +71,18 @@ class QuantileSketch:
         if ordered.shape[1] > self._capacity(0):  # compacted as it comes: sorted once, for the moments too
             self._compact(0, ordered)
         else:
-            self.levels[0] = np.concatenate([self.levels[0], ordered], axis=1)
+            self.levels[0] = torch.cat([self.levels[0], ordered], dim=1)
         self._compress()
 
     def merge(self, other: QuantileSketch) -> None:
         if other.k != self.k:
             raise ValueError(f"a sketch of k={other.k} cannot merge into one of k={self.k}")
+        device = self.levels[0].device
         for height, level in enumerate(other.levels):
             if height == len(self.levels):
-                self.levels.append(level.copy())
+                self.levels.append(level.to(device, copy=True))
             else:
-                self.levels[height] = np.concatenate([self.levels[height], level], axis=1)
+                self.levels[height] = torch.cat([self.levels[height], level.to(device)], dim=1)
         self.count += other.count
         self._compress()
 
@@ -93,25 +94,26 @@ class QuantileSketch:
         while height < len(self.levels):
             level = self.levels[height]
             if level.shape[1] > self._capacity(height):
-                self.levels[height] = np.empty((self.channels, 0), dtype=np.float32)
+                self.levels[height] = level[:, :0]
                 # A level is runs already sorted (each compaction's).
                 self._compact(height, sort_rows(level, stable=True))
             height += 1
 
-    def _compact(self, height: int, ordered: np.ndarray) -> None:
+    def _compact(self, height: int, ordered: torch.Tensor) -> None:
         """Move every other value of ``ordered`` (a level's values, sorted), from a random first one, up a level;
-        an odd one out (the largest) stays."""
+        an odd one out (the largest) stays. The choices are numpy's on the CPU wherever the values are, so that
+        a sketch on a GPU makes the ones a sketch on the CPU makes."""
         half = ordered.shape[1] // 2
         pairs = ordered[:, : 2 * half].reshape(self.channels, half, 2)
         chosen = np.random.default_rng(self.seed * 1_000_003 + self.compactions)
         self.compactions += 1
-        second = chosen.integers(0, 2, size=(self.channels, 1)).astype(bool)
-        up = np.where(second, pairs[:, :, 1], pairs[:, :, 0])  # several times faster than a gather of the indices
-        self.levels[height] = np.concatenate([self.levels[height], ordered[:, 2 * half :]], axis=1)
+        second = torch.from_numpy(chosen.integers(0, 2, size=(self.channels, 1)).astype(bool)).to(ordered.device)
+        up = torch.where(second, pairs[:, :, 1], pairs[:, :, 0])  # several times faster than a gather of the indices
+        self.levels[height] = torch.cat([self.levels[height], ordered[:, 2 * half :]], dim=1)
         if height + 1 == len(self.levels):
             self.levels.append(up)
         else:
-            self.levels[height + 1] = np.concatenate([self.levels[height + 1], up], axis=1)
+            self.levels[height + 1] = torch.cat([self.levels[height + 1], up], dim=1)
 
     def quantiles(self, levels: Sequence[float]) -> torch.Tensor:
         """Each channel's value at each of ``levels`` (in [0, 1]), float64 ``[C, Q]``; NaN before any value.
@@ -119,12 +121,13 @@ class QuantileSketch:
         Sorts each level in place (the order of a level's values means nothing to the sketch)."""
         if not self.count:
             return torch.full((self.channels, len(levels)), float("nan"), dtype=torch.float64)
+        device = self.levels[0].device
         # The smallest value whose rank reaches the level, found by halving the range of 32-bit keys that sort as
         # the values do (:func:`_values_of_keys`): 32 rounds of searches in each level, sorted, for the value of a key,
         # instead of a sort of every value held.
-        held = [torch.from_numpy(sort_rows(level, stable=True)) for level in self.levels]
+        held = [sort_rows(level, stable=True) for level in self.levels]
         # NaN (sorted last) would break the searches: searched as infinity, and its weight kept apart.
-        unknown = torch.zeros(self.channels, 1, dtype=torch.int64)
+        unknown = torch.zeros(self.channels, 1, dtype=torch.int64, device=device)
         for h, level in enumerate(held):
             missing = level.isnan()
             if missing.any():
@@ -136,9 +139,9 @@ class QuantileSketch:
             found = sum(torch.searchsorted(level, values, right=True) << h for h, level in enumerate(held))
             return found - torch.where(keys == _HIGHEST, unknown, 0)
 
-        wanted = torch.tensor(levels, dtype=torch.float64).mul(self.count).expand(self.channels, -1)
-        low = torch.full(wanted.shape, _LOWEST, dtype=torch.int64)
-        high = torch.full(wanted.shape, _HIGHEST, dtype=torch.int64)
+        wanted = torch.tensor(levels, dtype=torch.float64, device=device).mul(self.count).expand(self.channels, -1)
+        low = torch.full(wanted.shape, _LOWEST, dtype=torch.int64, device=device)
+        high = torch.full(wanted.shape, _HIGHEST, dtype=torch.int64, device=device)
         for _ in range(32):
             middle = (low + high) // 2
             reached = rank(middle)
@@ -150,17 +153,15 @@ class QuantileSketch:
         return torch.where((reached >= wanted) & (reached > 0), found, float("nan"))  # NaN: past every number
 
     def state(self) -> dict[str, torch.Tensor]:
-        found = {f"level{height}": torch.from_numpy(level) for height, level in enumerate(self.levels)}
+        found = {f"level{height}": level.cpu() for height, level in enumerate(self.levels)}
         found["info"] = torch.tensor([self.count, self.k, self.seed, self.compactions], dtype=torch.int64)
         return found
 
     @classmethod
     def from_state(cls, state: Mapping[str, torch.Tensor]) -> QuantileSketch:
         count, k, seed, compactions = (int(n) for n in state["info"].tolist())
-        # Levels are sorted in place: a part's arrays may be read-only.
-        levels = [
-            np.require(state[f"level{h}"].to(torch.float32).numpy(), requirements="W") for h in range(_heights(state))
-        ]
+        # Levels are sorted in place: a part's arrays may be read-only, so each is a copy.
+        levels = [state[f"level{h}"].to(torch.float32, copy=True) for h in range(_heights(state))]
         made = cls(levels[0].shape[0], k=k, seed=seed)
         made.count, made.compactions, made.levels = count, compactions, levels
         return made

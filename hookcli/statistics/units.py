@@ -32,7 +32,7 @@ import torch
 
 from hookcli.errors import CaptureError
 
-__all__ = ["UnitBatch", "UnitLayout", "sort_rows"]
+__all__ = ["UnitBatch", "UnitLayout", "numpy_sorts", "sort_rows"]
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,7 @@ class UnitBatch:
     """One batch of a layer's rows as its units see it, each view made once for every accumulator that asks.
 
     ``maps``: ``[n, C, P]``; ``values``: ``[C, n·P]``, every value of each
-    channel (``ordered``: sorted, as numpy); ``pooled``: ``[n, C]`` float64,
+    channel (``ordered``: sorted); ``pooled``: ``[n, C]`` float64,
     each row's mean over its positions (``spread``: the sum of its squared
     deviations from that mean); ``rows``: int64 ``[n]``, the inputs the rows
     came from.
@@ -141,25 +141,33 @@ class UnitBatch:
         return means, torch.linalg.vector_norm(wide.sub_(means[..., None]), dim=2).square()
 
     @cached_property
-    def ordered(self) -> np.ndarray:
-        """``values`` with each channel's values sorted, float32: numpy's sort (vectorised where the processor
-        allows) on a thread per block of channels, several times faster than torch's on the CPU."""
+    def ordered(self) -> torch.Tensor:
+        """``values`` with each channel's values sorted, float32, where the values are (:func:`sort_rows`)."""
         # A copy of its own (sorted in place), laid out channel by channel: torch's blocked copy transposes the
         # channels-last layouts several times faster than numpy's.
-        return sort_rows(self.values.to(torch.float32).clone(memory_format=torch.contiguous_format).numpy())
+        return sort_rows(self.values.to(torch.float32).clone(memory_format=torch.contiguous_format))
 
 
-def sort_rows(rows: np.ndarray, *, stable: bool = False) -> np.ndarray:
-    """``rows`` (a 2-D array, returned) with each row sorted in place (``stable``: by numpy's merging sort, which
-    takes runs already sorted in near one pass): blocks of rows on as many threads as torch's (numpy lets other
-    threads run while it sorts)."""
+def sort_rows(rows: torch.Tensor, *, stable: bool = False) -> torch.Tensor:
+    """``rows`` (a 2-D tensor) with each row sorted (``stable``: equal values keep their order, and runs already
+    sorted cost near one pass): on the CPU in place, by numpy's sort (vectorised where the processor allows,
+    several times faster than torch's there) on blocks of rows on as many threads as torch's; on a GPU by
+    torch's. Either sorts NaN last; the two may order an equal ``-0.0`` and ``0.0`` differently unless stable."""
+    if rows.device.type != "cpu" or not numpy_sorts():
+        return torch.sort(rows, dim=1, stable=stable).values
+    array = rows.numpy()
     kind: Literal["stable", "quicksort"] = "stable" if stable else "quicksort"
-    blocks = np.array_split(rows, min(torch.get_num_threads(), max(1, len(rows) // 64)))
+    blocks = np.array_split(array, min(torch.get_num_threads(), max(1, len(array) // 64)))
     if len(blocks) > 1:
         list(_sorting_threads().map(functools.partial(np.ndarray.sort, axis=1, kind=kind), blocks))
     else:
-        rows.sort(axis=1, kind=kind)
+        array.sort(axis=1, kind=kind)
     return rows
+
+
+def numpy_sorts() -> bool:
+    """Whether CPU tensors are sorted by numpy (the tests turn it off to check torch's path against it)."""
+    return True
 
 
 @functools.cache
