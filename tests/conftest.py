@@ -1,19 +1,32 @@
 """Shared fixtures. Tests never touch the network or the home folder: torch's cache and hookcli's model registry
-cache are temp folders and downloads are off."""
+cache are temp folders (one for the session, removed at its end) and downloads are off."""
 
+import atexit
 import functools
 import os
 import select
+import shutil
 import subprocess
 import sys
 import tempfile
 import textwrap
 
-os.environ["TORCH_HOME"] = tempfile.mkdtemp(prefix="hookcli-torch-home-")
-os.environ["HOOKCLI_CACHE_DIR"] = tempfile.mkdtemp(prefix="hookcli-cache-")
+_SESSION = tempfile.mkdtemp(prefix="hookcli-tests-")
+atexit.register(shutil.rmtree, _SESSION, ignore_errors=True)
+
+
+def _session_folder(name: str) -> str:
+    """A folder of this test session's own temp folder, made now."""
+    path = os.path.join(_SESSION, name)
+    os.makedirs(path)
+    return path
+
+
+os.environ["TORCH_HOME"] = _session_folder("torch-home")
+os.environ["HOOKCLI_CACHE_DIR"] = _session_folder("cache")
 os.environ["HOOKCLI_OFFLINE"] = "1"
 # The Hugging Face cache (transformers, timm and OpenCLIP pretrained files) is a temp folder, and offline.
-os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="hookcli-hf-home-")
+os.environ["HF_HOME"] = _session_folder("hf-home")
 os.environ["HF_HUB_CACHE"] = os.path.join(os.environ["HF_HOME"], "hub")
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.pop("HOOKCLI_DEBUG", None)
@@ -239,7 +252,7 @@ def browser():
         "--disable-component-update",
         "--disable-sync",
         "--window-size=1200,900",
-        f"--user-data-dir={tempfile.mkdtemp(prefix='hookcli-chromium-')}",
+        f"--user-data-dir={tempfile.mkdtemp(prefix='chromium-', dir=_SESSION)}",
     ):
         options.add_argument(argument)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})

@@ -37,7 +37,20 @@ def _same_files(first, second):
 
 def test_extract_to_a_file_writes_what_the_cli_writes(runner, resnet18_args, images, tmp_path):
     args = resnet18_args(
-        "extract", "-l", "layer2", "-l", "fc=logits", "--pool", "avg", "--dtype", "float16", "-b", 2, "--fuse"
+        "extract",
+        "-l",
+        "layer2",
+        "-l",
+        "fc=logits",
+        "--pool",
+        "avg",
+        "--dtype",
+        "float16",
+        "-b",
+        2,
+        "--fuse",
+        "-d",
+        "cpu",
     )
     result = runner.invoke(main, [*args, *SMALL_FLAGS, "-o", str(tmp_path / "cli.safetensors"), *map(str, images)])
     assert result.exit_code == 0, result.output
@@ -51,6 +64,7 @@ def test_extract_to_a_file_writes_what_the_cli_writes(runner, resnet18_args, ima
         dtype="float16",
         batch_size=2,
         fuse=True,
+        device="cpu",  # fusion is the CPU's
         **SMALL,
     )
     assert written == tmp_path / "api.safetensors"

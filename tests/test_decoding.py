@@ -271,7 +271,19 @@ def test_a_decoder_that_decodes_nothing_or_runs_out_of_memory_stops_the_run(
     result = runner.invoke(
         main,
         resnet18_args(
-            "extract", "-l", "layer1", "--resize", "32", "--crop", "32", "--decode", "device", "-q", *[str(photo)] * 8
+            "extract",
+            "-l",
+            "layer1",
+            "--resize",
+            "32",
+            "--crop",
+            "32",
+            "--decode",
+            "device",
+            "-d",
+            "cpu",
+            "-q",
+            *[str(photo)] * 8,
         ),
     )
     assert (result.exit_code, result.stderr) == (1 if "memory" in failure else 2, message + "\n")

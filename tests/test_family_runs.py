@@ -397,17 +397,29 @@ def test_a_detection_backbone_fuses_and_gives_what_the_model_as_written_does(tmp
     images = [_noise(tmp_path / "a.png", (64, 48), 0), _noise(tmp_path / "b.png", (40, 72), 1)]
     layers = ["backbone.body.3", "backbone.fpn"]
     fused = hookcli.extract(
-        "fasterrcnn_mobilenet_v3_large_320_fpn", layers, images, weights="none", fuse=True, detections=True
+        "fasterrcnn_mobilenet_v3_large_320_fpn",
+        layers,
+        images,
+        weights="none",
+        fuse=True,
+        detections=True,
+        device="cpu",
     )
     plain = hookcli.extract(
-        "fasterrcnn_mobilenet_v3_large_320_fpn", layers, images, weights="none", fuse=False, detections=True
+        "fasterrcnn_mobilenet_v3_large_320_fpn",
+        layers,
+        images,
+        weights="none",
+        fuse=False,
+        detections=True,
+        device="cpu",
     )
     assert (fused.metadata["fused"], plain.metadata["fused"]) == ("59", "0")  # the whole stack: the forward goes on
     for key in plain.keys():
         for row in range(2):
             torch.testing.assert_close(fused.row(key, row), plain.row(key, row), rtol=1e-4, atol=1e-5)
     early = hookcli.extract(
-        "fasterrcnn_mobilenet_v3_large_320_fpn", "backbone.body.3", images, weights="none", fuse=True
+        "fasterrcnn_mobilenet_v3_large_320_fpn", "backbone.body.3", images, weights="none", fuse=True, device="cpu"
     )
     assert early.metadata["fused"] == "6"  # up to the last hooked layer, where the forward stops
 

@@ -211,9 +211,9 @@ def test_extraction_fuses_when_asked_stops_early_and_leaves_no_hooks(images):
     fc_calls = []
     handle = loaded.module.fc.register_forward_hook(lambda *_: fc_calls.append(1))
     try:
-        fused = hookcli.extract(loaded, "layer2", images, batch_size=2, fuse=True)  # 3 images fuse only when asked
+        fused = hookcli.extract(loaded, "layer2", images, batch_size=2, fuse=True, device="cpu")  # 3 fuse only if asked
         assert fc_calls == [1]  # the first batch of 2 runs whole and learns the call counts; the next stops at layer2
-        plain = hookcli.extract(loaded, "layer2", images, batch_size=2, fuse=False)
+        plain = hookcli.extract(loaded, "layer2", images, batch_size=2, fuse=False, device="cpu")
     finally:
         handle.remove()
     assert fused["layer2"].shape == (len(images), 128, 28, 28)
@@ -232,14 +232,14 @@ def test_extraction_fuses_when_asked_stops_early_and_leaves_no_hooks(images):
 
 def test_a_failing_fused_forward_falls_back_to_the_model_as_written(images, monkeypatch):
     loaded = load_model("resnet18", "none", seed=0)
-    expected = hookcli.extract(loaded, "layer1", images, batch_size=2, fuse=False)
+    expected = hookcli.extract(loaded, "layer1", images, batch_size=2, fuse=False, device="cpu")
 
     def broken(self, x, other=None):
         raise RuntimeError("could not create a primitive\nsecond line")
 
     monkeypatch.setattr(FusedConvolution, "forward", broken)
     events = []
-    run = hookcli.extract(loaded, "layer1", images, batch_size=2, fuse=True, progress=events.append)
+    run = hookcli.extract(loaded, "layer1", images, batch_size=2, fuse=True, device="cpu", progress=events.append)
     note = "the fused forward failed (RuntimeError: could not create a primitive); running the model unfused"
     assert run.notes == (note,) and [e for e in events if isinstance(e, Note)] == [Note(note)]
     assert run.facts.fused == 0 and run.metadata["fused"] == "0"  # the model as written ran
