@@ -181,6 +181,8 @@ def compare(
     *,
     model2=None,
     layers2=None,
+    weights2=None,
+    seed2=None,
     features=None,
     features2=None,
     keys=(),
@@ -193,9 +195,10 @@ def compare(
     """How alike representations are, every one of a side against every one of the other: ``hookcli compare``.
 
     Either models run over ``inputs`` in one pass (``model`` and ``layers``,
-    against ``model2`` and ``layers2``, or against themselves), with the
-    run options of :func:`extract` (no ``capture``, ``pool``, ``dtype``,
-    ``grid``, ``detections``, ``flow``); or saved ``features`` (a file, a
+    against ``model2`` and ``layers2`` with ``weights2`` and ``seed2``, each
+    the first's when None, or against themselves), with the run options of
+    :func:`extract` (no ``capture``, ``pool``, ``dtype``, ``grid``,
+    ``detections``, ``flow``); or saved ``features`` (a file, a
     shard folder, ``-`` or what :func:`extract` returns; tensors ``keys``)
     against ``features2`` (tensors ``keys2``) or themselves, with
     ``batch_size``, ``force``, ``shard_size`` and ``part``. How: ``method``
@@ -219,7 +222,8 @@ def compare(
     """
     if merge is not None:
         force = options.pop("force", False)
-        if any(given is not None for given in (model, layers, inputs, model2, layers2, features, features2)) or options:
+        sides = (model, layers, inputs, model2, layers2, weights2, seed2, features, features2)
+        if any(given is not None for given in sides) or options:
             raise UsageProblem("merge= takes comparison files alone (and output=, force=)", hint="see hookcli.compare")
         from hookcli.run.compare import merge_comparisons  # torch
 
@@ -228,7 +232,7 @@ def compare(
 
     choice = CompareChoice(**{name: options.pop(name) for name in list(options) if name in _COMPARING})
     if features is not None:
-        if any(given is not None for given in (model, layers, inputs, model2, layers2)):
+        if any(given is not None for given in (model, layers, inputs, model2, layers2, weights2, seed2)):
             raise UsageProblem(
                 "compare reads saved features or runs models, not both",
                 hint="give features= (and features2=), or model, layers and inputs",
@@ -247,9 +251,11 @@ def compare(
         )
     from hookcli.run.compare import compare_models  # torch
 
+    second = {name: value for name, value in (("weights", weights2), ("seed", seed2)) if value is not None}
     return compare_models(
-        model, layers, inputs, model2, layers2, output=output, choice=choice, options=options, progress=progress
-    )
+        model, layers, inputs, model2, layers2, second=second, output=output, choice=choice, options=options,
+        progress=progress,
+    )  # fmt: skip
 
 
 #: The keywords of :func:`compare` that say how to compare (the rest are the run's).

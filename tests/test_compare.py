@@ -286,3 +286,65 @@ def test_a_second_sides_rdm_whose_label_the_first_has_is_kept_apart(runner, tmp_
         assert sorted(found.keys()) == ["rdm@2:maps", "rdm@maps", "rdm@vectors", "rsa"]
         assert np.array_equal(found["rdm@2:maps"], found["rdm@maps"])
     assert runner.invoke(main, ["info", str(out)]).exit_code == 0
+
+
+def test_merging_refuses_files_of_another_run_and_writing_over_an_input(runner, tmp_path, images):
+    def made(name, model="resnet18", photos=images[:2], **options):
+        out = str(tmp_path / f"{name}.safetensors")
+        options = {"weights": "none", "resize": 40, "crop": 32, **options}
+        return str(hookcli.compare(model, ["layer3", "layer4"], [str(p) for p in photos], output=out, **options))
+
+    first = made("first")
+    others = {
+        "model": made("model", model="resnet34", photos=images[2:]),
+        "weights (seed)": made("seed", photos=images[2:], seed=1),
+        "preprocess (crop, resize)": made("crop", photos=images[2:], resize=48, crop=40),
+    }
+    for differ, other in others.items():
+        done = runner.invoke(main, ["compare", "--merge", first, other, "-o", str(tmp_path / "m.safetensors")])
+        assert (done.exit_code, done.stderr) == (
+            2,
+            f"Error: '{other}' comes from another run than '{first}' (it differs in: {differ}). Hint: merge "
+            "comparisons made by one command over different inputs\n",
+        )
+    second = made("second", photos=images[2:])
+    done = runner.invoke(main, ["compare", "--merge", first, second, "-o", first, "--force"])
+    assert (done.exit_code, done.stderr) == (
+        2,
+        f"Error: '{first}' is one of the files to merge: merging would write over it. Hint: give another -o\n",
+    )
+    merged = runner.invoke(main, ["compare", "--merge", first, second, "-o", str(tmp_path / "all.safetensors")])
+    assert merged.exit_code == 0, merged.output
+
+
+def test_representations_too_wide_together_for_linear_cka_are_refused_before_their_co_moments(runner, tmp_path):
+    inputs = [f"/photos/{i}.jpg" for i in range(8)]
+    wide = Features({key: torch.ones(8, 6000) for key in ("a", "b", "c")}, {"inputs": json.dumps(inputs), "model": "m"})
+    with pytest.raises(hookcli.errors.UsageProblem) as refused:
+        hookcli.compare(features=wide, batch_size=4)
+    assert str(refused.value) == (
+        "the representations give 18,000 values a row together (a 6,000, b 6,000, c 6,000): linear CKA keeps the "
+        "co-moments of at most 16,384 (a 16,384² matrix). Hint: pool them (--pool avg), compare fewer at once, or "
+        "use --method minibatch-cka"
+    )
+    assert hookcli.compare(features=wide, batch_size=4, method="minibatch-cka")["minibatch-cka"].shape == (3, 3)
+
+
+def test_the_second_side_takes_weights_and_a_seed_of_its_own(runner, tmp_path, images):
+    out = tmp_path / "seeds.safetensors"
+    args = ["compare", "-m", "resnet18", "-w", "none", "-l", "layer4", "--resize", "40", "--crop", "32"]
+    done = runner.invoke(main, [*args, "--seed2", "1", "--weights2", "none", "-o", str(out), *map(str, images)])
+    assert done.exit_code == 0, done.output
+    with open_features(out) as found:
+        assert (json.loads(found.metadata["rows"]), json.loads(found.metadata["columns"])) == (["layer4"], ["layer4"])
+        assert json.loads(found.metadata["compare_with"])["weights"] == {"source": "none", "seed": 1}
+        assert json.loads(found.metadata["weights"]) == {"source": "none", "seed": 0}
+        different = float(found["linear-cka"][0, 0])
+    same = hookcli.compare("resnet18", "layer4", [str(p) for p in images], weights="none", seed2=0, resize=40, crop=32)
+    assert float(same["linear-cka"][0, 0]) == pytest.approx(1.0, abs=1e-9) and different < 0.999
+    refused = runner.invoke(main, [*args, "--seed2", "1", "--weights2", "DEFAULT", *map(str, images)])
+    assert (refused.exit_code, refused.stderr) == (
+        2,
+        "Error: --seed2 only applies to a second side of random weights (pretrained and file weights are fixed). "
+        "Hint: give --weights2 none, or leave --seed2 out\n",
+    )

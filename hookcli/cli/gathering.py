@@ -132,6 +132,14 @@ def stats(**options) -> None:
 @click.option(
     "--layer2", "layers2", multiple=True, metavar="SELECTOR", help="The second side's layers (as --layer) [--layer]."
 )
+@click.option(
+    "--weights2",
+    metavar="NAME|FILE",
+    help="The second side's weights (as -w), which makes a second side of the same model if no --model2 is given [-w].",
+)
+@click.option(
+    "--seed2", type=int, metavar="N", help="The second side's seed with --weights2 none (as --seed) [--seed]."
+)
 @declared_option(declared("keys", GRID_OPTIONS), command="compare")
 @click.option(
     "--key2",
@@ -153,9 +161,12 @@ def compare(**options) -> None:
 
     With --model and --layer, the model runs over IMAGES (as for extract);
     its layers are compared with themselves, or with --layer2 of --model2,
-    run over the same images in one pass. Without --model, IMAGES is one or
-    two sources of saved features (files, shard folders, -), the same rows in
-    the same order, their tensors chosen with -k and --key2. The file holds
+    run over the same images in one pass; -w and --seed are both models'
+    unless --weights2 and --seed2 give the second its own (a trained model
+    against its random start: -w DEFAULT --weights2 none). Without --model,
+    IMAGES is one or two sources of saved features (files, shard folders,
+    -), the same rows in the same order, their tensors chosen with -k and
+    --key2. The file holds
     the matrix under the method's name, float64 [rows, columns], the labels
     in its rows and columns metadata. --method linear-cka (exact, from running
     sums; its sums are kept so that files over disjoint inputs merge),
@@ -188,6 +199,9 @@ def compare(**options) -> None:
             raise click.UsageError("--layer is needed with --model (repeat it for more layers)")
         if options["keys"] or options["keys2"]:
             raise click.UsageError("-k and --key2 choose tensors of saved features; with --model give --layer2")
+        for name in ("weights2", "seed2"):
+            if options[name] is None:
+                options.pop(name)
         options.pop("keys"), options.pop("keys2")
         options["layers2"] = options["layers2"] or None
         run_command("compare", options, options.pop("layer"), images)

@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import itertools
 import json
+import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
@@ -44,7 +45,7 @@ from hookcli.statistics.similarity import MIN_BATCH, LinearCKA, undefined
 from hookcli.statistics.writer import GatheringWriter
 from hookcli.storage.compare_format import CKA_STATE, SECOND_SIDE, check_comparison, is_comparison
 from hookcli.storage.features import FeatureFile, Features
-from hookcli.storage.fileformat import identity
+from hookcli.storage.fileformat import identity, identity_differences
 from hookcli.storage.saving import write_safetensors
 
 __all__ = ["SECOND", "compare_models", "compare_saved", "merge_comparisons"]
@@ -131,6 +132,7 @@ def compare_models(
     model2=None,
     layers2=None,
     *,
+    second: Mapping | None = None,
     output=None,
     choice: CompareChoice | None = None,
     options: Mapping | None = None,
@@ -138,16 +140,25 @@ def compare_models(
 ):
     """Compare ``layers`` of ``model`` with ``layers2`` of ``model2`` (None: with its own ``layers``, or
     ``layers2`` of the same model) over ``inputs``, both run in one pass. ``options``: the run options of
-    ``extract`` that ``compare`` takes."""
+    ``extract`` that ``compare`` takes; ``second``: those the second side sets for itself (``weights``, ``seed``),
+    which make a second side of the same model and layers if nothing else does."""
     choice = choice or CompareChoice()
     given = dict(options or {})
+    second = dict(second or {})
+    if "seed" in second and str(second.get("weights", given.get("weights", "DEFAULT"))).strip().lower() != "none":
+        raise UsageProblem(
+            "--seed2 only applies to a second side of random weights (pretrained and file weights are fixed)",
+            hint="give --weights2 none, or leave --seed2 out",
+        )
     asked = request("compare", model, layers, inputs, output=output, **given)
     _check_batches(choice, asked.opts.batch_size)
     one = plan_request(asked)
     two = None
-    if model2 is not None or layers2 is not None:
+    if model2 is not None or layers2 is not None or second:
         # The second model runs beside the first, over the first's rows; the first's part says who computes what.
         own = {name: value for name, value in given.items() if name not in ("part", "shard_size")}  # the first's
+        own.update(second)
+
         two = plan_request(
             request("compare", model2 or model, layers2 or layers, inputs, output=None, rows=asked.rows, **own)
         )
@@ -230,22 +241,32 @@ def merge_comparisons(
     files: Sequence, output, *, force: bool = False, progress: Callable[[Event], None] | None = None
 ) -> Features | Path:
     """One linear-cka comparison of the inputs of ``files`` together: each file's running sums (over inputs no other
-    file has) merged in the order given, as if one run had seen them all. ``output``: a path, or None for the
-    result in memory."""
+    file has) merged in the order given, as if one run had seen them all. The files must come from one command (its
+    model, weights, layers, preprocessing, method and every other setting of the run identity) over other inputs.
+    ``output``: a path, or None for the result in memory; never one of ``files``."""
     emit = progress or _ignore
     if len(files) < 2:
         raise UsageProblem(f"merging takes two comparison files or more, not {len(files)}", hint="name them all")
     if output is not None:
         check_writable(output, force=force)
+        _refuse_merging_onto_an_input(files, output)
     merged: LinearCKA | None = None
     inputs: list[str] = []
     first: Mapping[str, str] = {}
+    first_identity: dict = {}  # what every file must share: the run identity of the first, but for its inputs
     for file in files:
         with FeatureFile(file) as found:
             metadata = found.metadata
             labels = _mergeable(found, first)
+            identity = _identity_of(found)
             if merged is None:
-                first = metadata
+                first, first_identity = metadata, identity
+            differ = identity_differences(first_identity, identity)
+            if differ:
+                raise UsageProblem(
+                    f"'{file}' comes from another run than '{files[0]}' (it differs in: {', '.join(differ)})",
+                    hint="merge comparisons made by one command over different inputs",
+                )
             overlap = set(inputs).intersection(json.loads(metadata["inputs"]))
             if overlap:
                 raise UsageProblem(
@@ -261,6 +282,12 @@ def merge_comparisons(
                 raise FeatureFileError(f"'{file}' holds linear-cka sums that do not fit: {err}") from None
             if merged is None:
                 merged = part
+            elif part.widths != merged.widths:
+                raise UsageProblem(
+                    f"'{file}' holds representations of other widths than '{files[0]}' ({part.widths} against "
+                    f"{merged.widths})",
+                    hint="merge comparisons of the same layers of the same model",
+                )
             else:
                 merged.merge(part)
     assert merged is not None, "two files at least"
@@ -279,6 +306,40 @@ def merge_comparisons(
     write_safetensors(tensors, metadata, output, force=force)
     emit(Wrote(str(output)))
     return Path(output)
+
+
+def _refuse_merging_onto_an_input(files: Sequence, output) -> None:
+    """A merge must not write over one of the files it reads (``--force`` or not)."""
+    with contextlib.suppress(OSError):
+        target = os.stat(output)
+        for file in files:
+            with contextlib.suppress(OSError):
+                if os.path.samestat(target, os.stat(file)):
+                    raise UsageProblem(
+                        f"'{output}' is one of the files to merge: merging would write over it",
+                        hint="give another -o",
+                    )
+
+
+#: Identity fields in which merged runs differ: their inputs, and so how they were cut into shards.
+_MERGE_FREE = ("inputs", "inputs_sha256", "shard_size")
+
+
+def _identity_of(found: FeatureFile) -> dict:
+    """The run identity a comparison file records (an empty one for a file that records none)."""
+    text = found.metadata.get("identity")
+    if text is None:
+        return {}
+    try:
+        identity = json.loads(text)
+    except (ValueError, RecursionError):
+        identity = None
+    if not isinstance(identity, dict):
+        raise FeatureFileError(
+            f"'{found.name}' records a run identity that is not a JSON object",
+            hint="compute the comparison again with hookcli compare",
+        )
+    return {key: value for key, value in identity.items() if key not in _MERGE_FREE}
 
 
 def _mergeable(found: FeatureFile, first: Mapping[str, str]) -> tuple[list, list]:

@@ -176,6 +176,19 @@ class CompareGathering:
         )
 
 
+def _refuse_wide_comoments(keys, representations: list[torch.Tensor]) -> None:
+    """Linear CKA keeps one float64 co-moment over every representation's values together: refuse, before it is
+    made, one wider than :data:`MAX_WIDTH` values in all."""
+    total = sum(x.shape[1] for x in representations)
+    if total > MAX_WIDTH:
+        widths = ", ".join(f"{key} {x.shape[1]:,}" for key, x in zip(keys, representations))
+        raise UsageProblem(
+            f"the representations give {total:,} values a row together ({widths}): linear CKA keeps the "
+            f"co-moments of at most {MAX_WIDTH:,} (a {MAX_WIDTH:,}² matrix)",
+            hint="pool them (--pool avg), compare fewer at once, or use --method minibatch-cka",
+        )
+
+
 class GatheredComparison:
     """What one shard (or several, merged) gathered for a comparison."""
 
@@ -205,6 +218,7 @@ class GatheredComparison:
         if isinstance(self.accumulator, RSARows):
             self.accumulator.update(representations, rows)
         elif isinstance(self.accumulator, LinearCKA):
+            _refuse_wide_comoments(gathering.keys, representations)
             self.accumulator.update(*self._sides(representations))
         else:
             self._minibatch(representations)

@@ -10,8 +10,8 @@ other (``B``), and merges with another over other rows:
   ``XcᵀYc`` (``Xc``: ``X`` less its column means), kept in float64 and merged
   by the pairwise update (a batch's deviations from its own means, then the
   product of the differences of means), never from raw sums whose
-  cancellation loses small spreads. It holds ``(Σd_a + Σd_b)²`` numbers at
-  most: representations of up to :data:`MAX_WIDTH` values.
+  cancellation loses small spreads. It holds ``(Σd_a + Σd_b)²`` numbers:
+  representations of up to :data:`MAX_WIDTH` values in all.
 - :class:`MinibatchCKA` is the estimator of Nguyen, Raghu and Kornblith (2021):
   the unbiased HSIC of Song et al. (2012) of each minibatch's linear Gram
   matrices, averaged over minibatches, then normalised. A minibatch needs 4
