@@ -348,3 +348,18 @@ def test_the_second_side_takes_weights_and_a_seed_of_its_own(runner, tmp_path, i
         "Error: --seed2 only applies to a second side of random weights (pretrained and file weights are fixed). "
         "Hint: give --weights2 none, or leave --seed2 out\n",
     )
+
+
+def test_a_crafted_comparison_part_whose_sums_count_other_inputs_is_refused():
+    from hookcli.statistics.comparison import CompareChoice, CompareGathering
+
+    gathering = CompareGathering(CompareChoice(), first=["a", "b"], labels=(["a", "b"], ["a", "b"]))
+    shard = gathering.start(0)
+    generator = torch.Generator().manual_seed(0)
+    shard.update({"a": torch.randn(5, 3, generator=generator), "b": torch.randn(5, 4, generator=generator)}, None)
+    state = shard.state()
+    assert gathering.read(state, {}, range(5)).accumulator.count == 5
+    state["linear-cka/count"] = torch.tensor(7)
+    with pytest.raises(ValueError) as refused:
+        gathering.read(state, {}, range(5))
+    assert str(refused.value) == "its linear-cka sums count 7 inputs, not its 5"

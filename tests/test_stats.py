@@ -545,3 +545,55 @@ def test_the_python_api_reads_features_in_memory_and_refuses_mixed_calls(inputs)
         hookcli.stats("resnet18", features=features)
     with pytest.raises(TypeError, match="stats\\(\\) got an unexpected keyword argument 'resize'"):
         hookcli.stats(features=features, resize=30)
+
+
+def test_a_channel_that_takes_a_nan_has_no_minimum_as_numpy_says():
+    values = torch.tensor([[[[1.0, float("nan"), -2.0]], [[3.0, 4.0, 5.0]]]])  # two channels, three positions
+    moments = Moments(2)
+    moments.update(UnitBatch(values, torch.tensor([0]), UnitLayout.of((2, 1, 3))))
+    numpy_says = [np.min(row) for row in values[0, :, 0].numpy()], [np.max(row) for row in values[0, :, 0].numpy()]
+    assert [np.isnan(v) for v in numpy_says[0]] == [True, False]
+    assert moments.min.isnan().tolist() == [True, False] and moments.max.isnan().tolist() == [True, False]
+    assert moments.min[1].item() == 3.0 and moments.max[1].item() == 5.0 and moments.mean[0].isnan()
+
+
+@pytest.mark.parametrize(
+    ("craft", "message"),
+    [
+        (
+            lambda state, described: state.update({"x@moments.count": torch.tensor(-12)}),
+            "its moments count -12 values, and its 3 inputs have 12",
+        ),
+        (
+            lambda state, described: state.update({"x@examples.rows": torch.full((2, 2), 9)}),
+            "its dataset examples name inputs it has no rows of",
+        ),
+        (
+            lambda state, described: state.update({"x@sketch.level0": torch.zeros(5, 12)}),
+            "its quantile sketch has levels that are not of 2 channels",
+        ),
+        (
+            lambda state, described: state.update({"x@examples.maps": torch.zeros(2, 2, 7)}),
+            "its examples.maps is not of shape [2, 2, 4]",
+        ),
+        (
+            lambda state, described: described["x"].update(row_shape="[2, 2, 2]"),
+            "its description of 'x' has no row shape",
+        ),
+        (
+            lambda state, described: state.update({"x@examples.info": torch.tensor([5, 0])}),
+            "its dataset examples are not the run's (--top 2 by max)",
+        ),
+    ],
+    ids=["count", "example rows", "sketch", "maps", "row shape", "top"],
+)
+def test_a_crafted_statistics_part_is_refused_saying_what_its_rows_could_not_have_made(craft, message):
+    gathering = StatsGathering(StatsChoice(top=2, quantiles=(0.5,), pca=True))
+    shard = gathering.start(0)
+    shard.update({"x": torch.arange(24.0).reshape(3, 2, 2, 2)}, torch.tensor([0, 1, 2]))
+    state, described = shard.state(), json.loads(json.dumps(shard.describe()))
+    assert sorted(gathering.read(dict(state), described, [0, 1, 2]).state()) == sorted(state)  # as written: taken
+    craft(state, described)
+    with pytest.raises(ValueError) as refused:
+        gathering.read(state, described, [0, 1, 2])
+    assert str(refused.value) == message

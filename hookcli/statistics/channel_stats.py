@@ -10,7 +10,7 @@ the statistics file they make (:mod:`hookcli.storage.stats_format`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -42,12 +42,22 @@ class StatsGathering:
             )
         return self.layouts[key]
 
-    def read(self, state: Mapping[str, torch.Tensor], described: Mapping) -> GatheredStats:
+    def read(self, state: Mapping[str, torch.Tensor], described: Mapping, rows: Sequence[int]) -> GatheredStats:
         gathered = GatheredStats(self, 0)
+        if not isinstance(described, Mapping):
+            raise ValueError("its description of what it gathered is not a JSON object")
         for key, units in described.items():
-            layout = self.layout(key, units["row_shape"])
+            shape = units.get("row_shape") if isinstance(units, Mapping) else None
+            if not isinstance(shape, list) or not all(type(n) is int for n in shape):
+                raise ValueError(f"its description of '{key}' has no row shape")
+            try:
+                layout = self.layout(key, shape)
+            except CaptureError as err:
+                raise ValueError(err.message) from None
             own = {name.rpartition("@")[2]: value for name, value in state.items() if name.rpartition("@")[0] == key}
-            gathered.layers[key] = LayerStats.from_state(own, layout, self.choice)
+            layer = LayerStats.from_state(own, layout, self.choice)
+            layer.check_part(rows)
+            gathered.layers[key] = layer
         return gathered
 
     def notes(self, tensors: Mapping[str, torch.Tensor]) -> list[str]:
@@ -108,6 +118,11 @@ class GatheredStats:
     def merge(self, other: GatheredStats) -> None:
         for key, layer in other.layers.items():
             if key in self.layers:
+                if layer.layout != self.layers[key].layout:
+                    raise ValueError(
+                        f"its '{key}' has rows of shape {list(layer.layout.row_shape)}, and the shards before it "
+                        f"{list(self.layers[key].layout.row_shape)}"
+                    )
                 self.layers[key].merge(layer)
             else:
                 self.layers[key] = layer

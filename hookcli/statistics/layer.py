@@ -12,7 +12,7 @@ statistics file's names (:mod:`hookcli.storage.stats_format`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 
 import torch
@@ -21,9 +21,9 @@ from hookcli.errors import CaptureError
 from hookcli.options import declared_field
 from hookcli.statistics.base import Accumulator
 from hookcli.statistics.covariance import MAX_CHANNELS, Covariance
-from hookcli.statistics.examples import TopExamples
+from hookcli.statistics.examples import SCORES, TopExamples
 from hookcli.statistics.moments import Moments
-from hookcli.statistics.sketch import QuantileSketch
+from hookcli.statistics.sketch import DEFAULT_K, QuantileSketch
 from hookcli.statistics.units import UnitBatch, UnitLayout
 from hookcli.storage.stats_format import layer_fields
 
@@ -98,6 +98,57 @@ class LayerStats:
             own = {key.partition(".")[2]: value for key, value in state.items() if key.partition(".")[0] == name}
             setattr(made, name, type(part).from_state(own))
         return made
+
+    def check_part(self, rows: Sequence[int]) -> None:
+        """Refuse (ValueError, saying what is wrong) a state read from a part that the part's inputs ``rows`` could
+        not have made: every count, shape, choice and input named is checked against the layout and the rows."""
+        state, channels, positions = self.state(), self.layout.channels, self.layout.positions
+        values = len(rows) * positions
+
+        def shaped(name: str, *expected: int) -> torch.Tensor:
+            found = state.get(name)
+            if found is None or tuple(found.shape) != expected:
+                raise ValueError(f"its {name} is not of shape {list(expected)}")
+            return found
+
+        for name in ("mean", "squares", "min", "max"):
+            shaped(f"moments.{name}", channels)
+        counted = int(state["moments.count"])
+        if counted != values:
+            raise ValueError(f"its moments count {counted} values, and its {len(rows)} inputs have {values}")
+        zeros = shaped("moments.zeros", channels)
+        if int(zeros.min()) < 0 or int(zeros.max()) > values:
+            raise ValueError("its moments count zeros that are not among its values")
+        count, k, seed, compactions = (int(n) for n in shaped("sketch.info", 4).tolist())
+        levels = [state[name] for name in sorted(n for n in state if n.startswith("sketch.level"))]
+        if count != values or k != DEFAULT_K or seed < 0 or compactions < 0:
+            raise ValueError(f"its quantile sketch (count {count}, k {k}) is not one of {values} values")
+        if any(level.dim() != 2 or level.shape[0] != channels for level in levels):
+            raise ValueError(f"its quantile sketch has levels that are not of {channels} channels")
+        if sum(level.shape[1] << height for height, level in enumerate(levels)) != values:
+            raise ValueError(f"the weights of its quantile sketch do not add up to its {values} values")
+        top, by = (int(n) for n in shaped("examples.info", 2).tolist())
+        if top != self.choice.top or by != SCORES.index(self.choice.top_by):
+            raise ValueError(
+                f"its dataset examples are not the run's (--top {self.choice.top} by {self.choice.top_by})"
+            )
+        kept = min(top, len(rows))
+        for name in ("values", "rows", "at"):
+            shaped(f"examples.{name}", channels, kept)
+        shaped("examples.maps", channels, kept, positions)
+        if not set(state["examples.rows"].unique().tolist()) <= set(rows):
+            raise ValueError("its dataset examples name inputs it has no rows of")
+        at = state["examples.at"]
+        if at.numel() and (int(at.min()) < 0 or int(at.max()) >= positions):
+            raise ValueError(f"its dataset examples name positions outside the {positions} of a map")
+        if self.covariance is not None:
+            if int(state["covariance.count"]) != len(rows):
+                raise ValueError(f"its covariance counts {int(state['covariance.count'])} inputs, not {len(rows)}")
+            if "covariance.rows" in state:
+                shaped("covariance.rows", len(rows), channels)
+            else:
+                shaped("covariance.mean", channels)
+                shaped("covariance.comoment", channels, channels)
 
     def result(self, positions: torch.Tensor) -> dict[str, torch.Tensor]:
         """The layer's tensors as a statistics file holds them, by field. ``positions`` gives each input's row in

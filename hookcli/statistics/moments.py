@@ -49,6 +49,7 @@ class Moments:
         if batch.maps.dtype == torch.float32:  # sorted for the quantiles already: the ends are the extremes
             ordered = batch.ordered
             low, high = ordered[:, 0].to(_F64), ordered[:, -1].to(_F64)
+            low = torch.where(high.isnan(), high, low)  # NaN sorts last: a channel that has one has no minimum
             zero = torch.zeros(ordered.shape[0], 1, device=ordered.device)
             zeros = (torch.searchsorted(ordered, zero, right=True) - torch.searchsorted(ordered, zero))[:, 0]
         else:  # float64 values, which the sorted float32 copy would round

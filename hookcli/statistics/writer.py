@@ -117,8 +117,9 @@ class Gathering(Protocol):
         """Shard ``number``'s gathering, empty."""
         ...
 
-    def read(self, state: Mapping[str, torch.Tensor], described: Mapping) -> Gathered:
-        """A part's gathering, from its state and what its metadata says of it."""
+    def read(self, state: Mapping[str, torch.Tensor], described: Mapping, rows: Sequence[int]) -> Gathered:
+        """A part's gathering, from its state, what its metadata says of it and the inputs it has rows of; ValueError
+        where the state is not what those rows could make (a part is a file, and files are untrusted)."""
         ...
 
     def metadata(self, run: Mapping[str, str], *, inputs: list, skipped: list, identity: Mapping) -> dict[str, str]:
@@ -388,15 +389,15 @@ class GatheringWriter:
             name = self.folder.folder / SHARD_NAME.format(number)
             try:
                 shard = self._read_part(name, number)
-            except (KeyError, ValueError, RuntimeError, IndexError) as err:
+                if merged is None:
+                    merged = shard
+                else:
+                    merged.merge(shard)
+            except (KeyError, ValueError, RuntimeError, IndexError, TypeError, AttributeError) as err:
                 raise FeatureFileError(
                     f"part '{name}' of '{self.path}' is damaged: {err}",
                     hint="run the same command with --force to compute it again",
                 ) from None
-            if merged is None:
-                merged = shard
-            else:
-                merged.merge(shard)
             del shard  # not held while the next part is read
         assert merged is not None, "a run has one shard at least"
         return merged
@@ -404,13 +405,17 @@ class GatheringWriter:
     def _read_part(self, name: Path, number: int) -> _Shard:
         with FeatureFile(name) as part:
             metadata = part.metadata
+            rows = torch.from_numpy(part.read(PART_ROWS)).tolist()
+            first, end = number * self.size, min((number + 1) * self.size, len(self.paths))
+            if rows != sorted(set(rows)) or any(not first <= row < end for row in rows):
+                raise ValueError(f"its rows are not inputs of shard {number} ({first} to {end - 1}), each once")
             state = {key: torch.from_numpy(part.read(key)) for key in part.keys() if key != PART_ROWS}
-            shard = _Shard(number, self.gathering.read(state, json.loads(metadata["gathered"])))
+            shard = _Shard(number, self.gathering.read(state, json.loads(metadata["gathered"]), rows))
             shard.inputs = json.loads(metadata["inputs"])
             shard.skipped = json.loads(metadata.get("skipped", "[]"))
             facts = json.loads(metadata["facts"])
             shard.facts = RunFacts(facts["calls"], tuple(facts["omitted"]), facts["fused"]) if facts else None
-            shard.rows = torch.from_numpy(part.read(PART_ROWS)).tolist()
+            shard.rows = rows
         if len(shard.rows) != len(shard.inputs):
             raise ValueError(f"it has {len(shard.rows)} rows and {len(shard.inputs)} inputs")
         return shard
