@@ -609,3 +609,30 @@ def test_links_to_a_layer_whose_key_holds_a_hash_reach_its_pages(inputs, tmp_pat
     links += re.findall(r'href="(layer-[^"]+)"', (index.parent / "layer-blocks#0.html").read_text())
     assert links and all((index.parent / urllib.parse.unquote(link.split("#")[0])).exists() for link in links)
     assert "layer-blocks%230-00002.html#channel-2" in links
+
+
+def test_names_of_hundreds_of_kilobytes_are_drawn_shortened_in_bounded_time_and_size(tmp_path):
+    import time
+
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    import hookcli
+    from hookcli.storage.features import Features
+
+    long = "/photos/" + "x" * 300_000 + ".jpg"
+    inputs = [long, *(f"/photos/{i}.jpg" for i in range(5))]
+    maps = torch.rand(6, 3, 4, 4, generator=torch.Generator().manual_seed(0))
+    maps[0] += 1  # the long name is every channel's first example
+    features = Features({"maps": maps, "more": maps.flip(0)}, {"inputs": json.dumps(inputs)})
+    stats = hookcli.stats(features=features, keys="maps", top=2, output=str(tmp_path / "s.safetensors"))
+    written = hookcli.compare(features=features, output=str(tmp_path / "c.safetensors"))
+    with safe_open(written, "pt") as handle:  # as a comparison of models whose names are 1M characters
+        metadata = {**handle.metadata(), "compare_of": "null", "model": "m" * 1_000_000}
+    similar = tmp_path / "crafted.safetensors"
+    save_file(load_file(written), similar, metadata=metadata)
+    start = time.perf_counter()
+    pictures = {**hookcli.grid(stats, channels="0:3"), **hookcli.grid(str(similar))}
+    assert time.perf_counter() - start < 30
+    assert len(pictures) == 4 and max(pixels.shape[1] for pixels in pictures.values()) < 3000

@@ -47,6 +47,7 @@ from hookcli.pictures.text import (
     ink,
     label_size,
     number,
+    shortened,
     stamp,
     text_bitmap,
     text_width,
@@ -202,11 +203,7 @@ def _hatch(pixels: np.ndarray, mask: np.ndarray) -> None:
 
 def _shortened(label: str) -> str:
     """A label as a picture shows it: control characters escaped, and its middle left out when it is long."""
-    shown = printable(label)
-    if len(shown) <= _LABEL_CHARACTERS:
-        return shown
-    half = (_LABEL_CHARACTERS - 1) // 2
-    return f"{shown[:half]}…{shown[-half:]}"
+    return shortened(printable(shortened(label, 4 * _LABEL_CHARACTERS)), _LABEL_CHARACTERS)
 
 
 def _labelled(cells: np.ndarray, cell: int, rows: list[str], columns: list[str]) -> np.ndarray:

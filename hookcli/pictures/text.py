@@ -14,12 +14,14 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
 __all__ = [
+    "MOST_CHARACTERS",
     "caption_font",
     "glyphs",
     "ink",
     "label_band",
     "label_size",
     "number",
+    "shortened",
     "stamp",
     "text_bitmap",
     "text_width",
@@ -112,15 +114,33 @@ def ink(canvas: np.ndarray, coverage: np.ndarray, top: int, left: int, *, light:
         np.minimum(region, 255 - shown, out=region)
 
 
+#: The most characters of one part of a caption, or of a label, that a picture shows: a longer one (a file's
+#: crafted name, a name of hundreds of kB) loses its middle before anything is measured or laid out.
+MOST_CHARACTERS = 200
+
+
+def shortened(text: str, limit: int = MOST_CHARACTERS) -> str:
+    """``text``, or its two ends around an ellipsis when it is longer than ``limit`` characters.
+
+    >>> shortened("abcdefghij", 5)
+    'ab…ij'
+    """
+    if len(text) <= limit:
+        return text
+    head = (limit - 1) // 2
+    return f"{text[:head]}…{text[len(text) - (limit - 1 - head) :]}"
+
+
 def wrapped(font, parts: Sequence[str], width: int, joiner: str) -> list[str]:
-    """``parts`` joined by ``joiner`` into lines that fit ``width`` pixels in ``font`` with 4 pixels either side; a
-    part too wide for that alone is a line of its own (the picture is widened to hold it).
+    """``parts`` (each :func:`shortened`) joined by ``joiner`` into lines that fit ``width`` pixels in ``font``
+    with 4 pixels either side; a part too wide for that alone is a line of its own (the picture is widened to
+    hold it).
 
     >>> wrapped(caption_font(100), ["one", "two", "three", "four"], 100, " ")
     ['one two three', 'four']
     """
     lines: list[str] = []
-    for part in parts:
+    for part in map(shortened, parts):
         joined = f"{lines[-1]}{joiner}{part}" if lines else part
         if lines and font.getlength(joined) + 8 <= width:
             lines[-1] = joined
