@@ -40,6 +40,7 @@ __all__ = [
     "file_kind",
     "format_bytes",
     "hold_output",
+    "refuse_written_output",
     "open_regular",
     "refuse_existing",
     "release_output",
@@ -203,6 +204,15 @@ def hold_output(target: str | os.PathLike) -> int:
     identical command stops before its work rather than after. A lock file left by a killed process is taken over.
     """
     return _held_or_refused(target, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def refuse_written_output(target: str | os.PathLike) -> None:
+    """Raise :class:`OutputExistsError`, as :func:`hold_output` would, while another process writes ``target``:
+    asked before the heavy imports and the model, so that a second command stops in a moment rather than after
+    loading them. Nothing is held afterwards."""
+    if not os.path.exists(_lock_file(target)):
+        return
+    release_output(target, _held_or_refused(target, fcntl.LOCK_SH | fcntl.LOCK_NB))
 
 
 def _held_or_refused(target: str | os.PathLike, operation: int) -> int:

@@ -363,3 +363,17 @@ def test_a_crafted_comparison_part_whose_sums_count_other_inputs_is_refused():
     with pytest.raises(ValueError) as refused:
         gathering.read(state, {}, range(5))
     assert str(refused.value) == "its linear-cka sums count 7 inputs, not its 5"
+
+
+def test_weights2_is_refused_for_a_model_given_built_and_drops_the_first_sides_seed(tmp_path, images):
+    from hookcli.errors import UsageProblem, WeightsError
+    from hookcli.models.loading import load_model
+
+    paths = [str(p) for p in images]
+    with pytest.raises(UsageProblem) as refused:
+        hookcli.compare(load_model("resnet18", "none"), "layer4", paths, weights2="none", seed2=3)
+    assert str(refused.value).startswith("weights2 and seed2 choose the weights of a second side that hookcli builds")
+    out = tmp_path / "own.safetensors"
+    with pytest.raises(WeightsError) as pretrained:  # the second side's own weights, which cannot download here
+        hookcli.compare("resnet18", "layer4", paths, weights="none", seed=3, weights2="DEFAULT", output=str(out))
+    assert str(pretrained.value).startswith("pretrained weights ResNet18_Weights.IMAGENET1K_V1 are not cached")

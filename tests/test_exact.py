@@ -14,17 +14,24 @@ from hookcli.inputs.transforms import to_tensor_steps, to_transform
 from hookcli.models.loading import load_model
 from hookcli.run.batches import _Images
 from hookcli.run.device import resolve_device
-from hookcli.run.speed import check_precision, float32_math
+from hookcli.run.speed import _backend, check_precision, float32_math
 from hookcli.statistics.layer import LayerStats, StatsChoice
 from hookcli.statistics.units import UnitLayout
 
+_PRECISIONS = ("cudnn.conv", "cudnn.rnn", "cuda.matmul", "mkldnn.matmul")
 
-def _float32_settings() -> dict:
+
+def _per_backend() -> dict:
+    """torch's per-backend float32 settings (torch 2.9 on), which hookcli puts back as they were."""
+    return {path: _backend(path).fp32_precision for path in _PRECISIONS}
+
+
+def _in_force() -> dict:
+    """What float32 math a forward gets, read through the switches torch.compile and most code read."""
     backends = torch.backends
     return {
-        "conv": backends.cudnn.conv.fp32_precision,
-        "matmul": backends.cuda.matmul.fp32_precision,
-        "cpu matmul": backends.mkldnn.matmul.fp32_precision,
+        "conv tf32": backends.cudnn.allow_tf32,
+        "matmul": torch.get_float32_matmul_precision(),
         "deterministic": backends.cudnn.deterministic,
         "benchmark": backends.cudnn.benchmark,
     }
@@ -32,31 +39,27 @@ def _float32_settings() -> dict:
 
 @pytest.fixture
 def loose_settings():
-    """torch set as a speed-minded caller sets it: TF32 everywhere, cuDNN benchmarking; put back afterwards."""
-    before = _float32_settings()
-    torch.backends.cudnn.conv.fp32_precision = "tf32"
-    torch.backends.cuda.matmul.fp32_precision = "tf32"
+    """torch set as a speed-minded caller sets it, mixing the per-backend settings (TF32 for convolutions, not
+    for cuDNN's RNNs, bf16 for the CPU's matrix products) and benchmarking cuDNN; put back afterwards."""
+    before, benchmark = _per_backend(), torch.backends.cudnn.benchmark
+    mixed = {"cudnn.conv": "tf32", "cudnn.rnn": "ieee", "cuda.matmul": "tf32", "mkldnn.matmul": "bf16"}
+    for path, value in mixed.items():
+        _backend(path).fp32_precision = value
     torch.backends.cudnn.benchmark = True
-    yield
-    torch.backends.cudnn.conv.fp32_precision = before["conv"]
-    torch.backends.cuda.matmul.fp32_precision = before["matmul"]
-    torch.backends.cudnn.benchmark = before["benchmark"]
+    yield mixed
+    for path, value in before.items():
+        _backend(path).fp32_precision = value
+    torch.backends.cudnn.benchmark = benchmark
 
 
 def test_fp32_runs_without_tf32_and_deterministically_then_puts_torch_back(loose_settings, photo):
     loaded = load_model("resnet18", "none")
     seen = []
-    handle = loaded.module.layer1.register_forward_hook(lambda *args: seen.append(_float32_settings()))
+    handle = loaded.module.layer1.register_forward_hook(lambda *args: seen.append(_in_force()))
     hookcli.extract(loaded, "layer2", [photo], precision="fp32")
     handle.remove()
-    assert seen == [{"conv": "ieee", "matmul": "ieee", "cpu matmul": "ieee", "deterministic": True, "benchmark": False}]
-    assert _float32_settings() == {
-        "conv": "tf32",
-        "matmul": "tf32",
-        "cpu matmul": "none",
-        "deterministic": False,
-        "benchmark": True,
-    }
+    assert seen == [{"conv tf32": False, "matmul": "highest", "deterministic": True, "benchmark": False}]
+    assert _per_backend() == loose_settings and torch.backends.cudnn.benchmark
 
 
 def test_cuda_fp32_takes_deterministic_algorithms_for_the_run_only(monkeypatch):
@@ -71,16 +74,10 @@ def test_cuda_fp32_takes_deterministic_algorithms_for_the_run_only(monkeypatch):
 
 
 def test_tf32_is_asked_for_and_only_on_nvidia_gpus(loose_settings):
-    torch.backends.cudnn.conv.fp32_precision = "ieee"
     with float32_math("tf32", torch.device("cuda")):
-        inside = _float32_settings()
-    assert (inside["conv"], inside["matmul"], inside["cpu matmul"], inside["deterministic"]) == (
-        "tf32",
-        "tf32",
-        "none",
-        False,
-    )
-    assert _float32_settings()["conv"] == "ieee"
+        inside = _in_force()
+    assert inside == {"conv tf32": True, "matmul": "high", "deterministic": False, "benchmark": True}
+    assert _per_backend() == loose_settings
     with pytest.raises(UsageProblem) as refused:
         check_precision("tf32", torch.device("cpu"))
     assert (refused.value.message, refused.value.hint) == (
@@ -197,3 +194,23 @@ def test_a_gpu_run_decodes_with_a_worker_for_each_spare_core_it_may_use(monkeypa
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
     assert default_workers(cuda, 1000, 256) == GPU_WORKERS == 16
     assert default_workers(torch.device("cpu"), 1000, 256) == 4  # a quarter of the cores, at most 4
+
+
+def test_a_model_run_twice_at_once_comes_back_once_with_its_gradients():
+    from hookcli.run.forwards import given_back
+
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten(), torch.nn.LazyLinear(2)).train()
+    net[0].weight.grad = torch.ones_like(net[0].weight)
+    grad, weight = net[0].weight.grad, net[0].weight.data_ptr()
+    first, second = given_back(net), given_back(net)  # two sides of one comparison, the first ending first
+    first.__enter__()
+    net.to(torch.float64).eval()
+    second.__enter__()
+    first.__exit__(None, None, None)
+    assert net[0].weight.dtype == torch.float64 and not net.training  # the second still runs it as moved
+    second.__exit__(None, None, None)
+    assert net[0].weight.data_ptr() == weight and net[0].weight.dtype == torch.float32 and net.training
+    assert net[0].weight.grad is grad and grad.dtype == torch.float32 and bool((grad == 1).all())
+    with given_back(net):  # a lazy layer is made by the run, and stays made
+        net.float()(torch.zeros(1, 3, 5, 5))
+    assert net[2].weight.shape == (2, 36) and net(torch.zeros(1, 3, 5, 5)).shape == (1, 2)

@@ -1,6 +1,7 @@
 """What a new user meets in their first minutes: bare `hookcli`, --debug, help texts, folders with sub-folders,
 output names, unreadable images in a folder, options given to the wrong command, the install instructions."""
 
+import re
 from pathlib import Path
 
 import click
@@ -292,3 +293,16 @@ def test_contributing_says_how_long_the_tests_take_and_what_the_browser_test_nee
     tests = _section((ROOT / "CONTRIBUTING.md").read_text(), "## Run the tests")
     assert "about 5 minutes on a 2-core machine" in tests
     assert "`chromium` and `chromium-driver`" in tests
+
+
+def test_the_commands_page_and_the_readme_name_every_command_the_cli_has():
+    commands = set(main.commands)
+    page = (ROOT / "docs" / "commands.md").read_text()
+    numbers = {"eight": 8, "nine": 9, "ten": 10, "eleven": 11, "twelve": 12}
+    count = re.search(r"hookcli has (\w+) commands", page)
+    assert count is not None and numbers.get(count[1]) == len(commands)
+    assert set(re.findall(r"^## `hookcli (\w+)`", page, flags=re.MULTILINE)) == commands
+    intro = page.split("\n## ")[0]
+    assert set(re.findall(r"`(\w+)`", intro)) == commands
+    row = next(line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("| [Commands]"))
+    assert set(re.findall(r"`(\w+)`", row)) == commands

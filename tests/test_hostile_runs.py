@@ -454,3 +454,20 @@ def test_two_processes_taking_a_shared_output_at_once_take_it_in_turn_and_leave_
     assert not any(thread.is_alive() for thread in both)
     assert turns in (list("aabb"), list("bbaa"))
     assert os.listdir(tmp_path) == []
+
+
+def test_a_second_run_on_a_file_being_written_is_refused_before_a_model_loads(runner, images, tmp_path, no_model):
+    from hookcli.files import hold_output, release_output
+
+    target = tmp_path / "out.safetensors"
+    held = hold_output(target)
+    try:
+        result = runner.invoke(main, [*EXTRACT, "-o", str(target), str(images[0])])
+    finally:
+        release_output(target, held)
+    assert (result.exit_code, result.stderr) == (
+        2,
+        f"Error: another hookcli process is writing '{target}'. Hint: wait for it to finish, or write to another "
+        "file\n",
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["imgs"]

@@ -207,8 +207,9 @@ def test_a_different_run_in_the_same_folder_is_refused_unless_forced(runner, tmp
     result = runner.invoke(main, [*ARGS, "--pool", "avg", "-o", f"{folder}/", *map(str, many[:3])])
     assert result.exit_code == 2
     assert result.stderr == (
-        f"Error: '{folder}/' holds a different run (it differs in: inputs, inputs_sha256, pool). Hint: run the same "
-        "command to continue it, add --force to replace it, or use another folder\n"
+        f"Error: '{folder}/' holds a different run (it differs in: inputs (the folder's 7, this command's 3), "
+        "inputs_sha256, pool (the folder's none, this command's avg)). Hint: run the same command to continue it, "
+        "add --force to replace it, or use another folder\n"
     )
     result = runner.invoke(main, [*ARGS, "--pool", "avg", "--force", "-o", f"{folder}/", *map(str, many[:3])])
     assert result.exit_code == 0, result.output

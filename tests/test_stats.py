@@ -503,8 +503,8 @@ def test_a_killed_run_continues_to_the_file_an_uninterrupted_one_writes(runner, 
     )  # fmt: skip
     assert (other.returncode, other.stderr) == (
         2,
-        f"Error: '{out}.parts/' holds the parts of a different run (it differs in: layers (avgpool)). Hint: run the "
-        "same command to continue it, add --force to replace it, or use another file\n",
+        f"Error: '{out}.parts/' holds the parts of a different run (it differs in: layers (this command's "
+        "avgpool)). Hint: run the same command to continue it, add --force to replace it, or use another file\n",
     )
     done = subprocess.run(
         [sys.executable, "-m", "hookcli", "stats", *slow, "-o", str(out), *inputs],
@@ -597,3 +597,13 @@ def test_a_crafted_statistics_part_is_refused_saying_what_its_rows_could_not_hav
     with pytest.raises(ValueError) as refused:
         gathering.read(state, described, [0, 1, 2])
     assert str(refused.value) == message
+
+
+def test_a_part_whose_sketch_has_more_than_ten_levels_is_taken():
+    from hookcli.statistics.layer import LayerStats
+
+    layer = LayerStats(UnitLayout.of((1, 512, 512)), StatsChoice(top=2, quantiles=(0.5,), pca=False))
+    rows = torch.rand(12, 1, 512, 512, generator=torch.Generator().manual_seed(0))
+    layer.update(rows, torch.arange(12))
+    assert len(layer.sketch.levels) >= 11  # level10 sorts before level2 as text
+    layer.check_part(list(range(12)))

@@ -31,6 +31,7 @@ from hookcli.errors import FeatureFileError, UsageProblem
 from hookcli.events import Event, Note, Wrote
 from hookcli.families import square_input
 from hookcli.files import check_writable
+from hookcli.models.loaded import LoadedModel
 from hookcli.options import SAVED_RUN_OPTIONS
 from hookcli.run.execute import carry_out
 from hookcli.run.launch import block_of
@@ -145,6 +146,11 @@ def compare_models(
     choice = choice or CompareChoice()
     given = dict(options or {})
     second = dict(second or {})
+    if second and isinstance(model2 if model2 is not None else model, LoadedModel):
+        raise UsageProblem(
+            "weights2 and seed2 choose the weights of a second side that hookcli builds, and its model is built",
+            hint="give model2 as a name, or as a model built with the weights wanted (and no weights2 or seed2)",
+        )
     if "seed" in second and str(second.get("weights", given.get("weights", "DEFAULT"))).strip().lower() != "none":
         raise UsageProblem(
             "--seed2 only applies to a second side of random weights (pretrained and file weights are fixed)",
@@ -158,7 +164,8 @@ def compare_models(
         # The second model runs beside the first, over the first's rows; the first's part says who computes what.
         own = {name: value for name, value in given.items() if name not in ("part", "shard_size")}  # the first's
         own.update(second)
-
+        if "seed" not in second and str(own.get("weights", "DEFAULT")).strip().lower() != "none":
+            own.pop("seed", None)  # the first side's seed, for its random weights: none of the second's
         two = plan_request(
             request("compare", model2 or model, layers2 or layers, inputs, output=None, rows=asked.rows, **own)
         )
@@ -321,8 +328,9 @@ def _refuse_merging_onto_an_input(files: Sequence, output) -> None:
                     )
 
 
-#: Identity fields in which merged runs differ: their inputs, and so how they were cut into shards.
-_MERGE_FREE = ("inputs", "inputs_sha256", "shard_size")
+#: Identity fields in which merged runs differ: their inputs, and so how they were cut into shards and whether
+#: their forwards fused (chosen from the number of inputs; the values are the same to float32 rounding).
+_MERGE_FREE = ("inputs", "inputs_sha256", "shard_size", "fuse")
 
 
 def _identity_of(found: FeatureFile) -> dict:
@@ -339,7 +347,11 @@ def _identity_of(found: FeatureFile) -> dict:
             f"'{found.name}' records a run identity that is not a JSON object",
             hint="compute the comparison again with hookcli compare",
         )
-    return {key: value for key, value in identity.items() if key not in _MERGE_FREE}
+    kept = {key: value for key, value in identity.items() if key not in _MERGE_FREE}
+    with contextlib.suppress(KeyError, ValueError, TypeError, RecursionError):  # a second model's run, as JSON text
+        second = json.loads(kept["compare_with"])
+        kept["compare_with"] = {key: value for key, value in second.items() if key not in _MERGE_FREE}
+    return kept
 
 
 def _mergeable(found: FeatureFile, first: Mapping[str, str]) -> tuple[list, list]:

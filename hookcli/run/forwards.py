@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import weakref
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
@@ -76,7 +77,9 @@ def prepared_model(loaded: LoadedModel, settings: RunSettings):
 def given_back(module):
     """Inside, ``module`` may be moved, laid out and put in eval mode; afterwards each parameter, gradient and
     buffer is the tensor it was (its device, dtype, memory format and values), each parameter needs a gradient as
-    it did, and each submodule is in its mode, with its hooks and no others.
+    it did, and each submodule is in its mode, with its hooks and no others. Blocks on one module nest: the first
+    one entered keeps its state, and the last one to end (a second side's run of the same model may end after the
+    first's) gives it back. Lazy modules' parameters not made yet are left as the run makes them.
 
     >>> net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3)).train()
     >>> weight = net[0].weight.data_ptr()
@@ -86,34 +89,63 @@ def given_back(module):
     >>> net[0].weight.data_ptr() == weight, net[0].weight.is_contiguous(), net.training, len(net._forward_hooks)
     (True, True, True, 0)
     """
+    if module in _GIVEN:
+        _GIVEN[module][0] += 1
+    else:
+        _GIVEN[module] = [1, _held(module)]
+    try:
+        yield
+    finally:
+        entry = _GIVEN[module]
+        entry[0] -= 1
+        if not entry[0]:
+            del _GIVEN[module]
+            _give_back(entry[1])
+
+
+#: The modules inside :func:`given_back`: how many blocks hold each, and what it was when the first began.
+_GIVEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _held(module) -> list:
+    """What :func:`_give_back` needs to put ``module`` back as it is now."""
     held = []
     for owner in module.modules():
         parameters = {
-            name: (parameter, parameter.data, parameter.grad, parameter.requires_grad)
+            name: (parameter, parameter.data, grad, None if grad is None else grad.data, parameter.requires_grad)
             for name, parameter in owner._parameters.items()
-            if parameter is not None
+            if parameter is not None and not isinstance(parameter, torch.nn.parameter.UninitializedParameter)
+            for grad in [parameter.grad]
+        }
+        buffers = {
+            name: buffer
+            for name, buffer in owner._buffers.items()
+            if not isinstance(buffer, torch.nn.parameter.UninitializedBuffer)
         }
         hooks = {
             name: dict(table)
             for name, table in vars(owner).items()
             if name.endswith("_hooks") and isinstance(table, dict)
         }
-        held.append((owner, parameters, dict(owner._buffers), owner.training, hooks))
-    try:
-        yield
-    finally:
-        for owner, parameters, buffers, training, hooks in held:
-            for name, (parameter, data, grad, requires_grad) in parameters.items():
-                parameter.data = data
-                parameter.grad = grad
-                parameter.requires_grad_(requires_grad)
-                owner._parameters[name] = parameter
-            owner._buffers.update(buffers)
-            owner.training = training
-            for name, table in hooks.items():
-                current = getattr(owner, name)
-                for key in [key for key in current if key not in table]:
-                    del current[key]
+        held.append((owner, parameters, buffers, owner.training, hooks))
+    return held
+
+
+def _give_back(held: list) -> None:
+    for owner, parameters, buffers, training, hooks in held:
+        for name, (parameter, data, grad, grad_data, requires_grad) in parameters.items():
+            parameter.data = data
+            if grad is not None:
+                grad.data = grad_data  # moved in place with the parameter: the tensor it held, where it was
+            parameter.grad = grad
+            parameter.requires_grad_(requires_grad)
+            owner._parameters[name] = parameter
+        owner._buffers.update(buffers)
+        owner.training = training
+        for name, table in hooks.items():
+            current = getattr(owner, name)
+            for key in [key for key in current if key not in table]:
+                del current[key]
 
 
 class EagerForward:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from hookcli.errors import OutputExistsError, UsageProblem
-from hookcli.files import check_writable
+from hookcli.files import check_writable, refuse_written_output
 from hookcli.inputs.names import IMAGE_SUFFIXES
 from hookcli.models.specs import parse_model
 from hookcli.pictures.options import safe_name
@@ -143,6 +143,8 @@ def check_target(kind: str, path: str, inputs: Sequence[os.PathLike[str]], force
     if kind in ("file", *GATHERED):
         refuse_overwriting_inputs([path], inputs)
         _refuse_other_format(path)
+    if kind == "file":
+        refuse_written_output(path)
 
 
 def _check_output(kind: str, path: str, force: bool) -> None:

@@ -101,9 +101,20 @@ def compute_precision(precision: str, device) -> Iterator[None]:
         yield
 
 
-#: Where torch keeps the precision of float32 convolutions and matrix products (torch 2.9 on): "ieee" is float32,
-#: "tf32" lets NVIDIA's tensor cores round the inputs to 10 bits of mantissa, "none" inherits.
-_FLOAT32_PRECISIONS = ("cuda.matmul", "cudnn.conv", "cudnn.rnn", "mkldnn.matmul", "mkldnn.conv", "mkldnn.rnn")
+#: Where torch 2.9 and later keep the precision of float32 convolutions and matrix products, parents before their
+#: children: "ieee" is float32, "tf32" lets NVIDIA's tensor cores round the inputs to 10 bits of mantissa, "none"
+#: inherits.
+_FLOAT32_PRECISIONS = (
+    "",
+    "cuda.matmul",
+    "cudnn",
+    "cudnn.conv",
+    "cudnn.rnn",
+    "mkldnn",
+    "mkldnn.matmul",
+    "mkldnn.conv",
+    "mkldnn.rnn",
+)
 
 
 @contextlib.contextmanager
@@ -134,27 +145,43 @@ def float32_math(precision: str, device) -> Iterator[None]:
         yield
 
 
-def _float32_precision(value: str):
-    """``value`` for float32 convolutions and matrix products: torch's per-backend settings where it has them (one
-    must not mix them with the older flags, which it then refuses to read), else the older flags."""
-    if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
-        stack = contextlib.ExitStack()
-        for path in _FLOAT32_PRECISIONS:
-            owner: object = torch.backends
-            for name in path.split("."):
-                owner = getattr(owner, name)
-            if path.startswith("mkldnn") and value == "tf32":
-                continue  # TF32 is NVIDIA's: oneDNN on the CPU stays as set
-            stack.enter_context(_set(owner, fp32_precision=value))
-        return stack
+@contextlib.contextmanager
+def _float32_precision(value: str) -> Iterator[None]:
+    """``value`` (``ieee`` or ``tf32``) for float32 convolutions and matrix products inside, torch's settings as
+    they were afterwards.
+
+    Set through torch's older switches, which keep its per-backend settings in step (torch refuses to read the
+    older switches, as torch.compile does, once the two disagree); what was there is kept, and put back, through
+    the per-backend settings where torch has them (a caller's own mix of them included), else the older switches.
+    """
+    before: list = []
+    with contextlib.suppress(RuntimeError):  # unreadable where a caller mixed the two ways: not to be put back
+        before.append((torch.backends.cudnn, torch.backends.cudnn.allow_tf32))
+    with contextlib.suppress(RuntimeError):
+        before.append((None, torch.get_float32_matmul_precision()))
+    if hasattr(torch.backends.cuda.matmul, "fp32_precision"):  # after the older switches, which reset them
+        before += [(owner, owner.fp32_precision) for owner in map(_backend, _FLOAT32_PRECISIONS)]
     allowed = value == "tf32"
-    stack = contextlib.ExitStack()
-    stack.enter_context(_set(torch.backends.cudnn, allow_tf32=allowed))
-    stack.enter_context(_set(torch.backends.cuda.matmul, allow_tf32=allowed))
-    before = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("high" if allowed else "highest")
-    stack.callback(torch.set_float32_matmul_precision, before)
-    return stack
+    try:
+        torch.backends.cudnn.allow_tf32 = allowed
+        torch.set_float32_matmul_precision("high" if allowed else "highest")
+        yield
+    finally:
+        for owner, setting in before:
+            if owner is None:
+                torch.set_float32_matmul_precision(setting)
+            elif isinstance(setting, bool):
+                owner.allow_tf32 = setting
+            else:
+                owner.fp32_precision = setting
+
+
+def _backend(path: str):
+    """The object of ``torch.backends`` at ``path`` (``cudnn.conv``; empty: ``torch.backends`` itself)."""
+    owner: object = torch.backends
+    for name in filter(None, path.split(".")):
+        owner = getattr(owner, name)
+    return owner
 
 
 @contextlib.contextmanager
@@ -172,8 +199,9 @@ def _set(owner, **values) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _deterministic_algorithms() -> Iterator[None]:
-    """torch's deterministic kernels inside (with a warning, which is not said, where an operation has none), and
-    cuBLAS's deterministic workspace where the process has not chosen one."""
+    """torch's deterministic kernels inside (where an operation has none, torch's warning is not said: see
+    :data:`_NO_DETERMINISTIC_KERNEL`), and cuBLAS's deterministic workspace where the process has not chosen one
+    (it is read when cuBLAS starts: a process that used cuBLAS before its first run keeps what it had)."""
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     enabled, warn_only = (
         torch.are_deterministic_algorithms_enabled(),
@@ -181,11 +209,17 @@ def _deterministic_algorithms() -> Iterator[None]:
     )
     torch.use_deterministic_algorithms(True, warn_only=True)
     try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*does not have a deterministic implementation")
-            yield
+        yield
     finally:
         torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+
+
+#: What torch says of an operation without a deterministic kernel (a few backward passes on CUDA) while
+#: :func:`_deterministic_algorithms` asks for them: about a setting hookcli made, not the user, so it is left
+#: unsaid. Filtered once, for the process: a filter set and reset around each forward would race the threads
+#: that gather and write while the next batch computes.
+_NO_DETERMINISTIC_KERNEL = ".*does not have a deterministic implementation, but you set"
+warnings.filterwarnings("ignore", message=_NO_DETERMINISTIC_KERNEL, category=UserWarning)
 
 
 def choose_fuse(choice: bool | None, inputs: int) -> bool:

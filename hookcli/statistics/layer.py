@@ -120,7 +120,7 @@ class LayerStats:
         if int(zeros.min()) < 0 or int(zeros.max()) > values:
             raise ValueError("its moments count zeros that are not among its values")
         count, k, seed, compactions = (int(n) for n in shaped("sketch.info", 4).tolist())
-        levels = [state[name] for name in sorted(n for n in state if n.startswith("sketch.level"))]
+        levels = [state[f"sketch.level{height}"] for height in range(len(self.sketch.levels))]
         if count != values or k != DEFAULT_K or seed < 0 or compactions < 0:
             raise ValueError(f"its quantile sketch (count {count}, k {k}) is not one of {values} values")
         if any(level.dim() != 2 or level.shape[0] != channels for level in levels):

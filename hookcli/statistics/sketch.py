@@ -119,9 +119,9 @@ class QuantileSketch:
         """Each channel's value at each of ``levels`` (in [0, 1]), float64 ``[C, Q]``; NaN before any value.
 
         Sorts each level in place (the order of a level's values means nothing to the sketch)."""
-        if not self.count:
-            return torch.full((self.channels, len(levels)), float("nan"), dtype=torch.float64)
         device = self.levels[0].device
+        if not self.count:
+            return torch.full((self.channels, len(levels)), float("nan"), dtype=torch.float64, device=device)
         # The smallest value whose rank reaches the level, found by halving the range of 32-bit keys that sort as
         # the values do (:func:`_values_of_keys`): 32 rounds of searches in each level, sorted, for the value of a key,
         # instead of a sort of every value held.

@@ -392,8 +392,8 @@ class GatheringWriter:
                 if merged is None:
                     merged = shard
                 else:
-                    merged.merge(shard)
-            except (KeyError, ValueError, RuntimeError, IndexError, TypeError, AttributeError) as err:
+                    merged.merge(shard)  # ValueError where its layers are not the earlier parts'
+            except (KeyError, ValueError, RuntimeError, IndexError) as err:
                 raise FeatureFileError(
                     f"part '{name}' of '{self.path}' is damaged: {err}",
                     hint="run the same command with --force to compute it again",
@@ -411,10 +411,13 @@ class GatheringWriter:
                 raise ValueError(f"its rows are not inputs of shard {number} ({first} to {end - 1}), each once")
             state = {key: torch.from_numpy(part.read(key)) for key in part.keys() if key != PART_ROWS}
             shard = _Shard(number, self.gathering.read(state, json.loads(metadata["gathered"]), rows))
-            shard.inputs = json.loads(metadata["inputs"])
-            shard.skipped = json.loads(metadata.get("skipped", "[]"))
-            facts = json.loads(metadata["facts"])
-            shard.facts = RunFacts(facts["calls"], tuple(facts["omitted"]), facts["fused"]) if facts else None
+            try:  # JSON of the wrong kinds: a part is untrusted
+                shard.inputs = json.loads(metadata["inputs"])
+                shard.skipped = json.loads(metadata.get("skipped", "[]"))
+                facts = json.loads(metadata["facts"])
+                shard.facts = RunFacts(facts["calls"], tuple(facts["omitted"]), facts["fused"]) if facts else None
+            except (TypeError, AttributeError) as err:
+                raise ValueError(f"its metadata is not what hookcli writes ({err})") from None
             shard.rows = rows
         if len(shard.rows) != len(shard.inputs):
             raise ValueError(f"it has {len(shard.rows)} rows and {len(shard.inputs)} inputs")

@@ -192,16 +192,22 @@ def identity(record: RunRecord) -> dict:
 FREE_ON_RESUME = ("on_error",)
 
 
-def identity_differences(one: Mapping, other: Mapping) -> list[str]:
+def identity_differences(one: Mapping, other: Mapping, sides: tuple[str, str] | None = None) -> list[str]:
     """The fields in which two run identities differ, sorted (empty when the runs are the same, and a run with the
     one identity continues a folder of the other). A field that holds several (``preprocess``) names the ones that
-    differ; :data:`FREE_ON_RESUME` may differ.
+    differ; :data:`FREE_ON_RESUME` may differ. With ``sides`` (what to call ``one`` and ``other``), each says whose
+    value is which.
 
     >>> identity_differences({"model": "resnet18", "pool": "avg"}, {"model": "resnet18", "pool": "max", "x": 1})
     ['pool', 'x']
-    >>> before = {"preprocess": {"crop": 224}, "on_error": "fail"}
-    >>> identity_differences(before, {"preprocess": {"crop": 112, "decode": "device"}, "on_error": "skip"})
-    ['preprocess (crop, decode)']
+    >>> before = {"preprocess": {"crop": 224}, "on_error": "fail", "layers": {"fc": "fc"}}
+    >>> after = {"preprocess": {"crop": 112, "decode": "device"}, "on_error": "skip", "layers": {"fc": "fc", "x": "x"}}
+    >>> identity_differences(before, after)
+    ['layers (x)', 'preprocess (crop, decode)']
+    >>> for line in identity_differences(before, after, ("the folder's", "this command's")):
+    ...     print(line)
+    layers (this command's x)
+    preprocess (crop: the folder's 224, this command's 112; this command's decode device)
     """
     differ = []
     for key in sorted({*one, *other} - set(FREE_ON_RESUME)):
@@ -210,9 +216,26 @@ def identity_differences(one: Mapping, other: Mapping) -> list[str]:
             continue
         if isinstance(mine, Mapping) and isinstance(theirs, Mapping):
             inner = sorted(k for k in {*mine, *theirs} if mine.get(k) != theirs.get(k))
-            key = f"{key} ({', '.join(map(str, inner))})"
+            words = [_whose(k, mine, theirs, sides) for k in inner] if sides else list(map(str, inner))
+            key = f"{key} ({(', ' if not sides else '; ').join(words)})"
+        elif sides and key in one and key in other and not key.endswith("sha256"):
+            key = f"{key} ({sides[0]} {_shown(mine)}, {sides[1]} {_shown(theirs)})"
         differ.append(key)
     return differ
+
+
+def _whose(key, mine: Mapping, theirs: Mapping, sides: tuple[str, str]) -> str:
+    """One entry of a field that differs, saying whose it is: only one side's, or both sides' values."""
+    for side, held, other in ((sides[0], mine, theirs), (sides[1], theirs, mine)):
+        if key not in other:  # a layer's own name as its value says nothing more
+            return f"{side} {key}" if held[key] == key else f"{side} {key} {_shown(held[key])}"
+    return f"{key}: {sides[0]} {_shown(mine[key])}, {sides[1]} {_shown(theirs[key])}"
+
+
+def _shown(value) -> str:
+    """A value of an identity as a message shows it: a name as it is, anything else as JSON, at most 40 characters."""
+    text = value if isinstance(value, str) else json.dumps(value)
+    return text if len(text) <= 40 else f"{text[:39]}…"
 
 
 def inputs_digest(keys: Sequence[str]) -> str:

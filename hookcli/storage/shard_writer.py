@@ -101,7 +101,8 @@ class ShardWriter:
                 raise
             index = Index(None, [])  # --force: a damaged index goes, with the shards it listed
         header = index.header
-        differ = fileformat.identity_differences(header["identity"], self.identity) if header is not None else []
+        sides = ("the folder's", "this command's")
+        differ = fileformat.identity_differences(header["identity"], self.identity, sides) if header else []
         if differ:
             if not force:
                 what = "the parts of a different run" if self.parts else "a different run"
