@@ -239,7 +239,8 @@ def test_info_describes_a_statistics_file_by_its_layers(runner, stats_file):
         lines[1] == "top 3 examples a channel by max; quantiles 0.5, 0.99, 0.995; covariance and principal components"
     )
     assert (
-        lines[2].split() == "layer layout channels positions count examples min mean max zeros all-zero pca 90%".split()
+        lines[2].split()
+        == "layer layout channels positions count examples min mean max zeros all-zero pca 90% first 1/5/10".split()
     )
     layer3, fc = (line.split() for line in lines[3:5])
     assert layer3[:6] == ["layer3", "maps", "256", "[4,4]", "48", "3"]
@@ -273,6 +274,7 @@ def test_info_json_of_a_statistics_file_has_its_layers_and_no_per_row_statistics
     assert values["dead"] == int((tensors["layer3@zeros"] == 1).sum())
     variance = np.cumsum(tensors["layer3@pca_values"].clip(0)) / tensors["layer3@pca_values"].clip(0).sum()
     assert values["components_90"] == int(np.argmax(variance >= 0.9 - 1e-12)) + 1
+    assert values["explained"] == {str(n): pytest.approx(float(variance[n - 1]), abs=1e-12) for n in (1, 5, 10)}
     assert all("stats" not in tensor for tensor in described["tensors"])
     assert len(described["tensors"]) == 27 and described["metadata"]["kind"] == "stats"
 
@@ -636,3 +638,11 @@ def test_names_of_hundreds_of_kilobytes_are_drawn_shortened_in_bounded_time_and_
     pictures = {**hookcli.grid(stats, channels="0:3"), **hookcli.grid(str(similar))}
     assert time.perf_counter() - start < 30
     assert len(pictures) == 4 and max(pixels.shape[1] for pixels in pictures.values()) < 3000
+
+
+def test_the_report_says_what_share_of_the_variance_the_first_components_explain(stats_report, stats_file):
+    variances = load_file(stats_file)["layer3@pca_values"].clip(0)
+    shares = np.cumsum(variances) / variances.sum()
+    page = (stats_report.parent / "layer-layer3.html").read_text()
+    expected = f"the first 1, 5, 10 explain {shares[0]:.1%}, {shares[4]:.1%}, {shares[9]:.1%}."
+    assert expected in page

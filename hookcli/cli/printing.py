@@ -59,6 +59,13 @@ def info_lines(described: dict, *, stats: bool = True) -> list[str]:
     return lines
 
 
+def _firsts(shares: dict | None) -> str:
+    """The shares of the variance the first principal components explain, as ``42/71/88%`` (``-`` without
+    them)."""
+    found = [share for share in (shares or {}).values() if share is not None]
+    return "/".join(f"{100 * share:.0f}" for share in found) + "%" if found else "-"
+
+
 def _stats_lines(described: dict, *, values: bool) -> list[str]:
     """A statistics file: what it covers and how, a table of its layers (with ``values``, their channels summed
     up), a table of its tensors, the metadata."""
@@ -74,7 +81,7 @@ def _stats_lines(described: dict, *, values: bool) -> list[str]:
     ]
     header: tuple[str, ...] = ("layer", "layout", "channels", "positions", "count", "examples")
     if values:
-        header += ("min", "mean", "max", "zeros", "all-zero", "pca 90%")
+        header += ("min", "mean", "max", "zeros", "all-zero", "pca 90%", "first 1/5/10")
     table = [header]
     for layer in layers:
         row: tuple[str, ...] = (
@@ -93,6 +100,7 @@ def _stats_lines(described: dict, *, values: bool) -> list[str]:
                 "-" if found["zeros"] is None else f"{found['zeros']:.1%}",
                 f"{found['dead']:,}",
                 "-" if explained is None else f"{explained:,}",
+                _firsts(found.get("explained")),
             )
         table.append(row)
     lines += table_lines(table, right=range(2, len(header)))

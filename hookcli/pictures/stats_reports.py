@@ -49,7 +49,7 @@ from hookcli.pictures.html import (
 from hookcli.pictures.options import GridOptions
 from hookcli.pictures.render import check_cmap
 from hookcli.pictures.stats_grids import ChosenUnits, choose_units
-from hookcli.pictures.summary import describe_stats, explaining
+from hookcli.pictures.summary import FIRST_COMPONENTS, describe_stats, explained, explaining
 from hookcli.storage.reader import FeatureReader
 from hookcli.storage.stats_file import StatsFile, StatsLayer, read_stats
 from hookcli.storage.stats_format import FIELDS
@@ -215,6 +215,11 @@ class _StatsReport:
         variances = self.stats.read(layer.key, "pca_values")
         counts = [(share, explaining(variances, share)) for share in (0.5, 0.9, 0.99)]
         said = ", ".join(f"{count:,} for {share:.0%}" for share, count in counts if count is not None)
+        firsts = [(count, explained(variances, count)) for count in FIRST_COMPONENTS if count <= len(variances)]
+        shares = ", ".join(f"{share:.1%}" for _, share in firsts if share is not None)
+        if said and shares:
+            numbers = ", ".join(str(count) for count, _ in firsts)
+            said += f"; the first {numbers} explain {shares}"
         said = f"the components needed to explain the variance: {said}" if said else "the channels do not vary"
         return (
             '<section id="pca">\n<h3>Principal components</h3>\n<p>Of the covariance of its channels, each averaged '

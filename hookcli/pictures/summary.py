@@ -110,8 +110,8 @@ def describe_file(features: FeatureReader, *, stats: bool = True) -> dict:
 def describe_stats(found: StatsFile, *, values: bool = True) -> dict:
     """A statistics file as ``hookcli info`` shows it: its options, inputs and layers (units, values a channel,
     examples kept), its tensors and metadata, and with ``values`` a summary of each layer's channels (the lowest,
-    mean and highest value, the share of zeros, how many channels are zero everywhere, and how many principal
-    components explain 90% of the variance)."""
+    mean and highest value, the share of zeros, how many channels are zero everywhere, how many principal
+    components explain 90% of the variance, and what share the first 1, 5 and 10 explain)."""
     features = found.features
     layers = []
     for layer in found.layers.values():
@@ -203,7 +203,7 @@ def _layer_values(found: StatsFile, layer: StatsLayer) -> dict:
     with np.errstate(invalid="ignore"):
         lows, highs = found.read(layer.key, "min"), found.read(layer.key, "max")
         means, zeros = found.read(layer.key, "mean"), found.read(layer.key, "zeros")
-        summary = {
+        summary: dict[str, object] = {
             "min": _finite(np.min(lows, initial=np.inf, where=np.isfinite(lows))),
             "mean": _finite(np.mean(means)),
             "max": _finite(np.max(highs, initial=-np.inf, where=np.isfinite(highs))),
@@ -211,12 +211,32 @@ def _layer_values(found: StatsFile, layer: StatsLayer) -> dict:
             "dead": int(np.count_nonzero(zeros == 1)),
         }
     if layer.pca:
-        summary["components_90"] = explaining(found.read(layer.key, "pca_values"), 0.9)
+        variances = found.read(layer.key, "pca_values")
+        summary["components_90"] = explaining(variances, 0.9)
+        summary["explained"] = {str(count): explained(variances, count) for count in FIRST_COMPONENTS}
     return summary
 
 
 def _finite(value) -> float | None:
     return float(value) if np.isfinite(value) else None
+
+
+#: The numbers of leading principal components whose share of the variance ``info`` and the report give.
+FIRST_COMPONENTS = (1, 5, 10)
+
+
+def explained(variances: np.ndarray, count: int) -> float | None:
+    """The share of the variance the first ``count`` principal components (their ``variances``, highest first)
+    explain; None when there is no variance to explain. Variances below zero (rounding) count as zero.
+
+    >>> explained(np.array([6.0, 3.0, 1.0]), 1), explained(np.array([6.0, 3.0, 1.0]), 5), explained(np.zeros(3), 1)
+    (0.6, 1.0, None)
+    """
+    kept = np.clip(np.nan_to_num(np.asarray(variances, dtype=np.float64), nan=0.0, posinf=0.0), 0.0, None)
+    total = kept.sum()
+    if not total > 0 or not np.isfinite(total):
+        return None
+    return float(min(1.0, kept[:count].sum() / total))
 
 
 def explaining(variances: np.ndarray, share: float) -> int | None:
