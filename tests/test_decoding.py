@@ -268,24 +268,8 @@ def test_a_decoder_that_decodes_nothing_or_runs_out_of_memory_stops_the_run(
         raise RuntimeError(f"Error while decoding JPEG images: {failure}")
 
     monkeypatch.setattr(torchvision.io, "decode_jpeg", failing)
-    result = runner.invoke(
-        main,
-        resnet18_args(
-            "extract",
-            "-l",
-            "layer1",
-            "--resize",
-            "32",
-            "--crop",
-            "32",
-            "--decode",
-            "device",
-            "-d",
-            "cpu",
-            "-q",
-            *[str(photo)] * 8,
-        ),
-    )
+    on_the_cpu = ["-l", "layer1", "--resize", "32", "--crop", "32", "--decode", "device", "-d", "cpu", "-q"]
+    result = runner.invoke(main, resnet18_args("extract", *on_the_cpu, *[str(photo)] * 8))
     assert (result.exit_code, result.stderr) == (1 if "memory" in failure else 2, message + "\n")
 
 
