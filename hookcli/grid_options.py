@@ -45,6 +45,7 @@ GRID_OPTIONS: tuple[Option, ...] = (
         kind="parsed",
         metavar="A:B|K",
         parser=parse_channels,
+        multiple=True,  # given twice, refused (one range is drawn), rather than the first left out without a word
     ),
     Option("top", ("--top",), "Only the K channels with the highest mean activation.", ("grid",), kind="int", low=1),
     Option("columns", ("--columns",), "Tiles per row [fewest blank places, about 3:2].", ("grid",), kind="int", low=1),

@@ -53,7 +53,17 @@ def parse_device(value) -> str:
 
 
 def parse_channels(value) -> slice | None:
-    """A channel selection as a slice: ``"A:B"`` (either end may be left out), one channel ``K``, or a slice."""
+    """A channel selection as a slice: ``"A:B"`` (either end may be left out), one channel ``K``, or a slice; a
+    sequence of one of these (the option given once), or of none.
+
+    >>> parse_channels(("3",)), parse_channels(())
+    (slice(3, 4, None), None)
+    """
+    if isinstance(value, list | tuple):
+        if len(value) > 1:
+            given = ", ".join(_channels_text(item) for item in value)
+            raise ValueError(f"given {len(value)} times ({given}); give one range A:B or one channel K")
+        value = value[0] if value else None
     if value is None or isinstance(value, slice):
         return value
     text = str(value).strip()
@@ -65,6 +75,15 @@ def parse_channels(value) -> slice | None:
         return slice(int(start) if start else None, int(stop) if stop else None)
     except ValueError:
         raise ValueError(f"'{value}' is not a channel range; use A:B, A:, :B or one index K") from None
+
+
+def _channels_text(value) -> str:
+    """A channel selection as it was written: ``16``, ``0:64``, ``:8``."""
+    if not isinstance(value, slice):
+        return str(value)
+    if value.start is not None and value.stop == value.start + 1:
+        return str(value.start)
+    return f"{'' if value.start is None else value.start}:{'' if value.stop is None else value.stop}"
 
 
 #: The most quantile levels one run gathers.

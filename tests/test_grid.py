@@ -387,3 +387,17 @@ def test_images_are_chosen_by_range_too_in_the_order_given(runner, tmp_path):
         "Error: image range '4:2' selects no images: the file has 6 images. "
         "Hint: A:B takes rows A to B-1, as a Python slice does; the rows are 0 to 5\n"
     )
+
+
+def test_channels_given_twice_are_refused_rather_than_the_first_left_out(runner, tmp_path):
+    path = tmp_path / "maps.safetensors"
+    save_file({"maps": torch.rand(1, 64, 4, 4)}, str(path))
+    args = ["grid", str(path), "-o", str(tmp_path / "out")]
+    twice = runner.invoke(main, [*args, "--channels", "16", "--channels", "40:45"])
+    assert (twice.exit_code, twice.stderr) == (
+        2,
+        "Error: invalid channels: given 2 times (16, 40:45); give one range A:B or one channel K\n",
+    )
+    assert not (tmp_path / "out").exists()
+    once = runner.invoke(main, [*args, "--channels", "40:45"])
+    assert once.exit_code == 0 and once.stdout == f"{tmp_path / 'out' / 'maps__00000_row00000.png'}\n", once.output
