@@ -214,3 +214,11 @@ def test_a_model_run_twice_at_once_comes_back_once_with_its_gradients():
     with given_back(net):  # a lazy layer is made by the run, and stays made
         net.float()(torch.zeros(1, 3, 5, 5))
     assert net[2].weight.shape == (2, 36) and net(torch.zeros(1, 3, 5, 5)).shape == (1, 2)
+
+
+def test_only_a_model_handed_in_is_given_back(photo):
+    from hookcli.run.plan import plan
+
+    built = plan("extract", "resnet18", "layer1", [str(photo)], weights="none")
+    handed = plan("extract", load_model("resnet18", "none"), "layer1", [str(photo)])
+    assert (built.loaded.handed_in, handed.loaded.handed_in) == (False, True)

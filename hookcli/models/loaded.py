@@ -51,6 +51,9 @@ class LoadedModel:
     #: Why ``preprocess`` is ImageNet's defaults, assumed for a model that gives none (``nets.py:make: the factory
     #: gives no preprocessing``); None when it is the model's own.
     assumed_because: str | None = None
+    #: Whether a caller handed the model in, to be given back as it came after a run
+    #: (:func:`hookcli.run.forwards.given_back`); False for one a run built for itself from a name.
+    handed_in: bool = True
 
     @property
     def notes(self) -> tuple[str, ...]:

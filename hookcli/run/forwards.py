@@ -54,12 +54,14 @@ def prepared_model(loaded: LoadedModel, settings: RunSettings):
     """The model on its device in the chosen memory format, with threads budgeted; yields ``(model, to_device)``.
 
     ``settings`` must be resolved. ``to_device(batch)`` moves a batch of
-    images the same way (non-blocking, channels-last when the model is). The
-    model is given back as it came (:func:`given_back`).
+    images the same way (non-blocking, channels-last when the model is). A
+    model handed in is given back as it came (:func:`given_back`); one the run
+    built for itself is not, so that its weights' first copy is freed as they
+    are moved or laid out.
     """
     device = torch.device(settings.device)
     memory_format = settings.memory_format
-    with given_back(loaded.module):
+    with given_back(loaded.module) if loaded.handed_in else contextlib.nullcontext():
         model = speed.to_memory_format(loaded.module.to(device), memory_format)
 
         def to_device(batch):

@@ -142,7 +142,9 @@ def plan_request(asked: RunRequest) -> RunPlan:
         kind, path, paths = asked.kind, asked.path, asked.rows.paths
         model = asked.model
         device = _device(asked.part, opts, model.module if isinstance(model, LoadedModel) else None)
-        loaded = model if isinstance(model, LoadedModel) else _load(asked.choice, opts)
+        loaded = (
+            model if isinstance(model, LoadedModel) else dataclasses.replace(_load(asked.choice, opts), handed_in=False)
+        )
         settings = dataclasses.replace(asked.settings, device=device, preprocess=_preprocess(loaded, opts))
         settings = resolve_settings(settings, loaded, len(paths))
         target, notes = _target_and_notes(command, loaded, settings, opts)
