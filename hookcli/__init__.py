@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from hookcli.version import __version__
 
 if TYPE_CHECKING:  # what editors and type checkers see; at run time each name loads on first use (below)
-    from hookcli.api import cam, compare, extract, grad, grid, info, layers, models, report, stats
+    from hookcli.api import cam, compare, doctor, extract, grad, grid, info, layers, models, report, stats
     from hookcli.errors import HookcliError
     from hookcli.models.loading import load_model
     from hookcli.run.capture import FeatureCapture, GradientCapture
@@ -43,6 +43,7 @@ _PUBLIC = {
     "cam": "hookcli.api",
     "compare": "hookcli.api",
     "describe_layers": "hookcli.run.layer_table",
+    "doctor": "hookcli.api",
     "execute": "hookcli.run.execute",
     "extract": "hookcli.api",
     "grad": "hookcli.api",
@@ -73,6 +74,7 @@ __all__ = [
     "cam",
     "compare",
     "describe_layers",
+    "doctor",
     "execute",
     "extract",
     "grad",

@@ -37,6 +37,7 @@ import dataclasses
 import os
 from collections.abc import Callable
 
+from hookcli.compare_options import COMPARE_OPTIONS
 from hookcli.errors import UsageProblem, check_whole
 from hookcli.events import Note
 from hookcli.families import family_traits
@@ -46,7 +47,20 @@ from hookcli.pictures.options import GridOptions, default_grid_folder
 from hookcli.run.options import refuse_unknown
 from hookcli.run.outputs import DEFAULT_OUTPUT
 
-__all__ = ["DEFAULT_OUTPUT", "cam", "compare", "extract", "grad", "grid", "info", "layers", "models", "report", "stats"]
+__all__ = [
+    "DEFAULT_OUTPUT",
+    "cam",
+    "compare",
+    "doctor",
+    "extract",
+    "grad",
+    "grid",
+    "info",
+    "layers",
+    "models",
+    "report",
+    "stats",
+]
 
 
 def extract(model, layers, inputs, *, output=None, progress: Callable | None = None, **options):
@@ -203,7 +217,7 @@ def compare(
     against ``features2`` (tensors ``keys2``) or themselves, with
     ``batch_size``, ``force``, ``shard_size`` and ``part``. How: ``method``
     (``"linear-cka"``, ``"minibatch-cka"``, ``"rsa"``), ``pool`` (``"avg"``,
-    ``"max"``, ``"none"``; the method's default when None), ``rsa_rows``,
+    ``"max"``, ``"none"``; the method's default when None), ``debiased``, ``rsa_rows``,
     ``rsa_distance``, ``rsa_compare``, ``save_rdms``
     (:data:`hookcli.compare_options.COMPARE_OPTIONS`). In memory
     (``output=None``) a mapping whose ``method`` key is the float64 matrix,
@@ -259,7 +273,7 @@ def compare(
 
 
 #: The keywords of :func:`compare` that say how to compare (the rest are the run's).
-_COMPARING = ("method", "pool", "rsa_rows", "rsa_distance", "rsa_compare", "save_rdms")
+_COMPARING = tuple(option.name for option in COMPARE_OPTIONS)
 
 
 def grid(source, *, output=None, progress: Callable | None = None, force: bool = False, **options):
@@ -387,6 +401,19 @@ def models(family: str | None = None, *, pattern: str | None = None, source: str
     ['raft_large', 'raft_small']
     """
     return describe_models(family, pattern=pattern, source=source)
+
+
+def doctor() -> list[dict]:
+    """What this install and machine give hookcli: ``hookcli doctor``. Each check is a dict of ``name``, ``ok``
+    (True; False where a command would fail; None for something optional that is absent), ``detail`` and
+    ``hint`` (see :mod:`hookcli.run.environment`).
+
+    >>> [check["name"] for check in doctor()][:2]
+    ['python', 'torch and torchvision']
+    """
+    from hookcli.run.environment import check_install  # torch, once the pair is checked
+
+    return [check.to_dict() for check in check_install()]
 
 
 def info(source, *, stats: bool = True, progress: Callable | None = None) -> dict:

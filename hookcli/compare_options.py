@@ -48,6 +48,16 @@ COMPARE_OPTIONS: tuple[Option, ...] = (
         choices=COMPARE_POOLS,
     ),
     Option(
+        "debiased",
+        ("--debiased",),
+        "linear-cka: the debiased estimator (each HSIC unbiased, after Song et al. 2012), near 0 for unrelated "
+        "representations however few the inputs (4 at least), where plain CKA reads high until the inputs well "
+        "outnumber the widths.",
+        _COMPARE,
+        kind="flag",
+        default=False,
+    ),
+    Option(
         "rsa_rows",
         ("--rsa-rows",),
         "rsa: the inputs the RDMs are made of, the first N (an RDM holds N x N distances: 8 MB at 1,000).",

@@ -49,7 +49,7 @@ def select_keys(available: Sequence[str], patterns: Sequence[str], name: str, *,
     ['fc', 'layer1', 'layer2']
     """
     if not available:
-        raise FeatureFileError(f"'{name}' holds no {what}s")
+        raise FeatureFileError(f"'{name}' holds no {what}s", hint="'hookcli info' shows what it holds")
     if not patterns:
         return list(available)
     chosen: list[str] = []

@@ -109,8 +109,21 @@ def test_ci_builds_the_docs_strictly_after_the_tests():
     assert "strict: true" in config and "use_directory_urls: false" in config
 
 
-#: The order docs/commands.md takes the commands in: what to ask about first, then running, then reading.
-DOCUMENTED_ORDER = ["models", "layers", "extract", "grad", "cam", "stats", "compare", "grid", "report", "info"]
+#: The order docs/commands.md takes the commands in: what to ask about first, then running, then reading, then the
+#: install's check.
+DOCUMENTED_ORDER = [
+    "models",
+    "layers",
+    "extract",
+    "grad",
+    "cam",
+    "stats",
+    "compare",
+    "grid",
+    "report",
+    "info",
+    "doctor",
+]
 
 
 def test_the_docs_describe_every_command_and_generate_the_reference_from_main():

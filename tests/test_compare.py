@@ -134,7 +134,9 @@ def test_a_representation_without_spread_has_no_cka_and_a_note_says_so():
     notes = [event.text for event in heard if hasattr(event, "text")]
     assert notes == [
         "'flat' has no spread (every row alike, or values that are not finite): its similarities are undefined, NaN "
-        "in the file"
+        "in the file",
+        "24 inputs are too few to read the matrix: give 100 at least, and more than the 6 values a row of 'maps' "
+        "(with fewer, similarities are high even between unrelated representations)",
     ]
 
 
@@ -249,7 +251,8 @@ def test_linear_cka_files_over_disjoint_inputs_merge_into_the_whole(runner, tmp_
         halves.append(str(hookcli.compare(features=half, batch_size=4, output=str(tmp_path / f"{name}.safetensors"))))
     out = tmp_path / "merged.safetensors"
     done = runner.invoke(main, ["compare", "--merge", *halves, "-o", str(out)])
-    assert done.exit_code == 0 and done.output == f"{out}\n", done.output
+    assert done.exit_code == 0 and done.stdout == f"{out}\n", done.output
+    assert done.stderr.startswith("Note: 24 inputs are too few to read the matrix: give 100 at least")
     with open_features(out) as merged:
         np.testing.assert_allclose(merged["linear-cka"], whole["linear-cka"].numpy(), rtol=1e-12)
         assert json.loads(merged.metadata["inputs"]) == json.loads(features.metadata["inputs"])

@@ -291,8 +291,8 @@ def _find(pixels: np.ndarray, mark: np.ndarray) -> list[tuple[int, int]]:
 
 def test_grid_draws_resnet18_against_itself_as_a_bright_diagonal(runner, resnet_file, tmp_path):
     result = runner.invoke(main, ["grid", str(resnet_file), "-o", str(tmp_path / "g")])
-    assert result.exit_code == 0 and result.stdout == f"{tmp_path / 'g' / 'linear-cka.png'}\n", result.output
-    pixels = np.asarray(Image.open(tmp_path / "g" / "linear-cka.png").convert("RGB"))
+    assert result.exit_code == 0 and result.stdout == f"{tmp_path / 'g' / 'cka.png'}\n", result.output
+    pixels = np.asarray(Image.open(tmp_path / "g" / "cka.png").convert("RGB"))
     top = colorize(np.array([1.0]), "viridis")[0]
     ys, xs = np.nonzero((pixels == top).all(axis=2))
     ys, xs = ys[ys < ys.min() + 4 * CELL], xs[ys < ys.min() + 4 * CELL]  # the colour bar's end is below
@@ -303,7 +303,7 @@ def test_grid_draws_resnet18_against_itself_as_a_bright_diagonal(runner, resnet_
     for label in ("layer1", "layer2", "layer3", "layer4"):
         marks = _find(pixels, text_bitmap(label, LABEL_SIZE))
         assert len(marks) == 2, label  # a row's label and a column's
-    plain = hookcli.grid(resnet_file, plain=True)["linear-cka.png"]
+    plain = hookcli.grid(resnet_file, plain=True)["cka.png"]
     assert plain.shape == (4 * CELL, 4 * CELL, 3)
     for k in range(4):
         centre = pixels[
@@ -316,8 +316,8 @@ def test_grid_draws_resnet18_against_itself_as_a_bright_diagonal(runner, resnet_
 
 
 def test_an_undefined_cell_is_grey_and_hatched_and_the_legend_says_so(cka_file):
-    pixels = hookcli.grid(cka_file)["linear-cka.png"]
-    plain = hookcli.grid(cka_file, plain=True)["linear-cka.png"]
+    pixels = hookcli.grid(cka_file)["cka.png"]
+    plain = hookcli.grid(cka_file, plain=True)["cka.png"]
     for i, j in ((0, 2), (2, 0), (2, 2)):
         cell = plain[i * CELL : (i + 1) * CELL - 1, j * CELL : (j + 1) * CELL - 1].reshape(-1, 3)
         colours, counts = np.unique(cell, axis=0, return_counts=True)
@@ -340,6 +340,17 @@ def test_rsa_is_drawn_on_a_diverging_colormap_unless_cmap_says_otherwise(rsa_fil
     assert cells == colorize((matrix + 1) / 2, "viridis").tolist()
 
 
+def test_two_comparisons_drawn_into_one_folder_are_named_after_their_files(runner, cka_file, rsa_file, tmp_path):
+    out = tmp_path / "pictures"
+    for source in (cka_file, rsa_file):
+        done = runner.invoke(main, ["grid", str(source), "-o", str(out)])
+        assert done.exit_code == 0 and done.stdout == f"{out / (source.stem + '.png')}\n", done.output
+    assert sorted(p.name for p in out.iterdir()) == ["cka.png", "rsa.png"]
+    with open(cka_file, "rb") as stream:
+        piped = runner.invoke(main, ["grid", "-", "-o", str(out)], input=stream.read())
+    assert piped.exit_code == 0 and piped.stdout == f"{out / 'linear-cka.png'}\n", piped.output
+
+
 def test_long_column_labels_are_upright_and_many_rows_are_labelled_in_steps(tmp_path):
     rng = np.random.default_rng(2)
     names = [f"features.denseblock{n // 10}.denselayer{n}.conv2" for n in range(30)]
@@ -351,7 +362,7 @@ def test_long_column_labels_are_upright_and_many_rows_are_labelled_in_steps(tmp_
 
 
 def test_grid_chooses_representations_with_k_and_refuses_what_a_comparison_has_not(runner, cka_file, tmp_path):
-    pixels = hookcli.grid(cka_file, keys=["a", "b"], plain=True)["linear-cka.png"]
+    pixels = hookcli.grid(cka_file, keys=["a", "b"], plain=True)["cka.png"]
     assert pixels.shape == (2 * CELL, 2 * CELL, 3)  # 480 // 2 is more than the largest cell
     for args, message in (
         (
@@ -393,7 +404,7 @@ def test_report_is_one_page_of_the_heatmap_the_matrix_and_the_settings(runner, c
     sources = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
     assert len(sources) == 1
     shown = np.asarray(Image.open(io.BytesIO(base64.b64decode(sources[0]))).convert("RGB"))
-    np.testing.assert_array_equal(shown, hookcli.grid(cka_file)["linear-cka.png"])
+    np.testing.assert_array_equal(shown, hookcli.grid(cka_file)["cka.png"])
     table = re.search(r'<table class="matrix">(.*?)</table>', page, re.S)[1]
     assert re.findall(r'<th scope="col">([^<]*)</th>', table) == ["a", "b", "flat"]
     assert re.findall(r'<th scope="row">([^<]*)</th>', table) == ["a", "b", "flat"]

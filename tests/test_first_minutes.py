@@ -1,7 +1,10 @@
 """What a new user meets in their first minutes: bare `hookcli`, --debug, help texts, folders with sub-folders,
 output names, unreadable images in a folder, options given to the wrong command, the install instructions."""
 
+import json
+import platform
 import re
+from importlib import metadata
 from pathlib import Path
 
 import click
@@ -306,3 +309,86 @@ def test_the_commands_page_and_the_readme_name_every_command_the_cli_has():
     assert set(re.findall(r"`(\w+)`", intro)) == commands
     row = next(line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("| [Commands]"))
     assert set(re.findall(r"`(\w+)`", row)) == commands
+
+
+# -- hookcli doctor ---------------------------------------------------------------------------------
+
+
+def test_doctor_says_the_pair_loads_and_what_each_extra_is(runner):
+    done = runner.invoke(main, ["doctor"])
+    assert done.exit_code == 0, done.output
+    lines = done.stdout.splitlines()
+    versions = f"torch {metadata.version('torch')}, torchvision {metadata.version('torchvision')}"
+    assert re.fullmatch(rf"ok +python +{re.escape(platform.python_version())}", lines[0])
+    assert re.fullmatch(rf"ok +torch and torchvision +{re.escape(versions)}: they load together", lines[1])
+    assert lines[2].startswith("ok  devices") and "cores for this process" in lines[2]
+    assert [line.split("  ")[1].strip() for line in lines[3:]] == [
+        "video files (av)",
+        "timm: models (timm)",
+        "hf: models (transformers)",
+        "open_clip: models (open_clip)",
+        "weights cache",
+    ]
+    checks = json.loads(runner.invoke(main, ["doctor", "--json"]).stdout)
+    assert [check["ok"] for check in checks[:2]] == [True, True] and sorted(checks[0]) == [
+        "detail",
+        "hint",
+        "name",
+        "ok",
+    ]
+
+
+def test_doctor_names_a_mismatched_pair_and_how_to_mend_it(runner, monkeypatch):
+    import torchvision
+
+    def mismatched(*args):
+        raise RuntimeError("operator torchvision::nms does not exist")
+
+    monkeypatch.setattr(torchvision.ops, "nms", mismatched)
+    done = runner.invoke(main, ["doctor"])
+    assert done.exit_code == 1
+    pair = done.stdout.splitlines()[1]
+    assert re.fullmatch(
+        r"FAILED +torch and torchvision +torch \S+, torchvision \S+: operator torchvision::nms does not exist\. Hint: "
+        r"torch and torchvision are builds that do not match: install them as a pair, from one index \(pip install "
+        r'--force-reinstall "torch" "torchvision"\)',
+        pair,
+    ), pair
+    assert "devices" not in done.stdout  # nothing that needs the pair is tried
+    assert done.stderr == ("Error: 1 check failed: torch and torchvision. Hint: its line above says what to do\n")
+
+
+def test_doctor_gives_the_install_line_of_an_absent_extra(monkeypatch):
+    import hookcli
+    from hookcli.run import environment
+
+    real = environment.version
+
+    def without_av(name):
+        if name == "av":
+            raise metadata.PackageNotFoundError(name)
+        return real(name)
+
+    monkeypatch.setattr(environment, "version", without_av)
+    video = next(check for check in hookcli.doctor() if check["name"] == "video files (av)")
+    assert video == {
+        "name": "video files (av)",
+        "ok": None,
+        "detail": "not installed",
+        "hint": 'pip install "hookcli[video]"',
+    }
+
+
+def _code_lines(text: str, language: str) -> list[str]:
+    """The lines of a page's ``language`` code blocks, comments and trailing spaces left out."""
+    blocks = re.findall(rf"```{language}\n(.*?)```", text, flags=re.DOTALL)
+    lines = [re.sub(r"\s+#.*$", "", line).rstrip() for block in blocks for line in block.splitlines()]
+    return [line for line in lines if line]
+
+
+def test_the_tour_page_runs_every_line_of_the_readmes_tour():
+    readme = _section((ROOT / "README.md").read_text(), "## A five-minute tour")
+    tour = (ROOT / "docs" / "tour.md").read_text()
+    for language in ("bash", "python"):
+        missing = [line for line in _code_lines(readme, language) if line not in _code_lines(tour, language)]
+        assert missing == [], language

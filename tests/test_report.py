@@ -447,7 +447,7 @@ def test_an_empty_file_and_a_file_without_tensors_are_refused(tmp_path):
     write_safetensors({}, {"format": "1"}, tmp_path / "none.safetensors")
     for name, message in (
         ("empty", "'{}' is empty. Hint: it holds no safetensors data"),
-        ("none", "'{}' holds no tensors"),
+        ("none", "'{}' holds no tensors. Hint: 'hookcli info' shows what it holds"),
     ):
         source = tmp_path / f"{name}.safetensors"
         with pytest.raises(FeatureFileError) as caught:

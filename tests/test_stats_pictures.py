@@ -470,6 +470,19 @@ def test_grid_keeps_existing_pictures_without_force(runner, stats_file, tmp_path
     assert runner.invoke(main, [*args, "--force"]).exit_code == 0
 
 
+def test_grid_draws_the_pictures_not_there_yet_and_names_those_it_leaves(runner, stats_file, tmp_path):
+    out = tmp_path / "g"
+    args = ["grid", str(stats_file), "-o", str(out), "-k", "fc", "--channels"]
+    assert runner.invoke(main, [*args, "1"]).exit_code == 0
+    mine = (out / "fc__channel00001.png").read_bytes()
+    done = runner.invoke(main, [*args, "0:3"])
+    assert done.exit_code == 0, done.output
+    assert done.stdout.splitlines() == [str(out / f"fc__channel{n:05d}.png") for n in (0, 2)]
+    assert done.stderr == ("Note: left 1 picture that exists as it is: fc__channel00001.png (--force draws it again)\n")
+    assert (out / "fc__channel00001.png").read_bytes() == mine
+    assert sorted(p.name for p in out.iterdir()) == [f"fc__channel{n:05d}.png" for n in range(3)]
+
+
 # -- report ----------------------------------------------------------------------------------------
 
 

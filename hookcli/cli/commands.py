@@ -81,6 +81,38 @@ def models(pattern: str | None, source: str, family: str | None, as_json: bool) 
         click.echo(line)
 
 
+@main.command(context_settings=CONTEXT_SETTINGS)
+@click.option("--json", "as_json", is_flag=True, help="One JSON array of the checks.")
+def doctor(as_json: bool) -> None:
+    """Check the install: Python, torch and torchvision together, the GPUs, the extras.
+
+    torch and torchvision must be builds made for each other: torchvision runs
+    one of its operators to show it. A pair taken from two indexes (a CPU
+    torch, a CUDA torchvision) fails here with what to install, rather than in
+    the first command. Each line says ok, -- (optional, absent) or FAILED;
+    the exit code is 1 when a check fails.
+
+    \b
+      hookcli doctor
+      hookcli doctor --json
+    """
+    checks = library().doctor()
+    failed = [check["name"] for check in checks if check["ok"] is False]
+    if as_json:
+        click.echo(json.dumps(checks, indent=2))
+    else:
+        marks = {True: "ok", None: "--", False: "FAILED"}
+        rows = [
+            (marks[check["ok"]], check["name"], check["detail"] + (f". Hint: {check['hint']}" if check["hint"] else ""))
+            for check in checks
+        ]
+        for line in printing.table_lines(rows):
+            click.echo(line)
+    if failed:
+        count = f"{len(failed)} check{'s' if len(failed) > 1 else ''}"
+        raise click.ClickException(f"{count} failed: {', '.join(failed)}. Hint: its line above says what to do")
+
+
 def _weights_cell(row: dict) -> str:
     if not row["weights"]:
         return "none (random only)"
@@ -291,7 +323,8 @@ def grid(file, output, quiet, **options) -> None:
     (hookcli stats) gives a picture a layer and channel: its dataset examples,
     each input's photo as the model saw it with the channel's map over it and
     the map's largest value ringed. A comparison file (hookcli compare) gives
-    one heatmap of its matrix, <method>.png (-k chooses representations).
+    one heatmap of its matrix, named after the file: <file stem>.png (-k chooses
+    representations).
     Written paths are printed, one per line. DIR is a shard folder written with
     extract -o DIR/ (or its index.jsonl); - reads a file from stdin.
 

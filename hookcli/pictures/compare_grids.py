@@ -1,4 +1,4 @@
-"""``hookcli grid`` on a comparison file: one heatmap of its matrix, ``<method>.png``.
+"""``hookcli grid`` on a comparison file: one heatmap of its matrix, named after the file (:func:`picture_name`).
 
 Each cell is a pair of representations, coloured on the method's fixed range
 (:data:`VALUE_RANGES`: CKA from 0 to 1 on a sequential colormap, RSA's
@@ -98,8 +98,11 @@ class ChosenMatrix:
 
 
 def picture_name(comparison: ComparisonFile) -> str:
-    """The heatmap's file name: ``<method>.png``."""
-    return f"{comparison.method}.png"
+    """The heatmap's file name: the comparison file's, ``.png`` for ``.safetensors`` (two comparisons drawn into one
+    folder keep apart); ``<method>.png`` for a comparison in memory or read from stdin."""
+    path = Path(comparison.name)
+    stem = path.name.removesuffix(".safetensors") if path.is_file() else ""
+    return f"{stem or comparison.method}.png"
 
 
 def choose_matrix(comparison: ComparisonFile, options: GridOptions) -> ChosenMatrix:

@@ -99,8 +99,8 @@ def draw_stats_grids(
         for unit in units
         for channel in unit.channels
     ]
-    if output is not None:
-        refuse_existing((path for _, _, path in jobs), force=force)
+    if output is not None and not force:
+        jobs = _new_pictures(jobs, notes)
     for text in notes:
         emit(Note(text))
     emit(Started(total=len(jobs)))
@@ -123,3 +123,22 @@ def draw_stats_grids(
             emit(Wrote(path))
         emit(Advanced(1))
     return drawn if output is None else written
+
+
+def _new_pictures(jobs: list, notes: list[str]) -> list:
+    """The ``jobs`` whose pictures are not there yet, the others said in a note (all there: refused, as any output
+    that exists)."""
+    there = [job for job in jobs if job[2].exists()]
+    if len(there) == len(jobs):
+        refuse_existing((path for _, _, path in jobs), force=False)
+    if there:
+        names = ", ".join(path.name for _, _, path in there[:3]) + (
+            f" and {len(there) - 3} more" if len(there) > 3 else ""
+        )
+        plural = "s" if len(there) > 1 else ""
+        that = "that exist as they are" if plural else "that exists as it is"
+        notes.append(
+            f"left {len(there)} picture{plural} {that}: {names} (--force draws {'them' if plural else 'it'} again)"
+        )
+    kept = {path for _, _, path in there}
+    return [job for job in jobs if job[2] not in kept]

@@ -337,7 +337,10 @@ class GradientCapture(FeatureCapture):
                 hint="gradients are taken for layers whose output is one tensor",
             )
         if not output.is_floating_point():
-            raise CaptureError(f"layer {path} returns {output.dtype} values, which have no gradient")
+            raise CaptureError(
+                f"layer {path} returns {output.dtype} values, which have no gradient",
+                hint="choose a layer that returns floating-point values ('hookcli layers' lists them)",
+            )
         # Before this layer nothing needs a gradient (parameters are frozen), so its output becomes a leaf.
         source = output if output.requires_grad else output.detach().requires_grad_()
         self._sources.setdefault(path, []).append(source)

@@ -41,10 +41,16 @@ from hookcli.run.plan import RunPlan, plan_request
 from hookcli.run.request import request
 from hookcli.run.saved import SavedFeatures, open_saved, run_saved
 from hookcli.run.settings import Batch
-from hookcli.statistics.comparison import CompareChoice, CompareGathering, no_spread_note
+from hookcli.statistics.comparison import (
+    CompareChoice,
+    CompareGathering,
+    few_inputs_note,
+    linear_cka,
+    no_spread_note,
+)
 from hookcli.statistics.similarity import MIN_BATCH, LinearCKA, undefined
 from hookcli.statistics.writer import GatheringWriter
-from hookcli.storage.compare_format import CKA_STATE, SECOND_SIDE, check_comparison, is_comparison
+from hookcli.storage.compare_format import CKA_STATE, SECOND_SIDE, check_comparison, is_comparison, is_debiased
 from hookcli.storage.features import FeatureFile, Features
 from hookcli.storage.fileformat import identity, identity_differences
 from hookcli.storage.saving import write_safetensors
@@ -282,11 +288,15 @@ def merge_comparisons(
                     hint="merge files made over different inputs",
                 )
             inputs += json.loads(metadata["inputs"])
-            state = {name.partition("@")[2]: torch.from_numpy(found.read(name)) for name in CKA_STATE}
+            kept = [name for name in found.keys() if name.startswith("linear-cka@")]  # checked: the method's sums
+            state = {name.partition("@")[2]: torch.from_numpy(found.read(name)) for name in kept}
+            accumulator = linear_cka(is_debiased(json.loads(metadata["settings"])))
             try:
-                part = LinearCKA.from_state(state, len(labels[0]), len(labels[1]), same=json.loads(metadata["same"]))
+                part = accumulator.from_state(state, len(labels[0]), len(labels[1]), same=json.loads(metadata["same"]))
             except (KeyError, ValueError) as err:
-                raise FeatureFileError(f"'{file}' holds linear-cka sums that do not fit: {err}") from None
+                raise FeatureFileError(
+                    f"'{file}' holds linear-cka sums that do not fit: {err}", hint="write it again with hookcli compare"
+                ) from None
             if merged is None:
                 merged = part
             elif part.widths != merged.widths:
@@ -299,7 +309,7 @@ def merge_comparisons(
                 merged.merge(part)
     assert merged is not None, "two files at least"
     result = merged.result()
-    tensors = {"linear-cka": result, **{name: merged.state()[name.partition("@")[2]] for name in CKA_STATE}}
+    tensors = {"linear-cka": result, **{f"linear-cka@{name}": value for name, value in merged.state().items()}}
     metadata = {key: value for key, value in first.items() if key not in ("identity", "undefined", "skipped")}
     metadata.update(inputs=json.dumps(inputs), merged_from=json.dumps([str(f) for f in files]))
     rows, columns = json.loads(first["rows"]), json.loads(first["columns"])
@@ -308,6 +318,11 @@ def merge_comparisons(
         metadata["undefined"] = json.dumps(gone)
     for label in gone:
         emit(Note(no_spread_note(label)))
+    labels = rows if json.loads(first["same"]) else rows + columns
+    widest = None if is_debiased(json.loads(first["settings"])) else max(zip(labels, merged.widths), key=lambda p: p[1])
+    few = few_inputs_note(merged.count, widest)
+    if few:
+        emit(Note(few))
     if output is None:
         return Features(tensors, metadata)
     write_safetensors(tensors, metadata, output, force=force)
@@ -367,10 +382,16 @@ def _mergeable(found: FeatureFile, first: Mapping[str, str]) -> tuple[list, list
             metadata, {key: (found.dtype(key), found.shape(key)) for key in found.keys()}, found.read
         )
     except ValueError as err:
-        raise FeatureFileError(f"'{found.name}' is not a comparison file hookcli can read: {err}") from None
+        raise FeatureFileError(
+            f"'{found.name}' is not a comparison file hookcli can read: {err}",
+            hint="read it with the hookcli that wrote it, or compare again with hookcli compare",
+        ) from None
     missing = [name for name in CKA_STATE if name not in found.keys()]
     if missing:
-        raise FeatureFileError(f"'{found.name}' has no {missing[0]}: its sums were not kept (a run over no input?)")
+        raise FeatureFileError(
+            f"'{found.name}' has no {missing[0]}: its sums were not kept (a run over no input?)",
+            hint="compare its inputs again with hookcli compare",
+        )
     for entry in ("rows", "columns", "same", "settings"):
         if first and metadata.get(entry) != first.get(entry):
             raise UsageProblem(

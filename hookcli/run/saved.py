@@ -15,6 +15,7 @@ shard sizes, the same to the bit). :func:`saved_stats` is ``hookcli stats`` of s
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -27,7 +28,6 @@ from hookcli.errors import CaptureError, UsageProblem
 from hookcli.events import Event, Note
 from hookcli.families import square_input
 from hookcli.inputs.archives import file_stamp
-from hookcli.inputs.preprocess import Preprocess
 from hookcli.options import SAVED_STATS_OPTIONS
 from hookcli.patterns import select_keys
 from hookcli.run.execute import carry_out
@@ -38,9 +38,11 @@ from hookcli.run.settings import Batch
 from hookcli.statistics.channel_stats import StatsGathering
 from hookcli.statistics.layer import StatsChoice
 from hookcli.statistics.writer import Gathering, GatheringWriter
-from hookcli.storage.fileformat import RunFacts, RunRecord
+from hookcli.storage.compare_format import is_comparison
 from hookcli.storage.reader import FeatureReader
+from hookcli.storage.recorded_run import RecordedRun, recorded_run
 from hookcli.storage.shards import open_features
+from hookcli.storage.stats_format import is_stats
 
 __all__ = ["SavedFeatures", "open_saved", "run_saved", "saved_stats"]
 
@@ -70,13 +72,14 @@ def saved_stats(
 @dataclass(frozen=True)
 class SavedFeatures:
     """One source of saved features, open: its reader, the keys chosen, its rows' names, how its rows' channels
-    are read (``prefix_tokens``, ``square``) and what the forward that saved them learnt (``facts``)."""
+    are read (``prefix_tokens``, ``square``) and the run that saved them (``recorded``)."""
 
     reader: FeatureReader
     keys: list[str]
     names: list[str]
     prefix_tokens: int | None
     square: bool
+    recorded: RecordedRun
 
     def describe(self) -> dict:
         """What a run over it records of it: the source, the keys, and its stamp (a source changed between two
@@ -87,21 +90,19 @@ class SavedFeatures:
 
 def open_saved(stack: contextlib.ExitStack, source, keys: Sequence[str] | str, emit: Callable[[Event], None]):
     """``source`` opened (and closed with ``stack``), its tensors ``keys`` chosen (globs; default every one whose
-    rows share a shape)."""
+    rows share a shape), and the run that saved them read from its metadata (every entry checked)."""
     reader = stack.enter_context(_opened(source))
+    _refuse_other_kinds(reader)
     chosen = _chosen_keys(reader, [keys] if isinstance(keys, str) else list(keys), emit)
-    rows = reader.shape(chosen[0])[0]
-    names = list(reader.inputs)
-    if len(names) != rows:  # a file hookcli did not write: its rows are named by number
-        names = [f"row {number}" for number in range(rows)]
-    metadata = reader.metadata
-    prefix = metadata.get("prefix_tokens")
+    rows = _rows(reader, chosen)
+    recorded = recorded_run(reader.metadata, reader.name, keys=chosen, rows=rows)
     return SavedFeatures(
         reader,
         chosen,
-        names,
-        int(prefix) if prefix and prefix.isdigit() else None,
-        square_input(Preprocess.from_metadata(metadata.get("preprocess"))),
+        list(recorded.record.inputs),
+        recorded.record.prefix_tokens,
+        square_input(recorded.preprocess),
+        recorded,
     )
 
 
@@ -124,7 +125,7 @@ def run_saved(
     if path is not None:
         files = [Path(s.reader.name) for s in sources if os.path.isfile(s.reader.name)]
         check_target(command, path, files, opts.force or bool(part))
-    record = _record(first, entries, opts.shard_size)
+    record = dataclasses.replace(first.recorded.record, command=dict(entries), shard_size=opts.shard_size)
     writer = GatheringWriter(
         record,
         first.names,
@@ -136,7 +137,7 @@ def run_saved(
         on_note=lambda text: emit(Note(text)),
         source_files=[s.reader.name for s in sources if os.path.exists(s.reader.name)],
     )
-    facts = _facts(first.reader.metadata, record)
+    facts = first.recorded.facts
 
     def batches(order: Iterable[list[int]]) -> Iterator[Batch]:
         for indices in order:
@@ -185,71 +186,55 @@ def _part(given: Part | None, kind: str) -> Part | None:
     return given if given is not None else detect_part()
 
 
+def _refuse_other_kinds(reader: FeatureReader) -> None:
+    """Refuse a statistics or comparison file given as saved features."""
+    for kind, what in ((is_stats, "a statistics file"), (is_comparison, "a comparison file")):
+        if kind(reader.metadata):
+            raise CaptureError(
+                f"'{reader.name}' is {what}, not saved features",
+                hint="give what hookcli extract saves; grid, report and info read this file",
+            )
+
+
+def _unfit(reader: FeatureReader, key: str) -> str:
+    """Why tensor ``key`` has no channels in common across its rows ('' when it has)."""
+    if not reader.shape(key):
+        return "is one number, with no rows"
+    return "has rows of their own shapes" if reader.ragged(key) else ""
+
+
+def _rows(reader: FeatureReader, keys: Sequence[str]) -> int:
+    """The rows every one of ``keys`` has (one count for all, one row at least)."""
+    counts = {key: reader.shape(key)[0] for key in keys}
+    rows = counts[keys[0]]
+    other = next((key for key, count in counts.items() if count != rows), None)
+    if other is not None:
+        raise CaptureError(
+            f"'{keys[0]}' has {rows:,} rows and '{other}' {counts[other]:,} in '{reader.name}': a run's tensors have "
+            "one row an input",
+            hint="choose tensors of one run with -k",
+        )
+    if not rows:
+        raise CaptureError(f"'{reader.name}' holds no rows: its tensors have no input", hint="extract some first")
+    return rows
+
+
 def _chosen_keys(reader: FeatureReader, patterns: list[str], emit: Callable[[Event], None]) -> list[str]:
     """The keys asked for; by default every key whose rows share one shape (said of the others)."""
     chosen = select_keys(reader.keys(), patterns, reader.name)
-    ragged = [key for key in chosen if reader.ragged(key)]
-    if ragged and patterns:
+    unfit = {key: _unfit(reader, key) for key in chosen}
+    unfit = {key: why for key, why in unfit.items() if why}
+    if unfit and patterns:
+        key, why = next(iter(unfit.items()))
         raise CaptureError(
-            f"'{ragged[0]}' has rows of their own shapes: statistics need every row of a tensor in one shape",
+            f"'{key}' {why}: statistics need every row of a tensor in one shape",
             hint="choose other keys with -k ('hookcli info' lists them)",
         )
-    if ragged:
-        emit(Note(f"left out {', '.join(ragged)}: rows of their own shapes have no channels in common"))
-        chosen = [key for key in chosen if key not in ragged]
+    if unfit:
+        emit(Note(f"left out {', '.join(unfit)}: only tensors of rows of one shape have channels in common"))
+        chosen = [key for key in chosen if key not in unfit]
     if not chosen:
         raise CaptureError(
             f"'{reader.name}' holds no tensor whose rows share one shape", hint="statistics need channels of one shape"
         )
     return chosen
-
-
-def _record(saved: SavedFeatures, entries: Mapping[str, str], shard_size: int | None) -> RunRecord:
-    """The run that wrote ``saved``'s features, as its metadata says, with this run's own ``entries``."""
-    metadata = saved.reader.metadata
-    described = _json(metadata.get("layers"), {})
-    layers = {
-        path: entry["key"]
-        for path, entry in described.items()
-        if isinstance(entry, Mapping) and entry.get("key") in saved.keys
-    }
-    layers.update({key: key for key in saved.keys if key not in layers.values()})
-    types = {path: str(described.get(path, {}).get("type", "?")) for path in layers}
-    categories = _json(metadata.get("categories"), None)
-    return RunRecord(
-        model=metadata.get("model", "unknown"),
-        weights=_json(metadata.get("weights"), {}),
-        layers=layers,
-        layer_types=types,
-        capture=metadata.get("capture", "output"),
-        preprocess=_json(metadata.get("preprocess"), {}),
-        pool=metadata.get("pool", "none"),
-        dtype=metadata.get("dtype", "float32"),
-        precision=metadata.get("precision", "fp32"),
-        memory_format=metadata.get("memory_format", "contiguous"),
-        fuse=metadata.get("fused", "0") != "0",
-        device=metadata.get("device", "cpu"),
-        on_error="fail",
-        shard_size=shard_size,
-        inputs=tuple(saved.names),
-        command=dict(entries),
-        family=metadata.get("family", "classification"),
-        prefix_tokens=saved.prefix_tokens,
-        categories=tuple(categories) if isinstance(categories, list) else None,
-    )
-
-
-def _facts(metadata: Mapping[str, str], record: RunRecord) -> RunFacts:
-    """What the forward that saved the features learnt, as their metadata says: how often each layer ran, and how
-    many convolutions ran fused."""
-    described = _json(metadata.get("layers"), {})
-    calls = {path: int(described.get(path, {}).get("calls", 0) or 0) for path in record.layers}
-    fused = metadata.get("fused", "0")
-    return RunFacts(calls=calls, fused=int(fused) if fused.isdigit() else 0)
-
-
-def _json(text: str | None, default):
-    try:
-        return json.loads(text) if text else default
-    except ValueError:
-        return default

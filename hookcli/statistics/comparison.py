@@ -27,6 +27,7 @@ import torch
 from hookcli.compare_options import COMPARE_OPTIONS
 from hookcli.errors import CaptureError, UsageProblem
 from hookcli.options import check_value, declared_field
+from hookcli.statistics.debiased_cka import DebiasedLinearCKA
 from hookcli.statistics.similarity import (
     MAX_WIDTH,
     MIN_BATCH,
@@ -38,13 +39,49 @@ from hookcli.statistics.similarity import (
     undefined,
 )
 from hookcli.statistics.units import UnitLayout
-from hookcli.storage.compare_format import CKA_STATE, RDM, SECOND_SIDE, compare_metadata
+from hookcli.storage.compare_format import RDM, SECOND_SIDE, compare_metadata
 
-__all__ = ["DEFAULT_POOL", "CompareChoice", "CompareGathering", "GatheredComparison", "no_spread_note"]
+__all__ = [
+    "DEFAULT_POOL",
+    "FEWEST_INPUTS",
+    "CompareChoice",
+    "CompareGathering",
+    "GatheredComparison",
+    "few_inputs_note",
+    "linear_cka",
+    "no_spread_note",
+]
 
 #: How each method pools a representation unless told: linear CKA keeps a width-squared state and RSA a row of
 #: each representation, so both pool by the mean; the minibatch estimator takes maps whole.
 DEFAULT_POOL = {"linear-cka": "avg", "minibatch-cka": "none", "rsa": "avg"}
+
+
+#: The fewest inputs over which a comparison's matrix is read without a note. Below it (and, for linear CKA, below
+#: a representation's width) similarities are dominated by chance: biased CKA of unrelated representations of
+#: width ``p`` over ``n`` inputs is far from 0 while ``n`` is not well above ``p``, and an RDM of ``n`` inputs has
+#: only ``n(n-1)/2`` pairs to correlate.
+FEWEST_INPUTS = 100
+
+
+def few_inputs_note(inputs: int, widest: tuple[str, int] | None = None) -> str | None:
+    """What a comparison over ``inputs`` inputs says when they are too few to read its matrix (None when they are
+    enough); ``widest``: the label and width of the widest representation, where the method's reading needs more
+    inputs than values a row.
+
+    >>> few_inputs_note(3, ("layer3", 256))
+    "3 inputs are too few to read the matrix: give 100 at least, and more than the 256 values a row of 'layer3' \
+(with fewer, similarities are high even between unrelated representations)"
+    >>> few_inputs_note(500, ("layer3", 256)) is None
+    True
+    """
+    width = widest[1] if widest is not None else 0
+    if inputs >= FEWEST_INPUTS and inputs > width:
+        return None
+    more = f", and more than the {width:,} values a row of '{widest[0]}'" if widest is not None else ""
+    why = "similarities are high even between unrelated representations" if widest else "similarities are noise"
+    counted = f"{inputs:,} input{'s are' if inputs != 1 else ' is'}"
+    return f"{counted} too few to read the matrix: give {FEWEST_INPUTS} at least{more} (with fewer, {why})"
 
 
 def no_spread_note(label: str) -> str:
@@ -58,11 +95,13 @@ def no_spread_note(label: str) -> str:
 @dataclass(frozen=True)
 class CompareChoice:
     """How to compare, as ``hookcli compare``'s options say (:data:`hookcli.compare_options.COMPARE_OPTIONS`): the
-    ``method``, the ``pool`` (None: the method's :data:`DEFAULT_POOL`), and for ``rsa`` the rows its RDMs are made
-    of, their distance, how they are compared and whether they are kept in the file."""
+    ``method``, the ``pool`` (None: the method's :data:`DEFAULT_POOL`), for ``linear-cka`` whether it is
+    ``debiased``, and for ``rsa`` the rows its RDMs are made of, their distance, how they are compared and whether
+    they are kept in the file."""
 
     method: str = declared_field("method", COMPARE_OPTIONS)
     pool: str | None = declared_field("pool", COMPARE_OPTIONS)
+    debiased: bool = declared_field("debiased", COMPARE_OPTIONS)
     rsa_rows: int = declared_field("rsa_rows", COMPARE_OPTIONS)
     rsa_distance: str = declared_field("rsa_distance", COMPARE_OPTIONS)
     rsa_compare: str = declared_field("rsa_compare", COMPARE_OPTIONS)
@@ -73,10 +112,17 @@ class CompareChoice:
             check_value(option, getattr(self, option.name))
         if self.pool is None:
             object.__setattr__(self, "pool", DEFAULT_POOL[self.method])
+        if self.debiased and self.method != "linear-cka":
+            raise UsageProblem(
+                f"--debiased applies to linear-cka, not {self.method}",
+                hint="leave it out (minibatch-cka's estimator is unbiased already), or give --method linear-cka",
+            )
 
     def describe(self) -> dict:
         """The settings a comparison file records (``settings``)."""
         found: dict = {"pool": self.pool}
+        if self.debiased:
+            found["estimator"] = "debiased"
         if self.method == "rsa":
             found.update(rows=self.rsa_rows, distance=self.rsa_distance, ranking=self.rsa_compare)
         if self.method == "minibatch-cka":
@@ -84,7 +130,10 @@ class CompareChoice:
         return found
 
     def identity(self) -> dict:
-        return dataclasses.asdict(self)
+        found = dataclasses.asdict(self)
+        if not self.debiased:
+            del found["debiased"]  # as runs made before the choice existed say it
+        return found
 
 
 class CompareGathering:
@@ -107,6 +156,7 @@ class CompareGathering:
         self.prefix_tokens, self.square = prefix_tokens, square
         self.layouts: dict[str, UnitLayout] = {}
         self.undefined: list[str] = []
+        self.few: str | None = None
 
     @property
     def fewest(self) -> int:
@@ -126,7 +176,7 @@ class CompareGathering:
         rows, columns = len(self.first), len(self.second or self.first)
         method, same = self.choice.method, self.second is None
         if method == "linear-cka":
-            gathered.accumulator = LinearCKA.from_state(own, rows, columns, same=same)
+            gathered.accumulator = linear_cka(self.choice.debiased).from_state(own, rows, columns, same=same)
         elif method == "minibatch-cka":
             gathered.accumulator = MinibatchCKA.from_state(own, rows, columns, same=same)
         else:
@@ -159,8 +209,9 @@ class CompareGathering:
         return flat
 
     def notes(self, tensors: Mapping[str, torch.Tensor]) -> list[str]:
-        """The representations whose similarities are undefined (NaN in the matrix), found by the result."""
-        return [no_spread_note(label) for label in self.undefined]
+        """The representations whose similarities are undefined (NaN in the matrix), found by the result, and
+        whether its inputs are too few to read it."""
+        return [no_spread_note(label) for label in self.undefined] + ([self.few] if self.few else [])
 
     def metadata(self, run: Mapping[str, str], *, inputs: list, skipped: list, identity: Mapping) -> dict[str, str]:
         return compare_metadata(
@@ -175,6 +226,11 @@ class CompareGathering:
             same=self.second is None,
             undefined=self.undefined,
         )
+
+
+def linear_cka(debiased: bool) -> type[LinearCKA]:
+    """The accumulator of linear CKA, plain or ``debiased``."""
+    return DebiasedLinearCKA if debiased else LinearCKA
 
 
 def _check_part(accumulator, rows: int) -> None:
@@ -209,7 +265,7 @@ class GatheredComparison:
         method, same = gathering.choice.method, gathering.second is None
         self.accumulator: LinearCKA | MinibatchCKA | RSARows
         if method == "linear-cka":
-            self.accumulator = LinearCKA(rows, columns, same=same)
+            self.accumulator = linear_cka(gathering.choice.debiased)(rows, columns, same=same)
         elif method == "minibatch-cka":
             self.accumulator = MinibatchCKA(rows, columns, same=same)
         else:
@@ -287,6 +343,17 @@ class GatheredComparison:
             found[choice.method] = self.accumulator.result()
             if isinstance(self.accumulator, LinearCKA):
                 state = self.accumulator.state()
-                found.update({name: state[name.partition("@")[2]] for name in CKA_STATE if self.accumulator.count})
+                found.update({f"linear-cka@{name}": value for name, value in state.items() if self.accumulator.count})
         gathering.undefined = undefined(found[choice.method], *gathering.labels)
+        gathering.few = few_inputs_note(int((positions >= 0).sum()), self._widest())
         return found
+
+    def _widest(self) -> tuple[str, int] | None:
+        """Plain linear CKA's widest representation, label and width (None for the other methods, whose reading
+        does not rest on the inputs outnumbering the widths)."""
+        accumulator = self.accumulator
+        if type(accumulator) is not LinearCKA or not accumulator.count:
+            return None
+        gathering = self.gathering
+        labels = gathering.labels[0] + (gathering.labels[1] if gathering.second is not None else [])
+        return max(zip(labels, accumulator.widths), key=lambda pair: pair[1])

@@ -41,6 +41,7 @@ from collections.abc import Mapping
 
 import torch
 
+from hookcli.statistics.base import stored
 from hookcli.statistics.units import UnitBatch
 
 __all__ = ["MAX_CHANNELS", "Covariance", "principal_components"]
@@ -151,12 +152,14 @@ class Covariance:
     @classmethod
     def from_state(cls, state: Mapping[str, torch.Tensor]) -> Covariance:
         if "rows" in state:
-            made = cls(state["rows"].shape[1])
-            made.rows = state["rows"].to(_F64)
+            rows = stored(state, "rows", 2)
+            made = cls(rows.shape[1])
+            made.rows = rows.to(_F64)
         else:
-            made = cls(state["mean"].shape[0])
-            made.rows, made.mean, made.comoment = None, state["mean"].to(_F64), state["comoment"].to(_F64)
-        made.count = int(state["count"])
+            mean, comoment = stored(state, "mean", 1), stored(state, "comoment", 2)
+            made = cls(mean.shape[0])
+            made.rows, made.mean, made.comoment = None, mean.to(_F64), comoment.to(_F64)
+        made.count = int(stored(state, "count", 0))
         return made
 
 

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 
 import torch
 
+from hookcli.statistics.base import stored
 from hookcli.statistics.units import UnitBatch
 
 __all__ = ["SCORES", "TopExamples"]
@@ -86,9 +87,11 @@ class TopExamples:
 
     @classmethod
     def from_state(cls, state: Mapping[str, torch.Tensor]) -> TopExamples:
-        count, by = (int(n) for n in state["info"].tolist())
-        maps = state["maps"].to(torch.float32)
+        count, by = (int(n) for n in stored(state, "info", 1, length=2).tolist())
+        if not 0 <= by < len(SCORES):
+            raise ValueError(f"its examples are ranked by score {by}, and there are {len(SCORES)}")
+        maps = stored(state, "maps", 3).to(torch.float32)
         made = cls(maps.shape[0], count, positions=maps.shape[2], by=SCORES[by])
-        made.values, made.rows = state["values"].to(torch.float32), state["rows"].to(torch.int64)
-        made.at, made.maps = state["at"].to(torch.int64), maps
+        made.values, made.rows = stored(state, "values", 2).to(torch.float32), stored(state, "rows", 2).to(torch.int64)
+        made.at, made.maps = stored(state, "at", 2).to(torch.int64), maps
         return made

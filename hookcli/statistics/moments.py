@@ -22,6 +22,7 @@ from collections.abc import Mapping
 
 import torch
 
+from hookcli.statistics.base import stored
 from hookcli.statistics.units import UnitBatch
 
 __all__ = ["Moments"]
@@ -102,9 +103,10 @@ class Moments:
 
     @classmethod
     def from_state(cls, state: Mapping[str, torch.Tensor]) -> Moments:
-        made = cls(state["mean"].shape[0])
-        made.count = int(state["count"])
-        made._mean, made._squares = state["mean"].to(_F64), state["squares"].to(_F64)
-        made.min, made.max = state["min"].to(_F64), state["max"].to(_F64)
-        made._zeros = state["zeros"].to(torch.int64)
+        mean = stored(state, "mean", 1)
+        made = cls(mean.shape[0])
+        made.count = int(stored(state, "count", 0))
+        made._mean, made._squares = mean.to(_F64), stored(state, "squares", 1).to(_F64)
+        made.min, made.max = stored(state, "min", 1).to(_F64), stored(state, "max", 1).to(_F64)
+        made._zeros = stored(state, "zeros", 1).to(torch.int64)
         return made

@@ -41,6 +41,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
+from hookcli.statistics.base import stored
+
 __all__ = [
     "MAX_WIDTH",
     "MIN_BATCH",
@@ -137,10 +139,10 @@ class LinearCKA:
     @classmethod
     def from_state(cls, state: Mapping[str, torch.Tensor], rows: int, columns: int, *, same: bool) -> LinearCKA:
         made = cls(rows, columns, same=same)
-        made.count = int(state["count"])
+        made.count = int(stored(state, "count", 0))
         if made.count:
-            made.widths = [int(n) for n in state["widths"].tolist()]
-            made.mean, made.comoment = state["mean"].to(_F64), state["comoment"].to(_F64)
+            made.widths = [int(n) for n in stored(state, "widths", 1).tolist()]
+            made.mean, made.comoment = stored(state, "mean", 1).to(_F64), stored(state, "comoment", 2).to(_F64)
             if sum(made.widths) != made.mean.shape[0] or made.comoment.shape != (made.mean.shape[0],) * 2:
                 raise ValueError("its widths, means and co-moments disagree")
         return made
@@ -218,8 +220,9 @@ class MinibatchCKA:
     @classmethod
     def from_state(cls, state: Mapping[str, torch.Tensor], rows: int, columns: int, *, same: bool) -> MinibatchCKA:
         made = cls(rows, columns, same=same)
-        made.batches = int(state["batches"])
-        made.cross, made.first, made.second = (state[n].to(_F64) for n in ("cross", "first", "second"))
+        made.batches = int(stored(state, "batches", 0))
+        made.cross = stored(state, "cross", 2).to(_F64)
+        made.first, made.second = stored(state, "first", 1).to(_F64), stored(state, "second", 1).to(_F64)
         if made.cross.shape != (rows, columns) or made.first.shape != (rows,) or made.second.shape != (columns,):
             raise ValueError("its sums do not have the comparison's shape")
         return made
@@ -255,7 +258,7 @@ class RSARows:
     def from_state(cls, state: Mapping[str, torch.Tensor], count: int, limit: int) -> RSARows:
         made = cls(count, limit)
         for number in range(count):
-            matrix = state[str(number)].to(_F64)
+            matrix = stored(state, str(number), 2).to(_F64)
             if matrix.numel():
                 made.rows[number].append(matrix)
         made.kept = made.rows[0][0].shape[0] if made.rows and made.rows[0] else 0

@@ -41,6 +41,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
+from hookcli.statistics.base import stored
 from hookcli.statistics.units import UnitBatch, sort_rows
 
 __all__ = ["DEFAULT_K", "QuantileSketch"]
@@ -159,9 +160,9 @@ class QuantileSketch:
 
     @classmethod
     def from_state(cls, state: Mapping[str, torch.Tensor]) -> QuantileSketch:
-        count, k, seed, compactions = (int(n) for n in state["info"].tolist())
+        count, k, seed, compactions = (int(n) for n in stored(state, "info", 1, length=4).tolist())
         # Levels are sorted in place: a part's arrays may be read-only, so each is a copy.
-        levels = [state[f"level{h}"].to(torch.float32, copy=True) for h in range(_heights(state))]
+        levels = [stored(state, f"level{h}", 2).to(torch.float32, copy=True) for h in range(max(1, _heights(state)))]
         made = cls(levels[0].shape[0], k=k, seed=seed)
         made.count, made.compactions, made.levels = count, compactions, levels
         return made

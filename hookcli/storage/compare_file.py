@@ -36,6 +36,10 @@ from hookcli.storage.reader import CheckedFile, FeatureReader
 __all__ = ["ComparisonFile", "read_comparison"]
 
 _REWRITE = "write it again with hookcli compare"
+#: Methods whose values are not bounded by 1 (a mean of unbiased estimates may pass it a little).
+_UNBOUNDED = ("minibatch-cka",)
+#: How far past 1 rounding takes a similarity that is at most 1.
+_ROUNDING = 1e-6
 
 
 class ComparisonFile(CheckedFile):
@@ -50,8 +54,20 @@ class ComparisonFile(CheckedFile):
         self.inputs, self.skipped = checked.inputs, checked.skipped
 
     def matrix(self) -> np.ndarray:
-        """The similarities, float64 ``[rows, columns]``: NaN where undefined."""
-        return self.features.read(self.method)
+        """The similarities, float64 ``[rows, columns]``: NaN where undefined. A value no method gives (infinite,
+        or beyond 1 in size where the method's values are bounded by 1) is refused."""
+        values = self.features.read(self.method)
+        bound = np.inf if self.method in _UNBOUNDED else 1 + _ROUNDING
+        wrong = np.argwhere(~np.isnan(values) & ~(np.abs(values) <= bound))
+        if len(wrong):
+            i, j = wrong[0]
+            said = "finite" if bound == np.inf else "between -1 and 1"
+            raise _damaged(
+                self.name,
+                f"'{self.method}' holds {float(values[i, j])} at row '{self.rows[i]}', column '{self.columns[j]}' "
+                f"({len(wrong):,} such), and its similarities are {said}",
+            )
+        return values
 
     def sources(self) -> tuple[str, str]:
         """What the rows' and the columns' representations are of: the models run, or the saved features read (as

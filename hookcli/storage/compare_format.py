@@ -29,6 +29,7 @@ from hookcli.storage.fileformat import json_entry
 
 __all__ = [
     "CKA_STATE",
+    "DEBIASED_STATE",
     "COMPARE_FORMAT_VERSION",
     "COMPARE_KIND",
     "METHODS",
@@ -38,6 +39,7 @@ __all__ = [
     "check_comparison",
     "compare_metadata",
     "is_comparison",
+    "is_debiased",
 ]
 
 COMPARE_FORMAT_VERSION = "5"
@@ -48,6 +50,10 @@ METHODS = SIMILARITIES
 #: every representation, one after the other (first side, then second unless one side is compared with itself),
 #: and their co-moments ``[D, D]``.
 CKA_STATE = ("linear-cka@count", "linear-cka@widths", "linear-cka@mean", "linear-cka@comoment")
+#: What a debiased linear-cka file (``"estimator": "debiased"`` in its settings) keeps besides: about the column
+#: means, each column's sum of its values times each representation's squared row norms ``[D, R]``, and each pair
+#: of representations' sum of the products of their squared row norms ``[R, R]``.
+DEBIASED_STATE = ("linear-cka@third", "linear-cka@fourth")
 #: A representation's RDM in an ``rsa`` file: ``rdm@<label>``; a second side's label that the first side has too
 #: is ``rdm@2:<label>``.
 RDM = "rdm@"
@@ -165,11 +171,11 @@ def check_comparison(
             if dtype != "F32" or len(shape) != 2 or shape[0] != shape[1]:
                 square = "a square F32 matrix (an RDM: an input a row and a column)"
                 raise ValueError(f"'{key}' is {dtype} {list(shape)}, not {square}")
-        elif key != method and not (method == "linear-cka" and key in CKA_STATE):
+        elif key != method and not (method == "linear-cka" and key in _kept(settings)):
             raise ValueError(f"'{key}' is not a tensor that {method} keeps ({_HOLDS[method]})")
     state = method == "linear-cka" and any(key in shapes for key in CKA_STATE)
     if state:
-        _check_state(shapes, read, len(rows) if same else len(rows) + len(columns))
+        _check_state(shapes, read, len(rows) if same else len(rows) + len(columns), debiased=is_debiased(settings))
     return Comparison(method, rows, columns, same, settings, undefined, inputs, len(skipped), state)
 
 
@@ -195,7 +201,19 @@ def _check_shape(shapes: Mapping[str, tuple[str, list[int]]], key: str, dtype: s
         raise ValueError(f"'{key}' is {found[0]} {list(found[1])}, not {dtype} {shape} ({why})")
 
 
-def _check_state(shapes: Mapping[str, tuple[str, list[int]]], read: Callable[[str], Any], representations: int):
+def is_debiased(settings: Mapping) -> bool:
+    """Whether a linear-cka file's settings say its CKA is debiased (and it keeps :data:`DEBIASED_STATE`)."""
+    return settings.get("estimator") == "debiased"
+
+
+def _kept(settings: Mapping) -> tuple[str, ...]:
+    """The sums a linear-cka file of these settings keeps."""
+    return (*CKA_STATE, *DEBIASED_STATE) if is_debiased(settings) else CKA_STATE
+
+
+def _check_state(
+    shapes: Mapping[str, tuple[str, list[int]]], read: Callable[[str], Any], representations: int, *, debiased: bool
+):
     """A linear-cka file's sums: all of them, of the shapes the representations' widths give, and a count that is
     not negative."""
     count, widths, mean, comoment = CKA_STATE
@@ -214,3 +232,8 @@ def _check_state(shapes: Mapping[str, tuple[str, list[int]]], read: Callable[[st
     sizes = [int(width) for width in read(widths).tolist()]
     if any(width < 0 for width in sizes) or sum(sizes) != total:
         raise ValueError(f"'{widths}' gives widths {sizes}, which do not add up to the {total} means of '{mean}'")
+    if debiased:
+        third, fourth = DEBIASED_STATE
+        why = "about the column means, for each representation"
+        _check_shape(shapes, third, "F64", [total, representations], f"each column's sums {why}")
+        _check_shape(shapes, fourth, "F64", [representations] * 2, f"each pair's sums {why}")

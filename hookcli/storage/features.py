@@ -41,6 +41,7 @@ from hookcli.errors import FeatureFileError
 from hookcli.files import NotRegularFile, open_regular
 from hookcli.storage.fileformat import FLAT_FORMAT_VERSION, ROW_SHAPE, STORED_DTYPES, RunFacts
 from hookcli.storage.reader import ReadingMapping
+from hookcli.storage.recorded_run import listed_inputs, listed_skipped
 from hookcli.storage.row_shapes import checked_row_shapes, companions, short
 
 __all__ = [
@@ -463,12 +464,12 @@ class Features(Mapping[str, Any]):
     @property
     def inputs(self) -> list[str]:
         """The input each row came from, in row order (from the ``inputs`` metadata)."""
-        return json.loads(self.metadata.get("inputs", "[]"))
+        return listed_inputs(self.metadata, self.name)
 
     @property
     def skipped(self) -> list[dict]:
         """Inputs left out by ``on_error="skip"``: ``{"input", "error"}`` each."""
-        return json.loads(self.metadata.get("skipped", "[]"))
+        return listed_skipped(self.metadata, self.name)
 
     def __enter__(self) -> Features:
         return self

@@ -16,9 +16,10 @@ alike: ``grid``, ``report`` and ``info`` take any of them.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, Self
+
+from hookcli.storage.recorded_run import listed_inputs, listed_skipped
 
 if TYPE_CHECKING:
     import numpy as np
@@ -99,6 +100,7 @@ class ReadingMapping(Mapping[str, Any]):
     """
 
     metadata: Mapping[str, str]
+    name: str
 
     def keys(self) -> list[str]:  # type: ignore[override]  # a list, as every reader's (Mapping's is a view)
         raise NotImplementedError
@@ -133,12 +135,12 @@ class ReadingMapping(Mapping[str, Any]):
     @property
     def inputs(self) -> list[str]:
         """The input each row came from, in row order (from the ``inputs`` metadata)."""
-        return json.loads(self.metadata.get("inputs", "[]"))
+        return listed_inputs(self.metadata, self.name)
 
     @property
     def skipped(self) -> list[dict]:
         """Inputs left out by ``on_error="skip"``: ``{"input", "error"}`` each."""
-        return json.loads(self.metadata.get("skipped", "[]"))
+        return listed_skipped(self.metadata, self.name)
 
 
 class CheckedFile:

@@ -1,0 +1,147 @@
+"""What this install and this machine give hookcli, checked one by one: ``hookcli doctor`` (:func:`check_install`).
+
+The check that matters most is the pair torch and torchvision: pip installs a
+CPU torch from one index and a CUDA torchvision from another without a word
+where PyTorch's CPU index cannot be reached, and the pair fails only when
+torchvision loads its operators. Here torchvision runs one of them.
+
+>>> found = {check.name: check for check in check_install()}
+>>> found["python"].ok, found["torch and torchvision"].ok
+(True, True)
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import platform
+import sys
+from dataclasses import asdict, dataclass
+from importlib.metadata import PackageNotFoundError, version
+
+from hookcli.errors import first_line, install_hint
+from hookcli.models.specs import PACKAGES
+
+__all__ = ["Check", "check_install"]
+
+#: The oldest Python hookcli runs on.
+_PYTHON = (3, 11)
+#: The optional packages, as ``hookcli[extra]`` installs them: what each adds.
+_EXTRAS = {
+    "av": ("video", "video files"),
+    **{package: (extra, f"{source}: models") for source, (package, extra) in PACKAGES.items()},
+}
+#: The distribution each importable package comes from, where their names differ.
+_DISTRIBUTIONS = {"open_clip": "open_clip_torch"}
+
+
+@dataclass(frozen=True)
+class Check:
+    """One thing checked: its ``name``, whether it is fine (``ok``: True; False where a command would fail; None
+    for something optional that is absent), what was found (``detail``) and what to do (``hint``)."""
+
+    name: str
+    ok: bool | None
+    detail: str
+    hint: str | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def check_install() -> list[Check]:
+    """Every check, in order: Python, torch and torchvision together, the devices, GPU JPEG decoding, the extras and
+    the weights cache."""
+    pair = _pair()
+    checks = [_python(), pair]
+    if pair.ok:
+        checks += _devices()
+    checks += [_extra(package) for package in _EXTRAS]
+    checks.append(_weights_cache())
+    return checks
+
+
+def _python() -> Check:
+    found = platform.python_version()
+    if sys.version_info[:2] >= _PYTHON:
+        return Check("python", True, found)
+    return Check("python", False, found, hint=f"hookcli needs Python {'.'.join(map(str, _PYTHON))} or later")
+
+
+def _installed(distribution: str) -> str | None:
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return None
+
+
+def _pair() -> Check:
+    """torch and torchvision, installed and loading together: torchvision runs one of its operators."""
+    versions = {name: _installed(name) for name in ("torch", "torchvision")}
+    missing = [name for name, found in versions.items() if found is None]
+    if missing:
+        return Check("torch and torchvision", False, f"{' and '.join(missing)} not installed", hint="pip install .")
+    said = f"torch {versions['torch']}, torchvision {versions['torchvision']}"
+    try:
+        import torch
+        import torchvision
+
+        torchvision.ops.nms(torch.zeros(1, 4), torch.zeros(1), 0.5)
+    except Exception as err:  # noqa: BLE001  # whatever loading them raises is what the check reports
+        hint = install_hint(err) or 'pip install --force-reinstall "torch" "torchvision"'
+        return Check("torch and torchvision", False, f"{said}: {first_line(err)}", hint=hint)
+    return Check("torch and torchvision", True, f"{said}: they load together")
+
+
+def _devices() -> list[Check]:
+    import torch
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cpu = f"{cores} core{'s' if cores != 1 else ''} for this process"
+    if torch.cuda.is_available():
+        names = [torch.cuda.get_device_name(n) for n in range(torch.cuda.device_count())]
+        cudnn = torch.backends.cudnn.version()
+        found = f"{len(names)} CUDA GPU{'s' if len(names) != 1 else ''} ({', '.join(sorted(set(names)))}), CUDA "
+        found += f"{torch.version.cuda}, cuDNN {cudnn}; {cpu}"
+        return [Check("devices", True, found), _gpu_jpeg()]
+    if torch.backends.mps.is_available():
+        return [Check("devices", True, f"Apple GPU (--device mps); {cpu}")]
+    cuda = torch.version.cuda
+    build = f"a CUDA {cuda} build of torch, and" if cuda else "a CPU build of torch, and"
+    return [Check("devices", True, f"{cpu}; {build} no GPU: runs on the CPU")]
+
+
+def _gpu_jpeg() -> Check:
+    """``--decode device``: torchvision's nvJPEG decoder, run on a JPEG of one pixel."""
+    import torch
+    from torchvision.io import decode_jpeg, encode_jpeg
+
+    try:
+        encoded = encode_jpeg(torch.zeros(3, 8, 8, dtype=torch.uint8))
+        decode_jpeg(encoded, device="cuda")
+    except Exception as err:  # noqa: BLE001  # a torchvision built without nvJPEG says so in its own words
+        return Check("GPU JPEG decoding", None, f"--decode device is unavailable: {first_line(err)}")
+    return Check("GPU JPEG decoding", True, "--decode device decodes JPEGs on the GPU (nvJPEG)")
+
+
+def _extra(package: str) -> Check:
+    extra, adds = _EXTRAS[package]
+    name = f"{adds} ({package})"
+    found = _installed(_DISTRIBUTIONS.get(package, package))
+    if found is None or importlib.util.find_spec(package) is None:
+        return Check(name, None, "not installed", hint=f'pip install "hookcli[{extra}]"')
+    return Check(name, True, found)
+
+
+def _weights_cache() -> Check:
+    """Where pretrained torchvision weights are kept, and whether downloads are off."""
+    home = os.environ.get("TORCH_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "torch"
+    )
+    folder = os.path.join(home, "hub", "checkpoints")
+    files = len(os.listdir(folder)) if os.path.isdir(folder) else 0
+    offline = os.environ.get("HOOKCLI_OFFLINE", "") not in ("", "0")
+    detail = f"{folder}: {files} file{'s' if files != 1 else ''}" + (
+        "; downloads off (HOOKCLI_OFFLINE)" if offline else ""
+    )
+    return Check("weights cache", True, detail)
