@@ -163,7 +163,9 @@ def stats(
     :mod:`hookcli.storage.stats_format`. Options: those of :func:`extract`
     (no ``capture``, ``pool``, ``dtype``, ``grid``, ``detections``, ``flow``),
     and ``top`` (9), ``top_by`` (``"max"``), ``quantiles``
-    (``(0.5, 0.99, 0.995)``) and ``pca`` (True). In memory (``output=None``)
+    (``(0.5, 0.99, 0.995)``), ``pca`` (True) and ``components`` (a statistics
+    file with PCA: each layer's first 16 principal components gathered too, as
+    a layer ``K#pc``, :mod:`hookcli.statistics.components`). In memory (``output=None``)
     a read-only mapping (:class:`~hookcli.storage.features.Features`);
     with ``output="stats.safetensors"`` the file, whose path is returned.
 

@@ -85,7 +85,7 @@ TOP_BY = ("max", "mean")
 #: What a run over saved features takes of a run's options: how to batch and share them out; ``stats`` also what
 #: to gather.
 SAVED_RUN_OPTIONS = ("batch_size", "force", "shard_size", "part")
-SAVED_STATS_OPTIONS = (*SAVED_RUN_OPTIONS, "top", "top_by", "quantiles", "pca")
+SAVED_STATS_OPTIONS = (*SAVED_RUN_OPTIONS, "top", "top_by", "quantiles", "pca", "components")
 
 _ALL, _ROWS, _GRADIENTS = RUN_COMMANDS, ("extract", "grad"), ("grad", "cam")
 #: Options of the commands that go through many inputs in shards: the rows of extract and grad, the statistics
@@ -492,6 +492,16 @@ RUN_OPTIONS: tuple[Option, ...] = (
         kind="flag",
         default=True,
         show_default=True,
+    ),
+    Option(
+        "components",
+        ("--components",),
+        "A statistics file with PCA of these layers (an earlier run's): also gather each layer's first 16 "
+        "principal components as a layer of their own, KEY#pc, a channel a component (the channels less the "
+        "file's means, projected at each position): their dataset examples are the inputs that drive each "
+        "component hardest (--top-by mean: by the projection of their pooled channels).",
+        ("stats",),
+        metavar="FILE",
     ),
 )
 

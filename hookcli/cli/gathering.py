@@ -79,6 +79,7 @@ def _saved_options(own: tuple[str, ...]) -> dict:
 @run_option("top_by")
 @run_option("quantiles")
 @run_option("pca")
+@run_option("components")
 @_model_run_options("stats", written="Statistics file", stored="statistics are gathered in float64 from float32 values")
 def stats(**options) -> None:
     """Statistics of each channel of layers over every input, in one pass: dataset examples, quantiles, PCA.

@@ -44,8 +44,9 @@ from hookcli.pictures.render import (
 )
 from hookcli.pictures.text import caption_font, number, shortened
 from hookcli.storage.stats_file import StatsFile, StatsLayer
+from hookcli.storage.stats_format import is_component_key
 
-__all__ = ["EXAMPLE_SIDE", "MAX_EXAMPLES", "ExamplePhotos", "examples_picture", "laid_out"]
+__all__ = ["EXAMPLE_SIDE", "MAX_EXAMPLES", "ExamplePhotos", "examples_picture", "laid_out", "unit_word"]
 
 #: The longer side of an example's tile in grid's pictures.
 EXAMPLE_SIDE = 224
@@ -192,18 +193,25 @@ def examples_picture(
     return Picture(pixels, tuple(notes))
 
 
+def unit_word(key: str) -> str:
+    """What pictures and pages call a unit of layer ``key``: a channel, or a principal component (the layers
+    ``stats --components`` adds)."""
+    return "component" if is_component_key(key) else "channel"
+
+
 def _title_parts(stats: StatsFile, layer: StatsLayer, channel: int, count: int, over_photo: bool) -> list[str]:
     mean, high = (float(stats.channel(layer.key, field, channel)) for field in ("mean", "max"))
     kept = f"top {count} of {len(stats.inputs):,} inputs by {printable(str(stats.options['top_by']))}"
     if count < layer.examples:
         kept += f" (the first {count} of {layer.examples} kept)"
-    parts = [printable(capped(layer.key, 200)), f"channel {channel}", f"mean {number(mean)}, max {number(high)}", kept]
+    unit = unit_word(layer.key)
+    parts = [printable(capped(layer.key, 200)), f"{unit} {channel}", f"mean {number(mean)}, max {number(high)}", kept]
     if not layer.spatial:
         parts.append("one value an input")
     elif over_photo:
-        parts.append("the channel's map over the photo the model saw, its largest value ringed")
+        parts.append(f"the {unit}'s map over the photo the model saw, its largest value ringed")
     else:
-        parts.append("the channel's map, its largest value ringed")
+        parts.append(f"the {unit}'s map, its largest value ringed")
     return parts
 
 

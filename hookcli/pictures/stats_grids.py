@@ -21,7 +21,7 @@ from hookcli.errors import UsageProblem
 from hookcli.events import Advanced, Event, Note, Started, Wrote
 from hookcli.files import check_folder_output, refuse_existing
 from hookcli.patterns import select_keys
-from hookcli.pictures.examples import EXAMPLE_SIDE, ExamplePhotos, examples_picture
+from hookcli.pictures.examples import EXAMPLE_SIDE, ExamplePhotos, examples_picture, unit_word
 from hookcli.pictures.options import DEFAULT_MAPS, GridOptions, file_stems
 from hookcli.pictures.png import save_png
 from hookcli.pictures.render import check_cmap
@@ -95,7 +95,7 @@ def draw_stats_grids(
     units, notes = choose_units(stats, options, limit=DEFAULT_MAPS)
     folder = Path(output or "")
     jobs = [
-        (unit, channel, folder / f"{unit.stem}__channel{channel:05d}.png")
+        (unit, channel, folder / f"{unit.stem}__{unit_word(unit.layer.key)}{channel:05d}.png")
         for unit in units
         for channel in unit.channels
     ]

@@ -32,7 +32,7 @@ from hookcli.errors import check_whole
 from hookcli.events import Advanced, Note, Started, Wrote
 from hookcli.files import check_folder_output, format_bytes, refuse_existing
 from hookcli.pictures.charts import quantiles_svg, scree_svg
-from hookcli.pictures.examples import ExamplePhotos, examples_picture
+from hookcli.pictures.examples import ExamplePhotos, examples_picture, unit_word
 from hookcli.pictures.html import (
     escaped,
     facts_table,
@@ -233,7 +233,8 @@ class _StatsReport:
         fields = {field: self.stats.read(layer.key, field).tolist() for field in ("mean", "std", "zeros", "max")}
         quantiles = self.stats.read(layer.key, "quantiles").tolist()
         tops = self.stats.read(layer.key, "top_values")[:, :1].tolist()
-        header = ["channel", "mean", "std", "zeros", *(f"q{level:g}" for level in levels), "max", "top example"]
+        word = unit_word(layer.key)
+        header = [word, "mean", "std", "zeros", *(f"q{level:g}" for level in levels), "max", "top example"]
         heads = "".join(f'<th><button type="button">{escaped(name)}</button></th>' for name in header)
         rows = []
         for position, channel in enumerate(unit.channels):
@@ -251,7 +252,8 @@ class _StatsReport:
                 f"{''.join(cells)}</tr>"
             )
         return (
-            f'<section id="units">\n<h3>Channels</h3>\n<p>{len(unit.channels):,} channels; click a column\'s name to '
+            f'<section id="units">\n<h3>{word.capitalize()}s</h3>\n<p>{len(unit.channels):,} {word}s; click a '
+            "column's name to "
             "sort by it (highest first, then lowest first). zeros: the share of values that are exactly 0; "
             f'q: quantiles.</p>\n<div class="units-wrap"><table class="units sortable"><thead><tr>{heads}</tr>'
             f"</thead><tbody>{''.join(rows)}</tbody></table></div>\n</section>\n"
@@ -279,9 +281,11 @@ class _StatsReport:
             if text not in self.said:
                 self.said.add(text)
                 self.emit(Note(text))
-        examples = picture_html(picture.pixels, f"dataset examples of channel {channel}", jpeg=True)
+        word = unit_word(layer.key)
+        examples = picture_html(picture.pixels, f"dataset examples of {word} {channel}", jpeg=True)
         return (
-            f'<section class="channel" id="channel-{channel}">\n<h3>Channel {channel}</h3>\n<div class="body">'
+            f'<section class="channel" id="channel-{channel}">\n<h3>{word.capitalize()} {channel}</h3>\n'
+            '<div class="body">'
             f'<div>{table}<p class="chart">Values between quantiles (bar area: share of values; dark spike: '
             "many values alike, as high as their share; red: the mean)</p>"
             f"{chart}</div>{examples}</div>\n</section>\n"

@@ -11,9 +11,11 @@ import difflib
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from hookcli.errors import UsageProblem
 from hookcli.inputs.preprocess import check_normalisation
+from hookcli.models.specs import regular_file_problem
 from hookcli.options import RUN_COMMANDS, check_value, declared, declared_field, options_of
 from hookcli.parsing import parse_device, parse_levels, parse_triple
 from hookcli.run.launch import Part, parse_part
@@ -68,6 +70,7 @@ class RunOptions:
     top_by: str = declared_field("top_by")
     quantiles: tuple[float, ...] = declared_field("quantiles")
     pca: bool = declared_field("pca")
+    components: str | None = declared_field("components")  # stats: a statistics file whose components to gather
 
     def __post_init__(self) -> None:
         for name in _CHECKED:
@@ -90,6 +93,13 @@ class RunOptions:
             object.__setattr__(self, "pair_with", (self.pair_with,))
         if self.part is not None and not isinstance(self.part, Part):
             object.__setattr__(self, "part", parse_part(self.part))
+        if self.components is not None:
+            problem = regular_file_problem(Path(self.components))
+            if problem is not None:
+                raise UsageProblem(
+                    f"--components '{self.components}' {problem}",
+                    hint="give the statistics file of a first stats run, made with --pca",
+                )
 
 
 #: The options whose bounds or choices are checked when the options are made, in the order their errors come;

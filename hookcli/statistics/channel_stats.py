@@ -15,20 +15,24 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from hookcli.errors import CaptureError
+from hookcli.statistics.components import check_basis, component_layout, read_basis
 from hookcli.statistics.layer import LayerStats, StatsChoice
 from hookcli.statistics.units import UnitLayout
-from hookcli.storage.stats_format import stats_key, stats_metadata
+from hookcli.storage.stats_format import component_key, is_component_key, stats_key, stats_metadata
 
 __all__ = ["GatheredStats", "StatsGathering"]
 
 
 class StatsGathering:
-    """Each layer's statistics (``choice``: what of them). ``prefix_tokens`` and ``square`` (the model's inputs
+    """Each layer's statistics (``choice``: what of them; with ``choice.components``, each layer's principal
+    components too, :mod:`hookcli.statistics.components`). ``prefix_tokens`` and ``square`` (the model's inputs
     are square) say how rows are read as channels (:class:`~hookcli.statistics.units.UnitLayout`)."""
 
     def __init__(self, choice: StatsChoice, *, prefix_tokens: int | None = None, square: bool = False) -> None:
         self.choice, self.prefix_tokens, self.square = choice, prefix_tokens, square
         self.layouts: dict[str, UnitLayout] = {}  # each key's, from the first rows seen (or a part's metadata)
+        self.basis = read_basis(choice.components) if choice.components is not None else {}
+        self.checked = False  # whether the basis was checked against the run's layers
 
     fewest = 1  # rows a shard needs at least
 
@@ -37,9 +41,8 @@ class StatsGathering:
 
     def layout(self, key: str, row_shape) -> UnitLayout:
         if key not in self.layouts:
-            self.layouts[key] = UnitLayout.of(
-                row_shape, prefix_tokens=self.prefix_tokens, channels_last=self.square, key=key
-            )
+            made = component_layout if is_component_key(key) else UnitLayout.of
+            self.layouts[key] = made(row_shape, prefix_tokens=self.prefix_tokens, channels_last=self.square, key=key)
         return self.layouts[key]
 
     def read(self, state: Mapping[str, torch.Tensor], described: Mapping, rows: Sequence[int]) -> GatheredStats:
@@ -67,6 +70,8 @@ class StatsGathering:
             return []
         said = []
         for key, layout in self.layouts.items():
+            if is_component_key(key):
+                continue  # components have no ceiling: tied examples are components the inputs do not reach
             values, low = tensors.get(stats_key(key, "top_values")), tensors.get(stats_key(key, "min"))
             if values is None or low is None or values.shape[1] < 2:
                 continue
@@ -98,6 +103,7 @@ class GatheredStats:
         self.layers: dict[str, LayerStats] = {}
 
     def update(self, features: Mapping, rows: torch.Tensor) -> None:
+        features = self._with_components(features)
         for position, (key, value) in enumerate(features.items()):
             if key not in self.layers:
                 if isinstance(value, list):
@@ -111,6 +117,29 @@ class GatheredStats:
                 seed = self.number * 1009 + position
                 self.layers[key] = LayerStats(layout, self.gathering.choice, seed=seed, key=key, device=value.device)
             self.layers[key].update(value, rows)
+
+    def _with_components(self, features: Mapping) -> Mapping:
+        """``features`` and, after each layer the basis has components of, their projections onto them."""
+        gathering = self.gathering
+        if not gathering.basis:
+            return features
+        layouts = {
+            key: gathering.layout(key, value.shape[1:])
+            for key, value in features.items()
+            if not isinstance(value, list)
+        }
+        if not gathering.checked:
+            channels = {key: layout.channels for key, layout in layouts.items()}
+            check_basis(gathering.basis, channels, str(gathering.choice.components))
+            gathering.checked = True
+        found = {}
+        for key, value in features.items():
+            found[key] = value
+            if key in gathering.basis and key in layouts:
+                derived, projected = gathering.basis[key].project(value, layouts[key])
+                gathering.layouts.setdefault(component_key(key), derived)
+                found[component_key(key)] = projected
+        return found
 
     def seal(self) -> None:
         pass  # every batch is gathered as it comes

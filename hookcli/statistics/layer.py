@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, fields
 import torch
 
 from hookcli.errors import CaptureError
+from hookcli.inputs.archives import file_stamp
 from hookcli.options import declared_field
 from hookcli.statistics.base import Accumulator
 from hookcli.statistics.covariance import MAX_CHANNELS, Covariance
@@ -39,6 +40,9 @@ class StatsChoice:
     top_by: str = declared_field("top_by")
     quantiles: tuple[float, ...] = declared_field("quantiles")
     pca: bool = declared_field("pca")
+    #: A statistics file whose principal components are gathered as layers of their own
+    #: (:mod:`hookcli.statistics.components`), or None.
+    components: str | None = declared_field("components")
 
     @classmethod
     def from_options(cls, options) -> StatsChoice:
@@ -46,8 +50,14 @@ class StatsChoice:
         return cls(**{f.name: getattr(options, f.name) for f in fields(cls)})
 
     def describe(self) -> dict:
-        """The choice as the statistics file's ``stats`` metadata records it."""
-        return {**asdict(self), "quantiles": list(self.quantiles)}
+        """The choice as the statistics file's ``stats`` metadata records it (``components``: the file and its stamp,
+        when given; left out when not, as runs made before the choice existed record it)."""
+        found = {**asdict(self), "quantiles": list(self.quantiles)}
+        if self.components is None:
+            del found["components"]
+        else:
+            found["components"] = {"source": str(self.components), "stamp": file_stamp(self.components)}
+        return found
 
 
 class LayerStats:

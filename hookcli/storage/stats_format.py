@@ -27,13 +27,16 @@ import json
 from collections.abc import Mapping, Sequence
 
 __all__ = [
+    "COMPONENTS",
     "FIELDS",
     "PART_ROWS",
+    "component_key",
     "STATS_PART",
     "STATS_FORMAT_VERSION",
     "STATS_KIND",
     "field_dtype",
     "field_shape",
+    "is_component_key",
     "is_stats",
     "layer_fields",
     "stats_key",
@@ -68,6 +71,19 @@ FIELDS: dict[str, tuple[str, tuple[str, ...]]] = {
 #: The fields a run without ``--pca`` leaves out, and the one a layer without positions has no use for.
 PCA_FIELDS = ("cov", "pca_values", "pca_vectors")
 POSITION_FIELDS = ("top_at",)
+
+
+#: What the key of a layer of principal components (``stats --components``) adds to its layer's key.
+COMPONENTS = "#pc"
+
+
+def component_key(key: str) -> str:
+    """The key of layer ``key``'s principal components, gathered as a layer of their own."""
+    return f"{key}{COMPONENTS}"
+
+
+def is_component_key(key: str) -> bool:
+    return key.endswith(COMPONENTS)
 
 
 def stats_key(key: str, field: str) -> str:
