@@ -116,7 +116,7 @@ class DeviceError(UsageProblem):
 def check_choice(name: str, value, choices) -> None:
     """Refuse ``value`` for option ``name`` unless it is one of ``choices``."""
     if value not in choices:
-        raise UsageProblem(f"{name} must be one of {', '.join(map(str, choices))}, not '{value}'", hint=_RANGE_HINT)
+        raise UsageProblem(f"{name} must be one of {', '.join(map(str, choices))}, not '{value}'", hint=RANGE_HINT)
 
 
 def check_whole(name: str, value, low: int, high: int | None = None, *, optional: bool = False) -> None:
@@ -125,9 +125,9 @@ def check_whole(name: str, value, low: int, high: int | None = None, *, optional
     if value is None and optional:
         return
     if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise UsageProblem(f"{name} must be a whole number of at least {low}, not {value!r}", hint=_RANGE_HINT)
+        raise UsageProblem(f"{name} must be a whole number of at least {low}, not {value!r}", hint=RANGE_HINT)
     if high is not None and value > high:
-        raise UsageProblem(f"{name} must be at most {high}, not {value!r}", hint=_RANGE_HINT)
+        raise UsageProblem(f"{name} must be at most {high}, not {value!r}", hint=RANGE_HINT)
 
 
 def seconds_from_environment(
@@ -154,7 +154,8 @@ def seconds_from_environment(
     return seconds
 
 
-_RANGE_HINT = "see --help for the values each option takes"
+#: What to do about a value an option does not take.
+RANGE_HINT = "see --help for the values each option takes"
 
 
 def install_hint(err: BaseException) -> str | None:

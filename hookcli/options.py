@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from hookcli.errors import UsageProblem, check_choice, check_whole
+from hookcli.errors import RANGE_HINT, UsageProblem, check_choice, check_whole
 from hookcli.parsing import parse_device, parse_levels, parse_triple
 
 __all__ = [
@@ -535,10 +535,10 @@ def check_value(option: Option, value: Any) -> None:
         if option.low is not None:
             check_whole(option.name, value, int(option.low), None if option.high is None else int(option.high))
         elif isinstance(value, bool) or not isinstance(value, int):
-            raise UsageProblem(f"{option.name} must be a whole number, not {value!r}")
+            raise UsageProblem(f"{option.name} must be a whole number, not {value!r}", hint=RANGE_HINT)
     elif option.kind == "float":
         low, high = option.low or 0.0, option.high or 0.0
         if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
-            raise UsageProblem(f"{option.name} must be between {low:g} and {high:g}, not {value!r}")
+            raise UsageProblem(f"{option.name} must be between {low:g} and {high:g}, not {value!r}", hint=RANGE_HINT)
     elif option.kind == "choice":
         check_choice(option.name, value, option.choices)

@@ -178,7 +178,8 @@ def test_errors_are_the_librarys_own_with_the_cli_texts(runner, resnet18_args, i
         (
             lambda: hookcli.extract("resnet18", "layer1", images[0], device="tpu", **base),
             UsageProblem,
-            "invalid device: 'tpu' is not a device; use auto, cpu, cuda, cuda:N or mps",
+            "invalid device: 'tpu' is not a device; use auto, cpu, cuda, cuda:N or mps. Hint: see --help for the "
+            "values each option takes",
         ),
         (
             lambda: hookcli.grid(tmp_path / "nothing.safetensors"),

@@ -204,3 +204,27 @@ def test_first_line_of_an_empty_message_is_empty_text_or_the_errors_type():
     assert first_line("") == ""
     assert first_line(ValueError()) == "ValueError"
     assert first_line(UserWarning("(Triggered internally at /pytorch/csrc/x.cpp:1.)")) == "UserWarning"
+
+
+def test_every_error_raised_on_purpose_says_what_to_do():
+    """Each of hookcli's own errors made in the package is given a hint (the CLI prints it after the message)."""
+    import ast
+
+    import hookcli
+    import hookcli.errors as errors
+
+    own = {
+        name
+        for name, value in vars(errors).items()
+        if isinstance(value, type) and issubclass(value, errors.HookcliError) and value is not errors.HookcliError
+    }
+    package = Path(hookcli.__file__).parent
+    missing = []
+    for path in sorted(package.rglob("*.py")):
+        text = path.read_text()
+        for node in ast.walk(ast.parse(text)):
+            called = getattr(node, "func", None)
+            if isinstance(node, ast.Call) and isinstance(called, ast.Name) and called.id in own:
+                if not any(keyword.arg in ("hint", None) for keyword in node.keywords):
+                    missing.append(f"{path.relative_to(package)}:{node.lineno} {called.id}")
+    assert missing == []

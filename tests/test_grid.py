@@ -396,7 +396,8 @@ def test_channels_given_twice_are_refused_rather_than_the_first_left_out(runner,
     twice = runner.invoke(main, [*args, "--channels", "16", "--channels", "40:45"])
     assert (twice.exit_code, twice.stderr) == (
         2,
-        "Error: invalid channels: given 2 times (16, 40:45); give one range A:B or one channel K\n",
+        "Error: invalid channels: given 2 times (16, 40:45); give one range A:B or one channel K. Hint: see --help for "
+        "the values each option takes\n",
     )
     assert not (tmp_path / "out").exists()
     once = runner.invoke(main, [*args, "--channels", "40:45"])

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hookcli.errors import UsageProblem
+from hookcli.errors import RANGE_HINT, UsageProblem
 from hookcli.grid_options import GRID_OPTIONS
 from hookcli.options import check_value, declared, declared_field
 from hookcli.parsing import parse_channels
@@ -89,7 +89,7 @@ class GridOptions:
         try:
             object.__setattr__(self, "channels", parse_channels(self.channels))
         except ValueError as err:
-            raise UsageProblem(f"invalid channels: {err}") from None
+            raise UsageProblem(f"invalid channels: {err}", hint=RANGE_HINT) from None
         for name in ("top", "columns", "padding", "min_tile", "frame", "scale", "alpha"):
             check_value(declared(name, GRID_OPTIONS), getattr(self, name))
 

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageDraw
 
-from hookcli.errors import UsageProblem
+from hookcli.errors import UsageProblem, check_choice
 from hookcli.families import is_square
 from hookcli.pictures.text import (
     caption_font,
@@ -197,8 +197,7 @@ def scale_maps(maps: np.ndarray, scale: str = "channel") -> np.ndarray:
 
     ``maps`` are ``[K, H, W]``, or ``[K, T, H, W]`` clips, each scaled over all its frames.
     """
-    if scale not in ("channel", "grid"):
-        raise UsageProblem(f"scale must be 'channel' or 'grid', not '{scale}'")
+    check_choice("scale", scale, ("channel", "grid"))
     maps = maps.astype(np.float64 if maps.dtype == np.float64 else np.float32, copy=True)
     finite = np.isfinite(maps)
     filled_low = np.where(finite, maps, np.inf)

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from hookcli.errors import CaptureError, LayerNotRunError, UsageProblem
+from hookcli.errors import CaptureError, LayerNotRunError, UsageProblem, check_choice
 from hookcli.options import CAPTURE_KINDS
 from hookcli.run.batches import batch_length, call_model, first_rows
 
@@ -97,8 +97,7 @@ class FeatureCapture:
         capture: str = "output",
         stop_early: bool = True,
     ) -> None:
-        if capture not in CAPTURE_KINDS:
-            raise UsageProblem(f"capture must be one of {', '.join(CAPTURE_KINDS)}, not '{capture}'")
+        check_choice("capture", capture, CAPTURE_KINDS)
         self.model = model
         self.layers = dict(layers) if isinstance(layers, Mapping) else {path: path for path in layers}
         self.capture = capture

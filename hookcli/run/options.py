@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from hookcli.errors import UsageProblem
+from hookcli.errors import RANGE_HINT, UsageProblem
 from hookcli.inputs.preprocess import check_normalisation
 from hookcli.models.specs import regular_file_problem
 from hookcli.options import RUN_COMMANDS, check_value, declared, declared_field, options_of
@@ -126,7 +126,7 @@ def _parsed(name: str, parse: Callable, value):
     try:
         return parse(value)
     except ValueError as err:
-        raise UsageProblem(f"invalid {name}: {err}") from None
+        raise UsageProblem(f"invalid {name}: {err}", hint=RANGE_HINT) from None
 
 
 #: The video options (how rows are cut from videos).

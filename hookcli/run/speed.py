@@ -36,7 +36,7 @@ import torch
 import torch.nn as nn
 from torchvision.models.feature_extraction import create_feature_extractor
 
-from hookcli.errors import UsageProblem
+from hookcli.errors import UsageProblem, check_choice
 from hookcli.families import family_traits
 from hookcli.models.loaded import LoadedModel
 from hookcli.options import MEMORY_FORMATS, PRECISIONS
@@ -65,8 +65,7 @@ FUSE_FROM = 16
 
 def check_precision(precision: str, device) -> None:
     """Refuse compute precisions the device cannot run."""
-    if precision not in PRECISIONS:
-        raise UsageProblem(f"precision must be one of {', '.join(PRECISIONS)}, not '{precision}'")
+    check_choice("precision", precision, PRECISIONS)
     if precision == "fp16" and device.type == "cpu":
         raise UsageProblem("fp16 compute needs a GPU", hint="use --precision bf16 on the CPU (or fp32)")
     if precision == "tf32" and device.type != "cuda":
@@ -236,8 +235,7 @@ def choose_fuse(choice: bool | None, inputs: int) -> bool:
 
 def choose_memory_format(model, device, choice: str = "auto") -> str:
     """``channels_last`` or ``contiguous``: ``auto`` picks channels-last for convolutional models on CPU and CUDA."""
-    if choice not in MEMORY_FORMATS:
-        raise UsageProblem(f"memory format must be one of {', '.join(MEMORY_FORMATS)}, not '{choice}'")
+    check_choice("memory format", choice, MEMORY_FORMATS)
     if choice != "auto":
         return choice
     convolutions = sum(isinstance(m, nn.Conv2d) for m in model.modules())
