@@ -20,6 +20,7 @@ from hookcli.version import __version__
 if TYPE_CHECKING:  # what editors and type checkers see; at run time each name loads on first use (below)
     from hookcli.api import cam, compare, doctor, extract, grad, grid, info, layers, models, report, stats
     from hookcli.errors import HookcliError
+    from hookcli.inputs.preprocess import Preprocess
     from hookcli.models.loading import load_model
     from hookcli.run.capture import FeatureCapture, GradientCapture
     from hookcli.run.execute import execute
@@ -39,6 +40,7 @@ _PUBLIC = {
     "Features": "hookcli.storage.features",
     "GradientCapture": "hookcli.run.capture",
     "HookcliError": "hookcli.errors",
+    "Preprocess": "hookcli.inputs.preprocess",
     "RunPlan": "hookcli.run.plan",
     "cam": "hookcli.api",
     "compare": "hookcli.api",
@@ -69,6 +71,7 @@ __all__ = [
     "Features",
     "GradientCapture",
     "HookcliError",
+    "Preprocess",
     "RunPlan",
     "ShardedFeatures",
     "cam",

@@ -36,6 +36,8 @@ import contextlib
 import dataclasses
 import os
 from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hookcli.compare_options import COMPARE_OPTIONS
 from hookcli.errors import UsageProblem, check_whole
@@ -46,6 +48,11 @@ from hookcli.options import MAX_SIDE
 from hookcli.pictures.options import GridOptions, default_grid_folder
 from hookcli.run.options import refuse_unknown
 from hookcli.run.outputs import DEFAULT_OUTPUT
+
+if TYPE_CHECKING:  # what the functions return: numpy and the readers load when a command runs
+    import numpy as np
+
+    from hookcli.storage.features import Features
 
 __all__ = [
     "DEFAULT_OUTPUT",
@@ -63,7 +70,9 @@ __all__ = [
 ]
 
 
-def extract(model, layers, inputs, *, output=None, progress: Callable | None = None, **options):
+def extract(
+    model, layers, inputs, *, output=None, progress: Callable | None = None, **options
+) -> Features | Path | None:
     """Capture ``layers`` of ``model`` on ``inputs``: ``hookcli extract`` as a function.
 
     ``model``: a torchvision model name, or one of another source
@@ -92,7 +101,7 @@ def extract(model, layers, inputs, *, output=None, progress: Callable | None = N
     return _run("extract", model, layers, inputs, output, options, progress)
 
 
-def grad(model, layers, inputs, *, output=None, progress: Callable | None = None, **options):
+def grad(model, layers, inputs, *, output=None, progress: Callable | None = None, **options) -> Features | Path | None:
     """Activations of ``layers`` and the gradient of a target logit with respect to them: ``hookcli grad``.
 
     Keys ``<layer>`` and ``<layer>@grad`` (``@grad#k`` for each of ``topK``);
@@ -109,7 +118,9 @@ def grad(model, layers, inputs, *, output=None, progress: Callable | None = None
     return _run("grad", model, layers, inputs, output, options, progress)
 
 
-def cam(model, inputs, *, layer: str | None = None, output=None, progress: Callable | None = None, **options):
+def cam(
+    model, inputs, *, layer: str | None = None, output=None, progress: Callable | None = None, **options
+) -> Features | Path:
     """Class-activation maps: ``hookcli cam``.
 
     ``layer`` defaults to the model's last convolutional stage (ViT: the last
@@ -141,7 +152,7 @@ def stats(
     output=None,
     progress: Callable | None = None,
     **options,
-):
+) -> Features | Path:
     """Statistics of each channel of ``layers`` over every input, gathered in one pass: ``hookcli stats``.
 
     Either a model runs (``model``, ``layers``, ``inputs`` as for
@@ -207,7 +218,7 @@ def compare(
     output=None,
     progress: Callable | None = None,
     **options,
-):
+) -> Features | Path:
     """How alike representations are, every one of a side against every one of the other: ``hookcli compare``.
 
     Either models run over ``inputs`` in one pass (``model`` and ``layers``,
@@ -278,7 +289,9 @@ def compare(
 _COMPARING = tuple(option.name for option in COMPARE_OPTIONS)
 
 
-def grid(source, *, output=None, progress: Callable | None = None, force: bool = False, **options):
+def grid(
+    source, *, output=None, progress: Callable | None = None, force: bool = False, **options
+) -> dict[str, np.ndarray] | list[Path]:
     """Feature-map pictures of saved features: ``hookcli grid``.
 
     ``source``: a file, a shard folder, ``-`` (stdin), or features in memory
@@ -291,7 +304,7 @@ def grid(source, *, output=None, progress: Callable | None = None, force: bool =
     file (what :func:`stats` writes or returns) gives a picture a layer and
     channel: its dataset examples (:mod:`hookcli.pictures.stats_grids`); a
     comparison file (what :func:`compare` writes or returns) one heatmap of its
-    matrix, ``<method>.png`` (:mod:`hookcli.pictures.compare_grids`).
+    matrix, named after the file (:mod:`hookcli.pictures.compare_grids`).
 
     >>> import tempfile
     >>> photo = __import__("matplotlib.cbook").cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)
@@ -316,7 +329,7 @@ def report(
     progress: Callable | None = None,
     force: bool = False,
     **options,
-):
+) -> Path:
     """A static HTML report of saved features, in pages of ``page_size`` images (default 20): ``hookcli report``;
     of a statistics file, each layer's channels, ``page_size`` a page (default 64); of a comparison file, one page
     of its matrix (:mod:`hookcli.pictures.compare_reports`).
@@ -385,6 +398,10 @@ def layers(
     check_whole("input_size", input_size, 1, MAX_SIDE, optional=True)
     check_whole("depth", depth, 1, optional=True)
     check_whole("frames", frames, 1, 1024, optional=True)
+    if not isinstance(model, str):  # a module handed in (or a LoadedModel): torch is loaded already
+        from hookcli.run.layer_table import handed_layer_table
+
+        return handed_layer_table(model, input_size=input_size, depth=depth, frames=frames)
     choice = choose_model(model, weights)  # an unknown model or weights name is refused before torch loads
     if frames is not None and family_traits(choice.family).row != "clip":
         raise UsageProblem(

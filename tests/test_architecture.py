@@ -163,6 +163,7 @@ LAZY_IMPORTS = {
     ("hookcli.api", "hookcli.pictures.reports"): "the pictures (numpy, Pillow) load when report runs",
     ("hookcli.api", "hookcli.pictures.summary"): "the statistics (numpy) load when info runs",
     ("hookcli.api", "hookcli.storage.shards"): "the readers (numpy) load when a command reads features",
+    ("hookcli.run.request", "hookcli.models.sources.given"): "a module handed in: its caller has imported torch",
     ("hookcli.cli.running", "hookcli.api"): "--help and parse errors answer without the library (about 30 ms)",
     ("hookcli.cli.commands", "hookcli.models.catalog"): "models' note on an empty listing, without slowing --help",
     ("hookcli.cli.running", "tqdm"): "the progress bar (about 60 ms) loads when one is drawn",

@@ -77,6 +77,10 @@ class CamOverlays:
     def finisher(self) -> bool:
         return self.inner.finisher
 
+    @property
+    def inputs_done(self) -> int:
+        return self.inner.inputs_done
+
     def add(self, batch) -> None:
         for row, index in enumerate(batch.indices):
             photo, scale = batch.pictures[index]

@@ -264,6 +264,7 @@ class Decoded:
             self._next = Loaded(indices, batch, failures, pictures, damaged)
 
     def _scaled(self, images):
+        assert self.scaled is not None, "called only where the device scales"
         return self.scaled(images.to(self.device, non_blocking=True))
 
 

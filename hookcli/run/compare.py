@@ -38,7 +38,7 @@ from hookcli.run.launch import block_of
 from hookcli.run.options import refuse_unknown, run_options
 from hookcli.run.pipeline import iter_batches
 from hookcli.run.plan import RunPlan, plan_request
-from hookcli.run.request import request
+from hookcli.run.request import as_model, request
 from hookcli.run.saved import SavedFeatures, open_saved, run_saved
 from hookcli.run.settings import Batch
 from hookcli.statistics.comparison import (
@@ -152,6 +152,7 @@ def compare_models(
     choice = choice or CompareChoice()
     given = dict(options or {})
     second = dict(second or {})
+    model, model2 = as_model(model), None if model2 is None else as_model(model2)
     if second and isinstance(model2 if model2 is not None else model, LoadedModel):
         raise UsageProblem(
             "weights2 and seed2 choose the weights of a second side that hookcli builds, and its model is built",

@@ -84,7 +84,7 @@ def execute(run: RunPlan, progress: Callable[[Event], None] | None = None):
 
 
 def carry_out(
-    writer,
+    writer: writers.RowsWriter,
     batches: Callable[[Iterable[list[int]]], Iterable],
     inputs: Sequence,
     output: str | None,
@@ -136,7 +136,7 @@ def carry_out(
     return result, complete
 
 
-def _writer(run: RunPlan, note: Callable[[str], None]):
+def _writer(run: RunPlan, note: Callable[[str], None]) -> writers.RowsWriter:
     kind = run.output.kind
     if kind == "memory" and run.stats is not None:
         return _stats_writer(run, None, note)

@@ -316,6 +316,7 @@ class CompiledForward(EagerForward):
             speed.compute_precision(self.settings.precision, batch_device(batch)),
         ):
             self.capture.run(first_rows(batch))
+        assert self.capture.calls is not None, "counted by the run just made"
         function, reason = speed.compiled_extractor(self.model, self.layers, self.capture.calls, self.settings.capture)
         if function is None:
             self._note(f"--compile: {reason}; running eagerly")

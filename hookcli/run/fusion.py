@@ -258,7 +258,13 @@ class _Rewriter:
         if any(path.startswith(f"{node.target}.") for path in self.whole):  # a hook inside it (its act) must fire
             return None
         plain = type(norm) is nn.BatchNorm2d
-        if not plain and _norm_with_activation(norm) is None or norm.running_mean is None or node.kwargs:
+        if (
+            norm is None
+            or not plain
+            and _norm_with_activation(norm) is None
+            or norm.running_mean is None
+            or node.kwargs
+        ):
             return None
         return norm
 

@@ -140,6 +140,7 @@ class GradientForward:
             areas = torch.stack([torch.bincount(p.flatten(), minlength=classes) for p in predicted])
             chosen = areas.topk(self.target.top, dim=1).indices
         else:
+            assert self.target.class_index is not None, "a target is the top K or one class"
             if self.target.class_index >= classes:
                 raise UsageProblem(
                     f"target class {self.target.class_index} is out of range: the model has {classes} classes",

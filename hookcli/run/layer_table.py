@@ -22,6 +22,8 @@ from hookcli.models.catalog import ModelChoice
 from hookcli.models.loaded import LoadedModel
 from hookcli.run.batches import call_model, natural_input
 from hookcli.run.capture import preserved_mode
+from hookcli.run.forwards import given_back
+from hookcli.run.request import as_model
 from hookcli.run.selectors import MODEL, hookable_layers
 
 __all__ = [
@@ -41,12 +43,24 @@ def model_layer_table(
     return layer_table(loaded, input_size=input_size, depth=depth, frames=frames)
 
 
+def handed_layer_table(model, *, input_size=None, depth=None, frames=None) -> list[LayerInfo]:
+    """:func:`layer_table` of a model handed in (an ``nn.Module``, with its preprocessing or not, or a
+    :class:`~hookcli.models.loaded.LoadedModel`), run on its own device and given back as it came."""
+    loaded = as_model(model)
+    assert isinstance(loaded, LoadedModel), "a name goes to model_layer_table"
+    with given_back(loaded.module):
+        return layer_table(loaded, input_size=input_size, depth=depth, frames=frames)
+
+
 def layer_table(
     loaded: LoadedModel, *, input_size: int | None = None, depth: int | None = None, frames: int | None = None
 ) -> list[LayerInfo]:
-    """The rows of :func:`describe_layers` for ``loaded`` on its natural input (see :func:`hookcli.layers`), the
-    paths of at most ``depth`` components; a model that refuses the input's size is a :class:`CaptureError`."""
+    """The rows of :func:`describe_layers` for ``loaded`` on its natural input (see :func:`hookcli.layers`), on the
+    device of its parameters, the paths of at most ``depth`` components; a model that refuses the input's size is a
+    :class:`CaptureError`."""
     example = natural_input(loaded.family, size=input_size, preprocess=loaded.preprocess, frames=frames)
+    device = next((p.device for p in loaded.module.parameters()), torch.device("cpu"))
+    example = tuple([t.to(device) for t in x] if isinstance(x, list) else x.to(device) for x in example)
     try:
         rows = describe_layers(loaded.module, example)
     except (RuntimeError, ValueError, AssertionError) as err:  # the model refuses the input's size in its own words

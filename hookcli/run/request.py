@@ -47,6 +47,7 @@ from hookcli.run.targets import parse_region
 __all__ = [
     "RunRequest",
     "arguments_of",
+    "as_model",
     "gather_rows",
     "request",
     "selectors",
@@ -82,6 +83,26 @@ class RunRequest:
     notes: tuple[str, ...] = ()
 
 
+def as_model(model) -> str | LoadedModel:
+    """A model as a run takes it: a name (or a factory's path), a :class:`~hookcli.models.loaded.LoadedModel`, or
+    an ``nn.Module`` handed in, alone or with its preprocessing, made a loaded model that is given back as it came
+    (:mod:`hookcli.models.sources.given`)."""
+    if isinstance(model, str | LoadedModel):
+        return model
+    if isinstance(model, os.PathLike):
+        return os.fspath(model)
+    if "torch" in sys.modules:  # a caller holding a module has imported torch already
+        from hookcli.models.sources.given import is_handed_module, loaded_from_module
+
+        if is_handed_module(model):
+            return loaded_from_module(model)
+    raise UsageProblem(
+        "a model is a name, an nn.Module or a module and its preprocessing, and this is of type "
+        f"{type(model).__name__}",
+        hint="'hookcli models' lists the names",
+    )
+
+
 def request(
     command: str, model, layers, inputs, *, output=None, rows: FoundInputs | None = None, **options
 ) -> RunRequest:
@@ -97,6 +118,7 @@ def request(
             "--seed only applies to --weights none (pretrained and file weights are fixed)", hint=help_hint
         )
     choice: ModelChoice | None = None
+    model = as_model(model)
     if isinstance(model, LoadedModel):
         model_name, family = model.name, model.family
     else:  # from the registry cache: only a cold cache imports torchvision

@@ -38,7 +38,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO, Protocol
 
 import torch
 
@@ -51,7 +51,16 @@ from hookcli.storage.fileformat import ROW_SHAPE, RunFacts, RunRecord
 from hookcli.storage.saving import write_safetensors
 from hookcli.storage.shard_writer import ShardWriter
 
-__all__ = ["FileWriter", "FolderWriter", "MemoryWriter", "RowBuffer", "StdoutWriter", "auto_shard_size", "row_bytes"]
+__all__ = [
+    "FileWriter",
+    "FolderWriter",
+    "MemoryWriter",
+    "RowBuffer",
+    "RowsWriter",
+    "StdoutWriter",
+    "auto_shard_size",
+    "row_bytes",
+]
 
 #: Shard size chosen when none is given (:func:`auto_shard_size`): at most about this many bytes of features per
 #: shard, and this many rows; at least this many shards for a run of that many batches.
@@ -141,6 +150,61 @@ def _padded(rows: list) -> torch.Tensor:
     return held
 
 
+class RowsWriter(Protocol):
+    """The interface every writer offers (see the module): what :func:`hookcli.run.execute.carry_out` feeds."""
+
+    @property
+    def done(self) -> int:
+        """Inputs an earlier run (or another process) did, known once :meth:`begin` returns."""
+        ...
+
+    @property
+    def kept(self) -> str | None:
+        """Where their work is, when that is not the output itself."""
+        ...
+
+    @property
+    def written(self) -> Sequence[str | Path]:
+        """The paths to report once :meth:`finish` returns, in order."""
+        ...
+
+    @property
+    def complete(self) -> bool:
+        """Whether the output held every input once :meth:`finish` returned."""
+        ...
+
+    @property
+    def finisher(self) -> bool:
+        """Whether this process completed the output (and so draws its pictures)."""
+        ...
+
+    @property
+    def inputs_done(self) -> int:
+        """Inputs the output holds, said of an output other processes still write."""
+        ...
+
+    @property
+    def has_rows(self) -> bool:
+        """Whether any input gave rows (a run none of whose inputs could be read fails)."""
+        ...
+
+    def begin(self, batch_size: int) -> Any:
+        """The batches to compute, in order (lists of input indices), or None when nothing is left."""
+        ...
+
+    def add(self, batch) -> None:
+        """Take the next :class:`~hookcli.run.settings.Batch`."""
+        ...
+
+    def finish(self) -> Any:
+        """Complete the output; what the run returns (the features in memory, or the path written)."""
+        ...
+
+    def abort(self) -> None:
+        """Give up after a failure, leaving nothing half-written."""
+        ...
+
+
 class _WholeWriter:
     """Every row in memory, then one delivery: the base of the single-output writers."""
 
@@ -161,6 +225,10 @@ class _WholeWriter:
         return (list(range(i, min(i + batch_size, len(self.paths)))) for i in range(0, len(self.paths), batch_size))
 
     @property
+    def inputs_done(self) -> int:
+        return 0 if self.rows is None else len(self.rows.inputs)
+
+    @property
     def has_rows(self) -> bool:
         return self.rows is not None and bool(self.rows.inputs)
 
@@ -174,6 +242,7 @@ class _WholeWriter:
         self.skipped.extend({"input": input_name(self.paths[i]), "error": e} for i, e in batch.failures)
 
     def finish(self):
+        assert self.rows is not None and self.facts is not None, "finished after rows were added (has_rows)"
         tensors = self.rows.tensors(flat=self.flat)
         run = fileformat.run_metadata(self.record, self.facts, keys=list(tensors), flat=self.flat)
         metadata = fileformat.file_metadata(

@@ -34,6 +34,7 @@ from hookcli.models.weights import file_weights
 
 __all__ = [
     "assumed_preprocess",
+    "given_preprocess",
     "hub_cached",
     "hub_file",
     "hub_has_weights",
@@ -128,6 +129,31 @@ def assumed_preprocess(spec: ModelSpec, why: str, side: int | None = None):
     :meth:`~hookcli.models.loaded.LoadedModel.notes_for`)."""
     crop = side or 224
     return Preprocess(resize=int(crop * 256 / 224), crop=crop), f"{spec.text}: {why}"  # mean and std: ImageNet's
+
+
+def given_preprocess(whose: str, given) -> Preprocess:
+    """The preprocessing ``whose`` (``the factory nets.py:make``) gives: a
+    :class:`~hookcli.inputs.preprocess.Preprocess`, a dict of its fields, or a torchvision weights' ``transforms()``."""
+    if isinstance(given, Preprocess):
+        return given
+    try:
+        if isinstance(given, dict):
+            fields = dict(given)
+            for name in ("mean", "std"):
+                if fields.get(name) is not None:
+                    fields[name] = tuple(float(v) for v in fields[name])
+            return Preprocess(**{"crop": None, **fields})
+        if hasattr(given, "resize_size") and hasattr(given, "crop_size"):
+            return Preprocess.from_transforms(given)
+    except (TypeError, ValueError) as err:
+        raise SourceError(
+            f"the preprocessing {whose} gives is not usable: {err}",
+            hint="give a hookcli.Preprocess or a dict of resize, crop, mean, std",
+        ) from None
+    raise SourceError(
+        f"{whose} gives a {type(given).__name__} as preprocessing",
+        hint="give a hookcli.Preprocess, a dict of resize, crop, mean, std, or a torchvision weights' transforms()",
+    )
 
 
 def hub_cached(repo: str, filename: str) -> bool:

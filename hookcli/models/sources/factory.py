@@ -16,9 +16,9 @@ import torch
 import torch.nn as nn
 
 from hookcli.errors import UsageProblem, first_line
-from hookcli.inputs.preprocess import Preprocess
 from hookcli.models.sources.common import (
     assumed_preprocess,
+    given_preprocess,
     load_weights_file,
     loaded_model,
     quietly,
@@ -69,7 +69,7 @@ def load(spec: ModelSpec, weights: str, seed: int):
     if given is None:
         preprocess, assumed_because = assumed_preprocess(spec, "the factory gives no preprocessing")
     else:
-        preprocess, assumed_because = _given_preprocess(spec, given), None
+        preprocess, assumed_because = given_preprocess(f"the factory {spec.name}", given), None
     return loaded_model(spec, module, described, preprocess, assumed_because=assumed_because)
 
 
@@ -109,28 +109,3 @@ def _import_factory_module(spec: ModelSpec, name: str):
 
 def _is_scripted(module) -> bool:
     return isinstance(module, torch.jit.ScriptModule)
-
-
-def _given_preprocess(spec: ModelSpec, given):
-    """A factory's preprocessing: a :class:`~hookcli.inputs.preprocess.Preprocess`, a dict of its fields, or a
-    torchvision weights' ``transforms()``."""
-    if isinstance(given, Preprocess):
-        return given
-    try:
-        if isinstance(given, dict):
-            fields = dict(given)
-            for name in ("mean", "std"):
-                if fields.get(name) is not None:
-                    fields[name] = tuple(float(v) for v in fields[name])
-            return Preprocess(**{"crop": None, **fields})
-        if hasattr(given, "resize_size") and hasattr(given, "crop_size"):
-            return Preprocess.from_transforms(given)
-    except (TypeError, ValueError) as err:
-        raise SourceError(
-            f"the preprocessing the factory {spec.name} returned is not usable: {err}",
-            hint="return a hookcli.Preprocess or a dict of resize, crop, mean, std",
-        ) from None
-    raise SourceError(
-        f"the factory {spec.name} returned a {type(given).__name__} as preprocessing",
-        hint="return a hookcli.Preprocess, a dict of resize, crop, mean, std, or a torchvision weights' transforms()",
-    )

@@ -1,0 +1,149 @@
+"""Any nn.Module handed in: extract, grad, cam, stats, compare and layers take the module itself (or the module and
+its preprocessing), capture what hooks written by hand capture, and give the module back as it came."""
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torchvision import transforms
+
+import hookcli
+from hookcli.errors import UsageProblem
+
+IMAGENET = ([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
+
+
+class TinyCNN(torch.nn.Module):
+    """A convolution, a BatchNorm whose output an in-place ReLU overwrites, and a classifier."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3)
+        self.bn1 = torch.nn.BatchNorm2d(8)
+        self.relu = torch.nn.ReLU(inplace=True)
+        self.pool = torch.nn.AdaptiveAvgPool2d(1)
+        self.fc = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.fc(self.pool(self.relu(self.bn1(self.conv(x)))).flatten(1))
+
+
+def _net(seed: int = 0) -> TinyCNN:
+    torch.manual_seed(seed)
+    net = TinyCNN()
+    with torch.no_grad():
+        net.bn1.running_mean.uniform_(-0.5, 0.5)
+        net.bn1.running_var.uniform_(0.5, 1.5)
+    return net.train()
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("photos")
+    rng = np.random.default_rng(0)
+    paths = []
+    for n in range(4):
+        path = folder / f"{n}.png"
+        Image.fromarray(rng.integers(0, 255, size=(40, 48, 3), dtype=np.uint8)).save(path)
+        paths.append(str(path))
+    return paths
+
+
+def _by_hand(net, photos, layers, size=32):
+    """What forward hooks written by hand keep (each output cloned before the in-place ReLU), on the batch
+    torchvision's transforms make of the photos, the module in eval mode."""
+    made = transforms.Compose(
+        [transforms.Resize(size), transforms.CenterCrop(size), transforms.ToTensor(), transforms.Normalize(*IMAGENET)]
+    )
+    batch = torch.stack([made(Image.open(path).convert("RGB")) for path in photos])
+    kept, handles = {}, []
+    for name in layers:
+        module = net.get_submodule(name)
+        handles.append(module.register_forward_hook(lambda m, i, out, name=name: kept.__setitem__(name, out.clone())))
+    mode = net.training
+    net.eval()
+    with torch.no_grad():
+        net(batch)
+    net.train(mode)
+    for handle in handles:
+        handle.remove()
+    return kept
+
+
+def _state(net):
+    return {key: (value.data_ptr(), value.clone()) for key, value in net.state_dict().items()}
+
+
+def test_a_module_handed_in_captures_what_hooks_by_hand_capture_and_comes_back_as_it_came(photos):
+    net = _net()
+    before, heard = _state(net), []
+    found = hookcli.extract(
+        net, ["bn1", "fc"], photos, resize=32, crop=32, memory_format="contiguous", progress=heard.append
+    )
+    expected = _by_hand(net, photos, ["bn1", "fc"])
+    for key in ("bn1", "fc"):
+        torch.testing.assert_close(found[key], expected[key], rtol=1e-5, atol=1e-5)
+    assert (found["bn1"] < 0).any(), "the capture is what bn1 returned, before the in-place ReLU"
+    assert net.training and not net._forward_hooks and not net.bn1._forward_hooks
+    after = _state(net)
+    assert all(after[k][0] == before[k][0] and torch.equal(after[k][1], before[k][1]) for k in before)
+    assert found.metadata["model"] == "TinyCNN"
+    weights = json.loads(found.metadata["weights"])
+    assert weights["source"] == "module" and len(weights["sha256"]) == 64
+    notes = [event.text for event in heard if type(event).__name__ == "Note"]
+    assert notes == [
+        "TinyCNN: the module was given without preprocessing, so what --resize, --crop, --mean and --std do not set "
+        "is ImageNet's preprocessing (mean 0.485,0.456,0.406, std 0.229,0.224,0.225)"
+    ]
+
+
+def test_modules_of_one_class_with_other_weights_are_told_apart(photos):
+    one = hookcli.extract(_net(0), "fc", photos[:1], resize=32, crop=32)
+    other = hookcli.extract(_net(1), "fc", photos[:1], resize=32, crop=32)
+    assert json.loads(one.metadata["weights"])["sha256"] != json.loads(other.metadata["weights"])["sha256"]
+
+
+def test_a_sequential_with_its_preprocessing_needs_no_note(photos):
+    seq = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU())
+    heard = []
+    found = hookcli.extract((seq, {"resize": 24, "crop": 24, "mean": (0.5,) * 3, "std": (0.5,) * 3}), "0", photos,
+                            progress=heard.append)  # fmt: skip
+    assert tuple(found["0"].shape) == (4, 4, 22, 22) and found.metadata["model"] == "Sequential"
+    assert not [event for event in heard if type(event).__name__ == "Note"]
+    assert json.loads(found.metadata["preprocess"])["mean"] == [0.5, 0.5, 0.5]
+
+
+def test_every_command_that_runs_a_model_takes_a_module(photos):
+    net = _net()
+    before = _state(net)
+    stats = hookcli.stats(net, "bn1", photos, resize=32, crop=32, top=2)
+    assert tuple(stats["bn1@top_maps"].shape) == (8, 2, 30, 30)
+    cka = hookcli.compare(net, ["bn1", "fc"], photos, model2=net, layers2=["conv"], resize=32, crop=32)
+    assert tuple(cka["linear-cka"].shape) == (2, 1)
+    grads = hookcli.grad(net, "bn1", photos[:2], resize=32, crop=32)
+    assert tuple(grads["bn1@grad"].shape) == (2, 8, 30, 30)
+    cams = hookcli.cam(net, photos[:2], layer="bn1", resize=32, crop=32)
+    assert tuple(cams["cam"].shape) == (2, 30, 30)
+    rows = hookcli.layers(net)
+    assert [row.path for row in rows] == [".", "conv", "bn1", "relu", "pool", "fc"]
+    assert rows[2].output == [1, 8, 222, 222]
+    after = _state(net)
+    assert net.training and all(torch.equal(after[k][1], before[k][1]) for k in before)
+
+
+def test_what_is_not_a_model_is_refused_in_one_line(photos):
+    with pytest.raises(UsageProblem) as refused:
+        hookcli.extract(5, "x", photos)
+    assert str(refused.value) == (
+        "a model is a name, an nn.Module or a module and its preprocessing, and this is of type int. Hint: "
+        "'hookcli models' lists the names"
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # torch.jit.script says it is deprecated
+        scripted_module = torch.jit.script(torch.nn.Sequential(torch.nn.ReLU()))
+    with pytest.raises(UsageProblem) as scripted:
+        hookcli.extract(scripted_module, "0", photos)
+    assert str(scripted.value).startswith("the model given is a TorchScript module (RecursiveScriptModule)")
