@@ -542,3 +542,5 @@ def check_value(option: Option, value: Any) -> None:
             raise UsageProblem(f"{option.name} must be between {low:g} and {high:g}, not {value!r}", hint=RANGE_HINT)
     elif option.kind == "choice":
         check_choice(option.name, value, option.choices)
+    elif option.kind == "flag" and not isinstance(value, bool):
+        raise UsageProblem(f"{option.name} must be True or False, not {value!r}", hint=RANGE_HINT)

@@ -351,6 +351,12 @@ def test_two_comparisons_drawn_into_one_folder_are_named_after_their_files(runne
     assert piped.exit_code == 0 and piped.stdout == f"{out / 'linear-cka.png'}\n", piped.output
 
 
+def test_a_heatmaps_name_takes_the_safe_characters_of_its_files(tmp_path, cka_file):
+    odd = tmp_path / "a:b?.safetensors"
+    odd.write_bytes(cka_file.read_bytes())
+    assert [p.name for p in hookcli.grid(odd, output=tmp_path / "g")] == ["a_b_.png"]
+
+
 def test_long_column_labels_are_upright_and_many_rows_are_labelled_in_steps(tmp_path):
     rng = np.random.default_rng(2)
     names = [f"features.denseblock{n // 10}.denselayer{n}.conv2" for n in range(30)]

@@ -146,3 +146,15 @@ def test_the_report_calls_a_component_a_component(first, tmp_path):
     page = (tmp_path / "r" / "layer-vectors#pc.html").read_text()
     assert "<h3>Components</h3>\n<p>7 components; click" in page and "<h3>Component 6</h3>" in page
     assert "<h3>Channel" not in page
+
+
+def test_layers_the_file_has_no_components_of_are_refused_before_any_work(runner, one_error, first, tmp_path):
+    others = Features({"elsewhere": torch.zeros(ROWS, 6)}, {"inputs": _features().metadata["inputs"]})
+    saved = str(tmp_path / "others.safetensors")
+    from safetensors.torch import save_file
+
+    save_file({"elsewhere": others["elsewhere"]}, saved, metadata=dict(others.metadata))
+    out = tmp_path / "s.safetensors"
+    refused = runner.invoke(main, ["stats", saved, "--components", str(first), "-o", str(out)])
+    assert one_error(refused).startswith(f"Error: '{first}' holds the components of 'maps', 'tokens', 'vectors'")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["others.safetensors"]

@@ -11,7 +11,7 @@ from safetensors.numpy import load_file, save_file
 
 import hookcli
 from hookcli.cli import main
-from hookcli.errors import CaptureError, UsageProblem
+from hookcli.errors import UsageProblem
 from hookcli.statistics.debiased_cka import DebiasedLinearCKA
 from hookcli.statistics.similarity import hsic_unbiased
 from hookcli.storage.features import Features
@@ -135,10 +135,10 @@ def test_debiased_is_refused_for_other_methods_and_below_four_inputs(runner, one
         "--debiased applies to linear-cka, not minibatch-cka. Hint: leave it out (minibatch-cka's estimator is "
         "unbiased already), or give --method linear-cka"
     )
-    with pytest.raises(CaptureError) as few:
+    with pytest.raises(UsageProblem) as few:
         hookcli.compare(features=_features(3), debiased=True)
     assert str(few.value) == (
-        "debiased CKA needs 4 inputs at least, and the run had 3. Hint: give more inputs, or leave out --debiased"
+        "debiased CKA needs 4 inputs at least, and 3 were given. Hint: give more inputs, or leave out --debiased"
     )
     cka = DebiasedLinearCKA(1, 1)
     assert cka.result().isnan().all()  # nothing seen: undefined
@@ -157,3 +157,23 @@ def test_a_comparison_over_few_inputs_says_how_many_to_give(runner, tmp_path, mo
     save_file({k: np.asarray(many[k]) for k in KEYS}, "g.safetensors", metadata=dict(many.metadata))
     done = runner.invoke(main, ["compare", "g.safetensors", "-o", "d.safetensors"])
     assert done.exit_code == 0 and done.stderr == ""
+
+
+def test_too_few_inputs_for_debiased_cka_are_refused_before_any_work(runner, one_error, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    few = _features(3)
+    save_file({k: np.asarray(few[k]) for k in KEYS}, "f.safetensors", metadata=dict(few.metadata))
+    refused = runner.invoke(main, ["compare", "f.safetensors", "--debiased", "-o", "c.safetensors"])
+    assert one_error(refused) == (
+        "Error: debiased CKA needs 4 inputs at least, and 3 were given. Hint: give more inputs, or leave out --debiased"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.safetensors"]  # no parts folder left to block a rerun
+
+
+def test_a_debiased_heatmap_says_it_is_debiased(tmp_path):
+    from hookcli.pictures.compare_grids import method_name
+    from hookcli.storage.compare_file import read_comparison
+
+    for debiased, name in ((True, "linear CKA (debiased)"), (False, "linear CKA")):
+        found = hookcli.compare(features=_features(12), debiased=debiased)
+        assert method_name(read_comparison(found)) == name

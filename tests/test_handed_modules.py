@@ -147,3 +147,40 @@ def test_what_is_not_a_model_is_refused_in_one_line(photos):
     with pytest.raises(UsageProblem) as scripted:
         hookcli.extract(scripted_module, "0", photos)
     assert str(scripted.value).startswith("the model given is a TorchScript module (RecursiveScriptModule)")
+
+
+def test_weights_and_flags_that_cannot_apply_are_refused(photos):
+    with pytest.raises(UsageProblem) as refused:
+        hookcli.extract(_net(), "bn1", photos, weights="IMAGENET1K_V1")
+    assert str(refused.value) == (
+        "weights choose what hookcli builds a model from a name with, and TinyCNN is built already. Hint: load the "
+        "weights into the model first, or give the model by its name"
+    )
+    with pytest.raises(UsageProblem) as flag:
+        hookcli.stats(_net(), "bn1", photos, pca="no")
+    assert str(flag.value) == "pca must be True or False, not 'no'. Hint: see --help for the values each option takes"
+
+
+class SharedReLU(torch.nn.Module):
+    """One ReLU module called after both convolutions: it has no one map to take a CAM at."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1, self.conv2 = torch.nn.Conv2d(3, 4, 3), torch.nn.Conv2d(4, 4, 3)
+        self.relu, self.fc = torch.nn.ReLU(), torch.nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.fc(self.relu(self.conv2(self.relu(self.conv1(x)))).mean(dim=(2, 3)))
+
+
+def test_the_default_cam_layer_is_one_that_runs_once(photos):
+    cams = hookcli.cam(SharedReLU(), photos[:1], resize=32, crop=32)
+    assert cams.metadata["cam_layer"] == "conv2" and tuple(cams["cam"].shape) == (1, 28, 28)
+
+
+def test_an_unknown_layer_of_a_module_points_at_hookcli_layers(photos):
+    from hookcli.errors import UnknownLayerError
+
+    with pytest.raises(UnknownLayerError) as refused:
+        hookcli.extract(_net(), "bn2", photos)
+    assert str(refused.value).endswith("Hint: hookcli.layers(model) lists them")

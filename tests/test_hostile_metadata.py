@@ -295,3 +295,21 @@ def test_json_deeper_than_the_bound_is_refused_as_a_value():
     assert bounded_json("[" * 8 + "]" * 8) == [[[[[[[[]]]]]]]]
     with pytest.raises(ValueError, match="it is not JSON"):
         bounded_json("[" * 100_000)
+
+
+def test_inputs_that_do_not_name_each_row_are_said_and_the_rows_numbered(runner, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    save_file(_tensors(), "crafted.safetensors", metadata={**_METADATA, "inputs": '["/photos/only.jpg"]'})
+    done = runner.invoke(main, ["stats", "crafted.safetensors", "-o", "out.safetensors", "--top", "1"])
+    assert done.exit_code == 0, done.output
+    assert done.stderr == "Note: 'crafted.safetensors' lists 1 inputs for its 4 rows: its rows are named by number\n"
+    with open_features("out.safetensors") as found:
+        assert json.loads(found.metadata["inputs"]) == ["row 0", "row 1", "row 2", "row 3"]
+
+
+@pytest.mark.parametrize(("value", "off"), [("", False), ("0", False), ("false", False), ("Off", False), ("1", True)])
+def test_downloads_are_off_for_any_value_but_the_words_for_no(monkeypatch, value, off):
+    from hookcli.models.weights import downloads_off
+
+    monkeypatch.setenv("HOOKCLI_OFFLINE", value)
+    assert downloads_off() is off

@@ -110,7 +110,8 @@ def doctor(as_json: bool) -> None:
             click.echo(line)
     if failed:
         count = f"{len(failed)} check{'s' if len(failed) > 1 else ''}"
-        raise click.ClickException(f"{count} failed: {', '.join(failed)}. Hint: its line above says what to do")
+        said = "its hint" if as_json else "its line above"
+        raise click.ClickException(f"{count} failed: {', '.join(failed)}. Hint: {said} says what to do")
 
 
 def _weights_cell(row: dict) -> str:

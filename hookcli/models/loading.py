@@ -29,7 +29,6 @@ says where to put the file).
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import warnings
 from pathlib import Path
@@ -44,7 +43,7 @@ from hookcli.models import sources
 from hookcli.models.catalog import ModelChoice, choose_model
 from hookcli.models.loaded import LoadedModel, out_size, prefix_tokens
 from hookcli.models.state_dicts import fit_state_dict, read_state_dict, seeded, weights_cache_path
-from hookcli.models.weights import file_weights
+from hookcli.models.weights import downloads_off, file_weights
 
 __all__ = [
     "build_model",
@@ -101,7 +100,7 @@ def _build_seeded(name: str, seed: int, **kwargs):
 
 def _build_pretrained(name: str, weights, options: dict):
     cached = weights_cache_path(weights)
-    if not cached.exists() and os.environ.get("HOOKCLI_OFFLINE", "") not in ("", "0"):
+    if not cached.exists() and downloads_off():
         raise WeightsError(
             f"pretrained weights {type(weights).__name__}.{weights.name} are not cached and "
             f"downloads are off (HOOKCLI_OFFLINE); place {weights.url} at {cached}",

@@ -21,9 +21,16 @@ from pathlib import Path
 from hookcli.errors import WeightsError
 from hookcli.files import file_kind
 
+
+def downloads_off() -> bool:
+    """Whether ``HOOKCLI_OFFLINE`` turns downloads off (set, and not ``0``, ``false``, ``no`` or ``off``)."""
+    return os.environ.get("HOOKCLI_OFFLINE", "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
 __all__ = [
     "archive_kind",
     "check_weights_file",
+    "downloads_off",
     "file_sha256",
     "file_weights",
     "looks_like_weights_path",

@@ -38,7 +38,7 @@ from hookcli.files import check_folder_output, refuse_existing
 from hookcli.grid_options import GRID_OPTIONS
 from hookcli.options import declared
 from hookcli.patterns import select_keys
-from hookcli.pictures.options import GridOptions
+from hookcli.pictures.options import GridOptions, safe_name
 from hookcli.pictures.png import save_png
 from hookcli.pictures.render import MAX_PIXELS, PAD_COLOR, add_colorbar, add_title, check_cmap, colorize, stacked
 from hookcli.pictures.text import (
@@ -54,11 +54,13 @@ from hookcli.pictures.text import (
     tick_step,
 )
 from hookcli.storage.compare_file import ComparisonFile, read_comparison
+from hookcli.storage.compare_format import is_debiased
 from hookcli.storage.reader import FeatureReader
 
 __all__ = [
     "DIVERGING",
     "METHOD_NAMES",
+    "method_name",
     "UNDEFINED_COLOR",
     "VALUE_RANGES",
     "ChosenMatrix",
@@ -73,6 +75,14 @@ __all__ = [
 VALUE_RANGES = {"linear-cka": (0.0, 1.0), "minibatch-cka": (0.0, 1.0), "rsa": (-1.0, 1.0)}
 #: Each method in words.
 METHOD_NAMES = {"linear-cka": "linear CKA", "minibatch-cka": "minibatch CKA", "rsa": "RSA"}
+
+
+def method_name(comparison: ComparisonFile) -> str:
+    """The comparison's method in words, debiased when it is."""
+    debiased = " (debiased)" if is_debiased(comparison.settings) else ""
+    return METHOD_NAMES[comparison.method] + debiased
+
+
 #: RSA's colormap unless ``--cmap`` names another: its correlations run from -1 through 0 (white) to 1.
 DIVERGING = "RdBu_r"
 #: An undefined cell's colour, crossed by lines of :data:`_HATCH_COLOR`.
@@ -99,9 +109,10 @@ class ChosenMatrix:
 
 def picture_name(comparison: ComparisonFile) -> str:
     """The heatmap's file name: the comparison file's, ``.png`` for ``.safetensors`` (two comparisons drawn into one
-    folder keep apart); ``<method>.png`` for a comparison in memory or read from stdin."""
+    folder keep apart), its characters made safe as a feature picture's are; ``<method>.png`` for a comparison in
+    memory or read from stdin."""
     path = Path(comparison.name)
-    stem = path.name.removesuffix(".safetensors") if path.is_file() else ""
+    stem = safe_name(path.name.removesuffix(".safetensors")) if path.is_file() else ""
     return f"{stem or comparison.method}.png"
 
 
@@ -242,7 +253,7 @@ def _title(comparison: ComparisonFile) -> list[str]:
         sides = [f"rows: {first}", f"columns: {second}"]
     pool = comparison.settings.get("pool")
     pooled = [f"pool {printable(str(pool))}"] if pool is not None else []
-    return [METHOD_NAMES[comparison.method], inputs, *sides, *pooled]
+    return [method_name(comparison), inputs, *sides, *pooled]
 
 
 def _scale_text(comparison: ComparisonFile) -> str:

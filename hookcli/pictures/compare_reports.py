@@ -24,11 +24,11 @@ from hookcli.errors import UsageProblem
 from hookcli.events import Advanced, Started, Wrote
 from hookcli.files import check_folder_output, format_bytes, refuse_existing
 from hookcli.pictures.compare_grids import (
-    METHOD_NAMES,
     ChosenMatrix,
     choose_matrix,
     heatmap_picture,
     matrix_colours,
+    method_name,
 )
 from hookcli.pictures.html import (
     escaped,
@@ -110,7 +110,7 @@ def _summary(comparison: ComparisonFile) -> str:
     count = f"{len(comparison.inputs):,}" + (f" ({comparison.skipped:,} skipped)" if comparison.skipped else "")
     facts = [
         ("source", comparison.name),
-        ("method", f"{METHOD_NAMES[comparison.method]} ({comparison.method})"),
+        ("method", f"{method_name(comparison)} ({comparison.method})"),
         ("rows", f"{len(comparison.rows):,} representations of {first}"),
         (
             "columns",
@@ -152,7 +152,7 @@ def _matrix_table(comparison: ComparisonFile, chosen: ChosenMatrix) -> str:
     whole = len(comparison.rows) * len(comparison.columns)
     part = "" if shown == whole else f" ({shown:,} of its {whole:,} pairs, as -k chose)"
     return (
-        f'<section id="matrix">\n<h2>Matrix</h2>\n<p>{escaped(METHOD_NAMES[comparison.method])} of each row\'s '
+        f'<section id="matrix">\n<h2>Matrix</h2>\n<p>{escaped(method_name(comparison))} of each row\'s '
         f"representation with each column's{part}; undefined: a representation without spread.</p>\n"
         f'<div class="matrix-wrap"><table class="matrix{upright}"><thead><tr><th></th>{heads}</tr></thead>'
         f"<tbody>{''.join(lines)}</tbody></table></div>\n</section>\n"

@@ -92,6 +92,9 @@ class GridOptions:
             raise UsageProblem(f"invalid channels: {err}", hint=RANGE_HINT) from None
         for name in ("top", "columns", "padding", "min_tile", "frame", "scale", "alpha"):
             check_value(declared(name, GRID_OPTIONS), getattr(self, name))
+        for option in GRID_OPTIONS:  # "no" is true to Python: a flag takes True or False
+            if option.kind == "flag" and option.name in self.__dataclass_fields__:
+                check_value(option, getattr(self, option.name))
 
     @property
     def maps_cmap(self) -> str:

@@ -83,6 +83,7 @@ def compare_saved(
     emit = progress or _ignore
     with contextlib.ExitStack() as stack:
         first = open_saved(stack, features, keys, emit)
+        choice.check_inputs(len(first.names))
         if features2 is None and not keys2:
             sources, second = [first], None
         else:
@@ -166,6 +167,7 @@ def compare_models(
     asked = request("compare", model, layers, inputs, output=output, **given)
     _check_batches(choice, asked.opts.batch_size)
     one = plan_request(asked)
+    choice.check_inputs(len(one.inputs))
     two = None
     if model2 is not None or layers2 is not None or second:
         # The second model runs beside the first, over the first's rows; the first's part says who computes what.
@@ -173,6 +175,9 @@ def compare_models(
         own.update(second)
         if "seed" not in second and str(own.get("weights", "DEFAULT")).strip().lower() != "none":
             own.pop("seed", None)  # the first side's seed, for its random weights: none of the second's
+        if isinstance(model2, LoadedModel):  # built with its own weights: the first side's are none of its
+            own.pop("weights", None)
+            own.pop("seed", None)
         two = plan_request(
             request("compare", model2 or model, layers2 or layers, inputs, output=None, rows=asked.rows, **own)
         )

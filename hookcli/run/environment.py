@@ -21,6 +21,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 from hookcli.errors import first_line, install_hint
 from hookcli.models.specs import PACKAGES
+from hookcli.models.weights import downloads_off
 
 __all__ = ["Check", "check_install"]
 
@@ -140,7 +141,7 @@ def _weights_cache() -> Check:
     )
     folder = os.path.join(home, "hub", "checkpoints")
     files = len(os.listdir(folder)) if os.path.isdir(folder) else 0
-    offline = os.environ.get("HOOKCLI_OFFLINE", "") not in ("", "0")
+    offline = downloads_off()
     detail = f"{folder}: {files} file{'s' if files != 1 else ''}" + (
         "; downloads off (HOOKCLI_OFFLINE)" if offline else ""
     )

@@ -176,6 +176,7 @@ def _stats_writer(run: RunPlan, path: str | None, note: Callable[[str], None]) -
     gathering = StatsGathering(
         run.stats, prefix_tokens=run.record.prefix_tokens, square=square_input(run.settings.preprocess)
     )
+    gathering.check_layers(dict.fromkeys(run.layers.values()))  # the channels come with the first rows
     return GatheringWriter(
         run.record,
         run.inputs,

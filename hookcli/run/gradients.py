@@ -337,10 +337,10 @@ def default_cam_layer(loaded: LoadedModel, example) -> str:
     Transformers (their tokens fold to a square): the last block's first
     LayerNorm (the class token has not yet mixed every patch away), where a
     block is the module holding two LayerNorms with token outputs; otherwise
-    the last layer to finish whose output
-    is still a spatial map with more than one position, global pooling heads
-    aside: the last convolutional stage (``layer4``, ``features``, Swin's
-    ``permute`` after its final norm, …). Detection and segmentation models:
+    the last layer to finish whose output is still a spatial map with more
+    than one position, global pooling heads and modules run more than once (a
+    ReLU shared by several stages) aside: the last convolutional stage
+    (``layer4``, ``features``, Swin's ``permute`` after its final norm, …). Detection and segmentation models:
     the last such layer of the backbone. ``example`` is a batch of the
     family's natural input (:func:`hookcli.run.batches.natural_input`).
     """
@@ -377,7 +377,8 @@ def default_cam_layer(loaded: LoadedModel, example) -> str:
         )
     if token_norms and token_norms[-1] == finished[-1]:
         return _last_block_first_norm(token_norms)
-    return next(path for path in reversed(finished) if path not in token_norms)
+    once = [path for path in finished if finished.count(path) == 1] or finished  # a module run twice has no one map
+    return next(path for path in reversed(once) if path not in token_norms)
 
 
 def _last_block_first_norm(norms: list[str]) -> str:

@@ -16,7 +16,7 @@ from pathlib import Path
 from hookcli.errors import RANGE_HINT, UsageProblem
 from hookcli.inputs.preprocess import check_normalisation
 from hookcli.models.specs import regular_file_problem
-from hookcli.options import RUN_COMMANDS, check_value, declared, declared_field, options_of
+from hookcli.options import RUN_COMMANDS, RUN_OPTIONS, check_value, declared, declared_field, options_of
 from hookcli.parsing import parse_device, parse_levels, parse_triple
 from hookcli.run.launch import Part, parse_part
 
@@ -75,6 +75,8 @@ class RunOptions:
     def __post_init__(self) -> None:
         for name in _CHECKED:
             check_value(declared(name), getattr(self, name))
+        for option in _FLAGS:  # "no" is true to Python: a flag takes True or False
+            check_value(option, getattr(self, option.name))
         if self.fast_decode and self.decode == "device":
             raise UsageProblem(
                 "--fast-decode and --decode device cannot be combined",
@@ -119,6 +121,12 @@ _CHECKED = (
     "seed",
     "top",
     "top_by",
+)
+
+
+#: The options that are flags, checked to be True or False.
+_FLAGS = tuple(
+    option for option in RUN_OPTIONS if option.kind == "flag" and option.name in RunOptions.__dataclass_fields__
 )
 
 

@@ -330,13 +330,13 @@ def _command_parts(command, loaded, layers, settings, opts, target):
         # A statistics run records what it gathers: a run continued with other choices would mix them.
         entries = {"stats": json.dumps(StatsChoice.from_options(opts).describe())} if command == "stats" else {}
         return (
-            resolve_layers(loaded.module, selectors(layers), model_name=loaded.name),
+            resolve_layers(loaded.module, selectors(layers), model_name=_named(loaded)),
             extraction_forward(settings),
             entries,
         )
     if command == "grad":
         return (
-            resolve_layers(loaded.module, selectors(layers), model_name=loaded.name),
+            resolve_layers(loaded.module, selectors(layers), model_name=_named(loaded)),
             functools.partial(GradientForward, target=target, categories=loaded.categories, scores=loaded.scores),
             {"target": target.describe()},
         )
@@ -359,7 +359,7 @@ def _cam_layer(loaded, selector, settings) -> str:
     if selector:
         if not isinstance(selector, str):
             (selector,) = selector
-        chosen = resolve_layers(loaded.module, [selector], model_name=loaded.name)
+        chosen = resolve_layers(loaded.module, [selector], model_name=_named(loaded))
         if len(chosen) != 1:
             raise UsageProblem(
                 f"cam takes one layer, and '{selector}' matches {len(chosen)}", hint="see 'hookcli cam --help'"
@@ -368,3 +368,8 @@ def _cam_layer(loaded, selector, settings) -> str:
     device = next(loaded.module.parameters()).device  # a model reused from an earlier run may be on a GPU
     example = natural_input(loaded.family, preprocess=settings.preprocess)
     return default_cam_layer(loaded, map_batch(example, lambda tensor: tensor.to(device)))
+
+
+def _named(loaded: LoadedModel) -> str | None:
+    """The name the command line knows a model by (None for a module handed in, which has none)."""
+    return None if loaded.source == "module" else loaded.name

@@ -119,6 +119,11 @@ def request(
         )
     choice: ModelChoice | None = None
     model = as_model(model)
+    if isinstance(model, LoadedModel) and "weights" in options:
+        raise UsageProblem(
+            f"weights choose what hookcli builds a model from a name with, and {model.name} is built already",
+            hint="load the weights into the model first, or give the model by its name",
+        )
     if isinstance(model, LoadedModel):
         model_name, family = model.name, model.family
     else:  # from the registry cache: only a cold cache imports torchvision

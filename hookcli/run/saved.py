@@ -65,6 +65,7 @@ def saved_stats(
         saved = open_saved(stack, source, keys, emit)
         choice = StatsChoice.from_options(opts)
         gathering = StatsGathering(choice, prefix_tokens=saved.prefix_tokens, square=saved.square)
+        gathering.check_layers({key: gathering.layout(key, saved.reader.shape(key)[1:]).channels for key in saved.keys})
         entries = {"stats": json.dumps(choice.describe()), "stats_of": json.dumps(saved.describe())}
         return run_saved([saved], gathering, entries, "stats", output, opts, emit)
 
@@ -96,6 +97,12 @@ def open_saved(stack: contextlib.ExitStack, source, keys: Sequence[str] | str, e
     chosen = _chosen_keys(reader, [keys] if isinstance(keys, str) else list(keys), emit)
     rows = _rows(reader, chosen)
     recorded = recorded_run(reader.metadata, reader.name, keys=chosen, rows=rows)
+    if recorded.listed and recorded.listed != rows:
+        emit(
+            Note(
+                f"'{reader.name}' lists {recorded.listed:,} inputs for its {rows:,} rows: its rows are named by number"
+            )
+        )
     return SavedFeatures(
         reader,
         chosen,

@@ -122,7 +122,9 @@ def _match(pattern: str, layers: Mapping, model_name: str | None) -> list[str]:
     if pattern == MODEL:
         return [""]
     where = f" in {model_name}" if model_name else ""
-    hint = f"run 'hookcli layers --model {model_name}' to list them" if model_name else "list them with describe_layers"
+    hint = (
+        f"run 'hookcli layers --model {model_name}' to list them" if model_name else "hookcli.layers(model) lists them"
+    )
     if pattern.startswith("type:"):
         type_pattern = pattern[len("type:") :]
         found = [p for p, m in layers.items() if _type_matches(type_pattern, type(m))]

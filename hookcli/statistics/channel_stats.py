@@ -36,6 +36,12 @@ class StatsGathering:
 
     fewest = 1  # rows a shard needs at least
 
+    def check_layers(self, channels: Mapping[str, int | None]) -> None:
+        """Refuse, before any work, layers (``channels`` of each key, None where not known yet) that the
+        components asked for cannot be gathered of."""
+        if self.basis:
+            check_basis(self.basis, channels, str(self.choice.components))
+
     def start(self, number: int) -> GatheredStats:
         return GatheredStats(self, number)
 

@@ -70,8 +70,10 @@ def few_inputs_note(inputs: int, widest: tuple[str, int] | None = None) -> str |
     inputs than values a row.
 
     >>> few_inputs_note(3, ("layer3", 256))
-    "3 inputs are too few to read the matrix: give 100 at least, and more than the 256 values a row of 'layer3' \
-(with fewer, similarities are high even between unrelated representations)"
+    "3 inputs are too few to read the matrix: give more than the 256 values a row of 'layer3' (with fewer, \
+similarities are high even between unrelated representations)"
+    >>> few_inputs_note(40, ("fc", 10))[:69]
+    '40 inputs are too few to read the matrix: give 100 at least, and more'
     >>> few_inputs_note(500, ("layer3", 256)) is None
     True
     """
@@ -79,9 +81,13 @@ def few_inputs_note(inputs: int, widest: tuple[str, int] | None = None) -> str |
     if inputs >= FEWEST_INPUTS and inputs > width:
         return None
     more = f", and more than the {width:,} values a row of '{widest[0]}'" if widest is not None else ""
+    if widest is not None and width >= FEWEST_INPUTS:
+        more = f"more than the {width:,} values a row of '{widest[0]}'"
+    else:
+        more = f"{FEWEST_INPUTS} at least" + more
     why = "similarities are high even between unrelated representations" if widest else "similarities are noise"
     counted = f"{inputs:,} input{'s are' if inputs != 1 else ' is'}"
-    return f"{counted} too few to read the matrix: give {FEWEST_INPUTS} at least{more} (with fewer, {why})"
+    return f"{counted} too few to read the matrix: give {more} (with fewer, {why})"
 
 
 def no_spread_note(label: str) -> str:
@@ -116,6 +122,14 @@ class CompareChoice:
             raise UsageProblem(
                 f"--debiased applies to linear-cka, not {self.method}",
                 hint="leave it out (minibatch-cka's estimator is unbiased already), or give --method linear-cka",
+            )
+
+    def check_inputs(self, count: int) -> None:
+        """Refuse, before any work, a debiased comparison of fewer inputs than its estimator needs."""
+        if self.debiased and count < MIN_BATCH:
+            raise UsageProblem(
+                f"debiased CKA needs {MIN_BATCH} inputs at least, and {count} {'were' if count != 1 else 'was'} given",
+                hint="give more inputs, or leave out --debiased",
             )
 
     def describe(self) -> dict:

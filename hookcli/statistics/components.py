@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hookcli.errors import CaptureError, UsageProblem
+from hookcli.errors import UsageProblem
 from hookcli.statistics.units import UnitLayout
 from hookcli.storage.shards import open_features
 from hookcli.storage.stats_file import read_stats
@@ -92,18 +92,19 @@ def read_basis(path) -> dict[str, Basis]:
     return found
 
 
-def check_basis(basis: Mapping[str, Basis], channels: Mapping[str, int], source: str) -> None:
-    """Refuse a run whose layers (``channels`` of each key) the basis has none of, or whose channels differ."""
+def check_basis(basis: Mapping[str, Basis], channels: Mapping[str, int | None], source: str) -> None:
+    """Refuse a run whose layers (``channels`` of each key; None where not known yet) the basis has none of, or
+    whose channels differ."""
     shared = [key for key in channels if key in basis]
     if not shared:
-        raise CaptureError(
+        raise UsageProblem(
             f"'{source}' holds the components of {', '.join(repr(k) for k in basis)}, and none of this run's layers "
             f"({', '.join(repr(k) for k in channels)})",
             hint="give the statistics file of the same layers (hookcli info lists them)",
         )
     for key in shared:
-        if basis[key].mean.shape[0] != channels[key]:
-            raise CaptureError(
+        if channels[key] is not None and basis[key].mean.shape[0] != channels[key]:
+            raise UsageProblem(
                 f"'{key}' has {channels[key]:,} channels, and its components in '{source}' "
                 f"{basis[key].mean.shape[0]:,}",
                 hint="give the statistics file of the same layer of the same model",

@@ -208,10 +208,12 @@ def identity_differences(one: Mapping, other: Mapping, sides: tuple[str, str] | 
     ...     print(line)
     layers (this command's x)
     preprocess (crop: the folder's 224, this command's 112; this command's decode device)
+    >>> identity_differences({"stats": '{"top": 9, "pca": true}'}, {"stats": '{"top": 9, "pca": false}'})
+    ['stats (pca)']
     """
     differ = []
     for key in sorted({*one, *other} - set(FREE_ON_RESUME)):
-        mine, theirs = one.get(key), other.get(key)
+        mine, theirs = _opened(one.get(key)), _opened(other.get(key))
         if mine == theirs:
             continue
         if isinstance(mine, Mapping) and isinstance(theirs, Mapping):
@@ -222,6 +224,17 @@ def identity_differences(one: Mapping, other: Mapping, sides: tuple[str, str] | 
             key = f"{key} ({sides[0]} {_shown(mine)}, {sides[1]} {_shown(theirs)})"
         differ.append(key)
     return differ
+
+
+def _opened(value):
+    """A command's entry kept as JSON text (``stats``, ``compare``) as the object it holds; any other value as it is."""
+    if isinstance(value, str) and value.startswith("{"):
+        try:
+            found = json.loads(value)
+        except (ValueError, RecursionError):
+            return value
+        return found if isinstance(found, dict) else value
+    return value
 
 
 def _whose(key, mine: Mapping, theirs: Mapping, sides: tuple[str, str]) -> str:

@@ -38,11 +38,13 @@ _AGAIN = "save the features again with hookcli extract, or remove the entry"
 @dataclass(frozen=True)
 class RecordedRun:
     """What a file's metadata says of the run that saved it: the run (``record``; no command entries, no shard
-    size), what its forward learnt (``facts``) and its preprocessing (None when it records none)."""
+    size), what its forward learnt (``facts``), its preprocessing (None when it records none) and how many inputs
+    its metadata lists (``listed``: when not one a row, the rows are named by number)."""
 
     record: RunRecord
     facts: RunFacts
     preprocess: Preprocess | None
+    listed: int
 
 
 def bounded_json(text: str, most_depth: int = MOST_DEPTH):
@@ -92,7 +94,7 @@ def recorded_run(metadata: Mapping[str, str], name: str, *, keys: Sequence[str],
     its rows named by number. Layers the metadata does not describe are
     recorded under their keys.
     """
-    inputs = listed_inputs(metadata, name)
+    inputs = listed = listed_inputs(metadata, name)
     if len(inputs) != rows:
         inputs = [f"row {number}" for number in range(rows)]
     layers = _entry(metadata, name, "layers", _layer_table, "a table of layers (key, type, calls, keys)", {})
@@ -124,7 +126,7 @@ def recorded_run(metadata: Mapping[str, str], name: str, *, keys: Sequence[str],
         categories=tuple(categories) if categories is not None else None,
     )
     calls = {path: chosen[path]["calls"] if path in chosen else 0 for path in paths}
-    return RecordedRun(record, RunFacts(calls=calls, fused=fused), preprocess)
+    return RecordedRun(record, RunFacts(calls=calls, fused=fused), preprocess, len(listed))
 
 
 def _entry(metadata: Mapping[str, str], name: str, entry: str, read, what: str, default):
