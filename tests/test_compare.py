@@ -380,3 +380,33 @@ def test_weights2_is_refused_for_a_model_given_built_and_drops_the_first_sides_s
     with pytest.raises(WeightsError) as pretrained:  # the second side's own weights, which cannot download here
         hookcli.compare("resnet18", "layer4", paths, weights="none", seed=3, weights2="DEFAULT", output=str(out))
     assert str(pretrained.value).startswith("pretrained weights ResNet18_Weights.IMAGENET1K_V1 are not cached")
+
+
+def test_comparisons_of_saved_files_over_disjoint_inputs_merge(runner, tmp_path):
+    from safetensors.torch import save_file
+
+    features = _features(5)
+    halves = []
+    for name, rows in (("a", slice(0, 12)), ("b", slice(12, 24))):
+        inputs = json.loads(features.metadata["inputs"])[rows]
+        saved = tmp_path / f"{name}.safetensors"
+        save_file(
+            {key: features[key][rows].contiguous() for key in KEYS}, str(saved), metadata={"inputs": json.dumps(inputs)}
+        )
+        halves.append(
+            str(hookcli.compare(features=str(saved), batch_size=4, output=str(tmp_path / f"{name}.cka.safetensors")))
+        )
+    merged = hookcli.compare(merge=halves)
+    np.testing.assert_allclose(
+        merged["linear-cka"].numpy(), hookcli.compare(features=features)["linear-cka"].numpy(), rtol=1e-12
+    )
+    other = tmp_path / "c.safetensors"
+    save_file(
+        {"maps": features["maps"][:12].contiguous()},
+        str(other),
+        metadata={"inputs": json.dumps([f"/x/{n}" for n in range(12)])},
+    )
+    fewer = str(hookcli.compare(features=str(other), output=str(tmp_path / "c.cka.safetensors")))
+    with pytest.raises(Exception) as refused:
+        hookcli.compare(merge=[halves[0], fewer])
+    assert "compares other representations than the first file" in str(refused.value)

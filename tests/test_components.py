@@ -158,3 +158,15 @@ def test_layers_the_file_has_no_components_of_are_refused_before_any_work(runner
     refused = runner.invoke(main, ["stats", saved, "--components", str(first), "-o", str(out)])
     assert one_error(refused).startswith(f"Error: '{first}' holds the components of 'maps', 'tokens', 'vectors'")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["others.safetensors"]
+
+
+def test_a_layer_the_file_has_no_components_of_is_gathered_alone_and_said(first, tmp_path):
+    features = _features()
+    more = Features({**{key: features[key] for key in ("maps", "vectors")}, "extra": torch.ones(ROWS, 3)},
+                    dict(features.metadata))  # fmt: skip
+    heard = []
+    found = hookcli.stats(features=more, components=str(first), progress=heard.append, top=2)
+    assert list(json.loads(found.metadata["units"])) == ["extra", "maps", "vectors", "maps#pc", "vectors#pc"]
+    assert [event.text for event in heard if type(event).__name__ == "Note"] == [
+        f"'extra' has no components in '{first}': its channels are gathered, not its components"
+    ]

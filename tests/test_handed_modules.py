@@ -184,3 +184,9 @@ def test_an_unknown_layer_of_a_module_points_at_hookcli_layers(photos):
     with pytest.raises(UnknownLayerError) as refused:
         hookcli.extract(_net(), "bn2", photos)
     assert str(refused.value).endswith("Hint: hookcli.layers(model) lists them")
+
+
+def test_a_module_is_fused_only_when_asked(photos):
+    many = photos * 4  # 16 inputs: a model built from a name fuses from here on
+    assert hookcli.extract(_net(), "fc", many, resize=32, crop=32).metadata["fused"] == "0"
+    assert hookcli.extract(_net(), "fc", many, resize=32, crop=32, fuse=True).metadata["fused"] == "1"

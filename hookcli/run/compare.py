@@ -372,6 +372,9 @@ def _identity_of(found: FeatureFile) -> dict:
     with contextlib.suppress(KeyError, ValueError, TypeError, RecursionError):  # a second model's run, as JSON text
         second = json.loads(kept["compare_with"])
         kept["compare_with"] = {key: value for key, value in second.items() if key not in _MERGE_FREE}
+    with contextlib.suppress(KeyError, ValueError, TypeError, RecursionError, AttributeError):
+        # Saved features compared: files of other inputs are other files; what they compare is their keys.
+        kept["compare_of"] = [source["keys"] for source in json.loads(kept["compare_of"])]
     return kept
 
 

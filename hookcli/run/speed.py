@@ -348,7 +348,15 @@ def resolve_settings(settings: RunSettings, loaded: LoadedModel, inputs: int) ->
         preprocess=settings.preprocess or loaded.preprocess,
         workers=workers,
         memory_format=choose_memory_format(loaded.module, device, memory_format),
-        fuse=choose_fuse(settings.fuse, inputs) if traits.fuses else False,
+        fuse=_fuses(settings.fuse, inputs, loaded) if traits.fuses else False,
         compile=settings.compile and traits.compiles,
         family=loaded.family,
     )
+
+
+def _fuses(asked: bool | None, inputs: int, loaded) -> bool:
+    """:func:`choose_fuse`, but a module handed in fuses only when asked: fusing traces it once, and Python in its
+    ``forward`` (a counter, a branch on values) would run at the trace alone."""
+    if asked is None and loaded.source == "module":
+        return False
+    return choose_fuse(asked, inputs)

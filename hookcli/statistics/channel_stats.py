@@ -33,6 +33,7 @@ class StatsGathering:
         self.layouts: dict[str, UnitLayout] = {}  # each key's, from the first rows seen (or a part's metadata)
         self.basis = read_basis(choice.components) if choice.components is not None else {}
         self.checked = False  # whether the basis was checked against the run's layers
+        self.without: list[str] = []  # the run's layers the basis has no components of
 
     fewest = 1  # rows a shard needs at least
 
@@ -41,6 +42,7 @@ class StatsGathering:
         components asked for cannot be gathered of."""
         if self.basis:
             check_basis(self.basis, channels, str(self.choice.components))
+            self.without = [key for key in channels if key not in self.basis]
 
     def start(self, number: int) -> GatheredStats:
         return GatheredStats(self, number)
@@ -70,11 +72,15 @@ class StatsGathering:
         return gathered
 
     def notes(self, tensors: Mapping[str, torch.Tensor]) -> list[str]:
-        """Layers whose channels' examples tie at their largest value (an activation's ceiling, as ReLU6's): the
-        ties go to the first rows, which ``--top-by mean`` tells apart."""
+        """Layers the components asked for do not cover, and layers whose channels' examples tie at their largest
+        value (an activation's ceiling, as ReLU6's): the ties go to the first rows, which ``--top-by mean`` tells
+        apart."""
+        said = [
+            f"'{key}' has no components in '{self.choice.components}': its channels are gathered, not its components"
+            for key in self.without
+        ]
         if self.choice.top_by != "max":
-            return []
-        said = []
+            return said
         for key, layout in self.layouts.items():
             if is_component_key(key):
                 continue  # components have no ceiling: tied examples are components the inputs do not reach
@@ -135,8 +141,7 @@ class GatheredStats:
             if not isinstance(value, list)
         }
         if not gathering.checked:
-            channels = {key: layout.channels for key, layout in layouts.items()}
-            check_basis(gathering.basis, channels, str(gathering.choice.components))
+            gathering.check_layers({key: layout.channels for key, layout in layouts.items()})
             gathering.checked = True
         found = {}
         for key, value in features.items():

@@ -17,9 +17,11 @@ column means, where every row sum of ``K`` is 0 and it reduces to
 with ``A_x = Σ_i ‖xc_i‖²``. Besides the co-moments linear CKA keeps, it keeps
 ``Σ_i xc_i ‖yc_i‖²`` for every column and representation (``third``,
 ``[D, R]``) and ``Σ_i ‖xc_i‖² ‖yc_i‖²`` for every pair (``fourth``,
-``[R, R]``), each about its own rows' means, and merges them as the co-moments
-are merged: shifted to the joint means (only the means' differences enter),
-then added. No raw sum is held whose cancellation would lose a small spread.
+``[R, R]``). A batch's sums are taken about its own means and moved to a fixed
+point, the first batch's means (only the difference of the means enters, and
+the batch's own rows); the state a file keeps, and a merge, take them about the
+running means, as the co-moments are. No raw sum is held whose cancellation
+would lose a small spread.
 
 >>> from hookcli.statistics.similarity import hsic_unbiased
 >>> rng = torch.Generator().manual_seed(0)
@@ -56,17 +58,29 @@ class DebiasedLinearCKA(LinearCKA):
         super().__init__(rows, columns, same=same)
         self.third: torch.Tensor | None = None  # [D, R]: Σ xc_i ‖yc_i‖², a column x of each representation y
         self.fourth: torch.Tensor | None = None  # [R, R]: Σ ‖xc_i‖² ‖yc_i‖²
+        # What third and fourth are taken about while batches are added: a fixed point (the first batch's means),
+        # so that a batch shifts by the difference of its means alone, without a pass over the [D, D] co-moments.
+        # None: about the running means (once merged or read back).
+        self.reference: torch.Tensor | None = None
 
     def update(self, first: Sequence[torch.Tensor], second: Sequence[torch.Tensor]) -> None:
-        representations = first if self.same else [*first, *second]
-        joined = torch.cat([x.to(_F64) for x in representations], dim=1)
-        batch = DebiasedLinearCKA(*self.shape, same=self.same)
-        batch.widths = [x.shape[1] for x in representations]
-        batch.count, batch.mean = joined.shape[0], joined.mean(dim=0)
-        centred = joined - batch.mean
-        squares = centred.square() @ batch._members(joined.device)  # [n, R]: each row's squared norm, a representation
-        batch.comoment, batch.third, batch.fourth = centred.T @ centred, centred.T @ squares, squares.T @ squares
-        self.merge(batch)
+        joined = self._joined(first, second)
+        members = self._members(joined.device)
+        count, mean = joined.shape[0], joined.mean(dim=0)
+        centred = joined - mean
+        squares = centred.square() @ members  # [n, R]: each row's squared norm, a representation
+        third, fourth, spread = centred.T @ squares, squares.T @ squares, squares.sum(dim=0)
+        if self.third is None or self.fourth is None or self.mean is None:
+            self.third, self.fourth, self.reference = third, fourth, mean
+        else:
+            if self.reference is None:
+                self.reference = self.mean.clone()  # the running means, held still (they change in place)
+            shift = mean - self.reference
+            # The batch's co-moments enter only against the shift: Σ yc (yc·s), without making the [D, D] matrix.
+            pulled = centred.T @ (centred @ (shift[:, None] * members))
+            moved = _shifted(count, third, fourth, spread, shift, members, pulled=pulled)
+            self.third, self.fourth = self.third + moved[0], self.fourth + moved[1]
+        self._add(mean, centred)  # the means and co-moments, as plain CKA keeps them
 
     def merge(self, other: LinearCKA) -> None:
         assert isinstance(other, DebiasedLinearCKA), "debiased sums merge with debiased sums"
@@ -74,16 +88,36 @@ class DebiasedLinearCKA(LinearCKA):
             return
         if self.mean is None:
             self.count, self.mean, self.comoment, self.widths = other.count, other.mean, other.comoment, other.widths
-            self.third, self.fourth = other.third, other.fourth
+            self.third, self.fourth, self.reference = other.third, other.fourth, other.reference
             return
-        assert other.mean is not None and other.third is not None and other.fourth is not None
+        assert other.mean is not None and other.comoment is not None and self.comoment is not None
         device = self.mean.device
+        members = self._members(device)
+        mine, theirs = self._about_means(), other._about_means()
         total = self.count + other.count
         joint = self.mean + (other.mean.to(device) - self.mean) * (other.count / total)
-        mine = self._shifted(self.mean - joint)
-        theirs = other._shifted(other.mean.to(device) - joint)
+        comoment = other.comoment.to(device)
+        held = _shifted(self.count, *mine, self._spread(members), self.mean - joint, members, self.comoment)
+        spread = torch.diagonal(comoment) @ members
+        moved = _shifted(
+            other.count, theirs[0].to(device), theirs[1].to(device), spread, other.mean.to(device) - joint, members,
+            comoment,
+        )  # fmt: skip
         super().merge(other)  # the counts, the means and the co-moments, by the pairwise update
-        self.third, self.fourth = mine[0] + theirs[0], mine[1] + theirs[1]
+        self.third, self.fourth, self.reference = held[0] + moved[0], held[1] + moved[1], None
+
+    def _about_means(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``third`` and ``fourth`` about the running means (one pass over the co-moments): the sums about the
+        reference are those about the means moved to it, so the move is taken back."""
+        assert self.third is not None and self.fourth is not None
+        if self.reference is None:
+            return self.third, self.fourth
+        assert self.mean is not None and self.comoment is not None, "made with the means"
+        members = self._members(self.comoment.device)
+        shift, spread = self.mean - self.reference, self._spread(members)
+        pulled = self.comoment @ (shift[:, None] * members)
+        third = self.third - _moves(self.count, self.third, spread, shift, members, pulled=pulled)[0]
+        return third, self.fourth - _moves(self.count, third, spread, shift, members, pulled=pulled)[1]
 
     def _members(self, device) -> torch.Tensor:
         """``[D, R]``: 1 where a column belongs to a representation."""
@@ -92,28 +126,10 @@ class DebiasedLinearCKA(LinearCKA):
             members[block, number] = 1
         return members
 
-    def _shifted(self, shift: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``third`` and ``fourth`` about means moved by ``shift`` (the old means less the new)."""
-        assert self.comoment is not None and self.third is not None and self.fourth is not None
-        device = self.comoment.device
-        members = self._members(device)
-        shift, third, fourth = shift.to(device), self.third.to(device), self.fourth.to(device)
-        spread = torch.diagonal(self.comoment) @ members  # [R]: Σ ‖xc_i‖², a representation
-        moved = shift.square() @ members  # [R]: ‖shift‖², a representation
-        parted = shift[:, None] * members  # [D, R]: the shift of each representation alone
-        pulled = self.comoment @ parted  # [D, R]
-        across = parted.T @ third  # [R, R]: shift_xᵀ Σ xc_i ‖yc_i‖²
-        n = self.count
-        third = third + 2 * pulled + torch.outer(shift, spread) + n * torch.outer(shift, moved)
-        fourth = (
-            fourth
-            + 2 * (across + across.T)
-            + torch.outer(spread, moved)
-            + torch.outer(moved, spread)
-            + 4 * parted.T @ pulled
-            + n * torch.outer(moved, moved)
-        )
-        return third, fourth
+    def _spread(self, members: torch.Tensor) -> torch.Tensor:
+        """``[R]``: Σ ‖xc_i‖² of each representation, the traces of its co-moments."""
+        assert self.comoment is not None, "made with the means"
+        return torch.diagonal(self.comoment) @ members
 
     def result(self) -> torch.Tensor:
         """Debiased CKA of each pair, float64 ``[A, B]`` (NaN where a representation's unbiased HSIC with itself
@@ -126,8 +142,7 @@ class DebiasedLinearCKA(LinearCKA):
                 f"debiased CKA needs {MIN_BATCH} inputs at least, and the run had {n}",
                 hint="give more inputs, or leave out --debiased",
             )
-        assert self.fourth is not None
-        blocks, comoment, fourth = self._blocks(), self.comoment.cpu(), self.fourth.cpu()
+        blocks, comoment, fourth = self._blocks(), self.comoment.cpu(), self._about_means()[1].cpu()
         spread = torch.stack([torch.diagonal(comoment[b, b]).sum() for b in blocks])
 
         def hsic(x: int, y: int) -> torch.Tensor:
@@ -148,7 +163,8 @@ class DebiasedLinearCKA(LinearCKA):
     def state(self) -> dict[str, torch.Tensor]:
         state = super().state()
         if self.third is not None and self.fourth is not None:
-            state.update(third=self.third.cpu(), fourth=self.fourth.cpu())
+            third, fourth = self._about_means()
+            state.update(third=third.cpu(), fourth=fourth.cpu())
         return state
 
     @classmethod
@@ -162,3 +178,40 @@ class DebiasedLinearCKA(LinearCKA):
             if made.third.shape != (width, count) or made.fourth.shape != (count, count):
                 raise ValueError(f"its debiased sums are not of shapes [{width}, {count}] and [{count}, {count}]")
         return made
+
+
+def _shifted(
+    count: int,
+    third: torch.Tensor,
+    fourth: torch.Tensor,
+    spread: torch.Tensor,
+    shift: torch.Tensor,
+    members: torch.Tensor,
+    comoment: torch.Tensor | None = None,
+    *,
+    pulled: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``third`` and ``fourth`` of ``count`` rows, taken about their means, about the means moved by ``shift`` (the
+    means less the new point). ``spread`` is each representation's Σ ‖xc_i‖²; the co-moments (about the means)
+    enter only as ``comoment @ (shift by representation)``, given whole (``comoment``) or already made (``pulled``)."""
+    moved = _moves(count, third, spread, shift, members, comoment, pulled)
+    return third + moved[0], fourth + moved[1]
+
+
+def _moves(count, third, spread, shift, members, comoment=None, pulled=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """What :func:`_shifted` adds to ``third`` and to ``fourth`` (``third``: about the means)."""
+    moved = shift.square() @ members  # [R]: ‖shift‖², a representation
+    parted = shift[:, None] * members  # [D, R]: the shift of each representation alone
+    if pulled is None:
+        assert comoment is not None, "the co-moments or their product with the shift"
+        pulled = comoment @ parted  # [D, R]
+    across = parted.T @ third  # [R, R]: shift_xᵀ Σ xc_i ‖yc_i‖²
+    third_added = 2 * pulled + torch.outer(shift, spread) + count * torch.outer(shift, moved)
+    fourth_added = (
+        2 * (across + across.T)
+        + torch.outer(spread, moved)
+        + torch.outer(moved, spread)
+        + 4 * parted.T @ pulled
+        + count * torch.outer(moved, moved)
+    )
+    return third_added, fourth_added

@@ -77,16 +77,27 @@ class LinearCKA:
 
     def update(self, first: Sequence[torch.Tensor], second: Sequence[torch.Tensor]) -> None:
         """Add a batch: ``first`` (and ``second``) as ``[n, d]`` tensors, the same rows in each."""
-        joined = torch.cat([x.to(_F64) for x in (first if self.same else [*first, *second])], dim=1)
-        if self.mean is None:
-            self.widths = [x.shape[1] for x in (first if self.same else [*first, *second])]
-            self.mean = torch.zeros(joined.shape[1], dtype=_F64, device=joined.device)
-            self.comoment = torch.zeros(joined.shape[1], joined.shape[1], dtype=_F64, device=joined.device)
-        assert self.comoment is not None, "made with the means"
-        count, total = joined.shape[0], self.count + joined.shape[0]
+        joined = self._joined(first, second)
         mean = joined.mean(dim=0)
+        self._add(mean, joined - mean)
+
+    def _joined(self, first: Sequence[torch.Tensor], second: Sequence[torch.Tensor]) -> torch.Tensor:
+        """A batch's representations side by side, ``[n, D]`` float64 (the widths noted from the first)."""
+        representations = first if self.same else [*first, *second]
+        joined = torch.cat([x.to(_F64) for x in representations], dim=1)
+        if self.mean is None:
+            self.widths = [x.shape[1] for x in representations]
+        return joined
+
+    def _add(self, mean: torch.Tensor, centred: torch.Tensor) -> None:
+        """Add a batch of rows, given as their means and the rows less them."""
+        if self.mean is None:
+            self.mean = torch.zeros(centred.shape[1], dtype=_F64, device=centred.device)
+            self.comoment = torch.zeros(centred.shape[1], centred.shape[1], dtype=_F64, device=centred.device)
+        assert self.comoment is not None, "made with the means"
+        count, total = centred.shape[0], self.count + centred.shape[0]
         delta = mean - self.mean
-        rows = torch.cat([joined - mean, (delta * math.sqrt(self.count * count / total))[None]])
+        rows = torch.cat([centred, (delta * math.sqrt(self.count * count / total))[None]])
         self.comoment.addmm_(rows.T, rows)  # the batch's co-moment and the means' correction, in one product
         self.mean += delta * (count / total)
         self.count = total
