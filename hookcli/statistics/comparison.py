@@ -195,7 +195,7 @@ class CompareGathering:
             gathered.accumulator = MinibatchCKA.from_state(own, rows, columns, same=same)
         else:
             gathered.accumulator = RSARows.from_state(own, len(self.keys), self.choice.rsa_rows)
-        _check_part(gathered.accumulator, len(inputs))
+        gathered.accumulator.check_part(len(inputs))
         return gathered
 
     def representation(self, key: str, value, side: int) -> torch.Tensor:
@@ -245,16 +245,6 @@ class CompareGathering:
 def linear_cka(debiased: bool) -> type[LinearCKA]:
     """The accumulator of linear CKA, plain or ``debiased``."""
     return DebiasedLinearCKA if debiased else LinearCKA
-
-
-def _check_part(accumulator, rows: int) -> None:
-    """Refuse (ValueError) sums read from a part that its ``rows`` inputs could not have made."""
-    if isinstance(accumulator, LinearCKA) and accumulator.count not in (0, rows):
-        raise ValueError(f"its linear-cka sums count {accumulator.count} inputs, not its {rows}")
-    if isinstance(accumulator, MinibatchCKA) and not 0 <= accumulator.batches <= rows // MIN_BATCH:
-        raise ValueError(f"its minibatch-cka sums count {accumulator.batches} batches of its {rows} inputs")
-    if isinstance(accumulator, RSARows) and not 0 <= accumulator.kept <= rows:
-        raise ValueError(f"it keeps {accumulator.kept} rows for the RDMs of its {rows} inputs")
 
 
 def _refuse_wide_comoments(keys, representations: list[torch.Tensor]) -> None:

@@ -137,6 +137,11 @@ class LinearCKA:
                 found[i, j] = (cross * cross).sum() / (norms[i] * second_norms[j])
         return found
 
+    def check_part(self, rows: int) -> None:
+        """Refuse (ValueError) sums read from a part that its ``rows`` inputs could not have made."""
+        if self.count not in (0, rows):
+            raise ValueError(f"its linear-cka sums count {self.count} inputs, not its {rows}")
+
     def state(self) -> dict[str, torch.Tensor]:
         if self.comoment is None or self.mean is None:
             return {"count": torch.tensor(0, dtype=torch.int64)}
@@ -220,6 +225,11 @@ class MinibatchCKA:
         scale = torch.sqrt(first[:, None] * second[None, :])
         return torch.where(scale > 0, cross / scale, torch.full_like(scale, float("nan")))
 
+    def check_part(self, rows: int) -> None:
+        """Refuse (ValueError) sums read from a part that its ``rows`` inputs could not have made."""
+        if not 0 <= self.batches <= rows // MIN_BATCH:
+            raise ValueError(f"its minibatch-cka sums count {self.batches} batches of its {rows} inputs")
+
     def state(self) -> dict[str, torch.Tensor]:
         return {
             "batches": torch.tensor(self.batches, dtype=torch.int64),
@@ -261,6 +271,11 @@ class RSARows:
 
     def matrices(self) -> list[torch.Tensor]:
         return [torch.cat(kept) if kept else torch.empty(0, 0) for kept in self.rows]
+
+    def check_part(self, rows: int) -> None:
+        """Refuse (ValueError) rows read from a part that its ``rows`` inputs could not have made."""
+        if not 0 <= self.kept <= rows:
+            raise ValueError(f"it keeps {self.kept} rows for the RDMs of its {rows} inputs")
 
     def state(self) -> dict[str, torch.Tensor]:
         return {str(number): matrix for number, matrix in enumerate(self.matrices())}
