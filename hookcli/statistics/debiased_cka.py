@@ -62,6 +62,7 @@ class DebiasedLinearCKA(LinearCKA):
         # so that a batch shifts by the difference of its means alone, without a pass over the [D, D] co-moments.
         # None: about the running means (once merged or read back).
         self.reference: torch.Tensor | None = None
+        self._made_members: dict[str, torch.Tensor] = {}
 
     def update(self, first: Sequence[torch.Tensor], second: Sequence[torch.Tensor]) -> None:
         joined = self._joined(first, second)
@@ -120,11 +121,14 @@ class DebiasedLinearCKA(LinearCKA):
         return third, self.fourth - _moves(self.count, third, spread, shift, members, pulled=pulled)[1]
 
     def _members(self, device) -> torch.Tensor:
-        """``[D, R]``: 1 where a column belongs to a representation."""
-        members = torch.zeros(sum(self.widths), len(self.widths), dtype=_F64, device=device)
-        for number, block in enumerate(self._blocks()):
-            members[block, number] = 1
-        return members
+        """``[D, R]``: 1 where a column belongs to a representation (made once a device, not once a batch)."""
+        made = self._made_members.get(str(device))
+        if made is None or made.shape != (sum(self.widths), len(self.widths)):
+            made = torch.zeros(sum(self.widths), len(self.widths), dtype=_F64, device=device)
+            for number, block in enumerate(self._blocks()):
+                made[block, number] = 1
+            self._made_members[str(device)] = made
+        return made
 
     def _spread(self, members: torch.Tensor) -> torch.Tensor:
         """``[R]``: Σ ‖xc_i‖² of each representation, the traces of its co-moments."""
