@@ -36,6 +36,7 @@ __all__ = [
     "NotRegularFile",
     "atomic_path",
     "check_folder_output",
+    "check_own_folder",
     "check_writable",
     "file_kind",
     "format_bytes",
@@ -134,7 +135,7 @@ def check_folder_output(folder: str | os.PathLike) -> Path:
     if path.exists() and not path.is_dir():
         raise UsageProblem(f"output '{folder}' is a file, not a folder", hint="give a folder name, or remove the file")
     existing = path
-    while not existing.exists() and existing != existing.parent:
+    while not existing.exists() and not existing.is_symlink() and existing != existing.parent:
         existing = existing.parent
     if existing.is_symlink() and not existing.exists():
         raise UsageProblem(f"output folder '{existing}' is a broken symbolic link", hint="remove it or fix its target")
@@ -143,6 +144,22 @@ def check_folder_output(folder: str | os.PathLike) -> Path:
     if not os.access(existing, os.W_OK | os.X_OK):
         raise UsageProblem(
             f"cannot write to folder '{existing}'", hint="check its permissions, or choose another place with -o"
+        )
+    return path
+
+
+def check_own_folder(path: str | os.PathLike, made_for: str) -> Path:
+    """Refuse ``path``, where hookcli keeps a folder of its own (``made_for`` says for what), unless it is missing
+    or a real folder: a symbolic link there is never followed, with or without --force."""
+    path = Path(path)
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return path
+    if not stat.S_ISDIR(mode):
+        raise UsageProblem(
+            f"'{path}' is {file_kind(mode)}, not the folder hookcli keeps {made_for} in",
+            hint="hookcli never writes through a link there: remove it, then run again",
         )
     return path
 

@@ -84,7 +84,7 @@ TOP_BY = ("max", "mean")
 
 #: What a run over saved features takes of a run's options: how to batch and share them out; ``stats`` also what
 #: to gather.
-SAVED_RUN_OPTIONS = ("batch_size", "force", "shard_size", "part")
+SAVED_RUN_OPTIONS = ("batch_size", "force", "shard_size", "part", "incomplete")
 SAVED_STATS_OPTIONS = (*SAVED_RUN_OPTIONS, "top", "top_by", "quantiles", "pca", "components")
 
 _ALL, _ROWS, _GRADIENTS = RUN_COMMANDS, ("extract", "grad"), ("grad", "cam")
@@ -502,6 +502,15 @@ RUN_OPTIONS: tuple[Option, ...] = (
         "component hardest (--top-by mean: by the projection of their pooled channels).",
         ("stats",),
         metavar="FILE",
+    ),
+    Option(
+        "incomplete",
+        ("--incomplete",),
+        "Saved features: take a shard folder that is missing shards (still being written, or cut short) as it "
+        "is; the file records the inputs it covers. Without it, such a folder is refused.",
+        ("stats", "compare"),
+        kind="flag",
+        default=False,
     ),
 )
 

@@ -410,3 +410,26 @@ def test_comparisons_of_saved_files_over_disjoint_inputs_merge(runner, tmp_path)
     with pytest.raises(Exception) as refused:
         hookcli.compare(merge=[halves[0], fewer])
     assert "compares other representations than the first file" in str(refused.value)
+
+
+def test_a_key_named_like_the_second_sides_never_stands_for_it():
+    rng = np.random.default_rng(3)
+    y, marked = rng.normal(size=(ROWS, 8)), rng.normal(size=(ROWS, 8))
+    tensors = {"y": torch.from_numpy(y), "2:y": torch.from_numpy(marked)}
+    features = Features(tensors, {"inputs": json.dumps([f"/photos/{n}.jpg" for n in range(ROWS)])})
+    found = hookcli.compare(features=features, keys=["2:y"], keys2=["y"])
+    assert found["linear-cka"].item() == pytest.approx(_linear_cka(marked, y), rel=1e-9)
+    assert _linear_cka(marked, y) < 0.6  # the two are unrelated: 1.0 would be 2:y with itself
+    both = hookcli.compare(
+        features=features, features2=features, keys=["y", "2:y"], keys2=["y", "2:y"], method="rsa", save_rdms=True
+    )
+    assert sorted(name for name in both.keys() if name.startswith("rdm@")) == [
+        "rdm@2:2:2:y",
+        "rdm@2:2:y",
+        "rdm@2:y",
+        "rdm@y",
+    ]
+    rdm = {name: both[name].numpy() for name in ("rdm@y", "rdm@2:y", "rdm@2:2:y", "rdm@2:2:2:y")}
+    expected = {label: squareform(pdist(values, "correlation")) for label, values in (("y", y), ("2:y", marked))}
+    for name, label in (("rdm@y", "y"), ("rdm@2:y", "2:y"), ("rdm@2:2:y", "y"), ("rdm@2:2:2:y", "2:y")):
+        np.testing.assert_allclose(rdm[name], expected[label], atol=1e-5)

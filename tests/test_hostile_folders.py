@@ -222,7 +222,7 @@ def test_a_joining_writer_checks_the_shards_with_the_lock_let_go_and_still_finds
     shard.write_bytes((folder / "features-00002.safetensors").read_bytes())  # whole, but not shard 1
     checked, real = [], hookcli.storage.index.check_shard
 
-    def check_shard(shard, line, layout=None, parts=False):
+    def check_shard(shard, line, layout=None, parts=False, run=None):
         probe = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)  # refused while the writer holds the lock
@@ -233,7 +233,7 @@ def test_a_joining_writer_checks_the_shards_with_the_lock_let_go_and_still_finds
             rewritten = tmp_path / "rewritten"
             rewritten.write_text("".join(line for line in good if '"shard": 1,' not in line))
             os.replace(rewritten, index)
-        return real(shard, line, layout, parts=parts)
+        return real(shard, line, layout, parts=parts, run=run)
 
     monkeypatch.setattr(hookcli.storage.index, "check_shard", check_shard)
     result = extract_into(folder, inputs)
@@ -380,7 +380,7 @@ def test_readers_say_when_a_folder_is_incomplete(runner, extract_into, tmp_path,
     result = runner.invoke(main, ["grid", str(folder), "-o", str(tmp_path / "g")])
     assert result.exit_code == 0, result.output
     note = (
-        f"Note: '{folder}' holds 2 of its 5 inputs (shard 1 is missing, so the 1 listed after it are left out); "
+        f"Note: '{folder}' holds 2 of its 5 inputs (shard 1 is missing, so the one listed after it is left out); "
         "run the same extract command again to complete it\n"
     )
     assert result.stderr == note and len(result.stdout.split()) == 2
@@ -416,3 +416,75 @@ def test_a_folder_whose_last_shard_is_damaged_is_refused_before_anything_is_writ
     result = runner.invoke(main, [command, str(folder), *extra])
     assert one_error(result).startswith(f"Error: '{shard}' is truncated: tensor 'fc' ends at byte ")
     assert not out.exists()
+
+
+#: A quick stats run of resnet18's fc from 32x32 crops, in shards of 2.
+_QUICK_STATS = ["-m", "resnet18", "-w", "none", "-l", "fc", "--resize", "32", "--crop", "32", "-b", "2", "-q",
+                "--shard-size", "2"]  # fmt: skip
+
+
+def _tree(folder):
+    """Every file under ``folder`` with its bytes."""
+    return {path.relative_to(folder): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_a_parts_folder_that_is_a_link_is_refused_and_its_target_untouched(
+    runner, one_error, extract_into, tmp_path, five_inputs, force
+):
+    user = tmp_path / "userfeats"
+    assert extract_into(user, five_inputs).exit_code == 0
+    before = _tree(user)
+    out = tmp_path / "out.safetensors"
+    (tmp_path / "out.safetensors.parts").symlink_to(user)
+    args = ["stats", *_QUICK_STATS, "-o", str(out), *five_inputs] + (["--force"] if force else [])
+    error = one_error(runner.invoke(main, args))
+    assert error == (
+        f"Error: '{out}.parts' is a symbolic link, not the folder hookcli keeps a file's parts in. "
+        "Hint: hookcli never writes through a link there: remove it, then run again"
+    )
+    assert _tree(user) == before and not out.exists()
+
+
+def test_a_parts_folder_that_is_a_dangling_link_or_a_file_is_refused(runner, one_error, tmp_path, five_inputs):
+    out = tmp_path / "out.safetensors"
+    (tmp_path / "out.safetensors.parts").symlink_to(tmp_path / "nowhere")
+    error = one_error(runner.invoke(main, ["stats", *_QUICK_STATS, "-o", str(out), *five_inputs]))
+    assert error.startswith(f"Error: '{out}.parts' is a symbolic link, not the folder")
+    assert not (tmp_path / "nowhere").exists()
+    (tmp_path / "out.safetensors.parts").unlink()
+    (tmp_path / "out.safetensors.parts").write_bytes(b"mine")
+    error = one_error(runner.invoke(main, ["stats", *_QUICK_STATS, "-o", str(out), *five_inputs]))
+    assert error.startswith(f"Error: '{out}.parts' is a regular file, not the folder hookcli keeps a file's parts in")
+    assert (tmp_path / "out.safetensors.parts").read_bytes() == b"mine"
+
+
+def test_a_parts_link_made_after_the_checks_is_still_refused(tmp_path):
+    from hookcli.errors import UsageProblem
+    from hookcli.storage.shard_writer import ShardWriter
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "out.safetensors.parts").symlink_to(elsewhere)
+    with pytest.raises(UsageProblem, match="is a symbolic link, not the folder hookcli keeps a file's parts in"):
+        ShardWriter(tmp_path / "out.safetensors.parts", {"command": "stats"}, 4, parts=True)
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_a_shard_folder_named_through_a_link_is_followed_and_a_dangling_one_refused(
+    runner, one_error, extract_into, tmp_path, five_inputs
+):
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    (tmp_path / "feats").symlink_to(disk)
+    assert extract_into(tmp_path / "feats", five_inputs).exit_code == 0  # where the user asked the shards to go
+    assert sorted(path.name for path in disk.iterdir()) == [f"features-0000{k}.safetensors" for k in range(3)] + [
+        INDEX_NAME
+    ]
+    (tmp_path / "gone").symlink_to(tmp_path / "nowhere")
+    error = one_error(extract_into(tmp_path / "gone", five_inputs))
+    assert (
+        error
+        == f"Error: output folder '{tmp_path / 'gone'}' is a broken symbolic link. Hint: remove it or fix its target"
+    )
+    assert not (tmp_path / "nowhere").exists()

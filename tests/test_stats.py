@@ -28,8 +28,8 @@ from hookcli.statistics.layer import StatsChoice
 from hookcli.statistics.moments import Moments
 from hookcli.statistics.sketch import QuantileSketch
 from hookcli.statistics.units import UnitBatch, UnitLayout
-from hookcli.statistics.writer import GatheringWriter, parts_folder
-from hookcli.storage.fileformat import RunRecord
+from hookcli.statistics.writer import GatheringWriter
+from hookcli.storage.fileformat import RunRecord, parts_folder
 from hookcli.storage.index import read_index
 from hookcli.storage.shards import open_features
 
@@ -607,3 +607,19 @@ def test_a_part_whose_sketch_has_more_than_ten_levels_is_taken():
     layer.update(rows, torch.arange(12))
     assert len(layer.sketch.levels) >= 11  # level10 sorts before level2 as text
     layer.check_part(list(range(12)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+def test_a_channel_that_takes_a_nan_has_nan_moments_and_quantiles_whatever_the_dtype(dtype):
+    from hookcli.storage.features import Features
+
+    maps = torch.randn(4, 2, 3, 3, generator=torch.Generator().manual_seed(0)).to(dtype)
+    maps[1, 0, 1, 1] = float("nan")
+    features = Features({"maps": maps}, {"inputs": json.dumps([f"/photos/{n}.jpg" for n in range(4)])})
+    found = hookcli.stats(features=features, top=4, quantiles=(0.0, 0.5, 0.99, 1.0))
+    tainted = [found[f"maps@{field}"][0] for field in ("mean", "std", "min", "max", "quantiles")]
+    assert all(value.isnan().all() for value in tainted)
+    clean = maps[:, 1].to(torch.float64)
+    assert found["maps@min"][1].item() == clean.min().item() and found["maps@max"][1].item() == clean.max().item()
+    assert not found["maps@quantiles"][1].isnan().any()
+    assert found["maps@top_rows"][0].tolist()[-1] == 1  # the input whose map has the NaN ranks last

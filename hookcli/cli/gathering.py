@@ -80,6 +80,7 @@ def _saved_options(own: tuple[str, ...]) -> dict:
 @run_option("quantiles")
 @run_option("pca")
 @run_option("components")
+@run_option("incomplete")
 @_model_run_options("stats", written="Statistics file", stored="statistics are gathered in float64 from float32 values")
 def stats(**options) -> None:
     """Statistics of each channel of layers over every input, in one pass: dataset examples, quantiles, PCA.
@@ -156,6 +157,7 @@ def stats(**options) -> None:
     "them all.",
 )
 @comparing_options
+@run_option("incomplete")
 @_model_run_options("compare", written="Comparison file", stored="similarities are computed in float64")
 def compare(**options) -> None:
     """How alike layers and models are: CKA or RSA of every pair of representations.

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 from PIL import Image, ImageDraw
 
-from hookcli.pictures.text import caption_font
+from hookcli.pictures.text import caption_font, shortened
 
 __all__ = ["BOX_COLOURS", "CAM_BOX_COLOUR", "draw_boxes", "place_tabs"]
 
@@ -32,6 +32,8 @@ BOX_COLOURS = (
 )
 
 
+#: The most characters a box's tab shows.
+_MOST_TAB = 60
 #: The box of the detection a CAM explains: cyan, which the heat maps' colormaps seldom use.
 CAM_BOX_COLOUR = (0, 255, 255)
 
@@ -63,6 +65,7 @@ def draw_boxes(
     if not texts:
         return np.asarray(image), 0
     font = caption_font(image.width)
+    texts = [shortened(text, _MOST_TAB) for text in texts]
     extents = [draw.textbbox((0, 0), text, font=font) for text in texts]
     sizes = [(round(right - left) + 6, round(bottom - top) + 6) for left, top, right, bottom in extents]
     places = place_tabs(boxes, sizes, image.width, image.height)

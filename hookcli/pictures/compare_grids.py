@@ -158,15 +158,15 @@ def matrix_colours(values: np.ndarray, method: str, cmap: str) -> np.ndarray:
 def heatmap_picture(comparison: ComparisonFile, chosen: ChosenMatrix, options: GridOptions) -> np.ndarray:
     """The heatmap of the chosen rows and columns, ``uint8 [H, W, 3]``: labelled, titled (unless
     ``options.title`` is off) and with its colour bar; ``options.plain``: the cells alone."""
-    values = comparison.matrix()[np.ix_(chosen.rows, chosen.columns)]
-    count_rows, count_columns = values.shape
+    count_rows, count_columns = len(chosen.rows), len(chosen.columns)
     cell = max(1, min(_MAX_CELL, _MATRIX_SIDE // max(count_rows, count_columns)))
-    if count_rows * count_columns * cell * cell > MAX_PIXELS:
+    if count_rows * count_columns * cell * cell > MAX_PIXELS:  # known before the matrix is read
         raise UsageProblem(
             f"'{comparison.name}' compares {count_rows:,} representations with {count_columns:,}: more cells than "
             f"a picture holds ({MAX_PIXELS:,} pixels)",
             hint="choose some of them with -k",
         )
+    values = comparison.matrix()[np.ix_(chosen.rows, chosen.columns)]
     cells = _cells(values, comparison.method, chosen.cmap, cell, numbers=not options.plain)
     if options.plain:
         return cells

@@ -42,7 +42,7 @@ from hookcli.pictures.render import (
     scale_maps,
     stacked,
 )
-from hookcli.pictures.text import caption_font, number, shortened
+from hookcli.pictures.text import caption_font, fitted, number
 from hookcli.storage.stats_file import StatsFile, StatsLayer
 from hookcli.storage.stats_format import is_component_key
 
@@ -252,9 +252,9 @@ def _captioned(tile: np.ndarray, example: _Example, problem: str | None, side: i
     first = f"#{example.rank}  {number(example.value)}" + (
         f"  frame {example.frame}" if example.frame is not None else ""
     )
-    lines = [first, _fitting(printable(example.name), font, width - 8)]
+    lines = [first, fitted(printable(example.name), font, width - 8)]
     if problem:
-        lines.append(_fitting(problem, font, width - 8))
+        lines.append(fitted(problem, font, width - 8))
     line_h = font.getbbox("Ag")[3] + 3
     band = Image.new("RGB", (width, line_h * len(lines) + 4), (255, 255, 255))
     draw = ImageDraw.Draw(band)
@@ -262,19 +262,6 @@ def _captioned(tile: np.ndarray, example: _Example, problem: str | None, side: i
         colour = (160, 0, 0) if problem and place == len(lines) - 1 else (0, 0, 0)
         draw.text((2, 2 + place * line_h), line, fill=colour, font=font)
     return stacked(tile, np.asarray(band))
-
-
-def _fitting(text: str, font, room: float) -> str:
-    """``text`` cut with an ellipsis to fit ``room`` pixels (the longest start that fits, found by halving: a name
-    of hundreds of kB is measured a few dozen times, not once a character)."""
-    text = shortened(text)
-    if font.getlength(text) <= room:
-        return text
-    low, high = 0, len(text)  # text[:low] + "…" fits (or low is 0); text[:high] + "…" does not
-    while high - low > 1:
-        middle = (low + high) // 2
-        low, high = (middle, high) if font.getlength(text[:middle] + "…") <= room else (low, middle)
-    return text[:low] + "…"
 
 
 def laid_out(tiles: list[np.ndarray], *, columns: int, padding: int) -> np.ndarray:

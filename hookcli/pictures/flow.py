@@ -14,7 +14,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from hookcli.pictures.render import stacked
-from hookcli.pictures.text import caption_font
+from hookcli.pictures.text import caption_font, fitted
 
 __all__ = ["add_flow_legend", "flow_colours", "FLOW_NAN_COLOR", "flow_wheel", "longest_flow"]
 
@@ -97,7 +97,5 @@ def add_flow_legend(pixels: np.ndarray, lines: Sequence[str]) -> np.ndarray:
     draw = ImageDraw.Draw(strip)
     room = strip.width - left - 4
     for i, words in enumerate(lines):
-        while words and font.getlength(words) > room:
-            words = words[:-2] + "…" if len(words) > 1 else ""
-        draw.text((left, 6 + i * line_h), words, fill=(0, 0, 0), font=font)
+        draw.text((left, 6 + i * line_h), fitted(words, font, room), fill=(0, 0, 0), font=font)
     return stacked(pixels, np.asarray(strip))

@@ -50,6 +50,7 @@ from hookcli.pictures.text import (
     glyphs,
     label_band,
     label_size,
+    shortened,
     stamp,
     text_width,
     tick_step,
@@ -509,11 +510,16 @@ def add_title(pixels: np.ndarray, parts: Sequence[str]) -> np.ndarray:
     return stacked(np.asarray(strip), pixels)
 
 
+#: The most characters either end of a colour bar shows (a number, or a word).
+_MOST_END = 24
+
+
 def add_colorbar(pixels: np.ndarray, cmap: str, low: str, high: str, text: str = "") -> np.ndarray:
     """Put a colour bar under the picture: ``low`` at its left end, ``high`` at its right, ``text`` after it, or
     under it, wrapped, when it does not fit beside it (a narrow picture: a video clip of two frames)."""
     width = pixels.shape[1]
     font = caption_font(width)
+    low, high, text = shortened(low, _MOST_END), shortened(high, _MOST_END), shortened(text)
     line_h = font.getbbox("Ag")[3]
     bar_w = max(64, min(256, width // 3))
     left = 6 + round(font.getlength(low)) + 6

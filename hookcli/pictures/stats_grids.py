@@ -11,7 +11,7 @@ rows and frames of a features file, which a statistics file does not have.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,7 +37,7 @@ class ChosenUnits:
 
     layer: StatsLayer
     stem: str
-    channels: list[int]
+    channels: Sequence[int]
 
 
 def choose_units(stats: StatsFile, options: GridOptions, *, limit: int | None) -> tuple[list[ChosenUnits], list[str]]:
@@ -60,10 +60,11 @@ def choose_units(stats: StatsFile, options: GridOptions, *, limit: int | None) -
                 f"--channels selects none of the {layer.channels} channels (0-{layer.channels - 1}) of '{key}'",
                 hint="give a range within them, or leave --channels out",
             )
-        channels = list(selected)
+        channels: Sequence[int] = selected  # a range: a layer's channels are never listed one by one
         if options.top is not None:
-            means = np.nan_to_num(stats.read(key, "mean")[channels], nan=-np.inf)
-            channels = [channels[i] for i in np.argsort(-means, kind="stable")[: options.top]]
+            numbers = np.arange(selected.start, selected.stop, selected.step)
+            means = np.nan_to_num(stats.read(key, "mean")[numbers], nan=-np.inf)
+            channels = [int(numbers[i]) for i in np.argsort(-means, kind="stable")[: options.top]]
         elif options.channels is None and limit is not None and layer.channels > limit:
             channels = channels[:limit]
             notes.append(

@@ -21,6 +21,7 @@ __all__ = [
     "label_band",
     "label_size",
     "number",
+    "fitted",
     "shortened",
     "stamp",
     "text_bitmap",
@@ -129,6 +130,23 @@ def shortened(text: str, limit: int = MOST_CHARACTERS) -> str:
         return text
     head = (limit - 1) // 2
     return f"{text[:head]}…{text[len(text) - (limit - 1 - head) :]}"
+
+
+def fitted(text: str, font, room: float) -> str:
+    """``text`` (:func:`shortened`) cut with an ellipsis to fit ``room`` pixels in ``font``: the longest start that
+    fits, found by halving, so that a name of hundreds of kB is measured a few dozen times, not once a character.
+
+    >>> fitted("a long name", caption_font(100), 1000), fitted("a long name", caption_font(100), 20)
+    ('a long name', 'a …')
+    """
+    text = shortened(text)
+    if font.getlength(text) <= room:
+        return text
+    low, high = 0, len(text)  # text[:low] + "…" fits (or low is 0); text[:high] + "…" does not
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if font.getlength(text[:middle] + "…") <= room else (low, middle)
+    return text[:low] + "…"
 
 
 def wrapped(font, parts: Sequence[str], width: int, joiner: str) -> list[str]:

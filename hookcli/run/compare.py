@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import itertools
 import json
 import os
@@ -50,15 +51,18 @@ from hookcli.statistics.comparison import (
 )
 from hookcli.statistics.similarity import MIN_BATCH, LinearCKA, undefined
 from hookcli.statistics.writer import GatheringWriter
-from hookcli.storage.compare_format import CKA_STATE, SECOND_SIDE, check_comparison, is_comparison, is_debiased
+from hookcli.storage.compare_format import (
+    CKA_STATE,
+    check_comparison,
+    is_comparison,
+    is_debiased,
+    second_names,
+)
 from hookcli.storage.features import FeatureFile, Features
 from hookcli.storage.fileformat import identity, identity_differences
 from hookcli.storage.saving import write_safetensors
 
-__all__ = ["SECOND", "compare_models", "compare_saved", "merge_comparisons"]
-
-#: How the second side's keys are told apart in a batch's features: ``2:<key>``, as in the file's RDMs.
-SECOND = SECOND_SIDE
+__all__ = ["compare_models", "compare_saved", "merge_comparisons"]
 
 
 def compare_saved(
@@ -82,14 +86,16 @@ def compare_saved(
     _check_batches(choice, opts.batch_size)
     emit = progress or _ignore
     with contextlib.ExitStack() as stack:
-        first = open_saved(stack, features, keys, emit)
+        first = open_saved(stack, features, keys, emit, incomplete=opts.incomplete)
         choice.check_inputs(len(first.names))
         if features2 is None and not keys2:
             sources, second = [first], None
         else:
-            other = open_saved(stack, first.reader if features2 is None else features2, keys2, emit)  # opened once
+            other = open_saved(  # opened once
+                stack, first.reader if features2 is None else features2, keys2, emit, incomplete=opts.incomplete
+            )
             _check_same_rows(first, other)
-            sources, second = [first, other], [SECOND + key for key in other.keys]
+            sources, second = [first, other], second_names(first.keys, other.keys, marked=True)
         gathering = CompareGathering(
             choice,
             first=first.keys,
@@ -188,7 +194,7 @@ def compare_models(
 
 def _run_models(one: RunPlan, two: RunPlan | None, choice: CompareChoice, emit: Callable[[Event], None]):
     first = list(one.layers.values())
-    second = None if two is None else [SECOND + key for key in two.layers.values()]
+    second = None if two is None else second_names(first, list(two.layers.values()), marked=True)
     gathering = CompareGathering(
         choice,
         first=first,
@@ -224,8 +230,9 @@ def _run_models(one: RunPlan, two: RunPlan | None, choice: CompareChoice, emit: 
                                     order=order, on_note=note, rows_on_device=True)  # fmt: skip
             return
         mine, theirs = itertools.tee(order)
+        assert second is not None, "a second side has its names"
         yield from map(
-            _together,
+            functools.partial(_together, names=dict(zip(two.layers.values(), second))),
             iter_batches(one.loaded, one.layers, one.inputs, one.settings, forward=one.forward, order=mine,
                          on_note=note, rows_on_device=True),
             iter_batches(two.loaded, two.layers, two.inputs, two.settings, forward=two.forward, order=theirs,
@@ -238,17 +245,19 @@ def _run_models(one: RunPlan, two: RunPlan | None, choice: CompareChoice, emit: 
     return result
 
 
-def _together(first: Batch, second: Batch) -> Batch:
-    """One batch of both models: the rows both could read, the second's keys as ``2:<key>``."""
+def _together(first: Batch, second: Batch, names: Mapping[str, str]) -> Batch:
+    """One batch of both models: the rows both could read, the second's keys under their ``names``."""
     both = [index for index in first.indices if index in set(second.indices)]
     failures = dict(first.failures)
     failures.update((index, error) for index, error in second.failures if index not in failures)
     features = {}
-    for batch, prefix in ((first, ""), (second, SECOND)):
+    for batch, named in ((first, None), (second, names)):
         keep = [batch.indices.index(index) for index in both]
         features.update(
             {
-                prefix + key: [value[n] for n in keep] if isinstance(value, list) else value[torch.tensor(keep)]
+                (key if named is None else named[key]): [value[n] for n in keep]
+                if isinstance(value, list)
+                else value[torch.tensor(keep)]
                 for key, value in batch.features.items()
             }
         )

@@ -71,6 +71,7 @@ class RunOptions:
     quantiles: tuple[float, ...] = declared_field("quantiles")
     pca: bool = declared_field("pca")
     components: str | None = declared_field("components")  # stats: a statistics file whose components to gather
+    incomplete: bool = declared_field("incomplete")  # saved features: a shard folder missing shards is taken
 
     def __post_init__(self) -> None:
         for name in _CHECKED:

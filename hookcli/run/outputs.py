@@ -14,11 +14,12 @@ from pathlib import Path
 from typing import BinaryIO
 
 from hookcli.errors import OutputExistsError, UsageProblem
-from hookcli.files import check_writable, refuse_written_output
+from hookcli.files import check_own_folder, check_writable, refuse_written_output
 from hookcli.inputs.names import IMAGE_SUFFIXES
 from hookcli.models.specs import parse_model
 from hookcli.pictures.options import safe_name
 from hookcli.storage.claims import check_folder_target
+from hookcli.storage.fileformat import parts_folder
 
 __all__ = [
     "check_target",
@@ -143,6 +144,8 @@ def check_target(kind: str, path: str, inputs: Sequence[os.PathLike[str]], force
     if kind in ("file", *GATHERED):
         refuse_overwriting_inputs([path], inputs)
         _refuse_other_format(path)
+    if kind in GATHERED:
+        check_own_folder(parts_folder(path), "a file's parts")
     if kind == "file":
         refuse_written_output(path)
 

@@ -113,6 +113,10 @@ def request(
         raise UsageProblem(f"unknown command '{command}'", hint=f"use one of {', '.join(COMMAND_OPTIONS)}")
     opts = run_options(command, options)
     help_hint = f"see 'hookcli {command} --help'"
+    if opts.incomplete:
+        raise UsageProblem(
+            "--incomplete takes saved features from a shard folder, and a model runs here", hint=help_hint
+        )
     if opts.seed is not None and opts.weights.strip().lower() != "none":
         raise UsageProblem(
             "--seed only applies to --weights none (pretrained and file weights are fixed)", hint=help_hint

@@ -38,7 +38,7 @@ from hookcli.run.settings import Batch
 from hookcli.statistics.channel_stats import StatsGathering
 from hookcli.statistics.layer import StatsChoice
 from hookcli.statistics.writer import Gathering, GatheringWriter
-from hookcli.storage.compare_format import is_comparison
+from hookcli.storage.compare_format import is_comparison, second_names
 from hookcli.storage.reader import FeatureReader
 from hookcli.storage.recorded_run import RecordedRun, recorded_run
 from hookcli.storage.shards import open_features
@@ -62,7 +62,7 @@ def saved_stats(
     opts = run_options("stats", options)
     emit = progress or _ignore
     with contextlib.ExitStack() as stack:
-        saved = open_saved(stack, source, keys, emit)
+        saved = open_saved(stack, source, keys, emit, incomplete=opts.incomplete)
         choice = StatsChoice.from_options(opts)
         gathering = StatsGathering(choice, prefix_tokens=saved.prefix_tokens, square=saved.square)
         gathering.check_layers({key: gathering.layout(key, saved.reader.shape(key)[1:]).channels for key in saved.keys})
@@ -83,17 +83,41 @@ class SavedFeatures:
     recorded: RecordedRun
 
     def describe(self) -> dict:
-        """What a run over it records of it: the source, the keys, and its stamp (a source changed between two
-        runs is not continued)."""
+        """What a run over it records of it: the source, the keys, its stamp (a source changed between two runs is
+        not continued), and of a shard folder taken incomplete (``--incomplete``), how many of its inputs it held."""
         source = self.reader.name if os.path.exists(self.reader.name) else None
-        return {"source": self.reader.name, "keys": self.keys, "stamp": source and file_stamp(source)}
+        described: dict[str, object] = {
+            "source": self.reader.name,
+            "keys": self.keys,
+            "stamp": source and file_stamp(source),
+        }
+        total = getattr(self.reader, "header", {}).get("inputs")
+        if getattr(self.reader, "shortfall", None) is not None:
+            described["incomplete"] = {"inputs": len(self.names), "of": total}
+        return described
 
 
-def open_saved(stack: contextlib.ExitStack, source, keys: Sequence[str] | str, emit: Callable[[Event], None]):
+def open_saved(
+    stack: contextlib.ExitStack,
+    source,
+    keys: Sequence[str] | str,
+    emit: Callable[[Event], None],
+    *,
+    incomplete: bool = False,
+):
     """``source`` opened (and closed with ``stack``), its tensors ``keys`` chosen (globs; default every one whose
-    rows share a shape), and the run that saved them read from its metadata (every entry checked)."""
+    rows share a shape), and the run that saved them read from its metadata (every entry checked). A shard folder
+    missing shards is refused unless ``incomplete``, which takes what it holds (and says so)."""
     reader = stack.enter_context(_opened(source))
     _refuse_other_kinds(reader)
+    shortfall = getattr(reader, "shortfall", None)
+    if shortfall is not None and not incomplete:
+        raise UsageProblem(
+            f"{shortfall}: what is gathered of it would leave the rest out",
+            hint="run the same extract command again to complete it, or add --incomplete to take what it holds",
+        )
+    if shortfall is not None:
+        emit(Note(f"{shortfall}: taking those (--incomplete)"))
     chosen = _chosen_keys(reader, [keys] if isinstance(keys, str) else list(keys), emit)
     rows = _rows(reader, chosen)
     recorded = recorded_run(reader.metadata, reader.name, keys=chosen, rows=rows)
@@ -122,7 +146,8 @@ def run_saved(
     opts: RunOptions,
     emit: Callable[[Event], None],
 ):
-    """Gather ``gathering`` over ``sources`` (the same rows in each; a second source's keys come as ``2:<key>``),
+    """Gather ``gathering`` over ``sources`` (the same rows in each; a second source's keys come under
+    :func:`~hookcli.storage.compare_format.second_names`),
     into ``output`` as ``command`` writes it; ``entries`` are the command's own, recorded with the run."""
     first = sources[0]
     kind, path = output_kind(command, output, "")
@@ -145,18 +170,19 @@ def run_saved(
         source_files=[s.reader.name for s in sources if os.path.exists(s.reader.name)],
     )
     facts = first.recorded.facts
+    names = [first.keys, *(second_names(first.keys, saved.keys, marked=True) for saved in sources[1:])]
 
     def batches(order: Iterable[list[int]]) -> Iterator[Batch]:
         for indices in order:
             start, stop = indices[0], indices[-1] + 1
             read: dict[tuple, torch.Tensor] = {}  # a tensor both sources name (one reader, compared with itself): once
             rows = {}
-            for number, saved in enumerate(sources):
-                for key in saved.keys:
+            for saved, named in zip(sources, names):
+                for key, name in zip(saved.keys, named):
                     found = (id(saved.reader), key)
                     if found not in read:
                         read[found] = torch.from_numpy(saved.reader.read_rows(key, start, stop))
-                    rows[f"{number + 1}:{key}" if number else key] = read[found]
+                    rows[name] = read[found]
             yield Batch(indices, rows, [], None, facts)
 
     result, _ = carry_out(

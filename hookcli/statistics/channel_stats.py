@@ -10,6 +10,7 @@ the statistics file they make (:mod:`hookcli.storage.stats_format`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -18,7 +19,14 @@ from hookcli.errors import CaptureError
 from hookcli.statistics.components import check_basis, component_layout, read_basis
 from hookcli.statistics.layer import LayerStats, StatsChoice
 from hookcli.statistics.units import UnitLayout
-from hookcli.storage.stats_format import component_key, is_component_key, stats_key, stats_metadata
+from hookcli.storage.stats_format import (
+    MOST_CHANNELS,
+    MOST_POSITIONS,
+    component_key,
+    is_component_key,
+    stats_key,
+    stats_metadata,
+)
 
 __all__ = ["GatheredStats", "StatsGathering"]
 
@@ -50,7 +58,15 @@ class StatsGathering:
     def layout(self, key: str, row_shape) -> UnitLayout:
         if key not in self.layouts:
             made = component_layout if is_component_key(key) else UnitLayout.of
-            self.layouts[key] = made(row_shape, prefix_tokens=self.prefix_tokens, channels_last=self.square, key=key)
+            layout = made(row_shape, prefix_tokens=self.prefix_tokens, channels_last=self.square, key=key)
+            if layout.channels > MOST_CHANNELS or math.prod(layout.spatial) > MOST_POSITIONS:
+                raise CaptureError(
+                    f"'{key}' has rows of shape {list(layout.row_shape)}: {layout.channels:,} channels over "
+                    f"{math.prod(layout.spatial):,} positions, more than statistics keep ({MOST_CHANNELS:,} channels "
+                    f"and {MOST_POSITIONS:,} positions at most)",
+                    hint="choose another layer (hookcli layers lists their shapes)",
+                )
+            self.layouts[key] = layout
         return self.layouts[key]
 
     def read(self, state: Mapping[str, torch.Tensor], described: Mapping, rows: Sequence[int]) -> GatheredStats:

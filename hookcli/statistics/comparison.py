@@ -39,7 +39,7 @@ from hookcli.statistics.similarity import (
     undefined,
 )
 from hookcli.statistics.units import UnitLayout
-from hookcli.storage.compare_format import RDM, SECOND_SIDE, compare_metadata
+from hookcli.storage.compare_format import MOST_LABELS, RDM, compare_metadata, second_names
 
 __all__ = [
     "DEFAULT_POOL",
@@ -167,6 +167,13 @@ class CompareGathering:
     ) -> None:
         self.choice, self.first, self.second = choice, list(first), None if second is None else list(second)
         self.labels = (list(labels[0]), list(labels[1]))
+        widest = max(len(self.first), len(self.second or ()))
+        if widest > MOST_LABELS:
+            raise UsageProblem(
+                f"a side of the comparison has {widest:,} representations, more than a comparison holds "
+                f"({MOST_LABELS:,})",
+                hint="compare fewer layers or keys at once",
+            )
         self.prefix_tokens, self.square = prefix_tokens, square
         self.layouts: dict[str, UnitLayout] = {}
         self.undefined: list[str] = []
@@ -340,7 +347,7 @@ class GatheredComparison:
             if choice.save_rdms:
                 mine = gathering.labels[0]
                 # A second side's label the first has too (two models' layer4) is stored as 2:<label>.
-                theirs = [f"{SECOND_SIDE}{label}" if label in mine else label for label in gathering.labels[1]]
+                theirs = second_names(mine, gathering.labels[1])
                 labels = mine + (theirs if gathering.second is not None else [])
                 found.update({f"{RDM}{label}": rdm.to(torch.float32) for label, rdm in zip(labels, matrices)})
         else:

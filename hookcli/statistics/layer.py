@@ -168,6 +168,7 @@ class LayerStats:
         quantiles = self.sketch.quantiles(self.choice.quantiles)
         quantiles = torch.where(levels == 0, moments.min[:, None], quantiles)  # the ends are known exactly
         quantiles = torch.where(levels == 1, moments.max[:, None], quantiles)
+        quantiles = torch.where(moments.max.isnan()[:, None], moments.max[:, None], quantiles)  # a NaN taints them all
         kept = examples.values.shape[1]
         found = {
             "count": torch.tensor(moments.count, dtype=torch.int64),

@@ -41,26 +41,19 @@ from hookcli.inputs.archives import file_stamp, input_files, input_name
 from hookcli.storage import fileformat
 from hookcli.storage.background import Background
 from hookcli.storage.features import FeatureFile, Features
-from hookcli.storage.fileformat import SHARD_NAME, RunFacts, RunRecord
+from hookcli.storage.fileformat import SHARD_NAME, RunFacts, RunRecord, parts_folder
 from hookcli.storage.saving import write_safetensors
 from hookcli.storage.shard_writer import ShardWriter, batches_in
 from hookcli.storage.stats_format import PART_ROWS, STATS_PART
 
-__all__ = ["PARTS_SUFFIX", "Gathered", "Gathering", "GatheringWriter", "parts_folder", "stats_shard_size"]
+__all__ = ["Gathered", "Gathering", "GatheringWriter", "stats_shard_size"]
 
-#: The folder of a statistics file's parts, while it is being computed: ``<output>.parts``.
-PARTS_SUFFIX = ".parts"
 #: How many shards the inputs are cut into when no shard size is given...
 AUTO_SHARDS = 8
 #: ... unless that leaves shards of fewer inputs than this: each shard's state is written, read back and merged
 #: (about 0.15 s a shard for resnet50's ``layer3`` and ``layer4``), which would cost a small run more than its
 #: forward.
 MIN_SHARD_INPUTS = 256
-
-
-def parts_folder(output: str | os.PathLike) -> Path:
-    """Where the parts of statistics file ``output`` are kept until it is written."""
-    return Path(f"{os.fspath(output)}{PARTS_SUFFIX}")
 
 
 def stats_shard_size(inputs: int, batch_size: int, fewest: int = 1) -> int:

@@ -34,7 +34,9 @@ __all__ = [
     "COMPARE_KIND",
     "METHODS",
     "RDM",
+    "MOST_LABELS",
     "SECOND_SIDE",
+    "second_names",
     "Comparison",
     "check_comparison",
     "compare_metadata",
@@ -54,10 +56,12 @@ CKA_STATE = ("linear-cka@count", "linear-cka@widths", "linear-cka@mean", "linear
 #: means, each column's sum of its values times each representation's squared row norms ``[D, R]``, and each pair
 #: of representations' sum of the products of their squared row norms ``[R, R]``.
 DEBIASED_STATE = ("linear-cka@third", "linear-cka@fourth")
-#: A representation's RDM in an ``rsa`` file: ``rdm@<label>``; a second side's label that the first side has too
-#: is ``rdm@2:<label>``.
+#: A representation's RDM in an ``rsa`` file: ``rdm@<label>``; a second side's label that is taken already (the
+#: first side has it too) has ``2:`` in front, as many times as it takes to be a name of its own (:func:`second_names`).
 RDM = "rdm@"
 SECOND_SIDE = "2:"
+#: The most representations a side of a comparison has: its matrix (float64) is read whole, 32 MiB at the most.
+MOST_LABELS = 2048
 #: The tensors a file of each method holds, in words.
 _HOLDS = {
     "linear-cka": "the matrix 'linear-cka' and its sums, linear-cka@count, @widths, @mean and @comoment",
@@ -160,14 +164,15 @@ def check_comparison(
     skipped = json_entry(metadata, "skipped", list, "a list of skipped inputs", default=[])
     json_entry(metadata, "identity", dict, "an object of the run's identity", default={})
     undefined = json_entry(metadata, "undefined", list, "a list of labels", default=[])
+    named, column_set = {*rows, *columns}, set(columns)
     for label in undefined:
-        if label not in rows and label not in columns:
+        if label not in named:
             raise ValueError(f"its 'undefined' metadata names {json.dumps(label)}, which is neither a row nor a column")
     _check_shape(shapes, method, "F64", [len(rows), len(columns)], _counted(len(rows), len(columns)))
     for key, (dtype, shape) in shapes.items():
         label = key.removeprefix(RDM)
-        second = label.startswith(SECOND_SIDE) and label.removeprefix(SECOND_SIDE) in columns and not same
-        if method == "rsa" and key.startswith(RDM) and (label in rows or label in columns or second):
+        second = not same and _second_label(label, column_set)
+        if method == "rsa" and key.startswith(RDM) and (label in named or second):
             if dtype != "F32" or len(shape) != 2 or shape[0] != shape[1]:
                 square = "a square F32 matrix (an RDM: an input a row and a column)"
                 raise ValueError(f"'{key}' is {dtype} {list(shape)}, not {square}")
@@ -179,13 +184,43 @@ def check_comparison(
     return Comparison(method, rows, columns, same, settings, undefined, inputs, len(skipped), state)
 
 
+def second_names(first: Sequence[str], second: Sequence[str], *, marked: bool = False) -> list[str]:
+    """Names for the second side's ``second`` that none of ``first`` nor each other share: each one itself (with
+    ``marked``, ``2:`` and itself) unless taken, then with ``2:`` in front until it is not.
+
+    >>> second_names(["y", "2:y"], ["y", "x"]), second_names(["2:y"], ["y"], marked=True)
+    (['2:2:y', 'x'], ['2:2:y'])
+    """
+    taken, names = set(first), []
+    for label in second:
+        name = f"{SECOND_SIDE}{label}" if marked else label
+        while name in taken:
+            name = f"{SECOND_SIDE}{name}"
+        taken.add(name)
+        names.append(name)
+    return names
+
+
+def _second_label(name: str, columns: set[str]) -> bool:
+    """Whether ``name`` is a column's label with ``2:`` in front, once or more (:func:`second_names`)."""
+    while name.startswith(SECOND_SIDE):
+        name = name.removeprefix(SECOND_SIDE)
+        if name in columns:
+            return True
+    return False
+
+
 def _labels(metadata: Mapping[str, str], entry: str) -> list[str]:
     labels = json_entry(metadata, entry, list, "a list of labels")
     if not labels or not all(isinstance(label, str) for label in labels):
         raise ValueError(f"its '{entry}' metadata is not a list of labels")
-    twice = next((label for n, label in enumerate(labels) if label in labels[:n]), None)
-    if twice is not None:
-        raise ValueError(f"its '{entry}' metadata names {json.dumps(twice)} twice")
+    if len(labels) > MOST_LABELS:
+        raise ValueError(f"its '{entry}' metadata lists {len(labels):,} labels, more than a side has ({MOST_LABELS:,})")
+    seen: set[str] = set()
+    for label in labels:
+        if label in seen:
+            raise ValueError(f"its '{entry}' metadata names {json.dumps(label)} twice")
+        seen.add(label)
     return labels
 
 

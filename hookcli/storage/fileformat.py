@@ -34,10 +34,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import re
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 
 from hookcli.errors import FeatureFileError
 
@@ -48,6 +50,7 @@ __all__ = [
     "FREE_ON_RESUME",
     "INDEX_NAME",
     "INDEX_VERSION",
+    "PARTS_SUFFIX",
     "PRODUCER",
     "RAGGED_FORMAT_VERSION",
     "FLAT_FORMAT_VERSION",
@@ -71,6 +74,7 @@ __all__ = [
     "json_entry",
     "keys_of_layer",
     "metadata_order",
+    "parts_folder",
     "run_metadata",
     "shard_count",
     "shard_metadata",
@@ -566,3 +570,12 @@ reads format 5. Hint: read it with the hookcli that wrote it, or compare again
             f"'{name}' is a {what} that {said}, and this hookcli reads format {version}",
             hint=f"read it with the hookcli that wrote it, or {again}",
         )
+
+
+#: The folder of a statistics file's parts, while it is being computed: ``<output>.parts``.
+PARTS_SUFFIX = ".parts"
+
+
+def parts_folder(output: str | os.PathLike) -> Path:
+    """Where the parts of statistics file ``output`` are kept until it is written."""
+    return Path(f"{os.fspath(output)}{PARTS_SUFFIX}")

@@ -277,9 +277,21 @@ def leading_shards(lines: list[ShardLine]) -> list[ShardLine]:
     return leading
 
 
-def check_shard(shard: FeatureFile, line: ShardLine, layout: dict | None = None, *, parts: bool = False) -> None:
+#: The entries of a shard's metadata that say which run made it: each must be the index header's.
+RUN_ENTRIES = ("model", "weights", "capture", "preprocess", "pool", "dtype", "precision")
+
+
+def check_shard(
+    shard: FeatureFile,
+    line: ShardLine,
+    layout: dict | None = None,
+    *,
+    parts: bool = False,
+    run: Mapping[str, str] | None = None,
+) -> None:
     """Raise :class:`FeatureFileError` unless ``shard`` holds the rows its index line lists, laid out as ``layout``
-    (the other shards' :func:`shard_layout`) says. ``parts``: the folder is a gathering run's, whose shards hold
+    (the other shards' :func:`shard_layout`) says, and was made by the ``run`` the index header describes (its
+    metadata: :data:`RUN_ENTRIES` must be the same). ``parts``: the folder is a gathering run's, whose shards hold
     their accumulators' states and the list of their rows (only that has one a row); the others hold rows."""
     problem = None
     try:
@@ -295,6 +307,8 @@ def check_shard(shard: FeatureFile, line: ShardLine, layout: dict | None = None,
         problem = f"it is not shard {line.shard} of the inputs its index line lists (its own metadata disagrees)"
     elif (shard.metadata.get("kind") == STATS_PART) != parts:
         problem = "it is a part of a stats or compare run" if not parts else "it holds rows, not a gathering run's part"
+    elif run is not None and (differ := _run_differences(shard.metadata, run)):
+        problem = f"it was made by another run than the index's (it differs in: {', '.join(differ)})"
     checked = [] if problem is not None else [PART_ROWS] if parts else shard.keys()
     for key in checked:
         shape = shard.shape(key) if key in shard.keys() else None
@@ -309,6 +323,18 @@ def check_shard(shard: FeatureFile, line: ShardLine, layout: dict | None = None,
             f"shard '{shard.name}' does not match its index line: {problem}",
             hint="run the same extract command again to write it again",
         )
+
+
+def _run_differences(metadata: Mapping[str, str], run: Mapping[str, str]) -> list[str]:
+    """The :data:`RUN_ENTRIES` in which a shard's ``metadata`` and the index's ``run`` differ (JSON compared parsed)."""
+    return [entry for entry in RUN_ENTRIES if entry in run and _parsed(metadata.get(entry)) != _parsed(run[entry])]
+
+
+def _parsed(text: str | None):
+    try:
+        return None if text is None else json.loads(text)
+    except (ValueError, RecursionError):
+        return text
 
 
 def shard_layout(features: FeatureReader) -> dict:
@@ -333,11 +359,12 @@ class ShardChecks:
         self.folder, self.parts = Path(folder), parts
         self._sound: dict[tuple[ShardLine, tuple], bool] = {}  # (line, the file as checked) -> whether it is sound
 
-    def sound(self, entries: Sequence[dict]) -> list[dict]:
-        """The index lines of ``entries`` whose shards are sound (see :func:`check_shard`)."""
-        return [entry for entry in entries if self._is_sound(entry)]
+    def sound(self, entries: Sequence[dict], run: Mapping[str, str] | None = None) -> list[dict]:
+        """The index lines of ``entries`` whose shards are sound (see :func:`check_shard`; ``run``: the index
+        header's metadata)."""
+        return [entry for entry in entries if self._is_sound(entry, run)]
 
-    def _is_sound(self, entry: Mapping) -> bool:
+    def _is_sound(self, entry: Mapping, run: Mapping[str, str] | None) -> bool:
         path = self.folder / entry["file"]
         try:
             found = os.lstat(path)
@@ -347,7 +374,7 @@ class ShardChecks:
         if known not in self._sound:
             try:
                 with FeatureFile(path, follow_links=False) as shard:
-                    check_shard(shard, known[0], parts=self.parts)
+                    check_shard(shard, known[0], parts=self.parts, run=run)
             except FeatureFileError:
                 self._sound[known] = False
             else:

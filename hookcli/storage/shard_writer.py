@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from hookcli.errors import FeatureFileError, OutputExistsError
-from hookcli.files import remove_abandoned
+from hookcli.files import check_own_folder, remove_abandoned
 from hookcli.inputs.archives import file_stamp
 from hookcli.storage import fileformat
 from hookcli.storage.background import Background
@@ -22,6 +22,10 @@ from hookcli.storage.index_log import IndexLog
 from hookcli.storage.saving import write_safetensors
 
 __all__ = ["ShardWriter", "batches_in"]
+
+
+#: What a gathering run's folder of parts holds, for messages.
+_PARTS = "a file's parts"
 
 
 class ShardWriter:
@@ -57,12 +61,16 @@ class ShardWriter:
         on_note: Callable[[str], None] | None = None,
         parts: bool = False,
     ) -> None:
+        if parts:
+            check_own_folder(folder, _PARTS)
         check_folder_target(folder)
         self.folder, self._given = Path(folder), str(folder)
         self.identity, self.parts = dict(identity), parts
         self.total = total
         self.part = part
         self.folder.mkdir(parents=True, exist_ok=True)
+        if parts:
+            check_own_folder(folder, _PARTS)  # a link put there meanwhile: the lock, claims and shards go in no link
         self.lock = FolderLock(self.folder, self._given, on_wait=on_note)
         self.claims = Claims(self.folder, on_note=on_note)
         self.index = IndexLog(self.folder / INDEX_NAME, self._given, self.identity)
@@ -126,7 +134,8 @@ class ShardWriter:
         a torn line cut off. False when the index changed meanwhile, so that the rewrite would lose another
         process's work: the caller reads it again (and only shards not checked yet are checked)."""
         self.lock.release()
-        finished = _unchanged(checks.sound(index.shards), self._given, force)
+        run = index.header["metadata"] if index.header and not self.parts else None
+        finished = _unchanged(checks.sound(index.shards, run), self._given, force)
         self.lock.acquire()
         if len(finished) == len(index.shards) and index.whole:
             self.index.adopt(index)

@@ -67,6 +67,10 @@ __all__ = [
 ]
 
 
+def _after(count: int) -> str:
+    return "the one listed after it is" if count == 1 else f"the {count} listed after it are"
+
+
 class ShardedFeatures(ReadingMapping):
     """A shard folder (or its ``index.jsonl``) read as one file: rows run on across shards.
 
@@ -104,20 +108,18 @@ class ShardedFeatures(ReadingMapping):
         present = finished_shards(self.folder, self._index.lines)
         shards = leading_shards(present)
         done = sum(line.covered for line in shards)
-        #: What a reader should be told: a folder still (or no longer) missing shards.
-        self.reading_notes: tuple[str, ...] = (
-            ()
-            if done == header["inputs"]
-            else (
-                f"'{source}' holds {done} of its {header['inputs']} inputs"
-                + (
-                    f" (shard {len(shards)} is missing, so the {len(present) - len(shards)} listed after it are "
-                    "left out)"
-                    if len(present) > len(shards)
-                    else ""
-                )
-                + "; run the same extract command again to complete it",
+        #: A folder still (or no longer) missing shards: how many of its inputs it holds, and why, in words; None
+        #: when it is complete.
+        self.shortfall: str | None = None
+        if done != header["inputs"]:
+            self.shortfall = f"'{source}' holds {done} of its {header['inputs']} inputs" + (
+                f" (shard {len(shards)} is missing, so {_after(len(present) - len(shards))} left out)"
+                if len(present) > len(shards)
+                else ""
             )
+        #: What a reader should be told.
+        self.reading_notes: tuple[str, ...] = (
+            () if self.shortfall is None else (f"{self.shortfall}; run the same extract command again to complete it",)
         )
         if not shards:
             raise FeatureFileError(
@@ -178,7 +180,7 @@ class ShardedFeatures(ReadingMapping):
             try:
                 found = (file_key(path), shard.size)
                 if self._checked.get(number) != found:  # checked once, unless the file changed since
-                    check_shard(shard, self.shards[number], self._layout)
+                    check_shard(shard, self.shards[number], self._layout, run=self.header["metadata"])
                     self._checked[number] = found
             except BaseException:
                 shard.close()

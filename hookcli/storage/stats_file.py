@@ -43,6 +43,9 @@ from hookcli.storage.fileformat import check_file_kind, json_entry
 from hookcli.storage.reader import CheckedFile, FeatureReader
 from hookcli.storage.stats_format import (
     FIELDS,
+    MOST_CHANNELS,
+    MOST_EXAMPLES,
+    MOST_POSITIONS,
     STATS_FORMAT_VERSION,
     STATS_KIND,
     field_dtype,
@@ -182,8 +185,12 @@ def _layer_units(name: str, key: str, described) -> dict:
     )
     if not _whole(channels, 1) or not _whole(skip):
         raise _damaged(name, f"{wrong} gives 'channels' or 'skip' that is not a whole number (channels at least 1)")
+    if channels > MOST_CHANNELS:
+        raise _damaged(name, f"{wrong} gives {channels:,} channels, more than a layer has ({MOST_CHANNELS:,} at most)")
     if not all(isinstance(axes, list) and all(_whole(n, 1) for n in axes) for axes in (spatial, row)):
         raise _damaged(name, f"{wrong} gives 'spatial' or 'row_shape' that is not a list of sizes of 1 or more")
+    if math.prod(spatial) > MOST_POSITIONS:
+        raise _damaged(name, f"{wrong} gives positions {spatial}, more than a map has ({MOST_POSITIONS:,} at most)")
     if layout not in UNIT_LAYOUTS:
         raise _damaged(name, f"{wrong} has layout {json.dumps(layout)}, not one of {', '.join(UNIT_LAYOUTS)}")
     expected = {
@@ -235,6 +242,12 @@ def _checked_layer(features: FeatureReader, key: str, units: dict, levels: int, 
             "K examples each)",
         )
     examples = top_shape[1]
+    if examples > MOST_EXAMPLES:
+        raise _damaged(
+            features.name,
+            f"'{stats_key(key, 'top_values')}' keeps {examples:,} examples a channel, more than --top keeps "
+            f"({MOST_EXAMPLES:,} at most)",
+        )
     sizes = {"C": f"{channels} channels", "K": f"{examples} examples", "Q": f"{levels} quantile levels"}
     for field in layer_fields(pca=pca, spatial=spatial):
         tensor = stats_key(key, field)

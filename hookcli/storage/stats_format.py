@@ -28,6 +28,9 @@ from collections.abc import Mapping, Sequence
 
 __all__ = [
     "COMPONENTS",
+    "MOST_CHANNELS",
+    "MOST_EXAMPLES",
+    "MOST_POSITIONS",
     "FIELDS",
     "PART_ROWS",
     "component_key",
@@ -44,6 +47,12 @@ __all__ = [
 ]
 
 STATS_FORMAT_VERSION = "4"
+#: The most channels a layer of a statistics file has (1,048,576, forty times a flattened vgg16 map): a layer's
+#: per-channel fields are read whole (8 MiB each at the most), so a file declaring more is refused rather than read.
+MOST_CHANNELS = 1 << 20
+#: The most positions a channel's map has (4,194,304: a 2048 x 2048 map), and the most examples a channel keeps:
+#: a channel's examples' maps are read whole.
+MOST_POSITIONS, MOST_EXAMPLES = 1 << 22, 1000
 STATS_KIND = "stats"
 #: The ``kind`` of a part of a statistics file still being computed (a shard of ``<output>.parts/``): its tensors
 #: are accumulators' states, and :data:`PART_ROWS` lists the inputs it has rows of.
