@@ -57,13 +57,27 @@ class Terminated(BaseException):
 LIBRARY_NEWS = (DeprecationWarning, PendingDeprecationWarning, FutureWarning)
 
 
+def _arithmetic(message, category: type[Warning], filename: str) -> bool:
+    """Whether a warning is numpy's about its arithmetic on the values: from its Python code (empty or too short
+    slices), or from its ufuncs (``overflow encountered in reduce``, which name the caller's file)."""
+    if not issubclass(category, RuntimeWarning):
+        return False
+    return f"{os.sep}numpy{os.sep}" in filename or _UFUNC_WARNING.match(str(message)) is not None
+
+
+#: What numpy's ufuncs say of their floating-point errors.
+_UFUNC_WARNING = re.compile(r"(overflow|underflow|invalid value|divide by zero) encountered in ")
+
+
 @contextlib.contextmanager
 def notes_and_sigterm(echo: Callable[[str], None], *, debug: Callable[[], bool] = bool) -> Iterator[None]:
     """While inside: each Python warning is one ``Note:`` line through ``echo``, once (Python's own text while
     ``debug()`` is true), and SIGTERM raises :class:`Terminated` so that every cleanup runs (temporary files go).
 
     Deprecations (:data:`LIBRARY_NEWS`) are news for the authors of the code that raised them, not about the
-    user's run: they are shown only while ``debug()`` is true.
+    user's run, and so are numpy's warnings about its arithmetic (``overflow encountered in reduce``, ``Degrees of
+    freedom <= 0``), whose outcome, NaN or infinity, hookcli shows in its own words where it shows the number:
+    they are shown only while ``debug()`` is true.
     """
     shown, show_warning, pid = set(), warnings.showwarning, os.getpid()
 
@@ -71,7 +85,7 @@ def notes_and_sigterm(echo: Callable[[str], None], *, debug: Callable[[], bool] 
         text = f"Note: {printable(first_line(message))}"
         if debug():
             show_warning(message, category, filename, lineno, file, line)
-        elif issubclass(category, LIBRARY_NEWS):
+        elif issubclass(category, LIBRARY_NEWS) or _arithmetic(message, category, filename):
             return
         elif text not in shown:
             shown.add(text)

@@ -32,7 +32,8 @@ def glob_to_regex(pattern: str) -> re.Pattern:
         elif pattern[i] == "[" and "]" in pattern[i + 1 :]:
             end = pattern.index("]", i + 1)
             body = pattern[i + 1 : end]
-            parts.append("[" + ("^" + body[1:] if body.startswith("!") else body) + "]")
+            negated = body.startswith("!")
+            parts.append("[" + ("^" if negated else "") + _set_body(body[1:] if negated else body) + "]")
             i = end + 1
         else:
             parts.append(re.escape(pattern[i]))
@@ -40,13 +41,25 @@ def glob_to_regex(pattern: str) -> re.Pattern:
     return re.compile("".join(parts))
 
 
+def _set_body(body: str) -> str:
+    """A glob set's characters as a regex set's: each one literal (``[``, ``\\``, ``&&``, ``~~``, ``||`` too) but a
+    ``-`` between two others, which makes a range."""
+    kept = []
+    for place, char in enumerate(body):
+        ranging = char == "-" and 0 < place < len(body) - 1 and "-" not in (body[place - 1], body[place + 1])
+        kept.append("-" if ranging else re.escape(char) if char not in "^" else "\\^")
+    return "".join(kept)
+
+
 def select_keys(available: Sequence[str], patterns: Sequence[str], name: str, *, what: str = "tensor") -> list[str]:
     """The keys of ``available`` (the tensors of ``name``, or what ``what`` names: its layers) that ``patterns``
-    match, in the order the patterns match them (all of them for no pattern); a pattern that matches nothing is
-    refused, naming the closest keys.
+    match, in the order the patterns match them (all of them for no pattern); a pattern that is a key itself
+    (``a[1]``) is that key alone; a pattern that matches nothing is refused, naming the closest keys.
 
     >>> select_keys(["layer1", "layer2", "fc"], ["fc", "layer*"], "f.safetensors")
     ['fc', 'layer1', 'layer2']
+    >>> select_keys(["a1", "a[1]"], ["a[1]"], "f.safetensors"), select_keys(["a1", "a[1]"], ["a[!2]"], "f")
+    (['a[1]'], ['a1'])
     """
     if not available:
         raise FeatureFileError(f"'{name}' holds no {what}s", hint="'hookcli info' shows what it holds")
@@ -61,7 +74,7 @@ def select_keys(available: Sequence[str], patterns: Sequence[str], name: str, *,
                 f"invalid key pattern '{pattern}': {err}",
                 hint="patterns take * ? and [abc] or [a-z] ranges written low to high",
             ) from None
-        found = [k for k in available if regex.fullmatch(k)]
+        found = [pattern] if pattern in available else [k for k in available if regex.fullmatch(k)]
         if not found:
             closest = difflib.get_close_matches(pattern, available, n=3, cutoff=0.0)
             raise UsageProblem(

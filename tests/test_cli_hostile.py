@@ -163,6 +163,28 @@ def test_warnings_become_one_note_line_each_once_unless_debug(runner, monkeypatc
     ]
 
 
+def _numpy_arithmetic(*args, **kwargs):
+    import numpy as np
+
+    with np.errstate(all="warn"):
+        np.var(np.ones(1), ddof=1)  # "Degrees of freedom <= 0 for slice"
+        np.add.reduce(np.full(4, 60000, dtype=np.float16))  # "overflow encountered in reduce"
+    warnings.warn("a warning of hookcli's own", RuntimeWarning)
+    return []
+
+
+def test_numpys_arithmetic_warnings_are_no_notes_unless_debug(runner, monkeypatch):
+    monkeypatch.setattr(hookcli.api, "layers", _numpy_arithmetic)
+    result = runner.invoke(main, ["layers", "-m", "resnet18"])
+    assert result.exit_code == 0, result.output
+    assert result.stderr == "Note: a warning of hookcli's own\n"
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("always")
+        assert runner.invoke(main, ["--debug", "layers", "-m", "resnet18"]).exit_code == 0
+    assert any("Degrees of freedom" in str(w.message) for w in shown), [str(w.message) for w in shown]
+    assert any("overflow" in str(w.message) for w in shown)
+
+
 def test_hookcli_debug_takes_on_and_off_words(runner, monkeypatch):
     monkeypatch.setattr(hookcli.api, "layers", _failing(RuntimeError("boom")))
     for value in ("0", "false", "No", "OFF", " off ", ""):

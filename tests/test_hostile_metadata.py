@@ -259,7 +259,12 @@ def test_a_statistics_part_of_the_wrong_kinds_is_refused_naming_the_tensor(name,
 @pytest.mark.parametrize(
     ("method", "name", "value", "message"),
     [
-        ("linear-cka", "linear-cka/widths", torch.tensor(3), "its state's 'widths' is int64 [], not 1-dimensional"),
+        (
+            "linear-cka",
+            "linear-cka/widths",
+            torch.tensor(3),
+            "its state's 'widths' is int64 [], not 1-dimensional with 2 values",
+        ),
         ("linear-cka", "linear-cka/count", None, "its state has no 'count'"),
         (
             "minibatch-cka",
@@ -313,3 +318,45 @@ def test_downloads_are_off_for_any_value_but_the_words_for_no(monkeypatch, value
 
     monkeypatch.setenv("HOOKCLI_OFFLINE", value)
     assert downloads_off() is off
+
+
+def _cka_state(widths=(3, 4), seed=0, rows=5):
+    gathering = CompareGathering(CompareChoice(), first=["a", "b"], labels=(["a", "b"], ["a", "b"]))
+    shard = gathering.start(0)
+    generator = torch.Generator().manual_seed(seed)
+    shard.update({k: torch.randn(rows, w, generator=generator) for k, w in zip("ab", widths)}, torch.arange(rows))
+    return gathering, shard.state()
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"linear-cka/count": torch.tensor(2**60)}, "its linear-cka sums count 1152921504606846976 inputs, not its 5"),
+        ({"linear-cka/count": torch.tensor(-5)}, "its linear-cka sums count -5 inputs, not its 5"),
+        (
+            {"linear-cka/widths": torch.tensor([7])},
+            "its state's 'widths' is int64 [1], not 1-dimensional with 2 values",
+        ),
+        ({"linear-cka/widths": torch.tensor([0, 7])}, "its widths [0, 7] are not those of 2 representations"),
+        (
+            {"linear-cka/comoment": -torch.eye(7, dtype=torch.float64)},
+            "its co-moments give a column a negative variance",
+        ),
+    ],
+)
+def test_an_impossible_comparison_part_is_refused_before_it_is_merged(change, message):
+    gathering, state = _cka_state()
+    state.update(change)
+    with pytest.raises(ValueError) as refused:
+        gathering.read(state, {}, range(5))
+    assert str(refused.value) == message
+
+
+def test_parts_whose_widths_differ_are_not_merged():
+    gathering, state = _cka_state()
+    first = gathering.read(state, {}, range(5))
+    _, reversed_state = _cka_state(widths=(4, 3), seed=1)
+    second = gathering.read(reversed_state, {}, range(5))
+    with pytest.raises(ValueError) as refused:
+        first.merge(second)
+    assert str(refused.value) == "its representations' widths [4, 3] are not the other parts' [3, 4]"

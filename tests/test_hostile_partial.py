@@ -67,3 +67,41 @@ def test_a_shard_of_another_run_is_refused_by_its_identity(runner, one_error, ex
     again = extract_into(folder, five_inputs)  # the run itself computes that shard again
     assert again.exit_code == 0 and "Continuing: 3 of 5 inputs" in again.stderr
     assert _stats_of(runner, folder, tmp_path / "s.safetensors").exit_code == 0
+
+
+def test_a_single_part_of_a_gathering_run_is_refused_as_its_folder_is(runner, one_error, tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    part = tmp_path / "features-00000.safetensors"
+    tensors = {"@rows": torch.arange(4), "x@moments.mean": torch.zeros(8, dtype=torch.float64)}
+    save_file(tensors, str(part), metadata={"kind": "stats-part", "inputs": json.dumps(["a", "b", "c", "d"])})
+    commands = [
+        ["info"],
+        ["grid", "-o", str(tmp_path / "g")],
+        ["report", "-o", str(tmp_path / "r")],
+        ["stats", "-o", str(tmp_path / "s.safetensors")],
+        ["compare", "-o", str(tmp_path / "c.safetensors")],
+    ]
+    for command in commands:
+        error = one_error(runner.invoke(main, [command[0], str(part), *command[1:]]))
+        assert error == (
+            f"Error: '{part}' is a part of a stats or compare run, which merge into one file when it completes. "
+            "Hint: run the same command again to complete it, and read the file it writes"
+        ), command
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["features-00000.safetensors"]
+
+
+def test_a_key_with_glob_characters_is_taken_literally_when_it_exists(runner, tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    source = tmp_path / "glob.safetensors"
+    tensors = {"a[1]": torch.zeros(2, 3), "a1": torch.ones(2, 3), "b[": torch.ones(2, 3)}
+    save_file(tensors, str(source), metadata={"inputs": json.dumps(["x.png", "y.png"])})
+    drawn = runner.invoke(main, ["grid", str(source), "-k", "a[1]", "-o", str(tmp_path / "g")])
+    assert drawn.exit_code == 0, drawn.output
+    assert [line.rsplit("/", 1)[1] for line in drawn.stdout.splitlines()] == ["a_1___00000_x.png", "a_1___00001_y.png"]
+    both = runner.invoke(main, ["grid", str(source), "-k", "a[[1]", "-o", str(tmp_path / "h")])  # "[" or "1": a1 only
+    assert both.exit_code == 0 and both.stderr == "", both.output
+    assert [line.rsplit("/", 1)[1] for line in both.stdout.splitlines()] == ["a1__00000_x.png", "a1__00001_y.png"]

@@ -43,7 +43,7 @@ import torch
 
 from hookcli.errors import CaptureError
 from hookcli.statistics.base import stored
-from hookcli.statistics.similarity import MIN_BATCH, LinearCKA
+from hookcli.statistics.similarity import MIN_BATCH, LinearCKA, check_widths
 
 __all__ = ["DebiasedLinearCKA"]
 
@@ -87,6 +87,7 @@ class DebiasedLinearCKA(LinearCKA):
         assert isinstance(other, DebiasedLinearCKA), "debiased sums merge with debiased sums"
         if not other.count:
             return
+        check_widths(self, other)
         if self.mean is None:
             self.count, self.mean, self.comoment, self.widths = other.count, other.mean, other.comoment, other.widths
             self.third, self.fourth, self.reference = other.third, other.fourth, other.reference

@@ -64,6 +64,13 @@ MIN_BATCH = 4
 _F64 = torch.float64
 
 
+def check_widths(mine: LinearCKA, other: LinearCKA) -> None:
+    """Refuse (ValueError) to merge sums over representations of other widths (a part of another run, or one
+    whose widths were changed): they would pair columns that are not each other's."""
+    if mine.count and other.count and mine.widths != other.widths:
+        raise ValueError(f"its representations' widths {other.widths} are not the other parts' {mine.widths}")
+
+
 class LinearCKA:
     """Exact linear CKA of ``sides[0]`` representations against ``sides[1]`` (one side when ``same``: each
     compared with each other), from running float64 co-moments (see the module)."""
@@ -105,6 +112,7 @@ class LinearCKA:
     def merge(self, other: LinearCKA) -> None:
         if not other.count:
             return
+        check_widths(self, other)
         if self.mean is None or self.comoment is None:
             self.count, self.mean, self.comoment, self.widths = other.count, other.mean, other.comoment, other.widths
             return
@@ -157,10 +165,15 @@ class LinearCKA:
         made = cls(rows, columns, same=same)
         made.count = int(stored(state, "count", 0))
         if made.count:
-            made.widths = [int(n) for n in stored(state, "widths", 1).tolist()]
+            representations = rows if same else rows + columns
+            made.widths = [int(n) for n in stored(state, "widths", 1, length=representations).tolist()]
+            if min(made.widths) < 1 or sum(made.widths) > MAX_WIDTH:
+                raise ValueError(f"its widths {made.widths} are not those of {representations} representations")
             made.mean, made.comoment = stored(state, "mean", 1).to(_F64), stored(state, "comoment", 2).to(_F64)
             if sum(made.widths) != made.mean.shape[0] or made.comoment.shape != (made.mean.shape[0],) * 2:
                 raise ValueError("its widths, means and co-moments disagree")
+            if bool((made.comoment.diagonal() < 0).any()):
+                raise ValueError("its co-moments give a column a negative variance")
         return made
 
 

@@ -386,8 +386,8 @@ class GatheringWriter:
                     merged = shard
                 else:
                     merged.merge(shard)  # ValueError where its layers are not the earlier parts'
-            except (KeyError, ValueError, RuntimeError, IndexError) as err:
-                raise FeatureFileError(
+            except (KeyError, ValueError, RuntimeError, IndexError, TypeError, AttributeError) as err:
+                raise FeatureFileError(  # a part is untrusted: whatever its state makes fail, it is damaged
                     f"part '{name}' of '{self.path}' is damaged: {err}",
                     hint="run the same command with --force to compute it again",
                 ) from None

@@ -59,7 +59,7 @@ from hookcli.storage.index import (
     shard_layout,
 )
 from hookcli.storage.reader import FeatureReader, ReadingMapping
-from hookcli.storage.stats_format import STATS_KIND
+from hookcli.storage.stats_format import STATS_KIND, STATS_PART
 
 __all__ = [
     "ShardedFeatures",
@@ -267,4 +267,11 @@ def open_features(source: str | os.PathLike) -> FeatureReader:
     path = Path(source)
     if str(source) != "-" and (path.is_dir() or path.name == INDEX_NAME):
         return ShardedFeatures(path)
-    return FeatureFile(source)
+    opened = FeatureFile(source)
+    if opened.metadata.get("kind") == STATS_PART:  # its tensors are accumulators' states, not rows
+        opened.close()
+        raise FeatureFileError(
+            f"'{source}' is a part of a stats or compare run, which merge into one file when it completes",
+            hint="run the same command again to complete it, and read the file it writes",
+        )
+    return opened
