@@ -148,8 +148,28 @@ def test_family_behaviour_is_read_from_the_families_table():
     assert found == []
 
 
+#: Why a command (hookcli.run.commands) imports what it runs inside its methods.
+_ENGINE = "a command's forward, writer and pictures load (torch) once its request is checked without them"
+
 #: The only imports made inside functions, each with its reason: (module, imported module) → why.
 LAZY_IMPORTS = {
+    **{
+        ("hookcli.run.commands." + command, module): _ENGINE
+        for command, module in (
+            ("base", "hookcli.run.forwards"),
+            ("base", "hookcli.storage.writers"),
+            ("grad", "hookcli.models.loading"),
+            ("grad", "hookcli.run.gradients"),
+            ("cam", "hookcli.pictures.cams"),
+            ("cam", "hookcli.pictures.render"),
+            ("cam", "hookcli.run.batches"),
+            ("cam", "hookcli.run.gradients"),
+            ("cam", "hookcli.storage.writers"),
+            ("stats", "hookcli.statistics.channel_stats"),
+            ("stats", "hookcli.statistics.layer"),
+            ("stats", "hookcli.statistics.writer"),
+        )
+    },
     ("hookcli.api", "hookcli.run.request"): "models and layers answer without the run's checks (about 25 ms)",
     ("hookcli.api", "hookcli.run.execute"): "the run engine (torch) loads once the request is checked",
     ("hookcli.api", "hookcli.run.layer_table"): "layers loads the model (torch) after checking its names",
@@ -231,3 +251,40 @@ def test_the_commands_that_answer_at_once_import_none_of_the_heavy_libraries():
                 heavy.append(f"{module}:{line} imports {target}")
     assert heavy == []
     assert {"hookcli.run.request", "hookcli.models.catalog", "hookcli.inputs.discovery"} <= seen
+
+
+#: What a run's code never tests by name: the commands (it asks their objects, hookcli.run.commands) and the output
+#: kinds (the commands and hookcli.run.outputs' Output say what an output is).
+_COMMAND_NAMES = {"extract", "grad", "cam", "stats", "compare"}
+_OUTPUT_KINDS = {"memory", "file", "folder", "stdout", "cam", "default", "stats", "compare"}
+#: Where they may be: the command objects, the output's own module, and the option tables and command line.
+_NAMING_THEM = ("hookcli.run.commands", "hookcli.run.outputs", "hookcli.options", "hookcli.cli")
+
+
+def _named_like(node: ast.expr, word: str) -> bool:
+    return (isinstance(node, ast.Name) and node.id == word) or (isinstance(node, ast.Attribute) and node.attr == word)
+
+
+def _strings(node: ast.expr) -> set[str]:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return {node.value}
+    if isinstance(node, ast.Tuple | ast.List | ast.Set):
+        return {s for element in node.elts for s in _strings(element) if not isinstance(element, ast.Starred)}
+    return set()
+
+
+def test_no_command_or_output_kind_is_tested_by_its_name_outside_the_command_objects():
+    found = []
+    for module, path in MODULES.items():
+        if module.startswith(_NAMING_THEM):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Compare):
+                continue
+            sides = [node.left, *node.comparators]
+            named = set().union(*(_strings(side) for side in sides))
+            if any(_named_like(side, "command") for side in sides) and named & _COMMAND_NAMES:
+                found.append(f"{module}:{node.lineno}")
+            if any(_named_like(side, "kind") for side in sides) and named & _OUTPUT_KINDS:
+                found.append(f"{module}:{node.lineno}")
+    assert found == []

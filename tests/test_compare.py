@@ -361,7 +361,7 @@ def test_a_crafted_comparison_part_whose_sums_count_other_inputs_is_refused():
     generator = torch.Generator().manual_seed(0)
     shard.update({"a": torch.randn(5, 3, generator=generator), "b": torch.randn(5, 4, generator=generator)}, None)
     state = shard.state()
-    assert gathering.read(state, {}, range(5)).accumulator.count == 5
+    assert gathering.read(state, {}, range(5)).sums.sums.count == 5
     state["linear-cka/count"] = torch.tensor(7)
     with pytest.raises(ValueError) as refused:
         gathering.read(state, {}, range(5))

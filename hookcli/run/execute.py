@@ -6,21 +6,16 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterable, Sequence
-from pathlib import Path
 from typing import Any
 
 from hookcli.errors import ImageError
 from hookcli.events import Advanced, Damaged, Event, Note, Skipped, Started, Wrote
-from hookcli.families import square_input
-from hookcli.pictures.cams import CamOverlays
 from hookcli.pictures.grids import draw_grids
 from hookcli.pictures.options import GridOptions
-from hookcli.run.launch import block_of
+from hookcli.run.commands import command_named
 from hookcli.run.pipeline import iter_batches
 from hookcli.run.plan import RunPlan, plan_request
 from hookcli.run.request import RunRequest
-from hookcli.statistics.channel_stats import StatsGathering
-from hookcli.statistics.writer import GatheringWriter
 from hookcli.storage import writers
 from hookcli.storage.features import Features
 from hookcli.storage.shards import open_features
@@ -54,7 +49,8 @@ def execute(run: RunPlan, progress: Callable[[Event], None] | None = None):
 
     for text in run.notes:
         note(text)
-    writer = _writer(run, note)
+    does = command_named(run.command)
+    writer = does.writer(run, note)
 
     def batches(order):
         return iter_batches(
@@ -65,8 +61,8 @@ def execute(run: RunPlan, progress: Callable[[Event], None] | None = None):
             forward=run.forward,
             order=order,
             on_note=note,
-            picture=writer.picture if isinstance(writer, CamOverlays) else None,
-            rows_on_device=isinstance(writer, GatheringWriter),
+            picture=does.picture(writer),
+            rows_on_device=does.rows_on_device,
         )
 
     with contextlib.closing(run.team) if run.team is not None else contextlib.nullcontext():
@@ -78,7 +74,7 @@ def execute(run: RunPlan, progress: Callable[[Event], None] | None = None):
         if run.grid and complete and writer.finisher:
             with result if isinstance(result, Features) else open_features(run.output.named_path) as written:
                 draw_grids(written, GridOptions(), run.grid, force=run.force, progress=emit)
-    if run.output.kind == "stdout":
+    if run.output.to_stdout:
         return None
     return result
 
@@ -134,60 +130,6 @@ def carry_out(
         for path in writer.written:
             emit(Wrote(path))
     return result, complete
-
-
-def _writer(run: RunPlan, note: Callable[[str], None]) -> writers.RowsWriter:
-    kind = run.output.kind
-    if kind == "memory" and run.stats is not None:
-        return _stats_writer(run, None, note)
-    if kind == "memory":
-        return writers.MemoryWriter(run.record, run.inputs)
-    if kind == "stdout":
-        return writers.StdoutWriter(run.record, run.inputs, run.output.stream)
-    path = run.output.named_path
-    if kind == "folder":
-        share = block_of(run.part)
-        return writers.FolderWriter(
-            run.record, run.inputs, path, shard_size=run.shard_size, force=run.force, part=share, on_note=note
-        )
-    if kind == "file":
-        return writers.FileWriter(run.record, run.inputs, path, force=run.force)
-    if kind == "stats":
-        return _stats_writer(run, path, note)
-    (layer,) = run.layers
-    assert run.target is not None and run.cam_look is not None, "plan gives a cam run both"
-    inner = writers.FileWriter(run.record, run.inputs, str(Path(path) / "cams.safetensors"), force=run.force)
-
-    return CamOverlays(
-        inner,
-        run.inputs,
-        path,
-        preprocess=run.settings.preprocess,
-        count=run.target.count,
-        layer=layer,
-        force=run.force,
-        on_note=note,
-        **run.cam_look,
-    )
-
-
-def _stats_writer(run: RunPlan, path: str | None, note: Callable[[str], None]) -> GatheringWriter:
-    assert run.stats is not None, "a statistics run says what it gathers"
-    gathering = StatsGathering(
-        run.stats, prefix_tokens=run.record.prefix_tokens, square=square_input(run.settings.preprocess)
-    )
-    gathering.check_layers(dict.fromkeys(run.layers.values()))  # the channels come with the first rows
-    return GatheringWriter(
-        run.record,
-        run.inputs,
-        path,
-        gathering,
-        shard_size=run.shard_size,
-        force=run.force,
-        part=block_of(run.part),
-        on_note=note,
-        team=run.team is not None,
-    )
 
 
 def run_request(asked: RunRequest, progress: Callable[[Event], None] | None = None):

@@ -14,28 +14,22 @@ from pathlib import Path
 from typing import BinaryIO
 
 from hookcli.errors import OutputExistsError, UsageProblem
-from hookcli.files import check_own_folder, check_writable, refuse_written_output
+from hookcli.files import check_writable
 from hookcli.inputs.names import IMAGE_SUFFIXES
 from hookcli.models.specs import parse_model
 from hookcli.pictures.options import safe_name
-from hookcli.storage.claims import check_folder_target
-from hookcli.storage.fileformat import parts_folder
 
 __all__ = [
-    "check_target",
+    "check_file_output",
     "DEFAULT_OUTPUT",
-    "GATHERED",
-    "default_output",
     "default_output_name",
+    "is_folder",
+    "model_label",
     "Output",
-    "output_kind",
+    "rows_output",
     "refuse_drawn_grids",
     "refuse_overwriting_inputs",
 ]
-
-
-#: The commands that gather over their inputs instead of storing rows: their output kind is their name.
-GATHERED = ("stats", "compare")
 
 
 class _DefaultOutput:
@@ -58,6 +52,11 @@ class Output:
     stream: BinaryIO | None = field(default=None, repr=False)
 
     @property
+    def to_stdout(self) -> bool:
+        """Whether the rows' bytes go to stdout (or the binary stream given), so that the run returns nothing."""
+        return self.kind == "stdout"
+
+    @property
     def named_path(self) -> str:
         """``path``, of a kind that names one (every kind but ``memory``)."""
         if self.path is None:
@@ -65,15 +64,9 @@ class Output:
         return self.path
 
 
-def output_kind(command: str, output, model_name: str) -> tuple[str, str | None]:
-    """What ``output`` names for ``command``: ``(kind, path)``, kind one of :class:`Output`'s or ``default`` (the
-    command's own name for it, decided once the inputs are known)."""
-    if command in GATHERED:
-        return _gathered_kind(command, output)
-    if command == "cam":
-        if output is None:
-            return "memory", None
-        return "cam", str(f"{_label(model_name)}-cam" if output is DEFAULT_OUTPUT else output)
+def rows_output(output) -> tuple[str, str | None]:
+    """What ``output`` names for a command that keeps a row an input: ``(kind, path)``, kind one of
+    :class:`Output`'s or ``default`` (the command's own name for it, decided once the inputs are known)."""
     if output is None:
         return "memory", None
     if output is DEFAULT_OUTPUT:
@@ -83,36 +76,16 @@ def output_kind(command: str, output, model_name: str) -> tuple[str, str | None]
     text = os.fspath(output)
     if text == "-":
         return "stdout", text
-    if text.endswith(("/", os.sep)) or _is_dir(text):
+    if text.endswith(("/", os.sep)) or is_folder(text):
         return "folder", text
     return "file", text
 
 
-def _gathered_kind(command: str, output) -> tuple[str, str | None]:
-    """A run that gathers (:data:`GATHERED`) writes one file (its parts go beside it while it runs), or returns
-    its result."""
-    if output is None:
-        return "memory", None
-    if output is DEFAULT_OUTPUT:
-        return "default", None
-    text = "-" if hasattr(output, "write") else os.fspath(output)
-    if text == "-":
-        raise UsageProblem(
-            f"{command} writes a file (its parts are kept beside it until the run completes), not to stdout",
-            hint=f"name the file with -o, for example -o {command}.safetensors",
-        )
-    if text.endswith(("/", os.sep)) or _is_dir(text):
-        raise UsageProblem(
-            f"{command} writes one file, and '{text}' is a folder",
-            hint=f"name the file, for example -o {os.path.join(text, command + '.safetensors')}",
-        )
-    return command, text
-
-
-def _is_dir(path: str) -> bool:
+def is_folder(path: str) -> bool:
+    """Whether ``path`` is a folder now (False where it cannot be told: a name too long is said by the checks)."""
     try:
         return Path(path).is_dir()
-    except OSError:  # a name too long, say: the output checks say so in their words
+    except OSError:
         return False
 
 
@@ -120,41 +93,21 @@ def default_output_name(model_name: str, keys: Sequence[str], *, folder: bool = 
     """``<model>-<key>`` for one layer's key, ``<model>-<n>layers`` for more; then ``<kind>.safetensors`` unless a
     folder."""
     label = keys[0] if len(keys) == 1 else f"{len(keys)}layers"
-    name = f"{_label(model_name)}-{label.replace(os.sep, '_')}"
+    name = f"{model_label(model_name)}-{label.replace(os.sep, '_')}"
     return Path(name) if folder else Path(f"{name}{kind}.safetensors")
 
 
-def _label(model_name: str) -> str:
+def model_label(model_name: str) -> str:
     """The model's name as a file name: ``timm-resnet50`` for ``timm:resnet50`` (see :mod:`hookcli.models.sources`)."""
     return parse_model(model_name).label
 
 
-#: What a command's default file name says it holds, before ``.safetensors``.
-_NAMED = {"grad": ".grad", "stats": ".stats", "compare": ".compare"}
-
-
-def default_output(command: str, model_name: str, keys: Sequence[str], kind: str) -> str:
-    return str(default_output_name(model_name, keys, folder=kind == "folder", kind=_NAMED.get(command, "")))
-
-
-def check_target(kind: str, path: str, inputs: Sequence[os.PathLike[str]], force: bool) -> None:
-    """Refuse a file or folder output that could not be written, and a file output that is one of the inputs or is
-    named like another format."""
-    _check_output(kind, path, force)
-    if kind in ("file", *GATHERED):
-        refuse_overwriting_inputs([path], inputs)
-        _refuse_other_format(path)
-    if kind in GATHERED:
-        check_own_folder(parts_folder(path), "a file's parts")
-    if kind == "file":
-        refuse_written_output(path)
-
-
-def _check_output(kind: str, path: str, force: bool) -> None:
-    if kind == "folder":
-        check_folder_target(path)
-    else:
-        check_writable(path, force=force)
+def check_file_output(path: str, inputs: Sequence[os.PathLike[str]], force: bool) -> None:
+    """Refuse a file output that could not be written, that is one of the inputs, or that is named like another
+    format."""
+    check_writable(path, force=force)
+    refuse_overwriting_inputs([path], inputs)
+    _refuse_other_format(path)
 
 
 #: Suffixes of formats other than safetensors (besides images'): an output file is refused under such a name.

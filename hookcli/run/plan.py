@@ -32,47 +32,27 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import json
-import os
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from hookcli.errors import UsageProblem
 from hookcli.families import DEFAULT_CLIP_LENGTH, family_traits
-from hookcli.files import refuse_existing
 from hookcli.inputs.archives import input_key
 from hookcli.inputs.preprocess import DEVICE_DECODE_KINDS
 from hookcli.models import loading
 from hookcli.models.catalog import ModelChoice
 from hookcli.models.loaded import LoadedModel
-from hookcli.models.loading import num_classes
-from hookcli.pictures.cams import cam_png_name
-from hookcli.pictures.render import check_cmap
-from hookcli.run.batches import map_batch, natural_input
+from hookcli.run.commands import command_named
 from hookcli.run.device import resolve_device
-from hookcli.run.forwards import extraction_forward
-from hookcli.run.gradients import CamForward, GradientForward, default_cam_layer
-from hookcli.run.launch import Part, cpu_threads
+from hookcli.run.launch import cpu_threads
 from hookcli.run.options import RunOptions
-from hookcli.run.outputs import (
-    GATHERED,
-    Output,
-    check_target,
-    default_output,
-    refuse_drawn_grids,
-    refuse_overwriting_inputs,
-)
-from hookcli.run.request import RunRequest, arguments_of, gather_rows, request, selectors, with_rows
-from hookcli.run.selectors import resolve_layers
+from hookcli.run.outputs import Output, refuse_drawn_grids
+from hookcli.run.planned import RunPlan
+from hookcli.run.request import RunRequest, arguments_of, gather_rows, request, shared_file, with_rows
 from hookcli.run.settings import RunSettings
 from hookcli.run.speed import check_precision, resolve_settings
-from hookcli.run.targets import Target, parse_target
-from hookcli.run.team import Team, join_team, local_device
-from hookcli.statistics.layer import StatsChoice
+from hookcli.run.team import join_team, local_device
 from hookcli.storage.fileformat import RunRecord, identity, inputs_digest
 
 __all__ = [
@@ -80,33 +60,6 @@ __all__ = [
     "plan",
     "plan_request",
 ]
-
-
-@dataclass(frozen=True)
-class RunPlan:
-    """A run with nothing left to decide. Build one with :func:`plan`, run it with :func:`execute`.
-
-    ``record`` is the run as its files describe it; ``forward`` builds the
-    forward strategy; ``notes`` are said when the run starts.
-    """
-
-    command: str
-    loaded: LoadedModel
-    layers: Mapping[str, str]
-    inputs: tuple[os.PathLike[str], ...]  # files, tar members, clips or frame pairs (hookcli.inputs)
-    settings: RunSettings
-    output: Output
-    record: RunRecord
-    forward: Callable
-    shard_size: int | None = None
-    force: bool = False
-    grid: str | None = None
-    target: Target | None = None  # what grad and cam take gradients of
-    cam_look: Mapping | None = None
-    notes: tuple[str, ...] = ()
-    part: Part | None = None  # this process's share of a shard folder written by many
-    team: Team | None = None  # torchrun's process group, left when the run ends
-    stats: StatsChoice | None = None  # what a statistics run gathers
 
 
 def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunPlan:
@@ -128,8 +81,8 @@ def plan_request(asked: RunRequest) -> RunPlan:
     """The plan of a checked request: torchrun's processes form their group (and find their rows), the device is
     chosen, the model loads, its layers, target and default output name are resolved."""
     command, opts = asked.command, asked.opts
-    if command == "cam":
-        check_cmap(opts.cmap)
+    does = command_named(command)
+    does.check_options(opts)
     team = join_team(asked.part)
     with _left_on_error(team):
         if asked.rows is None:
@@ -147,20 +100,17 @@ def plan_request(asked: RunRequest) -> RunPlan:
         )
         settings = dataclasses.replace(asked.settings, device=device, preprocess=_preprocess(loaded, opts))
         settings = resolve_settings(settings, loaded, len(paths))
-        target, notes = _target_and_notes(command, loaded, settings, opts)
-        notes = asked.notes + loaded.notes_for(asked.given) + notes
-        selected, forward, entries = _command_parts(command, loaded, asked.layers, settings, opts, target)
+        target, notes = does.target(loaded, opts)
+        notes = asked.notes + loaded.notes_for(asked.given) + does.compile_notes(loaded, settings, opts) + notes
+        selected, forward, entries = does.parts(loaded, asked.layers, settings, opts, target)
         entries = {**entries, **_row_entries(loaded, opts, paths)}
-        if path is None and kind in ("file", "folder", *GATHERED):
-            path = default_output(command, loaded.name, list(selected.values()), kind)
-            check_target(kind, path, paths, opts.force or kind in GATHERED and asked.part is not None)
+        if path is None:
+            path = does.planned_path(kind, path, loaded.name, list(selected.values()))
+            does.check_target(kind, path, paths, opts.force or shared_file(does, asked.part))
         if opts.grid and not opts.force and asked.keys is None:  # keys known without the model were checked then
             refuse_drawn_grids(opts.grid, list(selected.values()))
-        if kind == "cam":
-            assert target is not None and path is not None, "a cam run has a target and a folder"
-            _refuse_cam_outputs(path, paths, target.count, opts.force)
+        does.check_planned(kind, path, paths, target, opts)
         record = _record(loaded, selected, settings, opts, paths, entries)
-        cam_look = {"method": opts.method, "alpha": opts.alpha, "cmap": opts.cmap} if command == "cam" else None
         if team is not None:
             team.check_same(identity(record))
         return RunPlan(
@@ -176,11 +126,10 @@ def plan_request(asked: RunRequest) -> RunPlan:
             force=opts.force,
             grid=opts.grid,
             target=target,
-            cam_look=cam_look,
             notes=notes,
             part=asked.part,
             team=team,
-            stats=StatsChoice.from_options(opts) if command == "stats" else None,
+            **does.extras(opts),
         )
 
 
@@ -200,33 +149,6 @@ def _device(part, opts: RunOptions, module=None):
     return device
 
 
-def _target_and_notes(command: str, loaded: LoadedModel, settings: RunSettings, opts: RunOptions):
-    """``(target or None, notes)``: grad's and cam's target read against the model, and what the run says of the
-    model and of ``--compile``."""
-    notes: tuple[str, ...] = ()
-    if command == "extract" and opts.compile and not settings.compile:
-        notes += (
-            f"--compile applies to classification models; this {loaded.family.replace('_', ' ')} model runs eagerly",
-        )
-    if command != "extract" and opts.compile:
-        notes += ("--compile: gradients need the eager graph with hooks; running eagerly",)
-    if command == "extract":
-        return None, notes
-    target = parse_target(
-        opts.target,
-        loaded.categories,
-        loaded.classes or num_classes(loaded.module),
-        region=opts.region,
-        family=loaded.family,
-    )
-    if loaded.scores not in (None, "logits"):
-        notes += (
-            f"{loaded.name} has no classifier: targets are units of its "
-            f"{'image embedding' if loaded.scores == 'embedding' else loaded.scores}",
-        )
-    return target, notes
-
-
 def _row_entries(loaded: LoadedModel, opts: RunOptions, paths) -> dict[str, str]:
     """What a run of clips or pairs of frames records of how its rows were cut (a resumed run must cut the same)."""
     row = family_traits(loaded.family).row
@@ -241,14 +163,6 @@ def _row_entries(loaded: LoadedModel, opts: RunOptions, paths) -> dict[str, str]
     if row == "pair":
         return {"frame_stride": str(opts.frame_stride)}
     return {}
-
-
-def _refuse_cam_outputs(folder: str, paths, count: int, force: bool) -> None:
-    """Refuse a CAM folder whose files exist (without ``force``) or would overwrite an input."""
-    names = [cam_png_name(i, p, k, count) for i, p in enumerate(paths) for k in range(count)]
-    planned = [Path(folder) / "cams.safetensors", *(Path(folder) / n for n in names)]
-    refuse_existing(planned, force=force)
-    refuse_overwriting_inputs(planned, paths)
 
 
 def _record(loaded: LoadedModel, selected, settings: RunSettings, opts: RunOptions, paths, entries) -> RunRecord:
@@ -322,54 +236,3 @@ def _preprocess(loaded, opts: RunOptions):
 def _load(choice: ModelChoice | None, opts: RunOptions):
     assert choice is not None, "a request names the model it does not hold loaded"
     return loading.build_model(choice, seed=opts.seed or 0)  # looked up on use: a test's seam
-
-
-def _command_parts(command, loaded, layers, settings, opts, target):
-    """``(layers, forward factory, the command's own metadata entries)`` for ``command``."""
-    if command in ("extract", *GATHERED):
-        # A statistics run records what it gathers: a run continued with other choices would mix them.
-        entries = {"stats": json.dumps(StatsChoice.from_options(opts).describe())} if command == "stats" else {}
-        return (
-            resolve_layers(loaded.module, selectors(layers), model_name=_named(loaded)),
-            extraction_forward(settings),
-            entries,
-        )
-    if command == "grad":
-        return (
-            resolve_layers(loaded.module, selectors(layers), model_name=_named(loaded)),
-            functools.partial(GradientForward, target=target, categories=loaded.categories, scores=loaded.scores),
-            {"target": target.describe()},
-        )
-    layer = _cam_layer(loaded, layers, settings)
-    return (
-        {layer: "cam"},
-        functools.partial(
-            CamForward,
-            target=target,
-            categories=loaded.categories,
-            method=opts.method,
-            scores=loaded.scores,
-            prefix_tokens=loaded.prefix_tokens,
-        ),
-        {"target": target.describe(), "method": opts.method, "cam_layer": layer},
-    )
-
-
-def _cam_layer(loaded, selector, settings) -> str:
-    if selector:
-        if not isinstance(selector, str):
-            (selector,) = selector
-        chosen = resolve_layers(loaded.module, [selector], model_name=_named(loaded))
-        if len(chosen) != 1:
-            raise UsageProblem(
-                f"cam takes one layer, and '{selector}' matches {len(chosen)}", hint="see 'hookcli cam --help'"
-            )
-        return next(iter(chosen))
-    device = next(loaded.module.parameters()).device  # a model reused from an earlier run may be on a GPU
-    example = natural_input(loaded.family, preprocess=settings.preprocess)
-    return default_cam_layer(loaded, map_batch(example, lambda tensor: tensor.to(device)))
-
-
-def _named(loaded: LoadedModel) -> str | None:
-    """The name the command line knows a model by (None for a module handed in, which has none)."""
-    return None if loaded.source == "module" else loaded.name

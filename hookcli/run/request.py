@@ -30,16 +30,17 @@ from typing import Any
 from hookcli.console import counted
 from hookcli.errors import UsageProblem, VideoError
 from hookcli.families import CPU_ONLY, DEFAULT_CLIP_LENGTH, family_traits
-from hookcli.files import check_folder_output, refuse_existing
+from hookcli.files import check_folder_output
 from hookcli.inputs import clips
 from hookcli.inputs.clips import ImagePair
 from hookcli.inputs.discovery import FoundInputs, find_inputs
 from hookcli.models.catalog import ModelChoice, choose_model
 from hookcli.models.loaded import LoadedModel
-from hookcli.options import LARGE_INPUT
+from hookcli.run.commands import COMMANDS, Command, command_named
+from hookcli.run.commands.base import selectors
 from hookcli.run.launch import Part, detect_part, joins_team
-from hookcli.run.options import CLIPS, COMMAND_OPTIONS, RunOptions, run_options
-from hookcli.run.outputs import GATHERED, check_target, default_output, output_kind, refuse_drawn_grids
+from hookcli.run.options import CLIPS, RunOptions, run_options
+from hookcli.run.outputs import refuse_drawn_grids
 from hookcli.run.selectors import selector_keys
 from hookcli.run.settings import RunSettings
 from hookcli.run.targets import parse_region
@@ -51,6 +52,7 @@ __all__ = [
     "gather_rows",
     "request",
     "selectors",
+    "shared_file",
     "with_rows",
 ]
 
@@ -109,8 +111,7 @@ def request(
     """Check a run of ``command`` (``extract``, ``grad``, ``cam``, ``stats`` or ``compare``) with the options of
     :mod:`hookcli.api`; see :func:`hookcli.run.plan.plan` for the arguments. ``rows``: the inputs another
     request found already (a second model run over them), not looked for again. Raises the library's errors."""
-    if command not in COMMAND_OPTIONS:
-        raise UsageProblem(f"unknown command '{command}'", hint=f"use one of {', '.join(COMMAND_OPTIONS)}")
+    does = command_named(command)
     opts = run_options(command, options)
     help_hint = f"see 'hookcli {command} --help'"
     if opts.incomplete:
@@ -133,24 +134,23 @@ def request(
     else:  # from the registry cache: only a cold cache imports torchvision
         choice = choose_model(str(model), opts.weights)
         model_name, family = choice.name, choice.family
-    opts = _fitted_to_family(command, family, opts, options, help_hint)
-    settings = _settings(command, opts)  # from the options as the family fits them (a quantized model's CPU)
-    keys = selector_keys(selectors(layers)) if command != "cam" else None
-    kind, path = output_kind(command, output, model_name)
-    if opts.shard_size and kind not in ("folder", "default", *GATHERED):
+    does.check_family(family, family_traits(family))
+    opts = _fitted_to_family(family, opts, options, help_hint)
+    settings = does.settings(opts)  # from the options as the family fits them (a quantized model's CPU)
+    keys = selector_keys(selectors(layers)) if does.selects_layers else None
+    kind, path = does.output(output, model_name)
+    output_at = _OUTPUTS[kind]
+    if opts.shard_size and not output_at.shared:
         raise UsageProblem("--shard-size applies to a folder output (-o DIR/)", hint=help_hint)
-    part = _part(opts, kind, output)
-    if part is not None and kind == "default":
-        kind = command if command in GATHERED else "folder"  # many processes share the work of one shard folder
+    part = _part(opts, output_at, output)
+    if part is not None and output_at.by_default:
+        kind = does.shared_kind()  # many processes share the work of one shard folder (or one file's parts)
     stream = output if hasattr(output, "write") else None
-    if kind == "stdout" and (stream or sys.stdout).isatty():
+    if output_at.stdout and (stream or sys.stdout).isatty():
         raise UsageProblem(
             "refusing to write binary safetensors data to a terminal; pipe or redirect -o -", hint=help_hint
         )
-    if kind == "cam":
-        assert path is not None, "output_kind names a cam run's folder"
-        check_folder_output(path)
-        refuse_existing([os.path.join(path, "cams.safetensors")], force=opts.force)
+    does.check_output(kind, path, opts)
     asked = RunRequest(
         command,
         model,
@@ -179,12 +179,12 @@ def with_rows(asked: RunRequest, rows: FoundInputs, notes: tuple[str, ...]) -> R
     """``asked`` with its rows, and what can be checked once they are known: the default output's name when the
     selectors name their keys, and the output and ``--grid`` folders."""
     kind, path, opts = asked.kind, asked.path, asked.opts
-    if kind == "default":
-        kind = asked.command if asked.command in GATHERED else "folder" if len(rows.paths) > LARGE_INPUT else "file"
+    does = command_named(asked.command)
+    if _OUTPUTS[kind].by_default:
+        kind = does.default_kind(len(rows.paths))
         # Named after the layers' keys: known now unless a glob or a type selector leaves them to the model.
-        path = None if asked.keys is None else default_output(asked.command, asked.model_name, asked.keys, kind)
-    if path is not None and kind in ("file", "folder", *GATHERED):
-        check_target(kind, path, rows.paths, opts.force or _shared_stats(kind, asked.part))
+        path = None if asked.keys is None else does.planned_path(kind, None, asked.model_name, asked.keys)
+    does.check_target(kind, path, rows.paths, opts.force or shared_file(does, asked.part))
     if opts.grid:
         check_folder_output(opts.grid)
         if asked.keys is not None and not opts.force:  # known without the model: said before torch loads
@@ -192,33 +192,55 @@ def with_rows(asked: RunRequest, rows: FoundInputs, notes: tuple[str, ...]) -> R
     return dataclasses.replace(asked, kind=kind, path=path, rows=rows, notes=notes)
 
 
-def _shared_stats(kind: str, part: Part | None) -> bool:
-    """A file that many processes gather may already be there, written by the one that finished it: the writer
-    tells that apart from another run's file (:class:`~hookcli.statistics.writer.GatheringWriter`)."""
-    return kind in GATHERED and part is not None
+def shared_file(does: Command, part: Part | None) -> bool:
+    """Whether the output is a file that many processes gather, which may already be there, written by the one that
+    finished it: the writer tells that apart from another run's file
+    (:class:`~hookcli.statistics.writer.GatheringWriter`)."""
+    return does.gathers and part is not None
 
 
-def selectors(layers) -> list[str]:
-    """Layer selectors as given (one, or a list) as a list."""
-    return [layers] if isinstance(layers, str) else list(layers)
+@dataclass(frozen=True)
+class _Output:
+    """What the request asks of an output kind: whether many processes may share it (a shard folder, a file
+    gathered in parts, or one named by default, which becomes either), whether it is named by default, and whether
+    it is stdout (and so never a terminal), and whether it is the caller's own loop (in memory)."""
+
+    shared: bool = False
+    by_default: bool = False
+    stdout: bool = False
+    memory: bool = False
 
 
-def _part(opts: RunOptions, kind: str, output) -> Part | None:
+#: Each output kind (:class:`~hookcli.run.outputs.Output`'s, and ``default``) as the request sees it.
+_OUTPUTS = {
+    "memory": _Output(memory=True),
+    "default": _Output(shared=True, by_default=True),
+    "file": _Output(),
+    "stdout": _Output(stdout=True),
+    "folder": _Output(shared=True),
+    "cam": _Output(),
+    **{name: _Output(shared=True) for name, does in COMMANDS.items() if does.gathers},
+}
+
+
+def _part(opts: RunOptions, output_at: _Output, output) -> Part | None:
     """This process's :class:`~hookcli.run.launch.Part` of a shard folder that many write (``--part``, or what a
     launcher says), or None."""
     if opts.part is not None:
-        if kind not in ("folder", "default", *GATHERED):
+        if not output_at.shared:
             raise UsageProblem(
                 "--part applies to a shard folder output (-o DIR/)", hint="the processes share the work of one folder"
             )
         return opts.part
-    if kind == "memory":
+    if output_at.memory:
         return None  # a Python caller's own loop: it decides who computes what
     part = detect_part()
-    if part is not None and kind in ("file", "stdout", "cam"):
+    if part is not None and not output_at.shared:
         raise UsageProblem(
             f"{part.count} processes started by {part.launcher} would each write all of '{output}'",
-            hint="write a shard folder (-o DIR/): they share its work" if kind != "cam" else "run cam as one process",
+            hint="run cam as one process"
+            if output_at is _OUTPUTS["cam"]
+            else "write a shard folder (-o DIR/): they share its work",
         )
     return part
 
@@ -226,33 +248,6 @@ def _part(opts: RunOptions, kind: str, output) -> Part | None:
 def arguments_of(inputs) -> list[str]:
     """Inputs as given (a path, or a list of them) as a list of strings."""
     return [os.fspath(p) for p in ([inputs] if isinstance(inputs, str | os.PathLike) else inputs)]
-
-
-#: Why a family has no gradients (or no CAM pictures), said as the hint.
-_NO_GRADIENTS = {
-    "video": "a clip has no one photo to draw a map over; 'hookcli grad' gives the gradients of a video model",
-    "optical_flow": "a flow field is not a class score; extract the layers instead",
-    "quantized": "quantized kernels have no backward; use the float model (the name without quantized_)",
-}
-
-
-def _settings(command: str, opts: RunOptions):
-    """The run settings the options ask for, validated; preprocessing is the model's, filled in once it loads."""
-    extracting = command == "extract"
-    return RunSettings(
-        capture=opts.capture if extracting else "output",
-        device=opts.device,
-        batch_size=opts.batch_size,
-        workers=opts.workers,
-        pool=opts.pool if extracting else None,
-        dtype=opts.dtype if command in ("extract", "grad") else "float32",  # what gathers reads float32 at least
-        on_error=opts.on_error,
-        precision=opts.precision,
-        memory_format=opts.memory_format,
-        compile=opts.compile,
-        fuse=opts.fuse if command in ("extract", *GATHERED) else False,
-        final_output=opts.detections or opts.flow,
-    )
 
 
 def gather_rows(asked: RunRequest) -> tuple[FoundInputs, tuple[str, ...]]:
@@ -315,15 +310,13 @@ def _image_pairs(arguments: list[str], opts: RunOptions, recursive: bool):
     return FoundInputs([ImagePair(a, b) for a, b in zip(firsts, seconds, strict=True)])
 
 
-def _fitted_to_family(command: str, family: str, opts: RunOptions, given: Mapping, help_hint: str) -> RunOptions:
+def _fitted_to_family(family: str, opts: RunOptions, given: Mapping, help_hint: str) -> RunOptions:
     """Refuse a command or options that do not apply to the model's family; quantized models run on the CPU
     (``auto`` picks it).
 
     Said before any model loads: the family comes from the registry cache.
     """
     traits = family_traits(family)
-    if command == "cam" and not traits.cams or command == "grad" and not traits.gradients:
-        raise UsageProblem(f"{command} does not apply to {family.replace('_', ' ')} models", hint=_NO_GRADIENTS[family])
     if opts.region is not None and traits.output != "masks":
         raise UsageProblem("--region applies to segmentation models", hint=help_hint)
     if opts.region is not None:

@@ -30,10 +30,11 @@ from hookcli.families import square_input
 from hookcli.inputs.archives import file_stamp
 from hookcli.options import SAVED_STATS_OPTIONS
 from hookcli.patterns import select_keys
+from hookcli.run.commands import command_named
 from hookcli.run.execute import carry_out
 from hookcli.run.launch import Part, block_of, detect_part
 from hookcli.run.options import RunOptions, refuse_unknown, run_options
-from hookcli.run.outputs import check_target, output_kind
+from hookcli.run.outputs import DEFAULT_OUTPUT
 from hookcli.run.settings import Batch
 from hookcli.statistics.channel_stats import StatsGathering
 from hookcli.statistics.layer import StatsChoice
@@ -150,13 +151,13 @@ def run_saved(
     :func:`~hookcli.storage.compare_format.second_names`),
     into ``output`` as ``command`` writes it; ``entries`` are the command's own, recorded with the run."""
     first = sources[0]
-    kind, path = output_kind(command, output, "")
-    if kind == "default":
-        kind, path = command, _default_name(first.reader, command)
-    part = _part(opts.part, kind)
-    if path is not None:
-        files = [Path(s.reader.name) for s in sources if os.path.isfile(s.reader.name)]
-        check_target(command, path, files, opts.force or bool(part))
+    does = command_named(command)
+    kind, path = does.output(output, "")  # refuses stdout and folders
+    if output is DEFAULT_OUTPUT:
+        kind, path = does.default_kind(len(first.names)), _default_name(first.reader, command)
+    part = _part(opts.part, in_memory=path is None)
+    files = [Path(s.reader.name) for s in sources if os.path.isfile(s.reader.name)]
+    does.check_target(kind, path, files, opts.force or bool(part))
     record = dataclasses.replace(first.recorded.record, command=dict(entries), shard_size=opts.shard_size)
     writer = GatheringWriter(
         record,
@@ -211,8 +212,8 @@ def _default_name(reader: FeatureReader, command: str) -> str:
     return f"{stem or 'features'}.{command}.safetensors"
 
 
-def _part(given: Part | None, kind: str) -> Part | None:
-    if kind == "memory":
+def _part(given: Part | None, *, in_memory: bool) -> Part | None:
+    if in_memory:
         if given is not None:
             raise UsageProblem("--part applies to a file many processes write", hint="give -o FILE")
         return None

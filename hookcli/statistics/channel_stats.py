@@ -19,6 +19,7 @@ from hookcli.errors import CaptureError
 from hookcli.statistics.components import check_basis, component_layout, read_basis
 from hookcli.statistics.layer import LayerStats, StatsChoice
 from hookcli.statistics.units import UnitLayout
+from hookcli.statistics.writer import Made
 from hookcli.storage.stats_format import (
     MOST_CHANNELS,
     MOST_POSITIONS,
@@ -87,7 +88,7 @@ class StatsGathering:
             gathered.layers[key] = layer
         return gathered
 
-    def notes(self, tensors: Mapping[str, torch.Tensor]) -> list[str]:
+    def notes(self, gathered: GatheredStats, tensors: Mapping[str, torch.Tensor], *, inputs: int) -> list[str]:
         """Layers the components asked for do not cover, and layers whose channels' examples tie at their largest
         value (an activation's ceiling, as ReLU6's): the ties go to the first rows, which ``--top-by mean`` tells
         apart."""
@@ -112,14 +113,14 @@ class StatsGathering:
                 )
         return said
 
-    def metadata(self, run: Mapping[str, str], *, inputs: list, skipped: list, identity: Mapping) -> dict[str, str]:
+    def metadata(self, run: Mapping[str, str], made: Made) -> dict[str, str]:
         return stats_metadata(
             run,
             options=self.choice.describe(),
             units={key: _describe(layout) for key, layout in self.layouts.items()},
-            inputs=inputs,
-            skipped=skipped,
-            identity=identity,
+            inputs=made.inputs,
+            skipped=made.skipped,
+            identity=made.identity,
         )
 
 

@@ -27,19 +27,11 @@ import torch
 from hookcli.compare_options import COMPARE_OPTIONS
 from hookcli.errors import CaptureError, UsageProblem
 from hookcli.options import check_value, declared_field
-from hookcli.statistics.debiased_cka import DebiasedLinearCKA
-from hookcli.statistics.similarity import (
-    MAX_WIDTH,
-    MIN_BATCH,
-    LinearCKA,
-    MinibatchCKA,
-    RSARows,
-    compare_rdms,
-    dissimilarities,
-    undefined,
-)
+from hookcli.statistics.comparison_sums import SUMS, MethodSums, Sides, linear_cka
+from hookcli.statistics.similarity import MAX_WIDTH, MIN_BATCH, undefined
 from hookcli.statistics.units import UnitLayout
-from hookcli.storage.compare_format import MOST_LABELS, RDM, compare_metadata, second_names
+from hookcli.statistics.writer import Made
+from hookcli.storage.compare_format import MOST_LABELS, compare_metadata
 
 __all__ = [
     "DEFAULT_POOL",
@@ -176,8 +168,12 @@ class CompareGathering:
             )
         self.prefix_tokens, self.square = prefix_tokens, square
         self.layouts: dict[str, UnitLayout] = {}
-        self.undefined: list[str] = []
-        self.few: str | None = None
+        rows, columns = len(self.first), len(self.second or self.first)
+        self.sides = Sides(tuple(self.keys), rows, columns, self.second is None, self.labels)
+        #: What the method's sums take of the choice.
+        self.settings = {
+            name: value for name, value in dataclasses.asdict(choice).items() if name not in ("method", "pool")
+        }
 
     @property
     def fewest(self) -> int:
@@ -192,18 +188,10 @@ class CompareGathering:
         return GatheredComparison(self)
 
     def read(self, state: Mapping[str, torch.Tensor], described: Mapping, inputs: Sequence[int]) -> GatheredComparison:
-        gathered = GatheredComparison(self)
         own = {name.partition("/")[2]: value for name, value in state.items()}
-        rows, columns = len(self.first), len(self.second or self.first)
-        method, same = self.choice.method, self.second is None
-        if method == "linear-cka":
-            gathered.accumulator = linear_cka(self.choice.debiased).from_state(own, rows, columns, same=same)
-        elif method == "minibatch-cka":
-            gathered.accumulator = MinibatchCKA.from_state(own, rows, columns, same=same)
-        else:
-            gathered.accumulator = RSARows.from_state(own, len(self.keys), self.choice.rsa_rows)
-        gathered.accumulator.check_part(len(inputs))
-        return gathered
+        sums = SUMS[self.choice.method].read(own, self.sides, **self.settings)
+        sums.check_part(len(inputs))
+        return GatheredComparison(self, sums)
 
     def representation(self, key: str, value, side: int) -> torch.Tensor:
         """A key's rows as ``[n, d]``: pooled over their positions, or flattened."""
@@ -229,63 +217,37 @@ class CompareGathering:
             )
         return flat
 
-    def notes(self, tensors: Mapping[str, torch.Tensor]) -> list[str]:
-        """The representations whose similarities are undefined (NaN in the matrix), found by the result, and
-        whether its inputs are too few to read it."""
-        return [no_spread_note(label) for label in self.undefined] + ([self.few] if self.few else [])
+    def notes(self, gathered: GatheredComparison, tensors: Mapping[str, torch.Tensor], *, inputs: int) -> list[str]:
+        """The representations whose similarities are undefined (NaN in the matrix), and whether its ``inputs``
+        inputs are too few to read it."""
+        few = few_inputs_note(inputs, gathered.widest())
+        return [no_spread_note(label) for label in self._undefined(tensors)] + ([few] if few else [])
 
-    def metadata(self, run: Mapping[str, str], *, inputs: list, skipped: list, identity: Mapping) -> dict[str, str]:
+    def _undefined(self, tensors: Mapping[str, torch.Tensor]) -> list[str]:
+        return undefined(tensors[self.choice.method], *self.labels)
+
+    def metadata(self, run: Mapping[str, str], made: Made) -> dict[str, str]:
         return compare_metadata(
             run,
             method=self.choice.method,
             rows=self.labels[0],
             columns=self.labels[1],
             settings=self.choice.describe(),
-            inputs=inputs,
-            skipped=skipped,
-            identity=identity,
+            inputs=made.inputs,
+            skipped=made.skipped,
+            identity=made.identity,
             same=self.second is None,
-            undefined=self.undefined,
-        )
-
-
-def linear_cka(debiased: bool) -> type[LinearCKA]:
-    """The accumulator of linear CKA, plain or ``debiased``."""
-    return DebiasedLinearCKA if debiased else LinearCKA
-
-
-def _refuse_wide_comoments(keys, representations: list[torch.Tensor]) -> None:
-    """Linear CKA keeps one float64 co-moment over every representation's values together: refuse, before it is
-    made, one wider than :data:`MAX_WIDTH` values in all."""
-    total = sum(x.shape[1] for x in representations)
-    if total > MAX_WIDTH:
-        widths = ", ".join(f"{key} {x.shape[1]:,}" for key, x in zip(keys, representations))
-        raise UsageProblem(
-            f"the representations give {total:,} values a row together ({widths}): linear CKA keeps the "
-            f"co-moments of at most {MAX_WIDTH:,} (a {MAX_WIDTH:,}² matrix)",
-            hint="pool them (--pool avg), compare fewer at once, or use --method minibatch-cka",
+            undefined=self._undefined(made.tensors),
         )
 
 
 class GatheredComparison:
-    """What one shard (or several, merged) gathered for a comparison."""
+    """What one shard (or several, merged) gathered for a comparison: the representations of each batch, made from
+    its features, added to the method's sums (:mod:`hookcli.statistics.comparison_sums`)."""
 
-    def __init__(self, gathering: CompareGathering) -> None:
+    def __init__(self, gathering: CompareGathering, sums: MethodSums | None = None) -> None:
         self.gathering = gathering
-        rows, columns = len(gathering.first), len(gathering.second or gathering.first)
-        method, same = gathering.choice.method, gathering.second is None
-        self.accumulator: LinearCKA | MinibatchCKA | RSARows
-        if method == "linear-cka":
-            self.accumulator = linear_cka(gathering.choice.debiased)(rows, columns, same=same)
-        elif method == "minibatch-cka":
-            self.accumulator = MinibatchCKA(rows, columns, same=same)
-        else:
-            self.accumulator = RSARows(len(gathering.keys), gathering.choice.rsa_rows)
-        self.pending: list[torch.Tensor] | None = None  # minibatch-cka: the batch waiting for the next one
-
-    def _sides(self, representations: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        count = len(self.gathering.first)
-        return representations[:count], representations[count:]
+        self.sums: MethodSums = sums or SUMS[gathering.choice.method](gathering.sides, **gathering.settings)
 
     def update(self, features: Mapping, rows: torch.Tensor) -> None:
         gathering = self.gathering
@@ -293,78 +255,22 @@ class GatheredComparison:
             gathering.representation(key, features[key], 0 if n < len(gathering.first) else 1)
             for n, key in enumerate(gathering.keys)
         ]
-        if isinstance(self.accumulator, RSARows):
-            self.accumulator.update(representations, rows)
-        elif isinstance(self.accumulator, LinearCKA):
-            _refuse_wide_comoments(gathering.keys, representations)
-            self.accumulator.update(*self._sides(representations))
-        else:
-            self._minibatch(representations)
-
-    def _minibatch(self, representations: list[torch.Tensor]) -> None:
-        """A batch of fewer than 4 rows (a shard's last, or one with inputs skipped) joins the one before it in its
-        shard (or the next, for a shard's first): the estimate is never NaN."""
-        assert isinstance(self.accumulator, MinibatchCKA), "a minibatch comparison's"
-        if self.pending is None:
-            self.pending = representations
-        elif min(self.pending[0].shape[0], representations[0].shape[0]) < MIN_BATCH:
-            self.pending = [torch.cat([a, b]) for a, b in zip(self.pending, representations)]
-        else:
-            self.accumulator.update(*self._sides(self.pending))
-            self.pending = representations
+        self.sums.update(representations, rows)
 
     def seal(self) -> None:
-        if self.pending is None:
-            return
-        assert isinstance(self.accumulator, MinibatchCKA), "only minibatches wait"
-        if self.pending[0].shape[0] < MIN_BATCH:
-            raise UsageProblem(
-                f"a shard of {self.pending[0].shape[0]} rows: minibatch CKA needs batches of at least {MIN_BATCH}",
-                hint="choose a --shard-size and --batch-size that leave every shard 4 rows or more",
-            )
-        self.accumulator.update(*self._sides(self.pending))
-        self.pending = None
+        self.sums.seal()
 
     def merge(self, other: GatheredComparison) -> None:
-        self.accumulator.merge(other.accumulator)  # type: ignore[arg-type]  # one method's, like this one
+        self.sums.merge(other.sums)
 
     def state(self) -> dict[str, torch.Tensor]:
-        return {f"{self.gathering.choice.method}/{name}": value for name, value in self.accumulator.state().items()}
+        return {f"{self.gathering.choice.method}/{name}": value for name, value in self.sums.state().items()}
 
     def describe(self) -> dict:
         return {"method": self.gathering.choice.method}
 
     def result(self, positions: torch.Tensor) -> dict[str, torch.Tensor]:
-        gathering, choice = self.gathering, self.gathering.choice
-        found: dict[str, torch.Tensor] = {}
-        if isinstance(self.accumulator, RSARows):
-            matrices = [dissimilarities(rows, choice.rsa_distance) for rows in self.accumulator.matrices()]
-            first, second = self._sides(matrices)
-            second = second or first
-            found["rsa"] = torch.tensor(
-                [[compare_rdms(a, b, choice.rsa_compare) for b in second] for a in first], dtype=torch.float64
-            )
-            if choice.save_rdms:
-                mine = gathering.labels[0]
-                # A second side's label the first has too (two models' layer4) is stored as 2:<label>.
-                theirs = second_names(mine, gathering.labels[1])
-                labels = mine + (theirs if gathering.second is not None else [])
-                found.update({f"{RDM}{label}": rdm.to(torch.float32) for label, rdm in zip(labels, matrices)})
-        else:
-            found[choice.method] = self.accumulator.result()
-            if isinstance(self.accumulator, LinearCKA):
-                state = self.accumulator.state()
-                found.update({f"linear-cka@{name}": value for name, value in state.items() if self.accumulator.count})
-        gathering.undefined = undefined(found[choice.method], *gathering.labels)
-        gathering.few = few_inputs_note(int((positions >= 0).sum()), self._widest())
-        return found
+        return self.sums.tensors()
 
-    def _widest(self) -> tuple[str, int] | None:
-        """Plain linear CKA's widest representation, label and width (None for the other methods, whose reading
-        does not rest on the inputs outnumbering the widths)."""
-        accumulator = self.accumulator
-        if type(accumulator) is not LinearCKA or not accumulator.count:
-            return None
-        gathering = self.gathering
-        labels = gathering.labels[0] + (gathering.labels[1] if gathering.second is not None else [])
-        return max(zip(labels, accumulator.widths), key=lambda pair: pair[1])
+    def widest(self) -> tuple[str, int] | None:
+        return self.sums.widest()

@@ -31,7 +31,7 @@ import os
 import shutil
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 
@@ -46,7 +46,7 @@ from hookcli.storage.saving import write_safetensors
 from hookcli.storage.shard_writer import ShardWriter, batches_in
 from hookcli.storage.stats_format import PART_ROWS, STATS_PART
 
-__all__ = ["Gathered", "Gathering", "GatheringWriter", "stats_shard_size"]
+__all__ = ["Gathered", "Gathering", "GatheringWriter", "Made", "stats_shard_size"]
 
 #: How many shards the inputs are cut into when no shard size is given...
 AUTO_SHARDS = 8
@@ -99,6 +99,16 @@ class Gathered(Protocol):
         ...
 
 
+class Made(NamedTuple):
+    """What a gathering run's output is made of: its ``tensors``, the ``inputs`` they have rows of, those
+    ``skipped``, and the run's ``identity``."""
+
+    tensors: Mapping[str, torch.Tensor]
+    inputs: list
+    skipped: list
+    identity: Mapping
+
+
 class Gathering(Protocol):
     """What a run gathers: each shard's :class:`Gathered`, and the output's metadata. ``fewest``: the rows a shard
     needs at least."""
@@ -115,12 +125,13 @@ class Gathering(Protocol):
         where the state is not what those rows could make (a part is a file, and files are untrusted)."""
         ...
 
-    def metadata(self, run: Mapping[str, str], *, inputs: list, skipped: list, identity: Mapping) -> dict[str, str]:
-        """The output's metadata, from the run's (:func:`hookcli.storage.fileformat.run_metadata`)."""
+    def metadata(self, run: Mapping[str, str], made: Made) -> dict[str, str]:
+        """The metadata of the output ``made``, from the run's (:func:`~hookcli.storage.fileformat.run_metadata`)."""
         ...
 
-    def notes(self, tensors: Mapping[str, torch.Tensor]) -> list[str]:
-        """What the output's tensors call for saying (a ``Note:`` each)."""
+    def notes(self, gathered, tensors: Mapping[str, torch.Tensor], *, inputs: int) -> list[str]:
+        """What the output's ``tensors``, which ``gathered`` made of ``inputs`` inputs, call for saying (a
+        ``Note:`` each)."""
         ...
 
 
@@ -427,11 +438,11 @@ class GatheringWriter:
         positions[torch.tensor(merged.rows)] = torch.arange(len(merged.rows))
         tensors = merged.gathered.result(positions)
         if self.on_note is not None:
-            for text in self.gathering.notes(tensors):
+            for text in self.gathering.notes(merged.gathered, tensors, inputs=len(merged.rows)):
                 self.on_note(text)
         run = fileformat.run_metadata(self.record, merged.facts or RunFacts(calls={}), keys=list(tensors))
         metadata = self.gathering.metadata(
-            run, inputs=merged.inputs, skipped=merged.skipped, identity=fileformat.identity(self.record)
+            run, Made(tensors, merged.inputs, merged.skipped, fileformat.identity(self.record))
         )
         return tensors, metadata
 

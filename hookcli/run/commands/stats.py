@@ -1,0 +1,63 @@
+"""``hookcli stats``: each channel's statistics, dataset examples and principal components over every input."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from hookcli.families import square_input
+from hookcli.run.commands.gathering import Gathers
+from hookcli.run.launch import block_of
+from hookcli.run.options import RunOptions
+from hookcli.run.settings import RunSettings
+
+if TYPE_CHECKING:
+    from hookcli.models.loaded import LoadedModel
+    from hookcli.run.planned import RunPlan
+    from hookcli.run.targets import Target
+    from hookcli.storage.writers import RowsWriter
+
+__all__ = ["Stats"]
+
+
+class Stats(Gathers):
+    """Gathers each layer's channels (:class:`~hookcli.statistics.channel_stats.StatsGathering`)."""
+
+    name = "stats"
+    named = ".stats"
+
+    def parts(
+        self, loaded: LoadedModel, layers, settings: RunSettings, opts: RunOptions, target: Target | None
+    ) -> tuple[dict[str, str], Callable, dict[str, str]]:
+        from hookcli.statistics.layer import StatsChoice
+
+        selected, forward, _ = super().parts(loaded, layers, settings, opts, target)
+        # A statistics run records what it gathers: a run continued with other choices would mix them.
+        return selected, forward, {"stats": json.dumps(StatsChoice.from_options(opts).describe())}
+
+    def extras(self, opts: RunOptions) -> Mapping[str, Any]:
+        from hookcli.statistics.layer import StatsChoice
+
+        return {"stats": StatsChoice.from_options(opts)}
+
+    def writer(self, run: RunPlan, note: Callable[[str], None]) -> RowsWriter:
+        from hookcli.statistics.channel_stats import StatsGathering
+        from hookcli.statistics.writer import GatheringWriter
+
+        assert run.stats is not None, "a statistics run says what it gathers"
+        gathering = StatsGathering(
+            run.stats, prefix_tokens=run.record.prefix_tokens, square=square_input(run.settings.preprocess)
+        )
+        gathering.check_layers(dict.fromkeys(run.layers.values()))  # the channels come with the first rows
+        return GatheringWriter(
+            run.record,
+            run.inputs,
+            run.output.path,
+            gathering,
+            shard_size=run.shard_size,
+            force=run.force,
+            part=block_of(run.part),
+            on_note=note,
+            team=run.team is not None,
+        )

@@ -1,0 +1,46 @@
+"""A run with nothing left to decide (:class:`RunPlan`), as :func:`hookcli.run.plan.plan` makes it and
+:func:`hookcli.run.execute.execute` runs it."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from hookcli.models.loaded import LoadedModel
+from hookcli.run.launch import Part
+from hookcli.run.outputs import Output
+from hookcli.run.settings import RunSettings
+from hookcli.run.targets import Target
+from hookcli.run.team import Team
+from hookcli.statistics.layer import StatsChoice
+from hookcli.storage.fileformat import RunRecord
+
+__all__ = ["RunPlan"]
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """A run with nothing left to decide. Build one with :func:`plan`, run it with :func:`execute`.
+
+    ``record`` is the run as its files describe it; ``forward`` builds the
+    forward strategy; ``notes`` are said when the run starts.
+    """
+
+    command: str
+    loaded: LoadedModel
+    layers: Mapping[str, str]
+    inputs: tuple[os.PathLike[str], ...]  # files, tar members, clips or frame pairs (hookcli.inputs)
+    settings: RunSettings
+    output: Output
+    record: RunRecord
+    forward: Callable
+    shard_size: int | None = None
+    force: bool = False
+    grid: str | None = None
+    target: Target | None = None  # what grad and cam take gradients of
+    cam_look: Mapping | None = None
+    notes: tuple[str, ...] = ()
+    part: Part | None = None  # this process's share of a shard folder written by many
+    team: Team | None = None  # torchrun's process group, left when the run ends
+    stats: StatsChoice | None = None  # what a statistics run gathers
