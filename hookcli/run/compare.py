@@ -24,6 +24,7 @@ import itertools
 import json
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -34,14 +35,16 @@ from hookcli.families import square_input
 from hookcli.files import check_writable
 from hookcli.models.loaded import LoadedModel
 from hookcli.options import SAVED_RUN_OPTIONS
-from hookcli.run.execute import carry_out
-from hookcli.run.launch import block_of
+from hookcli.run.commands.compare import Compare
+from hookcli.run.execute import execute
 from hookcli.run.options import refuse_unknown, run_options
+from hookcli.run.outputs import Output
 from hookcli.run.pipeline import iter_batches
 from hookcli.run.plan import RunPlan, plan_request
 from hookcli.run.request import as_model, request
 from hookcli.run.saved import SavedFeatures, open_saved, run_saved
 from hookcli.run.settings import Batch
+from hookcli.run.team import Team
 from hookcli.statistics.comparison import (
     CompareChoice,
     CompareGathering,
@@ -59,7 +62,7 @@ from hookcli.storage.compare_format import (
     second_names,
 )
 from hookcli.storage.features import FeatureFile, Features
-from hookcli.storage.fileformat import identity, identity_differences
+from hookcli.storage.fileformat import RunRecord, identity, identity_differences
 from hookcli.storage.saving import write_safetensors
 
 __all__ = ["compare_models", "compare_saved", "merge_comparisons"]
@@ -184,65 +187,92 @@ def compare_models(
         if isinstance(model2, LoadedModel):  # built with its own weights: the first side's are none of its
             own.pop("weights", None)
             own.pop("seed", None)
-        two = plan_request(
-            request("compare", model2 or model, layers2 or layers, inputs, output=None, rows=asked.rows, **own)
+        try:
+            two = plan_request(
+                request("compare", model2 or model, layers2 or layers, inputs, output=None, rows=asked.rows, **own)
+            )
+        except BaseException:
+            if one.team is not None:
+                one.team.close()  # execute leaves it once the run has run
+            raise
+    return execute(ComparedRun.of(one, two, choice), progress or _ignore)
+
+
+@dataclass(frozen=True)
+class ComparedRun:
+    """A comparison of models run side by side (:class:`~hookcli.run.execute.Road`): the first's plan ``one`` and
+    the second's ``two`` (None: the first's layers with each other), gathered as ``gathering`` says; the first's
+    output, inputs and part are the run's."""
+
+    one: RunPlan
+    two: RunPlan | None
+    gathering: CompareGathering
+    record: RunRecord
+    grid: None = None
+
+    @classmethod
+    def of(cls, one: RunPlan, two: RunPlan | None, choice: CompareChoice) -> ComparedRun:
+        first = list(one.layers.values())
+        second = None if two is None else second_names(first, list(two.layers.values()), marked=True)
+        gathering = CompareGathering(
+            choice,
+            first=first,
+            second=second,
+            labels=(first, list((two or one).layers.values())),
+            prefix_tokens=(one.loaded.prefix_tokens, (two or one).loaded.prefix_tokens),
+            square=(square_input(one.settings.preprocess), square_input((two or one).settings.preprocess)),
         )
-    emit = progress or _ignore
-    with contextlib.closing(one.team) if one.team is not None else contextlib.nullcontext():
-        return _run_models(one, two, choice, emit)
+        entries = {"compare": json.dumps(choice.identity())}
+        if two is not None:
+            entries["compare_with"] = json.dumps(identity(dataclasses.replace(two.record, inputs=())))
+        return cls(one, two, gathering, dataclasses.replace(one.record, command={**one.record.command, **entries}))
 
+    @property
+    def inputs(self):
+        return self.one.inputs
 
-def _run_models(one: RunPlan, two: RunPlan | None, choice: CompareChoice, emit: Callable[[Event], None]):
-    first = list(one.layers.values())
-    second = None if two is None else second_names(first, list(two.layers.values()), marked=True)
-    gathering = CompareGathering(
-        choice,
-        first=first,
-        second=second,
-        labels=(first, list((two or one).layers.values())),
-        prefix_tokens=(one.loaded.prefix_tokens, (two or one).loaded.prefix_tokens),
-        square=(square_input(one.settings.preprocess), square_input((two or one).settings.preprocess)),
-    )
-    entries = {"compare": json.dumps(choice.identity())}
-    if two is not None:
-        entries["compare_with"] = json.dumps(identity(dataclasses.replace(two.record, inputs=())))
-    record = dataclasses.replace(one.record, command={**one.record.command, **entries})
-    for text in one.notes + (two.notes if two is not None else ()):
-        emit(Note(text))
-    writer = GatheringWriter(
-        record,
-        one.inputs,
-        one.output.path,
-        gathering,
-        shard_size=one.shard_size,
-        force=one.force,
-        part=block_of(one.part),
-        on_note=lambda text: emit(Note(text)),
-        team=one.team is not None,
-    )
+    @property
+    def output(self) -> Output:
+        return self.one.output
 
-    def note(text: str) -> None:
-        emit(Note(text))
+    @property
+    def notes(self) -> tuple[str, ...]:
+        return self.one.notes + (self.two.notes if self.two is not None else ())
 
-    def batches(order: Iterable[list[int]]) -> Iterator[Batch]:
-        if two is None:
-            yield from iter_batches(one.loaded, one.layers, one.inputs, one.settings, forward=one.forward,
-                                    order=order, on_note=note, rows_on_device=True)  # fmt: skip
-            return
-        mine, theirs = itertools.tee(order)
-        assert second is not None, "a second side has its names"
-        yield from map(
-            functools.partial(_together, names=dict(zip(two.layers.values(), second))),
-            iter_batches(one.loaded, one.layers, one.inputs, one.settings, forward=one.forward, order=mine,
-                         on_note=note, rows_on_device=True),
-            iter_batches(two.loaded, two.layers, two.inputs, two.settings, forward=two.forward, order=theirs,
-                         on_note=note, rows_on_device=True),
-        )  # fmt: skip
+    @property
+    def batch_size(self) -> int:
+        return self.one.settings.batch_size
 
-    result, _ = carry_out(
-        writer, batches, one.inputs, one.output.path, emit, note, batch_size=one.settings.batch_size, team=one.team
-    )
-    return result
+    @property
+    def team(self) -> Team | None:
+        return self.one.team
+
+    @property
+    def force(self) -> bool:
+        return self.one.force
+
+    def writer(self, note: Callable[[str], None]) -> GatheringWriter:
+        return Compare().gathering_writer(self.one, self.gathering, note, record=self.record)
+
+    def batches(self, writer, note: Callable[[str], None]) -> Callable[[Iterable[list[int]]], Iterator[Batch]]:
+        one, two, second = self.one, self.two, self.gathering.second
+
+        def batches(order: Iterable[list[int]]) -> Iterator[Batch]:
+            if two is None:
+                yield from iter_batches(one.loaded, one.layers, one.inputs, one.settings, forward=one.forward,
+                                        order=order, on_note=note, rows_on_device=True)  # fmt: skip
+                return
+            mine, theirs = itertools.tee(order)
+            assert second is not None, "a second side has its names"
+            yield from map(
+                functools.partial(_together, names=dict(zip(two.layers.values(), second))),
+                iter_batches(one.loaded, one.layers, one.inputs, one.settings, forward=one.forward, order=mine,
+                             on_note=note, rows_on_device=True),
+                iter_batches(two.loaded, two.layers, two.inputs, two.settings, forward=two.forward, order=theirs,
+                             on_note=note, rows_on_device=True),
+            )  # fmt: skip
+
+        return batches
 
 
 def _together(first: Batch, second: Batch, names: Mapping[str, str]) -> Batch:

@@ -6,33 +6,72 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from hookcli.errors import ImageError
 from hookcli.events import Advanced, Damaged, Event, Note, Skipped, Started, Wrote
 from hookcli.pictures.grids import draw_grids
 from hookcli.pictures.options import GridOptions
-from hookcli.run.commands import command_named
-from hookcli.run.pipeline import iter_batches
-from hookcli.run.plan import RunPlan, plan_request
+from hookcli.run.outputs import Output
+from hookcli.run.plan import plan_request
 from hookcli.run.request import RunRequest
+from hookcli.run.settings import Batch
+from hookcli.run.team import Team
 from hookcli.storage import writers
 from hookcli.storage.features import Features
 from hookcli.storage.shards import open_features
 
-__all__ = [
-    "carry_out",
-    "draw_grids",
-    "execute",
-    "run_request",
-]
+__all__ = ["Road", "draw_grids", "execute", "run_request"]
 
 
 def _ignore(event: Event) -> None:
     pass
 
 
-def execute(run: RunPlan, progress: Callable[[Event], None] | None = None):
+class Road(Protocol):
+    """What :func:`execute` takes: a run's inputs and output, the writer that keeps what it computes and the
+    batches it computes (a model's plan, :class:`~hookcli.run.planned.RunPlan`; saved features read again; two
+    models run side by side)."""
+
+    @property
+    def inputs(self) -> Sequence: ...
+
+    @property
+    def output(self) -> Output: ...
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """What is said as the run starts."""
+        ...
+
+    @property
+    def batch_size(self) -> int: ...
+
+    @property
+    def team(self) -> Team | None:
+        """torchrun's process group, left when the run ends."""
+        ...
+
+    @property
+    def grid(self) -> str | None:
+        """Where to draw the grid pictures of what was written, once it is complete (None: nowhere)."""
+        ...
+
+    @property
+    def force(self) -> bool: ...
+
+    def writer(self, note: Callable[[str], None]) -> writers.RowsWriter:
+        """The writer of the run's output."""
+        ...
+
+    def batches(
+        self, writer: writers.RowsWriter, note: Callable[[str], None]
+    ) -> Callable[[Iterable[list[int]]], Iterable[Batch]]:
+        """``batches(order)``: a :class:`~hookcli.run.settings.Batch` for each list of input indices in ``order``."""
+        ...
+
+
+def execute(run: Road, progress: Callable[[Event], None] | None = None):
     """Run ``run`` into its output and return what its command's function returns.
 
     In memory: the rows as :class:`~hookcli.storage.features.Features` (with ``facts``
@@ -49,26 +88,12 @@ def execute(run: RunPlan, progress: Callable[[Event], None] | None = None):
 
     for text in run.notes:
         note(text)
-    does = command_named(run.command)
-    writer = does.writer(run, note)
-
-    def batches(order):
-        return iter_batches(
-            run.loaded,
-            run.layers,
-            run.inputs,
-            run.settings,
-            forward=run.forward,
-            order=order,
-            on_note=note,
-            picture=does.picture(writer),
-            rows_on_device=does.rows_on_device,
-        )
-
+    writer = run.writer(note)
     with contextlib.closing(run.team) if run.team is not None else contextlib.nullcontext():
-        result, complete = carry_out(
-            writer, batches, run.inputs, run.output.path, emit, note, batch_size=run.settings.batch_size, team=run.team
-        )
+        result, complete = _carry_out(
+            writer, run.batches(writer, note), run.inputs, run.output.path, emit, note, batch_size=run.batch_size,
+            team=run.team,
+        )  # fmt: skip
         if isinstance(result, Features):
             result.notes = tuple(notes)
         if run.grid and complete and writer.finisher:
@@ -79,7 +104,7 @@ def execute(run: RunPlan, progress: Callable[[Event], None] | None = None):
     return result
 
 
-def carry_out(
+def _carry_out(
     writer: writers.RowsWriter,
     batches: Callable[[Iterable[list[int]]], Iterable],
     inputs: Sequence,

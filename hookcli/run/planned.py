@@ -4,17 +4,20 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from hookcli.models.loaded import LoadedModel
+from hookcli.run.commands import COMMANDS
 from hookcli.run.launch import Part
 from hookcli.run.outputs import Output
+from hookcli.run.pipeline import iter_batches
 from hookcli.run.settings import RunSettings
 from hookcli.run.targets import Target
 from hookcli.run.team import Team
 from hookcli.statistics.layer import StatsChoice
 from hookcli.storage.fileformat import RunRecord
+from hookcli.storage.writers import RowsWriter
 
 __all__ = ["RunPlan"]
 
@@ -44,3 +47,22 @@ class RunPlan:
     part: Part | None = None  # this process's share of a shard folder written by many
     team: Team | None = None  # torchrun's process group, left when the run ends
     stats: StatsChoice | None = None  # what a statistics run gathers
+
+    @property
+    def batch_size(self) -> int:
+        return self.settings.batch_size
+
+    def writer(self, note: Callable[[str], None]) -> RowsWriter:
+        """The writer its command keeps its rows with."""
+        return COMMANDS[self.command].writer(self, note)
+
+    def batches(self, writer: RowsWriter, note: Callable[[str], None]) -> Callable[[Iterable[list[int]]], Iterator]:
+        """``batches(order)``: the model run over the inputs of each list of indices in ``order``."""
+        does = COMMANDS[self.command]
+
+        def batches(order: Iterable[list[int]]) -> Iterator:
+            return iter_batches(self.loaded, self.layers, self.inputs, self.settings, forward=self.forward,
+                                order=order, on_note=note, picture=does.picture(writer),
+                                rows_on_device=does.rows_on_device)  # fmt: skip
+
+        return batches

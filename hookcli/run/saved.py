@@ -31,15 +31,16 @@ from hookcli.inputs.archives import file_stamp
 from hookcli.options import SAVED_STATS_OPTIONS
 from hookcli.patterns import select_keys
 from hookcli.run.commands import command_named
-from hookcli.run.execute import carry_out
+from hookcli.run.execute import execute
 from hookcli.run.launch import Part, block_of, detect_part
 from hookcli.run.options import RunOptions, refuse_unknown, run_options
-from hookcli.run.outputs import DEFAULT_OUTPUT
+from hookcli.run.outputs import DEFAULT_OUTPUT, Output
 from hookcli.run.settings import Batch
 from hookcli.statistics.channel_stats import StatsGathering
 from hookcli.statistics.layer import StatsChoice
 from hookcli.statistics.writer import Gathering, GatheringWriter
 from hookcli.storage.compare_format import is_comparison, second_names
+from hookcli.storage.fileformat import RunRecord
 from hookcli.storage.reader import FeatureReader
 from hookcli.storage.recorded_run import RecordedRun, recorded_run
 from hookcli.storage.shards import open_features
@@ -159,37 +160,69 @@ def run_saved(
     files = [Path(s.reader.name) for s in sources if os.path.isfile(s.reader.name)]
     does.check_target(kind, path, files, opts.force or bool(part))
     record = dataclasses.replace(first.recorded.record, command=dict(entries), shard_size=opts.shard_size)
-    writer = GatheringWriter(
-        record,
-        first.names,
-        path,
-        gathering,
-        shard_size=opts.shard_size,
-        force=opts.force,
-        part=block_of(part),
-        on_note=lambda text: emit(Note(text)),
-        source_files=[s.reader.name for s in sources if os.path.exists(s.reader.name)],
-    )
-    facts = first.recorded.facts
-    names = [first.keys, *(second_names(first.keys, saved.keys, marked=True) for saved in sources[1:])]
+    saved = SavedRun(sources, gathering, record, Output(kind, path), opts, part)
+    return execute(saved, emit)
 
-    def batches(order: Iterable[list[int]]) -> Iterator[Batch]:
-        for indices in order:
-            start, stop = indices[0], indices[-1] + 1
-            read: dict[tuple, torch.Tensor] = {}  # a tensor both sources name (one reader, compared with itself): once
-            rows = {}
-            for saved, named in zip(sources, names):
-                for key, name in zip(saved.keys, named):
-                    found = (id(saved.reader), key)
-                    if found not in read:
-                        read[found] = torch.from_numpy(saved.reader.read_rows(key, start, stop))
-                    rows[name] = read[found]
-            yield Batch(indices, rows, [], None, facts)
 
-    result, _ = carry_out(
-        writer, batches, first.names, path, emit, lambda text: emit(Note(text)), batch_size=opts.batch_size
-    )
-    return result
+@dataclass(frozen=True)
+class SavedRun:
+    """A run over saved features (:class:`~hookcli.run.execute.Road`): ``gathering`` over ``sources``' rows, read
+    a batch at a time (the same rows in each; a second source's keys come under
+    :func:`~hookcli.storage.compare_format.second_names`), into ``output``."""
+
+    sources: Sequence[SavedFeatures]
+    gathering: Gathering
+    record: RunRecord
+    output: Output
+    opts: RunOptions
+    part: Part | None
+    notes: tuple[str, ...] = ()
+    team: None = None
+    grid: None = None
+
+    @property
+    def inputs(self) -> list[str]:
+        return self.sources[0].names
+
+    @property
+    def batch_size(self) -> int:
+        return self.opts.batch_size
+
+    @property
+    def force(self) -> bool:
+        return self.opts.force
+
+    def writer(self, note: Callable[[str], None]) -> GatheringWriter:
+        return GatheringWriter(
+            self.record,
+            self.inputs,
+            self.output.path,
+            self.gathering,
+            shard_size=self.opts.shard_size,
+            force=self.opts.force,
+            part=block_of(self.part),
+            on_note=note,
+            source_files=[s.reader.name for s in self.sources if os.path.exists(s.reader.name)],
+        )
+
+    def batches(self, writer, note: Callable[[str], None]) -> Callable[[Iterable[list[int]]], Iterator[Batch]]:
+        first, facts = self.sources[0], self.sources[0].recorded.facts
+        names = [first.keys, *(second_names(first.keys, saved.keys, marked=True) for saved in self.sources[1:])]
+
+        def batches(order: Iterable[list[int]]) -> Iterator[Batch]:
+            for indices in order:
+                start, stop = indices[0], indices[-1] + 1
+                read: dict[tuple, torch.Tensor] = {}  # a tensor both sources name (a source with itself): once
+                rows = {}
+                for saved, named in zip(self.sources, names):
+                    for key, name in zip(saved.keys, named):
+                        found = (id(saved.reader), key)
+                        if found not in read:
+                            read[found] = torch.from_numpy(saved.reader.read_rows(key, start, stop))
+                        rows[name] = read[found]
+                yield Batch(indices, rows, [], None, facts)
+
+        return batches
 
 
 def _ignore(event: Event) -> None:

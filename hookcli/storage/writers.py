@@ -151,7 +151,7 @@ def _padded(rows: list) -> torch.Tensor:
 
 
 class RowsWriter(Protocol):
-    """The interface every writer offers (see the module): what :func:`hookcli.run.execute.carry_out` feeds."""
+    """The interface every writer offers (see the module): what :func:`hookcli.run.execute.execute` feeds."""
 
     @property
     def done(self) -> int:

@@ -7,8 +7,9 @@ checks answer before torch loads.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from hookcli.errors import UsageProblem
 from hookcli.files import refuse_written_output
@@ -23,11 +24,44 @@ from hookcli.storage.claims import check_folder_target
 if TYPE_CHECKING:
     from hookcli.families import FamilyTraits
     from hookcli.models.loaded import LoadedModel
-    from hookcli.run.planned import RunPlan
+    from hookcli.run.launch import Part
+    from hookcli.run.outputs import Output
     from hookcli.run.targets import Target
+    from hookcli.run.team import Team
+    from hookcli.statistics.layer import StatsChoice
+    from hookcli.storage.fileformat import RunRecord
     from hookcli.storage.writers import RowsWriter
 
-__all__ = ["Command", "named_model", "refuse_unsupported", "selectors"]
+__all__ = ["Command", "Planned", "named_model", "refuse_unsupported", "selectors"]
+
+
+class Planned(Protocol):
+    """What a command's writer takes of a planned run (:class:`~hookcli.run.planned.RunPlan` offers it)."""
+
+    @property
+    def record(self) -> RunRecord: ...
+    @property
+    def inputs(self) -> tuple[os.PathLike[str], ...]: ...
+    @property
+    def output(self) -> Output: ...
+    @property
+    def settings(self) -> RunSettings: ...
+    @property
+    def layers(self) -> Mapping[str, str]: ...
+    @property
+    def shard_size(self) -> int | None: ...
+    @property
+    def force(self) -> bool: ...
+    @property
+    def part(self) -> Part | None: ...
+    @property
+    def team(self) -> Team | None: ...
+    @property
+    def target(self) -> Target | None: ...
+    @property
+    def cam_look(self) -> Mapping | None: ...
+    @property
+    def stats(self) -> StatsChoice | None: ...
 
 
 class Command:
@@ -138,7 +172,7 @@ class Command:
         """What the plan keeps for the command's writer (:class:`~hookcli.run.plan.RunPlan`'s fields)."""
         return {}
 
-    def writer(self, run: RunPlan, note: Callable[[str], None]) -> RowsWriter:
+    def writer(self, run: Planned, note: Callable[[str], None]) -> RowsWriter:
         """The writer of the rows of ``run``, into its output."""
         from hookcli.storage import writers
 

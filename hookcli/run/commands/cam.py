@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from hookcli.errors import UsageProblem
 from hookcli.files import check_folder_output, refuse_existing
-from hookcli.run.commands.base import named_model, refuse_unsupported
+from hookcli.run.commands.base import Planned, named_model, refuse_unsupported
 from hookcli.run.commands.grad import NO_GRADIENTS, Grad
 from hookcli.run.options import RunOptions
 from hookcli.run.outputs import DEFAULT_OUTPUT, model_label, refuse_overwriting_inputs
@@ -19,7 +19,6 @@ from hookcli.run.settings import RunSettings
 if TYPE_CHECKING:
     from hookcli.families import FamilyTraits
     from hookcli.models.loaded import LoadedModel
-    from hookcli.run.planned import RunPlan
     from hookcli.run.targets import Target
     from hookcli.storage.writers import RowsWriter
 
@@ -86,7 +85,7 @@ class Cam(Grad):
     def extras(self, opts: RunOptions) -> Mapping[str, Any]:
         return {"cam_look": {"method": opts.method, "alpha": opts.alpha, "cmap": opts.cmap}}
 
-    def writer(self, run: RunPlan, note: Callable[[str], None]) -> RowsWriter:
+    def writer(self, run: Planned, note: Callable[[str], None]) -> RowsWriter:
         from hookcli.pictures.cams import CamOverlays
         from hookcli.storage import writers
 

@@ -4,13 +4,18 @@ beside it while the run lasts."""
 from __future__ import annotations
 
 import os
-from typing import ClassVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, ClassVar
 
 from hookcli.errors import UsageProblem
 from hookcli.files import check_own_folder
-from hookcli.run.commands.base import Command
+from hookcli.run.commands.base import Command, Planned
+from hookcli.run.launch import block_of
 from hookcli.run.outputs import DEFAULT_OUTPUT, check_file_output, is_folder
 from hookcli.storage.fileformat import parts_folder
+
+if TYPE_CHECKING:
+    from hookcli.statistics.writer import Gathering
 
 __all__ = ["Gathers"]
 
@@ -50,6 +55,23 @@ class Gathers(Command):
 
     def default_kind(self, inputs: int) -> str:
         return self.name
+
+    def gathering_writer(self, run: Planned, gathering: Gathering, note: Callable[[str], None], record=None):
+        """The writer that gathers ``gathering`` over ``run``'s inputs into its output (its record unless
+        ``record`` says otherwise)."""
+        from hookcli.statistics.writer import GatheringWriter
+
+        return GatheringWriter(
+            record or run.record,
+            run.inputs,
+            run.output.path,
+            gathering,
+            shard_size=run.shard_size,
+            force=run.force,
+            part=block_of(run.part),
+            on_note=note,
+            team=run.team is not None,
+        )
 
     def shared_kind(self) -> str:
         return self.name

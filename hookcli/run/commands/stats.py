@@ -7,14 +7,13 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from hookcli.families import square_input
+from hookcli.run.commands.base import Planned
 from hookcli.run.commands.gathering import Gathers
-from hookcli.run.launch import block_of
 from hookcli.run.options import RunOptions
 from hookcli.run.settings import RunSettings
 
 if TYPE_CHECKING:
     from hookcli.models.loaded import LoadedModel
-    from hookcli.run.planned import RunPlan
     from hookcli.run.targets import Target
     from hookcli.storage.writers import RowsWriter
 
@@ -41,23 +40,12 @@ class Stats(Gathers):
 
         return {"stats": StatsChoice.from_options(opts)}
 
-    def writer(self, run: RunPlan, note: Callable[[str], None]) -> RowsWriter:
+    def writer(self, run: Planned, note: Callable[[str], None]) -> RowsWriter:
         from hookcli.statistics.channel_stats import StatsGathering
-        from hookcli.statistics.writer import GatheringWriter
 
         assert run.stats is not None, "a statistics run says what it gathers"
         gathering = StatsGathering(
             run.stats, prefix_tokens=run.record.prefix_tokens, square=square_input(run.settings.preprocess)
         )
         gathering.check_layers(dict.fromkeys(run.layers.values()))  # the channels come with the first rows
-        return GatheringWriter(
-            run.record,
-            run.inputs,
-            run.output.path,
-            gathering,
-            shard_size=run.shard_size,
-            force=run.force,
-            part=block_of(run.part),
-            on_note=note,
-            team=run.team is not None,
-        )
+        return self.gathering_writer(run, gathering, note)
