@@ -1,0 +1,102 @@
+"""How far a run walks through the code: this tree against another revision, side by side.
+
+Run from the repository root:  python bench/walk_bench.py  [--base REV]
+
+A walk is what ``sys.setprofile`` sees of the road a run takes (``hookcli/api.py`` and ``hookcli/run/``; the
+forward's, decoder's and writers' own work is not counted) while one call runs, with one input so that no loop
+repeats: the **rooms** are the distinct functions entered, the **returns** every return from one, and the
+**climbs** the returns into a function of another module (control going back up to where it came from). Two calls
+are walked, each in a fresh process of each tree: ``run_request`` (an ``extract`` of resnet18's ``layer1`` in
+memory, the request checked beforehand) and ``compare`` (resnet18's ``layer1`` and ``layer2`` compared over the
+same input). Decoding runs in this process (``workers=0``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from revision_bench import ROOT, checked_out  # noqa: E402
+
+#: What each tree's process runs: the call walked, after everything before it has run once unwalked.
+_WALKER = r"""
+import json, os, sys
+import hookcli
+from hookcli.run.request import request
+from hookcli.run.execute import run_request
+
+photo, which = sys.argv[1], sys.argv[2]
+options = dict(weights="none", resize=32, crop=32, workers=0)
+package = os.path.dirname(hookcli.__file__) + os.sep
+road = (package + "api.py", package + "run" + os.sep)  # the road a run takes: the API and the run layer
+
+
+def call():
+    if which == "run_request":
+        return run_request(request("extract", "resnet18", "layer1", [photo], **options))
+    return hookcli.compare("resnet18", ["layer1", "layer2"], [photo], **options)
+
+
+call()  # imports, caches and the model's first build, outside the walk
+rooms, returns, climbs = set(), 0, 0
+
+
+def profile(frame, event, arg):
+    global returns, climbs
+    if event not in ("call", "return") or not frame.f_code.co_filename.startswith(road):
+        return
+    if event == "call":
+        rooms.add((frame.f_code.co_filename, frame.f_code.co_qualname))
+        return
+    returns += 1
+    caller = frame.f_back
+    if caller is not None and caller.f_code.co_filename.startswith(road):
+        climbs += caller.f_code.co_filename != frame.f_code.co_filename
+
+
+sys.setprofile(profile)
+call()
+sys.setprofile(None)
+print(json.dumps({"rooms": len(rooms), "climbs": climbs, "returns": returns}))
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base", default="HEAD~1", help="the revision to compare with [HEAD~1]")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="hookcli-walk-") as folder:
+        work = Path(folder)
+        photo = work / "photo.png"
+        Image.fromarray(np.random.default_rng(0).integers(0, 256, (40, 48, 3), dtype=np.uint8)).save(photo)
+        with checked_out(args.base, work / "other") as other:
+            trees = {"this tree": ROOT, args.base: other}
+            print(f"{'walk':12s} {'':8s} {'this tree':>10s} {args.base:>12s}  ratio")
+            for which in ("run_request", "compare"):
+                walked = {label: _walk(tree, photo, which, work) for label, tree in trees.items()}
+                for measure in ("rooms", "climbs", "returns"):
+                    mine, theirs = (walked[label][measure] for label in trees)
+                    print(f"{which:12s} {measure:8s} {mine:10d} {theirs:12d}  {mine / theirs:5.2f}x")
+
+
+def _walk(tree: Path, photo: Path, which: str, work: Path) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(tree), "HOOKCLI_CACHE_DIR": str(work / "cache"), "HOOKCLI_OFFLINE": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", _WALKER, str(photo), which], cwd=work, env=env, capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"{which} failed in {tree}: {done.stderr[-600:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+if __name__ == "__main__":
+    main()
