@@ -167,7 +167,7 @@ LAZY_IMPORTS = {
             ("cam", "hookcli.storage.writers"),
             ("stats", "hookcli.statistics.channel_stats"),
             ("stats", "hookcli.statistics.layer"),
-            ("gathering", "hookcli.statistics.writer"),
+            ("gathering", "hookcli.storage.gathering_writer"),
         )
     },
     ("hookcli.api", "hookcli.run.request"): "models and layers answer without the run's checks (about 25 ms)",

@@ -28,8 +28,8 @@ from hookcli.statistics.layer import StatsChoice
 from hookcli.statistics.moments import Moments
 from hookcli.statistics.sketch import QuantileSketch
 from hookcli.statistics.units import UnitBatch, UnitLayout
-from hookcli.statistics.writer import GatheringWriter
 from hookcli.storage.fileformat import RunRecord, parts_folder
+from hookcli.storage.gathering_writer import GatheringWriter
 from hookcli.storage.index import read_index
 from hookcli.storage.shards import open_features
 

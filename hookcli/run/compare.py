@@ -6,7 +6,7 @@ same rows in the same order. Models: one (its layers against themselves) or
 two, each run as ``extract`` runs it over the same batches, nothing kept but the
 accumulators. Either way the batches go into a
 :class:`~hookcli.statistics.comparison.CompareGathering` through the writer
-every gathering run shares (:class:`~hookcli.statistics.writer.GatheringWriter`),
+every gathering run shares (:class:`~hookcli.storage.gathering_writer.GatheringWriter`),
 so a comparison resumes after a kill and any number of processes share it.
 
 >>> photo = __import__("matplotlib.cbook").cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)
@@ -53,7 +53,6 @@ from hookcli.statistics.comparison import (
     no_spread_note,
 )
 from hookcli.statistics.similarity import MIN_BATCH, LinearCKA, undefined
-from hookcli.statistics.writer import GatheringWriter
 from hookcli.storage.compare_format import (
     CKA_STATE,
     check_comparison,
@@ -63,6 +62,7 @@ from hookcli.storage.compare_format import (
 )
 from hookcli.storage.features import FeatureFile, Features
 from hookcli.storage.fileformat import RunRecord, identity, identity_differences
+from hookcli.storage.gathering_writer import GatheringWriter
 from hookcli.storage.saving import write_safetensors
 
 __all__ = ["compare_models", "compare_saved", "merge_comparisons"]

@@ -195,7 +195,7 @@ def with_rows(asked: RunRequest, rows: FoundInputs, notes: tuple[str, ...]) -> R
 def shared_file(does: Command, part: Part | None) -> bool:
     """Whether the output is a file that many processes gather, which may already be there, written by the one that
     finished it: the writer tells that apart from another run's file
-    (:class:`~hookcli.statistics.writer.GatheringWriter`)."""
+    (:class:`~hookcli.storage.gathering_writer.GatheringWriter`)."""
     return does.gathers and part is not None
 
 

@@ -1,5 +1,5 @@
 """Runs over features already saved, rather than a model: a file, a shard folder, stdin or features in memory,
-read a batch at a time into the writer a model's run feeds (:class:`~hookcli.statistics.writer.GatheringWriter`),
+read a batch at a time into the writer a model's run feeds (:class:`~hookcli.storage.gathering_writer.GatheringWriter`),
 so that what is gathered from a saved folder is what a forward would have gathered (with the same batch and
 shard sizes, the same to the bit). :func:`saved_stats` is ``hookcli stats`` of saved features;
 ``hookcli compare`` reads one or two sources the same way (:mod:`hookcli.run.compare`).
@@ -38,9 +38,10 @@ from hookcli.run.outputs import DEFAULT_OUTPUT, Output
 from hookcli.run.settings import Batch
 from hookcli.statistics.channel_stats import StatsGathering
 from hookcli.statistics.layer import StatsChoice
-from hookcli.statistics.writer import Gathering, GatheringWriter
 from hookcli.storage.compare_format import is_comparison, second_names
 from hookcli.storage.fileformat import RunRecord
+from hookcli.storage.gathering import Gathering
+from hookcli.storage.gathering_writer import GatheringWriter
 from hookcli.storage.reader import FeatureReader
 from hookcli.storage.recorded_run import RecordedRun, recorded_run
 from hookcli.storage.shards import open_features

@@ -7,6 +7,6 @@ that batches, shards and processes combine into one result whose memory does not
 (quantiles within a bounded rank error), :mod:`~hookcli.statistics.examples` (each channel's top inputs, where and
 their maps) and :mod:`~hookcli.statistics.covariance` (the pooled channels' covariance and its principal
 components) are the accumulators; :mod:`~hookcli.statistics.units` says what a layer's channels and positions are,
-:mod:`~hookcli.statistics.layer` gathers one layer's accumulators, and :mod:`~hookcli.statistics.writer` feeds a
+:mod:`~hookcli.statistics.layer` gathers one layer's accumulators, and :mod:`~hookcli.storage.gathering_writer` feeds a
 run's batches to them, shard by shard, into one statistics file. It uses the storage layer below it and torch.
 """

@@ -19,7 +19,7 @@ from hookcli.errors import CaptureError
 from hookcli.statistics.components import check_basis, component_layout, read_basis
 from hookcli.statistics.layer import LayerStats, StatsChoice
 from hookcli.statistics.units import UnitLayout
-from hookcli.statistics.writer import Made
+from hookcli.storage.gathering import Made
 from hookcli.storage.stats_format import (
     MOST_CHANNELS,
     MOST_POSITIONS,

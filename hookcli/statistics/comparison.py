@@ -30,8 +30,8 @@ from hookcli.options import check_value, declared_field
 from hookcli.statistics.comparison_sums import SUMS, MethodSums, Sides, linear_cka
 from hookcli.statistics.similarity import MAX_WIDTH, MIN_BATCH, undefined
 from hookcli.statistics.units import UnitLayout
-from hookcli.statistics.writer import Made
 from hookcli.storage.compare_format import MOST_LABELS, compare_metadata
+from hookcli.storage.gathering import Made
 
 __all__ = [
     "DEFAULT_POOL",

@@ -15,7 +15,7 @@ from hookcli.run.outputs import DEFAULT_OUTPUT, check_file_output, is_folder
 from hookcli.storage.fileformat import parts_folder
 
 if TYPE_CHECKING:
-    from hookcli.statistics.writer import Gathering
+    from hookcli.storage.gathering import Gathering
 
 __all__ = ["Gathers"]
 
@@ -59,7 +59,7 @@ class Gathers(Command):
     def gathering_writer(self, run: Planned, gathering: Gathering, note: Callable[[str], None], record=None):
         """The writer that gathers ``gathering`` over ``run``'s inputs into its output (its record unless
         ``record`` says otherwise)."""
-        from hookcli.statistics.writer import GatheringWriter
+        from hookcli.storage.gathering_writer import GatheringWriter
 
         return GatheringWriter(
             record or run.record,

@@ -1,0 +1,124 @@
+"""The parts of a gathering run's output, read back and merged (:func:`merged_parts`), and the output they make
+(:func:`gathered_output`). A part is a file, and files are untrusted: whatever its state makes fail, it is named
+as damaged."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+from hookcli.errors import FeatureFileError, ImageError
+from hookcli.storage import fileformat
+from hookcli.storage.features import FeatureFile
+from hookcli.storage.fileformat import SHARD_NAME, RunFacts, RunRecord
+from hookcli.storage.gathering import GatheredShard, Gathering, Made, facts_entry
+from hookcli.storage.shard_writer import ShardWriter
+from hookcli.storage.stats_format import PART_ROWS, STATS_PART
+
+__all__ = ["gathered_output", "merged_parts", "open_parts", "part_metadata", "written_by_this_run"]
+
+
+def open_parts(
+    folder: str, record: RunRecord, inputs: int, size: int, *, force: bool, part: tuple[int, int], on_note
+) -> ShardWriter:
+    """The folder of parts of a run of ``record`` over ``inputs`` inputs in shards of ``size``, opened for writing
+    (its header written, unless an earlier process of the run wrote it)."""
+    parts = ShardWriter(
+        folder, fileformat.identity(record), inputs, force=force, part=part, on_note=on_note, parts=True
+    )
+    if parts.header is None:
+        run = fileformat.run_metadata(record, RunFacts(calls={}), keys=[])
+        parts.start_writing(fileformat.index_header(record, run, size))
+    else:
+        parts.start_writing()
+    return parts
+
+
+def part_metadata(record: RunRecord, shard: GatheredShard) -> dict[str, str]:
+    """The metadata of the part ``shard`` of a run of ``record``: a shard's, with what it gathered and learnt."""
+    run = fileformat.run_metadata(record, shard.facts or RunFacts(calls={}), keys=[])
+    metadata = fileformat.shard_metadata(run, shard.number, inputs=shard.inputs, skipped=shard.skipped)
+    metadata["kind"] = STATS_PART
+    metadata["gathered"] = json.dumps(shard.gathered.describe())
+    metadata["facts"] = json.dumps(facts_entry(shard.facts))
+    return metadata
+
+
+def written_by_this_run(path: str, record: RunRecord) -> bool:
+    """Whether the file at ``path`` is the output of the run of ``record`` (another of its processes merged it)."""
+    mine = json.loads(json.dumps(fileformat.identity(record)))
+    with contextlib.suppress(FeatureFileError, ValueError), FeatureFile(path) as found:
+        theirs = json.loads(found.metadata.get("identity", "null"))
+        return isinstance(theirs, dict) and not fileformat.identity_differences(theirs, mine)
+    return False
+
+
+def merged_parts(folder: Path, shards: int, size: int, inputs: int, gathering: Gathering, output: str) -> GatheredShard:
+    """Every part of ``output`` in ``folder`` (``shards`` of them, of ``size`` of the run's ``inputs`` inputs
+    each), merged in shard order."""
+    merged: GatheredShard | None = None
+    for number in range(shards):
+        name = folder / SHARD_NAME.format(number)
+        try:
+            shard = _read_part(name, number, size, inputs, gathering)
+            if merged is None:
+                merged = shard
+            else:
+                merged.merge(shard)  # ValueError where its layers are not the earlier parts'
+        except (KeyError, ValueError, RuntimeError, IndexError, TypeError, AttributeError) as err:
+            raise FeatureFileError(  # a part is untrusted: whatever its state makes fail, it is damaged
+                f"part '{name}' of '{output}' is damaged: {err}",
+                hint="run the same command with --force to compute it again",
+            ) from None
+        del shard  # not held while the next part is read
+    assert merged is not None, "a run has one shard at least"
+    return merged
+
+
+def _read_part(name: Path, number: int, size: int, inputs: int, gathering: Gathering) -> GatheredShard:
+    with FeatureFile(name) as part:
+        metadata = part.metadata
+        rows = torch.from_numpy(part.read(PART_ROWS)).tolist()
+        first, end = number * size, min((number + 1) * size, inputs)
+        if rows != sorted(set(rows)) or any(not first <= row < end for row in rows):
+            raise ValueError(f"its rows are not inputs of shard {number} ({first} to {end - 1}), each once")
+        state = {key: torch.from_numpy(part.read(key)) for key in part.keys() if key != PART_ROWS}
+        shard = GatheredShard(number, gathering.read(state, json.loads(metadata["gathered"]), rows))
+        try:  # JSON of the wrong kinds: a part is untrusted
+            shard.inputs = json.loads(metadata["inputs"])
+            shard.skipped = json.loads(metadata.get("skipped", "[]"))
+            facts = json.loads(metadata["facts"])
+            shard.facts = RunFacts(facts["calls"], tuple(facts["omitted"]), facts["fused"]) if facts else None
+        except (TypeError, AttributeError) as err:
+            raise ValueError(f"its metadata is not what hookcli writes ({err})") from None
+        shard.rows = rows
+    if len(shard.rows) != len(shard.inputs):
+        raise ValueError(f"it has {len(shard.rows)} rows and {len(shard.inputs)} inputs")
+    return shard
+
+
+def gathered_output(
+    merged: GatheredShard,
+    gathering: Gathering,
+    record: RunRecord,
+    paths: Sequence,
+    on_note: Callable[[str], None] | None,
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The output's tensors and metadata, from every shard ``merged``; its notes go to ``on_note``."""
+    if not merged.rows:
+        raise ImageError(
+            "none of the input images could be read",
+            hint="every input was skipped, each with its reason (on stderr; in Python, the Skipped events)",
+        )
+    positions = torch.full((len(paths),), -1, dtype=torch.int64)
+    positions[torch.tensor(merged.rows)] = torch.arange(len(merged.rows))
+    tensors = merged.gathered.result(positions)
+    if on_note is not None:
+        for text in gathering.notes(merged.gathered, tensors, inputs=len(merged.rows)):
+            on_note(text)
+    run = fileformat.run_metadata(record, merged.facts or RunFacts(calls={}), keys=list(tensors))
+    return tensors, gathering.metadata(run, Made(tensors, merged.inputs, merged.skipped, fileformat.identity(record)))
