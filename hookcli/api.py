@@ -35,9 +35,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from hookcli.compare_options import COMPARE_OPTIONS
 from hookcli.errors import UsageProblem, check_whole
@@ -52,7 +52,25 @@ from hookcli.run.outputs import DEFAULT_OUTPUT
 if TYPE_CHECKING:  # what the functions return: numpy and the readers load when a command runs
     import numpy as np
 
+    from hookcli.events import Event
+    from hookcli.run.layer_table import LayerInfo
     from hookcli.storage.features import Features
+    from hookcli.storage.reader import FeatureReader
+
+#: A model as the functions take it: a name (``"resnet18"``, ``"timm:resnet50"``, ``"nets.py:make"``), a
+#: :class:`~hookcli.models.loaded.LoadedModel`, an ``nn.Module``, or a module and its preprocessing.
+Model: TypeAlias = Any
+#: Layer selectors: one, or a list.
+Layers: TypeAlias = str | Sequence[str]
+#: Inputs: an image, a folder, a tar file, ``-`` (a list on stdin), or a list of them.
+Inputs: TypeAlias = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
+#: Where a run writes: None (in memory), :data:`DEFAULT_OUTPUT`, a file, a folder (``DIR/``), ``-`` or a binary
+#: stream.
+Output: TypeAlias = Any
+#: What hears a run's events (:mod:`hookcli.events`) as it goes.
+Progress: TypeAlias = Callable[["Event"], None] | None
+#: Saved features to read: a file, a shard folder, ``-``, or a reader (what :func:`extract` returns).
+Source: TypeAlias = "str | os.PathLike[str] | FeatureReader"
 
 __all__ = [
     "DEFAULT_OUTPUT",
@@ -71,7 +89,7 @@ __all__ = [
 
 
 def extract(
-    model, layers, inputs, *, output=None, progress: Callable | None = None, **options
+    model: Model, layers: Layers, inputs: Inputs, *, output: Output = None, progress: Progress = None, **options: Any
 ) -> Features | Path | None:
     """Capture ``layers`` of ``model`` on ``inputs``: ``hookcli extract`` as a function.
 
@@ -101,7 +119,9 @@ def extract(
     return _run("extract", model, layers, inputs, output, options, progress)
 
 
-def grad(model, layers, inputs, *, output=None, progress: Callable | None = None, **options) -> Features | Path | None:
+def grad(
+    model: Model, layers: Layers, inputs: Inputs, *, output: Output = None, progress: Progress = None, **options: Any
+) -> Features | Path | None:
     """Activations of ``layers`` and the gradient of a target logit with respect to them: ``hookcli grad``.
 
     Keys ``<layer>`` and ``<layer>@grad`` (``@grad#k`` for each of ``topK``);
@@ -119,7 +139,13 @@ def grad(model, layers, inputs, *, output=None, progress: Callable | None = None
 
 
 def cam(
-    model, inputs, *, layer: str | None = None, output=None, progress: Callable | None = None, **options
+    model: Model,
+    inputs: Inputs,
+    *,
+    layer: str | None = None,
+    output: Output = None,
+    progress: Progress = None,
+    **options: Any,
 ) -> Features | Path:
     """Class-activation maps: ``hookcli cam``.
 
@@ -139,19 +165,19 @@ def cam(
     >>> cam("resnet18", photo, output=tempfile.mkdtemp() + "/cams", weights="none").name
     'cams.safetensors'
     """
-    return _run("cam", model, layer, inputs, output, options, progress)
+    return _never_none(_run("cam", model, layer, inputs, output, options, progress))
 
 
 def stats(
-    model=None,
-    layers=None,
-    inputs=None,
+    model: Model = None,
+    layers: Layers | None = None,
+    inputs: Inputs | None = None,
     *,
-    features=None,
-    keys=(),
-    output=None,
-    progress: Callable | None = None,
-    **options,
+    features: Source | None = None,
+    keys: str | Sequence[str] = (),
+    output: Output = None,
+    progress: Progress = None,
+    **options: Any,
 ) -> Features | Path:
     """Statistics of each channel of ``layers`` over every input, gathered in one pass: ``hookcli stats``.
 
@@ -198,26 +224,26 @@ def stats(
         raise UsageProblem("keys choose the tensors of saved features", hint="give features= too, or layers")
     if model is None or layers is None or inputs is None:
         raise UsageProblem("stats needs a model, its layers and inputs, or saved features", hint="see hookcli.stats")
-    return _run("stats", model, layers, inputs, output, options, progress)
+    return _never_none(_run("stats", model, layers, inputs, output, options, progress))
 
 
 def compare(
-    model=None,
-    layers=None,
-    inputs=None,
+    model: Model = None,
+    layers: Layers | None = None,
+    inputs: Inputs | None = None,
     *,
-    model2=None,
-    layers2=None,
-    weights2=None,
-    seed2=None,
-    features=None,
-    features2=None,
-    keys=(),
-    keys2=(),
-    merge=None,
-    output=None,
-    progress: Callable | None = None,
-    **options,
+    model2: Model = None,
+    layers2: Layers | None = None,
+    weights2: str | None = None,
+    seed2: int | None = None,
+    features: Source | None = None,
+    features2: Source | None = None,
+    keys: str | Sequence[str] = (),
+    keys2: str | Sequence[str] = (),
+    merge: Sequence[str | os.PathLike[str]] | None = None,
+    output: Output = None,
+    progress: Progress = None,
+    **options: Any,
 ) -> Features | Path:
     """How alike representations are, every one of a side against every one of the other: ``hookcli compare``.
 
@@ -290,7 +316,7 @@ _COMPARING = tuple(option.name for option in COMPARE_OPTIONS)
 
 
 def grid(
-    source, *, output=None, progress: Callable | None = None, force: bool = False, **options
+    source: Source, *, output: Output = None, progress: Progress = None, force: bool = False, **options: Any
 ) -> dict[str, np.ndarray] | list[Path]:
     """Feature-map pictures of saved features: ``hookcli grid``.
 
@@ -322,13 +348,13 @@ def grid(
 
 
 def report(
-    source,
+    source: Source,
     *,
-    output=DEFAULT_OUTPUT,
+    output: Output = DEFAULT_OUTPUT,
     page_size: int | None = None,
-    progress: Callable | None = None,
+    progress: Progress = None,
     force: bool = False,
-    **options,
+    **options: Any,
 ) -> Path:
     """A static HTML report of saved features, in pages of ``page_size`` images (default 20): ``hookcli report``;
     of a statistics file, each layer's channels, ``page_size`` a page (default 64); of a comparison file, one page
@@ -360,13 +386,13 @@ def report(
         return write_report(features, output, drawing, page_size=page_size, force=force, progress=progress)
 
 
-def _grid_options(command: str, options: dict):
+def _grid_options(command: str, options: dict[str, Any]) -> GridOptions:
     """:class:`~hookcli.pictures.options.GridOptions` from a command's keywords; an unknown keyword is a TypeError."""
     refuse_unknown(command, options, [f.name for f in dataclasses.fields(GridOptions)])
     return GridOptions(**options)
 
 
-def _opened(source):
+def _opened(source: Source) -> contextlib.AbstractContextManager[FeatureReader]:
     """Features to read: a path (or ``-``) opened, and closed after; features in memory as they are."""
     from hookcli.storage.shards import open_features  # numpy
 
@@ -374,14 +400,14 @@ def _opened(source):
 
 
 def layers(
-    model,
+    model: Model,
     *,
     weights: str = "none",
     seed: int | None = None,
     input_size: int | None = None,
     depth: int | None = None,
     frames: int | None = None,
-) -> list:
+) -> list[LayerInfo]:
     """Every layer a selector can name, in forward order, with output shapes: ``hookcli layers``.
 
     Shapes come from one forward of the model family's natural input, all
@@ -413,7 +439,9 @@ def layers(
     return model_layer_table(choice, seed=seed or 0, input_size=input_size, depth=depth, frames=frames)
 
 
-def models(family: str | None = None, *, pattern: str | None = None, source: str = "torchvision") -> list[dict]:
+def models(
+    family: str | None = None, *, pattern: str | None = None, source: str = "torchvision"
+) -> list[dict[str, Any]]:
     """The models hookcli can load: ``hookcli models`` (see :func:`hookcli.models.catalog.describe_models`).
 
     >>> [row["model"] for row in models("optical_flow")]
@@ -422,7 +450,7 @@ def models(family: str | None = None, *, pattern: str | None = None, source: str
     return describe_models(family, pattern=pattern, source=source)
 
 
-def doctor() -> list[dict]:
+def doctor() -> list[dict[str, Any]]:
     """What this install and machine give hookcli: ``hookcli doctor``. Each check is a dict of ``name``, ``ok``
     (True; False where a command would fail; None for something optional that is absent), ``detail`` and
     ``hint`` (see :mod:`hookcli.run.environment`).
@@ -435,7 +463,7 @@ def doctor() -> list[dict]:
     return [check.to_dict() for check in check_install()]
 
 
-def info(source, *, stats: bool = True, progress: Callable | None = None) -> dict:
+def info(source: Source, *, stats: bool = True, progress: Progress = None) -> dict[str, Any]:
     """What a features file or shard folder holds: ``hookcli info`` as data (keys, dtypes, shapes, sizes, the
     metadata parsed and, with ``stats``, each tensor's min, mean, max, share of zeros and non-finite count; a
     statistics file's layers instead, :func:`hookcli.pictures.summary.describe_stats`; a comparison file's matrix,
@@ -456,7 +484,10 @@ def info(source, *, stats: bool = True, progress: Callable | None = None) -> dic
     return described
 
 
-def _run(command: str, model, layers, inputs, output, options: dict, progress: Callable | None):
+def _run(
+    command: str, model: Model, layers: Layers | None, inputs: Inputs, output: Output, options: dict[str, Any],
+    progress: Progress,
+) -> Features | Path | None:  # fmt: skip
     from hookcli.run.request import request
 
     asked = request(command, model, layers, inputs, output=output, **options)  # refusals before any model loads
@@ -465,5 +496,11 @@ def _run(command: str, model, layers, inputs, output, options: dict, progress: C
     return run_request(asked, progress)
 
 
-def _ignore(event) -> None:
+def _never_none(result: Features | Path | None) -> Features | Path:
+    """What a run that never writes to stdout (cam, stats) returns."""
+    assert result is not None, "only a run writing to stdout returns nothing"
+    return result
+
+
+def _ignore(event: Event) -> None:
     pass

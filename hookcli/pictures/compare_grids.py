@@ -283,7 +283,7 @@ def draw_compare_grids(
     *,
     force: bool = False,
     progress: Callable[[Event], None] | None = None,
-):
+) -> dict[str, np.ndarray] | list[Path]:
     """grid's picture of a comparison file (see the module), written under ``output`` (its path returned in a
     list) or, with ``output=None``, returned by file name as ``uint8 [H, W, 3]`` pixels."""
     emit = progress or (lambda event: None)

@@ -419,7 +419,14 @@ def _rendered(features: FeatureReader, jobs: GridPlan, options: GridOptions, on_
         yield job, picture.pixels
 
 
-def draw_grids(features, options, output, *, force: bool = False, progress: Callable[[Event], None] | None = None):
+def draw_grids(
+    features: FeatureReader,
+    options: GridOptions,
+    output: str | os.PathLike | None,
+    *,
+    force: bool = False,
+    progress: Callable[[Event], None] | None = None,
+) -> dict[str, np.ndarray] | list[Path]:
     """Draw the grids ``options`` ask for; write them under ``output`` (a folder), or return them by file name.
 
     Written: the PNG paths in order. In memory (``output=None``): a dict of

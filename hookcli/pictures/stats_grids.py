@@ -84,7 +84,7 @@ def draw_stats_grids(
     *,
     force: bool = False,
     progress: Callable[[Event], None] | None = None,
-):
+) -> dict[str, np.ndarray] | list[Path]:
     """grid's pictures of a statistics file (see the module), written under ``output`` (their paths returned in
     order) or, with ``output=None``, returned by file name as ``uint8 [H, W, 3]`` pixels. A photo that cannot be
     read is said once, as a :class:`~hookcli.events.Note`."""

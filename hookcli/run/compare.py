@@ -78,7 +78,7 @@ def compare_saved(
     choice: CompareChoice | None = None,
     options: Mapping | None = None,
     progress: Callable[[Event], None] | None = None,
-):
+) -> Features | Path:
     """Compare the tensors ``keys`` of saved ``features`` with the tensors ``keys2`` of ``features2`` (None: with
     its own ``keys``, or ``keys2`` of the same source), each a path, ``-`` or a reader. ``options``: the batch
     size, ``force``, ``shard_size`` and ``part`` (:data:`~hookcli.options.SAVED_STATS_OPTIONS`' run options)."""
@@ -154,7 +154,7 @@ def compare_models(
     choice: CompareChoice | None = None,
     options: Mapping | None = None,
     progress: Callable[[Event], None] | None = None,
-):
+) -> Features | Path:
     """Compare ``layers`` of ``model`` with ``layers2`` of ``model2`` (None: with its own ``layers``, or
     ``layers2`` of the same model) over ``inputs``, both run in one pass. ``options``: the run options of
     ``extract`` that ``compare`` takes; ``second``: those the second side sets for itself (``weights``, ``seed``),
@@ -195,7 +195,9 @@ def compare_models(
             if one.team is not None:
                 one.team.close()  # execute leaves it once the run has run
             raise
-    return execute(ComparedRun.of(one, two, choice), progress or _ignore)
+    result = execute(ComparedRun.of(one, two, choice), progress or _ignore)
+    assert result is not None, "a comparison writes a file, or returns what it gathered"
+    return result
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any, Protocol
 
 from hookcli.errors import ImageError
@@ -34,7 +35,7 @@ class Road(Protocol):
     models run side by side)."""
 
     @property
-    def inputs(self) -> Sequence: ...
+    def inputs(self) -> Sequence[Any]: ...
 
     @property
     def output(self) -> Output: ...
@@ -71,7 +72,7 @@ class Road(Protocol):
         ...
 
 
-def execute(run: Road, progress: Callable[[Event], None] | None = None):
+def execute(run: Road, progress: Callable[[Event], None] | None = None) -> Features | Path | None:
     """Run ``run`` into its output and return what its command's function returns.
 
     In memory: the rows as :class:`~hookcli.storage.features.Features` (with ``facts``
@@ -101,19 +102,20 @@ def execute(run: Road, progress: Callable[[Event], None] | None = None):
                 draw_grids(written, GridOptions(), run.grid, force=run.force, progress=emit)
     if run.output.to_stdout:
         return None
+    assert isinstance(result, Features | Path), "a writer finishes with its rows or the path it wrote"
     return result
 
 
 def _carry_out(
     writer: writers.RowsWriter,
-    batches: Callable[[Iterable[list[int]]], Iterable],
-    inputs: Sequence,
+    batches: Callable[[Iterable[list[int]]], Iterable[Batch]],
+    inputs: Sequence[Any],
     output: str | None,
     emit: Callable[[Event], None],
     note: Callable[[str], None],
     *,
     batch_size: int,
-    team=None,
+    team: Team | None = None,
 ) -> tuple[Any, bool]:
     """Feed ``writer`` (:mod:`hookcli.storage.writers`' interface) the batches of ``batch_size`` inputs it asks for,
     reporting as it goes: the loop every run shares, whatever computes its batches. Returns what the writer finishes
@@ -157,6 +159,6 @@ def _carry_out(
     return result, complete
 
 
-def run_request(asked: RunRequest, progress: Callable[[Event], None] | None = None):
+def run_request(asked: RunRequest, progress: Callable[[Event], None] | None = None) -> Features | Path | None:
     """Plan ``asked`` (:func:`~hookcli.run.plan.plan_request`: the model loads) and run it (:func:`execute`)."""
     return execute(plan_request(asked), progress)

@@ -39,6 +39,7 @@ from hookcli.run.settings import Batch
 from hookcli.statistics.channel_stats import StatsGathering
 from hookcli.statistics.layer import StatsChoice
 from hookcli.storage.compare_format import is_comparison, second_names
+from hookcli.storage.features import Features
 from hookcli.storage.fileformat import RunRecord
 from hookcli.storage.gathering import Gathering
 from hookcli.storage.gathering_writer import GatheringWriter
@@ -57,7 +58,7 @@ def saved_stats(
     output=None,
     progress: Callable[[Event], None] | None = None,
     **options,
-):
+) -> Features | Path:
     """Statistics of the tensors ``keys`` (globs; default: every key whose rows share one shape) of ``source`` (a
     path, ``-``, or a reader such as what :func:`hookcli.extract` returns), as :func:`hookcli.stats` gathers them
     during a forward. ``options``: :data:`~hookcli.options.SAVED_STATS_OPTIONS`."""
@@ -148,7 +149,7 @@ def run_saved(
     output,
     opts: RunOptions,
     emit: Callable[[Event], None],
-):
+) -> Features | Path:
     """Gather ``gathering`` over ``sources`` (the same rows in each; a second source's keys come under
     :func:`~hookcli.storage.compare_format.second_names`),
     into ``output`` as ``command`` writes it; ``entries`` are the command's own, recorded with the run."""
@@ -161,8 +162,9 @@ def run_saved(
     files = [Path(s.reader.name) for s in sources if os.path.isfile(s.reader.name)]
     does.check_target(kind, path, files, opts.force or bool(part))
     record = dataclasses.replace(first.recorded.record, command=dict(entries), shard_size=opts.shard_size)
-    saved = SavedRun(sources, gathering, record, Output(kind, path), opts, part)
-    return execute(saved, emit)
+    result = execute(SavedRun(sources, gathering, record, Output(kind, path), opts, part), emit)
+    assert result is not None, "a gathering run writes a file, or returns what it gathered"
+    return result
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,9 @@ each method; :class:`~hookcli.statistics.comparison.GatheredComparison` holds on
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import torch
 
@@ -61,7 +61,7 @@ class MethodSums(Protocol):
         """The shard is complete: rows still waiting for more are added now."""
         ...
 
-    def merge(self, other) -> None:
+    def merge(self, other: Any) -> None:
         """Add a later shard's sums (of the same method and sides)."""
         ...
 
@@ -99,7 +99,7 @@ class _Sums(Generic[_Accumulator]):
     def seal(self) -> None:
         pass
 
-    def merge(self, other) -> None:
+    def merge(self, other: Any) -> None:
         self.sums.merge(other.sums)
 
     def state(self) -> dict[str, torch.Tensor]:
@@ -117,12 +117,12 @@ class LinearSums(_Sums[LinearCKA]):
 
     method = "linear-cka"
 
-    def __init__(self, sides: Sides, *, debiased: bool = False, **_) -> None:
+    def __init__(self, sides: Sides, *, debiased: bool = False, **_: Any) -> None:
         self.sides, self.debiased = sides, debiased
         self.sums = linear_cka(debiased)(sides.rows, sides.columns, same=sides.same)
 
     @classmethod
-    def read(cls, state: Mapping[str, torch.Tensor], sides: Sides, *, debiased: bool = False, **_) -> LinearSums:
+    def read(cls, state: Mapping[str, torch.Tensor], sides: Sides, *, debiased: bool = False, **_: Any) -> LinearSums:
         made = cls(sides, debiased=debiased)
         made.sums = linear_cka(debiased).from_state(state, sides.rows, sides.columns, same=sides.same)
         return made
@@ -151,13 +151,13 @@ class MinibatchSums(_Sums[MinibatchCKA]):
 
     method = "minibatch-cka"
 
-    def __init__(self, sides: Sides, **_) -> None:
+    def __init__(self, sides: Sides, **_: Any) -> None:
         self.sides = sides
         self.sums = MinibatchCKA(sides.rows, sides.columns, same=sides.same)
         self.pending: list[torch.Tensor] | None = None  # the batch waiting for the next one
 
     @classmethod
-    def read(cls, state: Mapping[str, torch.Tensor], sides: Sides, **_) -> MinibatchSums:
+    def read(cls, state: Mapping[str, torch.Tensor], sides: Sides, **_: Any) -> MinibatchSums:
         made = cls(sides)
         made.sums = MinibatchCKA.from_state(state, sides.rows, sides.columns, same=sides.same)
         return made
@@ -200,13 +200,13 @@ class RSASums(_Sums[RSARows]):
         rsa_distance: str = "correlation",
         rsa_compare: str = "spearman",
         save_rdms: bool = False,
-        **_,
+        **_: Any,
     ) -> None:
         self.sides, self.distance, self.ranking, self.save_rdms = sides, rsa_distance, rsa_compare, save_rdms
         self.sums = RSARows(len(sides.keys), rsa_rows)
 
     @classmethod
-    def read(cls, state: Mapping[str, torch.Tensor], sides: Sides, **settings) -> RSASums:
+    def read(cls, state: Mapping[str, torch.Tensor], sides: Sides, **settings: Any) -> RSASums:
         made = cls(sides, **settings)
         made.sums = RSARows.from_state(state, len(sides.keys), made.sums.limit)
         return made
@@ -237,7 +237,7 @@ SUMS: dict[str, type[LinearSums] | type[MinibatchSums] | type[RSASums]] = {
 }
 
 
-def _refuse_wide_comoments(keys, representations: list[torch.Tensor]) -> None:
+def _refuse_wide_comoments(keys: Sequence[str], representations: list[torch.Tensor]) -> None:
     """Linear CKA keeps one float64 co-moment over every representation's values together: refuse, before it is
     made, one wider than :data:`MAX_WIDTH` values in all."""
     total = sum(x.shape[1] for x in representations)

@@ -7,7 +7,7 @@ shard's, with the inputs it has rows of.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 
@@ -68,11 +68,11 @@ def checked_shard_size(given: int | None, inputs: int, batch_size: int, fewest: 
 class Gathered(Protocol):
     """What one shard (or several, merged) has gathered."""
 
-    def update(self, features: Mapping, rows: torch.Tensor) -> None:
+    def update(self, features: Mapping[str, Any], rows: torch.Tensor) -> None:
         """Add a batch: ``features`` by key, batch-first, from the inputs numbered ``rows``."""
         ...
 
-    def merge(self, other) -> None:
+    def merge(self, other: Any) -> None:
         """Add what a later shard gathered."""
         ...
 
@@ -80,7 +80,7 @@ class Gathered(Protocol):
         """Everything it holds, as named tensors (a part's)."""
         ...
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         """What a part's metadata says of it (JSON), to read its state back."""
         ...
 
@@ -98,9 +98,9 @@ class Made(NamedTuple):
     ``skipped``, and the run's ``identity``."""
 
     tensors: Mapping[str, torch.Tensor]
-    inputs: list
-    skipped: list
-    identity: Mapping
+    inputs: list[str]
+    skipped: list[dict[str, Any]]
+    identity: Mapping[str, Any]
 
 
 class Gathering(Protocol):
@@ -114,7 +114,7 @@ class Gathering(Protocol):
         """Shard ``number``'s gathering, empty."""
         ...
 
-    def read(self, state: Mapping[str, torch.Tensor], described: Mapping, rows: Sequence[int]) -> Gathered:
+    def read(self, state: Mapping[str, torch.Tensor], described: Mapping[str, Any], rows: Sequence[int]) -> Gathered:
         """A part's gathering, from its state, what its metadata says of it and the inputs it has rows of; ValueError
         where the state is not what those rows could make (a part is a file, and files are untrusted)."""
         ...
@@ -123,7 +123,7 @@ class Gathering(Protocol):
         """The metadata of the output ``made``, from the run's (:func:`~hookcli.storage.fileformat.run_metadata`)."""
         ...
 
-    def notes(self, gathered, tensors: Mapping[str, torch.Tensor], *, inputs: int) -> list[str]:
+    def notes(self, gathered: Any, tensors: Mapping[str, torch.Tensor], *, inputs: int) -> list[str]:
         """What the output's ``tensors``, which ``gathered`` made of ``inputs`` inputs, call for saying (a
         ``Note:`` each)."""
         ...
@@ -137,7 +137,7 @@ class GatheredShard:
         self.number, self.gathered = number, gathered
         self.rows: list[int] = []
         self.inputs: list[str] = []
-        self.skipped: list[dict] = []
+        self.skipped: list[dict[str, Any]] = []
         self.facts: RunFacts | None = None
 
     @property
@@ -158,7 +158,7 @@ class GatheredShard:
         self.facts = self.facts or later.facts
 
 
-def facts_entry(facts: RunFacts | None) -> dict:
+def facts_entry(facts: RunFacts | None) -> dict[str, Any]:
     """What a part's ``facts`` metadata says of what the forward learnt."""
     if facts is None:
         return {}

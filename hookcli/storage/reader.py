@@ -138,7 +138,7 @@ class ReadingMapping(Mapping[str, Any]):
         return listed_inputs(self.metadata, self.name)
 
     @property
-    def skipped(self) -> list[dict]:
+    def skipped(self) -> list[dict[str, Any]]:
         """Inputs left out by ``on_error="skip"``: ``{"input", "error"}`` each."""
         return listed_skipped(self.metadata, self.name)
 

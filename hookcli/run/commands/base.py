@@ -8,7 +8,7 @@ checks answer before torch loads.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from hookcli.errors import UsageProblem
@@ -59,7 +59,7 @@ class Planned(Protocol):
     @property
     def target(self) -> Target | None: ...
     @property
-    def cam_look(self) -> Mapping | None: ...
+    def cam_look(self) -> Mapping[str, Any] | None: ...
     @property
     def stats(self) -> StatsChoice | None: ...
 
@@ -85,7 +85,7 @@ class Command:
     #: Whether its forward may fuse (a gradient's forward never does).
     fuses: ClassVar[bool] = True
 
-    def output(self, output, model_name: str) -> tuple[str, str | None]:
+    def output(self, output: Any, model_name: str) -> tuple[str, str | None]:
         """What ``output`` names: ``(kind, path)`` (:class:`~hookcli.run.outputs.Output`'s kinds, or ``default``:
         the command's own name for it, decided once the inputs are known)."""
         return rows_output(output)
@@ -93,7 +93,7 @@ class Command:
     def check_output(self, kind: str, path: str | None, opts: RunOptions) -> None:
         """Refuse, before the inputs are looked for, an output the command cannot write (a CAM folder's file)."""
 
-    def check_target(self, kind: str, path: str | None, inputs, force: bool) -> None:
+    def check_target(self, kind: str, path: str | None, inputs: Sequence[Any], force: bool) -> None:
         """Refuse, once the inputs are known, an output of a path that could not be written or would write over
         what it must not (an input, a file of another format, a file hookcli wrote)."""
         if path is None:
@@ -104,7 +104,7 @@ class Command:
             check_file_output(path, inputs, force)
             refuse_written_output(path)
 
-    def planned_path(self, kind: str, path: str | None, model_name: str, keys) -> str | None:
+    def planned_path(self, kind: str, path: str | None, model_name: str, keys: Sequence[str]) -> str | None:
         """The output's path: ``path``, or the default name (after the model and the layers' ``keys``) of an
         output named by default; None in memory."""
         if path is not None or kind == "memory":
@@ -154,8 +154,8 @@ class Command:
         return None, ()
 
     def parts(
-        self, loaded: LoadedModel, layers, settings: RunSettings, opts: RunOptions, target: Target | None
-    ) -> tuple[dict[str, str], Callable, dict[str, str]]:
+        self, loaded: LoadedModel, layers: Any, settings: RunSettings, opts: RunOptions, target: Target | None
+    ) -> tuple[dict[str, str], Callable[..., Any], dict[str, str]]:
         """``(layers, forward factory, the command's own metadata entries)``."""
         from hookcli.run.forwards import extraction_forward
 
@@ -165,7 +165,9 @@ class Command:
             {},
         )
 
-    def check_planned(self, kind: str, path: str | None, paths, target: Target | None, opts: RunOptions) -> None:
+    def check_planned(
+        self, kind: str, path: str | None, paths: Sequence[Any], target: Target | None, opts: RunOptions
+    ) -> None:
         """Refuse, once the layers and target are known, outputs the run would write over."""
 
     def extras(self, opts: RunOptions) -> Mapping[str, Any]:
@@ -189,12 +191,12 @@ class Command:
             )
         return writers.FileWriter(run.record, run.inputs, path, force=run.force)
 
-    def picture(self, writer: RowsWriter):
+    def picture(self, writer: RowsWriter) -> Any:
         """What makes a picture of each image as it is decoded, for the writer (None: nothing)."""
         return None
 
 
-def selectors(layers) -> list[str]:
+def selectors(layers: str | Sequence[str]) -> list[str]:
     return [layers] if isinstance(layers, str) else list(layers)
 
 

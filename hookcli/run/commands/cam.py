@@ -55,8 +55,8 @@ class Cam(Grad):
         check_cmap(opts.cmap)
 
     def parts(
-        self, loaded: LoadedModel, layers, settings: RunSettings, opts: RunOptions, target: Target | None
-    ) -> tuple[dict[str, str], Callable, dict[str, str]]:
+        self, loaded: LoadedModel, layers: Any, settings: RunSettings, opts: RunOptions, target: Target | None
+    ) -> tuple[dict[str, str], Callable[..., Any], dict[str, str]]:
         from hookcli.run.gradients import CamForward
 
         assert target is not None, "a cam run has a target"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hookcli.run.commands.base import Command, named_model, refuse_unsupported, selectors
 from hookcli.run.options import RunOptions
@@ -61,8 +61,8 @@ class Grad(Command):
         return target, notes
 
     def parts(
-        self, loaded: LoadedModel, layers, settings: RunSettings, opts: RunOptions, target: Target | None
-    ) -> tuple[dict[str, str], Callable, dict[str, str]]:
+        self, loaded: LoadedModel, layers: Any, settings: RunSettings, opts: RunOptions, target: Target | None
+    ) -> tuple[dict[str, str], Callable[..., Any], dict[str, str]]:
         from hookcli.run.gradients import GradientForward
 
         assert target is not None, "a gradient run has a target"

@@ -27,8 +27,8 @@ class Stats(Gathers):
     named = ".stats"
 
     def parts(
-        self, loaded: LoadedModel, layers, settings: RunSettings, opts: RunOptions, target: Target | None
-    ) -> tuple[dict[str, str], Callable, dict[str, str]]:
+        self, loaded: LoadedModel, layers: Any, settings: RunSettings, opts: RunOptions, target: Target | None
+    ) -> tuple[dict[str, str], Callable[..., Any], dict[str, str]]:
         from hookcli.statistics.layer import StatsChoice
 
         selected, forward, _ = super().parts(loaded, layers, settings, opts, target)
