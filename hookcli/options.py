@@ -46,6 +46,7 @@ __all__ = [
     "RUN_OPTIONS",
     "SAVED_RUN_OPTIONS",
     "SAVED_STATS_OPTIONS",
+    "STATS_CHOICES",
     "SCALES",
     "TOP_BY",
     "Option",
@@ -85,7 +86,6 @@ TOP_BY = ("max", "mean")
 #: What a run over saved features takes of a run's options: how to batch and share them out; ``stats`` also what
 #: to gather.
 SAVED_RUN_OPTIONS = ("batch_size", "force", "shard_size", "part", "incomplete")
-SAVED_STATS_OPTIONS = (*SAVED_RUN_OPTIONS, "top", "top_by", "quantiles", "pca", "components")
 
 _ALL, _ROWS, _GRADIENTS = RUN_COMMANDS, ("extract", "grad"), ("grad", "cam")
 #: Options of the commands that go through many inputs in shards: the rows of extract and grad, the statistics
@@ -515,6 +515,10 @@ RUN_OPTIONS: tuple[Option, ...] = (
 )
 
 _BY_NAME = {option.name: option for option in RUN_OPTIONS}
+#: What statistics gather (``stats``' own options: ``top``, ``top_by``, ``quantiles``, ``pca``, ``components``).
+STATS_CHOICES = tuple(option.name for option in RUN_OPTIONS if option.commands == ("stats",))
+#: What ``stats`` of saved features takes: how to batch and share the run, and what to gather.
+SAVED_STATS_OPTIONS = (*SAVED_RUN_OPTIONS, *STATS_CHOICES)
 
 
 def declared(name: str, table: tuple[Option, ...] | None = None) -> Option:

@@ -13,13 +13,14 @@ from hookcli.cli.presets import read_config
 from hookcli.compare_options import COMPARE_OPTIONS
 from hookcli.errors import ConfigError
 from hookcli.grid_options import GRID_OPTIONS
-from hookcli.options import LARGE_INPUT, Option, declared
+from hookcli.options import LARGE_INPUT, STATS_CHOICES, Option, declared
 
 __all__ = [
     "comparing_options",
     "declared_option",
     "grid_drawing_options",
     "run_option",
+    "stats_choice_options",
     "clip_options",
     "config_option",
     "CONTEXT_SETTINGS",
@@ -178,6 +179,11 @@ def preprocess_options(function):
     """--resize, --crop, --mean, --std, --interpolation: override the weights' preprocessing; --fast-decode and
     --decode: how images are decoded."""
     return _options(function, _declared("resize", "crop", "mean", "std", "interpolation", "fast_decode", "decode"))
+
+
+def stats_choice_options(function):
+    """What statistics gather: --top, --top-by, --quantiles, --pca, --components (``stats``' own options)."""
+    return _options(function, _declared(*STATS_CHOICES))
 
 
 def clip_options(function):

@@ -20,6 +20,7 @@ from hookcli.cli.declared import (
     preprocess_options,
     run_option,
     run_options,
+    stats_choice_options,
 )
 from hookcli.cli.running import Reporter, given_options, library, run_command
 from hookcli.compare_options import COMPARE_OPTIONS
@@ -75,11 +76,7 @@ def _saved_options(own: tuple[str, ...]) -> dict:
 @model_options(required=False)
 @click.option("--layer", "-l", multiple=True, metavar="SELECTOR", help=LAYER_HELP)
 @declared_option(declared("keys", GRID_OPTIONS), command="stats")
-@run_option("top")
-@run_option("top_by")
-@run_option("quantiles")
-@run_option("pca")
-@run_option("components")
+@stats_choice_options
 @run_option("incomplete")
 @_model_run_options("stats", written="Statistics file", stored="statistics are gathered in float64 from float32 values")
 def stats(**options) -> None:
