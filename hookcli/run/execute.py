@@ -18,8 +18,8 @@ from hookcli.run.plan import plan_request
 from hookcli.run.request import RunRequest
 from hookcli.run.settings import Batch
 from hookcli.run.team import Team
-from hookcli.storage import writers
 from hookcli.storage.features import Features
+from hookcli.storage.rows_writer import RowsWriter
 from hookcli.storage.shards import open_features
 
 __all__ = ["Road", "draw_grids", "execute", "run_request"]
@@ -61,12 +61,12 @@ class Road(Protocol):
     @property
     def force(self) -> bool: ...
 
-    def writer(self, note: Callable[[str], None]) -> writers.RowsWriter:
+    def writer(self, note: Callable[[str], None]) -> RowsWriter:
         """The writer of the run's output."""
         ...
 
     def batches(
-        self, writer: writers.RowsWriter, note: Callable[[str], None]
+        self, writer: RowsWriter, note: Callable[[str], None]
     ) -> Callable[[Iterable[list[int]]], Iterable[Batch]]:
         """``batches(order)``: a :class:`~hookcli.run.settings.Batch` for each list of input indices in ``order``."""
         ...
@@ -107,7 +107,7 @@ def execute(run: Road, progress: Callable[[Event], None] | None = None) -> Featu
 
 
 def _carry_out(
-    writer: writers.RowsWriter,
+    writer: RowsWriter,
     batches: Callable[[Iterable[list[int]]], Iterable[Batch]],
     inputs: Sequence[Any],
     output: str | None,

@@ -17,7 +17,7 @@ from hookcli.run.targets import Target
 from hookcli.run.team import Team
 from hookcli.statistics.layer import StatsChoice
 from hookcli.storage.fileformat import RunRecord
-from hookcli.storage.writers import RowsWriter
+from hookcli.storage.rows_writer import RowsWriter
 
 __all__ = ["RunPlan"]
 

@@ -1,4 +1,5 @@
-"""Where a run's rows go: one interface, one implementation per kind of output.
+"""Where a run's rows go: one implementation per kind of output of one interface
+(:class:`~hookcli.storage.rows_writer.RowsWriter`).
 
 A writer is told the run (its :class:`~hookcli.storage.fileformat.RunRecord` and
 inputs), then:
@@ -38,7 +39,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, BinaryIO, Protocol
+from typing import BinaryIO
 
 import torch
 
@@ -56,7 +57,6 @@ __all__ = [
     "FolderWriter",
     "MemoryWriter",
     "RowBuffer",
-    "RowsWriter",
     "StdoutWriter",
     "auto_shard_size",
     "row_bytes",
@@ -148,61 +148,6 @@ def _padded(rows: list) -> torch.Tensor:
         within: tuple[int | slice, ...] = (number, *(slice(0, n) for n in row.shape))
         held[within] = row
     return held
-
-
-class RowsWriter(Protocol):
-    """The interface every writer offers (see the module): what :func:`hookcli.run.execute.execute` feeds."""
-
-    @property
-    def done(self) -> int:
-        """Inputs an earlier run (or another process) did, known once :meth:`begin` returns."""
-        ...
-
-    @property
-    def kept(self) -> str | None:
-        """Where their work is, when that is not the output itself."""
-        ...
-
-    @property
-    def written(self) -> Sequence[str | Path]:
-        """The paths to report once :meth:`finish` returns, in order."""
-        ...
-
-    @property
-    def complete(self) -> bool:
-        """Whether the output held every input once :meth:`finish` returned."""
-        ...
-
-    @property
-    def finisher(self) -> bool:
-        """Whether this process completed the output (and so draws its pictures)."""
-        ...
-
-    @property
-    def inputs_done(self) -> int:
-        """Inputs the output holds, said of an output other processes still write."""
-        ...
-
-    @property
-    def has_rows(self) -> bool:
-        """Whether any input gave rows (a run none of whose inputs could be read fails)."""
-        ...
-
-    def begin(self, batch_size: int) -> Any:
-        """The batches to compute, in order (lists of input indices), or None when nothing is left."""
-        ...
-
-    def add(self, batch) -> None:
-        """Take the next :class:`~hookcli.run.settings.Batch`."""
-        ...
-
-    def finish(self) -> Any:
-        """Complete the output; what the run returns (the features in memory, or the path written)."""
-        ...
-
-    def abort(self) -> None:
-        """Give up after a failure, leaving nothing half-written."""
-        ...
 
 
 class _WholeWriter:

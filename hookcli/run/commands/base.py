@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from hookcli.run.team import Team
     from hookcli.statistics.layer import StatsChoice
     from hookcli.storage.fileformat import RunRecord
-    from hookcli.storage.writers import RowsWriter
+    from hookcli.storage.rows_writer import RowsWriter
 
 __all__ = ["Command", "Planned", "named_model", "refuse_unsupported", "selectors"]
 

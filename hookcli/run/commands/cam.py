@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from hookcli.families import FamilyTraits
     from hookcli.models.loaded import LoadedModel
     from hookcli.run.targets import Target
-    from hookcli.storage.writers import RowsWriter
+    from hookcli.storage.rows_writer import RowsWriter
 
 __all__ = ["Cam"]
 

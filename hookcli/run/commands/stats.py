@@ -15,7 +15,7 @@ from hookcli.run.settings import RunSettings
 if TYPE_CHECKING:
     from hookcli.models.loaded import LoadedModel
     from hookcli.run.targets import Target
-    from hookcli.storage.writers import RowsWriter
+    from hookcli.storage.rows_writer import RowsWriter
 
 __all__ = ["Stats"]
 
