@@ -433,3 +433,16 @@ def test_a_key_named_like_the_second_sides_never_stands_for_it():
     expected = {label: squareform(pdist(values, "correlation")) for label, values in (("y", y), ("2:y", marked))}
     for name, label in (("rdm@y", "y"), ("rdm@2:y", "2:y"), ("rdm@2:2:y", "y"), ("rdm@2:2:2:y", "2:y")):
         np.testing.assert_allclose(rdm[name], expected[label], atol=1e-5)
+
+
+def test_a_comparisons_plan_run_alone_is_refused_with_where_to_run_it(images):
+    from hookcli.errors import UsageProblem
+    from hookcli.run.execute import execute
+    from hookcli.run.plan import plan
+
+    planned = plan("compare", "resnet18", "layer1", [str(p) for p in images], weights="none", resize=32, crop=32)
+    with pytest.raises(UsageProblem) as refused:
+        execute(planned)
+    assert str(refused.value) == (
+        "a comparison's plan says what runs, not how to compare it. Hint: run it with hookcli.compare"
+    )
