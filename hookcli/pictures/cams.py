@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hookcli.pictures.options import safe_name
+from hookcli.pictures.file_names import safe_name
 from hookcli.pictures.photos import ModelPhotos, heat_picture
 from hookcli.pictures.png import save_png
 from hookcli.pictures.render import add_title

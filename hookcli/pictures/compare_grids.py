@@ -38,7 +38,8 @@ from hookcli.files import check_folder_output, refuse_existing
 from hookcli.grid_options import GRID_OPTIONS
 from hookcli.options import declared
 from hookcli.patterns import select_keys
-from hookcli.pictures.options import GridOptions, safe_name
+from hookcli.pictures.file_names import safe_name
+from hookcli.pictures.options import GridOptions
 from hookcli.pictures.png import save_png
 from hookcli.pictures.render import MAX_PIXELS, PAD_COLOR, add_colorbar, add_title, check_cmap, colorize, stacked
 from hookcli.pictures.text import (

@@ -13,8 +13,9 @@ from hookcli.console import printable
 from hookcli.errors import FeatureFileError, HookcliError
 from hookcli.inputs.preprocess import Preprocess
 from hookcli.pictures.boxes import BOX_COLOURS, draw_boxes
+from hookcli.pictures.file_names import capped
 from hookcli.pictures.flow import add_flow_legend, flow_colours, longest_flow
-from hookcli.pictures.options import GridJob, GridOptions, capped
+from hookcli.pictures.options import GridJob, GridOptions
 from hookcli.pictures.photos import heat_picture, model_photo_scaled
 from hookcli.pictures.reading import (
     Detections,

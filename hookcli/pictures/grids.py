@@ -49,7 +49,8 @@ from hookcli.files import check_folder_output, refuse_existing
 from hookcli.patterns import select_keys
 from hookcli.pictures.compare_grids import draw_compare_grids
 from hookcli.pictures.drawing import render_picture
-from hookcli.pictures.options import DEFAULT_MAPS, GridJob, GridOptions, capped, file_stems, safe_name
+from hookcli.pictures.file_names import capped, file_stems, safe_name
+from hookcli.pictures.options import DEFAULT_MAPS, GridJob, GridOptions
 from hookcli.pictures.png import save_png
 from hookcli.pictures.reading import (
     BOXES,

@@ -1,18 +1,13 @@
 """What a grid is asked to be: the options of ``hookcli grid`` (:class:`GridOptions`) and one picture to draw
-(:class:`GridJob`), and short, safe text for the names and captions they end up in.
+(:class:`GridJob`).
 
 >>> GridOptions(channels=parse_channels("0:8")).channels
 slice(0, 8, None)
->>> capped("a" * 30, 12)
-'aaa~cd762363'
 """
 
 from __future__ import annotations
 
-import collections
-import hashlib
 import os
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,11 +22,7 @@ __all__ = [
     "MAPS_CMAP",
     "GridJob",
     "GridOptions",
-    "capped",
     "default_grid_folder",
-    "digest",
-    "file_stems",
-    "safe_name",
 ]
 
 
@@ -115,37 +106,3 @@ class GridJob:
     path: Path
     source_image: str | None = field(default=None, repr=False)
     limit: int | None = None
-
-
-def capped(text: str, limit: int) -> str:
-    return text if len(text) <= limit else f"{text[: limit - 9]}~{digest(text)}"
-
-
-def digest(text: str) -> str:
-    return hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()[:8]
-
-
-_UNSAFE = re.compile(r"[^A-Za-z0-9._@#+=-]+")
-
-
-def safe_name(text: str) -> str:
-    """``text`` for a file name: runs of characters other than letters, digits and ``._@#+=-`` become ``_``."""
-    return _UNSAFE.sub("_", text)
-
-
-#: The longest key part of a PNG's name (:func:`file_stems`).
-_KEY_STEM = 100
-
-
-def file_stems(keys: Sequence[str]) -> list[str]:
-    """Each key's part of the PNG names: safe characters, capped length, and never two alike.
-
-    Keys that would give the same name (``a/b`` and ``a:b``; ``A`` and ``a`` on
-    a file system that ignores case) get a short hash of the key appended.
-
-    >>> file_stems(["layer1", "a/b", "a:b"])
-    ['layer1', 'a_b~3ec69c85', 'a_b~dcea6d9c']
-    """
-    stems = [capped(safe_name(key), _KEY_STEM) for key in keys]
-    seen = collections.Counter(stem.casefold() for stem in stems)
-    return [f"{stem}~{digest(key)}" if seen[stem.casefold()] > 1 else stem for key, stem in zip(keys, stems)]

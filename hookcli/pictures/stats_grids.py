@@ -22,7 +22,8 @@ from hookcli.events import Advanced, Event, Note, Started, Wrote
 from hookcli.files import check_folder_output, refuse_existing
 from hookcli.patterns import select_keys
 from hookcli.pictures.examples import EXAMPLE_SIDE, ExamplePhotos, examples_picture, unit_word
-from hookcli.pictures.options import DEFAULT_MAPS, GridOptions, file_stems
+from hookcli.pictures.file_names import file_stems
+from hookcli.pictures.options import DEFAULT_MAPS, GridOptions
 from hookcli.pictures.png import save_png
 from hookcli.pictures.render import check_cmap
 from hookcli.storage.reader import FeatureReader

@@ -17,7 +17,7 @@ from hookcli.errors import OutputExistsError, UsageProblem
 from hookcli.files import check_writable
 from hookcli.inputs.names import IMAGE_SUFFIXES
 from hookcli.models.specs import parse_model
-from hookcli.pictures.options import safe_name
+from hookcli.pictures.file_names import safe_name
 
 __all__ = [
     "check_file_output",
