@@ -81,6 +81,11 @@ def checked_out(revision: str, folder: Path) -> Iterator[Path]:
         subprocess.run(["git", "worktree", "remove", "--force", str(folder)], cwd=ROOT, check=True)
 
 
+def tree_environment(tree: Path, work: Path) -> dict[str, str]:
+    """This environment for a process of ``tree``: its own code first, a registry cache in ``work``, offline."""
+    return {**os.environ, "PYTHONPATH": str(tree), "HOOKCLI_CACHE_DIR": str(work / "cache"), "HOOKCLI_OFFLINE": "1"}
+
+
 def _images(folder: Path, count: int) -> list[Path]:
     folder.mkdir()
     rng = np.random.default_rng(0)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import os
 import re
 import shutil
 import subprocess
@@ -26,7 +25,7 @@ import numpy as np
 from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from revision_bench import ROOT, checked_out  # noqa: E402
+from revision_bench import ROOT, checked_out, tree_environment  # noqa: E402
 
 #: The model every command runs: resnet18 with random weights, over 32x32 crops.
 MODEL = ["-m", "resnet18", "-w", "none", "--resize", "40", "--crop", "32", "-b", "4", "-q"]
@@ -95,7 +94,7 @@ def _run(tree: Path, out: Path, images: list[str], work: Path) -> dict[str, str]
     """Every command run from ``tree`` into ``out`` (removed afterwards): each file written (and each command's
     stdout), by its path relative to ``out``, as its SHA-256."""
     out.mkdir()
-    env = {**os.environ, "PYTHONPATH": str(tree), "HOOKCLI_CACHE_DIR": str(work / "cache"), "HOOKCLI_OFFLINE": "1"}
+    env = tree_environment(tree, work)
     found = {}
     for name, command in commands(images).items():
         argv = [part.replace("OUT", str(out)) for part in command]

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -25,7 +24,7 @@ import numpy as np
 from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from revision_bench import ROOT, checked_out  # noqa: E402
+from revision_bench import ROOT, checked_out, tree_environment  # noqa: E402
 
 #: What each tree's process runs: the call walked, after everything before it has run once unwalked.
 _WALKER = r"""
@@ -89,7 +88,7 @@ def main() -> None:
 
 
 def _walk(tree: Path, photo: Path, which: str, work: Path) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(tree), "HOOKCLI_CACHE_DIR": str(work / "cache"), "HOOKCLI_OFFLINE": "1"}
+    env = tree_environment(tree, work)
     done = subprocess.run(
         [sys.executable, "-c", _WALKER, str(photo), which], cwd=work, env=env, capture_output=True, text=True
     )

@@ -49,10 +49,10 @@ from hookcli.statistics.comparison import (
     CompareChoice,
     CompareGathering,
     few_inputs_note,
-    linear_cka,
     no_spread_note,
 )
-from hookcli.statistics.similarity import MIN_BATCH, LinearCKA, undefined
+from hookcli.statistics.comparison_sums import LinearSums, Sides
+from hookcli.statistics.similarity import MIN_BATCH, undefined
 from hookcli.storage.compare_format import (
     CKA_STATE,
     check_comparison,
@@ -310,7 +310,7 @@ def merge_comparisons(
     if output is not None:
         check_writable(output, force=force)
         _refuse_merging_onto_an_input(files, output)
-    merged: LinearCKA | None = None
+    merged: LinearSums | None = None
     inputs: list[str] = []
     first: Mapping[str, str] = {}
     first_identity: dict = {}  # what every file must share: the run identity of the first, but for its inputs
@@ -337,26 +337,27 @@ def merge_comparisons(
             inputs += json.loads(metadata["inputs"])
             kept = [name for name in found.keys() if name.startswith("linear-cka@")]  # checked: the method's sums
             state = {name.partition("@")[2]: torch.from_numpy(found.read(name)) for name in kept}
-            accumulator = linear_cka(is_debiased(json.loads(metadata["settings"])))
+            same = json.loads(metadata["same"])
+            sides = Sides((*labels[0], *([] if same else labels[1])), len(labels[0]), len(labels[1]), same, labels)
             try:
-                part = accumulator.from_state(state, len(labels[0]), len(labels[1]), same=json.loads(metadata["same"]))
+                part = LinearSums.read(state, sides, debiased=is_debiased(json.loads(metadata["settings"])))
             except (KeyError, ValueError) as err:
                 raise FeatureFileError(
                     f"'{file}' holds linear-cka sums that do not fit: {err}", hint="write it again with hookcli compare"
                 ) from None
             if merged is None:
                 merged = part
-            elif part.widths != merged.widths:
+            elif part.sums.widths != merged.sums.widths:
                 raise UsageProblem(
-                    f"'{file}' holds representations of other widths than '{files[0]}' ({part.widths} against "
-                    f"{merged.widths})",
+                    f"'{file}' holds representations of other widths than '{files[0]}' ({part.sums.widths} against "
+                    f"{merged.sums.widths})",
                     hint="merge comparisons of the same layers of the same model",
                 )
             else:
                 merged.merge(part)
     assert merged is not None, "two files at least"
-    result = merged.result()
-    tensors = {"linear-cka": result, **{f"linear-cka@{name}": value for name, value in merged.state().items()}}
+    tensors = merged.tensors()
+    result = tensors["linear-cka"]
     metadata = {key: value for key, value in first.items() if key not in ("identity", "undefined", "skipped")}
     metadata.update(inputs=json.dumps(inputs), merged_from=json.dumps([str(f) for f in files]))
     rows, columns = json.loads(first["rows"]), json.loads(first["columns"])
@@ -365,9 +366,7 @@ def merge_comparisons(
         metadata["undefined"] = json.dumps(gone)
     for label in gone:
         emit(Note(no_spread_note(label)))
-    labels = rows if json.loads(first["same"]) else rows + columns
-    widest = None if is_debiased(json.loads(first["settings"])) else max(zip(labels, merged.widths), key=lambda p: p[1])
-    few = few_inputs_note(merged.count, widest)
+    few = few_inputs_note(merged.sums.count, merged.widest())
     if few:
         emit(Note(few))
     if output is None:
@@ -419,7 +418,7 @@ def _identity_of(found: FeatureFile) -> dict:
     return kept
 
 
-def _mergeable(found: FeatureFile, first: Mapping[str, str]) -> tuple[list, list]:
+def _mergeable(found: FeatureFile, first: Mapping[str, str]) -> tuple[list[str], list[str]]:
     """``(rows, columns)`` of a linear-cka comparison file that can merge with ``first`` (the first file's
     metadata; empty for the first)."""
     metadata = found.metadata

@@ -203,12 +203,14 @@ def shared_file(does: Command, part: Part | None) -> bool:
 class _Output:
     """What the request asks of an output kind: whether many processes may share it (a shard folder, a file
     gathered in parts, or one named by default, which becomes either), whether it is named by default, and whether
-    it is stdout (and so never a terminal), and whether it is the caller's own loop (in memory)."""
+    it is stdout (and so never a terminal), whether it is the caller's own loop (in memory), and what to do
+    instead when a launcher starts many processes that would each write all of an output not ``shared``."""
 
     shared: bool = False
     by_default: bool = False
     stdout: bool = False
     memory: bool = False
+    alone: str = "write a shard folder (-o DIR/): they share its work"
 
 
 #: Each output kind (:class:`~hookcli.run.outputs.Output`'s, and ``default``) as the request sees it.
@@ -218,7 +220,7 @@ _OUTPUTS = {
     "file": _Output(),
     "stdout": _Output(stdout=True),
     "folder": _Output(shared=True),
-    "cam": _Output(),
+    "cam": _Output(alone="run cam as one process"),
     **{name: _Output(shared=True) for name, does in COMMANDS.items() if does.gathers},
 }
 
@@ -238,9 +240,7 @@ def _part(opts: RunOptions, output_at: _Output, output) -> Part | None:
     if part is not None and not output_at.shared:
         raise UsageProblem(
             f"{part.count} processes started by {part.launcher} would each write all of '{output}'",
-            hint="run cam as one process"
-            if output_at is _OUTPUTS["cam"]
-            else "write a shard folder (-o DIR/): they share its work",
+            hint=output_at.alone,
         )
     return part
 

@@ -27,7 +27,7 @@ import torch
 from hookcli.compare_options import COMPARE_OPTIONS
 from hookcli.errors import CaptureError, UsageProblem
 from hookcli.options import check_value, declared_field
-from hookcli.statistics.comparison_sums import SUMS, MethodSums, Sides, linear_cka
+from hookcli.statistics.comparison_sums import SUMS, MethodSums, Sides
 from hookcli.statistics.similarity import MAX_WIDTH, MIN_BATCH, undefined
 from hookcli.statistics.units import UnitLayout
 from hookcli.storage.compare_format import MOST_LABELS, compare_metadata
@@ -40,7 +40,6 @@ __all__ = [
     "CompareGathering",
     "GatheredComparison",
     "few_inputs_note",
-    "linear_cka",
     "no_spread_note",
 ]
 
