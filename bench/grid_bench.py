@@ -26,8 +26,8 @@ CHANNELS, SIDE = 512, 28
 
 def _hookcli_png(maps: np.ndarray, folder: Path) -> None:
     """What `hookcli grid` does for one tensor of one image, through the same functions."""
+    from hookcli.options.grid import GridOptions
     from hookcli.pictures.grids import plan_grids, write_grids
-    from hookcli.pictures.options import GridOptions
     from hookcli.storage.features import Features
 
     features = Features({"features": maps[None]}, {"inputs": '["image.jpg"]'})

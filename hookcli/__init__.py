@@ -22,6 +22,9 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time each name l
     from hookcli.errors import HookcliError
     from hookcli.inputs.preprocess import Preprocess
     from hookcli.models.loading import load_model
+    from hookcli.options.compare import CompareOptions
+    from hookcli.options.grid import GridOptions
+    from hookcli.options.run import RunOptions
     from hookcli.run.capture import FeatureCapture, GradientCapture
     from hookcli.run.execute import execute
     from hookcli.run.layer_table import describe_layers
@@ -33,14 +36,17 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time each name l
     from hookcli.storage.shards import ShardedFeatures, open_features
 
 _PUBLIC = {
+    "CompareOptions": "hookcli.options.compare",
     "DEFAULT_OUTPUT": "hookcli.run.outputs",
     "FeatureCapture": "hookcli.run.capture",
     "FeatureFile": "hookcli.storage.features",
     "FeatureReader": "hookcli.storage.reader",
     "Features": "hookcli.storage.features",
     "GradientCapture": "hookcli.run.capture",
+    "GridOptions": "hookcli.options.grid",
     "HookcliError": "hookcli.errors",
     "Preprocess": "hookcli.inputs.preprocess",
+    "RunOptions": "hookcli.options.run",
     "RunPlan": "hookcli.run.plan",
     "cam": "hookcli.api",
     "compare": "hookcli.api",
@@ -64,14 +70,17 @@ _PUBLIC = {
 
 __all__ = [
     "__version__",
+    "CompareOptions",
     "DEFAULT_OUTPUT",
     "FeatureCapture",
     "FeatureFile",
     "FeatureReader",
     "Features",
     "GradientCapture",
+    "GridOptions",
     "HookcliError",
     "Preprocess",
+    "RunOptions",
     "RunPlan",
     "ShardedFeatures",
     "cam",

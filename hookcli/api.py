@@ -2,7 +2,12 @@
 
 Keywords are the command line's long options with underscores
 (``batch_size``, ``memory_format``, ``on_error``, ``shard_size``…), with the
-same defaults, the same checks and the same error texts; errors are
+same defaults, the same checks and the same error texts. The same options
+come typed, for an editor to complete, as ``options=``
+:class:`~hookcli.options.run.RunOptions` (a run's),
+:class:`~hookcli.options.compare.CompareOptions` (how :func:`compare`
+compares; a list gives both) or :class:`~hookcli.options.grid.GridOptions`
+(:func:`grid`, :func:`report`); keywords given beside them win. Errors are
 :class:`~hookcli.errors.HookcliError` s (``exit_code`` is what the command
 line would exit with). Nothing is printed: pass ``progress=callback`` to hear
 :class:`~hookcli.events.Started`, :class:`~hookcli.events.Advanced`,
@@ -39,14 +44,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from hookcli.compare_options import COMPARE_OPTIONS
 from hookcli.errors import UsageProblem, check_whole
 from hookcli.events import Note
 from hookcli.families import family_traits
 from hookcli.models.catalog import choose_model, describe_models
-from hookcli.options import MAX_SIDE
-from hookcli.pictures.options import GridOptions, default_grid_folder
-from hookcli.run.options import refuse_unknown
+from hookcli.options.compare import COMPARE_OPTIONS, CompareOptions
+from hookcli.options.grid import GridOptions
+from hookcli.options.run import MAX_SIDE, RunOptions, refuse_unknown
+from hookcli.pictures.grid_job import default_grid_folder
 from hookcli.run.outputs import DEFAULT_OUTPUT
 
 if TYPE_CHECKING:  # what the functions return: numpy and the readers load when a command runs
@@ -89,7 +94,14 @@ __all__ = [
 
 
 def extract(
-    model: Model, layers: Layers, inputs: Inputs, *, output: Output = None, progress: Progress = None, **options: Any
+    model: Model,
+    layers: Layers,
+    inputs: Inputs,
+    *,
+    output: Output = None,
+    progress: Progress = None,
+    options: RunOptions | None = None,
+    **keywords: Any,
 ) -> Features | Path | None:
     """Capture ``layers`` of ``model`` on ``inputs``: ``hookcli extract`` as a function.
 
@@ -116,11 +128,18 @@ def extract(
     >>> extract("resnet18", "layer3", [photo, photo], output=folder, pool="avg", weights="none").name
     'index.jsonl'
     """
-    return _run("extract", model, layers, inputs, output, options, progress)
+    return _run("extract", model, layers, inputs, output, _given(options, keywords), progress)
 
 
 def grad(
-    model: Model, layers: Layers, inputs: Inputs, *, output: Output = None, progress: Progress = None, **options: Any
+    model: Model,
+    layers: Layers,
+    inputs: Inputs,
+    *,
+    output: Output = None,
+    progress: Progress = None,
+    options: RunOptions | None = None,
+    **keywords: Any,
 ) -> Features | Path | None:
     """Activations of ``layers`` and the gradient of a target logit with respect to them: ``hookcli grad``.
 
@@ -135,7 +154,7 @@ def grad(
     >>> sorted(grads), len(grads.metadata["targets"]) > 0
     (['layer4', 'layer4@grad#0', 'layer4@grad#1'], True)
     """
-    return _run("grad", model, layers, inputs, output, options, progress)
+    return _run("grad", model, layers, inputs, output, _given(options, keywords), progress)
 
 
 def cam(
@@ -145,7 +164,8 @@ def cam(
     layer: str | None = None,
     output: Output = None,
     progress: Progress = None,
-    **options: Any,
+    options: RunOptions | None = None,
+    **keywords: Any,
 ) -> Features | Path:
     """Class-activation maps: ``hookcli cam``.
 
@@ -165,7 +185,7 @@ def cam(
     >>> cam("resnet18", photo, output=tempfile.mkdtemp() + "/cams", weights="none").name
     'cams.safetensors'
     """
-    return _never_none(_run("cam", model, layer, inputs, output, options, progress))
+    return _never_none(_run("cam", model, layer, inputs, output, _given(options, keywords), progress))
 
 
 def stats(
@@ -177,7 +197,8 @@ def stats(
     keys: str | Sequence[str] = (),
     output: Output = None,
     progress: Progress = None,
-    **options: Any,
+    options: RunOptions | None = None,
+    **keywords: Any,
 ) -> Features | Path:
     """Statistics of each channel of ``layers`` over every input, gathered in one pass: ``hookcli stats``.
 
@@ -211,6 +232,7 @@ def stats(
     >>> found["layer4@mean"].shape, found["layer4@top_maps"].shape, int(found["layer4@count"])
     (torch.Size([512]), torch.Size([512, 1, 2, 2]), 8)
     """
+    given = _given(options, keywords)
     if features is not None:
         if model is not None or layers is not None or inputs is not None:
             raise UsageProblem(
@@ -219,12 +241,12 @@ def stats(
             )
         from hookcli.run.saved import saved_stats  # torch, numpy
 
-        return saved_stats(features, keys=keys, output=output, progress=progress, **options)
+        return saved_stats(features, keys=keys, output=output, progress=progress, **given)
     if keys:
         raise UsageProblem("keys choose the tensors of saved features", hint="give features= too, or layers")
     if model is None or layers is None or inputs is None:
         raise UsageProblem("stats needs a model, its layers and inputs, or saved features", hint="see hookcli.stats")
-    return _never_none(_run("stats", model, layers, inputs, output, options, progress))
+    return _never_none(_run("stats", model, layers, inputs, output, given, progress))
 
 
 def compare(
@@ -243,7 +265,8 @@ def compare(
     merge: Sequence[str | os.PathLike[str]] | None = None,
     output: Output = None,
     progress: Progress = None,
-    **options: Any,
+    options: RunOptions | CompareOptions | Sequence[RunOptions | CompareOptions] | None = None,
+    **keywords: Any,
 ) -> Features | Path:
     """How alike representations are, every one of a side against every one of the other: ``hookcli compare``.
 
@@ -258,7 +281,7 @@ def compare(
     (``"linear-cka"``, ``"minibatch-cka"``, ``"rsa"``), ``pool`` (``"avg"``,
     ``"max"``, ``"none"``; the method's default when None), ``debiased``, ``rsa_rows``,
     ``rsa_distance``, ``rsa_compare``, ``save_rdms``
-    (:data:`hookcli.compare_options.COMPARE_OPTIONS`). In memory
+    (:data:`hookcli.options.compare.COMPARE_OPTIONS`). In memory
     (``output=None``) a mapping whose ``method`` key is the float64 matrix,
     rows and columns labelled in ``.metadata["rows"]`` and ``["columns"]``;
     with ``output="cka.safetensors"`` the file, whose path is returned (see
@@ -273,19 +296,20 @@ def compare(
     >>> json.loads(found.metadata["rows"]), [round(v, 9) for v in found["linear-cka"].diagonal().tolist()]
     (['a', 'b'], [1.0, 1.0])
     """
+    given = _given(options, keywords, CompareOptions)
     if merge is not None:
-        force = options.pop("force", False)
+        force = given.pop("force", False)
         sides = (model, layers, inputs, model2, layers2, weights2, seed2, features, features2)
-        if any(given is not None for given in sides) or options:
+        if any(value is not None for value in sides) or given:
             raise UsageProblem("merge= takes comparison files alone (and output=, force=)", hint="see hookcli.compare")
         from hookcli.run.compare import merge_comparisons  # torch
 
         return merge_comparisons(merge, output, force=force, progress=progress)
     from hookcli.statistics.comparison import CompareChoice  # torch
 
-    choice = CompareChoice(**{name: options.pop(name) for name in list(options) if name in _COMPARING})
+    choice = CompareChoice(**{name: given.pop(name) for name in list(given) if name in _COMPARING})
     if features is not None:
-        if any(given is not None for given in (model, layers, inputs, model2, layers2, weights2, seed2)):
+        if any(value is not None for value in (model, layers, inputs, model2, layers2, weights2, seed2)):
             raise UsageProblem(
                 "compare reads saved features or runs models, not both",
                 hint="give features= (and features2=), or model, layers and inputs",
@@ -293,7 +317,7 @@ def compare(
         from hookcli.run.compare import compare_saved  # torch
 
         return compare_saved(
-            features, features2, keys=keys, keys2=keys2, output=output, choice=choice, options=options,
+            features, features2, keys=keys, keys2=keys2, output=output, choice=choice, options=given,
             progress=progress,
         )  # fmt: skip
     if features2 is not None or keys or keys2:
@@ -306,7 +330,7 @@ def compare(
 
     second = {name: value for name, value in (("weights", weights2), ("seed", seed2)) if value is not None}
     return compare_models(
-        model, layers, inputs, model2, layers2, second=second, output=output, choice=choice, options=options,
+        model, layers, inputs, model2, layers2, second=second, output=output, choice=choice, options=given,
         progress=progress,
     )  # fmt: skip
 
@@ -316,7 +340,13 @@ _COMPARING = tuple(option.name for option in COMPARE_OPTIONS)
 
 
 def grid(
-    source: Source, *, output: Output = None, progress: Progress = None, force: bool = False, **options: Any
+    source: Source,
+    *,
+    output: Output = None,
+    progress: Progress = None,
+    force: bool = False,
+    options: GridOptions | None = None,
+    **keywords: Any,
 ) -> dict[str, np.ndarray] | list[Path]:
     """Feature-map pictures of saved features: ``hookcli grid``.
 
@@ -324,7 +354,7 @@ def grid(
     (what :func:`extract` returns). Options: ``keys``, ``images``,
     ``channels`` (``"0:64"``), ``top``, ``columns``, ``padding``, ``cmap``,
     ``scale``, ``min_tile``, ``title``, ``overlay``, ``alpha``,
-    ``overlay_cmap`` (see :class:`~hookcli.pictures.options.GridOptions`). In memory
+    ``overlay_cmap`` (see :class:`~hookcli.options.grid.GridOptions`). In memory
     (``output=None``): a dict of file name → ``uint8 [H, W, 3]`` pixels;
     with ``output=DIR``: the PNGs, and their paths are returned. A statistics
     file (what :func:`stats` writes or returns) gives a picture a layer and
@@ -340,7 +370,7 @@ def grid(
     """
     from hookcli.pictures.grids import draw_grids
 
-    drawing = _grid_options("grid", options)
+    drawing = _grid_options("grid", _given(options, keywords, GridOptions))
     if output is DEFAULT_OUTPUT:
         output = default_grid_folder(source)
     with _opened(source) as features:
@@ -354,7 +384,8 @@ def report(
     page_size: int | None = None,
     progress: Progress = None,
     force: bool = False,
-    **options: Any,
+    options: GridOptions | None = None,
+    **keywords: Any,
 ) -> Path:
     """A static HTML report of saved features, in pages of ``page_size`` images (default 20): ``hookcli report``;
     of a statistics file, each layer's channels, ``page_size`` a page (default 64); of a comparison file, one page
@@ -374,7 +405,7 @@ def report(
     """
     from hookcli.pictures.reports import default_report_folder, write_report  # numpy, Pillow
 
-    drawing = _grid_options("report", options)
+    drawing = _grid_options("report", _given(options, keywords, GridOptions))
     if output is None:
         raise UsageProblem(
             "a report is a folder of pages and has no in-memory form",
@@ -387,7 +418,7 @@ def report(
 
 
 def _grid_options(command: str, options: dict[str, Any]) -> GridOptions:
-    """:class:`~hookcli.pictures.options.GridOptions` from a command's keywords; an unknown keyword is a TypeError."""
+    """:class:`~hookcli.options.grid.GridOptions` from a command's keywords; an unknown keyword is a TypeError."""
     refuse_unknown(command, options, [f.name for f in dataclasses.fields(GridOptions)])
     return GridOptions(**options)
 
@@ -482,6 +513,21 @@ def info(source: Source, *, stats: bool = True, progress: Progress = None) -> di
         for text in getattr(features, "reading_notes", ()):
             (progress or _ignore)(Note(text))
     return described
+
+
+def _given(typed: Any, keywords: dict[str, Any], *also: type) -> dict[str, Any]:
+    """The keywords a command is given: those ``typed`` (an options object, or a list of them) sets away from its
+    defaults, and ``keywords``, which win; ``also``: the options classes it takes besides :class:`RunOptions`."""
+    taken = also if GridOptions in also else (RunOptions, *also)
+    objects: tuple[Any, ...] = tuple(typed) if isinstance(typed, list | tuple) else () if typed is None else (typed,)
+    given: dict[str, Any] = {}
+    for each in objects:
+        if not (dataclasses.is_dataclass(each) and isinstance(each, taken)):
+            names = " or ".join(kind.__name__ for kind in taken)
+            raise TypeError(f"options must be {names} (or a list of them), not {type(each).__name__}")
+        defaults = {field.name: field.default for field in dataclasses.fields(each)}
+        given.update({name: value for name, value in vars(each).items() if value != defaults.get(name, value)})
+    return {**given, **keywords}
 
 
 def _run(

@@ -55,17 +55,13 @@ CPU_ONLY = ("quantized",)
 class FamilyTraits:
     """What a family's models take, decided here once for every module that asks.
 
-    ``fuses``: CPU fusion (:mod:`hookcli.run.fusion`; for detection, of the
-    backbone's convolution stack); ``channels_last``: what ``auto`` memory
-    format may pick; ``compiles``: ``--compile`` (one stacked image batch in,
-    hooked tensors out); ``gradients`` and ``cams``: ``grad`` and ``cam``;
-    ``videos``: inputs are videos, cut into clips or pairs of frames.
-    ``row``: what one row is, ``image``, ``clip`` (``[3, T, H, W]``) or
-    ``pair`` (of frames, the model's two arguments); ``output``: what the
-    model's own output holds, and so what a target is and what may be stored
-    beside the layers: ``logits``, ``masks`` (segmentation, where
-    ``--region`` applies), ``detections`` (``--detections``, targets ``#N``)
-    or ``flow`` (``--flow``).
+    ``fuses``: CPU fusion (:mod:`hookcli.run.fusion`; for detection, of the backbone's convolutions); ``channels_last``:
+    what ``auto`` memory format may pick; ``compiles``: ``--compile`` (one stacked image batch in, hooked tensors
+    out); ``gradients``, ``cams``: ``grad`` and ``cam``; ``videos``: inputs are videos, cut into clips or frame pairs.
+    ``row``: one row is an ``image``, a ``clip`` (``[3, T, H, W]``) or a ``pair`` of frames (the model's two
+    arguments). ``output``: what the model returns, and so what a target is and what may be stored beside the layers:
+    ``logits``, ``masks`` (segmentation; ``--region`` applies), ``detections`` (``--detections``, targets ``#N``) or
+    ``flow`` (``--flow``).
     """
 
     fuses: bool = False

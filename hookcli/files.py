@@ -33,6 +33,7 @@ from typing import BinaryIO
 from hookcli.errors import HookcliError, OutputExistsError, UsageProblem
 
 __all__ = [
+    "MISSING",
     "NotRegularFile",
     "atomic_path",
     "check_folder_output",
@@ -44,6 +45,7 @@ __all__ = [
     "refuse_written_output",
     "open_regular",
     "refuse_existing",
+    "regular_file_problem",
     "release_output",
     "remove_abandoned",
     "reporting_full_disk",
@@ -502,3 +504,20 @@ def format_bytes(count: float) -> str:
     else:
         unit = "TiB"
     return f"{int(count)} B" if unit == "B" else f"{count:.1f} {unit}"
+
+
+#: What :func:`regular_file_problem` says of a path that does not exist.
+MISSING = "not found"
+
+
+def regular_file_problem(path: Path) -> str | None:
+    """None for a regular file (links followed); else why ``path`` cannot be read as one, said after its name:
+    :data:`MISSING`, ``is a symbolic link loop``, ``is a FIFO (named pipe), not a regular file``… (reading a FIFO
+    would wait forever for a writer)."""
+    try:
+        mode = path.stat().st_mode
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            return "is a symbolic link loop"
+        return MISSING if err.errno in (errno.ENOENT, errno.ENOTDIR) else f"cannot be looked at ({err.strerror})"
+    return None if stat.S_ISREG(mode) else f"is {file_kind(mode)}, not a regular file"

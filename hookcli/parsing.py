@@ -8,14 +8,21 @@ Each raises ValueError saying what it accepts (the command line shows it as a us
 
 from __future__ import annotations
 
+import math
 import re
+from dataclasses import dataclass
 from typing import Any
+
+from hookcli.errors import UsageProblem
 
 __all__ = [
     "DEVICE_PATTERN",
+    "Part",
+    "check_normalisation",
     "parse_channels",
     "parse_device",
     "parse_levels",
+    "parse_part",
     "parse_triple",
 ]
 
@@ -106,3 +113,38 @@ def parse_levels(value) -> tuple[float, ...]:
     if len(set(levels)) < len(levels):
         raise ValueError(f"'{value}' repeats a level")
     return levels
+
+
+@dataclass(frozen=True)
+class Part:
+    """Process ``index`` (from 0) of ``count``; ``local_index`` of ``local_count`` on this machine; for torchrun's
+    processes that form a group, the ``address`` (``MASTER_ADDR``, ``MASTER_PORT``) where they meet."""
+
+    index: int
+    count: int
+    local_index: int = 0
+    local_count: int = 1
+    launcher: str = "--part"
+    address: tuple[str, int] | None = None
+
+
+_PART = re.compile(r"\s*(\d+)\s*/\s*(\d+)\s*")
+
+
+def parse_part(text: str) -> Part:
+    """``K/N`` (the K-th of N parts, from 1) as a :class:`Part`; :class:`UsageProblem` when it is not one."""
+    found = _PART.fullmatch(str(text))
+    if not found or not 1 <= int(found.group(1)) <= int(found.group(2)):
+        raise UsageProblem(
+            f"--part takes K/N with 1 <= K <= N (the K-th of N processes), not '{text}'",
+            hint="for example --part 1/4 … --part 4/4 for four processes",
+        )
+    return Part(int(found.group(1)) - 1, int(found.group(2)))
+
+
+def check_normalisation(mean, std) -> None:
+    """Refuse a mean or std that would turn every pixel into NaN or infinity: non-finite values, a std of 0."""
+    if mean is not None and not all(math.isfinite(v) for v in mean):
+        raise ValueError(f"mean must be finite numbers, not {', '.join(map(str, mean))}")
+    if std is not None and not all(math.isfinite(v) and v > 0 for v in std):
+        raise ValueError(f"std must be finite numbers above 0, not {', '.join(map(str, std))}")

@@ -377,3 +377,27 @@ def test_a_run_checks_its_precision_grid_folder_and_part_once(calls_to, images, 
     )
     assert written == tmp_path / "feats" / "index.jsonl"
     assert calls == ["parse_part", "refuse_drawn_grids", "check_precision"]
+
+
+def test_options_objects_give_what_the_same_keywords_give(images):
+    """``options=`` takes the typed objects an editor completes; keywords beside them win, and an option the command
+    does not take is refused as an unknown keyword is."""
+    small = {"weights": "none", "resize": 32, "crop": 32}
+    typed = hookcli.RunOptions(**small, batch_size=2, pool="avg")
+    by_keywords = hookcli.extract("resnet18", "layer2", images, **small, batch_size=2, pool="avg")
+    by_object = hookcli.extract("resnet18", "layer2", images, options=typed)
+    assert torch.equal(by_object["layer2"], by_keywords["layer2"])
+    assert by_object.metadata == by_keywords.metadata
+    overridden = hookcli.extract("resnet18", "layer2", images[:1], options=typed, pool="max")
+    assert overridden.metadata["pool"] == "max" and by_object.metadata["pool"] == "avg"
+    with pytest.raises(TypeError, match=r"^extract\(\) got an unexpected keyword argument 'top'"):
+        hookcli.extract("resnet18", "layer2", images, options=hookcli.RunOptions(top=3))
+    with pytest.raises(TypeError, match=r"^options must be RunOptions \(or a list of them\), not GridOptions$"):
+        hookcli.extract("resnet18", "layer2", images, options=hookcli.GridOptions())
+    how = hookcli.CompareOptions(method="rsa", rsa_rows=3)
+    compared = hookcli.compare("resnet18", ["layer1", "layer2"], images, options=[typed, how])
+    assert list(compared) == ["rsa"] and compared["rsa"].shape == (2, 2)
+    with pytest.raises(UsageProblem, match="rsa_rows must be a whole number of at least 3, not 1"):
+        hookcli.CompareOptions(method="rsa", rsa_rows=1)
+    drawn = hookcli.grid(by_object, options=hookcli.GridOptions(channels="0:4", columns=2), keys="layer2")
+    assert sorted(drawn) == sorted(hookcli.grid(by_object, channels="0:4", columns=2, keys="layer2"))

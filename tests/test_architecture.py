@@ -18,8 +18,6 @@ LAYERS = [
         "hookcli.patterns",
         "hookcli.version",
         "hookcli.options",
-        "hookcli.grid_options",
-        "hookcli.compare_options",
         "hookcli.parsing",
     },
     {"hookcli.inputs"},

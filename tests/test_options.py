@@ -1,18 +1,21 @@
 """Each option is declared once (hookcli.options): the Click options, the Python API's defaults and the library's
 checks all agree with the declaration, and an option written by hand beside it fails here."""
 
+import ast
 import dataclasses
+from pathlib import Path
 
 import click
 import pytest
 
 from hookcli.cli import main
-from hookcli.compare_options import COMPARE_OPTIONS
 from hookcli.errors import UsageProblem
-from hookcli.grid_options import GRID_OPTIONS
-from hookcli.options import RUN_OPTIONS, declared, options_of
-from hookcli.pictures.options import GridOptions
-from hookcli.run.options import COMMAND_OPTIONS, RunOptions
+from hookcli.options.compare import COMPARE_OPTIONS
+from hookcli.options.declaring import declared
+from hookcli.options.grid import GRID_OPTIONS, GridOptions
+from hookcli.options.run import COMMAND_OPTIONS, RUN_OPTIONS, RunOptions, options_of
+
+PACKAGE = Path(__file__).resolve().parent.parent / "hookcli"
 
 #: Options of the command line that are not keywords of the library: where the inputs and the output are given,
 #: the preset file and the progress bar. Each command's own, and no more.
@@ -105,12 +108,41 @@ def test_every_click_option_is_its_declaration(command):
         assert own == set(COMMAND_OPTIONS[command])
 
 
-def test_the_api_defaults_are_the_declared_ones():
-    fields = {f.name: f.default for f in dataclasses.fields(RunOptions)}
-    assert fields == {option.name: option.default for option in RUN_OPTIONS}
-    fields = {f.name: f.default for f in dataclasses.fields(GridOptions)}
-    assert fields == {option.name: option.default for option in GRID_OPTIONS}
+def test_every_option_is_declared_by_one_field_of_the_package():
+    """An option is declared by one field (``name: type = option(...)``), and the classes that take options
+    (StatsChoice, CompareChoice) inherit those fields rather than write them again."""
+    from hookcli.statistics.comparison import CompareChoice
+    from hookcli.statistics.layer import StatsChoice
+
+    names = {option.name for option in (*RUN_OPTIONS, *GRID_OPTIONS, *COMPARE_OPTIONS)}
+    written: dict[str, list[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                for statement in node.body:
+                    if (
+                        isinstance(statement, ast.AnnAssign)
+                        and getattr(statement.target, "id", None) in names
+                        and _declares(statement.value)
+                    ):
+                        written.setdefault(statement.target.id, []).append(f"{path.name}:{node.name}")
+    twice = {name: places for name, places in written.items() if len(places) > 1 and name not in _SHARED_NAMES}
+    assert twice == {}
+    assert set(written) == names
+    assert [f.name for f in dataclasses.fields(StatsChoice)] == ["top", "top_by", "quantiles", "pca", "components"]
+    assert [f.name for f in dataclasses.fields(CompareChoice)] == [option.name for option in COMPARE_OPTIONS]
+    assert {f.name: f.default for f in dataclasses.fields(GridOptions)} == {o.name: o.default for o in GRID_OPTIONS}
     assert COMMAND_OPTIONS["cam"] == tuple(option.name for option in options_of("cam"))
+
+
+def _declares(value) -> bool:
+    """Whether a field's value declares an option, or takes a declared one's default as fields once did."""
+    return isinstance(value, ast.Call) and getattr(value.func, "id", "") in ("option", "declared_field", "field")
+
+
+#: Names two tables declare, each its own option: grid's --top (channels) is not stats' --top (examples); a
+#: grid's --alpha and --cmap are its overlay's; compare's --method and --pool are not cam's and extract's.
+_SHARED_NAMES = {"top", "alpha", "cmap", "method", "pool"}
 
 
 @pytest.mark.parametrize(

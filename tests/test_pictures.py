@@ -12,9 +12,9 @@ from safetensors.numpy import save_file
 from hookcli.cli import main
 from hookcli.inputs.images import load_rgb, load_with_picture
 from hookcli.inputs.preprocess import Preprocess
+from hookcli.options.grid import GridOptions
 from hookcli.pictures.drawing import render_picture
 from hookcli.pictures.grids import plan_grids
-from hookcli.pictures.options import GridOptions
 from hookcli.pictures.photos import ModelPhotos, heat_picture, model_photo_scaled
 from hookcli.pictures.render import grid_columns, tile_layout, tile_maps
 from hookcli.pictures.text import _label_bitmap, glyphs, label_size

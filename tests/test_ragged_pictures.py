@@ -14,10 +14,10 @@ from hookcli.cli import main
 from hookcli.inputs.images import load_rgb
 from hookcli.inputs.preprocess import Preprocess
 from hookcli.inputs.transforms import to_transform
+from hookcli.options.grid import GridOptions
 from hookcli.pictures.boxes import BOX_COLOURS
 from hookcli.pictures.drawing import render_job
 from hookcli.pictures.grids import plan_grids
-from hookcli.pictures.options import GridOptions
 from hookcli.pictures.photos import model_photo
 from hookcli.pictures.render import add_title
 from hookcli.storage.features import FeatureFile, Features

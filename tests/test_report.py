@@ -18,11 +18,11 @@ from hookcli.cli import main
 from hookcli.errors import FeatureFileError, OutputExistsError, UsageProblem
 from hookcli.events import Advanced, Note, Started, Wrote
 from hookcli.inputs.preprocess import Preprocess
+from hookcli.options.grid import GridOptions
 from hookcli.pictures.boxes import BOX_COLOURS, place_tabs
 from hookcli.pictures.drawing import render_job
 from hookcli.pictures.grids import plan_grids
 from hookcli.pictures.html import PAGE_WINDOW, page_name
-from hookcli.pictures.options import GridOptions
 from hookcli.pictures.photos import model_thumbnail
 from hookcli.pictures.reports import CONTENT_SECURITY_POLICY, DEFAULT_PAGE_SIZE, write_report
 from hookcli.storage.features import Features

@@ -19,8 +19,8 @@ from hookcli.cli import main
 from hookcli.errors import FeatureFileError
 from hookcli.events import Note
 from hookcli.inputs.preprocess import Preprocess
+from hookcli.options.grid import GridOptions
 from hookcli.pictures.examples import EXAMPLE_SIDE, ExamplePhotos, examples_picture
-from hookcli.pictures.options import GridOptions
 from hookcli.pictures.photos import model_photo
 from hookcli.pictures.render import colorize, overlay, scale_maps
 from hookcli.pictures.stats_reports import REPORT_EXAMPLE_SIDE, STATS_CONTENT_SECURITY_POLICY

@@ -8,10 +8,10 @@ from PIL import Image
 
 from hookcli.cli import main
 from hookcli.errors import UsageProblem
+from hookcli.options.grid import GridOptions
 from hookcli.pictures.drawing import render_picture
 from hookcli.pictures.flow import FLOW_NAN_COLOR, flow_colours, flow_wheel
 from hookcli.pictures.grids import plan_grids
-from hookcli.pictures.options import GridOptions
 from hookcli.pictures.render import map_layout
 from hookcli.storage.features import Features
 from hookcli.storage.saving import write_safetensors

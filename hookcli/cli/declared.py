@@ -10,10 +10,11 @@ from typing import Any
 import click
 
 from hookcli.cli.presets import read_config
-from hookcli.compare_options import COMPARE_OPTIONS
 from hookcli.errors import ConfigError
-from hookcli.grid_options import GRID_OPTIONS
-from hookcli.options import LARGE_INPUT, STATS_CHOICES, Option, declared
+from hookcli.options.compare import COMPARE_OPTIONS
+from hookcli.options.declaring import Option
+from hookcli.options.grid import GRID_OPTIONS
+from hookcli.options.run import LARGE_INPUT, STATS_CHOICES, declared
 
 __all__ = [
     "comparing_options",
@@ -38,7 +39,7 @@ CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 
 
 
 class Parsed(click.ParamType):
-    """A value read by an option's ``parser`` (:data:`hookcli.options.RUN_OPTIONS`); its ValueError is a usage
+    """A value read by an option's ``parser`` (:data:`hookcli.options.run.RUN_OPTIONS`); its ValueError is a usage
     error."""
 
     def __init__(self, name: str, parser: Callable[[Any], Any]) -> None:
@@ -246,7 +247,7 @@ LAYER_HELP = (
 
 
 def comparing_options(function):
-    """The options of ``compare`` that say how to compare (:data:`hookcli.compare_options.COMPARE_OPTIONS`)."""
+    """The options of ``compare`` that say how to compare (:data:`hookcli.options.compare.COMPARE_OPTIONS`)."""
     return _options(function, [declared_option(option) for option in COMPARE_OPTIONS])
 
 

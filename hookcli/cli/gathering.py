@@ -23,9 +23,10 @@ from hookcli.cli.declared import (
     stats_choice_options,
 )
 from hookcli.cli.running import Reporter, given_options, library, run_command
-from hookcli.compare_options import COMPARE_OPTIONS
-from hookcli.grid_options import GRID_OPTIONS
-from hookcli.options import SAVED_RUN_OPTIONS, SAVED_STATS_OPTIONS, declared
+from hookcli.options.compare import COMPARE_OPTIONS
+from hookcli.options.declaring import declared as declared_in
+from hookcli.options.grid import GRID_OPTIONS
+from hookcli.options.run import SAVED_RUN_OPTIONS, SAVED_STATS_OPTIONS
 
 __all__ = ["compare", "stats"]
 
@@ -75,7 +76,7 @@ def _saved_options(own: tuple[str, ...]) -> dict:
 @config_option
 @model_options(required=False)
 @click.option("--layer", "-l", multiple=True, metavar="SELECTOR", help=LAYER_HELP)
-@declared_option(declared("keys", GRID_OPTIONS), command="stats")
+@declared_option(declared_in("keys", GRID_OPTIONS), command="stats")
 @stats_choice_options
 @run_option("incomplete")
 @_model_run_options("stats", written="Statistics file", stored="statistics are gathered in float64 from float32 values")
@@ -139,7 +140,7 @@ def stats(**options) -> None:
 @click.option(
     "--seed2", type=int, metavar="N", help="The second side's seed with --weights2 none (as --seed) [--seed]."
 )
-@declared_option(declared("keys", GRID_OPTIONS), command="compare")
+@declared_option(declared_in("keys", GRID_OPTIONS), command="compare")
 @click.option(
     "--key2",
     "keys2",

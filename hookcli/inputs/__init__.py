@@ -1,13 +1,9 @@
 """What goes into a model: finding inputs and turning them into tensors.
 
-Image files, folders and lists on stdin found (:mod:`~hookcli.inputs.discovery`,
-with the names of :mod:`~hookcli.inputs.names`) and decoded
-(:mod:`~hookcli.inputs.images`, within :mod:`~hookcli.inputs.limits`), images
-inside tar files (:mod:`~hookcli.inputs.archives`), videos and folders of
-frames cut into rows (:mod:`~hookcli.inputs.clips`) and decoded
-(:mod:`~hookcli.inputs.video`), the preprocessing a model takes
-(:mod:`~hookcli.inputs.preprocess`, built by :mod:`~hookcli.inputs.transforms`)
-and decoding batched on the run's device (:mod:`~hookcli.inputs.decoding`).
-Finding inputs needs neither Pillow nor torch. The lowest layer above the foundation
-modules: it imports only those (errors, files, console, options, families).
+:mod:`~hookcli.inputs.discovery` finds files, folders and stdin lists (named by :mod:`~hookcli.inputs.names`);
+:mod:`~hookcli.inputs.images` decodes images (within :mod:`~hookcli.inputs.limits`), :mod:`~hookcli.inputs.archives`
+those inside tar files; :mod:`~hookcli.inputs.clips` cuts videos and frame folders into rows, which
+:mod:`~hookcli.inputs.video` decodes; :mod:`~hookcli.inputs.preprocess` is a model's preprocessing, built by
+:mod:`~hookcli.inputs.transforms`; :mod:`~hookcli.inputs.decoding` decodes batches on the run's device. Finding inputs
+needs neither Pillow nor torch. It imports only the foundation modules (errors, files, console, options, families).
 """

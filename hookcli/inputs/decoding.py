@@ -114,16 +114,14 @@ def collate(items) -> tuple[list[int], Encoded, list, dict]:
 
 
 class DeviceDecoder:
-    """Turns a batch the workers hand over (:func:`collate`) into the model's input on ``device``: ``(indices,
-    images, failures, damaged)``, the images stacked when they share a shape (a list of rows otherwise, as
-    segmentation without a crop gives), None when none could be read; ``damaged`` lists ``(index, what the decoder
-    said)`` for each JPEG it decoded though it found it damaged (libjpeg's ``Corrupt JPEG data: …``, kept off
-    standard error).
+    """Turns a batch from the workers (:func:`collate`) into the model's input on ``device``.
 
-    Images are decoded and resized :data:`PIXELS_AT_ONCE` pixels at a time, so a batch of camera photos needs no
-    more device memory than a batch of small ones. On CUDA the work runs on a stream of its own, which the
-    model's stream waits for before it uses the batch: nvJPEG writes its output without waiting for the stream it
-    was allocated on, so memory the model's queued kernels still read must never be handed to it.
+    The result is ``(indices, images, failures, damaged)``: images stacked when they share a shape, else a list of rows
+    (segmentation without a crop), None when none could be read; ``damaged`` lists ``(index, the decoder's message)``
+    for each JPEG decoded though damaged (libjpeg's ``Corrupt JPEG data: …``, kept off standard error). Images are
+    decoded and resized :data:`PIXELS_AT_ONCE` pixels at a time, so camera photos need no more device memory than small
+    ones. On CUDA the work runs on its own stream, which the model's waits for: nvJPEG writes without waiting for the
+    stream it was allocated on, so it must never get memory that the model's queued kernels still read.
     ``on_note(text)`` hears, once, that the device's decoder refused a JPEG that Pillow then decoded.
     """
 

@@ -52,23 +52,12 @@ def load_rgb(
 ) -> Image.Image:
     """Decode an image and return it as 8-bit RGB, upright.
 
-    With ``min_size`` a JPEG is decoded at the smallest of libjpeg's scales
-    (1, 1/2, 1/4, 1/8) that keeps both sides at least ``min_size``: several
-    times faster for large photos, with slightly different pixels. Other
-    formats are always decoded whole.
-
-    EXIF orientation is applied; grayscale, palette, CMYK and 1-bit images are
-    converted; transparency is composited onto white; 16-bit and 32-bit
-    grayscale are scaled down to 8 bits rather than clipped. A truncated or
-    undecodable file raises :class:`ImageError` naming the file.
-
-    With ``max_side`` (pictures drawn over a photo) a larger image is reduced
-    by a whole factor before it is converted, so a huge photo costs about its
-    decoded size once, not several full-size copies; one beyond Pillow's
-    decompression-bomb size (89 megapixels, after a JPEG's reduced decoding)
-    is refused rather than decoded.
-
-    ``data``: the file's bytes, already read (``path`` then only names it in errors).
+    EXIF orientation is applied, transparency composited onto white, and 16- and 32-bit grayscale scaled (not clipped)
+    to 8 bits. A truncated or undecodable file raises :class:`ImageError` naming the file. With ``min_size`` a JPEG is
+    decoded at the smallest libjpeg scale (1, 1/2, 1/4, 1/8) that keeps both sides at least ``min_size``: several times
+    faster, with slightly different pixels. With ``max_side`` a larger image is reduced by a whole factor before it is
+    converted, so a huge photo costs its decoded size once; one over Pillow's decompression-bomb limit (89 megapixels,
+    after any JPEG reduction) is refused. ``data``: the file's bytes, already read (``path`` then names it in errors).
     """
     with _read_errors(path), _opened(path, data) as handle:
         return _decoded(path, handle, min_size=min_size, max_side=max_side)[0]

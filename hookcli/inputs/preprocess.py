@@ -30,30 +30,21 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import math
 from dataclasses import dataclass
 
-from hookcli.options import DECODERS, INTERPOLATIONS, MAX_SIDE
+from hookcli.options.run import DECODERS, INTERPOLATIONS, MAX_SIDE
+from hookcli.parsing import check_normalisation
 
 __all__ = [
     "DEVICE_DECODE_KINDS",
     "STILL_KINDS",
     "Preprocess",
-    "check_normalisation",
 ]
 
 #: The input kinds read from image files, one at a time: those whose rows the decode workers hand over as uint8,
 #: and those ``decode="device"`` serves.
 STILL_KINDS = ("classification", "segmentation", "detection")
 DEVICE_DECODE_KINDS = STILL_KINDS
-
-
-def check_normalisation(mean, std) -> None:
-    """Refuse a mean or std that would turn every pixel into NaN or infinity: non-finite values, a std of 0."""
-    if mean is not None and not all(math.isfinite(v) for v in mean):
-        raise ValueError(f"mean must be finite numbers, not {', '.join(map(str, mean))}")
-    if std is not None and not all(math.isfinite(v) and v > 0 for v in std):
-        raise ValueError(f"std must be finite numbers above 0, not {', '.join(map(str, std))}")
 
 
 #: The input kinds a preprocessing is for, named after the torchvision preset it reproduces.
@@ -66,22 +57,13 @@ _IMAGENET_STD = (0.229, 0.224, 0.225)
 class Preprocess:
     """Resize, centre-crop, scale to [0, 1] and normalise, as the ``kind`` of model takes its input.
 
-    - ``classification`` (also quantized classifiers): shorter side to
-      ``resize``, centre crop ``crop``² (torchvision's ``ImageClassification``);
-      ``resize`` may be ``[height, width]`` (the image squashed to that size,
-      as Hugging Face's ViT processor and timm's ``squash`` mode do) and
-      ``crop`` None (no crop);
-    - ``segmentation``: shorter side to ``resize`` (``SemanticSegmentation``),
-      then a centre crop only when ``crop`` is given;
-    - ``detection``: the image as it is, in [0, 1] (``ObjectDetection``; the
-      model resizes and normalises inside); ``resize``/``crop`` apply when given;
-    - ``video``: each frame resized (``resize`` one side, or ``[height, width]``)
-      and centre-cropped as ``VideoClassification`` does, clips ``[C, T, H, W]``;
-    - ``optical_flow``: frames scaled to [-1, 1] (``OpticalFlow``), resized or
-      cropped only when asked.
-
-    ``mean``/``std`` None means no normalisation. ``decode`` is where images
-    are decoded and preprocessed (:data:`DECODERS`, :mod:`hookcli.inputs.decoding`).
+    ``classification`` (quantized too): shorter side to ``resize``, centre crop ``crop``² (``ImageClassification``);
+    ``resize`` may be ``[height, width]`` (squashed, as Hugging Face's ViT and timm's ``squash`` do), ``crop`` None.
+    ``segmentation``: as ``SemanticSegmentation``, cropped only when ``crop`` is given. ``detection``: the image as it
+    is, in [0, 1] (``ObjectDetection``: the model resizes and normalises), ``resize``/``crop`` when given. ``video``:
+    frames resized and centre-cropped as ``VideoClassification`` does, clips ``[C, T, H, W]``. ``optical_flow``:
+    scaled to [-1, 1] (``OpticalFlow``), resized or cropped only when asked. ``mean``/``std`` None: no normalisation.
+    ``decode``: where images are decoded and preprocessed (:data:`DECODERS`, :mod:`hookcli.inputs.decoding`).
     """
 
     resize: int | tuple[int, int] | None

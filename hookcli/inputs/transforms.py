@@ -64,16 +64,15 @@ def to_tensor_steps(spec: Preprocess) -> ImageSteps:
 
 
 class ImageSteps:
-    """An image → float tensor ``[..., 3, H, W]``: resize (shorter side, or to ``[height, width]``) and crop when
-    set, scale to [0, 1], normalise when set; a PIL image, or uint8 tensors ``[..., 3, H, W]`` on any device.
+    """An image → float tensor ``[..., 3, H, W]``: resize and crop when set, scale to [0, 1], normalise when set.
 
-    With only ``resize`` and normalisation this is torchvision's ``SemanticSegmentation``; with neither,
-    ``ObjectDetection``; with mean = std = 0.5, ``OpticalFlow`` on one frame. The two steps are apart so that
-    :mod:`hookcli.inputs.decoding` resizes a batch of many sizes a size at a time and scales it at once:
-    :meth:`geometry`, then :meth:`scaled`, which reads nothing back to the host, so a GPU's queue is never waited
-    on. Nearest neighbour is torch's ``nearest-exact``, which is Pillow's own on PIL images (torch's ``nearest``
-    picks pixels shifted by half of one); on tensors, bilinear and bicubic round a little differently from
-    Pillow's (see the measurements in ``docs/benchmarks.md``).
+    Takes a PIL image, or uint8 tensors ``[..., 3, H, W]`` on any device; ``resize`` is the shorter side or
+    ``[height, width]``. With only ``resize`` and normalisation this is torchvision's ``SemanticSegmentation``; with
+    neither, ``ObjectDetection``; with mean = std = 0.5, ``OpticalFlow`` on one frame. :meth:`geometry` and
+    :meth:`scaled` are apart so that :mod:`hookcli.inputs.decoding` can resize a batch of many sizes a size at a time,
+    then scale it at once; :meth:`scaled` reads nothing back to the host, so a GPU's queue is never waited on. Nearest
+    neighbour is torch's ``nearest-exact``, Pillow's own (torch's ``nearest`` is off by half a pixel); on tensors,
+    bilinear and bicubic round a little differently from Pillow's (measured in ``docs/benchmarks.md``).
     """
 
     def __init__(self, spec: Preprocess) -> None:

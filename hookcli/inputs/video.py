@@ -149,18 +149,12 @@ _RECENT_BYTES = 64 * 1024 * 1024
 class _Decoding:
     """A video file kept open between reads, so that clips asked for in order cost one pass through it.
 
-    The frames decoded last are kept (up to :data:`_RECENT_BYTES`), so a clip
-    that starts before the decoder's position but within them needs no new
-    pass either. One is kept per process (decoding workers have their own).
-
-    A frame past a keyframe the decoder has not reached is found by seeking to
-    that keyframe (the file's :class:`~hookcli.inputs.clips.FrameTimes`, read
-    once, say where it is), so a decode worker given every other batch of a
-    video, or a clip in its middle, decodes the frames it needs rather than
-    every frame before them. Frames decoded after a seek are numbered by their
-    presentation time; should one not be the frame its time says (a stream
-    whose timestamps disagree with its frames), the file is decoded again from
-    its start, without seeking.
+    The last frames decoded are kept (up to :data:`_RECENT_BYTES`), so a clip starting a little behind the decoder
+    needs no new pass either; one is kept per process. A frame past a keyframe the decoder has not reached is found by
+    seeking to that keyframe (located by the file's :class:`~hookcli.inputs.clips.FrameTimes`), so a worker given every
+    other batch, or a clip in the middle, decodes only the frames it needs. After a seek, frames are numbered by their
+    presentation time; if one is not the frame its time says (timestamps that disagree with the frames), the file is
+    decoded again from the start, without seeking.
     """
 
     def __init__(self, path, identity) -> None:

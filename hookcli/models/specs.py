@@ -26,18 +26,16 @@ cannot reach the modules inside it.
 
 from __future__ import annotations
 
-import errno
 import importlib
 import importlib.util
 import os
 import re
-import stat
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from hookcli.errors import UnknownWeightsError, UsageProblem, WeightsError
-from hookcli.files import file_kind
+from hookcli.files import MISSING, regular_file_problem
 from hookcli.models.weights import archive_kind, check_weights_file, looks_like_weights_path
 
 __all__ = [
@@ -259,22 +257,6 @@ def check_model(spec: ModelSpec) -> None:
                 f"no Python module '{module}' (for the factory {spec.name})",
                 hint="install it, or run hookcli from the folder that holds it",
             )
-
-
-MISSING = "not found"
-
-
-def regular_file_problem(path: Path) -> str | None:
-    """None for a regular file (links followed); else why ``path`` cannot be read as one, said after its name:
-    :data:`MISSING`, ``is a symbolic link loop``, ``is a FIFO (named pipe), not a regular file``… (reading a FIFO
-    would wait forever for a writer)."""
-    try:
-        mode = path.stat().st_mode
-    except OSError as err:
-        if err.errno == errno.ELOOP:
-            return "is a symbolic link loop"
-        return MISSING if err.errno in (errno.ENOENT, errno.ENOTDIR) else f"cannot be looked at ({err.strerror})"
-    return None if stat.S_ISREG(mode) else f"is {file_kind(mode)}, not a regular file"
 
 
 def _find_module(name: str):

@@ -35,11 +35,10 @@ from hookcli.console import printable
 from hookcli.errors import UsageProblem
 from hookcli.events import Advanced, Event, Started, Wrote
 from hookcli.files import check_folder_output, refuse_existing
-from hookcli.grid_options import GRID_OPTIONS
-from hookcli.options import declared
+from hookcli.options.declaring import declared as declared_in
+from hookcli.options.grid import GRID_OPTIONS, GridOptions
 from hookcli.patterns import select_keys
 from hookcli.pictures.file_names import safe_name
-from hookcli.pictures.options import GridOptions
 from hookcli.pictures.png import save_png
 from hookcli.pictures.render import MAX_PIXELS, PAD_COLOR, add_colorbar, add_title, check_cmap, colorize, stacked
 from hookcli.pictures.text import (
@@ -123,7 +122,7 @@ def choose_matrix(comparison: ComparisonFile, options: GridOptions) -> ChosenMat
     options that choose rows, channels or frames of a features file, and a selection that leaves no row or no
     column."""
     for name in _REFUSED:
-        given, flag = getattr(options, name), declared(name, GRID_OPTIONS).flags[0]
+        given, flag = getattr(options, name), declared_in(name, GRID_OPTIONS).flags[0]
         if given is not None and given is not False and given != ():
             raise UsageProblem(
                 f"{flag} does not apply to a comparison file ('{comparison.name}' holds one matrix of similarities)",

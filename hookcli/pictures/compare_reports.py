@@ -1,15 +1,10 @@
 """``hookcli report`` on a comparison file: one page, ``index.html``.
 
-It sums the comparison up (the method, what the rows and columns are of, the
-inputs, the undefined representations), shows its heatmap as ``grid`` draws it
-(:func:`~hookcli.pictures.compare_grids.heatmap_picture`), then the matrix as a
-table, a row a representation and a column one of the other side, each cell
-its value on the heatmap's colour (an undefined one says so), the method's
-settings, and the file's tensors and metadata in a collapsed section, as the
-other reports do. The page stands alone as they do: the picture is inline,
-nothing is fetched, and there is no script
-(:data:`~hookcli.pictures.html.CONTENT_SECURITY_POLICY`). ``-k`` and
-``--cmap`` choose as in ``grid``.
+The page sums the comparison up (method, what the rows and columns are of, inputs, undefined representations), shows
+its heatmap as ``grid`` draws it (:func:`~hookcli.pictures.compare_grids.heatmap_picture`), then the matrix as a table
+with each cell on its heatmap colour, the method's settings, and the file's tensors and metadata, collapsed. Like the
+other reports it stands alone: the picture is inline, nothing is fetched, and there is no script
+(:data:`~hookcli.pictures.html.CONTENT_SECURITY_POLICY`). ``-k`` and ``--cmap`` choose as in ``grid``.
 """
 
 from __future__ import annotations
@@ -23,6 +18,7 @@ import numpy as np
 from hookcli.errors import UsageProblem
 from hookcli.events import Advanced, Started, Wrote
 from hookcli.files import check_folder_output, format_bytes, refuse_existing
+from hookcli.options.grid import GridOptions
 from hookcli.pictures.compare_grids import (
     ChosenMatrix,
     choose_matrix,
@@ -40,7 +36,6 @@ from hookcli.pictures.html import (
     report_page,
     value_html,
 )
-from hookcli.pictures.options import GridOptions
 from hookcli.pictures.summary import describe_comparison
 from hookcli.storage.compare_file import ComparisonFile, read_comparison
 from hookcli.storage.reader import FeatureReader

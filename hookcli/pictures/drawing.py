@@ -12,10 +12,11 @@ import numpy as np
 from hookcli.console import printable
 from hookcli.errors import FeatureFileError, HookcliError
 from hookcli.inputs.preprocess import Preprocess
+from hookcli.options.grid import GridOptions
 from hookcli.pictures.boxes import BOX_COLOURS, draw_boxes
 from hookcli.pictures.file_names import capped
 from hookcli.pictures.flow import add_flow_legend, flow_colours, longest_flow
-from hookcli.pictures.options import GridJob, GridOptions
+from hookcli.pictures.grid_job import GridJob
 from hookcli.pictures.photos import heat_picture, model_photo_scaled
 from hookcli.pictures.reading import (
     Detections,
@@ -89,17 +90,12 @@ def render_picture(
 ) -> Picture:
     """Draw one job, at most ``job.limit`` of the selected maps, with labels, a colour bar and a caption.
 
-    A video clip is a table of its channels by its frames (``options.frame``:
-    one frame's channel maps), and an optical-flow field a colour-coded
-    picture with its colour wheel. A row of a ragged key is drawn at its own
-    shape, and a detection file's final detections as boxes over the photo.
-    ``values``: the job's whole row (in its own shape) when the caller has
-    already read it (otherwise only the channels drawn are read). ``boxes``
-    (``[K, 4]``: x1, y1, x2, y2 in pixels of the image the model was given)
-    are outlined over an overlay: the detection a detection model's CAM
-    explains, which the file's targets give. Raises
-    :class:`~hookcli.pictures.render.NotDrawable` for shapes without a picture, and
-    :class:`~hookcli.pictures.render.RowNotDrawable` for a row without one.
+    A video clip is drawn as channels by frames (``options.frame``: one frame's maps), optical flow colour-coded with
+    its colour wheel, a ragged key's row at its own shape, and a detection file's final detections as boxes over the
+    photo. ``values``: the job's whole row in its own shape, if the caller has read it already. ``boxes`` (``[K, 4]``,
+    x1, y1, x2, y2 in pixels of the image the model was given, from the file's targets): the detection a detection
+    model's CAM explains, outlined over an overlay. Raises :class:`~hookcli.pictures.render.NotDrawable` for shapes
+    without a picture and :class:`~hookcli.pictures.render.RowNotDrawable` for a row without one.
     """
     if job.key in detection_keys(features, [job.key]):
         return render_detections(features, job, options, read_detections(features, job.row))

@@ -28,9 +28,9 @@ from PIL import Image, ImageDraw
 from hookcli.console import printable
 from hookcli.errors import HookcliError
 from hookcli.inputs.preprocess import Preprocess
+from hookcli.options.grid import GridOptions
 from hookcli.pictures.drawing import Picture
 from hookcli.pictures.file_names import capped
-from hookcli.pictures.options import GridOptions
 from hookcli.pictures.photos import model_photo
 from hookcli.pictures.render import (
     MAX_PIXELS,

@@ -46,11 +46,12 @@ import numpy as np
 from hookcli.errors import UsageProblem
 from hookcli.events import Advanced, Event, Note, Started, Wrote
 from hookcli.files import check_folder_output, refuse_existing
+from hookcli.options.grid import GridOptions
 from hookcli.patterns import select_keys
 from hookcli.pictures.compare_grids import draw_compare_grids
 from hookcli.pictures.drawing import render_picture
 from hookcli.pictures.file_names import capped, file_stems, safe_name
-from hookcli.pictures.options import DEFAULT_MAPS, GridJob, GridOptions
+from hookcli.pictures.grid_job import DEFAULT_MAPS, GridJob
 from hookcli.pictures.png import save_png
 from hookcli.pictures.reading import (
     BOXES,
@@ -102,15 +103,11 @@ class _KeyPlan:
 class GridPlan(Sequence):
     """The PNGs to write, as a sequence of :class:`GridJob` made on demand (a file may have millions of rows).
 
-    Jobs come tensor by tensor, in the order the tensors were chosen, and
-    each tensor's rows in the order of the image selection (ascending when
-    none is given), so a tensor's job for a row can be found by position.
-
-    ``notes`` say what will not be drawn, or not all of it: undrawable
-    tensors, channel ranges that miss a tensor, pictures cut to their limits.
-    ``detections``: the chosen keys of a detection file's final detections
-    (:func:`detection_keys`), drawn together as one picture a row, planned
-    under ``detections#boxes`` (when the photos can be found).
+    Jobs come tensor by tensor in the order the tensors were chosen, each tensor's rows in selection order (ascending
+    when none is given), so a tensor's job for a row can be found by position. ``notes`` say what will not be drawn in
+    full: undrawable tensors, channel ranges that miss a tensor, pictures cut to their limits. ``detections``: the
+    chosen keys of a detection file's final detections (:func:`detection_keys`), drawn together as one picture a row
+    under ``detections#boxes`` when the photos can be found.
     """
 
     def __init__(
@@ -148,7 +145,7 @@ class GridPlan(Sequence):
         )
 
 
-#: The longest input part of a PNG's name: with the key's (:func:`~hookcli.pictures.options.file_stems`), the row
+#: The longest input part of a PNG's name: with the key's (:func:`~hookcli.pictures.file_names.file_stems`), the row
 #: number, suffix and a temporary name's extras, well under 255 bytes.
 _INPUT_STEM = 60
 

@@ -40,15 +40,11 @@ THUMBNAIL_SIDE = 192
 def model_photo(path, preprocess, *, enlarge: bool = True) -> np.ndarray:
     """The part of the photo at ``path`` the model saw (its resize and centre crop), drawn larger.
 
-    The view is at least :data:`OVERLAY_MIN` pixels a side (twice a
-    224-pixel crop, more for small ones) and at most :data:`OVERLAY_SIDE`,
-    resampled from the original photo, so the heat map sits over a picture
-    large enough to see (``enlarge=False``: the crop's own size, at most
-    :data:`OVERLAY_SIDE`). Without a crop (segmentation and detection
-    models) the view is the whole photo, its shorter side at the resize when
-    there is one: a detection model resizes inside, by rules the metadata
-    does not record, and its maps and boxes cover the whole photo all the
-    same. Without preprocessing facts the whole photo is used.
+    The view, resampled from the original photo, is at least :data:`OVERLAY_MIN` pixels a side and at most
+    :data:`OVERLAY_SIDE`, so a heat map over it is large enough to see (``enlarge=False``: the crop's own size, at
+    most :data:`OVERLAY_SIDE`). Without a crop (segmentation, detection) it is the whole photo, its shorter side at
+    the resize when there is one; a detection model's maps and boxes cover the whole photo however it resizes inside.
+    Without preprocessing facts the whole photo is used.
     """
     return model_photo_scaled(path, preprocess, enlarge=enlarge)[0]
 

@@ -19,7 +19,7 @@ import numpy as np
 from hookcli.errors import UsageProblem
 from hookcli.families import channels_last_output, square_input
 from hookcli.inputs.preprocess import Preprocess
-from hookcli.pictures.options import GridOptions
+from hookcli.options.grid import GridOptions
 from hookcli.pictures.render import NotDrawable
 from hookcli.storage.fileformat import DETECTIONS
 from hookcli.storage.reader import FeatureReader

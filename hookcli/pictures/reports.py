@@ -52,6 +52,7 @@ from pathlib import Path
 from hookcli.errors import check_whole
 from hookcli.events import Advanced, Note, Started, Wrote
 from hookcli.files import check_folder_output, format_bytes, refuse_existing
+from hookcli.options.grid import GridOptions
 from hookcli.pictures.compare_reports import write_compare_report
 from hookcli.pictures.grids import plan_grids
 from hookcli.pictures.html import (
@@ -64,7 +65,6 @@ from hookcli.pictures.html import (
     pager,
     report_page,
 )
-from hookcli.pictures.options import GridOptions
 from hookcli.pictures.reading import input_names, select_rows
 from hookcli.pictures.sections import ImageSections, ReportTensor, report_tensors
 from hookcli.pictures.stats_reports import write_stats_report
@@ -112,16 +112,13 @@ def write_report(
 ) -> Path:
     """Write the report of ``features`` into folder ``output`` and return the path of its ``index.html``.
 
-    ``options`` are grid's: which tensors (``keys``) and rows (``images``:
-    an index, an input's file name, or a range ``A:B`` of indices) and how
-    pictures are drawn. Selected rows are shown in file order,
-    ``page_size`` to a page. Refuses what grid refuses, and existing pages
-    unless ``force``; reports :class:`~hookcli.events.Started`,
-    :class:`~hookcli.events.Advanced` (a row), :class:`~hookcli.events.Note` and
-    :class:`~hookcli.events.Wrote` (``index.html``) events to ``progress``. ``page_size`` defaults to
-    :data:`DEFAULT_PAGE_SIZE`. A statistics file's report is its layers' channels
-    (:func:`~hookcli.pictures.stats_reports.write_stats_report`, ``page_size`` channels a page), a comparison
-    file's one page of its matrix (:func:`~hookcli.pictures.compare_reports.write_compare_report`).
+    ``options`` are grid's: which tensors (``keys``) and rows (``images``: an index, an input's file name, or a range
+    ``A:B``), and how pictures are drawn. Rows show in file order, ``page_size`` (default :data:`DEFAULT_PAGE_SIZE`)
+    to a page. Refuses what grid refuses, and existing pages unless ``force``. ``progress`` hears
+    :class:`~hookcli.events.Started`, :class:`~hookcli.events.Advanced` (a row), :class:`~hookcli.events.Note` and
+    :class:`~hookcli.events.Wrote` (``index.html``). A statistics file's report shows its layers' channels
+    (:func:`~hookcli.pictures.stats_reports.write_stats_report`, ``page_size`` channels a page); a comparison file's is
+    one page of its matrix (:func:`~hookcli.pictures.compare_reports.write_compare_report`).
     """
     if is_stats(features.metadata):
         return write_stats_report(features, output, options, page_size=page_size, force=force, progress=progress)

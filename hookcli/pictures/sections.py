@@ -25,7 +25,9 @@ from hookcli.errors import HookcliError
 from hookcli.events import Note
 from hookcli.families import FAMILIES, family_traits
 from hookcli.inputs.preprocess import Preprocess
+from hookcli.options.grid import GridOptions
 from hookcli.pictures.drawing import Picture, render_detections, render_picture
+from hookcli.pictures.grid_job import GridJob
 from hookcli.pictures.grids import GridPlan
 from hookcli.pictures.html import (
     channels_table,
@@ -40,7 +42,6 @@ from hookcli.pictures.html import (
     target_name,
     targets_table,
 )
-from hookcli.pictures.options import GridJob, GridOptions
 from hookcli.pictures.photos import model_thumbnail
 from hookcli.pictures.reading import (
     detection_keys,

@@ -3,7 +3,7 @@
 
 Layers are chosen with ``keys`` (globs over the layer keys), channels with
 ``channels`` and ``top`` (the channels of highest mean, highest first); without
-either, a layer's first :data:`~hookcli.pictures.options.DEFAULT_MAPS` channels
+either, a layer's first :data:`~hookcli.pictures.grid_job.DEFAULT_MAPS` channels
 are drawn and a note says how to draw the others. ``images`` and ``frame`` choose
 rows and frames of a features file, which a statistics file does not have.
 """
@@ -20,10 +20,11 @@ import numpy as np
 from hookcli.errors import UsageProblem
 from hookcli.events import Advanced, Event, Note, Started, Wrote
 from hookcli.files import check_folder_output, refuse_existing
+from hookcli.options.grid import GridOptions
 from hookcli.patterns import select_keys
 from hookcli.pictures.examples import EXAMPLE_SIDE, ExamplePhotos, examples_picture, unit_word
 from hookcli.pictures.file_names import file_stems
-from hookcli.pictures.options import DEFAULT_MAPS, GridOptions
+from hookcli.pictures.grid_job import DEFAULT_MAPS
 from hookcli.pictures.png import save_png
 from hookcli.pictures.render import check_cmap
 from hookcli.storage.reader import FeatureReader

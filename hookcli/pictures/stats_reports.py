@@ -1,21 +1,12 @@
 """``hookcli report`` on a statistics file: an index page, then each layer's pages, ``page_size`` channels a page.
 
-``index.html`` sums the file up (inputs, options, a table of its layers with
-a summary of each one's channels) and links to each layer's first page,
-``layer-<layer>.html``; a layer's further pages are ``layer-<layer>-00002.html``,
-… (the layer's part of PNG names, :func:`~hookcli.pictures.options.file_stems`).
-A layer's first page holds its principal components' scree plot (when the file
-has them) and the table of its channels (mean, std, share of zeros, quantiles,
-largest and top example value), which sorts by any column at a click; every page
-holds, for each of its channels, a chart of its values between its quantiles
-(:func:`~hookcli.pictures.charts.quantiles_svg`) and its dataset examples, drawn
-as ``grid`` draws them, smaller.
-
-Pages stand alone as a features report's do: pictures and charts inline,
-nothing fetched; the one script, which sorts the tables, is allowed by its
-hash in the Content-Security-Policy. Layers and channels are chosen as ``grid``
-chooses them (:func:`~hookcli.pictures.stats_grids.choose_units`), every channel
-by default. ``index.html`` is written last.
+``index.html``, written last, sums the file up with a table of its layers and links to each layer's first page,
+``layer-<layer>.html``; further pages are ``layer-<layer>-00002.html`` and on (the layer part as in PNG names,
+:func:`~hookcli.pictures.file_names.file_stems`). A layer's first page holds its principal components' scree plot, if
+any, and a sortable table of its channels; every page shows each channel's values between its quantiles
+(:func:`~hookcli.pictures.charts.quantiles_svg`) and its dataset examples, drawn as ``grid`` draws them. Nothing is
+fetched; the one script, which sorts tables, is allowed by its hash in the Content-Security-Policy. Layers and
+channels are chosen as by ``grid`` (:func:`~hookcli.pictures.stats_grids.choose_units`), every channel by default.
 """
 
 from __future__ import annotations
@@ -31,6 +22,7 @@ from pathlib import Path
 from hookcli.errors import check_whole
 from hookcli.events import Advanced, Note, Started, Wrote
 from hookcli.files import check_folder_output, format_bytes, refuse_existing
+from hookcli.options.grid import GridOptions
 from hookcli.pictures.charts import quantiles_svg, scree_svg
 from hookcli.pictures.examples import ExamplePhotos, examples_picture, unit_word
 from hookcli.pictures.html import (
@@ -46,7 +38,6 @@ from hookcli.pictures.html import (
     report_page,
     shape_html,
 )
-from hookcli.pictures.options import GridOptions
 from hookcli.pictures.render import check_cmap
 from hookcli.pictures.stats_grids import ChosenUnits, choose_units
 from hookcli.pictures.summary import FIRST_COMPONENTS, describe_stats, explained, explaining

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from hookcli.errors import CaptureError, LayerNotRunError, UsageProblem, check_choice
-from hookcli.options import CAPTURE_KINDS
+from hookcli.options.run import CAPTURE_KINDS
 from hookcli.run.batches import batch_length, call_model, first_rows
 
 if TYPE_CHECKING:
@@ -256,16 +256,12 @@ class GradientCapture(FeatureCapture):
     ) -> tuple[dict, Any, torch.Tensor | None]:
         """Forward ``batch``, choose targets, and return activations and their gradients.
 
-        ``pick_targets(logits)`` returns the classes ``[N, K]`` (long) of a
-        classifier's ``[N, classes]`` logits to take gradients of: one
-        backward per column. Returns ``({key: tensor}, classes, logits)``, with
-        ``<key>@grad`` (K = 1) or ``<key>@grad#<k>`` next to each ``<key>``,
-        and the model's (detached) logits; ``field`` names the logits within an
-        output that is a mapping (a transformers ``ModelOutput``: ``logits``,
-        ``pooler_output``). Models whose output is not logits
-        (detection, segmentation) give ``score(output)`` instead, returning
-        ``(scores [N, K], about)``; then ``(features, about, None)`` comes back.
-        Raises :class:`CaptureError` for a layer the target does not depend on.
+        ``pick_targets(logits)`` returns the classes ``[N, K]`` (long) to take gradients of, one backward per column.
+        Returns ``({key: tensor}, classes, logits)``, with ``<key>@grad`` (K = 1) or ``<key>@grad#<k>`` beside each
+        ``<key>``, and the detached logits; ``field`` names the logits in an output that is a mapping (a transformers
+        ``ModelOutput``: ``logits``, ``pooler_output``). Models whose output is not logits (detection, segmentation)
+        give ``score(output)`` instead, returning ``(scores [N, K], about)``; then ``(features, about, None)`` comes
+        back. Raises :class:`CaptureError` for a layer the target does not depend on.
         """
         if self._stack is None:
             raise RuntimeError("GradientCapture.run_gradients() needs the capture to be entered (use 'with')")

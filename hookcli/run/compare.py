@@ -34,10 +34,9 @@ from hookcli.events import Event, Note, Wrote
 from hookcli.families import square_input
 from hookcli.files import check_writable
 from hookcli.models.loaded import LoadedModel
-from hookcli.options import SAVED_RUN_OPTIONS
+from hookcli.options.run import SAVED_RUN_OPTIONS, refuse_unknown, run_options
 from hookcli.run.commands.compare import Compare
 from hookcli.run.execute import execute
-from hookcli.run.options import refuse_unknown, run_options
 from hookcli.run.outputs import Output
 from hookcli.run.pipeline import iter_batches
 from hookcli.run.plan import RunPlan, plan_request

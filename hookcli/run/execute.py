@@ -11,8 +11,8 @@ from typing import Any, Protocol
 
 from hookcli.errors import ImageError
 from hookcli.events import Advanced, Damaged, Event, Note, Skipped, Started, Wrote
+from hookcli.options.grid import GridOptions
 from hookcli.pictures.grids import draw_grids
-from hookcli.pictures.options import GridOptions
 from hookcli.run.outputs import Output
 from hookcli.run.plan import plan_request
 from hookcli.run.request import RunRequest

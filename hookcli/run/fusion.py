@@ -54,16 +54,11 @@ __all__ = ["FusedConvolution", "FusionAttempt", "fused_convolutions", "fused_for
 def fused_for_inference(model, keep: Iterable[str], *, dtype, channels_last: bool = False, whole_run: bool = False):
     """``(module, number of fused convolutions)``: a traced, fused copy of ``model``, or ``(model, 0)``.
 
-    ``keep`` names the modules that must stay as they are (the hooked ones);
-    nothing after the last of them is fused, as extraction stops there
-    (unless ``whole_run``: ``model`` is part of a larger one whose forward
-    goes on after it).
-    Modules that already carry hooks of their own stay as they are too, and
-    with global module hooks registered nothing is fused.
-    ``dtype`` is the compute dtype of the fused convolutions (``torch.float32``
-    or ``torch.bfloat16``); ``channels_last`` stores their weights that way.
-    Only for CPU inference: the fused kernels have no backward.
-    :func:`fusion_attempt` says, besides, why nothing was fused.
+    Only for CPU inference: the fused kernels have no backward. Nothing is fused in the modules ``keep`` names (the
+    hooked ones), in modules with hooks of their own, or after the last of ``keep``, where extraction stops (unless
+    ``whole_run``: ``model`` is part of a larger one that goes on after it); with global module hooks registered,
+    nothing at all. ``dtype`` is the fused convolutions' compute dtype (``torch.float32`` or ``torch.bfloat16``);
+    ``channels_last`` stores their weights that way. :func:`fusion_attempt` also says why nothing was fused.
     """
     attempt = fusion_attempt(model, keep, dtype=dtype, channels_last=channels_last, whole_run=whole_run)
     return attempt.module, attempt.count

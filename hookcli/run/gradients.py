@@ -36,7 +36,7 @@ import torch
 from hookcli.errors import CaptureError, UsageProblem
 from hookcli.families import channels_last_output, family_traits, is_square, ragged_rows
 from hookcli.models.loaded import LoadedModel
-from hookcli.options import CAM_METHODS
+from hookcli.options.run import CAM_METHODS
 from hookcli.pictures.render import map_layout
 from hookcli.run.batches import batch_device, call_model, rows_by_shape
 from hookcli.run.capture import GradientCapture, preserved_mode
@@ -334,15 +334,12 @@ def class_activation_maps(activations, gradients, method: str = "gradcam"):
 def default_cam_layer(loaded: LoadedModel, example) -> str:
     """The layer a CAM is usually taken at.
 
-    Transformers (their tokens fold to a square): the last block's first
-    LayerNorm (the class token has not yet mixed every patch away), where a
-    block is the module holding two LayerNorms with token outputs; otherwise
-    the last layer to finish whose output is still a spatial map with more
-    than one position, global pooling heads and modules run more than once (a
-    ReLU shared by several stages) aside: the last convolutional stage
-    (``layer4``, ``features``, Swin's ``permute`` after its final norm, …). Detection and segmentation models:
-    the last such layer of the backbone. ``example`` is a batch of the
-    family's natural input (:func:`hookcli.run.batches.natural_input`).
+    Transformers (whose tokens fold to a square): the last block's first LayerNorm, before the class token has mixed
+    every patch away (a block holds two LayerNorms with token outputs). Otherwise the last layer to finish whose
+    output is still a spatial map of more than one position, leaving out global pooling heads and modules run more
+    than once (a shared ReLU): the last convolutional stage (``layer4``, ``features``, Swin's ``permute`` after its
+    final norm, …); for detection and segmentation, within the backbone. ``example`` is a batch of the family's
+    natural input (:func:`hookcli.run.batches.natural_input`).
     """
     name, model = loaded.name, loaded.module
     prefix = {"detection": "backbone.body.", "segmentation": "backbone."}.get(loaded.family, "")

@@ -23,9 +23,9 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from hookcli.errors import UsageProblem, seconds_from_environment
+from hookcli.parsing import Part, parse_part
 
 __all__ = [
     "DEFAULT_JOIN_TIMEOUT",
@@ -51,33 +51,6 @@ DEFAULT_JOIN_TIMEOUT = 300.0
 
 #: The seconds ``$HOOKCLI_JOIN_TIMEOUT`` may say: from one second to a day.
 JOIN_TIMEOUT_RANGE = (1.0, 86400.0)
-
-
-@dataclass(frozen=True)
-class Part:
-    """Process ``index`` (from 0) of ``count``; ``local_index`` of ``local_count`` on this machine; for torchrun's
-    processes that form a group, the ``address`` (``MASTER_ADDR``, ``MASTER_PORT``) where they meet."""
-
-    index: int
-    count: int
-    local_index: int = 0
-    local_count: int = 1
-    launcher: str = "--part"
-    address: tuple[str, int] | None = None
-
-
-_PART = re.compile(r"\s*(\d+)\s*/\s*(\d+)\s*")
-
-
-def parse_part(text: str) -> Part:
-    """``K/N`` (the K-th of N parts, from 1) as a :class:`Part`; :class:`UsageProblem` when it is not one."""
-    found = _PART.fullmatch(str(text))
-    if not found or not 1 <= int(found.group(1)) <= int(found.group(2)):
-        raise UsageProblem(
-            f"--part takes K/N with 1 <= K <= N (the K-th of N processes), not '{text}'",
-            hint="for example --part 1/4 … --part 4/4 for four processes",
-        )
-    return Part(int(found.group(1)) - 1, int(found.group(2)))
 
 
 def detect_part(environ: Mapping[str, str] | None = None) -> Part | None:

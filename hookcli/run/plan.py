@@ -43,10 +43,10 @@ from hookcli.inputs.preprocess import DEVICE_DECODE_KINDS
 from hookcli.models import loading
 from hookcli.models.catalog import ModelChoice
 from hookcli.models.loaded import LoadedModel
+from hookcli.options.run import RunOptions
 from hookcli.run.commands import command_named
 from hookcli.run.device import resolve_device
 from hookcli.run.launch import cpu_threads
-from hookcli.run.options import RunOptions
 from hookcli.run.outputs import Output, refuse_drawn_grids
 from hookcli.run.planned import RunPlan
 from hookcli.run.request import RunRequest, arguments_of, gather_rows, request, shared_file, with_rows

@@ -36,10 +36,10 @@ from hookcli.inputs.clips import ImagePair
 from hookcli.inputs.discovery import FoundInputs, find_inputs
 from hookcli.models.catalog import ModelChoice, choose_model
 from hookcli.models.loaded import LoadedModel
+from hookcli.options.run import CLIPS, RunOptions, run_options
 from hookcli.run.commands import COMMANDS, Command, command_named
 from hookcli.run.commands.base import selectors
 from hookcli.run.launch import Part, detect_part, joins_team
-from hookcli.run.options import CLIPS, RunOptions, run_options
 from hookcli.run.outputs import refuse_drawn_grids
 from hookcli.run.selectors import selector_keys
 from hookcli.run.settings import RunSettings

@@ -28,12 +28,11 @@ from hookcli.errors import CaptureError, UsageProblem
 from hookcli.events import Event, Note
 from hookcli.families import square_input
 from hookcli.inputs.archives import file_stamp
-from hookcli.options import SAVED_STATS_OPTIONS
+from hookcli.options.run import SAVED_STATS_OPTIONS, RunOptions, refuse_unknown, run_options
 from hookcli.patterns import select_keys
 from hookcli.run.commands import command_named
 from hookcli.run.execute import execute
 from hookcli.run.launch import Part, block_of, detect_part
-from hookcli.run.options import RunOptions, refuse_unknown, run_options
 from hookcli.run.outputs import DEFAULT_OUTPUT, Output
 from hookcli.run.settings import Batch
 from hookcli.statistics.channel_stats import StatsGathering

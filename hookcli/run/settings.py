@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from hookcli.errors import check_choice, check_whole
 from hookcli.inputs.preprocess import Preprocess
-from hookcli.options import CAPTURE_KINDS, DTYPES, MEMORY_FORMATS, ON_ERROR, POOLS, PRECISIONS
+from hookcli.options.run import CAPTURE_KINDS, DTYPES, MEMORY_FORMATS, ON_ERROR, POOLS, PRECISIONS
 from hookcli.storage.fileformat import RunFacts
 
 if TYPE_CHECKING:

@@ -39,7 +39,7 @@ from torchvision.models.feature_extraction import create_feature_extractor
 from hookcli.errors import UsageProblem, check_choice
 from hookcli.families import family_traits
 from hookcli.models.loaded import LoadedModel
-from hookcli.options import MEMORY_FORMATS, PRECISIONS
+from hookcli.options.run import MEMORY_FORMATS, PRECISIONS
 from hookcli.run.device import resolve_device
 from hookcli.run.settings import RunSettings, default_workers
 
@@ -118,18 +118,13 @@ _FLOAT32_PRECISIONS = (
 
 @contextlib.contextmanager
 def float32_math(precision: str, device) -> Iterator[None]:
-    """Inside, float32 math is what ``precision`` promises; torch's settings come back as they were afterwards.
+    """Inside, float32 math is what ``precision`` promises; torch's settings are restored afterwards.
 
-    - ``fp32``: true float32 on every device. cuDNN convolutions and CUDA
-      matrix products use TF32 unless told not to (torch's defaults); here
-      they are told not to. On CUDA the algorithms are deterministic too
-      (cuDNN's deterministic ones, no benchmarking, torch's deterministic
-      kernels where it has them), so that one process or many write the same
-      bytes.
-    - ``tf32``: TF32 for convolutions and matrix products, algorithms as torch
-      picks them.
-    - ``bf16``/``fp16``: autocast (:func:`compute_precision`); what stays in
-      float32 runs as torch is set.
+    ``fp32``: true float32 on every device (no TF32 in cuDNN convolutions or CUDA matrix products), and on CUDA
+    deterministic algorithms (cuDNN's deterministic ones, no benchmarking, torch's deterministic kernels where it has
+    them), so one process or many write the same bytes. ``tf32``: TF32 for convolutions and matrix products,
+    algorithms as torch picks them. ``bf16``/``fp16``: autocast (:func:`compute_precision`); what stays in float32
+    runs as torch is set.
     """
     if precision not in ("fp32", "tf32"):
         yield
@@ -321,15 +316,12 @@ def _copy_outputs_where_computed(graph_module) -> None:
 def resolve_settings(settings: RunSettings, loaded: LoadedModel, inputs: int) -> RunSettings:
     """``settings`` with nothing left to decide, for ``loaded`` on ``inputs`` images.
 
-    A device named by a string becomes a ``torch.device`` that exists here
-    and can run the precision (a ``torch.device`` is one resolved already:
-    the plan checks the precision before the model loads); preprocessing
-    becomes the weights' own where none is given, workers and memory format
-    as ``auto`` picks them, and ``fuse=None`` true from
-    :data:`~hookcli.run.speed.FUSE_FROM` inputs on
-    (:func:`~hookcli.run.speed.choose_fuse`). ``inputs`` counts the whole run,
-    also when it resumes part-way, so a resumed run decides as the first
-    one did. Resolved settings resolve to themselves.
+    A device string becomes a ``torch.device`` that exists here and can run the precision (a ``torch.device`` counts as
+    resolved: the plan checks the precision before the model loads). Preprocessing defaults to the weights' own,
+    workers and memory format are picked as ``auto`` picks them, and ``fuse=None`` becomes true from
+    :data:`~hookcli.run.speed.FUSE_FROM` inputs on (:func:`~hookcli.run.speed.choose_fuse`). ``inputs`` counts the
+    whole run, also when it resumes part-way, so a resumed run decides as the first did. Resolved settings resolve to
+    themselves.
     """
     device = settings.device
     if isinstance(device, str):  # a torch.device is a resolved one, its precision checked as it was resolved

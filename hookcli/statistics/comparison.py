@@ -24,9 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
-from hookcli.compare_options import COMPARE_OPTIONS
 from hookcli.errors import CaptureError, UsageProblem
-from hookcli.options import check_value, declared_field
+from hookcli.options.compare import CompareOptions
 from hookcli.statistics.comparison_sums import SUMS, MethodSums, Sides
 from hookcli.statistics.similarity import MAX_WIDTH, MIN_BATCH, undefined
 from hookcli.statistics.units import UnitLayout
@@ -90,23 +89,12 @@ def no_spread_note(label: str) -> str:
 
 
 @dataclass(frozen=True)
-class CompareChoice:
-    """How to compare, as ``hookcli compare``'s options say (:data:`hookcli.compare_options.COMPARE_OPTIONS`): the
-    ``method``, the ``pool`` (None: the method's :data:`DEFAULT_POOL`), for ``linear-cka`` whether it is
-    ``debiased``, and for ``rsa`` the rows its RDMs are made of, their distance, how they are compared and whether
-    they are kept in the file."""
-
-    method: str = declared_field("method", COMPARE_OPTIONS)
-    pool: str | None = declared_field("pool", COMPARE_OPTIONS)
-    debiased: bool = declared_field("debiased", COMPARE_OPTIONS)
-    rsa_rows: int = declared_field("rsa_rows", COMPARE_OPTIONS)
-    rsa_distance: str = declared_field("rsa_distance", COMPARE_OPTIONS)
-    rsa_compare: str = declared_field("rsa_compare", COMPARE_OPTIONS)
-    save_rdms: bool = declared_field("save_rdms", COMPARE_OPTIONS)
+class CompareChoice(CompareOptions):
+    """How to compare, as ``hookcli compare``'s options say (:class:`hookcli.options.compare.CompareOptions`), with
+    the pool filled in from the method's :data:`DEFAULT_POOL`."""
 
     def __post_init__(self) -> None:
-        for option in COMPARE_OPTIONS:
-            check_value(option, getattr(self, option.name))
+        super().__post_init__()
         if self.pool is None:
             object.__setattr__(self, "pool", DEFAULT_POOL[self.method])
         if self.debiased and self.method != "linear-cka":

@@ -19,7 +19,7 @@ import torch
 
 from hookcli.errors import CaptureError
 from hookcli.inputs.archives import file_stamp
-from hookcli.options import declared_field
+from hookcli.options.run import StatsOptions
 from hookcli.statistics.base import Accumulator
 from hookcli.statistics.covariance import MAX_CHANNELS, Covariance
 from hookcli.statistics.examples import SCORES, TopExamples
@@ -32,21 +32,14 @@ __all__ = ["LayerStats", "StatsChoice"]
 
 
 @dataclass(frozen=True)
-class StatsChoice:
-    """What statistics gather besides the moments: ``top`` examples a channel ranked by ``top_by``, the quantile
-    ``levels``, and the covariance and its components (``pca``). Defaults are ``hookcli stats``' options'."""
-
-    top: int = declared_field("top")
-    top_by: str = declared_field("top_by")
-    quantiles: tuple[float, ...] = declared_field("quantiles")
-    pca: bool = declared_field("pca")
-    #: A statistics file whose principal components are gathered as layers of their own
-    #: (:mod:`hookcli.statistics.components`), or None.
-    components: str | None = declared_field("components")
+class StatsChoice(StatsOptions):
+    """What statistics gather besides the moments (:class:`hookcli.options.run.StatsOptions`): ``top`` examples a
+    channel ranked by ``top_by``, the quantile ``levels``, the covariance and its components (``pca``), and the
+    components of another file gathered as layers of their own (``components``)."""
 
     @classmethod
     def from_options(cls, options) -> StatsChoice:
-        """The choice a run's options (:class:`hookcli.run.options.RunOptions`) make."""
+        """The choice a run's options (:class:`hookcli.options.run.RunOptions`) make."""
         return cls(**{f.name: getattr(options, f.name) for f in fields(cls)})
 
     def describe(self) -> dict:

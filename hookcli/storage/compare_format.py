@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hookcli.compare_options import SIMILARITIES
+from hookcli.options.compare import SIMILARITIES
 from hookcli.storage.fileformat import json_entry
 
 __all__ = [

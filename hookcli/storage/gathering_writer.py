@@ -1,26 +1,12 @@
-"""The writer of runs that gather rather than store rows (``stats``, ``compare``): batches go into accumulators,
-shard by shard, and the shards' states merge, in shard order, into one file.
+"""The writer of runs that gather rather than store rows (``stats``, ``compare``): shard states merged in shard order.
 
-What is gathered is a :class:`~hookcli.storage.gathering.Gathering` (``stats``' or ``compare``'s): it makes each
-shard's empty :class:`~hookcli.storage.gathering.Gathered`, reads one back from a part, and says what the file's
-metadata holds.
-
-The inputs are cut into shards as a shard folder's are (a shard is inputs
-``[k·S, (k+1)·S)``, its batches the same whoever computes them), and each
-shard's accumulators start afresh. Written to a file, each finished shard's
-state goes into a folder of parts beside it, ``<output>.parts/``, a shard folder
-(:class:`~hookcli.storage.shard_writer.ShardWriter`) that any number of
-processes fill and that a run killed part-way continues; the process that
-finishes the last part merges them all into the output and removes the
-folder. Because the shards and their batches do not depend on who computed them,
-and states merge in shard order, one process, ``--part`` and torchrun write the
-same file, byte for byte. In memory the shards merge as they finish, to the same
-values.
-
-A part holds its accumulators' states and ``@rows``, the inputs it has rows of:
-for ``stats``, about ``C × (3k + C)`` numbers a layer of ``C`` channels (the
-sketch's ``k`` and the covariance), some 130 MiB for resnet50's ``layer3`` and
-``layer4`` together.
+A :class:`~hookcli.storage.gathering.Gathering` makes each shard's empty :class:`~hookcli.storage.gathering.Gathered`,
+reads one back from a part and says what the metadata holds. Shards are cut as a shard folder's are (inputs
+``[k·S, (k+1)·S)``), each with fresh accumulators. Written to a file, each finished shard's state is a part in
+``<output>.parts/``, a shard folder (:class:`~hookcli.storage.shard_writer.ShardWriter`) that many processes fill and a
+killed run continues; whoever finishes the last part merges them all, in shard order, into the output and deletes the
+folder, so one process, ``--part`` and torchrun write the same bytes. For ``stats`` a part holds about ``C × (3k + C)``
+numbers a layer of ``C`` channels and sketch size ``k``: some 130 MiB for resnet50's ``layer3`` and ``layer4``.
 """
 
 from __future__ import annotations
@@ -187,6 +173,8 @@ class GatheringWriter:
             tensors, metadata = gathered_output(merged, self.gathering, self.record, self.paths, self.on_note)
             return Features(tensors, metadata, facts=merged.facts)
         if self.folder is None:  # another process of the run wrote the output
+            if self.team:  # before this one began: its first process still says what was written
+                self.written = [self.path]
             return Path(self.path)
         try:
             self.folder.close()

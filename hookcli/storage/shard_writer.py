@@ -29,25 +29,15 @@ _PARTS = "a file's parts"
 
 
 class ShardWriter:
-    """Writes shards of a run into ``folder`` on a background thread and keeps the index, beside any number of
-    other processes running the same command there.
+    """Writes a run's shards into ``folder`` on a background thread and keeps its index, shared with other processes.
 
-    ``identity`` holds what must be equal to share (or continue) a run in the
-    folder (model, weights, layers, preprocessing, inputs…). Opening a folder
-    whose index describes another run raises :class:`OutputExistsError` naming
-    what differs, unless ``force`` (which deletes that run's shards and index);
-    so does a folder holding shard files but no index.
-
-    The first process to find no index founds the run: it holds the folder
-    lock (:class:`~hookcli.storage.claims.FolderLock`) until :meth:`start_writing`
-    records the header, so the others wait and then read the shard size from
-    it. :meth:`order` hands out the inputs of the shards this process claims
-    (:class:`~hookcli.storage.claims.Claims`); a finished shard is renamed into place
-    and its line appended under the lock, unless another process listed that
-    shard first. The process that lists the last shard puts the lines in shard
-    order. ``part`` ``(index, count)`` says which block of shards to take
-    first; then any shard nobody holds. ``parts``: the shards are a gathering
-    run's parts (see :func:`~hookcli.storage.index.check_shard`).
+    ``identity`` holds what must match to share or continue a run there (model, weights, layers, preprocessing,
+    inputs…). A folder whose index describes another run raises :class:`OutputExistsError` naming what differs, as
+    does one with shards but no index, unless ``force`` (which deletes that run's shards and index). The first process
+    founds the run and holds the :class:`~hookcli.storage.claims.FolderLock` until :meth:`start_writing` records the
+    header; the others wait, then read the shard size from it. :meth:`order` hands out the inputs of the shards this
+    process claims (:class:`~hookcli.storage.claims.Claims`), the block ``part`` ``(index, count)`` first, then any
+    shard nobody holds. ``parts``: the shards are a gathering run's parts (:func:`~hookcli.storage.index.check_shard`).
     """
 
     def __init__(

@@ -37,9 +37,9 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO, Protocol, TypeAlias
 
 import torch
 
@@ -68,8 +68,29 @@ AUTO_SHARD_BYTES = 128 * 1024 * 1024
 MAX_AUTO_SHARD_ROWS = 10_000
 MIN_AUTO_SHARDS = 8
 
+_Rows: TypeAlias = Mapping[str, torch.Tensor | list[torch.Tensor]]  # by key: batch-first tensors, or ragged rows
 
-def row_bytes(features: Mapping) -> int:
+
+class _Batch(Protocol):
+    """What a writer reads of a :class:`~hookcli.run.settings.Batch` (the run layer is above storage)."""
+
+    @property
+    def indices(self) -> Sequence[int]: ...
+
+    @property
+    def features(self) -> _Rows: ...
+
+    @property
+    def failures(self) -> Sequence[tuple[int, str]]: ...
+
+    @property
+    def targets(self) -> Sequence[Any] | None: ...
+
+    @property
+    def facts(self) -> RunFacts | None: ...
+
+
+def row_bytes(features: _Rows) -> int:
     """Bytes one row of these batch-first tensors (or lists of ragged rows) takes (0 for none)."""
     return sum(value[0].numel() * value[0].element_size() for value in features.values())
 
@@ -86,15 +107,22 @@ class RowBuffer:
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self._tensors: dict = {}
-        self._ragged: dict[str, list] = {}  # key -> its rows, each as computed
+        self._tensors: dict[str, torch.Tensor] = {}
+        self._ragged: dict[str, list[torch.Tensor]] = {}  # key -> its rows, each as computed
         self._order: list[str] = []  # the keys as they first came
         self.inputs: list[str] = []
-        self.details: dict[str, list] = {}  # hookcli.storage.fileformat.ROW_DETAILS of rows cut from videos, or pairs
-        self.skipped: list[dict] = []
-        self.targets: list = []
+        # hookcli.storage.fileformat.ROW_DETAILS of rows cut from videos, or pairs
+        self.details: dict[str, list[list[int] | str]] = {}
+        self.skipped: list[dict[str, str]] = []
+        self.targets: list[Any] = []  # each row's, as the run describes them
 
-    def add(self, features: Mapping, rows: slice, inputs: Sequence, targets: Sequence | None = None) -> None:
+    def add(
+        self,
+        features: _Rows,
+        rows: slice,
+        inputs: Sequence[str | os.PathLike[str]],
+        targets: Sequence[Any] | None = None,
+    ) -> None:
         """Append ``rows`` of batch-first ``features``, the inputs they came from and (gradient runs) their targets."""
         start = len(self.inputs)
         for key, value in features.items():
@@ -118,13 +146,13 @@ class RowBuffer:
                 self.details.setdefault("second_inputs", []).append(input_name(item.second))
         self.targets.extend(targets or ())
 
-    def skip(self, path, error: str) -> None:
+    def skip(self, path: str | os.PathLike[str], error: str) -> None:
         self.skipped.append({"input": input_name(path), "error": error})
 
-    def tensors(self, *, flat: bool = True) -> dict:
+    def tensors(self, *, flat: bool = True) -> dict[str, torch.Tensor]:
         """The rows added so far, by key; a ragged key's ``@shape`` companion right after it. ``flat``: a ragged
         key's rows one after the other in one 1-D tensor (what files store); else padded to the largest row."""
-        found = {}
+        found: dict[str, torch.Tensor] = {}
         for key in self._order:
             if key in self._tensors:
                 found[key] = self._tensors[key][: len(self.inputs)]
@@ -137,11 +165,11 @@ class RowBuffer:
         return found
 
 
-def _flattened(rows: list) -> torch.Tensor:
+def _flattened(rows: Sequence[torch.Tensor]) -> torch.Tensor:
     return torch.cat([row.reshape(-1) for row in rows]) if rows else torch.zeros(0)
 
 
-def _padded(rows: list) -> torch.Tensor:
+def _padded(rows: Sequence[torch.Tensor]) -> torch.Tensor:
     largest = [max(sizes) for sizes in zip(*(row.shape for row in rows))]
     held = torch.zeros((len(rows), *largest), dtype=rows[0].dtype)
     for number, row in enumerate(rows):
@@ -153,11 +181,11 @@ def _padded(rows: list) -> torch.Tensor:
 class _WholeWriter:
     """Every row in memory, then one delivery: the base of the single-output writers."""
 
-    def __init__(self, record: RunRecord, paths: Sequence) -> None:
+    def __init__(self, record: RunRecord, paths: Sequence[str | os.PathLike[str]]) -> None:
         self.record, self.paths = record, paths
         self.rows: RowBuffer | None = None
         self.facts: RunFacts | None = None
-        self.skipped: list[dict] = []
+        self.skipped: list[dict[str, str]] = []
         self.written: list[str | Path] = []
 
     flat = True  # ragged keys are stored without padding (format 3); results in memory hold them padded
@@ -166,7 +194,7 @@ class _WholeWriter:
     complete = True  # the output holds every input once finish() returns
     finisher = True  # this process completed the output (and so draws its pictures)
 
-    def begin(self, batch_size: int):
+    def begin(self, batch_size: int) -> Iterator[list[int]]:
         return (list(range(i, min(i + batch_size, len(self.paths)))) for i in range(0, len(self.paths), batch_size))
 
     @property
@@ -177,7 +205,7 @@ class _WholeWriter:
     def has_rows(self) -> bool:
         return self.rows is not None and bool(self.rows.inputs)
 
-    def add(self, batch) -> None:
+    def add(self, batch: _Batch) -> None:
         if batch.indices:
             if self.rows is None:
                 _check_fits_in_memory(batch.features, len(self.paths))
@@ -186,7 +214,7 @@ class _WholeWriter:
             self.facts = batch.facts
         self.skipped.extend({"input": input_name(self.paths[i]), "error": e} for i, e in batch.failures)
 
-    def finish(self):
+    def finish(self) -> Features | Path:
         assert self.rows is not None and self.facts is not None, "finished after rows were added (has_rows)"
         tensors = self.rows.tensors(flat=self.flat)
         run = fileformat.run_metadata(self.record, self.facts, keys=list(tensors), flat=self.flat)
@@ -195,7 +223,7 @@ class _WholeWriter:
         )
         return self._deliver(tensors, metadata)
 
-    def _deliver(self, tensors: dict, metadata: dict):
+    def _deliver(self, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str]) -> Features | Path:
         raise NotImplementedError
 
     def abort(self) -> None:
@@ -207,19 +235,26 @@ class MemoryWriter(_WholeWriter):
 
     flat = False
 
-    def _deliver(self, tensors, metadata) -> Features:
+    def _deliver(self, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str]) -> Features:
         return Features(tensors, metadata, facts=self.facts)
 
 
 class FileWriter(_WholeWriter):
     """One safetensors file, written atomically; an existing file is replaced only with ``force``."""
 
-    def __init__(self, record: RunRecord, paths: Sequence, path: str | os.PathLike, *, force: bool = False) -> None:
+    def __init__(
+        self,
+        record: RunRecord,
+        paths: Sequence[str | os.PathLike[str]],
+        path: str | os.PathLike[str],
+        *,
+        force: bool = False,
+    ) -> None:
         super().__init__(record, paths)
         self.path, self.force = os.fspath(path), force
         self._held: int | None = None
 
-    def begin(self, batch_size: int):
+    def begin(self, batch_size: int) -> Iterator[list[int]]:
         """Mark the output as this process's (:func:`~hookcli.files.hold_output`) before any work: a second run
         writing the same file stops at once."""
         check_writable(self.path, force=self.force)  # first: its errors say what is wrong with the name
@@ -227,7 +262,7 @@ class FileWriter(_WholeWriter):
         check_writable(self.path, force=self.force)  # again, held: a run that finished meanwhile wrote it
         return super().begin(batch_size)
 
-    def _deliver(self, tensors, metadata) -> Path:
+    def _deliver(self, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str]) -> Path:
         try:
             write_safetensors(tensors, metadata, self.path, force=self.force)
         finally:
@@ -248,11 +283,13 @@ class FileWriter(_WholeWriter):
 class StdoutWriter(_WholeWriter):
     """The file's bytes on a binary stream (stdout by default); returns the features too, to draw them."""
 
-    def __init__(self, record: RunRecord, paths: Sequence, stream: BinaryIO | None = None) -> None:
+    def __init__(
+        self, record: RunRecord, paths: Sequence[str | os.PathLike[str]], stream: BinaryIO | None = None
+    ) -> None:
         super().__init__(record, paths)
         self.stream = stream
 
-    def _deliver(self, tensors, metadata) -> Features:
+    def _deliver(self, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str]) -> Features:
         write_safetensors(tensors, metadata, self.stream or sys.stdout.buffer)
         if metadata["format"] == fileformat.FLAT_FORMAT_VERSION:  # drawn from the rows held padded, as in memory
             assert self.rows is not None, "finish() delivers rows"
@@ -261,7 +298,7 @@ class StdoutWriter(_WholeWriter):
         return Features(tensors, metadata, name="stdout", facts=self.facts)
 
 
-def _check_fits_in_memory(features: Mapping, rows: int) -> None:
+def _check_fits_in_memory(features: _Rows, rows: int) -> None:
     """Refuse, before allocating, a single-file result larger than half of this machine's memory."""
     size = row_bytes(features)
     try:
@@ -290,8 +327,8 @@ class FolderWriter:
     def __init__(
         self,
         record: RunRecord,
-        paths: Sequence,
-        folder: str | os.PathLike,
+        paths: Sequence[str | os.PathLike[str]],
+        folder: str | os.PathLike[str],
         *,
         shard_size: int | None = None,
         force: bool = False,
@@ -301,9 +338,10 @@ class FolderWriter:
         self.record, self.paths, self.folder = record, paths, folder
         self.shard_size, self.force, self.part, self.on_note = shard_size, force, part, on_note
         self._writer: ShardWriter | None = None
-        self.run_metadata: dict | None = None
+        self.run_metadata: dict[str, str] | None = None
         self.open: dict[int, RowBuffer] = {}
-        self.held: list = []  # failures seen before the first readable image fixes the shard size
+        # failures seen before the first readable image fixes the shard size
+        self.held: list[tuple[int, int | str, _Batch]] = []
         self.written: list[str | Path] = []
         self.done = 0
         self.kept = None  # the inputs done are in the folder: the output
@@ -321,7 +359,7 @@ class FolderWriter:
         """Inputs in the shards listed when this process finished."""
         return self.writer.inputs_done
 
-    def begin(self, batch_size: int):
+    def begin(self, batch_size: int) -> Iterator[list[int]] | None:
         self.batch_size = batch_size
         self._writer = ShardWriter(
             self.folder,
@@ -343,8 +381,9 @@ class FolderWriter:
     def has_rows(self) -> bool:
         return self.writer.shard_size is not None
 
-    def add(self, batch) -> None:
+    def add(self, batch: _Batch) -> None:
         if self.run_metadata is None and batch.indices:
+            assert batch.facts is not None, "a batch with rows has facts"
             keys = [
                 name
                 for key, value in batch.features.items()
@@ -354,7 +393,7 @@ class FolderWriter:
             if self.writer.header is None:
                 size = self.shard_size or auto_shard_size(row_bytes(batch.features), self.batch_size, len(self.paths))
                 self.writer.start_writing(fileformat.index_header(self.record, self.run_metadata, size))
-        events = [(index, row) for row, index in enumerate(batch.indices)]
+        events: list[tuple[int, int | str]] = [(index, row) for row, index in enumerate(batch.indices)]
         events += [(index, error) for index, error in batch.failures]
         if self.writer.shard_size is None:
             self.held.extend((index, item, batch) for index, item in events)
@@ -364,7 +403,7 @@ class FolderWriter:
             self._place(index, item, source)
         self.held = []
 
-    def _place(self, index: int, item, batch) -> None:
+    def _place(self, index: int, item: int | str, batch: _Batch) -> None:
         """Put one row (``item``: its row in ``batch``) or failure (``item``: the error) into its shard."""
         number = self.writer.shard_of(index)
         first, end = self.writer.shard_range(number)

@@ -33,7 +33,7 @@ from hookcli.models.sources.common import (
 from hookcli.models.specs import MISSING, ModelSpec, SourceError, regular_file_problem
 from hookcli.models.state_dicts import seeded
 from hookcli.models.weights import file_sha256, looks_like_weights_path
-from hookcli.options import MAX_SIDE
+from hookcli.options.run import MAX_SIDE
 from hookcli.parsing import parse_triple
 
 __all__ = [

@@ -22,7 +22,7 @@ from hookcli.models.sources.common import (
 from hookcli.models.specs import ModelSpec, SourceError
 from hookcli.models.state_dicts import hub_checkpoint_path, seeded
 from hookcli.models.weights import looks_like_weights_path
-from hookcli.options import INTERPOLATIONS
+from hookcli.options.run import INTERPOLATIONS
 
 __all__ = [
     "default_tag",

@@ -13,9 +13,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from hookcli.errors import UsageProblem
 from hookcli.files import refuse_written_output
-from hookcli.options import LARGE_INPUT
+from hookcli.options.run import LARGE_INPUT, RunOptions
 from hookcli.run.launch import block_of
-from hookcli.run.options import RunOptions
 from hookcli.run.outputs import check_file_output, default_output_name, rows_output
 from hookcli.run.selectors import resolve_layers
 from hookcli.run.settings import RunSettings

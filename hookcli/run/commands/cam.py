@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 from hookcli.errors import UsageProblem
 from hookcli.files import check_folder_output, refuse_existing
+from hookcli.options.run import RunOptions
 from hookcli.run.commands.base import Planned, named_model, refuse_unsupported
 from hookcli.run.commands.grad import NO_GRADIENTS, Grad
-from hookcli.run.options import RunOptions
 from hookcli.run.outputs import DEFAULT_OUTPUT, model_label, refuse_overwriting_inputs
 from hookcli.run.selectors import resolve_layers
 from hookcli.run.settings import RunSettings

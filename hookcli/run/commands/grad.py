@@ -6,8 +6,8 @@ import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from hookcli.options.run import RunOptions
 from hookcli.run.commands.base import Command, named_model, refuse_unsupported, selectors
-from hookcli.run.options import RunOptions
 from hookcli.run.selectors import resolve_layers
 from hookcli.run.settings import RunSettings
 from hookcli.run.targets import parse_target

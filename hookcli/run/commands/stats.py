@@ -7,9 +7,9 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from hookcli.families import square_input
+from hookcli.options.run import RunOptions
 from hookcli.run.commands.base import Planned
 from hookcli.run.commands.gathering import Gathers
-from hookcli.run.options import RunOptions
 from hookcli.run.settings import RunSettings
 
 if TYPE_CHECKING:

@@ -1,18 +1,19 @@
-"""The options of ``hookcli compare`` that say how to compare, declared once as
-:data:`hookcli.options.RUN_OPTIONS` declares a run's (the model and input options of ``compare`` are those): the
-Click options, :class:`hookcli.statistics.comparison.CompareChoice` and its checks are made from
-:data:`COMPARE_OPTIONS`.
+"""The options of ``hookcli compare`` that say how to compare, each declared once as a typed field of
+:class:`CompareOptions` (the model and input options of ``compare`` are a run's): the Click options and the checks
+are made from its fields.
 
->>> from hookcli.options import declared
+>>> from hookcli.options.declaring import declared
 >>> declared("method", COMPARE_OPTIONS).choices, declared("rsa_rows", COMPARE_OPTIONS).high
 (('linear-cka', 'minibatch-cka', 'rsa'), 10000)
 """
 
 from __future__ import annotations
 
-from hookcli.options import Option
+from dataclasses import dataclass
 
-__all__ = ["COMPARE_OPTIONS", "COMPARE_POOLS", "DISTANCES", "RANKINGS", "SIMILARITIES"]
+from hookcli.options.declaring import Option, check_value, declarations, option
+
+__all__ = ["COMPARE_OPTIONS", "COMPARE_POOLS", "DISTANCES", "RANKINGS", "SIMILARITIES", "CompareOptions"]
 
 #: What ``--method`` computes: exact linear CKA from running sums, the minibatch CKA estimator, or RSA.
 SIMILARITIES = ("linear-cka", "minibatch-cka", "rsa")
@@ -25,9 +26,14 @@ RANKINGS = ("spearman", "pearson", "kendall")
 
 _COMPARE = ("compare",)
 
-COMPARE_OPTIONS: tuple[Option, ...] = (
-    Option(
-        "method",
+
+@dataclass(frozen=True)
+class CompareOptions:
+    """How to compare: the ``method``, the ``pool`` (None: the method's own), for ``linear-cka`` whether it is
+    ``debiased``, and for ``rsa`` the rows its RDMs are made of, their distance, how they are compared and whether
+    they are kept in the file."""
+
+    method: str = option(
         ("--method",),
         "linear-cka: exact linear CKA from running sums (representations of up to 16,384 values); minibatch-cka: "
         "the unbiased estimator averaged over the run's batches (maps taken whole); rsa: the RDMs of the first "
@@ -37,18 +43,16 @@ COMPARE_OPTIONS: tuple[Option, ...] = (
         choices=SIMILARITIES,
         default="linear-cka",
         show_default=True,
-    ),
-    Option(
-        "pool",
+    )
+    pool: str | None = option(
         ("--pool",),
         "A representation: each channel's mean or maximum over its positions (tokens: over the patch tokens), "
         "or the layer's output whole. [linear-cka and rsa: avg; minibatch-cka: none]",
         _COMPARE,
         kind="choice",
         choices=COMPARE_POOLS,
-    ),
-    Option(
-        "debiased",
+    )
+    debiased: bool = option(
         ("--debiased",),
         "linear-cka: the debiased estimator (each HSIC unbiased, after Song et al. 2012), near 0 for unrelated "
         "representations however few the inputs (4 at least), where plain CKA reads high until the inputs well "
@@ -56,9 +60,8 @@ COMPARE_OPTIONS: tuple[Option, ...] = (
         _COMPARE,
         kind="flag",
         default=False,
-    ),
-    Option(
-        "rsa_rows",
+    )
+    rsa_rows: int = option(
         ("--rsa-rows",),
         "rsa: the inputs the RDMs are made of, the first N (an RDM holds N x N distances: 8 MB at 1,000).",
         _COMPARE,
@@ -67,9 +70,8 @@ COMPARE_OPTIONS: tuple[Option, ...] = (
         low=3,
         high=10_000,
         show_default=True,
-    ),
-    Option(
-        "rsa_distance",
+    )
+    rsa_distance: str = option(
         ("--rsa-distance",),
         "rsa: the distance of two inputs, 1 - the Pearson correlation of their representations, or Euclidean.",
         _COMPARE,
@@ -77,9 +79,8 @@ COMPARE_OPTIONS: tuple[Option, ...] = (
         choices=DISTANCES,
         default="correlation",
         show_default=True,
-    ),
-    Option(
-        "rsa_compare",
+    )
+    rsa_compare: str = option(
         ("--rsa-compare",),
         "rsa: how two RDMs are compared, by the correlation of their upper triangles.",
         _COMPARE,
@@ -87,13 +88,19 @@ COMPARE_OPTIONS: tuple[Option, ...] = (
         choices=RANKINGS,
         default="spearman",
         show_default=True,
-    ),
-    Option(
-        "save_rdms",
+    )
+    save_rdms: bool = option(
         ("--save-rdms",),
         "rsa: keep each RDM in the file too (rdm@<label>).",
         _COMPARE,
         kind="flag",
         default=False,
-    ),  # fmt: skip
-)
+    )
+
+    def __post_init__(self) -> None:
+        for checked in COMPARE_OPTIONS:
+            check_value(checked, getattr(self, checked.name))
+
+
+#: Every option of how ``compare`` compares, in declaration order.
+COMPARE_OPTIONS: tuple[Option, ...] = declarations(CompareOptions)

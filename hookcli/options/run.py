@@ -1,21 +1,16 @@
-"""Every option a run or a picture takes, declared once: name, flags, type, default, bounds, help and commands.
+"""A run's options, each declared once as a typed field of :class:`RunOptions`: flags, default, bounds, help and
+the commands that take it.
 
-The command line's Click options (:mod:`hookcli.cli.declared`), the Python
-API's keywords and defaults (:class:`hookcli.run.options.RunOptions`,
-:class:`hookcli.pictures.options.GridOptions`), the library's range and
-choice checks and the CLI reference are all made from :data:`RUN_OPTIONS`
-and :data:`hookcli.grid_options.GRID_OPTIONS`. Changing a default or a bound is one edit here.
+The command line's Click options (:mod:`hookcli.cli.declared`), the Python API's keywords, the library's checks
+and the CLI reference are made from these fields; changing a default or a bound is one edit here. Nothing here
+imports torch: a command that answers without it (``--help``, ``models``, an early refusal) reads these alone.
 
-The choices the options take live here too, so that a command that answers
-without torch (``--help``, ``models``, an early refusal) imports this module
-alone.
-
->>> declared("batch_size").default, declared("batch_size").flags, declared("top").default
-(16, ('--batch-size', '-b'), 9)
->>> [option.name for option in options_of("cam")][:4]
-['weights', 'seed', 'resize', 'crop']
+>>> RunOptions().batch_size, declared("batch_size").flags
+(16, ('--batch-size', '-b'))
+>>> sorted(set(COMMAND_OPTIONS["cam"]) - set(COMMAND_OPTIONS["grad"]))[:2]
+['alpha', 'cmap']
 >>> try:
-...     check_value(declared("frame_stride"), 0)
+...     RunOptions(frame_stride=0)
 ... except UsageProblem as err:
 ...     print(err.message)
 frame_stride must be a whole number of at least 1, not 0
@@ -23,16 +18,22 @@ frame_stride must be a whole number of at least 1, not 0
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+import difflib
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
 
-from hookcli.errors import RANGE_HINT, UsageProblem, check_choice, check_whole
-from hookcli.parsing import parse_device, parse_levels, parse_triple
+from hookcli.errors import RANGE_HINT, UsageProblem
+from hookcli.files import regular_file_problem
+from hookcli.options.declaring import Option, check_flags, check_value, declarations, option
+from hookcli.parsing import Part, check_normalisation, parse_device, parse_levels, parse_part, parse_triple
 
 __all__ = [
     "CAM_METHODS",
     "CAPTURE_KINDS",
+    "CLIPS",
+    "COMMAND_OPTIONS",
     "DECODERS",
     "DTYPES",
     "INTERPOLATIONS",
@@ -46,14 +47,15 @@ __all__ = [
     "RUN_OPTIONS",
     "SAVED_RUN_OPTIONS",
     "SAVED_STATS_OPTIONS",
-    "STATS_CHOICES",
     "SCALES",
+    "STATS_CHOICES",
     "TOP_BY",
-    "Option",
-    "check_value",
+    "RunOptions",
+    "StatsOptions",
     "declared",
-    "declared_field",
     "options_of",
+    "refuse_unknown",
+    "run_options",
 ]
 
 #: What ``--capture`` saves of each layer.
@@ -95,41 +97,63 @@ _EXTRACTING = ("extract", "stats", "compare")
 
 
 @dataclass(frozen=True)
-class Option:
-    """One option: its keyword ``name`` and command-line ``flags``, the ``kind`` of value it takes (``int``,
-    ``float``, ``choice``, ``flag``, ``text`` or ``parsed``: read by its ``parser``, which raises ValueError),
-    its ``default``, bounds (``low``, ``high``) or ``choices``, its ``help`` and the ``commands`` that take it.
-    A default that depends on what is drawn or run (None here) is said in the help's own words."""
+class StatsOptions:
+    """What statistics gather besides the moments (``stats``' own options)."""
 
-    name: str
-    flags: tuple[str, ...]
-    help: str
-    commands: tuple[str, ...]
-    kind: str = "text"
-    default: Any = None
-    low: float | None = None
-    high: float | None = None
-    choices: tuple[str, ...] | None = None
-    metavar: str | None = None
-    parser: Callable[[Any], Any] | None = None
-    multiple: bool = False
-    show_default: bool = False
-    #: The help a command gives instead of ``help`` (``(command, text)`` pairs).
-    help_in: tuple[tuple[str, str], ...] = ()
+    top: int = option(
+        ("--top",),
+        "Dataset examples kept for each channel: the inputs that drive it hardest, with where and their maps.",
+        ("stats",),
+        kind="int",
+        default=9,
+        low=1,
+        high=1000,
+        show_default=True,
+    )
+    top_by: str = option(
+        ("--top-by",),
+        "What ranks an input for a channel: the largest value of the channel's map, or the map's mean.",
+        ("stats",),
+        kind="choice",
+        choices=TOP_BY,
+        default="max",
+        show_default=True,
+    )
+    quantiles: tuple[float, ...] = option(
+        ("--quantiles",),
+        "Quantile levels of each channel's values, from 0 to 1, within 0.1% of the count in rank (0.995 is "
+        "NetDissect's threshold). [0.5,0.99,0.995]",
+        ("stats",),
+        kind="parsed",
+        default=(0.5, 0.99, 0.995),
+        metavar="Q,Q,...",
+        parser=parse_levels,
+    )
+    pca: bool = option(
+        ("--pca/--no-pca",),
+        "The covariance of the channels pooled over positions, and its principal components (a C x C matrix: "
+        "--no-pca for layers of more than a few thousand channels).",
+        ("stats",),
+        kind="flag",
+        default=True,
+        show_default=True,
+    )
+    components: str | None = option(
+        ("--components",),
+        "A statistics file with PCA of these layers (an earlier run's): also gather each layer's first 16 "
+        "principal components as a layer of their own, KEY#pc, a channel a component (the channels less the "
+        "file's means, projected at each position): their dataset examples are the inputs that drive each "
+        "component hardest (--top-by mean: by the projection of their pooled channels).",
+        ("stats",),
+        metavar="FILE",
+    )
 
-    def help_for(self, command: str) -> str:
-        """The help ``command`` gives for this option."""
-        return dict(self.help_in).get(command, self.help)
 
-    @property
-    def long(self) -> str:
-        """The long flag, as errors name it (``--batch-size``)."""
-        return self.flags[0].split("/")[0]
+@dataclass(frozen=True)
+class RunOptions(StatsOptions):
+    """Every option of the commands that run a model, named like the command line's long options."""
 
-
-RUN_OPTIONS: tuple[Option, ...] = (
-    Option(
-        "weights",
+    weights: str = option(
         ("--weights", "-w"),
         "DEFAULT (the model's own), a weights name (IMAGENET1K_V1; a timm or "
         "OpenCLIP pretrained tag), none (random init) or a .pth/.pt/.safetensors state dict.",
@@ -137,46 +161,53 @@ RUN_OPTIONS: tuple[Option, ...] = (
         default="DEFAULT",
         metavar="WEIGHTS",
         show_default=True,
-    ),
-    Option("seed", ("--seed",), "Random seed for --weights none. [0]", _ALL, kind="int"),
-    Option(
-        "resize",
+    )
+    seed: int | None = option(
+        ("--seed",),
+        "Random seed for --weights none. [0]",
+        _ALL,
+        kind="int",
+    )
+    resize: int | None = option(
         ("--resize",),
         "Resize the shorter side to this [weights' value].",
         _ALL,
         kind="int",
         low=1,
         high=MAX_SIDE,
-    ),
-    Option("crop", ("--crop",), "Centre-crop to this square [weights' value].", _ALL, kind="int", low=1, high=MAX_SIDE),
-    Option(
-        "mean",
+    )
+    crop: int | None = option(
+        ("--crop",),
+        "Centre-crop to this square [weights' value].",
+        _ALL,
+        kind="int",
+        low=1,
+        high=MAX_SIDE,
+    )
+    mean: tuple[float, float, float] | None = option(
         ("--mean",),
         "Normalisation mean [weights' value].",
         _ALL,
         kind="parsed",
         metavar="R,G,B",
         parser=parse_triple,
-    ),
-    Option(
-        "std",
+    )
+    std: tuple[float, float, float] | None = option(
         ("--std",),
         "Normalisation std [weights' value].",
         _ALL,
         kind="parsed",
         metavar="R,G,B",
         parser=parse_triple,
-    ),
-    Option(
-        "interpolation",
+    )
+    interpolation: str | None = option(
         ("--interpolation",),
         "Resize interpolation [weights' value].",
         _ALL,
         kind="choice",
         choices=INTERPOLATIONS,
-    ),
-    Option(
-        "fast_decode",
+    )
+    fast_decode: bool = option(
         ("--fast-decode",),
         "Decode JPEGs at a reduced scale (1/2, 1/4, 1/8) that keeps the "
         "shorter side at least twice --resize, and resize only the part the crop keeps: several times faster for "
@@ -184,9 +215,8 @@ RUN_OPTIONS: tuple[Option, ...] = (
         _ALL,
         kind="flag",
         default=False,
-    ),
-    Option(
-        "decode",
+    )
+    decode: str = option(
         ("--decode",),
         "Where images are decoded and preprocessed: cpu (decode workers, Pillow), or "
         "device (the workers only read files; JPEGs are decoded batched on the run's device, nvJPEG on CUDA, and "
@@ -196,9 +226,8 @@ RUN_OPTIONS: tuple[Option, ...] = (
         choices=DECODERS,
         default="cpu",
         show_default=True,
-    ),
-    Option(
-        "device",
+    )
+    device: str = option(
         ("--device", "-d"),
         "auto, cpu, cuda, cuda:N, mps.",
         _ALL,
@@ -207,9 +236,8 @@ RUN_OPTIONS: tuple[Option, ...] = (
         metavar="DEVICE",
         parser=parse_device,
         show_default=True,
-    ),
-    Option(
-        "batch_size",
+    )
+    batch_size: int = option(
         ("--batch-size", "-b"),
         "Images per forward.",
         _ALL,
@@ -217,22 +245,18 @@ RUN_OPTIONS: tuple[Option, ...] = (
         default=16,
         low=1,
         show_default=True,
-    ),
-    Option(
-        "precision",
+    )
+    precision: str = option(
         ("--precision",),
-        (
-            "Compute precision: fp32 is exact float32 on every device (on CUDA: no TF32, deterministic algorithms); "
-            "tf32 (NVIDIA GPUs from Ampere on), bf16 (CPU or GPU) and fp16 (GPU) trade accuracy for speed; {stored}."
-        ),
+        "Compute precision: fp32 is exact float32 on every device (on CUDA: no TF32, deterministic algorithms); "
+        "tf32 (NVIDIA GPUs from Ampere on), bf16 (CPU or GPU) and fp16 (GPU) trade accuracy for speed; {stored}.",
         _ALL,
         kind="choice",
         choices=PRECISIONS,
         default="fp32",
         show_default=True,
-    ),
-    Option(
-        "memory_format",
+    )
+    memory_format: str = option(
         ("--memory-format",),
         "auto: channels-last for convolutional models on CPU and CUDA (faster, exact to fp32 rounding).",
         _ALL,
@@ -240,35 +264,31 @@ RUN_OPTIONS: tuple[Option, ...] = (
         choices=MEMORY_FORMATS,
         default="auto",
         show_default=True,
-    ),
-    Option(
-        "compile",
+    )
+    compile: bool = option(
         ("--compile",),
         "torch.compile the forward, cut after the last requested layer (falls back to "
         "eager, with a note, where hooks are needed).",
         _ALL,
         kind="flag",
         default=False,
-    ),
-    Option(
-        "workers",
+    )
+    workers: int | None = option(
         ("--workers", "-j"),
         "Processes decoding images while the model runs; 0 decodes in the main "
         "process. [GPU: one per spare core up to 16; CPU: 0 up to 4 cores, then a quarter of them]",
         _ALL,
         kind="int",
         low=0,
-    ),
-    Option(
-        "recursive",
+    )
+    recursive: bool = option(
         ("--recursive", "-r"),
         "Look for images in sub-folders of folder inputs.",
         _ALL,
         kind="flag",
         default=False,
-    ),
-    Option(
-        "on_error",
+    )
+    on_error: str = option(
         ("--on-error",),
         "For unreadable images: stop, or skip them (listed on stderr and in the metadata).",
         _ALL,
@@ -276,17 +296,15 @@ RUN_OPTIONS: tuple[Option, ...] = (
         choices=ON_ERROR,
         default="fail",
         show_default=True,
-    ),
-    Option(
-        "force",
+    )
+    force: bool = option(
         ("--force", "-f"),
         "Overwrite existing outputs (a folder output: replace a different run).",
         _ALL,
         kind="flag",
         default=False,
-    ),
-    Option(
-        "target",
+    )
+    target: str = option(
         ("--target", "-t"),
         "Logit to take gradients of: a class index, a class name of the weights, "
         "or each image's top prediction (topK: the K highest, one gradient each). Segmentation: a class's mask "
@@ -297,9 +315,8 @@ RUN_OPTIONS: tuple[Option, ...] = (
         metavar="CLASS|topK",
         show_default=True,
         help_in=(("cam", "Class the map explains: an index, a class name of the weights, or topK."),),
-    ),
-    Option(
-        "capture",
+    )
+    capture: str = option(
         ("--capture",),
         "What to save of each layer.",
         ("extract",),
@@ -307,17 +324,15 @@ RUN_OPTIONS: tuple[Option, ...] = (
         choices=CAPTURE_KINDS,
         default="output",
         show_default=True,
-    ),
-    Option(
-        "pool",
+    )
+    pool: str | None = option(
         ("--pool",),
         "Store global pooling: [N,C,H,W] -> [N,C] over H,W; tokens [N,T,D] -> [N,D] over T.",
         ("extract",),
         kind="choice",
         choices=POOLS,
-    ),
-    Option(
-        "dtype",
+    )
+    dtype: str = option(
         ("--dtype",),
         "Stored dtype.",
         _ROWS,
@@ -325,9 +340,8 @@ RUN_OPTIONS: tuple[Option, ...] = (
         choices=DTYPES,
         default="float32",
         show_default=True,
-    ),
-    Option(
-        "shard_size",
+    )
+    shard_size: int | None = option(
         ("--shard-size",),
         "Images (rows) per shard in a folder output [an eighth of the inputs in whole batches, at most about 128 MiB "
         "of features].",
@@ -343,9 +357,8 @@ RUN_OPTIONS: tuple[Option, ...] = (
         ),
         kind="int",
         low=1,
-    ),
-    Option(
-        "part",
+    )
+    part: Part | None = option(
         ("--part",),
         "Folder output shared by N processes: this one starts with the K-th block of "
         "shards, then takes any shard no process holds [from torchrun or Slurm when they start it].",
@@ -360,9 +373,8 @@ RUN_OPTIONS: tuple[Option, ...] = (
             )
             for command in ("stats", "compare")
         ),
-    ),
-    Option(
-        "fuse",
+    )
+    fuse: bool | None = option(
         ("--fuse/--no-fuse",),
         "On the CPU, run each convolution outside the hooked layers together "
         "with its BatchNorm, activation and residual add, as one kernel (equal to fp32 rounding); --no-fuse runs "
@@ -371,30 +383,48 @@ RUN_OPTIONS: tuple[Option, ...] = (
         _EXTRACTING,
         kind="flag",
         show_default=True,
-    ),
-    Option(
-        "grid", ("--grid",), "Also render feature-map PNGs into DIR (as hookcli grid).", ("extract",), metavar="DIR"
-    ),
-    Option(
-        "method", ("--method",), "", ("cam",), kind="choice", choices=CAM_METHODS, default="gradcam", show_default=True
-    ),
-    Option(
-        "alpha", ("--alpha",), "Overlay opacity.", ("cam",), kind="float", default=0.5, low=0, high=1, show_default=True
-    ),
-    Option(
-        "cmap", ("--cmap",), "Heat-map colormap (any matplotlib name).", ("cam",), default="inferno", show_default=True
-    ),
-    Option(
-        "clip_length",
+    )
+    grid: str | None = option(
+        ("--grid",),
+        "Also render feature-map PNGs into DIR (as hookcli grid).",
+        ("extract",),
+        metavar="DIR",
+    )
+    method: str = option(
+        ("--method",),
+        "",
+        ("cam",),
+        kind="choice",
+        choices=CAM_METHODS,
+        default="gradcam",
+        show_default=True,
+    )
+    alpha: float = option(
+        ("--alpha",),
+        "Overlay opacity.",
+        ("cam",),
+        kind="float",
+        default=0.5,
+        low=0,
+        high=1,
+        show_default=True,
+    )
+    cmap: str = option(
+        ("--cmap",),
+        "Heat-map colormap (any matplotlib name).",
+        ("cam",),
+        default="inferno",
+        show_default=True,
+    )
+    clip_length: int | None = option(
         ("--clip-length",),
         "Video models: frames in a clip (a row) [16].",
         _SHARDED,
         kind="int",
         low=1,
         high=4096,
-    ),
-    Option(
-        "frame_stride",
+    )
+    frame_stride: int = option(
         ("--frame-stride",),
         "Frames between a clip's frames; optical flow: between a pair's two.",
         _SHARDED,
@@ -403,9 +433,8 @@ RUN_OPTIONS: tuple[Option, ...] = (
         low=1,
         high=4096,
         show_default=True,
-    ),
-    Option(
-        "clips_per_video",
+    )
+    clips_per_video: int = option(
         ("--clips-per-video",),
         "Video models: clips spread evenly over each video (1: the middle one); 0: every clip, one after another.",
         _SHARDED,
@@ -414,9 +443,8 @@ RUN_OPTIONS: tuple[Option, ...] = (
         low=0,
         high=4096,
         show_default=True,
-    ),
-    Option(
-        "detections",
+    )
+    detections: bool = option(
         ("--detections",),
         "Detection models: also store each image's final detections "
         "(detections#boxes, #labels, #scores, and #masks or #keypoints where the model gives them), rows of their "
@@ -424,114 +452,82 @@ RUN_OPTIONS: tuple[Option, ...] = (
         ("extract",),
         kind="flag",
         default=False,
-    ),
-    Option(
-        "flow",
+    )
+    flow: bool = option(
         ("--flow",),
         "Optical-flow models: also store the final flow field the model returns, key flow, "
         "[N, 2, H, W] in pixels (x, then y).",
         ("extract",),
         kind="flag",
         default=False,
-    ),
-    Option(
-        "region",
+    )
+    region: str | None = option(
         ("--region",),
         "Segmentation models: score the target class over this box (fractions of the "
         "image, 0 to 1) instead of over its predicted mask.",
         _GRADIENTS,
         metavar="X0,Y0,X1,Y1",
-    ),
-    Option(
-        "pair_with",
+    )
+    pair_with: tuple | None = option(
         ("--pair-with",),
         "Optical-flow models: the second images of pairs given as two image lists "
         "(files, folders or -, in order), the inputs being the first ones. Repeat.",
         _EXTRACTING,
         metavar="IMAGES",
         multiple=True,
-    ),
-    Option(
-        "top",
-        ("--top",),
-        "Dataset examples kept for each channel: the inputs that drive it hardest, with where and their maps.",
-        ("stats",),
-        kind="int",
-        default=9,
-        low=1,
-        high=1000,
-        show_default=True,
-    ),
-    Option(
-        "top_by",
-        ("--top-by",),
-        "What ranks an input for a channel: the largest value of the channel's map, or the map's mean.",
-        ("stats",),
-        kind="choice",
-        choices=TOP_BY,
-        default="max",
-        show_default=True,
-    ),
-    Option(
-        "quantiles",
-        ("--quantiles",),
-        "Quantile levels of each channel's values, from 0 to 1, within 0.1% of the count in rank (0.995 is "
-        "NetDissect's threshold). [0.5,0.99,0.995]",
-        ("stats",),
-        kind="parsed",
-        default=(0.5, 0.99, 0.995),
-        metavar="Q,Q,...",
-        parser=parse_levels,
-    ),
-    Option(
-        "pca",
-        ("--pca/--no-pca",),
-        "The covariance of the channels pooled over positions, and its principal components (a C x C matrix: "
-        "--no-pca for layers of more than a few thousand channels).",
-        ("stats",),
-        kind="flag",
-        default=True,
-        show_default=True,
-    ),
-    Option(
-        "components",
-        ("--components",),
-        "A statistics file with PCA of these layers (an earlier run's): also gather each layer's first 16 "
-        "principal components as a layer of their own, KEY#pc, a channel a component (the channels less the "
-        "file's means, projected at each position): their dataset examples are the inputs that drive each "
-        "component hardest (--top-by mean: by the projection of their pooled channels).",
-        ("stats",),
-        metavar="FILE",
-    ),
-    Option(
-        "incomplete",
+    )
+    incomplete: bool = option(
         ("--incomplete",),
         "Saved features: take a shard folder that is missing shards (still being written, or cut short) as it "
         "is; the file records the inputs it covers. Without it, such a folder is refused.",
         ("stats", "compare"),
         kind="flag",
         default=False,
-    ),
-)
+    )
 
+    def __post_init__(self) -> None:
+        for name in _CHECKED:
+            check_value(declared(name), getattr(self, name))
+        check_flags(self, RUN_OPTIONS)
+        if self.fast_decode and self.decode == "device":
+            raise UsageProblem(
+                "--fast-decode and --decode device cannot be combined",
+                hint="--fast-decode is a reduced scale of the CPU's decoder; give one of them",
+            )
+        for name in ("mean", "std"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, _parsed(name, parse_triple, getattr(self, name)))
+        object.__setattr__(self, "quantiles", _parsed("quantiles", parse_levels, self.quantiles))
+        try:
+            check_normalisation(self.mean, self.std)
+        except ValueError as err:
+            raise UsageProblem(str(err), hint="see --help for --mean and --std") from None
+        object.__setattr__(self, "device", _parsed("device", parse_device, self.device))
+        if isinstance(self.pair_with, str | os.PathLike):  # one folder or file, as inputs may be given
+            object.__setattr__(self, "pair_with", (self.pair_with,))
+        if self.part is not None and not isinstance(self.part, Part):
+            object.__setattr__(self, "part", parse_part(self.part))
+        if self.components is not None:
+            problem = regular_file_problem(Path(self.components))
+            if problem is not None:
+                raise UsageProblem(
+                    f"--components '{self.components}' {problem}",
+                    hint="give the statistics file of a first stats run, made with --pca",
+                )
+
+
+#: Every run option, in declaration order.
+RUN_OPTIONS: tuple[Option, ...] = declarations(RunOptions)
 _BY_NAME = {option.name: option for option in RUN_OPTIONS}
-#: What statistics gather (``stats``' own options: ``top``, ``top_by``, ``quantiles``, ``pca``, ``components``).
-STATS_CHOICES = tuple(option.name for option in RUN_OPTIONS if option.commands == ("stats",))
+#: What statistics gather (:class:`StatsOptions`' fields).
+STATS_CHOICES = tuple(field.name for field in fields(StatsOptions))
 #: What ``stats`` of saved features takes: how to batch and share the run, and what to gather.
 SAVED_STATS_OPTIONS = (*SAVED_RUN_OPTIONS, *STATS_CHOICES)
 
 
-def declared(name: str, table: tuple[Option, ...] | None = None) -> Option:
-    """The declaration of option ``name`` (of :data:`RUN_OPTIONS`, or of ``table``)."""
-    if table is None:
-        return _BY_NAME[name]
-    return next(option for option in table if option.name == name)
-
-
-def declared_field(name: str, table: tuple[Option, ...] | None = None) -> Any:
-    """A dataclass field holding option ``name``'s declared default: how ``RunOptions`` and ``GridOptions`` take
-    their defaults from the declarations."""
-    return field(default=declared(name, table).default)
+def declared(name: str) -> Option:
+    """The declaration of run option ``name``."""
+    return _BY_NAME[name]
 
 
 def options_of(command: str) -> list[Option]:
@@ -539,21 +535,52 @@ def options_of(command: str) -> list[Option]:
     return [option for option in RUN_OPTIONS if command in option.commands]
 
 
-def check_value(option: Option, value: Any) -> None:
-    """Refuse, with the library's words, a ``value`` outside ``option``'s bounds or choices (None passes when the
-    option has no default)."""
-    if value is None and option.default is None:
-        return
-    if option.kind == "int":
-        if option.low is not None:
-            check_whole(option.name, value, int(option.low), None if option.high is None else int(option.high))
-        elif isinstance(value, bool) or not isinstance(value, int):
-            raise UsageProblem(f"{option.name} must be a whole number, not {value!r}", hint=RANGE_HINT)
-    elif option.kind == "float":
-        low, high = option.low or 0.0, option.high or 0.0
-        if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
-            raise UsageProblem(f"{option.name} must be between {low:g} and {high:g}, not {value!r}", hint=RANGE_HINT)
-    elif option.kind == "choice":
-        check_choice(option.name, value, option.choices)
-    elif option.kind == "flag" and not isinstance(value, bool):
-        raise UsageProblem(f"{option.name} must be True or False, not {value!r}", hint=RANGE_HINT)
+#: The options whose bounds or choices are checked when the options are made, in the order their errors come;
+#: the others are checked where they are used (the batch size and workers by the run's settings, the capture,
+#: pooling and stored dtype by the pipeline, the precision and layout by the device), with those words.
+_CHECKED = (
+    "resize",
+    "crop",
+    "shard_size",
+    "clip_length",
+    "frame_stride",
+    "clips_per_video",
+    "interpolation",
+    "decode",
+    "method",
+    "alpha",
+    "seed",
+    "top",
+    "top_by",
+)
+
+
+def _parsed(name: str, parse: Callable, value):
+    try:
+        return parse(value)
+    except ValueError as err:
+        raise UsageProblem(f"invalid {name}: {err}", hint=RANGE_HINT) from None
+
+
+#: The video options (how rows are cut from videos).
+CLIPS = ("clip_length", "frame_stride", "clips_per_video")
+
+#: The options each command takes (the Python function's keywords, the command line's long options).
+COMMAND_OPTIONS = {command: tuple(option.name for option in options_of(command)) for command in RUN_COMMANDS}
+
+
+def refuse_unknown(command: str, given: Mapping, allowed: Sequence[str]) -> None:
+    """A keyword a command does not take is a TypeError, as Python's own, naming the closest one."""
+    unknown = [name for name in given if name not in allowed]
+    if unknown:
+        closest = difflib.get_close_matches(unknown[0], allowed, n=1)
+        suggestion = f"; did you mean '{closest[0]}'?" if closest else ""
+        raise TypeError(
+            f"{command}() got an unexpected keyword argument '{unknown[0]}'{suggestion} (it takes {', '.join(allowed)})"
+        )
+
+
+def run_options(command: str, given: Mapping) -> RunOptions:
+    """The options ``command`` is given, checked; a keyword it does not take is a TypeError."""
+    refuse_unknown(command, given, COMMAND_OPTIONS[command])
+    return RunOptions(**given)
