@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from hookcli.version import __version__
 
 if TYPE_CHECKING:  # what editors and type checkers see; at run time each name loads on first use (below)
-    from hookcli.api import cam, compare, doctor, extract, grad, grid, info, layers, models, report, stats
+    from hookcli.api import ablate, cam, compare, doctor, extract, grad, grid, info, layers, models, report, stats
     from hookcli.errors import HookcliError
     from hookcli.inputs.preprocess import Preprocess
     from hookcli.models.loading import load_model
@@ -48,6 +48,7 @@ _PUBLIC = {
     "Preprocess": "hookcli.inputs.preprocess",
     "RunOptions": "hookcli.options.run",
     "RunPlan": "hookcli.run.plan",
+    "ablate": "hookcli.api",
     "cam": "hookcli.api",
     "compare": "hookcli.api",
     "describe_layers": "hookcli.run.layer_table",
@@ -83,6 +84,7 @@ __all__ = [
     "RunOptions",
     "RunPlan",
     "ShardedFeatures",
+    "ablate",
     "cam",
     "compare",
     "describe_layers",

@@ -49,7 +49,7 @@ from hookcli.events import Note
 from hookcli.families import family_traits
 from hookcli.models.catalog import choose_model, describe_models
 from hookcli.options.compare import COMPARE_OPTIONS, CompareOptions
-from hookcli.options.grid import GridOptions
+from hookcli.options.grid import GridOptions, drawing_options
 from hookcli.options.run import MAX_SIDE, RunOptions, refuse_unknown
 from hookcli.pictures.grid_job import default_grid_folder
 from hookcli.run.outputs import DEFAULT_OUTPUT
@@ -79,6 +79,7 @@ Source: TypeAlias = "str | os.PathLike[str] | FeatureReader"
 
 __all__ = [
     "DEFAULT_OUTPUT",
+    "ablate",
     "cam",
     "compare",
     "doctor",
@@ -335,6 +336,35 @@ def compare(
     )  # fmt: skip
 
 
+def ablate(
+    model: Model,
+    layer: str,
+    inputs: Inputs,
+    *,
+    output: Output = None,
+    progress: Progress = None,
+    options: RunOptions | None = None,
+    **keywords: Any,
+) -> Features | Path:
+    """Each unit of ``layer`` ablated alone, and what that does to the model's output over ``inputs``:
+    ``hookcli ablate``.
+
+    For each unit (``units``: ``"K"``, ``"A:B"``, ``"K,L,M"``; default every one), ablated as ``how`` says
+    (``"zero"``, ``"mean:FILE"`` with a stats file of the same layer, ``"resample"``), the mean and spread of the
+    change of each input's predicted class's logit and probability, the share of inputs whose top class flips, the
+    KL divergence of the output distribution, and each class's mean change (``LAYER@class_effect``
+    ``[units, classes]``); see :mod:`hookcli.storage.ablation_format`. ``effect_on``: a layer to measure instead of
+    the model's output. The layers before ``layer`` run once a batch. Options: the preprocessing and run options of
+    :func:`extract` that apply, ``shard_size`` and ``part``.
+
+    >>> photo = __import__("matplotlib.cbook").cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)
+    >>> found = ablate("resnet18", "layer4", [photo, photo], units="0:8", weights="none", resize=64, crop=64)
+    >>> found["layer4@flips"].shape, found["layer4@class_effect"].shape
+    (torch.Size([8]), torch.Size([8, 1000]))
+    """
+    return _never_none(_run("ablate", model, layer, inputs, output, _given(options, keywords), progress))
+
+
 #: The keywords of :func:`compare` that say how to compare (the rest are the run's).
 _COMPARING = tuple(option.name for option in COMPARE_OPTIONS)
 
@@ -419,7 +449,7 @@ def report(
 
 def _grid_options(command: str, options: dict[str, Any]) -> GridOptions:
     """:class:`~hookcli.options.grid.GridOptions` from a command's keywords; an unknown keyword is a TypeError."""
-    refuse_unknown(command, options, [f.name for f in dataclasses.fields(GridOptions)])
+    refuse_unknown(command, options, [option.name for option in drawing_options(command)])
     return GridOptions(**options)
 
 

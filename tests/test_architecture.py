@@ -166,6 +166,9 @@ LAZY_IMPORTS = {
             ("stats", "hookcli.statistics.channel_stats"),
             ("stats", "hookcli.statistics.layer"),
             ("gathering", "hookcli.storage.gathering_writer"),
+            ("ablate", "hookcli.run.ablation"),
+            ("ablate", "hookcli.run.edits"),
+            ("ablate", "hookcli.statistics.ablation"),
         )
     },
     ("hookcli.api", "hookcli.run.request"): "models and layers answer without the run's checks (about 25 ms)",

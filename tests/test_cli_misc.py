@@ -119,6 +119,7 @@ DOCUMENTED_ORDER = [
     "cam",
     "stats",
     "compare",
+    "ablate",
     "grid",
     "report",
     "info",

@@ -217,8 +217,8 @@ def test_an_unreadable_image_in_a_folder_names_on_error_skip(runner, images, tmp
         ),
         (
             ["grid", "f.safetensors", "--layer", "layer1"],
-            "No such option: --layer (it belongs to 'hookcli extract', 'hookcli grad', 'hookcli cam', "
-            "'hookcli stats' and 'hookcli compare'). Hint: see 'hookcli grid --help'",
+            "No such option: --layer (it belongs to 'hookcli ablate', 'hookcli extract', 'hookcli grad', "
+            "'hookcli cam', 'hookcli stats' and 'hookcli compare'). Hint: see 'hookcli grid --help'",
         ),
         (
             ["grad", "--no-fuse", "img.png"],

@@ -23,6 +23,7 @@ COMMAND_LINE_ONLY = {
     "extract": {"config", "model", "layer", "output", "quiet"},
     "grad": {"config", "model", "layer", "output", "quiet"},
     "cam": {"config", "model", "layer", "output", "quiet"},
+    "ablate": {"config", "model", "layer", "output", "quiet"},
     "stats": {"config", "model", "layer", "output", "quiet"},
     "compare": {
         "config",
@@ -47,6 +48,7 @@ _STORED = {
     "cam": "the maps are stored as float32",
     "stats": "statistics are gathered in float64 from float32 values",
     "compare": "similarities are computed in float64",
+    "ablate": "the effects are gathered in float64 from float32 outputs",
 }
 
 

@@ -303,7 +303,7 @@ def info(file, as_json, no_stats) -> None:
 @main.command(context_settings=CONTEXT_SETTINGS)
 @click.argument("file", metavar="FILE|DIR|-")
 @click.option("--output", "-o", metavar="DIR", help="Folder for the PNGs [<file stem>_grids].")
-@grid_drawing_options
+@grid_drawing_options("grid")
 @click.option("--force", "-f", is_flag=True, help="Overwrite existing PNGs.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 def grid(file, output, quiet, **options) -> None:
@@ -348,7 +348,7 @@ def grid(file, output, quiet, **options) -> None:
     type=click.IntRange(min=1),
     help="Images (rows) per page. [20] Of a statistics file: channels per page. [64]",
 )
-@grid_drawing_options
+@grid_drawing_options("report")
 @click.option("--force", "-f", is_flag=True, help="Overwrite an existing report.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 def report(file, output, page_size, quiet, **options) -> None:

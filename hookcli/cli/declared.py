@@ -13,7 +13,7 @@ from hookcli.cli.presets import read_config
 from hookcli.errors import ConfigError
 from hookcli.options.compare import COMPARE_OPTIONS
 from hookcli.options.declaring import Option
-from hookcli.options.grid import GRID_OPTIONS
+from hookcli.options.grid import drawing_options
 from hookcli.options.run import LARGE_INPUT, STATS_CHOICES, declared
 
 __all__ = [
@@ -192,19 +192,21 @@ def clip_options(function):
     return _options(function, _declared("clip_length", "frame_stride", "clips_per_video"))
 
 
-def run_options(function=None, *, stored: str = "what is stored is --dtype"):
-    """Device, batching, decode workers, inputs and their errors, overwriting, progress.
+def run_options(function=None, *, stored: str = "what is stored is --dtype", edited: bool = True):
+    """Device, batching, decode workers, inputs and their errors, overwriting, interventions, progress.
 
-    ``stored`` ends the help of --precision: what the command stores, whatever the compute precision.
+    ``stored`` ends the help of --precision: what the command stores, whatever the compute precision. ``edited``:
+    the command's forward may be compiled or edited (--compile, --intervene, --capture-edited).
     """
     if function is None:
-        return lambda f: run_options(f, stored=stored)
+        return lambda f: run_options(f, stored=stored, edited=edited)
     return _options(
         function,
         [
             *_declared("device", "batch_size"),
             declared_option(declared("precision"), stored=stored),
-            *_declared("memory_format", "compile", "workers", "recursive", "on_error", "force"),
+            *_declared("memory_format", *(("compile",) if edited else ()), "workers", "recursive", "on_error", "force"),
+            *(_declared("intervene", "capture_edited") if edited else ()),
             click.option(
                 "--quiet", "-q", is_flag=True, help="No progress bar, and no notes of images decoded though damaged."
             ),
@@ -251,6 +253,7 @@ def comparing_options(function):
     return _options(function, [declared_option(option) for option in COMPARE_OPTIONS])
 
 
-def grid_drawing_options(function):
-    """The options of ``grid`` that choose and draw tensors and images; ``report`` takes them too."""
-    return _options(function, [declared_option(option) for option in GRID_OPTIONS])
+def grid_drawing_options(command: str):
+    """The options of ``grid`` that choose and draw tensors and images, as ``command`` takes them (``report`` takes
+    them too, and its own)."""
+    return lambda function: _options(function, [declared_option(option) for option in drawing_options(command)])

@@ -17,7 +17,7 @@ from hookcli.options.declaring import Option, check_flags, check_value, declarat
 from hookcli.options.run import SCALES
 from hookcli.parsing import parse_channels
 
-__all__ = ["GRID_OPTIONS", "MAPS_CMAP", "GridOptions"]
+__all__ = ["GRID_OPTIONS", "MAPS_CMAP", "GridOptions", "drawing_options"]
 
 #: Feature maps' colormap when ``--cmap`` is not given.
 MAPS_CMAP = "viridis"
@@ -168,6 +168,12 @@ class GridOptions:
         kind="flag",
         default=False,
     )
+    examples: str | None = option(
+        ("--examples",),
+        "An ablation file's report: a stats file of the same layer, whose dataset examples each unit's row shows.",
+        ("report",),
+        metavar="STATS",
+    )
 
     def __post_init__(self) -> None:
         for name in ("keys", "images"):
@@ -188,5 +194,10 @@ class GridOptions:
         return MAPS_CMAP if self.cmap is None else self.cmap
 
 
-#: Every option of ``grid``, in declaration order.
+#: Every option of ``grid`` and ``report``, in declaration order.
 GRID_OPTIONS: tuple[Option, ...] = declarations(GridOptions)
+
+
+def drawing_options(command: str) -> tuple[Option, ...]:
+    """The options ``command`` (``grid`` or ``report``, which takes grid's too) takes of :data:`GRID_OPTIONS`."""
+    return tuple(option for option in GRID_OPTIONS if command in option.commands or "grid" in option.commands)

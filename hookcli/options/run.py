@@ -27,6 +27,7 @@ from pathlib import Path
 from hookcli.errors import RANGE_HINT, UsageProblem
 from hookcli.files import regular_file_problem
 from hookcli.options.declaring import Option, check_flags, check_value, declarations, option
+from hookcli.options.stats import StatsOptions
 from hookcli.parsing import Part, check_normalisation, parse_device, parse_levels, parse_part, parse_triple
 
 __all__ = [
@@ -49,9 +50,7 @@ __all__ = [
     "SAVED_STATS_OPTIONS",
     "SCALES",
     "STATS_CHOICES",
-    "TOP_BY",
     "RunOptions",
-    "StatsOptions",
     "declared",
     "options_of",
     "refuse_unknown",
@@ -81,72 +80,19 @@ SCALES = ("channel", "grid")
 #: Above this many images, a run whose output is left to its default writes a shard folder instead of one file.
 LARGE_INPUT = 10_000
 #: The commands that run a model over inputs.
-RUN_COMMANDS = ("extract", "grad", "cam", "stats", "compare")
-#: What ranks a channel's dataset examples (``stats --top-by``): the largest value of its map, or the map's mean.
-TOP_BY = ("max", "mean")
+RUN_COMMANDS = ("extract", "grad", "cam", "stats", "compare", "ablate")
 
 #: What a run over saved features takes of a run's options: how to batch and share them out; ``stats`` also what
 #: to gather.
 SAVED_RUN_OPTIONS = ("batch_size", "force", "shard_size", "part", "incomplete")
 
 _ALL, _ROWS, _GRADIENTS = RUN_COMMANDS, ("extract", "grad"), ("grad", "cam")
-#: Options of the commands that go through many inputs in shards: the rows of extract and grad, the statistics
-#: and comparisons; and those of the commands that run the forward as extract does.
-_SHARDED = ("extract", "grad", "stats", "compare")
+#: Options of the commands that go through many inputs in shards: the rows of extract and grad, the statistics,
+#: comparisons and ablations; of the commands that run the forward as extract does; and of those whose forward
+#: may be compiled or edited (ablate runs its own, cut at the ablated layer).
+_SHARDED = ("extract", "grad", "stats", "compare", "ablate")
+_EDITED = ("extract", "grad", "cam", "stats", "compare")
 _EXTRACTING = ("extract", "stats", "compare")
-
-
-@dataclass(frozen=True)
-class StatsOptions:
-    """What statistics gather besides the moments (``stats``' own options)."""
-
-    top: int = option(
-        ("--top",),
-        "Dataset examples kept for each channel: the inputs that drive it hardest, with where and their maps.",
-        ("stats",),
-        kind="int",
-        default=9,
-        low=1,
-        high=1000,
-        show_default=True,
-    )
-    top_by: str = option(
-        ("--top-by",),
-        "What ranks an input for a channel: the largest value of the channel's map, or the map's mean.",
-        ("stats",),
-        kind="choice",
-        choices=TOP_BY,
-        default="max",
-        show_default=True,
-    )
-    quantiles: tuple[float, ...] = option(
-        ("--quantiles",),
-        "Quantile levels of each channel's values, from 0 to 1, within 0.1% of the count in rank (0.995 is "
-        "NetDissect's threshold). [0.5,0.99,0.995]",
-        ("stats",),
-        kind="parsed",
-        default=(0.5, 0.99, 0.995),
-        metavar="Q,Q,...",
-        parser=parse_levels,
-    )
-    pca: bool = option(
-        ("--pca/--no-pca",),
-        "The covariance of the channels pooled over positions, and its principal components (a C x C matrix: "
-        "--no-pca for layers of more than a few thousand channels).",
-        ("stats",),
-        kind="flag",
-        default=True,
-        show_default=True,
-    )
-    components: str | None = option(
-        ("--components",),
-        "A statistics file with PCA of these layers (an earlier run's): also gather each layer's first 16 "
-        "principal components as a layer of their own, KEY#pc, a channel a component (the channels less the "
-        "file's means, projected at each position): their dataset examples are the inputs that drive each "
-        "component hardest (--top-by mean: by the projection of their pooled channels).",
-        ("stats",),
-        metavar="FILE",
-    )
 
 
 @dataclass(frozen=True)
@@ -269,7 +215,7 @@ class RunOptions(StatsOptions):
         ("--compile",),
         "torch.compile the forward, cut after the last requested layer (falls back to "
         "eager, with a note, where hooks are needed).",
-        _ALL,
+        _EDITED,
         kind="flag",
         default=False,
     )
@@ -353,7 +299,7 @@ class RunOptions(StatsOptions):
                 "then merged in order (give one for many processes: they share its shards) [an eighth of the "
                 "inputs, 256 at least, in whole batches].",
             )
-            for command in ("stats", "compare")
+            for command in ("stats", "compare", "ablate")
         ),
         kind="int",
         low=1,
@@ -371,7 +317,7 @@ class RunOptions(StatsOptions):
                 "process holds; the one that finishes the last merges them into OUTPUT [from torchrun or Slurm when "
                 "they start it].",
             )
-            for command in ("stats", "compare")
+            for command in ("stats", "compare", "ablate")
         ),
     )
     fuse: bool | None = option(
@@ -484,6 +430,48 @@ class RunOptions(StatsOptions):
         kind="flag",
         default=False,
     )
+    units: str | None = option(
+        ("--units",),
+        "The units to ablate, each alone: K, A:B, K,L,M or * [every unit of the layer].",
+        ("ablate",),
+        metavar="UNITS",
+    )
+    how: str = option(
+        ("--how",),
+        "How a unit is ablated: zero, mean:FILE (its @mean in a stats file of the same model and layer) or "
+        "resample (its value in a partner row of the batch).",
+        ("ablate",),
+        default="zero",
+        metavar="zero|mean:FILE|resample",
+        show_default=True,
+    )
+    effect_on: str = option(
+        ("--effect-on",),
+        "The output whose change is measured: . (the model's: a classifier's logits) or a layer whose output is a "
+        "row of values a row (an embedding, a head).",
+        ("ablate",),
+        default=".",
+        metavar="LAYER",
+        show_default=True,
+    )
+    intervene: tuple[str, ...] = option(
+        ("--intervene",),
+        "Edit a layer's output during the forward, so that everything after it sees the edit: LAYER[:UNITS]=EDIT, "
+        "UNITS K, A:B, K,L,M or * (every unit: channels, token features or vector units), EDIT zero, value:V, "
+        "mean:FILE (the layer's @mean in a stats file), resample (a partner row's values), scale:F, "
+        "add:FILE:KEY:ROW:ALPHA (steer by ALPHA times a row of a tensor) or clamp:LO:HI. Repeat: applied in order.",
+        _EDITED,
+        default=(),
+        metavar="SPEC",
+        multiple=True,
+    )
+    capture_edited: bool = option(
+        ("--capture-edited",),
+        "A layer both captured and edited is recorded after its edits [as the layer returned it].",
+        _EDITED,
+        kind="flag",
+        default=False,
+    )
 
     def __post_init__(self) -> None:
         for name in _CHECKED:
@@ -503,6 +491,9 @@ class RunOptions(StatsOptions):
         except ValueError as err:
             raise UsageProblem(str(err), hint="see --help for --mean and --std") from None
         object.__setattr__(self, "device", _parsed("device", parse_device, self.device))
+        if isinstance(self.intervene, str):  # one spec, as the command line's option given once
+            object.__setattr__(self, "intervene", (self.intervene,))
+        object.__setattr__(self, "intervene", tuple(self.intervene))
         if isinstance(self.pair_with, str | os.PathLike):  # one folder or file, as inputs may be given
             object.__setattr__(self, "pair_with", (self.pair_with,))
         if self.part is not None and not isinstance(self.part, Part):
@@ -519,7 +510,7 @@ class RunOptions(StatsOptions):
 #: Every run option, in declaration order.
 RUN_OPTIONS: tuple[Option, ...] = declarations(RunOptions)
 _BY_NAME = {option.name: option for option in RUN_OPTIONS}
-#: What statistics gather (:class:`StatsOptions`' fields).
+#: What statistics gather (:class:`~hookcli.options.stats.StatsOptions`' fields).
 STATS_CHOICES = tuple(field.name for field in fields(StatsOptions))
 #: What ``stats`` of saved features takes: how to batch and share the run, and what to gather.
 SAVED_STATS_OPTIONS = (*SAVED_RUN_OPTIONS, *STATS_CHOICES)

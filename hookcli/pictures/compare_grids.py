@@ -67,8 +67,11 @@ __all__ = [
     "choose_matrix",
     "draw_compare_grids",
     "heatmap_picture",
+    "labelled",
+    "matrix_cells",
     "matrix_colours",
     "picture_name",
+    "range_colours",
 ]
 
 #: The range each method's similarities take, which the colours span.
@@ -146,7 +149,12 @@ def choose_matrix(comparison: ComparisonFile, options: GridOptions) -> ChosenMat
 def matrix_colours(values: np.ndarray, method: str, cmap: str) -> np.ndarray:
     """Similarities ``[A, B]`` coloured on the method's range (values beyond it take its ends), ``uint8
     [A, B, 3]``; an undefined (NaN) one is :data:`UNDEFINED_COLOR`."""
-    low, high = VALUE_RANGES[method]
+    return range_colours(values, *VALUE_RANGES[method], cmap)
+
+
+def range_colours(values: np.ndarray, low: float, high: float, cmap: str) -> np.ndarray:
+    """Values ``[A, B]`` coloured from ``low`` to ``high`` (values beyond take the ends), ``uint8 [A, B, 3]``; an
+    undefined (NaN) one is :data:`UNDEFINED_COLOR`."""
     nan = np.isnan(values)
     with np.errstate(invalid="ignore"):
         scaled = np.clip((np.where(nan, low, values) - low) / (high - low), 0.0, 1.0)
@@ -167,10 +175,10 @@ def heatmap_picture(comparison: ComparisonFile, chosen: ChosenMatrix, options: G
             hint="choose some of them with -k",
         )
     values = comparison.matrix()[np.ix_(chosen.rows, chosen.columns)]
-    cells = _cells(values, comparison.method, chosen.cmap, cell, numbers=not options.plain)
+    cells = matrix_cells(values, VALUE_RANGES[comparison.method], chosen.cmap, cell, numbers=not options.plain)
     if options.plain:
         return cells
-    pixels = _labelled(
+    pixels = labelled(
         cells,
         cell,
         [comparison.rows[i] for i in chosen.rows],
@@ -185,10 +193,12 @@ def heatmap_picture(comparison: ComparisonFile, chosen: ChosenMatrix, options: G
     return pixels
 
 
-def _cells(values: np.ndarray, method: str, cmap: str, cell: int, *, numbers: bool) -> np.ndarray:
-    """The matrix's cells, ``cell`` pixels a side, undefined ones hatched, each value printed in its cell when it
-    fits (with ``numbers``)."""
-    rgb = matrix_colours(values, method, cmap)
+def matrix_cells(
+    values: np.ndarray, value_range: tuple[float, float], cmap: str, cell: int, *, numbers: bool
+) -> np.ndarray:
+    """A matrix's cells coloured over ``value_range``, ``cell`` pixels a side, undefined ones hatched, each value
+    printed in its cell when it fits (with ``numbers``)."""
+    rgb = range_colours(values, *value_range, cmap)
     pixels = np.ascontiguousarray(rgb.repeat(cell, axis=0).repeat(cell, axis=1))
     _hatch(pixels, np.isnan(values).repeat(cell, axis=0).repeat(cell, axis=1))
     if cell >= _PARTED:
@@ -220,7 +230,7 @@ def _shortened(label: str) -> str:
     return shortened(printable(shortened(label, 4 * _LABEL_CHARACTERS)), _LABEL_CHARACTERS)
 
 
-def _labelled(cells: np.ndarray, cell: int, rows: list[str], columns: list[str]) -> np.ndarray:
+def labelled(cells: np.ndarray, cell: int, rows: list[str], columns: list[str]) -> np.ndarray:
     """The cells with the rows' labels left of them and the columns' above, upright when wider than their
     column; every ``step``-th label where cells are lower than a line."""
     row_marks = [text_bitmap(_shortened(label), _LABEL_SIZE) for label in rows]

@@ -48,6 +48,7 @@ from hookcli.events import Advanced, Event, Note, Started, Wrote
 from hookcli.files import check_folder_output, refuse_existing
 from hookcli.options.grid import GridOptions
 from hookcli.patterns import select_keys
+from hookcli.pictures.ablation_grids import draw_ablation_grids
 from hookcli.pictures.compare_grids import draw_compare_grids
 from hookcli.pictures.drawing import render_picture
 from hookcli.pictures.file_names import capped, file_stems, safe_name
@@ -76,6 +77,7 @@ from hookcli.pictures.render import (
     tiles_that_fit,
 )
 from hookcli.pictures.stats_grids import draw_stats_grids
+from hookcli.storage.ablation_format import is_ablation
 from hookcli.storage.compare_format import is_comparison
 from hookcli.storage.fileformat import DETECTIONS
 from hookcli.storage.reader import FeatureReader
@@ -431,12 +433,15 @@ def draw_grids(
     file name → ``uint8 [H, W, 3]`` pixels. Undrawable tensors are reported
     as :class:`Note` s. A statistics file's pictures are its channels' dataset
     examples (:func:`~hookcli.pictures.stats_grids.draw_stats_grids`), a comparison file's one heatmap of its
-    matrix (:func:`~hookcli.pictures.compare_grids.draw_compare_grids`).
+    matrix (:func:`~hookcli.pictures.compare_grids.draw_compare_grids`), an ablation file's one of its units and
+    classes (:func:`~hookcli.pictures.ablation_grids.draw_ablation_grids`).
     """
     if is_stats(features.metadata):
         return draw_stats_grids(features, options, output, force=force, progress=progress)
     if is_comparison(features.metadata):
         return draw_compare_grids(features, options, output, force=force, progress=progress)
+    if is_ablation(features.metadata):
+        return draw_ablation_grids(features, options, output, force=force, progress=progress)
     emit = progress or (lambda event: None)
     jobs = plan_grids(features, options, output, force=force)
     for text in (*getattr(features, "reading_notes", ()), *jobs.notes):

@@ -49,10 +49,11 @@ import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
-from hookcli.errors import check_whole
+from hookcli.errors import UsageProblem, check_whole
 from hookcli.events import Advanced, Note, Started, Wrote
 from hookcli.files import check_folder_output, format_bytes, refuse_existing
 from hookcli.options.grid import GridOptions
+from hookcli.pictures.ablation_reports import write_ablation_report
 from hookcli.pictures.compare_reports import write_compare_report
 from hookcli.pictures.grids import plan_grids
 from hookcli.pictures.html import (
@@ -69,6 +70,7 @@ from hookcli.pictures.reading import input_names, select_rows
 from hookcli.pictures.sections import ImageSections, ReportTensor, report_tensors
 from hookcli.pictures.stats_reports import write_stats_report
 from hookcli.pictures.summary import describe_file
+from hookcli.storage.ablation_format import is_ablation
 from hookcli.storage.compare_format import is_comparison
 from hookcli.storage.fileformat import INDEX_NAME
 from hookcli.storage.reader import FeatureReader
@@ -118,8 +120,16 @@ def write_report(
     :class:`~hookcli.events.Started`, :class:`~hookcli.events.Advanced` (a row), :class:`~hookcli.events.Note` and
     :class:`~hookcli.events.Wrote` (``index.html``). A statistics file's report shows its layers' channels
     (:func:`~hookcli.pictures.stats_reports.write_stats_report`, ``page_size`` channels a page); a comparison file's is
-    one page of its matrix (:func:`~hookcli.pictures.compare_reports.write_compare_report`).
+    one page of its matrix (:func:`~hookcli.pictures.compare_reports.write_compare_report`); an ablation file's one page
+    of its units (:func:`~hookcli.pictures.ablation_reports.write_ablation_report`).
     """
+    if is_ablation(features.metadata):
+        return write_ablation_report(features, output, options, page_size=page_size, force=force, progress=progress)
+    if options.examples is not None:
+        raise UsageProblem(
+            f"--examples shows the dataset examples of an ablation file's units, and '{features.name}' is not one",
+            hint="leave --examples out",
+        )
     if is_stats(features.metadata):
         return write_stats_report(features, output, options, page_size=page_size, force=force, progress=progress)
     if is_comparison(features.metadata):

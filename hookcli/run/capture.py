@@ -52,6 +52,8 @@ from hookcli.run.batches import batch_length, call_model, first_rows
 if TYPE_CHECKING:
     import torch
 
+    from hookcli.run.edits import Edit
+
 __all__ = ["COUNTING_FORWARD_FROM", "FeatureCapture", "GradientCapture", "preserved_mode"]
 
 #: A first batch of this many images or more learns the call counts from a one-image forward of its own, so that it
@@ -96,9 +98,12 @@ class FeatureCapture:
         *,
         capture: str = "output",
         stop_early: bool = True,
+        edits: Sequence[Edit] = (),
+        capture_edited: bool = False,
     ) -> None:
         check_choice("capture", capture, CAPTURE_KINDS)
         self.model = model
+        self.edits, self.capture_edited = tuple(edits), capture_edited
         self.layers = dict(layers) if isinstance(layers, Mapping) else {path: path for path in layers}
         self.capture = capture
         self.stop_early = stop_early
@@ -127,6 +132,9 @@ class FeatureCapture:
                     )
                 if self.capture in ("output", "both"):
                     stack.enter_context(module.register_forward_hook(functools.partial(self._on_output, path)))
+            # Captures see what a layer returned, before its edits; or after them, the edits put first, in order.
+            for edit in reversed(self.edits) if self.capture_edited else self.edits:
+                stack.enter_context(edit.attached(self.model, prepend=self.capture_edited))
         except BaseException:
             stack.close()
             raise
@@ -244,8 +252,10 @@ class GradientCapture(FeatureCapture):
     are at its end.
     """
 
-    def __init__(self, model, layers: Mapping[str, str] | Sequence[str]) -> None:
-        super().__init__(model, layers, capture="output", stop_early=False)
+    def __init__(
+        self, model, layers: Mapping[str, str] | Sequence[str], edits: Sequence[Edit] = (), capture_edited: bool = False
+    ) -> None:
+        super().__init__(model, layers, capture="output", stop_early=False, edits=edits, capture_edited=capture_edited)
         self._sources: dict[str, list] = {}
 
     def run(self, batch) -> dict:

@@ -179,7 +179,8 @@ def compare_models(
     two = None
     if model2 is not None or layers2 is not None or second:
         # The second model runs beside the first, over the first's rows; the first's part says who computes what.
-        own = {name: value for name, value in given.items() if name not in ("part", "shard_size")}  # the first's
+        # The first's own: its share of the work, and its edits (the second side runs as it is).
+        own = {name: value for name, value in given.items() if name not in _FIRST_SIDE_ONLY}
         own.update(second)
         if "seed" not in second and str(own.get("weights", "DEFAULT")).strip().lower() != "none":
             own.pop("seed", None)  # the first side's seed, for its random weights: none of the second's
@@ -197,6 +198,10 @@ def compare_models(
     result = execute(ComparedRun.of(one, two, choice), progress or _ignore)
     assert result is not None, "a comparison writes a file, or returns what it gathered"
     return result
+
+
+#: The options of the first side of a comparison of models that the second does not take.
+_FIRST_SIDE_ONLY = ("part", "shard_size", "intervene", "capture_edited")
 
 
 @dataclass(frozen=True)

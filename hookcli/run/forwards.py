@@ -168,7 +168,12 @@ class EagerForward:
         output = family_traits(self.settings.family).output
         detecting = output == "detections"
         self.capture = FeatureCapture(
-            model, self.layers, capture=self.settings.capture, stop_early=not self.settings.final_output
+            model,
+            self.layers,
+            capture=self.settings.capture,
+            stop_early=not self.settings.final_output,
+            edits=self.settings.edits,
+            capture_edited=self.settings.capture_edited,
         )
         self.rows = DetectionRows(model, self.settings.final_output) if detecting else None
         self.flow = _FinalOutput(model) if output == "flow" and self.settings.final_output else None

@@ -92,7 +92,8 @@ class GradientForward:
     ) -> None:
         self.model, self.settings, self.target, self.categories = model, settings, target, categories
         self.scores = scores  # the output field holding the scores (a transformers model's logits), if not a tensor
-        self.capture = GradientCapture(model, layers)
+        edits = getattr(settings, "edits", ())
+        self.capture = GradientCapture(model, layers, edits, getattr(settings, "capture_edited", False))
         self.family = getattr(settings, "family", "classification")
         self.rows = (
             DetectionRows(model, detections=False) if family_traits(self.family).output == "detections" else None

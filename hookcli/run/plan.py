@@ -46,6 +46,7 @@ from hookcli.models.loaded import LoadedModel
 from hookcli.options.run import RunOptions
 from hookcli.run.commands import command_named
 from hookcli.run.device import resolve_device
+from hookcli.run.edits import edits_entries, with_edits
 from hookcli.run.launch import cpu_threads
 from hookcli.run.outputs import Output, refuse_drawn_grids
 from hookcli.run.planned import RunPlan
@@ -99,11 +100,15 @@ def plan_request(asked: RunRequest) -> RunPlan:
             model if isinstance(model, LoadedModel) else dataclasses.replace(_load(asked.choice, opts), handed_in=False)
         )
         settings = dataclasses.replace(asked.settings, device=device, preprocess=_preprocess(loaded, opts))
+        edit_notes: tuple[str, ...] = ()
+        if asked.interventions:
+            settings, edit_notes = with_edits(settings, loaded, asked.interventions, opts.seed or 0)
         settings = resolve_settings(settings, loaded, len(paths))
         target, notes = does.target(loaded, opts)
-        notes = asked.notes + loaded.notes_for(asked.given) + does.compile_notes(loaded, settings, opts) + notes
+        compiled = edit_notes or does.compile_notes(loaded, settings, opts)  # edits say what they leave out
+        notes = asked.notes + loaded.notes_for(asked.given) + compiled + notes
         selected, forward, entries = does.parts(loaded, asked.layers, settings, opts, target)
-        entries = {**entries, **_row_entries(loaded, opts, paths)}
+        entries = {**entries, **_row_entries(loaded, opts, paths), **edits_entries(settings)}
         if path is None:
             path = does.planned_path(kind, path, loaded.name, list(selected.values()))
             does.check_target(kind, path, paths, opts.force or shared_file(does, asked.part))

@@ -25,12 +25,13 @@ import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from hookcli.console import counted
 from hookcli.errors import UsageProblem, VideoError
 from hookcli.families import CPU_ONLY, DEFAULT_CLIP_LENGTH, family_traits
-from hookcli.files import check_folder_output
+from hookcli.files import check_folder_output, regular_file_problem
 from hookcli.inputs import clips
 from hookcli.inputs.clips import ImagePair
 from hookcli.inputs.discovery import FoundInputs, find_inputs
@@ -39,6 +40,7 @@ from hookcli.models.loaded import LoadedModel
 from hookcli.options.run import CLIPS, RunOptions, run_options
 from hookcli.run.commands import COMMANDS, Command, command_named
 from hookcli.run.commands.base import selectors
+from hookcli.run.interventions import Intervention, parse_interventions
 from hookcli.run.launch import Part, detect_part, joins_team
 from hookcli.run.outputs import refuse_drawn_grids
 from hookcli.run.selectors import selector_keys
@@ -83,6 +85,7 @@ class RunRequest:
     choice: ModelChoice | None = None  # the model and weights names, checked (None for a model given loaded)
     rows: FoundInputs | None = None
     notes: tuple[str, ...] = ()
+    interventions: tuple[Intervention, ...] = ()  # the edits --intervene asks for, in order
 
 
 def as_model(model) -> str | LoadedModel:
@@ -123,6 +126,7 @@ def request(
             "--seed only applies to --weights none (pretrained and file weights are fixed)", hint=help_hint
         )
     choice: ModelChoice | None = None
+    interventions = _interventions(opts)
     model = as_model(model)
     if isinstance(model, LoadedModel) and "weights" in options:
         raise UsageProblem(
@@ -167,12 +171,29 @@ def request(
         stream,
         part,
         choice,
+        interventions=interventions,
     )
     if rows is not None:
         return with_rows(asked, rows, ())
     if part is not None and joins_team(part):
         return asked  # the rows are found once the processes have formed their group
     return with_rows(asked, *gather_rows(asked))
+
+
+def _interventions(opts: RunOptions) -> tuple[Intervention, ...]:
+    """The edits ``--intervene`` asks for, each refused in one line before the model loads when its spec is not one,
+    or the file it reads is not there."""
+    found = parse_interventions(opts.intervene)
+    for spec in found:
+        problem = None if spec.file is None else regular_file_problem(Path(spec.file))
+        if problem is not None:
+            raise UsageProblem(
+                f"--intervene '{spec.text}': '{spec.file}' {problem}",
+                hint="mean:FILE takes a stats file of the same model and layer; add:FILE a file hookcli wrote",
+            )
+    if opts.capture_edited and not found:
+        raise UsageProblem("--capture-edited applies to layers edited with --intervene", hint="give --intervene too")
+    return found
 
 
 def with_rows(asked: RunRequest, rows: FoundInputs, notes: tuple[str, ...]) -> RunRequest:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hookcli.errors import check_choice, check_whole
 from hookcli.inputs.preprocess import Preprocess
@@ -49,6 +49,10 @@ class RunSettings:
     family: str = "classification"
     #: Store the model's final output too: the detections of a detection model, the flow of an optical-flow one.
     final_output: bool = False
+    #: Edits of layers' outputs during the forward (:mod:`hookcli.run.edits`), in order; ``capture_edited``: a
+    #: captured layer that is edited is recorded after its edits.
+    edits: tuple[Any, ...] = field(default=(), compare=False)  # hookcli.run.edits.Edit
+    capture_edited: bool = False
 
     def __post_init__(self) -> None:
         check_choice("capture", self.capture, CAPTURE_KINDS)

@@ -19,7 +19,7 @@ import torch
 
 from hookcli.errors import CaptureError
 from hookcli.inputs.archives import file_stamp
-from hookcli.options.run import StatsOptions
+from hookcli.options.stats import StatsOptions
 from hookcli.statistics.base import Accumulator
 from hookcli.statistics.covariance import MAX_CHANNELS, Covariance
 from hookcli.statistics.examples import SCORES, TopExamples
@@ -33,7 +33,7 @@ __all__ = ["LayerStats", "StatsChoice"]
 
 @dataclass(frozen=True)
 class StatsChoice(StatsOptions):
-    """What statistics gather besides the moments (:class:`hookcli.options.run.StatsOptions`): ``top`` examples a
+    """What statistics gather besides the moments (:class:`hookcli.options.stats.StatsOptions`): ``top`` examples a
     channel ranked by ``top_by``, the quantile ``levels``, the covariance and its components (``pca``), and the
     components of another file gathered as layers of their own (``components``)."""
 

@@ -26,6 +26,7 @@ from typing import Any
 
 from hookcli.options.compare import SIMILARITIES
 from hookcli.storage.fileformat import json_entry
+from hookcli.storage.gathered_format import gathered_metadata
 
 __all__ = [
     "CKA_STATE",
@@ -92,24 +93,20 @@ def compare_metadata(
     ``columns``, the method's ``settings`` (pooling, minibatch, RDM rows, distance and ranking), the inputs the
     rows came from and those skipped, the run's ``identity``, whether one side was compared with itself
     (``same``), and the representations whose similarities are ``undefined`` (no spread: NaN)."""
-    metadata = {
-        **{key: value for key, value in run.items() if key not in ("inputs", "skipped", "shard")},
-        "format": COMPARE_FORMAT_VERSION,
-        "kind": COMPARE_KIND,
-        "method": method,
-        "rows": json.dumps(list(rows)),
-        "columns": json.dumps(list(columns)),
-        "settings": json.dumps(dict(settings)),
-        "same": json.dumps(same),
-        "inputs": json.dumps(list(inputs)),
-    }
-    if skipped:
-        metadata["skipped"] = json.dumps(list(skipped))
-    if undefined:
-        metadata["undefined"] = json.dumps(list(undefined))
-    if identity is not None:
-        metadata["identity"] = json.dumps(dict(identity))
-    return metadata
+    return gathered_metadata(
+        run,
+        kind=COMPARE_KIND,
+        version=COMPARE_FORMAT_VERSION,
+        inputs=inputs,
+        skipped=skipped,
+        identity=identity,
+        method=method,
+        rows=json.dumps(list(rows)),
+        columns=json.dumps(list(columns)),
+        settings=json.dumps(dict(settings)),
+        same=json.dumps(same),
+        **({"undefined": json.dumps(list(undefined))} if undefined else {}),
+    )
 
 
 @dataclass(frozen=True)

@@ -561,13 +561,14 @@ def check_file_kind(metadata: Mapping[str, str], name: str, *, kind: str, versio
     hookcli.errors.FeatureFileError: 'c.safetensors' is a comparison file that is of format "4", and this hookcli \
 reads format 5. Hint: read it with the hookcli that wrote it, or compare again
     """
+    a = "an" if what[:1] in "aeiou" else "a"
     if metadata.get("kind") != kind:
-        raise FeatureFileError(f"'{name}' is not a {what}", hint=f"hookcli {kind} writes them")
+        raise FeatureFileError(f"'{name}' is not {a} {what}", hint=f"hookcli {kind} writes them")
     found = metadata.get("format")
     if found != version:
         said = "gives no format" if found is None else f"is of format {json.dumps(found)}"
         raise FeatureFileError(
-            f"'{name}' is a {what} that {said}, and this hookcli reads format {version}",
+            f"'{name}' is {a} {what} that {said}, and this hookcli reads format {version}",
             hint=f"read it with the hookcli that wrote it, or {again}",
         )
 

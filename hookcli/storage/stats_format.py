@@ -26,6 +26,8 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 
+from hookcli.storage.gathered_format import gathered_metadata
+
 __all__ = [
     "COMPONENTS",
     "MOST_CHANNELS",
@@ -136,16 +138,13 @@ def stats_metadata(
     (``channels``, ``spatial``, ``layout``, ``skip``, ``row_shape``), the inputs the rows came from and those
     skipped, and the run's ``identity`` (:func:`hookcli.storage.fileformat.identity`: a process of a run that
     another process completed knows the file for its own)."""
-    metadata = {
-        **{key: value for key, value in run.items() if key not in ("inputs", "skipped", "shard")},
-        "format": STATS_FORMAT_VERSION,
-        "kind": STATS_KIND,
-        "stats": json.dumps(dict(options)),
-        "units": json.dumps({key: dict(value) for key, value in units.items()}),
-        "inputs": json.dumps(list(inputs)),
-    }
-    if skipped:
-        metadata["skipped"] = json.dumps(list(skipped))
-    if identity is not None:
-        metadata["identity"] = json.dumps(dict(identity))
-    return metadata
+    return gathered_metadata(
+        run,
+        kind=STATS_KIND,
+        version=STATS_FORMAT_VERSION,
+        inputs=inputs,
+        skipped=skipped,
+        identity=identity,
+        stats=json.dumps(dict(options)),
+        units=json.dumps({key: dict(value) for key, value in units.items()}),
+    )

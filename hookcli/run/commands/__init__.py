@@ -4,6 +4,7 @@ command is a module here and a line in :data:`COMMANDS`."""
 from __future__ import annotations
 
 from hookcli.errors import UsageProblem
+from hookcli.run.commands.ablate import Ablate
 from hookcli.run.commands.base import Command
 from hookcli.run.commands.cam import Cam
 from hookcli.run.commands.compare import Compare
@@ -14,7 +15,9 @@ from hookcli.run.commands.stats import Stats
 __all__ = ["COMMANDS", "Command", "command_named"]
 
 #: Every command that runs a model, by name.
-COMMANDS: dict[str, Command] = {command.name: command for command in (Extract(), Grad(), Cam(), Stats(), Compare())}
+COMMANDS: dict[str, Command] = {
+    command.name: command for command in (Extract(), Grad(), Cam(), Stats(), Compare(), Ablate())
+}
 
 
 def command_named(name: str) -> Command:

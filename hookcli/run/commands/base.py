@@ -133,6 +133,7 @@ class Command:
             compile=opts.compile,
             fuse=opts.fuse if self.fuses else False,
             final_output=opts.detections or opts.flow,
+            capture_edited=opts.capture_edited,
         )
 
     def check_family(self, family: str, traits: FamilyTraits) -> None:

@@ -1,0 +1,320 @@
+"""The forward of ``hookcli ablate``: a batch runs once as the model is, then once for each unit of the ablated layer
+with that unit alone ablated, and each unit's effect on the output is measured row by row.
+
+The model is traced (:mod:`torch.fx`) with the ablated layer kept whole, so the layers before it run once per batch:
+the part after it runs on the layer's output copied for a chunk of units at a time, each copy with its own unit
+ablated, and every value of the part before that it reads copied alike. A model that cannot be traced runs whole for
+each chunk, its inputs copied (the same numbers, more time), and says so.
+
+>>> import torch
+>>> net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2)).eval()
+>>> forward = UnitAblation(net, "1", how="zero", effect_on=".")
+>>> with torch.no_grad():
+...     rows = forward.effects(torch.ones(5, 3))
+>>> sorted(rows), rows[CLASS_DELTA].shape
+(['class_delta', 'flips', 'kl', 'logit_change', 'prob_change'], torch.Size([5, 4, 2]))
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+import torchvision
+from torch import nn
+
+from hookcli.errors import CaptureError, UsageProblem
+from hookcli.families import channels_last_output
+from hookcli.run import speed
+from hookcli.run.batches import batch_device
+from hookcli.run.capture import preserved_mode
+from hookcli.run.edits import partners
+from hookcli.statistics.units import UnitLayout
+from hookcli.storage.fileformat import RunFacts
+
+__all__ = ["CHUNK_BYTES", "CLASS_DELTA", "ROW_FIELDS", "AblationForward", "UnitAblation", "ablation_forward"]
+
+#: What a row holds for each unit: the change of the predicted class's logit and probability, whether the top
+#: class flipped, the KL divergence of the output distribution; and each class's change (``[units, classes]``).
+ROW_FIELDS = ("logit_change", "prob_change", "flips", "kl")
+CLASS_DELTA = "class_delta"
+
+#: About how many bytes the copies of one chunk of units may take: the layer's output and what the part after it
+#: reads, for every copy.
+CHUNK_BYTES = 256 * 1024 * 1024
+
+
+class UnitAblation:
+    """Each unit of layer ``layer`` of ``model`` ablated alone (``how``: ``zero``, ``mean`` with ``mean`` the units'
+    means, or ``resample`` with ``seed``), the effect measured on the output of ``effect_on`` (``.``: the model's)."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        layer: str,
+        *,
+        how: str,
+        effect_on: str,
+        units: Sequence[int] | None = None,
+        mean: torch.Tensor | None = None,
+        seed: int = 0,
+        prefix_tokens: int | None = None,
+        square: bool = False,
+        chunk_bytes: int = CHUNK_BYTES,
+    ) -> None:
+        self.model, self.layer, self.how, self.effect_on = model, layer, how, effect_on
+        self.units, self.mean, self.seed = None if units is None else list(units), mean, seed
+        self.prefix_tokens, self.square, self.chunk_bytes = prefix_tokens, square, chunk_bytes
+        self.graph = _traced(model, {layer} | ({effect_on} if effect_on != "." else set()))
+        self.traced = self.graph is not None
+        #: The nodes before the layer's, and those of them the part after it reads (parameters aside).
+        self._before: list[Any] = []
+        self._read_after: list[Any] = []
+        if self.graph is not None:
+            nodes = list(self.graph.graph.nodes)
+            at = nodes.index(self._node(layer))
+            later = set(nodes[at + 1 :])
+            self._before = nodes[:at]
+            self._read_after = [n for n in self._before if n.op != "get_attr" and any(u in later for u in n.users)]
+
+    def effects(self, batch: Any) -> dict[str, torch.Tensor]:
+        """The effect of each unit on each row of ``batch``: :data:`ROW_FIELDS` ``[N, units]`` and
+        :data:`CLASS_DELTA` ``[N, units, classes]``."""
+        if self.graph is not None:
+            env, output = self._first(batch)
+            return self._measured(env[self._node(self.layer)], output, lambda copies: self._replayed(env, copies))
+        kept: dict[str, Any] = {}
+        output = self._whole(batch, kept)
+        return self._measured(kept["layer"], output, lambda copies: self._whole(_repeated_input(batch, copies), {},
+                                                                              copies))  # fmt: skip
+
+    def _measured(
+        self, layer: torch.Tensor, output: Any, run: Callable[[torch.Tensor], Any]
+    ) -> dict[str, torch.Tensor]:
+        """The effects, from the layer's output, the model's, and ``run(copies)``: the output over the layer's
+        output copied and ablated unit by unit."""
+        if not isinstance(layer, torch.Tensor) or not layer.is_floating_point() or layer.dim() < 2:
+            raise CaptureError(
+                f"{self.layer} returns {type(layer).__name__}, not rows of floating-point units",
+                hint="ablate a layer whose output is one tensor (hookcli layers lists them)",
+            )
+        logits = _logits(output, self.effect_on)
+        axis, channels = self._axis(layer)
+        units = self._chosen(channels)
+        rows = layer.shape[0]
+        per_copy = layer.numel() * layer.element_size() * 3  # the layer's copy, and about as much again downstream
+        chunk = max(1, min(len(units), self.chunk_bytes // max(per_copy, 1)))
+        pieces: dict[str, list[torch.Tensor]] = {}
+        for start in range(0, len(units), chunk):
+            group = units[start : start + chunk]
+            copies = self._ablated(layer, axis, group)
+            ablated = _logits(run(copies), self.effect_on).reshape(len(group), rows, -1)
+            for name, value in _changes(logits, ablated).items():
+                pieces.setdefault(name, []).append(value)
+        return {name: torch.cat(values, dim=1) for name, values in pieces.items()}
+
+    def _axis(self, layer: torch.Tensor) -> tuple[int, int]:
+        layout = UnitLayout.of(
+            tuple(layer.shape[1:]),
+            prefix_tokens=self.prefix_tokens,
+            channels_last=self.square and channels_last_output(layer.shape),
+            key=self.layer,
+        )
+        return (-1 if layout.kind in ("tokens", "channels_last") else 1), layout.channels
+
+    def _chosen(self, channels: int) -> list[int]:
+        if self.mean is not None and self.mean.shape[0] != channels:
+            raise UsageProblem(
+                f"{self.layer} has {channels:,} units, and the means given {self.mean.shape[0]:,}",
+                hint="give the statistics file of the same layer of the same model",
+            )
+        if self.units is None:
+            return list(range(channels))
+        if max(self.units) >= channels:
+            raise UsageProblem(
+                f"{self.layer} has {channels:,} units (0 to {channels - 1}), and unit {max(self.units)} does not exist",
+                hint="count units from 0 (hookcli layers gives each layer's shape)",
+            )
+        return self.units
+
+    def _ablated(self, layer: torch.Tensor, axis: int, group: list[int]) -> torch.Tensor:
+        """``[len(group) · N, …]``: the layer's output once for each unit of ``group``, that unit ablated."""
+        count = len(group)
+        copies = layer.unsqueeze(0).expand(count, *layer.shape).clone()  # one copy a unit, in the layer's layout
+        moved = copies.movedim(axis if axis < 0 else axis + 1, -1)  # a view: the units last
+        copy, unit = torch.arange(count, device=layer.device), torch.tensor(group, device=layer.device)
+        if self.how == "zero":
+            moved[copy, ..., unit] = 0
+        elif self.how == "mean":
+            assert self.mean is not None, "a mean ablation has its means"
+            moved[copy, ..., unit] = self.mean.to(layer.device, layer.dtype)[unit].reshape(
+                count, *[1] * (moved.dim() - 2)
+            )
+        else:
+            partner = layer.movedim(axis, -1)[partners(layer.shape[0], self.seed).to(layer.device)]
+            moved[copy, ..., unit] = partner[..., unit].movedim(-1, 0)
+        return copies.reshape(-1, *layer.shape[1:])
+
+    def _first(self, batch: Any) -> tuple[dict[Any, Any], Any]:
+        """Every value the traced model computes on ``batch``, and its output."""
+        assert self.graph is not None, "the traced path"
+        interpreter = _Kept(self.graph)
+        output = interpreter.run(batch)
+        return interpreter.env, output
+
+    def _replayed(self, env: Mapping[Any, Any], copies: torch.Tensor) -> Any:
+        """The traced model's output (or ``effect_on``'s) from the ablated copies of the layer's output on."""
+        assert self.graph is not None, "the traced path"
+        layer_node = self._node(self.layer)
+        rows = env[layer_node].shape[0]
+        count = copies.shape[0] // rows
+        initial: dict[Any, Any] = {node: env[node] for node in self._before}
+        for node in self._read_after:  # what the part after the layer reads of the part before, copied as rows are
+            initial[node] = _repeated(env[node], count, rows)
+        initial[layer_node] = copies
+        interpreter = _Kept(self.graph)
+        output = interpreter.run(*self._placeholders(initial), initial_env=initial)
+        return output if self.effect_on == "." else interpreter.env[self._node(self.effect_on)]
+
+    def _placeholders(self, initial: Mapping[Any, Any]) -> list[Any]:
+        assert self.graph is not None, "the traced path"
+        return [initial[node] for node in self.graph.graph.nodes if node.op == "placeholder"]
+
+    def _node(self, path: str) -> Any:
+        assert self.graph is not None, "the traced path"
+        if path == ".":
+            return next(node for node in self.graph.graph.nodes if node.op == "output")
+        return next(node for node in self.graph.graph.nodes if node.op == "call_module" and node.target == path)
+
+    def _whole(self, batch: Any, kept: dict[str, Any], copies: torch.Tensor | None = None) -> Any:
+        """The model run whole (untraceable models): ``kept`` gets the layer's output; ``copies`` replace it."""
+        modules = dict(self.model.named_modules())
+
+        def at_layer(module: nn.Module, inputs: Any, output: Any) -> Any:
+            kept["layer"] = output
+            return copies
+
+        def at_effect(module: nn.Module, inputs: Any, output: Any) -> None:
+            kept["effect"] = output
+
+        handles = [modules[self.layer].register_forward_hook(at_layer)]
+        if self.effect_on != ".":
+            handles.append(modules[self.effect_on].register_forward_hook(at_effect))
+        try:
+            output = self.model(batch)
+        finally:
+            for handle in handles:
+                handle.remove()
+        return output if self.effect_on == "." else kept["effect"]
+
+
+class _Kept(torch.fx.Interpreter):
+    """An interpreter that keeps every value it computes (``env``), for the part after the layer to read."""
+
+    def __init__(self, graph_module: torch.fx.GraphModule) -> None:
+        super().__init__(graph_module, garbage_collect_values=False)
+
+
+def _repeated(value: Any, count: int, rows: int) -> Any:
+    """``value`` copied ``count`` times along its first axis when it holds the batch's rows (a tensor, or a tuple
+    or list of them); anything else as it is."""
+    if isinstance(value, torch.Tensor):
+        return value.repeat(count, *([1] * (value.dim() - 1))) if value.dim() and value.shape[0] == rows else value
+    if isinstance(value, tuple | list):
+        return type(value)(_repeated(item, count, rows) for item in value)
+    return value
+
+
+def _repeated_input(batch: Any, copies: torch.Tensor) -> Any:
+    """The batch copied as many times as the layer's copies hold copies of its rows."""
+    rows = batch.shape[0] if isinstance(batch, torch.Tensor) else len(batch)
+    return _repeated(batch, copies.shape[0] // rows, rows)
+
+
+def _logits(output: Any, effect_on: str) -> torch.Tensor:
+    """The output measured, as rows of values ``[N, K]``."""
+    if isinstance(output, Mapping) and "logits" in output:  # a transformers model's output
+        output = output["logits"]
+    if not isinstance(output, torch.Tensor) or not output.is_floating_point() or output.dim() < 2:
+        where = "the model" if effect_on == "." else effect_on
+        raise CaptureError(
+            f"{where} returns {type(output).__name__}, not rows of class scores to measure an ablation's effect on",
+            hint="give --effect-on a layer that returns one tensor a row (an embedding, a head's scores)",
+        )
+    return output.flatten(1).float()
+
+
+def _changes(logits: torch.Tensor, ablated: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Each row's changes for each unit (``ablated`` is ``[units, N, K]``), rows first."""
+    predicted = logits.argmax(dim=1)
+    rows = torch.arange(logits.shape[0], device=logits.device)
+    log_p, log_q = logits.log_softmax(dim=1), ablated.log_softmax(dim=2)
+    p = log_p.exp()
+    logit_change = ablated[:, rows, predicted] - logits[rows, predicted]
+    prob_change = log_q[:, rows, predicted].exp() - p[rows, predicted]
+    kl = (p * (log_p - log_q)).sum(dim=2).clamp_min(0)
+    return {
+        "logit_change": logit_change.T,
+        "prob_change": prob_change.T,
+        "flips": (ablated.argmax(dim=2) != predicted).T,
+        "kl": kl.T,
+        CLASS_DELTA: (ablated - logits).transpose(0, 1),
+    }
+
+
+def _traced(model: nn.Module, keep: set[str]) -> torch.fx.GraphModule | None:
+    """A GraphModule of ``model`` with the modules of ``keep`` as leaves, or None when it cannot be traced."""
+
+    class Tracer(torch.fx.Tracer):
+        def is_leaf_module(self, module: nn.Module, qualified_name: str) -> bool:
+            return qualified_name in keep or super().is_leaf_module(module, qualified_name)
+
+    try:
+        tracer = Tracer(autowrap_modules=(math, torchvision.ops))  # type: ignore[arg-type]
+        graph = tracer.trace(model)
+        graph_module = torch.fx.GraphModule(tracer.root, graph, type(model).__name__)
+    except Exception:  # Python control flow on tensor values, unsupported calls: the model runs whole
+        return None
+    called = {node.target for node in graph_module.graph.nodes if node.op == "call_module"}
+    return graph_module if keep <= called else None
+
+
+class AblationForward:
+    """The forward strategy of ``ablate`` (a :data:`~hookcli.run.forwards.ForwardFactory`'s): called with a batch on
+    the device, returns the rows of :meth:`UnitAblation.effects` and no targets."""
+
+    def __init__(
+        self, model: nn.Module, layers: Mapping[str, str], settings: Any, on_note: Any = None, **ablating: Any
+    ) -> None:
+        (layer,) = layers
+        self.layer, self.settings = layer, settings
+        self.ablation = UnitAblation(model, layer, **ablating)
+        self._stack = contextlib.ExitStack()
+        self._stack.enter_context(preserved_mode(model))
+        if not self.ablation.traced and on_note is not None:
+            on_note(
+                f"{type(model).__name__} cannot be traced by torch.fx, so the layers before {layer} run again for "
+                "each chunk of units (the values are the same)"
+            )
+
+    def __enter__(self) -> AblationForward:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self._stack.close()
+
+    def __call__(self, batch: Any) -> tuple[dict[str, torch.Tensor], None]:
+        with torch.inference_mode(), speed.compute_precision(self.settings.precision, batch_device(batch)):
+            return self.ablation.effects(batch), None
+
+    def facts(self) -> RunFacts:
+        return RunFacts(calls={self.layer: 1})
+
+
+def ablation_forward(**ablating: Any) -> Callable[..., AblationForward]:
+    """The forward factory of an ablation run: :class:`AblationForward` with ``ablating``'s settings."""
+    return functools.partial(AblationForward, **ablating)

@@ -1,0 +1,306 @@
+"""Interventions applied: each :class:`~hookcli.run.interventions.Intervention` resolved against the model as an
+:class:`Edit`, a forward hook that returns the layer's output edited.
+
+A layer's units are its channels as ``stats`` reads them (:class:`~hookcli.statistics.units.UnitLayout`): a map's
+channels, a token's features (every token, prefix tokens included) or a vector's units. An edit returns a new
+tensor, so what a capture at the edited layer copied before it stays what the layer returned.
+
+>>> import torch
+>>> from hookcli.run.interventions import parse_intervention
+>>> net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1))
+>>> (edit,) = resolve_edits(net, [parse_intervention("0:1,3=scale:0")], model_name="net")
+>>> edit.describe()
+{'layer': '0', 'units': [1, 3], 'edit': 'scale', 'numbers': [0.0]}
+>>> with torch.no_grad(), edit.attached(net):
+...     out = net(torch.ones(1, 3, 2, 2))
+>>> out[0, :, 0, 0].eq(0).tolist()
+[False, True, False, True]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from hookcli.errors import UsageProblem
+from hookcli.families import channels_last_output, square_input
+from hookcli.inputs.archives import file_stamp
+from hookcli.models.loaded import LoadedModel
+from hookcli.run.interventions import Intervention
+from hookcli.run.settings import RunSettings
+from hookcli.statistics.units import UnitLayout
+from hookcli.storage.shards import open_features
+
+__all__ = ["Edit", "edits_entries", "partners", "resolve_edits", "with_edits"]
+
+
+@dataclass(eq=False)
+class Edit:
+    """One intervention on one module: the ``vector`` a ``mean`` or ``add`` edit reads (all of the layer's units),
+    the ``seed`` of ``resample``'s partner rows, the ``stamp`` of the file read, and the model's ``prefix_tokens``
+    and square inputs, which say how its rows hold their units."""
+
+    intervention: Intervention
+    vector: torch.Tensor | None = None
+    seed: int = 0
+    stamp: Any = None
+    prefix_tokens: int | None = None
+    square: bool = False
+    _moved: dict[tuple[torch.device, torch.dtype], torch.Tensor] = field(default_factory=dict, repr=False)
+
+    def describe(self) -> dict[str, Any]:
+        """What a file's metadata records of the edit: the spec's parts, and the stamp of the file it read."""
+        found = self.intervention.describe()
+        if self.stamp is not None:
+            found["stamp"] = self.stamp
+        if self.intervention.edit == "resample":
+            found["seed"] = self.seed
+        return found
+
+    @contextlib.contextmanager
+    def attached(self, model: nn.Module, *, prepend: bool = False) -> Iterator[None]:
+        """The edit on its layer of ``model`` while the context lasts (``prepend``: before the layer's other forward
+        hooks)."""
+        handle = model.get_submodule(self.intervention.layer).register_forward_hook(self._hook, prepend=prepend)
+        try:
+            yield
+        finally:
+            handle.remove()
+
+    def _hook(self, module: nn.Module, inputs: Any, output: Any) -> torch.Tensor:
+        spec = self.intervention
+        if not isinstance(output, torch.Tensor) or output.dim() < 2 or not output.is_floating_point():
+            what = type(output).__name__ if not isinstance(output, torch.Tensor) else f"a {output.dtype} tensor"
+            raise UsageProblem(
+                f"{spec.named}: {spec.layer} returns {what}, not rows of floating-point units",
+                hint="edit a layer whose output is one tensor (hookcli layers lists them)",
+            )
+        layout = UnitLayout.of(
+            tuple(output.shape[1:]),
+            prefix_tokens=self.prefix_tokens,
+            channels_last=self.square and channels_last_output(output.shape),
+            key=spec.layer,
+        )
+        axis = -1 if layout.kind in ("tokens", "channels_last") else 1
+        units = self._units(layout.channels)
+        moved = output.movedim(axis, -1)
+        edited = moved.clone()
+        chosen = moved[..., units] if units is not None else moved
+        edited[..., units if units is not None else slice(None)] = self._edited(chosen, units, moved)
+        return edited.movedim(-1, axis)
+
+    def _units(self, channels: int) -> list[int] | None:
+        spec = self.intervention
+        if self.vector is not None and self.vector.shape[0] != channels:
+            raise UsageProblem(
+                f"{spec.named}: {spec.layer} has {channels:,} units, and the vector read from "
+                f"'{spec.file}' {self.vector.shape[0]:,}",
+                hint="give a file of the same layer of the same model",
+            )
+        if spec.units is None:
+            return None
+        if max(spec.units) >= channels:
+            raise UsageProblem(
+                f"{spec.named}: {spec.layer} has {channels:,} units (0 to {channels - 1}), "
+                f"and unit {max(spec.units)} does not exist",
+                hint="count units from 0 (hookcli layers gives each layer's shape)",
+            )
+        return list(spec.units)
+
+    def _edited(self, chosen: torch.Tensor, units: list[int] | None, whole: torch.Tensor) -> torch.Tensor:
+        """The chosen units' new values."""
+        spec = self.intervention
+        if spec.edit == "zero":
+            return torch.zeros_like(chosen)
+        if spec.edit == "value":
+            return torch.full_like(chosen, spec.numbers[0])
+        if spec.edit == "scale":
+            return chosen * spec.numbers[0]
+        if spec.edit == "clamp":
+            return chosen.clamp(spec.numbers[0], spec.numbers[1])
+        if spec.edit == "resample":
+            return chosen[partners(chosen.shape[0], self.seed).to(chosen.device)]
+        vector = self._vector(chosen)
+        vector = vector if units is None else vector[units]
+        if spec.edit == "mean":
+            return vector.expand_as(chosen).clone()
+        return chosen + spec.numbers[0] * vector  # add
+
+    def _vector(self, like: torch.Tensor) -> torch.Tensor:
+        assert self.vector is not None, "mean and add edits read their vector when resolved"
+        place = (like.device, like.dtype)
+        if place not in self._moved:
+            self._moved[place] = self.vector.to(device=like.device, dtype=like.dtype)
+        return self._moved[place]
+
+
+def partners(rows: int, seed: int) -> torch.Tensor:
+    """Each row's partner for ``resample``: one cycle through a seeded shuffle of the rows, so that no row is its
+    own partner (one row is its own). It depends only on the seed and the number of rows, so every process of a run
+    pairs a batch's rows alike."""
+    order = torch.randperm(rows, generator=torch.Generator().manual_seed(seed * 1_000_003 + rows))
+    found = torch.empty(rows, dtype=torch.long)
+    found[order] = order.roll(-1)
+    return found
+
+
+def resolve_edits(
+    model: nn.Module,
+    interventions: Sequence[Intervention],
+    *,
+    model_name: str | None,
+    seed: int = 0,
+    prefix_tokens: int | None = None,
+    square: bool = False,
+) -> tuple[Edit, ...]:
+    """The edits of ``interventions`` on ``model`` (named ``model_name`` by its files), each refused in one line
+    when its layer is not one of the model's, its units beyond what the layer has, or its file is not of the same
+    model and layer."""
+    modules = dict(model.named_modules())
+    found = []
+    for spec in interventions:
+        if spec.layer not in modules or not spec.layer:
+            raise UsageProblem(
+                f"{spec.named}: the model has no layer '{spec.layer}'",
+                hint="give a module path as hookcli layers lists it",
+            )
+        module = modules[spec.layer]
+        _check_known_units(spec, module)
+        vector, stamp = _read_vector(spec, model_name) if spec.file is not None else (None, None)
+        edit = Edit(spec, vector, seed, stamp, prefix_tokens, square)
+        known = _known_units(module)
+        if vector is not None and known is not None:
+            edit._units(known)  # refuses a vector of another length than the layer's units
+        found.append(edit)
+    return tuple(found)
+
+
+def _known_units(module: nn.Module) -> int | None:
+    """How many units the module's output has, where its weights say it (None: known once it runs)."""
+    for attribute in ("out_channels", "out_features", "num_features", "embedding_dim", "num_channels"):
+        value = getattr(module, attribute, None)
+        if isinstance(value, int):
+            return value
+    shape = getattr(module, "normalized_shape", None)
+    return int(shape[-1]) if isinstance(shape, tuple) and shape else None
+
+
+def _check_known_units(spec: Intervention, module: nn.Module) -> None:
+    """Refuse, before the model runs, units beyond those the module's weights say it has."""
+    known = _known_units(module)
+    if known is not None and spec.units is not None and max(spec.units) >= known:
+        raise UsageProblem(
+            f"{spec.named}: {spec.layer} has {known:,} units (0 to {known - 1}), "
+            f"and unit {max(spec.units)} does not exist",
+            hint="count units from 0 (hookcli layers gives each layer's shape)",
+        )
+
+
+def _read_vector(spec: Intervention, model_name: str | None) -> tuple[torch.Tensor, Any]:
+    """The vector a ``mean`` or ``add`` edit reads, and its file's stamp; refused when the file is not of this model
+    and layer, or the key or row is not there."""
+    assert spec.file is not None, "edits that read a file name it"
+    path = spec.file
+    if not os.path.exists(path):
+        raise UsageProblem(f"{spec.named}: '{path}' not found", hint="give a file hookcli wrote")
+    with open_features(path) as features:
+        metadata = features.metadata
+        made_by = metadata.get("model")
+        if model_name is not None and made_by is not None and made_by != model_name:
+            raise UsageProblem(
+                f"{spec.named}: '{path}' was made with the model {made_by}, and this run's is {model_name}",
+                hint="give a file of the same model",
+            )
+        key = _layer_key(metadata, spec, path) + "@mean" if spec.edit == "mean" else spec.key
+        assert key is not None, "an add edit names its key"
+        if key not in features.keys():
+            raise UsageProblem(
+                f"{spec.named}: '{path}' holds no tensor '{key}'",
+                hint="hookcli info lists a file's tensors",
+            )
+        values = np.asarray(features.read(key), dtype=np.float64)
+    return _row_of(spec, key, values), file_stamp(path)
+
+
+def _layer_key(metadata: Any, spec: Intervention, path: str) -> str:
+    """The key under which a statistics file holds layer ``spec.layer``; refused when it holds another layer."""
+    if metadata.get("kind") != "stats":
+        raise UsageProblem(
+            f"{spec.named}: '{path}' is not a statistics file",
+            hint="mean:FILE takes the file of hookcli stats of the same model and layer",
+        )
+    try:
+        layers = json.loads(metadata.get("layers", "{}"))
+    except ValueError:
+        layers = {}
+    described = layers.get(spec.layer) if isinstance(layers, dict) else None
+    key = described.get("key") if isinstance(described, dict) else None
+    if not isinstance(key, str):
+        held = ", ".join(sorted(layers)) if isinstance(layers, dict) else "none"
+        raise UsageProblem(
+            f"{spec.named}: '{path}' holds the statistics of {held}, not of {spec.layer}",
+            hint="give the statistics file of the same layer",
+        )
+    return key
+
+
+def _row_of(spec: Intervention, key: str, values: np.ndarray) -> torch.Tensor:
+    """The vector the edit reads: the whole of a one-dimensional tensor, or row ``spec.row`` of a matrix (column,
+    for a statistics file's ``@pca_vectors``, whose columns are the components)."""
+    if spec.edit == "mean" or values.ndim == 1 and spec.row in (None, 0):
+        vector = values.reshape(-1)
+    elif values.ndim != 2:
+        raise UsageProblem(
+            f"{spec.named}: '{key}' has shape {list(values.shape)}, not rows of units",
+            hint="give a matrix whose rows (or a vector whose values) are the layer's units",
+        )
+    else:
+        matrix = values.T if key.endswith("@pca_vectors") else values
+        if spec.row is None or spec.row >= matrix.shape[0]:
+            raise UsageProblem(
+                f"{spec.named}: '{key}' has {matrix.shape[0]:,} rows, and row {spec.row} does not exist",
+                hint="count rows from 0",
+            )
+        vector = matrix[spec.row]
+    if not np.isfinite(vector).all():
+        raise UsageProblem(
+            f"{spec.named}: '{key}' holds values that are not finite numbers",
+            hint="give a vector of finite numbers",
+        )
+    return torch.from_numpy(np.ascontiguousarray(vector))
+
+
+def with_edits(settings: RunSettings, loaded: LoadedModel, interventions: Sequence[Intervention], seed: int):
+    """``settings`` with the edits of ``interventions`` on ``loaded``'s model, and what the run says of them: the
+    model runs as written (no fused or compiled forward, whose graphs would leave the edited layers out)."""
+    assert settings.preprocess is not None, "the preprocessing is known once the model has loaded"
+    edits = resolve_edits(
+        loaded.module,
+        interventions,
+        model_name=loaded.name,
+        seed=seed,
+        prefix_tokens=loaded.prefix_tokens,
+        square=square_input(settings.preprocess),
+    )
+    asked = [flag for flag, on in (("--compile", settings.compile), ("--fuse", settings.fuse)) if on]
+    notes = (f"--intervene runs the model as written: {' and '.join(asked)} left out",) if asked else ()
+    return dataclasses.replace(settings, edits=edits, compile=False, fuse=False), notes
+
+
+def edits_entries(settings: RunSettings) -> dict[str, str]:
+    """What a run's files record of its edits (nothing for a run without): each edit, in order, and whether a
+    capture at an edited layer holds its output before or after them."""
+    if not settings.edits:
+        return {}
+    described: dict[str, Any] = {"edits": [edit.describe() for edit in settings.edits]}
+    described["captures"] = "after edits" if settings.capture_edited else "before edits"
+    return {"interventions": json.dumps(described)}

@@ -1,0 +1,281 @@
+"""hookcli ablate: each unit's effects equal what hooks written by hand measure, exactly where the output is linear in
+the layer; one process and many write the same file; and what cannot be ablated is refused in one line."""
+
+import hashlib
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import hookcli
+from hookcli.cli import main
+from hookcli.errors import UsageProblem
+from hookcli.run.edits import partners
+
+SMALL = {"resize": 16, "crop": 16, "batch_size": 3}
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory):
+    from PIL import Image
+
+    folder = tmp_path_factory.mktemp("ablated")
+    rng = np.random.default_rng(5)
+    paths = []
+    for n in range(7):
+        path = folder / f"{n}.png"
+        Image.fromarray(rng.integers(0, 255, size=(20, 24, 3), dtype=np.uint8)).save(path)
+        paths.append(str(path))
+    return paths
+
+
+class Residual(nn.Module):
+    """A convolution stack with a skip connection around the ablated layer, and a classifier."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 6, 3, padding=1)
+        self.block = nn.Conv2d(6, 6, 3, padding=1)
+        self.after = nn.Conv2d(6, 5, 1)
+        self.head = nn.Linear(5, 4)
+
+    def forward(self, x):
+        x = torch.relu(self.stem(x))
+        x = torch.relu(self.block(x) + x)
+        return self.head(self.after(x).mean(dim=(2, 3)))
+
+
+def _net() -> Residual:
+    torch.manual_seed(0)
+    return Residual().eval()
+
+
+def _inputs(net, photos):
+    return hookcli.extract(net, "stem", photos, capture="input", **SMALL)["stem@input"]
+
+
+def _ablated_by_hand(net, batch, layer, unit, replace):
+    """The logits with a hook written by hand replacing unit ``unit`` of ``layer``'s output, batch by batch."""
+    module = dict(net.named_modules())[layer]
+    found = []
+    for rows in batch.split(SMALL["batch_size"]):
+        handle = module.register_forward_hook(lambda m, i, out: replace(out.clone(), unit))
+        try:
+            with torch.no_grad():
+                found.append(net(rows))
+        finally:
+            handle.remove()
+    return torch.cat(found)
+
+
+def _expected(logits, ablated):
+    """What the file holds for one unit, computed in the test from the logits."""
+    predicted = logits.argmax(1)
+    rows = torch.arange(len(logits))
+    change = (ablated - logits)[rows, predicted].double()
+    p, q = logits.softmax(1), ablated.softmax(1)
+    prob = (q - p)[rows, predicted].double()
+    kl = (p * (p.log() - q.log())).sum(1).double()
+    return {
+        "logit_change": change.mean(),
+        "logit_change_std": change.std(unbiased=False),
+        "prob_change": prob.mean(),
+        "flips": (ablated.argmax(1) != predicted).double().mean(),
+        "kl": kl.mean(),
+        "class_effect": (ablated - logits).double().mean(0),
+    }
+
+
+def _zero(out, unit):
+    out[:, unit] = 0
+    return out
+
+
+@pytest.mark.parametrize("how", ["zero", "resample", "mean"])
+def test_each_units_effects_equal_hooks_written_by_hand(photos, tmp_path, how):
+    net = _net()
+    batch = _inputs(net, photos)
+    with torch.no_grad():
+        logits = torch.cat([net(rows) for rows in batch.split(SMALL["batch_size"])])
+    if how == "mean":
+        stats = hookcli.stats(net, "block", photos, output=tmp_path / "s.safetensors", top=1, **SMALL)
+        with hookcli.open_features(stats) as read:
+            means = torch.from_numpy(read.read("block@mean")).float()
+        asked, replace = f"mean:{stats}", lambda out, u: _set_unit(out, u, means[u])
+    elif how == "resample":
+        asked, replace = "resample", lambda out, u: _set_unit(out, u, out[partners(out.shape[0], 0)][:, u])
+    else:
+        asked, replace = "zero", _zero
+    found = hookcli.ablate(net, "block", photos, units="1,4", how=asked, **SMALL)
+    assert found["block@units"].tolist() == [1, 4] and int(found["block@count"]) == 7
+    for row, unit in enumerate([1, 4]):
+        expected = _expected(logits, _ablated_by_hand(net, batch, "block", unit, replace))
+        for field, value in expected.items():
+            torch.testing.assert_close(found[f"block@{field}"][row], value, rtol=1e-4, atol=1e-5, msg=field)
+
+
+def _set_unit(out, unit, value):
+    out[:, unit] = value
+    return out
+
+
+def test_where_the_output_is_linear_in_the_layer_a_units_effect_is_its_weight_times_its_activation(photos):
+    torch.manual_seed(1)
+    net = nn.Sequential(nn.Flatten(), nn.Linear(3 * 16 * 16, 6), nn.Identity(), nn.Linear(6, 3)).eval()
+    activations = hookcli.extract(net, "2", photos, **SMALL)["2"].double()
+    found = hookcli.ablate(net, "2", photos, **SMALL)
+    weight = net[3].weight.detach().double()
+    expected = -(activations.mean(0)[:, None] * weight.T)  # [units, classes]
+    torch.testing.assert_close(found["2@class_effect"], expected, rtol=0, atol=1e-5)
+    assert found["2@units"].tolist() == list(range(6))
+
+
+def test_a_vision_transformers_token_features_are_ablated_one_by_one(photos):
+    from torchvision.models import VisionTransformer
+
+    torch.manual_seed(0)
+    vit = VisionTransformer(image_size=16, patch_size=8, num_layers=2, num_heads=2, hidden_dim=8, mlp_dim=16).eval()
+    layer = "encoder.layers.encoder_layer_0"
+    batch = hookcli.extract(vit, "conv_proj", photos, capture="input", **SMALL)["conv_proj@input"]
+    with torch.no_grad():
+        logits = torch.cat([vit(rows) for rows in batch.split(SMALL["batch_size"])])
+
+    def feature(out, unit):
+        out[..., unit] = 0
+        return out
+
+    found = hookcli.ablate(vit, layer, photos, units="3", **SMALL)
+    expected = _expected(logits, _ablated_by_hand(vit, batch, layer, 3, feature))
+    torch.testing.assert_close(found[f"{layer}@class_effect"][0], expected["class_effect"], rtol=1e-4, atol=1e-5)
+
+
+def _digest(path) -> str:
+    return hashlib.sha256(open(path, "rb").read()).hexdigest()
+
+
+def test_one_process_and_parts_write_the_same_file_and_the_metadata_says_what_was_ablated(photos, tmp_path, runner):
+    net = _net()
+    one = hookcli.ablate(net, "block", photos, output=tmp_path / "one.safetensors", shard_size=3, **SMALL)
+    shared = tmp_path / "shared.safetensors"
+    for part in ("1/2", "2/2"):
+        hookcli.ablate(net, "block", photos, output=shared, shard_size=3, part=part, **SMALL)
+    assert shared.exists() and _digest(shared) != "" and not (tmp_path / "shared.safetensors.parts").exists()
+    with hookcli.open_features(one) as a, hookcli.open_features(shared) as b:
+        for key in a.keys():
+            assert np.array_equal(a.read(key), b.read(key)), key
+        assert a.metadata["kind"] == "ablate" and a.metadata["format"] == "6"
+        assert a.metadata["ablate"] == (
+            '{"layer": "block", "key": "block", "how": "zero", "units": null, "effect_on": "."}'
+        )
+    args = ["-m", "resnet18", "-w", "none", "--resize", "32", "--crop", "32", "-l", "layer4", "--units", "0:3", "-q"]
+    done = runner.invoke(main, ["ablate", *args, "-o", str(tmp_path / "r.safetensors"), *photos[:2]])
+    assert done.exit_code == 0, done.output
+    assert done.output.strip() == str(tmp_path / "r.safetensors")
+
+
+@pytest.mark.parametrize(
+    ("keywords", "message"),
+    [
+        ({"how": "mean"}, "--how takes zero, mean:FILE or resample, not 'mean'"),
+        ({"how": "drop"}, "--how takes zero, mean:FILE or resample, not 'drop'"),
+        ({"units": "3:1"}, "--units '3:1': the units 3:1 are no range A:B with 0 <= A < B"),
+        ({"units": "6"}, "block has 6 units (0 to 5), and unit 6 does not exist"),
+        ({"effect_on": "nowhere"}, "--effect-on 'nowhere': the model has no layer 'nowhere'"),
+    ],
+)
+def test_what_cannot_be_ablated_is_refused_in_one_line(photos, keywords, message):
+    with pytest.raises(UsageProblem) as caught:
+        hookcli.ablate(_net(), "block", photos, **keywords, **SMALL)
+    assert caught.value.message.removeprefix("ablate: ") == message
+
+
+def test_ablate_takes_one_layer_and_no_edits(photos):
+    with pytest.raises(UsageProblem) as caught:
+        hookcli.ablate(_net(), ["stem", "block"], photos, **SMALL)
+    assert caught.value.message == "ablate takes one layer, and stem, block were given"
+    with pytest.raises(TypeError, match="ablate\\(\\) got an unexpected keyword argument 'intervene'"):
+        hookcli.ablate(_net(), "block", photos, intervene=["stem=zero"])
+
+
+def test_grid_draws_the_units_of_largest_effect_against_the_classes_they_move(photos, tmp_path, runner):
+    from safetensors.numpy import load_file, save_file
+
+    from hookcli.errors import FeatureFileError
+    from hookcli.pictures.ablation_grids import ranked_units, strongest_classes
+
+    path = hookcli.ablate(_net(), "block", photos, output=tmp_path / "e.safetensors", **SMALL)
+    with hookcli.open_features(path) as read:
+        kl, effects = read.read("block@kl"), read.read("block@class_effect")
+    drawn = hookcli.grid(path, top=3)
+    assert list(drawn) == ["e.png"] and drawn["e.png"].shape[2] == 3
+    plain = hookcli.grid(path, top=3, plain=True)["e.png"]
+    cell = min(48, 640 // 4)  # 3 units by the 4 classes of the head
+    assert plain.shape == (3 * cell, 4 * cell, 3)
+    rows = ranked_units(kl, 3)
+    assert kl[rows].tolist() == sorted(kl, reverse=True)[:3]
+    assert strongest_classes(effects[rows], 2).tolist() == np.argsort(-np.abs(effects[rows]).mean(0))[:2].tolist()
+    done = runner.invoke(main, ["grid", str(path), "-o", str(tmp_path / "pictures"), "-k", "block"])
+    assert done.exit_code == 2
+    assert "Error: --key does not apply to an ablation file" in done.output
+    tensors = load_file(str(path))
+    with hookcli.open_features(path) as read:
+        metadata = dict(read.metadata)
+    del tensors["block@kl"]
+    save_file(tensors, str(tmp_path / "damaged.safetensors"), metadata)
+    with pytest.raises(FeatureFileError) as caught:
+        hookcli.grid(tmp_path / "damaged.safetensors")
+    assert caught.value.message == (
+        f"'{tmp_path / 'damaged.safetensors'}' is a damaged ablation file: it does not hold the tensors of layer "
+        "'block' (block@kl)"
+    )
+
+
+def test_the_readmes_ablation_tour_runs_as_written(runner, tmp_path, monkeypatch):
+    import re
+    import shlex
+    from pathlib import Path
+
+    from PIL import Image
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    blocks = re.findall(r"```bash\n(.*?)```", readme, flags=re.DOTALL)
+    lines = [re.sub(r"\s+#.*$", "", line) for block in blocks for line in block.splitlines()]
+    tour = [line for line in lines if line.startswith(("hookcli ablate", "hookcli grid layer4.ablate"))]
+    assert len(tour) == 2
+    (tmp_path / "photos").mkdir()
+    rng = np.random.default_rng(0)
+    for name in "abc":
+        pixels = rng.integers(0, 255, size=(60, 50, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(tmp_path / "photos" / f"{name}.jpg")
+    monkeypatch.chdir(tmp_path)
+    for line in tour:
+        done = runner.invoke(main, shlex.split(line)[1:])
+        assert done.exit_code == 0, (line, done.output)
+    with hookcli.open_features("layer4.ablate.safetensors") as read:
+        assert read["layer4@class_effect"].shape == (64, 1000) and int(read["layer4@count"]) == 3
+    assert (tmp_path / "layer4.ablate_grids" / "layer4.ablate.png").is_file()
+
+
+def test_the_report_ranks_the_units_and_shows_their_dataset_examples(photos, tmp_path, runner):
+    net = _net()
+    path = hookcli.ablate(net, "block", photos, output=tmp_path / "e.safetensors", **SMALL)
+    stats = hookcli.stats(net, "block", photos, output=tmp_path / "s.safetensors", top=2, **SMALL)
+    index = hookcli.report(path, output=tmp_path / "report", examples=str(stats), top=4)
+    page = index.read_text()
+    with hookcli.open_features(path) as read:
+        kl, units = read.read("block@kl"), read.read("block@units")
+    ranked = [int(units[i]) for i in np.argsort(-kl, kind="stable")[:4]]
+    assert [int(n) for n in __import__("re").findall(r'<tr id="unit-(\d+)">', page)] == ranked
+    assert page.count('alt="dataset examples of unit') == 4 and "classes lowered most" in page
+    other = hookcli.stats(net, "stem", photos, output=tmp_path / "stem.safetensors", top=1, **SMALL)
+    with pytest.raises(UsageProblem) as caught:
+        hookcli.report(path, output=tmp_path / "again", examples=str(other))
+    assert caught.value.message == (f"--examples '{other}' holds no statistics of block, the layer '{path}' ablates")
+    done = runner.invoke(main, ["report", str(stats), "-o", str(tmp_path / "r2"), "--examples", str(stats)])
+    assert done.exit_code == 2
+    assert f"Error: --examples shows the dataset examples of an ablation file's units, and '{stats}' is not one" in (
+        done.output
+    )
+    refused = runner.invoke(main, ["grid", str(path), "--examples", str(stats)])
+    assert refused.exit_code == 2 and "No such option: --examples" in refused.output

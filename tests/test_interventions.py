@@ -1,0 +1,337 @@
+"""--intervene: every edit equals a hook written by hand (on a CNN and a vision transformer's tokens), captures see
+the layer before its edits unless asked, the file records each edit, and bad specs are one line each."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from safetensors.numpy import save_file
+from torch import nn
+
+import hookcli
+from hookcli.cli import main
+from hookcli.errors import UsageProblem
+from hookcli.run.edits import partners
+from hookcli.run.interventions import Intervention, parse_intervention
+
+SMALL = {"resize": 16, "crop": 16, "batch_size": 4}
+
+
+def _cnn() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Conv2d(3, 6, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(6, 5, 3, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(5, 4),
+    ).eval()
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory):
+    from PIL import Image
+
+    folder = tmp_path_factory.mktemp("edited")
+    rng = np.random.default_rng(3)
+    paths = []
+    for n in range(5):
+        path = folder / f"{n}.png"
+        Image.fromarray(rng.integers(0, 255, size=(20, 24, 3), dtype=np.uint8)).save(path)
+        paths.append(str(path))
+    return paths
+
+
+def _inputs(net, photos, layer="0"):
+    """The batch hookcli feeds the model, as the first layer's input."""
+    return hookcli.extract(net, layer, photos, capture="input", **SMALL)[f"{layer}@input"]
+
+
+def _by_hand(net, batch, edited: str, edit, read: str):
+    """Layer ``read``'s output with ``edit(output)`` returned by a hook on layer ``edited``, written by hand, over
+    the batches hookcli runs (resample pairs rows within one)."""
+    kept = []
+    modules = dict(net.named_modules())
+    handles = [
+        modules[edited].register_forward_hook(lambda m, i, out: edit(out.clone())),
+        modules[read].register_forward_hook(lambda m, i, out: kept.append(out.clone())),
+    ]
+    try:
+        with torch.no_grad():
+            for rows in batch.split(SMALL["batch_size"]):
+                net(rows)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return torch.cat(kept)
+
+
+def _set(out, units, values):
+    out[:, units] = values
+    return out
+
+
+def test_the_spec_reads_as_documented():
+    assert parse_intervention("features.14:135=zero") == Intervention("features.14", (135,), "zero")
+    assert parse_intervention(" layer4:2:5=scale:0.5 ").units == (2, 3, 4)
+    assert parse_intervention("layer4:7,3,7=value:-1").units == (7, 3)
+    assert parse_intervention("layer4:*=resample").units is None
+    added = parse_intervention("blocks.3=add:C:/runs/s.safetensors:blocks.3@pca_vectors:2:-4")
+    assert (added.file, added.key, added.row) == ("C:/runs/s.safetensors", "blocks.3@pca_vectors", 2)
+    assert added.numbers == (-4.0,)
+    assert parse_intervention("fc=clamp:-1:2.5").numbers == (-1.0, 2.5)
+    assert parse_intervention("fc=mean:a:b.safetensors").file == "a:b.safetensors"
+    assert added.text == "blocks.3=add:C:/runs/s.safetensors:blocks.3@pca_vectors:2:-4"
+
+
+@pytest.mark.parametrize(
+    ("spec", "why"),
+    [
+        ("layer4", "it is not LAYER[:UNITS]=EDIT"),
+        ("=zero", "it is not LAYER[:UNITS]=EDIT"),
+        ("layer4=drop", "'drop' is not an edit"),
+        ("layer4:x=zero", "'x' names no units"),
+        ("layer4:5:2=zero", "the units 5:2 are no range A:B with 0 <= A < B"),
+        ("layer4:-1=zero", "the units -1 are not whole numbers from 0"),
+        ("layer4=zero:1", "zero takes nothing after it"),
+        ("layer4=value", "value takes value:V"),
+        ("layer4=scale:nan", "'nan' is not a finite number"),
+        ("layer4=clamp:2:1", "clamp's LO must not be above its HI (2 > 1)"),
+        ("layer4=add:f.safetensors:k:one:1", "add's ROW must be a whole number from 0, not 'one'"),
+        ("layer4=mean", "mean takes the statistics file: mean:FILE"),
+    ],
+)
+def test_a_bad_spec_is_one_line_saying_why(spec, why):
+    with pytest.raises(UsageProblem) as caught:
+        parse_intervention(spec)
+    assert caught.value.message == f"--intervene '{spec}': {why}"
+    assert caught.value.hint.startswith("give LAYER[:UNITS]=EDIT, UNITS as K, A:B, K,L,M or *")
+
+
+@pytest.mark.parametrize(
+    ("spec", "edit"),
+    [
+        ("0:1,4=zero", lambda out: _set(out, [1, 4], 0.0)),
+        ("0=zero", lambda out: torch.zeros_like(out)),
+        ("0:2:5=value:1.5", lambda out: _set(out, [2, 3, 4], 1.5)),
+        ("0:3=scale:-2", lambda out: _set(out, [3], out[:, [3]] * -2)),
+        ("0=clamp:-0.1:0.2", lambda out: out.clamp(-0.1, 0.2)),
+        ("0:0,5=resample", lambda out: _set(out, [0, 5], out[partners(out.shape[0], 0)][:, [0, 5]])),
+    ],
+)
+def test_each_edit_equals_a_hook_written_by_hand(photos, spec, edit):
+    net = _cnn()
+    batch = _inputs(net, photos)
+    found = hookcli.extract(net, ["0", "2"], photos, intervene=[spec], **SMALL)
+    expected = _by_hand(net, batch, "0", edit, "2")
+    torch.testing.assert_close(found["2"], expected, rtol=0, atol=1e-6)
+    plain = hookcli.extract(net, "0", photos, **SMALL)["0"]
+    assert torch.equal(found["0"], plain)  # the edited layer's capture is what it returned
+
+
+def test_resample_pairs_each_row_with_another_row_of_its_batch():
+    order = partners(5, 0)
+    assert sorted(order.tolist()) == [0, 1, 2, 3, 4] and all(order[i] != i for i in range(5))
+    assert partners(1, 0).tolist() == [0] and torch.equal(partners(5, 0), order)
+    assert not torch.equal(partners(5, 1), order)
+
+
+def test_edits_compose_in_order_and_capture_edited_records_after_them(photos):
+    net = _cnn()
+    edits = ["0:1,2=zero", "0:2=value:3", "0=scale:2"]
+    found = hookcli.extract(net, "0", photos, intervene=edits, capture_edited=True, **SMALL)
+    plain = hookcli.extract(net, "0", photos, **SMALL)["0"]
+    expected = plain.clone()
+    expected[:, 1] = 0
+    expected[:, 2] = 3
+    torch.testing.assert_close(found["0"], expected * 2, rtol=0, atol=0)
+    recorded = json.loads(found.metadata["interventions"])
+    assert recorded == {
+        "edits": [
+            {"layer": "0", "units": [1, 2], "edit": "zero"},
+            {"layer": "0", "units": [2], "edit": "value", "numbers": [3.0]},
+            {"layer": "0", "units": None, "edit": "scale", "numbers": [2.0]},
+        ],
+        "captures": "after edits",
+    }
+    assert "interventions" not in hookcli.extract(net, "0", photos, **SMALL).metadata
+
+
+def test_mean_and_steering_read_a_stats_file_of_the_same_layer(photos, tmp_path):
+    net = _cnn()
+    batch = _inputs(net, photos)
+    stats = hookcli.stats(net, "0", photos, output=tmp_path / "s.safetensors", top=1, **SMALL)
+    with hookcli.open_features(stats) as read:
+        mean = torch.from_numpy(read.read("0@mean")).float()
+        vectors = torch.from_numpy(read.read("0@pca_vectors")).float()
+    found = hookcli.extract(net, "2", photos, intervene=[f"0:1,3=mean:{stats}"], **SMALL)["2"]
+    expected = _by_hand(net, batch, "0", lambda out: _set(out, [1, 3], mean[[1, 3]][None, :, None, None]), "2")
+    torch.testing.assert_close(found, expected, rtol=0, atol=1e-5)
+    steered = hookcli.extract(net, "2", photos, intervene=[f"0=add:{stats}:0@pca_vectors:1:2.5"], **SMALL)["2"]
+    component = vectors[:, 1]  # the columns of @pca_vectors are the components
+    expected = _by_hand(net, batch, "0", lambda out: out + 2.5 * component[None, :, None, None], "2")
+    torch.testing.assert_close(steered, expected, rtol=0, atol=1e-5)
+
+
+def test_a_vision_transformers_tokens_are_edited_feature_by_feature(photos, tmp_path):
+    from torchvision.models import VisionTransformer
+
+    torch.manual_seed(0)
+    vit = VisionTransformer(image_size=16, patch_size=8, num_layers=2, num_heads=2, hidden_dim=8, mlp_dim=16).eval()
+    layer = "encoder.layers.encoder_layer_0"
+    batch = _inputs(vit, photos, layer="conv_proj")
+    vector = np.linspace(-1, 1, 8, dtype=np.float32)
+    save_file({"steer": np.stack([np.zeros(8, np.float32), vector])}, str(tmp_path / "v.safetensors"))
+    spec = f"{layer}:2,5=add:{tmp_path / 'v.safetensors'}:steer:1:0.5"
+    found = hookcli.extract(vit, "encoder.ln", photos, intervene=[spec, f"{layer}:0=zero"], **SMALL)
+    steer = torch.from_numpy(vector)
+
+    def edit(out):
+        out[..., [2, 5]] += 0.5 * steer[[2, 5]]
+        out[..., 0] = 0
+        return out
+
+    expected = _by_hand(vit, batch, layer, edit, "encoder.ln")
+    torch.testing.assert_close(found["encoder.ln"], expected, rtol=0, atol=1e-5)
+
+
+def test_zeroing_every_unit_of_the_last_layer_makes_logits_its_bias_and_gradients_zero(photos):
+    net = _cnn()
+    found = hookcli.grad(net, "4", photos, target="0", intervene=["4=zero"], **SMALL)
+    assert found["4@grad"].abs().sum().item() == 0
+    logits = hookcli.extract(net, "6", photos, intervene=["5:*=zero"], **SMALL)["6"]
+    torch.testing.assert_close(logits, net[6].bias.detach().expand(5, 4), rtol=0, atol=0)
+
+
+def test_a_layer_a_unit_or_a_file_that_cannot_apply_is_refused_before_the_run(photos, tmp_path):
+    net = _cnn()
+    refusals = {
+        "9=zero": "--intervene '9=zero': the model has no layer '9'",
+        "2:5=zero": "--intervene '2:5=zero': 2 has 5 units (0 to 4), and unit 5 does not exist",
+        "0=mean:nowhere.safetensors": "--intervene '0=mean:nowhere.safetensors': 'nowhere.safetensors' not found",
+    }
+    for spec, message in refusals.items():
+        with pytest.raises(UsageProblem) as caught:
+            hookcli.extract(net, "0", photos, intervene=[spec], **SMALL)
+        assert caught.value.message == message
+    stats = hookcli.stats(net, "2", photos, output=tmp_path / "two.safetensors", top=1, **SMALL)
+    with pytest.raises(UsageProblem) as caught:
+        hookcli.extract(net, "0", photos, intervene=[f"0=mean:{stats}"], **SMALL)
+    assert caught.value.message == f"--intervene '0=mean:{stats}': '{stats}' holds the statistics of 2, not of 0"
+    other = hookcli.stats("resnet18", "layer1", photos[:1], output=tmp_path / "r.safetensors", weights="none",
+                          top=1, **SMALL)  # fmt: skip
+    with pytest.raises(UsageProblem) as caught:
+        hookcli.extract(net, "0", photos, intervene=[f"0=mean:{other}"], **SMALL)
+    assert caught.value.message.endswith(f"'{other}' was made with the model resnet18, and this run's is Sequential")
+    with pytest.raises(UsageProblem) as caught:
+        hookcli.extract(net, "0", photos, capture_edited=True, **SMALL)
+    assert caught.value.message == "--capture-edited applies to layers edited with --intervene"
+
+
+def test_the_command_line_edits_and_refuses_in_one_line(runner, photos, tmp_path):
+    common = ["-m", "resnet18", "-w", "none", "--resize", "32", "--crop", "32", "-q"]
+    out = tmp_path / "edited.safetensors"
+    done = runner.invoke(main, ["extract", *common, "-l", "layer2", "--intervene", "layer1:0:8=zero", "-o", str(out),
+                                *photos[:2]])  # fmt: skip
+    assert done.exit_code == 0, done.output
+    with hookcli.open_features(out) as read:
+        assert json.loads(read.metadata["interventions"])["edits"][0]["units"] == list(range(8))
+    shown = runner.invoke(main, ["info", str(out)])
+    assert '    edits: [{"layer": "layer1", "units": [0, 1, 2, 3, 4, 5, 6, 7], "edit": "zero"}]' in shown.output
+    folder = tmp_path / "feats"
+    args = ["extract", *common, "-l", "layer2", "-o", f"{folder}/", *photos[:2]]
+    assert runner.invoke(main, [*args, "--intervene", "layer1=zero"]).exit_code == 0
+    again = runner.invoke(main, [*args, "--intervene", "layer1=scale:2"])
+    assert again.exit_code != 0 and "interventions" in again.output
+    bad = runner.invoke(main, ["extract", *common, "-l", "layer2", "--intervene", "layer1=nothing", *photos[:1]])
+    assert bad.exit_code == 2
+    assert bad.output.strip().splitlines()[-1] == (
+        "Error: --intervene 'layer1=nothing': 'nothing' is not an edit. Hint: give LAYER[:UNITS]=EDIT, UNITS as K, "
+        "A:B, K,L,M or *, EDIT one of zero, value:V, mean:FILE, resample, scale:F, add:FILE:KEY:ROW:ALPHA, clamp:LO:HI"
+    )
+
+
+def test_statistics_are_gathered_over_the_edited_forward(photos):
+    net = _cnn()
+    edited = hookcli.stats(net, ["0", "2"], photos, intervene=["0:1=value:7"], capture_edited=True, top=1, **SMALL)
+    assert edited["0@mean"][1].item() == pytest.approx(7.0) and edited["0@std"][1].item() == 0
+    assert json.loads(edited.metadata["interventions"])["captures"] == "after edits"
+    plain = hookcli.stats(net, ["0", "2"], photos, top=1, **SMALL)
+    assert not torch.equal(edited["2@mean"], plain["2@mean"]) and torch.equal(edited["0@mean"][0], plain["0@mean"][0])
+
+
+def test_compare_edits_the_first_side_only(photos):
+    net, twin = _cnn(), _cnn()
+    compared = hookcli.compare(net, "2", photos, model2=twin, layers2="2", intervene=["0:0:3=zero"], **SMALL)
+    plain = hookcli.compare(net, "2", photos, model2=twin, layers2="2", **SMALL)
+    assert plain["linear-cka"].item() == pytest.approx(1.0)
+    assert compared["linear-cka"].item() < 0.999
+
+
+def test_a_detection_backbones_edit_equals_a_hook_written_by_hand(tmp_path):
+    from PIL import Image
+
+    from hookcli.models.loading import load_model
+
+    rng = np.random.default_rng(0)
+    images = []
+    for n, size in enumerate([(64, 48), (40, 72)]):
+        images.append(tmp_path / f"{n}.png")
+        Image.fromarray(rng.integers(0, 255, size=(*size, 3), dtype=np.uint8)).save(images[-1])
+    name, layer = "fasterrcnn_mobilenet_v3_large_320_fpn", "backbone.body.3"
+    edited = hookcli.extract(name, layer, images, weights="none", device="cpu", intervene=["backbone.body.2:0:4=zero"])
+    loaded = load_model(name, "none")
+    hook = loaded.module.get_submodule("backbone.body.2").register_forward_hook(
+        lambda m, i, out: _set(out.clone(), [0, 1, 2, 3], 0.0)
+    )
+    try:
+        by_hand = hookcli.extract(loaded, layer, images, device="cpu")
+    finally:
+        hook.remove()
+    plain = hookcli.extract(name, layer, images, weights="none", device="cpu")
+    for row in range(2):
+        torch.testing.assert_close(edited.read(layer, row), by_hand.read(layer, row), rtol=0, atol=1e-6)
+        assert not np.allclose(edited.read(layer, row), plain.read(layer, row))
+
+
+def _vit():
+    from torchvision.models import VisionTransformer
+
+    torch.manual_seed(0)
+    return VisionTransformer(image_size=16, patch_size=8, num_layers=2, num_heads=2, hidden_dim=8, mlp_dim=16).eval()
+
+
+def _tokens(out, units, values):
+    out[..., units] = values
+    return out
+
+
+@pytest.mark.parametrize("edit", ["zero", "value", "scale", "clamp", "resample", "mean", "add"])
+def test_every_edit_of_token_features_equals_a_hook_by_hand_in_memory_and_in_a_file(photos, tmp_path, edit):
+    vit, layer, units = _vit(), "encoder.layers.encoder_layer_0", [1, 6]
+    batch = _inputs(vit, photos, layer="conv_proj")
+    stats = hookcli.stats(vit, layer, photos, output=tmp_path / "s.safetensors", top=1, pca=False, **SMALL)
+    with hookcli.open_features(stats) as read:
+        mean = torch.from_numpy(read.read(f"{layer}@mean")).float()
+    save_file({"v": np.arange(16, dtype=np.float32).reshape(2, 8)}, str(tmp_path / "v.safetensors"))
+    specs = {
+        "zero": ("zero", lambda out: _tokens(out, units, 0.0)),
+        "value": ("value:-0.5", lambda out: _tokens(out, units, -0.5)),
+        "scale": ("scale:3", lambda out: _tokens(out, units, out[..., units] * 3)),
+        "clamp": ("clamp:-0.2:0.1", lambda out: _tokens(out, units, out[..., units].clamp(-0.2, 0.1))),
+        "resample": ("resample", lambda out: _tokens(out, units, out[partners(out.shape[0], 0)][..., units])),
+        "mean": (f"mean:{stats}", lambda out: _tokens(out, units, mean[units])),
+        "add": (f"add:{tmp_path / 'v.safetensors'}:v:1:0.25", lambda out: _tokens(out, units, out[..., units]
+                                                                               + 0.25 * torch.tensor([9.0, 14.0]))),
+    }  # fmt: skip
+    spec, by_hand = specs[edit]
+    asked = [f"{layer}:1,6={spec}"]
+    in_memory = hookcli.extract(vit, "encoder.ln", photos, intervene=asked, **SMALL)["encoder.ln"]
+    torch.testing.assert_close(in_memory, _by_hand(vit, batch, layer, by_hand, "encoder.ln"), rtol=0, atol=1e-5)
+    written = hookcli.extract(vit, "encoder.ln", photos, intervene=asked, output=tmp_path / "f.safetensors", **SMALL)
+    with hookcli.open_features(written) as read:
+        assert np.array_equal(read.read("encoder.ln"), in_memory.numpy())
+        assert json.loads(read.metadata["interventions"])["edits"][0]["edit"] == edit
