@@ -279,3 +279,49 @@ def test_the_report_ranks_the_units_and_shows_their_dataset_examples(photos, tmp
     )
     refused = runner.invoke(main, ["grid", str(path), "--examples", str(stats)])
     assert refused.exit_code == 2 and "No such option: --examples" in refused.output
+
+
+def test_effects_on_another_layer_equal_hooks_written_by_hand(photos):
+    net = _net()
+    batch = _inputs(net, photos)
+    kept = []
+    handle = net.after.register_forward_hook(lambda m, i, out: kept.append(out.flatten(1).clone()))
+    try:
+        with torch.no_grad():
+            for rows in batch.split(SMALL["batch_size"]):
+                net(rows)
+        plain = torch.cat(kept)
+        kept.clear()
+        ablated = _ablated_by_hand(net, batch, "block", 2, _zero)
+        edited = torch.cat(kept)
+    finally:
+        handle.remove()
+    assert ablated.shape == (7, 4)
+    found = hookcli.ablate(net, "block", photos, units="2", effect_on="after", **SMALL)
+    assert found["block@class_effect"].shape == (1, plain.shape[1])
+    expected = _expected(plain, edited)
+    torch.testing.assert_close(found["block@class_effect"][0], expected["class_effect"], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(found["block@kl"][0], expected["kl"], rtol=1e-4, atol=1e-6)
+
+
+class Branching(Residual):
+    """A model torch.fx cannot trace: its forward branches on a tensor's value."""
+
+    def forward(self, x):
+        x = torch.relu(self.stem(x))
+        if x.sum() > -1e9:
+            x = torch.relu(self.block(x) + x)
+        return self.head(self.after(x).mean(dim=(2, 3)))
+
+
+def test_a_model_that_cannot_be_traced_runs_whole_for_each_chunk_and_says_so(photos):
+    torch.manual_seed(0)
+    net, plain = Branching().eval(), _net()
+    heard = []
+    found = hookcli.ablate(net, "block", photos, units="0,3", progress=heard.append, **SMALL)
+    expected = hookcli.ablate(plain, "block", photos, units="0,3", **SMALL)
+    for key in expected:
+        torch.testing.assert_close(found[key], expected[key], rtol=1e-5, atol=1e-6, msg=key)
+    notes = [event.text for event in heard if type(event).__name__ == "Note"]
+    assert any(text.startswith("Branching cannot be traced by torch.fx, so the layers before block run again") for
+               text in notes), notes  # fmt: skip

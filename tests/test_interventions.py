@@ -335,3 +335,22 @@ def test_every_edit_of_token_features_equals_a_hook_by_hand_in_memory_and_in_a_f
     with hookcli.open_features(written) as read:
         assert np.array_equal(read.read("encoder.ln"), in_memory.numpy())
         assert json.loads(read.metadata["interventions"])["edits"][0]["edit"] == edit
+
+
+class Spare(nn.Module):
+    """A CNN that holds a layer its forward never calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net, self.spare = _cnn(), nn.Conv2d(3, 3, 1)
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def test_an_edit_of_a_layer_the_forward_never_runs_is_refused_at_the_first_batch(photos, tmp_path):
+    out = tmp_path / "never.safetensors"
+    with pytest.raises(UsageProblem) as caught:
+        hookcli.extract(Spare().eval(), "net.2", photos, intervene=["spare=zero"], output=out, **SMALL)
+    assert caught.value.message == "--intervene 'spare=zero': the forward never runs spare"
+    assert not out.exists()

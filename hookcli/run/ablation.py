@@ -86,7 +86,8 @@ class UnitAblation:
         :data:`CLASS_DELTA` ``[N, units, classes]``."""
         if self.graph is not None:
             env, output = self._first(batch)
-            return self._measured(env[self._node(self.layer)], output, lambda copies: self._replayed(env, copies))
+            measured = output if self.effect_on == "." else env[self._node(self.effect_on)]
+            return self._measured(env[self._node(self.layer)], measured, lambda copies: self._replayed(env, copies))
         kept: dict[str, Any] = {}
         output = self._whole(batch, kept)
         return self._measured(kept["layer"], output, lambda copies: self._whole(_repeated_input(batch, copies), {},

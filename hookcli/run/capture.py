@@ -104,6 +104,7 @@ class FeatureCapture:
         check_choice("capture", capture, CAPTURE_KINDS)
         self.model = model
         self.edits, self.capture_edited = tuple(edits), capture_edited
+        self._edits_checked = False
         self.layers = dict(layers) if isinstance(layers, Mapping) else {path: path for path in layers}
         self.capture = capture
         self.stop_early = stop_early
@@ -162,7 +163,22 @@ class FeatureCapture:
             self._check_calls(self._forward(first_rows(batch))[0])
         counts, outputs, inputs = self._forward(batch)
         self._check_calls(counts)
+        self._check_edits()
         return self._flatten(outputs, inputs, batch_size=size)
+
+    def _check_edits(self) -> None:
+        """Refuse, at the first forward (which runs whole), an edit of a layer it did not run, before anything is
+        kept."""
+        if self._edits_checked:
+            return
+        self._edits_checked = True
+        unreached = next((edit for edit in self.edits if not edit.reached), None)
+        if unreached is not None:
+            spec = unreached.intervention
+            raise UsageProblem(
+                f"{spec.named}: the forward never runs {spec.layer}",
+                hint="the model defines it but does not call it (in eval mode); hookcli layers lists what runs",
+            )
 
     def _forward(self, batch) -> tuple[dict, dict, dict]:
         self._clear()
@@ -280,6 +296,7 @@ class GradientCapture(FeatureCapture):
         try:
             with torch.enable_grad():
                 output = call_model(self.model, batch)
+                self._check_edits()
                 if score is not None:
                     scores, about = score(output)
                 else:

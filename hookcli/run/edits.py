@@ -55,6 +55,8 @@ class Edit:
     stamp: Any = None
     prefix_tokens: int | None = None
     square: bool = False
+    #: Whether a forward has run the edit.
+    reached: bool = False
     _moved: dict[tuple[torch.device, torch.dtype], torch.Tensor] = field(default_factory=dict, repr=False)
 
     def describe(self) -> dict[str, Any]:
@@ -78,6 +80,7 @@ class Edit:
 
     def _hook(self, module: nn.Module, inputs: Any, output: Any) -> torch.Tensor:
         spec = self.intervention
+        self.reached = True
         if not isinstance(output, torch.Tensor) or output.dim() < 2 or not output.is_floating_point():
             what = type(output).__name__ if not isinstance(output, torch.Tensor) else f"a {output.dtype} tensor"
             raise UsageProblem(
