@@ -2,6 +2,7 @@
 the layer; one process and many write the same file; and what cannot be ablated is refused in one line."""
 
 import hashlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -325,3 +326,87 @@ def test_a_model_that_cannot_be_traced_runs_whole_for_each_chunk_and_says_so(pho
     notes = [event.text for event in heard if type(event).__name__ == "Note"]
     assert any(text.startswith("Branching cannot be traced by torch.fx, so the layers before block run again") for
                text in notes), notes  # fmt: skip
+
+
+def test_a_damaged_part_is_refused_naming_it_and_what_is_wrong(photos, tmp_path):
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    from hookcli.errors import FeatureFileError, ImageError
+
+    inputs = [shutil.copy(photo, tmp_path / Path(photo).name) for photo in photos]
+    good = Path(inputs[4]).read_bytes()
+    Path(inputs[4]).write_bytes(b"not an image")  # the second shard fails: the first one's part is left
+    net, out = _net(), tmp_path / "e.safetensors"
+    with pytest.raises(ImageError):
+        hookcli.ablate(net, "block", inputs, output=out, shard_size=3, **SMALL)
+    parts = sorted((tmp_path / "e.safetensors.parts").glob("*.safetensors"))
+    assert len(parts) == 1
+    from safetensors import safe_open
+
+    tensors = load_file(str(parts[0]))
+    with safe_open(str(parts[0]), "np") as read:
+        metadata = read.metadata()
+    name = next(key for key in tensors if key.endswith("/logit") or key == "logit")
+    tensors[name] = tensors[name][:2]  # fewer units than the part's other sums
+    save_file(tensors, str(parts[0]), metadata)
+    Path(inputs[4]).write_bytes(good)
+    with pytest.raises(FeatureFileError) as caught:
+        hookcli.ablate(net, "block", inputs, output=out, shard_size=3, **SMALL)
+    assert caught.value.message == (
+        f"part '{parts[0]}' of '{out}' is damaged: its 'logit_squares' is not one float64 value a unit"
+    )
+    assert not out.exists()
+
+
+class Unused(Residual):
+    """A model that holds a layer its forward never calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.unused = nn.Conv2d(6, 6, 1)
+
+
+def test_what_an_ablation_cannot_measure_is_refused_and_numbers_are_taken_as_units(photos, tmp_path):
+    refusals = {
+        "the layer itself": ({"effect_on": "block"}, "--effect-on block is the ablated layer itself"),
+        "a layer before": (
+            {"effect_on": "stem"},
+            "--effect-on stem runs before block, the ablated layer, so nothing it returns can change",
+        ),
+    }
+    for keywords, message in refusals.values():
+        with pytest.raises(UsageProblem) as caught:
+            hookcli.ablate(_net(), "block", photos, **keywords, **SMALL)
+        assert caught.value.message == message
+    torch.manual_seed(0)
+    with pytest.raises(UsageProblem) as caught:
+        hookcli.ablate(Unused().eval(), "unused", photos, **SMALL)
+    assert caught.value.message == "ablate: the forward never runs unused"
+    listed = hookcli.ablate(_net(), "block", photos, units=[4, 1], **SMALL)
+    assert listed["block@units"].tolist() == [4, 1]
+    with pytest.raises(UsageProblem) as caught:
+        hookcli.ablate(_net(), "block", photos, units="3:9", **SMALL)
+    assert caught.value.message == "ablate: block has 6 units (0 to 5), and unit 6 does not exist"
+    alone = hookcli.ablate(_net(), "block", photos, how="resample", batch_size=1, resize=16, crop=16)
+    assert alone["block@kl"].abs().max().item() < 1e-12  # each row is its own partner: nothing changes
+    assert alone["block@class_effect"].abs().max().item() < 1e-6 and alone["block@flips"].abs().max().item() == 0
+
+
+def test_a_mean_of_other_weights_is_refused_and_the_spec_is_named_as_written(photos, tmp_path):
+    other = hookcli.stats("resnet18", "layer1", photos[:2], output=tmp_path / "s3.safetensors", weights="none",
+                          seed=3, top=1, resize=32, crop=32)  # fmt: skip
+    with pytest.raises(UsageProblem) as caught:
+        hookcli.extract("resnet18", "layer2", photos[:1], weights="none", intervene=[f"layer1=mean:{other}"],
+                        resize=32, crop=32)  # fmt: skip
+    assert caught.value.message == (
+        f"--intervene 'layer1=mean:{other}': '{other}' was made with other weights "
+        '({"source": "none", "seed": 3}) than this run\'s ({"source": "none", "seed": 0})'
+    )
+    with pytest.raises(UsageProblem) as caught:
+        hookcli.extract("resnet18", "layer2", photos[:1], weights="none", intervene=["layer1:60:70=zero"])
+    assert (
+        caught.value.message
+        == "--intervene 'layer1:60:70=zero': layer1 has 64 units (0 to 63), and unit 64 does not exist"
+    )

@@ -67,7 +67,7 @@ class GridOptions:
     )
     top: int | None = option(
         ("--top",),
-        "Only the K channels with the highest mean activation.",
+        "Only the K channels with the highest mean activation (an ablation file: the K units of largest effect).",
         ("grid",),
         kind="int",
         low=1,

@@ -491,6 +491,11 @@ class RunOptions(StatsOptions):
         except ValueError as err:
             raise UsageProblem(str(err), hint="see --help for --mean and --std") from None
         object.__setattr__(self, "device", _parsed("device", parse_device, self.device))
+        if self.units is not None and not isinstance(self.units, str):  # ablate's units given as numbers
+            given = (self.units,) if isinstance(self.units, int) else tuple(self.units)
+            if not all(isinstance(unit, int) and not isinstance(unit, bool) for unit in given):
+                raise UsageProblem(f"units must be whole numbers, not {self.units!r}", hint=RANGE_HINT)
+            object.__setattr__(self, "units", ",".join(map(str, given)))
         if isinstance(self.intervene, str):  # one spec, as the command line's option given once
             object.__setattr__(self, "intervene", (self.intervene,))
         object.__setattr__(self, "intervene", tuple(self.intervene))

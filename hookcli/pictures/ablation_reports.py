@@ -78,7 +78,7 @@ def write_ablation_report(
         page.write(_summary(ablation))
         page.write(f'<section id="heatmap" class="heatmap">\n<h2>Heatmap</h2>\n{picture}\n</section>\n')
         page.write(_units_table(ablation, rows, options, emit))
-        page.write(file_details(describe_file(ablation.features, stats=False), set()))
+        page.write(file_details(describe_file(ablation.features, stats=False), set(ablation.features.keys())))
     emit(Advanced(1))
     emit(Wrote(index))
     return index
@@ -156,10 +156,11 @@ class _Examples:
     def _layer(self, ablation: AblationFile, path: str) -> StatsLayer:
         """The statistics file's layer that was ablated; refused when it is another model's or lacks the layer."""
         made, ablated = self.stats.metadata.get("model"), ablation.metadata.get("model")
-        if made != ablated:
+        if made != ablated or self.stats.metadata.get("weights") != ablation.metadata.get("weights"):
             raise UsageProblem(
-                f"--examples '{path}' holds the statistics of the model {made}, and '{ablation.name}' ablates "
-                f"{ablated}",
+                f"--examples '{path}' holds the statistics of the model {made} "
+                f"({self.stats.metadata.get('weights')}), and '{ablation.name}' ablates {ablated} "
+                f"({ablation.metadata.get('weights')})",
                 hint="give the stats file of the same model and layer",
             )
         try:

@@ -32,7 +32,7 @@ from hookcli.families import channels_last_output
 from hookcli.run import speed
 from hookcli.run.batches import batch_device
 from hookcli.run.capture import preserved_mode
-from hookcli.run.edits import partners
+from hookcli.run.edits import first_missing, partners
 from hookcli.statistics.units import UnitLayout
 from hookcli.storage.fileformat import RunFacts
 
@@ -69,6 +69,11 @@ class UnitAblation:
         self.model, self.layer, self.how, self.effect_on = model, layer, how, effect_on
         self.units, self.mean, self.seed = None if units is None else list(units), mean, seed
         self.prefix_tokens, self.square, self.chunk_bytes = prefix_tokens, square, chunk_bytes
+        if effect_on == layer:
+            raise UsageProblem(
+                f"--effect-on {effect_on} is the ablated layer itself",
+                hint="measure a layer after it, or leave --effect-on out for the model's output",
+            )
         self.graph = _traced(model, {layer} | ({effect_on} if effect_on != "." else set()))
         self.traced = self.graph is not None
         #: The nodes before the layer's, and those of them the part after it reads (parameters aside).
@@ -76,7 +81,13 @@ class UnitAblation:
         self._read_after: list[Any] = []
         if self.graph is not None:
             nodes = list(self.graph.graph.nodes)
+            called = {node.target for node in nodes if node.op == "call_module"}
+            for path in (layer, effect_on):
+                if path != "." and path not in called:
+                    raise _never_runs(path)
             at = nodes.index(self._node(layer))
+            if effect_on != "." and nodes.index(self._node(effect_on)) < at:
+                raise _runs_before(effect_on, layer)
             later = set(nodes[at + 1 :])
             self._before = nodes[:at]
             self._read_after = [n for n in self._before if n.op != "get_attr" and any(u in later for u in n.users)]
@@ -90,6 +101,10 @@ class UnitAblation:
             return self._measured(env[self._node(self.layer)], measured, lambda copies: self._replayed(env, copies))
         kept: dict[str, Any] = {}
         output = self._whole(batch, kept)
+        if "layer" not in kept:
+            raise _never_runs(self.layer)
+        if kept.get("first") == "effect":
+            raise _runs_before(self.effect_on, self.layer)
         return self._measured(kept["layer"], output, lambda copies: self._whole(_repeated_input(batch, copies), {},
                                                                               copies))  # fmt: skip
 
@@ -103,7 +118,7 @@ class UnitAblation:
                 f"{self.layer} returns {type(layer).__name__}, not rows of floating-point units",
                 hint="ablate a layer whose output is one tensor (hookcli layers lists them)",
             )
-        logits = _logits(output, self.effect_on)
+        _logits(output, self.effect_on)  # refused here when it is not rows of values
         axis, channels = self._axis(layer)
         units = self._chosen(channels)
         rows = layer.shape[0]
@@ -112,9 +127,12 @@ class UnitAblation:
         pieces: dict[str, list[torch.Tensor]] = {}
         for start in range(0, len(units), chunk):
             group = units[start : start + chunk]
+            # The first copy is the layer's output as it is: the chunk's own baseline, computed in the same call,
+            # so that a unit whose ablation changes nothing measures 0 (to the last bits a row's place in a batch
+            # may change).
             copies = self._ablated(layer, axis, group)
-            ablated = _logits(run(copies), self.effect_on).reshape(len(group), rows, -1)
-            for name, value in _changes(logits, ablated).items():
+            outputs = _logits(run(copies), self.effect_on).reshape(len(group) + 1, rows, -1)
+            for name, value in _changes(outputs).items():
                 pieces.setdefault(name, []).append(value)
         return {name: torch.cat(values, dim=1) for name, values in pieces.items()}
 
@@ -137,24 +155,26 @@ class UnitAblation:
             return list(range(channels))
         if max(self.units) >= channels:
             raise UsageProblem(
-                f"{self.layer} has {channels:,} units (0 to {channels - 1}), and unit {max(self.units)} does not exist",
+                f"{self.layer} has {channels:,} units (0 to {channels - 1}), and unit "
+                f"{first_missing(self.units, channels)} does not exist",
                 hint="count units from 0 (hookcli layers gives each layer's shape)",
             )
         return self.units
 
     def _ablated(self, layer: torch.Tensor, axis: int, group: list[int]) -> torch.Tensor:
-        """``[len(group) · N, …]``: the layer's output once for each unit of ``group``, that unit ablated."""
+        """``[(1 + len(group)) · N, …]``: the layer's output as it is, then once for each unit of ``group`` with that
+        unit ablated."""
         count = len(group)
-        copies = layer.unsqueeze(0).expand(count, *layer.shape).clone()  # one copy a unit, in the layer's layout
+        copies = layer.unsqueeze(0).expand(count + 1, *layer.shape).clone()  # in the layer's own layout
         moved = copies.movedim(axis if axis < 0 else axis + 1, -1)  # a view: the units last
-        copy, unit = torch.arange(count, device=layer.device), torch.tensor(group, device=layer.device)
+        copy = torch.arange(1, count + 1, device=layer.device)
+        unit = torch.tensor(group, device=layer.device)
         if self.how == "zero":
             moved[copy, ..., unit] = 0
         elif self.how == "mean":
             assert self.mean is not None, "a mean ablation has its means"
-            moved[copy, ..., unit] = self.mean.to(layer.device, layer.dtype)[unit].reshape(
-                count, *[1] * (moved.dim() - 2)
-            )
+            means = self.mean.to(layer.device, layer.dtype)[unit]
+            moved[copy, ..., unit] = means.reshape(count, *[1] * (moved.dim() - 2))
         else:
             partner = layer.movedim(axis, -1)[partners(layer.shape[0], self.seed).to(layer.device)]
             moved[copy, ..., unit] = partner[..., unit].movedim(-1, 0)
@@ -197,10 +217,12 @@ class UnitAblation:
 
         def at_layer(module: nn.Module, inputs: Any, output: Any) -> Any:
             kept["layer"] = output
+            kept.setdefault("first", "layer")
             return copies
 
         def at_effect(module: nn.Module, inputs: Any, output: Any) -> None:
             kept["effect"] = output
+            kept.setdefault("first", "effect")
 
         handles = [modules[self.layer].register_forward_hook(at_layer)]
         if self.effect_on != ".":
@@ -218,6 +240,20 @@ class _Kept(torch.fx.Interpreter):
 
     def __init__(self, graph_module: torch.fx.GraphModule) -> None:
         super().__init__(graph_module, garbage_collect_values=False)
+
+
+def _never_runs(layer: str) -> UsageProblem:
+    return UsageProblem(
+        f"ablate: the forward never runs {layer}",
+        hint="the model defines it but does not call it (in eval mode); hookcli layers lists what runs",
+    )
+
+
+def _runs_before(effect_on: str, layer: str) -> UsageProblem:
+    return UsageProblem(
+        f"--effect-on {effect_on} runs before {layer}, the ablated layer, so nothing it returns can change",
+        hint="measure a layer after the ablated one, or leave --effect-on out for the model's output",
+    )
 
 
 def _repeated(value: Any, count: int, rows: int) -> Any:
@@ -249,26 +285,38 @@ def _logits(output: Any, effect_on: str) -> torch.Tensor:
     return output.flatten(1).float()
 
 
-def _changes(logits: torch.Tensor, ablated: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Each row's changes for each unit (``ablated`` is ``[units, N, K]``), rows first."""
+def _changes(outputs: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Each row's changes for each unit, rows first, from ``outputs`` ``[1 + units, N, K]``: the output as it is,
+    then with each unit ablated.
+
+    Written in the changes Δ = z' − z, so that small ones keep their digits: with p = softmax(z),
+    KL(p ‖ q) = log(1 + Σ p·expm1(Δ)) − Σ p·Δ and q_c − p_c = p_c (expm1(Δ_c) − Σ p·expm1(Δ)) / (1 + Σ p·expm1(Δ));
+    the per-row sums are float64.
+    """
+    logits, ablated = outputs[0], outputs[1:]
     predicted = logits.argmax(dim=1)
     rows = torch.arange(logits.shape[0], device=logits.device)
-    log_p, log_q = logits.log_softmax(dim=1), ablated.log_softmax(dim=2)
-    p = log_p.exp()
-    logit_change = ablated[:, rows, predicted] - logits[rows, predicted]
-    prob_change = log_q[:, rows, predicted].exp() - p[rows, predicted]
-    kl = (p * (log_p - log_q)).sum(dim=2).clamp_min(0)
+    p = logits.double().softmax(dim=1)
+    delta = ablated - logits
+    grown = torch.expm1(delta)
+    weights = p.to(delta.dtype)
+    spread = (grown * weights).sum(dim=2).double()  # Σ p·expm1(Δ)
+    moved = (delta * weights).sum(dim=2).double()  # Σ p·Δ
+    kl = (torch.log1p(spread) - moved).clamp_min(0)
+    chosen = grown[:, rows, predicted].double()
+    prob_change = p[rows, predicted] * (chosen - spread) / (1 + spread)
     return {
-        "logit_change": logit_change.T,
+        "logit_change": delta[:, rows, predicted].T,
         "prob_change": prob_change.T,
         "flips": (ablated.argmax(dim=2) != predicted).T,
         "kl": kl.T,
-        CLASS_DELTA: (ablated - logits).transpose(0, 1),
+        CLASS_DELTA: delta.transpose(0, 1),
     }
 
 
 def _traced(model: nn.Module, keep: set[str]) -> torch.fx.GraphModule | None:
-    """A GraphModule of ``model`` with the modules of ``keep`` as leaves, or None when it cannot be traced."""
+    """A GraphModule of ``model`` with the modules of ``keep`` as leaves (those it calls), or None when it cannot be
+    traced."""
 
     class Tracer(torch.fx.Tracer):
         def is_leaf_module(self, module: nn.Module, qualified_name: str) -> bool:
@@ -280,8 +328,7 @@ def _traced(model: nn.Module, keep: set[str]) -> torch.fx.GraphModule | None:
         graph_module = torch.fx.GraphModule(tracer.root, graph, type(model).__name__)
     except Exception:  # Python control flow on tensor values, unsupported calls: the model runs whole
         return None
-    called = {node.target for node in graph_module.graph.nodes if node.op == "call_module"}
-    return graph_module if keep <= called else None
+    return graph_module
 
 
 class AblationForward:

@@ -23,7 +23,7 @@ import contextlib
 import dataclasses
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,7 +40,7 @@ from hookcli.run.settings import RunSettings
 from hookcli.statistics.units import UnitLayout
 from hookcli.storage.shards import open_features
 
-__all__ = ["Edit", "edits_entries", "partners", "resolve_edits", "with_edits"]
+__all__ = ["Edit", "edits_entries", "first_missing", "partners", "resolve_edits", "with_edits"]
 
 
 @dataclass(eq=False)
@@ -63,6 +63,7 @@ class Edit:
         """What a file's metadata records of the edit: the spec's parts, and the stamp of the file it read."""
         found = self.intervention.describe()
         if self.stamp is not None:
+            found["file"] = os.path.abspath(str(found["file"]))
             found["stamp"] = self.stamp
         if self.intervention.edit == "resample":
             found["seed"] = self.seed
@@ -107,14 +108,14 @@ class Edit:
             raise UsageProblem(
                 f"{spec.named}: {spec.layer} has {channels:,} units, and the vector read from "
                 f"'{spec.file}' {self.vector.shape[0]:,}",
-                hint="give a file of the same layer of the same model",
+                hint="give a vector (a row of a matrix, a column of @pca_vectors) of one value for each unit",
             )
         if spec.units is None:
             return None
         if max(spec.units) >= channels:
             raise UsageProblem(
                 f"{spec.named}: {spec.layer} has {channels:,} units (0 to {channels - 1}), "
-                f"and unit {max(spec.units)} does not exist",
+                f"and unit {first_missing(spec.units, channels)} does not exist",
                 hint="count units from 0 (hookcli layers gives each layer's shape)",
             )
         return list(spec.units)
@@ -156,11 +157,17 @@ def partners(rows: int, seed: int) -> torch.Tensor:
     return found
 
 
+def first_missing(units: Sequence[int], channels: int) -> int:
+    """The first of ``units`` that a layer of ``channels`` units does not have."""
+    return min(unit for unit in units if unit >= channels)
+
+
 def resolve_edits(
     model: nn.Module,
     interventions: Sequence[Intervention],
     *,
     model_name: str | None,
+    weights: Mapping[str, Any] | None = None,
     seed: int = 0,
     prefix_tokens: int | None = None,
     square: bool = False,
@@ -174,11 +181,11 @@ def resolve_edits(
         if spec.layer not in modules or not spec.layer:
             raise UsageProblem(
                 f"{spec.named}: the model has no layer '{spec.layer}'",
-                hint="give a module path as hookcli layers lists it",
+                hint="give one module path as hookcli layers lists it (globs and type: selectors are -l's alone)",
             )
         module = modules[spec.layer]
         _check_known_units(spec, module)
-        vector, stamp = _read_vector(spec, model_name) if spec.file is not None else (None, None)
+        vector, stamp = _read_vector(spec, model_name, weights) if spec.file is not None else (None, None)
         edit = Edit(spec, vector, seed, stamp, prefix_tokens, square)
         known = _known_units(module)
         if vector is not None and known is not None:
@@ -203,12 +210,14 @@ def _check_known_units(spec: Intervention, module: nn.Module) -> None:
     if known is not None and spec.units is not None and max(spec.units) >= known:
         raise UsageProblem(
             f"{spec.named}: {spec.layer} has {known:,} units (0 to {known - 1}), "
-            f"and unit {max(spec.units)} does not exist",
+            f"and unit {first_missing(spec.units, known)} does not exist",
             hint="count units from 0 (hookcli layers gives each layer's shape)",
         )
 
 
-def _read_vector(spec: Intervention, model_name: str | None) -> tuple[torch.Tensor, Any]:
+def _read_vector(
+    spec: Intervention, model_name: str | None, weights: Mapping[str, Any] | None
+) -> tuple[torch.Tensor, Any]:
     """The vector a ``mean`` or ``add`` edit reads, and its file's stamp; refused when the file is not of this model
     and layer, or the key or row is not there."""
     assert spec.file is not None, "edits that read a file name it"
@@ -223,6 +232,12 @@ def _read_vector(spec: Intervention, model_name: str | None) -> tuple[torch.Tens
                 f"{spec.named}: '{path}' was made with the model {made_by}, and this run's is {model_name}",
                 hint="give a file of the same model",
             )
+        if weights is not None and made_by is not None and _json(metadata.get("weights")) != dict(weights):
+            raise UsageProblem(
+                f"{spec.named}: '{path}' was made with other weights ({metadata.get('weights')}) than this run's "
+                f"({json.dumps(dict(weights))})",
+                hint="give a file made with the same weights (and --seed, for --weights none)",
+            )
         key = _layer_key(metadata, spec, path) + "@mean" if spec.edit == "mean" else spec.key
         assert key is not None, "an add edit names its key"
         if key not in features.keys():
@@ -232,6 +247,13 @@ def _read_vector(spec: Intervention, model_name: str | None) -> tuple[torch.Tens
             )
         values = np.asarray(features.read(key), dtype=np.float64)
     return _row_of(spec, key, values), file_stamp(path)
+
+
+def _json(text: Any) -> Any:
+    try:
+        return json.loads(text) if isinstance(text, str) else None
+    except ValueError:
+        return None
 
 
 def _layer_key(metadata: Any, spec: Intervention, path: str) -> str:
@@ -264,7 +286,7 @@ def _row_of(spec: Intervention, key: str, values: np.ndarray) -> torch.Tensor:
     elif values.ndim != 2:
         raise UsageProblem(
             f"{spec.named}: '{key}' has shape {list(values.shape)}, not rows of units",
-            hint="give a matrix whose rows (or a vector whose values) are the layer's units",
+            hint="give a vector, or a matrix whose row ROW holds one value for each of the layer's units",
         )
     else:
         matrix = values.T if key.endswith("@pca_vectors") else values
@@ -290,6 +312,7 @@ def with_edits(settings: RunSettings, loaded: LoadedModel, interventions: Sequen
         loaded.module,
         interventions,
         model_name=loaded.name,
+        weights=loaded.weights,
         seed=seed,
         prefix_tokens=loaded.prefix_tokens,
         square=square_input(settings.preprocess),

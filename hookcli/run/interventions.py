@@ -14,6 +14,7 @@ Intervention(layer='features.14', units=(135,), edit='zero', numbers=(), file=No
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,11 +57,13 @@ class Intervention:
     row: int | None = None
     #: What errors name it by (``--intervene 'SPEC'`` when left empty).
     said: str = field(default="", repr=False, compare=False)
+    #: The spec as it was written.
+    written: str = field(default="", repr=False, compare=False)
 
     @property
     def named(self) -> str:
-        """How errors name it."""
-        return self.said or f"--intervene '{self.text}'"
+        """How errors name it: as it was written."""
+        return self.said or f"--intervene '{self.written or self.text}'"
 
     def describe(self) -> dict[str, Any]:
         """The edit as a file's metadata records it (the file's stamp is added where it is read)."""
@@ -76,7 +79,7 @@ class Intervention:
 
     @property
     def text(self) -> str:
-        """The spec, written back in its shortest form."""
+        """The spec written back, its units one by one."""
         units = "" if self.units is None else ":" + ",".join(map(str, self.units))
         arguments = [*([self.file] if self.file else []), *([self.key, str(self.row)] if self.key else [])]
         arguments += [f"{number:g}" for number in self.numbers]
@@ -104,7 +107,8 @@ def parse_intervention(spec: Any) -> Intervention:
     name, _, rest = edit.strip().partition(":")
     if name not in EDITS:
         raise _refused(spec, f"'{name}' is not an edit")
-    return _with_arguments(spec, layer, _units(spec, units) if colon else None, name, rest)
+    found = _with_arguments(spec, layer, _units(spec, units) if colon else None, name, rest)
+    return dataclasses.replace(found, written=text)
 
 
 def _with_arguments(spec: Any, layer: str, units: tuple[int, ...] | None, name: str, rest: str) -> Intervention:

@@ -189,7 +189,7 @@ def _interventions(opts: RunOptions) -> tuple[Intervention, ...]:
         if problem is not None:
             raise UsageProblem(
                 f"--intervene '{spec.text}': '{spec.file}' {problem}",
-                hint="mean:FILE takes a stats file of the same model and layer; add:FILE a file hookcli wrote",
+                hint="mean:FILE takes a stats file of the same model and layer; add:FILE any safetensors file",
             )
     if opts.capture_edited and not found:
         raise UsageProblem("--capture-edited applies to layers edited with --intervene", hint="give --intervene too")

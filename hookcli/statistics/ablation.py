@@ -61,7 +61,7 @@ class AblationGathering:
             value = state[name]
             expected = torch.int64 if name == "flips" else torch.float64
             if value.dim() != 1 or value.shape != units or value.dtype != expected:
-                raise ValueError(f"its '{name}' is not one {expected} value a unit")
+                raise ValueError(f"its '{name}' is not one {str(expected).removeprefix('torch.')} value a unit")
         classes = state["class"]
         if classes.dim() != 2 or classes.shape[0] != units[0] or classes.dtype != torch.float64:
             raise ValueError("its 'class' is not a float64 row of classes a unit")

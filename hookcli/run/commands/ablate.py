@@ -61,7 +61,9 @@ class Ablate(Gathers):
         effect_on = _effect_layer(loaded, opts.effect_on)
         # Units and a mean's file are checked as --intervene's are: before the model runs.
         spec = Intervention(layer, units, "mean" if how == "mean" else "zero", file=file, said=self.name)
-        (edit,) = resolve_edits(loaded.module, [spec], model_name=loaded.name, seed=opts.seed or 0)
+        (edit,) = resolve_edits(
+            loaded.module, [spec], model_name=loaded.name, weights=loaded.weights, seed=opts.seed or 0
+        )
         described = {
             "layer": layer,
             "key": selected[layer],
