@@ -52,7 +52,7 @@ def main() -> None:
 
 def _floor(sweep: UnitAblation, env: dict, units: int) -> None:
     """The part after the layer, on the layer's output copied once a unit, in the sweep's chunks."""
-    layer = env[sweep._node(sweep.layer)]
+    layer = env[sweep._layer_node]
     per_copy = layer.numel() * layer.element_size() * 3
     chunk = max(1, min(units, sweep.chunk_bytes // per_copy))
     for start in range(0, units, chunk):

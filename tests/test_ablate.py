@@ -180,6 +180,7 @@ def test_one_process_and_parts_write_the_same_file_and_the_metadata_says_what_wa
     [
         ({"how": "mean"}, "--how takes zero, mean:FILE or resample, not 'mean'"),
         ({"how": "drop"}, "--how takes zero, mean:FILE or resample, not 'drop'"),
+        ({"how": "mean:nowhere.safetensors"}, "--how 'mean:nowhere.safetensors': 'nowhere.safetensors' not found"),
         ({"units": "3:1"}, "--units '3:1': the units 3:1 are no range A:B with 0 <= A < B"),
         ({"units": "6"}, "block has 6 units (0 to 5), and unit 6 does not exist"),
         ({"effect_on": "nowhere"}, "--effect-on 'nowhere': the model has no layer 'nowhere'"),

@@ -10,7 +10,6 @@ top-class flips, changes of the predicted class's logit and probability, and the
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -27,6 +26,7 @@ from hookcli.pictures.html import escaped, facts_table, file_details, new_pages,
 from hookcli.pictures.summary import describe_file
 from hookcli.storage.ablation_file import AblationFile, read_ablation
 from hookcli.storage.reader import FeatureReader
+from hookcli.storage.recorded_run import recorded_layers
 from hookcli.storage.shards import open_features
 from hookcli.storage.stats_file import StatsFile, StatsLayer, read_stats
 
@@ -40,6 +40,7 @@ _EXAMPLE_SIDE = 96
 _ABLATION_STYLE = """
 .heatmap img { max-width: 100%; height: auto; border: 1px solid #ddd; }
 table.units td { font-variant-numeric: tabular-nums; vertical-align: top; }
+table.units td:nth-child(-n+5), table.units th:nth-child(-n+5) { white-space: nowrap; }
 table.units img { max-width: 32em; height: auto; }
 """
 
@@ -163,12 +164,8 @@ class _Examples:
                 f"({ablation.metadata.get('weights')})",
                 hint="give the stats file of the same model and layer",
             )
-        try:
-            layers = json.loads(self.stats.metadata.get("layers", "{}"))
-        except ValueError:
-            layers = {}
         path_of = str(ablation.ablate.get("layer"))
-        key = layers.get(path_of, {}).get("key") if isinstance(layers, dict) else None
+        key = recorded_layers(self.stats.metadata).get(path_of)
         if key not in self.stats.layers:
             raise UsageProblem(
                 f"--examples '{path}' holds no statistics of {path_of}, the layer '{ablation.name}' ablates",

@@ -79,14 +79,20 @@ class UnitAblation:
         #: The nodes before the layer's, and those of them the part after it reads (parameters aside).
         self._before: list[Any] = []
         self._read_after: list[Any] = []
+        self._placeholders: list[Any] = []
+        self._layer_node: Any = None
+        self._effect_node: Any = None  # None: the model's output
         if self.graph is not None:
             nodes = list(self.graph.graph.nodes)
             called = {node.target for node in nodes if node.op == "call_module"}
             for path in (layer, effect_on):
                 if path != "." and path not in called:
                     raise _never_runs(path)
-            at = nodes.index(self._node(layer))
-            if effect_on != "." and nodes.index(self._node(effect_on)) < at:
+            self._layer_node = self._node(layer)
+            self._effect_node = None if effect_on == "." else self._node(effect_on)
+            self._placeholders = [node for node in nodes if node.op == "placeholder"]
+            at = nodes.index(self._layer_node)
+            if self._effect_node is not None and nodes.index(self._effect_node) < at:
                 raise _runs_before(effect_on, layer)
             later = set(nodes[at + 1 :])
             self._before = nodes[:at]
@@ -97,8 +103,8 @@ class UnitAblation:
         :data:`CLASS_DELTA` ``[N, units, classes]``."""
         if self.graph is not None:
             env, output = self._first(batch)
-            measured = output if self.effect_on == "." else env[self._node(self.effect_on)]
-            return self._measured(env[self._node(self.layer)], measured, lambda copies: self._replayed(env, copies))
+            measured = output if self._effect_node is None else env[self._effect_node]
+            return self._measured(env[self._layer_node], measured, lambda copies: self._replayed(env, copies))
         kept: dict[str, Any] = {}
         output = self._whole(batch, kept)
         if "layer" not in kept:
@@ -181,16 +187,19 @@ class UnitAblation:
         return copies.reshape(-1, *layer.shape[1:])
 
     def _first(self, batch: Any) -> tuple[dict[Any, Any], Any]:
-        """Every value the traced model computes on ``batch``, and its output."""
+        """What the part after the layer reads of the traced model's values on ``batch`` (the other nodes before the
+        layer's hold None, there only so that a replay skips them), and its output."""
         assert self.graph is not None, "the traced path"
         interpreter = _Kept(self.graph)
         output = interpreter.run(batch)
-        return interpreter.env, output
+        kept = {self._layer_node, *self._read_after, *([self._effect_node] if self._effect_node is not None else [])}
+        env = {node: interpreter.env[node] if node in kept else None for node in (*self._before, *kept)}
+        return env, output
 
     def _replayed(self, env: Mapping[Any, Any], copies: torch.Tensor) -> Any:
         """The traced model's output (or ``effect_on``'s) from the ablated copies of the layer's output on."""
         assert self.graph is not None, "the traced path"
-        layer_node = self._node(self.layer)
+        layer_node = self._layer_node
         rows = env[layer_node].shape[0]
         count = copies.shape[0] // rows
         initial: dict[Any, Any] = {node: env[node] for node in self._before}
@@ -198,17 +207,11 @@ class UnitAblation:
             initial[node] = _repeated(env[node], count, rows)
         initial[layer_node] = copies
         interpreter = _Kept(self.graph)
-        output = interpreter.run(*self._placeholders(initial), initial_env=initial)
-        return output if self.effect_on == "." else interpreter.env[self._node(self.effect_on)]
-
-    def _placeholders(self, initial: Mapping[Any, Any]) -> list[Any]:
-        assert self.graph is not None, "the traced path"
-        return [initial[node] for node in self.graph.graph.nodes if node.op == "placeholder"]
+        output = interpreter.run(*(initial[node] for node in self._placeholders), initial_env=initial)
+        return output if self._effect_node is None else interpreter.env[self._effect_node]
 
     def _node(self, path: str) -> Any:
         assert self.graph is not None, "the traced path"
-        if path == ".":
-            return next(node for node in self.graph.graph.nodes if node.op == "output")
         return next(node for node in self.graph.graph.nodes if node.op == "call_module" and node.target == path)
 
     def _whole(self, batch: Any, kept: dict[str, Any], copies: torch.Tensor | None = None) -> Any:

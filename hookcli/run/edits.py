@@ -38,7 +38,9 @@ from hookcli.models.loaded import LoadedModel
 from hookcli.run.interventions import Intervention
 from hookcli.run.settings import RunSettings
 from hookcli.statistics.units import UnitLayout
+from hookcli.storage.recorded_run import lenient_json, recorded_layers
 from hookcli.storage.shards import open_features
+from hookcli.storage.stats_format import is_stats
 
 __all__ = ["Edit", "edits_entries", "first_missing", "partners", "resolve_edits", "with_edits"]
 
@@ -58,6 +60,7 @@ class Edit:
     #: Whether a forward has run the edit.
     reached: bool = False
     _moved: dict[tuple[torch.device, torch.dtype], torch.Tensor] = field(default_factory=dict, repr=False)
+    _layouts: dict[tuple[int, ...], tuple[int, int]] = field(default_factory=dict, repr=False)
 
     def describe(self) -> dict[str, Any]:
         """What a file's metadata records of the edit: the spec's parts, and the stamp of the file it read."""
@@ -88,19 +91,25 @@ class Edit:
                 f"{spec.named}: {spec.layer} returns {what}, not rows of floating-point units",
                 hint="edit a layer whose output is one tensor (hookcli layers lists them)",
             )
-        layout = UnitLayout.of(
-            tuple(output.shape[1:]),
-            prefix_tokens=self.prefix_tokens,
-            channels_last=self.square and channels_last_output(output.shape),
-            key=spec.layer,
-        )
-        axis = -1 if layout.kind in ("tokens", "channels_last") else 1
-        units = self._units(layout.channels)
+        axis, channels = self._layout(tuple(output.shape))
+        units = self._units(channels)
         moved = output.movedim(axis, -1)
         edited = moved.clone()
         chosen = moved[..., units] if units is not None else moved
         edited[..., units if units is not None else slice(None)] = self._edited(chosen, units, moved)
         return edited.movedim(-1, axis)
+
+    def _layout(self, shape: tuple[int, ...]) -> tuple[int, int]:
+        """The axis of the units of a batch of ``shape``, and how many there are (read once a shape)."""
+        if shape[1:] not in self._layouts:
+            layout = UnitLayout.of(
+                shape[1:],
+                prefix_tokens=self.prefix_tokens,
+                channels_last=self.square and channels_last_output(shape),
+                key=self.intervention.layer,
+            )
+            self._layouts[shape[1:]] = (-1 if layout.kind in ("tokens", "channels_last") else 1), layout.channels
+        return self._layouts[shape[1:]]
 
     def _units(self, channels: int) -> list[int] | None:
         spec = self.intervention
@@ -232,7 +241,7 @@ def _read_vector(
                 f"{spec.named}: '{path}' was made with the model {made_by}, and this run's is {model_name}",
                 hint="give a file of the same model",
             )
-        if weights is not None and made_by is not None and _json(metadata.get("weights")) != dict(weights):
+        if weights is not None and made_by is not None and lenient_json(metadata.get("weights")) != dict(weights):
             raise UsageProblem(
                 f"{spec.named}: '{path}' was made with other weights ({metadata.get('weights')}) than this run's "
                 f"({json.dumps(dict(weights))})",
@@ -249,33 +258,21 @@ def _read_vector(
     return _row_of(spec, key, values), file_stamp(path)
 
 
-def _json(text: Any) -> Any:
-    try:
-        return json.loads(text) if isinstance(text, str) else None
-    except ValueError:
-        return None
-
-
 def _layer_key(metadata: Any, spec: Intervention, path: str) -> str:
     """The key under which a statistics file holds layer ``spec.layer``; refused when it holds another layer."""
-    if metadata.get("kind") != "stats":
+    if not is_stats(metadata):
         raise UsageProblem(
             f"{spec.named}: '{path}' is not a statistics file",
             hint="mean:FILE takes the file of hookcli stats of the same model and layer",
         )
-    try:
-        layers = json.loads(metadata.get("layers", "{}"))
-    except ValueError:
-        layers = {}
-    described = layers.get(spec.layer) if isinstance(layers, dict) else None
-    key = described.get("key") if isinstance(described, dict) else None
-    if not isinstance(key, str):
-        held = ", ".join(sorted(layers)) if isinstance(layers, dict) else "none"
+    layers = recorded_layers(metadata)
+    if spec.layer not in layers:
         raise UsageProblem(
-            f"{spec.named}: '{path}' holds the statistics of {held}, not of {spec.layer}",
+            f"{spec.named}: '{path}' holds the statistics of {', '.join(sorted(layers)) or 'no layer'}, not of "
+            f"{spec.layer}",
             hint="give the statistics file of the same layer",
         )
-    return key
+    return layers[spec.layer]
 
 
 def _row_of(spec: Intervention, key: str, values: np.ndarray) -> torch.Tensor:

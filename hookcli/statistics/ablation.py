@@ -89,17 +89,20 @@ class AblationSums:
 
     def update(self, features: Mapping[str, Any], rows: torch.Tensor) -> None:
         """Add a batch's rows of effects (``[N, U]`` each, ``class_delta`` ``[N, U, classes]``)."""
-        logit = features["logit_change"].to("cpu", torch.float64)
-        prob = features["prob_change"].to("cpu", torch.float64)
+        logit, prob = features["logit_change"], features["prob_change"]
+
+        def summed(values: torch.Tensor) -> torch.Tensor:  # over the rows, in float64, where they are; then here
+            return torch.sum(values, dim=0, dtype=torch.float64).cpu()
+
         added = {
             "count": torch.tensor(logit.shape[0], dtype=torch.int64),
-            "logit": logit.sum(dim=0),
-            "logit_squares": logit.square().sum(dim=0),
-            "prob": prob.sum(dim=0),
-            "prob_squares": prob.square().sum(dim=0),
-            "flips": features["flips"].to("cpu", torch.int64).sum(dim=0),
-            "kl": features["kl"].to("cpu", torch.float64).sum(dim=0),
-            "class": features["class_delta"].to("cpu", torch.float64).sum(dim=0),
+            "logit": summed(logit),
+            "logit_squares": summed(logit.double().square()),
+            "prob": summed(prob),
+            "prob_squares": summed(prob.double().square()),
+            "flips": torch.sum(features["flips"], dim=0, dtype=torch.int64).cpu(),
+            "kl": summed(features["kl"]),
+            "class": summed(features["class_delta"]),
         }
         self._add(added)
 

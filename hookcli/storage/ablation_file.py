@@ -5,7 +5,6 @@ metadata, and the dtype and shape of every tensor (from the header: nothing larg
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import numpy as np
@@ -19,6 +18,7 @@ from hookcli.storage.ablation_format import (
 )
 from hookcli.storage.fileformat import check_file_kind
 from hookcli.storage.reader import CheckedFile, FeatureReader
+from hookcli.storage.recorded_run import lenient_json
 
 __all__ = ["MOST_CLASSES", "MOST_UNITS", "AblationFile", "read_ablation"]
 
@@ -62,7 +62,7 @@ def read_ablation(features: FeatureReader) -> AblationFile:
         what="ablation file",
         again="ablate again with hookcli ablate",
     )
-    ablate = _json(features.metadata.get("ablate"))
+    ablate = lenient_json(features.metadata.get("ablate"))
     if not isinstance(ablate, dict) or not isinstance(ablate.get("key"), str):
         raise _damaged(name, "its 'ablate' metadata does not name the layer's key")
     key = ablate["key"]
@@ -81,10 +81,11 @@ def read_ablation(features: FeatureReader) -> AblationFile:
     read_units = features.read(ablation_key(key, "units"))
     if (read_units < 0).any() or len(np.unique(read_units)) != units:
         raise _damaged(name, f"'{ablation_key(key, 'units')}' does not list each unit once, counted from 0")
-    categories = _json(features.metadata.get("categories"))
-    named = isinstance(categories, list) and len(categories) == classes[1]
-    if not (named and all(isinstance(c, str) for c in categories)):
-        categories = None  # an output without class names (an embedding, a layer's), or names for another one
+    listed = lenient_json(features.metadata.get("categories"))
+    # None: an output without class names (an embedding, a layer's), or names of another output.
+    categories = listed if isinstance(listed, list) and len(listed) == classes[1] else None
+    if categories is not None and not all(isinstance(name, str) for name in categories):
+        categories = None
     return AblationFile(features, key, read_units, classes[1], categories, ablate)
 
 
@@ -95,13 +96,6 @@ def _checked(features: FeatureReader, key: str, field: str, dtype: str, shape: l
     if features.dtype(name) != dtype or (shape is not None and found != shape) or (shape is None and len(found) != 1):
         raise _damaged(features.name, f"'{name}' is {features.dtype(name)} {found}, not {dtype} {shape or '[units]'}")
     return found
-
-
-def _json(text: str | None) -> Any:
-    try:
-        return None if text is None else json.loads(text)
-    except (ValueError, RecursionError):
-        return None
 
 
 def _damaged(name: str, what: str) -> FeatureFileError:

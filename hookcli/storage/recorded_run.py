@@ -26,7 +26,16 @@ from hookcli.errors import FeatureFileError
 from hookcli.inputs.preprocess import Preprocess
 from hookcli.storage.fileformat import RunFacts, RunRecord
 
-__all__ = ["MOST_DEPTH", "RecordedRun", "bounded_json", "listed_inputs", "listed_skipped", "recorded_run"]
+__all__ = [
+    "MOST_DEPTH",
+    "RecordedRun",
+    "bounded_json",
+    "lenient_json",
+    "listed_inputs",
+    "listed_skipped",
+    "recorded_layers",
+    "recorded_run",
+]
 
 #: The deepest nesting of a metadata entry's JSON that is read (hookcli writes 3 at most).
 MOST_DEPTH = 8
@@ -73,6 +82,21 @@ def bounded_json(text: str, most_depth: int = MOST_DEPTH):
             for inner in (outer.values() if isinstance(outer, dict) else outer)
         ]
     return value
+
+
+def lenient_json(text: object) -> object:
+    """The value metadata ``text`` holds as JSON (:func:`bounded_json`), or None where it holds none."""
+    try:
+        return bounded_json(text) if isinstance(text, str) else None
+    except ValueError:
+        return None
+
+
+def recorded_layers(metadata: Mapping[str, str]) -> dict[str, str]:
+    """The key a file's run recorded for each module path (its ``layers`` table); empty where the table is absent
+    or not as hookcli writes it."""
+    table = _layer_table(lenient_json(metadata.get("layers", "{}")))
+    return {path: entry["key"] for path, entry in (table or {}).items()}
 
 
 def listed_inputs(metadata: Mapping[str, str], name: str) -> list[str]:

@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hookcli.errors import UsageProblem
 from hookcli.families import FamilyTraits, square_input
+from hookcli.files import regular_file_problem
 from hookcli.options.run import RunOptions
 from hookcli.run.commands.base import Planned, named_model, refuse_unsupported, selectors
 from hookcli.run.commands.gathering import Gathers
@@ -91,9 +93,6 @@ class Ablate(Gathers):
         gathering = AblationGathering(described["key"], units=described["units"], described=described)
         return self.gathering_writer(run, gathering, note)
 
-    def extras(self, opts: RunOptions) -> Mapping[str, Any]:
-        return {}
-
 
 def ablation_choice(opts: RunOptions) -> tuple[str, tuple[int, ...] | None, str | None]:
     """``(how, units, the file of a mean ablation)`` of the options; refused in one line when they are not one."""
@@ -102,6 +101,11 @@ def ablation_choice(opts: RunOptions) -> tuple[str, tuple[int, ...] | None, str 
         raise UsageProblem(
             f"--how takes zero, mean:FILE or resample, not '{opts.how}'",
             hint="mean:FILE reads each unit's mean from a stats file of the same model and layer",
+        )
+    problem = regular_file_problem(Path(file)) if file else None
+    if problem is not None:
+        raise UsageProblem(
+            f"--how '{opts.how}': '{file}' {problem}", hint="give the stats file of the same model and layer"
         )
     try:
         units = parse_units(opts.units) if opts.units else None
