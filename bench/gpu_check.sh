@@ -1,12 +1,16 @@
 #!/bin/bash
 # The GPU check: everything a GPU machine can tell that this project's CI cannot, in one run from the repository's
-# root:   bash bench/gpu_check.sh          (on a machine with an NVIDIA GPU; about 7 minutes on one H100)
+# root:   bash bench/gpu_check.sh          (on a machine with an NVIDIA GPU; at most about 10 minutes, each part cut
+#                                           at its own limit)
 #         bash bench/gpu_check.sh quick    (all of it small, on the CPU: to try the script before a GPU is at hand)
 # Prints, and keeps under $OUT (default /tmp/gpu-check): the machine; bench/gpu_bench.py on resnet50 (fp32, tf32,
-# bf16; CPU and device decoding); bench/preprocess_bench.py; CUDA results against CPU results (bench/gpu_exact.py);
+# bf16; CPU and device decoding); bench/preprocess_bench.py; the JPEG decoders that can feed a GPU
+# (bench/gpu_decoders.py: nvImageCodec's when its wheel is there); CUDA results against CPU results (bench/gpu_exact.py);
 # stats and compare against extract --pool avg (bench/gather_bench.py); the test suite with the default device
 # (CUDA there) under pytest-xdist, its failures listed. Wheels the machine lacks (PyAV, open_clip_torch...) may wait
-# in $WHEELS (default bench/whl/): they are installed into /tmp/site first.
+# in $WHEELS (default bench/whl/): they are installed into /tmp/site first. nvImageCodec's wheel
+# (nvidia-nvimgcodec-cu13, with nvidia-nvjpeg) may be cut to the Python that runs it (its other builds and codecs out)
+# to fit a transfer limit.
 set -u
 OUT=${OUT:-/tmp/gpu-check}; mkdir -p "$OUT"
 WHEELS=${WHEELS:-bench/whl}
@@ -15,6 +19,7 @@ if ls "$WHEELS"/*.whl >/dev/null 2>&1; then
     || echo "the wheels in $WHEELS did not install"
 fi
 export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 HOOKCLI_OFFLINE=1
+export LD_LIBRARY_PATH=/tmp/site/nvidia/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}  # nvJPEG's wheel, for nvImageCodec
 {
   nvidia-smi -L 2>/dev/null
   echo "cores: $(nproc)"
@@ -22,22 +27,28 @@ export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 H
 'torchvision', torchvision.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA')"
 } 2>&1 | tee "$OUT/machine.txt"
 if [ "${1:-}" = quick ]; then
-  IMAGES=64 BATCH=16 PHOTOS=4 GATHER=64 SUITE=60 DEVICE=cpu WORKERS=2 PRECISIONS=fp32,bf16
+  IMAGES=64 UNIQUE=32 JPEGS=32 BATCH=16 PHOTOS=4 GATHER=64 SUITE=60 DEVICE=cpu WORKERS=2 PRECISIONS=fp32,bf16 DECODERS=cpu
 else
-  IMAGES=4096 BATCH=256 PHOTOS=16 GATHER=2048 SUITE=300 DEVICE=cuda WORKERS=16 PRECISIONS=fp32,tf32,bf16
+  IMAGES=16384 UNIQUE=4096 JPEGS=2048 BATCH=256 PHOTOS=16 GATHER=2048 SUITE=200 DEVICE=cuda WORKERS=16 PRECISIONS=fp32,tf32,bf16 \
+    DECODERS=cpu,torchvision,nvimgcodec-hw,nvimgcodec-gpu,nvimgcodec-gpu-fancy,nvimgcodec-hybrid
 fi
 echo "=== bench/gpu_bench.py"
-timeout 200 python3 bench/gpu_bench.py --models resnet50 --images $IMAGES --batch-size $BATCH --device $DEVICE \
+timeout 130 python3 bench/gpu_bench.py --models resnet50 --images $IMAGES --unique $UNIQUE --batch-size $BATCH --device $DEVICE \
   --precisions $PRECISIONS 2>&1 | tee "$OUT/gpu_bench.txt"
 echo "=== bench/preprocess_bench.py"
-timeout 60 python3 bench/preprocess_bench.py --images 200 2>&1 | tee "$OUT/preprocess_bench.txt"
+timeout 35 python3 bench/preprocess_bench.py --images 200 --repeat 2 2>&1 | tee "$OUT/preprocess_bench.txt"
+echo "=== bench/gpu_decoders.py"
+timeout 45 python3 bench/gpu_decoders.py --images $JPEGS --batch-size $BATCH --device $DEVICE \
+  --decoders $DECODERS 2>&1 | grep -v "^\[" | tee "$OUT/gpu_decoders.txt"
 echo "=== CUDA against CPU"
-timeout 120 python3 bench/gpu_exact.py --device $DEVICE --photos $PHOTOS 2>&1 | tee "$OUT/exact.txt"
+timeout 80 python3 bench/gpu_exact.py --device $DEVICE --photos $PHOTOS 2>&1 | tee "$OUT/exact.txt"
 echo "=== stats and compare against extract --pool avg"
-timeout 120 python3 bench/gather_bench.py --photos $GATHER --batch-size 128 --repeat 1 2>&1 | tee "$OUT/gather.txt"
+timeout 90 python3 bench/gather_bench.py --photos $GATHER --batch-size 128 --repeat 1 2>&1 | tee "$OUT/gather.txt"
 echo "=== the suite, default device"
 if python3 -c "import xdist" 2>/dev/null; then parallel="-n $WORKERS"; else parallel=""; fi
-timeout -k 5 $SUITE python3 -m pytest -q $parallel -p no:cacheprovider --tb=short -o addopts="-rfE" \
+if python3 -c "import pytest_timeout" 2>/dev/null; then parallel="$parallel --timeout 100"; fi
+# SIGINT at the limit: pytest stops and still lists the failures it has seen
+timeout -s INT -k 10 $SUITE python3 -m pytest -q $parallel -p no:cacheprovider -p no:benchmark --tb=short -o addopts="-rfE" \
   --junitxml="$OUT/junit.xml" tests > "$OUT/pytest.txt" 2>&1
 echo "pytest exit $?"
 grep -E "^(FAILED|ERROR)" "$OUT/pytest.txt" | cut -c1-200 | head -60

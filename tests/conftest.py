@@ -34,6 +34,25 @@ os.environ.pop("HOOKCLI_DEBUG", None)
 for _name in [name for name in os.environ if name.startswith(("SLURM_", "RANK", "WORLD_SIZE", "LOCAL_"))]:
     del os.environ[_name]
 
+
+def _share_the_cores() -> None:
+    """Under pytest-xdist, each worker keeps its own slice of the cores (before torch starts its threads).
+
+    Otherwise every worker's torch uses every core, and each GPU run starts a decode process a core: 16 workers on
+    16 cores ran 256 threads and up to 240 decode processes, and tests ran out of time.
+    """
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    name = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if workers < 2 or not name.startswith("gw") or not hasattr(os, "sched_setaffinity"):
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    share = max(1, len(cores) // workers)
+    start = int(name[2:]) * share % len(cores)
+    os.sched_setaffinity(0, cores[start : start + share] or cores[:share])
+
+
+_share_the_cores()
+
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -215,8 +234,11 @@ _MEASURE = textwrap.dedent("""
 
 
 def _peak(*args) -> tuple[int, int, str]:
+    # No GPU in there: CUDA reserves its address space as it starts, so under the limit it fails to start, and
+    # what it kept leaves too little for the rest (what is measured here is the inputs' cost, on any machine).
+    environment = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     done = subprocess.run(
-        [sys.executable, "-c", _MEASURE, *map(str, args)], capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", _MEASURE, *map(str, args)], capture_output=True, text=True, timeout=300, env=environment
     )
     code, peak, stderr = done.stdout.rstrip("\n").split("\t")
     return int(code), int(peak), stderr
@@ -225,7 +247,7 @@ def _peak(*args) -> tuple[int, int, str]:
 @pytest.fixture
 def peak_of():
     """``peak_of(*args)``: exit code, peak memory in bytes and stderr (lines joined by `` | ``) of ``hookcli ARGS``
-    run in a process limited to 4 GiB of address space."""
+    run in a process limited to 4 GiB of address space, with no GPU."""
     return _peak
 
 

@@ -307,7 +307,8 @@ def test_plan_resolves_everything_once_and_is_frozen(images, tmp_path, monkeypat
     monkeypatch.chdir(tmp_path)
     run = hookcli.plan("grad", "resnet18", "layer4", images, output=DEFAULT_OUTPUT, weights="none", compile=True)
     assert run.output == Output("file", "resnet18-layer4.grad.safetensors")
-    assert (run.settings.memory_format, run.settings.workers, str(run.settings.device)) == ("channels_last", 0, "cpu")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    assert (run.settings.memory_format, run.settings.workers, str(run.settings.device)) == ("channels_last", 0, device)
     assert run.record.command == {"target": "top1"} and run.record.fuse is False
     with pytest.raises(dataclasses.FrozenInstanceError):
         run.force = True

@@ -109,7 +109,8 @@ def test_the_callers_model_comes_back_as_it_was_given(photo):
 def test_auto_runs_a_callers_model_where_it_sits():
     on_meta = torch.nn.Linear(2, 2, device="meta")
     assert resolve_device("auto", on_meta) == torch.device("meta")
-    assert resolve_device("auto", torch.nn.Linear(2, 2)) == torch.device("cpu")
+    best = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    assert resolve_device("auto", torch.nn.Linear(2, 2)) == best  # a model on the CPU goes where auto goes
     assert resolve_device("cpu", on_meta) == torch.device("cpu")
 
 

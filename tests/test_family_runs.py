@@ -147,7 +147,7 @@ def test_final_detections_are_stored_as_rows_of_their_own_lengths(tmp_path):
     loaded.module.roi_heads.score_thresh = 0.0  # random weights score low: keep everything they find
     loaded.module.roi_heads.detections_per_img = 5
     loaded.module.transform.min_size, loaded.module.transform.max_size = (64,), 96
-    features = hookcli.extract(loaded, "backbone.body.layer1", images, detections=True)
+    features = hookcli.extract(loaded, "backbone.body.layer1", images, detections=True, device="cpu")  # as below
     expected = loaded.module([F.convert_image_dtype(F.pil_to_tensor(Image.open(p)), torch.float) for p in images])
     assert [k for k in features.keys() if k.startswith("detections")] == [
         "detections#boxes",

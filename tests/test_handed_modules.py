@@ -187,6 +187,6 @@ def test_an_unknown_layer_of_a_module_points_at_hookcli_layers(photos):
 
 
 def test_a_module_is_fused_only_when_asked(photos):
-    many = photos * 4  # 16 inputs: a model built from a name fuses from here on
-    assert hookcli.extract(_net(), "fc", many, resize=32, crop=32).metadata["fused"] == "0"
-    assert hookcli.extract(_net(), "fc", many, resize=32, crop=32, fuse=True).metadata["fused"] == "1"
+    many = photos * 4  # 16 inputs: a model built from a name fuses from here on (on the CPU, where fusion is)
+    assert hookcli.extract(_net(), "fc", many, resize=32, crop=32, device="cpu").metadata["fused"] == "0"
+    assert hookcli.extract(_net(), "fc", many, resize=32, crop=32, device="cpu", fuse=True).metadata["fused"] == "1"

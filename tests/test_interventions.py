@@ -271,30 +271,57 @@ def test_compare_edits_the_first_side_only(photos):
     assert compared["linear-cka"].item() < 0.999
 
 
-def test_a_detection_backbones_edit_equals_a_hook_written_by_hand(tmp_path):
+@pytest.fixture(scope="module")
+def detection(tmp_path_factory):
+    """A detector's name, its backbone layer after the edited one, two noise images of other sizes, and a vector
+    file for the edited layer (``backbone.body.2``, 24 channels)."""
     from PIL import Image
 
-    from hookcli.models.loading import load_model
-
+    where = tmp_path_factory.mktemp("detection")
     rng = np.random.default_rng(0)
     images = []
     for n, size in enumerate([(64, 48), (40, 72)]):
-        images.append(tmp_path / f"{n}.png")
+        images.append(where / f"{n}.png")
         Image.fromarray(rng.integers(0, 255, size=(*size, 3), dtype=np.uint8)).save(images[-1])
-    name, layer = "fasterrcnn_mobilenet_v3_large_320_fpn", "backbone.body.3"
-    edited = hookcli.extract(name, layer, images, weights="none", device="cpu", intervene=["backbone.body.2:0:4=zero"])
+    save_file({"v": np.linspace(-1, 1, 48, dtype=np.float32).reshape(2, 24)}, str(where / "v.safetensors"))
+    return "fasterrcnn_mobilenet_v3_large_320_fpn", "backbone.body.3", images, where / "v.safetensors"
+
+
+# Not mean:FILE: it takes a stats file of the layer, and a detector's rows, each of its image's own size, give none.
+@pytest.mark.parametrize("edit", ["zero", "value", "scale", "clamp", "resample", "add"])
+def test_every_edit_of_a_detection_backbone_equals_a_hook_by_hand_in_memory_and_in_a_file(detection, tmp_path, edit):
+    from hookcli.models.loading import load_model
+
+    name, layer, images, vectors = detection
+    units = [0, 1, 2, 3]
+    specs = {
+        "zero": ("zero", lambda out: _set(out, units, 0.0)),
+        "value": ("value:0.75", lambda out: _set(out, units, 0.75)),
+        "scale": ("scale:-1.5", lambda out: _set(out, units, out[:, units] * -1.5)),
+        "clamp": ("clamp:0:0.05", lambda out: _set(out, units, out[:, units].clamp(0, 0.05))),
+        "resample": ("resample", lambda out: _set(out, units, out[partners(out.shape[0], 0)][:, units])),
+        "add": (f"add:{vectors}:v:1:2", lambda out: _set(out, units, out[:, units]
+                                                          + 2 * torch.linspace(-1, 1, 48)[24:28][None, :, None, None])),
+    }  # fmt: skip
+    spec, by_hand = specs[edit]
+    asked = [f"backbone.body.2:0:4={spec}"]
+    edited = hookcli.extract(name, layer, images, weights="none", device="cpu", intervene=asked)
     loaded = load_model(name, "none")
-    hook = loaded.module.get_submodule("backbone.body.2").register_forward_hook(
-        lambda m, i, out: _set(out.clone(), [0, 1, 2, 3], 0.0)
-    )
+    hook = loaded.module.get_submodule("backbone.body.2").register_forward_hook(lambda m, i, out: by_hand(out.clone()))
     try:
-        by_hand = hookcli.extract(loaded, layer, images, device="cpu")
+        expected = hookcli.extract(loaded, layer, images, device="cpu")
     finally:
         hook.remove()
     plain = hookcli.extract(name, layer, images, weights="none", device="cpu")
-    for row in range(2):
-        torch.testing.assert_close(edited.read(layer, row), by_hand.read(layer, row), rtol=0, atol=1e-6)
-        assert not np.allclose(edited.read(layer, row), plain.read(layer, row))
+    written = hookcli.extract(
+        name, layer, images, weights="none", device="cpu", intervene=asked, output=tmp_path / "f.safetensors"
+    )
+    with hookcli.open_features(written) as read:
+        for row in range(2):
+            torch.testing.assert_close(edited.read(layer, row), expected.read(layer, row), rtol=0, atol=1e-5)
+            assert np.array_equal(read.read(layer, row), edited.read(layer, row))
+            assert not np.allclose(edited.read(layer, row), plain.read(layer, row))
+        assert json.loads(read.metadata["interventions"])["edits"][0]["edit"] == edit
 
 
 def _vit():

@@ -18,6 +18,7 @@ from hookcli.run.settings import RunSettings
 from hookcli.run.speed import FUSE_FROM, resolve_settings, to_memory_format
 
 SMALL = {"resize": 64, "crop": 64}
+CPU = {**SMALL, "device": "cpu"}  # fusion is the CPU's (a GPU machine's default device runs unfused)
 
 
 @pytest.fixture
@@ -50,11 +51,11 @@ def _by_hand(loaded, layer, paths, memory_format):
 
 
 def test_a_short_run_runs_the_model_as_written_and_a_long_one_fuses(loaded, images, many):
-    short = hookcli.plan("extract", loaded, "layer2", images[:1], **SMALL)
-    long = hookcli.plan("extract", loaded, "layer2", many, **SMALL)
+    short = hookcli.plan("extract", loaded, "layer2", images[:1], **CPU)
+    long = hookcli.plan("extract", loaded, "layer2", many, **CPU)
     assert (short.settings.fuse, short.record.fuse, short.forward) == (False, False, EagerForward)
     assert (long.settings.fuse, long.record.fuse, long.forward) == (True, True, FusedForward)
-    assert hookcli.plan("extract", loaded, "layer2", many[:-1], **SMALL).settings.fuse is False
+    assert hookcli.plan("extract", loaded, "layer2", many[:-1], **CPU).settings.fuse is False
 
     one = hookcli.execute(short)
     assert (one.facts.fused, one.metadata["fused"], one.metadata["memory_format"]) == (0, "0", "channels_last")
@@ -65,17 +66,17 @@ def test_a_short_run_runs_the_model_as_written_and_a_long_one_fuses(loaded, imag
     expected = _by_hand(loaded, "layer2", many, "channels_last")
     difference = (rows["layer2"] - expected).norm() / expected.norm()
     assert 0 < difference < 1e-6  # other kernels, the same values to fp32 rounding
-    unfused = hookcli.extract(loaded, "layer2", many, fuse=False, **SMALL)
+    unfused = hookcli.extract(loaded, "layer2", many, fuse=False, **CPU)
     assert unfused.facts.fused == 0 and torch.equal(unfused["layer2"], expected)
 
 
 def test_fuse_and_no_fuse_override_the_run_size(loaded, images, many):
-    forced = hookcli.plan("extract", loaded, "layer2", images[:1], fuse=True, **SMALL)
-    refused = hookcli.plan("extract", loaded, "layer2", many, fuse=False, **SMALL)
+    forced = hookcli.plan("extract", loaded, "layer2", images[:1], fuse=True, **CPU)
+    refused = hookcli.plan("extract", loaded, "layer2", many, fuse=False, **CPU)
     assert (forced.forward, forced.record.fuse) == (FusedForward, True)
     assert (refused.forward, refused.record.fuse) == (EagerForward, False)
     assert hookcli.execute(forced).metadata["fused"] == "5"
-    one = hookcli.extract(loaded, "layer2", images[:1], **SMALL)
+    one = hookcli.extract(loaded, "layer2", images[:1], **CPU)
     fused = hookcli.execute(forced)
     torch.testing.assert_close(fused["layer2"], one["layer2"], rtol=1e-5, atol=1e-5)
     assert not torch.equal(fused["layer2"], one["layer2"])  # fused kernels did run
@@ -87,7 +88,7 @@ def test_settings_decide_fusion_from_the_whole_run_also_when_it_resumes(loaded, 
     assert resolve_settings(RunSettings(), loaded, FUSE_FROM).fuse is True
     assert resolve_settings(RunSettings(fuse=False), loaded, 1000).fuse is False
     # The last image of a long run, resumed on its own, still runs fused, as the rest of the run did.
-    settings = RunSettings(preprocess=loaded.preprocess.replace(**SMALL))
+    settings = RunSettings(device="cpu", preprocess=loaded.preprocess.replace(**SMALL))
     (batch,) = iter_batches(loaded, {"layer2": "layer2"}, many, settings, order=[[FUSE_FROM - 1]])
     assert (batch.indices, batch.facts.fused) == ([FUSE_FROM - 1], 5)
 
@@ -110,7 +111,8 @@ def test_a_list_read_from_stdin_is_counted_before_the_choice(runner, resnet18_ar
     out = tmp_path / "stdin.safetensors"
     result = runner.invoke(
         main,
-        resnet18_args("extract", "-l", "layer2", "--resize", "64", "--crop", "64", "-o", str(out), "-"),
+        resnet18_args("extract", "-l", "layer2", "--resize", "64", "--crop", "64", "--device", "cpu", "-o", str(out))
+        + ["-"],
         input="".join(f"{p}\n" for p in many),
     )
     assert result.exit_code == 0, result.output

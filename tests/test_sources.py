@@ -28,7 +28,7 @@ open_clip = pytest.importorskip("open_clip")
 transformers.utils.logging.disable_progress_bar()
 transformers.utils.logging.set_verbosity_error()
 
-EXACT = {"memory_format": "contiguous", "fuse": False}
+EXACT = {"memory_format": "contiguous", "fuse": False, "device": "cpu"}  # to the bit, as by hand here on the CPU
 FACTORY = """
 import torch.nn as nn
 
@@ -347,14 +347,16 @@ def test_timm_runs_into_a_shard_folder_and_resumes(runner, images, tmp_path):
 def test_timm_bf16_and_channels_last_run_and_stay_close(photo):
     loaded = load_model("timm:test_resnet", "none")
     exact = hookcli.extract(loaded, "layer2", photo, **EXACT)
-    fast = hookcli.extract(loaded, "layer2", [photo] * 2, precision="bf16", memory_format="channels_last", fuse=True)
+    fast = hookcli.extract(
+        loaded, "layer2", [photo] * 2, precision="bf16", memory_format="channels_last", fuse=True, device="cpu"
+    )
     assert fast.metadata["memory_format"] == "channels_last" and int(fast.metadata["fused"]) > 0
     torch.testing.assert_close(fast["layer2"][0].float(), exact["layer2"][0], atol=0.1, rtol=0.05)
 
 
 def test_an_untraceable_model_says_it_runs_unfused(photo, factory_file):
     features = hookcli.extract(
-        f"{factory_file}:branchy", "body.1", [photo] * 2, fuse=True, resize=40, crop=32, mean=0.5, std=0.5
+        f"{factory_file}:branchy", "body.1", [photo] * 2, fuse=True, resize=40, crop=32, mean=0.5, std=0.5, device="cpu"
     )
     assert features.notes == (
         "--fuse: Branchy cannot be traced by torch.fx, so it runs unfused (the values are the same)",
@@ -758,7 +760,7 @@ def test_timm_norms_with_their_activation_inside_fuse(photo):
     loaded = load_model("timm:test_efficientnet", "none")
     layers = ["blocks.1.0.bn1.act", "blocks.2"]
     exact = hookcli.extract(loaded, layers, [photo] * 2, **EXACT)
-    fused = hookcli.extract(loaded, layers, [photo] * 2, memory_format="contiguous", fuse=True)
+    fused = hookcli.extract(loaded, layers, [photo] * 2, memory_format="contiguous", fuse=True, device="cpu")
     assert int(fused.metadata["fused"]) == 3 and exact.metadata["fused"] == "0"  # 0 before BatchNormAct2d fused
     for key in ("blocks.1.0.bn1.act", "blocks.2"):  # the hooked activation inside a BatchNormAct2d still fires
         torch.testing.assert_close(fused[key], exact[key], rtol=1e-4, atol=1e-4)

@@ -19,12 +19,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
-import torchvision
 from torch import nn
 
 from hookcli.errors import CaptureError, UsageProblem
@@ -33,6 +31,7 @@ from hookcli.run import speed
 from hookcli.run.batches import batch_device
 from hookcli.run.capture import preserved_mode
 from hookcli.run.edits import first_missing, partners
+from hookcli.run.replay import Kept, repeated, traced
 from hookcli.statistics.units import UnitLayout
 from hookcli.storage.fileformat import RunFacts
 
@@ -74,7 +73,7 @@ class UnitAblation:
                 f"--effect-on {effect_on} is the ablated layer itself",
                 hint="measure a layer after it, or leave --effect-on out for the model's output",
             )
-        self.graph = _traced(model, {layer} | ({effect_on} if effect_on != "." else set()))
+        self.graph = traced(model, {layer} | ({effect_on} if effect_on != "." else set()))
         self.traced = self.graph is not None
         #: The nodes before the layer's, and those of them the part after it reads (parameters aside).
         self._before: list[Any] = []
@@ -190,7 +189,7 @@ class UnitAblation:
         """What the part after the layer reads of the traced model's values on ``batch`` (the other nodes before the
         layer's hold None, there only so that a replay skips them), and its output."""
         assert self.graph is not None, "the traced path"
-        interpreter = _Kept(self.graph)
+        interpreter = Kept(self.graph)
         output = interpreter.run(batch)
         kept = {self._layer_node, *self._read_after, *([self._effect_node] if self._effect_node is not None else [])}
         env = {node: interpreter.env[node] if node in kept else None for node in (*self._before, *kept)}
@@ -204,9 +203,9 @@ class UnitAblation:
         count = copies.shape[0] // rows
         initial: dict[Any, Any] = {node: env[node] for node in self._before}
         for node in self._read_after:  # what the part after the layer reads of the part before, copied as rows are
-            initial[node] = _repeated(env[node], count, rows)
+            initial[node] = repeated(env[node], count, rows)
         initial[layer_node] = copies
-        interpreter = _Kept(self.graph)
+        interpreter = Kept(self.graph)
         output = interpreter.run(*(initial[node] for node in self._placeholders), initial_env=initial)
         return output if self._effect_node is None else interpreter.env[self._effect_node]
 
@@ -238,13 +237,6 @@ class UnitAblation:
         return output if self.effect_on == "." else kept["effect"]
 
 
-class _Kept(torch.fx.Interpreter):
-    """An interpreter that keeps every value it computes (``env``), for the part after the layer to read."""
-
-    def __init__(self, graph_module: torch.fx.GraphModule) -> None:
-        super().__init__(graph_module, garbage_collect_values=False)
-
-
 def _never_runs(layer: str) -> UsageProblem:
     return UsageProblem(
         f"ablate: the forward never runs {layer}",
@@ -259,20 +251,10 @@ def _runs_before(effect_on: str, layer: str) -> UsageProblem:
     )
 
 
-def _repeated(value: Any, count: int, rows: int) -> Any:
-    """``value`` copied ``count`` times along its first axis when it holds the batch's rows (a tensor, or a tuple
-    or list of them); anything else as it is."""
-    if isinstance(value, torch.Tensor):
-        return value.repeat(count, *([1] * (value.dim() - 1))) if value.dim() and value.shape[0] == rows else value
-    if isinstance(value, tuple | list):
-        return type(value)(_repeated(item, count, rows) for item in value)
-    return value
-
-
 def _repeated_input(batch: Any, copies: torch.Tensor) -> Any:
     """The batch copied as many times as the layer's copies hold copies of its rows."""
     rows = batch.shape[0] if isinstance(batch, torch.Tensor) else len(batch)
-    return _repeated(batch, copies.shape[0] // rows, rows)
+    return repeated(batch, copies.shape[0] // rows, rows)
 
 
 def _logits(output: Any, effect_on: str) -> torch.Tensor:
@@ -315,23 +297,6 @@ def _changes(outputs: torch.Tensor) -> dict[str, torch.Tensor]:
         "kl": kl.T,
         CLASS_DELTA: delta.transpose(0, 1),
     }
-
-
-def _traced(model: nn.Module, keep: set[str]) -> torch.fx.GraphModule | None:
-    """A GraphModule of ``model`` with the modules of ``keep`` as leaves (those it calls), or None when it cannot be
-    traced."""
-
-    class Tracer(torch.fx.Tracer):
-        def is_leaf_module(self, module: nn.Module, qualified_name: str) -> bool:
-            return qualified_name in keep or super().is_leaf_module(module, qualified_name)
-
-    try:
-        tracer = Tracer(autowrap_modules=(math, torchvision.ops))  # type: ignore[arg-type]
-        graph = tracer.trace(model)
-        graph_module = torch.fx.GraphModule(tracer.root, graph, type(model).__name__)
-    except Exception:  # Python control flow on tensor values, unsupported calls: the model runs whole
-        return None
-    return graph_module
 
 
 class AblationForward:

@@ -139,7 +139,8 @@ class GatheredStats:
                     raise CaptureError(
                         f"'{key}' has rows of their own shapes (a detection or segmentation model's images differ "
                         "in size): statistics need every row of a layer in one shape",
-                        hint="give the model inputs of one size (--resize and --crop), or choose another layer",
+                        hint="give a segmentation model inputs of one size (--resize and --crop); a detector sizes "
+                        "each image itself: choose another layer or model",
                     )
                 # Each shard and key draws its own random choices, the same whichever process computes it.
                 layout = self.gathering.layout(key, value.shape[1:])

@@ -42,6 +42,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from hookcli.errors import FeatureFileError
+from hookcli.version import __version__
 
 __all__ = [
     "DETECTIONS",
@@ -505,9 +506,9 @@ _SOURCE_PACKAGES = {"timm": "timm", "hf": "transformers", "open_clip": "open_cli
 
 
 def _versions(model: str = "") -> dict[str, str]:
-    found = {}
     source = _SOURCE_PACKAGES.get(model.partition(":")[0])
-    for package in ("hookcli", "torch", "torchvision", "safetensors", "pillow", *([source] if source else [])):
+    found = {"hookcli": __version__}  # the running code's, also when it runs from a source tree uninstalled
+    for package in ("torch", "torchvision", "safetensors", "pillow", *([source] if source else [])):
         try:
             found[package] = version(package)
         except PackageNotFoundError:
