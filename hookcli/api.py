@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 from hookcli.errors import UsageProblem, check_whole
 from hookcli.events import Note
 from hookcli.families import family_traits
+from hookcli.inputs.pairs import given_pairs, interleaved
 from hookcli.models.catalog import choose_model, describe_models
 from hookcli.options.compare import COMPARE_OPTIONS, CompareOptions
 from hookcli.options.grid import GridOptions, drawing_options
@@ -89,6 +90,7 @@ __all__ = [
     "info",
     "layers",
     "models",
+    "patch",
     "report",
     "stats",
 ]
@@ -271,23 +273,17 @@ def compare(
 ) -> Features | Path:
     """How alike representations are, every one of a side against every one of the other: ``hookcli compare``.
 
-    Either models run over ``inputs`` in one pass (``model`` and ``layers``,
-    against ``model2`` and ``layers2`` with ``weights2`` and ``seed2``, each
-    the first's when None, or against themselves), with the run options of
-    :func:`extract` (no ``capture``, ``pool``, ``dtype``, ``grid``,
-    ``detections``, ``flow``); or saved ``features`` (a file, a
-    shard folder, ``-`` or what :func:`extract` returns; tensors ``keys``)
-    against ``features2`` (tensors ``keys2``) or themselves, with
-    ``batch_size``, ``force``, ``shard_size`` and ``part``. How: ``method``
-    (``"linear-cka"``, ``"minibatch-cka"``, ``"rsa"``), ``pool`` (``"avg"``,
-    ``"max"``, ``"none"``; the method's default when None), ``debiased``, ``rsa_rows``,
-    ``rsa_distance``, ``rsa_compare``, ``save_rdms``
-    (:data:`hookcli.options.compare.COMPARE_OPTIONS`). In memory
-    (``output=None``) a mapping whose ``method`` key is the float64 matrix,
-    rows and columns labelled in ``.metadata["rows"]`` and ``["columns"]``;
-    with ``output="cka.safetensors"`` the file, whose path is returned (see
-    :mod:`hookcli.storage.compare_format`). ``merge``: linear-cka files made
-    over disjoint inputs, merged into one as if one run had seen them all.
+    Either models run over ``inputs`` in one pass (``model`` and ``layers``, against ``model2`` and ``layers2`` with
+    ``weights2`` and ``seed2``, each the first's when None, or against themselves), with the run options of
+    :func:`extract` (no ``capture``, ``pool``, ``dtype``, ``grid``, ``detections``, ``flow``); or saved ``features``
+    (a file, a shard folder, ``-`` or what :func:`extract` returns; tensors ``keys``) against ``features2`` (tensors
+    ``keys2``) or themselves, with ``batch_size``, ``force``, ``shard_size`` and ``part``. How: ``method``
+    (``"linear-cka"``, ``"minibatch-cka"``, ``"rsa"``), ``pool`` (``"avg"``, ``"max"``, ``"none"``; the method's
+    default when None), ``debiased``, ``rsa_rows``, ``rsa_distance``, ``rsa_compare``, ``save_rdms``
+    (:data:`hookcli.options.compare.COMPARE_OPTIONS`). In memory (``output=None``) a mapping whose ``method`` key is
+    the float64 matrix, rows and columns labelled in ``.metadata["rows"]`` and ``["columns"]``; with
+    ``output="cka.safetensors"`` the file, whose path is returned (see :mod:`hookcli.storage.compare_format`).
+    ``merge``: linear-cka files made over disjoint inputs, merged into one as if one run had seen them all.
 
     >>> import json, numpy as np
     >>> from hookcli.storage.features import Features
@@ -346,8 +342,7 @@ def ablate(
     options: RunOptions | None = None,
     **keywords: Any,
 ) -> Features | Path:
-    """Each unit of ``layer`` ablated alone, and what that does to the model's output over ``inputs``:
-    ``hookcli ablate``.
+    """Each unit of ``layer`` ablated alone, and what that does to the model's output: ``hookcli ablate``.
 
     For each unit (``units``: ``"K"``, ``"A:B"``, ``"K,L,M"``; default every one), ablated as ``how`` says
     (``"zero"``, ``"mean:FILE"`` with a stats file of the same layer, ``"resample"``), the mean and spread of the
@@ -365,6 +360,32 @@ def ablate(
     return _never_none(_run("ablate", model, layer, inputs, output, _given(options, keywords), progress))
 
 
+def patch(
+    model: Model,
+    layers: Layers,
+    pairs: str | os.PathLike[str] | Sequence[tuple[Any, Any]] | None = None,
+    *,
+    pairs_from: tuple[str | os.PathLike[str], str | os.PathLike[str]] | None = None,
+    output: Output = None,
+    progress: Progress = None,
+    options: RunOptions | None = None,
+    **keywords: Any,
+) -> Features | Path:
+    """Activation patching over pairs of inputs: ``hookcli patch``.
+
+    ``pairs``: a pairs file (a pair a line: a source's path, a tab, the target's) or a list of ``(source, target)``;
+    or ``pairs_from``: two folders paired in order of name. For each pair and layer (``positions=True``: each
+    position of it), the target runs with the layer's output taken from the source's; the file holds how far that
+    moves m = z[y_s] − z[y_t] (:mod:`hookcli.storage.patch_format`). Options: those of :func:`ablate` that apply.
+
+    >>> photo = __import__("matplotlib.cbook").cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)
+    >>> patch("resnet18", "layer4", [(photo, photo)], weights="none", resize=64, crop=64)["layer4@change"].tolist()
+    [0.0]
+    """
+    inputs = interleaved(given_pairs(pairs, pairs_from))
+    return _never_none(_run("patch", model, layers, inputs, output, _given(options, keywords), progress))
+
+
 #: The keywords of :func:`compare` that say how to compare (the rest are the run's).
 _COMPARING = tuple(option.name for option in COMPARE_OPTIONS)
 
@@ -380,17 +401,14 @@ def grid(
 ) -> dict[str, np.ndarray] | list[Path]:
     """Feature-map pictures of saved features: ``hookcli grid``.
 
-    ``source``: a file, a shard folder, ``-`` (stdin), or features in memory
-    (what :func:`extract` returns). Options: ``keys``, ``images``,
-    ``channels`` (``"0:64"``), ``top``, ``columns``, ``padding``, ``cmap``,
-    ``scale``, ``min_tile``, ``title``, ``overlay``, ``alpha``,
-    ``overlay_cmap`` (see :class:`~hookcli.options.grid.GridOptions`). In memory
-    (``output=None``): a dict of file name → ``uint8 [H, W, 3]`` pixels;
-    with ``output=DIR``: the PNGs, and their paths are returned. A statistics
-    file (what :func:`stats` writes or returns) gives a picture a layer and
-    channel: its dataset examples (:mod:`hookcli.pictures.stats_grids`); a
-    comparison file (what :func:`compare` writes or returns) one heatmap of its
-    matrix, named after the file (:mod:`hookcli.pictures.compare_grids`).
+    ``source``: a file, a shard folder, ``-`` (stdin), or features in memory (what :func:`extract` returns).
+    Options: ``keys``, ``images``, ``channels`` (``"0:64"``), ``top``, ``columns``, ``padding``, ``cmap``,
+    ``scale``, ``min_tile``, ``title``, ``overlay``, ``alpha``, ``overlay_cmap`` (see
+    :class:`~hookcli.options.grid.GridOptions`). In memory (``output=None``): a dict of file name → ``uint8 [H, W,
+    3]`` pixels; with ``output=DIR``: the PNGs, and their paths are returned. A statistics file (what :func:`stats`
+    writes or returns) gives a picture a layer and channel: its dataset examples
+    (:mod:`hookcli.pictures.stats_grids`); a comparison file (what :func:`compare` writes or returns) one heatmap of
+    its matrix, named after the file (:mod:`hookcli.pictures.compare_grids`).
 
     >>> import tempfile
     >>> photo = __import__("matplotlib.cbook").cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)

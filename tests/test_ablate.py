@@ -116,6 +116,27 @@ def test_each_units_effects_equal_hooks_written_by_hand(photos, tmp_path, how):
             torch.testing.assert_close(found[f"block@{field}"][row], value, rtol=1e-4, atol=1e-5, msg=field)
 
 
+class InPlace(Residual):
+    """The residual added in place onto the ablated layer's output (a method call, which torch.fx keeps in place)."""
+
+    def forward(self, x):
+        x = torch.relu(self.stem(x))
+        out = self.block(x)
+        out.add_(x)
+        return self.head(self.after(torch.relu(out)).mean(dim=(2, 3)))
+
+
+def test_an_in_place_add_after_the_ablated_layer_does_not_reach_what_is_ablated(photos):
+    torch.manual_seed(0)
+    net = InPlace().eval()
+    batch = _inputs(net, photos)
+    with torch.no_grad():
+        logits = torch.cat([net(rows) for rows in batch.split(SMALL["batch_size"])])
+    found = hookcli.ablate(net, "block", photos, units="2", **SMALL)
+    expected = _expected(logits, _ablated_by_hand(net, batch, "block", 2, _zero))
+    torch.testing.assert_close(found["block@class_effect"][0], expected["class_effect"], rtol=1e-4, atol=1e-5)
+
+
 def _set_unit(out, unit, value):
     out[:, unit] = value
     return out

@@ -169,6 +169,8 @@ LAZY_IMPORTS = {
             ("ablate", "hookcli.run.ablation"),
             ("ablate", "hookcli.run.edits"),
             ("ablate", "hookcli.statistics.ablation"),
+            ("patch", "hookcli.run.patching"),
+            ("patch", "hookcli.statistics.patching"),
         )
     },
     ("hookcli.api", "hookcli.run.request"): "models and layers answer without the run's checks (about 25 ms)",

@@ -120,6 +120,7 @@ DOCUMENTED_ORDER = [
     "stats",
     "compare",
     "ablate",
+    "patch",
     "grid",
     "report",
     "info",

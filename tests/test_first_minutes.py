@@ -218,7 +218,7 @@ def test_an_unreadable_image_in_a_folder_names_on_error_skip(runner, images, tmp
         (
             ["grid", "f.safetensors", "--layer", "layer1"],
             "No such option: --layer (it belongs to 'hookcli ablate', 'hookcli extract', 'hookcli grad', "
-            "'hookcli cam', 'hookcli stats' and 'hookcli compare'). Hint: see 'hookcli grid --help'",
+            "'hookcli cam', 'hookcli stats', 'hookcli compare' and 'hookcli patch'). Hint: see 'hookcli grid --help'",
         ),
         (
             ["grad", "--no-fuse", "img.png"],
@@ -301,7 +301,7 @@ def test_contributing_says_how_long_the_tests_take_and_what_the_browser_test_nee
 def test_the_commands_page_and_the_readme_name_every_command_the_cli_has():
     commands = set(main.commands)
     page = (ROOT / "docs" / "commands.md").read_text()
-    numbers = {"eight": 8, "nine": 9, "ten": 10, "eleven": 11, "twelve": 12}
+    numbers = {"eight": 8, "nine": 9, "ten": 10, "eleven": 11, "twelve": 12, "thirteen": 13}
     count = re.search(r"hookcli has (\w+) commands", page)
     assert count is not None and numbers.get(count[1]) == len(commands)
     assert set(re.findall(r"^## `hookcli (\w+)`", page, flags=re.MULTILINE)) == commands

@@ -192,25 +192,27 @@ def clip_options(function):
     return _options(function, _declared("clip_length", "frame_stride", "clips_per_video"))
 
 
-def run_options(function=None, *, stored: str = "what is stored is --dtype", edited: bool = True):
+def run_options(function=None, *, stored: str = "what is stored is --dtype", edited: bool = True, paired: bool = False):
     """Device, batching, decode workers, inputs and their errors, overwriting, interventions, progress.
 
     ``stored`` ends the help of --precision: what the command stores, whatever the compute precision. ``edited``:
-    the command's forward may be compiled or edited (--compile, --intervene, --capture-edited).
+    the command's forward may be compiled or edited (--compile, --intervene, --capture-edited). ``paired``: its
+    inputs come in pairs from options of its own (no IMAGES, --recursive or --on-error: a pair is never split).
     """
     if function is None:
-        return lambda f: run_options(f, stored=stored, edited=edited)
+        return lambda f: run_options(f, stored=stored, edited=edited, paired=paired)
+    inputs = () if paired else ("recursive", "on_error")
     return _options(
         function,
         [
             *_declared("device", "batch_size"),
             declared_option(declared("precision"), stored=stored),
-            *_declared("memory_format", *(("compile",) if edited else ()), "workers", "recursive", "on_error", "force"),
+            *_declared("memory_format", *(("compile",) if edited else ()), "workers", *inputs, "force"),
             *(_declared("intervene", "capture_edited") if edited else ()),
             click.option(
                 "--quiet", "-q", is_flag=True, help="No progress bar, and no notes of images decoded though damaged."
             ),
-            click.argument("images", nargs=-1),
+            *(() if paired else (click.argument("images", nargs=-1),)),
         ],
     )
 

@@ -80,7 +80,7 @@ SCALES = ("channel", "grid")
 #: Above this many images, a run whose output is left to its default writes a shard folder instead of one file.
 LARGE_INPUT = 10_000
 #: The commands that run a model over inputs.
-RUN_COMMANDS = ("extract", "grad", "cam", "stats", "compare", "ablate")
+RUN_COMMANDS = ("extract", "grad", "cam", "stats", "compare", "ablate", "patch")
 
 #: What a run over saved features takes of a run's options: how to batch and share them out; ``stats`` also what
 #: to gather.
@@ -88,9 +88,9 @@ SAVED_RUN_OPTIONS = ("batch_size", "force", "shard_size", "part", "incomplete")
 
 _ALL, _ROWS, _GRADIENTS = RUN_COMMANDS, ("extract", "grad"), ("grad", "cam")
 #: Options of the commands that go through many inputs in shards: the rows of extract and grad, the statistics,
-#: comparisons and ablations; of the commands that run the forward as extract does; and of those whose forward
-#: may be compiled or edited (ablate runs its own, cut at the ablated layer).
-_SHARDED = ("extract", "grad", "stats", "compare", "ablate")
+#: comparisons, ablations and patches; of the commands that run the forward as extract does; and of those whose
+#: forward may be compiled or edited (ablate and patch run their own, cut at the layers they change).
+_SHARDED = ("extract", "grad", "stats", "compare", "ablate", "patch")
 _EDITED = ("extract", "grad", "cam", "stats", "compare")
 _EXTRACTING = ("extract", "stats", "compare")
 
@@ -299,7 +299,7 @@ class RunOptions(StatsOptions):
                 "then merged in order (give one for many processes: they share its shards) [an eighth of the "
                 "inputs, 256 at least, in whole batches].",
             )
-            for command in ("stats", "compare", "ablate")
+            for command in ("stats", "compare", "ablate", "patch")
         ),
         kind="int",
         low=1,
@@ -317,7 +317,7 @@ class RunOptions(StatsOptions):
                 "process holds; the one that finishes the last merges them into OUTPUT [from torchrun or Slurm when "
                 "they start it].",
             )
-            for command in ("stats", "compare", "ablate")
+            for command in ("stats", "compare", "ablate", "patch")
         ),
     )
     fuse: bool | None = option(
@@ -453,6 +453,14 @@ class RunOptions(StatsOptions):
         default=".",
         metavar="LAYER",
         show_default=True,
+    )
+    positions: bool = option(
+        ("--positions",),
+        "Patch each position of a layer's output alone (a map's pixels, a clip's voxels, a sequence's tokens), not "
+        "the whole output: the file holds a map of effects a layer.",
+        ("patch",),
+        kind="flag",
+        default=False,
     )
     intervene: tuple[str, ...] = option(
         ("--intervene",),

@@ -53,6 +53,7 @@ from hookcli.pictures.compare_grids import draw_compare_grids
 from hookcli.pictures.drawing import render_picture
 from hookcli.pictures.file_names import capped, file_stems, safe_name
 from hookcli.pictures.grid_job import DEFAULT_MAPS, GridJob
+from hookcli.pictures.patch_grids import draw_patch_grids
 from hookcli.pictures.png import save_png
 from hookcli.pictures.reading import (
     BOXES,
@@ -80,6 +81,7 @@ from hookcli.pictures.stats_grids import draw_stats_grids
 from hookcli.storage.ablation_format import is_ablation
 from hookcli.storage.compare_format import is_comparison
 from hookcli.storage.fileformat import DETECTIONS
+from hookcli.storage.patch_format import is_patch
 from hookcli.storage.reader import FeatureReader
 from hookcli.storage.stats_format import is_stats
 
@@ -434,7 +436,8 @@ def draw_grids(
     as :class:`Note` s. A statistics file's pictures are its channels' dataset
     examples (:func:`~hookcli.pictures.stats_grids.draw_stats_grids`), a comparison file's one heatmap of its
     matrix (:func:`~hookcli.pictures.compare_grids.draw_compare_grids`), an ablation file's one of its units and
-    classes (:func:`~hookcli.pictures.ablation_grids.draw_ablation_grids`).
+    classes (:func:`~hookcli.pictures.ablation_grids.draw_ablation_grids`), a patching file's of its effects
+    (:func:`~hookcli.pictures.patch_grids.draw_patch_grids`).
     """
     if is_stats(features.metadata):
         return draw_stats_grids(features, options, output, force=force, progress=progress)
@@ -442,6 +445,8 @@ def draw_grids(
         return draw_compare_grids(features, options, output, force=force, progress=progress)
     if is_ablation(features.metadata):
         return draw_ablation_grids(features, options, output, force=force, progress=progress)
+    if is_patch(features.metadata):
+        return draw_patch_grids(features, options, output, force=force, progress=progress)
     emit = progress or (lambda event: None)
     jobs = plan_grids(features, options, output, force=force)
     for text in (*getattr(features, "reading_notes", ()), *jobs.notes):

@@ -66,6 +66,7 @@ from hookcli.pictures.html import (
     pager,
     report_page,
 )
+from hookcli.pictures.patch_reports import write_patch_report
 from hookcli.pictures.reading import input_names, select_rows
 from hookcli.pictures.sections import ImageSections, ReportTensor, report_tensors
 from hookcli.pictures.stats_reports import write_stats_report
@@ -73,6 +74,7 @@ from hookcli.pictures.summary import describe_file
 from hookcli.storage.ablation_format import is_ablation
 from hookcli.storage.compare_format import is_comparison
 from hookcli.storage.fileformat import INDEX_NAME
+from hookcli.storage.patch_format import is_patch
 from hookcli.storage.reader import FeatureReader
 from hookcli.storage.stats_format import is_stats
 
@@ -121,7 +123,8 @@ def write_report(
     :class:`~hookcli.events.Wrote` (``index.html``). A statistics file's report shows its layers' channels
     (:func:`~hookcli.pictures.stats_reports.write_stats_report`, ``page_size`` channels a page); a comparison file's is
     one page of its matrix (:func:`~hookcli.pictures.compare_reports.write_compare_report`); an ablation file's one page
-    of its units (:func:`~hookcli.pictures.ablation_reports.write_ablation_report`).
+    of its units (:func:`~hookcli.pictures.ablation_reports.write_ablation_report`); a patching file's one page of its
+    effects (:func:`~hookcli.pictures.patch_reports.write_patch_report`).
     """
     if is_ablation(features.metadata):
         return write_ablation_report(features, output, options, page_size=page_size, force=force, progress=progress)
@@ -134,6 +137,8 @@ def write_report(
         return write_stats_report(features, output, options, page_size=page_size, force=force, progress=progress)
     if is_comparison(features.metadata):
         return write_compare_report(features, output, options, page_size=page_size, force=force, progress=progress)
+    if is_patch(features.metadata):
+        return write_patch_report(features, output, options, page_size=page_size, force=force, progress=progress)
     emit = progress or (lambda event: None)
     page_size = DEFAULT_PAGE_SIZE if page_size is None else page_size
     check_whole("page_size", page_size, 1, MAX_PAGE_SIZE)

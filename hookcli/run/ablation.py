@@ -17,7 +17,6 @@ each chunk, its inputs copied (the same numbers, more time), and says so.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -27,13 +26,9 @@ from torch import nn
 
 from hookcli.errors import CaptureError, UsageProblem
 from hookcli.families import channels_last_output
-from hookcli.run import speed
-from hookcli.run.batches import batch_device
-from hookcli.run.capture import preserved_mode
 from hookcli.run.edits import first_missing, partners
-from hookcli.run.replay import Kept, repeated, traced
+from hookcli.run.replay import Kept, ReplayForward, repeated, traced
 from hookcli.statistics.units import UnitLayout
-from hookcli.storage.fileformat import RunFacts
 
 __all__ = ["CHUNK_BYTES", "CLASS_DELTA", "ROW_FIELDS", "AblationForward", "UnitAblation", "ablation_forward"]
 
@@ -189,10 +184,11 @@ class UnitAblation:
         """What the part after the layer reads of the traced model's values on ``batch`` (the other nodes before the
         layer's hold None, there only so that a replay skips them), and its output."""
         assert self.graph is not None, "the traced path"
-        interpreter = Kept(self.graph)
+        interpreter = Kept(self.graph, copied={self._layer_node})
         output = interpreter.run(batch)
         kept = {self._layer_node, *self._read_after, *([self._effect_node] if self._effect_node is not None else [])}
         env = {node: interpreter.env[node] if node in kept else None for node in (*self._before, *kept)}
+        env[self._layer_node] = interpreter.copies[self._layer_node]  # as the layer returned it
         return env, output
 
     def _replayed(self, env: Mapping[Any, Any], copies: torch.Tensor) -> Any:
@@ -218,7 +214,7 @@ class UnitAblation:
         modules = dict(self.model.named_modules())
 
         def at_layer(module: nn.Module, inputs: Any, output: Any) -> Any:
-            kept["layer"] = output
+            kept["layer"] = output.clone() if isinstance(output, torch.Tensor) else output  # before in-place ops
             kept.setdefault("first", "layer")
             return copies
 
@@ -299,36 +295,23 @@ def _changes(outputs: torch.Tensor) -> dict[str, torch.Tensor]:
     }
 
 
-class AblationForward:
-    """The forward strategy of ``ablate`` (a :data:`~hookcli.run.forwards.ForwardFactory`'s): called with a batch on
-    the device, returns the rows of :meth:`UnitAblation.effects` and no targets."""
+class AblationForward(ReplayForward):
+    """The forward strategy of ``ablate``: each batch's rows are those of :meth:`UnitAblation.effects`."""
 
     def __init__(
         self, model: nn.Module, layers: Mapping[str, str], settings: Any, on_note: Any = None, **ablating: Any
     ) -> None:
         (layer,) = layers
-        self.layer, self.settings = layer, settings
+        super().__init__(model, settings, [layer])
         self.ablation = UnitAblation(model, layer, **ablating)
-        self._stack = contextlib.ExitStack()
-        self._stack.enter_context(preserved_mode(model))
         if not self.ablation.traced and on_note is not None:
             on_note(
                 f"{type(model).__name__} cannot be traced by torch.fx, so the layers before {layer} run again for "
                 "each chunk of units (the values are the same)"
             )
 
-    def __enter__(self) -> AblationForward:
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        self._stack.close()
-
-    def __call__(self, batch: Any) -> tuple[dict[str, torch.Tensor], None]:
-        with torch.inference_mode(), speed.compute_precision(self.settings.precision, batch_device(batch)):
-            return self.ablation.effects(batch), None
-
-    def facts(self) -> RunFacts:
-        return RunFacts(calls={self.layer: 1})
+    def measure(self, batch: Any) -> dict[str, torch.Tensor]:
+        return self.ablation.effects(batch)
 
 
 def ablation_forward(**ablating: Any) -> Callable[..., AblationForward]:

@@ -7,21 +7,38 @@ every value runs it once on a batch, and a later run starts from a layer's node 
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import torch
 import torchvision
 from torch import nn
 
-__all__ = ["Kept", "repeated", "taken", "traced"]
+from hookcli.run import speed
+from hookcli.run.batches import batch_device
+from hookcli.run.capture import preserved_mode
+from hookcli.storage.fileformat import RunFacts
+
+__all__ = ["Kept", "ReplayForward", "repeated", "taken", "traced"]
 
 
 class Kept(torch.fx.Interpreter):
-    """An interpreter that keeps every value it computes (``env``), for a later run to start from."""
+    """An interpreter that keeps every value it computes (``env``), for a later run to start from, and a copy of the
+    values of the nodes ``copied`` as they were computed (``copies``): an in-place operation after a layer (a
+    ``ReLU(inplace=True)``, a residual ``+=``) changes the value ``env`` holds, not its copy."""
 
-    def __init__(self, graph_module: torch.fx.GraphModule) -> None:
+    def __init__(self, graph_module: torch.fx.GraphModule, copied: Collection[Any] = ()) -> None:
         super().__init__(graph_module, garbage_collect_values=False)
+        self.copied = set(copied)
+        self.copies: dict[Any, Any] = {}
+
+    def run_node(self, node: Any) -> Any:
+        value = super().run_node(node)
+        if node in self.copied:
+            self.copies[node] = value.clone() if isinstance(value, torch.Tensor) else value
+        return value
 
 
 def traced(model: nn.Module, keep: set[str]) -> torch.fx.GraphModule | None:
@@ -59,3 +76,31 @@ def taken(value: Any, index: torch.Tensor, rows: int) -> Any:
     if isinstance(value, tuple | list):
         return type(value)(taken(item, index, rows) for item in value)
     return value
+
+
+class ReplayForward:
+    """A forward strategy (a :data:`~hookcli.run.forwards.ForwardFactory`'s) that measures each batch itself
+    (:meth:`measure`): the model stays in eval mode for the run, each batch runs under inference mode in the run's
+    precision, and it returns the measures' rows and no targets."""
+
+    def __init__(self, model: nn.Module, settings: Any, layers: Sequence[str]) -> None:
+        self.settings, self.layers = settings, list(layers)
+        self._stack = contextlib.ExitStack()
+        self._stack.enter_context(preserved_mode(model))
+
+    def __enter__(self) -> ReplayForward:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self._stack.close()
+
+    def __call__(self, batch: Any) -> tuple[dict[str, torch.Tensor], None]:
+        with torch.inference_mode(), speed.compute_precision(self.settings.precision, batch_device(batch)):
+            return self.measure(batch), None
+
+    def measure(self, batch: Any) -> dict[str, torch.Tensor]:
+        """The rows the command gathers, of ``batch`` on the device."""
+        raise NotImplementedError
+
+    def facts(self) -> RunFacts:
+        return RunFacts(calls=dict.fromkeys(self.layers, 1))

@@ -10,13 +10,14 @@ from hookcli.run.commands.cam import Cam
 from hookcli.run.commands.compare import Compare
 from hookcli.run.commands.extract import Extract
 from hookcli.run.commands.grad import Grad
+from hookcli.run.commands.patch import Patch
 from hookcli.run.commands.stats import Stats
 
 __all__ = ["COMMANDS", "Command", "command_named"]
 
 #: Every command that runs a model, by name.
 COMMANDS: dict[str, Command] = {
-    command.name: command for command in (Extract(), Grad(), Cam(), Stats(), Compare(), Ablate())
+    command.name: command for command in (Extract(), Grad(), Cam(), Stats(), Compare(), Ablate(), Patch())
 }
 
 

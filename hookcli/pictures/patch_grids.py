@@ -1,0 +1,178 @@
+"""``hookcli grid`` on a patching file: how far each patch moved the target's output toward the source's.
+
+Layers patched whole make one heatmap: a row a layer, a column for the mean over the pairs, then one a pair (the
+first ``--top``, :data:`DEFAULT_PAIRS` when not given). Layers patched position by position make a picture each:
+the map of the mean effect, then each pair's map (the first ``--top``, :data:`DEFAULT_MAPS`), side by side; a
+sequence's tokens are a strip, a clip's frames side by side. Each cell is the effect (0: the patch changed
+nothing, 1: it moved m as far as the source's), on a diverging colormap centred on 0 (``--cmap`` chooses another)
+whose ends are the largest effect shown, 1 at least; undefined effects (a pair of one class) are hatched.
+
+>>> shown_range(np.array([0.2, np.nan, -1.5]))
+1.5
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from hookcli.console import printable
+from hookcli.errors import UsageProblem
+from hookcli.events import Advanced, Event, Started, Wrote
+from hookcli.files import check_folder_output, refuse_existing
+from hookcli.options.declaring import declared as declared_in
+from hookcli.options.grid import GRID_OPTIONS, GridOptions
+from hookcli.pictures.compare_grids import DIVERGING, labelled, matrix_cells
+from hookcli.pictures.file_names import safe_name
+from hookcli.pictures.png import save_png
+from hookcli.pictures.render import PAD_COLOR, add_colorbar, add_title, check_cmap
+from hookcli.pictures.text import ink, number, text_bitmap
+from hookcli.storage.patch_file import PatchFile, read_patch
+from hookcli.storage.reader import FeatureReader
+
+__all__ = ["DEFAULT_MAPS", "DEFAULT_PAIRS", "check_patch_options", "draw_patch_grids", "patch_pictures", "shown_range"]
+
+#: Pairs drawn when ``--top`` is not given: columns of the whole layers' heatmap, and maps beside the mean.
+DEFAULT_PAIRS = 32
+DEFAULT_MAPS = 8
+#: A map's longer side is about this many pixels, in cells of at most :data:`_MAX_CELL`; the heatmap's.
+_MAP_SIDE, _SIDE, _MAX_CELL = 160, 640, 48
+_GAP, _LABEL_SIZE = 10, 13
+#: Options of grid that choose what a features file has and a patching file has not.
+_REFUSED = ("keys", "images", "channels", "frame", "overlay")
+_SCALE_TEXT = "effect: 0 nothing, 1 as far as the source"
+
+
+def shown_range(values: np.ndarray) -> float:
+    """The colour scale's end: the largest absolute defined value, 1 at least."""
+    finite = np.abs(values[np.isfinite(values)])
+    return max(1.0, float(finite.max())) if finite.size else 1.0
+
+
+def draw_patch_grids(
+    features: FeatureReader,
+    options: GridOptions,
+    output: str | os.PathLike | None,
+    *,
+    force: bool = False,
+    progress: Callable[[Event], None] | None = None,
+) -> dict[str, np.ndarray] | list[Path]:
+    """grid's pictures of a patching file, written under ``output`` (their paths returned) or, with
+    ``output=None``, returned by file name as ``uint8 [H, W, 3]`` pixels."""
+    emit = progress or (lambda event: None)
+    patched = read_patch(features)
+    check_patch_options(patched, options)
+    names = _picture_names(patched)
+    folder = None if output is None else check_folder_output(output)
+    if folder is not None:
+        refuse_existing([folder / name for name in names], force=force)
+    emit(Started(total=len(names)))
+    found: dict[str, np.ndarray] = {}
+    written: list[Path] = []
+    for name, pixels in zip(names, patch_pictures(patched, options), strict=True):
+        if folder is None:
+            found[name] = pixels
+        else:
+            save_png(pixels, folder / name, force=force)
+            written.append(folder / name)
+            emit(Wrote(folder / name))
+        emit(Advanced(1))
+    return found if folder is None else written
+
+
+def check_patch_options(patched: PatchFile, options: GridOptions) -> None:
+    """Refuse the options that choose what a features file has and a patching file has not, and unknown colormaps."""
+    for name in _REFUSED:
+        given = getattr(options, name)
+        if given is not None and given is not False and given != ():
+            raise UsageProblem(
+                f"{declared_in(name, GRID_OPTIONS).flags[0]} does not apply to a patching file ('{patched.name}' "
+                "holds effects of layers and pairs)",
+                hint="choose how many pairs with --top, or leave it out",
+            )
+    check_cmap(options.cmap or DIVERGING)
+
+
+def patch_pictures(patched: PatchFile, options: GridOptions) -> list[np.ndarray]:
+    """The pictures ``grid`` draws of ``patched``, in the order of :func:`_picture_names`."""
+    whole = [key for key in patched.keys if not patched.positions[key]]
+    pictures = [_heatmap(patched, whole, options)] if whole else []
+    return pictures + [_maps(patched, key, options) for key in patched.keys if patched.positions[key]]
+
+
+def _picture_names(patched: PatchFile) -> list[str]:
+    path = Path(patched.name)
+    stem = (safe_name(path.name.removesuffix(".safetensors")) if path.is_file() else "") or "patch"
+    whole = any(not patched.positions[key] for key in patched.keys)
+    return [f"{stem}.png"] * whole + [f"{stem}__{safe_name(key)}.png" for key in patched.keys if patched.positions[key]]
+
+
+def _heatmap(patched: PatchFile, keys: list[str], options: GridOptions) -> np.ndarray:
+    """Layers patched whole: their mean effect, then each pair's, a row a layer."""
+    count = min(patched.pairs, options.top or DEFAULT_PAIRS)
+    values = np.stack(
+        [np.concatenate([[patched.read(key, "mean_effect")], patched.read(key, "effect")[:count]]) for key in keys]
+    )
+    limit = shown_range(values)
+    cmap = check_cmap(options.cmap or DIVERGING)
+    cell = max(1, min(_MAX_CELL, _SIDE // max(values.shape)))
+    cells = matrix_cells(values / limit, (-1.0, 1.0), cmap, cell, numbers=False)
+    if options.plain:
+        return cells
+    pixels = labelled(cells, cell, [printable(key) for key in keys], ["mean", *(f"{i}" for i in range(count))])
+    if options.title:
+        pixels = add_title(pixels, _title(patched, count, "layers patched whole: the mean, then each pair"))
+    return add_colorbar(pixels, cmap, number(-limit), number(limit), _SCALE_TEXT)
+
+
+def _maps(patched: PatchFile, key: str, options: GridOptions) -> np.ndarray:
+    """A layer patched position by position: the mean effect's map, then each pair's."""
+    count = min(patched.pairs, options.top or DEFAULT_MAPS)
+    maps = [patched.read(key, "mean_effect"), *patched.read(key, "effect")[:count]]
+    maps = [_flat(values) for values in maps]
+    limit = shown_range(np.concatenate([values.ravel() for values in maps]))
+    cmap = check_cmap(options.cmap or DIVERGING)
+    height, width = maps[0].shape
+    cell = max(1, min(_MAX_CELL, _MAP_SIDE // max(height, width)))
+    tiles = [matrix_cells(values / limit, (-1.0, 1.0), cmap, cell, numbers=False) for values in maps]
+    if options.plain:
+        return _side_by_side(tiles, [None] * len(tiles))
+    labels: list[str | None] = ["mean", *(f"pair {i}" for i in range(count))]
+    pixels = _side_by_side(tiles, labels)
+    if options.title:
+        pixels = add_title(pixels, _title(patched, count, f"{printable(key)} patched a position at a time"))
+    return add_colorbar(pixels, cmap, number(-limit), number(limit), _SCALE_TEXT)
+
+
+def _flat(values: np.ndarray) -> np.ndarray:
+    """A map as rows and columns: a sequence's tokens as one row, a clip's frames side by side."""
+    if values.ndim == 1:
+        return values[None, :]
+    if values.ndim == 3:
+        return np.concatenate(list(values), axis=1)
+    return values
+
+
+def _side_by_side(tiles: list[np.ndarray], labels: list[str | None]) -> np.ndarray:
+    """The tiles in a row, ``_GAP`` apart, each under its label."""
+    marks = [text_bitmap(label, _LABEL_SIZE) if label else None for label in labels]
+    header = max((mark.shape[0] for mark in marks if mark is not None), default=0)
+    header += 4 if header else 0
+    height = header + max(tile.shape[0] for tile in tiles)
+    widths = [max(tile.shape[1], 0 if mark is None else mark.shape[1]) for tile, mark in zip(tiles, marks, strict=True)]
+    canvas = np.full((height + 2 * _GAP, sum(widths) + _GAP * (len(tiles) + 1), 3), PAD_COLOR, dtype=np.uint8)
+    left = _GAP
+    for tile, mark, width in zip(tiles, marks, widths, strict=True):
+        if mark is not None:
+            ink(canvas, mark, _GAP, left)
+        canvas[_GAP + header : _GAP + header + tile.shape[0], left : left + tile.shape[1]] = tile
+        left += width + _GAP
+    return canvas
+
+
+def _title(patched: PatchFile, shown: int, what: str) -> list[str]:
+    pairs = f"{patched.pairs:,} pair{'s' if patched.pairs != 1 else ''}"
+    return [what, f"{pairs} ({shown:,} shown), measured by m = z[source's class] - z[target's class]"]

@@ -1,0 +1,79 @@
+"""``hookcli patch``: activation patching over pairs of inputs (:mod:`hookcli.run.patching`, gathered by
+:class:`~hookcli.statistics.patching.PatchGathering`). The inputs are the pairs in order, a source then its target."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from hookcli.errors import UsageProblem
+from hookcli.families import FamilyTraits, square_input
+from hookcli.options.run import RunOptions
+from hookcli.run.commands.base import Planned, named_model, refuse_unsupported, selectors
+from hookcli.run.commands.gathering import Gathers
+from hookcli.run.selectors import resolve_layers
+from hookcli.run.settings import RunSettings
+
+if TYPE_CHECKING:
+    from hookcli.models.loaded import LoadedModel
+    from hookcli.run.targets import Target
+    from hookcli.storage.rows_writer import RowsWriter
+
+__all__ = ["Patch"]
+
+_WHOLE_PAIRS = "patch runs pairs, a source then its target, and a batch or shard must hold whole pairs"
+
+
+class Patch(Gathers):
+    """Gathers, pair by pair, how far patching each layer of the target with the source's moves its output."""
+
+    name = "patch"
+    named = ".patch"
+    fuses = False
+
+    def check_family(self, family: str, traits: FamilyTraits) -> None:
+        if traits.output != "logits":
+            raise refuse_unsupported(
+                self.name, family, "patch measures the logit of the source's class less the target's (classifiers)"
+            )
+        if traits.videos:  # a video gives a row a clip, so rows would not keep to pairs
+            raise refuse_unsupported(self.name, family, "patch pairs images: patch frames saved as images instead")
+
+    def check_output(self, kind: str, path: str | None, opts: RunOptions) -> None:
+        if opts.batch_size % 2:
+            raise UsageProblem(
+                f"--batch-size {opts.batch_size}: {_WHOLE_PAIRS}", hint=f"give --batch-size {opts.batch_size + 1}"
+            )
+        if opts.shard_size is not None and opts.shard_size % 2:
+            raise UsageProblem(
+                f"--shard-size {opts.shard_size}: {_WHOLE_PAIRS}", hint=f"give --shard-size {opts.shard_size + 1}"
+            )
+        if opts.on_error != "fail":
+            raise UsageProblem(
+                "patch cannot skip an unreadable image: its pair would lose its other half",
+                hint="leave --on-error out (fail), and mend or leave out the pair",
+            )
+
+    def parts(
+        self, loaded: LoadedModel, layers: Any, settings: RunSettings, opts: RunOptions, target: Target | None
+    ) -> tuple[dict[str, str], Callable[..., Any], dict[str, str]]:
+        from hookcli.run.patching import patch_forward
+
+        selected = resolve_layers(loaded.module, selectors(layers), model_name=named_model(loaded))
+        if "" in selected:
+            raise UsageProblem(
+                "patch: the model itself is not a layer to patch (its output is what is measured)",
+                hint="give the module paths of layers inside it (hookcli layers lists them)",
+            )
+        described = {"layers": list(selected), "keys": dict(selected), "positions": opts.positions}
+        forward = patch_forward(
+            positions=opts.positions, prefix_tokens=loaded.prefix_tokens, square=square_input(settings.preprocess)
+        )
+        return selected, forward, {"patch": json.dumps(described)}
+
+    def writer(self, run: Planned, note: Callable[[str], None]) -> RowsWriter:
+        from hookcli.statistics.patching import PatchGathering
+
+        described = json.loads(run.record.command["patch"])
+        return self.gathering_writer(run, PatchGathering(described["keys"], described=described), note)
