@@ -65,6 +65,7 @@ _PUBLIC = {
     "open_features": "hookcli.storage.shards",
     "plan": "hookcli.run.plan",
     "report": "hookcli.api",
+    "rollout": "hookcli.statistics.rollout",
     "resolve_layers": "hookcli.run.selectors",
     "ShardedFeatures": "hookcli.storage.shards",
     "stats": "hookcli.api",
@@ -103,6 +104,7 @@ __all__ = [
     "plan",
     "report",
     "resolve_layers",
+    "rollout",
     "stats",
 ]
 

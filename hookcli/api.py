@@ -373,10 +373,10 @@ def patch(
 ) -> Features | Path:
     """Activation patching over pairs of inputs: ``hookcli patch``.
 
-    ``pairs``: a pairs file (a pair a line: a source's path, a tab, the target's) or a list of ``(source, target)``;
-    or ``pairs_from``: two folders paired in order of name. For each pair and layer (``positions=True``: each
-    position of it), the target runs with the layer's output taken from the source's; the file holds how far that
-    moves m = z[y_s] − z[y_t] (:mod:`hookcli.storage.patch_format`). Options: those of :func:`ablate` that apply.
+    ``pairs``: a pairs file (a source's path, a tab, the target's, a line each) or ``[(source, target), ...]`` image
+    paths; or ``pairs_from``: two folders, their n-th images paired. Each layer (or each position of it, ``positions``)
+    of each target runs taken from its source; the file holds how far m = z[y_s] − z[y_t] moves (see
+    :mod:`hookcli.storage.patch_format`). Options: those of :func:`extract`, ``positions``, ``shard_size``, ``part``.
 
     >>> photo = __import__("matplotlib.cbook").cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)
     >>> patch("resnet18", "layer4", [(photo, photo)], weights="none", resize=64, crop=64)["layer4@change"].tolist()

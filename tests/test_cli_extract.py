@@ -301,7 +301,8 @@ def test_errors_are_one_line_with_a_hint(runner, resnet18_args, images, tmp_path
             ["extract", "-c", str(bad_preset), str(images[0])],
             2,
             f"Error: config '{bad_preset}' has an unknown option 'layer_s'. Hint: did you mean 'layer'? valid options: "
-            "batch_size, capture, capture_edited, clip_length, clips_per_video, compile, crop, decode, detections, "
+            "attention, batch_size, capture, capture_edited, clip_length, clips_per_video, compile, crop, decode, "
+            "detections, "
             "device, dtype, fast_decode, flow, force, frame_stride, fuse, grid, interpolation, intervene, layer, mean, "
             "memory_format, model, on_error, output, pair_with, pool, precision, quiet, recursive, resize, seed, "
             "shard_size, std, weights, workers",

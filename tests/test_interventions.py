@@ -122,7 +122,7 @@ def test_a_bad_spec_is_one_line_saying_why(spec, why):
         ("0:0,5=resample", lambda out: _set(out, [0, 5], out[partners(out.shape[0], 0)][:, [0, 5]])),
     ],
 )
-def test_each_edit_equals_a_hook_written_by_hand(photos, spec, edit):
+def test_each_edit_equals_a_hook_written_by_hand(photos, tmp_path, spec, edit):
     net = _cnn()
     batch = _inputs(net, photos)
     found = hookcli.extract(net, ["0", "2"], photos, intervene=[spec], **SMALL)
@@ -130,6 +130,10 @@ def test_each_edit_equals_a_hook_written_by_hand(photos, spec, edit):
     torch.testing.assert_close(found["2"], expected, rtol=0, atol=1e-6)
     plain = hookcli.extract(net, "0", photos, **SMALL)["0"]
     assert torch.equal(found["0"], plain)  # the edited layer's capture is what it returned
+    written = hookcli.extract(net, ["0", "2"], photos, intervene=[spec], output=tmp_path / "f.safetensors", **SMALL)
+    with hookcli.open_features(written) as read:
+        assert np.array_equal(read.read("2"), found["2"].numpy())
+        assert json.loads(read.metadata["interventions"])["edits"][0]["layer"] == "0"
 
 
 def test_resample_pairs_each_row_with_another_row_of_its_batch():

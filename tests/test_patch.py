@@ -235,8 +235,10 @@ def test_the_command_line_patches_pairs_from_two_folders_and_draws_a_map_a_layer
          "Hint: pairs are made in order of name, so the two folders must hold as many images"),
         ([], "Error: patch takes its pairs from --pairs FILE or --pairs-from SOURCES TARGETS: one of them. Hint: "
          "hookcli patch --help shows both"),
+        (["--pairs-from", "{nested}", "{other}"], "Error: --pairs-from: no images found in folder '{nested}'. Hint: "
+         "--pairs-from reads a folder's own images, not its sub-folders"),
     ],
-    ids=["odd-batch", "odd-shard", "missing-input", "bad-line", "unequal-folders", "no-pairs"],
+    ids=["odd-batch", "odd-shard", "missing-input", "bad-line", "unequal-folders", "no-pairs", "sub-folders"],
 )  # fmt: skip
 def test_bad_pairs_and_options_are_refused_in_one_line(runner, images, tmp_path, args, message):
     paths = {
@@ -245,7 +247,10 @@ def test_bad_pairs_and_options_are_refused_in_one_line(runner, images, tmp_path,
         "bad": tmp_path / "bad.txt",
         "folder": tmp_path / "a",
         "other": tmp_path / "b",
+        "nested": tmp_path / "n",
     }
+    (paths["nested"] / "inner").mkdir(parents=True)
+    (paths["nested"] / "inner" / "0.png").write_bytes(images[0].read_bytes())
     paths["pairs"].write_text(f"{images[0]}\t{images[1]}\n")
     paths["missing"].write_text(f"{images[0]}\t{images[1]}\n{images[2]}\tnowhere.png\n")
     paths["bad"].write_text(f"{images[0]}\n")
@@ -287,6 +292,11 @@ def test_what_cannot_be_patched_is_refused_before_the_run(images, tmp_path):
     with pytest.raises(HookcliError) as refused:
         hookcli.patch(_net(), "0", [(images[0],)], **SMALL)
     assert refused.value.message == f"a pair is a source and a target, not {(images[0],)!r}"
+    with pytest.raises(HookcliError) as refused:
+        hookcli.patch(_net(), "0", [(images[0], images[0].parent)], **SMALL)  # a folder would shift every pair
+    assert refused.value.message == f"pair 0: '{images[0].parent}' is not one image"
+    with pytest.raises(TypeError, match="^patch\\(\\) got an unexpected keyword argument 'on_error'"):
+        hookcli.patch(_net(), "0", pair, on_error="skip", **SMALL)  # a pair is never split
     with pytest.raises(HookcliError) as refused:
         hookcli.patch(_net(), "0", pair, pairs_from=(images[0].parent, images[0].parent), **SMALL)
     assert refused.value.message.startswith("patch takes its pairs from a pairs file, a list of pairs or two folders")

@@ -166,6 +166,7 @@ def layers(model, weights, seed, input_size, frames, depth, as_json, as_nl) -> N
 @model_options
 @click.option("--layer", "-l", multiple=True, required=True, metavar="SELECTOR", help=LAYER_HELP)
 @run_option("capture")
+@run_option("attention")
 @preprocess_options
 @rows_output_options
 @run_option("pool")

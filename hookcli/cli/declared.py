@@ -205,7 +205,8 @@ def run_options(function=None, *, stored: str = "what is stored is --dtype", edi
     return _options(
         function,
         [
-            *_declared("device", "batch_size"),
+            *_declared("device"),
+            declared_option(declared("batch_size"), command="patch" if paired else ""),
             declared_option(declared("precision"), stored=stored),
             *_declared("memory_format", *(("compile",) if edited else ()), "workers", *inputs, "force"),
             *(_declared("intervene", "capture_edited") if edited else ()),

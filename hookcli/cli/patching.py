@@ -7,7 +7,6 @@ import click
 from hookcli.cli.app import main
 from hookcli.cli.declared import (
     CONTEXT_SETTINGS,
-    clip_options,
     config_option,
     model_options,
     preprocess_options,
@@ -29,13 +28,15 @@ __all__ = ["patch"]
 @click.option(
     "--pairs",
     metavar="FILE",
-    help="The pairs: a line each, the source's path, a tab (or spaces), the target's; # starts a comment.",
+    help="The pairs: a line each, the source's path, a tab (or spaces, where neither path holds one), the "
+    "target's; blank lines and lines starting with # are skipped.",
 )
 @click.option(
     "--pairs-from",
     nargs=2,
     metavar="SOURCES TARGETS",
-    help="The pairs: the images of two folders, paired in order of name.",
+    help="The pairs: the n-th image of SOURCES with the n-th of TARGETS, each folder's own images sorted by name "
+    "(names need not match).",
 )
 @run_option("positions")
 @preprocess_options
@@ -43,11 +44,11 @@ __all__ = ["patch"]
     "--output",
     "-o",
     metavar="FILE",
-    help="The effects' file [<model>-<layer>.patch.safetensors]; its parts are kept beside it until it is complete.",
+    help="The effects' file [<model>-<layer>.patch.safetensors, or <model>-<n>layers.patch.safetensors]; its parts "
+    "are kept beside it until it is complete.",
 )
 @run_option("shard_size", "patch")
 @run_option("part", "patch")
-@clip_options
 @run_options(stored="the measures are float64, from float32 outputs", edited=False, paired=True)
 def patch(**options) -> None:
     """Patch layers of each pair's target with its source's activations, and measure how far its output moves.
@@ -58,10 +59,11 @@ def patch(**options) -> None:
     m = z[y_s] - z[y_t], the logit of the class predicted for the source less
     the one predicted for the target: LAYER@change is how much the patch moves
     m, LAYER@effect that change over m(source) - m(target) (0: nothing, 1: as
-    far as the source), LAYER@mean_effect its mean over the pairs. The layers
-    before a layer run once a batch. Like stats, it streams, resumes after an
-    interruption, and any number of processes share one run and write the same
-    file.
+    far as the source), LAYER@mean_effect its mean over the pairs where it is
+    defined. Batches and shards hold whole pairs: --batch-size and --shard-size
+    must be even. The layers before a patched layer run once a batch, not once
+    a patch. Like stats, it streams, resumes after an interruption, and any
+    number of processes share one run and write the same file.
 
     \b
       hookcli patch -m resnet18 -l layer3 -l layer4 --pairs pairs.txt -o patch.safetensors

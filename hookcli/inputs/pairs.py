@@ -58,7 +58,8 @@ def read_pairs(path: str | os.PathLike[str]) -> list[tuple[os.PathLike[str], os.
         pair = read_pair_line(line)
         if pair is None:
             raise InputError(f"pairs file '{os.fspath(path)}' line {number} does not hold two paths", hint=_FORMAT_HINT)
-        pairs.append((_one_image(pair[0], path, number), _one_image(pair[1], path, number)))
+        where = f"pairs file '{os.fspath(path)}' line {number}"
+        pairs.append((_one_image(pair[0], where), _one_image(pair[1], where)))
     if not pairs:
         raise InputError(f"pairs file '{os.fspath(path)}' lists no pairs", hint=_FORMAT_HINT)
     return pairs
@@ -73,7 +74,12 @@ def pairs_from_folders(
     for folder in (sources, targets):
         if not Path(folder).is_dir():
             raise InputError(f"--pairs-from: '{os.fspath(folder)}' is not a folder", hint="give two folders of images")
-        found.append(gather_inputs([os.fspath(folder)]))
+        try:
+            found.append(gather_inputs([os.fspath(folder)]))
+        except InputError as err:
+            raise InputError(
+                f"--pairs-from: {err.message}", hint="--pairs-from reads a folder's own images, not its sub-folders"
+            ) from None
     if len(found[0]) != len(found[1]):
         raise InputError(
             f"--pairs-from: '{os.fspath(sources)}' holds {len(found[0]):,} images and '{os.fspath(targets)}' "
@@ -99,10 +105,11 @@ def given_pairs(
     if isinstance(pairs, str | os.PathLike):
         return list(read_pairs(pairs))
     listed = []
-    for pair in pairs or ():
+    for number, pair in enumerate(pairs or ()):
         if not isinstance(pair, tuple | list) or len(pair) != 2:
             raise UsageProblem(f"a pair is a source and a target, not {pair!r}", hint="give [(source, target), ...]")
-        listed.append((pair[0], pair[1]))
+        where = f"pair {number}"
+        listed.append((_one_image(os.fspath(pair[0]), where), _one_image(os.fspath(pair[1]), where)))
     return listed
 
 
@@ -116,15 +123,13 @@ def interleaved(pairs: Sequence[tuple[os.PathLike[str] | str, os.PathLike[str] |
     return inputs
 
 
-def _one_image(name: str, listing: str | os.PathLike[str], number: int) -> os.PathLike[str]:
-    """The one image ``name`` names (a file, or an archive's member); refused, with where it was read, otherwise."""
+def _one_image(name: str, where: str) -> os.PathLike[str]:
+    """The one image ``name`` names (a file, or an archive's member); refused, saying ``where`` it was given,
+    otherwise (a folder or an archive would shift every pair after it)."""
     try:
         found = gather_inputs([name])
     except InputError as err:
-        raise InputError(f"pairs file '{os.fspath(listing)}' line {number}: {err.message}", hint=err.hint) from None
+        raise InputError(f"{where}: {err.message}", hint=err.hint) from None
     if len(found) != 1 or Path(name).is_dir():
-        raise InputError(
-            f"pairs file '{os.fspath(listing)}' line {number}: '{name}' is not one image",
-            hint="each side of a pair is one image file",
-        )
+        raise InputError(f"{where}: '{name}' is not one image", hint="each side of a pair is one image file")
     return found[0]

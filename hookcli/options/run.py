@@ -27,6 +27,7 @@ from pathlib import Path
 from hookcli.errors import RANGE_HINT, UsageProblem
 from hookcli.files import regular_file_problem
 from hookcli.options.declaring import Option, check_flags, check_value, declarations, option
+from hookcli.options.effects import EffectOptions
 from hookcli.options.stats import StatsOptions
 from hookcli.parsing import Part, check_normalisation, parse_device, parse_levels, parse_part, parse_triple
 
@@ -58,7 +59,9 @@ __all__ = [
 ]
 
 #: What ``--capture`` saves of each layer.
-CAPTURE_KINDS = ("output", "input", "both")
+CAPTURE_KINDS = ("output", "input", "both", "attention")
+#: What ``--capture attention`` keeps of each row's weights ``[heads, queries, keys]`` (``--attention``).
+ATTENTION_KEEPS = ("all", "class", "mean", "class-mean")
 #: Global pooling of stored rows (``--pool``).
 POOLS = ("avg", "max")
 #: Stored dtypes (``--dtype``).
@@ -91,12 +94,15 @@ _ALL, _ROWS, _GRADIENTS = RUN_COMMANDS, ("extract", "grad"), ("grad", "cam")
 #: comparisons, ablations and patches; of the commands that run the forward as extract does; and of those whose
 #: forward may be compiled or edited (ablate and patch run their own, cut at the layers they change).
 _SHARDED = ("extract", "grad", "stats", "compare", "ablate", "patch")
+#: The commands whose inputs are a list of images or videos, not pairs (patch takes pairs, and never splits one).
+_UNPAIRED = tuple(command for command in RUN_COMMANDS if command != "patch")
+_CLIPPED = tuple(command for command in _SHARDED if command != "patch")
 _EDITED = ("extract", "grad", "cam", "stats", "compare")
 _EXTRACTING = ("extract", "stats", "compare")
 
 
 @dataclass(frozen=True)
-class RunOptions(StatsOptions):
+class RunOptions(EffectOptions):
     """Every option of the commands that run a model, named like the command line's long options."""
 
     weights: str = option(
@@ -187,6 +193,7 @@ class RunOptions(StatsOptions):
         ("--batch-size", "-b"),
         "Images per forward.",
         _ALL,
+        help_in=(("patch", "Images per forward, a pair's two each: an even number."),),
         kind="int",
         default=16,
         low=1,
@@ -230,14 +237,14 @@ class RunOptions(StatsOptions):
     recursive: bool = option(
         ("--recursive", "-r"),
         "Look for images in sub-folders of folder inputs.",
-        _ALL,
+        _UNPAIRED,
         kind="flag",
         default=False,
     )
     on_error: str = option(
         ("--on-error",),
         "For unreadable images: stop, or skip them (listed on stderr and in the metadata).",
-        _ALL,
+        _UNPAIRED,
         kind="choice",
         choices=ON_ERROR,
         default="fail",
@@ -264,11 +271,24 @@ class RunOptions(StatsOptions):
     )
     capture: str = option(
         ("--capture",),
-        "What to save of each layer.",
+        "What to save of each layer: its output, its input, both, or an attention module's weights after softmax "
+        "(LAYER@attention, [heads, queries, keys] a row), computed from its inputs so that the model keeps its fused "
+        "kernel.",
         ("extract",),
         kind="choice",
         choices=CAPTURE_KINDS,
         default="output",
+        show_default=True,
+    )
+    attention: str = option(
+        ("--attention",),
+        "With --capture attention, what is kept of each image's weights [heads, queries, keys]: all, class (the "
+        "class token's row, the first query: [heads, keys], the others not computed), mean (over the heads: "
+        "[queries, keys]) or class-mean ([keys]).",
+        ("extract",),
+        kind="choice",
+        choices=ATTENTION_KEEPS,
+        default="all",
         show_default=True,
     )
     pool: str | None = option(
@@ -297,7 +317,8 @@ class RunOptions(StatsOptions):
                 command,
                 "Inputs per shard: what each shard gathers is kept apart in OUTPUT.parts/ until the run completes, "
                 "then merged in order (give one for many processes: they share its shards) [an eighth of the "
-                "inputs, 256 at least, in whole batches].",
+                "inputs, 256 at least, in whole batches]."
+                + (" An even number: a pair's two inputs go together." if command == "patch" else ""),
             )
             for command in ("stats", "compare", "ablate", "patch")
         ),
@@ -365,7 +386,7 @@ class RunOptions(StatsOptions):
     clip_length: int | None = option(
         ("--clip-length",),
         "Video models: frames in a clip (a row) [16].",
-        _SHARDED,
+        _CLIPPED,
         kind="int",
         low=1,
         high=4096,
@@ -373,7 +394,7 @@ class RunOptions(StatsOptions):
     frame_stride: int = option(
         ("--frame-stride",),
         "Frames between a clip's frames; optical flow: between a pair's two.",
-        _SHARDED,
+        _CLIPPED,
         kind="int",
         default=1,
         low=1,
@@ -383,7 +404,7 @@ class RunOptions(StatsOptions):
     clips_per_video: int = option(
         ("--clips-per-video",),
         "Video models: clips spread evenly over each video (1: the middle one); 0: every clip, one after another.",
-        _SHARDED,
+        _CLIPPED,
         kind="int",
         default=1,
         low=0,
@@ -427,38 +448,6 @@ class RunOptions(StatsOptions):
         "Saved features: take a shard folder that is missing shards (still being written, or cut short) as it "
         "is; the file records the inputs it covers. Without it, such a folder is refused.",
         ("stats", "compare"),
-        kind="flag",
-        default=False,
-    )
-    units: str | None = option(
-        ("--units",),
-        "The units to ablate, each alone: K, A:B, K,L,M or * [every unit of the layer].",
-        ("ablate",),
-        metavar="UNITS",
-    )
-    how: str = option(
-        ("--how",),
-        "How a unit is ablated: zero, mean:FILE (its @mean in a stats file of the same model and layer) or "
-        "resample (its value in a partner row of the batch).",
-        ("ablate",),
-        default="zero",
-        metavar="zero|mean:FILE|resample",
-        show_default=True,
-    )
-    effect_on: str = option(
-        ("--effect-on",),
-        "The output whose change is measured: . (the model's: a classifier's logits) or a layer whose output is a "
-        "row of values a row (an embedding, a head).",
-        ("ablate",),
-        default=".",
-        metavar="LAYER",
-        show_default=True,
-    )
-    positions: bool = option(
-        ("--positions",),
-        "Patch each position of a layer's output alone (a map's pixels, a clip's voxels, a sequence's tokens), not "
-        "the whole output: the file holds a map of effects a layer.",
-        ("patch",),
         kind="flag",
         default=False,
     )

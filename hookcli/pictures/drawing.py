@@ -20,11 +20,13 @@ from hookcli.pictures.grid_job import GridJob
 from hookcli.pictures.photos import heat_picture, model_photo_scaled
 from hookcli.pictures.reading import (
     Detections,
+    attention_maps,
     channels_last,
     detection_keys,
     drawn_row_shape,
     draws_flow,
     frames_text,
+    is_attention,
     one_map_a_row,
     read_detections,
     recorded_prefix_tokens,
@@ -113,6 +115,7 @@ def _row_picture(
     if draws_flow(features, job.key, options):
         return _flow_picture(features, job, options, values)
     single = one_map_a_row(features, job.key)
+    attention = is_attention(features, job.key)
     stored = drawn_row_shape(features, job.key, job.row)
     last = channels_last(features, stored)  # [H, W, C] rows are drawn as their C maps
     shape, frame = row_drawn([stored[2], stored[0], stored[1]] if last else stored, options)
@@ -129,10 +132,13 @@ def _row_picture(
         and selected != range(count)
         and not single
         and not last
+        and not attention
     )
     part = slice(selected.start, selected.stop, selected.step) if direct else None
     if values is None:
         values = features.read(job.key, job.row, part)
+    if attention:  # the class token's attention to each patch, a map a head
+        values = attention_maps(features, values.reshape(features.row_shape(job.key, job.row)))
     values = values.reshape(len(selected), *stored[1:]) if direct else values.reshape(stored)
     if last:
         values = np.moveaxis(values, -1, 0)
@@ -141,7 +147,7 @@ def _row_picture(
         maps = maps[selected.start : selected.stop : selected.step]
     if len(maps) == 0:
         raise NotDrawable("no channels in the selected range")
-    kind = "value" if layout in STRIPS else "channel"
+    kind = "head" if attention else "value" if layout in STRIPS else "channel"
     labels = None if single else list(selected)
     picked = f"{kind}s {selected[0]}-{selected[-1]}" if len(maps) > 1 else f"{kind} {selected[0]}"
     if single:

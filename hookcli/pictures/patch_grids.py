@@ -1,9 +1,9 @@
 """``hookcli grid`` on a patching file: how far each patch moved the target's output toward the source's.
 
 Layers patched whole make one heatmap: a row a layer, a column for the mean over the pairs, then one a pair (the
-first ``--top``, :data:`DEFAULT_PAIRS` when not given). Layers patched position by position make a picture each:
-the map of the mean effect, then each pair's map (the first ``--top``, :data:`DEFAULT_MAPS`), side by side; a
-sequence's tokens are a strip, a clip's frames side by side. Each cell is the effect (0: the patch changed
+first ``--top``, :data:`DEFAULT_PAIRS` when not given). Layers patched position by position make a picture each: the
+map of the mean effect, then each pair's map (the first ``--top``, :data:`DEFAULT_MAPS`), side by side; a sequence's
+tokens are a strip. ``--top`` takes the first pairs, in file order. Each cell is the effect (0: the patch changed
 nothing, 1: it moved m as far as the source's), on a diverging colormap centred on 0 (``--cmap`` chooses another)
 whose ends are the largest effect shown, 1 at least; undefined effects (a pair of one class) are hatched.
 
@@ -148,7 +148,7 @@ def _maps(patched: PatchFile, key: str, options: GridOptions) -> np.ndarray:
 
 
 def _flat(values: np.ndarray) -> np.ndarray:
-    """A map as rows and columns: a sequence's tokens as one row, a clip's frames side by side."""
+    """A map as rows and columns: a sequence's tokens as one row (a map of more axes, its first side by side)."""
     if values.ndim == 1:
         return values[None, :]
     if values.ndim == 3:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,8 +32,11 @@ __all__ = [
     "channels_first",
     "channels_last",
     "detection_keys",
+    "attention_drawn",
+    "attention_maps",
     "drawn_row_shape",
     "drawn_shape",
+    "is_attention",
     "draws_flow",
     "frames_text",
     "input_names",
@@ -169,10 +173,50 @@ _CAM_KEY = re.compile(r"cam(#\d+)?")
 
 def drawn_shape(features: FeatureReader, key: str) -> list[int]:
     """The shape ``key`` is drawn as: its own, except a CAM file's maps (``cam``, ``cam#k``: ``[N, h, w]``, one map a
-    row), drawn as ``[N, 1, h, w]`` so that an ``h × w`` map is never read as ViT tokens. A ragged key's is
+    row), drawn as ``[N, 1, h, w]`` so that an ``h × w`` map is never read as ViT tokens, and an attention capture's
+    weights, drawn as the class token's attention over the patches (:func:`attention_drawn`). A ragged key's is
     ``[N, *largest row]``; :func:`drawn_row_shape` gives each row's."""
     shape = list(features.shape(key))
+    if is_attention(features, key):
+        return [shape[0], *attention_drawn(features, shape[1:])]
     return [shape[0], 1, *shape[1:]] if one_map_a_row(features, key) else shape
+
+
+def is_attention(features: FeatureReader, key: str) -> bool:
+    """Whether ``key`` holds an attention module's weights (``--capture attention``)."""
+    return key.endswith("@attention") and str(features.metadata.get("capture", "")).startswith("attention")
+
+
+def attention_drawn(features: FeatureReader, row: Sequence[int]) -> list[int]:
+    """``[heads (1 when averaged), h, w]``: what a row of attention weights is drawn as, the class token's (the first
+    query's) attention to each patch, the patches folded back to their square; NotDrawable when they do not fold."""
+    keys = int(row[-1])
+    skip = _patch_skip(features, keys)
+    if skip is None:
+        raise NotDrawable(f"its {keys} keys are no square of patches after a class token or none")
+    side = math.isqrt(keys - skip)
+    kept = str(features.metadata.get("capture", "attention")).partition(":")[2] or "all"
+    return [1 if kept.endswith("mean") else int(row[0]), side, side]
+
+
+def attention_maps(features: FeatureReader, values: np.ndarray) -> np.ndarray:
+    """A row of attention weights (as stored) as :func:`attention_drawn`'s maps."""
+    kept = str(features.metadata.get("capture", "attention")).partition(":")[2] or "all"
+    first = values if kept.startswith("class") else values[..., 0, :]  # the class token's query
+    first = first[None] if kept.endswith("mean") else first
+    skip = _patch_skip(features, first.shape[-1])
+    assert skip is not None, "checked by attention_drawn"
+    side = math.isqrt(first.shape[-1] - skip)
+    return first[..., skip:].reshape(first.shape[0], side, side)
+
+
+def _patch_skip(features: FeatureReader, keys: int) -> int | None:
+    """How many prefix tokens come before the patches among ``keys`` keys: the recorded count, else 1 or 0."""
+    recorded = recorded_prefix_tokens(features.metadata)
+    for skip in (recorded, 1, 0):
+        if skip is not None and keys > skip and math.isqrt(keys - skip) ** 2 == keys - skip:
+            return skip
+    return None
 
 
 def one_map_a_row(features: FeatureReader, key: str) -> bool:
@@ -183,6 +227,8 @@ def one_map_a_row(features: FeatureReader, key: str) -> bool:
 def drawn_row_shape(features: FeatureReader, key: str, row: int) -> list[int]:
     """The shape row ``row`` of ``key`` is drawn as (:func:`drawn_shape`): its own when ``key`` is ragged."""
     own = features.row_shape(key, row)
+    if is_attention(features, key):
+        return attention_drawn(features, own)
     return [1, *own] if one_map_a_row(features, key) else own
 
 

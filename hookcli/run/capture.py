@@ -11,7 +11,8 @@ itself can modify them in place.
 
 Keys (the file format's contract, see ``docs/file-format.md``):
 
-- ``<key>`` a layer's output, ``<key>@input`` its input;
+- ``<key>`` a layer's output, ``<key>@input`` its input, ``<key>@attention`` an attention module's weights
+  (:mod:`hookcli.run.attention`);
 - ``<key>#<i>`` / ``<key>#<name>`` an element of a tuple/list/dict output
   (nested: ``<key>#0#1``); a multi-input module's inputs are ``<key>@input#<i>``,
   and those given by keyword ``<key>@input#<name>``;
@@ -46,7 +47,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from hookcli.errors import CaptureError, LayerNotRunError, UsageProblem, check_choice
-from hookcli.options.run import CAPTURE_KINDS
+from hookcli.options.run import ATTENTION_KEEPS, CAPTURE_KINDS
+from hookcli.run.attention import attention_weights, check_attention
 from hookcli.run.batches import batch_length, call_model, first_rows
 
 if TYPE_CHECKING:
@@ -84,7 +86,8 @@ class FeatureCapture:
 
     ``layers`` is a mapping ``{module path: key}`` (see
     :func:`hookcli.run.selectors.resolve_layers`) or a list of paths used as keys.
-    ``capture`` is ``"output"``, ``"input"`` or ``"both"``. With
+    ``capture`` is ``"output"``, ``"input"``, ``"both"`` or ``"attention"`` (``attention``: what is kept of the
+    weights, :data:`~hookcli.options.run.ATTENTION_KEEPS`). With
     ``stop_early`` the forward ends as soon as every layer has fired as often
     as it did in the first forward, so layers nobody asked for are not paid
     for; that first, full forward runs on one image only when the first batch
@@ -100,8 +103,11 @@ class FeatureCapture:
         stop_early: bool = True,
         edits: Sequence[Edit] = (),
         capture_edited: bool = False,
+        attention: str = "all",
     ) -> None:
         check_choice("capture", capture, CAPTURE_KINDS)
+        check_choice("attention", attention, ATTENTION_KEEPS)
+        self.attention = attention
         self.model = model
         self.edits, self.capture_edited = tuple(edits), capture_edited
         self._edits_checked = False
@@ -127,6 +133,11 @@ class FeatureCapture:
             stack.enter_context(preserved_mode(self.model))
             for path in self.layers:
                 module = modules[path]
+                if self.capture == "attention":
+                    check_attention(module, path)
+                    stack.enter_context(
+                        module.register_forward_hook(functools.partial(self._on_attention, path), with_kwargs=True)
+                    )
                 if self.capture in ("input", "both"):
                     stack.enter_context(
                         module.register_forward_pre_hook(functools.partial(self._on_input, path), with_kwargs=True)
@@ -204,6 +215,12 @@ class FeatureCapture:
         self._outputs.setdefault(path, []).append(_detached_copy(output))
         self._count(path)
 
+    def _on_attention(self, path, module, args, kwargs, output):
+        with torch.no_grad():
+            weights = attention_weights(module, args, kwargs, keep=self.attention, path=path)
+            self._outputs.setdefault(path, []).append(weights)
+        self._count(path)
+
     def _count(self, path: str) -> None:
         self._counts[path] = self._counts.get(path, 0) + 1
         expected = self.calls
@@ -244,7 +261,8 @@ class FeatureCapture:
                     for name, value in kwargs.items():
                         _add(flat, f"{base}@input#{name}", value, self.omitted)
                 if path in outputs:
-                    _add(flat, base, outputs[path][call], self.omitted)
+                    named = f"{base}@attention" if self.capture == "attention" else base
+                    _add(flat, named, outputs[path][call], self.omitted)
         for key, tensor in list(flat.items()):
             if tensor.dim() > 0 and tensor.shape[0] == batch_size:
                 continue

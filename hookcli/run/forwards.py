@@ -174,6 +174,7 @@ class EagerForward:
             stop_early=not self.settings.final_output,
             edits=self.settings.edits,
             capture_edited=self.settings.capture_edited,
+            attention=self.settings.attention,
         )
         self.rows = DetectionRows(model, self.settings.final_output) if detecting else None
         self.flow = _FinalOutput(model) if output == "flow" and self.settings.final_output else None

@@ -179,7 +179,7 @@ def _record(loaded: LoadedModel, selected, settings: RunSettings, opts: RunOptio
         weights=loaded.weights,
         layers=dict(selected),
         layer_types={p: type(modules[p]).__name__ for p in selected},
-        capture=settings.capture,
+        capture=settings.recorded_capture,
         preprocess=json.loads(settings.preprocess.to_json()),
         pool=settings.pool or "none",
         dtype=settings.dtype,

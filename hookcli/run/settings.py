@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from hookcli.errors import check_choice, check_whole
 from hookcli.inputs.preprocess import Preprocess
-from hookcli.options.run import CAPTURE_KINDS, DTYPES, MEMORY_FORMATS, ON_ERROR, POOLS, PRECISIONS
+from hookcli.options.run import ATTENTION_KEEPS, CAPTURE_KINDS, DTYPES, MEMORY_FORMATS, ON_ERROR, POOLS, PRECISIONS
 from hookcli.storage.fileformat import RunFacts
 
 if TYPE_CHECKING:
@@ -53,9 +53,12 @@ class RunSettings:
     #: captured layer that is edited is recorded after its edits.
     edits: tuple[Any, ...] = field(default=(), compare=False)  # hookcli.run.edits.Edit
     capture_edited: bool = False
+    #: What ``capture="attention"`` keeps of each row's weights (:data:`~hookcli.options.run.ATTENTION_KEEPS`).
+    attention: str = "all"
 
     def __post_init__(self) -> None:
         check_choice("capture", self.capture, CAPTURE_KINDS)
+        check_choice("attention", self.attention, ATTENTION_KEEPS)
         if self.pool is not None:
             check_choice("pool", self.pool, POOLS)
         check_choice("dtype", self.dtype, DTYPES)
@@ -64,6 +67,13 @@ class RunSettings:
         check_choice("memory_format", self.memory_format, MEMORY_FORMATS)
         check_whole("batch_size", self.batch_size, 1)
         check_whole("workers", self.workers, 0, MAX_WORKERS, optional=True)
+
+    @property
+    def recorded_capture(self) -> str:
+        """What the metadata's ``capture`` says: the kind, and for attention what is kept of it when not all."""
+        if self.capture == "attention" and self.attention != "all":
+            return f"attention:{self.attention}"
+        return self.capture
 
     @property
     def fusing(self) -> bool:

@@ -260,7 +260,7 @@ def thread_budget(device, workers: int | None) -> Iterator[None]:
 def compiled_extractor(model, layers: Mapping[str, str], calls: Mapping[str, int], capture: str):
     """``(function, None)``: batch → ``{key: tensor}`` through a truncated, compiled graph; or ``(None, reason)``."""
     if capture != "output":
-        return None, "input captures need hooks"
+        return None, f"{'attention' if capture == 'attention' else 'input'} captures need hooks"
     if "" in layers:
         return None, "the model's own output ('.') is caught by a hook, which a compiled graph does not keep"
     repeated = [path for path, count in calls.items() if count != 1]

@@ -4,21 +4,21 @@ target with its source's activations moves the target's output toward the source
 For ``P`` pairs (a source input, then its target: the file's ``inputs`` hold them in that order) and each patched
 layer's key ``K``:
 
-- ``pairs@source_class``, ``pairs@target_class`` int64 ``[P]``: the classes y_s and y_t the model predicts for the
+- ``pairs@source_class``, ``pairs@target_class`` I64 ``[P]``: the classes y_s and y_t the model predicts for the
   source and for the target;
 - ``pairs@source_metric``, ``pairs@target_metric`` F64 ``[P]``: the measure m = z[y_s] − z[y_t] (the logit of the
   source's class less the target's) on the source and on the target;
-- ``K@change`` F64 ``[P]``, or ``[P, *positions]`` with positions (a map's ``[H, W]``, a clip's ``[T, H, W]``, a
-  sequence's ``[T]``, every token): m of the target patched less m of the target, the two measured in one call;
+- ``K@change`` F64 ``[P]``, or ``[P, *positions]`` with positions (a map's ``[H, W]``, a sequence's ``[T]``, every
+  token): m of the target patched less m of the target, the two measured in one call;
 - ``K@effect`` F64, the shape of ``K@change``: the change over m(source) − m(target), the normalised logit
-  difference: 0 where the patch does nothing, 1 where it moves m as far as the source's; NaN for a pair whose
-  source and target the model gives the same class (m is 0 for both);
+  difference: 0 where the patch does nothing, 1 where it moves m as far as the source's; NaN where m(source) =
+  m(target) (a pair the model gives one class);
 - ``K@mean_effect`` F64 ``[]`` or ``[*positions]``: the mean effect over the pairs where it is defined (NaN where
   none is).
 
 Metadata: the run's (model, weights, layers, preprocessing…), ``"kind": "patch"``, ``"format": "7"``, ``patch``
-(JSON: the layers and their keys, whether positions were patched one at a time, each key's positions), ``inputs``,
-``skipped`` and ``identity``.
+(JSON: the layers and their keys, whether positions were patched one at a time, each key's positions), ``inputs``
+and ``identity`` (``skipped`` is never written: a pair is never split).
 """
 
 from __future__ import annotations

@@ -134,6 +134,7 @@ class Command:
             fuse=opts.fuse if self.fuses else False,
             final_output=opts.detections or opts.flow,
             capture_edited=opts.capture_edited,
+            attention=opts.attention if self.captures_as_asked else "all",
         )
 
     def check_family(self, family: str, traits: FamilyTraits) -> None:

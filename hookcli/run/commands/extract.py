@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from hookcli.errors import UsageProblem
 from hookcli.run.commands.base import Command
+
+if TYPE_CHECKING:
+    from hookcli.options.run import RunOptions
 
 __all__ = ["Extract"]
 
@@ -11,3 +17,15 @@ class Extract(Command):
     """Keeps what the hooked layers give, as :class:`~hookcli.run.commands.base.Command` does."""
 
     name = "extract"
+
+    def check_options(self, opts: RunOptions) -> None:
+        if opts.attention != "all" and opts.capture != "attention":
+            raise UsageProblem(
+                f"--attention {opts.attention} says what --capture attention keeps, and the capture is {opts.capture}",
+                hint="add --capture attention, or leave --attention out",
+            )
+        if opts.capture == "attention" and opts.pool not in (None, "none"):
+            raise UsageProblem(
+                f"--pool {opts.pool} pools maps and tokens, and attention weights are neither",
+                hint="leave --pool out with --capture attention",
+            )

@@ -49,11 +49,6 @@ class Patch(Gathers):
             raise UsageProblem(
                 f"--shard-size {opts.shard_size}: {_WHOLE_PAIRS}", hint=f"give --shard-size {opts.shard_size + 1}"
             )
-        if opts.on_error != "fail":
-            raise UsageProblem(
-                "patch cannot skip an unreadable image: its pair would lose its other half",
-                hint="leave --on-error out (fail), and mend or leave out the pair",
-            )
 
     def parts(
         self, loaded: LoadedModel, layers: Any, settings: RunSettings, opts: RunOptions, target: Target | None

@@ -1,0 +1,95 @@
+"""Attention rollout (Abnar and Zuidema, 2020): how much each token's final representation draws on each input token,
+through every block, from the blocks' attention weights.
+
+For blocks 1…L with attention weights A_l (averaged over the heads), each block's mixing is
+Â_l = ½ A_l + ½ I (the residual connection keeps half of each token), its rows renormalised to sum to 1, and the
+rollout is R = Â_L · … · Â_1. Row 0 of R (the class token's) over the patches is what ``rollout`` maps.
+
+>>> import torch
+>>> uniform = torch.full((1, 2, 2), 0.5)
+>>> attention_rollout([uniform, uniform])[0].tolist()
+[[0.625, 0.375], [0.375, 0.625]]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from hookcli.errors import UsageProblem
+from hookcli.storage.features import Features
+from hookcli.storage.reader import FeatureReader
+from hookcli.storage.shards import open_features
+
+__all__ = ["attention_rollout", "rollout"]
+
+
+def attention_rollout(blocks: Sequence[torch.Tensor], *, residual: float = 0.5) -> torch.Tensor:
+    """The rollout ``[N, T, T]`` of ``blocks``' weights, first block first: each ``[N, heads, T, T]`` or, already
+    averaged over the heads, ``[N, T, T]``; computed in float64."""
+    rollout = None
+    for weights in blocks:
+        mixing = weights.double()
+        if mixing.dim() == 4:
+            mixing = mixing.mean(dim=1)
+        eye = torch.eye(mixing.shape[-1], dtype=mixing.dtype, device=mixing.device)
+        mixing = (1 - residual) * mixing + residual * eye
+        mixing = mixing / mixing.sum(dim=-1, keepdim=True)
+        rollout = mixing if rollout is None else mixing @ rollout
+    if rollout is None:
+        raise ValueError("a rollout needs the attention of one block at least")
+    return rollout
+
+
+def rollout(
+    source: str | os.PathLike[str] | FeatureReader, keys: Sequence[str] = (), *, residual: float = 0.5
+) -> Features:
+    """The attention rollout of the blocks a file of ``extract --capture attention`` holds, as a map per image: the
+    class token's row of :func:`attention_rollout` over ``keys`` (default: every ``@attention`` key, in the file's
+    order, which is the order the layers were given), stored as ``rollout@attention`` ``[N, tokens]`` with the
+    file's metadata, so that ``hookcli.grid`` draws it (over the photo with ``overlay=True``). The weights must be
+    every token's (``--attention all`` or ``mean``); each key is read whole.
+    """
+    opened = open_features(source) if isinstance(source, str | os.PathLike) else contextlib.nullcontext(source)
+    with opened as features:
+        capture = str(features.metadata.get("capture", "output"))
+        if not capture.startswith("attention"):
+            raise UsageProblem(
+                f"'{features.name}' holds no attention weights (its capture is {capture})",
+                hint="capture them with hookcli extract --capture attention",
+            )
+        kept = capture.partition(":")[2] or "all"
+        if kept.startswith("class"):
+            raise UsageProblem(
+                f"a rollout needs every token's attention, and '{features.name}' keeps the class token's row only "
+                f"(--attention {kept})",
+                hint="capture with --attention all or mean",
+            )
+        chosen = list(keys) or [key for key in features.keys() if key.endswith("@attention")]
+        missing = [key for key in chosen if key not in features.keys()]
+        if missing or not chosen:
+            raise UsageProblem(
+                f"'{features.name}' has no key '{missing[0]}'"
+                if missing
+                else f"'{features.name}' has no @attention key",
+                hint="give the @attention keys of the blocks, first block first",
+            )
+        blocks = [torch.as_tensor(np.asarray(features.read(key))) for key in chosen]
+        shapes = {tuple(block.shape[:1]) + tuple(block.shape[-2:]) for block in blocks}
+        if len(shapes) != 1:
+            raise UsageProblem(
+                f"the blocks of '{features.name}' do not have the same images and tokens: {sorted(shapes)}",
+                hint="give the @attention keys of one model's blocks",
+            )
+        maps = attention_rollout(blocks, residual=residual)[:, 0, :].float()
+        metadata = {
+            **features.metadata,
+            "capture": "attention:class-mean",
+            "rollout": json.dumps({"blocks": chosen, "residual": residual}),
+        }
+        return Features({"rollout@attention": maps}, metadata, name=f"rollout of {features.name}")

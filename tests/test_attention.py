@@ -1,0 +1,259 @@
+"""--capture attention: an attention module's weights, recomputed from its inputs, against each library's own."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from safetensors import safe_open
+from torch import nn
+
+import hookcli
+from hookcli.errors import UsageProblem
+from hookcli.run.attention import attention_kind, attention_weights
+from hookcli.run.capture import FeatureCapture
+
+
+def _relative(found, expected) -> float:
+    return ((found - expected).norm() / expected.norm()).item()
+
+
+def _caught(module, run):
+    """The weights computed from what ``module`` receives while ``run()`` runs, by a hook written here."""
+    kept = {}
+
+    def hook(module, args, kwargs, output):
+        kept["weights"] = attention_weights(module, args, kwargs)
+
+    handle = module.register_forward_hook(hook, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            result = run()
+    finally:
+        handle.remove()
+    return kept["weights"], result
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_torch_multihead_attention_equals_its_own_weights_with_masks(batch_first):
+    torch.manual_seed(0)
+    attention = nn.MultiheadAttention(16, 4, batch_first=batch_first).eval()
+    x = torch.randn(3, 7, 16) if batch_first else torch.randn(7, 3, 16)
+    padding = torch.zeros(3, 7, dtype=torch.bool)
+    padding[0, -2:] = True
+    causal = torch.ones(7, 7, dtype=torch.bool).triu(1)
+    with torch.no_grad():
+        expected = attention(x, x, x, key_padding_mask=padding, attn_mask=causal, average_attn_weights=False)[1]
+    found = attention_weights(attention, (x, x, x), {"key_padding_mask": padding, "attn_mask": causal})
+    assert found.shape == (3, 4, 7, 7) and _relative(found, expected) < 1e-6
+    torch.testing.assert_close(found.sum(-1), torch.ones(3, 4, 7))
+
+
+def test_timm_attention_fused_equals_its_unfused_weights():
+    from timm.layers import Attention
+
+    torch.manual_seed(0)
+    attention = Attention(16, num_heads=4, qkv_bias=True, qk_norm=True, norm_layer=nn.LayerNorm).eval()
+    x = torch.randn(2, 9, 16)
+    attention.fused_attn = True
+    fused, fused_out = _caught(attention, lambda: attention(x))
+    attention.fused_attn = False
+    unfused = {}
+    handle = attention.attn_drop.register_forward_hook(lambda m, i, o: unfused.__setitem__("weights", i[0].clone()))
+    with torch.no_grad():
+        attention(x)
+    handle.remove()
+    assert attention_kind(attention) == "timm" and fused.shape == (2, 4, 9, 9)
+    assert _relative(fused, unfused["weights"]) < 1e-6
+    with torch.no_grad():
+        attention.fused_attn = True
+        assert torch.equal(attention(x), fused_out)  # asking changes nothing of the module's output
+
+
+@pytest.mark.parametrize("family", ["vit", "clip"])
+def test_hugging_face_attention_equals_output_attentions_of_eager_attention(family):
+    import transformers
+
+    torch.manual_seed(0)
+    size = {"hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 32,
+            "image_size": 16, "patch_size": 8}  # fmt: skip
+    if family == "vit":
+        model = transformers.ViTModel(transformers.ViTConfig(**size, attn_implementation="eager")).eval()
+    else:
+        model = transformers.CLIPVisionModel(transformers.CLIPVisionConfig(**size, attn_implementation="eager")).eval()
+    layer = next(module for name, module in model.named_modules() if name.endswith("layers.1.self_attn")
+                 or name.endswith("layers.1.attention"))  # fmt: skip
+    pixels = torch.randn(2, 3, 16, 16)
+    found, output = _caught(layer, lambda: model(pixel_values=pixels, output_attentions=True))
+    assert attention_kind(layer) == "hf" and found.shape == (2, 4, 5, 5)
+    assert _relative(found, output.attentions[1]) < 1e-6
+
+
+def test_open_clip_towers_attention_equals_torchs_own_weights():
+    from open_clip.transformer import VisionTransformer
+
+    torch.manual_seed(0)
+    tower = VisionTransformer(image_size=16, patch_size=8, width=16, layers=2, heads=2, mlp_ratio=2.0,
+                              ls_init_value=None, output_dim=8).eval()  # fmt: skip
+    attention = tower.transformer.resblocks[1].attn
+    inputs = {}
+    handle = attention.register_forward_pre_hook(lambda m, args: inputs.__setitem__("x", args[0].clone()))
+    found, _ = _caught(attention, lambda: tower(torch.randn(2, 3, 16, 16)))
+    handle.remove()
+    x = inputs["x"]
+    with torch.no_grad():
+        expected = attention(x, x, x, average_attn_weights=False)[1]
+    assert _relative(found, expected) < 1e-6 and found.shape == (2, 2, 5, 5)
+
+
+def _vit():
+    from torchvision.models import VisionTransformer
+
+    torch.manual_seed(0)
+    return VisionTransformer(image_size=16, patch_size=8, num_layers=2, num_heads=2, hidden_dim=8, mlp_dim=16).eval()
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("attention")
+    paths = []
+    for seed in range(3):
+        paths.append(folder / f"{seed}.png")
+        Image.fromarray(np.random.default_rng(seed).integers(0, 256, (20, 24, 3), dtype=np.uint8)).save(paths[-1])
+    return paths
+
+
+def test_extract_stores_each_blocks_weights_and_leaves_the_models_output_as_it_was(photos, tmp_path):
+    vit = _vit()
+    layers = [f"encoder.layers.encoder_layer_{n}.self_attention" for n in range(2)]
+    out = hookcli.extract(
+        vit, layers, photos, capture="attention", resize=16, crop=16, output=tmp_path / "a.safetensors"
+    )
+    with safe_open(str(out), "pt") as handle:
+        keys, metadata = sorted(handle.keys()), handle.metadata()
+        weights = handle.get_tensor(f"{layers[1]}@attention")
+    assert keys == [f"{layer}@attention" for layer in layers]
+    assert weights.shape == (3, 2, 5, 5) and metadata["capture"] == "attention"
+    torch.testing.assert_close(weights.sum(-1), torch.ones(3, 2, 5))
+    # The weights equal torch's own, on the inputs the block gives its attention; the logits are not changed.
+    batch = hookcli.extract(vit, "conv_proj", photos, capture="input", resize=16, crop=16)["conv_proj@input"]
+    inputs = hookcli.extract(vit, layers[1], photos, capture="input", resize=16, crop=16)[f"{layers[1]}@input#0"]
+    attention = vit.get_submodule(layers[1])
+    with torch.no_grad():
+        expected = attention(inputs, inputs, inputs, average_attn_weights=False)[1]
+        plain = vit(batch)
+    assert _relative(weights, expected) < 1e-6
+    kept = {}
+    with FeatureCapture(vit, layers, capture="attention", stop_early=False) as capture:
+        handle = vit.heads.register_forward_hook(lambda m, i, o: kept.__setitem__("logits", o.clone()))
+        with torch.no_grad():
+            capture.run(batch)
+        handle.remove()
+    assert torch.equal(kept["logits"], plain)
+    assert json.loads(metadata["layers"])[layers[0]]["keys"] == [f"{layers[0]}@attention"]
+
+
+def test_what_is_not_attention_is_refused_in_one_line(photos):
+    with pytest.raises(UsageProblem) as refused:
+        hookcli.extract(_vit(), "encoder.layers.encoder_layer_0.ln_1", photos, capture="attention", resize=16, crop=16)
+    assert refused.value.message.startswith(
+        "--capture attention: 'encoder.layers.encoder_layer_0.ln_1' is a LayerNorm, not an attention module hookcli "
+        "knows (torch.nn.MultiheadAttention"
+    )
+    with pytest.raises(UsageProblem) as refused:
+        hookcli.extract(_vit(), "encoder.layers.encoder_layer_0.self_attention", photos, capture="attention",
+                        pool="avg", resize=16, crop=16)  # fmt: skip
+    assert refused.value.message == "--pool avg pools maps and tokens, and attention weights are neither"
+    biased = nn.Sequential(nn.MultiheadAttention(8, 2, add_bias_kv=True))
+    with pytest.raises(UsageProblem) as refused, FeatureCapture(biased, ["0"], capture="attention"):
+        pass
+    assert refused.value.message == (
+        "--capture attention: '0' adds key biases or zero attention, or projects keys of another size, which hookcli "
+        "does not recompute"
+    )
+
+
+@pytest.mark.parametrize(
+    ("keep", "shape"), [("class", (3, 2, 5)), ("mean", (3, 5, 5)), ("class-mean", (3, 5))], ids=lambda v: str(v)
+)
+def test_what_is_kept_of_the_weights_is_cut_from_all_of_them(photos, keep, shape):
+    layer = "encoder.layers.encoder_layer_1.self_attention"
+    every = hookcli.extract(_vit(), layer, photos, capture="attention", resize=16, crop=16)[f"{layer}@attention"]
+    kept = hookcli.extract(_vit(), layer, photos, capture="attention", attention=keep, resize=16, crop=16)
+    expected = every[:, :, 0] if keep.startswith("class") else every
+    expected = expected.mean(dim=1) if keep.endswith("mean") else expected
+    assert kept[f"{layer}@attention"].shape == shape and kept.metadata["capture"] == f"attention:{keep}"
+    torch.testing.assert_close(kept[f"{layer}@attention"], expected, rtol=1e-6, atol=1e-7)
+
+
+def test_a_row_too_large_to_compute_is_refused_with_the_option_that_keeps_less(monkeypatch):
+    import hookcli.run.attention as attention_module
+
+    monkeypatch.setattr(attention_module, "MAX_ROW_BYTES", 2 * 5 * 5 * 4 - 1)
+    vit = _vit()
+    layer = "encoder.layers.encoder_layer_0.self_attention"
+    batch = torch.randn(1, 3, 16, 16)
+    with pytest.raises(UsageProblem) as refused, FeatureCapture(vit, [layer], capture="attention") as capture:
+        capture.run(batch)
+    assert refused.value.message == (
+        f"--capture attention: one image's weights of '{layer}' (2 heads x 5 queries x 5 keys) take 200 B, more than "
+        "hookcli computes a row (199 B)"
+    )
+    assert refused.value.hint == "keep the class token's row: --attention class (or class-mean)"
+    with FeatureCapture(vit, [layer], capture="attention", attention="class") as capture:
+        assert capture.run(batch)[f"{layer}@attention"].shape == (1, 2, 5)
+
+
+def test_rollout_equals_a_direct_product_on_three_blocks_built_by_hand():
+    from hookcli.statistics.rollout import attention_rollout
+
+    torch.manual_seed(3)
+    blocks = [torch.randn(2, 4, 5, 5).softmax(-1) for _ in range(3)]  # [N, heads, T, T] each
+    expected = torch.eye(5, dtype=torch.float64).expand(2, 5, 5)
+    for weights in blocks:  # Abnar and Zuidema: (A + I) / 2 of the heads' mean, rows to 1, the later block on the left
+        mixed = (weights.double().mean(1) + torch.eye(5, dtype=torch.float64)) / 2
+        expected = (mixed / mixed.sum(-1, keepdim=True)) @ expected
+    found = attention_rollout(blocks)
+    torch.testing.assert_close(found, expected, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(found.sum(-1), torch.ones(2, 5, dtype=torch.float64))
+
+
+def test_a_runs_blocks_give_a_rollout_map_an_image_that_grid_draws_over_the_photo(photos, tmp_path):
+    from torchvision.models import VisionTransformer
+
+    torch.manual_seed(0)
+    vit = VisionTransformer(image_size=32, patch_size=8, num_layers=3, num_heads=3, hidden_dim=12, mlp_dim=16).eval()
+    layers = [f"encoder.layers.encoder_layer_{n}.self_attention" for n in range(3)]
+    out = hookcli.extract(vit, layers, photos, capture="attention", attention="mean", resize=32, crop=32,
+                          output=tmp_path / "a.safetensors")  # fmt: skip
+    found = hookcli.rollout(out)
+    assert list(found.keys()) == ["rollout@attention"] and found["rollout@attention"].shape == (3, 17)
+    assert json.loads(found.metadata["rollout"]) == {"blocks": [f"{layer}@attention" for layer in layers],
+                                                     "residual": 0.5}  # fmt: skip
+    with hookcli.open_features(out) as read:
+        blocks = [torch.from_numpy(read.read(f"{layer}@attention")) for layer in layers]
+    from hookcli.statistics.rollout import attention_rollout
+
+    torch.testing.assert_close(found["rollout@attention"], attention_rollout(blocks)[:, 0].float())
+    drawn = hookcli.grid(found, overlay=True)
+    assert sorted(drawn) == [f"rollout@attention__{n:05d}_{n}.overlay.png" for n in range(3)]
+    pictures = hookcli.grid(out, images="0")  # each head's class-token attention over the 4x4 patches
+    assert sorted(pictures) == [f"{layer}@attention__00000_0.png" for layer in layers]
+    with pytest.raises(UsageProblem) as refused:
+        hookcli.rollout(hookcli.extract(vit, layers[0], photos, capture="attention", attention="class", resize=32,
+                                        crop=32))  # fmt: skip
+    assert refused.value.message == (
+        "a rollout needs every token's attention, and 'memory' keeps the class token's row only (--attention class)"
+    )
+
+
+def test_grid_draws_each_heads_class_token_attention_as_a_map_of_the_patches(photos, tmp_path):
+    layer = "encoder.layers.encoder_layer_1.self_attention"
+    out = hookcli.extract(_vit(), layer, photos, capture="attention", resize=16, crop=16, output=tmp_path / "a.st")
+    with hookcli.open_features(out) as read:
+        from hookcli.pictures.reading import attention_drawn, attention_maps
+
+        assert attention_drawn(read, read.shape(f"{layer}@attention")[1:]) == [2, 2, 2]
+        row = read.read(f"{layer}@attention", 0)
+        np.testing.assert_array_equal(attention_maps(read, row), row[:, 0, 1:].reshape(2, 2, 2))
