@@ -169,8 +169,8 @@ def test_what_is_not_attention_is_refused_in_one_line(photos):
     with pytest.raises(UsageProblem) as refused, FeatureCapture(biased, ["0"], capture="attention"):
         pass
     assert refused.value.message == (
-        "--capture attention: '0' adds key biases or zero attention, or projects keys of another size, which hookcli "
-        "does not recompute"
+        "--capture attention: '0' (MultiheadAttention) adds key biases or zero attention, or projects keys of another "
+        "size, which hookcli does not recompute"
     )
 
 
@@ -200,7 +200,7 @@ def test_a_row_too_large_to_compute_is_refused_with_the_option_that_keeps_less(m
         f"--capture attention: one image's weights of '{layer}' (2 heads x 5 queries x 5 keys) take 200 B, more than "
         "hookcli computes a row (199 B)"
     )
-    assert refused.value.hint == "keep the class token's row: --attention class (or class-mean)"
+    assert refused.value.hint == "keep the first token's row: --attention class (or class-mean)"
     with FeatureCapture(vit, [layer], capture="attention", attention="class") as capture:
         assert capture.run(batch)[f"{layer}@attention"].shape == (1, 2, 5)
 
@@ -257,3 +257,87 @@ def test_grid_draws_each_heads_class_token_attention_as_a_map_of_the_patches(pho
         assert attention_drawn(read, read.shape(f"{layer}@attention")[1:]) == [2, 2, 2]
         row = read.read(f"{layer}@attention", 0)
         np.testing.assert_array_equal(attention_maps(read, row), row[:, 0, 1:].reshape(2, 2, 2))
+
+
+def test_statistics_comparisons_and_reports_take_attention_captures(photos, tmp_path):
+    layers = [f"encoder.layers.encoder_layer_{n}.self_attention" for n in range(2)]
+    out = hookcli.extract(_vit(), layers, photos * 2, capture="attention", attention="class-mean", resize=16, crop=16,
+                          output=tmp_path / "a.safetensors")  # fmt: skip
+    found = hookcli.stats(features=out, top=2, pca=False)
+    key = f"{layers[1]}@attention"
+    assert found[f"{key}@mean"].shape == (5,)  # the class token's attention to each of the 5 tokens: 5 units
+    with hookcli.open_features(out) as read:
+        np.testing.assert_allclose(found[f"{key}@mean"], read.read(key).astype(np.float64).mean(0), rtol=1e-12)
+    cka = hookcli.compare(features=out)["linear-cka"]
+    assert cka.shape == (2, 2) and cka[0, 0].item() == pytest.approx(1.0)
+    page = hookcli.report(out, output=tmp_path / "r").read_text()
+    assert page.count('<img src="data:image/png;base64,') >= 2  # each block's map for the first image
+
+
+def test_masks_count_in_each_librarys_own_sense():
+    from timm.layers import Attention
+
+    torch.manual_seed(0)
+    attention = Attention(16, num_heads=4).eval()
+    x = torch.randn(2, 6, 16)
+    allowed = torch.ones(6, 6, dtype=torch.bool)
+    allowed[:, -1] = False  # SDPA's sense: True attends, so no query sees the last key
+    found = attention_weights(attention, (x,), {"attn_mask": allowed})
+    assert (found[..., -1] == 0).all() and torch.allclose(found.sum(-1), torch.ones(2, 4, 6))
+    causal = attention_weights(attention, (x,), {"is_causal": True})
+    assert torch.equal(causal[..., 0, 1:], torch.zeros(2, 4, 5))  # the first query sees the first key alone
+
+
+def test_a_causal_text_tower_under_sdpa_equals_its_eager_weights():
+    import transformers
+
+    torch.manual_seed(0)
+    config = {"hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 4, "intermediate_size": 32,
+              "vocab_size": 50, "max_position_embeddings": 8}  # fmt: skip
+    tokens = torch.randint(0, 50, (2, 7))
+    eager = transformers.CLIPTextModel(transformers.CLIPTextConfig(**config, attn_implementation="eager")).eval()
+    sdpa = transformers.CLIPTextModel(transformers.CLIPTextConfig(**config, attn_implementation="sdpa")).eval()
+    sdpa.load_state_dict(eager.state_dict())
+    layer = next(module for name, module in sdpa.named_modules() if name.endswith("layers.0.self_attn"))
+    found, _ = _caught(layer, lambda: sdpa(input_ids=tokens))
+    with torch.no_grad():
+        expected = eager(input_ids=tokens, output_attentions=True).attentions[0]
+    assert _relative(found, expected) < 1e-6 and (found[:, :, 0, 1:] == 0).all()
+
+
+def test_attention_with_rotary_or_window_terms_or_one_sequence_is_refused():
+    from timm.models.eva import EvaAttention
+
+    rotary = nn.Sequential(EvaAttention(16, num_heads=4, scale_norm=False))
+    with pytest.raises(UsageProblem) as refused, FeatureCapture(rotary, ["0"], capture="attention"):
+        pass
+    assert refused.value.message == (
+        "--capture attention: '0' (EvaAttention) adds rotary or relative position terms, or attends within windows, "
+        "which hookcli does not recompute"
+    )
+    attention = nn.MultiheadAttention(8, 2).eval()
+    x = torch.randn(5, 8)  # one sequence, no batch
+    with pytest.raises(UsageProblem) as refused:
+        attention_weights(attention, (x, x, x), {}, path="attn")
+    assert refused.value.message == "--capture attention: 'attn' was called on one sequence, not a batch of them"
+
+
+def test_the_first_tokens_row_of_a_model_without_a_class_token_is_refused(photos):
+    import dataclasses
+
+    from hookcli.models.sources.given import loaded_from_module
+
+    loaded = dataclasses.replace(loaded_from_module(_vit()), prefix_tokens=0)  # as timm's class_token=False models
+    layer = "encoder.layers.encoder_layer_0.self_attention"
+    with pytest.raises(UsageProblem) as refused:
+        hookcli.extract(loaded, layer, photos, capture="attention", attention="class", resize=16, crop=16)
+    assert refused.value.message.startswith("--attention class keeps the first token's row, and ")
+    assert refused.value.message.endswith("has no class token before its patches (the first token is a patch)")
+    with pytest.raises(UsageProblem) as refused:
+        hookcli.rollout(_vit_file(photos), residual=1.5)
+    assert refused.value.message == "residual=1.5: a rollout keeps a share of each token, between 0 and 1"
+
+
+def _vit_file(photos):
+    layer = "encoder.layers.encoder_layer_0.self_attention"
+    return hookcli.extract(_vit(), layer, photos, capture="attention", resize=16, crop=16)

@@ -283,8 +283,8 @@ class RunOptions(EffectOptions):
     attention: str = option(
         ("--attention",),
         "With --capture attention, what is kept of each image's weights [heads, queries, keys]: all, class (the "
-        "class token's row, the first query: [heads, keys], the others not computed), mean (over the heads: "
-        "[queries, keys]) or class-mean ([keys]).",
+        "first token's row, a ViT's class token: [heads, keys], the other queries not projected), mean (over the "
+        "heads: [queries, keys]) or class-mean ([keys]).",
         ("extract",),
         kind="choice",
         choices=ATTENTION_KEEPS,

@@ -192,8 +192,12 @@ def attention_drawn(features: FeatureReader, row: Sequence[int]) -> list[int]:
     query's) attention to each patch, the patches folded back to their square; NotDrawable when they do not fold."""
     keys = int(row[-1])
     skip = _patch_skip(features, keys)
-    if skip is None:
-        raise NotDrawable(f"its {keys} keys are no square of patches after a class token or none")
+    try:
+        square = square_input(Preprocess.from_metadata(features.metadata.get("preprocess")))
+    except ValueError:  # untrusted metadata that does not parse
+        square = False
+    if skip is None or not square:
+        raise NotDrawable(f"its {keys} keys are not the patches of a square image after a class token or none")
     side = math.isqrt(keys - skip)
     kept = str(features.metadata.get("capture", "attention")).partition(":")[2] or "all"
     return [1 if kept.endswith("mean") else int(row[0]), side, side]

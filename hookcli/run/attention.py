@@ -3,14 +3,18 @@ receives and its own projections, so that the model's forward keeps its fused ke
 
 The kinds of module known (:func:`attention_kind`):
 
-- ``torch``: :class:`torch.nn.MultiheadAttention` (torchvision's ViT and Swin-free blocks, OpenCLIP's towers);
-  its ``attn_mask`` and ``key_padding_mask`` count, as torch's own ``need_weights=True`` counts them;
-- ``timm``: timm's ``Attention`` (a ``qkv`` projection, ``q_norm`` and ``k_norm``, ``scale``), fused or not;
+- ``torch``: :class:`torch.nn.MultiheadAttention` (torchvision's ViT, OpenCLIP's towers), called on batches; its
+  ``attn_mask``, ``key_padding_mask`` and ``is_causal`` count as torch's own ``need_weights=True`` counts them;
+- ``timm``: timm's ``Attention`` (a ``qkv`` projection, ``q_norm`` and ``k_norm``, ``scale``), fused or not, its
+  ``attn_mask`` (True attends, as in SDPA) and ``is_causal`` counted;
 - ``hf``: Hugging Face's attention modules as transformers 5 writes them (``q_proj`` and ``k_proj`` projections,
-  ``head_dim``, ``scaling``): ViT, DeiT, DINOv2, CLIP's towers, whatever attention function the model runs.
+  ``head_dim``, ``scaling``): ViT, DeiT, DINOv2, CLIP's towers, whatever attention function the model runs; a
+  boolean ``attention_mask`` is SDPA's (True attends), a float one is added, and causal attention counts.
 
-Only the queries and keys are projected again: the values, the output projection and the rest of the model are
-not run twice.
+Modules with rotary or relative position terms, windows (Swin), or fewer key heads than query heads are refused:
+their weights are not what the queries and keys alone give. Only the queries and keys are projected again (with
+``class``, only the first token's query): the values, the output projection and the rest of the model do not run
+twice. The softmax is computed in float32.
 
 >>> import torch
 >>> attention = torch.nn.MultiheadAttention(8, 2, batch_first=True).eval()
@@ -68,7 +72,8 @@ def attention_kind(module: nn.Module) -> str | None:
 
 def check_attention(module: nn.Module, path: str) -> str:
     """The kind of ``module`` (the layer at ``path``); refused in one line when it is no attention module known, or
-    one whose weights cannot be recomputed from its inputs."""
+    one whose weights hookcli cannot recompute from its inputs (rotary or relative position terms, windows, keys of
+    other sizes, fewer key heads than query heads)."""
     kind = attention_kind(module)
     if kind is None:
         raise UsageProblem(
@@ -76,16 +81,28 @@ def check_attention(module: nn.Module, path: str) -> str:
             f"({', '.join(KINDS.values())})",
             hint="name the attention module itself (hookcli layers lists them: self_attention, attn, attention…)",
         )
-    if kind == "torch" and (module.bias_k is not None or module.add_zero_attn or not module._qkv_same_embed_dim):
-        raise UsageProblem(
-            f"--capture attention: '{path}' adds key biases or zero attention, or projects keys of another size, "
-            "which hookcli does not recompute",
-            hint="capture its output, or its input with --capture input",
-        )
+    parameters = set(inspect.signature(module.forward).parameters)
     qkv: Any = getattr(module, "qkv", None)
-    if kind == "timm" and (getattr(module, "q_bias", None) is not None or qkv.out_features % 3):
+    problem = None
+    if kind == "torch" and (module.bias_k is not None or module.add_zero_attn or not module._qkv_same_embed_dim):
+        problem = "adds key biases or zero attention, or projects keys of another size"
+    elif parameters & {"rope", "position_embeddings", "mask", "freqs_cis"} or hasattr(
+        module, "relative_position_bias_table"
+    ):
+        problem = "adds rotary or relative position terms, or attends within windows"
+    elif kind == "timm" and (
+        "x" not in parameters
+        or getattr(module, "q_bias", None) is not None
+        or not hasattr(module, "q_norm")
+        or getattr(module, "num_kv_heads", module.num_heads) != module.num_heads
+        or qkv.out_features % 3
+    ):
+        problem = "projects its queries, keys and values in a way hookcli does not recompute"
+    elif kind == "hf" and ("hidden_states" not in parameters or getattr(module, "num_key_value_groups", 1) != 1):
+        problem = "projects its queries and keys in a way hookcli does not recompute"
+    if problem is not None:
         raise UsageProblem(
-            f"--capture attention: '{path}' projects its queries, keys and values in a way hookcli does not recompute",
+            f"--capture attention: '{path}' ({type(module).__name__}) {problem}, which hookcli does not recompute",
             hint="capture its output, or its input with --capture input",
         )
     return kind
@@ -95,9 +112,9 @@ def attention_weights(
     module: nn.Module, args: tuple, kwargs: Mapping[str, Any], *, keep: str = "all", path: str = "the layer"
 ) -> torch.Tensor:
     """The weights ``module`` (of a kind :func:`check_attention` accepts) computes from ``args`` and ``kwargs``, the
-    inputs of one of its calls: ``[N, heads, queries, keys]``, each row summing to 1; or what ``keep`` keeps of them
-    (:data:`KEEPS`: with ``class`` only the first query is computed). Refused when one row's weights would take more
-    than :data:`MAX_ROW_BYTES`."""
+    inputs of one of its calls: ``[N, heads, queries, keys]``, each row summing to 1 (the softmax in float32, then
+    the inputs' dtype); or what ``keep`` keeps of them (:data:`KEEPS`: with ``class`` only the first token's query is
+    projected and multiplied). Refused when one image's weights would take more than :data:`MAX_ROW_BYTES`."""
     kind = attention_kind(module)
     assert kind is not None, "checked by check_attention"
     first = keep.startswith("class")
@@ -107,19 +124,20 @@ def attention_weights(
     return weights.mean(dim=1) if keep.endswith("mean") else weights
 
 
-def _scores(q: torch.Tensor, k: torch.Tensor, queries: int | None, path: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """The queries kept (the first ``queries``, or all) and the keys, once a row's weights are known to fit."""
-    if queries is not None:
-        q = q[..., :queries, :]
-    heads, rows, keys = q.shape[1], q.shape[2], k.shape[2]
-    size = heads * rows * keys * 4
+def _fits(heads: int, queries: int, keys: int, path: str) -> None:
+    """Refuse one image's weights that would take more than :data:`MAX_ROW_BYTES`."""
+    size = heads * queries * keys * 4
     if size > MAX_ROW_BYTES:
         raise UsageProblem(
-            f"--capture attention: one image's weights of '{path}' ({heads} heads x {rows:,} queries x {keys:,} keys) "
-            f"take {format_bytes(size)}, more than hookcli computes a row ({format_bytes(MAX_ROW_BYTES)})",
-            hint="keep the class token's row: --attention class (or class-mean)",
+            f"--capture attention: one image's weights of '{path}' ({heads} heads x {queries:,} queries x {keys:,} "
+            f"keys) take {format_bytes(size)}, more than hookcli computes a row ({format_bytes(MAX_ROW_BYTES)})",
+            hint="keep the first token's row: --attention class (or class-mean)",
         )
-    return q, k
+
+
+def _first(x: torch.Tensor, queries: int | None) -> torch.Tensor:
+    """The tokens ``[N, T, D]`` whose queries are kept: the first ``queries``, or all."""
+    return x if queries is None else x[:, :queries]
 
 
 def _queries(mask: Any, queries: int | None) -> Any:
@@ -130,8 +148,13 @@ def _queries(mask: Any, queries: int | None) -> Any:
 
 
 def _bound(module: nn.Module, args: tuple, kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    """The call's arguments by name, as the module's ``forward`` names them."""
-    return dict(inspect.signature(module.forward).bind_partial(*args, **kwargs).arguments)
+    """The call's arguments by name, as the module's ``forward`` names them (those it takes as ``**kwargs`` too)."""
+    signature = inspect.signature(module.forward)
+    bound = dict(signature.bind_partial(*args, **kwargs).arguments)
+    for name, parameter in signature.parameters.items():
+        if parameter.kind is inspect.Parameter.VAR_KEYWORD:
+            bound.update(bound.pop(name, {}))
+    return bound
 
 
 def _heads(x: torch.Tensor, heads: int) -> torch.Tensor:
@@ -139,85 +162,85 @@ def _heads(x: torch.Tensor, heads: int) -> torch.Tensor:
     return x.reshape(x.shape[0], x.shape[1], heads, -1).transpose(1, 2)
 
 
-def _softmax(scores: torch.Tensor, mask: Any = None) -> torch.Tensor:
-    """Softmax over the keys, after ``mask`` (boolean: True is left out; or values added) where there is one."""
-    if mask is not None:
+def _causal(queries: int, keys: int, device: Any) -> torch.Tensor:
+    """The keys each of the first ``queries`` queries may not see in causal attention (True: left out)."""
+    return torch.ones(queries, keys, dtype=torch.bool, device=device).triu(1)
+
+
+def _softmax(scores: torch.Tensor, masks: list[Any]) -> torch.Tensor:
+    """Softmax over the keys in float32 (then the scores' dtype), after ``masks``: boolean (True is left out) or
+    values added."""
+    found = scores.float()
+    for mask in masks:
+        if mask is None:
+            continue
         if mask.dtype == torch.bool:
-            scores = scores.masked_fill(mask, float("-inf"))
+            found = found.masked_fill(mask, float("-inf"))
         else:
-            scores = scores + mask.to(scores.dtype)
-    return scores.softmax(dim=-1)
+            found = found + mask.float()
+    return found.softmax(dim=-1).to(scores.dtype)
 
 
 def _torch(module: nn.MultiheadAttention, call: dict[str, Any], queries: int | None, path: str) -> torch.Tensor:
     query, key = call["query"], call["key"]
-    unbatched = query.dim() == 2
-    if unbatched:
-        query, key = (
-            query.unsqueeze(1 if not module.batch_first else 0),
-            key.unsqueeze(1 if not module.batch_first else 0),
+    if query.dim() != 3:
+        raise UsageProblem(
+            f"--capture attention: '{path}' was called on one sequence, not a batch of them",
+            hint="capture its output, or its input with --capture input",
         )
     if not module.batch_first:
         query, key = query.transpose(0, 1), key.transpose(0, 1)
-    size, heads = module.embed_dim, module.num_heads
+    length, keys, size, heads = query.shape[1], key.shape[1], module.embed_dim, module.num_heads
+    _fits(heads, queries or length, keys, path)
     weight, bias = module.in_proj_weight, module.in_proj_bias
-    q = F.linear(query, weight[:size], None if bias is None else bias[:size])
+    q = F.linear(_first(query, queries), weight[:size], None if bias is None else bias[:size])
     k = F.linear(key, weight[size : 2 * size], None if bias is None else bias[size : 2 * size])
-    q, k = _scores(_heads(q, heads), _heads(k, heads), queries, path)
+    q, k = _heads(q, heads), _heads(k, heads)
     scale = math.sqrt(1.0 / q.shape[-1])  # as torch scales the queries before the product
     scores = (q * scale) @ k.transpose(-2, -1)
-    mask = _torch_mask(call, scores, query.shape[1])
-    weights = _softmax(scores, mask)
-    return weights[0] if unbatched else weights
-
-
-def _torch_mask(call: dict[str, Any], scores: torch.Tensor, length: int) -> Any:
-    """``attn_mask`` and ``key_padding_mask`` (and ``is_causal``'s mask) as one mask over ``scores`` (of the first
-    queries of ``length``)."""
-    batch, heads, queries, keys = scores.shape
-    masks = []
-    attn_mask = call.get("attn_mask")
+    attn_mask = call.get("attn_mask")  # torch's own sense: True is left out
     if attn_mask is None and call.get("is_causal"):
-        attn_mask = torch.ones(length, keys, dtype=torch.bool, device=scores.device).triu(1)
-    if attn_mask is not None:
-        whole = attn_mask.reshape(batch, heads, length, keys) if attn_mask.dim() == 3 else attn_mask
-        masks.append(_queries(whole, queries))
+        attn_mask = _causal(length, keys, scores.device)
+    if attn_mask is not None and attn_mask.dim() == 3:
+        attn_mask = attn_mask.reshape(query.shape[0], heads, length, keys)
     padding = call.get("key_padding_mask")
-    if padding is not None:
-        masks.append(padding.reshape(batch, 1, 1, keys))
-    if not masks:
-        return None
-    floats = [m if m.dtype != torch.bool else torch.zeros_like(m, dtype=scores.dtype).masked_fill(m, float("-inf"))
-              for m in masks]  # fmt: skip
-    return sum(floats[1:], floats[0])
+    padding = None if padding is None else padding.reshape(query.shape[0], 1, 1, keys)
+    return _softmax(scores, [_queries(attn_mask, queries), padding])
+
+
+def _allowed(mask: Any) -> Any:
+    """A mask in SDPA's sense (boolean: True attends; or values added) in :func:`_softmax`'s."""
+    return ~mask if mask is not None and mask.dtype == torch.bool else mask
 
 
 def _timm(module: Any, call: dict[str, Any], queries: int | None, path: str) -> torch.Tensor:  # timm's Attention
     x = call["x"]
-    heads = module.num_heads
+    heads, length = module.num_heads, x.shape[1]
+    _fits(heads, queries or length, length, path)
     width = module.qkv.out_features // 3
-    bias = module.qkv.bias
-    qk = F.linear(x, module.qkv.weight[: 2 * width], None if bias is None else bias[: 2 * width])
-    q, k = _heads(qk[..., :width], heads), _heads(qk[..., width:], heads)
-    q, k = _scores(module.q_norm(q), module.k_norm(k), queries, path)
+    weight, bias = module.qkv.weight, module.qkv.bias
+    q = F.linear(_first(x, queries), weight[:width], None if bias is None else bias[:width])
+    k = F.linear(x, weight[width : 2 * width], None if bias is None else bias[width : 2 * width])
+    q, k = module.q_norm(_heads(q, heads)), module.k_norm(_heads(k, heads))
     scores = (q * module.scale) @ k.transpose(-2, -1)
-    mask = call.get("attn_mask")
-    if mask is None and call.get("is_causal"):
-        mask = torch.ones(x.shape[1], x.shape[1], dtype=torch.bool, device=scores.device).triu(1)
-    return _softmax(scores, _queries(mask, queries))
+    causal = _causal(q.shape[2], length, scores.device) if call.get("is_causal") else None
+    return _softmax(scores, [causal, _queries(_allowed(call.get("attn_mask")), queries)])
 
 
 def _hf(module: Any, call: dict[str, Any], queries: int | None, path: str) -> torch.Tensor:  # transformers
     hidden = call["hidden_states"]
-    size = module.head_dim
+    size, length = module.head_dim, hidden.shape[1]
     heads = module.q_proj.out_features // size
+    _fits(heads, queries or length, length, path)
     scale = getattr(module, "scaling", getattr(module, "scale", size**-0.5))
-    q, k = _scores(_heads(module.q_proj(hidden), heads), _heads(module.k_proj(hidden), heads), queries, path)
+    q, k = _heads(module.q_proj(_first(hidden, queries)), heads), _heads(module.k_proj(hidden), heads)
     scores = (q @ k.transpose(-2, -1)) * scale
-    mask = _queries(call.get("attention_mask"), queries)
-    if mask is not None and mask.dtype != torch.bool:
-        scores, mask = scores + mask, None
-    return _softmax(scores.float(), mask).to(q.dtype)  # in float32, as Hugging Face's eager attention
+    causal = call.get("is_causal", getattr(module, "is_causal", False))
+    mask = call.get("attention_mask")
+    # A boolean mask is SDPA's (True attends); a float one is added. Causal attention may come as a flag alone.
+    return _softmax(
+        scores, [_causal(q.shape[2], length, scores.device) if causal else None, _queries(_allowed(mask), queries)]
+    )
 
 
 _COMPUTE: dict[str, Callable[[Any, dict[str, Any], int | None, str], torch.Tensor]] = {

@@ -3,7 +3,8 @@ through every block, from the blocks' attention weights.
 
 For blocks 1…L with attention weights A_l (averaged over the heads), each block's mixing is
 Â_l = ½ A_l + ½ I (the residual connection keeps half of each token), its rows renormalised to sum to 1, and the
-rollout is R = Â_L · … · Â_1. Row 0 of R (the class token's) over the patches is what ``rollout`` maps.
+rollout is R = Â_L · … · Â_1. Row 0 of R (the class token's, the first in a ViT) over the patches is what
+``rollout`` maps.
 
 >>> import torch
 >>> uniform = torch.full((1, 2, 2), 0.5)
@@ -50,11 +51,17 @@ def rollout(
     source: str | os.PathLike[str] | FeatureReader, keys: Sequence[str] = (), *, residual: float = 0.5
 ) -> Features:
     """The attention rollout of the blocks a file of ``extract --capture attention`` holds, as a map per image: the
-    class token's row of :func:`attention_rollout` over ``keys`` (default: every ``@attention`` key, in the file's
-    order, which is the order the layers were given), stored as ``rollout@attention`` ``[N, tokens]`` with the
-    file's metadata, so that ``hookcli.grid`` draws it (over the photo with ``overlay=True``). The weights must be
-    every token's (``--attention all`` or ``mean``); each key is read whole.
+    first (class) token's row of :func:`attention_rollout` over ``keys``, stored as ``rollout@attention``
+    ``[N, tokens]`` with the file's metadata, so that ``hookcli.grid`` draws it (over the photo with
+    ``overlay=True``). ``keys``: every block from the first on, first block first; by default every ``@attention``
+    key in the file's order, which is the model's (``extract`` keeps the layers in the model's order). The weights
+    must be every token's (``--attention mean``, or ``all``, which takes heads times the memory); each key is read
+    whole, so the file's keys must fit in memory together, in float64.
     """
+    if not 0 <= residual <= 1:
+        raise UsageProblem(
+            f"residual={residual}: a rollout keeps a share of each token, between 0 and 1", hint="0.5 is the paper's"
+        )
     opened = open_features(source) if isinstance(source, str | os.PathLike) else contextlib.nullcontext(source)
     with opened as features:
         capture = str(features.metadata.get("capture", "output"))
@@ -62,6 +69,12 @@ def rollout(
             raise UsageProblem(
                 f"'{features.name}' holds no attention weights (its capture is {capture})",
                 hint="capture them with hookcli extract --capture attention",
+            )
+        if features.metadata.get("prefix_tokens") == "0":
+            raise UsageProblem(
+                f"'{features.name}' is of a model with no class token before its patches, so its first token's row is "
+                "a patch's",
+                hint="a rollout maps the class token's row: give a file of a model that has one",
             )
         kept = capture.partition(":")[2] or "all"
         if kept.startswith("class"):
