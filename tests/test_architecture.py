@@ -189,6 +189,7 @@ LAZY_IMPORTS = {
     ("hookcli.run.request", "hookcli.models.sources.given"): "a module handed in: its caller has imported torch",
     ("hookcli.cli.running", "hookcli.api"): "--help and parse errors answer without the library (about 30 ms)",
     ("hookcli.cli.commands", "hookcli.models.catalog"): "models' note on an empty listing, without slowing --help",
+    ("hookcli.cli.attending", "hookcli.statistics.rollout"): "a rollout loads torch once its options are parsed",
     ("hookcli.cli.running", "tqdm"): "the progress bar (about 60 ms) loads when one is drawn",
     ("hookcli.inputs.clips", "av"): "PyAV is an optional extra, loaded when a video file is opened",
     ("hookcli.inputs.clips", "hookcli.inputs.limits"): "Pillow's limit, read when a video file is opened",

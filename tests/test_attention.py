@@ -341,3 +341,27 @@ def test_the_first_tokens_row_of_a_model_without_a_class_token_is_refused(photos
 def _vit_file(photos):
     layer = "encoder.layers.encoder_layer_0.self_attention"
     return hookcli.extract(_vit(), layer, photos, capture="attention", resize=16, crop=16)
+
+
+def test_the_command_line_writes_the_rollout_beside_and_refuses_what_has_none(photos, tmp_path, runner, monkeypatch):
+    from hookcli.cli import main
+
+    layers = [f"encoder.layers.encoder_layer_{n}.self_attention" for n in range(2)]
+    out = hookcli.extract(_vit(), layers, photos, capture="attention", attention="mean", resize=16, crop=16,
+                          output=tmp_path / "a.safetensors")  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    done = runner.invoke(main, ["rollout", str(out)])
+    assert done.exit_code == 0, done.output
+    assert done.stdout == "a.rollout.safetensors\n"
+    with hookcli.open_features(tmp_path / "a.rollout.safetensors") as read:
+        assert read.keys() == ["rollout@attention"] and read.shape("rollout@attention") == [3, 5]
+        np.testing.assert_allclose(read.read("rollout@attention"), hookcli.rollout(out)["rollout@attention"].numpy())
+    again = runner.invoke(main, ["rollout", str(out)])
+    assert again.exit_code != 0 and "already exists" in again.stderr
+    plain = hookcli.extract(_vit(), layers[0], photos, resize=16, crop=16, output=tmp_path / "plain.safetensors")
+    refused = runner.invoke(main, ["rollout", str(plain), "-o", "r.safetensors"])
+    assert refused.exit_code == 2 and refused.stderr == (
+        f"Error: '{plain}' holds no attention weights (its capture is output). Hint: capture them with hookcli extract "
+        "--capture attention\n"
+    )
+    assert not (tmp_path / "r.safetensors").exists()

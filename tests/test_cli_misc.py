@@ -121,6 +121,7 @@ DOCUMENTED_ORDER = [
     "compare",
     "ablate",
     "patch",
+    "rollout",
     "grid",
     "report",
     "info",

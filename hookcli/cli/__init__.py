@@ -8,7 +8,7 @@ group (one-line errors, notes, signals), :mod:`~hookcli.cli.declared` the shared
 command needs them, so ``hookcli --help`` starts at once.
 """
 
-from hookcli.cli import ablating, commands, gathering, patching  # noqa: F401  (register the commands on the group)
+from hookcli.cli import ablating, attending, commands, gathering, patching  # noqa: F401  (register the commands on the group)
 from hookcli.cli.app import main
 
 __all__ = ["main"]

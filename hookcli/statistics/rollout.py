@@ -18,13 +18,16 @@ import contextlib
 import json
 import os
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from hookcli.errors import UsageProblem
+from hookcli.files import check_writable
 from hookcli.storage.features import Features
 from hookcli.storage.reader import FeatureReader
+from hookcli.storage.saving import write_safetensors
 from hookcli.storage.shards import open_features
 
 __all__ = ["attention_rollout", "rollout"]
@@ -48,16 +51,24 @@ def attention_rollout(blocks: Sequence[torch.Tensor], *, residual: float = 0.5) 
 
 
 def rollout(
-    source: str | os.PathLike[str] | FeatureReader, keys: Sequence[str] = (), *, residual: float = 0.5
-) -> Features:
+    source: str | os.PathLike[str] | FeatureReader,
+    keys: Sequence[str] = (),
+    *,
+    residual: float = 0.5,
+    output: str | os.PathLike[str] | None = None,
+    force: bool = False,
+) -> Features | Path:
     """The attention rollout of the blocks a file of ``extract --capture attention`` holds, as a map per image: the
     first (class) token's row of :func:`attention_rollout` over ``keys``, stored as ``rollout@attention``
     ``[N, tokens]`` with the file's metadata, so that ``hookcli.grid`` draws it (over the photo with
     ``overlay=True``). ``keys``: every block from the first on, first block first; by default every ``@attention``
     key in the file's order, which is the model's (``extract`` keeps the layers in the model's order). The weights
     must be every token's (``--attention mean``, or ``all``, which takes heads times the memory); each key is read
-    whole, so the file's keys must fit in memory together, in float64.
+    whole, so the file's keys must fit in memory together, in float64. With ``output``, the file written (refused
+    when it exists, unless ``force``), whose path is returned: ``hookcli rollout``.
     """
+    if output is not None:
+        check_writable(output, force=force)
     if not 0 <= residual <= 1:
         raise UsageProblem(
             f"residual={residual}: a rollout keeps a share of each token, between 0 and 1", hint="0.5 is the paper's"
@@ -105,4 +116,7 @@ def rollout(
             "capture": "attention:class-mean",
             "rollout": json.dumps({"blocks": chosen, "residual": residual}),
         }
+    if output is None:
         return Features({"rollout@attention": maps}, metadata, name=f"rollout of {features.name}")
+    write_safetensors({"rollout@attention": maps}, metadata, output, force=force)
+    return Path(output)
