@@ -63,9 +63,8 @@ def rollout(
     ``[N, tokens]`` with the file's metadata, so that ``hookcli.grid`` draws it (over the photo with
     ``overlay=True``). ``keys``: every block from the first on, first block first; by default every ``@attention``
     key in the file's order, which is the model's (``extract`` keeps the layers in the model's order). The weights
-    must be every token's (``--attention mean``, or ``all``, which takes heads times the memory); each key is read
-    whole, so the file's keys must fit in memory together, in float64. With ``output``, the file written (refused
-    when it exists, unless ``force``), whose path is returned: ``hookcli rollout``.
+    must be every token's (``--attention mean``, or ``all``); they are read an image at a time. With ``output``, the
+    file written (refused when it exists, unless ``force``), whose path is returned: ``hookcli rollout``.
     """
     if output is not None:
         check_writable(output, force=force)
@@ -103,14 +102,19 @@ def rollout(
                 else f"'{features.name}' has no @attention key",
                 hint="give the @attention keys of the blocks, first block first",
             )
-        blocks = [torch.as_tensor(np.asarray(features.read(key))) for key in chosen]
-        shapes = {tuple(block.shape[:1]) + tuple(block.shape[-2:]) for block in blocks}
-        if len(shapes) != 1:
+        shapes = {(features.shape(key)[0], *features.shape(key)[-2:]) for key in chosen}
+        ranks = {len(features.shape(key)) for key in chosen}
+        (rows, queries, tokens), *others = sorted(shapes)
+        if others or not ranks <= {3, 4} or queries != tokens:
             raise UsageProblem(
-                f"the blocks of '{features.name}' do not have the same images and tokens: {sorted(shapes)}",
+                f"the blocks of '{features.name}' are not each image's weights over one set of tokens: "
+                f"{', '.join(str(list(features.shape(key))) for key in chosen)}",
                 hint="give the @attention keys of one model's blocks",
             )
-        maps = attention_rollout(blocks, residual=residual)[:, 0, :].float()
+        maps = torch.empty(rows, tokens)
+        for row in range(rows):  # a row of each block at a time: memory for one image's weights
+            blocks = [torch.as_tensor(np.asarray(features.read(key, row)))[None] for key in chosen]
+            maps[row] = attention_rollout(blocks, residual=residual)[0, 0].float()
         metadata = {
             **features.metadata,
             "capture": "attention:class-mean",
