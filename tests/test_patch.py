@@ -365,3 +365,17 @@ def test_the_report_shows_the_pictures_and_the_pairs(pairs, tmp_path, runner):
     assert rows == 2 and "the first 2 of 4" in page
     done = runner.invoke(main, ["report", str(out), "-o", str(tmp_path / "r2"), "--page-size", "3"])
     assert done.exit_code == 2 and "is one page" in done.stderr
+
+
+def test_maps_too_large_for_a_picture_are_refused_with_the_option_that_draws_fewer(pairs, monkeypatch):
+    import hookcli.pictures.patch_grids as patch_grids
+
+    found = hookcli.patch(_net(), "2", pairs, positions=True, **SMALL)  # maps of 6x6 positions
+    monkeypatch.setattr(patch_grids, "MAX_PIXELS", 5 * 36 - 1)
+    with pytest.raises(HookcliError) as refused:
+        hookcli.grid(found)
+    assert (refused.value.message, refused.value.hint) == (
+        "'2' has maps of 6x6 positions: 5 of them are larger than a picture may be (179 pixels)",
+        "draw fewer pairs with --top",
+    )
+    assert list(hookcli.grid(found, top=3)) == ["patch__2.png"]  # the mean and 3 pairs fit

@@ -21,13 +21,12 @@ import numpy as np
 
 from hookcli.console import printable
 from hookcli.errors import UsageProblem
-from hookcli.events import Advanced, Event, Started, Wrote
-from hookcli.files import check_folder_output, refuse_existing
+from hookcli.events import Event
 from hookcli.options.declaring import declared as declared_in
 from hookcli.options.grid import GRID_OPTIONS, GridOptions
 from hookcli.pictures.compare_grids import DIVERGING, labelled, matrix_cells
 from hookcli.pictures.file_names import safe_name
-from hookcli.pictures.png import save_png
+from hookcli.pictures.png import write_pictures
 from hookcli.pictures.render import add_colorbar, add_title, check_cmap
 from hookcli.pictures.text import number
 from hookcli.storage.ablation_file import AblationFile, read_ablation
@@ -72,22 +71,11 @@ def draw_ablation_grids(
 ) -> dict[str, np.ndarray] | list[Path]:
     """grid's picture of an ablation file, written under ``output`` (its path returned in a list) or, with
     ``output=None``, returned by file name as ``uint8 [H, W, 3]`` pixels."""
-    emit = progress or (lambda event: None)
     ablation = read_ablation(features)
     check_ablation_options(ablation, options)
-    name = _picture_name(ablation)
-    path = None if output is None else check_folder_output(output) / name
-    if path is not None:
-        refuse_existing([path], force=force)
-    emit(Started(total=1))
-    pixels = heatmap_picture(ablation, options)
-    if path is None:
-        emit(Advanced(1))
-        return {name: pixels}
-    save_png(pixels, path, force=force)
-    emit(Wrote(path))
-    emit(Advanced(1))
-    return [Path(path)]
+    return write_pictures(
+        [_picture_name(ablation)], lambda: [heatmap_picture(ablation, options)], output, force=force, progress=progress
+    )
 
 
 def check_ablation_options(ablation: AblationFile, options: GridOptions) -> None:

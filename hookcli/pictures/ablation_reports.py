@@ -18,11 +18,19 @@ import numpy as np
 
 from hookcli.errors import UsageProblem
 from hookcli.events import Advanced, Note, Started, Wrote
-from hookcli.files import check_folder_output, format_bytes, refuse_existing
+from hookcli.files import format_bytes
 from hookcli.options.grid import GridOptions
 from hookcli.pictures.ablation_grids import DEFAULT_UNITS, check_ablation_options, heatmap_picture, ranked_units
 from hookcli.pictures.examples import ExamplePhotos, examples_picture
-from hookcli.pictures.html import escaped, facts_table, file_details, new_pages, page_name, picture_html, report_page
+from hookcli.pictures.html import (
+    escaped,
+    facts_table,
+    file_details,
+    new_pages,
+    one_page_index,
+    picture_html,
+    report_page,
+)
 from hookcli.pictures.summary import describe_file
 from hookcli.storage.ablation_file import AblationFile, read_ablation
 from hookcli.storage.reader import FeatureReader
@@ -60,14 +68,8 @@ def write_ablation_report(
     emit = progress or (lambda event: None)
     ablation = read_ablation(features)
     check_ablation_options(ablation, options)
-    if page_size is not None:
-        raise UsageProblem(
-            f"--page-size pages images or channels, and the report of the ablation file '{ablation.name}' is one page",
-            hint="leave --page-size out",
-        )
-    folder = check_folder_output(output)
-    index = folder / page_name(1)
-    refuse_existing([index], force=force)
+    index = one_page_index(output, f"the ablation file '{ablation.name}'", page_size, force=force)
+    folder = index.parent
     rows = ranked_units(ablation.read("kl"), options.top or DEFAULT_UNITS)
     emit(Started(total=1))
     picture = picture_html(heatmap_picture(ablation, options), "heatmap of the units' effects on the classes")

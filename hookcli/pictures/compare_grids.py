@@ -33,13 +33,12 @@ from PIL import Image, ImageDraw
 
 from hookcli.console import printable
 from hookcli.errors import UsageProblem
-from hookcli.events import Advanced, Event, Started, Wrote
-from hookcli.files import check_folder_output, refuse_existing
+from hookcli.events import Event
 from hookcli.options.declaring import declared as declared_in
 from hookcli.options.grid import GRID_OPTIONS, GridOptions
 from hookcli.patterns import select_keys
 from hookcli.pictures.file_names import safe_name
-from hookcli.pictures.png import save_png
+from hookcli.pictures.png import write_pictures
 from hookcli.pictures.render import MAX_PIXELS, PAD_COLOR, add_colorbar, add_title, check_cmap, colorize, stacked
 from hookcli.pictures.text import (
     caption_font,
@@ -296,18 +295,12 @@ def draw_compare_grids(
 ) -> dict[str, np.ndarray] | list[Path]:
     """grid's picture of a comparison file (see the module), written under ``output`` (its path returned in a
     list) or, with ``output=None``, returned by file name as ``uint8 [H, W, 3]`` pixels."""
-    emit = progress or (lambda event: None)
     comparison = read_comparison(features)
     chosen = choose_matrix(comparison, options)
-    path = None if output is None else check_folder_output(output) / picture_name(comparison)
-    if path is not None:
-        refuse_existing([path], force=force)
-    emit(Started(total=1))
-    pixels = heatmap_picture(comparison, chosen, options)
-    if path is None:
-        emit(Advanced(1))
-        return {picture_name(comparison): pixels}
-    save_png(pixels, path, force=force)
-    emit(Wrote(path))
-    emit(Advanced(1))
-    return [Path(path)]
+    return write_pictures(
+        [picture_name(comparison)],
+        lambda: [heatmap_picture(comparison, chosen, options)],
+        output,
+        force=force,
+        progress=progress,
+    )

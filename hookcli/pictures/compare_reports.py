@@ -15,9 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from hookcli.errors import UsageProblem
 from hookcli.events import Advanced, Started, Wrote
-from hookcli.files import check_folder_output, format_bytes, refuse_existing
+from hookcli.files import format_bytes
 from hookcli.options.grid import GridOptions
 from hookcli.pictures.compare_grids import (
     ChosenMatrix,
@@ -31,7 +30,7 @@ from hookcli.pictures.html import (
     facts_table,
     file_details,
     new_pages,
-    page_name,
+    one_page_index,
     picture_html,
     report_page,
     value_html,
@@ -73,16 +72,9 @@ def write_compare_report(
     :class:`~hookcli.events.Advanced` and :class:`~hookcli.events.Wrote` (``index.html``) events to ``progress``."""
     emit = progress or (lambda event: None)
     comparison = read_comparison(features)
-    if page_size is not None:
-        raise UsageProblem(
-            f"--page-size pages images or channels, and the report of the comparison file '{comparison.name}' is "
-            "one page",
-            hint="leave --page-size out",
-        )
+    index = one_page_index(output, f"the comparison file '{comparison.name}'", page_size, force=force)
+    folder = index.parent
     chosen = choose_matrix(comparison, options)
-    folder = check_folder_output(output)
-    index = folder / page_name(1)
-    refuse_existing([index], force=force)
     emit(Started(total=1))
     picture = picture_html(heatmap_picture(comparison, chosen, options), f"heatmap of {comparison.method}")
     title = f"{comparison.name} · hookcli report"

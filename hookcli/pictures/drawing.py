@@ -20,6 +20,7 @@ from hookcli.pictures.grid_job import GridJob
 from hookcli.pictures.photos import heat_picture, model_photo_scaled
 from hookcli.pictures.reading import (
     Detections,
+    attention_label,
     attention_maps,
     channels_last,
     detection_keys,
@@ -152,6 +153,9 @@ def _row_picture(
     picked = f"{kind}s {selected[0]}-{selected[-1]}" if len(maps) > 1 else f"{kind} {selected[0]}"
     if single:
         picked = "class-activation map"
+    named = attention_label(features) if attention else None
+    if named is not None:  # one map, of no one head
+        picked, labels = named, None
     if selected.step != 1 and len(maps) > 1:
         picked += f" every {selected.step}"
     if options.top is not None:
@@ -291,6 +295,8 @@ def _overlay_picture(
     photo, scale = model_photo_scaled(job.source_image, preprocess, enlarge=not options.plain)
     heat = np.nanmean(np.where(np.isfinite(maps), maps, np.nan), axis=0) if len(maps) > 1 else maps[0]
     what = features.metadata.get("method", "cam") if one_map_a_row(features, job.key) else "activation"
+    if is_attention(features, job.key):
+        what = attention_label(features) or "attention"
     return heat_picture(
         photo,
         heat,

@@ -21,7 +21,8 @@ import numpy as np
 from PIL import Image
 
 from hookcli.console import printable
-from hookcli.files import atomic_path, format_bytes
+from hookcli.errors import UsageProblem
+from hookcli.files import atomic_path, check_folder_output, format_bytes, refuse_existing
 from hookcli.pictures.reading import Detections, target_box
 from hookcli.pictures.summary import values_stats
 from hookcli.storage.fileformat import metadata_order
@@ -43,6 +44,7 @@ __all__ = [
     "number_cell",
     "HEAD",
     "page_name",
+    "one_page_index",
     "pager",
     "jpeg_uri",
     "picture_html",
@@ -73,6 +75,19 @@ _LIST_SHOWN = 10
 def page_name(number: int) -> str:
     """The file of page ``number`` (from 1): ``index.html``, then ``page-00002.html``, …"""
     return "index.html" if number == 1 else f"page-{number:05d}.html"
+
+
+def one_page_index(output: str | os.PathLike, what: str, page_size: int | None, *, force: bool) -> Path:
+    """The ``index.html`` of a report that is one page, of ``what`` (``the ablation file 'a.safetensors'``): refused
+    when ``page_size`` is given, when ``output`` cannot be a folder, or when the page exists, unless ``force``."""
+    if page_size is not None:
+        raise UsageProblem(
+            f"--page-size pages images or channels, and the report of {what} is one page",
+            hint="leave --page-size out",
+        )
+    index = check_folder_output(output) / page_name(1)
+    refuse_existing([index], force=force)
+    return index
 
 
 def value_html(value, depth: int = 0) -> str:

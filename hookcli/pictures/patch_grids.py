@@ -21,16 +21,16 @@ import numpy as np
 
 from hookcli.console import printable
 from hookcli.errors import UsageProblem
-from hookcli.events import Advanced, Event, Started, Wrote
-from hookcli.files import check_folder_output, refuse_existing
+from hookcli.events import Event
 from hookcli.options.declaring import declared as declared_in
 from hookcli.options.grid import GRID_OPTIONS, GridOptions
 from hookcli.pictures.compare_grids import DIVERGING, labelled, matrix_cells
 from hookcli.pictures.file_names import safe_name
-from hookcli.pictures.png import save_png
-from hookcli.pictures.render import PAD_COLOR, add_colorbar, add_title, check_cmap
+from hookcli.pictures.png import write_pictures
+from hookcli.pictures.render import MAX_PIXELS, PAD_COLOR, add_colorbar, add_title, check_cmap
 from hookcli.pictures.text import ink, number, text_bitmap
 from hookcli.storage.patch_file import PatchFile, read_patch
+from hookcli.storage.patch_format import patch_key
 from hookcli.storage.reader import FeatureReader
 
 __all__ = ["DEFAULT_MAPS", "DEFAULT_PAIRS", "check_patch_options", "draw_patch_grids", "patch_pictures", "shown_range"]
@@ -62,25 +62,11 @@ def draw_patch_grids(
 ) -> dict[str, np.ndarray] | list[Path]:
     """grid's pictures of a patching file, written under ``output`` (their paths returned) or, with
     ``output=None``, returned by file name as ``uint8 [H, W, 3]`` pixels."""
-    emit = progress or (lambda event: None)
     patched = read_patch(features)
     check_patch_options(patched, options)
-    names = _picture_names(patched)
-    folder = None if output is None else check_folder_output(output)
-    if folder is not None:
-        refuse_existing([folder / name for name in names], force=force)
-    emit(Started(total=len(names)))
-    found: dict[str, np.ndarray] = {}
-    written: list[Path] = []
-    for name, pixels in zip(names, patch_pictures(patched, options), strict=True):
-        if folder is None:
-            found[name] = pixels
-        else:
-            save_png(pixels, folder / name, force=force)
-            written.append(folder / name)
-            emit(Wrote(folder / name))
-        emit(Advanced(1))
-    return found if folder is None else written
+    return write_pictures(
+        _picture_names(patched), lambda: patch_pictures(patched, options), output, force=force, progress=progress
+    )
 
 
 def check_patch_options(patched: PatchFile, options: GridOptions) -> None:
@@ -124,18 +110,26 @@ def _heatmap(patched: PatchFile, keys: list[str], options: GridOptions) -> np.nd
         return cells
     pixels = labelled(cells, cell, [printable(key) for key in keys], ["mean", *(f"{i}" for i in range(count))])
     if options.title:
-        pixels = add_title(pixels, _title(patched, count, "layers patched whole: the mean, then each pair"))
+        pixels = add_title(pixels, _title(patched, count, "layers patched whole: the mean, then each pair", values))
     return add_colorbar(pixels, cmap, number(-limit), number(limit), _SCALE_TEXT)
 
 
 def _maps(patched: PatchFile, key: str, options: GridOptions) -> np.ndarray:
     """A layer patched position by position: the mean effect's map, then each pair's."""
     count = min(patched.pairs, options.top or DEFAULT_MAPS)
-    maps = [patched.read(key, "mean_effect"), *patched.read(key, "effect")[:count]]
-    maps = [_flat(values) for values in maps]
-    limit = shown_range(np.concatenate([values.ravel() for values in maps]))
+    height, width = _flat(np.empty(patched.positions[key])).shape
+    if (count + 1) * height * width > MAX_PIXELS:
+        raise UsageProblem(
+            f"'{key}' has maps of {height}x{width} positions: {count + 1} of them are larger than a picture may be "
+            f"({MAX_PIXELS:,} pixels)",
+            hint="draw fewer pairs with --top",
+        )
+    # The pairs drawn are read a row at a time: a file of many pairs is not read whole.
+    rows = [patched.features.read(patch_key(key, "effect"), row) for row in range(count)]
+    maps = [_flat(values) for values in (patched.read(key, "mean_effect"), *rows)]
+    shown = np.concatenate([values.ravel() for values in maps])
+    limit = shown_range(shown)
     cmap = check_cmap(options.cmap or DIVERGING)
-    height, width = maps[0].shape
     cell = max(1, min(_MAX_CELL, _MAP_SIDE // max(height, width)))
     tiles = [matrix_cells(values / limit, (-1.0, 1.0), cmap, cell, numbers=False) for values in maps]
     if options.plain:
@@ -143,7 +137,7 @@ def _maps(patched: PatchFile, key: str, options: GridOptions) -> np.ndarray:
     labels: list[str | None] = ["mean", *(f"pair {i}" for i in range(count))]
     pixels = _side_by_side(tiles, labels)
     if options.title:
-        pixels = add_title(pixels, _title(patched, count, f"{printable(key)} patched a position at a time"))
+        pixels = add_title(pixels, _title(patched, count, f"{printable(key)} patched a position at a time", shown))
     return add_colorbar(pixels, cmap, number(-limit), number(limit), _SCALE_TEXT)
 
 
@@ -173,6 +167,9 @@ def _side_by_side(tiles: list[np.ndarray], labels: list[str | None]) -> np.ndarr
     return canvas
 
 
-def _title(patched: PatchFile, shown: int, what: str) -> list[str]:
+def _title(patched: PatchFile, shown: int, what: str, values: np.ndarray) -> list[str]:
     pairs = f"{patched.pairs:,} pair{'s' if patched.pairs != 1 else ''}"
-    return [what, f"{pairs} ({shown:,} shown), measured by m = z[source's class] - z[target's class]"]
+    lines = [what, f"{pairs} ({shown:,} shown), measured by m = z[source's class] - z[target's class]"]
+    if not np.isfinite(values).any():
+        lines.append("every effect shown is undefined: each pair's source and target are of one class (see @change)")
+    return lines

@@ -16,11 +16,18 @@ from pathlib import Path
 
 import numpy as np
 
-from hookcli.errors import UsageProblem
 from hookcli.events import Advanced, Started, Wrote
-from hookcli.files import check_folder_output, format_bytes, refuse_existing
+from hookcli.files import format_bytes
 from hookcli.options.grid import GridOptions
-from hookcli.pictures.html import escaped, facts_table, file_details, new_pages, page_name, picture_html, report_page
+from hookcli.pictures.html import (
+    escaped,
+    facts_table,
+    file_details,
+    new_pages,
+    one_page_index,
+    picture_html,
+    report_page,
+)
 from hookcli.pictures.patch_grids import DEFAULT_PAIRS, check_patch_options, patch_pictures
 from hookcli.pictures.summary import describe_file
 from hookcli.pictures.text import number
@@ -50,16 +57,10 @@ def write_patch_report(
     page), and an existing page unless ``force``."""
     emit = progress or (lambda event: None)
     patched = read_patch(features)
-    if page_size is not None:
-        raise UsageProblem(
-            f"--page-size pages images or channels, and the report of the patching file '{patched.name}' is one page",
-            hint="leave --page-size out",
-        )
+    index = one_page_index(output, f"the patching file '{patched.name}'", page_size, force=force)
+    folder = index.parent
     check_patch_options(patched, options)
     pictures = patch_pictures(patched, options)
-    folder = check_folder_output(output)
-    index = folder / page_name(1)
-    refuse_existing([index], force=force)
     emit(Started(total=1))
     shown = "\n".join(picture_html(pixels, "effects of the patches") for pixels in pictures)
     with (

@@ -33,6 +33,7 @@ __all__ = [
     "channels_last",
     "detection_keys",
     "attention_drawn",
+    "attention_label",
     "attention_maps",
     "drawn_row_shape",
     "drawn_shape",
@@ -201,6 +202,13 @@ def attention_drawn(features: FeatureReader, row: Sequence[int]) -> list[int]:
     side = math.isqrt(keys - skip)
     kept = str(features.metadata.get("capture", "attention")).partition(":")[2] or "all"
     return [1 if kept.endswith("mean") else int(row[0]), side, side]
+
+
+def attention_label(features: FeatureReader) -> str | None:
+    """What an attention key's one map is, where it is not one head's: ``rollout`` or ``heads' mean``; else None."""
+    if "rollout" in features.metadata:
+        return "rollout"
+    return "heads' mean" if str(features.metadata.get("capture", "")).endswith("mean") else None
 
 
 def attention_maps(features: FeatureReader, values: np.ndarray) -> np.ndarray:

@@ -27,19 +27,15 @@ from torch import nn
 from hookcli.errors import CaptureError, UsageProblem
 from hookcli.families import channels_last_output
 from hookcli.run.edits import first_missing, partners
-from hookcli.run.replay import Kept, ReplayForward, repeated, traced
+from hookcli.run.replay import CHUNK_BYTES, Kept, ReplayForward, class_scores, repeated, traced
 from hookcli.statistics.units import UnitLayout
 
-__all__ = ["CHUNK_BYTES", "CLASS_DELTA", "ROW_FIELDS", "AblationForward", "UnitAblation", "ablation_forward"]
+__all__ = ["CLASS_DELTA", "ROW_FIELDS", "AblationForward", "UnitAblation", "ablation_forward"]
 
 #: What a row holds for each unit: the change of the predicted class's logit and probability, whether the top
 #: class flipped, the KL divergence of the output distribution; and each class's change (``[units, classes]``).
 ROW_FIELDS = ("logit_change", "prob_change", "flips", "kl")
 CLASS_DELTA = "class_delta"
-
-#: About how many bytes the copies of one chunk of units may take: the layer's output and what the part after it
-#: reads, for every copy.
-CHUNK_BYTES = 256 * 1024 * 1024
 
 
 class UnitAblation:
@@ -255,15 +251,14 @@ def _repeated_input(batch: Any, copies: torch.Tensor) -> Any:
 
 def _logits(output: Any, effect_on: str) -> torch.Tensor:
     """The output measured, as rows of values ``[N, K]``."""
-    if isinstance(output, Mapping) and "logits" in output:  # a transformers model's output
-        output = output["logits"]
-    if not isinstance(output, torch.Tensor) or not output.is_floating_point() or output.dim() < 2:
+    scores = class_scores(output)
+    if scores is None:
         where = "the model" if effect_on == "." else effect_on
         raise CaptureError(
             f"{where} returns {type(output).__name__}, not rows of class scores to measure an ablation's effect on",
             hint="give --effect-on a layer that returns one tensor a row (an embedding, a head's scores)",
         )
-    return output.flatten(1).float()
+    return scores
 
 
 def _changes(outputs: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -81,7 +81,7 @@ def check_attention(module: nn.Module, path: str) -> str:
             f"({', '.join(KINDS.values())})",
             hint="name the attention module itself (hookcli layers lists them: self_attention, attn, attention…)",
         )
-    parameters = set(inspect.signature(module.forward).parameters)
+    parameters = set(_signature(type(module)).parameters)
     qkv: Any = getattr(module, "qkv", None)
     problem = None
     if kind == "torch" and (module.bias_k is not None or module.add_zero_attn or not module._qkv_same_embed_dim):
@@ -147,9 +147,20 @@ def _queries(mask: Any, queries: int | None) -> Any:
     return mask[..., :queries, :]
 
 
+_SIGNATURES: dict[type[nn.Module], inspect.Signature] = {}
+
+
+def _signature(kind: type[nn.Module]) -> inspect.Signature:
+    """The signature of a module class's ``forward``, without ``self``: read once a class, not at each call."""
+    if kind not in _SIGNATURES:
+        signature = inspect.signature(kind.forward)
+        _SIGNATURES[kind] = signature.replace(parameters=list(signature.parameters.values())[1:])
+    return _SIGNATURES[kind]
+
+
 def _bound(module: nn.Module, args: tuple, kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """The call's arguments by name, as the module's ``forward`` names them (those it takes as ``**kwargs`` too)."""
-    signature = inspect.signature(module.forward)
+    signature = _signature(type(module))
     bound = dict(signature.bind_partial(*args, **kwargs).arguments)
     for name, parameter in signature.parameters.items():
         if parameter.kind is inspect.Parameter.VAR_KEYWORD:

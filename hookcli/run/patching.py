@@ -32,13 +32,10 @@ from torch import nn
 
 from hookcli.errors import CaptureError, UsageProblem
 from hookcli.families import channels_last_output
-from hookcli.run.replay import Kept, ReplayForward, repeated, taken, traced
+from hookcli.run.replay import CHUNK_BYTES, Kept, ReplayForward, class_scores, repeated, taken, traced
 from hookcli.statistics.units import UnitLayout
 
-__all__ = ["CHUNK_BYTES", "PatchForward", "Patching", "patch_forward", "position_axes"]
-
-#: About how many bytes the copies of one chunk may take: the layer's output and what the part after it reads.
-CHUNK_BYTES = 256 * 1024 * 1024
+__all__ = ["PatchForward", "Patching", "patch_forward", "position_axes"]
 
 
 def position_axes(row_shape: Sequence[int], layout: UnitLayout) -> tuple[int, ...]:
@@ -130,9 +127,12 @@ class Patching:
                     hint="patch layers whose output is one tensor (hookcli layers lists them)",
                 )
             source, target = value[sources.to(value.device)], value[targets.to(value.device)]
+            # What the part after the layer reads, of the targets alone: taken once a batch, copied for each chunk.
+            read = {node: taken(env[node], targets, rows) for node in self._read_after.get(layer, ())}
+            alone = taken(batch, targets, rows) if self.graph is None else None
 
-            def run(copies: torch.Tensor, layer: str = layer) -> torch.Tensor:
-                return _scores(self._replayed(layer, env, batch, copies, rows))
+            def run(copies: torch.Tensor, layer: str = layer, read: dict = read, alone: Any = alone) -> torch.Tensor:
+                return _scores(self._replayed(layer, read, alone, copies, rows // 2))
 
             found[layer] = self._changes(layer, source, target, run, source_class, target_class)
         return found
@@ -183,16 +183,16 @@ class Patching:
         )
         return position_axes(row_shape, layout)
 
-    def _replayed(self, layer: str, env: Mapping[Any, Any], batch: Any, copies: torch.Tensor, rows: int) -> Any:
+    def _replayed(self, layer: str, read: Mapping[Any, Any], targets: Any, copies: torch.Tensor, pairs: int) -> Any:
         """The model's output on the targets, copied as many times as ``copies`` holds copies of their rows, with
-        ``layer``'s output replaced by ``copies``."""
-        targets = torch.arange(1, rows, 2)
-        count = copies.shape[0] // (rows // 2)
+        ``layer``'s output replaced by ``copies``: from what the part after the layer ``read`` s of the targets'
+        values, or (untraced) from the ``targets``' inputs run whole."""
+        count = copies.shape[0] // pairs
         if self.graph is None:
-            return self._whole(repeated(taken(batch, targets, rows), count, rows // 2), {}, (layer, copies))
+            return self._whole(repeated(targets, count, pairs), {}, (layer, copies))
         initial: dict[Any, Any] = dict.fromkeys(self._before[layer])
-        for node in self._read_after[layer]:  # what the part after the layer reads of the part before, of the targets
-            initial[node] = repeated(taken(env[node], targets, rows), count, rows // 2)
+        for node, value in read.items():
+            initial[node] = repeated(value, count, pairs)
         initial[self._nodes[layer]] = copies
         interpreter = Kept(self.graph)
         return interpreter.run(*(initial[node] for node in self._placeholders), initial_env=initial)
@@ -226,14 +226,13 @@ def _metric(scores: torch.Tensor, source_class: torch.Tensor, target_class: torc
 
 def _scores(output: Any) -> torch.Tensor:
     """The model's output as rows of class scores ``[N, K]``."""
-    if isinstance(output, Mapping) and "logits" in output:  # a transformers model's output
-        output = output["logits"]
-    if not isinstance(output, torch.Tensor) or not output.is_floating_point() or output.dim() < 2:
+    scores = class_scores(output)
+    if scores is None:
         raise CaptureError(
             f"patch: the model returns {type(output).__name__}, not rows of class scores to measure a patch by",
             hint="patch a classifier: m is the logit of the source's class less the target's",
         )
-    return output.flatten(1).float()
+    return scores
 
 
 def _never_runs(layer: str) -> UsageProblem:

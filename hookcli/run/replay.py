@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -21,7 +21,11 @@ from hookcli.run.batches import batch_device
 from hookcli.run.capture import preserved_mode
 from hookcli.storage.fileformat import RunFacts
 
-__all__ = ["Kept", "ReplayForward", "repeated", "taken", "traced"]
+__all__ = ["CHUNK_BYTES", "Kept", "ReplayForward", "class_scores", "repeated", "taken", "traced"]
+
+#: About how many bytes the copies of one chunk may take: the changed layer's output and what the part after it
+#: reads, for every copy.
+CHUNK_BYTES = 256 * 1024 * 1024
 
 
 class Kept(torch.fx.Interpreter):
@@ -66,6 +70,16 @@ def repeated(value: Any, count: int, rows: int) -> Any:
     if isinstance(value, tuple | list):
         return type(value)(repeated(item, count, rows) for item in value)
     return value
+
+
+def class_scores(output: Any) -> torch.Tensor | None:
+    """A model's output as rows of float32 values ``[N, K]`` (a transformers output's ``logits``), or None when it is
+    not rows of floating-point values."""
+    if isinstance(output, Mapping) and "logits" in output:
+        output = output["logits"]
+    if not isinstance(output, torch.Tensor) or not output.is_floating_point() or output.dim() < 2:
+        return None
+    return output.flatten(1).float()
 
 
 def taken(value: Any, index: torch.Tensor, rows: int) -> Any:
