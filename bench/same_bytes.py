@@ -5,9 +5,9 @@ Run from the repository root:  python bench/same_bytes.py  [--base REV]
 The other revision is checked out into a temporary git worktree (as ``bench/revision_bench.py`` does) and both
 trees run the same commands, each a fresh process, over the same eight small PNGs with random weights: extract into
 a file and into a shard folder, grad, cam (its folder of pictures), stats and compare of the model and of the
-saved features, a comparison of two models, and grid, report and ``info --json`` of what they wrote. Every file
-each tree wrote is listed with whether its bytes are the other's; the exit status is 1 when any differs or is
-missing. A refactoring of the run must leave every format as it was.
+saved features, a comparison of two models, an edited extract, ablate and patch, and grid, report and
+``info --json`` of what they wrote. Every file each tree wrote is listed with whether its bytes are the other's;
+the exit status is 1 when any differs or is missing. A refactoring of the run must leave every format as it was.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ MODEL = ["-m", "resnet18", "-w", "none", "--resize", "40", "--crop", "32", "-b",
 
 def commands(images: list[str]) -> dict[str, list[str]]:
     """Each command run, by the name of what it writes (under the tree's output folder, ``OUT``)."""
+    folder = str(Path(images[0]).parent)
     return {
         "extract.safetensors": [
             "extract", *MODEL, "-l", "layer2", "-l", "fc", *images, "-o", "OUT/extract.safetensors",
@@ -50,6 +51,16 @@ def commands(images: list[str]) -> dict[str, list[str]]:
         "saved.compare.safetensors": [
             "compare", "OUT/extract.safetensors", "-k", "layer2", "--key2", "fc", "-q", "-o",
             "OUT/saved.compare.safetensors",
+        ],
+        "edited.safetensors": [
+            "extract", *MODEL, "-l", "layer3", "--intervene", "layer2:0:8=zero", *images,
+            "-o", "OUT/edited.safetensors",
+        ],
+        "ablate.safetensors": [
+            "ablate", *MODEL, "-l", "layer4", "--units", "0:6", *images, "-o", "OUT/ablate.safetensors",
+        ],
+        "patch.safetensors": [
+            "patch", *MODEL, "-l", "layer3", "--pairs-from", folder, folder, "-o", "OUT/patch.safetensors",
         ],
         "grid/": ["grid", "OUT/extract.safetensors", "-k", "layer2", "--channels", "0:4", "-o", "OUT/grid"],
         "stats-grid/": ["grid", "OUT/stats.safetensors", "--channels", "0:2", "-o", "OUT/stats-grid"],

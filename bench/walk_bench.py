@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from revision_bench import ROOT, checked_out, tree_environment  # noqa: E402
 
 #: What each tree's process runs: the call walked, after everything before it has run once unwalked.
-_WALKER = r"""
+WALKER = r"""
 import json, os, sys
 import hookcli
 from hookcli.run.request import request
@@ -125,7 +125,7 @@ def main() -> None:
 def _walk(tree: Path, photo: Path, which: str, work: Path, road: bool) -> dict:
     env = tree_environment(tree, work)
     done = subprocess.run(
-        [sys.executable, "-c", _WALKER, str(photo), which, "road" if road else "all"],
+        [sys.executable, "-c", WALKER, str(photo), which, "road" if road else "all"],
         cwd=work,
         env=env,
         capture_output=True,

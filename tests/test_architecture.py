@@ -165,7 +165,9 @@ LAZY_IMPORTS = {
             ("cam", "hookcli.storage.writers"),
             ("stats", "hookcli.statistics.channel_stats"),
             ("stats", "hookcli.statistics.layer"),
-            ("gathering", "hookcli.storage.gathering_writer"),
+            ("stats", "hookcli.storage.gathering_writer"),
+            ("ablate", "hookcli.storage.gathering_writer"),
+            ("patch", "hookcli.storage.gathering_writer"),
             ("ablate", "hookcli.run.ablation"),
             ("ablate", "hookcli.run.edits"),
             ("ablate", "hookcli.statistics.ablation"),
@@ -186,7 +188,7 @@ LAZY_IMPORTS = {
     ("hookcli.api", "hookcli.pictures.reports"): "the pictures (numpy, Pillow) load when report runs",
     ("hookcli.api", "hookcli.pictures.summary"): "the statistics (numpy) load when info runs",
     ("hookcli.api", "hookcli.storage.shards"): "the readers (numpy) load when a command reads features",
-    ("hookcli.run.request", "hookcli.models.sources.given"): "a module handed in: its caller has imported torch",
+    ("hookcli.models.catalog", "hookcli.models.sources.given"): "a module handed in: its caller has imported torch",
     ("hookcli.cli.running", "hookcli.api"): "--help and parse errors answer without the library (about 30 ms)",
     ("hookcli.cli.commands", "hookcli.models.catalog"): "models' note on an empty listing, without slowing --help",
     ("hookcli.cli.attending", "hookcli.statistics.rollout"): "a rollout loads torch once its options are parsed",
@@ -259,8 +261,8 @@ def test_the_commands_that_answer_at_once_import_none_of_the_heavy_libraries():
 
 #: What a run's code never tests by name: the commands (it asks their objects, hookcli.run.commands) and the output
 #: kinds (the commands and hookcli.run.outputs' Output say what an output is).
-_COMMAND_NAMES = {"extract", "grad", "cam", "stats", "compare"}
-_OUTPUT_KINDS = {"memory", "file", "folder", "stdout", "cam", "default", "stats", "compare"}
+_COMMAND_NAMES = {"extract", "grad", "cam", "stats", "compare", "ablate", "patch"}
+_OUTPUT_KINDS = {"memory", "file", "folder", "stdout", "cam", "default", "stats", "compare", "ablate", "patch"}
 #: Where they may be: the command objects, the output's own module, and the option tables and command line.
 _NAMING_THEM = ("hookcli.run.commands", "hookcli.run.outputs", "hookcli.options", "hookcli.cli")
 

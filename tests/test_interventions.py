@@ -12,8 +12,8 @@ from torch import nn
 import hookcli
 from hookcli.cli import main
 from hookcli.errors import UsageProblem
+from hookcli.options.interventions import Intervention, parse_intervention
 from hookcli.run.edits import partners
-from hookcli.run.interventions import Intervention, parse_intervention
 
 SMALL = {"resize": 16, "crop": 16, "batch_size": 4}
 

@@ -1,4 +1,4 @@
-"""What an installed copy carries: the shipped presets travel inside the wheel."""
+"""What an installed copy carries: every module of the package, and the shipped presets inside the wheel."""
 
 import shutil
 import subprocess
@@ -11,7 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_the_wheel_carries_the_presets(tmp_path):
+def test_the_wheel_carries_every_module_and_the_presets(tmp_path):
     pytest.importorskip("setuptools", minversion="77")  # what pyproject.toml builds with
     source = tmp_path / "source"  # a copy, so that the build leaves nothing in the checkout
     source.mkdir()
@@ -38,7 +38,10 @@ def test_the_wheel_carries_the_presets(tmp_path):
     )
     (wheel,) = tmp_path.glob("hookcli-*.whl")
     with zipfile.ZipFile(wheel) as archive:
-        carried = {name: archive.read(name) for name in archive.namelist() if name.startswith("hookcli/presets/")}
+        names = archive.namelist()
+        carried = {name: archive.read(name) for name in names if name.startswith("hookcli/presets/")}
+    modules = {p.relative_to(ROOT).as_posix() for p in (ROOT / "hookcli").rglob("*.py")}
+    assert {name for name in names if name.endswith(".py")} == modules
     shipped = {f"hookcli/presets/{p.name}": p.read_bytes() for p in (ROOT / "configs").glob("*.toml")}
     assert len(shipped) == 3
     assert carried == shipped

@@ -9,9 +9,14 @@ import warnings
 from hookcli.console import notes_and_sigterm
 
 _RUNS = textwrap.dedent("""
-    import multiprocessing, sys
+    import multiprocessing, os, sys
     import hookcli
     from hookcli.cli import main
+
+    try:  # under pytest-xdist this process has a slice of the cores, where torch warns of two decode workers
+        os.sched_setaffinity(0, range(os.cpu_count()))
+    except (AttributeError, OSError):  # no affinity here, or cores this process may not have
+        pass
 
     folder, photos = sys.argv[1], sys.argv[2:]
     for method in ("fork", "forkserver", "spawn"):

@@ -32,7 +32,8 @@ import functools
 import json
 from dataclasses import dataclass
 
-from hookcli.options.run import DECODERS, INTERPOLATIONS, MAX_SIDE
+from hookcli.errors import UsageProblem
+from hookcli.options.run import DECODERS, INTERPOLATIONS, MAX_SIDE, RunOptions
 from hookcli.parsing import check_normalisation
 
 __all__ = [
@@ -190,6 +191,29 @@ class Preprocess:
                 **common,
             )
         return cls(resize=sizes[0], crop=int(transforms.crop_size[0]), antialias=bool(transforms.antialias), **common)
+
+    def asked(self, opts: RunOptions) -> Preprocess:
+        """This preprocessing with the options' overrides. A model that squashes images to ``[height, width]``
+        takes ``--resize N`` as ``[N, N]`` unless ``--crop`` is given too."""
+        resize: int | tuple[int, int] | None = opts.resize
+        squashes = isinstance(self.resize, tuple) and self.kind == "classification" and self.crop is None
+        if opts.resize is not None and squashes and opts.crop is None:
+            resize = (opts.resize, opts.resize)
+        if opts.decode == "device" and self.kind not in DEVICE_DECODE_KINDS:
+            raise UsageProblem(
+                f"--decode device reads image files, and this {self.kind.replace('_', ' ')} model takes frames "
+                "decoded on the CPU",
+                hint="leave out --decode device",
+            )
+        return self.replace(
+            resize=resize,
+            crop=opts.crop,
+            mean=opts.mean,
+            std=opts.std,
+            interpolation=opts.interpolation,
+            fast_decode=opts.fast_decode or None,
+            decode=opts.decode,
+        )
 
     def replace(self, **overrides) -> Preprocess:
         """A copy with the given fields changed; ``None`` values are ignored."""

@@ -15,18 +15,21 @@ from __future__ import annotations
 import difflib
 import fnmatch
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from hookcli.errors import UnknownModelError, UnknownWeightsError, check_choice
+from hookcli.errors import UnknownModelError, UnknownWeightsError, UsageProblem, check_choice
 from hookcli.families import FAMILIES
 from hookcli.models import sources
+from hookcli.models.loaded import LoadedModel
 from hookcli.models.registry import ModelEntry, model_registry
 from hookcli.models.specs import LISTED_SOURCES, ModelSpec, check_model, check_weights, parse_model
 from hookcli.models.weights import check_weights_file, looks_like_weights_path
 
 __all__ = [
     "ModelChoice",
+    "as_model",
     "choose_model",
     "describe_models",
     "list_models",
@@ -34,6 +37,25 @@ __all__ = [
     "registry_entry",
     "unknown_weights",
 ]
+
+
+def as_model(model) -> str | LoadedModel:
+    """A model as a run takes it: a name (or a factory's path), a :class:`~hookcli.models.loaded.LoadedModel`, or
+    an ``nn.Module`` handed in, alone or with its preprocessing, made a loaded model that is given back as it came
+    (:mod:`hookcli.models.sources.given`)."""
+    if isinstance(model, os.PathLike):
+        model = os.fspath(model)
+    if not isinstance(model, str | LoadedModel) and "torch" in sys.modules:  # a module's holder has imported torch
+        from hookcli.models.sources.given import is_handed_module, loaded_from_module
+
+        model = loaded_from_module(model) if is_handed_module(model) else model
+    if not isinstance(model, str | LoadedModel):
+        raise UsageProblem(
+            "a model is a name, an nn.Module or a module and its preprocessing, and this is of type "
+            f"{type(model).__name__}",
+            hint="'hookcli models' lists the names",
+        )
+    return model
 
 
 def list_models(family: str | None = None) -> list[str]:

@@ -33,14 +33,14 @@ from hookcli.errors import FeatureFileError, UsageProblem
 from hookcli.events import Event, Note, Wrote
 from hookcli.families import square_input
 from hookcli.files import check_writable
+from hookcli.models.catalog import as_model
 from hookcli.models.loaded import LoadedModel
 from hookcli.options.run import SAVED_RUN_OPTIONS, refuse_unknown, run_options
-from hookcli.run.commands.compare import Compare
 from hookcli.run.execute import execute
 from hookcli.run.outputs import Output
 from hookcli.run.pipeline import iter_batches
 from hookcli.run.plan import RunPlan, plan_request
-from hookcli.run.request import as_model, request
+from hookcli.run.request import request
 from hookcli.run.saved import SavedFeatures, open_saved, run_saved
 from hookcli.run.settings import Batch
 from hookcli.run.team import Team
@@ -51,7 +51,7 @@ from hookcli.statistics.comparison import (
     no_spread_note,
 )
 from hookcli.statistics.comparison_sums import LinearSums, Sides
-from hookcli.statistics.similarity import MIN_BATCH, undefined
+from hookcli.statistics.similarity import undefined
 from hookcli.storage.compare_format import (
     CKA_STATE,
     check_comparison,
@@ -85,7 +85,7 @@ def compare_saved(
     refuse_unknown("compare", given, SAVED_RUN_OPTIONS)
     opts = run_options("compare", given)
     choice = choice or CompareChoice()
-    _check_batches(choice, opts.batch_size)
+    choice.check_batches(opts.batch_size)
     emit = progress or _ignore
     with contextlib.ExitStack() as stack:
         first = open_saved(stack, features, keys, emit, incomplete=opts.incomplete)
@@ -111,16 +111,6 @@ def compare_saved(
             "compare_of": json.dumps([saved.describe() for saved in sources]),
         }
         return run_saved(sources, gathering, entries, "compare", output, opts, emit)
-
-
-def _check_batches(choice: CompareChoice, batch_size: int) -> None:
-    """The minibatch estimator takes the run's batches: each must have the rows the unbiased HSIC needs."""
-    if choice.method == "minibatch-cka" and batch_size < MIN_BATCH:
-        raise UsageProblem(
-            f"minibatch-cka takes the run's batches, and a batch of {batch_size} rows is too few for the unbiased "
-            f"estimator ({MIN_BATCH} at least)",
-            hint=f"give --batch-size {MIN_BATCH} or more (the minibatch is the batch)",
-        )
 
 
 def _check_same_rows(first: SavedFeatures, second: SavedFeatures) -> None:
@@ -173,7 +163,7 @@ def compare_models(
             hint="give --weights2 none, or leave --seed2 out",
         )
     asked = request("compare", model, layers, inputs, output=output, **given)
-    _check_batches(choice, asked.opts.batch_size)
+    choice.check_batches(asked.opts.batch_size)
     one = plan_request(asked)
     choice.check_inputs(len(one.inputs))
     two = None
@@ -195,7 +185,7 @@ def compare_models(
             if one.team is not None:
                 one.team.close()  # execute leaves it once the run has run
             raise
-    result = execute(ComparedRun.of(one, two, choice), progress or _ignore)
+    result = execute(ComparedRun.of(one, two, choice), progress)
     assert result is not None, "a comparison writes a file, or returns what it gathered"
     return result
 
@@ -208,77 +198,57 @@ _FIRST_SIDE_ONLY = ("part", "shard_size", "intervene", "capture_edited")
 class ComparedRun:
     """A comparison of models run side by side (:class:`~hookcli.run.execute.Road`): the first's plan ``one`` and
     the second's ``two`` (None: the first's layers with each other), gathered as ``gathering`` says; the first's
-    output, inputs and part are the run's."""
+    output, inputs, part and batches are the run's."""
 
     one: RunPlan
     two: RunPlan | None
     gathering: CompareGathering
     record: RunRecord
+    inputs: tuple[os.PathLike[str], ...]
+    output: Output
+    notes: tuple[str, ...]
+    batch_size: int
+    team: Team | None
+    force: bool
+    writer: Callable[[Callable[[str], None]], GatheringWriter]  # the writer, given what to do with its notes
     grid: None = None
 
     @classmethod
     def of(cls, one: RunPlan, two: RunPlan | None, choice: CompareChoice) -> ComparedRun:
-        first = list(one.layers.values())
+        first, other = list(one.layers.values()), two or one
         second = None if two is None else second_names(first, list(two.layers.values()), marked=True)
         gathering = CompareGathering(
             choice,
             first=first,
             second=second,
-            labels=(first, list((two or one).layers.values())),
-            prefix_tokens=(one.loaded.prefix_tokens, (two or one).loaded.prefix_tokens),
-            square=(square_input(one.settings.preprocess), square_input((two or one).settings.preprocess)),
+            labels=(first, list(other.layers.values())),
+            prefix_tokens=(one.loaded.prefix_tokens, other.loaded.prefix_tokens),
+            square=(square_input(one.settings.preprocess), square_input(other.settings.preprocess)),
         )
         entries = {"compare": json.dumps(choice.identity())}
         if two is not None:
             entries["compare_with"] = json.dumps(identity(dataclasses.replace(two.record, inputs=())))
-        return cls(one, two, gathering, dataclasses.replace(one.record, command={**one.record.command, **entries}))
+        record = dataclasses.replace(one.record, command={**one.record.command, **entries})
+        notes = one.notes + (two.notes if two is not None else ())
+        writer = functools.partial(GatheringWriter.of, one, gathering, record=record)
+        batch_size = one.settings.batch_size
+        return cls(one, two, gathering, record, one.inputs, one.output, notes, batch_size, one.team, one.force, writer)
 
-    @property
-    def inputs(self):
-        return self.one.inputs
-
-    @property
-    def output(self) -> Output:
-        return self.one.output
-
-    @property
-    def notes(self) -> tuple[str, ...]:
-        return self.one.notes + (self.two.notes if self.two is not None else ())
-
-    @property
-    def batch_size(self) -> int:
-        return self.one.settings.batch_size
-
-    @property
-    def team(self) -> Team | None:
-        return self.one.team
-
-    @property
-    def force(self) -> bool:
-        return self.one.force
-
-    def writer(self, note: Callable[[str], None]) -> GatheringWriter:
-        return Compare().gathering_writer(self.one, self.gathering, note, record=self.record)
-
-    def batches(self, writer, note: Callable[[str], None]) -> Callable[[Iterable[list[int]]], Iterator[Batch]]:
+    def batches(self, order: Iterable[list[int]], writer, note: Callable[[str], None]) -> Iterator[Batch]:
         one, two, second = self.one, self.two, self.gathering.second
-
-        def batches(order: Iterable[list[int]]) -> Iterator[Batch]:
-            if two is None:
-                yield from iter_batches(one.loaded, one.layers, one.inputs, one.settings, forward=one.forward,
-                                        order=order, on_note=note, rows_on_device=True)  # fmt: skip
-                return
-            mine, theirs = itertools.tee(order)
+        mine, theirs = itertools.tee(order) if two is not None else (order, ())
+        firsts = iter_batches(one.loaded, one.layers, one.inputs, one.settings, forward=one.forward, order=mine,
+                              on_note=note, rows_on_device=True)  # fmt: skip
+        if two is None:
+            yield from firsts
+        else:
             assert second is not None, "a second side has its names"
             yield from map(
                 functools.partial(_together, names=dict(zip(two.layers.values(), second))),
-                iter_batches(one.loaded, one.layers, one.inputs, one.settings, forward=one.forward, order=mine,
-                             on_note=note, rows_on_device=True),
+                firsts,
                 iter_batches(two.loaded, two.layers, two.inputs, two.settings, forward=two.forward, order=theirs,
                              on_note=note, rows_on_device=True),
             )  # fmt: skip
-
-        return batches
 
 
 def _together(first: Batch, second: Batch, names: Mapping[str, str]) -> Batch:

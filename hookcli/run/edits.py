@@ -1,4 +1,4 @@
-"""Interventions applied: each :class:`~hookcli.run.interventions.Intervention` resolved against the model as an
+"""Interventions applied: each :class:`~hookcli.options.interventions.Intervention` resolved against the model as an
 :class:`Edit`, a forward hook that returns the layer's output edited.
 
 A layer's units are its channels as ``stats`` reads them (:class:`~hookcli.statistics.units.UnitLayout`): a map's
@@ -6,7 +6,7 @@ channels, a token's features (every token, prefix tokens included) or a vector's
 tensor, so what a capture at the edited layer copied before it stays what the layer returned.
 
 >>> import torch
->>> from hookcli.run.interventions import parse_intervention
+>>> from hookcli.options.interventions import parse_intervention
 >>> net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1))
 >>> (edit,) = resolve_edits(net, [parse_intervention("0:1,3=scale:0")], model_name="net")
 >>> edit.describe()
@@ -35,7 +35,7 @@ from hookcli.errors import UsageProblem
 from hookcli.families import channels_last_output, square_input
 from hookcli.inputs.archives import file_stamp
 from hookcli.models.loaded import LoadedModel
-from hookcli.run.interventions import Intervention
+from hookcli.options.interventions import Intervention
 from hookcli.run.settings import RunSettings
 from hookcli.statistics.units import UnitLayout
 from hookcli.storage.recorded_run import lenient_json, recorded_layers

@@ -25,10 +25,6 @@ from hookcli.storage.shards import open_features
 __all__ = ["Road", "draw_grids", "execute", "run_request"]
 
 
-def _ignore(event: Event) -> None:
-    pass
-
-
 class Road(Protocol):
     """What :func:`execute` takes: a run's inputs and output, the writer that keeps what it computes and the
     batches it computes (a model's plan, :class:`~hookcli.run.planned.RunPlan`; saved features read again; two
@@ -65,23 +61,25 @@ class Road(Protocol):
         """The writer of the run's output."""
         ...
 
-    def batches(
-        self, writer: RowsWriter, note: Callable[[str], None]
-    ) -> Callable[[Iterable[list[int]]], Iterable[Batch]]:
-        """``batches(order)``: a :class:`~hookcli.run.settings.Batch` for each list of input indices in ``order``."""
+    def batches(self, order: Iterable[list[int]], writer: RowsWriter, note: Callable[[str], None]) -> Iterable[Batch]:
+        """A :class:`~hookcli.run.settings.Batch` for each list of input indices in ``order``, for ``writer``."""
         ...
 
 
 def execute(run: Road, progress: Callable[[Event], None] | None = None) -> Features | Path | None:
-    """Run ``run`` into its output and return what its command's function returns.
+    """Run ``run`` into its output and return what its command's function returns: the one loop every run shares,
+    whatever computes its batches.
 
-    In memory: the rows as :class:`~hookcli.storage.features.Features` (with ``facts``
-    and ``notes``); written: the path written (a shard folder's
-    ``index.jsonl``; a CAM folder's ``cams.safetensors``); to stdout: None.
-    Raises :class:`~hookcli.errors.ImageError` when no input could be read.
+    The writer (:class:`~hookcli.storage.rows_writer.RowsWriter`) is fed the batches it asks for, and what happens
+    is reported to ``progress`` as it goes. In memory the run returns the rows as
+    :class:`~hookcli.storage.features.Features` (with ``facts`` and ``notes``); written, the path written (a shard
+    folder's ``index.jsonl``; a CAM folder's ``cams.safetensors``); to stdout, None. torchrun's processes (``team``)
+    wait for each other before the output is said to be complete. Raises
+    :class:`~hookcli.errors.ImageError` when no input could be read.
     """
-    emit = progress or _ignore
+    emit = progress or (lambda event: None)
     notes: list[str] = []
+    inputs, team = run.inputs, run.team
 
     def note(text: str) -> None:
         notes.append(text)
@@ -90,73 +88,44 @@ def execute(run: Road, progress: Callable[[Event], None] | None = None) -> Featu
     for text in run.notes:
         note(text)
     writer = run.writer(note)
-    with contextlib.closing(run.team) if run.team is not None else contextlib.nullcontext():
-        result, complete = _carry_out(
-            writer, run.batches(writer, note), run.inputs, run.output.path, emit, note, batch_size=run.batch_size,
-            team=run.team,
-        )  # fmt: skip
-        if isinstance(result, Features):
-            result.notes = tuple(notes)
-        if run.grid and complete and writer.finisher:
-            with result if isinstance(result, Features) else open_features(run.output.named_path) as written:
-                draw_grids(written, GridOptions(), run.grid, force=run.force, progress=emit)
-    if run.output.to_stdout:
-        return None
-    assert isinstance(result, Features | Path), "a writer finishes with its rows or the path it wrote"
-    return result
-
-
-def _carry_out(
-    writer: RowsWriter,
-    batches: Callable[[Iterable[list[int]]], Iterable[Batch]],
-    inputs: Sequence[Any],
-    output: str | None,
-    emit: Callable[[Event], None],
-    note: Callable[[str], None],
-    *,
-    batch_size: int,
-    team: Team | None = None,
-) -> tuple[Any, bool]:
-    """Feed ``writer`` (:mod:`hookcli.storage.writers`' interface) the batches of ``batch_size`` inputs it asks for,
-    reporting as it goes: the loop every run shares, whatever computes its batches. Returns what the writer finishes
-    with, and whether the output is complete.
-
-    ``batches(order)`` yields a :class:`~hookcli.run.settings.Batch` for each
-    list of input indices in ``order``; ``team``, torchrun's process group,
-    waits for every process before the output is said to be complete.
-    """
-    try:
-        order = writer.begin(batch_size)
-        emit(Started(total=len(inputs), done=writer.done, output=writer.kept or output))
-        if order is not None:
-            for batch in batches(order):
+    with contextlib.closing(team) if team is not None else contextlib.nullcontext():
+        try:
+            order = writer.begin(run.batch_size)
+            emit(Started(total=len(inputs), done=writer.done, output=writer.kept or run.output.path))
+            for batch in run.batches(order, writer, note) if order is not None else ():
                 writer.add(batch)
                 for index, error in batch.failures:
                     emit(Skipped(str(inputs[index]), error))
                 for index, said in batch.damaged:
                     emit(Damaged(str(inputs[index]), said))
                 emit(Advanced(len(batch.indices) + len(batch.failures)))
-        if not writer.has_rows:
-            raise ImageError(
-                "none of the input images could be read",
-                hint="every input was skipped, each with its reason (on stderr; in Python, the Skipped events)",
+            if not writer.has_rows:
+                raise ImageError(
+                    "none of the input images could be read",
+                    hint="every input was skipped, each with its reason (on stderr; in Python, the Skipped events)",
+                )
+            result = writer.finish()
+        except BaseException:
+            writer.abort()
+            raise
+        if team is not None:
+            team.barrier()  # every process has listed its shards: the folder is complete
+        complete = writer.complete or team is not None
+        if not complete:
+            note(
+                f"'{writer.kept or run.output.path}' holds {writer.inputs_done} of its {len(inputs)} inputs: other "
+                "processes are writing the rest (or run the same command again to finish it)"
             )
-        result = writer.finish()
-    except BaseException:
-        writer.abort()
-        raise
-    if team is not None:
-        team.barrier()  # every process has listed its shards: the folder is complete
-    complete = writer.complete or team is not None
-    if not complete:
-        note(
-            f"'{writer.kept or output}' holds {writer.inputs_done} of its {len(inputs)} inputs: other processes "
-            "are writing the rest (or run the same command again to finish it)"
-        )
-    if complete and (team is None or team.part.index == 0):  # one process of a team says what was written
-        for path in writer.written:
-            emit(Wrote(path))
-    return result, complete
+        if complete and (team is None or team.part.index == 0):  # one process of a team says what was written
+            for path in writer.written:
+                emit(Wrote(path))
+        if isinstance(result, Features):
+            result.notes = tuple(notes)
+        if run.grid and complete and writer.finisher:
+            with result if isinstance(result, Features) else open_features(run.output.named_path) as written:
+                draw_grids(written, GridOptions(), run.grid, force=run.force, progress=emit)
+    assert result is None or isinstance(result, Features | Path), "a writer finishes with its rows or its path"
+    return None if run.output.to_stdout else result
 
 
 def run_request(asked: RunRequest, progress: Callable[[Event], None] | None = None) -> Features | Path | None:

@@ -40,6 +40,7 @@ __all__ = [
     "joins_team",
     "number_from",
     "parse_part",
+    "run_part",
 ]
 
 #: The most nodes, and tasks on one node, that ``SLURM_TASKS_PER_NODE`` may say (far above any cluster's).
@@ -157,6 +158,22 @@ def join_timeout(environ: Mapping[str, str] | None = None) -> float:
     (42.0, 300.0)
     """
     return seconds_from_environment("HOOKCLI_JOIN_TIMEOUT", DEFAULT_JOIN_TIMEOUT, *JOIN_TIMEOUT_RANGE, environ)
+
+
+def run_part(given: Part | None, output: object, *, shared: bool, memory: bool, alone: str) -> Part | None:
+    """This process's part of an ``output`` that many write (``shared``: a shard folder, or a file gathered in
+    parts): ``given`` (``--part``), or what a launcher says; None for a caller's own loop in ``memory``. Refused when
+    the output cannot be shared, with ``alone`` as the hint when a launcher started the processes."""
+    if given is not None and not shared:
+        raise UsageProblem(
+            "--part applies to a shard folder output (-o DIR/)", hint="the processes share the work of one folder"
+        )
+    part = given if given is not None or memory else detect_part()
+    if part is not None and not shared:
+        raise UsageProblem(
+            f"{part.count} processes started by {part.launcher} would each write all of '{output}'", hint=alone
+        )
+    return part
 
 
 def joins_team(part: Part) -> bool:

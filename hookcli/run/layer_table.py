@@ -18,12 +18,11 @@ import torch
 from hookcli.errors import CaptureError, first_line
 from hookcli.families import family_traits
 from hookcli.models import loading
-from hookcli.models.catalog import ModelChoice
+from hookcli.models.catalog import ModelChoice, as_model
 from hookcli.models.loaded import LoadedModel
 from hookcli.run.batches import call_model, natural_input
 from hookcli.run.capture import preserved_mode
 from hookcli.run.forwards import given_back
-from hookcli.run.request import as_model
 from hookcli.run.selectors import MODEL, hookable_layers
 
 __all__ = [

@@ -23,10 +23,10 @@ __all__ = [
     "check_file_output",
     "DEFAULT_OUTPUT",
     "default_output_name",
+    "default_path",
     "is_folder",
     "model_label",
     "Output",
-    "rows_output",
     "refuse_drawn_grids",
     "refuse_overwriting_inputs",
 ]
@@ -64,23 +64,6 @@ class Output:
         return self.path
 
 
-def rows_output(output) -> tuple[str, str | None]:
-    """What ``output`` names for a command that keeps a row an input: ``(kind, path)``, kind one of
-    :class:`Output`'s or ``default`` (the command's own name for it, decided once the inputs are known)."""
-    if output is None:
-        return "memory", None
-    if output is DEFAULT_OUTPUT:
-        return "default", None
-    if hasattr(output, "write"):
-        return "stdout", "-"
-    text = os.fspath(output)
-    if text == "-":
-        return "stdout", text
-    if text.endswith(("/", os.sep)) or is_folder(text):
-        return "folder", text
-    return "file", text
-
-
 def is_folder(path: str) -> bool:
     """Whether ``path`` is a folder now (False where it cannot be told: a name too long is said by the checks)."""
     try:
@@ -95,6 +78,12 @@ def default_output_name(model_name: str, keys: Sequence[str], *, folder: bool = 
     label = keys[0] if len(keys) == 1 else f"{len(keys)}layers"
     name = f"{model_label(model_name)}-{label.replace(os.sep, '_')}"
     return Path(name) if folder else Path(f"{name}{kind}.safetensors")
+
+
+def default_path(kind: str, model_name: str, keys: Sequence[str], named: str) -> str:
+    """The path of an output of ``kind`` named by default: after the model and the layers' ``keys``, a file's name
+    ending in what the command ``named`` it, then ``.safetensors``."""
+    return str(default_output_name(model_name, keys, folder=kind == "folder", kind=named))
 
 
 def model_label(model_name: str) -> str:

@@ -42,19 +42,14 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 import torch
 
-from hookcli.errors import CaptureError
-from hookcli.families import (
-    channels_last_output,
-    ragged_rows,
-    square_input,
-)
+from hookcli.families import ragged_rows, square_input
 from hookcli.inputs.images import PictureMaker
 from hookcli.models.loaded import LoadedModel
 from hookcli.run.batches import Decoded, image_loader, reported_failures, videos_closed
+from hookcli.run.capture import stored
 from hookcli.run.forwards import ForwardFactory, extraction_forward, prepared_model
 from hookcli.run.settings import Batch, RunSettings
 from hookcli.run.speed import resolve_settings
-from hookcli.storage.fileformat import DETECTIONS
 
 __all__ = ["iter_batches"]
 
@@ -101,69 +96,8 @@ def iter_batches(
                 captured, targets = run(to_device(batch))
                 batches.prepare()  # while the device computes this batch
                 features = {
-                    key: _stored(key, value, settings.pool, cast, ragged, square, rows_on_device)
+                    key: stored(key, value, settings.pool, cast, ragged, square, rows_on_device)
                     for key, value in captured.items()
                 }
                 facts = run.facts()
             yield Batch(indices, features, failures, targets, facts, pictures, damaged)
-
-
-def _stored(key: str, value, pool: str | None, cast, ragged: bool, square: bool = False, on_device: bool = False):
-    """A captured batch (or list of rows) pooled, cast and on the CPU (``on_device``: a batch stays where it is);
-    detections and integers kept as they are.
-
-    In a run whose rows may differ in shape (``ragged``) it is always a list of rows, so a key keeps one form.
-    ``square``: the inputs are square, so a ``[N, H, W, C]`` output is told apart (see :func:`_pooled`).
-    """
-    if key.startswith(DETECTIONS + "#"):
-        return _on_cpu(key, list(value))
-
-    def finish(tensor, *, row: bool):
-        pooled = _pooled(tensor[None], pool)[0] if row else _pooled(tensor, pool, square)
-        return pooled.to(cast) if pooled.is_floating_point() else pooled
-
-    if isinstance(value, list):
-        return _on_cpu(key, [finish(row, row=True) for row in value])
-    stored = finish(value, row=False)
-    stored = stored if on_device else stored.to("cpu")
-    return list(stored) if ragged else stored
-
-
-def _on_cpu(key: str, rows: list) -> list:
-    """Rows of ``key`` (any shapes) moved to the CPU in one copy for each device they are on: one wait for a device,
-    not one a row.
-
-    A key is stored in one dtype, so rows of several (which one copy would promote to one) are refused.
-    """
-    dtypes = sorted({str(row.dtype).removeprefix("torch.") for row in rows})
-    if len(dtypes) > 1:
-        raise CaptureError(
-            f"'{key}' has rows of {len(dtypes)} dtypes in one batch ({', '.join(dtypes)})",
-            hint="hookcli stores a key in one dtype; select a layer whose rows share one",
-        )
-    moved = list(rows)
-    on_devices: dict[torch.device, list[int]] = {}
-    for index, row in enumerate(rows):
-        if row.device.type != "cpu":
-            on_devices.setdefault(row.device, []).append(index)
-    for indices in on_devices.values():
-        flat = torch.cat([rows[i].reshape(-1) for i in indices]).to("cpu")
-        for i, piece in zip(indices, flat.split([rows[i].numel() for i in indices]), strict=True):
-            moved[i] = piece.reshape(rows[i].shape)
-    return moved
-
-
-def _pooled(tensor, pool: str | None, square: bool = False):
-    """Global pooling over the spatial axes: ``[N, C, H, W]`` → ``[N, C]``; tokens ``[N, T, D]`` → ``[N, D]``.
-
-    With ``square`` inputs, an output laid out ``[N, H, W, C]`` (:func:`~hookcli.families.channels_last_output`)
-    is pooled over H and W too.
-    """
-    if pool is None or tensor.dim() < 3:
-        return tensor
-    axes = tuple(range(2, tensor.dim())) if tensor.dim() >= 4 else (1,)
-    if square and channels_last_output(tensor.shape):
-        axes = (1, 2)
-    if pool == "avg":
-        return tensor.float().mean(dim=axes).to(tensor.dtype)
-    return tensor.amax(dim=axes)

@@ -30,30 +30,23 @@ callback as values (:mod:`hookcli.events`).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
+import functools
 import json
 
-import torch
-
-from hookcli.errors import UsageProblem
 from hookcli.families import DEFAULT_CLIP_LENGTH, family_traits
 from hookcli.inputs.archives import input_key
-from hookcli.inputs.preprocess import DEVICE_DECODE_KINDS
+from hookcli.inputs.rows import arguments_of, find_rows
 from hookcli.models import loading
-from hookcli.models.catalog import ModelChoice
 from hookcli.models.loaded import LoadedModel
-from hookcli.options.run import RunOptions
-from hookcli.run.commands import command_named
-from hookcli.run.device import resolve_device
+from hookcli.run.commands import COMMANDS
 from hookcli.run.edits import edits_entries, with_edits
-from hookcli.run.launch import cpu_threads
-from hookcli.run.outputs import Output, refuse_drawn_grids
+from hookcli.run.outputs import Output, default_path, refuse_drawn_grids
 from hookcli.run.planned import RunPlan
-from hookcli.run.request import RunRequest, arguments_of, gather_rows, request, shared_file, with_rows
+from hookcli.run.request import RunRequest, request, with_rows
 from hookcli.run.settings import RunSettings
-from hookcli.run.speed import check_precision, resolve_settings
-from hookcli.run.team import join_team, local_device
+from hookcli.run.speed import resolve_settings, run_device
+from hookcli.run.team import join_team, left_on_error
 from hookcli.storage.fileformat import RunRecord, identity, inputs_digest
 
 __all__ = [
@@ -81,98 +74,72 @@ def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunP
 def plan_request(asked: RunRequest) -> RunPlan:
     """The plan of a checked request: torchrun's processes form their group (and find their rows), the device is
     chosen, the model loads, its layers, target and default output name are resolved."""
-    command, opts = asked.command, asked.opts
-    does = command_named(command)
-    does.check_options(opts)
+    opts, does = asked.opts, COMMANDS[asked.command]
     team = join_team(asked.part)
-    with _left_on_error(team):
-        if asked.rows is None:
-            if team is not None and "-" in arguments_of(asked.inputs) + arguments_of(opts.pair_with or ()):
-                # Rank 0 reads the list from stdin; the others get it from rank 0.
-                asked = with_rows(asked, *team.share(lambda: gather_rows(asked)))
-            else:
-                asked = with_rows(asked, *gather_rows(asked))
+    with left_on_error(team):
+        if asked.rows is None:  # rank 0 reads a list given on stdin; the others get it from rank 0
+            find = functools.partial(find_rows, asked.inputs, asked.family, opts)
+            stdin = "-" in arguments_of(asked.inputs) + arguments_of(opts.pair_with or ())
+            asked = with_rows(asked, *(team.share(find) if team is not None and stdin else find()))
         assert asked.rows is not None, "with_rows gives the request its rows"
-        kind, path, paths = asked.kind, asked.path, asked.rows.paths
-        model = asked.model
-        device = _device(asked.part, opts, model.module if isinstance(model, LoadedModel) else None)
-        loaded = (
-            model if isinstance(model, LoadedModel) else dataclasses.replace(_load(asked.choice, opts), handed_in=False)
-        )
-        settings = dataclasses.replace(asked.settings, device=device, preprocess=_preprocess(loaded, opts))
+        kind, path, paths, model = asked.kind, asked.path, asked.rows.paths, asked.model
+        given = model.module if isinstance(model, LoadedModel) else None
+        device = run_device(asked.part, opts.device, opts.precision, opts.decode, given)
+        if not isinstance(model, LoadedModel):
+            assert asked.choice is not None, "a request names the model it does not hold loaded"
+            model = dataclasses.replace(loading.build_model(asked.choice, seed=opts.seed or 0), handed_in=False)
+        settings = dataclasses.replace(asked.settings, device=device, preprocess=model.preprocess.asked(opts))
         edit_notes: tuple[str, ...] = ()
         if asked.interventions:
-            settings, edit_notes = with_edits(settings, loaded, asked.interventions, opts.seed or 0)
-        settings = resolve_settings(settings, loaded, len(paths))
-        target, notes = does.target(loaded, opts)
-        compiled = edit_notes or does.compile_notes(loaded, settings, opts)  # edits say what they leave out
-        notes = asked.notes + loaded.notes_for(asked.given) + compiled + notes
-        selected, forward, entries = does.parts(loaded, asked.layers, settings, opts, target)
-        entries = {**entries, **_row_entries(loaded, opts, paths), **edits_entries(settings)}
-        if path is None:
-            path = does.planned_path(kind, path, loaded.name, list(selected.values()))
-            does.check_target(kind, path, paths, opts.force or shared_file(does, asked.part))
+            settings, edit_notes = with_edits(settings, model, asked.interventions, opts.seed or 0)
+        settings = resolve_settings(settings, model, len(paths))
+        parts = does.plan(asked, model, settings)
+        notes = asked.notes + model.notes_for(asked.given) + (edit_notes or parts.compiled) + parts.notes
+        keys = list(parts.layers.values())
+        if asked.named_later:
+            path = default_path(kind, model.name, keys, does.named)
+            does.check_target(kind, path, paths, opts.force or (does.gathers and asked.part is not None))
         if opts.grid and not opts.force and asked.keys is None:  # keys known without the model were checked then
-            refuse_drawn_grids(opts.grid, list(selected.values()))
-        does.check_planned(kind, path, paths, target, opts)
-        record = _record(loaded, selected, settings, opts, paths, entries)
+            refuse_drawn_grids(opts.grid, keys)
+        record = _record(model, parts.layers, settings, opts, paths, parts.entries, edits_entries(settings))
         if team is not None:
             team.check_same(identity(record))
-        return RunPlan(
-            command=command,
-            loaded=loaded,
-            layers=selected,
-            inputs=tuple(paths),
-            settings=settings,
-            output=Output(kind, path, asked.stream),
-            record=record,
-            forward=forward,
-            shard_size=opts.shard_size,
-            force=opts.force,
-            grid=opts.grid,
-            target=target,
-            notes=notes,
-            part=asked.part,
-            team=team,
-            **does.extras(opts),
-        )
+    return RunPlan(
+        command=asked.command,
+        loaded=model,
+        layers=parts.layers,
+        inputs=tuple(paths),
+        settings=settings,
+        output=Output(kind, path, asked.stream),
+        record=record,
+        forward=parts.forward,
+        shard_size=opts.shard_size,
+        force=opts.force,
+        grid=opts.grid,
+        target=parts.target,
+        notes=notes,
+        part=asked.part,
+        team=team,
+        **parts.extras,
+    )
 
 
-def _device(part, opts: RunOptions, module=None):
-    """The run's device (with ``auto``, where a caller's ``module`` sits if not on the CPU), this process's threads
-    on a CPU shared by several, and what the device refuses."""
-    device = resolve_device(local_device(part, opts.device), module)
-    threads = cpu_threads(part)
-    if device.type == "cpu" and threads:
-        torch.set_num_threads(threads)  # the processes on this machine share its cores
-    check_precision(opts.precision, device)
-    if opts.decode == "device" and device.type not in ("cuda", "cpu"):
-        raise UsageProblem(
-            f"--decode device decodes on CUDA GPUs (nvJPEG), not on {device.type}",
-            hint="leave out --decode device: the decode workers feed it",
-        )
-    return device
-
-
-def _row_entries(loaded: LoadedModel, opts: RunOptions, paths) -> dict[str, str]:
-    """What a run of clips or pairs of frames records of how its rows were cut (a resumed run must cut the same)."""
+def _record(loaded: LoadedModel, selected, settings: RunSettings, opts, paths, entries, edits) -> RunRecord:
+    """The run as its files record it: the command's ``entries``, how a run of clips or pairs of frames cut its rows
+    (a resumed run must cut the same), then its ``edits``' entries."""
+    assert settings.preprocess is not None, "resolved settings carry their preprocessing"
     row = family_traits(loaded.family).row
+    cut: dict[str, str] = {}
     if row == "clip":
-        return {
+        cut = {
             "clip_length": str(opts.clip_length or DEFAULT_CLIP_LENGTH),
             "frame_stride": str(opts.frame_stride),
             "clips_per_video": str(opts.clips_per_video),
         }
-    if row == "pair" and opts.pair_with:  # a resumed run must pair the same second images
-        return {"second_inputs_sha256": inputs_digest([input_key(p.second) for p in paths])}
-    if row == "pair":
-        return {"frame_stride": str(opts.frame_stride)}
-    return {}
-
-
-def _record(loaded: LoadedModel, selected, settings: RunSettings, opts: RunOptions, paths, entries) -> RunRecord:
-    """The run as its files record it."""
-    assert settings.preprocess is not None, "resolved settings carry their preprocessing"
+    elif row == "pair" and opts.pair_with:  # a resumed run must pair the same second images
+        cut = {"second_inputs_sha256": inputs_digest([input_key(p.second) for p in paths])}
+    elif row == "pair":
+        cut = {"frame_stride": str(opts.frame_stride)}
     modules = dict(loaded.module.named_modules())
     return RunRecord(
         model=loaded.name,
@@ -190,54 +157,8 @@ def _record(loaded: LoadedModel, selected, settings: RunSettings, opts: RunOptio
         on_error=settings.on_error,
         shard_size=opts.shard_size,
         inputs=tuple(input_key(p) for p in paths),
-        command=entries,
+        command={**entries, **cut, **edits},
         family=loaded.family,
         prefix_tokens=loaded.prefix_tokens,
         categories=tuple(loaded.categories) if loaded.categories else None,
     )
-
-
-@contextlib.contextmanager
-def _left_on_error(team):
-    """Leave ``team``'s process group when planning fails (a plan that succeeds leaves it when it has run)."""
-    try:
-        yield
-    except BaseException:
-        if team is not None:
-            team.close()
-        raise
-
-
-def _preprocess(loaded, opts: RunOptions):
-    """The weights' preprocessing with the options' overrides. A model that squashes images to ``[height,
-    width]`` takes ``--resize N`` as ``[N, N]`` unless ``--crop`` is given too."""
-    resize: int | tuple[int, int] | None = opts.resize
-    if (
-        opts.resize is not None
-        and isinstance(loaded.preprocess.resize, tuple)
-        and loaded.preprocess.kind == "classification"
-        and loaded.preprocess.crop is None
-        and opts.crop is None
-    ):
-        resize = (opts.resize, opts.resize)
-    kind = loaded.preprocess.kind
-    if opts.decode == "device" and kind not in DEVICE_DECODE_KINDS:
-        raise UsageProblem(
-            f"--decode device reads image files, and this {kind.replace('_', ' ')} model takes frames "
-            "decoded on the CPU",
-            hint="leave out --decode device",
-        )
-    return loaded.preprocess.replace(
-        resize=resize,
-        crop=opts.crop,
-        mean=opts.mean,
-        std=opts.std,
-        interpolation=opts.interpolation,
-        fast_decode=opts.fast_decode or None,
-        decode=opts.decode,
-    )
-
-
-def _load(choice: ModelChoice | None, opts: RunOptions):
-    assert choice is not None, "a request names the model it does not hold loaded"
-    return loading.build_model(choice, seed=opts.seed or 0)  # looked up on use: a test's seam

@@ -12,7 +12,7 @@ from hookcli.run.commands import COMMANDS
 from hookcli.run.launch import Part
 from hookcli.run.outputs import Output
 from hookcli.run.pipeline import iter_batches
-from hookcli.run.settings import RunSettings
+from hookcli.run.settings import Batch, RunSettings
 from hookcli.run.targets import Target
 from hookcli.run.team import Team
 from hookcli.statistics.layer import StatsChoice
@@ -56,13 +56,9 @@ class RunPlan:
         """The writer its command keeps its rows with."""
         return COMMANDS[self.command].writer(self, note)
 
-    def batches(self, writer: RowsWriter, note: Callable[[str], None]) -> Callable[[Iterable[list[int]]], Iterator]:
-        """``batches(order)``: the model run over the inputs of each list of indices in ``order``."""
-        does = COMMANDS[self.command]
-
-        def batches(order: Iterable[list[int]]) -> Iterator:
-            return iter_batches(self.loaded, self.layers, self.inputs, self.settings, forward=self.forward,
-                                order=order, on_note=note, picture=does.picture(writer),
-                                rows_on_device=does.rows_on_device)  # fmt: skip
-
-        return batches
+    def batches(self, order: Iterable[list[int]], writer: RowsWriter, note: Callable[[str], None]) -> Iterator[Batch]:
+        """The model run over the inputs of each list of indices in ``order`` (a picture of each image made as it
+        is decoded, when ``writer`` draws one)."""
+        yield from iter_batches(self.loaded, self.layers, self.inputs, self.settings, forward=self.forward, order=order,
+                                on_note=note, picture=getattr(writer, "picture", None),
+                                rows_on_device=COMMANDS[self.command].rows_on_device)  # fmt: skip

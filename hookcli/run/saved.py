@@ -30,7 +30,7 @@ from hookcli.families import square_input
 from hookcli.inputs.archives import file_stamp
 from hookcli.options.run import SAVED_STATS_OPTIONS, RunOptions, refuse_unknown, run_options
 from hookcli.patterns import select_keys
-from hookcli.run.commands import command_named
+from hookcli.run.commands import COMMANDS
 from hookcli.run.execute import execute
 from hookcli.run.launch import Part, block_of, detect_part
 from hookcli.run.outputs import DEFAULT_OUTPUT, Output
@@ -153,10 +153,10 @@ def run_saved(
     :func:`~hookcli.storage.compare_format.second_names`),
     into ``output`` as ``command`` writes it; ``entries`` are the command's own, recorded with the run."""
     first = sources[0]
-    does = command_named(command)
-    kind, path = does.output(output, "")  # refuses stdout and folders
+    does = COMMANDS[command]
+    kind, path = does.output(output, "", opts)  # refuses stdout and folders
     if output is DEFAULT_OUTPUT:
-        kind, path = does.default_kind(len(first.names)), _default_name(first.reader, command)
+        kind, path = does.default_kinds[0], _default_name(first.reader, command)
     part = _part(opts.part, in_memory=path is None)
     files = [Path(s.reader.name) for s in sources if os.path.isfile(s.reader.name)]
     does.check_target(kind, path, files, opts.force or bool(part))
@@ -207,24 +207,20 @@ class SavedRun:
             source_files=[s.reader.name for s in self.sources if os.path.exists(s.reader.name)],
         )
 
-    def batches(self, writer, note: Callable[[str], None]) -> Callable[[Iterable[list[int]]], Iterator[Batch]]:
+    def batches(self, order: Iterable[list[int]], writer, note: Callable[[str], None]) -> Iterator[Batch]:
         first, facts = self.sources[0], self.sources[0].recorded.facts
         names = [first.keys, *(second_names(first.keys, saved.keys, marked=True) for saved in self.sources[1:])]
-
-        def batches(order: Iterable[list[int]]) -> Iterator[Batch]:
-            for indices in order:
-                start, stop = indices[0], indices[-1] + 1
-                read: dict[tuple, torch.Tensor] = {}  # a tensor both sources name (a source with itself): once
-                rows = {}
-                for saved, named in zip(self.sources, names):
-                    for key, name in zip(saved.keys, named):
-                        found = (id(saved.reader), key)
-                        if found not in read:
-                            read[found] = torch.from_numpy(saved.reader.read_rows(key, start, stop))
-                        rows[name] = read[found]
-                yield Batch(indices, rows, [], None, facts)
-
-        return batches
+        for indices in order:
+            start, stop = indices[0], indices[-1] + 1
+            read: dict[tuple, torch.Tensor] = {}  # a tensor both sources name (a source with itself): once
+            rows = {}
+            for saved, named in zip(self.sources, names):
+                for key, name in zip(saved.keys, named):
+                    found = (id(saved.reader), key)
+                    if found not in read:
+                        read[found] = torch.from_numpy(saved.reader.read_rows(key, start, stop))
+                    rows[name] = read[found]
+            yield Batch(indices, rows, [], None, facts)
 
 
 def _ignore(event: Event) -> None:

@@ -24,16 +24,22 @@ from __future__ import annotations
 import difflib
 import fnmatch
 from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
 from hookcli.errors import UnknownLayerError, UsageProblem
 from hookcli.patterns import glob_to_regex
+
+if TYPE_CHECKING:
+    from hookcli.models.loaded import LoadedModel
 
 __all__ = [
     "KEY_RESERVED",
     "MODEL",
     "MODEL_KEY",
+    "as_selectors",
     "hookable_layers",
     "resolve_layers",
+    "selected_layers",
     "selector_keys",
 ]
 
@@ -82,6 +88,19 @@ def resolve_layers(model, selectors: Iterable[str], *, model_name: str | None = 
         raise UsageProblem(f"two layers would be stored under the key '{clash}'", hint="rename one with PATH=NAME")
     order = {path: i for i, path in enumerate(layers)}  # the model itself finishes last
     return dict(sorted(chosen.items(), key=lambda item: order.get(item[0], len(order))))
+
+
+def as_selectors(layers: str | Iterable[str]) -> list[str]:
+    """Layers as given (one selector, or a list of them) as a list of selectors."""
+    return [layers] if isinstance(layers, str) else list(layers)
+
+
+def selected_layers(loaded: LoadedModel, layers: str | Iterable[str]) -> dict[str, str]:
+    """:func:`resolve_layers` of ``loaded``'s module, errors naming the model as the command line knows it (a
+    module handed in has no name there)."""
+    return resolve_layers(
+        loaded.module, as_selectors(layers), model_name=None if loaded.source == "module" else loaded.name
+    )
 
 
 def selector_keys(selectors: Iterable[str]) -> list[str] | None:

@@ -13,7 +13,16 @@ from typing import TYPE_CHECKING, Any
 
 from hookcli.errors import check_choice, check_whole
 from hookcli.inputs.preprocess import Preprocess
-from hookcli.options.run import ATTENTION_KEEPS, CAPTURE_KINDS, DTYPES, MEMORY_FORMATS, ON_ERROR, POOLS, PRECISIONS
+from hookcli.options.run import (
+    ATTENTION_KEEPS,
+    CAPTURE_KINDS,
+    DTYPES,
+    MEMORY_FORMATS,
+    ON_ERROR,
+    POOLS,
+    PRECISIONS,
+    RunOptions,
+)
 from hookcli.storage.fileformat import RunFacts
 
 if TYPE_CHECKING:
@@ -67,6 +76,28 @@ class RunSettings:
         check_choice("memory_format", self.memory_format, MEMORY_FORMATS)
         check_whole("batch_size", self.batch_size, 1)
         check_whole("workers", self.workers, 0, MAX_WORKERS, optional=True)
+
+    @classmethod
+    def asked(cls, opts: RunOptions, *, captures: bool = True, stores: bool = True, fuses: bool = True) -> RunSettings:
+        """The settings ``opts`` ask for, preprocessing left to the model's. ``captures``: the run captures what
+        ``--capture`` and ``--pool`` say (else the layers' outputs whole); ``stores``: as ``--dtype`` says (else
+        float32); ``fuses``: its forward may fuse."""
+        return cls(
+            capture=opts.capture if captures else "output",
+            device=opts.device,
+            batch_size=opts.batch_size,
+            workers=opts.workers,
+            pool=opts.pool if captures else None,
+            dtype=opts.dtype if stores else "float32",
+            on_error=opts.on_error,
+            precision=opts.precision,
+            memory_format=opts.memory_format,
+            compile=opts.compile,
+            fuse=opts.fuse if fuses else False,
+            final_output=opts.detections or opts.flow,
+            capture_edited=opts.capture_edited,
+            attention=opts.attention if captures else "all",
+        )
 
     @property
     def recorded_capture(self) -> str:

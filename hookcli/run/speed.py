@@ -41,7 +41,9 @@ from hookcli.families import family_traits
 from hookcli.models.loaded import LoadedModel
 from hookcli.options.run import MEMORY_FORMATS, PRECISIONS
 from hookcli.run.device import resolve_device
+from hookcli.run.launch import Part, cpu_threads
 from hookcli.run.settings import RunSettings, default_workers
+from hookcli.run.team import local_device
 
 __all__ = [
     "FUSE_FROM",
@@ -53,6 +55,7 @@ __all__ = [
     "compute_precision",
     "float32_math",
     "resolve_settings",
+    "run_device",
     "thread_budget",
 ]
 
@@ -61,6 +64,22 @@ _MIN_CONVOLUTIONS = 5  # a ViT's single patch-embedding convolution does not mak
 #: Tracing and folding resnet50 take about 0.1 s on a quiet 2-core CPU (several times that on a busy one), and
 #: fusion saves it about 10 ms an image at 224x224 in fp32 (8 ms in bf16): it pays back from about 10 to 16 images.
 FUSE_FROM = 16
+
+
+def run_device(part: Part | None, device: str, precision: str, decode: str | None, module=None) -> torch.device:
+    """The device of this process's run (with ``auto``, where a caller's ``module`` sits if not on the CPU); on a CPU
+    shared by several processes, this one's threads. Refuses a ``precision`` or ``decode`` the device cannot do."""
+    chosen = resolve_device(local_device(part, device), module)
+    threads = cpu_threads(part)
+    if chosen.type == "cpu" and threads:
+        torch.set_num_threads(threads)  # the processes on this machine share its cores
+    check_precision(precision, chosen)
+    if decode == "device" and chosen.type not in ("cuda", "cpu"):
+        raise UsageProblem(
+            f"--decode device decodes on CUDA GPUs (nvJPEG), not on {chosen.type}",
+            hint="leave out --decode device: the decode workers feed it",
+        )
+    return chosen
 
 
 def check_precision(precision: str, device) -> None:

@@ -17,12 +17,13 @@ reach.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import socket
 import threading
 import time
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -37,6 +38,7 @@ __all__ = [
     "Team",
     "TeamError",
     "join_team",
+    "left_on_error",
     "local_device",
 ]
 
@@ -51,6 +53,17 @@ _WAIT_NOTE_AFTER = 3.0
 
 #: Seconds past the join timeout after which the wait ends even if torch has not given up (a hung connection).
 _JOIN_GRACE = 10.0
+
+
+@contextlib.contextmanager
+def left_on_error(team: Team | None) -> Iterator[None]:
+    """Leave ``team``'s process group when what runs inside fails (a run that succeeds leaves it when it ends)."""
+    try:
+        yield
+    except BaseException:
+        if team is not None:
+            team.close()
+        raise
 
 
 def local_device(part: Part | None, device: str) -> str:

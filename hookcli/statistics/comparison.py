@@ -111,6 +111,16 @@ class CompareChoice(CompareOptions):
                 hint="give more inputs, or leave out --debiased",
             )
 
+    def check_batches(self, batch_size: int) -> None:
+        """Refuse batches too small for the minibatch estimator, which takes the run's: each must have the rows the
+        unbiased HSIC needs."""
+        if self.method == "minibatch-cka" and batch_size < MIN_BATCH:
+            raise UsageProblem(
+                f"minibatch-cka takes the run's batches, and a batch of {batch_size} rows is too few for the unbiased "
+                f"estimator ({MIN_BATCH} at least)",
+                hint=f"give --batch-size {MIN_BATCH} or more (the minibatch is the batch)",
+            )
+
     def describe(self) -> dict:
         """The settings a comparison file records (``settings``)."""
         found: dict = {"pool": self.pool}

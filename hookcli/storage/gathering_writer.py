@@ -27,6 +27,7 @@ from hookcli.storage.features import Features
 from hookcli.storage.fileformat import RunRecord, parts_folder
 from hookcli.storage.gathering import GatheredShard, Gathering, checked_shard_size
 from hookcli.storage.parts import gathered_output, merged_parts, open_parts, part_metadata, written_by_this_run
+from hookcli.storage.rows_writer import GatheringRun
 from hookcli.storage.saving import write_safetensors
 from hookcli.storage.shard_writer import ShardWriter, batches_in
 
@@ -67,6 +68,16 @@ class GatheringWriter:
         self.complete = False
         self.finisher = False
         self._mark: int | None = None  # this process's share of the output's mark, while it uses the parts
+
+    @classmethod
+    def of(
+        cls, run: GatheringRun, gathering: Gathering, note: Callable[[str], None], record: RunRecord | None = None
+    ) -> GatheringWriter:
+        """The writer that gathers ``gathering`` over a planned ``run``'s inputs into its output (its record unless
+        ``record`` says otherwise)."""
+        part = (run.part.index, run.part.count) if run.part is not None else (0, 1)
+        return cls(record or run.record, run.inputs, run.output.path, gathering, shard_size=run.shard_size,
+                   force=run.force, part=part, on_note=note, team=run.team is not None)  # fmt: skip
 
     @property
     def inputs_done(self) -> int:

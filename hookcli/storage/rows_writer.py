@@ -7,9 +7,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-__all__ = ["RowsWriter"]
+if TYPE_CHECKING:
+    from hookcli.parsing import Part
+    from hookcli.storage.fileformat import RunRecord
+
+__all__ = ["GatheringRun", "RowsWriter"]
 
 
 class RowsWriter(Protocol):
@@ -65,3 +69,23 @@ class RowsWriter(Protocol):
     def abort(self) -> None:
         """Give up after a failure, leaving nothing half-written."""
         ...
+
+
+class GatheringRun(Protocol):
+    """What :meth:`~hookcli.storage.gathering_writer.GatheringWriter.of` takes of a planned run
+    (:class:`~hookcli.run.planned.RunPlan` offers it)."""
+
+    @property
+    def record(self) -> RunRecord: ...
+    @property
+    def inputs(self) -> Sequence[Any]: ...
+    @property
+    def output(self) -> Any: ...  # its path: None in memory
+    @property
+    def shard_size(self) -> int | None: ...
+    @property
+    def force(self) -> bool: ...
+    @property
+    def part(self) -> Part | None: ...
+    @property
+    def team(self) -> object | None: ...

@@ -3,7 +3,6 @@ command is a module here and a line in :data:`COMMANDS`."""
 
 from __future__ import annotations
 
-from hookcli.errors import UsageProblem
 from hookcli.run.commands.ablate import Ablate
 from hookcli.run.commands.base import Command
 from hookcli.run.commands.cam import Cam
@@ -13,16 +12,9 @@ from hookcli.run.commands.grad import Grad
 from hookcli.run.commands.patch import Patch
 from hookcli.run.commands.stats import Stats
 
-__all__ = ["COMMANDS", "Command", "command_named"]
+__all__ = ["COMMANDS", "Command"]
 
 #: Every command that runs a model, by name.
 COMMANDS: dict[str, Command] = {
     command.name: command for command in (Extract(), Grad(), Cam(), Stats(), Compare(), Ablate(), Patch())
 }
-
-
-def command_named(name: str) -> Command:
-    """The command called ``name``; refused when there is none."""
-    if name not in COMMANDS:
-        raise UsageProblem(f"unknown command '{name}'", hint=f"use one of {', '.join(COMMANDS)}")
-    return COMMANDS[name]

@@ -6,21 +6,20 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from hookcli.errors import UsageProblem
 from hookcli.families import FamilyTraits, square_input
 from hookcli.files import regular_file_problem
+from hookcli.options.interventions import Intervention, parse_units
 from hookcli.options.run import RunOptions
-from hookcli.run.commands.base import Planned, named_model, refuse_unsupported, selectors
+from hookcli.run.commands.base import Asked, Parts, Planned, refuse_unsupported
 from hookcli.run.commands.gathering import Gathers
-from hookcli.run.interventions import Intervention, parse_units
-from hookcli.run.selectors import resolve_layers
+from hookcli.run.selectors import selected_layers
 from hookcli.run.settings import RunSettings
 
 if TYPE_CHECKING:
     from hookcli.models.loaded import LoadedModel
-    from hookcli.run.targets import Target
     from hookcli.storage.rows_writer import RowsWriter
 
 __all__ = ["Ablate", "ablation_choice"]
@@ -36,22 +35,19 @@ class Ablate(Gathers):
     name = "ablate"
     named = ".ablate"
 
-    def check_family(self, family: str, traits: FamilyTraits) -> None:
+    def check(self, family: str, traits: FamilyTraits, opts: RunOptions) -> None:
         if traits.output in ("detections", "flow"):
             raise refuse_unsupported(
                 self.name, family, "ablate measures outputs that are one tensor a row (classifiers, embeddings)"
             )
-
-    def check_output(self, kind: str, path: str | None, opts: RunOptions) -> None:
         ablation_choice(opts)  # refused before the inputs are looked for
 
-    def parts(
-        self, loaded: LoadedModel, layers: Any, settings: RunSettings, opts: RunOptions, target: Target | None
-    ) -> tuple[dict[str, str], Callable[..., Any], dict[str, str]]:
+    def plan(self, asked: Asked, loaded: LoadedModel, settings: RunSettings) -> Parts:
         from hookcli.run.ablation import ablation_forward
         from hookcli.run.edits import resolve_edits
 
-        selected = resolve_layers(loaded.module, selectors(layers), model_name=named_model(loaded))
+        opts = asked.opts
+        selected = selected_layers(loaded, asked.layers)
         if len(selected) != 1 or "" in selected:
             raise UsageProblem(
                 f"ablate takes one layer, and {', '.join(selected) or 'the model itself'} "
@@ -84,14 +80,15 @@ class Ablate(Gathers):
             prefix_tokens=loaded.prefix_tokens,
             square=square_input(settings.preprocess),
         )
-        return selected, forward, {"ablate": json.dumps(described)}
+        return Parts(selected, forward, {"ablate": json.dumps(described)})
 
     def writer(self, run: Planned, note: Callable[[str], None]) -> RowsWriter:
         from hookcli.statistics.ablation import AblationGathering
+        from hookcli.storage.gathering_writer import GatheringWriter
 
         described = json.loads(run.record.command["ablate"])
         gathering = AblationGathering(described["key"], units=described["units"], described=described)
-        return self.gathering_writer(run, gathering, note)
+        return GatheringWriter.of(run, gathering, note)
 
 
 def ablation_choice(opts: RunOptions) -> tuple[str, tuple[int, ...] | None, str | None]:

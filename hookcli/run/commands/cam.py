@@ -3,23 +3,22 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hookcli.errors import UsageProblem
+from hookcli.families import FamilyTraits
 from hookcli.files import check_folder_output, refuse_existing
 from hookcli.options.run import RunOptions
-from hookcli.run.commands.base import Planned, named_model, refuse_unsupported
-from hookcli.run.commands.grad import NO_GRADIENTS, Grad
+from hookcli.run.commands.base import Asked, Parts, Planned, refuse_unsupported
+from hookcli.run.commands.grad import EAGER, NO_GRADIENTS, Grad, gradient_target
 from hookcli.run.outputs import DEFAULT_OUTPUT, model_label, refuse_overwriting_inputs
-from hookcli.run.selectors import resolve_layers
+from hookcli.run.selectors import selected_layers
 from hookcli.run.settings import RunSettings
 
 if TYPE_CHECKING:
-    from hookcli.families import FamilyTraits
     from hookcli.models.loaded import LoadedModel
-    from hookcli.run.targets import Target
     from hookcli.storage.rows_writer import RowsWriter
 
 __all__ = ["Cam"]
@@ -34,33 +33,34 @@ class Cam(Grad):
     selects_layers = False
     stores_as_asked = False
 
-    def output(self, output, model_name: str) -> tuple[str, str | None]:
+    def output(self, output: Any, model_name: str, opts: RunOptions) -> tuple[str, str | None]:
         if output is None:
             return "memory", None
-        return "cam", str(f"{model_label(model_name)}-cam" if output is DEFAULT_OUTPUT else output)
+        path = str(f"{model_label(model_name)}-cam" if output is DEFAULT_OUTPUT else output)
+        check_folder_output(path)
+        refuse_existing([str(Path(path) / "cams.safetensors")], force=opts.force)
+        return "cam", path
 
-    def check_output(self, kind: str, path: str | None, opts: RunOptions) -> None:
-        if kind == "cam":
-            assert path is not None, "a cam run's output names its folder"
-            check_folder_output(path)
-            refuse_existing([str(Path(path) / "cams.safetensors")], force=opts.force)
-
-    def check_family(self, family: str, traits: FamilyTraits) -> None:
+    def check(self, family: str, traits: FamilyTraits, opts: RunOptions) -> None:
         if not traits.cams:
             raise refuse_unsupported(self.name, family, NO_GRADIENTS[family])
 
-    def check_options(self, opts: RunOptions) -> None:
-        from hookcli.pictures.render import check_cmap
-
-        check_cmap(opts.cmap)
-
-    def parts(
-        self, loaded: LoadedModel, layers: Any, settings: RunSettings, opts: RunOptions, target: Target | None
-    ) -> tuple[dict[str, str], Callable[..., Any], dict[str, str]]:
+    def plan(self, asked: Asked, loaded: LoadedModel, settings: RunSettings) -> Parts:
+        from hookcli.pictures.cams import cam_png_name
+        from hookcli.pictures.render import check_cmap  # matplotlib's colour maps, loaded with the model
         from hookcli.run.gradients import CamForward
 
-        assert target is not None, "a cam run has a target"
-        layer = _cam_layer(loaded, layers, settings)
+        opts = asked.opts
+        check_cmap(opts.cmap)
+        target, notes = gradient_target(loaded, opts)
+        layer = _cam_layer(loaded, asked.layers, settings)
+        if asked.kind == "cam":  # its pictures' names are known now: refuse any that would write over a file
+            assert asked.path is not None and asked.rows is not None, "a cam run's request has its folder and rows"
+            paths = asked.rows.paths
+            names = [cam_png_name(i, p, k, target.count) for i, p in enumerate(paths) for k in range(target.count)]
+            planned = [Path(asked.path) / "cams.safetensors", *(Path(asked.path) / n for n in names)]
+            refuse_existing(planned, force=opts.force)
+            refuse_overwriting_inputs(planned, paths)
         forward = functools.partial(
             CamForward,
             target=target,
@@ -69,21 +69,15 @@ class Cam(Grad):
             scores=loaded.scores,
             prefix_tokens=loaded.prefix_tokens,
         )
-        return {layer: "cam"}, forward, {"target": target.describe(), "method": opts.method, "cam_layer": layer}
-
-    def check_planned(self, kind: str, path: str | None, paths, target: Target | None, opts: RunOptions) -> None:
-        from hookcli.pictures.cams import cam_png_name
-
-        if kind != "cam":
-            return
-        assert target is not None and path is not None, "a cam run has a target and a folder"
-        names = [cam_png_name(i, p, k, target.count) for i, p in enumerate(paths) for k in range(target.count)]
-        planned = [Path(path) / "cams.safetensors", *(Path(path) / n for n in names)]
-        refuse_existing(planned, force=opts.force)
-        refuse_overwriting_inputs(planned, paths)
-
-    def extras(self, opts: RunOptions) -> Mapping[str, Any]:
-        return {"cam_look": {"method": opts.method, "alpha": opts.alpha, "cmap": opts.cmap}}
+        return Parts(
+            {layer: "cam"},
+            forward,
+            {"target": target.describe(), "method": opts.method, "cam_layer": layer},
+            target=target,
+            notes=notes,
+            compiled=EAGER if opts.compile else (),
+            extras={"cam_look": {"method": opts.method, "alpha": opts.alpha, "cmap": opts.cmap}},
+        )
 
     def writer(self, run: Planned, note: Callable[[str], None]) -> RowsWriter:
         from hookcli.pictures.cams import CamOverlays
@@ -107,9 +101,6 @@ class Cam(Grad):
             **run.cam_look,
         )
 
-    def picture(self, writer: RowsWriter):
-        return getattr(writer, "picture", None)
-
 
 def _cam_layer(loaded: LoadedModel, selector, settings: RunSettings) -> str:
     """The one layer a CAM is of: the one ``selector`` names, or the model's default."""
@@ -119,7 +110,7 @@ def _cam_layer(loaded: LoadedModel, selector, settings: RunSettings) -> str:
     if selector:
         if not isinstance(selector, str):
             (selector,) = selector
-        chosen = resolve_layers(loaded.module, [selector], model_name=named_model(loaded))
+        chosen = selected_layers(loaded, selector)
         if len(chosen) != 1:
             raise UsageProblem(
                 f"cam takes one layer, and '{selector}' matches {len(chosen)}", hint="see 'hookcli cam --help'"

@@ -3,21 +3,20 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from hookcli.families import FamilyTraits
 from hookcli.options.run import RunOptions
-from hookcli.run.commands.base import Command, named_model, refuse_unsupported, selectors
-from hookcli.run.selectors import resolve_layers
+from hookcli.run.commands.base import Asked, Command, Parts, refuse_unsupported
+from hookcli.run.selectors import selected_layers
 from hookcli.run.settings import RunSettings
 from hookcli.run.targets import parse_target
 
 if TYPE_CHECKING:
-    from hookcli.families import FamilyTraits
     from hookcli.models.loaded import LoadedModel
     from hookcli.run.targets import Target
 
-__all__ = ["Grad", "NO_GRADIENTS"]
+__all__ = ["Grad", "NO_GRADIENTS", "gradient_target"]
 
 #: Why a family has no gradients (or no CAM pictures), said as the hint.
 NO_GRADIENTS = {
@@ -25,6 +24,9 @@ NO_GRADIENTS = {
     "optical_flow": "a flow field is not a class score; extract the layers instead",
     "quantized": "quantized kernels have no backward; use the float model (the name without quantized_)",
 }
+
+#: What a gradient run says of ``--compile``.
+EAGER = ("--compile: gradients need the eager graph with hooks; running eagerly",)
 
 
 class Grad(Command):
@@ -35,39 +37,32 @@ class Grad(Command):
     captures_as_asked = False
     fuses = False
 
-    def check_family(self, family: str, traits: FamilyTraits) -> None:
+    def check(self, family: str, traits: FamilyTraits, opts: RunOptions) -> None:
         if not traits.gradients:
             raise refuse_unsupported(self.name, family, NO_GRADIENTS[family])
 
-    def compile_notes(self, loaded: LoadedModel, settings: RunSettings, opts: RunOptions) -> tuple[str, ...]:
-        return ("--compile: gradients need the eager graph with hooks; running eagerly",) if opts.compile else ()
-
-    def target(self, loaded: LoadedModel, opts: RunOptions) -> tuple[Target | None, tuple[str, ...]]:
-        from hookcli.models.loading import num_classes
-
-        target = parse_target(
-            opts.target,
-            loaded.categories,
-            loaded.classes or num_classes(loaded.module),
-            region=opts.region,
-            family=loaded.family,
-        )
-        notes: tuple[str, ...] = ()
-        if loaded.scores not in (None, "logits"):
-            notes += (
-                f"{loaded.name} has no classifier: targets are units of its "
-                f"{'image embedding' if loaded.scores == 'embedding' else loaded.scores}",
-            )
-        return target, notes
-
-    def parts(
-        self, loaded: LoadedModel, layers: Any, settings: RunSettings, opts: RunOptions, target: Target | None
-    ) -> tuple[dict[str, str], Callable[..., Any], dict[str, str]]:
+    def plan(self, asked: Asked, loaded: LoadedModel, settings: RunSettings) -> Parts:
         from hookcli.run.gradients import GradientForward
 
-        assert target is not None, "a gradient run has a target"
-        return (
-            resolve_layers(loaded.module, selectors(layers), model_name=named_model(loaded)),
+        target, notes = gradient_target(loaded, asked.opts)
+        return Parts(
+            selected_layers(loaded, asked.layers),
             functools.partial(GradientForward, target=target, categories=loaded.categories, scores=loaded.scores),
             {"target": target.describe()},
+            target=target,
+            notes=notes,
+            compiled=EAGER if asked.opts.compile else (),
         )
+
+
+def gradient_target(loaded: LoadedModel, opts: RunOptions) -> tuple[Target, tuple[str, ...]]:
+    """What gradients are taken of, read against the model, and what is said of it."""
+    from hookcli.models.loading import num_classes
+
+    classes = loaded.classes or num_classes(loaded.module)
+    target = parse_target(opts.target, loaded.categories, classes, region=opts.region, family=loaded.family)
+    notes: tuple[str, ...] = ()
+    if loaded.scores not in (None, "logits"):
+        what = "image embedding" if loaded.scores == "embedding" else loaded.scores
+        notes = (f"{loaded.name} has no classifier: targets are units of its {what}",)
+    return target, notes

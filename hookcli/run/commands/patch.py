@@ -5,19 +5,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from hookcli.errors import UsageProblem
 from hookcli.families import FamilyTraits, square_input
 from hookcli.options.run import RunOptions
-from hookcli.run.commands.base import Planned, named_model, refuse_unsupported, selectors
+from hookcli.run.commands.base import Asked, Parts, Planned, refuse_unsupported
 from hookcli.run.commands.gathering import Gathers
-from hookcli.run.selectors import resolve_layers
+from hookcli.run.selectors import selected_layers
 from hookcli.run.settings import RunSettings
 
 if TYPE_CHECKING:
     from hookcli.models.loaded import LoadedModel
-    from hookcli.run.targets import Target
     from hookcli.storage.rows_writer import RowsWriter
 
 __all__ = ["Patch"]
@@ -32,15 +31,13 @@ class Patch(Gathers):
     named = ".patch"
     fuses = False
 
-    def check_family(self, family: str, traits: FamilyTraits) -> None:
+    def check(self, family: str, traits: FamilyTraits, opts: RunOptions) -> None:
         if traits.output != "logits":
             raise refuse_unsupported(
                 self.name, family, "patch measures the logit of the source's class less the target's (classifiers)"
             )
         if traits.videos:  # a video gives a row a clip, so rows would not keep to pairs
             raise refuse_unsupported(self.name, family, "patch pairs images: patch frames saved as images instead")
-
-    def check_output(self, kind: str, path: str | None, opts: RunOptions) -> None:
         if opts.batch_size % 2:
             raise UsageProblem(
                 f"--batch-size {opts.batch_size}: {_WHOLE_PAIRS}", hint=f"give --batch-size {opts.batch_size + 1}"
@@ -50,12 +47,11 @@ class Patch(Gathers):
                 f"--shard-size {opts.shard_size}: {_WHOLE_PAIRS}", hint=f"give --shard-size {opts.shard_size + 1}"
             )
 
-    def parts(
-        self, loaded: LoadedModel, layers: Any, settings: RunSettings, opts: RunOptions, target: Target | None
-    ) -> tuple[dict[str, str], Callable[..., Any], dict[str, str]]:
+    def plan(self, asked: Asked, loaded: LoadedModel, settings: RunSettings) -> Parts:
         from hookcli.run.patching import patch_forward
 
-        selected = resolve_layers(loaded.module, selectors(layers), model_name=named_model(loaded))
+        opts = asked.opts
+        selected = selected_layers(loaded, asked.layers)
         if "" in selected:
             raise UsageProblem(
                 "patch: the model itself is not a layer to patch (its output is what is measured)",
@@ -65,10 +61,11 @@ class Patch(Gathers):
         forward = patch_forward(
             positions=opts.positions, prefix_tokens=loaded.prefix_tokens, square=square_input(settings.preprocess)
         )
-        return selected, forward, {"patch": json.dumps(described)}
+        return Parts(selected, forward, {"patch": json.dumps(described)})
 
     def writer(self, run: Planned, note: Callable[[str], None]) -> RowsWriter:
         from hookcli.statistics.patching import PatchGathering
+        from hookcli.storage.gathering_writer import GatheringWriter
 
         described = json.loads(run.record.command["patch"])
-        return self.gathering_writer(run, PatchGathering(described["keys"], described=described), note)
+        return GatheringWriter.of(run, PatchGathering(described["keys"], described=described), note)

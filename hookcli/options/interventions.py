@@ -17,11 +17,24 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from hookcli.errors import UsageProblem
+from hookcli.files import regular_file_problem
 
-__all__ = ["EDITS", "MAX_UNITS", "Intervention", "parse_intervention", "parse_interventions", "parse_units"]
+if TYPE_CHECKING:
+    from hookcli.options.run import RunOptions
+
+__all__ = [
+    "EDITS",
+    "MAX_UNITS",
+    "Intervention",
+    "asked_interventions",
+    "parse_intervention",
+    "parse_interventions",
+    "parse_units",
+]
 
 #: The edits a spec may name, with what follows the name.
 EDITS = {
@@ -91,6 +104,22 @@ def parse_interventions(specs: Any) -> tuple[Intervention, ...]:
     if specs is None:
         return ()
     return tuple(parse_intervention(spec) for spec in ((specs,) if isinstance(specs, str) else specs))
+
+
+def asked_interventions(opts: RunOptions) -> tuple[Intervention, ...]:
+    """The edits ``--intervene`` asks for, each refused in one line when its spec is not one or the file it reads is
+    not there."""
+    found = parse_interventions(opts.intervene)
+    for spec in found:
+        problem = None if spec.file is None else regular_file_problem(Path(spec.file))
+        if problem is not None:
+            raise UsageProblem(
+                f"--intervene '{spec.text}': '{spec.file}' {problem}",
+                hint="mean:FILE takes a stats file of the same model and layer; add:FILE any safetensors file",
+            )
+    if opts.capture_edited and not found:
+        raise UsageProblem("--capture-edited applies to layers edited with --intervene", hint="give --intervene too")
+    return found
 
 
 def parse_intervention(spec: Any) -> Intervention:
