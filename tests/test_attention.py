@@ -10,7 +10,7 @@ from safetensors import safe_open
 from torch import nn
 
 import hookcli
-from hookcli.errors import UsageProblem
+from hookcli.errors import OutputExistsError, UsageProblem
 from hookcli.run.attention import attention_kind, attention_weights
 from hookcli.run.capture import FeatureCapture
 
@@ -88,6 +88,40 @@ def test_hugging_face_attention_equals_output_attentions_of_eager_attention(fami
     found, output = _caught(layer, lambda: model(pixel_values=pixels, output_attentions=True))
     assert attention_kind(layer) == "hf" and found.shape == (2, 4, 5, 5)
     assert _relative(found, output.attentions[1]) < 1e-6
+
+
+class _SelfAttention4(nn.Module):
+    """Self-attention as transformers 4 writes it (ViTSelfAttention's eager path): query, key and value projections."""
+
+    def __init__(self, hidden=16, heads=4):
+        super().__init__()
+        self.num_attention_heads, self.attention_head_size = heads, hidden // heads
+        self.query, self.key, self.value = (
+            nn.Linear(hidden, hidden),
+            nn.Linear(hidden, hidden),
+            nn.Linear(hidden, hidden),
+        )
+
+    def forward(self, hidden_states, head_mask=None, output_attentions=False):
+        def heads(x):
+            return x.view(*x.shape[:2], self.num_attention_heads, self.attention_head_size).permute(0, 2, 1, 3)
+
+        q, k, v = heads(self.query(hidden_states)), heads(self.key(hidden_states)), heads(self.value(hidden_states))
+        probs = (q @ k.transpose(-1, -2) / self.attention_head_size**0.5).softmax(dim=-1)
+        probs = probs if head_mask is None else probs * head_mask
+        context = (probs @ v).permute(0, 2, 1, 3).reshape(hidden_states.shape)
+        return (context, probs) if output_attentions else (context,)
+
+
+def test_transformers_4_self_attention_equals_its_own_eager_weights_with_a_head_mask():
+    torch.manual_seed(0)
+    layer, x = _SelfAttention4().eval(), torch.randn(2, 5, 16)
+    for head_mask in (None, torch.tensor([1.0, 0.0, 0.5, 1.0]).reshape(4, 1, 1)):
+        found, (_, expected) = _caught(layer, lambda: layer(x, head_mask=head_mask, output_attentions=True))  # noqa: B023
+        assert attention_kind(layer) == "hf4" and found.shape == (2, 4, 5, 5)
+        assert _relative(found, expected) < 1e-6
+    first = attention_weights(layer, (x,), {}, keep="class")
+    torch.testing.assert_close(first, layer(x, output_attentions=True)[1][:, :, 0], rtol=1e-6, atol=1e-7)
 
 
 def test_open_clip_towers_attention_equals_torchs_own_weights():
@@ -365,3 +399,53 @@ def test_the_command_line_writes_the_rollout_beside_and_refuses_what_has_none(ph
         "--capture attention\n"
     )
     assert not (tmp_path / "r.safetensors").exists()
+
+
+class _Wide(nn.Module):
+    """A ViT-like model of any image size: 8-pixel patches after a class token, one attention module, a head."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.patches = nn.Conv2d(3, 8, 8, stride=8)
+        self.token = nn.Parameter(torch.randn(1, 1, 8))
+        self.attention = nn.MultiheadAttention(8, 2, batch_first=True)
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, images):
+        tokens = self.patches(images).flatten(2).transpose(1, 2)
+        tokens = torch.cat([self.token.expand(len(images), -1, -1), tokens], dim=1)
+        mixed, _ = self.attention(tokens, tokens, tokens, need_weights=False)
+        return self.head(mixed[:, 0])
+
+
+def test_the_attention_of_images_squashed_to_a_wide_shape_is_drawn_on_their_grid_of_patches(photos, tmp_path):
+    model = (_Wide().eval(), hookcli.Preprocess(resize=(16, 24), crop=None))
+    out = hookcli.extract(model, "attention", photos, capture="attention", output=tmp_path / "wide.safetensors")
+    with hookcli.open_features(out) as read:
+        from hookcli.pictures.reading import attention_drawn, attention_maps
+
+        assert read.shape("attention@attention") == [3, 2, 7, 7]  # a class token and 2 x 3 patches
+        assert attention_drawn(read, [2, 7, 7]) == [2, 2, 3]
+        row = read.read("attention@attention", 1)
+        np.testing.assert_array_equal(attention_maps(read, row), row[:, 0, 1:].reshape(2, 2, 3))
+    drawn = hookcli.grid(out, output=tmp_path / "grid", overlay=True)
+    assert [path.name for path in drawn] == [f"attention@attention__0000{n}_{n}.overlay.png" for n in range(3)]
+    with Image.open(drawn[0]) as picture:
+        assert picture.width > picture.height  # over the photo as the model saw it: 24 pixels wide, 16 high
+
+
+def test_the_report_gives_each_attention_block_a_page_of_every_shown_image(photos, tmp_path):
+    layers = [f"encoder.layers.encoder_layer_{n}.self_attention" for n in range(2)]
+    out = hookcli.extract(_vit(), layers, photos, capture="attention", resize=16, crop=16,
+                          output=tmp_path / "a.safetensors")  # fmt: skip
+    index = hookcli.report(out, output=tmp_path / "r")
+    written = sorted(path.name for path in (tmp_path / "r").iterdir())
+    assert written == ["block-001.html", "block-002.html", "index.html"]
+    assert f'<li><a href="block-002.html">{layers[1]}@attention</a></li>' in index.read_text()
+    page = (tmp_path / "r" / "block-002.html").read_text()
+    assert page.count('<img src="data:image/png;base64,') == 3  # the block's picture of each image
+    assert "<figcaption>Image 2: 2.png</figcaption>" in page and f"<h2>{layers[1]}@attention</h2>" in page
+    with pytest.raises(OutputExistsError) as again:
+        hookcli.report(out, output=tmp_path / "r")
+    assert "index.html" in again.value.message

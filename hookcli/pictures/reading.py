@@ -190,18 +190,15 @@ def is_attention(features: FeatureReader, key: str) -> bool:
 
 def attention_drawn(features: FeatureReader, row: Sequence[int]) -> list[int]:
     """``[heads (1 when averaged), h, w]``: what a row of attention weights is drawn as, the class token's (the first
-    query's) attention to each patch, the patches folded back to their square; NotDrawable when they do not fold."""
-    keys = int(row[-1])
-    skip = _patch_skip(features, keys)
-    try:
-        square = square_input(Preprocess.from_metadata(features.metadata.get("preprocess")))
-    except ValueError:  # untrusted metadata that does not parse
-        square = False
-    if skip is None or not square:
-        raise NotDrawable(f"its {keys} keys are not the patches of a square image after a class token or none")
-    side = math.isqrt(keys - skip)
+    query's) attention to each patch, the patches folded back to the image's grid; NotDrawable when they do not fold."""
+    grid = _patch_grid(features, int(row[-1]))
+    if grid is None:
+        raise NotDrawable(
+            f"its {row[-1]} keys are not the patches of an image of one size (a centre crop, or a resize to "
+            "[height, width]) after a class token or none"
+        )
     kept = str(features.metadata.get("capture", "attention")).partition(":")[2] or "all"
-    return [1 if kept.endswith("mean") else int(row[0]), side, side]
+    return [1 if kept.endswith("mean") else int(row[0]), grid[1], grid[2]]
 
 
 def attention_label(features: FeatureReader) -> str | None:
@@ -216,18 +213,37 @@ def attention_maps(features: FeatureReader, values: np.ndarray) -> np.ndarray:
     kept = str(features.metadata.get("capture", "attention")).partition(":")[2] or "all"
     first = values if kept.startswith("class") else values[..., 0, :]  # the class token's query
     first = first[None] if kept.endswith("mean") else first
-    skip = _patch_skip(features, first.shape[-1])
-    assert skip is not None, "checked by attention_drawn"
-    side = math.isqrt(first.shape[-1] - skip)
-    return first[..., skip:].reshape(first.shape[0], side, side)
+    grid = _patch_grid(features, first.shape[-1])
+    assert grid is not None, "checked by attention_drawn"
+    skip, height, width = grid
+    return first[..., skip:].reshape(first.shape[0], height, width)
 
 
-def _patch_skip(features: FeatureReader, keys: int) -> int | None:
-    """How many prefix tokens come before the patches among ``keys`` keys: the recorded count, else 1 or 0."""
+def _patch_grid(features: FeatureReader, keys: int) -> tuple[int, int, int] | None:
+    """``(prefix tokens, rows, columns)`` of the patches among ``keys`` keys, or None: the prefix the file records
+    (else 1 or 0) before a grid of the image's shape, where every input reaches the model at one size (a centre
+    crop, or a resize to ``[height, width]``)."""
+    try:
+        preprocess = Preprocess.from_metadata(features.metadata.get("preprocess"))
+    except ValueError:  # untrusted metadata that does not parse
+        return None
+    squashed = preprocess is not None and preprocess.kind == "classification" and not preprocess.crop
+    if square_input(preprocess):
+        shape: tuple[int, int] | None = None  # the grid is square, of any side
+    elif squashed and preprocess is not None and isinstance(preprocess.resize, tuple):
+        shape = preprocess.resize  # squashed to [height, width] (a shorter side resized gives each image its own)
+    else:
+        return None
     recorded = recorded_prefix_tokens(features.metadata)
-    for skip in (recorded, 1, 0):
-        if skip is not None and keys > skip and math.isqrt(keys - skip) ** 2 == keys - skip:
-            return skip
+    for skip in [n for n in (recorded, 1, 0) if n is not None]:
+        patches = keys - skip
+        side = math.isqrt(max(patches, 0))
+        if shape is None and patches > 0 and side * side == patches:
+            return skip, side, side
+        height, width = shape or (0, 0)
+        size = math.isqrt(height * width // patches) if patches > 0 else 0  # a patch's side, in pixels
+        if size and size * size * patches == height * width and height % size == width % size == 0:
+            return skip, height // size, width // size
     return None
 
 

@@ -54,6 +54,7 @@ from hookcli.events import Advanced, Note, Started, Wrote
 from hookcli.files import check_folder_output, format_bytes, refuse_existing
 from hookcli.options.grid import GridOptions
 from hookcli.pictures.ablation_reports import write_ablation_report
+from hookcli.pictures.attention_reports import attention_blocks, block_links, block_page_name, write_block_pages
 from hookcli.pictures.compare_reports import write_compare_report
 from hookcli.pictures.grids import plan_grids
 from hookcli.pictures.html import (
@@ -149,7 +150,9 @@ def write_report(
     total = sum(len(r) for r in rows)
     pages = math.ceil(total / page_size)
     index = folder / page_name(1)
+    blocks = attention_blocks(features, tensors)
     refuse_existing((folder / page_name(n) for n in range(1, pages + 1)), force=force)
+    refuse_existing((folder / block_page_name(n) for n in range(1, len(blocks) + 1)), force=force)
     notes = [*getattr(features, "reading_notes", ()), *plan.notes]
     for text in notes:
         emit(Note(text))
@@ -166,7 +169,9 @@ def write_report(
         first = next(pages_of_rows)
         for number, page_rows in enumerate(pages_of_rows, start=2):
             write(number, page_rows)
-        write(1, first, _summary(features, tensors, plan.detections, total, page_size, pages, notes))  # last: done
+        write_block_pages(sections, blocks, first, folder, track, force=force)
+        summary = _summary(features, tensors, plan.detections, total, page_size, pages, notes)
+        write(1, first, (summary[0] + (block_links(blocks) if blocks else ""), summary[1]))  # last: done
     emit(Wrote(index))
     return index
 

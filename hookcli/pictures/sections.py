@@ -269,6 +269,14 @@ class ImageSections:
         parts.append("</section>\n")
         return "".join(parts)
 
+    def picture_of(self, tensor: ReportTensor, row: int) -> str:
+        """``tensor``'s picture of row ``row``, embedded, as the row's section shows it."""
+        return self._tensor_picture(tensor, row, self.features.read(tensor.key, row), self.targets(row))
+
+    def row_title(self, row: int) -> str:
+        """``Image N: name`` of row ``row``, escaped."""
+        return f"Image {row}: {escaped(self._job(self.longest, row).name)}"
+
     def _thumbnail(self, job: GridJob) -> str:
         """The photo as the model saw it, small; nothing where the rows are not photos or it cannot be read."""
         if not self.photos or job.source_image is None:

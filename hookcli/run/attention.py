@@ -9,7 +9,10 @@ The kinds of module known (:func:`attention_kind`):
   ``attn_mask`` (True attends, as in SDPA) and ``is_causal`` counted;
 - ``hf``: Hugging Face's attention modules as transformers 5 writes them (``q_proj`` and ``k_proj`` projections,
   ``head_dim``, ``scaling``): ViT, DeiT, DINOv2, CLIP's towers, whatever attention function the model runs; a
-  boolean ``attention_mask`` is SDPA's (True attends), a float one is added, and causal attention counts.
+  boolean ``attention_mask`` is SDPA's (True attends), a float one is added, and causal attention counts;
+- ``hf4``: Hugging Face's self-attention as transformers 4 writes it (``query`` and ``key`` projections,
+  ``num_attention_heads``, ``attention_head_size``): ViT, DeiT, DINOv2; its ``attention_mask`` is added and its
+  ``head_mask`` multiplies the weights, as its eager attention does.
 
 Modules with rotary or relative position terms, windows (Swin), or fewer key heads than query heads are refused:
 their weights are not what the queries and keys alone give. Only the queries and keys are projected again (with
@@ -53,6 +56,7 @@ KINDS = {
     "torch": "torch.nn.MultiheadAttention (torchvision's ViT, OpenCLIP)",
     "timm": "timm's Attention",
     "hf": "Hugging Face's attention (q_proj and k_proj: ViT, DeiT, DINOv2, CLIP)",
+    "hf4": "transformers 4's self-attention (query and key)",
 }
 
 
@@ -67,6 +71,10 @@ def attention_kind(module: nn.Module) -> str | None:
         getattr(module, "head_dim", None), int
     ):
         return "hf"
+    if all(isinstance(getattr(module, name, None), linear) for name in ("query", "key")) and all(
+        isinstance(getattr(module, name, None), int) for name in ("num_attention_heads", "attention_head_size")
+    ):
+        return "hf4"
     return None
 
 
@@ -99,6 +107,10 @@ def check_attention(module: nn.Module, path: str) -> str:
     ):
         problem = "projects its queries, keys and values in a way hookcli does not recompute"
     elif kind == "hf" and ("hidden_states" not in parameters or getattr(module, "num_key_value_groups", 1) != 1):
+        problem = "projects its queries and keys in a way hookcli does not recompute"
+    elif kind == "hf4" and getattr(module, "position_embedding_type", "absolute") != "absolute":
+        problem = "adds rotary or relative position terms, or attends within windows"
+    elif kind == "hf4" and "hidden_states" not in parameters:
         problem = "projects its queries and keys in a way hookcli does not recompute"
     if problem is not None:
         raise UsageProblem(
@@ -254,8 +266,20 @@ def _hf(module: Any, call: dict[str, Any], queries: int | None, path: str) -> to
     )
 
 
+def _hf4(module: Any, call: dict[str, Any], queries: int | None, path: str) -> torch.Tensor:  # transformers 4
+    hidden = call["hidden_states"]
+    heads, size, length = module.num_attention_heads, module.attention_head_size, hidden.shape[1]
+    _fits(heads, queries or length, length, path)
+    q, k = _heads(module.query(_first(hidden, queries)), heads), _heads(module.key(hidden), heads)
+    scores = (q @ k.transpose(-2, -1)) * getattr(module, "scaling", size**-0.5)
+    weights = _softmax(scores, [_queries(_allowed(call.get("attention_mask")), queries)])
+    head_mask = call.get("head_mask")  # [heads, 1, 1] or [N, heads, 1, 1], as its eager attention multiplies them
+    return weights if head_mask is None else weights * head_mask.to(weights.dtype)
+
+
 _COMPUTE: dict[str, Callable[[Any, dict[str, Any], int | None, str], torch.Tensor]] = {
     "torch": _torch,
     "timm": _timm,
     "hf": _hf,
+    "hf4": _hf4,
 }
