@@ -295,27 +295,26 @@ def compare(
     """
     given = _given(options, keywords, CompareOptions)
     sides = (model, layers, inputs, model2, layers2, weights2, seed2)
-    if merge is not None and (
-        any(value is not None for value in (*sides, features, features2)) or set(given) - {"force"}
-    ):
+    alone = not any(value is not None for value in (*sides, features, features2)) and set(given) <= {"force"}
+    if merge is not None and not alone:
         raise UsageProblem("merge= takes comparison files alone (and output=, force=)", hint="see hookcli.compare")
-    if merge is None and features is not None and any(value is not None for value in sides):
-        raise UsageProblem(
-            "compare reads saved features or runs models, not both",
-            hint="give features= (and features2=), or model, layers and inputs",
-        )
-    if merge is None and features is None and (features2 is not None or keys or keys2):
-        raise UsageProblem("features2, keys and keys2 choose saved features", hint="give features= too")
-    if merge is None and features is None and (model is None or layers is None or inputs is None):
-        raise UsageProblem(
-            "compare needs a model, its layers and inputs, or saved features", hint="see hookcli.compare"
-        )
     from hookcli.run.compare import compare_models, compare_saved, merge_comparisons  # torch
     from hookcli.statistics.comparison import CompareChoice  # torch
 
     if merge is not None:
         return merge_comparisons(merge, output, force=given.pop("force", False), progress=progress)
     choice = CompareChoice(**{name: given.pop(name) for name in list(given) if name in _COMPARING})
+    if features is not None and any(value is not None for value in sides):
+        raise UsageProblem(
+            "compare reads saved features or runs models, not both",
+            hint="give features= (and features2=), or model, layers and inputs",
+        )
+    if features is None and (features2 is not None or keys or keys2):
+        raise UsageProblem("features2, keys and keys2 choose saved features", hint="give features= too")
+    if features is None and (model is None or layers is None or inputs is None):
+        raise UsageProblem(
+            "compare needs a model, its layers and inputs, or saved features", hint="see hookcli.compare"
+        )
     if features is not None:
         found = compare_saved(features, features2, keys=keys, keys2=keys2, output=output, choice=choice,
                               options=given, progress=progress)  # fmt: skip

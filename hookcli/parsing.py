@@ -18,11 +18,13 @@ from hookcli.errors import UsageProblem
 __all__ = [
     "DEVICE_PATTERN",
     "Part",
+    "block_of",
     "check_normalisation",
     "parse_channels",
     "parse_device",
     "parse_levels",
     "parse_part",
+    "parse_region",
     "parse_triple",
 ]
 
@@ -148,3 +150,28 @@ def check_normalisation(mean, std) -> None:
         raise ValueError(f"mean must be finite numbers, not {', '.join(map(str, mean))}")
     if std is not None and not all(math.isfinite(v) and v > 0 for v in std):
         raise ValueError(f"std must be finite numbers above 0, not {', '.join(map(str, std))}")
+
+
+def parse_region(spec: str | None) -> tuple[float, float, float, float] | None:
+    """``--region x0,y0,x1,y1``: a box as fractions of the image (0 to 1, x0 < x1, y0 < y1), or None.
+
+    >>> parse_region("0,0.5,1,1")
+    (0.0, 0.5, 1.0, 1.0)
+    """
+    if spec is None:
+        return None
+    try:
+        values = tuple(float(v) for v in str(spec).split(","))
+    except ValueError:
+        values = ()
+    if len(values) != 4 or not all(0 <= v <= 1 for v in values) or values[0] >= values[2] or values[1] >= values[3]:
+        raise UsageProblem(
+            f"region '{spec}' is not x0,y0,x1,y1 with fractions of the image from 0 to 1, x0 < x1 and y0 < y1",
+            hint="for example --region 0.25,0.25,0.75,0.75 (the middle)",
+        )
+    return values
+
+
+def block_of(part: Part | None) -> tuple[int, int]:
+    """``(index, count)`` of ``part``: which block of shards this process takes first; ``(0, 1)`` alone."""
+    return (part.index, part.count) if part is not None else (0, 1)

@@ -194,6 +194,7 @@ LAZY_IMPORTS = {
     ("hookcli.cli.attending", "hookcli.statistics.rollout"): "a rollout loads torch once its options are parsed",
     ("hookcli.cli.running", "tqdm"): "the progress bar (about 60 ms) loads when one is drawn",
     ("hookcli.inputs.clips", "av"): "PyAV is an optional extra, loaded when a video file is opened",
+    ("hookcli.run.attention", "timm"): "timm's rotary embedding, applied as a module of timm's own asks for it",
     ("hookcli.inputs.clips", "hookcli.inputs.limits"): "Pillow's limit, read when a video file is opened",
     ("hookcli.models.registry", "torchvision"): "torchvision is read only to fill a cold registry cache",
     ("hookcli.pictures.render", "matplotlib"): "matplotlib (about 0.15 s) loads when a picture is first coloured",

@@ -308,6 +308,47 @@ def test_statistics_comparisons_and_reports_take_attention_captures(photos, tmp_
     assert page.count('<img src="data:image/png;base64,') >= 2  # each block's map for the first image
 
 
+def test_eva02s_rotary_attention_equals_its_unfused_weights_and_leaves_its_output_as_it_was(photos):
+    import timm
+
+    torch.manual_seed(0)
+    model = timm.create_model("eva02_tiny_patch14_224", pretrained=False, img_size=28).eval()
+    attention, own = model.blocks[1].attn, []
+    attention.attn_drop.register_forward_hook(lambda module, args, output: own.append(args[0]))  # unfused only
+    pixels = torch.randn(2, 3, 28, 28)
+    with torch.no_grad():
+        alone = model(pixels)
+    found, asked = _caught(attention, lambda: model(pixels))
+    assert torch.equal(asked, alone)  # asking changes nothing of the model's output
+    for block in model.blocks:
+        block.attn.fused_attn = False
+    with torch.no_grad():
+        model(pixels)
+    assert attention_kind(attention) == "rope" and found.shape == (2, 3, 5, 5)  # a class token and 2 x 2 patches
+    assert _relative(found, own[-1]) < 1e-6
+    given = (model, hookcli.Preprocess(resize=28, crop=28))
+    features = hookcli.extract(given, "blocks.1.attn", photos, capture="attention", attention="class")
+    assert features["blocks.1.attn@attention"].shape == (3, 3, 5)
+
+
+def test_rotary_attention_with_fewer_key_heads_shares_them_as_timm_does():
+    from timm.layers import AttentionRope, RotaryEmbeddingCat
+
+    torch.manual_seed(0)
+    attention = AttentionRope(32, num_heads=4, num_kv_heads=2, qkv_fused=False, qk_norm=True, norm_layer=nn.LayerNorm)
+    attention.eval().fused_attn = False
+    rope = RotaryEmbeddingCat(8, in_pixels=False, feat_shape=[2, 2]).get_embed()  # 4 patches after a class token
+    own = []
+    attention.attn_drop.register_forward_hook(lambda module, args, output: own.append(args[0]))
+    x = torch.randn(2, 5, 32)
+    with torch.no_grad():
+        attention(x, rope=rope)
+        weights = attention_weights(attention, (x,), {"rope": rope})
+        first = attention_weights(attention, (x,), {"rope": rope}, keep="class")
+    assert weights.shape == (2, 4, 5, 5) and _relative(weights, own[0]) < 1e-6
+    torch.testing.assert_close(first, own[0][:, :, 0], rtol=1e-6, atol=1e-7)
+
+
 def test_masks_count_in_each_librarys_own_sense():
     from timm.layers import Attention
 
@@ -339,15 +380,15 @@ def test_a_causal_text_tower_under_sdpa_equals_its_eager_weights():
     assert _relative(found, expected) < 1e-6 and (found[:, :, 0, 1:] == 0).all()
 
 
-def test_attention_with_rotary_or_window_terms_or_one_sequence_is_refused():
-    from timm.models.eva import EvaAttention
+def test_attention_with_relative_position_terms_in_windows_or_one_sequence_is_refused():
+    from timm.models.swin_transformer import WindowAttention
 
-    rotary = nn.Sequential(EvaAttention(16, num_heads=4, scale_norm=False))
-    with pytest.raises(UsageProblem) as refused, FeatureCapture(rotary, ["0"], capture="attention"):
+    windows = nn.Sequential(WindowAttention(16, num_heads=4, window_size=(4, 4)))
+    with pytest.raises(UsageProblem) as refused, FeatureCapture(windows, ["0"], capture="attention"):
         pass
     assert refused.value.message == (
-        "--capture attention: '0' (EvaAttention) adds rotary or relative position terms, or attends within windows, "
-        "which hookcli does not recompute"
+        "--capture attention: '0' (WindowAttention) adds rotary or relative position terms, or attends within "
+        "windows, which hookcli does not recompute"
     )
     attention = nn.MultiheadAttention(8, 2).eval()
     x = torch.randn(5, 8)  # one sequence, no batch

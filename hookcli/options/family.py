@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from hookcli.errors import UsageProblem
 from hookcli.families import CPU_ONLY, family_traits
 from hookcli.options.run import CLIPS, RunOptions
+from hookcli.parsing import parse_region
 
 __all__ = ["fitted_to_family"]
 
@@ -19,6 +20,7 @@ def fitted_to_family(command: str, family: str, opts: RunOptions, given: Mapping
     traits, kind, help_hint = family_traits(family), family.replace("_", " "), f"see 'hookcli {command} --help'"
     if opts.region is not None and traits.output != "masks":
         raise UsageProblem("--region applies to segmentation models", hint=help_hint)
+    parse_region(opts.region)  # refused now, not once the model has loaded
     clip_options = [name for name in CLIPS if name in given and given[name] != getattr(RunOptions, name)]
     if not traits.videos and clip_options:
         users = "video and optical-flow models" if clip_options[0] == "frame_stride" else "video models"

@@ -7,6 +7,9 @@ The kinds of module known (:func:`attention_kind`):
   ``attn_mask``, ``key_padding_mask`` and ``is_causal`` count as torch's own ``need_weights=True`` counts them;
 - ``timm``: timm's ``Attention`` (a ``qkv`` projection, ``q_norm`` and ``k_norm``, ``scale``), fused or not, its
   ``attn_mask`` (True attends, as in SDPA) and ``is_causal`` counted;
+- ``rope``: timm's attention with rotary position terms (``EvaAttention``: EVA-02, ``AttentionRope``), the ``rope``
+  it is called with turning the queries and keys after its prefix tokens, fewer key heads than query heads shared
+  as it shares them;
 - ``hf``: Hugging Face's attention modules as transformers 5 writes them (``q_proj`` and ``k_proj`` projections,
   ``head_dim``, ``scaling``): ViT, DeiT, DINOv2, CLIP's towers, whatever attention function the model runs; a
   boolean ``attention_mask`` is SDPA's (True attends), a float one is added, and causal attention counts;
@@ -14,8 +17,8 @@ The kinds of module known (:func:`attention_kind`):
   ``num_attention_heads``, ``attention_head_size``): ViT, DeiT, DINOv2; its ``attention_mask`` is added and its
   ``head_mask`` multiplies the weights, as its eager attention does.
 
-Modules with rotary or relative position terms, windows (Swin), or fewer key heads than query heads are refused:
-their weights are not what the queries and keys alone give. Only the queries and keys are projected again (with
+Other modules with rotary or relative position terms, windows (Swin), or fewer key heads than query heads are
+refused: their weights are not what the queries and keys alone give. Only the queries and keys are projected again (with
 ``class``, only the first token's query): the values, the output projection and the rest of the model do not run
 twice. The softmax is computed in float32.
 
@@ -55,6 +58,7 @@ MAX_ROW_BYTES = 1 << 30
 KINDS = {
     "torch": "torch.nn.MultiheadAttention (torchvision's ViT, OpenCLIP)",
     "timm": "timm's Attention",
+    "rope": "timm's EvaAttention and AttentionRope",
     "hf": "Hugging Face's attention (q_proj and k_proj: ViT, DeiT, DINOv2, CLIP)",
     "hf4": "transformers 4's self-attention (query and key)",
 }
@@ -65,6 +69,9 @@ def attention_kind(module: nn.Module) -> str | None:
     if isinstance(module, nn.MultiheadAttention):
         return "torch"
     linear = nn.Linear
+    projects = isinstance(getattr(module, "qkv", None), linear) or isinstance(getattr(module, "q_proj", None), linear)
+    if projects and hasattr(module, "num_prefix_tokens") and "rope" in _signature(type(module)).parameters:
+        return "rope"
     if isinstance(getattr(module, "qkv", None), linear) and hasattr(module, "num_heads") and hasattr(module, "scale"):
         return "timm"
     if all(isinstance(getattr(module, name, None), linear) for name in ("q_proj", "k_proj")) and isinstance(
@@ -94,8 +101,11 @@ def check_attention(module: nn.Module, path: str) -> str:
     problem = None
     if kind == "torch" and (module.bias_k is not None or module.add_zero_attn or not module._qkv_same_embed_dim):
         problem = "adds key biases or zero attention, or projects keys of another size"
-    elif parameters & {"rope", "position_embeddings", "mask", "freqs_cis"} or hasattr(
-        module, "relative_position_bias_table"
+    elif kind == "rope" and ("x" not in parameters or not hasattr(module, "q_norm")):
+        problem = "projects its queries, keys and values in a way hookcli does not recompute"
+    elif kind != "rope" and (
+        parameters & {"rope", "position_embeddings", "mask", "freqs_cis"}
+        or hasattr(module, "relative_position_bias_table")
     ):
         problem = "adds rotary or relative position terms, or attends within windows"
     elif kind == "timm" and (
@@ -250,6 +260,36 @@ def _timm(module: Any, call: dict[str, Any], queries: int | None, path: str) -> 
     return _softmax(scores, [causal, _queries(_allowed(call.get("attn_mask")), queries)])
 
 
+def _rope(module: Any, call: dict[str, Any], queries: int | None, path: str) -> torch.Tensor:  # timm's, rotary
+    from timm.layers import apply_rot_embed_cat  # the module is timm's: timm is there
+
+    x, rope, heads = call["x"], call.get("rope"), module.num_heads
+    batch, length = x.shape[:2]
+    _fits(heads, queries or length, length, path)
+    if module.qkv is not None:
+        biases = getattr(module, "q_bias", None)
+        if biases is None:
+            projected = module.qkv(x)
+        else:  # EVA's own biases, the keys' a buffer of zeros
+            biases = torch.cat((module.q_bias, module.k_bias, module.v_bias))
+            separate = getattr(module, "qkv_bias_separate", False)
+            projected = module.qkv(x) + biases if separate else F.linear(x, module.qkv.weight, biases)
+        q, k, _ = projected.reshape(batch, length, 3, heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+    else:
+        q = _heads(module.q_proj(x), heads)
+        k = _heads(module.k_proj(x), getattr(module, "num_kv_heads", heads))
+    q, k = module.q_norm(q), module.k_norm(k)
+    if rope is not None:  # the prefix tokens (class, registers) are not turned
+        skip, half = module.num_prefix_tokens, getattr(module, "rotate_half", False)
+        q = torch.cat([q[:, :, :skip], apply_rot_embed_cat(q[:, :, skip:], rope, half=half)], dim=2).type_as(q)
+        k = torch.cat([k[:, :, :skip], apply_rot_embed_cat(k[:, :, skip:], rope, half=half)], dim=2).type_as(k)
+    k = k.repeat_interleave(heads // k.shape[1], dim=1)  # a key head for each group of query heads
+    q = q if queries is None else q[:, :, :queries]
+    scores = (q * module.scale) @ k.transpose(-2, -1)
+    causal = _causal(q.shape[2], length, scores.device) if call.get("is_causal") else None
+    return _softmax(scores, [causal, _queries(_allowed(call.get("attn_mask")), queries)])
+
+
 def _hf(module: Any, call: dict[str, Any], queries: int | None, path: str) -> torch.Tensor:  # transformers
     hidden = call["hidden_states"]
     size, length = module.head_dim, hidden.shape[1]
@@ -280,6 +320,7 @@ def _hf4(module: Any, call: dict[str, Any], queries: int | None, path: str) -> t
 _COMPUTE: dict[str, Callable[[Any, dict[str, Any], int | None, str], torch.Tensor]] = {
     "torch": _torch,
     "timm": _timm,
+    "rope": _rope,
     "hf": _hf,
     "hf4": _hf4,
 }

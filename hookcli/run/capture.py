@@ -438,9 +438,9 @@ def stored(key: str, value, pool: str | None, cast, ragged: bool, square: bool =
 
     if isinstance(value, list):
         return _on_cpu(key, [finish(row, row=True) for row in value])
-    stored = finish(value, row=False)
-    stored = stored if on_device else stored.to("cpu")
-    return list(stored) if ragged else stored
+    kept = finish(value, row=False)
+    kept = kept if on_device else kept.to("cpu")
+    return list(kept) if ragged else kept
 
 
 def _on_cpu(key: str, rows: list) -> list:

@@ -229,10 +229,19 @@ class ComparedRun:
         if two is not None:
             entries["compare_with"] = json.dumps(identity(dataclasses.replace(two.record, inputs=())))
         record = dataclasses.replace(one.record, command={**one.record.command, **entries})
-        notes = one.notes + (two.notes if two is not None else ())
-        writer = functools.partial(GatheringWriter.of, one, gathering, record=record)
-        batch_size = one.settings.batch_size
-        return cls(one, two, gathering, record, one.inputs, one.output, notes, batch_size, one.team, one.force, writer)
+        return cls(
+            one=one,
+            two=two,
+            gathering=gathering,
+            record=record,
+            inputs=one.inputs,
+            output=one.output,
+            notes=one.notes + (two.notes if two is not None else ()),
+            batch_size=one.settings.batch_size,
+            team=one.team,
+            force=one.force,
+            writer=functools.partial(GatheringWriter.of, one, gathering, record=record),
+        )
 
     def batches(self, order: Iterable[list[int]], writer, note: Callable[[str], None]) -> Iterator[Batch]:
         one, two, second = self.one, self.two, self.gathering.second

@@ -92,7 +92,8 @@ def execute(run: Road, progress: Callable[[Event], None] | None = None) -> Featu
         try:
             order = writer.begin(run.batch_size)
             emit(Started(total=len(inputs), done=writer.done, output=writer.kept or run.output.path))
-            for batch in run.batches(order, writer, note) if order is not None else ():
+            batches = run.batches(order, writer, note) if order is not None else ()  # None: nothing is left
+            for batch in batches:
                 writer.add(batch)
                 for index, error in batch.failures:
                     emit(Skipped(str(inputs[index]), error))
@@ -124,7 +125,7 @@ def execute(run: Road, progress: Callable[[Event], None] | None = None) -> Featu
         if run.grid and complete and writer.finisher:
             with result if isinstance(result, Features) else open_features(run.output.named_path) as written:
                 draw_grids(written, GridOptions(), run.grid, force=run.force, progress=emit)
-    assert result is None or isinstance(result, Features | Path), "a writer finishes with its rows or its path"
+    assert isinstance(result, Features | Path), "a writer finishes with its rows or the path it wrote"
     return None if run.output.to_stdout else result
 
 

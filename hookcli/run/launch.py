@@ -33,7 +33,6 @@ __all__ = [
     "MAX_NODES",
     "MAX_TASKS_PER_NODE",
     "Part",
-    "block_of",
     "cpu_threads",
     "detect_part",
     "join_timeout",
@@ -138,11 +137,6 @@ def _at_most(digits: str, limit: int) -> bool:
     return len(digits.lstrip("0")) <= len(str(limit)) and int(digits) <= limit
 
 
-def block_of(part: Part | None) -> tuple[int, int]:
-    """``(index, count)`` of ``part``: which block of shards this process takes first; ``(0, 1)`` alone."""
-    return (part.index, part.count) if part is not None else (0, 1)
-
-
 def cpu_threads(part: Part | None) -> int | None:
     """Threads for each of the processes sharing this machine's cores on the CPU (None: leave torch's choice)."""
     if part is None or part.local_count <= 1:
@@ -168,7 +162,9 @@ def run_part(given: Part | None, output: object, *, shared: bool, memory: bool, 
         raise UsageProblem(
             "--part applies to a shard folder output (-o DIR/)", hint="the processes share the work of one folder"
         )
-    part = given if given is not None or memory else detect_part()
+    if given is not None or memory:
+        return given  # --part as given; or a caller's own loop, which decides who computes what
+    part = detect_part()
     if part is not None and not shared:
         raise UsageProblem(
             f"{part.count} processes started by {part.launcher} would each write all of '{output}'", hint=alone

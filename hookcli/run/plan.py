@@ -5,9 +5,9 @@ torch (:func:`hookcli.run.request.request`: the options, the layer
 selectors, the inputs, the output, the model's and weights' names); then
 :func:`plan_request` resolves the device, loads the model, resolves the
 layers and the target (and the default output name when globs or types
-leave it to the model), and picks the forward strategy and the writer.
+leave it to the model), and the forward strategy, asking the command.
 :func:`~hookcli.run.execute.execute` runs the one batch pipeline
-(:func:`hookcli.run.pipeline.iter_batches`) into that writer
+(:func:`hookcli.run.pipeline.iter_batches`) into the writer the command gives
 (:mod:`hookcli.storage.writers`) and returns what the command's Python function
 returns. The command line, the Python API (:mod:`hookcli.api`), the
 benchmarks and any launcher of many processes all go through these two.
@@ -57,7 +57,7 @@ __all__ = [
 
 
 def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunPlan:
-    """Resolve a run of ``command`` (``extract``, ``grad``, ``cam``, ``stats`` or ``compare``) with the options of
+    """Resolve a run of ``command`` (a name of :data:`~hookcli.run.commands.COMMANDS`) with the options of
     :mod:`hookcli.api`.
 
     ``model`` is a model name or a :class:`~hookcli.models.loaded.LoadedModel`;
@@ -80,11 +80,12 @@ def plan_request(asked: RunRequest) -> RunPlan:
         if asked.rows is None:  # rank 0 reads a list given on stdin; the others get it from rank 0
             find = functools.partial(find_rows, asked.inputs, asked.family, opts)
             stdin = "-" in arguments_of(asked.inputs) + arguments_of(opts.pair_with or ())
-            asked = with_rows(asked, *(team.share(find) if team is not None and stdin else find()))
+            found, said = team.share(find) if team is not None and stdin else find()
+            asked = with_rows(asked, found, said)
         assert asked.rows is not None, "with_rows gives the request its rows"
         kind, path, paths, model = asked.kind, asked.path, asked.rows.paths, asked.model
-        given = model.module if isinstance(model, LoadedModel) else None
-        device = run_device(asked.part, opts.device, opts.precision, opts.decode, given)
+        held = model.module if isinstance(model, LoadedModel) else None  # a caller's module: run where it is
+        device = run_device(asked.part, opts.device, opts.precision, opts.decode, held)
         if not isinstance(model, LoadedModel):
             assert asked.choice is not None, "a request names the model it does not hold loaded"
             model = dataclasses.replace(loading.build_model(asked.choice, seed=opts.seed or 0), handed_in=False)
@@ -104,24 +105,24 @@ def plan_request(asked: RunRequest) -> RunPlan:
         record = _record(model, parts.layers, settings, opts, paths, parts.entries, edits_entries(settings))
         if team is not None:
             team.check_same(identity(record))
-    return RunPlan(
-        command=asked.command,
-        loaded=model,
-        layers=parts.layers,
-        inputs=tuple(paths),
-        settings=settings,
-        output=Output(kind, path, asked.stream),
-        record=record,
-        forward=parts.forward,
-        shard_size=opts.shard_size,
-        force=opts.force,
-        grid=opts.grid,
-        target=parts.target,
-        notes=notes,
-        part=asked.part,
-        team=team,
-        **parts.extras,
-    )
+        return RunPlan(
+            command=asked.command,
+            loaded=model,
+            layers=parts.layers,
+            inputs=tuple(paths),
+            settings=settings,
+            output=Output(kind, path, asked.stream),
+            record=record,
+            forward=parts.forward,
+            shard_size=opts.shard_size,
+            force=opts.force,
+            grid=opts.grid,
+            target=parts.target,
+            notes=notes,
+            part=asked.part,
+            team=team,
+            **parts.extras,
+        )
 
 
 def _record(loaded: LoadedModel, selected, settings: RunSettings, opts, paths, entries, edits) -> RunRecord:

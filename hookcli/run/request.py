@@ -5,8 +5,8 @@ Everything that can be said without torch is said here, in this order: the
 options (choices, ranges, flags that conflict), the model's and weights'
 names (from the registry cache, once: the plan builds what they name without
 checking them again), options the model's family has no use for, the run's
-settings, the layer selectors, the output, this process's part of a shard folder, then the inputs
-(found, not decoded), the output's name and whether it exists.
+settings, the layer selectors, what the command refuses, the output, this process's part of a shard folder,
+then the inputs (found, not decoded), the output's name and whether it exists.
 :func:`hookcli.run.plan.plan_request` loads the model and makes the plan.
 The inputs of torchrun's processes are found there, once the processes have
 formed their group (rank 0 reads a list from stdin and hands it to the
@@ -41,7 +41,6 @@ from hookcli.run.launch import Part, joins_team, run_part
 from hookcli.run.outputs import default_path, refuse_drawn_grids
 from hookcli.run.selectors import as_selectors, selector_keys
 from hookcli.run.settings import RunSettings
-from hookcli.run.targets import parse_region
 
 __all__ = ["RunRequest", "request", "with_rows"]
 
@@ -65,7 +64,8 @@ class RunRequest:
     given: Mapping[str, Any]  # the keywords as the caller gave them (a loaded model's notes depend on them)
     settings: RunSettings
     keys: list[str] | None  # the layers' keys, when the selectors name them without the model
-    kind: str  # what output_kind says: memory, file, folder, stdout, cam or default
+    kind: str  # what the command's output() says: memory, file, folder, stdout, cam, a gathering command's name, or
+    # default (named once the inputs are known)
     path: str | None
     stream: Any = None  # a binary stream given as the output
     part: Part | None = None
@@ -84,7 +84,9 @@ def request(
     request found already (a second model run over them), not looked for again. Raises the library's errors."""
     if command not in COMMANDS:
         raise UsageProblem(f"unknown command '{command}'", hint=f"use one of {', '.join(COMMANDS)}")
-    does, opts, help_hint = COMMANDS[command], run_options(command, options), f"see 'hookcli {command} --help'"
+    does = COMMANDS[command]
+    opts = run_options(command, options)
+    help_hint = f"see 'hookcli {command} --help'"
     if opts.incomplete:
         raise UsageProblem(
             "--incomplete takes saved features from a shard folder, and a model runs here", hint=help_hint
@@ -93,7 +95,9 @@ def request(
         raise UsageProblem(
             "--seed only applies to --weights none (pretrained and file weights are fixed)", hint=help_hint
         )
-    interventions, model, choice = asked_interventions(opts), as_model(model), None
+    interventions = asked_interventions(opts)
+    model = as_model(model)
+    choice: ModelChoice | None = None
     if isinstance(model, LoadedModel) and "weights" in options:
         raise UsageProblem(
             f"weights choose what hookcli builds a model from a name with, and {model.name} is built already",
@@ -104,16 +108,17 @@ def request(
     else:  # from the registry cache: only a cold cache imports torchvision
         choice = choose_model(str(model), opts.weights)
         model_name, family = choice.name, choice.family
-    does.check(family, family_traits(family), opts)
     opts = fitted_to_family(command, family, opts, options)  # a quantized model's CPU
-    parse_region(opts.region)
+    settings = RunSettings.asked(opts, captures=does.captures_as_asked, stores=does.stores_as_asked, fuses=does.fuses)
+    keys = selector_keys(as_selectors(layers)) if does.selects_layers else None
+    does.check(family, family_traits(family), opts)
     kind, path = does.output(output, model_name, opts)
     output_at = _OUTPUTS[kind]
     if opts.shard_size and not output_at.shared:
         raise UsageProblem("--shard-size applies to a folder output (-o DIR/)", hint=help_hint)
     part = run_part(opts.part, output, shared=output_at.shared, memory=output_at.memory, alone=output_at.alone)
     if part is not None and output_at.by_default:
-        kind = does.default_kinds[1]  # many processes share the work of one shard folder (or one file's parts)
+        kind = does.shared_kind  # many processes share the work of one shard folder (or one file's parts)
     stream = output if hasattr(output, "write") else None
     if output_at.stdout and (stream or sys.stdout).isatty():
         raise UsageProblem(
@@ -128,8 +133,8 @@ def request(
         inputs,
         opts,
         dict(options),
-        RunSettings.asked(opts, captures=does.captures_as_asked, stores=does.stores_as_asked, fuses=does.fuses),
-        selector_keys(as_selectors(layers)) if does.selects_layers else None,
+        settings,
+        keys,
         kind,
         path,
         stream,
@@ -149,7 +154,7 @@ def with_rows(asked: RunRequest, rows: FoundInputs, notes: tuple[str, ...]) -> R
     kind, path, opts = asked.kind, asked.path, asked.opts
     does = COMMANDS[asked.command]
     if _OUTPUTS[kind].by_default:
-        kind = does.default_kinds[len(rows.paths) > LARGE_INPUT]
+        kind = does.shared_kind if len(rows.paths) > LARGE_INPUT else does.default_kind
         # Named after the layers' keys: known now unless a glob or a type selector leaves them to the model.
         path = None if asked.keys is None else default_path(kind, asked.model_name, asked.keys, does.named)
     # A file that many processes gather may be there already, written by the one that finished it: the writer

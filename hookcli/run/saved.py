@@ -29,10 +29,11 @@ from hookcli.events import Event, Note
 from hookcli.families import square_input
 from hookcli.inputs.archives import file_stamp
 from hookcli.options.run import SAVED_STATS_OPTIONS, RunOptions, refuse_unknown, run_options
+from hookcli.parsing import block_of
 from hookcli.patterns import select_keys
 from hookcli.run.commands import COMMANDS
 from hookcli.run.execute import execute
-from hookcli.run.launch import Part, block_of, detect_part
+from hookcli.run.launch import Part, detect_part
 from hookcli.run.outputs import DEFAULT_OUTPUT, Output
 from hookcli.run.settings import Batch
 from hookcli.statistics.channel_stats import StatsGathering
@@ -156,7 +157,7 @@ def run_saved(
     does = COMMANDS[command]
     kind, path = does.output(output, "", opts)  # refuses stdout and folders
     if output is DEFAULT_OUTPUT:
-        kind, path = does.default_kinds[0], _default_name(first.reader, command)
+        kind, path = does.default_kind, _default_name(first.reader, command)
     part = _part(opts.part, in_memory=path is None)
     files = [Path(s.reader.name) for s in sources if os.path.isfile(s.reader.name)]
     does.check_target(kind, path, files, opts.force or bool(part))

@@ -1,7 +1,7 @@
 """What ``grad`` and ``cam`` take gradients of: ``--target`` (a class index, a class name of the weights, ``topK``,
 a detection ``#N``) and ``--region`` (a part of a segmentation's image), read and checked without torch.
 
->>> parse_target("top2", None, 10).describe(), parse_region("0,0.5,1,1")
+>>> parse_target("top2", None, 10).describe(), parse_target("7", None, 10, region="0,0.5,1,1").region
 ('top2', (0.0, 0.5, 1.0, 1.0))
 """
 
@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 from hookcli.errors import UsageProblem
 from hookcli.families import family_traits
+from hookcli.parsing import parse_region
 
 __all__ = [
     "Target",
-    "parse_region",
     "parse_target",
 ]
 
@@ -53,26 +53,6 @@ class Target:
             else str(self.class_index)
         )
         return text + (" in " + ",".join(f"{v:g}" for v in self.region) if self.region else "")
-
-
-def parse_region(spec: str | None) -> tuple[float, float, float, float] | None:
-    """``--region x0,y0,x1,y1``: a box as fractions of the image (0 to 1, x0 < x1, y0 < y1), or None.
-
-    >>> parse_region("0,0.5,1,1")
-    (0.0, 0.5, 1.0, 1.0)
-    """
-    if spec is None:
-        return None
-    try:
-        values = tuple(float(v) for v in str(spec).split(","))
-    except ValueError:
-        values = ()
-    if len(values) != 4 or not all(0 <= v <= 1 for v in values) or values[0] >= values[2] or values[1] >= values[3]:
-        raise UsageProblem(
-            f"region '{spec}' is not x0,y0,x1,y1 with fractions of the image from 0 to 1, x0 < x1 and y0 < y1",
-            hint="for example --region 0.25,0.25,0.75,0.75 (the middle)",
-        )
-    return values
 
 
 def parse_target(

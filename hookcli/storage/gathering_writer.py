@@ -22,6 +22,7 @@ import torch
 from hookcli.errors import FeatureFileError, OutputExistsError
 from hookcli.files import check_writable, release_output, share_output, take_output
 from hookcli.inputs.archives import file_stamp, input_files, input_name
+from hookcli.parsing import block_of
 from hookcli.storage.background import Background
 from hookcli.storage.features import Features
 from hookcli.storage.fileformat import RunRecord, parts_folder
@@ -75,9 +76,8 @@ class GatheringWriter:
     ) -> GatheringWriter:
         """The writer that gathers ``gathering`` over a planned ``run``'s inputs into its output (its record unless
         ``record`` says otherwise)."""
-        part = (run.part.index, run.part.count) if run.part is not None else (0, 1)
         return cls(record or run.record, run.inputs, run.output.path, gathering, shard_size=run.shard_size,
-                   force=run.force, part=part, on_note=note, team=run.team is not None)  # fmt: skip
+                   force=run.force, part=block_of(run.part), on_note=note, team=run.team is not None)  # fmt: skip
 
     @property
     def inputs_done(self) -> int:

@@ -80,7 +80,7 @@ class GatheringRun(Protocol):
     @property
     def inputs(self) -> Sequence[Any]: ...
     @property
-    def output(self) -> Any: ...  # its path: None in memory
+    def output(self) -> Any: ...  # where it goes (hookcli.run.outputs.Output): its path, None in memory
     @property
     def shard_size(self) -> int | None: ...
     @property

@@ -1,10 +1,11 @@
 """What every command is to a run (:class:`Command`): the request, the plan and :func:`~hookcli.run.execute.execute`
 ask it, never its name. A command's module holds one subclass; :mod:`hookcli.run.commands` lists them.
 
-A command is asked four times: what its output is (:meth:`Command.output`) and what it refuses
-(:meth:`Command.check`, :meth:`Command.check_target`) before any model loads; what it adds to the plan once the
-model is loaded (:meth:`Command.plan`); and which writer keeps its rows (:meth:`Command.writer`). What it needs of
-torch it imports in those last two, so that the request's checks answer before torch loads.
+A command is asked four things: what its output is (:meth:`Command.output`) and what it refuses
+(:meth:`Command.check`, :meth:`Command.check_target`), before any model loads (an output named after layers only
+the model tells is checked again once it has loaded); what it adds to the plan once the model is loaded, refusing
+what it can only tell then (:meth:`Command.plan`); and which writer keeps its rows (:meth:`Command.writer`). What it
+needs of torch it imports in those last two, so that the request's checks answer before torch loads.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from hookcli.errors import UsageProblem
 from hookcli.families import FamilyTraits
 from hookcli.files import refuse_written_output
 from hookcli.options.run import RunOptions
-from hookcli.run.launch import block_of
+from hookcli.parsing import block_of
 from hookcli.run.outputs import DEFAULT_OUTPUT, check_file_output, is_folder
 from hookcli.run.selectors import selected_layers
 from hookcli.run.settings import RunSettings
@@ -96,9 +97,9 @@ class Command:
     selects_layers: ClassVar[bool] = True
     #: Whether it gathers over its inputs into one file (``stats``, ``compare``) rather than keeping rows.
     gathers: ClassVar[bool] = False
-    #: The kind of output it writes when none is named: for a run of few inputs, and for one of many (or of many
-    #: processes).
-    default_kinds: ClassVar[tuple[str, str]] = ("file", "folder")
+    #: The kind of output it writes when none is named, and when that run has many inputs or many processes share it.
+    default_kind: ClassVar[str] = "file"
+    shared_kind: ClassVar[str] = "folder"
     #: Whether its batches' rows stay on the device for the writer (what gathers computes there).
     rows_on_device: ClassVar[bool] = False
     #: Whether it captures what ``--capture`` and ``--pool`` say (the others capture the layers' outputs whole).

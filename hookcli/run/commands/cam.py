@@ -42,16 +42,17 @@ class Cam(Grad):
         return "cam", path
 
     def check(self, family: str, traits: FamilyTraits, opts: RunOptions) -> None:
+        from hookcli.pictures.render import check_cmap  # matplotlib's colour maps: cam draws with it
+
         if not traits.cams:
             raise refuse_unsupported(self.name, family, NO_GRADIENTS[family])
+        check_cmap(opts.cmap)
 
     def plan(self, asked: Asked, loaded: LoadedModel, settings: RunSettings) -> Parts:
         from hookcli.pictures.cams import cam_png_name
-        from hookcli.pictures.render import check_cmap  # matplotlib's colour maps, loaded with the model
         from hookcli.run.gradients import CamForward
 
         opts = asked.opts
-        check_cmap(opts.cmap)
         target, notes = gradient_target(loaded, opts)
         layer = _cam_layer(loaded, asked.layers, settings)
         if asked.kind == "cam":  # its pictures' names are known now: refuse any that would write over a file

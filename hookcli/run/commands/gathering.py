@@ -25,8 +25,10 @@ class Gathers(Command):
     stores_as_asked: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A gathering command's output is always its own kind of file, named after it, however many inputs or
+        processes it has (what a subclass says of ``default_kind`` and ``shared_kind`` is replaced)."""
         super().__init_subclass__(**kwargs)
-        cls.default_kinds = (cls.name, cls.name)  # its own file, whatever the number of inputs
+        cls.default_kind = cls.shared_kind = cls.name
 
     def output(self, output: Any, model_name: str, opts: RunOptions) -> tuple[str, str | None]:
         text = None
@@ -42,7 +44,11 @@ class Gathers(Command):
                 f"{self.name} writes one file, and '{text}' is a folder",
                 hint=f"name the file, for example -o {os.path.join(text, self.name + '.safetensors')}",
             )
-        kind = "memory" if output is None else "default" if output is DEFAULT_OUTPUT else self.name
+        kind = self.name
+        if output is None:
+            kind = "memory"
+        elif output is DEFAULT_OUTPUT:
+            kind = "default"
         return kind, text
 
     def check_target(self, kind: str, path: str | None, inputs, force: bool) -> None:
