@@ -432,3 +432,26 @@ def test_a_mean_of_other_weights_is_refused_and_the_spec_is_named_as_written(pho
         caught.value.message
         == "--intervene 'layer1:60:70=zero': layer1 has 64 units (0 to 63), and unit 64 does not exist"
     )
+
+
+def test_a_traced_run_keeps_only_the_values_a_later_run_reads():
+    """What ablate and patch run the model with (hookcli.run.replay.Kept) lets each value go after its last user, but
+    those a later run starts from: one forward's worth of memory, not every layer's output at once."""
+    from hookcli.run.replay import Kept, traced
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 4, 3), nn.ReLU(), nn.Flatten()).eval()
+    graph = traced(model, set())
+    nodes = {node.name: node for node in graph.graph.nodes}
+    x = torch.randn(2, 3, 8, 8)
+    kept = Kept(graph, copied={nodes["_1"]}, keep={nodes["_2"]})
+    with torch.no_grad():
+        output = kept.run(x)
+        expected = model(x)
+    assert torch.equal(output, expected)
+    assert set(kept.env) == {nodes["_2"], nodes["output"]}  # the input and every other layer's output are gone
+    torch.testing.assert_close(kept.env[nodes["_2"]], model[:3](x), rtol=0, atol=0)
+    assert torch.equal(kept.copies[nodes["_1"]], model[:2](x))
+    everything = Kept(graph, keep=set(graph.graph.nodes))
+    everything.run(x)
+    assert set(everything.env) == set(graph.graph.nodes)

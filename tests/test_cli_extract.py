@@ -376,6 +376,8 @@ def test_an_unexpected_failure_is_one_line_and_debug_shows_the_traceback(runner,
     result = runner.invoke(main, ["--debug", *args])
     assert isinstance(result.exception, RuntimeError)
     assert not (tmp_path / "o.safetensors").exists()
+    again = runner.invoke(main, [*args, "--debug"])  # where the hint's reader adds it: at the end
+    assert isinstance(again.exception, RuntimeError)
 
 
 def test_refuses_to_write_binary_to_a_terminal(resnet18_args, images):

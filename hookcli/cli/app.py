@@ -66,6 +66,13 @@ class _HookcliGroup(click.Group):
                 _exit_with_error(f"{type(err).__name__}: {first_line(err).rstrip('.')}. {hint}", 1)
         sys.exit(result if isinstance(result, int) else 0)
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        # --debug is the group's, taken wherever it comes before "--": the hints say to rerun a command with it.
+        end = args.index("--") if "--" in args else len(args)
+        if "--debug" in args[:end]:
+            args = ["--debug", *(arg for arg in args[:end] if arg != "--debug"), *args[end:]]
+        return super().parse_args(ctx, args)
+
     def _usage_message(self, err: click.UsageError) -> str:
         """Click's message; for an option of another command, which commands take it."""
         if not isinstance(err, click.NoSuchOption):

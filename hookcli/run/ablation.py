@@ -180,9 +180,9 @@ class UnitAblation:
         """What the part after the layer reads of the traced model's values on ``batch`` (the other nodes before the
         layer's hold None, there only so that a replay skips them), and its output."""
         assert self.graph is not None, "the traced path"
-        interpreter = Kept(self.graph, copied={self._layer_node})
-        output = interpreter.run(batch)
         kept = {self._layer_node, *self._read_after, *([self._effect_node] if self._effect_node is not None else [])}
+        interpreter = Kept(self.graph, copied={self._layer_node}, keep=kept)
+        output = interpreter.run(batch)
         env = {node: interpreter.env[node] if node in kept else None for node in (*self._before, *kept)}
         env[self._layer_node] = interpreter.copies[self._layer_node]  # as the layer returned it
         return env, output
@@ -197,7 +197,7 @@ class UnitAblation:
         for node in self._read_after:  # what the part after the layer reads of the part before, copied as rows are
             initial[node] = repeated(env[node], count, rows)
         initial[layer_node] = copies
-        interpreter = Kept(self.graph)
+        interpreter = Kept(self.graph, keep=[self._effect_node] if self._effect_node is not None else [])
         output = interpreter.run(*(initial[node] for node in self._placeholders), initial_env=initial)
         return output if self._effect_node is None else interpreter.env[self._effect_node]
 

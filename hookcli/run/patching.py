@@ -99,7 +99,8 @@ class Patching:
                 hint="give an even --batch-size and --shard-size, and every pair's two inputs",
             )
         if self.graph is not None:
-            interpreter = Kept(self.graph, copied={self._nodes[layer] for layer in self.layers})
+            needed = {node for layer in self.layers for node in self._read_after.get(layer, ())}
+            interpreter = Kept(self.graph, copied={self._nodes[layer] for layer in self.layers}, keep=needed)
             output = interpreter.run(batch)
             outputs = {layer: interpreter.copies[self._nodes[layer]] for layer in self.layers}
             env = interpreter.env

@@ -1,8 +1,9 @@
 """Running a traced model again from one of its layers on: what ``ablate`` and ``patch`` share.
 
 A model is traced (:mod:`torch.fx`) with the layers a command changes kept as leaves; an interpreter that keeps
-every value runs it once on a batch, and a later run starts from a layer's node with the values before it given
-(:class:`Kept`), so the layers before that one do not run again.
+the values a later run reads runs it once on a batch, and a later run starts from a layer's node with the values
+before it given (:class:`Kept`), so the layers before that one do not run again. Every other value goes once its
+last user has run, so that a run holds what a forward holds.
 """
 
 from __future__ import annotations
@@ -29,12 +30,18 @@ CHUNK_BYTES = 256 * 1024 * 1024
 
 
 class Kept(torch.fx.Interpreter):
-    """An interpreter that keeps every value it computes (``env``), for a later run to start from, and a copy of the
-    values of the nodes ``copied`` as they were computed (``copies``): an in-place operation after a layer (a
+    """An interpreter that keeps the values of the nodes ``keep`` (``env``), for a later run to start from or to be
+    read once it ends, and lets every other value go once its last user has run; and a copy of the values of the
+    nodes ``copied`` as they were computed (``copies``): an in-place operation after a layer (a
     ``ReLU(inplace=True)``, a residual ``+=``) changes the value ``env`` holds, not its copy."""
 
-    def __init__(self, graph_module: torch.fx.GraphModule, copied: Collection[Any] = ()) -> None:
-        super().__init__(graph_module, garbage_collect_values=False)
+    def __init__(
+        self, graph_module: torch.fx.GraphModule, copied: Collection[Any] = (), keep: Collection[Any] = ()
+    ) -> None:
+        super().__init__(graph_module, garbage_collect_values=True)
+        kept = set(keep)
+        for user, last in self.user_to_last_uses.items():  # what goes once ``user`` has run: none of ``keep``
+            self.user_to_last_uses[user] = [node for node in last if node not in kept]
         self.copied = set(copied)
         self.copies: dict[Any, Any] = {}
 
