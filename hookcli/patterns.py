@@ -77,9 +77,10 @@ def select_keys(available: Sequence[str], patterns: Sequence[str], name: str, *,
         found = [pattern] if pattern in available else [k for k in available if regex.fullmatch(k)]
         if not found:
             closest = difflib.get_close_matches(pattern, available, n=3, cutoff=0.0)
+            globbed = "; * matches within one dot-separated name, ** across dots" if "*" in pattern else ""
             raise UsageProblem(
                 f"no {what} '{pattern}' in '{name}' (closest: {', '.join(closest)})",
-                hint="'hookcli info' lists the keys",
+                hint=f"'hookcli info' lists the keys{globbed}",
             )
         chosen.extend(k for k in found if k not in chosen)
     return chosen

@@ -270,6 +270,11 @@ def test_a_runs_blocks_give_a_rollout_map_an_image_that_grid_draws_over_the_phot
     from hookcli.statistics.rollout import attention_rollout
 
     torch.testing.assert_close(found["rollout@attention"], attention_rollout(blocks)[:, 0].float())
+    named = hookcli.rollout(out, keys=[f"{layers[2]}@attention", "**encoder_layer_[01]**"])  # patterns, any order
+    assert json.loads(named.metadata["rollout"])["blocks"] == [f"{layer}@attention" for layer in layers]
+    torch.testing.assert_close(named["rollout@attention"], found["rollout@attention"], rtol=0, atol=0)
+    last = hookcli.rollout(out, keys=f"{layers[2]}@attention")  # one key, as a string
+    assert json.loads(last.metadata["rollout"])["blocks"] == [f"{layers[2]}@attention"]
     drawn = hookcli.grid(found, overlay=True)
     assert sorted(drawn) == [f"rollout@attention__{n:05d}_{n}.overlay.png" for n in range(3)]
     pictures = hookcli.grid(out, images="0")  # each head's class-token attention over the 4x4 patches
@@ -300,6 +305,14 @@ def test_statistics_comparisons_and_reports_take_attention_captures(photos, tmp_
     found = hookcli.stats(features=out, top=2, pca=False)
     key = f"{layers[1]}@attention"
     assert found[f"{key}@mean"].shape == (5,)  # the class token's attention to each of the 5 tokens: 5 units
+    heads = hookcli.extract(_vit(), layers, photos * 2, capture="attention", attention="class", resize=16, crop=16)
+    each = hookcli.stats(features=heads, top=2, pca=False)  # each head's attention to each token a unit: 2 x 5
+    np.testing.assert_allclose(each[f"{key}@mean"], heads[key].double().mean(0).reshape(-1).numpy(), rtol=1e-12)
+    patterns = hookcli.compare(features=heads)["linear-cka"]  # rows of weights as they are, not a mean of each
+    own = [heads[f"{layer}@attention"].double().reshape(6, -1) for layer in layers]
+    centred = [rows - rows.mean(0) for rows in own]
+    hsic = [[(a.T @ b).square().sum() for b in centred] for a in centred]
+    assert patterns[0, 1].item() == pytest.approx((hsic[0][1] / (hsic[0][0] * hsic[1][1]).sqrt()).item(), rel=1e-9)
     with hookcli.open_features(out) as read:
         np.testing.assert_allclose(found[f"{key}@mean"], read.read(key).astype(np.float64).mean(0), rtol=1e-12)
     cka = hookcli.compare(features=out)["linear-cka"]
@@ -408,6 +421,16 @@ def test_the_first_tokens_row_of_a_model_without_a_class_token_is_refused(photos
         hookcli.extract(loaded, layer, photos, capture="attention", attention="class", resize=16, crop=16)
     assert refused.value.message.startswith("--attention class keeps the first token's row, and ")
     assert refused.value.message.endswith("has no class token before its patches (the first token is a patch)")
+    import timm
+
+    registers = timm.create_model("vit_wee_patch16_reg1_gap_256", pretrained=False, img_size=32).eval()  # no class
+    with pytest.raises(UsageProblem) as refused:
+        hookcli.extract((registers, hookcli.Preprocess(resize=32, crop=32)), "blocks.0.attn", photos,
+                        capture="attention", attention="class-mean")  # fmt: skip
+    assert refused.value.message == (
+        "--attention class-mean keeps the first token's row, and VisionTransformer has no class token before its "
+        "patches (the first token is a register)"
+    )
     with pytest.raises(UsageProblem) as refused:
         hookcli.rollout(_vit_file(photos), residual=1.5)
     assert refused.value.message == "residual=1.5: a rollout keeps a share of each token, between 0 and 1"
@@ -487,6 +510,20 @@ def test_the_report_gives_each_attention_block_a_page_of_every_shown_image(photo
     page = (tmp_path / "r" / "block-002.html").read_text()
     assert page.count('<img src="data:image/png;base64,') == 3  # the block's picture of each image
     assert "<figcaption>Image 2: 2.png</figcaption>" in page and f"<h2>{layers[1]}@attention</h2>" in page
+    over = hookcli.report(out, output=tmp_path / "over", overlay=True).parent / "block-002.html"
+    assert over.read_text().count('<img src="data:image/jpeg;base64,') == 3  # over the photo: JPEG, a tenth of PNG
     with pytest.raises(OutputExistsError) as again:
         hookcli.report(out, output=tmp_path / "r")
     assert "index.html" in again.value.message
+
+
+def test_cross_attention_is_not_drawn_as_if_it_looked_at_the_image(tmp_path):
+    from hookcli.pictures.reading import attention_drawn
+    from hookcli.pictures.render import NotDrawable
+
+    weights = torch.softmax(torch.randn(2, 2, 4, 5), dim=-1)  # 4 queries over 5 keys of a memory: 1 + 2 x 2 keys
+    metadata = {"capture": "attention", "preprocess": json.dumps({"resize": 16, "crop": 16}), "format": "2"}
+    with pytest.raises(NotDrawable) as refused:
+        attention_drawn(hookcli.Features({"a@attention": weights}, metadata), [2, 4, 5])
+    assert str(refused.value) == "its 4 queries attend to 5 other keys (cross-attention), not to the image"
+    assert attention_drawn(hookcli.Features({"a@attention": weights}, metadata), [2, 5, 5]) == [2, 2, 2]  # self

@@ -312,6 +312,10 @@ def test_selection_errors_and_existing_pngs(runner, one_error, tmp_path):
     assert one_error(runner.invoke(main, ["grid", str(source), *out, "-k", "fat"]), 2) == (
         f"Error: no tensor 'fat' in '{source}' (closest: feat, feet). Hint: 'hookcli info' lists the keys"
     )
+    assert one_error(runner.invoke(main, ["grid", str(source), *out, "-k", "fe*.x"]), 2) == (
+        f"Error: no tensor 'fe*.x' in '{source}' (closest: feet, feat). Hint: 'hookcli info' lists the keys; * matches "
+        "within one dot-separated name, ** across dots"
+    )
     assert one_error(runner.invoke(main, ["grid", str(source), *out, "-i", "2"]), 2) == (
         "Error: image index 2 is out of range: the file has 2 images. Hint: use 0 to 1, or an input file name"
     )

@@ -20,7 +20,8 @@ __all__ = ["rollout"]
     "keys",
     multiple=True,
     metavar="KEY",
-    help="A block's @attention key, first block first (repeatable) [every @attention key, in the model's order].",
+    help="A block's @attention key, or a pattern of them as grid -k takes (repeatable); taken in the file's order, "
+    "which is the model's [every @attention key].",
 )
 @click.option(
     "--residual",

@@ -16,6 +16,7 @@ from hookcli.inputs.preprocess import Preprocess
 __all__ = [
     "LoadedModel",
     "out_size",
+    "has_class_token",
     "prefix_tokens",
 ]
 
@@ -40,6 +41,9 @@ class LoadedModel:
     source: str = "torchvision"
     #: Tokens a vision transformer puts before its patch tokens (class, registers); None for other models.
     prefix_tokens: int | None = None
+    #: Whether the first of those prefix tokens is a class token (False: a register, as in timm's ``*_reg*_gap``
+    #: models); None when the model does not say.
+    class_token: bool | None = None
     #: How many scores grad and cam choose targets among; None: counted from the model's last layer.
     classes: int | None = None
     #: The field of the model's output (a transformers ``ModelOutput``) that holds those scores: ``logits``,
@@ -114,3 +118,14 @@ def prefix_tokens(module) -> int | None:
         if tensor is not None and hasattr(tensor, "dim"):
             found += 1 if tensor.dim() == 1 else tensor.shape[-2]  # CLIP's class embedding is one vector
     return found or None
+
+
+def has_class_token(module) -> bool | None:
+    """Whether a vision transformer's first token is a class token: timm's ``has_class_token`` or ``cls_token``
+    (None in a model of registers alone); None where the model does not say."""
+    said = getattr(module, "has_class_token", None)
+    if isinstance(said, bool):
+        return said
+    if hasattr(module, "cls_token") and hasattr(module, "num_prefix_tokens"):  # timm's EVA and kin
+        return module.cls_token is not None
+    return None

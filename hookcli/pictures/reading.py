@@ -191,13 +191,15 @@ def is_attention(features: FeatureReader, key: str) -> bool:
 def attention_drawn(features: FeatureReader, row: Sequence[int]) -> list[int]:
     """``[heads (1 when averaged), h, w]``: what a row of attention weights is drawn as, the class token's (the first
     query's) attention to each patch, the patches folded back to the image's grid; NotDrawable when they do not fold."""
+    kept = str(features.metadata.get("capture", "attention")).partition(":")[2] or "all"
+    if not kept.startswith("class") and len(row) >= 2 and row[-2] != row[-1]:
+        raise NotDrawable(f"its {row[-2]} queries attend to {row[-1]} other keys (cross-attention), not to the image")
     grid = _patch_grid(features, int(row[-1]))
     if grid is None:
         raise NotDrawable(
             f"its {row[-1]} keys are not the patches of an image of one size (a centre crop, or a resize to "
             "[height, width]) after a class token or none"
         )
-    kept = str(features.metadata.get("capture", "attention")).partition(":")[2] or "all"
     return [1 if kept.endswith("mean") else int(row[0]), grid[1], grid[2]]
 
 

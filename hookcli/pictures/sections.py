@@ -46,6 +46,7 @@ from hookcli.pictures.photos import model_thumbnail
 from hookcli.pictures.reading import (
     detection_keys,
     drawn_shape,
+    is_attention,
     read_detections,
     recorded_categories,
     target_box,
@@ -204,7 +205,11 @@ class ImageSections:
         self.tensors = [t for t in tensors if t is not self.boxes]
         self.detections_problem = False
         # CAMs: one map a row, drawn over the photo, with no channels to rank.
-        self.cams = {t.key for t in tensors if drawn_shape(features, t.key) != features.shape(t.key)}
+        self.cams = {
+            t.key
+            for t in tensors
+            if not is_attention(features, t.key) and drawn_shape(features, t.key) != features.shape(t.key)
+        }
         self.longest = max(tensors, key=lambda t: t.rows)  # it has every row, and each row's name
         self.targets = RowTargets(features, self.longest.rows, lambda text: emit(Note(text)))
         self.categories = recorded_categories(self.metadata)
@@ -405,7 +410,8 @@ class ImageSections:
             return f'<p class="missing">No picture: {escaped(str(reason))}.</p>'
         for text in picture.notes:
             self.emit(Note(text))
-        return picture_html(picture.pixels, f"{tensor.key}, image {row}")
+        # Over the photo (--overlay), a picture is a photograph's worth of detail, which JPEG keeps in a tenth of PNG's.
+        return picture_html(picture.pixels, f"{tensor.key}, image {row}", jpeg=self.options.overlay)
 
     def _cam_over_photo(
         self, job: GridJob, options: GridOptions, values: np.ndarray | None, box: np.ndarray | None

@@ -207,10 +207,14 @@ class CompareGathering:
             units = self.layouts[key].units(value)
             flat = units.amax(dim=2) if self.choice.pool == "max" else units.to(torch.float64).mean(dim=2)
         if self.choice.method == "linear-cka" and flat.shape[1] > MAX_WIDTH:
+            weights = key.endswith("@attention")  # each value its own unit: pooling leaves them as they are
             raise UsageProblem(
                 f"'{key}' gives {flat.shape[1]:,} values a row: linear CKA keeps the co-moments of at most "
                 f"{MAX_WIDTH:,} (a {MAX_WIDTH:,}² matrix)",
-                hint="pool it (--pool avg), or use --method minibatch-cka, which takes maps whole",
+                hint="keep less of the weights (extract --attention class or class-mean), or use --method rsa or "
+                "minibatch-cka"
+                if weights
+                else "pool it (--pool avg), or use --method minibatch-cka, which takes maps whole",
             )
         return flat
 

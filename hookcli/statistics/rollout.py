@@ -25,6 +25,7 @@ import torch
 
 from hookcli.errors import UsageProblem
 from hookcli.files import check_writable
+from hookcli.patterns import select_keys
 from hookcli.storage.features import Features
 from hookcli.storage.reader import FeatureReader
 from hookcli.storage.saving import write_safetensors
@@ -52,7 +53,7 @@ def attention_rollout(blocks: Sequence[torch.Tensor], *, residual: float = 0.5) 
 
 def rollout(
     source: str | os.PathLike[str] | FeatureReader,
-    keys: Sequence[str] = (),
+    keys: str | Sequence[str] = (),
     *,
     residual: float = 0.5,
     output: str | os.PathLike[str] | None = None,
@@ -61,8 +62,9 @@ def rollout(
     """The attention rollout of the blocks a file of ``extract --capture attention`` holds, as a map per image: the
     first (class) token's row of :func:`attention_rollout` over ``keys``, stored as ``rollout@attention``
     ``[N, tokens]`` with the file's metadata, so that ``hookcli.grid`` draws it (over the photo with
-    ``overlay=True``). ``keys``: every block from the first on, first block first; by default every ``@attention``
-    key in the file's order, which is the model's (``extract`` keeps the layers in the model's order). The weights
+    ``overlay=True``). ``keys``: the blocks' ``@attention`` keys, or patterns of them as ``grid`` takes; by default
+    every one. They are taken in the file's order, which is the model's (``extract`` keeps the layers in the model's
+    order), first block first. The weights
     must be every token's (``--attention mean``, or ``all``); they are read an image at a time. With ``output``, the
     file written (refused when it exists, unless ``force``), whose path is returned: ``hookcli rollout``.
     """
@@ -93,15 +95,14 @@ def rollout(
                 f"(--attention {kept})",
                 hint="capture with --attention all or mean",
             )
-        chosen = list(keys) or [key for key in features.keys() if key.endswith("@attention")]
-        missing = [key for key in chosen if key not in features.keys()]
-        if missing or not chosen:
+        blocks = [key for key in features.keys() if key.endswith("@attention")]
+        if not blocks:
             raise UsageProblem(
-                f"'{features.name}' has no key '{missing[0]}'"
-                if missing
-                else f"'{features.name}' has no @attention key",
-                hint="give the @attention keys of the blocks, first block first",
+                f"'{features.name}' has no @attention key", hint="capture them with hookcli extract --capture attention"
             )
+        patterns = [keys] if isinstance(keys, str) else list(keys)
+        chosen = select_keys(blocks, patterns, features.name, what="@attention key")
+        chosen.sort(key=blocks.index)  # the model's order, first block first, whatever the patterns' order
         shapes = {(features.shape(key)[0], *features.shape(key)[-2:]) for key in chosen}
         ranks = {len(features.shape(key)) for key in chosen}
         (rows, queries, tokens), *others = sorted(shapes)
@@ -113,8 +114,8 @@ def rollout(
             )
         maps = torch.empty(rows, tokens)
         for row in range(rows):  # a row of each block at a time: memory for one image's weights
-            blocks = [torch.as_tensor(np.asarray(features.read(key, row)))[None] for key in chosen]
-            maps[row] = attention_rollout(blocks, residual=residual)[0, 0].float()
+            weights = [torch.as_tensor(np.asarray(features.read(key, row)))[None] for key in chosen]
+            maps[row] = attention_rollout(weights, residual=residual)[0, 0].float()
         metadata = {
             **features.metadata,
             "capture": "attention:class-mean",

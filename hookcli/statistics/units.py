@@ -7,7 +7,9 @@ positions, as the pictures read it (:func:`hookcli.pictures.render.map_layout`):
   clips ``[C, T, H, W]``: ``C`` channels over the spatial (and time) positions;
 - ``[T, D]`` tokens: ``D`` channels over the tokens, the model's prefix tokens (a class token, registers) left out
   as the pictures leave them out;
-- ``[D]`` vectors (an embedding, pooled features, logits): ``D`` channels with one value each, and no position.
+- ``[D]`` vectors (an embedding, pooled features, logits): ``D`` channels with one value each, and no position;
+- an attention module's weights (``KEY@attention``, any shape): each value a unit of its own, with no position.
+  A row of weights sums to 1 over its keys, so a mean over them says nothing of the row: nothing is pooled away.
 
 >>> layout = UnitLayout.of((197, 768), prefix_tokens=1)
 >>> layout.channels, layout.spatial, layout.kind, layout.skip
@@ -68,8 +70,8 @@ class UnitLayout:
                 "maps [C, H, W] or clips [C, T, H, W]) with at least one value each",
                 hint="choose another layer (hookcli layers lists their shapes)",
             )
-        if len(shape) == 1:
-            return cls(shape, shape[0], (), "flat")
+        if len(shape) == 1 or key.endswith("@attention"):
+            return cls(shape, math.prod(shape), (), "flat")
         if len(shape) == 2:
             tokens, dim = shape
             skip = next(

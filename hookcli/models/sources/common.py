@@ -27,7 +27,7 @@ except ImportError:  # pragma: no cover - depends on the extras installed
 
 from hookcli.errors import UnknownModelError
 from hookcli.inputs.preprocess import Preprocess
-from hookcli.models.loaded import LoadedModel, prefix_tokens
+from hookcli.models.loaded import LoadedModel, has_class_token, prefix_tokens
 from hookcli.models.specs import ModelSpec, SourceError
 from hookcli.models.state_dicts import fit_state_dict, read_state_dict
 from hookcli.models.weights import file_weights
@@ -106,6 +106,7 @@ def loaded_model(spec: ModelSpec, module, described: dict, preprocess, **fields)
         family="classification",
         source=spec.source,
         prefix_tokens=prefix_tokens(module),
+        class_token=has_class_token(module),
         **fields,
     )
 

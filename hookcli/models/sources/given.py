@@ -15,7 +15,7 @@ import torch
 
 from hookcli.errors import UsageProblem
 from hookcli.inputs.preprocess import Preprocess
-from hookcli.models.loaded import LoadedModel, prefix_tokens
+from hookcli.models.loaded import LoadedModel, has_class_token, prefix_tokens
 from hookcli.models.sources.common import given_preprocess
 
 __all__ = ["is_handed_module", "loaded_from_module"]
@@ -51,6 +51,7 @@ def loaded_from_module(model) -> LoadedModel:
         categories=None,
         source="module",
         prefix_tokens=prefix_tokens(module),
+        class_token=has_class_token(module),
         assumed_because=assumed_because,
         handed_in=True,
     )

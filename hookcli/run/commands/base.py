@@ -149,10 +149,12 @@ class Command:
         says."""
         from hookcli.run.forwards import extraction_forward
 
-        if settings.capture == "attention" and settings.attention.startswith("class") and loaded.prefix_tokens == 0:
+        registers = loaded.class_token is False and bool(loaded.prefix_tokens)  # a register comes first
+        classless = loaded.prefix_tokens == 0 or registers
+        if settings.capture == "attention" and settings.attention.startswith("class") and classless:
             raise UsageProblem(
                 f"--attention {settings.attention} keeps the first token's row, and {loaded.name} has no class token "
-                "before its patches (the first token is a patch)",
+                f"before its patches (the first token is {'a register' if registers else 'a patch'})",
                 hint="keep every row (--attention all or mean)",
             )
         compiled: tuple[str, ...] = ()
