@@ -64,5 +64,5 @@ def state_sha256(module: torch.nn.Module) -> str:
     for key, value in module.state_dict().items():
         digest.update(f"{key}:{value.dtype}:{list(value.shape)}\n".encode())
         if value.numel():
-            digest.update(value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+            digest.update(value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())  # no copy
     return digest.hexdigest()
