@@ -203,6 +203,7 @@ def test_one_process_and_parts_write_the_same_file_and_the_metadata_says_what_wa
         ({"how": "drop"}, "--how takes zero, mean:FILE or resample, not 'drop'"),
         ({"how": "mean:nowhere.safetensors"}, "--how 'mean:nowhere.safetensors': 'nowhere.safetensors' not found"),
         ({"units": "3:1"}, "--units '3:1': the units 3:1 are no range A:B with 0 <= A < B"),
+        ({"units": ""}, "--units '': '' names no units"),  # not every unit, as an empty variable would ask
         ({"units": "6"}, "block has 6 units (0 to 5), and unit 6 does not exist"),
         ({"effect_on": "nowhere"}, "--effect-on 'nowhere': the model has no layer 'nowhere'"),
     ],
@@ -211,6 +212,20 @@ def test_what_cannot_be_ablated_is_refused_in_one_line(photos, keywords, message
     with pytest.raises(UsageProblem) as caught:
         hookcli.ablate(_net(), "block", photos, **keywords, **SMALL)
     assert caught.value.message.removeprefix("ablate: ") == message
+
+
+def test_a_layer_the_forward_runs_twice_is_refused_and_a_refused_run_leaves_no_parts(photos, tmp_path):
+    with pytest.raises(UsageProblem) as caught:  # resnet18's block calls its one ReLU twice
+        hookcli.ablate("resnet18", "layer1.0.relu", photos, weights="none", resize=32, crop=32)
+    assert caught.value.message == (
+        "ablate: the forward runs layer1.0.relu 2 times, so its output is not one value to ablate"
+    )
+    out, small = tmp_path / "e.safetensors", {"weights": "none", "resize": 32, "crop": 32, "batch_size": 3}
+    with pytest.raises(UsageProblem) as caught:  # a block's width is known at the first batch, once parts are begun
+        hookcli.ablate("resnet18", "layer3", photos, units="250:300", output=out, **small)
+    assert caught.value.message == "layer3 has 256 units (0 to 255), and unit 256 does not exist"
+    assert sorted(path.name for path in tmp_path.iterdir()) == []  # no parts of a run that cannot be continued
+    assert hookcli.ablate("resnet18", "layer3", photos, units="250:256", output=out, **small) == out  # corrected
 
 
 def test_ablate_takes_one_layer_and_no_edits(photos):

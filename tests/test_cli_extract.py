@@ -454,3 +454,16 @@ def test_fast_decode_reads_large_jpegs_at_a_scale_and_says_so(runner, resnet18_a
     assert json.loads(whole_meta["preprocess"])["fast_decode"] is False
     difference = ((tensors["layer1"] - reference["layer1"]).norm() / reference["layer1"].norm()).item()
     assert 0 < difference < 0.05  # decoded at 1/8 (250x293, still twice the resize of 64): the same picture
+
+
+def test_a_crop_larger_than_the_resized_image_says_that_it_pads_with_zeros(runner, resnet18_args, images, tmp_path):
+    out = str(tmp_path / "o.safetensors")
+    result = runner.invoke(main, resnet18_args("extract", "-l", "layer1", "--resize", 40, images[0], "-o", out))
+    assert result.exit_code == 0, result.output
+    assert result.stderr == (
+        "Note: the centre crop (224) is larger than the resized image (40 a side), so the crop pads it with zeros: "
+        "give --crop 40 or less to keep the image alone\n"
+    )
+    kept = runner.invoke(main, resnet18_args("extract", "-l", "layer1", "--resize", 40, "--crop", 40, images[0],
+                                             "-o", out, "--force"))  # fmt: skip
+    assert kept.exit_code == 0 and kept.stderr == ""

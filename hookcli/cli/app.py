@@ -41,7 +41,8 @@ class _HookcliGroup(click.Group):
                 sys.exit(0)
             except click.UsageError as err:
                 where = f"'{err.ctx.command_path} --help'" if err.ctx else "'hookcli --help'"
-                _exit_with_error(f"{self._usage_message(err).rstrip('.')}. Hint: see {where}", err.exit_code)
+                said = self._usage_message(err).rstrip(".")
+                _exit_with_error(f"{said}{'' if said.endswith(('?', '?)')) else '.'} Hint: see {where}", err.exit_code)
             except click.ClickException as err:
                 _exit_with_error(err.format_message(), err.exit_code)
             except HookcliError as err:

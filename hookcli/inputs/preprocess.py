@@ -215,6 +215,16 @@ class Preprocess:
             decode=opts.decode,
         )
 
+    def padding_notes(self) -> tuple[str, ...]:
+        """What to say of a centre crop larger than the resized image: the crop pads it with zeros."""
+        side = min(self.resize) if isinstance(self.resize, tuple) else self.resize
+        if self.kind != "classification" or side is None or self.crop is None or self.crop <= side:
+            return ()
+        return (
+            f"the centre crop ({self.crop}) is larger than the resized image ({side} a side), so the crop pads it with "
+            f"zeros: give --crop {side} or less to keep the image alone",
+        )
+
     def replace(self, **overrides) -> Preprocess:
         """A copy with the given fields changed; ``None`` values are ignored."""
         return dataclasses.replace(self, **{k: v for k, v in overrides.items() if v is not None})

@@ -78,6 +78,9 @@ class UnitAblation:
             for path in (layer, effect_on):
                 if path != "." and path not in called:
                     raise _never_runs(path)
+            calls = sum(node.op == "call_module" and node.target == layer for node in nodes)
+            if calls > 1:
+                raise _runs_more_than_once(layer, calls)
             self._layer_node = self._node(layer)
             self._effect_node = None if effect_on == "." else self._node(effect_on)
             self._placeholders = [node for node in nodes if node.op == "placeholder"]
@@ -210,6 +213,9 @@ class UnitAblation:
         modules = dict(self.model.named_modules())
 
         def at_layer(module: nn.Module, inputs: Any, output: Any) -> Any:
+            kept["calls"] = kept.get("calls", 0) + 1
+            if kept["calls"] > 1:
+                raise _runs_more_than_once(self.layer, None)
             kept["layer"] = output.clone() if isinstance(output, torch.Tensor) else output  # before in-place ops
             kept.setdefault("first", "layer")
             return copies
@@ -233,6 +239,15 @@ def _never_runs(layer: str) -> UsageProblem:
     return UsageProblem(
         f"ablate: the forward never runs {layer}",
         hint="the model defines it but does not call it (in eval mode); hookcli layers lists what runs",
+    )
+
+
+def _runs_more_than_once(layer: str, calls: int | None) -> UsageProblem:
+    """The refusal of a layer the forward runs ``calls`` times (None: more than once, the count unknown)."""
+    return UsageProblem(
+        f"ablate: the forward runs {layer} {'more than once' if calls is None else f'{calls} times'}, so its output "
+        "is not one value to ablate",
+        hint="ablate a layer the forward runs once (hookcli layers shows how often each runs)",
     )
 
 

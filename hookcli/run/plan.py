@@ -96,6 +96,7 @@ def plan_request(asked: RunRequest) -> RunPlan:
         settings = resolve_settings(settings, model, len(paths))
         parts = does.plan(asked, model, settings)
         notes = asked.notes + model.notes_for(asked.given) + (edit_notes or parts.compiled) + parts.notes
+        notes += settings.preprocess.padding_notes() if settings.preprocess is not None else ()
         keys = list(parts.layers.values())
         if asked.named_later:
             path = default_path(kind, model.name, keys, does.named)

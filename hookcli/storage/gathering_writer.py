@@ -241,4 +241,9 @@ class GatheringWriter:
         if self.folder is not None:
             with contextlib.suppress(Exception):  # the failure that stopped the run is the one to report
                 self.folder.close()
+            alone = self.part == (0, 1) and not self.team  # no other process of the run may be writing it
+            if alone and self.kept is not None and self.folder.inputs_done == 0:
+                # Nothing done to continue: a folder that records this run would only refuse the corrected one.
+                with contextlib.suppress(OSError):
+                    shutil.rmtree(self.kept)
         self._let_go()

@@ -105,7 +105,7 @@ def ablation_choice(opts: RunOptions) -> tuple[str, tuple[int, ...] | None, str 
             f"--how '{opts.how}': '{file}' {problem}", hint="give the stats file of the same model and layer"
         )
     try:
-        units = parse_units(opts.units) if opts.units else None
+        units = None if opts.units is None else parse_units(opts.units)
     except ValueError as err:
         raise UsageProblem(f"--units '{opts.units}': {err}", hint="give K, A:B, K,L,M or * (every unit)") from None
     return how, units, file or None
