@@ -623,3 +623,24 @@ def test_a_channel_that_takes_a_nan_has_nan_moments_and_quantiles_whatever_the_d
     assert found["maps@min"][1].item() == clean.min().item() and found["maps@max"][1].item() == clean.max().item()
     assert not found["maps@quantiles"][1].isnan().any()
     assert found["maps@top_rows"][0].tolist()[-1] == 1  # the input whose map has the NaN ranks last
+
+
+def test_an_interrupted_run_says_where_its_shards_wait_and_a_refused_one_leaves_none(tmp_path, inputs):
+    from hookcli.events import Advanced, Note
+
+    out, heard = tmp_path / "s.safetensors", []
+    small = {"weights": "none", "resize": 40, "crop": 32, "batch_size": 2, "shard_size": 2, "top": 2}
+
+    def interrupt(event):
+        heard.append(event)
+        if isinstance(event, Advanced) and sum(isinstance(e, Advanced) for e in heard) == 3:
+            raise KeyboardInterrupt  # Ctrl-C in the third batch: two shards are done
+
+    with pytest.raises(KeyboardInterrupt):
+        hookcli.stats("resnet18", "avgpool", inputs, output=out, progress=interrupt, **small)
+    assert [e.text for e in heard if isinstance(e, Note)] == [
+        f"'{parts_folder(out)}/' keeps the shards done so far: run the same command again to continue"
+    ]
+    assert parts_folder(out).is_dir() and not out.exists()
+    assert hookcli.stats("resnet18", "avgpool", inputs, output=out, **small) == out  # continued, then merged
+    assert not parts_folder(out).exists()

@@ -115,7 +115,9 @@ def heatmap_picture(ablation: AblationFile, options: GridOptions) -> np.ndarray:
     pixels = labelled(cells, cell, row_labels, column_labels)
     if options.title:
         pixels = add_title(pixels, _title(ablation, len(rows)))
-    return add_colorbar(pixels, cmap, number(-limit), number(limit), "mean change of the class's logit")
+    effect_on = ablation.ablate.get("effect_on", ".")
+    changed = "the class's logit" if effect_on in (".", None) else f"{effect_on}'s value"  # --effect-on LAYER
+    return add_colorbar(pixels, cmap, number(-limit), number(limit), f"mean change of {changed}")
 
 
 def _title(ablation: AblationFile, shown: int) -> list[str]:

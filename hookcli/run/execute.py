@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -108,6 +109,8 @@ def execute(run: Road, progress: Callable[[Event], None] | None = None) -> Featu
             result = writer.finish()
         except BaseException:
             writer.abort()
+            if writer.kept is not None and os.path.isdir(writer.kept):  # a gathering run's parts, kept to continue
+                note(f"'{writer.kept}' keeps the shards done so far: run the same command again to continue")
             raise
         if team is not None:
             team.barrier()  # every process has listed its shards: the folder is complete

@@ -246,4 +246,7 @@ class GatheringWriter:
                 # Nothing done to continue: a folder that records this run would only refuse the corrected one.
                 with contextlib.suppress(OSError):
                     shutil.rmtree(self.kept)
+                self.kept = None
+        else:
+            self.kept = None  # this run kept nothing: a folder there is another run's
         self._let_go()
