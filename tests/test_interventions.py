@@ -385,3 +385,16 @@ def test_an_edit_of_a_layer_the_forward_never_runs_is_refused_at_the_first_batch
         hookcli.extract(Spare().eval(), "net.2", photos, intervene=["spare=zero"], output=out, **SMALL)
     assert caught.value.message == "--intervene 'spare=zero': the forward never runs spare"
     assert not out.exists()
+
+
+def test_a_reports_summary_names_the_edits_and_ignores_metadata_that_does_not_say_them(photos, tmp_path):
+    from hookcli.pictures.reading import recorded_edits
+
+    out = hookcli.extract(_cnn(), "2", photos, intervene=["0:0:3=zero", "1=scale:0.5"], output=tmp_path / "e.st",
+                          **SMALL)  # fmt: skip
+    page = hookcli.report(out, output=tmp_path / "r").read_text()
+    assert "<th>edited (--intervene)</th><td>0:0,1,2=zero; 1=scale:0.5</td>" in page
+    with hookcli.open_features(out) as read:
+        assert recorded_edits(read.metadata) == ["0:0,1,2=zero", "1=scale:0.5"]
+    damaged = ['{"edits": [{"layer": "0", "units": "x", "edit": "zero"}]}', '{"edits": 3}', "not json", "[1]"]
+    assert [recorded_edits({"interventions": text}) for text in damaged] == [[], [], [], []]
