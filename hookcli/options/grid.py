@@ -17,7 +17,7 @@ from hookcli.options.declaring import Option, check_flags, check_value, declarat
 from hookcli.options.run import SCALES
 from hookcli.parsing import parse_channels
 
-__all__ = ["GRID_OPTIONS", "MAPS_CMAP", "GridOptions", "drawing_options"]
+__all__ = ["GRID_OPTIONS", "MAPS_CMAP", "GridOptions", "drawing_options", "refuse_given"]
 
 #: Feature maps' colormap when ``--cmap`` is not given.
 MAPS_CMAP = "viridis"
@@ -201,3 +201,12 @@ GRID_OPTIONS: tuple[Option, ...] = declarations(GridOptions)
 def drawing_options(command: str) -> tuple[Option, ...]:
     """The options ``command`` (``grid`` or ``report``, which takes grid's too) takes of :data:`GRID_OPTIONS`."""
     return tuple(option for option in GRID_OPTIONS if command in option.commands or "grid" in option.commands)
+
+
+def refuse_given(options: GridOptions, names: Sequence[str], what: str, hint: str) -> None:
+    """Refuse any of the options ``names`` that ``options`` sets (a value, a flag, a list), by its flag: it does not
+    apply to ``what`` (``a comparison file ('c.safetensors' holds one matrix of similarities)``)."""
+    for name in names:
+        given = getattr(options, name)
+        if given is not None and given is not False and given != ():
+            raise UsageProblem(f"{declared(name, GRID_OPTIONS).flags[0]} does not apply to {what}", hint=hint)

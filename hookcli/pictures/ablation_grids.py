@@ -20,12 +20,10 @@ from pathlib import Path
 import numpy as np
 
 from hookcli.console import printable
-from hookcli.errors import UsageProblem
 from hookcli.events import Event
-from hookcli.options.declaring import declared as declared_in
-from hookcli.options.grid import GRID_OPTIONS, GridOptions
+from hookcli.options.grid import GridOptions, refuse_given
 from hookcli.pictures.compare_grids import DIVERGING, labelled, matrix_cells
-from hookcli.pictures.file_names import safe_name
+from hookcli.pictures.file_names import file_stem
 from hookcli.pictures.png import write_pictures
 from hookcli.pictures.render import add_colorbar, add_title, check_cmap
 from hookcli.pictures.text import number
@@ -80,20 +78,12 @@ def draw_ablation_grids(
 
 def check_ablation_options(ablation: AblationFile, options: GridOptions) -> None:
     """Refuse the options that choose what a features file has and an ablation file has not."""
-    for name in _REFUSED:
-        given = getattr(options, name)
-        if given is not None and given is not False and given != ():
-            raise UsageProblem(
-                f"{declared_in(name, GRID_OPTIONS).flags[0]} does not apply to an ablation file ('{ablation.name}' "
-                "holds one matrix of units and classes)",
-                hint="choose how many units with --top, or leave it out",
-            )
+    what = f"an ablation file ('{ablation.name}' holds one matrix of units and classes)"
+    refuse_given(options, _REFUSED, what, "choose how many units with --top, or leave it out")
 
 
 def _picture_name(ablation: AblationFile) -> str:
-    path = Path(ablation.name)
-    stem = safe_name(path.name.removesuffix(".safetensors")) if path.is_file() else ""
-    return f"{stem or 'ablation'}.png"
+    return f"{file_stem(ablation.name, 'ablation')}.png"
 
 
 def heatmap_picture(ablation: AblationFile, options: GridOptions) -> np.ndarray:

@@ -34,10 +34,9 @@ from PIL import Image, ImageDraw
 from hookcli.console import printable
 from hookcli.errors import UsageProblem
 from hookcli.events import Event
-from hookcli.options.declaring import declared as declared_in
-from hookcli.options.grid import GRID_OPTIONS, GridOptions
+from hookcli.options.grid import GridOptions, refuse_given
 from hookcli.patterns import select_keys
-from hookcli.pictures.file_names import safe_name
+from hookcli.pictures.file_names import file_stem
 from hookcli.pictures.png import write_pictures
 from hookcli.pictures.render import MAX_PIXELS, PAD_COLOR, add_colorbar, add_title, check_cmap, colorize, stacked
 from hookcli.pictures.text import (
@@ -113,9 +112,7 @@ def picture_name(comparison: ComparisonFile) -> str:
     """The heatmap's file name: the comparison file's, ``.png`` for ``.safetensors`` (two comparisons drawn into one
     folder keep apart), its characters made safe as a feature picture's are; ``<method>.png`` for a comparison in
     memory or read from stdin."""
-    path = Path(comparison.name)
-    stem = safe_name(path.name.removesuffix(".safetensors")) if path.is_file() else ""
-    return f"{stem or comparison.method}.png"
+    return f"{file_stem(comparison.name, comparison.method)}.png"
 
 
 def choose_matrix(comparison: ComparisonFile, options: GridOptions) -> ChosenMatrix:
@@ -123,13 +120,8 @@ def choose_matrix(comparison: ComparisonFile, options: GridOptions) -> ChosenMat
     (``options.cmap``; when it is not given :data:`DIVERGING` for RSA, feature maps' otherwise). Refuses the
     options that choose rows, channels or frames of a features file, and a selection that leaves no row or no
     column."""
-    for name in _REFUSED:
-        given, flag = getattr(options, name), declared_in(name, GRID_OPTIONS).flags[0]
-        if given is not None and given is not False and given != ():
-            raise UsageProblem(
-                f"{flag} does not apply to a comparison file ('{comparison.name}' holds one matrix of similarities)",
-                hint="choose representations with -k, or leave it out",
-            )
+    what = f"a comparison file ('{comparison.name}' holds one matrix of similarities)"
+    refuse_given(options, _REFUSED, what, "choose representations with -k, or leave it out")
     rows, columns = list(range(len(comparison.rows))), list(range(len(comparison.columns)))
     if options.keys:
         labels = list(dict.fromkeys(comparison.rows + comparison.columns))

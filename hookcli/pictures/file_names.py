@@ -11,8 +11,9 @@ import collections
 import hashlib
 import re
 from collections.abc import Sequence
+from pathlib import Path
 
-__all__ = ["capped", "digest", "file_stems", "safe_name"]
+__all__ = ["capped", "digest", "file_stem", "file_stems", "safe_name"]
 
 
 def capped(text: str, limit: int) -> str:
@@ -25,6 +26,13 @@ def digest(text: str) -> str:
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._@#+=-]+")
+
+
+def file_stem(name: str, fallback: str) -> str:
+    """A picture's stem after the file ``name`` it is drawn from (its ``.safetensors`` left out, its characters made
+    safe), so that two files drawn into one folder keep apart; ``fallback`` for features in memory or from stdin."""
+    path = Path(name)
+    return (safe_name(path.name.removesuffix(".safetensors")) if path.is_file() else "") or fallback
 
 
 def safe_name(text: str) -> str:

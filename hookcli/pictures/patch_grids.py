@@ -22,10 +22,9 @@ import numpy as np
 from hookcli.console import printable
 from hookcli.errors import UsageProblem
 from hookcli.events import Event
-from hookcli.options.declaring import declared as declared_in
-from hookcli.options.grid import GRID_OPTIONS, GridOptions
+from hookcli.options.grid import GridOptions, refuse_given
 from hookcli.pictures.compare_grids import DIVERGING, labelled, matrix_cells
-from hookcli.pictures.file_names import safe_name
+from hookcli.pictures.file_names import file_stem, safe_name
 from hookcli.pictures.png import write_pictures
 from hookcli.pictures.render import MAX_PIXELS, PAD_COLOR, add_colorbar, add_title, check_cmap
 from hookcli.pictures.text import ink, number, text_bitmap
@@ -71,14 +70,8 @@ def draw_patch_grids(
 
 def check_patch_options(patched: PatchFile, options: GridOptions) -> None:
     """Refuse the options that choose what a features file has and a patching file has not, and unknown colormaps."""
-    for name in _REFUSED:
-        given = getattr(options, name)
-        if given is not None and given is not False and given != ():
-            raise UsageProblem(
-                f"{declared_in(name, GRID_OPTIONS).flags[0]} does not apply to a patching file ('{patched.name}' "
-                "holds effects of layers and pairs)",
-                hint="choose how many pairs with --top, or leave it out",
-            )
+    what = f"a patching file ('{patched.name}' holds effects of layers and pairs)"
+    refuse_given(options, _REFUSED, what, "choose how many pairs with --top, or leave it out")
     check_cmap(options.cmap or DIVERGING)
 
 
@@ -90,8 +83,7 @@ def patch_pictures(patched: PatchFile, options: GridOptions) -> list[np.ndarray]
 
 
 def _picture_names(patched: PatchFile) -> list[str]:
-    path = Path(patched.name)
-    stem = (safe_name(path.name.removesuffix(".safetensors")) if path.is_file() else "") or "patch"
+    stem = file_stem(patched.name, "patch")
     whole = any(not patched.positions[key] for key in patched.keys)
     return [f"{stem}.png"] * whole + [f"{stem}__{safe_name(key)}.png" for key in patched.keys if patched.positions[key]]
 

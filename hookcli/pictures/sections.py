@@ -45,8 +45,7 @@ from hookcli.pictures.html import (
 from hookcli.pictures.photos import model_thumbnail
 from hookcli.pictures.reading import (
     detection_keys,
-    drawn_shape,
-    is_attention,
+    one_map_a_row,
     read_detections,
     recorded_categories,
     target_box,
@@ -205,11 +204,7 @@ class ImageSections:
         self.tensors = [t for t in tensors if t is not self.boxes]
         self.detections_problem = False
         # CAMs: one map a row, drawn over the photo, with no channels to rank.
-        self.cams = {
-            t.key
-            for t in tensors
-            if not is_attention(features, t.key) and drawn_shape(features, t.key) != features.shape(t.key)
-        }
+        self.cams = {t.key for t in tensors if one_map_a_row(features, t.key)}
         self.longest = max(tensors, key=lambda t: t.rows)  # it has every row, and each row's name
         self.targets = RowTargets(features, self.longest.rows, lambda text: emit(Note(text)))
         self.categories = recorded_categories(self.metadata)
