@@ -56,6 +56,11 @@ class Terminated(BaseException):
 #: :mod:`hookcli.run.batches`), whatever filters the user or a test runner set.
 LIBRARY_NEWS = (DeprecationWarning, PendingDeprecationWarning, FutureWarning)
 
+#: What torch says while finding out whether CUDA works, when it does not (``CUDA initialization: Unexpected error
+#: from cudaGetDeviceCount() … out of memory`` under a memory limit): the run goes on without it, as ``--device
+#: auto`` does on a machine without a GPU, and says so where the device matters (``hookcli doctor``).
+_CUDA_START = re.compile(r"CUDA initialization: ")
+
 
 def _arithmetic(message, category: type[Warning], filename: str) -> bool:
     """Whether a warning is numpy's about its arithmetic on the values: from its Python code (empty or too short
@@ -77,7 +82,7 @@ def notes_and_sigterm(echo: Callable[[str], None], *, debug: Callable[[], bool] 
     Deprecations (:data:`LIBRARY_NEWS`) are news for the authors of the code that raised them, not about the
     user's run, and so are numpy's warnings about its arithmetic (``overflow encountered in reduce``, ``Degrees of
     freedom <= 0``), whose outcome, NaN or infinity, hookcli shows in its own words where it shows the number:
-    they are shown only while ``debug()`` is true.
+    they are shown only while ``debug()`` is true, as is torch's word that CUDA could not start (:data:`_CUDA_START`).
     """
     shown, show_warning, pid = set(), warnings.showwarning, os.getpid()
 
@@ -86,6 +91,8 @@ def notes_and_sigterm(echo: Callable[[str], None], *, debug: Callable[[], bool] 
         if debug():
             show_warning(message, category, filename, lineno, file, line)
         elif issubclass(category, LIBRARY_NEWS) or _arithmetic(message, category, filename):
+            return
+        elif _CUDA_START.match(str(message)):
             return
         elif text not in shown:
             shown.add(text)

@@ -345,8 +345,12 @@ def test_eva02s_rotary_attention_equals_its_unfused_weights_and_leaves_its_outpu
 
 
 def test_rotary_attention_with_fewer_key_heads_shares_them_as_timm_does():
+    import inspect
+
     from timm.layers import AttentionRope, RotaryEmbeddingCat
 
+    if "num_kv_heads" not in inspect.signature(AttentionRope).parameters:
+        pytest.skip("this timm's AttentionRope has as many key heads as query heads")
     torch.manual_seed(0)
     attention = AttentionRope(32, num_heads=4, num_kv_heads=2, qkv_fused=False, qk_norm=True, norm_layer=nn.LayerNorm)
     attention.eval().fused_attn = False

@@ -192,6 +192,9 @@ def test_a_gpu_run_decodes_with_a_worker_for_each_spare_core_it_may_use(monkeypa
     monkeypatch.setattr(os, "cpu_count", lambda: 64)
     cuda = torch.device("cuda")
     assert (default_workers(cuda, 1000, 256), default_workers(cuda, 256, 256)) == (5, 0)
+    assert default_workers(torch.device("cpu"), 1000, 256) == 1  # the task's 6 cores, not the machine's 64
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(4)))
+    assert default_workers(torch.device("cpu"), 1000, 256) == 0  # the model's threads take the 4 cores
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
     assert default_workers(cuda, 1000, 256) == GPU_WORKERS == 16
     assert default_workers(torch.device("cpu"), 1000, 256) == 4  # a quarter of the cores, at most 4

@@ -415,7 +415,7 @@ def test_launched_processes_refuse_to_each_write_one_whole_file(runner, tmp_path
 def test_parse_part_and_cpu_threads():
     assert parse_part(" 2 / 3 ") == Part(1, 3)
     assert cpu_threads(None) is None and cpu_threads(Part(0, 2)) is None
-    assert cpu_threads(Part(0, 8, 0, 2)) == max(1, (os.cpu_count() or 1) // 2)
+    assert cpu_threads(Part(0, 8, 0, 2)) == max(1, len(os.sched_getaffinity(0)) // 2)
 
 
 def test_decode_workers_forked_while_the_lock_is_held_do_not_keep_it(tmp_path, inputs):

@@ -174,7 +174,7 @@ def test_a_file_in_shards_and_in_one_go_holds_the_same_and_is_drawn(pairs, tmp_p
     listing = tmp_path / "pairs.txt"
     listing.write_text("# source\ttarget\n" + "".join(f"{s}\t{t}\n" for s, t in pairs) + "\n")
     net = _net()
-    one = hookcli.patch(net, ["0", "2"], listing, output=tmp_path / "one.safetensors", **SMALL)
+    one = hookcli.patch(net, ["0", "2"], listing, output=tmp_path / "one.safetensors", batch_size=2, **SMALL)
     shards = hookcli.patch(net, ["0", "2"], pairs, output=tmp_path / "two.safetensors", shard_size=2, batch_size=2,
                            **SMALL)  # fmt: skip
     first, second = load_file(one), load_file(shards)

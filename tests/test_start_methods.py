@@ -52,6 +52,9 @@ def test_deprecations_are_no_notes_unless_debugging():
             warnings.warn("This process is multi-threaded, use of fork() may lead to deadlocks", DeprecationWarning)
             warnings.warn("`torch.jit.script_method` is deprecated", FutureWarning)
             warnings.warn("a hookcli note", UserWarning)
+            warnings.warn(  # under a memory limit: the run goes on without CUDA, or fails in one line of its own
+                "CUDA initialization: Unexpected error from cudaGetDeviceCount(). Error 2: out of memory", UserWarning
+            )
     assert said == ["Note: a hookcli note"]
     shown: list[str] = []
     with warnings.catch_warnings():

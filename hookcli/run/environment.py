@@ -22,6 +22,7 @@ from importlib.metadata import PackageNotFoundError, version
 from hookcli.errors import first_line, install_hint
 from hookcli.models.specs import PACKAGES
 from hookcli.models.weights import downloads_off
+from hookcli.run.launch import usable_cores
 
 __all__ = ["Check", "check_install"]
 
@@ -97,7 +98,7 @@ def _pair() -> Check:
 def _devices() -> list[Check]:
     import torch
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = usable_cores()
     cpu = f"{cores} core{'s' if cores != 1 else ''} for this process"
     if torch.cuda.is_available():
         names = [torch.cuda.get_device_name(n) for n in range(torch.cuda.device_count())]

@@ -137,11 +137,19 @@ def _at_most(digits: str, limit: int) -> bool:
     return len(digits.lstrip("0")) <= len(str(limit)) and int(digits) <= limit
 
 
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity where the system has one (a container's or a job's
+    share), not every core of the machine."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1
+
+
 def cpu_threads(part: Part | None) -> int | None:
     """Threads for each of the processes sharing this machine's cores on the CPU (None: leave torch's choice)."""
     if part is None or part.local_count <= 1:
         return None
-    return max(1, (os.cpu_count() or 1) // part.local_count)
+    return max(1, usable_cores() // part.local_count)
 
 
 def join_timeout(environ: Mapping[str, str] | None = None) -> float:

@@ -155,7 +155,7 @@ def _record(loaded: LoadedModel, selected, settings: RunSettings, opts, paths, e
         precision=settings.precision,
         memory_format=settings.memory_format,
         fuse=settings.fusing,
-        device=str(settings.device),
+        device=getattr(settings.device, "type", str(settings.device)),  # the kind: one GPU or several make one file
         on_error=settings.on_error,
         shard_size=opts.shard_size,
         inputs=tuple(input_key(p) for p in paths),

@@ -7,7 +7,6 @@ preprocessing, what is captured) and the :class:`Batch` of rows each step of the
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +22,7 @@ from hookcli.options.run import (
     PRECISIONS,
     RunOptions,
 )
+from hookcli.run.launch import usable_cores
 from hookcli.storage.fileformat import RunFacts
 
 if TYPE_CHECKING:
@@ -151,10 +151,9 @@ def default_workers(device, images: int, batch_size: int) -> int:
     model's own threads already use every core, so decoding in other processes
     only helps on larger machines.
     """
-    cores = os.cpu_count() or 1
+    cores = usable_cores()
     if images <= batch_size:
         return 0
     if getattr(device, "type", str(device)) in ("cuda", "mps"):
-        usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else cores
-        return max(1, min(GPU_WORKERS, usable - 1))
+        return max(1, min(GPU_WORKERS, cores - 1))
     return 0 if cores <= 4 else min(4, cores // 4)

@@ -41,7 +41,7 @@ from hookcli.families import family_traits
 from hookcli.models.loaded import LoadedModel
 from hookcli.options.run import MEMORY_FORMATS, PRECISIONS
 from hookcli.run.device import resolve_device
-from hookcli.run.launch import Part, cpu_threads
+from hookcli.run.launch import Part, cpu_threads, usable_cores
 from hookcli.run.settings import RunSettings, default_workers
 from hookcli.run.team import local_device
 
@@ -269,7 +269,7 @@ def thread_budget(device, workers: int | None) -> Iterator[None]:
         yield
         return
     before = torch.get_num_threads()
-    torch.set_num_threads(max(1, min(before, (os.cpu_count() or 1) - workers)))
+    torch.set_num_threads(max(1, min(before, usable_cores() - workers)))
     try:
         yield
     finally:

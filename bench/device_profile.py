@@ -1,0 +1,188 @@
+"""Where a GPU run's time goes: the stages of ``--decode device`` one by one, and what ``stats`` and ``compare``
+add to ``extract --pool avg`` per batch and once per run.
+
+Run from the repository root on a GPU machine (``--device cpu`` and small counts check the script on a CPU):
+
+    python bench/device_profile.py --out /tmp/profile        # 2,048 JPEGs, batch 256; 1,024 and 2,048 photos
+
+Decoding (500x375 JPEGs, as ImageNet's; resnet50's preprocessing): the decode workers' batches alone (files read
+and handed over, nothing decoded), then for the same batches in this process, each stage synchronised and timed
+on its own: the bytes made tensors, ``decode_jpeg`` on the device, turning upright, resize and crop, scale and
+normalise, and ``DeviceDecoder`` whole.
+
+Gathering (resnet50 ``layer3`` and ``layer4``, batch 128, in this process, warmed up): ``extract --pool avg``,
+``stats --top 9`` and ``compare`` over two counts of photos, so that the time per photo and the time once per run
+part; then ``torch.profiler``'s tables (host time and device time per operation) and ``cProfile``'s functions of
+one ``stats`` and one ``compare`` run, written under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from extract_bench import make_images  # noqa: E402
+from measured import photos  # noqa: E402
+
+
+def _sync(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed(device, work):
+    _sync(device)
+    start = time.perf_counter()
+    result = work()
+    _sync(device)
+    return result, time.perf_counter() - start
+
+
+def decode_stages(paths: list[str], batch_size: int, device) -> None:
+    """Each stage of ``--decode device`` alone, per batch, and the workers' share."""
+    import torch
+    import torchvision.io
+    from torchvision.io import ImageReadMode
+
+    from hookcli.inputs.decoding import DeviceDecoder, upright
+    from hookcli.models.loading import load_model
+    from hookcli.run.batches import image_loader
+    from hookcli.run.settings import RunSettings
+    from hookcli.run.speed import resolve_settings
+
+    loaded = load_model("resnet50", "none")
+    preprocess = loaded.preprocess.replace(decode="device")
+    settings = resolve_settings(
+        RunSettings(preprocess=preprocess, device=device, batch_size=batch_size), loaded, len(paths)
+    )
+    start = time.perf_counter()
+    batches = list(image_loader(paths, settings))
+    loading = time.perf_counter() - start
+    print(
+        f"workers' share ({settings.workers} workers: read, check, hand over): {len(paths) / loading:9.1f} img/s "
+        f"({len(batches)} batches)"
+    )
+    decoder = DeviceDecoder(preprocess, device)
+    totals: dict[str, float] = {}
+    for turn, (indices, encoded, failures, _) in enumerate(batches):
+        jpegs = [jpeg for _, jpeg in encoded.jpegs]
+        data, tensors = _timed(
+            device, lambda: [torch.frombuffer(bytearray(jpeg.data), dtype=torch.uint8) for jpeg in jpegs]
+        )
+        images, decoding = _timed(
+            device, lambda: torchvision.io.decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
+        )
+        images, turning = _timed(device, lambda: [upright(i, j.orientation) for i, j in zip(images, jpegs)])
+        stacked, stacking = _timed(device, lambda: torch.stack(images))
+        cropped, geometry = _timed(device, lambda: decoder.steps.geometry(stacked))
+        _, scaling = _timed(device, lambda: decoder.steps.scaled(cropped))
+        _, whole = _timed(device, lambda: decoder(indices, encoded, failures))
+        if turn == 0:
+            continue  # warm-up
+        for name, seconds in (
+            ("bytes to tensors", tensors),
+            ("decode_jpeg", decoding),
+            ("upright", turning),
+            ("stack", stacking),
+            ("resize and crop", geometry),
+            ("scale and normalise", scaling),
+            ("DeviceDecoder whole", whole),
+        ):
+            totals[name] = totals.get(name, 0.0) + seconds
+    counted = sum(len(indices) for indices, *_ in batches[1:])
+    for name, seconds in totals.items():
+        print(f"  {name:22s} {1000 * seconds / (len(batches) - 1):8.2f} ms a batch  {counted / seconds:10.1f} img/s")
+
+
+def gather_costs(folder: Path, counts: list[int], device, out: Path) -> None:
+    """extract --pool avg, stats and compare in this process at two counts; profiles of stats and compare."""
+    import torch
+
+    import hookcli
+    from hookcli.models.loading import load_model
+
+    loaded = load_model("resnet50", "none")
+    made = photos(folder / "photos", max(counts))
+    layers = ["layer3", "layer4"]
+    options = {"batch_size": 128, "device": str(device)}
+    runs = {
+        "extract --pool avg": lambda p: hookcli.extract(loaded, layers, p, pool="avg", **options),
+        "stats --top 9": lambda p: hookcli.stats(loaded, layers, p, top=9, **options),
+        "compare linear-cka": lambda p: hookcli.compare(loaded, layers, p, **options),
+    }
+    for run in runs.values():
+        run(made[:256])  # warm-up: kernels, workers' imports
+    times: dict[str, list[float]] = {}
+    for name, run in runs.items():
+        for count in counts:
+            _, seconds = _timed(device, lambda run=run, count=count: run(made[:count]))
+            times.setdefault(name, []).append(seconds)
+        small, large = times[name]
+        per = (large - small) / (counts[1] - counts[0])
+        print(
+            f"{name:20s} {counts[0]}: {small:6.2f} s  {counts[1]}: {large:6.2f} s  "
+            f"per photo {1000 * per:6.3f} ms  once {small - per * counts[0]:6.2f} s",
+            flush=True,
+        )
+    base = times["extract --pool avg"]
+    for name, values in times.items():
+        print(f"{name:20s} ratio to extract at {counts[1]}: {values[1] / base[1]:.2f}")
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    for name in ("stats --top 9", "compare linear-cka"):
+        stem = name.split()[0]
+        with profile(activities=activities) as profiled:
+            runs[name](made[: counts[0]])
+        table = profiled.key_averages()
+        text = table.table(sort_by="self_cpu_time_total", row_limit=40)
+        if device.type == "cuda":
+            text += "\n" + table.table(sort_by="self_cuda_time_total", row_limit=25)
+        (out / f"{stem}_ops.txt").write_text(text)
+        profiler = cProfile.Profile()
+        profiler.enable()
+        runs[name](made[: counts[0]])
+        profiler.disable()
+        report = io.StringIO()
+        pstats.Stats(profiler, stream=report).sort_stats("cumulative").print_stats(45)
+        (out / f"{stem}_calls.txt").write_text(report.getvalue())
+        print(f"{name}: profiles in {out}/{stem}_ops.txt and {stem}_calls.txt")
+    del torch
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--images", type=int, default=2048, help="JPEGs whose decoding is timed")
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--photos", default="1024,2048", help="the two counts of photos gathered over")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--out", default="/tmp/device-profile")
+    parser.add_argument("--skip", default="", help="decode or gather: parts left out")
+    args = parser.parse_args()
+
+    import torch
+
+    device = torch.device(args.device)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        if "decode" not in args.skip:
+            (folder / "images").mkdir()
+            paths = [str(p) for p in make_images(folder / "images", args.images)]
+            decode_stages(paths, args.batch_size, device)
+        if "gather" not in args.skip:
+            gather_costs(folder, [int(n) for n in args.photos.split(",")], device, out)
+
+
+if __name__ == "__main__":
+    main()
