@@ -230,7 +230,9 @@ def main() -> None:
         made = [str(p) for p in make_images(folder / "images", min(args.unique, args.images))]
         paths = [made[i % len(made)] for i in range(args.images)]
         workers = default_workers(device, len(paths), args.batch_size)
-        print(f"decode workers: {workers}\n")
+        from hookcli.inputs.decoding import device_jpeg_decoder
+
+        print(f"decode workers: {workers}; --decode device decodes with {device_jpeg_decoder(device)}\n")
         print(
             f"{'model':10s} {'prec':5s} {'decode':7s} {'forward':>9s} {'decode':>9s} {'/worker':>8s} {'whole':>9s} "
             f"{'steady':>9s} {'whole':>9s} {'ratio':>6s} {'whole':>6s}  limit\n{'':33s}{'(input stage alone)':>28s}"

@@ -183,6 +183,7 @@ LAZY_IMPORTS = {
     ("hookcli.api", "hookcli.run.environment"): "doctor loads torch and torchvision only when it checks them",
     ("hookcli.run.environment", "torch"): "doctor imports torch inside its check: a broken install is reported",
     ("hookcli.run.environment", "torchvision"): "as torch: a mismatched torchvision fails as it is imported",
+    ("hookcli.run.environment", "hookcli.inputs.decoding"): "doctor's GPU decoding check, which imports torchvision",
     ("hookcli.api", "hookcli.statistics.comparison"): "how to compare is checked with torch's accumulators' module",
     ("hookcli.api", "hookcli.pictures.grids"): "the pictures (numpy, Pillow) load when grid runs",
     ("hookcli.api", "hookcli.pictures.reports"): "the pictures (numpy, Pillow) load when report runs",

@@ -53,6 +53,54 @@ def test_every_exif_orientation_comes_out_as_pillow_turns_it(tmp_path, orientati
     assert torch.equal((batch[0] * 255).round().to(torch.uint8).permute(1, 2, 0), torch.from_numpy(expected))
 
 
+class _Codec:
+    """Stands in for nvImageCodec's decoder: HWC images (libjpeg's, through Pillow), None for one it cannot decode."""
+
+    def __init__(self, refused: int) -> None:
+        self.refused, self.asked = refused, []
+
+    def decode(self, datas, params, cuda_stream):
+        self.asked.append((len(datas), params, cuda_stream))
+        return [
+            None if len(data) == self.refused else np.array(Image.open(__import__("io").BytesIO(data)).convert("RGB"))
+            for data in datas
+        ]
+
+
+def test_nvimagecodec_decodes_a_batch_in_one_call_turned_upright_and_pillow_takes_what_it_cannot(
+    photo, tmp_path, monkeypatch
+):
+    from hookcli.inputs import decoding
+
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    turned = tmp_path / "turned.jpg"
+    Image.open(photo).convert("RGB").resize((60, 40)).save(turned, exif=exif, quality=95)
+    codec = _Codec(refused=len(photo.read_bytes()))
+    monkeypatch.setattr(decoding, "jpeg_codec", lambda device: decoding.Codec(codec, "params"))
+    notes = []
+    preprocess = Preprocess(resize=None, crop=None, kind="detection", **PLAIN)
+    indices, rows, failures = _decoded([turned, photo, turned], preprocess, notes.append)
+    assert (indices, failures, codec.asked) == ([0, 1, 2], [], [(3, "params", 0)])
+    assert [tuple(row.shape) for row in rows] == [(3, 60, 40), (3, 600, 512), (3, 60, 40)]  # upright: turned right
+    expected = _on_cpu([turned, photo], preprocess)
+    assert torch.equal(rows[0], expected[0]) and torch.equal(rows[1], expected[1]) and torch.equal(rows[2], rows[0])
+    assert notes == [
+        f"--decode device: nvImageCodec refused '{photo}' (it could not decode it); Pillow decoded it, as it will any "
+        "other such image"
+    ]
+
+
+def test_the_decoder_of_decode_device_is_libjpeg_on_the_cpu_and_nvjpeg_on_a_gpu_without_nvimagecodec(monkeypatch):
+    from hookcli.inputs import decoding
+
+    assert decoding.device_jpeg_decoder(CPU) == "libjpeg" and decoding.jpeg_codec(CPU) is None
+    monkeypatch.setattr(decoding, "_codec_on", lambda index: None)
+    assert decoding.device_jpeg_decoder(torch.device("cuda:0")) == "nvjpeg"
+    monkeypatch.setattr(decoding, "_codec_on", lambda index: decoding.Codec("decoder", "params"))
+    assert decoding.device_jpeg_decoder(torch.device("cuda:0")) == "nvimgcodec"
+
+
 def test_upright_turns_tensors_and_leaves_unknown_orientations_alone():
     image = torch.arange(6).reshape(1, 2, 3)
     assert upright(image, 1) is image and upright(image, 9) is image
@@ -305,6 +353,7 @@ def test_extract_with_device_decoding_records_it_and_keeps_the_values(
     assert 0 < (device - cpu).abs().max().item() < 0.05 * cpu.abs().max().item()
     assert torch.equal(device[0], device[2])
     assert json.loads(files["device"].metadata()["preprocess"])["decode"] == "device"
+    assert json.loads(files["device"].metadata()["preprocess"])["decoder"] == "libjpeg"  # torchvision's, on the CPU
     assert "decode" not in json.loads(files["cpu"].metadata()["preprocess"])  # as runs before the option recorded
 
 
@@ -317,7 +366,8 @@ def test_a_folder_started_on_one_decoder_is_not_continued_on_the_other(runner, r
     assert (result.exit_code, result.stderr) == (
         2,
         f"Error: '{tmp_path}/feats/' holds a different run (it "
-        "differs in: preprocess (the folder's decode device)). Hint: run the same command to continue "
+        "differs in: preprocess (the folder's decode device; the folder's decoder libjpeg)). Hint: run the same "
+        "command to continue "
         "it, add --force to replace it, or use another folder\n",
     )
 

@@ -5,10 +5,13 @@ the model's input whole: Pillow decodes, the weights' preprocessing resizes,
 crops and normalises (:mod:`hookcli.inputs.preprocess`). With ``--decode device``
 they only read each file and check its header (:func:`hookcli.inputs.images.read_encoded`);
 :class:`DeviceDecoder` then decodes a batch's JPEGs in one call of
-torchvision's ``decode_jpeg`` on the device (nvJPEG on CUDA), turns each
-upright as its EXIF orientation says, and runs the same preprocessing there,
-images of one size together. That is what keeps a large GPU fed when the
-CPU's cores cannot decode as fast as it computes.
+the best decoder installed (:func:`device_jpeg_decoder`): NVIDIA's nvImageCodec
+where it is installed (``pip install "hookcli[gpu-decode-cu13]"``, or ``-cu12``),
+which decodes on the GPU's hardware JPEG engine where it has one (A100, H100,
+H200) with libjpeg's pixels to a level, else torchvision's ``decode_jpeg`` (nvJPEG);
+it turns each upright as its EXIF orientation says, and runs the same
+preprocessing there, images of one size together. That is what keeps a large
+GPU fed when the CPU's cores cannot decode as fast as it computes.
 
 - Images that are not 8-bit RGB or grayscale JPEGs (PNG, WebP, CMYK JPEGs…),
   and JPEGs that do not end as a whole one does, are decoded and preprocessed
@@ -19,9 +22,10 @@ CPU's cores cannot decode as fast as it computes.
   with ``--decode cpu`` (``--on-error``).
 - The pixels differ slightly from ``--decode cpu``: tensor resizing rounds a
   little differently from Pillow's (:class:`~hookcli.inputs.transforms.ImageSteps`),
-  and nvJPEG's inverse DCT and chroma upsampling from libjpeg's.
+  and torchvision's nvJPEG upsamples chroma without libjpeg's smoothing (up to
+  32 levels before resizing; nvImageCodec's hardware engine: 1).
   ``docs/benchmarks.md`` gives the measured differences; ``preprocess.decode`` in the metadata
-  records the choice.
+  records the choice, and ``preprocess.decoder`` the decoder.
 
 On the CPU the same steps run in the main process (torchvision's libjpeg
 decoder): slower than the workers, but the way to see what the tensor path
@@ -41,12 +45,18 @@ changes without a GPU.
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib
+import io
+import sys
 import warnings
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from pathlib import Path
+from typing import Any, NamedTuple
 
 import torch
 import torchvision.io
+from PIL import Image
 from torchvision.io import ImageReadMode
 from torchvision.transforms.functional import pil_to_tensor
 
@@ -56,7 +66,16 @@ from hookcli.inputs.images import JpegBytes, PictureMaker, load_rgb, read_encode
 from hookcli.inputs.preprocess import Preprocess
 from hookcli.inputs.transforms import to_tensor_steps, to_transform
 
-__all__ = ["PIXELS_AT_ONCE", "DeviceDecoder", "Encoded", "EncodedImages", "collate", "upright"]
+__all__ = [
+    "PIXELS_AT_ONCE",
+    "DeviceDecoder",
+    "Encoded",
+    "EncodedImages",
+    "collate",
+    "device_jpeg_decoder",
+    "jpeg_codec",
+    "upright",
+]
 
 
 #: Pixels decoded and resized at once, at most (one image more where one alone is larger): 64 megapixels are 192 MiB
@@ -128,6 +147,8 @@ class DeviceDecoder:
     def __init__(self, preprocess: Preprocess, device, on_note: Callable[[str], None] | None = None) -> None:
         self.steps, self.device, self.on_note = to_tensor_steps(preprocess), device, on_note
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.codec = jpeg_codec(device)  # nvImageCodec's, where installed; else torchvision's decode_jpeg
+        self._held: list = []  # nvImageCodec's images of the last chunk: its memory, freed once the stream is done
         self._noted = False
         self._device_decoded = False  # whether the device's decoder has decoded any JPEG yet
         self._pillow_only = 0  # JPEGs the device's decoder refused and Pillow decoded, while it decoded none
@@ -191,9 +212,12 @@ class DeviceDecoder:
         file, or not at all)."""
         if not jpegs:
             return [], {}
-        data = [torch.frombuffer(bytearray(jpeg.data), dtype=torch.uint8) for jpeg in jpegs]
         if self.stream is not None:
             self.stream.synchronize()  # what this stream freed is free: nvJPEG will not wait for it
+        self._held = []
+        if self.codec is not None:
+            return self._by_codec(jpegs), {}
+        data = [torch.frombuffer(bytearray(jpeg.data), dtype=torch.uint8) for jpeg in jpegs]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)  # torchvision points to TorchCodec; it still decodes
             try:
@@ -222,6 +246,28 @@ class DeviceDecoder:
             self._refused(refusals, decoded=sum(not isinstance(image, ImageError) for image in found))
         return found, damaged
 
+    def _by_codec(self, jpegs: list) -> list:
+        """Each JPEG decoded upright by nvImageCodec, in one call, or by Pillow where nvImageCodec cannot."""
+        assert self.codec is not None, "called only where nvImageCodec decodes"
+        with stderr_captured():  # what it logs of an image it cannot decode: Pillow's verdict is the one said
+            images = self.codec.decoder.decode(
+                [jpeg.data for jpeg in jpegs],
+                params=self.codec.params,
+                cuda_stream=self.stream.cuda_stream if self.stream is not None else 0,
+            )
+        self._held = list(images)  # views of these below: kept until the stream has used them
+        found, refusals = [], []
+        for jpeg, image in zip(jpegs, images):
+            if image is None:
+                found.append(self._by_pillow(jpeg))
+                refusals.append((jpeg, RuntimeError("it could not decode it")))
+            else:
+                found.append(upright(torch.as_tensor(image, device=self.device).permute(2, 0, 1), jpeg.orientation))
+                self._device_decoded = True
+        if refusals:
+            self._refused(refusals, decoded=sum(not isinstance(image, ImageError) for image in found))
+        return found
+
     def _damaged(self, data: list, said: str) -> dict[int, str]:
         """What the decoder ``said`` while it decoded ``data`` at once, by the position of the JPEG it is about: the
         one JPEG, or each one that makes it say something when decoded again alone (only where something was said,
@@ -247,12 +293,14 @@ class DeviceDecoder:
         Pillow reads, as a build without it does, rather than decode a whole run in this one thread."""
         jpeg, err = refusals[0]
         reason = first_line(err)[:160]
-        name = f"torchvision's {self.device.type.upper()} decoder"
+        name = "nvImageCodec" if self.codec is not None else f"torchvision's {self.device.type.upper()} decoder"
         self._pillow_only = 0 if self._device_decoded else self._pillow_only + decoded
         if self._pillow_only >= REFUSED_BEFORE_STOPPING:
             raise DeviceError(
                 f"--decode device: {name} decodes none of these JPEGs ({reason})",
-                hint="this torchvision may lack nvJPEG; use --decode cpu",
+                hint="use --decode cpu"
+                if self.codec is not None
+                else "this torchvision may lack nvJPEG; use --decode cpu",
             )
         if decoded and not self._noted and self.on_note is not None:
             self.on_note(
@@ -260,6 +308,90 @@ class DeviceDecoder:
                 "any other such image"
             )
             self._noted = True
+
+
+class Codec(NamedTuple):
+    """nvImageCodec's decoder on one GPU and what it is asked for: RGB, as libjpeg gives it, not yet turned upright."""
+
+    decoder: Any
+    params: Any
+
+
+#: What ``preprocess.decoder`` in the metadata names: nvImageCodec, torchvision's nvJPEG, or libjpeg on the CPU.
+NVIMGCODEC, NVJPEG, LIBJPEG = "nvimgcodec", "nvjpeg", "libjpeg"
+
+
+def device_jpeg_decoder(device) -> str:
+    """The decoder of ``--decode device`` on ``device``: nvImageCodec where it is installed and starts on that GPU
+    (:func:`jpeg_codec`), else torchvision's nvJPEG; libjpeg on the CPU.
+
+    >>> device_jpeg_decoder(torch.device("cpu"))
+    'libjpeg'
+    """
+    if torch.device(device).type != "cuda":
+        return LIBJPEG
+    return NVIMGCODEC if jpeg_codec(device) is not None else NVJPEG
+
+
+def jpeg_codec(device) -> Codec | None:
+    """nvImageCodec's decoder on CUDA ``device`` (one a process, kept), or None: not CUDA, not installed, or it does
+    not decode a JPEG there. Its backends in its own order: the GPU's hardware JPEG engine first where it has one,
+    then CUDA, then the CPU, image by image."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    return _codec_on(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _codec_on(index: int) -> Codec | None:
+    codec = _nvimgcodec()
+    if codec is None:
+        return None
+    params = codec.DecodeParams(
+        apply_exif_orientation=False,  # turned upright here, as the other decoders' images are
+        color_spec=codec.ColorSpec.SRGB,
+        sample_format=codec.SampleFormat.I_RGB,
+    )
+    probe = _probe_jpeg()
+    for backends in (None, [codec.Backend(codec.BackendKind.HW_GPU_ONLY)]):  # its choice; else the engine alone
+        try:
+            with stderr_captured():  # a backend this GPU lacks is logged, not said
+                decoder = codec.Decoder(device_id=index, **({} if backends is None else {"backends": backends}))
+                found = decoder.decode([probe], params=params)
+            if found and found[0] is not None and tuple(found[0].shape) == (16, 16, 3):
+                return Codec(decoder, params)
+        except Exception:  # noqa: BLE001, S112  # whatever it raises, torchvision's decoder stays
+            continue
+    return None
+
+
+def _nvimgcodec():
+    """nvImageCodec's module, or None. Found also where its wheel went beside torch's own ``nvidia`` packages (pip
+    install ``--target``), which a regular ``nvidia`` package would hide."""
+    try:
+        return importlib.import_module("nvidia.nvimgcodec")
+    except ImportError:
+        pass
+    except Exception:  # noqa: BLE001  # a build that cannot load here (no driver) is one not installed
+        return None
+    try:
+        nvidia = importlib.import_module("nvidia")
+        for entry in sys.path:
+            folder = Path(entry or ".") / "nvidia"
+            if (folder / "nvimgcodec").is_dir() and str(folder) not in list(nvidia.__path__):
+                nvidia.__path__.append(str(folder))
+        return importlib.import_module("nvidia.nvimgcodec")
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _probe_jpeg() -> bytes:
+    """A JPEG of 16 x 16 pixels, as a photo is stored (YCbCr, chroma halved): what tells a decoder that starts
+    from one that decodes."""
+    made = io.BytesIO()
+    Image.new("RGB", (16, 16), (200, 120, 40)).save(made, "JPEG", quality=90)
+    return made.getvalue()
 
 
 #: JPEGs the device's decoder refuses, and Pillow reads, before it has decoded any, that make it taken for one that

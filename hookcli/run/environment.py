@@ -114,16 +114,27 @@ def _devices() -> list[Check]:
 
 
 def _gpu_jpeg() -> Check:
-    """``--decode device``: torchvision's nvJPEG decoder, run on a JPEG of one pixel."""
+    """``--decode device``: nvImageCodec where it starts, else torchvision's nvJPEG decoder, run on a JPEG of one
+    pixel."""
     import torch
     from torchvision.io import decode_jpeg, encode_jpeg
 
+    from hookcli.inputs.decoding import NVIMGCODEC, device_jpeg_decoder
+
+    if device_jpeg_decoder(torch.device("cuda")) == NVIMGCODEC:
+        return Check("GPU JPEG decoding", True, "--decode device decodes JPEGs on the GPU (nvImageCodec)")
     try:
         encoded = encode_jpeg(torch.zeros(3, 8, 8, dtype=torch.uint8))
         decode_jpeg(encoded, device="cuda")
     except Exception as err:  # noqa: BLE001  # a torchvision built without nvJPEG says so in its own words
         return Check("GPU JPEG decoding", None, f"--decode device is unavailable: {first_line(err)}")
-    return Check("GPU JPEG decoding", True, "--decode device decodes JPEGs on the GPU (nvJPEG)")
+    return Check(
+        "GPU JPEG decoding",
+        True,
+        "--decode device decodes JPEGs on the GPU (torchvision's nvJPEG; nvImageCodec's pixels are libjpeg's to a "
+        "level)",
+        hint='pip install "hookcli[gpu-decode-cu13]" (or -cu12, as torch\'s CUDA)',
+    )
 
 
 def _extra(package: str) -> Check:

@@ -36,6 +36,7 @@ import json
 
 from hookcli.families import DEFAULT_CLIP_LENGTH, family_traits
 from hookcli.inputs.archives import input_key
+from hookcli.inputs.decoding import device_jpeg_decoder
 from hookcli.inputs.rows import arguments_of, find_rows
 from hookcli.models import loading
 from hookcli.models.loaded import LoadedModel
@@ -149,7 +150,7 @@ def _record(loaded: LoadedModel, selected, settings: RunSettings, opts, paths, e
         layers=dict(selected),
         layer_types={p: type(modules[p]).__name__ for p in selected},
         capture=settings.recorded_capture,
-        preprocess=json.loads(settings.preprocess.to_json()),
+        preprocess=json.loads(settings.preprocess.to_json()) | _decoder(settings),
         pool=settings.pool or "none",
         dtype=settings.dtype,
         precision=settings.precision,
@@ -164,3 +165,10 @@ def _record(loaded: LoadedModel, selected, settings: RunSettings, opts, paths, e
         prefix_tokens=loaded.prefix_tokens,
         categories=tuple(loaded.categories) if loaded.categories else None,
     )
+
+
+def _decoder(settings: RunSettings) -> dict:
+    """``{"decoder": …}`` for ``--decode device``: the JPEG decoder, whose pixels differ from the others'."""
+    if settings.preprocess is None or settings.preprocess.decode != "device":
+        return {}
+    return {"decoder": device_jpeg_decoder(settings.device)}
