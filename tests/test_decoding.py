@@ -126,6 +126,14 @@ def test_the_workers_leave_whole_jpegs_as_bytes_and_preprocess_other_images(phot
         (3, str(gray), (512, 600)),
     ]
     assert encoded.positions == [1, 2, 4]  # a file that goes on after its JPEG ends is Pillow's to read
+    # The JPEGs' bytes cross from the worker in one tensor (shared memory), not pickled one by one.
+    sizes = [len(photo.read_bytes()), len(gray.read_bytes())]
+    assert [jpeg.data for _, jpeg in encoded.jpegs] == [b"", b""] and encoded.spans == [
+        (0, sizes[0]),
+        (sizes[0], sum(sizes)),
+    ]
+    assert encoded.data.dtype == torch.uint8 and encoded.data.shape == (sum(sizes),)
+    assert [bytes(jpeg.data) for _, jpeg in encoded.unpacked()] == [photo.read_bytes(), gray.read_bytes()]
     assert torch.equal(encoded.prepared, torch.stack(_on_cpu([png, cmyk, trailing], preprocess)))
     _, batch, _ = _decoded(paths, preprocess)
     assert torch.equal(batch[[1, 2, 4]], encoded.prepared)  # exactly as --decode cpu has them

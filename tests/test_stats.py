@@ -291,6 +291,31 @@ def _digest(path) -> str:
     return hashlib.sha256(open(path, "rb").read()).hexdigest()
 
 
+def test_the_parts_of_a_gpu_run_merge_on_its_gpu_where_the_gathering_keeps_its_sums_there(
+    tmp_path, inputs, monkeypatch
+):
+    from hookcli.storage import gathering_writer, parts
+
+    assert [parts.merge_device(kind).type for kind in ("cpu", "mps")] == ["cpu", "cpu"]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert parts.merge_device("cuda") == torch.device("cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert parts.merge_device("cuda") == torch.device("cpu")  # a file's parts merged where there is no GPU
+    asked, read_part = [], parts._read_part
+
+    def reading(name, number, size, count, gathering, device):  # a GPU's merge, done on the CPU here
+        asked.append(device.type)
+        return read_part(name, number, size, count, gathering, torch.device("cpu"))
+
+    monkeypatch.setattr(parts, "_read_part", reading)
+    monkeypatch.setattr(gathering_writer, "merge_device", lambda kind: torch.device("cuda"))
+    options = {"weights": "none", "resize": 40, "crop": 32, "batch_size": 4, "shard_size": 4, "device": "cpu"}
+    hookcli.stats("resnet18", "layer4", inputs, output=tmp_path / "s.safetensors", **options)
+    hookcli.compare("resnet18", "layer4", inputs, output=tmp_path / "c.safetensors", **options)
+    hookcli.compare("resnet18", "layer4", inputs, output=tmp_path / "r.safetensors", method="rsa", **options)
+    assert asked == ["cuda"] * 3 + ["cuda"] * 3 + ["cpu"] * 3  # 10 inputs, 3 shards each; RSA keeps rows on the CPU
+
+
 def test_a_run_equals_brute_force_over_the_features_it_would_save(runner, tmp_path, inputs):
     common = [*MODEL, "-b", "3", "--shard-size", "4", "--device", "cpu"]  # a GPU's sums agree to rounding only
     done = runner.invoke(main, ["extract", *common, "-l", "layer3", "-l", "fc", "-o", f"{tmp_path}/feats/", *inputs])

@@ -45,9 +45,11 @@ changes without a GPU.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import importlib
 import io
+import itertools
 import sys
 import warnings
 from collections.abc import Callable, Sequence
@@ -107,16 +109,41 @@ class EncodedImages:
 class Encoded(NamedTuple):
     """A batch as the workers hand it over: ``jpegs`` as ``(position, JpegBytes)``, and the other images, already
     preprocessed, at ``positions``: ``prepared`` is them stacked when they share a shape (a list otherwise, None
-    when there are none), so a batch of PNGs crosses from a worker as one tensor."""
+    when there are none), so a batch of PNGs crosses from a worker as one tensor.
+
+    The JPEGs' bytes cross as one tensor too, ``data``, each JPEG's at its ``spans`` entry (``(start, end)``), and
+    the ``JpegBytes`` empty: a tensor passes through shared memory, where bytes would be pickled through the one pipe
+    every worker shares, which then limits a large GPU (:meth:`unpacked` gives them back, views of ``data``)."""
 
     jpegs: list
     prepared: torch.Tensor | list | None
     positions: list
+    data: torch.Tensor | None = None
+    spans: list | None = None
+
+    def packed(self) -> Encoded:
+        """The JPEGs' bytes in one tensor (see the class's description)."""
+        if not self.jpegs or self.data is not None:
+            return self
+        joined = bytearray().join(jpeg.data for _, jpeg in self.jpegs)
+        ends = list(itertools.accumulate(len(jpeg.data) for _, jpeg in self.jpegs))
+        return self._replace(
+            jpegs=[(k, dataclasses.replace(jpeg, data=b"")) for k, jpeg in self.jpegs],
+            data=torch.frombuffer(joined, dtype=torch.uint8),
+            spans=list(zip([0, *ends[:-1]], ends)),
+        )
+
+    def unpacked(self) -> list:
+        """``jpegs``, each with its bytes (a view of ``data`` where they crossed in it)."""
+        if self.data is None or self.spans is None:
+            return self.jpegs
+        view = self.data.numpy().data  # a memoryview: slices of it copy nothing
+        return [(k, dataclasses.replace(jpeg, data=view[a:b])) for (k, jpeg), (a, b) in zip(self.jpegs, self.spans)]
 
 
 def collate(items) -> tuple[list[int], Encoded, list, dict]:
     """``(indices, Encoded, failures, pictures)`` of a batch of :class:`EncodedImages` items, ``pictures`` by input
-    index."""
+    index; the JPEGs' bytes packed in one tensor (:meth:`Encoded.packed`)."""
     good = [(i, item) for i, item, error, _ in items if error is None]
     jpegs = [(k, item) for k, (_, item) in enumerate(good) if isinstance(item, JpegBytes)]
     positions = [k for k, (_, item) in enumerate(good) if not isinstance(item, JpegBytes)]
@@ -126,7 +153,7 @@ def collate(items) -> tuple[list[int], Encoded, list, dict]:
         prepared = torch.stack(rows)
     return (
         [i for i, _ in good],
-        Encoded(jpegs, prepared if positions else None, positions),
+        Encoded(jpegs, prepared if positions else None, positions).packed(),
         [(i, e) for i, _, e, _ in items if e is not None],
         {i: made for i, _, _, made in items if made is not None},
     )
@@ -179,7 +206,7 @@ class DeviceDecoder:
                 rows[position] = row.to(self.device, non_blocking=True)
         failed: list = []
         damaged: list[tuple[int, str]] = []
-        for chunk in _bounded(encoded.jpegs, PIXELS_AT_ONCE):
+        for chunk in _bounded(encoded.unpacked(), PIXELS_AT_ONCE):
             cropped = []
             images, said = self._decoded([jpeg for _, jpeg in chunk])
             damaged.extend((chunk[k][0], text) for k, text in said.items())
@@ -217,7 +244,7 @@ class DeviceDecoder:
         self._held = []
         if self.codec is not None:
             return self._by_codec(jpegs), {}
-        data = [torch.frombuffer(bytearray(jpeg.data), dtype=torch.uint8) for jpeg in jpegs]
+        data = [_as_tensor(jpeg.data) for jpeg in jpegs]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)  # torchvision points to TorchCodec; it still decodes
             try:
@@ -251,7 +278,7 @@ class DeviceDecoder:
         assert self.codec is not None, "called only where nvImageCodec decodes"
         with stderr_captured():  # what it logs of an image it cannot decode: Pillow's verdict is the one said
             images = self.codec.decoder.decode(
-                [jpeg.data for jpeg in jpegs],
+                [bytes(jpeg.data) for jpeg in jpegs],
                 params=self.codec.params,
                 cuda_stream=self.stream.cuda_stream if self.stream is not None else 0,
             )
@@ -397,6 +424,14 @@ def _probe_jpeg() -> bytes:
 #: JPEGs the device's decoder refuses, and Pillow reads, before it has decoded any, that make it taken for one that
 #: decodes nothing: one damaged photo in the first batch must not stop a run.
 REFUSED_BEFORE_STOPPING = 8
+
+
+def _as_tensor(data: bytes | memoryview) -> torch.Tensor:
+    """A JPEG's bytes as the 1-D uint8 tensor torchvision decodes: a view of a batch's tensor where they are one
+    (writable), else a copy."""
+    if isinstance(data, memoryview) and not data.readonly:
+        return torch.frombuffer(data, dtype=torch.uint8)
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
 
 def _first_warning(said: str) -> str:

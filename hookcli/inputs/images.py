@@ -48,7 +48,11 @@ _BACKGROUND = (255, 255, 255)
 
 
 def load_rgb(
-    path: str | os.PathLike, *, min_size: int | None = None, max_side: int | None = None, data: bytes | None = None
+    path: str | os.PathLike,
+    *,
+    min_size: int | None = None,
+    max_side: int | None = None,
+    data: bytes | memoryview | None = None,
 ) -> Image.Image:
     """Decode an image and return it as 8-bit RGB, upright.
 
@@ -137,7 +141,7 @@ class JpegBytes:
     it)."""
 
     path: str
-    data: bytes
+    data: bytes | memoryview  # a view of a batch's bytes once they crossed from a worker (decoding.Encoded)
     size: tuple[int, int]
     orientation: int = 1
 
@@ -193,7 +197,7 @@ def _whole_jpeg(path, handle: BinaryIO) -> tuple[JpegBytes | None, bytes | None]
 
 
 @contextlib.contextmanager
-def _opened(path, data: bytes | None):
+def _opened(path, data: bytes | memoryview | None):
     if data is not None:
         yield io.BytesIO(data)
     else:

@@ -144,13 +144,15 @@ def _record(loaded: LoadedModel, selected, settings: RunSettings, opts, paths, e
     elif row == "pair":
         cut = {"frame_stride": str(opts.frame_stride)}
     modules = dict(loaded.module.named_modules())
+    # The JPEG decoder of --decode device: its pixels differ from the others'.
+    decoder = {"decoder": device_jpeg_decoder(settings.device)} if settings.preprocess.decode == "device" else {}
     return RunRecord(
         model=loaded.name,
         weights=loaded.weights,
         layers=dict(selected),
         layer_types={p: type(modules[p]).__name__ for p in selected},
         capture=settings.recorded_capture,
-        preprocess=json.loads(settings.preprocess.to_json()) | _decoder(settings),
+        preprocess=json.loads(settings.preprocess.to_json()) | decoder,
         pool=settings.pool or "none",
         dtype=settings.dtype,
         precision=settings.precision,
@@ -165,10 +167,3 @@ def _record(loaded: LoadedModel, selected, settings: RunSettings, opts, paths, e
         prefix_tokens=loaded.prefix_tokens,
         categories=tuple(loaded.categories) if loaded.categories else None,
     )
-
-
-def _decoder(settings: RunSettings) -> dict:
-    """``{"decoder": …}`` for ``--decode device``: the JPEG decoder, whose pixels differ from the others'."""
-    if settings.preprocess is None or settings.preprocess.decode != "device":
-        return {}
-    return {"decoder": device_jpeg_decoder(settings.device)}

@@ -35,6 +35,7 @@ class AblationGathering:
     as ``described`` says (the ``ablate`` metadata)."""
 
     fewest = 1
+    merges_on_device = False  # its sums are kept on the CPU
 
     def __init__(self, key: str, *, units: Sequence[int] | None, described: Mapping[str, Any]) -> None:
         self.key, self.units, self.described = key, None if units is None else list(units), dict(described)

@@ -45,6 +45,7 @@ class StatsGathering:
         self.without: list[str] = []  # the run's layers the basis has no components of
 
     fewest = 1  # rows a shard needs at least
+    merges_on_device = True  # where the rows are: sorting the sketches and summing the moments at GPU speed
 
     def check_layers(self, channels: Mapping[str, int | None]) -> None:
         """Refuse, before any work, layers (``channels`` of each key, None where not known yet) that the

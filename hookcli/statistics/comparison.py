@@ -178,6 +178,11 @@ class CompareGathering:
         return MIN_BATCH if self.choice.method == "minibatch-cka" else 1
 
     @property
+    def merges_on_device(self) -> bool:
+        """CKA's sums merge where the rows were (a GPU's float64 products); RSA's rows are kept on the CPU."""
+        return self.choice.method != "rsa"
+
+    @property
     def keys(self) -> list[str]:
         return self.first + (self.second or [])
 

@@ -33,6 +33,7 @@ class PatchGathering:
     ``described`` says (the ``patch`` metadata)."""
 
     fewest = 2  # a pair
+    merges_on_device = False  # its rows are kept on the CPU
 
     def __init__(self, keys: Mapping[str, str], *, described: Mapping[str, Any]) -> None:
         self.keys, self.described = dict(keys), dict(described)

@@ -105,10 +105,15 @@ class Made(NamedTuple):
 
 class Gathering(Protocol):
     """What a run gathers: each shard's :class:`Gathered`, and the output's metadata. ``fewest``: the rows a shard
-    needs at least."""
+    needs at least; ``merges_on_device``: whether its parts merge on a CUDA run's GPU, as its shards merge in memory
+    (accumulators that live where the rows are), rather than on the CPU
+    (:func:`~hookcli.storage.parts.merge_device`)."""
 
     @property
     def fewest(self) -> int: ...
+
+    @property
+    def merges_on_device(self) -> bool: ...
 
     def start(self, number: int) -> Gathered:
         """Shard ``number``'s gathering, empty."""

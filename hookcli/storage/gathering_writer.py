@@ -27,7 +27,14 @@ from hookcli.storage.background import Background
 from hookcli.storage.features import Features
 from hookcli.storage.fileformat import RunRecord, parts_folder
 from hookcli.storage.gathering import GatheredShard, Gathering, checked_shard_size
-from hookcli.storage.parts import gathered_output, merged_parts, open_parts, part_metadata, written_by_this_run
+from hookcli.storage.parts import (
+    gathered_output,
+    merge_device,
+    merged_parts,
+    open_parts,
+    part_metadata,
+    written_by_this_run,
+)
 from hookcli.storage.rows_writer import GatheringRun
 from hookcli.storage.saving import write_safetensors
 from hookcli.storage.shard_writer import ShardWriter, batches_in
@@ -217,7 +224,7 @@ class GatheringWriter:
                 f"the parts of '{self.path}' were removed before they were merged", hint="run the command again"
             )
         merged = merged_parts(self.folder.folder, self.folder.shards, self.size, len(self.paths), self.gathering,
-                              self.path)  # fmt: skip
+                              self.path, device=merge_device(self.record.device))  # fmt: skip
         tensors, metadata = gathered_output(merged, self.gathering, self.record, self.paths, self.on_note)
         write_safetensors(tensors, metadata, self.path, force=True)
         shutil.rmtree(self.folder.folder, ignore_errors=True)

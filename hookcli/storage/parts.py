@@ -57,14 +57,25 @@ def written_by_this_run(path: str, record: RunRecord) -> bool:
     return False
 
 
-def merged_parts(folder: Path, shards: int, size: int, inputs: int, gathering: Gathering, output: str) -> GatheredShard:
+def merge_device(kind: str) -> torch.device:
+    """Where the parts of a run on a device of ``kind`` (its metadata's ``device``) merge: a CUDA run's on this
+    process's GPU, as its shards merge in memory (the same arithmetic, so the same bytes whichever process merges
+    them, and sorts and sums of GPU speed), anything else's on the CPU."""
+    return torch.device("cuda" if kind == "cuda" and torch.cuda.is_available() else "cpu")
+
+
+def merged_parts(
+    folder: Path, shards: int, size: int, inputs: int, gathering: Gathering, output: str, device=None
+) -> GatheredShard:
     """Every part of ``output`` in ``folder`` (``shards`` of them, of ``size`` of the run's ``inputs`` inputs
-    each), merged in shard order."""
+    each), merged in shard order on ``device`` (:func:`merge_device`) where the gathering merges there, else on the
+    CPU."""
     merged: GatheredShard | None = None
     for number in range(shards):
         name = folder / SHARD_NAME.format(number)
         try:
-            shard = _read_part(name, number, size, inputs, gathering)
+            on = torch.device(device if device is not None and gathering.merges_on_device else "cpu")
+            shard = _read_part(name, number, size, inputs, gathering, on)
             if merged is None:
                 merged = shard
             else:
@@ -79,14 +90,14 @@ def merged_parts(folder: Path, shards: int, size: int, inputs: int, gathering: G
     return merged
 
 
-def _read_part(name: Path, number: int, size: int, inputs: int, gathering: Gathering) -> GatheredShard:
+def _read_part(name: Path, number: int, size: int, inputs: int, gathering: Gathering, device) -> GatheredShard:
     with FeatureFile(name) as part:
         metadata = part.metadata
         rows = torch.from_numpy(part.read(PART_ROWS)).tolist()
         first, end = number * size, min((number + 1) * size, inputs)
         if rows != sorted(set(rows)) or any(not first <= row < end for row in rows):
             raise ValueError(f"its rows are not inputs of shard {number} ({first} to {end - 1}), each once")
-        state = {key: torch.from_numpy(part.read(key)) for key in part.keys() if key != PART_ROWS}
+        state = {key: torch.from_numpy(part.read(key)).to(device) for key in part.keys() if key != PART_ROWS}
         shard = GatheredShard(number, gathering.read(state, json.loads(metadata["gathered"]), rows))
         try:  # JSON of the wrong kinds: a part is untrusted
             shard.inputs = json.loads(metadata["inputs"])
