@@ -33,6 +33,14 @@ def _decoded(paths, preprocess, on_note=None):
     return indices, batch, failures
 
 
+def _default_decoder() -> str:
+    """The decoder of --decode device on the default device: torchvision's libjpeg here; on a GPU, nvImageCodec's
+    where it is installed, else nvJPEG."""
+    from hookcli.inputs.decoding import device_jpeg_decoder
+
+    return device_jpeg_decoder(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+
+
 def _on_cpu(paths, preprocess):
     transform = to_transform(preprocess)
     return [transform(load_rgb(path)) for path in paths]
@@ -361,7 +369,7 @@ def test_extract_with_device_decoding_records_it_and_keeps_the_values(
     assert 0 < (device - cpu).abs().max().item() < 0.05 * cpu.abs().max().item()
     assert torch.equal(device[0], device[2])
     assert json.loads(files["device"].metadata()["preprocess"])["decode"] == "device"
-    assert json.loads(files["device"].metadata()["preprocess"])["decoder"] == "libjpeg"  # torchvision's, on the CPU
+    assert json.loads(files["device"].metadata()["preprocess"])["decoder"] == _default_decoder()
     assert "decode" not in json.loads(files["cpu"].metadata()["preprocess"])  # as runs before the option recorded
 
 
@@ -374,9 +382,8 @@ def test_a_folder_started_on_one_decoder_is_not_continued_on_the_other(runner, r
     assert (result.exit_code, result.stderr) == (
         2,
         f"Error: '{tmp_path}/feats/' holds a different run (it "
-        "differs in: preprocess (the folder's decode device; the folder's decoder libjpeg)). Hint: run the same "
-        "command to continue "
-        "it, add --force to replace it, or use another folder\n",
+        f"differs in: preprocess (the folder's decode device; the folder's decoder {_default_decoder()})). Hint: run "
+        "the same command to continue it, add --force to replace it, or use another folder\n",
     )
 
 
