@@ -6,9 +6,11 @@ Run from the repository root on a GPU machine (``--device cpu`` and small counts
     python bench/device_profile.py --out /tmp/profile        # 2,048 JPEGs, batch 256; 1,024 and 2,048 photos
 
 Decoding (500x375 JPEGs, as ImageNet's; resnet50's preprocessing): the decode workers' batches alone (files read
-and handed over, nothing decoded), then for the same batches in this process, each stage synchronised and timed
-on its own: the bytes made tensors, ``decode_jpeg`` on the device, turning upright, resize and crop, scale and
-normalise, and ``DeviceDecoder`` whole.
+and handed over, nothing decoded) and the input stage whole (their batches decoded on the device), each in steady
+state over the files read ``--repeat`` times, with the time the input stage waits for the workers; then for the
+same batches in this process, each stage synchronised and timed on its own: the bytes made tensors,
+``decode_jpeg`` on the device (and nvImageCodec's decoder, where it decodes), turning upright, resize and crop,
+scale and normalise, and ``DeviceDecoder`` whole.
 
 Gathering (resnet50 ``layer3`` and ``layer4``, batch 128, in this process, warmed up): ``extract --pool avg``,
 ``stats --top 9`` and ``compare`` over two counts of photos, so that the time per photo and the time once per run
@@ -47,13 +49,20 @@ def _timed(device, work):
     return result, time.perf_counter() - start
 
 
-def decode_stages(paths: list[str], batch_size: int, device) -> None:
-    """Each stage of ``--decode device`` alone, per batch, and the workers' share."""
+def _steady(marks: list[tuple[float, int]]) -> float:
+    """Images/s over the second half of ``marks`` ((time, images so far)): the workers' start behind."""
+    half = next((mark for mark in marks if mark[1] >= marks[-1][1] // 2), marks[0])
+    return (marks[-1][1] - half[1]) / max(marks[-1][0] - half[0], 1e-9)
+
+
+def decode_stages(paths: list[str], batch_size: int, device, repeat: int) -> None:
+    """The workers' share alone and the input stage whole (steady, over the files ``repeat`` times), what the
+    input stage waits for, then each stage of ``--decode device`` alone, per batch."""
     import torch
     import torchvision.io
     from torchvision.io import ImageReadMode
 
-    from hookcli.inputs.decoding import DeviceDecoder, upright
+    from hookcli.inputs.decoding import DeviceDecoder, device_jpeg_decoder, upright
     from hookcli.models.loading import load_model
     from hookcli.run.batches import image_loader
     from hookcli.run.settings import RunSettings
@@ -61,26 +70,54 @@ def decode_stages(paths: list[str], batch_size: int, device) -> None:
 
     loaded = load_model("resnet50", "none")
     preprocess = loaded.preprocess.replace(decode="device")
+    many = paths * repeat
     settings = resolve_settings(
-        RunSettings(preprocess=preprocess, device=device, batch_size=batch_size), loaded, len(paths)
+        RunSettings(preprocess=preprocess, device=device, batch_size=batch_size), loaded, len(many)
     )
-    start = time.perf_counter()
-    batches = list(image_loader(paths, settings))
-    loading = time.perf_counter() - start
+    marks = []
+    for indices, *_ in image_loader(many, settings):
+        marks.append((time.perf_counter(), (marks[-1][1] if marks else 0) + len(indices)))
     print(
-        f"workers' share ({settings.workers} workers: read, check, hand over): {len(paths) / loading:9.1f} img/s "
-        f"({len(batches)} batches)"
+        f"workers' share alone ({settings.workers} workers: read, check, hand over), steady: {_steady(marks):9.1f} "
+        f"img/s"
     )
     decoder = DeviceDecoder(preprocess, device)
+    print(f"decoder: {device_jpeg_decoder(device)}")
+    marks, waited, decoding = [], 0.0, 0.0
+    loader = iter(image_loader(many, settings))
+    while True:
+        start = time.perf_counter()
+        found = next(loader, None)
+        middle = time.perf_counter()
+        if found is None:
+            break
+        decoder(*found[:3])
+        _sync(device)
+        end = time.perf_counter()
+        if marks:  # the first batch waits for the workers to start
+            waited, decoding = waited + middle - start, decoding + end - middle
+        marks.append((end, (marks[-1][1] if marks else 0) + len(found[0])))
+    print(
+        f"input stage whole, steady: {_steady(marks):9.1f} img/s; after the first batch, {waited:.2f} s waiting for "
+        f"the workers and {decoding:.2f} s decoding"
+    )
+    batches = list(image_loader(paths, settings))
     totals: dict[str, float] = {}
     for turn, (indices, encoded, failures, _) in enumerate(batches):
-        jpegs = [jpeg for _, jpeg in encoded.jpegs]
+        jpegs = [jpeg for _, jpeg in encoded.unpacked()]
         data, tensors = _timed(
             device, lambda: [torch.frombuffer(bytearray(jpeg.data), dtype=torch.uint8) for jpeg in jpegs]
         )
         images, decoding = _timed(
             device, lambda: torchvision.io.decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
         )
+        stages = [("bytes to tensors", tensors), ("decode_jpeg", decoding)]
+        if decoder.codec is not None:
+            codec = decoder.codec
+            _, seconds = _timed(
+                device, lambda: codec.decoder.decode([bytes(j.data) for j in jpegs], params=codec.params)
+            )
+            stages.append(("nvImageCodec", seconds))
         images, turning = _timed(device, lambda: [upright(i, j.orientation) for i, j in zip(images, jpegs)])
         stacked, stacking = _timed(device, lambda: torch.stack(images))
         cropped, geometry = _timed(device, lambda: decoder.steps.geometry(stacked))
@@ -88,15 +125,14 @@ def decode_stages(paths: list[str], batch_size: int, device) -> None:
         _, whole = _timed(device, lambda: decoder(indices, encoded, failures))
         if turn == 0:
             continue  # warm-up
-        for name, seconds in (
-            ("bytes to tensors", tensors),
-            ("decode_jpeg", decoding),
+        stages += [
             ("upright", turning),
             ("stack", stacking),
             ("resize and crop", geometry),
             ("scale and normalise", scaling),
             ("DeviceDecoder whole", whole),
-        ):
+        ]
+        for name, seconds in stages:
             totals[name] = totals.get(name, 0.0) + seconds
     counted = sum(len(indices) for indices, *_ in batches[1:])
     for name, seconds in totals.items():
@@ -166,6 +202,7 @@ def main() -> None:
     parser.add_argument("--photos", default="1024,2048", help="the two counts of photos gathered over")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--out", default="/tmp/device-profile")
+    parser.add_argument("--repeat", type=int, default=4, help="times the JPEGs are read for the steady rates")
     parser.add_argument("--skip", default="", help="decode or gather: parts left out")
     args = parser.parse_args()
 
@@ -179,7 +216,7 @@ def main() -> None:
         if "decode" not in args.skip:
             (folder / "images").mkdir()
             paths = [str(p) for p in make_images(folder / "images", args.images)]
-            decode_stages(paths, args.batch_size, device)
+            decode_stages(paths, args.batch_size, device, args.repeat)
         if "gather" not in args.skip:
             gather_costs(folder, [int(n) for n in args.photos.split(",")], device, out)
 

@@ -4,10 +4,11 @@
 #                                           at its own limit)
 #         bash bench/gpu_check.sh quick    (all of it small, on the CPU: to try the script before a GPU is at hand)
 # Prints, and keeps under $OUT (default /tmp/gpu-check): the machine; bench/gpu_bench.py on resnet50 (fp32, tf32,
-# bf16; CPU and device decoding); bench/preprocess_bench.py; the JPEG decoders that can feed a GPU
-# (bench/gpu_decoders.py: nvImageCodec's when its wheel is there); CUDA results against CPU results (bench/gpu_exact.py);
-# stats and compare against extract --pool avg (bench/gather_bench.py); the test suite with the default device
-# (CUDA there) under pytest-xdist, its failures listed. Wheels the machine lacks (PyAV, open_clip_torch...) may wait
+# bf16; CPU and device decoding, steady and whole); where --decode device's input stage spends its time
+# (bench/device_profile.py); CUDA results against CPU results (bench/gpu_exact.py); stats and compare against
+# extract --pool avg (bench/gather_bench.py); the test suite with the default device (CUDA there) under
+# pytest-xdist, its failures listed. bench/gpu_decoders.py (each JPEG decoder alone) and bench/preprocess_bench.py
+# (a decode worker's core) are run by hand where those figures are wanted. Wheels the machine lacks (PyAV, open_clip_torch...) may wait
 # in $WHEELS (default bench/whl/): they are installed into /tmp/site first. nvImageCodec's wheel
 # (nvidia-nvimgcodec-cu13, with nvidia-nvjpeg) may be cut to the Python that runs it (its other builds and codecs out)
 # to fit a transfer limit.
@@ -27,23 +28,20 @@ export LD_LIBRARY_PATH=/tmp/site/nvidia/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_
 'torchvision', torchvision.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA')"
 } 2>&1 | tee "$OUT/machine.txt"
 if [ "${1:-}" = quick ]; then
-  IMAGES=64 UNIQUE=32 JPEGS=32 BATCH=16 PHOTOS=4 GATHER=64 SUITE=60 DEVICE=cpu WORKERS=2 PRECISIONS=fp32,bf16 DECODERS=cpu
+  IMAGES=64 UNIQUE=32 JPEGS=32 BATCH=16 PHOTOS=4 GATHER=64 SUITE=60 DEVICE=cpu WORKERS=2 PRECISIONS=fp32,bf16
 else
-  IMAGES=16384 UNIQUE=4096 JPEGS=2048 BATCH=256 PHOTOS=16 GATHER=2048 SUITE=200 DEVICE=cuda WORKERS=16 PRECISIONS=fp32,tf32,bf16 \
-    DECODERS=cpu,torchvision,nvimgcodec-hw,nvimgcodec-gpu,nvimgcodec-gpu-fancy,nvimgcodec-hybrid
+  IMAGES=8192 UNIQUE=2048 JPEGS=2048 BATCH=256 PHOTOS=16 GATHER=2048 SUITE=240 DEVICE=cuda WORKERS=16 PRECISIONS=fp32,tf32,bf16
 fi
 echo "=== bench/gpu_bench.py"
-timeout 130 python3 bench/gpu_bench.py --models resnet50 --images $IMAGES --unique $UNIQUE --batch-size $BATCH --device $DEVICE \
+timeout 110 python3 bench/gpu_bench.py --models resnet50 --images $IMAGES --unique $UNIQUE --batch-size $BATCH --device $DEVICE \
   --precisions $PRECISIONS 2>&1 | tee "$OUT/gpu_bench.txt"
-echo "=== bench/preprocess_bench.py"
-timeout 35 python3 bench/preprocess_bench.py --images 200 --repeat 2 2>&1 | tee "$OUT/preprocess_bench.txt"
-echo "=== bench/gpu_decoders.py"
-timeout 45 python3 bench/gpu_decoders.py --images $JPEGS --batch-size $BATCH --device $DEVICE \
-  --decoders $DECODERS 2>&1 | grep -v "^\[" | tee "$OUT/gpu_decoders.txt"
+echo "=== bench/device_profile.py (--decode device)"
+timeout 40 python3 bench/device_profile.py --images $JPEGS --batch-size $BATCH --device $DEVICE --repeat 4 --skip gather \
+  --out "$OUT" 2>&1 | tee "$OUT/device_profile.txt"
 echo "=== CUDA against CPU"
 timeout 80 python3 bench/gpu_exact.py --device $DEVICE --photos $PHOTOS 2>&1 | tee "$OUT/exact.txt"
 echo "=== stats and compare against extract --pool avg"
-timeout 90 python3 bench/gather_bench.py --photos $GATHER --batch-size 128 --repeat 1 2>&1 | tee "$OUT/gather.txt"
+timeout 80 python3 bench/gather_bench.py --photos $GATHER --batch-size 128 --repeat 1 2>&1 | tee "$OUT/gather.txt"
 echo "=== the suite, default device"
 if python3 -c "import xdist" 2>/dev/null; then parallel="-n $WORKERS"; else parallel=""; fi
 if python3 -c "import pytest_timeout" 2>/dev/null; then parallel="$parallel --timeout 100"; fi

@@ -99,6 +99,33 @@ def test_nvimagecodec_decodes_a_batch_in_one_call_turned_upright_and_pillow_take
     ]
 
 
+class _FailingCodec:
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+    def decode(self, datas, params, cuda_stream):
+        raise RuntimeError(self.message)
+
+
+def test_a_batch_nvimagecodec_fails_whole_goes_to_torchvision_and_running_out_of_memory_stops(photo, monkeypatch):
+    from hookcli.errors import MemoryLimitError
+    from hookcli.inputs import decoding
+
+    failing = decoding.Codec(_FailingCodec("nvImageCodec: Internal error - decode failed"), None)
+    monkeypatch.setattr(decoding, "jpeg_codec", lambda device: failing)
+    notes = []
+    preprocess = Preprocess(resize=None, crop=None, kind="detection", **PLAIN)
+    indices, rows, failures = _decoded([photo, photo], preprocess, notes.append)
+    assert (indices, failures) == ([0, 1], []) and torch.equal(rows[0], _on_cpu([photo], preprocess)[0])
+    assert notes == [
+        "--decode device: nvImageCodec failed on a batch (nvImageCodec: Internal error - decode failed); "
+        "torchvision's decoder decoded it, as it will any other such batch"
+    ]
+    failing.decoder.message = "CUDA out of memory. Tried to allocate 2.00 GiB"
+    with pytest.raises(MemoryLimitError, match="the device ran out of memory decoding a batch"):
+        _decoded([photo], preprocess)
+
+
 def test_the_decoder_of_decode_device_is_libjpeg_on_the_cpu_and_nvjpeg_on_a_gpu_without_nvimagecodec(monkeypatch):
     from hookcli.inputs import decoding
 

@@ -342,6 +342,27 @@ def test_doctor_says_the_pair_loads_and_what_each_extra_is(runner):
     ]
 
 
+def test_doctor_says_why_cuda_did_not_start_which_a_run_keeps_quiet(runner, monkeypatch, photo):
+    import warnings
+
+    import torch
+
+    def failing() -> bool:  # as torch does under a memory limit
+        warnings.warn("CUDA initialization: Unexpected error from cudaGetDeviceCount(). Error 2: out of memory")
+        return False
+
+    monkeypatch.setattr(torch.cuda, "is_available", failing)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    devices = next(line for line in runner.invoke(main, ["doctor"]).stdout.splitlines() if "devices" in line)
+    assert devices.endswith(
+        "no GPU: runs on the CPU (CUDA initialization: Unexpected error from cudaGetDeviceCount(). Error 2: out of "
+        "memory)"
+    )
+    done = runner.invoke(main, ["extract", "-m", "resnet18", "-w", "none", "-l", "fc", "--resize", "32", "--crop", "32",
+                                "-q", "-o", "-", str(photo)])  # fmt: skip
+    assert done.exit_code == 0 and done.stderr == ""
+
+
 def test_doctor_names_a_mismatched_pair_and_how_to_mend_it(runner, monkeypatch):
     import torchvision
 

@@ -18,6 +18,7 @@ import torch
 import hookcli
 from hookcli.cli import main
 from hookcli.errors import CaptureError
+from hookcli.events import Note
 from hookcli.files import hold_output, release_output, share_output
 from hookcli.run.launch import Part, cpu_threads
 from hookcli.run.settings import Batch
@@ -291,29 +292,41 @@ def _digest(path) -> str:
     return hashlib.sha256(open(path, "rb").read()).hexdigest()
 
 
-def test_the_parts_of_a_gpu_run_merge_on_its_gpu_where_the_gathering_keeps_its_sums_there(
-    tmp_path, inputs, monkeypatch
-):
+def test_the_parts_of_a_gpu_run_merge_on_its_gpu_where_the_gathering_keeps_sums_there(tmp_path, inputs, monkeypatch):
     from hookcli.storage import gathering_writer, parts
 
-    assert [parts.merge_device(kind).type for kind in ("cpu", "mps")] == ["cpu", "cpu"]
+    cpu = torch.device("cpu")
+    assert [parts.merge_device(device) for device in (None, cpu, torch.device("mps"))] == [cpu, cpu, cpu]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert parts.merge_device("cuda") == torch.device("cuda")
+    assert parts.merge_device(torch.device("cuda:1")) == torch.device("cuda:1")  # the run's own GPU, not the first
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert parts.merge_device("cuda") == torch.device("cpu")  # a file's parts merged where there is no GPU
+    assert parts.merge_device(torch.device("cuda")) == cpu  # a file's parts merged where there is no GPU
     asked, read_part = [], parts._read_part
 
     def reading(name, number, size, count, gathering, device):  # a GPU's merge, done on the CPU here
         asked.append(device.type)
-        return read_part(name, number, size, count, gathering, torch.device("cpu"))
+        return read_part(name, number, size, count, gathering, cpu)
 
     monkeypatch.setattr(parts, "_read_part", reading)
-    monkeypatch.setattr(gathering_writer, "merge_device", lambda kind: torch.device("cuda"))
+    monkeypatch.setattr(gathering_writer, "merge_device", lambda device: torch.device("cuda"))
     options = {"weights": "none", "resize": 40, "crop": 32, "batch_size": 4, "shard_size": 4, "device": "cpu"}
     hookcli.stats("resnet18", "layer4", inputs, output=tmp_path / "s.safetensors", **options)
     hookcli.compare("resnet18", "layer4", inputs, output=tmp_path / "c.safetensors", **options)
     hookcli.compare("resnet18", "layer4", inputs, output=tmp_path / "r.safetensors", method="rsa", **options)
     assert asked == ["cuda"] * 3 + ["cuda"] * 3 + ["cpu"] * 3  # 10 inputs, 3 shards each; RSA keeps rows on the CPU
+
+    def short_of_memory(name, number, size, count, gathering, device):
+        if device.type == "cuda":
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 512.00 MiB")
+        return read_part(name, number, size, count, gathering, device)
+
+    monkeypatch.setattr(parts, "_read_part", short_of_memory)
+    notes = []
+    out = tmp_path / "again.safetensors"
+    hookcli.stats("resnet18", "layer4", inputs, output=out, progress=lambda event: notes.append(event), **options)
+    said = [event.text for event in notes if isinstance(event, Note)]
+    assert said == [f"cuda ran out of memory merging the parts of '{out}': they merged on the CPU"]
+    assert _digest(out) == _digest(tmp_path / "s.safetensors")  # whole parts, merged all the same
 
 
 def test_a_run_equals_brute_force_over_the_features_it_would_save(runner, tmp_path, inputs):

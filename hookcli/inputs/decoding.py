@@ -176,6 +176,7 @@ class DeviceDecoder:
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.codec = jpeg_codec(device)  # nvImageCodec's, where installed; else torchvision's decode_jpeg
         self._held: list = []  # nvImageCodec's images of the last chunk: its memory, freed once the stream is done
+        self._codec_failed = False  # whether a batch call of nvImageCodec failed (said once)
         self._noted = False
         self._device_decoded = False  # whether the device's decoder has decoded any JPEG yet
         self._pillow_only = 0  # JPEGs the device's decoder refused and Pillow decoded, while it decoded none
@@ -242,8 +243,9 @@ class DeviceDecoder:
         if self.stream is not None:
             self.stream.synchronize()  # what this stream freed is free: nvJPEG will not wait for it
         self._held = []
-        if self.codec is not None:
-            return self._by_codec(jpegs), {}
+        found = self._by_codec(jpegs) if self.codec is not None else None
+        if found is not None:
+            return found, {}
         data = [_as_tensor(jpeg.data) for jpeg in jpegs]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)  # torchvision points to TorchCodec; it still decodes
@@ -273,15 +275,26 @@ class DeviceDecoder:
             self._refused(refusals, decoded=sum(not isinstance(image, ImageError) for image in found))
         return found, damaged
 
-    def _by_codec(self, jpegs: list) -> list:
-        """Each JPEG decoded upright by nvImageCodec, in one call, or by Pillow where nvImageCodec cannot."""
+    def _by_codec(self, jpegs: list) -> list | None:
+        """Each JPEG decoded upright by nvImageCodec, in one call, or by Pillow where nvImageCodec cannot; None where
+        the call fails whole (torchvision's decoder then takes the batch), out of memory refused."""
         assert self.codec is not None, "called only where nvImageCodec decodes"
-        with stderr_captured():  # what it logs of an image it cannot decode: Pillow's verdict is the one said
-            images = self.codec.decoder.decode(
-                [bytes(jpeg.data) for jpeg in jpegs],
-                params=self.codec.params,
-                cuda_stream=self.stream.cuda_stream if self.stream is not None else 0,
-            )
+        try:
+            with stderr_captured():  # what it logs of an image it cannot decode: Pillow's verdict is the one said
+                images = self.codec.decoder.decode(
+                    [bytes(jpeg.data) for jpeg in jpegs],
+                    params=self.codec.params,
+                    cuda_stream=self.stream.cuda_stream if self.stream is not None else 0,
+                )
+        except RuntimeError as err:
+            _refuse_out_of_memory(err)
+            if self.on_note is not None and not self._codec_failed:
+                self.on_note(
+                    f"--decode device: nvImageCodec failed on a batch ({first_line(err)[:160]}); torchvision's decoder "
+                    "decoded it, as it will any other such batch"
+                )
+            self._codec_failed = True
+            return None
         self._held = list(images)  # views of these below: kept until the stream has used them
         found, refusals = [], []
         for jpeg, image in zip(jpegs, images):

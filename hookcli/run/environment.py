@@ -16,6 +16,7 @@ import importlib.util
 import os
 import platform
 import sys
+import warnings
 from dataclasses import asdict, dataclass
 from importlib.metadata import PackageNotFoundError, version
 
@@ -100,7 +101,10 @@ def _devices() -> list[Check]:
 
     cores = usable_cores()
     cpu = f"{cores} core{'s' if cores != 1 else ''} for this process"
-    if torch.cuda.is_available():
+    with warnings.catch_warnings(record=True) as said:  # why CUDA did not start, where torch says (no note in runs)
+        warnings.simplefilter("always")
+        available = torch.cuda.is_available()
+    if available:
         names = [torch.cuda.get_device_name(n) for n in range(torch.cuda.device_count())]
         cudnn = torch.backends.cudnn.version()
         found = f"{len(names)} CUDA GPU{'s' if len(names) != 1 else ''} ({', '.join(sorted(set(names)))}), CUDA "
@@ -110,7 +114,8 @@ def _devices() -> list[Check]:
         return [Check("devices", True, f"Apple GPU (--device mps); {cpu}")]
     cuda = torch.version.cuda
     build = f"a CUDA {cuda} build of torch, and" if cuda else "a CPU build of torch, and"
-    return [Check("devices", True, f"{cpu}; {build} no GPU: runs on the CPU")]
+    why = next((first_line(w.message) for w in said if str(w.message).startswith("CUDA initialization")), None)
+    return [Check("devices", True, f"{cpu}; {build} no GPU: runs on the CPU" + (f" ({why})" if why else ""))]
 
 
 def _gpu_jpeg() -> Check:

@@ -16,6 +16,7 @@ import os
 import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -46,7 +47,8 @@ class GatheringWriter:
     """The writer (:mod:`hookcli.storage.writers`) of a run that gathers ``gathering`` into the file ``path``, or
     into :class:`~hookcli.storage.features.Features` (``path`` None). ``part`` ``(index, count)``: the block of
     shards this process takes first; ``source_files``: the saved features the rows are read from (``paths`` naming
-    their inputs); ``team``: one of torchrun's group, whose first process reports the file."""
+    their inputs); ``team``: one of torchrun's group, whose first process reports the file; ``device``: the run's,
+    where its parts merge (:func:`~hookcli.storage.parts.merge_device`)."""
 
     def __init__(
         self,
@@ -61,9 +63,10 @@ class GatheringWriter:
         on_note: Callable[[str], None] | None = None,
         source_files: Sequence[str] | None = None,
         team: bool = False,
+        device: Any = None,
     ) -> None:
         self.record, self.paths, self.gathering = record, paths, gathering
-        self.source_files, self.team = source_files, team
+        self.source_files, self.team, self.device = source_files, team, device
         self.path = None if path is None else os.fspath(path)
         self.shard_size, self.force, self.part, self.on_note = shard_size, force, part, on_note
         self.open: dict[int, GatheredShard] = {}
@@ -84,7 +87,8 @@ class GatheringWriter:
         """The writer that gathers ``gathering`` over a planned ``run``'s inputs into its output (its record unless
         ``record`` says otherwise)."""
         return cls(record or run.record, run.inputs, run.output.path, gathering, shard_size=run.shard_size,
-                   force=run.force, part=block_of(run.part), on_note=note, team=run.team is not None)  # fmt: skip
+                   force=run.force, part=block_of(run.part), on_note=note, team=run.team is not None,
+                   device=run.device)  # fmt: skip
 
     @property
     def inputs_done(self) -> int:
@@ -223,8 +227,18 @@ class GatheringWriter:
             raise FeatureFileError(
                 f"the parts of '{self.path}' were removed before they were merged", hint="run the command again"
             )
-        merged = merged_parts(self.folder.folder, self.folder.shards, self.size, len(self.paths), self.gathering,
-                              self.path, device=merge_device(self.record.device))  # fmt: skip
+        device = merge_device(self.device)
+        try:
+            merged = merged_parts(self.folder.folder, self.folder.shards, self.size, len(self.paths), self.gathering,
+                                  self.path, device=device)  # fmt: skip
+        except torch.cuda.OutOfMemoryError:
+            merged = None  # the parts are whole: they merge on the CPU instead
+        if merged is None:
+            torch.cuda.empty_cache()
+            if self.on_note is not None:
+                self.on_note(f"{device} ran out of memory merging the parts of '{self.path}': they merged on the CPU")
+            merged = merged_parts(self.folder.folder, self.folder.shards, self.size, len(self.paths), self.gathering,
+                                  self.path)  # fmt: skip
         tensors, metadata = gathered_output(merged, self.gathering, self.record, self.paths, self.on_note)
         write_safetensors(tensors, metadata, self.path, force=True)
         shutil.rmtree(self.folder.folder, ignore_errors=True)

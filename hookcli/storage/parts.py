@@ -57,11 +57,13 @@ def written_by_this_run(path: str, record: RunRecord) -> bool:
     return False
 
 
-def merge_device(kind: str) -> torch.device:
-    """Where the parts of a run on a device of ``kind`` (its metadata's ``device``) merge: a CUDA run's on this
-    process's GPU, as its shards merge in memory (the same arithmetic, so the same bytes whichever process merges
-    them, and sorts and sums of GPU speed), anything else's on the CPU."""
-    return torch.device("cuda" if kind == "cuda" and torch.cuda.is_available() else "cpu")
+def merge_device(device) -> torch.device:
+    """Where the parts of a run on ``device`` merge: a CUDA run's on its GPU, as its shards merge in memory (the
+    same arithmetic, so the same bytes whichever process merges them, and sorts and sums at GPU speed); anything
+    else's (None: features read from files) on the CPU."""
+    if device is not None and torch.device(device).type == "cuda" and torch.cuda.is_available():
+        return torch.device(device)
+    return torch.device("cpu")
 
 
 def merged_parts(
@@ -81,6 +83,8 @@ def merged_parts(
             else:
                 merged.merge(shard)  # ValueError where its layers are not the earlier parts'
         except (KeyError, ValueError, RuntimeError, IndexError, TypeError, AttributeError) as err:
+            if isinstance(err, torch.cuda.OutOfMemoryError):
+                raise  # no damage: the caller merges on the CPU instead
             raise FeatureFileError(  # a part is untrusted: whatever its state makes fail, it is damaged
                 f"part '{name}' of '{output}' is damaged: {err}",
                 hint="run the same command with --force to compute it again",
