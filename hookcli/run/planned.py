@@ -51,12 +51,6 @@ class RunPlan:
     @property
     def batch_size(self) -> int:
         return self.settings.batch_size
-
-    @property
-    def device(self):
-        """The device it runs on (resolved: a ``torch.device``)."""
-        return self.settings.device
-
     def writer(self, note: Callable[[str], None]) -> RowsWriter:
         """The writer its command keeps its rows with."""
         return COMMANDS[self.command].writer(self, note)

@@ -88,7 +88,7 @@ class GatheringWriter:
         ``record`` says otherwise)."""
         return cls(record or run.record, run.inputs, run.output.path, gathering, shard_size=run.shard_size,
                    force=run.force, part=block_of(run.part), on_note=note, team=run.team is not None,
-                   device=run.device)  # fmt: skip
+                   device=run.settings.device)  # fmt: skip
 
     @property
     def inputs_done(self) -> int:

@@ -90,4 +90,4 @@ class GatheringRun(Protocol):
     @property
     def team(self) -> object | None: ...
     @property
-    def device(self) -> Any: ...  # the torch.device it runs on
+    def settings(self) -> Any: ...  # its resolved hookcli.run.settings.RunSettings: the device it runs on
