@@ -56,10 +56,11 @@ class Terminated(BaseException):
 #: :mod:`hookcli.run.batches`), whatever filters the user or a test runner set.
 LIBRARY_NEWS = (DeprecationWarning, PendingDeprecationWarning, FutureWarning)
 
-#: What torch says while finding out whether CUDA works, when it does not (``CUDA initialization: Unexpected error
-#: from cudaGetDeviceCount() … out of memory`` under a memory limit): the run goes on without it, as ``--device
-#: auto`` does on a machine without a GPU, and says so where the device matters (``hookcli doctor``).
-_CUDA_START = re.compile(r"CUDA initialization: ")
+#: What torch says of the machine that is no note about the run: that CUDA could not start (``CUDA initialization:
+#: Unexpected error from cudaGetDeviceCount() … out of memory`` under a memory limit; the run goes on without it, as
+#: ``--device auto`` does on a machine without a GPU, and ``hookcli doctor`` gives the reason), and that its
+#: compiler finds TF32 tensor cores left off (``--precision fp32`` leaves them off on purpose).
+_MACHINE_WORDS = re.compile(r"CUDA initialization: |TensorFloat32 tensor cores for float32 matrix multiplication")
 
 
 def _arithmetic(message, category: type[Warning], filename: str) -> bool:
@@ -82,7 +83,7 @@ def notes_and_sigterm(echo: Callable[[str], None], *, debug: Callable[[], bool] 
     Deprecations (:data:`LIBRARY_NEWS`) are news for the authors of the code that raised them, not about the
     user's run, and so are numpy's warnings about its arithmetic (``overflow encountered in reduce``, ``Degrees of
     freedom <= 0``), whose outcome, NaN or infinity, hookcli shows in its own words where it shows the number:
-    they are shown only while ``debug()`` is true, as is torch's word that CUDA could not start (:data:`_CUDA_START`).
+    they are shown only while ``debug()`` is true, as are torch's words of the machine (:data:`_MACHINE_WORDS`).
     """
     shown, show_warning, pid = set(), warnings.showwarning, os.getpid()
 
@@ -92,7 +93,7 @@ def notes_and_sigterm(echo: Callable[[str], None], *, debug: Callable[[], bool] 
             show_warning(message, category, filename, lineno, file, line)
         elif issubclass(category, LIBRARY_NEWS) or _arithmetic(message, category, filename):
             return
-        elif _CUDA_START.match(str(message)):
+        elif _MACHINE_WORDS.match(str(message)):
             return
         elif text not in shown:
             shown.add(text)

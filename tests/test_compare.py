@@ -215,7 +215,8 @@ def test_models_compared_in_one_pass_by_one_process_and_by_parts(runner, tmp_pat
     # The same two models' features saved first, then compared: the same matrix.
     for model, layers, name in (("resnet18", ["layer3", "layer4"], "a"), ("resnet34", ["layer4"], "b")):
         extract = ["extract", "-m", model, "-w", "none", *(x for layer in layers for x in ("-l", layer)), "--resize",
-                   "40", "--crop", "32", "-q", "-o", str(tmp_path / f"{name}.safetensors"), *inputs]  # fmt: skip
+                   "40", "--crop", "32", "-b", "4", "-q", "-o", str(tmp_path / f"{name}.safetensors"),
+                   *inputs]  # fmt: skip  # the comparison's batches: a GPU's convolutions round by batch size
         assert runner.invoke(main, extract).exit_code == 0
     saved = hookcli.compare(features=str(tmp_path / "a.safetensors"), features2=str(tmp_path / "b.safetensors"),
                             batch_size=4, shard_size=4)  # fmt: skip

@@ -55,6 +55,11 @@ def test_deprecations_are_no_notes_unless_debugging():
             warnings.warn(  # under a memory limit: the run goes on without CUDA, or fails in one line of its own
                 "CUDA initialization: Unexpected error from cudaGetDeviceCount(). Error 2: out of memory", UserWarning
             )
+            warnings.warn(  # torch's compiler on a GPU, of the TF32 that --precision fp32 leaves off
+                "TensorFloat32 tensor cores for float32 matrix multiplication available but not enabled. Consider "
+                "setting `torch.set_float32_matmul_precision('high')` for better performance.",
+                UserWarning,
+            )
     assert said == ["Note: a hookcli note"]
     shown: list[str] = []
     with warnings.catch_warnings():

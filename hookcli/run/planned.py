@@ -51,6 +51,7 @@ class RunPlan:
     @property
     def batch_size(self) -> int:
         return self.settings.batch_size
+
     def writer(self, note: Callable[[str], None]) -> RowsWriter:
         """The writer its command keeps its rows with."""
         return COMMANDS[self.command].writer(self, note)

@@ -234,6 +234,11 @@ def _deterministic_algorithms() -> Iterator[None]:
 _NO_DETERMINISTIC_KERNEL = ".*does not have a deterministic implementation, but you set"
 warnings.filterwarnings("ignore", message=_NO_DETERMINISTIC_KERNEL, category=UserWarning)
 
+#: What torch's compiler says of a GPU whose TF32 tensor cores are left off: ``--precision fp32`` leaves them off
+#: on purpose (``tf32`` asks for them), so it is not a note about the user's run either.
+_TF32_LEFT_OFF = "TensorFloat32 tensor cores for float32 matrix multiplication available but not enabled"
+warnings.filterwarnings("ignore", message=_TF32_LEFT_OFF, category=UserWarning)
+
 
 def choose_fuse(choice: bool | None, inputs: int) -> bool:
     """Whether a run of ``inputs`` images fuses: ``True``/``False`` as asked, ``None`` from :data:`FUSE_FROM` on.
