@@ -136,6 +136,53 @@ def test_the_decoder_of_decode_device_is_libjpeg_on_the_cpu_and_nvjpeg_on_a_gpu_
     assert decoding.device_jpeg_decoder(torch.device("cuda:0")) == "nvimgcodec"
 
 
+def test_a_batch_too_large_for_shared_memory_crosses_as_bytes_rather_than_waiting_forever(photo, monkeypatch):
+    images = EncodedImages([photo, photo], Preprocess(resize=24, crop=20))
+    items = [images[0], images[1]]
+    monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: object())  # in a decode worker
+
+    def full(self):
+        raise RuntimeError("unable to allocate shared memory(shm) for file </torch_1_2>: No space left on device (28)")
+
+    monkeypatch.setattr(torch.Tensor, "share_memory_", full)
+    _, encoded, _, _ = collate(items)
+    assert encoded.data is None and [bytes(jpeg.data) for _, jpeg in encoded.unpacked()] == [photo.read_bytes()] * 2
+    monkeypatch.undo()
+    _, packed, _, _ = collate(items)
+    assert packed.data is not None and [bytes(jpeg.data) for _, jpeg in packed.unpacked()] == [photo.read_bytes()] * 2
+
+
+def test_a_jpeg_neither_decoder_reads_is_an_error_with_no_note_that_pillow_read_it(photo, tmp_path, monkeypatch):
+    import torchvision.io
+
+    from hookcli.errors import ImageError
+
+    original, refused = torchvision.io.decode_jpeg, len(photo.read_bytes())
+
+    def fussy(data, **options):  # torchvision's own words, with the place in its sources they come from
+        if any(len(item) == refused for item in (data if isinstance(data, list) else [data])):
+            raise RuntimeError("decode_jpeg, /__w/vision/torchvision/csrc/io/image/cpu/decode_jpeg.cpp:171, Image is "
+                               "incomplete or truncated")  # fmt: skip
+        return original(data, **options)
+
+    monkeypatch.setattr(torchvision.io, "decode_jpeg", fussy)
+    other = tmp_path / "other.jpg"
+    Image.open(photo).convert("RGB").resize((40, 30)).save(other)
+    notes = []
+    preprocess = Preprocess(resize=None, crop=None, kind="detection", **PLAIN)
+    unreadable = ImageError(f"cannot decode image '{photo}': image file is truncated", hint="the file may be damaged")
+    monkeypatch.setattr(DeviceDecoder, "_by_pillow", lambda self, jpeg: unreadable)
+    indices, _, failures = _decoded([other, photo], preprocess, notes.append)
+    assert (indices, failures, notes) == ([0], [(1, (unreadable.message, unreadable.hint))], [])
+    monkeypatch.undo()
+    monkeypatch.setattr(torchvision.io, "decode_jpeg", fussy)
+    _decoded([other, photo], preprocess, notes.append)
+    assert notes == [  # where Pillow reads it, the note says so, without the place in torchvision's sources
+        f"--decode device: torchvision's CPU decoder refused '{photo}' (Image is incomplete or truncated); Pillow "
+        "decoded it, as it will any other such image"
+    ]
+
+
 def test_upright_turns_tensors_and_leaves_unknown_orientations_alone():
     image = torch.arange(6).reshape(1, 2, 3)
     assert upright(image, 1) is image and upright(image, 9) is image

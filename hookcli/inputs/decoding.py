@@ -50,6 +50,7 @@ import functools
 import importlib
 import io
 import itertools
+import re
 import sys
 import warnings
 from collections.abc import Callable, Sequence
@@ -122,14 +123,23 @@ class Encoded(NamedTuple):
     spans: list | None = None
 
     def packed(self) -> Encoded:
-        """The JPEGs' bytes in one tensor (see the class's description)."""
+        """The JPEGs' bytes in one tensor (see the class's description). In a decode worker the tensor is moved to
+        shared memory here: where that is too small for it (a container's 64 MiB ``/dev/shm`` and camera photos),
+        the bytes stay as they are and go through the pipe, where torch's queue would have failed to send the
+        tensor and left the run waiting for it."""
         if not self.jpegs or self.data is not None:
             return self
         joined = bytearray().join(jpeg.data for _, jpeg in self.jpegs)
+        data = torch.frombuffer(joined, dtype=torch.uint8)
+        if torch.utils.data.get_worker_info() is not None:
+            try:
+                data.share_memory_()
+            except RuntimeError:  # unable to allocate shared memory: no space left on the device
+                return self
         ends = list(itertools.accumulate(len(jpeg.data) for _, jpeg in self.jpegs))
         return self._replace(
             jpegs=[(k, dataclasses.replace(jpeg, data=b"")) for k, jpeg in self.jpegs],
-            data=torch.frombuffer(joined, dtype=torch.uint8),
+            data=data,
             spans=list(zip([0, *ends[:-1]], ends)),
         )
 
@@ -270,7 +280,8 @@ class DeviceDecoder:
                 except RuntimeError as err:
                     _refuse_out_of_memory(err)
                     found.append(self._by_pillow(jpeg))
-                    refusals.append((jpeg, err))
+                    if not isinstance(found[-1], ImageError):  # one Pillow cannot read either is an error, not this
+                        refusals.append((jpeg, err))
         if refusals:
             self._refused(refusals, decoded=sum(not isinstance(image, ImageError) for image in found))
         return found, damaged
@@ -300,7 +311,8 @@ class DeviceDecoder:
         for jpeg, image in zip(jpegs, images):
             if image is None:
                 found.append(self._by_pillow(jpeg))
-                refusals.append((jpeg, RuntimeError("it could not decode it")))
+                if not isinstance(found[-1], ImageError):
+                    refusals.append((jpeg, RuntimeError("it could not decode it")))
             else:
                 found.append(upright(torch.as_tensor(image, device=self.device).permute(2, 0, 1), jpeg.orientation))
                 self._device_decoded = True
@@ -332,7 +344,7 @@ class DeviceDecoder:
         """Say the first refusal of a JPEG Pillow could decode; stop where the device's decoder refuses every JPEG
         Pillow reads, as a build without it does, rather than decode a whole run in this one thread."""
         jpeg, err = refusals[0]
-        reason = first_line(err)[:160]
+        reason = _SOURCE_PLACE.sub("", first_line(err))[:160]
         name = "nvImageCodec" if self.codec is not None else f"torchvision's {self.device.type.upper()} decoder"
         self._pillow_only = 0 if self._device_decoded else self._pillow_only + decoded
         if self._pillow_only >= REFUSED_BEFORE_STOPPING:
@@ -432,6 +444,11 @@ def _probe_jpeg() -> bytes:
     made = io.BytesIO()
     Image.new("RGB", (16, 16), (200, 120, 40)).save(made, "JPEG", quality=90)
     return made.getvalue()
+
+
+#: Where in its C++ sources torchvision says an error arose (``decode_jpeg, /__w/vision/…/decode_jpeg.cpp:171, Image
+#: is incomplete``): nothing a user can act on.
+_SOURCE_PLACE = re.compile(r"[^,\s]*,?\s*/\S+\.(?:cpp|cu|h):\d+,?\s*")
 
 
 #: JPEGs the device's decoder refuses, and Pillow reads, before it has decoded any, that make it taken for one that
