@@ -12,7 +12,7 @@ import hookcli
 from hookcli.cli import main
 from hookcli.events import Damaged
 from hookcli.inputs import images as images_module
-from hookcli.inputs.decoding import DeviceDecoder, EncodedImages, collate, upright
+from hookcli.inputs.decoding import DeviceDecoder, EncodedImages, NoSharedMemory, collate, upright
 from hookcli.inputs.images import load_rgb, read_encoded
 from hookcli.inputs.preprocess import Preprocess
 from hookcli.inputs.transforms import to_transform
@@ -136,7 +136,9 @@ def test_the_decoder_of_decode_device_is_libjpeg_on_the_cpu_and_nvjpeg_on_a_gpu_
     assert decoding.device_jpeg_decoder(torch.device("cuda:0")) == "nvimgcodec"
 
 
-def test_a_batch_too_large_for_shared_memory_crosses_as_bytes_rather_than_waiting_forever(photo, monkeypatch):
+def test_a_batch_too_large_for_shared_memory_crosses_as_bytes_rather_than_waiting_forever(
+    photo, monkeypatch, tmp_path, make_image
+):
     images = EncodedImages([photo, photo], Preprocess(resize=24, crop=20))
     items = [images[0], images[1]]
     monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: object())  # in a decode worker
@@ -147,6 +149,10 @@ def test_a_batch_too_large_for_shared_memory_crosses_as_bytes_rather_than_waitin
     monkeypatch.setattr(torch.Tensor, "share_memory_", full)
     _, encoded, _, _ = collate(items)
     assert encoded.data is None and [bytes(jpeg.data) for _, jpeg in encoded.unpacked()] == [photo.read_bytes()] * 2
+    png = EncodedImages([make_image(tmp_path / "a.png", size=(30, 20))], Preprocess(resize=24, crop=20))
+    _, refused, _, _ = collate([*items, png[0]])  # a PNG's preprocessed row has no bytes to fall back on
+    assert refused == NoSharedMemory("unable to allocate shared memory(shm) for file </torch_1_2>: No space left on "
+                                     "device (28)")  # fmt: skip
     monkeypatch.undo()
     _, packed, _, _ = collate(items)
     assert packed.data is not None and [bytes(jpeg.data) for _, jpeg in packed.unpacked()] == [photo.read_bytes()] * 2

@@ -226,3 +226,33 @@ def test_only_a_model_handed_in_is_given_back(photo):
     built = plan("extract", "resnet18", "layer1", [str(photo)], weights="none")
     handed = plan("extract", load_model("resnet18", "none"), "layer1", [str(photo)])
     assert (built.loaded.handed_in, handed.loaded.handed_in) == (False, True)
+
+
+def test_a_batch_shared_memory_has_no_room_for_is_refused_in_one_line_not_waited_for(monkeypatch):
+    from hookcli.errors import MemoryLimitError
+    from hookcli.inputs.preprocess import Preprocess
+    from hookcli.run import batches
+    from hookcli.run.settings import RunSettings
+
+    rows = [(0, torch.zeros(3, 4, 4), None, None), (1, torch.ones(3, 4, 4), None, None)]
+    assert torch.equal(batches._collate(rows)[1], torch.stack([rows[0][1], rows[1][1]]))  # in this process: as it was
+    monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: object())  # in a decode worker
+    indices, batch, _, _ = batches._collate(rows)
+    assert indices == [0, 1] and batch.is_shared()
+
+    def full(self):
+        raise RuntimeError("unable to allocate shared memory(shm) for file </torch_9_1>: No space left on device (28)")
+
+    monkeypatch.setattr(torch.Tensor, "share_memory_", full)
+    indices, batch, _, _ = batches._collate(rows)
+    assert batch == batches.NoSharedMemory(
+        "unable to allocate shared memory(shm) for file </torch_9_1>: No space left on device (28)"
+    )
+    settings = RunSettings(preprocess=Preprocess(resize=4, crop=4), device=torch.device("cpu"), batch_size=2)
+    with pytest.raises(MemoryLimitError) as refused:
+        next(batches.Decoded(iter([(indices, batch, [], {})]), settings, None))
+    assert str(refused.value) == (
+        "a decode worker could not hand a batch over: shared memory is full (unable to allocate shared memory(shm) "
+        "for file </torch_9_1>: No space left on device (28)). Hint: give fewer --workers or a smaller --batch-size, "
+        "or /dev/shm more room (a container's --shm-size)"
+    )

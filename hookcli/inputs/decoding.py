@@ -74,9 +74,11 @@ __all__ = [
     "DeviceDecoder",
     "Encoded",
     "EncodedImages",
+    "NoSharedMemory",
     "collate",
     "device_jpeg_decoder",
     "jpeg_codec",
+    "shared",
     "upright",
 ]
 
@@ -151,7 +153,30 @@ class Encoded(NamedTuple):
         return [(k, dataclasses.replace(jpeg, data=view[a:b])) for (k, jpeg), (a, b) in zip(self.jpegs, self.spans)]
 
 
-def collate(items) -> tuple[list[int], Encoded, list, dict]:
+class NoSharedMemory(NamedTuple):
+    """What a decode worker hands over instead of a batch that shared memory had no room for (``reason``: torch's
+    words)."""
+
+    reason: str
+
+
+def shared(batch):
+    """``batch`` moved to shared memory here, in a decode worker, as torch's queue would move it: where there is no
+    room, the queue fails in a thread of its own and the run waits forever for the batch; here it becomes a
+    :class:`NoSharedMemory` that the run refuses in one line."""
+    if batch is None or torch.utils.data.get_worker_info() is None:
+        return batch
+    parts = batch if isinstance(batch, tuple) else (batch,)
+    try:
+        for part in parts:
+            for tensor in part if isinstance(part, list) else [part]:
+                tensor.share_memory_()
+    except RuntimeError as err:  # unable to allocate shared memory: no space left on the device
+        return NoSharedMemory(first_line(err)[:200])
+    return batch
+
+
+def collate(items) -> tuple[list[int], Encoded | NoSharedMemory, list, dict]:
     """``(indices, Encoded, failures, pictures)`` of a batch of :class:`EncodedImages` items, ``pictures`` by input
     index; the JPEGs' bytes packed in one tensor (:meth:`Encoded.packed`)."""
     good = [(i, item) for i, item, error, _ in items if error is None]
@@ -161,9 +186,11 @@ def collate(items) -> tuple[list[int], Encoded, list, dict]:
     prepared: torch.Tensor | list = rows
     if rows and all(row.shape == rows[0].shape for row in rows):
         prepared = torch.stack(rows)
+    encoded = Encoded(jpegs, prepared if positions else None, positions).packed()
+    refused = shared(encoded.prepared) if encoded.prepared is not None else None  # the other images' rows
     return (
         [i for i, _ in good],
-        Encoded(jpegs, prepared if positions else None, positions).packed(),
+        refused if isinstance(refused, NoSharedMemory) else encoded,
         [(i, e) for i, _, e, _ in items if e is not None],
         {i: made for i, _, _, made in items if made is not None},
     )

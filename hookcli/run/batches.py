@@ -24,11 +24,11 @@ from PIL import Image
 from torch.utils.data import DataLoader
 from torchvision.transforms.functional import pil_to_tensor
 
-from hookcli.errors import ImageError, VideoError
+from hookcli.errors import ImageError, MemoryLimitError, VideoError
 from hookcli.families import DEFAULT_CLIP_LENGTH, family_traits
 from hookcli.inputs import decoding
 from hookcli.inputs.clips import Clip, ImagePair
-from hookcli.inputs.decoding import DeviceDecoder
+from hookcli.inputs.decoding import DeviceDecoder, NoSharedMemory, shared
 from hookcli.inputs.images import PictureMaker, load_rgb, load_with_picture
 from hookcli.inputs.preprocess import STILL_KINDS, Preprocess
 from hookcli.inputs.transforms import to_tensor_steps, to_transform
@@ -122,7 +122,7 @@ def _collate(items):
         batch = tuple(_stacked(list(parts)) for parts in zip(*rows))
     else:
         batch = _stacked(rows)
-    return [i for i, _ in good], batch, failures, {i: made for i, _, _, made in items if made is not None}
+    return [i for i, _ in good], shared(batch), failures, {i: made for i, _, _, made in items if made is not None}
 
 
 def _stacked(rows: list):
@@ -256,6 +256,12 @@ class Decoded:
             if found is None:
                 return
             indices, batch, failures, pictures = found
+            if isinstance(batch, NoSharedMemory):
+                raise MemoryLimitError(
+                    f"a decode worker could not hand a batch over: shared memory is full ({batch.reason})",
+                    hint="give fewer --workers or a smaller --batch-size, or /dev/shm more room (a container's "
+                    "--shm-size)",
+                )
             damaged: list[tuple[int, str]] = []
             if self.decode is not None:
                 indices, batch, failures, damaged = self.decode(indices, batch, failures)
