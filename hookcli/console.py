@@ -60,7 +60,10 @@ LIBRARY_NEWS = (DeprecationWarning, PendingDeprecationWarning, FutureWarning)
 #: Unexpected error from cudaGetDeviceCount() … out of memory`` under a memory limit; the run goes on without it, as
 #: ``--device auto`` does on a machine without a GPU, and ``hookcli doctor`` gives the reason), and that its
 #: compiler finds TF32 tensor cores left off (``--precision fp32`` leaves them off on purpose).
-_MACHINE_WORDS = re.compile(r"CUDA initialization: |TensorFloat32 tensor cores for float32 matrix multiplication")
+#: How torch's compiler begins its word that TF32 tensor cores are left off (filtered for the API too, by
+#: :mod:`hookcli.run.speed`).
+TF32_LEFT_OFF = "TensorFloat32 tensor cores for float32 matrix multiplication"
+_MACHINE_WORDS = re.compile(f"CUDA initialization: |{TF32_LEFT_OFF}")
 
 
 def _arithmetic(message, category: type[Warning], filename: str) -> bool:

@@ -41,6 +41,20 @@ def _default_decoder() -> str:
     return device_jpeg_decoder(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
 
 
+def _refusing(monkeypatch, path, message: str) -> None:
+    """torchvision's decode_jpeg, refusing (``message``) any batch that holds the JPEG at ``path``."""
+    import torchvision.io
+
+    original, refused = torchvision.io.decode_jpeg, len(path.read_bytes())
+
+    def fussy(data, **options):
+        if any(len(item) == refused for item in (data if isinstance(data, list) else [data])):
+            raise RuntimeError(message)
+        return original(data, **options)
+
+    monkeypatch.setattr(torchvision.io, "decode_jpeg", fussy)
+
+
 def _on_cpu(paths, preprocess):
     transform = to_transform(preprocess)
     return [transform(load_rgb(path)) for path in paths]
@@ -159,19 +173,12 @@ def test_a_batch_too_large_for_shared_memory_crosses_as_bytes_rather_than_waitin
 
 
 def test_a_jpeg_neither_decoder_reads_is_an_error_with_no_note_that_pillow_read_it(photo, tmp_path, monkeypatch):
-    import torchvision.io
 
     from hookcli.errors import ImageError
 
-    original, refused = torchvision.io.decode_jpeg, len(photo.read_bytes())
-
-    def fussy(data, **options):  # torchvision's own words, with the place in its sources they come from
-        if any(len(item) == refused for item in (data if isinstance(data, list) else [data])):
-            raise RuntimeError("decode_jpeg, /__w/vision/torchvision/csrc/io/image/cpu/decode_jpeg.cpp:171, Image is "
-                               "incomplete or truncated")  # fmt: skip
-        return original(data, **options)
-
-    monkeypatch.setattr(torchvision.io, "decode_jpeg", fussy)
+    # torchvision's own words, with the place in its sources they come from
+    truncated = "decode_jpeg, /__w/vision/torchvision/csrc/io/image/cpu/decode_jpeg.cpp:171, Image is incomplete"
+    _refusing(monkeypatch, photo, f"{truncated} or truncated")
     other = tmp_path / "other.jpg"
     Image.open(photo).convert("RGB").resize((40, 30)).save(other)
     notes = []
@@ -181,7 +188,7 @@ def test_a_jpeg_neither_decoder_reads_is_an_error_with_no_note_that_pillow_read_
     indices, _, failures = _decoded([other, photo], preprocess, notes.append)
     assert (indices, failures, notes) == ([0], [(1, (unreadable.message, unreadable.hint))], [])
     monkeypatch.undo()
-    monkeypatch.setattr(torchvision.io, "decode_jpeg", fussy)
+    _refusing(monkeypatch, photo, f"{truncated} or truncated")
     _decoded([other, photo], preprocess, notes.append)
     assert notes == [  # where Pillow reads it, the note says so, without the place in torchvision's sources
         f"--decode device: torchvision's CPU decoder refused '{photo}' (Image is incomplete or truncated); Pillow "
@@ -356,17 +363,8 @@ def test_unreadable_images_fail_with_the_cpu_paths_messages(photo, tmp_path):
 
 
 def test_a_jpeg_the_device_decoder_refuses_is_decoded_by_pillow_and_said_once(photo, tmp_path, monkeypatch):
-    import torchvision.io
 
-    original = torchvision.io.decode_jpeg
-    refused = len(photo.read_bytes())
-
-    def fussy(data, **options):  # stands in for nvJPEG refusing a JPEG it does not support
-        if any(len(item) == refused for item in (data if isinstance(data, list) else [data])):
-            raise RuntimeError("nvjpegDecode failed: 6\nmore")
-        return original(data, **options)
-
-    monkeypatch.setattr(torchvision.io, "decode_jpeg", fussy)
+    _refusing(monkeypatch, photo, "nvjpegDecode failed: 6\nmore")  # as nvJPEG refuses a JPEG it does not support
     other = tmp_path / "other.jpg"
     Image.open(photo).convert("RGB").resize((100, 120)).save(other)
     notes = []

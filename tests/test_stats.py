@@ -295,12 +295,12 @@ def _digest(path) -> str:
 def test_the_parts_of_a_gpu_run_merge_on_its_gpu_where_the_gathering_keeps_sums_there(tmp_path, inputs, monkeypatch):
     from hookcli.storage import gathering_writer, parts
 
-    cpu = torch.device("cpu")
-    assert [parts.merge_device(device) for device in (None, cpu, torch.device("mps"))] == [cpu, cpu, cpu]
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert parts.merge_device(torch.device("cuda:1")) == torch.device("cuda:1")  # the run's own GPU, not the first
+    cpu, gpu, stats = torch.device("cpu"), torch.device("cuda:1"), StatsGathering(StatsChoice())
+    assert [parts.merge_device(device, stats) for device in (None, cpu, torch.device("mps"))] == [cpu, cpu, cpu]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert parts.merge_device(torch.device("cuda")) == cpu  # a file's parts merged where there is no GPU
+    assert parts.merge_device(gpu, stats) == cpu  # a file's parts merged where there is no GPU
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert parts.merge_device(gpu, stats) == gpu  # the run's own GPU, not the first
     asked, read_part = [], parts._read_part
 
     def reading(name, number, size, count, gathering, device):  # a GPU's merge, done on the CPU here
@@ -308,7 +308,7 @@ def test_the_parts_of_a_gpu_run_merge_on_its_gpu_where_the_gathering_keeps_sums_
         return read_part(name, number, size, count, gathering, cpu)
 
     monkeypatch.setattr(parts, "_read_part", reading)
-    monkeypatch.setattr(gathering_writer, "merge_device", lambda device: torch.device("cuda"))
+    monkeypatch.setattr(gathering_writer, "merge_device", lambda _, gathering: parts.merge_device(gpu, gathering))
     options = {"weights": "none", "resize": 40, "crop": 32, "batch_size": 4, "shard_size": 4, "device": "cpu"}
     hookcli.stats("resnet18", "layer4", inputs, output=tmp_path / "s.safetensors", **options)
     hookcli.compare("resnet18", "layer4", inputs, output=tmp_path / "c.safetensors", **options)
@@ -325,7 +325,7 @@ def test_the_parts_of_a_gpu_run_merge_on_its_gpu_where_the_gathering_keeps_sums_
     out = tmp_path / "again.safetensors"
     hookcli.stats("resnet18", "layer4", inputs, output=out, progress=lambda event: notes.append(event), **options)
     said = [event.text for event in notes if isinstance(event, Note)]
-    assert said == [f"cuda ran out of memory merging the parts of '{out}': they merged on the CPU"]
+    assert said == [f"cuda:1 ran out of memory merging the parts of '{out}': they merged on the CPU"]
     assert _digest(out) == _digest(tmp_path / "s.safetensors")  # whole parts, merged all the same
 
 

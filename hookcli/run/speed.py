@@ -36,6 +36,7 @@ import torch
 import torch.nn as nn
 from torchvision.models.feature_extraction import create_feature_extractor
 
+from hookcli.console import TF32_LEFT_OFF
 from hookcli.errors import UsageProblem, check_choice
 from hookcli.families import family_traits
 from hookcli.models.loaded import LoadedModel
@@ -234,10 +235,9 @@ def _deterministic_algorithms() -> Iterator[None]:
 _NO_DETERMINISTIC_KERNEL = ".*does not have a deterministic implementation, but you set"
 warnings.filterwarnings("ignore", message=_NO_DETERMINISTIC_KERNEL, category=UserWarning)
 
-#: What torch's compiler says of a GPU whose TF32 tensor cores are left off: ``--precision fp32`` leaves them off
-#: on purpose (``tf32`` asks for them), so it is not a note about the user's run either.
-_TF32_LEFT_OFF = "TensorFloat32 tensor cores for float32 matrix multiplication available but not enabled"
-warnings.filterwarnings("ignore", message=_TF32_LEFT_OFF, category=UserWarning)
+# What torch's compiler says of a GPU whose TF32 tensor cores are left off: ``--precision fp32`` leaves them off on
+# purpose (``tf32`` asks for them), so it is not a note about the user's run either.
+warnings.filterwarnings("ignore", message=TF32_LEFT_OFF, category=UserWarning)
 
 
 def choose_fuse(choice: bool | None, inputs: int) -> bool:

@@ -227,12 +227,13 @@ class GatheringWriter:
             raise FeatureFileError(
                 f"the parts of '{self.path}' were removed before they were merged", hint="run the command again"
             )
-        device = merge_device(self.device)
+        device = merge_device(self.device, self.gathering)
         try:
             merged = merged_parts(self.folder.folder, self.folder.shards, self.size, len(self.paths), self.gathering,
                                   self.path, device=device)  # fmt: skip
         except torch.cuda.OutOfMemoryError:
-            merged = None  # the parts are whole: they merge on the CPU instead
+            merged = None  # the parts are whole: they merge on the CPU instead, once out of this handler, whose
+            # traceback holds the GPU's tensors
         if merged is None:
             torch.cuda.empty_cache()
             if self.on_note is not None:

@@ -57,12 +57,14 @@ def written_by_this_run(path: str, record: RunRecord) -> bool:
     return False
 
 
-def merge_device(device) -> torch.device:
-    """Where the parts of a run on ``device`` merge: a CUDA run's on its GPU, as its shards merge in memory (the
-    same arithmetic, so the same bytes whichever process merges them, and sorts and sums at GPU speed); anything
-    else's (None: features read from files) on the CPU."""
-    if device is not None and torch.device(device).type == "cuda" and torch.cuda.is_available():
-        return torch.device(device)
+def merge_device(device, gathering: Gathering) -> torch.device:
+    """Where the parts of a run on ``device`` merge: a CUDA run's on its GPU where the gathering keeps its sums
+    there (``merges_on_device``), as its shards merge in memory (the same arithmetic, so the same bytes whichever
+    process merges them, and sorts and sums at GPU speed); anything else's (None: features read from files) on the
+    CPU."""
+    if device is not None and gathering.merges_on_device and torch.device(device).type == "cuda":
+        if torch.cuda.is_available():
+            return torch.device(device)
     return torch.device("cpu")
 
 
@@ -70,14 +72,12 @@ def merged_parts(
     folder: Path, shards: int, size: int, inputs: int, gathering: Gathering, output: str, device=None
 ) -> GatheredShard:
     """Every part of ``output`` in ``folder`` (``shards`` of them, of ``size`` of the run's ``inputs`` inputs
-    each), merged in shard order on ``device`` (:func:`merge_device`) where the gathering merges there, else on the
-    CPU."""
+    each), merged in shard order on ``device`` (:func:`merge_device`; the CPU by default)."""
     merged: GatheredShard | None = None
     for number in range(shards):
         name = folder / SHARD_NAME.format(number)
         try:
-            on = torch.device(device if device is not None and gathering.merges_on_device else "cpu")
-            shard = _read_part(name, number, size, inputs, gathering, on)
+            shard = _read_part(name, number, size, inputs, gathering, torch.device(device or "cpu"))
             if merged is None:
                 merged = shard
             else:
