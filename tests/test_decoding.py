@@ -277,23 +277,26 @@ def test_the_first_picture_of_an_mpo_is_decoded_as_pillow_reads_it(photo, tmp_pa
     assert torch.equal(_decoded([mpo], whole)[1][0], _on_cpu([mpo], whole)[0])
 
 
-@pytest.mark.parametrize(("interpolation", "largest"), [("bilinear", 1), ("bicubic", 2), ("nearest", 98)])
-def test_pixels_differ_from_the_cpu_path_as_the_readme_says(photo, tmp_path, make_image, interpolation, largest):
+@pytest.mark.parametrize("interpolation", ["bilinear", "bicubic", "nearest"])
+@pytest.mark.parametrize(
+    "sizes",
+    [
+        {"resize": 72, "crop": 64},  # a classifier's
+        {"resize": 256, "crop": 224},  # the usual sizes: a photo of 512 x 600 shrinks down first in Pillow 13
+        {"resize": 40, "crop": 56},  # a crop larger than the image pads it
+        {"resize": (50, 90), "crop": None},  # squashed to [height, width]
+        {"resize": 33, "crop": None, "kind": "segmentation"},
+    ],
+)
+def test_device_pixels_are_the_cpu_paths_value_for_value(photo, tmp_path, make_image, interpolation, sizes):
     png = make_image(tmp_path / "a.png", size=(97, 61))
-    preprocess = Preprocess(resize=72, crop=64, interpolation=interpolation, **PLAIN)
+    preprocess = Preprocess(interpolation=interpolation, **sizes, **PLAIN)
     indices, batch, failures = _decoded([photo, png, photo], preprocess)
-    assert (indices, failures, batch.shape) == ([0, 1, 2], [], (3, 3, 64, 64))
-    reference = torch.stack(_on_cpu([photo, png, photo], preprocess))
-    levels = ((batch - reference).abs() * 255).round()
-    assert levels[0].max().item() == largest  # torch's resizes round (and nearest-exact picks) unlike Pillow's
-    assert 0.005 < (levels[0] > 0).float().mean().item() < 0.1
-    assert levels[1].max().item() == 0  # the PNG was preprocessed by a worker, as --decode cpu does
-    assert torch.equal(batch[0], batch[2])
-
-
-def test_nearest_neighbour_is_pillows_at_the_usual_sizes(photo):
-    preprocess = Preprocess(resize=256, crop=224, interpolation="nearest")
-    assert torch.equal(_decoded([photo], preprocess)[1][0], _on_cpu([photo], preprocess)[0])
+    reference = _on_cpu([photo, png, photo], preprocess)
+    assert (indices, failures) == ([0, 1, 2], [])
+    rows = batch if isinstance(batch, list) else list(batch)
+    assert [row.shape for row in rows] == [row.shape for row in reference]
+    assert all(torch.equal(row, expected) for row, expected in zip(rows, reference))
 
 
 def test_images_of_several_sizes_are_preprocessed_as_one_at_a_time(photo, tmp_path, make_image):
@@ -444,7 +447,10 @@ def test_extract_with_device_decoding_records_it_and_keeps_the_values(
     files = {decode: safe_open(tmp_path / f"{decode}.safetensors", "pt") for decode in results}
     device, cpu = (files[d].get_tensor("layer2") for d in ("device", "cpu"))
     assert device.shape == cpu.shape == (3, 128)
-    assert 0 < (device - cpu).abs().max().item() < 0.05 * cpu.abs().max().item()
+    if _default_decoder() == "libjpeg":  # libjpeg's pixels, resized as Pillow resizes: the same features
+        assert torch.equal(device, cpu)
+    else:  # a GPU's decoder gives libjpeg's pixels to a level or more (docs/benchmarks.md)
+        assert (device - cpu).abs().max().item() < 0.05 * cpu.abs().max().item()
     assert torch.equal(device[0], device[2])
     assert json.loads(files["device"].metadata()["preprocess"])["decode"] == "device"
     assert json.loads(files["device"].metadata()["preprocess"])["decoder"] == _default_decoder()

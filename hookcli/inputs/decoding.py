@@ -20,16 +20,16 @@ GPU fed when the CPU's cores cannot decode as fast as it computes.
 - A JPEG the device's decoder refuses is decoded on the CPU instead; the first
   one is said. One the CPU cannot decode either is an unreadable image, as
   with ``--decode cpu`` (``--on-error``).
-- The pixels differ slightly from ``--decode cpu``: tensor resizing rounds a
-  little differently from Pillow's (:class:`~hookcli.inputs.transforms.ImageSteps`),
-  and torchvision's nvJPEG upsamples chroma without libjpeg's smoothing (up to
-  32 levels before resizing; nvImageCodec's hardware engine: 1).
-  ``docs/benchmarks.md`` gives the measured differences; ``preprocess.decode`` in the metadata
-  records the choice, and ``preprocess.decoder`` the decoder.
+- Images resize to the values Pillow gives ``--decode cpu``
+  (:mod:`hookcli.inputs.resampling`), so the pixels differ only where the
+  decoder's do: nvImageCodec's hardware engine by a level at most, torchvision's
+  nvJPEG, which upsamples chroma without libjpeg's smoothing, by up to 32
+  (``docs/benchmarks.md``). ``preprocess.decode`` in the metadata records the
+  choice, and ``preprocess.decoder`` the decoder.
 
-On the CPU the same steps run in the main process (torchvision's libjpeg
-decoder): slower than the workers, but the way to see what the tensor path
-changes without a GPU.
+On the CPU the same steps run in the main process with torchvision's libjpeg
+decoder, whose pixels are Pillow's: slower than the workers, and the same
+values as ``--decode cpu``.
 
 >>> import torch
 >>> from hookcli.inputs.preprocess import Preprocess

@@ -19,6 +19,7 @@ from torchvision.transforms import functional as F
 from torchvision.transforms._presets import ImageClassification, VideoClassification
 
 from hookcli.inputs.preprocess import DEVICE_DECODE_KINDS, Preprocess
+from hookcli.inputs.resampling import resized_window
 
 __all__ = [
     "ImageSteps",
@@ -70,9 +71,8 @@ class ImageSteps:
     ``[height, width]``. With only ``resize`` and normalisation this is torchvision's ``SemanticSegmentation``; with
     neither, ``ObjectDetection``; with mean = std = 0.5, ``OpticalFlow`` on one frame. :meth:`geometry` and
     :meth:`scaled` are apart so that :mod:`hookcli.inputs.decoding` can resize a batch of many sizes a size at a time,
-    then scale it at once; :meth:`scaled` reads nothing back to the host, so a GPU's queue is never waited on. Nearest
-    neighbour is torch's ``nearest-exact``, Pillow's own (torch's ``nearest`` is off by half a pixel); on tensors,
-    bilinear and bicubic round a little differently from Pillow's (measured in ``docs/benchmarks.md``).
+    then scale it at once; :meth:`scaled` reads nothing back to the host, so a GPU's queue is never waited on. Tensors
+    resize as Pillow resizes the PIL image (:mod:`hookcli.inputs.resampling`), to the same values.
     """
 
     def __init__(self, spec: Preprocess) -> None:
@@ -103,12 +103,30 @@ class ImageSteps:
             found = window_resized(image, spec.resize, spec.crop, _PIL_FILTERS[spec.interpolation])
             if found is not None:
                 return found
+        if torch.is_tensor(image):
+            return self._as_pillow_would(image)
         if spec.resize is not None:
             size = list(spec.resize) if isinstance(spec.resize, tuple) else [spec.resize]
             image = F.resize(image, size, interpolation=self.mode, antialias=spec.antialias)
         if spec.crop is not None:
             image = F.center_crop(image, [spec.crop])
         return image
+
+    def _as_pillow_would(self, images: torch.Tensor) -> torch.Tensor:
+        """uint8 ``images`` resized and cropped to the values Pillow gives the PIL image: only the window the crop
+        keeps is resized, unless the crop is larger than the image and pads it."""
+        spec, (height, width) = self.spec, images.shape[-2:]
+        if spec.resize is None:
+            size = (height, width)
+        elif isinstance(spec.resize, tuple):
+            size = spec.resize
+        else:
+            size = _resized_size(height, width, spec.resize)
+        window = (0, 0, *size)
+        if spec.crop is not None and spec.crop <= min(size):
+            window = (*_crop_corner(size, spec.crop), spec.crop, spec.crop)
+        images = resized_window(images, size, window, spec.interpolation)
+        return F.center_crop(images, [spec.crop]) if spec.crop is not None and window[2] != spec.crop else images
 
     def scaled(self, images):
         """uint8 tensors to floats in [0, 1], then normalised when the preprocessing normalises: the arithmetic of
@@ -143,15 +161,25 @@ def window_resized(image: Image.Image, resize: int, crop: int, resample) -> Imag
     (200, 30, 90)
     """
     width, height = image.size
-    short, long = sorted((width, height))
-    new_short, new_long = resize, int(resize * long / short)
-    new_width, new_height = (new_short, new_long) if width <= height else (new_long, new_short)
+    new_height, new_width = _resized_size(height, width, resize)
     if crop > new_width or crop > new_height:
         return None
-    top, left = int(round((new_height - crop) / 2.0)), int(round((new_width - crop) / 2.0))
+    top, left = _crop_corner((new_height, new_width), crop)
     across, down = width / new_width, height / new_height
     rows = image.resize((crop, height), resample, box=(left * across, 0, (left + crop) * across, height))
     return rows.resize((crop, crop), resample, box=(0, top * down, crop, (top + crop) * down))
+
+
+def _resized_size(height: int, width: int, resize: int) -> tuple[int, int]:
+    """``(height, width)`` of an image whose shorter side torchvision resizes to ``resize``."""
+    short, long = sorted((width, height))
+    new_short, new_long = resize, int(resize * long / short)
+    return (new_long, new_short) if width <= height else (new_short, new_long)
+
+
+def _crop_corner(size: tuple[int, int], crop: int) -> tuple[int, int]:
+    """The top left corner ``(top, left)`` of torchvision's centre crop of ``crop``² from an image of ``size``."""
+    return int(round((size[0] - crop) / 2.0)), int(round((size[1] - crop) / 2.0))
 
 
 class VideoSteps:

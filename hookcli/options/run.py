@@ -170,9 +170,10 @@ class RunOptions(EffectOptions):
     )
     decode: str = option(
         ("--decode",),
-        "Where images are decoded and preprocessed: cpu (decode workers, Pillow), or "
-        "device (the workers only read files; JPEGs are decoded batched on the run's device, nvJPEG on CUDA, and "
-        "every image resized there). Pixel values differ slightly; recorded in the metadata.",
+        "Where images are decoded and preprocessed: cpu (decode workers, Pillow), or device (the workers only "
+        "read files; JPEGs are decoded batched on the run's device, by nvImageCodec or nvJPEG on CUDA, and every "
+        "image resized there as Pillow resizes). Pixel values differ where the GPU's decoder's do; recorded in the "
+        "metadata.",
         _ALL,
         kind="choice",
         choices=DECODERS,
