@@ -115,7 +115,9 @@ def test_vgg16_bn_features_18_matches_the_fx_extractor(runner, photo, tmp_path, 
 def test_rows_follow_input_order(runner, resnet18_args, images, tmp_path, via):
     order = [images[2], images[0], images[1]]
     out = tmp_path / "out.safetensors"
-    args = resnet18_args("extract", "-l", "layer2", "-l", "fc=logits", "-b", "2", *SMALL, "-o", str(out))
+    args = resnet18_args(
+        "extract", "-l", "layer2", "-l", "fc=logits", "-b", "2", *SMALL, "--device", "cpu", "-o", str(out)
+    )
     if via == "stdin":
         result = runner.invoke(main, [*args, "-"], input="".join(f"{p}\n" for p in order))
     else:

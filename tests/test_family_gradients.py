@@ -46,8 +46,8 @@ def _segmentation_input(path, size):
 
 def test_segmentation_gradients_are_of_the_class_mask(tmp_path):
     images = [_noise(tmp_path / "a.png", (48, 40), 0), _noise(tmp_path / "b.png", (40, 56), 1)]
-    features = hookcli.grad(
-        "lraspp_mobilenet_v3_large", "backbone.12", images, weights="none", resize=32, target="top1"
+    features = hookcli.grad(  # on the CPU, as the gradients by hand below (a near tie picks the class)
+        "lraspp_mobilenet_v3_large", "backbone.12", images, weights="none", resize=32, target="top1", device="cpu"
     )
     targets = json.loads(features.metadata["targets"])
     loaded = load_model("lraspp_mobilenet_v3_large", "none")
@@ -70,8 +70,9 @@ def test_segmentation_gradients_are_of_the_class_mask(tmp_path):
 
 def test_segmentation_gradients_of_batches_of_one_shape_then_another_keep_each_rows_shape(tmp_path):
     images = [_noise(tmp_path / "a.png", (48, 40), 0), _noise(tmp_path / "b.png", (40, 56), 1)]
-    features = hookcli.grad("lraspp_mobilenet_v3_large", "backbone.12", images, weights="none", resize=32, batch_size=1)
-    whole = hookcli.grad("lraspp_mobilenet_v3_large", "backbone.12", images, weights="none", resize=32)
+    common = {"weights": "none", "resize": 32, "device": "cpu"}  # batches of two sizes agree to rounding there
+    features = hookcli.grad("lraspp_mobilenet_v3_large", "backbone.12", images, batch_size=1, **common)
+    whole = hookcli.grad("lraspp_mobilenet_v3_large", "backbone.12", images, **common)
     assert [features.row_shape("backbone.12@grad", i) for i in range(2)] == [[112, 2, 3], [112, 3, 2]]
     for key in ("backbone.12", "backbone.12@grad"):
         for row in range(2):
@@ -81,8 +82,9 @@ def test_segmentation_gradients_of_batches_of_one_shape_then_another_keep_each_r
 def test_a_region_scores_the_class_over_the_box(tmp_path):
     image = _noise(tmp_path / "a.png", (48, 48), 0)
     features = hookcli.grad(
-        "lraspp_mobilenet_v3_large", "backbone.12", image, weights="none", resize=32, target="5", region="0,0,0.5,0.25"
-    )
+        "lraspp_mobilenet_v3_large", "backbone.12", image, weights="none", resize=32, target="5",
+        region="0,0,0.5,0.25", device="cpu",
+    )  # fmt: skip
     (row,) = json.loads(features.metadata["targets"])
     assert row[0]["pixels"] == 16 * 8 and row[0]["class"] == 5 and features.metadata["target"] == "5 in 0,0,0.5,0.25"
     assert row[0]["region"] == [0.0, 0.0, 0.5, 0.25] and row[0]["share"] == 16 * 8 / (32 * 32)

@@ -58,8 +58,8 @@ def test_segmentation_rows_of_their_own_sizes_equal_hooks_by_hand(tmp_path):
         _noise(tmp_path / "tall.png", (40, 56), 1),
         _noise(tmp_path / "wide2.png", (60, 40), 2),
     ]
-    features = hookcli.extract(
-        "lraspp_mobilenet_v3_large", ["backbone.4", "classifier"], images, weights="none", resize=32
+    features = hookcli.extract(  # on the CPU, as the hooks by hand below
+        "lraspp_mobilenet_v3_large", ["backbone.4", "classifier"], images, weights="none", resize=32, device="cpu"
     )
     assert features.metadata["family"] == "segmentation" and features.metadata["format"] == "2"
     assert features.ragged("classifier") and features.shape("classifier") == [3, 21, 6, 6]
@@ -114,6 +114,8 @@ def test_detection_rows_are_each_images_part_of_the_padded_batch(tmp_path, runne
             "none",
             "-l",
             "backbone.body.3",
+            "--device",
+            "cpu",  # as the hooks by hand below
             *map(str, images),
             "-o",
             str(tmp_path / "d.safetensors"),
@@ -178,6 +180,7 @@ def test_video_clips_equal_hooks_by_hand_and_say_their_frames(tmp_path):
         resize=24,
         crop=24,
         output=tmp_path / "v.safetensors",
+        device="cpu",  # as the hooks by hand below
     )
     loaded = load_model("r3d_18", "none")
     preset = torchvision.models.video.R3D_18_Weights.DEFAULT.transforms()
@@ -233,7 +236,7 @@ def test_a_folder_of_frames_is_a_video_and_a_shard_folder_keeps_the_frames(tmp_p
 def test_optical_flow_pairs_equal_hooks_by_hand(tmp_path):
     frames = _frames(3, size=(128, 128))
     video = _video(tmp_path / "pan.mp4", frames)
-    features = hookcli.extract("raft_small", "update_block.flow_head", video, weights="none")
+    features = hookcli.extract("raft_small", "update_block.flow_head", video, weights="none", device="cpu")
     assert json.loads(features.metadata["frames"]) == [[0, 1], [1, 2]]
     assert features.metadata["family"] == "optical_flow"
     loaded = load_model("raft_small", "none")
@@ -260,7 +263,9 @@ def test_optical_flow_from_two_image_lists_pairs_them_in_order(tmp_path, runner)
     for i in range(2):
         _noise(firsts / f"{i}.png", (128, 128), i)
         _noise(seconds / f"{i}.png", (128, 128), 10 + i)
-    features = hookcli.extract("raft_small", "update_block.flow_head", firsts, weights="none", pair_with=[seconds])
+    features = hookcli.extract(
+        "raft_small", "update_block.flow_head", firsts, weights="none", pair_with=[seconds], device="cpu"
+    )
     assert json.loads(features.metadata["inputs"]) == [str(firsts / "0.png"), str(firsts / "1.png")]
     assert json.loads(features.metadata["second_inputs"]) == [str(seconds / "0.png"), str(seconds / "1.png")]
     assert len(features.metadata["second_inputs_sha256"]) == 64

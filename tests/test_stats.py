@@ -2,6 +2,7 @@
 brute-force pass over the features it would save, and the same file from one process, parts, torchrun and a run
 killed and continued."""
 
+import functools
 import hashlib
 import json
 import os
@@ -309,7 +310,9 @@ def test_the_parts_of_a_gpu_run_merge_on_its_gpu_where_the_gathering_keeps_sums_
 
     monkeypatch.setattr(parts, "_read_part", reading)
     monkeypatch.setattr(gathering_writer, "merge_device", lambda _, gathering: parts.merge_device(gpu, gathering))
-    options = {"weights": "none", "resize": 40, "crop": 32, "batch_size": 4, "shard_size": 4, "device": "cpu"}
+    # The last block of shards first: this process's parts are not made in order, so they are read back to merge.
+    options = {"weights": "none", "resize": 40, "crop": 32, "batch_size": 4, "shard_size": 4, "device": "cpu",
+               "part": "3/3"}  # fmt: skip
     hookcli.stats("resnet18", "layer4", inputs, output=tmp_path / "s.safetensors", **options)
     hookcli.compare("resnet18", "layer4", inputs, output=tmp_path / "c.safetensors", **options)
     hookcli.compare("resnet18", "layer4", inputs, output=tmp_path / "r.safetensors", method="rsa", **options)
@@ -327,6 +330,22 @@ def test_the_parts_of_a_gpu_run_merge_on_its_gpu_where_the_gathering_keeps_sums_
     said = [event.text for event in notes if isinstance(event, Note)]
     assert said == [f"cuda:1 ran out of memory merging the parts of '{out}': they merged on the CPU"]
     assert _digest(out) == _digest(tmp_path / "s.safetensors")  # whole parts, merged all the same
+
+
+@pytest.mark.parametrize("method", [None, "linear-cka", "rsa"])
+def test_a_process_that_made_every_part_in_order_merges_them_as_written(tmp_path, inputs, monkeypatch, method):
+    from hookcli.storage import parts
+
+    read = []
+    read_part = parts._read_part
+    monkeypatch.setattr(parts, "_read_part", lambda name, *rest: read.append(name.name) or read_part(name, *rest))
+    options = {"weights": "none", "resize": 40, "crop": 32, "batch_size": 4, "shard_size": 4, "device": "cpu"}
+    run = hookcli.stats if method is None else functools.partial(hookcli.compare, method=method)
+    run("resnet18", "layer4", inputs, output=tmp_path / "whole.safetensors", **options)
+    assert read == []  # merged in memory as each part was written
+    run("resnet18", "layer4", inputs, output=tmp_path / "read.safetensors", part="2/3", **options)
+    assert len(read) == 3  # the second block first: every part read back
+    assert _digest(tmp_path / "whole.safetensors") == _digest(tmp_path / "read.safetensors")
 
 
 def test_a_run_equals_brute_force_over_the_features_it_would_save(runner, tmp_path, inputs):

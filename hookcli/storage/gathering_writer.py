@@ -34,6 +34,7 @@ from hookcli.storage.parts import (
     merged_parts,
     open_parts,
     part_metadata,
+    part_of,
     written_by_this_run,
 )
 from hookcli.storage.rows_writer import GatheringRun
@@ -71,7 +72,8 @@ class GatheringWriter:
         self.shard_size, self.force, self.part, self.on_note = shard_size, force, part, on_note
         self.open: dict[int, GatheredShard] = {}
         self._adding: Background | None = None  # the thread that gathers each batch
-        self.merged: GatheredShard | None = None  # in memory: the shards so far, merged in order
+        self.merged: GatheredShard | None = None  # the shards so far, merged in order (to a file: _fold)
+        self.folded = 0  # the parts merged into it, or -1 where some are not this process's (_fold)
         self.folder: ShardWriter | None = None
         self.written: list[str | Path] = []
         self.done = 0
@@ -181,10 +183,30 @@ class GatheringWriter:
             else:
                 self.merged.merge(shard)
             return
-        metadata = part_metadata(self.record, shard)
+        metadata, state = part_metadata(self.record, shard), shard.state()
         files = self.source_files or dict.fromkeys(path for row in self.paths[first:end] for path in input_files(row))
         stamps = {path: file_stamp(path) for path in files}
-        self.folder.submit(shard.number, shard.state(), metadata, shard.inputs, shard.skipped, None, stamps)
+        self.folder.submit(shard.number, state, metadata, shard.inputs, shard.skipped, None, stamps)
+        self._fold(shard.number, state, metadata, list(shard.rows))
+
+    def _fold(self, number: int, state: dict, metadata: dict, rows: list[int]) -> None:
+        """Merge this process's part ``number`` into :attr:`merged` as its file would merge, while this process has
+        made every part so far, in order: then the parts need not be read back (:meth:`_write_output`)."""
+        if number != self.folded:
+            self.merged, self.folded = None, -1  # another process's or an earlier run's parts come between
+            return
+        device = merge_device(self.device, self.gathering)
+        try:
+            copied = {key: value.to(device, copy=True) for key, value in state.items()}  # the file's are written
+            part = part_of(number, copied, metadata, rows, self.gathering, device)
+            if self.merged is None:
+                self.merged = part
+            else:
+                self.merged.merge(part)
+        except torch.cuda.OutOfMemoryError:
+            self.merged, self.folded = None, -1  # the parts are read back and merged at the end instead
+            return
+        self.folded += 1
 
     def finish(self):
         if self._adding is not None:
@@ -228,12 +250,10 @@ class GatheringWriter:
                 f"the parts of '{self.path}' were removed before they were merged", hint="run the command again"
             )
         device = merge_device(self.device, self.gathering)
-        try:
-            merged = merged_parts(self.folder.folder, self.folder.shards, self.size, len(self.paths), self.gathering,
-                                  self.path, device=device)  # fmt: skip
-        except torch.cuda.OutOfMemoryError:
-            merged = None  # the parts are whole: they merge on the CPU instead, once out of this handler, whose
-            # traceback holds the GPU's tensors
+        if self.folded == self.folder.shards and self.merged is not None:
+            merged: GatheredShard | None = self.merged  # every part was this process's, merged as it was written
+        else:
+            merged = self._merged_parts(device)
         if merged is None:
             torch.cuda.empty_cache()
             if self.on_note is not None:
@@ -244,6 +264,16 @@ class GatheringWriter:
         write_safetensors(tensors, metadata, self.path, force=True)
         shutil.rmtree(self.folder.folder, ignore_errors=True)
         self.written = [self.path]
+
+    def _merged_parts(self, device) -> GatheredShard | None:
+        """Every part read back and merged on ``device``; None where it ran out of memory."""
+        assert self.path is not None and self.folder is not None, "the output's parts are written"
+        try:
+            return merged_parts(self.folder.folder, self.folder.shards, self.size, len(self.paths), self.gathering,
+                                  self.path, device=device)  # fmt: skip
+        except torch.cuda.OutOfMemoryError:
+            return None  # the parts are whole: they merge on the CPU instead, once out of this handler, whose
+            # traceback holds the GPU's tensors
 
     def _say_written_by_another(self) -> None:
         if self.on_note is not None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -19,7 +19,7 @@ from hookcli.storage.gathering import GatheredShard, Gathering, Made, facts_entr
 from hookcli.storage.shard_writer import ShardWriter
 from hookcli.storage.stats_format import PART_ROWS, STATS_PART
 
-__all__ = ["gathered_output", "merged_parts", "open_parts", "part_metadata", "written_by_this_run"]
+__all__ = ["gathered_output", "merged_parts", "open_parts", "part_metadata", "part_of", "written_by_this_run"]
 
 
 def open_parts(
@@ -96,21 +96,31 @@ def merged_parts(
 
 def _read_part(name: Path, number: int, size: int, inputs: int, gathering: Gathering, device) -> GatheredShard:
     with FeatureFile(name) as part:
-        metadata = part.metadata
         rows = torch.from_numpy(part.read(PART_ROWS)).tolist()
         first, end = number * size, min((number + 1) * size, inputs)
         if rows != sorted(set(rows)) or any(not first <= row < end for row in rows):
             raise ValueError(f"its rows are not inputs of shard {number} ({first} to {end - 1}), each once")
-        state = {key: torch.from_numpy(part.read(key)).to(device) for key in part.keys() if key != PART_ROWS}
-        shard = GatheredShard(number, gathering.read(state, json.loads(metadata["gathered"]), rows))
-        try:  # JSON of the wrong kinds: a part is untrusted
-            shard.inputs = json.loads(metadata["inputs"])
-            shard.skipped = json.loads(metadata.get("skipped", "[]"))
-            facts = json.loads(metadata["facts"])
-            shard.facts = RunFacts(facts["calls"], tuple(facts["omitted"]), facts["fused"]) if facts else None
-        except (TypeError, AttributeError) as err:
-            raise ValueError(f"its metadata is not what hookcli writes ({err})") from None
-        shard.rows = rows
+        state = {key: torch.from_numpy(part.read(key)) for key in part.keys() if key != PART_ROWS}
+        return part_of(number, state, part.metadata, rows, gathering, device)
+
+
+def part_of(
+    number: int, state: Mapping[str, torch.Tensor], metadata: Mapping[str, str], rows: list[int], gathering: Gathering,
+    device,
+) -> GatheredShard:  # fmt: skip
+    """Part ``number`` as a shard, from the tensors and metadata a part's file holds (:func:`part_metadata`) and its
+    ``rows``, its tensors moved to ``device``: read from a file, or a copy of a part this process has just made,
+    which then merges with the arithmetic of the file's."""
+    state = {key: value.to(device) for key, value in state.items() if key != PART_ROWS}
+    shard = GatheredShard(number, gathering.read(state, json.loads(metadata["gathered"]), rows))
+    try:  # JSON of the wrong kinds: a part is untrusted
+        shard.inputs = json.loads(metadata["inputs"])
+        shard.skipped = json.loads(metadata.get("skipped", "[]"))
+        facts = json.loads(metadata["facts"])
+        shard.facts = RunFacts(facts["calls"], tuple(facts["omitted"]), facts["fused"]) if facts else None
+    except (TypeError, AttributeError) as err:
+        raise ValueError(f"its metadata is not what hookcli writes ({err})") from None
+    shard.rows = list(rows)
     if len(shard.rows) != len(shard.inputs):
         raise ValueError(f"it has {len(shard.rows)} rows and {len(shard.inputs)} inputs")
     return shard
