@@ -38,7 +38,7 @@ _PRECISION = 22  # Pillow's fixed point for 8-bit images: 32 bits less 8 for the
 _SUPPORT = {"bilinear": 1.0, "bicubic": 2.0}
 _TILE = 32  # outputs one matrix product makes: it reads about this many times the scale of inputs
 _EXACT = 1 << 24  # float32 holds every integer up to this
-_AT_ONCE = 1 << 25  # input values gathered for one product: a pass's memory is bounded by this, whatever the image
+_AT_ONCE = 1 << 25  # values gathered, or sums made, at once: a pass's memory is bounded by this, whatever the image
 #: Whether the Pillow installed resizes down first where the height shrinks by more than twice the pixels the width
 #: does (as it does from version 13 on; before, always across first).
 _down_first = int(PIL.__version__.split(".")[0]) >= 13
@@ -106,7 +106,7 @@ def _resampled(images: torch.Tensor, key: tuple, shift: int = 0) -> torch.Tensor
     lead, tiles = images.shape[:-1], index.shape[0]
     lines = images.reshape(-1, images.shape[-1])
     made = torch.empty(lines.shape[0], tiles * _TILE, dtype=torch.uint8, device=images.device)
-    step = max(1, _AT_ONCE // index.numel())
+    step = max(1, _AT_ONCE // (tiles * max(index.shape[1], plan.pieces * _TILE)))  # inputs read, sums made
     for start in range(0, lines.shape[0], step):
         band = lines[start : start + step][:, index].transpose(0, 1).to(weights.dtype)  # [tiles, lines, band]
         sums = torch.matmul(band, weights).view(tiles, band.shape[1], plan.pieces, _TILE)
