@@ -184,7 +184,12 @@ def test_a_jpeg_neither_decoder_reads_is_an_error_with_no_note_that_pillow_read_
     notes = []
     preprocess = Preprocess(resize=None, crop=None, kind="detection", **PLAIN)
     unreadable = ImageError(f"cannot decode image '{photo}': image file is truncated", hint="the file may be damaged")
-    monkeypatch.setattr(DeviceDecoder, "_by_pillow", lambda self, jpeg: unreadable)
+    from hookcli.inputs import decoding
+
+    def pillow(path, **_):  # Pillow cannot read the photo either
+        raise unreadable
+
+    monkeypatch.setattr(decoding, "load_rgb", pillow)
     indices, _, failures = _decoded([other, photo], preprocess, notes.append)
     assert (indices, failures, notes) == ([0], [(1, (unreadable.message, unreadable.hint))], [])
     monkeypatch.undo()

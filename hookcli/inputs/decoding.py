@@ -295,7 +295,8 @@ class DeviceDecoder:
                 )
             except RuntimeError as err:  # the call decodes all or nothing: find the ones at fault
                 _refuse_out_of_memory(err)
-            found, refusals, damaged = [], [], {}
+            found, damaged = [], {}
+            refusals: list[tuple[Any, RuntimeError]] = []
             for k, (jpeg, encoded) in enumerate(zip(jpegs, data)):
                 try:
                     with stderr_captured() as said:
@@ -306,9 +307,7 @@ class DeviceDecoder:
                         damaged[k] = _first_warning(said.text)
                 except RuntimeError as err:
                     _refuse_out_of_memory(err)
-                    found.append(self._by_pillow(jpeg))
-                    if not isinstance(found[-1], ImageError):  # one Pillow cannot read either is an error, not this
-                        refusals.append((jpeg, err))
+                    found.append(self._by_pillow(jpeg, err, refusals))
         if refusals:
             self._refused(refusals, decoded=sum(not isinstance(image, ImageError) for image in found))
         return found, damaged
@@ -334,12 +333,11 @@ class DeviceDecoder:
             self._codec_failed = True
             return None
         self._held = list(images)  # views of these below: kept until the stream has used them
-        found, refusals = [], []
+        found: list = []
+        refusals: list[tuple[Any, RuntimeError]] = []
         for jpeg, image in zip(jpegs, images):
             if image is None:
-                found.append(self._by_pillow(jpeg))
-                if not isinstance(found[-1], ImageError):
-                    refusals.append((jpeg, RuntimeError("it could not decode it")))
+                found.append(self._by_pillow(jpeg, RuntimeError("it could not decode it"), refusals))
             else:
                 found.append(upright(torch.as_tensor(image, device=self.device).permute(2, 0, 1), jpeg.orientation))
                 self._device_decoded = True
@@ -361,11 +359,15 @@ class DeviceDecoder:
                 damaged[k] = _first_warning(again.text)
         return damaged
 
-    def _by_pillow(self, jpeg):
+    def _by_pillow(self, jpeg, refused: RuntimeError, refusals: list):
+        """``jpeg`` decoded by Pillow, where the device's decoder ``refused`` it (added to ``refusals``), or the
+        :class:`ImageError` of one Pillow cannot decode either (an unreadable image, not a refusal)."""
         try:
-            return pil_to_tensor(load_rgb(jpeg.path, data=jpeg.data)).to(self.device, non_blocking=True)
+            image = pil_to_tensor(load_rgb(jpeg.path, data=jpeg.data)).to(self.device, non_blocking=True)
         except ImageError as err:
             return err
+        refusals.append((jpeg, refused))
+        return image
 
     def _refused(self, refusals: list, decoded: int) -> None:
         """Say the first refusal of a JPEG Pillow could decode; stop where the device's decoder refuses every JPEG
