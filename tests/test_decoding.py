@@ -289,6 +289,7 @@ def test_the_first_picture_of_an_mpo_is_decoded_as_pillow_reads_it(photo, tmp_pa
         {"resize": 72, "crop": 64},  # a classifier's
         {"resize": 256, "crop": 224},  # the usual sizes: a photo of 512 x 600 shrinks down first in Pillow 13
         {"resize": 40, "crop": 56},  # a crop larger than the image pads it
+        {"resize": 56, "crop": 65},  # a crop of the portrait's height and more than its width pads it across
         {"resize": (50, 90), "crop": None},  # squashed to [height, width]
         {"resize": 33, "crop": None, "kind": "segmentation"},
     ],

@@ -348,6 +348,39 @@ def test_a_process_that_made_every_part_in_order_merges_them_as_written(tmp_path
     assert _digest(tmp_path / "whole.safetensors") == _digest(tmp_path / "read.safetensors")
 
 
+def test_parts_that_run_out_of_memory_merging_as_written_are_read_back_instead(tmp_path, inputs, monkeypatch):
+    from hookcli.storage import gathering_writer, parts
+
+    read, made = [], []
+    read_part, part_of = parts._read_part, gathering_writer.part_of
+    monkeypatch.setattr(parts, "_read_part", lambda name, *rest: read.append(name.name) or read_part(name, *rest))
+
+    def short_of_memory(number, *rest):
+        made.append(number)
+        if number == 1:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 512.00 MiB")
+        return part_of(number, *rest)
+
+    monkeypatch.setattr(gathering_writer, "part_of", short_of_memory)
+    options = {"weights": "none", "resize": 40, "crop": 32, "batch_size": 4, "shard_size": 4, "device": "cpu"}
+    hookcli.stats("resnet18", "layer4", inputs, output=tmp_path / "s.safetensors", **options)
+    assert made == [0, 1] and len(read) == 3  # the merge in memory given up at the second part: all read back
+    monkeypatch.undo()
+    hookcli.stats("resnet18", "layer4", inputs, output=tmp_path / "again.safetensors", **options)
+    assert _digest(tmp_path / "s.safetensors") == _digest(tmp_path / "again.safetensors")
+
+
+def test_parts_merge_as_written_on_a_gpu_only_where_they_leave_the_model_room(monkeypatch):
+    from hookcli.storage.gathering_writer import room_to_fold
+
+    state = {"comoment": torch.zeros(1024, 1024, dtype=torch.float64), "count": torch.tensor(3)}  # 8 MiB and 8 bytes
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (64 * 2**20 + 64, 80 * 2**30))
+    assert room_to_fold(state, torch.device("cuda:0"))  # twice 8 MiB in a quarter of 64 MiB
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (64 * 2**20, 80 * 2**30))
+    assert not room_to_fold(state, torch.device("cuda:0"))
+    assert room_to_fold(state, torch.device("cpu"))
+
+
 def test_a_run_equals_brute_force_over_the_features_it_would_save(runner, tmp_path, inputs):
     common = [*MODEL, "-b", "3", "--shard-size", "4", "--device", "cpu"]  # a GPU's sums agree to rounding only
     done = runner.invoke(main, ["extract", *common, "-l", "layer3", "-l", "fc", "-o", f"{tmp_path}/feats/", *inputs])

@@ -177,7 +177,8 @@ def _tiled(fixed: np.ndarray, low: np.ndarray, count: np.ndarray) -> _Plan:
     that each read one band of inputs, every weight cut into pieces whose sums float32 holds exactly."""
     outputs, taps = fixed.shape
     bits = 8  # an input of 8 bits times a piece of 8 is exact in bfloat16 products too
-    while bits and 255 * ((1 << bits) - 1) * taps >= _EXACT:
+    signed = bool((fixed < 0).any())  # a negative weight's top piece may reach -2**bits
+    while bits and 255 * ((1 << bits) - (0 if signed else 1)) * taps >= _EXACT:
         bits -= 1
     largest, pieces = int(np.abs(fixed).max(initial=0)), 1
     while bits and largest >> (bits * (pieces - 1)) > (1 << bits) - 1:

@@ -122,11 +122,11 @@ class ImageSteps:
             size = spec.resize
         else:
             size = _resized_size(height, width, spec.resize)
-        window = (0, 0, *size)
-        if spec.crop is not None and spec.crop <= min(size):
-            window = (*_crop_corner(size, spec.crop), spec.crop, spec.crop)
-        images = resized_window(images, size, window, spec.interpolation)
-        return F.center_crop(images, [spec.crop]) if spec.crop is not None and window[2] != spec.crop else images
+        if spec.crop is None or spec.crop > min(size):  # a crop larger than a side pads the whole resized image
+            images = resized_window(images, size, (0, 0, *size), spec.interpolation)
+            return images if spec.crop is None else F.center_crop(images, [spec.crop])
+        window = (*_crop_corner(size, spec.crop), spec.crop, spec.crop)
+        return resized_window(images, size, window, spec.interpolation)
 
     def scaled(self, images):
         """uint8 tensors to floats in [0, 1], then normalised when the preprocessing normalises: the arithmetic of

@@ -41,7 +41,18 @@ from hookcli.storage.rows_writer import GatheringRun
 from hookcli.storage.saving import write_safetensors
 from hookcli.storage.shard_writer import ShardWriter, batches_in
 
-__all__ = ["GatheringWriter"]
+__all__ = ["GatheringWriter", "room_to_fold"]
+
+
+def room_to_fold(state: dict, device: torch.device) -> bool:
+    """Whether a run's parts of ``state``'s size may merge in memory on ``device`` while the run goes on: on a GPU, the
+    merged state and a part's copy take a quarter of its free memory at most (the model's needs come first); on the
+    CPU, always."""
+    if device.type != "cuda":
+        return True
+    size = sum(value.numel() * value.element_size() for value in state.values())
+    free, _ = torch.cuda.mem_get_info(device)
+    return 2 * size <= free // 4
 
 
 class GatheringWriter:
@@ -192,10 +203,10 @@ class GatheringWriter:
     def _fold(self, number: int, state: dict, metadata: dict, rows: list[int]) -> None:
         """Merge this process's part ``number`` into :attr:`merged` as its file would merge, while this process has
         made every part so far, in order: then the parts need not be read back (:meth:`_write_output`)."""
-        if number != self.folded:
+        device = merge_device(self.device, self.gathering)
+        if number != self.folded or (self.merged is None and not room_to_fold(state, device)):
             self.merged, self.folded = None, -1  # another process's or an earlier run's parts come between
             return
-        device = merge_device(self.device, self.gathering)
         try:
             copied = {key: value.to(device, copy=True) for key, value in state.items()}  # the file's are written
             part = part_of(number, copied, metadata, rows, self.gathering, device)
