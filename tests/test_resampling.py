@@ -24,10 +24,14 @@ def _pillows(pixels: np.ndarray, size: tuple[int, int], interpolation: str) -> n
     return np.asarray(Image.fromarray(pixels).resize((size[1], size[0]), FILTERS[interpolation]))
 
 
-def _ours(pixels: np.ndarray, size, window, interpolation) -> np.ndarray:
-    images = torch.from_numpy(pixels)
+#: Where the resize runs: the CPU, and a GPU where there is one (where the exactness argument matters most).
+DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
+
+
+def _ours(pixels: np.ndarray, size, window, interpolation, device="cpu") -> np.ndarray:
+    images = torch.from_numpy(pixels).to(device)
     images = images.permute(2, 0, 1) if images.dim() == 3 else images[None]
-    made = resized_window(images[None], size, window, interpolation)[0]
+    made = resized_window(images[None], size, window, interpolation)[0].cpu()
     return (made.permute(1, 2, 0) if pixels.ndim == 3 else made[0]).numpy()
 
 
@@ -36,8 +40,9 @@ def _noise(height: int, width: int, seed: int, channels: int = 3) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, shape, dtype=np.uint8)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("interpolation", list(FILTERS))
-def test_every_value_is_pillows_for_random_sizes_and_windows(interpolation):
+def test_every_value_is_pillows_for_random_sizes_and_windows(interpolation, device):
     draw = random.Random(interpolation)
     for case in range(40):
         height, width = draw.randint(1, 160), draw.randint(1, 160)
@@ -48,7 +53,8 @@ def test_every_value_is_pillows_for_random_sizes_and_windows(interpolation):
         window = (top, left, draw.randint(1, size[0] - top), draw.randint(1, size[1] - left))
         pixels = _noise(height, width, case)
         expected = _pillows(pixels, size, interpolation)[top : top + window[2], left : left + window[3]]
-        assert np.array_equal(_ours(pixels, size, window, interpolation), expected), (height, width, size, window)
+        found = _ours(pixels, size, window, interpolation, device)
+        assert np.array_equal(found, expected), (height, width, size, window)
 
 
 @pytest.mark.parametrize("interpolation", ["bilinear", "bicubic"])
@@ -65,6 +71,21 @@ def test_every_value_is_pillows_for_random_sizes_and_windows(interpolation):
 def test_both_orders_of_the_two_passes_are_pillows(interpolation, shape, size):
     pixels = _noise(*shape, seed=sum(shape))
     assert np.array_equal(_ours(pixels, size, (0, 0, *size), interpolation), _pillows(pixels, size, interpolation))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_matmuls_of_lower_precision_give_the_same_values(device):
+    pixels = _noise(375, 500, seed=4)
+    exact = _ours(pixels, (232, 309), (4, 42, 224, 224), "bicubic", device)
+    before = torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.allow_tf32
+    try:  # TF32, or bfloat16 where a backend has it: products of 8-bit pieces keep every bit
+        torch.set_float32_matmul_precision("medium")
+        torch.backends.cuda.matmul.allow_tf32 = True
+        assert np.array_equal(_ours(pixels, (232, 309), (4, 42, 224, 224), "bicubic", device), exact)
+    finally:
+        torch.set_float32_matmul_precision(before[0])
+        torch.backends.cuda.matmul.allow_tf32 = before[1]
+    assert np.array_equal(exact, _pillows(pixels, (232, 309), "bicubic")[4:228, 42:266])
 
 
 def test_a_large_reduction_cuts_the_weights_finer_and_stays_exact():
