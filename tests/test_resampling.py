@@ -11,6 +11,7 @@ from PIL import Image
 
 from hookcli.inputs import resampling
 from hookcli.inputs.resampling import resized_window
+from hookcli.run.speed import float32_math
 
 FILTERS = {
     "bilinear": Image.Resampling.BILINEAR,
@@ -76,15 +77,10 @@ def test_both_orders_of_the_two_passes_are_pillows(interpolation, shape, size):
 @pytest.mark.parametrize("device", DEVICES)
 def test_matmuls_of_lower_precision_give_the_same_values(device):
     pixels = _noise(375, 500, seed=4)
-    exact = _ours(pixels, (232, 309), (4, 42, 224, 224), "bicubic", device)
-    before = torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.allow_tf32
-    try:  # TF32, or bfloat16 where a backend has it: products of 8-bit pieces keep every bit
-        torch.set_float32_matmul_precision("medium")
-        torch.backends.cuda.matmul.allow_tf32 = True
+    with float32_math("fp32", torch.device(device)):
+        exact = _ours(pixels, (232, 309), (4, 42, 224, 224), "bicubic", device)
+    with float32_math("tf32", torch.device(device)):  # TF32 matmuls: products of 8-bit pieces keep every bit
         assert np.array_equal(_ours(pixels, (232, 309), (4, 42, 224, 224), "bicubic", device), exact)
-    finally:
-        torch.set_float32_matmul_precision(before[0])
-        torch.backends.cuda.matmul.allow_tf32 = before[1]
     assert np.array_equal(exact, _pillows(pixels, (232, 309), "bicubic")[4:228, 42:266])
 
 
@@ -117,3 +113,18 @@ def test_a_window_outside_the_resized_image_or_an_unknown_filter_is_refused():
         resized_window(images, (8, 8), (0, 4, 5, 5), "bilinear")
     with pytest.raises(ValueError, match=r"^interpolation 'lanczos' is not one of nearest, bilinear, bicubic$"):
         resized_window(images, (8, 8), (0, 0, 8, 8), "lanczos")
+
+
+@pytest.mark.parametrize(
+    ("version", "expected"),
+    [((13, 0), [True, False, True, False]), ((12, 2), [False, False, False, True]), ((12, 1), [False] * 4)],
+)
+def test_the_pass_order_follows_the_pillow_installed(monkeypatch, version, expected):
+    monkeypatch.setattr(resampling, "_PILLOW", version)
+    shapes = [
+        (176, 40, (98, 5)),  # the height shrinks by 78 pixels, more than twice the width's 35
+        (375, 500, (232, 309)),  # a landscape photo
+        (233, 10, (211, 31)),  # the height shrinks and the width grows
+        (701, 7, (700, 3)),  # over 100 times as tall as wide, its height shrinking by a pixel
+    ]
+    assert [resampling._down_first(height, width, size) for height, width, size in shapes] == expected

@@ -1,14 +1,14 @@
 """Pillow's resize of 8-bit images, value for value, on uint8 tensors of any device (``--decode device``).
 
-Pillow resizes with a filter in two passes, across and then down (from Pillow 13, down first where the height
-shrinks by more than twice the pixels the width does): each output value is a sum of input values times weights in
-22-bit fixed point, rounded and clipped to 8 bits (its ``Resample.c``); nearest neighbour copies the pixels its own
-table of positions names. :func:`resized_window` makes the same sums as matrix products on the
-images' device, a tile of outputs and the band of inputs they read at a time. Each weight is cut into pieces of a
-few bits, so that every product and every partial sum is an integer below 2**24, which float32 holds exactly
-whatever precision the device's matrix products use (TF32 and bfloat16 both keep 8 bits of an input); the pieces'
-sums are joined in integers as Pillow's sums are. Images decoded to the same pixels therefore resize to the bytes
-the CPU path's Pillow gives, on a GPU as on the CPU.
+Pillow resizes with a filter in two passes, across and then down (down first for some shapes, which depend on its
+version: :func:`_down_first`): each output value is a sum of input values times weights in 22-bit fixed point,
+rounded and clipped to 8 bits (its ``Resample.c``); nearest neighbour copies the pixels its own table of positions
+names. :func:`resized_window` makes the same sums as matrix products on the images' device, a tile of outputs and
+the band of inputs they read at a time. Each weight is cut into pieces of a few bits, so that every product and
+every partial sum is an integer below 2**24, which float32 holds exactly whatever precision the device's matrix
+products use (TF32 and bfloat16 both keep 8 bits of an input); the pieces' sums are joined in integers as Pillow's
+sums are. Images decoded to the same pixels therefore resize to the bytes the CPU path's Pillow gives, on a GPU as
+on the CPU (checked against Pillow 10.1, 12.1, 12.2 and 13.0).
 
 >>> import torch
 >>> image = torch.arange(60, dtype=torch.uint8).reshape(1, 6, 10)
@@ -39,9 +39,7 @@ _SUPPORT = {"bilinear": 1.0, "bicubic": 2.0}
 _TILE = 32  # outputs one matrix product makes: it reads about this many times the scale of inputs
 _EXACT = 1 << 24  # float32 holds every integer up to this
 _AT_ONCE = 1 << 25  # values gathered, or sums made, at once: a pass's memory is bounded by this, whatever the image
-#: Whether the Pillow installed resizes down first where the height shrinks by more than twice the pixels the width
-#: does (as it does from version 13 on; before, always across first).
-_down_first = int(PIL.__version__.split(".")[0]) >= 13
+_PILLOW = tuple(int(part) for part in PIL.__version__.split(".")[:2])
 
 
 def resized_window(
@@ -58,10 +56,19 @@ def resized_window(
         return images.index_select(-2, down).index_select(-1, _nearest_on(device, width, size[1], left, left + columns))
     if interpolation not in _SUPPORT:
         raise ValueError(f"interpolation {interpolation!r} is not one of {', '.join(RESAMPLED)}")
-    if _down_first and size[0] < height and size[1] != width and height - size[0] > 2 * (width - size[1]):
+    if size[1] != width and _down_first(height, width, size):
         turned = (images.transpose(-1, -2), (size[1], size[0]), (left, top, columns, rows))
         return _across_then_down(*turned, interpolation).transpose(-1, -2).contiguous()
     return _across_then_down(images, size, window, interpolation)
+
+
+def _down_first(height: int, width: int, size: tuple[int, int]) -> bool:
+    """Whether the Pillow installed resizes an image of ``height`` and ``width`` to ``size`` down first: from
+    version 13, where the height shrinks by more than twice the pixels the width does; in 12.2, where the image is
+    more than 100 times as tall as it is wide and its height shrinks; before, never."""
+    if _PILLOW >= (13, 0):
+        return size[0] < height and height - size[0] > 2 * (width - size[1])
+    return _PILLOW >= (12, 2) and height > width * 100 and size[0] < height
 
 
 def _across_then_down(images: torch.Tensor, size: tuple[int, int], window: tuple, interpolation: str) -> torch.Tensor:
