@@ -10,7 +10,7 @@ and handed over, nothing decoded) and the input stage whole (their batches decod
 state over the files read ``--repeat`` times, with the time the input stage waits for the workers; then for the
 same batches in this process, each stage synchronised and timed on its own: the bytes made tensors,
 ``decode_jpeg`` on the device (and nvImageCodec's decoder, where it decodes), turning upright, resize and crop,
-scale and normalise, and ``DeviceDecoder`` whole.
+scale and normalise, and ``DeviceDecoder`` whole; and ``DeviceDecoder`` on a batch of JPEGs each of its own size.
 
 Gathering (resnet50 ``layer3`` and ``layer4``, batch 128, in this process, warmed up): ``extract --pool avg``,
 ``stats --top 9`` and ``compare`` over two counts of photos, so that the time per photo and the time once per run
@@ -139,6 +139,25 @@ def decode_stages(paths: list[str], batch_size: int, device, repeat: int) -> Non
         print(f"  {name:22s} {1000 * seconds / (len(batches) - 1):8.2f} ms a batch  {counted / seconds:10.1f} img/s")
 
 
+def mixed_sizes(folder: Path, count: int, device) -> None:
+    """``DeviceDecoder`` on one batch of ``count`` JPEGs each of its own size, as a scraped set has them: each size
+    resized on its own, after its resize is planned (once a size, 64 plans kept), twice."""
+    from hookcli.inputs.decoding import DeviceDecoder, EncodedImages, collate
+    from hookcli.models.loading import load_model
+
+    rng = __import__("numpy").random.default_rng(1)
+    sizes = {(int(rng.integers(300, 640)), int(rng.integers(240, 480))) for _ in range(4 * count)}
+    paths = [make_images(folder, 1, (w, h))[0].rename(folder / f"{w}x{h}.jpg") for w, h in sorted(sizes)[:count]]
+    preprocess = load_model("resnet50", "none").preprocess.replace(decode="device")
+    images = EncodedImages([str(p) for p in paths], preprocess)
+    batch = collate([images[i] for i in range(len(paths))])[:3]
+    decoder = DeviceDecoder(preprocess, device)
+    for turn in ("first", "again"):
+        _, seconds = _timed(device, lambda: decoder(*batch))
+        print(f"  {len(paths)} sizes in a batch, {turn}: DeviceDecoder whole {1000 * seconds:8.2f} ms a batch  "
+              f"{len(paths) / seconds:10.1f} img/s")  # fmt: skip
+
+
 def gather_costs(folder: Path, counts: list[int], device, out: Path) -> None:
     """extract --pool avg, stats and compare in this process at two counts; profiles of stats and compare."""
     import torch
@@ -217,6 +236,8 @@ def main() -> None:
             (folder / "images").mkdir()
             paths = [str(p) for p in make_images(folder / "images", args.images)]
             decode_stages(paths, args.batch_size, device, args.repeat)
+            (folder / "mixed").mkdir()
+            mixed_sizes(folder / "mixed", args.batch_size, device)
         if "gather" not in args.skip:
             gather_costs(folder, [int(n) for n in args.photos.split(",")], device, out)
 
