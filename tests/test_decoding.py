@@ -560,3 +560,16 @@ def test_libjpegs_warnings_about_a_damaged_jpeg_become_one_note_naming_it_and_no
     )
     assert Damaged(str(damaged), "Corrupt JPEG data: 3 extraneous bytes before marker 0xda") in events
     assert capfd.readouterr().err == ""
+
+
+@pytest.mark.parametrize(("decode", "pinned"), [("device", False), ("cpu", True)])
+def test_rows_for_a_gpu_are_pinned_and_jpeg_bytes_are_not(photo, decode, pinned):
+    from hookcli.run.batches import image_loader
+
+    preprocess = Preprocess(resize=24, crop=20, decode=decode)
+    settings = RunSettings(preprocess=preprocess, device=torch.device("cuda"), batch_size=2, workers=0)
+    assert image_loader([photo], settings).pin_memory is pinned  # bytes the device's decoder reads on the host
+    assert (
+        image_loader([photo], RunSettings(preprocess=preprocess, device=torch.device("cpu"), workers=0)).pin_memory
+        is False
+    )

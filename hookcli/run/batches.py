@@ -181,7 +181,9 @@ def image_loader(
         **({"batch_size": settings.batch_size} if order is None else {"batch_sampler": order}),
         num_workers=workers,
         collate_fn=decoding.collate if on_device else _collate,
-        pin_memory=torch.device(settings.device).type == "cuda",
+        # Pinned rows copy to a GPU while it computes; JPEG bytes are read on the host by the device's decoder, so
+        # pinning them would only copy each batch once more, in a thread of this process.
+        pin_memory=torch.device(settings.device).type == "cuda" and not on_device,
         worker_init_fn=functools.partial(_worker_init, os.getpid()) if settings.workers else None,
         # A batch of JPEG bytes may be far larger than the same batch preprocessed: fewer of them wait.
         prefetch_factor=(2 if on_device else 4) if settings.workers else None,
