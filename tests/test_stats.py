@@ -343,9 +343,11 @@ def test_a_process_that_made_every_part_in_order_merges_them_as_written(tmp_path
     run = hookcli.stats if method is None else functools.partial(hookcli.compare, method=method)
     run("resnet18", "layer4", inputs, output=tmp_path / "whole.safetensors", **options)
     assert read == []  # merged in memory as each part was written
-    run("resnet18", "layer4", inputs, output=tmp_path / "read.safetensors", part="2/3", **options)
-    assert len(read) == 3  # the second block first: every part read back
-    assert _digest(tmp_path / "whole.safetensors") == _digest(tmp_path / "read.safetensors")
+    for part in ("1/3", "2/3"):  # a run shared with others (here, never started), in order or not: read back
+        read.clear()
+        run("resnet18", "layer4", inputs, output=tmp_path / f"{part[0]}.safetensors", part=part, **options)
+        assert len(read) == 3
+        assert _digest(tmp_path / "whole.safetensors") == _digest(tmp_path / f"{part[0]}.safetensors")
 
 
 def test_parts_that_run_out_of_memory_merging_as_written_are_read_back_instead(tmp_path, inputs, monkeypatch):

@@ -202,9 +202,11 @@ class GatheringWriter:
 
     def _fold(self, number: int, state: dict, metadata: dict, rows: list[int]) -> None:
         """Merge this process's part ``number`` into :attr:`merged` as its file would merge, while this process has
-        made every part so far, in order: then the parts need not be read back (:meth:`_write_output`)."""
+        made every part so far, in order, and no other process shares the run: then the parts need not be read back
+        (:meth:`_write_output`)."""
         device = merge_device(self.device, self.gathering)
-        if number != self.folded or (self.merged is None and not room_to_fold(state, device)):
+        shared = self.team or self.part[1] > 1  # other processes make parts of this run
+        if shared or number != self.folded or (self.merged is None and not room_to_fold(state, device)):
             self.merged, self.folded = None, -1  # another process's or an earlier run's parts come between
             return
         try:
