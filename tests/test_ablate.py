@@ -116,6 +116,21 @@ def test_each_units_effects_equal_hooks_written_by_hand(photos, tmp_path, how):
             torch.testing.assert_close(found[f"block@{field}"][row], value, rtol=1e-4, atol=1e-5, msg=field)
 
 
+def test_a_mean_ablation_from_a_stats_file_of_other_inputs_says_so(photos, tmp_path):
+    from hookcli.events import Note
+
+    net = _net()
+    stats = hookcli.stats(net, "block", photos, output=tmp_path / "s.safetensors", top=1, **SMALL)
+    heard: list = []
+    other = {**SMALL, "crop": SMALL["crop"] - 2}
+    hookcli.ablate(net, "block", photos, units="1", how=f"mean:{stats}", progress=heard.append, **other)
+    said = [event.text for event in heard if isinstance(event, Note) and "prepared otherwise" in event.text]
+    assert said == [
+        f"ablate: '{stats}' was made from inputs prepared otherwise (crop {SMALL['crop']} there, "
+        f"{other['crop']} here), so its values may not be this run's"
+    ]
+
+
 class InPlace(Residual):
     """The residual added in place onto the ablated layer's output (a method call, which torch.fx keeps in place)."""
 

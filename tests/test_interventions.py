@@ -164,6 +164,25 @@ def test_edits_compose_in_order_and_capture_edited_records_after_them(photos):
     assert "interventions" not in hookcli.extract(net, "0", photos, **SMALL).metadata
 
 
+def test_a_file_made_from_inputs_prepared_otherwise_is_said_for_each_edit_that_reads_it(photos, tmp_path):
+    from hookcli.events import Note
+
+    net = _cnn()
+    stats = hookcli.stats(net, "0", photos, output=tmp_path / "s.safetensors", top=1, **SMALL)
+    heard: list = []
+    asked = [f"0:1=mean:{stats}", f"0=add:{stats}:0@pca_vectors:1:2.5"]
+    hookcli.extract(net, "2", photos, intervene=asked, progress=heard.append, **{**SMALL, "resize": 20})
+    said = [event.text for event in heard if isinstance(event, Note) and "prepared otherwise" in event.text]
+    assert said == [
+        f"--intervene '{spec}': '{stats}' was made from inputs prepared otherwise (resize 16 there, 20 here), so its "
+        "values may not be this run's"
+        for spec in asked
+    ]
+    heard.clear()
+    hookcli.extract(net, "2", photos, intervene=asked, progress=heard.append, **SMALL)
+    assert not [event for event in heard if isinstance(event, Note) and "prepared otherwise" in event.text]
+
+
 def test_mean_and_steering_read_a_stats_file_of_the_same_layer(photos, tmp_path):
     net = _cnn()
     batch = _inputs(net, photos)

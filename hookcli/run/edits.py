@@ -34,6 +34,7 @@ from torch import nn
 from hookcli.errors import UsageProblem
 from hookcli.families import channels_last_output, square_input
 from hookcli.inputs.archives import file_stamp
+from hookcli.inputs.preprocess import Preprocess
 from hookcli.models.loaded import LoadedModel
 from hookcli.options.interventions import Intervention
 from hookcli.run.settings import RunSettings
@@ -42,7 +43,15 @@ from hookcli.storage.recorded_run import lenient_json, recorded_layers
 from hookcli.storage.shards import open_features
 from hookcli.storage.stats_format import is_stats
 
-__all__ = ["Edit", "edits_entries", "first_missing", "partners", "resolve_edits", "with_edits"]
+__all__ = [
+    "Edit",
+    "edits_entries",
+    "first_missing",
+    "partners",
+    "preprocessed_otherwise",
+    "resolve_edits",
+    "with_edits",
+]
 
 
 @dataclass(eq=False)
@@ -57,6 +66,8 @@ class Edit:
     stamp: Any = None
     prefix_tokens: int | None = None
     square: bool = False
+    #: The preprocessing the file read was made with, as it records it (None: no file, or none recorded).
+    made_with: Preprocess | None = None
     #: Whether a forward has run the edit.
     reached: bool = False
     _moved: dict[tuple[torch.device, torch.dtype], torch.Tensor] = field(default_factory=dict, repr=False)
@@ -194,8 +205,10 @@ def resolve_edits(
             )
         module = modules[spec.layer]
         _check_known_units(spec, module)
-        vector, stamp = _read_vector(spec, model_name, weights) if spec.file is not None else (None, None)
-        edit = Edit(spec, vector, seed, stamp, prefix_tokens, square)
+        vector, stamp, made_with = (
+            _read_vector(spec, model_name, weights) if spec.file is not None else (None, None, None)
+        )
+        edit = Edit(spec, vector, seed, stamp, prefix_tokens, square, made_with)
         known = _known_units(module)
         if vector is not None and known is not None:
             edit._units(known)  # refuses a vector of another length than the layer's units
@@ -226,9 +239,9 @@ def _check_known_units(spec: Intervention, module: nn.Module) -> None:
 
 def _read_vector(
     spec: Intervention, model_name: str | None, weights: Mapping[str, Any] | None
-) -> tuple[torch.Tensor, Any]:
-    """The vector a ``mean`` or ``add`` edit reads, and its file's stamp; refused when the file is not of this model
-    and layer, or the key or row is not there."""
+) -> tuple[torch.Tensor, Any, Preprocess | None]:
+    """The vector a ``mean`` or ``add`` edit reads, its file's stamp and the preprocessing the file records; refused
+    when the file is not of this model and layer, or the key or row is not there."""
     assert spec.file is not None, "edits that read a file name it"
     path = spec.file
     if not os.path.exists(path):
@@ -255,7 +268,11 @@ def _read_vector(
                 hint="hookcli info lists a file's tensors",
             )
         values = np.asarray(features.read(key), dtype=np.float64)
-    return _row_of(spec, key, values), file_stamp(path)
+        try:
+            made_with = Preprocess.from_metadata(metadata.get("preprocess"))
+        except ValueError:  # untrusted, and only said in a note: unreadable is unknown
+            made_with = None
+    return _row_of(spec, key, values), file_stamp(path), made_with
 
 
 def _layer_key(metadata: Any, spec: Intervention, path: str) -> str:
@@ -315,8 +332,38 @@ def with_edits(settings: RunSettings, loaded: LoadedModel, interventions: Sequen
         square=square_input(settings.preprocess),
     )
     asked = [flag for flag, on in (("--compile", settings.compile), ("--fuse", settings.fuse)) if on]
-    notes = (f"--intervene runs the model as written: {' and '.join(asked)} left out",) if asked else ()
+    notes: tuple[str, ...] = (
+        (f"--intervene runs the model as written: {' and '.join(asked)} left out",) if asked else ()
+    )
+    notes += tuple(filter(None, (preprocessed_otherwise(edit, settings.preprocess) for edit in edits)))
     return dataclasses.replace(settings, edits=edits, compile=False, fuse=False), notes
+
+
+#: What a file's preprocessing must share with a run's for its vectors to be of inputs prepared as the run's are.
+_PREPARED = ("kind", "resize", "crop", "interpolation", "mean", "std")
+
+
+def preprocessed_otherwise(edit: Edit, preprocess: Preprocess | None) -> str | None:
+    """What to say of an edit whose file was made from inputs prepared otherwise than this run's (None: the same,
+    or not known)."""
+    theirs = edit.made_with
+    if theirs is None or preprocess is None:
+        return None
+    differ = [name for name in _PREPARED if _plain(getattr(theirs, name)) != _plain(getattr(preprocess, name))]
+    if not differ:
+        return None
+    said = "; ".join(
+        f"{name} {_plain(getattr(theirs, name))} there, {_plain(getattr(preprocess, name))} here" for name in differ
+    )
+    return (
+        f"{edit.intervention.named}: '{edit.intervention.file}' was made from inputs prepared otherwise ({said}), "
+        "so its values may not be this run's"
+    )
+
+
+def _plain(value: Any) -> Any:
+    """A preprocessing value as a file records it (tuples as lists)."""
+    return list(value) if isinstance(value, tuple) else value
 
 
 def edits_entries(settings: RunSettings) -> dict[str, str]:

@@ -44,7 +44,7 @@ class Ablate(Gathers):
 
     def plan(self, asked: Asked, loaded: LoadedModel, settings: RunSettings) -> Parts:
         from hookcli.run.ablation import ablation_forward
-        from hookcli.run.edits import resolve_edits
+        from hookcli.run.edits import preprocessed_otherwise, resolve_edits
 
         opts = asked.opts
         selected = selected_layers(loaded, asked.layers)
@@ -80,7 +80,8 @@ class Ablate(Gathers):
             prefix_tokens=loaded.prefix_tokens,
             square=square_input(settings.preprocess),
         )
-        return Parts(selected, forward, {"ablate": json.dumps(described)})
+        said = preprocessed_otherwise(edit, settings.preprocess)
+        return Parts(selected, forward, {"ablate": json.dumps(described)}, notes=(said,) if said else ())
 
     def writer(self, run: Planned, note: Callable[[str], None]) -> RowsWriter:
         from hookcli.statistics.ablation import AblationGathering
