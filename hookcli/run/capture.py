@@ -120,6 +120,9 @@ class FeatureCapture:
         self.calls: dict[str, int] | None = None
         #: Keys of container elements that were not tensors and so were not stored.
         self.omitted: set[str] = set()
+        #: The edits that had not run when a forward first stopped early: they edit layers after every captured
+        #: one, and change nothing kept (None until a forward stops early).
+        self.late_edits: tuple[Edit, ...] | None = None
         self._stack: contextlib.ExitStack | None = None
         self._outputs: dict[str, list] = {}
         self._inputs: dict[str, list] = {}
@@ -185,7 +188,7 @@ class FeatureCapture:
         if self._edits_checked:
             return
         self._edits_checked = True
-        unreached = next((edit for edit in self.edits if not edit.reached), None)
+        unreached = next((edit for edit in self.edits if not edit.calls), None)
         if unreached is not None:
             spec = unreached.intervention
             raise UsageProblem(
@@ -195,10 +198,12 @@ class FeatureCapture:
 
     def _forward(self, batch) -> tuple[dict, dict, dict]:
         self._clear()
+        ran = [edit.calls for edit in self.edits]
         try:
             call_model(self.model, batch)
         except _ForwardDone:
-            pass
+            if self.late_edits is None:
+                self.late_edits = tuple(edit for edit, before in zip(self.edits, ran) if edit.calls == before)
         finally:
             counts, outputs, inputs = self._counts, self._outputs, self._inputs
             self._clear()

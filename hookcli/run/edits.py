@@ -68,8 +68,8 @@ class Edit:
     square: bool = False
     #: The preprocessing the file read was made with, as it records it (None: no file, or none recorded).
     made_with: Preprocess | None = None
-    #: Whether a forward has run the edit.
-    reached: bool = False
+    #: How many times a forward has run the edit.
+    calls: int = 0
     _moved: dict[tuple[torch.device, torch.dtype], torch.Tensor] = field(default_factory=dict, repr=False)
     _layouts: dict[tuple[int, ...], tuple[int, int]] = field(default_factory=dict, repr=False)
 
@@ -95,7 +95,7 @@ class Edit:
 
     def _hook(self, module: nn.Module, inputs: Any, output: Any) -> torch.Tensor:
         spec = self.intervention
-        self.reached = True
+        self.calls += 1
         if not isinstance(output, torch.Tensor) or output.dim() < 2 or not output.is_floating_point():
             what = type(output).__name__ if not isinstance(output, torch.Tensor) else f"a {output.dtype} tensor"
             raise UsageProblem(

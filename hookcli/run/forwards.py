@@ -197,10 +197,18 @@ class EagerForward:
             self._entered = True
         with torch.inference_mode(), speed.compute_precision(self.settings.precision, batch_device(batch)):
             if self.rows is not None:  # a detection model takes a list of images and pads them itself
-                return self.rows.cut(self.capture.run(list(batch))), None
-            if not self.ragged:
-                return self._run(batch), None
-            return rows_by_shape(lambda group: (self._run(group), None), batch)[0], None
+                found = self.rows.cut(self.capture.run(list(batch)))
+            elif not self.ragged:
+                found = self._run(batch)
+            else:
+                found = rows_by_shape(lambda group: (self._run(group), None), batch)[0]
+        late, self.capture.late_edits = self.capture.late_edits, self.capture.late_edits and ()  # each said once
+        for edit in late or ():
+            self._note(
+                f"{edit.intervention.named}: the forward stops at the last layer kept before this edit applies, so "
+                "it changes nothing kept"
+            )
+        return found, None
 
     def _run(self, batch) -> dict:
         found = self.capture.run(batch)
