@@ -201,6 +201,19 @@ def test_an_edit_the_forward_stops_before_is_said_to_change_nothing(photos):
     assert not [event for event in heard if isinstance(event, Note) and "forward stops" in event.text]  # runs whole
 
 
+def test_the_cams_of_an_edited_run_say_its_edits(photos, tmp_path, monkeypatch):
+    import hookcli.pictures.cams
+
+    captions: list = []
+    monkeypatch.setattr(hookcli.pictures.cams, "add_title", lambda pixels, parts: captions.append(parts) or pixels)
+    asked = ["0:1=zero", "2=scale:0.5"]
+    hookcli.cam(_cnn(), photos[:2], layer="2", target="0", intervene=asked, output=tmp_path / "cams", **SMALL)
+    assert [parts[-3:] for parts in captions] == [["gradcam at 2", "edited: 0:1=zero", "edited: 2=scale:0.5"]] * 2
+    captions.clear()
+    hookcli.cam(_cnn(), photos[:1], layer="2", target="0", output=tmp_path / "plain", **SMALL)
+    assert captions[0][-1] == "gradcam at 2"
+
+
 def test_mean_and_steering_read_a_stats_file_of_the_same_layer(photos, tmp_path):
     net = _cnn()
     batch = _inputs(net, photos)

@@ -35,7 +35,8 @@ class CamOverlays:
     is decoded again for its picture: the run must be given ``picture``.
     ``written`` lists the inner writer's paths, then the PNGs. A map that is
     zero everywhere (no position raises the class's score) is reported
-    through ``on_note`` and drawn as the photo alone, saying so.
+    through ``on_note`` and drawn as the photo alone, saying so. ``edits``: the ``--intervene`` specs of an edited
+    run, which each caption names.
     """
 
     def __init__(
@@ -52,8 +53,9 @@ class CamOverlays:
         cmap: str = "inferno",
         force: bool = False,
         on_note: Callable[[str], None] | None = None,
+        edits: Sequence[str] = (),
     ) -> None:
-        self.inner, self.paths, self.folder = inner, paths, Path(folder)
+        self.inner, self.paths, self.folder, self.edits = inner, paths, Path(folder), tuple(edits)
         self.picture, self.count, self.method, self.layer = ModelPhotos(preprocess), count, method, layer
         self.alpha, self.cmap, self.force, self.on_note = alpha, cmap, force, on_note
         self.pngs: list[Path] = []
@@ -91,7 +93,9 @@ class CamOverlays:
                 pixels, flat = heat_picture(photo, heat, cmap=self.cmap, alpha=self.alpha, what=self.method, boxes=box)
                 if flat and self.on_note is not None:
                     self.on_note(f"{Path(self.paths[index]).name}, {label}: {flat}")
-                pixels = add_title(pixels, [*caption, f"{self.method} at {self.layer}"])
+                pixels = add_title(
+                    pixels, [*caption, f"{self.method} at {self.layer}", *(f"edited: {spec}" for spec in self.edits)]
+                )
                 path = self.folder / cam_png_name(index, self.paths[index], k, self.count)
                 save_png(pixels, path, force=self.force)
                 self.pngs.append(path)

@@ -99,6 +99,7 @@ class Cam(Grad):
             layer=layer,
             force=run.force,
             on_note=note,
+            edits=[edit.intervention.written or edit.intervention.text for edit in run.settings.edits],
             **run.cam_look,
         )
 
