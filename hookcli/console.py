@@ -56,13 +56,13 @@ class Terminated(BaseException):
 #: :mod:`hookcli.run.batches`), whatever filters the user or a test runner set.
 LIBRARY_NEWS = (DeprecationWarning, PendingDeprecationWarning, FutureWarning)
 
+#: How torch's compiler begins its word that TF32 tensor cores are left off (filtered for the API too, by
+#: :mod:`hookcli.run.speed`).
+TF32_LEFT_OFF = "TensorFloat32 tensor cores for float32 matrix multiplication"
 #: What torch says of the machine that is no note about the run: that CUDA could not start (``CUDA initialization:
 #: Unexpected error from cudaGetDeviceCount() … out of memory`` under a memory limit; the run goes on without it, as
 #: ``--device auto`` does on a machine without a GPU, and ``hookcli doctor`` gives the reason), and that its
 #: compiler finds TF32 tensor cores left off (``--precision fp32`` leaves them off on purpose).
-#: How torch's compiler begins its word that TF32 tensor cores are left off (filtered for the API too, by
-#: :mod:`hookcli.run.speed`).
-TF32_LEFT_OFF = "TensorFloat32 tensor cores for float32 matrix multiplication"
 _MACHINE_WORDS = re.compile(f"CUDA initialization: |{TF32_LEFT_OFF}")
 
 

@@ -126,8 +126,8 @@ def test_a_mean_ablation_from_a_stats_file_of_other_inputs_says_so(photos, tmp_p
     hookcli.ablate(net, "block", photos, units="1", how=f"mean:{stats}", progress=heard.append, **other)
     said = [event.text for event in heard if isinstance(event, Note) and "prepared otherwise" in event.text]
     assert said == [
-        f"ablate: '{stats}' was made from inputs prepared otherwise (crop {SMALL['crop']} there, "
-        f"{other['crop']} here), so its values may not be this run's"
+        f"ablate: '{stats}' holds values of inputs prepared otherwise than this run's: preprocess (crop: the file's "
+        f"{SMALL['crop']}, this run's {other['crop']})"
     ]
 
 

@@ -174,8 +174,8 @@ def test_a_file_made_from_inputs_prepared_otherwise_is_said_for_each_edit_that_r
     hookcli.extract(net, "2", photos, intervene=asked, progress=heard.append, **{**SMALL, "resize": 20})
     said = [event.text for event in heard if isinstance(event, Note) and "prepared otherwise" in event.text]
     assert said == [
-        f"--intervene '{spec}': '{stats}' was made from inputs prepared otherwise (resize 16 there, 20 here), so its "
-        "values may not be this run's"
+        f"--intervene '{spec}': '{stats}' holds values of inputs prepared otherwise than this run's: preprocess "
+        "(resize: the file's 16, this run's 20)"
         for spec in asked
     ]
     heard.clear()

@@ -39,6 +39,7 @@ from hookcli.models.loaded import LoadedModel
 from hookcli.options.interventions import Intervention
 from hookcli.run.settings import RunSettings
 from hookcli.statistics.units import UnitLayout
+from hookcli.storage.fileformat import identity_differences
 from hookcli.storage.recorded_run import lenient_json, recorded_layers
 from hookcli.storage.shards import open_features
 from hookcli.storage.stats_format import is_stats
@@ -346,24 +347,15 @@ _PREPARED = ("kind", "resize", "crop", "interpolation", "mean", "std")
 def preprocessed_otherwise(edit: Edit, preprocess: Preprocess | None) -> str | None:
     """What to say of an edit whose file was made from inputs prepared otherwise than this run's (None: the same,
     or not known)."""
-    theirs = edit.made_with
-    if theirs is None or preprocess is None:
+    if edit.made_with is None or preprocess is None:
         return None
-    differ = [name for name in _PREPARED if _plain(getattr(theirs, name)) != _plain(getattr(preprocess, name))]
+    theirs, mine = ({"preprocess": {k: v for k, v in json.loads(p.to_json()).items() if k in _PREPARED}}
+                    for p in (edit.made_with, preprocess))  # fmt: skip
+    differ = identity_differences(theirs, mine, ("the file's", "this run's"))
     if not differ:
         return None
-    said = "; ".join(
-        f"{name} {_plain(getattr(theirs, name))} there, {_plain(getattr(preprocess, name))} here" for name in differ
-    )
-    return (
-        f"{edit.intervention.named}: '{edit.intervention.file}' was made from inputs prepared otherwise ({said}), "
-        "so its values may not be this run's"
-    )
-
-
-def _plain(value: Any) -> Any:
-    """A preprocessing value as a file records it (tuples as lists)."""
-    return list(value) if isinstance(value, tuple) else value
+    spec = edit.intervention
+    return f"{spec.named}: '{spec.file}' holds values of inputs prepared otherwise than this run's: {differ[0]}"
 
 
 def edits_entries(settings: RunSettings) -> dict[str, str]:

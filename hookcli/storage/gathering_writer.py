@@ -84,7 +84,9 @@ class GatheringWriter:
         self.open: dict[int, GatheredShard] = {}
         self._adding: Background | None = None  # the thread that gathers each batch
         self.merged: GatheredShard | None = None  # the shards so far, merged in order (to a file: _fold)
-        self.folded = 0  # the parts merged into it, or -1 where some are not this process's (_fold)
+        # The parts merged into it, or -1 where some are not this process's (_fold): from the start where other
+        # processes share the run.
+        self.folded = -1 if team or part[1] > 1 else 0
         self.folder: ShardWriter | None = None
         self.written: list[str | Path] = []
         self.done = 0
@@ -205,8 +207,7 @@ class GatheringWriter:
         made every part so far, in order, and no other process shares the run: then the parts need not be read back
         (:meth:`_write_output`)."""
         device = merge_device(self.device, self.gathering)
-        shared = self.team or self.part[1] > 1  # other processes make parts of this run
-        if shared or number != self.folded or (self.merged is None and not room_to_fold(state, device)):
+        if number != self.folded or (self.merged is None and not room_to_fold(state, device)):
             self.merged, self.folded = None, -1  # another process's or an earlier run's parts come between
             return
         try:
