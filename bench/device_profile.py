@@ -7,7 +7,8 @@ Run from the repository root on a GPU machine (``--device cpu`` and small counts
 
 Decoding (500x375 JPEGs, as ImageNet's; resnet50's preprocessing): the decode workers' batches alone (files read
 and handed over, nothing decoded) and the input stage whole (their batches decoded on the device), each in steady
-state over the files read ``--repeat`` times, with the time the input stage waits for the workers; then for the
+state over the files read ``--repeat`` times, with the time the input stage waits for the workers and decodes,
+with every worker and with 4 (do idle cores speed the decoder?); then for the
 same batches in this process, each stage synchronised and timed on its own: the bytes made tensors,
 ``decode_jpeg`` on the device (and nvImageCodec's decoder, where it decodes), turning upright, resize and crop,
 scale and normalise, and ``DeviceDecoder`` whole; and ``DeviceDecoder`` on a batch of JPEGs each of its own size.
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import dataclasses
 import io
 import pstats
 import sys
@@ -83,24 +85,8 @@ def decode_stages(paths: list[str], batch_size: int, device, repeat: int) -> Non
     )
     decoder = DeviceDecoder(preprocess, device)
     print(f"decoder: {device_jpeg_decoder(device)}")
-    marks, waited, decoding = [], 0.0, 0.0
-    loader = iter(image_loader(many, settings))
-    while True:
-        start = time.perf_counter()
-        found = next(loader, None)
-        middle = time.perf_counter()
-        if found is None:
-            break
-        decoder(*found[:3])
-        _sync(device)
-        end = time.perf_counter()
-        if marks:  # the first batch waits for the workers to start
-            waited, decoding = waited + middle - start, decoding + end - middle
-        marks.append((end, (marks[-1][1] if marks else 0) + len(found[0])))
-    print(
-        f"input stage whole, steady: {_steady(marks):9.1f} img/s; after the first batch, {waited:.2f} s waiting for "
-        f"the workers and {decoding:.2f} s decoding"
-    )
+    for workers in sorted({settings.workers, min(4, settings.workers)}, reverse=True):
+        _input_stage(many, dataclasses.replace(settings, workers=workers), decoder, device)
     batches = list(image_loader(paths, settings))
     totals: dict[str, float] = {}
     for turn, (indices, encoded, failures, _) in enumerate(batches):
@@ -137,6 +123,33 @@ def decode_stages(paths: list[str], batch_size: int, device, repeat: int) -> Non
     counted = sum(len(indices) for indices, *_ in batches[1:])
     for name, seconds in totals.items():
         print(f"  {name:22s} {1000 * seconds / (len(batches) - 1):8.2f} ms a batch  {counted / seconds:10.1f} img/s")
+
+
+def _input_stage(paths: list[str], settings, decoder, device) -> None:
+    """The input stage whole (``settings.workers`` workers, their batches decoded here), steady, with the time it
+    waits for the workers and the time it decodes: decoding well above ``DeviceDecoder`` alone means the workers or
+    other threads take the cores the decoder needs."""
+    from hookcli.run.batches import image_loader
+
+    marks, waited, decoding = [], 0.0, 0.0
+    loader = iter(image_loader(paths, settings))
+    while True:
+        start = time.perf_counter()
+        found = next(loader, None)
+        middle = time.perf_counter()
+        if found is None:
+            break
+        decoder(*found[:3])
+        _sync(device)
+        end = time.perf_counter()
+        if marks:  # the first batch waits for the workers to start
+            waited, decoding = waited + middle - start, decoding + end - middle
+        marks.append((end, (marks[-1][1] if marks else 0) + len(found[0])))
+    after = max(len(marks) - 1, 1)
+    print(
+        f"input stage whole, {settings.workers} workers, steady: {_steady(marks):9.1f} img/s; a batch after the "
+        f"first: {1000 * waited / after:.2f} ms waiting for the workers, {1000 * decoding / after:.2f} ms decoding"
+    )
 
 
 def mixed_sizes(folder: Path, count: int, device) -> None:

@@ -30,13 +30,13 @@ export LD_LIBRARY_PATH=/tmp/site/nvidia/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_
 if [ "${1:-}" = quick ]; then
   IMAGES=64 UNIQUE=32 JPEGS=32 BATCH=16 PHOTOS=4 GATHER=64 SUITE=60 DEVICE=cpu WORKERS=2 PRECISIONS=fp32,bf16
 else
-  IMAGES=8192 UNIQUE=2048 JPEGS=2048 BATCH=256 PHOTOS=16 GATHER=2048 SUITE=230 DEVICE=cuda WORKERS=16 PRECISIONS=fp32,tf32,bf16
+  IMAGES=8192 UNIQUE=2048 JPEGS=2048 BATCH=256 PHOTOS=16 GATHER=2048 SUITE=220 DEVICE=cuda WORKERS=16 PRECISIONS=fp32,tf32,bf16
 fi
 echo "=== bench/gpu_bench.py"
 timeout 110 python3 bench/gpu_bench.py --models resnet50 --images $IMAGES --unique $UNIQUE --batch-size $BATCH --device $DEVICE \
   --precisions $PRECISIONS 2>&1 | tee "$OUT/gpu_bench.txt"
 echo "=== bench/device_profile.py (--decode device)"
-timeout 50 python3 bench/device_profile.py --images $JPEGS --batch-size $BATCH --device $DEVICE --repeat 4 --skip gather \
+timeout 60 python3 bench/device_profile.py --images $JPEGS --batch-size $BATCH --device $DEVICE --repeat 4 --skip gather \
   --out "$OUT" 2>&1 | tee "$OUT/device_profile.txt"
 echo "=== CUDA against CPU"
 timeout 80 python3 bench/gpu_exact.py --device $DEVICE --photos $PHOTOS 2>&1 | tee "$OUT/exact.txt"
