@@ -61,9 +61,10 @@ LIBRARY_NEWS = (DeprecationWarning, PendingDeprecationWarning, FutureWarning)
 TF32_LEFT_OFF = "TensorFloat32 tensor cores for float32 matrix multiplication"
 #: What torch says of the machine that is no note about the run: that CUDA could not start (``CUDA initialization:
 #: Unexpected error from cudaGetDeviceCount() … out of memory`` under a memory limit; the run goes on without it, as
-#: ``--device auto`` does on a machine without a GPU, and ``hookcli doctor`` gives the reason), and that its
-#: compiler finds TF32 tensor cores left off (``--precision fp32`` leaves them off on purpose).
-_MACHINE_WORDS = re.compile(f"CUDA initialization: |{TF32_LEFT_OFF}")
+#: ``--device auto`` does on a machine without a GPU, and ``hookcli doctor`` gives the reason), that its
+#: compiler finds TF32 tensor cores left off (``--precision fp32`` leaves them off on purpose), and that its
+#: compiler's guards run slower on Python 3.13.0 (a bug of that release; ``hookcli doctor`` says so).
+_MACHINE_WORDS = re.compile(f"CUDA initialization: |{TF32_LEFT_OFF}|Guards may run slower on Python ")
 
 
 def _arithmetic(message, category: type[Warning], filename: str) -> bool:

@@ -404,6 +404,20 @@ def test_doctor_gives_the_install_line_of_an_absent_extra(monkeypatch):
     }
 
 
+def test_doctor_says_that_python_3_13_0_slows_compiled_runs(monkeypatch):
+    from hookcli.run import environment
+
+    monkeypatch.setattr(environment.sys, "version_info", (3, 13, 0, "final", 0))
+    monkeypatch.setattr(environment.platform, "python_version", lambda: "3.13.0")
+    python = next(check for check in hookcli.doctor() if check["name"] == "python")
+    assert python == {
+        "name": "python",
+        "ok": True,
+        "detail": "3.13.0",
+        "hint": "--compile runs slower on Python 3.13.0; 3.13.1 or later mends it",
+    }
+
+
 def _code_lines(text: str, language: str) -> list[str]:
     """The lines of a page's ``language`` code blocks, comments and trailing spaces left out."""
     blocks = re.findall(rf"```{language}\n(.*?)```", text, flags=re.DOTALL)

@@ -60,6 +60,9 @@ def test_deprecations_are_no_notes_unless_debugging():
                 "setting `torch.set_float32_matmul_precision('high')` for better performance.",
                 UserWarning,
             )
+            warnings.warn(  # torch's compiler on Python 3.13.0 (hookcli doctor says it)
+                "Guards may run slower on Python 3.13.0. Consider upgrading to Python 3.13.1+.", RuntimeWarning
+            )
     assert said == ["Note: a hookcli note"]
     shown: list[str] = []
     with warnings.catch_warnings():

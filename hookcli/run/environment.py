@@ -66,6 +66,8 @@ def check_install() -> list[Check]:
 
 def _python() -> Check:
     found = platform.python_version()
+    if sys.version_info[:3] == (3, 13, 0):  # its __dict__ versions do not hold: torch's compiler guards without them
+        return Check("python", True, found, hint="--compile runs slower on Python 3.13.0; 3.13.1 or later mends it")
     if sys.version_info[:2] >= _PYTHON:
         return Check("python", True, found)
     return Check("python", False, found, hint=f"hookcli needs Python {'.'.join(map(str, _PYTHON))} or later")
