@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from hookcli.version import __version__
 
 if TYPE_CHECKING:  # what editors and type checkers see; at run time each name loads on first use (below)
-    from hookcli.api import ablate, cam, compare, doctor, extract, grad, grid, info, layers, models, report, stats
+    from hookcli.api import ablate, cam, compare, doctor, extract, grad, grid, info, layers, models, plan, report, stats
     from hookcli.errors import HookcliError
     from hookcli.inputs.preprocess import Preprocess
     from hookcli.models.loading import load_model
@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time each name l
     from hookcli.run.execute import execute
     from hookcli.run.layer_table import describe_layers
     from hookcli.run.outputs import DEFAULT_OUTPUT
-    from hookcli.run.plan import RunPlan, plan
+    from hookcli.run.plan import RunPlan
     from hookcli.run.selectors import resolve_layers
     from hookcli.storage.features import FeatureFile, Features
     from hookcli.storage.reader import FeatureReader
@@ -63,7 +63,7 @@ _PUBLIC = {
     "models": "hookcli.api",
     "patch": "hookcli.api",
     "open_features": "hookcli.storage.shards",
-    "plan": "hookcli.run.plan",
+    "plan": "hookcli.api",
     "report": "hookcli.api",
     "rollout": "hookcli.statistics.rollout",
     "resolve_layers": "hookcli.run.selectors",

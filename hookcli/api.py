@@ -38,7 +38,6 @@ command line's default name.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -50,6 +49,7 @@ from hookcli.families import family_traits
 from hookcli.inputs.pairs import given_pairs, interleaved
 from hookcli.models.catalog import choose_model, describe_models
 from hookcli.options.compare import COMPARE_OPTIONS, CompareOptions
+from hookcli.options.given import given_keywords
 from hookcli.options.grid import GridOptions, drawing_options
 from hookcli.options.run import MAX_SIDE, RunOptions, refuse_unknown
 from hookcli.pictures.grid_job import default_grid_folder
@@ -60,6 +60,7 @@ if TYPE_CHECKING:  # what the functions return: numpy and the readers load when 
 
     from hookcli.events import Event
     from hookcli.run.layer_table import LayerInfo
+    from hookcli.run.planned import RunPlan
     from hookcli.storage.features import Features
     from hookcli.storage.reader import FeatureReader
 
@@ -91,6 +92,7 @@ __all__ = [
     "layers",
     "models",
     "patch",
+    "plan",
     "report",
     "stats",
 ]
@@ -131,7 +133,7 @@ def extract(
     >>> extract("resnet18", "layer3", [photo, photo], output=folder, pool="avg", weights="none").name
     'index.jsonl'
     """
-    return _run("extract", model, layers, inputs, output, _given(options, keywords), progress)
+    return _run("extract", model, layers, inputs, output, given_keywords(options, keywords), progress)
 
 
 def grad(
@@ -157,7 +159,7 @@ def grad(
     >>> sorted(grads), len(grads.metadata["targets"]) > 0
     (['layer4', 'layer4@grad#0', 'layer4@grad#1'], True)
     """
-    return _run("grad", model, layers, inputs, output, _given(options, keywords), progress)
+    return _run("grad", model, layers, inputs, output, given_keywords(options, keywords), progress)
 
 
 def cam(
@@ -188,7 +190,7 @@ def cam(
     >>> cam("resnet18", photo, output=tempfile.mkdtemp() + "/cams", weights="none").name
     'cams.safetensors'
     """
-    return _never_none(_run("cam", model, layer, inputs, output, _given(options, keywords), progress))
+    return _never_none(_run("cam", model, layer, inputs, output, given_keywords(options, keywords), progress))
 
 
 def stats(
@@ -235,7 +237,7 @@ def stats(
     >>> found["layer4@mean"].shape, found["layer4@top_maps"].shape, int(found["layer4@count"])
     (torch.Size([512]), torch.Size([512, 1, 2, 2]), 8)
     """
-    given = _given(options, keywords)
+    given = given_keywords(options, keywords)
     if features is not None:
         if model is not None or layers is not None or inputs is not None:
             raise UsageProblem(
@@ -293,7 +295,7 @@ def compare(
     >>> json.loads(found.metadata["rows"]), [round(v, 9) for v in found["linear-cka"].diagonal().tolist()]
     (['a', 'b'], [1.0, 1.0])
     """
-    given = _given(options, keywords, CompareOptions)
+    given = given_keywords(options, keywords, CompareOptions)
     sides = (model, layers, inputs, model2, layers2, weights2, seed2)
     alone = not any(value is not None for value in (*sides, features, features2)) and set(given) <= {"force"}
     if merge is not None and not alone:
@@ -350,7 +352,7 @@ def ablate(
     >>> found["layer4@flips"].shape, found["layer4@class_effect"].shape
     (torch.Size([8]), torch.Size([8, 1000]))
     """
-    return _never_none(_run("ablate", model, layer, inputs, output, _given(options, keywords), progress))
+    return _never_none(_run("ablate", model, layer, inputs, output, given_keywords(options, keywords), progress))
 
 
 def patch(
@@ -376,7 +378,7 @@ def patch(
     [0.0]
     """
     inputs = interleaved(given_pairs(pairs, pairs_from))
-    return _never_none(_run("patch", model, layers, inputs, output, _given(options, keywords), progress))
+    return _never_none(_run("patch", model, layers, inputs, output, given_keywords(options, keywords), progress))
 
 
 #: The keywords of :func:`compare` that say how to compare (the rest are the run's).
@@ -411,7 +413,7 @@ def grid(
     """
     from hookcli.pictures.grids import draw_grids
 
-    drawing = _grid_options("grid", _given(options, keywords, GridOptions))
+    drawing = _grid_options("grid", given_keywords(options, keywords, GridOptions))
     if output is DEFAULT_OUTPUT:
         output = default_grid_folder(source)
     with _opened(source) as features:
@@ -446,7 +448,7 @@ def report(
     """
     from hookcli.pictures.reports import default_report_folder, write_report  # numpy, Pillow
 
-    drawing = _grid_options("report", _given(options, keywords, GridOptions))
+    drawing = _grid_options("report", given_keywords(options, keywords, GridOptions))
     if output is None:
         raise UsageProblem(
             "a report is a folder of pages and has no in-memory form",
@@ -552,23 +554,23 @@ def info(source: Source, *, stats: bool = True, progress: Progress = None) -> di
     with _opened(source) as features:
         described = describe_file(features, stats=stats)
         for text in getattr(features, "reading_notes", ()):
-            (progress or _ignore)(Note(text))
+            if progress is not None:
+                progress(Note(text))
     return described
 
 
-def _given(typed: Any, keywords: dict[str, Any], *also: type) -> dict[str, Any]:
-    """The keywords a command is given: those ``typed`` (an options object, or a list of them) sets away from its
-    defaults, and ``keywords``, which win; ``also``: the options classes it takes besides :class:`RunOptions`."""
-    taken = also if GridOptions in also else (RunOptions, *also)
-    objects: tuple[Any, ...] = tuple(typed) if isinstance(typed, list | tuple) else () if typed is None else (typed,)
-    given: dict[str, Any] = {}
-    for each in objects:
-        if not (dataclasses.is_dataclass(each) and isinstance(each, taken)):
-            names = " or ".join(kind.__name__ for kind in taken)
-            raise TypeError(f"options must be {names} (or a list of them), not {type(each).__name__}")
-        defaults = {field.name: field.default for field in dataclasses.fields(each)}
-        given.update({name: value for name, value in vars(each).items() if value != defaults.get(name, value)})
-    return {**given, **keywords}
+def plan(
+    command: str, model: Model, layers: Layers | None, inputs: Inputs, *, output: Output = None, **options: Any
+) -> RunPlan:
+    """A run of ``command`` resolved once, for :func:`hookcli.execute` (:func:`hookcli.run.plan.plan_request`):
+    the arguments as ``command``'s function takes them; bad usage refused before any model loads and, where the
+    check needs no torch (options, inputs, existing outputs), before torch is imported."""
+    from hookcli.run.request import request
+
+    asked = request(command, model, layers, inputs, output=output, **options)
+    from hookcli.run.plan import plan_request  # torch, numpy
+
+    return plan_request(asked)
 
 
 def _run(
@@ -587,7 +589,3 @@ def _never_none(result: Features | Path | None) -> Features | Path:
     """What a run that never writes to stdout (cam, stats) returns."""
     assert result is not None, "only a run writing to stdout returns nothing"
     return result
-
-
-def _ignore(event: Event) -> None:
-    pass

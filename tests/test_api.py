@@ -220,9 +220,12 @@ def test_usage_errors_come_before_the_model_loads(images, tmp_path, monkeypatch)
         hookcli.extract("resnet18", "layer1", images[0], precision="fp16", device="cpu")
 
 
-def test_a_missing_input_is_refused_before_torch_is_imported(tmp_path):
+@pytest.mark.parametrize(
+    "call", ["extract('resnet18', 'layer1', 'missing.png')", "plan('extract', 'resnet18', 'layer1', 'missing.png')"]
+)
+def test_a_missing_input_is_refused_before_torch_is_imported(tmp_path, call):
     code = (
-        "import sys, hookcli\ntry:\n    hookcli.extract('resnet18', 'layer1', 'missing.png')\n"
+        f"import sys, hookcli\ntry:\n    hookcli.{call}\n"
         "except hookcli.HookcliError as err:\n    print(type(err).__name__, err, err.exit_code)\n"
         "print('torch' in sys.modules)"
     )

@@ -177,6 +177,7 @@ LAZY_IMPORTS = {
     },
     ("hookcli.api", "hookcli.run.request"): "models and layers answer without the run's checks (about 25 ms)",
     ("hookcli.api", "hookcli.run.execute"): "the run engine (torch) loads once the request is checked",
+    ("hookcli.api", "hookcli.run.plan"): "a plan loads the model (torch) once the request is checked",
     ("hookcli.api", "hookcli.run.layer_table"): "layers loads the model (torch) after checking its names",
     ("hookcli.api", "hookcli.run.saved"): "statistics of saved features load torch once the call is checked",
     ("hookcli.api", "hookcli.run.compare"): "a comparison loads torch once the call is checked",

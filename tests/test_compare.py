@@ -437,9 +437,9 @@ def test_a_key_named_like_the_second_sides_never_stands_for_it():
 
 
 def test_a_comparisons_plan_run_alone_is_refused_with_where_to_run_it(images):
+    from hookcli.api import plan
     from hookcli.errors import UsageProblem
     from hookcli.run.execute import execute
-    from hookcli.run.plan import plan
 
     planned = plan("compare", "resnet18", "layer1", [str(p) for p in images], weights="none", resize=32, crop=32)
     with pytest.raises(UsageProblem) as refused:

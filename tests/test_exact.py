@@ -221,7 +221,7 @@ def test_a_model_run_twice_at_once_comes_back_once_with_its_gradients():
 
 
 def test_only_a_model_handed_in_is_given_back(photo):
-    from hookcli.run.plan import plan
+    from hookcli.api import plan
 
     built = plan("extract", "resnet18", "layer1", [str(photo)], weights="none")
     handed = plan("extract", load_model("resnet18", "none"), "layer1", [str(photo)])

@@ -1,6 +1,6 @@
 """The run layer: a command's options → one frozen :class:`RunPlan` → :func:`~hookcli.run.execute.execute`.
 
-:func:`plan` resolves everything once. First what needs no model, and no
+:func:`hookcli.api.plan` resolves everything once. First what needs no model, and no
 torch (:func:`hookcli.run.request.request`: the options, the layer
 selectors, the inputs, the output, the model's and weights' names); then
 :func:`plan_request` resolves the device, loads the model, resolves the
@@ -17,8 +17,9 @@ callback as values (:mod:`hookcli.events`).
 
 >>> import tempfile
 >>> from hookcli.models.loading import load_model
+>>> from hookcli.run.request import request
 >>> photo = __import__("matplotlib.cbook").cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)
->>> run = plan("extract", load_model("resnet18", "none"), "layer2", photo, resize=64, crop=64)
+>>> run = plan_request(request("extract", load_model("resnet18", "none"), "layer2", photo, resize=64, crop=64))
 >>> run.output, run.settings.memory_format, run.layers
 (Output(kind='memory', path=None), 'channels_last', {'layer2': 'layer2'})
 >>> from hookcli.run.execute import execute
@@ -44,32 +45,13 @@ from hookcli.run.commands import COMMANDS
 from hookcli.run.edits import edits_entries, with_edits
 from hookcli.run.outputs import Output, default_path, refuse_drawn_grids
 from hookcli.run.planned import RunPlan
-from hookcli.run.request import RunRequest, request, with_rows
+from hookcli.run.request import RunRequest, with_rows
 from hookcli.run.settings import RunSettings
 from hookcli.run.speed import resolve_settings, run_device
 from hookcli.run.team import join_team, left_on_error
 from hookcli.storage.fileformat import RunRecord, identity, inputs_digest
 
-__all__ = [
-    "RunPlan",
-    "plan",
-    "plan_request",
-]
-
-
-def plan(command: str, model, layers, inputs, *, output=None, **options) -> RunPlan:
-    """Resolve a run of ``command`` (a name of :data:`~hookcli.run.commands.COMMANDS`) with the options of
-    :mod:`hookcli.api`.
-
-    ``model`` is a model name or a :class:`~hookcli.models.loaded.LoadedModel`;
-    ``layers`` one selector or a list (cam: one selector or None for the
-    default layer); ``inputs`` a path, a folder, ``-`` or a list of them;
-    ``output`` None (in memory), :data:`DEFAULT_OUTPUT`, a file, ``-`` or a
-    binary stream (the file's bytes go there), or a folder (a string ending in
-    ``/``, or an existing folder: a ``pathlib.Path`` drops the trailing slash). Raises the library's errors; usage
-    errors before any model loads (:func:`hookcli.run.request.request`).
-    """
-    return plan_request(request(command, model, layers, inputs, output=output, **options))
+__all__ = ["RunPlan", "plan_request"]
 
 
 def plan_request(asked: RunRequest) -> RunPlan:

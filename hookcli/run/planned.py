@@ -1,4 +1,4 @@
-"""A run with nothing left to decide (:class:`RunPlan`), as :func:`hookcli.run.plan.plan` makes it and
+"""A run with nothing left to decide (:class:`RunPlan`), as :func:`hookcli.api.plan` makes it and
 :func:`hookcli.run.execute.execute` runs it."""
 
 from __future__ import annotations

@@ -80,8 +80,12 @@ def request(
     command: str, model, layers, inputs, *, output=None, rows: FoundInputs | None = None, **options
 ) -> RunRequest:
     """Check a run of ``command`` (a name of :data:`~hookcli.run.commands.COMMANDS`) with the options of
-    :mod:`hookcli.api`; see :func:`hookcli.run.plan.plan` for the arguments. ``rows``: the inputs another
-    request found already (a second model run over them), not looked for again. Raises the library's errors."""
+    :mod:`hookcli.api`. ``model`` is a model name or a :class:`~hookcli.models.loaded.LoadedModel`; ``layers`` one
+    selector or a list (cam: one selector or None for the default layer); ``inputs`` a path, a folder, ``-`` or a
+    list of them; ``output`` None (in memory), :data:`~hookcli.run.outputs.DEFAULT_OUTPUT`, a file, ``-`` or a
+    binary stream (the file's bytes go there), or a folder (a string ending in ``/``, or an existing folder: a
+    ``pathlib.Path`` drops the trailing slash). ``rows``: the inputs another request found already (a second model
+    run over them), not looked for again. Raises the library's errors."""
     if command not in COMMANDS:
         raise UsageProblem(f"unknown command '{command}'", hint=f"use one of {', '.join(COMMANDS)}")
     does = COMMANDS[command]
