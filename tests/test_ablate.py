@@ -243,6 +243,33 @@ def test_a_layer_the_forward_runs_twice_is_refused_and_a_refused_run_leaves_no_p
     assert hookcli.ablate("resnet18", "layer3", photos, units="250:256", output=out, **small) == out  # corrected
 
 
+class MixedTwice(Residual):
+    """A 1x1 convolution the forward runs twice after the block; ``branching``: untraceable by torch.fx."""
+
+    def __init__(self, branching: bool) -> None:
+        super().__init__()
+        self.mix, self.branching = nn.Conv2d(6, 6, 1), branching
+
+    def forward(self, x):
+        x = torch.relu(self.stem(x))
+        x = torch.relu(self.block(x) + x)
+        if not self.branching or x.sum() > -1e9:
+            x = self.mix(self.mix(x))
+        return self.head(self.after(x).mean(dim=(2, 3)))
+
+
+@pytest.mark.parametrize(("branching", "calls"), [(False, "2 times"), (True, "more than once")])
+def test_an_effect_on_layer_the_forward_runs_twice_is_refused(photos, branching, calls):
+    torch.manual_seed(0)
+    with pytest.raises(UsageProblem) as caught:  # its first call's output is not the one the model goes on with
+        hookcli.ablate(MixedTwice(branching).eval(), "block", photos, effect_on="mix", units="0:2", **SMALL)
+    assert str(caught.value) == (
+        f"--effect-on mix: the forward runs mix {calls}, so its output is not one value to measure. Hint: measure a "
+        "layer the forward runs once (hookcli layers shows how often each runs), or leave --effect-on out for the "
+        "model's output"
+    )
+
+
 def test_ablate_takes_one_layer_and_no_edits(photos):
     with pytest.raises(UsageProblem) as caught:
         hookcli.ablate(_net(), ["stem", "block"], photos, **SMALL)

@@ -78,9 +78,10 @@ class UnitAblation:
             for path in (layer, effect_on):
                 if path != "." and path not in called:
                     raise _never_runs(path)
-            calls = sum(node.op == "call_module" and node.target == layer for node in nodes)
-            if calls > 1:
-                raise _runs_more_than_once(layer, calls)
+            for path, measured in ((layer, False), (effect_on, True)):
+                calls = sum(node.op == "call_module" and node.target == path for node in nodes)
+                if calls > 1:
+                    raise _runs_more_than_once(path, calls, measured=measured)
             self._layer_node = self._node(layer)
             self._effect_node = None if effect_on == "." else self._node(effect_on)
             self._placeholders = [node for node in nodes if node.op == "placeholder"]
@@ -221,6 +222,8 @@ class UnitAblation:
             return copies
 
         def at_effect(module: nn.Module, inputs: Any, output: Any) -> None:
+            if "effect" in kept:
+                raise _runs_more_than_once(self.effect_on, None, measured=True)
             kept["effect"] = output
             kept.setdefault("first", "effect")
 
@@ -242,11 +245,18 @@ def _never_runs(layer: str) -> UsageProblem:
     )
 
 
-def _runs_more_than_once(layer: str, calls: int | None) -> UsageProblem:
-    """The refusal of a layer the forward runs ``calls`` times (None: more than once, the count unknown)."""
+def _runs_more_than_once(layer: str, calls: int | None, *, measured: bool = False) -> UsageProblem:
+    """The refusal of a layer the forward runs ``calls`` times (None: more than once, the count unknown), to ablate
+    or, ``measured``, to measure the effects on (``--effect-on``)."""
+    runs = f"the forward runs {layer} {'more than once' if calls is None else f'{calls} times'}, so its output is"
+    if measured:
+        return UsageProblem(
+            f"--effect-on {layer}: {runs} not one value to measure",
+            hint="measure a layer the forward runs once (hookcli layers shows how often each runs), or leave "
+            "--effect-on out for the model's output",
+        )
     return UsageProblem(
-        f"ablate: the forward runs {layer} {'more than once' if calls is None else f'{calls} times'}, so its output "
-        "is not one value to ablate",
+        f"ablate: {runs} not one value to ablate",
         hint="ablate a layer the forward runs once (hookcli layers shows how often each runs)",
     )
 
