@@ -10,7 +10,7 @@ from safetensors import safe_open
 from torch import nn
 
 import hookcli
-from hookcli.errors import OutputExistsError, UsageProblem
+from hookcli.errors import FeatureFileError, OutputExistsError, UsageProblem
 from hookcli.run.attention import attention_kind, attention_weights
 from hookcli.run.capture import FeatureCapture
 
@@ -467,6 +467,57 @@ def test_the_command_line_writes_the_rollout_beside_and_refuses_what_has_none(ph
         "--capture attention\n"
     )
     assert not (tmp_path / "r.safetensors").exists()
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        (lambda w: -w, "holds negative values at row 0"),
+        (
+            lambda w: np.where(np.arange(w.size).reshape(w.shape) == 3, np.nan, w).astype(w.dtype),
+            "holds NaN or infinite values at row 0",
+        ),
+        (lambda w: w * 2, "holds weights that do not sum to 1 over the tokens at row 0"),
+        (lambda w: (w * 100).astype(np.int32), "holds int32 values at row 0"),
+    ],
+)
+def test_rollout_refuses_damaged_attention_weights_in_one_line(photos, tmp_path, change, problem):
+    from safetensors.numpy import save_file
+
+    layer = "encoder.layers.encoder_layer_0.self_attention"
+    made = hookcli.extract(_vit(), layer, photos, capture="attention", attention="mean", resize=16, crop=16,
+                           output=tmp_path / "a.safetensors")  # fmt: skip
+    with safe_open(str(made), "np") as read:
+        tensors, metadata = {key: read.get_tensor(key) for key in read.keys()}, read.metadata()
+    key = f"{layer}@attention"
+    save_file({**tensors, key: change(tensors[key])}, str(tmp_path / "damaged.safetensors"), metadata=metadata)
+    with pytest.raises(FeatureFileError) as refused:
+        hookcli.rollout(tmp_path / "damaged.safetensors", output=tmp_path / "r.safetensors")
+    assert str(refused.value) == (
+        f"'{key}' of '{tmp_path / 'damaged.safetensors'}' {problem}: no attention weights. Hint: the file is damaged: "
+        "capture the attention again with hookcli extract --capture attention"
+    )
+    assert not (tmp_path / "r.safetensors").exists()
+    for prefix in ("5", "abc"):  # 5 tokens in all: none is left for patches
+        save_file(tensors, str(tmp_path / "prefix.safetensors"), metadata={**metadata, "prefix_tokens": prefix})
+        with pytest.raises(FeatureFileError) as refused:
+            hookcli.rollout(tmp_path / "prefix.safetensors")
+        assert refused.value.message == (
+            f"'{tmp_path / 'prefix.safetensors'}' records \"{prefix}\" tokens before its patches, and its blocks "
+            "attend over 5 tokens"
+        )
+    save_file(tensors, str(tmp_path / "later.safetensors"), metadata={**metadata, "format": "99"})
+    with pytest.raises(FeatureFileError) as refused:
+        hookcli.rollout(tmp_path / "later.safetensors")
+    assert str(refused.value) == (
+        f"'{tmp_path / 'later.safetensors'}' is a file of rows of format \"99\", and this hookcli reads formats 1 "
+        "to 3. Hint: read it with the hookcli that wrote it, or extract it again"
+    )
+    with pytest.raises(UsageProblem) as refused:
+        hookcli.rollout(made, output=tmp_path / "r.pt")
+    assert refused.value.message == f"output '{tmp_path / 'r.pt'}' ends in .pt, the suffix of another format"
+    with hookcli.open_features(hookcli.rollout(made, output=tmp_path / "r.safetensors")) as written:
+        assert written.metadata["format"] == "1" and written.metadata["prefix_tokens"] == "1"
 
 
 class _Wide(nn.Module):

@@ -15,9 +15,9 @@ from typing import BinaryIO
 
 from hookcli.errors import OutputExistsError, UsageProblem
 from hookcli.files import check_writable
-from hookcli.inputs.names import IMAGE_SUFFIXES
 from hookcli.models.specs import parse_model
 from hookcli.pictures.file_names import safe_name
+from hookcli.storage.output_names import refuse_other_format
 
 __all__ = [
     "check_file_output",
@@ -96,55 +96,7 @@ def check_file_output(path: str, inputs: Sequence[os.PathLike[str]], force: bool
     format."""
     check_writable(path, force=force)
     refuse_overwriting_inputs([path], inputs)
-    _refuse_other_format(path)
-
-
-#: Suffixes of formats other than safetensors (besides images'): an output file is refused under such a name.
-_OTHER_FORMATS = frozenset(
-    {
-        ".pt",
-        ".pth",
-        ".bin",
-        ".ckpt",
-        ".npy",
-        ".npz",
-        ".h5",
-        ".hdf5",
-        ".pkl",
-        ".pickle",
-        ".joblib",
-        ".json",
-        ".jsonl",
-        ".csv",
-        ".tsv",
-        ".txt",
-        ".parquet",
-        ".arrow",
-        ".feather",
-        ".onnx",
-        ".gguf",
-        ".mat",
-        ".zip",
-        ".tar",
-        ".gz",
-        ".svg",
-        ".pdf",
-    }
-)
-
-
-def _refuse_other_format(path: str) -> None:
-    """What a file output holds is safetensors; a name that promises another format would mislead its reader.
-
-    Any other name is written as given, one without a suffix too.
-    """
-    suffix = Path(path).suffix
-    if suffix.lower() in _OTHER_FORMATS | IMAGE_SUFFIXES:
-        raise UsageProblem(
-            f"output '{path}' ends in {suffix}, the suffix of another format",
-            hint=f"hookcli writes safetensors: name it '{Path(path).with_suffix('.safetensors')}', "
-            "or end the path with / for a shard folder",
-        )
+    refuse_other_format(path)
 
 
 def refuse_drawn_grids(folder: str, keys: Sequence[str]) -> None:

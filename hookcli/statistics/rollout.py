@@ -23,10 +23,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hookcli.errors import UsageProblem
+from hookcli.errors import FeatureFileError, UsageProblem
 from hookcli.files import check_writable
 from hookcli.patterns import select_keys
 from hookcli.storage.features import Features
+from hookcli.storage.fileformat import FORMAT_VERSION
+from hookcli.storage.output_names import refuse_other_format
 from hookcli.storage.reader import FeatureReader
 from hookcli.storage.saving import write_safetensors
 from hookcli.storage.shards import open_features
@@ -70,6 +72,7 @@ def rollout(
     """
     if output is not None:
         check_writable(output, force=force)
+        refuse_other_format(str(output))
     if not 0 <= residual <= 1:
         raise UsageProblem(
             f"residual={residual}: a rollout keeps a share of each token, between 0 and 1", hint="0.5 is the paper's"
@@ -112,12 +115,20 @@ def rollout(
                 f"{', '.join(str(list(features.shape(key))) for key in chosen)}",
                 hint="give the @attention keys of one model's blocks",
             )
+        prefix = features.metadata.get("prefix_tokens")
+        if prefix is not None and not (prefix.isascii() and prefix.isdecimal() and int(prefix) < tokens):
+            raise FeatureFileError(
+                f"'{features.name}' records {json.dumps(prefix)} tokens before its patches, and its blocks attend "
+                f"over {tokens} tokens",
+                hint="the file is damaged: capture the attention again with hookcli extract --capture attention",
+            )
         maps = torch.empty(rows, tokens)
         for row in range(rows):  # a row of each block at a time: memory for one image's weights
-            weights = [torch.as_tensor(np.asarray(features.read(key, row)))[None] for key in chosen]
+            weights = [_weights(features, key, row) for key in chosen]
             maps[row] = attention_rollout(weights, residual=residual)[0, 0].float()
         metadata = {
             **features.metadata,
+            "format": FORMAT_VERSION,  # one dense row an image
             "capture": "attention:class-mean",
             "rollout": json.dumps({"blocks": chosen, "residual": residual}),
         }
@@ -125,3 +136,23 @@ def rollout(
         return Features({"rollout@attention": maps}, metadata, name=f"rollout of {features.name}")
     write_safetensors({"rollout@attention": maps}, metadata, output, force=force)
     return Path(output)
+
+
+def _weights(features: FeatureReader, key: str, row: int) -> torch.Tensor:
+    """Row ``row`` of block ``key``'s attention weights ``[1, ...]``, refused unless each query's weights are finite,
+    not negative, and sum to 1 (to the rounding of the dtype stored), as a softmax's are."""
+    weights = torch.as_tensor(np.asarray(features.read(key, row)))[None]
+    if not weights.is_floating_point():
+        problem = f"holds {str(weights.dtype).removeprefix('torch.')} values"
+    elif not bool(torch.isfinite(weights).all()):
+        problem = "holds NaN or infinite values"
+    elif bool((weights < 0).any()):
+        problem = "holds negative values"
+    elif not torch.allclose(weights.double().sum(dim=-1), torch.ones((), dtype=torch.float64), atol=1e-2):
+        problem = "holds weights that do not sum to 1 over the tokens"
+    else:
+        return weights
+    raise FeatureFileError(
+        f"'{key}' of '{features.name}' {problem} at row {row}: no attention weights",
+        hint="the file is damaged: capture the attention again with hookcli extract --capture attention",
+    )

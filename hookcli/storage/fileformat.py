@@ -63,6 +63,7 @@ __all__ = [
     "SHARD_NAME",
     "STORED_DTYPES",
     "check_file_kind",
+    "check_rows_format",
     "check_index_header",
     "check_index_line",
     "file_metadata",
@@ -572,6 +573,20 @@ reads format 5. Hint: read it with the hookcli that wrote it, or compare again
             f"'{name}' is {a} {what} that {said}, and this hookcli reads format {version}",
             hint=f"read it with the hookcli that wrote it, or {again}",
         )
+
+
+def check_rows_format(metadata: Mapping[str, str], name: str) -> None:
+    """Refuse file or folder ``name`` when its metadata names no ``kind`` (a file of rows) and a ``format`` other
+    than the versions this hookcli reads (1 to 3): a later hookcli's, or a damaged file's. A file of rows another
+    tool wrote, with no ``format``, is read."""
+    found = metadata.get("format")
+    if "kind" in metadata or found is None or found in (FORMAT_VERSION, RAGGED_FORMAT_VERSION, FLAT_FORMAT_VERSION):
+        return
+    raise FeatureFileError(
+        f"'{name}' is a file of rows of format {json.dumps(found)}, and this hookcli reads formats "
+        f"{FORMAT_VERSION} to {FLAT_FORMAT_VERSION}",
+        hint="read it with the hookcli that wrote it, or extract it again",
+    )
 
 
 #: The folder of a statistics file's parts, while it is being computed: ``<output>.parts``.

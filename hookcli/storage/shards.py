@@ -265,9 +265,16 @@ def open_features(source: str | os.PathLike) -> FeatureReader:
     """A :class:`~hookcli.storage.features.FeatureFile` for a file or ``-``, a :class:`ShardedFeatures` for a shard
     folder: either reads as :class:`~hookcli.storage.reader.FeatureReader` says."""
     path = Path(source)
+    opened: FeatureReader
     if str(source) != "-" and (path.is_dir() or path.name == INDEX_NAME):
-        return ShardedFeatures(path)
-    opened = FeatureFile(source)
+        opened = ShardedFeatures(path)
+    else:
+        opened = FeatureFile(source)
+    try:
+        fileformat.check_rows_format(opened.metadata, str(source))
+    except FeatureFileError:
+        opened.close()
+        raise
     if opened.metadata.get("kind") == STATS_PART:  # its tensors are accumulators' states, not rows
         opened.close()
         raise FeatureFileError(
