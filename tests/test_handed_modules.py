@@ -149,6 +149,42 @@ def test_what_is_not_a_model_is_refused_in_one_line(photos):
     assert str(scripted.value).startswith("the model given is a TorchScript module (RecursiveScriptModule)")
 
 
+class Sized(TinyCNN):
+    """A model of one input size, which it asserts, as torchvision's ViTs do; ``fail_later``: a RuntimeError of its
+    own at its second call."""
+
+    def __init__(self, fail_later: bool = False) -> None:
+        super().__init__()
+        self.fail_later, self.calls = fail_later, 0
+
+    def forward(self, x):
+        self.calls += 1
+        assert x.shape[-1] == 48, f"Wrong image width! Expected 48 but got {x.shape[-1]}!"
+        if self.fail_later and self.calls > 1:
+            raise RuntimeError("something else went wrong")
+        return super().forward(x)
+
+
+def test_a_model_that_cannot_take_the_runs_input_size_says_so_in_its_own_words(photos):
+    from hookcli.errors import CaptureError
+
+    with pytest.raises(CaptureError) as refused:
+        hookcli.extract(Sized(), "conv", photos, resize=32, crop=32)
+    assert str(refused.value) == (
+        "Sized cannot run on this run's inputs ([4, 3, 32, 32]: Wrong image width! Expected 48 but got 32!). Hint: "
+        "give it inputs of a size it takes (--resize, --crop)"
+    )
+    with pytest.raises(CaptureError) as named:
+        hookcli.extract("vit_b_16", "encoder", photos[:1], weights="none", resize=32, crop=32)
+    assert str(named.value) == (
+        "vit_b_16 cannot run on this run's inputs ([1, 3, 32, 32]: Wrong image height! Expected 224 but got 32!). "
+        "Hint: give it inputs of a size it takes (--resize, --crop); hookcli layers -m vit_b_16 runs it on its natural "
+        "input"
+    )
+    with pytest.raises(RuntimeError, match="^something else went wrong$"):  # not the inputs' size: as it was raised
+        hookcli.extract(Sized(fail_later=True), "conv", photos, resize=48, crop=48, batch_size=2)
+
+
 def test_weights_and_flags_that_cannot_apply_are_refused(photos):
     with pytest.raises(UsageProblem) as refused:
         hookcli.extract(_net(), "bn1", photos, weights="IMAGENET1K_V1")

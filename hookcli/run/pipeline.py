@@ -42,6 +42,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 import torch
 
+from hookcli.errors import CaptureError, first_line
 from hookcli.families import ragged_rows, square_input
 from hookcli.inputs.images import PictureMaker
 from hookcli.models.loaded import LoadedModel
@@ -84,6 +85,7 @@ def iter_batches(
     cast = getattr(torch, settings.dtype)
     batches = Decoded(image_loader(paths, settings, order=order, picture=picture), settings, on_note)
     unreadable = "videos" if any(hasattr(path, "frames") for path in paths[:1]) else "images"  # rows of clips
+    ran = False  # a forward has run: a later failure is no refusal of the inputs' size
     with (
         prepared_model(loaded, settings) as (model, to_device),
         make_forward(model, layers, settings, on_note) as run,
@@ -93,7 +95,22 @@ def iter_batches(
             failures = reported_failures(failures, settings.on_error, unreadable)
             features, targets, facts = {}, None, None
             if batch is not None:
-                captured, targets = run(to_device(batch))
+                try:
+                    captured, targets = run(to_device(batch))
+                except (RuntimeError, ValueError, AssertionError) as err:
+                    if ran or isinstance(err, torch.OutOfMemoryError) or "allocate" in str(err):
+                        raise
+                    shape = list(batch.shape) if isinstance(batch, torch.Tensor) else type(batch).__name__
+                    raise CaptureError(  # the model's own words of an input it cannot take (a ViT's size)
+                        f"{loaded.name} cannot run on this run's inputs ({shape}: {first_line(err).rstrip('.')})",
+                        hint="give it inputs of a size it takes (--resize, --crop)"
+                        + (
+                            ""
+                            if loaded.handed_in
+                            else f"; hookcli layers -m {loaded.name} runs it on its natural input"
+                        ),
+                    ) from err
+                ran = True
                 batches.prepare()  # while the device computes this batch
                 features = {
                     key: stored(key, value, settings.pool, cast, ragged, square, rows_on_device)
