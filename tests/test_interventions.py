@@ -97,10 +97,12 @@ def test_the_spec_reads_as_documented():
         ("layer4:5:2=zero", "the units 5:2 are no range A:B with 0 <= A < B"),
         ("layer4:-1=zero", "the units -1 are not whole numbers from 0"),
         ("layer4=zero:1", "zero takes nothing after it"),
+        ("layer4=zero:", "zero takes nothing after it"),
         ("layer4=value", "value takes value:V"),
         ("layer4=scale:nan", "'nan' is not a finite number"),
         ("layer4=clamp:2:1", "clamp's LO must not be above its HI (2 > 1)"),
         ("layer4=add:f.safetensors:k:one:1", "add's ROW must be a whole number from 0, not 'one'"),
+        ("layer4=add:f.safetensors:k:\u00b2:1", "add's ROW must be a whole number from 0, not '\u00b2'"),
         ("layer4=mean", "mean takes the statistics file: mean:FILE"),
     ],
 )

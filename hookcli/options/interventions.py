@@ -133,20 +133,22 @@ def parse_intervention(spec: Any) -> Intervention:
     layer, colon, units = target.strip().partition(":")
     if not layer:
         raise _refused(spec, "it names no layer")
-    name, _, rest = edit.strip().partition(":")
+    name, after, rest = edit.strip().partition(":")
     if name not in EDITS:
         raise _refused(spec, f"'{name}' is not an edit")
-    found = _with_arguments(spec, layer, _units(spec, units) if colon else None, name, rest)
+    found = _with_arguments(spec, layer, _units(spec, units) if colon else None, name, after + rest)
     return dataclasses.replace(found, written=text)
 
 
 def _with_arguments(spec: Any, layer: str, units: tuple[int, ...] | None, name: str, rest: str) -> Intervention:
-    """The intervention of edit ``name``, reading what follows the name (``rest``)."""
+    """The intervention of edit ``name``, reading what follows the name (``rest``: empty, or a colon and then its
+    arguments)."""
     wanted = EDITS[name]
     if not wanted:
         if rest:
             raise _refused(spec, f"{name} takes nothing after it")
         return Intervention(layer, units, name)
+    rest = rest[1:]
     if name == "mean":
         if not rest:
             raise _refused(spec, "mean takes the statistics file: mean:FILE")
@@ -156,7 +158,7 @@ def _with_arguments(spec: Any, layer: str, units: tuple[int, ...] | None, name: 
         if len(pieces) != 4 or not all(pieces):
             raise _refused(spec, "add takes add:FILE:KEY:ROW:ALPHA")
         file, key, row, alpha = pieces
-        if not row.isdigit():
+        if not (row.isascii() and row.isdigit()):
             raise _refused(spec, f"add's ROW must be a whole number from 0, not '{row}'")
         return Intervention(layer, units, name, (_number(spec, alpha),), file=file, key=key, row=int(row))
     pieces = rest.split(":") if rest else []
