@@ -320,6 +320,15 @@ def test_a_damaged_patching_file_is_refused_in_one_line(pairs, tmp_path):
     with pytest.raises(FeatureFileError) as refused, hookcli.open_features(tmp_path / "retyped.safetensors") as read:
         read_patch(read)
     assert refused.value.message.endswith("'pairs@source_class' is F64 [4], not I64 [4]")
+    for inputs in (json.loads(metadata["inputs"])[:3], None):  # 3 names for 4 pairs, or none
+        save_file(load_file(out), str(tmp_path / "renamed.safetensors"), {**metadata, "inputs": json.dumps(inputs)})
+        with pytest.raises(FeatureFileError) as refused:
+            hookcli.report(tmp_path / "renamed.safetensors", output=tmp_path / "report")
+        assert refused.value.message.endswith(
+            "is a damaged patching file: its 'inputs' metadata does not name a source and a target for each of its 4 "
+            "pairs"
+        )
+    assert not (tmp_path / "report").exists()
 
 
 def test_parts_shared_by_processes_write_what_one_process_writes(pairs, tmp_path):

@@ -70,6 +70,11 @@ def read_patch(features: FeatureReader) -> PatchFile:
         raise _damaged(name, f"'{PAIR_KEYS[0]}' is not one class a pair")
     for key in PAIR_KEYS:
         _checked(features, key, "I64" if key.endswith("_class") else "F64", pairs)
+    inputs = lenient_json(features.metadata.get("inputs"))
+    if not isinstance(inputs, list) or len(inputs) != 2 * pairs[0] or not all(isinstance(i, str) for i in inputs):
+        raise _damaged(
+            name, f"its 'inputs' metadata does not name a source and a target for each of its {pairs[0]} pairs"
+        )
     positions = {}
     for key in ordered:
         shape = features.shape(patch_key(key, "change"))
