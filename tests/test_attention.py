@@ -510,8 +510,8 @@ def test_rollout_refuses_damaged_attention_weights_in_one_line(photos, tmp_path,
     with pytest.raises(FeatureFileError) as refused:
         hookcli.rollout(tmp_path / "later.safetensors")
     assert str(refused.value) == (
-        f"'{tmp_path / 'later.safetensors'}' is a file of rows of format \"99\", and this hookcli reads formats 1 "
-        "to 3. Hint: read it with the hookcli that wrote it, or extract it again"
+        f"'{tmp_path / 'later.safetensors'}' is of format \"99\", and this hookcli reads formats 1 to 7. Hint: read it "
+        "with the hookcli that wrote it, or make it again"
     )
     with pytest.raises(UsageProblem) as refused:
         hookcli.rollout(made, output=tmp_path / "r.pt")

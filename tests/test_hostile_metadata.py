@@ -360,3 +360,21 @@ def test_parts_whose_widths_differ_are_not_merged():
     with pytest.raises(ValueError) as refused:
         first.merge(second)
     assert str(refused.value) == "its representations' widths [4, 3] are not the other parts' [3, 4]"
+
+
+def test_a_file_of_a_format_no_hookcli_wrote_is_refused_by_every_reader(runner, one_error, tmp_path):
+    from hookcli.storage import ablation_format, compare_format, fileformat, patch_format, stats_format
+
+    versions = [fileformat.FORMAT_VERSION, fileformat.RAGGED_FORMAT_VERSION, fileformat.FLAT_FORMAT_VERSION]
+    versions += [stats_format.STATS_FORMAT_VERSION, compare_format.COMPARE_FORMAT_VERSION]
+    versions += [ablation_format.ABLATION_FORMAT_VERSION, patch_format.PATCH_FORMAT_VERSION]
+    assert versions == [str(n) for n in range(1, fileformat.NEWEST_FORMAT + 1)]
+    path = tmp_path / "later.safetensors"
+    save_file({"x": np.ones((2, 3), dtype=np.float32)}, str(path), metadata={"format": "8"})
+    for command in (["info", str(path)], ["grid", str(path), "-o", str(tmp_path / "g")], ["report", str(path)]):
+        assert one_error(runner.invoke(main, command)) == (
+            f"Error: '{path}' is of format \"8\", and this hookcli reads formats 1 to 7. Hint: read it with the "
+            "hookcli that wrote it, or make it again"
+        )
+    save_file({"x": np.ones((2, 3), dtype=np.float32)}, str(path), metadata={"format": "1"})
+    assert runner.invoke(main, ["info", str(path)]).exit_code == 0

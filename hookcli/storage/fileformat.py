@@ -56,6 +56,7 @@ __all__ = [
     "RAGGED_FORMAT_VERSION",
     "FLAT_FORMAT_VERSION",
     "ROW_DETAILS",
+    "NEWEST_FORMAT",
     "ROW_SHAPE",
     "RunFacts",
     "RunRecord",
@@ -90,6 +91,8 @@ RAGGED_FORMAT_VERSION = "2"
 #: after the other (each row in C order), its ``@shape`` companion giving each row's shape. Version 1 and 2
 #: readers would misread them.
 FLAT_FORMAT_VERSION = "3"
+#: The newest ``format`` of any kind of file this hookcli writes (patching files': ``hookcli.storage.patch_format``).
+NEWEST_FORMAT = 7
 #: A ragged key's companion: ``<key>@shape``, int64 ``[N, ndim]``, each row's own shape.
 ROW_SHAPE = "@shape"
 #: The dtypes hookcli stores, by the name torch and numpy give each, and the name safetensors writes for it.
@@ -576,16 +579,15 @@ reads format 5. Hint: read it with the hookcli that wrote it, or compare again
 
 
 def check_rows_format(metadata: Mapping[str, str], name: str) -> None:
-    """Refuse file or folder ``name`` when its metadata names no ``kind`` (a file of rows) and a ``format`` other
-    than the versions this hookcli reads (1 to 3): a later hookcli's, or a damaged file's. A file of rows another
-    tool wrote, with no ``format``, is read."""
+    """Refuse file or folder ``name`` when its metadata names no ``kind`` and a ``format`` that is no version up to
+    :data:`NEWEST_FORMAT`: a later hookcli's, or a damaged file's. A file another tool wrote, with no ``format``, is
+    read as rows, and so is one of a known version that does not say its kind."""
     found = metadata.get("format")
-    if "kind" in metadata or found is None or found in (FORMAT_VERSION, RAGGED_FORMAT_VERSION, FLAT_FORMAT_VERSION):
+    if "kind" in metadata or found is None or found in {str(n) for n in range(1, NEWEST_FORMAT + 1)}:
         return
     raise FeatureFileError(
-        f"'{name}' is a file of rows of format {json.dumps(found)}, and this hookcli reads formats "
-        f"{FORMAT_VERSION} to {FLAT_FORMAT_VERSION}",
-        hint="read it with the hookcli that wrote it, or extract it again",
+        f"'{name}' is of format {json.dumps(found)}, and this hookcli reads formats 1 to {NEWEST_FORMAT}",
+        hint="read it with the hookcli that wrote it, or make it again",
     )
 
 
