@@ -185,22 +185,28 @@ def test_a_file_made_from_inputs_prepared_otherwise_is_said_for_each_edit_that_r
     assert not [event for event in heard if isinstance(event, Note) and "prepared otherwise" in event.text]
 
 
-def test_an_edit_the_forward_stops_before_is_said_to_change_nothing(photos):
+def test_an_edit_after_the_last_capture_is_said_to_change_nothing(photos):
     from hookcli.events import Note
 
     def late(**options) -> list[str]:
         heard: list = []
         hookcli.extract(_cnn(), progress=heard.append, **options, **SMALL)
-        return [event.text for event in heard if isinstance(event, Note) and "forward stops" in event.text]
+        return [event.text for event in heard if isinstance(event, Note) and "nothing kept" in event.text]
 
-    stops = "the forward stops at the last layer kept before this edit applies, so it changes nothing kept"
+    stops = "it applies after the last value kept is captured, so it changes nothing kept"
     assert late(layers="2", inputs=photos, intervene=["0:1=zero", "4=zero"]) == [f"--intervene '4=zero': {stops}"]
+    one_batch = {**SMALL, "batch_size": len(photos)}  # its forward runs whole: the edit runs, after the capture
+    heard: list = []
+    hookcli.extract(_cnn(), "2", photos, intervene=["0:1=zero", "4=zero"], progress=heard.append, **one_batch)
+    assert [event.text for event in heard if "nothing kept" in getattr(event, "text", "")] == [
+        f"--intervene '4=zero': {stops}"
+    ]
     # The last layer kept is captured before its edit, then the forward stops; captured after it, the edit shows.
     assert late(layers="0", inputs=photos, intervene=["0:1=zero"]) == [f"--intervene '0:1=zero': {stops}"]
     assert late(layers="0", inputs=photos, intervene=["0:1=zero"], capture_edited=True) == []
     heard: list = []
     hookcli.grad(_cnn(), "0", photos, target="0", intervene=["4=zero"], progress=heard.append, **SMALL)
-    assert not [event for event in heard if isinstance(event, Note) and "forward stops" in event.text]  # runs whole
+    assert not [event for event in heard if isinstance(event, Note) and "nothing kept" in event.text]  # runs whole
 
 
 def test_the_cams_of_an_edited_run_say_its_edits(photos, tmp_path, monkeypatch):

@@ -120,9 +120,10 @@ class FeatureCapture:
         self.calls: dict[str, int] | None = None
         #: Keys of container elements that were not tensors and so were not stored.
         self.omitted: set[str] = set()
-        #: The edits that had not run when a forward first stopped early: they edit layers after every captured
-        #: one, and change nothing kept (None until a forward stops early).
+        #: The edits that had not run when the first forward of a run that keeps only captures made its last
+        #: capture: they edit layers after every captured one, and change nothing kept (None until then).
         self.late_edits: tuple[Edit, ...] | None = None
+        self._edit_calls: list[int] = []  # each edit's calls at the last capture so far
         self._stack: contextlib.ExitStack | None = None
         self._outputs: dict[str, list] = {}
         self._inputs: dict[str, list] = {}
@@ -198,9 +199,13 @@ class FeatureCapture:
 
     def _forward(self, batch) -> tuple[dict, dict, dict]:
         self._clear()
-        ran = [edit.calls for edit in self.edits]
+        ran = self._edit_calls = [edit.calls for edit in self.edits]
         try:
             call_model(self.model, batch)
+            if self.stop_early and self.late_edits is None and self._counts:  # whole: what ran after the captures
+                self.late_edits = tuple(
+                    edit for edit, *calls in zip(self.edits, ran, self._edit_calls) if len(set(calls)) == 1
+                )
         except _ForwardDone:
             if self.late_edits is None:
                 self.late_edits = tuple(edit for edit, before in zip(self.edits, ran) if edit.calls == before)
@@ -230,6 +235,8 @@ class FeatureCapture:
 
     def _count(self, path: str) -> None:
         self._counts[path] = self._counts.get(path, 0) + 1
+        if self.edits and self.late_edits is None:
+            self._edit_calls = [edit.calls for edit in self.edits]
         expected = self.calls
         if (
             self.stop_early

@@ -205,8 +205,8 @@ class EagerForward:
         late, self.capture.late_edits = self.capture.late_edits, self.capture.late_edits and ()  # each said once
         for edit in late or ():
             self._note(
-                f"{edit.intervention.named}: the forward stops at the last layer kept before this edit applies, so "
-                "it changes nothing kept"
+                f"{edit.intervention.named}: it applies after the last value kept is captured, so it changes "
+                "nothing kept"
             )
         return found, None
 
