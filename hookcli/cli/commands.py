@@ -320,8 +320,9 @@ def grid(file, output, quiet, **options) -> None:
     of their own sizes (detection, segmentation) are each drawn at their own
     size, and a detection file's final detections (extract --detections) as one
     picture an image: the boxes over the photo, each with its class index and
-    score. A colour bar states the scale. Layers wider than 64 channels draw
-    their first 64 unless --channels or --top says otherwise. A statistics file
+    score. A colour bar states the scale. Layers of maps wider than 64 channels
+    draw their first 64 unless --channels or --top says otherwise (a vector is
+    drawn whole, as one strip of its values). A statistics file
     (hookcli stats) gives a picture a layer and channel: its dataset examples,
     each input's photo as the model saw it with the channel's map over it and
     the map's largest value ringed. A comparison file (hookcli compare) gives
