@@ -7,11 +7,11 @@ Run from the repository root on a GPU machine (``--device cpu`` and small counts
 
 Decoding (500x375 JPEGs, as ImageNet's; resnet50's preprocessing): the decode workers' batches alone (files read
 and handed over, nothing decoded) and the input stage whole (their batches decoded on the device), each in steady
-state over the files read ``--repeat`` times, with the time the input stage waits for the workers and decodes,
-with every worker and with 4 (do idle cores speed the decoder?); then for the
-same batches in this process, each stage synchronised and timed on its own: the bytes made tensors,
-``decode_jpeg`` on the device (and nvImageCodec's decoder, where it decodes), turning upright, resize and crop,
-scale and normalise, and ``DeviceDecoder`` whole; and ``DeviceDecoder`` on a batch of JPEGs each of its own size.
+state over the files read ``--repeat`` times, with the time the input stage waits for the workers and decodes, with
+every worker and with 4 (do idle cores speed the decoder?); then for the same batches in this process, each stage
+synchronised and timed on its own: the bytes made tensors, ``decode_jpeg`` on the device (and nvImageCodec's
+decoder, where it decodes, from copies of the bytes and from views of them), turning upright, resize and crop, scale
+and normalise, and ``DeviceDecoder`` whole; and ``DeviceDecoder`` on a batch of JPEGs each of its own size.
 
 Gathering (resnet50 ``layer3`` and ``layer4``, batch 128, in this process, warmed up): ``extract --pool avg``,
 ``stats --top 9`` and ``compare`` over two counts of photos, so that the time per photo and the time once per run
@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import dataclasses
+import importlib
 import io
 import pstats
 import sys
@@ -60,6 +61,7 @@ def _steady(marks: list[tuple[float, int]]) -> float:
 def decode_stages(paths: list[str], batch_size: int, device, repeat: int) -> None:
     """The workers' share alone and the input stage whole (steady, over the files ``repeat`` times), what the
     input stage waits for, then each stage of ``--decode device`` alone, per batch."""
+    import numpy as np
     import torch
     import torchvision.io
     from torchvision.io import ImageReadMode
@@ -104,6 +106,13 @@ def decode_stages(paths: list[str], batch_size: int, device, repeat: int) -> Non
                 device, lambda: codec.decoder.decode([bytes(j.data) for j in jpegs], params=codec.params)
             )
             stages.append(("nvImageCodec", seconds))
+            # The same batch handed over as views of the bytes the workers shared (no copy a JPEG), as code streams:
+            # what DeviceDecoder._by_codec would gain from views, where this line is faster than the one above.
+            codec_module = importlib.import_module("nvidia.nvimgcodec")
+            _, seconds = _timed(device, lambda: codec.decoder.decode(
+                [codec_module.CodeStream(np.frombuffer(j.data, dtype=np.uint8)) for j in jpegs], params=codec.params
+            ))  # fmt: skip
+            stages.append(("nvImageCodec, views", seconds))
         images, turning = _timed(device, lambda: [upright(i, j.orientation) for i, j in zip(images, jpegs)])
         stacked, stacking = _timed(device, lambda: torch.stack(images))
         cropped, geometry = _timed(device, lambda: decoder.steps.geometry(stacked))
