@@ -174,3 +174,32 @@ def install_hint(err: BaseException) -> str | None:
             '(pip install --force-reinstall "torch" "torchvision")'
         )
     return None
+
+
+#: What a model's own refusal of an input's size speaks of (``Wrong image height!``, ``Given input size: …``,
+#: ``mat1 and mat2 shapes cannot be multiplied``, ``… at non-singleton dimension 1``).
+_SIZE_WORDS = re.compile(r"\b(sizes?|shapes?|height|width|dimensions?)\b", re.IGNORECASE)
+#: Where a running out of memory says so, whatever it names besides.
+_MEMORY_WORDS = re.compile(r"out of memory|allocate", re.IGNORECASE)
+
+
+def size_refusal(err: BaseException) -> str | None:
+    """The first line of ``err`` where it is a model refusing the size of its input in its own words (an assertion,
+    a ValueError or a RuntimeError that speaks of a size, a shape or a dimension, raised outside hookcli), or None:
+    another failure, to be said as it was raised (a missing operator, a CUDA error, running out of memory, a bug).
+
+    >>> size_refusal(AssertionError("Wrong image height! Expected 224 but got 32!"))
+    'Wrong image height! Expected 224 but got 32!'
+    >>> size_refusal(RuntimeError("CUDA error: no kernel image is available")) is None
+    True
+    """
+    if not isinstance(err, RuntimeError | ValueError | AssertionError) or isinstance(err, NotImplementedError):
+        return None
+    words = first_line(err).rstrip(".")
+    if not _SIZE_WORDS.search(words) or _MEMORY_WORDS.search(str(err)):
+        return None
+    trace = err.__traceback__
+    while trace is not None and trace.tb_next is not None:
+        trace = trace.tb_next
+    raised_in = os.path.abspath(trace.tb_frame.f_code.co_filename) if trace is not None else ""
+    return None if raised_in.startswith(os.path.dirname(os.path.abspath(__file__)) + os.sep) else words

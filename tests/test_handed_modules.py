@@ -2,6 +2,7 @@
 its preprocessing), capture what hooks written by hand capture, and give the module back as it came."""
 
 import json
+import re
 import warnings
 
 import numpy as np
@@ -150,18 +151,18 @@ def test_what_is_not_a_model_is_refused_in_one_line(photos):
 
 
 class Sized(TinyCNN):
-    """A model of one input size, which it asserts, as torchvision's ViTs do; ``fail_later``: a RuntimeError of its
-    own at its second call."""
+    """A model of one input size, which it asserts, as torchvision's ViTs do; ``failure``: a RuntimeError of its own
+    at its call ``failing_call``."""
 
-    def __init__(self, fail_later: bool = False) -> None:
+    def __init__(self, failure: str = "", failing_call: int = 1) -> None:
         super().__init__()
-        self.fail_later, self.calls = fail_later, 0
+        self.failure, self.failing_call, self.calls = failure, failing_call, 0
 
     def forward(self, x):
         self.calls += 1
+        if self.failure and self.calls == self.failing_call:
+            raise RuntimeError(self.failure)
         assert x.shape[-1] == 48, f"Wrong image width! Expected 48 but got {x.shape[-1]}!"
-        if self.fail_later and self.calls > 1:
-            raise RuntimeError("something else went wrong")
         return super().forward(x)
 
 
@@ -181,8 +182,13 @@ def test_a_model_that_cannot_take_the_runs_input_size_says_so_in_its_own_words(p
         "Hint: give it inputs of a size it takes (--resize, --crop); hookcli layers -m vit_b_16 runs it on its natural "
         "input"
     )
-    with pytest.raises(RuntimeError, match="^something else went wrong$"):  # not the inputs' size: as it was raised
-        hookcli.extract(Sized(fail_later=True), "conv", photos, resize=48, crop=48, batch_size=2)
+    # Not a refusal of the inputs' size, or not at the first batch: raised as it was.
+    cuda = "CUDA error: no kernel image is available for execution on the device"
+    with pytest.raises(RuntimeError, match=f"^{cuda}$"):
+        hookcli.extract(Sized(cuda), "conv", photos, resize=32, crop=32)
+    later = "the size of tensor a (3) must match the size of tensor b (4)"
+    with pytest.raises(RuntimeError, match=rf"^{re.escape(later)}$"):
+        hookcli.extract(Sized(later, failing_call=2), "conv", photos, resize=48, crop=48, batch_size=2)
 
 
 def test_weights_and_flags_that_cannot_apply_are_refused(photos):

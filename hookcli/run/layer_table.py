@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hookcli.errors import CaptureError, first_line
+from hookcli.errors import CaptureError, size_refusal
 from hookcli.families import family_traits
 from hookcli.models import loading
 from hookcli.models.catalog import ModelChoice, as_model
@@ -63,10 +63,13 @@ def layer_table(
     try:
         rows = describe_layers(loaded.module, example)
     except (RuntimeError, ValueError, AssertionError) as err:  # the model refuses the input's size in its own words
+        words = size_refusal(err)
+        if words is None:
+            raise
         row = family_traits(loaded.family).row
         what = {"clip": "clip", "pair": "pair of frames"}.get(row, "input")
         raise CaptureError(
-            f"{loaded.name} cannot run on the dummy {what}: {first_line(err).rstrip('.')}",
+            f"{loaded.name} cannot run on the dummy {what}: {words}",
             hint="give another --input-size" + (" or --frames" if row == "clip" else ""),
         ) from None
     return [row for row in rows if depth is None or row.path == MODEL or row.path.count(".") < depth]

@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 import torch
 
-from hookcli.errors import CaptureError, first_line
+from hookcli.errors import CaptureError, size_refusal
 from hookcli.families import ragged_rows, square_input
 from hookcli.inputs.images import PictureMaker
 from hookcli.models.loaded import LoadedModel
@@ -98,11 +98,12 @@ def iter_batches(
                 try:
                     captured, targets = run(to_device(batch))
                 except (RuntimeError, ValueError, AssertionError) as err:
-                    if ran or isinstance(err, torch.OutOfMemoryError) or "allocate" in str(err):
+                    words = None if ran else size_refusal(err)
+                    if words is None:
                         raise
                     shape = list(batch.shape) if isinstance(batch, torch.Tensor) else type(batch).__name__
                     raise CaptureError(  # the model's own words of an input it cannot take (a ViT's size)
-                        f"{loaded.name} cannot run on this run's inputs ({shape}: {first_line(err).rstrip('.')})",
+                        f"{loaded.name} cannot run on this run's inputs ({shape}: {words})",
                         hint="give it inputs of a size it takes (--resize, --crop)"
                         + (
                             ""
