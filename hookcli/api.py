@@ -562,9 +562,12 @@ def info(source: Source, *, stats: bool = True, progress: Progress = None) -> di
 def plan(
     command: str, model: Model, layers: Layers | None, inputs: Inputs, *, output: Output = None, **options: Any
 ) -> RunPlan:
-    """A run of ``command`` resolved once, for :func:`hookcli.execute` (:func:`hookcli.run.plan.plan_request`):
-    the arguments as ``command``'s function takes them; bad usage refused before any model loads and, where the
-    check needs no torch (options, inputs, existing outputs), before torch is imported."""
+    """A run of ``command`` (``"extract"``, ``"stats"``…) resolved once, for :func:`hookcli.execute`
+    (:func:`hookcli.run.plan.plan_request`). ``model``: a name or a module, as the functions take it; ``layers``:
+    one selector or a list (cam: one or None); ``inputs``: a path, a folder, ``-`` or a list of them; ``output``:
+    None (in memory), :data:`DEFAULT_OUTPUT`, a file, a folder (``DIR/``), ``-`` or a binary stream; ``options``:
+    the command's keywords. Bad usage is refused before any model loads and, where the check needs no torch
+    (options, inputs, existing outputs), before torch is imported."""
     from hookcli.run.request import request
 
     asked = request(command, model, layers, inputs, output=output, **options)

@@ -229,6 +229,8 @@ def test_a_missing_input_is_refused_before_torch_is_imported(tmp_path, call):
         "except hookcli.HookcliError as err:\n    print(type(err).__name__, err, err.exit_code)\n"
         "print('torch' in sys.modules)"
     )
+    listed = "import hookcli.models.registry as r; r.model_registry()"  # the model names, cached as a first run does
+    subprocess.run([sys.executable, "-c", listed], check=True, cwd=tmp_path)
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path)
     assert result.stdout.splitlines() == [
         "InputError no such file or folder: 'missing.png'. Hint: check the path 2",

@@ -407,7 +407,7 @@ def test_doctor_gives_the_install_line_of_an_absent_extra(monkeypatch):
 def test_doctor_says_that_python_3_13_0_slows_compiled_runs(monkeypatch):
     from hookcli.run import environment
 
-    monkeypatch.setattr(environment.sys, "version_info", (3, 13, 0, "final", 0))
+    monkeypatch.setattr(environment.platform, "python_version_tuple", lambda: ("3", "13", "0"))
     monkeypatch.setattr(environment.platform, "python_version", lambda: "3.13.0")
     python = next(check for check in hookcli.doctor() if check["name"] == "python")
     assert python == {

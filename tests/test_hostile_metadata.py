@@ -370,11 +370,12 @@ def test_a_file_of_a_format_no_hookcli_wrote_is_refused_by_every_reader(runner, 
     versions += [ablation_format.ABLATION_FORMAT_VERSION, patch_format.PATCH_FORMAT_VERSION]
     assert versions == [str(n) for n in range(1, fileformat.NEWEST_FORMAT + 1)]
     path = tmp_path / "later.safetensors"
-    save_file({"x": np.ones((2, 3), dtype=np.float32)}, str(path), metadata={"format": "8"})
+    save_file({"x": np.ones((2, 3), dtype=np.float32)}, str(path), metadata={"format": "8", "kind": "probe"})
     for command in (["info", str(path)], ["grid", str(path), "-o", str(tmp_path / "g")], ["report", str(path)]):
         assert one_error(runner.invoke(main, command)) == (
             f"Error: '{path}' is of format \"8\", and this hookcli reads formats 1 to 7. Hint: read it with the "
             "hookcli that wrote it, or make it again"
         )
-    save_file({"x": np.ones((2, 3), dtype=np.float32)}, str(path), metadata={"format": "1"})
-    assert runner.invoke(main, ["info", str(path)]).exit_code == 0
+    for other in ({"format": "1"}, {"format": "pt"}, {}):  # ours, or other tools' (safetensors' own "pt"): rows
+        save_file({"x": np.ones((2, 3), dtype=np.float32)}, str(path), metadata=other)
+        assert runner.invoke(main, ["info", str(path)]).exit_code == 0, other

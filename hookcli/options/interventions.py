@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -184,6 +185,8 @@ def parse_units(text: str) -> tuple[int, ...] | None:
     if text == "*":
         return None
     try:
+        if any(not _WHOLE.fullmatch(piece.strip()) for piece in re.split("[:,]", text)):
+            raise ValueError(text)  # int() takes other scripts' digits and underscores too
         if ":" in text:
             start, stop = (int(piece) for piece in text.split(":"))
             range_ok = 0 <= start < stop <= MAX_UNITS
@@ -202,12 +205,18 @@ def parse_units(text: str) -> tuple[int, ...] | None:
 
 def _number(spec: Any, text: str) -> float:
     try:
+        if not text.isascii() or "_" in text:
+            raise ValueError(text)  # float() takes other scripts' digits and underscores too
         number = float(text)
     except ValueError:
         raise _refused(spec, f"'{text}' is not a number") from None
     if not math.isfinite(number):
         raise _refused(spec, f"'{text}' is not a finite number")
     return number
+
+
+#: A unit, as ``--intervene`` and ``--units`` take it: ASCII digits (a sign only to be refused as below 0).
+_WHOLE = re.compile(r"-?[0-9]+")
 
 
 def _refused(spec: Any, why: str) -> UsageProblem:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import platform
-import sys
 import warnings
 from dataclasses import asdict, dataclass
 from importlib.metadata import PackageNotFoundError, version
@@ -66,9 +65,10 @@ def check_install() -> list[Check]:
 
 def _python() -> Check:
     found = platform.python_version()
-    if sys.version_info[:3] == (3, 13, 0):  # its __dict__ versions do not hold: torch's compiler guards without them
+    numbers = tuple(int(number) for number in platform.python_version_tuple()[:3] if number.isdigit())
+    if numbers == (3, 13, 0):  # its __dict__ versions do not hold: torch's compiler guards without them
         return Check("python", True, found, hint="--compile runs slower on Python 3.13.0; 3.13.1 or later mends it")
-    if sys.version_info[:2] >= _PYTHON:
+    if numbers[:2] >= _PYTHON:
         return Check("python", True, found)
     return Check("python", False, found, hint=f"hookcli needs Python {'.'.join(map(str, _PYTHON))} or later")
 

@@ -64,7 +64,7 @@ __all__ = [
     "SHARD_NAME",
     "STORED_DTYPES",
     "check_file_kind",
-    "check_rows_format",
+    "check_format",
     "check_index_header",
     "check_index_line",
     "file_metadata",
@@ -578,12 +578,12 @@ reads format 5. Hint: read it with the hookcli that wrote it, or compare again
         )
 
 
-def check_rows_format(metadata: Mapping[str, str], name: str) -> None:
-    """Refuse file or folder ``name`` when its metadata names no ``kind`` and a ``format`` that is no version up to
-    :data:`NEWEST_FORMAT`: a later hookcli's, or a damaged file's. A file another tool wrote, with no ``format``, is
-    read as rows, and so is one of a known version that does not say its kind."""
+def check_format(metadata: Mapping[str, str], name: str) -> None:
+    """Refuse file or folder ``name`` when its ``format`` is a version number above :data:`NEWEST_FORMAT`, whatever
+    its ``kind``: a later hookcli's. Other tools' ``format`` (safetensors' ``"pt"``, ``"np"``…), or none, is read as
+    rows, and so is a known version that does not say its kind."""
     found = metadata.get("format")
-    if "kind" in metadata or found is None or found in {str(n) for n in range(1, NEWEST_FORMAT + 1)}:
+    if not (isinstance(found, str) and found.isascii() and found.isdigit() and int(found) > NEWEST_FORMAT):
         return
     raise FeatureFileError(
         f"'{name}' is of format {json.dumps(found)}, and this hookcli reads formats 1 to {NEWEST_FORMAT}",

@@ -271,7 +271,7 @@ def open_features(source: str | os.PathLike) -> FeatureReader:
     else:
         opened = FeatureFile(source)
     try:
-        fileformat.check_rows_format(opened.metadata, str(source))
+        fileformat.check_format(opened.metadata, str(source))
     except FeatureFileError:
         opened.close()
         raise
