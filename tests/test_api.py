@@ -407,3 +407,13 @@ def test_options_objects_give_what_the_same_keywords_give(images):
         hookcli.CompareOptions(method="rsa", rsa_rows=1)
     drawn = hookcli.grid(by_object, options=hookcli.GridOptions(channels="0:4", columns=2), keys="layer2")
     assert sorted(drawn) == sorted(hookcli.grid(by_object, channels="0:4", columns=2, keys="layer2"))
+
+
+def test_an_option_given_none_takes_its_default(images):
+    small = {"weights": "none", "resize": 32, "crop": 32}
+    plain = hookcli.grad("resnet18", "layer4", images[:2], **small)
+    given_none = hookcli.grad("resnet18", "layer4", images[:2], target=None, batch_size=None, dtype=None, **small)
+    assert given_none.metadata["targets"] == plain.metadata["targets"]
+    assert torch.equal(given_none["layer4@grad"], plain["layer4@grad"])
+    drawn = hookcli.grid(plain, keys="layer4", channels="0:4", columns=None)
+    assert list(drawn) == ["layer4__00000_a.png", "layer4__00001_b.png"]

@@ -120,6 +120,15 @@ def test_usage_error_quoting_a_newline_stays_one_line(runner):
     )
 
 
+def test_a_list_of_paths_split_by_nul_bytes_is_refused_in_one_line(runner, no_model):
+    result = runner.invoke(main, ["extract", "-m", "resnet18", "-l", "layer1", "-o", "-", "-"], input="a.png\0b.png\n")
+    assert result.exit_code == 2
+    assert result.stderr == (
+        "Error: input 'a.png\\x00b.png' holds a NUL byte, which no path can. Hint: paths on standard input come one "
+        "a line (find … -print, not -print0)\n"
+    )
+
+
 def test_library_error_with_control_characters_stays_one_line(runner, monkeypatch):
     error = UnknownLayerError("no layer matches 'a\nb\x1b[2J'", hint="run 'hookcli layers'")
     monkeypatch.setattr(hookcli.api, "layers", _failing(error))

@@ -256,3 +256,13 @@ def test_a_tar_listing_is_compact(tmp_path):
     tracemalloc.stop()
     assert len(members) == 20_000
     assert size / len(members) < 300  # bytes a member, names and offsets included (0.65 KB before)
+
+
+def test_a_tar_cut_short_is_said_to_be_cut_short(runner, images, tmp_path, one_error):
+    whole = _tar(tmp_path / "whole.tar", [("a.png", images[0].read_bytes()), ("b.png", images[1].read_bytes())])
+    cut = tmp_path / "cut.tar"
+    cut.write_bytes(whole.read_bytes()[: 512 * 3 + 100])  # the first member's headers and a part of its bytes
+    assert one_error(runner.invoke(main, [*EXTRACT, str(cut)])) == (
+        f"Error: cannot read archive '{cut}': unexpected end of data. Hint: it ends inside a member: it was cut "
+        "short, so copy or write it again"
+    )

@@ -352,7 +352,36 @@ def test_cam_on_a_module_that_runs_twice_per_forward_says_so(runner, images, tmp
         "Error: cam needs a layer that runs once per forward, and 'layer4.0.relu' runs 2 times. Hint: choose the "
         "block around it (such as layer4.0) or another layer; 'hookcli layers' shows each module's calls\n",
     )
-    assert not (tmp_path / "cams").exists() or not any((tmp_path / "cams").iterdir())
+    assert not (tmp_path / "cams").exists()  # the folder this run made goes with it
+
+
+def test_a_cam_run_that_fails_takes_its_pictures_away_and_one_forced_takes_an_earlier_runs(runner, images, tmp_path,
+                                                                                           monkeypatch):  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "cut.png").write_bytes((tmp_path / "imgs" / "c.png").read_bytes()[:200])
+    failed = runner.invoke(main, [*CAM, "-b", "1", "-o", "cams", "imgs/a.png", "imgs/b.png", "cut.png"])
+    assert failed.exit_code == 1 and failed.stderr.startswith("Error: cannot decode image 'cut.png'")
+    assert not (tmp_path / "cams").exists()  # two pictures were drawn before the third image failed: gone
+    assert runner.invoke(main, [*CAM, "-o", "cams", "imgs/a.png", "imgs/b.png"]).exit_code == 0
+    before = {p.name: p.read_bytes() for p in (tmp_path / "cams").iterdir()}
+    kept = runner.invoke(main, [*CAM, "-b", "1", "-o", "cams", "-f", "imgs/a.png", "imgs/c.png", "cut.png"])
+    assert kept.exit_code == 1  # a forced run that fails: the earlier run's folder as it was, 00000_a.png too
+    assert {p.name: p.read_bytes() for p in (tmp_path / "cams").iterdir()} == before
+    assert sorted(before) == ["00000_a.png", "00001_b.png", "cams.safetensors"]
+    forced = runner.invoke(main, [*CAM, "-o", "cams", "-f", "imgs/c.png"])
+    assert forced.exit_code == 0, forced.output
+    assert sorted(p.name for p in (tmp_path / "cams").iterdir()) == ["00000_c.png", "cams.safetensors"]
+    assert forced.stderr == (
+        "Note: removed 2 pictures of an earlier run from 'cams' ('00000_a.png', …), whose maps cams.safetensors no "
+        "longer holds\n"
+    )
+    standard_output = runner.invoke(main, [*CAM, "-o", "-", "imgs/a.png"])
+    assert (standard_output.exit_code, standard_output.stderr) == (
+        2,
+        "Error: cam writes a folder (its maps and a picture an image), and '-' is standard output. Hint: give -o DIR; "
+        "hookcli grad -o - writes the gradients to standard output\n",
+    )
+    assert not (tmp_path / "-").exists()
 
 
 def test_a_second_run_writing_the_same_file_stops_before_its_work(runner, images, tmp_path, monkeypatch):

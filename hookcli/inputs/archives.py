@@ -414,7 +414,11 @@ def _image_members(path: str) -> Iterable[TarMember]:
             f"cannot read archive '{path}': a chain of headers too long", hint="it is damaged or not a tar of images"
         ) from None
     except (tarfile.TarError, OSError, EOFError, ValueError) as err:
-        raise InputError(f"cannot read archive '{path}': {err}", hint="give a plain .tar file") from None
+        cut = isinstance(err, EOFError) or "unexpected end of data" in str(err)  # a tar, but not all of one
+        hint = (
+            "it ends inside a member: it was cut short, so copy or write it again" if cut else "give a plain .tar file"
+        )
+        raise InputError(f"cannot read archive '{path}': {err}", hint=hint) from None
 
 
 def _member(path: str, info: tarfile.TarInfo, seen: dict[str, TarMember]) -> TarMember | None:

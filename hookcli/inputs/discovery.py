@@ -118,6 +118,11 @@ def _left_out(folders: Sequence[Path]) -> tuple[int, int, bool]:
 def _expand(argument: str, recursive: bool) -> tuple[Sequence[os.PathLike[str]], Path | None]:
     """The images ``argument`` names, and the folder it is (None for a file): a ``.tar`` names its image members
     (:mod:`hookcli.inputs.archives`), and ``archive.tar::member`` one of them."""
+    if "\0" in argument:  # no path holds one; the system refuses to look
+        raise InputError(
+            f"input '{argument}' holds a NUL byte, which no path can",
+            hint="paths on standard input come one a line (find … -print, not -print0)",
+        )
     if not os.path.lexists(argument):  # a path on disk is a disk path, whatever its name
         member = archives.find_member(argument)
         if member is not None:

@@ -7,7 +7,9 @@ by (a writer of :mod:`hookcli.storage.writers`' interface that hands the rows on
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -19,6 +21,9 @@ from hookcli.pictures.png import save_png
 from hookcli.pictures.render import add_title
 
 __all__ = ["CamOverlays", "cam_png_name"]
+
+#: What :func:`cam_png_name` names: a CAM picture, of this run or an earlier one into the same folder.
+_CAM_PNG = re.compile(r"[0-9]{5,}_.*\.png")
 
 
 def cam_png_name(index: int, path, k: int, count: int) -> str:
@@ -36,7 +41,9 @@ class CamOverlays:
     ``written`` lists the inner writer's paths, then the PNGs. A map that is
     zero everywhere (no position raises the class's score) is reported
     through ``on_note`` and drawn as the photo alone, saying so. ``edits``: the ``--intervene`` specs of an edited
-    run, which each caption names.
+    run, which each caption names. The pictures are drawn under hidden names and take their own as the maps file
+    is written: a run that fails or is stopped leaves the folder as it found it (and none, if it made it); one that
+    completes with ``force`` removes an earlier run's pictures it did not draw again, which its maps no longer hold.
     """
 
     def __init__(
@@ -58,10 +65,12 @@ class CamOverlays:
         self.inner, self.paths, self.folder, self.edits = inner, paths, Path(folder), tuple(edits)
         self.picture, self.count, self.method, self.layer = ModelPhotos(preprocess), count, method, layer
         self.alpha, self.cmap, self.force, self.on_note = alpha, cmap, force, on_note
-        self.pngs: list[Path] = []
+        self.pngs: list[Path] = []  # the pictures' names, each drawn under a hidden one (_drawn) until finish
         self.written: list[Path] = []
+        self.made = False  # the folder is this run's
 
     def begin(self, batch_size: int):
+        self.made = not self.folder.exists()
         self.folder.mkdir(parents=True, exist_ok=True)
         order = self.inner.begin(batch_size)
         self.done, self.kept = self.inner.done, self.inner.kept
@@ -97,17 +106,40 @@ class CamOverlays:
                     pixels, [*caption, f"{self.method} at {self.layer}", *(f"edited: {spec}" for spec in self.edits)]
                 )
                 path = self.folder / cam_png_name(index, self.paths[index], k, self.count)
-                save_png(pixels, path, force=self.force)
+                save_png(pixels, _drawn(path), force=True)
                 self.pngs.append(path)
         self.inner.add(batch)
 
     def finish(self):
         result = self.inner.finish()
+        for path in self.pngs:
+            os.replace(_drawn(path), path)
         self.written = [*self.inner.written, *self.pngs]
+        drawn = {path.name for path in self.pngs}
+        earlier = sorted(p for p in self.folder.iterdir() if _CAM_PNG.fullmatch(p.name) and p.name not in drawn)
+        if self.force and earlier:
+            for path in earlier:
+                path.unlink(missing_ok=True)
+            if self.on_note is not None:
+                self.on_note(
+                    f"removed {len(earlier)} picture{'s' if len(earlier) > 1 else ''} of an earlier run from "
+                    f"'{self.folder}' ('{earlier[0].name}'{', …' if len(earlier) > 1 else ''}), whose maps "
+                    "cams.safetensors no longer holds"
+                )
         return result
 
     def abort(self) -> None:
         self.inner.abort()
+        for path in self.pngs:
+            _drawn(path).unlink(missing_ok=True)
+        if self.made:
+            with contextlib.suppress(OSError):  # left where something else was put there meanwhile
+                self.folder.rmdir()
+
+
+def _drawn(path: Path) -> Path:
+    """Where the picture ``path`` is drawn until its run completes: a hidden name beside it."""
+    return path.with_name(f".{path.name}.drawn")
 
 
 def _cam_caption(chosen: Mapping) -> tuple[str, list[str]]:

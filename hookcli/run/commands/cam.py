@@ -37,6 +37,11 @@ class Cam(Grad):
         if output is None:
             return "memory", None
         path = str(f"{model_label(model_name)}-cam" if output is DEFAULT_OUTPUT else output)
+        if path == "-":
+            raise UsageProblem(
+                "cam writes a folder (its maps and a picture an image), and '-' is standard output",
+                hint="give -o DIR; hookcli grad -o - writes the gradients to standard output",
+            )
         check_folder_output(path)
         refuse_existing([str(Path(path) / "cams.safetensors")], force=opts.force)
         return "cam", path
