@@ -512,3 +512,16 @@ def test_a_traced_run_keeps_only_the_values_a_later_run_reads():
     everything = Kept(graph, keep=set(graph.graph.nodes))
     everything.run(x)
     assert set(everything.env) == set(graph.graph.nodes)
+
+
+def test_the_kl_of_a_tiny_change_keeps_its_digits():
+    from hookcli.run.ablation import _changes
+
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 10, generator=generator) * 1e-3  # a random-weight model's small logits
+    moved = logits + torch.randn(2, 3, 10, generator=generator) * 1e-6  # two units that barely change them
+    found = _changes(torch.cat([logits[None], moved]))["kl"]
+    p, q = logits.double().softmax(dim=1), moved.double().softmax(dim=2)
+    direct = (p * (p.log() - q.log())).sum(dim=2).T  # the definition, in float64: fine at these sizes
+    assert bool((direct > 1e-14).all()) and bool((direct < 1e-11).all())
+    torch.testing.assert_close(found, direct, rtol=1e-3, atol=0)
