@@ -203,3 +203,12 @@ def size_refusal(err: BaseException) -> str | None:
         trace = trace.tb_next
     raised_in = os.path.abspath(trace.tb_frame.f_code.co_filename) if trace is not None else ""
     return None if raised_in.startswith(os.path.dirname(os.path.abspath(__file__)) + os.sep) else words
+
+
+def never_runs(what: str, layer: str) -> LayerNotRunError:
+    """The refusal of ``layer``, which the model defines and its forward never calls, for ``what`` (``ablate``,
+    ``--intervene 'spare=zero'``)."""
+    return LayerNotRunError(
+        f"{what}: the forward never runs {layer}",
+        hint="the model defines it but does not call it (in eval mode); hookcli layers lists what runs",
+    )

@@ -11,7 +11,7 @@ from torch import nn
 
 import hookcli
 from hookcli.cli import main
-from hookcli.errors import UsageProblem
+from hookcli.errors import LayerNotRunError, UsageProblem
 from hookcli.run.edits import partners
 
 SMALL = {"resize": 16, "crop": 16, "batch_size": 3}
@@ -460,7 +460,7 @@ def test_what_an_ablation_cannot_measure_is_refused_and_numbers_are_taken_as_uni
             hookcli.ablate(_net(), "block", photos, **keywords, **SMALL)
         assert caught.value.message == message
     torch.manual_seed(0)
-    with pytest.raises(UsageProblem) as caught:
+    with pytest.raises(LayerNotRunError) as caught:
         hookcli.ablate(Unused().eval(), "unused", photos, **SMALL)
     assert caught.value.message == "ablate: the forward never runs unused"
     listed = hookcli.ablate(_net(), "block", photos, units=[4, 1], **SMALL)

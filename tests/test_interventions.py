@@ -11,7 +11,7 @@ from torch import nn
 
 import hookcli
 from hookcli.cli import main
-from hookcli.errors import UsageProblem
+from hookcli.errors import LayerNotRunError, UsageProblem
 from hookcli.options.interventions import Intervention, parse_intervention
 from hookcli.run.edits import partners
 
@@ -442,7 +442,7 @@ class Spare(nn.Module):
 
 def test_an_edit_of_a_layer_the_forward_never_runs_is_refused_at_the_first_batch(photos, tmp_path):
     out = tmp_path / "never.safetensors"
-    with pytest.raises(UsageProblem) as caught:
+    with pytest.raises(LayerNotRunError) as caught:  # exit 1, as a captured layer that never runs
         hookcli.extract(Spare().eval(), "net.2", photos, intervene=["spare=zero"], output=out, **SMALL)
     assert caught.value.message == "--intervene 'spare=zero': the forward never runs spare"
     assert not out.exists()

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hookcli.errors import CaptureError, UsageProblem
+from hookcli.errors import CaptureError, UsageProblem, never_runs
 from hookcli.families import channels_last_output
 from hookcli.run.edits import first_missing, partners
 from hookcli.run.replay import CHUNK_BYTES, Kept, ReplayForward, class_scores, repeated, traced
@@ -77,7 +77,7 @@ class UnitAblation:
             called = {node.target for node in nodes if node.op == "call_module"}
             for path in (layer, effect_on):
                 if path != "." and path not in called:
-                    raise _never_runs(path)
+                    raise never_runs("ablate", path)
             for path, measured in ((layer, False), (effect_on, True)):
                 calls = sum(node.op == "call_module" and node.target == path for node in nodes)
                 if calls > 1:
@@ -102,7 +102,7 @@ class UnitAblation:
         kept: dict[str, Any] = {}
         output = self._whole(batch, kept)
         if "layer" not in kept:
-            raise _never_runs(self.layer)
+            raise never_runs("ablate", self.layer)
         if kept.get("first") == "effect":
             raise _runs_before(self.effect_on, self.layer)
         return self._measured(kept["layer"], output, lambda copies: self._whole(_repeated_input(batch, copies), {},
@@ -236,13 +236,6 @@ class UnitAblation:
             for handle in handles:
                 handle.remove()
         return output if self.effect_on == "." else kept["effect"]
-
-
-def _never_runs(layer: str) -> UsageProblem:
-    return UsageProblem(
-        f"ablate: the forward never runs {layer}",
-        hint="the model defines it but does not call it (in eval mode); hookcli layers lists what runs",
-    )
 
 
 def _runs_more_than_once(layer: str, calls: int | None, *, measured: bool = False) -> UsageProblem:

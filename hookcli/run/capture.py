@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from hookcli.errors import CaptureError, LayerNotRunError, UsageProblem, check_choice
+from hookcli.errors import CaptureError, LayerNotRunError, UsageProblem, check_choice, never_runs
 from hookcli.families import channels_last_output
 from hookcli.options.run import ATTENTION_KEEPS, CAPTURE_KINDS
 from hookcli.run.attention import attention_weights, check_attention
@@ -192,10 +192,7 @@ class FeatureCapture:
         unreached = next((edit for edit in self.edits if not edit.calls), None)
         if unreached is not None:
             spec = unreached.intervention
-            raise UsageProblem(
-                f"{spec.named}: the forward never runs {spec.layer}",
-                hint="the model defines it but does not call it (in eval mode); hookcli layers lists what runs",
-            )
+            raise never_runs(spec.named, spec.layer)
 
     def _forward(self, batch) -> tuple[dict, dict, dict]:
         self._clear()

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hookcli.errors import CaptureError, UsageProblem
+from hookcli.errors import CaptureError, HookcliError, UsageProblem, never_runs
 from hookcli.families import channels_last_output
 from hookcli.run.replay import CHUNK_BYTES, Kept, ReplayForward, class_scores, repeated, taken, traced
 from hookcli.statistics.units import UnitLayout
@@ -121,7 +121,7 @@ class Patching:
         for layer in self.layers:
             value = outputs.get(layer)
             if value is None:
-                raise _never_runs(layer)
+                raise never_runs("patch", layer)
             if not isinstance(value, torch.Tensor) or not value.is_floating_point() or value.dim() < 2:
                 raise CaptureError(
                     f"patch: {layer} returns {type(value).__name__}, not rows of floating-point values",
@@ -236,16 +236,9 @@ def _scores(output: Any) -> torch.Tensor:
     return scores
 
 
-def _never_runs(layer: str) -> UsageProblem:
-    return UsageProblem(
-        f"patch: the forward never runs {layer}",
-        hint="the model defines it but does not call it (in eval mode); hookcli layers lists what runs",
-    )
-
-
-def _not_once(layer: str, calls: int) -> UsageProblem:
+def _not_once(layer: str, calls: int) -> HookcliError:
     if calls == 0:
-        return _never_runs(layer)
+        return never_runs("patch", layer)
     return UsageProblem(
         f"patch: the forward runs {layer} {calls} times, so its output is not one value to patch",
         hint="patch a layer the forward runs once (hookcli layers shows how often each runs)",
