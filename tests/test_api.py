@@ -143,7 +143,7 @@ def test_errors_are_the_librarys_own_with_the_cli_texts(runner, resnet18_args, i
         (
             lambda: hookcli.extract("resnet18", "layer1", images[0], weights="DEFAULT", seed=3),
             UsageProblem,
-            "--seed only applies to --weights none (pretrained and file weights are fixed). "
+            "--seed only applies to --weights none and to resample's pairing (pretrained and file weights are fixed). "
             "Hint: see 'hookcli extract --help'",
         ),
         (

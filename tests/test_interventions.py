@@ -459,3 +459,15 @@ def test_a_reports_summary_names_the_edits_and_ignores_metadata_that_does_not_sa
         assert recorded_edits(read.metadata) == ["0:0,1,2=zero", "1=scale:0.5"]
     damaged = ['{"edits": [{"layer": "0", "units": "x", "edit": "zero"}]}', '{"edits": 3}', "not json", "[1]"]
     assert [recorded_edits({"interventions": text}) for text in damaged] == [[], [], [], []]
+
+
+def test_seed_sets_the_pairing_of_resample_with_weights_from_a_file(photos, tmp_path):
+    weights = tmp_path / "r18.pth"
+    torch.save(hookcli.load_model("resnet18", "none").module.state_dict(), weights)
+    small = {"weights": str(weights), "resize": 32, "crop": 32, "batch_size": 5, "intervene": ["layer1=resample"]}
+    runs = {seed: hookcli.extract("resnet18", "layer2", photos, seed=seed, **small) for seed in (None, 0, 1)}
+    assert torch.equal(runs[None]["layer2"], runs[0]["layer2"])  # 0, the default
+    assert not torch.equal(runs[0]["layer2"], runs[1]["layer2"])  # another pairing of the five rows
+    assert [json.loads(runs[s].metadata["interventions"])["edits"][0]["seed"] for s in (0, 1)] == [0, 1]
+    with pytest.raises(UsageProblem, match="^--seed only applies to --weights none and to resample's pairing"):
+        hookcli.extract("resnet18", "layer2", photos, seed=1, weights=str(weights), resize=32, crop=32)

@@ -32,8 +32,8 @@ class EffectOptions(StatsOptions):
     )
     effect_on: str = option(
         ("--effect-on",),
-        "The output whose change is measured: . (the model's: a classifier's logits) or a layer whose output is a "
-        "row of values a row (an embedding, a head).",
+        "The output whose change is measured: . (the model's: a classifier's logits) or a layer, its output "
+        "flattened to a row of values an input (an embedding, a head's scores).",
         ("ablate",),
         default=".",
         metavar="LAYER",

@@ -116,7 +116,8 @@ class RunOptions(EffectOptions):
     )
     seed: int | None = option(
         ("--seed",),
-        "Random seed for --weights none. [0]",
+        "Random seed: of --weights none's weights, and of the partner rows of resample (--intervene, ablate --how). "
+        "[0]",
         _ALL,
         kind="int",
     )

@@ -95,11 +95,13 @@ def request(
         raise UsageProblem(
             "--incomplete takes saved features from a shard folder, and a model runs here", hint=help_hint
         )
-    if opts.seed is not None and opts.weights.strip().lower() != "none":
-        raise UsageProblem(
-            "--seed only applies to --weights none (pretrained and file weights are fixed)", hint=help_hint
-        )
     interventions = asked_interventions(opts)
+    resampled = opts.how == "resample" or any(spec.edit == "resample" for spec in interventions)
+    if opts.seed is not None and opts.weights.strip().lower() != "none" and not resampled:
+        raise UsageProblem(
+            "--seed only applies to --weights none and to resample's pairing (pretrained and file weights are fixed)",
+            hint=help_hint,
+        )
     model = as_model(model)
     choice: ModelChoice | None = None
     if isinstance(model, LoadedModel) and "weights" in options:
