@@ -471,3 +471,14 @@ def test_seed_sets_the_pairing_of_resample_with_weights_from_a_file(photos, tmp_
     assert [json.loads(runs[s].metadata["interventions"])["edits"][0]["seed"] for s in (0, 1)] == [0, 1]
     with pytest.raises(UsageProblem, match="^--seed only applies to --weights none and to resample's pairing"):
         hookcli.extract("resnet18", "layer2", photos, seed=1, weights=str(weights), resize=32, crop=32)
+
+
+def test_a_folder_of_other_edits_names_where_they_differ(photos, tmp_path):
+    folder = f"{tmp_path}/edited/"
+    hookcli.extract(_cnn(), "2", photos, intervene=["0=zero"], output=folder, shard_size=2, **SMALL)
+    with pytest.raises(UsageProblem) as refused:
+        hookcli.extract(_cnn(), "2", photos, intervene=["0=scale:2"], output=folder, shard_size=2, **SMALL)
+    assert refused.value.message.endswith(  # the long JSON of each side shown from a little before it differs
+        'differs in: interventions (edits: the folder\'s …l, "edit": "zero"}], this command\'s …l, "edit": "scale", '
+        '"numbers": [2.0]}]))'
+    )

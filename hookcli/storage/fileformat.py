@@ -88,8 +88,7 @@ FORMAT_VERSION = "1"
 #: beyond a row's own shape. What results in memory hold, and what files held before :data:`FLAT_FORMAT_VERSION`.
 RAGGED_FORMAT_VERSION = "2"
 #: The ``format`` of a file holding ragged keys without padding: each key a 1-D tensor of its rows' values one
-#: after the other (each row in C order), its ``@shape`` companion giving each row's shape. Version 1 and 2
-#: readers would misread them.
+#: after the other (each row in C order), its ``@shape`` companion giving each row's shape (older readers misread).
 FLAT_FORMAT_VERSION = "3"
 #: The newest ``format`` of any kind of file this hookcli writes (patching files': ``hookcli.storage.patch_format``).
 NEWEST_FORMAT = 7
@@ -230,7 +229,7 @@ def identity_differences(one: Mapping, other: Mapping, sides: tuple[str, str] | 
             words = [_whose(k, mine, theirs, sides) for k in inner] if sides else list(map(str, inner))
             key = f"{key} ({(', ' if not sides else '; ').join(words)})"
         elif sides and key in one and key in other and not key.endswith("sha256"):
-            key = f"{key} ({sides[0]} {_shown(mine)}, {sides[1]} {_shown(theirs)})"
+            key = f"{key} ({sides[0]} {_shown(mine, theirs)}, {sides[1]} {_shown(theirs, mine)})"
         differ.append(key)
     return differ
 
@@ -251,12 +250,15 @@ def _whose(key, mine: Mapping, theirs: Mapping, sides: tuple[str, str]) -> str:
     for side, held, other in ((sides[0], mine, theirs), (sides[1], theirs, mine)):
         if key not in other:  # a layer's own name as its value says nothing more
             return f"{side} {key}" if held[key] == key else f"{side} {key} {_shown(held[key])}"
-    return f"{key}: {sides[0]} {_shown(mine[key])}, {sides[1]} {_shown(theirs[key])}"
+    return f"{key}: {sides[0]} {_shown(mine[key], theirs[key])}, {sides[1]} {_shown(theirs[key], mine[key])}"
 
 
-def _shown(value) -> str:
-    """A value of an identity as a message shows it: a name as it is, anything else as JSON, at most 40 characters."""
-    text = value if isinstance(value, str) else json.dumps(value)
+def _shown(value, other=None) -> str:
+    """A value of an identity as a message shows it: a name as it is, anything else as JSON, at most 40 characters,
+    from a little before where it first differs from ``other`` (the other side's)."""
+    text, against = (found if isinstance(found, str) else json.dumps(found) for found in (value, other))
+    start = max(0, next((n for n, (a, b) in enumerate(zip(text, against)) if a != b), len(text)) - 12)
+    text = f"…{text[start:]}" if start > 0 and len(text) > 40 else text
     return text if len(text) <= 40 else f"{text[:39]}…"
 
 
@@ -310,8 +312,7 @@ def run_metadata(record: RunRecord, facts: RunFacts, *, keys: Sequence[str], fla
 #: ``frames``, the frame numbers of a clip or pair cut from a video; ``second_inputs``, the second image of a pair
 #: given as two image lists (optical flow).
 ROW_DETAILS = ("frames", "second_inputs")
-#: What an index line lists besides its inputs (each row's details, the inputs skipped): a shard folder read as one
-#: file joins each over its shards.
+#: What an index line lists besides its inputs (each row's details, the inputs skipped), joined over the shards.
 SHARD_LISTS = (*ROW_DETAILS, "skipped")
 
 
@@ -579,9 +580,8 @@ reads format 5. Hint: read it with the hookcli that wrote it, or compare again
 
 
 def check_format(metadata: Mapping[str, str], name: str) -> None:
-    """Refuse file or folder ``name`` when its ``format`` is a version number above :data:`NEWEST_FORMAT`, whatever
-    its ``kind``: a later hookcli's. Other tools' ``format`` (safetensors' ``"pt"``, ``"np"``…), or none, is read as
-    rows, and so is a known version that does not say its kind."""
+    """Refuse file or folder ``name`` whose ``format`` is a version above :data:`NEWEST_FORMAT` (a later hookcli's),
+    whatever its ``kind``; other tools' (``"pt"``…), none, or a known one without a kind, are rows."""
     found = metadata.get("format")
     if not (isinstance(found, str) and found.isascii() and found.isdigit() and int(found) > NEWEST_FORMAT):
         return
