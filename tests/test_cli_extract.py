@@ -296,8 +296,8 @@ def test_errors_are_one_line_with_a_hint(runner, resnet18_args, images, tmp_path
         (
             ["extract", "-m", "resnet18", "--seed", "3", "-l", "layer1", str(images[0])],
             2,
-            "Error: --seed only applies to --weights none (pretrained and file weights are fixed). "
-            "Hint: see 'hookcli extract --help'",
+            "Error: --seed only applies to --weights none and to resample's pairing (pretrained and file weights are "
+            "fixed). Hint: see 'hookcli extract --help'",
         ),
         (
             ["extract", "-c", str(bad_preset), str(images[0])],
