@@ -346,7 +346,12 @@ def _output_mark(target: str | os.PathLike, operation: int, on_wait: Callable[[]
         try:  # as anyone may write the folder: whoever shares the output opens the file
             descriptor = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
         except OSError as err:
-            raise UsageProblem(
+            if err.errno in (errno.ENOENT, errno.EACCES, errno.EPERM, errno.EROFS):  # the folder takes no new file
+                raise UsageProblem(
+                    f"cannot write to folder '{Path(lock).parent}' ({err.strerror})",
+                    hint="choose another place with -o",
+                ) from None
+            raise UsageProblem(  # something is in the lock file's place (a folder, a link)
                 f"cannot mark '{target}' as being written: '{lock}' {err.strerror}",
                 hint="remove it, or write elsewhere",
             ) from None

@@ -1,14 +1,18 @@
 """While hookcli writes a file's bytes to stdout (-o -), nothing else reaches stdout: a model's own prints go to
 stderr, whether Python prints them or C code writes to file descriptor 1."""
 
+import os
 import subprocess
 import sys
 import textwrap
 
+import pytest
 import torch
 from safetensors.torch import load
 
 from hookcli.cli import main
+from hookcli.errors import UsageProblem
+from hookcli.files import hold_output
 
 PRINTING = textwrap.dedent("""
     import os
@@ -102,3 +106,13 @@ def test_the_api_writes_the_file_to_a_binary_stream(images):
         is None
     )
     assert load(stream.getvalue())["layer1"].shape == torch.Size([1, 64, 8, 8])
+
+
+def test_a_folder_that_takes_no_new_file_is_named_as_such():
+    if not os.path.isdir("/proc/self"):
+        pytest.skip("needs Linux's /proc, which takes no new file even from root")
+    with pytest.raises(UsageProblem) as refused:
+        hold_output("/proc/e.safetensors")
+    assert str(refused.value) == (
+        "cannot write to folder '/proc' (No such file or directory). Hint: choose another place with -o"
+    )
