@@ -324,10 +324,16 @@ def test_optical_flow_from_two_image_lists_pairs_them_in_order(tmp_path, runner)
     ],
 )
 def test_flow_frames_raft_cannot_take_are_refused_with_a_hint(tmp_path, runner, size, refusal):
-    video = _video(tmp_path / "frames.mp4", _frames(2, size=size))
+    video = _video(tmp_path / "frames.mp4", _frames(4, size=size))
     result = runner.invoke(main, ["extract", "-m", "raft_small", "-w", "none", "-l", "update_block", str(video)])
     assert result.exit_code == 1
     assert result.output.startswith(f"Error: the frames of '{video}' are {refusal}")
+    assert result.output.endswith("; or add --on-error skip to leave out the videos that fail so\n")
+    skipped = runner.invoke(
+        main, ["extract", "-m", "raft_small", "-w", "none", "-l", "update_block", "--on-error", "skip", str(video)]
+    )
+    said = [line for line in skipped.stderr.splitlines() if line.startswith("Skipped:")]
+    assert len(said) == 1 and said[0].startswith(f"Skipped: the frames of '{video}' are {refusal}")  # 3 pairs: once
 
 
 def test_quantized_captures_are_the_real_values_and_run_on_the_cpu(tmp_path, runner, no_model):

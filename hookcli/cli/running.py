@@ -21,12 +21,14 @@ __all__ = ["Reporter", "given_options", "launched_part", "library", "run_command
 
 class Reporter:
     """Prints a run's events: written paths on stdout, notes and skipped inputs on stderr, a bar on a terminal.
-    ``quiet`` (``-q``) leaves out the bar and the notes of images decoded though damaged."""
+    ``quiet`` (``-q``) leaves out the bar and the notes of images decoded though damaged. A skip said already (each
+    pair of frames of one video, skipped for one reason) is not said again."""
 
     def __init__(
         self, quiet: bool = False, *, echo_paths: bool = True, launched: bool = False, bar: bool = True
     ) -> None:
         self.quiet, self.echo_paths, self.bar = quiet, echo_paths, None
+        self.skips: set[str] = set()
         self.launched = launched  # one of many processes started together: the work done is theirs, not earlier
         self.show_bar = bar and not quiet  # of many processes, the first draws it
 
@@ -46,7 +48,8 @@ class Reporter:
                 self.bar = tqdm(total=event.total, initial=event.done, unit="img", file=sys.stderr, dynamic_ncols=True)
         elif isinstance(event, Advanced) and self.bar is not None:
             self.bar.update(event.count)
-        elif isinstance(event, Skipped):
+        elif isinstance(event, Skipped) and event.error not in self.skips:
+            self.skips.add(event.error)
             click.echo(f"Skipped: {printable(event.error)}", err=True)
         elif isinstance(event, Note):
             click.echo(f"Note: {printable(event.text)}", err=True)

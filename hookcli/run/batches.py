@@ -203,7 +203,11 @@ def reported_failures(failures: list, on_error: str, inputs: str = "images") -> 
     names what the rows are read from in the hint (images, videos)."""
     if failures and on_error == "fail":
         message, hint = failures[0][1]
-        skip = f"add --on-error skip to leave unreadable {inputs} out"
+        skip = (
+            f"add --on-error skip to leave unreadable {inputs} out"
+            if inputs == "images"
+            else f"add --on-error skip to leave out the {inputs} that fail so"  # a clip too short, frames too small
+        )
         raise ImageError(message, hint=f"{hint}; or {skip}" if hint else skip)
     return [(index, f"{message}. Hint: {hint}" if hint else message) for index, (message, hint) in failures]
 
