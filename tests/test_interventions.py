@@ -239,6 +239,17 @@ def test_mean_and_steering_read_a_stats_file_of_the_same_layer(photos, tmp_path)
     component = vectors[:, 1]  # the columns of @pca_vectors are the components
     expected = _by_hand(net, batch, "0", lambda out: out + 2.5 * component[None, :, None, None], "2")
     torch.testing.assert_close(steered, expected, rtol=0, atol=1e-5)
+    channels = vectors.shape[1]
+    refusals = {  # ROW in the words of what it picks: a component (a column), or nothing of a vector
+        f"0=add:{stats}:0@pca_vectors:{channels}:1": f"'0@pca_vectors' has {channels} components (its columns), and "
+        f"ROW {channels} names none of them",
+        f"0=add:{stats}:0@mean:1:1": f"'0@mean' is a vector of {mean.shape[0]} values, which ROW 0 reads whole, not "
+        "ROW 1",
+    }
+    for spec, why in refusals.items():
+        with pytest.raises(UsageProblem) as refused:
+            hookcli.extract(net, "2", photos, intervene=[spec], **SMALL)
+        assert refused.value.message == f"--intervene '{spec}': {why}"
 
 
 def test_a_vision_transformers_tokens_are_edited_feature_by_feature(photos, tmp_path):

@@ -298,17 +298,25 @@ def _row_of(spec: Intervention, key: str, values: np.ndarray) -> torch.Tensor:
     for a statistics file's ``@pca_vectors``, whose columns are the components)."""
     if spec.edit == "mean" or values.ndim == 1 and spec.row in (None, 0):
         vector = values.reshape(-1)
+    elif values.ndim == 1:
+        raise UsageProblem(
+            f"{spec.named}: '{key}' is a vector of {values.shape[0]:,} values, which ROW 0 reads whole, not ROW "
+            f"{spec.row}",
+            hint="give ROW 0 for a vector",
+        )
     elif values.ndim != 2:
         raise UsageProblem(
             f"{spec.named}: '{key}' has shape {list(values.shape)}, not rows of units",
             hint="give a vector, or a matrix whose row ROW holds one value for each of the layer's units",
         )
     else:
-        matrix = values.T if key.endswith("@pca_vectors") else values
+        components = key.endswith("@pca_vectors")  # a column a component, in a statistics file
+        matrix = values.T if components else values
         if spec.row is None or spec.row >= matrix.shape[0]:
+            what = "components (its columns)" if components else "rows"
             raise UsageProblem(
-                f"{spec.named}: '{key}' has {matrix.shape[0]:,} rows, and row {spec.row} does not exist",
-                hint="count rows from 0",
+                f"{spec.named}: '{key}' has {matrix.shape[0]:,} {what}, and ROW {spec.row} names none of them",
+                hint=f"count {'components' if components else 'rows'} from 0",
             )
         vector = matrix[spec.row]
     if not np.isfinite(vector).all():
