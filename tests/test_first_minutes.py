@@ -386,7 +386,6 @@ def test_doctor_names_a_mismatched_pair_and_how_to_mend_it(runner, monkeypatch):
 
 
 def test_doctor_gives_the_install_line_of_an_absent_extra(monkeypatch):
-    import hookcli
     from hookcli.run import environment
 
     real = environment.version
@@ -397,13 +396,7 @@ def test_doctor_gives_the_install_line_of_an_absent_extra(monkeypatch):
         return real(name)
 
     monkeypatch.setattr(environment, "version", without_av)
-    video = next(check for check in hookcli.doctor() if check["name"] == "video files (av)")
-    assert video == {
-        "name": "video files (av)",
-        "ok": None,
-        "detail": "not installed",
-        "hint": 'pip install "hookcli[video]"',
-    }
+    _doctor_says("video files (av)", None, "not installed", 'pip install "hookcli[video]"')
 
 
 def test_doctor_says_that_python_3_13_0_slows_compiled_runs(monkeypatch):
@@ -411,13 +404,13 @@ def test_doctor_says_that_python_3_13_0_slows_compiled_runs(monkeypatch):
 
     monkeypatch.setattr(environment.platform, "python_version_tuple", lambda: ("3", "13", "0"))
     monkeypatch.setattr(environment.platform, "python_version", lambda: "3.13.0")
-    python = next(check for check in hookcli.doctor() if check["name"] == "python")
-    assert python == {
-        "name": "python",
-        "ok": True,
-        "detail": "3.13.0",
-        "hint": "--compile runs slower on Python 3.13.0; 3.13.1 or later mends it",
-    }
+    _doctor_says("python", True, "3.13.0", "--compile runs slower on Python 3.13.0; 3.13.1 or later mends it")
+
+
+def _doctor_says(name: str, ok: bool | None, detail: str, hint: str | None) -> None:
+    """``hookcli.doctor()``'s check ``name`` is exactly this."""
+    found = next(check for check in hookcli.doctor() if check["name"] == name)
+    assert found == {"name": name, "ok": ok, "detail": detail, "hint": hint}
 
 
 def _code_lines(text: str, language: str) -> list[str]:

@@ -199,17 +199,19 @@ class FeatureCapture:
         ran = self._edit_calls = [edit.calls for edit in self.edits]
         try:
             call_model(self.model, batch)
-            if self.stop_early and self.late_edits is None and self._counts:  # whole: what ran after the captures
-                self.late_edits = tuple(
-                    edit for edit, *calls in zip(self.edits, ran, self._edit_calls) if len(set(calls)) == 1
-                )
         except _ForwardDone:
-            if self.late_edits is None:
-                self.late_edits = tuple(edit for edit, before in zip(self.edits, ran) if edit.calls == before)
+            pass
         finally:
             counts, outputs, inputs = self._counts, self._outputs, self._inputs
             self._clear()
+        if self.stop_early and self.late_edits is None and counts:  # stopped early or whole, alike
+            self.late_edits = tuple(edit for edit, before, at in zip(self.edits, ran, self._edit_calls) if at == before)
         return counts, outputs, inputs
+
+    def take_late_edits(self) -> tuple[Edit, ...]:
+        """:attr:`late_edits` the first time they are known, to be said once; () before and after."""
+        late, self.late_edits = self.late_edits or (), None if self.late_edits is None else ()
+        return late
 
     def _clear(self) -> None:
         self._outputs, self._inputs, self._counts = {}, {}, {}

@@ -202,8 +202,7 @@ class EagerForward:
                 found = self._run(batch)
             else:
                 found = rows_by_shape(lambda group: (self._run(group), None), batch)[0]
-        late, self.capture.late_edits = self.capture.late_edits, self.capture.late_edits and ()  # each said once
-        for edit in late or ():
+        for edit in self.capture.take_late_edits():
             self._note(
                 f"{edit.intervention.named}: it applies after the last value kept is captured, so it changes "
                 "nothing kept"
