@@ -115,9 +115,14 @@ class CamOverlays:
         for path in self.pngs:
             os.replace(_drawn(path), path)
         self.written = [*self.inner.written, *self.pngs]
-        drawn = {path.name for path in self.pngs}
+        if self.force:
+            self._remove_earlier({path.name for path in self.pngs})
+        return result
+
+    def _remove_earlier(self, drawn: set[str]) -> None:
+        """Remove the pictures of an earlier run in the folder that this one did not draw again, saying so."""
         earlier = sorted(p for p in self.folder.iterdir() if _CAM_PNG.fullmatch(p.name) and p.name not in drawn)
-        if self.force and earlier:
+        if earlier:
             for path in earlier:
                 path.unlink(missing_ok=True)
             if self.on_note is not None:
@@ -126,7 +131,6 @@ class CamOverlays:
                     f"'{self.folder}' ('{earlier[0].name}'{', …' if len(earlier) > 1 else ''}), whose maps "
                     "cams.safetensors no longer holds"
                 )
-        return result
 
     def abort(self) -> None:
         self.inner.abort()
