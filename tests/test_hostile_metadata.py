@@ -9,6 +9,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from hookcli.cli import main
@@ -379,3 +380,20 @@ def test_a_file_of_a_format_no_hookcli_wrote_is_refused_by_every_reader(runner, 
     for other in ({"format": "1"}, {"format": "pt"}, {}):  # ours, or other tools' (safetensors' own "pt"): rows
         save_file({"x": np.ones((2, 3), dtype=np.float32)}, str(path), metadata=other)
         assert runner.invoke(main, ["info", str(path)]).exit_code == 0, other
+
+
+def test_a_shard_of_a_later_format_makes_its_folder_refused(runner, one_error, shard_run, five_inputs, tmp_path):
+    from safetensors.numpy import load_file
+
+    folder = tmp_path / "sharded"
+    assert runner.invoke(main, [*shard_run, "-o", f"{folder}/", *five_inputs]).exit_code == 0
+    shard = folder / "features-00001.safetensors"
+    with safe_open(str(shard), "np") as read:
+        metadata = read.metadata()
+    save_file(load_file(str(shard)), str(shard), metadata={**metadata, "format": "99"})
+    for command in (["info", str(folder)], ["grid", str(folder), "-o", str(tmp_path / "g")]):
+        assert one_error(runner.invoke(main, command)) == (
+            f"Error: '{shard}' is of format \"99\", and this hookcli reads formats 1 to 7. Hint: read it with the "
+            "hookcli that wrote it, or make it again"
+        )
+    assert not (tmp_path / "g").exists()

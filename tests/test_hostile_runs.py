@@ -368,9 +368,14 @@ def test_a_cam_run_that_fails_takes_its_pictures_away_and_one_forced_takes_an_ea
     assert kept.exit_code == 1  # a forced run that fails: the earlier run's folder as it was, 00000_a.png too
     assert {p.name: p.read_bytes() for p in (tmp_path / "cams").iterdir()} == before
     assert sorted(before) == ["00000_a.png", "00001_b.png", "cams.safetensors"]
+    (tmp_path / "cams" / "00001_holiday.png").write_bytes(b"the user's own, named like a CAM picture")
     forced = runner.invoke(main, [*CAM, "-o", "cams", "-f", "imgs/c.png"])
     assert forced.exit_code == 0, forced.output
-    assert sorted(p.name for p in (tmp_path / "cams").iterdir()) == ["00000_c.png", "cams.safetensors"]
+    assert sorted(p.name for p in (tmp_path / "cams").iterdir()) == [
+        "00000_c.png",
+        "00001_holiday.png",  # of no input of the earlier run: left
+        "cams.safetensors",
+    ]
     assert forced.stderr == (
         "Note: removed 2 pictures of an earlier run from 'cams' ('00000_a.png', …), whose maps cams.safetensors no "
         "longer holds\n"

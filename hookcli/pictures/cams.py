@@ -15,21 +15,39 @@ from pathlib import Path
 
 import numpy as np
 
+from hookcli.errors import HookcliError
 from hookcli.pictures.file_names import safe_name
 from hookcli.pictures.photos import ModelPhotos, heat_picture
 from hookcli.pictures.png import save_png
 from hookcli.pictures.render import add_title
+from hookcli.storage.features import FeatureFile
+from hookcli.storage.recorded_run import lenient_json
 
 __all__ = ["CamOverlays", "cam_png_name"]
 
-#: What :func:`cam_png_name` names: a CAM picture, of this run or an earlier one into the same folder.
-_CAM_PNG = re.compile(r"[0-9]{5,}_.*\.png")
+#: What :func:`cam_png_name` names, the input's stem its group 1: a CAM picture, of this run or an earlier one.
+_CAM_PNG = re.compile(r"[0-9]{5,}_(.*?)(?:\.top[0-9]+)?\.png")
 
 
 def cam_png_name(index: int, path, k: int, count: int) -> str:
     """``<index>_<input stem>.png`` (``….top<k>.png`` for each of top K): a CAM overlay's file name."""
-    stem = safe_name(Path(path).stem)[:100]  # the index keeps names apart; the cap keeps them short enough to write
-    return f"{index:05d}_{stem}" + (f".top{k + 1}" if count > 1 else "") + ".png"
+    return f"{index:05d}_{_stem(path)}" + (f".top{k + 1}" if count > 1 else "") + ".png"
+
+
+def _stem(path) -> str:
+    """What a CAM picture's name keeps of its input's: the index keeps names apart, the cap keeps them short."""
+    return safe_name(Path(str(path)).stem)[:100]
+
+
+def _drawn_for(maps: str | os.PathLike) -> set[str]:
+    """The input stems of the run that wrote the maps file ``maps``, after which its pictures are named; none where
+    there is no such file or it cannot be read (it is untrusted: nothing it names is removed then)."""
+    try:
+        with FeatureFile(maps) as earlier:
+            inputs = lenient_json(earlier.metadata.get("inputs"))
+    except (HookcliError, OSError):
+        return set()
+    return {_stem(path) for path in inputs if isinstance(path, str)} if isinstance(inputs, list) else set()
 
 
 class CamOverlays:
@@ -68,9 +86,11 @@ class CamOverlays:
         self.pngs: list[Path] = []  # the pictures' names, each drawn under a hidden one (_drawn) until finish
         self.written: list[Path] = []
         self.made = False  # the folder is this run's
+        self.earlier: set[str] = set()  # the input stems an earlier run's maps file names (its pictures' names)
 
     def begin(self, batch_size: int):
         self.made = not self.folder.exists()
+        self.earlier = _drawn_for(self.inner.path) if self.force and not self.made else set()
         self.folder.mkdir(parents=True, exist_ok=True)
         order = self.inner.begin(batch_size)
         self.done, self.kept = self.inner.done, self.inner.kept
@@ -120,8 +140,10 @@ class CamOverlays:
         return result
 
     def _remove_earlier(self, drawn: set[str]) -> None:
-        """Remove the pictures of an earlier run in the folder that this one did not draw again, saying so."""
-        earlier = sorted(p for p in self.folder.iterdir() if _CAM_PNG.fullmatch(p.name) and p.name not in drawn)
+        """Remove the pictures of the earlier run whose maps file this one replaced and that this one did not draw
+        again (named after that run's inputs: a file of the user's is left), saying so."""
+        named = ((p, _CAM_PNG.fullmatch(p.name)) for p in self.folder.iterdir() if p.name not in drawn)
+        earlier = sorted(p for p, found in named if found is not None and found[1] in self.earlier)
         if earlier:
             for path in earlier:
                 path.unlink(missing_ok=True)

@@ -178,6 +178,7 @@ class ShardedFeatures(ReadingMapping):
             path = self.folder / self.shards[number].file
             shard = FeatureFile(path, follow_links=False)
             try:
+                fileformat.check_format(shard.metadata, str(path))  # a later hookcli's shard, its index older
                 found = (file_key(path), shard.size)
                 if self._checked.get(number) != found:  # checked once, unless the file changed since
                     check_shard(shard, self.shards[number], self._layout, run=self.header["metadata"])
