@@ -212,3 +212,12 @@ def never_runs(what: str, layer: str) -> LayerNotRunError:
         f"{what}: the forward never runs {layer}",
         hint="the model defines it but does not call it (in eval mode); hookcli layers lists what runs",
     )
+
+
+def nothing_read(inputs) -> HookcliError:
+    """The failure of a run none of whose ``inputs`` gave a row: a :class:`VideoError` when they are clips cut from
+    videos (rows that name their ``frames``), else an :class:`ImageError`."""
+    hint = "every input was skipped, each with its reason (on stderr; in Python, the Skipped events)"
+    if len(inputs) and hasattr(inputs[0], "frames"):
+        return VideoError("none of the input videos could be read", hint=hint)
+    return ImageError("none of the input images could be read", hint=hint)

@@ -321,6 +321,82 @@ def test_statistics_comparisons_and_reports_take_attention_captures(photos, tmp_
     assert page.count('<img src="data:image/png;base64,') >= 2  # each block's map for the first image
 
 
+def test_an_edit_of_a_projection_is_in_the_weights_as_the_edited_model_attends(photos):
+    import timm
+
+    torch.manual_seed(0)
+    model = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, num_classes=4).eval()
+    sizes, edit = {"resize": 32, "crop": 32}, "blocks.0.attn.qkv:0:51=zero"  # the first 51 units of the queries
+    pixels = hookcli.extract(model, "patch_embed", photos, capture="input", **sizes)["patch_embed@input"]
+
+    def zeroed(module, args, output):
+        output = output.clone()
+        output[..., :51] = 0
+        return output
+
+    own, attention = [], model.blocks[0].attn
+    attention.fused_attn = False
+    handles = [attention.qkv.register_forward_hook(zeroed),
+               attention.attn_drop.register_forward_hook(lambda module, args, output: own.append(args[0]))]  # fmt: skip
+    with torch.no_grad():
+        model(pixels)
+    for handle in handles:
+        handle.remove()
+    attention.fused_attn = True
+    key = "blocks.0.attn@attention"
+    for keep, expected in (("all", own[0]), ("class", own[0][:, :, 0])):
+        edited = hookcli.extract(model, "blocks.0.attn", photos, capture="attention", attention=keep, intervene=[edit],
+                                 **sizes)[key]  # fmt: skip
+        plain = hookcli.extract(model, "blocks.0.attn", photos, capture="attention", attention=keep, **sizes)[key]
+        assert edited.shape == expected.shape and _relative(edited, expected) < 1e-6
+        assert _relative(plain, expected) > 1e-2  # the edit matters
+    assert not attention.qkv._forward_hooks  # the model comes back as it was given
+
+
+def test_a_hugging_face_query_projection_that_is_hooked_runs_on_every_token_as_the_forward_runs_it():
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.ViTConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=4, intermediate_size=32,
+                                    image_size=16, patch_size=8, attn_implementation="eager")  # fmt: skip
+    model = transformers.ViTModel(config).eval()
+    layer = next(module for name, module in model.named_modules() if name.endswith("layers.0.attention")
+                 or name.endswith("layer.0.attention.attention"))  # fmt: skip
+    projection = getattr(layer, "q_proj", None) or layer.query
+    seen = []
+    projection.register_forward_hook(lambda module, args, output: seen.append(args[0].shape[1]) or output * 2)
+    kept = {}
+
+    def weights(module, args, kwargs, output) -> None:
+        kept["class"] = attention_weights(module, args, kwargs, keep="class")
+
+    layer.register_forward_hook(weights, with_kwargs=True)
+    with torch.no_grad():
+        output = model(pixel_values=torch.randn(2, 3, 16, 16), output_attentions=True)
+    assert seen == [5, 5]  # the forward's call, then the weights' own: every token, the hook's doubling in both
+    torch.testing.assert_close(kept["class"], output.attentions[0][:, :, 0], rtol=1e-5, atol=1e-6)
+
+
+def test_an_edit_of_the_attention_layer_itself_is_said_to_change_no_weights_kept(photos):
+    import timm
+
+    from hookcli.events import Note
+
+    torch.manual_seed(0)
+    model = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, num_classes=4).eval()
+    stops = "it applies after the last value kept is captured, so it changes nothing kept"
+
+    def late(edit: str, edited: bool) -> list[str]:
+        heard: list = []
+        hookcli.extract(model, "blocks.0.attn", photos, capture="attention", intervene=[edit], capture_edited=edited,
+                        resize=32, crop=32, batch_size=1, progress=heard.append)  # fmt: skip
+        return [event.text for event in heard if isinstance(event, Note) and "nothing kept" in event.text]
+
+    for edited in (False, True):
+        assert late("blocks.0.attn:3=zero", edited) == [f"--intervene 'blocks.0.attn:3=zero': {stops}"]
+        assert late("blocks.0.attn.qkv:3=zero", edited) == []  # the queries it projects make the weights
+
+
 def test_eva02s_rotary_attention_equals_its_unfused_weights_and_leaves_its_output_as_it_was(photos):
     import timm
 

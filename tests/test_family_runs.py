@@ -13,6 +13,7 @@ from torchvision.transforms import functional as F
 
 import hookcli
 from hookcli.cli import main
+from hookcli.errors import VideoError
 from hookcli.inputs.transforms import to_transform
 from hookcli.models.loading import load_model
 from hookcli.run.request import request
@@ -487,12 +488,21 @@ def test_unreadable_and_short_videos_are_said(tmp_path, runner):
     result = runner.invoke(main, [*base, str(text), str(short), "--on-error", "skip"])
     assert result.exit_code == 0, result.output
     notes = [line for line in result.stderr.splitlines() if line.startswith("Note:")]
-    assert notes[0].startswith(f"Note: skipped video '{text}': cannot read video '{text}'")
+    assert notes[0].startswith(f"Note: skipped: cannot read video '{text}': ")
     assert notes[1] == f"Note: '{short}' is shorter than a clip: its last frame is repeated to fill one"
     with open_features(tmp_path / "out.safetensors") as features:
         assert json.loads(features.metadata["frames"]) == [[0, 1, 2, 2]]
     result = runner.invoke(main, [*base, str(text), "--on-error", "skip", "--force"])
     assert result.exit_code == 1 and "Error: none of the input videos could be read" in result.output
+
+
+def test_a_video_whose_frames_cannot_be_decoded_is_said_to_be_a_video(tmp_path):
+    folder = tmp_path / "frames"
+    folder.mkdir()
+    for i in range(3):
+        (folder / f"f{i}.png").write_text("not a picture\n")  # counted as frames, failing only when decoded
+    with pytest.raises(VideoError, match=r"^none of the input videos could be read\. Hint: every input was skipped"):
+        hookcli.extract("r3d_18", "layer1", [folder], weights="none", clip_length=2, resize=16, on_error="skip")
 
 
 def test_pair_with_takes_one_folder_as_inputs_do(tmp_path):

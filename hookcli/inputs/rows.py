@@ -47,7 +47,8 @@ def find_rows(inputs: Any, family: str, opts: RunOptions) -> tuple[FoundInputs, 
         except VideoError as err:  # its clips cannot be counted, so it has no rows to skip one by one
             if opts.on_error != "skip":
                 raise
-            notes.append(f"skipped video '{path}': {err}")
+            said = str(err)  # most reasons name the video already
+            notes.append(f"skipped: {said}" if f"'{path}'" in said else f"skipped video '{path}': {said}")
             continue
         if any(len(set(clip.frames)) < len(clip.frames) for clip in cut):
             notes.append(f"'{path}' is shorter than a clip: its last frame is repeated to fill one")

@@ -20,7 +20,8 @@ The kinds of module known (:func:`attention_kind`):
 Other modules with rotary or relative position terms, windows (Swin), or fewer key heads than query heads are
 refused: their weights are not what the queries and keys alone give. Only the queries and keys are projected again (with
 ``class``, only the first token's query): the values, the output projection and the rest of the model do not run
-twice. The softmax is computed in float32.
+twice. A projection that something hooks (an edit, the caller's own hook) is called as the forward calls it, on every
+token, so that the weights are those of the edited model. The softmax is computed in float32.
 
 >>> import torch
 >>> attention = torch.nn.MultiheadAttention(8, 2, batch_first=True).eval()
@@ -190,6 +191,18 @@ def _bound(module: nn.Module, args: tuple, kwargs: Mapping[str, Any]) -> dict[st
     return bound
 
 
+def _hooked(layer: nn.Module) -> bool:
+    """Whether something hooks ``layer`` (an edit, or the caller's own hook), so that what it gives the forward may
+    differ from what its weights alone give."""
+    return bool(layer._forward_hooks or layer._forward_pre_hooks)
+
+
+def _projected(layer: nn.Module, x: torch.Tensor, queries: int | None) -> torch.Tensor:
+    """``layer(x)`` for the tokens whose queries are kept; on every token, as the forward runs it, when
+    :func:`_hooked`, so that what the hook changes is in the weights."""
+    return _first(layer(x), queries) if _hooked(layer) else layer(_first(x, queries))
+
+
 def _heads(x: torch.Tensor, heads: int) -> torch.Tensor:
     """``[N, T, heads·d]`` as ``[N, heads, T, d]``."""
     return x.reshape(x.shape[0], x.shape[1], heads, -1).transpose(1, 2)
@@ -252,8 +265,12 @@ def _timm(module: Any, call: dict[str, Any], queries: int | None, path: str) -> 
     _fits(heads, queries or length, length, path)
     width = module.qkv.out_features // 3
     weight, bias = module.qkv.weight, module.qkv.bias
-    q = F.linear(_first(x, queries), weight[:width], None if bias is None else bias[:width])
-    k = F.linear(x, weight[width : 2 * width], None if bias is None else bias[width : 2 * width])
+    if _hooked(module.qkv):  # run as the forward runs it, so that what the hook changes counts
+        projected = module.qkv(x)
+        q, k = _first(projected[..., :width], queries), projected[..., width : 2 * width]
+    else:
+        q = F.linear(_first(x, queries), weight[:width], None if bias is None else bias[:width])
+        k = F.linear(x, weight[width : 2 * width], None if bias is None else bias[width : 2 * width])
     q, k = module.q_norm(_heads(q, heads)), module.k_norm(_heads(k, heads))
     scores = (q * module.scale) @ k.transpose(-2, -1)
     causal = _causal(q.shape[2], length, scores.device) if call.get("is_causal") else None
@@ -296,7 +313,7 @@ def _hf(module: Any, call: dict[str, Any], queries: int | None, path: str) -> to
     heads = module.q_proj.out_features // size
     _fits(heads, queries or length, length, path)
     scale = getattr(module, "scaling", getattr(module, "scale", size**-0.5))
-    q, k = _heads(module.q_proj(_first(hidden, queries)), heads), _heads(module.k_proj(hidden), heads)
+    q, k = _heads(_projected(module.q_proj, hidden, queries), heads), _heads(module.k_proj(hidden), heads)
     scores = (q @ k.transpose(-2, -1)) * scale
     causal = call.get("is_causal", getattr(module, "is_causal", False))
     mask = call.get("attention_mask")
@@ -310,7 +327,7 @@ def _hf4(module: Any, call: dict[str, Any], queries: int | None, path: str) -> t
     hidden = call["hidden_states"]
     heads, size, length = module.num_attention_heads, module.attention_head_size, hidden.shape[1]
     _fits(heads, queries or length, length, path)
-    q, k = _heads(module.query(_first(hidden, queries)), heads), _heads(module.key(hidden), heads)
+    q, k = _heads(_projected(module.query, hidden, queries), heads), _heads(module.key(hidden), heads)
     scores = (q @ k.transpose(-2, -1)) * getattr(module, "scaling", size**-0.5)
     weights = _softmax(scores, [_queries(_allowed(call.get("attention_mask")), queries)])
     head_mask = call.get("head_mask")  # [heads, 1, 1] or [N, heads, 1, 1], as its eager attention multiplies them

@@ -230,12 +230,16 @@ class FeatureCapture:
         with torch.no_grad():
             weights = attention_weights(module, args, kwargs, keep=self.attention, path=path)
             self._outputs.setdefault(path, []).append(weights)
-        self._count(path)
+        self._count(path, weights_of=path)
 
-    def _count(self, path: str) -> None:
+    def _count(self, path: str, *, weights_of: str | None = None) -> None:
         self._counts[path] = self._counts.get(path, 0) + 1
         if self.edits and self.late_edits is None:
-            self._edit_calls = [edit.calls for edit in self.edits]
+            # Attention weights come from what the layer receives: its own edit, put before this hook by
+            # capture_edited, changes nothing kept.
+            self._edit_calls = [
+                edit.calls - (self.capture_edited and edit.intervention.layer == weights_of) for edit in self.edits
+            ]
         expected = self.calls
         if (
             self.stop_early

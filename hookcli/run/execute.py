@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from hookcli.errors import ImageError
+from hookcli.errors import nothing_read
 from hookcli.events import Advanced, Damaged, Event, Note, Skipped, Started, Wrote
 from hookcli.options.grid import GridOptions
 from hookcli.pictures.grids import draw_grids
@@ -76,7 +76,7 @@ def execute(run: Road, progress: Callable[[Event], None] | None = None) -> Featu
     :class:`~hookcli.storage.features.Features` (with ``facts`` and ``notes``); written, the path written (a shard
     folder's ``index.jsonl``; a CAM folder's ``cams.safetensors``); to stdout, None. torchrun's processes (``team``)
     wait for each other before the output is said to be complete. Raises
-    :class:`~hookcli.errors.ImageError` when no input could be read.
+    :class:`~hookcli.errors.ImageError` (:class:`~hookcli.errors.VideoError` for clips) when no input could be read.
     """
     emit = progress or (lambda event: None)
     notes: list[str] = []
@@ -102,10 +102,7 @@ def execute(run: Road, progress: Callable[[Event], None] | None = None) -> Featu
                     emit(Damaged(str(inputs[index]), said))
                 emit(Advanced(len(batch.indices) + len(batch.failures)))
             if not writer.has_rows:
-                raise ImageError(
-                    "none of the input images could be read",
-                    hint="every input was skipped, each with its reason (on stderr; in Python, the Skipped events)",
-                )
+                raise nothing_read(inputs)
             result = writer.finish()
         except BaseException:
             writer.abort()

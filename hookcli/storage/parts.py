@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from hookcli.errors import FeatureFileError, ImageError
+from hookcli.errors import FeatureFileError, nothing_read
 from hookcli.storage import fileformat
 from hookcli.storage.features import FeatureFile
 from hookcli.storage.fileformat import SHARD_NAME, RunFacts, RunRecord
@@ -135,10 +135,7 @@ def gathered_output(
 ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """The output's tensors and metadata, from every shard ``merged``; its notes go to ``on_note``."""
     if not merged.rows:
-        raise ImageError(
-            "none of the input images could be read",
-            hint="every input was skipped, each with its reason (on stderr; in Python, the Skipped events)",
-        )
+        raise nothing_read(paths)
     positions = torch.full((len(paths),), -1, dtype=torch.int64)
     positions[torch.tensor(merged.rows)] = torch.arange(len(merged.rows))
     tensors = merged.gathered.result(positions)
