@@ -470,6 +470,14 @@ def test_a_reports_summary_names_the_edits_and_ignores_metadata_that_does_not_sa
         assert recorded_edits(read.metadata) == ["0:0,1,2=zero", "1=scale:0.5"]
     damaged = ['{"edits": [{"layer": "0", "units": "x", "edit": "zero"}]}', '{"edits": 3}', "not json", "[1]"]
     assert [recorded_edits({"interventions": text}) for text in damaged] == [[], [], [], []]
+    net, named = _cnn(), "<th>edited (--intervene)</th><td>0:1=value:7</td>"
+    stats = hookcli.stats(net, "2", photos, intervene=["0:1=value:7"], top=1, output=tmp_path / "s.st", **SMALL)
+    compared = hookcli.compare(net, "2", photos, model2=_cnn(), layers2="2", intervene=["0:1=value:7"],
+                               output=tmp_path / "c.st", **SMALL)  # fmt: skip
+    for made in (stats, compared):
+        assert named in hookcli.report(made, output=tmp_path / made.stem).read_text()
+    plain = hookcli.stats(net, "2", photos, top=1, output=tmp_path / "p.st", **SMALL)
+    assert "edited (--intervene)" not in hookcli.report(plain, output=tmp_path / "p").read_text()
 
 
 def test_seed_sets_the_pairing_of_resample_with_weights_from_a_file(photos, tmp_path):

@@ -35,6 +35,7 @@ from hookcli.pictures.html import (
     report_page,
     value_html,
 )
+from hookcli.pictures.reading import edits_facts
 from hookcli.pictures.summary import describe_comparison
 from hookcli.storage.compare_file import ComparisonFile, read_comparison
 from hookcli.storage.reader import FeatureReader
@@ -108,6 +109,7 @@ def _summary(comparison: ComparisonFile) -> str:
         ("inputs", count),
         ("undefined (no spread)", ", ".join(comparison.undefined) or "none"),
         ("size", format_bytes(comparison.features.size)),
+        *edits_facts(comparison.metadata),
     ]
     return (
         f'<section id="summary">\n<h2>Summary</h2>\n{facts_table(facts)}'

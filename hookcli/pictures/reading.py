@@ -39,6 +39,7 @@ __all__ = [
     "attention_maps",
     "drawn_row_shape",
     "drawn_shape",
+    "edits_facts",
     "is_attention",
     "draws_flow",
     "frames_text",
@@ -404,3 +405,10 @@ def recorded_edits(metadata) -> list[str]:
         except (AttributeError, KeyError, TypeError, ValueError, OverflowError):
             return []
     return specs
+
+
+def edits_facts(metadata) -> list[tuple[str, str]]:
+    """A report summary's row naming the run's edits (:func:`recorded_edits`, each as its spec, what every number
+    shown is the effect of); none for a run without them."""
+    specs = "; ".join(recorded_edits(metadata))
+    return [("edited (--intervene)", specs if len(specs) <= 300 else specs[:299] + "…")] if specs else []

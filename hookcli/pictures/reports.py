@@ -68,7 +68,7 @@ from hookcli.pictures.html import (
     report_page,
 )
 from hookcli.pictures.patch_reports import write_patch_report
-from hookcli.pictures.reading import input_names, recorded_edits, select_rows
+from hookcli.pictures.reading import edits_facts, input_names, select_rows
 from hookcli.pictures.sections import ImageSections, ReportTensor, report_tensors
 from hookcli.pictures.stats_reports import write_stats_report
 from hookcli.pictures.summary import describe_file
@@ -242,10 +242,7 @@ def _summary(
         ("pages", f"{pages:,} of up to {page_size:,} images"),
         ("size", format_bytes(described["bytes"])),
     ]
-    edits = recorded_edits(features.metadata)
-    if edits:  # the run's edits (--intervene), each as its spec: what every picture here shows the effect of
-        specs = "; ".join(edits)
-        facts.append(("edited (--intervene)", specs if len(specs) <= 300 else specs[:299] + "…"))
+    facts += edits_facts(features.metadata)
     top = (
         f'<section id="summary">\n<h2>Summary</h2>\n{facts_table(facts)}{notes_html(notes)}'
         '<p><a href="#file">The file\'s tensors and metadata</a> follow the pictures.</p>\n</section>\n'

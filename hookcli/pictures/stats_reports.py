@@ -38,6 +38,7 @@ from hookcli.pictures.html import (
     report_page,
     shape_html,
 )
+from hookcli.pictures.reading import edits_facts
 from hookcli.pictures.render import check_cmap
 from hookcli.pictures.stats_grids import ChosenUnits, choose_units
 from hookcli.pictures.summary import FIRST_COMPONENTS, describe_stats, explained, explaining
@@ -294,6 +295,7 @@ class _StatsReport:
             ("quantile levels", ", ".join(f"{level:g}" for level in stats.levels) or "none"),
             ("principal components", "yes" if options["pca"] else "no"),
             ("size", format_bytes(described["bytes"])),
+            *edits_facts(stats.metadata),
         ]
         summaries = {row["key"]: row["values"] for row in described["layers"]}
 
