@@ -92,6 +92,20 @@ def test_an_index_that_is_no_hookcli_index_is_refused_and_replaced_with_force(
     _forced_run_starts_over(extract_into, tmp_path, folder, five_inputs)
 
 
+def test_a_run_that_fails_before_any_row_leaves_no_folder_it_made_and_keeps_one_it_found(
+    one_error, extract_into, tmp_path, five_inputs
+):
+    (tmp_path / "text.png").write_text("not a picture\n")
+    made, found = tmp_path / "deep" / "feats", tmp_path / "found"
+    found.mkdir()
+    for folder in (made, found):
+        line = one_error(extract_into(folder, [str(tmp_path / "text.png")]), 1)
+        assert line.startswith(f"Error: '{tmp_path / 'text.png'}' is not an image Pillow can read.")
+    assert not made.exists() and (tmp_path / "deep").is_dir()  # the run's own folder goes, not the ones above it
+    assert found.is_dir() and not list(found.iterdir())  # the user's folder stays, as empty as it was
+    assert extract_into(made, five_inputs).exit_code == 0 and len(_rows(made)[1]) == 5
+
+
 def test_a_damaged_line_before_the_last_is_an_error_naming_it(runner, one_error, extract_into, tmp_path, five_inputs):
     folder = tmp_path / "feats"
     assert extract_into(folder, five_inputs).exit_code == 0

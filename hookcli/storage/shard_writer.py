@@ -58,6 +58,7 @@ class ShardWriter:
         self.identity, self.parts = dict(identity), parts
         self.total = total
         self.part = part
+        self._made = not os.path.lexists(self.folder)  # an empty folder of this run's making goes if it fails
         self.folder.mkdir(parents=True, exist_ok=True)
         if parts:
             check_own_folder(folder, _PARTS)  # a link put there meanwhile: the lock, claims and shards go in no link
@@ -287,10 +288,14 @@ class ShardWriter:
             self._leave()
 
     def _leave(self) -> None:
-        """Let go of the lock; a founder that wrote no header leaves no lock file behind."""
+        """Let go of the lock; a founder that wrote no header leaves no lock file behind, nor the folder when it made
+        it and nothing else is in it."""
         if self.header is None and self.lock.holding:
             self.lock.remove()
         self.lock.close()
+        if self.header is None and self._made:
+            with contextlib.suppress(OSError):
+                os.rmdir(self.folder)  # only an empty folder goes
 
     def _write(self, number, tensors, metadata, inputs, skipped, details, stamps) -> None:
         line = fileformat.index_line(number, self._size, self.total, inputs, skipped, details, stamps)
