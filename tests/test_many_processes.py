@@ -418,6 +418,24 @@ def test_parse_part_and_cpu_threads():
     assert cpu_threads(Part(0, 8, 0, 2)) == max(1, len(os.sched_getaffinity(0)) // 2)
 
 
+def test_a_process_pinned_to_cores_of_its_own_takes_them_all(monkeypatch):
+    cores = {0: set(range(4, 8)), os.getppid(): set(range(16))}  # the launcher had 16 cores and gave this rank 4
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: cores[pid])
+    assert cpu_threads(Part(1, 4, 1, 4)) == 4
+    cores[0] = set(range(16))  # unpinned: the 4 processes on this machine share its 16 cores
+    assert cpu_threads(Part(1, 4, 1, 4)) == 4
+    cores[0] = cores[os.getppid()] = set(range(8))  # a job's 8 cores, both alike: shared
+    assert cpu_threads(Part(1, 4, 1, 4)) == 2
+    cores[0] = set(range(2))
+    assert cpu_threads(Part(1, 4, 1, 4)) == 2  # pinned to 2 of the launcher's 8
+
+    def unknown(pid):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: cores[0] if pid == 0 else unknown(pid))
+    assert cpu_threads(Part(1, 4, 1, 4)) == 1  # the launcher's cores unknown: the process's 2 are shared by 4
+
+
 def test_decode_workers_forked_while_the_lock_is_held_do_not_keep_it(tmp_path, inputs):
     # A worker inherits the lock's open file; releasing by closing alone left the flock held and the run waited forever.
     run = subprocess.run(

@@ -146,10 +146,23 @@ def usable_cores() -> int:
 
 
 def cpu_threads(part: Part | None) -> int | None:
-    """Threads for each of the processes sharing this machine's cores on the CPU (None: leave torch's choice)."""
+    """Threads for each of the processes sharing this machine's cores on the CPU (None: leave torch's choice): the
+    cores ÷ the processes on this machine; or this process's own cores where the launcher pinned each process to
+    some of the cores it had itself (Slurm's ``--cpu-bind``, ``taskset`` per rank)."""
     if part is None or part.local_count <= 1:
         return None
+    own, launcher = _affinity(0), _affinity(os.getppid())
+    if own and launcher and own < launcher:
+        return len(own)
     return max(1, usable_cores() // part.local_count)
+
+
+def _affinity(pid: int) -> frozenset[int] | None:
+    """The cores process ``pid`` may run on; None where the system does not say."""
+    try:
+        return frozenset(os.sched_getaffinity(pid))
+    except (AttributeError, OSError):
+        return None
 
 
 def join_timeout(environ: Mapping[str, str] | None = None) -> float:
