@@ -276,7 +276,8 @@ def compare(
     """How alike representations are, every one of a side against every one of the other: ``hookcli compare``.
 
     Either models run over ``inputs`` in one pass (``model`` and ``layers``, against ``model2`` and ``layers2`` with
-    ``weights2`` and ``seed2``, each the first's when None, or against themselves), with the run options of
+    ``weights2`` and ``seed2``, each the first's when None, or against themselves; one module on both sides runs
+    the second on a copy of it), with the run options of
     :func:`extract` (no ``capture``, ``pool``, ``dtype``, ``grid``, ``detections``, ``flow``); or saved ``features``
     (a file, a shard folder, ``-`` or what :func:`extract` returns; tensors ``keys``) against ``features2`` (tensors
     ``keys2``) or themselves, with ``batch_size``, ``force``, ``shard_size`` and ``part``. How: ``method``

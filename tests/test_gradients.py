@@ -148,12 +148,46 @@ class _SideBranch(nn.Module):
         return self.main(x)
 
 
+_NO_PATH_HINT = (
+    "Hint: choose a layer the model's output depends on, not one its forward runs under torch.no_grad() or detaches"
+)
+
+
 def test_a_layer_without_a_gradient_path_is_an_error():
     with pytest.raises(CaptureError) as caught:
         _ours(_SideBranch(), ["side", "main"], torch.ones(2, 4))
-    assert str(caught.value) == (
-        "layer side has no gradient path to the target logit. Hint: choose a layer the model's output depends on"
-    )
+    assert str(caught.value) == f"layer side has no gradient path to the target logit. {_NO_PATH_HINT}"
+
+
+class _Probe(nn.Module):
+    """A frozen feature layer under torch.no_grad(), or detached, and a linear probe on it."""
+
+    def __init__(self, detach: bool):
+        super().__init__()
+        self.features, self.probe, self.detach = nn.Linear(4, 6), nn.Linear(6, 3), detach
+
+    def forward(self, x):
+        if self.detach:
+            return self.probe(self.features(x).detach())
+        with torch.no_grad():
+            x = self.features(x)
+        return self.probe(x)
+
+
+@pytest.mark.parametrize("detach", [False, True])
+def test_a_layer_the_forward_cuts_from_autograd_is_refused_not_given_zero_gradients(detach):
+    with pytest.raises(CaptureError) as caught:
+        _ours(_Probe(detach), ["features"], torch.ones(2, 4))
+    assert str(caught.value) == f"layer features has no gradient path to the target logit. {_NO_PATH_HINT}"
+
+
+def test_gradients_are_taken_inside_the_callers_inference_mode():
+    model = _seeded("resnet18")
+    x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(3))
+    expected = _ours(model, ["layer4"], x)[0]["layer4@grad"]
+    with torch.inference_mode():
+        found = _ours(model, ["layer4"], x)[0]["layer4@grad"]
+    assert found.abs().max() > 0 and torch.equal(found, expected)
 
 
 def test_target_parsing():

@@ -232,3 +232,108 @@ def test_a_module_is_fused_only_when_asked(photos):
     many = photos * 4  # 16 inputs: a model built from a name fuses from here on (on the CPU, where fusion is)
     assert hookcli.extract(_net(), "fc", many, resize=32, crop=32, device="cpu").metadata["fused"] == "0"
     assert hookcli.extract(_net(), "fc", many, resize=32, crop=32, device="cpu", fuse=True).metadata["fused"] == "1"
+
+
+class WithAside(TinyCNN):
+    """Logits in a mapping, beside an auxiliary head of another width defined after the classifier."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.aside = torch.nn.Linear(8, 2)
+
+    def forward(self, x):
+        pooled = self.pool(self.relu(self.bn1(self.conv(x)))).flatten(1)
+        return {"logits": self.fc(pooled), "aside": self.aside(pooled)}
+
+
+def test_gradients_of_a_mapping_take_its_logits_and_count_its_classes_as_it_runs(photos):
+    torch.manual_seed(0)
+    net = WithAside().eval()
+    plain = TinyCNN().eval()
+    plain.load_state_dict({k: v for k, v in net.state_dict().items() if not k.startswith("aside")})
+    options = {"resize": 32, "crop": 32}
+    for target in ("3", "top4"):
+        found = hookcli.grad(net, "conv", photos, target=target, **options)
+        expected = hookcli.grad(plain, "conv", photos, target=target, **options)
+        assert found["conv@grad" if target == "3" else "conv@grad#3"].abs().max() > 0
+        assert all(torch.equal(found[key], expected[key]) for key in expected)
+    assert torch.equal(hookcli.cam(net, photos, layer="conv", **options)["cam"],
+                       hookcli.cam(plain, photos, layer="conv", **options)["cam"])  # fmt: skip
+    for target, refusal in (
+        ("4", "target class 4 is out of range: the model has 4 classes. Hint: use 0 to 3"),
+        ("top5", "target 'top5' asks for 5 classes of 4. Hint: use top1 to top4"),
+        ("-1", "target class -1 is out of range. Hint: count classes from 0, or use top1"),
+    ):
+        with pytest.raises(UsageProblem) as caught:
+            hookcli.grad(net, "conv", photos, target=target, **options)
+        assert str(caught.value) == refusal
+
+
+def test_a_module_of_other_dtypes_is_refused_in_one_line_and_its_layers_are_described_in_them(photos):
+    from hookcli.errors import CaptureError
+
+    hint = (
+        "Hint: give it float32 parameters (module.float()); a bfloat16 or float16 model runs with --precision bf16 "
+        "(or fp16 on a GPU)"
+    )
+    for dtype, words in ((torch.float64, "double"), (torch.bfloat16, "c10::BFloat16")):
+        net = _net().to(dtype)
+        for run in (hookcli.extract, hookcli.ablate):
+            with pytest.raises(CaptureError) as caught:
+                run(net, "conv", photos, resize=32, crop=32)
+            name = str(dtype).removeprefix("torch.")
+            assert str(caught.value) == (
+                f"TinyCNN has {name} parameters, which a run in fp32 does not feed (Input type (float) and bias type "
+                f"({words}) should be the same). {hint}"
+            )
+        assert [(row.path, row.output) for row in hookcli.layers(net)][1] == ("conv", [1, 8, 222, 222])
+    bf16 = hookcli.extract(_net().to(torch.bfloat16), "conv", photos, resize=32, crop=32, precision="bf16")
+    assert bf16["conv"].shape == (4, 8, 30, 30)
+
+
+def test_arguments_python_users_try_are_refused_in_one_line_before_any_run(photos):
+    from hookcli.errors import InputError
+
+    net = _net()
+    refusals = [
+        (lambda: hookcli.extract(net, net.conv, photos), UsageProblem,
+         "layers are named by their paths in the model, such as 'layer3.1.conv2', and one given is of type Conv2d. "
+         "Hint: give a path as a string, or a list of them (hookcli.layers(model) lists the paths)"),
+        (lambda: hookcli.extract(net, ["conv", 3], photos), UsageProblem, "one given is of type int. Hint:"),
+        (lambda: hookcli.extract(net, "conv", Image.open(photos[0])), InputError,
+         "inputs are paths of images, videos, folders or archives, and one given is of type PngImageFile. Hint: save "
+         "the images and give their paths (or a folder, or '-' for a list on stdin)"),
+        (lambda: hookcli.extract(net, "conv", torch.zeros(2, 3, 8, 8)), InputError,
+         "one given is of type Tensor. Hint:"),
+        (lambda: hookcli.extract(TinyCNN, "conv", photos), UsageProblem,
+         "the model given is the class TinyCNN, not a model built from it. Hint: give one built: TinyCNN(…)"),
+        (lambda: hookcli.extract((net, {"crop": 32}), "conv", photos), UsageProblem,
+         "the preprocessing the module TinyCNN gives is not usable: resize must be given (and crop, with one side)."),
+        (lambda: hookcli.extract((net, {"resize": 32, "crop": 32, "centre": 1}), "conv", photos), UsageProblem,
+         "the preprocessing the module TinyCNN gives is not usable: centre is none of its fields (resize, crop,"),
+    ]  # fmt: skip
+    for call, kind, words in refusals:
+        with pytest.raises(kind) as caught:
+            call()
+        assert words in str(caught.value) and caught.value.exit_code == 2
+
+
+def test_a_run_leaves_the_callers_random_state_and_refuses_a_text_stdout(photos, monkeypatch):
+    import io
+    import sys
+
+    net = _net()
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    for workers in (0, 1):
+        torch.manual_seed(0)
+        features = hookcli.extract(net, "conv", photos, resize=32, crop=32, workers=workers)
+        assert torch.equal(torch.rand(3), expected)  # the loader drew its seeds from a generator of its own
+    assert isinstance(features, hookcli.FeatureReader)
+    monkeypatch.setattr(sys, "stdout", io.StringIO())
+    with pytest.raises(UsageProblem) as caught:
+        hookcli.extract(net, "conv", photos, resize=32, crop=32, output="-")
+    assert str(caught.value) == (
+        "output '-' writes the file's bytes to stdout, and this stdout takes text alone. Hint: give a binary stream "
+        "as the output (io.BytesIO(), a file opened 'wb') or a path"
+    )

@@ -350,7 +350,7 @@ def test_cam_on_a_module_that_runs_twice_per_forward_says_so(runner, images, tmp
     assert (result.exit_code, result.stderr) == (
         2,
         "Error: cam needs a layer that runs once per forward, and 'layer4.0.relu' runs 2 times. Hint: choose the "
-        "block around it (such as layer4.0) or another layer; 'hookcli layers' shows each module's calls\n",
+        "block around it (layer4.0) or another layer; 'hookcli layers' shows each module's calls\n",
     )
     assert not (tmp_path / "cams").exists()  # the folder this run made goes with it
 

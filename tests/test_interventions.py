@@ -1,6 +1,7 @@
 """--intervene: every edit equals a hook written by hand (on a CNN and a vision transformer's tokens), captures see
 the layer before its edits unless asked, the file records each edit, and bad specs are one line each."""
 
+import copy
 import json
 
 import numpy as np
@@ -345,6 +346,19 @@ def test_compare_edits_the_first_side_only(photos):
     plain = hookcli.compare(net, "2", photos, model2=twin, layers2="2", **SMALL)
     assert plain["linear-cka"].item() == pytest.approx(1.0)
     assert compared["linear-cka"].item() < 0.999
+
+
+def test_compare_of_one_module_with_itself_runs_the_second_side_on_a_copy(photos):
+    net = _cnn()
+    expected = hookcli.compare(net, "2", photos, model2=copy.deepcopy(net), layers2="2", intervene=["0:0:3=zero"],
+                               **SMALL)["linear-cka"]  # fmt: skip
+    for second in ({"layers2": "2"}, {"model2": net, "layers2": "2"}):
+        found = hookcli.compare(net, "2", photos, intervene=["0:0:3=zero"], **second, **SMALL)["linear-cka"]
+        assert torch.equal(found, expected) and found.item() < 0.999  # the edit is the first side's alone
+    loaded = hookcli.load_model("resnet18", "none")
+    layers = hookcli.compare(loaded, "layer1", photos, layers2="layer2", resize=32, crop=32, batch_size=5)
+    assert layers["linear-cka"].shape == (1, 1) and 0 < layers["linear-cka"].item() < 1
+    assert not any(module._forward_hooks for module in net.modules())  # given back as it came
 
 
 @pytest.fixture(scope="module")

@@ -4,10 +4,11 @@ videos given, or pairs of images from two lists."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from typing import Any
 
 from hookcli.console import counted
-from hookcli.errors import UsageProblem, VideoError
+from hookcli.errors import InputError, UsageProblem, VideoError
 from hookcli.families import DEFAULT_CLIP_LENGTH, family_traits
 from hookcli.inputs import clips
 from hookcli.inputs.clips import ImagePair
@@ -18,8 +19,17 @@ __all__ = ["arguments_of", "find_rows"]
 
 
 def arguments_of(inputs: Any) -> list[str]:
-    """Inputs as given (a path, or a list of them) as a list of strings."""
-    return [os.fspath(p) for p in ([inputs] if isinstance(inputs, str | os.PathLike) else inputs)]
+    """Inputs as given (a path, or a list of them) as a list of strings; anything else is refused."""
+    given = (
+        [inputs] if isinstance(inputs, str | os.PathLike) else list(inputs) if isinstance(inputs, Iterable) else None
+    )
+    odd = next((p for p in given if not isinstance(p, str | os.PathLike)), None) if given is not None else inputs
+    if given is None or odd is not None:
+        raise InputError(
+            f"inputs are paths of images, videos, folders or archives, and one given is of type {type(odd).__name__}",
+            hint="save the images and give their paths (or a folder, or '-' for a list on stdin)",
+        )
+    return [os.fspath(p) for p in given]
 
 
 def find_rows(inputs: Any, family: str, opts: RunOptions) -> tuple[FoundInputs, tuple[str, ...]]:

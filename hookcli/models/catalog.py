@@ -49,6 +49,11 @@ def as_model(model) -> str | LoadedModel:
         from hookcli.models.sources.given import is_handed_module, loaded_from_module
 
         model = loaded_from_module(model) if is_handed_module(model) else model
+    if isinstance(model, type):
+        raise UsageProblem(
+            f"the model given is the class {model.__name__}, not a model built from it",
+            hint=f"give one built: {model.__name__}(…)",
+        )
     if not isinstance(model, str | LoadedModel):
         raise UsageProblem(
             "a model is a name, an nn.Module or a module and its preprocessing, and this is of type "

@@ -329,7 +329,7 @@ class GradientCapture(FeatureCapture):
         self._clear()
         logits = about = None
         try:
-            with torch.enable_grad():
+            with torch.inference_mode(False), torch.enable_grad():  # whatever mode the caller runs in
                 output = call_model(self.model, batch)
                 self._check_edits()
                 if score is not None:
@@ -340,6 +340,8 @@ class GradientCapture(FeatureCapture):
                             f"the model's output has no {field} to take class scores from",
                             hint="gradients need a classifier, or a model that pools its features",
                         )
+                    if field is None and isinstance(output, Mapping) and "logits" in output:
+                        field = "logits"  # a mapping's logits, as ablate and patch take them
                     logits = output[field] if field and isinstance(output, Mapping) else output
                     if isinstance(logits, torch.Tensor) and logits.dim() > 2 and all(n == 1 for n in logits.shape[2:]):
                         logits = logits.flatten(1)  # a pooled [N, C, 1, 1] (transformers' ResNet, RegNet, BiT)
@@ -358,6 +360,8 @@ class GradientCapture(FeatureCapture):
                 gradients: list[Sequence[torch.Tensor | None]] = []  # None: a source the score does not reach
                 for k in range(scores.shape[1]):
                     total = scores[:, k].sum()
+                    if not total.requires_grad and score is None and sources:  # cut off from every captured layer
+                        raise _no_path(sources[0][0])
                     if not total.requires_grad:  # no image has this target (a detection that is not there): 0
                         gradients.append([torch.zeros_like(t) for _, _, t in sources])
                         continue
@@ -376,10 +380,7 @@ class GradientCapture(FeatureCapture):
             for k, found in enumerate(gradients):
                 gradient = found[index]
                 if gradient is None:
-                    raise CaptureError(
-                        f"layer {path} has no gradient path to the target logit",
-                        hint="choose a layer the model's output depends on",
-                    )
+                    raise _no_path(path)
                 flat[f"{base}@grad" if len(gradients) == 1 else f"{base}@grad#{k}"] = gradient.detach()
         return flat, about, None if logits is None else logits.detach()
 
@@ -404,6 +405,14 @@ class GradientCapture(FeatureCapture):
         self._outputs.setdefault(path, []).append(_detached_copy(source))
         self._count(path)
         return source.clone()  # what later layers see, and may change in place
+
+
+def _no_path(path: str) -> CaptureError:
+    """The refusal of a layer whose output the target logit does not reach through autograd."""
+    return CaptureError(
+        f"layer {path or '.'} has no gradient path to the target logit",
+        hint="choose a layer the model's output depends on, not one its forward runs under torch.no_grad() or detaches",
+    )
 
 
 def _call_key(key: str, call: int, calls: int) -> str:

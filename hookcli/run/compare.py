@@ -18,6 +18,7 @@ so a comparison resumes after a kill and any number of processes share it.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import functools
 import itertools
@@ -177,9 +178,14 @@ def compare_models(
         if isinstance(model2, LoadedModel):  # built with its own weights: the first side's are none of its
             own.pop("weights", None)
             own.pop("seed", None)
+        other = model2 or model
+        if isinstance(other, LoadedModel) and isinstance(model, LoadedModel) and other.module is model.module:
+            # One module cannot run both sides (each side its own hooks, the edits the first's alone): a copy of it
+            # runs the second.
+            other = dataclasses.replace(other, module=copy.deepcopy(other.module))
         try:
             two = plan_request(
-                request("compare", model2 or model, layers2 or layers, inputs, output=None, rows=asked.rows, **own)
+                request("compare", other, layers2 or layers, inputs, output=None, rows=asked.rows, **own)
             )
         except BaseException:
             if one.team is not None:

@@ -138,6 +138,7 @@ class GradientForward:
         count, classes, height, width = logits.shape
         predicted = logits.detach().argmax(1)
         if self.target.top:
+            _check_top(self.target.top, classes)
             areas = torch.stack([torch.bincount(p.flatten(), minlength=classes) for p in predicted])
             chosen = areas.topk(self.target.top, dim=1).indices
         else:
@@ -252,8 +253,12 @@ class CamForward(GradientForward):
             calls = sum(1 for key in captured if key.startswith("act:") and "@" not in key)
             raise UsageProblem(
                 f"cam needs a layer that runs once per forward, and '{self.layer}' runs {calls} times",
-                hint="choose the block around it (such as layer4.0) or another layer; 'hookcli layers' "
-                "shows each module's calls",
+                hint=(
+                    f"choose the block around it ({self.layer.rpartition('.')[0]}) or another layer"
+                    if "." in self.layer
+                    else "choose another layer"
+                )
+                + "; 'hookcli layers' shows each module's calls",
             )
         activations = captured["act"]
         maps = {}
@@ -391,6 +396,7 @@ def _last_block_first_norm(norms: list[str]) -> str:
 def picked_classes(target: Target, logits):
     """The classes ``[N, K]`` of a batch of ``logits`` that ``target`` takes gradients of."""
     if target.top:
+        _check_top(target.top, logits.shape[1])
         return logits.topk(target.top, dim=1).indices
     assert target.class_index is not None, "a target that is not topK names a class"
     if target.class_index >= logits.shape[1]:
@@ -399,3 +405,9 @@ def picked_classes(target: Target, logits):
             hint=f"use 0 to {logits.shape[1] - 1}",
         )
     return torch.full((len(logits), 1), target.class_index, dtype=torch.long, device=logits.device)
+
+
+def _check_top(top: int, classes: int) -> None:
+    """Refuse a ``topK`` target of more classes than the model's scores have (counted as it runs)."""
+    if top > classes:
+        raise UsageProblem(f"target 'top{top}' asks for {top} classes of {classes}", hint=f"use top1 to top{classes}")

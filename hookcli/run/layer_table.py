@@ -55,11 +55,13 @@ def layer_table(
     loaded: LoadedModel, *, input_size: int | None = None, depth: int | None = None, frames: int | None = None
 ) -> list[LayerInfo]:
     """The rows of :func:`describe_layers` for ``loaded`` on its natural input (see :func:`hookcli.layers`), on the
-    device of its parameters, the paths of at most ``depth`` components; a model that refuses the input's size is a
-    :class:`CaptureError`."""
+    device and in the dtype of its parameters, the paths of at most ``depth`` components; a model that refuses the
+    input's size is a :class:`CaptureError`."""
     example = natural_input(loaded.family, size=input_size, preprocess=loaded.preprocess, frames=frames)
-    device = next((p.device for p in loaded.module.parameters()), torch.device("cpu"))
-    example = tuple([t.to(device) for t in x] if isinstance(x, list) else x.to(device) for x in example)
+    first = next(loaded.module.parameters(), None)
+    device = torch.device("cpu") if first is None else first.device
+    dtype = first.dtype if first is not None and first.is_floating_point() else torch.float32  # a float64 module's
+    example = tuple([t.to(device, dtype) for t in x] if isinstance(x, list) else x.to(device, dtype) for x in example)
     try:
         rows = describe_layers(loaded.module, example)
     except (RuntimeError, ValueError, AssertionError) as err:  # the model refuses the input's size in its own words

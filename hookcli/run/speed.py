@@ -29,6 +29,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import re
 import warnings
 from collections.abc import Iterator, Mapping
 
@@ -37,7 +38,7 @@ import torch.nn as nn
 from torchvision.models.feature_extraction import create_feature_extractor
 
 from hookcli.console import TF32_LEFT_OFF
-from hookcli.errors import UsageProblem, check_choice
+from hookcli.errors import CaptureError, UsageProblem, check_choice, first_line
 from hookcli.families import family_traits
 from hookcli.models.loaded import LoadedModel
 from hookcli.options.run import MEMORY_FORMATS, PRECISIONS
@@ -54,6 +55,7 @@ __all__ = [
     "compiled_extractor",
     "compute_dtype",
     "compute_precision",
+    "dtype_refusal",
     "float32_math",
     "resolve_settings",
     "run_device",
@@ -81,6 +83,27 @@ def run_device(part: Part | None, device: str, precision: str, decode: str | Non
             hint="leave out --decode device: the decode workers feed it",
         )
     return chosen
+
+
+#: How torch says a layer got values of another dtype than its parameters (a convolution's "Input type (float) and
+#: bias type (double) should be the same", a matrix product's "must have the same dtype", "expected scalar type").
+_DTYPE_WORDS = re.compile(r"dtype|scalar type|input type \(", re.IGNORECASE)
+
+
+def dtype_refusal(err: BaseException, module: nn.Module, precision: str, name: str) -> CaptureError | None:
+    """The refusal of a model whose parameters are of another dtype than float32, where ``err`` (raised by its first
+    forward) is torch saying its layers got values of another dtype; None for any other failure."""
+    others = sorted(
+        {str(p.dtype).removeprefix("torch.") for p in module.parameters() if p.is_floating_point()} - {"float32"}
+    )
+    if not others or not isinstance(err, RuntimeError) or not _DTYPE_WORDS.search(first_line(err)):
+        return None
+    return CaptureError(
+        f"{name} has {' and '.join(others)} parameters, which a run in {precision} does not feed "
+        f"({first_line(err).rstrip('.')})",
+        hint="give it float32 parameters (module.float()); a bfloat16 or float16 model runs with --precision bf16 "
+        "(or fp16 on a GPU)",
+    )
 
 
 def check_precision(precision: str, device) -> None:

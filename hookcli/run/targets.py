@@ -56,10 +56,16 @@ class Target:
 
 
 def parse_target(
-    spec: str, categories: Sequence[str] | None, num_classes: int, *, region=None, family: str = "classification"
+    spec: str,
+    categories: Sequence[str] | None,
+    num_classes: int | None,
+    *,
+    region=None,
+    family: str = "classification",
 ) -> Target:
     """Read ``--target``: ``top1``/``topK``, a class index, or a class name of the weights (and ``--region``);
-    for detection models also ``#N``, the detection at place N of the model's output."""
+    for detection models also ``#N``, the detection at place N of the model's output. ``num_classes`` None: not known
+    before the model runs (a module handed in), its scores are counted then."""
     place = re.fullmatch(r"#(\d+)", str(spec).strip())
     if place and family_traits(family).output == "detections":
         return Target(detection=int(place.group(1)))
@@ -72,28 +78,33 @@ def parse_target(
     return Target(top=found.top, class_index=found.class_index, region=parse_region(region))
 
 
-def _parsed_target(spec: str, categories: Sequence[str] | None, num_classes: int) -> Target:
+def _parsed_target(spec: str, categories: Sequence[str] | None, num_classes: int | None) -> Target:
     text = str(spec).strip()
     top = re.fullmatch(r"top(\d+)", text.lower())
     if top:
         count = int(top.group(1))
-        if not 1 <= count <= num_classes:
+        if num_classes is None and count < 1:
+            raise UsageProblem(f"target '{text}' asks for no class", hint="use top1 or more")
+        if num_classes is not None and not 1 <= count <= num_classes:
             raise UsageProblem(
                 f"target '{text}' asks for {count} classes of {num_classes}", hint=f"use top1 to top{num_classes}"
             )
         return Target(top=count)
     if re.fullmatch(r"-?\d+", text):
         index = int(text)
-        if not 0 <= index < num_classes:
+        if num_classes is None and index < 0:
+            raise UsageProblem(f"target class {index} is out of range", hint="count classes from 0, or use top1")
+        if num_classes is not None and not 0 <= index < num_classes:
             raise UsageProblem(
                 f"target class {index} is out of range: the model has {num_classes} classes",
                 hint=f"use 0 to {num_classes - 1}, a class name or top1",
             )
         return Target(class_index=index)
     if not categories:
+        indices = "a class index" if num_classes is None else f"a class index (0 to {num_classes - 1})"
         raise UsageProblem(
             f"target '{text}' is a class name, but these weights have no class names",
-            hint=f"give a class index (0 to {num_classes - 1}) or top1; names come with pretrained --weights",
+            hint=f"give {indices} or top1; names come with pretrained --weights",
         )
     lowered = [name.lower() for name in categories]
     if text.lower() in lowered:

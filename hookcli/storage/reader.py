@@ -17,7 +17,7 @@ alike: ``grid``, ``report`` and ``info`` take any of them.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any, Protocol, Self
+from typing import TYPE_CHECKING, Any, Protocol, Self, runtime_checkable
 
 from hookcli.storage.recorded_run import listed_inputs, listed_skipped
 
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 __all__ = ["CheckedFile", "FeatureReader", "ReadingMapping"]
 
 
+@runtime_checkable
 class FeatureReader(Protocol):
     """Tensors read by key, whole or a row at a time, as numpy arrays, and the metadata stored with them.
 

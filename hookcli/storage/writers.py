@@ -43,7 +43,7 @@ from typing import Any, BinaryIO, Protocol, TypeAlias
 
 import torch
 
-from hookcli.errors import MemoryLimitError
+from hookcli.errors import MemoryLimitError, UsageProblem
 from hookcli.files import check_writable, format_bytes, hold_output, release_output
 from hookcli.inputs.archives import file_stamp, input_files, input_name
 from hookcli.storage import fileformat
@@ -287,6 +287,11 @@ class StdoutWriter(_WholeWriter):
         self, record: RunRecord, paths: Sequence[str | os.PathLike[str]], stream: BinaryIO | None = None
     ) -> None:
         super().__init__(record, paths)
+        if stream is None and not hasattr(sys.stdout, "buffer"):  # a notebook's or a test runner's stdout: text
+            raise UsageProblem(
+                "output '-' writes the file's bytes to stdout, and this stdout takes text alone",
+                hint="give a binary stream as the output (io.BytesIO(), a file opened 'wb') or a path",
+            )
         self.stream = stream
 
     def _deliver(self, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str]) -> Features:

@@ -10,6 +10,7 @@ preprocessing assumed for a model that gives none, and the local Hugging Face ca
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import difflib
 import functools
 import logging
@@ -25,7 +26,7 @@ try:  # installed with timm, transformers and open_clip; a factory's model needs
 except ImportError:  # pragma: no cover - depends on the extras installed
     hub_constants = try_to_load_from_cache = None  # type: ignore[assignment]
 
-from hookcli.errors import UnknownModelError
+from hookcli.errors import HookcliError, UnknownModelError
 from hookcli.inputs.preprocess import Preprocess
 from hookcli.models.loaded import LoadedModel, has_class_token, prefix_tokens
 from hookcli.models.specs import ModelSpec, SourceError
@@ -132,14 +133,21 @@ def assumed_preprocess(spec: ModelSpec, why: str, side: int | None = None):
     return Preprocess(resize=int(crop * 256 / 224), crop=crop), f"{spec.text}: {why}"  # mean and std: ImageNet's
 
 
-def given_preprocess(whose: str, given) -> Preprocess:
+def given_preprocess(whose: str, given, refusal: type[HookcliError] = SourceError) -> Preprocess:
     """The preprocessing ``whose`` (``the factory nets.py:make``) gives: a
-    :class:`~hookcli.inputs.preprocess.Preprocess`, a dict of its fields, or a torchvision weights' ``transforms()``."""
+    :class:`~hookcli.inputs.preprocess.Preprocess`, a dict of its fields, or a torchvision weights' ``transforms()``;
+    one that is not usable is a ``refusal``."""
     if isinstance(given, Preprocess):
         return given
     try:
         if isinstance(given, dict):
             fields = dict(given)
+            known = [field.name for field in dataclasses.fields(Preprocess)]
+            unknown = [str(name) for name in fields if name not in known]
+            if unknown:
+                raise ValueError(f"{unknown[0]} is none of its fields ({', '.join(known)})")
+            if "resize" not in fields:
+                raise ValueError("resize must be given (and crop, with one side)")
             for name in ("mean", "std"):
                 if fields.get(name) is not None:
                     fields[name] = tuple(float(v) for v in fields[name])
@@ -147,11 +155,11 @@ def given_preprocess(whose: str, given) -> Preprocess:
         if hasattr(given, "resize_size") and hasattr(given, "crop_size"):
             return Preprocess.from_transforms(given)
     except (TypeError, ValueError) as err:
-        raise SourceError(
+        raise refusal(
             f"the preprocessing {whose} gives is not usable: {err}",
             hint="give a hookcli.Preprocess or a dict of resize, crop, mean, std",
         ) from None
-    raise SourceError(
+    raise refusal(
         f"{whose} gives a {type(given).__name__} as preprocessing",
         hint="give a hookcli.Preprocess, a dict of resize, crop, mean, std, or a torchvision weights' transforms()",
     )

@@ -42,7 +42,7 @@ def loaded_from_module(model) -> LoadedModel:
         preprocess = Preprocess(resize=256, crop=224)  # mean and std: ImageNet's
         assumed_because = f"{name}: the module was given without preprocessing"
     else:
-        preprocess, assumed_because = given_preprocess(f"the module {name}", given), None
+        preprocess, assumed_because = given_preprocess(f"the module {name}", given, UsageProblem), None
     return LoadedModel(
         name=name,
         module=module,

@@ -59,7 +59,9 @@ def gradient_target(loaded: LoadedModel, opts: RunOptions) -> tuple[Target, tupl
     """What gradients are taken of, read against the model, and what is said of it."""
     from hookcli.models.loading import num_classes
 
-    classes = loaded.classes or num_classes(loaded.module)
+    # A module handed in may return its logits beside other outputs, after layers of other widths: its scores are
+    # counted when it runs.
+    classes = loaded.classes or (None if loaded.source in ("module", "factory") else num_classes(loaded.module))
     target = parse_target(opts.target, loaded.categories, classes, region=opts.region, family=loaded.family)
     notes: tuple[str, ...] = ()
     if loaded.scores not in (None, "logits"):
