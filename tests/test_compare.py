@@ -16,6 +16,7 @@ from scipy.spatial.distance import pdist, squareform
 
 import hookcli
 from hookcli.cli import main
+from hookcli.errors import UsageProblem
 from hookcli.statistics.similarity import hsic_unbiased
 from hookcli.storage.features import Features
 from hookcli.storage.shards import open_features
@@ -166,6 +167,9 @@ def test_sources_with_other_rows_or_another_order_are_refused(runner, tmp_path):
               metadata={**metadata, "inputs": json.dumps(json.loads(metadata["inputs"])[:10])})  # fmt: skip
     done = runner.invoke(main, ["compare", str(path), str(shorter)])
     assert done.exit_code == 2 and f"'{path}' holds 24 rows and '{shorter}' 10" in done.output
+    with pytest.raises(UsageProblem, match=r"^'features \(in memory\)' holds 24 rows and 'features2 \(in memory\)' 10"):
+        short = Features({key: features[key][:10] for key in KEYS}, {**metadata, "inputs": json.dumps(shuffled[:10])})
+        hookcli.compare(features=features, features2=short)
 
 
 def _digest(path) -> str:

@@ -116,7 +116,10 @@ def compare_saved(
 
 def _check_same_rows(first: SavedFeatures, second: SavedFeatures) -> None:
     """Two sources are compared row by row: they must hold the same inputs in the same order."""
-    names = (first.reader.name, second.reader.name)
+    names = tuple(
+        reader.name if reader.name != "memory" else f"{side} (in memory)"
+        for reader, side in ((first.reader, "features"), (second.reader, "features2"))
+    )
     if len(first.names) != len(second.names):
         raise UsageProblem(
             f"'{names[0]}' holds {len(first.names)} rows and '{names[1]}' {len(second.names)}: a comparison "
