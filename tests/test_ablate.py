@@ -436,7 +436,11 @@ def test_a_damaged_part_is_refused_naming_it_and_what_is_wrong(photos, tmp_path)
     assert caught.value.message == (
         f"part '{parts[0]}' of '{out}' is damaged: its 'logit_squares' is not one float64 value a unit"
     )
-    assert not out.exists()
+    assert caught.value.hint == "it is removed: run the same command again to compute it"
+    assert not out.exists() and not parts[0].exists()
+    again = hookcli.ablate(net, "block", inputs, output=out, shard_size=3, **SMALL)  # the part computed again
+    whole = hookcli.ablate(net, "block", inputs, output=tmp_path / "whole.safetensors", shard_size=3, **SMALL)
+    assert again.read_bytes() == whole.read_bytes()
 
 
 class Unused(Residual):

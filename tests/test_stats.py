@@ -738,3 +738,32 @@ def test_an_interrupted_run_says_where_its_shards_wait_and_a_refused_one_leaves_
     assert parts_folder(out).is_dir() and not out.exists()
     assert hookcli.stats("resnet18", "avgpool", inputs, output=out, **small) == out  # continued, then merged
     assert not parts_folder(out).exists()
+
+
+@pytest.mark.parametrize("other", [{"seed": 1}, {"quantiles": [0.1, 0.9]}, {"layers": "layer4"}])
+def test_a_part_another_run_made_is_computed_again_not_merged(tmp_path, inputs, make_image, other):
+    from hookcli.errors import ImageError
+    from hookcli.events import Started
+    from hookcli.storage.fileformat import INDEX_NAME
+
+    broken = tmp_path / "late.png"
+    broken.write_text("not a picture\n")  # the runs stop here, their first parts kept
+    paths, options = [*inputs[:6], str(broken)], {"weights": "none", "resize": 32, "crop": 32, "shard_size": 2,
+                                                  "top": 2, "batch_size": 2}  # fmt: skip
+    out, donor = tmp_path / "s.safetensors", tmp_path / "d.safetensors"
+    for path, changes in ((out, {}), (donor, other)):
+        asked = {"layers": "layer3", **options, **changes}
+        with pytest.raises(ImageError):
+            hookcli.stats("resnet18", inputs=paths, output=path, **asked)
+    mine, theirs = parts_folder(out), parts_folder(donor)
+    (mine / "features-00001.safetensors").write_bytes((theirs / "features-00001.safetensors").read_bytes())
+    lines, first = (mine / INDEX_NAME).read_text().splitlines(), '{"shard": 1,'
+    donated = next(line for line in (theirs / INDEX_NAME).read_text().splitlines() if line.startswith(first))
+    (mine / INDEX_NAME).write_text("\n".join(donated if line.startswith(first) else line for line in lines) + "\n")
+    make_image(broken, size=(44, 40), seed=99)
+    clean = hookcli.stats("resnet18", "layer3", paths, output=tmp_path / "clean.safetensors", **options)
+    heard: list = []
+    hookcli.stats("resnet18", "layer3", paths, output=out, progress=heard.append, **options)
+    assert _digest(out) == _digest(clean)
+    started = next(event for event in heard if isinstance(event, Started))
+    assert (started.total, started.done) == (7, 4)  # shards 0 and 2 kept; 1, the other run's, computed again

@@ -307,7 +307,7 @@ def check_shard(
         problem = f"it is not shard {line.shard} of the inputs its index line lists (its own metadata disagrees)"
     elif (shard.metadata.get("kind") == STATS_PART) != parts:
         problem = "it is a part of a stats or compare run" if not parts else "it holds rows, not a gathering run's part"
-    elif run is not None and (differ := _run_differences(shard.metadata, run)):
+    elif run is not None and (differ := _run_differences(shard.metadata, run, parts=parts)):
         problem = f"it was made by another run than the index's (it differs in: {', '.join(differ)})"
     checked = [] if problem is not None else [PART_ROWS] if parts else shard.keys()
     for key in checked:
@@ -325,9 +325,29 @@ def check_shard(
         )
 
 
-def _run_differences(metadata: Mapping[str, str], run: Mapping[str, str]) -> list[str]:
-    """The :data:`RUN_ENTRIES` in which a shard's ``metadata`` and the index's ``run`` differ (JSON compared parsed)."""
-    return [entry for entry in RUN_ENTRIES if entry in run and _parsed(metadata.get(entry)) != _parsed(run[entry])]
+#: The entries of a run's metadata in which its processes may differ (each its own device and versions).
+PER_PROCESS_ENTRIES = ("device", "fused", "memory_format", "versions")
+
+
+def _run_differences(metadata: Mapping[str, str], run: Mapping[str, str], *, parts: bool = False) -> list[str]:
+    """The :data:`RUN_ENTRIES` in which a shard's ``metadata`` and the index's ``run`` differ (JSON compared parsed);
+    for a part, every entry of ``run`` but :data:`PER_PROCESS_ENTRIES` (the command's own, ``stats``, ``compare``,
+    …, included), its layers by their keys."""
+    entries = [entry for entry in run if entry not in PER_PROCESS_ENTRIES] if parts else RUN_ENTRIES
+    differ = []
+    for entry in entries:
+        read = _layer_keys if entry == "layers" else _parsed
+        if entry in run and read(metadata.get(entry)) != read(run[entry]):
+            differ.append(entry)
+    return differ
+
+
+def _layer_keys(text: str | None):
+    """A ``layers`` entry as the key of each layer (what a process learns of them, their calls, left out)."""
+    found = _parsed(text)
+    if not isinstance(found, dict):
+        return found
+    return {path: entry.get("key") if isinstance(entry, dict) else entry for path, entry in found.items()}
 
 
 def _parsed(text: str | None):

@@ -85,9 +85,11 @@ def merged_parts(
         except (KeyError, ValueError, RuntimeError, IndexError, TypeError, AttributeError) as err:
             if isinstance(err, torch.cuda.OutOfMemoryError):
                 raise  # no damage: the caller merges on the CPU instead
+            with contextlib.suppress(OSError):  # its line left listing no file, the next run computes it again
+                name.unlink()
             raise FeatureFileError(  # a part is untrusted: whatever its state makes fail, it is damaged
                 f"part '{name}' of '{output}' is damaged: {err}",
-                hint="run the same command with --force to compute it again",
+                hint="it is removed: run the same command again to compute it",
             ) from None
         del shard  # not held while the next part is read
     assert merged is not None, "a run has one shard at least"

@@ -125,7 +125,7 @@ class ShardWriter:
         a torn line cut off. False when the index changed meanwhile, so that the rewrite would lose another
         process's work: the caller reads it again (and only shards not checked yet are checked)."""
         self.lock.release()
-        run = index.header["metadata"] if index.header and not self.parts else None
+        run = index.header["metadata"] if index.header else None
         finished = _unchanged(checks.sound(index.shards, run), self._given, force)
         self.lock.acquire()
         if len(finished) == len(index.shards) and index.whole:
