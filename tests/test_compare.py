@@ -11,6 +11,9 @@ import sys
 import numpy as np
 import pytest
 import torch
+from PIL import Image
+from safetensors import safe_open
+from safetensors.torch import save_file
 from scipy import stats
 from scipy.spatial.distance import pdist, squareform
 
@@ -323,6 +326,28 @@ def test_merging_refuses_files_of_another_run_and_writing_over_an_input(runner, 
     )
     merged = runner.invoke(main, ["compare", "--merge", first, second, "-o", str(tmp_path / "all.safetensors")])
     assert merged.exit_code == 0, merged.output
+    # A merged file is one more part of the run: it merges again, with the run's files alone.
+    fourth = tmp_path / "d.png"
+    Image.fromarray(np.random.default_rng(4).integers(0, 256, (40, 44, 3), dtype=np.uint8)).save(fourth)
+    third = made("third", photos=[fourth])
+    again = hookcli.compare(merge=[str(tmp_path / "all.safetensors"), third])
+    at_once = hookcli.compare(merge=[first, second, third])
+    assert torch.equal(again["linear-cka"], at_once["linear-cka"])
+    assert json.loads(again.metadata["identity"]) == json.loads(at_once.metadata["identity"])
+    assert json.loads(again.metadata["identity"])["inputs"] == 4
+    done = runner.invoke(main, ["compare", "--merge", str(tmp_path / "all.safetensors"), others["weights (seed)"],
+                                "-o", str(tmp_path / "m.safetensors")])  # fmt: skip
+    assert done.exit_code == 2 and "(it differs in: weights (seed))" in done.stderr
+    unnamed = tmp_path / "unnamed.safetensors"
+    with safe_open(third, "pt") as read:
+        save_file({key: read.get_tensor(key) for key in read.keys()}, str(unnamed),
+                  {key: value for key, value in read.metadata().items() if key != "identity"})  # fmt: skip
+    done = runner.invoke(main, ["compare", "--merge", first, str(unnamed), "-o", str(tmp_path / "m.safetensors")])
+    assert (done.exit_code, done.stderr) == (
+        2,
+        f"Error: '{unnamed}' records no run identity, so the run that made it cannot be checked against the others. "
+        "Hint: merge the files it was made from (its merged_from), or compute it again with hookcli compare\n",
+    )
 
 
 def test_representations_too_wide_together_for_linear_cka_are_refused_before_their_co_moments(runner, tmp_path):

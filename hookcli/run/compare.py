@@ -61,8 +61,9 @@ from hookcli.storage.compare_format import (
     second_names,
 )
 from hookcli.storage.features import FeatureFile, Features
-from hookcli.storage.fileformat import RunRecord, identity, identity_differences
+from hookcli.storage.fileformat import RunRecord, identity, identity_differences, inputs_digest
 from hookcli.storage.gathering_writer import GatheringWriter
+from hookcli.storage.recorded_run import listed_skipped
 from hookcli.storage.saving import write_safetensors
 
 __all__ = ["compare_models", "compare_saved", "merge_comparisons"]
@@ -304,6 +305,7 @@ def merge_comparisons(
         _refuse_merging_onto_an_input(files, output)
     merged: LinearSums | None = None
     inputs: list[str] = []
+    skipped: list = []
     first: Mapping[str, str] = {}
     first_identity: dict = {}  # what every file must share: the run identity of the first, but for its inputs
     for file in files:
@@ -327,6 +329,7 @@ def merge_comparisons(
                     hint="merge files made over different inputs",
                 )
             inputs += json.loads(metadata["inputs"])
+            skipped += listed_skipped(metadata, found.name)
             kept = [name for name in found.keys() if name.startswith("linear-cka@")]  # checked: the method's sums
             state = {name.partition("@")[2]: torch.from_numpy(found.read(name)) for name in kept}
             same = json.loads(metadata["same"])
@@ -350,8 +353,14 @@ def merge_comparisons(
     assert merged is not None, "two files at least"
     tensors = merged.tensors()
     result = tensors["linear-cka"]
-    metadata = {key: value for key, value in first.items() if key not in ("identity", "undefined", "skipped")}
-    metadata.update(inputs=json.dumps(inputs), merged_from=json.dumps([str(f) for f in files]))
+    metadata = {key: value for key, value in first.items() if key not in ("undefined", "skipped")}
+    # What one run over every input would record: merged again, the file is one more part of that run.
+    every = [*inputs, *(str(entry["input"]) for entry in skipped)]
+    whole = {**json.loads(first["identity"]), "inputs": len(every), "inputs_sha256": inputs_digest(every)}
+    metadata.update(inputs=json.dumps(inputs), merged_from=json.dumps([str(f) for f in files]),
+                    identity=json.dumps(whole))  # fmt: skip
+    if skipped:
+        metadata["skipped"] = json.dumps(skipped)
     rows, columns = json.loads(first["rows"]), json.loads(first["columns"])
     gone = undefined(result, rows, columns)
     if gone:
@@ -387,10 +396,14 @@ _MERGE_FREE = ("inputs", "inputs_sha256", "shard_size", "fuse")
 
 
 def _identity_of(found: FeatureFile) -> dict:
-    """The run identity a comparison file records (an empty one for a file that records none)."""
+    """The run identity a comparison file records, but for what merged runs differ in (:data:`_MERGE_FREE`); a file
+    that records none is refused: what made it cannot be checked."""
     text = found.metadata.get("identity")
     if text is None:
-        return {}
+        raise FeatureFileError(
+            f"'{found.name}' records no run identity, so the run that made it cannot be checked against the others",
+            hint="merge the files it was made from (its merged_from), or compute it again with hookcli compare",
+        )
     try:
         identity = json.loads(text)
     except (ValueError, RecursionError):
