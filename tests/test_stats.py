@@ -18,7 +18,7 @@ import torch
 
 import hookcli
 from hookcli.cli import main
-from hookcli.errors import CaptureError
+from hookcli.errors import CaptureError, OutputExistsError
 from hookcli.events import Note
 from hookcli.files import hold_output, release_output, share_output
 from hookcli.run.launch import Part, cpu_threads
@@ -767,3 +767,17 @@ def test_a_part_another_run_made_is_computed_again_not_merged(tmp_path, inputs, 
     assert _digest(out) == _digest(clean)
     started = next(event for event in heard if isinstance(event, Started))
     assert (started.total, started.done) == (7, 4)  # shards 0 and 2 kept; 1, the other run's, computed again
+
+
+def test_a_parts_folder_holding_what_hookcli_never_puts_there_is_refused_and_kept(tmp_path, inputs):
+    out = tmp_path / "s.safetensors"
+    notes = parts_folder(out) / "sub" / "notes.txt"
+    notes.parent.mkdir(parents=True)
+    notes.write_text("precious\n")
+    with pytest.raises(OutputExistsError) as caught:
+        hookcli.stats("resnet18", "layer3", inputs, weights="none", resize=32, crop=32, top=2, output=out)
+    assert str(caught.value) == (
+        f"'{out}.parts/' holds 'sub', which hookcli never puts there: it keeps a file's parts in that folder and "
+        "removes it whole when the file is written. Hint: move what it holds elsewhere, or give another -o"
+    )
+    assert notes.read_text() == "precious\n" and not out.exists()

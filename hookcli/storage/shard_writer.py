@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from hookcli.files import check_own_folder, remove_abandoned
 from hookcli.inputs.archives import file_stamp
 from hookcli.storage import fileformat
 from hookcli.storage.background import Background
-from hookcli.storage.claims import Claims, FolderLock, check_folder_target
+from hookcli.storage.claims import CLAIMS, LOCK_NAME, Claims, FolderLock, check_folder_target
 from hookcli.storage.fileformat import INDEX_NAME, SHARD_FILE
 from hookcli.storage.index import Index, ShardChecks, index_state, parse_index
 from hookcli.storage.index_log import IndexLog
@@ -62,6 +63,7 @@ class ShardWriter:
         self.folder.mkdir(parents=True, exist_ok=True)
         if parts:
             check_own_folder(folder, _PARTS)  # a link put there meanwhile: the lock, claims and shards go in no link
+            _refuse_others(self.folder, self._given)
         self.lock = FolderLock(self.folder, self._given, on_wait=on_note)
         self.claims = Claims(self.folder, on_note=on_note)
         self.index = IndexLog(self.folder / INDEX_NAME, self._given, self.identity)
@@ -324,6 +326,30 @@ class ShardWriter:
                 self.finisher = True
                 if not self.index.ordered:  # the last shard: the lines go in shard order
                     self.index.rewrite_in_order(self.header)
+
+
+#: An index being rewritten, under its temporary name (:func:`~hookcli.files.atomic_path`).
+_INDEX_WRITTEN = re.compile(rf"^\.{re.escape(INDEX_NAME)}\..*\.part$")
+
+
+def _refuse_others(folder: Path, given: str) -> None:
+    """Refuse a folder of parts that holds what hookcli puts in none (the user's files): it is removed whole once
+    the parts merge."""
+    ours = (INDEX_NAME, LOCK_NAME, CLAIMS)
+    other = next(
+        (
+            name
+            for name in sorted(os.listdir(folder))
+            if name not in ours and not SHARD_FILE.match(name) and not _INDEX_WRITTEN.match(name)
+        ),
+        None,
+    )
+    if other is not None:
+        raise OutputExistsError(
+            f"'{given}' holds '{other}', which hookcli never puts there: it keeps a file's parts in that folder and "
+            "removes it whole when the file is written",
+            hint="move what it holds elsewhere, or give another -o",
+        )
 
 
 def batches_in(first: int, end: int, size: int) -> Iterator[list[int]]:
