@@ -476,3 +476,31 @@ def test_a_comparisons_plan_run_alone_is_refused_with_where_to_run_it(images):
     assert str(refused.value) == (
         "a comparison's plan says what runs, not how to compare it. Hint: run it with hookcli.compare"
     )
+
+
+def test_a_representation_without_spread_is_undefined_for_minibatch_cka_whatever_the_batches():
+    rng = np.random.default_rng(5)
+    tensors = {"x": torch.from_numpy(rng.standard_normal((40, 6))), "c": torch.full((40, 5), 0.1),
+               "c2": torch.full((40, 2, 3, 3), 1 / 3)}  # fmt: skip
+    inputs = json.dumps([f"/photos/{i}.jpg" for i in range(40)])
+    for batch in (5, 6, 7, 8):
+        source = Features(tensors, {"inputs": inputs})
+        found = hookcli.compare(features=source, method="minibatch-cka", batch_size=batch)
+        matrix, x = found["minibatch-cka"], json.loads(found.metadata["rows"]).index("x")
+        assert sorted(json.loads(found.metadata["undefined"])) == ["c", "c2"]
+        assert matrix[x, x].item() == pytest.approx(1.0) and int(torch.isnan(matrix).sum()) == 8  # all but x with x
+
+
+def test_rsa_leaves_out_the_pairs_of_a_row_without_spread_not_the_whole_representation():
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((30, 8))
+    y = np.maximum(x @ rng.standard_normal((8, 8)), 0)
+    y[5] = 0  # one input whose ReLU output is all zero
+    inputs = json.dumps([f"/photos/{i}.jpg" for i in range(30)])
+    found = hookcli.compare(features=Features({"x": torch.from_numpy(x), "y": torch.from_numpy(y)}, {"inputs": inputs}),
+                            method="rsa")  # fmt: skip
+    upper = np.triu_indices(30, 1)
+    kept = (upper[0] != 5) & (upper[1] != 5)
+    rdms = [squareform(pdist(values, "correlation"))[upper][kept] for values in (x, y)]
+    assert found["rsa"][0, 1].item() == pytest.approx(stats.spearmanr(*rdms).statistic, abs=1e-12)
+    assert found["rsa"][1, 1].item() == pytest.approx(1.0) and "undefined" not in found.metadata

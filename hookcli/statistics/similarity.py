@@ -189,6 +189,12 @@ def hsic_unbiased(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
     return (trace + ones_k.sum() * ones_l.sum() / ((m - 1) * (m - 2)) - 2 * (ones_k @ ones_l) / (m - 2)) / (m * (m - 3))
 
 
+def _varied(x: torch.Tensor) -> bool:
+    """Whether the rows of a minibatch of one representation are not all alike."""
+    flat = x.reshape(x.shape[0], -1)
+    return bool((flat != flat[:1]).any())
+
+
 class MinibatchCKA:
     """The minibatch CKA estimator of ``rows`` representations against ``columns`` (see the module): sums over
     minibatches of each pair's unbiased HSIC and of each representation's with itself."""
@@ -199,6 +205,10 @@ class MinibatchCKA:
         self.cross = torch.zeros(rows, columns, dtype=_F64)
         self.first = torch.zeros(rows, dtype=_F64)
         self.second = torch.zeros(columns, dtype=_F64)
+        # The batches whose rows of each representation differ: a representation whose rows are alike in every one
+        # has no spread (its self-HSIC sums to rounding noise of either sign, never exactly 0).
+        self.varied_first = torch.zeros(rows, dtype=torch.int64)
+        self.varied_second = torch.zeros(columns, dtype=torch.int64)
 
     def update(self, first: Sequence[torch.Tensor], second: Sequence[torch.Tensor]) -> None:
         """Add a minibatch of at least :data:`MIN_BATCH` rows (the caller makes them so)."""
@@ -212,6 +222,9 @@ class MinibatchCKA:
         self.first += own
         self.second += own if self.same else torch.stack([hsic_unbiased(g, g) for g in others])
         self.cross += torch.stack([torch.stack([hsic_unbiased(g, h) for h in others]) for g in grams])
+        varied = torch.tensor([_varied(x) for x in first], dtype=torch.int64)
+        self.varied_first += varied
+        self.varied_second += varied if self.same else torch.tensor([_varied(y) for y in second], dtype=torch.int64)
         self.batches += 1
 
     @staticmethod
@@ -226,6 +239,8 @@ class MinibatchCKA:
     def merge(self, other: MinibatchCKA) -> None:
         device = self.cross.device
         self.batches += other.batches
+        self.varied_first += other.varied_first
+        self.varied_second += other.varied_second
         self.cross += other.cross.to(device)
         self.first += other.first.to(device)
         self.second += other.second.to(device)
@@ -236,12 +251,16 @@ class MinibatchCKA:
             return torch.full(self.shape, float("nan"), dtype=_F64)
         first, second, cross = self.first.cpu(), self.second.cpu(), self.cross.cpu()
         scale = torch.sqrt(first[:, None] * second[None, :])
-        return torch.where(scale > 0, cross / scale, torch.full_like(scale, float("nan")))
+        defined = (scale > 0) & (self.varied_first[:, None] > 0) & (self.varied_second[None, :] > 0)
+        return torch.where(defined, cross / scale, torch.full_like(scale, float("nan")))
 
     def check_part(self, rows: int) -> None:
         """Refuse (ValueError) sums read from a part that its ``rows`` inputs could not have made."""
         if not 0 <= self.batches <= rows // MIN_BATCH:
             raise ValueError(f"its minibatch-cka sums count {self.batches} batches of its {rows} inputs")
+        for varied in (self.varied_first, self.varied_second):
+            if bool(((varied < 0) | (varied > self.batches)).any()):
+                raise ValueError(f"its minibatch-cka sums count batches of spread beyond its {self.batches}")
 
     def state(self) -> dict[str, torch.Tensor]:
         return {
@@ -249,6 +268,8 @@ class MinibatchCKA:
             "cross": self.cross.cpu(),
             "first": self.first.cpu(),
             "second": self.second.cpu(),
+            "varied_first": self.varied_first,
+            "varied_second": self.varied_second,
         }
 
     @classmethod
@@ -257,6 +278,8 @@ class MinibatchCKA:
         made.batches = int(stored(state, "batches", 0))
         made.cross = stored(state, "cross", 2).to(_F64)
         made.first, made.second = stored(state, "first", 1).to(_F64), stored(state, "second", 1).to(_F64)
+        made.varied_first = stored(state, "varied_first", 1, length=rows).to(torch.int64)
+        made.varied_second = stored(state, "varied_second", 1, length=columns).to(torch.int64)
         if made.cross.shape != (rows, columns) or made.first.shape != (rows,) or made.second.shape != (columns,):
             raise ValueError("its sums do not have the comparison's shape")
         return made
@@ -318,12 +341,15 @@ def dissimilarities(rows: torch.Tensor, distance: str = "correlation") -> torch.
 
 def compare_rdms(first: torch.Tensor, second: torch.Tensor, ranking: str = "spearman") -> float:
     """How alike two RDMs are: Spearman's, Pearson's or Kendall's (tau-b) correlation of their upper triangles
-    (the diagonal left out)."""
+    (the diagonal left out), over the pairs both define (a row with no spread has no correlation distance to any:
+    its pairs are left out); NaN with fewer than 3 such pairs, or none that differ."""
     from scipy import stats  # the statistics of ranks, loaded when RDMs are compared
 
     upper = torch.triu_indices(first.shape[0], first.shape[0], offset=1)
     a, b = first[upper[0], upper[1]].numpy(), second[upper[0], upper[1]].numpy()
-    if not np.isfinite(a).all() or not np.isfinite(b).all() or a.std() == 0 or b.std() == 0:
+    defined = np.isfinite(a) & np.isfinite(b)
+    a, b = a[defined], b[defined]
+    if len(a) < 3 or a.std() == 0 or b.std() == 0:
         return float("nan")
     if ranking == "pearson":
         return float(stats.pearsonr(a, b).statistic)
