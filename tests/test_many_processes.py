@@ -235,10 +235,10 @@ def test_killed_processes_lose_only_their_unfinished_shards_and_another_count_fi
 # -- claims ------------------------------------------------------------------------------------------
 
 
-def _claim_file(folder, number, host, pid, age):
+def _claim_file(folder, number, host, pid, age, since=None):
     path = folder / CLAIMS / f"{number:05d}"
     path.parent.mkdir(exist_ok=True)
-    path.write_text(json.dumps({"host": host, "pid": pid, "since": 0}))
+    path.write_text(json.dumps({"host": host, "pid": pid, "since": time.time() - age if since is None else since}))
     os.utime(path, (time.time() - age, time.time() - age))
 
 
@@ -263,6 +263,31 @@ def test_a_claim_is_taken_over_only_from_a_gone_or_silent_owner(tmp_path):
     claims.release_all(lock)
     lock.close()
     assert sorted(p.name for p in (tmp_path / CLAIMS).iterdir()) == ["00001", "00003", "00004"]
+
+
+def test_a_claim_whose_process_id_another_process_has_now_is_taken_over(tmp_path):
+    here, alive = socket.gethostname(), subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        time.sleep(0.5)
+        _claim_file(tmp_path, 0, here, os.getpid(), 1)  # this process's id, though it claimed nothing: a restart's
+        _claim_file(tmp_path, 1, here, alive.pid, 1, since=time.time() - 30)  # made before that process started
+        _claim_file(tmp_path, 2, here, alive.pid, 1, since=time.time())  # made by it
+        notes = []
+        lock, claims = FolderLock(tmp_path, str(tmp_path)), Claims(tmp_path, timeout=120, on_note=notes.append)
+        with lock.held():
+            assert [claims.take(n) for n in range(3)] == [True, True, False]
+            assert claims.take(0)  # its own, now
+        assert notes == [
+            f"shard 0 was claimed by process {os.getpid()} on {here}, an earlier process of this id, which has ended: "
+            "this process computes it",
+            f"shard 1 was claimed by process {alive.pid} on {here}, which has ended (its id is now another "
+            "process's): this process computes it",
+        ]
+        claims.release_all(lock)
+        lock.close()
+    finally:
+        alive.kill()
+        alive.wait()
 
 
 def test_the_heartbeat_keeps_a_claim_fresh(tmp_path):

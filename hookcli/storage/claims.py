@@ -356,8 +356,18 @@ class Claims:
         who = f"process {owner['pid']} on {owner['host']}"
         if stale:
             return f"{who}, {stale}"
-        if owner["host"] == socket.gethostname() and owner["pid"] > 0 and not _alive(owner["pid"]):
+        if owner["host"] != socket.gethostname() or owner["pid"] <= 0:
+            return None
+        if not _alive(owner["pid"]):
             return f"{who}, which has ended"
+        # A process id is reused (a container restarted keeps its host name and starts its processes at the same ids):
+        # this process holds no claim it does not know of, and a process started after the claim was made is not its
+        # maker.
+        if owner["pid"] == os.getpid() and name not in {_claim_name(number) for number in self.mine}:
+            return f"{who}, an earlier process of this id, which has ended"
+        started, since = _started(owner["pid"]), owner.get("since")
+        if started is not None and isinstance(since, int | float) and started > since + _START_SLACK:
+            return f"{who}, which has ended (its id is now another process's)"
         return None
 
     def _stale(self, heartbeat: float) -> str:
@@ -450,6 +460,23 @@ def _read_claim(name: str, folder: int) -> tuple[os.stat_result, dict | None]:
         return found, owner
     finally:
         os.close(descriptor)
+
+
+#: Seconds a process's start time, counted from the boot time (whole seconds) in clock ticks, may read later than it
+#: was.
+_START_SLACK = 2.0
+
+
+def _started(pid: int) -> float | None:
+    """When process ``pid`` started (seconds since the epoch), where the system says (Linux's /proc); else None."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat_file:
+            fields = stat_file.read().rpartition(b")")[2].split()  # after the command name, which may hold spaces
+        with open("/proc/stat", "rb") as system:
+            boot = next(int(line.split()[1]) for line in system if line.startswith(b"btime "))
+        return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22 of the line: the start, in ticks
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
 
 
 def _alive(pid: int) -> bool:
