@@ -202,6 +202,7 @@ LAZY_IMPORTS = {
     ("hookcli.pictures.render", "matplotlib"): "matplotlib (about 0.15 s) loads when a picture is first coloured",
     ("hookcli.statistics.similarity", "scipy"): "scipy's rank correlations (about 0.3 s) load when RDMs are compared",
     ("hookcli.statistics.covariance", "scipy"): "scipy's eigensolver loads when the components are made",
+    ("hookcli.statistics.covariance", "threadpoolctl"): "LAPACK's threads are limited when the components are made",
 }
 
 #: What the commands that answer at once (--help, models, the refusals made before a model loads) must not import.

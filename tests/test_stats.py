@@ -781,3 +781,26 @@ def test_a_parts_folder_holding_what_hookcli_never_puts_there_is_refused_and_kep
         "removes it whole when the file is written. Hint: move what it holds elsewhere, or give another -o"
     )
     assert notes.read_text() == "precious\n" and not out.exists()
+
+
+def test_principal_components_are_the_same_bytes_whatever_the_threads_of_the_process():
+    import types
+
+    from threadpoolctl import threadpool_limits
+
+    from hookcli.statistics.covariance import Covariance, principal_components
+
+    rows = torch.from_numpy(np.random.default_rng(0).standard_normal((100, 700)))
+    matrix = rows.T @ rows / 99  # of rank 100: the null space's vectors are LAPACK's to choose
+    found, threads = [], torch.get_num_threads()
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            with threadpool_limits(limits=count):
+                kept = Covariance(700)
+                kept.update(types.SimpleNamespace(pooled=rows))  # rows kept: the SVD of the rows finds them
+                found.append((*principal_components(matrix), *kept.components()))
+                assert torch.get_num_threads() == count  # given back as it was
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(one, other) for one, other in zip(*found))

@@ -35,9 +35,10 @@ and :data:`MAX_CHANNELS` at most.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 import torch
 
@@ -134,13 +135,14 @@ class Covariance:
         if self.rows is None or self.count < 2:
             return principal_components(self.matrix.cpu())
         rows = self.rows.cpu()
-        try:
-            _, singular, turned = torch.linalg.svd(rows - rows.mean(dim=0), full_matrices=False)
-        except torch.linalg.LinAlgError:  # the divide and conquer SVD can fail to converge: the matrix's then
-            return principal_components(self.matrix.cpu())
-        values = torch.zeros(self.channels, dtype=_F64)
-        values[: len(singular)] = singular.square() / (self.count - 1)
-        return values, _signed(_completed(turned.T))
+        with one_thread():
+            try:
+                _, singular, turned = torch.linalg.svd(rows - rows.mean(dim=0), full_matrices=False)
+            except torch.linalg.LinAlgError:  # the divide and conquer SVD can fail to converge: the matrix's then
+                return principal_components(self.matrix.cpu())
+            values = torch.zeros(self.channels, dtype=_F64)
+            values[: len(singular)] = singular.square() / (self.count - 1)
+            return values, _signed(_completed(turned.T))
 
     def state(self) -> dict[str, torch.Tensor]:
         found = {"count": torch.tensor(self.count, dtype=torch.int64)}
@@ -184,11 +186,27 @@ def principal_components(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     # LAPACK works on columns: a C-ordered copy, transposed, is the same symmetric matrix in that order, and the
     # eigenvectors come back in its memory (one column each; a row of the copy), smallest first. One C x C copy.
     scratch = matrix.to(_F64, copy=True).numpy()
-    found, _ = eigh(scratch.T, driver="evd", overwrite_a=True, check_finite=False)
+    with one_thread():
+        found, _ = eigh(scratch.T, driver="evd", overwrite_a=True, check_finite=False)
     for low in range(channels // 2):  # largest first, in place
         high = channels - 1 - low
         scratch[[low, high]] = scratch[[high, low]]
     return torch.from_numpy(found[::-1].copy()), _signed(torch.from_numpy(scratch).T)
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """LAPACK (scipy's and torch's) on one thread inside: its results depend on how many threads it runs, and a
+    stats file is the same bytes whichever process merges it, of however many threads."""
+    from threadpoolctl import threadpool_limits
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with threadpool_limits(limits=1):
+            yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _signed(vectors: torch.Tensor) -> torch.Tensor:
