@@ -502,3 +502,21 @@ def test_a_shard_folder_named_through_a_link_is_followed_and_a_dangling_one_refu
         == f"Error: output folder '{tmp_path / 'gone'}' is a broken symbolic link. Hint: remove it or fix its target"
     )
     assert not (tmp_path / "nowhere").exists()
+
+
+@pytest.mark.parametrize("entry, value", [("inputs", 6), ("shard_size", 3)])
+def test_an_index_header_that_disagrees_with_its_run_identity_is_damaged(
+    runner, one_error, extract_into, tmp_path, five_inputs, entry, value
+):
+    folder = tmp_path / "feats"
+    assert extract_into(folder, five_inputs).exit_code == 0
+    index = folder / INDEX_NAME
+    lines = index.read_text().splitlines()
+    header = json.loads(lines[0])
+    header[entry] = value
+    index.write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
+    assert one_error(extract_into(folder, five_inputs), 2) == (
+        f"Error: '{index}' is not a hookcli index. Hint: add --force to replace it, or use another folder"
+    )
+    assert one_error(runner.invoke(main, ["info", str(folder)]), 2).startswith(f"Error: '{index}' is not a hookcli")
+    assert extract_into(folder, five_inputs, "--force").exit_code == 0 and len(_rows(folder)[1]) == 5

@@ -218,13 +218,25 @@ def test_a_different_run_in_the_same_folder_is_refused_unless_forced(runner, tmp
 
 
 def test_torn_last_index_line_is_ignored(tmp_path):
-    header = {"hookcli_index": 1, "identity": {}, "shard_size": 2, "inputs": 4, "metadata": {}}
+    header = {
+        "hookcli_index": 1,
+        "identity": {"inputs": 4, "shard_size": 2},
+        "shard_size": 2,
+        "inputs": 4,
+        "metadata": {},
+    }
     (tmp_path / INDEX_NAME).write_text(json.dumps(header) + '\n{"shard": 0, "fi')
     assert read_index(tmp_path) == (header, [])
 
 
 def test_an_index_cut_shorter_while_it_is_read_is_read_to_where_it_ends(tmp_path, monkeypatch):
-    header = {"hookcli_index": 1, "identity": {}, "shard_size": 2, "inputs": 4, "metadata": {}}
+    header = {
+        "hookcli_index": 1,
+        "identity": {"inputs": 4, "shard_size": 2},
+        "shard_size": 2,
+        "inputs": 4,
+        "metadata": {},
+    }
     index = tmp_path / INDEX_NAME
     index.write_text(json.dumps(header) + "\n")
     real, ours = os.fstat, os.lstat(index).st_ino

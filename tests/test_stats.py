@@ -482,6 +482,11 @@ def test_parts_and_torchrun_write_the_file_one_process_writes(runner, tmp_path, 
     )
     assert all(out or any(text in err for text in left) for _, out, err in results), results
     assert _digest(three) == expected and not parts_folder(three).exists()
+    written = three.stat().st_mtime_ns
+    late = runner.invoke(main, ["stats", *ARGS, "--part", "2/3", "--force", "-o", str(three), *inputs])
+    assert (late.exit_code, late.stdout) == (0, "")  # a late task of the run, --force or not: nothing to redo
+    assert late.stderr == f"Note: '{three}' is complete: another process of this run wrote it\n"
+    assert three.stat().st_mtime_ns == written
 
     expected = _one_process(tmp_path / "one-thread.safetensors", inputs, threads=cpu_threads(Part(0, 2, 0, 2)))
     two = tmp_path / "two.safetensors"

@@ -1,18 +1,15 @@
 """The file contract: what hookcli writes, described once.
 
-Everything a reader of hookcli's files relies on is built here and nowhere
-else (``docs/file-format.md`` documents it):
+Everything a reader of hookcli's files relies on is built here and nowhere else (``docs/file-format.md``
+documents it):
 
 - :data:`FORMAT_VERSION`, the ``format`` entry of every file;
-- :class:`RunRecord`, the description of a run, and where each of its fields
-  goes: into every file's metadata, into the *identity* that a shard folder
-  is resumed by, or both. :func:`run_metadata` and :func:`identity` read the
-  same fields, so an option added to the record reaches both or is left out
-  of one on purpose, never by accident;
-- the metadata of a single file (:func:`file_metadata`) and of a shard
-  (:func:`shard_metadata`), the shard index's header and lines
-  (:func:`index_header`, :func:`index_line`), and how a folder's index reads
-  back as one file's metadata (:func:`folder_metadata`).
+- :class:`RunRecord`, the description of a run, and where each of its fields goes: into every file's metadata, into
+  the *identity* that a shard folder is resumed by, or both. :func:`run_metadata` and :func:`identity` read the same
+  fields, so an option added to the record reaches both or is left out of one on purpose, never by accident;
+- the metadata of a single file (:func:`file_metadata`) and of a shard (:func:`shard_metadata`), the shard index's
+  header and lines (:func:`index_header`, :func:`index_line`), and how a folder's index reads back as one file's
+  metadata (:func:`folder_metadata`).
 
 Nothing here imports torch.
 
@@ -402,10 +399,13 @@ def check_index_header(header) -> None:
     """Raise ValueError saying what is wrong with an index's first line, read from disk (so untrusted)."""
     if not isinstance(header, dict) or header.get("hookcli_index") != INDEX_VERSION:
         raise ValueError("it is not a hookcli index")
-    if not isinstance(header.get("identity"), dict):
+    identity = header.get("identity")
+    if not isinstance(identity, dict):
         raise ValueError("its run identity is missing")
     if not _whole(header.get("shard_size"), 1) or not _whole(header.get("inputs"), 0):
         raise ValueError("its shard size or input count is not a whole number")
+    if identity.get("inputs") != header["inputs"] or identity.get("shard_size") not in ("auto", header["shard_size"]):
+        raise ValueError("its input count or shard size is not its run identity's")
     metadata = header.get("metadata")
     if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
         raise ValueError("its metadata is not a map of strings")

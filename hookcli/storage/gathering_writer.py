@@ -148,14 +148,17 @@ class GatheringWriter:
         return self.folder.order(batch_size)
 
     def _written_by_another(self) -> bool:
-        """Whether another process of this run (``part``) has merged the output already; any other file there is
-        refused, unless ``force`` (as is any file at all for a run of one process: the command run again)."""
+        """Whether another process of this run (``part``) has merged the output already, ``force`` or not (a late
+        task of an array of them finds the file its run wrote); any other file there is refused, unless ``force``
+        (as is any file at all for a run of one process: the command run again)."""
         assert self.path is not None, "a file's writer"
-        if self.force or not os.path.lexists(self.path):
+        if not os.path.lexists(self.path):
             return False
         if self.part[1] > 1 and written_by_this_run(self.path, self.record):
             self._say_written_by_another()
             return True
+        if self.force:
+            return False
         check_writable(self.path, force=False)  # says that it exists
         return False
 
