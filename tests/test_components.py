@@ -170,3 +170,19 @@ def test_a_layer_the_file_has_no_components_of_is_gathered_alone_and_said(first,
     assert [event.text for event in heard if type(event).__name__ == "Note"] == [
         f"'extra' has no components in '{first}': its channels are gathered, not its components"
     ]
+
+
+def test_an_output_that_is_the_components_file_is_refused_force_or_not(runner, one_error, tmp_path, photo):
+    saved = hookcli.extract("resnet18", "layer4", [photo, photo], weights="none", resize=32, crop=32,
+                            output=str(tmp_path / "f.safetensors"))  # fmt: skip
+    components = hookcli.stats(features=str(saved), top=1, output=str(tmp_path / "pca.safetensors"))
+    before = components.read_bytes()
+    for args in (
+        ["stats", str(saved), "--components", str(components), "-o", str(components), "--force"],
+        ["stats", "-m", "resnet18", "-l", "layer4", "--weights", "none", "--resize", "32", "--crop", "32", str(photo),
+         "--components", str(components), "-o", str(components), "--force"],
+    ):  # fmt: skip
+        assert one_error(runner.invoke(main, args)) == (
+            f"Error: output '{components}' is the input '{components}'. Hint: write the output somewhere else with -o"
+        )
+    assert components.read_bytes() == before

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,6 +36,7 @@ __all__ = [
     "parse_intervention",
     "parse_interventions",
     "parse_units",
+    "read_beside",
 ]
 
 #: The edits a spec may name, with what follows the name.
@@ -221,3 +223,9 @@ _WHOLE = re.compile(r"-?[0-9]+")
 
 def _refused(spec: Any, why: str) -> UsageProblem:
     return UsageProblem(f"--intervene '{spec}': {why}", hint=_HINT)
+
+
+def read_beside(opts, interventions: Sequence[Intervention] = ()) -> list[str]:
+    """The files a run reads besides its inputs (``--components``, an edit's FILE): its output may be none of them."""
+    components = getattr(opts, "components", None)
+    return [spec.file for spec in interventions if spec.file] + ([components] if components else [])

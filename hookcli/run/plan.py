@@ -41,6 +41,7 @@ from hookcli.inputs.decoding import device_jpeg_decoder
 from hookcli.inputs.rows import arguments_of, find_rows
 from hookcli.models import loading
 from hookcli.models.loaded import LoadedModel
+from hookcli.options.interventions import read_beside
 from hookcli.run.commands import COMMANDS
 from hookcli.run.edits import edits_entries, with_edits
 from hookcli.run.outputs import Output, default_path, refuse_drawn_grids
@@ -83,7 +84,8 @@ def plan_request(asked: RunRequest) -> RunPlan:
         keys = list(parts.layers.values())
         if asked.named_later:
             path = default_path(kind, model.name, keys, does.named)
-            does.check_target(kind, path, paths, opts.force or (does.gathers and asked.part is not None))
+            read = [*paths, *read_beside(opts, asked.interventions)]
+            does.check_target(kind, path, read, opts.force or (does.gathers and asked.part is not None))
         if opts.grid and not opts.force and asked.keys is None:  # keys known without the model were checked then
             refuse_drawn_grids(opts.grid, keys)
         record = _record(model, parts.layers, settings, opts, paths, parts.entries, edits_entries(settings))

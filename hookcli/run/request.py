@@ -34,7 +34,7 @@ from hookcli.inputs.rows import find_rows
 from hookcli.models.catalog import ModelChoice, as_model, choose_model
 from hookcli.models.loaded import LoadedModel
 from hookcli.options.family import fitted_to_family
-from hookcli.options.interventions import Intervention, asked_interventions
+from hookcli.options.interventions import Intervention, asked_interventions, read_beside
 from hookcli.options.run import LARGE_INPUT, RunOptions, run_options
 from hookcli.run.commands import COMMANDS
 from hookcli.run.launch import Part, joins_team, run_part
@@ -165,7 +165,8 @@ def with_rows(asked: RunRequest, rows: FoundInputs, notes: tuple[str, ...]) -> R
         path = None if asked.keys is None else default_path(kind, asked.model_name, asked.keys, does.named)
     # A file that many processes gather may be there already, written by the one that finished it: the writer
     # tells that apart from another run's file (hookcli.storage.gathering_writer).
-    does.check_target(kind, path, rows.paths, opts.force or (does.gathers and asked.part is not None))
+    read = [*rows.paths, *read_beside(opts, asked.interventions)]
+    does.check_target(kind, path, read, opts.force or (does.gathers and asked.part is not None))
     if opts.grid:
         check_folder_output(opts.grid)
         if asked.keys is not None and not opts.force:  # known without the model: said before torch loads

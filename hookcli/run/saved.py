@@ -28,6 +28,7 @@ from hookcli.errors import CaptureError, UsageProblem
 from hookcli.events import Event, Note
 from hookcli.families import square_input
 from hookcli.inputs.archives import file_stamp
+from hookcli.options.interventions import read_beside
 from hookcli.options.run import SAVED_STATS_OPTIONS, RunOptions, refuse_unknown, run_options
 from hookcli.parsing import block_of
 from hookcli.patterns import select_keys
@@ -159,7 +160,7 @@ def run_saved(
     if output is DEFAULT_OUTPUT:
         kind, path = does.default_kind, _default_name(first.reader, command)
     part = _part(opts.part, in_memory=path is None)
-    files = [Path(s.reader.name) for s in sources if os.path.isfile(s.reader.name)]
+    files = [Path(s.reader.name) for s in sources if os.path.isfile(s.reader.name)] + read_beside(opts)
     does.check_target(kind, path, files, opts.force or bool(part))
     record = dataclasses.replace(first.recorded.record, command=dict(entries), shard_size=opts.shard_size)
     result = execute(SavedRun(sources, gathering, record, Output(kind, path), opts, part), emit)
