@@ -134,6 +134,29 @@ def test_only_torchrun_processes_join_a_gloo_group_waiting_the_join_timeout_then
     assert calls == [("rendezvous", "env://", 0, 2, True), ("gloo", timedelta(days=30)), ("store", timedelta(days=30))]
 
 
+def test_a_process_that_ends_before_the_final_barrier_is_said_in_hookclis_words(monkeypatch):
+    import torch.distributed as dist
+
+    from hookcli.run.team import Team, TeamError
+
+    def closed():
+        raise RuntimeError(
+            "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:561] Connection closed by peer "
+            "[127.0.0.1]:17610\nThis is typically caused by a remote worker crashing."
+        )
+
+    monkeypatch.setattr(Team, "_join", lambda self: None)
+    monkeypatch.setenv("HOOKCLI_JOIN_TIMEOUT", "42")
+    team = Team(Part(0, 2, local_index=0, local_count=2, launcher="torchrun", address=("localhost", 29500)))
+    monkeypatch.setattr(dist, "barrier", closed)
+    with pytest.raises(TeamError) as caught:
+        team.barrier()
+    assert str(caught.value) == (
+        "one of torchrun's 2 processes ended before the run's end (rank 0 heard: Connection closed by peer "
+        "[127.0.0.1]:17610). Hint: its own output says why; the same command run again continues what is not done"
+    )
+
+
 _SHARE = textwrap.dedent("""
     from hookcli.run.launch import detect_part
     from hookcli.run.team import Team

@@ -18,7 +18,7 @@ from hookcli.run.outputs import Output
 from hookcli.run.plan import plan_request
 from hookcli.run.request import RunRequest
 from hookcli.run.settings import Batch
-from hookcli.run.team import Team
+from hookcli.run.team import Team, TeamError
 from hookcli.storage.features import Features
 from hookcli.storage.rows_writer import RowsWriter
 from hookcli.storage.shards import open_features
@@ -110,7 +110,12 @@ def execute(run: Road, progress: Callable[[Event], None] | None = None) -> Featu
                 note(f"'{writer.kept}' keeps the shards done so far: run the same command again to continue")
             raise
         if team is not None:
-            team.barrier()  # every process has listed its shards: the folder is complete
+            try:
+                team.barrier()  # every process has listed its shards: the folder is complete
+            except TeamError as err:
+                if not writer.complete:
+                    raise
+                note(f"{err.message}: '{writer.kept or run.output.path}' is complete all the same")
         complete = writer.complete or team is not None
         if not complete:
             note(

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import re
 import socket
 import threading
 import time
@@ -214,7 +215,17 @@ class Team:
                 )
 
     def barrier(self) -> None:
-        self._dist.barrier()
+        """Wait for every process at the run's end; :class:`TeamError` when one ended before it (killed: gloo's
+        connection to it closed)."""
+        try:
+            self._dist.barrier()
+        except RuntimeError as err:
+            heard = re.sub(r"^\[[^\]]*\]\s*", "", first_line(err))  # gloo's source file and line go
+            raise TeamError(
+                f"one of torchrun's {self.part.count} processes ended before the run's end (rank {self.part.index} "
+                f"heard: {heard})",
+                hint="its own output says why; the same command run again continues what is not done",
+            ) from None
 
     def close(self) -> None:
         if self._dist.is_initialized():
