@@ -659,3 +659,30 @@ def test_the_report_says_what_share_of_the_variance_the_first_components_explain
     page = (stats_report.parent / "layer-layer3.html").read_text()
     expected = f"the first 1, 5, 10 explain {shares[0]:.1%}, {shares[4]:.1%}, {shares[9]:.1%}."
     assert expected in page
+
+
+def test_an_examples_picture_holds_one_map_at_a_time_and_shrinks_it_to_its_tile(tmp_path):
+    import tracemalloc
+
+    from safetensors.numpy import save_file
+
+    side, count = 1024, 9  # 36 MiB of maps, 4 MiB each
+    units = {"x": {"channels": 1, "spatial": [side, side], "layout": "maps", "skip": 0, "row_shape": [1, side, side]}}
+    tensors = {"x@count": np.array(10, np.int64), "x@quantiles": np.ones((1, 1)),
+               **{f"x@{name}": np.ones(1) for name in ("mean", "std", "min", "max", "zeros")},
+               "x@top_values": np.ones((1, count), np.float32), "x@top_rows": np.zeros((1, count), np.int64),
+               "x@top_at": np.zeros((1, count, 2), np.int64),
+               "x@top_maps": np.random.default_rng(0).random((1, count, side, side), dtype=np.float32)}  # fmt: skip
+    metadata = {"format": "4", "kind": "stats", "inputs": json.dumps([str(tmp_path / "gone.png")]),
+                "units": json.dumps(units), "stats": json.dumps({"top": count, "top_by": "max", "quantiles": [0.5],
+                                                                 "pca": False})}  # fmt: skip
+    save_file(tensors, str(tmp_path / "big.safetensors"), metadata)
+    del tensors
+    with open_features(tmp_path / "big.safetensors") as read:
+        stats = read_stats(read)
+        tracemalloc.start()
+        picture = examples_picture(stats, stats.layers["x"], 0, GridOptions(), ExamplePhotos(stats, 96))
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    assert peak < 24 * 2**20, peak  # one map read at a time (4 MiB), brought down to a tile of 96 pixels a side
+    assert max(picture.pixels.shape[:2]) < 800

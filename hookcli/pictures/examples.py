@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -119,16 +120,15 @@ class _Example:
     frame: int | None
 
 
-def _examples(stats: StatsFile, layer: StatsLayer, channel: int, count: int) -> list[_Example]:
-    values, rows, maps = (
-        stats.channel(layer.key, field, channel, count) for field in ("top_values", "top_rows", "top_maps")
-    )
+def _examples(stats: StatsFile, layer: StatsLayer, channel: int, count: int) -> Iterator[_Example]:
+    """The channel's first ``count`` examples, each map read as its example comes (a file may claim maps of
+    millions of positions: one is held at a time)."""
+    values, rows = (stats.channel(layer.key, field, channel, count) for field in ("top_values", "top_rows"))
     at = stats.channel(layer.key, "top_at", channel, count) if layer.spatial else None
-    examples = []
     for rank, (value, row) in enumerate(zip(values.tolist(), rows.tolist())):
-        heat, peak, frame = _map_at(layer, maps[rank], None if at is None else at[rank].tolist())
-        examples.append(_Example(rank + 1, value, row, Path(stats.inputs[row]).name, heat, peak, frame))
-    return examples
+        values_map = stats.channel(layer.key, "top_maps", channel, slice(rank, rank + 1))[0]
+        heat, peak, frame = _map_at(layer, values_map, None if at is None else at[rank].tolist())
+        yield _Example(rank + 1, value, row, Path(stats.inputs[row]).name, heat, peak, frame)
 
 
 def _map_at(layer: StatsLayer, values: np.ndarray, at: list[int] | None):
@@ -224,9 +224,16 @@ def _tile(example: _Example, photo: np.ndarray | None, side: int, options: GridO
     if photo is not None:
         drawn = overlay(photo, example.heat, cmap=options.overlay_cmap, alpha=options.alpha)
     else:
-        height, width = example.heat.shape
+        heat = example.heat
+        if max(heat.shape) > side:  # more cells than the tile has pixels: each pixel the mean of its cells
+            scale = side / max(heat.shape)
+            size = (max(1, round(heat.shape[1] * scale)), max(1, round(heat.shape[0] * scale)))
+            heat = np.asarray(
+                Image.fromarray(heat.astype(np.float32, copy=False), mode="F").resize(size, Image.Resampling.BOX)
+            )
+        height, width = heat.shape
         factor = max(1, side // max(height, width))
-        drawn = colorize(scale_maps(example.heat[None], "channel")[0], options.overlay_cmap)
+        drawn = colorize(scale_maps(heat[None], "channel")[0], options.overlay_cmap)
         drawn = drawn.repeat(factor, axis=0).repeat(factor, axis=1)
         if drawn.shape[0] < _STRIP_HEIGHT:
             drawn = drawn.repeat(math.ceil(_STRIP_HEIGHT / drawn.shape[0]), axis=0)

@@ -105,10 +105,11 @@ class StatsFile(CheckedFile):
         """Field ``field`` of layer ``key``, whole."""
         return self.features.read(stats_key(key, field))
 
-    def channel(self, key: str, field: str, channel: int, first: int | None = None) -> np.ndarray:
+    def channel(self, key: str, field: str, channel: int, first: int | slice | None = None) -> np.ndarray:
         """Channel ``channel``'s part of field ``field`` of layer ``key`` (its examples' maps, say); with ``first``,
-        only its first ``first`` entries (examples) are read."""
-        return self.features.read(stats_key(key, field), channel, None if first is None else slice(0, first))
+        only its first ``first`` entries (examples) are read, or those of a slice."""
+        entries = slice(0, first) if isinstance(first, int) else first
+        return self.features.read(stats_key(key, field), channel, entries)
 
 
 def read_stats(features: FeatureReader) -> StatsFile:
