@@ -159,9 +159,10 @@ def check_own_folder(path: str | os.PathLike, made_for: str) -> Path:
     except FileNotFoundError:
         return path
     if not stat.S_ISDIR(mode):
+        link = "hookcli never writes through a link there: " if stat.S_ISLNK(mode) else ""
         raise UsageProblem(
             f"'{path}' is {file_kind(mode)}, not the folder hookcli keeps {made_for} in",
-            hint="hookcli never writes through a link there: remove it, then run again",
+            hint=f"{link}remove it, then run again",
         )
     return path
 

@@ -425,3 +425,21 @@ def test_a_row_shape_outside_the_padding_says_so(tmp_path):
         "[2, 5]. Hint: each row's shape in 'maps@shape' runs from 0 to the stored [2, 5]; "
         "write the file again"
     )
+
+
+def test_a_folder_that_goes_away_while_a_run_writes_in_it_is_said_so(tmp_path):
+    import shutil
+
+    from hookcli.errors import UsageProblem
+    from hookcli.storage.claims import FolderLock
+
+    folder = tmp_path / "gone"
+    folder.mkdir()
+    lock = FolderLock(folder, str(folder))
+    shutil.rmtree(folder)
+    with pytest.raises(UsageProblem) as caught, lock.held():
+        pass
+    assert str(caught.value) == (
+        f"folder '{folder}' went away while this run was writing in it. Hint: run the same command again (it makes "
+        "the folder anew), and leave the folder be while it runs"
+    )

@@ -469,7 +469,10 @@ def test_a_parts_folder_that_is_a_dangling_link_or_a_file_is_refused(runner, one
     (tmp_path / "out.safetensors.parts").unlink()
     (tmp_path / "out.safetensors.parts").write_bytes(b"mine")
     error = one_error(runner.invoke(main, ["stats", *_QUICK_STATS, "-o", str(out), *five_inputs]))
-    assert error.startswith(f"Error: '{out}.parts' is a regular file, not the folder hookcli keeps a file's parts in")
+    assert error == (
+        f"Error: '{out}.parts' is a regular file, not the folder hookcli keeps a file's parts in. Hint: remove it, "
+        "then run again"
+    )
     assert (tmp_path / "out.safetensors.parts").read_bytes() == b"mine"
 
 

@@ -120,6 +120,11 @@ def _unopened(path: Path, is_kind: Callable[[int], bool], expected: str, err: OS
     mode = _mode(path)
     if mode is not None and not is_kind(mode):
         return _not_made_here(path, expected, mode)
+    if isinstance(err, FileNotFoundError) and not path.parent.is_dir():
+        return UsageProblem(
+            f"folder '{path.parent}' went away while this run was writing in it",
+            hint="run the same command again (it makes the folder anew), and leave the folder be while it runs",
+        )
     return UsageProblem(
         f"cannot open '{path}' ({err.strerror})", hint="check its permissions, or choose another place with -o"
     )
