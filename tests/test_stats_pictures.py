@@ -460,6 +460,13 @@ def test_grid_refuses_rows_unknown_layers_and_empty_channel_ranges(runner, stats
         result = runner.invoke(main, ["grid", str(stats_file), "-o", str(tmp_path / "g"), *args])
         assert (result.exit_code, result.stderr) == (2, f"Error: {message}\n")
     assert not (tmp_path / "g").exists()
+    # Of several layers, one that has none of the channels is left out, said in a note, as a features file's is.
+    drawn = runner.invoke(main, ["grid", str(stats_file), "-o", str(tmp_path / "g"), "--channels", "300:302"])
+    assert drawn.exit_code == 0, drawn.output
+    assert drawn.stderr.startswith(
+        "Note: skipped 'layer3': --channels selects none of the 256 channels (0-255) of 'layer3'\n"
+    )
+    assert sorted(path.name for path in (tmp_path / "g").iterdir()) == ["fc__channel00300.png", "fc__channel00301.png"]
 
 
 def test_grid_keeps_existing_pictures_without_force(runner, stats_file, tmp_path):

@@ -53,15 +53,16 @@ def choose_units(stats: StatsFile, options: GridOptions, *, limit: int | None) -
             hint="choose layers with -k and channels with --channels or --top",
         )
     keys = select_keys(list(stats.layers), options.keys, stats.name, what="layer")
-    chosen, notes = [], []
+    chosen, notes, refused = [], [], []
     for key, stem in zip(keys, file_stems(keys)):
         layer = stats.layers[key]
         selected = range(layer.channels)[options.channels] if options.channels is not None else range(layer.channels)
-        if not selected:
-            raise UsageProblem(
-                f"--channels selects none of the {layer.channels} channels (0-{layer.channels - 1}) of '{key}'",
-                hint="give a range within them, or leave --channels out",
+        if not selected:  # a layer of fewer channels is left out, as grid leaves out a features file's
+            refused.append(
+                f"--channels selects none of the {layer.channels} channels (0-{layer.channels - 1}) of '{key}'"
             )
+            notes.append(f"skipped '{key}': {refused[-1]}")
+            continue
         channels: Sequence[int] = selected  # a range: a layer's channels are never listed one by one
         if options.top is not None:
             numbers = np.arange(selected.start, selected.stop, selected.step)
@@ -76,6 +77,8 @@ def choose_units(stats: StatsFile, options: GridOptions, *, limit: int | None) -
         if layer.examples == 0:
             notes.append(f"'{key}' kept no examples: its pictures are empty")
         chosen.append(ChosenUnits(layer, stem, channels))
+    if not chosen:
+        raise UsageProblem(refused[0], hint="give a range within them, or leave --channels out")
     return chosen, notes
 
 
