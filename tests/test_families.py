@@ -189,10 +189,10 @@ def test_a_companion_that_does_not_fit_is_refused(tmp_path):
 
 def _ragged_folder(folder, version):
     """A shard folder of 3 inputs in 2 shards, with two ragged keys, in file format ``version``."""
-    writer = ShardWriter(folder, {"run": 1}, 3)
+    writer = ShardWriter(folder, {"run": 1, "inputs": 3, "shard_size": 2}, 3)
     header = {
         "hookcli_index": 1,
-        "identity": {"run": 1},
+        "identity": {"run": 1, "inputs": 3, "shard_size": 2},
         "shard_size": 2,
         "inputs": 3,
         "shard_name": "features-{:05d}.safetensors",

@@ -269,7 +269,7 @@ def test_a_claim_whose_process_id_another_process_has_now_is_taken_over(tmp_path
     here, alive = socket.gethostname(), subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         time.sleep(0.5)
-        _claim_file(tmp_path, 0, here, os.getpid(), 1)  # this process's id, though it claimed nothing: a restart's
+        _claim_file(tmp_path, 0, here, os.getpid(), 1, since=0)  # this process's id, made long before it started
         _claim_file(tmp_path, 1, here, alive.pid, 1, since=time.time() - 30)  # made before that process started
         _claim_file(tmp_path, 2, here, alive.pid, 1, since=time.time())  # made by it
         notes = []
@@ -278,8 +278,8 @@ def test_a_claim_whose_process_id_another_process_has_now_is_taken_over(tmp_path
             assert [claims.take(n) for n in range(3)] == [True, True, False]
             assert claims.take(0)  # its own, now
         assert notes == [
-            f"shard 0 was claimed by process {os.getpid()} on {here}, an earlier process of this id, which has ended: "
-            "this process computes it",
+            f"shard 0 was claimed by process {os.getpid()} on {here}, which has ended (its id is now another "
+            "process's): this process computes it",
             f"shard 1 was claimed by process {alive.pid} on {here}, which has ended (its id is now another "
             "process's): this process computes it",
         ]

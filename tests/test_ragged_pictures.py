@@ -90,11 +90,11 @@ def detections(tmp_path, photos):
 
 def _shard_folder(tmp_path, photos) -> str:
     folder = tmp_path / "feats"
-    writer = ShardWriter(folder, {"run": 1}, 3)
+    writer = ShardWriter(folder, {"run": 1, "inputs": 3, "shard_size": 2}, 3)
     writer.start_writing(
         {
             "hookcli_index": 1,
-            "identity": {"run": 1},
+            "identity": {"run": 1, "inputs": 3, "shard_size": 2},
             "shard_size": 2,
             "inputs": 3,
             "shard_name": "features-{:05d}.safetensors",

@@ -365,11 +365,8 @@ class Claims:
             return None
         if not _alive(owner["pid"]):
             return f"{who}, which has ended"
-        # A process id is reused (a container restarted keeps its host name and starts its processes at the same ids):
-        # this process holds no claim it does not know of, and a process started after the claim was made is not its
-        # maker.
-        if owner["pid"] == os.getpid() and name not in {_claim_name(number) for number in self.mine}:
-            return f"{who}, an earlier process of this id, which has ended"
+        # A process id is reused (a container restarted keeps its host name and starts its processes at the same
+        # ids): a process started after the claim was made, this one included, is not its maker.
         started, since = _started(owner["pid"]), owner.get("since")
         if started is not None and isinstance(since, int | float) and started > since + _START_SLACK:
             return f"{who}, which has ended (its id is now another process's)"
