@@ -48,7 +48,9 @@ class HookcliError(Exception):
         self.hint = hint
 
     def __str__(self) -> str:
-        return f"{self.message}. Hint: {self.hint}" if self.hint else self.message
+        if not self.hint:
+            return self.message
+        return f"{self.message}{'' if self.message.endswith(('.', '?', '!')) else '.'} Hint: {self.hint}"
 
 
 class UsageProblem(HookcliError):

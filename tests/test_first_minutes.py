@@ -173,6 +173,9 @@ def test_the_python_api_refuses_an_output_named_like_another_format(images, tmp_
             "or end the path with / for a shard folder"
         )
         assert refused.value.exit_code == 2
+    with pytest.raises(UsageProblem) as refused:  # stats writes one file: no shard folder is offered
+        hookcli.stats("resnet18", "layer1", images[0], output=tmp_path / "s.pt", **SMALL)
+    assert refused.value.hint == f"hookcli writes safetensors: name it '{tmp_path / 's.safetensors'}'"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["imgs"]
 
 

@@ -168,3 +168,12 @@ def test_grid_bounds_are_one_declaration_for_the_command_line_and_the_library(ru
     result = runner.invoke(main, ["grid", str(tmp_path / "x.safetensors"), "--padding", "65"])
     assert result.exit_code == 2
     assert "Invalid value for '--padding': 65 is not in the range 0<=x<=64" in result.output
+
+
+def test_an_error_ending_in_its_own_stop_gets_no_second_before_its_hint():
+    from hookcli.errors import HookcliError
+
+    assert str(HookcliError("'x' is not a valid integer range.", hint="give A:B")) == (
+        "'x' is not a valid integer range. Hint: give A:B"
+    )
+    assert str(HookcliError("no layer 'x'", hint="see layers")) == "no layer 'x'. Hint: see layers"

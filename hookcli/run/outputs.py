@@ -91,12 +91,12 @@ def model_label(model_name: str) -> str:
     return parse_model(model_name).label
 
 
-def check_file_output(path: str, inputs: Sequence[os.PathLike[str]], force: bool) -> None:
+def check_file_output(path: str, inputs: Sequence[os.PathLike[str]], force: bool, *, folders: bool = True) -> None:
     """Refuse a file output that could not be written, that is one of the inputs, or that is named like another
-    format."""
+    format (``folders``: the command writes shard folders too)."""
     check_writable(path, force=force)
     refuse_overwriting_inputs([path], inputs)
-    refuse_other_format(path)
+    refuse_other_format(path, folders=folders)
 
 
 def refuse_drawn_grids(folder: str, keys: Sequence[str]) -> None:

@@ -72,7 +72,7 @@ def rollout(
     """
     if output is not None:
         check_writable(output, force=force)
-        refuse_other_format(str(output))
+        refuse_other_format(str(output), folders=False)
     if not 0 <= residual <= 1:
         raise UsageProblem(
             f"residual={residual}: a rollout keeps a share of each token, between 0 and 1", hint="0.5 is the paper's"

@@ -52,15 +52,16 @@ OTHER_FORMATS = frozenset(
 )
 
 
-def refuse_other_format(path: str) -> None:
+def refuse_other_format(path: str, *, folders: bool = True) -> None:
     """What a file output holds is safetensors; a name that promises another format would mislead its reader.
+    ``folders``: the command writes shard folders too (the hint offers one).
 
     Any other name is written as given, one without a suffix too.
     """
     suffix = Path(path).suffix
     if suffix.lower() in OTHER_FORMATS | IMAGE_SUFFIXES:
+        folder = ", or end the path with / for a shard folder" if folders else ""
         raise UsageProblem(
             f"output '{path}' ends in {suffix}, the suffix of another format",
-            hint=f"hookcli writes safetensors: name it '{Path(path).with_suffix('.safetensors')}', "
-            "or end the path with / for a shard folder",
+            hint=f"hookcli writes safetensors: name it '{Path(path).with_suffix('.safetensors')}'{folder}",
         )

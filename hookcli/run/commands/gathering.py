@@ -53,5 +53,5 @@ class Gathers(Command):
 
     def check_target(self, kind: str, path: str | None, inputs, force: bool) -> None:
         if path is not None:
-            check_file_output(path, inputs, force)
+            check_file_output(path, inputs, force, folders=False)
             check_own_folder(parts_folder(path), "a file's parts")
