@@ -476,7 +476,8 @@ def test_parts_and_torchrun_write_the_file_one_process_writes(runner, tmp_path, 
     assert [code for code, _, _ in results] == [0, 0, 0], results
     assert "".join(out for _, out, _ in results) == f"{three}\n"  # said once, by the process that wrote it
     left = (  # what each of the others says of it, by when it stopped
-        f"Note: every part of '{three}' is done: the process that finished the last merges them\n",
+        f"Note: every part of '{three}' is done: the process that finished the last merges them (should it stop "
+        "first, run the same command again to merge them)\n",
         f"Note: '{three}' is complete: another process of this run wrote it\n",
         f"Note: '{three}.parts/' holds ",
     )

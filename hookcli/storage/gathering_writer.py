@@ -245,7 +245,10 @@ class GatheringWriter:
             if self.complete and self.finisher:
                 self._write_output()
             elif self.complete and not self.team and self.on_note is not None:
-                self.on_note(f"every part of '{self.path}' is done: the process that finished the last merges them")
+                self.on_note(
+                    f"every part of '{self.path}' is done: the process that finished the last merges them (should it "
+                    "stop first, run the same command again to merge them)"
+                )
         finally:
             self._let_go()
         if self.team:  # said once the whole group has finished, when the file is written
