@@ -30,6 +30,7 @@ from hookcli.statistics.layer import StatsChoice
 from hookcli.statistics.moments import Moments
 from hookcli.statistics.sketch import QuantileSketch
 from hookcli.statistics.units import UnitBatch, UnitLayout
+from hookcli.storage.features import Features
 from hookcli.storage.fileformat import RunRecord, parts_folder
 from hookcli.storage.gathering_writer import GatheringWriter
 from hookcli.storage.index import read_index
@@ -810,3 +811,13 @@ def test_principal_components_are_the_same_bytes_whatever_the_threads_of_the_pro
     finally:
         torch.set_num_threads(threads)
     assert all(torch.equal(one, other) for one, other in zip(*found))
+
+
+@pytest.mark.parametrize("batch", [1, 4, 15])
+def test_a_channel_with_an_infinite_value_has_numpys_mean_whatever_the_batches(batch):
+    values = np.random.default_rng(12).standard_normal((15, 4, 2, 2))
+    values[7, 0, 0, 0], values[9, 1, 1, 1], values[3, 2, 0, 1], values[4, 2, 1, 0] = np.inf, -np.inf, np.inf, -np.inf
+    values[2, 3, 0, 0] = np.nan
+    inputs = json.dumps([f"/photos/{n}.jpg" for n in range(15)])
+    found = hookcli.stats(features=Features({"x": torch.from_numpy(values)}, {"inputs": inputs}), batch_size=batch)
+    np.testing.assert_array_equal(found["x@mean"].numpy(), values.mean(axis=(0, 2, 3)))  # inf, -inf, nan, nan

@@ -70,7 +70,10 @@ class Moments:
         total = self.count + count
         if self.count:
             delta = mean - self._mean
-            self._mean = self._mean + delta * (count / total)
+            # An infinite mean stays infinite (NaN against one of the other sign), as numpy's mean of the values gives:
+            # the update's difference of two of them would be NaN, or turn an infinite one NaN.
+            infinite = self._mean.isinf() | mean.isinf()
+            self._mean = torch.where(infinite, self._mean + mean, self._mean + delta * (count / total))
             self._squares = self._squares + squares + delta * delta * (self.count * count / total)
         else:
             self._mean, self._squares = mean.clone(), squares.clone()
