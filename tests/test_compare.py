@@ -504,3 +504,21 @@ def test_rsa_leaves_out_the_pairs_of_a_row_without_spread_not_the_whole_represen
     rdms = [squareform(pdist(values, "correlation"))[upper][kept] for values in (x, y)]
     assert found["rsa"][0, 1].item() == pytest.approx(stats.spearmanr(*rdms).statistic, abs=1e-12)
     assert found["rsa"][1, 1].item() == pytest.approx(1.0) and "undefined" not in found.metadata
+
+
+def test_a_file_to_merge_whose_sums_count_other_inputs_than_it_lists_is_refused(tmp_path):
+    inputs = [f"/photos/{i}.jpg" for i in range(12)]
+    made = []
+    for name, listed in (("a", inputs), ("b", [f"{path}x" for path in inputs])):
+        source = Features({"a": torch.randn(12, 4), "b": torch.randn(12, 3)}, {"inputs": json.dumps(listed)})
+        made.append(hookcli.compare(features=source, output=str(tmp_path / f"{name}.safetensors")))
+    with safe_open(made[0], "pt") as read:
+        tensors, metadata = {key: read.get_tensor(key) for key in read.keys()}, read.metadata()
+    tensors["linear-cka@count"] = torch.tensor(2**62)
+    save_file(tensors, str(made[0]), metadata)
+    with pytest.raises(hookcli.HookcliError) as caught:
+        hookcli.compare(merge=[str(made[0]), str(made[1])])
+    assert str(caught.value) == (
+        f"'{made[0]}' holds linear-cka sums that do not fit: its linear-cka sums count 4611686018427387904 inputs, "
+        "not its 12. Hint: write it again with hookcli compare"
+    )
