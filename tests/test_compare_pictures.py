@@ -425,6 +425,17 @@ def test_report_is_one_page_of_the_heatmap_the_matrix_and_the_settings(runner, c
     assert "undefined (no spread)</th><td>flat</td>" in page
 
 
+def test_a_matrix_of_more_cells_than_a_table_shows_is_left_to_the_heatmap(cka_file, tmp_path, monkeypatch):
+    from hookcli.pictures import compare_reports
+
+    monkeypatch.setattr(compare_reports, "MOST_TABLE_CELLS", 8)  # the file's 3 x 3
+    page = hookcli.report(cka_file, output=tmp_path / "r").read_text()
+    assert '<table class="matrix' not in page and 'id="heatmap"' in page
+    assert "<p>Its 9 pairs are more than a table here shows (8): the heatmap shows them" in page
+    shown = hookcli.report(cka_file, output=tmp_path / "two", keys=["a", "b"]).read_text()
+    assert '<table class="matrix">' in shown  # 4 cells, as -k chose
+
+
 def test_report_takes_k_and_refuses_a_page_size(runner, cka_file, tmp_path):
     index = hookcli.report(cka_file, output=tmp_path / "two", keys=["a", "b"])
     table = re.search(r'<table class="matrix">(.*?)</table>', index.read_text(), re.S)[1]

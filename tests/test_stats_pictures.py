@@ -619,6 +619,23 @@ def test_the_report_of_a_statistics_file_sorts_in_a_browser(stats_report, stats_
     assert broken == [] and len(cells) > 10
 
 
+def test_a_report_gives_a_layer_at_most_its_first_channels_unless_chosen(inputs, tmp_path, monkeypatch):
+    from hookcli.pictures import stats_reports
+
+    monkeypatch.setattr(stats_reports, "MOST_REPORTED", 2)
+    units = {"wide": {"channels": 5, "spatial": [2, 2], "layout": "maps", "skip": 0, "row_shape": [5, 2, 2]}}
+    heard: list = []
+    index = hookcli.report(_synthetic(inputs, units), output=tmp_path / "r", page_size=10, progress=heard.append)
+    assert [event.text for event in heard if isinstance(event, Note)] == [
+        "'wide': drew channels 0-1 of 5; --channels 2:4 draws the next 2, --top 2 those of highest mean, --channels "
+        ": all of them"
+    ]
+    layer = (index.parent / "layer-wide.html").read_text()
+    assert "channel 1" in layer and "channel 2" not in layer
+    every = hookcli.report(_synthetic(inputs, units), output=tmp_path / "all", page_size=10, channels=":")
+    assert "channel 4" in (every.parent / "layer-wide.html").read_text()
+
+
 def test_links_to_a_layer_whose_key_holds_a_hash_reach_its_pages(inputs, tmp_path):
     units = {"blocks#0": {"channels": 3, "spatial": [2, 2], "layout": "maps", "skip": 0, "row_shape": [3, 2, 2]}}
     index = hookcli.report(_synthetic(inputs, units), output=tmp_path / "r", page_size=2)

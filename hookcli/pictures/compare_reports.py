@@ -118,8 +118,20 @@ def _summary(comparison: ComparisonFile) -> str:
     )
 
 
+#: The most cells the matrix's table shows: past them (a page of megabytes no browser opens) the heatmap alone does.
+MOST_TABLE_CELLS = 16_384
+
+
 def _matrix_table(comparison: ComparisonFile, chosen: ChosenMatrix) -> str:
-    """The chosen rows and columns of the matrix, each cell its value on its heatmap colour."""
+    """The chosen rows and columns of the matrix, each cell its value on its heatmap colour (at most
+    :data:`MOST_TABLE_CELLS` of them)."""
+    if len(chosen.rows) * len(chosen.columns) > MOST_TABLE_CELLS:
+        return (
+            '<section id="matrix">\n<h2>Matrix</h2>\n'
+            f"<p>Its {len(chosen.rows) * len(chosen.columns):,} pairs are more than a table here shows "
+            f"({MOST_TABLE_CELLS:,}): the heatmap shows them, the file holds their values "
+            "(<code>hookcli info --json</code>), and <code>-k</code> chooses fewer.</p>\n</section>\n"
+        )
     values = comparison.matrix()[np.ix_(chosen.rows, chosen.columns)]
     colours = matrix_colours(values, comparison.method, chosen.cmap)
     dark = colours.astype(np.float64) @ np.array([0.299, 0.587, 0.114]) < 128

@@ -112,6 +112,11 @@ def _link(name: str) -> str:
     return urllib.parse.quote(name)
 
 
+#: The most channels of a layer a report gives a picture when neither --channels nor --top chooses them (a crafted
+#: file may claim millions).
+MOST_REPORTED = 4096
+
+
 def write_stats_report(
     features: FeatureReader,
     output: str | os.PathLike,
@@ -132,7 +137,7 @@ def write_stats_report(
     stats = read_stats(features)
     check_cmap(options.overlay_cmap)
     folder = check_folder_output(output)
-    units, notes = choose_units(stats, options, limit=None)
+    units, notes = choose_units(stats, options, limit=MOST_REPORTED)
     pages = {unit.layer.key: math.ceil(len(unit.channels) / page_size) for unit in units}
     names = [layer_page_name(unit.stem, n) for unit in units for n in range(1, pages[unit.layer.key] + 1)]
     refuse_existing((folder / name for name in [*names, page_name(1)]), force=force)
