@@ -504,6 +504,10 @@ def test_rsa_leaves_out_the_pairs_of_a_row_without_spread_not_the_whole_represen
     rdms = [squareform(pdist(values, "correlation"))[upper][kept] for values in (x, y)]
     assert found["rsa"][0, 1].item() == pytest.approx(stats.spearmanr(*rdms).statistic, abs=1e-12)
     assert found["rsa"][1, 1].item() == pytest.approx(1.0) and "undefined" not in found.metadata
+    y[4, 2] = np.inf  # a value that is not finite leaves the representation undefined, as linear CKA does
+    found = hookcli.compare(features=Features({"x": torch.from_numpy(x), "y": torch.from_numpy(y)}, {"inputs": inputs}),
+                            method="rsa")  # fmt: skip
+    assert json.loads(found.metadata["undefined"]) == ["y"] and torch.isnan(found["rsa"][1]).all()
 
 
 def test_a_file_to_merge_whose_sums_count_other_inputs_than_it_lists_is_refused(tmp_path):

@@ -337,3 +337,20 @@ def test_a_run_leaves_the_callers_random_state_and_refuses_a_text_stdout(photos,
         "output '-' writes the file's bytes to stdout, and this stdout takes text alone. Hint: give a binary stream "
         "as the output (io.BytesIO(), a file opened 'wb') or a path"
     )
+
+
+def test_a_module_made_under_inference_mode_is_refused_in_one_line_and_given_back(photos):
+    from hookcli.errors import CaptureError
+
+    with torch.inference_mode():
+        net = TinyCNN().eval()
+    assert hookcli.extract(net, "conv", photos, resize=32, crop=32)["conv"].shape == (4, 8, 30, 30)
+    for run in (lambda: hookcli.grad(net, "conv", photos, resize=32, crop=32),
+                lambda: hookcli.cam(net, photos, layer="conv", resize=32, crop=32)):  # fmt: skip
+        with pytest.raises(CaptureError) as caught:
+            run()
+        assert str(caught.value).startswith(
+            "TinyCNN's parameters were made under torch.inference_mode(), and torch runs them here no more ("
+        )
+        assert caught.value.hint == "build or load the model outside torch.inference_mode()"
+        assert all(parameter.requires_grad for parameter in net.parameters())  # as it came

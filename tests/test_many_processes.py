@@ -265,12 +265,13 @@ def test_a_claim_is_taken_over_only_from_a_gone_or_silent_owner(tmp_path):
     assert sorted(p.name for p in (tmp_path / CLAIMS).iterdir()) == ["00001", "00003", "00004"]
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="start times are read from Linux's /proc")
 def test_a_claim_whose_process_id_another_process_has_now_is_taken_over(tmp_path):
     here, alive = socket.gethostname(), subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         time.sleep(0.5)
         _claim_file(tmp_path, 0, here, os.getpid(), 1, since=0)  # this process's id, made long before it started
-        _claim_file(tmp_path, 1, here, alive.pid, 1, since=time.time() - 30)  # made before that process started
+        _claim_file(tmp_path, 1, here, alive.pid, 1, since=time.time() - 60)  # made before that process started
         _claim_file(tmp_path, 2, here, alive.pid, 1, since=time.time())  # made by it
         notes = []
         lock, claims = FolderLock(tmp_path, str(tmp_path)), Claims(tmp_path, timeout=120, on_note=notes.append)
@@ -444,8 +445,11 @@ def test_parse_part_and_cpu_threads():
 
 
 def test_a_process_pinned_to_cores_of_its_own_takes_them_all(monkeypatch):
+    def unknown(pid):
+        raise PermissionError(1, "Operation not permitted")
+
     cores = {0: set(range(4, 8)), os.getppid(): set(range(16))}  # the launcher had 16 cores and gave this rank 4
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: cores[pid])
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: cores[pid] if pid in cores else unknown(pid))
     assert cpu_threads(Part(1, 4, 1, 4)) == 4
     cores[0] = set(range(16))  # unpinned: the 4 processes on this machine share its 16 cores
     assert cpu_threads(Part(1, 4, 1, 4)) == 4
@@ -454,9 +458,13 @@ def test_a_process_pinned_to_cores_of_its_own_takes_them_all(monkeypatch):
     cores[0] = set(range(2))
     assert cpu_threads(Part(1, 4, 1, 4)) == 2  # pinned to 2 of the launcher's 8
 
-    def unknown(pid):
-        raise PermissionError(1, "Operation not permitted")
+    from hookcli.run import launch
 
+    cores[0] = cores[os.getppid()] = set(range(4, 8))  # a shell between: srun bash -c '…', pinned alike
+    cores[4242] = set(range(16))  # the launcher above it
+    monkeypatch.setattr(launch, "_parent_of", lambda pid: 4242 if pid == os.getppid() else None)
+    assert cpu_threads(Part(1, 4, 1, 4)) == 4
+    cores[0] = set(range(2))
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: cores[0] if pid == 0 else unknown(pid))
     assert cpu_threads(Part(1, 4, 1, 4)) == 1  # the launcher's cores unknown: the process's 2 are shared by 4
 

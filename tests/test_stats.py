@@ -487,7 +487,10 @@ def test_parts_and_torchrun_write_the_file_one_process_writes(runner, tmp_path, 
     written = three.stat().st_mtime_ns
     late = runner.invoke(main, ["stats", *ARGS, "--part", "2/3", "--force", "-o", str(three), *inputs])
     assert (late.exit_code, late.stdout) == (0, "")  # a late task of the run, --force or not: nothing to redo
-    assert late.stderr == f"Note: '{three}' is complete: another process of this run wrote it\n"
+    assert late.stderr == (
+        f"Note: '{three}' is complete: another process of this run wrote it (--force redoes none of it: delete the "
+        "file to compute it again)\n"
+    )
     assert three.stat().st_mtime_ns == written
 
     expected = _one_process(tmp_path / "one-thread.safetensors", inputs, threads=cpu_threads(Part(0, 2, 0, 2)))

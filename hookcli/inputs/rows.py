@@ -23,13 +23,14 @@ def arguments_of(inputs: Any) -> list[str]:
     given = (
         [inputs] if isinstance(inputs, str | os.PathLike) else list(inputs) if isinstance(inputs, Iterable) else None
     )
-    odd = next((p for p in given if not isinstance(p, str | os.PathLike)), None) if given is not None else inputs
-    if given is None or odd is not None:
+    odd = [inputs] if given is None else [p for p in given if not isinstance(p, str | os.PathLike)]
+    if odd:
         raise InputError(
-            f"inputs are paths of images, videos, folders or archives, and one given is of type {type(odd).__name__}",
+            f"inputs are paths of images, videos, folders or archives, and one given is of type "
+            f"{type(odd[0]).__name__}",
             hint="save the images and give their paths (or a folder, or '-' for a list on stdin)",
         )
-    return [os.fspath(p) for p in given]
+    return [os.fspath(p) for p in given or ()]
 
 
 def find_rows(inputs: Any, family: str, opts: RunOptions) -> tuple[FoundInputs, tuple[str, ...]]:

@@ -187,7 +187,8 @@ def image_loader(
         worker_init_fn=functools.partial(_worker_init, os.getpid()) if settings.workers else None,
         # A batch of JPEG bytes may be far larger than the same batch preprocessed: fewer of them wait.
         prefetch_factor=(2 if on_device else 4) if settings.workers else None,
-        generator=torch.Generator(),  # its seeds its own: the caller's random state is left as it was
+        # Its seeds its own: the caller's random state is left as it was (on the device its tensors are made on).
+        generator=torch.Generator(device=torch.get_default_device()),
     )
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from hookcli.errors import FeatureFileError, UsageProblem
+from hookcli.errors import FeatureFileError, UsageProblem, first_line
 from hookcli.events import Event, Note, Wrote
 from hookcli.families import square_input
 from hookcli.files import check_writable
@@ -182,12 +182,12 @@ def compare_models(
         if isinstance(model2, LoadedModel):  # built with its own weights: the first side's are none of its
             own.pop("weights", None)
             own.pop("seed", None)
-        other = model2 or model
-        if isinstance(other, LoadedModel) and isinstance(model, LoadedModel) and other.module is model.module:
-            # One module cannot run both sides (each side its own hooks, the edits the first's alone): a copy of it
-            # runs the second.
-            other = dataclasses.replace(other, module=copy.deepcopy(other.module))
         try:
+            other = model2 or model
+            if isinstance(other, LoadedModel) and isinstance(model, LoadedModel) and other.module is model.module:
+                # One module cannot run both sides (each side its own hooks, the edits the first's alone): a copy of
+                # it runs the second.
+                other = dataclasses.replace(other, module=_copied(other))
             two = plan_request(
                 request("compare", other, layers2 or layers, inputs, output=None, rows=asked.rows, **own)
             )
@@ -198,6 +198,18 @@ def compare_models(
     result = execute(ComparedRun.of(one, two, choice), progress)
     assert result is not None, "a comparison writes a file, or returns what it gathered"
     return result
+
+
+def _copied(loaded: LoadedModel):
+    """A copy of ``loaded``'s module, to run the second side of a comparison of it with itself."""
+    try:
+        return copy.deepcopy(loaded.module)
+    except Exception as err:  # a module that holds what cannot be copied (a lock, a non-leaf tensor, a session)
+        raise UsageProblem(
+            f"{loaded.name} is on both sides of the comparison, and a copy of it cannot be made to run the second "
+            f"({first_line(err)})",
+            hint="give model2 as a second instance of the model",
+        ) from None
 
 
 #: The options of the first side of a comparison of models that the second does not take.

@@ -113,9 +113,11 @@ def execute(run: Road, progress: Callable[[Event], None] | None = None) -> Featu
             try:
                 team.barrier()  # every process has listed its shards: the folder is complete
             except TeamError as err:
-                if not writer.complete:
+                delivered = [os.fspath(path) for path in writer.written]  # the output itself, not a gathering's parts
+                parts_left = writer.kept is not None and os.path.isdir(writer.kept)
+                if not (writer.complete and delivered and all(map(os.path.exists, delivered)) and not parts_left):
                     raise
-                note(f"{err.message}: '{writer.kept or run.output.path}' is complete all the same")
+                note(f"{err.message}: '{delivered[0]}' is complete all the same")
         complete = writer.complete or team is not None
         if not complete:
             note(

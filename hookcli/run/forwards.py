@@ -140,7 +140,8 @@ def _give_back(held: list) -> None:
             if grad is not None:
                 grad.data = grad_data  # moved in place with the parameter: the tensor it held, where it was
             parameter.grad = grad
-            parameter.requires_grad_(requires_grad)
+            with torch.inference_mode() if parameter.is_inference() else contextlib.nullcontext():
+                parameter.requires_grad_(requires_grad)  # one made under inference mode takes it back only there
             owner._parameters[name] = parameter
         owner._buffers.update(buffers)
         owner.training = training

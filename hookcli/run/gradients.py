@@ -67,7 +67,9 @@ def frozen_parameters(model) -> Iterator[None]:
         yield
     finally:
         for parameter, flag in flags:
-            parameter.requires_grad_(flag)
+            # A parameter made under inference mode takes its flag back only there.
+            with torch.inference_mode() if parameter.is_inference() else contextlib.nullcontext():
+                parameter.requires_grad_(flag)
 
 
 class GradientForward:

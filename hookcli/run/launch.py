@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 from hookcli.errors import UsageProblem, seconds_from_environment
 from hookcli.parsing import Part, parse_part
@@ -151,10 +151,38 @@ def cpu_threads(part: Part | None) -> int | None:
     some of the cores it had itself (Slurm's ``--cpu-bind``, ``taskset`` per rank)."""
     if part is None or part.local_count <= 1:
         return None
-    own, launcher = _affinity(0), _affinity(os.getppid())
-    if own and launcher and own < launcher:
+    own = _affinity(0)
+    if own and any(own < cores for cores in _launchers_cores(own)):
         return len(own)
     return max(1, usable_cores() // part.local_count)
+
+
+def _launchers_cores(own: frozenset[int]) -> Iterator[frozenset[int]]:
+    """The cores of this process's parent, and of its parent's parents while they have the same as this one (a
+    shell or a script between the launcher and hookcli: ``srun bash -c …``), up to the first that has other cores
+    or cannot be read."""
+    pid: int | None = os.getppid()
+    for _ in range(_ANCESTORS):
+        cores = None if pid is None or pid <= 0 else _affinity(pid)
+        if pid is None or cores is None:
+            return
+        yield cores
+        if cores != own or pid == 1:
+            return
+        pid = _parent_of(pid)
+
+
+#: How many of its ancestors a process looks through for the one that pinned it.
+_ANCESTORS = 8
+
+
+def _parent_of(pid: int) -> int | None:
+    """Process ``pid``'s parent, where the system says (Linux's /proc); else None."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat_file:
+            return int(stat_file.read().rpartition(b")")[2].split()[1])  # field 4, after the state
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _affinity(pid: int) -> frozenset[int] | None:

@@ -50,7 +50,7 @@ from hookcli.run.batches import Decoded, image_loader, reported_failures, videos
 from hookcli.run.capture import stored
 from hookcli.run.forwards import ForwardFactory, extraction_forward, prepared_model
 from hookcli.run.settings import Batch, RunSettings
-from hookcli.run.speed import dtype_refusal, resolve_settings
+from hookcli.run.speed import model_refusal, resolve_settings
 
 __all__ = ["iter_batches"]
 
@@ -98,7 +98,7 @@ def iter_batches(
                 try:
                     captured, targets = run(to_device(batch))
                 except (RuntimeError, ValueError, AssertionError) as err:
-                    refusal = None if ran else dtype_refusal(err, model, settings.precision, loaded.name)
+                    refusal = None if ran else model_refusal(err, model, settings.precision, loaded.name)
                     if refusal is not None:
                         raise refusal from err
                     words = None if ran else size_refusal(err)

@@ -93,14 +93,14 @@ def resolve_layers(model, selectors: Iterable[str], *, model_name: str | None = 
 def as_selectors(layers: str | Iterable[str]) -> list[str]:
     """Layers as given (one selector, or a list of them) as a list of selectors; anything else is refused."""
     found = [layers] if isinstance(layers, str) else list(layers) if isinstance(layers, Iterable) else None
-    odd = next((layer for layer in found or () if not isinstance(layer, str)), None) if found is not None else layers
-    if found is None or odd is not None:
+    odd = [layers] if found is None else [layer for layer in found if not isinstance(layer, str)]
+    if odd or found is None:
         raise UsageProblem(
             f"layers are named by their paths in the model, such as 'layer3.1.conv2', and one given is of type "
-            f"{type(odd).__name__}",
+            f"{type(odd[0]).__name__}",
             hint="give a path as a string, or a list of them (hookcli.layers(model) lists the paths)",
         )
-    return found
+    return found or []
 
 
 def selected_layers(loaded: LoadedModel, layers: str | Iterable[str]) -> dict[str, str]:

@@ -55,8 +55,8 @@ __all__ = [
     "compiled_extractor",
     "compute_dtype",
     "compute_precision",
-    "dtype_refusal",
     "float32_math",
+    "model_refusal",
     "resolve_settings",
     "run_device",
     "thread_budget",
@@ -90,11 +90,19 @@ def run_device(part: Part | None, device: str, precision: str, decode: str | Non
 _DTYPE_WORDS = re.compile(r"dtype|scalar type|input type \(", re.IGNORECASE)
 
 
-def dtype_refusal(err: BaseException, module: nn.Module, precision: str, name: str) -> CaptureError | None:
-    """The refusal of a model whose parameters are of another dtype than float32, where ``err`` (raised by its first
-    forward) is torch saying its layers got values of another dtype; None for any other failure."""
+def model_refusal(err: BaseException, module: nn.Module, precision: str, name: str) -> CaptureError | None:
+    """The refusal of a model that cannot run as the run asks, where ``err`` (raised by its first forward) is torch
+    saying why: its parameters are of another dtype than the values fed, or were made under inference mode (tensors
+    torch runs hooked layers and gradients with no more); None for any other failure."""
+    if isinstance(err, RuntimeError) and "inference tensor" in first_line(err).lower():
+        return CaptureError(
+            f"{name}'s parameters were made under torch.inference_mode(), and torch runs them here no more "
+            f"({first_line(err).rstrip('.')})",
+            hint="build or load the model outside torch.inference_mode()",
+        )
+    fed = {"bf16": "bfloat16", "fp16": "float16"}.get(precision, "float32")  # what autocast computes in
     others = sorted(
-        {str(p.dtype).removeprefix("torch.") for p in module.parameters() if p.is_floating_point()} - {"float32"}
+        {str(p.dtype).removeprefix("torch.") for p in module.parameters() if p.is_floating_point()} - {"float32", fed}
     )
     if not others or not isinstance(err, RuntimeError) or not _DTYPE_WORDS.search(first_line(err)):
         return None

@@ -189,10 +189,11 @@ def hsic_unbiased(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
     return (trace + ones_k.sum() * ones_l.sum() / ((m - 1) * (m - 2)) - 2 * (ones_k @ ones_l) / (m - 2)) / (m * (m - 3))
 
 
-def _varied(x: torch.Tensor) -> bool:
-    """Whether the rows of a minibatch of one representation are not all alike."""
+def _varied(x: torch.Tensor) -> torch.Tensor:
+    """Whether the rows of a minibatch of one representation are not all alike (on its device: no wait for it, and
+    no copy of the batch)."""
     flat = x.reshape(x.shape[0], -1)
-    return bool((flat != flat[:1]).any())
+    return (flat.amax(dim=0) != flat.amin(dim=0)).any()
 
 
 class MinibatchCKA:
@@ -222,9 +223,9 @@ class MinibatchCKA:
         self.first += own
         self.second += own if self.same else torch.stack([hsic_unbiased(g, g) for g in others])
         self.cross += torch.stack([torch.stack([hsic_unbiased(g, h) for h in others]) for g in grams])
-        varied = torch.tensor([_varied(x) for x in first], dtype=torch.int64)
+        varied = torch.stack([_varied(x) for x in first]).to(torch.int64)
         self.varied_first += varied
-        self.varied_second += varied if self.same else torch.tensor([_varied(y) for y in second], dtype=torch.int64)
+        self.varied_second += varied if self.same else torch.stack([_varied(y) for y in second]).to(torch.int64)
         self.batches += 1
 
     @staticmethod
@@ -235,12 +236,13 @@ class MinibatchCKA:
     def _to(self, device) -> None:
         """The sums on ``device``, where the minibatches are."""
         self.cross, self.first, self.second = (t.to(device) for t in (self.cross, self.first, self.second))
+        self.varied_first, self.varied_second = self.varied_first.to(device), self.varied_second.to(device)
 
     def merge(self, other: MinibatchCKA) -> None:
         device = self.cross.device
         self.batches += other.batches
-        self.varied_first += other.varied_first
-        self.varied_second += other.varied_second
+        self.varied_first += other.varied_first.to(self.varied_first.device)
+        self.varied_second += other.varied_second.to(self.varied_second.device)
         self.cross += other.cross.to(device)
         self.first += other.first.to(device)
         self.second += other.second.to(device)
@@ -251,14 +253,15 @@ class MinibatchCKA:
             return torch.full(self.shape, float("nan"), dtype=_F64)
         first, second, cross = self.first.cpu(), self.second.cpu(), self.cross.cpu()
         scale = torch.sqrt(first[:, None] * second[None, :])
-        defined = (scale > 0) & (self.varied_first[:, None] > 0) & (self.varied_second[None, :] > 0)
+        varied_first, varied_second = self.varied_first.cpu(), self.varied_second.cpu()
+        defined = (scale > 0) & (varied_first[:, None] > 0) & (varied_second[None, :] > 0)
         return torch.where(defined, cross / scale, torch.full_like(scale, float("nan")))
 
     def check_part(self, rows: int) -> None:
         """Refuse (ValueError) sums read from a part that its ``rows`` inputs could not have made."""
         if not 0 <= self.batches <= rows // MIN_BATCH:
             raise ValueError(f"its minibatch-cka sums count {self.batches} batches of its {rows} inputs")
-        for varied in (self.varied_first, self.varied_second):
+        for varied in (self.varied_first.cpu(), self.varied_second.cpu()):
             if bool(((varied < 0) | (varied > self.batches)).any()):
                 raise ValueError(f"its minibatch-cka sums count batches of spread beyond its {self.batches}")
 
@@ -268,8 +271,8 @@ class MinibatchCKA:
             "cross": self.cross.cpu(),
             "first": self.first.cpu(),
             "second": self.second.cpu(),
-            "varied_first": self.varied_first,
-            "varied_second": self.varied_second,
+            "varied_first": self.varied_first.cpu(),
+            "varied_second": self.varied_second.cpu(),
         }
 
     @classmethod
@@ -329,8 +332,11 @@ class RSARows:
 
 def dissimilarities(rows: torch.Tensor, distance: str = "correlation") -> torch.Tensor:
     """The RDM of ``rows`` ``[r, d]``: ``1 −`` the Pearson correlation of each pair of rows, or their Euclidean
-    distance; float64 ``[r, r]``. A row with no spread has no correlation: NaN."""
+    distance; float64 ``[r, r]``. A row with no spread has no correlation: NaN; and every distance is NaN where a
+    value is not finite."""
     x = rows.to(_F64).reshape(rows.shape[0], -1)
+    if not bool(x.isfinite().all()):  # values that are not finite: no distances, the representation undefined
+        return torch.full((x.shape[0], x.shape[0]), float("nan"), dtype=_F64, device=x.device)
     if distance == "euclidean":
         return torch.cdist(x, x).fill_diagonal_(0)
     centred = x - x.mean(dim=1, keepdim=True)

@@ -464,9 +464,9 @@ def _read_claim(name: str, folder: int) -> tuple[os.stat_result, dict | None]:
         os.close(descriptor)
 
 
-#: Seconds a process's start time, counted from the boot time (whole seconds) in clock ticks, may read later than it
-#: was.
-_START_SLACK = 2.0
+#: Seconds a process's start time, counted from the boot time in clock ticks, may read later than it was: the boot
+#: time is whole seconds, and moves with the wall clock (a clock set forward by NTP).
+_START_SLACK = 30.0
 
 
 def _started(pid: int) -> float | None:

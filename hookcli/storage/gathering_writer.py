@@ -298,7 +298,8 @@ class GatheringWriter:
 
     def _say_written_by_another(self) -> None:
         if self.on_note is not None:
-            self.on_note(f"'{self.path}' is complete: another process of this run wrote it")
+            again = " (--force redoes none of it: delete the file to compute it again)" if self.force else ""
+            self.on_note(f"'{self.path}' is complete: another process of this run wrote it{again}")
 
     def _let_go(self) -> None:
         """Give up this process's mark on the output."""

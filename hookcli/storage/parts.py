@@ -78,22 +78,39 @@ def merged_parts(
         name = folder / SHARD_NAME.format(number)
         try:
             shard = _read_part(name, number, size, inputs, gathering, torch.device(device or "cpu"))
-            if merged is None:
-                merged = shard
-            else:
-                merged.merge(shard)  # ValueError where its layers are not the earlier parts'
         except (KeyError, ValueError, RuntimeError, IndexError, TypeError, AttributeError) as err:
-            if isinstance(err, torch.cuda.OutOfMemoryError):
-                raise  # no damage: the caller merges on the CPU instead
-            with contextlib.suppress(OSError):  # its line left listing no file, the next run computes it again
+            if isinstance(err, RuntimeError) and _not_its_content(err):
+                raise  # no damage (a GPU's memory: the caller merges on the CPU instead)
+            removed = True
+            try:  # its line left listing no file, the next run computes it again
                 name.unlink()
+            except OSError:
+                removed = False
             raise FeatureFileError(  # a part is untrusted: whatever its state makes fail, it is damaged
                 f"part '{name}' of '{output}' is damaged: {err}",
-                hint="it is removed: run the same command again to compute it",
+                hint="it is removed: run the same command again to compute it"
+                if removed
+                else "remove it, then run the same command again to compute it",
             ) from None
+        if merged is None:
+            merged = shard
+        else:
+            try:
+                merged.merge(shard)
+            except (KeyError, ValueError, IndexError, TypeError) as err:  # the parts disagree: whose fault is unknown
+                raise FeatureFileError(
+                    f"the parts of '{output}' do not merge: part {number}: {err}",
+                    hint=f"remove '{folder}' and run the same command again to compute them all",
+                ) from None
         del shard  # not held while the next part is read
     assert merged is not None, "a run has one shard at least"
     return merged
+
+
+def _not_its_content(err: RuntimeError) -> bool:
+    """Whether torch failed for want of memory or of its device, not for what a part holds."""
+    said = str(err)
+    return isinstance(err, torch.cuda.OutOfMemoryError) or "allocate" in said or "CUDA" in said
 
 
 def _read_part(name: Path, number: int, size: int, inputs: int, gathering: Gathering, device) -> GatheredShard:

@@ -332,6 +332,11 @@ class ShardWriter:
 _INDEX_WRITTEN = re.compile(rf"^\.{re.escape(INDEX_NAME)}\..*\.part$")
 
 
+#: What systems put in any folder (macOS's Finder, NFS's files deleted while open, FUSE's, Windows'): never the
+#: user's work, removed with the folder.
+_SYSTEM_FILES = (".DS_Store", "._", ".nfs", ".fuse_hidden", "Thumbs.db", "desktop.ini")
+
+
 def _refuse_others(folder: Path, given: str) -> None:
     """Refuse a folder of parts that holds what hookcli puts in none (the user's files): it is removed whole once
     the parts merge."""
@@ -340,7 +345,10 @@ def _refuse_others(folder: Path, given: str) -> None:
         (
             name
             for name in sorted(os.listdir(folder))
-            if name not in ours and not SHARD_FILE.match(name) and not _INDEX_WRITTEN.match(name)
+            if name not in ours
+            and not SHARD_FILE.match(name)
+            and not _INDEX_WRITTEN.match(name)
+            and not name.startswith(_SYSTEM_FILES)
         ),
         None,
     )
