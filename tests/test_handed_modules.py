@@ -300,6 +300,8 @@ def test_arguments_python_users_try_are_refused_in_one_line_before_any_run(photo
          "layers are named by their paths in the model, such as 'layer3.1.conv2', and one given is of type Conv2d. "
          "Hint: give a path as a string, or a list of them (hookcli.layers(model) lists the paths)"),
         (lambda: hookcli.extract(net, ["conv", 3], photos), UsageProblem, "one given is of type int. Hint:"),
+        (lambda: hookcli.extract(net, ["conv", None], photos), UsageProblem, "one given is of type NoneType. Hint:"),
+        (lambda: hookcli.extract(net, "conv", [photos[0], None]), InputError, "one given is of type NoneType. Hint:"),
         (lambda: hookcli.extract(net, "conv", Image.open(photos[0])), InputError,
          "inputs are paths of images, videos, folders or archives, and one given is of type PngImageFile. Hint: save "
          "the images and give their paths (or a folder, or '-' for a list on stdin)"),
