@@ -529,3 +529,16 @@ def test_children_of_a_killed_process_neither_keep_its_folder_lock_nor_outlive_i
         for pid in (survivor, worker):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_a_late_process_of_a_run_with_grid_prints_the_folder_and_draws_nothing(extract_into, tmp_path, five_inputs):
+    folder, pictures = tmp_path / "feats", tmp_path / "pictures"
+    first = extract_into(folder, five_inputs, "--part", "1/2", "--grid", str(pictures))
+    assert first.exit_code == 0, first.output
+    drawn = {path.name: path.stat().st_mtime_ns for path in pictures.iterdir()}
+    assert drawn and all(name.endswith(".png") for name in drawn)
+    late = extract_into(folder, five_inputs, "--part", "2/2", "--grid", str(pictures))
+    assert (late.exit_code, late.stdout) == (0, f"{folder}/index.jsonl\n"), late.output
+    assert {path.name: path.stat().st_mtime_ns for path in pictures.iterdir()} == drawn
+    alone = extract_into(folder, five_inputs, "--grid", str(pictures))  # the command run again by itself: refused
+    assert alone.exit_code == 2 and "already holds pictures of these layers" in alone.stderr

@@ -86,7 +86,7 @@ def plan_request(asked: RunRequest) -> RunPlan:
             path = default_path(kind, model.name, keys, does.named)
             read = [*paths, *read_beside(opts, asked.interventions)]
             does.check_target(kind, path, read, opts.force or (does.gathers and asked.part is not None))
-        if opts.grid and not opts.force and asked.keys is None:  # keys known without the model were checked then
+        if opts.grid and not opts.force and asked.keys is None and asked.part is None:  # else checked then, or not
             refuse_drawn_grids(opts.grid, keys)
         record = _record(model, parts.layers, settings, opts, paths, parts.entries, edits_entries(settings))
         if team is not None:

@@ -169,7 +169,9 @@ def with_rows(asked: RunRequest, rows: FoundInputs, notes: tuple[str, ...]) -> R
     does.check_target(kind, path, read, opts.force or (does.gathers and asked.part is not None))
     if opts.grid:
         check_folder_output(opts.grid)
-        if asked.keys is not None and not opts.force:  # known without the model: said before torch loads
+        # Known without the model: said before torch loads. A process of many may find the pictures of its own run,
+        # drawn by the one that completed it.
+        if asked.keys is not None and not opts.force and asked.part is None:
             refuse_drawn_grids(opts.grid, asked.keys)
     later = path is None and not _OUTPUTS[kind].memory
     return dataclasses.replace(asked, kind=kind, path=path, rows=rows, notes=notes, named_later=later)

@@ -378,7 +378,9 @@ class FolderWriter:
         if self.writer.header is not None:  # continuing: the shard size is known, shards may be finished at once
             self.writer.start_writing()
             if self.writer.complete:
-                self.finisher = True
+                # Complete before this process began: the command run again finishes it; a late process of many
+                # (--part, a launcher's) leaves the pictures to the one that completed it.
+                self.finisher = self.part[1] == 1
                 return None
         return self.writer.order(batch_size, self.shard_size)
 
