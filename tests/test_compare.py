@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -525,4 +526,22 @@ def test_a_file_to_merge_whose_sums_count_other_inputs_than_it_lists_is_refused(
     assert str(caught.value) == (
         f"'{made[0]}' holds linear-cka sums that do not fit: its linear-cka sums count 4611686018427387904 inputs, "
         "not its 12. Hint: write it again with hookcli compare"
+    )
+
+
+def test_files_of_the_same_images_reached_through_a_link_do_not_merge(tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    made = []
+    for name in ("real", "link"):
+        listed = [str(tmp_path / name / f"{i}.png") for i in range(12)]
+        for path in listed:
+            Path(path).touch()
+        source = Features({"a": torch.randn(12, 4), "b": torch.randn(12, 3)}, {"inputs": json.dumps(listed)})
+        made.append(str(hookcli.compare(features=source, output=str(tmp_path / f"{name}.safetensors"))))
+    with pytest.raises(UsageProblem) as caught:
+        hookcli.compare(merge=made)
+    assert str(caught.value) == (
+        f"'{made[1]}' has inputs an earlier file has too ('{tmp_path / 'link' / '0.png'}'): merged runs must cover "
+        "disjoint inputs. Hint: merge files made over different inputs"
     )

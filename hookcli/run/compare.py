@@ -317,6 +317,7 @@ def merge_comparisons(
         _refuse_merging_onto_an_input(files, output)
     merged: LinearSums | None = None
     inputs: list[str] = []
+    seen: dict[str, str] = {}  # each input's real path, and its path as listed
     skipped: list = []
     first: Mapping[str, str] = {}
     first_identity: dict = {}  # what every file must share: the run identity of the first, but for its inputs
@@ -333,14 +334,18 @@ def merge_comparisons(
                     f"'{file}' comes from another run than '{files[0]}' (it differs in: {', '.join(differ)})",
                     hint="merge comparisons made by one command over different inputs",
                 )
-            overlap = set(inputs).intersection(json.loads(metadata["inputs"]))
+            listed = json.loads(metadata["inputs"])
+            # The same image reached by another path (a link to its folder) is the same input.
+            resolved = {os.path.realpath(path): path for path in listed}
+            overlap = sorted(resolved.keys() & seen.keys())
             if overlap:
                 raise UsageProblem(
-                    f"'{file}' has inputs an earlier file has too ('{sorted(overlap)[0]}'): merged runs must cover "
+                    f"'{file}' has inputs an earlier file has too ('{resolved[overlap[0]]}'): merged runs must cover "
                     "disjoint inputs",
                     hint="merge files made over different inputs",
                 )
-            inputs += json.loads(metadata["inputs"])
+            seen.update(resolved)
+            inputs += listed
             skipped += listed_skipped(metadata, found.name)
             kept = [name for name in found.keys() if name.startswith("linear-cka@")]  # checked: the method's sums
             state = {name.partition("@")[2]: torch.from_numpy(found.read(name)) for name in kept}
