@@ -452,6 +452,16 @@ def test_grid_refuses_rows_unknown_layers_and_empty_channel_ranges(runner, stats
             f"no layer 'layer9' in '{stats_file}' (closest: layer3, fc). Hint: 'hookcli info' lists the keys",
         ),
         (
+            ["--overlay"],
+            f"--overlay applies to a features file's maps, and '{stats_file}' holds statistics, whose examples are "
+            "each drawn over its photo on its own range. Hint: leave it out",
+        ),
+        (
+            ["--scale", "grid"],
+            f"--scale applies to a features file's maps, and '{stats_file}' holds statistics, whose examples are "
+            "each drawn over its photo on its own range. Hint: leave it out",
+        ),
+        (
             ["-k", "layer3", "--channels", "300:"],
             "--channels selects none of the 256 channels (0-255) of 'layer3'. Hint: give a range within them, or "
             "leave --channels out",

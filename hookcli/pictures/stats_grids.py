@@ -45,12 +45,19 @@ class ChosenUnits:
 def choose_units(stats: StatsFile, options: GridOptions, *, limit: int | None) -> tuple[list[ChosenUnits], list[str]]:
     """The layers ``options.keys`` chooses and the channels ``options.channels`` and ``options.top`` choose of each
     (``limit``: how many a layer gives when neither does, None for all), with notes on what is left out. Refuses
-    options that choose rows or frames, and a channel range that selects none of a layer's channels."""
+    options that choose rows or frames or draw maps otherwise, and a channel range that selects none of any layer's
+    channels."""
     if options.images or options.frame is not None:
         raise UsageProblem(
             f"{'--image' if options.images else '--frame'} chooses rows of a features file, and '{stats.name}' "
             "holds statistics of channels",
             hint="choose layers with -k and channels with --channels or --top",
+        )
+    if options.overlay or options.scale != "channel":  # the examples are always maps over photos, each its own range
+        raise UsageProblem(
+            f"{'--overlay' if options.overlay else '--scale'} applies to a features file's maps, and '{stats.name}' "
+            "holds statistics, whose examples are each drawn over its photo on its own range",
+            hint="leave it out",
         )
     keys = select_keys(list(stats.layers), options.keys, stats.name, what="layer")
     chosen, notes, refused = [], [], []
