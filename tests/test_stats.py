@@ -824,3 +824,16 @@ def test_a_channel_with_an_infinite_value_has_numpys_mean_whatever_the_batches(b
     inputs = json.dumps([f"/photos/{n}.jpg" for n in range(15)])
     found = hookcli.stats(features=Features({"x": torch.from_numpy(values)}, {"inputs": inputs}), batch_size=batch)
     np.testing.assert_array_equal(found["x@mean"].numpy(), values.mean(axis=(0, 2, 3)))  # inf, -inf, nan, nan
+
+
+def test_a_shard_size_that_leaves_a_last_shard_too_small_is_refused_with_one_that_fits():
+    from hookcli.errors import UsageProblem
+    from hookcli.storage.gathering import checked_shard_size
+
+    with pytest.raises(UsageProblem) as caught:
+        checked_shard_size(13, 120, 20, 4)
+    assert str(caught.value) == (
+        "--shard-size 13 leaves the last shard 3 of 120 inputs, and this run needs 4 a shard at least. Hint: give "
+        "--shard-size 120, or leave it out"
+    )
+    assert checked_shard_size(None, 120, 20, 4) >= 120 and checked_shard_size(12, 120, 20, 4) == 12

@@ -60,7 +60,7 @@ def checked_shard_size(given: int | None, inputs: int, batch_size: int, fewest: 
         raise UsageProblem(
             f"--shard-size {size} leaves the last shard {last} of {inputs} inputs, and this run needs {fewest} a "
             "shard at least",
-            hint=f"give --shard-size {stats_shard_size(inputs, batch_size, fewest)}, or leave it out",
+            hint=f"give --shard-size {min(stats_shard_size(inputs, batch_size, fewest), inputs)}, or leave it out",
         )
     return size
 
