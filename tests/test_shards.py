@@ -217,26 +217,18 @@ def test_a_different_run_in_the_same_folder_is_refused_unless_forced(runner, tmp
         assert features.shape("layer2") == [3, 128]
 
 
+#: The header of an index of 4 inputs in shards of 2, its identity saying the same.
+_HEADER = {"hookcli_index": 1, "identity": {"inputs": 4, "shard_size": 2}, "shard_size": 2, "inputs": 4, "metadata": {}}
+
+
 def test_torn_last_index_line_is_ignored(tmp_path):
-    header = {
-        "hookcli_index": 1,
-        "identity": {"inputs": 4, "shard_size": 2},
-        "shard_size": 2,
-        "inputs": 4,
-        "metadata": {},
-    }
+    header = dict(_HEADER)
     (tmp_path / INDEX_NAME).write_text(json.dumps(header) + '\n{"shard": 0, "fi')
     assert read_index(tmp_path) == (header, [])
 
 
 def test_an_index_cut_shorter_while_it_is_read_is_read_to_where_it_ends(tmp_path, monkeypatch):
-    header = {
-        "hookcli_index": 1,
-        "identity": {"inputs": 4, "shard_size": 2},
-        "shard_size": 2,
-        "inputs": 4,
-        "metadata": {},
-    }
+    header = dict(_HEADER)
     index = tmp_path / INDEX_NAME
     index.write_text(json.dumps(header) + "\n")
     real, ours = os.fstat, os.lstat(index).st_ino
