@@ -33,6 +33,7 @@ from typing import BinaryIO
 from hookcli.errors import HookcliError, OutputExistsError, UsageProblem
 
 __all__ = [
+    "process_stat",
     "MISSING",
     "NotRegularFile",
     "atomic_path",
@@ -527,3 +528,13 @@ def regular_file_problem(path: Path) -> str | None:
             return "is a symbolic link loop"
         return MISSING if err.errno in (errno.ENOENT, errno.ENOTDIR) else f"cannot be looked at ({err.strerror})"
     return None if stat.S_ISREG(mode) else f"is {file_kind(mode)}, not a regular file"
+
+
+def process_stat(pid: int) -> list[bytes] | None:
+    """The fields of Linux's ``/proc/PID/stat`` after the process's name (which may hold spaces), the state (the
+    line's third field) first; None where the system has no such file for ``pid``."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat_file:
+            return stat_file.read().rpartition(b")")[2].split()
+    except OSError:
+        return None

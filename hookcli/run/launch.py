@@ -25,6 +25,7 @@ import re
 from collections.abc import Iterator, Mapping
 
 from hookcli.errors import UsageProblem, seconds_from_environment
+from hookcli.files import process_stat
 from hookcli.parsing import Part, parse_part
 
 __all__ = [
@@ -140,9 +141,7 @@ def _at_most(digits: str, limit: int) -> bool:
 def usable_cores() -> int:
     """The cores this process may run on: its CPU affinity where the system has one (a container's or a job's
     share), not every core of the machine."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0)) or 1
-    return os.cpu_count() or 1
+    return len(_affinity(0) or ()) or os.cpu_count() or 1
 
 
 def cpu_threads(part: Part | None) -> int | None:
@@ -178,11 +177,8 @@ _ANCESTORS = 8
 
 def _parent_of(pid: int) -> int | None:
     """Process ``pid``'s parent, where the system says (Linux's /proc); else None."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat_file:
-            return int(stat_file.read().rpartition(b")")[2].split()[1])  # field 4, after the state
-    except (OSError, ValueError, IndexError):
-        return None
+    fields = process_stat(pid)
+    return int(fields[1]) if fields and len(fields) > 1 and fields[1].isdigit() else None
 
 
 def _affinity(pid: int) -> frozenset[int] | None:

@@ -50,7 +50,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from hookcli.errors import UsageProblem, seconds_from_environment
-from hookcli.files import check_folder_output, file_kind, reporting_full_disk
+from hookcli.files import check_folder_output, file_kind, process_stat, reporting_full_disk
 
 __all__ = [
     "CLAIMS",
@@ -471,14 +471,15 @@ _START_SLACK = 30.0
 
 def _started(pid: int) -> float | None:
     """When process ``pid`` started (seconds since the epoch), where the system says (Linux's /proc); else None."""
+    fields = process_stat(pid)
+    if not fields or len(fields) < 20 or not fields[19].isdigit():
+        return None
     try:
-        with open(f"/proc/{pid}/stat", "rb") as stat_file:
-            fields = stat_file.read().rpartition(b")")[2].split()  # after the command name, which may hold spaces
         with open("/proc/stat", "rb") as system:
             boot = next(int(line.split()[1]) for line in system if line.startswith(b"btime "))
-        return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22 of the line: the start, in ticks
     except (OSError, ValueError, IndexError, StopIteration):
         return None
+    return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22 of the line: the start, in ticks
 
 
 def _alive(pid: int) -> bool:
