@@ -185,6 +185,11 @@ _SIZE_WORDS = re.compile(r"\b(sizes?|shapes?|height|width|dimensions?)\b", re.IG
 _MEMORY_WORDS = re.compile(r"out of memory|allocate", re.IGNORECASE)
 
 
+def out_of_memory(err: BaseException) -> bool:
+    """Whether ``err`` says that memory ran out (a device's or the host's), whatever it names besides."""
+    return bool(_MEMORY_WORDS.search(str(err)))
+
+
 def size_refusal(err: BaseException) -> str | None:
     """The first line of ``err`` where it is a model refusing the size of its input in its own words (an assertion,
     a ValueError or a RuntimeError that speaks of a size, a shape or a dimension, raised outside hookcli), or None:
@@ -198,7 +203,7 @@ def size_refusal(err: BaseException) -> str | None:
     if not isinstance(err, RuntimeError | ValueError | AssertionError) or isinstance(err, NotImplementedError):
         return None
     words = first_line(err).rstrip(".")
-    if not _SIZE_WORDS.search(words) or _MEMORY_WORDS.search(str(err)):
+    if not _SIZE_WORDS.search(words) or out_of_memory(err):
         return None
     trace = err.__traceback__
     while trace is not None and trace.tb_next is not None:

@@ -64,7 +64,7 @@ from torchvision.io import ImageReadMode
 from torchvision.transforms.functional import pil_to_tensor
 
 from hookcli.console import stderr_captured
-from hookcli.errors import DeviceError, ImageError, MemoryLimitError, first_line
+from hookcli.errors import DeviceError, ImageError, MemoryLimitError, first_line, out_of_memory
 from hookcli.inputs.images import JpegBytes, PictureMaker, load_rgb, read_encoded
 from hookcli.inputs.preprocess import Preprocess
 from hookcli.inputs.transforms import to_tensor_steps, to_transform
@@ -503,7 +503,7 @@ def _first_warning(said: str) -> str:
 
 
 def _refuse_out_of_memory(err: RuntimeError) -> None:
-    if "out of memory" in str(err).lower():
+    if out_of_memory(err):
         raise MemoryLimitError(
             f"--decode device: the device ran out of memory decoding a batch ({first_line(err)})",
             hint="give a smaller --batch-size, or --decode cpu",

@@ -353,7 +353,7 @@ def merge_comparisons(
             sides = Sides((*labels[0], *([] if same else labels[1])), len(labels[0]), len(labels[1]), same, labels)
             try:
                 part = LinearSums.read(state, sides, debiased=is_debiased(json.loads(metadata["settings"])))
-                part.check_part(len(json.loads(metadata["inputs"])))  # its sums count the inputs it lists
+                part.check_part(len(listed))  # its sums count the inputs it lists
             except (KeyError, ValueError) as err:
                 raise FeatureFileError(
                     f"'{file}' holds linear-cka sums that do not fit: {err}", hint="write it again with hookcli compare"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from hookcli.errors import FeatureFileError, nothing_read
+from hookcli.errors import FeatureFileError, nothing_read, out_of_memory
 from hookcli.storage import fileformat
 from hookcli.storage.features import FeatureFile
 from hookcli.storage.fileformat import SHARD_NAME, RunFacts, RunRecord
@@ -109,8 +109,7 @@ def merged_parts(
 
 def _not_its_content(err: RuntimeError) -> bool:
     """Whether torch failed for want of memory or of its device, not for what a part holds."""
-    said = str(err)
-    return isinstance(err, torch.cuda.OutOfMemoryError) or "allocate" in said or "CUDA" in said
+    return out_of_memory(err) or "CUDA" in str(err)
 
 
 def _read_part(name: Path, number: int, size: int, inputs: int, gathering: Gathering, device) -> GatheredShard:
