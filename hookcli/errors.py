@@ -221,10 +221,15 @@ def never_runs(what: str, layer: str) -> LayerNotRunError:
     )
 
 
+def input_kind(inputs) -> str:
+    """What a run's ``inputs`` are, in its messages: ``videos`` when they are clips cut from videos (rows that name
+    their ``frames``), else ``images``."""
+    return "videos" if len(inputs) and hasattr(inputs[0], "frames") else "images"
+
+
 def nothing_read(inputs) -> HookcliError:
-    """The failure of a run none of whose ``inputs`` gave a row: a :class:`VideoError` when they are clips cut from
-    videos (rows that name their ``frames``), else an :class:`ImageError`."""
+    """The failure of a run none of whose ``inputs`` gave a row: a :class:`VideoError` for videos
+    (:func:`input_kind`), else an :class:`ImageError`."""
+    kind = input_kind(inputs)
     hint = "every input was skipped, each with its reason (on stderr; in Python, the Skipped events)"
-    if len(inputs) and hasattr(inputs[0], "frames"):
-        return VideoError("none of the input videos could be read", hint=hint)
-    return ImageError("none of the input images could be read", hint=hint)
+    return (VideoError if kind == "videos" else ImageError)(f"none of the input {kind} could be read", hint=hint)

@@ -60,15 +60,14 @@ def choose_units(stats: StatsFile, options: GridOptions, *, limit: int | None) -
             hint="leave it out",
         )
     keys = select_keys(list(stats.layers), options.keys, stats.name, what="layer")
-    chosen, notes, refused = [], [], []
+    chosen, notes, refused = [], [], ""  # the first layer's refusal, said when no layer has the channels
     for key, stem in zip(keys, file_stems(keys)):
         layer = stats.layers[key]
         selected = range(layer.channels)[options.channels] if options.channels is not None else range(layer.channels)
         if not selected:  # a layer of fewer channels is left out, as grid leaves out a features file's
-            refused.append(
-                f"--channels selects none of the {layer.channels} channels (0-{layer.channels - 1}) of '{key}'"
-            )
-            notes.append(f"skipped '{key}': {refused[-1]}")
+            none = f"--channels selects none of the {layer.channels} channels (0-{layer.channels - 1}) of '{key}'"
+            refused = refused or none
+            notes.append(f"skipped '{key}': {none}")
             continue
         channels: Sequence[int] = selected  # a range: a layer's channels are never listed one by one
         if options.top is not None:
@@ -85,7 +84,7 @@ def choose_units(stats: StatsFile, options: GridOptions, *, limit: int | None) -
             notes.append(f"'{key}' kept no examples: its pictures are empty")
         chosen.append(ChosenUnits(layer, stem, channels))
     if not chosen:
-        raise UsageProblem(refused[0], hint="give a range within them, or leave --channels out")
+        raise UsageProblem(refused, hint="give a range within them, or leave --channels out")
     return chosen, notes
 
 

@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 import torch
 
-from hookcli.errors import CaptureError, size_refusal
+from hookcli.errors import CaptureError, input_kind, size_refusal
 from hookcli.families import ragged_rows, square_input
 from hookcli.inputs.images import PictureMaker
 from hookcli.models.loaded import LoadedModel
@@ -84,7 +84,7 @@ def iter_batches(
     square = square_input(settings.preprocess)
     cast = getattr(torch, settings.dtype)
     batches = Decoded(image_loader(paths, settings, order=order, picture=picture), settings, on_note)
-    unreadable = "videos" if any(hasattr(path, "frames") for path in paths[:1]) else "images"  # rows of clips
+    unreadable = input_kind(paths)
     ran = False  # a forward has run: a later failure is no refusal of the inputs' size
     with (
         prepared_model(loaded, settings) as (model, to_device),
