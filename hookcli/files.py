@@ -23,6 +23,7 @@ import errno
 import fcntl
 import glob
 import os
+import re
 import stat
 import tempfile
 import threading
@@ -52,6 +53,7 @@ __all__ = [
     "reporting_full_disk",
     "share_output",
     "take_output",
+    "temporary_target",
 ]
 
 
@@ -170,6 +172,14 @@ def check_own_folder(path: str | os.PathLike, made_for: str) -> Path:
 
 #: What a temporary name adds to its target's: ``.`` + name + ``.`` + 8 random characters + ``.part``.
 _TEMPORARY_EXTRA = "." + "." + "xxxxxxxx" + ".part"
+_TEMPORARY = re.compile(r"\.(.+)\.[^.]+\.part")
+
+
+def temporary_target(name: str) -> str:
+    """The name of the file that the temporary file ``name`` (:func:`atomic_path`'s) is written for; ``name`` itself
+    when it is none."""
+    found = _TEMPORARY.fullmatch(name)
+    return found[1] if found else name
 
 
 def _check_name_length(path: Path, *, extra: int = 0) -> None:

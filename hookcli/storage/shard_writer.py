@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from hookcli.errors import FeatureFileError, OutputExistsError
-from hookcli.files import check_own_folder, remove_abandoned
+from hookcli.files import check_own_folder, remove_abandoned, temporary_target
 from hookcli.inputs.archives import file_stamp
 from hookcli.storage import fileformat
 from hookcli.storage.background import Background
@@ -328,10 +327,6 @@ class ShardWriter:
                     self.index.rewrite_in_order(self.header)
 
 
-#: An index being rewritten, under its temporary name (:func:`~hookcli.files.atomic_path`).
-_INDEX_WRITTEN = re.compile(rf"^\.{re.escape(INDEX_NAME)}\..*\.part$")
-
-
 #: What systems put in any folder (macOS's Finder, NFS's files deleted while open, FUSE's, Windows'): never the
 #: user's work, removed with the folder.
 _SYSTEM_FILES = (".DS_Store", "._", ".nfs", ".fuse_hidden", "Thumbs.db", "desktop.ini")
@@ -344,10 +339,9 @@ def _refuse_others(folder: Path, given: str) -> None:
     other = next(
         (
             name
-            for name in sorted(os.listdir(folder))
-            if name not in ours
-            and not SHARD_FILE.match(name)
-            and not _INDEX_WRITTEN.match(name)
+            for name in sorted(os.listdir(folder))  # a file being written (its temporary name) counts as that file
+            if temporary_target(name) not in ours
+            and not SHARD_FILE.match(temporary_target(name))
             and not name.startswith(_SYSTEM_FILES)
         ),
         None,
