@@ -292,9 +292,10 @@ def _changes(outputs: torch.Tensor) -> dict[str, torch.Tensor]:
     rows = torch.arange(logits.shape[0], device=logits.device)
     p = logits.double().softmax(dim=1)
     delta = ablated - logits  # exact where the two are close, as a subtraction of floats within a factor of 2 is
-    grown = torch.expm1(delta.double())
+    wide = delta.double()
+    grown = torch.expm1(wide)
     spread = (grown * p).sum(dim=2)  # Σ p·expm1(Δ)
-    moved = (delta.double() * p).sum(dim=2)  # Σ p·Δ
+    moved = (wide * p).sum(dim=2)  # Σ p·Δ
     kl = (torch.log1p(spread) - moved).clamp_min(0)
     chosen = grown[:, rows, predicted]
     prob_change = p[rows, predicted] * (chosen - spread) / (1 + spread)
