@@ -374,6 +374,8 @@ def test_the_second_side_takes_weights_and_a_seed_of_its_own(runner, tmp_path, i
         assert json.loads(found.metadata["compare_with"])["weights"] == {"source": "none", "seed": 1}
         assert json.loads(found.metadata["weights"]) == {"source": "none", "seed": 0}
         different = float(found["linear-cka"][0, 0])
+    told = runner.invoke(main, ["info", str(out)])
+    assert told.output.splitlines()[1] == "rows: resnet18 (random, seed 0); columns: resnet18 (random, seed 1)"
     same = hookcli.compare("resnet18", "layer4", [str(p) for p in images], weights="none", seed2=0, resize=40, crop=32)
     assert float(same["linear-cka"][0, 0]) == pytest.approx(1.0, abs=1e-9) and different < 0.999
     refused = runner.invoke(main, [*args, "--seed2", "1", "--weights2", "DEFAULT", *map(str, images)])
@@ -545,3 +547,30 @@ def test_files_of_the_same_images_reached_through_a_link_do_not_merge(tmp_path):
         f"'{made[1]}' has inputs an earlier file has too ('{tmp_path / 'link' / '0.png'}'): merged runs must cover "
         "disjoint inputs. Hint: merge files made over different inputs"
     )
+
+
+@pytest.mark.parametrize(
+    ("weights", "weights2", "told"),
+    [
+        (
+            {"source": "none", "seed": 0},
+            {"source": "file", "path": "/ckpt/epoch9.pth", "sha256": "ab" * 32},
+            ("m (random, seed 0)", "m (epoch9.pth)"),
+        ),
+        (
+            {"source": "torchvision", "name": "ResNet18_Weights.IMAGENET1K_V1"},
+            {"source": "none", "seed": 4},
+            ("m (IMAGENET1K_V1)", "m (random, seed 4)"),
+        ),
+        ({"source": "factory"}, {"source": "factory"}, ("m", "m")),
+        ({"source": "none", "seed": 2}, None, ("m", "m")),
+    ],
+)
+def test_a_comparison_of_one_model_with_two_sets_of_weights_tells_the_sides_apart(weights, weights2, told):
+    from hookcli.storage.compare_file import read_comparison
+    from hookcli.storage.compare_format import compare_metadata
+
+    other = {"model": "m"} if weights2 is None else {"model": "m", "weights": weights2}
+    run = {"model": "m", "weights": json.dumps(weights), "compare_with": json.dumps(other)}
+    metadata = compare_metadata(run, method="rsa", rows=["a"], columns=["a"], settings={}, inputs=["x", "y", "z"])
+    assert read_comparison(Features({"rsa": np.eye(1)}, metadata)).sources() == told

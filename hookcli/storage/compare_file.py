@@ -25,6 +25,7 @@ hookcli.errors.FeatureFileError: 'memory' is a damaged comparison file: 'rsa' is
 from __future__ import annotations
 
 import json
+from pathlib import PurePath
 
 import numpy as np
 
@@ -71,15 +72,21 @@ class ComparisonFile(CheckedFile):
 
     def sources(self) -> tuple[str, str]:
         """What the rows' and the columns' representations are of: the models run, or the saved features read (as
-        the run recorded them; ``?`` where the metadata does not say)."""
+        the run recorded them; ``?`` where the metadata does not say); one model run with two sets of weights is told
+        apart by a few words on each side's weights."""
         saved = _parsed(self.metadata.get("compare_of"))
         if isinstance(saved, list) and saved and all(isinstance(source, dict) for source in saved):
             names = [str(source.get("source", "?")) for source in saved]
             return names[0], names[-1]
         model = self.metadata.get("model", "?")
         other = _parsed(self.metadata.get("compare_with"))
-        second = other.get("model") if isinstance(other, dict) else None
-        return model, model if second is None else str(second)
+        second = str(other["model"]) if isinstance(other, dict) and "model" in other else model
+        if second != model or not isinstance(other, dict):
+            return model, second
+        tags = _weights_tag(_parsed(self.metadata.get("weights"))), _weights_tag(other.get("weights"))
+        if None in tags or tags[0] == tags[1]:
+            return model, second
+        return f"{model} ({tags[0]})", f"{second} ({tags[1]})"
 
 
 def read_comparison(features: FeatureReader) -> ComparisonFile:
@@ -108,6 +115,24 @@ def read_comparison(features: FeatureReader) -> ComparisonFile:
 
 def _damaged(name: str, what: str) -> FeatureFileError:
     return FeatureFileError(f"'{name}' is a damaged comparison file: {what}", hint=_REWRITE)
+
+
+def _weights_tag(weights) -> str | None:
+    """A few words telling one side's weights (a run's ``weights`` entry) from the other's when both sides are the
+    same model: ``random, seed 1``, a file's name, a pretrained set's name; None when the entry says nothing."""
+    if not isinstance(weights, dict):
+        return None
+    source = weights.get("source")
+    if source == "none":
+        return f"random, seed {weights.get('seed', '?')}"
+    if source in ("file", "folder") and isinstance(weights.get("path"), str):
+        return PurePath(weights["path"]).name
+    if source == "module" and isinstance(weights.get("sha256"), str):
+        return f"weights {weights['sha256'][:12]}"
+    for entry in ("name", "repo"):
+        if isinstance(weights.get(entry), str):
+            return str(weights[entry]).rsplit(".", 1)[-1] if source == "torchvision" else str(weights[entry])
+    return None
 
 
 def _parsed(text: str | None):
