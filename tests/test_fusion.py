@@ -16,6 +16,12 @@ from hookcli.run.capture import FeatureCapture
 from hookcli.run.fusion import FusedConvolution, fused_for_inference
 from hookcli.run.settings import RunSettings
 
+#: How close a fused fp32 forward stays to the model as written: oneDNN's kernels sum in their own order, which
+#: moves values of order 1 by about 1e-5 on AVX2 CPUs (a folded BatchNorm left out would move them by order 1).
+FP32_FUSED = {"rtol": 1e-4, "atol": 1e-4}
+#: Whether oneDNN has bf16 convolutions on this CPU (AVX-512 BF16 or AMX): elsewhere bf16 runs unfused.
+BF16_KERNELS = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
 
 def _with_running_stats(model, seed=0):
     """Random BatchNorm statistics, so that folding them in really changes the weights."""
@@ -53,7 +59,7 @@ def test_resnet_fused_equals_the_model_and_leaves_it_unchanged():
     assert "bn" not in code and "relu" not in code and "add" not in code
     with torch.inference_mode():
         got = fused(x)
-    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got, expected, **FP32_FUSED)
     assert not torch.equal(got, expected)  # folding really ran: other kernels, other rounding
     # The model given is the model it was: same modules, same weights, same results.
     assert model.layer1[0] is block and type(block.conv1) is nn.Conv2d and type(block.bn1) is nn.BatchNorm2d
@@ -66,6 +72,9 @@ def test_channels_last_bf16_fusion_matches_autocast():
     model = _seeded("resnet18").to(memory_format=torch.channels_last)
     x = torch.randn(2, 3, 64, 64).contiguous(memory_format=torch.channels_last)
     fused, count = fused_for_inference(model, [], dtype=torch.bfloat16, channels_last=True)
+    if not BF16_KERNELS:  # oneDNN has no bf16 kernels on this CPU: the model runs as written
+        assert (fused, count) == (model, 0)
+        return
     assert count == 20
     assert all(m.weight.dtype == torch.bfloat16 for m in _fused_modules(fused))  # cast once, not per batch
     assert _fused_modules(fused)[0].weight.is_contiguous(memory_format=torch.channels_last)
@@ -89,7 +98,7 @@ def test_a_hooked_batchnorm_stays_whole_and_sees_its_own_output():
         got = capture.run(x)["features.18"]
     with torch.inference_mode():
         expected = create_feature_extractor(model, return_nodes=["features.18"])(x)["features.18"]
-    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got, expected, **FP32_FUSED)
     assert (got < 0).any()  # before the in-place ReLU
     assert not model.features[18]._forward_hooks  # the hook went on the model's own module and came off
 
@@ -111,7 +120,7 @@ def test_a_shared_hooked_relu_keeps_every_call():
     assert calls == {"layer1.0.relu": 2, "layer2": 1}
     assert list(got) == ["relu:0", "relu:1", "layer2"] == list(expected)
     for key in got:
-        torch.testing.assert_close(got[key], expected[key], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got[key], expected[key], **FP32_FUSED)
 
 
 class _Chain(nn.Module):
@@ -156,7 +165,7 @@ def test_each_activation_runs_inside_the_convolution(activation):
     (module,) = _fused_modules(fused)
     assert module.unary != "none"
     with torch.inference_mode():
-        torch.testing.assert_close(fused(x), model(x), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(fused(x), model(x), **FP32_FUSED)
 
 
 class _Residuals(nn.Module):
@@ -186,7 +195,7 @@ def test_residual_adds_fuse_only_where_nothing_else_sees_the_sum():
     with torch.inference_mode():
         got, expected = fused(x), model(x)
     for g, e in zip(got, expected, strict=True):
-        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(g, e, **FP32_FUSED)
 
 
 def test_models_with_nothing_to_fuse_or_that_cannot_be_traced_are_returned_as_they_are():
@@ -260,7 +269,7 @@ def test_modules_with_hooks_of_their_own_are_left_whole():
             fused(x)
             expected = model.layer1[0].conv1(model.maxpool(model.relu(model.bn1(model.conv1(x)))))
         assert len(seen) == 2 and torch.equal(seen[1], expected)  # the convolution's own output, BatchNorm apart
-        assert torch.allclose(seen[0], expected, rtol=1e-5, atol=1e-5)  # through the fused stem
+        assert torch.allclose(seen[0], expected, **FP32_FUSED)  # through the fused stem
         global_hook = nn.modules.module.register_module_forward_hook(lambda *args: None)
         try:
             assert fused_for_inference(model, [], dtype=torch.float32) == (model, 0)
@@ -288,4 +297,4 @@ def test_an_add_is_not_fused_when_the_convolution_input_changes_in_place_before_
     assert count == 1
     assert [(m.add, m.unary) for m in _fused_modules(fused)] == [(False, "none")]
     with torch.inference_mode():
-        torch.testing.assert_close(fused(x), model(x), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(fused(x), model(x), **FP32_FUSED)

@@ -350,7 +350,8 @@ def test_timm_bf16_and_channels_last_run_and_stay_close(photo):
     fast = hookcli.extract(
         loaded, "layer2", [photo] * 2, precision="bf16", memory_format="channels_last", fuse=True, device="cpu"
     )
-    assert fast.metadata["memory_format"] == "channels_last" and int(fast.metadata["fused"]) > 0
+    bf16_kernels = torch.ops.mkldnn._is_mkldnn_bf16_supported()  # oneDNN's bf16 convolutions: else no fusion
+    assert fast.metadata["memory_format"] == "channels_last" and (int(fast.metadata["fused"]) > 0) == bf16_kernels
     torch.testing.assert_close(fast["layer2"][0].float(), exact["layer2"][0], atol=0.1, rtol=0.05)
 
 

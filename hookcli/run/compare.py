@@ -249,7 +249,11 @@ class ComparedRun:
         )
         entries = {"compare": json.dumps(choice.identity())}
         if two is not None:
-            entries["compare_with"] = json.dumps(identity(dataclasses.replace(two.record, inputs=())))
+            # The second side's run but its inputs, which are the first side's.
+            second_run = identity(two.record)
+            entries["compare_with"] = json.dumps(
+                {key: value for key, value in second_run.items() if key not in ("inputs", "inputs_sha256")}
+            )
         record = dataclasses.replace(one.record, command={**one.record.command, **entries})
         return cls(
             one=one,
