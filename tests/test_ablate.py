@@ -361,27 +361,68 @@ def test_the_report_ranks_the_units_and_shows_their_dataset_examples(photos, tmp
     assert refused.exit_code == 2 and "No such option: --examples" in refused.output
 
 
-def test_effects_on_another_layer_equal_hooks_written_by_hand(photos):
-    net = _net()
-    batch = _inputs(net, photos)
+def _after_by_hand(net, batch):
+    """The logits, and ``after``'s output as it returns it, of the model as it is and with unit 2 of ``block`` zeroed
+    (``(logits, ablated, plain, edited)``), by hooks written here."""
     kept = []
     handle = net.after.register_forward_hook(lambda m, i, out: kept.append(out.flatten(1).clone()))
     try:
         with torch.no_grad():
-            for rows in batch.split(SMALL["batch_size"]):
-                net(rows)
+            logits = torch.cat([net(rows) for rows in batch.split(SMALL["batch_size"])])
         plain = torch.cat(kept)
         kept.clear()
         ablated = _ablated_by_hand(net, batch, "block", 2, _zero)
         edited = torch.cat(kept)
     finally:
         handle.remove()
+    return logits, ablated, plain, edited
+
+
+def test_effects_on_another_layer_equal_hooks_written_by_hand(photos):
+    net = _net()
+    _, ablated, plain, edited = _after_by_hand(net, _inputs(net, photos))
     assert ablated.shape == (7, 4)
     found = hookcli.ablate(net, "block", photos, units="2", effect_on="after", **SMALL)
     assert found["block@class_effect"].shape == (1, plain.shape[1])
     expected = _expected(plain, edited)
     torch.testing.assert_close(found["block@class_effect"][0], expected["class_effect"], rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(found["block@kl"][0], expected["kl"], rtol=1e-4, atol=1e-6)
+
+
+class ReluAfter(Residual):
+    """The measured layer's output changed in place by the ReLU after it, as in torchvision's ResNets and VGGs; and a
+    value from before the ablated layer changed in place by an add after it."""
+
+    def forward(self, x):
+        x = torch.relu(self.stem(x))
+        x.add_(self.block(x))
+        out = self.after(x)
+        torch.relu_(out)
+        return self.head(out.mean(dim=(2, 3)))
+
+
+class ReluAfterBranching(ReluAfter):
+    """:class:`ReluAfter` that torch.fx cannot trace."""
+
+    def forward(self, x):
+        if x.sum() < -1e9:
+            return x
+        return super().forward(x)
+
+
+@pytest.mark.parametrize("model", [ReluAfter, ReluAfterBranching])
+def test_effects_are_of_what_the_layers_return_before_in_place_operations_after_them(photos, model):
+    torch.manual_seed(0)
+    net = model().eval()
+    logits, ablated, plain, edited = _after_by_hand(net, _inputs(net, photos))
+    assert (plain < 0).any()  # values the ReLU after the layer would change
+    on_after = hookcli.ablate(net, "block", photos, units="2", effect_on="after", **SMALL)
+    expected = _expected(plain, edited)
+    torch.testing.assert_close(on_after["block@class_effect"][0], expected["class_effect"], rtol=1e-4, atol=1e-5)
+    on_output = hookcli.ablate(net, "block", photos, units="2", **SMALL)
+    expected = _expected(logits, ablated)
+    torch.testing.assert_close(on_output["block@class_effect"][0], expected["class_effect"], rtol=1e-4, atol=1e-5)
+    assert expected["class_effect"].abs().max() > 1e-3
 
 
 class Branching(Residual):

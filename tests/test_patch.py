@@ -138,13 +138,24 @@ class InPlace(nn.Module):
         return self.net[4](self.net[3](self.net[2](out)))
 
 
-def test_an_in_place_add_after_the_patched_layer_does_not_reach_what_is_patched(pairs):
+class AddedBack(InPlace):
+    """The patched layer's output added in place onto a value computed before it, which the rest then reads."""
+
+    def forward(self, x):
+        x = self.net[0](x)
+        x.add_(self.block(x))
+        return self.net[4](self.net[3](self.net[2](self.net[1](x))))
+
+
+@pytest.mark.parametrize("model", ["InPlace", "AddedBack"])
+def test_an_in_place_add_after_the_patched_layer_reaches_neither_its_copies_nor_earlier_values(pairs, model):
     torch.manual_seed(2)
-    net = InPlace().eval()
+    net = globals()[model]().eval()
     found = hookcli.patch(net, "block", pairs, **SMALL)
     for index, (source, target) in enumerate(pairs):
         patched, m_source, m_target = _by_hand(net, source, target, "block")
         assert found["block@change"][index].item() == pytest.approx(patched - m_target, abs=1e-5)
+    assert found["block@change"].abs().max() > 1e-3  # the patches change something to compare
 
 
 class Branchy(nn.Module):

@@ -184,11 +184,13 @@ class UnitAblation:
         """What the part after the layer reads of the traced model's values on ``batch`` (the other nodes before the
         layer's hold None, there only so that a replay skips them), and its output."""
         assert self.graph is not None, "the traced path"
+        # Each copied as it was computed: an in-place operation later in the forward (a ReLU(inplace=True) after
+        # the measured layer, a residual added with add_) changes the values the interpreter holds, not the copies.
         kept = {self._layer_node, *self._read_after, *([self._effect_node] if self._effect_node is not None else [])}
-        interpreter = Kept(self.graph, copied={self._layer_node}, keep=kept)
+        interpreter = Kept(self.graph, copied=kept)
         output = interpreter.run(batch)
-        env = {node: interpreter.env[node] if node in kept else None for node in (*self._before, *kept)}
-        env[self._layer_node] = interpreter.copies[self._layer_node]  # as the layer returned it
+        env = dict.fromkeys(self._before)
+        env.update(interpreter.copies)
         return env, output
 
     def _replayed(self, env: Mapping[Any, Any], copies: torch.Tensor) -> Any:
@@ -201,9 +203,9 @@ class UnitAblation:
         for node in self._read_after:  # what the part after the layer reads of the part before, copied as rows are
             initial[node] = repeated(env[node], count, rows)
         initial[layer_node] = copies
-        interpreter = Kept(self.graph, keep=[self._effect_node] if self._effect_node is not None else [])
+        interpreter = Kept(self.graph, copied=[self._effect_node] if self._effect_node is not None else [])
         output = interpreter.run(*(initial[node] for node in self._placeholders), initial_env=initial)
-        return output if self._effect_node is None else interpreter.env[self._effect_node]
+        return output if self._effect_node is None else interpreter.copies[self._effect_node]
 
     def _node(self, path: str) -> Any:
         assert self.graph is not None, "the traced path"
@@ -224,7 +226,7 @@ class UnitAblation:
         def at_effect(module: nn.Module, inputs: Any, output: Any) -> None:
             if "effect" in kept:
                 raise _runs_more_than_once(self.effect_on, None, measured=True)
-            kept["effect"] = output
+            kept["effect"] = output.clone() if isinstance(output, torch.Tensor) else output  # before in-place ops
             kept.setdefault("first", "effect")
 
         handles = [modules[self.layer].register_forward_hook(at_layer)]

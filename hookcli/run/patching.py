@@ -99,11 +99,13 @@ class Patching:
                 hint="give an even --batch-size and --shard-size, and every pair's two inputs",
             )
         if self.graph is not None:
+            # Each value copied as it was computed: an in-place operation later in the forward (a residual added
+            # with add_) changes the values the interpreter holds, not the copies.
             needed = {node for layer in self.layers for node in self._read_after.get(layer, ())}
-            interpreter = Kept(self.graph, copied={self._nodes[layer] for layer in self.layers}, keep=needed)
+            interpreter = Kept(self.graph, copied=needed | {self._nodes[layer] for layer in self.layers})
             output = interpreter.run(batch)
             outputs = {layer: interpreter.copies[self._nodes[layer]] for layer in self.layers}
-            env = interpreter.env
+            env = interpreter.copies
         else:
             outputs = {}
             output = self._whole(batch, outputs)

@@ -71,9 +71,12 @@ def traced(model: nn.Module, keep: set[str]) -> torch.fx.GraphModule | None:
 
 def repeated(value: Any, count: int, rows: int) -> Any:
     """``value`` copied ``count`` times along its first axis when it holds the batch's rows (a tensor, or a tuple
-    or list of them); anything else as it is."""
+    or list of them), another tensor copied once (so that an in-place operation of one replay does not reach the
+    next); anything else as it is."""
     if isinstance(value, torch.Tensor):
-        return value.repeat(count, *([1] * (value.dim() - 1))) if value.dim() and value.shape[0] == rows else value
+        return (
+            value.repeat(count, *([1] * (value.dim() - 1))) if value.dim() and value.shape[0] == rows else value.clone()
+        )
     if isinstance(value, tuple | list):
         return type(value)(repeated(item, count, rows) for item in value)
     return value
