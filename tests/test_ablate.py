@@ -129,6 +129,11 @@ def test_a_mean_ablation_from_a_stats_file_of_other_inputs_says_so(photos, tmp_p
         f"ablate: '{stats}' holds values of inputs prepared otherwise than this run's: preprocess (crop: the file's "
         f"{SMALL['crop']}, this run's {other['crop']})"
     ]
+    before = Path(stats).read_bytes()
+    with pytest.raises(UsageProblem) as refused:  # the statistics read are not overwritten, --force or not
+        hookcli.ablate(net, "block", photos, units="1", how=f"mean:{stats}", output=stats, force=True, **SMALL)
+    assert refused.value.message == f"output '{stats}' is the input '{stats}'"
+    assert Path(stats).read_bytes() == before
 
 
 class InPlace(Residual):

@@ -104,6 +104,8 @@ def test_the_spec_reads_as_documented():
         ("layer4=zero:", "zero takes nothing after it"),
         ("layer4=value", "value takes value:V"),
         ("layer4=scale:nan", "'nan' is not a finite number"),
+        ("layer4=value:1e39", "'1e39' is beyond float32's range (±3.4e38), in which layers compute"),
+        ("layer4=scale:-4e38", "'-4e38' is beyond float32's range (±3.4e38), in which layers compute"),
         ("layer4=clamp:2:1", "clamp's LO must not be above its HI (2 > 1)"),
         ("layer4=add:f.safetensors:k:one:1", "add's ROW must be a whole number from 0, not 'one'"),
         ("layer4=add:f.safetensors:k:\u00b2:1", "add's ROW must be a whole number from 0, not '\u00b2'"),
@@ -306,6 +308,46 @@ def test_a_layer_a_unit_or_a_file_that_cannot_apply_is_refused_before_the_run(ph
     with pytest.raises(UsageProblem) as caught:
         hookcli.extract(net, "0", photos, capture_edited=True, **SMALL)
     assert caught.value.message == "--capture-edited applies to layers edited with --intervene"
+
+
+def test_a_file_past_float32_damaged_or_unsigned_and_specs_of_another_type_are_refused(photos, tmp_path):
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+    from safetensors.torch import save_file as save_torch
+
+    net = _cnn()
+    vectors = tmp_path / "vectors.safetensors"
+    save_torch({"huge": torch.full((5,), 1e300, dtype=torch.float64), "fine": torch.ones(5)}, str(vectors))
+    with pytest.raises(UsageProblem) as caught:
+        hookcli.extract(net, "2", photos, intervene=[f"2=add:{vectors}:huge:0:1"], **SMALL)
+    assert caught.value.message == (
+        f"--intervene '2=add:{vectors}:huge:0:1': 'huge' holds values beyond float32's range (±3.4e38), in which "
+        "layers compute"
+    )
+    assert hookcli.extract(net, "2", photos, intervene=[f"2=add:{vectors}:fine:0:1"], **SMALL)["2"].isfinite().all()
+    stats = hookcli.stats(net, "2", photos, output=tmp_path / "two.safetensors", top=1, **SMALL)
+    with safe_open(stats, "pt") as read:
+        metadata = read.metadata()
+    tensors = load_file(stats)
+    folded = tmp_path / "folded.safetensors"
+    save_torch({**tensors, "2@mean": tensors["2@mean"].reshape(1, 5)}, str(folded), metadata=metadata)
+    unsigned = tmp_path / "unsigned.safetensors"
+    save_torch(tensors, str(unsigned), metadata={k: v for k, v in metadata.items() if k != "model"})
+    refusals = {
+        folded: "'2@mean' has shape [1, 5], and a statistics file's means are one vector",
+        unsigned: f"'{unsigned}' records no model (statistics of saved features that named none), so its means "
+        "cannot be checked against this run's model",
+    }
+    for path, message in refusals.items():
+        with pytest.raises(UsageProblem) as caught:
+            hookcli.extract(net, "0", photos, intervene=[f"2=mean:{path}"], **SMALL)
+        assert caught.value.message == f"--intervene '2=mean:{path}': {message}"
+    for given in (5, {"2": "zero"}):
+        with pytest.raises(UsageProblem) as caught:
+            hookcli.extract(net, "2", photos, intervene=given, **SMALL)  # type: ignore[arg-type]
+        assert caught.value.message == (
+            f"intervene takes a spec string or a list of them, not {type(given).__name__} {given!r}"
+        )
 
 
 def test_the_command_line_edits_and_refuses_in_one_line(runner, photos, tmp_path):

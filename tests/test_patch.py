@@ -399,3 +399,11 @@ def test_maps_too_large_for_a_picture_are_refused_with_the_option_that_draws_few
         "draw fewer pairs with --top",
     )
     assert list(hookcli.grid(found, top=3)) == ["patch__2.png"]  # the mean and 3 pairs fit
+
+
+def test_a_pairs_file_written_with_a_byte_order_mark_reads_its_first_path(images, tmp_path):
+    from hookcli.inputs.pairs import read_pairs
+
+    listing = tmp_path / "marked.txt"
+    listing.write_text(f"{images[0]}\t{images[1]}\n", encoding="utf-8-sig")
+    assert [tuple(map(str, pair)) for pair in read_pairs(listing)] == [(str(images[0]), str(images[1]))]

@@ -48,7 +48,7 @@ def read_pairs(path: str | os.PathLike[str]) -> list[tuple[os.PathLike[str], os.
             hint="split the pairs among runs",
         )
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = Path(path).read_text(encoding="utf-8-sig")  # a byte-order mark some editors write is no path
     except UnicodeDecodeError:
         raise InputError(f"pairs file '{os.fspath(path)}' is not UTF-8 text", hint=_FORMAT_HINT) from None
     pairs = []

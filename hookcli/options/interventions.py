@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "EDITS",
+    "FLOAT32_MAX",
     "MAX_UNITS",
     "Intervention",
     "asked_interventions",
@@ -214,7 +215,13 @@ def _number(spec: Any, text: str) -> float:
         raise _refused(spec, f"'{text}' is not a number") from None
     if not math.isfinite(number):
         raise _refused(spec, f"'{text}' is not a finite number")
+    if abs(number) > FLOAT32_MAX:
+        raise _refused(spec, f"'{text}' is beyond float32's range (±3.4e38), in which layers compute")
     return number
+
+
+#: The largest finite float32: a number or vector past it becomes infinite in the layer it edits.
+FLOAT32_MAX = 3.4028234663852886e38
 
 
 #: A unit, as ``--intervene`` and ``--units`` take it: ASCII digits (a sign only to be refused as below 0).
@@ -226,6 +233,9 @@ def _refused(spec: Any, why: str) -> UsageProblem:
 
 
 def read_beside(opts, interventions: Sequence[Intervention] = ()) -> list[str]:
-    """The files a run reads besides its inputs (``--components``, an edit's FILE): its output may be none of them."""
+    """The files a run reads besides its inputs (``--components``, an edit's FILE, ``ablate --how mean:FILE``): its
+    output may be none of them."""
     components = getattr(opts, "components", None)
-    return [spec.file for spec in interventions if spec.file] + ([components] if components else [])
+    how, _, ablation_means = (getattr(opts, "how", None) or "").partition(":")
+    files = [spec.file for spec in interventions if spec.file] + ([components] if components else [])
+    return files + ([ablation_means] if how == "mean" and ablation_means else [])

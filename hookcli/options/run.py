@@ -497,7 +497,13 @@ class RunOptions(EffectOptions):
             object.__setattr__(self, "units", ",".join(map(str, given)))
         if isinstance(self.intervene, str):  # one spec, as the command line's option given once
             object.__setattr__(self, "intervene", (self.intervene,))
-        object.__setattr__(self, "intervene", tuple(self.intervene))
+        given = self.intervene
+        if not isinstance(given, list | tuple) or not all(isinstance(spec, str) for spec in given):
+            raise UsageProblem(
+                f"intervene takes a spec string or a list of them, not {type(given).__name__} {given!r:.80}",
+                hint="give specs as the command line's --intervene takes them, e.g. ['layer3:0:8=zero']",
+            )
+        object.__setattr__(self, "intervene", tuple(given))
         if isinstance(self.pair_with, str | os.PathLike):  # one folder or file, as inputs may be given
             object.__setattr__(self, "pair_with", (self.pair_with,))
         if self.part is not None and not isinstance(self.part, Part):

@@ -36,7 +36,7 @@ from hookcli.families import channels_last_output, square_input
 from hookcli.inputs.archives import file_stamp
 from hookcli.inputs.preprocess import Preprocess
 from hookcli.models.loaded import LoadedModel
-from hookcli.options.interventions import Intervention
+from hookcli.options.interventions import FLOAT32_MAX, Intervention
 from hookcli.run.settings import RunSettings
 from hookcli.statistics.units import UnitLayout
 from hookcli.storage.fileformat import identity_differences
@@ -250,6 +250,14 @@ def _read_vector(
     with open_features(path) as features:
         metadata = features.metadata
         made_by = metadata.get("model")
+        if (
+            spec.edit == "mean" and made_by is None
+        ):  # a statistics file says what made it; a vector of one's own need not
+            raise UsageProblem(
+                f"{spec.named}: '{path}' records no model (statistics of saved features that named none), so its "
+                "means cannot be checked against this run's model",
+                hint="give a statistics file of a run of this model (hookcli stats -m MODEL …)",
+            )
         if model_name is not None and made_by is not None and made_by != model_name:
             raise UsageProblem(
                 f"{spec.named}: '{path}' was made with the model {made_by}, and this run's is {model_name}",
@@ -296,6 +304,11 @@ def _layer_key(metadata: Any, spec: Intervention, path: str) -> str:
 def _row_of(spec: Intervention, key: str, values: np.ndarray) -> torch.Tensor:
     """The vector the edit reads: the whole of a one-dimensional tensor, or row ``spec.row`` of a matrix (column,
     for a statistics file's ``@pca_vectors``, whose columns are the components)."""
+    if spec.edit == "mean" and values.ndim != 1:
+        raise UsageProblem(
+            f"{spec.named}: '{key}' has shape {list(values.shape)}, and a statistics file's means are one vector",
+            hint="give a statistics file as hookcli stats wrote it",
+        )
     if spec.edit == "mean" or values.ndim == 1 and spec.row in (None, 0):
         vector = values.reshape(-1)
     elif values.ndim == 1:
@@ -323,6 +336,11 @@ def _row_of(spec: Intervention, key: str, values: np.ndarray) -> torch.Tensor:
         raise UsageProblem(
             f"{spec.named}: '{key}' holds values that are not finite numbers",
             hint="give a vector of finite numbers",
+        )
+    if np.abs(vector).max(initial=0) > FLOAT32_MAX:
+        raise UsageProblem(
+            f"{spec.named}: '{key}' holds values beyond float32's range (±3.4e38), in which layers compute",
+            hint="give a vector of float32 numbers",
         )
     return torch.from_numpy(np.ascontiguousarray(vector))
 
