@@ -303,6 +303,12 @@ def test_grid_draws_the_units_of_largest_effect_against_the_classes_they_move(ph
     done = runner.invoke(main, ["grid", str(path), "-o", str(tmp_path / "pictures"), "-k", "block"])
     assert done.exit_code == 2
     assert "Error: --key does not apply to an ablation file" in done.output
+    scaled = runner.invoke(main, ["grid", str(path), "-o", str(tmp_path / "pictures"), "--scale", "grid"])
+    assert (scaled.exit_code, scaled.stderr) == (
+        2,
+        f"Error: --scale does not apply to an ablation file ('{path}' holds one matrix of units and classes): its "
+        "picture has one colour scale. Hint: leave --scale out\n",
+    )
     tensors = load_file(str(path))
     with hookcli.open_features(path) as read:
         metadata = dict(read.metadata)

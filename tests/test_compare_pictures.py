@@ -387,6 +387,11 @@ def test_grid_chooses_representations_with_k_and_refuses_what_a_comparison_has_n
             "choose representations with -k, or leave it out",
         ),
         (
+            ["--scale", "grid"],
+            f"--scale does not apply to a comparison file ('{cka_file}' holds one matrix of similarities): its "
+            "picture has one colour scale. Hint: leave --scale out",
+        ),
+        (
             ["-k", "layer9"],
             f"no representation 'layer9' in '{cka_file}' (closest: flat, a, b). Hint: 'hookcli info' lists the keys",
         ),

@@ -98,7 +98,8 @@ def test_patching_a_target_with_its_own_activations_changes_nothing(images):
     assert (found["0@change"] == 0).all() and (found["2@change"] == 0).all()
     assert torch.isnan(found["2@effect"]).all() and torch.isnan(found["2@mean_effect"]).all()
     assert found.notes == (
-        "2 of 2 pairs have a source and a target of the same class, so their effects are NaN (their changes are kept)",
+        "2 of 2 pairs have a source and a target of the same class, so their effects are NaN (and m, the "
+        "logit of one class less itself, is 0 whatever the patch)",
     )
 
 
@@ -208,6 +209,10 @@ def test_a_file_in_shards_and_in_one_go_holds_the_same_and_is_drawn(pairs, tmp_p
     assert list(pictures) == ["one.png"] and pictures["one.png"].dtype == np.uint8
     done = runner.invoke(main, ["grid", str(one), "--channels", "0:3"])
     assert done.exit_code == 2 and done.stderr.startswith("Error: --channels does not apply to a patching file")
+    scaled = runner.invoke(main, ["grid", str(one), "--scale", "grid"])
+    assert scaled.exit_code == 2 and scaled.stderr.startswith(
+        f"Error: --scale does not apply to a patching file of layers patched whole ('{one}'): its picture has one "
+    )
 
 
 def test_the_command_line_patches_pairs_from_two_folders_and_draws_a_map_a_layer(images, tmp_path, runner):
@@ -371,6 +376,11 @@ def test_a_vision_transformers_tokens_are_patched_one_at_a_time(images):
     defined = torch.isfinite(whole[f"{layer}@effect"])
     torch.testing.assert_close(whole[f"{layer}@effect"][defined], torch.ones(int(defined.sum()), dtype=torch.float64),
                                rtol=0, atol=1e-6)  # fmt: skip
+    # grid folds the 4 patch tokens to their 2x2 square (cells of 48 pixels), the class token said in the labels.
+    (plain,) = hookcli.grid(found, plain=True).values()
+    assert plain.shape == (2 * 10 + 2 * 48, 10 + 3 * (2 * 48 + 10), 3)
+    channel, grid = (next(iter(hookcli.grid(found, scale=scale).values())) for scale in ("channel", "grid"))
+    assert not np.array_equal(channel, grid)  # each map on its own range, or all on one
 
 
 def test_the_report_shows_the_pictures_and_the_pairs(pairs, tmp_path, runner):

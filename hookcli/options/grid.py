@@ -17,7 +17,7 @@ from hookcli.options.declaring import Option, check_flags, check_value, declarat
 from hookcli.options.run import SCALES
 from hookcli.parsing import parse_channels
 
-__all__ = ["GRID_OPTIONS", "MAPS_CMAP", "GridOptions", "drawing_options", "refuse_given"]
+__all__ = ["GRID_OPTIONS", "MAPS_CMAP", "GridOptions", "drawing_options", "refuse_given", "refuse_scale"]
 
 #: Feature maps' colormap when ``--cmap`` is not given.
 MAPS_CMAP = "viridis"
@@ -201,6 +201,14 @@ GRID_OPTIONS: tuple[Option, ...] = declarations(GridOptions)
 def drawing_options(command: str) -> tuple[Option, ...]:
     """The options ``command`` (``grid`` or ``report``, which takes grid's too) takes of :data:`GRID_OPTIONS`."""
     return tuple(option for option in GRID_OPTIONS if command in option.commands or "grid" in option.commands)
+
+
+def refuse_scale(options: GridOptions, what: str) -> None:
+    """Refuse ``--scale`` away from its default for ``what``, a file whose picture has no maps to scale."""
+    if options.scale != declared("scale", GRID_OPTIONS).default:
+        raise UsageProblem(
+            f"--scale does not apply to {what}: its picture has one colour scale", hint="leave --scale out"
+        )
 
 
 def refuse_given(options: GridOptions, names: Sequence[str], what: str, hint: str) -> None:

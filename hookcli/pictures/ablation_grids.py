@@ -21,7 +21,7 @@ import numpy as np
 
 from hookcli.console import printable
 from hookcli.events import Event
-from hookcli.options.grid import GridOptions, refuse_given
+from hookcli.options.grid import GridOptions, refuse_given, refuse_scale
 from hookcli.pictures.compare_grids import DIVERGING, labelled, matrix_cells
 from hookcli.pictures.file_names import file_stem
 from hookcli.pictures.png import write_pictures
@@ -80,6 +80,7 @@ def check_ablation_options(ablation: AblationFile, options: GridOptions) -> None
     """Refuse the options that choose what a features file has and an ablation file has not."""
     what = f"an ablation file ('{ablation.name}' holds one matrix of units and classes)"
     refuse_given(options, _REFUSED, what, "choose how many units with --top, or leave it out")
+    refuse_scale(options, what)
 
 
 def _picture_name(ablation: AblationFile) -> str:

@@ -34,7 +34,7 @@ from PIL import Image, ImageDraw
 from hookcli.console import printable
 from hookcli.errors import UsageProblem
 from hookcli.events import Event
-from hookcli.options.grid import GridOptions, refuse_given
+from hookcli.options.grid import GridOptions, refuse_given, refuse_scale
 from hookcli.patterns import select_keys
 from hookcli.pictures.file_names import file_stem
 from hookcli.pictures.png import write_pictures
@@ -122,6 +122,7 @@ def choose_matrix(comparison: ComparisonFile, options: GridOptions) -> ChosenMat
     column."""
     what = f"a comparison file ('{comparison.name}' holds one matrix of similarities)"
     refuse_given(options, _REFUSED, what, "choose representations with -k, or leave it out")
+    refuse_scale(options, what)
     rows, columns = list(range(len(comparison.rows))), list(range(len(comparison.columns)))
     if options.keys:
         labels = list(dict.fromkeys(comparison.rows + comparison.columns))

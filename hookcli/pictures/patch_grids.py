@@ -2,10 +2,13 @@
 
 Layers patched whole make one heatmap: a row a layer, a column for the mean over the pairs, then one a pair (the
 first ``--top``, :data:`DEFAULT_PAIRS` when not given). Layers patched position by position make a picture each: the
-map of the mean effect, then each pair's map (the first ``--top``, :data:`DEFAULT_MAPS`), side by side; a sequence's
-tokens are a strip. ``--top`` takes the first pairs, in file order. Each cell is the effect (0: the patch changed
-nothing, 1: it moved m as far as the source's), on a diverging colormap centred on 0 (``--cmap`` chooses another)
-whose ends are the largest effect shown, 1 at least; undefined effects (a pair of one class) are hatched.
+map of the mean effect, then each pair's map (the first ``--top``, :data:`DEFAULT_MAPS`), side by side; a vision
+transformer's patch tokens fold to their square (its class and register tokens said in the labels), other sequences
+are a strip. ``--top`` takes the first pairs, in file order. Each cell is the effect (0: the patch changed nothing,
+1: it moved m as far as the source's), on a diverging colormap centred on 0 (``--cmap`` chooses another): the
+heatmap's ends are the largest effect shown, 1 at least; a map's, its own largest effect (``--scale grid``: the
+largest of all maps shown), for one position's effect is a small share of its layer's. Undefined effects (a pair
+of one class) are hatched.
 
 >>> shown_range(np.array([0.2, np.nan, -1.5]))
 1.5
@@ -13,6 +16,7 @@ whose ends are the largest effect shown, 1 at least; undefined effects (a pair o
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -22,10 +26,12 @@ import numpy as np
 from hookcli.console import printable
 from hookcli.errors import UsageProblem
 from hookcli.events import Event
-from hookcli.options.grid import GridOptions, refuse_given
+from hookcli.families import is_square
+from hookcli.options.grid import GridOptions, refuse_given, refuse_scale
 from hookcli.pictures.compare_grids import DIVERGING, labelled, matrix_cells
 from hookcli.pictures.file_names import file_stem, safe_name
 from hookcli.pictures.png import write_pictures
+from hookcli.pictures.reading import recorded_prefix_tokens
 from hookcli.pictures.render import MAX_PIXELS, PAD_COLOR, add_colorbar, add_title, check_cmap
 from hookcli.pictures.text import ink, number, text_bitmap
 from hookcli.storage.patch_file import PatchFile, read_patch
@@ -72,6 +78,8 @@ def check_patch_options(patched: PatchFile, options: GridOptions) -> None:
     """Refuse the options that choose what a features file has and a patching file has not, and unknown colormaps."""
     what = f"a patching file ('{patched.name}' holds effects of layers and pairs)"
     refuse_given(options, _REFUSED, what, "choose how many pairs with --top, or leave it out")
+    if not any(patched.positions.values()):  # --scale chooses how maps of positions are scaled
+        refuse_scale(options, f"a patching file of layers patched whole ('{patched.name}')")
     check_cmap(options.cmap or DIVERGING)
 
 
@@ -107,9 +115,12 @@ def _heatmap(patched: PatchFile, keys: list[str], options: GridOptions) -> np.nd
 
 
 def _maps(patched: PatchFile, key: str, options: GridOptions) -> np.ndarray:
-    """A layer patched position by position: the mean effect's map, then each pair's."""
+    """A layer patched position by position: the mean effect's map, then each pair's; each map on its own colour
+    range (``--scale channel``, the default) or all on one (``--scale grid``). A vision transformer's patch tokens
+    fold to their square, its class and register tokens said in each map's label."""
     count = min(patched.pairs, options.top or DEFAULT_MAPS)
-    height, width = _flat(np.empty(patched.positions[key])).shape
+    prefix = _prefix(patched, patched.positions[key])
+    height, width = _flat(np.empty(patched.positions[key]), prefix)[0].shape
     if (count + 1) * height * width > MAX_PIXELS:
         raise UsageProblem(
             f"'{key}' has maps of {height}x{width} positions: {count + 1} of them are larger than a picture may be "
@@ -118,28 +129,72 @@ def _maps(patched: PatchFile, key: str, options: GridOptions) -> np.ndarray:
         )
     # The pairs drawn are read a row at a time: a file of many pairs is not read whole.
     rows = [patched.features.read(patch_key(key, "effect"), row) for row in range(count)]
-    maps = [_flat(values) for values in (patched.read(key, "mean_effect"), *rows)]
+    flat = [_flat(values, prefix) for values in (patched.read(key, "mean_effect"), *rows)]
+    maps = [values for values, _ in flat]
     shown = np.concatenate([values.ravel() for values in maps])
-    limit = shown_range(shown)
+    one_range = options.scale == "grid"
+    limits = [_largest(shown)] * len(maps) if one_range else [_largest(values) for values in maps]
     cmap = check_cmap(options.cmap or DIVERGING)
     cell = max(1, min(_MAX_CELL, _MAP_SIDE // max(height, width)))
-    tiles = [matrix_cells(values / limit, (-1.0, 1.0), cmap, cell, numbers=False) for values in maps]
+    tiles = [
+        matrix_cells(values / limit, (-1.0, 1.0), cmap, cell, numbers=False)
+        for values, limit in zip(maps, limits, strict=True)
+    ]
     if options.plain:
         return _side_by_side(tiles, [None] * len(tiles))
-    labels: list[str | None] = ["mean", *(f"pair {i}" for i in range(count))]
+    labels: list[str | None] = [
+        " ".join(
+            [name]
+            + ([] if one_range else [f"±{number(limit)}"])
+            + ([] if prefixed is None else [f"({_prefix_text(prefixed)})"])
+        )
+        for name, limit, (_, prefixed) in zip(["mean", *(f"pair {i}" for i in range(count))], limits, flat, strict=True)
+    ]
     pixels = _side_by_side(tiles, labels)
     if options.title:
         pixels = add_title(pixels, _title(patched, count, f"{printable(key)} patched a position at a time", shown))
-    return add_colorbar(pixels, cmap, number(-limit), number(limit), _SCALE_TEXT)
+    if one_range:
+        return add_colorbar(pixels, cmap, number(-limits[0]), number(limits[0]), _SCALE_TEXT)
+    return add_colorbar(pixels, cmap, "-max", "+max", f"{_SCALE_TEXT}; each map to its own largest (its label)")
 
 
-def _flat(values: np.ndarray) -> np.ndarray:
-    """A map as rows and columns: a sequence's tokens as one row (a map of more axes, its first side by side)."""
+def _largest(values: np.ndarray) -> float:
+    """A colour range's end: the largest absolute defined value (1 where there is none, or it is 0)."""
+    finite = np.abs(values[np.isfinite(values)])
+    return float(finite.max()) if finite.size and finite.max() > 0 else 1.0
+
+
+def _prefix(patched: PatchFile, positions: tuple[int, ...]) -> int | None:
+    """The class and register tokens a sequence of ``positions`` begins with, when the rest folds to a square (the
+    count the run recorded, else one class token); None for a map, or a sequence that does not fold."""
+    if len(positions) != 1:
+        return None
+    recorded = recorded_prefix_tokens(patched.features.metadata)
+    for skip in (*([recorded] if recorded is not None else []), 0, 1):
+        if skip <= positions[0] and is_square(positions[0] - skip) and positions[0] > skip:
+            return skip
+    return None
+
+
+def _prefix_text(values: np.ndarray) -> str:
+    """The effects of the prefix tokens, as a map's label says them."""
+    if values.size == 1:
+        return f"class token {number(float(values[0]))}"
+    return "prefix tokens " + ", ".join(number(float(value)) for value in values[:4]) + ("…" if values.size > 4 else "")
+
+
+def _flat(values: np.ndarray, prefix: int | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """A map as rows and columns, and the prefix tokens' values left out of it (None when there are none): a
+    sequence's tokens folded to their square after ``prefix`` tokens, or as one row when they do not fold (a map
+    of more axes, its first side by side)."""
     if values.ndim == 1:
-        return values[None, :]
+        if prefix is None:
+            return values[None, :], None
+        side = math.isqrt(values.shape[0] - prefix)
+        return values[prefix:].reshape(side, side), (values[:prefix] if prefix else None)
     if values.ndim == 3:
-        return np.concatenate(list(values), axis=1)
-    return values
+        return np.concatenate(list(values), axis=1), None
+    return values, None
 
 
 def _side_by_side(tiles: list[np.ndarray], labels: list[str | None]) -> np.ndarray:
@@ -163,5 +218,5 @@ def _title(patched: PatchFile, shown: int, what: str, values: np.ndarray) -> lis
     pairs = f"{patched.pairs:,} pair{'s' if patched.pairs != 1 else ''}"
     lines = [what, f"{pairs} ({shown:,} shown), measured by m = z[source's class] - z[target's class]"]
     if not np.isfinite(values).any():
-        lines.append("every effect shown is undefined: each pair's source and target are of one class (see @change)")
+        lines.append("every effect shown is undefined: each pair's source and target are of one class, so m is 0")
     return lines

@@ -79,7 +79,7 @@ class PatchGathering:
         total = len(tensors["pairs@source_class"])
         return [
             f"{same:,} of {total:,} pairs have a source and a target of the same class, so their effects are NaN "
-            "(their changes are kept)"
+            "(and m, the logit of one class less itself, is 0 whatever the patch)"
         ]
 
 
