@@ -2,6 +2,7 @@
 the layer; one process and many write the same file; and what cannot be ablated is refused in one line."""
 
 import hashlib
+import json
 from pathlib import Path
 
 import numpy as np
@@ -527,6 +528,7 @@ def test_what_an_ablation_cannot_measure_is_refused_and_numbers_are_taken_as_uni
     alone = hookcli.ablate(_net(), "block", photos, how="resample", batch_size=1, resize=16, crop=16)
     assert alone["block@kl"].abs().max().item() < 1e-12  # each row is its own partner: nothing changes
     assert alone["block@class_effect"].abs().max().item() < 1e-6 and alone["block@flips"].abs().max().item() == 0
+    assert json.loads(alone.metadata["ablate"])["batch_size"] == 1  # the rows a batch pairs: part of the run
 
 
 def test_a_mean_of_other_weights_is_refused_and_the_spec_is_named_as_written(photos, tmp_path):

@@ -544,12 +544,18 @@ def test_seed_sets_the_pairing_of_resample_with_weights_from_a_file(photos, tmp_
     assert torch.equal(runs[None]["layer2"], runs[0]["layer2"])  # 0, the default
     assert not torch.equal(runs[0]["layer2"], runs[1]["layer2"])  # another pairing of the five rows
     assert [json.loads(runs[s].metadata["interventions"])["edits"][0]["seed"] for s in (0, 1)] == [0, 1]
+    assert json.loads(runs[0].metadata["interventions"])["batch_size"] == 5  # the rows a batch pairs
     with pytest.raises(UsageProblem, match="^--seed only applies to --weights none and to resample's pairing"):
         hookcli.extract("resnet18", "layer2", photos, seed=1, weights=str(weights), resize=32, crop=32)
 
 
 def test_a_folder_of_other_edits_names_where_they_differ(photos, tmp_path):
     folder = f"{tmp_path}/edited/"
+    resampled = {**SMALL, "intervene": ["0=resample"], "output": f"{tmp_path}/resampled/", "shard_size": 4}
+    hookcli.extract(_cnn(), "2", photos, **{**resampled, "batch_size": 4})
+    with pytest.raises(UsageProblem) as refused:  # other batches pair other rows
+        hookcli.extract(_cnn(), "2", photos, **{**resampled, "batch_size": 2})
+    assert refused.value.message.endswith("(batch_size: the folder's 4, this command's 2))")
     hookcli.extract(_cnn(), "2", photos, intervene=["0=zero"], output=folder, shard_size=2, **SMALL)
     with pytest.raises(UsageProblem) as refused:
         hookcli.extract(_cnn(), "2", photos, intervene=["0=scale:2"], output=folder, shard_size=2, **SMALL)

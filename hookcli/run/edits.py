@@ -391,4 +391,6 @@ def edits_entries(settings: RunSettings) -> dict[str, str]:
         return {}
     described: dict[str, Any] = {"edits": [edit.describe() for edit in settings.edits]}
     described["captures"] = "after edits" if settings.capture_edited else "before edits"
+    if any(edit.intervention.edit == "resample" for edit in settings.edits):
+        described["batch_size"] = settings.batch_size  # resample pairs the rows of a batch: part of what it means
     return {"interventions": json.dumps(described)}

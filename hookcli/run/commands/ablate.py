@@ -69,7 +69,8 @@ class Ablate(Gathers):
             "units": None if units is None else list(units),
             "effect_on": opts.effect_on,
             **({"file": file, "stamp": edit.stamp} if file else {}),
-            **({"seed": opts.seed or 0} if how == "resample" else {}),
+            # resample pairs the rows of a batch: its seed and the batch size are part of what it means
+            **({"seed": opts.seed or 0, "batch_size": settings.batch_size} if how == "resample" else {}),
         }
         forward = ablation_forward(
             how=how,
