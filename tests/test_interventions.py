@@ -388,6 +388,10 @@ def test_compare_edits_the_first_side_only(photos):
     plain = hookcli.compare(net, "2", photos, model2=twin, layers2="2", **SMALL)
     assert plain["linear-cka"].item() == pytest.approx(1.0)
     assert compared["linear-cka"].item() < 0.999
+    from hookcli.storage.compare_file import read_comparison
+
+    assert read_comparison(compared).sources() == ("Sequential (edited)", "Sequential")
+    assert read_comparison(plain).sources() == ("Sequential", "Sequential")
 
 
 def test_compare_of_one_module_with_itself_runs_the_second_side_on_a_copy(photos):
@@ -521,9 +525,9 @@ def test_a_reports_summary_names_the_edits_and_ignores_metadata_that_does_not_sa
     out = hookcli.extract(_cnn(), "2", photos, intervene=["0:0:3=zero", "1=scale:0.5"], output=tmp_path / "e.st",
                           **SMALL)  # fmt: skip
     page = hookcli.report(out, output=tmp_path / "r").read_text()
-    assert "<th>edited (--intervene)</th><td>0:0,1,2=zero; 1=scale:0.5</td>" in page
+    assert "<th>edited (--intervene)</th><td>0:0:3=zero; 1=scale:0.5</td>" in page
     with hookcli.open_features(out) as read:
-        assert recorded_edits(read.metadata) == ["0:0,1,2=zero", "1=scale:0.5"]
+        assert recorded_edits(read.metadata) == ["0:0:3=zero", "1=scale:0.5"]
     damaged = ['{"edits": [{"layer": "0", "units": "x", "edit": "zero"}]}', '{"edits": 3}', "not json", "[1]"]
     assert [recorded_edits({"interventions": text}) for text in damaged] == [[], [], [], []]
     net, named = _cnn(), "<th>edited (--intervene)</th><td>0:1=value:7</td>"

@@ -96,11 +96,23 @@ class Intervention:
 
     @property
     def text(self) -> str:
-        """The spec written back, its units one by one."""
-        units = "" if self.units is None else ":" + ",".join(map(str, self.units))
+        """The spec written back: its units as a range ``A:B`` where they run on from one to the next, else one by
+        one."""
+        units = "" if self.units is None else ":" + _units_text(self.units)
         arguments = [*([self.file] if self.file else []), *([self.key, str(self.row)] if self.key else [])]
         arguments += [f"{number:g}" for number in self.numbers]
         return f"{self.layer}{units}={':'.join([self.edit, *arguments])}"
+
+
+def _units_text(units: tuple[int, ...]) -> str:
+    """Units as a spec writes them: ``A:B`` for a run of more than two, each one by one otherwise.
+
+    >>> _units_text((0, 1, 2, 3)), _units_text((4, 5)), _units_text((3, 1, 2))
+    ('0:4', '4,5', '3,1,2')
+    """
+    if len(units) > 2 and units == tuple(range(units[0], units[0] + len(units))):
+        return f"{units[0]}:{units[0] + len(units)}"
+    return ",".join(map(str, units))
 
 
 def parse_interventions(specs: Any) -> tuple[Intervention, ...]:

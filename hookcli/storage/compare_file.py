@@ -73,15 +73,20 @@ class ComparisonFile(CheckedFile):
     def sources(self) -> tuple[str, str]:
         """What the rows' and the columns' representations are of: the models run, or the saved features read (as
         the run recorded them; ``?`` where the metadata does not say); one model run with two sets of weights is told
-        apart by a few words on each side's weights."""
+        apart by a few words on each side's weights, and a side ``--intervene`` edited says so."""
         saved = _parsed(self.metadata.get("compare_of"))
         if isinstance(saved, list) and saved and all(isinstance(source, dict) for source in saved):
             names = [str(source.get("source", "?")) for source in saved]
             return names[0], names[-1]
         model = self.metadata.get("model", "?")
+        edited = _parsed(self.metadata.get("interventions"))
+        if isinstance(edited, dict) and edited.get("edits"):
+            model = f"{model} (edited)"  # --intervene edits the first side alone
         other = _parsed(self.metadata.get("compare_with"))
-        second = str(other["model"]) if isinstance(other, dict) and "model" in other else model
-        if second != model or not isinstance(other, dict):
+        second = (
+            str(other["model"]) if isinstance(other, dict) and "model" in other else self.metadata.get("model", "?")
+        )
+        if second != self.metadata.get("model", "?") or not isinstance(other, dict):
             return model, second
         tags = _weights_tag(_parsed(self.metadata.get("weights"))), _weights_tag(other.get("weights"))
         if None in tags or tags[0] == tags[1]:
