@@ -140,6 +140,11 @@ def test_debiased_is_refused_for_other_methods_and_below_four_inputs(runner, one
     assert str(few.value) == (
         "debiased CKA needs 4 inputs at least, and 3 were given. Hint: give more inputs, or leave out --debiased"
     )
+    with pytest.raises(UsageProblem) as few:  # no shard or batch size gives 3 inputs a minibatch of 4
+        hookcli.compare(features=_features(3), method="minibatch-cka", batch_size=4)
+    assert str(few.value) == (
+        "minibatch CKA needs 4 inputs at least, and 3 were given. Hint: give more inputs, or use another --method"
+    )
     cka = DebiasedLinearCKA(1, 1)
     assert cka.result().isnan().all()  # nothing seen: undefined
 

@@ -201,6 +201,8 @@ def test_target_parsing():
         r"Hint: use 0 to 999, a class name or top1$",
     ):
         parse_target("1000", names, 1000)
+    with pytest.raises(UsageProblem, match=r"Hint: use 0 to 999 or top1$"):  # no names: random weights
+        parse_target("1000", None, 1000)
     with pytest.raises(UsageProblem, match=r"^unknown class name 'goldfsh' \(closest: goldfish"):
         parse_target("goldfsh", names, 1000)
     with pytest.raises(UsageProblem, match="is a class name, but these weights have no class names"):
@@ -343,8 +345,7 @@ def test_gradient_command_errors(runner, images, tmp_path):
         (
             ["grad", "-l", "layer4", "-t", "1000", *base],
             2,
-            "Error: target class 1000 is out of range: the model has 1000 classes. "
-            "Hint: use 0 to 999, a class name or top1",
+            "Error: target class 1000 is out of range: the model has 1000 classes. Hint: use 0 to 999 or top1",
         ),
         (
             ["cam", "-t", "goldfish", *base],

@@ -127,8 +127,14 @@ def test_input_errors(tree):
     with pytest.raises(InputError, match="no images found in folder '.*sub'. Hint: add --recursive"):
         (tree / "sub" / "c.png").unlink()
         gather_inputs([str(tree / "sub")])
+    with pytest.raises(InputError) as caught:
+        gather_inputs(["-"], stdin=io.StringIO("\n\n"))
+    assert (caught.value.message, caught.value.hint) == (
+        "standard input ('-') held no paths",
+        "pipe in one path a line (find photos -name '*.jpg' | hookcli …), or pass image files or folders",
+    )
     with pytest.raises(InputError, match="no input images were given"):
-        gather_inputs(["-"], stdin=io.StringIO("\n"))
+        gather_inputs([])
 
 
 def test_a_reduced_decode_keeps_both_sides_at_least_the_size_asked(tmp_path, photo):

@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
-from safetensors.numpy import load_file
+from safetensors import safe_open
+from safetensors.numpy import load_file, save_file
 
 import hookcli
 from hookcli.cli import main
@@ -243,6 +244,12 @@ def test_info_describes_a_statistics_file_by_its_layers(runner, stats_file):
         == "layer layout channels positions count examples min mean max zeros all-zero pca 90% first 1/5/10".split()
     )
     layer3, fc = (line.split() for line in lines[3:5])
+    with safe_open(str(stats_file), "np") as read:
+        metadata, tensors = read.metadata(), {key: read.get_tensor(key) for key in read.keys()}
+    asked_more = stats_file.parent / "top5.safetensors"  # --top 5 over the same 3 inputs keeps all 3
+    save_file(tensors, str(asked_more), {**metadata, "stats": metadata["stats"].replace('"top": 3', '"top": 5')})
+    told = runner.invoke(main, ["info", str(asked_more)])
+    assert told.stdout.splitlines()[1].startswith("top 5 examples a channel by max (all 3 there are); quantiles")
     assert layer3[:6] == ["layer3", "maps", "256", "[4,4]", "48", "3"]
     assert fc[:6] == ["fc", "flat", "1,000", "-", "3", "3"]
     tensors = load_file(stats_file)

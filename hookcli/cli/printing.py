@@ -75,7 +75,9 @@ def _stats_lines(described: dict, *, values: bool) -> list[str]:
         f"{printable(described['file'])}  {format_bytes(described['bytes'])}  statistics of {len(layers)} "
         f"layer{'s' if len(layers) != 1 else ''} over {inputs:,} input{'s' if inputs != 1 else ''}"
         + (f" ({skipped:,} skipped)" if skipped else ""),
-        f"top {options['top']} examples a channel by {printable(str(options['top_by']))}; quantiles "
+        f"top {options['top']} examples a channel by {printable(str(options['top_by']))}"
+        + (f" (all {inputs:,} there are)" if inputs < options["top"] else "")
+        + "; quantiles "
         f"{', '.join(f'{level:g}' for level in options['quantiles']) or 'none'}; "
         + ("covariance and principal components" if options["pca"] else "no principal components"),
     ]

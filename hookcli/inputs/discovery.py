@@ -88,6 +88,11 @@ def find_inputs(arguments: Sequence[str], *, recursive: bool = False, stdin: Tex
             paths.extend(found)
             if folder is not None and not recursive:
                 folders.append(folder)
+    if not paths and "-" in arguments:
+        raise InputError(
+            "standard input ('-') held no paths",
+            hint="pipe in one path a line (find photos -name '*.jpg' | hookcli …), or pass image files or folders",
+        )
     if not paths:
         raise InputError(
             "no input images were given",

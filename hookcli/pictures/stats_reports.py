@@ -296,7 +296,11 @@ class _StatsReport:
             ("source", stats.name),
             ("model", stats.metadata.get("model", "-")),
             ("inputs", f"{len(stats.inputs):,}" + (f" ({stats.skipped:,} skipped)" if stats.skipped else "")),
-            ("examples kept", f"the top {options['top']} inputs of each channel by {options['top_by']}"),
+            (
+                "examples kept",
+                f"the top {options['top']} inputs of each channel by {options['top_by']}"
+                + (f" (all {len(stats.inputs):,} there are)" if len(stats.inputs) < options["top"] else ""),
+            ),
             ("quantile levels", ", ".join(f"{level:g}" for level in stats.levels) or "none"),
             ("principal components", "yes" if options["pca"] else "no"),
             ("size", format_bytes(described["bytes"])),

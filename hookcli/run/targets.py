@@ -97,7 +97,7 @@ def _parsed_target(spec: str, categories: Sequence[str] | None, num_classes: int
         if num_classes is not None and not 0 <= index < num_classes:
             raise UsageProblem(
                 f"target class {index} is out of range: the model has {num_classes} classes",
-                hint=f"use 0 to {num_classes - 1}, a class name or top1",
+                hint=f"use 0 to {num_classes - 1}{', a class name' if categories else ''} or top1",
             )
         return Target(class_index=index)
     if not categories:

@@ -104,11 +104,13 @@ class CompareChoice(CompareOptions):
             )
 
     def check_inputs(self, count: int) -> None:
-        """Refuse, before any work, a debiased comparison of fewer inputs than its estimator needs."""
-        if self.debiased and count < MIN_BATCH:
+        """Refuse, before any work, a debiased or minibatch comparison of fewer inputs than its estimator needs."""
+        if (self.debiased or self.method == "minibatch-cka") and count < MIN_BATCH:
+            what = "debiased CKA" if self.debiased else "minibatch CKA"
+            other = "leave out --debiased" if self.debiased else "use another --method"
             raise UsageProblem(
-                f"debiased CKA needs {MIN_BATCH} inputs at least, and {count} {'were' if count != 1 else 'was'} given",
-                hint="give more inputs, or leave out --debiased",
+                f"{what} needs {MIN_BATCH} inputs at least, and {count} {'were' if count != 1 else 'was'} given",
+                hint=f"give more inputs, or {other}",
             )
 
     def check_batches(self, batch_size: int) -> None:
