@@ -165,6 +165,7 @@ LAZY_IMPORTS = {
             ("cam", "hookcli.storage.writers"),
             ("stats", "hookcli.statistics.channel_stats"),
             ("stats", "hookcli.statistics.layer"),
+            ("stats", "hookcli.statistics.units"),
             ("stats", "hookcli.storage.gathering_writer"),
             ("ablate", "hookcli.storage.gathering_writer"),
             ("patch", "hookcli.storage.gathering_writer"),

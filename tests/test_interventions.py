@@ -567,3 +567,34 @@ def test_a_folder_of_other_edits_names_where_they_differ(photos, tmp_path):
         'differs in: interventions (edits: the folder\'s …l, "edit": "zero"}], this command\'s …l, "edit": "scale", '
         '"numbers": [2.0]}]))'
     )
+
+
+class Unusual(nn.Module):
+    """Outputs whose shape alone misleads: a convolution striding rows only (``[16, 8, 16]`` from square 16-pixel
+    inputs: C equals H) and a Conv1d over the flattened map (``[C, L]``, read as tokens by shape)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows = nn.Conv2d(3, 8, 3, stride=(2, 1), padding=1)
+        self.mix = nn.Conv1d(8, 6, 1)
+        self.head = nn.Linear(6, 5)
+
+    def forward(self, x):
+        return self.head(self.mix(self.rows(x).flatten(2)).relu().mean(2))
+
+
+def test_units_are_the_channels_a_module_says_its_output_has_where_the_shape_alone_misleads(photos):
+    torch.manual_seed(0)
+    net = Unusual().eval()
+    square = {**SMALL, "resize": 16, "crop": 16}
+    edited = hookcli.extract(net, ["rows", "mix"], photos, intervene=["rows:3=zero", "mix:2=zero"],
+                             capture_edited=True, **square)  # fmt: skip
+    rows, mix = edited["rows"], edited["mix"]
+    assert rows.shape[1:] == (8, 8, 16) and mix.shape[1:] == (6, 128)
+    assert (rows[:, 3] == 0).all() and (rows[..., 3] != 0).any()  # channel 3, not column 3
+    assert (mix[:, 2] == 0).all() and (mix[..., 2] != 0).any()  # channel 2, not position 2
+    stats = hookcli.stats(net, ["rows", "mix"], photos, top=1, **square)
+    assert stats["rows@mean"].shape == (8,) and stats["mix@mean"].shape == (6,)
+    plain = hookcli.extract(net, "mix", photos, **square)["mix"].double()
+    torch.testing.assert_close(stats["mix@mean"], plain.mean(dim=(0, 2)), rtol=1e-6, atol=1e-8)
+    assert hookcli.ablate(net, "mix", photos, **square)["mix@units"].shape == (6,)

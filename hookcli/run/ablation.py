@@ -28,7 +28,7 @@ from hookcli.errors import CaptureError, UsageProblem, never_runs
 from hookcli.families import channels_last_output
 from hookcli.run.edits import first_missing, partners
 from hookcli.run.replay import CHUNK_BYTES, Kept, ReplayForward, class_scores, repeated, traced
-from hookcli.statistics.units import UnitLayout
+from hookcli.statistics.units import UnitLayout, known_units
 
 __all__ = ["CLASS_DELTA", "ROW_FIELDS", "AblationForward", "UnitAblation", "ablation_forward"]
 
@@ -142,6 +142,7 @@ class UnitAblation:
             prefix_tokens=self.prefix_tokens,
             channels_last=self.square and channels_last_output(layer.shape),
             key=self.layer,
+            width=known_units(self.model.get_submodule(self.layer)),
         )
         return (-1 if layout.kind in ("tokens", "channels_last") else 1), layout.channels
 

@@ -53,6 +53,7 @@ from hookcli.statistics.comparison import (
 )
 from hookcli.statistics.comparison_sums import LinearSums, Sides
 from hookcli.statistics.similarity import undefined
+from hookcli.statistics.units import layer_widths
 from hookcli.storage.compare_format import (
     CKA_STATE,
     check_comparison,
@@ -246,6 +247,7 @@ class ComparedRun:
             labels=(first, list(other.layers.values())),
             prefix_tokens=(one.loaded.prefix_tokens, other.loaded.prefix_tokens),
             square=(square_input(one.settings.preprocess), square_input(other.settings.preprocess)),
+            widths=_widths(one, two, second),
         )
         entries = {"compare": json.dumps(choice.identity())}
         if two is not None:
@@ -284,6 +286,16 @@ class ComparedRun:
                 iter_batches(two.loaded, two.layers, two.inputs, two.settings, forward=two.forward, order=theirs,
                              on_note=note, rows_on_device=True),
             )  # fmt: skip
+
+
+def _widths(one: RunPlan, two: RunPlan | None, second: Sequence[str] | None) -> dict[str, int | None]:
+    """Each compared key's channels, where its module says them: the first side's keys, then the second's under
+    the names the comparison gives them."""
+    widths = layer_widths(one.loaded.module, one.layers) if one.settings.capture == "output" else {}
+    if two is not None and second is not None and two.settings.capture == "output":
+        theirs = layer_widths(two.loaded.module, two.layers)
+        widths.update((name, theirs.get(key)) for name, key in zip(second, two.layers.values(), strict=True))
+    return widths
 
 
 def _together(first: Batch, second: Batch, names: Mapping[str, str]) -> Batch:

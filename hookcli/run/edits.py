@@ -38,7 +38,7 @@ from hookcli.inputs.preprocess import Preprocess
 from hookcli.models.loaded import LoadedModel
 from hookcli.options.interventions import FLOAT32_MAX, Intervention
 from hookcli.run.settings import RunSettings
-from hookcli.statistics.units import UnitLayout
+from hookcli.statistics.units import UnitLayout, known_units
 from hookcli.storage.fileformat import identity_differences
 from hookcli.storage.recorded_run import lenient_json, recorded_layers
 from hookcli.storage.shards import open_features
@@ -67,6 +67,8 @@ class Edit:
     stamp: Any = None
     prefix_tokens: int | None = None
     square: bool = False
+    #: How many units the module says its output has (:func:`~hookcli.statistics.units.known_units`).
+    width: int | None = None
     #: The preprocessing the file read was made with, as it records it (None: no file, or none recorded).
     made_with: Preprocess | None = None
     #: How many times a forward has run the edit.
@@ -119,6 +121,7 @@ class Edit:
                 prefix_tokens=self.prefix_tokens,
                 channels_last=self.square and channels_last_output(shape),
                 key=self.intervention.layer,
+                width=self.width,
             )
             self._layouts[shape[1:]] = (-1 if layout.kind in ("tokens", "channels_last") else 1), layout.channels
         return self._layouts[shape[1:]]
@@ -205,31 +208,21 @@ def resolve_edits(
                 hint="give one module path as hookcli layers lists it (globs and type: selectors are -l's alone)",
             )
         module = modules[spec.layer]
-        _check_known_units(spec, module)
+        _checkknown_units(spec, module)
         vector, stamp, made_with = (
             _read_vector(spec, model_name, weights) if spec.file is not None else (None, None, None)
         )
-        edit = Edit(spec, vector, seed, stamp, prefix_tokens, square, made_with)
-        known = _known_units(module)
+        known = known_units(module)
+        edit = Edit(spec, vector, seed, stamp, prefix_tokens, square, known, made_with)
         if vector is not None and known is not None:
             edit._units(known)  # refuses a vector of another length than the layer's units
         found.append(edit)
     return tuple(found)
 
 
-def _known_units(module: nn.Module) -> int | None:
-    """How many units the module's output has, where its weights say it (None: known once it runs)."""
-    for attribute in ("out_channels", "out_features", "num_features", "embedding_dim", "num_channels"):
-        value = getattr(module, attribute, None)
-        if isinstance(value, int):
-            return value
-    shape = getattr(module, "normalized_shape", None)
-    return int(shape[-1]) if isinstance(shape, tuple) and shape else None
-
-
-def _check_known_units(spec: Intervention, module: nn.Module) -> None:
+def _checkknown_units(spec: Intervention, module: nn.Module) -> None:
     """Refuse, before the model runs, units beyond those the module's weights say it has."""
-    known = _known_units(module)
+    known = known_units(module)
     if known is not None and spec.units is not None and max(spec.units) >= known:
         raise UsageProblem(
             f"{spec.named}: {spec.layer} has {known:,} units (0 to {known - 1}), "

@@ -33,7 +33,7 @@ from torch import nn
 from hookcli.errors import CaptureError, HookcliError, UsageProblem, never_runs
 from hookcli.families import channels_last_output
 from hookcli.run.replay import CHUNK_BYTES, Kept, ReplayForward, class_scores, repeated, taken, traced
-from hookcli.statistics.units import UnitLayout
+from hookcli.statistics.units import UnitLayout, known_units
 
 __all__ = ["PatchForward", "Patching", "patch_forward", "position_axes"]
 
@@ -183,6 +183,7 @@ class Patching:
             prefix_tokens=self.prefix_tokens,
             channels_last=self.square and channels_last_output((1, *row_shape)),
             key=layer,
+            width=known_units(self.model.get_submodule(layer)),
         )
         return position_axes(row_shape, layout)
 

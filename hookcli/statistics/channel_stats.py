@@ -35,10 +35,19 @@ __all__ = ["GatheredStats", "StatsGathering"]
 class StatsGathering:
     """Each layer's statistics (``choice``: what of them; with ``choice.components``, each layer's principal
     components too, :mod:`hookcli.statistics.components`). ``prefix_tokens`` and ``square`` (the model's inputs
-    are square) say how rows are read as channels (:class:`~hookcli.statistics.units.UnitLayout`)."""
+    are square) say how rows are read as channels (:class:`~hookcli.statistics.units.UnitLayout`), and so do
+    ``widths``, each key's channels where its module says them."""
 
-    def __init__(self, choice: StatsChoice, *, prefix_tokens: int | None = None, square: bool = False) -> None:
+    def __init__(
+        self,
+        choice: StatsChoice,
+        *,
+        prefix_tokens: int | None = None,
+        square: bool = False,
+        widths: Mapping[str, int | None] | None = None,
+    ) -> None:
         self.choice, self.prefix_tokens, self.square = choice, prefix_tokens, square
+        self.widths = dict(widths or {})  # each key's channels, where its module says them
         self.layouts: dict[str, UnitLayout] = {}  # each key's, from the first rows seen (or a part's metadata)
         self.basis = read_basis(choice.components) if choice.components is not None else {}
         self.checked = False  # whether the basis was checked against the run's layers
@@ -59,8 +68,17 @@ class StatsGathering:
 
     def layout(self, key: str, row_shape) -> UnitLayout:
         if key not in self.layouts:
-            made = component_layout if is_component_key(key) else UnitLayout.of
-            layout = made(row_shape, prefix_tokens=self.prefix_tokens, channels_last=self.square, key=key)
+            layout = (
+                component_layout(row_shape)
+                if is_component_key(key)
+                else UnitLayout.of(
+                    row_shape,
+                    prefix_tokens=self.prefix_tokens,
+                    channels_last=self.square,
+                    key=key,
+                    width=self.widths.get(key),
+                )
+            )
             if layout.channels > MOST_CHANNELS or math.prod(layout.spatial) > MOST_POSITIONS:
                 raise CaptureError(
                     f"'{key}' has rows of shape {list(layout.row_shape)}: {layout.channels:,} channels over "

@@ -155,6 +155,7 @@ class CompareGathering:
         labels: tuple[Sequence[str], Sequence[str]],
         prefix_tokens: tuple[int | None, int | None] = (None, None),
         square: tuple[bool, bool] = (False, False),
+        widths: Mapping[str, int | None] | None = None,
     ) -> None:
         self.choice, self.first, self.second = choice, list(first), None if second is None else list(second)
         self.labels = (list(labels[0]), list(labels[1]))
@@ -165,7 +166,7 @@ class CompareGathering:
                 f"({MOST_LABELS:,})",
                 hint="compare fewer layers or keys at once",
             )
-        self.prefix_tokens, self.square = prefix_tokens, square
+        self.prefix_tokens, self.square, self.widths = prefix_tokens, square, dict(widths or {})
         self.layouts: dict[str, UnitLayout] = {}
         rows, columns = len(self.first), len(self.second or self.first)
         self.sides = Sides(tuple(self.keys), rows, columns, self.second is None, self.labels)
@@ -209,7 +210,11 @@ class CompareGathering:
         else:
             if key not in self.layouts:
                 self.layouts[key] = UnitLayout.of(
-                    value.shape[1:], prefix_tokens=self.prefix_tokens[side], channels_last=self.square[side], key=key
+                    value.shape[1:],
+                    prefix_tokens=self.prefix_tokens[side],
+                    channels_last=self.square[side],
+                    key=key,
+                    width=self.widths.get(key),
                 )
             units = self.layouts[key].units(value)
             flat = units.amax(dim=2) if self.choice.pool == "max" else units.to(torch.float64).mean(dim=2)

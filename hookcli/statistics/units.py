@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cached_property
@@ -34,7 +35,7 @@ import torch
 
 from hookcli.errors import CaptureError
 
-__all__ = ["UnitBatch", "UnitLayout", "numpy_sorts", "sort_rows"]
+__all__ = ["UnitBatch", "UnitLayout", "known_units", "layer_widths", "numpy_sorts", "sort_rows"]
 
 
 @dataclass(frozen=True)
@@ -58,11 +59,19 @@ class UnitLayout:
 
     @classmethod
     def of(
-        cls, row_shape, *, prefix_tokens: int | None = None, channels_last: bool = False, key: str = "the layer"
+        cls,
+        row_shape,
+        *,
+        prefix_tokens: int | None = None,
+        channels_last: bool = False,
+        key: str = "the layer",
+        width: int | None = None,
     ) -> UnitLayout:
         """The layout of rows of ``row_shape``. ``channels_last``: the model's inputs are square, so a
-        ``[H, W, C]`` row (equal first two axes, a different last) is channels-last. Raises
-        :class:`~hookcli.errors.CaptureError` for rows with no channels to speak of."""
+        ``[H, W, C]`` row (equal first two axes, a different last) is channels-last. ``width``: how many channels
+        the module says its output has (:func:`known_units`), which decides where the shape alone cannot: a
+        Conv1d's ``[C, L]`` is C channels over L positions, not tokens, and a ``[C, H, W]`` map whose C equals its H
+        stays channels-first. Raises :class:`~hookcli.errors.CaptureError` for rows with no channels to speak of."""
         shape = tuple(int(n) for n in row_shape)
         if not shape or len(shape) > 4 or 0 in shape:
             raise CaptureError(
@@ -72,6 +81,10 @@ class UnitLayout:
             )
         if len(shape) == 1 or key.endswith("@attention"):
             return cls(shape, math.prod(shape), (), "flat")
+        if width is not None and len(shape) in (2, 3) and shape[0] == width != shape[-1]:
+            return cls(shape, width, shape[1:], "maps")  # channels first, as the module says
+        if width is not None and len(shape) == 3 and shape[-1] == width != shape[0]:
+            return cls(shape, width, shape[:2], "channels_last")
         if len(shape) == 2:
             tokens, dim = shape
             skip = next(
@@ -100,6 +113,24 @@ class UnitLayout:
         if self.kind == "channels_last":
             return rows.reshape(count, self.positions, self.channels).transpose(1, 2)
         return rows.reshape(count, self.channels, self.positions)
+
+
+def known_units(module) -> int | None:
+    """How many channels a module's output has, where its weights say it (a convolution's ``out_channels``, a
+    norm's ``num_features``, a linear layer's ``out_features``…); None where only running it tells."""
+    for attribute in ("out_channels", "out_features", "num_features", "embedding_dim", "num_channels"):
+        value = getattr(module, attribute, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    shape = getattr(module, "normalized_shape", None)
+    return int(shape[-1]) if isinstance(shape, tuple) and shape else None
+
+
+def layer_widths(model, layers: Mapping[str, str]) -> dict[str, int | None]:
+    """The channels of each captured layer's output, by its key (``layers``: module path → key), where its module
+    says them (:func:`known_units`)."""
+    modules = dict(model.named_modules())
+    return {key: known_units(modules[path]) for path, key in layers.items() if path in modules}
 
 
 def _square(number: int) -> bool:

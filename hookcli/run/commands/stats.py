@@ -35,11 +35,15 @@ class Stats(Gathers):
 
     def writer(self, run: Planned, note: Callable[[str], None]) -> RowsWriter:
         from hookcli.statistics.channel_stats import StatsGathering
+        from hookcli.statistics.units import layer_widths
         from hookcli.storage.gathering_writer import GatheringWriter
 
         assert run.stats is not None, "a statistics run says what it gathers"
         gathering = StatsGathering(
-            run.stats, prefix_tokens=run.record.prefix_tokens, square=square_input(run.settings.preprocess)
+            run.stats,
+            prefix_tokens=run.record.prefix_tokens,
+            square=square_input(run.settings.preprocess),
+            widths=layer_widths(run.loaded.module, run.layers) if run.settings.capture in ("output", "both") else {},
         )
         gathering.check_layers(dict.fromkeys(run.layers.values()))  # the channels come with the first rows
         return GatheringWriter.of(run, gathering, note)
