@@ -598,3 +598,6 @@ def test_units_are_the_channels_a_module_says_its_output_has_where_the_shape_alo
     plain = hookcli.extract(net, "mix", photos, **square)["mix"].double()
     torch.testing.assert_close(stats["mix@mean"], plain.mean(dim=(0, 2)), rtol=1e-6, atol=1e-8)
     assert hookcli.ablate(net, "mix", photos, **square)["mix@units"].shape == (6,)
+    pooled = hookcli.extract(net, ["rows", "mix"], photos, pool="avg", **square)
+    assert pooled["rows"].shape == (5, 8) and pooled["mix"].shape == (5, 6)
+    torch.testing.assert_close(pooled["mix"], plain.mean(dim=2).float(), rtol=1e-5, atol=1e-6)

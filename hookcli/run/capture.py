@@ -446,18 +446,28 @@ def _add(flat: dict, key: str, value, omitted: set) -> None:
         omitted.add(key)
 
 
-def stored(key: str, value, pool: str | None, cast, ragged: bool, square: bool = False, on_device: bool = False):
+def stored(
+    key: str,
+    value,
+    pool: str | None,
+    cast,
+    ragged: bool,
+    square: bool = False,
+    on_device: bool = False,
+    width: int | None = None,
+):
     """A captured batch (or list of rows) pooled, cast and on the CPU (``on_device``: a batch stays where it is);
     detections and integers kept as they are.
 
     In a run whose rows may differ in shape (``ragged``) it is always a list of rows, so a key keeps one form.
-    ``square``: the inputs are square, so a ``[N, H, W, C]`` output is told apart (see :func:`_pooled`).
+    ``square``: the inputs are square, so a ``[N, H, W, C]`` output is told apart (see :func:`_pooled`); ``width``:
+    the channels its module says the output has, which decide where the shape cannot.
     """
     if key.startswith(DETECTIONS + "#"):
         return _on_cpu(key, list(value))
 
     def finish(tensor, *, row: bool):
-        pooled = _pooled(tensor[None], pool)[0] if row else _pooled(tensor, pool, square)
+        pooled = _pooled(tensor[None], pool, width=width)[0] if row else _pooled(tensor, pool, square, width)
         return pooled.to(cast) if pooled.is_floating_point() else pooled
 
     if isinstance(value, list):
@@ -491,16 +501,21 @@ def _on_cpu(key: str, rows: list) -> list:
     return moved
 
 
-def _pooled(tensor, pool: str | None, square: bool = False):
+def _pooled(tensor, pool: str | None, square: bool = False, width: int | None = None):
     """Global pooling over the spatial axes: ``[N, C, H, W]`` → ``[N, C]``; tokens ``[N, T, D]`` → ``[N, D]``.
 
     With ``square`` inputs, an output laid out ``[N, H, W, C]`` (:func:`~hookcli.families.channels_last_output`)
-    is pooled over H and W too.
+    is pooled over H and W too. ``width`` (the channels the module says its output has) decides where the shape
+    cannot: a Conv1d's ``[N, C, L]`` is pooled over L, a map whose C equals its H over H and W.
     """
     if pool is None or tensor.dim() < 3:
         return tensor
     axes = tuple(range(2, tensor.dim())) if tensor.dim() >= 4 else (1,)
     if square and channels_last_output(tensor.shape):
+        axes = (1, 2)
+    if width is not None and tensor.dim() in (3, 4) and tensor.shape[1] == width != tensor.shape[-1]:
+        axes = tuple(range(2, tensor.dim()))  # channels first, as the module says
+    elif width is not None and tensor.dim() == 4 and tensor.shape[-1] == width != tensor.shape[1]:
         axes = (1, 2)
     if pool == "avg":
         return tensor.float().mean(dim=axes).to(tensor.dtype)

@@ -51,6 +51,7 @@ from hookcli.run.capture import stored
 from hookcli.run.forwards import ForwardFactory, extraction_forward, prepared_model
 from hookcli.run.settings import Batch, RunSettings
 from hookcli.run.speed import model_refusal, resolve_settings
+from hookcli.statistics.units import layer_widths
 
 __all__ = ["iter_batches"]
 
@@ -82,6 +83,8 @@ def iter_batches(
     make_forward = forward or extraction_forward(settings)
     ragged = ragged_rows(settings.family, settings.preprocess)  # every key a list of rows, whatever the strategy
     square = square_input(settings.preprocess)
+    # Each layer's channels where its module says them, so that pooling finds the axis its shape alone hides.
+    widths = layer_widths(loaded.module, layers) if settings.pool and settings.capture == "output" else {}
     cast = getattr(torch, settings.dtype)
     batches = Decoded(image_loader(paths, settings, order=order, picture=picture), settings, on_note)
     unreadable = input_kind(paths)
@@ -117,7 +120,7 @@ def iter_batches(
                 ran = True
                 batches.prepare()  # while the device computes this batch
                 features = {
-                    key: stored(key, value, settings.pool, cast, ragged, square, rows_on_device)
+                    key: stored(key, value, settings.pool, cast, ragged, square, rows_on_device, widths.get(key))
                     for key, value in captured.items()
                 }
                 facts = run.facts()
