@@ -78,20 +78,16 @@ class ComparisonFile(CheckedFile):
         if isinstance(saved, list) and saved and all(isinstance(source, dict) for source in saved):
             names = [str(source.get("source", "?")) for source in saved]
             return names[0], names[-1]
-        model = self.metadata.get("model", "?")
-        edited = _parsed(self.metadata.get("interventions"))
-        if isinstance(edited, dict) and edited.get("edits"):
-            model = f"{model} (edited)"  # --intervene edits the first side alone
+        first = str(self.metadata.get("model", "?"))
         other = _parsed(self.metadata.get("compare_with"))
-        second = (
-            str(other["model"]) if isinstance(other, dict) and "model" in other else self.metadata.get("model", "?")
-        )
-        if second != self.metadata.get("model", "?") or not isinstance(other, dict):
-            return model, second
+        other = other if isinstance(other, dict) else {}
+        second = str(other.get("model", first))
+        edits = _parsed(self.metadata.get("interventions"))
+        edited = " (edited)" if isinstance(edits, dict) and edits.get("edits") else ""  # the first side's alone
         tags = _weights_tag(_parsed(self.metadata.get("weights"))), _weights_tag(other.get("weights"))
-        if None in tags or tags[0] == tags[1]:
-            return model, second
-        return f"{model} ({tags[0]})", f"{second} ({tags[1]})"
+        if second != first or None in tags or tags[0] == tags[1]:
+            return first + edited, second
+        return f"{first}{edited} ({tags[0]})", f"{second} ({tags[1]})"
 
 
 def read_comparison(features: FeatureReader) -> ComparisonFile:
