@@ -64,6 +64,7 @@ class UnitAblation:
                 f"--effect-on {effect_on} is the ablated layer itself",
                 hint="measure a layer after it, or leave --effect-on out for the model's output",
             )
+        self._width = known_units(dict(model.named_modules()).get(layer))  # the module's own count, where it says
         self.graph = traced(model, {layer} | ({effect_on} if effect_on != "." else set()))
         self.traced = self.graph is not None
         #: The nodes before the layer's, and those of them the part after it reads (parameters aside).
@@ -142,7 +143,7 @@ class UnitAblation:
             prefix_tokens=self.prefix_tokens,
             channels_last=self.square and channels_last_output(layer.shape),
             key=self.layer,
-            width=known_units(self.model.get_submodule(self.layer)),
+            width=self._width,
         )
         return (-1 if layout.kind in ("tokens", "channels_last") else 1), layout.channels
 

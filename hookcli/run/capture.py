@@ -51,6 +51,7 @@ from hookcli.families import channels_last_output
 from hookcli.options.run import ATTENTION_KEEPS, CAPTURE_KINDS
 from hookcli.run.attention import attention_weights, check_attention
 from hookcli.run.batches import batch_length, call_model, first_rows
+from hookcli.statistics.units import width_axis
 from hookcli.storage.fileformat import DETECTIONS
 
 if TYPE_CHECKING:
@@ -513,10 +514,9 @@ def _pooled(tensor, pool: str | None, square: bool = False, width: int | None = 
     axes = tuple(range(2, tensor.dim())) if tensor.dim() >= 4 else (1,)
     if square and channels_last_output(tensor.shape):
         axes = (1, 2)
-    if width is not None and tensor.dim() in (3, 4) and tensor.shape[1] == width != tensor.shape[-1]:
-        axes = tuple(range(2, tensor.dim()))  # channels first, as the module says
-    elif width is not None and tensor.dim() == 4 and tensor.shape[-1] == width != tensor.shape[1]:
-        axes = (1, 2)
+    said = width_axis(tuple(tensor.shape[1:]), width)
+    if said is not None:  # channels first, or last, as the module says
+        axes = tuple(range(2, tensor.dim())) if said == 0 else tuple(range(1, tensor.dim() - 1))
     if pool == "avg":
         return tensor.float().mean(dim=axes).to(tensor.dtype)
     return tensor.amax(dim=axes)

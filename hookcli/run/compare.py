@@ -291,8 +291,8 @@ class ComparedRun:
 def _widths(one: RunPlan, two: RunPlan | None, second: Sequence[str] | None) -> dict[str, int | None]:
     """Each compared key's channels, where its module says them: the first side's keys, then the second's under
     the names the comparison gives them."""
-    widths = layer_widths(one.loaded.module, one.layers) if one.settings.capture == "output" else {}
-    if two is not None and second is not None and two.settings.capture == "output":
+    widths = layer_widths(one.loaded.module, one.layers)
+    if two is not None and second is not None:
         theirs = layer_widths(two.loaded.module, two.layers)
         widths.update((name, theirs.get(key)) for name, key in zip(second, two.layers.values(), strict=True))
     return widths

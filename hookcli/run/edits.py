@@ -207,12 +207,11 @@ def resolve_edits(
                 f"{spec.named}: the model has no layer '{spec.layer}'",
                 hint="give one module path as hookcli layers lists it (globs and type: selectors are -l's alone)",
             )
-        module = modules[spec.layer]
-        _checkknown_units(spec, module)
+        known = known_units(modules[spec.layer])
+        _check_units(spec, known)
         vector, stamp, made_with = (
             _read_vector(spec, model_name, weights) if spec.file is not None else (None, None, None)
         )
-        known = known_units(module)
         edit = Edit(spec, vector, seed, stamp, prefix_tokens, square, known, made_with)
         if vector is not None and known is not None:
             edit._units(known)  # refuses a vector of another length than the layer's units
@@ -220,9 +219,8 @@ def resolve_edits(
     return tuple(found)
 
 
-def _checkknown_units(spec: Intervention, module: nn.Module) -> None:
-    """Refuse, before the model runs, units beyond those the module's weights say it has."""
-    known = known_units(module)
+def _check_units(spec: Intervention, known: int | None) -> None:
+    """Refuse, before the model runs, units beyond the ``known`` ones the module's weights say it has."""
     if known is not None and spec.units is not None and max(spec.units) >= known:
         raise UsageProblem(
             f"{spec.named}: {spec.layer} has {known:,} units (0 to {known - 1}), "

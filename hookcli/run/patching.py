@@ -33,7 +33,7 @@ from torch import nn
 from hookcli.errors import CaptureError, HookcliError, UsageProblem, never_runs
 from hookcli.families import channels_last_output
 from hookcli.run.replay import CHUNK_BYTES, Kept, ReplayForward, class_scores, repeated, taken, traced
-from hookcli.statistics.units import UnitLayout, known_units
+from hookcli.statistics.units import UnitLayout, layer_widths
 
 __all__ = ["PatchForward", "Patching", "patch_forward", "position_axes"]
 
@@ -66,6 +66,7 @@ class Patching:
     ) -> None:
         self.model, self.layers, self.positions = model, list(layers), positions
         self.prefix_tokens, self.square, self.chunk_bytes = prefix_tokens, square, chunk_bytes
+        self._widths = layer_widths(model, {layer: layer for layer in self.layers})  # where the modules say them
         self.graph = traced(model, set(self.layers))
         self.traced = self.graph is not None
         self._nodes: dict[str, Any] = {}
@@ -183,7 +184,7 @@ class Patching:
             prefix_tokens=self.prefix_tokens,
             channels_last=self.square and channels_last_output((1, *row_shape)),
             key=layer,
-            width=known_units(self.model.get_submodule(layer)),
+            width=self._widths.get(layer),
         )
         return position_axes(row_shape, layout)
 

@@ -83,8 +83,9 @@ def iter_batches(
     make_forward = forward or extraction_forward(settings)
     ragged = ragged_rows(settings.family, settings.preprocess)  # every key a list of rows, whatever the strategy
     square = square_input(settings.preprocess)
-    # Each layer's channels where its module says them, so that pooling finds the axis its shape alone hides.
-    widths = layer_widths(loaded.module, layers) if settings.pool and settings.capture == "output" else {}
+    # Each layer's channels where its module says them (by the key of its output), so that pooling finds the axis
+    # its shape alone hides.
+    widths = layer_widths(loaded.module, layers) if settings.pool else {}
     cast = getattr(torch, settings.dtype)
     batches = Decoded(image_loader(paths, settings, order=order, picture=picture), settings, on_note)
     unreadable = input_kind(paths)

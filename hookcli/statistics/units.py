@@ -35,7 +35,7 @@ import torch
 
 from hookcli.errors import CaptureError
 
-__all__ = ["UnitBatch", "UnitLayout", "known_units", "layer_widths", "numpy_sorts", "sort_rows"]
+__all__ = ["UnitBatch", "UnitLayout", "known_units", "layer_widths", "width_axis", "numpy_sorts", "sort_rows"]
 
 
 @dataclass(frozen=True)
@@ -81,10 +81,11 @@ class UnitLayout:
             )
         if len(shape) == 1 or key.endswith("@attention"):
             return cls(shape, math.prod(shape), (), "flat")
-        if width is not None and len(shape) in (2, 3) and shape[0] == width != shape[-1]:
-            return cls(shape, width, shape[1:], "maps")  # channels first, as the module says
-        if width is not None and len(shape) == 3 and shape[-1] == width != shape[0]:
-            return cls(shape, width, shape[:2], "channels_last")
+        said = width_axis(shape, width)
+        if said == 0:
+            return cls(shape, shape[0], shape[1:], "maps")
+        if said == -1 and len(shape) == 3:
+            return cls(shape, shape[2], shape[:2], "channels_last")
         if len(shape) == 2:
             tokens, dim = shape
             skip = next(
@@ -115,6 +116,19 @@ class UnitLayout:
         return rows.reshape(count, self.channels, self.positions)
 
 
+def width_axis(row_shape, width: int | None) -> int | None:
+    """Where a row of ``row_shape`` holds its channels by the ``width`` its module says (:func:`known_units`):
+    0 (first: a Conv1d's ``[C, L]``, a map ``[C, H, W]``), -1 (last: tokens ``[T, D]``, a map ``[H, W, C]``), or
+    None where the width does not tell (not known, or the first and last axes both that long).
+
+    >>> width_axis((16, 64), 16), width_axis((7, 7, 96), 96), width_axis((8, 8), 8), width_axis((8, 8), None)
+    (0, -1, None, None)
+    """
+    if width is None or len(row_shape) not in (2, 3) or row_shape[0] == row_shape[-1]:
+        return None
+    return 0 if row_shape[0] == width else -1 if row_shape[-1] == width else None
+
+
 def known_units(module) -> int | None:
     """How many channels a module's output has, where its weights say it (a convolution's ``out_channels``, a
     norm's ``num_features``, a linear layer's ``out_features``…); None where only running it tells."""
@@ -127,8 +141,8 @@ def known_units(module) -> int | None:
 
 
 def layer_widths(model, layers: Mapping[str, str]) -> dict[str, int | None]:
-    """The channels of each captured layer's output, by its key (``layers``: module path → key), where its module
-    says them (:func:`known_units`)."""
+    """The channels of each captured layer's output, by the key of its output (``layers``: module path → key;
+    its input's and attention's keys are others), where its module says them (:func:`known_units`)."""
     modules = dict(model.named_modules())
     return {key: known_units(modules[path]) for path, key in layers.items() if path in modules}
 

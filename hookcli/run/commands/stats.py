@@ -43,7 +43,7 @@ class Stats(Gathers):
             run.stats,
             prefix_tokens=run.record.prefix_tokens,
             square=square_input(run.settings.preprocess),
-            widths=layer_widths(run.loaded.module, run.layers) if run.settings.capture in ("output", "both") else {},
+            widths=layer_widths(run.loaded.module, run.layers),
         )
         gathering.check_layers(dict.fromkeys(run.layers.values()))  # the channels come with the first rows
         return GatheringWriter.of(run, gathering, note)
