@@ -26,13 +26,12 @@ import numpy as np
 from hookcli.console import printable
 from hookcli.errors import UsageProblem
 from hookcli.events import Event
-from hookcli.families import is_square
 from hookcli.options.grid import GridOptions, refuse_given, refuse_scale
 from hookcli.pictures.compare_grids import DIVERGING, labelled, matrix_cells
 from hookcli.pictures.file_names import file_stem, safe_name
 from hookcli.pictures.png import write_pictures
 from hookcli.pictures.reading import recorded_prefix_tokens
-from hookcli.pictures.render import MAX_PIXELS, PAD_COLOR, add_colorbar, add_title, check_cmap
+from hookcli.pictures.render import MAX_PIXELS, PAD_COLOR, add_colorbar, add_title, check_cmap, map_layout
 from hookcli.pictures.text import ink, number, text_bitmap
 from hookcli.storage.patch_file import PatchFile, read_patch
 from hookcli.storage.patch_format import patch_key
@@ -51,10 +50,12 @@ _REFUSED = ("keys", "images", "channels", "frame", "overlay")
 _SCALE_TEXT = "effect: 0 nothing, 1 as far as the source"
 
 
-def shown_range(values: np.ndarray) -> float:
-    """The colour scale's end: the largest absolute defined value, 1 at least."""
+def shown_range(values: np.ndarray, least: float = 1.0) -> float:
+    """A colour scale's end: the largest absolute defined value, ``least`` at least (where there is none, or it is
+    0: 1)."""
     finite = np.abs(values[np.isfinite(values)])
-    return max(1.0, float(finite.max())) if finite.size else 1.0
+    largest = float(finite.max()) if finite.size else 0.0
+    return max(least, largest) if largest > 0 else 1.0
 
 
 def draw_patch_grids(
@@ -133,7 +134,7 @@ def _maps(patched: PatchFile, key: str, options: GridOptions) -> np.ndarray:
     maps = [values for values, _ in flat]
     shown = np.concatenate([values.ravel() for values in maps])
     one_range = options.scale == "grid"
-    limits = [_largest(shown)] * len(maps) if one_range else [_largest(values) for values in maps]
+    limits = [shown_range(shown, 0.0)] * len(maps) if one_range else [shown_range(values, 0.0) for values in maps]
     cmap = check_cmap(options.cmap or DIVERGING)
     cell = max(1, min(_MAX_CELL, _MAP_SIDE // max(height, width)))
     tiles = [
@@ -142,13 +143,12 @@ def _maps(patched: PatchFile, key: str, options: GridOptions) -> np.ndarray:
     ]
     if options.plain:
         return _side_by_side(tiles, [None] * len(tiles))
+    names = ["mean", *(f"pair {i}" for i in range(count))]
     labels: list[str | None] = [
-        " ".join(
-            [name]
-            + ([] if one_range else [f"±{number(limit)}"])
-            + ([] if prefixed is None else [f"({_prefix_text(prefixed)})"])
-        )
-        for name, limit, (_, prefixed) in zip(["mean", *(f"pair {i}" for i in range(count))], limits, flat, strict=True)
+        name
+        + ("" if one_range else f" ±{number(limit)}")
+        + ("" if prefixed is None else f" ({_prefix_text(prefixed)})")
+        for name, limit, (_, prefixed) in zip(names, limits, flat, strict=True)
     ]
     pixels = _side_by_side(tiles, labels)
     if options.title:
@@ -158,22 +158,14 @@ def _maps(patched: PatchFile, key: str, options: GridOptions) -> np.ndarray:
     return add_colorbar(pixels, cmap, "-max", "+max", f"{_SCALE_TEXT}; each map to its own largest (its label)")
 
 
-def _largest(values: np.ndarray) -> float:
-    """A colour range's end: the largest absolute defined value (1 where there is none, or it is 0)."""
-    finite = np.abs(values[np.isfinite(values)])
-    return float(finite.max()) if finite.size and finite.max() > 0 else 1.0
-
-
 def _prefix(patched: PatchFile, positions: tuple[int, ...]) -> int | None:
-    """The class and register tokens a sequence of ``positions`` begins with, when the rest folds to a square (the
-    count the run recorded, else one class token); None for a map, or a sequence that does not fold."""
+    """The class and register tokens a sequence of ``positions`` begins with, when the rest folds to a square as
+    ``grid`` folds a features file's tokens (:func:`~hookcli.pictures.render.map_layout`); None for a map, or a
+    sequence that does not fold."""
     if len(positions) != 1:
         return None
-    recorded = recorded_prefix_tokens(patched.features.metadata)
-    for skip in (*([recorded] if recorded is not None else []), 0, 1):
-        if skip <= positions[0] and is_square(positions[0] - skip) and positions[0] > skip:
-            return skip
-    return None
+    _, height, width, layout = map_layout([positions[0], 1], recorded_prefix_tokens(patched.features.metadata))
+    return positions[0] - height * width if layout.startswith("tokens") else None
 
 
 def _prefix_text(values: np.ndarray) -> str:
