@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from hookcli.options.declaring import option
 from hookcli.options.stats import StatsOptions
 
-__all__ = ["EffectOptions"]
+__all__ = ["EffectOptions", "split_how"]
 
 
 @dataclass(frozen=True)
@@ -48,3 +48,13 @@ class EffectOptions(StatsOptions):
         kind="flag",
         default=False,
     )
+
+
+def split_how(how: str | None) -> tuple[str, str]:
+    """``--how`` as ``(kind, file)``: ``mean:FILE`` is ``("mean", "FILE")``, ``zero`` (the default) ``("zero", "")``.
+
+    >>> split_how("mean:a:b.safetensors"), split_how(None)
+    (('mean', 'a:b.safetensors'), ('zero', ''))
+    """
+    kind, _, file = (how or "zero").partition(":")
+    return kind, file

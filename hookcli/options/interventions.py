@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from hookcli.errors import UsageProblem
 from hookcli.files import regular_file_problem
+from hookcli.options.effects import split_how
 
 if TYPE_CHECKING:
     from hookcli.options.run import RunOptions
@@ -248,6 +249,6 @@ def read_beside(opts, interventions: Sequence[Intervention] = ()) -> list[str]:
     """The files a run reads besides its inputs (``--components``, an edit's FILE, ``ablate --how mean:FILE``): its
     output may be none of them."""
     components = getattr(opts, "components", None)
-    how, _, ablation_means = (getattr(opts, "how", None) or "").partition(":")
+    how, ablation_means = split_how(getattr(opts, "how", None))
     files = [spec.file for spec in interventions if spec.file] + ([components] if components else [])
     return files + ([ablation_means] if how == "mean" and ablation_means else [])

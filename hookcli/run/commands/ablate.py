@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from hookcli.errors import UsageProblem
 from hookcli.families import FamilyTraits, square_input
 from hookcli.files import regular_file_problem
+from hookcli.options.effects import split_how
 from hookcli.options.interventions import Intervention, parse_units
 from hookcli.options.run import RunOptions
 from hookcli.run.commands.base import Asked, Parts, Planned, refuse_unsupported
@@ -95,7 +96,7 @@ class Ablate(Gathers):
 
 def ablation_choice(opts: RunOptions) -> tuple[str, tuple[int, ...] | None, str | None]:
     """``(how, units, the file of a mean ablation)`` of the options; refused in one line when they are not one."""
-    how, _, file = (opts.how or "zero").partition(":")
+    how, file = split_how(opts.how)
     if how not in HOWS or (how == "mean") != bool(file):
         raise UsageProblem(
             f"--how takes zero, mean:FILE or resample, not '{opts.how}'",
