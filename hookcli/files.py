@@ -34,7 +34,6 @@ from typing import BinaryIO
 from hookcli.errors import HookcliError, OutputExistsError, UsageProblem
 
 __all__ = [
-    "process_stat",
     "MISSING",
     "NotRegularFile",
     "atomic_path",
@@ -44,9 +43,10 @@ __all__ = [
     "file_kind",
     "format_bytes",
     "hold_output",
-    "refuse_written_output",
     "open_regular",
+    "process_stat",
     "refuse_existing",
+    "refuse_written_output",
     "regular_file_problem",
     "release_output",
     "remove_abandoned",

@@ -186,6 +186,7 @@ LAZY_IMPORTS = {
     ("hookcli.run.environment", "torch"): "doctor imports torch inside its check: a broken install is reported",
     ("hookcli.run.environment", "torchvision"): "as torch: a mismatched torchvision fails as it is imported",
     ("hookcli.run.environment", "hookcli.inputs.decoding"): "doctor's GPU decoding check, which imports torchvision",
+    ("hookcli.run.environment", "huggingface_hub"): "doctor's Hugging Face cache check, where an extra installed it",
     ("hookcli.api", "hookcli.statistics.comparison"): "how to compare is checked with torch's accumulators' module",
     ("hookcli.api", "hookcli.pictures.grids"): "the pictures (numpy, Pillow) load when grid runs",
     ("hookcli.api", "hookcli.pictures.reports"): "the pictures (numpy, Pillow) load when report runs",

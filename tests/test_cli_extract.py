@@ -95,7 +95,7 @@ def test_vgg16_bn_features_18_matches_the_fx_extractor(runner, photo, tmp_path, 
     assert json.loads(metadata["inputs"]) == [str(photo)]
     assert json.loads(metadata["weights"]) == {"source": "none", "seed": 0}
     assert json.loads(metadata["layers"]) == {
-        "features.18": {"key": "features.18", "type": "BatchNorm2d", "calls": 1, "keys": ["features.18"]}
+        "features.18": {"key": "features.18", "type": "BatchNorm2d", "calls": 1, "keys": ["features.18"], "units": 256}
     }
     assert json.loads(metadata["preprocess"]) == {
         "resize": 64,

@@ -297,7 +297,7 @@ def test_install_instructions_put_cpu_only_torch_first_and_say_what_the_cuda_bui
 
 def test_contributing_says_how_long_the_tests_take_and_what_the_browser_test_needs():
     tests = _section((ROOT / "CONTRIBUTING.md").read_text(), "## Run the tests")
-    assert "takes 5 to 11 minutes on a 2-core machine, by its speed" in tests
+    assert "`pytest -n auto` needs no network and takes about 8 minutes on a 2-core machine" in tests
     assert "`chromium` and `chromium-driver`" in tests
 
 
@@ -337,6 +337,7 @@ def test_doctor_says_the_pair_loads_and_what_each_extra_is(runner):
         "hf: models (transformers)",
         "open_clip: models (open_clip)",
         "weights cache",
+        "Hugging Face cache",  # the extras installed here bring the hub
     ]
     checks = json.loads(runner.invoke(main, ["doctor", "--json"]).stdout)
     assert [check["ok"] for check in checks[:2]] == [True, True] and sorted(checks[0]) == [
@@ -408,6 +409,18 @@ def test_doctor_says_that_python_3_13_0_slows_compiled_runs(monkeypatch):
     monkeypatch.setattr(environment.platform, "python_version_tuple", lambda: ("3", "13", "0"))
     monkeypatch.setattr(environment.platform, "python_version", lambda: "3.13.0")
     _doctor_says("python", True, "3.13.0", "--compile runs slower on Python 3.13.0; 3.13.1 or later mends it")
+
+
+def test_doctor_counts_the_models_in_the_hugging_face_cache_it_reads_offline(monkeypatch, tmp_path):
+    from huggingface_hub import constants
+
+    for kept in ("models--org--one", "models--org--two", "datasets--org--three", "version.txt"):
+        (tmp_path / kept).mkdir()
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    said = f"{tmp_path}: 2 models; read offline, never downloaded"
+    _doctor_says("Hugging Face cache", True, said, None)
+    (tmp_path / "models--org--two").rmdir()
+    _doctor_says("Hugging Face cache", True, said.replace("2 models", "1 model"), None)
 
 
 def _doctor_says(name: str, ok: bool | None, detail: str, hint: str | None) -> None:

@@ -62,7 +62,7 @@ def _unreadable(entry: str, what: str) -> str:
 
 
 _INPUTS = _unreadable("inputs", "a list of input names")
-_TABLE = _unreadable("layers", "a table of layers (key, type, calls, keys)")
+_TABLE = _unreadable("layers", "a table of layers (key, type, calls, keys, units)")
 
 
 @pytest.mark.parametrize(
@@ -80,6 +80,8 @@ _TABLE = _unreadable("layers", "a table of layers (key, type, calls, keys)")
         ("layers", _layers(lambda t: t["layer1"].update(calls="many")), _TABLE),
         ("layers", _layers(lambda t: t["layer1"].update(calls=-3)), _TABLE),
         ("layers", _layers(lambda t: t["layer1"].update(type=[1])), _TABLE),
+        ("layers", _layers(lambda t: t["layer1"].update(units=0)), _TABLE),
+        ("layers", _layers(lambda t: t["layer1"].update(units="64")), _TABLE),
         ("preprocess", "[1]", _unreadable("preprocess", "what hookcli writes (it is not a JSON object)")),
         ("preprocess", '{"resize": 32}', _unreadable("preprocess", "what hookcli writes (it lacks resize or crop)")),
         ("categories", _DEEP_LIST, _unreadable("categories", "a list of class names")),
@@ -103,6 +105,8 @@ _TABLE = _unreadable("layers", "a table of layers (key, type, calls, keys)")
         "calls a word",
         "calls negative",
         "type a list",
+        "units none",
+        "units a word",
         "preprocess a list",
         "preprocess without crop",
         "categories deep",

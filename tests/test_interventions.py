@@ -12,7 +12,7 @@ from torch import nn
 
 import hookcli
 from hookcli.cli import main
-from hookcli.errors import LayerNotRunError, UsageProblem
+from hookcli.errors import FeatureFileError, LayerNotRunError, UsageProblem
 from hookcli.options.interventions import Intervention, parse_intervention
 from hookcli.run.edits import partners
 
@@ -213,6 +213,25 @@ def test_an_edit_after_the_last_capture_is_said_to_change_nothing(photos):
     heard: list = []
     hookcli.grad(_cnn(), "0", photos, target="0", intervene=["4=zero"], progress=heard.append, **SMALL)
     assert not [event for event in heard if isinstance(event, Note) and "nothing kept" in event.text]  # runs whole
+
+
+def test_an_edit_that_makes_finite_values_infinite_says_so_once_and_a_safe_one_says_nothing(photos):
+    from hookcli.events import Note
+
+    def overflows(command, spec: str, **options) -> list[str]:
+        heard: list = []
+        command(_cnn(), "2", photos, intervene=[spec], progress=heard.append, **options, **SMALL)
+        return [event.text for event in heard if isinstance(event, Note) and "float32" in event.text]
+
+    past = "some values it made are past float32's range (±3.4e38) and became infinite, where the layer's were finite"
+    said = [f"--intervene '0:1=scale:3e38': {past}; what reads them reads infinities"]
+    assert overflows(hookcli.extract, "0:1=scale:3e38") == said  # two batches, one note
+    assert overflows(hookcli.grad, "0:1=scale:3e38", target="0") == said
+    assert overflows(hookcli.extract, "0:1=scale:1e-3") == overflows(hookcli.extract, "0:1=scale:-1") == []
+    captured = hookcli.extract(_cnn(), "0", photos, intervene=["0:1=scale:3e38"], capture_edited=True, **SMALL)["0"]
+    plain = hookcli.extract(_cnn(), "0", photos, **SMALL)["0"]
+    assert (plain[:, 1].abs() * 3e38 > 3.4028234663852886e38).any()  # so the edit passes float32's range there
+    assert torch.isinf(captured[:, 1]).tolist() == (plain[:, 1].abs() * 3e38 > 3.4028234663852886e38).tolist()
 
 
 def test_the_cams_of_an_edited_run_say_its_edits(photos, tmp_path, monkeypatch):
@@ -601,3 +620,34 @@ def test_units_are_the_channels_a_module_says_its_output_has_where_the_shape_alo
     pooled = hookcli.extract(net, ["rows", "mix"], photos, pool="avg", **square)
     assert pooled["rows"].shape == (5, 8) and pooled["mix"].shape == (5, 6)
     torch.testing.assert_close(pooled["mix"], plain.mean(dim=2).float(), rtol=1e-5, atol=1e-6)
+
+
+def test_saved_features_keep_the_channels_their_modules_said_and_files_without_them_go_by_shape(photos, tmp_path):
+    torch.manual_seed(0)
+    net = Unusual().eval()
+    square = {**SMALL, "resize": 16, "crop": 16}
+    saved = hookcli.extract(net, ["rows", "mix"], photos, output=tmp_path / "f.safetensors", **square)
+    with hookcli.open_features(saved) as read:
+        table = json.loads(read.metadata["layers"])
+    assert {path: entry.get("units") for path, entry in table.items()} == {"rows": 8, "mix": 6}
+    ran = hookcli.stats(net, ["rows", "mix"], photos, top=1, **square)
+    found = hookcli.stats(features=saved, top=1)
+    assert found["rows@mean"].shape == (8,) and found["mix@mean"].shape == (6,)
+    torch.testing.assert_close(found["mix@mean"], ran["mix@mean"], rtol=1e-12, atol=0)
+    compared = hookcli.compare(features=saved, keys=["rows", "mix"])
+    assert compared["linear-cka@widths"].tolist() == [8, 6]
+    ran = hookcli.compare(net, ["rows", "mix"], photos, **square)
+    torch.testing.assert_close(compared["linear-cka"], ran["linear-cka"], rtol=1e-9, atol=1e-12)
+    # A file whose table says no units (older, or written by hand) reads a Conv1d's [C, L] as tokens, by shape.
+    from safetensors.torch import load_file, save_file
+
+    metadata = dict(read.metadata)
+    table["mix"].pop("units")
+    bare = tmp_path / "bare.safetensors"
+    save_file(load_file(saved), bare, metadata={**metadata, "layers": json.dumps(table)})
+    assert hookcli.stats(features=bare, keys="mix", top=1)["mix@mean"].shape == (128,)
+    assert hookcli.compare(features=bare, keys=["rows", "mix"])["linear-cka@widths"].tolist() == [8, 128]
+    table["mix"]["units"] = -6  # not a count: the table is not hookcli's, and the file is refused in one line
+    save_file(load_file(saved), bare, metadata={**metadata, "layers": json.dumps(table)})
+    with pytest.raises(FeatureFileError, match=r"its 'layers' metadata is not a table of layers \(key, type"):
+        hookcli.stats(features=bare, keys="mix", top=1)

@@ -101,6 +101,10 @@ def compare_saved(
             )
             _check_same_rows(first, other)
             sources, second = [first, other], second_names(first.keys, other.keys, marked=True)
+        widths = first.widths
+        if second is not None:
+            theirs = sources[-1].widths
+            widths.update((name, theirs.get(key)) for name, key in zip(second, sources[-1].keys, strict=True))
         gathering = CompareGathering(
             choice,
             first=first.keys,
@@ -108,6 +112,7 @@ def compare_saved(
             labels=(first.keys, sources[-1].keys),
             prefix_tokens=(first.prefix_tokens, sources[-1].prefix_tokens),
             square=(first.square, sources[-1].square),
+            widths=widths,
         )
         entries = {
             "compare": json.dumps(choice.identity()),

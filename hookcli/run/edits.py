@@ -73,6 +73,9 @@ class Edit:
     made_with: Preprocess | None = None
     #: How many times a forward has run the edit.
     calls: int = 0
+    #: Whether a ``scale`` or ``add`` made a finite value infinite, on the device (no wait for it), until said.
+    _overflowed: torch.Tensor | None = field(default=None, repr=False)
+    _said_overflow: bool = field(default=False, repr=False)
     _moved: dict[tuple[torch.device, torch.dtype], torch.Tensor] = field(default_factory=dict, repr=False)
     _layouts: dict[tuple[int, ...], tuple[int, int]] = field(default_factory=dict, repr=False)
 
@@ -110,8 +113,29 @@ class Edit:
         moved = output.movedim(axis, -1)
         edited = moved.clone()
         chosen = moved[..., units] if units is not None else moved
-        edited[..., units if units is not None else slice(None)] = self._edited(chosen, units, moved)
+        new = self._edited(chosen, units, moved)
+        if self._may_overflow():
+            passed = (torch.isfinite(chosen) & ~torch.isfinite(new)).any()
+            self._overflowed = passed if self._overflowed is None else self._overflowed | passed
+        edited[..., units if units is not None else slice(None)] = new
         return edited.movedim(-1, axis)
+
+    def _may_overflow(self) -> bool:
+        """Whether the edit can still make a finite value infinite, unsaid: a ``scale`` by more than 1, an ``add``."""
+        spec = self.intervention
+        if self._said_overflow:
+            return False
+        return spec.edit == "add" or (spec.edit == "scale" and abs(spec.numbers[0]) > 1)
+
+    def take_overflow(self) -> str | None:
+        """The note that the edit made finite values infinite, the first time it is known; None before and after."""
+        if self._overflowed is None or self._said_overflow or not bool(self._overflowed):
+            return None
+        self._said_overflow, self._overflowed = True, None
+        return (
+            f"{self.intervention.named}: some values it made are past float32's range (±3.4e38) and became "
+            "infinite, where the layer's were finite; what reads them reads infinities"
+        )
 
     def _layout(self, shape: tuple[int, ...]) -> tuple[int, int]:
         """The axis of the units of a batch of ``shape``, and how many there are (read once a shape)."""

@@ -12,6 +12,7 @@ torchvision loads its operators. Here torchvision runs one of them.
 
 from __future__ import annotations
 
+import glob
 import importlib.util
 import os
 import platform
@@ -52,14 +53,16 @@ class Check:
 
 
 def check_install() -> list[Check]:
-    """Every check, in order: Python, torch and torchvision together, the devices, GPU JPEG decoding, the extras and
-    the weights cache."""
+    """Every check, in order: Python, torch and torchvision together, the devices, GPU JPEG decoding, the extras, the
+    weights cache and, where an extra brought the Hugging Face hub, its cache."""
     pair = _pair()
     checks = [_python(), pair]
     if pair.ok:
         checks += _devices()
     checks += [_extra(package) for package in _EXTRAS]
     checks.append(_weights_cache())
+    if importlib.util.find_spec("huggingface_hub") is not None:
+        checks.append(_hub_cache())
     return checks
 
 
@@ -165,3 +168,18 @@ def _weights_cache() -> Check:
         "; downloads off (HOOKCLI_OFFLINE)" if offline else ""
     )
     return Check("weights cache", True, detail)
+
+
+def _hub_cache() -> Check:
+    """The Hugging Face cache that timm, OpenCLIP and ``hf:`` models are read from, offline whatever
+    ``HF_HUB_OFFLINE`` says, and how many models it holds."""
+    try:
+        from huggingface_hub import constants
+    except Exception as err:  # noqa: BLE001  # a hub that cannot load is a cache nothing reads
+        return Check(
+            "Hugging Face cache", False, first_line(err), hint='pip install --force-reinstall "huggingface_hub"'
+        )
+    folder = str(constants.HF_HUB_CACHE)
+    models = len(glob.glob(os.path.join(glob.escape(folder), "models--*")))
+    detail = f"{folder}: {models} model{'s' if models != 1 else ''}; read offline, never downloaded"
+    return Check("Hugging Face cache", True, detail)

@@ -208,6 +208,8 @@ class EagerForward:
                 f"{edit.intervention.named}: it applies after the last value kept is captured, so it changes "
                 "nothing kept"
             )
+        for said in self.capture.take_overflows():
+            self._note(said)
         return found, None
 
     def _run(self, batch) -> dict:

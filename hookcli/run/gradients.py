@@ -93,6 +93,7 @@ class GradientForward:
         scores: str | None = None,
     ) -> None:
         self.model, self.settings, self.target, self.categories = model, settings, target, categories
+        self.on_note = on_note
         self.scores = scores  # the output field holding the scores (a transformers model's logits), if not a tensor
         edits = getattr(settings, "edits", ())
         self.capture = GradientCapture(model, layers, edits, getattr(settings, "capture_edited", False))
@@ -116,6 +117,13 @@ class GradientForward:
         self._stack.close()
 
     def __call__(self, batch) -> tuple[dict, list | None]:
+        found = self._forward(batch)
+        for said in self.capture.take_overflows():
+            if self.on_note is not None:
+                self.on_note(said)
+        return found
+
+    def _forward(self, batch) -> tuple[dict, list | None]:
         with compute_precision(self.settings.precision, batch_device(batch)):
             if self.rows is not None:  # a detection model
                 captured, about, _ = self.capture.run_gradients(list(batch), score=self._detection_scores)

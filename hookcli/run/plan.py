@@ -50,6 +50,7 @@ from hookcli.run.request import RunRequest, with_rows
 from hookcli.run.settings import RunSettings
 from hookcli.run.speed import resolve_settings, run_device
 from hookcli.run.team import join_team, left_on_error
+from hookcli.statistics.units import known_units
 from hookcli.storage.fileformat import RunRecord, identity, inputs_digest
 
 __all__ = ["RunPlan", "plan_request"]
@@ -135,6 +136,7 @@ def _record(loaded: LoadedModel, selected, settings: RunSettings, opts, paths, e
         weights=loaded.weights,
         layers=dict(selected),
         layer_types={p: type(modules[p]).__name__ for p in selected},
+        layer_units={p: known_units(modules[p]) for p in selected},
         capture=settings.recorded_capture,
         preprocess=json.loads(settings.preprocess.to_json()) | decoder,
         pool=settings.pool or "none",

@@ -69,7 +69,7 @@ def saved_stats(
     with contextlib.ExitStack() as stack:
         saved = open_saved(stack, source, keys, emit, incomplete=opts.incomplete)
         choice = StatsChoice.from_options(opts)
-        gathering = StatsGathering(choice, prefix_tokens=saved.prefix_tokens, square=saved.square)
+        gathering = StatsGathering(choice, prefix_tokens=saved.prefix_tokens, square=saved.square, widths=saved.widths)
         gathering.check_layers({key: gathering.layout(key, saved.reader.shape(key)[1:]).channels for key in saved.keys})
         entries = {"stats": json.dumps(choice.describe()), "stats_of": json.dumps(saved.describe())}
         return run_saved([saved], gathering, entries, "stats", output, opts, emit)
@@ -86,6 +86,13 @@ class SavedFeatures:
     prefix_tokens: int | None
     square: bool
     recorded: RecordedRun
+
+    @property
+    def widths(self) -> dict[str, int | None]:
+        """Each chosen key's channels, as the saving run's layer table says its module's output has them
+        (``units``); a file without them (older, or not hookcli's) tells its channels by their shape alone."""
+        record = self.recorded.record
+        return {key: record.layer_units.get(path) for path, key in record.layers.items() if key in self.keys}
 
     def describe(self) -> dict:
         """What a run over it records of it: the source, the keys, its stamp (a source changed between two runs is

@@ -129,12 +129,10 @@ def _goes(*where: str):
 class RunRecord:
     """What a run is, as its files record it. Each field says where it goes (metadata, identity or both).
 
-    ``layers`` maps module paths to keys; ``layer_types`` gives each module's
-    class name (for the metadata's layer table). ``inputs`` are the keys of
-    the whole run's inputs (:func:`hookcli.inputs.archives.input_key`: the absolute
-    path, or an archive member's row name); the identity keeps their count
-    and a fingerprint. ``command`` holds the command's own entries, e.g.
-    ``{"target": "top1"}`` for grad; they go where the run's options go.
+    ``layers`` maps module paths to keys; ``layer_types`` gives each module's class name (for the metadata's layer
+    table). ``inputs`` are the keys of the whole run's inputs (:func:`hookcli.inputs.archives.input_key`: the
+    absolute path, or an archive member's row name); the identity keeps their count and a fingerprint. ``command``
+    holds the command's own entries, e.g. ``{"target": "top1"}`` for grad; they go where the run's options go.
     """
 
     model: str = _goes(_METADATA, _IDENTITY)
@@ -161,6 +159,8 @@ class RunRecord:
     #: The class names of the weights, in logit order (None, left out of the metadata, for weights without them):
     #: what names a classifier's outputs in pictures and reports. The weights fix them for the identity.
     categories: tuple[str, ...] | None = field(default=None, metadata={"goes": (_METADATA,)})
+    #: Each module's output channels where its weights say them: the layer table's ``units`` (a Conv1d's ``[C, L]``).
+    layer_units: dict = field(default_factory=dict, metadata={"goes": ()})
 
 
 @dataclass(frozen=True)
@@ -192,8 +192,7 @@ def identity(record: RunRecord) -> dict:
     return found
 
 
-#: Identity fields a run may change when it continues a folder: they change no stored row (``--on-error skip``
-#: continues a run that stopped at an unreadable input).
+#: Identity fields a run may change when it continues a folder, changing no stored row (``--on-error skip``).
 FREE_ON_RESUME = ("on_error",)
 
 
@@ -288,6 +287,7 @@ def run_metadata(record: RunRecord, facts: RunFacts, *, keys: Sequence[str], fla
                         "type": record.layer_types[path],
                         "calls": facts.calls.get(path, 0),
                         "keys": [k for k in keys_of_layer(key, keys) if not k.endswith(ROW_SHAPE)],
+                        **({} if record.layer_units.get(path) is None else {"units": record.layer_units[path]}),
                     }
                     for path, key in value.items()
                 }

@@ -121,7 +121,7 @@ def recorded_run(metadata: Mapping[str, str], name: str, *, keys: Sequence[str],
     inputs = listed = listed_inputs(metadata, name)
     if len(inputs) != rows:
         inputs = [f"row {number}" for number in range(rows)]
-    layers = _entry(metadata, name, "layers", _layer_table, "a table of layers (key, type, calls, keys)", {})
+    layers = _entry(metadata, name, "layers", _layer_table, "a table of layers (key, type, calls, keys, units)", {})
     chosen = {path: entry for path, entry in layers.items() if entry["key"] in keys}
     paths = {path: entry["key"] for path, entry in chosen.items()}
     paths.update({key: key for key in keys if key not in paths.values()})
@@ -148,6 +148,7 @@ def recorded_run(metadata: Mapping[str, str], name: str, *, keys: Sequence[str],
         family=metadata.get("family", "classification"),
         prefix_tokens=_entry(metadata, name, "prefix_tokens", _prefix_tokens, "a count of tokens", None),
         categories=tuple(categories) if categories is not None else None,
+        layer_units={path: chosen[path].get("units") for path in paths if path in chosen},
     )
     calls = {path: chosen[path]["calls"] if path in chosen else 0 for path in paths}
     return RecordedRun(record, RunFacts(calls=calls, fused=fused), preprocess, len(listed))
@@ -211,6 +212,7 @@ def _layer_table(value) -> dict | None:
             or not isinstance(entry.get("type", "?"), str)
             or not _whole(entry.get("calls", 0))
             or _names(entry.get("keys", [])) is None
+            or not (entry.get("units") is None or (_whole(entry["units"]) and entry["units"] > 0))
         ):
             return None
     return {path: {"type": "?", "calls": 0, **entry} for path, entry in value.items()}
