@@ -96,7 +96,7 @@ def test_contributing_setup_lines_are_what_ci_runs():
     fence = guide.index("```bash")
     install, test = guide[fence + 1], guide[fence + 2]
     ci = (root / ".ci" / "run").read_text().splitlines()
-    assert (install, test) == ('pip install -e ".[test]"', "pytest")
+    assert (install, test) == ('pip install -e ".[test]"', "pytest -n auto")
     assert install in ci and test in ci
 
 
@@ -104,7 +104,7 @@ def test_ci_builds_the_docs_strictly_after_the_tests():
     root = Path(__file__).parent.parent
     ci = (root / ".ci" / "run").read_text().splitlines()
     docs = ci.index('pip install -e ".[docs]"')
-    assert ci.index("pytest") < docs < next(i for i, line in enumerate(ci) if line.startswith("mkdocs build --strict"))
+    assert ci.index("pytest -n auto") < docs < next(i for i, line in enumerate(ci) if line.startswith("mkdocs build --strict"))
     config = (root / "mkdocs.yml").read_text().splitlines()
     assert "strict: true" in config and "use_directory_urls: false" in config
 
@@ -143,9 +143,9 @@ def test_the_readme_says_how_to_run_the_tests_as_ci_does():
     readme = (root / "README.md").read_text().splitlines()
     section = readme[readme.index("## Contributing") :]
     fence = section.index("```bash")
-    assert section[fence + 1 : fence + 3] == ['pip install -e ".[test]"', "pytest"]
+    assert section[fence + 1 : fence + 3] == ['pip install -e ".[test]"', "pytest -n auto"]
     ci = (root / ".ci" / "run").read_text().splitlines()
-    assert ci.index('pip install -e ".[test]"') < ci.index("pytest")
+    assert ci.index('pip install -e ".[test]"') < ci.index("pytest -n auto")
 
 
 def test_a_torchvision_built_for_another_torch_is_named_with_how_to_install_a_pair(tmp_path, make_image):
