@@ -104,7 +104,11 @@ def test_ci_builds_the_docs_strictly_after_the_tests():
     root = Path(__file__).parent.parent
     ci = (root / ".ci" / "run").read_text().splitlines()
     docs = ci.index('pip install -e ".[docs]"')
-    assert ci.index("pytest -n auto") < docs < next(i for i, line in enumerate(ci) if line.startswith("mkdocs build --strict"))
+    assert (
+        ci.index("pytest -n auto")
+        < docs
+        < next(i for i, line in enumerate(ci) if line.startswith("mkdocs build --strict"))
+    )
     config = (root / "mkdocs.yml").read_text().splitlines()
     assert "strict: true" in config and "use_directory_urls: false" in config
 
