@@ -221,13 +221,23 @@ def test_an_edit_that_makes_finite_values_infinite_says_so_once_and_a_safe_one_s
     def overflows(command, spec: str, **options) -> list[str]:
         heard: list = []
         command(_cnn(), "2", photos, intervene=[spec], progress=heard.append, **options, **SMALL)
-        return [event.text for event in heard if isinstance(event, Note) and "float32" in event.text]
+        return [event.text for event in heard if isinstance(event, Note) and "became infinite" in event.text]
 
-    past = "some values it made are past float32's range (±3.4e38) and became infinite, where the layer's were finite"
-    said = [f"--intervene '0:1=scale:3e38': {past}; what reads them reads infinities"]
+    past = "range (±3.4e38), in which the layer computes, and became infinite; what reads them reads infinities"
+    said = [f"--intervene '0:1=scale:3e38': some values it made are past float32's {past}"]
     assert overflows(hookcli.extract, "0:1=scale:3e38") == said  # two batches, one note
     assert overflows(hookcli.grad, "0:1=scale:3e38", target="0") == said
     assert overflows(hookcli.extract, "0:1=scale:1e-3") == overflows(hookcli.extract, "0:1=scale:-1") == []
+    # bfloat16's largest value is 3.3895e38: 3.395e38 rounds down to it, 3.4e38 up, past it.
+    bf16 = "some values it made are past bfloat16's " + past
+    assert overflows(hookcli.extract, "0:1=value:3.4e38", precision="bf16") == [
+        f"--intervene '0:1=value:3.4e38': {bf16}"
+    ]
+    assert overflows(hookcli.extract, "0:1=value:3.395e38", precision="bf16") == []
+    assert overflows(hookcli.extract, "0:1=value:3.4e38") == []  # float32 holds it
+    # Numbers past the dtype's range fill and clamp as infinities (torch refuses to take them as they are).
+    bounds = hookcli.extract(_cnn(), "2", photos, intervene=["0=clamp:-3.4e38:3.4e38"], precision="bf16", **SMALL)
+    torch.testing.assert_close(bounds["2"], hookcli.extract(_cnn(), "2", photos, precision="bf16", **SMALL)["2"])
     captured = hookcli.extract(_cnn(), "0", photos, intervene=["0:1=scale:3e38"], capture_edited=True, **SMALL)["0"]
     plain = hookcli.extract(_cnn(), "0", photos, **SMALL)["0"]
     assert (plain[:, 1].abs() * 3e38 > 3.4028234663852886e38).any()  # so the edit passes float32's range there
@@ -647,6 +657,10 @@ def test_saved_features_keep_the_channels_their_modules_said_and_files_without_t
     save_file(load_file(saved), bare, metadata={**metadata, "layers": json.dumps(table)})
     assert hookcli.stats(features=bare, keys="mix", top=1)["mix@mean"].shape == (128,)
     assert hookcli.compare(features=bare, keys=["rows", "mix"])["linear-cka@widths"].tolist() == [8, 128]
+    # A gradient has its layer's output's shape, and its layer's units.
+    grads = hookcli.grad(net, "mix", photos, target="0", output=tmp_path / "g.safetensors", **square)
+    found = hookcli.stats(features=grads, top=1)
+    assert found["mix@mean"].shape == found["mix@grad@mean"].shape == (6,)
     table["mix"]["units"] = -6  # not a count: the table is not hookcli's, and the file is refused in one line
     save_file(load_file(saved), bare, metadata={**metadata, "layers": json.dumps(table)})
     with pytest.raises(FeatureFileError, match=r"its 'layers' metadata is not a table of layers \(key, type"):

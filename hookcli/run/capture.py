@@ -214,9 +214,10 @@ class FeatureCapture:
         late, self.late_edits = self.late_edits or (), None if self.late_edits is None else ()
         return late
 
-    def take_overflows(self) -> list[str]:
-        """The notes of edits that made finite values infinite, each said once (:meth:`Edit.take_overflow`)."""
-        return [said for said in (edit.take_overflow() for edit in self.edits) if said is not None]
+    def take_overflows(self, *, wait: bool = False) -> list[str]:
+        """The notes of edits that made values infinite, each said once (:meth:`Edit.take_overflow`; ``wait``: at the
+        end of the run, for the device to say)."""
+        return [said for said in (edit.take_overflow(wait=wait) for edit in self.edits) if said is not None]
 
     def _clear(self) -> None:
         self._outputs, self._inputs, self._counts = {}, {}, {}

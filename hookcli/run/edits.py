@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -46,6 +47,7 @@ from hookcli.storage.stats_format import is_stats
 
 __all__ = [
     "Edit",
+    "Overflow",
     "edits_entries",
     "first_missing",
     "partners",
@@ -53,6 +55,48 @@ __all__ = [
     "resolve_edits",
     "with_edits",
 ]
+
+
+@dataclass
+class Overflow:
+    """Whether an edit made values infinite, kept on the device so that no batch waits for it: read once a copy of
+    it has reached the host (a CUDA event says when, without waiting), or at the end of the run, waiting."""
+
+    found: torch.Tensor | bool = False
+    #: The dtype the layer computes in, where it was found.
+    dtype: torch.dtype = torch.float32
+    said: bool = False
+    _copy: tuple[torch.Tensor, Any] | None = None
+
+    def add(self, flag: torch.Tensor | bool, dtype: torch.dtype) -> None:
+        """Keep ``flag`` (of one batch) with what earlier batches found."""
+        if self.found is True or flag is False:
+            return
+        self.dtype = dtype
+        self.found = flag if self.found is False or flag is True else self.found | flag
+
+    def take(self, *, wait: bool) -> bool:
+        """Whether it is known to have happened: True once, the first time it is known."""
+        if self.said or self.found is False:
+            return False
+        found = self.found if isinstance(self.found, bool) else self._read(self.found, wait)
+        if found:
+            self.said, self.found, self._copy = True, False, None
+        return found
+
+    def _read(self, flag: torch.Tensor, wait: bool) -> bool:
+        if flag.device.type != "cuda" or wait:
+            return bool(flag)
+        if self._copy is None:  # copied behind the batch's work; read at a later batch
+            copy, arrived = flag.to("cpu", non_blocking=True), torch.cuda.Event()
+            arrived.record()
+            self._copy = (copy, arrived)
+            return False
+        copy, arrived = self._copy
+        if not arrived.query():
+            return False
+        self._copy = None
+        return bool(copy)
 
 
 @dataclass(eq=False)
@@ -73,9 +117,8 @@ class Edit:
     made_with: Preprocess | None = None
     #: How many times a forward has run the edit.
     calls: int = 0
-    #: Whether a ``scale`` or ``add`` made a finite value infinite, on the device (no wait for it), until said.
-    _overflowed: torch.Tensor | None = field(default=None, repr=False)
-    _said_overflow: bool = field(default=False, repr=False)
+    #: Whether the edit made values infinite, past the range of the dtype the layer computes in.
+    overflow: Overflow = field(default_factory=Overflow, repr=False)
     _moved: dict[tuple[torch.device, torch.dtype], torch.Tensor] = field(default_factory=dict, repr=False)
     _layouts: dict[tuple[int, ...], tuple[int, int]] = field(default_factory=dict, repr=False)
 
@@ -114,27 +157,40 @@ class Edit:
         edited = moved.clone()
         chosen = moved[..., units] if units is not None else moved
         new = self._edited(chosen, units, moved)
-        if self._may_overflow():
-            passed = (torch.isfinite(chosen) & ~torch.isfinite(new)).any()
-            self._overflowed = passed if self._overflowed is None else self._overflowed | passed
+        if not self.overflow.said:
+            with torch.no_grad():
+                self.overflow.add(self._overflowed(chosen, new, units), new.dtype)
         edited[..., units if units is not None else slice(None)] = new
         return edited.movedim(-1, axis)
 
-    def _may_overflow(self) -> bool:
-        """Whether the edit can still make a finite value infinite, unsaid: a ``scale`` by more than 1, an ``add``."""
+    def _overflowed(self, chosen: torch.Tensor, new: torch.Tensor, units: list[int] | None) -> torch.Tensor | bool:
+        """Whether ``new`` holds infinities that the edit made of finite values (a flag on the device, read later):
+        one pass over the values at most, none for the edits that cannot."""
         spec = self.intervention
-        if self._said_overflow:
-            return False
-        return spec.edit == "add" or (spec.edit == "scale" and abs(spec.numbers[0]) > 1)
+        if spec.edit == "value":
+            return math.isinf(_rounded(spec.numbers[0], new.dtype))
+        if spec.edit == "mean":
+            vector = self._vector(new)
+            return torch.isinf(vector if units is None else vector[units]).any()
+        if spec.edit == "scale" and abs(spec.numbers[0]) > 1:  # the largest value, scaled, is the largest made
+            peak = torch.linalg.vector_norm(chosen, ord=math.inf)
+            return torch.isfinite(peak) & torch.isinf(peak * spec.numbers[0])
+        if spec.edit == "add":
+            before = torch.linalg.vector_norm(chosen, ord=math.inf)
+            return torch.isfinite(before) & torch.isinf(torch.linalg.vector_norm(new, ord=math.inf))
+        return False
 
-    def take_overflow(self) -> str | None:
-        """The note that the edit made finite values infinite, the first time it is known; None before and after."""
-        if self._overflowed is None or self._said_overflow or not bool(self._overflowed):
+    def take_overflow(self, *, wait: bool = False) -> str | None:
+        """The note that the edit made values infinite, the first time it is known (``wait``: wait for the device
+        to say); None before and after."""
+        if not self.overflow.take(wait=wait):
             return None
-        self._said_overflow, self._overflowed = True, None
+        dtype = str(self.overflow.dtype).removeprefix("torch.")
+        largest = torch.finfo(self.overflow.dtype).max
+        shown = f"±{largest:,.0f}" if largest < 1e6 else f"±{largest:.2g}".replace("e+", "e")
         return (
-            f"{self.intervention.named}: some values it made are past float32's range (±3.4e38) and became "
-            "infinite, where the layer's were finite; what reads them reads infinities"
+            f"{self.intervention.named}: some values it made are past {dtype}'s range ({shown}), in which the layer "
+            "computes, and became infinite; what reads them reads infinities"
         )
 
     def _layout(self, shape: tuple[int, ...]) -> tuple[int, int]:
@@ -174,11 +230,11 @@ class Edit:
         if spec.edit == "zero":
             return torch.zeros_like(chosen)
         if spec.edit == "value":
-            return torch.full_like(chosen, spec.numbers[0])
+            return torch.full_like(chosen, _rounded(spec.numbers[0], chosen.dtype))
         if spec.edit == "scale":
             return chosen * spec.numbers[0]
         if spec.edit == "clamp":
-            return chosen.clamp(spec.numbers[0], spec.numbers[1])
+            return chosen.clamp(_rounded(spec.numbers[0], chosen.dtype), _rounded(spec.numbers[1], chosen.dtype))
         if spec.edit == "resample":
             return chosen[partners(chosen.shape[0], self.seed).to(chosen.device)]
         vector = self._vector(chosen)
@@ -193,6 +249,12 @@ class Edit:
         if place not in self._moved:
             self._moved[place] = self.vector.to(device=like.device, dtype=like.dtype)
         return self._moved[place]
+
+
+def _rounded(number: float, dtype: torch.dtype) -> float:
+    """``number`` as ``dtype`` holds it: infinite past its range (float16's ±65,504), where torch refuses to fill or
+    clamp with it."""
+    return float(torch.tensor(number, dtype=dtype))
 
 
 def partners(rows: int, seed: int) -> torch.Tensor:

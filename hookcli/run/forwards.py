@@ -187,7 +187,12 @@ class EagerForward:
         return self
 
     def __exit__(self, *exc_info) -> None:
-        self._stack.close()
+        try:
+            if exc_info[0] is None:  # what the device had not said by the last batch
+                for said in self.capture.take_overflows(wait=True):
+                    self._note(said)
+        finally:
+            self._stack.close()
 
     def __call__(self, batch) -> tuple[dict, None]:
         if not self._entered:

@@ -114,14 +114,21 @@ class GradientForward:
         return self
 
     def __exit__(self, *exc_info) -> None:
-        self._stack.close()
+        try:
+            if exc_info[0] is None:  # what the device had not said by the last batch
+                self._say_overflows(wait=True)
+        finally:
+            self._stack.close()
 
     def __call__(self, batch) -> tuple[dict, list | None]:
         found = self._forward(batch)
-        for said in self.capture.take_overflows():
+        self._say_overflows(wait=False)
+        return found
+
+    def _say_overflows(self, *, wait: bool) -> None:
+        for said in self.capture.take_overflows(wait=wait):
             if self.on_note is not None:
                 self.on_note(said)
-        return found
 
     def _forward(self, batch) -> tuple[dict, list | None]:
         with compute_precision(self.settings.precision, batch_device(batch)):

@@ -51,7 +51,7 @@ from hookcli.run.capture import stored
 from hookcli.run.forwards import ForwardFactory, extraction_forward, prepared_model
 from hookcli.run.settings import Batch, RunSettings
 from hookcli.run.speed import model_refusal, resolve_settings
-from hookcli.statistics.units import layer_widths
+from hookcli.statistics.units import layer_widths, width_of
 
 __all__ = ["iter_batches"]
 
@@ -121,7 +121,7 @@ def iter_batches(
                 ran = True
                 batches.prepare()  # while the device computes this batch
                 features = {
-                    key: stored(key, value, settings.pool, cast, ragged, square, rows_on_device, widths.get(key))
+                    key: stored(key, value, settings.pool, cast, ragged, square, rows_on_device, width_of(widths, key))
                     for key, value in captured.items()
                 }
                 facts = run.facts()

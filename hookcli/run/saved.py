@@ -39,6 +39,7 @@ from hookcli.run.outputs import DEFAULT_OUTPUT, Output
 from hookcli.run.settings import Batch
 from hookcli.statistics.channel_stats import StatsGathering
 from hookcli.statistics.layer import StatsChoice
+from hookcli.statistics.units import width_of
 from hookcli.storage.compare_format import is_comparison, second_names
 from hookcli.storage.features import Features
 from hookcli.storage.fileformat import RunRecord
@@ -90,9 +91,9 @@ class SavedFeatures:
     @property
     def widths(self) -> dict[str, int | None]:
         """Each chosen key's channels, as the saving run's layer table says its module's output has them
-        (``units``); a file without them (older, or not hookcli's) tells its channels by their shape alone."""
-        record = self.recorded.record
-        return {key: record.layer_units.get(path) for path, key in record.layers.items() if key in self.keys}
+        (``units``; a call's and a gradient's as its layer's); a file without them (older, or not hookcli's) tells
+        its channels by their shape alone."""
+        return {key: width_of(self.recorded.unit_widths, key) for key in self.keys}
 
     def describe(self) -> dict:
         """What a run over it records of it: the source, the keys, its stamp (a source changed between two runs is

@@ -18,7 +18,7 @@ import torch
 from hookcli.errors import CaptureError
 from hookcli.statistics.components import check_basis, component_layout, read_basis
 from hookcli.statistics.layer import LayerStats, StatsChoice
-from hookcli.statistics.units import UnitLayout
+from hookcli.statistics.units import UnitLayout, width_of
 from hookcli.storage.gathering import Made
 from hookcli.storage.stats_format import (
     MOST_CHANNELS,
@@ -76,7 +76,7 @@ class StatsGathering:
                     prefix_tokens=self.prefix_tokens,
                     channels_last=self.square,
                     key=key,
-                    width=self.widths.get(key),
+                    width=width_of(self.widths, key),
                 )
             )
             if layout.channels > MOST_CHANNELS or math.prod(layout.spatial) > MOST_POSITIONS:

@@ -28,7 +28,7 @@ from hookcli.errors import CaptureError, UsageProblem
 from hookcli.options.compare import CompareOptions
 from hookcli.statistics.comparison_sums import SUMS, MethodSums, Sides
 from hookcli.statistics.similarity import MAX_WIDTH, MIN_BATCH, undefined
-from hookcli.statistics.units import UnitLayout
+from hookcli.statistics.units import UnitLayout, width_of
 from hookcli.storage.compare_format import MOST_LABELS, compare_metadata
 from hookcli.storage.gathering import Made
 
@@ -214,7 +214,7 @@ class CompareGathering:
                     prefix_tokens=self.prefix_tokens[side],
                     channels_last=self.square[side],
                     key=key,
-                    width=self.widths.get(key),
+                    width=width_of(self.widths, key),
                 )
             units = self.layouts[key].units(value)
             flat = units.amax(dim=2) if self.choice.pool == "max" else units.to(torch.float64).mean(dim=2)

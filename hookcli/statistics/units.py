@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -35,7 +36,16 @@ import torch
 
 from hookcli.errors import CaptureError
 
-__all__ = ["UnitBatch", "UnitLayout", "known_units", "layer_widths", "width_axis", "numpy_sorts", "sort_rows"]
+__all__ = [
+    "UnitBatch",
+    "UnitLayout",
+    "known_units",
+    "layer_widths",
+    "numpy_sorts",
+    "sort_rows",
+    "width_axis",
+    "width_of",
+]
 
 
 @dataclass(frozen=True)
@@ -131,13 +141,18 @@ def width_axis(row_shape, width: int | None) -> int | None:
 
 def known_units(module) -> int | None:
     """How many channels a module's output has, where its weights say it (a convolution's ``out_channels``, a
-    norm's ``num_features``, a linear layer's ``out_features``…); None where only running it tells."""
+    norm's ``num_features``, a linear layer's ``out_features``…); None where only running it tells.
+
+    >>> nn = torch.nn
+    >>> known_units(nn.Conv1d(8, 6, 1)), known_units(nn.LayerNorm(6)), known_units(nn.LayerNorm([8, 4]))
+    (6, 6, None)
+    """
     for attribute in ("out_channels", "out_features", "num_features", "embedding_dim", "num_channels"):
         value = getattr(module, attribute, None)
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-    shape = getattr(module, "normalized_shape", None)
-    return int(shape[-1]) if isinstance(shape, tuple) and shape else None
+    shape = getattr(module, "normalized_shape", None)  # a LayerNorm over [C, H, W] says nothing of C alone
+    return int(shape[0]) if isinstance(shape, tuple) and len(shape) == 1 else None
 
 
 def layer_widths(model, layers: Mapping[str, str]) -> dict[str, int | None]:
@@ -145,6 +160,24 @@ def layer_widths(model, layers: Mapping[str, str]) -> dict[str, int | None]:
     its input's and attention's keys are others), where its module says them (:func:`known_units`)."""
     modules = dict(model.named_modules())
     return {key: known_units(modules[path]) for path, key in layers.items() if path in modules}
+
+
+#: What follows a layer's key in the keys of values of its output's shape: a call (``K:1``), a gradient (``K@grad``,
+#: ``K@grad#0``).
+_OF_THE_OUTPUT = re.compile(r"(?::\d+)?(?:@grad(?:#\d+)?)?$")
+
+
+def width_of(widths: Mapping[str, int | None], key: str) -> int | None:
+    """The channels of stored ``key`` by ``widths`` (each layer's, by the key of its output): its own, or its
+    layer's where it holds values of that output's shape (a call, a gradient); None where neither says.
+
+    >>> width_of({"mix": 6}, "mix"), width_of({"mix": 6}, "mix:1@grad#0"), width_of({"mix": 6}, "mix@input")
+    (6, 6, None)
+    """
+    if key in widths:
+        return widths[key]
+    layer = _OF_THE_OUTPUT.sub("", key, count=1)
+    return widths.get(layer) if layer != key else None
 
 
 def _square(number: int) -> bool:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hookcli.errors import FeatureFileError
 from hookcli.inputs.preprocess import Preprocess
@@ -48,12 +48,14 @@ _AGAIN = "save the features again with hookcli extract, or remove the entry"
 class RecordedRun:
     """What a file's metadata says of the run that saved it: the run (``record``; no command entries, no shard
     size), what its forward learnt (``facts``), its preprocessing (None when it records none) and how many inputs
-    its metadata lists (``listed``: when not one a row, the rows are named by number)."""
+    its metadata lists (``listed``: when not one a row, the rows are named by number). ``unit_widths``: the channels of
+    each layer's output by its key, where the layer table says them (of every layer, chosen or not)."""
 
     record: RunRecord
     facts: RunFacts
     preprocess: Preprocess | None
     listed: int
+    unit_widths: Mapping[str, int | None] = field(default_factory=dict)
 
 
 def bounded_json(text: str, most_depth: int = MOST_DEPTH):
@@ -150,8 +152,9 @@ def recorded_run(metadata: Mapping[str, str], name: str, *, keys: Sequence[str],
         categories=tuple(categories) if categories is not None else None,
         layer_units={path: chosen[path].get("units") for path in paths if path in chosen},
     )
+    units = {entry["key"]: entry.get("units") for entry in layers.values()}
     calls = {path: chosen[path]["calls"] if path in chosen else 0 for path in paths}
-    return RecordedRun(record, RunFacts(calls=calls, fused=fused), preprocess, len(listed))
+    return RecordedRun(record, RunFacts(calls=calls, fused=fused), preprocess, len(listed), units)
 
 
 def _entry(metadata: Mapping[str, str], name: str, entry: str, read, what: str, default):
@@ -212,7 +215,7 @@ def _layer_table(value) -> dict | None:
             or not isinstance(entry.get("type", "?"), str)
             or not _whole(entry.get("calls", 0))
             or _names(entry.get("keys", [])) is None
-            or not (entry.get("units") is None or (_whole(entry["units"]) and entry["units"] > 0))
+            or not (entry.get("units") is None or _whole(entry["units"]))
         ):
             return None
     return {path: {"type": "?", "calls": 0, **entry} for path, entry in value.items()}
