@@ -356,3 +356,66 @@ def test_a_module_made_under_inference_mode_is_refused_in_one_line_and_given_bac
         )
         assert caught.value.hint == "build or load the model outside torch.inference_mode()"
         assert all(parameter.requires_grad for parameter in net.parameters())  # as it came
+
+
+def _as_given(net) -> tuple:
+    """What the caller sees of ``net``: each module's mode and hooks, each parameter's need of a gradient and layout."""
+    return (
+        [(module.training, len(module._forward_hooks), len(module._forward_pre_hooks)) for module in net.modules()],
+        [(p.requires_grad, p.is_contiguous()) for p in net.parameters()],
+    )
+
+
+@pytest.mark.parametrize("command", ["extract", "grad", "stats", "compare"])
+def test_a_module_is_given_back_before_an_error_from_outside_its_forward_is_raised_on(photos, command):
+    net = _net()
+    given = _as_given(net)
+
+    def interrupted(event):  # a Ctrl-C landing in the caller's progress bar, the error then kept (as a notebook does)
+        if type(event).__name__ == "Advanced":
+            raise KeyboardInterrupt
+
+    extra = {"target": "0"} if command == "grad" else {"model2": net} if command == "compare" else {}
+    with pytest.raises(KeyboardInterrupt) as kept:
+        getattr(hookcli, command)(net, ["bn1"], photos, resize=32, crop=32, batch_size=2, progress=interrupted, **extra)
+    assert kept.value is not None and _as_given(net) == given  # while the error is alive
+    net.eval()(torch.zeros(1, 3, 32, 32))  # the caller's own forward runs, with no hook of the run left
+
+
+def test_a_second_side_sharing_modules_with_the_first_runs_a_copy_and_both_come_back(photos):
+    net = _net()
+    wrapped = torch.nn.Sequential(net, torch.nn.Identity())
+    given, state = _as_given(net), _state(net)
+    found = hookcli.compare(net, ["bn1"], photos, model2=wrapped, layers2=["0.bn1"], resize=32, crop=32, batch_size=2)
+    torch.testing.assert_close(found["linear-cka"], torch.ones(1, 1, dtype=torch.float64))
+    assert _as_given(net) == given and all(torch.equal(state[k][1], v) for k, v in net.state_dict().items())
+
+
+def test_a_layer_that_returns_several_values_is_refused_by_compare_naming_them(photos):
+    class Pair(torch.nn.Module):
+        def forward(self, x):
+            return x, None
+
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), Pair())
+    said = (
+        "'1' returns several values (1#0): a comparison takes layers that return one tensor. Hint: choose another "
+        "layer, or extract this one and compare the value saved, as hookcli compare FILE -k '1#0'"
+    )
+    for extra in ({}, {"model2": net}):
+        with pytest.raises(hookcli.HookcliError) as refused:
+            hookcli.compare(net, ["0", "1"], photos, resize=32, crop=32, **extra)
+        assert str(refused.value) == said
+
+
+def test_gradients_are_taken_of_a_module_handed_in_under_the_callers_inference_mode(photos):
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Conv2d(4, 4, 3), torch.nn.Flatten(), torch.nn.LazyLinear(3)
+    )
+    net(torch.zeros(1, 3, 32, 32))
+    asked = {"target": "0", "resize": 32, "crop": 32, "memory_format": "channels_last"}
+    expected = hookcli.grad(net, "0", photos, **asked)
+    with torch.inference_mode():  # the weights laid out channels-last for the run are no inference tensors
+        found = hookcli.grad(net, "0", photos, **asked)
+    torch.testing.assert_close(found["0@grad"], expected["0@grad"])
+    assert not any(p.is_inference() for p in net.parameters()) and net[0].weight.is_contiguous()

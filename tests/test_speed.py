@@ -7,6 +7,7 @@ import torch
 import torchvision
 from safetensors import safe_open
 
+import hookcli
 from hookcli.cli import main
 from hookcli.errors import UsageProblem
 from hookcli.run.speed import check_precision, choose_memory_format, thread_budget
@@ -94,3 +95,19 @@ def test_thread_budget_leaves_the_workers_cores():
     assert torch.get_num_threads() == before
     with thread_budget(torch.device("cpu"), workers=0):
         assert torch.get_num_threads() == before
+
+
+def test_a_compiled_run_of_a_model_in_training_mode_computes_as_in_eval_and_moves_no_statistic(images):
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.Dropout(0.5), torch.nn.Conv2d(4, 4, 3)
+    ).train()
+    net[3].eval()  # a mix of modes, each given back
+    before = {name: value.clone() for name, value in net.state_dict().items()}
+    paths, small = list(map(str, images)), {"resize": 24, "crop": 24, "batch_size": 2}
+    compiled = hookcli.extract(net, "2", paths, compile=True, **small)
+    assert not [note for note in compiled.notes if "compile" in note]  # the compiled graph ran
+    assert all(torch.equal(net.state_dict()[name], value) for name, value in before.items())
+    assert [module.training for module in net.modules()] == [True, True, True, True, False]
+    eager = hookcli.extract(net, "2", paths, **small)
+    torch.testing.assert_close(compiled["2"], eager["2"], rtol=1e-5, atol=1e-6)

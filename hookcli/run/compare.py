@@ -190,9 +190,9 @@ def compare_models(
             own.pop("seed", None)
         try:
             other = model2 or model
-            if isinstance(other, LoadedModel) and isinstance(model, LoadedModel) and other.module is model.module:
-                # One module cannot run both sides (each side its own hooks, the edits the first's alone): a copy of
-                # it runs the second.
+            if isinstance(other, LoadedModel) and isinstance(model, LoadedModel) and _shared(model, other):
+                # One module cannot run in both sides (each side its own hooks, the edits the first's alone): a
+                # copy of the second side runs it.
                 other = dataclasses.replace(other, module=_copied(other))
             two = plan_request(
                 request("compare", other, layers2 or layers, inputs, output=None, rows=asked.rows, **own)
@@ -206,15 +206,20 @@ def compare_models(
     return result
 
 
+def _shared(one: LoadedModel, two: LoadedModel) -> bool:
+    """Whether the two sides' modules have a module in common (one is the other, or holds it)."""
+    return not {id(module) for module in one.module.modules()}.isdisjoint(map(id, two.module.modules()))
+
+
 def _copied(loaded: LoadedModel):
-    """A copy of ``loaded``'s module, to run the second side of a comparison of it with itself."""
+    """A copy of ``loaded``'s module, to run the second side of a comparison with a model it shares modules with."""
     try:
         return copy.deepcopy(loaded.module)
     except Exception as err:  # a module that holds what cannot be copied (a lock, a non-leaf tensor, a session)
         raise UsageProblem(
-            f"{loaded.name} is on both sides of the comparison, and a copy of it cannot be made to run the second "
-            f"({first_line(err)})",
-            hint="give model2 as a second instance of the model",
+            f"{loaded.name} shares modules with the first side of the comparison, and a copy of it cannot be made to "
+            f"run the second ({first_line(err)})",
+            hint="give model2 as a second instance of the model, with modules of its own",
         ) from None
 
 
@@ -285,12 +290,14 @@ class ComparedRun:
             yield from firsts
         else:
             assert second is not None, "a second side has its names"
-            yield from map(
-                functools.partial(_together, names=dict(zip(two.layers.values(), second))),
-                firsts,
-                iter_batches(two.loaded, two.layers, two.inputs, two.settings, forward=two.forward, order=theirs,
-                             on_note=note, rows_on_device=True),
-            )  # fmt: skip
+            seconds = iter_batches(two.loaded, two.layers, two.inputs, two.settings, forward=two.forward,
+                                   order=theirs, on_note=note, rows_on_device=True)  # fmt: skip
+            try:
+                yield from map(functools.partial(_together, names=dict(zip(two.layers.values(), second))), firsts,
+                               seconds)  # fmt: skip
+            finally:  # each side's model is given back as its batches end, here and now should the run stop
+                firsts.close()
+                seconds.close()
 
 
 def _widths(one: RunPlan, two: RunPlan | None, second: Sequence[str] | None) -> dict[str, int | None]:
@@ -303,6 +310,15 @@ def _widths(one: RunPlan, two: RunPlan | None, second: Sequence[str] | None) -> 
     return widths
 
 
+def _renamed(key: str, names: Mapping[str, str]) -> str | None:
+    """The second side's ``key`` under its name in the comparison: a layer's, or an element's of a layer's
+    (``K#0``); None for another."""
+    if key in names:
+        return names[key]
+    layer, mark, element = key.partition("#")
+    return names[layer] + mark + element if mark and layer in names else None
+
+
 def _together(first: Batch, second: Batch, names: Mapping[str, str]) -> Batch:
     """One batch of both models: the rows both could read, the second's keys under their ``names``."""
     both = [index for index in first.indices if index in set(second.indices)]
@@ -311,14 +327,10 @@ def _together(first: Batch, second: Batch, names: Mapping[str, str]) -> Batch:
     features = {}
     for batch, named in ((first, None), (second, names)):
         keep = [batch.indices.index(index) for index in both]
-        features.update(
-            {
-                (key if named is None else named[key]): [value[n] for n in keep]
-                if isinstance(value, list)
-                else value[torch.tensor(keep)]
-                for key, value in batch.features.items()
-            }
-        )
+        for key, value in batch.features.items():
+            name = key if named is None else _renamed(key, named)
+            if name is not None:
+                features[name] = [value[n] for n in keep] if isinstance(value, list) else value[torch.tensor(keep)]
     damaged = first.damaged + [said for said in second.damaged if said[0] not in dict(first.damaged)]
     return Batch(both, features, sorted(failures.items()), None, first.facts, damaged=damaged)
 

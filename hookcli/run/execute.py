@@ -94,13 +94,16 @@ def execute(run: Road, progress: Callable[[Event], None] | None = None) -> Featu
             order = writer.begin(run.batch_size)
             emit(Started(total=len(inputs), done=writer.done, output=writer.kept or run.output.path))
             batches = run.batches(order, writer, note) if order is not None else ()  # None: nothing is left
-            for batch in batches:
-                writer.add(batch)
-                for index, error in batch.failures:
-                    emit(Skipped(str(inputs[index]), error))
-                for index, said in batch.damaged:
-                    emit(Damaged(str(inputs[index]), said))
-                emit(Advanced(len(batch.indices) + len(batch.failures)))
+            try:
+                for batch in batches:
+                    writer.add(batch)
+                    for index, error in batch.failures:
+                        emit(Skipped(str(inputs[index]), error))
+                    for index, said in batch.damaged:
+                        emit(Damaged(str(inputs[index]), said))
+                    emit(Advanced(len(batch.indices) + len(batch.failures)))
+            finally:  # a generator's blocks (a model handed in, taken to run) end now, not when an error is collected
+                getattr(batches, "close", lambda: None)()
             if not writer.has_rows:
                 raise nothing_read(inputs)
             result = writer.finish()

@@ -19,7 +19,7 @@ from hookcli.families import family_traits, ragged_rows
 from hookcli.models.loaded import LoadedModel
 from hookcli.run import speed
 from hookcli.run.batches import batch_device, first_rows, map_batch, rows_by_shape
-from hookcli.run.capture import FeatureCapture
+from hookcli.run.capture import FeatureCapture, preserved_mode
 from hookcli.run.fusion import FusionAttempt, fused_convolutions, fusion_attempt
 from hookcli.run.settings import RunSettings
 from hookcli.storage.fileformat import DETECTIONS, FLOW, RunFacts
@@ -62,7 +62,8 @@ def prepared_model(loaded: LoadedModel, settings: RunSettings):
     device = torch.device(settings.device)
     memory_format = settings.memory_format
     with given_back(loaded.module) if loaded.handed_in else contextlib.nullcontext():
-        model = speed.to_memory_format(loaded.module.to(device), memory_format)
+        with torch.inference_mode(False):  # weights moved or laid out that autograd takes, in any caller's mode
+            model = speed.to_memory_format(loaded.module.to(device), memory_format)
 
         def to_device(batch):
             def moved(images):
@@ -323,7 +324,11 @@ class CompiledForward(EagerForward):
             self.compiled = self._compile(batch)
         if self.compiled:
             try:
-                with torch.inference_mode(), speed.compute_precision(self.settings.precision, batch_device(batch)):
+                with (
+                    preserved_mode(self.model),  # the graph's modules are the caller's: eval for the run, as eagerly
+                    torch.inference_mode(),
+                    speed.compute_precision(self.settings.precision, batch_device(batch)),
+                ):
                     return self.compiled(batch), None
             except Exception as err:  # compilation happens on first call; a missing compiler shows up here
                 self._note(f"--compile failed ({type(err).__name__}: {first_line(err)[:120]}); running eagerly")
@@ -338,7 +343,10 @@ class CompiledForward(EagerForward):
         ):
             self.capture.run(first_rows(batch))
         assert self.capture.calls is not None, "counted by the run just made"
-        function, reason = speed.compiled_extractor(self.model, self.layers, self.capture.calls, self.settings.capture)
+        with preserved_mode(self.model):  # traced in eval mode; the caller's modes come back after
+            function, reason = speed.compiled_extractor(
+                self.model, self.layers, self.capture.calls, self.settings.capture
+            )
         if function is None:
             self._note(f"--compile: {reason}; running eagerly")
             return False

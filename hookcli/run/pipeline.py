@@ -38,7 +38,7 @@ The library's front door is :func:`hookcli.extract`; this loop is what it
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 
 import torch
 
@@ -67,7 +67,7 @@ def iter_batches(
     on_note: Callable[[str], None] | None = None,
     picture: PictureMaker | None = None,
     rows_on_device: bool = False,
-) -> Iterator[Batch]:
+) -> Generator[Batch, None, None]:
     """Yield :class:`Batch` es of ``paths`` in input order, or the batches of input indices ``order`` gives.
 
     ``forward`` builds the run's forward strategy (default:

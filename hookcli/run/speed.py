@@ -325,6 +325,7 @@ def compiled_extractor(model, layers: Mapping[str, str], calls: Mapping[str, int
         graph_module = create_feature_extractor(model, return_nodes=dict(layers))
     except Exception as err:  # tracing fails on some models' Python control flow
         return None, f"the model cannot be traced ({type(err).__name__})"
+    graph_module.eval()  # its graph of eval mode, where a module's Python forward reads self.training
     _copy_outputs_where_computed(graph_module)
     compiled = torch.compile(graph_module, dynamic=False)
 

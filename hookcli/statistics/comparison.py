@@ -264,6 +264,15 @@ class GatheredComparison:
 
     def update(self, features: Mapping, rows: torch.Tensor) -> None:
         gathering = self.gathering
+        for key in gathering.keys:
+            if key not in features:
+                elements = [name for name in features if name.startswith(f"{key}#")]
+                raise CaptureError(
+                    f"'{key}' returns several values ({', '.join(elements) or 'none a tensor'}): a comparison takes "
+                    "layers that return one tensor",
+                    hint=f"choose another layer, or extract this one and compare the value saved, as "
+                    f"hookcli compare FILE -k '{elements[0] if elements else key}'",
+                )
         representations = [
             gathering.representation(key, features[key], 0 if n < len(gathering.first) else 1)
             for n, key in enumerate(gathering.keys)
