@@ -362,7 +362,10 @@ def test_a_file_past_float32_damaged_or_unsigned_and_specs_of_another_type_are_r
     save_torch({**tensors, "2@mean": tensors["2@mean"].reshape(1, 5)}, str(folded), metadata=metadata)
     unsigned = tmp_path / "unsigned.safetensors"
     save_torch(tensors, str(unsigned), metadata={k: v for k, v in metadata.items() if k != "model"})
+    tabled = tmp_path / "tabled.safetensors"
+    save_torch(tensors, str(tabled), metadata={**metadata, "layers": json.dumps({"2": {"key": 2}})})
     refusals = {
+        tabled: f"'{tabled}' has a table of layers that is not what hookcli writes",
         folded: "'2@mean' has shape [1, 5], and a statistics file's means are one vector",
         unsigned: f"'{unsigned}' records no model (statistics of saved features that named none), so its means "
         "cannot be checked against this run's model",

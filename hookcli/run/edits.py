@@ -369,6 +369,11 @@ def _layer_key(metadata: Any, spec: Intervention, path: str) -> str:
             hint="mean:FILE takes the file of hookcli stats of the same model and layer",
         )
     layers = recorded_layers(metadata)
+    if not layers and "layers" in metadata:  # a table there, not as hookcli writes it: no layer can be told
+        raise UsageProblem(
+            f"{spec.named}: '{path}' has a table of layers that is not what hookcli writes",
+            hint="make the statistics file again with hookcli stats",
+        )
     if spec.layer not in layers:
         raise UsageProblem(
             f"{spec.named}: '{path}' holds the statistics of {', '.join(sorted(layers)) or 'no layer'}, not of "
