@@ -322,13 +322,11 @@ class CompiledForward(EagerForward):
     def __call__(self, batch) -> tuple[dict, None]:
         if self.compiled is None:
             self.compiled = self._compile(batch)
+            if self.compiled:  # the graph's modules are the caller's: eval for the whole run, as eagerly
+                self._stack.enter_context(preserved_mode(self.model))
         if self.compiled:
             try:
-                with (
-                    preserved_mode(self.model),  # the graph's modules are the caller's: eval for the run, as eagerly
-                    torch.inference_mode(),
-                    speed.compute_precision(self.settings.precision, batch_device(batch)),
-                ):
+                with torch.inference_mode(), speed.compute_precision(self.settings.precision, batch_device(batch)):
                     return self.compiled(batch), None
             except Exception as err:  # compilation happens on first call; a missing compiler shows up here
                 self._note(f"--compile failed ({type(err).__name__}: {first_line(err)[:120]}); running eagerly")
