@@ -419,3 +419,19 @@ def test_gradients_are_taken_of_a_module_handed_in_under_the_callers_inference_m
         found = hookcli.grad(net, "0", photos, **asked)
     torch.testing.assert_close(found["0@grad"], expected["0@grad"])
     assert not any(p.is_inference() for p in net.parameters()) and net[0].weight.is_contiguous()
+
+
+@pytest.mark.parametrize("command", [hookcli.extract, hookcli.grad])
+def test_a_weight_that_a_pre_hook_derives_is_the_callers_tensor_after_a_run(photos, command):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # old-style weight_norm is deprecated, and still in use
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(
+            torch.nn.utils.weight_norm(torch.nn.Conv2d(3, 4, 3)), torch.nn.Flatten(), torch.nn.LazyLinear(3)
+        )
+    net(torch.zeros(1, 3, 32, 32))
+    derived = net[0].weight
+    command(net, "0", photos, resize=32, crop=32)
+    assert net[0].weight is derived and not derived.is_inference() and derived.requires_grad
+    (net[0].weight * 2).sum().backward()  # the caller's autograd takes it, as before the run
+    assert net[0].weight_v.grad.abs().sum() > 0

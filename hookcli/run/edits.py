@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -251,6 +252,7 @@ class Edit:
         return self._moved[place]
 
 
+@functools.lru_cache(maxsize=64)  # asked at every hook call
 def _rounded(number: float, dtype: torch.dtype) -> float:
     """``number`` as ``dtype`` holds it: infinite past its range (float16's ±65,504), where torch refuses to fill or
     clamp with it."""

@@ -80,9 +80,10 @@ def prepared_model(loaded: LoadedModel, settings: RunSettings):
 def given_back(module):
     """Inside, ``module`` may be moved, laid out and put in eval mode; afterwards each parameter, gradient and
     buffer is the tensor it was (its device, dtype, memory format and values), each parameter needs a gradient as
-    it did, and each submodule is in its mode, with its hooks and no others. Blocks on one module nest: the first
-    one entered keeps its state, and the last one to end (a second side's run of the same model may end after the
-    first's) gives it back. Lazy modules' parameters not made yet are left as the run makes them.
+    it did, each tensor attribute (what a pre-hook derives) is the one it held, and each submodule is in its mode,
+    with its hooks and no others. Blocks on one module nest: the first one entered keeps its state, and the last one
+    to end (a second side's run of the same model may end after the first's) gives it back. Lazy modules'
+    parameters not made yet are left as the run makes them.
 
     >>> net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3)).train()
     >>> weight = net[0].weight.data_ptr()
@@ -130,12 +131,15 @@ def _held(module) -> list:
             for name, table in vars(owner).items()
             if name.endswith("_hooks") and isinstance(table, dict)
         }
-        held.append((owner, parameters, buffers, owner.training, hooks))
+        # what a forward pre-hook derives and sets as a plain attribute (old-style ``weight_norm``'s ``weight``):
+        # the run's copy would be an inference tensor on the run's device
+        attributes = {name: value for name, value in vars(owner).items() if isinstance(value, torch.Tensor)}
+        held.append((owner, parameters, buffers, owner.training, hooks, attributes))
     return held
 
 
 def _give_back(held: list) -> None:
-    for owner, parameters, buffers, training, hooks in held:
+    for owner, parameters, buffers, training, hooks, attributes in held:
         for name, (parameter, data, grad, grad_data, requires_grad) in parameters.items():
             parameter.data = data
             if grad is not None:
@@ -145,6 +149,7 @@ def _give_back(held: list) -> None:
                 parameter.requires_grad_(requires_grad)  # one made under inference mode takes it back only there
             owner._parameters[name] = parameter
         owner._buffers.update(buffers)
+        vars(owner).update(attributes)
         owner.training = training
         for name, table in hooks.items():
             current = getattr(owner, name)
