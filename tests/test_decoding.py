@@ -1,6 +1,7 @@
 """--decode device: images read by the workers, decoded and preprocessed batched on the device (the CPU here)."""
 
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -526,6 +527,20 @@ def test_device_decoding_is_refused_where_it_cannot_apply(runner, photo, argumen
         assert "Invalid value for '--decode': 'gpu' is not one of 'cpu', 'device'." in result.stderr
     else:
         assert result.stderr == message
+
+
+@pytest.mark.parametrize(("model", "kind"), [("r3d_18", "video"), ("raft_small", "optical flow")])
+def test_device_decoding_of_a_video_model_is_refused_before_its_inputs_are_read(
+    runner, photo, monkeypatch, model, kind
+):
+    monkeypatch.setitem(sys.modules, "av", None)  # reading a video's frames would need PyAV: the refusal does not
+    asked = ["extract", "-w", "none", "-l", "layer1", "-m", model, "--decode", "device", str(photo)]
+    result = runner.invoke(main, asked)
+    assert (result.exit_code, result.stderr) == (
+        2,
+        f"Error: --decode device reads image files, and this {kind} model takes frames decoded on the CPU. Hint: "
+        "leave out --decode device\n",
+    )
 
 
 def test_preprocessing_with_device_decoding_reads_back_from_metadata():

@@ -1,6 +1,7 @@
 """Any nn.Module handed in: extract, grad, cam, stats, compare and layers take the module itself (or the module and
 its preprocessing), capture what hooks written by hand capture, and give the module back as it came."""
 
+import itertools
 import json
 import re
 import warnings
@@ -13,6 +14,7 @@ from torchvision import transforms
 
 import hookcli
 from hookcli.errors import UsageProblem
+from hookcli.options.run import MEMORY_FORMATS
 
 IMAGENET = ([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
 
@@ -346,7 +348,12 @@ def test_a_module_made_under_inference_mode_is_refused_in_one_line_and_given_bac
 
     with torch.inference_mode():
         net = TinyCNN().eval()
-    assert hookcli.extract(net, "conv", photos, resize=32, crop=32)["conv"].shape == (4, 8, 30, 30)
+    weight = net.conv.weight
+    for memory_format, given in itertools.product(MEMORY_FORMATS, (photos[:1], photos)):
+        # weights laid out (or moved to a GPU) for the run, as they were made
+        found = hookcli.extract(net, "conv", given, resize=32, crop=32, memory_format=memory_format)
+        assert found["conv"].shape == (len(given), 8, 30, 30)
+        assert net.conv.weight is weight and weight.is_contiguous()
     for run in (lambda: hookcli.grad(net, "conv", photos, resize=32, crop=32),
                 lambda: hookcli.cam(net, photos, layer="conv", resize=32, crop=32)):  # fmt: skip
         with pytest.raises(CaptureError) as caught:

@@ -40,12 +40,23 @@ __all__ = [
     "DEVICE_DECODE_KINDS",
     "STILL_KINDS",
     "Preprocess",
+    "refuse_device_decoding",
 ]
 
 #: The input kinds read from image files, one at a time: those whose rows the decode workers hand over as uint8,
 #: and those ``decode="device"`` serves.
 STILL_KINDS = ("classification", "segmentation", "detection")
 DEVICE_DECODE_KINDS = STILL_KINDS
+
+
+def refuse_device_decoding(decode: str, kind: str) -> None:
+    """Refuse ``--decode device`` for a model of input ``kind`` that takes frames decoded on the CPU."""
+    if decode == "device" and kind not in DEVICE_DECODE_KINDS:
+        raise UsageProblem(
+            f"--decode device reads image files, and this {kind.replace('_', ' ')} model takes frames decoded on the "
+            "CPU",
+            hint="leave out --decode device",
+        )
 
 
 #: The input kinds a preprocessing is for, named after the torchvision preset it reproduces.
@@ -199,12 +210,7 @@ class Preprocess:
         squashes = isinstance(self.resize, tuple) and self.kind == "classification" and self.crop is None
         if opts.resize is not None and squashes and opts.crop is None:
             resize = (opts.resize, opts.resize)
-        if opts.decode == "device" and self.kind not in DEVICE_DECODE_KINDS:
-            raise UsageProblem(
-                f"--decode device reads image files, and this {self.kind.replace('_', ' ')} model takes frames "
-                "decoded on the CPU",
-                hint="leave out --decode device",
-            )
+        refuse_device_decoding(opts.decode, self.kind)
         return self.replace(
             resize=resize,
             crop=opts.crop,

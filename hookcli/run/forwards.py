@@ -62,7 +62,10 @@ def prepared_model(loaded: LoadedModel, settings: RunSettings):
     device = torch.device(settings.device)
     memory_format = settings.memory_format
     with given_back(loaded.module) if loaded.handed_in else contextlib.nullcontext():
-        with torch.inference_mode(False):  # weights moved or laid out that autograd takes, in any caller's mode
+        # weights moved or laid out are tensors autograd takes, in any caller's mode; those of a module made under
+        # inference mode stay inference tensors, as torch runs them only so
+        made_inferring = any(parameter.is_inference() for parameter in loaded.module.parameters())
+        with torch.inference_mode(made_inferring):
             model = speed.to_memory_format(loaded.module.to(device), memory_format)
 
         def to_device(batch):

@@ -30,6 +30,7 @@ from hookcli.errors import UsageProblem
 from hookcli.families import family_traits
 from hookcli.files import check_folder_output
 from hookcli.inputs.discovery import FoundInputs
+from hookcli.inputs.preprocess import refuse_device_decoding
 from hookcli.inputs.rows import find_rows
 from hookcli.models.catalog import ModelChoice, as_model, choose_model
 from hookcli.models.loaded import LoadedModel
@@ -118,6 +119,8 @@ def request(
     settings = RunSettings.asked(opts, captures=does.captures_as_asked, stores=does.stores_as_asked, fuses=does.fuses)
     keys = selector_keys(as_selectors(layers)) if does.selects_layers else None
     does.check(family, family_traits(family), opts)
+    if family_traits(family).videos:  # before the inputs are read, which takes PyAV
+        refuse_device_decoding(opts.decode, family)
     kind, path = does.output(output, model_name, opts)
     output_at = _OUTPUTS[kind]
     if opts.shard_size and not output_at.shared:
