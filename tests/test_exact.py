@@ -1,6 +1,7 @@
 """Exact float32 wherever a run computes, and the caller's model given back as it was: what a GPU run relies on,
 checked here on the CPU (torch's settings are read inside a hook; CUDA's only as settings)."""
 
+import contextlib
 import os
 
 import pytest
@@ -71,6 +72,40 @@ def test_cuda_fp32_takes_deterministic_algorithms_for_the_run_only(monkeypatch):
     assert not torch.are_deterministic_algorithms_enabled()
     with float32_math("fp32", torch.device("cpu")):  # the CPU's kernels are deterministic as they are
         assert not torch.are_deterministic_algorithms_enabled()
+
+
+def _attention_kernels() -> tuple[bool, bool, bool]:
+    cuda = torch.backends.cuda
+    return cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled(), cuda.math_sdp_enabled()
+
+
+def test_cuda_fp32_gradients_take_attentions_math_kernel_whose_backward_is_deterministic():
+    before = _attention_kernels()
+    assert before == (True, True, True)
+    with float32_math("fp32", torch.device("cuda"), backward=True):
+        assert _attention_kernels() == (False, False, True)
+    for fused_kept in (
+        float32_math("fp32", torch.device("cuda")),  # a forward alone: the fused kernels' forwards are deterministic
+        float32_math("tf32", torch.device("cuda"), backward=True),
+        float32_math("fp32", torch.device("cpu"), backward=True),
+    ):
+        with fused_kept:
+            assert _attention_kernels() == before
+    assert _attention_kernels() == before
+
+
+def test_the_gradient_commands_forward_asks_for_the_math_of_a_backward(monkeypatch, photo):
+    from hookcli.run import gradients
+
+    asked = []
+
+    def recorded(precision, device, **keywords):
+        asked.append((precision, device.type, keywords))
+        return contextlib.nullcontext()
+
+    monkeypatch.setattr(gradients, "compute_precision", recorded)
+    hookcli.grad(load_model("resnet18", "none"), "layer4", [photo])
+    assert asked == [("fp32", "cpu", {"backward": True})]
 
 
 def test_tf32_is_asked_for_and_only_on_nvidia_gpus(loose_settings):

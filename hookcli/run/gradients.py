@@ -131,7 +131,7 @@ class GradientForward:
                 self.on_note(said)
 
     def _forward(self, batch) -> tuple[dict, list | None]:
-        with compute_precision(self.settings.precision, batch_device(batch)):
+        with compute_precision(self.settings.precision, batch_device(batch), backward=True):
             if self.rows is not None:  # a detection model
                 captured, about, _ = self.capture.run_gradients(list(batch), score=self._detection_scores)
                 return self.rows.cut(captured), about

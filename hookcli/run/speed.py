@@ -35,6 +35,7 @@ from collections.abc import Iterator, Mapping
 
 import torch
 import torch.nn as nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torchvision.models.feature_extraction import create_feature_extractor
 
 from hookcli.console import TF32_LEFT_OFF
@@ -139,12 +140,13 @@ def compute_dtype(precision: str):
 
 
 @contextlib.contextmanager
-def compute_precision(precision: str, device) -> Iterator[None]:
-    """The math of ``precision`` for a forward (or a backward) inside: autocast for ``bf16``/``fp16``, and float32
-    as :func:`float32_math` sets it for ``fp32`` and ``tf32``. Entered around each call of the model, never across a
-    ``yield`` that a caller may leave unfinished: torch's settings are the process's own."""
+def compute_precision(precision: str, device, *, backward: bool = False) -> Iterator[None]:
+    """The math of ``precision`` for a forward (and with ``backward``, the backward its graph makes) inside: autocast
+    for ``bf16``/``fp16``, and float32 as :func:`float32_math` sets it for ``fp32`` and ``tf32``. Entered around each
+    call of the model, never across a ``yield`` that a caller may leave unfinished: torch's settings are the
+    process's own."""
     if precision in ("fp32", "tf32"):
-        with float32_math(precision, device):
+        with float32_math(precision, device, backward=backward):
             yield
         return
     with torch.autocast(device_type=device.type, dtype=compute_dtype(precision)):
@@ -168,12 +170,14 @@ _FLOAT32_PRECISIONS = (
 
 
 @contextlib.contextmanager
-def float32_math(precision: str, device) -> Iterator[None]:
+def float32_math(precision: str, device, *, backward: bool = False) -> Iterator[None]:
     """Inside, float32 math is what ``precision`` promises; torch's settings are restored afterwards.
 
     ``fp32``: true float32 on every device (no TF32 in cuDNN convolutions or CUDA matrix products), and on CUDA
     deterministic algorithms (cuDNN's deterministic ones, no benchmarking, torch's deterministic kernels where it has
-    them), so one process or many write the same bytes. ``tf32``: TF32 for convolutions and matrix products,
+    them), so one process or many write the same bytes; for a forward whose graph a ``backward`` follows, attention
+    (``scaled_dot_product_attention``) by its math kernel there, as the fused kernels' backward passes add in no
+    fixed order. ``tf32``: TF32 for convolutions and matrix products,
     algorithms as torch picks them. ``bf16``/``fp16``: autocast (:func:`compute_precision`); what stays in float32
     runs as torch is set.
     """
@@ -187,6 +191,8 @@ def float32_math(precision: str, device) -> Iterator[None]:
             restore.enter_context(_set(torch.backends.cudnn, deterministic=True, benchmark=False))
             if device.type == "cuda":
                 restore.enter_context(_deterministic_algorithms())
+                if backward:
+                    restore.enter_context(sdpa_kernel([SDPBackend.MATH]))
         yield
 
 
