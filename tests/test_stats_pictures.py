@@ -430,6 +430,18 @@ def test_tokens_that_do_not_fold_are_drawn_alone_as_a_row(inputs, stats_file):
     assert (plain[:factor] == expected).all(axis=2).mean() > 0.8
 
 
+@pytest.mark.parametrize("positions", [6, 16])
+def test_a_conv1d_layers_maps_pass_the_checks_and_are_drawn_alone_as_a_row(inputs, stats_file, positions):
+    units = {"mix": {"channels": 2, "spatial": [positions], "layout": "maps", "skip": 0, "row_shape": [2, positions]}}
+    features = _synthetic(inputs, units, preprocess=_preprocess(stats_file))
+    [plain] = hookcli.grid(features, channels="0", columns=1, **PLAIN).values()
+    row = colorize(scale_maps(np.eye(positions, dtype=np.float32)[None, :1])[0], "inferno")  # example 0: position 0
+    factor = EXAMPLE_SIDE // positions  # a line of positions, never folded to a square as a ViT's tokens are
+    expected = row.repeat(factor, axis=0).repeat(factor, axis=1)
+    assert plain.shape[1] == expected.shape[1] and plain.shape[0] < plain.shape[1] / 2  # two lines, not squares
+    assert (plain[:factor] == expected).all(axis=2).mean() > 0.8
+
+
 def test_a_photo_that_cannot_be_read_leaves_the_map_alone_and_says_so(stats_file, inputs, tmp_path):
     moved = [tmp_path / "gone.jpg", *inputs[1:]]
     units = {"layer3": {"channels": 2, "spatial": [4, 4], "layout": "maps", "skip": 0, "row_shape": [2, 4, 4]}}

@@ -138,9 +138,9 @@ def _map_at(layer: StatsLayer, values: np.ndarray, at: list[int] | None):
         return None, None, None
     if len(layer.spatial) == 3:  # a clip: the frame of its largest value
         return values[at[0]], (at[1], at[2]), at[0]
-    if layer.layout == "tokens":
+    if len(layer.spatial) == 1:  # tokens, or a Conv1d's positions
         side = math.isqrt(layer.spatial[0])
-        if side * side == layer.spatial[0]:  # folded to a square, as grid folds tokens
+        if layer.layout == "tokens" and side * side == layer.spatial[0]:  # folded to a square, as grid folds tokens
             return values.reshape(side, side), divmod(at[0], side), None
         return values.reshape(1, -1), (0, at[0]), None
     return values, (at[0], at[1]), None

@@ -200,7 +200,7 @@ def _layer_units(name: str, key: str, described) -> dict:
         "tokens": [spatial[0] + skip, channels] if len(spatial) == 1 else None,
         "flat": [channels] if not spatial else None,
     }[layout]
-    if (layout == "maps" and not 2 <= len(spatial) <= 3) or (layout == "channels_last" and len(spatial) != 2):
+    if (layout == "maps" and not 1 <= len(spatial) <= 3) or (layout == "channels_last" and len(spatial) != 2):
         expected = None
     if expected != row or (skip and layout != "tokens"):
         raise _damaged(
