@@ -482,6 +482,18 @@ def test_a_comparisons_plan_run_alone_is_refused_with_where_to_run_it(images):
     )
 
 
+def test_minibatch_cka_keeps_its_value_when_every_feature_shares_a_large_offset():
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((64, 256)).astype(np.float32)
+    tensors = {"x": torch.from_numpy(x), **{f"x+{o}": torch.from_numpy(x + np.float32(o)) for o in (1000, 10000)}}
+    found = hookcli.compare(features=Features(tensors, {"inputs": json.dumps([f"/p/{i}.jpg" for i in range(64)])}),
+                            method="minibatch-cka", batch_size=16)  # fmt: skip
+    # float32 keeps x + 10000 - 10000 within 1e-3 of x: the estimate stays that close to 1 (it was 0.056 before the
+    # batches' means came off their Gram matrices, and NaN at an offset of 3000)
+    np.testing.assert_allclose(found["minibatch-cka"].numpy(), np.ones((3, 3)), atol=1e-6)
+    assert "undefined" not in found.metadata or json.loads(found.metadata["undefined"]) == []
+
+
 def test_a_representation_without_spread_is_undefined_for_minibatch_cka_whatever_the_batches():
     rng = np.random.default_rng(5)
     tensors = {"x": torch.from_numpy(rng.standard_normal((40, 6))), "c": torch.full((40, 5), 0.1),

@@ -230,7 +230,10 @@ class MinibatchCKA:
 
     @staticmethod
     def _gram(x: torch.Tensor) -> torch.Tensor:
+        """The batch's Gram matrix, of its rows less their mean: the unbiased HSIC is the same of either, and without
+        a large common offset its sums do not cancel to rounding noise."""
         flat = x.reshape(x.shape[0], -1).to(_F64)
+        flat = flat - flat.mean(dim=0)
         return flat @ flat.T
 
     def _to(self, device) -> None:
