@@ -63,6 +63,24 @@ def test_debiased_cka_is_the_unbiased_estimator_of_the_whole_gram_matrices_howev
     np.testing.assert_allclose(two_sides["linear-cka"].numpy(), expected[:1, 1:], rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.parametrize("spoilt", [float("nan"), float("inf")])
+def test_a_representation_with_a_value_that_is_not_finite_leaves_the_others_debiased_cka_as_it_was(spoilt):
+    features = _features(23)
+    pooled = {key: _pooled(features, key) for key in KEYS}
+    expected = np.array([[_debiased(pooled[r], pooled[c]) for c in KEYS] for r in KEYS])
+    bad = np.array(features["a"], dtype=np.float32)
+    bad[9, 2] = spoilt  # in the second shard of 8, and in a batch of 4 or 5 after the first
+    spoiled = Features({**{key: features[key] for key in KEYS}, "bad": bad}, dict(features.metadata))
+    for batch, shard in ((23, None), (4, 8), (5, 5)):
+        found = hookcli.compare(features=spoiled, debiased=True, batch_size=batch, shard_size=shard)
+        order = json.loads(found.metadata["rows"])
+        assert order == ["a", "b", "bad", "c"] and json.loads(found.metadata["undefined"]) == ["bad"]
+        matrix = found["linear-cka"].numpy()
+        kept = [order.index(key) for key in KEYS]
+        np.testing.assert_allclose(matrix[np.ix_(kept, kept)], expected, rtol=1e-9, atol=1e-12)
+        assert np.isnan(matrix[2]).all() and np.isnan(matrix[:, 2]).all()
+
+
 def test_unrelated_representations_read_high_plainly_and_near_0_debiased():
     rng = np.random.default_rng(3)
     rows, names = 24, [f"r{n}" for n in range(6)]

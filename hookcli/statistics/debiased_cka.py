@@ -21,7 +21,9 @@ with ``A_x = Σ_i ‖xc_i‖²``. Besides the co-moments linear CKA keeps, it ke
 point, the first batch's means (only the difference of the means enters, and
 the batch's own rows); the state a file keeps, and a merge, take them about the
 running means, as the co-moments are. No raw sum is held whose cancellation
-would lose a small spread.
+would lose a small spread. A representation with a value that is not finite
+has no CKA (its co-moments say so); its debiased sums are taken as 0 wherever
+they meet another's, so that they leave the others' as they are.
 
 >>> from hookcli.statistics.similarity import hsic_unbiased
 >>> rng = torch.Generator().manual_seed(0)
@@ -69,16 +71,17 @@ class DebiasedLinearCKA(LinearCKA):
         members = self._members(joined.device)
         count, mean = joined.shape[0], joined.mean(dim=0)
         centred = joined - mean
-        squares = centred.square() @ members  # [n, R]: each row's squared norm, a representation
-        third, fourth, spread = centred.T @ squares, squares.T @ squares, squares.sum(dim=0)
+        clean, clean_mean = _finite(centred), _finite(mean)
+        squares = clean.square() @ members  # [n, R]: each row's squared norm, a representation
+        third, fourth, spread = clean.T @ squares, squares.T @ squares, squares.sum(dim=0)
         if self.third is None or self.fourth is None or self.mean is None:
-            self.third, self.fourth, self.reference = third, fourth, mean
+            self.third, self.fourth, self.reference = third, fourth, clean_mean
         else:
             if self.reference is None:
-                self.reference = self.mean.clone()  # the running means, held still (they change in place)
-            shift = mean - self.reference
+                self.reference = _finite(self.mean)  # the running means, held still (a copy: they change in place)
+            shift = clean_mean - self.reference
             # The batch's co-moments enter only against the shift: Σ yc (yc·s), without making the [D, D] matrix.
-            pulled = centred.T @ (centred @ (shift[:, None] * members))
+            pulled = clean.T @ (clean @ (shift[:, None] * members))
             moved = _shifted(count, third, fourth, spread, shift, members, pulled=pulled)
             self.third, self.fourth = self.third + moved[0], self.fourth + moved[1]
         self._add(mean, centred)  # the means and co-moments, as plain CKA keeps them
@@ -100,7 +103,7 @@ class DebiasedLinearCKA(LinearCKA):
         joint = self.mean + (other.mean.to(device) - self.mean) * (other.count / total)
         comoment = other.comoment.to(device)
         held = _shifted(self.count, *mine, self._spread(members), self.mean - joint, members, self.comoment)
-        spread = torch.diagonal(comoment) @ members
+        spread = _finite(torch.diagonal(comoment)) @ members
         moved = _shifted(
             other.count, theirs[0].to(device), theirs[1].to(device), spread, other.mean.to(device) - joint, members,
             comoment,
@@ -116,8 +119,8 @@ class DebiasedLinearCKA(LinearCKA):
             return self.third, self.fourth
         assert self.mean is not None and self.comoment is not None, "made with the means"
         members = self._members(self.comoment.device)
-        shift, spread = self.mean - self.reference, self._spread(members)
-        pulled = self.comoment @ (shift[:, None] * members)
+        shift, spread = _finite(self.mean) - self.reference, self._spread(members)
+        pulled = _finite(self.comoment) @ (shift[:, None] * members)
         third = self.third - _moves(self.count, self.third, spread, shift, members, pulled=pulled)[0]
         return third, self.fourth - _moves(self.count, third, spread, shift, members, pulled=pulled)[1]
 
@@ -134,7 +137,7 @@ class DebiasedLinearCKA(LinearCKA):
     def _spread(self, members: torch.Tensor) -> torch.Tensor:
         """``[R]``: Σ ‖xc_i‖² of each representation, the traces of its co-moments."""
         assert self.comoment is not None, "made with the means"
-        return torch.diagonal(self.comoment) @ members
+        return _finite(torch.diagonal(self.comoment)) @ members
 
     def result(self) -> torch.Tensor:
         """Debiased CKA of each pair, float64 ``[A, B]`` (NaN where a representation's unbiased HSIC with itself
@@ -205,11 +208,13 @@ def _shifted(
 
 def _moves(count, third, spread, shift, members, comoment=None, pulled=None) -> tuple[torch.Tensor, torch.Tensor]:
     """What :func:`_shifted` adds to ``third`` and to ``fourth`` (``third``: about the means)."""
+    third, spread, shift = _finite(third), _finite(spread), _finite(shift)
     moved = shift.square() @ members  # [R]: ‖shift‖², a representation
     parted = shift[:, None] * members  # [D, R]: the shift of each representation alone
     if pulled is None:
         assert comoment is not None, "the co-moments or their product with the shift"
-        pulled = comoment @ parted  # [D, R]
+        pulled = _finite(comoment) @ parted  # [D, R]
+    pulled = _finite(pulled)
     across = parted.T @ third  # [R, R]: shift_xᵀ Σ xc_i ‖yc_i‖²
     third_added = 2 * pulled + torch.outer(shift, spread) + count * torch.outer(shift, moved)
     fourth_added = (
@@ -220,3 +225,9 @@ def _moves(count, third, spread, shift, members, comoment=None, pulled=None) -> 
         + count * torch.outer(moved, moved)
     )
     return third_added, fourth_added
+
+
+def _finite(values: torch.Tensor) -> torch.Tensor:
+    """``values`` with 0 for each value that is not finite (a copy): what a representation that holds one adds to the
+    others' sums, where a product with its 0 in ``members`` would make them NaN."""
+    return torch.nan_to_num(values, nan=0.0, posinf=0.0, neginf=0.0)
