@@ -231,6 +231,14 @@ def test_units_of_tokens_vectors_channels_last_and_clips():
     assert UnitLayout.of((5 + 49, 32), prefix_tokens=5).skip == 5
     assert UnitLayout.of((50, 8)).skip == 1  # no count given: a class token before a square of patches
     assert (UnitLayout.of((11, 8)).skip, UnitLayout.of((11, 8)).spatial) == (0, (11,))  # no square: every token
+    # The model's own count decides, whatever the shape suggests: a class token before 4x6 patches (25 tokens, a
+    # square), 17 patches of a model without one, a class token and 4 registers before 12 patches.
+    assert [UnitLayout.of((tokens, 8), prefix_tokens=said).skip for tokens, said in [(25, 1), (17, 0), (17, 5)]] == [
+        1,
+        0,
+        5,
+    ]
+    assert UnitLayout.of((17, 8), prefix_tokens=17).skip == 1  # not the model's tokens: read by their shape
     rows = torch.arange(2 * 4 * 4 * 3, dtype=torch.float32).reshape(2, 4, 4, 3)
     last = UnitLayout.of((4, 4, 3), channels_last=True)
     assert last.kind == "channels_last" and torch.equal(last.units(rows)[1, 2], rows[1, :, :, 2].reshape(-1))

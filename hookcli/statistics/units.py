@@ -98,10 +98,10 @@ class UnitLayout:
             return cls(shape, shape[2], shape[:2], "channels_last")
         if len(shape) == 2:
             tokens, dim = shape
-            skip = next(
-                (s for s in (*([prefix_tokens] if prefix_tokens else []), 0, 1) if tokens > s and _square(tokens - s)),
-                prefix_tokens if prefix_tokens and tokens > prefix_tokens else 0,
-            )
+            if prefix_tokens is not None and 0 <= prefix_tokens < tokens:  # the model's own count, grid square or not
+                skip = prefix_tokens
+            else:  # a model that does not say: a class token where the rest, and not the whole, fold to a square
+                skip = 1 if tokens > 1 and not _square(tokens) and _square(tokens - 1) else 0
             return cls(shape, dim, (tokens - skip,), "tokens", skip)
         if len(shape) == 3 and channels_last and shape[0] == shape[1] != shape[2]:
             return cls(shape, shape[2], shape[:2], "channels_last")
