@@ -162,6 +162,7 @@ LAZY_IMPORTS = {
             ("cam", "hookcli.pictures.render"),
             ("cam", "hookcli.run.batches"),
             ("cam", "hookcli.run.gradients"),
+            ("cam", "hookcli.statistics.units"),
             ("cam", "hookcli.storage.writers"),
             ("stats", "hookcli.statistics.channel_stats"),
             ("stats", "hookcli.statistics.layer"),

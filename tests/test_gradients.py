@@ -323,6 +323,23 @@ def test_cam_on_a_vit_folds_tokens_into_a_square(runner, images, tmp_path):
     assert metadata["cam_layer"] == "encoder.layers.encoder_layer_11.ln_1"
 
 
+def test_cam_of_a_map_whose_channels_equal_its_height_on_an_input_that_is_not_square(tmp_path):
+    import hookcli
+
+    photo = tmp_path / "wide.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (48, 64, 3), dtype=np.uint8)).save(photo)
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 8, 4, stride=4), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 3))
+    net = (net, {"resize": [32, 40]})  # its own preprocessing: squashed to 32 high, 40 wide
+    found = hookcli.grad(net, "0", [photo], target="1")
+    activations, gradients = found["0"], found["0@grad"]
+    assert activations.shape == (1, 8, 8, 10)  # [N, C, H, W], C equal to H: channels first, as the module says
+    expected = class_activation_maps(activations, gradients)
+    cams = hookcli.cam(net, [photo], layer="0", target="1")
+    assert cams["cam"].shape == (1, 8, 10)
+    torch.testing.assert_close(cams["cam"], expected)
+
+
 def test_class_names_come_with_pretrained_weights(runner, images, tmp_path):
     torch.manual_seed(0)
     cached = Path(os.environ["TORCH_HOME"]) / "hub" / "checkpoints" / "resnet18-f37072fd.pth"

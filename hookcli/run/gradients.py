@@ -43,6 +43,7 @@ from hookcli.run.capture import GradientCapture, preserved_mode
 from hookcli.run.forwards import DetectionRows
 from hookcli.run.speed import compute_precision
 from hookcli.run.targets import Target
+from hookcli.statistics.units import width_axis
 from hookcli.storage.fileformat import RunFacts
 
 __all__ = [
@@ -255,6 +256,8 @@ class CamForward(GradientForward):
         method: str = "gradcam",
         scores: str | None = None,
         prefix_tokens: int | None = None,
+        square: bool = True,
+        width: int | None = None,
     ) -> None:
         if method not in CAM_METHODS:
             raise UsageProblem(f"unknown CAM method '{method}'", hint=f"use one of {', '.join(CAM_METHODS)}")
@@ -262,7 +265,8 @@ class CamForward(GradientForward):
         super().__init__(
             model, {self.layer: "act"}, settings, on_note, target=target, categories=categories, scores=scores
         )
-        self.method, self.prefix_tokens = method, prefix_tokens
+        self.method = method
+        self._maps_of = functools.partial(spatial_maps, prefix_tokens=prefix_tokens, square=square, width=width)
 
     def __call__(self, batch) -> tuple[dict, list | None]:
         captured, targets = super().__call__(batch)
@@ -278,8 +282,7 @@ class CamForward(GradientForward):
                 + "; 'hookcli layers' shows each module's calls",
             )
         activations = captured["act"]
-        maps = {}
-        maps_of = functools.partial(spatial_maps, prefix_tokens=self.prefix_tokens)
+        maps, maps_of = {}, self._maps_of
         for k in range(self.target.count):
             gradient = captured["act@grad" if self.target.count == 1 else f"act@grad#{k}"]
             if isinstance(activations, list):  # rows of their own sizes: a map each
@@ -311,17 +314,21 @@ def _describe_targets(classes, logits, categories) -> list[list[dict]]:
     return rows
 
 
-def spatial_maps(tensor, prefix_tokens: int | None = None):
+def spatial_maps(tensor, prefix_tokens: int | None = None, *, square: bool = True, width: int | None = None):
     """A batch of layer outputs as ``[N, C, H, W]``.
 
-    Crops are square, so a 4-D output is channels-first when its last two
-    axes are equal and channels-last ([N, H, W, C], as inside Swin) when its
-    middle two are; tokens ``[N, T, D]`` fold into a square, the model's
+    A 4-D output is channels-last ([N, H, W, C], as inside Swin) where its
+    module's ``width`` (:func:`~hookcli.statistics.units.known_units`) is its
+    last axis, or, where the width does not tell, where the inputs are
+    ``square`` and its middle two axes are equal and the last differs; else
+    channels-first. Tokens ``[N, T, D]`` fold into a square, the model's
     ``prefix_tokens`` (class and register tokens) left out first; when the
     model does not say, a leading class token is dropped when T-1 is square.
     """
     if tensor.dim() == 4:
-        return tensor.permute(0, 3, 1, 2) if channels_last_output(tensor.shape) else tensor
+        said = width_axis(tuple(tensor.shape[1:]), width)
+        last = said == -1 if said is not None else square and channels_last_output(tensor.shape)
+        return tensor.permute(0, 3, 1, 2) if last else tensor
     if tensor.dim() == 3:
         dim, side, _, layout = map_layout(tensor.shape[1:], prefix_tokens)  # the square pictures draw, too
         if layout != "matrix":

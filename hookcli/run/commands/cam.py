@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hookcli.errors import UsageProblem
-from hookcli.families import FamilyTraits
+from hookcli.families import FamilyTraits, square_input
 from hookcli.files import check_folder_output, refuse_existing
 from hookcli.options.run import RunOptions
 from hookcli.run.commands.base import Asked, Parts, Planned, refuse_unsupported
@@ -56,6 +56,7 @@ class Cam(Grad):
     def plan(self, asked: Asked, loaded: LoadedModel, settings: RunSettings) -> Parts:
         from hookcli.pictures.cams import cam_png_name
         from hookcli.run.gradients import CamForward
+        from hookcli.statistics.units import known_units
 
         opts = asked.opts
         target, notes = gradient_target(loaded, opts)
@@ -74,6 +75,8 @@ class Cam(Grad):
             method=opts.method,
             scores=loaded.scores,
             prefix_tokens=loaded.prefix_tokens,
+            square=square_input(settings.preprocess),
+            width=known_units(loaded.module.get_submodule(layer)),
         )
         return Parts(
             {layer: "cam"},
