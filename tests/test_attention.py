@@ -195,6 +195,9 @@ def test_what_is_not_attention_is_refused_in_one_line(photos):
         "--capture attention: 'encoder.layers.encoder_layer_0.ln_1' is a LayerNorm, not an attention module hookcli "
         "knows (torch.nn.MultiheadAttention"
     )
+    with pytest.raises(UsageProblem) as refused:  # the model itself, by the name the command line gives it
+        hookcli.extract(_vit(), ".", photos, capture="attention", resize=16, crop=16)
+    assert refused.value.message.startswith("--capture attention: '.' is a VisionTransformer, not an attention module")
     with pytest.raises(UsageProblem) as refused:
         hookcli.extract(_vit(), "encoder.layers.encoder_layer_0.self_attention", photos, capture="attention",
                         pool="avg", resize=16, crop=16)  # fmt: skip

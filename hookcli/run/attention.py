@@ -93,7 +93,7 @@ def check_attention(module: nn.Module, path: str) -> str:
     kind = attention_kind(module)
     if kind is None:
         raise UsageProblem(
-            f"--capture attention: '{path}' is a {type(module).__name__}, not an attention module hookcli knows "
+            f"--capture attention: '{path or '.'}' is a {type(module).__name__}, not an attention module hookcli knows "
             f"({', '.join(KINDS.values())})",
             hint="name the attention module itself (hookcli layers lists them: self_attention, attn, attention…)",
         )
