@@ -202,6 +202,11 @@ CRAFTED = {
         f"{DAMAGED}: 'linear-cka@comoment' is F64 [21, 20], not F64 [21, 21] (the co-moments of the 21 columns of "
         f"'linear-cka@mean'). {REWRITE}",
     ),
+    "sums of more columns than linear CKA keeps": (
+        "cka",
+        lambda tensors, metadata: tensors.update({"linear-cka@mean": np.zeros(16_385)}),
+        f"{DAMAGED}: 'linear-cka@mean' has 16,385 columns, more than linear CKA keeps sums of (16,384). {REWRITE}",
+    ),
     "sums in a minibatch file": (
         "cka",
         lambda tensors, metadata: (

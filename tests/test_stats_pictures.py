@@ -181,6 +181,11 @@ CRAFTED = {
         f"{DAMAGED}: 'fc@top_at' is not one of the fields of layer 'fc' (count, mean, std, min, max, zeros, "
         f"quantiles, top_values, top_rows, top_maps, cov, pca_values, pca_vectors). {REWRITE}",
     ),
+    "a covariance wider than statistics keep": (
+        _units(lambda units: units["fc"].update(channels=9000, row_shape=[9000])),
+        f"{DAMAGED}: layer 'fc' has 9,000 channels and their covariance, which is kept of 8,192 channels at most. "
+        f"{REWRITE}",
+    ),
     "inputs that are not a list": (
         _entry("inputs", '{"a": 1}'),
         f"{DAMAGED}: its 'inputs' metadata is not a list of input paths. {REWRITE}",

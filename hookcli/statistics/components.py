@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from hookcli.errors import UsageProblem
@@ -86,8 +87,9 @@ def read_basis(path) -> dict[str, Basis]:
         for key, layer in stats.layers.items():
             if is_component_key(key):
                 continue  # components of components: not asked for
-            count = min(MOST_COMPONENTS, layer.channels)
-            vectors = torch.from_numpy(stats.read(key, "pca_vectors")[:, :count].copy())
+            count = min(MOST_COMPONENTS, layer.channels)  # each channel's first components: none of the others read
+            rows = [stats.channel(key, "pca_vectors", channel, count) for channel in range(layer.channels)]
+            vectors = torch.from_numpy(np.stack(rows))
             found[key] = Basis(torch.from_numpy(stats.read(key, "mean").copy()), vectors)
     return found
 

@@ -44,11 +44,12 @@ import torch
 
 from hookcli.statistics.base import stored
 from hookcli.statistics.units import UnitBatch
+from hookcli.storage.stats_format import MOST_COVARIED
 
 __all__ = ["MAX_CHANNELS", "Covariance", "principal_components"]
 
 #: The widest layer whose covariance is kept: 8,192 channels make a 512 MiB matrix.
-MAX_CHANNELS = 8192
+MAX_CHANNELS = MOST_COVARIED
 
 _F64 = torch.float64
 

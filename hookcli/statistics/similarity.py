@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from hookcli.statistics.base import stored
+from hookcli.storage.compare_format import MOST_COLUMNS
 
 __all__ = [
     "MAX_WIDTH",
@@ -57,7 +58,7 @@ __all__ = [
 
 #: The widest representation linear CKA keeps the co-moments of (values a row): wider ones want ``minibatch-cka``
 #: or pooling.
-MAX_WIDTH = 16_384
+MAX_WIDTH = MOST_COLUMNS
 #: The fewest rows the unbiased HSIC is defined for.
 MIN_BATCH = 4
 

@@ -35,6 +35,7 @@ __all__ = [
     "COMPARE_KIND",
     "METHODS",
     "RDM",
+    "MOST_COLUMNS",
     "MOST_LABELS",
     "SECOND_SIDE",
     "second_names",
@@ -63,6 +64,9 @@ RDM = "rdm@"
 SECOND_SIDE = "2:"
 #: The most representations a side of a comparison has: its matrix (float64) is read whole, 32 MiB at the most.
 MOST_LABELS = 2048
+#: The most values a row of every representation a linear-cka file's sums cover (16,384): their co-moments, a
+#: float64 square of that side, are read whole (2 GiB at the most).
+MOST_COLUMNS = 16_384
 #: The tensors a file of each method holds, in words.
 _HOLDS = {
     "linear-cka": "the matrix 'linear-cka' and its sums, linear-cka@count, @widths, @mean and @comoment",
@@ -257,6 +261,8 @@ def _check_state(
     if (dtype, len(shape)) != ("F64", 1):
         raise ValueError(f"'{mean}' is {dtype} {list(shape)}, not F64 [D] (every column's mean, one after the other)")
     total = shape[0]
+    if total > MOST_COLUMNS:
+        raise ValueError(f"'{mean}' has {total:,} columns, more than linear CKA keeps sums of ({MOST_COLUMNS:,})")
     _check_shape(shapes, comoment, "F64", [total, total], f"the co-moments of the {total} columns of '{mean}'")
     rows_seen = int(read(count))
     if rows_seen < 0:

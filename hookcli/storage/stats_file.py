@@ -44,6 +44,7 @@ from hookcli.storage.reader import CheckedFile, FeatureReader
 from hookcli.storage.stats_format import (
     FIELDS,
     MOST_CHANNELS,
+    MOST_COVARIED,
     MOST_EXAMPLES,
     MOST_POSITIONS,
     STATS_FORMAT_VERSION,
@@ -248,6 +249,12 @@ def _checked_layer(features: FeatureReader, key: str, units: dict, levels: int, 
             features.name,
             f"'{stats_key(key, 'top_values')}' keeps {examples:,} examples a channel, more than --top keeps "
             f"({MOST_EXAMPLES:,} at most)",
+        )
+    if pca and channels > MOST_COVARIED:
+        raise _damaged(
+            features.name,
+            f"layer '{key}' has {channels:,} channels and their covariance, which is kept of {MOST_COVARIED:,} "
+            "channels at most",
         )
     sizes = {"C": f"{channels} channels", "K": f"{examples} examples", "Q": f"{levels} quantile levels"}
     for field in layer_fields(pca=pca, spatial=spatial):

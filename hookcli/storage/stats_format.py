@@ -31,6 +31,7 @@ from hookcli.storage.gathered_format import gathered_metadata
 __all__ = [
     "COMPONENTS",
     "MOST_CHANNELS",
+    "MOST_COVARIED",
     "MOST_EXAMPLES",
     "MOST_POSITIONS",
     "FIELDS",
@@ -55,6 +56,8 @@ MOST_CHANNELS = 1 << 20
 #: The most positions a channel's map has (4,194,304: a 2048 x 2048 map), and the most examples a channel keeps:
 #: a channel's examples' maps are read whole.
 MOST_POSITIONS, MOST_EXAMPLES = 1 << 22, 1000
+#: The widest layer whose covariance and principal components are kept (8,192 channels: 512 MiB a matrix).
+MOST_COVARIED = 8192
 STATS_KIND = "stats"
 #: The ``kind`` of a part of a statistics file still being computed (a shard of ``<output>.parts/``): its tensors
 #: are accumulators' states, and :data:`PART_ROWS` lists the inputs it has rows of.
