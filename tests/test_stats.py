@@ -845,3 +845,17 @@ def test_a_shard_size_that_leaves_a_last_shard_too_small_is_refused_with_one_tha
         "--shard-size 120, or leave it out"
     )
     assert checked_shard_size(None, 120, 20, 4) >= 120 and checked_shard_size(12, 120, 20, 4) == 12
+
+
+def test_a_layers_quantiles_are_the_same_whichever_layers_are_gathered_with_it():
+    rng = np.random.default_rng(0)
+    maps = {key: torch.from_numpy(rng.standard_normal((20, 4, 16, 16)).astype(np.float32)) for key in ("a", "b")}
+    saved = Features(maps, {"inputs": json.dumps([f"/photos/{n}.jpg" for n in range(20)])})
+    alone = hookcli.stats(features=saved, keys=["b"], top=1)
+    beside = hookcli.stats(features=saved, keys=["a", "b"], top=1)
+    # 5,120 values a channel: past the sketch's first level, so its random choices are drawn (the key's own)
+    assert torch.equal(alone["b@quantiles"], beside["b@quantiles"])
+    levels = np.sort(maps["b"].numpy().transpose(1, 0, 2, 3).reshape(4, -1), axis=1)
+    for channel, value in enumerate(alone["b@quantiles"][:, 1].tolist()):  # level 0.99: a rank within 0.1%
+        rank = np.searchsorted(levels[channel], value, side="right")
+        assert abs(rank - 0.99 * 5120) <= 0.001 * 5120 + 1

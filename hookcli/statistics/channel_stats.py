@@ -11,6 +11,7 @@ the statistics file they make (:mod:`hookcli.storage.stats_format`).
 from __future__ import annotations
 
 import math
+import zlib
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -152,7 +153,7 @@ class GatheredStats:
 
     def update(self, features: Mapping, rows: torch.Tensor) -> None:
         features = self._with_components(features)
-        for position, (key, value) in enumerate(features.items()):
+        for key, value in features.items():
             if key not in self.layers:
                 if isinstance(value, list):
                     raise CaptureError(
@@ -161,9 +162,10 @@ class GatheredStats:
                         hint="give a segmentation model inputs of one size (--resize and --crop); a detector sizes "
                         "each image itself: choose another layer or model",
                     )
-                # Each shard and key draws its own random choices, the same whichever process computes it.
+                # Each shard and key draws its own random choices, the same whichever process computes it and
+                # whichever other layers it gathers with.
                 layout = self.gathering.layout(key, value.shape[1:])
-                seed = self.number * 1009 + position
+                seed = self.number << 32 | zlib.crc32(key.encode())
                 self.layers[key] = LayerStats(layout, self.gathering.choice, seed=seed, key=key, device=value.device)
             self.layers[key].update(value, rows)
 
