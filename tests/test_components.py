@@ -186,3 +186,18 @@ def test_an_output_that_is_the_components_file_is_refused_force_or_not(runner, o
             f"Error: output '{components}' is the input '{components}'. Hint: write the output somewhere else with -o"
         )
     assert components.read_bytes() == before
+
+
+def test_components_that_are_not_finite_are_refused_in_one_line(tmp_path):
+    features = _features()
+    spoiled = np.array(features["vectors"])
+    spoiled[3, 2] = np.nan  # one value: its channel's covariance, and so every component, is NaN
+    given = Features({**{key: features[key] for key in ("maps", "tokens")}, "vectors": spoiled}, features.metadata)
+    made = hookcli.stats(features=given, output=str(tmp_path / "nan.safetensors"), top=1)
+    with pytest.raises(HookcliError) as refused:
+        hookcli.stats(features=features, components=str(made))
+    assert (refused.value.message, refused.value.hint) == (
+        f"'{made}' holds components of 'vectors' that are not finite numbers: its statistics took NaN or infinite "
+        "values, and every projection onto them would be NaN",
+        "gather the statistics again of inputs whose values are finite",
+    )

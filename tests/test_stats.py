@@ -286,6 +286,14 @@ def test_examples_tied_at_a_ceiling_are_named_in_a_note():
         ],
         "mean": [],
     }
+    gradients: list[str] = []  # a gradient ties at its largest value too, and has no ceiling to blame
+    writer = _in_memory(["a", "b", "c"], StatsChoice(top=2), gradients)
+    writer.add(Batch([0, 1, 2], {"x@grad": rows}, [], None, None))
+    writer.finish()
+    assert gradients == [
+        "'x@grad': the 2 examples of 1 of its 3 channels tie at their largest value: they are the first inputs to "
+        "reach it; --top-by mean ranks them by their maps' means"
+    ]
 
 
 # -- runs ---------------------------------------------------------------------------------------------------------

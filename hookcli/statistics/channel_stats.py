@@ -126,10 +126,11 @@ class StatsGathering:
                 continue
             tied = int(((values[:, -1] == values[:, 0]) & (values[:, 0] > low)).sum())
             if tied:
+                why = "" if "@grad" in key else " (an activation's ceiling, as ReLU6's)"  # a gradient has none
                 said.append(
                     f"'{key}': the {values.shape[1]} examples of {tied:,} of its {layout.channels:,} channels tie at "
-                    "their largest value (an activation's ceiling, as ReLU6's): they are the first inputs to reach "
-                    "it; --top-by mean ranks them by their maps' means"
+                    f"their largest value{why}: they are the first inputs to reach it; --top-by mean ranks them by "
+                    "their maps' means"
                 )
         return said
 

@@ -90,6 +90,12 @@ def read_basis(path) -> dict[str, Basis]:
             count = min(MOST_COMPONENTS, layer.channels)  # each channel's first components: none of the others read
             rows = [stats.channel(key, "pca_vectors", channel, count) for channel in range(layer.channels)]
             vectors = torch.from_numpy(np.stack(rows))
+            if not bool(torch.isfinite(vectors).all()):
+                raise UsageProblem(
+                    f"'{path}' holds components of '{key}' that are not finite numbers: its statistics took NaN or "
+                    "infinite values, and every projection onto them would be NaN",
+                    hint="gather the statistics again of inputs whose values are finite",
+                )
             found[key] = Basis(torch.from_numpy(stats.read(key, "mean").copy()), vectors)
     return found
 
