@@ -128,3 +128,16 @@ def test_the_pass_order_follows_the_pillow_installed(monkeypatch, version, expec
         (701, 7, (700, 3)),  # over 100 times as tall as wide, its height shrinking by a pixel
     ]
     assert [resampling._down_first(height, width, size) for height, width, size in shapes] == expected
+
+
+def test_a_batch_of_photos_each_of_its_own_size_is_planned_once():
+    sizes = [(20 + n // 16, 40 + n % 16) for n in range(256)]  # 256 sizes, resized and cropped alike
+    resampling._plan.cache_clear()
+    planned = []
+    for _ in range(2):  # a batch, then the next one of the same sizes
+        for height, width in sizes:
+            resized = (16, round(16 * width / height))
+            window = (0, (resized[1] - 16) // 2, 16, 16)
+            resized_window(torch.zeros(1, height, width, dtype=torch.uint8), resized, window, "bilinear")
+        planned.append(resampling._plan.cache_info().misses)
+    assert planned[0] == planned[1] > 200  # every pass planned in the first batch, and kept for the next
