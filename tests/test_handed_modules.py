@@ -262,7 +262,7 @@ def test_gradients_of_a_mapping_take_its_logits_and_count_its_classes_as_it_runs
     assert torch.equal(hookcli.cam(net, photos, layer="conv", **options)["cam"],
                        hookcli.cam(plain, photos, layer="conv", **options)["cam"])  # fmt: skip
     for target, refusal in (
-        ("4", "target class 4 is out of range: the model has 4 classes. Hint: use 0 to 3"),
+        ("4", "target class 4 is out of range: the model has 4 classes. Hint: use 0 to 3 or top1"),
         ("top5", "target 'top5' asks for 5 classes of 4. Hint: use top1 to top4"),
         ("-1", "target class -1 is out of range. Hint: count classes from 0, or use top1"),
     ):

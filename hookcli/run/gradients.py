@@ -164,7 +164,7 @@ class GradientForward:
             if self.target.class_index >= classes:
                 raise UsageProblem(
                     f"target class {self.target.class_index} is out of range: the model has {classes} classes",
-                    hint=f"use 0 to {classes - 1}",
+                    hint=f"use 0 to {classes - 1} or top1",
                 )
             chosen = torch.full((count, 1), self.target.class_index, device=logits.device)
         if self.target.region is None:
@@ -426,7 +426,7 @@ def picked_classes(target: Target, logits):
     if target.class_index >= logits.shape[1]:
         raise UsageProblem(
             f"target class {target.class_index} is out of range: the model has {logits.shape[1]} classes",
-            hint=f"use 0 to {logits.shape[1] - 1}",
+            hint=f"use 0 to {logits.shape[1] - 1} or top1",
         )
     return torch.full((len(logits), 1), target.class_index, dtype=torch.long, device=logits.device)
 
