@@ -273,6 +273,32 @@ def test_linear_cka_files_over_disjoint_inputs_merge_into_the_whole(runner, tmp_
     assert done.exit_code == 2 and f"Error: '{rsa}' is not a linear-cka comparison file" in done.output
 
 
+def test_files_to_merge_are_checked_by_their_widths_before_any_sums_are_read(tmp_path, monkeypatch):
+    from safetensors.torch import load_file
+
+    from hookcli.storage.features import FeatureFile
+
+    features = _features(4)
+    halves = []
+    for name, rows in (("a", slice(0, 12)), ("b", slice(12, 24))):
+        inputs = json.loads(features.metadata["inputs"])[rows]
+        half = Features({key: features[key][rows] for key in KEYS}, {"inputs": json.dumps(inputs), "model": "m"})
+        halves.append(hookcli.compare(features=half, output=str(tmp_path / f"{name}.safetensors")))
+    with safe_open(halves[1], "pt") as found:
+        metadata = found.metadata()
+    tensors = load_file(halves[1])
+    tensors["linear-cka@widths"] = torch.tensor([5, 7, 5])  # as many columns, cut otherwise: a crafted file
+    save_file(tensors, str(halves[1]), metadata=metadata)
+    reads, read = [], FeatureFile.read
+    monkeypatch.setattr(FeatureFile, "read", lambda self, key, *rest: reads.append(key) or read(self, key, *rest))
+    with pytest.raises(UsageProblem) as refused:
+        hookcli.compare(merge=halves)
+    assert refused.value.message == (
+        f"'{halves[1]}' holds representations of other widths than '{halves[0]}' ([5, 7, 5] against [6, 6, 5])"
+    )
+    assert "linear-cka@comoment" not in reads  # neither file's co-moments: the widest of its sums
+
+
 def test_a_second_sides_rdm_whose_label_the_first_has_is_kept_apart(runner, tmp_path, monkeypatch):
     features = _features(5)
     out = tmp_path / "rsa.safetensors"

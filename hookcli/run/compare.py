@@ -348,18 +348,19 @@ def merge_comparisons(
     if output is not None:
         check_writable(output, force=force)
         _refuse_merging_onto_an_input(files, output)
-    merged: LinearSums | None = None
     inputs: list[str] = []
     seen: dict[str, str] = {}  # each input's real path, and its path as listed
     skipped: list = []
     first: Mapping[str, str] = {}
     first_identity: dict = {}  # what every file must share: the run identity of the first, but for its inputs
-    for file in files:
+    widths: list[int] | None = None
+    read: list[tuple[list, Sides, bool]] = []  # each file's inputs and how its sums read
+    for file in files:  # every file checked by its metadata and widths before any file's sums are read
         with FeatureFile(file) as found:
             metadata = found.metadata
             labels = _mergeable(found, first)
             identity = _identity_of(found)
-            if merged is None:
+            if not read:
                 first, first_identity = metadata, identity
             differ = identity_differences(first_identity, identity)
             if differ:
@@ -380,12 +381,23 @@ def merge_comparisons(
             seen.update(resolved)
             inputs += listed
             skipped += listed_skipped(metadata, found.name)
-            kept = [name for name in found.keys() if name.startswith("linear-cka@")]  # checked: the method's sums
-            state = {name.partition("@")[2]: torch.from_numpy(found.read(name)) for name in kept}
+            own = [int(n) for n in found.read("linear-cka@widths").tolist()]
+            if widths is not None and own != widths:
+                raise UsageProblem(
+                    f"'{file}' holds representations of other widths than '{files[0]}' ({own} against {widths})",
+                    hint="merge comparisons of the same layers of the same model",
+                )
+            widths = own
             same = json.loads(metadata["same"])
             sides = Sides((*labels[0], *([] if same else labels[1])), len(labels[0]), len(labels[1]), same, labels)
+            read.append((listed, sides, is_debiased(json.loads(metadata["settings"]))))
+    merged: LinearSums | None = None
+    for file, (listed, sides, debiased) in zip(files, read, strict=True):
+        with FeatureFile(file) as found:
+            kept = [name for name in found.keys() if name.startswith("linear-cka@")]  # checked: the method's sums
+            state = {name.partition("@")[2]: torch.from_numpy(found.read(name)) for name in kept}
             try:
-                part = LinearSums.read(state, sides, debiased=is_debiased(json.loads(metadata["settings"])))
+                part = LinearSums.read(state, sides, debiased=debiased)
                 part.check_part(len(listed))  # its sums count the inputs it lists
             except (KeyError, ValueError) as err:
                 raise FeatureFileError(
@@ -393,12 +405,6 @@ def merge_comparisons(
                 ) from None
             if merged is None:
                 merged = part
-            elif part.sums.widths != merged.sums.widths:
-                raise UsageProblem(
-                    f"'{file}' holds representations of other widths than '{files[0]}' ({part.sums.widths} against "
-                    f"{merged.sums.widths})",
-                    hint="merge comparisons of the same layers of the same model",
-                )
             else:
                 merged.merge(part)
     assert merged is not None, "two files at least"
