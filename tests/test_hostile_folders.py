@@ -523,3 +523,19 @@ def test_an_index_header_that_disagrees_with_its_run_identity_is_damaged(
     )
     assert one_error(runner.invoke(main, ["info", str(folder)]), 2).startswith(f"Error: '{index}' is not a hookcli")
     assert extract_into(folder, five_inputs, "--force").exit_code == 0 and len(_rows(folder)[1]) == 5
+
+
+def test_a_folder_without_an_index_names_the_file_it_holds(runner, tmp_path):
+    empty, cams = tmp_path / "empty", tmp_path / "cams"
+    empty.mkdir()
+    cams.mkdir()
+    save_file({"cam": torch.zeros(1, 2, 2)}, str(cams / "cams.safetensors"))  # what cam -o cams/ writes beside PNGs
+    said = {folder.name: runner.invoke(main, ["info", str(folder)]) for folder in (empty, cams)}
+    assert [(result.exit_code, result.stderr) for result in said.values()] == [
+        (2, f"Error: no {INDEX_NAME} in folder '{empty}'. Hint: give a folder written by hookcli extract -o DIR/\n"),
+        (
+            2,
+            f"Error: no {INDEX_NAME} in folder '{cams}'. Hint: it holds '{cams / 'cams.safetensors'}': give that "
+            "file\n",
+        ),
+    ]

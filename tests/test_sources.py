@@ -674,6 +674,18 @@ def test_prefix_tokens_are_read_from_each_kind_of_model():
         ("open_clip", [], "open_clip lists no models"),
         ("open_clip", ["zz*"], "no open_clip model matches 'zz*'"),
         ("torchvision", ["zz*"], "no torchvision model matches 'zz*'"),
+        (
+            "torchvision",
+            ["mobilenet"],
+            "no torchvision model matches 'mobilenet' (a pattern matches whole names: '*mobilenet*' finds it within "
+            "them)",
+        ),
+        (
+            "torchvision",
+            ["timm:vit*"],
+            "no torchvision model matches 'timm:vit*' (a source's models are listed with --source: hookcli models "
+            "--source timm 'vit*')",
+        ),
     ],
 )
 def test_an_empty_listing_says_what_matched_nothing_in_the_same_words_for_every_source(

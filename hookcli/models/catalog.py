@@ -98,12 +98,18 @@ def no_models_note(source: str, pattern: str | None, family: str | None) -> str:
 
     >>> no_models_note("torchvision", "resnet9*", "video"), no_models_note("torchvision", None, None)
     ("no torchvision model matches 'resnet9*' and family video", 'torchvision lists no models')
+    >>> no_models_note("torchvision", "mobilenet", None)
+    "no torchvision model matches 'mobilenet' (a pattern matches whole names: '*mobilenet*' finds it within them)"
     """
     wanted = " and ".join(part for part in (pattern and f"'{pattern}'", family and f"family {family}") if part)
     own = sources.nothing_listed(source, wanted) if source in sources.LISTED else None
-    if own is not None:
-        return own
-    return f"no {source} model matches {wanted}" if wanted else f"{source} lists no models"
+    said = own or (f"no {source} model matches {wanted}" if wanted else f"{source} lists no models")
+    prefix, colon, rest = (pattern or "").partition(":")
+    if colon and prefix in LISTED_SOURCES:  # the spelling --model takes
+        return f"{said} (a source's models are listed with --source: hookcli models --source {prefix} '{rest or '*'}')"
+    if pattern and not any(sign in pattern for sign in "*?["):
+        return f"{said} (a pattern matches whole names: '*{pattern}*' finds it within them)"
+    return said
 
 
 @dataclass(frozen=True)

@@ -96,9 +96,9 @@ class ShardedFeatures(ReadingMapping):
     def _read_index(self, source: str | os.PathLike) -> None:
         header = self._index.header
         if header is None:
-            raise FeatureFileError(
-                f"no {INDEX_NAME} in folder '{source}'", hint="give a folder written by hookcli extract -o DIR/"
-            )
+            held = min(self.folder.glob("*.safetensors"), default=None)  # a cam folder's cams.safetensors, say
+            hint = f"it holds '{held}': give that file" if held else "give a folder written by hookcli extract -o DIR/"
+            raise FeatureFileError(f"no {INDEX_NAME} in folder '{source}'", hint=hint)
         gathered = next((kind for kind in (STATS_KIND, COMPARE_KIND) if kind in header["identity"]), None)
         if gathered is not None:  # its shards hold what each gathered, not rows
             raise FeatureFileError(
