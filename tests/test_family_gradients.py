@@ -213,3 +213,18 @@ def test_families_without_gradients_are_refused_with_why(tmp_path, runner, argum
     image = _noise(tmp_path / "a.png", (32, 32), 0)
     result = runner.invoke(main, [*arguments, "-w", "none", str(image), "-o", str(tmp_path / "out")])
     assert result.exit_code == 2 and result.output.strip() == message
+
+
+def test_targets_of_no_pixel_are_said_once(tmp_path):
+    from hookcli.events import Note
+
+    images = [_noise(tmp_path / "a.png", (48, 40), 0), _noise(tmp_path / "b.png", (40, 56), 1)]
+    events = []
+    features = hookcli.grad("lraspp_mobilenet_v3_large", "backbone.12", images, weights="none", resize=32, crop=32,
+                            target="top21", device="cpu", progress=events.append)  # fmt: skip
+    bare = sum(1 for row in json.loads(features.metadata["targets"]) for target in row if target["pixels"] == 0)
+    assert bare > 0  # 21 classes: no 32x32 prediction holds all of them
+    assert [event.text for event in events if isinstance(event, Note)] == [
+        f"--target top21: an image predicted to hold fewer than 21 classes still takes 21 targets, and those of no "
+        f"pixel ({bare:,} in the first batch that had any) have a score and gradients of 0"
+    ]

@@ -96,6 +96,7 @@ class GradientForward:
         self.model, self.settings, self.target, self.categories = model, settings, target, categories
         self.on_note = on_note
         self.scores = scores  # the output field holding the scores (a transformers model's logits), if not a tensor
+        self._said_uncovered = False  # whether a segmentation target of no pixel was said
         edits = getattr(settings, "edits", ())
         self.capture = GradientCapture(model, layers, edits, getattr(settings, "capture_edited", False))
         self.family = getattr(settings, "family", "classification")
@@ -181,6 +182,16 @@ class GradientForward:
         scores = (picked * masks).sum(dim=(2, 3))
         where = {} if self.target.region is None else {"region": list(self.target.region)}
         counts = masks.sum(dim=(2, 3)).tolist()  # one copy from the device for the whole batch
+        if self.target.top and self.target.region is None and not self._said_uncovered and self.on_note is not None:
+            bare = sum(1 for row in counts for n in row if n == 0)
+            if bare:
+                self._said_uncovered = True
+                top = self.target.top
+                self.on_note(
+                    f"--target top{top}: an image predicted to hold fewer than {top} classes still takes {top} "
+                    f"targets, and those of no pixel ({bare:,} in the first batch that had any) have a score and "
+                    "gradients of 0"
+                )
         about = [
             [
                 {
