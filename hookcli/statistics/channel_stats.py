@@ -19,7 +19,7 @@ import torch
 from hookcli.errors import CaptureError
 from hookcli.statistics.components import check_basis, component_layout, read_basis
 from hookcli.statistics.layer import LayerStats, StatsChoice
-from hookcli.statistics.units import UnitLayout, width_of
+from hookcli.statistics.units import UnitLayout, is_gradient, width_of
 from hookcli.storage.gathering import Made
 from hookcli.storage.stats_format import (
     MOST_CHANNELS,
@@ -126,7 +126,7 @@ class StatsGathering:
                 continue
             tied = int(((values[:, -1] == values[:, 0]) & (values[:, 0] > low)).sum())
             if tied:
-                why = "" if "@grad" in key else " (an activation's ceiling, as ReLU6's)"  # a gradient has none
+                why = "" if is_gradient(key) else " (an activation's ceiling, as ReLU6's)"  # a gradient has none
                 said.append(
                     f"'{key}': the {values.shape[1]} examples of {tied:,} of its {layout.channels:,} channels tie at "
                     f"their largest value{why}: they are the first inputs to reach it; --top-by mean ranks them by "

@@ -39,6 +39,7 @@ from hookcli.errors import CaptureError
 __all__ = [
     "UnitBatch",
     "UnitLayout",
+    "is_gradient",
     "known_units",
     "layer_widths",
     "numpy_sorts",
@@ -165,6 +166,16 @@ def layer_widths(model, layers: Mapping[str, str]) -> dict[str, int | None]:
 #: What follows a layer's key in the keys of values of its output's shape: a call (``K:1``), a gradient (``K@grad``,
 #: ``K@grad#0``).
 _OF_THE_OUTPUT = re.compile(r"(?::\d+)?(?:@grad(?:#\d+)?)?$")
+_GRADIENT = re.compile(r"@grad(?:#\d+)?$")
+
+
+def is_gradient(key: str) -> bool:
+    """Whether stored ``key`` holds a gradient (``K@grad``, ``K@grad#0``), not a layer's values.
+
+    >>> is_gradient("mix:1@grad#0"), is_gradient("mix"), is_gradient("grad")
+    (True, False, False)
+    """
+    return _GRADIENT.search(key) is not None
 
 
 def width_of(widths: Mapping[str, int | None], key: str) -> int | None:
