@@ -162,8 +162,8 @@ def _input_stage(paths: list[str], settings, decoder, device) -> None:
 
 
 def mixed_sizes(folder: Path, count: int, device) -> None:
-    """``DeviceDecoder`` on one batch of ``count`` JPEGs each of its own size, as a scraped set has them: each size
-    resized on its own, after its resize is planned (once a size, 64 plans kept), twice."""
+    """``DeviceDecoder`` on one batch of ``count`` JPEGs each of its own size, as a scraped set has them, twice: the
+    first time its passes are planned, the second they are kept (``resized_windows`` resizes them together)."""
     from hookcli.inputs.decoding import DeviceDecoder, EncodedImages, collate
     from hookcli.models.loading import load_model
 

@@ -318,6 +318,20 @@ def test_images_of_several_sizes_are_preprocessed_as_one_at_a_time(photo, tmp_pa
         assert torch.equal(together[k], _decoded([path], preprocess)[1][0])
 
 
+@pytest.mark.parametrize("interpolation", ["bilinear", "bicubic"])
+def test_jpegs_each_of_its_own_size_are_resized_together_to_the_cpu_paths_values(tmp_path, interpolation):
+    shapes = [(61, 47), (47, 61), (90, 33), (40, 40), (52, 70), (75, 30), (33, 33), (64, 80)]  # (width, height)
+    paths = []
+    for k, (width, height) in enumerate(shapes):
+        pixels = np.random.default_rng(k).integers(0, 256, (height, width, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(tmp_path / f"{k}.jpg", quality=90)
+        paths.append(tmp_path / f"{k}.jpg")
+    preprocess = Preprocess(resize=36, crop=34, interpolation=interpolation, **PLAIN)
+    indices, batch, failures = _decoded(paths, preprocess)
+    assert (indices, failures, tuple(batch.shape)) == (list(range(8)), [], (8, 3, 34, 34))
+    assert all(torch.equal(row, expected) for row, expected in zip(batch, _on_cpu(paths, preprocess)))
+
+
 def test_a_batch_is_decoded_a_bounded_number_of_pixels_at_a_time(photo, tmp_path, make_image, monkeypatch):
     import torchvision.io
 

@@ -258,14 +258,8 @@ class DeviceDecoder:
         return rows, failed, sorted(damaged)
 
     def _preprocessed(self, images: list) -> list:
-        """Rows of uint8 images: resized and cropped a size at a time, then scaled and normalised at once."""
-        by_size: dict[tuple, list[int]] = {}
-        for k, image in enumerate(images):
-            by_size.setdefault(tuple(image.shape), []).append(k)
-        cropped: list = [None] * len(images)
-        for members in by_size.values():
-            for k, row in zip(members, self.steps.geometry(torch.stack([images[k] for k in members]))):
-                cropped[k] = row
+        """Rows of uint8 images: resized and cropped together, sizes and all, then scaled and normalised at once."""
+        cropped = self.steps.geometry_each(images)
         if cropped and all(row.shape == cropped[0].shape for row in cropped):
             return list(self.steps.scaled(torch.stack(cropped)))
         return [self.steps.scaled(row) for row in cropped]

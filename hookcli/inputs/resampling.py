@@ -3,12 +3,12 @@
 Pillow resizes with a filter in two passes, across and then down (down first for some shapes, which depend on its
 version: :func:`_down_first`): each output value is a sum of input values times weights in 22-bit fixed point,
 rounded and clipped to 8 bits (its ``Resample.c``); nearest neighbour copies the pixels its own table of positions
-names. :func:`resized_window` makes the same sums as matrix products on the images' device, a tile of outputs and
-the band of inputs they read at a time. Each weight is cut into pieces of a few bits, so that every product and
-every partial sum is an integer below 2**24, which float32 holds exactly whatever precision the device's matrix
-products use (TF32 and bfloat16 both keep 8 bits of an input); the pieces' sums are joined in integers as Pillow's
-sums are. Images decoded to the same pixels therefore resize to the bytes the CPU path's Pillow gives, on a GPU as
-on the CPU (checked against Pillow 10.1, 12.1, 12.2 and 13.0).
+names. :func:`resized_window` makes the same sums on the images' device, in 32-bit integers as Pillow does (no
+float arithmetic, so no precision setting of the device changes them): each output's inputs are gathered, multiplied
+by its weights and added up, for many lines at once. Images decoded to the same pixels therefore resize to the bytes
+the CPU path's Pillow gives, on a GPU as on the CPU (checked against Pillow 10.1, 12.1, 12.2 and 13.0).
+:func:`resized_windows` resizes images of many sizes together: each keeps its own weights, and the batch is one
+set of operations, not one set for each size.
 
 >>> import torch
 >>> image = torch.arange(60, dtype=torch.uint8).reshape(1, 6, 10)
@@ -20,8 +20,10 @@ on the CPU (checked against Pillow 10.1, 12.1, 12.2 and 13.0).
 
 from __future__ import annotations
 
+import collections
 import functools
-import math
+import threading
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -29,16 +31,15 @@ import PIL
 import torch
 from PIL import Image
 
-__all__ = ["RESAMPLED", "resized_window"]
+__all__ = ["RESAMPLED", "resized_window", "resized_windows"]
 
 #: The interpolations :func:`resized_window` makes as Pillow does.
 RESAMPLED = ("nearest", "bilinear", "bicubic")
 
 _PRECISION = 22  # Pillow's fixed point for 8-bit images: 32 bits less 8 for the value and 2 for overflow
 _SUPPORT = {"bilinear": 1.0, "bicubic": 2.0}
-_TILE = 32  # outputs one matrix product makes: it reads about this many times the scale of inputs
-_EXACT = 1 << 24  # float32 holds every integer up to this
 _AT_ONCE = 1 << 25  # values gathered, or sums made, at once: a pass's memory is bounded by this, whatever the image
+_AT_ONCE_ON_CPU = 1 << 20  # the CPU's caches make smaller slices faster: 2x at 1 << 20 for a photo's passes
 _PILLOW = tuple(int(part) for part in PIL.__version__.split(".")[:2])
 
 
@@ -47,19 +48,78 @@ def resized_window(
 ) -> torch.Tensor:
     """``images`` (uint8 ``[..., C, H, W]``) resized to ``size`` ``(height, width)`` as Pillow's ``Image.resize``
     resizes, and of that only ``window`` ``(top, left, height, width)``, which lies inside it."""
-    (height, width), (top, left, rows, columns) = images.shape[-2:], window
-    if not (0 <= top and top + rows <= size[0] and 0 <= left and left + columns <= size[1]):
-        raise ValueError(f"the window {window} is not inside the resized size {size}")
-    device = str(images.device)
-    if interpolation == "nearest":
-        down = _nearest_on(device, height, size[0], top, top + rows)
-        return images.index_select(-2, down).index_select(-1, _nearest_on(device, width, size[1], left, left + columns))
-    if interpolation not in _SUPPORT:
+    return resized_windows([images], [size], [window], interpolation)[0]
+
+
+def resized_windows(
+    images: Sequence[torch.Tensor],
+    sizes: Sequence[tuple[int, int]],
+    windows: Sequence[tuple[int, int, int, int]],
+    interpolation: str,
+) -> torch.Tensor:
+    """Each of ``images`` (uint8 ``[..., H, W]``, one leading shape, each of its own size, on one device) resized and
+    cut as :func:`resized_window` does with its own ``sizes`` and ``windows`` entries, stacked: ``[len(images), ...,
+    height, width]``, the windows all of one height and width. Images of many sizes are resized together, padded
+    into batches of like sizes: a few operations for a batch rather than a few for each image (on a GPU, kernel
+    launches, which cost more than the sums)."""
+    if interpolation not in RESAMPLED:
         raise ValueError(f"interpolation {interpolation!r} is not one of {', '.join(RESAMPLED)}")
-    if size[1] != width and _down_first(height, width, size):
-        turned = (images.transpose(-1, -2), (size[1], size[0]), (left, top, columns, rows))
-        return _across_then_down(*turned, interpolation).transpose(-1, -2).contiguous()
-    return _across_then_down(images, size, window, interpolation)
+    for size, (top, left, rows, columns) in zip(sizes, windows, strict=True):
+        if not (0 <= top and top + rows <= size[0] and 0 <= left and left + columns <= size[1]):
+            raise ValueError(f"the window {(top, left, rows, columns)} is not inside the resized size {size}")
+    shape, lead = tuple(windows[0][2:]), images[0].shape[:-2]
+    if any(tuple(window[2:]) != shape for window in windows) or any(image.shape[:-2] != lead for image in images):
+        raise ValueError("the images resized together must share their leading shape and their windows' size")
+    made = torch.empty(len(images), *lead, *shape, dtype=torch.uint8, device=images[0].device)
+    if interpolation == "nearest":
+        for k, (image, size, (top, left, rows, columns)) in enumerate(zip(images, sizes, windows)):
+            down = _nearest_on(str(image.device), image.shape[-2], size[0], top, top + rows)
+            across = _nearest_on(str(image.device), image.shape[-1], size[1], left, left + columns)
+            made[k] = image.index_select(-2, down).index_select(-1, across)
+        return made
+    flat = [image.reshape(-1, *image.shape[-2:]) for image in images]
+    for turned, members in _orders(flat, sizes).items():
+        for group in _alike([flat[k].shape[-2:] for k in members]):
+            chosen = [members[k] for k in group]
+            if turned:  # resized down first: the same passes on the transposed images
+                passes = _both_passes(
+                    [flat[k].transpose(-1, -2) for k in chosen],
+                    [(sizes[k][1], sizes[k][0]) for k in chosen],
+                    [(windows[k][1], windows[k][0], shape[1], shape[0]) for k in chosen],
+                    interpolation,
+                ).transpose(-1, -2)
+            else:
+                passes = _both_passes([flat[k] for k in chosen], [sizes[k] for k in chosen],
+                                      [windows[k] for k in chosen], interpolation)  # fmt: skip
+            made[chosen] = passes.reshape(len(chosen), *lead, *shape)
+    return made
+
+
+def _orders(images: list[torch.Tensor], sizes: Sequence[tuple[int, int]]) -> dict[bool, list[int]]:
+    """The images' positions by whether Pillow resizes them down first (:func:`_down_first`)."""
+    orders: dict[bool, list[int]] = {}
+    for k, (image, size) in enumerate(zip(images, sizes)):
+        height, width = image.shape[-2:]
+        orders.setdefault(size[1] != width and _down_first(height, width, size), []).append(k)
+    return orders
+
+
+def _alike(shapes: list) -> list[list[int]]:
+    """Positions of ``shapes`` ``(height, width)`` in groups padded to their largest height and width together: by
+    area, a group growing while its padded area stays within twice its images' own."""
+    order = sorted(range(len(shapes)), key=lambda k: (shapes[k][0] * shapes[k][1], tuple(shapes[k])))
+    groups: list[list[int]] = []
+    tallest = widest = area = 0
+    for k in order:
+        height, width = shapes[k]
+        grown = (max(tallest, height), max(widest, width))
+        if groups and (len(groups[-1]) + 1) * grown[0] * grown[1] <= 2 * (area + height * width):
+            groups[-1].append(k)
+            (tallest, widest), area = grown, area + height * width
+        else:
+            groups.append([k])
+            tallest, widest, area = height, width, height * width
+    return groups
 
 
 def _down_first(height: int, width: int, size: tuple[int, int]) -> bool:
@@ -71,73 +131,139 @@ def _down_first(height: int, width: int, size: tuple[int, int]) -> bool:
     return _PILLOW >= (12, 2) and height > width * 100 and size[0] < height
 
 
-def _across_then_down(images: torch.Tensor, size: tuple[int, int], window: tuple, interpolation: str) -> torch.Tensor:
-    """:func:`resized_window` by a pass across, then one down; Pillow leaves out the pass of a side that keeps its
-    size, and the other pass reads those values as they are."""
-    (height, width), (top, left, rows, columns) = images.shape[-2:], window
-    down = None if size[0] == height else (height, size[0], top, top + rows, interpolation)
-    if down is None:
-        images = images[..., top : top + rows, :]
+def _both_passes(images: list[torch.Tensor], sizes: list, windows: list, interpolation: str) -> torch.Tensor:
+    """Images ``[L, H, W]`` resized across, then down, as Pillow resizes them: uint8 ``[n, L, rows, columns]``.
+    Pillow leaves out the pass of a side that keeps its size; that pass here copies each value (a weight of one)."""
+    rows, columns = windows[0][2:]
+    across = _planned([(image.shape[-1], size[1], window[1], window[1] + columns)
+                       for image, size, window in zip(images, sizes, windows)], interpolation)  # fmt: skip
+    down = _planned([(image.shape[-2], size[0], window[0], window[0] + rows)
+                     for image, size, window in zip(images, sizes, windows)], interpolation)  # fmt: skip
+    first, end = down.plan.reads[down.which].T  # the rows each image's outputs read
+    count, lines = len(images), images[0].shape[0]
+    if len(set(zip(first.tolist(), end.tolist(), (image.shape[-1] for image in images)))) == 1:
+        canvas = torch.stack([image[:, first[0] : end[0]] for image in images])
+    else:  # padded to the longest span and the widest image: no weight reads the padding
+        canvas = images[0].new_zeros(count, lines, int((end - first).max()), max(image.shape[-1] for image in images))
+        for k, image in enumerate(images):
+            canvas[k, :, : end[k] - first[k], : image.shape[-1]] = image[:, first[k] : end[k]]
+    span = canvas.shape[2]
+    made = _resampled(canvas.reshape(count, lines * span, canvas.shape[3]), across, np.zeros(count, dtype=np.int64))
+    made = made.view(count, lines, span, columns).transpose(-1, -2).reshape(count, lines * columns, span)
+    return _resampled(made, down, first).view(count, lines, columns, rows).transpose(-1, -2)
+
+
+class _Plans(NamedTuple):
+    """Passes' sums: output ``o`` of plan ``p`` is the sum over ``t`` of input ``read[p, o, t]`` times
+    ``weights[p, o, t]``, Pillow's weights in fixed point (none past an output's own taps); ``reads[p]`` bounds the
+    inputs any of its outputs reads."""
+
+    read: np.ndarray  # [plans, outputs, taps] int64
+    weights: np.ndarray  # [plans, outputs, taps] int32
+    reads: np.ndarray  # [plans, 2] int64: first, end
+
+
+class _Planned(NamedTuple):
+    """The plans of passes, and which of them each image's is."""
+
+    plan: _Plans
+    which: np.ndarray  # [images] int64
+    key: tuple | None  # the one pass's ``(size, resized, first, end, interpolation)`` where all are one
+
+
+def _planned(keys: list[tuple], interpolation: str) -> _Planned:
+    """The plans of the distinct passes ``(size, resized, first, end)`` of ``keys``, and each key's plan."""
+    distinct = list(dict.fromkeys(keys))
+    plan = _kept_plans(distinct, interpolation)
+    if len(distinct) == 1:
+        return _Planned(plan, np.zeros(len(keys), dtype=np.int64), (*distinct[0], interpolation))
+    place = {key: k for k, key in enumerate(distinct)}
+    which = np.array([place[key] for key in keys], dtype=np.int64)
+    return _Planned(plan, which, None)
+
+
+#: The passes kept planned, by ``(size, resized, first, end, interpolation)``, the least lately used let go past this
+#: many bytes: a photo's two passes for resnet50's 232 and 224 are about 25 KB, and a scraped set's sizes repeat.
+_KEPT_BYTES = 64 << 20
+_kept: collections.OrderedDict = collections.OrderedDict()
+_keeping = threading.Lock()
+_kept_bytes = 0
+
+
+def _plan(size: int, resized: int, first: int, end: int, interpolation: str) -> _Plans:
+    """The pass that resizes a side of ``size`` to ``resized`` and keeps outputs ``[first, end)``."""
+    return _kept_plans([(size, resized, first, end)], interpolation)
+
+
+def _kept_plans(keys: list[tuple], interpolation: str) -> _Plans:
+    """The plans of the distinct passes ``keys``, those planned lately as they were kept, the others planned together
+    (:func:`_plans`), with as many taps as the most of them have (the others' last taps weighted by zero)."""
+    global _kept_bytes
+    with _keeping:
+        missing = [key for key in keys if (*key, interpolation) not in _kept]
+        if missing:
+            made = _plans(tuple(missing), interpolation)
+            for k, key in enumerate(missing):
+                used = np.flatnonzero(made.weights[k].any(axis=0))
+                own = int(used[-1]) + 1 if len(used) else 1  # its taps, the group's last zero ones left out
+                plan = _Plans(made.read[k : k + 1, :, :own].copy(), made.weights[k : k + 1, :, :own].copy(),
+                              made.reads[k : k + 1].copy())  # fmt: skip
+                _kept[(*key, interpolation)] = plan
+                _kept_bytes += plan.read.nbytes + plan.weights.nbytes
+        plans = [_kept[(*key, interpolation)] for key in keys]
+        for key in keys:
+            _kept.move_to_end((*key, interpolation))
+        while _kept_bytes > _KEPT_BYTES and len(_kept) > len(keys):
+            _, gone = _kept.popitem(last=False)
+            _kept_bytes -= gone.read.nbytes + gone.weights.nbytes
+    if len(plans) == 1:
+        return plans[0]
+    outputs, taps = plans[0].weights.shape[1], max(plan.weights.shape[2] for plan in plans)
+    read = np.empty((len(plans), outputs, taps), dtype=np.int64)
+    weights = np.zeros((len(plans), outputs, taps), dtype=np.int32)
+    for k, plan in enumerate(plans):
+        own = plan.weights.shape[2]
+        read[k, :, :own], read[k, :, own:], weights[k, :, :own] = plan.read[0], plan.reads[0, 1] - 1, plan.weights[0]
+    return _Plans(read, weights, np.concatenate([plan.reads for plan in plans]))
+
+
+def _resampled(lines: torch.Tensor, planned: _Planned, shift: np.ndarray) -> torch.Tensor:
+    """Lines ``[n, M, N]`` uint8, those of image ``k`` resampled along their last dimension by its plan, its inputs
+    counted from ``shift[k]``: uint8 ``[n, M, outputs]``. The sums are Pillow's: 32-bit integers, rounded from its
+    fixed point and clipped."""
+    (plan, which, key), (count, length), device = planned, lines.shape[:2], lines.device
+    outputs, taps = plan.weights.shape[1:]
+    if key is not None and len(set(shift.tolist())) == 1:  # one plan: the images' lines are one batch
+        index, weights = _plan_on(str(device), key)
+        index, weights = (index - int(shift[0]))[None], weights[None]
+        lines, count, length = lines.reshape(1, -1, lines.shape[-1]), 1, count * length
     else:
-        first, end = _plan(*down).reads
-        images = images[..., first:end, :]  # the rows the outputs read, resized across
-    if size[1] == width:
-        images = images[..., left : left + columns]
-    else:
-        images = _resampled(images, (width, size[1], left, left + columns, interpolation))
-    if down is None:
-        return images
-    return _resampled(images.transpose(-1, -2), down, shift=first).transpose(-1, -2).contiguous()
+        index = torch.from_numpy((plan.read[which] - shift[:, None, None]).reshape(count, -1)).to(device)
+        weights = torch.from_numpy(plan.weights).to(device)
+        if not np.array_equal(which, np.arange(len(plan.read))):  # some images share a plan
+            weights = weights[torch.from_numpy(which).to(device)]
+    made = torch.empty(count, length, outputs, dtype=torch.uint8, device=device)
+    budget = _AT_ONCE if device.type != "cpu" else min(_AT_ONCE, _AT_ONCE_ON_CPU)
+    step = max(1, budget // (outputs * taps))  # lines whose values are gathered at once
+    images_step, lines_step = (max(1, step // max(length, 1)), max(length, 1)) if step >= length else (1, step)
+    for image in range(0, count, images_step):
+        picked = slice(image, image + images_step)
+        for start in range(0, length, lines_step):
+            part = lines[picked, start : start + lines_step]
+            taken = part.gather(2, index[picked, None].expand(-1, part.shape[1], -1)).view(
+                *part.shape[:2], outputs, taps
+            )
+            sums = taken.to(torch.int32).mul_(weights[picked, None]).sum(-1, dtype=torch.int32)
+            sums = torch.bitwise_right_shift(sums.add_(1 << (_PRECISION - 1)), _PRECISION).clamp_(0, 255)
+            made[picked, start : start + lines_step] = sums
+    return made.view(len(which), -1, outputs)
 
 
-class _Plan(NamedTuple):
-    """One pass's sums: output ``o`` of tile ``t`` is the sum over ``b`` of input ``read[t, b]`` times
-    ``weights[t, b, o]``, each weight in ``pieces`` of ``bits`` (none, in float64, where ``bits`` is 0);
-    ``reads`` bounds the inputs any output reads."""
-
-    read: np.ndarray  # [tiles, band] int64
-    weights: np.ndarray  # [tiles, band, pieces * _TILE]
-    pieces: int
-    bits: int
-    outputs: int
-    reads: tuple[int, int]
-
-
-def _resampled(images: torch.Tensor, key: tuple, shift: int = 0) -> torch.Tensor:
-    """``images`` (uint8 ``[..., W]``) resampled along the last dimension by the pass :func:`_plan` makes of ``key``,
-    its inputs counted from ``shift``: uint8 ``[..., outputs]``."""
-    plan = _plan(*key)
-    index, weights = _plan_on(str(images.device), key)
-    if shift:
-        index = index - shift
-    lead, tiles = images.shape[:-1], index.shape[0]
-    lines = images.reshape(-1, images.shape[-1])
-    made = torch.empty(lines.shape[0], tiles * _TILE, dtype=torch.uint8, device=images.device)
-    step = max(1, _AT_ONCE // (tiles * max(index.shape[1], plan.pieces * _TILE)))  # inputs read, sums made
-    for start in range(0, lines.shape[0], step):
-        band = lines[start : start + step][:, index].transpose(0, 1).to(weights.dtype)  # [tiles, lines, band]
-        sums = torch.matmul(band, weights).view(tiles, band.shape[1], plan.pieces, _TILE)
-        if plan.bits == 0:
-            total = sums[:, :, 0].to(torch.int64)
-        else:
-            total = sums[:, :, -1].to(torch.int32)
-            for piece in range(plan.pieces - 2, -1, -1):
-                total = torch.bitwise_left_shift(total, plan.bits).add_(sums[:, :, piece].to(torch.int32))
-        total = torch.bitwise_right_shift(total.add_(1 << (_PRECISION - 1)), _PRECISION).clamp_(0, 255)
-        made[start : start + step] = total.to(torch.uint8).transpose(0, 1).reshape(-1, tiles * _TILE)
-    return made[:, : plan.outputs].reshape(*lead, plan.outputs)
-
-
-#: The passes kept planned: a batch of 256 photos each of its own size makes 512 (a pass is about 150 KB for
-#: resnet50's 232 and 224, so about 75 MB kept on the host and as much on the device).
-_PLANS_KEPT = 512
-
-
-@functools.lru_cache(maxsize=_PLANS_KEPT)
+@functools.lru_cache(maxsize=64)
 def _plan_on(device: str, key: tuple) -> tuple[torch.Tensor, torch.Tensor]:
     """The index and weights of :func:`_plan`'s pass of ``key``, on ``device`` (copied there once)."""
     plan = _plan(*key)
-    return torch.from_numpy(plan.read).to(device), torch.from_numpy(plan.weights).to(device)
+    return torch.from_numpy(plan.read[0].reshape(-1)).to(device), torch.from_numpy(plan.weights[0]).to(device)
 
 
 @functools.lru_cache(maxsize=64)
@@ -151,27 +277,38 @@ def _nearest_on(device: str, size: int, resized: int, first: int, end: int) -> t
     return torch.from_numpy(picked.copy()).to(device)
 
 
-@functools.lru_cache(maxsize=_PLANS_KEPT)
-def _plan(size: int, resized: int, first: int, end: int, interpolation: str) -> _Plan:
-    """The pass that resizes a side of ``size`` to ``resized`` and keeps outputs ``[first, end)``: Pillow's weights
-    (its ``precompute_coeffs`` and ``normalize_coeffs_8bpc``, in the same double arithmetic), laid out in tiles."""
+def _plans(keys: tuple, interpolation: str) -> _Plans:
+    """The passes ``keys``, each ``(size, resized, first, end)``: resize a side of ``size`` to ``resized`` and keep
+    outputs ``[first, end)``, as many of them in each. Pillow's weights (its ``precompute_coeffs`` and
+    ``normalize_coeffs_8bpc``, in the same double arithmetic), laid out in tiles; a side that keeps its size has
+    weights of one."""
+    size, resized, first, end = (np.array(column, dtype=np.int64)[:, None] for column in zip(*keys))
+    positions = first + np.arange(int(end[0, 0] - first[0, 0]))  # [keys, outputs]
     scale = size / resized
-    filterscale = max(scale, 1.0)
+    filterscale = np.maximum(scale, 1.0)
     support, shrink = _SUPPORT[interpolation] * filterscale, 1.0 / filterscale
-    taps = math.ceil(support) * 2 + 1
-    center = (np.arange(first, end, dtype=np.float64) + 0.5) * scale
+    taps = int(np.ceil(support).max()) * 2 + 1
+    center = (positions + 0.5) * scale
     low = np.maximum(np.trunc(center - support + 0.5).astype(np.int64), 0)
     count = np.minimum(np.trunc(center + support + 0.5).astype(np.int64), size) - low
     at = np.arange(taps)
-    used = at[None, :] < count[:, None]
-    weights = np.where(used, _filter(interpolation, ((at + low[:, None]) - center[:, None] + 0.5) * shrink), 0.0)
-    total = np.zeros(len(center))
+    used = at < count[..., None]
+    weights = np.where(
+        used, _filter(interpolation, ((at + low[..., None]) - center[..., None] + 0.5) * shrink[..., None]), 0.0
+    )
+    total = np.zeros(center.shape)
     for tap in range(taps):  # in Pillow's order, which a float sum depends on
-        total = total + weights[:, tap]
-    weights = weights / np.where(total == 0.0, 1.0, total)[:, None]
+        total = total + weights[..., tap]
+    weights = weights / np.where(total == 0.0, 1.0, total)[..., None]
     scaled = weights * (1 << _PRECISION)
     fixed = np.where(scaled < 0, np.trunc(scaled - 0.5), np.trunc(scaled + 0.5)).astype(np.int64)
-    return _tiled(fixed, low, count)
+    kept = size[:, 0] == resized[:, 0]  # Pillow leaves these out: each output is its input
+    fixed[kept], low[kept], count[kept] = 0, positions[kept], 1
+    fixed[kept, :, 0] = 1 << _PRECISION
+    end = (low + count).max(axis=1)
+    read = np.minimum(low[..., None] + at, (end - 1)[:, None, None])  # past an output's taps: weighted by zero
+    weights = np.where(at < count[..., None], fixed, 0).astype(np.int32)
+    return _Plans(read, weights, np.stack([low.min(axis=1), end], axis=1))
 
 
 def _filter(interpolation: str, x: np.ndarray) -> np.ndarray:
@@ -182,30 +319,3 @@ def _filter(interpolation: str, x: np.ndarray) -> np.ndarray:
     near = (1.5 * x - 2.5) * x * x + 1
     far = (((x - 5) * x + 8) * x - 4) * -0.5
     return np.where(x < 1.0, near, np.where(x < 2.0, far, 0.0))
-
-
-def _tiled(fixed: np.ndarray, low: np.ndarray, count: np.ndarray) -> _Plan:
-    """Weights ``fixed`` ``[outputs, taps]`` of ``count`` inputs from ``low`` on, as tiles of :data:`_TILE` outputs
-    that each read one band of inputs, every weight cut into pieces whose sums float32 holds exactly."""
-    outputs, taps = fixed.shape
-    bits = 8  # an input of 8 bits times a piece of 8 is exact in bfloat16 products too
-    signed = bool((fixed < 0).any())  # a negative weight's top piece may reach -2**bits
-    while bits and 255 * ((1 << bits) - (0 if signed else 1)) * taps >= _EXACT:
-        bits -= 1
-    largest, pieces = int(np.abs(fixed).max(initial=0)), 1
-    while bits and largest >> (bits * (pieces - 1)) > (1 << bits) - 1:
-        pieces += 1
-    tile, column = np.arange(outputs) // _TILE, np.arange(outputs) % _TILE
-    first, end = int(low.min()), int((low + count).max())
-    band = int((low + count - low[tile * _TILE]).max(initial=1))
-    starts = np.minimum(low[::_TILE], end - band)  # a band never reads past the last input any output reads
-    laid = np.zeros((len(starts), band, pieces * _TILE), dtype=np.float32 if bits else np.float64)
-    output, tap = np.nonzero(np.arange(taps)[None, :] < count[:, None])  # every weight used, each in a place its own
-    at, weight = low[output] + tap - starts[tile[output]], fixed[output, tap]
-    for piece in range(pieces):
-        part = weight
-        if bits:  # the lower pieces unsigned, the top one with the sign
-            part = weight >> (bits * piece) if piece == pieces - 1 else (weight >> (bits * piece)) & ((1 << bits) - 1)
-        laid[tile[output], at, piece * _TILE + column[output]] = part
-    index = starts[:, None] + np.arange(band)
-    return _Plan(index, laid, pieces, bits, outputs, (first, end))

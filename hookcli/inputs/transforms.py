@@ -19,7 +19,7 @@ from torchvision.transforms import functional as F
 from torchvision.transforms._presets import ImageClassification, VideoClassification
 
 from hookcli.inputs.preprocess import DEVICE_DECODE_KINDS, Preprocess
-from hookcli.inputs.resampling import resized_window
+from hookcli.inputs.resampling import resized_window, resized_windows
 
 __all__ = [
     "ImageSteps",
@@ -69,10 +69,11 @@ class ImageSteps:
 
     Takes a PIL image, or uint8 tensors ``[..., 3, H, W]`` on any device; ``resize`` is the shorter side or
     ``[height, width]``. With only ``resize`` and normalisation this is torchvision's ``SemanticSegmentation``; with
-    neither, ``ObjectDetection``; with mean = std = 0.5, ``OpticalFlow`` on one frame. :meth:`geometry` and
-    :meth:`scaled` are apart so that :mod:`hookcli.inputs.decoding` can resize a batch of many sizes a size at a time,
-    then scale it at once; :meth:`scaled` reads nothing back to the host, so a GPU's queue is never waited on. Tensors
-    resize as Pillow resizes the PIL image (:mod:`hookcli.inputs.resampling`), to the same values.
+    neither, ``ObjectDetection``; with mean = std = 0.5, ``OpticalFlow`` on one frame. The geometry and :meth:`scaled`
+    are apart so that :mod:`hookcli.inputs.decoding` can resize a batch of many sizes together
+    (:meth:`geometry_each`), then scale it at once; :meth:`scaled` reads nothing back to the host, so a GPU's queue is
+    never waited on. Tensors resize as Pillow resizes the PIL image (:mod:`hookcli.inputs.resampling`), to the same
+    values.
     """
 
     def __init__(self, spec: Preprocess) -> None:
@@ -112,21 +113,47 @@ class ImageSteps:
             image = F.center_crop(image, [spec.crop])
         return image
 
+    def geometry_each(self, images: list) -> list:
+        """uint8 tensors ``[..., 3, H, W]`` of any sizes, each resized and cropped as :meth:`geometry` does, those
+        whose windows share a size together (:func:`resized_windows`): a batch of photos of many sizes in a few
+        passes, not a few for each size."""
+        placed = [self._placed(*image.shape[-2:]) for image in images]
+        by_shape: dict[tuple, list[int]] = {}
+        for k, (_, window) in enumerate(placed):
+            by_shape.setdefault(window[2:], []).append(k)
+        made: list = [None] * len(images)
+        for shape, members in by_shape.items():
+            sizes, windows = [placed[k][0] for k in members], [placed[k][1] for k in members]
+            rows = resized_windows([images[k] for k in members], sizes, windows, self.spec.interpolation)
+            if self.spec.crop is not None and self.spec.crop > min(shape):
+                rows = F.center_crop(rows, [self.spec.crop])
+            for k, row in zip(members, rows):
+                made[k] = row
+        return made
+
     def _as_pillow_would(self, images: torch.Tensor) -> torch.Tensor:
-        """uint8 ``images`` resized and cropped to the values Pillow gives the PIL image: only the window the crop
-        keeps is resized, unless the crop is larger than the image and pads it."""
-        spec, (height, width) = self.spec, images.shape[-2:]
+        """uint8 ``images`` resized and cropped to the values Pillow gives the PIL image."""
+        size, window = self._placed(*images.shape[-2:])
+        images = resized_window(images, size, window, self.spec.interpolation)
+        return (
+            images
+            if self.spec.crop is None or self.spec.crop <= min(window[2:])
+            else F.center_crop(images, [self.spec.crop])
+        )
+
+    def _placed(self, height: int, width: int) -> tuple[tuple[int, int], tuple[int, int, int, int]]:
+        """The size an image of ``height`` and ``width`` is resized to, and the window of it that the crop keeps:
+        all of it where there is no crop, or where the crop is larger than a side and pads the whole image."""
+        spec = self.spec
         if spec.resize is None:
             size = (height, width)
         elif isinstance(spec.resize, tuple):
             size = spec.resize
         else:
             size = _resized_size(height, width, spec.resize)
-        if spec.crop is None or spec.crop > min(size):  # a crop larger than a side pads the whole resized image
-            images = resized_window(images, size, (0, 0, *size), spec.interpolation)
-            return images if spec.crop is None else F.center_crop(images, [spec.crop])
-        window = (*_crop_corner(size, spec.crop), spec.crop, spec.crop)
-        return resized_window(images, size, window, spec.interpolation)
+        if spec.crop is None or spec.crop > min(size):
+            return size, (0, 0, *size)
+        return size, (*_crop_corner(size, spec.crop), spec.crop, spec.crop)
 
     def scaled(self, images):
         """uint8 tensors to floats in [0, 1], then normalised when the preprocessing normalises: the arithmetic of
