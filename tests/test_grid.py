@@ -406,3 +406,21 @@ def test_channels_given_twice_are_refused_rather_than_the_first_left_out(runner,
     assert not (tmp_path / "out").exists()
     once = runner.invoke(main, [*args, "--channels", "40:45"])
     assert once.exit_code == 0 and once.stdout == f"{tmp_path / 'out' / 'maps__00000_row00000.png'}\n", once.output
+
+
+def test_a_file_hookcli_did_not_write_says_how_its_many_pictures_were_read(tmp_path):
+    from hookcli.options.grid import GridOptions
+    from hookcli.pictures.grids import FOREIGN_PICTURES, plan_grids
+    from hookcli.storage.shards import open_features
+
+    checkpoint = _save(
+        tmp_path / "weights.safetensors", {f"block{k}.weight": torch.ones(30, 2, 3, 3) for k in range(3)}
+    )
+    with open_features(checkpoint) as features:
+        assert plan_grids(features, GridOptions(), None).notes == (
+            f"'{checkpoint}' was not written by hookcli: each tensor's first dimension is read as its images, "
+            "90 pictures of 3 tensors; -k chooses tensors, -i images",
+        )
+        assert plan_grids(features, GridOptions(keys=("block0.weight",)), None).notes == ()
+        assert plan_grids(features, GridOptions(images="0:21"), None).notes == ()  # 63 pictures: few enough
+    assert FOREIGN_PICTURES == 64

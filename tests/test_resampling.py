@@ -151,9 +151,27 @@ def test_photos_of_many_sizes_resized_together_are_each_resized_alone(interpolat
         assert np.array_equal(together[k].permute(1, 2, 0).numpy(), alone[top : top + 16, left : left + 16]), k
 
 
-def test_photos_of_like_sizes_are_padded_together_and_far_ones_apart():
+def test_photos_of_like_sizes_are_padded_together_and_far_ones_apart(monkeypatch):
     shapes = [(375, 500), (500, 375), (333, 500), (4000, 3000), (375, 500), (20, 30)]
-    assert resampling._alike(shapes) == [[5, 2, 0, 4, 1], [3]]  # by area; padding at most doubles a group
+    assert resampling._alike(shapes, [2_700] * 6) == [[5, 2, 0, 4, 1], [3]]  # by area; padding at most doubles a group
+    monkeypatch.setattr(resampling, "_PLANNED_AT_ONCE", 3 * 2_700)
+    assert resampling._alike(shapes, [2_700] * 6) == [[5, 2, 0], [4, 1], [3]]  # and the weights of at most 3
+
+
+def test_lines_squashed_to_a_square_are_planned_a_few_at_a_time():
+    line = torch.zeros(3, 1, 60_000, dtype=torch.uint8)  # each output across reads 1,073 inputs
+    cost = resampling._cost(line, (224, 224), (224, 224), "bicubic")
+    assert cost == 224 * 1_073 + 224 * 5
+    groups = resampling._alike([(1, 60_000)] * 20, [cost] * 20)
+    assert [len(group) for group in groups] == [8, 8, 4]  # 8 lines' weights, 1.9 million, are within 2**21
+
+
+def test_an_image_already_of_the_size_is_cut_to_its_window_and_never_planned(monkeypatch):
+    monkeypatch.setattr(resampling, "_plans", lambda *_: pytest.fail("planned"))
+    pixels = torch.from_numpy(_noise(30, 40, seed=5)).permute(2, 0, 1)
+    for interpolation in FILTERS:
+        made = resized_window(pixels[None], (30, 40), (2, 3, 20, 25), interpolation)
+        assert torch.equal(made[0], pixels[:, 2:22, 3:28])
 
 
 class _Operations(TorchDispatchMode):

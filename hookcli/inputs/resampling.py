@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import math
 import threading
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -64,6 +65,8 @@ def resized_windows(
     launches, which cost more than the sums)."""
     if interpolation not in RESAMPLED:
         raise ValueError(f"interpolation {interpolation!r} is not one of {', '.join(RESAMPLED)}")
+    if not images:
+        return torch.empty(0, dtype=torch.uint8)
     for size, (top, left, rows, columns) in zip(sizes, windows, strict=True):
         if not (0 <= top and top + rows <= size[0] and 0 <= left and left + columns <= size[1]):
             raise ValueError(f"the window {(top, left, rows, columns)} is not inside the resized size {size}")
@@ -71,15 +74,20 @@ def resized_windows(
     if any(tuple(window[2:]) != shape for window in windows) or any(image.shape[:-2] != lead for image in images):
         raise ValueError("the images resized together must share their leading shape and their windows' size")
     made = torch.empty(len(images), *lead, *shape, dtype=torch.uint8, device=images[0].device)
-    if interpolation == "nearest":
-        for k, (image, size, (top, left, rows, columns)) in enumerate(zip(images, sizes, windows)):
+    resized = []
+    for k, (image, size, (top, left, rows, columns)) in enumerate(zip(images, sizes, windows)):
+        if tuple(image.shape[-2:]) == tuple(size):  # Pillow copies an image already of the size: the window is cut
+            made[k] = image[..., top : top + rows, left : left + columns]
+        elif interpolation == "nearest":
             down = _nearest_on(str(image.device), image.shape[-2], size[0], top, top + rows)
             across = _nearest_on(str(image.device), image.shape[-1], size[1], left, left + columns)
             made[k] = image.index_select(-2, down).index_select(-1, across)
-        return made
-    flat = [image.reshape(-1, *image.shape[-2:]) for image in images]
+        else:
+            resized.append(k)
+    flat = {k: images[k].reshape(-1, *images[k].shape[-2:]) for k in resized}
     for turned, members in _orders(flat, sizes).items():
-        for group in _alike([flat[k].shape[-2:] for k in members]):
+        for group in _alike([flat[k].shape[-2:] for k in members], [_cost(flat[k], sizes[k], shape, interpolation)
+                                                                     for k in members]):  # fmt: skip
             chosen = [members[k] for k in group]
             if turned:  # resized down first: the same passes on the transposed images
                 passes = _both_passes(
@@ -95,30 +103,49 @@ def resized_windows(
     return made
 
 
-def _orders(images: list[torch.Tensor], sizes: Sequence[tuple[int, int]]) -> dict[bool, list[int]]:
+def _orders(images: dict[int, torch.Tensor], sizes: Sequence[tuple[int, int]]) -> dict[bool, list[int]]:
     """The images' positions by whether Pillow resizes them down first (:func:`_down_first`)."""
     orders: dict[bool, list[int]] = {}
-    for k, (image, size) in enumerate(zip(images, sizes)):
+    for k, image in images.items():
         height, width = image.shape[-2:]
-        orders.setdefault(size[1] != width and _down_first(height, width, size), []).append(k)
+        orders.setdefault(sizes[k][1] != width and _down_first(height, width, sizes[k]), []).append(k)
     return orders
 
 
-def _alike(shapes: list) -> list[list[int]]:
+def _cost(image: torch.Tensor, size: tuple[int, int], window: Sequence[int], interpolation: str) -> int:
+    """The weights of an image's two passes: each output of the ``window`` (rows, columns) has as many as its
+    filter's taps, which grow with the reduction."""
+    taps = [math.ceil(_SUPPORT[interpolation] * max(side / new, 1.0)) * 2 + 1
+            for side, new in zip(image.shape[-2:], size)]  # fmt: skip
+    return window[0] * taps[0] + window[1] * taps[1]
+
+
+#: Weights planned and laid out for one group of images at once: it bounds a group's plans (and the float64 values
+#: of their making, about 8 times as many bytes), however many new sizes it holds and however they shrink.
+_PLANNED_AT_ONCE = 1 << 21
+
+
+def _alike(shapes: list, costs: list[int]) -> list[list[int]]:
     """Positions of ``shapes`` ``(height, width)`` in groups padded to their largest height and width together: by
-    area, a group growing while its padded area stays within twice its images' own."""
+    area, a group growing while its padded area stays within twice its images' own, and its weights (as many for
+    each image as the most ``costs`` of one) within :data:`_PLANNED_AT_ONCE`."""
     order = sorted(range(len(shapes)), key=lambda k: (shapes[k][0] * shapes[k][1], tuple(shapes[k])))
     groups: list[list[int]] = []
-    tallest = widest = area = 0
+    tallest = widest = area = most = 0
     for k in order:
         height, width = shapes[k]
         grown = (max(tallest, height), max(widest, width))
-        if groups and (len(groups[-1]) + 1) * grown[0] * grown[1] <= 2 * (area + height * width):
+        count = len(groups[-1]) + 1 if groups else 1
+        if (
+            groups
+            and count * grown[0] * grown[1] <= 2 * (area + height * width)
+            and count * max(most, costs[k]) <= _PLANNED_AT_ONCE
+        ):
             groups[-1].append(k)
-            (tallest, widest), area = grown, area + height * width
+            (tallest, widest), area, most = grown, area + height * width, max(most, costs[k])
         else:
             groups.append([k])
-            tallest, widest, area = height, width, height * width
+            tallest, widest, area, most = height, width, height * width, costs[k]
     return groups
 
 
@@ -213,7 +240,7 @@ def _kept_plans(keys: list[tuple], interpolation: str) -> _Plans:
         plans = [_kept[(*key, interpolation)] for key in keys]
         for key in keys:
             _kept.move_to_end((*key, interpolation))
-        while _kept_bytes > _KEPT_BYTES and len(_kept) > len(keys):
+        while _kept_bytes > _KEPT_BYTES:  # this call's own plans too, which it holds until it is done
             _, gone = _kept.popitem(last=False)
             _kept_bytes -= gone.read.nbytes + gone.weights.nbytes
     if len(plans) == 1:

@@ -80,12 +80,13 @@ from hookcli.pictures.render import (
 from hookcli.pictures.stats_grids import draw_stats_grids
 from hookcli.storage.ablation_format import is_ablation
 from hookcli.storage.compare_format import is_comparison
-from hookcli.storage.fileformat import DETECTIONS
+from hookcli.storage.fileformat import DETECTIONS, PRODUCER
 from hookcli.storage.patch_format import is_patch
 from hookcli.storage.reader import FeatureReader
 from hookcli.storage.stats_format import is_stats
 
 __all__ = [
+    "FOREIGN_PICTURES",
     "GridPlan",
     "draw_grids",
     "plan_grids",
@@ -152,6 +153,10 @@ class GridPlan(Sequence):
 #: The longest input part of a PNG's name: with the key's (:func:`~hookcli.pictures.file_names.file_stems`), the row
 #: number, suffix and a temporary name's extras, well under 255 bytes.
 _INPUT_STEM = 60
+
+
+#: Pictures of a file hookcli did not write (a checkpoint, say) past which a note says how they were read.
+FOREIGN_PICTURES = 64
 
 
 def plan_grids(
@@ -224,6 +229,13 @@ def plan_grids(
             else [r for r in chosen_rows if r < count]
         )
         plans.append(_KeyPlan(key, stem, key_rows, drawable[key][0]))
+    pictures = sum(len(plan.rows) for plan in plans)
+    if features.metadata.get("producer") != PRODUCER and not options.keys and pictures > FOREIGN_PICTURES:
+        notes.append(
+            f"'{features.name}' was not written by hookcli: each tensor's first dimension is read as its images, "
+            f"{pictures} picture{'s' * (pictures != 1)} of {len(plans)} tensor{'s' * (len(plans) != 1)}; "
+            "-k chooses tensors, -i images"
+        )
     names = (lambda row: inputs[row]) if inputs is not None else (lambda row: f"row{row:05d}")
     plan = GridPlan(
         plans,
