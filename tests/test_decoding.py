@@ -332,6 +332,31 @@ def test_jpegs_each_of_its_own_size_are_resized_together_to_the_cpu_paths_values
     assert all(torch.equal(row, expected) for row, expected in zip(batch, _on_cpu(paths, preprocess)))
 
 
+def test_a_crop_wider_than_a_line_of_pixels_resizes_only_the_crops_stretch_of_it(tmp_path):
+    from hookcli.inputs.transforms import to_tensor_steps
+
+    pixels = np.random.default_rng(3).integers(0, 256, (4, 600, 3), dtype=np.uint8)  # 4 rows, 600 columns
+    Image.fromarray(pixels).save(tmp_path / "line.jpg", quality=95)
+    preprocess = Preprocess(resize=8, crop=12, **PLAIN)  # resized to 8 x 1,200: the height is padded to 12
+    assert to_tensor_steps(preprocess)._placed(4, 600) == ((8, 1200), (0, 594, 8, 12))  # not all 1,200 columns
+    _, batch, _ = _decoded([tmp_path / "line.jpg"], preprocess)
+    assert tuple(batch.shape) == (1, 3, 12, 12) and torch.equal(
+        batch[0], _on_cpu([tmp_path / "line.jpg"], preprocess)[0]
+    )
+
+
+def test_a_jpeg_far_larger_than_its_pixels_is_decoded_by_pillow_not_handed_over_whole(tmp_path, monkeypatch):
+    pixels = np.random.default_rng(4).integers(0, 256, (20, 30, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(tmp_path / "plain.jpg", quality=90)
+    padded = tmp_path / "padded.jpg"  # the picture, then data that is not, then an end marker
+    padded.write_bytes((tmp_path / "plain.jpg").read_bytes() + bytes(8 * 20 * 30 * 3) + b"\xff\xd9")
+    monkeypatch.setattr(images_module, "_JPEG_EXTRAS", 0)  # so that 14 KB of zeros is far too much
+    found, _ = read_encoded(tmp_path / "plain.jpg")
+    assert found.size == (30, 20) and len(found.data) == (tmp_path / "plain.jpg").stat().st_size
+    found, _ = read_encoded(padded)
+    assert isinstance(found, Image.Image) and np.array_equal(np.asarray(found), np.asarray(load_rgb(padded)))
+
+
 def test_a_batch_is_decoded_a_bounded_number_of_pixels_at_a_time(photo, tmp_path, make_image, monkeypatch):
     import torchvision.io
 

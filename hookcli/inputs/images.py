@@ -152,14 +152,20 @@ _JPEG_START = b"\xff\xd8\xff"
 _JPEG_END = b"\xff\xd9"
 #: The tag EXIF keeps the orientation under.
 _ORIENTATION = 0x0112
+#: The most bytes a JPEG handed to the device may hold for each byte of its pixels, beside :data:`_JPEG_EXTRAS` of
+#: metadata (ICC profiles, thumbnails, an MPO's further pictures): a file larger than that holds something else
+#: too, which would cross to the device with it, and Pillow, which reads only the picture, decodes it instead.
+_JPEG_BYTES_A_PIXEL_BYTE = 8
+_JPEG_EXTRAS = 16 << 20
 
 
 def read_encoded(path: str | os.PathLike, picture: PictureMaker | None = None) -> tuple[JpegBytes | Image.Image, Any]:
     """What a decode worker leaves for the device (``--decode device``), the file opened once: the bytes of an 8-bit
     RGB or grayscale JPEG (or of the first picture of an MPO, as cameras write them), its header checked but its
-    pixels not decoded; any other image (PNG, CMYK JPEG…), and a JPEG that does not end with its end-of-image marker
-    (cut short, or followed by other data), decoded as :func:`load_rgb` decodes it. With ``picture``, second, what
-    it makes (see :func:`load_with_picture`; a JPEG is decoded here for it alone), else None.
+    pixels not decoded; any other image (PNG, CMYK JPEG…), a JPEG file far larger than its pixels, and a JPEG that
+    does not end with its end-of-image marker (cut short, or followed by other data), decoded as :func:`load_rgb`
+    decodes it. With ``picture``, second, what it makes (see :func:`load_with_picture`; a JPEG is decoded here for
+    it alone), else None.
 
     Errors are those of :func:`load_rgb` for a file that cannot be opened or whose header is not an image's;
     damage after a JPEG's header shows when its pixels are decoded.
@@ -181,7 +187,7 @@ def read_encoded(path: str | os.PathLike, picture: PictureMaker | None = None) -
 
 def _whole_jpeg(path, handle: BinaryIO) -> tuple[JpegBytes | None, bytes | None]:
     """``(JpegBytes, its bytes)`` for a whole 8-bit RGB or grayscale JPEG; ``(None, bytes)`` when the file was read
-    to find out it is none, ``(None, None)`` when its start or header told."""
+    to find out it is none, ``(None, None)`` when its start, header or size told."""
     if handle.read(len(_JPEG_START)) != _JPEG_START:
         return None, None
     handle.seek(0)
@@ -189,6 +195,9 @@ def _whole_jpeg(path, handle: BinaryIO) -> tuple[JpegBytes | None, bytes | None]
         if image.format not in ("JPEG", "MPO") or image.mode not in ("RGB", "L"):
             return None, None
         orientation, size = image.getexif().get(_ORIENTATION, 1), image.size
+        most = _JPEG_BYTES_A_PIXEL_BYTE * size[0] * size[1] * len(image.getbands()) + _JPEG_EXTRAS
+    if handle.seek(0, io.SEEK_END) > most:
+        return None, None
     handle.seek(0)
     data = handle.read()
     if not data.rstrip(b"\0\r\n ").endswith(_JPEG_END):  # nvJPEG may pass a cut-short file that Pillow refuses

@@ -125,7 +125,7 @@ class ImageSteps:
         for shape, members in by_shape.items():
             sizes, windows = [placed[k][0] for k in members], [placed[k][1] for k in members]
             rows = resized_windows([images[k] for k in members], sizes, windows, self.spec.interpolation)
-            if self.spec.crop is not None and self.spec.crop > min(shape):
+            if self.spec.crop is not None and self.spec.crop > min(shape):  # a side shorter than the crop: padded
                 rows = F.center_crop(rows, [self.spec.crop])
             for k, row in zip(members, rows):
                 made[k] = row
@@ -142,8 +142,9 @@ class ImageSteps:
         )
 
     def _placed(self, height: int, width: int) -> tuple[tuple[int, int], tuple[int, int, int, int]]:
-        """The size an image of ``height`` and ``width`` is resized to, and the window of it that the crop keeps:
-        all of it where there is no crop, or where the crop is larger than a side and pads the whole image."""
+        """The size an image of ``height`` and ``width`` is resized to, and the window of it that the crop keeps: all
+        of it where there is no crop; where the crop is larger than a side, all of that side (torchvision pads it to
+        the crop) and the centre of the other, as torchvision crops it once padded."""
         spec = self.spec
         if spec.resize is None:
             size = (height, width)
@@ -151,9 +152,10 @@ class ImageSteps:
             size = spec.resize
         else:
             size = _resized_size(height, width, spec.resize)
-        if spec.crop is None or spec.crop > min(size):
+        if spec.crop is None:
             return size, (0, 0, *size)
-        return size, (*_crop_corner(size, spec.crop), spec.crop, spec.crop)
+        spans = [(0, side) if spec.crop > side else (int(round((side - spec.crop) / 2.0)), spec.crop) for side in size]
+        return size, (spans[0][0], spans[1][0], spans[0][1], spans[1][1])
 
     def scaled(self, images):
         """uint8 tensors to floats in [0, 1], then normalised when the preprocessing normalises: the arithmetic of
