@@ -190,6 +190,15 @@ def out_of_memory(err: BaseException) -> bool:
     return bool(_MEMORY_WORDS.search(str(err)))
 
 
+#: Where torch.compile's errors come from: a graph break or a guard on a value, whose words may speak of sizes.
+_COMPILERS = ("torch._dynamo", "torch._inductor", "torch.fx", "torch._subclasses")
+
+
+def compiler_error(err: BaseException) -> bool:
+    """Whether ``err`` comes from torch.compile (a graph break, a guard on a value), not from the model's own code."""
+    return type(err).__module__.startswith(_COMPILERS)
+
+
 def size_refusal(err: BaseException) -> str | None:
     """The first line of ``err`` where it is a model refusing the size of its input in its own words (an assertion,
     a ValueError or a RuntimeError that speaks of a size, a shape or a dimension, raised outside hookcli), or None:
@@ -199,8 +208,11 @@ def size_refusal(err: BaseException) -> str | None:
     'Wrong image height! Expected 224 but got 32!'
     >>> size_refusal(RuntimeError("CUDA error: no kernel image is available")) is None
     True
+    >>> size_refusal(type("Unsupported", (RuntimeError,), {"__module__": "torch._dynamo.exc"})("data-dependent size"))
     """
     if not isinstance(err, RuntimeError | ValueError | AssertionError) or isinstance(err, NotImplementedError):
+        return None
+    if compiler_error(err):  # torch.compile's graph, not the model, refused: a size or not
         return None
     words = first_line(err).rstrip(".")
     if not _SIZE_WORDS.search(words) or out_of_memory(err):

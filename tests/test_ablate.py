@@ -460,6 +460,39 @@ def test_a_model_that_cannot_be_traced_runs_whole_for_each_chunk_and_says_so(pho
                text in notes), notes  # fmt: skip
 
 
+class Scaled(Residual):
+    """The residual model with its input scaled first, in its forward: what a pre-hook on the model does."""
+
+    def forward(self, x):
+        return super().forward(x * 5 + 1)
+
+
+class CalledScaled(Residual):
+    """The same, by a ``__call__`` of its own, which a trace of ``forward`` would skip."""
+
+    def __call__(self, x):
+        return super().__call__(x * 5 + 1)
+
+
+def test_a_models_own_hooks_and_call_run_in_an_ablation_which_says_it_runs_untraced(photos):
+    expected = hookcli.ablate(_scaled(Scaled), "block", photos, units="0:4", **SMALL)
+    hooked = _scaled(Residual)
+    hooked.register_forward_pre_hook(lambda module, args: (args[0] * 5 + 1,))
+    for net, why in ((hooked, "has hooks of its own"), (_scaled(CalledScaled), "has a __call__ of its own")):
+        heard = []
+        found = hookcli.ablate(net, "block", photos, units="0:4", progress=heard.append, **SMALL)
+        for key in expected:
+            torch.testing.assert_close(found[key], expected[key], rtol=1e-5, atol=1e-6, msg=key)
+        notes = [event.text for event in heard if type(event).__name__ == "Note"]
+        said = f"{type(net).__name__} {why}, which a torch.fx trace would skip, so the layers before block run again"
+        assert any(text.startswith(said) for text in notes), notes
+
+
+def _scaled(kind):
+    torch.manual_seed(0)
+    return kind().eval()
+
+
 def test_a_damaged_part_is_refused_naming_it_and_what_is_wrong(photos, tmp_path):
     import shutil
 

@@ -115,6 +115,32 @@ def test_stop_early_gives_the_same_tensors_without_running_later_layers(resnet):
         assert torch.equal(second[key], full[key])
 
 
+class Fallback(nn.Module):
+    """A forward with a fallback path for any ``Exception``, and a hook that torch calls even when it raises."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = nn.Conv2d(3, 4, 3), nn.Conv2d(4, 2, 3)
+        self.heard: list = []
+        self.register_forward_hook(lambda module, args, output: self.heard.append(output), always_call=True)
+
+    def forward(self, x):
+        try:
+            return self.second(self.first(x))
+        except Exception:
+            return self.second(self.first(x) * 0 + 1)
+
+
+def test_stopping_early_is_not_an_exception_a_forwards_fallback_or_an_always_called_hook_sees():
+    net = Fallback().eval()
+    x = torch.randn(COUNTING_FORWARD_FROM, 3, 8, 8, generator=torch.Generator().manual_seed(7))
+    with FeatureCapture(net, ["first"]) as capture, torch.inference_mode():
+        capture.run(x)  # learns that first runs once, then stops after it
+        caught = capture.run(x)
+    assert list(caught) == ["first"] and torch.equal(caught["first"], net.first(x))
+    assert [None if output is None else tuple(output.shape) for output in net.heard] == [(1, 2, 4, 4)]  # counting
+
+
 def test_a_first_batch_too_small_for_a_counting_forward_runs_whole_and_learns_the_counts(resnet):
     x = torch.randn(COUNTING_FORWARD_FROM - 1, 3, 64, 64, generator=torch.Generator().manual_seed(6))
     ran = []

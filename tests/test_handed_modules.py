@@ -442,3 +442,53 @@ def test_a_weight_that_a_pre_hook_derives_is_the_callers_tensor_after_a_run(phot
     assert net[0].weight is derived and not derived.is_inference() and derived.requires_grad
     (net[0].weight * 2).sum().backward()  # the caller's autograd takes it, as before the run
     assert net[0].weight_v.grad.abs().sum() > 0
+
+
+class Counting(TinyCNN):
+    """A forward that counts its calls in buffers: one written in place, one put in the other's stead each call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("in_place", torch.zeros((), dtype=torch.int64))
+        self.register_buffer("assigned", torch.zeros((), dtype=torch.int64))
+
+    def forward(self, x):
+        self.in_place += 1
+        self.assigned = self.assigned + 1
+        return super().forward(x)
+
+
+@pytest.mark.parametrize("memory_format", ["contiguous", "channels_last"])
+def test_a_forward_keeps_what_it_writes_into_its_buffers_or_puts_in_their_place(photos, memory_format):
+    net = Counting().eval()
+    kept = net.assigned
+    hookcli.extract(net, "conv", photos[:2], resize=32, crop=32, memory_format=memory_format, batch_size=1)
+    assert (int(net.in_place), int(net.assigned)) == (2, 2)  # one forward a batch of one
+    assert net.assigned is kept  # the tensor it was, holding what the forward wrote
+    hookcli.extract(net, "conv", photos[:2], resize=32, crop=32, precision="bf16", batch_size=2)
+    assert (int(net.in_place), int(net.assigned), net.assigned.dtype) == (3, 3, torch.int64)
+
+
+class Branching(TinyCNN):
+    """A forward that branches on a value: torch.compile's full graph cannot hold it."""
+
+    def forward(self, x):
+        y = self.conv(x)
+        if y.sum().item() > 1e9:
+            y = y * 2
+        return self.fc(self.pool(y).flatten(1))
+
+
+def test_a_compiled_module_whose_graph_cannot_run_is_refused_in_one_line_naming_the_compiler(photos):
+    from hookcli.errors import CaptureError
+
+    compiled = torch.compile(Branching().eval(), fullgraph=True)
+    with pytest.raises(CaptureError) as raised:
+        hookcli.extract(compiled, "_orig_mod.conv", photos[:1], resize=32, crop=32)
+    assert raised.value.message.startswith(
+        "OptimizedModule was compiled by torch.compile, and its compiled graph cannot run here ("
+    )
+    assert "\n" not in raised.value.message
+    assert raised.value.hint == (
+        "hand in the module before it was compiled (its _orig_mod), or compile it without fullgraph=True"
+    )

@@ -87,3 +87,24 @@ def test_layers_that_never_run_come_last():
     model.forward = lambda x: model.used(x)
     rows = describe_layers(model, torch.zeros(1, 2))
     assert [(r.path, r.calls, r.output) for r in rows] == [(".", 1, [1, 2]), ("used", 1, [1, 2]), ("unused", 0, None)]
+
+
+class SharedTwice(torch.nn.Module):
+    """One convolution held at two names, run twice."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Conv2d(3, 3, 1)
+        self.b = self.a
+        self.head = torch.nn.Conv2d(3, 2, 1)
+
+    def forward(self, x):
+        return self.head(self.b(self.a(x)))
+
+
+def test_a_module_at_a_second_name_is_refused_naming_its_first():
+    with pytest.raises(UnknownLayerError) as raised:
+        resolve_layers(SharedTwice(), ["head", "b"])
+    assert raised.value.message == "'b' is the module that 'a' is (one module at two names): its calls are all 'a'"
+    assert raised.value.hint == "select it as 'a'; its calls are counted apart (a:0, a:1…) where it runs twice"
+    assert resolve_layers(SharedTwice(), ["a", "head"]) == {"a": "a", "head": "head"}

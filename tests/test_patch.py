@@ -182,6 +182,30 @@ def test_a_model_that_cannot_be_traced_runs_whole_with_a_note_and_the_same_value
     )
 
 
+class Scaled(nn.Module):
+    """The CNN with its input scaled first, in its forward: what a forward pre-hook on the CNN does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = _net()
+
+    def forward(self, x):
+        return self.net(x * 5 + 1)
+
+
+def test_a_models_own_hooks_run_in_a_patch_which_runs_it_whole_and_says_why(pairs):
+    expected = hookcli.patch(Scaled(), ["net.0", "net.2"], pairs, positions=True, **SMALL)
+    hooked = nn.Sequential(_net())
+    hooked.register_forward_pre_hook(lambda module, args: (args[0] * 5 + 1,))
+    found = hookcli.patch(hooked, ["0.0", "0.2"], pairs, positions=True, **SMALL)
+    for layer in ("0", "2"):
+        torch.testing.assert_close(found[f"0.{layer}@change"], expected[f"net.{layer}@change"], rtol=0, atol=1e-5)
+    assert found.notes[0] == (
+        "Sequential has hooks of its own, which a torch.fx trace would skip, so it runs whole for each patch (the "
+        "values are the same)"
+    )
+
+
 def test_a_file_in_shards_and_in_one_go_holds_the_same_and_is_drawn(pairs, tmp_path, runner):
     listing = tmp_path / "pairs.txt"
     listing.write_text("# source\ttarget\n" + "".join(f"{s}\t{t}\n" for s, t in pairs) + "\n")

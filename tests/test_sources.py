@@ -367,6 +367,22 @@ def test_an_untraceable_model_says_it_runs_unfused(photo, factory_file):
     assert plain.notes == () and plain.metadata["fused"] == "0"  # one patch convolution: nothing worth a trace
 
 
+def test_a_models_own_hooks_run_and_it_runs_unfused_saying_why(photo):
+    torch.manual_seed(0)
+    layers = [torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU(), torch.nn.Conv2d(4, 4, 3)]
+    net = torch.nn.Sequential(*layers, torch.nn.BatchNorm2d(4)).eval()
+    hooked = torch.nn.Sequential(net)
+    hooked.register_forward_hook(lambda module, args, output: output * 3 - 1)
+    asked = {"resize": 20, "crop": 16, "mean": 0.5, "std": 0.5, "device": "cpu"}
+    fused = hookcli.extract(hooked, ".", [photo] * 2, fuse=True, **asked)
+    expected = hookcli.extract(net, "4", [photo] * 2, **asked)["4"] * 3 - 1
+    assert torch.equal(torch.as_tensor(fused["output"]), torch.as_tensor(expected))
+    assert fused.notes == (
+        "--fuse: Sequential has hooks of its own, which a torch.fx trace would skip, so it runs unfused (the values "
+        "are the same)",
+    )
+
+
 # -- Hugging Face ---------------------------------------------------------------------------------------------
 
 

@@ -27,7 +27,7 @@ from torch import nn
 from hookcli.errors import CaptureError, UsageProblem, never_runs
 from hookcli.families import channels_last_output
 from hookcli.run.edits import first_missing, partners
-from hookcli.run.replay import CHUNK_BYTES, Kept, ReplayForward, class_scores, repeated, traced
+from hookcli.run.replay import CHUNK_BYTES, Kept, ReplayForward, class_scores, repeated, traced, untraced
 from hookcli.statistics.units import UnitLayout, known_units
 
 __all__ = ["CLASS_DELTA", "ROW_FIELDS", "AblationForward", "UnitAblation", "ablation_forward"]
@@ -66,7 +66,7 @@ class UnitAblation:
             )
         self._width = known_units(dict(model.named_modules()).get(layer))  # the module's own count, where it says
         self.graph = traced(model, {layer} | ({effect_on} if effect_on != "." else set()))
-        self.traced = self.graph is not None
+        self.untraced = None if self.graph is not None else untraced(model) or "cannot be traced by torch.fx"
         #: The nodes before the layer's, and those of them the part after it reads (parameters aside).
         self._before: list[Any] = []
         self._read_after: list[Any] = []
@@ -321,10 +321,10 @@ class AblationForward(ReplayForward):
         (layer,) = layers
         super().__init__(model, settings, [layer])
         self.ablation = UnitAblation(model, layer, **ablating)
-        if not self.ablation.traced and on_note is not None:
+        if self.ablation.untraced is not None and on_note is not None:
             on_note(
-                f"{type(model).__name__} cannot be traced by torch.fx, so the layers before {layer} run again for "
-                "each chunk of units (the values are the same)"
+                f"{type(model).__name__} {self.ablation.untraced}, so the layers before {layer} run again for each "
+                "chunk of units (the values are the same)"
             )
 
     def measure(self, batch: Any) -> dict[str, torch.Tensor]:

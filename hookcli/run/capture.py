@@ -80,8 +80,10 @@ def preserved_mode(model) -> Iterator[None]:
             module.training = training
 
 
-class _ForwardDone(Exception):
-    """Raised from a hook to end the forward once every selected layer has fired."""
+class _ForwardDone(BaseException):
+    """Raised from a hook to end the forward once every selected layer has fired: not an ``Exception``, so that a
+    forward's own ``except Exception`` (a fallback path) does not catch it and run on, and torch does not call
+    ``always_call`` hooks with no output for a forward that hookcli cut short."""
 
 
 class FeatureCapture:

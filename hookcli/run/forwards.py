@@ -67,6 +67,8 @@ def prepared_model(loaded: LoadedModel, settings: RunSettings):
         made_inferring = any(parameter.is_inference() for parameter in loaded.module.parameters())
         with torch.inference_mode(made_inferring):
             model = speed.to_memory_format(loaded.module.to(device), memory_format)
+        if loaded.handed_in:
+            placed(loaded.module)
 
         def to_device(batch):
             def moved(images):
@@ -82,11 +84,12 @@ def prepared_model(loaded: LoadedModel, settings: RunSettings):
 @contextlib.contextmanager
 def given_back(module):
     """Inside, ``module`` may be moved, laid out and put in eval mode; afterwards each parameter, gradient and
-    buffer is the tensor it was (its device, dtype, memory format and values), each parameter needs a gradient as
-    it did, each tensor attribute (what a pre-hook derives) is the one it held, and each submodule is in its mode,
-    with its hooks and no others. Blocks on one module nest: the first one entered keeps its state, and the last one
-    to end (a second side's run of the same model may end after the first's) gives it back. Lazy modules'
-    parameters not made yet are left as the run makes them.
+    buffer is the tensor it was (its device, dtype, memory format and values; a buffer holds what the module's
+    forward wrote into it or put in its place, once :func:`placed` said what the run put there), each parameter
+    needs a gradient as it did, each tensor attribute (what a pre-hook derives) is the one it held, and each
+    submodule is in its mode, with its hooks and no others. Blocks on one module nest: the first one entered keeps
+    its state, and the last one to end (a second side's run of the same model may end after the first's) gives it
+    back. Lazy modules' parameters not made yet are left as the run makes them.
 
     >>> net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3)).train()
     >>> weight = net[0].weight.data_ptr()
@@ -99,7 +102,7 @@ def given_back(module):
     if module in _GIVEN:
         _GIVEN[module][0] += 1
     else:
-        _GIVEN[module] = [1, _held(module)]
+        _GIVEN[module] = [1, _held(module), {}]
     try:
         yield
     finally:
@@ -107,11 +110,49 @@ def given_back(module):
         entry[0] -= 1
         if not entry[0]:
             del _GIVEN[module]
-            _give_back(entry[1])
+            _give_back(entry[1], entry[2])
 
 
-#: The modules inside :func:`given_back`: how many blocks hold each, and what it was when the first began.
+#: The modules inside :func:`given_back`: how many blocks hold each, what it was when the first began, and each
+#: buffer as the run placed it (:func:`placed`).
 _GIVEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def placed(module) -> None:
+    """Inside :func:`given_back`, once ``module`` is moved and laid out for the run: its buffers as they are now, so
+    that what its forward then writes into them, or puts in their place, is told from what the run did, and kept."""
+    entry = _GIVEN.get(module)
+    if entry is not None and not entry[2]:
+        entry[2].update(
+            ((owner, name), (buffer, _version(buffer)))
+            for owner in module.modules()
+            for name, buffer in owner._buffers.items()
+            if buffer is not None
+        )
+
+
+def _version(tensor: torch.Tensor) -> int | None:
+    """How many times ``tensor`` was written in place (None for an inference tensor, which does not count)."""
+    try:
+        return tensor._version
+    except RuntimeError:
+        return None
+
+
+def _written(buffer: torch.Tensor, now: torch.Tensor | None, put: tuple | None) -> torch.Tensor:
+    """The buffer to give back: the one it was, holding what the forward wrote into the tensor the run placed, or
+    put in its place (converted to its device and dtype); what the forward put there when its shape differs."""
+    if put is None or now is None or now is buffer:
+        return buffer
+    tensor, version = put
+    if now is tensor and (version is None or _version(now) == version):  # the run's copy, as the run made it
+        return buffer
+    written = now.detach().to(buffer.device, buffer.dtype)
+    if written.shape != buffer.shape:
+        return written
+    with torch.no_grad(), torch.inference_mode() if buffer.is_inference() else contextlib.nullcontext():
+        buffer.copy_(written)
+    return buffer
 
 
 def _held(module) -> list:
@@ -141,7 +182,7 @@ def _held(module) -> list:
     return held
 
 
-def _give_back(held: list) -> None:
+def _give_back(held: list, placed: dict) -> None:
     for owner, parameters, buffers, training, hooks, attributes in held:
         for name, (parameter, data, grad, grad_data, requires_grad) in parameters.items():
             parameter.data = data
@@ -151,7 +192,8 @@ def _give_back(held: list) -> None:
             with torch.inference_mode() if parameter.is_inference() else contextlib.nullcontext():
                 parameter.requires_grad_(requires_grad)  # one made under inference mode takes it back only there
             owner._parameters[name] = parameter
-        owner._buffers.update(buffers)
+        for name, buffer in buffers.items():
+            owner._buffers[name] = _written(buffer, owner._buffers.get(name), placed.get((owner, name)))
         vars(owner).update(attributes)
         owner.training = training
         for name, table in hooks.items():
@@ -265,10 +307,7 @@ class FusedForward(EagerForward):
         self.plain = model
         self.proven = attempt.module is model  # nothing to fall back to
         if not attempt.traced and family_traits(settings.family).output != "detections":
-            self._note(
-                f"--fuse: {type(model).__name__} cannot be traced by torch.fx, so it runs unfused "
-                "(the values are the same)"
-            )
+            self._note(f"--fuse: {type(model).__name__} {attempt.why}, so it runs unfused (the values are the same)")
 
     def __call__(self, batch) -> tuple[dict, None]:
         try:
@@ -299,9 +338,10 @@ def _with_fused_backbone(model, layers: Mapping[str, str], fuse, detections: boo
     path = "backbone.body" if hasattr(model.backbone, "body") else "backbone"
     keep = [layer[len(path) + 1 :] for layer in layers if layer.startswith(path + ".")]
     goes_on = detections or len(keep) < len(layers)
-    fused, count, traced = fuse(model.get_submodule(path), keep, whole_run=goes_on)
+    attempt = fuse(model.get_submodule(path), keep, whole_run=goes_on)
+    fused, count = attempt.module, attempt.count
     if not count:
-        return FusionAttempt(model, 0, traced)
+        return FusionAttempt(model, 0, attempt.traced, attempt.why)
     clone = copy.copy(model)
     clone._modules = dict(model._modules)
     backbone = clone.backbone

@@ -44,9 +44,9 @@ import torch.fx
 import torch.nn as nn
 import torch.nn.functional as F
 import torchvision.ops
-from torch.nn.modules import module as torch_module
 
 from hookcli.run.capture import preserved_mode
+from hookcli.run.replay import hooked, untraced
 
 __all__ = ["FusedConvolution", "FusionAttempt", "fused_convolutions", "fused_for_inference", "fusion_attempt"]
 
@@ -71,18 +71,22 @@ class FusionAttempt(NamedTuple):
     module: object
     count: int  # type: ignore[assignment]  # the field hides tuple.count, which nothing here calls
     traced: bool = True
+    why: str = "cannot be traced by torch.fx"  # where not traced
 
 
 def fusion_attempt(
     model, keep: Iterable[str], *, dtype, channels_last: bool = False, whole_run: bool = False
 ) -> FusionAttempt:
     """:func:`fused_for_inference`, saying whether the model could be traced (one trace, whatever the outcome)."""
-    if not _available(dtype) or any(p.device.type != "cpu" for p in model.parameters()) or _global_hooks():
+    if not _available(dtype) or any(p.device.type != "cpu" for p in model.parameters()):
         return FusionAttempt(model, 0)
     if not _worth_fusing(model):
         return FusionAttempt(model, 0)
+    why = untraced(model)
+    if why is not None:
+        return FusionAttempt(model, 0, traced=False, why=why)
     keep = set(keep)
-    whole = keep | {name for name, module in model.named_modules() if name and _hooked(module)}
+    whole = keep | {name for name, module in model.named_modules() if name and hooked(module)}
     graph_module = _traced(model, whole)
     if graph_module is None:
         return FusionAttempt(model, 0, traced=False)
@@ -102,16 +106,6 @@ def _worth_fusing(model) -> bool:
 def fused_convolutions(module) -> int:
     """How many fused convolutions ``module`` runs (0 for a model as written)."""
     return sum(isinstance(m, FusedConvolution) for m in module.modules())
-
-
-def _hooked(module) -> bool:
-    return bool(
-        module._forward_hooks or module._forward_pre_hooks or module._backward_hooks or module._backward_pre_hooks
-    )
-
-
-def _global_hooks() -> bool:
-    return bool(torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks)
 
 
 def _available(dtype) -> bool:

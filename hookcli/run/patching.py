@@ -32,7 +32,7 @@ from torch import nn
 
 from hookcli.errors import CaptureError, HookcliError, UsageProblem, never_runs
 from hookcli.families import channels_last_output
-from hookcli.run.replay import CHUNK_BYTES, Kept, ReplayForward, class_scores, repeated, taken, traced
+from hookcli.run.replay import CHUNK_BYTES, Kept, ReplayForward, class_scores, repeated, taken, traced, untraced
 from hookcli.statistics.units import UnitLayout, layer_widths
 
 __all__ = ["PatchForward", "Patching", "patch_forward", "position_axes"]
@@ -68,7 +68,7 @@ class Patching:
         self.prefix_tokens, self.square, self.chunk_bytes = prefix_tokens, square, chunk_bytes
         self._widths = layer_widths(model, {layer: layer for layer in self.layers})  # where the modules say them
         self.graph = traced(model, set(self.layers))
-        self.traced = self.graph is not None
+        self.untraced = None if self.graph is not None else untraced(model) or "cannot be traced by torch.fx"
         self._nodes: dict[str, Any] = {}
         self._read_after: dict[str, list[Any]] = {}
         self._before: dict[str, list[Any]] = {}
@@ -258,10 +258,10 @@ class PatchForward(ReplayForward):
         super().__init__(model, settings, list(layers))
         self.keys = dict(layers)
         self.patching = Patching(model, list(self.keys), **patching)
-        if not self.patching.traced and on_note is not None:
+        if self.patching.untraced is not None and on_note is not None:
             on_note(
-                f"{type(model).__name__} cannot be traced by torch.fx, so it runs whole for each patch (the values "
-                "are the same)"
+                f"{type(model).__name__} {self.patching.untraced}, so it runs whole for each patch (the values are "
+                "the same)"
             )
 
     def measure(self, batch: Any) -> dict[str, torch.Tensor]:

@@ -16,13 +16,14 @@ from typing import Any
 import torch
 import torchvision
 from torch import nn
+from torch.nn.modules import module as torch_module
 
 from hookcli.run import speed
 from hookcli.run.batches import batch_device
 from hookcli.run.capture import preserved_mode
 from hookcli.storage.fileformat import RunFacts
 
-__all__ = ["CHUNK_BYTES", "Kept", "ReplayForward", "class_scores", "repeated", "taken", "traced"]
+__all__ = ["CHUNK_BYTES", "Kept", "ReplayForward", "class_scores", "hooked", "repeated", "taken", "traced", "untraced"]
 
 #: About how many bytes the copies of one chunk may take: the changed layer's output and what the part after it
 #: reads, for every copy.
@@ -52,9 +53,31 @@ class Kept(torch.fx.Interpreter):
         return value
 
 
+def untraced(model: nn.Module) -> str | None:
+    """Why a torch.fx trace of ``model`` would not run what calling it runs (a trace follows ``forward`` and inlines
+    the modules it calls), or None: a ``__call__`` of its class, its own hooks, or hooks on every module."""
+    if type(model).__call__ is not nn.Module.__call__:
+        return "has a __call__ of its own, which a torch.fx trace would skip"
+    if hooked(model):
+        return "has hooks of its own, which a torch.fx trace would skip"
+    if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
+        return "runs under hooks set on every module, which a torch.fx trace would skip"
+    return None
+
+
+def hooked(module: nn.Module) -> bool:
+    """Whether ``module`` has hooks of its own: a trace keeps it whole (a leaf), so that they run."""
+    return bool(
+        module._forward_hooks or module._forward_pre_hooks or module._backward_hooks or module._backward_pre_hooks
+    )
+
+
 def traced(model: nn.Module, keep: set[str]) -> torch.fx.GraphModule | None:
-    """A GraphModule of ``model`` with the modules of ``keep`` as leaves (those it calls), or None when it cannot be
-    traced."""
+    """A GraphModule of ``model`` with the modules of ``keep``, and those with hooks, as leaves (those it calls), or
+    None when it cannot be traced or a trace would not run what calling it runs (:func:`untraced`)."""
+    if untraced(model) is not None:
+        return None
+    keep = keep | {name for name, module in model.named_modules() if name and hooked(module)}
 
     class Tracer(torch.fx.Tracer):
         def is_leaf_module(self, module: nn.Module, qualified_name: str) -> bool:

@@ -65,6 +65,8 @@ def resolve_layers(model, selectors: Iterable[str], *, model_name: str | None = 
     chosen: dict[str, str] = {}
     for selector in selectors:
         pattern, rename = _parse_selector(selector)
+        if pattern not in layers and not _is_glob(pattern):
+            _refuse_second_name(model, pattern)
         matches = _match(pattern, layers, model_name)
         if rename:
             if len(matches) != 1:
@@ -139,6 +141,21 @@ def _parse_selector(selector: str) -> tuple[str, str]:
     if rename:
         _check_key(rename, selector)
     return pattern, rename
+
+
+def _refuse_second_name(model, path: str) -> None:
+    """Refuse ``path`` where it names a module that the model holds at an earlier path too: torch lists (and hooks)
+    one module once, under its first name."""
+    try:
+        module = model.get_submodule(path)
+    except Exception:  # no such module, or a module whose attributes do not follow torch's: the usual refusal
+        return
+    first = next((name for name, each in model.named_modules() if each is module), None)
+    if first:
+        raise UnknownLayerError(
+            f"'{path}' is the module that '{first}' is (one module at two names): its calls are all '{first}'",
+            hint=f"select it as '{first}'; its calls are counted apart ({first}:0, {first}:1…) where it runs twice",
+        )
 
 
 def _is_glob(pattern: str) -> bool:

@@ -39,7 +39,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torchvision.models.feature_extraction import create_feature_extractor
 
 from hookcli.console import TF32_LEFT_OFF
-from hookcli.errors import CaptureError, UsageProblem, check_choice, first_line
+from hookcli.errors import CaptureError, UsageProblem, check_choice, compiler_error, first_line
 from hookcli.families import family_traits
 from hookcli.models.loaded import LoadedModel
 from hookcli.options.run import MEMORY_FORMATS, PRECISIONS
@@ -94,7 +94,13 @@ _DTYPE_WORDS = re.compile(r"dtype|scalar type|input type \(", re.IGNORECASE)
 def model_refusal(err: BaseException, module: nn.Module, precision: str, name: str) -> CaptureError | None:
     """The refusal of a model that cannot run as the run asks, where ``err`` (raised by its first forward) is torch
     saying why: its parameters are of another dtype than the values fed, or were made under inference mode (tensors
-    torch runs hooked layers and gradients with no more); None for any other failure."""
+    torch runs hooked layers and gradients with no more), or it was compiled by torch.compile and its graph cannot
+    run; None for any other failure."""
+    if compiler_error(err):
+        return CaptureError(
+            f"{name} was compiled by torch.compile, and its compiled graph cannot run here ({first_line(err)[:200]})",
+            hint="hand in the module before it was compiled (its _orig_mod), or compile it without fullgraph=True",
+        )
     if isinstance(err, RuntimeError) and "inference tensor" in first_line(err).lower():
         return CaptureError(
             f"{name}'s parameters were made under torch.inference_mode(), and torch runs them here no more "
