@@ -180,7 +180,7 @@ def install_hint(err: BaseException) -> str | None:
 
 #: What a model's own refusal of an input's size speaks of (``Wrong image height!``, ``Given input size: …``,
 #: ``mat1 and mat2 shapes cannot be multiplied``, ``… at non-singleton dimension 1``).
-_SIZE_WORDS = re.compile(r"\b(sizes?|shapes?|height|width|dimensions?)\b", re.IGNORECASE)
+_SIZE_WORDS = re.compile(r"\b(sizes?|shapes?|height|width|dimensions?|dims?)\b", re.IGNORECASE)
 #: Where a running out of memory says so, whatever it names besides.
 _MEMORY_WORDS = re.compile(r"out of memory|allocate", re.IGNORECASE)
 
@@ -212,8 +212,12 @@ def size_refusal(err: BaseException) -> str | None:
     """
     if not isinstance(err, RuntimeError | ValueError | AssertionError) or isinstance(err, NotImplementedError):
         return None
-    if compiler_error(err):  # torch.compile's graph, not the model, refused: a size or not
-        return None
+    if compiler_error(err):  # torch.compile's words; the model's own, where it refused, are the first cause
+        first: BaseException = err
+        seen = {id(err)}
+        while (cause := first.__cause__ or first.__context__) is not None and id(cause) not in seen:
+            first, seen = cause, seen | {id(cause)}
+        return None if compiler_error(first) else size_refusal(first)
     words = first_line(err).rstrip(".")
     if not _SIZE_WORDS.search(words) or out_of_memory(err):
         return None

@@ -488,6 +488,26 @@ def test_a_models_own_hooks_and_call_run_in_an_ablation_which_says_it_runs_untra
         assert any(text.startswith(said) for text in notes), notes
 
 
+class Doubling(nn.Module):
+    def forward(self, x):
+        return x * 2
+
+
+def test_a_layer_inside_a_module_with_hooks_is_ablated_with_them_running(photos):
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU()), nn.Conv2d(4, 4, 3))
+    net = nn.Sequential(*net, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 5)).eval()
+    doubled = nn.Sequential(nn.Sequential(*net[0], Doubling()), *net[1:]).eval()  # the hook's work, in the forward
+    net[0].register_forward_hook(lambda module, args, output: output * 2)
+    heard = []
+    found = hookcli.ablate(net, "0.0", photos, units="0:2", progress=heard.append, **SMALL)
+    expected = hookcli.ablate(doubled, "0.0", photos, units="0:2", **SMALL)
+    for key in expected:
+        torch.testing.assert_close(found[key], expected[key], rtol=1e-5, atol=1e-6, msg=key)
+    said = "Sequential has hooks on 0, which holds 0.0, and a torch.fx trace would skip them, so the layers before 0.0"
+    assert any(event.text.startswith(said) for event in heard if type(event).__name__ == "Note")
+
+
 def _scaled(kind):
     torch.manual_seed(0)
     return kind().eval()

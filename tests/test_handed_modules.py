@@ -461,12 +461,39 @@ class Counting(TinyCNN):
 @pytest.mark.parametrize("memory_format", ["contiguous", "channels_last"])
 def test_a_forward_keeps_what_it_writes_into_its_buffers_or_puts_in_their_place(photos, memory_format):
     net = Counting().eval()
-    kept = net.assigned
+    first, written = net.assigned, net.in_place
     hookcli.extract(net, "conv", photos[:2], resize=32, crop=32, memory_format=memory_format, batch_size=1)
     assert (int(net.in_place), int(net.assigned)) == (2, 2)  # one forward a batch of one
-    assert net.assigned is kept  # the tensor it was, holding what the forward wrote
+    assert net.in_place is written and net.assigned is not first and int(first) == 0  # as calls by hand leave them
+    assert not net.assigned.is_inference()  # made in the run, and still a tensor autograd takes
     hookcli.extract(net, "conv", photos[:2], resize=32, crop=32, precision="bf16", batch_size=2)
     assert (int(net.in_place), int(net.assigned), net.assigned.dtype) == (3, 3, torch.int64)
+
+
+class Growing(TinyCNN):
+    """A forward that keeps each image's mean in a buffer that grows."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("seen", torch.zeros(0))
+
+    def forward(self, x):
+        self.seen = torch.cat([self.seen, x.mean(dim=(1, 2, 3))])
+        return super().forward(x)
+
+
+def test_a_buffer_the_forward_grows_comes_back_grown_and_usable_by_autograd(photos):
+    net = Growing().eval()
+    hookcli.extract(net, "conv", photos[:2], resize=32, crop=32, batch_size=2)
+    assert net.seen.shape == (2,) and not net.seen.is_inference()
+    (net.seen * torch.nn.Parameter(torch.ones(2))).sum().backward()
+
+
+def test_a_data_parallel_module_runs_its_forwards_whole():
+    from hookcli.run.capture import FeatureCapture
+
+    assert FeatureCapture(TinyCNN(), ["conv"]).stop_early
+    assert not FeatureCapture(torch.nn.DataParallel(TinyCNN()), ["module.conv"]).stop_early  # threads stop on it
 
 
 class Branching(TinyCNN):
@@ -492,3 +519,23 @@ def test_a_compiled_module_whose_graph_cannot_run_is_refused_in_one_line_naming_
     assert raised.value.hint == (
         "hand in the module before it was compiled (its _orig_mod), or compile it without fullgraph=True"
     )
+
+
+class Flattened(torch.nn.Module):
+    """A convolution, then a linear layer sized for 16 x 16 inputs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.fc = torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.Linear(4 * 16 * 16, 5)
+
+    def forward(self, x):
+        return self.fc(self.conv(x).flatten(1))
+
+
+def test_a_compiled_module_that_refuses_an_inputs_size_says_so_in_the_models_words(photos):
+    from hookcli.errors import CaptureError
+
+    with pytest.raises(CaptureError) as raised:
+        hookcli.extract(torch.compile(Flattened().eval()), "_orig_mod.conv", photos[:1], resize=32, crop=32)
+    assert raised.value.message.startswith("OptimizedModule cannot run on this run's inputs ([1, 3, 32, 32]: ")
+    assert "4096" in raised.value.message  # torch's words of the flattened width: 4 x 32 x 32, not 4 x 16 x 16

@@ -66,7 +66,8 @@ class UnitAblation:
             )
         self._width = known_units(dict(model.named_modules()).get(layer))  # the module's own count, where it says
         self.graph = traced(model, {layer} | ({effect_on} if effect_on != "." else set()))
-        self.untraced = None if self.graph is not None else untraced(model) or "cannot be traced by torch.fx"
+        why = untraced(model, {layer, effect_on} - {"."}) or "cannot be traced by torch.fx"
+        self.untraced = None if self.graph is not None else why
         #: The nodes before the layer's, and those of them the part after it reads (parameters aside).
         self._before: list[Any] = []
         self._read_after: list[Any] = []

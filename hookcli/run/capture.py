@@ -118,7 +118,8 @@ class FeatureCapture:
         self._edits_checked = False
         self.layers = dict(layers) if isinstance(layers, Mapping) else {path: path for path in layers}
         self.capture = capture
-        self.stop_early = stop_early
+        # DataParallel runs its replicas' hooks in threads that pass on only an Exception: the forward runs whole
+        self.stop_early = stop_early and not any(isinstance(m, torch.nn.DataParallel) for m in model.modules())
         #: How many times each layer ran per forward, learnt from the first forward.
         self.calls: dict[str, int] | None = None
         #: Keys of container elements that were not tensors and so were not stored.

@@ -139,20 +139,33 @@ def _version(tensor: torch.Tensor) -> int | None:
         return None
 
 
-def _written(buffer: torch.Tensor, now: torch.Tensor | None, put: tuple | None) -> torch.Tensor:
-    """The buffer to give back: the one it was, holding what the forward wrote into the tensor the run placed, or
-    put in its place (converted to its device and dtype); what the forward put there when its shape differs."""
-    if put is None or now is None or now is buffer:
+def _written(buffer: torch.Tensor | None, now: torch.Tensor | None, put: tuple | None) -> torch.Tensor | None:
+    """The buffer to give back: the tensor it was, unless the module's forward wrote into the copy the run placed
+    (its values then go into that tensor, as a run in place would have written them) or put another tensor in its
+    place (given back, on the buffer's device and dtype, as a forward called by hand leaves it)."""
+    if now is None or now is buffer:
+        return buffer
+    if buffer is None:  # a buffer the forward filled in: hookcli sets none
+        return _outside_inference(now)
+    if put is None:  # where the run did not say what it placed (hookcli.layers), the buffer it was
         return buffer
     tensor, version = put
     if now is tensor and (version is None or _version(now) == version):  # the run's copy, as the run made it
         return buffer
-    written = now.detach().to(buffer.device, buffer.dtype)
-    if written.shape != buffer.shape:
+    written = _outside_inference(now.detach().to(buffer.device, buffer.dtype))
+    if now is not tensor or tensor is buffer or written.shape != buffer.shape:
         return written
-    with torch.no_grad(), torch.inference_mode() if buffer.is_inference() else contextlib.nullcontext():
-        buffer.copy_(written)
+    try:
+        with torch.no_grad(), torch.inference_mode() if buffer.is_inference() else contextlib.nullcontext():
+            buffer.copy_(written)
+    except RuntimeError:  # a buffer no values can be written into (an expanded one): the values, in a tensor of theirs
+        return written
     return buffer
+
+
+def _outside_inference(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor``, copied where it is an inference tensor (made in the run), which autograd would refuse later."""
+    return tensor.clone() if tensor.is_inference() else tensor
 
 
 def _held(module) -> list:
@@ -193,7 +206,10 @@ def _give_back(held: list, placed: dict) -> None:
                 parameter.requires_grad_(requires_grad)  # one made under inference mode takes it back only there
             owner._parameters[name] = parameter
         for name, buffer in buffers.items():
-            owner._buffers[name] = _written(buffer, owner._buffers.get(name), placed.get((owner, name)))
+            try:
+                owner._buffers[name] = _written(buffer, owner._buffers.get(name), placed.get((owner, name)))
+            except RuntimeError:  # what the forward left cannot be brought back: the buffer as it was
+                owner._buffers[name] = buffer
         vars(owner).update(attributes)
         owner.training = training
         for name, table in hooks.items():

@@ -68,7 +68,8 @@ class Patching:
         self.prefix_tokens, self.square, self.chunk_bytes = prefix_tokens, square, chunk_bytes
         self._widths = layer_widths(model, {layer: layer for layer in self.layers})  # where the modules say them
         self.graph = traced(model, set(self.layers))
-        self.untraced = None if self.graph is not None else untraced(model) or "cannot be traced by torch.fx"
+        why = untraced(model, self.layers) or "cannot be traced by torch.fx"
+        self.untraced = None if self.graph is not None else why
         self._nodes: dict[str, Any] = {}
         self._read_after: dict[str, list[Any]] = {}
         self._before: dict[str, list[Any]] = {}

@@ -53,15 +53,20 @@ class Kept(torch.fx.Interpreter):
         return value
 
 
-def untraced(model: nn.Module) -> str | None:
+def untraced(model: nn.Module, keep: Collection[str] = ()) -> str | None:
     """Why a torch.fx trace of ``model`` would not run what calling it runs (a trace follows ``forward`` and inlines
-    the modules it calls), or None: a ``__call__`` of its class, its own hooks, or hooks on every module."""
+    the modules it calls), or None: a ``__call__`` of its class, its own forward hooks, hooks on every module, or
+    hooks on a module that holds one of the layers ``keep`` (kept whole so that its hooks run, it would hide them)."""
     if type(model).__call__ is not nn.Module.__call__:
         return "has a __call__ of its own, which a torch.fx trace would skip"
-    if hooked(model):
+    if model._forward_hooks or model._forward_pre_hooks:
         return "has hooks of its own, which a torch.fx trace would skip"
     if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
         return "runs under hooks set on every module, which a torch.fx trace would skip"
+    for name in _hooked_names(model):
+        inside = next((layer for layer in sorted(keep) if layer.startswith(name + ".")), None)
+        if inside is not None:
+            return f"has hooks on {name}, which holds {inside}, and a torch.fx trace would skip them"
     return None
 
 
@@ -72,12 +77,16 @@ def hooked(module: nn.Module) -> bool:
     )
 
 
+def _hooked_names(model: nn.Module) -> list[str]:
+    return [name for name, module in model.named_modules() if name and hooked(module)]
+
+
 def traced(model: nn.Module, keep: set[str]) -> torch.fx.GraphModule | None:
     """A GraphModule of ``model`` with the modules of ``keep``, and those with hooks, as leaves (those it calls), or
     None when it cannot be traced or a trace would not run what calling it runs (:func:`untraced`)."""
-    if untraced(model) is not None:
+    if untraced(model, keep) is not None:
         return None
-    keep = keep | {name for name, module in model.named_modules() if name and hooked(module)}
+    keep = keep | set(_hooked_names(model))
 
     class Tracer(torch.fx.Tracer):
         def is_leaf_module(self, module: nn.Module, qualified_name: str) -> bool:

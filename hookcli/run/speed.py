@@ -39,7 +39,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torchvision.models.feature_extraction import create_feature_extractor
 
 from hookcli.console import TF32_LEFT_OFF
-from hookcli.errors import CaptureError, UsageProblem, check_choice, compiler_error, first_line
+from hookcli.errors import CaptureError, UsageProblem, check_choice, compiler_error, first_line, size_refusal
 from hookcli.families import family_traits
 from hookcli.models.loaded import LoadedModel
 from hookcli.options.run import MEMORY_FORMATS, PRECISIONS
@@ -96,7 +96,7 @@ def model_refusal(err: BaseException, module: nn.Module, precision: str, name: s
     saying why: its parameters are of another dtype than the values fed, or were made under inference mode (tensors
     torch runs hooked layers and gradients with no more), or it was compiled by torch.compile and its graph cannot
     run; None for any other failure."""
-    if compiler_error(err):
+    if compiler_error(err) and size_refusal(err) is None:  # not the model refusing an input's size, in its words
         return CaptureError(
             f"{name} was compiled by torch.compile, and its compiled graph cannot run here ({first_line(err)[:200]})",
             hint="hand in the module before it was compiled (its _orig_mod), or compile it without fullgraph=True",
