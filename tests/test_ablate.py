@@ -609,7 +609,7 @@ def test_a_traced_run_keeps_only_the_values_a_later_run_reads():
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 4, 3), nn.ReLU(), nn.Flatten()).eval()
-    graph = traced(model, set())
+    graph, _ = traced(model, set())
     nodes = {node.name: node for node in graph.graph.nodes}
     x = torch.randn(2, 3, 8, 8)
     kept = Kept(graph, copied={nodes["_1"]}, keep={nodes["_2"]})

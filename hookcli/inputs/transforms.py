@@ -19,7 +19,7 @@ from torchvision.transforms import functional as F
 from torchvision.transforms._presets import ImageClassification, VideoClassification
 
 from hookcli.inputs.preprocess import DEVICE_DECODE_KINDS, Preprocess
-from hookcli.inputs.resampling import resized_window, resized_windows
+from hookcli.inputs.resampling import resized_windows
 
 __all__ = [
     "ImageSteps",
@@ -105,7 +105,7 @@ class ImageSteps:
             if found is not None:
                 return found
         if torch.is_tensor(image):
-            return self._as_pillow_would(image)
+            return self.geometry_each([image])[0]  # a batch of one size: resized as one
         if spec.resize is not None:
             size = list(spec.resize) if isinstance(spec.resize, tuple) else [spec.resize]
             image = F.resize(image, size, interpolation=self.mode, antialias=spec.antialias)
@@ -130,16 +130,6 @@ class ImageSteps:
             for k, row in zip(members, rows):
                 made[k] = row
         return made
-
-    def _as_pillow_would(self, images: torch.Tensor) -> torch.Tensor:
-        """uint8 ``images`` resized and cropped to the values Pillow gives the PIL image."""
-        size, window = self._placed(*images.shape[-2:])
-        images = resized_window(images, size, window, self.spec.interpolation)
-        return (
-            images
-            if self.spec.crop is None or self.spec.crop <= min(window[2:])
-            else F.center_crop(images, [self.spec.crop])
-        )
 
     def _placed(self, height: int, width: int) -> tuple[tuple[int, int], tuple[int, int, int, int]]:
         """The size an image of ``height`` and ``width`` is resized to, and the window of it that the crop keeps: all

@@ -27,7 +27,7 @@ from torch import nn
 from hookcli.errors import CaptureError, UsageProblem, never_runs
 from hookcli.families import channels_last_output
 from hookcli.run.edits import first_missing, partners
-from hookcli.run.replay import CHUNK_BYTES, Kept, ReplayForward, class_scores, repeated, traced, untraced
+from hookcli.run.replay import CHUNK_BYTES, Kept, ReplayForward, class_scores, repeated, traced
 from hookcli.statistics.units import UnitLayout, known_units
 
 __all__ = ["CLASS_DELTA", "ROW_FIELDS", "AblationForward", "UnitAblation", "ablation_forward"]
@@ -65,9 +65,7 @@ class UnitAblation:
                 hint="measure a layer after it, or leave --effect-on out for the model's output",
             )
         self._width = known_units(dict(model.named_modules()).get(layer))  # the module's own count, where it says
-        self.graph = traced(model, {layer} | ({effect_on} if effect_on != "." else set()))
-        why = untraced(model, {layer, effect_on} - {"."}) or "cannot be traced by torch.fx"
-        self.untraced = None if self.graph is not None else why
+        self.graph, self.untraced = traced(model, {layer, effect_on} - {"."})
         #: The nodes before the layer's, and those of them the part after it reads (parameters aside).
         self._before: list[Any] = []
         self._read_after: list[Any] = []

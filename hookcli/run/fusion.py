@@ -46,7 +46,7 @@ import torch.nn.functional as F
 import torchvision.ops
 
 from hookcli.run.capture import preserved_mode
-from hookcli.run.replay import hooked, untraced
+from hookcli.run.replay import hooked_names, untraced
 
 __all__ = ["FusedConvolution", "FusionAttempt", "fused_convolutions", "fused_for_inference", "fusion_attempt"]
 
@@ -86,7 +86,7 @@ def fusion_attempt(
     if why is not None:
         return FusionAttempt(model, 0, traced=False, why=why)
     keep = set(keep)
-    whole = keep | {name for name, module in model.named_modules() if name and hooked(module)}
+    whole = keep | set(hooked_names(model))
     graph_module = _traced(model, whole)
     if graph_module is None:
         return FusionAttempt(model, 0, traced=False)

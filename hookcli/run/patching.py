@@ -32,7 +32,7 @@ from torch import nn
 
 from hookcli.errors import CaptureError, HookcliError, UsageProblem, never_runs
 from hookcli.families import channels_last_output
-from hookcli.run.replay import CHUNK_BYTES, Kept, ReplayForward, class_scores, repeated, taken, traced, untraced
+from hookcli.run.replay import CHUNK_BYTES, Kept, ReplayForward, class_scores, repeated, taken, traced
 from hookcli.statistics.units import UnitLayout, layer_widths
 
 __all__ = ["PatchForward", "Patching", "patch_forward", "position_axes"]
@@ -67,9 +67,7 @@ class Patching:
         self.model, self.layers, self.positions = model, list(layers), positions
         self.prefix_tokens, self.square, self.chunk_bytes = prefix_tokens, square, chunk_bytes
         self._widths = layer_widths(model, {layer: layer for layer in self.layers})  # where the modules say them
-        self.graph = traced(model, set(self.layers))
-        why = untraced(model, self.layers) or "cannot be traced by torch.fx"
-        self.untraced = None if self.graph is not None else why
+        self.graph, self.untraced = traced(model, set(self.layers))
         self._nodes: dict[str, Any] = {}
         self._read_after: dict[str, list[Any]] = {}
         self._before: dict[str, list[Any]] = {}

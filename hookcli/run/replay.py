@@ -23,7 +23,18 @@ from hookcli.run.batches import batch_device
 from hookcli.run.capture import preserved_mode
 from hookcli.storage.fileformat import RunFacts
 
-__all__ = ["CHUNK_BYTES", "Kept", "ReplayForward", "class_scores", "hooked", "repeated", "taken", "traced", "untraced"]
+__all__ = [
+    "CHUNK_BYTES",
+    "Kept",
+    "ReplayForward",
+    "class_scores",
+    "hooked",
+    "hooked_names",
+    "repeated",
+    "taken",
+    "traced",
+    "untraced",
+]
 
 #: About how many bytes the copies of one chunk may take: the changed layer's output and what the part after it
 #: reads, for every copy.
@@ -63,7 +74,7 @@ def untraced(model: nn.Module, keep: Collection[str] = ()) -> str | None:
         return "has hooks of its own, which a torch.fx trace would skip"
     if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
         return "runs under hooks set on every module, which a torch.fx trace would skip"
-    for name in _hooked_names(model):
+    for name in hooked_names(model):
         inside = next((layer for layer in sorted(keep) if layer.startswith(name + ".")), None)
         if inside is not None:
             return f"has hooks on {name}, which holds {inside}, and a torch.fx trace would skip them"
@@ -77,16 +88,19 @@ def hooked(module: nn.Module) -> bool:
     )
 
 
-def _hooked_names(model: nn.Module) -> list[str]:
+def hooked_names(model: nn.Module) -> list[str]:
+    """The paths of ``model``'s submodules with hooks of their own (:func:`hooked`)."""
     return [name for name, module in model.named_modules() if name and hooked(module)]
 
 
-def traced(model: nn.Module, keep: set[str]) -> torch.fx.GraphModule | None:
-    """A GraphModule of ``model`` with the modules of ``keep``, and those with hooks, as leaves (those it calls), or
-    None when it cannot be traced or a trace would not run what calling it runs (:func:`untraced`)."""
-    if untraced(model, keep) is not None:
-        return None
-    keep = keep | set(_hooked_names(model))
+def traced(model: nn.Module, keep: set[str]) -> tuple[torch.fx.GraphModule | None, str | None]:
+    """A GraphModule of ``model`` with the modules of ``keep``, and those with hooks, as leaves (those it calls), and
+    None; or None and why the model runs whole: it cannot be traced, or a trace would not run what calling it runs
+    (:func:`untraced`)."""
+    why = untraced(model, keep)
+    if why is not None:
+        return None, why
+    keep = keep | set(hooked_names(model))
 
     class Tracer(torch.fx.Tracer):
         def is_leaf_module(self, module: nn.Module, qualified_name: str) -> bool:
@@ -95,10 +109,9 @@ def traced(model: nn.Module, keep: set[str]) -> torch.fx.GraphModule | None:
     try:
         tracer = Tracer(autowrap_modules=(math, torchvision.ops))  # type: ignore[arg-type]
         graph = tracer.trace(model)
-        graph_module = torch.fx.GraphModule(tracer.root, graph, type(model).__name__)
+        return torch.fx.GraphModule(tracer.root, graph, type(model).__name__), None
     except Exception:  # Python control flow on tensor values, unsupported calls: the model runs whole
-        return None
-    return graph_module
+        return None, "cannot be traced by torch.fx"
 
 
 def repeated(value: Any, count: int, rows: int) -> Any:
