@@ -108,3 +108,41 @@ def test_a_module_at_a_second_name_is_refused_naming_its_first():
     assert raised.value.message == "'b' is the module that 'a' is (one module at two names): its calls are all 'a'"
     assert raised.value.hint == "select it as 'a'; its calls are counted apart (a:0, a:1…) where it runs twice"
     assert resolve_layers(SharedTwice(), ["a", "head"]) == {"a": "a", "head": "head"}
+
+
+def _odd_names() -> nn.Module:
+    """A model whose ModuleDict keys hold the characters selectors and stored keys give a meaning to."""
+    model = nn.Module()
+    model.d = nn.ModuleDict({name: nn.Identity() for name in ("k", "k@grad", "a:1", "p[0]", "q=r", "q")})
+    return model
+
+
+def test_a_path_holding_a_reserved_character_needs_a_key_of_its_own():
+    with pytest.raises(UsageProblem) as raised:
+        resolve_layers(_odd_names(), ["d.k", "d.k@grad"])
+    assert raised.value.message == (
+        "layer 'd.k@grad' cannot be stored under its path: '@' in a key marks a call, an input or a gradient "
+        "(:, @, # are kept for that)"
+    )
+    assert raised.value.hint == "select it with a key of its own: 'd.k@grad=NAME'"
+    with pytest.raises(UsageProblem, match="layer 'd.a:1' cannot be stored under its path: ':' in a key"):
+        resolve_layers(_odd_names(), ["d.a*"])
+    assert resolve_layers(_odd_names(), ["d.k", "d.k@grad=kg", "d.a:1=a1"]) == {
+        "d.k": "d.k",
+        "d.k@grad": "kg",
+        "d.a:1": "a1",
+    }
+
+
+def test_an_exact_path_wins_over_a_glob_and_the_last_equals_sign_parts_a_key():
+    assert resolve_layers(_odd_names(), ["d.p[0]"]) == {"d.p[0]": "d.p[0]"}
+    assert resolve_layers(_odd_names(), ["d.q=r=qr", "d.q=r"]) == {"d.q=r": "qr", "d.q": "r"}
+    model = _odd_names()
+    del model.d["q"]
+    with pytest.raises(UsageProblem) as raised:
+        resolve_layers(model, ["d.q=r"])
+    assert raised.value.message == (
+        "'d.q=r' reads as layer 'd.q' under the key 'r', and the model has no 'd.q' (its layer 'd.q=r' has '=' in its "
+        "name)"
+    )
+    assert raised.value.hint == "select that layer with a key of its own: 'd.q=r=NAME'"

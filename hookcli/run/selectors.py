@@ -65,6 +65,12 @@ def resolve_layers(model, selectors: Iterable[str], *, model_name: str | None = 
     chosen: dict[str, str] = {}
     for selector in selectors:
         pattern, rename = _parse_selector(selector)
+        if pattern not in layers and selector.strip() in layers:
+            raise UsageProblem(
+                f"'{selector}' reads as layer '{pattern}' under the key '{rename}', and the model has no '{pattern}' (its"
+                f" layer '{selector.strip()}' has '=' in its name)",
+                hint=f"select that layer with a key of its own: '{selector.strip()}=NAME'",
+            )
         if pattern not in layers and not _is_glob(pattern):
             _refuse_second_name(model, pattern)
         matches = _match(pattern, layers, model_name)
@@ -76,6 +82,8 @@ def resolve_layers(model, selectors: Iterable[str], *, model_name: str | None = 
                 )
         for path in matches:
             key = rename or path or MODEL_KEY
+            if not rename:
+                _check_path_key(path)
             if chosen.get(path, key) != key:
                 raise UsageProblem(
                     f"layer '{path}' is selected under two names, '{chosen[path]}' and '{key}'",
@@ -133,8 +141,11 @@ def selector_keys(selectors: Iterable[str]) -> list[str] | None:
 
 
 def _parse_selector(selector: str) -> tuple[str, str]:
-    """``(pattern, rename)`` of ``PATTERN[=NAME]``; an empty pattern or a key hookcli cannot store is refused."""
-    pattern, _, rename = selector.partition("=")
+    """``(pattern, rename)`` of ``PATTERN[=NAME]``; an empty pattern or a key hookcli cannot store is refused.
+
+    The last ``=`` parts them, so a layer whose own name holds one is selected with a key (``a=b=NAME``).
+    """
+    pattern, _, rename = selector.rpartition("=") if "=" in selector else (selector, "", "")
     pattern = pattern.strip()
     if not pattern:
         raise UsageProblem(f"empty layer selector '{selector}'", hint="give a path such as features.18")
@@ -165,6 +176,8 @@ def _is_glob(pattern: str) -> bool:
 def _match(pattern: str, layers: Mapping, model_name: str | None) -> list[str]:
     if pattern == MODEL:
         return [""]
+    if pattern in layers:  # a path first: a ModuleDict key may hold '[' or '*'
+        return [pattern]
     where = f" in {model_name}" if model_name else ""
     hint = (
         f"run 'hookcli layers --model {model_name}' to list them" if model_name else "hookcli.layers(model) lists them"
@@ -188,8 +201,6 @@ def _match(pattern: str, layers: Mapping, model_name: str | None) -> list[str]:
                 hint=f"'*' stays within one path component, '**' crosses them; {hint}",
             )
         return found
-    if pattern in layers:
-        return [pattern]
     closest = difflib.get_close_matches(pattern, list(layers), n=3, cutoff=0.0)
     raise UnknownLayerError(f"no layer '{pattern}'{where} (closest: {', '.join(closest)})", hint=hint)
 
@@ -197,6 +208,17 @@ def _match(pattern: str, layers: Mapping, model_name: str | None) -> list[str]:
 def _type_matches(pattern: str, cls: type) -> bool:
     name = f"{cls.__module__}.{cls.__qualname__}" if "." in pattern else cls.__name__
     return fnmatch.fnmatchcase(name, pattern)
+
+
+def _check_path_key(path: str) -> None:
+    """Refuse storing a layer under its path where the path holds a character that stored keys reserve."""
+    bad = [ch for ch in KEY_RESERVED if ch in path]
+    if bad:
+        raise UsageProblem(
+            f"layer '{path}' cannot be stored under its path: '{bad[0]}' in a key marks a call, an input or a "
+            f"gradient ({', '.join(KEY_RESERVED)} are kept for that)",
+            hint=f"select it with a key of its own: '{path}=NAME'",
+        )
 
 
 def _check_key(name: str, selector: str) -> None:
