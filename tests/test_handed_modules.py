@@ -532,10 +532,12 @@ class Flattened(torch.nn.Module):
         return self.fc(self.conv(x).flatten(1))
 
 
-def test_a_compiled_module_that_refuses_an_inputs_size_says_so_in_the_models_words(photos):
+def test_a_compiled_module_that_refuses_an_inputs_size_says_so_in_the_models_words(photos, capfd):
     from hookcli.errors import CaptureError
 
+    capfd.readouterr()
     with pytest.raises(CaptureError) as raised:
         hookcli.extract(torch.compile(Flattened().eval()), "_orig_mod.conv", photos[:1], resize=32, crop=32)
     assert raised.value.message.startswith("OptimizedModule cannot run on this run's inputs ([1, 3, 32, 32]: ")
     assert "4096" in raised.value.message  # torch's words of the flattened width: 4 x 32 x 32, not 4 x 16 x 16
+    assert "failed while attempting to run meta" not in capfd.readouterr().err  # torch's log of the error raised

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import logging
 import os
 import signal
 from collections.abc import Iterable, Iterator, Sequence
@@ -322,7 +323,24 @@ def _natural_size(preprocess) -> tuple[int, int]:
 
 def call_model(model, batch):
     """``model`` called with a batch: a tensor, a list of images (detection), or a tuple of arguments (flow)."""
-    return model(*batch) if isinstance(batch, tuple) else model(batch)
+    with quiet_meta_failures():
+        return model(*batch) if isinstance(batch, tuple) else model(batch)
+
+
+@contextlib.contextmanager
+def quiet_meta_failures() -> Iterator[None]:
+    """Inside, torch.compile's log of an operator that failed on fake tensors is dropped: the error it logs is then
+    raised, and hookcli says it (or refuses the run) in one line."""
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    logger.addFilter(_drop_errors)
+    try:
+        yield
+    finally:
+        logger.removeFilter(_drop_errors)
+
+
+def _drop_errors(record: logging.LogRecord) -> bool:
+    return record.levelno < logging.ERROR
 
 
 def batch_length(batch) -> int:

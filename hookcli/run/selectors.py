@@ -67,8 +67,8 @@ def resolve_layers(model, selectors: Iterable[str], *, model_name: str | None = 
         pattern, rename = _parse_selector(selector)
         if pattern not in layers and selector.strip() in layers:
             raise UsageProblem(
-                f"'{selector}' reads as layer '{pattern}' under the key '{rename}', and the model has no '{pattern}' (its"
-                f" layer '{selector.strip()}' has '=' in its name)",
+                f"'{selector}' reads as layer '{pattern}' under the key '{rename}', and the model has no "
+                f"'{pattern}' (its layer '{selector.strip()}' has '=' in its name)",
                 hint=f"select that layer with a key of its own: '{selector.strip()}=NAME'",
             )
         if pattern not in layers and not _is_glob(pattern):

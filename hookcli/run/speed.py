@@ -43,6 +43,7 @@ from hookcli.errors import CaptureError, UsageProblem, check_choice, compiler_er
 from hookcli.families import family_traits
 from hookcli.models.loaded import LoadedModel
 from hookcli.options.run import MEMORY_FORMATS, PRECISIONS
+from hookcli.run.batches import quiet_meta_failures
 from hookcli.run.device import resolve_device
 from hookcli.run.launch import Part, cpu_threads, usable_cores
 from hookcli.run.settings import RunSettings, default_workers
@@ -342,7 +343,7 @@ def compiled_extractor(model, layers: Mapping[str, str], calls: Mapping[str, int
     compiled = torch.compile(graph_module, dynamic=False)
 
     def run(batch):
-        with _quiet_compiler_logs():
+        with _quiet_compiler_logs(), quiet_meta_failures():
             outputs = compiled(batch)
         if not all(isinstance(value, torch.Tensor) for value in outputs.values()):
             raise _NotTensors("a requested layer returns a container")
