@@ -357,21 +357,21 @@ def test_errors_are_one_line_with_a_hint(runner, resnet18_args, images, tmp_path
 def test_an_unexpected_failure_is_one_line_and_debug_shows_the_traceback(runner, images, tmp_path, monkeypatch):
     import hookcli.run.pipeline
 
-    args = ["extract", "-m", "vgg11", "-w", "none", "-l", "features.20", "--resize", "8", "--crop", "8",
+    args = ["extract", "-m", "squeezenet1_0", "-w", "none", "-l", "features.12", "--resize", "8", "--crop", "8",
             "-o", str(tmp_path / "o.safetensors"), str(images[0])]  # fmt: skip
-    result = runner.invoke(main, args)  # vgg11 pools an 8x8 input to nothing: in its words, with what to change
+    result = runner.invoke(main, args)  # its stride-2 7x7 convolution makes 8x8 one pixel, too few to pool
     assert result.exit_code == 1
     assert _error(result) == (
-        "Error: vgg11 cannot run on this run's inputs ([1, 3, 8, 8]: Given input size: (512x1x1). Calculated output "
-        "size: (512x0x0). Output size is too small). Hint: give it inputs of a size it takes (--resize, --crop); "
-        "hookcli layers -m vgg11 runs it on its natural input"
+        "Error: squeezenet1_0 cannot run on this run's inputs ([1, 3, 8, 8]: Given input size: (96x1x1). Calculated "
+        "output size: (96x0x0). Output size is too small). Hint: give it inputs of a size it takes (--resize, "
+        "--crop); hookcli layers -m squeezenet1_0 runs it on its natural input"
     )
 
     def unexpected(*args, **kwargs):
         raise RuntimeError("something nobody expected")
 
     monkeypatch.setattr(hookcli.run.pipeline, "stored", unexpected)
-    args = [arg if arg != "8" else "32" for arg in args]  # a size vgg11 takes
+    args = [arg if arg != "8" else "32" for arg in args]  # a size squeezenet1_0 takes
     result = runner.invoke(main, args)
     assert result.exit_code == 1
     assert (

@@ -61,14 +61,17 @@ def prepared_model(loaded: LoadedModel, settings: RunSettings):
     """
     device = torch.device(settings.device)
     memory_format = settings.memory_format
-    with given_back(loaded.module) if loaded.handed_in else contextlib.nullcontext():
+
+    def place(module):
         # weights moved or laid out are tensors autograd takes, in any caller's mode; those of a module made under
         # inference mode stay inference tensors, as torch runs them only so
-        made_inferring = any(parameter.is_inference() for parameter in loaded.module.parameters())
+        made_inferring = any(parameter.is_inference() for parameter in module.parameters())
         with torch.inference_mode(made_inferring):
-            model = speed.to_memory_format(loaded.module.to(device), memory_format)
-        if loaded.handed_in:
-            placed(loaded.module)
+            return speed.to_memory_format(module.to(device), memory_format)
+
+    with (
+        given_back(loaded.module, place) if loaded.handed_in else contextlib.nullcontext(place(loaded.module)) as model
+    ):
 
         def to_device(batch):
             def moved(images):
@@ -82,14 +85,16 @@ def prepared_model(loaded: LoadedModel, settings: RunSettings):
 
 
 @contextlib.contextmanager
-def given_back(module):
-    """Inside, ``module`` may be moved, laid out and put in eval mode; afterwards each parameter, gradient and
-    buffer is the tensor it was (its device, dtype, memory format and values; a buffer holds what the module's
-    forward wrote into it or put in its place, once :func:`placed` said what the run put there), each parameter
-    needs a gradient as it did, each tensor attribute (what a pre-hook derives) is the one it held, and each
-    submodule is in its mode, with its hooks and no others. Blocks on one module nest: the first one entered keeps
-    its state, and the last one to end (a second side's run of the same model may end after the first's) gives it
-    back. Lazy modules' parameters not made yet are left as the run makes them.
+def given_back(module, place: Callable | None = None):
+    """Yields the module to run: ``place(module)``, which moves and lays it out for the run, or ``module`` itself.
+
+    Inside, it may be moved, laid out and put in eval mode; afterwards each parameter, gradient and buffer is the
+    tensor it was (its device, dtype, memory format and values), except that a buffer holds what the module's
+    forward wrote into it or put in its place (told from what ``place`` made of it), each parameter needs a
+    gradient as it did, each tensor attribute (what a pre-hook derives) is the one it held, and each submodule is
+    in its mode, with its hooks and no others. Blocks on one module nest: the first one entered keeps its state,
+    and the last one to end (a second side's run of the same model may end after the first's) gives it back. Lazy
+    modules' parameters not made yet are left as the run makes them.
 
     >>> net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3)).train()
     >>> weight = net[0].weight.data_ptr()
@@ -104,7 +109,9 @@ def given_back(module):
     else:
         _GIVEN[module] = [1, _held(module), {}]
     try:
-        yield
+        model = module if place is None else place(module)
+        _placed(module)
+        yield model
     finally:
         entry = _GIVEN[module]
         entry[0] -= 1
@@ -114,15 +121,15 @@ def given_back(module):
 
 
 #: The modules inside :func:`given_back`: how many blocks hold each, what it was when the first began, and each
-#: buffer as the run placed it (:func:`placed`).
+#: buffer as the run placed it (:func:`_placed`).
 _GIVEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def placed(module) -> None:
+def _placed(module) -> None:
     """Inside :func:`given_back`, once ``module`` is moved and laid out for the run: its buffers as they are now, so
     that what its forward then writes into them, or puts in their place, is told from what the run did, and kept."""
-    entry = _GIVEN.get(module)
-    if entry is not None and not entry[2]:
+    entry = _GIVEN[module]
+    if not entry[2]:
         entry[2].update(
             ((owner, name), (buffer, _version(buffer)))
             for owner in module.modules()
@@ -145,10 +152,8 @@ def _written(buffer: torch.Tensor | None, now: torch.Tensor | None, put: tuple |
     place (given back, on the buffer's device and dtype, as a forward called by hand leaves it)."""
     if now is None or now is buffer:
         return buffer
-    if buffer is None:  # a buffer the forward filled in: hookcli sets none
+    if buffer is None or put is None:  # a buffer the forward filled in (hookcli sets none)
         return _outside_inference(now)
-    if put is None:  # where the run did not say what it placed (hookcli.layers), the buffer it was
-        return buffer
     tensor, version = put
     if now is tensor and (version is None or _version(now) == version):  # the run's copy, as the run made it
         return buffer

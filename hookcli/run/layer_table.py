@@ -22,7 +22,7 @@ from hookcli.models.catalog import ModelChoice, as_model
 from hookcli.models.loaded import LoadedModel
 from hookcli.run.batches import call_model, natural_input
 from hookcli.run.capture import preserved_mode
-from hookcli.run.forwards import given_back, placed
+from hookcli.run.forwards import given_back
 from hookcli.run.selectors import MODEL, hookable_layers
 
 __all__ = [
@@ -47,8 +47,7 @@ def handed_layer_table(model, *, input_size=None, depth=None, frames=None) -> li
     :class:`~hookcli.models.loaded.LoadedModel`), run on its own device and given back as it came."""
     loaded = as_model(model)
     assert isinstance(loaded, LoadedModel), "a name goes to model_layer_table"
-    with given_back(loaded.module):
-        placed(loaded.module)  # run where it is: what its forward writes into its buffers is its own
+    with given_back(loaded.module):  # run where it is: what its forward writes into its buffers is its own
         return layer_table(loaded, input_size=input_size, depth=depth, frames=frames)
 
 
