@@ -291,3 +291,36 @@ def test_a_batch_shared_memory_has_no_room_for_is_refused_in_one_line_not_waited
         "for file </torch_9_1>: No space left on device (28)). Hint: give fewer --workers or a smaller --batch-size, "
         "or /dev/shm more room (a container's --shm-size)"
     )
+
+
+def test_a_move_that_fails_part_way_gives_every_buffer_back_as_it_was():
+    from hookcli.run.forwards import given_back
+
+    net = torch.nn.Sequential(torch.nn.BatchNorm1d(3), torch.nn.BatchNorm1d(3))
+    means = [net[0].running_mean, net[1].running_mean]
+
+    def place(module):
+        module[0].double()  # the first layer moved, then the move fails
+        raise RuntimeError("out of memory")
+
+    with pytest.raises(RuntimeError, match="out of memory"), given_back(net, place):
+        pass
+    assert net[0].running_mean is means[0] and net[1].running_mean is means[1]  # the tensors themselves
+    assert net[0].running_mean.dtype == torch.float32 and net[0].weight.dtype == torch.float32
+    counter = _Counting()
+    count = counter.count
+    with given_back(counter, lambda module: module.double()) as placed:  # a move, then a forward writing its buffer
+        placed(torch.ones(1))
+    assert counter.count is count and count.dtype == torch.float32 and count.tolist() == [1.0]  # what it wrote
+
+
+class _Counting(torch.nn.Module):
+    """Counts its calls in a buffer, written in place."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("count", torch.zeros(1))
+
+    def forward(self, x):
+        self.count.add_(1)
+        return x

@@ -541,3 +541,37 @@ def test_a_compiled_module_that_refuses_an_inputs_size_says_so_in_the_models_wor
     assert raised.value.message.startswith("OptimizedModule cannot run on this run's inputs ([1, 3, 32, 32]: ")
     assert "4096" in raised.value.message  # torch's words of the flattened width: 4 x 32 x 32, not 4 x 16 x 16
     assert "failed while attempting to run meta" not in capfd.readouterr().err  # torch's log of the error raised
+
+
+def test_torchs_log_of_a_failed_operator_is_dropped_inside_the_blocks_alone_in_every_thread():
+    import logging
+    import threading
+
+    from hookcli.run.batches import quiet_meta_failures
+
+    logger, seen = logging.getLogger("torch._subclasses.fake_tensor"), []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    logger.addHandler(handler)
+    try:
+        inside, done = threading.Event(), threading.Event()
+
+        def quiet_a_while():
+            with quiet_meta_failures():
+                inside.set()
+                done.wait(10)
+                logger.error("dropped in the other thread")
+
+        other = threading.Thread(target=quiet_a_while)
+        other.start()
+        inside.wait(10)
+        with quiet_meta_failures(), quiet_meta_failures():
+            logger.error("dropped")
+            logger.warning("kept: a warning")
+        logger.error("kept: outside, while another thread is inside")
+        done.set()
+        other.join(10)
+        logger.error("kept: after")
+    finally:
+        logger.removeHandler(handler)
+    assert seen == ["kept: a warning", "kept: outside, while another thread is inside", "kept: after"]

@@ -146,3 +146,25 @@ def test_an_exact_path_wins_over_a_glob_and_the_last_equals_sign_parts_a_key():
         "name)"
     )
     assert raised.value.hint == "select that layer with a key of its own: 'd.q=r=NAME'"
+
+
+def test_a_key_holds_no_equals_sign_and_a_pattern_over_a_reserved_path_says_how_to_leave_it_out():
+    with pytest.raises(UsageProblem) as raised:
+        resolve_layers(_odd_names(), ["d.k=a=b"])
+    assert raised.value.message == (
+        "'d.k=a=b' reads as layer 'd.k=a' under the key 'b' (the last '=' parts a key), and the model has no 'd.k=a'"
+    )
+    assert raised.value.hint == "a key may not hold '='"
+    with pytest.raises(UsageProblem) as raised:
+        resolve_layers(_odd_names(), ["d.k*"])
+    assert raised.value.hint == (
+        "select it with a key of its own: 'd.k@grad=NAME', and the others by paths or a pattern that leaves it out"
+    )
+
+
+def test_a_capture_given_paths_refuses_one_it_cannot_store_under_its_path():
+    from hookcli.run.capture import GradientCapture
+
+    with pytest.raises(UsageProblem, match="layer 'd.k@grad' cannot be stored under its path"):
+        GradientCapture(_odd_names(), ["d.k", "d.k@grad"])
+    assert GradientCapture(_odd_names(), {"d.k": "k", "d.k@grad": "kg"}).layers == {"d.k": "k", "d.k@grad": "kg"}

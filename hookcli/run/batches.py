@@ -12,6 +12,7 @@ queues, events and the folder's lock, whose file the fork hooks of :mod:`hookcli
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import ctypes
 import functools
 import logging
@@ -329,18 +330,26 @@ def call_model(model, batch):
 
 @contextlib.contextmanager
 def quiet_meta_failures() -> Iterator[None]:
-    """Inside, torch.compile's log of an operator that failed on fake tensors is dropped: the error it logs is then
-    raised, and hookcli says it (or refuses the run) in one line."""
+    """Inside (in this thread or task), torch.compile's log of an operator that failed on fake tensors is dropped:
+    the error it logs is then raised, and hookcli says it (or refuses the run) in one line."""
     logger = logging.getLogger("torch._subclasses.fake_tensor")
-    logger.addFilter(_drop_errors)
+    if _DROP_META_FAILURES not in logger.filters:  # put once, for good: it drops nothing outside these blocks
+        logger.addFilter(_DROP_META_FAILURES)
+    token = _QUIET.set(True)
     try:
         yield
     finally:
-        logger.removeFilter(_drop_errors)
+        _QUIET.reset(token)
 
 
-def _drop_errors(record: logging.LogRecord) -> bool:
-    return record.levelno < logging.ERROR
+class _MetaFailures(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno < logging.ERROR or not _QUIET.get()
+
+
+#: Whether the calling thread or task is inside :func:`quiet_meta_failures`.
+_QUIET: contextvars.ContextVar[bool] = contextvars.ContextVar("quiet_meta_failures", default=False)
+_DROP_META_FAILURES = _MetaFailures()
 
 
 def batch_length(batch) -> int:

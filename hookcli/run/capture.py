@@ -51,6 +51,7 @@ from hookcli.families import channels_last_output
 from hookcli.options.run import ATTENTION_KEEPS, CAPTURE_KINDS
 from hookcli.run.attention import attention_weights, check_attention
 from hookcli.run.batches import batch_length, call_model, first_rows
+from hookcli.run.selectors import check_path_key
 from hookcli.statistics.units import width_axis
 from hookcli.storage.fileformat import DETECTIONS
 
@@ -116,6 +117,9 @@ class FeatureCapture:
         self.model = model
         self.edits, self.capture_edited = tuple(edits), capture_edited
         self._edits_checked = False
+        if not isinstance(layers, Mapping):
+            for path in layers:
+                check_path_key(path)
         self.layers = dict(layers) if isinstance(layers, Mapping) else {path: path for path in layers}
         self.capture = capture
         # DataParallel runs its replicas' hooks in threads that pass on only an Exception: the forward runs whole

@@ -86,7 +86,8 @@ def prepared_model(loaded: LoadedModel, settings: RunSettings):
 
 @contextlib.contextmanager
 def given_back(module, place: Callable | None = None):
-    """Yields the module to run: ``place(module)``, which moves and lays it out for the run, or ``module`` itself.
+    """Yields the module to run: ``place(module)``, which moves and lays it out for the run, or ``module`` itself,
+    run where it is (a caller that moves it moves it through ``place``).
 
     Inside, it may be moved, laid out and put in eval mode; afterwards each parameter, gradient and buffer is the
     tensor it was (its device, dtype, memory format and values), except that a buffer holds what the module's
@@ -152,8 +153,10 @@ def _written(buffer: torch.Tensor | None, now: torch.Tensor | None, put: tuple |
     place (given back, on the buffer's device and dtype, as a forward called by hand leaves it)."""
     if now is None or now is buffer:
         return buffer
-    if buffer is None or put is None:  # a buffer the forward filled in (hookcli sets none)
+    if buffer is None:  # a buffer the forward filled in: hookcli sets none
         return _outside_inference(now)
+    if put is None:  # nothing said what the run placed (its move failed part way): the buffer it was
+        return buffer
     tensor, version = put
     if now is tensor and (version is None or _version(now) == version):  # the run's copy, as the run made it
         return buffer

@@ -32,6 +32,7 @@ from torch import nn
 
 from hookcli.errors import CaptureError, HookcliError, UsageProblem, never_runs
 from hookcli.families import channels_last_output
+from hookcli.run.batches import quiet_meta_failures
 from hookcli.run.replay import CHUNK_BYTES, Kept, ReplayForward, class_scores, repeated, taken, traced
 from hookcli.statistics.units import UnitLayout, layer_widths
 
@@ -216,7 +217,8 @@ class Patching:
 
             handles.append(modules[layer].register_forward_hook(hook))
         try:
-            return self.model(batch)
+            with quiet_meta_failures():
+                return self.model(batch)
         finally:
             for handle in handles:
                 handle.remove()

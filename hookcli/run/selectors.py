@@ -37,6 +37,7 @@ __all__ = [
     "MODEL",
     "MODEL_KEY",
     "as_selectors",
+    "check_path_key",
     "hookable_layers",
     "resolve_layers",
     "selected_layers",
@@ -71,6 +72,12 @@ def resolve_layers(model, selectors: Iterable[str], *, model_name: str | None = 
                 f"'{pattern}' (its layer '{selector.strip()}' has '=' in its name)",
                 hint=f"select that layer with a key of its own: '{selector.strip()}=NAME'",
             )
+        if pattern not in layers and "=" in pattern and pattern.partition("=")[0].strip() in layers:
+            raise UsageProblem(
+                f"'{selector}' reads as layer '{pattern}' under the key '{rename}' (the last '=' parts a key), and "
+                f"the model has no '{pattern}'",
+                hint="a key may not hold '='",
+            )
         if pattern not in layers and not _is_glob(pattern):
             _refuse_second_name(model, pattern)
         matches = _match(pattern, layers, model_name)
@@ -83,7 +90,7 @@ def resolve_layers(model, selectors: Iterable[str], *, model_name: str | None = 
         for path in matches:
             key = rename or path or MODEL_KEY
             if not rename:
-                _check_path_key(path)
+                check_path_key(path, alone=matches == [pattern])
             if chosen.get(path, key) != key:
                 raise UsageProblem(
                     f"layer '{path}' is selected under two names, '{chosen[path]}' and '{key}'",
@@ -210,14 +217,24 @@ def _type_matches(pattern: str, cls: type) -> bool:
     return fnmatch.fnmatchcase(name, pattern)
 
 
-def _check_path_key(path: str) -> None:
-    """Refuse storing a layer under its path where the path holds a character that stored keys reserve."""
+def check_path_key(path: str, *, alone: bool = True) -> None:
+    """Refuse storing a layer under its path where the path holds a character that stored keys reserve (``alone``:
+    the layer was named on its own, not matched by a pattern).
+
+    >>> check_path_key("heads.k")
+    >>> try:
+    ...     check_path_key("heads.k@grad")
+    ... except UsageProblem as refused:
+    ...     print(refused.hint)
+    select it with a key of its own: 'heads.k@grad=NAME'
+    """
     bad = [ch for ch in KEY_RESERVED if ch in path]
     if bad:
+        also = "" if alone else ", and the others by paths or a pattern that leaves it out"
         raise UsageProblem(
             f"layer '{path}' cannot be stored under its path: '{bad[0]}' in a key marks a call, an input or a "
             f"gradient ({', '.join(KEY_RESERVED)} are kept for that)",
-            hint=f"select it with a key of its own: '{path}=NAME'",
+            hint=f"select it with a key of its own: '{path}=NAME'{also}",
         )
 
 
