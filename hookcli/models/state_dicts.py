@@ -121,25 +121,26 @@ def read_state_dict(path: Path) -> dict:
     load, its first bytes tell a file of another kind (text, an image, a zip) from a damaged weights file.
     """
     check_weights_file(path)
+    safetensors = path.suffix.lower() == ".safetensors"
+    archive = None if safetensors else _ARCHIVES.get(archive_kind(path) or "")
+    if archive is not None:  # refused unread: torch.load hands a TorchScript archive to torch.jit.load
+        raise WeightsError(
+            f"weights file '{path}' is {archive} archive, not a state dict",
+            hint="save model.state_dict() of the model it came from",
+        )
     try:
-        if path.suffix.lower() == ".safetensors":
-            state = load_file(str(path))
-        else:
-            state = torch.load(path, map_location="cpu", weights_only=True)
+        state = load_file(str(path)) if safetensors else torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:
         raise _unreadable(path, err) from None
     return _unwrap(state, path)
 
 
+#: Archives of models, not of weights, by :func:`~hookcli.models.weights.archive_kind`.
+_ARCHIVES = {"torchscript": "a TorchScript", "export": "a torch.export"}
+
+
 def _unreadable(path: Path, err: Exception) -> WeightsError:
     # Told from the first bytes before reading torch's error: its weights-only unpickler fails on any non-pickle.
-    kind = archive_kind(path)
-    archive = {"torchscript": "a TorchScript", "export": "a torch.export"}.get(kind) if kind is not None else None
-    if archive is not None:
-        return WeightsError(
-            f"weights file '{path}' is {archive} archive, not a state dict",
-            hint="save model.state_dict() of the model it came from",
-        )
     with open(path, "rb") as handle:
         kind = kind_of_non_weights(path, handle.read(512))
     if kind is not None:
