@@ -161,6 +161,7 @@ def test_a_model_value_names_its_source(text, source, name, label):
     assert (spec.source, spec.name, spec.label) == (source, name, label)
 
 
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated")  # the archive is made here
 def test_a_torchscript_archive_is_refused_with_what_to_give_instead(runner, tmp_path, photo):
     scripted = tmp_path / "scripted.pt"
     torch.jit.script(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3))).save(str(scripted))
@@ -796,6 +797,7 @@ def test_timm_norms_with_their_activation_inside_fuse(photo):
         torch.testing.assert_close(fused[key], exact[key], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated")  # the archive is made here
 def test_a_torchscript_file_as_weights_is_named_as_such_before_torch_reads_it(tmp_path):
     scripted = tmp_path / "net_script.pt"
     torch.jit.script(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3))).save(str(scripted))
