@@ -13,6 +13,7 @@ from torch import nn
 import hookcli
 from hookcli.cli import main
 from hookcli.errors import LayerNotRunError, UsageProblem
+from hookcli.events import Note
 from hookcli.run.edits import partners
 
 SMALL = {"resize": 16, "crop": 16, "batch_size": 3}
@@ -117,7 +118,7 @@ def test_each_units_effects_equal_hooks_written_by_hand(photos, tmp_path, how):
             torch.testing.assert_close(found[f"block@{field}"][row], value, rtol=1e-4, atol=1e-5, msg=field)
 
 
-def test_a_mean_ablation_from_a_stats_file_of_other_inputs_says_so(photos, tmp_path):
+def test_a_mean_ablation_from_a_stats_file_of_other_inputs_or_an_edited_run_says_so(photos, tmp_path, monkeypatch):
     from hookcli.events import Note
 
     net = _net()
@@ -129,6 +130,22 @@ def test_a_mean_ablation_from_a_stats_file_of_other_inputs_says_so(photos, tmp_p
     assert said == [
         f"ablate: '{stats}' holds values of inputs prepared otherwise than this run's: preprocess (crop: the file's "
         f"{SMALL['crop']}, this run's {other['crop']})"
+    ]
+    edited = hookcli.stats(net, "block", photos, output=tmp_path / "e.safetensors", top=1, intervene=["stem=zero"],
+                           **SMALL)  # fmt: skip
+    heard.clear()
+    monkeypatch.chdir(tmp_path)
+    found = hookcli.ablate(net, "block", photos, units="1", how=f"mean:{edited.name}", progress=heard.append,
+                           **SMALL)  # fmt: skip  # the file named as given, recorded as where it is
+    assert [event.text for event in heard if isinstance(event, Note) and "edited" in event.text] == [
+        f"ablate: '{edited.name}' holds values of the model as its run edited it (stem=zero)"
+    ]
+    assert json.loads(found.metadata["ablate"])["file"] == str(edited)
+    heard.clear()
+    hookcli.ablate(net, "block", photos, units="1", how="resample", progress=heard.append, **{**SMALL, "batch_size": 1})
+    assert [event.text for event in heard if isinstance(event, Note) and "resample" in event.text] == [
+        "ablate: resample takes each row's values from another row of its batch, and a batch of one row holds no "
+        "other, so it changes nothing (give --batch-size 2 or more)"
     ]
     before = Path(stats).read_bytes()
     with pytest.raises(UsageProblem) as refused:  # the statistics read are not overwritten, --force or not
@@ -636,3 +653,42 @@ def test_the_kl_of_a_tiny_change_keeps_its_digits():
     direct = (p * (p.log() - q.log())).sum(dim=2).T  # the definition, in float64: fine at these sizes
     assert bool((direct > 1e-14).all()) and bool((direct < 1e-11).all())
     torch.testing.assert_close(found, direct, rtol=1e-3, atol=0)
+
+
+class Nested(Residual):
+    """:class:`Residual` whose layer after the block holds its convolution inside."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.after = nn.Sequential(nn.Conv2d(6, 5, 1), nn.ReLU())
+
+
+def test_a_layer_inside_the_measured_one_is_ablated_whole_and_one_inside_the_ablated_one_is_refused(photos):
+    torch.manual_seed(0)
+    net = Nested().eval()
+    batch, kept = _inputs(net, photos), []
+    handle = net.after.register_forward_hook(lambda m, i, out: kept.append(out.flatten(1).clone()))
+    try:
+        with torch.no_grad():
+            [net(rows) for rows in batch.split(SMALL["batch_size"])]
+        plain = torch.cat(kept)
+        kept.clear()
+        _ablated_by_hand(net, batch, "after.0", 2, _zero)
+        edited = torch.cat(kept)
+    finally:
+        handle.remove()
+    notes = []
+    found = hookcli.ablate(net, "after.0", photos, units="2", effect_on="after", progress=notes.append, **SMALL)
+    expected = _expected(plain, edited)
+    torch.testing.assert_close(found["after.0@class_effect"][0], expected["class_effect"], rtol=1e-4, atol=1e-5)
+    assert expected["class_effect"].abs().max() > 1e-3
+    assert [note.text for note in notes if isinstance(note, Note)][-1:] == [
+        "Nested holds after.0 inside after, which a torch.fx trace would keep whole, so the layers before after.0 "
+        "run again for each chunk of units (the values are the same)"
+    ]
+    with pytest.raises(UsageProblem) as caught:
+        hookcli.ablate(net, "after", photos, effect_on="after.0", **SMALL)
+    assert caught.value.message == (
+        "--effect-on after.0 runs inside after, the ablated layer, before its output is ablated, so nothing it "
+        "returns can change"
+    )

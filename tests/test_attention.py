@@ -398,6 +398,27 @@ def test_an_edit_of_the_attention_layer_itself_is_said_to_change_no_weights_kept
     for edited in (False, True):
         assert late("blocks.0.attn:3=zero", edited) == [f"--intervene 'blocks.0.attn:3=zero': {stops}"]
         assert late("blocks.0.attn.qkv:3=zero", edited) == []  # the queries it projects make the weights
+    # Another block's weights kept after it: they take the edit, and the edited block's own do not.
+    heard: list = []
+    plain, edited = (
+        hookcli.extract(
+            model,
+            ["blocks.0.attn", "blocks.1.attn"],
+            photos,
+            capture="attention",
+            intervene=edits,
+            resize=32,
+            crop=32,
+            progress=heard.append,
+        )  # fmt: skip
+        for edits in ((), ["blocks.0.attn:3=zero"])
+    )
+    assert torch.equal(plain["blocks.0.attn@attention"], edited["blocks.0.attn@attention"])
+    assert not torch.equal(plain["blocks.1.attn@attention"], edited["blocks.1.attn@attention"])
+    assert [event.text for event in heard if isinstance(event, Note) and "@attention" in event.text] == [
+        "--intervene 'blocks.0.attn:3=zero': blocks.0.attn@attention comes from what blocks.0.attn receives, so this "
+        "edit of what it returns changes none of it (the attention of the layers after it takes the edit)"
+    ]
 
 
 def test_eva02s_rotary_attention_equals_its_unfused_weights_and_leaves_its_output_as_it_was(photos):

@@ -552,7 +552,7 @@ def test_an_edit_of_a_layer_the_forward_never_runs_is_refused_at_the_first_batch
 
 
 def test_a_reports_summary_names_the_edits_and_ignores_metadata_that_does_not_say_them(photos, tmp_path):
-    from hookcli.pictures.reading import recorded_edits
+    from hookcli.storage.recorded_run import recorded_edits
 
     out = hookcli.extract(_cnn(), "2", photos, intervene=["0:0:3=zero", "1=scale:0.5"], output=tmp_path / "e.st",
                           **SMALL)  # fmt: skip
@@ -668,3 +668,34 @@ def test_saved_features_keep_the_channels_their_modules_said_and_files_without_t
     save_file(load_file(saved), bare, metadata={**metadata, "layers": json.dumps(table)})
     with pytest.raises(FeatureFileError, match=r"its 'layers' metadata is not a table of layers \(key, type"):
         hookcli.stats(features=bare, keys="mix", top=1)
+
+
+def test_a_file_of_an_edited_run_is_said_and_one_of_no_features_is_refused_naming_the_edit(photos, tmp_path):
+    from hookcli.events import Note
+
+    net = _cnn()
+    stats = hookcli.stats(net, "0", photos, output=tmp_path / "s.safetensors", intervene=["0:0=zero"], **SMALL)
+    heard: list = []
+    hookcli.extract(net, "2", photos, intervene=[f"0=mean:{stats}"], progress=heard.append, **SMALL)
+    assert [event.text for event in heard if isinstance(event, Note) and "edited" in event.text] == [
+        f"--intervene '0=mean:{stats}': '{stats}' holds values of the model as its run edited it (0:0=zero)"
+    ]
+    text = tmp_path / "means.txt"
+    text.write_text("0.5\n")
+    with pytest.raises(UsageProblem) as refused:
+        hookcli.extract(net, "2", photos, intervene=[f"0=mean:{text}"], **SMALL)
+    assert refused.value.message == f"--intervene '0=mean:{text}': '{text}' is not a safetensors file"
+
+
+def test_resampling_batches_of_one_row_is_said_to_change_nothing(photos):
+    from hookcli.events import Note
+
+    heard: list = []
+    plain = hookcli.extract(_cnn(), "2", photos, **{**SMALL, "batch_size": 1})
+    found = hookcli.extract(_cnn(), "2", photos, intervene=["0=resample"], progress=heard.append,
+                            **{**SMALL, "batch_size": 1})  # fmt: skip
+    assert torch.equal(found["2"], plain["2"])
+    assert [event.text for event in heard if isinstance(event, Note) and "resample" in event.text] == [
+        "--intervene '0=resample': resample takes each row's values from another row of its batch, and a batch of "
+        "one row holds no other, so it changes nothing (give --batch-size 2 or more)"
+    ]

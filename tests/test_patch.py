@@ -441,3 +441,17 @@ def test_a_pairs_file_written_with_a_byte_order_mark_reads_its_first_path(images
     listing = tmp_path / "marked.txt"
     listing.write_text(f"{images[0]}\t{images[1]}\n", encoding="utf-8-sig")
     assert [tuple(map(str, pair)) for pair in read_pairs(listing)] == [(str(images[0]), str(images[1]))]
+
+
+def test_a_layer_inside_another_patched_with_it_is_patched_as_when_it_is_alone(pairs):
+    torch.manual_seed(1)
+    net = nn.Sequential(_net()[:3], _net()[3:]).eval()  # the convolutions inside the first half
+    both = hookcli.patch(net, ["0", "0.2"], pairs, **SMALL)
+    alone = {layer: hookcli.patch(net, layer, pairs, **SMALL) for layer in ("0", "0.2")}
+    for layer in ("0", "0.2"):
+        keys = [key for key in alone[layer].keys() if key.startswith(f"{layer}@")]
+        assert keys and all(torch.equal(both[key], alone[layer][key]) for key in keys), layer
+    assert both.notes[-1] == (
+        "Sequential holds 0.2 inside 0, which a torch.fx trace would keep whole, so it runs whole for each patch (the "
+        "values are the same)"
+    )

@@ -21,11 +21,10 @@ from hookcli.errors import UsageProblem
 from hookcli.families import channels_last_output, square_input
 from hookcli.inputs.preprocess import Preprocess
 from hookcli.options.grid import GridOptions
-from hookcli.options.interventions import Intervention
 from hookcli.pictures.render import NotDrawable
 from hookcli.storage.fileformat import DETECTIONS
 from hookcli.storage.reader import FeatureReader
-from hookcli.storage.recorded_run import lenient_json
+from hookcli.storage.recorded_run import recorded_edits
 
 __all__ = [
     "BOXES",
@@ -380,31 +379,6 @@ def draws_flow(features: FeatureReader, key: str, options: GridOptions) -> bool:
         and len(shape) == 4
         and shape[1] == 2
     )
-
-
-def recorded_edits(metadata) -> list[str]:
-    """The ``--intervene`` specs of the edits a file's ``interventions`` metadata records, written back in order;
-    none when it records none, or records them otherwise than the format says (the metadata is untrusted)."""
-    found = lenient_json(metadata.get("interventions"))
-    edits = found.get("edits") if isinstance(found, dict) else None
-    specs: list[str] = []
-    for edit in edits if isinstance(edits, list) else []:
-        try:
-            units = edit.get("units")
-            specs.append(
-                Intervention(
-                    layer=str(edit["layer"]),
-                    units=None if units is None else tuple(int(unit) for unit in units),
-                    edit=str(edit["edit"]),
-                    numbers=tuple(float(number) for number in edit.get("numbers", ())),
-                    file=None if edit.get("file") is None else str(edit["file"]),
-                    key=None if edit.get("key") is None else str(edit["key"]),
-                    row=None if edit.get("row") is None else int(edit["row"]),
-                ).text
-            )
-        except (AttributeError, KeyError, TypeError, ValueError, OverflowError):
-            return []
-    return specs
 
 
 def edits_facts(metadata) -> list[tuple[str, str]]:

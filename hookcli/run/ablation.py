@@ -65,6 +65,12 @@ class UnitAblation:
                 f"--effect-on {effect_on} is the ablated layer itself",
                 hint="measure a layer after it, or leave --effect-on out for the model's output",
             )
+        if effect_on.startswith(layer + "."):
+            raise UsageProblem(
+                f"--effect-on {effect_on} runs inside {layer}, the ablated layer, before its output is ablated, so "
+                "nothing it returns can change",
+                hint="measure a layer after the ablated one, or leave --effect-on out for the model's output",
+            )
         self._width = known_units(dict(model.named_modules()).get(layer))  # the module's own count, where it says
         self.graph, self.untraced = traced(model, {layer, effect_on} - {"."})
         #: The nodes before the layer's, and those of them the part after it reads (parameters aside).

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from hookcli.errors import UsageProblem
+from hookcli.errors import HookcliError, UsageProblem
 from hookcli.families import channels_last_output, square_input
 from hookcli.inputs.archives import file_stamp
 from hookcli.inputs.preprocess import Preprocess
@@ -42,7 +42,7 @@ from hookcli.options.interventions import FLOAT32_MAX, Intervention
 from hookcli.run.settings import RunSettings
 from hookcli.statistics.units import UnitLayout, known_units
 from hookcli.storage.fileformat import identity_differences
-from hookcli.storage.recorded_run import lenient_json, recorded_layers
+from hookcli.storage.recorded_run import lenient_json, recorded_edits, recorded_layers
 from hookcli.storage.shards import open_features
 from hookcli.storage.stats_format import is_stats
 
@@ -52,8 +52,10 @@ __all__ = [
     "edits_entries",
     "first_missing",
     "partners",
-    "preprocessed_otherwise",
+    "read_otherwise",
+    "resampled_alone",
     "resolve_edits",
+    "unseen_by_attention",
     "with_edits",
 ]
 
@@ -116,6 +118,8 @@ class Edit:
     width: int | None = None
     #: The preprocessing the file read was made with, as it records it (None: no file, or none recorded).
     made_with: Preprocess | None = None
+    #: The edits of the run that made the file read, as it records them.
+    made_under: tuple[str, ...] = ()
     #: How many times a forward has run the edit.
     calls: int = 0
     #: Whether the edit made values infinite, past the range of the dtype the layer computes in.
@@ -297,10 +301,10 @@ def resolve_edits(
             )
         known = known_units(modules[spec.layer])
         _check_units(spec, known)
-        vector, stamp, made_with = (
-            _read_vector(spec, model_name, weights) if spec.file is not None else (None, None, None)
+        vector, stamp, made_with, made_under = (
+            _read_vector(spec, model_name, weights) if spec.file is not None else (None, None, None, ())
         )
-        edit = Edit(spec, vector, seed, stamp, prefix_tokens, square, known, made_with)
+        edit = Edit(spec, vector, seed, stamp, prefix_tokens, square, known, made_with, made_under)
         if vector is not None and known is not None:
             edit._units(known)  # refuses a vector of another length than the layer's units
         found.append(edit)
@@ -319,14 +323,18 @@ def _check_units(spec: Intervention, known: int | None) -> None:
 
 def _read_vector(
     spec: Intervention, model_name: str | None, weights: Mapping[str, Any] | None
-) -> tuple[torch.Tensor, Any, Preprocess | None]:
-    """The vector a ``mean`` or ``add`` edit reads, its file's stamp and the preprocessing the file records; refused
-    when the file is not of this model and layer, or the key or row is not there."""
+) -> tuple[torch.Tensor, Any, Preprocess | None, tuple[str, ...]]:
+    """The vector a ``mean`` or ``add`` edit reads, its file's stamp, and the preprocessing and edits the file
+    records; refused when the file is not of this model and layer, or the key or row is not there."""
     assert spec.file is not None, "edits that read a file name it"
     path = spec.file
     if not os.path.exists(path):
         raise UsageProblem(f"{spec.named}: '{path}' not found", hint="give a file hookcli wrote")
-    with open_features(path) as features:
+    try:
+        opened = open_features(path)
+    except HookcliError as err:  # not a file of features: said as the edit's
+        raise UsageProblem(f"{spec.named}: {err.message}", hint=err.hint) from None
+    with opened as features:
         metadata = features.metadata
         made_by = metadata.get("model")
         if (
@@ -360,7 +368,7 @@ def _read_vector(
             made_with = Preprocess.from_metadata(metadata.get("preprocess"))
         except ValueError:  # untrusted, and only said in a note: unreadable is unknown
             made_with = None
-    return _row_of(spec, key, values), file_stamp(path), made_with
+    return _row_of(spec, key, values), file_stamp(path), made_with, tuple(recorded_edits(metadata))
 
 
 def _layer_key(metadata: Any, spec: Intervention, path: str) -> str:
@@ -446,26 +454,54 @@ def with_edits(settings: RunSettings, loaded: LoadedModel, interventions: Sequen
     notes: tuple[str, ...] = (
         (f"--intervene runs the model as written: {' and '.join(asked)} left out",) if asked else ()
     )
-    notes += tuple(filter(None, (preprocessed_otherwise(edit, settings.preprocess) for edit in edits)))
+    notes += tuple(said for edit in edits for said in read_otherwise(edit, settings.preprocess))
     return dataclasses.replace(settings, edits=edits, compile=False, fuse=False), notes
+
+
+def resampled_alone(named: Sequence[str], batch_size: int | None) -> tuple[str, ...]:
+    """What to say of each resampling (by how errors name it) in a run of batches of one row: it changes nothing."""
+    if batch_size != 1:
+        return ()
+    return tuple(
+        f"{each}: resample takes each row's values from another row of its batch, and a batch of one row holds no "
+        "other, so it changes nothing (give --batch-size 2 or more)"
+        for each in named
+    )
+
+
+def unseen_by_attention(edits: Sequence[Edit], layers: Mapping[str, str], capture: str) -> tuple[str, ...]:
+    """What to say of each edit of an attention module's own output where its weights are captured: they come from
+    what the module receives."""
+    if capture != "attention":
+        return ()
+    return tuple(
+        f"{spec.named}: {layers[spec.layer]}@attention comes from what {spec.layer} receives, so this edit of what "
+        "it returns changes none of it (the attention of the layers after it takes the edit)"
+        for spec in (edit.intervention for edit in edits)
+        if spec.layer in layers
+    )
 
 
 #: What a file's preprocessing must share with a run's for its vectors to be of inputs prepared as the run's are.
 _PREPARED = ("kind", "resize", "crop", "interpolation", "mean", "std")
 
 
-def preprocessed_otherwise(edit: Edit, preprocess: Preprocess | None) -> str | None:
-    """What to say of an edit whose file was made from inputs prepared otherwise than this run's (None: the same,
-    or not known)."""
-    if edit.made_with is None or preprocess is None:
-        return None
-    theirs, mine = ({"preprocess": {k: v for k, v in json.loads(p.to_json()).items() if k in _PREPARED}}
-                    for p in (edit.made_with, preprocess))  # fmt: skip
-    differ = identity_differences(theirs, mine, ("the file's", "this run's"))
-    if not differ:
-        return None
-    spec = edit.intervention
-    return f"{spec.named}: '{spec.file}' holds values of inputs prepared otherwise than this run's: {differ[0]}"
+def read_otherwise(edit: Edit, preprocess: Preprocess | None) -> tuple[str, ...]:
+    """What to say of the file an edit read: that it holds values of inputs prepared otherwise than this run's, or
+    of a model its run edited (nothing where neither, or where the file does not say)."""
+    spec, said = edit.intervention, []
+    if edit.made_with is not None and preprocess is not None:
+        theirs, mine = ({"preprocess": {k: v for k, v in json.loads(p.to_json()).items() if k in _PREPARED}}
+                        for p in (edit.made_with, preprocess))  # fmt: skip
+        differ = identity_differences(theirs, mine, ("the file's", "this run's"))
+        if differ:
+            said.append(f"{spec.named}: '{spec.file}' holds values of inputs prepared otherwise than this run's: "
+                        f"{differ[0]}")  # fmt: skip
+    if edit.made_under:
+        said.append(
+            f"{spec.named}: '{spec.file}' holds values of the model as its run edited it ({', '.join(edit.made_under)})"
+        )
+    return tuple(said)
 
 
 def edits_entries(settings: RunSettings) -> dict[str, str]:

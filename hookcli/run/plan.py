@@ -43,7 +43,7 @@ from hookcli.models import loading
 from hookcli.models.loaded import LoadedModel
 from hookcli.options.interventions import read_beside
 from hookcli.run.commands import COMMANDS
-from hookcli.run.edits import edits_entries, with_edits
+from hookcli.run.edits import edits_entries, resampled_alone, unseen_by_attention, with_edits
 from hookcli.run.outputs import Output, default_path, refuse_drawn_grids
 from hookcli.run.planned import RunPlan
 from hookcli.run.request import RunRequest, with_rows
@@ -81,6 +81,9 @@ def plan_request(asked: RunRequest) -> RunPlan:
         settings = resolve_settings(settings, model, len(paths))
         parts = does.plan(asked, model, settings)
         notes = asked.notes + model.notes_for(asked.given) + (edit_notes or parts.compiled) + parts.notes
+        notes += unseen_by_attention(settings.edits, parts.layers, settings.capture)
+        resampled = [edit.intervention.named for edit in settings.edits if edit.intervention.edit == "resample"]
+        notes += resampled_alone(resampled, settings.batch_size)
         notes += settings.preprocess.padding_notes() if settings.preprocess is not None else ()
         keys = list(parts.layers.values())
         if asked.named_later:

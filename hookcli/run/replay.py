@@ -66,8 +66,9 @@ class Kept(torch.fx.Interpreter):
 
 def untraced(model: nn.Module, keep: Collection[str] = ()) -> str | None:
     """Why a torch.fx trace of ``model`` would not run what calling it runs (a trace follows ``forward`` and inlines
-    the modules it calls), or None: a ``__call__`` of its class, its own forward hooks, hooks on every module, or
-    hooks on a module that holds one of the layers ``keep`` (kept whole so that its hooks run, it would hide them)."""
+    the modules it calls), or None: a ``__call__`` of its class, its own forward hooks, hooks on every module,
+    hooks on a module that holds one of the layers ``keep`` (kept whole so that its hooks run, it would hide them),
+    or one of those layers inside another (kept whole, it would hide the one inside)."""
     if type(model).__call__ is not nn.Module.__call__:
         return "has a __call__ of its own, which a torch.fx trace would skip"
     if model._forward_hooks or model._forward_pre_hooks:
@@ -78,6 +79,10 @@ def untraced(model: nn.Module, keep: Collection[str] = ()) -> str | None:
         inside = next((layer for layer in sorted(keep) if layer.startswith(name + ".")), None)
         if inside is not None:
             return f"has hooks on {name}, which holds {inside}, and a torch.fx trace would skip them"
+    for outer in sorted(keep):
+        inside = next((layer for layer in sorted(keep) if layer.startswith(outer + ".")), None)
+        if inside is not None:
+            return f"holds {inside} inside {outer}, which a torch.fx trace would keep whole"
     return None
 
 

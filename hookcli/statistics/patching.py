@@ -78,8 +78,8 @@ class PatchGathering:
             return []
         total = len(tensors["pairs@source_class"])
         return [
-            f"{same:,} of {total:,} pairs have a source and a target of the same class, so their effects are NaN "
-            "(and m, the logit of one class less itself, is 0 whatever the patch)"
+            f"{same:,} of {total:,} pairs {'has' if same == 1 else 'have'} a source and a target of the same class, so "
+            "their effects are NaN (and m, the logit of one class less itself, is 0 whatever the patch)"
         ]
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from hookcli.errors import FeatureFileError
 from hookcli.inputs.preprocess import Preprocess
+from hookcli.options.interventions import Intervention
 from hookcli.storage.fileformat import RunFacts, RunRecord
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "lenient_json",
     "listed_inputs",
     "listed_skipped",
+    "recorded_edits",
     "recorded_layers",
     "recorded_run",
 ]
@@ -226,3 +228,28 @@ def _preprocess(metadata: Mapping[str, str], name: str) -> Preprocess | None:
         return Preprocess.from_metadata(metadata.get("preprocess"))
     except ValueError as err:
         raise _unreadable(name, f"its 'preprocess' metadata is not what hookcli writes ({err})") from None
+
+
+def recorded_edits(metadata) -> list[str]:
+    """The ``--intervene`` specs of the edits a file's ``interventions`` metadata records, written back in order;
+    none when it records none, or records them otherwise than the format says (the metadata is untrusted)."""
+    found = lenient_json(metadata.get("interventions"))
+    edits = found.get("edits") if isinstance(found, dict) else None
+    specs: list[str] = []
+    for edit in edits if isinstance(edits, list) else []:
+        try:
+            units = edit.get("units")
+            specs.append(
+                Intervention(
+                    layer=str(edit["layer"]),
+                    units=None if units is None else tuple(int(unit) for unit in units),
+                    edit=str(edit["edit"]),
+                    numbers=tuple(float(number) for number in edit.get("numbers", ())),
+                    file=None if edit.get("file") is None else str(edit["file"]),
+                    key=None if edit.get("key") is None else str(edit["key"]),
+                    row=None if edit.get("row") is None else int(edit["row"]),
+                ).text
+            )
+        except (AttributeError, KeyError, TypeError, ValueError, OverflowError):
+            return []
+    return specs

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -45,7 +46,7 @@ class Ablate(Gathers):
 
     def plan(self, asked: Asked, loaded: LoadedModel, settings: RunSettings) -> Parts:
         from hookcli.run.ablation import ablation_forward
-        from hookcli.run.edits import preprocessed_otherwise, resolve_edits
+        from hookcli.run.edits import read_otherwise, resampled_alone, resolve_edits
 
         opts = asked.opts
         selected = selected_layers(loaded, asked.layers)
@@ -69,7 +70,7 @@ class Ablate(Gathers):
             "how": how,
             "units": None if units is None else list(units),
             "effect_on": opts.effect_on,
-            **({"file": file, "stamp": edit.stamp} if file else {}),
+            **({"file": os.path.abspath(file), "stamp": edit.stamp} if file else {}),  # as --intervene's are
             # resample pairs the rows of a batch: its seed and the batch size are part of what it means
             **({"seed": opts.seed or 0, "batch_size": settings.batch_size} if how == "resample" else {}),
         }
@@ -82,8 +83,9 @@ class Ablate(Gathers):
             prefix_tokens=loaded.prefix_tokens,
             square=square_input(settings.preprocess),
         )
-        said = preprocessed_otherwise(edit, settings.preprocess)
-        return Parts(selected, forward, {"ablate": json.dumps(described)}, notes=(said,) if said else ())
+        said = read_otherwise(edit, settings.preprocess)
+        said += resampled_alone([self.name] if how == "resample" else [], settings.batch_size)
+        return Parts(selected, forward, {"ablate": json.dumps(described)}, notes=said)
 
     def writer(self, run: Planned, note: Callable[[str], None]) -> RowsWriter:
         from hookcli.statistics.ablation import AblationGathering
