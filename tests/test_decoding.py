@@ -512,7 +512,7 @@ def test_a_folder_started_on_one_decoder_is_not_continued_on_the_other(runner, r
     assert (result.exit_code, result.stderr) == (
         2,
         f"Error: '{tmp_path}/feats/' holds a different run (it "
-        f"differs in: preprocess (the folder's decode device; the folder's decoder {_default_decoder()})). Hint: run "
+        f"differs in: preprocess (the folder's alone: decode device, decoder {_default_decoder()})). Hint: run "
         "the same command to continue it, add --force to replace it, or use another folder\n",
     )
 

@@ -670,11 +670,14 @@ def test_saved_features_keep_the_channels_their_modules_said_and_files_without_t
         hookcli.stats(features=bare, keys="mix", top=1)
 
 
-def test_a_file_of_an_edited_run_is_said_and_one_of_no_features_is_refused_naming_the_edit(photos, tmp_path):
+def test_a_file_of_an_edited_run_is_said_and_one_of_no_features_is_refused_naming_the_edit(runner, photos, tmp_path):
     from hookcli.events import Note
 
     net = _cnn()
     stats = hookcli.stats(net, "0", photos, output=tmp_path / "s.safetensors", intervene=["0:0=zero"], **SMALL)
+    shown = runner.invoke(main, ["info", str(stats)]).output  # the identity's copy, JSON text, as what it holds
+    assert '\n    interventions: {"edits": [{"layer": "0", "units": [0], "edit": "zero"}], "captures": ' in shown
+    assert '\n    stats: {"top": 9, "top_by": "max", ' in shown
     heard: list = []
     hookcli.extract(net, "2", photos, intervene=[f"0=mean:{stats}"], progress=heard.append, **SMALL)
     assert [event.text for event in heard if isinstance(event, Note) and "edited" in event.text] == [

@@ -626,7 +626,7 @@ def test_a_killed_run_continues_to_the_file_an_uninterrupted_one_writes(runner, 
     assert (other.returncode, other.stderr) == (
         2,
         f"Error: '{out}.parts/' holds the parts of a different run (it differs in: layers (this command's "
-        "avgpool)). Hint: run the same command to continue it, add --force to replace it, or use another file\n",
+        "alone: avgpool)). Hint: run the same command to continue it, add --force to replace it, or use another file\n",
     )
     done = subprocess.run(
         [sys.executable, "-m", "hookcli", "stats", *slow, "-o", str(out), *inputs],

@@ -1,15 +1,13 @@
 """The file contract: what hookcli writes, described once.
 
-Everything a reader of hookcli's files relies on is built here and nowhere else (``docs/file-format.md``
-documents it):
+Everything a reader of hookcli's files relies on is built here and nowhere else (docs/file-format.md says it):
 
 - :data:`FORMAT_VERSION`, the ``format`` entry of every file;
 - :class:`RunRecord`, the description of a run, and where each of its fields goes: into every file's metadata, into
   the *identity* that a shard folder is resumed by, or both. :func:`run_metadata` and :func:`identity` read the same
   fields, so an option added to the record reaches both or is left out of one on purpose, never by accident;
-- the metadata of a single file (:func:`file_metadata`) and of a shard (:func:`shard_metadata`), the shard index's
-  header and lines (:func:`index_header`, :func:`index_line`), and how a folder's index reads back as one file's
-  metadata (:func:`folder_metadata`).
+- a single file's metadata (:func:`file_metadata`), a shard's (:func:`shard_metadata`), the index's header and lines
+  (:func:`index_header`, :func:`index_line`), and a folder's index read back as a file's (:func:`folder_metadata`).
 
 Nothing here imports torch.
 
@@ -210,8 +208,8 @@ def identity_differences(one: Mapping, other: Mapping, sides: tuple[str, str] | 
     ['layers (x)', 'preprocess (crop, decode)']
     >>> for line in identity_differences(before, after, ("the folder's", "this command's")):
     ...     print(line)
-    layers (this command's x)
-    preprocess (crop: the folder's 224, this command's 112; this command's decode device)
+    layers (this command's alone: x)
+    preprocess (crop: the folder's 224, this command's 112; this command's alone: decode device)
     >>> identity_differences({"stats": '{"top": 9, "pca": true}'}, {"stats": '{"top": 9, "pca": false}'})
     ['stats (pca)']
     """
@@ -222,7 +220,7 @@ def identity_differences(one: Mapping, other: Mapping, sides: tuple[str, str] | 
             continue
         if isinstance(mine, Mapping) and isinstance(theirs, Mapping):
             inner = sorted(k for k in {*mine, *theirs} if mine.get(k) != theirs.get(k))
-            words = [_whose(k, mine, theirs, sides) for k in inner] if sides else list(map(str, inner))
+            words = _whose(inner, mine, theirs, sides) if sides else list(map(str, inner))
             key = f"{key} ({(', ' if not sides else '; ').join(words)})"
         elif sides and key in one and key in other and not key.endswith("sha256"):
             key = f"{key} ({sides[0]} {_shown(mine, theirs)}, {sides[1]} {_shown(theirs, mine)})"
@@ -241,12 +239,14 @@ def _opened(value):
     return value
 
 
-def _whose(key, mine: Mapping, theirs: Mapping, sides: tuple[str, str]) -> str:
-    """One entry of a field that differs, saying whose it is: only one side's, or both sides' values."""
+def _whose(keys: list, mine: Mapping, theirs: Mapping, sides: tuple[str, str]) -> list[str]:
+    """The entries of a field that differ, saying whose each is: both sides' values, then each side's alone."""
+    both = [k for k in keys if k in mine and k in theirs]
+    words = [f"{k}: {sides[0]} {_shown(mine[k], theirs[k])}, {sides[1]} {_shown(theirs[k], mine[k])}" for k in both]
     for side, held, other in ((sides[0], mine, theirs), (sides[1], theirs, mine)):
-        if key not in other:  # a layer's own name as its value says nothing more
-            return f"{side} {key}" if held[key] == key else f"{side} {key} {_shown(held[key])}"
-    return f"{key}: {sides[0]} {_shown(mine[key], theirs[key])}, {sides[1]} {_shown(theirs[key], mine[key])}"
+        alone = [k if held[k] == k else f"{k} {_shown(held[k])}" for k in keys if k not in other]  # a layer: its name
+        words += [f"{side} alone: {', '.join(alone)}"] if alone else []
+    return words
 
 
 def _shown(value, other=None) -> str:
