@@ -702,3 +702,16 @@ def test_resampling_batches_of_one_row_is_said_to_change_nothing(photos):
         "--intervene '0=resample': resample takes each row's values from another row of its batch, and a batch of "
         "one row holds no other, so it changes nothing (give --batch-size 2 or more)"
     ]
+
+
+def test_a_layer_whose_name_holds_a_colon_is_named_in_the_refusal(photos):
+    net = nn.Sequential()
+    net.add_module("a:1", nn.Conv2d(3, 4, 3))
+    net.add_module("flat", nn.Flatten())
+    with pytest.raises(UsageProblem) as refused:
+        hookcli.extract(net, "flat", photos[:1], intervene=["a:1=zero"], **SMALL)
+    assert refused.value.message == (
+        "--intervene 'a:1=zero': the model has no layer 'a' (its layer 'a:1' has ':' in its name, where --intervene "
+        "reads UNITS)"
+    )
+    assert refused.value.hint.endswith("; a layer whose name holds ':' or '=' cannot be edited by name")

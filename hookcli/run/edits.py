@@ -295,9 +295,13 @@ def resolve_edits(
     found = []
     for spec in interventions:
         if spec.layer not in modules or not spec.layer:
+            target = (spec.written or "").partition("=")[0].strip()
+            held = next((path for path in modules if path.startswith(f"{spec.layer}:") and target.startswith(path)), "")
             raise UsageProblem(
-                f"{spec.named}: the model has no layer '{spec.layer}'",
-                hint="give one module path as hookcli layers lists it (globs and type: selectors are -l's alone)",
+                f"{spec.named}: the model has no layer '{spec.layer}'"
+                + (f" (its layer '{held}' has ':' in its name, where --intervene reads UNITS)" if held else ""),
+                hint="give one module path as hookcli layers lists it (globs and type: selectors are -l's alone)"
+                + ("; a layer whose name holds ':' or '=' cannot be edited by name" if held else ""),
             )
         known = known_units(modules[spec.layer])
         _check_units(spec, known)
