@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from hookcli.errors import HookcliError, UsageProblem
+from hookcli.errors import FeatureFileError, UsageProblem
 from hookcli.families import channels_last_output, square_input
 from hookcli.inputs.archives import file_stamp
 from hookcli.inputs.preprocess import Preprocess
@@ -296,7 +296,8 @@ def resolve_edits(
     for spec in interventions:
         if spec.layer not in modules or not spec.layer:
             target = (spec.written or "").partition("=")[0].strip()
-            held = next((path for path in modules if path.startswith(f"{spec.layer}:") and target.startswith(path)), "")
+            named = (path for path in modules if target == path or target.startswith(f"{path}:"))
+            held = next((path for path in named if path.startswith(f"{spec.layer}:")), "")
             raise UsageProblem(
                 f"{spec.named}: the model has no layer '{spec.layer}'"
                 + (f" (its layer '{held}' has ':' in its name, where --intervene reads UNITS)" if held else ""),
@@ -336,8 +337,8 @@ def _read_vector(
         raise UsageProblem(f"{spec.named}: '{path}' not found", hint="give a file hookcli wrote")
     try:
         opened = open_features(path)
-    except HookcliError as err:  # not a file of features: said as the edit's
-        raise UsageProblem(f"{spec.named}: {err.message}", hint=err.hint) from None
+    except FeatureFileError as err:  # not a file of features: said as the edit's
+        raise FeatureFileError(f"{spec.named}: {err.message}", hint=err.hint) from None
     with opened as features:
         metadata = features.metadata
         made_by = metadata.get("model")
