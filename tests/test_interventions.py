@@ -441,8 +441,8 @@ def test_compare_of_one_module_with_itself_runs_the_second_side_on_a_copy(photos
 
 @pytest.fixture(scope="module")
 def detection(tmp_path_factory):
-    """A detector's name, its backbone layer after the edited one, two noise images of other sizes, and a vector
-    file for the edited layer (``backbone.body.2``, 24 channels)."""
+    """A detector's name, its backbone layer after the edited one, two noise images of other sizes, a vector file
+    for the edited layer (``backbone.body.2``, 24 channels), and the layer's features unedited."""
     from PIL import Image
 
     where = tmp_path_factory.mktemp("detection")
@@ -452,7 +452,9 @@ def detection(tmp_path_factory):
         images.append(where / f"{n}.png")
         Image.fromarray(rng.integers(0, 255, size=(*size, 3), dtype=np.uint8)).save(images[-1])
     save_file({"v": np.linspace(-1, 1, 48, dtype=np.float32).reshape(2, 24)}, str(where / "v.safetensors"))
-    return "fasterrcnn_mobilenet_v3_large_320_fpn", "backbone.body.3", images, where / "v.safetensors"
+    name, layer = "fasterrcnn_mobilenet_v3_large_320_fpn", "backbone.body.3"
+    plain = hookcli.extract(name, layer, images, weights="none", device="cpu")
+    return name, layer, images, where / "v.safetensors", plain
 
 
 # Not mean:FILE: it takes a stats file of the layer, and a detector's rows, each of its image's own size, give none.
@@ -460,7 +462,7 @@ def detection(tmp_path_factory):
 def test_every_edit_of_a_detection_backbone_equals_a_hook_by_hand_in_memory_and_in_a_file(detection, tmp_path, edit):
     from hookcli.models.loading import load_model
 
-    name, layer, images, vectors = detection
+    name, layer, images, vectors, plain = detection
     units = [0, 1, 2, 3]
     specs = {
         "zero": ("zero", lambda out: _set(out, units, 0.0)),
@@ -480,7 +482,6 @@ def test_every_edit_of_a_detection_backbone_equals_a_hook_by_hand_in_memory_and_
         expected = hookcli.extract(loaded, layer, images, device="cpu")
     finally:
         hook.remove()
-    plain = hookcli.extract(name, layer, images, weights="none", device="cpu")
     written = hookcli.extract(
         name, layer, images, weights="none", device="cpu", intervene=asked, output=tmp_path / "f.safetensors"
     )
