@@ -16,8 +16,7 @@ from collections.abc import Container, Sequence
 
 from hookcli.console import printable
 from hookcli.files import format_bytes
-from hookcli.storage.fileformat import metadata_order
-from hookcli.storage.recorded_run import lenient_json
+from hookcli.storage.fileformat import metadata_order, opened_entry
 
 __all__ = [
     "info_json",
@@ -225,7 +224,7 @@ def _metadata_lines(metadata: dict) -> list[str]:
         value = metadata[key]
         if isinstance(value, dict) and any(isinstance(v, dict | list) for v in value.values()):
             lines.append(f"  {key}:")
-            lines.extend(f"    {k}: {json.dumps(_opened(v))}" for k, v in value.items())
+            lines.extend(f"    {k}: {json.dumps(opened_entry(v))}" for k, v in value.items())
         elif isinstance(value, list):
             shown = [*value[:5], f"... {len(value) - 7} more", *value[-2:]] if len(value) > 10 else value
             lines.append(f"  {key}: ({len(value)})")
@@ -233,9 +232,3 @@ def _metadata_lines(metadata: dict) -> list[str]:
         else:
             lines.append(f"  {key}: {value if isinstance(value, str) else json.dumps(value)}")
     return lines
-
-
-def _opened(value):
-    """An entry kept as JSON text (an identity's ``stats``, ``interventions``) as what it holds, shown unescaped."""
-    found = lenient_json(value) if isinstance(value, str) and value[:1] == "{" else None
-    return value if found is None else found

@@ -26,7 +26,7 @@ from torch import nn
 
 from hookcli.errors import CaptureError, UsageProblem, never_runs
 from hookcli.families import channels_last_output
-from hookcli.run.batches import quiet_meta_failures
+from hookcli.run.batches import call_model
 from hookcli.run.edits import first_missing, partners
 from hookcli.run.replay import CHUNK_BYTES, Kept, ReplayForward, class_scores, repeated, traced
 from hookcli.statistics.units import UnitLayout, known_units
@@ -241,8 +241,7 @@ class UnitAblation:
         if self.effect_on != ".":
             handles.append(modules[self.effect_on].register_forward_hook(at_effect))
         try:
-            with quiet_meta_failures():
-                output = self.model(batch)
+            output = call_model(self.model, batch)
         finally:
             for handle in handles:
                 handle.remove()

@@ -332,9 +332,6 @@ def call_model(model, batch):
 def quiet_meta_failures() -> Iterator[None]:
     """Inside (in this thread or task), torch.compile's log of an operator that failed on fake tensors is dropped:
     the error it logs is then raised, and hookcli says it (or refuses the run) in one line."""
-    logger = logging.getLogger("torch._subclasses.fake_tensor")
-    if _DROP_META_FAILURES not in logger.filters:  # put once, for good: it drops nothing outside these blocks
-        logger.addFilter(_DROP_META_FAILURES)
     token = _QUIET.set(True)
     try:
         yield
@@ -349,7 +346,8 @@ class _MetaFailures(logging.Filter):
 
 #: Whether the calling thread or task is inside :func:`quiet_meta_failures`.
 _QUIET: contextvars.ContextVar[bool] = contextvars.ContextVar("quiet_meta_failures", default=False)
-_DROP_META_FAILURES = _MetaFailures()
+# put once, for good: it drops nothing outside those blocks
+logging.getLogger("torch._subclasses.fake_tensor").addFilter(_MetaFailures())
 
 
 def batch_length(batch) -> int:

@@ -32,7 +32,7 @@ from torch import nn
 
 from hookcli.errors import CaptureError, HookcliError, UsageProblem, never_runs
 from hookcli.families import channels_last_output
-from hookcli.run.batches import quiet_meta_failures
+from hookcli.run.batches import call_model
 from hookcli.run.replay import CHUNK_BYTES, Kept, ReplayForward, class_scores, repeated, taken, traced
 from hookcli.statistics.units import UnitLayout, layer_widths
 
@@ -217,8 +217,7 @@ class Patching:
 
             handles.append(modules[layer].register_forward_hook(hook))
         try:
-            with quiet_meta_failures():
-                return self.model(batch)
+            return call_model(self.model, batch)
         finally:
             for handle in handles:
                 handle.remove()

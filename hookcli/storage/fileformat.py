@@ -72,6 +72,7 @@ __all__ = [
     "json_entry",
     "keys_of_layer",
     "metadata_order",
+    "opened_entry",
     "parts_folder",
     "run_metadata",
     "shard_count",
@@ -215,7 +216,7 @@ def identity_differences(one: Mapping, other: Mapping, sides: tuple[str, str] | 
     """
     differ = []
     for key in sorted({*one, *other} - set(FREE_ON_RESUME)):
-        mine, theirs = _opened(one.get(key)), _opened(other.get(key))
+        mine, theirs = opened_entry(one.get(key)), opened_entry(other.get(key))
         if mine == theirs:
             continue
         if isinstance(mine, Mapping) and isinstance(theirs, Mapping):
@@ -228,15 +229,13 @@ def identity_differences(one: Mapping, other: Mapping, sides: tuple[str, str] | 
     return differ
 
 
-def _opened(value):
+def opened_entry(value):
     """A command's entry kept as JSON text (``stats``, ``compare``) as the object it holds; any other value as it is."""
-    if isinstance(value, str) and value.startswith("{"):
-        try:
-            found = json.loads(value)
-        except (ValueError, RecursionError):
-            return value
-        return found if isinstance(found, dict) else value
-    return value
+    try:
+        found = json.loads(value) if isinstance(value, str) and value.startswith("{") else None
+    except (ValueError, RecursionError):
+        found = None
+    return found if isinstance(found, dict) else value
 
 
 def _whose(keys: list, mine: Mapping, theirs: Mapping, sides: tuple[str, str]) -> list[str]:
